@@ -1,0 +1,138 @@
+package memmap
+
+import (
+	"fmt"
+	"strings"
+
+	"gorgonia.org/tensor"
+)
+
+// DType is the element type of a tensor, named as PyTorch names it. The zero
+// value is Invalid.
+//
+// Every DType has a fixed item size and a little-endian, C-order layout on disk.
+// Float16 and BFloat16 have no gorgonia counterpart: their elements are kept as
+// raw 2-byte values and their Dense views are uint16.
+type DType uint8
+
+// The supported dtypes. The numeric values are not part of any format: files
+// store the name returned by String.
+const (
+	Invalid DType = iota
+	Bool
+	Uint8
+	Int8
+	Int16
+	Int32
+	Int64
+	Uint16
+	Uint32
+	Uint64
+	Float16
+	BFloat16
+	Float32
+	Float64
+	Complex64
+	Complex128
+	numDTypes
+)
+
+var dtypeInfo = [numDTypes]struct {
+	name  string // torch name without the "torch." prefix
+	size  int
+	dense tensor.Dtype
+	real  bool // elements are real numbers (not complex)
+}{
+	Invalid:    {"invalid", 0, tensor.Dtype{}, false},
+	Bool:       {"bool", 1, tensor.Bool, true},
+	Uint8:      {"uint8", 1, tensor.Uint8, true},
+	Int8:       {"int8", 1, tensor.Int8, true},
+	Int16:      {"int16", 2, tensor.Int16, true},
+	Int32:      {"int32", 4, tensor.Int32, true},
+	Int64:      {"int64", 8, tensor.Int64, true},
+	Uint16:     {"uint16", 2, tensor.Uint16, true},
+	Uint32:     {"uint32", 4, tensor.Uint32, true},
+	Uint64:     {"uint64", 8, tensor.Uint64, true},
+	Float16:    {"float16", 2, tensor.Uint16, true},
+	BFloat16:   {"bfloat16", 2, tensor.Uint16, true},
+	Float32:    {"float32", 4, tensor.Float32, true},
+	Float64:    {"float64", 8, tensor.Float64, true},
+	Complex64:  {"complex64", 8, tensor.Complex64, false},
+	Complex128: {"complex128", 16, tensor.Complex128, false},
+}
+
+// aliases maps other spellings torch and NumPy use to a DType.
+var aliases = map[string]DType{
+	"float": Float32, "double": Float64, "half": Float16, "long": Int64,
+	"int": Int32, "short": Int16, "cfloat": Complex64, "cdouble": Complex128,
+}
+
+// String returns the dtype as str(torch.dtype) spells it, e.g. "torch.float32".
+func (d DType) String() string {
+	if !d.Valid() {
+		return fmt.Sprintf("memmap.DType(%d)", uint8(d))
+	}
+	return "torch." + dtypeInfo[d].name
+}
+
+// Name returns the dtype name without the "torch." prefix, e.g. "float32".
+func (d DType) Name() string {
+	if !d.Valid() {
+		return d.String()
+	}
+	return dtypeInfo[d].name
+}
+
+// Valid reports whether d is one of the supported dtypes.
+func (d DType) Valid() bool { return d > Invalid && d < numDTypes }
+
+// Size returns the size of one element in bytes, or 0 for an invalid dtype.
+func (d DType) Size() int {
+	if !d.Valid() {
+		return 0
+	}
+	return dtypeInfo[d].size
+}
+
+// Real reports whether the elements are real numbers that convert to float64
+// (every dtype but the complex ones).
+func (d DType) Real() bool { return d.Valid() && dtypeInfo[d].real }
+
+// Dense returns the gorgonia dtype of a Dense view of this dtype. Float16 and
+// BFloat16 map to tensor.Uint16: the view holds their raw bits.
+func (d DType) Dense() tensor.Dtype {
+	if !d.Valid() {
+		return tensor.Dtype{}
+	}
+	return dtypeInfo[d].dense
+}
+
+// ParseDType parses a dtype name as torch prints it ("torch.float32") or
+// without the prefix ("float32"), including torch's aliases such as "float"
+// and "long". An unknown name returns an error wrapping ErrDType.
+func ParseDType(name string) (DType, error) {
+	n := strings.TrimPrefix(name, "torch.")
+	for d := Bool; d < numDTypes; d++ {
+		if dtypeInfo[d].name == n {
+			return d, nil
+		}
+	}
+	if d, ok := aliases[n]; ok {
+		return d, nil
+	}
+	return Invalid, fmt.Errorf("%w: %q", ErrDType, name)
+}
+
+// DTypeOf returns the DType whose Dense view has gorgonia dtype dt. A
+// tensor.Uint16 is Uint16: a float16 tensor cannot be told from its raw bits.
+func DTypeOf(dt tensor.Dtype) (DType, error) {
+	for d := Bool; d < numDTypes; d++ {
+		if d == Float16 || d == BFloat16 {
+			continue
+		}
+		if dtypeInfo[d].dense == dt {
+			return d, nil
+		}
+	}
+	return Invalid, fmt.Errorf("%w: gorgonia dtype %v has no torch counterpart", ErrDType, dt)
+}
