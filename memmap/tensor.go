@@ -1,0 +1,248 @@
+package memmap
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// Mode says how Open maps a file.
+type Mode int
+
+const (
+	// ReadOnly maps the file copy-on-write: Gather and ReadAt work, Scatter and
+	// WriteAt return ErrReadOnly, and writes through a Dense view stay private
+	// to this process instead of crashing it.
+	ReadOnly Mode = iota
+	// ReadWrite maps the file shared: writes reach the file and every other
+	// process that maps it.
+	ReadWrite
+)
+
+func (m Mode) String() string {
+	if m == ReadWrite {
+		return "read-write"
+	}
+	return "read-only"
+}
+
+// Tensor is an n-dimensional array of one DType in a memory-mapped file. See
+// the package documentation for lifetimes, concurrency and durability.
+type Tensor struct {
+	path     string
+	dtype    DType
+	shape    []int
+	size     int // bytes of data: NumBytes(dtype, shape)
+	rowSize  int
+	writable bool
+
+	mu     sync.RWMutex // read-locked by every access, write-locked by Close
+	f      *os.File
+	data   []byte // the mapping exactly as mmap returned it; nil if size is 0
+	closed bool
+}
+
+// Create makes a zero-filled file at path for an array of dtype dt and shape
+// shape, reserves its disk blocks, and maps it read-write.
+//
+// The file is built under a temporary name in the same directory and renamed
+// into place, so an existing file at path is replaced whole: a process that
+// still maps the old file keeps its old bytes instead of faulting. A disk too
+// full for the file is an error here, not a SIGBUS later.
+func Create(path string, dt DType, shape ...int) (*Tensor, error) {
+	size, err := NumBytes(dt, shape)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", path, err)
+	}
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", path, err)
+	}
+	tmp := f.Name()
+	fail := func(err error) (*Tensor, error) {
+		f.Close()
+		os.Remove(tmp)
+		return nil, fmt.Errorf("create %s: %w", path, err)
+	}
+	if err := f.Chmod(0o644); err != nil {
+		return fail(err)
+	}
+	if err := reserve(f, int64(size)); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail(err)
+	}
+	if err := syncDir(dir); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("create %s: %w", path, err)
+	}
+	t, err := mapFile(f, path, dt, shape, size, ReadWrite)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("create %s: %w", path, err)
+	}
+	return t, nil
+}
+
+// Open maps an existing file holding an array of dtype dt and shape shape.
+// The file may be longer than the array needs (the rest is ignored); a
+// shorter one is an error wrapping ErrShortFile.
+func Open(path string, dt DType, shape []int, mode Mode) (*Tensor, error) {
+	size, err := NumBytes(dt, shape)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	flag := os.O_RDONLY
+	if mode == ReadWrite {
+		flag = os.O_RDWR
+	}
+	f, err := os.OpenFile(path, flag, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("open %s: not a regular file", path)
+	}
+	if fi.Size() < int64(size) {
+		f.Close()
+		return nil, fmt.Errorf("open %s: %w: %d bytes, %v %v needs %d",
+			path, ErrShortFile, fi.Size(), dt, shape, size)
+	}
+	t, err := mapFile(f, path, dt, shape, size, mode)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	return t, nil
+}
+
+func mapFile(f *os.File, path string, dt DType, shape []int, size int, mode Mode) (*Tensor, error) {
+	t := &Tensor{
+		path:     path,
+		dtype:    dt,
+		shape:    slices.Clone(shape),
+		size:     size,
+		rowSize:  RowBytes(dt, shape),
+		writable: mode == ReadWrite,
+		f:        f,
+	}
+	if size == 0 {
+		return t, nil // mmap of zero bytes is an error; there is nothing to map
+	}
+	prot, flags := unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED
+	if mode != ReadWrite {
+		flags = unix.MAP_PRIVATE // copy-on-write: stray writes stay in this process
+	}
+	data, err := unix.Mmap(int(f.Fd()), 0, size, prot, flags)
+	if err != nil {
+		return nil, fmt.Errorf("mmap %d bytes: %w", size, err)
+	}
+	t.data = data
+	return t, nil
+}
+
+// reserve sets f's size to size and allocates its blocks, so that writes
+// through a mapping never meet a full disk. Filesystems without fallocate get
+// explicit zeros instead.
+func reserve(f *os.File, size int64) error {
+	if size == 0 {
+		return nil
+	}
+	err := unix.Fallocate(int(f.Fd()), 0, 0, size)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
+		return fmt.Errorf("reserve %d bytes: %w", size, err)
+	}
+	zeros := make([]byte, 1<<20)
+	for off := int64(0); off < size; off += int64(len(zeros)) {
+		n := min(int64(len(zeros)), size-off)
+		if _, err := f.WriteAt(zeros[:n], off); err != nil {
+			return fmt.Errorf("reserve %d bytes: %w", size, err)
+		}
+	}
+	return nil
+}
+
+// Path returns the file name the tensor was created or opened with.
+func (t *Tensor) Path() string { return t.path }
+
+// DType returns the element type.
+func (t *Tensor) DType() DType { return t.dtype }
+
+// Shape returns a copy of the shape.
+func (t *Tensor) Shape() []int { return slices.Clone(t.shape) }
+
+// Len returns the number of rows (the first dimension), or 0 for a scalar.
+func (t *Tensor) Len() int {
+	if len(t.shape) == 0 {
+		return 0
+	}
+	return t.shape[0]
+}
+
+// RowBytes returns the byte size of one row, or 0 for a scalar.
+func (t *Tensor) RowBytes() int { return t.rowSize }
+
+// Size returns the byte size of the data (the file may be longer).
+func (t *Tensor) Size() int { return t.size }
+
+// Writable reports whether the tensor was mapped read-write.
+func (t *Tensor) Writable() bool { return t.writable }
+
+// Close unmaps the file and closes it, after the calls in flight return. It
+// does not flush: call Flush first for durability. Views from Dense and Bytes
+// become invalid. Closing a closed Tensor returns nil.
+func (t *Tensor) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	t.closed = true
+	var err error
+	if t.data != nil {
+		err = unix.Munmap(t.data)
+		t.data = nil
+	}
+	if cerr := t.f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("close %s: %w", t.path, err)
+	}
+	return nil
+}
+
+// acquire read-locks t for an access. It returns ErrClosed (wrapped) after
+// Close, and ErrReadOnly when write is set on a read-only tensor; on success
+// the caller must call t.mu.RUnlock.
+func (t *Tensor) acquire(write bool) error {
+	t.mu.RLock()
+	if t.closed {
+		t.mu.RUnlock()
+		return fmt.Errorf("%s: %w", t.path, ErrClosed)
+	}
+	if write && !t.writable {
+		t.mu.RUnlock()
+		return fmt.Errorf("%s: %w", t.path, ErrReadOnly)
+	}
+	return nil
+}
