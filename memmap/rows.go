@@ -10,63 +10,91 @@ import (
 // any byte is copied: an index out of range returns ErrIndex and copies
 // nothing.
 func (t *Tensor) Gather(dst []byte, rows []int) error {
-	if err := t.checkRows(rows, len(dst), "gather"); err != nil {
+	if err := t.checkRank("gather", rows); err != nil {
 		return err
 	}
-	if err := t.acquire(false); err != nil {
-		return err
-	}
-	defer t.mu.RUnlock()
-	rs := t.rowSize
-	return guarded(t.path, func() {
-		for i, r := range rows {
-			copy(dst[i*rs:(i+1)*rs], t.data[r*rs:(r+1)*rs])
-		}
-	})
+	return t.GatherAt(dst, 0, t.rowSize, rows)
 }
 
 // Scatter copies src, which must hold exactly len(rows)*RowBytes() bytes,
 // into the given rows, in order; when a row repeats, the last copy wins.
 // Every index is checked before any byte is written.
 func (t *Tensor) Scatter(rows []int, src []byte) error {
-	if err := t.checkRows(rows, len(src), "scatter"); err != nil {
+	if err := t.checkRank("scatter", rows); err != nil {
 		return err
 	}
-	if err := t.acquire(true); err != nil {
-		return err
-	}
-	defer t.mu.RUnlock()
-	rs := t.rowSize
-	return guarded(t.path, func() {
-		for i, r := range rows {
-			copy(t.data[r*rs:(r+1)*rs], src[i*rs:(i+1)*rs])
-		}
-	})
+	return t.ScatterAt(0, t.rowSize, rows, src)
 }
 
 // Fill sets every element of the given rows to the element whose bytes are
 // elem (exactly DType().Size() bytes, little-endian). Every index is checked
 // before any byte is written.
 func (t *Tensor) Fill(rows []int, elem []byte) error {
-	if len(elem) != t.dtype.Size() {
-		return fmt.Errorf("fill %s: %w: element of %d bytes for %v", t.path, ErrDType, len(elem), t.dtype)
+	if err := t.checkRank("fill", rows); err != nil {
+		return err
 	}
-	if err := t.checkRows(rows, len(rows)*t.rowSize, "fill"); err != nil {
+	return t.FillAt(0, t.rowSize, rows, elem)
+}
+
+// GatherAt is Gather over a view of the data: rows of rowBytes bytes that
+// start at byte offset off, so that row r is the bytes [off+r*rowBytes,
+// off+(r+1)*rowBytes). A row that would reach past the data is ErrIndex.
+// Views of views (a row of a row) use it with their own offsets.
+func (t *Tensor) GatherAt(dst []byte, off int64, rowBytes int, rows []int) error {
+	if err := t.checkView("gather", off, rowBytes, rows, len(dst)); err != nil {
+		return err
+	}
+	if err := t.acquire(false); err != nil {
+		return err
+	}
+	defer t.mu.RUnlock()
+	data := t.data[off:]
+	return guarded(t.path, func() {
+		for i, r := range rows {
+			copy(dst[i*rowBytes:(i+1)*rowBytes], data[r*rowBytes:(r+1)*rowBytes])
+		}
+	})
+}
+
+// ScatterAt is Scatter over a view of the data, as GatherAt.
+func (t *Tensor) ScatterAt(off int64, rowBytes int, rows []int, src []byte) error {
+	if err := t.checkView("scatter", off, rowBytes, rows, len(src)); err != nil {
 		return err
 	}
 	if err := t.acquire(true); err != nil {
 		return err
 	}
 	defer t.mu.RUnlock()
-	if len(rows) == 0 || t.rowSize == 0 {
+	data := t.data[off:]
+	return guarded(t.path, func() {
+		for i, r := range rows {
+			copy(data[r*rowBytes:(r+1)*rowBytes], src[i*rowBytes:(i+1)*rowBytes])
+		}
+	})
+}
+
+// FillAt is Fill over a view of the data, as GatherAt.
+func (t *Tensor) FillAt(off int64, rowBytes int, rows []int, elem []byte) error {
+	if len(elem) != t.dtype.Size() || rowBytes%len(elem) != 0 {
+		return fmt.Errorf("fill %s: %w: element of %d bytes for %v rows of %d bytes",
+			t.path, ErrDType, len(elem), t.dtype, rowBytes)
+	}
+	if err := t.checkView("fill", off, rowBytes, rows, len(rows)*rowBytes); err != nil {
+		return err
+	}
+	if err := t.acquire(true); err != nil {
+		return err
+	}
+	defer t.mu.RUnlock()
+	if len(rows) == 0 || rowBytes == 0 {
 		return nil
 	}
-	rs := t.rowSize
+	data := t.data[off:]
 	return guarded(t.path, func() {
-		first := t.data[rows[0]*rs : (rows[0]+1)*rs]
+		first := data[rows[0]*rowBytes : (rows[0]+1)*rowBytes]
 		repeat(first, elem)
 		for _, r := range rows[1:] {
-			copy(t.data[r*rs:(r+1)*rs], first)
+			copy(data[r*rowBytes:(r+1)*rowBytes], first)
 		}
 	})
 }
@@ -80,16 +108,35 @@ func repeat(dst, pattern []byte) {
 	}
 }
 
-// checkRows validates a row operation on t before it touches data.
-func (t *Tensor) checkRows(rows []int, nbytes int, op string) error {
+// checkRank is the check Gather, Scatter and Fill add to their view
+// counterparts: the tensor has rows, and the indices are among them (which
+// the view check cannot tell when rows have zero bytes).
+func (t *Tensor) checkRank(op string, rows []int) error {
 	if len(t.shape) == 0 {
 		return fmt.Errorf("%s %s: %w: a scalar has no rows", op, t.path, ErrShape)
 	}
-	if nbytes != len(rows)*t.rowSize {
-		return fmt.Errorf("%s %s: %w: %d bytes for %d rows of %d bytes",
-			op, t.path, ErrShape, nbytes, len(rows), t.rowSize)
-	}
 	if err := CheckRows(rows, t.shape[0]); err != nil {
+		return fmt.Errorf("%s %s: %w", op, t.path, err)
+	}
+	return nil
+}
+
+// checkView validates a row operation on a view before it touches data: the
+// buffer size, and every row inside the data.
+func (t *Tensor) checkView(op string, off int64, rowBytes int, rows []int, nbytes int) error {
+	if rowBytes < 0 || off < 0 || off > int64(t.size) {
+		return fmt.Errorf("%s %s: %w: rows of %d bytes at offset %d of %d",
+			op, t.path, ErrIndex, rowBytes, off, t.size)
+	}
+	if nbytes != len(rows)*rowBytes {
+		return fmt.Errorf("%s %s: %w: %d bytes for %d rows of %d bytes",
+			op, t.path, ErrShape, nbytes, len(rows), rowBytes)
+	}
+	n := len(rows) // a view of zero-byte rows has no bound; any count will do
+	if rowBytes > 0 {
+		n = int((int64(t.size) - off) / int64(rowBytes))
+	}
+	if err := CheckRows(rows, n); err != nil {
 		return fmt.Errorf("%s %s: %w", op, t.path, err)
 	}
 	return nil
