@@ -1,0 +1,391 @@
+package tensordict
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/tensorwire/tensorwire/memmap"
+)
+
+// Memmap writes td to the folder prefix in tensordict's memmap format and
+// returns the written TensorDict, memory-mapped read-write (tensordict's
+// td.memmap(prefix)). The caller must Close the result; td is unchanged.
+//
+// Leaf files are written first and flushed, then each folder's meta.json,
+// atomically (temporary file, fsync, rename, fsync of the folder), nested
+// folders before their parent; an existing meta.json at prefix is removed
+// first. So a reader sees either the whole new TensorDict or no meta.json,
+// never a meta.json that promises files still being written. Files of the
+// same names are replaced; other files in prefix are left alone.
+func (td *TensorDict) Memmap(prefix string) (*TensorDict, error) {
+	return td.writeRoot(prefix, true)
+}
+
+// MemmapLike creates zero-filled storage at prefix with td's keys, dtypes,
+// shapes and non-tensors, without reading td's data, and returns it
+// memory-mapped read-write (tensordict's td.memmap_like(prefix)). The disk
+// blocks are reserved up front: a dataset that does not fit is an error
+// here, not a crash while filling it.
+func (td *TensorDict) MemmapLike(prefix string) (*TensorDict, error) {
+	return td.writeRoot(prefix, false)
+}
+
+func (td *TensorDict) writeRoot(prefix string, copyData bool) (*TensorDict, error) {
+	if err := os.MkdirAll(prefix, 0o755); err != nil {
+		return nil, fmt.Errorf("memmap %s: %w", prefix, err)
+	}
+	if err := os.Remove(filepath.Join(prefix, metaFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("memmap %s: %w", prefix, err)
+	}
+	var maps []*memmap.Tensor
+	out, err := td.writeDir(prefix, copyData, &maps)
+	if err != nil {
+		closeAll(maps)
+		return nil, fmt.Errorf("memmap %s: %w", prefix, err)
+	}
+	out.maps = maps
+	return out, nil
+}
+
+// writeDir writes td's leaves and nested folders into dir, then its
+// meta.json, and returns the mapped copy; created mappings go to *maps.
+func (td *TensorDict) writeDir(dir string, copyData bool, maps *[]*memmap.Tensor) (*TensorDict, error) {
+	out := newDict(td.batch)
+	out.prefix = dir
+	meta := newJSONObject()
+	for _, k := range td.keys {
+		v := td.vals[k]
+		_, isTensor := v.(*Tensor)
+		if err := checkKeyForDisk(k, !isTensor); err != nil {
+			return nil, err
+		}
+		name := filepath.Join(dir, escapeKey(k))
+		var nv Value
+		var err error
+		switch v := v.(type) {
+		case *Tensor:
+			nv, err = writeLeaf(name+leafSuffix, v, copyData, maps)
+			if err == nil {
+				err = meta.member(k, tensorMeta(v))
+			}
+		case *TensorDict:
+			if err = os.MkdirAll(name, 0o755); err == nil {
+				nv, err = v.writeDir(name, copyData, maps)
+			}
+			if err == nil {
+				err = meta.member(k, map[string]string{"type": "TensorDict"})
+			}
+		case *NonTensor:
+			nv, err = v, writeNonTensor(name, v)
+			if err == nil {
+				err = meta.member(k, map[string]string{"type": "NonTensorData"})
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", k, err)
+		}
+		out.keys = append(out.keys, k)
+		out.vals[k] = nv
+	}
+	if err := meta.member("shape", shapeJSON(td.batch)); err != nil {
+		return nil, err
+	}
+	meta.member("device", "cpu")
+	meta.member("_type", typeTensorDict)
+	if err := writeFileAtomic(filepath.Join(dir, metaFile), meta.bytes()); err != nil {
+		return nil, err
+	}
+	out.locked = true
+	return out, nil
+}
+
+// writeLeaf creates the file of one tensor, copies its data if asked, and
+// flushes it. A tensor without elements gets no file, as in tensordict.
+func writeLeaf(path string, t *Tensor, copyData bool, maps *[]*memmap.Tensor) (*Tensor, error) {
+	if t.NumBytes() == 0 {
+		return Zeros(t.dtype, t.shape...)
+	}
+	mm, err := memmap.Create(path, t.dtype, t.shape...)
+	if err != nil {
+		return nil, err
+	}
+	*maps = append(*maps, mm)
+	out := &Tensor{dtype: t.dtype, shape: t.Shape(), mm: mm}
+	if copyData {
+		if err := out.copyFrom(t); err != nil {
+			return nil, err
+		}
+	}
+	if err := mm.Flush(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// writeNonTensor writes a NonTensorData folder: a meta.json with the data.
+// A stale pickle from an earlier writer is removed, as tensordict does.
+func writeNonTensor(dir string, n *NonTensor) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	meta := newJSONObject()
+	meta.member("_type", typeNonTensorData)
+	if err := meta.member("data", n.Data); err != nil {
+		return err
+	}
+	if err := os.Remove(filepath.Join(dir, pickleFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(dir, metaFile), meta.bytes())
+}
+
+// writeFileAtomic replaces path with data durably: a temporary file in the
+// same folder, fsync, rename, fsync of the folder.
+func writeFileAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return memmap.SyncDir(dir)
+}
+
+// LoadOption changes how LoadMemmap maps a TensorDict.
+type LoadOption func(*loadOptions)
+
+type loadOptions struct {
+	mode memmap.Mode
+}
+
+// ReadOnly maps the files read-only (copy-on-write): writes through the
+// TensorDict's methods fail with memmap.ErrReadOnly, and the files cannot
+// change under any circumstance.
+func ReadOnly() LoadOption { return func(o *loadOptions) { o.mode = memmap.ReadOnly } }
+
+// LoadMemmap maps the TensorDict stored at prefix, written by Memmap or by
+// tensordict's memmap in Python, read-write unless ReadOnly is given
+// (tensordict's TensorDict.load_memmap(prefix)). The caller must Close it.
+//
+// Keys keep meta.json's order. A missing or corrupt meta.json, an unknown
+// dtype, a missing or short leaf file, or a tensor whose shape does not fit
+// the batch size is an error wrapping ErrFormat that names the file; pickled
+// non-tensors, nested (jagged) tensors and lazy stacks wrap ErrUnsupported.
+func LoadMemmap(prefix string, opts ...LoadOption) (*TensorDict, error) {
+	o := loadOptions{mode: memmap.ReadWrite}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	var maps []*memmap.Tensor
+	td, err := loadDir(prefix, o, &maps)
+	if err != nil {
+		closeAll(maps)
+		return nil, fmt.Errorf("load %s: %w", prefix, err)
+	}
+	td.maps = maps
+	return td, nil
+}
+
+// readMeta reads and parses a folder's meta.json, and its _type.
+func readMeta(dir string) ([]member, string, error) {
+	path := filepath.Join(dir, metaFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, "", fmt.Errorf("%w: %s is missing (not a memory-mapped TensorDict, or one still being written)", ErrFormat, path)
+		}
+		return nil, "", fmt.Errorf("%w: %w", ErrFormat, err)
+	}
+	members, err := parseObject(data)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %s: %w", ErrFormat, path, err)
+	}
+	var typ string
+	for _, m := range members {
+		if m.key == "_type" {
+			if err := json.Unmarshal(m.val, &typ); err != nil {
+				return nil, "", fmt.Errorf("%w: %s: _type: %w", ErrFormat, path, err)
+			}
+		}
+	}
+	return members, typ, nil
+}
+
+func loadDir(dir string, o loadOptions, maps *[]*memmap.Tensor) (*TensorDict, error) {
+	members, typ, err := readMeta(dir)
+	if err != nil {
+		return nil, err
+	}
+	metaPath := filepath.Join(dir, metaFile)
+	if typ != typeTensorDict && typ != typeTensorDictOld {
+		return nil, fmt.Errorf("%w: %s holds a %s, not a TensorDict", ErrUnsupported, metaPath, typ)
+	}
+	batch := []int{}
+	for _, m := range members {
+		if m.key == "shape" {
+			if err := json.Unmarshal(m.val, &batch); err != nil {
+				return nil, fmt.Errorf("%w: %s: batch size: %w", ErrFormat, metaPath, err)
+			}
+		}
+	}
+	if _, err := memmap.NumElements(batch); err != nil {
+		return nil, fmt.Errorf("%w: %s: batch size: %w", ErrFormat, metaPath, err)
+	}
+	td := newDict(batch)
+	td.prefix = dir
+	for _, m := range members {
+		if reservedKeys[m.key] || !bytes.HasPrefix(bytes.TrimSpace(m.val), []byte{'{'}) {
+			continue // the TensorDict's own fields, or other metadata tensordict also skips
+		}
+		var e entry
+		if err := json.Unmarshal(m.val, &e); err != nil {
+			return nil, fmt.Errorf("%w: %s: entry %q: %w", ErrFormat, metaPath, m.key, err)
+		}
+		var v Value
+		switch {
+		case e.Type != nil:
+			v, err = loadCollection(dir, m.key, o, maps)
+		case e.DType != "":
+			v, err = loadLeaf(dir, m.key, e.leafEntry, o, maps)
+		default:
+			err = fmt.Errorf("%w: %s: entry %q is neither a tensor nor a collection", ErrFormat, metaPath, m.key)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := td.Set(m.key, v); err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrFormat, metaPath, err)
+		}
+	}
+	td.locked = true
+	return td, nil
+}
+
+// findName returns the path of a key's file or folder in dir: the escaped
+// name, or for files written before tensordict 0.13 the raw key.
+func findName(dir, key, suffix string) (string, error) {
+	p := filepath.Join(dir, escapeKey(key)+suffix)
+	_, err := os.Lstat(p)
+	if errors.Is(err, fs.ErrNotExist) && legacyName(key) {
+		raw := filepath.Join(dir, key+suffix)
+		if _, rerr := os.Lstat(raw); rerr == nil {
+			return raw, nil
+		}
+	}
+	return p, err
+}
+
+func loadLeaf(dir, key string, e leafEntry, o loadOptions, maps *[]*memmap.Tensor) (*Tensor, error) {
+	metaPath := filepath.Join(dir, metaFile)
+	if e.IsNested {
+		return nil, fmt.Errorf("%w: %s: %q is a nested (jagged) tensor", ErrUnsupported, metaPath, key)
+	}
+	dt, shape, err := parseLeaf(e)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %q: %w", ErrFormat, metaPath, key, err)
+	}
+	path, err := findName(dir, key, leafSuffix)
+	if n, _ := memmap.NumBytes(dt, shape); n == 0 {
+		return Zeros(dt, shape...) // tensordict writes no file for these
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: leaf %q: %w", ErrFormat, key, err)
+	}
+	mm, err := memmap.Open(path, dt, shape, o.mode)
+	if err != nil {
+		return nil, fmt.Errorf("%w: leaf %q: %w", ErrFormat, key, err)
+	}
+	*maps = append(*maps, mm)
+	return &Tensor{dtype: dt, shape: shape, mm: mm}, nil
+}
+
+func loadCollection(dir, key string, o loadOptions, maps *[]*memmap.Tensor) (Value, error) {
+	sub, err := findName(dir, key, "")
+	if err != nil {
+		return nil, fmt.Errorf("%w: folder of %q: %w", ErrFormat, key, err)
+	}
+	_, typ, err := readMeta(sub)
+	if err != nil {
+		return nil, err
+	}
+	if typ == typeNonTensorData {
+		return loadNonTensor(sub)
+	}
+	return loadDir(sub, o, maps)
+}
+
+func loadNonTensor(dir string) (*NonTensor, error) {
+	if _, err := os.Lstat(filepath.Join(dir, pickleFile)); err == nil {
+		return nil, fmt.Errorf("%w: %s: pickled non-tensor data is never loaded (it can run code); store JSON-able data instead",
+			ErrUnsupported, filepath.Join(dir, pickleFile))
+	}
+	members, _, err := readMeta(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range members {
+		if m.key != "data" {
+			continue
+		}
+		dec := json.NewDecoder(bytes.NewReader(m.val))
+		dec.UseNumber() // integers beyond 2^53 survive a round trip
+		var n NonTensor
+		if err := dec.Decode(&n.Data); err != nil {
+			return nil, fmt.Errorf("%w: %s: data: %w", ErrFormat, filepath.Join(dir, metaFile), err)
+		}
+		return &n, nil
+	}
+	return nil, fmt.Errorf("%w: %s has no data", ErrFormat, filepath.Join(dir, metaFile))
+}
+
+// Flush makes every write to a memory-mapped TensorDict's files durable
+// (msync and fsync of each). It does nothing for one in Go memory, or for a
+// view: flush the TensorDict that Memmap or LoadMemmap returned.
+func (td *TensorDict) Flush() error {
+	for _, m := range td.maps {
+		if err := m.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close unmaps the files of a TensorDict returned by Memmap, MemmapLike or
+// LoadMemmap, after the calls in flight on them return. Views and tensors
+// taken from it stop working (their methods return memmap.ErrClosed). It
+// does not flush. Close on any other TensorDict does nothing.
+func (td *TensorDict) Close() error {
+	err := closeAll(td.maps)
+	td.maps = nil
+	return err
+}
+
+func closeAll(maps []*memmap.Tensor) error {
+	var errs []error
+	for _, m := range maps {
+		errs = append(errs, m.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,191 @@
+package tensordict
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/tensorwire/tensorwire/memmap"
+)
+
+// The _type strings tensordict writes in meta.json (str(type(obj)) in
+// Python). Older releases named the TensorDict class from the
+// tensordict.tensordict module.
+const (
+	typeTensorDict    = "<class 'tensordict._td.TensorDict'>"
+	typeTensorDictOld = "<class 'tensordict.tensordict.TensorDict'>"
+	typeNonTensorData = "<class 'tensordict.tensorclass.NonTensorData'>"
+)
+
+// Names in the folder of a memory-mapped TensorDict.
+const (
+	metaFile   = "meta.json"
+	leafSuffix = ".memmap"
+	pickleFile = "other.pickle" // tensordict's pickled non-tensor data: refused
+)
+
+// reservedKeys share meta.json's namespace with the TensorDict's own fields:
+// tensordict silently overwrites an entry of that name, so they are refused.
+var reservedKeys = map[string]bool{"shape": true, "device": true, "_type": true}
+
+// escapeKey returns the file-system name of a key as tensordict (0.13 and
+// later, robust_key=True) writes it: each of / < > : " | ? * \ space % NUL,
+// the other control characters and DEL becomes %XX in uppercase hex; every
+// other character, "." and non-ASCII included, stays as it is.
+func escapeKey(key string) string {
+	var b strings.Builder
+	for _, r := range key {
+		if r < 0x20 || r == 0x7f || strings.ContainsRune(`/<>:"|?*\ %`, r) {
+			fmt.Fprintf(&b, "%%%02X", r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// legacyName reports whether a raw key may be tried as a file name, as
+// tensordict before 0.13 wrote names: a single path component.
+func legacyName(key string) bool {
+	return key != "" && key != "." && key != ".." && !strings.ContainsAny(key, "/\x00")
+}
+
+// checkKeyForDisk returns an error for a key that cannot be written: a
+// reserved meta.json name, invalid UTF-8, or (for folders) a name that would
+// not be a folder of its own.
+func checkKeyForDisk(key string, folder bool) error {
+	switch {
+	case reservedKeys[key]:
+		return fmt.Errorf("%w: %q clashes with a meta.json field", ErrKey, key)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: %q is not valid UTF-8", ErrKey, key)
+	case folder && (key == "" || key == "." || key == ".."):
+		return fmt.Errorf("%w: %q cannot name a nested TensorDict's folder", ErrKey, key)
+	}
+	return nil
+}
+
+// member is one name/value pair of a JSON object, in file order.
+type member struct {
+	key string
+	val json.RawMessage
+}
+
+// parseObject decodes a JSON object keeping its members' order, which
+// encoding/json's maps lose. It accepts compact and spaced JSON alike.
+func parseObject(data []byte) ([]member, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, fmt.Errorf("not a JSON object")
+	}
+	var out []member
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		var m member
+		m.key = tok.(string) // object keys are always strings
+		if err := dec.Decode(&m.val); err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("data after the JSON object")
+	}
+	return out, nil
+}
+
+// leafEntry is meta.json's entry for a tensor.
+type leafEntry struct {
+	Device   string `json:"device"`
+	Shape    []int  `json:"shape"`
+	DType    string `json:"dtype"`
+	IsNested bool   `json:"is_nested"`
+}
+
+// entry is any meta.json entry: a leaf's fields, or a collection's "type".
+type entry struct {
+	leafEntry
+	Type *string `json:"type"`
+}
+
+// jsonWriter builds meta.json the way orjson writes it: compact, members in
+// insertion order, UTF-8 unescaped, no HTML escaping, no trailing newline.
+type jsonWriter struct {
+	buf   bytes.Buffer
+	first bool
+}
+
+func newJSONObject() *jsonWriter {
+	w := &jsonWriter{first: true}
+	w.buf.WriteByte('{')
+	return w
+}
+
+// member appends "key":value, value encoded by encoding/json.
+func (w *jsonWriter) member(key string, v any) error {
+	if !w.first {
+		w.buf.WriteByte(',')
+	}
+	w.first = false
+	if err := encodeJSON(&w.buf, key); err != nil {
+		return err
+	}
+	w.buf.WriteByte(':')
+	return encodeJSON(&w.buf, v)
+}
+
+func (w *jsonWriter) bytes() []byte {
+	w.buf.WriteByte('}')
+	return w.buf.Bytes()
+}
+
+func encodeJSON(buf *bytes.Buffer, v any) error {
+	enc := json.NewEncoder(buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	buf.Truncate(buf.Len() - 1) // Encode ends with a newline
+	return nil
+}
+
+// shapeJSON keeps an empty shape as [] rather than null.
+func shapeJSON(s []int) []int {
+	if s == nil {
+		return []int{}
+	}
+	return s
+}
+
+// tensorMeta returns meta.json's entry for t.
+func tensorMeta(t *Tensor) leafEntry {
+	return leafEntry{Device: "cpu", Shape: shapeJSON(t.shape), DType: t.dtype.String()}
+}
+
+// parseLeaf validates a leaf entry into a dtype and shape.
+func parseLeaf(e leafEntry) (memmap.DType, []int, error) {
+	dt, err := memmap.ParseDType(e.DType)
+	if err != nil {
+		return memmap.Invalid, nil, err
+	}
+	if e.DType != dt.String() {
+		return memmap.Invalid, nil, fmt.Errorf("%w: %q is not a name torch writes", memmap.ErrDType, e.DType)
+	}
+	if _, err := memmap.NumBytes(dt, e.Shape); err != nil {
+		return memmap.Invalid, nil, err
+	}
+	return dt, e.Shape, nil
+}

@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""Generate the golden fixtures in ./golden/ (run from anywhere: python3 gen_golden.py).
+
+These fixtures are AUTHORED FROM tensordict's SOURCE CODE, not produced by
+running tensordict: PyTorch and tensordict cannot be installed on the machine
+where tensorwire is developed.  Every byte written here mirrors what the
+upstream code paths below write for ``td.memmap_(prefix)`` /
+``td.memmap(prefix)``; re-running this script reproduces the files exactly
+(stdlib only, no numpy, deterministic).
+
+Upstream sources read (github.com/pytorch/tensordict, main branch around the
+0.13/0.14 releases, commit 09aaa7217b5a unless noted):
+
+* tensordict/_td_memmap.py (commit 179bcc8457eb): ``_save_metadata`` (meta.json =
+  entries in insertion order, then "shape", "device", "_type"; written with
+  ``json_dumps`` in binary mode, no trailing newline), ``_update_metadata``
+  (leaf entry = {"device", "shape", "dtype", "is_nested"}; collection entry =
+  {"type": type(value).__name__}), ``_populate_memmap`` (file name
+  ``f"{_encode_key_for_filesystem(key)}.memmap"``).
+* tensordict/_utils_key_json.py (commits 0f020cace16b, 706f5d3590ff):
+  ``_encode_key_for_filesystem`` (robust escaping ``%XX`` of / < > : " | ? * \\
+  space NUL % and chars 0-31, 127), JSON backend (orjson if importable, else
+  stdlib json; orjson output is compact, stdlib ``json.dumps`` uses ", "/": "
+  and ensure_ascii=True).
+* tensordict/_td.py: ``TensorDict._memmap_`` / ``TensorDict._load_memmap``
+  (device forced to "cpu" before metadata is saved; nested directories named
+  by the encoded key since PR #1762).
+* tensordict/_base/serialization.py: ``memmap_`` / ``memmap`` / ``load_memmap``
+  (robust_key default True since PR #1717, tensordict 0.13).
+* tensordict/memmap.py: ``MemoryMappedTensor.from_tensor`` /
+  ``_prepare_memmap_file`` (file reserved only when numel > 0, then
+  ``torch.from_file(shared=True, size=numel)``; a zero-element tensor gets NO
+  file; an existing longer file is not truncated).
+* tensordict/tensorclass.py: ``_memmap_`` / ``_load_memmap`` /
+  ``NonTensorDataBase`` (meta.json = {"_type": str(cls), <json-serializable
+  non-tensor fields>}; non-JSON fields pickled into "other.pickle"; no
+  "_tensordict" sub-directory for NonTensorData).
+* tensordict/utils.py: ``_STR_DTYPE_TO_DTYPE`` (dtype names are ``str(dtype)``,
+  e.g. "torch.float16", "torch.uint16").
+
+Known uncertainty (see /tmp/format-facts.md): the exact set/order of the
+extra keys ("_metadata", "_is_non_tensor") in a NonTensorData meta.json could
+not be pinned down from source; the minimal form written here
+({"_type", "data"}) is what every upstream loader accepts.
+
+Outputs: golden/<case>/ (the fixture tree) and golden/<case>.expected.json
+(what a reader must decode from it).
+"""
+
+import json
+import os
+import pickle
+import shutil
+import struct
+import textwrap
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GOLDEN = os.path.join(HERE, "golden")
+
+TD_TYPE = "<class 'tensordict._td.TensorDict'>"
+NTD_TYPE = "<class 'tensordict.tensorclass.NonTensorData'>"
+
+# dtype name -> (struct format of one element, itemsize)
+DTYPES = {
+    "torch.bool": ("?", 1),
+    "torch.uint8": ("B", 1),
+    "torch.int8": ("b", 1),
+    "torch.int16": ("<h", 2),
+    "torch.uint16": ("<H", 2),
+    "torch.int32": ("<i", 4),
+    "torch.uint32": ("<I", 4),
+    "torch.int64": ("<q", 8),
+    "torch.uint64": ("<Q", 8),
+    "torch.float16": ("<H", 2),  # values given as raw bits
+    "torch.bfloat16": ("<H", 2),  # values given as raw bits
+    "torch.float32": ("<f", 4),
+    "torch.float64": ("<d", 8),
+    "torch.complex64": ("<ff", 8),  # values given as [re, im]
+    "torch.complex128": ("<dd", 16),  # values given as [re, im]
+}
+
+
+def f16_bits(x):
+    return struct.unpack("<H", struct.pack("<e", x))[0]
+
+
+def bf16_bits(x):
+    # exact for values representable in bfloat16 (all values used here)
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    assert bits & 0xFFFF == 0, x
+    return bits >> 16
+
+
+def encode_key(key):
+    """Mirror of _encode_key_for_filesystem(key, robust=True)."""
+    unsafe = set('/<>:"|?*\\ \0%') | {chr(i) for i in range(32)} | {chr(127)}
+    return "".join("%%%02X" % ord(c) if c in unsafe else c for c in key)
+
+
+def dumps(obj, style):
+    if style == "orjson":
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if style == "json":
+        return json.dumps(obj).encode("utf-8")
+    raise ValueError(style)
+
+
+def numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def pack(dtype, values):
+    fmt, _ = DTYPES[dtype]
+    out = b""
+    for v in values:
+        if dtype.startswith("torch.complex"):
+            out += struct.pack(fmt, *v)
+        else:
+            out += struct.pack(fmt, v)
+    return out
+
+
+# ---------------------------------------------------------------- model
+class Leaf:
+    def __init__(self, dtype, shape, values, extra=b""):
+        assert len(values) == numel(shape)
+        self.dtype, self.shape, self.values, self.extra = dtype, list(shape), values, extra
+
+
+class TD:
+    def __init__(self, batch, entries):
+        self.batch = list(batch)
+        self.entries = entries  # list of (key, Leaf | TD | NonTensor), insertion order
+
+
+class NonTensor:
+    def __init__(self, data, picklable_only=False):
+        self.data = data
+        self.pickled = picklable_only
+
+
+def write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def write_td(td, prefix, style, rel, expected):
+    os.makedirs(prefix, exist_ok=True)
+    meta = {}
+    for key, val in td.entries:
+        safe = encode_key(key)
+        if isinstance(val, Leaf):
+            fname = safe + ".memmap"
+            raw = pack(val.dtype, val.values)
+            n = numel(val.shape)
+            if n:  # upstream creates no file for zero-element tensors
+                write(os.path.join(prefix, fname), raw + val.extra)
+            meta[key] = {
+                "device": "cpu",
+                "shape": val.shape,
+                "dtype": val.dtype,
+                "is_nested": False,
+            }
+            expected["leaves"].append(
+                {
+                    "path": rel + [key],
+                    "dtype": val.dtype,
+                    "shape": val.shape,
+                    "file": "/".join([encode_key(k) for k in rel] + [fname]),
+                    "file_exists": bool(n),
+                    "file_size": len(raw + val.extra) if n else 0,
+                    "values": val.values,
+                }
+            )
+        elif isinstance(val, TD):
+            write_td(val, os.path.join(prefix, safe), style, rel + [key], expected)
+            meta[key] = {"type": "TensorDict"}
+        elif isinstance(val, NonTensor):
+            sub = os.path.join(prefix, safe)
+            os.makedirs(sub, exist_ok=True)
+            nmeta = {"_type": NTD_TYPE}
+            rec = {"path": rel + [key], "type": NTD_TYPE, "pickled": val.pickled}
+            if val.pickled:
+                blob = pickle.dumps({"data": val.data}, protocol=4)
+                write(os.path.join(sub, "other.pickle"), blob)
+                rec["pickle_file"] = "/".join([encode_key(k) for k in rel] + [safe, "other.pickle"])
+                rec["data_hex"] = val.data.hex()
+            else:
+                nmeta["data"] = val.data
+                rec["data"] = val.data
+            write(os.path.join(sub, "meta.json"), dumps(nmeta, style))
+            expected["non_tensors"].append(rec)
+            meta[key] = {"type": "NonTensorData"}
+        else:
+            raise TypeError(val)
+    meta.update({"shape": td.batch, "device": "cpu", "_type": TD_TYPE})
+    write(os.path.join(prefix, "meta.json"), dumps(meta, style))
+    expected["tensordicts"].append(
+        {"path": rel, "batch_size": td.batch, "device": "cpu", "type": TD_TYPE}
+    )
+
+
+# ------------------------------------------------- repr (TensorDict.__repr__)
+def _size(shape):
+    return "torch.Size([%s])" % ", ".join(str(s) for s in shape)
+
+
+def td_repr(td, device="None"):
+    """Mirror of TensorDict.__repr__ / utils._td_fields for an in-memory TD
+    (device=None, plain CPU tensors, not shared)."""
+    strs = []
+    for key, val in td.entries:
+        if isinstance(val, Leaf):
+            strs.append(
+                "%s: Tensor(shape=%s, device=cpu, dtype=%s, is_shared=False)"
+                % (key, _size(val.shape), val.dtype)
+            )
+        else:
+            strs.append("%s: %s" % (key, td_repr(val, device)))
+    fields = textwrap.indent("\n" + ",\n".join(sorted(strs)), "    ")
+    parts = [
+        textwrap.indent("fields={%s}" % fields, "    "),
+        textwrap.indent("batch_size=%s" % _size(td.batch), "    "),
+        textwrap.indent("device=%s" % device, "    "),
+        textwrap.indent("is_shared=False", "    "),
+    ]
+    return "TensorDict(\n%s)" % ",\n".join(parts)
+
+
+def make_case(name, td, style, notes, extra_expected=None):
+    prefix = os.path.join(GOLDEN, name)
+    expected = {
+        "case": name,
+        "meta_json_style": style,
+        "notes": notes,
+        "tensordicts": [],
+        "leaves": [],
+        "non_tensors": [],
+    }
+    write_td(td, prefix, style, [], expected)
+    expected["tensordicts"].sort(key=lambda d: d["path"])
+    if extra_expected:
+        expected.update(extra_expected)
+    with open(os.path.join(GOLDEN, name + ".expected.json"), "w", encoding="utf-8") as f:
+        json.dump(expected, f, indent=2, ensure_ascii=True)
+        f.write("\n")
+
+
+def basic():
+    return TD(
+        [4],
+        [
+            ("obs", Leaf("torch.float32", [4, 3], [float(i) for i in range(12)])),
+            ("action", Leaf("torch.int64", [4], [0, 1, 2, 3])),
+            ("done", Leaf("torch.bool", [4], [False, True, False, True])),
+            ("next", TD([4], [("reward", Leaf("torch.float64", [4], [0.5, 1.5, 2.5, 3.5]))])),
+        ],
+    )
+
+
+def main():
+    if os.path.isdir(GOLDEN):
+        shutil.rmtree(GOLDEN)
+    os.makedirs(GOLDEN)
+
+    repr_note = {
+        "repr_in_memory": td_repr(basic()),
+        "repr_note": (
+            "repr of the same data as an in-memory TensorDict(device=None) before "
+            "memmap; after load_memmap leaves print as MemoryMappedTensor(...) and "
+            "device=cpu (is_shared of loaded leaves not verified)."
+        ),
+    }
+    make_case(
+        "basic_orjson", basic(), "orjson",
+        "meta.json as written with the orjson backend (default when orjson is installed, Python < 3.13).",
+        repr_note,
+    )
+    make_case(
+        "basic_json", basic(), "json",
+        "meta.json as written with the stdlib json backend (no orjson, e.g. Python >= 3.13).",
+        repr_note,
+    )
+
+    dt = [
+        ("bool", Leaf("torch.bool", [2], [True, False])),
+        ("uint8", Leaf("torch.uint8", [2], [1, 255])),
+        ("int8", Leaf("torch.int8", [2], [-1, 127])),
+        ("int16", Leaf("torch.int16", [2], [-2, 32767])),
+        ("int32", Leaf("torch.int32", [2], [-3, 2147483647])),
+        ("int64", Leaf("torch.int64", [2], [-4, 9223372036854775807])),
+        ("float16", Leaf("torch.float16", [2], [f16_bits(1.0), f16_bits(-2.0)])),
+        ("bfloat16", Leaf("torch.bfloat16", [2], [bf16_bits(1.0), bf16_bits(-2.0)])),
+        ("float32", Leaf("torch.float32", [2], [1.5, -0.25])),
+        ("float64", Leaf("torch.float64", [2], [2.5, -0.125])),
+        ("complex64", Leaf("torch.complex64", [2], [[1.0, 2.0], [-3.0, 0.5]])),
+        ("complex128", Leaf("torch.complex128", [2], [[1.25, -2.5], [0.0, 1.0]])),
+        ("uint16", Leaf("torch.uint16", [2], [1, 65535])),
+        ("uint32", Leaf("torch.uint32", [2], [2, 4294967295])),
+        ("uint64", Leaf("torch.uint64", [2], [3, 18446744073709551615])),
+    ]
+    assert dt[6][1].values == [0x3C00, 0xC000] and dt[7][1].values == [0x3F80, 0xC000]
+    make_case(
+        "dtypes", TD([2], dt), "orjson",
+        "One leaf per dtype. float16/bfloat16 values are raw uint16 bits; complex values "
+        "are [re, im]; bool is 1 byte (0/1). uint16/32/64 need torch >= 2.3. Decode big "
+        "integers with json.Number (uint64 max does not fit a float64).",
+    )
+
+    make_case(
+        "escaped_keys",
+        TD(
+            [2],
+            [
+                ("normal", Leaf("torch.int32", [2], [1, 2])),
+                ("a/b", Leaf("torch.int32", [2], [10, 20])),
+                ("x y", Leaf("torch.int32", [2], [30, 40])),
+                ("100%", Leaf("torch.int32", [2], [50, 60])),
+                ("q?", Leaf("torch.int32", [2], [70, 80])),
+                ("a.b", Leaf("torch.int32", [2], [110, 120])),
+                ("caf\u00e9", Leaf("torch.int32", [2], [90, 100])),
+                ("sub dir", TD([2], [("v", Leaf("torch.int16", [2], [5, 6]))])),
+            ],
+        ),
+        "orjson",
+        "robust_key=True layout (default since tensordict 0.13, PR #1717; nested directory "
+        "names encoded since PR #1762). meta.json keys are the RAW keys; only file and "
+        "directory names are %XX-escaped (uppercase hex). '.' and non-ASCII are not "
+        "escaped; orjson writes non-ASCII keys as raw UTF-8. Legacy writers "
+        "(robust_key=False / <0.13 default) use the raw key as file name ('a/b' fails to "
+        "save there) and pre-#1762 writers name nested dirs with the raw key ('sub dir').",
+    )
+
+    make_case(
+        "nontensor",
+        TD(
+            [2],
+            [
+                ("x", Leaf("torch.float32", [2], [1.0, 2.0])),
+                ("text", NonTensor("hello")),
+                ("cfg", NonTensor({"lr": 0.001})),
+                ("blob", NonTensor(b"\x00\x01\x02", picklable_only=True)),
+            ],
+        ),
+        "orjson",
+        "NonTensorData entries: parent records {'type': 'NonTensorData'}; the sub-directory "
+        "holds meta.json {'_type': \"<class 'tensordict.tensorclass.NonTensorData'>\", 'data': ...} "
+        "and no _tensordict/ directory (newer versions). A value that is not "
+        "JSON-serializable (here bytes) is moved to other.pickle = pickle.dumps({'data': value}) "
+        "and absent from meta.json: a safe reader must refuse it. Upstream may add "
+        "'_metadata'/'_is_non_tensor' keys (unverified); readers must ignore them. "
+        "The NonTensorData batch size is not stored (it follows the parent).",
+    )
+
+    make_case(
+        "empty_leaf",
+        TD(
+            [2],
+            [
+                ("e", Leaf("torch.float32", [2, 0], [])),
+                ("f", Leaf("torch.float32", [2], [0.5, -0.5])),
+            ],
+        ),
+        "orjson",
+        "Zero-element leaf 'e' (shape [2, 0]): meta.json has its entry but NO e.memmap file "
+        "exists (torch.from_file creates no file for size 0). Readers must synthesize an "
+        "empty tensor.",
+    )
+
+    make_case(
+        "longer_file",
+        TD([3], [("a", Leaf("torch.int32", [3], [7, 8, 9], extra=b"\xef\xbe\xad\xde"))]),
+        "orjson",
+        "a.memmap is 16 bytes for a 12-byte tensor (as left when an existing larger file is "
+        "overwritten: torch.from_file never shrinks). Readers read the first numel*itemsize "
+        "bytes and ignore the tail.",
+    )
+
+
+if __name__ == "__main__":
+    main()
