@@ -1,0 +1,189 @@
+package tensordict
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tensorwire/tensorwire/memmap"
+)
+
+// TestLoadMemmap_BadInput damages a copy of a fixture in one way each and
+// checks the error: its kind, and that it names the file at fault.
+func TestLoadMemmap_BadInput(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(dir string) error
+		want   error
+		names  string // a file name the message must contain
+	}{
+		{"missing meta.json", func(d string) error { return os.Remove(filepath.Join(d, metaFile)) }, ErrFormat, metaFile},
+		{"corrupt meta.json", func(d string) error { return truncate(filepath.Join(d, metaFile), 40) }, ErrFormat, metaFile},
+		{"meta.json not an object", func(d string) error { return os.WriteFile(filepath.Join(d, metaFile), []byte(`[1,2]`), 0o644) }, ErrFormat, metaFile},
+		{"trailing garbage", func(d string) error { return appendTo(filepath.Join(d, metaFile), "}") }, ErrFormat, metaFile},
+		{"unknown dtype", func(d string) error { return replaceIn(filepath.Join(d, metaFile), "torch.int64", "torch.int65") }, memmap.ErrDType, metaFile},
+		{"alias dtype name", func(d string) error { return replaceIn(filepath.Join(d, metaFile), "torch.int64", "torch.long") }, memmap.ErrDType, metaFile},
+		{"missing leaf file", func(d string) error { return os.Remove(filepath.Join(d, "obs.memmap")) }, ErrFormat, "obs.memmap"},
+		{"short leaf file", func(d string) error { return truncate(filepath.Join(d, "obs.memmap"), 47) }, memmap.ErrShortFile, "obs.memmap"},
+		{"missing nested folder", func(d string) error { return os.RemoveAll(filepath.Join(d, "next")) }, ErrFormat, "next"},
+		{"nested meta.json missing", func(d string) error { return os.Remove(filepath.Join(d, "next", metaFile)) }, ErrFormat, filepath.Join("next", metaFile)},
+		{"leaf shape outside batch", func(d string) error { return replaceIn(filepath.Join(d, metaFile), `"shape":[4],"device":"cpu","_type"`, `"shape":[5],"device":"cpu","_type"`) }, ErrBatchSize, metaFile},
+		{"negative dimension", func(d string) error { return replaceIn(filepath.Join(d, metaFile), `"shape":[4,3]`, `"shape":[4,-3]`) }, memmap.ErrShape, metaFile},
+		{"nested tensor", func(d string) error { return replaceIn(filepath.Join(d, metaFile), `"is_nested":false`, `"is_nested":true`) }, ErrUnsupported, metaFile},
+		{"lazy stack", func(d string) error {
+			return replaceIn(filepath.Join(d, "next", metaFile), "tensordict._td.TensorDict", "tensordict._lazy.LazyStackedTensorDict")
+		}, ErrUnsupported, "LazyStackedTensorDict"},
+		{"entry of no kind", func(d string) error { return replaceIn(filepath.Join(d, metaFile), `{"type":"TensorDict"}`, `{"x":1}`) }, ErrFormat, metaFile},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := copyFixture(t, "basic_orjson")
+			if err := tc.damage(dir); err != nil {
+				t.Fatal(err)
+			}
+			td, err := LoadMemmap(dir)
+			if err == nil {
+				td.Close()
+				t.Fatal("damaged fixture loaded without error")
+			}
+			if !errors.Is(err, tc.want) {
+				t.Errorf("err = %v, want %v", err, tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.names) {
+				t.Errorf("error %q does not name %q", err, tc.names)
+			}
+		})
+	}
+}
+
+func truncate(path string, n int64) error { return os.Truncate(path, n) }
+
+func appendTo(path, s string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, s...), 0o644)
+}
+
+func replaceIn(path, old, new string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(string(b), old) {
+		return errors.New("fixture does not contain " + old)
+	}
+	return os.WriteFile(path, []byte(strings.Replace(string(b), old, new, 1)), 0o644)
+}
+
+func TestMemmap_RefusesKeysItCannotStore(t *testing.T) {
+	x, _ := Zeros(memmap.Float32, 2)
+	for _, tc := range []struct {
+		name string
+		key  string
+		v    Value
+	}{
+		{"leaf named shape", "shape", x},
+		{"leaf named _type", "_type", x},
+		{"folder named ..", "..", mustNew(t, 2)},
+		{"folder named empty", "", mustNew(t, 2)},
+		{"invalid UTF-8", "a\xffb", x},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			td := mustNew(t, 2)
+			if err := td.Set(tc.key, tc.v); err != nil {
+				t.Fatal(err)
+			}
+			dir := filepath.Join(t.TempDir(), "p")
+			if _, err := td.Memmap(dir); !errors.Is(err, ErrKey) {
+				t.Fatalf("err = %v, want ErrKey", err)
+			}
+			if _, err := os.Stat(filepath.Join(dir, metaFile)); err == nil {
+				t.Error("a refused write left a meta.json behind")
+			}
+		})
+	}
+}
+
+func TestMemmap_FailedWriteLeavesNoMeta(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "p")
+	good := mustNew(t, 2)
+	x, _ := Zeros(memmap.Int32, 2)
+	good.Set("x", x)
+	m, err := good.Memmap(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	bad := mustNew(t, 2)
+	bad.Set("y", x)
+	bad.Set("shape", x)
+	if _, err := bad.Memmap(dir); !errors.Is(err, ErrKey) {
+		t.Fatalf("err = %v, want ErrKey", err)
+	}
+	if _, err := LoadMemmap(dir); !errors.Is(err, ErrFormat) {
+		t.Errorf("after a failed rewrite LoadMemmap err = %v, want ErrFormat (no meta.json, not a half-written TensorDict)", err)
+	}
+}
+
+func TestLoadMemmap_LegacyRawNames(t *testing.T) {
+	// Before tensordict 0.13 files were named by the raw key.
+	dir := copyFixture(t, "escaped_keys")
+	if err := os.Rename(filepath.Join(dir, "x%20y.memmap"), filepath.Join(dir, "x y.memmap")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "sub%20dir"), filepath.Join(dir, "sub dir")); err != nil {
+		t.Fatal(err)
+	}
+	td, err := LoadMemmap(dir, ReadOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer td.Close()
+	checkAgainst(t, td, readExpected(t, "escaped_keys"))
+}
+
+func TestTensorDict_ClosedMappingIsAnError(t *testing.T) {
+	td, err := LoadMemmap(copyFixture(t, "basic_orjson"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs, _ := td.Tensor("obs")
+	row, _ := td.Index(1)
+	td.Close()
+	if _, err := obs.Gather([]int{0}); !errors.Is(err, memmap.ErrClosed) {
+		t.Errorf("Gather after Close: err = %v, want ErrClosed", err)
+	}
+	if err := row.Fill(nil, 1); err == nil {
+		t.Error("Fill on a row view after Close succeeded")
+	}
+	if _, err := row.Clone(); !errors.Is(err, memmap.ErrClosed) {
+		t.Errorf("Clone of a view after Close: err = %v, want ErrClosed", err)
+	}
+}
+
+func TestLoadMemmap_ReadOnly(t *testing.T) {
+	dir := copyFixture(t, "basic_orjson")
+	td, err := LoadMemmap(dir, ReadOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer td.Close()
+	if err := td.Fill([]int{0}, 9); !errors.Is(err, memmap.ErrReadOnly) {
+		t.Errorf("Fill on read-only: err = %v, want ErrReadOnly", err)
+	}
+	if err := td.Set("z", mustNew(t, 4)); !errors.Is(err, ErrLocked) {
+		t.Errorf("Set on a memory-mapped TensorDict: err = %v, want ErrLocked", err)
+	}
+}
+
+func mustNew(t *testing.T, batch ...int) *TensorDict {
+	t.Helper()
+	td, err := New(batch...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return td
+}

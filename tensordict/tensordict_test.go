@@ -1,0 +1,348 @@
+package tensordict
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"gorgonia.org/tensor"
+)
+
+func must[T any](t *testing.T) func(T, error) T {
+	return func(v T, err error) T {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+}
+
+// sample returns a TensorDict of batch [n]: "obs" float32 [n, 2] holding
+// 0..2n-1, "action" int64 [n] holding 10*i, and "next"/"done" bool [n].
+func sample(t *testing.T, n int) *TensorDict {
+	t.Helper()
+	obs := make([]float32, 2*n)
+	for i := range obs {
+		obs[i] = float32(i)
+	}
+	act := make([]int64, n)
+	done := make([]bool, n)
+	for i := range act {
+		act[i] = int64(10 * i)
+		done[i] = i%2 == 1
+	}
+	td := mustNew(t, n)
+	for _, kv := range []struct {
+		path []string
+		v    Value
+	}{
+		{[]string{"obs"}, must[*Tensor](t)(FromSlice(obs, n, 2))},
+		{[]string{"action"}, must[*Tensor](t)(FromSlice(act))},
+		{[]string{"next", "done"}, must[*Tensor](t)(FromSlice(done))},
+		{[]string{"info"}, &NonTensor{Data: "episode-1"}},
+	} {
+		if err := td.SetPath(kv.path, kv.v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return td
+}
+
+func values[E Element](t *testing.T, td *TensorDict, path ...string) []E {
+	t.Helper()
+	x, err := td.Tensor(path...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := Values[E](x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestTensorDict_SetAndGet(t *testing.T) {
+	td := sample(t, 4)
+	if got := td.Keys(); !slices.Equal(got, []string{"obs", "action", "next", "info"}) {
+		t.Errorf("keys %q", got)
+	}
+	bad := must[*Tensor](t)(Zeros(memmap.Uint8, 5, 2))
+	if err := td.Set("bad", bad); !errors.Is(err, ErrBatchSize) {
+		t.Errorf("Set of a [5 2] tensor in batch [4]: err = %v, want ErrBatchSize", err)
+	}
+	if err := td.Set("cfg", &NonTensor{Data: func() {}}); !errors.Is(err, ErrKey) {
+		t.Errorf("Set of a non-JSON non-tensor: err = %v, want ErrKey", err)
+	}
+	if _, err := td.Tensor("next", "missing"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("missing key: err = %v, want ErrNotFound", err)
+	}
+	if _, err := td.Tensor("obs", "x"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("key below a tensor: err = %v, want ErrNotFound", err)
+	}
+	if _, err := td.Dict("obs"); !errors.Is(err, ErrKey) {
+		t.Errorf("tensor read as a TensorDict: err = %v, want ErrKey", err)
+	}
+	if err := td.SetPath([]string{"obs", "x"}, bad); !errors.Is(err, ErrKey) {
+		t.Errorf("SetPath through a tensor: err = %v, want ErrKey", err)
+	}
+	// Replacing keeps the position.
+	if err := td.Set("obs", must[*Tensor](t)(Zeros(memmap.Float32, 4))); err != nil {
+		t.Fatal(err)
+	}
+	if err := td.Delete("action"); err != nil {
+		t.Fatal(err)
+	}
+	if got := td.Keys(); !slices.Equal(got, []string{"obs", "next", "info"}) {
+		t.Errorf("keys after replace and delete %q", got)
+	}
+	if err := td.Delete("action"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second delete: err = %v, want ErrNotFound", err)
+	}
+	if _, err := New(2, -1); !errors.Is(err, memmap.ErrShape) {
+		t.Errorf("New(2, -1): err = %v, want ErrShape", err)
+	}
+	var paths []string
+	for p := range td.Leaves() {
+		paths = append(paths, keyString(p))
+	}
+	if !slices.Equal(paths, []string{"obs", "next/done"}) {
+		t.Errorf("leaves %q", paths)
+	}
+}
+
+func TestTensorDict_Indexing(t *testing.T) {
+	for _, mapped := range []bool{false, true} {
+		name := map[bool]string{false: "memory", true: "mapped"}[mapped]
+		t.Run(name, func(t *testing.T) {
+			td := sample(t, 5)
+			if mapped {
+				td = must[*TensorDict](t)(td.Memmap(filepath.Join(t.TempDir(), "p")))
+				defer td.Close()
+			}
+			row := must[*TensorDict](t)(td.Index(3))
+			if got := row.BatchSize(); len(got) != 0 {
+				t.Errorf("row batch size %v, want []", got)
+			}
+			if got := values[float32](t, row, "obs"); !slices.Equal(got, []float32{6, 7}) {
+				t.Errorf("row 3 obs %v", got)
+			}
+			// Views share storage: writing through them changes td.
+			sl := must[*TensorDict](t)(td.Slice(1, 3))
+			if err := sl.Fill([]int{1}, -1); err != nil {
+				t.Fatal(err)
+			}
+			if got := values[int64](t, td, "action"); !slices.Equal(got, []int64{0, 10, -1, 30, 40}) {
+				t.Errorf("action after filling row 1 of [1:3] = %v", got)
+			}
+			// Copies do not.
+			g := must[*TensorDict](t)(td.Gather([]int{4, 0, 4}))
+			if got := values[int64](t, g, "action"); !slices.Equal(got, []int64{40, 0, 40}) {
+				t.Errorf("gathered action %v", got)
+			}
+			if got := values[bool](t, g, "next", "done"); !slices.Equal(got, []bool{false, false, false}) {
+				t.Errorf("gathered next/done %v", got)
+			}
+			g.Fill([]int{0}, 99)
+			if got := values[int64](t, td, "action")[4]; got != 40 {
+				t.Errorf("filling a gathered copy changed the source: %d", got)
+			}
+			m := must[*TensorDict](t)(td.Mask([]bool{true, false, false, true, false}))
+			if got := values[float32](t, m, "obs"); !slices.Equal(got, []float32{0, 1, 6, 7}) {
+				t.Errorf("masked obs %v", got)
+			}
+			if nt := must[*NonTensor](t)(m.NonTensorAt("info")); nt.Data != "episode-1" {
+				t.Errorf("non-tensor through Mask: %v", nt.Data)
+			}
+			for _, bad := range []func() error{
+				func() error { _, err := td.Index(5); return err },
+				func() error { _, err := td.Index(-1); return err },
+				func() error { _, err := td.Slice(3, 6); return err },
+				func() error { _, err := td.Gather([]int{0, 5}); return err },
+			} {
+				if err := bad(); !errors.Is(err, memmap.ErrIndex) {
+					t.Errorf("out of range: err = %v, want ErrIndex", err)
+				}
+			}
+			if _, err := td.Mask([]bool{true}); !errors.Is(err, ErrBatchSize) {
+				t.Errorf("short mask: err = %v, want ErrBatchSize", err)
+			}
+		})
+	}
+}
+
+func TestTensorDict_SetRows(t *testing.T) {
+	td := sample(t, 6)
+	src := must[*TensorDict](t)(td.Gather([]int{0, 1}))
+	src.Fill([]int{0, 1}, 7)
+	if err := td.SetRows([]int{5, 2}, src); err != nil {
+		t.Fatal(err)
+	}
+	if got := values[int64](t, td, "action"); !slices.Equal(got, []int64{0, 10, 7, 30, 40, 7}) {
+		t.Errorf("action after SetRows %v", got)
+	}
+	if err := td.SetSlice(3, src); err != nil {
+		t.Fatal(err)
+	}
+	if got := values[float32](t, td, "obs")[6:10]; !slices.Equal(got, []float32{7, 7, 7, 7}) {
+		t.Errorf("obs rows 3-4 after SetSlice %v", got)
+	}
+	before := must[*TensorDict](t)(td.Clone())
+
+	wrongDType := must[*TensorDict](t)(src.Clone())
+	wrongDType.Delete("action")
+	wrongDType.Set("action", must[*Tensor](t)(Zeros(memmap.Int32, 2)))
+	extraKey := must[*TensorDict](t)(src.Clone())
+	extraKey.Set("new", must[*Tensor](t)(Zeros(memmap.Int32, 2)))
+	wrongRow := must[*TensorDict](t)(src.Clone())
+	wrongRow.Set("obs", must[*Tensor](t)(Zeros(memmap.Float32, 2, 3)))
+	for _, tc := range []struct {
+		name string
+		rows []int
+		src  *TensorDict
+		want error
+	}{
+		{"index out of range", []int{0, 6}, src, memmap.ErrIndex},
+		{"row count", []int{0}, src, ErrBatchSize},
+		{"dtype", []int{0, 1}, wrongDType, memmap.ErrDType},
+		{"key missing in the destination", []int{0, 1}, extraKey, ErrNotFound},
+		{"row shape", []int{0, 1}, wrongRow, memmap.ErrShape},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := td.SetRows(tc.rows, tc.src); !errors.Is(err, tc.want) {
+				t.Errorf("err = %v, want %v", err, tc.want)
+			}
+			if !td.Equal(before) {
+				t.Error("a refused SetRows changed the TensorDict")
+			}
+		})
+	}
+	if err := td.SetSlice(5, src); !errors.Is(err, memmap.ErrIndex) {
+		t.Errorf("SetSlice past the end: err = %v, want ErrIndex", err)
+	}
+}
+
+func TestStackAndCat(t *testing.T) {
+	a, b := sample(t, 2), sample(t, 2)
+	b.Fill([]int{0, 1}, 1)
+	s := must[*TensorDict](t)(Stack([]*TensorDict{a, b}))
+	if got := s.BatchSize(); !slices.Equal(got, []int{2, 2}) {
+		t.Errorf("stack batch %v", got)
+	}
+	if got := must[*Tensor](t)(s.Tensor("obs")).Shape(); !slices.Equal(got, []int{2, 2, 2}) {
+		t.Errorf("stacked obs shape %v", got)
+	}
+	if got := values[int64](t, s, "action"); !slices.Equal(got, []int64{0, 10, 1, 1}) {
+		t.Errorf("stacked action %v", got)
+	}
+	c := must[*TensorDict](t)(Cat([]*TensorDict{a, b, a}))
+	if got := values[int64](t, c, "action"); !slices.Equal(got, []int64{0, 10, 1, 1, 0, 10}) {
+		t.Errorf("cat action %v", got)
+	}
+	if r := must[*TensorDict](t)(c.Index(4)); !r.Equal(must[*TensorDict](t)(a.Index(0))) {
+		t.Error("row 4 of cat(a, b, a) is not row 0 of a")
+	}
+	if _, err := Stack([]*TensorDict{a, sample(t, 3)}); !errors.Is(err, ErrBatchSize) {
+		t.Errorf("stack of different batch sizes: err = %v, want ErrBatchSize", err)
+	}
+	odd := sample(t, 2)
+	odd.Set("extra", must[*Tensor](t)(Zeros(memmap.Uint8, 2)))
+	if _, err := Cat([]*TensorDict{odd, a}); !errors.Is(err, ErrSchema) {
+		t.Errorf("cat of different schemas: err = %v, want ErrSchema", err)
+	}
+}
+
+func TestTensorDict_ApplyCloneEqual(t *testing.T) {
+	td := sample(t, 3)
+	c := must[*TensorDict](t)(td.Clone())
+	if !c.Equal(td) {
+		t.Fatal("clone differs")
+	}
+	c.Fill([]int{0}, 5)
+	if c.Equal(td) {
+		t.Error("clone shares storage with the source")
+	}
+	twice := must[*TensorDict](t)(td.Apply(func(_ []string, x *Tensor) (*Tensor, error) {
+		out := must[*Tensor](t)(x.Clone())
+		if x.DType() == memmap.Int64 {
+			v := must[[]int64](t)(Values[int64](out))
+			for i := range v {
+				v[i] *= 2
+			}
+			return FromSlice(v, x.Shape()...)
+		}
+		return out, nil
+	}))
+	if got := values[int64](t, twice, "action"); !slices.Equal(got, []int64{0, 20, 40}) {
+		t.Errorf("applied action %v", got)
+	}
+	if _, err := td.Apply(func(_ []string, x *Tensor) (*Tensor, error) { return Zeros(x.DType(), 1) }); !errors.Is(err, ErrBatchSize) {
+		t.Errorf("Apply dropping the batch dimension: err = %v, want ErrBatchSize", err)
+	}
+}
+
+func TestTensor_FromAndToGo(t *testing.T) {
+	x := must[*Tensor](t)(FromSlice([]uint16{0x3c00, 0xc000}))
+	h := must[*Tensor](t)(x.WithDType(memmap.Float16))
+	if h.DType() != memmap.Float16 {
+		t.Fatalf("dtype %v", h.DType())
+	}
+	if _, err := x.WithDType(memmap.Float32); !errors.Is(err, memmap.ErrDType) {
+		t.Errorf("WithDType to a wider type: err = %v, want ErrDType", err)
+	}
+	if _, err := Values[float32](h); !errors.Is(err, memmap.ErrDType) {
+		t.Errorf("float16 read as float32: err = %v, want ErrDType", err)
+	}
+	d := must[*tensor.Dense](t)(h.Dense())
+	if d.Dtype().Name() != "uint16" || d.Shape()[0] != 2 {
+		t.Errorf("Dense of float16: %v %v", d.Dtype(), d.Shape())
+	}
+	back := must[*Tensor](t)(FromDense(d))
+	if !back.Equal(x) {
+		t.Error("FromDense(Dense()) differs")
+	}
+	if _, err := FromSlice([]float32{1, 2, 3}, 2, 2); !errors.Is(err, memmap.ErrShape) {
+		t.Errorf("FromSlice with a wrong shape: err = %v, want ErrShape", err)
+	}
+}
+
+// TestMemmapLike_FilledByAnotherProcess creates storage here, fills rows
+// from a child process through its own LoadMemmap, and reads them here
+// through the mapping made before the child ran.
+func TestMemmapLike_FilledByAnotherProcess(t *testing.T) {
+	if prefix := os.Getenv("TENSORDICT_TEST_CHILD"); prefix != "" {
+		td, err := LoadMemmap(prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := td.SetSlice(2, sample(t, 3)); err != nil {
+			t.Fatal(err)
+		}
+		if err := td.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		td.Close()
+		return
+	}
+	prefix := filepath.Join(t.TempDir(), "ds")
+	td := must[*TensorDict](t)(sample(t, 6).MemmapLike(prefix))
+	defer td.Close()
+	if got := values[int64](t, td, "action"); !slices.Equal(got, make([]int64, 6)) {
+		t.Fatalf("MemmapLike storage is not zero: %v", got)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMemmapLike_FilledByAnotherProcess$")
+	cmd.Env = append(os.Environ(), "TENSORDICT_TEST_CHILD="+prefix)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if got := values[int64](t, td, "action"); !slices.Equal(got, []int64{0, 0, 0, 10, 20, 0}) {
+		t.Errorf("action after the child's SetSlice(2, ...) = %v", got)
+	}
+	if got := values[bool](t, td, "next", "done"); !slices.Equal(got, []bool{false, false, false, true, false, false}) {
+		t.Errorf("next/done after the child's SetSlice = %v", got)
+	}
+}
