@@ -1,0 +1,82 @@
+package tensordict
+
+import (
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/tensorwire/tensorwire/memmap"
+)
+
+// ReadAt copies t's data from byte offset off into p, as io.ReaderAt
+// specifies: fewer than len(p) bytes only at the end, with io.EOF.
+func (t *Tensor) ReadAt(p []byte, off int64) (int, error) {
+	n := int64(t.NumBytes())
+	if off < 0 {
+		return 0, fmt.Errorf("%w: negative offset %d", memmap.ErrIndex, off)
+	}
+	if off >= n {
+		return 0, io.EOF
+	}
+	want := min(int64(len(p)), n-off)
+	got, err := t.readRange(p[:want], int(off))
+	if err == nil && int64(got) < int64(len(p)) {
+		err = io.EOF
+	}
+	return got, err
+}
+
+// WriteAt copies p into t's data at byte offset off. A tensor does not grow:
+// a write past the end returns memmap.ErrIndex and writes nothing.
+func (t *Tensor) WriteAt(p []byte, off int64) (int, error) {
+	n := int64(t.NumBytes())
+	if off < 0 || off > n || int64(len(p)) > n-off {
+		return 0, fmt.Errorf("%w: %d bytes at offset %d of %d", memmap.ErrIndex, len(p), off, n)
+	}
+	if err := t.writeAt(p, int(off)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Stats are summary figures of a tensor's elements, as float64.
+type Stats struct {
+	Count         int     // number of elements
+	Min, Max, Sum float64 // NaN if any element is NaN, as in torch
+}
+
+// Stats streams through t's elements (in chunks, so a mapped tensor larger
+// than memory is fine) and returns their count, min, max and sum. Complex
+// tensors return an error wrapping memmap.ErrDType; a tensor without
+// elements returns Count 0 and NaN figures.
+func (t *Tensor) Stats() (Stats, error) {
+	if !t.dtype.Real() {
+		return Stats{}, fmt.Errorf("%w: no ordering for %v", memmap.ErrDType, t.dtype)
+	}
+	s := Stats{Min: math.Inf(1), Max: math.Inf(-1)}
+	size := t.dtype.Size()
+	err := t.chunks(func(_ int, b []byte) error {
+		for i := 0; i+size <= len(b); i += size {
+			v := t.dtype.Float64(b[i:])
+			s.Sum += v
+			if v < s.Min || math.IsNaN(v) {
+				s.Min = v
+			}
+			if v > s.Max || math.IsNaN(v) {
+				s.Max = v
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Stats{}, err
+	}
+	s.Count = t.NumElements()
+	if s.Count == 0 {
+		s.Min, s.Max, s.Sum = math.NaN(), math.NaN(), math.NaN()
+	}
+	if math.IsNaN(s.Sum) {
+		s.Min, s.Max = math.NaN(), math.NaN()
+	}
+	return s, nil
+}
