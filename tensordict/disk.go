@@ -177,8 +177,12 @@ func writeFileAtomic(path string, data []byte) error {
 type LoadOption func(*loadOptions)
 
 type loadOptions struct {
-	mode memmap.Mode
+	mode  memmap.Mode
+	depth int // nesting level of the folder being loaded
 }
+
+// maxDepth bounds the nesting of TensorDicts LoadMemmap follows.
+const maxDepth = 64
 
 // ReadOnly maps the files read-only (copy-on-write): writes through the
 // TensorDict's methods fail with memmap.ErrReadOnly, and the files cannot
@@ -322,6 +326,12 @@ func loadLeaf(dir, key string, e leafEntry, o loadOptions, maps *[]*memmap.Tenso
 }
 
 func loadCollection(dir, key string, o loadOptions, maps *[]*memmap.Tensor) (Value, error) {
+	if err := checkKeyForDisk(key, true); err != nil { // "", "." and ".." name no folder of their own
+		return nil, fmt.Errorf("%w: %s: %w", ErrFormat, filepath.Join(dir, metaFile), err)
+	}
+	if o.depth++; o.depth > maxDepth {
+		return nil, fmt.Errorf("%w: %s: TensorDicts nested more than %d deep (a symlink loop?)", ErrFormat, dir, maxDepth)
+	}
 	sub, err := findName(dir, key, "")
 	if err != nil {
 		return nil, fmt.Errorf("%w: folder of %q: %w", ErrFormat, key, err)

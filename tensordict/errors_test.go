@@ -187,3 +187,30 @@ func mustNew(t *testing.T, batch ...int) *TensorDict {
 	}
 	return td
 }
+
+func TestLoadMemmap_FoldersThatAreNotSubfolders(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(dir string) error
+	}{
+		{"empty key", func(d string) error { return replaceIn(filepath.Join(d, metaFile), `"next":`, `"":`) }},
+		{"dot key", func(d string) error { return replaceIn(filepath.Join(d, metaFile), `"next":`, `".":`) }},
+		{"dot-dot key", func(d string) error { return replaceIn(filepath.Join(d, metaFile), `"next":`, `"..":`) }},
+		{"symlink loop", func(d string) error {
+			if err := os.RemoveAll(filepath.Join(d, "next")); err != nil {
+				return err
+			}
+			return os.Symlink(".", filepath.Join(d, "next"))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := copyFixture(t, "basic_orjson")
+			if err := tc.damage(dir); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := LoadMemmap(dir); !errors.Is(err, ErrFormat) {
+				t.Errorf("err = %v, want ErrFormat", err)
+			}
+		})
+	}
+}

@@ -12,13 +12,15 @@ import (
 	"math"
 	"os"
 	"slices"
+
+	"github.com/tensorwire/tensorwire/internal/swap"
 )
 
 // A Reader decodes one IDX file: its header, then its data as little-endian
 // bytes.
 type Reader struct {
 	hdr  Header
-	data *dataReader
+	data *swap.Reader
 }
 
 // NewReader reads the header of the IDX file in r and returns a Reader for
@@ -64,10 +66,27 @@ func NewReader(r io.Reader) (*Reader, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: %s shape %v overflows int64 bytes", ErrFormat, dtype, shape)
 	}
-	return &Reader{
-		hdr:  Header{DType: dtype, Shape: shape},
-		data: newDataReader(src, dtype.Size(), n),
-	}, nil
+	data := swap.NewReader(src, dtype.Size(), n, ErrFormat,
+		func(err error) error { return readError("reading data", err) },
+		func() error { return checkEnd(src, n) })
+	return &Reader{hdr: Header{DType: dtype, Shape: shape}, data: data}, nil
+}
+
+// checkEnd checks that src, having yielded the n data bytes, holds nothing
+// more: the format has no trailer. It returns nil if src is at its end. For
+// gzip input, reading to the end of the stream is also what verifies its
+// checksum.
+func checkEnd(src io.Reader, n int64) error {
+	var b [1]byte
+	k, err := io.ReadAtLeast(src, b[:], 1)
+	switch {
+	case k > 0:
+		return fmt.Errorf("%w: trailing bytes after the %d data bytes", ErrFormat, n)
+	case errors.Is(err, io.EOF):
+		return nil
+	default:
+		return readError("checking for bytes after the data", err)
+	}
 }
 
 // Header returns the file's header. The Shape is a copy the caller may

@@ -1,0 +1,120 @@
+package importer
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/tensorwire/tensorwire/internal/idx"
+	"github.com/tensorwire/tensorwire/internal/progress"
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Pair names an IDX images file and its labels file (gzipped or not).
+type Pair struct {
+	Images, Labels string
+}
+
+// IDX builds a dataset at prefix from IDX image/label pairs (the MNIST
+// family): "images" uint8 [N, H, W] and "labels" int64 [N], batch size [N],
+// the pairs' rows concatenated in order. Every pair must hold uint8 images of
+// the same H and W and as many integer labels as images. It returns N.
+func IDX(ctx context.Context, prefix string, pairs []Pair, opts Options) (int, error) {
+	if len(pairs) == 0 {
+		return 0, fmt.Errorf("import idx: no image/label pairs")
+	}
+	var imgs, lbls []*idx.ReadCloser
+	defer func() {
+		for _, r := range append(imgs, lbls...) {
+			r.Close()
+		}
+	}()
+	var n int
+	var hw []int
+	var total int64
+	for _, p := range pairs {
+		im, err := idx.Open(p.Images)
+		if err != nil {
+			return 0, err
+		}
+		imgs = append(imgs, im)
+		lb, err := idx.Open(p.Labels)
+		if err != nil {
+			return 0, err
+		}
+		lbls = append(lbls, lb)
+		ih, lh := im.Header(), lb.Header()
+		switch {
+		case ih.DType != memmap.Uint8 || len(ih.Shape) != 3:
+			return 0, fmt.Errorf("%s: images must be uint8 [N, H, W], not %v %v", p.Images, ih.DType, ih.Shape)
+		case len(lh.Shape) != 1 || !lh.DType.Real() || lh.DType == memmap.Float32 || lh.DType == memmap.Float64:
+			return 0, fmt.Errorf("%s: labels must be integers [N], not %v %v", p.Labels, lh.DType, lh.Shape)
+		case lh.Shape[0] != ih.Shape[0]:
+			return 0, fmt.Errorf("%s has %d labels for the %d images of %s", p.Labels, lh.Shape[0], ih.Shape[0], p.Images)
+		case hw != nil && !slices.Equal(hw, ih.Shape[1:]):
+			return 0, fmt.Errorf("%s: images of %v, the first pair's are %v", p.Images, ih.Shape[1:], hw)
+		}
+		hw = ih.Shape[1:]
+		n += ih.Shape[0]
+		total += ih.NumBytes() + lh.NumBytes()
+	}
+	fields := []tensordict.Field{
+		{Key: []string{"images"}, DType: memmap.Uint8, Shape: append([]int{n}, hw...)},
+		{Key: []string{"labels"}, DType: memmap.Int64, Shape: []int{n}},
+	}
+	var bar *progress.Bar
+	if opts.Progress != nil {
+		bar = progress.New(opts.Progress, "import", "B", total)
+		defer bar.Done()
+	}
+	err := build(ctx, prefix, opts, []int{n}, fields, func(td *tensordict.TensorDict) error {
+		images, err := td.Tensor("images")
+		if err != nil {
+			return err
+		}
+		labels, err := td.Tensor("labels")
+		if err != nil {
+			return err
+		}
+		row := 0
+		for i, im := range imgs {
+			h := im.Header()
+			if _, err := copyInto(ctx, images, int64(row*images.RowBytes()), im, h.NumBytes(), bar); err != nil {
+				return fmt.Errorf("%s: %w", pairs[i].Images, err)
+			}
+			if err := copyLabels(labels, row, lbls[i], bar); err != nil {
+				return fmt.Errorf("%s: %w", pairs[i].Labels, err)
+			}
+			row += h.Shape[0]
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("import idx into %s: %w", prefix, err)
+	}
+	return n, nil
+}
+
+// copyLabels converts a labels file to int64 rows of labels from row start.
+func copyLabels(labels *tensordict.Tensor, start int, r *idx.ReadCloser, bar *progress.Bar) error {
+	h := r.Header()
+	src, err := tensordict.Zeros(h.DType, h.Shape...)
+	if err != nil {
+		return err
+	}
+	if _, err := copyInto(context.Background(), src, 0, r, h.NumBytes(), bar); err != nil {
+		return err
+	}
+	raw, _ := src.Bytes()
+	out := make([]int64, h.Shape[0])
+	size := h.DType.Size()
+	for i := range out {
+		out[i] = int64(h.DType.Float64(raw[i*size:]))
+	}
+	t, err := tensordict.FromSlice(out)
+	if err != nil {
+		return err
+	}
+	return labels.SetSlice(start, t)
+}

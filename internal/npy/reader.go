@@ -1,0 +1,147 @@
+package npy
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+
+	"github.com/tensorwire/tensorwire/internal/swap"
+)
+
+// magic starts every .npy file.
+const magic = "\x93NUMPY"
+
+// A Reader decodes one .npy array: its header, then its data as
+// little-endian bytes in C order.
+type Reader struct {
+	hdr  Header
+	data *swap.Reader
+}
+
+// NewReader reads the preamble and header of the .npy array in r and
+// returns a Reader for its data. Format versions 1.0, 2.0 and 3.0 are
+// accepted.
+//
+// The Reader reads exactly the array from r and nothing past it, so that
+// the arrays of a stream written by repeated np.save calls can be read
+// with successive NewReader calls. NewReader returns io.EOF, unwrapped, if
+// r is at its end before the first byte.
+//
+// An error about the content of r wraps ErrFormat (and io.ErrUnexpectedEOF
+// if r ends inside the header) or ErrUnsupported; an error returned by r is
+// wrapped as is. Memory use is bounded whatever sizes the header claims.
+func NewReader(r io.Reader) (*Reader, error) {
+	var pre [len(magic) + 2]byte
+	if n, err := io.ReadFull(r, pre[:]); err != nil {
+		if n == 0 && err == io.EOF {
+			return nil, io.EOF
+		}
+		return nil, readError("reading magic string", err)
+	}
+	if string(pre[:len(magic)]) != magic {
+		return nil, fmt.Errorf("%w: magic string %q, want %q", ErrFormat, pre[:len(magic)], magic)
+	}
+	var size [4]byte
+	var hlen int
+	switch major, minor := pre[len(magic)], pre[len(magic)+1]; {
+	case major == 1 && minor == 0:
+		if _, err := io.ReadFull(r, size[:2]); err != nil {
+			return nil, readError("reading header length", err)
+		}
+		hlen = int(binary.LittleEndian.Uint16(size[:]))
+	case (major == 2 || major == 3) && minor == 0:
+		if _, err := io.ReadFull(r, size[:]); err != nil {
+			return nil, readError("reading header length", err)
+		}
+		n := binary.LittleEndian.Uint32(size[:])
+		if n > maxHeaderLen {
+			return nil, fmt.Errorf("%w: header length %d exceeds %d", ErrFormat, n, maxHeaderLen)
+		}
+		hlen = int(n)
+	default:
+		return nil, fmt.Errorf("%w: format version %d.%d", ErrUnsupported, major, minor)
+	}
+	// Read the header as it arrives rather than allocate hlen up front.
+	text, err := io.ReadAll(io.LimitReader(r, int64(hlen)))
+	if err != nil {
+		return nil, readError("reading header", err)
+	}
+	if len(text) < hlen {
+		return nil, readError("reading header", io.ErrUnexpectedEOF)
+	}
+	h, width, err := parseHeader(string(text))
+	if err != nil {
+		return nil, err
+	}
+	n, _ := numBytes(h.DType, h.Shape) // parseHeader checked it
+	data := swap.NewReader(r, width, n, ErrFormat,
+		func(err error) error { return readError("reading data", err) }, nil)
+	return &Reader{hdr: h, data: data}, nil
+}
+
+// Header returns the array's header. The Shape is a copy the caller may
+// modify.
+func (r *Reader) Header() Header {
+	return Header{DType: r.hdr.DType, Shape: slices.Clone(r.hdr.Shape)}
+}
+
+// Read reads up to len(p) bytes of the data, in C order, with each element
+// converted to little-endian. Elements may be split across calls: p need not
+// be a multiple of the item size.
+//
+// Read returns io.EOF after exactly Header().NumBytes() bytes. If the input
+// ends before, it returns an error wrapping ErrFormat and
+// io.ErrUnexpectedEOF. Errors are sticky.
+func (r *Reader) Read(p []byte) (int, error) { return r.data.Read(p) }
+
+// A ReadCloser is a Reader for a file opened by Open.
+type ReadCloser struct {
+	Reader
+	name string
+	f    *os.File
+}
+
+// Open opens the named .npy file and reads its header. Bytes after the
+// array are ignored, as np.load ignores them. Errors, including those of
+// Read, start with the file name; an empty file is an ErrFormat error, not
+// io.EOF. The caller must Close the ReadCloser.
+func Open(name string) (*ReadCloser, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	r, err := NewReader(bufio.NewReader(f))
+	if err == io.EOF {
+		err = readError("reading magic string", err)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return &ReadCloser{Reader: *r, name: name, f: f}, nil
+}
+
+// Read is Reader.Read with the file name added to errors other than io.EOF.
+func (rc *ReadCloser) Read(p []byte) (int, error) {
+	n, err := rc.Reader.Read(p)
+	if err != nil && err != io.EOF {
+		err = fmt.Errorf("%s: %w", rc.name, err)
+	}
+	return n, err
+}
+
+// Close closes the file.
+func (rc *ReadCloser) Close() error { return rc.f.Close() }
+
+// readError wraps an error met while doing what: truncation is a format
+// error, anything else an error of the underlying reader, wrapped as is.
+func readError(what string, err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: %s: %w", ErrFormat, what, io.ErrUnexpectedEOF)
+	}
+	return fmt.Errorf("npy: %s: %w", what, err)
+}
