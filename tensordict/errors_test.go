@@ -29,9 +29,13 @@ func TestLoadMemmap_BadInput(t *testing.T) {
 		{"short leaf file", func(d string) error { return truncate(filepath.Join(d, "obs.memmap"), 47) }, memmap.ErrShortFile, "obs.memmap"},
 		{"missing nested folder", func(d string) error { return os.RemoveAll(filepath.Join(d, "next")) }, ErrFormat, "next"},
 		{"nested meta.json missing", func(d string) error { return os.Remove(filepath.Join(d, "next", metaFile)) }, ErrFormat, filepath.Join("next", metaFile)},
-		{"leaf shape outside batch", func(d string) error { return replaceIn(filepath.Join(d, metaFile), `"shape":[4],"device":"cpu","_type"`, `"shape":[5],"device":"cpu","_type"`) }, ErrBatchSize, metaFile},
+		{"leaf shape outside batch", func(d string) error {
+			return replaceIn(filepath.Join(d, metaFile), `"shape":[4],"device":"cpu","_type"`, `"shape":[5],"device":"cpu","_type"`)
+		}, ErrBatchSize, metaFile},
 		{"negative dimension", func(d string) error { return replaceIn(filepath.Join(d, metaFile), `"shape":[4,3]`, `"shape":[4,-3]`) }, memmap.ErrShape, metaFile},
-		{"nested tensor", func(d string) error { return replaceIn(filepath.Join(d, metaFile), `"is_nested":false`, `"is_nested":true`) }, ErrUnsupported, metaFile},
+		{"nested tensor", func(d string) error {
+			return replaceIn(filepath.Join(d, metaFile), `"is_nested":false`, `"is_nested":true`)
+		}, ErrUnsupported, metaFile},
 		{"lazy stack", func(d string) error {
 			return replaceIn(filepath.Join(d, "next", metaFile), "tensordict._td.TensorDict", "tensordict._lazy.LazyStackedTensorDict")
 		}, ErrUnsupported, "LazyStackedTensorDict"},
