@@ -1,0 +1,132 @@
+// Package report holds the small pieces every tensorwire benchmark program
+// shares: percentiles of measured durations, unit conversions, an aligned
+// text table, and an atomic JSON writer for machine-readable results.
+//
+// Benchmarks on shared, noisy machines should compare operations measured
+// side by side in the same run (a ratio), never absolute times across runs;
+// this package only summarizes and prints what the programs measure.
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+)
+
+// Percentile returns the p-th percentile (0 <= p <= 100) of ds by the
+// nearest-rank method: after sorting ascending, the value at 1-based rank
+// ceil(p/100 * n), clamped to [1, n]. It is always one of the measured
+// values, never an interpolation: for n = 10, p50 is the 5th smallest value,
+// p90 the 9th and p99 the 10th (the largest). p <= 0 gives the smallest
+// value. An empty ds gives 0. ds is not modified.
+//
+// Percentile panics if p is NaN or greater than 100.
+func Percentile(ds []time.Duration, p float64) time.Duration {
+	if math.IsNaN(p) || p > 100 {
+		panic(fmt.Sprintf("report: percentile %v not in [0, 100]", p))
+	}
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[rank(len(s), p)-1]
+}
+
+// rank returns the nearest rank, 1-based, of percentile p among n sorted
+// values. The product is formed before the division so that integral p and n
+// give an exact rank; the small tolerance absorbs rounding of non-integral p
+// (99.9 is not exact in binary) that would otherwise push an exact rank up.
+func rank(n int, p float64) int {
+	r := int(math.Ceil(p*float64(n)/100 - 1e-9))
+	return min(max(r, 1), n)
+}
+
+// Stats summarizes a set of durations; see Summarize.
+type Stats struct {
+	N    int           `json:"n"`
+	Min  time.Duration `json:"min_ns"`
+	P50  time.Duration `json:"p50_ns"`
+	P90  time.Duration `json:"p90_ns"`
+	P99  time.Duration `json:"p99_ns"`
+	Max  time.Duration `json:"max_ns"`
+	Mean time.Duration `json:"mean_ns"`
+}
+
+// Summarize returns the count, extremes, mean (truncated to the nanosecond)
+// and the nearest-rank p50, p90 and p99 of ds (see Percentile). An empty ds
+// gives the zero Stats. ds is not modified.
+func Summarize(ds []time.Duration) Stats {
+	if len(ds) == 0 {
+		return Stats{}
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	var sum float64 // float: a sum of many long durations can overflow int64
+	for _, d := range s {
+		sum += float64(d)
+	}
+	n := len(s)
+	return Stats{
+		N:    n,
+		Min:  s[0],
+		P50:  s[rank(n, 50)-1],
+		P90:  s[rank(n, 90)-1],
+		P99:  s[rank(n, 99)-1],
+		Max:  s[n-1],
+		Mean: time.Duration(sum / float64(n)),
+	}
+}
+
+// Ms returns d in milliseconds.
+func Ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// GBps returns the throughput of moving n bytes in d, in decimal gigabytes
+// (1e9 bytes) per second. It returns 0 if d <= 0.
+func GBps(n int64, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds() / 1e9
+}
+
+// WriteJSON writes v as indented JSON (two spaces, trailing newline) to path,
+// atomically: it writes and fsyncs a temporary file in the same directory and
+// renames it over path, so readers see either the old file or the whole new
+// one. On error no temporary file is left and an existing path is unchanged.
+// The file gets mode 0644.
+func WriteJSON(path string, v any) (err error) {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	data = append(data, '\n')
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+			err = fmt.Errorf("write %s: %w", path, err)
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	if err := f.Chmod(0o644); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
