@@ -346,3 +346,24 @@ func TestMemmapLike_FilledByAnotherProcess(t *testing.T) {
 		t.Errorf("next/done after the child's SetSlice = %v", got)
 	}
 }
+
+func TestTensorDict_GatherInto(t *testing.T) {
+	td := sample(t, 5)
+	dst := must[*TensorDict](t)(td.Gather([]int{0, 0}))
+	if err := td.GatherInto(dst, []int{4, 2}); err != nil {
+		t.Fatal(err)
+	}
+	want := must[*TensorDict](t)(td.Gather([]int{4, 2}))
+	if !dst.Equal(want) {
+		t.Errorf("GatherInto gave\n%v\nwant\n%v", dst, want)
+	}
+	if err := td.GatherInto(dst, []int{1, 2, 3}); !errors.Is(err, ErrBatchSize) {
+		t.Errorf("three rows into a batch of two: err = %v, want ErrBatchSize", err)
+	}
+	if err := td.GatherInto(dst, []int{1, 7}); !errors.Is(err, memmap.ErrIndex) {
+		t.Errorf("row out of range: err = %v, want ErrIndex", err)
+	}
+	if !dst.Equal(want) {
+		t.Error("a refused GatherInto changed the destination")
+	}
+}
