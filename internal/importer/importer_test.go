@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/tensorwire/tensorwire/internal/npy"
+	"github.com/tensorwire/tensorwire/internal/torchcheck"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -245,5 +247,48 @@ func TestNPY_Import(t *testing.T) {
 	}
 	if _, err := ParseFile("noequals.npy"); err == nil {
 		t.Error("ParseFile accepted an argument without key=")
+	}
+}
+
+// TestIDX_FashionMNISTLoadsInTorch imports the real Fashion-MNIST training
+// and test sets and has PyTorch load the result as tensordict's load_memmap
+// would: dtypes, shapes and the sums of every image byte and label must be
+// what Go reads.
+func TestIDX_FashionMNISTLoadsInTorch(t *testing.T) {
+	const dir = "/usr/share/datasets/fashion-mnist"
+	if _, err := os.Stat(filepath.Join(dir, "train-images-idx3-ubyte.gz")); err != nil {
+		t.Skipf("Debian package dataset-fashion-mnist is not installed (.ci/run installs it): %v", err)
+	}
+	if err := torchcheck.Available(); err != nil {
+		t.Skip(err)
+	}
+	var pairs []Pair
+	for _, set := range []string{"train", "t10k"} {
+		pairs = append(pairs, Pair{filepath.Join(dir, set+"-images-idx3-ubyte.gz"), filepath.Join(dir, set+"-labels-idx1-ubyte.gz")})
+	}
+	prefix := filepath.Join(t.TempDir(), "fmnist")
+	if _, err := IDX(context.Background(), prefix, pairs, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := torchcheck.Load(prefix, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	td := load(t, prefix)
+	if !slices.Equal(got.BatchSize, []int{70000}) {
+		t.Errorf("torch batch size %v", got.BatchSize)
+	}
+	for _, key := range []string{"images", "labels"} {
+		x, _ := td.Tensor(key)
+		s, err := x.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := got.Fields[key]
+		var sum float64
+		json.Unmarshal(f.Sum, &sum)
+		if f.DType != x.DType().String() || !slices.Equal(f.Shape, x.Shape()) || sum != s.Sum {
+			t.Errorf("%s: torch reads %s %v sum %v; Go %v %v sum %v", key, f.DType, f.Shape, sum, x.DType(), x.Shape(), s.Sum)
+		}
 	}
 }

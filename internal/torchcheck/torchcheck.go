@@ -1,0 +1,79 @@
+// Package torchcheck runs scripts/torch_load.py, which loads a memory-mapped
+// TensorDict folder with PyTorch the way tensordict's load_memmap does, so
+// that tests can check what real torch reads from files written here.
+package torchcheck
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+)
+
+// Field is what torch read for one tensor. Values, when asked for, is in the
+// format of the golden fixtures' expected.json.
+type Field struct {
+	DType  string            `json:"dtype"`
+	Shape  []int             `json:"shape"`
+	Sum    json.RawMessage   `json:"sum"`
+	Values []json.RawMessage `json:"values"`
+}
+
+// Result is the script's output for one folder.
+type Result struct {
+	BatchSize []int             `json:"batch_size"`
+	Fields    map[string]Field  `json:"fields"`
+	NonTensor map[string]any    `json:"nontensor"`
+	Skipped   map[string]string `json:"skipped"`
+}
+
+// python returns an interpreter that can import torch: Debian's
+// python3-torch installs it for /usr/bin/python3, which may not be the
+// python3 first on PATH.
+func python() (string, error) {
+	for _, p := range []string{"python3", "/usr/bin/python3"} {
+		if exec.Command(p, "-c", "import torch").Run() == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("no python3 with torch (apt-get install python3-torch; .ci/run installs it)")
+}
+
+// Available returns nil if torch can be run, or why not.
+func Available() error {
+	_, err := python()
+	return err
+}
+
+// script is scripts/torch_load.py, found from this file's place in the module.
+func script() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "scripts", "torch_load.py")
+}
+
+// Load runs the script on prefix, with every element's value if values is
+// set.
+func Load(prefix string, values bool) (*Result, error) {
+	py, err := python()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{script(), prefix}
+	if values {
+		args = append(args, "--values")
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(py, args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("torch_load.py %s: %w\n%s", prefix, err, stderr.Bytes())
+	}
+	var r Result
+	if err := json.Unmarshal(out, &r); err != nil {
+		return nil, fmt.Errorf("torch_load.py output: %w", err)
+	}
+	return &r, nil
+}
