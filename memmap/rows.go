@@ -48,6 +48,7 @@ func (t *Tensor) GatherAt(dst []byte, off int64, rowBytes int, rows []int) error
 		return err
 	}
 	defer t.mu.RUnlock()
+	t.prefetch(off, rowBytes, rows)
 	data := t.data[off:]
 	return guarded(t.path, func() {
 		for i, r := range rows {
@@ -65,6 +66,7 @@ func (t *Tensor) ScatterAt(off int64, rowBytes int, rows []int, src []byte) erro
 		return err
 	}
 	defer t.mu.RUnlock()
+	t.prefetch(off, rowBytes, rows)
 	data := t.data[off:]
 	return guarded(t.path, func() {
 		for i, r := range rows {

@@ -500,3 +500,28 @@ func TestParseDType(t *testing.T) {
 		t.Errorf("alias long = %v", got)
 	}
 }
+
+func TestMincore_SeesEviction(t *testing.T) {
+	m := mustCreate(t, Uint8, 4, prefetchMin)
+	if err := m.Fill([]int{0, 1, 2, 3}, []byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	vec := make([]byte, 1)
+	if err := mincore(m.data[:1], vec); err != nil || vec[0]&1 == 0 {
+		t.Fatalf("a page just written is not resident: %v %v", vec, err)
+	}
+	if err := m.Evict(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mincore(m.data[:1], vec); err != nil || vec[0]&1 != 0 {
+		t.Fatalf("a page after Evict is resident: %v %v", vec, err)
+	}
+	// Prefetched cold rows read back the bytes written before the eviction.
+	got := make([]byte, 2*m.RowBytes())
+	if err := m.Gather(got, []int{3, 0}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, bytes.Repeat([]byte{1}, len(got))) {
+		t.Error("rows gathered cold differ from what was written")
+	}
+}
