@@ -22,6 +22,9 @@ func FuzzLoadMemmap(f *testing.F) {
 	f.Add([]byte(`{"obs":{"shape":[99999999999,99999999999],"dtype":"torch.complex128"},"shape":[],"_type":"<class 'tensordict._td.TensorDict'>"}`))
 	f.Add([]byte(`{"next":{"type":"TensorDict"},"shape":[4],"_type":"<class 'tensordict._td.TensorDict'>"}`))
 	f.Add([]byte(`{"../next":{"type":"TensorDict"},"_type":"<class 'tensordict._td.TensorDict'>"}`))
+	// Found by this fuzzer: an empty collection key named the folder itself
+	// and the loader recursed until the stack overflowed.
+	f.Add([]byte(`{"":{"type":"TensorDict"},"shape":[4],"device":"cpu","_type":"<class 'tensordict._td.TensorDict'>"}`))
 	f.Fuzz(func(t *testing.T, meta []byte) {
 		dir := t.TempDir()
 		src := filepath.Join("testdata", "golden", "basic_orjson")
