@@ -60,3 +60,25 @@ func TestDType_HalfBits(t *testing.T) {
 		}
 	}
 }
+
+func TestNumBytes(t *testing.T) {
+	for _, tc := range []struct {
+		dt    DType
+		shape []int
+		want  int
+		ok    bool
+	}{
+		{Float32, []int{2, 3}, 24, true},
+		{Complex128, nil, 16, true},
+		{Int64, []int{math.MaxInt, math.MaxInt, 0}, 0, true},
+		{Uint8, []int{2, -1}, 0, false},
+		{Uint8, []int{0, -1}, 0, false},
+		{Int16, []int{1 << 62}, 0, false},
+		{Invalid, []int{1}, 0, false},
+	} {
+		got, err := NumBytes(tc.dt, tc.shape)
+		if got != tc.want || (err == nil) != tc.ok {
+			t.Errorf("NumBytes(%v, %v) = %d, %v; want %d, ok=%v", tc.dt, tc.shape, got, err, tc.want, tc.ok)
+		}
+	}
+}

@@ -6,15 +6,21 @@ import (
 )
 
 // NumElements returns the product of shape's dimensions: 1 for a scalar
-// (empty shape). It returns an error wrapping ErrShape for a negative
-// dimension or a product that overflows int.
+// (empty shape), 0 if any dimension is 0 however large the others are. It
+// returns an error wrapping ErrShape for a negative dimension or a product
+// that overflows int.
 func NumElements(shape []int) (int, error) {
-	n := 1
 	for _, d := range shape {
 		if d < 0 {
 			return 0, fmt.Errorf("%w: negative dimension in %v", ErrShape, shape)
 		}
-		if d != 0 && n > math.MaxInt/d {
+		if d == 0 {
+			return 0, nil
+		}
+	}
+	n := 1
+	for _, d := range shape {
+		if n > math.MaxInt/d {
 			return 0, fmt.Errorf("%w: %v has too many elements", ErrShape, shape)
 		}
 		n *= d

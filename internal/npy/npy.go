@@ -24,7 +24,6 @@ package npy
 
 import (
 	"errors"
-	"math"
 
 	"github.com/tensorwire/tensorwire/memmap"
 )
@@ -71,26 +70,9 @@ func (h Header) NumBytes() int64 {
 }
 
 // numBytes returns the data size for dtype d and shape, and false if a
-// dimension is negative, d is invalid, or the size overflows int64. A zero
-// dimension makes the size 0 whatever the other dimensions are.
+// dimension is negative, d is invalid, or the size overflows: the rules of
+// memmap.NumBytes, which the storage it is imported into follows.
 func numBytes(d memmap.DType, shape []int) (int64, bool) {
-	n := int64(d.Size())
-	if n == 0 {
-		return 0, false
-	}
-	for _, dim := range shape {
-		if dim < 0 {
-			return 0, false
-		}
-		if dim == 0 {
-			n = 0
-		}
-	}
-	for _, dim := range shape {
-		if n != 0 && int64(dim) > math.MaxInt64/n {
-			return 0, false
-		}
-		n *= int64(dim)
-	}
-	return n, true
+	n, err := memmap.NumBytes(d, shape)
+	return int64(n), err == nil
 }
