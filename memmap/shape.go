@@ -3,6 +3,7 @@ package memmap
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
 // NumElements returns the product of shape's dimensions: 1 for a scalar
@@ -14,9 +15,9 @@ func NumElements(shape []int) (int, error) {
 		if d < 0 {
 			return 0, fmt.Errorf("%w: negative dimension in %v", ErrShape, shape)
 		}
-		if d == 0 {
-			return 0, nil
-		}
+	}
+	if slices.Contains(shape, 0) {
+		return 0, nil
 	}
 	n := 1
 	for _, d := range shape {
