@@ -31,12 +31,6 @@ type Options struct {
 	Progress io.Writer
 }
 
-// source is a decoded input array: a header, then its little-endian bytes.
-type source interface {
-	io.Reader
-	io.Closer
-}
-
 // build creates storage for batch and fields in a temporary folder next to
 // prefix, runs fill on it, flushes it and renames it to prefix.
 func build(ctx context.Context, prefix string, opts Options, batch []int, fields []tensordict.Field,
