@@ -179,22 +179,17 @@ func (td *TensorDict) Get(path ...string) (Value, error) {
 	if len(path) == 0 {
 		return nil, fmt.Errorf("%w: empty path", ErrKey)
 	}
-	cur := td
+	var v Value = td
 	for i, k := range path {
-		v, ok := cur.vals[k]
+		cur, ok := v.(*TensorDict)
 		if !ok {
+			return nil, fmt.Errorf("%w: %q holds a %s, not a TensorDict", ErrNotFound, strings.Join(path[:i], "/"), kindOf(v))
+		}
+		if v, ok = cur.vals[k]; !ok {
 			return nil, fmt.Errorf("%w: %q", ErrNotFound, strings.Join(path[:i+1], "/"))
 		}
-		if i == len(path)-1 {
-			return v, nil
-		}
-		sub, ok := v.(*TensorDict)
-		if !ok {
-			return nil, fmt.Errorf("%w: %q holds a %s, not a TensorDict", ErrNotFound, strings.Join(path[:i+1], "/"), kindOf(v))
-		}
-		cur = sub
 	}
-	panic("unreachable")
+	return v, nil
 }
 
 // Tensor returns the tensor at a nested key.
