@@ -36,6 +36,12 @@ func (td *TensorDict) MemmapLike(prefix string) (*TensorDict, error) {
 }
 
 func (td *TensorDict) writeRoot(prefix string, copyData bool) (*TensorDict, error) {
+	for p, v := range td.Items() { // refuse before writing anything
+		_, isTensor := v.(*Tensor)
+		if err := checkKeyForDisk(p[len(p)-1], !isTensor); err != nil {
+			return nil, fmt.Errorf("memmap %s: %s: %w", prefix, keyString(p), err)
+		}
+	}
 	if err := os.MkdirAll(prefix, 0o755); err != nil {
 		return nil, fmt.Errorf("memmap %s: %w", prefix, err)
 	}
@@ -59,11 +65,7 @@ func (td *TensorDict) writeDir(dir string, copyData bool, maps *[]*memmap.Tensor
 	out.prefix = dir
 	meta := newJSONObject()
 	for _, k := range td.keys {
-		v := td.vals[k]
-		_, isTensor := v.(*Tensor)
-		if err := checkKeyForDisk(k, !isTensor); err != nil {
-			return nil, err
-		}
+		v := td.vals[k] // keys were checked by writeRoot
 		name := filepath.Join(dir, escapeKey(k))
 		var nv Value
 		var err error

@@ -100,12 +100,14 @@ func TestMemmap_RefusesKeysItCannotStore(t *testing.T) {
 			if err := td.Set(tc.key, tc.v); err != nil {
 				t.Fatal(err)
 			}
+			ok, _ := Zeros(memmap.Int8, 2)
+			td.SetPath([]string{"nested", "fine"}, ok) // written before the bad key, were it not checked first
 			dir := filepath.Join(t.TempDir(), "p")
 			if _, err := td.Memmap(dir); !errors.Is(err, ErrKey) {
 				t.Fatalf("err = %v, want ErrKey", err)
 			}
-			if _, err := os.Stat(filepath.Join(dir, metaFile)); err == nil {
-				t.Error("a refused write left a meta.json behind")
+			if _, err := os.Stat(dir); err == nil {
+				t.Error("a refused write created the prefix")
 			}
 		})
 	}
@@ -121,14 +123,32 @@ func TestMemmap_FailedWriteLeavesNoMeta(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Close()
+
+	// A refused write (a reserved key) changes nothing: the old dataset loads.
 	bad := mustNew(t, 2)
 	bad.Set("y", x)
 	bad.Set("shape", x)
 	if _, err := bad.Memmap(dir); !errors.Is(err, ErrKey) {
 		t.Fatalf("err = %v, want ErrKey", err)
 	}
+	old, err := LoadMemmap(dir)
+	if err != nil {
+		t.Fatalf("a refused rewrite broke the old dataset: %v", err)
+	}
+	old.Close()
+
+	// A write that fails midway (its source is a closed mapping) leaves no
+	// meta.json: the prefix does not load as half old, half new.
+	src, err := good.Memmap(filepath.Join(t.TempDir(), "src"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Close()
+	if _, err := src.Memmap(dir); !errors.Is(err, memmap.ErrClosed) {
+		t.Fatalf("writing from a closed source: err = %v, want ErrClosed", err)
+	}
 	if _, err := LoadMemmap(dir); !errors.Is(err, ErrFormat) {
-		t.Errorf("after a failed rewrite LoadMemmap err = %v, want ErrFormat (no meta.json, not a half-written TensorDict)", err)
+		t.Errorf("after a failed rewrite LoadMemmap err = %v, want ErrFormat (no meta.json)", err)
 	}
 }
 
