@@ -3,6 +3,8 @@ package memmap
 import (
 	"fmt"
 	"io"
+
+	"github.com/tensorwire/tensorwire/internal/rowcopy"
 )
 
 // Gather copies the given rows, in order, into dst, which must hold exactly
@@ -49,12 +51,7 @@ func (t *Tensor) GatherAt(dst []byte, off int64, rowBytes int, rows []int) error
 	}
 	defer t.mu.RUnlock()
 	t.prefetch(off, rowBytes, rows)
-	data := t.data[off:]
-	return guarded(t.path, func() {
-		for i, r := range rows {
-			copy(dst[i*rowBytes:(i+1)*rowBytes], data[r*rowBytes:(r+1)*rowBytes])
-		}
-	})
+	return guarded(t.path, func() { rowcopy.Gather(dst, t.data[off:], rowBytes, rows) })
 }
 
 // ScatterAt is Scatter over a view of the data, as GatherAt.
@@ -67,12 +64,7 @@ func (t *Tensor) ScatterAt(off int64, rowBytes int, rows []int, src []byte) erro
 	}
 	defer t.mu.RUnlock()
 	t.prefetch(off, rowBytes, rows)
-	data := t.data[off:]
-	return guarded(t.path, func() {
-		for i, r := range rows {
-			copy(data[r*rowBytes:(r+1)*rowBytes], src[i*rowBytes:(i+1)*rowBytes])
-		}
-	})
+	return guarded(t.path, func() { rowcopy.Scatter(t.data[off:], src, rowBytes, rows) })
 }
 
 // FillAt is Fill over a view of the data, as GatherAt.
@@ -88,26 +80,7 @@ func (t *Tensor) FillAt(off int64, rowBytes int, rows []int, elem []byte) error 
 		return err
 	}
 	defer t.mu.RUnlock()
-	if len(rows) == 0 || rowBytes == 0 {
-		return nil
-	}
-	data := t.data[off:]
-	return guarded(t.path, func() {
-		first := data[rows[0]*rowBytes : (rows[0]+1)*rowBytes]
-		repeat(first, elem)
-		for _, r := range rows[1:] {
-			copy(data[r*rowBytes:(r+1)*rowBytes], first)
-		}
-	})
-}
-
-// repeat fills dst with copies of pattern, doubling the copied prefix each
-// step so that a large fill costs a few memmoves, not one per element.
-func repeat(dst, pattern []byte) {
-	n := copy(dst, pattern)
-	for n < len(dst) {
-		n += copy(dst[n:], dst[:n])
-	}
+	return guarded(t.path, func() { rowcopy.Fill(t.data[off:], rowBytes, rows, elem) })
 }
 
 // checkRank is the check Gather, Scatter and Fill add to their view

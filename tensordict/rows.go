@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tensorwire/tensorwire/internal/rowcopy"
 	"github.com/tensorwire/tensorwire/memmap"
 )
 
@@ -89,9 +90,7 @@ func (t *Tensor) gatherInto(dst []byte, rows []int) error {
 	if t.mm != nil {
 		return t.mm.GatherAt(dst, t.off, rb, rows)
 	}
-	for i, r := range rows {
-		copy(dst[i*rb:(i+1)*rb], t.heap[r*rb:(r+1)*rb])
-	}
+	rowcopy.Gather(dst, t.heap, rb, rows)
 	return nil
 }
 
@@ -113,9 +112,7 @@ func (t *Tensor) Scatter(rows []int, src *Tensor) error {
 	if t.mm != nil {
 		return t.mm.ScatterAt(t.off, rb, rows, b)
 	}
-	for i, r := range rows {
-		copy(t.heap[r*rb:(r+1)*rb], b[i*rb:(i+1)*rb])
-	}
+	rowcopy.Scatter(t.heap, b, rb, rows)
 	return nil
 }
 
@@ -168,12 +165,7 @@ func (t *Tensor) Fill(rows []int, v float64) error {
 	if t.mm != nil {
 		return t.mm.FillAt(t.off, rb, rows, elem)
 	}
-	for _, r := range rows {
-		row := t.heap[r*rb : (r+1)*rb]
-		for i := 0; i < len(row); i += len(elem) {
-			copy(row[i:], elem)
-		}
-	}
+	rowcopy.Fill(t.heap, rb, rows, elem)
 	return nil
 }
 
