@@ -15,6 +15,7 @@ package idx
 import (
 	"errors"
 
+	"github.com/tensorwire/tensorwire/internal/array"
 	"github.com/tensorwire/tensorwire/memmap"
 )
 
@@ -29,31 +30,9 @@ var ErrFormat = errors.New("idx: malformed file")
 // no real dataset comes close and a small bound keeps hostile headers cheap.
 const MaxDims = 16
 
-// Header describes the tensor stored in an IDX file.
-type Header struct {
-	DType memmap.DType // element type
-	Shape []int        // dimensions, outermost first; never empty
-}
-
-// NumBytes returns the size in bytes of the data the header describes:
-// the product of the dimensions times the item size. It returns -1 if a
-// dimension is negative, the dtype is invalid, or the size overflows int64.
-// It never returns -1 for a Header returned by a Reader.
-func (h Header) NumBytes() int64 {
-	n, ok := numBytes(h.DType, h.Shape)
-	if !ok {
-		return -1
-	}
-	return n
-}
-
-// numBytes returns the data size for dtype d and shape, and false if a
-// dimension is negative, d is invalid, or the size overflows: the rules of
-// memmap.NumBytes, which the storage it is imported into follows.
-func numBytes(d memmap.DType, shape []int) (int64, bool) {
-	n, err := memmap.NumBytes(d, shape)
-	return int64(n), err == nil
-}
+// Header describes the tensor stored in an IDX file; its Shape is never
+// empty.
+type Header = array.Header
 
 // dtypes maps IDX type bytes to dtypes.
 var dtypes = map[byte]memmap.DType{

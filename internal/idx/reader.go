@@ -1,7 +1,6 @@
 package idx
 
 import (
-	"bufio"
 	"bytes"
 	"compress/flate"
 	"compress/gzip"
@@ -10,22 +9,27 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
-	"slices"
 
+	"github.com/tensorwire/tensorwire/internal/array"
 	"github.com/tensorwire/tensorwire/internal/swap"
 )
 
-// A Reader decodes one IDX file: its header, then its data as little-endian
-// bytes.
-type Reader struct {
-	hdr  Header
-	data *swap.Reader
-}
+// A Reader is a decoded IDX file: its header, then its data as
+// little-endian bytes.
+type Reader = array.Reader
+
+// A ReadCloser is a Reader for a file opened by Open.
+type ReadCloser = array.File
 
 // NewReader reads the header of the IDX file in r and returns a Reader for
 // its data. If r starts with the gzip magic number 1f 8b, the file is
 // decompressed as it is read.
+//
+// After exactly Header().NumBytes() bytes, Read returns io.EOF if the input
+// ends there. The format has no trailer, so bytes after the data mean the
+// header is wrong: Read then returns an error wrapping ErrFormat instead.
+// If the input ends before the data does, Read returns an error wrapping
+// ErrFormat and io.ErrUnexpectedEOF. Errors are sticky.
 //
 // An error about the content of r wraps ErrFormat (and io.ErrUnexpectedEOF
 // if r ends inside the header); an error returned by r is wrapped as is.
@@ -62,14 +66,15 @@ func NewReader(r io.Reader) (*Reader, error) {
 		}
 		shape[i] = int(d)
 	}
-	n, ok := numBytes(dtype, shape)
-	if !ok {
+	h := Header{DType: dtype, Shape: shape}
+	n := h.NumBytes()
+	if n < 0 {
 		return nil, fmt.Errorf("%w: %s shape %v overflows int64 bytes", ErrFormat, dtype, shape)
 	}
 	data := swap.NewReader(src, dtype.Size(), n, ErrFormat,
 		func(err error) error { return readError("reading data", err) },
 		func() error { return checkEnd(src, n) })
-	return &Reader{hdr: Header{DType: dtype, Shape: shape}, data: data}, nil
+	return array.NewReader(h, data), nil
 }
 
 // checkEnd checks that src, having yielded the n data bytes, holds nothing
@@ -89,57 +94,10 @@ func checkEnd(src io.Reader, n int64) error {
 	}
 }
 
-// Header returns the file's header. The Shape is a copy the caller may
-// modify.
-func (r *Reader) Header() Header {
-	return Header{DType: r.hdr.DType, Shape: slices.Clone(r.hdr.Shape)}
-}
-
-// Read reads up to len(p) bytes of the data, in C order, with each element
-// converted to little-endian. Elements may be split across calls: p need not
-// be a multiple of the item size.
-//
-// After exactly Header().NumBytes() bytes, Read returns io.EOF if the input
-// ends there. The format has no trailer, so bytes after the data mean the
-// header is wrong: Read then returns an error wrapping ErrFormat instead.
-// If the input ends before the data does, Read returns an error wrapping
-// ErrFormat and io.ErrUnexpectedEOF. Errors are sticky.
-func (r *Reader) Read(p []byte) (int, error) { return r.data.Read(p) }
-
-// A ReadCloser is a Reader for a file opened by Open.
-type ReadCloser struct {
-	Reader
-	name string
-	f    *os.File
-}
-
 // Open opens the named IDX file, gzip-compressed or not, and reads its
 // header. Its errors, and those of Read, start with the file name. The caller
 // must Close the ReadCloser.
-func Open(name string) (*ReadCloser, error) {
-	f, err := os.Open(name)
-	if err != nil {
-		return nil, err
-	}
-	r, err := NewReader(bufio.NewReader(f))
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return &ReadCloser{Reader: *r, name: name, f: f}, nil
-}
-
-// Read is Reader.Read with the file name added to errors other than io.EOF.
-func (rc *ReadCloser) Read(p []byte) (int, error) {
-	n, err := rc.Reader.Read(p)
-	if err != nil && err != io.EOF {
-		err = fmt.Errorf("%s: %w", rc.name, err)
-	}
-	return n, err
-}
-
-// Close closes the file.
-func (rc *ReadCloser) Close() error { return rc.f.Close() }
+func Open(name string) (*ReadCloser, error) { return array.Open(name, NewReader) }
 
 // decompress returns r, or a gzip reader for r if r starts with the gzip
 // magic number.

@@ -258,29 +258,6 @@ func TestReader_SourceError(t *testing.T) {
 	}
 }
 
-func TestHeader_NumBytes(t *testing.T) {
-	tests := []struct {
-		name string
-		h    Header
-		want int64
-	}{
-		{"float32 2x3", Header{memmap.Float32, []int{2, 3}}, 24},
-		{"scalar", Header{memmap.Float64, []int{}}, 8},
-		{"zero dim", Header{memmap.Int64, []int{math.MaxInt, math.MaxInt, 0}}, 0},
-		{"negative", Header{memmap.Uint8, []int{2, -1}}, -1},
-		{"overflow", Header{memmap.Int16, []int{1 << 62}}, -1},
-		{"max", Header{memmap.Uint8, []int{math.MaxInt64}}, math.MaxInt64},
-		{"invalid dtype", Header{memmap.Invalid, []int{1}}, -1},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := tt.h.NumBytes(); got != tt.want {
-				t.Errorf("NumBytes() = %d, want %d", got, tt.want)
-			}
-		})
-	}
-}
-
 func TestReader_HeaderIsCopy(t *testing.T) {
 	r, err := NewReader(bytes.NewReader(file(0x08, []uint32{2}, []byte{1, 2})))
 	if err != nil {

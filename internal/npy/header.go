@@ -75,10 +75,11 @@ func parseHeader(text string) (Header, int, error) {
 	if fortran.bool && big > 1 {
 		return Header{}, 0, fmt.Errorf("%w: array of shape %v in Fortran order", ErrUnsupported, dims)
 	}
-	if _, ok := numBytes(dtype, dims); !ok {
+	h := Header{DType: dtype, Shape: dims}
+	if h.NumBytes() < 0 {
 		return Header{}, 0, fmt.Errorf("%w: %s shape %v overflows int64 bytes", ErrFormat, dtype, dims)
 	}
-	return Header{DType: dtype, Shape: dims}, width, nil
+	return h, width, nil
 }
 
 // abbrev shortens source text quoted in error messages.

@@ -25,7 +25,7 @@ package npy
 import (
 	"errors"
 
-	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/internal/array"
 )
 
 var (
@@ -51,28 +51,6 @@ const MaxDims = 64
 // incrementally so a false claim costs no memory.
 const maxHeaderLen = 1 << 20
 
-// Header describes the array stored in a .npy file.
-type Header struct {
-	DType memmap.DType // element type
-	Shape []int        // dimensions, outermost first; empty for a scalar
-}
-
-// NumBytes returns the size in bytes of the data the header describes:
-// the product of the dimensions (1 for a scalar) times the item size. It
-// returns -1 if a dimension is negative, the dtype is invalid, or the size
-// overflows int64. It never returns -1 for a Header returned by a Reader.
-func (h Header) NumBytes() int64 {
-	n, ok := numBytes(h.DType, h.Shape)
-	if !ok {
-		return -1
-	}
-	return n
-}
-
-// numBytes returns the data size for dtype d and shape, and false if a
-// dimension is negative, d is invalid, or the size overflows: the rules of
-// memmap.NumBytes, which the storage it is imported into follows.
-func numBytes(d memmap.DType, shape []int) (int64, bool) {
-	n, err := memmap.NumBytes(d, shape)
-	return int64(n), err == nil
-}
+// Header describes the array stored in a .npy file; its Shape is empty for
+// a scalar.
+type Header = array.Header

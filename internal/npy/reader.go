@@ -1,30 +1,32 @@
 package npy
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"slices"
 
+	"github.com/tensorwire/tensorwire/internal/array"
 	"github.com/tensorwire/tensorwire/internal/swap"
 )
 
 // magic starts every .npy file.
 const magic = "\x93NUMPY"
 
-// A Reader decodes one .npy array: its header, then its data as
+// A Reader is a decoded .npy array: its header, then its data as
 // little-endian bytes in C order.
-type Reader struct {
-	hdr  Header
-	data *swap.Reader
-}
+type Reader = array.Reader
+
+// A ReadCloser is a Reader for a file opened by Open.
+type ReadCloser = array.File
 
 // NewReader reads the preamble and header of the .npy array in r and
 // returns a Reader for its data. Format versions 1.0, 2.0 and 3.0 are
 // accepted.
+//
+// Read returns io.EOF after exactly Header().NumBytes() bytes. If the input
+// ends before, it returns an error wrapping ErrFormat and
+// io.ErrUnexpectedEOF. Errors are sticky.
 //
 // The Reader reads exactly the array from r and nothing past it, so that
 // the arrays of a stream written by repeated np.save calls can be read
@@ -77,32 +79,9 @@ func NewReader(r io.Reader) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	n, _ := numBytes(h.DType, h.Shape) // parseHeader checked it
-	data := swap.NewReader(r, width, n, ErrFormat,
+	data := swap.NewReader(r, width, h.NumBytes(), ErrFormat, // parseHeader checked the size
 		func(err error) error { return readError("reading data", err) }, nil)
-	return &Reader{hdr: h, data: data}, nil
-}
-
-// Header returns the array's header. The Shape is a copy the caller may
-// modify.
-func (r *Reader) Header() Header {
-	return Header{DType: r.hdr.DType, Shape: slices.Clone(r.hdr.Shape)}
-}
-
-// Read reads up to len(p) bytes of the data, in C order, with each element
-// converted to little-endian. Elements may be split across calls: p need not
-// be a multiple of the item size.
-//
-// Read returns io.EOF after exactly Header().NumBytes() bytes. If the input
-// ends before, it returns an error wrapping ErrFormat and
-// io.ErrUnexpectedEOF. Errors are sticky.
-func (r *Reader) Read(p []byte) (int, error) { return r.data.Read(p) }
-
-// A ReadCloser is a Reader for a file opened by Open.
-type ReadCloser struct {
-	Reader
-	name string
-	f    *os.File
+	return array.NewReader(h, data), nil
 }
 
 // Open opens the named .npy file and reads its header. Bytes after the
@@ -110,32 +89,14 @@ type ReadCloser struct {
 // Read, start with the file name; an empty file is an ErrFormat error, not
 // io.EOF. The caller must Close the ReadCloser.
 func Open(name string) (*ReadCloser, error) {
-	f, err := os.Open(name)
-	if err != nil {
-		return nil, err
-	}
-	r, err := NewReader(bufio.NewReader(f))
-	if err == io.EOF {
-		err = readError("reading magic string", err)
-	}
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return &ReadCloser{Reader: *r, name: name, f: f}, nil
+	return array.Open(name, func(r io.Reader) (*Reader, error) {
+		rd, err := NewReader(r)
+		if err == io.EOF {
+			err = readError("reading magic string", err)
+		}
+		return rd, err
+	})
 }
-
-// Read is Reader.Read with the file name added to errors other than io.EOF.
-func (rc *ReadCloser) Read(p []byte) (int, error) {
-	n, err := rc.Reader.Read(p)
-	if err != nil && err != io.EOF {
-		err = fmt.Errorf("%s: %w", rc.name, err)
-	}
-	return n, err
-}
-
-// Close closes the file.
-func (rc *ReadCloser) Close() error { return rc.f.Close() }
 
 // readError wraps an error met while doing what: truncation is a format
 // error, anything else an error of the underlying reader, wrapped as is.

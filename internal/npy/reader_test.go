@@ -255,28 +255,6 @@ func TestReader_SourceError(t *testing.T) {
 	}
 }
 
-func TestHeader_NumBytes(t *testing.T) {
-	tests := []struct {
-		name string
-		h    Header
-		want int64
-	}{
-		{"float32 2x3", Header{memmap.Float32, []int{2, 3}}, 24},
-		{"scalar", Header{memmap.Complex128, nil}, 16},
-		{"zero dim", Header{memmap.Int64, []int{math.MaxInt, math.MaxInt, 0}}, 0},
-		{"negative", Header{memmap.Uint8, []int{2, -1}}, -1},
-		{"overflow", Header{memmap.Int16, []int{1 << 62}}, -1},
-		{"invalid dtype", Header{memmap.Invalid, []int{1}}, -1},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := tt.h.NumBytes(); got != tt.want {
-				t.Errorf("NumBytes() = %d, want %d", got, tt.want)
-			}
-		})
-	}
-}
-
 func TestOpen(t *testing.T) {
 	dir := t.TempDir()
 	empty := filepath.Join(dir, "empty.npy")

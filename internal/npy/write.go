@@ -24,7 +24,7 @@ func WriteHeader(w io.Writer, h Header) error {
 	if err != nil {
 		return err
 	}
-	if _, ok := numBytes(h.DType, h.Shape); !ok || len(h.Shape) > MaxDims {
+	if h.NumBytes() < 0 || len(h.Shape) > MaxDims {
 		return fmt.Errorf("npy: %w: %v of %v", memmap.ErrShape, h.Shape, h.DType)
 	}
 	var b strings.Builder

@@ -76,12 +76,12 @@ func TestWriteHeader_Errors(t *testing.T) {
 		w    io.Writer
 		want error
 	}{
-		{"bfloat16", Header{memmap.BFloat16, []int{1}}, io.Discard, ErrUnsupported},
-		{"invalid dtype", Header{memmap.Invalid, []int{1}}, io.Discard, memmap.ErrDType},
-		{"negative dim", Header{memmap.Float32, []int{2, -1}}, io.Discard, memmap.ErrShape},
-		{"overflow", Header{memmap.Float32, []int{1 << 62}}, io.Discard, memmap.ErrShape},
-		{"too many dims", Header{memmap.Uint8, slices.Repeat([]int{1}, MaxDims+1)}, io.Discard, memmap.ErrShape},
-		{"write error", Header{memmap.Uint8, []int{1}}, errWriter{errWrite}, errWrite},
+		{"bfloat16", Header{DType: memmap.BFloat16, Shape: []int{1}}, io.Discard, ErrUnsupported},
+		{"invalid dtype", Header{DType: memmap.Invalid, Shape: []int{1}}, io.Discard, memmap.ErrDType},
+		{"negative dim", Header{DType: memmap.Float32, Shape: []int{2, -1}}, io.Discard, memmap.ErrShape},
+		{"overflow", Header{DType: memmap.Float32, Shape: []int{1 << 62}}, io.Discard, memmap.ErrShape},
+		{"too many dims", Header{DType: memmap.Uint8, Shape: slices.Repeat([]int{1}, MaxDims+1)}, io.Discard, memmap.ErrShape},
+		{"write error", Header{DType: memmap.Uint8, Shape: []int{1}}, errWriter{errWrite}, errWrite},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
