@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/benchkit"
 	"github.com/tensorwire/tensorwire/internal/report"
-	"golang.org/x/sys/unix"
 )
 
 // The benchmarks move benchBatch random rows of a uint8 tensor of shape
@@ -69,7 +69,7 @@ func removeBenchTensor() {
 		os.RemoveAll(bench.dir)
 	}
 	if anon.buf != nil {
-		unix.Munmap(anon.buf)
+		benchkit.Free(anon.buf)
 	}
 }
 
@@ -148,32 +148,9 @@ func warmUp(b *testing.B, m *Tensor, level int) {
 	bench.warm = level
 }
 
-// pickRows fills rows with distinct random indices in [0, n).
-func pickRows(rng *rand.Rand, n int, rows []int) {
-	for i := range rows {
-	again:
-		rows[i] = rng.IntN(n)
-		for _, r := range rows[:i] {
-			if r == rows[i] {
-				goto again
-			}
-		}
-	}
-}
-
-// touched returns a buffer of n bytes, every page written, holding a
-// non-zero pattern.
-func touched(n int) []byte {
-	p := make([]byte, n)
-	for i := range p {
-		p[i] = byte(i%251 + 1)
-	}
-	return p
-}
-
 func BenchmarkMemcpy(b *testing.B) {
 	n := benchBatch * RowBytes(Uint8, benchShape)
-	src, dst := touched(n), touched(n)
+	src, dst := benchkit.Touched(n), benchkit.Touched(n)
 	b.SetBytes(int64(n))
 	for b.Loop() {
 		copy(dst, src)
@@ -223,8 +200,8 @@ func temp(cold bool) string {
 func benchRows(b *testing.B, m *Tensor, cold, write bool, op func(buf []byte, rows []int) error) {
 	rs := m.RowBytes()
 	n := benchBatch * rs
-	buf := touched(n)
-	csrc, cdst := touched(n), touched(n)
+	buf := benchkit.Touched(n)
+	csrc, cdst := benchkit.Touched(n), benchkit.Touched(n)
 	anon := benchAnon(b, rs)
 	rows, arows := make([]int, benchBatch), make([]int, benchBatch)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -254,7 +231,7 @@ func benchRows(b *testing.B, m *Tensor, cold, write bool, op func(buf []byte, ro
 		copy(cdst, csrc)
 		memcpyTimes = append(memcpyTimes, time.Since(t0))
 
-		pickRows(rng, len(anon)/rs, arows)
+		benchkit.PickRows(rng, len(anon)/rs, arows)
 		t0 = time.Now()
 		for i, r := range arows {
 			if write {
@@ -264,7 +241,7 @@ func benchRows(b *testing.B, m *Tensor, cold, write bool, op func(buf []byte, ro
 			}
 		}
 		anonTimes = append(anonTimes, time.Since(t0))
-		pickRows(rng, m.Len(), rows)
+		benchkit.PickRows(rng, m.Len(), rows)
 		b.StartTimer()
 
 		t0 = time.Now()
@@ -291,11 +268,7 @@ const benchAnonRows = 256
 func benchAnon(b *testing.B, rs int) []byte {
 	b.Helper()
 	anon.once.Do(func() {
-		anon.buf, anon.err = unix.Mmap(-1, 0, benchAnonRows*rs,
-			unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-		for i := 0; i < len(anon.buf); i += 4096 {
-			anon.buf[i] = 1
-		}
+		anon.buf, anon.err = benchkit.Anon(benchAnonRows * rs)
 	})
 	if anon.err != nil {
 		b.Fatalf("anonymous reference buffer: %v", anon.err)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/benchkit"
 	"github.com/tensorwire/tensorwire/internal/report"
 	"github.com/tensorwire/tensorwire/memmap"
 )
@@ -57,6 +58,7 @@ func BenchmarkTensorDict(b *testing.B) {
 		}
 		return r
 	}
+	flush := benchkit.Touched(benchkit.CacheFlushBytes) // read between timed copies
 	batch, err := td.Gather(pick())
 	if err != nil {
 		b.Fatal(err)
@@ -83,17 +85,17 @@ func BenchmarkTensorDict(b *testing.B) {
 				if err := x.mm.Gather(raw, other); err != nil {
 					b.Fatal(err)
 				}
-				flushCPUCache()
+				benchkit.FlushCache(flush)
 				t0 := time.Now()
 				if err := tc.op(r); err != nil {
 					b.Fatal(err)
 				}
 				opT = append(opT, time.Since(t0))
-				flushCPUCache()
+				benchkit.FlushCache(flush)
 				t0 = time.Now()
 				copy(dst, src)
 				cpyT = append(cpyT, time.Since(t0))
-				flushCPUCache()
+				benchkit.FlushCache(flush)
 				t0 = time.Now()
 				if err := x.mm.Gather(raw, other); err != nil {
 					b.Fatal(err)
@@ -106,17 +108,4 @@ func BenchmarkTensorDict(b *testing.B) {
 			b.ReportMetric(p50(rawT)/p50(opT), "rawgather-ratio")
 		})
 	}
-}
-
-// cacheFlusher is read to evict the CPU caches between timed copies.
-var cacheFlusher = make([]byte, 128<<20)
-
-var flushSink byte
-
-func flushCPUCache() {
-	var x byte
-	for i := 0; i < len(cacheFlusher); i += 64 {
-		x += cacheFlusher[i]
-	}
-	flushSink = x
 }

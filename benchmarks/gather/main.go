@@ -93,15 +93,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/benchkit"
 	"github.com/tensorwire/tensorwire/internal/report"
 	"github.com/tensorwire/tensorwire/memmap"
 )
 
 const (
-	batchRows  = 5         // rows per measured operation
-	streamRows = 32        // rows per Gather when streaming
-	maxAnon    = 256       // rows of the anonymous reference buffer, at most
-	flushBytes = 128 << 20 // read to flush the CPU cache before a warm op
+	batchRows  = 5   // rows per measured operation
+	streamRows = 32  // rows per Gather when streaming
+	maxAnon    = 256 // rows of the anonymous reference buffer, at most
 )
 
 var imageShape = []int{640, 640, 3}
@@ -237,19 +237,19 @@ func measure(ctx context.Context, cfg config, path string) (*results, error) {
 
 	n := batchRows * rs
 	res.anonRows = min(cfg.rows, maxAnon)
-	anon, err := anonBuffer(res.anonRows * rs)
+	anon, err := benchkit.Anon(res.anonRows * rs)
 	if err != nil {
 		return nil, err
 	}
-	defer syscall.Munmap(anon)
-	cacheFlush, err := anonBuffer(flushBytes)
+	defer benchkit.Free(anon)
+	cacheFlush, err := benchkit.Anon(benchkit.CacheFlushBytes)
 	if err != nil {
 		return nil, err
 	}
-	defer syscall.Munmap(cacheFlush)
+	defer benchkit.Free(cacheFlush)
 
-	src, dst := touched(n), touched(n) // memcpy's buffers
-	buf := touched(n)                  // every other op's heap side
+	src, dst := benchkit.Touched(n), benchkit.Touched(n) // memcpy's buffers
+	buf := benchkit.Touched(n)                           // every other op's heap side
 	rows := make([]int, batchRows)
 	rng := rand.New(rand.NewPCG(cfg.seed, 0x7e5))
 	var fail error
@@ -262,7 +262,7 @@ func measure(ctx context.Context, cfg config, path string) (*results, error) {
 	newValues := func(it int) {
 		for i, r := range rows {
 			want[r] = byte(1 + (r+it+1)%251)
-			fillBytes(buf[i*rs:(i+1)*rs], want[r])
+			benchkit.Fill(buf[i*rs:(i+1)*rs], want[r])
 		}
 	}
 	timed := func(f func() error) (time.Duration, error) {
@@ -300,7 +300,7 @@ func measure(ctx context.Context, cfg config, path string) (*results, error) {
 		if err := f(); err != nil {
 			return err
 		}
-		flushCache(cacheFlush)
+		benchkit.FlushCache(cacheFlush)
 		d, err := timed(f)
 		o.times = append(o.times, d)
 		return err
@@ -323,30 +323,30 @@ func measure(ctx context.Context, cfg config, path string) (*results, error) {
 		d, _ := timed(func() error { copy(dst, src); return nil })
 		memcpy.times = append(memcpy.times, d)
 
-		pickRows(rng, res.anonRows, rows)
+		benchkit.PickRows(rng, res.anonRows, rows)
 		warm(anonG, anonCopy(true))
-		pickRows(rng, res.anonRows, rows)
+		benchkit.PickRows(rng, res.anonRows, rows)
 		warm(anonS, anonCopy(false))
 
-		pickRows(rng, cfg.rows, rows)
+		benchkit.PickRows(rng, cfg.rows, rows)
 		if err := warm(gw, gather); err != nil {
 			return nil, err
 		}
 		check("gather warm")
 
-		pickRows(rng, cfg.rows, rows)
+		benchkit.PickRows(rng, cfg.rows, rows)
 		newValues(it)
 		if err := warm(sw, scatter); err != nil {
 			return nil, err
 		}
 
-		pickRows(rng, cfg.rows, rows)
+		benchkit.PickRows(rng, cfg.rows, rows)
 		if err := cold(gc, gather); err != nil {
 			return nil, err
 		}
 		check("gather cold")
 
-		pickRows(rng, cfg.rows, rows)
+		benchkit.PickRows(rng, cfg.rows, rows)
 		newValues(it + 1000)
 		if err := cold(sc, scatter); err != nil {
 			return nil, err
@@ -430,60 +430,6 @@ func verify(buf []byte, rows []int, want []byte, rs int) error {
 		return fmt.Errorf("%w: row %d byte %d is %d, want %d", errMismatch, r, off, row[off], want[r])
 	}
 	return nil
-}
-
-// pickRows fills rows with distinct random indices in [0, n).
-func pickRows(rng *rand.Rand, n int, rows []int) {
-	for i := range rows {
-	again:
-		rows[i] = rng.IntN(n)
-		for _, r := range rows[:i] {
-			if r == rows[i] {
-				goto again
-			}
-		}
-	}
-}
-
-// anonBuffer maps n bytes of anonymous memory outside the Go heap, every page
-// touched, so that it neither counts as Go heap nor faults when measured.
-func anonBuffer(n int) ([]byte, error) {
-	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
-	if err != nil {
-		return nil, fmt.Errorf("mmap %d anonymous bytes: %w", n, err)
-	}
-	fillBytes(b, 0xa5)
-	return b, nil
-}
-
-// touched returns a heap buffer of n bytes, every page written.
-func touched(n int) []byte {
-	b := make([]byte, n)
-	fillBytes(b, 0x5a)
-	return b
-}
-
-// fillBytes sets every byte of b to v, doubling the copied prefix.
-func fillBytes(b []byte, v byte) {
-	if len(b) == 0 {
-		return
-	}
-	b[0] = v
-	for n := 1; n < len(b); n *= 2 {
-		copy(b[n:], b[:n])
-	}
-}
-
-var sink byte
-
-// flushCache reads one byte of every cache line of b, evicting what the CPU
-// cache held before (b should be several times the last-level cache).
-func flushCache(b []byte) {
-	var x byte
-	for i := 0; i < len(b); i += 64 {
-		x += b[i]
-	}
-	sink += x
 }
 
 func (res *results) p50(key string) time.Duration {

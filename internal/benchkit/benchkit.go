@@ -1,0 +1,76 @@
+// Package benchkit holds what the benchmarks (benchmarks/gather and the
+// testing.B benchmarks of memmap and tensordict) need to measure copies
+// fairly side by side: random distinct rows, buffers whose pages are already
+// touched, and a way to evict the CPU caches between timed operations.
+package benchkit
+
+import (
+	"fmt"
+	"math/rand/v2"
+
+	"golang.org/x/sys/unix"
+)
+
+// PickRows fills rows with distinct random indices in [0, n); n must be at
+// least len(rows).
+func PickRows(rng *rand.Rand, n int, rows []int) {
+	for i := range rows {
+	again:
+		rows[i] = rng.IntN(n)
+		for _, r := range rows[:i] {
+			if r == rows[i] {
+				goto again
+			}
+		}
+	}
+}
+
+// Fill sets every byte of b to v, doubling the copied prefix.
+func Fill(b []byte, v byte) {
+	if len(b) == 0 {
+		return
+	}
+	b[0] = v
+	for n := 1; n < len(b); n *= 2 {
+		copy(b[n:], b[:n])
+	}
+}
+
+// Touched returns a Go-heap buffer of n bytes with every page written, so
+// that timing a copy into or out of it measures no page faults.
+func Touched(n int) []byte {
+	b := make([]byte, n)
+	Fill(b, 0x5a)
+	return b
+}
+
+// Anon maps n bytes of anonymous memory outside the Go heap, every page
+// touched, so that it neither counts as Go heap nor faults when measured.
+// Release it with Free.
+func Anon(n int) ([]byte, error) {
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, fmt.Errorf("mmap %d anonymous bytes: %w", n, err)
+	}
+	Fill(b, 0xa5)
+	return b, nil
+}
+
+// Free unmaps a buffer from Anon.
+func Free(b []byte) error { return unix.Munmap(b) }
+
+// CacheFlushBytes is how much FlushCache should read: several times the
+// last-level cache of the machines this project runs on.
+const CacheFlushBytes = 128 << 20
+
+var sink byte
+
+// FlushCache reads one byte of every cache line of b (CacheFlushBytes long,
+// say), evicting what the CPU caches held before, as after any real work.
+func FlushCache(b []byte) {
+	var x byte
+	for i := 0; i < len(b); i += 64 {
+		x += b[i]
+	}
+	sink += x
+}
