@@ -5,8 +5,9 @@
 //
 // It builds Fashion-MNIST (images uint8 [70000, 28, 28], labels int64
 // [70000]) from the Debian package dataset-fashion-mnist when it is
-// installed, or a synthetic dataset of the same shape when it is not, with
-// tensordict.Create and SetSlice one batch at a time, then flushes it. A
+// installed, with the importer "tensorwire import idx" uses, or a synthetic
+// dataset of the same shape when it is not, with tensordict.Create and
+// SetSlice one batch at a time. A
 // second process maps the same files read-only and gathers random batches,
 // checking every label, and prints rows/s and MB/s. The files are
 // tensordict's format: TensorDict.load_memmap(DIR) opens them in Python.
@@ -16,9 +17,9 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -26,7 +27,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/idx"
+	"github.com/tensorwire/tensorwire/internal/importer"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -62,14 +63,11 @@ func run(prefix string, batch int, seconds float64) error {
 		prefix = filepath.Join(dir, "fashion-mnist")
 	}
 	start := time.Now()
-	src, err := openSource()
+	source, err := build(prefix)
 	if err != nil {
 		return err
 	}
-	if err := build(prefix, src); err != nil {
-		return err
-	}
-	slog.Info("built", "prefix", prefix, "source", src.name, "rows", src.rows, "took", time.Since(start).Round(time.Millisecond))
+	slog.Info("built", "prefix", prefix, "source", source, "took", time.Since(start).Round(time.Millisecond))
 
 	self, err := os.Executable()
 	if err != nil {
@@ -80,89 +78,32 @@ func run(prefix string, batch int, seconds float64) error {
 	return cmd.Run()
 }
 
-// source yields the dataset in batches of rows: images [n, 28, 28] bytes and
-// their labels.
-type source struct {
-	name string
-	rows int
-	next func(images []byte, labels []int64) error
-}
-
-// openSource opens Fashion-MNIST's training and test files, or a synthetic
-// stand-in of the same size if they are not installed.
-func openSource() (*source, error) {
-	var files [][2]string
+// build writes the dataset at prefix and says where it came from: Fashion-
+// MNIST's training and test sets through the importer that
+// "tensorwire import idx" uses, or synthetic rows of the same shape.
+func build(prefix string) (string, error) {
+	var pairs []importer.Pair
 	for _, set := range []string{"train", "t10k"} {
-		files = append(files, [2]string{
-			filepath.Join(fashionDir, set+"-images-idx3-ubyte.gz"),
-			filepath.Join(fashionDir, set+"-labels-idx1-ubyte.gz"),
+		pairs = append(pairs, importer.Pair{
+			Images: filepath.Join(fashionDir, set+"-images-idx3-ubyte.gz"),
+			Labels: filepath.Join(fashionDir, set+"-labels-idx1-ubyte.gz"),
 		})
 	}
-	if _, err := os.Stat(files[0][0]); err != nil {
-		slog.Info("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist); using synthetic data")
-		row := 0
-		return &source{name: "synthetic", rows: 70000, next: func(images []byte, labels []int64) error {
-			for i := range labels {
-				labels[i] = int64((row + i) % 10)
-				for j := range 28 * 28 {
-					images[i*28*28+j] = byte(row + i + j)
-				}
-			}
-			row += len(labels)
-			return nil
-		}}, nil
+	if _, err := os.Stat(pairs[0].Images); err == nil {
+		_, err := importer.IDX(context.Background(), prefix, pairs, importer.Options{})
+		return "Fashion-MNIST", err
 	}
-	// The pairs are read one after the other: train (60000), then t10k (10000).
-	var readers [][2]*idx.ReadCloser
-	rows := 0
-	for _, f := range files {
-		im, err := idx.Open(f[0])
-		if err != nil {
-			return nil, err
-		}
-		lb, err := idx.Open(f[1])
-		if err != nil {
-			return nil, err
-		}
-		readers = append(readers, [2]*idx.ReadCloser{im, lb})
-		rows += im.Header().Shape[0]
-	}
-	cur, left := 0, readers[0][0].Header().Shape[0]
-	var raw []byte
-	return &source{name: "Fashion-MNIST", rows: rows, next: func(images []byte, labels []int64) error {
-		for done := 0; done < len(labels); {
-			if left == 0 {
-				readers[cur][0].Close()
-				readers[cur][1].Close()
-				cur++
-				left = readers[cur][0].Header().Shape[0]
-			}
-			n := min(left, len(labels)-done)
-			if _, err := io.ReadFull(readers[cur][0], images[done*28*28:(done+n)*28*28]); err != nil {
-				return err
-			}
-			if cap(raw) < n {
-				raw = make([]byte, n)
-			}
-			raw = raw[:n]
-			if _, err := io.ReadFull(readers[cur][1], raw); err != nil {
-				return err
-			}
-			for i, b := range raw {
-				labels[done+i] = int64(b)
-			}
-			done += n
-			left -= n
-		}
-		return nil
-	}}, nil
+	slog.Info("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist); using synthetic data")
+	return "synthetic", buildSynthetic(prefix, 70000)
 }
 
-// build creates the dataset's storage at prefix and fills it batch by batch.
-func build(prefix string, src *source) error {
-	td, err := tensordict.Create(prefix, []int{src.rows},
-		tensordict.Field{Key: []string{"images"}, DType: memmap.Uint8, Shape: []int{src.rows, 28, 28}},
-		tensordict.Field{Key: []string{"labels"}, DType: memmap.Int64, Shape: []int{src.rows}},
+// buildSynthetic creates storage for n rows of images uint8 [n, 28, 28] and
+// labels int64 [n] with tensordict.Create and fills it batch by batch with
+// SetSlice: the way to write a dataset of your own.
+func buildSynthetic(prefix string, n int) error {
+	td, err := tensordict.Create(prefix, []int{n},
+		tensordict.Field{Key: []string{"images"}, DType: memmap.Uint8, Shape: []int{n, 28, 28}},
+		tensordict.Field{Key: []string{"labels"}, DType: memmap.Int64, Shape: []int{n}},
 	)
 	if err != nil {
 		return err
@@ -171,30 +112,38 @@ func build(prefix string, src *source) error {
 	const step = 1000
 	images := make([]byte, step*28*28)
 	labels := make([]int64, step)
-	for start := 0; start < src.rows; start += step {
-		n := min(step, src.rows-start)
-		if err := src.next(images[:n*28*28], labels[:n]); err != nil {
-			return fmt.Errorf("row %d: %w", start, err)
+	for start := 0; start < n; start += step {
+		rows := min(step, n-start)
+		for i := range rows {
+			labels[i] = int64((start + i) % 10)
+			fillImage(images[i*28*28:(i+1)*28*28], byte(start+i))
 		}
-		rows, err := tensordict.New(n)
+		im, err := tensordict.FromBytes(memmap.Uint8, []int{rows, 28, 28}, images[:rows*28*28])
 		if err != nil {
 			return err
 		}
-		im, err := tensordict.FromBytes(memmap.Uint8, []int{n, 28, 28}, images[:n*28*28])
+		lb, err := tensordict.FromSlice(labels[:rows])
 		if err != nil {
 			return err
 		}
-		lb, err := tensordict.FromSlice(labels[:n])
+		batch, err := tensordict.New(rows)
 		if err != nil {
 			return err
 		}
-		rows.Set("images", im)
-		rows.Set("labels", lb)
-		if err := td.SetSlice(start, rows); err != nil {
+		batch.Set("images", im)
+		batch.Set("labels", lb)
+		if err := td.SetSlice(start, batch); err != nil {
 			return err
 		}
 	}
 	return td.Flush()
+}
+
+// fillImage sets an image to a pattern that differs from row to row.
+func fillImage(img []byte, seed byte) {
+	for j := range img {
+		img[j] = seed + byte(j)
+	}
 }
 
 // readBatches maps the dataset read-only and gathers random batches for d,
