@@ -209,8 +209,8 @@ func (td *TensorDict) Slice(start, end int) (*TensorDict, error) {
 // Gather returns a copy, in Go memory, of the given rows of the first batch
 // dimension, in order. Every index is checked before anything is copied.
 // Each call allocates its result, and fresh heap memory costs page faults
-// (a 6 MB batch: ~10x the copy itself); a loop that reads batch after batch
-// should reuse one with GatherInto.
+// (a 6 MB batch: about as much again as the copy); a loop that reads batch
+// after batch should reuse one with GatherInto.
 func (td *TensorDict) Gather(rows []int) (*TensorDict, error) {
 	n, err := td.firstDim()
 	if err != nil {
