@@ -1,6 +1,7 @@
 package tensordict
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"unsafe"
@@ -320,7 +321,7 @@ func (t *Tensor) Equal(u *Tensor) bool {
 	return err == nil
 }
 
-var errUnequal = fmt.Errorf("unequal")
+var errUnequal = errors.New("unequal")
 
 // readRange copies len(dst) bytes of t's data from byte offset off.
 func (t *Tensor) readRange(dst []byte, off int) (int, error) {
