@@ -98,10 +98,6 @@ func Create(path string, dt DType, shape ...int) (*Tensor, error) {
 // The file may be longer than the array needs (the rest is ignored); a
 // shorter one is an error wrapping ErrShortFile.
 func Open(path string, dt DType, shape []int, mode Mode) (*Tensor, error) {
-	size, err := NumBytes(dt, shape)
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
-	}
 	flag := os.O_RDONLY
 	if mode == ReadWrite {
 		flag = os.O_RDWR
@@ -110,23 +106,38 @@ func Open(path string, dt DType, shape []int, mode Mode) (*Tensor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	fi, err := f.Stat()
+	t, err := OpenFile(f, dt, shape, mode)
 	if err != nil {
 		f.Close()
+		return nil, err
+	}
+	return t, nil
+}
+
+// OpenFile maps f, already open (read-write for ReadWrite), as Open does a
+// path: the file must be regular and hold at least the shape's bytes. On
+// success the Tensor owns f and closes it on Close; on error f is left open
+// for the caller. It exists for callers that open files their own way, such
+// as through an os.Root that keeps paths inside a directory.
+func OpenFile(f *os.File, dt DType, shape []int, mode Mode) (*Tensor, error) {
+	path := f.Name()
+	size, err := NumBytes(dt, shape)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	if !fi.Mode().IsRegular() {
-		f.Close()
 		return nil, fmt.Errorf("open %s: not a regular file", path)
 	}
 	if fi.Size() < int64(size) {
-		f.Close()
 		return nil, fmt.Errorf("open %s: %w: %d bytes, %v %v needs %d",
 			path, ErrShortFile, fi.Size(), dt, shape, size)
 	}
 	t, err := mapFile(f, path, dt, shape, size, mode)
 	if err != nil {
-		f.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	return t, nil

@@ -333,3 +333,29 @@ func (t *Tensor) readRange(dst []byte, off int) (int, error) {
 	}
 	return t.mm.ReadAt(dst, t.off+int64(off))
 }
+
+// Mapping returns the memmap.Tensor that backs t and the byte offset of t's
+// view within it, or nil and 0 for a tensor in Go memory. Together with
+// Shape and DType it names t's data exactly, which is what a reference to
+// shared storage ships instead of the bytes. The memmap.Tensor stays owned by
+// whoever opened it.
+func (t *Tensor) Mapping() (*memmap.Tensor, int64) { return t.mm, t.off }
+
+// View returns a Tensor of the given shape over mm's data starting at byte
+// offset off, with mm's dtype. It shares mm's storage and lifetime: once mm
+// is closed, t's methods return errors wrapping memmap.ErrClosed. A view that
+// does not fit inside mm is an error wrapping memmap.ErrShape.
+func View(mm *memmap.Tensor, off int64, shape ...int) (*Tensor, error) {
+	n, err := memmap.NumBytes(mm.DType(), shape)
+	if err != nil {
+		return nil, err
+	}
+	if off < 0 || off > int64(mm.Size()) || int64(n) > int64(mm.Size())-off {
+		return nil, fmt.Errorf("%w: view of %d bytes at offset %d of a %d-byte %v",
+			memmap.ErrShape, n, off, mm.Size(), mm.DType())
+	}
+	if elem := int64(mm.DType().Size()); off%elem != 0 {
+		return nil, fmt.Errorf("%w: offset %d is not a multiple of the %d-byte element", memmap.ErrShape, off, elem)
+	}
+	return &Tensor{dtype: mm.DType(), shape: slices.Clone(shape), mm: mm, off: off}, nil
+}

@@ -1,0 +1,395 @@
+package rpc
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// Client calls the handlers of one node. It keeps one connection (a yamux
+// session) to the node and a pool of streams on it, so a call costs no
+// round trip to set up; it dials again, transparently, when the connection
+// has died (the node restarted, say) and a new call comes.
+//
+// A call is never retried once its request may have reached the node: a
+// call cut off by the connection failing returns an error matching
+// ErrUnavailable, and the caller decides.
+//
+// A Client is safe for concurrent use; calls run in parallel on their own
+// streams. Close it when done.
+type Client struct {
+	addr string
+	o    options
+	fsid FSID   // this side's root identity; zero without a root
+	root string // this side's root, absolute
+
+	mu      sync.Mutex
+	cur     *clientConn
+	dialing chan struct{} // closed when the dial in progress ends
+	closed  bool
+}
+
+// ErrClosed is returned by calls on a closed Client.
+var ErrClosed = &Error{Code: Unavailable, Msg: "client is closed"}
+
+// clientConn is one connection and its idle streams.
+type clientConn struct {
+	sess *yamux.Session
+	link link
+
+	mu   sync.Mutex
+	idle []*clientStream
+}
+
+type clientStream struct {
+	st *yamux.Stream
+	br *bufio.Reader
+	bw *bufio.Writer
+}
+
+// Dial connects to the node at addr ("host:port") and returns a Client for
+// it. Options: WithRoot (this side's view of the shared root, so TensorDicts
+// under it travel as references when the node shares it), WithToken,
+// WithTLS, WithLogger, WithWindow, WithKeepAlive, WithLimits (the sizes this
+// client accepts in responses). Dial fails if the node cannot be reached or
+// refuses the handshake (errors.Is(err, ErrUnauthenticated) for a token
+// problem); ctx bounds the dial.
+func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
+	c := &Client{addr: addr, o: newOptions(opts)}
+	if c.o.root != "" {
+		dir, err := absRoot(c.o.root)
+		if err != nil {
+			return nil, err
+		}
+		if c.fsid, err = ReadFSID(dir); err != nil {
+			return nil, err
+		}
+		c.root = dir
+	}
+	if _, err := c.conn(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Addr returns the node's address.
+func (c *Client) Addr() string { return c.addr }
+
+// SharedFS reports whether the current connection's node shares this
+// client's filesystem (equal root identities), so TensorDicts under the
+// root travel as references. It dials if there is no connection.
+func (c *Client) SharedFS(ctx context.Context) (bool, error) {
+	cc, err := c.conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	return cc.link.shared, nil
+}
+
+// Close closes the connection; calls in flight fail with ErrUnavailable and
+// later calls with ErrClosed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.cur != nil {
+		c.cur.sess.Close()
+		c.cur = nil
+	}
+	return nil
+}
+
+// conn returns a live connection, dialing if there is none. Concurrent
+// callers share one dial; each waits at most until its own ctx ends.
+func (c *Client) conn(ctx context.Context) (*clientConn, error) {
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, ErrClosed
+		}
+		if c.cur != nil && !c.cur.sess.IsClosed() {
+			cc := c.cur
+			c.mu.Unlock()
+			return cc, nil
+		}
+		if ch := c.dialing; ch != nil {
+			c.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, transportError(ctx, "dial "+c.addr, ctx.Err())
+			}
+		}
+		ch := make(chan struct{})
+		c.dialing = ch
+		c.mu.Unlock()
+
+		cc, err := c.dial(ctx)
+
+		c.mu.Lock()
+		c.dialing = nil
+		if err == nil {
+			if c.closed {
+				cc.sess.Close()
+				err = ErrClosed
+			} else {
+				c.cur = cc
+			}
+		}
+		close(ch)
+		c.mu.Unlock()
+		return cc, err
+	}
+}
+
+// dial opens a connection: TCP, TLS if configured, the handshake, yamux.
+func (c *Client) dial(ctx context.Context) (*clientConn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", c.addr)
+	if err != nil {
+		return nil, transportError(ctx, "dial "+c.addr, err)
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	fail := func(err error) (*clientConn, error) {
+		conn.Close()
+		var e *Error
+		if errors.As(err, &e) {
+			return nil, err
+		}
+		return nil, transportError(ctx, "handshake with "+c.addr, err)
+	}
+	deadline := time.Now().Add(c.o.limits.HandshakeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	conn.SetDeadline(deadline)
+	var rw net.Conn = conn
+	if c.o.tls != nil {
+		tc := tls.Client(conn, c.o.tls)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			return fail(Errorf(Unauthenticated, "TLS with %s: %w", c.addr, err))
+		}
+		rw = tc
+	}
+	peer, err := clientHandshake(rw, c.fsid, c.o.token)
+	if err != nil {
+		return fail(err)
+	}
+	rw.SetDeadline(time.Time{})
+	sess, err := yamux.Client(rw, c.o.yamuxConfig())
+	if err != nil {
+		return fail(err)
+	}
+	shared := !c.fsid.IsZero() && peer.fsid == c.fsid
+	c.o.log.Debug("rpc: connected", "addr", c.addr, "shared_fs", shared)
+	return &clientConn{sess: sess, link: link{shared: shared, root: c.root}}, nil
+}
+
+// stream returns an idle stream or opens one.
+func (cc *clientConn) stream() (*clientStream, error) {
+	cc.mu.Lock()
+	if n := len(cc.idle); n > 0 {
+		cs := cc.idle[n-1]
+		cc.idle = cc.idle[:n-1]
+		cc.mu.Unlock()
+		return cs, nil
+	}
+	cc.mu.Unlock()
+	st, err := cc.sess.OpenStream()
+	if err != nil {
+		return nil, err
+	}
+	return &clientStream{st: st, br: bufio.NewReaderSize(st, 32<<10), bw: bufio.NewWriterSize(st, 32<<10)}, nil
+}
+
+// put returns a stream that finished a call cleanly to the pool.
+func (cc *clientConn) put(cs *clientStream, maxIdle int) {
+	cc.mu.Lock()
+	if len(cc.idle) < maxIdle && !cc.sess.IsClosed() {
+		cc.idle = append(cc.idle, cs)
+		cs = nil
+	}
+	cc.mu.Unlock()
+	if cs != nil {
+		cs.st.Close()
+	}
+}
+
+// Call calls method on c's node with req and returns its response. It
+// blocks until the response arrives, ctx ends (the node's handler sees its
+// context end too), or the connection fails. Errors are *Error values:
+// the handler's, or Unavailable when the node could not be reached or the
+// connection broke, DeadlineExceeded or Canceled when ctx ended.
+func Call[Resp, Req any](ctx context.Context, c *Client, method string, req Req) (Resp, error) {
+	var resp Resp
+	err := c.call(ctx, method, &req, &resp)
+	return resp, err
+}
+
+// call runs one call; req and resp are pointers.
+func (c *Client) call(ctx context.Context, method string, req, resp any) error {
+	if err := ctx.Err(); err != nil {
+		return transportError(ctx, method, err)
+	}
+	cc, err := c.conn(ctx)
+	if err != nil {
+		return err
+	}
+	tds := findTDs(reflect.ValueOf(req).Elem(), nil)
+	var parts []bodyPart
+	for _, td := range tds {
+		if parts, err = td.prepare(cc.link, parts); err != nil {
+			return err
+		}
+	}
+	args, err := encodeMsgpack(nil, req)
+	if err != nil {
+		return Errorf(InvalidArgument, "%s: %w", method, err)
+	}
+	cs, err := cc.stream()
+	if err != nil {
+		// The session died before anything was sent: safe to dial again once.
+		if cc, err = c.conn(ctx); err == nil {
+			cs, err = cc.stream()
+		}
+		if err != nil {
+			return transportError(ctx, method, err)
+		}
+	}
+	hdr := requestHeader{Method: method, ArgLen: int64(len(args)), BodyLen: bodySize(parts)}
+	deadline, hasDeadline := ctx.Deadline()
+	if hasDeadline {
+		hdr.TimeoutUS = max(int64(time.Until(deadline)/time.Microsecond), 1)
+	}
+	cs.st.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() {
+		// Unblock this call's reads and writes now; closing the stream
+		// tells the node to cancel the handler.
+		cs.st.SetDeadline(time.Unix(1, 0))
+		cs.st.Close()
+	})
+	ok, err := cs.roundTrip(&hdr, args, parts, tds, resp, &c.o.limits)
+	if !stop() {
+		ok = false // the stream was cut by the AfterFunc
+	}
+	if ok {
+		cs.st.SetDeadline(time.Time{})
+		cc.put(cs, c.o.maxIdle)
+	} else {
+		cs.st.Close()
+	}
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) {
+			return err
+		}
+		return transportError(ctx, method, err)
+	}
+	return nil
+}
+
+// roundTrip writes the request and reads the response. ok reports whether
+// the stream is still in step (it may carry another call).
+func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, parts []bodyPart, tds []*TD, resp any, lim *Limits) (ok bool, err error) {
+	if err := writeFrame(cs.bw, hdr, args); err != nil {
+		return false, err
+	}
+	if err := writeParts(cs.bw, parts); err != nil {
+		return false, err
+	}
+	if err := cs.bw.Flush(); err != nil {
+		return false, err
+	}
+	var rh responseHeader
+	if err := readHeader(cs.br, lim.MaxHeaderBytes, &rh); err != nil {
+		return false, unexpected(err)
+	}
+	if rh.Code != uint8(OK) {
+		if rh.ArgLen != 0 || rh.BodyLen != 0 {
+			return false, Errorf(Internal, "%s: error response with a payload", hdr.Method)
+		}
+		return true, &Error{Code: Code(rh.Code), Msg: rh.Message}
+	}
+	if err := checkLens(rh.ArgLen, rh.BodyLen, lim); err != nil {
+		return false, err
+	}
+	rargs, err := readArgs(cs.br, rh.ArgLen)
+	if err != nil {
+		return false, err
+	}
+	body := &bodyReader{r: cs.br, n: rh.BodyLen}
+	if err := decodeMsgpack(rargs, resp); err != nil {
+		return body.drain() == nil, Errorf(Internal, "%s: response: %v", hdr.Method, err)
+	}
+	err = readResultTDs(body, tds, findTDs(reflect.ValueOf(resp).Elem(), nil))
+	if derr := body.drain(); derr != nil {
+		return false, derr
+	}
+	var se *streamError
+	if errors.As(err, &se) {
+		return false, err
+	}
+	return true, err
+}
+
+// readResultTDs reads the response body: the contents of request TDs sent
+// as bytes with Out set, written back into the caller's TensorDicts, then
+// the response's own TDs.
+func readResultTDs(body *bodyReader, reqTDs, respTDs []*TD) error {
+	for _, td := range reqTDs {
+		if td.wire == nil || !td.wire.Out || td.byRef() {
+			continue
+		}
+		back := &TD{wire: td.wire}
+		if err := back.build(nil, body.fill, nil); err != nil {
+			return err
+		}
+		if err := td.applyWriteback(back.TensorDict); err != nil {
+			return Errorf(Internal, "writing the node's results back: %w", err)
+		}
+	}
+	for _, td := range respTDs {
+		if err := td.build(nil, body.fill, &decoded{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Future is a call in progress, started by Go.
+type Future[Resp any] struct {
+	done chan struct{}
+	resp Resp
+	err  error
+}
+
+// Go starts a call like Call and returns at once; the Future delivers the
+// result. ctx governs the call as it does for Call.
+func Go[Resp, Req any](ctx context.Context, c *Client, method string, req Req) *Future[Resp] {
+	f := &Future[Resp]{done: make(chan struct{})}
+	go func() {
+		defer close(f.done)
+		f.err = c.call(ctx, method, &req, &f.resp)
+	}()
+	return f
+}
+
+// Done is closed when the call has finished.
+func (f *Future[Resp]) Done() <-chan struct{} { return f.done }
+
+// Wait blocks until the call has finished and returns its result.
+func (f *Future[Resp]) Wait() (Resp, error) {
+	<-f.done
+	return f.resp, f.err
+}

@@ -1,0 +1,245 @@
+package rpc
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// The handshake runs on a new connection (inside TLS when configured) before
+// yamux starts. docs/protocol.md describes it; golden tests pin its bytes.
+const (
+	magic           = "TWRP"
+	ProtocolVersion = 1 // the version this package speaks
+	helloSize       = 64
+	proofSize       = sha256.Size
+	maxStatusMsg    = 1024
+)
+
+// Flags in a hello.
+const (
+	flagToken = 1 << 0 // the sender has a token and will authenticate
+)
+
+var (
+	clientProofLabel = []byte("tensorwire client proof")
+	serverProofLabel = []byte("tensorwire server proof")
+)
+
+// errHandshake marks malformed handshake bytes: a peer that does not speak
+// the protocol. Servers close such connections without a reply.
+var errHandshake = errors.New("rpc: malformed handshake")
+
+// hello is the first message each side sends: 64 bytes,
+//
+//	0  4  magic "TWRP"
+//	4  1  protocol version
+//	5  1  flags (bit 0: the sender has a token)
+//	6  2  reserved, zero
+//	8 32  nonce, random
+//	40 16 filesystem identity (zero: no shared root)
+//	56 8  reserved, zero
+type hello struct {
+	version uint8
+	flags   uint8
+	nonce   [32]byte
+	fsid    FSID
+}
+
+func newHello(fsid FSID, token []byte) (hello, error) {
+	h := hello{version: ProtocolVersion, fsid: fsid}
+	if len(token) > 0 {
+		h.flags |= flagToken
+	}
+	if _, err := rand.Read(h.nonce[:]); err != nil {
+		return h, fmt.Errorf("rpc: nonce: %w", err)
+	}
+	return h, nil
+}
+
+func (h *hello) marshal() []byte {
+	b := make([]byte, helloSize)
+	copy(b, magic)
+	b[4] = h.version
+	b[5] = h.flags
+	copy(b[8:40], h.nonce[:])
+	copy(b[40:56], h.fsid[:])
+	return b
+}
+
+// parseHello decodes a hello. It accepts any version (the caller decides
+// what to do about it) and refuses a wrong magic, unknown flags or nonzero
+// reserved bytes, so that the reserved space can be given meaning later.
+func parseHello(b []byte) (hello, error) {
+	var h hello
+	if len(b) != helloSize || string(b[:4]) != magic {
+		return h, fmt.Errorf("%w: bad magic", errHandshake)
+	}
+	h.version, h.flags = b[4], b[5]
+	if h.flags&^flagToken != 0 || b[6] != 0 || b[7] != 0 || binary.BigEndian.Uint64(b[56:]) != 0 {
+		return h, fmt.Errorf("%w: reserved bits set", errHandshake)
+	}
+	copy(h.nonce[:], b[8:40])
+	copy(h.fsid[:], b[40:56])
+	return h, nil
+}
+
+// proof returns the HMAC-SHA256 under token of label and both hellos: it
+// shows the sender knows the token without sending it, and binds the proof
+// to this connection's nonces and filesystem identities.
+func proof(token []byte, label, client, server []byte) []byte {
+	m := hmac.New(sha256.New, token)
+	m.Write(label)
+	m.Write(client)
+	m.Write(server)
+	return m.Sum(nil)
+}
+
+// writeStatus writes the server's verdict: a code byte, and for a refusal a
+// big-endian uint16 length and a message.
+func writeStatus(w io.Writer, code Code, msg string) error {
+	if code == OK {
+		_, err := w.Write([]byte{0})
+		return err
+	}
+	if len(msg) > maxStatusMsg {
+		msg = msg[:maxStatusMsg]
+	}
+	b := make([]byte, 3+len(msg))
+	b[0] = byte(code)
+	binary.BigEndian.PutUint16(b[1:], uint16(len(msg)))
+	copy(b[3:], msg)
+	_, err := w.Write(b)
+	return err
+}
+
+// readStatus reads a verdict; a refusal comes back as an *Error.
+func readStatus(r io.Reader) error {
+	var b [3]byte
+	if _, err := io.ReadFull(r, b[:1]); err != nil {
+		return err
+	}
+	if b[0] == 0 {
+		return nil
+	}
+	if _, err := io.ReadFull(r, b[1:3]); err != nil {
+		return err
+	}
+	n := binary.BigEndian.Uint16(b[1:])
+	if n > maxStatusMsg {
+		return fmt.Errorf("%w: status message of %d bytes", errHandshake, n)
+	}
+	msg := make([]byte, n)
+	if _, err := io.ReadFull(r, msg); err != nil {
+		return err
+	}
+	return &Error{Code: Code(b[0]), Msg: string(msg)}
+}
+
+// peerInfo is what a handshake learns about the other side.
+type peerInfo struct {
+	fsid FSID
+}
+
+// clientHandshake runs the client's side on rw. It returns an *Error with
+// code Unauthenticated when either side fails to authenticate the other.
+func clientHandshake(rw io.ReadWriter, fsid FSID, token []byte) (peerInfo, error) {
+	mine, err := newHello(fsid, token)
+	if err != nil {
+		return peerInfo{}, err
+	}
+	cb := mine.marshal()
+	if _, err := rw.Write(cb); err != nil {
+		return peerInfo{}, err
+	}
+	sb := make([]byte, helloSize)
+	if _, err := io.ReadFull(rw, sb); err != nil {
+		return peerInfo{}, err
+	}
+	theirs, err := parseHello(sb)
+	if err != nil {
+		return peerInfo{}, err
+	}
+	auth := mine.flags&flagToken != 0
+	if auth && theirs.flags&flagToken != 0 {
+		if _, err := rw.Write(proof(token, clientProofLabel, cb, sb)); err != nil {
+			return peerInfo{}, err
+		}
+	}
+	if err := readStatus(rw); err != nil {
+		return peerInfo{}, err
+	}
+	// The server judged the versions compatible by answering OK.
+	if auth {
+		if theirs.flags&flagToken == 0 {
+			return peerInfo{}, Errorf(Unauthenticated, "server has no token and cannot prove who it is")
+		}
+		got := make([]byte, proofSize)
+		if _, err := io.ReadFull(rw, got); err != nil {
+			return peerInfo{}, err
+		}
+		if !hmac.Equal(got, proof(token, serverProofLabel, cb, sb)) {
+			return peerInfo{}, Errorf(Unauthenticated, "server does not know the token")
+		}
+	}
+	return peerInfo{fsid: theirs.fsid}, nil
+}
+
+// serverHandshake runs the server's side on rw. A refusal it could explain is
+// written to the peer and returned as an *Error; malformed bytes return an
+// error wrapping errHandshake with nothing written after the hello.
+func serverHandshake(rw io.ReadWriter, fsid FSID, token []byte) (peerInfo, error) {
+	cb := make([]byte, helloSize)
+	if _, err := io.ReadFull(rw, cb); err != nil {
+		return peerInfo{}, err
+	}
+	theirs, err := parseHello(cb)
+	if err != nil {
+		return peerInfo{}, err
+	}
+	mine, err := newHello(fsid, token)
+	if err != nil {
+		return peerInfo{}, err
+	}
+	sb := mine.marshal()
+	if _, err := rw.Write(sb); err != nil {
+		return peerInfo{}, err
+	}
+	refuse := func(code Code, format string, args ...any) (peerInfo, error) {
+		e := Errorf(code, format, args...)
+		writeStatus(rw, code, e.(*Error).Msg)
+		return peerInfo{}, e
+	}
+	if theirs.version != ProtocolVersion {
+		return refuse(FailedPrecondition, "client speaks protocol version %d, this node %d", theirs.version, ProtocolVersion)
+	}
+	auth := len(token) > 0
+	switch {
+	case auth && theirs.flags&flagToken == 0:
+		return refuse(Unauthenticated, "this node requires a token")
+	case !auth && theirs.flags&flagToken != 0:
+		return refuse(Unauthenticated, "this node has no token; a client with one cannot authenticate it")
+	}
+	if auth {
+		got := make([]byte, proofSize)
+		if _, err := io.ReadFull(rw, got); err != nil {
+			return peerInfo{}, err
+		}
+		if !hmac.Equal(got, proof(token, clientProofLabel, cb, sb)) {
+			return refuse(Unauthenticated, "wrong token")
+		}
+	}
+	if err := writeStatus(rw, OK, ""); err != nil {
+		return peerInfo{}, err
+	}
+	if auth {
+		if _, err := rw.Write(proof(token, serverProofLabel, cb, sb)); err != nil {
+			return peerInfo{}, err
+		}
+	}
+	return peerInfo{fsid: theirs.fsid}, nil
+}

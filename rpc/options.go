@@ -1,0 +1,113 @@
+package rpc
+
+import (
+	"crypto/tls"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// Limits bound what one peer can make a server do. A peer that breaks one
+// gets an error (a refused call, or its connection closed when it breaks
+// the message format); the server goes on serving everyone else.
+type Limits struct {
+	MaxHeaderBytes    int           // a message header; default 64 KiB
+	MaxArgBytes       int           // a call's msgpack argument or result; default 16 MiB
+	MaxBodyBytes      int64         // a call's bulk bytes; default 4 GiB
+	MaxStreamsPerPeer int           // concurrent calls (streams) of one connection; default 256
+	HandshakeTimeout  time.Duration // a new connection's handshake; default 10 s
+	IdleTimeout       time.Duration // an idle pooled stream is closed after it; default 2 min
+}
+
+// DefaultLimits returns the limits a Server uses unless given others.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxHeaderBytes:    64 << 10,
+		MaxArgBytes:       16 << 20,
+		MaxBodyBytes:      4 << 30,
+		MaxStreamsPerPeer: 256,
+		HandshakeTimeout:  10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+}
+
+// Option configures a Server (NewServer) or a Client (Dial). Each option
+// says which side reads it; the other ignores it.
+type Option func(*options)
+
+type options struct {
+	root      string
+	token     []byte
+	tls       *tls.Config
+	log       *slog.Logger
+	limits    Limits
+	window    uint32
+	keepAlive time.Duration
+	maxIdle   int
+}
+
+func newOptions(opts []Option) options {
+	o := options{
+		log:       slog.New(slog.DiscardHandler),
+		limits:    DefaultLimits(),
+		window:    16 << 20,
+		keepAlive: 10 * time.Second,
+		maxIdle:   64,
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// WithRoot sets the shared root: the folder, on a filesystem other nodes
+// may share, under which references are made (client) and resolved
+// (server). Its identity (ReadFSID) decides whether two nodes share it.
+// Without a root, every TensorDict travels as bytes. Both sides.
+func WithRoot(dir string) Option { return func(o *options) { o.root = dir } }
+
+// WithToken sets the shared secret both sides prove they know (HMAC
+// challenge-response; the token itself never crosses the wire). A server
+// with a token refuses clients without it, and a client with a token
+// refuses servers that cannot prove it. Both sides.
+func WithToken(token []byte) Option {
+	return func(o *options) { o.token = append([]byte(nil), token...) }
+}
+
+// WithTLS runs each connection inside TLS with cfg (a server needs a
+// certificate; a client, what it needs to verify it). The token handshake,
+// when configured, runs inside TLS. Both sides.
+func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
+
+// WithLogger sets where the package logs (connections opened, refused and
+// closed, handler failures). The default discards. Both sides.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithLimits sets the server's limits. Server.
+func WithLimits(l Limits) Option { return func(o *options) { o.limits = l } }
+
+// WithWindow sets yamux's per-stream receive window (at least 256 KiB;
+// default 16 MiB). Larger windows move bulk bytes faster. Both sides.
+func WithWindow(bytes uint32) Option { return func(o *options) { o.window = bytes } }
+
+// WithKeepAlive sets how often an idle connection is pinged to find a dead
+// peer (default 10 s). Both sides.
+func WithKeepAlive(d time.Duration) Option { return func(o *options) { o.keepAlive = d } }
+
+// yamuxConfig returns the yamux configuration for o.
+func (o *options) yamuxConfig() *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.AcceptBacklog = max(o.limits.MaxStreamsPerPeer, 1)
+	c.MaxStreamWindowSize = max(o.window, 256<<10)
+	c.EnableKeepAlive = o.keepAlive > 0
+	if o.keepAlive > 0 {
+		c.KeepAliveInterval = o.keepAlive
+	}
+	c.ConnectionWriteTimeout = 30 * time.Second
+	c.StreamCloseTimeout = 30 * time.Second
+	c.StreamOpenTimeout = 30 * time.Second
+	c.LogOutput = io.Discard
+	return c
+}

@@ -1,0 +1,260 @@
+package rpc
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// resolver turns references into mappings of files under a root, refusing
+// any path that leaves it, and keeps the mappings open between calls.
+//
+// Files are opened through an os.Root, which refuses "..", absolute paths
+// and symlinks that lead out of the root, at the moment of opening (no
+// check-then-use race). A cached mapping is reused while the path still
+// names the same file (device and inode) and the reference asks for the
+// same dtype and shape; a file replaced under its name is mapped anew.
+type resolver struct {
+	root *os.Root
+	dir  string
+	max  int // mappings kept open when unused
+
+	mu    sync.Mutex
+	cache map[mapKey]*mapping
+	tick  uint64
+}
+
+type mapKey struct {
+	path  string
+	dtype memmap.DType // Invalid for a whole TensorDict
+	shape string
+}
+
+// mapping is a cached open file (mm) or TensorDict (td). refs counts calls
+// using it; it is closed only when no call does and it is evicted or stale.
+type mapping struct {
+	mm       *memmap.Tensor
+	td       *tensordict.TensorDict
+	key      mapKey
+	dev, ino uint64
+	refs     int
+	used     uint64
+	stale    bool
+}
+
+func (m *mapping) close() {
+	if m.mm != nil {
+		m.mm.Close()
+	}
+	if m.td != nil {
+		m.td.Close()
+	}
+}
+
+func newResolver(dir string, max int) (*resolver, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("rpc: root: %w", err)
+	}
+	return &resolver{root: root, dir: dir, max: max, cache: map[mapKey]*mapping{}}, nil
+}
+
+// local checks that path (slash-separated) names something inside the
+// root, lexically, and returns it in the OS's form.
+func local(path string) (string, error) {
+	name := filepath.FromSlash(path)
+	if !filepath.IsLocal(name) || strings.ContainsRune(path, '\\') {
+		return "", Errorf(PermissionDenied, "%q is not a path inside the shared root", path)
+	}
+	return name, nil
+}
+
+// acquire returns the mapping ref names, opened with dtype dt, held until
+// release. Paths that escape the root are PermissionDenied; a missing file
+// NotFound; a file too short for the shape InvalidArgument.
+func (r *resolver) acquire(ref *wireRef, dt memmap.DType) (*mapping, error) {
+	name, err := local(ref.Path)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := memmap.NumBytes(dt, ref.File); err != nil {
+		return nil, Errorf(InvalidArgument, "reference %q: %w", ref.Path, err)
+	}
+	key := mapKey{path: name, dtype: dt, shape: fmt.Sprint(ref.File)}
+	return r.get(key, name, func() (*mapping, error) { return r.open(name, ref, dt) })
+}
+
+// acquireTD returns the TensorDict stored at prefix under the root, loaded
+// read-only, held until release. It is reloaded when its meta.json is
+// replaced. Leaf files that are symlinks out of the root are refused.
+func (r *resolver) acquireTD(prefix string) (*mapping, error) {
+	name, err := local(prefix)
+	if err != nil {
+		return nil, err
+	}
+	key := mapKey{path: name}
+	return r.get(key, filepath.Join(name, "meta.json"), func() (*mapping, error) {
+		return r.loadTD(name, prefix)
+	})
+}
+
+// get returns the cached entry for key if statName still names the same
+// file, or opens a new one with open.
+func (r *resolver) get(key mapKey, statName string, open func() (*mapping, error)) (*mapping, error) {
+	fi, err := r.root.Stat(statName)
+	if err != nil {
+		return nil, r.openError(key.path, err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil, Errorf(Internal, "%q: no inode", key.path)
+	}
+	r.mu.Lock()
+	r.tick++
+	if m := r.cache[key]; m != nil {
+		if m.dev == uint64(st.Dev) && m.ino == st.Ino {
+			m.refs++
+			m.used = r.tick
+			r.mu.Unlock()
+			return m, nil
+		}
+		r.dropLocked(m) // the name now holds another file
+	}
+	r.mu.Unlock()
+
+	m, err := open()
+	if err != nil {
+		return nil, err
+	}
+	m.key, m.refs = key, 1
+	m.dev, m.ino = uint64(st.Dev), st.Ino
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m.used = r.tick
+	if old := r.cache[key]; old != nil {
+		r.dropLocked(old)
+	}
+	r.cache[key] = m
+	r.evictLocked()
+	return m, nil
+}
+
+// loadTD loads the TensorDict at name read-only and checks that every leaf
+// file lies inside the root.
+func (r *resolver) loadTD(name, prefix string) (*mapping, error) {
+	dir := filepath.Join(r.dir, name)
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return nil, r.openError(prefix, err)
+	}
+	if rel, err := filepath.Rel(r.dir, real); err != nil || !filepath.IsLocal(rel) && rel != "." {
+		return nil, Errorf(PermissionDenied, "%q leads out of the shared root", prefix)
+	}
+	td, err := tensordict.LoadMemmap(real, tensordict.ReadOnly())
+	if err != nil {
+		return nil, Errorf(CodeOf(err), "%q: %w", prefix, err)
+	}
+	for path, x := range td.Leaves() {
+		p, err := filepath.EvalSymlinks(x.Path())
+		rel := ""
+		if err == nil {
+			rel, err = filepath.Rel(r.dir, p)
+		}
+		if err != nil || !filepath.IsLocal(rel) {
+			td.Close()
+			return nil, Errorf(PermissionDenied, "%q: leaf %v is a file outside the shared root", prefix, path)
+		}
+	}
+	return &mapping{td: td}, nil
+}
+
+// open maps name read-write, or read-only when the file may not be written
+// (then writes through it fail with memmap.ErrReadOnly: PermissionDenied).
+func (r *resolver) open(name string, ref *wireRef, dt memmap.DType) (*mapping, error) {
+	mode := memmap.ReadWrite
+	f, err := r.root.OpenFile(name, os.O_RDWR, 0)
+	if errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS) {
+		mode = memmap.ReadOnly
+		f, err = r.root.Open(name)
+	}
+	if err != nil {
+		return nil, r.openError(ref.Path, err)
+	}
+	mm, err := memmap.OpenFile(f, dt, ref.File, mode)
+	if err != nil {
+		f.Close()
+		return nil, Errorf(CodeOf(err), "reference %q: %w", ref.Path, err)
+	}
+	return &mapping{mm: mm}, nil
+}
+
+// openError classifies an error from opening a referenced path.
+func (r *resolver) openError(path string, err error) error {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return Errorf(NotFound, "reference %q: no such file under the shared root", path)
+	case errors.Is(err, fs.ErrPermission), strings.Contains(err.Error(), "escapes"),
+		errors.Is(err, syscall.ELOOP):
+		return Errorf(PermissionDenied, "reference %q: %v", path, err)
+	}
+	return Errorf(Internal, "reference %q: %v", path, err)
+}
+
+// release ends a call's use of m.
+func (r *resolver) release(m *mapping) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m.refs--
+	if m.refs == 0 && m.stale {
+		m.close()
+	}
+}
+
+// dropLocked removes m from the cache; it is closed now or at its last
+// release.
+func (r *resolver) dropLocked(m *mapping) {
+	if r.cache[m.key] == m {
+		delete(r.cache, m.key)
+	}
+	m.stale = true
+	if m.refs == 0 {
+		m.close()
+	}
+}
+
+// evictLocked closes the least recently used idle mappings beyond max.
+func (r *resolver) evictLocked() {
+	for len(r.cache) > r.max {
+		var victim *mapping
+		for _, m := range r.cache {
+			if m.refs == 0 && (victim == nil || m.used < victim.used) {
+				victim = m
+			}
+		}
+		if victim == nil {
+			return // all in use
+		}
+		r.dropLocked(victim)
+	}
+}
+
+// close unmaps everything; calls still holding mappings see ErrClosed.
+func (r *resolver) close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.cache {
+		m.stale = true
+		m.close()
+	}
+	clear(r.cache)
+	return r.root.Close()
+}

@@ -1,0 +1,159 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// startServer serves s on a loopback listener until the test ends.
+func startServer(t *testing.T, opts ...Option) (*Server, string) {
+	t.Helper()
+	opts = append([]Option{WithLogger(slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})))}, opts...)
+	s, err := NewServer(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(l) }()
+	t.Cleanup(func() {
+		s.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return s, l.Addr().String()
+}
+
+func dial(t *testing.T, addr string, opts ...Option) *Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, addr, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// seedTD creates the seed's shape of storage, smaller: {"memmap": uint8 [n, 4, 4, 3]}.
+func seedTD(t *testing.T, prefix string, n int) *tensordict.TensorDict {
+	t.Helper()
+	td, err := tensordict.Create(prefix, []int{n}, tensordict.Field{Key: []string{"memmap"}, DType: memmap.Uint8, Shape: []int{n, 4, 4, 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { td.Close() })
+	return td
+}
+
+// rowsSet returns which rows of td's "memmap" leaf are entirely v.
+func rowsSet(t *testing.T, td *tensordict.TensorDict, v byte) []int {
+	t.Helper()
+	x, err := td.Tensor("memmap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := x.Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb := x.RowBytes()
+	var set []int
+	for r := range x.Len() {
+		all := true
+		for _, c := range b[r*rb : (r+1)*rb] {
+			all = all && c == v
+		}
+		if all {
+			set = append(set, r)
+		}
+	}
+	return set
+}
+
+func TestFill_SeedScenario(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		clientRoot bool
+		wantShared bool
+	}{
+		{"shared filesystem, by reference", true, true},
+		{"no shared root, by bytes", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			_, addr := startServer(t, WithRoot(root))
+			var opts []Option
+			if tc.clientRoot {
+				opts = append(opts, WithRoot(root))
+			}
+			c := dial(t, addr, opts...)
+			shared, err := c.SharedFS(context.Background())
+			if err != nil || shared != tc.wantShared {
+				t.Fatalf("SharedFS = %v, %v; want %v", shared, err, tc.wantShared)
+			}
+			td := seedTD(t, filepath.Join(root, "td"), 1000)
+			ctx := context.Background()
+			if err := c.Fill(ctx, td, []int{0, 1, 2, 3, 999}, 1); err != nil {
+				t.Fatal(err)
+			}
+			if got := rowsSet(t, td, 1); !equalInts(got, []int{0, 1, 2, 3, 999}) {
+				t.Fatalf("rows of ones after the first fill: %v", got)
+			}
+			if err := c.Fill(ctx, td, []int{4, 5, 6, 7, 998}, 1); err != nil {
+				t.Fatal(err)
+			}
+			if got := rowsSet(t, td, 1); !equalInts(got, []int{0, 1, 2, 3, 4, 5, 6, 7, 998, 999}) {
+				t.Fatalf("rows of ones after the second fill: %v", got)
+			}
+		})
+	}
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestFill_OutOfRangeChangesNothing(t *testing.T) {
+	root := t.TempDir()
+	_, addr := startServer(t, WithRoot(root))
+	c := dial(t, addr, WithRoot(root))
+	td := seedTD(t, filepath.Join(root, "td"), 10)
+	err := c.Fill(context.Background(), td, []int{0, 10}, 1)
+	if !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("err = %v, want InvalidArgument", err)
+	}
+	if got := rowsSet(t, td, 1); len(got) != 0 {
+		t.Fatalf("rows written by a refused fill: %v", got)
+	}
+}
+
+// testWriter sends log lines to t.Log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(string(p))
+	return len(p), nil
+}

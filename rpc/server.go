@@ -1,0 +1,459 @@
+package rpc
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"reflect"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// Server serves registered handlers to the peers that connect to it. Build
+// one with NewServer, register handlers with Register, then call Serve with
+// one or more listeners. Every Server also serves the built-in TensorDict
+// services (fill, read, describe; see services.go).
+//
+// A Server is safe for concurrent use. Register handlers before Serve: a
+// method registered later is served from then on.
+type Server struct {
+	o    options
+	fsid FSID
+	res  *resolver // nil without a root
+
+	mu        sync.RWMutex
+	handlers  map[string]handler
+	listeners map[net.Listener]struct{}
+	conns     map[*peerConn]struct{}
+	closed    bool
+
+	ctx    context.Context // ends at Close; parent of every call's context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// handler decodes a call (reading its body) and returns the function that
+// runs it. The decode step runs on the stream's reader; run runs
+// concurrently with the reader watching the stream for the caller leaving.
+type handler func(in *incoming) (run func(ctx context.Context) (out outgoing, err error), err error)
+
+// incoming is a call as read from the stream.
+type incoming struct {
+	method string
+	args   []byte
+	body   *bodyReader
+	res    *resolver
+	held   []*mapping
+}
+
+// outgoing is a handler's result: the response value (a pointer) and the
+// body parts that follow it.
+type outgoing struct {
+	resp  any
+	parts []bodyPart
+}
+
+// NewServer returns a Server configured by opts (WithRoot, WithToken,
+// WithTLS, WithLogger, WithLimits, WithWindow, WithKeepAlive). With a root,
+// the server reads or creates the root's FSID and resolves references
+// under it.
+func NewServer(opts ...Option) (*Server, error) {
+	s := &Server{
+		o:         newOptions(opts),
+		handlers:  map[string]handler{},
+		listeners: map[net.Listener]struct{}{},
+		conns:     map[*peerConn]struct{}{},
+	}
+	if s.o.root != "" {
+		dir, err := absRoot(s.o.root)
+		if err != nil {
+			return nil, err
+		}
+		if s.fsid, err = ReadFSID(dir); err != nil {
+			return nil, err
+		}
+		if s.res, err = newResolver(dir, 1024); err != nil {
+			return nil, err
+		}
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	registerServices(s)
+	return s, nil
+}
+
+// absRoot returns dir as an absolute path with symlinks resolved.
+func absRoot(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err == nil {
+		abs, err = filepath.EvalSymlinks(abs)
+	}
+	if err != nil {
+		return "", fmt.Errorf("rpc: root: %w", err)
+	}
+	return abs, nil
+}
+
+// FSID returns the identity of the server's root, or the zero FSID.
+func (s *Server) FSID() FSID { return s.fsid }
+
+// Register makes fn callable as method on s. Req and Resp are encoded with
+// msgpack (exported fields; `codec:"name"` tags rename them); TD fields in
+// them carry TensorDicts (see TD). The error fn returns reaches the caller
+// with the code CodeOf gives it; return an *Error (Errorf) to choose the
+// code. A panic in fn is recovered and reported as Internal.
+//
+// fn's context carries the caller's deadline and ends when the caller
+// cancels, goes away, or the server is closed. Registering a method twice
+// is an error.
+func Register[Req, Resp any](s *Server, method string, fn func(ctx context.Context, req Req) (Resp, error)) error {
+	h := func(in *incoming) (func(context.Context) (outgoing, error), error) {
+		req := new(Req)
+		if err := decodeMsgpack(in.args, req); err != nil {
+			return nil, Errorf(InvalidArgument, "%s: %v", method, err)
+		}
+		tds := findTDs(reflect.ValueOf(req).Elem(), nil)
+		if err := in.buildTDs(tds); err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) (out outgoing, err error) {
+			defer func() {
+				if p := recover(); p != nil {
+					err = Errorf(Internal, "%s: handler panicked: %v", method, p)
+					slog.Default().Error("rpc handler panicked", "method", method, "panic", p, "stack", string(debug.Stack()))
+				}
+			}()
+			resp, err := fn(ctx, *req)
+			if err != nil {
+				return out, err
+			}
+			for _, td := range tds {
+				out.parts = append(out.parts, td.writeback()...)
+			}
+			for _, td := range findTDs(reflect.ValueOf(&resp).Elem(), nil) {
+				if out.parts, err = td.prepare(link{}, out.parts); err != nil {
+					return out, err
+				}
+			}
+			out.resp = &resp
+			return out, nil
+		}, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, dup := s.handlers[method]; dup {
+		return fmt.Errorf("rpc: method %q registered twice", method)
+	}
+	s.handlers[method] = h
+	return nil
+}
+
+// buildTDs makes the request's TensorDicts, after checking that the body
+// holds exactly the bytes they need.
+func (in *incoming) buildTDs(tds []*TD) error {
+	var need int64
+	for _, td := range tds {
+		if td.wire == nil {
+			continue
+		}
+		n, err := td.wire.bytesSize()
+		if err != nil {
+			return err
+		}
+		need += n
+	}
+	if need != in.body.n {
+		return Errorf(InvalidArgument, "%s: the TensorDicts need %d body bytes, the call has %d", in.method, need, in.body.n)
+	}
+	d := &decoded{}
+	defer func() { in.held = d.held }()
+	for _, td := range tds {
+		if err := td.build(in.res, in.body.fill, d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// release ends the call's use of mappings.
+func (in *incoming) release() {
+	for _, m := range in.held {
+		in.res.release(m)
+	}
+	in.held = nil
+}
+
+// Serve accepts connections on l and serves them until l fails or the
+// server is closed; it then returns the listener's error (nil after Close).
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrServerClosed
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
+	var delay time.Duration
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			if s.isClosed() {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+				// EMFILE and the like: back off as net/http does.
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				s.o.log.Warn("rpc: accept", "err", err, "retry_in", delay)
+				time.Sleep(delay)
+				continue
+			}
+			return err
+		}
+		delay = 0
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serveConn(conn)
+		}()
+	}
+}
+
+// ErrServerClosed is returned by Serve after Close.
+var ErrServerClosed = errors.New("rpc: server closed")
+
+func (s *Server) isClosed() bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.closed
+}
+
+// Close stops the listeners, closes every connection (calls in flight see
+// their context end, callers see Unavailable), waits for the handlers to
+// return, and unmaps the cached files.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	for l := range s.listeners {
+		l.Close()
+	}
+	for pc := range s.conns {
+		pc.sess.Close()
+	}
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	if s.res != nil {
+		return s.res.close()
+	}
+	return nil
+}
+
+// peerConn is one connected peer.
+type peerConn struct {
+	sess   *yamux.Session
+	remote string
+	shared bool
+	active atomic.Int32 // streams being served
+}
+
+// serveConn runs the handshake on conn and then serves its streams.
+func (s *Server) serveConn(conn net.Conn) {
+	remote := conn.RemoteAddr().String()
+	log := s.o.log.With("peer", remote)
+	conn.SetDeadline(time.Now().Add(s.o.limits.HandshakeTimeout))
+	var rw net.Conn = conn
+	if s.o.tls != nil {
+		tc := tls.Server(conn, s.o.tls)
+		if err := tc.HandshakeContext(s.ctx); err != nil {
+			log.Info("rpc: TLS handshake failed", "err", err)
+			conn.Close()
+			return
+		}
+		rw = tc
+	}
+	peer, err := serverHandshake(rw, s.fsid, s.o.token)
+	if err != nil {
+		log.Info("rpc: handshake refused", "err", err)
+		rw.Close()
+		return
+	}
+	rw.SetDeadline(time.Time{})
+	sess, err := yamux.Server(rw, s.o.yamuxConfig())
+	if err != nil {
+		rw.Close()
+		return
+	}
+	pc := &peerConn{sess: sess, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		sess.Close()
+		return
+	}
+	s.conns[pc] = struct{}{}
+	s.mu.Unlock()
+	log.Debug("rpc: peer connected", "shared_fs", pc.shared)
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, pc)
+		s.mu.Unlock()
+		sess.Close()
+		log.Debug("rpc: peer gone")
+	}()
+	for {
+		st, err := sess.AcceptStream()
+		if err != nil {
+			return
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serveStream(pc, st, log)
+		}()
+	}
+}
+
+// serveStream serves the calls that arrive on st, one after another, until
+// the peer closes it, it idles out, or the peer breaks the protocol (then
+// the whole connection is closed).
+func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
+	defer st.Close()
+	over := pc.active.Add(1) > int32(s.o.limits.MaxStreamsPerPeer)
+	defer pc.active.Add(-1)
+	br := bufio.NewReaderSize(st, 32<<10)
+	bw := bufio.NewWriterSize(st, 32<<10)
+	lim := &s.o.limits
+	st.SetReadDeadline(time.Now().Add(lim.IdleTimeout))
+	for {
+		var hdr requestHeader
+		err := readHeader(br, lim.MaxHeaderBytes, &hdr)
+		if err == nil {
+			err = checkLens(hdr.ArgLen, hdr.BodyLen, lim)
+		}
+		if err != nil {
+			if errors.Is(err, errProtocol) {
+				log.Warn("rpc: closing connection", "err", err)
+				pc.sess.Close()
+			}
+			return
+		}
+		// The rest of the request must arrive at 1 MB/s or better.
+		st.SetReadDeadline(time.Now().Add(lim.HandshakeTimeout + time.Duration(hdr.ArgLen+hdr.BodyLen)*time.Microsecond))
+		args, err := readArgs(br, hdr.ArgLen)
+		if err != nil {
+			return
+		}
+		in := &incoming{method: hdr.Method, args: args, body: &bodyReader{r: br, n: hdr.BodyLen}, res: s.res}
+		run, err := s.decode(in, over)
+		if derr := in.body.drain(); derr != nil {
+			in.release()
+			return
+		}
+		var se *streamError
+		if errors.As(err, &se) {
+			in.release()
+			return
+		}
+		ctx, cancel := s.ctx, context.CancelFunc(func() {})
+		if hdr.TimeoutUS > 0 {
+			ctx, cancel = context.WithTimeout(ctx, time.Duration(hdr.TimeoutUS)*time.Microsecond)
+		} else {
+			ctx, cancel = context.WithCancel(ctx)
+		}
+		st.SetReadDeadline(time.Time{})
+		done := make(chan bool, 1)
+		go func() {
+			ok := s.respond(ctx, st, bw, in, run, err, log)
+			in.release()
+			if ok {
+				st.SetReadDeadline(time.Now().Add(lim.IdleTimeout))
+			}
+			done <- ok
+		}()
+		// Watch the stream while the handler runs: the caller sends nothing
+		// until it has the response, so an error here means it cancelled or
+		// went away, and data means the next call.
+		_, perr := br.Peek(1)
+		if perr != nil {
+			cancel()
+			<-done
+			return
+		}
+		ok := <-done
+		cancel()
+		if !ok || over {
+			return
+		}
+	}
+}
+
+// decode looks up the method and decodes the call; over means the peer has
+// too many streams open and the call is refused.
+func (s *Server) decode(in *incoming, over bool) (func(context.Context) (outgoing, error), error) {
+	if over {
+		return nil, Errorf(ResourceExhausted, "more than %d concurrent calls from this peer", s.o.limits.MaxStreamsPerPeer)
+	}
+	s.mu.RLock()
+	h := s.handlers[in.method]
+	s.mu.RUnlock()
+	if h == nil {
+		return nil, Errorf(Unimplemented, "no method %q", in.method)
+	}
+	return h(in)
+}
+
+// respond runs the call (unless decoding failed with derr) and writes the
+// response. It reports whether the stream can carry another call.
+func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer, in *incoming, run func(context.Context) (outgoing, error), derr error, log *slog.Logger) bool {
+	var out outgoing
+	err := derr
+	if err == nil {
+		out, err = run(ctx)
+	}
+	var hdr responseHeader
+	var args []byte
+	if err == nil {
+		if args, err = encodeMsgpack(nil, out.resp); err != nil {
+			err = Errorf(Internal, "%s: %v", in.method, err)
+		}
+	}
+	if err != nil {
+		e := asError(err)
+		if e.Code == Unknown || e.Code == Internal {
+			log.Warn("rpc: call failed", "method", in.method, "err", err)
+		}
+		hdr = responseHeader{Code: uint8(e.Code), Message: e.Msg}
+		args, out.parts = nil, nil
+	} else {
+		hdr = responseHeader{ArgLen: int64(len(args)), BodyLen: bodySize(out.parts)}
+	}
+	st.SetWriteDeadline(time.Now().Add(s.o.limits.HandshakeTimeout + time.Duration(hdr.BodyLen)*time.Microsecond))
+	defer st.SetWriteDeadline(time.Time{})
+	if err := writeFrame(bw, &hdr, args); err != nil {
+		return false
+	}
+	if err := writeParts(bw, out.parts); err != nil {
+		log.Warn("rpc: response body", "method", in.method, "err", err)
+		return false
+	}
+	return bw.Flush() == nil
+}

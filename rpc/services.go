@@ -1,0 +1,204 @@
+package rpc
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Names of the built-in methods every Server serves.
+const (
+	MethodFill     = "tensorwire.fill"
+	MethodRead     = "tensorwire.read"
+	MethodDescribe = "tensorwire.describe"
+)
+
+// FillRequest asks a node to fill rows of a TensorDict: TD at TD.Rows (all
+// rows when nil), with Value converted to each leaf's dtype, or, when Src is
+// set, with Src's rows (row i of Src goes to row TD.Rows[i]). Every key,
+// dtype, shape and index is checked before anything is written, so a
+// refused fill changes nothing.
+type FillRequest struct {
+	TD    TD      `codec:"td"`
+	Value float64 `codec:"value"`
+	Src   *TD     `codec:"src"`
+}
+
+// FillResponse reports how many rows were filled.
+type FillResponse struct {
+	Rows int `codec:"rows"`
+}
+
+// ReadRequest asks a node for rows of the TensorDict stored at Prefix
+// (relative to the node's root): Rows, or all rows when nil. When Into is
+// set the rows are written into it (at Into.Rows, or its first rows) and
+// nothing comes back but the count: with a shared filesystem, into the
+// caller's memory-mapped TensorDict without a byte crossing the network.
+type ReadRequest struct {
+	Prefix string `codec:"prefix"`
+	Rows   []int  `codec:"rows"`
+	Into   *TD    `codec:"into"`
+}
+
+// ReadResponse holds the rows read (when the request had no Into).
+type ReadResponse struct {
+	TD   TD  `codec:"td"`
+	Rows int `codec:"rows"`
+}
+
+// DescribeRequest asks for the schema of the TensorDict at Prefix.
+type DescribeRequest struct {
+	Prefix string `codec:"prefix"`
+}
+
+// DescribeResponse describes a stored TensorDict.
+type DescribeResponse struct {
+	Batch  []int       `codec:"batch"`
+	Fields []FieldInfo `codec:"fields"`
+	Bytes  int64       `codec:"bytes"`
+}
+
+// FieldInfo describes one leaf.
+type FieldInfo struct {
+	Key   []string `codec:"key"`
+	DType string   `codec:"dtype"`
+	Shape []int    `codec:"shape"`
+}
+
+func registerServices(s *Server) {
+	Register(s, MethodFill, fill)
+	Register(s, MethodRead, s.read)
+	Register(s, MethodDescribe, s.describe)
+}
+
+func fill(ctx context.Context, req FillRequest) (FillResponse, error) {
+	td := req.TD.TensorDict
+	if td == nil {
+		return FillResponse{}, Errorf(InvalidArgument, "fill: no TensorDict")
+	}
+	rows := req.TD.Rows
+	if rows == nil {
+		rows = make([]int, td.Len())
+		for i := range rows {
+			rows[i] = i
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return FillResponse{}, err
+	}
+	var err error
+	if req.Src != nil && req.Src.TensorDict != nil {
+		src := req.Src.TensorDict
+		if req.Src.Rows != nil {
+			if src, err = src.Gather(req.Src.Rows); err != nil {
+				return FillResponse{}, err
+			}
+		}
+		err = td.SetRows(rows, src)
+	} else {
+		err = td.Fill(rows, req.Value)
+	}
+	if err != nil {
+		return FillResponse{}, fmt.Errorf("fill: %w", err)
+	}
+	return FillResponse{Rows: len(rows)}, nil
+}
+
+// stored returns the TensorDict at prefix under s's root, held until the
+// returned release is called.
+func (s *Server) stored(prefix string) (*tensordict.TensorDict, func(), error) {
+	if s.res == nil {
+		return nil, nil, Errorf(FailedPrecondition, "this node has no root")
+	}
+	m, err := s.res.acquireTD(prefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m.td, func() { s.res.release(m) }, nil
+}
+
+func (s *Server) read(ctx context.Context, req ReadRequest) (ReadResponse, error) {
+	td, release, err := s.stored(req.Prefix)
+	if err != nil {
+		return ReadResponse{}, err
+	}
+	defer release()
+	rows := req.Rows
+	if rows == nil {
+		rows = make([]int, td.Len())
+		for i := range rows {
+			rows[i] = i
+		}
+	}
+	if req.Into != nil && req.Into.TensorDict != nil {
+		dst := req.Into.TensorDict
+		dstRows := req.Into.Rows
+		if dstRows == nil {
+			dstRows = make([]int, len(rows))
+			for i := range dstRows {
+				dstRows[i] = i
+			}
+		}
+		if len(dstRows) != len(rows) {
+			return ReadResponse{}, Errorf(InvalidArgument, "read: %d rows into %d", len(rows), len(dstRows))
+		}
+		got, err := td.Gather(rows)
+		if err != nil {
+			return ReadResponse{}, fmt.Errorf("read %q: %w", req.Prefix, err)
+		}
+		if err := dst.SetRows(dstRows, got); err != nil {
+			return ReadResponse{}, fmt.Errorf("read %q into: %w", req.Prefix, err)
+		}
+		return ReadResponse{Rows: len(rows)}, nil
+	}
+	got, err := td.Gather(rows)
+	if err != nil {
+		return ReadResponse{}, fmt.Errorf("read %q: %w", req.Prefix, err)
+	}
+	return ReadResponse{TD: Ref(got), Rows: len(rows)}, nil
+}
+
+func (s *Server) describe(ctx context.Context, req DescribeRequest) (DescribeResponse, error) {
+	td, release, err := s.stored(req.Prefix)
+	if err != nil {
+		return DescribeResponse{}, err
+	}
+	defer release()
+	out := DescribeResponse{Batch: td.BatchSize(), Bytes: int64(td.NumBytes())}
+	for path, x := range td.Leaves() {
+		out.Fields = append(out.Fields, FieldInfo{Key: path, DType: x.DType().String(), Shape: x.Shape()})
+	}
+	return out, nil
+}
+
+// Fill fills rows of td on the node with v (see FillRequest); rows nil
+// means all. With a shared filesystem and td mapped under the client's
+// root, the node writes the mapped file directly and no tensor bytes cross
+// the network; otherwise the rows travel to the node and back.
+func (c *Client) Fill(ctx context.Context, td *tensordict.TensorDict, rows []int, v float64) error {
+	_, err := Call[FillResponse](ctx, c, MethodFill, FillRequest{TD: TD{TensorDict: td, Rows: rows, Out: true}, Value: v})
+	return err
+}
+
+// Read returns rows (nil: all) of the TensorDict stored at prefix under the
+// node's root, as a TensorDict in Go memory.
+func (c *Client) Read(ctx context.Context, prefix string, rows []int) (*tensordict.TensorDict, error) {
+	resp, err := Call[ReadResponse](ctx, c, MethodRead, ReadRequest{Prefix: prefix, Rows: rows})
+	return resp.TD.TensorDict, err
+}
+
+// ReadInto writes rows of the TensorDict stored at prefix under the node's
+// root into dst at dstRows (nil: dst's first rows). With a shared
+// filesystem and dst mapped under the client's root, the node writes dst's
+// files directly.
+func (c *Client) ReadInto(ctx context.Context, prefix string, rows []int, dst *tensordict.TensorDict, dstRows []int) error {
+	_, err := Call[ReadResponse](ctx, c, MethodRead, ReadRequest{Prefix: prefix, Rows: rows, Into: &TD{TensorDict: dst, Rows: dstRows, Out: true}})
+	return err
+}
+
+// Describe returns the schema of the TensorDict stored at prefix under the
+// node's root.
+func (c *Client) Describe(ctx context.Context, prefix string) (DescribeResponse, error) {
+	return Call[DescribeResponse](ctx, c, MethodDescribe, DescribeRequest{Prefix: prefix})
+}

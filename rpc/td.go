@@ -1,0 +1,419 @@
+package rpc
+
+import (
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sync"
+
+	"github.com/hashicorp/go-msgpack/v2/codec"
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// TD is a TensorDict argument or result of a call: put it (or a *TD) in the
+// fields of a request or response struct, at any depth of structs,
+// pointers, slices and arrays (not maps or interfaces).
+//
+// How it travels is the package's business, not the caller's. When the
+// caller and the node share a filesystem (equal FSIDs) and every leaf is a
+// mapping of a file under the caller's root, only a reference crosses: file
+// paths relative to the root, dtypes, shapes and view offsets. The handler
+// then gets views of the same files, mapped from its own root, so what it
+// writes the caller sees at once. Otherwise the data crosses as bytes and
+// the handler gets a copy in Go memory; if Out is set, the copy's contents
+// after the handler returns travel back and are written into the caller's
+// TensorDict, so the caller sees the same result either way.
+//
+// Rows, when set, are the rows (first batch dimension) the call works on.
+// By reference the handler gets the whole TensorDict and these Rows; by
+// bytes only those rows travel, and the handler gets them as a TensorDict
+// of len(Rows) rows with Rows set to 0, 1, ..., len(Rows)-1. A handler that
+// reads and writes TensorDict at Rows therefore works in both modes.
+//
+// A TD a handler receives is valid until the handler returns: its mapped
+// views are released then. Results are always sent as bytes and are the
+// caller's to keep.
+type TD struct {
+	*tensordict.TensorDict
+	Rows []int
+	Out  bool
+
+	wire *wireTD // the wire form: set by prepare before encoding, and by decoding
+}
+
+// Ref returns a TD for td. It is shorthand for TD{TensorDict: td}.
+func Ref(td *tensordict.TensorDict) TD { return TD{TensorDict: td} }
+
+// wireTD is a TD on the wire (docs/protocol.md, "TensorDicts").
+type wireTD struct {
+	Batch    []int       `codec:"batch"`
+	Rows     []int       `codec:"rows"`
+	Gathered bool        `codec:"gathered"` // bytes hold only Rows, in order
+	Out      bool        `codec:"out"`
+	Entries  []wireEntry `codec:"entries"`
+}
+
+// Entry kinds.
+const (
+	kindDict   = "dict"
+	kindTensor = "tensor"
+	kindData   = "data"
+)
+
+// wireEntry is one item of a TensorDict, in Items order (a nested
+// TensorDict before its contents).
+type wireEntry struct {
+	Key   []string `codec:"key"`
+	Kind  string   `codec:"kind"`
+	DType string   `codec:"dtype"` // tensors: torch name
+	Shape []int    `codec:"shape"` // tensors: shape; dicts: batch size
+	Ref   *wireRef `codec:"ref"`   // tensors by reference; nil: bytes in the body
+	Data  []byte   `codec:"data"`  // non-tensor data, JSON
+}
+
+// wireRef names a tensor's data in a file under the shared root.
+type wireRef struct {
+	Path   string `codec:"path"`   // relative to the root, slash-separated
+	File   []int  `codec:"file"`   // the file's full shape; its dtype is the entry's
+	Offset int64  `codec:"offset"` // byte offset of the view within the file
+}
+
+// CodecEncodeSelf implements codec.Selfer: a TD encodes as its wire form,
+// which prepare must have set.
+func (t *TD) CodecEncodeSelf(e *codec.Encoder) {
+	if t.wire == nil && t.TensorDict != nil {
+		panic(errors.New("rpc: TD not prepared for the wire (inside a map or interface?)"))
+	}
+	e.MustEncode(t.wire)
+}
+
+// CodecDecodeSelf implements codec.Selfer.
+func (t *TD) CodecDecodeSelf(d *codec.Decoder) {
+	var w *wireTD
+	d.MustDecode(&w)
+	t.wire = w
+}
+
+var (
+	tdType    = reflect.TypeFor[TD]()
+	tdTypes   sync.Map // reflect.Type -> bool: can a value of the type hold a TD?
+	errMapsTD = errors.New("rpc: a TD inside a map or interface cannot be sent")
+)
+
+// holdsTD reports whether values of type t can contain a TD that findTDs
+// would reach.
+func holdsTD(t reflect.Type) bool {
+	if v, ok := tdTypes.Load(t); ok {
+		return v.(bool)
+	}
+	tdTypes.Store(t, false) // breaks cycles of recursive types
+	var r bool
+	switch t.Kind() {
+	case reflect.Struct:
+		if t == tdType {
+			r = true
+			break
+		}
+		for i := range t.NumField() {
+			if f := t.Field(i); f.IsExported() && holdsTD(f.Type) {
+				r = true
+			}
+		}
+	case reflect.Pointer, reflect.Slice, reflect.Array:
+		r = holdsTD(t.Elem())
+	}
+	tdTypes.Store(t, r)
+	return r
+}
+
+// findTDs appends every TD reachable from v (addressable) to out, in a fixed
+// order: struct fields in order, elements in order.
+func findTDs(v reflect.Value, out []*TD) []*TD {
+	if !holdsTD(v.Type()) {
+		return out
+	}
+	switch v.Kind() {
+	case reflect.Struct:
+		if v.Type() == tdType {
+			return append(out, v.Addr().Interface().(*TD))
+		}
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				out = findTDs(v.Field(i), out)
+			}
+		}
+	case reflect.Pointer:
+		if !v.IsNil() {
+			out = findTDs(v.Elem(), out)
+		}
+	case reflect.Slice, reflect.Array:
+		for i := range v.Len() {
+			out = findTDs(v.Index(i), out)
+		}
+	}
+	return out
+}
+
+// link is what one side knows about sending TensorDicts to the other.
+type link struct {
+	shared bool   // equal, nonzero filesystem identities
+	root   string // this side's root, absolute; "" when it has none
+}
+
+// bodyPart is a tensor's data (all of it, or some of its rows) in a body.
+type bodyPart struct {
+	t    *tensordict.Tensor
+	rows []int // nil: the whole tensor
+}
+
+func (p bodyPart) size() int64 {
+	if p.rows == nil {
+		return int64(p.t.NumBytes())
+	}
+	return int64(len(p.rows)) * int64(p.t.RowBytes())
+}
+
+// prepare sets t's wire form for sending over l and appends the parts of
+// the body it needs. byRef may be false to force bytes (results).
+func (t *TD) prepare(l link, parts []bodyPart) ([]bodyPart, error) {
+	if t.TensorDict == nil {
+		t.wire = nil
+		return parts, nil
+	}
+	if t.Rows != nil {
+		if err := memmap.CheckRows(t.Rows, t.TensorDict.Len()); err != nil {
+			return parts, Errorf(InvalidArgument, "TD rows: %w", err)
+		}
+	}
+	if l.shared && l.root != "" {
+		if w, ok := t.refWire(l.root); ok {
+			t.wire = w
+			return parts, nil
+		}
+	}
+	w := &wireTD{Batch: t.BatchSize(), Out: t.Out}
+	gather := t.Rows != nil
+	if gather {
+		w.Gathered = true
+		w.Batch[0] = len(t.Rows)
+	}
+	for path, v := range t.Items() {
+		e := wireEntry{Key: path}
+		switch v := v.(type) {
+		case *tensordict.TensorDict:
+			e.Kind, e.Shape = kindDict, v.BatchSize()
+		case *tensordict.Tensor:
+			e.Kind, e.DType, e.Shape = kindTensor, v.DType().String(), v.Shape()
+			p := bodyPart{t: v}
+			if gather {
+				p.rows = t.Rows
+			}
+			parts = append(parts, p)
+		case *tensordict.NonTensor:
+			b, err := json.Marshal(v.Data)
+			if err != nil {
+				return parts, Errorf(InvalidArgument, "TD %q: non-tensor data: %w", keyString(path), err)
+			}
+			e.Kind, e.Data = kindData, b
+		}
+		if gather && e.Kind != kindData {
+			e.Shape[0] = len(t.Rows)
+		}
+		w.Entries = append(w.Entries, e)
+	}
+	t.wire = w
+	return parts, nil
+}
+
+// refWire returns t's wire form by reference, or false if some leaf is not
+// a mapping of a file under root.
+func (t *TD) refWire(root string) (*wireTD, bool) {
+	w := &wireTD{Batch: t.BatchSize(), Rows: t.Rows, Out: t.Out}
+	for path, v := range t.Items() {
+		e := wireEntry{Key: path}
+		switch v := v.(type) {
+		case *tensordict.TensorDict:
+			e.Kind, e.Shape = kindDict, v.BatchSize()
+		case *tensordict.Tensor:
+			mm, off := v.Mapping()
+			if mm == nil {
+				return nil, false
+			}
+			rel, ok := relPath(root, mm.Path())
+			if !ok {
+				return nil, false
+			}
+			e.Kind, e.DType, e.Shape = kindTensor, v.DType().String(), v.Shape()
+			e.Ref = &wireRef{Path: rel, File: mm.Shape(), Offset: off}
+		case *tensordict.NonTensor:
+			b, err := json.Marshal(v.Data)
+			if err != nil {
+				return nil, false
+			}
+			e.Kind, e.Data = kindData, b
+		}
+		w.Entries = append(w.Entries, e)
+	}
+	return w, true
+}
+
+// relPath returns path relative to root, slash-separated, if it lies inside.
+func relPath(root, path string) (string, bool) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", false
+	}
+	rel, err := filepath.Rel(root, abs)
+	if err != nil || !filepath.IsLocal(rel) {
+		if real, err := filepath.EvalSymlinks(abs); err == nil {
+			rel, err = filepath.Rel(root, real)
+			if err == nil && filepath.IsLocal(rel) {
+				return filepath.ToSlash(rel), true
+			}
+		}
+		return "", false
+	}
+	return filepath.ToSlash(rel), true
+}
+
+func keyString(path []string) string {
+	b, _ := json.Marshal(path)
+	return string(b)
+}
+
+// decoded is a TD made from its wire form on the receiving side, with the
+// mappings it holds until the call ends.
+type decoded struct {
+	held []*mapping
+}
+
+// build makes t.TensorDict from t.wire: references resolved through res
+// (nil: references refused), bytes read by next, which is given each
+// bytes-mode tensor to fill in order.
+func (t *TD) build(res *resolver, next func(*tensordict.Tensor) error, d *decoded) error {
+	w := t.wire
+	if w == nil {
+		t.TensorDict = nil
+		return nil
+	}
+	td, err := tensordict.New(w.Batch...)
+	if err != nil {
+		return Errorf(InvalidArgument, "TD batch %v: %w", w.Batch, err)
+	}
+	for _, e := range w.Entries {
+		var v tensordict.Value
+		switch e.Kind {
+		case kindDict:
+			sub, err := tensordict.New(e.Shape...)
+			if err != nil {
+				return Errorf(InvalidArgument, "TD %s: %w", keyString(e.Key), err)
+			}
+			v = sub
+		case kindTensor:
+			dt, err := memmap.ParseDType(e.DType)
+			if err != nil {
+				return Errorf(InvalidArgument, "TD %s: %w", keyString(e.Key), err)
+			}
+			var x *tensordict.Tensor
+			if e.Ref != nil {
+				if res == nil {
+					return Errorf(FailedPrecondition, "TD %s: a reference, but this side has no shared root", keyString(e.Key))
+				}
+				m, err := res.acquire(e.Ref, dt)
+				if err != nil {
+					return err
+				}
+				if d != nil {
+					d.held = append(d.held, m)
+				}
+				if x, err = tensordict.View(m.mm, e.Ref.Offset, e.Shape...); err != nil {
+					return Errorf(InvalidArgument, "TD %s: %w", keyString(e.Key), err)
+				}
+			} else {
+				if x, err = tensordict.Zeros(dt, e.Shape...); err != nil {
+					return Errorf(InvalidArgument, "TD %s: %w", keyString(e.Key), err)
+				}
+				if err := next(x); err != nil {
+					return err
+				}
+			}
+			v = x
+		case kindData:
+			var data any
+			if err := json.Unmarshal(e.Data, &data); err != nil {
+				return Errorf(InvalidArgument, "TD %s: non-tensor data: %w", keyString(e.Key), err)
+			}
+			v = &tensordict.NonTensor{Data: data}
+		default:
+			return Errorf(InvalidArgument, "TD %s: unknown entry kind %q", keyString(e.Key), e.Kind)
+		}
+		if err := td.SetPath(e.Key, v); err != nil {
+			return Errorf(InvalidArgument, "TD: %w", err)
+		}
+	}
+	t.TensorDict, t.Rows, t.Out = td, slices.Clone(w.Rows), w.Out
+	if w.Gathered {
+		t.Rows = make([]int, w.Batch[0])
+		for i := range t.Rows {
+			t.Rows[i] = i
+		}
+	}
+	return nil
+}
+
+// bytesSize returns the body bytes t's wire form needs (its bytes-mode
+// tensors), with an error for shapes that overflow.
+func (w *wireTD) bytesSize() (int64, error) {
+	var n int64
+	for _, e := range w.Entries {
+		if e.Kind != kindTensor || e.Ref != nil {
+			continue
+		}
+		dt, err := memmap.ParseDType(e.DType)
+		if err != nil {
+			return 0, Errorf(InvalidArgument, "TD %s: %w", keyString(e.Key), err)
+		}
+		b, err := memmap.NumBytes(dt, e.Shape)
+		if err != nil {
+			return 0, Errorf(InvalidArgument, "TD %s: %w", keyString(e.Key), err)
+		}
+		n += int64(b)
+	}
+	return n, nil
+}
+
+// writeback returns the body parts that carry t's contents back to the
+// caller: its tensors, whole, when t came as bytes and asked for it.
+func (t *TD) writeback() []bodyPart {
+	if t.wire == nil || !t.wire.Out || t.TensorDict == nil || t.byRef() {
+		return nil
+	}
+	var parts []bodyPart
+	for _, x := range t.Leaves() {
+		parts = append(parts, bodyPart{t: x})
+	}
+	return parts
+}
+
+// byRef reports whether t's wire form is by reference.
+func (t *TD) byRef() bool {
+	for _, e := range t.wire.Entries {
+		if e.Kind == kindTensor {
+			return e.Ref != nil
+		}
+	}
+	return true // no tensors: nothing to send back
+}
+
+// applyWriteback writes back, the handler's copy of t as it came back, into
+// the caller's TensorDict at t.Rows. Everything is checked before the first
+// byte is written.
+func (t *TD) applyWriteback(back *tensordict.TensorDict) error {
+	if t.Rows != nil {
+		return t.SetRows(t.Rows, back)
+	}
+	return t.SetSlice(0, back)
+}

@@ -1,0 +1,143 @@
+package rpc
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+
+	"github.com/hashicorp/go-msgpack/v2/codec"
+)
+
+// A message on a stream (docs/protocol.md, "Messages") is
+//
+//	uint32 big-endian  header length H, 1 <= H <= Limits.MaxHeaderBytes
+//	H bytes            the header, a msgpack map (requestHeader or responseHeader)
+//	ArgLen bytes       the call's argument or result, msgpack
+//	BodyLen bytes      bulk tensor bytes, raw
+//
+// Bulk bytes never go inside msgpack: they are written straight from the
+// tensors to the stream and read straight into them.
+
+// requestHeader opens a call. Field names are the wire's; see protocol.md.
+type requestHeader struct {
+	Method    string `codec:"method"`
+	TimeoutUS int64  `codec:"timeout_us"` // the caller's remaining time; 0: none
+	ArgLen    int64  `codec:"arg_len"`
+	BodyLen   int64  `codec:"body_len"`
+}
+
+// responseHeader answers a call. Code 0 is success; otherwise Message says
+// what went wrong and ArgLen and BodyLen are 0.
+type responseHeader struct {
+	Code    uint8  `codec:"code"`
+	Message string `codec:"message"`
+	ArgLen  int64  `codec:"arg_len"`
+	BodyLen int64  `codec:"body_len"`
+}
+
+// errProtocol marks bytes that break the message format or the limits: the
+// connection they came on is closed.
+var errProtocol = errors.New("rpc: protocol violation")
+
+// handle is the one msgpack configuration of the package (go-msgpack's
+// handles are safe for concurrent use once set up). Schema-less maps decode
+// as map[string]any; raw strings stay []byte unless typed.
+var handle = func() *codec.MsgpackHandle {
+	h := &codec.MsgpackHandle{WriteExt: true}
+	h.MapType = reflect.TypeOf(map[string]any(nil))
+	h.RawToString = false
+	h.MaxDepth = 64
+	return h
+}()
+
+// encodeMsgpack returns v's msgpack encoding, reusing buf's memory.
+func encodeMsgpack(buf []byte, v any) ([]byte, error) {
+	buf = buf[:0]
+	enc := codec.NewEncoderBytes(&buf, handle)
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("rpc: encode %T: %w", v, err)
+	}
+	return buf, nil
+}
+
+// decodeMsgpack decodes b, which must hold exactly one value, into v.
+func decodeMsgpack(b []byte, v any) error {
+	dec := codec.NewDecoderBytes(b, handle)
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: decode %T: %v", errProtocol, v, err)
+	}
+	if dec.NumBytesRead() != len(b) {
+		return fmt.Errorf("%w: %d bytes after the %T", errProtocol, len(b)-dec.NumBytesRead(), v)
+	}
+	return nil
+}
+
+// writeFrame writes a message's length-prefixed header and its argument
+// bytes to w (the body follows separately).
+func writeFrame(w *bufio.Writer, hdr any, args []byte) error {
+	buf, err := encodeMsgpack(nil, hdr)
+	if err != nil {
+		return err
+	}
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(buf)))
+	if _, err := w.Write(n[:]); err != nil {
+		return err
+	}
+	if _, err := w.Write(buf); err != nil {
+		return err
+	}
+	_, err = w.Write(args)
+	return err
+}
+
+// readHeader reads a length-prefixed header into hdr. io.EOF means the
+// stream ended cleanly between messages. A length of 0 or above max is an
+// errProtocol before any of the header is read, so a peer claiming 4 GB
+// costs nothing.
+func readHeader(r *bufio.Reader, max int, hdr any) error {
+	var n [4]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return err
+	}
+	size := binary.BigEndian.Uint32(n[:])
+	if size == 0 || uint64(size) > uint64(max) {
+		return fmt.Errorf("%w: header of %d bytes (limit %d)", errProtocol, size, max)
+	}
+	b := make([]byte, size)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return unexpected(err)
+	}
+	return decodeMsgpack(b, hdr)
+}
+
+// readArgs reads n argument bytes, n already checked against the limit.
+func readArgs(r *bufio.Reader, n int64) ([]byte, error) {
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, unexpected(err)
+	}
+	return b, nil
+}
+
+// unexpected turns io.EOF inside a message into io.ErrUnexpectedEOF.
+func unexpected(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// checkLens checks a header's sizes against the limits.
+func checkLens(argLen, bodyLen int64, l *Limits) error {
+	if argLen < 0 || argLen > int64(l.MaxArgBytes) {
+		return fmt.Errorf("%w: argument of %d bytes (limit %d)", errProtocol, argLen, l.MaxArgBytes)
+	}
+	if bodyLen < 0 || bodyLen > l.MaxBodyBytes {
+		return fmt.Errorf("%w: body of %d bytes (limit %d)", errProtocol, bodyLen, l.MaxBodyBytes)
+	}
+	return nil
+}
