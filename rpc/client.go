@@ -187,7 +187,7 @@ func (c *Client) dial(ctx context.Context) (*clientConn, error) {
 		return fail(err)
 	}
 	rw.SetDeadline(time.Time{})
-	sess, err := yamux.Client(rw, c.o.yamuxConfig())
+	sess, err := yamux.Client(newFrameConn(rw), c.o.yamuxConfig())
 	if err != nil {
 		return fail(err)
 	}

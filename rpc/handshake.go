@@ -61,7 +61,7 @@ func newHello(fsid FSID, token []byte) (hello, error) {
 	return h, nil
 }
 
-func (h *hello) marshal() []byte {
+func (h hello) marshal() []byte {
 	b := make([]byte, helloSize)
 	copy(b, magic)
 	b[4] = h.version

@@ -297,7 +297,7 @@ func (s *Server) serveConn(conn net.Conn) {
 		return
 	}
 	rw.SetDeadline(time.Time{})
-	sess, err := yamux.Server(rw, s.o.yamuxConfig())
+	sess, err := yamux.Server(newFrameConn(rw), s.o.yamuxConfig())
 	if err != nil {
 		rw.Close()
 		return

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"sync"
 
 	"github.com/hashicorp/go-msgpack/v2/codec"
 )
@@ -53,10 +54,19 @@ var handle = func() *codec.MsgpackHandle {
 	return h
 }()
 
+// Encoders and decoders are costly to build (a third of a small call's
+// encoding time): they are pooled and reset for each value.
+var (
+	encoders = sync.Pool{New: func() any { return codec.NewEncoderBytes(new([]byte), handle) }}
+	decoders = sync.Pool{New: func() any { return codec.NewDecoderBytes(nil, handle) }}
+)
+
 // encodeMsgpack returns v's msgpack encoding, reusing buf's memory.
 func encodeMsgpack(buf []byte, v any) ([]byte, error) {
 	buf = buf[:0]
-	enc := codec.NewEncoderBytes(&buf, handle)
+	enc := encoders.Get().(*codec.Encoder)
+	defer encoders.Put(enc)
+	enc.ResetBytes(&buf)
 	if err := enc.Encode(v); err != nil {
 		return nil, fmt.Errorf("rpc: encode %T: %w", v, err)
 	}
@@ -65,7 +75,12 @@ func encodeMsgpack(buf []byte, v any) ([]byte, error) {
 
 // decodeMsgpack decodes b, which must hold exactly one value, into v.
 func decodeMsgpack(b []byte, v any) error {
-	dec := codec.NewDecoderBytes(b, handle)
+	dec := decoders.Get().(*codec.Decoder)
+	defer func() {
+		dec.ResetBytes(nil) // drop b
+		decoders.Put(dec)
+	}()
+	dec.ResetBytes(b)
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%w: decode %T: %v", errProtocol, v, err)
 	}
@@ -77,20 +92,14 @@ func decodeMsgpack(b []byte, v any) error {
 
 // writeFrame writes a message's length-prefixed header and its argument
 // bytes to w (the body follows separately).
-func writeFrame(w *bufio.Writer, hdr any, args []byte) error {
-	buf, err := encodeMsgpack(nil, hdr)
-	if err != nil {
-		return err
-	}
-	var n [4]byte
-	binary.BigEndian.PutUint32(n[:], uint32(len(buf)))
-	if _, err := w.Write(n[:]); err != nil {
-		return err
-	}
+func writeFrame(w *bufio.Writer, hdr header, args []byte) error {
+	var a [128]byte
+	buf := hdr.appendMsgpack(a[:4])
+	binary.BigEndian.PutUint32(buf, uint32(len(buf)-4))
 	if _, err := w.Write(buf); err != nil {
 		return err
 	}
-	_, err = w.Write(args)
+	_, err := w.Write(args)
 	return err
 }
 
@@ -98,7 +107,7 @@ func writeFrame(w *bufio.Writer, hdr any, args []byte) error {
 // stream ended cleanly between messages. A length of 0 or above max is an
 // errProtocol before any of the header is read, so a peer claiming 4 GB
 // costs nothing.
-func readHeader(r *bufio.Reader, max int, hdr any) error {
+func readHeader(r *bufio.Reader, max int, hdr header) error {
 	var n [4]byte
 	if _, err := io.ReadFull(r, n[:]); err != nil {
 		return err
@@ -107,11 +116,16 @@ func readHeader(r *bufio.Reader, max int, hdr any) error {
 	if size == 0 || uint64(size) > uint64(max) {
 		return fmt.Errorf("%w: header of %d bytes (limit %d)", errProtocol, size, max)
 	}
-	b := make([]byte, size)
+	var a [256]byte
+	b := a[:0]
+	if size > uint32(len(a)) {
+		b = make([]byte, size)
+	}
+	b = b[:size]
 	if _, err := io.ReadFull(r, b); err != nil {
 		return unexpected(err)
 	}
-	return decodeMsgpack(b, hdr)
+	return hdr.decodeMsgpack(b)
 }
 
 // readArgs reads n argument bytes, n already checked against the limit.

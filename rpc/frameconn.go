@@ -1,0 +1,153 @@
+package rpc
+
+import (
+	"encoding/binary"
+	"net"
+	"sync"
+)
+
+// frameConn is the connection under a yamux session, and batches yamux's
+// writes into fewer system calls.
+//
+// yamux writes each frame as two writes, its 12-byte header and then the
+// body, from one send loop. Unbatched, that is two system calls per frame
+// and, on loopback, two wake-ups of the reader: for small calls, most of
+// their cost. frameConn joins a data frame's header to its body (only data
+// frames, type 0, with a nonzero length are followed by a body: yamux
+// spec.md, "Framing"), queues small frames, and lets a flusher goroutine
+// write whatever has queued in one write, so frames of concurrent calls
+// share a system call, as gRPC's loopy writer does. A large frame is
+// written directly by the send loop, after what is queued, without a copy.
+type frameConn struct {
+	net.Conn
+	hdr  [yamuxHeaderSize]byte // a data frame's header, until its body comes
+	held bool
+
+	mu      sync.Mutex
+	cond    sync.Cond // signalled when a write ends
+	queue   []byte    // small frames waiting for the flusher
+	spare   []byte
+	writing bool // a write to Conn is in progress
+	err     error
+	kick    chan struct{}
+	done    chan struct{}
+	once    sync.Once
+}
+
+const (
+	yamuxHeaderSize = 12
+	yamuxTypeData   = 0
+	smallFrame      = 32 << 10 // frames up to this size are queued
+	maxQueue        = 1 << 20  // the send loop waits while this much is queued
+)
+
+func newFrameConn(c net.Conn) *frameConn {
+	f := &frameConn{Conn: c, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	f.cond.L = &f.mu
+	go f.flusher()
+	return f
+}
+
+// Write is called by yamux's send loop only.
+func (f *frameConn) Write(p []byte) (int, error) {
+	var hdr []byte
+	if f.held {
+		f.held = false
+		hdr = f.hdr[:]
+	} else if len(p) == yamuxHeaderSize && p[1] == yamuxTypeData && binary.BigEndian.Uint32(p[8:]) > 0 {
+		copy(f.hdr[:], p)
+		f.held = true
+		return len(p), nil
+	}
+	f.mu.Lock()
+	if len(hdr)+len(p) <= smallFrame {
+		for len(f.queue) >= maxQueue && f.err == nil {
+			f.cond.Wait()
+		}
+		err := f.err
+		if err == nil {
+			f.queue = append(append(f.queue, hdr...), p...)
+		}
+		f.mu.Unlock()
+		if err != nil {
+			return 0, err
+		}
+		select {
+		case f.kick <- struct{}{}:
+		default:
+		}
+		return len(p), nil
+	}
+	// A large frame: write it here, after the queue, in one writev.
+	for f.writing && f.err == nil {
+		f.cond.Wait()
+	}
+	if err := f.err; err != nil {
+		f.mu.Unlock()
+		return 0, err
+	}
+	queued := f.queue
+	f.queue, f.spare = f.spare[:0], nil
+	f.writing = true
+	f.mu.Unlock()
+	bufs := net.Buffers{queued, hdr, p}
+	_, err := bufs.WriteTo(f.Conn)
+	f.finish(queued, err)
+	if err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// flusher writes the queue whenever the send loop has added to it.
+func (f *frameConn) flusher() {
+	for {
+		select {
+		case <-f.kick:
+		case <-f.done:
+			return
+		}
+		f.mu.Lock()
+		for f.writing && f.err == nil {
+			f.cond.Wait()
+		}
+		if f.err != nil || len(f.queue) == 0 {
+			f.mu.Unlock()
+			continue
+		}
+		queued := f.queue
+		f.queue, f.spare = f.spare[:0], nil
+		f.writing = true
+		f.mu.Unlock()
+		_, err := f.Conn.Write(queued)
+		f.finish(queued, err)
+	}
+}
+
+// finish ends a write of buf, keeping buf for reuse and recording err.
+func (f *frameConn) finish(buf []byte, err error) {
+	f.mu.Lock()
+	f.writing = false
+	if f.spare == nil && cap(buf) <= 4*maxQueue {
+		f.spare = buf[:0]
+	}
+	if err != nil && f.err == nil {
+		f.err = err
+	}
+	f.cond.Broadcast()
+	f.mu.Unlock()
+}
+
+// Close stops the flusher and closes the connection.
+func (f *frameConn) Close() error {
+	f.once.Do(func() {
+		close(f.done)
+		f.mu.Lock()
+		if f.err == nil {
+			f.err = net.ErrClosed
+		}
+		f.cond.Broadcast()
+		f.mu.Unlock()
+	})
+	return f.Conn.Close()
+}
