@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets startChild re-execute the test binary as a server.
+func TestMain(m *testing.M) {
+	if a := os.Args; len(a) == 5 && a[1] == "--serve" && a[3] == "--listen" {
+		os.Exit(serveChild(a[2], a[4]))
+	}
+	os.Exit(m.Run())
+}
+
+// serveInProcess serves sys on a loopback listener in a goroutine until the
+// test ends, and returns its address.
+func serveInProcess(t *testing.T, sys system) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sys.serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("serve did not return after its context was cancelled")
+		}
+	})
+	return ln.Addr().String()
+}
+
+func dialInProcess(t *testing.T, name string) client {
+	t.Helper()
+	sys := registry[name]
+	addr := serveInProcess(t, sys)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := sys.dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestSystems runs every registered system through every workload, small.
+func TestSystems(t *testing.T) {
+	for _, name := range registered() {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			c := dialInProcess(t, name)
+
+			small, err := runSmall(ctx, c, smallCallers, 100*time.Millisecond)
+			if err != nil {
+				t.Fatalf("small: %v", err)
+			}
+			if small.calls == 0 || len(small.lat) != small.calls || small.callsPerS() <= 0 {
+				t.Errorf("small: %d calls, %d latencies, %.0f calls/s", small.calls, len(small.lat), small.callsPerS())
+			}
+			if small.elapsed < 100*time.Millisecond {
+				t.Errorf("small ran for %v, less than asked", small.elapsed)
+			}
+
+			payload := newBulkPayload(bulkBytes)
+			times, err := runBulk(ctx, []target{{name, c}}, payload, 1, 2)
+			if err != nil {
+				t.Fatalf("bulk: %v", err)
+			}
+			if len(times) != 1 || len(times[0]) != 2 || times[0][0] <= 0 {
+				t.Errorf("bulk times %v, want 2 positive", times)
+			}
+
+			for _, total := range []int64{8 << 20, 3<<20 + 12345, 100} {
+				if d, err := runStream(ctx, c, total, streamMsgSize); err != nil || d <= 0 {
+					t.Errorf("stream of %d bytes: %v, %v", total, d, err)
+				}
+			}
+
+			// The server verifies bulk payloads: wrong lengths and
+			// corrupted bytes fail, and the next good call succeeds.
+			corrupt := newBulkPayload(bulkBytes)
+			corrupt[3*sampleStride]++
+			for what, p := range map[string][]byte{
+				"one byte short":  payload[:bulkBytes-1],
+				"one byte long":   append(newBulkPayload(bulkBytes), 0),
+				"half":            payload[:bulkBytes/2],
+				"corrupted bytes": corrupt,
+			} {
+				err := c.bulk(ctx, p)
+				if err == nil {
+					t.Errorf("bulk of a payload %s: no error", what)
+				} else if !strings.Contains(err.Error(), errVerify.Error()) {
+					t.Errorf("bulk of a payload %s: %v, want a verification error from the server", what, err)
+				}
+			}
+			setBulkID(payload, 999)
+			if err := c.bulk(ctx, payload); err != nil {
+				t.Errorf("bulk after failed ones: %v", err)
+			}
+		})
+	}
+}
+
+func TestCheckBulk(t *testing.T) {
+	p := newBulkPayload(bulkBytes)
+	setBulkID(p, 42)
+	if id, err := checkBulk(p); err != nil || id != 42 {
+		t.Fatalf("checkBulk = %d, %v; want 42, nil", id, err)
+	}
+	if err := checkBulkAck(p, 42); err != nil {
+		t.Error(err)
+	}
+	if err := checkBulkAck(p, 41); !errors.Is(err, errVerify) {
+		t.Errorf("checkBulkAck of a wrong id: %v", err)
+	}
+	for _, n := range []int{0, 8, bulkBytes - 1} {
+		if _, err := checkBulk(p[:n]); !errors.Is(err, errVerify) {
+			t.Errorf("checkBulk of %d bytes: %v", n, err)
+		}
+	}
+	for _, i := range []int{sampleStride, 1000 * sampleStride, bulkBytes - 1} {
+		q := newBulkPayload(bulkBytes)
+		q[i] ^= 0xff
+		if _, err := checkBulk(q); !errors.Is(err, errVerify) {
+			t.Errorf("checkBulk with byte %d changed: %v", i, err)
+		}
+	}
+}
+
+func TestStreamCheck(t *testing.T) {
+	ring := streamRing(4 * sampleStride)
+	var s streamCheck
+	for k := range 6 {
+		if err := s.add(ring[k%streamRingLen]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.add(ring[6%streamRingLen][:5]); err != nil { // short: the last
+		t.Fatal(err)
+	}
+	if s.total() != 6*4*sampleStride+5 {
+		t.Errorf("total %d", s.total())
+	}
+	if err := s.add(ring[7%streamRingLen]); !errors.Is(err, errVerify) {
+		t.Errorf("a message after a short one: %v", err)
+	}
+
+	for what, msgs := range map[string][][]byte{
+		"out of order": {ring[0], ring[2]},
+		"longer":       {ring[0][:10], ring[1]},
+		"empty":        {ring[0], ring[1][:0]},
+		"corrupted":    {append([]byte{9}, ring[0][1:]...)},
+	} {
+		var s streamCheck
+		var err error
+		for _, m := range msgs {
+			if err = s.add(m); err != nil {
+				break
+			}
+		}
+		if !errors.Is(err, errVerify) {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	if err := checkStreamAck(10, 9); !errors.Is(err, errVerify) {
+		t.Errorf("checkStreamAck(10, 9) = %v", err)
+	}
+}
+
+func TestSmallReply(t *testing.T) {
+	req := []byte("0123456789abcdef")
+	if err := checkSmallReply(req, smallReply(req)); err != nil {
+		t.Error(err)
+	}
+	if err := checkSmallReply(req, req); !errors.Is(err, errVerify) {
+		t.Errorf("an echo passed: %v", err)
+	}
+	if err := checkSmallReply(req, smallReply(req)[:15]); !errors.Is(err, errVerify) {
+		t.Errorf("a short response passed: %v", err)
+	}
+}
+
+// TestChild runs a server the way the benchmark does: in a child process,
+// which stop kills and waits for.
+func TestChild(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ch, err := startChild(ctx, "tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := registry["tcp"].dial(ctx, ch.addr)
+	if err != nil {
+		ch.stop()
+		t.Fatal(err)
+	}
+	req := []byte("abcdefghijklmnop")
+	resp, err := c.small(ctx, req)
+	if err == nil {
+		err = checkSmallReply(req, resp)
+	}
+	if err != nil {
+		t.Error(err)
+	}
+	c.Close()
+	if err := ch.stop(); err != nil {
+		t.Errorf("stop: %v", err)
+	}
+	select {
+	case <-ch.done:
+	default:
+		t.Error("the child is still running after stop")
+	}
+	if _, err := startChild(ctx, "no-such-system"); err == nil {
+		t.Error("a child for an unknown system started")
+	}
+}
