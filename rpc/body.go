@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math/bits"
 	"sync"
 
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -124,3 +125,34 @@ type streamError struct{ err error }
 
 func (e *streamError) Error() string { return e.err.Error() }
 func (e *streamError) Unwrap() error { return e.err }
+
+// Buffers for tensors that arrive as bytes in handlers' arguments, pooled
+// by power-of-two size class: a 6 MB argument would otherwise cost a fresh
+// allocation, zeroed, and the garbage collector's time, on every call.
+var bufPools [41]sync.Pool
+
+// minPooled is the smallest buffer worth pooling.
+const minPooled = 64 << 10
+
+// getBuf returns a buffer of at least n bytes (contents undefined).
+func getBuf(n int) *[]byte {
+	if n < minPooled || n > 1<<40 {
+		b := make([]byte, n)
+		return &b
+	}
+	class := bits.Len(uint(n - 1))
+	if bp, ok := bufPools[class].Get().(*[]byte); ok {
+		return bp
+	}
+	b := make([]byte, 1<<class)
+	return &b
+}
+
+// putBuf returns a buffer from getBuf to its pool.
+func putBuf(bp *[]byte) {
+	c := cap(*bp)
+	if c < minPooled || c&(c-1) != 0 {
+		return
+	}
+	bufPools[bits.Len(uint(c-1))].Put(bp)
+}

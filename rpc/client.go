@@ -49,9 +49,20 @@ type clientConn struct {
 }
 
 type clientStream struct {
-	st *yamux.Stream
-	br *bufio.Reader
-	bw *bufio.Writer
+	st       *yamux.Stream
+	br       *bufio.Reader
+	bw       *bufio.Writer
+	deadline time.Time // the stream's deadline as last set
+	idle     time.Time // when it went back to the pool
+}
+
+// setDeadline sets the stream's deadline if it changed: yamux's deadlines
+// allocate, and most calls reuse the zero one.
+func (cs *clientStream) setDeadline(t time.Time) {
+	if !t.Equal(cs.deadline) {
+		cs.st.SetDeadline(t)
+		cs.deadline = t
+	}
 }
 
 // Dial connects to the node at addr ("host:port") and returns a Client for
@@ -63,6 +74,15 @@ type clientStream struct {
 // problem); ctx bounds the dial.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	c := &Client{addr: addr, o: newOptions(opts)}
+	if cfg := c.o.tls; cfg != nil && cfg.ServerName == "" && !cfg.InsecureSkipVerify {
+		// As tls.Dial does: verify the certificate against the name dialled.
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, Errorf(InvalidArgument, "address %q: %w", addr, err)
+		}
+		c.o.tls = cfg.Clone()
+		c.o.tls.ServerName = host
+	}
 	if c.o.root != "" {
 		dir, err := absRoot(c.o.root)
 		if err != nil {
@@ -196,21 +216,46 @@ func (c *Client) dial(ctx context.Context) (*clientConn, error) {
 	return &clientConn{sess: sess, link: link{shared: shared, root: c.root}}, nil
 }
 
-// stream returns an idle stream or opens one.
+// stream returns an idle stream the node still serves, or opens one.
 func (cc *clientConn) stream() (*clientStream, error) {
-	cc.mu.Lock()
-	if n := len(cc.idle); n > 0 {
+	for {
+		cc.mu.Lock()
+		n := len(cc.idle)
+		if n == 0 {
+			cc.mu.Unlock()
+			break
+		}
 		cs := cc.idle[n-1]
 		cc.idle = cc.idle[:n-1]
 		cc.mu.Unlock()
-		return cs, nil
+		if time.Since(cs.idle) < aliveCheckAfter || cs.alive() {
+			return cs, nil
+		}
+		cs.st.Close()
 	}
-	cc.mu.Unlock()
 	st, err := cc.sess.OpenStream()
 	if err != nil {
 		return nil, err
 	}
-	return &clientStream{st: st, br: bufio.NewReaderSize(st, 32<<10), bw: bufio.NewWriterSize(st, 32<<10)}, nil
+	return &clientStream{st: st, br: bufio.NewReaderSize(st, 32<<10), bw: bufio.NewWriterSize(frameWriter{st}, 32<<10)}, nil
+}
+
+// aliveCheckAfter is how long a stream may idle before it is checked with
+// alive on reuse (the check costs a timer; nodes idle streams out after
+// minutes, not seconds).
+const aliveCheckAfter = time.Second
+
+// alive reports whether an idle stream is still open at the node's end. The
+// node closes streams that idle past its IdleTimeout; such a stream reads
+// EOF at once, where a live one has nothing to read before the deadline.
+func (cs *clientStream) alive() bool {
+	if cs.br.Buffered() > 0 {
+		return false // bytes nobody asked for: the stream is out of step
+	}
+	cs.st.SetReadDeadline(time.Unix(1, 0))
+	_, err := cs.br.Peek(1)
+	cs.st.SetReadDeadline(time.Time{})
+	return errors.Is(err, yamux.ErrTimeout)
 }
 
 // put returns a stream that finished a call cleanly to the pool.
@@ -272,7 +317,7 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 	if hasDeadline {
 		hdr.TimeoutUS = max(int64(time.Until(deadline)/time.Microsecond), 1)
 	}
-	cs.st.SetDeadline(deadline)
+	cs.setDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() {
 		// Unblock this call's reads and writes now; closing the stream
 		// tells the node to cancel the handler.
@@ -284,7 +329,8 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 		ok = false // the stream was cut by the AfterFunc
 	}
 	if ok {
-		cs.st.SetDeadline(time.Time{})
+		cs.setDeadline(time.Time{})
+		cs.idle = time.Now()
 		cc.put(cs, c.o.maxIdle)
 	} else {
 		cs.st.Close()
@@ -319,7 +365,8 @@ func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, parts []bodyP
 		if rh.ArgLen != 0 || rh.BodyLen != 0 {
 			return false, Errorf(Internal, "%s: error response with a payload", hdr.Method)
 		}
-		return true, &Error{Code: Code(rh.Code), Msg: rh.Message}
+		// The node closes a stream it refused for being over its limit.
+		return Code(rh.Code) != ResourceExhausted, &Error{Code: Code(rh.Code), Msg: rh.Message}
 	}
 	if err := checkLens(rh.ArgLen, rh.BodyLen, lim); err != nil {
 		return false, err

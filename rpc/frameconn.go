@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"encoding/binary"
+	"io"
 	"net"
 	"sync"
 )
@@ -150,4 +151,26 @@ func (f *frameConn) Close() error {
 		f.mu.Unlock()
 	})
 	return f.Conn.Close()
+}
+
+// frameWriter splits writes to a yamux stream into frames of at most
+// maxFrame bytes. yamux sends a write as one frame, which its send loop
+// copies whole before writing it and the receiver buffers whole before
+// its reader sees a byte; with smaller frames the copies on both sides
+// overlap the transfer instead of adding to it.
+type frameWriter struct{ w io.Writer }
+
+const maxFrame = 512 << 10
+
+func (f frameWriter) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		k, err := f.w.Write(p[:min(len(p), maxFrame)])
+		n += k
+		if err != nil {
+			return n, err
+		}
+		p = p[k:]
+	}
+	return n, nil
 }

@@ -121,11 +121,11 @@ func decodeHeaderMap(b []byte, field func(key string, d *msgReader)) error {
 	d := &msgReader{b: b}
 	n := d.mapLen()
 	for i := 0; i < n && d.err == nil; i++ {
-		key := d.str()
+		key := d.strBytes()
 		if d.err != nil {
 			break
 		}
-		field(key, d)
+		field(string(key), d)
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.fail("%d bytes after the header", len(d.b))
@@ -195,7 +195,10 @@ func (d *msgReader) mapLen() int {
 	}
 }
 
-func (d *msgReader) str() string {
+func (d *msgReader) str() string { return string(d.strBytes()) }
+
+// strBytes returns a string's bytes, aliasing the input.
+func (d *msgReader) strBytes() []byte {
 	var n int
 	switch c := d.byte(); {
 	case c&0xe0 == 0xa0:
@@ -208,9 +211,9 @@ func (d *msgReader) str() string {
 		n = int(d.uint(4))
 	default:
 		d.fail("not a string (0x%02x)", c)
-		return ""
+		return nil
 	}
-	return string(d.take(n))
+	return d.take(n)
 }
 
 func (d *msgReader) int() int64 {

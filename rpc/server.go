@@ -54,6 +54,7 @@ type incoming struct {
 	body   *bodyReader
 	res    *resolver
 	held   []*mapping
+	bufs   []*[]byte // pooled buffers of the arguments' tensors
 }
 
 // outgoing is a handler's result: the response value (a pointer) and the
@@ -174,8 +175,8 @@ func (in *incoming) buildTDs(tds []*TD) error {
 	if need != in.body.n {
 		return Errorf(InvalidArgument, "%s: the TensorDicts need %d body bytes, the call has %d", in.method, need, in.body.n)
 	}
-	d := &decoded{}
-	defer func() { in.held = d.held }()
+	d := &decoded{pooled: true}
+	defer func() { in.held, in.bufs = d.held, d.bufs }()
 	for _, td := range tds {
 		if err := td.build(in.res, in.body.fill, d); err != nil {
 			return err
@@ -190,6 +191,10 @@ func (in *incoming) release() {
 		in.res.release(m)
 	}
 	in.held = nil
+	for _, bp := range in.bufs {
+		putBuf(bp)
+	}
+	in.bufs = nil
 }
 
 // Serve accepts connections on l and serves them until l fails or the
@@ -280,6 +285,9 @@ func (s *Server) serveConn(conn net.Conn) {
 	remote := conn.RemoteAddr().String()
 	log := s.o.log.With("peer", remote)
 	conn.SetDeadline(time.Now().Add(s.o.limits.HandshakeTimeout))
+	// Close must not wait for a peer that stalls in the handshake.
+	stop := context.AfterFunc(s.ctx, func() { conn.Close() })
+	defer stop()
 	var rw net.Conn = conn
 	if s.o.tls != nil {
 		tc := tls.Server(conn, s.o.tls)
@@ -340,9 +348,15 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 	over := pc.active.Add(1) > int32(s.o.limits.MaxStreamsPerPeer)
 	defer pc.active.Add(-1)
 	br := bufio.NewReaderSize(st, 32<<10)
-	bw := bufio.NewWriterSize(st, 32<<10)
+	bw := bufio.NewWriterSize(frameWriter{st}, 32<<10)
 	lim := &s.o.limits
-	st.SetReadDeadline(time.Now().Add(lim.IdleTimeout))
+	idle := lim.IdleTimeout
+	if over {
+		// A stream over the limit serves one refusal: it may not wait long
+		// for it, or a peer could hold any number of them open.
+		idle = lim.HandshakeTimeout
+	}
+	st.SetReadDeadline(time.Now().Add(idle))
 	for {
 		var hdr requestHeader
 		err := readHeader(br, lim.MaxHeaderBytes, &hdr)
@@ -357,7 +371,9 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 			return
 		}
 		// The rest of the request must arrive at 1 MB/s or better.
-		st.SetReadDeadline(time.Now().Add(lim.HandshakeTimeout + time.Duration(hdr.ArgLen+hdr.BodyLen)*time.Microsecond))
+		if rest := hdr.ArgLen + hdr.BodyLen; rest > int64(br.Buffered()) {
+			st.SetReadDeadline(time.Now().Add(lim.HandshakeTimeout + time.Duration(rest)*time.Microsecond))
+		}
 		args, err := readArgs(br, hdr.ArgLen)
 		if err != nil {
 			return
@@ -406,6 +422,10 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 	}
 }
 
+// smallResponse is the size under which a response is written without a
+// deadline: it fits in the window every stream starts with (256 KiB).
+const smallResponse = 128 << 10
+
 // decode looks up the method and decodes the call; over means the peer has
 // too many streams open and the call is refused.
 func (s *Server) decode(in *incoming, over bool) (func(context.Context) (outgoing, error), error) {
@@ -446,8 +466,12 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	} else {
 		hdr = responseHeader{ArgLen: int64(len(args)), BodyLen: bodySize(out.parts)}
 	}
-	st.SetWriteDeadline(time.Now().Add(s.o.limits.HandshakeTimeout + time.Duration(hdr.BodyLen)*time.Microsecond))
-	defer st.SetWriteDeadline(time.Time{})
+	if n := hdr.ArgLen + hdr.BodyLen; n > smallResponse {
+		// A response larger than yamux's first window can block on a
+		// caller that does not read it: bound the wait.
+		st.SetWriteDeadline(time.Now().Add(s.o.limits.HandshakeTimeout + time.Duration(n)*time.Microsecond))
+		defer st.SetWriteDeadline(time.Time{})
+	}
 	if err := writeFrame(bw, &hdr, args); err != nil {
 		return false
 	}

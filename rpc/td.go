@@ -33,9 +33,11 @@ import (
 // of len(Rows) rows with Rows set to 0, 1, ..., len(Rows)-1. A handler that
 // reads and writes TensorDict at Rows therefore works in both modes.
 //
-// A TD a handler receives is valid until the handler returns: its mapped
-// views are released then. Results are always sent as bytes and are the
-// caller's to keep.
+// A TD a handler receives is valid until the handler returns, like an
+// http.Request's body: its mapped views are released then, and the memory
+// of tensors that came as bytes is reused for later calls. A handler that
+// keeps data beyond its return copies it (Clone). Results are always sent
+// as bytes and are the caller's to keep.
 type TD struct {
 	*tensordict.TensorDict
 	Rows []int
@@ -284,10 +286,35 @@ func keyString(path []string) string {
 	return string(b)
 }
 
-// decoded is a TD made from its wire form on the receiving side, with the
-// mappings it holds until the call ends.
+// decoded is what TDs made from their wire form on the receiving side hold
+// until the call ends: mappings, and (when pooled) the buffers of tensors
+// that came as bytes. A nil *decoded allocates fresh memory for the caller
+// to keep.
 type decoded struct {
-	held []*mapping
+	held   []*mapping
+	pooled bool
+	bufs   []*[]byte
+}
+
+// newTensor returns a tensor in Go memory for bytes about to be read into
+// it: from the buffer pool when d is pooled (handlers' arguments, valid
+// until the handler returns), else freshly allocated.
+func (d *decoded) newTensor(dt memmap.DType, shape []int) (*tensordict.Tensor, error) {
+	if d == nil || !d.pooled {
+		return tensordict.Zeros(dt, shape...)
+	}
+	n, err := memmap.NumBytes(dt, shape)
+	if err != nil {
+		return nil, err
+	}
+	bp := getBuf(n)
+	x, err := tensordict.FromBytes(dt, shape, (*bp)[:n])
+	if err != nil {
+		putBuf(bp)
+		return nil, err
+	}
+	d.bufs = append(d.bufs, bp)
+	return x, nil
 }
 
 // build makes t.TensorDict from t.wire: references resolved through res
@@ -298,6 +325,17 @@ func (t *TD) build(res *resolver, next func(*tensordict.Tensor) error, d *decode
 	if w == nil {
 		t.TensorDict = nil
 		return nil
+	}
+	if w.Gathered {
+		// The receiver makes Rows 0..n-1 for n = Batch[0], which no bytes
+		// on the wire pay for: bound n by the rows' bytes in the body.
+		need, err := w.bytesSize()
+		if err != nil {
+			return err
+		}
+		if len(w.Batch) == 0 || w.Batch[0] > max(int(need), maxFreeRows) {
+			return Errorf(InvalidArgument, "TD of gathered rows with batch %v and %d bytes", w.Batch, need)
+		}
 	}
 	td, err := tensordict.New(w.Batch...)
 	if err != nil {
@@ -333,7 +371,7 @@ func (t *TD) build(res *resolver, next func(*tensordict.Tensor) error, d *decode
 					return Errorf(InvalidArgument, "TD %s: %w", keyString(e.Key), err)
 				}
 			} else {
-				if x, err = tensordict.Zeros(dt, e.Shape...); err != nil {
+				if x, err = d.newTensor(dt, e.Shape); err != nil {
 					return Errorf(InvalidArgument, "TD %s: %w", keyString(e.Key), err)
 				}
 				if err := next(x); err != nil {
@@ -363,6 +401,10 @@ func (t *TD) build(res *resolver, next func(*tensordict.Tensor) error, d *decode
 	}
 	return nil
 }
+
+// maxFreeRows is how many rows a TD of gathered rows may have beyond one a
+// byte of its body.
+const maxFreeRows = 1 << 20
 
 // bytesSize returns the body bytes t's wire form needs (its bytes-mode
 // tensors), with an error for shapes that overflow.

@@ -16,8 +16,10 @@ import (
 // write them. Small requests and responses are msgpack byte strings; bulk
 // payloads and stream messages are uint8 tensors in a TensorDict argument,
 // which (with no shared root) travel as raw bytes after the msgpack header.
-// The stream is a sequence of calls, one per message, each waiting for the
-// previous one's answer, so messages arrive in order.
+// The stream is a sequence of calls, one per message, with up to
+// twStreamWindow of them in flight (rpc.Go), as a user would pipeline them;
+// each carries its sequence number, and the server checks every message
+// against the tag its number gives, whatever order handlers run in.
 type tensorwireSystem struct{}
 
 func init() { register(tensorwireSystem{}) }
@@ -30,16 +32,40 @@ type twSmall struct {
 
 type twPayload struct {
 	Stream uint64 `codec:"stream"` // stream id; 0 for bulk
+	Seq    int64  `codec:"seq"`    // the message's number in its stream
 	Data   rpc.TD `codec:"data"`
 }
+
+// twStreamWindow is how many stream messages may be in flight at once.
+const twStreamWindow = 4
 
 type twAck struct {
 	N uint64 `codec:"n"` // the bulk id, or the stream's byte count so far
 }
 
 type twStreams struct {
-	mu     sync.Mutex
-	checks map[uint64]*streamCheck
+	mu sync.Mutex
+	m  map[uint64]*twStream
+}
+
+// twStream counts what a stream delivered.
+type twStream struct {
+	msgs, bytes int64
+}
+
+// checkStreamMessage checks message seq of a stream as streamCheck.add
+// does, by its number rather than its arrival order.
+func checkStreamMessage(seq int64, msg []byte) error {
+	tag := streamTag(seq)
+	for i := 0; i < len(msg); i += sampleStride {
+		if msg[i] != tag {
+			return fmt.Errorf("%w: stream message %d byte %d is %d, want %d", errVerify, seq, i, msg[i], tag)
+		}
+	}
+	if msg[len(msg)-1] != tag {
+		return fmt.Errorf("%w: stream message %d last byte is %d, want %d", errVerify, seq, msg[len(msg)-1], tag)
+	}
+	return nil
 }
 
 func (tensorwireSystem) serve(ctx context.Context, ln net.Listener) error {
@@ -47,7 +73,7 @@ func (tensorwireSystem) serve(ctx context.Context, ln net.Listener) error {
 	if err != nil {
 		return err
 	}
-	streams := &twStreams{checks: map[uint64]*streamCheck{}}
+	streams := &twStreams{m: map[uint64]*twStream{}}
 	rpc.Register(s, "small", func(_ context.Context, req twSmall) (twSmall, error) {
 		if len(req.B) != smallSize {
 			return twSmall{}, rpc.Errorf(rpc.InvalidArgument, "small request of %d bytes, want %d", len(req.B), smallSize)
@@ -71,22 +97,25 @@ func (tensorwireSystem) serve(ctx context.Context, ln net.Listener) error {
 			return twAck{}, err
 		}
 		streams.mu.Lock()
-		check := streams.checks[req.Stream]
-		if check == nil {
-			check = &streamCheck{}
-			streams.checks[req.Stream] = check
+		defer streams.mu.Unlock()
+		st := streams.m[req.Stream]
+		if st == nil {
+			st = &twStream{}
+			streams.m[req.Stream] = st
 		}
-		streams.mu.Unlock()
 		if len(b) == 0 { // the end of the stream: report and forget it
-			streams.mu.Lock()
-			delete(streams.checks, req.Stream)
-			streams.mu.Unlock()
-			return twAck{N: uint64(check.total())}, nil
+			delete(streams.m, req.Stream)
+			if st.msgs != req.Seq {
+				return twAck{}, rpc.Errorf(rpc.InvalidArgument, "%v: %d messages before message %d ended the stream", errVerify, st.msgs, req.Seq)
+			}
+			return twAck{N: uint64(st.bytes)}, nil
 		}
-		if err := check.add(b); err != nil {
+		if err := checkStreamMessage(req.Seq, b); err != nil {
 			return twAck{}, rpc.Errorf(rpc.InvalidArgument, "%v", err)
 		}
-		return twAck{N: uint64(check.total())}, nil
+		st.msgs++
+		st.bytes += int64(len(b))
+		return twAck{N: uint64(st.bytes)}, nil
 	})
 	stop := context.AfterFunc(ctx, func() { s.Close() })
 	defer stop()
@@ -154,18 +183,35 @@ func (c *twClient) bulk(ctx context.Context, payload []byte) error {
 
 func (c *twClient) stream(ctx context.Context, total int64, msgSize int) error {
 	id := rand.Uint64() | 1 // unique among the server's streams; never 0
+	var (
+		seq      int64
+		inflight []*rpc.Future[twAck]
+	)
+	wait := func(f *rpc.Future[twAck]) error { _, err := f.Wait(); return err }
 	err := sendStream(ctx, total, msgSize, func(msg []byte) error {
+		if len(inflight) == twStreamWindow {
+			if err := wait(inflight[0]); err != nil {
+				return err
+			}
+			inflight = inflight[1:]
+		}
 		td, err := payloadTD(msg)
 		if err != nil {
 			return err
 		}
-		_, err = rpc.Call[twAck](ctx, c.c, "stream", twPayload{Stream: id, Data: td})
-		return err
+		inflight = append(inflight, rpc.Go[twAck](ctx, c.c, "stream", twPayload{Stream: id, Seq: seq, Data: td}))
+		seq++
+		return nil
 	})
+	for _, f := range inflight { // every message answered before the end
+		if werr := wait(f); err == nil {
+			err = werr
+		}
+	}
 	if err != nil {
 		return err
 	}
-	ack, err := rpc.Call[twAck](ctx, c.c, "stream", twPayload{Stream: id})
+	ack, err := rpc.Call[twAck](ctx, c.c, "stream", twPayload{Stream: id, Seq: seq})
 	if err != nil {
 		return fmt.Errorf("end of stream: %w", err)
 	}
