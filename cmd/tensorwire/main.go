@@ -1,11 +1,12 @@
 // Command tensorwire works with memory-mapped TensorDict datasets stored in
-// PyTorch tensordict's on-disk format.
+// PyTorch tensordict's on-disk format, and serves them to other nodes.
 //
 // Usage:
 //
 //	tensorwire inspect [--json] [--stats] PREFIX
 //	tensorwire import idx [--force] --images F --labels F [--images F --labels F ...] PREFIX
 //	tensorwire import npy [--force] key=FILE.npy ... PREFIX
+//	tensorwire node --listen ADDR --root DIR [--token-file F] [--tls-cert F --tls-key F]
 //
 // Run "tensorwire help" for details. Progress and logs go to stderr, results
 // to stdout. The exit status is 0 on success, 1 on failure, 2 on bad usage.
@@ -29,7 +30,7 @@ type command struct {
 	run               func(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
-var commands = []command{inspectCmd, importCmd}
+var commands = []command{inspectCmd, importCmd, nodeCmd}
 
 // errUsage marks an error whose fix is a different command line.
 var errUsage = errors.New("usage")

@@ -4,16 +4,53 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
 // fixtures is the tensordict package's golden data, written as tensordict
 // writes it.
 const fixtures = "../../tensordict/testdata/golden"
+
+// binDir holds the command built once for the tests that run it as a
+// process (cliBinary); TestMain removes it.
+var (
+	binDir   string
+	binOnce  sync.Once
+	binPath  string
+	binError error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// cliBinary builds the command (once per test run) and returns its path.
+func cliBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		if binDir, binError = os.MkdirTemp("", "tensorwire-test-"); binError != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "tensorwire")
+		if out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput(); err != nil {
+			binError = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binError != nil {
+		t.Fatal(binError)
+	}
+	return binPath
+}
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
@@ -95,6 +132,12 @@ func TestRun_Errors(t *testing.T) {
 		{"import unknown format", []string{"import", "csv", "x"}, 2, "idx or npy"},
 		{"import idx unpaired", []string{"import", "idx", "--images", "a", "p"}, 2, "pairs"},
 		{"import npy bad arg", []string{"import", "npy", "nokey", "p"}, 2, "key=FILE.npy"},
+		{"node without root", []string{"node", "--listen", "127.0.0.1:0"}, 2, "missing --root"},
+		{"node without listen", []string{"node", "--root", t.TempDir()}, 2, "missing --listen"},
+		{"node tls cert alone", []string{"node", "--listen", "127.0.0.1:0", "--root", t.TempDir(), "--tls-cert", "c.pem"}, 2, "together"},
+		{"node empty token", []string{"node", "--listen", "127.0.0.1:0", "--root", t.TempDir(), "--token-file", tokenFile(t, "\n", 0o600)}, 1, "is empty"},
+		{"node world-readable token", []string{"node", "--listen", "127.0.0.1:0", "--root", t.TempDir(), "--token-file", tokenFile(t, "s3cret", 0o644)}, 1, "other users"},
+		{"node missing root", []string{"node", "--listen", "127.0.0.1:0", "--root", "/nonexistent/root"}, 1, "/nonexistent/root"},
 		{"import idx missing file", []string{"import", "idx", "--images", "/nonexistent/i", "--labels", "/nonexistent/l", filepath.Join(t.TempDir(), "p")}, 1, "/nonexistent/i"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -113,10 +156,7 @@ func TestBinary_ImportThenInspect(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "t10k-images-idx3-ubyte.gz")); err != nil {
 		t.Skipf("Debian package dataset-fashion-mnist is not installed (.ci/run installs it): %v", err)
 	}
-	bin := filepath.Join(t.TempDir(), "tensorwire")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := cliBinary(t)
 	prefix := filepath.Join(t.TempDir(), "fmnist")
 	imp := exec.Command(bin, "import", "idx",
 		"--images", filepath.Join(dir, "t10k-images-idx3-ubyte.gz"), "--labels", filepath.Join(dir, "t10k-labels-idx1-ubyte.gz"), prefix)

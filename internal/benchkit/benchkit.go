@@ -1,7 +1,8 @@
 // Package benchkit holds what the benchmarks (benchmarks/gather and the
 // testing.B benchmarks of memmap and tensordict) need to measure copies
 // fairly side by side: random distinct rows, buffers whose pages are already
-// touched, and a way to evict the CPU caches between timed operations.
+// touched, a way to evict the CPU caches between timed operations, and
+// (pages.go) a way to make a file that several processes map cold.
 package benchkit
 
 import (

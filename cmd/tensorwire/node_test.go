@@ -1,0 +1,265 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// tokenFile writes content to a new file of the given mode and returns its
+// path.
+func tokenFile(t *testing.T, content string, mode os.FileMode) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(p, []byte(content), mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, mode); err != nil { // whatever the umask
+		t.Fatal(err)
+	}
+	return p
+}
+
+// lockedBuffer collects a process's stderr while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// node is "tensorwire node" running as a process.
+type node struct {
+	addr   string
+	cmd    *exec.Cmd
+	stderr *lockedBuffer
+}
+
+// startNode runs the built command as "tensorwire node --listen
+// 127.0.0.1:0 ARGS..." and returns once it has printed its address. The
+// process is killed when the test ends if the test has not stopped it.
+func startNode(t *testing.T, args ...string) *node {
+	t.Helper()
+	cmd := exec.Command(cliBinary(t), append([]string{"node", "--listen", "127.0.0.1:0"}, args...)...)
+	n := &node{cmd: cmd, stderr: &lockedBuffer{}}
+	cmd.Stderr = n.stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(out).ReadString('\n')
+		line <- s
+	}()
+	select {
+	case s := <-line:
+		addr, ok := strings.CutPrefix(strings.TrimSuffix(s, "\n"), "listening on ")
+		if !ok {
+			t.Fatalf("first line %q is not \"listening on HOST:PORT\"; stderr:\n%s", s, n.stderr)
+		}
+		if _, port, err := net.SplitHostPort(addr); err != nil || port == "0" {
+			t.Fatalf("address %q: %v", addr, err)
+		}
+		n.addr = addr
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no address within 10 s; stderr:\n%s", n.stderr)
+	}
+	return n
+}
+
+// stop sends SIGTERM and checks that the node exits with status 0.
+func (n *node) stop(t *testing.T) {
+	t.Helper()
+	if err := n.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- n.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("after SIGTERM: %v; stderr:\n%s", err, n.stderr)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("still running 10 s after SIGTERM; stderr:\n%s", n.stderr)
+	}
+	if !strings.Contains(n.stderr.String(), "node stopped") {
+		t.Errorf("stderr lacks the stop log:\n%s", n.stderr)
+	}
+}
+
+func dialNode(t *testing.T, addr string, opts ...rpc.Option) (*rpc.Client, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := rpc.Dial(ctx, addr, opts...)
+	if err == nil {
+		t.Cleanup(func() { c.Close() })
+	}
+	return c, err
+}
+
+// TestNode_DescribeFillThenSIGTERM runs the seed scenario against the
+// command: node A (the test) creates a TensorDict under the shared root,
+// node B (the process) fills rows of it by reference, and SIGTERM stops B
+// with status 0.
+func TestNode_DescribeFillThenSIGTERM(t *testing.T) {
+	root := t.TempDir()
+	n := startNode(t, "--root", root, "--token-file", tokenFile(t, "s3cret\n", 0o600))
+	td, err := tensordict.Create(filepath.Join(root, "images"), []int{10},
+		tensordict.Field{Key: []string{"memmap"}, DType: memmap.Uint8, Shape: []int{10, 4, 4, 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer td.Close()
+	c, err := dialNode(t, n.addr, rpc.WithRoot(root), rpc.WithToken([]byte("s3cret")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if shared, err := c.SharedFS(ctx); !shared || err != nil {
+		t.Errorf("SharedFS = %v, %v; want true: the node and the test share the root", shared, err)
+	}
+	desc, err := c.Describe(ctx, "images")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(desc.Batch, []int{10}) || len(desc.Fields) != 1 || desc.Fields[0].DType != "torch.uint8" || desc.Bytes != 480 {
+		t.Errorf("Describe = %+v", desc)
+	}
+	if err := c.Fill(ctx, td, []int{0, 1, 9}, 1); err != nil {
+		t.Fatal(err)
+	}
+	x, _ := td.Tensor("memmap")
+	b, _ := x.Bytes()
+	for r := range 10 {
+		want := byte(0)
+		if r == 0 || r == 1 || r == 9 {
+			want = 1
+		}
+		if row := b[r*48 : (r+1)*48]; bytes.Count(row, []byte{want}) != 48 {
+			t.Errorf("row %d = %v, want all %d", r, row, want)
+		}
+	}
+	n.stop(t)
+	if _, err := c.Describe(ctx, "images"); !errors.Is(err, rpc.ErrUnavailable) {
+		t.Errorf("a call after the node stopped: %v, want Unavailable", err)
+	}
+}
+
+func TestNode_WrongToken(t *testing.T) {
+	n := startNode(t, "--root", t.TempDir(), "--token-file", tokenFile(t, "s3cret\n", 0o600))
+	for _, opts := range [][]rpc.Option{
+		{rpc.WithToken([]byte("wrong"))},
+		{rpc.WithToken([]byte("s3cret\n"))}, // the file's newline is not part of the token
+		nil,
+	} {
+		if _, err := dialNode(t, n.addr, opts...); !errors.Is(err, rpc.ErrUnauthenticated) {
+			t.Errorf("Dial = %v, want Unauthenticated", err)
+		}
+	}
+	if _, err := dialNode(t, n.addr, rpc.WithToken([]byte("s3cret"))); err != nil {
+		t.Errorf("Dial with the right token: %v", err)
+	}
+	if !strings.Contains(n.stderr.String(), "wrong token") {
+		t.Errorf("the node did not log the refusal:\n%s", n.stderr)
+	}
+	n.stop(t)
+}
+
+func TestNode_TLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, pool := selfSigned(t, dir)
+	n := startNode(t, "--root", dir, "--tls-cert", certFile, "--tls-key", keyFile)
+	c, err := dialNode(t, n.addr, rpc.WithTLS(&tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Describe(context.Background(), "missing"); !errors.Is(err, rpc.ErrNotFound) {
+		t.Errorf("Describe over TLS: %v, want NotFound", err)
+	}
+	if _, err := dialNode(t, n.addr, rpc.WithTLS(&tls.Config{RootCAs: x509.NewCertPool(), ServerName: "127.0.0.1"})); !errors.Is(err, rpc.ErrUnauthenticated) {
+		t.Errorf("Dial trusting another CA: %v, want Unauthenticated", err)
+	}
+	n.stop(t)
+}
+
+// selfSigned writes a self-signed certificate for 127.0.0.1 and its key to
+// dir and returns their paths and a pool that trusts the certificate.
+func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "tensorwire test"},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}

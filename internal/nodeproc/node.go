@@ -1,0 +1,140 @@
+// Package nodeproc runs a tensorwire node: an rpc.Server serving the
+// TensorDicts under a shared root. "tensorwire node" runs one with Run; the
+// examples and benchmarks start one in a child process with Start (node B
+// of the seed scenario), which re-executes the program itself and serves
+// through the same Run.
+package nodeproc
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+
+	"github.com/tensorwire/tensorwire/rpc"
+)
+
+// Config says how to run a node.
+type Config struct {
+	Listen    string // TCP address to listen on, "host:port"; port 0 picks a free one
+	Root      string // the shared root; "" serves only TensorDicts sent as bytes
+	TokenFile string // file holding the shared secret (see ReadToken); "" for none
+	TLSCert   string // PEM certificate and key files: both or neither
+	TLSKey    string
+	Log       *slog.Logger // where the node logs; nil: slog.Default()
+
+	// Register, when set, adds methods to the server before it serves.
+	Register func(*rpc.Server) error
+}
+
+// Run serves a node configured by cfg until ctx ends, then closes it: the
+// listener stops, calls in flight see their context end, and Run returns
+// nil once every handler has returned. ready, when not nil, is called with
+// the address the node listens on (the real port, for port 0) before the
+// first connection is accepted. A configuration error (a bad token file,
+// TLS files, root) is returned before anything listens.
+func Run(ctx context.Context, cfg Config, ready func(addr string)) error {
+	log := cfg.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	opts := []rpc.Option{rpc.WithLogger(log)}
+	if cfg.Root != "" {
+		// rpc's own error names only the first missing path component.
+		if fi, err := os.Stat(cfg.Root); err != nil {
+			return fmt.Errorf("root: %w", err)
+		} else if !fi.IsDir() {
+			return fmt.Errorf("root %s is not a directory", cfg.Root)
+		}
+		opts = append(opts, rpc.WithRoot(cfg.Root))
+	}
+	if cfg.TokenFile != "" {
+		token, err := ReadToken(cfg.TokenFile)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, rpc.WithToken(token))
+	}
+	if cfg.TLSCert != "" || cfg.TLSKey != "" {
+		if cfg.TLSCert == "" || cfg.TLSKey == "" {
+			return errors.New("TLS needs both a certificate and a key file")
+		}
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return fmt.Errorf("TLS: %w", err)
+		}
+		opts = append(opts, rpc.WithTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}))
+	}
+	srv, err := rpc.NewServer(opts...)
+	if err != nil {
+		return err
+	}
+	if cfg.Register != nil {
+		if err := cfg.Register(srv); err != nil {
+			srv.Close()
+			return err
+		}
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		srv.Close()
+		return err
+	}
+	addr := ln.Addr().String()
+	log.Info("node listening", "addr", addr, "root", cfg.Root, "fsid", srv.FSID(),
+		"token", cfg.TokenFile != "", "tls", cfg.TLSCert != "", "pid", os.Getpid())
+	if ready != nil {
+		ready(addr)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err = <-served:
+		srv.Close()
+		return fmt.Errorf("serve %s: %w", addr, err)
+	case <-ctx.Done():
+	}
+	log.Info("node stopping", "addr", addr)
+	err = srv.Close()
+	if serr := <-served; serr != nil && err == nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("closing the node: %w", err)
+	}
+	log.Info("node stopped", "addr", addr)
+	return nil
+}
+
+// ReadToken reads a shared secret from path: the file's bytes without
+// trailing newlines (CR or LF). It refuses a file that others (not the
+// owner, not the group) may read or write, as ssh refuses such keys, and a
+// token that is empty.
+func ReadToken(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("token file: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("token file: %w", err)
+	}
+	if perm := fi.Mode().Perm(); perm&0o007 != 0 {
+		return nil, fmt.Errorf("token file %s is accessible to other users (mode %#o): chmod o= %s", path, perm, path)
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fmt.Errorf("token file %s: %w", path, err)
+	}
+	token := bytes.TrimRight(b, "\r\n")
+	if len(token) == 0 {
+		return nil, fmt.Errorf("token file %s is empty", path)
+	}
+	return token, nil
+}

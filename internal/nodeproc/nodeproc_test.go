@@ -1,0 +1,139 @@
+package nodeproc
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// TestMain lets Start re-execute the test binary as a node.
+func TestMain(m *testing.M) {
+	MaybeRunChild(nil)
+	os.Exit(m.Run())
+}
+
+func TestReadToken(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(p, mode) // umask-free
+		return p
+	}
+	tok, err := ReadToken(write("ok", "s3cret\r\n\n", 0o600))
+	if err != nil || string(tok) != "s3cret" {
+		t.Errorf("ReadToken = %q, %v; want s3cret", tok, err)
+	}
+	if tok, err := ReadToken(write("group", " spaced token ", 0o640)); err != nil || string(tok) != " spaced token " {
+		t.Errorf("group-readable, inner spaces: %q, %v", tok, err)
+	}
+	for _, tc := range []struct{ name, content, want string }{
+		{"empty", "", "empty"},
+		{"newline", "\n", "empty"},
+		{"world", "s3cret\n", "other users"},
+	} {
+		mode := os.FileMode(0o600)
+		if tc.name == "world" {
+			mode = 0o644
+		}
+		if _, err := ReadToken(write(tc.name, tc.content, mode)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want one mentioning %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := ReadToken(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
+	}
+}
+
+func TestRun_StopsOnCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Config{Listen: "127.0.0.1:0", Root: t.TempDir(), Log: slog.New(slog.DiscardHandler)},
+			func(addr string) { addrs <- addr })
+	}()
+	addr := <-addrs
+	c, err := rpc.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Describe(ctx, "nothing"); !errors.Is(err, rpc.ErrNotFound) {
+		t.Errorf("Describe of a missing prefix: %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run after cancel: %v", err)
+	}
+}
+
+func TestRun_BadConfig(t *testing.T) {
+	for _, cfg := range []Config{
+		{Listen: "127.0.0.1:0", TLSCert: "cert.pem"},
+		{Listen: "127.0.0.1:0", TokenFile: filepath.Join(t.TempDir(), "missing")},
+		{Listen: "127.0.0.1:0", Root: filepath.Join(t.TempDir(), "missing")},
+		{Listen: "nohost"},
+	} {
+		called := false
+		if err := Run(context.Background(), cfg, func(string) { called = true }); err == nil || called {
+			t.Errorf("%+v: err %v, ready called %v", cfg, err, called)
+		}
+	}
+}
+
+// TestStart_FillThenStop runs node B in a child process, fills rows of a
+// TensorDict under the shared root through it, and stops it cleanly.
+func TestStart_FillThenStop(t *testing.T) {
+	root := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p, err := Start(ctx, Options{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rpc.Dial(ctx, p.Addr, rpc.WithRoot(root)); !errors.Is(err, rpc.ErrUnauthenticated) {
+		t.Errorf("dial without the token: %v, want Unauthenticated", err)
+	}
+	c, err := rpc.Dial(ctx, p.Addr, rpc.WithRoot(root), rpc.WithToken(p.Token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	td, err := tensordict.Create(filepath.Join(root, "td"), []int{6},
+		tensordict.Field{Key: []string{"x"}, DType: memmap.Float32, Shape: []int{6, 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer td.Close()
+	if shared, err := c.SharedFS(ctx); !shared || err != nil {
+		t.Fatalf("SharedFS = %v, %v", shared, err)
+	}
+	if err := c.Fill(ctx, td, []int{1, 4}, 2.5); err != nil {
+		t.Fatal(err)
+	}
+	x, _ := td.Tensor("x")
+	got, _ := tensordict.Values[float32](x)
+	for i, v := range got {
+		if want := map[bool]float32{true: 2.5}[i/3 == 1 || i/3 == 4]; v != want {
+			t.Fatalf("element %d = %v, want %v (all: %v)", i, v, want, got)
+		}
+	}
+	if err := p.Stop(); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+	if err := p.Stop(); err != nil {
+		t.Errorf("second Stop: %v", err)
+	}
+}
