@@ -1,0 +1,28 @@
+// Package rpc lets nodes call each other's functions on TensorDicts, shipping
+// references to memory-mapped files instead of their bytes when the nodes
+// share a filesystem, and the bytes when they do not.
+//
+// A node is a Server: handlers registered by name with typed requests and
+// responses (Register), served on a listener (Serve). A caller is a Client
+// (Dial), which calls them synchronously (Call) or asynchronously (Go).
+// Requests and responses are structs encoded with msgpack; a TD field in
+// them carries a TensorDict, as a reference (file path under the shared
+// root, dtype, shape, view) when both sides share the root's filesystem
+// identity (ReadFSID), and as raw bytes after the message otherwise. Every
+// Server also serves fill, read and describe (Client.Fill, Client.Read,
+// Client.ReadInto, Client.Describe).
+//
+// Connections start with a handshake (magic, version, an HMAC-SHA256
+// challenge-response when a token is configured, each side's filesystem
+// identity), optionally inside TLS, then carry a yamux session whose
+// streams carry the calls. docs/protocol.md specifies the bytes.
+//
+// Every call has the caller's deadline, and the handler's context ends
+// when the caller cancels or goes away. Errors carry gRPC's codes (Code,
+// *Error) and match with errors.Is (ErrInvalidArgument and the like).
+// A Server bounds what each peer may send (Limits) and keeps serving the
+// others when one misbehaves.
+package rpc
+
+// Empty is a request or response with no fields.
+type Empty struct{}

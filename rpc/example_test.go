@@ -1,0 +1,76 @@
+package rpc_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Scale multiplies rows of a TensorDict on the node that serves it.
+type Scale struct {
+	TD     rpc.TD  `codec:"td"`
+	Factor float64 `codec:"factor"`
+}
+
+// A node serves a handler that takes a TensorDict; a client on the same
+// filesystem calls it with a memory-mapped TensorDict, which travels as a
+// reference: the handler writes the caller's file directly.
+func Example() {
+	root, _ := os.MkdirTemp("", "rpc-example")
+	defer os.RemoveAll(root)
+	ctx := context.Background()
+
+	// Node B.
+	srv, _ := rpc.NewServer(rpc.WithRoot(root))
+	rpc.Register(srv, "scale", func(ctx context.Context, req Scale) (rpc.Empty, error) {
+		x, err := req.TD.Tensor("x")
+		if err != nil {
+			return rpc.Empty{}, err
+		}
+		vals, err := tensordict.Values[float32](x)
+		if err != nil {
+			return rpc.Empty{}, err
+		}
+		for _, r := range req.TD.Rows {
+			row, _ := x.Row(r)
+			if err := row.Fill([]int{0}, float64(vals[r])*req.Factor); err != nil {
+				return rpc.Empty{}, err
+			}
+		}
+		return rpc.Empty{}, nil
+	})
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	go srv.Serve(l)
+	defer srv.Close()
+
+	// Node A.
+	td, _ := tensordict.Create(filepath.Join(root, "data"), []int{4},
+		tensordict.Field{Key: []string{"x"}, DType: memmap.Float32, Shape: []int{4, 1}})
+	defer td.Close()
+	td.Fill([]int{0, 1, 2, 3}, 3)
+	c, err := rpc.Dial(ctx, l.Addr().String(), rpc.WithRoot(root))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+	shared, _ := c.SharedFS(ctx)
+	_, err = rpc.Call[rpc.Empty](ctx, c, "scale", Scale{TD: rpc.TD{TensorDict: td, Rows: []int{1, 3}, Out: true}, Factor: 2})
+	x, _ := td.Tensor("x")
+	vals, _ := tensordict.Values[float32](x)
+	fmt.Println("shared filesystem:", shared, "error:", err)
+	fmt.Println(vals)
+
+	_, err = rpc.Call[rpc.Empty](ctx, c, "scale", Scale{TD: rpc.TD{TensorDict: td, Rows: []int{7}}})
+	fmt.Println(err)
+	// Output:
+	// shared filesystem: true error: <nil>
+	// [3 6 3 6]
+	// rpc: InvalidArgument: TD rows: memmap: index out of range: row 7 (position 0) not in [0, 4)
+}
