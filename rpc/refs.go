@@ -25,7 +25,8 @@ import (
 type resolver struct {
 	root *os.Root
 	dir  string
-	max  int // mappings kept open when unused
+	max  int     // mappings kept open when unused
+	fsid *fileID // the root's FSIDFile, which no reference may name
 
 	mu    sync.Mutex
 	cache map[mapKey]*mapping
@@ -64,8 +65,17 @@ func newResolver(dir string, max int) (*resolver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rpc: root: %w", err)
 	}
-	return &resolver{root: root, dir: dir, max: max, cache: map[mapKey]*mapping{}}, nil
+	r := &resolver{root: root, dir: dir, max: max, cache: map[mapKey]*mapping{}}
+	if fi, err := root.Stat(FSIDFile); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			r.fsid = &fileID{dev: uint64(st.Dev), ino: st.Ino}
+		}
+	}
+	return r, nil
 }
+
+// fileID identifies a file whatever names it.
+type fileID struct{ dev, ino uint64 }
 
 // local checks that path (slash-separated) names something inside the
 // root, lexically, and returns it in the OS's form.
@@ -116,6 +126,11 @@ func (r *resolver) get(key mapKey, statName string, open func() (*mapping, error
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
 		return nil, Errorf(Internal, "%q: no inode", key.path)
+	}
+	if r.fsid != nil && *r.fsid == (fileID{uint64(st.Dev), st.Ino}) {
+		// Written through a reference, it would change the root's identity
+		// for every node that shares it.
+		return nil, Errorf(PermissionDenied, "reference %q: the shared root's identity file", key.path)
 	}
 	r.mu.Lock()
 	r.tick++
@@ -202,6 +217,8 @@ func (r *resolver) openError(path string, err error) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return Errorf(NotFound, "reference %q: no such file under the shared root", path)
+	case errors.Is(err, syscall.EISDIR):
+		return Errorf(InvalidArgument, "reference %q: a directory, not a tensor file", path)
 	case errors.Is(err, fs.ErrPermission), strings.Contains(err.Error(), "escapes"),
 		errors.Is(err, syscall.ELOOP):
 		return Errorf(PermissionDenied, "reference %q: %v", path, err)

@@ -67,17 +67,37 @@ type FieldInfo struct {
 }
 
 func registerServices(s *Server) {
-	Register(s, MethodFill, fill)
+	Register(s, MethodFill, func(ctx context.Context, req FillRequest) (FillResponse, error) {
+		return fill(ctx, req, s.o.limits.MaxBodyBytes)
+	})
 	Register(s, MethodRead, s.read)
 	Register(s, MethodDescribe, s.describe)
 }
 
-func fill(ctx context.Context, req FillRequest) (FillResponse, error) {
+// checkGather refuses to gather n rows of td when they would take more than
+// max bytes: the peer chooses the rows (repeats allowed), the node pays for
+// the memory.
+func checkGather(td *tensordict.TensorDict, n int, max int64) error {
+	if l := td.Len(); l > 0 {
+		if per := int64(td.NumBytes() / l); per > 0 && int64(n) > max/per {
+			return Errorf(ResourceExhausted, "%d rows of %d bytes are more than the %d-byte limit", n, per, max)
+		}
+	}
+	return nil
+}
+
+// fill serves MethodFill; maxBytes bounds the rows of Src it gathers.
+func fill(ctx context.Context, req FillRequest, maxBytes int64) (FillResponse, error) {
 	td := req.TD.TensorDict
 	if td == nil {
 		return FillResponse{}, Errorf(InvalidArgument, "fill: no TensorDict")
 	}
 	rows := req.TD.Rows
+	if rows == nil && td.NumBytes() == 0 {
+		// Nothing to write, and td.Len() is then bounded by no bytes: do
+		// not make a slice of that many rows.
+		return FillResponse{Rows: td.Len()}, nil
+	}
 	if rows == nil {
 		rows = make([]int, td.Len())
 		for i := range rows {
@@ -91,6 +111,9 @@ func fill(ctx context.Context, req FillRequest) (FillResponse, error) {
 	if req.Src != nil && req.Src.TensorDict != nil {
 		src := req.Src.TensorDict
 		if req.Src.Rows != nil {
+			if err := checkGather(src, len(req.Src.Rows), maxBytes); err != nil {
+				return FillResponse{}, err
+			}
 			if src, err = src.Gather(req.Src.Rows); err != nil {
 				return FillResponse{}, err
 			}
@@ -130,6 +153,9 @@ func (s *Server) read(ctx context.Context, req ReadRequest) (ReadResponse, error
 		for i := range rows {
 			rows[i] = i
 		}
+	}
+	if err := checkGather(td, len(rows), s.o.limits.MaxBodyBytes); err != nil {
+		return ReadResponse{}, err
 	}
 	if req.Into != nil && req.Into.TensorDict != nil {
 		dst := req.Into.TensorDict

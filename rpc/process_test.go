@@ -1,0 +1,257 @@
+package rpc
+
+// Tests with the peer in another process, killed with SIGKILL while a call
+// is in flight. The other process is this test binary run again with
+// -test.run=^TestHelperProcess$ and TENSORWIRE_TEST_HELPER saying what to
+// be: a node ("node") or a caller ("caller").
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Environment of a helper process.
+const (
+	envHelper = "TENSORWIRE_TEST_HELPER" // "node" or "caller"
+	envAddr   = "TENSORWIRE_TEST_ADDR"   // node: where to listen; caller: whom to call
+	envRoot   = "TENSORWIRE_TEST_ROOT"   // node: its root, if any
+)
+
+// methodSlow is the helper node's method that blocks until its caller goes
+// away; it prints "SLOW" when it starts.
+const methodSlow = "test.slow"
+
+// TestHelperProcess is not a test: it is the body of the helper processes,
+// and skips unless run as one.
+func TestHelperProcess(t *testing.T) {
+	switch os.Getenv(envHelper) {
+	case "node":
+		helperNode()
+	case "caller":
+		helperCaller()
+	default:
+		t.Skip("the body of a helper process")
+	}
+}
+
+// helperNode serves test.echo and test.slow on $TENSORWIRE_TEST_ADDR (or a
+// free port), prints "ADDR host:port", and serves until killed.
+func helperNode() {
+	var opts []Option
+	if root := os.Getenv(envRoot); root != "" {
+		opts = append(opts, WithRoot(root))
+	}
+	s, err := NewServer(opts...)
+	if err != nil {
+		helperFail(err)
+	}
+	Register(s, methodEcho, func(ctx context.Context, m echoMsg) (echoMsg, error) { return m, nil })
+	Register(s, methodSlow, func(ctx context.Context, m echoMsg) (echoMsg, error) {
+		fmt.Println("SLOW")
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Minute):
+		}
+		return m, ctx.Err()
+	})
+	addr := os.Getenv(envAddr)
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	// The port of a node just killed may take a moment to be free again.
+	var l net.Listener
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if l, err = net.Listen("tcp", addr); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		helperFail(err)
+	}
+	fmt.Println("ADDR", l.Addr())
+	helperFail(s.Serve(l))
+}
+
+// helperCaller dials $TENSORWIRE_TEST_ADDR, prints "CALLING" and calls
+// test.block, which does not return until the caller is killed.
+func helperCaller() {
+	c, err := Dial(context.Background(), os.Getenv(envAddr))
+	if err != nil {
+		helperFail(err)
+	}
+	fmt.Println("CALLING")
+	_, err = Call[echoMsg](context.Background(), c, methodBlock, echoMsg{})
+	helperFail(fmt.Errorf("test.block returned: %v", err))
+}
+
+func helperFail(err error) {
+	fmt.Fprintln(os.Stderr, "helper:", err)
+	os.Exit(3)
+}
+
+// helper is a running helper process.
+type helper struct {
+	cmd    *exec.Cmd
+	lines  chan string // its standard output, line by line
+	stderr *bytes.Buffer
+
+	waitOnce sync.Once
+	waitErr  error
+}
+
+// startHelper runs the helper process as role with env added. It is killed
+// and waited for when the test ends, whatever happens.
+func startHelper(t *testing.T, role string, env ...string) *helper {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), append([]string{envHelper + "=" + role}, env...)...)
+	h := &helper{cmd: cmd, lines: make(chan string, 16), stderr: new(bytes.Buffer)}
+	cmd.Stderr = h.stderr
+	out, err := cmd.StdoutPipe()
+	must(t, err)
+	must(t, cmd.Start())
+	t.Cleanup(func() {
+		h.kill()
+		if t.Failed() && h.stderr.Len() > 0 {
+			t.Logf("%s helper's stderr:\n%s", role, h.stderr)
+		}
+	})
+	go func() {
+		defer close(h.lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			h.lines <- sc.Text()
+		}
+	}()
+	return h
+}
+
+// expect waits up to 20 s for a line of output that starts with prefix and
+// returns the rest of it.
+func (h *helper) expect(t *testing.T, prefix string) string {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case line, ok := <-h.lines:
+			if !ok {
+				t.Fatalf("helper exited (%v) before printing %q; stderr:\n%s", h.wait(), prefix, h.stderr)
+			}
+			if rest, found := strings.CutPrefix(line, prefix); found {
+				return strings.TrimSpace(rest)
+			}
+		case <-timeout:
+			t.Fatalf("helper did not print %q within 20 s", prefix)
+		}
+	}
+}
+
+// kill sends SIGKILL and waits for the process to be gone; it returns when
+// it was killed.
+func (h *helper) kill() time.Time {
+	h.cmd.Process.Signal(syscall.SIGKILL)
+	at := time.Now()
+	h.wait()
+	return at
+}
+
+func (h *helper) wait() error {
+	h.waitOnce.Do(func() { h.waitErr = h.cmd.Wait() })
+	return h.waitErr
+}
+
+// TestClient_NodeKilled kills the node while a call is in flight: the call
+// fails with Unavailable at once, and once a node listens on the same
+// address again the same Client reaches it.
+func TestClient_NodeKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	node := startHelper(t, "node", envRoot+"="+t.TempDir())
+	addr := node.expect(t, "ADDR")
+	c := dial(t, addr)
+	echo(t, c)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	call := Go[echoMsg](ctx, c, methodSlow, echoMsg{})
+	node.expect(t, "SLOW")
+	killed := node.kill()
+	select {
+	case <-call.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the call in flight did not end within 5 s of the kill")
+	}
+	took := time.Since(killed)
+	if _, err := call.Wait(); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("the call in flight: %v, want Unavailable", err)
+	}
+	if took > 2*time.Second {
+		t.Fatalf("the call in flight failed %v after the kill, want under 2 s", took)
+	}
+	t.Logf("the call in flight failed %v after the kill", took)
+
+	// While the node is down, calls fail at once with Unavailable.
+	start := time.Now()
+	if _, err := Call[echoMsg](ctx, c, methodEcho, echoMsg{}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a call with the node down: %v, want Unavailable", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("a call with the node down took %v", took)
+	}
+
+	// A new node on the same address: the same Client dials it again.
+	node = startHelper(t, "node", envAddr+"="+addr)
+	if got := node.expect(t, "ADDR"); got != addr {
+		t.Fatalf("the new node listens on %s, want %s", got, addr)
+	}
+	echo(t, c)
+	call = Go[echoMsg](ctx, c, methodSlow, echoMsg{})
+	node.expect(t, "SLOW")
+	node.kill()
+	if _, err := call.Wait(); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("the call in flight on the second node: %v, want Unavailable", err)
+	}
+}
+
+// TestServer_CallerKilled kills a caller while its call runs: the handler's
+// context ends at once, and the node serves others.
+func TestServer_CallerKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	n := startTestNode(t)
+	caller := startHelper(t, "caller", envAddr+"="+n.addr)
+	caller.expect(t, "CALLING")
+	select {
+	case <-n.started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the caller's call did not start")
+	}
+	killed := caller.kill()
+	select {
+	case err := <-n.ended:
+		if err == nil {
+			t.Fatal("the handler returned without its context ending")
+		}
+		took := time.Since(killed)
+		if took > 2*time.Second {
+			t.Fatalf("the handler's context ended %v after the kill, want under 2 s", took)
+		}
+		t.Logf("the handler's context ended %v after the kill", took)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler's context did not end within 5 s of the kill")
+	}
+	echo(t, dial(t, n.addr))
+}
