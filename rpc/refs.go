@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -48,7 +49,9 @@ type mapping struct {
 	dev, ino uint64
 	refs     int
 	used     uint64
+	last     time.Time // last acquired
 	stale    bool
+	statName string // what get stats to validate the entry
 }
 
 func (m *mapping) close() {
@@ -121,6 +124,11 @@ func (r *resolver) acquireTD(prefix string) (*mapping, error) {
 func (r *resolver) get(key mapKey, statName string, open func() (*mapping, error)) (*mapping, error) {
 	fi, err := r.root.Stat(statName)
 	if err != nil {
+		r.mu.Lock()
+		if m := r.cache[key]; m != nil {
+			r.dropLocked(m) // the file is gone: free its mapping, and its disk space
+		}
+		r.mu.Unlock()
 		return nil, r.openError(key.path, err)
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
@@ -137,7 +145,7 @@ func (r *resolver) get(key mapKey, statName string, open func() (*mapping, error
 	if m := r.cache[key]; m != nil {
 		if m.dev == uint64(st.Dev) && m.ino == st.Ino {
 			m.refs++
-			m.used = r.tick
+			m.used, m.last = r.tick, time.Now()
 			r.mu.Unlock()
 			return m, nil
 		}
@@ -149,12 +157,12 @@ func (r *resolver) get(key mapKey, statName string, open func() (*mapping, error
 	if err != nil {
 		return nil, err
 	}
-	m.key, m.refs = key, 1
+	m.key, m.refs, m.statName = key, 1, statName
 	m.dev, m.ino = uint64(st.Dev), st.Ino
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	m.used = r.tick
+	m.used, m.last = r.tick, time.Now()
 	if old := r.cache[key]; old != nil {
 		r.dropLocked(old)
 	}
@@ -261,6 +269,37 @@ func (r *resolver) evictLocked() {
 			return // all in use
 		}
 		r.dropLocked(victim)
+	}
+}
+
+// sweep closes the idle mappings not used for idle, and those whose file
+// was deleted or replaced: a node must not keep a deleted 1 GB file's disk
+// space (or its page cache) for as long as it runs.
+func (r *resolver) sweep(idle time.Duration) {
+	r.mu.Lock()
+	var check []*mapping
+	for _, m := range r.cache {
+		switch {
+		case m.refs > 0:
+		case time.Since(m.last) > idle:
+			r.dropLocked(m)
+		default:
+			check = append(check, m)
+		}
+	}
+	r.mu.Unlock()
+	for _, m := range check {
+		fi, err := r.root.Stat(m.statName)
+		if err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && uint64(st.Dev) == m.dev && st.Ino == m.ino {
+				continue
+			}
+		}
+		r.mu.Lock()
+		if m.refs == 0 && !m.stale {
+			r.dropLocked(m)
+		}
+		r.mu.Unlock()
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -156,4 +157,47 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Helper()
 	w.t.Log(string(p))
 	return len(p), nil
+}
+
+// TestResolver_ReleasesDeletedFiles checks that a node does not keep a
+// deleted file mapped (and its disk space taken): the periodic sweep drops
+// it, and so does the next reference to its name.
+func TestResolver_ReleasesDeletedFiles(t *testing.T) {
+	root := t.TempDir()
+	s, addr := startServer(t, WithRoot(root))
+	c := dial(t, addr, WithRoot(root))
+	cached := func() int {
+		s.res.mu.Lock()
+		defer s.res.mu.Unlock()
+		return len(s.res.cache)
+	}
+	var tds []*tensordict.TensorDict
+	for _, name := range []string{"a", "b"} {
+		td := seedTD(t, filepath.Join(root, name), 4)
+		if err := c.Fill(context.Background(), td, []int{1}, 1); err != nil {
+			t.Fatal(err)
+		}
+		tds = append(tds, td)
+	}
+	if n := cached(); n != 2 {
+		t.Fatalf("%d mappings cached after two fills, want 2", n)
+	}
+	if err := os.RemoveAll(filepath.Join(root, "a")); err != nil {
+		t.Fatal(err)
+	}
+	s.res.sweep(time.Hour)
+	if n := cached(); n != 1 {
+		t.Fatalf("%d mappings cached after a file was deleted and swept, want 1", n)
+	}
+	if err := os.RemoveAll(filepath.Join(root, "b")); err != nil {
+		t.Fatal(err)
+	}
+	// A reference to the deleted name: NotFound, and its entry is gone
+	// without waiting for a sweep.
+	if err := c.Fill(context.Background(), tds[1], []int{1}, 1); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("fill of a deleted file: %v, want NotFound", err)
+	}
+	if n := cached(); n != 0 {
+		t.Fatalf("%d mappings cached after every file was deleted, want 0", n)
+	}
 }

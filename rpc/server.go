@@ -88,9 +88,31 @@ func NewServer(opts ...Option) (*Server, error) {
 		}
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if s.res != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			t := time.NewTicker(sweepEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-t.C:
+					s.res.sweep(mappingIdle)
+				case <-s.ctx.Done():
+					return
+				}
+			}
+		}()
+	}
 	registerServices(s)
 	return s, nil
 }
+
+// How often cached mappings are checked, and how long an unused one stays.
+const (
+	sweepEvery  = 10 * time.Second
+	mappingIdle = 5 * time.Minute
+)
 
 // absRoot returns dir as an absolute path with symlinks resolved.
 func absRoot(dir string) (string, error) {
@@ -99,7 +121,7 @@ func absRoot(dir string) (string, error) {
 		abs, err = filepath.EvalSymlinks(abs)
 	}
 	if err != nil {
-		return "", fmt.Errorf("rpc: root: %w", err)
+		return "", fmt.Errorf("rpc: root %q: %w", dir, err)
 	}
 	return abs, nil
 }
@@ -428,7 +450,7 @@ const smallResponse = 128 << 10
 
 // decode looks up the method and decodes the call; over means the peer has
 // too many streams open and the call is refused.
-func (s *Server) decode(in *incoming, over bool) (func(context.Context) (outgoing, error), error) {
+func (s *Server) decode(in *incoming, over bool) (run func(context.Context) (outgoing, error), err error) {
 	if over {
 		return nil, Errorf(ResourceExhausted, "more than %d concurrent calls from this peer", s.o.limits.MaxStreamsPerPeer)
 	}
@@ -438,6 +460,14 @@ func (s *Server) decode(in *incoming, over bool) (func(context.Context) (outgoin
 	if h == nil {
 		return nil, Errorf(Unimplemented, "no method %q", in.method)
 	}
+	defer func() {
+		// Decoding runs before any handler; a bug in it must cost one call,
+		// not the node (handlers are guarded the same way).
+		if p := recover(); p != nil {
+			run, err = nil, Errorf(Internal, "%s: decoding the call panicked: %v", in.method, p)
+			s.o.log.Error("rpc: decode panicked", "method", in.method, "panic", p, "stack", string(debug.Stack()))
+		}
+	}()
 	return h(in)
 }
 
