@@ -20,15 +20,10 @@ type benchPayload struct {
 // round trip from 16 goroutines, and a 6,144,000-byte request (5 rows of
 // 640x640x3) sent as bytes. Compare with benchmarks/rpc for grpc and raw TCP.
 func BenchmarkCall(b *testing.B) {
-	s, addr := startServer(&testing.T{})
-	defer s.Close()
+	s, addr := startServer(b)
 	Register(s, "echo", func(_ context.Context, m benchMsg) (benchMsg, error) { return m, nil })
 	Register(s, "sink", func(_ context.Context, p benchPayload) (benchMsg, error) { return benchMsg{}, nil })
-	c, err := Dial(context.Background(), addr)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(b, addr)
 	ctx := context.Background()
 
 	b.Run("small16", func(b *testing.B) {

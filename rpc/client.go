@@ -84,14 +84,10 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		c.o.tls.ServerName = host
 	}
 	if c.o.root != "" {
-		dir, err := absRoot(c.o.root)
-		if err != nil {
+		var err error
+		if c.root, c.fsid, err = openRoot(c.o.root); err != nil {
 			return nil, err
 		}
-		if c.fsid, err = ReadFSID(dir); err != nil {
-			return nil, err
-		}
-		c.root = dir
 	}
 	if _, err := c.conn(ctx); err != nil {
 		return nil, err
@@ -258,10 +254,13 @@ func (cs *clientStream) alive() bool {
 	return errors.Is(err, yamux.ErrTimeout)
 }
 
+// maxIdleStreams bounds the pool of idle streams per connection.
+const maxIdleStreams = 64
+
 // put returns a stream that finished a call cleanly to the pool.
-func (cc *clientConn) put(cs *clientStream, maxIdle int) {
+func (cc *clientConn) put(cs *clientStream) {
 	cc.mu.Lock()
-	if len(cc.idle) < maxIdle && !cc.sess.IsClosed() {
+	if len(cc.idle) < maxIdleStreams && !cc.sess.IsClosed() {
 		cc.idle = append(cc.idle, cs)
 		cs = nil
 	}
@@ -298,7 +297,7 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 			return err
 		}
 	}
-	args, err := encodeMsgpack(nil, req)
+	args, err := encodeMsgpack(req)
 	if err != nil {
 		return Errorf(InvalidArgument, "%s: %w", method, err)
 	}
@@ -331,7 +330,7 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 	if ok {
 		cs.setDeadline(time.Time{})
 		cs.idle = time.Now()
-		cc.put(cs, c.o.maxIdle)
+		cc.put(cs)
 	} else {
 		cs.st.Close()
 	}
@@ -395,7 +394,7 @@ func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, parts []bodyP
 // the response's own TDs.
 func readResultTDs(body *bodyReader, reqTDs, respTDs []*TD) error {
 	for _, td := range reqTDs {
-		if td.wire == nil || !td.wire.Out || td.byRef() {
+		if !td.wire.comesBack() {
 			continue
 		}
 		back := &TD{wire: td.wire}
@@ -407,7 +406,7 @@ func readResultTDs(body *bodyReader, reqTDs, respTDs []*TD) error {
 		}
 	}
 	for _, td := range respTDs {
-		if err := td.build(nil, body.fill, &decoded{}); err != nil {
+		if err := td.build(nil, body.fill, nil); err != nil {
 			return err
 		}
 	}

@@ -177,7 +177,7 @@ func rawSkipAuth(t *testing.T, addr, method string) {
 	defer conn.Close()
 	h, err := newHello(FSID{}, nil)
 	must(t, err)
-	args, err := encodeMsgpack(nil, echoMsg{})
+	args, err := encodeMsgpack(echoMsg{})
 	must(t, err)
 	var req bytes.Buffer
 	bw := bufio.NewWriter(&req)
@@ -360,7 +360,7 @@ func (p *rawPeer) expectSessionClosed(t *testing.T, d time.Duration) {
 // and body bytes on a new stream, and returns the response header.
 func (p *rawPeer) rawCall(t *testing.T, method string, arg any, body []byte) responseHeader {
 	t.Helper()
-	args, err := encodeMsgpack(nil, arg)
+	args, err := encodeMsgpack(arg)
 	must(t, err)
 	st := p.stream(t)
 	defer st.Close()
@@ -827,7 +827,7 @@ func framed(n uint32, b []byte) []byte {
 }
 
 func frameHdr(t *testing.T, h any) []byte {
-	b, err := encodeMsgpack(nil, h)
+	b, err := encodeMsgpack(h)
 	must(t, err)
 	return framed(uint32(len(b)), b)
 }
@@ -937,7 +937,7 @@ func TestServer_Garbage(t *testing.T) {
 // not run, and the server must neither hang nor keep the stream.
 func TestServer_TruncatedCall(t *testing.T) {
 	n := startTestNode(t)
-	args, err := encodeMsgpack(nil, echoMsg{N: 1})
+	args, err := encodeMsgpack(echoMsg{N: 1})
 	must(t, err)
 	for _, tc := range []struct {
 		name  string

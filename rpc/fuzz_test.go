@@ -269,7 +269,7 @@ func fuzzRoot(f *testing.F) (string, *resolver) {
 func FuzzWireTD(f *testing.F) {
 	root, res := fuzzRoot(f)
 	add := func(req fuzzRequest, body int) {
-		b, err := encodeMsgpack(nil, &req)
+		b, err := encodeMsgpack(&req)
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -442,7 +442,7 @@ func FuzzServerStream(f *testing.F) {
 	addr := ln.Addr().String()
 
 	encode := func(v any) []byte {
-		b, err := encodeMsgpack(nil, v)
+		b, err := encodeMsgpack(v)
 		if err != nil {
 			f.Fatal(err)
 		}

@@ -165,7 +165,7 @@ func TestGolden_FillByReference(t *testing.T) {
 		  a3 6f7574 c3
 		  a4 726f7773 92 00 d103e7
 		a5 76616c7565 cb 3ff0000000000000`)
-	got, err := encodeMsgpack(nil, &req)
+	got, err := encodeMsgpack(&req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestHeader_MatchesGoMsgpack(t *testing.T) {
 		{Method: strings.Repeat("y", 300), TimeoutUS: -200, ArgLen: 255, BodyLen: 1 << 33},
 	}
 	for _, h := range reqs {
-		want, err := encodeMsgpack(nil, &h)
+		want, err := encodeMsgpack(&h)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -205,7 +205,7 @@ func TestHeader_MatchesGoMsgpack(t *testing.T) {
 		}
 	}
 	resp := responseHeader{Code: 16, Message: "no", ArgLen: 3, BodyLen: 4}
-	want, _ := encodeMsgpack(nil, &resp)
+	want, _ := encodeMsgpack(&resp)
 	if got := resp.appendMsgpack(nil); !bytes.Equal(got, want) {
 		t.Errorf("response\n got %x\nwant %x", got, want)
 	}

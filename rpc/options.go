@@ -45,7 +45,6 @@ type options struct {
 	limits    Limits
 	window    uint32
 	keepAlive time.Duration
-	maxIdle   int
 }
 
 func newOptions(opts []Option) options {
@@ -54,7 +53,6 @@ func newOptions(opts []Option) options {
 		limits:    DefaultLimits(),
 		window:    16 << 20,
 		keepAlive: 10 * time.Second,
-		maxIdle:   64,
 	}
 	for _, opt := range opts {
 		opt(&o)
@@ -85,7 +83,9 @@ func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
 // closed, handler failures). The default discards. Both sides.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 
-// WithLimits sets the server's limits. Server.
+// WithLimits sets the limits: on a server, what peers may send it; on a
+// client, the header, result and body sizes it accepts in responses. Both
+// sides.
 func WithLimits(l Limits) Option { return func(o *options) { o.limits = l } }
 
 // WithWindow sets yamux's per-stream receive window (at least 256 KiB;

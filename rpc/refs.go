@@ -31,7 +31,6 @@ type resolver struct {
 
 	mu    sync.Mutex
 	cache map[mapKey]*mapping
-	tick  uint64
 }
 
 type mapKey struct {
@@ -46,12 +45,11 @@ type mapping struct {
 	mm       *memmap.Tensor
 	td       *tensordict.TensorDict
 	key      mapKey
-	dev, ino uint64
-	refs     int
-	used     uint64
-	last     time.Time // last acquired
-	stale    bool
+	id       fileID // the file statName named when it was opened
 	statName string // what get stats to validate the entry
+	refs     int
+	last     time.Time // last acquired: least recently used goes first
+	stale    bool
 }
 
 func (m *mapping) close() {
@@ -70,8 +68,8 @@ func newResolver(dir string, max int) (*resolver, error) {
 	}
 	r := &resolver{root: root, dir: dir, max: max, cache: map[mapKey]*mapping{}}
 	if fi, err := root.Stat(FSIDFile); err == nil {
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			r.fsid = &fileID{dev: uint64(st.Dev), ino: st.Ino}
+		if id, ok := fileIDOf(fi); ok {
+			r.fsid = &id
 		}
 	}
 	return r, nil
@@ -79,6 +77,14 @@ func newResolver(dir string, max int) (*resolver, error) {
 
 // fileID identifies a file whatever names it.
 type fileID struct{ dev, ino uint64 }
+
+func fileIDOf(fi fs.FileInfo) (fileID, bool) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileID{}, false
+	}
+	return fileID{uint64(st.Dev), st.Ino}, true
+}
 
 // local checks that path (slash-separated) names something inside the
 // root, lexically, and returns it in the OS's form.
@@ -131,21 +137,20 @@ func (r *resolver) get(key mapKey, statName string, open func() (*mapping, error
 		r.mu.Unlock()
 		return nil, r.openError(key.path, err)
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
+	id, ok := fileIDOf(fi)
 	if !ok {
 		return nil, Errorf(Internal, "%q: no inode", key.path)
 	}
-	if r.fsid != nil && *r.fsid == (fileID{uint64(st.Dev), st.Ino}) {
+	if r.fsid != nil && *r.fsid == id {
 		// Written through a reference, it would change the root's identity
 		// for every node that shares it.
 		return nil, Errorf(PermissionDenied, "reference %q: the shared root's identity file", key.path)
 	}
 	r.mu.Lock()
-	r.tick++
 	if m := r.cache[key]; m != nil {
-		if m.dev == uint64(st.Dev) && m.ino == st.Ino {
+		if m.id == id {
 			m.refs++
-			m.used, m.last = r.tick, time.Now()
+			m.last = time.Now()
 			r.mu.Unlock()
 			return m, nil
 		}
@@ -157,12 +162,11 @@ func (r *resolver) get(key mapKey, statName string, open func() (*mapping, error
 	if err != nil {
 		return nil, err
 	}
-	m.key, m.refs, m.statName = key, 1, statName
-	m.dev, m.ino = uint64(st.Dev), st.Ino
+	m.key, m.id, m.statName, m.refs = key, id, statName, 1
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	m.used, m.last = r.tick, time.Now()
+	m.last = time.Now()
 	if old := r.cache[key]; old != nil {
 		r.dropLocked(old)
 	}
@@ -261,7 +265,7 @@ func (r *resolver) evictLocked() {
 	for len(r.cache) > r.max {
 		var victim *mapping
 		for _, m := range r.cache {
-			if m.refs == 0 && (victim == nil || m.used < victim.used) {
+			if m.refs == 0 && (victim == nil || m.last.Before(victim.last)) {
 				victim = m
 			}
 		}
@@ -289,9 +293,8 @@ func (r *resolver) sweep(idle time.Duration) {
 	}
 	r.mu.Unlock()
 	for _, m := range check {
-		fi, err := r.root.Stat(m.statName)
-		if err == nil {
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok && uint64(st.Dev) == m.dev && st.Ino == m.ino {
+		if fi, err := r.root.Stat(m.statName); err == nil {
+			if id, ok := fileIDOf(fi); ok && id == m.id {
 				continue
 			}
 		}

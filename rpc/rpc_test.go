@@ -15,7 +15,7 @@ import (
 )
 
 // startServer serves s on a loopback listener until the test ends.
-func startServer(t *testing.T, opts ...Option) (*Server, string) {
+func startServer(t testing.TB, opts ...Option) (*Server, string) {
 	t.Helper()
 	opts = append([]Option{WithLogger(slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})))}, opts...)
 	s, err := NewServer(opts...)
@@ -37,7 +37,7 @@ func startServer(t *testing.T, opts ...Option) (*Server, string) {
 	return s, l.Addr().String()
 }
 
-func dial(t *testing.T, addr string, opts ...Option) *Client {
+func dial(t testing.TB, addr string, opts ...Option) *Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -151,7 +151,7 @@ func TestFill_OutOfRangeChangesNothing(t *testing.T) {
 }
 
 // testWriter sends log lines to t.Log.
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Helper()

@@ -76,13 +76,11 @@ func NewServer(opts ...Option) (*Server, error) {
 		conns:     map[*peerConn]struct{}{},
 	}
 	if s.o.root != "" {
-		dir, err := absRoot(s.o.root)
+		dir, fsid, err := openRoot(s.o.root)
 		if err != nil {
 			return nil, err
 		}
-		if s.fsid, err = ReadFSID(dir); err != nil {
-			return nil, err
-		}
+		s.fsid = fsid
 		if s.res, err = newResolver(dir, 1024); err != nil {
 			return nil, err
 		}
@@ -90,22 +88,26 @@ func NewServer(opts ...Option) (*Server, error) {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if s.res != nil {
 		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			t := time.NewTicker(sweepEvery)
-			defer t.Stop()
-			for {
-				select {
-				case <-t.C:
-					s.res.sweep(mappingIdle)
-				case <-s.ctx.Done():
-					return
-				}
-			}
-		}()
+		go s.sweep()
 	}
 	registerServices(s)
 	return s, nil
+}
+
+// sweep has the resolver drop mappings of deleted files and long-unused
+// ones until the server closes.
+func (s *Server) sweep() {
+	defer s.wg.Done()
+	t := time.NewTicker(sweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			s.res.sweep(mappingIdle)
+		case <-s.ctx.Done():
+			return
+		}
+	}
 }
 
 // How often cached mappings are checked, and how long an unused one stays.
@@ -114,16 +116,18 @@ const (
 	mappingIdle = 5 * time.Minute
 )
 
-// absRoot returns dir as an absolute path with symlinks resolved.
-func absRoot(dir string) (string, error) {
+// openRoot returns the shared root dir as an absolute path with symlinks
+// resolved, and its filesystem identity (created if it has none).
+func openRoot(dir string) (string, FSID, error) {
 	abs, err := filepath.Abs(dir)
 	if err == nil {
 		abs, err = filepath.EvalSymlinks(abs)
 	}
 	if err != nil {
-		return "", fmt.Errorf("rpc: root %q: %w", dir, err)
+		return "", FSID{}, fmt.Errorf("rpc: root %q: %w", dir, err)
 	}
-	return abs, nil
+	id, err := ReadFSID(abs)
+	return abs, id, err
 }
 
 // FSID returns the identity of the server's root, or the zero FSID.
@@ -152,7 +156,7 @@ func Register[Req, Resp any](s *Server, method string, fn func(ctx context.Conte
 			defer func() {
 				if p := recover(); p != nil {
 					err = Errorf(Internal, "%s: handler panicked: %v", method, p)
-					slog.Default().Error("rpc handler panicked", "method", method, "panic", p, "stack", string(debug.Stack()))
+					s.o.log.Error("rpc: handler panicked", "method", method, "panic", p, "stack", string(debug.Stack()))
 				}
 			}()
 			resp, err := fn(ctx, *req)
@@ -411,12 +415,7 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 			in.release()
 			return
 		}
-		ctx, cancel := s.ctx, context.CancelFunc(func() {})
-		if hdr.TimeoutUS > 0 {
-			ctx, cancel = context.WithTimeout(ctx, time.Duration(hdr.TimeoutUS)*time.Microsecond)
-		} else {
-			ctx, cancel = context.WithCancel(ctx)
-		}
+		ctx, cancel := callContext(s.ctx, hdr.TimeoutUS)
 		st.SetReadDeadline(time.Time{})
 		done := make(chan bool, 1)
 		go func() {
@@ -442,6 +441,15 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 			return
 		}
 	}
+}
+
+// callContext returns the context of a call with the caller's remaining
+// time (none when 0).
+func callContext(parent context.Context, timeoutUS int64) (context.Context, context.CancelFunc) {
+	if timeoutUS > 0 {
+		return context.WithTimeout(parent, time.Duration(timeoutUS)*time.Microsecond)
+	}
+	return context.WithCancel(parent)
 }
 
 // smallResponse is the size under which a response is written without a
@@ -482,7 +490,7 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	var hdr responseHeader
 	var args []byte
 	if err == nil {
-		if args, err = encodeMsgpack(nil, out.resp); err != nil {
+		if args, err = encodeMsgpack(out.resp); err != nil {
 			err = Errorf(Internal, "%s: %v", in.method, err)
 		}
 	}

@@ -99,10 +99,7 @@ func fill(ctx context.Context, req FillRequest, maxBytes int64) (FillResponse, e
 		return FillResponse{Rows: td.Len()}, nil
 	}
 	if rows == nil {
-		rows = make([]int, td.Len())
-		for i := range rows {
-			rows[i] = i
-		}
+		rows = allRows(td.Len())
 	}
 	if err := ctx.Err(); err != nil {
 		return FillResponse{}, err
@@ -149,40 +146,35 @@ func (s *Server) read(ctx context.Context, req ReadRequest) (ReadResponse, error
 	defer release()
 	rows := req.Rows
 	if rows == nil {
-		rows = make([]int, td.Len())
-		for i := range rows {
-			rows[i] = i
+		rows = allRows(td.Len())
+	}
+	var (
+		dst     *tensordict.TensorDict
+		dstRows []int
+	)
+	if req.Into != nil && req.Into.TensorDict != nil {
+		dst, dstRows = req.Into.TensorDict, req.Into.Rows
+		if dstRows == nil {
+			dstRows = allRows(len(rows))
+		}
+		if len(dstRows) != len(rows) {
+			return ReadResponse{}, Errorf(InvalidArgument, "read: %d rows into %d", len(rows), len(dstRows))
 		}
 	}
 	if err := checkGather(td, len(rows), s.o.limits.MaxBodyBytes); err != nil {
 		return ReadResponse{}, err
 	}
-	if req.Into != nil && req.Into.TensorDict != nil {
-		dst := req.Into.TensorDict
-		dstRows := req.Into.Rows
-		if dstRows == nil {
-			dstRows = make([]int, len(rows))
-			for i := range dstRows {
-				dstRows[i] = i
-			}
-		}
-		if len(dstRows) != len(rows) {
-			return ReadResponse{}, Errorf(InvalidArgument, "read: %d rows into %d", len(rows), len(dstRows))
-		}
-		got, err := td.Gather(rows)
-		if err != nil {
-			return ReadResponse{}, fmt.Errorf("read %q: %w", req.Prefix, err)
-		}
-		if err := dst.SetRows(dstRows, got); err != nil {
-			return ReadResponse{}, fmt.Errorf("read %q into: %w", req.Prefix, err)
-		}
-		return ReadResponse{Rows: len(rows)}, nil
-	}
 	got, err := td.Gather(rows)
 	if err != nil {
 		return ReadResponse{}, fmt.Errorf("read %q: %w", req.Prefix, err)
 	}
-	return ReadResponse{TD: Ref(got), Rows: len(rows)}, nil
+	if dst == nil {
+		return ReadResponse{TD: Ref(got), Rows: len(rows)}, nil
+	}
+	if err := dst.SetRows(dstRows, got); err != nil {
+		return ReadResponse{}, fmt.Errorf("read %q into: %w", req.Prefix, err)
+	}
+	return ReadResponse{Rows: len(rows)}, nil
 }
 
 func (s *Server) describe(ctx context.Context, req DescribeRequest) (DescribeResponse, error) {

@@ -100,35 +100,44 @@ func (t *TD) CodecDecodeSelf(d *codec.Decoder) {
 }
 
 var (
-	tdType    = reflect.TypeFor[TD]()
-	tdTypes   sync.Map // reflect.Type -> bool: can a value of the type hold a TD?
-	errMapsTD = errors.New("rpc: a TD inside a map or interface cannot be sent")
+	tdType  = reflect.TypeFor[TD]()
+	tdTypes sync.Map // reflect.Type -> bool: can a value of the type hold a TD?
 )
 
 // holdsTD reports whether values of type t can contain a TD that findTDs
-// would reach.
+// would reach. Only complete answers are cached: a type met again while its
+// own answer is being worked out (a recursive type) counts as false inside
+// that search, which is right for the type the search started from but not
+// necessarily for the inner one, so inner answers are not kept.
 func holdsTD(t reflect.Type) bool {
 	if v, ok := tdTypes.Load(t); ok {
 		return v.(bool)
 	}
-	tdTypes.Store(t, false) // breaks cycles of recursive types
-	var r bool
+	r := searchTD(t, map[reflect.Type]bool{})
+	tdTypes.Store(t, r)
+	return r
+}
+
+func searchTD(t reflect.Type, visiting map[reflect.Type]bool) bool {
+	if t == tdType {
+		return true
+	}
+	if visiting[t] {
+		return false
+	}
+	visiting[t] = true
+	defer delete(visiting, t)
 	switch t.Kind() {
 	case reflect.Struct:
-		if t == tdType {
-			r = true
-			break
-		}
 		for i := range t.NumField() {
-			if f := t.Field(i); f.IsExported() && holdsTD(f.Type) {
-				r = true
+			if f := t.Field(i); f.IsExported() && searchTD(f.Type, visiting) {
+				return true
 			}
 		}
 	case reflect.Pointer, reflect.Slice, reflect.Array:
-		r = holdsTD(t.Elem())
+		return searchTD(t.Elem(), visiting)
 	}
-	tdTypes.Store(t, r)
-	return r
+	return false
 }
 
 // findTDs appends every TD reachable from v (addressable) to out, in a fixed
@@ -178,8 +187,8 @@ func (p bodyPart) size() int64 {
 	return int64(len(p.rows)) * int64(p.t.RowBytes())
 }
 
-// prepare sets t's wire form for sending over l and appends the parts of
-// the body it needs. byRef may be false to force bytes (results).
+// prepare sets t's wire form for sending over l, by reference if it can,
+// and appends the body parts the bytes form needs.
 func (t *TD) prepare(l link, parts []bodyPart) ([]bodyPart, error) {
 	if t.TensorDict == nil {
 		t.wire = nil
@@ -190,18 +199,8 @@ func (t *TD) prepare(l link, parts []bodyPart) ([]bodyPart, error) {
 			return parts, Errorf(InvalidArgument, "TD rows: %w", err)
 		}
 	}
-	if l.shared && l.root != "" {
-		if w, ok := t.refWire(l.root); ok {
-			t.wire = w
-			return parts, nil
-		}
-	}
-	w := &wireTD{Batch: t.BatchSize(), Out: t.Out}
-	gather := t.Rows != nil
-	if gather {
-		w.Gathered = true
-		w.Batch[0] = len(t.Rows)
-	}
+	w := &wireTD{Batch: t.BatchSize(), Rows: t.Rows, Out: t.Out}
+	var leaves []*tensordict.Tensor // the tensors, in the order of their entries
 	for path, v := range t.Items() {
 		e := wireEntry{Key: path}
 		switch v := v.(type) {
@@ -209,57 +208,58 @@ func (t *TD) prepare(l link, parts []bodyPart) ([]bodyPart, error) {
 			e.Kind, e.Shape = kindDict, v.BatchSize()
 		case *tensordict.Tensor:
 			e.Kind, e.DType, e.Shape = kindTensor, v.DType().String(), v.Shape()
-			p := bodyPart{t: v}
-			if gather {
-				p.rows = t.Rows
-			}
-			parts = append(parts, p)
+			leaves = append(leaves, v)
 		case *tensordict.NonTensor:
 			b, err := json.Marshal(v.Data)
 			if err != nil {
-				return parts, Errorf(InvalidArgument, "TD %q: non-tensor data: %w", keyString(path), err)
+				return parts, Errorf(InvalidArgument, "TD %s: non-tensor data: %w", keyString(path), err)
 			}
 			e.Kind, e.Data = kindData, b
-		}
-		if gather && e.Kind != kindData {
-			e.Shape[0] = len(t.Rows)
 		}
 		w.Entries = append(w.Entries, e)
 	}
 	t.wire = w
+	if l.shared && l.root != "" && w.setRefs(leaves, l.root) {
+		return parts, nil
+	}
+	// By bytes: every tensor, or only the rows the call works on.
+	for _, x := range leaves {
+		parts = append(parts, bodyPart{t: x, rows: t.Rows})
+	}
+	if t.Rows != nil {
+		w.Gathered, w.Rows = true, nil
+		for i := range w.Entries {
+			if w.Entries[i].Kind != kindData {
+				w.Entries[i].Shape[0] = len(t.Rows)
+			}
+		}
+		w.Batch[0] = len(t.Rows)
+	}
 	return parts, nil
 }
 
-// refWire returns t's wire form by reference, or false if some leaf is not
-// a mapping of a file under root.
-func (t *TD) refWire(root string) (*wireTD, bool) {
-	w := &wireTD{Batch: t.BatchSize(), Rows: t.Rows, Out: t.Out}
-	for path, v := range t.Items() {
-		e := wireEntry{Key: path}
-		switch v := v.(type) {
-		case *tensordict.TensorDict:
-			e.Kind, e.Shape = kindDict, v.BatchSize()
-		case *tensordict.Tensor:
-			mm, off := v.Mapping()
-			if mm == nil {
-				return nil, false
-			}
-			rel, ok := relPath(root, mm.Path())
-			if !ok {
-				return nil, false
-			}
-			e.Kind, e.DType, e.Shape = kindTensor, v.DType().String(), v.Shape()
-			e.Ref = &wireRef{Path: rel, File: mm.Shape(), Offset: off}
-		case *tensordict.NonTensor:
-			b, err := json.Marshal(v.Data)
-			if err != nil {
-				return nil, false
-			}
-			e.Kind, e.Data = kindData, b
+// setRefs makes w's tensor entries references to the files of leaves (in
+// entry order) under root, and reports whether it could: every leaf must
+// be a mapping of a file inside root. On false, w is unchanged.
+func (w *wireTD) setRefs(leaves []*tensordict.Tensor, root string) bool {
+	refs := make([]*wireRef, 0, len(leaves))
+	for _, x := range leaves {
+		mm, off := x.Mapping()
+		if mm == nil {
+			return false
 		}
-		w.Entries = append(w.Entries, e)
+		rel, ok := relPath(root, mm.Path())
+		if !ok {
+			return false
+		}
+		refs = append(refs, &wireRef{Path: rel, File: mm.Shape(), Offset: off})
 	}
-	return w, true
+	for i := range w.Entries {
+		if w.Entries[i].Kind == kindTensor {
+			w.Entries[i].Ref, refs = refs[0], refs[1:]
+		}
+	}
+	return true
 }
 
 // relPath returns path relative to root, slash-separated, if it lies inside.
@@ -394,12 +394,18 @@ func (t *TD) build(res *resolver, next func(*tensordict.Tensor) error, d *decode
 	}
 	t.TensorDict, t.Rows, t.Out = td, slices.Clone(w.Rows), w.Out
 	if w.Gathered {
-		t.Rows = make([]int, w.Batch[0])
-		for i := range t.Rows {
-			t.Rows[i] = i
-		}
+		t.Rows = allRows(w.Batch[0])
 	}
 	return nil
+}
+
+// allRows returns 0, 1, ..., n-1.
+func allRows(n int) []int {
+	rows := make([]int, n)
+	for i := range rows {
+		rows[i] = i
+	}
+	return rows
 }
 
 // maxFreeRows is how many rows a TD of gathered rows may have beyond one a
@@ -427,10 +433,25 @@ func (w *wireTD) bytesSize() (int64, error) {
 	return n, nil
 }
 
+// comesBack reports whether t's contents travel back to the caller after
+// the handler: t asked for it (Out) and went as bytes, so the handler's
+// writes reached a copy. Both sides decide from the same wire form.
+func (w *wireTD) comesBack() bool {
+	if w == nil || !w.Out {
+		return false
+	}
+	for _, e := range w.Entries {
+		if e.Kind == kindTensor {
+			return e.Ref == nil
+		}
+	}
+	return false // no tensors: nothing to send back
+}
+
 // writeback returns the body parts that carry t's contents back to the
-// caller: its tensors, whole, when t came as bytes and asked for it.
+// caller: its tensors, whole (see comesBack).
 func (t *TD) writeback() []bodyPart {
-	if t.wire == nil || !t.wire.Out || t.TensorDict == nil || t.byRef() {
+	if !t.wire.comesBack() || t.TensorDict == nil {
 		return nil
 	}
 	var parts []bodyPart
@@ -438,16 +459,6 @@ func (t *TD) writeback() []bodyPart {
 		parts = append(parts, bodyPart{t: x})
 	}
 	return parts
-}
-
-// byRef reports whether t's wire form is by reference.
-func (t *TD) byRef() bool {
-	for _, e := range t.wire.Entries {
-		if e.Kind == kindTensor {
-			return e.Ref != nil
-		}
-	}
-	return true // no tensors: nothing to send back
 }
 
 // applyWriteback writes back, the handler's copy of t as it came back, into

@@ -61,9 +61,9 @@ var (
 	decoders = sync.Pool{New: func() any { return codec.NewDecoderBytes(nil, handle) }}
 )
 
-// encodeMsgpack returns v's msgpack encoding, reusing buf's memory.
-func encodeMsgpack(buf []byte, v any) ([]byte, error) {
-	buf = buf[:0]
+// encodeMsgpack returns v's msgpack encoding.
+func encodeMsgpack(v any) ([]byte, error) {
+	var buf []byte
 	enc := encoders.Get().(*codec.Encoder)
 	defer encoders.Put(enc)
 	enc.ResetBytes(&buf)
