@@ -3,6 +3,7 @@ package importer
 import (
 	"context"
 	"fmt"
+	"io"
 	"slices"
 
 	"github.com/tensorwire/tensorwire/internal/idx"
@@ -63,12 +64,7 @@ func IDX(ctx context.Context, prefix string, pairs []Pair, opts Options) (int, e
 		{Key: []string{"images"}, DType: memmap.Uint8, Shape: append([]int{n}, hw...)},
 		{Key: []string{"labels"}, DType: memmap.Int64, Shape: []int{n}},
 	}
-	var bar *progress.Bar
-	if opts.Progress != nil {
-		bar = progress.New(opts.Progress, "import", "B", total)
-		defer bar.Done()
-	}
-	err := build(ctx, prefix, opts, []int{n}, fields, func(td *tensordict.TensorDict) error {
+	err := build(ctx, prefix, opts, []int{n}, fields, total, func(td *tensordict.TensorDict, bar *progress.Bar) error {
 		images, err := td.Tensor("images")
 		if err != nil {
 			return err
@@ -79,14 +75,13 @@ func IDX(ctx context.Context, prefix string, pairs []Pair, opts Options) (int, e
 		}
 		row := 0
 		for i, im := range imgs {
-			h := im.Header()
-			if _, err := copyInto(ctx, images, int64(row*images.RowBytes()), im, h.NumBytes(), bar); err != nil {
+			if err := copyInto(ctx, images, int64(row*images.RowBytes()), im, bar); err != nil {
 				return fmt.Errorf("%s: %w", pairs[i].Images, err)
 			}
 			if err := copyLabels(labels, row, lbls[i], bar); err != nil {
 				return fmt.Errorf("%s: %w", pairs[i].Labels, err)
 			}
-			row += h.Shape[0]
+			row += im.Header().Shape[0]
 		}
 		return nil
 	})
@@ -97,16 +92,13 @@ func IDX(ctx context.Context, prefix string, pairs []Pair, opts Options) (int, e
 }
 
 // copyLabels converts a labels file to int64 rows of labels from row start.
+// The file is small (a few bytes per image) and read whole.
 func copyLabels(labels *tensordict.Tensor, start int, r *idx.ReadCloser, bar *progress.Bar) error {
 	h := r.Header()
-	src, err := tensordict.Zeros(h.DType, h.Shape...)
+	raw, err := io.ReadAll(bar.Reader(r)) // exactly h.NumBytes() when err is nil
 	if err != nil {
 		return err
 	}
-	if _, err := copyInto(context.Background(), src, 0, r, h.NumBytes(), bar); err != nil {
-		return err
-	}
-	raw, _ := src.Bytes()
 	out := make([]int64, h.Shape[0])
 	size := h.DType.Size()
 	for i := range out {

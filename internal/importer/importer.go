@@ -32,13 +32,19 @@ type Options struct {
 }
 
 // build creates storage for batch and fields in a temporary folder next to
-// prefix, runs fill on it, flushes it and renames it to prefix.
-func build(ctx context.Context, prefix string, opts Options, batch []int, fields []tensordict.Field,
-	fill func(td *tensordict.TensorDict) error) error {
+// prefix, runs fill on it, flushes it and renames it to prefix. fill counts
+// the total bytes it reads into bar, which is nil without opts.Progress.
+func build(ctx context.Context, prefix string, opts Options, batch []int, fields []tensordict.Field, total int64,
+	fill func(td *tensordict.TensorDict, bar *progress.Bar) error) error {
 	if _, err := os.Lstat(prefix); err == nil && !opts.Force {
 		return fmt.Errorf("%w: %s (use --force to replace it)", ErrExists, prefix)
 	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
+	}
+	var bar *progress.Bar
+	if opts.Progress != nil {
+		bar = progress.New(opts.Progress, "import", "B", total)
+		defer bar.Done()
 	}
 	parent := filepath.Dir(filepath.Clean(prefix))
 	if err := os.MkdirAll(parent, 0o755); err != nil {
@@ -53,7 +59,7 @@ func build(ctx context.Context, prefix string, opts Options, batch []int, fields
 	if err != nil {
 		return err
 	}
-	err = fill(td)
+	err = fill(td, bar)
 	if err == nil {
 		err = ctx.Err()
 	}
@@ -80,27 +86,32 @@ func build(ctx context.Context, prefix string, opts Options, batch []int, fields
 	return nil
 }
 
-// copyInto streams src into t from byte offset off, counting into bar and
-// stopping when ctx is done. It returns the bytes copied.
-func copyInto(ctx context.Context, t *tensordict.Tensor, off int64, src io.Reader, n int64, bar *progress.Bar) (int64, error) {
+// copyInto streams a decoder's data into t from byte offset off, counting
+// into bar and stopping when ctx is done. It reads src to its io.EOF, not
+// just to the header's size: the decoder checks what follows the data there
+// (an IDX file's trailing bytes, a gzip stream's checksum). Data that would
+// run past t is an error wrapping memmap.ErrIndex.
+func copyInto(ctx context.Context, t *tensordict.Tensor, off int64, src io.Reader, bar *progress.Bar) error {
 	buf := make([]byte, 1<<20)
 	w := io.NewOffsetWriter(t, off)
-	var done int64
-	for done < n {
+	for {
 		if err := ctx.Err(); err != nil {
-			return done, err
+			return err
 		}
-		m, err := io.ReadFull(src, buf[:min(int64(len(buf)), n-done)])
+		m, err := io.ReadFull(src, buf)
 		if m > 0 {
 			if _, werr := w.Write(buf[:m]); werr != nil {
-				return done, werr
+				return werr
 			}
-			done += int64(m)
 			bar.Add(int64(m))
 		}
+		// ReadFull returns these two unwrapped only for src's own io.EOF;
+		// truncated data is the decoder's error, which wraps them.
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return nil
+		}
 		if err != nil {
-			return done, err
+			return err
 		}
 	}
-	return done, nil
 }

@@ -108,12 +108,23 @@ func TestIDX_BadInputLeavesNoPrefix(t *testing.T) {
 	os.WriteFile(short.Images, raw[:len(raw)-5], 0o644)
 	mismatch := idxPair(t, dir, "mismatch", 4, 0, false)
 	mismatch.Labels = idxPair(t, dir, "three", 3, 0, false).Labels
+	// Damage that only shows after the last data byte: the import must read
+	// each file to its end.
+	trailing := idxPair(t, dir, "trailing", 4, 0, false)
+	raw, _ = os.ReadFile(trailing.Images)
+	os.WriteFile(trailing.Images, append(raw, 0), 0o644)
+	badSum := idxPair(t, dir, "badsum", 4, 0, true)
+	raw, _ = os.ReadFile(badSum.Labels)
+	raw[len(raw)-8] ^= 1 // CRC-32 in the gzip trailer
+	os.WriteFile(badSum.Labels, raw, 0o644)
 
 	for _, tc := range []struct {
 		name  string
 		pairs []Pair
 	}{
 		{"truncated images", []Pair{good, short}},
+		{"trailing bytes after the images", []Pair{trailing}},
+		{"bad gzip checksum of the labels", []Pair{good, badSum}},
 		{"label count", []Pair{mismatch}},
 		{"labels as images", []Pair{{good.Labels, good.Labels}}},
 		{"missing file", []Pair{{filepath.Join(dir, "nope"), good.Labels}}},

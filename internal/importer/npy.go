@@ -58,18 +58,13 @@ func NPY(ctx context.Context, prefix string, files []File, opts Options) (int, e
 		fields = append(fields, tensordict.Field{Key: f.Key, DType: h.DType, Shape: h.Shape})
 		total += h.NumBytes()
 	}
-	var bar *progress.Bar
-	if opts.Progress != nil {
-		bar = progress.New(opts.Progress, "import", "B", total)
-		defer bar.Done()
-	}
-	err := build(ctx, prefix, opts, []int{n}, fields, func(td *tensordict.TensorDict) error {
+	err := build(ctx, prefix, opts, []int{n}, fields, total, func(td *tensordict.TensorDict, bar *progress.Bar) error {
 		for i, r := range rs {
 			t, err := td.Tensor(files[i].Key...)
 			if err != nil {
 				return err
 			}
-			if _, err := copyInto(ctx, t, 0, r, r.Header().NumBytes(), bar); err != nil {
+			if err := copyInto(ctx, t, 0, r, bar); err != nil {
 				return fmt.Errorf("%s: %w", files[i].Path, err)
 			}
 		}
