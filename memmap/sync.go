@@ -2,7 +2,6 @@ package memmap
 
 import (
 	"fmt"
-	"os"
 
 	"golang.org/x/sys/unix"
 )
@@ -27,22 +26,3 @@ func (t *Tensor) Flush() error {
 	}
 	return nil
 }
-
-// syncDir fsyncs a directory, making the creation, removal or renaming of
-// its entries durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync dir %s: %w", dir, err)
-	}
-	return nil
-}
-
-// SyncDir fsyncs the directory dir, so that files created, renamed or removed
-// in it survive a crash. Writers of multi-file formats call it after their
-// last rename.
-func SyncDir(dir string) error { return syncDir(dir) }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/tensorwire/tensorwire/internal/atomicfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -82,7 +83,7 @@ func Create(path string, dt DType, shape ...int) (*Tensor, error) {
 	if err := os.Rename(tmp, path); err != nil {
 		return fail(err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := atomicfile.SyncDir(dir); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("create %s: %w", path, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/tensorwire/tensorwire/internal/atomicfile"
 	"github.com/tensorwire/tensorwire/memmap"
 )
 
@@ -99,7 +100,7 @@ func (td *TensorDict) writeDir(dir string, copyData bool, maps *[]*memmap.Tensor
 	}
 	meta.member("device", "cpu")
 	meta.member("_type", typeTensorDict)
-	if err := writeFileAtomic(filepath.Join(dir, metaFile), meta.bytes()); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, metaFile), meta.bytes(), 0o644); err != nil {
 		return nil, err
 	}
 	out.locked = true
@@ -143,36 +144,7 @@ func writeNonTensor(dir string, n *NonTensor) error {
 	if err := os.Remove(filepath.Join(dir, pickleFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, metaFile), meta.bytes())
-}
-
-// writeFileAtomic replaces path with data durably: a temporary file in the
-// same folder, fsync, rename, fsync of the folder.
-func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(0o644)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return memmap.SyncDir(dir)
+	return atomicfile.WriteFile(filepath.Join(dir, metaFile), meta.bytes(), 0o644)
 }
 
 // LoadOption changes how LoadMemmap maps a TensorDict.

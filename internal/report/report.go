@@ -11,10 +11,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/tensorwire/tensorwire/internal/atomicfile"
 )
 
 // Percentile returns the p-th percentile (0 <= p <= 100) of ds by the
@@ -95,38 +95,16 @@ func GBps(n int64, d time.Duration) float64 {
 }
 
 // WriteJSON writes v as indented JSON (two spaces, trailing newline) to path,
-// atomically: it writes and fsyncs a temporary file in the same directory and
-// renames it over path, so readers see either the old file or the whole new
-// one. On error no temporary file is left and an existing path is unchanged.
-// The file gets mode 0644.
-func WriteJSON(path string, v any) (err error) {
+// with mode 0644, atomically (atomicfile.WriteFile): readers see either the
+// old file or the whole new one, and a value that does not encode, or a
+// failed write, leaves no temporary file and an existing path unchanged.
+func WriteJSON(path string, v any) error {
 	data, err := json.MarshalIndent(v, "", "  ")
+	if err == nil {
+		err = atomicfile.WriteFile(path, append(data, '\n'), 0o644)
+	}
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	data = append(data, '\n')
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-			err = fmt.Errorf("write %s: %w", path, err)
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Chmod(0o644); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
+	return nil
 }

@@ -1,0 +1,56 @@
+// Package atomicfile replaces files so that readers, and the disk after a
+// crash, see either the old content or the whole new one: the way the
+// project writes meta.json files and benchmark results.
+package atomicfile
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// WriteFile replaces path with data, durably: it writes data to a temporary
+// file in the same directory, sets its mode to perm, fsyncs it, renames it
+// over path and fsyncs the directory. Before the rename an error leaves no
+// temporary file and path unchanged; only the final directory fsync can fail
+// after path holds the new data.
+func WriteFile(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(perm)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return SyncDir(dir)
+}
+
+// SyncDir fsyncs the directory dir, so that files created, renamed or
+// removed in it survive a crash.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync dir %s: %w", dir, err)
+	}
+	return nil
+}

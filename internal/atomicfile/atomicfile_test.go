@@ -1,0 +1,57 @@
+package atomicfile
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestWriteFile_Replaces(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "meta.json")
+	for _, data := range []string{"old", "new content"} {
+		if err := WriteFile(path, []byte(data), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := os.ReadFile(path); err != nil || string(got) != data {
+			t.Errorf("file holds %q, %v; want %q", got, err, data)
+		}
+	}
+	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o640 {
+		t.Errorf("mode %v, want 0640", fi.Mode().Perm())
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("directory holds %d entries, want only the file (no temporary one)", len(entries))
+	}
+}
+
+func TestWriteFile_FailureLeavesOldFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	if err := WriteFile(path, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A directory in the way of the rename: the write fails at the rename.
+	blocked := filepath.Join(dir, "d")
+	if err := os.Mkdir(blocked, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(blocked, "x"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFile(blocked, []byte("new"), 0o644); err == nil {
+		t.Fatal("replacing a non-empty directory succeeded")
+	}
+	if err := WriteFile(filepath.Join(dir, "missing", "f"), []byte("new"), 0o644); err == nil {
+		t.Error("writing into a missing directory succeeded")
+	}
+	if got, _ := os.ReadFile(path); string(got) != "old" {
+		t.Errorf("file holds %q after failed writes", got)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 2 {
+		t.Errorf("directory holds %d entries, want f and d (no temporary files)", len(entries))
+	}
+	if err := SyncDir(filepath.Join(dir, "missing")); err == nil {
+		t.Error("SyncDir of a missing directory succeeded")
+	}
+}
