@@ -176,7 +176,7 @@ func checkAgainst(t *testing.T, td *TensorDict, e *expected) {
 			continue
 		}
 		got := make([]byte, x.NumBytes())
-		if err := x.read(got); err != nil {
+		if err := x.readAt(got, 0); err != nil {
 			t.Fatal(err)
 		}
 		if want := encodeValues(t, x.DType(), l.Values); !bytes.Equal(got, want) {

@@ -19,11 +19,13 @@ func (t *Tensor) ReadAt(p []byte, off int64) (int, error) {
 		return 0, io.EOF
 	}
 	want := min(int64(len(p)), n-off)
-	got, err := t.readRange(p[:want], int(off))
-	if err == nil && int64(got) < int64(len(p)) {
-		err = io.EOF
+	if err := t.readAt(p[:want], int(off)); err != nil {
+		return 0, err
 	}
-	return got, err
+	if want < int64(len(p)) {
+		return int(want), io.EOF
+	}
+	return int(want), nil
 }
 
 // WriteAt copies p into t's data at byte offset off. A tensor does not grow:

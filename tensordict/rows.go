@@ -58,7 +58,7 @@ func (t *Tensor) Gather(rows []int) (*Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := t.gatherInto(out.heap, rows); err != nil {
+	if err := t.gatherBytes(out.heap, rows); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -66,7 +66,8 @@ func (t *Tensor) Gather(rows []int) (*Tensor, error) {
 
 // GatherInto copies the given rows of t into dst, which must have t's dtype
 // and the shape [len(rows), Shape()[1:]...]: Gather without allocating, for
-// a batch buffer reused across calls. dst may be in Go memory or mapped.
+// a batch buffer in Go memory reused across calls. dst may also be mapped;
+// then the rows pass through a temporary buffer.
 func (t *Tensor) GatherInto(dst *Tensor, rows []int) error {
 	if err := t.checkRowsOf(rows); err != nil {
 		return err
@@ -74,18 +75,23 @@ func (t *Tensor) GatherInto(dst *Tensor, rows []int) error {
 	if err := t.checkRowsLike(dst, len(rows)); err != nil {
 		return err
 	}
+	return t.gatherInto(dst, rows)
+}
+
+// gatherInto is GatherInto without the checks: rows and dst were checked.
+func (t *Tensor) gatherInto(dst *Tensor, rows []int) error {
 	if dst.mm == nil {
-		return t.gatherInto(dst.heap, rows)
+		return t.gatherBytes(dst.heap, rows)
 	}
 	buf := make([]byte, dst.NumBytes())
-	if err := t.gatherInto(buf, rows); err != nil {
+	if err := t.gatherBytes(buf, rows); err != nil {
 		return err
 	}
 	return dst.writeAt(buf, 0)
 }
 
-// gatherInto copies rows (already checked) into dst.
-func (t *Tensor) gatherInto(dst []byte, rows []int) error {
+// gatherBytes copies rows (already checked) into dst.
+func (t *Tensor) gatherBytes(dst []byte, rows []int) error {
 	rb := t.RowBytes()
 	if t.mm != nil {
 		return t.mm.GatherAt(dst, t.off, rb, rows)
@@ -104,6 +110,11 @@ func (t *Tensor) Scatter(rows []int, src *Tensor) error {
 	if err := t.checkRowsLike(src, len(rows)); err != nil {
 		return err
 	}
+	return t.scatter(rows, src)
+}
+
+// scatter is Scatter without the checks: rows and src were checked.
+func (t *Tensor) scatter(rows []int, src *Tensor) error {
 	b, err := src.contiguous()
 	if err != nil {
 		return err
@@ -125,8 +136,7 @@ func (t *Tensor) SetSlice(start int, src *Tensor) error {
 	if start < 0 || start+src.Len() > t.Len() {
 		return fmt.Errorf("%w: %d rows at %d of %d", memmap.ErrIndex, src.Len(), start, t.Len())
 	}
-	dst := t.view(start, src.shape)
-	return dst.copyFrom(src)
+	return t.view(start, src.shape).copyFrom(src)
 }
 
 // checkRowsLike checks that src is n rows of t's dtype and row shape.
@@ -144,13 +154,13 @@ func (t *Tensor) checkRowsLike(src *Tensor, n int) error {
 	return nil
 }
 
-// contiguous returns src's bytes: its own memory, or a copy of mapped data.
+// contiguous returns t's bytes: its own memory, or a copy of mapped data.
 func (t *Tensor) contiguous() ([]byte, error) {
 	if t.mm == nil {
 		return t.heap, nil
 	}
 	b := make([]byte, t.NumBytes())
-	return b, t.read(b)
+	return b, t.readAt(b, 0)
 }
 
 // Fill sets every element of the given rows to v, converted to t's dtype as
@@ -159,6 +169,11 @@ func (t *Tensor) Fill(rows []int, v float64) error {
 	if err := t.checkRowsOf(rows); err != nil {
 		return err
 	}
+	return t.fill(rows, v)
+}
+
+// fill is Fill without the check: rows were checked.
+func (t *Tensor) fill(rows []int, v float64) error {
 	elem := make([]byte, t.dtype.Size())
 	t.dtype.PutFloat64(elem, v)
 	rb := t.RowBytes()
@@ -177,17 +192,22 @@ func (td *TensorDict) firstDim() (int, error) {
 	return td.batch[0], nil
 }
 
+// checkRows returns an error unless td has rows and every index is one.
+func (td *TensorDict) checkRows(rows []int) error {
+	n, err := td.firstDim()
+	if err != nil {
+		return err
+	}
+	return memmap.CheckRows(rows, n)
+}
+
 // dropFirst maps a batch size to the one of its rows.
 func dropFirst(b []int) []int { return b[1:] }
 
 // Index returns row i of the first batch dimension as a view: its batch size
 // is BatchSize()[1:], and every tensor is the corresponding row of td's.
 func (td *TensorDict) Index(i int) (*TensorDict, error) {
-	n, err := td.firstDim()
-	if err != nil {
-		return nil, err
-	}
-	if err := memmap.CheckRows([]int{i}, n); err != nil {
+	if err := td.checkRows([]int{i}); err != nil {
 		return nil, err
 	}
 	return td.mapVals(td.batch[1:], dropFirst, func(_ []string, t *Tensor) (*Tensor, error) { return t.Row(i) })
@@ -212,11 +232,7 @@ func (td *TensorDict) Slice(start, end int) (*TensorDict, error) {
 // (a 6 MB batch: about as much again as the copy); a loop that reads batch
 // after batch should reuse one with GatherInto.
 func (td *TensorDict) Gather(rows []int) (*TensorDict, error) {
-	n, err := td.firstDim()
-	if err != nil {
-		return nil, err
-	}
-	if err := memmap.CheckRows(rows, n); err != nil {
+	if err := td.checkRows(rows); err != nil {
 		return nil, err
 	}
 	withLen := func(b []int) []int { return append([]int{len(rows)}, b[1:]...) }
@@ -228,19 +244,15 @@ func (td *TensorDict) Gather(rows []int) (*TensorDict, error) {
 // example an earlier Gather's result: Gather without allocating. dst's other
 // keys are left alone. Everything is checked before anything is copied.
 func (td *TensorDict) GatherInto(dst *TensorDict, rows []int) error {
-	n, err := td.firstDim()
-	if err != nil {
-		return err
-	}
-	if err := memmap.CheckRows(rows, n); err != nil {
+	if err := td.checkRows(rows); err != nil {
 		return err
 	}
 	pairs, err := td.pairLeaves(dst, len(rows))
 	if err != nil {
 		return err
 	}
-	for _, p := range pairs { // pairLeaves pairs dst's tensors (src) with td's (dst)
-		if err := p.dst.GatherInto(p.src, rows); err != nil {
+	for _, p := range pairs {
+		if err := p.own.gatherInto(p.other, rows); err != nil {
 			return fmt.Errorf("%s: %w", p.key, err)
 		}
 	}
@@ -273,11 +285,7 @@ func (td *TensorDict) Mask(mask []bool) (*TensorDict, error) {
 // keys and src's non-tensors are left alone. Everything is checked before
 // anything is written, so a refused call changes nothing.
 func (td *TensorDict) SetRows(rows []int, src *TensorDict) error {
-	n, err := td.firstDim()
-	if err != nil {
-		return err
-	}
-	if err := memmap.CheckRows(rows, n); err != nil {
+	if err := td.checkRows(rows); err != nil {
 		return err
 	}
 	pairs, err := td.pairLeaves(src, len(rows))
@@ -285,7 +293,7 @@ func (td *TensorDict) SetRows(rows []int, src *TensorDict) error {
 		return err
 	}
 	for _, p := range pairs {
-		if err := p.dst.Scatter(rows, p.src); err != nil {
+		if err := p.own.scatter(rows, p.other); err != nil {
 			return fmt.Errorf("%s: %w", p.key, err)
 		}
 	}
@@ -312,7 +320,7 @@ func (td *TensorDict) SetSlice(start int, src *TensorDict) error {
 		return err
 	}
 	for _, p := range pairs {
-		if err := p.dst.SetSlice(start, p.src); err != nil {
+		if err := p.own.view(start, p.other.shape).copyFrom(p.other); err != nil {
 			return fmt.Errorf("%s: %w", p.key, err)
 		}
 	}
@@ -321,44 +329,43 @@ func (td *TensorDict) SetSlice(start int, src *TensorDict) error {
 
 // Fill sets every element of every tensor in the given rows to v.
 func (td *TensorDict) Fill(rows []int, v float64) error {
-	n, err := td.firstDim()
-	if err != nil {
+	if err := td.checkRows(rows); err != nil {
 		return err
 	}
-	if err := memmap.CheckRows(rows, n); err != nil {
-		return err
-	}
-	for p, t := range td.Leaves() {
-		if err := t.Fill(rows, v); err != nil {
+	for p, t := range td.Leaves() { // every tensor has td's first dimension
+		if err := t.fill(rows, v); err != nil {
 			return fmt.Errorf("%s: %w", keyString(p), err)
 		}
 	}
 	return nil
 }
 
+// leafPair is a tensor of td (own) and the tensor at the same key of the
+// TensorDict of rows it is paired with (other), which holds n of its rows.
 type leafPair struct {
-	key      string
-	dst, src *Tensor
+	key        string
+	own, other *Tensor
 }
 
-// pairLeaves matches every tensor of src, n rows, to td's tensor at the same
-// key, checking dtypes and shapes.
-func (td *TensorDict) pairLeaves(src *TensorDict, n int) ([]leafPair, error) {
+// pairLeaves matches every tensor of other, a TensorDict of n rows of td's,
+// to td's tensor at the same key, checking batch size, dtypes and shapes: all
+// that copying rows between them needs.
+func (td *TensorDict) pairLeaves(other *TensorDict, n int) ([]leafPair, error) {
 	want := append([]int{n}, td.batch[1:]...)
-	if !slices.Equal(src.batch, want) {
-		return nil, fmt.Errorf("%w: rows of batch size %v, want %v", ErrBatchSize, src.batch, want)
+	if !slices.Equal(other.batch, want) {
+		return nil, fmt.Errorf("%w: rows of batch size %v, want %v", ErrBatchSize, other.batch, want)
 	}
 	var pairs []leafPair
-	for p, s := range src.Leaves() {
+	for p, o := range other.Leaves() {
 		key := keyString(p)
-		d, err := td.Tensor(p...)
+		t, err := td.Tensor(p...)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: %w", ErrSchema, key, err)
 		}
-		if err := d.checkRowsLike(s, n); err != nil {
+		if err := t.checkRowsLike(o, n); err != nil {
 			return nil, fmt.Errorf("%w: %s: %w", ErrSchema, key, err)
 		}
-		pairs = append(pairs, leafPair{key, d, s})
+		pairs = append(pairs, leafPair{key, t, o})
 	}
 	return pairs, nil
 }

@@ -151,7 +151,7 @@ func Values[E Element](t *Tensor) ([]E, error) {
 		return out, nil
 	}
 	b := unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), len(out)*dt.Size())
-	if err := t.read(b); err != nil {
+	if err := t.readAt(b, 0); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -231,16 +231,17 @@ func (t *Tensor) String() string {
 	return fmt.Sprintf("%s(shape=%v, dtype=%v)", kind, t.shape, t.dtype)
 }
 
-// read copies all of t's data into dst (exactly NumBytes long).
-func (t *Tensor) read(dst []byte) error {
+// readAt copies len(dst) bytes of t's data, from byte offset off, into dst.
+// The range must lie inside the data.
+func (t *Tensor) readAt(dst []byte, off int) error {
 	if t.mm == nil {
-		copy(dst, t.heap)
+		copy(dst, t.heap[off:])
 		return nil
 	}
 	if len(dst) == 0 {
 		return nil
 	}
-	_, err := t.mm.ReadAt(dst, t.off)
+	_, err := t.mm.ReadAt(dst, t.off+int64(off))
 	return err
 }
 
@@ -258,7 +259,7 @@ func (t *Tensor) chunks(fn func(off int, b []byte) error) error {
 	buf := make([]byte, min(n, chunkSize))
 	for off := 0; off < n; off += len(buf) {
 		b := buf[:min(len(buf), n-off)]
-		if _, err := t.mm.ReadAt(b, t.off+int64(off)); err != nil {
+		if err := t.readAt(b, off); err != nil {
 			return err
 		}
 		if err := fn(off, b); err != nil {
@@ -292,7 +293,7 @@ func (t *Tensor) Clone() (*Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := t.read(c.heap); err != nil {
+	if err := t.readAt(c.heap, 0); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -310,7 +311,7 @@ func (t *Tensor) Equal(u *Tensor) bool {
 	}
 	ub := make([]byte, min(t.NumBytes(), chunkSize))
 	err := t.chunks(func(off int, b []byte) error {
-		if _, err := u.readRange(ub[:len(b)], off); err != nil {
+		if err := u.readAt(ub[:len(b)], off); err != nil {
 			return err
 		}
 		if string(b) != string(ub[:len(b)]) {
@@ -322,17 +323,6 @@ func (t *Tensor) Equal(u *Tensor) bool {
 }
 
 var errUnequal = errors.New("unequal")
-
-// readRange copies len(dst) bytes of t's data from byte offset off.
-func (t *Tensor) readRange(dst []byte, off int) (int, error) {
-	if t.mm == nil {
-		return copy(dst, t.heap[off:]), nil
-	}
-	if len(dst) == 0 {
-		return 0, nil
-	}
-	return t.mm.ReadAt(dst, t.off+int64(off))
-}
 
 // Mapping returns the memmap.Tensor that backs t and the byte offset of t's
 // view within it, or nil and 0 for a tensor in Go memory. Together with

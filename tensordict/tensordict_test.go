@@ -367,3 +367,63 @@ func TestTensorDict_GatherInto(t *testing.T) {
 		t.Error("a refused GatherInto changed the destination")
 	}
 }
+
+// TestTensor_RowCopies checks the Tensor-level row copies between every mix
+// of Go memory and mapped storage, and their refusals.
+func TestTensor_RowCopies(t *testing.T) {
+	src := sample(t, 5)
+	mapped := must[*TensorDict](t)(src.Memmap(filepath.Join(t.TempDir(), "p")))
+	defer mapped.Close()
+	for _, tc := range []struct {
+		name     string
+		from, to *TensorDict // rows are read from from, written into to
+	}{
+		{"memory to memory", src, must[*TensorDict](t)(src.Clone())},
+		{"mapped to memory", mapped, must[*TensorDict](t)(src.Clone())},
+		{"memory to mapped", src, must[*TensorDict](t)(src.MemmapLike(filepath.Join(t.TempDir(), "q")))},
+		{"mapped to mapped", mapped, must[*TensorDict](t)(src.MemmapLike(filepath.Join(t.TempDir(), "r")))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer tc.to.Close()
+			from := must[*Tensor](t)(tc.from.Tensor("action"))
+			to := must[*Tensor](t)(tc.to.Tensor("action"))
+			// GatherInto a two-row slice of to: rows 3 and 1 of from.
+			dst := must[*Tensor](t)(to.Slice(0, 2))
+			if err := from.GatherInto(dst, []int{3, 1}); err != nil {
+				t.Fatal(err)
+			}
+			// Scatter from's rows 0 and 4 into to's rows 4 and 2.
+			if err := to.Scatter([]int{4, 2}, must[*Tensor](t)(from.Gather([]int{0, 4}))); err != nil {
+				t.Fatal(err)
+			}
+			// SetSlice from's row 2 into to's row 3.
+			if err := to.SetSlice(3, must[*Tensor](t)(from.Slice(2, 3))); err != nil {
+				t.Fatal(err)
+			}
+			if got := must[[]int64](t)(Values[int64](to)); !slices.Equal(got, []int64{30, 10, 40, 20, 0}) {
+				t.Errorf("action after the copies = %v, want [30 10 40 20 0]", got)
+			}
+			before := must[[]int64](t)(Values[int64](to))
+			wrongDType := must[*Tensor](t)(Zeros(memmap.Int32, 2))
+			for _, bad := range []struct {
+				name string
+				err  error
+				want error
+			}{
+				{"GatherInto row out of range", from.GatherInto(dst, []int{0, 5}), memmap.ErrIndex},
+				{"GatherInto wrong row count", from.GatherInto(dst, []int{0}), memmap.ErrShape},
+				{"GatherInto wrong dtype", from.GatherInto(wrongDType, []int{0, 1}), memmap.ErrDType},
+				{"Scatter row out of range", to.Scatter([]int{-1, 0}, dst), memmap.ErrIndex},
+				{"Scatter wrong dtype", to.Scatter([]int{0, 1}, wrongDType), memmap.ErrDType},
+				{"SetSlice past the end", to.SetSlice(4, dst), memmap.ErrIndex},
+			} {
+				if !errors.Is(bad.err, bad.want) {
+					t.Errorf("%s: err = %v, want %v", bad.name, bad.err, bad.want)
+				}
+			}
+			if got := must[[]int64](t)(Values[int64](to)); !slices.Equal(got, before) {
+				t.Errorf("refused copies changed the destination: %v, was %v", got, before)
+			}
+		})
+	}
+}
