@@ -87,10 +87,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
-	"syscall"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/benchkit"
@@ -130,17 +128,8 @@ func main() {
 
 // run returns the exit status; its deferred cleanups run before the exit.
 func run(cfg config) int {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	go func() {
-		s := <-sigs
-		signal.Stop(sigs) // a second signal gets the default action
-		slog.Warn("interrupted: removing the dataset (interrupt again to quit at once)", "signal", s)
-		cancel()
-	}()
+	ctx, stop := benchkit.OnInterrupt("interrupted: removing the dataset (interrupt again to quit at once)")
+	defer stop()
 
 	dir, err := os.MkdirTemp(cfg.dir, "tensorwire-gather-*")
 	if err != nil {

@@ -1,8 +1,9 @@
-// Package benchkit holds what the benchmarks (benchmarks/gather and the
-// testing.B benchmarks of memmap and tensordict) need to measure copies
-// fairly side by side: random distinct rows, buffers whose pages are already
-// touched, a way to evict the CPU caches between timed operations, and
-// (pages.go) a way to make a file that several processes map cold.
+// Package benchkit holds what the benchmarks (the programs under benchmarks/
+// and the testing.B benchmarks of memmap and tensordict) need to measure
+// copies fairly side by side: random distinct rows, buffers whose pages are
+// already touched, a way to evict the CPU caches between timed operations,
+// (pages.go) a way to make a file that several processes map cold, and
+// (interrupt.go) the Ctrl-C handling that lets a program remove its dataset.
 package benchkit
 
 import (

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -94,5 +95,23 @@ func TestDropMappings_ColdAfterEvict(t *testing.T) {
 	}
 	if _, err := DropMappings(make([]byte, 8)); err == nil {
 		t.Error("DropMappings accepted heap memory")
+	}
+}
+
+func TestOnInterrupt_CancelsOnSignal(t *testing.T) {
+	ctx, stop := OnInterrupt("test: interrupted")
+	defer stop()
+	if err := unix.Kill(os.Getpid(), unix.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("SIGTERM did not cancel the context")
+	}
+	ctx2, stop2 := OnInterrupt("unused")
+	stop2()
+	if ctx2.Err() == nil {
+		t.Error("stop did not cancel the context")
 	}
 }
