@@ -3,8 +3,9 @@ package idx
 import (
 	"bytes"
 	"errors"
-	"io"
 	"testing"
+
+	"github.com/tensorwire/tensorwire/internal/array/arraytest"
 )
 
 // fuzzReadLimit caps how much data FuzzReader reads, so that a header
@@ -43,29 +44,6 @@ func FuzzReader(f *testing.F) {
 		if size < 0 || h.DType.Size() == 0 || len(h.Shape) == 0 {
 			t.Fatalf("invalid header %v %v, NumBytes %d", h.DType, h.Shape, size)
 		}
-		p := make([]byte, int(chunk)%4096+1)
-		var total int64
-		for total < fuzzReadLimit {
-			n, err := r.Read(p)
-			if n < 0 || n > len(p) {
-				t.Fatalf("Read returned n = %d for len(p) = %d", n, len(p))
-			}
-			total += int64(n)
-			if total > size {
-				t.Fatalf("read %d bytes, more than NumBytes() = %d", total, size)
-			}
-			if err == io.EOF {
-				if total != size {
-					t.Fatalf("io.EOF after %d bytes, want NumBytes() = %d", total, size)
-				}
-				return
-			}
-			if err != nil {
-				if !errors.Is(err, ErrFormat) {
-					t.Fatalf("Read error %q does not wrap ErrFormat", err)
-				}
-				return
-			}
-		}
+		arraytest.CheckData(t, r, size, int(chunk)%4096+1, fuzzReadLimit, ErrFormat)
 	})
 }

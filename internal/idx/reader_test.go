@@ -15,6 +15,7 @@ import (
 	"testing"
 	"testing/iotest"
 
+	"github.com/tensorwire/tensorwire/internal/array/arraytest"
 	"github.com/tensorwire/tensorwire/internal/swap"
 	"github.com/tensorwire/tensorwire/memmap"
 )
@@ -40,19 +41,6 @@ func gzipped(t testing.TB, b []byte) []byte {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
-}
-
-// readAll reads r to its end in chunks of the given size.
-func readAll(r io.Reader, chunk int) ([]byte, error) {
-	var out []byte
-	p := make([]byte, chunk)
-	for {
-		n, err := r.Read(p)
-		out = append(out, p[:n]...)
-		if err != nil {
-			return out, err
-		}
-	}
 }
 
 func le32(f float32) []byte { return binary.LittleEndian.AppendUint32(nil, math.Float32bits(f)) }
@@ -105,7 +93,7 @@ func TestReader_Types(t *testing.T) {
 					if h.NumBytes() != int64(len(tt.want)) {
 						t.Errorf("NumBytes() = %d, want %d", h.NumBytes(), len(tt.want))
 					}
-					got, err := readAll(r, chunk)
+					got, err := arraytest.ReadAll(r, chunk)
 					if err != io.EOF {
 						t.Errorf("Read error = %v, want io.EOF", err)
 					}
@@ -170,7 +158,7 @@ func TestNewReader_Errors(t *testing.T) {
 			r, err := NewReader(bytes.NewReader(tt.in))
 			if err == nil {
 				// Damage inside a gzip stream may only show in the data.
-				_, err = readAll(r, 64)
+				_, err = arraytest.ReadAll(r, 64)
 			}
 			if !errors.Is(err, ErrFormat) {
 				t.Fatalf("error = %v, want ErrFormat", err)
@@ -210,7 +198,7 @@ func TestReader_DataErrors(t *testing.T) {
 				if err != nil {
 					t.Fatalf("NewReader: %v", err)
 				}
-				got, err := readAll(r, chunk)
+				got, err := arraytest.ReadAll(r, chunk)
 				if !errors.Is(err, ErrFormat) {
 					t.Fatalf("Read error = %v, want ErrFormat", err)
 				}
@@ -249,7 +237,7 @@ func TestReader_SourceError(t *testing.T) {
 			src := io.MultiReader(bytes.NewReader(in[:tt.n]), iotest.ErrReader(errDisk))
 			r, err := NewReader(src)
 			if err == nil {
-				_, err = readAll(r, 7)
+				_, err = arraytest.ReadAll(r, 7)
 			}
 			if !errors.Is(err, errDisk) || errors.Is(err, ErrFormat) {
 				t.Errorf("error = %v, want errDisk and not ErrFormat", err)

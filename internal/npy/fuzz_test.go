@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/tensorwire/tensorwire/internal/array/arraytest"
 )
 
 // fuzzReadLimit caps how much data FuzzReader reads, so that a header
@@ -67,29 +69,6 @@ func FuzzReader(f *testing.F) {
 			t.Fatalf("WriteHeader(%v %v) reads back as %v %v", h.DType, h.Shape, h2.DType, h2.Shape)
 		}
 
-		p := make([]byte, int(chunk)%4096+1)
-		var total int64
-		for total < fuzzReadLimit {
-			n, err := r.Read(p)
-			if n < 0 || n > len(p) {
-				t.Fatalf("Read returned n = %d for len(p) = %d", n, len(p))
-			}
-			total += int64(n)
-			if total > size {
-				t.Fatalf("read %d bytes, more than NumBytes() = %d", total, size)
-			}
-			if err == io.EOF {
-				if total != size {
-					t.Fatalf("io.EOF after %d bytes, want NumBytes() = %d", total, size)
-				}
-				return
-			}
-			if err != nil {
-				if !errors.Is(err, ErrFormat) {
-					t.Fatalf("Read error %q does not wrap ErrFormat", err)
-				}
-				return
-			}
-		}
+		arraytest.CheckData(t, r, size, int(chunk)%4096+1, fuzzReadLimit, ErrFormat)
 	})
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"testing/iotest"
 
+	"github.com/tensorwire/tensorwire/internal/array/arraytest"
 	"github.com/tensorwire/tensorwire/memmap"
 )
 
@@ -25,19 +26,6 @@ func le(vals ...any) []byte {
 		b, _ = binary.Append(b, binary.LittleEndian, v)
 	}
 	return b
-}
-
-// readAll reads r to its end in chunks of the given size.
-func readAll(r io.Reader, chunk int) ([]byte, error) {
-	var out []byte
-	p := make([]byte, chunk)
-	for {
-		n, err := r.Read(p)
-		out = append(out, p[:n]...)
-		if err != nil {
-			return out, err
-		}
-	}
 }
 
 func readFile(t testing.TB, name string) []byte {
@@ -85,7 +73,7 @@ func TestReader_NumPyFiles(t *testing.T) {
 				if h.NumBytes() != int64(len(tt.want)) {
 					t.Errorf("NumBytes() = %d, want %d", h.NumBytes(), len(tt.want))
 				}
-				got, err := readAll(r, chunk)
+				got, err := arraytest.ReadAll(r, chunk)
 				if err != io.EOF {
 					t.Errorf("Read error = %v, want io.EOF", err)
 				}
@@ -223,7 +211,7 @@ func TestReader_Truncated(t *testing.T) {
 					t.Fatal(err)
 				}
 				size := r.Header().NumBytes()
-				got, err := readAll(r, chunk)
+				got, err := arraytest.ReadAll(r, chunk)
 				if !errors.Is(err, ErrFormat) || !errors.Is(err, io.ErrUnexpectedEOF) {
 					t.Fatalf("Read error = %v, want ErrFormat and io.ErrUnexpectedEOF", err)
 				}
@@ -246,7 +234,7 @@ func TestReader_SourceError(t *testing.T) {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			r, err := NewReader(io.MultiReader(bytes.NewReader(in[:n]), iotest.ErrReader(errDisk)))
 			if err == nil {
-				_, err = readAll(r, 3)
+				_, err = arraytest.ReadAll(r, 3)
 			}
 			if !errors.Is(err, errDisk) || errors.Is(err, ErrFormat) {
 				t.Errorf("error = %v, want errDisk and not ErrFormat", err)

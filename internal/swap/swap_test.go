@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+
+	"github.com/tensorwire/tensorwire/internal/array/arraytest"
 )
 
 var (
@@ -17,19 +19,6 @@ var (
 
 // wrapDisk is a wrap hook that tags errors so tests can see it was applied.
 func wrapDisk(err error) error { return fmt.Errorf("test: reading data: %w", err) }
-
-// readAll reads r in calls of chunk bytes until an error.
-func readAll(r io.Reader, chunk int) ([]byte, error) {
-	var out []byte
-	buf := make([]byte, chunk)
-	for {
-		n, err := r.Read(buf)
-		out = append(out, buf[:n]...)
-		if err != nil {
-			return out, err
-		}
-	}
-}
 
 // reversed returns data with each width-byte word reversed, computed
 // independently of Words.
@@ -83,7 +72,7 @@ func TestReader_Data(t *testing.T) {
 						}
 						c := &counter{r: src(bytes.NewReader(in))}
 						r := NewReader(c, width, int64(size), errFormat, wrapDisk, nil)
-						got, err := readAll(r, chunk)
+						got, err := arraytest.ReadAll(r, chunk)
 						if err != io.EOF {
 							t.Errorf("error = %v, want io.EOF", err)
 						}
@@ -118,7 +107,7 @@ func TestReader_Truncated(t *testing.T) {
 			for _, chunk := range []int{1, 4, 1024} {
 				t.Run(fmt.Sprintf("w%d/have%d/chunk=%d", width, have, chunk), func(t *testing.T) {
 					r := NewReader(bytes.NewReader(data[:have]), width, 24, errFormat, wrapDisk, nil)
-					got, err := readAll(r, chunk)
+					got, err := arraytest.ReadAll(r, chunk)
 					if !errors.Is(err, errFormat) || !errors.Is(err, io.ErrUnexpectedEOF) {
 						t.Fatalf("error = %v, want errFormat and io.ErrUnexpectedEOF", err)
 					}
@@ -147,7 +136,7 @@ func TestReader_SourceError(t *testing.T) {
 		for _, n := range []int{0, 3, 8, 63} {
 			src := io.MultiReader(bytes.NewReader(data[:n]), iotest.ErrReader(errDisk))
 			r := NewReader(src, 4, 64, errFormat, wrap, nil)
-			_, err := readAll(r, 7)
+			_, err := arraytest.ReadAll(r, 7)
 			if !errors.Is(err, errDisk) || errors.Is(err, errFormat) {
 				t.Errorf("n=%d: error = %v, want errDisk and not errFormat", n, err)
 			}
@@ -192,7 +181,7 @@ func TestReader_End(t *testing.T) {
 					return tt.end(src)
 				}
 				r := NewReader(src, 8, 16, errFormat, wrapDisk, end)
-				got, err := readAll(r, chunk)
+				got, err := arraytest.ReadAll(r, chunk)
 				if err != tt.want {
 					t.Errorf("error = %v, want %v", err, tt.want)
 				}
