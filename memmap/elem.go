@@ -21,13 +21,9 @@ func (d DType) PutFloat64(b []byte, v float64) {
 		b[0] = uint8(int64(v))
 	case Int8:
 		b[0] = uint8(int8(int64(v)))
-	case Int16:
+	case Int16, Uint16:
 		le.PutUint16(b, uint16(int64(v)))
-	case Uint16:
-		le.PutUint16(b, uint16(int64(v)))
-	case Int32:
-		le.PutUint32(b, uint32(int64(v)))
-	case Uint32:
+	case Int32, Uint32:
 		le.PutUint32(b, uint32(int64(v)))
 	case Int64:
 		le.PutUint64(b, uint64(int64(v)))

@@ -13,7 +13,7 @@ import (
 
 // BenchmarkTensorDict measures the seed's workload through the TensorDict
 // API: a memory-mapped {"memmap": uint8 [1000, 640, 640, 3]} (1.2 GB), 5
-// random rows per operation, warm: the same rows were moved the same way
+// distinct random rows per operation, warm: the same rows were moved the same way
 // just before (untimed), as benchmarks/gather does. Rows last touched long
 // ago run slower (page-walk caches are cold), and writes to pages the kernel
 // has written back since take a soft fault per page to be marked dirty again:
@@ -48,18 +48,13 @@ func BenchmarkTensorDict(b *testing.B) {
 	}
 	x, _ := td.Tensor("memmap")
 	rowBytes := x.RowBytes()
-	src, dst := make([]byte, 5*rowBytes), make([]byte, 5*rowBytes)
-	raw := make([]byte, 5*rowBytes)
+	src, dst := benchkit.Touched(5*rowBytes), benchkit.Touched(5*rowBytes)
+	raw := benchkit.Touched(5 * rowBytes)
 	rng := rand.New(rand.NewPCG(1, 1))
-	pick := func() []int {
-		r := make([]int, 5)
-		for i := range r {
-			r[i] = rng.IntN(rows)
-		}
-		return r
-	}
+	r, other := make([]int, 5), make([]int, 5)
 	flush := benchkit.Touched(benchkit.CacheFlushBytes) // read between timed copies
-	batch, err := td.Gather(pick())
+	benchkit.PickRows(rng, rows, r)
+	batch, err := td.Gather(r)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -76,7 +71,8 @@ func BenchmarkTensorDict(b *testing.B) {
 			b.SetBytes(int64(5 * rowBytes))
 			var opT, cpyT, rawT []time.Duration
 			for b.Loop() {
-				r, other := pick(), pick()
+				benchkit.PickRows(rng, rows, r)
+				benchkit.PickRows(rng, rows, other)
 				// Warm, as benchmarks/gather defines it: the same rows were
 				// just moved the same way (untimed), then the CPU cache flushed.
 				if err := tc.op(r); err != nil {

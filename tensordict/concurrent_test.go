@@ -38,11 +38,11 @@ func TestTensorDict_ConcurrentRowsAndClose(t *testing.T) {
 		}()
 	}
 	for g := range readers {
+		batch := must[*TensorDict](t)(td.Gather([]int{0, 1})) // t.Fatal only in the test's goroutine
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(g), 7))
-			batch := must[*TensorDict](t)(td.Gather([]int{0, 1}))
 			for range 500 {
 				idx := []int{rng.IntN(rows), rng.IntN(rows)}
 				if err := td.GatherInto(batch, idx); err != nil {
@@ -64,10 +64,10 @@ func TestTensorDict_ConcurrentRowsAndClose(t *testing.T) {
 
 	// Now race Close against more calls.
 	for g := range readers {
+		batch := must[*TensorDict](t)(src.Gather([]int{0}))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			batch := must[*TensorDict](t)(src.Gather([]int{0}))
 			for i := range 2000 {
 				var err error
 				if g%2 == 0 {

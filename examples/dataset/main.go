@@ -130,8 +130,12 @@ func buildSynthetic(prefix string, n int) error {
 		if err != nil {
 			return err
 		}
-		batch.Set("images", im)
-		batch.Set("labels", lb)
+		if err := batch.Set("images", im); err != nil {
+			return err
+		}
+		if err := batch.Set("labels", lb); err != nil {
+			return err
+		}
 		if err := td.SetSlice(start, batch); err != nil {
 			return err
 		}
@@ -146,8 +150,9 @@ func fillImage(img []byte, seed byte) {
 	}
 }
 
-// readBatches maps the dataset read-only and gathers random batches for d,
-// checking that every label is a class, then prints the throughput.
+// readBatches maps the dataset read-only and gathers random batches for d
+// into one reused batch (GatherInto: no allocation per batch), checking that
+// every label is a class, then prints the throughput.
 func readBatches(prefix string, batch int, d time.Duration) error {
 	td, err := tensordict.LoadMemmap(prefix, tensordict.ReadOnly())
 	if err != nil {
@@ -157,18 +162,21 @@ func readBatches(prefix string, batch int, d time.Duration) error {
 	n := td.Len()
 	rng := rand.New(rand.NewPCG(1, 2))
 	idx := make([]int, batch)
+	b, err := td.Gather(idx) // the batch buffer, in Go memory
+	if err != nil {
+		return err
+	}
+	labels, err := b.Tensor("labels")
+	if err != nil {
+		return err
+	}
 	var rows, bytes int
 	start := time.Now()
 	for time.Since(start) < d {
 		for i := range idx {
 			idx[i] = rng.IntN(n)
 		}
-		b, err := td.Gather(idx)
-		if err != nil {
-			return err
-		}
-		labels, err := b.Tensor("labels")
-		if err != nil {
+		if err := td.GatherInto(b, idx); err != nil {
 			return err
 		}
 		vals, err := tensordict.Values[int64](labels)
