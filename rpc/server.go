@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"reflect"
 	"runtime/debug"
@@ -119,6 +120,11 @@ const (
 // openRoot returns the shared root dir as an absolute path with symlinks
 // resolved, and its filesystem identity (created if it has none).
 func openRoot(dir string) (string, FSID, error) {
+	if fi, err := os.Stat(dir); err != nil {
+		return "", FSID{}, fmt.Errorf("rpc: root: %w", err) // names the whole path
+	} else if !fi.IsDir() {
+		return "", FSID{}, fmt.Errorf("rpc: root %s is not a directory", dir)
+	}
 	abs, err := filepath.Abs(dir)
 	if err == nil {
 		abs, err = filepath.EvalSymlinks(abs)
