@@ -2,7 +2,10 @@
 // TensorDicts under a shared root. "tensorwire node" runs one with Run; the
 // examples and benchmarks start one in a child process with Start (node B
 // of the seed scenario), which re-executes the program itself and serves
-// through the same Run.
+// through the same Run. Start is built on Spawn, which runs any server
+// that prints "listening on HOST:PORT" and stops on SIGTERM (the RPC
+// benchmark's servers, the built command in its tests) as a child process,
+// and ChildContext, the child's side of that.
 package nodeproc
 
 import (
@@ -45,12 +48,6 @@ func Run(ctx context.Context, cfg Config, ready func(addr string)) error {
 	}
 	opts := []rpc.Option{rpc.WithLogger(log)}
 	if cfg.Root != "" {
-		// rpc's own error names only the first missing path component.
-		if fi, err := os.Stat(cfg.Root); err != nil {
-			return fmt.Errorf("root: %w", err)
-		} else if !fi.IsDir() {
-			return fmt.Errorf("root %s is not a directory", cfg.Root)
-		}
 		opts = append(opts, rpc.WithRoot(cfg.Root))
 	}
 	if cfg.TokenFile != "" {

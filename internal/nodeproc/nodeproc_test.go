@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -135,5 +137,25 @@ func TestStart_FillThenStop(t *testing.T) {
 	}
 	if err := p.Stop(); err != nil {
 		t.Errorf("second Stop: %v", err)
+	}
+}
+
+// TestSpawn_Failures checks that a child that fails before it listens, or
+// prints something other than its address, is an error (and no panic), and
+// that Spawn stops the child it started.
+func TestSpawn_Failures(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := Start(ctx, Options{Root: filepath.Join(t.TempDir(), "missing")}); err == nil || !strings.Contains(err.Error(), "exited before listening") {
+		t.Errorf("Start with a missing root: %v", err)
+	}
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	_, err := Spawn(ctx, Child{Name: "sh", Path: "/bin/sh", Args: []string{"-c", `echo $$ >` + pidFile + `; echo hello; exec sleep 30`}})
+	if err == nil || !strings.Contains(err.Error(), `sh printed "hello\n", not its address`) {
+		t.Errorf("Spawn of a child printing hello: %v", err)
+	}
+	b, _ := os.ReadFile(pidFile)
+	if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
+		t.Errorf("the child (pid %q) is still running after Spawn failed", b)
 	}
 }

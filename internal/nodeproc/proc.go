@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -40,9 +41,8 @@ const ListeningPrefix = "listening on "
 // If it was, it runs the node the arguments describe, with register (nil
 // for none) adding methods to its server, prints "listening on HOST:PORT"
 // to stdout, and exits the process when the node stops: status 0 after a
-// clean stop, 1 on error. The node stops on SIGTERM or when its standard
-// input reaches end of file (the parent is gone); it ignores SIGINT, which
-// a terminal's Ctrl-C sends to the whole process group: the parent decides.
+// clean stop, 1 on error. The node stops as ChildContext says: on SIGTERM
+// or when its standard input reaches end of file.
 //
 // Programs that call Start call MaybeRunChild first thing in main, before
 // flag.Parse.
@@ -59,13 +59,8 @@ func MaybeRunChild(register func(*rpc.Server) error) {
 	if err := fs.Parse(os.Args[2:]); err != nil {
 		os.Exit(2)
 	}
-	signal.Ignore(os.Interrupt)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	ctx, stop := ChildContext()
 	defer stop()
-	go func() {
-		io.Copy(io.Discard, os.Stdin)
-		stop()
-	}()
 	err := Run(ctx, cfg, func(addr string) { fmt.Println(ListeningPrefix + addr) })
 	if err != nil {
 		log.Error("node failed", "err", err)
@@ -74,21 +69,40 @@ func MaybeRunChild(register func(*rpc.Server) error) {
 	os.Exit(0)
 }
 
+// ChildContext is for the main of a program that Spawn (or Start) runs. It
+// ignores SIGINT, which a terminal's Ctrl-C sends to the whole process
+// group (the parent decides when its children stop), and returns a context
+// that ends on SIGTERM or when standard input reaches end of file (the
+// parent is gone).
+func ChildContext() (context.Context, context.CancelFunc) {
+	signal.Ignore(os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		stop()
+	}()
+	return ctx, stop
+}
+
 // Options configures Start.
 type Options struct {
 	Root      string // the node's shared root
 	TokenFile string // the shared secret; "" makes a random one (Proc.Token)
 }
 
-// Proc is a node running in a child process, started by Start.
+// Proc is a server running in a child process, started by Spawn or Start.
 type Proc struct {
-	Addr  string // where it listens, on loopback
-	Token []byte // the shared secret: dial with rpc.WithToken(Token)
+	Addr  string // where it listens, as it printed it
+	Token []byte // Start's node: the shared secret, dial with rpc.WithToken(Token)
 
+	name  string
 	cmd   *exec.Cmd
 	stdin io.Closer
 	done  chan struct{} // closed when the child has exited; then err is set
 	err   error
+
+	stopOnce sync.Once
+	stopErr  error
 }
 
 // Start re-executes the running program (os.Executable) as a node serving
@@ -96,12 +110,7 @@ type Proc struct {
 // must call MaybeRunChild at the start of main. The child's logs go to this
 // process's stderr. Stop it with Stop; if this process dies first, the
 // child stops by itself.
-func Start(ctx context.Context, o Options) (p *Proc, err error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	p = &Proc{done: make(chan struct{})}
+func Start(ctx context.Context, o Options) (*Proc, error) {
 	tokenFile := o.TokenFile
 	if tokenFile == "" {
 		dir, err := os.MkdirTemp("", "tensorwire-token-")
@@ -109,19 +118,68 @@ func Start(ctx context.Context, o Options) (p *Proc, err error) {
 			return nil, err
 		}
 		defer os.RemoveAll(dir) // the child has read it once it listens
-		if tokenFile, err = writeRandomToken(filepath.Join(dir, "token")); err != nil {
+		tokenFile = filepath.Join(dir, "token")
+		if err := writeRandomToken(tokenFile); err != nil {
 			return nil, err
 		}
 	}
-	if p.Token, err = ReadToken(tokenFile); err != nil {
+	token, err := ReadToken(tokenFile)
+	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(exe, ChildArg, "--listen", "127.0.0.1:0", "--root", o.Root, "--token-file", tokenFile)
+	p, err := Spawn(ctx, Child{
+		Name: "node B",
+		Args: []string{ChildArg, "--listen", "127.0.0.1:0", "--root", o.Root, "--token-file", tokenFile},
+	})
+	if err != nil {
+		return nil, err
+	}
+	p.Token = token
+	return p, nil
+}
+
+// writeRandomToken writes a random 32-byte token, hex-encoded, to a new
+// file at path readable by its owner only.
+func writeRandomToken(path string) error {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return os.WriteFile(path, []byte(hex.EncodeToString(b)+"\n"), 0o600)
+}
+
+// A Child is a server program for Spawn to run. It must print
+// "listening on HOST:PORT" (ListeningPrefix and its address) as the first
+// line of its stdout once it listens, and exit with status 0 when asked to
+// stop with SIGTERM. ChildContext gives it a context that ends then, and
+// also when this process dies.
+type Child struct {
+	Name   string    // how errors name it: "node B"
+	Path   string    // the executable; "" re-executes this program (os.Executable)
+	Args   []string  // its arguments, without the program name
+	Stderr io.Writer // its stderr, and what it prints on stdout after the first line; nil: os.Stderr
+}
+
+// Spawn starts c and returns once it has printed its address (Proc.Addr).
+// Its standard input is a pipe that stays open until Stop, so it reaches
+// end of file if this process dies. Stop it with Stop; on an error Spawn
+// stops it itself.
+func Spawn(ctx context.Context, c Child) (_ *Proc, err error) {
+	path := c.Path
+	if path == "" {
+		if path, err = os.Executable(); err != nil {
+			return nil, err
+		}
+	}
+	stderr := c.Stderr
+	if stderr == nil {
+		stderr = os.Stderr
+	}
+	cmd := exec.Command(path, c.Args...)
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	cmd.Stdout, cmd.Stderr = w, os.Stderr
+	cmd.Stdout, cmd.Stderr = w, stderr
+	p := &Proc{name: c.Name, cmd: cmd, done: make(chan struct{})}
 	if p.stdin, err = cmd.StdinPipe(); err != nil { // held open until Stop
 		r.Close()
 		w.Close()
@@ -131,9 +189,8 @@ func Start(ctx context.Context, o Options) (p *Proc, err error) {
 	w.Close()
 	if err != nil {
 		r.Close()
-		return nil, fmt.Errorf("starting node B: %w", err)
+		return nil, fmt.Errorf("starting %s: %w", c.Name, err)
 	}
-	p.cmd = cmd
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
@@ -150,38 +207,27 @@ func Start(ctx context.Context, o Options) (p *Proc, err error) {
 		br := bufio.NewReader(r)
 		s, _ := br.ReadString('\n') // fails once the child is gone
 		line <- s
-		io.Copy(os.Stderr, br) // anything else it prints, until it exits
+		io.Copy(stderr, br) // anything else it prints, until it exits
 	}()
 	timer := time.NewTimer(startTimeout)
 	defer timer.Stop()
 	select {
 	case s := <-line:
-		addr, ok := strings.CutPrefix(strings.TrimSpace(s), ListeningPrefix)
 		if s == "" {
 			<-p.done
-			return nil, fmt.Errorf("node B exited before listening: %v", p.err)
+			return nil, fmt.Errorf("%s exited before listening: %v", c.Name, p.err)
 		}
+		addr, ok := strings.CutPrefix(strings.TrimSpace(s), ListeningPrefix)
 		if !ok {
-			return nil, fmt.Errorf("node B printed %q, not its address", s)
+			return nil, fmt.Errorf("%s printed %q, not its address", c.Name, s)
 		}
 		p.Addr = addr
 		return p, nil
 	case <-timer.C:
-		return nil, fmt.Errorf("node B did not listen within %v", startTimeout)
+		return nil, fmt.Errorf("%s did not listen within %v", c.Name, startTimeout)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-}
-
-// writeRandomToken writes a random 32-byte token, hex-encoded, to a new
-// file at path readable by its owner only, and returns path.
-func writeRandomToken(path string) (string, error) {
-	b := make([]byte, 32)
-	rand.Read(b)
-	if err := os.WriteFile(path, []byte(hex.EncodeToString(b)+"\n"), 0o600); err != nil {
-		return "", err
-	}
-	return path, nil
 }
 
 // Pid returns the child's process id.
@@ -189,8 +235,15 @@ func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 
 // Stop asks the child to stop (SIGTERM), waits for it, and kills it if it
 // has not stopped within ten seconds. It returns an error unless the child
-// exited with status 0. Calling it again returns the same result.
+// exited with status 0. Calling it again, also from another goroutine,
+// returns the same result.
 func (p *Proc) Stop() error {
+	p.stopOnce.Do(func() { p.stopErr = p.stop() })
+	return p.stopErr
+}
+
+func (p *Proc) stop() error {
+	defer p.stdin.Close()
 	select {
 	case <-p.done:
 	default:
@@ -200,17 +253,15 @@ func (p *Proc) Stop() error {
 		case <-time.After(stopTimeout):
 			p.cmd.Process.Kill()
 			<-p.done
-			p.stdin.Close()
-			return fmt.Errorf("node B (pid %d) did not stop within %v of SIGTERM; killed", p.Pid(), stopTimeout)
+			return fmt.Errorf("%s (pid %d) did not stop within %v of SIGTERM; killed", p.name, p.Pid(), stopTimeout)
 		}
 	}
-	p.stdin.Close()
 	if p.err != nil {
 		var ee *exec.ExitError
 		if errors.As(p.err, &ee) {
-			return fmt.Errorf("node B (pid %d): %v", p.Pid(), ee)
+			return fmt.Errorf("%s (pid %d): %v", p.name, p.Pid(), ee)
 		}
-		return fmt.Errorf("node B (pid %d): %w", p.Pid(), p.err)
+		return fmt.Errorf("%s (pid %d): %w", p.name, p.Pid(), p.err)
 	}
 	return nil
 }
