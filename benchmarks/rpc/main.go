@@ -66,14 +66,14 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"os/signal"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/benchkit"
+	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/internal/report"
 )
 
@@ -151,11 +151,10 @@ func (cfg *config) check() error {
 // run returns the exit status; its deferred cleanups (killing the servers)
 // run before the exit.
 func run(cfg config) int {
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer cancel()
+	ctx, stop := benchkit.OnInterrupt("interrupted: stopping the servers (interrupt again to quit at once)")
+	defer stop()
 	res, err := measure(ctx, cfg)
 	if ctx.Err() != nil {
-		slog.Warn("interrupted")
 		return 130
 	}
 	if err != nil {
@@ -174,11 +173,11 @@ func run(cfg config) int {
 
 // result is what one system measured.
 type result struct {
-	name   string
-	small  smallResult
-	bulk   []time.Duration
-	stream time.Duration
-	cfg    *config
+	name        string
+	small       smallResult
+	bulk        []time.Duration
+	stream      time.Duration // to stream streamBytes
+	streamBytes int64
 }
 
 func (r *result) smallCallsPerS() float64 { return r.small.callsPerS() }
@@ -188,7 +187,7 @@ func (r *result) bulkP50ms() float64      { return report.Ms(report.Percentile(r
 func (r *result) bulkMBps() float64 {
 	return report.GBps(bulkBytes, report.Percentile(r.bulk, 50)) * 1e3
 }
-func (r *result) streamGBps() float64 { return report.GBps(r.cfg.streamBytes, r.stream) }
+func (r *result) streamGBps() float64 { return report.GBps(r.streamBytes, r.stream) }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
@@ -197,23 +196,24 @@ func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond)
 func measure(ctx context.Context, cfg config) (results []*result, err error) {
 	var (
 		mu       sync.Mutex // children, for the interrupt
-		children []*child
+		children []*nodeproc.Proc
 	)
 	defer func() {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, c := range children {
-			if serr := c.stop(); serr != nil && err == nil && ctx.Err() == nil {
+			if serr := c.Stop(); serr != nil && err == nil && ctx.Err() == nil {
 				err = serr
 			}
 		}
 	}()
-	// On an interrupt, killing the servers ends any call in flight.
+	// On an interrupt, stopping the servers ends any call in flight: they
+	// close their connections.
 	defer context.AfterFunc(ctx, func() {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, c := range children {
-			c.kill()
+			c.Stop()
 		}
 	})()
 
@@ -231,13 +231,13 @@ func measure(ctx context.Context, cfg config) (results []*result, err error) {
 		mu.Lock()
 		children = append(children, c)
 		mu.Unlock()
-		slog.Info("server started", "system", name, "addr", c.addr, "pid", c.cmd.Process.Pid)
-		cl, err := registry[name].dial(ctx, c.addr)
+		slog.Info("server started", "system", name, "addr", c.Addr, "pid", c.Pid())
+		cl, err := registry[name].dial(ctx, c.Addr)
 		if err != nil {
-			return nil, fmt.Errorf("%s: dial %s: %w", name, c.addr, err)
+			return nil, fmt.Errorf("%s: dial %s: %w", name, c.Addr, err)
 		}
 		targets = append(targets, target{name, cl})
-		results = append(results, &result{name: name, cfg: &cfg})
+		results = append(results, &result{name: name, streamBytes: cfg.streamBytes})
 	}
 
 	for i, t := range targets {

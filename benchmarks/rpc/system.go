@@ -244,17 +244,28 @@ func (s *streamCheck) add(msg []byte) error {
 		return fmt.Errorf("%w: stream message %d of %d bytes, longer than the first (%d)", errVerify, s.msgs, len(msg), s.size)
 	}
 	s.short = len(msg) < s.size
-	tag := streamTag(s.msgs)
-	for i := 0; i < len(msg); i += sampleStride {
-		if msg[i] != tag {
-			return fmt.Errorf("%w: stream message %d byte %d is %d, want %d", errVerify, s.msgs, i, msg[i], tag)
-		}
-	}
-	if msg[len(msg)-1] != tag {
-		return fmt.Errorf("%w: stream message %d last byte is %d, want %d", errVerify, s.msgs, msg[len(msg)-1], tag)
+	if err := checkStreamMessage(s.msgs, msg); err != nil {
+		return err
 	}
 	s.msgs++
 	s.bytes += int64(len(msg))
+	return nil
+}
+
+// checkStreamMessage checks the bytes of message k of a stream, which must
+// not be empty: its first byte, one byte per page and its last byte must be
+// streamTag(k). Servers that may receive messages out of order call it with
+// the message's number; the others use a streamCheck.
+func checkStreamMessage(k int64, msg []byte) error {
+	tag := streamTag(k)
+	for i := 0; i < len(msg); i += sampleStride {
+		if msg[i] != tag {
+			return fmt.Errorf("%w: stream message %d byte %d is %d, want %d", errVerify, k, i, msg[i], tag)
+		}
+	}
+	if msg[len(msg)-1] != tag {
+		return fmt.Errorf("%w: stream message %d last byte is %d, want %d", errVerify, k, msg[len(msg)-1], tag)
+	}
 	return nil
 }
 

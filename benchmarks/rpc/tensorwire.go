@@ -53,21 +53,6 @@ type twStream struct {
 	msgs, bytes int64
 }
 
-// checkStreamMessage checks message seq of a stream as streamCheck.add
-// does, by its number rather than its arrival order.
-func checkStreamMessage(seq int64, msg []byte) error {
-	tag := streamTag(seq)
-	for i := 0; i < len(msg); i += sampleStride {
-		if msg[i] != tag {
-			return fmt.Errorf("%w: stream message %d byte %d is %d, want %d", errVerify, seq, i, msg[i], tag)
-		}
-	}
-	if msg[len(msg)-1] != tag {
-		return fmt.Errorf("%w: stream message %d last byte is %d, want %d", errVerify, seq, msg[len(msg)-1], tag)
-	}
-	return nil
-}
-
 func (tensorwireSystem) serve(ctx context.Context, ln net.Listener) error {
 	s, err := rpc.NewServer()
 	if err != nil {
