@@ -9,17 +9,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -31,6 +26,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"github.com/tensorwire/tensorwire/internal/testcert"
 )
 
 // Methods the failure tests register.
@@ -210,36 +206,9 @@ func expectClosed(t *testing.T, conn net.Conn, d time.Duration) {
 
 // ---- TLS ----
 
-// selfSigned returns a server certificate for 127.0.0.1 and a pool that
-// trusts it.
-func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	must(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "tensorwire test"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
-		DNSNames:              []string{"localhost"},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	must(t, err)
-	cert, err := x509.ParseCertificate(der)
-	must(t, err)
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: cert}, pool
-}
-
 func TestServer_TLS(t *testing.T) {
-	cert, pool := selfSigned(t)
-	_, otherPool := selfSigned(t)
+	cert, pool := testcert.New(t)
+	_, otherPool := testcert.New(t)
 	serverTLS := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	for _, tc := range []struct {
 		name           string

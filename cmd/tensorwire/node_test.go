@@ -1,29 +1,22 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/nodeproc"
+	"github.com/tensorwire/tensorwire/internal/testcert"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -64,67 +57,40 @@ func (l *lockedBuffer) String() string {
 // node is "tensorwire node" running as a process.
 type node struct {
 	addr   string
-	cmd    *exec.Cmd
+	proc   *nodeproc.Proc
 	stderr *lockedBuffer
 }
 
 // startNode runs the built command as "tensorwire node --listen
-// 127.0.0.1:0 ARGS..." and returns once it has printed its address. The
-// process is killed when the test ends if the test has not stopped it.
+// 127.0.0.1:0 ARGS..." and returns once it has printed "listening on
+// HOST:PORT" (nodeproc.Spawn checks the line). The process is stopped when
+// the test ends if the test has not stopped it.
 func startNode(t *testing.T, args ...string) *node {
 	t.Helper()
-	cmd := exec.Command(cliBinary(t), append([]string{"node", "--listen", "127.0.0.1:0"}, args...)...)
-	n := &node{cmd: cmd, stderr: &lockedBuffer{}}
-	cmd.Stderr = n.stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
+	n := &node{stderr: &lockedBuffer{}}
+	p, err := nodeproc.Spawn(context.Background(), nodeproc.Child{ // 10 s at most
+		Name:   "tensorwire node",
+		Path:   cliBinary(t),
+		Args:   append([]string{"node", "--listen", "127.0.0.1:0"}, args...),
+		Stderr: n.stderr,
 	})
-	line := make(chan string, 1)
-	go func() {
-		s, _ := bufio.NewReader(out).ReadString('\n')
-		line <- s
-	}()
-	select {
-	case s := <-line:
-		addr, ok := strings.CutPrefix(strings.TrimSuffix(s, "\n"), "listening on ")
-		if !ok {
-			t.Fatalf("first line %q is not \"listening on HOST:PORT\"; stderr:\n%s", s, n.stderr)
-		}
-		if _, port, err := net.SplitHostPort(addr); err != nil || port == "0" {
-			t.Fatalf("address %q: %v", addr, err)
-		}
-		n.addr = addr
-	case <-time.After(10 * time.Second):
-		t.Fatalf("no address within 10 s; stderr:\n%s", n.stderr)
+	if err != nil {
+		t.Fatalf("%v; stderr:\n%s", err, n.stderr)
+	}
+	n.addr, n.proc = p.Addr, p
+	t.Cleanup(func() { p.Stop() })
+	if _, port, err := net.SplitHostPort(n.addr); err != nil || port == "0" {
+		t.Fatalf("address %q: %v", n.addr, err)
 	}
 	return n
 }
 
-// stop sends SIGTERM and checks that the node exits with status 0.
+// stop sends SIGTERM and checks that the node exits with status 0 within
+// 10 s, having logged that it stopped.
 func (n *node) stop(t *testing.T) {
 	t.Helper()
-	if err := n.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- n.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("after SIGTERM: %v; stderr:\n%s", err, n.stderr)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("still running 10 s after SIGTERM; stderr:\n%s", n.stderr)
+	if err := n.proc.Stop(); err != nil {
+		t.Errorf("after SIGTERM: %v; stderr:\n%s", err, n.stderr)
 	}
 	if !strings.Contains(n.stderr.String(), "node stopped") {
 		t.Errorf("stderr lacks the stop log:\n%s", n.stderr)
@@ -212,7 +178,8 @@ func TestNode_WrongToken(t *testing.T) {
 
 func TestNode_TLS(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile, pool := selfSigned(t, dir)
+	cert, pool := testcert.New(t)
+	certFile, keyFile := testcert.WriteFiles(t, cert, dir)
 	n := startNode(t, "--root", dir, "--tls-cert", certFile, "--tls-key", keyFile)
 	c, err := dialNode(t, n.addr, rpc.WithTLS(&tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}))
 	if err != nil {
@@ -225,41 +192,4 @@ func TestNode_TLS(t *testing.T) {
 		t.Errorf("Dial trusting another CA: %v, want Unauthenticated", err)
 	}
 	n.stop(t)
-}
-
-// selfSigned writes a self-signed certificate for 127.0.0.1 and its key to
-// dir and returns their paths and a pool that trusts the certificate.
-func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "tensorwire test"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
-	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
-	pool = x509.NewCertPool()
-	pool.AddCert(cert)
-	return certFile, keyFile, pool
 }
