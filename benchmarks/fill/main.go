@@ -40,9 +40,10 @@
 //	cold  node B dropped its page-table entries for the file (a
 //	      benchmark-only method node B serves in addition to "tensorwire
 //	      node"'s), node A evicted the file (memmap's Evict: msync, fsync,
-//	      madvise, fadvise), and node A checked with mincore that none of
-//	      the rows' pages were left in the page cache; the call then faults
-//	      them in from the disk
+//	      madvise, fadvise), and node A counted with mincore the rows'
+//	      pages still in the page cache (reported as "cold pages", not
+//	      enforced: tmpfs, for one, cannot drop them); the call then
+//	      faults the evicted pages in from the disk
 //
 // Every warm and cold measurement takes the next of the disjoint row sets
 // {4k..4k+3, rows-1-k} (the seed's [0, 1, 2, 3, 999], then
@@ -95,9 +96,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/benchkit"
@@ -136,17 +135,8 @@ func main() {
 
 // run returns the exit status; its deferred cleanups run before the exit.
 func run(cfg config) int {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	go func() {
-		s := <-sigs
-		signal.Stop(sigs) // a second signal gets the default action
-		slog.Warn("interrupted: stopping node B and removing the dataset (interrupt again to quit at once)", "signal", s)
-		cancel()
-	}()
+	ctx, stop := benchkit.OnInterrupt("interrupted: stopping node B and removing the dataset (interrupt again to quit at once)")
+	defer stop()
 
 	root, err := os.MkdirTemp(cfg.dir, "tensorwire-fill-*")
 	if err != nil {
