@@ -45,13 +45,16 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/internal/progress"
+	"github.com/tensorwire/tensorwire/internal/report"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -84,7 +87,10 @@ func main() {
 }
 
 func run(cfg config) (err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// Ctrl-C or SIGTERM ends the calls, so that the folder still goes.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 
 	// The shared root, and the folder of ours in it that goes at the end.
@@ -193,7 +199,7 @@ func run(cfg config) (err error) {
 			return err
 		}
 		fmt.Printf("fill    %v with 1 on node B: %.2f ms (%d bytes %s)\n",
-			rows, float64(time.Since(t0).Microseconds())/1000, len(rows)*rowBytes, moved)
+			rows, report.Ms(time.Since(t0)), len(rows)*rowBytes, moved)
 		ones = append(ones, rows...)
 		zeros := append(slices.Concat(calls[i+1:]...), sample...)
 		if err := verify(td, ones, zeros); err != nil {
