@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -178,15 +177,7 @@ func (b *bench) checkRows(rows []int) error {
 
 // checkRow checks that every byte of data, row r, is want[r].
 func (b *bench) checkRow(r int, data []byte) error {
-	w := b.want[r]
-	if bytes.Count(data, []byte{w}) == len(data) {
-		return nil
-	}
-	i := 0
-	for data[i] == w {
-		i++
-	}
-	return fmt.Errorf("%w: row %d byte %d is %d, want %d", errMismatch, r, i, data[i], w)
+	return benchkit.CheckRow(r, data, b.want[r])
 }
 
 // measure runs every workload warm, hot and cold, iters times,

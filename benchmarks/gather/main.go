@@ -79,7 +79,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -352,7 +351,7 @@ func measure(ctx context.Context, cfg config, path string) (*results, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if err != nil && !errors.Is(err, errMismatch) {
+		if err != nil && !errors.Is(err, benchkit.ErrMismatch) {
 			return nil, err
 		}
 		if err != nil && fail == nil {
@@ -402,21 +401,13 @@ func stream(ctx context.Context, t *memmap.Tensor, batch, want []byte) (gbps flo
 	return report.GBps(int64(t.Size()), total), peak, fail
 }
 
-var errMismatch = errors.New("gathered bytes differ from the bytes written")
-
 // verify checks that row i of buf, for each rows[i] = r, holds want[r] in
 // every byte.
 func verify(buf []byte, rows []int, want []byte, rs int) error {
 	for i, r := range rows {
-		row := buf[i*rs : (i+1)*rs]
-		if bytes.Count(row, want[r:r+1]) == rs {
-			continue
+		if err := benchkit.CheckRow(r, buf[i*rs:(i+1)*rs], want[r]); err != nil {
+			return err
 		}
-		off := 0
-		for off < rs && row[off] == want[r] {
-			off++
-		}
-		return fmt.Errorf("%w: row %d byte %d is %d, want %d", errMismatch, r, off, row[off], want[r])
 	}
 	return nil
 }

@@ -38,9 +38,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -52,6 +50,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/benchkit"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/internal/progress"
 	"github.com/tensorwire/tensorwire/internal/report"
@@ -210,8 +209,6 @@ func run(cfg config) (err error) {
 	return nil
 }
 
-var errMismatch = errors.New("row is not what node B should have left")
-
 // verify checks that every byte of each row in ones is 1 and of each row in
 // zeros is 0, reading node A's mapping one row at a time.
 func verify(td *tensordict.TensorDict, ones, zeros []int) error {
@@ -225,14 +222,9 @@ func verify(td *tensordict.TensorDict, ones, zeros []int) error {
 			if _, err := x.ReadAt(row, int64(r)*int64(len(row))); err != nil {
 				return err
 			}
-			if bytes.Count(row, []byte{want}) == len(row) {
-				continue
+			if err := benchkit.CheckRow(r, row, want); err != nil {
+				return fmt.Errorf("node B did not leave the rows as asked: %w", err)
 			}
-			i := 0
-			for row[i] == want {
-				i++
-			}
-			return fmt.Errorf("%w: row %d byte %d is %d, want %d", errMismatch, r, i, row[i], want)
 		}
 		return nil
 	}

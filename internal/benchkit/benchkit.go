@@ -7,6 +7,8 @@
 package benchkit
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 
@@ -75,4 +77,22 @@ func FlushCache(b []byte) {
 		x += b[i]
 	}
 	sink += x
+}
+
+// ErrMismatch is wrapped by CheckRow's errors: data a benchmark verified
+// was not what it had written.
+var ErrMismatch = errors.New("bytes differ from what was written")
+
+// CheckRow returns nil if every byte of row, row r of the data, is want,
+// and otherwise an error wrapping ErrMismatch that names the first byte
+// that differs.
+func CheckRow(r int, row []byte, want byte) error {
+	if bytes.Count(row, []byte{want}) == len(row) { // vectorized: the common case
+		return nil
+	}
+	i := 0
+	for row[i] == want {
+		i++
+	}
+	return fmt.Errorf("%w: row %d byte %d is %d, want %d", ErrMismatch, r, i, row[i], want)
 }

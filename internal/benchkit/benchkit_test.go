@@ -2,10 +2,12 @@ package benchkit
 
 import (
 	"bytes"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,5 +115,26 @@ func TestOnInterrupt_CancelsOnSignal(t *testing.T) {
 	stop2()
 	if ctx2.Err() == nil {
 		t.Error("stop did not cancel the context")
+	}
+}
+
+func TestCheckRow(t *testing.T) {
+	for _, tc := range []struct {
+		row  []byte
+		want byte
+		ok   bool
+	}{
+		{[]byte{7, 7, 7}, 7, true},
+		{[]byte{}, 7, true},
+		{[]byte{7, 6, 7}, 7, false},
+		{[]byte{0, 0, 1}, 0, false},
+	} {
+		err := CheckRow(3, tc.row, tc.want)
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrMismatch)) {
+			t.Errorf("CheckRow(%v, %d) = %v", tc.row, tc.want, err)
+		}
+	}
+	if err := CheckRow(3, []byte{7, 6}, 7); err == nil || !strings.Contains(err.Error(), "row 3 byte 1 is 6, want 7") {
+		t.Errorf("error %v does not name the first differing byte", err)
 	}
 }
