@@ -30,6 +30,7 @@ import (
 type Server struct {
 	o    options
 	fsid FSID
+	root string    // absolute, symlinks resolved; "" without a root
 	res  *resolver // nil without a root
 
 	mu        sync.RWMutex
@@ -81,7 +82,7 @@ func NewServer(opts ...Option) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.fsid = fsid
+		s.fsid, s.root = fsid, dir
 		if s.res, err = newResolver(dir, 1024); err != nil {
 			return nil, err
 		}
@@ -138,6 +139,11 @@ func openRoot(dir string) (string, FSID, error) {
 
 // FSID returns the identity of the server's root, or the zero FSID.
 func (s *Server) FSID() FSID { return s.fsid }
+
+// Root returns the server's shared root as an absolute path with symlinks
+// resolved, or "" without one. Services use it to name files relative to
+// the root for their callers.
+func (s *Server) Root() string { return s.root }
 
 // Register makes fn callable as method on s. Req and Resp are encoded with
 // msgpack (exported fields; `codec:"name"` tags rename them); TD fields in

@@ -1,0 +1,779 @@
+package replay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorwire/tensorwire/replay/internal/selector"
+	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// StorageDir is the folder, under a buffer's prefix, of its storage: a
+// memory-mapped TensorDict of batch size [Capacity] in tensordict's format,
+// which Python loads with TensorDict.load_memmap.
+const StorageDir = "storage"
+
+// Buffer is a replay buffer in one process: transitions in a memory-mapped
+// TensorDict of fixed capacity at a prefix, a writer policy choosing their
+// slots, a sampler choosing what a sample returns, and a rate limiter. Serve
+// it on a node with Register for writers and trainers elsewhere (Dial).
+//
+// Every method is safe for concurrent use by many writers and samplers.
+// Copies into and out of the storage run outside the buffer's lock, so
+// writers and samplers copy in parallel; a row that a writer overwrites
+// while a sampler copies it is detected by its slot's generation and
+// sampled again, never returned torn.
+//
+// A Buffer owns its mappings until Close. Its prefix holds everything it
+// needs to resume (Open): the storage, the slot table (SlotsFile), and
+// replay.json with its configuration and last checkpoint.
+type Buffer struct {
+	prefix string
+	cfg    Config
+	id     string
+
+	commitMu sync.RWMutex // commits hold it shared; Checkpoint exclusively, around its flushes
+	use      sync.RWMutex // operations on the mappings outside mu hold it shared (enter); Close exclusively
+	closed   atomic.Bool  // set under mu, by Close
+
+	mu      sync.Mutex
+	changed chan struct{} // closed and replaced when anything a waiter waits for changes
+	storage *tensordict.TensorDict // nil until the schema is known
+	schema  []tensordict.Field     // per transition; nil until known
+	slots   *slotTable
+	sel     selector.Selector
+	writer  slotChooser
+	limit   *limiter
+	rng     *mrand.Rand
+	maxPrio float64
+	nextRID uint64
+	resv    map[uint64]*reservation
+	pending int // slots held by reservations
+	stats   Stats
+}
+
+// reservation is slots taken for a writer that has not committed yet.
+type reservation struct {
+	rid   uint64
+	slots []int // per row of the batch; -1 for a row the writer policy dropped
+	keys  []float64
+	timer *time.Timer
+}
+
+// Stats counts what a buffer has done since it was created or opened.
+type Stats struct {
+	Capacity  int    `codec:"capacity" json:"capacity"`
+	Size      int    `codec:"size" json:"size"`           // transitions that can be sampled
+	Inserted  int64  `codec:"inserted" json:"inserted"`   // transitions committed (cumulative, as the rate limiter counts)
+	Sampled   int64  `codec:"sampled" json:"sampled"`     // transitions sampled (cumulative)
+	Pending   int    `codec:"pending" json:"pending"`     // slots held by uncommitted reservations
+	Expired   int64  `codec:"expired" json:"expired"`     // reservations that expired
+	Resampled int64  `codec:"resampled" json:"resampled"` // rows found overwritten while sampled, and sampled again
+	Sampler   string `codec:"sampler" json:"sampler"`
+	NodeHeap  uint64 `codec:"node_heap" json:"node_heap"` // Go heap in use on the node serving the buffer (remote Stats only)
+}
+
+// Create makes a new buffer at prefix, a folder that must not hold one
+// already (ErrExists). With cfg.Schema the storage is created now, its disk
+// space reserved; without, at the first Extend. Close it when done.
+func Create(prefix string, cfg Config) (*Buffer, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(prefix, MetaFile)); err == nil {
+		return nil, fmt.Errorf("%w: %s", ErrExists, prefix)
+	}
+	if err := os.MkdirAll(prefix, 0o755); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	var idb [8]byte
+	rand.Read(idb[:])
+	b := newBuffer(prefix, cfg, hex.EncodeToString(idb[:]))
+	var err error
+	if b.slots, err = createSlots(filepath.Join(prefix, SlotsFile), cfg.Capacity); err != nil {
+		return nil, fmt.Errorf("replay: creating the slot table: %w", err)
+	}
+	if cfg.Schema != nil {
+		if err := b.createStorage(cfg.Schema); err != nil {
+			b.slots.close()
+			return nil, err
+		}
+	}
+	if b.cfg.Writer.Kind == "top_k" {
+		free := make([]int, cfg.Capacity)
+		for i := range free {
+			free[i] = cfg.Capacity - 1 - i
+		}
+		b.writer = newTopK(free)
+	}
+	if err := b.writeMeta(); err != nil {
+		b.closeFiles()
+		return nil, err
+	}
+	return b, nil
+}
+
+func newBuffer(prefix string, cfg Config, id string) *Buffer {
+	sel, _ := selector.New(cfg.Sampler.spec, cfg.Capacity) // validated
+	var seed [32]byte
+	rand.Read(seed[:])
+	return &Buffer{
+		prefix:  prefix,
+		cfg:     cfg,
+		id:      id,
+		changed: make(chan struct{}),
+		schema:  cfg.Schema,
+		sel:     sel,
+		writer:  &roundRobin{capacity: cfg.Capacity},
+		limit:   newLimiter(cfg.Limit),
+		rng:     mrand.New(mrand.NewChaCha8(seed)),
+		maxPrio: 1,
+		nextRID: 1,
+		resv:    map[uint64]*reservation{},
+	}
+}
+
+// createStorage makes the storage for a transition schema.
+func (b *Buffer) createStorage(schema []tensordict.Field) error {
+	fs := make([]tensordict.Field, len(schema))
+	for i, f := range schema {
+		fs[i] = tensordict.Field{Key: f.Key, DType: f.DType, Shape: append([]int{b.cfg.Capacity}, f.Shape...)}
+	}
+	td, err := tensordict.Create(filepath.Join(b.prefix, StorageDir), []int{b.cfg.Capacity}, fs...)
+	if err != nil {
+		return fmt.Errorf("replay: creating the storage: %w", err)
+	}
+	b.storage, b.schema = td, schema
+	return nil
+}
+
+// Prefix returns the folder the buffer lives in.
+func (b *Buffer) Prefix() string { return b.prefix }
+
+// Capacity returns how many transitions the buffer holds.
+func (b *Buffer) Capacity() int { return b.cfg.Capacity }
+
+// Schema returns the fields of one transition (shapes without the batch
+// dimension), or nil before the first Extend of a buffer created without
+// one.
+func (b *Buffer) Schema() []tensordict.Field {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return cloneSchema(b.schema)
+}
+
+// Stats returns the buffer's counters now.
+func (b *Buffer) Stats() Stats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.stats
+	s.Capacity, s.Size, s.Pending, s.Sampler = b.cfg.Capacity, b.sel.Len(), b.pending, b.cfg.Sampler.String()
+	s.Inserted, s.Sampled = b.limit.inserts, b.limit.samples
+	return s
+}
+
+// Len returns the number of transitions that can be sampled.
+func (b *Buffer) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sel.Len()
+}
+
+// Extend adds a batch of transitions, a TensorDict of batch size [B] whose
+// tensors match the buffer's schema (the first batch sets it when the
+// buffer has none), and returns the slot each went to (-1 for a
+// transition a top-k writer dropped). It waits while the rate limiter holds
+// inserts back, until ctx ends. A batch that does not match is refused
+// with ErrSchema and nothing is written.
+//
+// New transitions get the largest priority seen so far; ExtendPriority sets
+// theirs.
+func (b *Buffer) Extend(ctx context.Context, td *tensordict.TensorDict) ([]int, error) {
+	return b.ExtendPriority(ctx, td, nil)
+}
+
+// ExtendPriority is Extend with a priority for each transition (nil: the
+// largest seen so far), finite and not negative.
+func (b *Buffer) ExtendPriority(ctx context.Context, td *tensordict.TensorDict, priorities []float64) ([]int, error) {
+	n, err := batchLen(td)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkPriorities(priorities, n); err != nil {
+		return nil, err
+	}
+	keys, err := b.keysOf(td)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.enter(); err != nil {
+		return nil, err
+	}
+	defer b.leave()
+	r, storage, err := b.reserve(ctx, rowSchema(td), n, keys)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeRows(storage, r.slots, td); err != nil {
+		b.expire(r.rid)
+		return nil, err
+	}
+	return b.commit(r.rid, r.slots, priorities)
+}
+
+// writeRows writes td's rows into storage at slots, skipping rows whose slot
+// is -1.
+func writeRows(storage *tensordict.TensorDict, slots []int, td *tensordict.TensorDict) error {
+	kept, rows := keptRows(slots)
+	if len(kept) == 0 {
+		return nil
+	}
+	src := td
+	if len(kept) < len(slots) {
+		var err error
+		if src, err = td.Gather(rows); err != nil {
+			return err
+		}
+	}
+	return storage.SetRows(kept, src)
+}
+
+// keptRows returns the slots that are not -1, and the rows they belong to.
+func keptRows(slots []int) (kept, rows []int) {
+	kept = make([]int, 0, len(slots))
+	for i, s := range slots {
+		if s >= 0 {
+			kept = append(kept, s)
+			rows = append(rows, i)
+		}
+	}
+	return kept, rows
+}
+
+// batchLen checks that td is a batch of transitions and returns its length.
+func batchLen(td *tensordict.TensorDict) (int, error) {
+	if td == nil {
+		return 0, schemaErrorf("no batch")
+	}
+	bs := td.BatchSize()
+	if len(bs) != 1 {
+		return 0, schemaErrorf("batch size %v, want [N]", bs)
+	}
+	if bs[0] == 0 {
+		return 0, schemaErrorf("empty batch")
+	}
+	return bs[0], nil
+}
+
+func checkPriorities(p []float64, n int) error {
+	if p == nil {
+		return nil
+	}
+	if len(p) != n {
+		return schemaErrorf("%d priorities for %d transitions", len(p), n)
+	}
+	for i, v := range p {
+		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+			return schemaErrorf("priority %d is %v; want a finite number >= 0", i, v)
+		}
+	}
+	return nil
+}
+
+// keysOf returns the top-k writer's key of every transition of td, or nil
+// for other writers.
+func (b *Buffer) keysOf(td *tensordict.TensorDict) ([]float64, error) {
+	if b.cfg.Writer.Kind != "top_k" {
+		return nil, nil
+	}
+	return rankKeys(td, b.cfg.Writer.Key)
+}
+
+// rankKeys reads the ranking key of each row of td: a tensor at key with one
+// element per row.
+func rankKeys(td *tensordict.TensorDict, key []string) ([]float64, error) {
+	t, err := td.Tensor(key...)
+	if err != nil {
+		return nil, schemaErrorf("the top-k writer ranks by %v: %v", key, err)
+	}
+	n := t.Len()
+	if t.NumElements() != n {
+		return nil, schemaErrorf("the top-k key %v has shape %v; want one element per transition", key, t.Shape())
+	}
+	raw, err := t.Bytes()
+	if err != nil {
+		return nil, err
+	}
+	keys := make([]float64, n)
+	size := t.DType().Size()
+	for i := range keys {
+		keys[i] = t.DType().Float64(raw[i*size : (i+1)*size])
+		if math.IsNaN(keys[i]) {
+			return nil, schemaErrorf("top-k key of transition %d is NaN", i)
+		}
+	}
+	return keys, nil
+}
+
+// reserve takes slots for n transitions of the given schema, creating the
+// storage if the buffer has none, once the rate limiter lets them in.
+// The slots leave the sampler at once, and their words move to a new
+// generation, so samplers reading them see the change.
+func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, keys []float64) (*reservation, *tensordict.TensorDict, error) {
+	if n > b.cfg.Capacity {
+		return nil, nil, schemaErrorf("a batch of %d transitions does not fit a buffer of %d", n, b.cfg.Capacity)
+	}
+	if keys != nil && len(keys) != n {
+		return nil, nil, schemaErrorf("%d keys for %d transitions", len(keys), n)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.schema == nil {
+		if err := checkSchema(schema); err != nil {
+			return nil, nil, schemaErrorf("%v", err)
+		}
+		if b.closed.Load() {
+			return nil, nil, ErrClosed
+		}
+		if err := b.createStorage(schema); err != nil {
+			return nil, nil, err
+		}
+		if err := b.writeMetaLocked(); err != nil {
+			return nil, nil, err
+		}
+	} else if err := sameSchema(b.schema, schema); err != nil {
+		return nil, nil, schemaErrorf("%v", err)
+	}
+	for !b.closed.Load() && !b.limit.canInsert(n, b.pending, b.sel.Len()) {
+		if err := b.wait(ctx); err != nil {
+			return nil, nil, err
+		}
+	}
+	if b.closed.Load() {
+		return nil, nil, ErrClosed
+	}
+	slots, err := b.writer.choose(b.slots, n, keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := &reservation{rid: b.nextRID, slots: slots, keys: keys}
+	b.nextRID++
+	for _, s := range slots {
+		if s < 0 {
+			continue
+		}
+		b.sel.Remove(s)
+		w := b.slots.word(s)
+		b.slots.setWord(s, makeWord(gen(w)+1, stateWriting))
+		b.slots.setRID(s, r.rid)
+		b.pending++
+	}
+	b.resv[r.rid] = r
+	r.timer = time.AfterFunc(b.cfg.Lease, func() { b.expire(r.rid) })
+	return r, b.storage, nil
+}
+
+// commit makes a reservation's slots sampleable, with priorities (nil: the
+// largest seen so far). slots is what the writer was given; if the
+// reservation is gone, commit succeeds only if those slots already hold it
+// committed (a retried commit), and fails with ErrExpired otherwise.
+func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, error) {
+	b.commitMu.RLock()
+	defer b.commitMu.RUnlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return nil, ErrClosed
+	}
+	r := b.resv[rid]
+	if r == nil {
+		if b.alreadyCommitted(rid, slots) {
+			return slots, nil
+		}
+		return nil, fmt.Errorf("%w: reservation %d", ErrExpired, rid)
+	}
+	if priorities != nil && len(priorities) != len(r.slots) {
+		return nil, schemaErrorf("%d priorities for %d transitions", len(priorities), len(r.slots))
+	}
+	r.timer.Stop()
+	delete(b.resv, rid)
+	n := 0
+	for i, s := range r.slots {
+		if s < 0 {
+			continue
+		}
+		p := b.maxPrio
+		if priorities != nil {
+			p = priorities[i]
+			b.maxPrio = max(b.maxPrio, p)
+		}
+		key := 0.0
+		if r.keys != nil {
+			key = r.keys[i]
+		}
+		b.slots.setPriority(s, p)
+		b.slots.setKey(s, key)
+		b.slots.setWord(s, makeWord(gen(b.slots.word(s)), stateCommitted))
+		b.sel.Insert(s, rid, p)
+		b.writer.committed(s, key)
+		n++
+	}
+	b.pending -= n
+	b.limit.inserted(n)
+	b.broadcast()
+	return r.slots, nil
+}
+
+func (b *Buffer) alreadyCommitted(rid uint64, slots []int) bool {
+	any := false
+	for _, s := range slots {
+		if s < 0 {
+			continue
+		}
+		if s >= b.cfg.Capacity || b.slots.rid(s) != rid || state(b.slots.word(s)) != stateCommitted {
+			return false
+		}
+		any = true
+	}
+	return any
+}
+
+// expire gives an uncommitted reservation's slots back: empty, never to be
+// sampled until written again.
+func (b *Buffer) expire(rid uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.resv[rid]
+	if r == nil || b.closed.Load() {
+		return
+	}
+	r.timer.Stop()
+	delete(b.resv, rid)
+	for _, s := range r.slots {
+		if s < 0 {
+			continue
+		}
+		b.slots.setWord(s, makeWord(gen(b.slots.word(s)), stateEmpty))
+		b.writer.expired(s)
+		b.pending--
+	}
+	b.stats.Expired++
+	b.broadcast()
+}
+
+// SampleInfo describes the transitions a sample returned, row by row.
+type SampleInfo struct {
+	Indices []int     `codec:"indices"` // their slots
+	IDs     []uint64  `codec:"ids"`     // their slots' generations: a slot overwritten since has another
+	Weights []float64 `codec:"weights"` // importance weights (prioritized sampling; 1 otherwise)
+}
+
+// Sample returns n transitions chosen by the buffer's sampler, copied into
+// a new TensorDict in Go memory, and what they are (SampleInfo). It waits
+// while the buffer cannot give n (fewer than the rate limiter's MinSize,
+// an empty buffer, a FIFO buffer with fewer than n) until ctx ends.
+func (b *Buffer) Sample(ctx context.Context, n int) (*tensordict.TensorDict, SampleInfo, error) {
+	if n <= 0 {
+		return nil, SampleInfo{}, schemaErrorf("sample of %d transitions", n)
+	}
+	if err := b.waitSchema(ctx); err != nil {
+		return nil, SampleInfo{}, err
+	}
+	dst, err := b.newBatch(n)
+	if err != nil {
+		return nil, SampleInfo{}, err
+	}
+	info, err := b.SampleInto(ctx, dst)
+	if err != nil {
+		return nil, SampleInfo{}, err
+	}
+	return dst, info, nil
+}
+
+// SampleInto is Sample into dst, a TensorDict with the buffer's schema and
+// batch size [n] (from an earlier Sample, say), without allocating it.
+func (b *Buffer) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (SampleInfo, error) {
+	n, err := batchLen(dst)
+	if err != nil {
+		return SampleInfo{}, err
+	}
+	if err := b.enter(); err != nil {
+		return SampleInfo{}, err
+	}
+	defer b.leave()
+	var info SampleInfo
+	if err := b.pick(ctx, n, &info); err != nil {
+		return SampleInfo{}, err
+	}
+	b.mu.Lock()
+	storage := b.storage
+	b.mu.Unlock()
+	resampled, err := gatherChecked(storage, b.slots, dst, &info, func(k int) (SampleInfo, error) {
+		var more SampleInfo
+		err := b.pick(ctx, k, &more)
+		return more, err
+	})
+	if resampled > 0 {
+		b.mu.Lock()
+		b.stats.Resampled += int64(resampled)
+		b.mu.Unlock()
+	}
+	if err != nil {
+		return SampleInfo{}, err
+	}
+	return info, nil
+}
+
+// enter marks an operation that uses the mappings outside b.mu, so Close
+// waits for it before unmapping; it fails once the buffer is closed.
+// leave ends it.
+func (b *Buffer) enter() error {
+	b.use.RLock()
+	if b.closed.Load() {
+		b.use.RUnlock()
+		return ErrClosed
+	}
+	return nil
+}
+
+func (b *Buffer) leave() { b.use.RUnlock() }
+
+// maxResamples bounds how often a sample replaces rows overwritten while it
+// copied them, before it gives up with Aborted.
+const maxResamples = 16
+
+// gatherChecked copies the rows info names from storage into dst, then
+// checks their words in the slot table; rows whose word changed (a writer
+// took the slot while they were copied) are replaced by rows from more, and
+// checked again. info is updated to describe what dst holds.
+//
+// It returns how many rows it replaced.
+func gatherChecked(storage *tensordict.TensorDict, slots *slotTable, dst *tensordict.TensorDict, info *SampleInfo,
+	more func(k int) (SampleInfo, error)) (resampled int, err error) {
+	if err := storage.GatherInto(dst, info.Indices); err != nil {
+		return 0, err
+	}
+	for range maxResamples {
+		fence()
+		var torn []int
+		for i, s := range info.Indices {
+			if slots.word(s) != info.IDs[i] {
+				torn = append(torn, i)
+			}
+		}
+		if len(torn) == 0 {
+			return resampled, nil
+		}
+		resampled += len(torn)
+		again, err := more(len(torn))
+		if err != nil {
+			return resampled, err
+		}
+		rows, err := storage.Gather(again.Indices)
+		if err != nil {
+			return resampled, err
+		}
+		if err := dst.SetRows(torn, rows); err != nil {
+			return resampled, err
+		}
+		for j, i := range torn {
+			info.Indices[i], info.IDs[i], info.Weights[i] = again.Indices[j], again.IDs[j], again.Weights[j]
+		}
+	}
+	return resampled, rpc.Errorf(rpc.Aborted, "replay: rows kept being overwritten while sampled; %d attempts", maxResamples)
+}
+
+// pick chooses n committed slots, waiting until the buffer can give them,
+// and records them and their words in info.
+func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for !b.closed.Load() && !(b.storage != nil && b.limit.canSample(n, b.sel.Len()) && b.sel.CanSelect(n)) {
+		if err := b.wait(ctx); err != nil {
+			return err
+		}
+	}
+	if b.closed.Load() {
+		return ErrClosed
+	}
+	start := len(info.Indices)
+	var err error
+	info.Indices, info.Weights, err = b.sel.Select(b.rng, n, info.Indices, info.Weights)
+	if err != nil {
+		return err
+	}
+	for _, s := range info.Indices[start:] {
+		info.IDs = append(info.IDs, b.slots.word(s))
+	}
+	if b.cfg.Sampler.spec.Kind == "fifo" {
+		for _, s := range info.Indices[start:] {
+			b.slots.setPriority(s, consumed)
+		}
+	}
+	b.limit.sampled(n)
+	b.broadcast()
+	return nil
+}
+
+// consumed is the priority a FIFO buffer gives a slot it has handed out, so
+// that a reopened buffer does not hand it out again.
+const consumed = -1
+
+// waitSchema waits until the buffer knows its schema.
+func (b *Buffer) waitSchema(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.schema == nil && !b.closed.Load() {
+		if err := b.wait(ctx); err != nil {
+			return err
+		}
+	}
+	if b.closed.Load() {
+		return ErrClosed
+	}
+	return nil
+}
+
+// newBatch returns a zeroed TensorDict in Go memory for n transitions of
+// the buffer's schema.
+func (b *Buffer) newBatch(n int) (*tensordict.TensorDict, error) {
+	return newBatch(b.Schema(), n)
+}
+
+func newBatch(schema []tensordict.Field, n int) (*tensordict.TensorDict, error) {
+	td, err := tensordict.New(n)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range schema {
+		t, err := tensordict.Zeros(f.DType, append([]int{n}, f.Shape...)...)
+		if err != nil {
+			return nil, err
+		}
+		if err := td.SetPath(f.Key, t); err != nil {
+			return nil, err
+		}
+	}
+	return td, nil
+}
+
+// UpdatePriority sets the priorities of sampled transitions, row by row of
+// info (Indices, and IDs when set), and returns how many it updated: a row
+// whose slot has been overwritten since it was sampled (its ID differs) is
+// skipped. With IDs nil, the slots are updated whatever they hold.
+// Priorities are finite and not negative. Samplers other than Prioritized
+// keep the priorities but do not use them.
+func (b *Buffer) UpdatePriority(ctx context.Context, info SampleInfo, priorities []float64) (int, error) {
+	if err := checkPriorities(priorities, len(info.Indices)); err != nil {
+		return 0, err
+	}
+	if priorities == nil && len(info.Indices) > 0 {
+		return 0, schemaErrorf("no priorities")
+	}
+	if info.IDs != nil && len(info.IDs) != len(info.Indices) {
+		return 0, schemaErrorf("%d ids for %d indices", len(info.IDs), len(info.Indices))
+	}
+	for i, s := range info.Indices {
+		if s < 0 || s >= b.cfg.Capacity {
+			return 0, schemaErrorf("index %d is %d; the buffer holds %d", i, s, b.cfg.Capacity)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return 0, ErrClosed
+	}
+	n := 0
+	for i, s := range info.Indices {
+		w := b.slots.word(s)
+		if state(w) != stateCommitted || (info.IDs != nil && w != info.IDs[i]) {
+			continue
+		}
+		if b.slots.priority(s) == consumed {
+			continue
+		}
+		b.slots.setPriority(s, priorities[i])
+		b.sel.Update(s, priorities[i])
+		b.maxPrio = max(b.maxPrio, priorities[i])
+		n++
+	}
+	return n, nil
+}
+
+// wait releases b.mu until something changes or ctx ends; b.mu is held
+// again when it returns. A ctx that ends gives ctx's error.
+func (b *Buffer) wait(ctx context.Context) error {
+	ch := b.changed
+	b.mu.Unlock()
+	defer b.mu.Lock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// broadcast wakes every waiter; b.mu is held.
+func (b *Buffer) broadcast() {
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// Close checkpoints the buffer, waits for the calls using its mappings to
+// return, and unmaps it; waiting calls return ErrClosed, and so do later
+// calls. The files stay: Open resumes the buffer.
+func (b *Buffer) Close() error {
+	if b.closed.Load() {
+		return nil
+	}
+	err := b.Checkpoint(context.Background())
+	b.mu.Lock()
+	if b.closed.Load() {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed.Store(true)
+	for _, r := range b.resv {
+		r.timer.Stop()
+	}
+	b.broadcast()
+	b.mu.Unlock()
+	b.use.Lock() // wait for the operations in flight
+	defer b.use.Unlock()
+	return errors.Join(err, b.closeFiles())
+}
+
+func (b *Buffer) closeFiles() error {
+	var errs []error
+	if b.storage != nil {
+		errs = append(errs, b.storage.Close())
+	}
+	errs = append(errs, b.slots.close())
+	return errors.Join(errs...)
+}
+
+func cloneSchema(fs []tensordict.Field) []tensordict.Field {
+	if fs == nil {
+		return nil
+	}
+	out := make([]tensordict.Field, len(fs))
+	for i, f := range fs {
+		out[i] = tensordict.Field{Key: append([]string(nil), f.Key...), DType: f.DType, Shape: append([]int(nil), f.Shape...)}
+	}
+	return out
+}

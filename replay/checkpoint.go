@@ -1,0 +1,277 @@
+package replay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/atomicfile"
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/replay/internal/selector"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// MetaFile is the name, under a buffer's prefix, of its metadata: the
+// configuration and the last checkpoint, as JSON (docs/replay.md). It is
+// written atomically; its presence is what makes a folder a buffer.
+const MetaFile = "replay.json"
+
+const (
+	metaFormat  = "tensorwire.replay"
+	metaVersion = 1
+)
+
+// meta is MetaFile's content.
+type meta struct {
+	Format     string        `json:"format"`
+	Version    int           `json:"version"`
+	ID         string        `json:"id"`
+	Capacity   int           `json:"capacity"`
+	Schema     []fieldJSON   `json:"schema"` // null until the first batch
+	Sampler    selector.Spec `json:"sampler"`
+	Writer     Writer        `json:"writer"`
+	Limit      RateLimit     `json:"limit"`
+	LeaseMS    int64         `json:"lease_ms"`
+	Checkpoint *checkpoint   `json:"checkpoint,omitempty"`
+}
+
+// checkpoint is the state a restarted buffer cannot read from its slot
+// table.
+type checkpoint struct {
+	Time     time.Time `json:"time"`
+	Inserted int64     `json:"inserted"` // the rate limiter's counts
+	Sampled  int64     `json:"sampled"`
+	Size     int       `json:"size"` // transitions sampleable then (informative)
+}
+
+type fieldJSON struct {
+	Key   []string `json:"key"`
+	DType string   `json:"dtype"`
+	Shape []int    `json:"shape"`
+}
+
+// metaLocked returns the buffer's metadata as JSON; b.mu is held.
+func (b *Buffer) metaLocked() ([]byte, error) {
+	m := meta{
+		Format: metaFormat, Version: metaVersion, ID: b.id, Capacity: b.cfg.Capacity,
+		Sampler: b.cfg.Sampler.spec, Writer: b.cfg.Writer, Limit: b.cfg.Limit,
+		LeaseMS: b.cfg.Lease.Milliseconds(),
+		Checkpoint: &checkpoint{
+			Time: time.Now().UTC(), Inserted: b.limit.inserts, Sampled: b.limit.samples, Size: b.sel.Len(),
+		},
+	}
+	for _, f := range b.schema {
+		m.Schema = append(m.Schema, fieldJSON{Key: f.Key, DType: f.DType.String(), Shape: f.Shape})
+	}
+	return json.MarshalIndent(m, "", "  ")
+}
+
+func (b *Buffer) writeMetaLocked() error {
+	data, err := b.metaLocked()
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(filepath.Join(b.prefix, MetaFile), data, 0o644); err != nil {
+		return fmt.Errorf("replay: writing %s: %w", MetaFile, err)
+	}
+	return nil
+}
+
+func (b *Buffer) writeMeta() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.writeMetaLocked()
+}
+
+// Checkpoint makes the buffer durable against a machine crash: it flushes
+// the storage and the slot table to disk, then writes MetaFile with the
+// rate limiter's counts. Commits wait while it flushes; samples and writes
+// into reserved slots go on.
+//
+// A buffer needs no checkpoint to survive its own process dying: the slot
+// table and the storage are shared mappings, so every committed transition
+// and its priority are in the page cache the moment Extend returns, and Open
+// finds them. What a checkpoint adds is the disk, and the rate limiter's
+// counts (which Open takes from the last checkpoint).
+func (b *Buffer) Checkpoint(ctx context.Context) error {
+	if err := b.enter(); err != nil {
+		return err
+	}
+	defer b.leave()
+	b.commitMu.Lock()
+	defer b.commitMu.Unlock()
+	b.mu.Lock()
+	storage := b.storage
+	b.mu.Unlock()
+	if storage != nil {
+		if err := storage.Flush(); err != nil {
+			return fmt.Errorf("replay: checkpoint: %w", err)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := b.slots.flush(); err != nil {
+		return fmt.Errorf("replay: checkpoint: %w", err)
+	}
+	b.mu.Lock()
+	data, err := b.metaLocked()
+	b.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(filepath.Join(b.prefix, MetaFile), data, 0o644); err != nil {
+		return fmt.Errorf("replay: checkpoint: %w", err)
+	}
+	return nil
+}
+
+// Open resumes the buffer at prefix, as Create or an earlier process left
+// it: every transition committed before that process stopped (however it
+// stopped) can be sampled again, with its priority; reservations it had
+// not committed are dropped. ErrNotFound if prefix holds no buffer.
+func Open(prefix string) (*Buffer, error) {
+	data, err := os.ReadFile(filepath.Join(prefix, MetaFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w at %s", ErrNotFound, prefix)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	m, cfg, err := parseMeta(data)
+	if err != nil {
+		return nil, fmt.Errorf("replay: %s: %w", filepath.Join(prefix, MetaFile), err)
+	}
+	b := newBuffer(prefix, cfg, m.ID)
+	if b.slots, err = openSlots(filepath.Join(prefix, SlotsFile), cfg.Capacity, false); err != nil {
+		return nil, fmt.Errorf("replay: opening the slot table: %w", err)
+	}
+	if cfg.Schema != nil {
+		if err := b.loadStorage(); err != nil {
+			b.slots.close()
+			return nil, err
+		}
+	}
+	if m.Checkpoint != nil {
+		b.limit.inserts, b.limit.samples = m.Checkpoint.Inserted, m.Checkpoint.Sampled
+	}
+	b.recover()
+	return b, nil
+}
+
+// parseMeta decodes and checks MetaFile's content.
+func parseMeta(data []byte) (meta, Config, error) {
+	var m meta
+	if err := json.Unmarshal(data, &m); err != nil {
+		return m, Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if m.Format != metaFormat || m.Version != metaVersion {
+		return m, Config{}, fmt.Errorf("%w: format %q version %d, want %q version %d",
+			ErrConfig, m.Format, m.Version, metaFormat, metaVersion)
+	}
+	cfg := Config{
+		Capacity: m.Capacity, Sampler: Sampler{m.Sampler}, Writer: m.Writer, Limit: m.Limit,
+		Lease: time.Duration(m.LeaseMS) * time.Millisecond,
+	}
+	for _, f := range m.Schema {
+		dt, err := memmap.ParseDType(f.DType)
+		if err != nil {
+			return m, Config{}, fmt.Errorf("%w: field %v: %w", ErrConfig, f.Key, err)
+		}
+		cfg.Schema = append(cfg.Schema, tensordict.Field{Key: f.Key, DType: dt, Shape: f.Shape})
+	}
+	if err := cfg.validate(); err != nil {
+		return m, Config{}, err
+	}
+	return m, cfg, nil
+}
+
+// loadStorage maps the storage of a buffer whose schema is known and checks
+// that it is what MetaFile says.
+func (b *Buffer) loadStorage() error {
+	dir := filepath.Join(b.prefix, StorageDir)
+	td, err := tensordict.LoadMemmap(dir)
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	bs := td.BatchSize()
+	if err := sameSchema(b.schema, rowSchema(td)); err != nil || len(bs) != 1 || bs[0] != b.cfg.Capacity {
+		td.Close()
+		return fmt.Errorf("replay: %s does not hold what %s says (batch %v, want [%d]; %v)",
+			dir, MetaFile, bs, b.cfg.Capacity, err)
+	}
+	b.storage = td
+	return nil
+}
+
+// recover rebuilds the in-memory state from the slot table: committed slots
+// go to the sampler (FIFO slots already handed out excepted), slots a
+// writer held are emptied, and the writer resumes after the newest batch.
+func (b *Buffer) recover() {
+	var newest []int // slots of the newest reservation
+	var newestRID uint64
+	var free []int
+	for s := b.cfg.Capacity - 1; s >= 0; s-- {
+		w, rid := b.slots.word(s), b.slots.rid(s)
+		switch state(w) {
+		case stateWriting:
+			b.slots.setWord(s, makeWord(gen(w), stateEmpty))
+			free = append(free, s)
+		case stateEmpty:
+			free = append(free, s)
+		case stateCommitted:
+			p, key := b.slots.priority(s), b.slots.key(s)
+			if p == consumed {
+				break
+			}
+			if p < 0 || math.IsNaN(p) || math.IsInf(p, 0) {
+				p = 1 // a corrupt priority: treat as new
+			}
+			b.sel.Insert(s, rid, p)
+			b.maxPrio = max(b.maxPrio, p)
+			b.writer.committed(s, key)
+		}
+		if rid > newestRID {
+			newestRID, newest = rid, newest[:0]
+		}
+		if rid == newestRID && rid != 0 {
+			newest = append(newest, s)
+		}
+	}
+	b.nextRID = newestRID + 1
+	if w, ok := b.writer.(*roundRobin); ok {
+		w.next = ringEnd(newest, b.cfg.Capacity)
+	}
+	if b.cfg.Writer.Kind == "top_k" {
+		w := newTopK(free)
+		for s := range b.cfg.Capacity {
+			if state(b.slots.word(s)) == stateCommitted {
+				w.committed(s, b.slots.key(s))
+			}
+		}
+		b.writer = w
+	}
+}
+
+// ringEnd returns the slot after the last of slots (one batch, taken in ring
+// order from some start, perhaps with gaps), on a ring of n: the element
+// before the largest gap, plus one.
+func ringEnd(slots []int, n int) int {
+	if len(slots) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(slots))
+	end, gap := s[len(s)-1], s[0]+n-s[len(s)-1] // the gap across the wrap
+	for i := 1; i < len(s); i++ {
+		if g := s[i] - s[i-1]; g > gap {
+			end, gap = s[i-1], g
+		}
+	}
+	return (end + 1) % n
+}

@@ -1,0 +1,236 @@
+package replay
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/replay/internal/selector"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Config describes a buffer to Create. Only Capacity is required.
+type Config struct {
+	// Capacity is the number of transitions the storage holds.
+	Capacity int
+
+	// Schema is the fields of one transition: keys, dtypes and shapes
+	// without the batch dimension. Nil means the first batch decides.
+	Schema []tensordict.Field
+
+	// Sampler chooses the transitions a sample returns; the zero value is
+	// Uniform().
+	Sampler Sampler
+
+	// Writer chooses the slots new transitions go to; the zero value is
+	// RoundRobin().
+	Writer Writer
+
+	// Limit is the rate limiter; the zero value lets sampling start once one
+	// transition is in and never blocks inserts.
+	Limit RateLimit
+
+	// Lease is how long a reservation may stay uncommitted before it expires
+	// and its slots go back to the writer; default 30 s. A writer that has
+	// not committed by then (it died, or stalled) gets ErrExpired.
+	Lease time.Duration
+}
+
+// Sampler is how a buffer chooses the transitions a sample returns. Build
+// one with Uniform, WithoutReplacement, Prioritized or FIFO; the zero value
+// is Uniform.
+type Sampler struct{ spec selector.Spec }
+
+// Uniform samples committed transitions uniformly, with replacement.
+func Uniform() Sampler { return Sampler{selector.Spec{Kind: "uniform"}} }
+
+// WithoutReplacement samples in epochs: every committed transition once per
+// epoch, in random order, before any is sampled again. Transitions committed
+// during an epoch join the next one. Within one batch no transition repeats
+// when the buffer holds at least as many as the batch.
+func WithoutReplacement() Sampler { return Sampler{selector.Spec{Kind: "without_replacement"}} }
+
+// Prioritized samples transition i with probability (p_i+eps)^alpha / sum_j
+// (p_j+eps)^alpha, where p_i is its priority (UpdatePriority; new
+// transitions get the largest priority seen so far, 1 at first), and gives
+// it the importance weight (N P(i))^-beta normalised so the largest is 1
+// (Schaul et al., as torchrl's PrioritizedSampler). eps is 1e-8 if zero.
+func Prioritized(alpha, beta float64) Sampler {
+	return Sampler{selector.Spec{Kind: "prioritized", Alpha: alpha, Beta: beta, Eps: 1e-8}}
+}
+
+// FIFO makes the buffer a queue: a sample returns the oldest committed
+// transitions and removes them, so each is sampled once (Reverb's Queue).
+// A sample waits until the buffer holds the whole batch.
+func FIFO() Sampler { return Sampler{selector.Spec{Kind: "fifo"}} }
+
+// String names the sampler and its parameters.
+func (s Sampler) String() string {
+	sp := s.normal()
+	if sp.Kind == "prioritized" {
+		return fmt.Sprintf("prioritized(alpha=%g, beta=%g)", sp.Alpha, sp.Beta)
+	}
+	return sp.Kind
+}
+
+func (s Sampler) normal() selector.Spec {
+	if s.spec.Kind == "" {
+		return selector.Spec{Kind: "uniform"}
+	}
+	return s.spec
+}
+
+// Writer is how a buffer chooses the slots new transitions go to. Build one
+// with RoundRobin or TopK; the zero value is RoundRobin.
+type Writer struct {
+	Kind string   `json:"kind"`          // "round_robin" or "top_k"
+	Key  []string `json:"key,omitempty"` // top_k: the ranking key
+}
+
+// RoundRobin writes transitions into slots in turn, overwriting the oldest
+// once the buffer is full (torchrl's RoundRobinWriter).
+func RoundRobin() Writer { return Writer{Kind: "round_robin"} }
+
+// TopK keeps the Capacity transitions with the largest value at key, a
+// tensor with one element per transition (torchrl's
+// TensorDictMaxValueWriter): once the buffer is full a new transition
+// replaces the smallest only if its value is larger, and is dropped
+// otherwise (its index is -1).
+func TopK(key ...string) Writer { return Writer{Kind: "top_k", Key: slices.Clone(key)} }
+
+func (w Writer) normal() Writer {
+	if w.Kind == "" {
+		return RoundRobin()
+	}
+	return w
+}
+
+// RateLimit is a rate limiter as Reverb's SampleToInsertRatio: sampling waits
+// until the buffer holds MinSize transitions; and when SamplesPerInsert is
+// set, inserts and samples wait so that the number of transitions sampled
+// stays within ErrorBuffer of SamplesPerInsert times the number inserted
+// (counting from MinSize). Waiting calls return when their context ends.
+//
+// As in Reverb, inserts and samples can block each other for good when the
+// slack is smaller than one insert batch and one sample batch together: keep
+// 2*ErrorBuffer >= SamplesPerInsert*(insert batch) + (sample batch).
+type RateLimit struct {
+	MinSize          int     `json:"min_size"`                     // default 1
+	SamplesPerInsert float64 `json:"samples_per_insert,omitempty"` // 0: no ratio
+	ErrorBuffer      float64 `json:"error_buffer,omitempty"`       // slack around the ratio, in samples
+}
+
+// validate normalises c in place and checks it.
+func (c *Config) validate() error {
+	if c.Capacity <= 0 {
+		return fmt.Errorf("%w: capacity %d", ErrConfig, c.Capacity)
+	}
+	if c.Lease == 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.Lease < 0 {
+		return fmt.Errorf("%w: lease %v", ErrConfig, c.Lease)
+	}
+	if c.Limit.MinSize <= 0 {
+		c.Limit.MinSize = 1
+	}
+	if l := c.Limit; l.SamplesPerInsert < 0 || l.ErrorBuffer < 0 || math.IsNaN(l.SamplesPerInsert) ||
+		math.IsNaN(l.ErrorBuffer) || math.IsInf(l.SamplesPerInsert, 0) {
+		return fmt.Errorf("%w: rate limit %+v", ErrConfig, l)
+	}
+	c.Sampler = Sampler{c.Sampler.normal()}
+	if _, err := selector.New(c.Sampler.spec, c.Capacity); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	c.Writer = c.Writer.normal()
+	switch c.Writer.Kind {
+	case "round_robin":
+	case "top_k":
+		if len(c.Writer.Key) == 0 {
+			return fmt.Errorf("%w: top-k writer without a key", ErrConfig)
+		}
+	default:
+		return fmt.Errorf("%w: writer %q", ErrConfig, c.Writer.Kind)
+	}
+	if c.Schema != nil {
+		if err := checkSchema(c.Schema); err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+	}
+	return nil
+}
+
+// checkSchema checks a transition schema: at least one field, valid dtypes
+// and shapes, distinct keys.
+func checkSchema(fs []tensordict.Field) error {
+	if len(fs) == 0 {
+		return fmt.Errorf("schema has no fields")
+	}
+	seen := map[string]bool{}
+	for _, f := range fs {
+		if len(f.Key) == 0 || slices.Contains(f.Key, "") {
+			return fmt.Errorf("field with an empty key %q", f.Key)
+		}
+		name := fmt.Sprint(f.Key)
+		if seen[name] {
+			return fmt.Errorf("field %v twice", f.Key)
+		}
+		seen[name] = true
+		if !f.DType.Valid() {
+			return fmt.Errorf("field %v: dtype %v", f.Key, f.DType)
+		}
+		if _, err := memmap.NumBytes(f.DType, append([]int{1}, f.Shape...)); err != nil {
+			return fmt.Errorf("field %v: %w", f.Key, err)
+		}
+	}
+	return nil
+}
+
+// rowSchema returns the transition schema of a batch: its fields with the
+// batch dimension dropped.
+func rowSchema(td *tensordict.TensorDict) []tensordict.Field {
+	fs := td.Schema()
+	for i := range fs {
+		fs[i].Shape = fs[i].Shape[1:]
+	}
+	return fs
+}
+
+// sameSchema reports whether a batch's transition schema equals want (the
+// same keys, each with the same dtype and shape, in any order), and
+// describes the first difference.
+func sameSchema(want, got []tensordict.Field) error {
+	byKey := make(map[string]tensordict.Field, len(want))
+	for _, f := range want {
+		byKey[strings.Join(f.Key, "\x00")] = f
+	}
+	for _, g := range got {
+		w, ok := byKey[strings.Join(g.Key, "\x00")]
+		switch {
+		case !ok:
+			return fmt.Errorf("field %v is not in the buffer's schema (%s)", g.Key, schemaString(want))
+		case w.DType != g.DType:
+			return fmt.Errorf("field %v has dtype %v, want %v", w.Key, g.DType, w.DType)
+		case !slices.Equal(w.Shape, g.Shape):
+			return fmt.Errorf("field %v has shape %v per transition, want %v", w.Key, g.Shape, w.Shape)
+		}
+	}
+	if len(got) != len(want) {
+		return fmt.Errorf("%d fields, want %d (%s)", len(got), len(want), schemaString(want))
+	}
+	return nil
+}
+
+func schemaString(fs []tensordict.Field) string {
+	s := ""
+	for i, f := range fs {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%v %v%v", f.Key, f.DType, f.Shape)
+	}
+	return s
+}

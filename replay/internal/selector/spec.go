@@ -1,0 +1,57 @@
+package selector
+
+import (
+	"fmt"
+	"math"
+)
+
+// The kinds of selector, as Spec.Kind spells them.
+const (
+	KindUniform            = "uniform"
+	KindWithoutReplacement = "without_replacement"
+	KindPrioritized        = "prioritized"
+	KindFIFO               = "fifo"
+)
+
+// Spec is a selector's kind and parameters, JSON-encodable (checkpoints store
+// it). Alpha, Beta and Eps belong to KindPrioritized; New rejects them on any
+// other kind, so that a parameter never goes silently unused.
+type Spec struct {
+	Kind  string  `json:"kind"`            // "uniform", "without_replacement", "prioritized", "fifo"
+	Alpha float64 `json:"alpha,omitempty"` // prioritized
+	Beta  float64 `json:"beta,omitempty"`  // prioritized
+	Eps   float64 `json:"eps,omitempty"`   // prioritized
+}
+
+// New builds an empty selector for capacity slots from spec. It errors on an
+// unknown kind or bad parameters: capacity <= 0; for prioritized, alpha,
+// beta or eps negative, NaN or infinite; for other kinds, any of them
+// nonzero.
+func New(spec Spec, capacity int) (Selector, error) {
+	if capacity <= 0 {
+		return nil, fmt.Errorf("selector: capacity %d is not positive", capacity)
+	}
+	if spec.Kind != KindPrioritized && (spec.Alpha != 0 || spec.Beta != 0 || spec.Eps != 0) {
+		return nil, fmt.Errorf("selector: %q takes no alpha, beta or eps (got %g, %g, %g)",
+			spec.Kind, spec.Alpha, spec.Beta, spec.Eps)
+	}
+	switch spec.Kind {
+	case KindUniform:
+		return Uniform(capacity), nil
+	case KindWithoutReplacement:
+		return WithoutReplacement(capacity), nil
+	case KindPrioritized:
+		return Prioritized(capacity, spec.Alpha, spec.Beta, spec.Eps)
+	case KindFIFO:
+		return FIFO(capacity), nil
+	}
+	return nil, fmt.Errorf("selector: unknown kind %q", spec.Kind)
+}
+
+// checkParam errors unless v, the parameter called name, is finite and >= 0.
+func checkParam(name string, v float64) error {
+	if !(v >= 0) || math.IsInf(v, 1) {
+		return fmt.Errorf("selector: %s = %g, want a finite number >= 0", name, v)
+	}
+	return nil
+}

@@ -1,0 +1,379 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// The methods of the replay service (docs/replay.md describes their
+// messages). Every request names the buffer it is for.
+const (
+	MethodInfo           = "replay.info"
+	MethodReserve        = "replay.reserve"
+	MethodCommit         = "replay.commit"
+	MethodSample         = "replay.sample"
+	MethodUpdatePriority = "replay.update_priority"
+	MethodCheckpoint     = "replay.checkpoint"
+	MethodStats          = "replay.stats"
+)
+
+// Service is the replay service of an rpc.Server: the buffers it serves,
+// by name, to clients that Dial them. Buffers under the server's root
+// (rpc.WithRoot) are shared by reference with clients on the same
+// filesystem, others by bytes only.
+//
+// A Service is safe for concurrent use; buffers can be added and removed
+// while it serves.
+type Service struct {
+	root    string
+	mu      sync.RWMutex
+	buffers map[string]served
+}
+
+type served struct {
+	b   *Buffer
+	rel string // the prefix relative to the server's root; "" if not under it
+}
+
+// Register adds the replay service's methods to s and returns the Service,
+// empty: Add buffers to it. Call it once per server.
+func Register(s *rpc.Server) (*Service, error) {
+	svc := &Service{root: s.Root(), buffers: map[string]served{}}
+	if err := registerMethods(s, svc); err != nil {
+		return nil, err
+	}
+	return svc, nil
+}
+
+// Add serves b under name. b stays the caller's: Remove it (or close the
+// server) before closing it.
+func (svc *Service) Add(name string, b *Buffer) error {
+	if name == "" {
+		return fmt.Errorf("%w: a buffer needs a name", ErrConfig)
+	}
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	if _, dup := svc.buffers[name]; dup {
+		return fmt.Errorf("%w: a buffer named %q is already served", ErrExists, name)
+	}
+	svc.buffers[name] = served{b: b, rel: relativeTo(svc.root, b.Prefix())}
+	return nil
+}
+
+// Remove stops serving the buffer named name; calls for it fail with
+// ErrNotFound from then on.
+func (svc *Service) Remove(name string) {
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	delete(svc.buffers, name)
+}
+
+// relativeTo returns path relative to root, slash-separated, or "" if it is
+// not under root.
+func relativeTo(root, path string) string {
+	if root == "" {
+		return ""
+	}
+	abs, err := filepath.Abs(path)
+	if err == nil {
+		abs, err = filepath.EvalSymlinks(abs)
+	}
+	if err != nil {
+		return ""
+	}
+	r, err := filepath.Rel(root, abs)
+	if err != nil || r == ".." || strings.HasPrefix(r, "../") {
+		return ""
+	}
+	return filepath.ToSlash(r)
+}
+
+func (svc *Service) lookup(name string) (served, error) {
+	svc.mu.RLock()
+	defer svc.mu.RUnlock()
+	sb, ok := svc.buffers[name]
+	if !ok {
+		return served{}, toWire(fmt.Errorf("%w named %q on this node", ErrNotFound, name))
+	}
+	return sb, nil
+}
+
+// The messages. Field names on the wire are the codec tags.
+type (
+	infoRequest struct {
+		Name string `codec:"name"`
+	}
+	infoResponse struct {
+		ID       string          `codec:"id"`     // changes when the buffer is created anew
+		Prefix   string          `codec:"prefix"` // relative to the node's root; "" when not under it
+		Capacity int             `codec:"capacity"`
+		Schema   []rpc.FieldInfo `codec:"schema"` // per transition; nil until the first batch
+		Sampler  string          `codec:"sampler"`
+		LeaseMS  int64           `codec:"lease_ms"`
+	}
+	reserveRequest struct {
+		Name   string          `codec:"name"`
+		Schema []rpc.FieldInfo `codec:"schema"` // of the batch, per transition
+		N      int             `codec:"n"`
+		Keys   []float64       `codec:"keys"` // top-k writers: one per transition
+	}
+	reserveResponse struct {
+		ID    string `codec:"id"`
+		RID   uint64 `codec:"rid"`
+		Slots []int  `codec:"slots"` // per transition; -1: dropped by the writer policy
+	}
+	commitRequest struct {
+		Name       string    `codec:"name"`
+		RID        uint64    `codec:"rid"`
+		Slots      []int     `codec:"slots"`
+		Priorities []float64 `codec:"priorities"` // nil: the largest so far
+		Batch      *rpc.TD   `codec:"batch"`      // the rows, when they were not written into the storage
+	}
+	commitResponse struct {
+		Indices []int `codec:"indices"`
+	}
+	sampleRequest struct {
+		Name  string `codec:"name"`
+		N     int    `codec:"n"`
+		Bytes bool   `codec:"bytes"` // return the rows, not only their indices
+	}
+	sampleResponse struct {
+		ID    string     `codec:"id"`
+		Info  SampleInfo `codec:"info"`
+		Batch *rpc.TD    `codec:"batch"`
+	}
+	updateRequest struct {
+		Name       string     `codec:"name"`
+		Info       SampleInfo `codec:"info"`
+		Priorities []float64  `codec:"priorities"`
+	}
+	updateResponse struct {
+		Updated int `codec:"updated"`
+	}
+	nameRequest struct {
+		Name string `codec:"name"`
+	}
+)
+
+func registerMethods(s *rpc.Server, svc *Service) error {
+	regs := []error{
+		rpc.Register(s, MethodInfo, svc.info),
+		rpc.Register(s, MethodReserve, svc.reserve),
+		rpc.Register(s, MethodCommit, svc.commit),
+		rpc.Register(s, MethodSample, svc.sample),
+		rpc.Register(s, MethodUpdatePriority, svc.updatePriority),
+		rpc.Register(s, MethodCheckpoint, svc.checkpoint),
+		rpc.Register(s, MethodStats, svc.stats),
+	}
+	for _, err := range regs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (svc *Service) info(_ context.Context, req infoRequest) (infoResponse, error) {
+	sb, err := svc.lookup(req.Name)
+	if err != nil {
+		return infoResponse{}, err
+	}
+	b := sb.b
+	return infoResponse{
+		ID: b.id, Prefix: sb.rel, Capacity: b.cfg.Capacity, Schema: fieldInfos(b.Schema()),
+		Sampler: b.cfg.Sampler.String(), LeaseMS: b.cfg.Lease.Milliseconds(),
+	}, nil
+}
+
+func (svc *Service) reserve(ctx context.Context, req reserveRequest) (reserveResponse, error) {
+	sb, err := svc.lookup(req.Name)
+	if err != nil {
+		return reserveResponse{}, err
+	}
+	b := sb.b
+	schema, err := fieldsOf(req.Schema)
+	if err != nil {
+		return reserveResponse{}, toWire(schemaErrorf("%v", err))
+	}
+	if req.N <= 0 {
+		return reserveResponse{}, toWire(schemaErrorf("a reservation of %d transitions", req.N))
+	}
+	if err := b.enter(); err != nil {
+		return reserveResponse{}, toWire(err)
+	}
+	defer b.leave()
+	r, _, err := b.reserve(ctx, schema, req.N, req.Keys)
+	if err != nil {
+		return reserveResponse{}, toWire(err)
+	}
+	return reserveResponse{ID: b.id, RID: r.rid, Slots: r.slots}, nil
+}
+
+func (svc *Service) commit(_ context.Context, req commitRequest) (commitResponse, error) {
+	sb, err := svc.lookup(req.Name)
+	if err != nil {
+		return commitResponse{}, err
+	}
+	b := sb.b
+	if err := checkPriorities(req.Priorities, len(req.Slots)); err != nil {
+		return commitResponse{}, toWire(err)
+	}
+	if err := b.enter(); err != nil {
+		return commitResponse{}, toWire(err)
+	}
+	defer b.leave()
+	if req.Batch != nil && req.Batch.TensorDict != nil {
+		if err := b.writeReserved(req.RID, req.Slots, req.Batch.TensorDict); err != nil {
+			return commitResponse{}, toWire(err)
+		}
+	}
+	idx, err := b.commit(req.RID, req.Slots, req.Priorities)
+	return commitResponse{Indices: idx}, toWire(err)
+}
+
+// writeReserved writes a batch that came as bytes into the slots of
+// reservation rid, after checking it is that reservation's and matches the
+// schema. A reservation that is gone is left to commit to judge.
+func (b *Buffer) writeReserved(rid uint64, slots []int, td *tensordict.TensorDict) error {
+	n, err := batchLen(td)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	r, storage, schema := b.resv[rid], b.storage, b.schema
+	b.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	if n != len(r.slots) || !equalInts(slots, r.slots) {
+		return schemaErrorf("a batch of %d transitions for reservation %d of %d slots", n, rid, len(r.slots))
+	}
+	if err := sameSchema(schema, rowSchema(td)); err != nil {
+		return schemaErrorf("%v", err)
+	}
+	return writeRows(storage, r.slots, td)
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func (svc *Service) sample(ctx context.Context, req sampleRequest) (sampleResponse, error) {
+	sb, err := svc.lookup(req.Name)
+	if err != nil {
+		return sampleResponse{}, err
+	}
+	b := sb.b
+	if req.N <= 0 {
+		return sampleResponse{}, toWire(schemaErrorf("sample of %d transitions", req.N))
+	}
+	if req.Bytes {
+		td, info, err := b.Sample(ctx, req.N)
+		if err != nil {
+			return sampleResponse{}, toWire(err)
+		}
+		return sampleResponse{ID: b.id, Info: info, Batch: &rpc.TD{TensorDict: td}}, nil
+	}
+	if err := b.enter(); err != nil {
+		return sampleResponse{}, toWire(err)
+	}
+	defer b.leave()
+	var info SampleInfo
+	if err := b.pick(ctx, req.N, &info); err != nil {
+		return sampleResponse{}, toWire(err)
+	}
+	return sampleResponse{ID: b.id, Info: info}, nil
+}
+
+func (svc *Service) updatePriority(ctx context.Context, req updateRequest) (updateResponse, error) {
+	sb, err := svc.lookup(req.Name)
+	if err != nil {
+		return updateResponse{}, err
+	}
+	n, err := sb.b.UpdatePriority(ctx, req.Info, req.Priorities)
+	return updateResponse{Updated: n}, toWire(err)
+}
+
+func (svc *Service) checkpoint(ctx context.Context, req nameRequest) (rpc.Empty, error) {
+	sb, err := svc.lookup(req.Name)
+	if err != nil {
+		return rpc.Empty{}, err
+	}
+	return rpc.Empty{}, toWire(sb.b.Checkpoint(ctx))
+}
+
+func (svc *Service) stats(_ context.Context, req nameRequest) (Stats, error) {
+	sb, err := svc.lookup(req.Name)
+	if err != nil {
+		return Stats{}, err
+	}
+	st := sb.b.Stats()
+	st.NodeHeap = nodeHeap()
+	return st, nil
+}
+
+// nodeHeap returns the Go heap in use by this process, read at most every
+// 100 ms (runtime.ReadMemStats stops the world briefly).
+func nodeHeap() uint64 {
+	heapMu.Lock()
+	defer heapMu.Unlock()
+	if time.Since(heapAt) > 100*time.Millisecond {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		heapBytes, heapAt = ms.HeapInuse, time.Now()
+	}
+	return heapBytes
+}
+
+var (
+	heapMu    sync.Mutex
+	heapAt    time.Time
+	heapBytes uint64
+)
+
+// fieldInfos and fieldsOf convert schemas to and from their wire form.
+func fieldInfos(fs []tensordict.Field) []rpc.FieldInfo {
+	if fs == nil {
+		return nil
+	}
+	out := make([]rpc.FieldInfo, len(fs))
+	for i, f := range fs {
+		out[i] = rpc.FieldInfo{Key: f.Key, DType: f.DType.String(), Shape: f.Shape}
+	}
+	return out
+}
+
+func fieldsOf(fi []rpc.FieldInfo) ([]tensordict.Field, error) {
+	if fi == nil {
+		return nil, nil
+	}
+	out := make([]tensordict.Field, len(fi))
+	for i, f := range fi {
+		dt, err := memmap.ParseDType(f.DType)
+		if err != nil {
+			return nil, fmt.Errorf("field %v: %w", f.Key, err)
+		}
+		out[i] = tensordict.Field{Key: f.Key, DType: dt, Shape: f.Shape}
+	}
+	if err := checkSchema(out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
