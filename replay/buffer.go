@@ -48,7 +48,7 @@ type Buffer struct {
 	closed   atomic.Bool  // set under mu, by Close
 
 	mu      sync.Mutex
-	changed chan struct{} // closed and replaced when anything a waiter waits for changes
+	changed chan struct{}          // closed and replaced when anything a waiter waits for changes
 	storage *tensordict.TensorDict // nil until the schema is known
 	schema  []tensordict.Field     // per transition; nil until known
 	slots   *slotTable
@@ -331,8 +331,8 @@ func rankKeys(td *tensordict.TensorDict, key []string) ([]float64, error) {
 // The slots leave the sampler at once, and their words move to a new
 // generation, so samplers reading them see the change.
 func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, keys []float64) (*reservation, *tensordict.TensorDict, error) {
-	if n > b.cfg.Capacity {
-		return nil, nil, schemaErrorf("a batch of %d transitions does not fit a buffer of %d", n, b.cfg.Capacity)
+	if n > b.cfg.Capacity || n > 1<<rowBits {
+		return nil, nil, schemaErrorf("a batch of %d transitions does not fit a buffer of %d (or is over %d)", n, b.cfg.Capacity, 1<<rowBits)
 	}
 	if keys != nil && len(keys) != n {
 		return nil, nil, schemaErrorf("%d keys for %d transitions", len(keys), n)
@@ -369,14 +369,14 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 	}
 	r := &reservation{rid: b.nextRID, slots: slots, keys: keys}
 	b.nextRID++
-	for _, s := range slots {
+	for row, s := range slots {
 		if s < 0 {
 			continue
 		}
 		b.sel.Remove(s)
 		w := b.slots.word(s)
 		b.slots.setWord(s, makeWord(gen(w)+1, stateWriting))
-		b.slots.setRID(s, r.rid)
+		b.slots.setSeq(s, r.rid, row)
 		b.pending++
 	}
 	b.resv[r.rid] = r
@@ -425,7 +425,7 @@ func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, e
 		b.slots.setPriority(s, p)
 		b.slots.setKey(s, key)
 		b.slots.setWord(s, makeWord(gen(b.slots.word(s)), stateCommitted))
-		b.sel.Insert(s, rid, p)
+		b.sel.Insert(s, b.slots.seq(s), p)
 		b.writer.committed(s, key)
 		n++
 	}

@@ -21,13 +21,19 @@ import (
 // whether it is whole: obs uint8 [4, 4], action int64, reward float32.
 func transitions(t testing.TB, ids ...int) *tensordict.TensorDict {
 	t.Helper()
-	n := len(ids)
-	obs := make([]uint8, n*16)
+	return transitionsSized(t, 4, ids...)
+}
+
+// transitionsSized is transitions with obs of shape [side, side].
+func transitionsSized(t testing.TB, side int, ids ...int) *tensordict.TensorDict {
+	t.Helper()
+	n, size := len(ids), side*side
+	obs := make([]uint8, n*size)
 	act := make([]int64, n)
 	rew := make([]float32, n)
 	for i, id := range ids {
-		for j := range 16 {
-			obs[i*16+j] = uint8(id)
+		for j := range size {
+			obs[i*size+j] = uint8(id)
 		}
 		act[i], rew[i] = int64(id), float32(id)
 	}
@@ -36,7 +42,7 @@ func transitions(t testing.TB, ids ...int) *tensordict.TensorDict {
 		t.Fatal(err)
 	}
 	for key, v := range map[string]func() (*tensordict.Tensor, error){
-		"obs":    func() (*tensordict.Tensor, error) { return tensordict.FromSlice(obs, n, 4, 4) },
+		"obs":    func() (*tensordict.Tensor, error) { return tensordict.FromSlice(obs, n, side, side) },
 		"action": func() (*tensordict.Tensor, error) { return tensordict.FromSlice(act, n) },
 		"reward": func() (*tensordict.Tensor, error) { return tensordict.FromSlice(rew, n) },
 	} {
@@ -106,14 +112,15 @@ func checkRows(td *tensordict.TensorDict) ([]int, error) {
 	a, _ := tensordict.Values[int64](act)
 	r, _ := tensordict.Values[float32](rew)
 	ids := make([]int, len(a))
+	size := len(o) / len(a)
 	for i := range a {
 		ids[i] = int(a[i])
 		if float32(a[i]) != r[i] {
 			return nil, fmt.Errorf("row %d: action %d, reward %v", i, a[i], r[i])
 		}
-		for j := range 16 {
-			if o[i*16+j] != uint8(a[i]) {
-				return nil, fmt.Errorf("row %d: action %d, obs[%d] = %d", i, a[i], j, o[i*16+j])
+		for j, v := range o[i*size : (i+1)*size] {
+			if v != uint8(a[i]) {
+				return nil, fmt.Errorf("row %d: action %d, obs[%d] = %d", i, a[i], j, v)
 			}
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/atomicfile"
@@ -214,11 +213,11 @@ func (b *Buffer) loadStorage() error {
 // go to the sampler (FIFO slots already handed out excepted), slots a
 // writer held are emptied, and the writer resumes after the newest batch.
 func (b *Buffer) recover() {
-	var newest []int // slots of the newest reservation
-	var newestRID uint64
+	var newest uint64 // the largest seq
+	next := 0         // the slot after it
 	var free []int
 	for s := b.cfg.Capacity - 1; s >= 0; s-- {
-		w, rid := b.slots.word(s), b.slots.rid(s)
+		w, seq := b.slots.word(s), b.slots.seq(s)
 		switch state(w) {
 		case stateWriting:
 			b.slots.setWord(s, makeWord(gen(w), stateEmpty))
@@ -233,20 +232,17 @@ func (b *Buffer) recover() {
 			if p < 0 || math.IsNaN(p) || math.IsInf(p, 0) {
 				p = 1 // a corrupt priority: treat as new
 			}
-			b.sel.Insert(s, rid, p)
+			b.sel.Insert(s, seq, p)
 			b.maxPrio = max(b.maxPrio, p)
 			b.writer.committed(s, key)
 		}
-		if rid > newestRID {
-			newestRID, newest = rid, newest[:0]
-		}
-		if rid == newestRID && rid != 0 {
-			newest = append(newest, s)
+		if seq > newest {
+			newest, next = seq, (s+1)%b.cfg.Capacity
 		}
 	}
-	b.nextRID = newestRID + 1
+	b.nextRID = newest>>rowBits + 1
 	if w, ok := b.writer.(*roundRobin); ok {
-		w.next = ringEnd(newest, b.cfg.Capacity)
+		w.next = next
 	}
 	if b.cfg.Writer.Kind == "top_k" {
 		w := newTopK(free)
@@ -257,21 +253,4 @@ func (b *Buffer) recover() {
 		}
 		b.writer = w
 	}
-}
-
-// ringEnd returns the slot after the last of slots (one batch, taken in ring
-// order from some start, perhaps with gaps), on a ring of n: the element
-// before the largest gap, plus one.
-func ringEnd(slots []int, n int) int {
-	if len(slots) == 0 {
-		return 0
-	}
-	s := slices.Sorted(slices.Values(slots))
-	end, gap := s[len(s)-1], s[0]+n-s[len(s)-1] // the gap across the wrap
-	for i := 1; i < len(s); i++ {
-		if g := s[i] - s[i-1]; g > gap {
-			end, gap = s[i-1], g
-		}
-	}
-	return (end + 1) % n
 }

@@ -1,23 +1,43 @@
 package replay
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"io"
+	"maps"
 	"net"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tensorwire/tensorwire/rpc"
 )
 
+// node is a buffer served by an rpc.Server in this process.
+type node struct {
+	b    *Buffer
+	s    *rpc.Server
+	addr string
+	done chan error
+}
+
 // serveBuffer creates a buffer at root/name, serves it on a new server
-// with that root, and returns the buffer and the server's address.
-func serveBuffer(t testing.TB, root, name string, cfg Config) (*Buffer, string) {
+// with that root at addr ("" for any port), and stops both at the end of
+// the test.
+func serveBuffer(t testing.TB, root, name string, cfg Config) *node {
 	t.Helper()
 	b, err := Create(filepath.Join(root, name), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serve(t, root, name, b, "127.0.0.1:0")
+}
+
+func serve(t testing.TB, root, name string, b *Buffer, addr string) *node {
+	t.Helper()
 	s, err := rpc.NewServer(rpc.WithRoot(root))
 	if err != nil {
 		t.Fatal(err)
@@ -29,53 +49,262 @@ func serveBuffer(t testing.TB, root, name string, cfg Config) (*Buffer, string) 
 	if err := svc.Add(name, b); err != nil {
 		t.Fatal(err)
 	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node{b: b, s: s, addr: l.Addr().String(), done: make(chan error, 1)}
+	go func() { n.done <- s.Serve(l) }()
+	t.Cleanup(n.stop)
+	return n
+}
+
+// stop closes the server, then the buffer; it may be called again.
+func (n *node) stop() {
+	if n.s == nil {
+		return
+	}
+	n.s.Close()
+	<-n.done
+	n.b.Close()
+	n.s = nil
+}
+
+func dialBuffer(t testing.TB, addr, name, root, mode string) *Client {
+	t.Helper()
+	opts := []DialOption{WithRoot(root)}
+	if mode == "bytes" {
+		opts = append(opts, WithBytes())
+	}
+	c, err := Dial(ctxT(t), addr, name, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if c.Mode() != mode {
+		t.Fatalf("Mode() = %s, want %s", c.Mode(), mode)
+	}
+	return c
+}
+
+var modes = []string{"ref", "bytes"}
+
+func TestRemote_ExtendSampleLikeLocal(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			root := t.TempDir()
+			n := serveBuffer(t, root, "buf", Config{Capacity: 8})
+			c := dialBuffer(t, n.addr, "buf", root, mode)
+			if got := extend(t, c, seq(0, 6)...); !equalInts(got, seq(0, 6)) {
+				t.Fatalf("first batch went to %v", got)
+			}
+			if got := extend(t, c, 6, 7, 8, 9); !equalInts(got, []int{6, 7, 0, 1}) {
+				t.Fatalf("second batch went to %v", got)
+			}
+			td, info, err := c.Sample(ctxT(t), 500)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen := map[int]bool{}
+			for i, id := range rowIDs(t, td) {
+				seen[id] = true
+				if info.Indices[i] != id%8 {
+					t.Fatalf("row %d holds %d at index %d", i, id, info.Indices[i])
+				}
+			}
+			if want := map[int]bool{2: true, 3: true, 4: true, 5: true, 6: true, 7: true, 8: true, 9: true}; !maps.Equal(seen, want) {
+				t.Fatalf("sampled %v", seen)
+			}
+			// SampleInto a reused batch.
+			if _, err := c.SampleInto(ctxT(t), td); err != nil {
+				t.Fatal(err)
+			}
+			rowIDs(t, td)
+			st, err := c.Stats(ctxT(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Size != 8 || st.Inserted != 10 || st.Sampled != 1000 || st.NodeHeap == 0 {
+				t.Fatalf("stats %+v", st)
+			}
+			if n, err := c.UpdatePriority(ctxT(t), info, make([]float64, len(info.Indices))); err != nil || n != 500 {
+				t.Fatalf("UpdatePriority: %d, %v", n, err)
+			}
+			if err := c.Checkpoint(ctxT(t)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// countingProxy forwards TCP connections to a target and counts the bytes
+// in each direction.
+type countingProxy struct {
+	addr     string
+	up, down atomic.Int64
+}
+
+func startProxy(t *testing.T, target string) *countingProxy {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(l) }()
-	t.Cleanup(func() {
-		s.Close()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-		if err := b.Close(); err != nil {
-			t.Errorf("closing the buffer: %v", err)
+	p := &countingProxy{addr: l.Addr().String()}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { l.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			copyCount := func(dst, src net.Conn, n *atomic.Int64) {
+				c, _ := io.Copy(dst, src)
+				n.Add(c)
+				dst.Close()
+				src.Close()
+			}
+			wg.Go(func() { copyCount(out, in, &p.up) })
+			wg.Go(func() { copyCount(in, out, &p.down) })
 		}
 	})
-	return b, l.Addr().String()
+	return p
 }
 
-func TestRemoteSmoke(t *testing.T) {
-	for _, mode := range []string{"ref", "bytes"} {
+func TestRemote_NoTransitionBytesByReference(t *testing.T) {
+	const side, batch = 128, 32 // 16 KiB of obs per transition, 512 KiB a batch
+	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
 			root := t.TempDir()
-			_, addr := serveBuffer(t, root, "buf", Config{Capacity: 8})
-			opts := []DialOption{WithRoot(root)}
-			if mode == "bytes" {
-				opts = append(opts, WithBytes())
+			n := serveBuffer(t, root, "buf", Config{Capacity: 64})
+			p := startProxy(t, n.addr)
+			c := dialBuffer(t, p.addr, "buf", root, mode)
+			td := transitionsSized(t, side, seq(0, batch)...)
+			if _, err := c.Extend(ctxT(t), td); err != nil {
+				t.Fatal(err)
 			}
-			c, err := Dial(ctx, addr, "buf", opts...)
+			got, _, err := c.Sample(ctxT(t), batch)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer c.Close()
-			if c.Mode() != mode {
-				t.Fatalf("mode %s", c.Mode())
+			rowIDs(t, got)
+			c.Close() // flush the counts
+			time.Sleep(50 * time.Millisecond)
+			moved := int64(batch * side * side)
+			t.Logf("%s: %d bytes up, %d down, for %d bytes of rows each way", mode, p.up.Load(), p.down.Load(), moved)
+			switch mode {
+			case "ref":
+				if p.up.Load() > moved/20 || p.down.Load() > moved/20 {
+					t.Fatalf("by reference %d bytes went up and %d down, for %d bytes of rows", p.up.Load(), p.down.Load(), moved)
+				}
+			case "bytes":
+				if p.up.Load() < moved || p.down.Load() < moved {
+					t.Fatalf("by bytes only %d bytes went up and %d down, for %d bytes of rows", p.up.Load(), p.down.Load(), moved)
+				}
 			}
-			idx, err := c.Extend(ctx, transitions(t, 1, 2, 3))
+		})
+	}
+}
+
+func TestRemote_Errors(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			root := t.TempDir()
+			n := serveBuffer(t, root, "buf", Config{Capacity: 4, Schema: testSchema})
+			c := dialBuffer(t, n.addr, "buf", root, mode)
+			extend(t, c, 1)
+			before := storageBytes(t, n.b)
+
+			_, err := c.Extend(ctxT(t), transitionsSized(t, 3, 2))
+			if !errors.Is(err, ErrSchema) || !errors.Is(err, rpc.ErrInvalidArgument) {
+				t.Fatalf("wrong shape: %v, want ErrSchema and InvalidArgument", err)
+			}
+			if !bytes.Equal(before, storageBytes(t, n.b)) {
+				t.Fatal("a refused batch changed the storage")
+			}
+			if _, err := c.UpdatePriority(ctxT(t), SampleInfo{Indices: []int{9}}, []float64{1}); !errors.Is(err, ErrSchema) {
+				t.Fatalf("an index out of range: %v", err)
+			}
+			if _, err := Dial(ctxT(t), n.addr, "nope", WithRoot(root)); !errors.Is(err, ErrNotFound) || !errors.Is(err, rpc.ErrNotFound) {
+				t.Fatalf("Dial of an unknown buffer: %v", err)
+			}
+		})
+	}
+}
+
+func TestRemote_EmptySampleDeadlineExceeded(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			root := t.TempDir()
+			n := serveBuffer(t, root, "buf", Config{Capacity: 4, Schema: testSchema})
+			c := dialBuffer(t, n.addr, "buf", root, mode)
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			_, _, err := c.Sample(ctx, 2)
+			if !errors.Is(err, rpc.ErrDeadlineExceeded) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("sampling an empty buffer: %v, want DeadlineExceeded", err)
+			}
+			if d := time.Since(start); d < 90*time.Millisecond || d > 2*time.Second {
+				t.Fatalf("returned after %v, for a 100 ms deadline", d)
+			}
+			// The node goes on serving.
+			extend(t, c, 3)
+			td, _, err := c.Sample(ctxT(t), 2)
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Log(idx)
-			td, info, err := c.Sample(ctx, 5)
+			rowIDs(t, td)
+		})
+	}
+}
+
+// TestRemote_NodeRestart closes the node, reopens its buffer from the
+// prefix and serves it again at the same address: the clients' calls in
+// the gap wait for it, and every committed transition is still there.
+func TestRemote_NodeRestart(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			root := t.TempDir()
+			n := serveBuffer(t, root, "buf", Config{Capacity: 16})
+			c := dialBuffer(t, n.addr, "buf", root, mode)
+			extend(t, c, seq(0, 10)...)
+			n.stop()
+
+			restarted := make(chan *node, 1)
+			go func() {
+				time.Sleep(200 * time.Millisecond)
+				b, err := Open(filepath.Join(root, "buf"))
+				if err != nil {
+					t.Error(err)
+					restarted <- nil
+					return
+				}
+				restarted <- serve(t, root, "buf", b, n.addr)
+			}()
+			// This call starts while the node is down.
+			if got := extend(t, c, 10, 11); !equalInts(got, []int{10, 11}) {
+				t.Fatalf("after the restart the batch went to %v", got)
+			}
+			if <-restarted == nil {
+				t.FailNow()
+			}
+			td, _, err := c.Sample(ctxT(t), 400)
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Log(info, td)
+			seen := map[int]bool{}
+			for _, id := range rowIDs(t, td) {
+				seen[id] = true
+			}
+			if len(seen) != 12 {
+				t.Fatalf("after the restart the buffer holds %v, want 0..11", seen)
+			}
 		})
 	}
 }

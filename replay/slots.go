@@ -13,7 +13,8 @@ import (
 // record of four little-endian uint64 per slot (docs/replay.md):
 //
 //	word      generation<<2 | state (stateEmpty, stateWriting, stateCommitted)
-//	rid       the reservation that last took the slot
+//	seq       insertion order: the reservation that last took the slot << 20
+//	          | the row of its batch
 //	priority  the raw priority, as float64 bits
 //	key       the top-k writer's key, as float64 bits
 //
@@ -85,9 +86,19 @@ func (t *slotTable) setWord(slot int, w uint64) {
 	atomic.StoreUint64(&t.rec[slot*slotFields], w)
 }
 
-func (t *slotTable) rid(slot int) uint64 { return t.rec[slot*slotFields+1] }
+// seq returns slot's insertion order: rid<<rowBits | row.
+func (t *slotTable) seq(slot int) uint64 { return t.rec[slot*slotFields+1] }
 
-func (t *slotTable) setRID(slot int, rid uint64) { t.rec[slot*slotFields+1] = rid }
+// rid returns the reservation that last took slot.
+func (t *slotTable) rid(slot int) uint64 { return t.seq(slot) >> rowBits }
+
+func (t *slotTable) setSeq(slot int, rid uint64, row int) {
+	t.rec[slot*slotFields+1] = rid<<rowBits | uint64(row)
+}
+
+// rowBits is how many low bits of a slot's seq hold its row in the batch,
+// which bounds a batch to 1<<rowBits transitions.
+const rowBits = 20
 
 func (t *slotTable) priority(slot int) float64 {
 	return math.Float64frombits(t.rec[slot*slotFields+2])
