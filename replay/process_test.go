@@ -1,0 +1,309 @@
+package replay
+
+// Tests with writers and buffer nodes in other processes, killed with
+// SIGKILL. The other process is this test binary run again (proctest);
+// TENSORWIRE_REPLAY_HELPER says what it is.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/rpc"
+)
+
+const (
+	envHelper = "TENSORWIRE_REPLAY_HELPER" // "node" or "stuck-writer"
+	envAddr   = "TENSORWIRE_REPLAY_ADDR"   // node: where to listen; writer: the node
+	envRoot   = "TENSORWIRE_REPLAY_ROOT"   // the shared root
+)
+
+// TestHelperProcess is not a test: it is the body of the helper processes,
+// and skips unless run as one.
+func TestHelperProcess(t *testing.T) {
+	var err error
+	switch os.Getenv(envHelper) {
+	case "node":
+		err = helperNode()
+	case "stuck-writer":
+		err = helperStuckWriter(t)
+	default:
+		t.Skip("the body of a helper process")
+	}
+	fmt.Fprintln(os.Stderr, "helper:", err)
+	os.Exit(3)
+}
+
+// helperNode opens the buffer at $ROOT/buf, or creates it (capacity 4096),
+// serves it on $ADDR (any port if unset), prints "ADDR host:port" and
+// serves until killed.
+func helperNode() error {
+	root := os.Getenv(envRoot)
+	b, err := Open(filepath.Join(root, "buf"))
+	if errors.Is(err, ErrNotFound) {
+		b, err = Create(filepath.Join(root, "buf"), Config{Capacity: 4096, Schema: testSchema})
+	}
+	if err != nil {
+		return err
+	}
+	s, err := rpc.NewServer(rpc.WithRoot(root))
+	if err != nil {
+		return err
+	}
+	svc, err := Register(s)
+	if err != nil {
+		return err
+	}
+	if err := svc.Add("buf", b); err != nil {
+		return err
+	}
+	addr := os.Getenv(envAddr)
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	var l net.Listener
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		// The port of a node just killed may take a moment to be free.
+		if l, err = net.Listen("tcp", addr); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Println("ADDR", l.Addr())
+	return s.Serve(l)
+}
+
+// stuckIDs are the transitions the stuck writer never commits.
+const stuckFirstID = 200
+
+// helperStuckWriter reserves 8 slots on the buffer at $ADDR, writes half
+// of its rows into them, prints "WRITING" and the slots, and waits to be
+// killed: a writer dying in the middle of an extend.
+func helperStuckWriter(t *testing.T) error {
+	ctx := context.Background()
+	c, err := Dial(ctx, os.Getenv(envAddr), "buf", WithRoot(os.Getenv(envRoot)))
+	if err != nil {
+		return err
+	}
+	if c.Mode() != "ref" {
+		return fmt.Errorf("mode %s", c.Mode())
+	}
+	td := transitions(t, seq(stuckFirstID, stuckFirstID+8)...)
+	r, err := rpc.Call[reserveResponse](ctx, c.rc, MethodReserve,
+		reserveRequest{Name: "buf", Schema: fieldInfos(rowSchema(td)), N: 8})
+	if err != nil {
+		return err
+	}
+	if err := c.refresh(ctx, r.ID); err != nil {
+		return err
+	}
+	half, err := td.Slice(0, 4)
+	if err != nil {
+		return err
+	}
+	if err := c.storage.SetRows(r.Slots[:4], half); err != nil {
+		return err
+	}
+	fmt.Println("WRITING", strings.Trim(fmt.Sprint(r.Slots), "[]"))
+	select {}
+}
+
+// TestProcess_WriterKilledMidExtend kills a writer that has reserved slots
+// and written half its rows: the other writer and the sampler go on, no
+// row of the dead writer is ever sampled, and its reservation expires.
+func TestProcess_WriterKilledMidExtend(t *testing.T) {
+	root := t.TempDir()
+	n := serveBuffer(t, root, "buf", Config{Capacity: 64, Schema: testSchema, Lease: 300 * time.Millisecond})
+	c := dialBuffer(t, n.addr, "buf", root, "ref")
+	extend(t, c, seq(0, 8)...)
+
+	stuck := proctest.Start(t, envHelper+"=stuck-writer", envAddr+"="+n.addr, envRoot+"="+root)
+	slots := stuck.Expect(t, "WRITING")
+	if st := n.b.Stats(); st.Pending != 8 {
+		t.Fatalf("%d slots pending while the writer writes, want 8", st.Pending)
+	}
+	stuck.Kill()
+	t.Logf("writer killed holding slots %s", slots)
+
+	// Another writer and a sampler run through the lease and after it.
+	ctx := ctxT(t)
+	var wg sync.WaitGroup
+	var sampled atomic.Int64
+	errs := make(chan error, 2)
+	stop := time.Now().Add(800 * time.Millisecond)
+	wg.Go(func() {
+		for id := 8; time.Now().Before(stop); id += 4 {
+			if id >= stuckFirstID && id < stuckFirstID+8 {
+				continue
+			}
+			if _, err := c.Extend(ctx, transitions(t, id, id+1, id+2, id+3)); err != nil {
+				errs <- err
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	})
+	wg.Go(func() {
+		dst, err := newBatch(testSchema, 32)
+		if err != nil {
+			errs <- err
+			return
+		}
+		for time.Now().Before(stop) {
+			if _, err := c.SampleInto(ctx, dst); err != nil {
+				errs <- err
+				return
+			}
+			ids, err := checkRows(dst)
+			if err != nil {
+				errs <- err
+				return
+			}
+			for _, id := range ids {
+				if id >= stuckFirstID && id < stuckFirstID+8 {
+					errs <- fmt.Errorf("sampled transition %d of the dead writer", id)
+					return
+				}
+			}
+			sampled.Add(int64(len(ids)))
+		}
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	st := n.b.Stats()
+	t.Logf("after the kill: %d rows sampled whole; stats %+v", sampled.Load(), st)
+	if st.Expired != 1 || st.Pending != 0 {
+		t.Fatalf("the dead writer's reservation: %d expired, %d slots pending; want 1 and 0", st.Expired, st.Pending)
+	}
+}
+
+// TestProcess_NodeKilledAndRestarted kills the buffer node with SIGKILL
+// while a writer and a sampler run, and starts it again on the same
+// address from the same prefix: they carry on by themselves, and every
+// transition whose Extend returned is in the buffer, whole, where Extend
+// said.
+func TestProcess_NodeKilledAndRestarted(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			root := t.TempDir()
+			env := []string{envHelper + "=node", envRoot + "=" + root}
+			node := proctest.Start(t, env...)
+			addr := node.Expect(t, "ADDR")
+			w := dialBuffer(t, addr, "buf", root, mode)
+			s := dialBuffer(t, addr, "buf", root, mode)
+
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var stop atomic.Bool
+			acked := map[int]int{} // id -> slot
+			var nacked atomic.Int64
+			var wg sync.WaitGroup
+			errs := make(chan error, 2)
+			wg.Go(func() {
+				for id := 0; !stop.Load() && id+4 <= 4096; id += 4 {
+					idx, err := w.Extend(ctx, transitions(t, id, id+1, id+2, id+3))
+					if err != nil {
+						errs <- fmt.Errorf("extend %d: %w", id, err)
+						return
+					}
+					for i, slot := range idx {
+						acked[id+i] = slot
+					}
+					nacked.Add(4)
+					time.Sleep(time.Millisecond) // spread 4096 transitions over the kill and the restart
+				}
+			})
+			var samples atomic.Int64
+			wg.Go(func() {
+				dst, err := newBatch(testSchema, 16)
+				if err != nil {
+					errs <- err
+					return
+				}
+				for !stop.Load() {
+					if _, err := s.SampleInto(ctx, dst); err != nil {
+						errs <- fmt.Errorf("sample: %w", err)
+						return
+					}
+					if _, err := checkRows(dst); err != nil {
+						errs <- err
+						return
+					}
+					samples.Add(1)
+				}
+			})
+			time.Sleep(300 * time.Millisecond)
+			node.Kill()
+			before, ackedBefore := samples.Load(), nacked.Load()
+			time.Sleep(200 * time.Millisecond)
+			node = proctest.Start(t, append(env, envAddr+"="+addr)...)
+			node.Expect(t, "ADDR")
+			time.Sleep(500 * time.Millisecond)
+			stop.Store(true)
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			if samples.Load() == before || nacked.Load() == ackedBefore {
+				t.Errorf("the writer (%d acknowledged at the kill, %d at the end) or the sampler (%d samples, %d) did not carry on after the restart",
+					ackedBefore, nacked.Load(), before, samples.Load())
+			}
+			node.Kill()
+			checkHolds(t, filepath.Join(root, "buf"), acked)
+			t.Logf("%d transitions acknowledged (%d before the kill), all present after the restart; %d samples", len(acked), ackedBefore, samples.Load())
+		})
+	}
+}
+
+// checkHolds opens the buffer at prefix and checks that each acknowledged
+// transition is committed at its slot and whole.
+func checkHolds(t *testing.T, prefix string, acked map[int]int) {
+	t.Helper()
+	if len(acked) == 0 {
+		t.Fatal("no extend was acknowledged")
+	}
+	b, err := Open(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	slots := make([]int, 0, len(acked))
+	ids := make([]int, 0, len(acked))
+	for id, s := range acked {
+		ids, slots = append(ids, id), append(slots, s)
+		if st := state(b.slots.word(s)); st != stateCommitted {
+			t.Fatalf("transition %d: slot %d is in state %d, not committed", id, s, st)
+		}
+	}
+	td, err := b.storage.Gather(slots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := checkRows(td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if got[i] != ids[i] {
+			t.Fatalf("slot %d holds transition %d, want %d", slots[i], got[i], ids[i])
+		}
+	}
+	if b.Len() != len(acked) {
+		t.Errorf("the buffer holds %d transitions, %d were acknowledged", b.Len(), len(acked))
+	}
+}
