@@ -147,10 +147,14 @@ func Open(prefix string) (*Buffer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replay: %s: %w", filepath.Join(prefix, MetaFile), err)
 	}
-	b := newBuffer(prefix, cfg, m.ID)
-	if b.slots, err = openSlots(filepath.Join(prefix, SlotsFile), cfg.Capacity, false); err != nil {
+	// The slot table first: it fails on a file too short for the capacity
+	// before the sampler allocates for it.
+	slots, err := openSlots(filepath.Join(prefix, SlotsFile), cfg.Capacity, false)
+	if err != nil {
 		return nil, fmt.Errorf("replay: opening the slot table: %w", err)
 	}
+	b := newBuffer(prefix, cfg, m.ID)
+	b.slots = slots
 	if cfg.Schema != nil {
 		if err := b.loadStorage(); err != nil {
 			b.slots.close()

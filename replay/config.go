@@ -142,7 +142,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: rate limit %+v", ErrConfig, l)
 	}
 	c.Sampler = Sampler{c.Sampler.normal()}
-	if _, err := selector.New(c.Sampler.spec, c.Capacity); err != nil {
+	if err := c.Sampler.spec.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	c.Writer = c.Writer.normal()

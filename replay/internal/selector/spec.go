@@ -23,17 +23,39 @@ type Spec struct {
 	Eps   float64 `json:"eps,omitempty"`   // prioritized
 }
 
-// New builds an empty selector for capacity slots from spec. It errors on an
-// unknown kind or bad parameters: capacity <= 0; for prioritized, alpha,
-// beta or eps negative, NaN or infinite; for other kinds, any of them
-// nonzero.
+// Validate reports whether spec is a known kind with good parameters: for
+// prioritized, alpha, beta and eps finite and >= 0; for other kinds, all of
+// them zero. It allocates nothing, unlike New.
+func (spec Spec) Validate() error {
+	switch spec.Kind {
+	case KindPrioritized:
+		for _, p := range []struct {
+			name string
+			v    float64
+		}{{"alpha", spec.Alpha}, {"beta", spec.Beta}, {"eps", spec.Eps}} {
+			if err := checkParam(p.name, p.v); err != nil {
+				return err
+			}
+		}
+		return nil
+	case KindUniform, KindWithoutReplacement, KindFIFO:
+		if spec.Alpha != 0 || spec.Beta != 0 || spec.Eps != 0 {
+			return fmt.Errorf("selector: %q takes no alpha, beta or eps (got %g, %g, %g)",
+				spec.Kind, spec.Alpha, spec.Beta, spec.Eps)
+		}
+		return nil
+	}
+	return fmt.Errorf("selector: unknown kind %q", spec.Kind)
+}
+
+// New builds an empty selector for capacity slots from spec. It errors on
+// capacity <= 0 and on what Validate refuses.
 func New(spec Spec, capacity int) (Selector, error) {
 	if capacity <= 0 {
 		return nil, fmt.Errorf("selector: capacity %d is not positive", capacity)
 	}
-	if spec.Kind != KindPrioritized && (spec.Alpha != 0 || spec.Beta != 0 || spec.Eps != 0) {
-		return nil, fmt.Errorf("selector: %q takes no alpha, beta or eps (got %g, %g, %g)",
-			spec.Kind, spec.Alpha, spec.Beta, spec.Eps)
+	if err := spec.Validate(); err != nil {
+		return nil, err
 	}
 	switch spec.Kind {
 	case KindUniform:
@@ -42,10 +64,8 @@ func New(spec Spec, capacity int) (Selector, error) {
 		return WithoutReplacement(capacity), nil
 	case KindPrioritized:
 		return Prioritized(capacity, spec.Alpha, spec.Beta, spec.Eps)
-	case KindFIFO:
-		return FIFO(capacity), nil
 	}
-	return nil, fmt.Errorf("selector: unknown kind %q", spec.Kind)
+	return FIFO(capacity), nil
 }
 
 // checkParam errors unless v, the parameter called name, is finite and >= 0.
