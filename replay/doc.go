@@ -1,0 +1,36 @@
+// Package replay is a replay buffer for reinforcement learning whose
+// transitions live in a memory-mapped TensorDict on a shared filesystem,
+// after torchrl's TensorDictReplayBuffer on LazyMemmapStorage and
+// DeepMind's Reverb.
+//
+// A Buffer holds a fixed number of transitions (Config.Capacity) at a
+// prefix: the storage (a tensordict memmap that Python reads too), a slot
+// table and a metadata file. A writer policy chooses where new transitions
+// go (RoundRobin, TopK), a sampler what a sample returns (Uniform,
+// WithoutReplacement, Prioritized, FIFO), and a rate limiter when inserts
+// and samples may go ahead (RateLimit, as Reverb's). Everything is safe for
+// many writers and samplers at once.
+//
+// A node serves buffers to other processes and machines (Register,
+// Service.Add); they Dial them and make the same calls. When they share the
+// node's filesystem no transition crosses the network: writers reserve
+// slots, write the rows into their own mapping of the storage and commit
+// them; samplers get slots and generations and gather the rows from their
+// own mapping. Otherwise the rows travel with the calls.
+//
+// # Guarantees
+//
+// A sample never returns a torn row: each slot's generation changes when a
+// writer takes it, and a sampler checks the generations of the rows it
+// copied after copying them, sampling again those that changed. A slot is
+// sampled only once its writer has committed it; a reservation not committed
+// within Config.Lease expires and its slots are emptied, so a dead writer
+// blocks nobody and leaves nothing half-written to be sampled. The slot
+// table is a shared mapping, so a buffer process killed at any moment
+// reopens (Open) with every transition it had committed and its priority;
+// Checkpoint adds durability against a machine crash. A client retries
+// calls while its node is unreachable and never adds a batch twice.
+//
+// docs/replay.md in the repository describes the files, the protocol and
+// what happens when a process dies.
+package replay
