@@ -6,19 +6,15 @@ package rpc
 // be: a node ("node") or a caller ("caller").
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tensorwire/tensorwire/internal/proctest"
 )
 
 // Environment of a helper process.
@@ -100,75 +96,11 @@ func helperFail(err error) {
 	os.Exit(3)
 }
 
-// helper is a running helper process.
-type helper struct {
-	cmd    *exec.Cmd
-	lines  chan string // its standard output, line by line
-	stderr *bytes.Buffer
-
-	waitOnce sync.Once
-	waitErr  error
-}
-
-// startHelper runs the helper process as role with env added. It is killed
-// and waited for when the test ends, whatever happens.
-func startHelper(t *testing.T, role string, env ...string) *helper {
+// startHelper runs the helper process as role with env added
+// (internal/proctest).
+func startHelper(t *testing.T, role string, env ...string) *proctest.Proc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), append([]string{envHelper + "=" + role}, env...)...)
-	h := &helper{cmd: cmd, lines: make(chan string, 16), stderr: new(bytes.Buffer)}
-	cmd.Stderr = h.stderr
-	out, err := cmd.StdoutPipe()
-	must(t, err)
-	must(t, cmd.Start())
-	t.Cleanup(func() {
-		h.kill()
-		if t.Failed() && h.stderr.Len() > 0 {
-			t.Logf("%s helper's stderr:\n%s", role, h.stderr)
-		}
-	})
-	go func() {
-		defer close(h.lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			h.lines <- sc.Text()
-		}
-	}()
-	return h
-}
-
-// expect waits up to 20 s for a line of output that starts with prefix and
-// returns the rest of it.
-func (h *helper) expect(t *testing.T, prefix string) string {
-	t.Helper()
-	timeout := time.After(20 * time.Second)
-	for {
-		select {
-		case line, ok := <-h.lines:
-			if !ok {
-				t.Fatalf("helper exited (%v) before printing %q; stderr:\n%s", h.wait(), prefix, h.stderr)
-			}
-			if rest, found := strings.CutPrefix(line, prefix); found {
-				return strings.TrimSpace(rest)
-			}
-		case <-timeout:
-			t.Fatalf("helper did not print %q within 20 s", prefix)
-		}
-	}
-}
-
-// kill sends SIGKILL and waits for the process to be gone; it returns when
-// it was killed.
-func (h *helper) kill() time.Time {
-	h.cmd.Process.Signal(syscall.SIGKILL)
-	at := time.Now()
-	h.wait()
-	return at
-}
-
-func (h *helper) wait() error {
-	h.waitOnce.Do(func() { h.waitErr = h.cmd.Wait() })
-	return h.waitErr
+	return proctest.Start(t, append([]string{envHelper + "=" + role}, env...)...)
 }
 
 // TestClient_NodeKilled kills the node while a call is in flight: the call
@@ -179,15 +111,15 @@ func TestClient_NodeKilled(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	node := startHelper(t, "node", envRoot+"="+t.TempDir())
-	addr := node.expect(t, "ADDR")
+	addr := node.Expect(t, "ADDR")
 	c := dial(t, addr)
 	echo(t, c)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	call := Go[echoMsg](ctx, c, methodSlow, echoMsg{})
-	node.expect(t, "SLOW")
-	killed := node.kill()
+	node.Expect(t, "SLOW")
+	killed := node.Kill()
 	select {
 	case <-call.Done():
 	case <-time.After(5 * time.Second):
@@ -213,13 +145,13 @@ func TestClient_NodeKilled(t *testing.T) {
 
 	// A new node on the same address: the same Client dials it again.
 	node = startHelper(t, "node", envAddr+"="+addr)
-	if got := node.expect(t, "ADDR"); got != addr {
+	if got := node.Expect(t, "ADDR"); got != addr {
 		t.Fatalf("the new node listens on %s, want %s", got, addr)
 	}
 	echo(t, c)
 	call = Go[echoMsg](ctx, c, methodSlow, echoMsg{})
-	node.expect(t, "SLOW")
-	node.kill()
+	node.Expect(t, "SLOW")
+	node.Kill()
 	if _, err := call.Wait(); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("the call in flight on the second node: %v, want Unavailable", err)
 	}
@@ -233,13 +165,13 @@ func TestServer_CallerKilled(t *testing.T) {
 	}
 	n := startTestNode(t)
 	caller := startHelper(t, "caller", envAddr+"="+n.addr)
-	caller.expect(t, "CALLING")
+	caller.Expect(t, "CALLING")
 	select {
 	case <-n.started:
 	case <-time.After(20 * time.Second):
 		t.Fatal("the caller's call did not start")
 	}
-	killed := caller.kill()
+	killed := caller.Kill()
 	select {
 	case err := <-n.ended:
 		if err == nil {
