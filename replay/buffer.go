@@ -555,8 +555,8 @@ const maxResamples = 16
 
 // gatherChecked copies the rows info names from storage into dst, then
 // checks their words in the slot table; rows whose word changed (a writer
-// took the slot while they were copied) are replaced by rows from more, and
-// checked again. info is updated to describe what dst holds.
+// took the slot while they were copied) are replaced by rows from more,
+// and those are checked in turn. info is updated to describe what dst holds.
 //
 // It returns how many rows it replaced.
 func gatherChecked(storage *tensordict.TensorDict, slots *slotTable, dst *tensordict.TensorDict, info *SampleInfo,
@@ -564,14 +564,19 @@ func gatherChecked(storage *tensordict.TensorDict, slots *slotTable, dst *tensor
 	if err := storage.GatherInto(dst, info.Indices); err != nil {
 		return 0, err
 	}
+	// A row whose word held after it was copied was copied whole, whatever
+	// happens to its slot later: only rows copied since the last check are
+	// checked.
+	check := allRows(len(info.Indices))
 	for range maxResamples {
 		fence()
 		var torn []int
-		for i, s := range info.Indices {
-			if slots.word(s) != info.IDs[i] {
+		for _, i := range check {
+			if slots.word(info.Indices[i]) != info.IDs[i] {
 				torn = append(torn, i)
 			}
 		}
+		check = torn
 		if len(torn) == 0 {
 			return resampled, nil
 		}
@@ -776,4 +781,13 @@ func cloneSchema(fs []tensordict.Field) []tensordict.Field {
 		out[i] = tensordict.Field{Key: append([]string(nil), f.Key...), DType: f.DType, Shape: append([]int(nil), f.Shape...)}
 	}
 	return out
+}
+
+// allRows returns 0, 1, ..., n-1.
+func allRows(n int) []int {
+	rows := make([]int, n)
+	for i := range rows {
+		rows[i] = i
+	}
+	return rows
 }

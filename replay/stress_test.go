@@ -81,3 +81,47 @@ func TestStress_OverwrittenRowsAreNeverReturnedTorn(t *testing.T) {
 		t.Fatal("no row was overwritten while sampled: the test did not exercise the guard")
 	}
 }
+
+// TestStress_LargeSamplesOfAFastRing samples batches nearly as large as
+// the buffer while writers overwrite it: some rows of every batch are
+// overwritten while copied, and only those may be sampled again. (Checking
+// the whole batch again each round gave up with Aborted here.)
+func TestStress_LargeSamplesOfAFastRing(t *testing.T) {
+	const capacity, batch = 300, 256
+	b := create(t, Config{Capacity: capacity})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := b.Extend(ctx, transitionsSized(t, 32, seq(0, capacity)...)); err != nil {
+		t.Fatal(err)
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for range 2 {
+		wg.Go(func() {
+			for !stop.Load() {
+				id := int(next.Add(16)) - 16
+				if _, err := b.Extend(ctx, transitionsSized(t, 32, seq(id, id+16)...)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	dst, err := newBatch(b.Schema(), batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	samples := 0
+	for start := time.Now(); time.Since(start) < 500*time.Millisecond; samples++ {
+		if _, err := b.SampleInto(ctx, dst); err != nil {
+			t.Fatalf("sample %d: %v", samples, err)
+		}
+		if _, err := checkRows(dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	t.Logf("%d samples of %d, %d rows resampled, %d written", samples, batch, b.Stats().Resampled, next.Load())
+}
