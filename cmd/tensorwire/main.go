@@ -7,6 +7,7 @@
 //	tensorwire import idx [--force] --images F --labels F [--images F --labels F ...] PREFIX
 //	tensorwire import npy [--force] key=FILE.npy ... PREFIX
 //	tensorwire node --listen ADDR --root DIR [--token-file F] [--tls-cert F --tls-key F]
+//	tensorwire bench replay [--duration 20s] [--writers 2] [--modes ref,bytes] [--json F] [flags]
 //
 // Run "tensorwire help" for details. Progress and logs go to stderr, results
 // to stdout. The exit status is 0 on success, 1 on failure, 2 on bad usage.
@@ -30,7 +31,7 @@ type command struct {
 	run               func(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
-var commands = []command{inspectCmd, importCmd, nodeCmd}
+var commands = []command{inspectCmd, importCmd, nodeCmd, benchCmd}
 
 // errUsage marks an error whose fix is a different command line.
 var errUsage = errors.New("usage")

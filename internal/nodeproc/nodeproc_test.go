@@ -132,8 +132,18 @@ func TestStart_FillThenStop(t *testing.T) {
 			t.Fatalf("element %d = %v, want %v (all: %v)", i, v, want, got)
 		}
 	}
+	select {
+	case <-p.Done():
+		t.Fatal("Done is closed while the child runs")
+	default:
+	}
 	if err := p.Stop(); err != nil {
 		t.Errorf("Stop: %v", err)
+	}
+	select {
+	case <-p.Done():
+	default:
+		t.Error("Done is not closed after Stop")
 	}
 	if err := p.Stop(); err != nil {
 		t.Errorf("second Stop: %v", err)

@@ -233,6 +233,11 @@ func Spawn(ctx context.Context, c Child) (_ *Proc, err error) {
 // Pid returns the child's process id.
 func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 
+// Done returns a channel that is closed once the child has exited, however
+// it exited, so that a parent can notice a child that died while it waits
+// for something else. Stop still says how it exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
 // Stop asks the child to stop (SIGTERM), waits for it, and kills it if it
 // has not stopped within ten seconds. It returns an error unless the child
 // exited with status 0. Calling it again, also from another goroutine,

@@ -1,0 +1,194 @@
+package replaybench
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/report"
+)
+
+// The seed stack's figures (torchrl's replay buffer over
+// torch.distributed.rpc) and the project's goals against them and against
+// the memcpy gather limit.
+const (
+	seedInsertPerS = 11000
+	seedSamplePerS = 15000
+	goalVsSeed     = 10
+	goalVsMemcpy   = 0.5
+)
+
+// modeFigures are one mode's figures, as the JSON has them.
+type modeFigures struct {
+	InsertPerS   float64 `json:"insert_transitions_per_s"`
+	SamplePerS   float64 `json:"sample_transitions_per_s"`
+	ExtendP50    float64 `json:"extend_ms_p50"`
+	ExtendP99    float64 `json:"extend_ms_p99"`
+	SampleP50    float64 `json:"sample_ms_p50"`
+	SampleP99    float64 `json:"sample_ms_p99"`
+	BufferHeapMB float64 `json:"buffer_heap_mb"`
+	TornRows     int64   `json:"torn_rows_returned"`
+
+	InsertMBPerS     float64 `json:"insert_mb_per_s"`
+	SampleMBPerS     float64 `json:"sample_mb_per_s"`
+	SampleVsMemcpy   float64 `json:"sample_vs_memcpy_gather"` // against the run's limit
+	InsertVsSeed     float64 `json:"insert_vs_seed"`
+	SampleVsSeed     float64 `json:"sample_vs_seed"`
+	RowsVerified     int64   `json:"rows_verified"`  // every row the trainer got, warm-up included
+	RowsResampled    int64   `json:"rows_resampled"` // timed: sampled again because overwritten while read
+	NodeResampled    int64   `json:"node_resampled"` // timed: Stats.Resampled (samples the node gathered itself)
+	ExtendCalls      int     `json:"extend_calls"`
+	SampleCalls      int     `json:"sample_calls"`
+	TimedS           float64 `json:"timed_s"`  // the trainer's timed phase, as it measured it
+	FillS            float64 `json:"fill_s"`   // the slowest writer's, to write its share of the capacity once
+	WarmupS          float64 `json:"warmup_s"` // the slowest writer's, to write it warmLaps times
+	WarmupSampled    int64   `json:"warmup_sampled"`
+	CheckpointS      float64 `json:"checkpoint_s"` // the buffer's checkpoint after the run
+	HeapPolls        int     `json:"buffer_heap_polls"`
+	MemcpyGatherPerS float64 `json:"memcpy_gather_transitions_per_s"` // measured before this mode's timed phase
+}
+
+// figures computes a mode's figures from its processes' results; limit is
+// the run's memcpy gather limit.
+func (r *modeResult) figures(limit float64) *modeFigures {
+	f := &modeFigures{
+		BufferHeapMB:     float64(r.trainer.HeapMaxBytes) / 1e6,
+		TornRows:         r.trainer.TornRows,
+		RowsVerified:     r.trainer.RowsVerified,
+		RowsResampled:    r.trainer.Resampled,
+		NodeResampled:    r.trainer.NodeResampled,
+		SampleCalls:      len(r.trainer.SampleNS),
+		TimedS:           time.Duration(r.trainer.ElapsedNS).Seconds(),
+		WarmupSampled:    r.trainer.WarmupTransitions,
+		CheckpointS:      time.Duration(r.buffer.DoneCheckpointNS).Seconds(),
+		HeapPolls:        r.trainer.HeapPolls,
+		MemcpyGatherPerS: r.trainer.MemcpyGatherPerS,
+	}
+	var extends []int64
+	for _, w := range r.writers {
+		f.InsertPerS += perS(w.Transitions, w.ElapsedNS)
+		f.FillS = max(f.FillS, time.Duration(w.FillNS).Seconds())
+		f.WarmupS = max(f.WarmupS, time.Duration(w.WarmupNS).Seconds())
+		extends = append(extends, w.ExtendNS...)
+	}
+	f.SamplePerS = perS(r.trainer.Transitions, r.trainer.ElapsedNS)
+	f.ExtendCalls = len(extends)
+	ext, smp := durations(extends), durations(r.trainer.SampleNS)
+	f.ExtendP50, f.ExtendP99 = report.Ms(report.Percentile(ext, 50)), report.Ms(report.Percentile(ext, 99))
+	f.SampleP50, f.SampleP99 = report.Ms(report.Percentile(smp, 50)), report.Ms(report.Percentile(smp, 99))
+	f.InsertMBPerS = f.InsertPerS * TransitionBytes / 1e6
+	f.SampleMBPerS = f.SamplePerS * TransitionBytes / 1e6
+	if limit > 0 {
+		f.SampleVsMemcpy = f.SamplePerS / limit
+	}
+	f.InsertVsSeed = f.InsertPerS / seedInsertPerS
+	f.SampleVsSeed = f.SamplePerS / seedSamplePerS
+	return f
+}
+
+func perS(n, ns int64) float64 {
+	if ns <= 0 {
+		return 0
+	}
+	return float64(n) / time.Duration(ns).Seconds()
+}
+
+// summary is the run's report.
+type summary struct {
+	o      *options
+	modes  []string
+	figs   map[string]*modeFigures
+	memcpy float64 // the run's memcpy gather limit: the best of the modes' measurements
+}
+
+func newReport(o *options, results map[string]*modeResult) *summary {
+	s := &summary{o: o, figs: map[string]*modeFigures{}}
+	for _, m := range o.modes {
+		if r, ok := results[m]; ok {
+			s.modes = append(s.modes, m)
+			s.memcpy = max(s.memcpy, r.trainer.MemcpyGatherPerS)
+		}
+	}
+	for _, m := range s.modes {
+		s.figs[m] = results[m].figures(s.memcpy)
+	}
+	return s
+}
+
+// print writes the table and the notes under it.
+func (s *summary) print(w io.Writer) error {
+	o := s.o
+	fmt.Fprintf(w, "replay: %d writer(s) x %d, 1 trainer x %d, capacity %d (%.2f GB), min size %d, uniform sampler, "+
+		"round-robin writer; %v timed per mode, after a warm-up of %d laps of the capacity\n\n",
+		o.writers, o.batch, o.sampleBatch, o.capacity, float64(o.capacity)*TransitionBytes/1e9, o.minSize, o.duration, warmLaps)
+	tb := report.NewTable(append(append([]string{""}, s.modes...), "goal")...)
+	rate := func(v float64) any { return int64(math.Round(v)) }
+	rows := []struct {
+		label string
+		cell  func(f *modeFigures) any
+		goal  string
+	}{
+		{"inserted/s", func(f *modeFigures) any { return rate(f.InsertPerS) }, ""},
+		{"sampled/s", func(f *modeFigures) any { return rate(f.SamplePerS) }, ""},
+		{"insert MB/s", func(f *modeFigures) any { return rate(f.InsertMBPerS) }, ""},
+		{"sample MB/s", func(f *modeFigures) any { return rate(f.SampleMBPerS) }, ""},
+		{"extend ms p50", func(f *modeFigures) any { return f.ExtendP50 }, ""},
+		{"extend ms p99", func(f *modeFigures) any { return f.ExtendP99 }, ""},
+		{"sample ms p50", func(f *modeFigures) any { return f.SampleP50 }, ""},
+		{"sample ms p99", func(f *modeFigures) any { return f.SampleP99 }, ""},
+		{"buffer heap MB (max)", func(f *modeFigures) any { return f.BufferHeapMB }, ""},
+		{"torn rows returned", func(f *modeFigures) any { return f.TornRows }, "0"},
+		{"rows verified", func(f *modeFigures) any { return f.RowsVerified }, ""},
+		{"rows resampled", func(f *modeFigures) any { return f.RowsResampled }, ""},
+		{"first fill s", func(f *modeFigures) any { return f.FillS }, ""},
+		{"warm-up s", func(f *modeFigures) any { return f.WarmupS }, ""},
+		{"checkpoint s", func(f *modeFigures) any { return f.CheckpointS }, ""},
+		{"sampled / memcpy limit", func(f *modeFigures) any { return f.SampleVsMemcpy }, fmt.Sprintf(">= %g", goalVsMemcpy)},
+		{"inserted / seed", func(f *modeFigures) any { return f.InsertVsSeed }, fmt.Sprintf(">= %d", goalVsSeed)},
+		{"sampled / seed", func(f *modeFigures) any { return f.SampleVsSeed }, fmt.Sprintf(">= %d", goalVsSeed)},
+	}
+	for _, r := range rows {
+		cells := []any{r.label}
+		for _, m := range s.modes {
+			cells = append(cells, r.cell(s.figs[m]))
+		}
+		tb.Row(append(cells, r.goal)...)
+	}
+	if _, err := tb.WriteTo(w); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\nmemcpy gather limit: %.0f transitions/s (%.0f MB/s): batches of %d random rows of every leaf "+
+		"copied out of the trainer's own mapping with copy(), warm, writers idle (the best of %s)\n"+
+		"seed: torchrl over torch.distributed.rpc, %d inserted/s, %d sampled/s\n",
+		s.memcpy, s.memcpy*TransitionBytes/1e6, o.sampleBatch, modesList(s.modes), seedInsertPerS, seedSamplePerS)
+	return err
+}
+
+func modesList(modes []string) string {
+	if len(modes) == 1 {
+		return "one measurement"
+	}
+	return fmt.Sprintf("%d measurements, one before each mode's timed phase", len(modes))
+}
+
+// json returns the figures as the JSON file has them: a key per mode,
+// memcpy_gather_transitions_per_s, and config.
+func (s *summary) json() map[string]any {
+	o := s.o
+	m := map[string]any{
+		"memcpy_gather_transitions_per_s": s.memcpy,
+		"config": map[string]any{
+			"writers": o.writers, "trainers": trainers, "capacity": o.capacity, "batch": o.batch,
+			"sample_batch": o.sampleBatch, "min_size": o.minSize, "duration_s": o.duration.Seconds(), "warmup_laps": warmLaps,
+			"transition_bytes": TransitionBytes, "sampler": "uniform", "writer": "round_robin",
+			"modes": slices.Clone(s.modes), "seed_insert_transitions_per_s": seedInsertPerS,
+			"seed_sample_transitions_per_s": seedSamplePerS,
+		},
+	}
+	for _, mode := range s.modes {
+		m[mode] = s.figs[mode]
+	}
+	return m
+}

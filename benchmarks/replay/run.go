@@ -1,0 +1,217 @@
+package replaybench
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/nodeproc"
+)
+
+// ErrUsage matches (errors.Is) the errors of Run that a different command
+// line fixes.
+var ErrUsage = errors.New("replaybench: bad usage")
+
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string        { return e.msg }
+func (e *usageError) Is(target error) bool { return target == ErrUsage }
+
+func usagef(format string, args ...any) error {
+	return &usageError{fmt.Sprintf(format, args...)}
+}
+
+// The modes: how writers and the trainer dial the buffer.
+const (
+	modeRef   = "ref"   // replay.WithRoot(root): rows stay in the shared storage
+	modeBytes = "bytes" // replay.WithRoot(root), replay.WithBytes(): rows travel with the calls
+)
+
+// selfArgs are the arguments with which Run re-executes the running
+// program for a role, before the role's flags. The program must hand
+// "bench replay ARGS..." to Run(ARGS): cmd/tensorwire does, and this
+// package's tests do in TestMain.
+var selfArgs = []string{"bench", "replay"}
+
+// options are the command line's flags.
+type options struct {
+	duration    time.Duration
+	writers     int
+	capacity    int
+	batch       int
+	sampleBatch int
+	minSize     int
+	modes       []string
+	json        string
+	root        string
+	tokenFile   string
+
+	role           string
+	listen         string
+	addr           string
+	name           string
+	mode           string
+	memcpyDuration time.Duration
+	child          bool
+}
+
+func newFlagSet(o *options, modes *string) *flag.FlagSet {
+	fs := flag.NewFlagSet("bench replay", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.DurationVar(&o.duration, "duration", 20*time.Second, "how long the timed phase of each mode runs (buffer role: of the run)")
+	fs.IntVar(&o.writers, "writers", 2, "writer processes (buffer role: how many to wait for)")
+	fs.IntVar(&o.capacity, "capacity", 50000, "transitions the buffer holds (28,237 bytes each)")
+	fs.IntVar(&o.batch, "batch", 64, "transitions per Extend (writers)")
+	fs.IntVar(&o.sampleBatch, "sample-batch", 256, "transitions per SampleInto (trainer)")
+	fs.IntVar(&o.minSize, "min-size", 1000, "the rate limiter's MinSize: sampling waits for this many transitions")
+	fs.StringVar(modes, "modes", modeRef+","+modeBytes, "the modes to run, in order: "+modeRef+" (rows in the shared storage), "+modeBytes+" (rows with the calls)")
+	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
+	fs.StringVar(&o.root, "root", "", "the shared root: the run makes its folder under it (default: the system temporary directory); "+
+		"roles: the node's root (buffer), this host's view of it (writer, trainer)")
+	fs.StringVar(&o.tokenFile, "token-file", "", "file holding the shared secret of the node (default: a random one per run)")
+	fs.StringVar(&o.role, "role", "", "run one process of the run: buffer, writer or trainer (default: run them all here)")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:0", "buffer role: TCP address to listen on, HOST:PORT")
+	fs.StringVar(&o.addr, "addr", "", "writer and trainer roles: the buffer node's address, HOST:PORT")
+	fs.StringVar(&o.name, "name", "replaybench", "roles: the buffer's name, and its folder under the root")
+	fs.StringVar(&o.mode, "mode", modeRef, "writer and trainer roles: "+modeRef+" or "+modeBytes)
+	fs.DurationVar(&o.memcpyDuration, "memcpy-duration", 1500*time.Millisecond, "how long the trainer measures the memcpy gather limit")
+	fs.BoolVar(&o.child, "child", false, "internal: started by the parent, stop when stdin closes")
+	return fs
+}
+
+// Run runs the benchmark as args say (the arguments after "tensorwire
+// bench replay"), with results on stdout and progress and logs on stderr;
+// the package documentation says what it does. ctx ending stops it: the
+// processes it started are stopped and its files removed before it
+// returns. Errors that a different command line fixes match ErrUsage;
+// "-h" prints the flags to stdout and returns flag.ErrHelp.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o options
+	var modes string
+	fs := newFlagSet(&o, &modes)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(stdout, fs)
+			return err
+		}
+		return usagef("%v", err)
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected arguments %q", fs.Args())
+	}
+	o.modes = strings.Split(modes, ",")
+	if err := o.check(); err != nil {
+		return err
+	}
+	stderr = &lockedWriter{w: stderr}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if o.role == "" {
+		return runParent(ctx, &o, stdout, stderr, log)
+	}
+	log = log.With("role", o.role, "pid", os.Getpid())
+	if o.child {
+		cctx, stop := nodeproc.ChildContext()
+		defer stop()
+		cctx, cancel := context.WithCancel(cctx)
+		defer cancel()
+		defer context.AfterFunc(ctx, cancel)()
+		ctx = cctx
+	}
+	var err error
+	switch o.role {
+	case roleBuffer:
+		err = runBuffer(ctx, &o, stdout, stderr, log)
+	case roleWriter:
+		err = runWriter(ctx, &o, stdout, log)
+	case roleTrainer:
+		err = runTrainer(ctx, &o, stdout, log)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", o.role, err)
+	}
+	return nil
+}
+
+func printUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "usage: tensorwire bench replay [flags]\n\n"+
+		"Runs a replay-buffer node, writers and a trainer as processes of their own and measures them;\n"+
+		"with --role, runs one of them (see go doc github.com/tensorwire/tensorwire/benchmarks/replay).\n\nflags:\n")
+	fs.SetOutput(w)
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != "child" {
+			fmt.Fprintf(w, "  --%s %s\n    \t%s (default %q)\n", f.Name, flagType(f), f.Usage, f.DefValue)
+		}
+	})
+}
+
+func flagType(f *flag.Flag) string {
+	name, _ := flag.UnquoteUsage(f)
+	return name
+}
+
+// check validates the options.
+func (o *options) check() error {
+	switch {
+	case o.duration <= 0:
+		return usagef("--duration must be positive")
+	case o.writers < 1:
+		return usagef("--writers must be at least 1")
+	case o.capacity < 1:
+		return usagef("--capacity must be at least 1")
+	case o.batch < 1 || o.batch > o.capacity:
+		return usagef("--batch must be between 1 and --capacity")
+	case o.sampleBatch < 1:
+		return usagef("--sample-batch must be at least 1")
+	case o.minSize < 1 || o.minSize > o.capacity:
+		return usagef("--min-size must be between 1 and --capacity")
+	case o.memcpyDuration <= 0:
+		return usagef("--memcpy-duration must be positive")
+	case o.name == "":
+		return usagef("--name must not be empty")
+	}
+	for i, m := range o.modes {
+		if m != modeRef && m != modeBytes {
+			return usagef("--modes: unknown mode %q (want %s or %s)", m, modeRef, modeBytes)
+		}
+		if slices.Contains(o.modes[:i], m) {
+			return usagef("--modes: %s given twice", m)
+		}
+	}
+	switch o.role {
+	case "":
+	case roleBuffer:
+		if o.root == "" {
+			return usagef("the buffer role needs --root")
+		}
+	case roleWriter, roleTrainer:
+		if o.addr == "" {
+			return usagef("the %s role needs --addr", o.role)
+		}
+		if o.mode != modeRef && o.mode != modeBytes {
+			return usagef("--mode: unknown mode %q (want %s or %s)", o.mode, modeRef, modeBytes)
+		}
+	default:
+		return usagef("--role: unknown role %q (want buffer, writer or trainer)", o.role)
+	}
+	return nil
+}
+
+// lockedWriter serializes the writes of the goroutines that share it.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

@@ -1,0 +1,124 @@
+package replaybench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets Run re-execute the test binary for a role: "bench replay
+// ARGS" runs Run(ARGS), as cmd/tensorwire does.
+func TestMain(m *testing.M) {
+	if len(os.Args) > len(selfArgs) && os.Args[1] == selfArgs[0] && os.Args[2] == selfArgs[1] {
+		if err := Run(context.Background(), os.Args[1+len(selfArgs):], os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestRun_EndToEnd runs the whole benchmark, both modes, with small
+// settings, and checks its JSON and table.
+//
+// The trainer samples batches of 32: with 256, two writers overwrite a
+// 3,000-slot buffer faster than replay's sample can re-check a batch
+// (replay gives up after 16 rounds of rows overwritten while sampled).
+func TestRun_EndToEnd(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	jsonFile := filepath.Join(dir, "replay.json")
+	var stdout, stderr bytes.Buffer
+	err := Run(ctx, []string{"--capacity", "3000", "--duration", "1s", "--sample-batch", "32",
+		"--memcpy-duration", "200ms", "--root", dir, "--json", jsonFile}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("Run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	t.Logf("stdout:\n%s", stdout.String())
+
+	data, err := os.ReadFile(jsonFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]json.RawMessage
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	var limit float64
+	if err := json.Unmarshal(got["memcpy_gather_transitions_per_s"], &limit); err != nil || limit <= 0 {
+		t.Errorf("memcpy_gather_transitions_per_s = %s (%v)", got["memcpy_gather_transitions_per_s"], err)
+	}
+	for _, mode := range []string{modeRef, modeBytes} {
+		var figs map[string]float64
+		if err := json.Unmarshal(got[mode], &figs); err != nil {
+			t.Fatalf("%s: %v in %s", mode, err, data)
+		}
+		for _, key := range []string{"insert_transitions_per_s", "sample_transitions_per_s", "extend_ms_p50",
+			"extend_ms_p99", "sample_ms_p50", "sample_ms_p99", "buffer_heap_mb"} {
+			if v, ok := figs[key]; !ok || v <= 0 {
+				t.Errorf("%s: %s = %v (present %v), want > 0", mode, key, v, ok)
+			}
+		}
+		if v, ok := figs["torn_rows_returned"]; !ok || v != 0 {
+			t.Errorf("%s: torn_rows_returned = %v (present %v), want 0", mode, v, ok)
+		}
+		if figs["rows_verified"] < figs["sample_transitions_per_s"]*0.5 {
+			t.Errorf("%s: %v rows verified", mode, figs["rows_verified"])
+		}
+	}
+	for _, s := range []string{"torn rows returned", "sampled / memcpy limit", "inserted / seed", "memcpy gather limit:"} {
+		if !strings.Contains(stdout.String(), s) {
+			t.Errorf("the report lacks %q", s)
+		}
+	}
+	for _, mode := range []string{modeRef, modeBytes} {
+		// The timed phase lasts a second, so a progress tick lands in it.
+		p := "replay " + mode + ": "
+		if !strings.Contains(stderr.String(), p+"timed ") && !strings.Contains(stderr.String(), p+"the timed phase began") {
+			t.Errorf("no progress line of %s's timed phase on stderr", mode)
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() != filepath.Base(jsonFile) {
+			t.Errorf("%s left behind under --root", e.Name())
+		}
+	}
+}
+
+func TestRun_Usage(t *testing.T) {
+	for _, args := range [][]string{
+		{"--writers", "0"},
+		{"--modes", "ref,carrier-pigeon"},
+		{"--modes", "ref,ref"},
+		{"--min-size", "10", "--capacity", "5"},
+		{"--role", "writer"},
+		{"--role", "buffer"},
+		{"--role", "oracle"},
+		{"--nope"},
+		{"extra"},
+	} {
+		var out bytes.Buffer
+		if err := Run(context.Background(), args, &out, &out); !errors.Is(err, ErrUsage) {
+			t.Errorf("%q: %v, want a usage error", args, err)
+		}
+	}
+	var out bytes.Buffer
+	if err := Run(context.Background(), []string{"-h"}, &out, &out); !errors.Is(err, flag.ErrHelp) ||
+		!strings.Contains(out.String(), "--sample-batch") || strings.Contains(out.String(), "--child") {
+		t.Errorf("-h: %v\n%s", err, out.String())
+	}
+}
