@@ -43,15 +43,28 @@ type Client struct {
 	schema  []tensordict.Field
 	storage *tensordict.TensorDict // this side's mapping; nil in bytes mode or before the schema is known
 	slots   *slotTable
+
+	bg       context.Context // ends at Close: the context of prefetches
+	stop     context.CancelFunc
+	pfMu     sync.Mutex
+	prefetch *prefetched // the next sample's picks, asked for ahead (WithPrefetch)
+}
+
+// prefetched is a sample call made ahead of the SampleInto that will use
+// it.
+type prefetched struct {
+	n int
+	f *rpc.Future[sampleResponse]
 }
 
 // DialOption configures Dial.
 type DialOption func(*dialOptions)
 
 type dialOptions struct {
-	root    string
-	bytes   bool
-	rpcOpts []rpc.Option
+	root     string
+	bytes    bool
+	prefetch bool
+	rpcOpts  []rpc.Option
 }
 
 // WithRoot sets this side's view of the shared root (rpc.WithRoot), which
@@ -62,6 +75,15 @@ func WithRoot(dir string) DialOption { return func(o *dialOptions) { o.root = di
 // WithBytes makes the rows travel as bytes even when the filesystem is
 // shared.
 func WithBytes() DialOption { return func(o *dialOptions) { o.bytes = true } }
+
+// WithPrefetch has a client working by reference ask the node for the
+// next sample's picks while it gathers the rows of this one, so the call's
+// round trip overlaps the copy (torchrl's prefetch, one batch deep). The
+// picks are made, and counted by the rate limiter, one sample early; rows
+// overwritten in between are caught by the generation check and sampled
+// again, as always. It helps a trainer that samples batches of one size in
+// a loop; calls of another size discard the prefetched picks.
+func WithPrefetch() DialOption { return func(o *dialOptions) { o.prefetch = true } }
 
 // WithRPC passes options to rpc.Dial: a token, TLS, a logger, limits.
 func WithRPC(opts ...rpc.Option) DialOption {
@@ -84,20 +106,24 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 		return nil, err
 	}
 	c := &Client{rc: rc, name: name, o: o}
+	c.bg, c.stop = context.WithCancel(context.Background())
 	info, err := c.info(ctx)
 	if err != nil {
+		c.stop()
 		rc.Close()
 		return nil, err
 	}
 	shared := false
 	if o.root != "" && !o.bytes && info.Prefix != "" {
 		if shared, err = rc.SharedFS(ctx); err != nil {
+			c.stop()
 			rc.Close()
 			return nil, err
 		}
 	}
 	c.bytes = !shared
 	if err := c.adopt(info); err != nil {
+		c.stop()
 		rc.Close()
 		return nil, err
 	}
@@ -388,9 +414,12 @@ func (c *Client) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 		}
 		return resp.Info, nil
 	}
-	resp, err := c.sampleCall(ctx, n, false)
+	resp, err := c.pick(ctx, n)
 	if err != nil {
 		return SampleInfo{}, err
+	}
+	if c.o.prefetch {
+		c.startPrefetch(n)
 	}
 	if err := c.refresh(ctx, resp.ID); err != nil {
 		return SampleInfo{}, err
@@ -416,6 +445,43 @@ func (c *Client) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 		return more.Info, err
 	})
 	return info, err
+}
+
+// pick returns the node's picks for a sample of n by reference: the
+// prefetched ones if there are (WithPrefetch), else from a call now.
+func (c *Client) pick(ctx context.Context, n int) (sampleResponse, error) {
+	c.pfMu.Lock()
+	p := c.prefetch
+	c.prefetch = nil
+	c.pfMu.Unlock()
+	if p != nil && p.n == n {
+		select {
+		case <-p.f.Done():
+			if resp, err := p.f.Wait(); err == nil {
+				return resp, nil
+			}
+			// A failed prefetch (the node restarted, say): ask again.
+		case <-ctx.Done():
+			c.pfMu.Lock()
+			if c.prefetch == nil {
+				c.prefetch = p // for the next call
+			}
+			c.pfMu.Unlock()
+			return sampleResponse{}, ctx.Err()
+		}
+	}
+	return c.sampleCall(ctx, n, false)
+}
+
+// startPrefetch asks for the picks of the next sample of n, unless a
+// prefetch is already out.
+func (c *Client) startPrefetch(n int) {
+	c.pfMu.Lock()
+	defer c.pfMu.Unlock()
+	if c.prefetch == nil && c.bg.Err() == nil {
+		c.prefetch = &prefetched{n: n, f: rpc.Go[sampleResponse](c.bg, c.rc, MethodSample,
+			sampleRequest{Name: c.name, N: n})}
+	}
 }
 
 func (c *Client) sampleCall(ctx context.Context, n int, bytes bool) (sampleResponse, error) {
@@ -468,6 +534,7 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	c.mu.Unlock()
+	c.stop()            // ends a prefetch
 	err := c.rc.Close() // calls in flight fail now
 	c.use.Lock()
 	defer c.use.Unlock()

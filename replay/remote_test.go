@@ -73,8 +73,11 @@ func (n *node) stop() {
 func dialBuffer(t testing.TB, addr, name, root, mode string) *Client {
 	t.Helper()
 	opts := []DialOption{WithRoot(root)}
-	if mode == "bytes" {
+	switch mode {
+	case "bytes":
 		opts = append(opts, WithBytes())
+	case "ref+prefetch":
+		opts, mode = append(opts, WithPrefetch()), "ref"
 	}
 	c, err := Dial(ctxT(t), addr, name, opts...)
 	if err != nil {
@@ -88,6 +91,9 @@ func dialBuffer(t testing.TB, addr, name, root, mode string) *Client {
 }
 
 var modes = []string{"ref", "bytes"}
+
+// sampleModes adds a trainer that prefetches, for tests of sampling.
+var sampleModes = []string{"ref", "ref+prefetch", "bytes"}
 
 func TestRemote_ExtendSampleLikeLocal(t *testing.T) {
 	for _, mode := range modes {
@@ -238,7 +244,7 @@ func TestRemote_Errors(t *testing.T) {
 }
 
 func TestRemote_EmptySampleDeadlineExceeded(t *testing.T) {
-	for _, mode := range modes {
+	for _, mode := range sampleModes {
 		t.Run(mode, func(t *testing.T) {
 			root := t.TempDir()
 			n := serveBuffer(t, root, "buf", Config{Capacity: 4, Schema: testSchema})
@@ -268,7 +274,7 @@ func TestRemote_EmptySampleDeadlineExceeded(t *testing.T) {
 // prefix and serves it again at the same address: the clients' calls in
 // the gap wait for it, and every committed transition is still there.
 func TestRemote_NodeRestart(t *testing.T) {
-	for _, mode := range modes {
+	for _, mode := range sampleModes {
 		t.Run(mode, func(t *testing.T) {
 			root := t.TempDir()
 			n := serveBuffer(t, root, "buf", Config{Capacity: 16})

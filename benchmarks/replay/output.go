@@ -120,9 +120,9 @@ func newReport(o *options, results map[string]*modeResult) *summary {
 // print writes the table and the notes under it.
 func (s *summary) print(w io.Writer) error {
 	o := s.o
-	fmt.Fprintf(w, "replay: %d writer(s) x %d, 1 trainer x %d, capacity %d (%.2f GB), min size %d, uniform sampler, "+
+	fmt.Fprintf(w, "replay: %d writer(s) x %d, 1 trainer x %d (prefetch %v), capacity %d (%.2f GB), min size %d, uniform sampler, "+
 		"round-robin writer; %v timed per mode, after a warm-up of %d laps of the capacity\n\n",
-		o.writers, o.batch, o.sampleBatch, o.capacity, float64(o.capacity)*TransitionBytes/1e9, o.minSize, o.duration, warmLaps)
+		o.writers, o.batch, o.sampleBatch, o.prefetch, o.capacity, float64(o.capacity)*TransitionBytes/1e9, o.minSize, o.duration, warmLaps)
 	tb := report.NewTable(append(append([]string{""}, s.modes...), "goal")...)
 	rate := func(v float64) any { return int64(math.Round(v)) }
 	rows := []struct {
@@ -180,7 +180,9 @@ func (s *summary) json() map[string]any {
 	m := map[string]any{
 		"memcpy_gather_transitions_per_s": s.memcpy,
 		"config": map[string]any{
-			"writers": o.writers, "trainers": trainers, "capacity": o.capacity, "batch": o.batch,
+			"prefetch":    s.o.prefetch,
+			"insert_rate": s.o.insertRate,
+			"writers":     o.writers, "trainers": trainers, "capacity": o.capacity, "batch": o.batch,
 			"sample_batch": o.sampleBatch, "min_size": o.minSize, "duration_s": o.duration.Seconds(), "warmup_laps": warmLaps,
 			"transition_bytes": TransitionBytes, "sampler": "uniform", "writer": "round_robin",
 			"modes": slices.Clone(s.modes), "seed_insert_transitions_per_s": seedInsertPerS,

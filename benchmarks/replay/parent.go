@@ -172,12 +172,13 @@ func runMode(ctx context.Context, o *options, mode, root, tokenFile string, stde
 		return nil
 	}
 	for i := range o.writers {
-		if err := start(fmt.Sprintf("writer %d", i), "--role", roleWriter, "--batch", itoa(o.batch)); err != nil {
+		if err := start(fmt.Sprintf("writer %d", i), "--role", roleWriter, "--batch", itoa(o.batch),
+			"--insert-rate", strconv.FormatFloat(o.insertRate, 'g', -1, 64)); err != nil {
 			return nil, err
 		}
 	}
 	if err := start("the trainer", "--role", roleTrainer, "--sample-batch", itoa(o.sampleBatch),
-		"--memcpy-duration", o.memcpyDuration.String()); err != nil {
+		"--memcpy-duration", o.memcpyDuration.String(), "--prefetch="+strconv.FormatBool(o.prefetch)); err != nil {
 		return nil, err
 	}
 

@@ -167,6 +167,9 @@ func dial(ctx context.Context, o *options) (*replay.Client, *rpc.Client, error) 
 	if o.mode == modeBytes {
 		dopts = append(dopts, replay.WithBytes())
 	}
+	if o.role == roleTrainer && o.prefetch {
+		dopts = append(dopts, replay.WithPrefetch())
+	}
 	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
 	c, err := replay.Dial(dctx, o.addr, o.name, dopts...)
@@ -246,7 +249,18 @@ func runWriter(ctx context.Context, o *options, stdout io.Writer, log *slog.Logg
 	d := time.Duration(run.DurationNS)
 	res.ExtendNS = make([]int64, 0, 1<<14)
 	start = time.Now()
-	for time.Since(start) < d {
+	// With --insert-rate each writer paces itself to its share of it: batch
+	// k starts no earlier than k batches' worth of time after the start.
+	var every time.Duration
+	if o.insertRate > 0 {
+		every = time.Duration(float64(time.Second) * float64(bt.n) * float64(run.Writers) / o.insertRate)
+	}
+	for k := 0; time.Since(start) < d; k++ {
+		if every > 0 {
+			if wait := time.Until(start.Add(time.Duration(k) * every)); wait > 0 {
+				time.Sleep(wait)
+			}
+		}
 		for i := range bt.n {
 			bt.stamp(i, transitionID(run.Index, seq))
 			seq++

@@ -48,6 +48,8 @@ type options struct {
 	capacity    int
 	batch       int
 	sampleBatch int
+	prefetch    bool
+	insertRate  float64
 	minSize     int
 	modes       []string
 	json        string
@@ -71,6 +73,8 @@ func newFlagSet(o *options, modes *string) *flag.FlagSet {
 	fs.IntVar(&o.capacity, "capacity", 50000, "transitions the buffer holds (28,237 bytes each)")
 	fs.IntVar(&o.batch, "batch", 64, "transitions per Extend (writers)")
 	fs.IntVar(&o.sampleBatch, "sample-batch", 256, "transitions per SampleInto (trainer)")
+	fs.Float64Var(&o.insertRate, "insert-rate", 0, "writers: transitions per second, all writers together, in the timed phase (0: as fast as they can)")
+	fs.BoolVar(&o.prefetch, "prefetch", true, "trainer: ask for the next sample's picks while gathering this one's rows (replay.WithPrefetch; ref mode)")
 	fs.IntVar(&o.minSize, "min-size", 1000, "the rate limiter's MinSize: sampling waits for this many transitions")
 	fs.StringVar(modes, "modes", modeRef+","+modeBytes, "the modes to run, in order: "+modeRef+" (rows in the shared storage), "+modeBytes+" (rows with the calls)")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
