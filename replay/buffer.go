@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/replay/internal/selector"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -337,6 +338,11 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 	if keys != nil && len(keys) != n {
 		return nil, nil, schemaErrorf("%d keys for %d transitions", len(keys), n)
 	}
+	for i, k := range keys {
+		if math.IsNaN(k) {
+			return nil, nil, schemaErrorf("top-k key of transition %d is NaN", i)
+		}
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.schema == nil {
@@ -484,11 +490,14 @@ type SampleInfo struct {
 // while the buffer cannot give n (fewer than the rate limiter's MinSize,
 // an empty buffer, a FIFO buffer with fewer than n) until ctx ends.
 func (b *Buffer) Sample(ctx context.Context, n int) (*tensordict.TensorDict, SampleInfo, error) {
-	if n <= 0 {
-		return nil, SampleInfo{}, schemaErrorf("sample of %d transitions", n)
+	if n <= 0 || n > maxSample {
+		return nil, SampleInfo{}, schemaErrorf("sample of %d transitions; at most %d", n, maxSample)
 	}
 	if err := b.waitSchema(ctx); err != nil {
 		return nil, SampleInfo{}, err
+	}
+	if bytes := int64(n) * int64(rowBytes(b.Schema())); bytes > maxSampleBytes {
+		return nil, SampleInfo{}, schemaErrorf("a sample of %d transitions is %d bytes; at most %d in one call", n, bytes, int64(maxSampleBytes))
 	}
 	dst, err := b.newBatch(n)
 	if err != nil {
@@ -602,6 +611,9 @@ func gatherChecked(storage *tensordict.TensorDict, slots *slotTable, dst *tensor
 // pick chooses n committed slots, waiting until the buffer can give them,
 // and records them and their words in info.
 func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
+	if n <= 0 || n > maxSample {
+		return schemaErrorf("sample of %d transitions; at most %d", n, maxSample)
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for !b.closed.Load() && !(b.storage != nil && b.limit.canSample(n, b.sel.Len()) && b.sel.CanSelect(n)) {
@@ -629,6 +641,22 @@ func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
 	b.limit.sampled(n)
 	b.broadcast()
 	return nil
+}
+
+// Bounds on one sample, which a remote caller could otherwise make the
+// node allocate without limit.
+const (
+	maxSample      = 1 << rowBits // transitions
+	maxSampleBytes = 1 << 30      // bytes of rows, when they are copied out
+)
+
+// rowBytes returns the bytes of one transition of schema.
+func rowBytes(schema []tensordict.Field) int {
+	n := 0
+	for _, f := range schema {
+		n += memmap.RowBytes(f.DType, append([]int{1}, f.Shape...))
+	}
+	return n
 }
 
 // consumed is the priority a FIFO buffer gives a slot it has handed out, so

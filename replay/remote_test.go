@@ -236,6 +236,9 @@ func TestRemote_Errors(t *testing.T) {
 			if _, err := c.UpdatePriority(ctxT(t), SampleInfo{Indices: []int{9}}, []float64{1}); !errors.Is(err, ErrSchema) {
 				t.Fatalf("an index out of range: %v", err)
 			}
+			if _, _, err := c.Sample(ctxT(t), 1<<21); !errors.Is(err, ErrSchema) {
+				t.Fatalf("a sample of 2M transitions: %v", err)
+			}
 			if _, err := Dial(ctxT(t), n.addr, "nope", WithRoot(root)); !errors.Is(err, ErrNotFound) || !errors.Is(err, rpc.ErrNotFound) {
 				t.Fatalf("Dial of an unknown buffer: %v", err)
 			}
