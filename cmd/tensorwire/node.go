@@ -2,21 +2,26 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 )
 
 var nodeCmd = command{
 	name:  "node",
-	usage: "tensorwire node --listen ADDR --root DIR [--token-file F] [--tls-cert F --tls-key F]",
+	usage: "tensorwire node --listen ADDR --root DIR [--token-file F] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...]",
 	help: "serve other nodes' fill, read and describe calls on the TensorDicts under DIR, the shared root; " +
 		`prints "listening on HOST:PORT" once it listens (--listen 127.0.0.1:0 picks a free port) and stops ` +
 		"cleanly on SIGINT or SIGTERM; --token-file holds the shared secret clients must know (no access for " +
-		"other users); --tls-cert and --tls-key (PEM) add TLS",
+		"other users); --tls-cert and --tls-key (PEM) add TLS; each --buffer serves the replay buffer at DIR/NAME " +
+		"(replay.Dial), opened if it exists and created otherwise, with settings capacity=N, " +
+		"sampler=uniform|without_replacement|prioritized|fifo, alpha=A, beta=B, min-size=N; buffers are " +
+		"checkpointed every --checkpoint-every and when the node stops",
 	run: runNode,
 }
 
@@ -28,6 +33,9 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&cfg.TokenFile, "token-file", "", "file holding the shared secret")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate file")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file")
+	var buffers bufferFlags
+	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,alpha=A][,beta=B][,min-size=N] (repeatable)")
+	every := fs.Duration("checkpoint-every", time.Minute, "how often the buffers are checkpointed")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -43,7 +51,18 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("%w: give --tls-cert and --tls-key together", errUsage)
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(stderr, nil))
-	return nodeproc.Run(ctx, cfg, func(addr string) {
+	served, register, err := buffers.open(cfg.Root, cfg.Log)
+	if err != nil {
+		return err
+	}
+	cfg.Register = register
+	if *every > 0 && len(buffers) > 0 {
+		cctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go served.checkpointEvery(cctx, *every)
+	}
+	err = nodeproc.Run(ctx, cfg, func(addr string) {
 		fmt.Fprintln(stdout, nodeproc.ListeningPrefix+addr)
 	})
+	return errors.Join(err, served.close()) // after the server: no call uses them
 }
