@@ -207,14 +207,7 @@ func (b *Buffer) Extend(ctx context.Context, td *tensordict.TensorDict) ([]int, 
 // ExtendPriority is Extend with a priority for each transition (nil: the
 // largest seen so far), finite and not negative.
 func (b *Buffer) ExtendPriority(ctx context.Context, td *tensordict.TensorDict, priorities []float64) ([]int, error) {
-	n, err := batchLen(td)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkPriorities(priorities, n); err != nil {
-		return nil, err
-	}
-	keys, err := b.keysOf(td)
+	n, keys, err := checkExtend(td, priorities, b.cfg.Writer)
 	if err != nil {
 		return nil, err
 	}
@@ -292,13 +285,21 @@ func checkPriorities(p []float64, n int) error {
 	return nil
 }
 
-// keysOf returns the top-k writer's key of every transition of td, or nil
-// for other writers.
-func (b *Buffer) keysOf(td *tensordict.TensorDict) ([]float64, error) {
-	if b.cfg.Writer.Kind != "top_k" {
-		return nil, nil
+// checkExtend checks a batch and its priorities before an Extend, and
+// returns its length and, for a top-k writer, its transitions' keys.
+func checkExtend(td *tensordict.TensorDict, priorities []float64, w Writer) (n int, keys []float64, err error) {
+	if n, err = batchLen(td); err != nil {
+		return 0, nil, err
 	}
-	return rankKeys(td, b.cfg.Writer.Key)
+	if err := checkPriorities(priorities, n); err != nil {
+		return 0, nil, err
+	}
+	if w.Kind == "top_k" {
+		if keys, err = rankKeys(td, w.Key); err != nil {
+			return 0, nil, err
+		}
+	}
+	return n, keys, nil
 }
 
 // rankKeys reads the ranking key of each row of td: a tensor at key with one
@@ -335,8 +336,8 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 	if n > b.cfg.Capacity || n > 1<<rowBits {
 		return nil, nil, schemaErrorf("a batch of %d transitions does not fit a buffer of %d (or is over %d)", n, b.cfg.Capacity, 1<<rowBits)
 	}
-	if keys != nil && len(keys) != n {
-		return nil, nil, schemaErrorf("%d keys for %d transitions", len(keys), n)
+	if (keys != nil || b.cfg.Writer.Kind == "top_k") && len(keys) != n {
+		return nil, nil, schemaErrorf("%d keys for %d transitions (the writer is %s)", len(keys), n, b.cfg.Writer.Kind)
 	}
 	for i, k := range keys {
 		if math.IsNaN(k) {
@@ -499,7 +500,7 @@ func (b *Buffer) Sample(ctx context.Context, n int) (*tensordict.TensorDict, Sam
 	if bytes := int64(n) * int64(rowBytes(b.Schema())); bytes > maxSampleBytes {
 		return nil, SampleInfo{}, schemaErrorf("a sample of %d transitions is %d bytes; at most %d in one call", n, bytes, int64(maxSampleBytes))
 	}
-	dst, err := b.newBatch(n)
+	dst, err := newBatch(b.Schema(), n)
 	if err != nil {
 		return nil, SampleInfo{}, err
 	}
@@ -558,6 +559,26 @@ func (b *Buffer) enter() error {
 
 func (b *Buffer) leave() { b.use.RUnlock() }
 
+// changed returns which of rows (all of info's when all is set) have a slot
+// whose word is no longer the one info recorded.
+func changed(slots *slotTable, info *SampleInfo, rows []int, all bool) []int {
+	var out []int
+	if all {
+		for i, s := range info.Indices {
+			if slots.word(s) != info.IDs[i] {
+				out = append(out, i)
+			}
+		}
+		return out
+	}
+	for _, i := range rows {
+		if slots.word(info.Indices[i]) != info.IDs[i] {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
 // maxResamples bounds how often a sample replaces rows overwritten while it
 // copied them, before it gives up with Aborted.
 const maxResamples = 16
@@ -576,17 +597,10 @@ func gatherChecked(storage *tensordict.TensorDict, slots *slotTable, dst *tensor
 	// A row whose word held after it was copied was copied whole, whatever
 	// happens to its slot later: only rows copied since the last check are
 	// checked.
-	check := allRows(len(info.Indices))
-	for range maxResamples {
+	var torn []int // the rows copied again in the last round; nil at first
+	for round := range maxResamples {
 		fence()
-		var torn []int
-		for _, i := range check {
-			if slots.word(info.Indices[i]) != info.IDs[i] {
-				torn = append(torn, i)
-			}
-		}
-		check = torn
-		if len(torn) == 0 {
+		if torn = changed(slots, info, torn, round == 0); len(torn) == 0 {
 			return resampled, nil
 		}
 		resampled += len(torn)
@@ -679,11 +693,7 @@ func (b *Buffer) waitSchema(ctx context.Context) error {
 }
 
 // newBatch returns a zeroed TensorDict in Go memory for n transitions of
-// the buffer's schema.
-func (b *Buffer) newBatch(n int) (*tensordict.TensorDict, error) {
-	return newBatch(b.Schema(), n)
-}
-
+// schema.
 func newBatch(schema []tensordict.Field, n int) (*tensordict.TensorDict, error) {
 	td, err := tensordict.New(n)
 	if err != nil {
@@ -809,13 +819,4 @@ func cloneSchema(fs []tensordict.Field) []tensordict.Field {
 		out[i] = tensordict.Field{Key: append([]string(nil), f.Key...), DType: f.DType, Shape: append([]int(nil), f.Shape...)}
 	}
 	return out
-}
-
-// allRows returns 0, 1, ..., n-1.
-func allRows(n int) []int {
-	rows := make([]int, n)
-	for i := range rows {
-		rows[i] = i
-	}
-	return rows
 }

@@ -371,10 +371,11 @@ func TestRateLimit(t *testing.T) {
 
 func TestTopK_KeepsLargest(t *testing.T) {
 	b := create(t, Config{Capacity: 3, Writer: TopK("reward")})
-	extend(t, b, 5, 1, 9)
-	idx := extend(t, b, 3, 0, 7) // 3 replaces 1, 7 replaces 3... keys 5,9 stay
-	if idx[1] != -1 {
-		t.Fatalf("transition 0 was kept at %d", idx[1])
+	first := extend(t, b, 5, 1, 9)
+	// Largest first: 7 replaces the smallest, 1; then 3 and 0 are smaller
+	// than everything left (5, 9) and are dropped.
+	if idx := extend(t, b, 3, 0, 7); !slices.Equal(idx, []int{-1, -1, first[1]}) {
+		t.Fatalf("the batch [3 0 7] went to %v, want [-1 -1 %d] (7 into the slot of 1)", idx, first[1])
 	}
 	td, _, err := b.Sample(ctxT(t), 200)
 	if err != nil {
@@ -417,17 +418,7 @@ func TestFIFO_IsAQueue(t *testing.T) {
 func TestPrioritized_UpdatePriority(t *testing.T) {
 	b := create(t, Config{Capacity: 4, Sampler: Prioritized(1, 1)})
 	extend(t, b, 0, 1, 2, 3)
-	_, info, err := b.Sample(ctxT(t), 4)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Slot 2 gets all the priority.
-	prio := make([]float64, 4)
-	for i, s := range info.Indices {
-		if s == 2 {
-			prio[i] = 100
-		}
-	}
 	if _, err := b.UpdatePriority(ctxT(t), SampleInfo{Indices: []int{0, 1, 2, 3}}, []float64{0, 0, 100, 0}); err != nil {
 		t.Fatal(err)
 	}
@@ -457,6 +448,38 @@ func TestPrioritized_UpdatePriority(t *testing.T) {
 	}
 	if _, err := b.UpdatePriority(ctxT(t), SampleInfo{Indices: []int{4}}, []float64{1}); !errors.Is(err, ErrSchema) {
 		t.Errorf("index out of range: %v", err)
+	}
+}
+
+// TestCommit_RetriedIsRecognised: a commit sent again (its reply was lost)
+// succeeds without adding anything, and a commit of a reservation the
+// buffer does not hold fails with ErrExpired.
+func TestCommit_RetriedIsRecognised(t *testing.T) {
+	b := create(t, Config{Capacity: 4})
+	extend(t, b, 1)
+	r, storage, err := b.reserve(ctxT(t), testSchema, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeRows(storage, r.slots, transitions(t, 2, 3)); err != nil {
+		t.Fatal(err)
+	}
+	first, err := b.commit(r.rid, r.slots, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := b.commit(r.rid, r.slots, nil)
+	if err != nil || !slices.Equal(first, again) {
+		t.Fatalf("the retried commit: %v, %v; want %v", again, err, first)
+	}
+	if st := b.Stats(); st.Size != 3 || st.Inserted != 3 {
+		t.Fatalf("after a retried commit: %+v; want 3 transitions, inserted once", st)
+	}
+	if _, err := b.commit(r.rid+1, []int{3}, nil); !errors.Is(err, ErrExpired) {
+		t.Fatalf("a commit of an unknown reservation: %v", err)
+	}
+	if _, err := b.commit(r.rid, []int{0}, nil); !errors.Is(err, ErrExpired) {
+		t.Fatalf("a commit naming slots the reservation did not take: %v", err)
 	}
 }
 

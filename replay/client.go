@@ -40,6 +40,7 @@ type Client struct {
 	closed  bool
 	id      string // the buffer's id when mapped
 	lease   time.Duration
+	writer  Writer // a top-k writer needs each transition's key
 	schema  []tensordict.Field
 	storage *tensordict.TensorDict // this side's mapping; nil in bytes mode or before the schema is known
 	slots   *slotTable
@@ -140,12 +141,7 @@ func (c *Client) Mode() string {
 }
 
 func (c *Client) info(ctx context.Context) (infoResponse, error) {
-	var info infoResponse
-	err := c.retry(ctx, func() (err error) {
-		info, err = rpc.Call[infoResponse](ctx, c.rc, MethodInfo, infoRequest{Name: c.name})
-		return err
-	})
-	return info, err
+	return call[infoResponse](ctx, c, MethodInfo, infoRequest{Name: c.name})
 }
 
 // adopt takes the buffer's description: its schema and, in ref mode, a
@@ -164,7 +160,7 @@ func (c *Client) adopt(info infoResponse) error {
 	if info.ID == c.id && (c.storage != nil || c.bytes) && c.schema != nil {
 		return nil
 	}
-	c.lease = time.Duration(info.LeaseMS) * time.Millisecond
+	c.lease, c.writer = time.Duration(info.LeaseMS)*time.Millisecond, info.Writer
 	c.schema = schema
 	if c.bytes || schema == nil {
 		c.id = info.ID
@@ -251,18 +247,18 @@ func (c *Client) Extend(ctx context.Context, td *tensordict.TensorDict) ([]int, 
 // ExtendPriority is Extend with a priority for each transition (nil: the
 // largest seen so far).
 func (c *Client) ExtendPriority(ctx context.Context, td *tensordict.TensorDict, priorities []float64) ([]int, error) {
-	n, err := batchLen(td)
+	c.mu.Lock()
+	w := c.writer
+	c.mu.Unlock()
+	n, keys, err := checkExtend(td, priorities, w)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkPriorities(priorities, n); err != nil {
 		return nil, err
 	}
 	if err := c.enter(); err != nil {
 		return nil, err
 	}
 	defer c.use.RUnlock()
-	req := reserveRequest{Name: c.name, Schema: fieldInfos(rowSchema(td)), N: n}
+	req := reserveRequest{Name: c.name, Schema: fieldInfos(rowSchema(td)), N: n, Keys: keys}
 	for {
 		idx, err := c.extendOnce(ctx, req, td, priorities)
 		if !errors.Is(err, ErrExpired) {
@@ -278,11 +274,7 @@ func (c *Client) ExtendPriority(ctx context.Context, td *tensordict.TensorDict, 
 // was not added and can be extended again.
 func (c *Client) extendOnce(ctx context.Context, req reserveRequest, td *tensordict.TensorDict, priorities []float64) ([]int, error) {
 	sent := time.Now()
-	var r reserveResponse
-	err := c.retry(ctx, func() (err error) {
-		r, err = rpc.Call[reserveResponse](ctx, c.rc, MethodReserve, req)
-		return err
-	})
+	r, err := call[reserveResponse](ctx, c, MethodReserve, req)
 	if err != nil {
 		return nil, err
 	}
@@ -309,11 +301,7 @@ func (c *Client) extendOnce(ctx context.Context, req reserveRequest, td *tensord
 			return nil, err
 		}
 	}
-	var resp commitResponse
-	err = c.retry(ctx, func() (err error) {
-		resp, err = rpc.Call[commitResponse](ctx, c.rc, MethodCommit, commit)
-		return err
-	})
+	resp, err := call[commitResponse](ctx, c, MethodCommit, commit)
 	return resp.Indices, err
 }
 
@@ -485,43 +473,27 @@ func (c *Client) startPrefetch(n int) {
 }
 
 func (c *Client) sampleCall(ctx context.Context, n int, bytes bool) (sampleResponse, error) {
-	var resp sampleResponse
-	err := c.retry(ctx, func() (err error) {
-		resp, err = rpc.Call[sampleResponse](ctx, c.rc, MethodSample, sampleRequest{Name: c.name, N: n, Bytes: bytes})
-		return err
-	})
-	return resp, err
+	return call[sampleResponse](ctx, c, MethodSample, sampleRequest{Name: c.name, N: n, Bytes: bytes})
 }
 
 // UpdatePriority sets the priorities of sampled transitions, as
 // Buffer.UpdatePriority does.
 func (c *Client) UpdatePriority(ctx context.Context, info SampleInfo, priorities []float64) (int, error) {
-	var resp updateResponse
-	err := c.retry(ctx, func() (err error) {
-		resp, err = rpc.Call[updateResponse](ctx, c.rc, MethodUpdatePriority,
-			updateRequest{Name: c.name, Info: info, Priorities: priorities})
-		return err
-	})
+	resp, err := call[updateResponse](ctx, c, MethodUpdatePriority,
+		updateRequest{Name: c.name, Info: info, Priorities: priorities})
 	return resp.Updated, err
 }
 
 // Checkpoint has the node checkpoint the buffer (Buffer.Checkpoint).
 func (c *Client) Checkpoint(ctx context.Context) error {
-	return c.retry(ctx, func() error {
-		_, err := rpc.Call[rpc.Empty](ctx, c.rc, MethodCheckpoint, nameRequest{Name: c.name})
-		return err
-	})
+	_, err := call[rpc.Empty](ctx, c, MethodCheckpoint, nameRequest{Name: c.name})
+	return err
 }
 
 // Stats returns the buffer's counters, and the Go heap of the node serving
 // it (Stats.NodeHeap).
 func (c *Client) Stats(ctx context.Context) (Stats, error) {
-	var st Stats
-	err := c.retry(ctx, func() (err error) {
-		st, err = rpc.Call[Stats](ctx, c.rc, MethodStats, nameRequest{Name: c.name})
-		return err
-	})
-	return st, err
+	return call[Stats](ctx, c, MethodStats, nameRequest{Name: c.name})
 }
 
 // Close closes the connection and unmaps the storage, after the calls in
@@ -542,6 +514,16 @@ func (c *Client) Close() error {
 	defer c.mu.Unlock()
 	c.unmapLocked()
 	return err
+}
+
+// call is rpc.Call of c's node, retried as retry says.
+func call[Resp, Req any](ctx context.Context, c *Client, method string, req Req) (Resp, error) {
+	var resp Resp
+	err := c.retry(ctx, func() (err error) {
+		resp, err = rpc.Call[Resp](ctx, c.rc, method, req)
+		return err
+	})
+	return resp, err
 }
 
 // retry runs call until it succeeds, fails with an error other than

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -101,10 +102,10 @@ func TestRemote_ExtendSampleLikeLocal(t *testing.T) {
 			root := t.TempDir()
 			n := serveBuffer(t, root, "buf", Config{Capacity: 8})
 			c := dialBuffer(t, n.addr, "buf", root, mode)
-			if got := extend(t, c, seq(0, 6)...); !equalInts(got, seq(0, 6)) {
+			if got := extend(t, c, seq(0, 6)...); !slices.Equal(got, seq(0, 6)) {
 				t.Fatalf("first batch went to %v", got)
 			}
-			if got := extend(t, c, 6, 7, 8, 9); !equalInts(got, []int{6, 7, 0, 1}) {
+			if got := extend(t, c, 6, 7, 8, 9); !slices.Equal(got, []int{6, 7, 0, 1}) {
 				t.Fatalf("second batch went to %v", got)
 			}
 			td, info, err := c.Sample(ctxT(t), 500)
@@ -217,6 +218,33 @@ func TestRemote_NoTransitionBytesByReference(t *testing.T) {
 	}
 }
 
+// TestRemote_TopK: a remote writer sends each transition's key, so a
+// top-k buffer keeps the same transitions as a local one.
+func TestRemote_TopK(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			root := t.TempDir()
+			n := serveBuffer(t, root, "buf", Config{Capacity: 3, Writer: TopK("reward")})
+			c := dialBuffer(t, n.addr, "buf", root, mode)
+			first := extend(t, c, 5, 1, 9)
+			if idx := extend(t, c, 3, 0, 7); !slices.Equal(idx, []int{-1, -1, first[1]}) {
+				t.Fatalf("the batch [3 0 7] went to %v, want [-1 -1 %d] (7 into the slot of 1)", idx, first[1])
+			}
+			td, _, err := c.Sample(ctxT(t), 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[int]bool{}
+			for _, id := range rowIDs(t, td) {
+				got[id] = true
+			}
+			if !maps.Equal(got, map[int]bool{5: true, 7: true, 9: true}) {
+				t.Fatalf("buffer holds %v, want {5, 7, 9}", got)
+			}
+		})
+	}
+}
+
 func TestRemote_Errors(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
@@ -297,7 +325,7 @@ func TestRemote_NodeRestart(t *testing.T) {
 				restarted <- serve(t, root, "buf", b, n.addr)
 			}()
 			// This call starts while the node is down.
-			if got := extend(t, c, 10, 11); !equalInts(got, []int{10, 11}) {
+			if got := extend(t, c, 10, 11); !slices.Equal(got, []int{10, 11}) {
 				t.Fatalf("after the restart the batch went to %v", got)
 			}
 			if <-restarted == nil {

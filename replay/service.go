@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -102,7 +103,7 @@ func (svc *Service) lookup(name string) (served, error) {
 	defer svc.mu.RUnlock()
 	sb, ok := svc.buffers[name]
 	if !ok {
-		return served{}, toWire(fmt.Errorf("%w named %q on this node", ErrNotFound, name))
+		return served{}, fmt.Errorf("%w named %q on this node", ErrNotFound, name)
 	}
 	return sb, nil
 }
@@ -118,6 +119,7 @@ type (
 		Capacity int             `codec:"capacity"`
 		Schema   []rpc.FieldInfo `codec:"schema"` // per transition; nil until the first batch
 		Sampler  string          `codec:"sampler"`
+		Writer   Writer          `codec:"writer"` // a top-k writer's clients send each transition's key
 		LeaseMS  int64           `codec:"lease_ms"`
 	}
 	reserveRequest struct {
@@ -166,13 +168,13 @@ type (
 
 func registerMethods(s *rpc.Server, svc *Service) error {
 	regs := []error{
-		rpc.Register(s, MethodInfo, svc.info),
-		rpc.Register(s, MethodReserve, svc.reserve),
-		rpc.Register(s, MethodCommit, svc.commit),
-		rpc.Register(s, MethodSample, svc.sample),
-		rpc.Register(s, MethodUpdatePriority, svc.updatePriority),
-		rpc.Register(s, MethodCheckpoint, svc.checkpoint),
-		rpc.Register(s, MethodStats, svc.stats),
+		rpc.Register(s, MethodInfo, wire(svc.info)),
+		rpc.Register(s, MethodReserve, wire(svc.reserve)),
+		rpc.Register(s, MethodCommit, wire(svc.commit)),
+		rpc.Register(s, MethodSample, wire(svc.sample)),
+		rpc.Register(s, MethodUpdatePriority, wire(svc.updatePriority)),
+		rpc.Register(s, MethodCheckpoint, wire(svc.checkpoint)),
+		rpc.Register(s, MethodStats, wire(svc.stats)),
 	}
 	for _, err := range regs {
 		if err != nil {
@@ -180,6 +182,15 @@ func registerMethods(s *rpc.Server, svc *Service) error {
 		}
 	}
 	return nil
+}
+
+// wire makes a handler's errors cross the wire with their sentinels' codes
+// (toWire), so the handlers return the package's errors as they are.
+func wire[Req, Resp any](fn func(context.Context, Req) (Resp, error)) func(context.Context, Req) (Resp, error) {
+	return func(ctx context.Context, req Req) (Resp, error) {
+		resp, err := fn(ctx, req)
+		return resp, toWire(err)
+	}
 }
 
 func (svc *Service) info(_ context.Context, req infoRequest) (infoResponse, error) {
@@ -190,7 +201,7 @@ func (svc *Service) info(_ context.Context, req infoRequest) (infoResponse, erro
 	b := sb.b
 	return infoResponse{
 		ID: b.id, Prefix: sb.rel, Capacity: b.cfg.Capacity, Schema: fieldInfos(b.Schema()),
-		Sampler: b.cfg.Sampler.String(), LeaseMS: b.cfg.Lease.Milliseconds(),
+		Sampler: b.cfg.Sampler.String(), Writer: b.cfg.Writer, LeaseMS: b.cfg.Lease.Milliseconds(),
 	}, nil
 }
 
@@ -202,18 +213,18 @@ func (svc *Service) reserve(ctx context.Context, req reserveRequest) (reserveRes
 	b := sb.b
 	schema, err := fieldsOf(req.Schema)
 	if err != nil {
-		return reserveResponse{}, toWire(schemaErrorf("%v", err))
+		return reserveResponse{}, schemaErrorf("%v", err)
 	}
 	if req.N <= 0 {
-		return reserveResponse{}, toWire(schemaErrorf("a reservation of %d transitions", req.N))
+		return reserveResponse{}, schemaErrorf("a reservation of %d transitions", req.N)
 	}
 	if err := b.enter(); err != nil {
-		return reserveResponse{}, toWire(err)
+		return reserveResponse{}, err
 	}
 	defer b.leave()
 	r, _, err := b.reserve(ctx, schema, req.N, req.Keys)
 	if err != nil {
-		return reserveResponse{}, toWire(err)
+		return reserveResponse{}, err
 	}
 	return reserveResponse{ID: b.id, RID: r.rid, Slots: r.slots}, nil
 }
@@ -225,19 +236,19 @@ func (svc *Service) commit(_ context.Context, req commitRequest) (commitResponse
 	}
 	b := sb.b
 	if err := checkPriorities(req.Priorities, len(req.Slots)); err != nil {
-		return commitResponse{}, toWire(err)
+		return commitResponse{}, err
 	}
 	if err := b.enter(); err != nil {
-		return commitResponse{}, toWire(err)
+		return commitResponse{}, err
 	}
 	defer b.leave()
 	if req.Batch != nil && req.Batch.TensorDict != nil {
 		if err := b.writeReserved(req.RID, req.Slots, req.Batch.TensorDict); err != nil {
-			return commitResponse{}, toWire(err)
+			return commitResponse{}, err
 		}
 	}
 	idx, err := b.commit(req.RID, req.Slots, req.Priorities)
-	return commitResponse{Indices: idx}, toWire(err)
+	return commitResponse{Indices: idx}, err
 }
 
 // writeReserved writes a batch that came as bytes into the slots of
@@ -254,25 +265,13 @@ func (b *Buffer) writeReserved(rid uint64, slots []int, td *tensordict.TensorDic
 	if r == nil {
 		return nil
 	}
-	if n != len(r.slots) || !equalInts(slots, r.slots) {
+	if n != len(r.slots) || !slices.Equal(slots, r.slots) {
 		return schemaErrorf("a batch of %d transitions for reservation %d of %d slots", n, rid, len(r.slots))
 	}
 	if err := sameSchema(schema, rowSchema(td)); err != nil {
 		return schemaErrorf("%v", err)
 	}
 	return writeRows(storage, r.slots, td)
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func (svc *Service) sample(ctx context.Context, req sampleRequest) (sampleResponse, error) {
@@ -282,22 +281,22 @@ func (svc *Service) sample(ctx context.Context, req sampleRequest) (sampleRespon
 	}
 	b := sb.b
 	if req.N <= 0 {
-		return sampleResponse{}, toWire(schemaErrorf("sample of %d transitions", req.N))
+		return sampleResponse{}, schemaErrorf("sample of %d transitions", req.N)
 	}
 	if req.Bytes {
 		td, info, err := b.Sample(ctx, req.N)
 		if err != nil {
-			return sampleResponse{}, toWire(err)
+			return sampleResponse{}, err
 		}
 		return sampleResponse{ID: b.id, Info: info, Batch: &rpc.TD{TensorDict: td}}, nil
 	}
 	if err := b.enter(); err != nil {
-		return sampleResponse{}, toWire(err)
+		return sampleResponse{}, err
 	}
 	defer b.leave()
 	var info SampleInfo
 	if err := b.pick(ctx, req.N, &info); err != nil {
-		return sampleResponse{}, toWire(err)
+		return sampleResponse{}, err
 	}
 	return sampleResponse{ID: b.id, Info: info}, nil
 }
@@ -308,7 +307,7 @@ func (svc *Service) updatePriority(ctx context.Context, req updateRequest) (upda
 		return updateResponse{}, err
 	}
 	n, err := sb.b.UpdatePriority(ctx, req.Info, req.Priorities)
-	return updateResponse{Updated: n}, toWire(err)
+	return updateResponse{Updated: n}, err
 }
 
 func (svc *Service) checkpoint(ctx context.Context, req nameRequest) (rpc.Empty, error) {
@@ -316,7 +315,7 @@ func (svc *Service) checkpoint(ctx context.Context, req nameRequest) (rpc.Empty,
 	if err != nil {
 		return rpc.Empty{}, err
 	}
-	return rpc.Empty{}, toWire(sb.b.Checkpoint(ctx))
+	return rpc.Empty{}, sb.b.Checkpoint(ctx)
 }
 
 func (svc *Service) stats(_ context.Context, req nameRequest) (Stats, error) {

@@ -20,8 +20,6 @@ type slotChooser interface {
 	// already forgotten the slots it returned.
 	committed(slot int, key float64)
 	expired(slot int)
-	// cursor is where a round-robin writer goes next (for checkpoints).
-	cursor() int
 }
 
 // roundRobin takes slots in turn, overwriting the oldest once the buffer is
@@ -48,7 +46,6 @@ func (w *roundRobin) choose(t *slotTable, n int, _ []float64) ([]int, error) {
 
 func (w *roundRobin) committed(int, float64) {}
 func (w *roundRobin) expired(int)            {}
-func (w *roundRobin) cursor() int            { return w.next }
 
 // topK keeps the transitions with the largest keys: free slots first, then
 // the committed slot with the smallest key, if the new key is larger.
@@ -85,8 +82,6 @@ func (w *topK) choose(_ *slotTable, n int, keys []float64) ([]int, error) {
 func (w *topK) committed(slot int, key float64) { heap.Push(&w.heap, keyEntry{slot, key}) }
 
 func (w *topK) expired(slot int) { w.free = append(w.free, slot) }
-
-func (w *topK) cursor() int { return 0 }
 
 // keyHeap is a min-heap of slots by key.
 type keyHeap struct {
