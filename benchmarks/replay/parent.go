@@ -3,8 +3,6 @@ package replaybench
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -64,7 +62,7 @@ func runParent(ctx context.Context, o *options, stdout, stderr io.Writer, log *s
 		}
 		defer os.RemoveAll(dir)
 		tokenFile = filepath.Join(dir, "token")
-		if err := writeRandomToken(tokenFile); err != nil {
+		if err := nodeproc.WriteRandomToken(tokenFile); err != nil {
 			return err
 		}
 	}
@@ -108,14 +106,6 @@ func newRoot(dir string) (string, error) {
 		return "", err
 	}
 	return abs, nil
-}
-
-// writeRandomToken writes a random 32-byte token, hex-encoded, to a new
-// file at path that only its owner can read.
-func writeRandomToken(path string) error {
-	b := make([]byte, 32)
-	rand.Read(b)
-	return os.WriteFile(path, []byte(hex.EncodeToString(b)+"\n"), 0o600)
 }
 
 // modeResult is what one mode's processes reported.

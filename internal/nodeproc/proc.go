@@ -119,7 +119,7 @@ func Start(ctx context.Context, o Options) (*Proc, error) {
 		}
 		defer os.RemoveAll(dir) // the child has read it once it listens
 		tokenFile = filepath.Join(dir, "token")
-		if err := writeRandomToken(tokenFile); err != nil {
+		if err := WriteRandomToken(tokenFile); err != nil {
 			return nil, err
 		}
 	}
@@ -138,9 +138,10 @@ func Start(ctx context.Context, o Options) (*Proc, error) {
 	return p, nil
 }
 
-// writeRandomToken writes a random 32-byte token, hex-encoded, to a new
-// file at path readable by its owner only.
-func writeRandomToken(path string) error {
+// WriteRandomToken writes a random 32-byte token, hex-encoded, to a new
+// file at path readable by its owner only: a token file for a node and its
+// clients (ReadToken) when they run on one machine.
+func WriteRandomToken(path string) error {
 	b := make([]byte, 32)
 	rand.Read(b)
 	return os.WriteFile(path, []byte(hex.EncodeToString(b)+"\n"), 0o600)
