@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -70,13 +69,7 @@ func helperNode() error {
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
-	var l net.Listener
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		// The port of a node just killed may take a moment to be free.
-		if l, err = net.Listen("tcp", addr); err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
+	l, err := proctest.Listen(addr)
 	if err != nil {
 		return err
 	}

@@ -4,16 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"maps"
 	"net"
 	"path/filepath"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/proctest"
 	"github.com/tensorwire/tensorwire/rpc"
 )
 
@@ -144,53 +142,14 @@ func TestRemote_ExtendSampleLikeLocal(t *testing.T) {
 	}
 }
 
-// countingProxy forwards TCP connections to a target and counts the bytes
-// in each direction.
-type countingProxy struct {
-	addr     string
-	up, down atomic.Int64
-}
-
-func startProxy(t *testing.T, target string) *countingProxy {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &countingProxy{addr: l.Addr().String()}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { l.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", target)
-			if err != nil {
-				in.Close()
-				continue
-			}
-			copyCount := func(dst, src net.Conn, n *atomic.Int64) {
-				c, _ := io.Copy(dst, src)
-				n.Add(c)
-				dst.Close()
-				src.Close()
-			}
-			wg.Go(func() { copyCount(out, in, &p.up) })
-			wg.Go(func() { copyCount(in, out, &p.down) })
-		}
-	})
-	return p
-}
-
 func TestRemote_NoTransitionBytesByReference(t *testing.T) {
 	const side, batch = 128, 32 // 16 KiB of obs per transition, 512 KiB a batch
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
 			root := t.TempDir()
 			n := serveBuffer(t, root, "buf", Config{Capacity: 64})
-			p := startProxy(t, n.addr)
-			c := dialBuffer(t, p.addr, "buf", root, mode)
+			p := proctest.StartProxy(t, n.addr)
+			c := dialBuffer(t, p.Addr, "buf", root, mode)
 			td := transitionsSized(t, side, seq(0, batch)...)
 			if _, err := c.Extend(ctxT(t), td); err != nil {
 				t.Fatal(err)
@@ -203,15 +162,15 @@ func TestRemote_NoTransitionBytesByReference(t *testing.T) {
 			c.Close() // flush the counts
 			time.Sleep(50 * time.Millisecond)
 			moved := int64(batch * side * side)
-			t.Logf("%s: %d bytes up, %d down, for %d bytes of rows each way", mode, p.up.Load(), p.down.Load(), moved)
+			t.Logf("%s: %d bytes up, %d down, for %d bytes of rows each way", mode, p.Up.Load(), p.Down.Load(), moved)
 			switch mode {
 			case "ref":
-				if p.up.Load() > moved/20 || p.down.Load() > moved/20 {
-					t.Fatalf("by reference %d bytes went up and %d down, for %d bytes of rows", p.up.Load(), p.down.Load(), moved)
+				if p.Up.Load() > moved/20 || p.Down.Load() > moved/20 {
+					t.Fatalf("by reference %d bytes went up and %d down, for %d bytes of rows", p.Up.Load(), p.Down.Load(), moved)
 				}
 			case "bytes":
-				if p.up.Load() < moved || p.down.Load() < moved {
-					t.Fatalf("by bytes only %d bytes went up and %d down, for %d bytes of rows", p.up.Load(), p.down.Load(), moved)
+				if p.Up.Load() < moved || p.Down.Load() < moved {
+					t.Fatalf("by bytes only %d bytes went up and %d down, for %d bytes of rows", p.Up.Load(), p.Down.Load(), moved)
 				}
 			}
 		})

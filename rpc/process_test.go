@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"testing"
 	"time"
@@ -65,13 +64,7 @@ func helperNode() {
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
-	// The port of a node just killed may take a moment to be free again.
-	var l net.Listener
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if l, err = net.Listen("tcp", addr); err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
+	l, err := proctest.Listen(addr)
 	if err != nil {
 		helperFail(err)
 	}

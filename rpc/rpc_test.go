@@ -3,15 +3,14 @@ package rpc
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/proctest"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -204,45 +203,6 @@ func TestResolver_ReleasesDeletedFiles(t *testing.T) {
 	}
 }
 
-// countingProxy forwards loopback TCP connections to addr and counts the
-// bytes it carries both ways.
-type countingProxy struct {
-	addr  string
-	bytes atomic.Int64
-}
-
-func startProxy(t *testing.T, target string) *countingProxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &countingProxy{addr: l.Addr().String()}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", target)
-			if err != nil {
-				in.Close()
-				continue
-			}
-			t.Cleanup(func() { in.Close(); out.Close() })
-			pipe := func(dst, src net.Conn) {
-				n, _ := io.Copy(dst, src)
-				p.bytes.Add(n)
-				dst.Close()
-			}
-			go pipe(out, in)
-			go pipe(in, out)
-		}
-	}()
-	return p
-}
-
 // TestFill_NoTensorBytesByReference checks the README's claim: with a
 // shared filesystem, a remote fill of 1.25 MB of rows moves a few kilobytes
 // over the connection; without one, the rows travel both ways.
@@ -265,14 +225,14 @@ func TestFill_NoTensorBytesByReference(t *testing.T) {
 		{"by reference", []Option{WithRoot(root)}, 0, 16 << 10},
 		{"by bytes", nil, 2 * int64(len(rows)) * rowBytes, 1 << 30},
 	} {
-		proxy := startProxy(t, addr)
-		c := dial(t, proxy.addr, tc.opts...)
+		proxy := proctest.StartProxy(t, addr)
+		c := dial(t, proxy.Addr, tc.opts...)
 		if err := c.Fill(context.Background(), td, rows, 7); err != nil {
 			t.Fatal(err)
 		}
 		c.Close()
 		time.Sleep(50 * time.Millisecond) // let the pipes count the close
-		n := proxy.bytes.Load()
+		n := proxy.Up.Load() + proxy.Down.Load()
 		t.Logf("%s: %d bytes crossed", tc.name, n)
 		if n < tc.min || n > tc.max {
 			t.Errorf("%s: %d bytes crossed the connection, want [%d, %d]", tc.name, n, tc.min, tc.max)
