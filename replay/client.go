@@ -292,10 +292,11 @@ func (c *Client) extendOnce(ctx context.Context, req reserveRequest, td *tensord
 		if storage == nil {
 			return nil, fmt.Errorf("replay: no mapping of the buffer's storage")
 		}
-		// The node expires the reservation lease after it made it; this
-		// side counts from before it asked, so its deadline comes first.
-		// Rows are never written after it, so a slot given to another
-		// writer is never written by this one.
+		// The node expires the reservation a lease after it made it; this
+		// side counts from before it asked, and keeps an eighth of the
+		// lease in hand. The copy starts only before this deadline, so it
+		// would have to stall for that eighth to write into a slot the
+		// node has handed to another writer.
 		deadline := sent.Add(lease - lease/8)
 		if err := writeRowsBefore(storage, r.Slots, td, deadline); err != nil {
 			return nil, err
@@ -305,8 +306,10 @@ func (c *Client) extendOnce(ctx context.Context, req reserveRequest, td *tensord
 	return resp.Indices, err
 }
 
-// writeRowsBefore is writeRows, leaf by leaf, giving up with ErrExpired
-// once deadline has passed.
+// writeRowsBefore is writeRows, started only before deadline. It fails
+// with ErrExpired if deadline has passed before the copy, or by the time it
+// ends: then the rows may have landed late, and the reservation is not
+// committed.
 func writeRowsBefore(storage *tensordict.TensorDict, slots []int, td *tensordict.TensorDict, deadline time.Time) error {
 	if time.Now().After(deadline) {
 		return fmt.Errorf("%w: the lease ran out before the rows were written", ErrExpired)
