@@ -63,26 +63,6 @@ var testSchema = []tensordict.Field{
 	{Key: []string{"reward"}, DType: memmap.Float32},
 }
 
-func TestSmoke(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b, err := Create(t.TempDir(), Config{Capacity: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	idx, err := b.Extend(ctx, transitions(t, 1, 2, 3))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Log(idx)
-	td, info, err := b.Sample(ctx, 5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Log(info, td)
-}
-
 // rowIDs returns the transition id each row of td holds, failing the test
 // if a row's fields disagree (a torn row).
 func rowIDs(t testing.TB, td *tensordict.TensorDict) []int {

@@ -39,7 +39,7 @@ func TestRun_EndToEnd(t *testing.T) {
 	dir := t.TempDir()
 	jsonFile := filepath.Join(dir, "replay.json")
 	var stdout, stderr bytes.Buffer
-	err := Run(ctx, []string{"--capacity", "3000", "--duration", "1s", "--sample-batch", "32",
+	err := Run(ctx, []string{"--capacity", "3000", "--duration", "1s",
 		"--memcpy-duration", "200ms", "--root", dir, "--json", jsonFile}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("Run: %v\nstderr:\n%s", err, stderr.String())
