@@ -43,6 +43,7 @@ var ErrClosed = &Error{Code: Unavailable, Msg: "client is closed"}
 type clientConn struct {
 	sess *yamux.Session
 	link link
+	dog  *watchdog
 
 	mu   sync.Mutex
 	idle []*clientStream
@@ -142,7 +143,7 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return nil, transportError(ctx, "dial "+c.addr, ctx.Err())
+				return nil, unreachableError(ctx, "dial "+c.addr, ctx.Err())
 			}
 		}
 		ch := make(chan struct{})
@@ -172,7 +173,7 @@ func (c *Client) dial(ctx context.Context) (*clientConn, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", c.addr)
 	if err != nil {
-		return nil, transportError(ctx, "dial "+c.addr, err)
+		return nil, unreachableError(ctx, "dial "+c.addr, err)
 	}
 	if tc, ok := conn.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
@@ -183,7 +184,7 @@ func (c *Client) dial(ctx context.Context) (*clientConn, error) {
 		if errors.As(err, &e) {
 			return nil, err
 		}
-		return nil, transportError(ctx, "handshake with "+c.addr, err)
+		return nil, unreachableError(ctx, "handshake with "+c.addr, err)
 	}
 	deadline := time.Now().Add(c.o.limits.HandshakeTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
@@ -203,13 +204,15 @@ func (c *Client) dial(ctx context.Context) (*clientConn, error) {
 		return fail(err)
 	}
 	rw.SetDeadline(time.Time{})
-	sess, err := yamux.Client(newFrameConn(rw), c.o.yamuxConfig())
+	fc := newFrameConn(rw)
+	sess, err := yamux.Client(fc, c.o.yamuxConfig(true))
 	if err != nil {
 		return fail(err)
 	}
 	shared := !c.fsid.IsZero() && peer.fsid == c.fsid
 	c.o.log.Debug("rpc: connected", "addr", c.addr, "shared_fs", shared)
-	return &clientConn{sess: sess, link: link{shared: shared, root: c.root}}, nil
+	dog := watch(fc, sess, c.o.clientKeepAlive(), c.o.log, c.addr)
+	return &clientConn{sess: sess, link: link{shared: shared, root: c.root}, dog: dog}, nil
 }
 
 // stream returns an idle stream the node still serves, or opens one.
@@ -273,8 +276,11 @@ func (cc *clientConn) put(cs *clientStream) {
 // Call calls method on c's node with req and returns its response. It
 // blocks until the response arrives, ctx ends (the node's handler sees its
 // context end too), or the connection fails. Errors are *Error values:
-// the handler's, or Unavailable when the node could not be reached or the
-// connection broke, DeadlineExceeded or Canceled when ctx ended.
+// the handler's; Unavailable when the node could not be reached, the
+// connection broke, or the node fell silent (WithKeepAlive), also when
+// that made ctx's deadline pass (errors.Is(err, context.DeadlineExceeded)
+// holds then too); DeadlineExceeded or Canceled when ctx ended while the
+// node was answering.
 func Call[Resp, Req any](ctx context.Context, c *Client, method string, req Req) (Resp, error) {
 	var resp Resp
 	err := c.call(ctx, method, &req, &resp)
@@ -338,6 +344,9 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 		var e *Error
 		if errors.As(err, &e) {
 			return err
+		}
+		if werr := cc.dog.err(ctx, method, err); werr != nil {
+			return werr
 		}
 		return transportError(ctx, method, err)
 	}

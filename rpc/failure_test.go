@@ -300,7 +300,7 @@ func newRawPeer(addr string, token []byte) (*rawPeer, error) {
 	}
 	conn.SetDeadline(time.Time{})
 	o := newOptions(nil)
-	sess, err := yamux.Client(conn, o.yamuxConfig())
+	sess, err := yamux.Client(conn, o.yamuxConfig(true))
 	if err != nil {
 		conn.Close()
 		return nil, err

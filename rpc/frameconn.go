@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 )
 
 // frameConn is the connection under a yamux session, and batches yamux's
@@ -33,6 +34,8 @@ type frameConn struct {
 	kick    chan struct{}
 	done    chan struct{}
 	once    sync.Once
+
+	reads atomic.Uint64 // reads that returned bytes: the watchdog's sign of life
 }
 
 const (
@@ -47,6 +50,16 @@ func newFrameConn(c net.Conn) *frameConn {
 	f.cond.L = &f.mu
 	go f.flusher()
 	return f
+}
+
+// Read is called by yamux's receive loop only; it counts the reads that
+// returned bytes, for the client's watchdog.
+func (f *frameConn) Read(p []byte) (int, error) {
+	n, err := f.Conn.Read(p)
+	if n > 0 {
+		f.reads.Add(1)
+	}
+	return n, err
 }
 
 // Write is called by yamux's send loop only.

@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"cmp"
 	"crypto/tls"
 	"io"
 	"log/slog"
@@ -44,15 +45,14 @@ type options struct {
 	log       *slog.Logger
 	limits    Limits
 	window    uint32
-	keepAlive time.Duration
+	keepAlive time.Duration // 0: the side's default (defaultServerKeepAlive, defaultClientKeepAlive)
 }
 
 func newOptions(opts []Option) options {
 	o := options{
-		log:       slog.New(slog.DiscardHandler),
-		limits:    DefaultLimits(),
-		window:    16 << 20,
-		keepAlive: 10 * time.Second,
+		log:    slog.New(slog.DiscardHandler),
+		limits: DefaultLimits(),
+		window: 16 << 20,
 	}
 	for _, opt := range opts {
 		opt(&o)
@@ -92,18 +92,33 @@ func WithLimits(l Limits) Option { return func(o *options) { o.limits = l } }
 // default 16 MiB). Larger windows move bulk bytes faster. Both sides.
 func WithWindow(bytes uint32) Option { return func(o *options) { o.window = bytes } }
 
-// WithKeepAlive sets how often an idle connection is pinged to find a dead
-// peer (default 10 s). Both sides.
+// WithKeepAlive sets how quickly a dead or unreachable peer is found.
+//
+// A client pings its node once the node has been silent for d (default
+// 1 s), calls a node silent for 2d unreachable (a call whose deadline
+// passes then fails with Unavailable, not DeadlineExceeded), and closes a
+// connection whose node has been silent for 5d, failing the calls on it
+// with Unavailable; the next call dials again. A server pings each client
+// every d (default 10 s) and drops one that does not answer within 30 s.
+// Both sides; d < 0 turns the pings off.
 func WithKeepAlive(d time.Duration) Option { return func(o *options) { o.keepAlive = d } }
 
-// yamuxConfig returns the yamux configuration for o.
-func (o *options) yamuxConfig() *yamux.Config {
+// Keep-alive defaults (WithKeepAlive).
+const (
+	defaultServerKeepAlive = 10 * time.Second
+	defaultClientKeepAlive = time.Second
+)
+
+// yamuxConfig returns the yamux configuration for o on a server or, with
+// client set, a client. A client's liveness is the watchdog's job, so its
+// yamux sends no pings of its own; it still answers the server's.
+func (o *options) yamuxConfig(client bool) *yamux.Config {
 	c := yamux.DefaultConfig()
 	c.AcceptBacklog = max(o.limits.MaxStreamsPerPeer, 1)
 	c.MaxStreamWindowSize = max(o.window, 256<<10)
-	c.EnableKeepAlive = o.keepAlive > 0
-	if o.keepAlive > 0 {
-		c.KeepAliveInterval = o.keepAlive
+	c.EnableKeepAlive = !client && o.keepAlive >= 0
+	if c.EnableKeepAlive {
+		c.KeepAliveInterval = cmp.Or(o.keepAlive, defaultServerKeepAlive)
 	}
 	c.ConnectionWriteTimeout = 30 * time.Second
 	c.StreamCloseTimeout = 30 * time.Second

@@ -343,7 +343,7 @@ func (s *Server) serveConn(conn net.Conn) {
 		return
 	}
 	rw.SetDeadline(time.Time{})
-	sess, err := yamux.Server(newFrameConn(rw), s.o.yamuxConfig())
+	sess, err := yamux.Server(newFrameConn(rw), s.o.yamuxConfig(false))
 	if err != nil {
 		rw.Close()
 		return
