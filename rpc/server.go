@@ -39,6 +39,8 @@ type Server struct {
 	conns     map[*peerConn]struct{}
 	closed    bool
 
+	handshakes atomic.Int32 // connections in serveConn before their session starts
+
 	ctx    context.Context // ends at Close; parent of every call's context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -322,6 +324,13 @@ type peerConn struct {
 func (s *Server) serveConn(conn net.Conn) {
 	remote := conn.RemoteAddr().String()
 	log := s.o.log.With("peer", remote)
+	s.handshakes.Add(1)
+	handshaking := true
+	defer func() {
+		if handshaking {
+			s.handshakes.Add(-1)
+		}
+	}()
 	conn.SetDeadline(time.Now().Add(s.o.limits.HandshakeTimeout))
 	// Close must not wait for a peer that stalls in the handshake.
 	stop := context.AfterFunc(s.ctx, func() { conn.Close() })
@@ -357,6 +366,8 @@ func (s *Server) serveConn(conn net.Conn) {
 	}
 	s.conns[pc] = struct{}{}
 	s.mu.Unlock()
+	s.handshakes.Add(-1)
+	handshaking = false
 	log.Debug("rpc: peer connected", "shared_fs", pc.shared)
 	defer func() {
 		s.mu.Lock()

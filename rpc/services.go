@@ -7,7 +7,7 @@ import (
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
-// Names of the built-in methods every Server serves.
+// Names of the built-in methods every Server serves (and MethodStats).
 const (
 	MethodFill     = "tensorwire.fill"
 	MethodRead     = "tensorwire.read"
@@ -72,6 +72,7 @@ func registerServices(s *Server) {
 	})
 	Register(s, MethodRead, s.read)
 	Register(s, MethodDescribe, s.describe)
+	Register(s, MethodStats, func(context.Context, StatsRequest) (Stats, error) { return s.Stats(), nil })
 }
 
 // checkGather refuses to gather n rows of td when they would take more than

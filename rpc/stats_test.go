@@ -1,0 +1,48 @@
+package rpc
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+)
+
+func TestServer_Stats(t *testing.T) {
+	n := startTestNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	waitStats := func(what string, ok func(Stats) bool) Stats {
+		t.Helper()
+		for {
+			st := n.s.Stats()
+			if ok(st) {
+				return st
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("%s: stats %+v", what, st)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitStats("no peers yet", func(s Stats) bool { return s.Peers == 0 && s.Handshakes == 0 })
+
+	// A connection that never says hello is a handshake in progress.
+	raw, err := net.Dial("tcp", n.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStats("a silent connection", func(s Stats) bool { return s.Handshakes == 1 && s.Peers == 0 })
+
+	c := dial(t, n.addr)
+	got, err := c.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Peers != 1 || got.Streams != 1 || got.Handshakes != 1 || got.Goroutines <= 0 || got.HeapBytes == 0 || got.OpenFiles <= 0 {
+		t.Fatalf("remote stats with one peer in a call and one handshaking: %+v", got)
+	}
+
+	raw.Close()
+	c.Close()
+	waitStats("everyone gone", func(s Stats) bool { return s.Peers == 0 && s.Handshakes == 0 && s.Streams == 0 })
+}
