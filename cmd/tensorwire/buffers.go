@@ -15,7 +15,7 @@ import (
 )
 
 // bufferSpec is one --buffer flag of the node command:
-// NAME[,capacity=N][,sampler=KIND][,alpha=A][,beta=B][,min-size=N].
+// NAME[,capacity=N][,sampler=KIND][,alpha=A][,beta=B][,min-size=N][,lease=D].
 type bufferSpec struct {
 	name string
 	cfg  replay.Config
@@ -51,6 +51,8 @@ func (f *bufferFlags) Set(v string) error {
 			alpha, err = strconv.ParseFloat(val, 64)
 		case "beta":
 			beta, err = strconv.ParseFloat(val, 64)
+		case "lease":
+			spec.cfg.Lease, err = time.ParseDuration(val)
 		default:
 			return fmt.Errorf("buffer %s: unknown setting %q", spec.name, k)
 		}

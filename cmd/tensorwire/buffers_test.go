@@ -71,11 +71,16 @@ func TestNode_BufferFlagErrors(t *testing.T) {
 		{"b,sampler=lifo", "unknown sampler"},
 		{"b,colour=red", "unknown setting"},
 		{"b,capacity", "not key=value"},
+		{"b,lease=5", "lease"},
 	} {
 		var f bufferFlags
 		if err := f.Set(tc.value); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("--buffer %q: %v, want an error about %q", tc.value, err, tc.want)
 		}
+	}
+	var ok bufferFlags
+	if err := ok.Set("b,capacity=8,lease=250ms"); err != nil || ok[0].cfg.Lease != 250*time.Millisecond || ok[0].cfg.Capacity != 8 {
+		t.Fatalf("--buffer b,capacity=8,lease=250ms: %+v, %v", ok, err)
 	}
 	// A buffer to open that does not exist, without a capacity to create it.
 	var f bufferFlags

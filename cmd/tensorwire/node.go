@@ -20,7 +20,8 @@ var nodeCmd = command{
 		"cleanly on SIGINT or SIGTERM; --token-file holds the shared secret clients must know (no access for " +
 		"other users); --tls-cert and --tls-key (PEM) add TLS; each --buffer serves the replay buffer at DIR/NAME " +
 		"(replay.Dial), opened if it exists and created otherwise, with settings capacity=N, " +
-		"sampler=uniform|without_replacement|prioritized|fifo, alpha=A, beta=B, min-size=N; buffers are " +
+		"sampler=uniform|without_replacement|prioritized|fifo, alpha=A, beta=B, min-size=N, lease=D (how long a " +
+		"writer's reservation lasts, default 30s); buffers are " +
 		"checkpointed every --checkpoint-every and when the node stops",
 	run: runNode,
 }
@@ -34,7 +35,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate file")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file")
 	var buffers bufferFlags
-	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,alpha=A][,beta=B][,min-size=N] (repeatable)")
+	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,alpha=A][,beta=B][,min-size=N][,lease=D] (repeatable)")
 	every := fs.Duration("checkpoint-every", time.Minute, "how often the buffers are checkpointed")
 	pos, err := parse(fs, args)
 	if err != nil {
