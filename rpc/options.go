@@ -95,7 +95,7 @@ func WithWindow(bytes uint32) Option { return func(o *options) { o.window = byte
 // WithKeepAlive sets how quickly a dead or unreachable peer is found.
 //
 // A client pings its node once the node has been silent for d (default
-// 1 s), calls a node silent for 2d unreachable (a call whose deadline
+// 1 s), calls a node silent for 1.5d unreachable (a call whose deadline
 // passes then fails with Unavailable, not DeadlineExceeded), and closes a
 // connection whose node has been silent for 5d, failing the calls on it
 // with Unavailable; the next call dials again. A server pings each client

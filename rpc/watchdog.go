@@ -22,8 +22,10 @@ import (
 // handlers are busy (yamux answers pings in its receive loop), so silence
 // longer than that means the node cannot be reached:
 //
-//   - after 2 intervals, calls whose deadline passes fail with Unavailable
-//     instead of DeadlineExceeded (unreachable reports it);
+//   - after an interval and a half (a ping unanswered for half an
+//     interval, when a live node answers in microseconds), calls whose
+//     deadline passes fail with Unavailable instead of DeadlineExceeded
+//     (unreachable reports it);
 //   - after 5 intervals the watchdog closes the connection, so calls without
 //     a deadline fail with Unavailable too, and the next call dials again.
 //
@@ -51,10 +53,10 @@ func watch(fc *frameConn, sess *yamux.Session, interval time.Duration, log *slog
 	return w
 }
 
-// Thresholds, in intervals of silence.
+// Thresholds, in half intervals of silence.
 const (
-	unreachableAfter = 2
-	deadAfter        = 5
+	unreachableAfter = 3
+	deadAfter        = 10
 )
 
 func (w *watchdog) run(log *slog.Logger, addr string) {
@@ -77,7 +79,7 @@ func (w *watchdog) run(log *slog.Logger, addr string) {
 			last = now
 			quiet := now.Sub(time.Unix(0, w.silent.Load()))
 			switch {
-			case quiet >= deadAfter*w.interval:
+			case quiet >= deadAfter*w.interval/2:
 				log.Warn("rpc: node silent, closing the connection", "addr", addr, "silent", quiet.Round(time.Millisecond))
 				w.gaveUp.Store(int64(quiet))
 				w.sess.Close()
@@ -107,12 +109,12 @@ func (w *watchdog) err(ctx context.Context, op string, err error) error {
 }
 
 // unreachable reports whether the node has been silent for unreachableAfter
-// intervals, as of now.
+// half intervals, as of now.
 func (w *watchdog) unreachable() bool {
 	if w.interval <= 0 || w.fc.reads.Load() != w.seen.Load() {
 		return false
 	}
-	return time.Since(time.Unix(0, w.silent.Load())) >= unreachableAfter*w.interval
+	return time.Since(time.Unix(0, w.silent.Load())) >= unreachableAfter*w.interval/2
 }
 
 // clientKeepAlive returns the watchdog interval for options o.

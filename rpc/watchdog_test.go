@@ -107,7 +107,7 @@ func TestWatchdog_PartitionedNode(t *testing.T) {
 		deadline time.Duration
 	}{
 		// The deadline passes first, with the node silent for more than
-		// 2 intervals: unreachable, not merely slow.
+		// an interval and a half: unreachable, not merely slow.
 		{"short deadline", 4 * testKeepAlive},
 		// The watchdog closes the connection after 5 silent intervals,
 		// long before the deadline.
