@@ -1,0 +1,13 @@
+// Package faulttest is tensorwire's fault suite: real processes on separate
+// network addresses (Linux network namespaces joined by a bridge, see
+// internal/netns) that are killed, cut off and attacked while they work,
+// and checks that nothing acknowledged is lost, nothing torn is returned,
+// and no node stops serving its honest clients.
+//
+// The package holds tests only; docs/reliability.md says what each scenario
+// promises and quotes a run. It needs root for the namespaces; elsewhere its
+// tests say so and skip. Run it with
+//
+//	go test ./faulttest/              # the short mode CI runs
+//	go test -tags soak -timeout 1h ./faulttest/   # minutes of load per scenario
+package faulttest
