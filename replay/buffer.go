@@ -95,19 +95,33 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 	if _, err := os.Stat(filepath.Join(prefix, MetaFile)); err == nil {
 		return nil, fmt.Errorf("%w: %s", ErrExists, prefix)
 	}
+	_, statErr := os.Stat(prefix)
+	made := errors.Is(statErr, os.ErrNotExist)
 	if err := os.MkdirAll(prefix, 0o755); err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
+	}
+	// undo gives back the space a failed Create took (a full disk is the
+	// usual cause): the folder if Create made it, else what it wrote.
+	undo := func() {
+		if made {
+			os.RemoveAll(prefix)
+			return
+		}
+		os.Remove(filepath.Join(prefix, SlotsFile))
+		os.RemoveAll(filepath.Join(prefix, StorageDir))
 	}
 	var idb [8]byte
 	rand.Read(idb[:])
 	b := newBuffer(prefix, cfg, hex.EncodeToString(idb[:]))
 	var err error
 	if b.slots, err = createSlots(filepath.Join(prefix, SlotsFile), cfg.Capacity); err != nil {
+		undo()
 		return nil, fmt.Errorf("replay: creating the slot table: %w", err)
 	}
 	if cfg.Schema != nil {
 		if err := b.createStorage(cfg.Schema); err != nil {
 			b.slots.close()
+			undo()
 			return nil, err
 		}
 	}
@@ -120,6 +134,7 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 	}
 	if err := b.writeMeta(); err != nil {
 		b.closeFiles()
+		undo()
 		return nil, err
 	}
 	return b, nil

@@ -1,12 +1,15 @@
 package replay
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"os"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/tensorwire/tensorwire/memmap"
+	"golang.org/x/sys/unix"
 )
 
 // SlotsFile is the name, under a buffer's prefix, of its slot table: one
@@ -50,14 +53,31 @@ func createSlots(path string, capacity int) (*slotTable, error) {
 	return newSlotTable(mm, capacity)
 }
 
-// openSlots maps the slot table at path, read-write unless readOnly.
+// openSlots maps the slot table at path, read-write unless readOnly. Read-
+// write, it first reserves the file's blocks: its words are read and
+// written through the mapping without a fault guard, so a file left sparse
+// (a copy made with cp --sparse, rsync -S) on a full disk must be an error
+// here rather than a SIGBUS later.
 func openSlots(path string, capacity int, readOnly bool) (*slotTable, error) {
-	mode := memmap.ReadWrite
 	if readOnly {
-		mode = memmap.ReadOnly
+		mm, err := memmap.Open(path, memmap.Uint64, []int{capacity, slotFields}, memmap.ReadOnly)
+		if err != nil {
+			return nil, err
+		}
+		return newSlotTable(mm, capacity)
 	}
-	mm, err := memmap.Open(path, memmap.Uint64, []int{capacity, slotFields}, mode)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
+		return nil, err
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(capacity)*slotFields*8); err != nil &&
+		!errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
+		f.Close()
+		return nil, fmt.Errorf("reserving the blocks of %s: %w", path, err)
+	}
+	mm, err := memmap.OpenFile(f, memmap.Uint64, []int{capacity, slotFields}, memmap.ReadWrite)
+	if err != nil {
+		f.Close()
 		return nil, err
 	}
 	return newSlotTable(mm, capacity)

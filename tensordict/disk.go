@@ -43,6 +43,7 @@ func (td *TensorDict) writeRoot(prefix string, copyData bool) (*TensorDict, erro
 			return nil, fmt.Errorf("memmap %s: %s: %w", prefix, keyString(p), err)
 		}
 	}
+	top := missingTop(prefix)
 	if err := os.MkdirAll(prefix, 0o755); err != nil {
 		return nil, fmt.Errorf("memmap %s: %w", prefix, err)
 	}
@@ -52,11 +53,35 @@ func (td *TensorDict) writeRoot(prefix string, copyData bool) (*TensorDict, erro
 	var maps []*memmap.Tensor
 	out, err := td.writeDir(prefix, copyData, &maps)
 	if err != nil {
+		// Give the space back (a full disk is the usual cause): the files
+		// written, or the whole folder if this call made it.
 		closeAll(maps)
+		if top != "" {
+			os.RemoveAll(top)
+		} else {
+			for _, m := range maps {
+				os.Remove(m.Path())
+			}
+		}
 		return nil, fmt.Errorf("memmap %s: %w", prefix, err)
 	}
 	out.maps = maps
 	return out, nil
+}
+
+// missingTop returns the outermost folder of path that does not exist, the
+// one MkdirAll(path) creates first, or "" if path exists.
+func missingTop(path string) string {
+	top := ""
+	for p := filepath.Clean(path); ; p = filepath.Dir(p) {
+		if _, err := os.Lstat(p); err == nil {
+			return top
+		}
+		top = p
+		if filepath.Dir(p) == p {
+			return top
+		}
+	}
 }
 
 // writeDir writes td's leaves and nested folders into dir, then its

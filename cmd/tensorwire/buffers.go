@@ -94,8 +94,9 @@ func (f bufferFlags) open(root string, log *slog.Logger) (*servedBuffers, func(*
 			if spec.cfg.Capacity == 0 {
 				err = fmt.Errorf("buffer %s: no buffer at %s to open, and no capacity= to create one", spec.name, prefix)
 			} else {
-				b, err = replay.Create(prefix, spec.cfg)
-				log.Info("buffer created", "name", spec.name, "prefix", prefix, "capacity", spec.cfg.Capacity)
+				if b, err = replay.Create(prefix, spec.cfg); err == nil {
+					log.Info("buffer created", "name", spec.name, "prefix", prefix, "capacity", spec.cfg.Capacity)
+				}
 			}
 		} else if err == nil {
 			st := b.Stats()
