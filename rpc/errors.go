@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"syscall"
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -147,6 +148,8 @@ func CodeOf(err error) Code {
 		return NotFound
 	case errors.Is(err, os.ErrPermission), errors.Is(err, memmap.ErrReadOnly):
 		return PermissionDenied
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return ResourceExhausted // the node's disk is full
 	case errors.Is(err, tensordict.ErrLocked), errors.Is(err, tensordict.ErrUnsupported):
 		return FailedPrecondition
 	case errors.Is(err, memmap.ErrFault):
