@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -670,29 +669,11 @@ func TestFullDisk_SparseFileWritesAreErrors(t *testing.T) {
 	)
 }
 
-// diskLog collects a process's output while the test reads it.
-type diskLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *diskLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *diskLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // diskNode is "tensorwire node" running as a process.
 type diskNode struct {
 	cmd    *exec.Cmd
 	addr   string // "" if it exited before listening
-	stderr *diskLog
+	stderr *lockedBuffer
 	done   chan struct{} // closed when it has exited; then err is set
 	err    error
 }
@@ -702,7 +683,7 @@ type diskNode struct {
 // killed when the test ends if still running.
 func startDiskNode(t *testing.T, args ...string) *diskNode {
 	t.Helper()
-	n := &diskNode{stderr: &diskLog{}, done: make(chan struct{})}
+	n := &diskNode{stderr: &lockedBuffer{}, done: make(chan struct{})}
 	n.cmd = exec.Command(program(t, "./cmd/tensorwire"), append([]string{"node", "--listen", "127.0.0.1:0"}, args...)...)
 	out, err := n.cmd.StdoutPipe()
 	if err != nil {

@@ -134,6 +134,19 @@ func (f *clientFlags) dial(ctx context.Context) (*replay.Client, error) {
 	}
 }
 
+// connect dials, prints "ready MODE" and reports the calls' stats until
+// ctx ends; done prints the last stat line and closes the client.
+func (f *clientFlags) connect(ctx context.Context) (_ *replay.Client, _ *callStats, done func(), _ error) {
+	c, err := f.dial(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	fmt.Println("ready", c.Mode())
+	st := new(callStats)
+	stop := st.report(ctx)
+	return c, st, func() { stop(); c.Close() }, nil
+}
+
 // callStats counts a helper's calls and how each ended, and is printed as
 // a "stat" line: "stat calls=N ok=N unavailable=N other=N rows=N torn=N
 // max_over_ms=F last_err=...".
@@ -240,14 +253,10 @@ func runWriter(ctx context.Context, args []string) error {
 		return err
 	}
 	defer logf.Close()
-	c, err := cf.dial(ctx)
+	c, st, done, err := cf.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	fmt.Println("ready", c.Mode())
-	var st callStats
-	done := st.report(ctx)
 	defer done()
 	for seq := 0; seq+cf.batch <= *count && ctx.Err() == nil; seq += cf.batch {
 		first := transitionID(*writer, *inc, seq)
@@ -287,14 +296,10 @@ func runTrainer(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	c, err := cf.dial(ctx)
+	c, st, done, err := cf.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	fmt.Println("ready", c.Mode())
-	var st callStats
-	done := st.report(ctx)
 	defer done()
 	for ctx.Err() == nil {
 		cctx, cancel := callContext(ctx, cf.callTimeout)
