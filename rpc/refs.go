@@ -90,7 +90,7 @@ func fileIDOf(fi fs.FileInfo) (fileID, bool) {
 // root, lexically, and returns it in the OS's form.
 func local(path string) (string, error) {
 	name := filepath.FromSlash(path)
-	if !filepath.IsLocal(name) || strings.ContainsRune(path, '\\') {
+	if !filepath.IsLocal(name) || strings.ContainsAny(path, "\\\x00") {
 		return "", Errorf(PermissionDenied, "%q is not a path inside the shared root", path)
 	}
 	return name, nil
@@ -113,7 +113,7 @@ func (r *resolver) acquire(ref *wireRef, dt memmap.DType) (*mapping, error) {
 
 // acquireTD returns the TensorDict stored at prefix under the root, loaded
 // read-only, held until release. It is reloaded when its meta.json is
-// replaced. Leaf files that are symlinks out of the root are refused.
+// replaced. Files reached through symlinks out of the root are refused.
 func (r *resolver) acquireTD(prefix string) (*mapping, error) {
 	name, err := local(prefix)
 	if err != nil {
@@ -129,6 +129,15 @@ func (r *resolver) acquireTD(prefix string) (*mapping, error) {
 // file, or opens a new one with open.
 func (r *resolver) get(key mapKey, statName string, open func() (*mapping, error)) (*mapping, error) {
 	fi, err := r.root.Stat(statName)
+	if err == nil && !fi.Mode().IsRegular() {
+		// Refused before anything opens it: opening a FIFO blocks, and
+		// opening a device may do anything.
+		perr := &fs.PathError{Op: "stat", Path: statName, Err: errNotRegular}
+		if fi.IsDir() {
+			perr.Err = syscall.EISDIR
+		}
+		err = perr
+	}
 	if err != nil {
 		r.mu.Lock()
 		if m := r.cache[key]; m != nil {
@@ -175,43 +184,39 @@ func (r *resolver) get(key mapKey, statName string, open func() (*mapping, error
 	return m, nil
 }
 
-// loadTD loads the TensorDict at name read-only and checks that every leaf
-// file lies inside the root.
+// loadTD loads the TensorDict at name read-only, every file of it (meta.json
+// files, leaves, non-tensor data, nested folders) opened through the root:
+// one reached through ".." or a symlink leading out is PermissionDenied, and
+// one that is not a regular file (a FIFO, whose opening would block) is
+// InvalidArgument, checked as each is opened.
 func (r *resolver) loadTD(name, prefix string) (*mapping, error) {
-	dir := filepath.Join(r.dir, name)
-	real, err := filepath.EvalSymlinks(dir)
+	td, err := tensordict.LoadMemmap(filepath.Join(r.dir, name), tensordict.ReadOnly(), tensordict.InRoot(r.root))
 	if err != nil {
-		return nil, r.openError(prefix, err)
-	}
-	if rel, err := filepath.Rel(r.dir, real); err != nil || !filepath.IsLocal(rel) && rel != "." {
-		return nil, Errorf(PermissionDenied, "%q leads out of the shared root", prefix)
-	}
-	td, err := tensordict.LoadMemmap(real, tensordict.ReadOnly())
-	if err != nil {
+		if escapes(err) {
+			return nil, Errorf(PermissionDenied, "%q: %v", prefix, err)
+		}
 		return nil, Errorf(CodeOf(err), "%q: %w", prefix, err)
 	}
-	for path, x := range td.Leaves() {
-		p, err := filepath.EvalSymlinks(x.Path())
-		rel := ""
-		if err == nil {
-			rel, err = filepath.Rel(r.dir, p)
-		}
-		if err != nil || !filepath.IsLocal(rel) {
-			td.Close()
-			return nil, Errorf(PermissionDenied, "%q: leaf %v is a file outside the shared root", prefix, path)
-		}
-	}
 	return &mapping{td: td}, nil
+}
+
+// escapes reports whether err is os.Root refusing a path that leads out of
+// the root (".." or a symlink out, or a loop of them).
+func escapes(err error) bool {
+	return strings.Contains(err.Error(), "escapes") || errors.Is(err, syscall.ELOOP)
 }
 
 // open maps name read-write, or read-only when the file may not be written
 // (then writes through it fail with memmap.ErrReadOnly: PermissionDenied).
 func (r *resolver) open(name string, ref *wireRef, dt memmap.DType) (*mapping, error) {
 	mode := memmap.ReadWrite
-	f, err := r.root.OpenFile(name, os.O_RDWR, 0)
+	// O_NONBLOCK: get checked the file is regular, but it may have been
+	// swapped for a FIFO since, whose opening would block; OpenFile
+	// refuses anything not regular.
+	f, err := r.root.OpenFile(name, os.O_RDWR|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS) {
 		mode = memmap.ReadOnly
-		f, err = r.root.Open(name)
+		f, err = r.root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	}
 	if err != nil {
 		return nil, r.openError(ref.Path, err)
@@ -224,15 +229,22 @@ func (r *resolver) open(name string, ref *wireRef, dt memmap.DType) (*mapping, e
 	return &mapping{mm: mm}, nil
 }
 
+// errNotRegular is a referenced file that is neither a regular file nor a
+// folder: a FIFO, a device, a socket.
+var errNotRegular = errors.New("not a regular file")
+
 // openError classifies an error from opening a referenced path.
 func (r *resolver) openError(path string, err error) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return Errorf(NotFound, "reference %q: no such file under the shared root", path)
+	case errors.Is(err, syscall.ENOTDIR):
+		return Errorf(NotFound, "reference %q: no such file under the shared root (%v)", path, err)
 	case errors.Is(err, syscall.EISDIR):
 		return Errorf(InvalidArgument, "reference %q: a directory, not a tensor file", path)
-	case errors.Is(err, fs.ErrPermission), strings.Contains(err.Error(), "escapes"),
-		errors.Is(err, syscall.ELOOP):
+	case errors.Is(err, errNotRegular), errors.Is(err, syscall.ENAMETOOLONG):
+		return Errorf(InvalidArgument, "reference %q: %v", path, err)
+	case errors.Is(err, fs.ErrPermission), escapes(err):
 		return Errorf(PermissionDenied, "reference %q: %v", path, err)
 	}
 	return Errorf(Internal, "reference %q: %v", path, err)

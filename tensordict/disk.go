@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"github.com/tensorwire/tensorwire/internal/atomicfile"
 	"github.com/tensorwire/tensorwire/memmap"
@@ -177,7 +179,9 @@ type LoadOption func(*loadOptions)
 
 type loadOptions struct {
 	mode  memmap.Mode
-	depth int // nesting level of the folder being loaded
+	depth int      // nesting level of the folder being loaded
+	root  *os.Root // InRoot's: every file is opened through it
+	base  string   // the absolute folder root names, when root is set
 }
 
 // maxDepth bounds the nesting of TensorDicts LoadMemmap follows.
@@ -187,6 +191,77 @@ const maxDepth = 64
 // TensorDict's methods fail with memmap.ErrReadOnly, and the files cannot
 // change under any circumstance.
 func ReadOnly() LoadOption { return func(o *loadOptions) { o.mode = memmap.ReadOnly } }
+
+// InRoot opens every file LoadMemmap reads through root (os.Root), for a
+// TensorDict named by someone who must not reach outside it, such as a
+// remote peer: prefix must lie under root's folder, and a meta.json, leaf
+// or folder reached through ".." or a symlink leading out of root is an
+// error (os.Root's "path escapes from parent"), as is a file that is not a
+// regular file (a FIFO would block, a device could do anything), which
+// wraps ErrFormat. The check is made as each file is opened, so a symlink
+// swapped in meanwhile cannot slip through.
+func InRoot(root *os.Root) LoadOption {
+	return func(o *loadOptions) {
+		o.root = root
+		o.base, _ = filepath.Abs(root.Name())
+	}
+}
+
+// errNotRegular is a file that InRoot refuses to open: not a regular file.
+var errNotRegular = errors.New("not a regular file")
+
+// rel returns path relative to the root's folder, for os.Root's methods.
+func (o *loadOptions) rel(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	r, err := filepath.Rel(o.base, abs)
+	if err != nil || !filepath.IsLocal(r) && r != "." {
+		return "", &fs.PathError{Op: "open", Path: path, Err: errors.New("path escapes from parent")}
+	}
+	return r, nil
+}
+
+// open opens the regular file at path for reading, or for writing too if
+// write, through the root when there is one. It never blocks on a FIFO.
+func (o *loadOptions) open(path string, write bool) (*os.File, error) {
+	flag := os.O_RDONLY
+	if write {
+		flag = os.O_RDWR
+	}
+	if o.root == nil {
+		return os.OpenFile(path, flag, 0)
+	}
+	r, err := o.rel(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := o.root.OpenFile(r, flag|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		if err == nil {
+			err = &fs.PathError{Op: "open", Path: path, Err: errNotRegular}
+		}
+		return nil, err
+	}
+	return f, nil
+}
+
+// lstat is os.Lstat, through the root when there is one.
+func (o *loadOptions) lstat(path string) (fs.FileInfo, error) {
+	if o.root == nil {
+		return os.Lstat(path)
+	}
+	r, err := o.rel(path)
+	if err != nil {
+		return nil, err
+	}
+	return o.root.Lstat(r)
+}
 
 // LoadMemmap maps the TensorDict stored at prefix, written by Memmap or by
 // tensordict's memmap in Python, read-write unless ReadOnly is given
@@ -201,6 +276,13 @@ func LoadMemmap(prefix string, opts ...LoadOption) (*TensorDict, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if o.root != nil {
+		abs, err := filepath.Abs(prefix)
+		if err != nil {
+			return nil, fmt.Errorf("load %s: %w", prefix, err)
+		}
+		prefix = abs
+	}
 	var maps []*memmap.Tensor
 	td, err := loadDir(prefix, o, &maps)
 	if err != nil {
@@ -212,9 +294,14 @@ func LoadMemmap(prefix string, opts ...LoadOption) (*TensorDict, error) {
 }
 
 // readMeta reads and parses a folder's meta.json, and its _type.
-func readMeta(dir string) ([]member, string, error) {
+func (o *loadOptions) readMeta(dir string) ([]member, string, error) {
 	path := filepath.Join(dir, metaFile)
-	data, err := os.ReadFile(path)
+	var data []byte
+	f, err := o.open(path, false)
+	if err == nil {
+		data, err = io.ReadAll(f)
+		f.Close()
+	}
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, "", fmt.Errorf("%w: %s is missing (not a memory-mapped TensorDict, or one still being written)", ErrFormat, path)
@@ -237,7 +324,7 @@ func readMeta(dir string) ([]member, string, error) {
 }
 
 func loadDir(dir string, o loadOptions, maps *[]*memmap.Tensor) (*TensorDict, error) {
-	members, typ, err := readMeta(dir)
+	members, typ, err := o.readMeta(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -288,12 +375,12 @@ func loadDir(dir string, o loadOptions, maps *[]*memmap.Tensor) (*TensorDict, er
 
 // findName returns the path of a key's file or folder in dir: the escaped
 // name, or for files written before tensordict 0.13 the raw key.
-func findName(dir, key, suffix string) (string, error) {
+func (o *loadOptions) findName(dir, key, suffix string) (string, error) {
 	p := filepath.Join(dir, escapeKey(key)+suffix)
-	_, err := os.Lstat(p)
+	_, err := o.lstat(p)
 	if errors.Is(err, fs.ErrNotExist) && legacyName(key) {
 		raw := filepath.Join(dir, key+suffix)
-		if _, rerr := os.Lstat(raw); rerr == nil {
+		if _, rerr := o.lstat(raw); rerr == nil {
 			return raw, nil
 		}
 	}
@@ -309,15 +396,20 @@ func loadLeaf(dir, key string, e leafEntry, o loadOptions, maps *[]*memmap.Tenso
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %q: %w", ErrFormat, metaPath, key, err)
 	}
-	path, err := findName(dir, key, leafSuffix)
+	path, err := o.findName(dir, key, leafSuffix)
 	if n, _ := memmap.NumBytes(dt, shape); n == 0 {
 		return Zeros(dt, shape...) // tensordict writes no file for these
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: leaf %q: %w", ErrFormat, key, err)
 	}
-	mm, err := memmap.Open(path, dt, shape, o.mode)
+	f, err := o.open(path, o.mode == memmap.ReadWrite)
 	if err != nil {
+		return nil, fmt.Errorf("%w: leaf %q: %w", ErrFormat, key, err)
+	}
+	mm, err := memmap.OpenFile(f, dt, shape, o.mode)
+	if err != nil {
+		f.Close()
 		return nil, fmt.Errorf("%w: leaf %q: %w", ErrFormat, key, err)
 	}
 	*maps = append(*maps, mm)
@@ -331,26 +423,26 @@ func loadCollection(dir, key string, o loadOptions, maps *[]*memmap.Tensor) (Val
 	if o.depth++; o.depth > maxDepth {
 		return nil, fmt.Errorf("%w: %s: TensorDicts nested more than %d deep (a symlink loop?)", ErrFormat, dir, maxDepth)
 	}
-	sub, err := findName(dir, key, "")
+	sub, err := o.findName(dir, key, "")
 	if err != nil {
 		return nil, fmt.Errorf("%w: folder of %q: %w", ErrFormat, key, err)
 	}
-	_, typ, err := readMeta(sub)
+	_, typ, err := o.readMeta(sub)
 	if err != nil {
 		return nil, err
 	}
 	if typ == typeNonTensorData {
-		return loadNonTensor(sub)
+		return o.loadNonTensor(sub)
 	}
 	return loadDir(sub, o, maps)
 }
 
-func loadNonTensor(dir string) (*NonTensor, error) {
-	if _, err := os.Lstat(filepath.Join(dir, pickleFile)); err == nil {
+func (o *loadOptions) loadNonTensor(dir string) (*NonTensor, error) {
+	if _, err := o.lstat(filepath.Join(dir, pickleFile)); err == nil {
 		return nil, fmt.Errorf("%w: %s: pickled non-tensor data is never loaded (it can run code); store JSON-able data instead",
 			ErrUnsupported, filepath.Join(dir, pickleFile))
 	}
-	members, _, err := readMeta(dir)
+	members, _, err := o.readMeta(dir)
 	if err != nil {
 		return nil, err
 	}
