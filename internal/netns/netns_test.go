@@ -300,15 +300,7 @@ func TestHostsTalk(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go echo(c)
-		}
-	}()
+	go serveEcho(l)
 	if reply, err := dialFrom(b, l.Addr().String(), 5*time.Second); err != nil || reply != "ping "+b.Addr().String() {
 		t.Errorf("from b to the gateway: %q, %v; want ping %s", reply, err, b.Addr())
 	}
@@ -328,15 +320,7 @@ func TestInProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go echo(c)
-		}
-	}()
+	go serveEcho(l)
 	if reply, err := dialFrom(b, l.Addr().String(), 5*time.Second); err != nil || reply != "ping "+b.Addr().String() {
 		t.Errorf("helper in b to the listener in a: %q, %v; want ping %s", reply, err, b.Addr())
 	}
@@ -609,5 +593,16 @@ func TestSkipsWhenNotRoot(t *testing.T) {
 		if !bytes.Contains(out, []byte(want)) {
 			t.Errorf("as nobody, the output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// serveEcho echoes on every connection l accepts, until l is closed.
+func serveEcho(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go echo(c)
 	}
 }
