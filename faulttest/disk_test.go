@@ -8,7 +8,6 @@ package faulttest
 // not even on files whose blocks were never reserved.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -524,33 +523,16 @@ func diskRunHelper(t *testing.T, role string, args ...string) map[string][2]stri
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), roleEnv+"="+role)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	stdin, err := cmd.StdinPipe() // held open: the helper stops when it reaches EOF
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stdin.Close()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err = <-done:
-	case <-time.After(20 * time.Second):
-		cmd.Process.Kill()
-		<-done
-		t.Fatalf("helper %s did not finish within 20 s; stdout:\n%s\nstderr:\n%s", role, &stdout, &stderr)
-	}
-	t.Logf("helper %s:\n%s", role, &stdout)
-	if death := diskDeath(err, stderr.String()); death != "" {
+	p := startProc(t, "helper "+role, cmd)
+	err := p.wait(20 * time.Second)
+	t.Logf("helper %s:\n%s", role, p.output())
+	if death := diskDeath(err, p.stderr.String()); death != "" {
 		t.Fatalf("helper %s %s", role, death)
 	} else if err != nil {
-		t.Fatalf("helper %s: %v; stderr:\n%s", role, err, &stderr)
+		t.Fatalf("helper %s: %v; stderr:\n%s", role, err, p.stderr.String())
 	}
 	got := map[string][2]string{}
-	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(p.output()), "\n") {
 		step, rest, _ := strings.Cut(line, "\t")
 		status, detail, _ := strings.Cut(rest, "\t")
 		got[step] = [2]string{status, detail}
@@ -669,90 +651,45 @@ func TestFullDisk_SparseFileWritesAreErrors(t *testing.T) {
 	)
 }
 
-// diskNode is "tensorwire node" running as a process.
+// diskNode is "tensorwire node" running as a process, and the address it
+// listens on ("" if it exited before listening).
 type diskNode struct {
-	cmd    *exec.Cmd
-	addr   string // "" if it exited before listening
-	stderr *lockedBuffer
-	done   chan struct{} // closed when it has exited; then err is set
-	err    error
+	*proc
+	addr string
 }
 
 // startDiskNode runs "tensorwire node --listen 127.0.0.1:0 ARGS..." and
-// returns once it has printed its address or exited (10 s at most). It is
-// killed when the test ends if still running.
+// waits until it listens or exits.
 func startDiskNode(t *testing.T, args ...string) *diskNode {
 	t.Helper()
-	n := &diskNode{stderr: &lockedBuffer{}, done: make(chan struct{})}
-	n.cmd = exec.Command(program(t, "./cmd/tensorwire"), append([]string{"node", "--listen", "127.0.0.1:0"}, args...)...)
-	out, err := n.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	p := startProc(t, "node", exec.Command(program(t, "./cmd/tensorwire"), append([]string{"node", "--listen", "127.0.0.1:0"}, args...)...))
+	addr, err := p.waitLine(nodeproc.ListeningPrefix, 10*time.Second)
+	if err != nil && p.alive() {
+		t.Fatalf("the node neither listened nor exited within 10 s; stderr:\n%s", p.stderr.String())
 	}
-	n.cmd.Stderr = n.stderr
-	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines := make(chan string, 1)
-	go func() {
-		br := bufio.NewReader(out)
-		s, _ := br.ReadString('\n')
-		lines <- s
-		br.WriteTo(n.stderr)
-		n.err = n.cmd.Wait()
-		close(n.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-n.done:
-		default:
-			n.cmd.Process.Kill()
-			<-n.done
-		}
-	})
-	select {
-	case s := <-lines:
-		if s == "" {
-			<-n.done
-			return n
-		}
-		addr, ok := strings.CutPrefix(strings.TrimSpace(s), nodeproc.ListeningPrefix)
-		if !ok {
-			t.Fatalf("the node printed %q, not its address", s)
-		}
-		n.addr = addr
-	case <-time.After(10 * time.Second):
-		t.Fatalf("the node neither listened nor exited within 10 s; stderr:\n%s", n.stderr)
-	}
-	return n
+	return &diskNode{p, addr}
 }
 
-// alive fails the test if the node has exited.
-func (n *diskNode) alive(t *testing.T) {
+// checkAlive fails the test if the node has exited.
+func (n *diskNode) checkAlive(t *testing.T) {
 	t.Helper()
-	select {
-	case <-n.done:
-		if death := diskDeath(n.err, n.stderr.String()); death != "" {
-			t.Fatalf("the node %s", death)
-		}
-		t.Fatalf("the node exited (%v); stderr:\n%s", n.err, n.stderr)
-	default:
+	if n.alive() {
+		return
 	}
+	if death := diskDeath(n.exitErr(), n.stderr.String()); death != "" {
+		t.Fatalf("the node %s", death)
+	}
+	t.Fatalf("the node exited (%v); stderr:\n%s", n.exitErr(), n.stderr.String())
 }
 
-// stop sends SIGTERM and checks that the node exits with status 0.
-func (n *diskNode) stop(t *testing.T) {
+// stopClean sends SIGTERM and checks that the node exits with status 0.
+func (n *diskNode) stopClean(t *testing.T) {
 	t.Helper()
-	n.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-n.done:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("the node did not stop within 10 s of SIGTERM; stderr:\n%s", n.stderr)
-	}
-	if death := diskDeath(n.err, n.stderr.String()); death != "" {
+	err := n.stop(10 * time.Second)
+	if death := diskDeath(err, n.stderr.String()); death != "" {
 		t.Errorf("the node %s", death)
-	} else if n.err != nil {
-		t.Errorf("the node ended with %v after SIGTERM, want status 0; stderr:\n%s", n.err, n.stderr)
+	} else if err != nil {
+		t.Errorf("the node: %v after SIGTERM, want status 0; stderr:\n%s", err, n.stderr.String())
 	}
 }
 
@@ -781,7 +718,7 @@ func TestFullDisk_NodeSurvivesSparseFill(t *testing.T) {
 	tokPath, tok := diskToken(t)
 	n := startDiskNode(t, "--root", disk, "--token-file", tokPath)
 	if n.addr == "" {
-		t.Fatalf("the node exited before listening: %v; stderr:\n%s", n.err, n.stderr)
+		t.Fatalf("the node exited before listening: %v; stderr:\n%s", n.exitErr(), n.stderr.String())
 	}
 	good, err := tensordict.Create(filepath.Join(disk, "good"), []int{16}, diskField(memmap.Uint8, []int{16, 4096}, "x"))
 	if err != nil {
@@ -813,13 +750,13 @@ func TestFullDisk_NodeSurvivesSparseFill(t *testing.T) {
 	if !errors.Is(err, rpc.ErrDataLoss) {
 		t.Errorf("Fill of a sparse file on a full disk: %v; want DataLoss", err)
 	}
-	n.alive(t)
+	n.checkAlive(t)
 	_, err = c.Read(ctx, "sparse", []int{rows / 2})
 	t.Logf("Read of the sparse TensorDict: %v", err)
 	if !errors.Is(err, rpc.ErrDataLoss) {
 		t.Errorf("Read of a hole of a sparse file on a full tmpfs: %v; want DataLoss", err)
 	}
-	n.alive(t)
+	n.checkAlive(t)
 
 	if d, err := c.Describe(ctx, "good"); err != nil || d.Bytes != 16*4096 {
 		t.Errorf("Describe after the faults: %+v, %v", d, err)
@@ -844,8 +781,8 @@ func TestFullDisk_NodeSurvivesSparseFill(t *testing.T) {
 	} else if err := diskWantRows(got, rowLen, 9, 9); err != nil {
 		t.Errorf("the fill once space is free: %v", err)
 	}
-	n.alive(t)
-	n.stop(t)
+	n.checkAlive(t)
+	n.stopClean(t)
 }
 
 // diskSparseBuffer makes a replay buffer at prefix holding transitions 1,
@@ -890,7 +827,7 @@ func TestFullDisk_NodeOpensSparseBuffer(t *testing.T) {
 	tokPath, tok := diskToken(t)
 	n := startDiskNode(t, "--root", disk, "--token-file", tokPath, "--buffer", "buf")
 	if n.addr == "" {
-		diskCheckFailedCleanly(t, n.err, n.stderr.String(), "no space left on device")
+		diskCheckFailedCleanly(t, n.exitErr(), n.stderr.String(), "no space left on device")
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -902,11 +839,11 @@ func TestFullDisk_NodeOpensSparseBuffer(t *testing.T) {
 	defer c.Close()
 	_, err = c.Extend(ctx, diskBatch(t, 4096, 4, 5))
 	t.Logf("Extend on the full disk: %v", err)
-	n.alive(t)
+	n.checkAlive(t)
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
-	n.stop(t)
+	n.stopClean(t)
 }
 
 func init() {
@@ -968,7 +905,7 @@ func TestFullDisk_NodeServesSparseBuffer(t *testing.T) {
 	tokPath, tok := diskToken(t)
 	n := startDiskNode(t, "--root", disk, "--token-file", tokPath, "--buffer", "buf")
 	if n.addr == "" {
-		t.Fatalf("the node exited before listening with room on the disk: %v; stderr:\n%s", n.err, n.stderr)
+		t.Fatalf("the node exited before listening with room on the disk: %v; stderr:\n%s", n.exitErr(), n.stderr.String())
 	}
 	call := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.Background(), 5*time.Second)
@@ -989,7 +926,7 @@ func TestFullDisk_NodeServesSparseBuffer(t *testing.T) {
 	if !errors.Is(err, rpc.ErrDataLoss) {
 		t.Errorf("Extend (bytes mode) into holes of a sparse storage on a full disk: %v; want DataLoss", err)
 	}
-	n.alive(t)
+	n.checkAlive(t)
 	ctx, cancel = call()
 	td, _, err := c.Sample(ctx, 8)
 	cancel()
@@ -1007,7 +944,7 @@ func TestFullDisk_NodeServesSparseBuffer(t *testing.T) {
 	if ids := strings.Fields(strings.Trim(got["sample"][1], "[]")); slices.ContainsFunc(ids, func(id string) bool { return id != "1" && id != "2" && id != "3" }) {
 		t.Errorf("Sample (ref mode) returned transitions %v; only 1, 2 and 3 were committed", ids)
 	}
-	n.alive(t)
+	n.checkAlive(t)
 
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
@@ -1020,6 +957,6 @@ func TestFullDisk_NodeServesSparseBuffer(t *testing.T) {
 	}
 	diskWantSteps(t, diskRunHelper(t, "disk-ref-client", n.addr, tokPath, disk, "10"),
 		[2]string{"extend", "ok"}, [2]string{"sample", "ok"})
-	n.alive(t)
-	n.stop(t)
+	n.checkAlive(t)
+	n.stopClean(t)
 }

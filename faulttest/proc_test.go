@@ -159,9 +159,7 @@ func (p *proc) stop(d time.Duration) error {
 		return fmt.Errorf("%s did not stop within %v of SIGTERM; killed", p.name, d)
 	}
 	p.stdin.Close()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.err
+	return p.exitErr()
 }
 
 // wait waits up to d for the process to exit by itself.
@@ -172,6 +170,12 @@ func (p *proc) wait(d time.Duration) error {
 		p.kill()
 		return fmt.Errorf("%s did not exit within %v; killed", p.name, d)
 	}
+	return p.exitErr()
+}
+
+// exitErr returns how the process exited (cmd.Wait's error), or nil while
+// it runs.
+func (p *proc) exitErr() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.err
