@@ -28,7 +28,6 @@
 package netns
 
 import (
-	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -37,9 +36,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -149,8 +145,7 @@ type Net struct {
 // panicked, that SIGKILLs every process in each of its hosts' namespaces
 // (including ones those started) and waits until they are gone, deletes
 // the veth pairs and namespaces, then the bridge, and fails the test if
-// any of that fails. Sockets that the test process opened in a host with
-// Listen or DialContext are the caller's to close.
+// any of that fails.
 func New(t testing.TB) *Net {
 	t.Helper()
 	if err := Available(); err != nil {
@@ -499,97 +494,4 @@ func (h *Host) waitUp() error {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// Listen listens on a socket of the host's namespace, as net.Listen does,
-// except that no name is looked up: but for unix networks, the host part
-// of address must be empty (all the host's addresses) or a literal IP
-// address. The listener and its connections are the caller's to close; the
-// Net's cleanup does not.
-func (h *Host) Listen(network, address string) (net.Listener, error) {
-	if err := literal(network, address, true); err != nil {
-		return nil, err
-	}
-	var l net.Listener
-	err := h.in(func() (err error) {
-		l, err = net.Listen(network, address)
-		return err
-	})
-	return l, err
-}
-
-// DialContext connects, from a socket of the host's namespace, to address,
-// as net.Dialer.DialContext does, except that no name is looked up: but
-// for unix networks, the host part of address must be a literal IP
-// address. The connection is the caller's to close; the Net's cleanup
-// does not.
-func (h *Host) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
-	if err := literal(network, address, false); err != nil {
-		return nil, err
-	}
-	var c net.Conn
-	err := h.in(func() (err error) {
-		var d net.Dialer
-		c, err = d.DialContext(ctx, network, address)
-		return err
-	})
-	return c, err
-}
-
-// literal checks that an address needs no name looked up: a lookup would
-// run in other goroutines, on threads outside the namespace.
-func literal(network, address string, emptyOK bool) error {
-	if strings.HasPrefix(network, "unix") {
-		return nil
-	}
-	host, port, err := net.SplitHostPort(address)
-	if err == nil && (host != "" || !emptyOK) {
-		_, err = netip.ParseAddr(host)
-	}
-	if err == nil {
-		_, err = strconv.ParseUint(port, 10, 16)
-	}
-	if err != nil {
-		return fmt.Errorf("netns: %s address %q: want a literal IP address and port: %w", network, address, err)
-	}
-	return nil
-}
-
-// in runs f on an OS thread of its own moved into the host's namespace: a
-// socket f makes belongs to the namespace for good. The thread goes back
-// to its namespace afterwards, or, if it cannot, ends with its goroutine.
-func (h *Host) in(f func() error) error {
-	target, err := os.Open(filepath.Join(runDir, h.ns))
-	if err != nil {
-		return fmt.Errorf("netns: host %s: %w", h.name, err)
-	}
-	defer target.Close()
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		self, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- err
-			return
-		}
-		defer self.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			done <- fmt.Errorf("setns %s: %w", h.ns, err)
-			return
-		}
-		ferr := f()
-		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-			// Still locked: the thread ends with this goroutine.
-			done <- errors.Join(ferr, fmt.Errorf("setns back from %s: %w", h.ns, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- ferr
-	}()
-	if err := <-done; err != nil {
-		return fmt.Errorf("netns: host %s: %w", h.name, err)
-	}
-	return nil
 }

@@ -306,45 +306,6 @@ func TestHostsTalk(t *testing.T) {
 	}
 }
 
-func TestInProcess(t *testing.T) {
-	_, hosts := newHosts(t, "a", "b")
-	a, b := hosts[0], hosts[1]
-
-	// The root namespace does not have a's address; a does.
-	if l, err := net.Listen("tcp", netip.AddrPortFrom(a.Addr(), 0).String()); err == nil {
-		l.Close()
-		t.Fatalf("listening on %s works outside its namespace", a.Addr())
-	}
-	l, err := a.Listen("tcp", netip.AddrPortFrom(a.Addr(), 0).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go serveEcho(l)
-	if reply, err := dialFrom(b, l.Addr().String(), 5*time.Second); err != nil || reply != "ping "+b.Addr().String() {
-		t.Errorf("helper in b to the listener in a: %q, %v; want ping %s", reply, err, b.Addr())
-	}
-	ctx := t.Context()
-	dialEcho(t, func() (net.Conn, error) { return b.DialContext(ctx, "tcp", l.Addr().String()) }, b.Addr())
-	_, addr := startEcho(t, a, 7000, false)
-	dialEcho(t, func() (net.Conn, error) { return b.DialContext(ctx, "tcp", addr) }, b.Addr())
-
-	if _, err := a.Listen("tcp", "localhost:0"); err == nil {
-		t.Error("Listen with a host name works, want an error")
-	}
-	// Every thread is back in the test process's namespace.
-	self, err := os.Readlink("/proc/self/ns/net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tasks, _ := filepath.Glob("/proc/self/task/*/ns/net")
-	for _, task := range tasks {
-		if ns, err := os.Readlink(task); err == nil && ns != self {
-			t.Errorf("%s is %s, want %s", task, ns, self)
-		}
-	}
-}
-
 func TestDisconnect(t *testing.T) {
 	t.Parallel()
 	n, hosts := newHosts(t, "a", "b")
@@ -354,12 +315,8 @@ func TestDisconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	held, r := dialEcho(t, func() (net.Conn, error) { return net.DialTimeout("tcp", addr, 5*time.Second) }, n.Gateway())
-	// b, not disconnected, listens for the test process.
-	lb, err := b.Listen("tcp", netip.AddrPortFrom(b.Addr(), 0).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lb.Close()
+	// b, not disconnected, serves the test process.
+	_, addrB := startEcho(t, b, 7000, false)
 
 	if err := a.Reconnect(); err != nil {
 		t.Errorf("Reconnect of a connected host: %v", err)
@@ -390,7 +347,7 @@ func TestDisconnect(t *testing.T) {
 	if reply, err := roundTrip(held, r, "partitioned", 300*time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Errorf("echo across the partition: %q, %v; want a timeout", reply, err)
 	}
-	if c, err := net.DialTimeout("tcp", lb.Addr().String(), 5*time.Second); err != nil {
+	if c, err := net.DialTimeout("tcp", addrB, 5*time.Second); err != nil {
 		t.Errorf("b is cut off too: %v", err)
 	} else {
 		c.Close()
