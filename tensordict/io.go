@@ -44,7 +44,7 @@ func (t *Tensor) WriteAt(p []byte, off int64) (int, error) {
 // Stats are summary figures of a tensor's elements, as float64.
 type Stats struct {
 	Count         int     // number of elements
-	Min, Max, Sum float64 // NaN if any element is NaN, as in torch
+	Min, Max, Sum float64 // NaN if any element is NaN, as in torch; Sum also when +Inf meets -Inf
 }
 
 // Stats streams through t's elements (in chunks, so a mapped tensor larger
@@ -76,9 +76,6 @@ func (t *Tensor) Stats() (Stats, error) {
 	s.Count = t.NumElements()
 	if s.Count == 0 {
 		s.Min, s.Max, s.Sum = math.NaN(), math.NaN(), math.NaN()
-	}
-	if math.IsNaN(s.Sum) {
-		s.Min, s.Max = math.NaN(), math.NaN()
 	}
 	return s, nil
 }

@@ -21,6 +21,8 @@ func TestTensor_Stats(t *testing.T) {
 		{"bool", must[*Tensor](t)(FromSlice([]bool{true, false, true})), 0, 1, 2},
 		{"float16", must[*Tensor](t)(must[*Tensor](t)(FromSlice([]uint16{0x3c00, 0xc000})).WithDType(memmap.Float16)), -2, 1, -1},
 		{"float32 with NaN", must[*Tensor](t)(FromSlice([]float32{1, nan, 2})), math.NaN(), math.NaN(), math.NaN()},
+		// inf + -inf is NaN, but no element is: torch's min and max stay the infinities.
+		{"both infinities", must[*Tensor](t)(FromSlice([]float64{math.Inf(1), -1, math.Inf(-1)})), math.Inf(-1), math.Inf(1), math.NaN()},
 		{"empty", must[*Tensor](t)(Zeros(memmap.Float64, 0, 3)), math.NaN(), math.NaN(), math.NaN()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
