@@ -56,15 +56,11 @@ func runParent(ctx context.Context, o *options, stdout, stderr io.Writer, log *s
 	}()
 	tokenFile := o.tokenFile
 	if tokenFile == "" {
-		dir, err := os.MkdirTemp("", "tensorwire-replaybench-token-")
-		if err != nil {
+		var remove func()
+		if tokenFile, remove, err = nodeproc.TempToken(); err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
-		tokenFile = filepath.Join(dir, "token")
-		if err := nodeproc.WriteRandomToken(tokenFile); err != nil {
-			return err
-		}
+		defer remove()
 	}
 	log.Info("replay benchmark", "root", root, "modes", o.modes, "writers", o.writers, "capacity", o.capacity,
 		"batch", o.batch, "sample_batch", o.sampleBatch, "min_size", o.minSize, "duration", o.duration)

@@ -58,6 +58,26 @@ func TestReadToken(t *testing.T) {
 	}
 }
 
+// TestTempToken checks that the token file is private, holds a 64-digit
+// token ReadToken accepts, and that remove deletes its folder.
+func TestTempToken(t *testing.T) {
+	path, remove, err := TempToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := ReadToken(path)
+	if err != nil || len(tok) != 64 {
+		t.Errorf("ReadToken = %q, %v; want 64 hex digits", tok, err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("token file mode: %v, %v; want 0600", fi, err)
+	}
+	remove()
+	if _, err := os.Stat(filepath.Dir(path)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after remove, the folder: %v", err)
+	}
+}
+
 func TestRun_StopsOnCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	addrs := make(chan string, 1)

@@ -113,15 +113,12 @@ type Proc struct {
 func Start(ctx context.Context, o Options) (*Proc, error) {
 	tokenFile := o.TokenFile
 	if tokenFile == "" {
-		dir, err := os.MkdirTemp("", "tensorwire-token-")
-		if err != nil {
+		var remove func()
+		var err error
+		if tokenFile, remove, err = TempToken(); err != nil {
 			return nil, err
 		}
-		defer os.RemoveAll(dir) // the child has read it once it listens
-		tokenFile = filepath.Join(dir, "token")
-		if err := WriteRandomToken(tokenFile); err != nil {
-			return nil, err
-		}
+		defer remove() // the child has read it once it listens
 	}
 	token, err := ReadToken(tokenFile)
 	if err != nil {
@@ -145,6 +142,22 @@ func WriteRandomToken(path string) error {
 	b := make([]byte, 32)
 	rand.Read(b)
 	return os.WriteFile(path, []byte(hex.EncodeToString(b)+"\n"), 0o600)
+}
+
+// TempToken writes a random token (WriteRandomToken) to a file in a new
+// temporary folder and returns its path, and remove, which deletes the
+// folder: a token for a node and its clients that run on this machine.
+func TempToken() (path string, remove func(), err error) {
+	dir, err := os.MkdirTemp("", "tensorwire-token-")
+	if err != nil {
+		return "", nil, err
+	}
+	path = filepath.Join(dir, "token")
+	if err := WriteRandomToken(path); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return path, func() { os.RemoveAll(dir) }, nil
 }
 
 // A Child is a server program for Spawn to run. It must print
