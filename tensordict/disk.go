@@ -328,6 +328,12 @@ func loadDir(dir string, o loadOptions, maps *[]*memmap.Tensor) (*TensorDict, er
 	if err != nil {
 		return nil, err
 	}
+	return dictFrom(dir, members, typ, o, maps)
+}
+
+// dictFrom builds the TensorDict of folder dir from its meta.json, already
+// read: members and _type typ.
+func dictFrom(dir string, members []member, typ string, o loadOptions, maps *[]*memmap.Tensor) (*TensorDict, error) {
 	metaPath := filepath.Join(dir, metaFile)
 	if typ != typeTensorDict && typ != typeTensorDictOld {
 		return nil, fmt.Errorf("%w: %s holds a %s, not a TensorDict", ErrUnsupported, metaPath, typ)
@@ -354,6 +360,7 @@ func loadDir(dir string, o loadOptions, maps *[]*memmap.Tensor) (*TensorDict, er
 			return nil, fmt.Errorf("%w: %s: entry %q: %w", ErrFormat, metaPath, m.key, err)
 		}
 		var v Value
+		var err error
 		switch {
 		case e.Type != nil:
 			v, err = loadCollection(dir, m.key, o, maps)
@@ -427,24 +434,22 @@ func loadCollection(dir, key string, o loadOptions, maps *[]*memmap.Tensor) (Val
 	if err != nil {
 		return nil, fmt.Errorf("%w: folder of %q: %w", ErrFormat, key, err)
 	}
-	_, typ, err := o.readMeta(sub)
+	members, typ, err := o.readMeta(sub)
 	if err != nil {
 		return nil, err
 	}
 	if typ == typeNonTensorData {
-		return o.loadNonTensor(sub)
+		return o.nonTensorFrom(sub, members)
 	}
-	return loadDir(sub, o, maps)
+	return dictFrom(sub, members, typ, o, maps)
 }
 
-func (o *loadOptions) loadNonTensor(dir string) (*NonTensor, error) {
+// nonTensorFrom builds the NonTensor of folder dir from its meta.json's
+// members, already read, unless the folder holds pickled data.
+func (o *loadOptions) nonTensorFrom(dir string, members []member) (*NonTensor, error) {
 	if _, err := o.lstat(filepath.Join(dir, pickleFile)); err == nil {
 		return nil, fmt.Errorf("%w: %s: pickled non-tensor data is never loaded (it can run code); store JSON-able data instead",
 			ErrUnsupported, filepath.Join(dir, pickleFile))
-	}
-	members, _, err := o.readMeta(dir)
-	if err != nil {
-		return nil, err
 	}
 	for _, m := range members {
 		if m.key != "data" {
