@@ -11,11 +11,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
+	"github.com/tensorwire/tensorwire/internal/proctest"
 	"github.com/tensorwire/tensorwire/internal/testcert"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
@@ -36,29 +36,11 @@ func tokenFile(t *testing.T, content string, mode os.FileMode) string {
 	return p
 }
 
-// lockedBuffer collects a process's stderr while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // node is "tensorwire node" running as a process.
 type node struct {
 	addr   string
 	proc   *nodeproc.Proc
-	stderr *lockedBuffer
+	stderr *proctest.LockedBuffer
 }
 
 // startNode runs the built command as "tensorwire node --listen
@@ -67,7 +49,7 @@ type node struct {
 // the test ends if the test has not stopped it.
 func startNode(t *testing.T, args ...string) *node {
 	t.Helper()
-	n := &node{stderr: &lockedBuffer{}}
+	n := &node{stderr: &proctest.LockedBuffer{}}
 	p, err := nodeproc.Spawn(context.Background(), nodeproc.Child{ // 10 s at most
 		Name:   "tensorwire node",
 		Path:   cliBinary(t),

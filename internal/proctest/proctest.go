@@ -25,7 +25,7 @@ import (
 type Proc struct {
 	cmd    *exec.Cmd
 	lines  chan string // its standard output, line by line
-	stderr *bytes.Buffer
+	stderr LockedBuffer
 
 	waitOnce sync.Once
 	waitErr  error
@@ -38,8 +38,8 @@ func Start(t testing.TB, env ...string) *Proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), env...)
-	p := &Proc{cmd: cmd, lines: make(chan string, 64), stderr: new(bytes.Buffer)}
-	cmd.Stderr = &lockedWriter{w: p.stderr}
+	p := &Proc{cmd: cmd, lines: make(chan string, 64)}
+	cmd.Stderr = &p.stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -103,20 +103,24 @@ func (p *Proc) Wait() error {
 }
 
 // Stderr returns what the helper wrote to its standard error so far.
-func (p *Proc) Stderr() string {
-	w := p.cmd.Stderr.(*lockedWriter)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return p.stderr.String()
-}
+func (p *Proc) Stderr() string { return p.stderr.String() }
 
-type lockedWriter struct {
+// LockedBuffer is a bytes.Buffer that a process (or goroutine) may write
+// while a test reads it: what a child process's stderr goes to.
+type LockedBuffer struct {
 	mu sync.Mutex
-	w  *bytes.Buffer
+	b  bytes.Buffer
 }
 
-func (l *lockedWriter) Write(b []byte) (int, error) {
+func (l *LockedBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.w.Write(b)
+	return l.b.Write(p)
+}
+
+// String returns what was written so far.
+func (l *LockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
