@@ -149,6 +149,22 @@ func runBuffer(ctx context.Context, o *options, stdout, stderr io.Writer, log *s
 	return err
 }
 
+// join connects a writer or trainer (o.role) to the buffer, in its mode,
+// and to the node for the barrier, and joins the run (phaseStart).
+func join(ctx context.Context, o *options) (*replay.Client, *rpc.Client, barrierResponse, error) {
+	c, rc, err := dial(ctx, o)
+	if err != nil {
+		return nil, nil, barrierResponse{}, err
+	}
+	run, err := callBarrier(ctx, rc, barrierRequest{Phase: phaseStart, Role: o.role, Mode: c.Mode()})
+	if err != nil {
+		c.Close()
+		rc.Close()
+		return nil, nil, barrierResponse{}, fmt.Errorf("joining the run: %w", err)
+	}
+	return c, rc, run, nil
+}
+
 // dial connects a writer or trainer to the buffer, in its mode, and to the
 // node for the barrier.
 func dial(ctx context.Context, o *options) (*replay.Client, *rpc.Client, error) {
@@ -200,16 +216,12 @@ const warmLaps = 4
 // capacity warmLaps times (the warm-up), waits for the timed phase, and
 // extends batches for the run's duration as fast as it can.
 func runWriter(ctx context.Context, o *options, stdout io.Writer, log *slog.Logger) error {
-	c, rc, err := dial(ctx, o)
+	c, rc, run, err := join(ctx, o)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	defer rc.Close()
-	run, err := callBarrier(ctx, rc, barrierRequest{Phase: phaseStart, Role: roleWriter, Mode: c.Mode()})
-	if err != nil {
-		return fmt.Errorf("joining the run: %w", err)
-	}
 	log = log.With("writer", run.Index)
 	bt, err := newBatch(o.batch)
 	if err != nil {
@@ -217,19 +229,18 @@ func runWriter(ctx context.Context, o *options, stdout io.Writer, log *slog.Logg
 	}
 	res := writerResult{Role: roleWriter, Mode: c.Mode(), Index: run.Index}
 	var seq uint64
-	extend := func() error {
+	next := func() { // makes bt the next bt.n transitions of this writer
 		for i := range bt.n {
 			bt.stamp(i, transitionID(run.Index, seq))
 			seq++
 		}
-		_, err := c.Extend(ctx, bt.td)
-		return err
 	}
 
 	share := int64((run.Capacity + run.Writers - 1) / run.Writers)
 	start := time.Now()
 	for res.WarmupTransitions < warmLaps*share {
-		if err := extend(); err != nil {
+		next()
+		if _, err := c.Extend(ctx, bt.td); err != nil {
 			return fmt.Errorf("warm-up: extend: %w", err)
 		}
 		res.WarmupTransitions += int64(bt.n)
@@ -261,10 +272,7 @@ func runWriter(ctx context.Context, o *options, stdout io.Writer, log *slog.Logg
 				time.Sleep(wait)
 			}
 		}
-		for i := range bt.n {
-			bt.stamp(i, transitionID(run.Index, seq))
-			seq++
-		}
+		next()
 		t0 := time.Now()
 		if _, err := c.Extend(ctx, bt.td); err != nil {
 			return fmt.Errorf("extend: %w", err)
@@ -307,16 +315,12 @@ func (v *verifier) check(b *batch) {
 // storage, then samples for the run's duration as fast as it can, polling
 // the node's heap meanwhile. It verifies every row it is given.
 func runTrainer(ctx context.Context, o *options, stdout io.Writer, log *slog.Logger) error {
-	c, rc, err := dial(ctx, o)
+	c, rc, run, err := join(ctx, o)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	defer rc.Close()
-	run, err := callBarrier(ctx, rc, barrierRequest{Phase: phaseStart, Role: roleTrainer, Mode: c.Mode()})
-	if err != nil {
-		return fmt.Errorf("joining the run: %w", err)
-	}
 	dst, err := newBatch(o.sampleBatch)
 	if err != nil {
 		return err
