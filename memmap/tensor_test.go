@@ -451,18 +451,24 @@ func TestTensor_SharedAcrossProcesses(t *testing.T) {
 }
 
 // TestTensor_ConcurrentAccessAndClose runs gathers and scatters from many
-// goroutines while Close happens: every call either succeeds or returns
-// ErrClosed, and none crashes.
+// goroutines while Close happens: every call succeeds until it returns
+// ErrClosed, and none crashes. Close comes once every goroutine has made a
+// call, and each goroutine calls until it sees ErrClosed, so Close always
+// lands among calls in flight.
 func TestTensor_ConcurrentAccessAndClose(t *testing.T) {
 	m := mustCreate(t, Uint8, 64, 512)
-	var wg sync.WaitGroup
+	var wg, started sync.WaitGroup
 	for g := range 8 {
 		wg.Add(1)
+		started.Add(1)
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(g), 1))
 			buf := make([]byte, 512)
-			for range 2000 {
+			for i := 0; ; i++ {
+				if i == 1 {
+					started.Done()
+				}
 				r := rng.IntN(64)
 				var err error
 				if g%2 == 0 {
@@ -470,13 +476,20 @@ func TestTensor_ConcurrentAccessAndClose(t *testing.T) {
 				} else {
 					err = m.Gather(buf, []int{r})
 				}
-				if err != nil && !errors.Is(err, ErrClosed) {
-					t.Error(err)
+				switch {
+				case errors.Is(err, ErrClosed) && i > 0:
+					return
+				case err != nil:
+					t.Errorf("call %d: %v", i, err)
+					if i == 0 {
+						started.Done()
+					}
 					return
 				}
 			}
 		}()
 	}
+	started.Wait()
 	m.Close()
 	wg.Wait()
 }

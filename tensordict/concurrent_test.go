@@ -62,26 +62,39 @@ func TestTensorDict_ConcurrentRowsAndClose(t *testing.T) {
 		}
 	}
 
-	// Now race Close against more calls.
+	// Now race Close against more calls: Close comes once every goroutine
+	// has made a call, and each calls until it sees ErrClosed.
+	var started sync.WaitGroup
 	for g := range readers {
 		batch := must[*TensorDict](t)(src.Gather([]int{0}))
 		wg.Add(1)
+		started.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := range 2000 {
+			for i := 0; ; i++ {
+				if i == 1 {
+					started.Done()
+				}
 				var err error
 				if g%2 == 0 {
 					err = td.GatherInto(batch, []int{i % rows})
 				} else {
 					err = td.Fill([]int{i % rows}, 3)
 				}
-				if err != nil && !errors.Is(err, memmap.ErrClosed) {
-					t.Errorf("call during Close: %v", err)
+				switch {
+				case errors.Is(err, memmap.ErrClosed) && i > 0:
+					return
+				case err != nil:
+					t.Errorf("call %d around Close: %v", i, err)
+					if i == 0 {
+						started.Done()
+					}
 					return
 				}
 			}
 		}()
 	}
+	started.Wait()
 	if err := td.Close(); err != nil {
 		t.Error(err)
 	}
