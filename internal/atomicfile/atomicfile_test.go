@@ -25,13 +25,10 @@ func TestWriteFile_Replaces(t *testing.T) {
 	}
 }
 
-func TestWriteFile_FailureLeavesOldFile(t *testing.T) {
+func TestWriteFile_FailureLeavesTargetAsItWas(t *testing.T) {
 	dir := t.TempDir()
-	path := filepath.Join(dir, "f")
-	if err := WriteFile(path, []byte("old"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// A directory in the way of the rename: the write fails at the rename.
+	// A directory in the way of the rename: the write fails at the rename,
+	// and leaves the directory as it was.
 	blocked := filepath.Join(dir, "d")
 	if err := os.Mkdir(blocked, 0o755); err != nil {
 		t.Fatal(err)
@@ -42,14 +39,14 @@ func TestWriteFile_FailureLeavesOldFile(t *testing.T) {
 	if err := WriteFile(blocked, []byte("new"), 0o644); err == nil {
 		t.Fatal("replacing a non-empty directory succeeded")
 	}
+	if entries, err := os.ReadDir(blocked); err != nil || len(entries) != 1 {
+		t.Errorf("the target of the failed write changed: %v, %v", entries, err)
+	}
 	if err := WriteFile(filepath.Join(dir, "missing", "f"), []byte("new"), 0o644); err == nil {
 		t.Error("writing into a missing directory succeeded")
 	}
-	if got, _ := os.ReadFile(path); string(got) != "old" {
-		t.Errorf("file holds %q after failed writes", got)
-	}
-	if entries, _ := os.ReadDir(dir); len(entries) != 2 {
-		t.Errorf("directory holds %d entries, want f and d (no temporary files)", len(entries))
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("directory holds %d entries, want only d (no temporary files)", len(entries))
 	}
 	if err := SyncDir(filepath.Join(dir, "missing")); err == nil {
 		t.Error("SyncDir of a missing directory succeeded")
