@@ -10,6 +10,7 @@ import (
 	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -242,32 +243,26 @@ func (b *Buffer) ExtendPriority(ctx context.Context, td *tensordict.TensorDict, 
 }
 
 // writeRows writes td's rows into storage at slots, skipping rows whose slot
-// is -1.
+// is -1 (a top-k writer dropped them).
 func writeRows(storage *tensordict.TensorDict, slots []int, td *tensordict.TensorDict) error {
-	kept, rows := keptRows(slots)
-	if len(kept) == 0 {
-		return nil
+	if !slices.Contains(slots, -1) {
+		return storage.SetRows(slots, td)
 	}
-	src := td
-	if len(kept) < len(slots) {
-		var err error
-		if src, err = td.Gather(rows); err != nil {
-			return err
-		}
-	}
-	return storage.SetRows(kept, src)
-}
-
-// keptRows returns the slots that are not -1, and the rows they belong to.
-func keptRows(slots []int) (kept, rows []int) {
-	kept = make([]int, 0, len(slots))
+	var kept, rows []int
 	for i, s := range slots {
 		if s >= 0 {
 			kept = append(kept, s)
 			rows = append(rows, i)
 		}
 	}
-	return kept, rows
+	if len(kept) == 0 {
+		return nil
+	}
+	src, err := td.Gather(rows)
+	if err != nil {
+		return err
+	}
+	return storage.SetRows(kept, src)
 }
 
 // batchLen checks that td is a batch of transitions and returns its length.
@@ -659,6 +654,7 @@ func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
 	if err != nil {
 		return err
 	}
+	info.IDs = slices.Grow(info.IDs, n)
 	for _, s := range info.Indices[start:] {
 		info.IDs = append(info.IDs, b.slots.word(s))
 	}
