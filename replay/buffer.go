@@ -507,14 +507,22 @@ func (b *Buffer) Sample(ctx context.Context, n int) (*tensordict.TensorDict, Sam
 	if err := b.waitSchema(ctx); err != nil {
 		return nil, SampleInfo{}, err
 	}
-	if bytes := int64(n) * int64(rowBytes(b.Schema())); bytes > maxSampleBytes {
+	schema := b.Schema()
+	if bytes := int64(n) * int64(rowBytes(schema)); bytes > maxSampleBytes {
 		return nil, SampleInfo{}, schemaErrorf("a sample of %d transitions is %d bytes; at most %d in one call", n, bytes, int64(maxSampleBytes))
 	}
-	dst, err := newBatch(b.Schema(), n)
+	return sampleNew(ctx, schema, n, b.SampleInto)
+}
+
+// sampleNew is a Sample of n transitions of schema: SampleInto into a new
+// batch.
+func sampleNew(ctx context.Context, schema []tensordict.Field, n int,
+	sampleInto func(context.Context, *tensordict.TensorDict) (SampleInfo, error)) (*tensordict.TensorDict, SampleInfo, error) {
+	dst, err := newBatch(schema, n)
 	if err != nil {
 		return nil, SampleInfo{}, err
 	}
-	info, err := b.SampleInto(ctx, dst)
+	info, err := sampleInto(ctx, dst)
 	if err != nil {
 		return nil, SampleInfo{}, err
 	}

@@ -334,28 +334,25 @@ func (c *Client) Sample(ctx context.Context, n int) (*tensordict.TensorDict, Sam
 			return nil, SampleInfo{}, err
 		}
 		defer c.use.RUnlock()
-		resp, err := c.sampleCall(ctx, n, true)
-		if err != nil {
-			return nil, SampleInfo{}, err
-		}
-		if resp.Batch == nil || resp.Batch.TensorDict == nil {
-			return nil, SampleInfo{}, fmt.Errorf("replay: the node sent no rows")
-		}
-		return resp.Batch.TensorDict, resp.Info, nil
+		return c.sampleBytes(ctx, n)
 	}
 	schema, err := c.knownSchema(ctx)
 	if err != nil {
 		return nil, SampleInfo{}, err
 	}
-	dst, err := newBatch(schema, n)
+	return sampleNew(ctx, schema, n, c.SampleInto)
+}
+
+// sampleBytes has the node sample n transitions and send their rows.
+func (c *Client) sampleBytes(ctx context.Context, n int) (*tensordict.TensorDict, SampleInfo, error) {
+	resp, err := c.sampleCall(ctx, n, true)
 	if err != nil {
 		return nil, SampleInfo{}, err
 	}
-	info, err := c.SampleInto(ctx, dst)
-	if err != nil {
-		return nil, SampleInfo{}, err
+	if resp.Batch == nil || resp.Batch.TensorDict == nil {
+		return nil, SampleInfo{}, fmt.Errorf("replay: the node sent no rows")
 	}
-	return dst, info, nil
+	return resp.Batch.TensorDict, resp.Info, nil
 }
 
 // knownSchema returns the buffer's schema, asking the node until it has one
@@ -393,17 +390,14 @@ func (c *Client) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 	}
 	defer c.use.RUnlock()
 	if c.bytes {
-		resp, err := c.sampleCall(ctx, n, true)
+		td, info, err := c.sampleBytes(ctx, n)
 		if err != nil {
 			return SampleInfo{}, err
 		}
-		if resp.Batch == nil || resp.Batch.TensorDict == nil {
-			return SampleInfo{}, fmt.Errorf("replay: the node sent no rows")
-		}
-		if err := dst.SetSlice(0, resp.Batch.TensorDict); err != nil {
+		if err := dst.SetSlice(0, td); err != nil {
 			return SampleInfo{}, err
 		}
-		return resp.Info, nil
+		return info, nil
 	}
 	resp, err := c.pick(ctx, n)
 	if err != nil {
