@@ -151,6 +151,29 @@ func TestFill_OutOfRangeChangesNothing(t *testing.T) {
 	}
 }
 
+// Rows of a TensorDict without batch dimensions are refused by the client,
+// even empty ones (they used to panic it while it built the bytes form).
+func TestFill_RowsWithoutBatch(t *testing.T) {
+	c := dial(t, startTestNode(t).addr)
+	td, err := tensordict.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := tensordict.Zeros(memmap.Float32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := td.Set("x", x); err != nil {
+		t.Fatal(err)
+	}
+	for _, rows := range [][]int{{}, {0}} {
+		if err := c.Fill(context.Background(), td, rows, 1); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("Fill of rows %v of a TensorDict without batch dimensions: %v, want InvalidArgument", rows, err)
+		}
+	}
+	echo(t, c) // the client is still usable
+}
+
 // testWriter sends log lines to t.Log.
 type testWriter struct{ t testing.TB }
 

@@ -194,12 +194,17 @@ func (t *TD) prepare(l link, parts []bodyPart) ([]bodyPart, error) {
 		t.wire = nil
 		return parts, nil
 	}
+	w := &wireTD{Batch: t.BatchSize(), Rows: t.Rows, Out: t.Out}
 	if t.Rows != nil {
-		if err := memmap.CheckRows(t.Rows, t.TensorDict.Len()); err != nil {
+		if len(w.Batch) == 0 {
+			// Even empty Rows: sent as bytes they would make a TD of
+			// len(Rows) rows of a TensorDict that has no rows.
+			return parts, Errorf(InvalidArgument, "TD rows of a TensorDict without batch dimensions")
+		}
+		if err := memmap.CheckRows(t.Rows, w.Batch[0]); err != nil {
 			return parts, Errorf(InvalidArgument, "TD rows: %w", err)
 		}
 	}
-	w := &wireTD{Batch: t.BatchSize(), Rows: t.Rows, Out: t.Out}
 	var leaves []*tensordict.Tensor // the tensors, in the order of their entries
 	for path, v := range t.Items() {
 		e := wireEntry{Key: path}
