@@ -414,22 +414,34 @@ func (c *Client) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 		return SampleInfo{}, fmt.Errorf("replay: no mapping of the buffer's storage")
 	}
 	info := resp.Info
-	if len(info.Indices) != n || len(info.IDs) != n || len(info.Weights) != n {
-		return SampleInfo{}, fmt.Errorf("replay: the node sampled %d rows for %d", len(info.Indices), n)
-	}
-	for _, s := range info.Indices {
-		if s < 0 || s >= slots.len() {
-			return SampleInfo{}, fmt.Errorf("replay: the node sampled slot %d of %d", s, slots.len())
-		}
+	if err := checkPicks(info, n, slots.len()); err != nil {
+		return SampleInfo{}, err
 	}
 	_, err = gatherChecked(storage, slots, dst, &info, func(k int) (SampleInfo, error) {
 		more, err := c.sampleCall(ctx, k, false)
 		if err == nil && more.ID != resp.ID {
 			err = fmt.Errorf("%w: the buffer was created anew while sampled", ErrExpired)
 		}
+		if err == nil {
+			err = checkPicks(more.Info, k, slots.len())
+		}
 		return more.Info, err
 	})
 	return info, err
+}
+
+// checkPicks checks the node's picks for a sample of n from a buffer of
+// capacity slots before they index this side's mappings.
+func checkPicks(info SampleInfo, n, capacity int) error {
+	if len(info.Indices) != n || len(info.IDs) != n || len(info.Weights) != n {
+		return fmt.Errorf("replay: the node sampled %d rows for %d", len(info.Indices), n)
+	}
+	for _, s := range info.Indices {
+		if s < 0 || s >= capacity {
+			return fmt.Errorf("replay: the node sampled slot %d of %d", s, capacity)
+		}
+	}
+	return nil
 }
 
 // pick returns the node's picks for a sample of n by reference: the

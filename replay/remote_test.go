@@ -304,3 +304,23 @@ func TestRemote_NodeRestart(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckPicks: a client working by reference refuses picks that would
+// index its mappings out of range, from the first call or a resample.
+func TestCheckPicks(t *testing.T) {
+	ok := SampleInfo{Indices: []int{0, 3}, IDs: []uint64{1, 1}, Weights: []float64{1, 1}}
+	if err := checkPicks(ok, 2, 4); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []SampleInfo{
+		{Indices: []int{0, 4}, IDs: []uint64{1, 1}, Weights: []float64{1, 1}},
+		{Indices: []int{-1, 0}, IDs: []uint64{1, 1}, Weights: []float64{1, 1}},
+		{Indices: []int{0}, IDs: []uint64{1}, Weights: []float64{1}},
+		{Indices: []int{0, 1}, IDs: []uint64{1}, Weights: []float64{1, 1}},
+		{Indices: []int{0, 1}, IDs: []uint64{1, 1}},
+	} {
+		if err := checkPicks(bad, 2, 4); err == nil {
+			t.Errorf("checkPicks(%+v, 2, 4) passed", bad)
+		}
+	}
+}
