@@ -149,7 +149,7 @@ func Open(prefix string) (*Buffer, error) {
 	}
 	// The slot table first: it fails on a file too short for the capacity
 	// before the sampler allocates for it.
-	slots, err := openSlots(filepath.Join(prefix, SlotsFile), cfg.Capacity, false)
+	slots, err := openSlots(filepath.Join(prefix, SlotsFile), cfg.Capacity)
 	if err != nil {
 		return nil, fmt.Errorf("replay: opening the slot table: %w", err)
 	}

@@ -171,7 +171,7 @@ func (c *Client) adopt(info infoResponse) error {
 	if err != nil {
 		return fmt.Errorf("replay: mapping the shared storage: %w", err)
 	}
-	slots, err := openSlots(filepath.Join(prefix, SlotsFile), info.Capacity, false)
+	slots, err := openSlots(filepath.Join(prefix, SlotsFile), info.Capacity)
 	if err != nil {
 		storage.Close()
 		return fmt.Errorf("replay: mapping the slot table: %w", err)

@@ -21,9 +21,10 @@ import (
 //	priority  the raw priority, as float64 bits
 //	key       the top-k writer's key, as float64 bits
 //
-// The buffer node is the only process that writes it. Readers in other
-// processes map it read-only and compare words: a word that changed between
-// the sample and the end of a gather means the row may be torn.
+// The buffer node is the only process that writes it. Clients in other
+// processes map it too (shared, so they see the node's writes at once) but
+// only read it, comparing words: a word that changed between the sample
+// and the end of a gather means the row may be torn.
 const SlotsFile = "slots.memmap"
 
 // Slot states, the low two bits of a slot's word.
@@ -53,19 +54,12 @@ func createSlots(path string, capacity int) (*slotTable, error) {
 	return newSlotTable(mm, capacity)
 }
 
-// openSlots maps the slot table at path, read-write unless readOnly. Read-
-// write, it first reserves the file's blocks: its words are read and
-// written through the mapping without a fault guard, so a file left sparse
-// (a copy made with cp --sparse, rsync -S) on a full disk must be an error
-// here rather than a SIGBUS later.
-func openSlots(path string, capacity int, readOnly bool) (*slotTable, error) {
-	if readOnly {
-		mm, err := memmap.Open(path, memmap.Uint64, []int{capacity, slotFields}, memmap.ReadOnly)
-		if err != nil {
-			return nil, err
-		}
-		return newSlotTable(mm, capacity)
-	}
+// openSlots maps the slot table at path, shared and read-write. It first
+// reserves the file's blocks: its words are read and written through the
+// mapping without a fault guard, so a file left sparse (a copy made with
+// cp --sparse, rsync -S) on a full disk must be an error here rather than
+// a SIGBUS later.
+func openSlots(path string, capacity int) (*slotTable, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return nil, err
