@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/tensorwire/tensorwire/internal/atomicfile"
 	"github.com/tensorwire/tensorwire/internal/progress"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -32,7 +33,7 @@ type Options struct {
 }
 
 // build creates storage for batch and fields in a temporary folder next to
-// prefix, runs fill on it, flushes it and renames it to prefix. fill counts
+// prefix, runs fill on it, flushes it and renames it to prefix, durably. fill counts
 // the total bytes it reads into bar, which is nil without opts.Progress.
 func build(ctx context.Context, prefix string, opts Options, batch []int, fields []tensordict.Field, total int64,
 	fill func(td *tensordict.TensorDict, bar *progress.Bar) error) error {
@@ -83,7 +84,7 @@ func build(ctx context.Context, prefix string, opts Options, batch []int, fields
 	if err := os.Rename(tmp, prefix); err != nil {
 		return err
 	}
-	return nil
+	return atomicfile.SyncDir(parent) // the rename survives a crash once the import returns
 }
 
 // copyInto streams a decoder's data into t from byte offset off, counting
