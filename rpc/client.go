@@ -402,6 +402,18 @@ func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, parts []bodyP
 // as bytes with Out set, written back into the caller's TensorDicts, then
 // the response's own TDs.
 func readResultTDs(body *bodyReader, reqTDs, respTDs []*TD) error {
+	var wires []*wireTD
+	for _, td := range reqTDs {
+		if td.wire.comesBack() {
+			wires = append(wires, td.wire)
+		}
+	}
+	for _, td := range respTDs {
+		wires = append(wires, td.wire)
+	}
+	if err := checkBody(wires, body.n); err != nil {
+		return Errorf(Internal, "response: %s", asError(err).Msg)
+	}
 	for _, td := range reqTDs {
 		if !td.wire.comesBack() {
 			continue

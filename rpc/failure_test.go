@@ -562,6 +562,12 @@ func TestServer_BadBytesTD(t *testing.T) {
 		{"bad non-tensor data", &wireTD{Batch: []int{4}, Entries: []wireEntry{{Key: []string{"d"}, Kind: kindData, Data: []byte("{")}}}, 0, false},
 		{"tensor under a non-dict", &wireTD{Batch: []int{4}, Entries: []wireEntry{tensor(4), {Key: []string{"x", "y"}, Kind: kindTensor, DType: "uint8", Shape: []int{4}}}}, 8, false},
 		{"a reference to a node without root", refTD("td/memmap.memmap", "uint8", []int{4}, []int{4}, 0, []int{4}, nil), 0, false},
+		{"sizes that add up past 2^63", &wireTD{Batch: []int{1 << 62}, Entries: []wireEntry{
+			{Key: []string{"a"}, Kind: kindTensor, DType: "uint8", Shape: []int{1 << 62}},
+			{Key: []string{"b"}, Kind: kindTensor, DType: "uint8", Shape: []int{1 << 62}},
+			{Key: []string{"c"}, Kind: kindTensor, DType: "uint8", Shape: []int{1 << 62}},
+			{Key: []string{"d"}, Kind: kindTensor, DType: "uint8", Shape: []int{1 << 62}},
+		}}, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rh := p.rawCall(t, MethodFill, &FillRequest{TD: TD{wire: tc.w}, Value: 1}, make([]byte, tc.body))
@@ -572,6 +578,39 @@ func TestServer_BadBytesTD(t *testing.T) {
 		})
 	}
 	echo(t, dial(t, n.addr))
+}
+
+// TestClient_BadResultTDs gives the client responses whose TensorDicts do
+// not fit the body: refused as Internal before anything is allocated for
+// their tensors, as the node refuses such requests.
+func TestClient_BadResultTDs(t *testing.T) {
+	tensor := func(key string, shape ...int) wireEntry {
+		return wireEntry{Key: []string{key}, Kind: kindTensor, DType: "uint8", Shape: shape}
+	}
+	for _, tc := range []struct {
+		name string
+		w    *wireTD
+		body int
+	}{
+		{"64 MiB claimed, none sent", &wireTD{Batch: []int{64 << 20}, Entries: []wireEntry{tensor("x", 64<<20)}}, 0},
+		{"body too long", &wireTD{Batch: []int{4}, Entries: []wireEntry{tensor("x", 4)}}, 5},
+		{"sizes that add up past 2^63", &wireTD{Batch: []int{1 << 62}, Entries: []wireEntry{
+			tensor("a", 1<<62), tensor("b", 1<<62), tensor("c", 1<<62), tensor("d", 1<<62)}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := &bodyReader{r: bytes.NewReader(make([]byte, tc.body)), n: int64(tc.body)}
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			err := readResultTDs(body, nil, []*TD{{wire: tc.w}})
+			runtime.ReadMemStats(&after)
+			if !errors.Is(err, ErrInternal) {
+				t.Fatalf("readResultTDs: %v, want Internal", err)
+			}
+			if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
+				t.Fatalf("%d bytes allocated for a refused response", n)
+			}
+		})
+	}
 }
 
 // ---- deadlines and cancellation ----

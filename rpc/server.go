@@ -201,19 +201,12 @@ func Register[Req, Resp any](s *Server, method string, fn func(ctx context.Conte
 // buildTDs makes the request's TensorDicts, after checking that the body
 // holds exactly the bytes they need.
 func (in *incoming) buildTDs(tds []*TD) error {
-	var need int64
-	for _, td := range tds {
-		if td.wire == nil {
-			continue
-		}
-		n, err := td.wire.bytesSize()
-		if err != nil {
-			return err
-		}
-		need += n
+	wires := make([]*wireTD, len(tds))
+	for i, td := range tds {
+		wires[i] = td.wire
 	}
-	if need != in.body.n {
-		return Errorf(InvalidArgument, "%s: the TensorDicts need %d body bytes, the call has %d", in.method, need, in.body.n)
+	if err := checkBody(wires, in.body.n); err != nil {
+		return err
 	}
 	d := &decoded{pooled: true}
 	defer func() { in.held, in.bufs = d.held, d.bufs }()

@@ -3,6 +3,7 @@ package rpc
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -418,7 +419,7 @@ func allRows(n int) []int {
 const maxFreeRows = 1 << 20
 
 // bytesSize returns the body bytes t's wire form needs (its bytes-mode
-// tensors), with an error for shapes that overflow.
+// tensors), with an error for shapes or sums that overflow.
 func (w *wireTD) bytesSize() (int64, error) {
 	var n int64
 	for _, e := range w.Entries {
@@ -433,9 +434,37 @@ func (w *wireTD) bytesSize() (int64, error) {
 		if err != nil {
 			return 0, Errorf(InvalidArgument, "TD %s: %w", keyString(e.Key), err)
 		}
+		if int64(b) > math.MaxInt64-n {
+			return 0, Errorf(InvalidArgument, "TD of more than %d bytes", int64(math.MaxInt64))
+		}
 		n += int64(b)
 	}
 	return n, nil
+}
+
+// checkBody checks that the wire forms (nil ones need nothing) need exactly
+// the n bytes of a body for their bytes-mode tensors. Receivers check it
+// before they allocate anything for the tensors, so that a few bytes of
+// msgpack cannot make them allocate gigabytes.
+func checkBody(wires []*wireTD, n int64) error {
+	var need int64
+	for _, w := range wires {
+		if w == nil {
+			continue
+		}
+		b, err := w.bytesSize()
+		if err != nil {
+			return err
+		}
+		if b > n-need {
+			return Errorf(InvalidArgument, "the TensorDicts need more than the body's %d bytes", n)
+		}
+		need += b
+	}
+	if need != n {
+		return Errorf(InvalidArgument, "the TensorDicts need %d body bytes, the body has %d", need, n)
+	}
+	return nil
 }
 
 // comesBack reports whether t's contents travel back to the caller after
