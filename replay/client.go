@@ -145,8 +145,9 @@ func (c *Client) info(ctx context.Context) (infoResponse, error) {
 }
 
 // adopt takes the buffer's description: its schema and, in ref mode, a
-// mapping of its storage and slot table, replacing older ones if the
-// buffer was created anew.
+// mapping of its storage and slot table. A description of another buffer
+// (the name's buffer was created anew) drops the mappings of the old one,
+// so adopt runs with c.use held exclusively, or before any call (Dial).
 func (c *Client) adopt(info infoResponse) error {
 	schema, err := fieldsOf(info.Schema)
 	if err != nil {
@@ -160,10 +161,12 @@ func (c *Client) adopt(info infoResponse) error {
 	if info.ID == c.id && (c.storage != nil || c.bytes) && c.schema != nil {
 		return nil
 	}
+	if info.ID != c.id {
+		c.unmapLocked()
+	}
+	c.id, c.schema = info.ID, schema
 	c.lease, c.writer = time.Duration(info.LeaseMS)*time.Millisecond, info.Writer
-	c.schema = schema
 	if c.bytes || schema == nil {
-		c.id = info.ID
 		return nil
 	}
 	prefix := filepath.Join(c.o.root, filepath.FromSlash(info.Prefix))
@@ -176,14 +179,12 @@ func (c *Client) adopt(info infoResponse) error {
 		storage.Close()
 		return fmt.Errorf("replay: mapping the slot table: %w", err)
 	}
-	c.unmapLocked()
-	c.storage, c.slots, c.id = storage, slots, info.ID
+	c.storage, c.slots = storage, slots
 	return nil
 }
 
-// unmapLocked drops the mappings; c.mu is held and no call uses them (Close
-// holds c.use, and adopt replaces mappings only of a buffer that no longer
-// exists... see refresh).
+// unmapLocked drops the mappings; c.mu is held, and c.use exclusively (Close,
+// adopt).
 func (c *Client) unmapLocked() {
 	if c.storage != nil {
 		c.storage.Close()
@@ -367,7 +368,10 @@ func (c *Client) knownSchema(ctx context.Context) ([]tensordict.Field, error) {
 			return nil, err
 		}
 		if info.Schema != nil {
-			if err := c.adopt(info); err != nil {
+			c.use.Lock()
+			err := c.adopt(info)
+			c.use.Unlock()
+			if err != nil {
 				return nil, err
 			}
 			continue

@@ -324,3 +324,38 @@ func TestCheckPicks(t *testing.T) {
 		}
 	}
 }
+
+// TestClient_AdoptAnotherBufferDropsMappings: a description of another
+// buffer under the name (created anew, its schema not known yet) drops
+// the mappings of the old one, which would otherwise pass for the new
+// one's once the ids matched; the next call maps the buffer served now.
+func TestClient_AdoptAnotherBufferDropsMappings(t *testing.T) {
+	root := t.TempDir()
+	n := serveBuffer(t, root, "buf", Config{Capacity: 8, Schema: testSchema})
+	c := dialBuffer(t, n.addr, "buf", root, "ref")
+	extend(t, c, 1)
+	c.use.Lock()
+	err := c.adopt(infoResponse{ID: "another", Capacity: 8, LeaseMS: 30_000})
+	c.use.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if storage, slots, schema, _ := c.mapping(); storage != nil || slots != nil || schema != nil {
+		t.Fatalf("after adopting another buffer without a schema: storage %v, slots %v, schema %v; want none", storage != nil, slots != nil, schema)
+	}
+	if got := extend(t, c, 2); !slices.Equal(got, []int{1}) {
+		t.Fatalf("the next batch went to %v", got)
+	}
+	if storage, _, _, _ := c.mapping(); storage == nil {
+		t.Fatal("the next Extend did not map the buffer again")
+	}
+	td, _, err := c.Sample(ctxT(t), 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range rowIDs(t, td) {
+		if id != 1 && id != 2 {
+			t.Fatalf("sampled %d", id)
+		}
+	}
+}
