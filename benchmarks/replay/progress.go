@@ -32,10 +32,11 @@ func printProgress(ctx context.Context, w io.Writer, b *replay.Buffer, c *coordi
 		secs := now.Sub(lastAt).Seconds()
 		inserted := float64(st.Inserted-last.Inserted) / secs
 		sampled := float64(st.Sampled-last.Sampled) / secs
-		last, lastAt = st, now
 		mode, phase, since := c.state()
+		began := since.After(lastAt)
+		last, lastAt = st, now
 		elapsed := now.Sub(since).Round(100 * time.Millisecond)
-		if since.After(now.Add(-time.Duration(secs * float64(time.Second)))) {
+		if began {
 			// The phase began during this second: its rates would mix two phases.
 			fmt.Fprintf(w, "replay %s: %s began\n", mode, phaseNames[phase])
 			continue
