@@ -412,14 +412,15 @@ func TestPrioritized_UpdatePriority(t *testing.T) {
 		}
 	}
 	// A stale update (the slot was overwritten since) is skipped.
-	extend(t, b, 4) // round robin: slot 0
+	before := b.slots.word(0) // what a sample of slot 0 would have recorded
+	extend(t, b, 4)           // round robin: slot 0
 	n, err := b.UpdatePriority(ctxT(t), info, slices.Repeat([]float64{1}, 100))
 	if err != nil || n != 100 {
 		t.Fatalf("updated %d, %v; want 100 (slot 2 still holds what was sampled)", n, err)
 	}
-	stale := SampleInfo{Indices: []int{0}, IDs: []uint64{info.IDs[0] &^ 3}}
+	stale := SampleInfo{Indices: []int{0}, IDs: []uint64{before}}
 	if n, err := b.UpdatePriority(ctxT(t), stale, []float64{5}); err != nil || n != 0 {
-		t.Fatalf("a stale id updated %d rows (%v)", n, err)
+		t.Fatalf("the id of slot 0 before it was overwritten updated %d rows (%v)", n, err)
 	}
 	for _, bad := range [][]float64{{-1}, {math.NaN()}, {math.Inf(1)}} {
 		if _, err := b.UpdatePriority(ctxT(t), SampleInfo{Indices: []int{1}}, bad); !errors.Is(err, ErrSchema) {
