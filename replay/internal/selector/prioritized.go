@@ -44,13 +44,8 @@ func Prioritized(capacity int, alpha, beta, eps float64) (Selector, error) {
 	if capacity <= 0 {
 		return nil, fmt.Errorf("selector: capacity %d is not positive", capacity)
 	}
-	for _, p := range []struct {
-		name string
-		v    float64
-	}{{"alpha", alpha}, {"beta", beta}, {"eps", eps}} {
-		if err := checkParam(p.name, p.v); err != nil {
-			return nil, err
-		}
+	if err := (Spec{Kind: KindPrioritized, Alpha: alpha, Beta: beta, Eps: eps}).Validate(); err != nil {
+		return nil, err
 	}
 	sum := newSumTree(capacity)
 	return &prioritized{
