@@ -25,7 +25,11 @@
 // copied after copying them, sampling again those that changed. A slot is
 // sampled only once its writer has committed it; a reservation not committed
 // within Config.Lease expires and its slots are emptied, so a dead writer
-// blocks nobody and leaves nothing half-written to be sampled. The slot
+// blocks nobody and leaves nothing half-written to be sampled. (The one
+// gap: a writer sharing the filesystem that is frozen mid-copy for longer
+// than an eighth of the lease can land late bytes in a slot handed to
+// another writer since, which no generation check sees; docs/replay.md,
+// "The lease".) The slot
 // table is a shared mapping, so a buffer process killed at any moment
 // reopens (Open) with every transition it had committed and its priority;
 // Checkpoint adds durability against a machine crash. A client retries
