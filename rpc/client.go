@@ -391,8 +391,7 @@ func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, parts []bodyP
 	if derr := body.drain(); derr != nil {
 		return false, derr
 	}
-	var se *streamError
-	if errors.As(err, &se) {
+	if _, broken := errors.AsType[*streamError](err); broken {
 		return false, err
 	}
 	return true, err

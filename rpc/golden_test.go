@@ -228,3 +228,38 @@ func TestHeader_MatchesGoMsgpack(t *testing.T) {
 		}
 	}
 }
+
+// TestHeader_Allocs pins what message headers cost on every call's path:
+// writing one allocates nothing, reading one only the strings it keeps.
+func TestHeader_Allocs(t *testing.T) {
+	hdr := &requestHeader{Method: MethodFill, TimeoutUS: 5_000_000, ArgLen: 100, BodyLen: 1 << 20}
+	var buf bytes.Buffer
+	w := bufio.NewWriter(&buf)
+	write := func() {
+		buf.Reset()
+		if err := writeFrame(w, hdr, nil); err != nil {
+			t.Fatal(err)
+		}
+		w.Flush()
+	}
+	if n := testing.AllocsPerRun(100, write); n != 0 {
+		t.Errorf("writing a request header: %v allocations", n)
+	}
+	frame := bytes.Clone(buf.Bytes())
+	src := bytes.NewReader(frame)
+	r := bufio.NewReader(src)
+	var got requestHeader
+	read := func() {
+		src.Reset(frame)
+		r.Reset(src)
+		if err := readHeader(r, 64<<10, &got); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := testing.AllocsPerRun(100, read); n != 1 {
+		t.Errorf("reading a request header: %v allocations, want 1 (its method)", n)
+	}
+	if got != *hdr {
+		t.Fatalf("read %+v, wrote %+v", got, *hdr)
+	}
+}

@@ -40,8 +40,9 @@ func (h *responseHeader) appendMsgpack(b []byte) []byte {
 }
 
 func (h *requestHeader) decodeMsgpack(b []byte) error {
-	return decodeHeaderMap(b, func(key string, d *msgReader) {
-		switch key {
+	d := headerReader(b)
+	for d.next() {
+		switch string(d.key) {
 		case "arg_len":
 			h.ArgLen = d.int()
 		case "body_len":
@@ -53,12 +54,14 @@ func (h *requestHeader) decodeMsgpack(b []byte) error {
 		default:
 			d.skip()
 		}
-	})
+	}
+	return d.end()
 }
 
 func (h *responseHeader) decodeMsgpack(b []byte) error {
-	return decodeHeaderMap(b, func(key string, d *msgReader) {
-		switch key {
+	d := headerReader(b)
+	for d.next() {
+		switch string(d.key) {
 		case "arg_len":
 			h.ArgLen = d.int()
 		case "body_len":
@@ -74,7 +77,8 @@ func (h *responseHeader) decodeMsgpack(b []byte) error {
 		default:
 			d.skip()
 		}
-	})
+	}
+	return d.end()
 }
 
 // header is what writeFrame and readHeader carry.
@@ -115,18 +119,42 @@ func appendInt(b []byte, v int64) []byte {
 	return binary.BigEndian.AppendUint64(append(b, 0xd3), uint64(v))
 }
 
-// decodeHeaderMap decodes b, exactly one msgpack map with string keys,
-// calling field for each key to decode its value.
-func decodeHeaderMap(b []byte, field func(key string, d *msgReader)) error {
-	d := &msgReader{b: b}
-	n := d.mapLen()
-	for i := 0; i < n && d.err == nil; i++ {
-		key := d.strBytes()
-		if d.err != nil {
-			break
-		}
-		field(string(key), d)
+// msgReader reads the msgpack types headers use. After the first error
+// every read returns a zero value and err keeps the error.
+//
+// A header is read as: headerReader(b), then next() for each key, whose
+// value the caller reads (or skips) before the next key, then end(). The
+// reader lives on the caller's stack, and keys are compared without
+// conversion to strings: decoding a header allocates nothing but the
+// strings it keeps.
+type msgReader struct {
+	b    []byte
+	err  error
+	left int    // keys left in the map
+	key  []byte // the current key, aliasing b
+}
+
+// headerReader returns a reader of b, which must hold exactly one msgpack
+// map with string keys.
+func headerReader(b []byte) msgReader {
+	d := msgReader{b: b}
+	d.left = d.mapLen()
+	return d
+}
+
+// next reads the map's next key into d.key, and reports false at the end
+// of the map or after an error.
+func (d *msgReader) next() bool {
+	if d.left == 0 || d.err != nil {
+		return false
 	}
+	d.left--
+	d.key = d.strBytes()
+	return d.err == nil
+}
+
+// end returns the error of the header's decoding, errProtocol.
+func (d *msgReader) end() error {
 	if d.err == nil && len(d.b) != 0 {
 		d.fail("%d bytes after the header", len(d.b))
 	}
@@ -134,13 +162,6 @@ func decodeHeaderMap(b []byte, field func(key string, d *msgReader)) error {
 		return fmt.Errorf("%w: header: %v", errProtocol, d.err)
 	}
 	return nil
-}
-
-// msgReader reads the msgpack types headers use. After the first error
-// every read returns a zero value and err keeps the error.
-type msgReader struct {
-	b   []byte
-	err error
 }
 
 func (d *msgReader) fail(format string, args ...any) {

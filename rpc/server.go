@@ -426,8 +426,7 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 			in.release()
 			return
 		}
-		var se *streamError
-		if errors.As(err, &se) {
+		if _, broken := errors.AsType[*streamError](err); broken {
 			in.release()
 			return
 		}

@@ -91,10 +91,10 @@ func decodeMsgpack(b []byte, v any) error {
 }
 
 // writeFrame writes a message's length-prefixed header and its argument
-// bytes to w (the body follows separately).
+// bytes to w (the body follows separately). The header is encoded in w's
+// own buffer.
 func writeFrame(w *bufio.Writer, hdr header, args []byte) error {
-	var a [128]byte
-	buf := hdr.appendMsgpack(a[:4])
+	buf := hdr.appendMsgpack(append(w.AvailableBuffer(), 0, 0, 0, 0))
 	binary.BigEndian.PutUint32(buf, uint32(len(buf)-4))
 	if _, err := w.Write(buf); err != nil {
 		return err
@@ -106,26 +106,35 @@ func writeFrame(w *bufio.Writer, hdr header, args []byte) error {
 // readHeader reads a length-prefixed header into hdr. io.EOF means the
 // stream ended cleanly between messages. A length of 0 or above max is an
 // errProtocol before any of the header is read, so a peer claiming 4 GB
-// costs nothing.
+// costs nothing. A header that fits r's buffer is decoded there.
 func readHeader(r *bufio.Reader, max int, hdr header) error {
-	var n [4]byte
-	if _, err := io.ReadFull(r, n[:]); err != nil {
+	n, err := r.Peek(4)
+	if err != nil {
+		if len(n) > 0 {
+			return unexpected(err)
+		}
 		return err
 	}
-	size := binary.BigEndian.Uint32(n[:])
-	if size == 0 || uint64(size) > uint64(max) {
-		return fmt.Errorf("%w: header of %d bytes (limit %d)", errProtocol, size, max)
+	size32 := binary.BigEndian.Uint32(n)
+	if size32 == 0 || uint64(size32) > uint64(max) {
+		return fmt.Errorf("%w: header of %d bytes (limit %d)", errProtocol, size32, max)
 	}
-	var a [256]byte
-	b := a[:0]
-	if size > uint32(len(a)) {
-		b = make([]byte, size)
+	size := int(size32)
+	r.Discard(4)
+	if size > r.Size() {
+		b := make([]byte, size)
+		if _, err := io.ReadFull(r, b); err != nil {
+			return unexpected(err)
+		}
+		return hdr.decodeMsgpack(b)
 	}
-	b = b[:size]
-	if _, err := io.ReadFull(r, b); err != nil {
+	b, err := r.Peek(size)
+	if err != nil {
 		return unexpected(err)
 	}
-	return hdr.decodeMsgpack(b)
+	err = hdr.decodeMsgpack(b)
+	r.Discard(size)
+	return err
 }
 
 // readArgs reads n argument bytes, n already checked against the limit.
