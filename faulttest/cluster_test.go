@@ -2,6 +2,7 @@ package faulttest
 
 import (
 	"fmt"
+	"github.com/tensorwire/tensorwire/internal/proctest"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -63,23 +64,23 @@ func addr(h *netns.Host) string {
 
 // node starts "tensorwire node" on h with the shared root (or root, when
 // not empty) and extra flags, and waits until it listens.
-func (c *cluster) node(h *netns.Host, root string, extra ...string) *proc {
+func (c *cluster) node(h *netns.Host, root string, extra ...string) *proctest.Proc {
 	c.t.Helper()
 	if root == "" {
 		root = c.shared
 	}
 	args := append([]string{"node", "--listen", addr(h), "--root", root, "--token-file", c.token}, extra...)
-	p := startProc(c.t, "node on "+h.String(), h.Command(program(c.t, "./cmd/tensorwire"), args...))
-	p.expect(c.t, nodeproc.ListeningPrefix, 30*time.Second)
+	p := proctest.StartCmd(c.t, "node on "+h.String(), h.Command(program(c.t, "./cmd/tensorwire"), args...))
+	p.Expect(c.t, nodeproc.ListeningPrefix)
 	return p
 }
 
 // helper starts this test binary on h as role with args.
-func (c *cluster) helper(h *netns.Host, role, name string, args ...string) *proc {
+func (c *cluster) helper(h *netns.Host, role, name string, args ...string) *proctest.Proc {
 	c.t.Helper()
 	cmd := h.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), roleEnv+"="+role)
-	return startProc(c.t, name+" on "+h.String(), cmd)
+	return proctest.StartCmd(c.t, name+" on "+h.String(), cmd)
 }
 
 // bufferArgs are the node flags that serve the buffer "rb".
@@ -88,10 +89,10 @@ func bufferArgs(capacity int, lease time.Duration) []string {
 }
 
 // stat returns the latest stat line of p, parsed.
-func stat(p *proc) map[string]string { return parseStat(p.last("stat ")) }
+func stat(p *proctest.Proc) map[string]string { return parseStat(p.Last("stat ")) }
 
 // waitStat waits up to d for p's stats to satisfy ok.
-func waitStat(t *testing.T, p *proc, d time.Duration, what string, ok func(map[string]string) bool) map[string]string {
+func waitStat(t *testing.T, p *proctest.Proc, d time.Duration, what string, ok func(map[string]string) bool) map[string]string {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
@@ -99,11 +100,11 @@ func waitStat(t *testing.T, p *proc, d time.Duration, what string, ok func(map[s
 		if ok(s) {
 			return s
 		}
-		if !p.alive() {
-			t.Fatalf("%s exited while waiting for %s; last stat %v", p.name, what, s)
+		if !p.Alive() {
+			t.Fatalf("%s exited while waiting for %s; last stat %v", p.Name(), what, s)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: no %s within %v; last stat %v", p.name, what, d, s)
+			t.Fatalf("%s: no %s within %v; last stat %v", p.Name(), what, d, s)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tensorwire/tensorwire/internal/proctest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -523,16 +524,16 @@ func diskRunHelper(t *testing.T, role string, args ...string) map[string][2]stri
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), roleEnv+"="+role)
-	p := startProc(t, "helper "+role, cmd)
-	err := p.wait(20 * time.Second)
-	t.Logf("helper %s:\n%s", role, p.output())
-	if death := diskDeath(err, p.stderr.String()); death != "" {
+	p := proctest.StartCmd(t, "helper "+role, cmd)
+	err := p.WaitFor(20 * time.Second)
+	t.Logf("helper %s:\n%s", role, p.Output())
+	if death := diskDeath(err, p.Stderr()); death != "" {
 		t.Fatalf("helper %s %s", role, death)
 	} else if err != nil {
-		t.Fatalf("helper %s: %v; stderr:\n%s", role, err, p.stderr.String())
+		t.Fatalf("helper %s: %v; stderr:\n%s", role, err, p.Stderr())
 	}
 	got := map[string][2]string{}
-	for _, line := range strings.Split(strings.TrimSpace(p.output()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(p.Output()), "\n") {
 		step, rest, _ := strings.Cut(line, "\t")
 		status, detail, _ := strings.Cut(rest, "\t")
 		got[step] = [2]string{status, detail}
@@ -654,7 +655,7 @@ func TestFullDisk_SparseFileWritesAreErrors(t *testing.T) {
 // diskNode is "tensorwire node" running as a process, and the address it
 // listens on ("" if it exited before listening).
 type diskNode struct {
-	*proc
+	*proctest.Proc
 	addr string
 }
 
@@ -662,10 +663,10 @@ type diskNode struct {
 // waits until it listens or exits.
 func startDiskNode(t *testing.T, args ...string) *diskNode {
 	t.Helper()
-	p := startProc(t, "node", exec.Command(program(t, "./cmd/tensorwire"), append([]string{"node", "--listen", "127.0.0.1:0"}, args...)...))
-	addr, err := p.waitLine(nodeproc.ListeningPrefix, 10*time.Second)
-	if err != nil && p.alive() {
-		t.Fatalf("the node neither listened nor exited within 10 s; stderr:\n%s", p.stderr.String())
+	p := proctest.StartCmd(t, "node", exec.Command(program(t, "./cmd/tensorwire"), append([]string{"node", "--listen", "127.0.0.1:0"}, args...)...))
+	addr, err := p.Line(nodeproc.ListeningPrefix, 10*time.Second)
+	if err != nil && p.Alive() {
+		t.Fatalf("the node neither listened nor exited within 10 s; stderr:\n%s", p.Stderr())
 	}
 	return &diskNode{p, addr}
 }
@@ -673,23 +674,23 @@ func startDiskNode(t *testing.T, args ...string) *diskNode {
 // checkAlive fails the test if the node has exited.
 func (n *diskNode) checkAlive(t *testing.T) {
 	t.Helper()
-	if n.alive() {
+	if n.Alive() {
 		return
 	}
-	if death := diskDeath(n.exitErr(), n.stderr.String()); death != "" {
+	if death := diskDeath(n.ExitErr(), n.Stderr()); death != "" {
 		t.Fatalf("the node %s", death)
 	}
-	t.Fatalf("the node exited (%v); stderr:\n%s", n.exitErr(), n.stderr.String())
+	t.Fatalf("the node exited (%v); stderr:\n%s", n.ExitErr(), n.Stderr())
 }
 
 // stopClean sends SIGTERM and checks that the node exits with status 0.
 func (n *diskNode) stopClean(t *testing.T) {
 	t.Helper()
-	err := n.stop(10 * time.Second)
-	if death := diskDeath(err, n.stderr.String()); death != "" {
+	err := n.Stop(10 * time.Second)
+	if death := diskDeath(err, n.Stderr()); death != "" {
 		t.Errorf("the node %s", death)
 	} else if err != nil {
-		t.Errorf("the node: %v after SIGTERM, want status 0; stderr:\n%s", err, n.stderr.String())
+		t.Errorf("the node: %v after SIGTERM, want status 0; stderr:\n%s", err, n.Stderr())
 	}
 }
 
@@ -718,7 +719,7 @@ func TestFullDisk_NodeSurvivesSparseFill(t *testing.T) {
 	tokPath, tok := diskToken(t)
 	n := startDiskNode(t, "--root", disk, "--token-file", tokPath)
 	if n.addr == "" {
-		t.Fatalf("the node exited before listening: %v; stderr:\n%s", n.exitErr(), n.stderr.String())
+		t.Fatalf("the node exited before listening: %v; stderr:\n%s", n.ExitErr(), n.Stderr())
 	}
 	good, err := tensordict.Create(filepath.Join(disk, "good"), []int{16}, diskField(memmap.Uint8, []int{16, 4096}, "x"))
 	if err != nil {
@@ -827,7 +828,7 @@ func TestFullDisk_NodeOpensSparseBuffer(t *testing.T) {
 	tokPath, tok := diskToken(t)
 	n := startDiskNode(t, "--root", disk, "--token-file", tokPath, "--buffer", "buf")
 	if n.addr == "" {
-		diskCheckFailedCleanly(t, n.exitErr(), n.stderr.String(), "no space left on device")
+		diskCheckFailedCleanly(t, n.ExitErr(), n.Stderr(), "no space left on device")
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -905,7 +906,7 @@ func TestFullDisk_NodeServesSparseBuffer(t *testing.T) {
 	tokPath, tok := diskToken(t)
 	n := startDiskNode(t, "--root", disk, "--token-file", tokPath, "--buffer", "buf")
 	if n.addr == "" {
-		t.Fatalf("the node exited before listening with room on the disk: %v; stderr:\n%s", n.exitErr(), n.stderr.String())
+		t.Fatalf("the node exited before listening with room on the disk: %v; stderr:\n%s", n.ExitErr(), n.Stderr())
 	}
 	call := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.Background(), 5*time.Second)

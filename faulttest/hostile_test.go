@@ -404,7 +404,7 @@ func TestHostilePeers(t *testing.T) {
 	if f := good.fails.Load(); f > 0 || good.calls.Load() == 0 {
 		t.Errorf("the honest client: %d of %d calls failed: %v", f, good.calls.Load(), good.errs[:min(len(good.errs), 5)])
 	}
-	if !node.alive() {
+	if !node.Alive() {
 		t.Fatal("the node died")
 	}
 	// Back to the baseline: everything the attackers opened is gone.

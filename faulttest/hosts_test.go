@@ -2,6 +2,7 @@ package faulttest
 
 import (
 	"encoding/json"
+	"github.com/tensorwire/tensorwire/internal/proctest"
 	"strings"
 	"testing"
 	"time"
@@ -26,12 +27,12 @@ func TestSeedFillAcrossHosts(t *testing.T) {
 		{addr(b), "shared filesystem: true"},
 		{addr(hc), "shared filesystem: false"},
 	} {
-		p := startProc(t, "rpcfill on "+a.String(), a.Command(rpcfill,
+		p := proctest.StartCmd(t, "rpcfill on "+a.String(), a.Command(rpcfill,
 			"--addr", tc.target, "--root", c.shared, "--token-file", c.token, "--rows", "64"))
-		if err := p.wait(2 * time.Minute); err != nil {
-			t.Fatalf("rpcfill against %s: %v\n%s\n%s", tc.target, err, p.output(), p.stderr.String())
+		if err := p.WaitFor(2 * time.Minute); err != nil {
+			t.Fatalf("rpcfill against %s: %v\n%s\n%s", tc.target, err, p.Output(), p.Stderr())
 		}
-		out := p.output()
+		out := p.Output()
 		if !strings.Contains(out, tc.shared) || strings.Count(out, "checked in node A's mapping") != 2 {
 			t.Fatalf("rpcfill against %s printed:\n%s\nwant %q and two checks", tc.target, out, tc.shared)
 		}
@@ -48,20 +49,20 @@ func TestReplayBenchAcrossFourHosts(t *testing.T) {
 	hosts := []string{"buffer", "writer0", "writer1", "trainer"}
 	bin := program(t, "./cmd/tensorwire")
 	bh := c.host(hosts[0])
-	buf := startProc(t, "bench buffer", bh.Command(bin, "bench", "replay", "--role", "buffer", "--listen", addr(bh),
+	buf := proctest.StartCmd(t, "bench buffer", bh.Command(bin, "bench", "replay", "--role", "buffer", "--listen", addr(bh),
 		"--root", c.shared, "--token-file", c.token, "--capacity", "3000", "--min-size", "500", "--duration", "3s"))
-	buf.expect(t, "listening on", 30*time.Second)
-	var roles []*proc
+	buf.Expect(t, "listening on")
+	var roles []*proctest.Proc
 	for _, name := range hosts[1:] {
 		role := strings.TrimRight(name, "01")
 		h := c.host(name)
-		roles = append(roles, startProc(t, "bench "+name, h.Command(bin, "bench", "replay", "--role", role,
+		roles = append(roles, proctest.StartCmd(t, "bench "+name, h.Command(bin, "bench", "replay", "--role", role,
 			"--addr", addr(bh), "--root", c.shared, "--token-file", c.token, "--mode", "ref")))
 	}
 	var inserted, sampled, verified int64
 	for _, p := range roles {
-		if err := p.wait(3 * time.Minute); err != nil {
-			t.Fatalf("%s: %v\n%s", p.name, err, tail(p.stderr.String(), 3000))
+		if err := p.WaitFor(3 * time.Minute); err != nil {
+			t.Fatalf("%s: %v\n%s", p.Name(), err, p.Stderr())
 		}
 		var res struct {
 			Role         string `json:"role"`
@@ -70,11 +71,11 @@ func TestReplayBenchAcrossFourHosts(t *testing.T) {
 			RowsVerified int64  `json:"rows_verified"`
 			TornRows     int64  `json:"torn_rows"`
 		}
-		if err := json.Unmarshal([]byte("{"+p.last(`{`)), &res); err != nil {
-			t.Fatalf("%s: no result line: %v\n%s", p.name, err, p.output())
+		if err := json.Unmarshal([]byte("{"+p.Last(`{`)), &res); err != nil {
+			t.Fatalf("%s: no result line: %v\n%s", p.Name(), err, p.Output())
 		}
 		if res.Mode != "ref" || res.Transitions == 0 {
-			t.Errorf("%s: %+v, want transitions by reference", p.name, res)
+			t.Errorf("%s: %+v, want transitions by reference", p.Name(), res)
 		}
 		switch res.Role {
 		case "trainer":
@@ -86,7 +87,7 @@ func TestReplayBenchAcrossFourHosts(t *testing.T) {
 			inserted += res.Transitions
 		}
 	}
-	if err := buf.stop(30 * time.Second); err != nil {
+	if err := buf.Stop(30 * time.Second); err != nil {
 		t.Fatalf("buffer node: %v", err)
 	}
 	figures(t, "hosts", 4, "inserted_timed", inserted, "sampled_timed", sampled, "rows_verified", verified, "torn", 0)

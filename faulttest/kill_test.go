@@ -2,6 +2,7 @@ package faulttest
 
 import (
 	"fmt"
+	"github.com/tensorwire/tensorwire/internal/proctest"
 	"path/filepath"
 	"testing"
 	"time"
@@ -15,10 +16,10 @@ import (
 type workload struct {
 	c        *cluster
 	nodeHost *netns.Host
-	node     *proc
+	node     *proctest.Proc
 	nodeArgs []string
 	writers  []*writerRun
-	trainer  *proc
+	trainer  *proctest.Proc
 }
 
 type writerRun struct {
@@ -27,7 +28,7 @@ type writerRun struct {
 	ref  bool
 	log  string
 	inc  int // the current incarnation
-	proc *proc
+	proc *proctest.Proc
 }
 
 const leaseInTests = 2 * time.Second
@@ -47,9 +48,9 @@ func startWorkload(t *testing.T, c *cluster, callTimeout time.Duration) *workloa
 	}
 	w.trainer = c.helper(hosts[3], "trainer", "trainer", args...)
 	for _, wr := range w.writers {
-		wr.proc.expect(t, "ready", 30*time.Second)
+		wr.proc.Expect(t, "ready")
 	}
-	if mode := w.trainer.expect(t, "ready", 30*time.Second); mode != "ref" {
+	if mode := w.trainer.Expect(t, "ready"); mode != "ref" {
 		t.Fatalf("the trainer shares the root but runs in %s mode", mode)
 	}
 	return w
@@ -74,19 +75,19 @@ func (w *workload) finish(t *testing.T) (verdict, map[string]string) {
 	t.Helper()
 	var logs []string
 	for _, wr := range w.writers {
-		if err := wr.proc.stop(10 * time.Second); err != nil {
+		if err := wr.proc.Stop(10 * time.Second); err != nil {
 			t.Errorf("writer %d: %v", wr.n, err)
 		}
 		logs = append(logs, wr.log)
 	}
-	if err := w.trainer.stop(10 * time.Second); err != nil {
+	if err := w.trainer.Stop(10 * time.Second); err != nil {
 		t.Errorf("trainer: %v", err)
 	}
 	ts := stat(w.trainer)
 	if statInt(ts, "torn") != 0 || statInt(ts, "rows") == 0 {
 		t.Errorf("trainer: %v, want rows sampled and none torn", ts)
 	}
-	if err := w.node.stop(15 * time.Second); err != nil {
+	if err := w.node.Stop(15 * time.Second); err != nil {
 		t.Errorf("buffer node: %v", err)
 	}
 	l, err := readBatchLogs(logs...)
@@ -118,13 +119,13 @@ func TestWritersKilledAndRestarted(t *testing.T) {
 		wr := w.writers[c.rng.IntN(len(w.writers))]
 		d := load.KillEvery[0] + time.Duration(c.rng.Int64N(int64(load.KillEvery[1]-load.KillEvery[0])))
 		time.Sleep(d)
-		wr.proc.kill()
+		wr.proc.Kill()
 		kills++
 		wr.inc++
 		w.startWriter(t, wr, 0)
 	}
 	for _, wr := range w.writers { // the last incarnations get going
-		wr.proc.expect(t, "ready", 30*time.Second)
+		wr.proc.Expect(t, "ready")
 	}
 	time.Sleep(300 * time.Millisecond)
 	v, ts := w.finish(t)
@@ -147,12 +148,12 @@ func TestBufferNodeKilledAndRestarted(t *testing.T) {
 	for range load.NodeKills {
 		time.Sleep(gap)
 		before := []map[string]string{stat(w.writers[0].proc), stat(w.writers[1].proc), stat(w.trainer)}
-		w.node.kill()
+		w.node.Kill()
 		killed := time.Now()
 		time.Sleep(time.Duration(100+c.rng.IntN(400)) * time.Millisecond)
 		w.node = c.node(w.nodeHost, "", w.nodeArgs...)
 		// Everyone makes progress again, without being restarted.
-		for i, p := range []*proc{w.writers[0].proc, w.writers[1].proc, w.trainer} {
+		for i, p := range []*proctest.Proc{w.writers[0].proc, w.writers[1].proc, w.trainer} {
 			key := "ok"
 			waitStat(t, p, 30*time.Second, "progress after the restart", func(s map[string]string) bool {
 				return statInt(s, key) > statInt(before[i], key)+1
@@ -161,9 +162,9 @@ func TestBufferNodeKilledAndRestarted(t *testing.T) {
 		down = append(down, time.Since(killed).Round(time.Millisecond))
 	}
 	time.Sleep(gap)
-	for _, p := range []*proc{w.writers[0].proc, w.writers[1].proc, w.trainer} {
+	for _, p := range []*proctest.Proc{w.writers[0].proc, w.writers[1].proc, w.trainer} {
 		if s := stat(p); statInt(s, "other") != 0 {
-			t.Errorf("%s saw errors other than Unavailable: %v", p.name, s)
+			t.Errorf("%s saw errors other than Unavailable: %v", p.Name(), s)
 		}
 	}
 	v, ts := w.finish(t)

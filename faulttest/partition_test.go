@@ -2,6 +2,7 @@ package faulttest
 
 import (
 	"fmt"
+	"github.com/tensorwire/tensorwire/internal/proctest"
 	"strings"
 	"testing"
 	"time"
@@ -14,13 +15,13 @@ type failedCall struct {
 	kind       string
 }
 
-func failedCalls(p *proc) []failedCall {
+func failedCalls(p *proctest.Proc) []failedCall {
 	var out []failedCall
-	for _, line := range strings.Split(p.output(), "\n") {
+	for _, line := range strings.Split(p.Output(), "\n") {
 		var s, e int64
 		var kind string
 		if n, _ := fmt.Sscanf(line, "fail %d %d %s", &s, &e, &kind); n == 3 {
-			out = append(out, failedCall{p.name, time.UnixMicro(s), time.UnixMicro(e), kind})
+			out = append(out, failedCall{p.Name(), time.UnixMicro(s), time.UnixMicro(e), kind})
 		}
 	}
 	return out
@@ -36,7 +37,7 @@ func TestPartitionHeals(t *testing.T) {
 	const slack = 250 * time.Millisecond // scheduling on a loaded 2-core machine
 	c := newCluster(t)
 	w := startWorkload(t, c, callTimeout)
-	clients := []*proc{w.writers[0].proc, w.writers[1].proc, w.trainer}
+	clients := []*proctest.Proc{w.writers[0].proc, w.writers[1].proc, w.trainer}
 	type window struct{ from, to time.Time }
 	var cuts []window
 	var resumed []time.Duration
@@ -68,8 +69,8 @@ func TestPartitionHeals(t *testing.T) {
 
 	var failed, unavailable, inFlight int
 	for _, p := range clients {
-		if !p.alive() {
-			t.Fatalf("%s died", p.name)
+		if !p.Alive() {
+			t.Fatalf("%s died", p.Name())
 		}
 		for _, f := range failedCalls(p) {
 			failed++

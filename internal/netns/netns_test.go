@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/tensorwire/tensorwire/internal/proctest"
 	"io"
 	"net"
 	"net/netip"
@@ -13,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -111,24 +111,7 @@ type helper struct {
 	cmd    *exec.Cmd
 	lines  chan string   // its standard output, line by line
 	done   chan struct{} // closed once it has been waited for
-	stderr lockedBuffer
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
+	stderr proctest.LockedBuffer
 }
 
 // start runs cmd as the helper spec says (see helperEnv). Unless keep, it
