@@ -3,105 +3,20 @@ package rpc
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
-	"sync"
+	"github.com/tensorwire/tensorwire/internal/proctest"
 	"testing"
 	"time"
 )
-
-// freezer is a TCP proxy that can cut the network without closing anything,
-// as a pulled cable or a partition does: while frozen it forwards no byte
-// either way and new connections hang before the handshake.
-type freezer struct {
-	addr string
-
-	mu     sync.Mutex
-	frozen bool
-	thaw   chan struct{} // closed when the proxy thaws
-}
-
-func startFreezer(t *testing.T, target string) *freezer {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &freezer{addr: l.Addr().String(), thaw: make(chan struct{})}
-	close(f.thaw)
-	var conns sync.WaitGroup
-	t.Cleanup(func() {
-		l.Close()
-		f.setFrozen(false)
-		conns.Wait()
-	})
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			conns.Add(2)
-			go func() { defer conns.Done(); f.pipe(up, c) }()
-			go func() { defer conns.Done(); f.pipe(c, up) }()
-		}
-	}()
-	return f
-}
-
-// pipe copies from src to dst, holding each chunk while the proxy is frozen.
-func (f *freezer) pipe(dst, src net.Conn) {
-	defer dst.Close()
-	defer src.Close()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := src.Read(buf)
-		f.mu.Lock()
-		thaw := f.thaw
-		f.mu.Unlock()
-		<-thaw
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			if err != io.EOF {
-				return
-			}
-			return
-		}
-	}
-}
-
-func (f *freezer) setFrozen(frozen bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if frozen == f.frozen {
-		return
-	}
-	f.frozen = frozen
-	if frozen {
-		f.thaw = make(chan struct{})
-	} else {
-		close(f.thaw)
-	}
-}
 
 const testKeepAlive = 100 * time.Millisecond
 
 func TestWatchdog_PartitionedNode(t *testing.T) {
 	n := startTestNode(t)
-	f := startFreezer(t, n.addr)
-	c := dial(t, f.addr, WithKeepAlive(testKeepAlive))
+	f := proctest.StartProxy(t, n.addr)
+	c := dial(t, f.Addr, WithKeepAlive(testKeepAlive))
 	echo(t, c)
 
-	f.setFrozen(true)
+	f.Freeze()
 	for _, tc := range []struct {
 		name     string
 		deadline time.Duration
@@ -133,7 +48,7 @@ func TestWatchdog_PartitionedNode(t *testing.T) {
 		})
 	}
 
-	f.setFrozen(false)
+	f.Thaw()
 	echo(t, c) // the same client, a new connection
 }
 
@@ -164,11 +79,11 @@ func TestWatchdog_SlowHandlerIsNotSilence(t *testing.T) {
 // could not be reached) and matches context.DeadlineExceeded.
 func TestDial_UnreachableBeforeDeadline(t *testing.T) {
 	n := startTestNode(t)
-	f := startFreezer(t, n.addr)
-	f.setFrozen(true)
+	f := proctest.StartProxy(t, n.addr)
+	f.Freeze()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	_, err := Dial(ctx, f.addr)
+	_, err := Dial(ctx, f.Addr)
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("dial through a partition: %v, want Unavailable and DeadlineExceeded", err)
 	}

@@ -1,7 +1,6 @@
 package proctest
 
 import (
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -25,10 +24,45 @@ func Listen(addr string) (net.Listener, error) {
 
 // Proxy forwards TCP connections from its own loopback address to a target
 // and counts the bytes it carries each way: how a test checks what crossed
-// the network.
+// the network. Frozen, it cuts the network as a pulled cable or a
+// partition does, without closing anything: it forwards no byte either
+// way, and new connections hang before their first byte arrives.
 type Proxy struct {
 	Addr     string       // where to connect instead of the target
 	Up, Down atomic.Int64 // bytes sent to the target, and back
+
+	mu   sync.Mutex
+	thaw chan struct{} // closed while the proxy forwards
+}
+
+// Freeze stops the proxy forwarding, until Thaw.
+func (p *Proxy) Freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.thaw:
+		p.thaw = make(chan struct{})
+	default: // already frozen
+	}
+}
+
+// Thaw lets the proxy forward again, the bytes held meanwhile first.
+func (p *Proxy) Thaw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.thaw:
+	default:
+		close(p.thaw)
+	}
+}
+
+// held blocks while the proxy is frozen.
+func (p *Proxy) held() {
+	p.mu.Lock()
+	thaw := p.thaw
+	p.mu.Unlock()
+	<-thaw
 }
 
 // StartProxy starts a Proxy to target; it stops, closing every connection,
@@ -40,13 +74,15 @@ func StartProxy(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{Addr: l.Addr().String()}
+	p := &Proxy{Addr: l.Addr().String(), thaw: make(chan struct{})}
+	close(p.thaw)
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
 		conns []net.Conn
 	)
 	t.Cleanup(func() {
+		p.Thaw()
 		l.Close()
 		mu.Lock()
 		for _, c := range conns {
@@ -70,10 +106,22 @@ func StartProxy(t testing.TB, target string) *Proxy {
 			conns = append(conns, in, out)
 			mu.Unlock()
 			pipe := func(dst, src net.Conn, n *atomic.Int64) {
-				c, _ := io.Copy(dst, src)
-				n.Add(c)
-				dst.Close()
-				src.Close()
+				defer dst.Close()
+				defer src.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					k, err := src.Read(buf)
+					p.held()
+					if k > 0 {
+						if _, werr := dst.Write(buf[:k]); werr != nil {
+							return
+						}
+						n.Add(int64(k))
+					}
+					if err != nil {
+						return
+					}
+				}
 			}
 			wg.Go(func() { pipe(out, in, &p.Up) })
 			wg.Go(func() { pipe(in, out, &p.Down) })
