@@ -1086,3 +1086,22 @@ func TestServer_CloseDuringHandshake(t *testing.T) {
 	}
 	waitGoroutines(t, base, 3)
 }
+
+// An error message that quotes what a peer sent is cut short, so the
+// refusal reaches the caller instead of breaking its connection: a method
+// name of control bytes quoted in "no method %q" grows fourfold, past the
+// client's 64 KiB header limit.
+func TestServer_LongErrorMessage(t *testing.T) {
+	n := startTestNode(t, WithLimits(DefaultLimits()))
+	c := dial(t, n.addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := Call[echoMsg](ctx, c, strings.Repeat("\x01", 20000), echoMsg{})
+	if !errors.Is(err, ErrUnimplemented) {
+		t.Fatalf("a call of a 20,000-byte unknown method: %v, want Unimplemented", err)
+	}
+	if len(err.Error()) > 5000 {
+		t.Fatalf("the message is %d bytes long", len(err.Error()))
+	}
+	echo(t, c)
+}

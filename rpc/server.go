@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hashicorp/yamux"
 )
@@ -514,7 +515,7 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 		if e.Code == Unknown || e.Code == Internal {
 			log.Warn("rpc: call failed", "method", in.method, "err", err)
 		}
-		hdr = responseHeader{Code: uint8(e.Code), Message: e.Msg}
+		hdr = responseHeader{Code: uint8(e.Code), Message: truncate(e.Msg, maxMessage)}
 		args, out.parts = nil, nil
 	} else {
 		hdr = responseHeader{ArgLen: int64(len(args)), BodyLen: bodySize(out.parts)}
@@ -533,4 +534,23 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 		return false
 	}
 	return bw.Flush() == nil
+}
+
+// maxMessage bounds an error message sent to a peer: messages can quote
+// what the peer sent (a method name, a path), and a peer's client refuses
+// response headers over its MaxHeaderBytes, dropping the connection.
+const maxMessage = 4 << 10
+
+// truncate shortens s to at most n bytes, cut at a rune boundary, marking
+// the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "... (truncated)"
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
 }
