@@ -6,8 +6,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -441,29 +443,25 @@ func judge(l *batchLog, held []int64) verdict {
 	v := verdict{Acked: l.ackedRows(), Held: len(held)}
 	seen := map[int64]bool{}
 	perBatch := map[int64]int{} // unacked batches: transitions held
-	// Batches by their incarnation (the id's bits above the sequence).
-	byInc := map[int64][]int64{}
-	for first := range l.begun {
-		byInc[first>>20] = append(byInc[first>>20], first)
-	}
+	// Batches never overlap: an id belongs to the batch with the largest
+	// first id not above it, if it is within that batch.
+	firsts := slices.Sorted(maps.Keys(l.begun))
 	for _, id := range held {
 		if seen[id] {
 			v.Duplicated++
 			continue
 		}
 		seen[id] = true
-		found := false
-		for _, first := range byInc[id>>20] {
-			if id >= first && id < first+int64(l.begun[first]) {
-				found = true
-				if !l.acked[first] {
-					perBatch[first]++
-				}
-				break
-			}
+		i, exact := slices.BinarySearch(firsts, id)
+		if !exact {
+			i--
 		}
-		if !found {
+		if i < 0 || id >= firsts[i]+int64(l.begun[firsts[i]]) {
 			v.Unknown++
+			continue
+		}
+		if !l.acked[firsts[i]] {
+			perBatch[firsts[i]]++
 		}
 	}
 	for first := range l.acked {
