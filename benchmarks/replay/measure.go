@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/benchkit"
@@ -19,8 +20,6 @@ type gatherLeaf struct {
 	rowBytes int
 	dst      []byte
 }
-
-var sink byte
 
 // memcpyGather measures the memcpy limit of sampling from storage, a
 // memory-mapped TensorDict of transitions: for d, it copies batches of
@@ -57,7 +56,7 @@ func memcpyGather(storage *tensordict.TensorDict, batchRows int, d time.Duration
 		for i := 0; i < len(l.data); i += page {
 			x += l.data[i]
 		}
-		sink += x
+		runtime.KeepAlive(x) // the loads must happen: x is used
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	picked := make([]int, batchRows)

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 
 	"golang.org/x/sys/unix"
 )
@@ -67,8 +68,6 @@ func Free(b []byte) error { return unix.Munmap(b) }
 // last-level cache of the machines this project runs on.
 const CacheFlushBytes = 128 << 20
 
-var sink byte
-
 // FlushCache reads one byte of every cache line of b (CacheFlushBytes long,
 // say), evicting what the CPU caches held before, as after any real work.
 func FlushCache(b []byte) {
@@ -76,7 +75,7 @@ func FlushCache(b []byte) {
 	for i := 0; i < len(b); i += 64 {
 		x += b[i]
 	}
-	sink += x
+	runtime.KeepAlive(x) // the loads must happen: x is used
 }
 
 // ErrMismatch is wrapped by CheckRow's errors: data a benchmark verified

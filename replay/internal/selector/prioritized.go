@@ -126,8 +126,8 @@ func (p *prioritized) has(slot int) bool {
 
 // set stores the present slot's priority, clamped, and its q in both trees.
 func (p *prioritized) set(slot int, priority float64) {
-	if !(priority >= 0) || math.IsInf(priority, 1) {
-		priority = 0
+	if !(priority > 0) || math.IsInf(priority, 1) {
+		priority = 0 // also turns -0 into +0, which Priority reports
 	}
 	p.prio[slot] = priority
 	q := min(math.Pow(priority+p.eps, p.alpha), p.maxQ)

@@ -125,7 +125,7 @@ func TestPrioritized_ZeroWeightSlot(t *testing.T) {
 }
 
 func TestPrioritized_Clamps(t *testing.T) {
-	for _, p := range []float64{-1, math.Inf(1), math.Inf(-1), math.NaN(), -0.0} {
+	for _, p := range []float64{-1, math.Inf(1), math.Inf(-1), math.NaN(), math.Copysign(0, -1)} {
 		s := mustPrioritized(4, 0.5, 0.5, 0)
 		s.Insert(1, 0, p)
 		s.Insert(2, 0, 1)
