@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/importer"
+	"github.com/tensorwire/tensorwire/importer"
 )
 
 var importCmd = command{

@@ -27,7 +27,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/importer"
+	"github.com/tensorwire/tensorwire/importer"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
