@@ -3,34 +3,42 @@ package importer
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/tensorwire/tensorwire/internal/npy"
 	"github.com/tensorwire/tensorwire/internal/progress"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
-// File names a NumPy .npy file to import at a (nested) key.
+// File names a NumPy .npy file to import at a key: Key holds one element
+// per level of nesting ({"next", "reward"} for the tensor "reward" of the
+// nested TensorDict "next").
 type File struct {
 	Key  []string
 	Path string
 }
 
-// ParseFile parses the CLI form key=FILE.npy, nested keys joined by "/".
-func ParseFile(s string) (File, error) {
-	k, p, ok := strings.Cut(s, "=")
-	if !ok || k == "" || p == "" {
-		return File{}, fmt.Errorf("%q is not key=FILE.npy", s)
+// NPY builds a dataset at prefix with one tensor per .npy file, of the
+// file's dtype and shape, in the order given. All arrays must share their
+// first dimension N, which becomes the batch size [N]. It returns N.
+//
+// Errors wrap ErrExists or ErrNotReplaceable for the prefix, ErrInvalid for
+// files that do not fit together (naming the file), ErrFormat and
+// ErrUnsupported for a file (naming it), or the context's error; nothing is
+// left at prefix then, and what was there is unchanged.
+func NPY(ctx context.Context, prefix string, files []File, opts Options) (int, error) {
+	n, err := importNPY(ctx, prefix, files, opts)
+	if err != nil {
+		return 0, fmt.Errorf("import npy into %s: %w", prefix, err)
 	}
-	return File{Key: strings.Split(k, "/"), Path: p}, nil
+	return n, nil
 }
 
-// NPY builds a dataset at prefix with one tensor per .npy file, of the
-// file's dtype and shape. All arrays must share their first dimension N,
-// which becomes the batch size [N]. It returns N.
-func NPY(ctx context.Context, prefix string, files []File, opts Options) (int, error) {
+func importNPY(ctx context.Context, prefix string, files []File, opts Options) (int, error) {
 	if len(files) == 0 {
-		return 0, fmt.Errorf("import npy: no key=FILE.npy arguments")
+		return 0, fmt.Errorf("%w: no .npy files", ErrInvalid)
+	}
+	if _, err := prepare(prefix, opts); err != nil {
+		return 0, err
 	}
 	var rs []*npy.ReadCloser
 	defer func() {
@@ -44,15 +52,16 @@ func NPY(ctx context.Context, prefix string, files []File, opts Options) (int, e
 	for _, f := range files {
 		r, err := npy.Open(f.Path)
 		if err != nil {
-			return 0, err
+			return 0, classify(err)
 		}
 		rs = append(rs, r)
 		h := r.Header()
 		if len(h.Shape) == 0 {
-			return 0, fmt.Errorf("%s: a scalar has no rows to share a batch dimension", f.Path)
+			return 0, fmt.Errorf("%w: %s: a scalar has no rows to share a batch dimension", ErrInvalid, f.Path)
 		}
 		if n >= 0 && h.Shape[0] != n {
-			return 0, fmt.Errorf("%s has %d rows, %s has %d: arrays must share their first dimension", f.Path, h.Shape[0], files[0].Path, n)
+			return 0, fmt.Errorf("%w: %s has %d rows, %s has %d: arrays must share their first dimension",
+				ErrInvalid, f.Path, h.Shape[0], files[0].Path, n)
 		}
 		n = h.Shape[0]
 		fields = append(fields, tensordict.Field{Key: f.Key, DType: h.DType, Shape: h.Shape})
@@ -70,8 +79,5 @@ func NPY(ctx context.Context, prefix string, files []File, opts Options) (int, e
 		}
 		return nil
 	})
-	if err != nil {
-		return 0, fmt.Errorf("import npy into %s: %w", prefix, err)
-	}
-	return n, nil
+	return n, err
 }
