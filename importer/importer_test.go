@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/tensorwire/tensorwire/internal/npy"
@@ -296,5 +297,31 @@ func TestIDX_FashionMNISTLoadsInTorch(t *testing.T) {
 		if f.DType != x.DType().String() || !slices.Equal(f.Shape, x.Shape()) || sum != s.Sum {
 			t.Errorf("%s: torch reads %s %v sum %v; Go %v %v sum %v", key, f.DType, f.Shape, sum, x.DType(), x.Shape(), s.Sum)
 		}
+	}
+}
+
+func TestNPY_KeyGivenTwice(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.npy"), filepath.Join(dir, "b.npy")
+	writeNPY(t, a, npy.Header{DType: memmap.Bool, Shape: []int{2}}, []byte{0, 1})
+	writeNPY(t, b, npy.Header{DType: memmap.Bool, Shape: []int{2}}, []byte{1, 0})
+	for _, tc := range []struct {
+		name  string
+		files []File
+		want  string
+	}{
+		{"twice", []File{{[]string{"obs"}, a}, {[]string{"obs"}, b}}, `key "obs" is given twice`},
+		{"tensor, then folder", []File{{[]string{"obs"}, a}, {[]string{"obs", "x"}, b}}, `key "obs" is given both`},
+		{"folder, then tensor", []File{{[]string{"n", "obs", "x"}, a}, {[]string{"n", "obs"}, b}}, `key "n/obs" is given both`},
+		{"empty key", []File{{nil, a}}, "empty key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prefix := filepath.Join(t.TempDir(), "ds")
+			_, err := NPY(context.Background(), prefix, tc.files, Options{})
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v; want ErrInvalid saying %s", err, tc.want)
+			}
+			assertNoDataset(t, prefix)
+		})
 	}
 }

@@ -3,6 +3,8 @@ package importer
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/tensorwire/tensorwire/internal/npy"
 	"github.com/tensorwire/tensorwire/internal/progress"
@@ -19,10 +21,11 @@ type File struct {
 
 // NPY builds a dataset at prefix with one tensor per .npy file, of the
 // file's dtype and shape, in the order given. All arrays must share their
-// first dimension N, which becomes the batch size [N]. It returns N.
+// first dimension N, which becomes the batch size [N]; each key may be given
+// once, and not both as a tensor and as a folder of tensors. It returns N.
 //
 // Errors wrap ErrExists or ErrNotReplaceable for the prefix, ErrInvalid for
-// files that do not fit together (naming the file), ErrFormat and
+// files that do not fit together (naming the key or the file), ErrFormat and
 // ErrUnsupported for a file (naming it), or the context's error; nothing is
 // left at prefix then, and what was there is unchanged.
 func NPY(ctx context.Context, prefix string, files []File, opts Options) (int, error) {
@@ -36,6 +39,9 @@ func NPY(ctx context.Context, prefix string, files []File, opts Options) (int, e
 func importNPY(ctx context.Context, prefix string, files []File, opts Options) (int, error) {
 	if len(files) == 0 {
 		return 0, fmt.Errorf("%w: no .npy files", ErrInvalid)
+	}
+	if err := checkKeys(files); err != nil {
+		return 0, err
 	}
 	if _, err := prepare(prefix, opts); err != nil {
 		return 0, err
@@ -80,4 +86,27 @@ func importNPY(ctx context.Context, prefix string, files []File, opts Options) (
 		return nil
 	})
 	return n, err
+}
+
+// checkKeys refuses a key given twice, and a key given both for a tensor and
+// as the folder of another ("obs" and "obs/x"): either would leave one file
+// out of the dataset.
+func checkKeys(files []File) error {
+	for i, f := range files {
+		if len(f.Key) == 0 {
+			return fmt.Errorf("%w: %s has an empty key", ErrInvalid, f.Path)
+		}
+		for _, g := range files[:i] {
+			k := min(len(f.Key), len(g.Key))
+			if !slices.Equal(f.Key[:k], g.Key[:k]) {
+				continue
+			}
+			key := fmt.Sprintf("%q", strings.Join(f.Key[:k], "/"))
+			if len(f.Key) == len(g.Key) {
+				return fmt.Errorf("%w: key %s is given twice (%s and %s)", ErrInvalid, key, g.Path, f.Path)
+			}
+			return fmt.Errorf("%w: key %s is given both as a tensor and as a folder of tensors (%s and %s)", ErrInvalid, key, g.Path, f.Path)
+		}
+	}
+	return nil
 }

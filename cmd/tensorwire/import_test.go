@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -127,5 +128,35 @@ func TestBinary_ImportForceParent(t *testing.T) {
 	entries, _ := os.ReadDir(base)
 	if len(entries) != 2 {
 		t.Errorf("left beside work: %v", entries)
+	}
+}
+
+// TestImport_NPYKeyGivenTwice checks that a key given twice, or as both a
+// tensor and a folder of tensors, is an error naming it, not a dataset
+// missing one of the files.
+func TestImport_NPYKeyGivenTwice(t *testing.T) {
+	dir := t.TempDir()
+	a := writeNPY(t, dir, "a.npy", 4)
+	b := writeNPY(t, dir, "b.npy", 4)
+	for _, tc := range []struct {
+		name string
+		args []string
+		key  string
+	}{
+		{"same key", []string{"obs=" + a, "obs=" + b}, `"obs"`},
+		{"same nested key", []string{"next/obs=" + a, "x=" + a, "next/obs=" + b}, `"next/obs"`},
+		{"tensor and folder", []string{"obs=" + a, "obs/x=" + b}, `"obs"`},
+		{"folder and tensor", []string{"obs/x=" + a, "obs=" + b}, `"obs"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prefix := filepath.Join(t.TempDir(), "ds")
+			code, _, errOut := runCLI(t, append(append([]string{"import", "npy"}, tc.args...), prefix)...)
+			if code == 0 || !strings.Contains(errOut, tc.key) {
+				t.Errorf("exit %d, stderr %q; want an error naming %s", code, errOut, tc.key)
+			}
+			if _, err := os.Stat(prefix); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("a refused import left %s (%v)", prefix, err)
+			}
+		})
 	}
 }
