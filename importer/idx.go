@@ -25,8 +25,8 @@ type Pair struct {
 //
 // Errors wrap ErrExists or ErrNotReplaceable for the prefix, ErrInvalid for
 // pairs that do not fit together, ErrFormat and ErrUnsupported for a file
-// (naming it), or the context's error; nothing is left at prefix then, and
-// what was there is unchanged.
+// (naming it), or the context's error. A failed import creates nothing at
+// prefix and changes nothing that was there.
 func IDX(ctx context.Context, prefix string, pairs []Pair, opts Options) (int, error) {
 	n, err := importIDX(ctx, prefix, pairs, opts)
 	if err != nil {

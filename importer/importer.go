@@ -21,8 +21,9 @@ type Options struct {
 	// Force replaces an existing dataset (or empty folder) at the prefix.
 	// It never replaces anything else: see the package documentation.
 	Force bool
-	// Progress, if not nil, receives a progress bar of the bytes read,
-	// redrawn in place on a terminal and a line at a time otherwise.
+	// Progress, if not nil, receives a progress bar of the bytes read:
+	// redrawn in place on a terminal, a line every few seconds otherwise,
+	// and a final line when the import ends.
 	Progress io.Writer
 }
 

@@ -26,8 +26,8 @@ type File struct {
 //
 // Errors wrap ErrExists or ErrNotReplaceable for the prefix, ErrInvalid for
 // files that do not fit together (naming the key or the file), ErrFormat and
-// ErrUnsupported for a file (naming it), or the context's error; nothing is
-// left at prefix then, and what was there is unchanged.
+// ErrUnsupported for a file (naming it), or the context's error. A failed
+// import creates nothing at prefix and changes nothing that was there.
 func NPY(ctx context.Context, prefix string, files []File, opts Options) (int, error) {
 	n, err := importNPY(ctx, prefix, files, opts)
 	if err != nil {
