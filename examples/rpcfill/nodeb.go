@@ -173,7 +173,15 @@ func randomToken() []byte {
 }
 
 // readToken reads a token file: the file's bytes without trailing newlines.
+// Like "tensorwire node", it refuses a file other users may read.
 func readToken(path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("token file: %w", err)
+	}
+	if perm := fi.Mode().Perm(); perm&0o007 != 0 {
+		return nil, fmt.Errorf("token file %s is accessible to other users (mode %#o): chmod o= %s", path, perm, path)
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("token file: %w", err)
