@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -9,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/importer"
+	"github.com/tensorwire/tensorwire/importer"
 )
 
 var importCmd = command{
@@ -33,7 +34,7 @@ func runImport(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	format := args[0]
 	fs := flag.NewFlagSet("import "+format, flag.ContinueOnError)
-	force := fs.Bool("force", false, "replace PREFIX if it exists")
+	force := fs.Bool("force", false, "replace PREFIX if it holds a dataset (or is an empty folder); nothing else is ever replaced")
 	var images, labels files
 	if format == "idx" {
 		fs.Var(&images, "images", "IDX images file (repeatable)")
@@ -66,7 +67,7 @@ func runImport(ctx context.Context, args []string, _, stderr io.Writer) error {
 	case "npy":
 		var fls []importer.File
 		for _, a := range pos[:len(pos)-1] {
-			f, perr := importer.ParseFile(a)
+			f, perr := parseNPYArg(a)
 			if perr != nil {
 				return fmt.Errorf("%w: %v", errUsage, perr)
 			}
@@ -77,9 +78,22 @@ func runImport(ctx context.Context, args []string, _, stderr io.Writer) error {
 		}
 		n, err = importer.NPY(ctx, prefix, fls, opts)
 	}
+	if errors.Is(err, importer.ErrExists) {
+		return fmt.Errorf("%w (--force replaces it)", err)
+	}
 	if err != nil {
 		return err
 	}
 	slog.Info("imported", "prefix", prefix, "rows", n, "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// parseNPYArg parses the command line's key=FILE.npy, nested keys joined by
+// "/".
+func parseNPYArg(s string) (importer.File, error) {
+	k, p, ok := strings.Cut(s, "=")
+	if !ok || k == "" || p == "" {
+		return importer.File{}, fmt.Errorf("%q is not key=FILE.npy", s)
+	}
+	return importer.File{Key: strings.Split(k, "/"), Path: p}, nil
 }

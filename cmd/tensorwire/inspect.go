@@ -3,15 +3,21 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
+	"math/big"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/tensorwire/tensorwire/internal/progress"
+	"github.com/tensorwire/tensorwire/replay"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -19,7 +25,8 @@ var inspectCmd = command{
 	name:  "inspect",
 	usage: "tensorwire inspect [--json] [--stats] PREFIX",
 	help: "print the tree of keys with dtype, shape, batch size and bytes on disk; --stats adds min, max and sum " +
-		"of each real-valued tensor (read in full); --json prints one JSON object instead",
+		"of each real-valued tensor (read in full; exact for integers); --json prints one JSON object instead. " +
+		"A replay buffer's folder shows its storage",
 	run: runInspect,
 }
 
@@ -34,7 +41,28 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	if len(pos) != 1 {
 		return fmt.Errorf("%w: want one PREFIX, got %d arguments", errUsage, len(pos))
 	}
-	td, err := tensordict.LoadMemmap(pos[0], tensordict.ReadOnly())
+	prefix := pos[0]
+	encode := func(rep *report) error {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	// A replay buffer's folder: inspect its storage, and say so.
+	rb, err := replayBufferAt(prefix)
+	if err != nil {
+		return err
+	}
+	if rb != nil && rb.Storage == "" {
+		if *asJSON {
+			return encode(&report{Fields: map[string]field{}, NonTensor: map[string]any{}, Replay: rb})
+		}
+		fmt.Fprintf(stdout, "%s: a replay buffer (%s) with no storage yet: no batch has been written to it\n", prefix, replay.MetaFile)
+		return nil
+	}
+	if rb != nil {
+		prefix = rb.Storage
+	}
+	td, err := tensordict.LoadMemmap(prefix, tensordict.ReadOnly())
 	if err != nil {
 		return err
 	}
@@ -43,13 +71,44 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
+	rep.Replay = rb
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return encode(rep)
 	}
-	printTree(stdout, pos[0], td, rep)
+	if rb != nil {
+		fmt.Fprintf(stdout, "%s: a replay buffer (%s); its transitions are the TensorDict at %s, one row per slot "+
+			"(rows never written are zeros):\n", rb.Prefix, replay.MetaFile, rb.Storage)
+	}
+	printTree(stdout, prefix, td, rep)
 	return nil
+}
+
+// replayInfo says, in inspect's output, that the folder inspected is a
+// replay buffer, and where its storage is.
+type replayInfo struct {
+	Prefix  string `json:"prefix"`  // the buffer's folder, as given
+	Storage string `json:"storage"` // its storage TensorDict; "" until the first batch
+}
+
+// replayBufferAt returns nil unless prefix is a replay buffer's folder: one
+// with a replay.json and no meta.json of its own.
+func replayBufferAt(prefix string) (*replayInfo, error) {
+	if _, err := os.Stat(filepath.Join(prefix, "meta.json")); err == nil {
+		return nil, nil
+	}
+	if _, err := os.Stat(filepath.Join(prefix, replay.MetaFile)); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
+	}
+	rb := &replayInfo{Prefix: prefix}
+	storage := filepath.Join(prefix, replay.StorageDir)
+	if _, err := os.Stat(filepath.Join(storage, "meta.json")); err == nil {
+		rb.Storage = storage
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	return rb, nil
 }
 
 // report is inspect's JSON output.
@@ -57,6 +116,7 @@ type report struct {
 	BatchSize []int            `json:"batch_size"`
 	Fields    map[string]field `json:"fields"`
 	NonTensor map[string]any   `json:"nontensor"`
+	Replay    *replayInfo      `json:"replay_buffer,omitempty"` // set for a replay buffer's folder
 }
 
 type field struct {
@@ -68,21 +128,35 @@ type field struct {
 	Max   *num   `json:"max,omitempty"`
 }
 
-// num is a float64 that encodes NaN and infinities as the strings "nan",
-// "inf" and "-inf", which JSON has no numbers for.
-type num float64
+// num is a statistic: an exact integer (of an integer or bool tensor), or a
+// float64 that encodes NaN and infinities as the strings "nan", "inf" and
+// "-inf", which JSON has no numbers for.
+type num struct {
+	i *big.Int // the exact value, for integer dtypes; nil for floats
+	f float64
+}
 
 func (n num) MarshalJSON() ([]byte, error) {
-	f := float64(n)
+	if n.i != nil {
+		return []byte(n.i.String()), nil
+	}
 	switch {
-	case math.IsNaN(f):
+	case math.IsNaN(n.f):
 		return []byte(`"nan"`), nil
-	case math.IsInf(f, 1):
+	case math.IsInf(n.f, 1):
 		return []byte(`"inf"`), nil
-	case math.IsInf(f, -1):
+	case math.IsInf(n.f, -1):
 		return []byte(`"-inf"`), nil
 	}
-	return json.Marshal(f)
+	return json.Marshal(n.f)
+}
+
+// String prints an integer in full and a float as %g does.
+func (n num) String() string {
+	if n.i != nil {
+		return n.i.String()
+	}
+	return strconv.FormatFloat(n.f, 'g', -1, 64)
 }
 
 func describe(ctx context.Context, td *tensordict.TensorDict, stats bool) (*report, error) {
@@ -103,19 +177,15 @@ func describe(ctx context.Context, td *tensordict.TensorDict, stats bool) (*repo
 				if err := ctx.Err(); err != nil {
 					return nil, err
 				}
-				s, err := v.Stats()
-				if err != nil {
+				if err := addStats(&f, v); err != nil {
 					return nil, fmt.Errorf("%s: %w", key, err)
 				}
-				f.Sum, f.Min, f.Max = ptr(num(s.Sum)), ptr(num(s.Min)), ptr(num(s.Max))
 			}
 			rep.Fields[key] = f
 		}
 	}
 	return rep, nil
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // printTree prints the keys as a tree with aligned columns.
 func printTree(w io.Writer, prefix string, td *tensordict.TensorDict, rep *report) {
@@ -149,7 +219,7 @@ func printLevel(w io.Writer, td *tensordict.TensorDict, path []string, indent st
 			f := rep.Fields[strings.Join(p, "/")]
 			line := fmt.Sprintf("%s%s%s\t%s\t%v\t%s\t", indent, branch, k, f.DType, f.Shape, progress.Bytes(float64(f.Bytes)))
 			if f.Sum != nil {
-				line += fmt.Sprintf("min=%g max=%g sum=%g\t", float64(*f.Min), float64(*f.Max), float64(*f.Sum))
+				line += fmt.Sprintf("min=%v max=%v sum=%v\t", *f.Min, *f.Max, *f.Sum)
 			}
 			fmt.Fprintln(w, line)
 		}

@@ -5,12 +5,12 @@
 //
 // It builds Fashion-MNIST (images uint8 [70000, 28, 28], labels int64
 // [70000]) from the Debian package dataset-fashion-mnist when it is
-// installed, with the importer "tensorwire import idx" uses, or a synthetic
-// dataset of the same shape when it is not, with tensordict.Create and
-// SetSlice one batch at a time. A
-// second process maps the same files read-only and gathers random batches,
-// checking every label, and prints rows/s and MB/s. The files are
-// tensordict's format: TensorDict.load_memmap(DIR) opens them in Python.
+// installed, with importer.IDX (what "tensorwire import idx" runs), or a
+// synthetic dataset of the same shape when it is not, with tensordict.Create
+// and SetSlice one batch at a time. A second process maps the same files
+// read-only and gathers random batches, checking every label, and prints
+// rows/s and MB/s. The files are tensordict's format:
+// TensorDict.load_memmap(DIR) opens them in Python.
 //
 // Without --prefix the dataset goes to a temporary folder that is removed at
 // the end.
@@ -27,7 +27,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/importer"
+	"github.com/tensorwire/tensorwire/importer"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -79,8 +79,8 @@ func run(prefix string, batch int, seconds float64) error {
 }
 
 // build writes the dataset at prefix and says where it came from: Fashion-
-// MNIST's training and test sets through the importer that
-// "tensorwire import idx" uses, or synthetic rows of the same shape.
+// MNIST's training and test sets through importer.IDX, or synthetic rows of
+// the same shape.
 func build(prefix string) (string, error) {
 	var pairs []importer.Pair
 	for _, set := range []string{"train", "t10k"} {

@@ -17,9 +17,10 @@
 // zeros.
 //
 // Without --addr, node B is this same program, re-executed as a child
-// process that runs the server "tensorwire node" runs, on a free loopback
-// port, with a random token. With --addr it is a node you started, sharing
-// the root:
+// process (nodeb.go) that serves with rpc.NewServer and Serve, as
+// "tensorwire node" does, on a free loopback port, with a random token it
+// reads from its standard input. With --addr it is a node you started,
+// sharing the root:
 //
 //	tensorwire node --listen 127.0.0.1:7070 --root DIR --token-file F
 //	go run ./examples/rpcfill --addr 127.0.0.1:7070 --root DIR --token-file F
@@ -38,6 +39,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -50,10 +52,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/benchkit"
-	"github.com/tensorwire/tensorwire/internal/nodeproc"
-	"github.com/tensorwire/tensorwire/internal/progress"
-	"github.com/tensorwire/tensorwire/internal/report"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -67,7 +65,9 @@ type config struct {
 }
 
 func main() {
-	nodeproc.MaybeRunChild(nil) // node B, when this program is re-executed as one
+	if len(os.Args) > 1 && os.Args[1] == nodeBArg { // node B, when this program is re-executed as one
+		os.Exit(runNodeB(os.Args[2:]))
+	}
 	var cfg config
 	flag.IntVar(&cfg.rows, "rows", 1000, "rows (640x640x3 images) of the TensorDict")
 	flag.StringVar(&cfg.root, "root", "", "the shared root (default: a new temporary folder)")
@@ -125,28 +125,31 @@ func run(cfg config) (err error) {
 	runtime.ReadMemStats(&ms)
 	fmt.Printf("node A  pid %d created %s {\"memmap\": uint8 %v} (%.2f GB) in %v; Go heap in use: %s\n",
 		os.Getpid(), prefix, append([]int{cfg.rows}, imageShape...), float64(td.NumBytes())/1e9,
-		time.Since(start).Round(time.Millisecond), progress.Bytes(float64(ms.HeapInuse)))
+		time.Since(start).Round(time.Millisecond), formatBytes(ms.HeapInuse))
 
 	// Node B: ours, or the one at --addr.
 	addr, token := cfg.addr, []byte(nil)
+	if cfg.tokenFile != "" {
+		if token, err = readToken(cfg.tokenFile); err != nil {
+			return err
+		}
+	}
 	if addr == "" {
-		b, err := nodeproc.Start(ctx, nodeproc.Options{Root: root, TokenFile: cfg.tokenFile})
+		if token == nil {
+			token = randomToken()
+		}
+		b, err := startNodeB(ctx, root, token)
 		if err != nil {
 			return err
 		}
 		defer func() {
-			if serr := b.Stop(); serr != nil && err == nil {
+			if serr := b.stop(); serr != nil && err == nil {
 				err = serr
 			}
 		}()
-		addr, token = b.Addr, b.Token
-		fmt.Printf("node B  pid %d (this program, re-executed) listening on %s\n", b.Pid(), addr)
+		addr = b.addr
+		fmt.Printf("node B  pid %d (this program, re-executed) listening on %s\n", b.pid(), addr)
 	} else {
-		if cfg.tokenFile != "" {
-			if token, err = nodeproc.ReadToken(cfg.tokenFile); err != nil {
-				return err
-			}
-		}
 		fmt.Printf("node B  %s\n", addr)
 	}
 	opts := []rpc.Option{rpc.WithRoot(root)}
@@ -198,7 +201,7 @@ func run(cfg config) (err error) {
 			return err
 		}
 		fmt.Printf("fill    %v with 1 on node B: %.2f ms (%d bytes %s)\n",
-			rows, report.Ms(time.Since(t0)), len(rows)*rowBytes, moved)
+			rows, float64(time.Since(t0).Microseconds())/1000, len(rows)*rowBytes, moved)
 		ones = append(ones, rows...)
 		zeros := append(slices.Concat(calls[i+1:]...), sample...)
 		if err := verify(td, ones, zeros); err != nil {
@@ -222,8 +225,12 @@ func verify(td *tensordict.TensorDict, ones, zeros []int) error {
 			if _, err := x.ReadAt(row, int64(r)*int64(len(row))); err != nil {
 				return err
 			}
-			if err := benchkit.CheckRow(r, row, want); err != nil {
-				return fmt.Errorf("node B did not leave the rows as asked: %w", err)
+			if bytes.Count(row, []byte{want}) != len(row) { // vectorized; the loop finds the byte
+				i := 0
+				for row[i] == want {
+					i++
+				}
+				return fmt.Errorf("node B did not leave the rows as asked: row %d byte %d is %d, want %d", r, i, row[i], want)
 			}
 		}
 		return nil
@@ -232,4 +239,18 @@ func verify(td *tensordict.TensorDict, ones, zeros []int) error {
 		return err
 	}
 	return check(zeros, 0)
+}
+
+// formatBytes prints n bytes in binary units: "3.2 MiB".
+func formatBytes(n uint64) string {
+	const units = "KMGTPE"
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	f, i := float64(n)/1024, 0
+	for f >= 1024 && i < len(units)-1 {
+		f /= 1024
+		i++
+	}
+	return fmt.Sprintf("%.1f %ciB", f, units[i])
 }

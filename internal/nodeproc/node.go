@@ -1,6 +1,6 @@
 // Package nodeproc runs a tensorwire node: an rpc.Server serving the
 // TensorDicts under a shared root. "tensorwire node" runs one with Run; the
-// examples and benchmarks start one in a child process with Start (node B
+// fill benchmark starts one in a child process with Start (node B
 // of the seed scenario), which re-executes the program itself and serves
 // through the same Run. Start is built on Spawn, which runs any server
 // that prints "listening on HOST:PORT" and stops on SIGTERM (the RPC

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/tensorwire/tensorwire/internal/npy"
@@ -121,18 +122,20 @@ func TestIDX_BadInputLeavesNoPrefix(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		pairs []Pair
+		want  error
 	}{
-		{"truncated images", []Pair{good, short}},
-		{"trailing bytes after the images", []Pair{trailing}},
-		{"bad gzip checksum of the labels", []Pair{good, badSum}},
-		{"label count", []Pair{mismatch}},
-		{"labels as images", []Pair{{good.Labels, good.Labels}}},
-		{"missing file", []Pair{{filepath.Join(dir, "nope"), good.Labels}}},
+		{"truncated images", []Pair{good, short}, ErrFormat},
+		{"trailing bytes after the images", []Pair{trailing}, ErrFormat},
+		{"bad gzip checksum of the labels", []Pair{good, badSum}, ErrFormat},
+		{"label count", []Pair{mismatch}, ErrInvalid},
+		{"labels as images", []Pair{{good.Labels, good.Labels}}, ErrUnsupported},
+		{"missing file", []Pair{{filepath.Join(dir, "nope"), good.Labels}}, fs.ErrNotExist},
+		{"no pairs", nil, ErrInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			prefix := filepath.Join(t.TempDir(), "ds")
-			if _, err := IDX(context.Background(), prefix, tc.pairs, Options{}); err == nil {
-				t.Fatal("import succeeded")
+			if _, err := IDX(context.Background(), prefix, tc.pairs, Options{}); !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
 			}
 			assertNoDataset(t, prefix)
 		})
@@ -228,13 +231,9 @@ func TestNPY_Import(t *testing.T) {
 	writeNPY(t, filepath.Join(dir, "done.npy"), npy.Header{DType: memmap.Bool, Shape: []int{4}}, []byte{0, 1, 0, 1})
 	writeNPY(t, filepath.Join(dir, "five.npy"), npy.Header{DType: memmap.Bool, Shape: []int{5}}, []byte{0, 1, 0, 1, 1})
 
-	var files []File
-	for _, a := range []string{"obs=" + filepath.Join(dir, "obs.npy"), "next/done=" + filepath.Join(dir, "done.npy")} {
-		f, err := ParseFile(a)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files = append(files, f)
+	files := []File{
+		{Key: []string{"obs"}, Path: filepath.Join(dir, "obs.npy")},
+		{Key: []string{"next", "done"}, Path: filepath.Join(dir, "done.npy")},
 	}
 	prefix := filepath.Join(dir, "ds")
 	if _, err := NPY(context.Background(), prefix, files, Options{}); err != nil {
@@ -253,11 +252,8 @@ func TestNPY_Import(t *testing.T) {
 		t.Errorf("next/done %v", v)
 	}
 	bad := append(files, File{Key: []string{"five"}, Path: filepath.Join(dir, "five.npy")})
-	if _, err := NPY(context.Background(), filepath.Join(t.TempDir(), "ds"), bad, Options{}); err == nil {
-		t.Error("arrays of 4 and 5 rows imported together")
-	}
-	if _, err := ParseFile("noequals.npy"); err == nil {
-		t.Error("ParseFile accepted an argument without key=")
+	if _, err := NPY(context.Background(), filepath.Join(t.TempDir(), "ds"), bad, Options{}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("arrays of 4 and 5 rows: err = %v, want ErrInvalid", err)
 	}
 }
 
@@ -301,5 +297,31 @@ func TestIDX_FashionMNISTLoadsInTorch(t *testing.T) {
 		if f.DType != x.DType().String() || !slices.Equal(f.Shape, x.Shape()) || sum != s.Sum {
 			t.Errorf("%s: torch reads %s %v sum %v; Go %v %v sum %v", key, f.DType, f.Shape, sum, x.DType(), x.Shape(), s.Sum)
 		}
+	}
+}
+
+func TestNPY_KeyGivenTwice(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.npy"), filepath.Join(dir, "b.npy")
+	writeNPY(t, a, npy.Header{DType: memmap.Bool, Shape: []int{2}}, []byte{0, 1})
+	writeNPY(t, b, npy.Header{DType: memmap.Bool, Shape: []int{2}}, []byte{1, 0})
+	for _, tc := range []struct {
+		name  string
+		files []File
+		want  string
+	}{
+		{"twice", []File{{[]string{"obs"}, a}, {[]string{"obs"}, b}}, `key "obs" is given twice`},
+		{"tensor, then folder", []File{{[]string{"obs"}, a}, {[]string{"obs", "x"}, b}}, `key "obs" is given both`},
+		{"folder, then tensor", []File{{[]string{"n", "obs", "x"}, a}, {[]string{"n", "obs"}, b}}, `key "n/obs" is given both`},
+		{"empty key", []File{{nil, a}}, "empty key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prefix := filepath.Join(t.TempDir(), "ds")
+			_, err := NPY(context.Background(), prefix, tc.files, Options{})
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v; want ErrInvalid saying %s", err, tc.want)
+			}
+			assertNoDataset(t, prefix)
+		})
 	}
 }

@@ -12,7 +12,8 @@ import (
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
-// Pair names an IDX images file and its labels file (gzipped or not).
+// Pair names an IDX images file and its labels file, each gzipped or not
+// (detected by its first bytes).
 type Pair struct {
 	Images, Labels string
 }
@@ -21,9 +22,25 @@ type Pair struct {
 // family): "images" uint8 [N, H, W] and "labels" int64 [N], batch size [N],
 // the pairs' rows concatenated in order. Every pair must hold uint8 images of
 // the same H and W and as many integer labels as images. It returns N.
+//
+// Errors wrap ErrExists or ErrNotReplaceable for the prefix, ErrInvalid for
+// pairs that do not fit together, ErrFormat and ErrUnsupported for a file
+// (naming it), or the context's error. A failed import creates nothing at
+// prefix and changes nothing that was there.
 func IDX(ctx context.Context, prefix string, pairs []Pair, opts Options) (int, error) {
+	n, err := importIDX(ctx, prefix, pairs, opts)
+	if err != nil {
+		return 0, fmt.Errorf("import idx into %s: %w", prefix, err)
+	}
+	return n, nil
+}
+
+func importIDX(ctx context.Context, prefix string, pairs []Pair, opts Options) (int, error) {
 	if len(pairs) == 0 {
-		return 0, fmt.Errorf("import idx: no image/label pairs")
+		return 0, fmt.Errorf("%w: no image/label pairs", ErrInvalid)
+	}
+	if _, err := prepare(prefix, opts); err != nil {
+		return 0, err
 	}
 	var imgs, lbls []*idx.ReadCloser
 	defer func() {
@@ -37,24 +54,24 @@ func IDX(ctx context.Context, prefix string, pairs []Pair, opts Options) (int, e
 	for _, p := range pairs {
 		im, err := idx.Open(p.Images)
 		if err != nil {
-			return 0, err
+			return 0, classify(err)
 		}
 		imgs = append(imgs, im)
 		lb, err := idx.Open(p.Labels)
 		if err != nil {
-			return 0, err
+			return 0, classify(err)
 		}
 		lbls = append(lbls, lb)
 		ih, lh := im.Header(), lb.Header()
 		switch {
 		case ih.DType != memmap.Uint8 || len(ih.Shape) != 3:
-			return 0, fmt.Errorf("%s: images must be uint8 [N, H, W], not %v %v", p.Images, ih.DType, ih.Shape)
+			return 0, fmt.Errorf("%w: %s: images must be uint8 [N, H, W], not %v %v", ErrUnsupported, p.Images, ih.DType, ih.Shape)
 		case len(lh.Shape) != 1 || !lh.DType.Real() || lh.DType == memmap.Float32 || lh.DType == memmap.Float64:
-			return 0, fmt.Errorf("%s: labels must be integers [N], not %v %v", p.Labels, lh.DType, lh.Shape)
+			return 0, fmt.Errorf("%w: %s: labels must be integers [N], not %v %v", ErrUnsupported, p.Labels, lh.DType, lh.Shape)
 		case lh.Shape[0] != ih.Shape[0]:
-			return 0, fmt.Errorf("%s has %d labels for the %d images of %s", p.Labels, lh.Shape[0], ih.Shape[0], p.Images)
+			return 0, fmt.Errorf("%w: %s has %d labels for the %d images of %s", ErrInvalid, p.Labels, lh.Shape[0], ih.Shape[0], p.Images)
 		case hw != nil && !slices.Equal(hw, ih.Shape[1:]):
-			return 0, fmt.Errorf("%s: images of %v, the first pair's are %v", p.Images, ih.Shape[1:], hw)
+			return 0, fmt.Errorf("%w: %s: images of %v, the first pair's are %v", ErrInvalid, p.Images, ih.Shape[1:], hw)
 		}
 		hw = ih.Shape[1:]
 		n += ih.Shape[0]
@@ -85,10 +102,7 @@ func IDX(ctx context.Context, prefix string, pairs []Pair, opts Options) (int, e
 		}
 		return nil
 	})
-	if err != nil {
-		return 0, fmt.Errorf("import idx into %s: %w", prefix, err)
-	}
-	return n, nil
+	return n, err
 }
 
 // copyLabels converts a labels file to int64 rows of labels from row start.
@@ -97,7 +111,7 @@ func copyLabels(labels *tensordict.Tensor, start int, r *idx.ReadCloser, bar *pr
 	h := r.Header()
 	raw, err := io.ReadAll(bar.Reader(r)) // exactly h.NumBytes() when err is nil
 	if err != nil {
-		return err
+		return classify(err)
 	}
 	out := make([]int64, h.Shape[0])
 	size := h.DType.Size()
