@@ -444,6 +444,7 @@ func FuzzServerStream(f *testing.F) {
 	root, _ := fuzzRoot(f)
 	l := DefaultLimits()
 	l.HandshakeTimeout = time.Second
+	l.TransferGrace = time.Second
 	l.MaxArgBytes = 1 << 16
 	l.MaxBodyBytes = 1 << 20
 	s, err := NewServer(WithRoot(root), WithLimits(l))

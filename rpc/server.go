@@ -72,13 +72,17 @@ type outgoing struct {
 // NewServer returns a Server configured by opts (WithRoot, WithToken,
 // WithTLS, WithLogger, WithLimits, WithWindow, WithKeepAlive). With a root,
 // the server reads or creates the root's FSID and resolves references
-// under it.
+// under it. Limits with a negative field are refused (ErrInvalidArgument).
 func NewServer(opts ...Option) (*Server, error) {
 	s := &Server{
 		o:         newOptions(opts),
 		handlers:  map[string]handler{},
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*peerConn]struct{}{},
+	}
+	var err error
+	if s.o.limits, err = s.o.limits.validate(); err != nil {
+		return nil, err
 	}
 	if s.o.root != "" {
 		dir, fsid, err := openRoot(s.o.root)
@@ -393,13 +397,13 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 	br := bufio.NewReaderSize(st, 32<<10)
 	bw := bufio.NewWriterSize(frameWriter{st}, 32<<10)
 	lim := &s.o.limits
-	idle := lim.IdleTimeout
 	if over {
 		// A stream over the limit serves one refusal: it may not wait long
 		// for it, or a peer could hold any number of them open.
-		idle = lim.HandshakeTimeout
+		st.SetReadDeadline(lim.transferDeadline(time.Now(), 0))
+	} else {
+		st.SetReadDeadline(time.Now().Add(lim.IdleTimeout))
 	}
-	st.SetReadDeadline(time.Now().Add(idle))
 	for {
 		var hdr requestHeader
 		err := readHeader(br, lim.MaxHeaderBytes, &hdr)
@@ -413,9 +417,9 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 			}
 			return
 		}
-		// The rest of the request must arrive at 1 MB/s or better.
+		// The rest of the request must arrive at MinTransferRate or better.
 		if rest := hdr.ArgLen + hdr.BodyLen; rest > int64(br.Buffered()) {
-			st.SetReadDeadline(time.Now().Add(lim.HandshakeTimeout + time.Duration(rest)*time.Microsecond))
+			st.SetReadDeadline(lim.transferDeadline(time.Now(), rest))
 		}
 		args, err := readArgs(br, hdr.ArgLen)
 		if err != nil {
@@ -523,7 +527,7 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	if n := hdr.ArgLen + hdr.BodyLen; n > smallResponse {
 		// A response larger than yamux's first window can block on a
 		// caller that does not read it: bound the wait.
-		st.SetWriteDeadline(time.Now().Add(s.o.limits.HandshakeTimeout + time.Duration(n)*time.Microsecond))
+		st.SetWriteDeadline(s.o.limits.transferDeadline(time.Now(), n))
 		defer st.SetWriteDeadline(time.Time{})
 	}
 	if err := writeFrame(bw, &hdr, args); err != nil {
