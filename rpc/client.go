@@ -378,7 +378,7 @@ func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, parts []bodyP
 			return false, Errorf(Internal, "%s: error response with a payload", hdr.Method)
 		}
 		// The node closes a stream it refused for being over its limit.
-		return Code(rh.Code) != ResourceExhausted, &Error{Code: Code(rh.Code), Msg: rh.Message}
+		return Code(rh.Code) != ResourceExhausted, &Error{Code: Code(rh.Code), Reason: rh.Reason, Msg: rh.Message}
 	}
 	if err := checkLens(rh.ArgLen, rh.BodyLen, lim); err != nil {
 		return false, err

@@ -155,8 +155,9 @@ func (s *Server) Root() string { return s.root }
 // Register makes fn callable as method on s. Req and Resp are encoded with
 // msgpack (exported fields; `codec:"name"` tags rename them); TD fields in
 // them carry TensorDicts (see TD). The error fn returns reaches the caller
-// with the code CodeOf gives it; return an *Error (Errorf) to choose the
-// code. A panic in fn is recovered and reported as Internal.
+// with the code CodeOf gives it, and with its reason when it matches a
+// sentinel registered with RegisterReason; return an *Error (Errorf) to
+// choose the code. A panic in fn is recovered and reported as Internal.
 //
 // fn's context carries the caller's deadline and ends when the caller
 // cancels, goes away, or the server is closed. Registering a method twice
@@ -520,6 +521,11 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 			log.Warn("rpc: call failed", "method", in.method, "err", err)
 		}
 		hdr = responseHeader{Code: uint8(e.Code), Message: truncate(e.Msg, maxMessage)}
+		if validReason(e.Reason) {
+			// A handler can build an *Error with any Reason; a malformed
+			// one names nothing a caller registers, and is not sent.
+			hdr.Reason = e.Reason
+		}
 		args, out.parts = nil, nil
 	} else {
 		hdr = responseHeader{ArgLen: int64(len(args)), BodyLen: bodySize(out.parts)}
