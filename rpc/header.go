@@ -7,11 +7,11 @@ import (
 )
 
 // Message headers are msgpack maps of string keys to integers and strings
-// (docs/protocol.md, "Messages"); a response's "reason" is left out when
-// empty, as go-msgpack's omitempty does. They are on every call's path, so they
+// (docs/protocol.md, "Messages"). They are on every call's path, so they
 // are encoded and decoded here by hand rather than by reflection: the
 // bytes are those go-msgpack writes for the same structs (keys in sorted
-// order, integers in their smallest signed form; golden_test.go pins them),
+// order, integers in their smallest signed form, a response's empty
+// "reason" left out as omitempty does; golden_test.go pins them),
 // and the decoder accepts any valid encoding of such a map (keys in any
 // order, any integer width), skipping keys it does not know so fields can
 // be added later.

@@ -61,7 +61,9 @@ func TestRegisterReason_Refusals(t *testing.T) {
 	if _, ok := registered(fresh); ok {
 		t.Fatal("a refused sentinel was registered")
 	}
-	RegisterReason(fresh, Aborted, strings.Repeat("r", maxReason))
+	if !validReason(strings.Repeat("r", maxReason)) || !validReason("a.B_c-9") {
+		t.Fatal("a well-formed reason refused")
+	}
 }
 
 // TestError_IsReason checks what an error that arrived with a code and a
