@@ -17,7 +17,6 @@ import (
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/replay/internal/selector"
-	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -598,7 +597,7 @@ func changed(slots *slotTable, info *SampleInfo, rows []int, all bool) []int {
 }
 
 // maxResamples bounds how often a sample replaces rows overwritten while it
-// copied them, before it gives up with Aborted.
+// copied them, before it gives up with ErrContended.
 const maxResamples = 16
 
 // gatherChecked copies the rows info names from storage into dst, then
@@ -637,7 +636,7 @@ func gatherChecked(storage *tensordict.TensorDict, slots *slotTable, dst *tensor
 			info.Indices[i], info.IDs[i], info.Weights[i] = again.Indices[j], again.IDs[j], again.Weights[j]
 		}
 	}
-	return resampled, rpc.Errorf(rpc.Aborted, "replay: rows kept being overwritten while sampled; %d attempts", maxResamples)
+	return resampled, fmt.Errorf("%w; %d attempts", ErrContended, maxResamples)
 }
 
 // pick chooses n committed slots, waiting until the buffer can give them,

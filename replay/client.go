@@ -542,12 +542,12 @@ func call[Resp, Req any](ctx context.Context, c *Client, method string, req Req)
 // retry runs call until it succeeds, fails with an error other than
 // Unavailable, or ctx ends; Unavailable (the node unreachable, or the
 // connection broken) is tried again after a backoff of 20 ms doubling to
-// 1 s. Errors are returned matching their replay sentinels (fromWire).
+// 1 s. Errors match their replay sentinels by their reasons (errors.go).
 func (c *Client) retry(ctx context.Context, call func() error) error {
 	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		err := call()
 		if err == nil || !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, rpc.ErrClosed) {
-			return fromWire(err)
+			return err
 		}
 		c.mu.Lock()
 		closed := c.closed

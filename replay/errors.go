@@ -3,14 +3,14 @@ package replay
 import (
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/tensorwire/tensorwire/rpc"
 )
 
 // Errors callers branch on, with errors.Is. A remote buffer's errors match
 // the same values as a local one's, and also the rpc code each maps to
-// (errors.Is(err, rpc.ErrInvalidArgument) for ErrSchema).
+// (errors.Is(err, rpc.ErrInvalidArgument) for ErrSchema): each crosses the
+// wire as its code and reason (see init), not by its message.
 var (
 	// ErrSchema: a batch whose keys, dtypes or shapes differ from the
 	// buffer's schema, or that is not a batch of transitions; or indices
@@ -39,65 +39,26 @@ var (
 	// ErrNotFound: no buffer at the prefix (Open) or by that name on the
 	// node (Dial). Code NotFound.
 	ErrNotFound = errors.New("replay: no buffer")
+
+	// ErrContended: a sample's rows kept being overwritten while they were
+	// copied, more times than the buffer retries; nothing was sampled. Try
+	// again, or sample fewer rows. Code Aborted.
+	ErrContended = errors.New("replay: rows kept being overwritten while sampled")
 )
 
-// codes maps the sentinels to the codes their errors cross the wire with.
-var codes = []struct {
-	err  error
-	code rpc.Code
-}{
-	{ErrSchema, rpc.InvalidArgument},
-	{ErrExpired, rpc.Aborted},
-	{ErrFull, rpc.ResourceExhausted},
-	{ErrClosed, rpc.FailedPrecondition},
-	{ErrConfig, rpc.InvalidArgument},
-	{ErrExists, rpc.AlreadyExists},
-	{ErrNotFound, rpc.NotFound},
+// The code and reason each sentinel crosses the wire with. The reasons are
+// the protocol (docs/replay.md, "Errors"): never change one; a message may
+// change freely.
+func init() {
+	rpc.RegisterReason(ErrSchema, rpc.InvalidArgument, "replay.schema")
+	rpc.RegisterReason(ErrExpired, rpc.Aborted, "replay.expired")
+	rpc.RegisterReason(ErrFull, rpc.ResourceExhausted, "replay.full")
+	rpc.RegisterReason(ErrClosed, rpc.FailedPrecondition, "replay.closed")
+	rpc.RegisterReason(ErrConfig, rpc.InvalidArgument, "replay.config")
+	rpc.RegisterReason(ErrExists, rpc.AlreadyExists, "replay.exists")
+	rpc.RegisterReason(ErrNotFound, rpc.NotFound, "replay.not_found")
+	rpc.RegisterReason(ErrContended, rpc.Aborted, "replay.contended")
 }
-
-// toWire gives err the code its sentinel maps to, for a handler to return.
-// Its message keeps the sentinel's text first, which is how fromWire finds
-// the sentinel again on the other side.
-func toWire(err error) error {
-	if err == nil {
-		return nil
-	}
-	var re *rpc.Error
-	if errors.As(err, &re) {
-		return err
-	}
-	for _, c := range codes {
-		if errors.Is(err, c.err) {
-			return rpc.Errorf(c.code, "%w", err)
-		}
-	}
-	return rpc.Errorf(rpc.CodeOf(err), "%w", err)
-}
-
-// fromWire makes an error returned by a replay call match its sentinel
-// again, besides its rpc code.
-func fromWire(err error) error {
-	var re *rpc.Error
-	if !errors.As(err, &re) {
-		return err
-	}
-	for _, c := range codes {
-		if re.Code == c.code && strings.HasPrefix(re.Msg, c.err.Error()) {
-			return &wireError{sentinel: c.err, err: err}
-		}
-	}
-	return err
-}
-
-// wireError is a remote error that matches both its sentinel and its rpc
-// code.
-type wireError struct {
-	sentinel error
-	err      error
-}
-
-func (e *wireError) Error() string   { return e.err.Error() }
-func (e *wireError) Unwrap() []error { return []error{e.sentinel, e.err} }
 
 // schemaErrorf returns an error matching ErrSchema.
 func schemaErrorf(format string, args ...any) error {

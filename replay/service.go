@@ -168,13 +168,13 @@ type (
 
 func registerMethods(s *rpc.Server, svc *Service) error {
 	regs := []error{
-		rpc.Register(s, MethodInfo, wire(svc.info)),
-		rpc.Register(s, MethodReserve, wire(svc.reserve)),
-		rpc.Register(s, MethodCommit, wire(svc.commit)),
-		rpc.Register(s, MethodSample, wire(svc.sample)),
-		rpc.Register(s, MethodUpdatePriority, wire(svc.updatePriority)),
-		rpc.Register(s, MethodCheckpoint, wire(svc.checkpoint)),
-		rpc.Register(s, MethodStats, wire(svc.stats)),
+		rpc.Register(s, MethodInfo, svc.info),
+		rpc.Register(s, MethodReserve, svc.reserve),
+		rpc.Register(s, MethodCommit, svc.commit),
+		rpc.Register(s, MethodSample, svc.sample),
+		rpc.Register(s, MethodUpdatePriority, svc.updatePriority),
+		rpc.Register(s, MethodCheckpoint, svc.checkpoint),
+		rpc.Register(s, MethodStats, svc.stats),
 	}
 	for _, err := range regs {
 		if err != nil {
@@ -182,15 +182,6 @@ func registerMethods(s *rpc.Server, svc *Service) error {
 		}
 	}
 	return nil
-}
-
-// wire makes a handler's errors cross the wire with their sentinels' codes
-// (toWire), so the handlers return the package's errors as they are.
-func wire[Req, Resp any](fn func(context.Context, Req) (Resp, error)) func(context.Context, Req) (Resp, error) {
-	return func(ctx context.Context, req Req) (Resp, error) {
-		resp, err := fn(ctx, req)
-		return resp, toWire(err)
-	}
 }
 
 func (svc *Service) info(_ context.Context, req infoRequest) (infoResponse, error) {

@@ -70,11 +70,16 @@ func (cs *clientStream) setDeadline(t time.Time) {
 // it. Options: WithRoot (this side's view of the shared root, so TensorDicts
 // under it travel as references when the node shares it), WithToken,
 // WithTLS, WithLogger, WithWindow, WithKeepAlive, WithLimits (the sizes this
-// client accepts in responses). Dial fails if the node cannot be reached or
-// refuses the handshake (errors.Is(err, ErrUnauthenticated) for a token
-// problem); ctx bounds the dial.
+// client accepts in responses; a negative one is ErrInvalidArgument). Dial
+// fails if the node cannot be reached or refuses the handshake
+// (errors.Is(err, ErrUnauthenticated) for a token problem); ctx bounds the
+// dial.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	c := &Client{addr: addr, o: newOptions(opts)}
+	var err error
+	if c.o.limits, err = c.o.limits.validate(); err != nil {
+		return nil, err
+	}
 	if cfg := c.o.tls; cfg != nil && cfg.ServerName == "" && !cfg.InsecureSkipVerify {
 		// As tls.Dial does: verify the certificate against the name dialled.
 		host, _, err := net.SplitHostPort(addr)
@@ -85,7 +90,6 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		c.o.tls.ServerName = host
 	}
 	if c.o.root != "" {
-		var err error
 		if c.root, c.fsid, err = openRoot(c.o.root); err != nil {
 			return nil, err
 		}
@@ -374,7 +378,7 @@ func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, parts []bodyP
 			return false, Errorf(Internal, "%s: error response with a payload", hdr.Method)
 		}
 		// The node closes a stream it refused for being over its limit.
-		return Code(rh.Code) != ResourceExhausted, &Error{Code: Code(rh.Code), Msg: rh.Message}
+		return Code(rh.Code) != ResourceExhausted, &Error{Code: Code(rh.Code), Reason: rh.Reason, Msg: rh.Message}
 	}
 	if err := checkLens(rh.ArgLen, rh.BodyLen, lim); err != nil {
 		return false, err

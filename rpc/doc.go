@@ -19,7 +19,9 @@
 //
 // Every call has the caller's deadline, and the handler's context ends
 // when the caller cancels or goes away. Errors carry gRPC's codes (Code,
-// *Error) and match with errors.Is (ErrInvalidArgument and the like).
+// *Error) and match with errors.Is (ErrInvalidArgument and the like); a
+// service's own sentinel errors cross the wire as a code and a reason and
+// match errors.Is on the caller's side (RegisterReason).
 // A Server bounds what each peer may send (Limits) and keeps serving the
 // others when one misbehaves.
 package rpc

@@ -60,11 +60,21 @@ func (c Code) String() string {
 //
 // errors.Is(err, ErrX) matches any *Error with ErrX's code, so callers branch
 // with errors.Is(err, rpc.ErrNotFound). A DeadlineExceeded or Canceled error
-// also matches context.DeadlineExceeded or context.Canceled.
+// also matches context.DeadlineExceeded or context.Canceled. An error with a
+// Reason also matches the sentinel registered with its code and reason
+// (RegisterReason), so errors.Is(err, replay.ErrExpired) holds on the
+// caller's side of the wire.
+//
+// *Error implements net.Error: Timeout reports DeadlineExceeded.
 type Error struct {
 	Code Code
-	Msg  string
-	err  error // the local cause, when there is one (never sent)
+	// Reason names the condition more finely than Code, as a stable token
+	// such as "replay.expired" (RegisterReason); "" when there is none. It
+	// crosses the wire with the code, and with the code it is what callers
+	// match; Msg is free text for people.
+	Reason string
+	Msg    string
+	err    error // the local cause, when there is one (never sent)
 }
 
 func (e *Error) Error() string {
@@ -74,12 +84,13 @@ func (e *Error) Error() string {
 	return "rpc: " + e.Code.String() + ": " + e.Msg
 }
 
-// Is reports whether target is a sentinel *Error with e's code, or the
-// context error that e's code stands for.
+// Is reports whether target is a sentinel *Error with e's code (and, when
+// the sentinel has a reason, e's reason), the context error that e's code
+// stands for, or the sentinel registered with e's code and reason.
 func (e *Error) Is(target error) bool {
 	switch t := target.(type) {
 	case *Error:
-		return t.Msg == "" && t.err == nil && t.Code == e.Code
+		return t.Msg == "" && t.err == nil && t.Code == e.Code && (t.Reason == "" || t.Reason == e.Reason)
 	}
 	switch target {
 	case context.DeadlineExceeded:
@@ -87,12 +98,28 @@ func (e *Error) Is(target error) bool {
 	case context.Canceled:
 		return e.Code == Canceled
 	}
+	if e.Reason != "" {
+		if r, ok := registeredAs(target); ok {
+			return r.code == e.Code && r.reason == e.Reason
+		}
+	}
 	return false
 }
 
 // Unwrap returns the local cause of e, if any: the error that produced it on
 // this side of the wire. Errors decoded from a peer have none.
 func (e *Error) Unwrap() error { return e.err }
+
+// Timeout reports whether e is a DeadlineExceeded: the call's deadline
+// passed before the node answered. (As net.Error's Timeout.)
+func (e *Error) Timeout() bool { return e.Code == DeadlineExceeded }
+
+// Temporary reports the same as Timeout, as the standard library's deadline
+// errors do. It is there to make *Error a net.Error, whose Temporary is
+// deprecated: branch on Timeout or on the codes instead.
+func (e *Error) Temporary() bool { return e.Timeout() }
+
+var _ net.Error = (*Error)(nil)
 
 // Sentinels for errors.Is, one per code.
 var (
@@ -116,23 +143,28 @@ var (
 
 // Errorf returns an *Error with the given code and a formatted message. A %w
 // verb keeps its operand as the local cause (for errors.Is on this side);
-// only the text crosses the wire.
+// only the text crosses the wire, with the cause's reason when the cause
+// has one under the same code (a registered sentinel, or an *Error).
 func Errorf(code Code, format string, args ...any) error {
 	err := fmt.Errorf(format, args...)
-	return &Error{Code: code, Msg: err.Error(), err: errors.Unwrap(err)}
+	e := &Error{Code: code, Msg: err.Error(), err: errors.Unwrap(err)}
+	if c, reason, ok := identity(e.err); ok && c == code {
+		e.Reason = reason
+	}
+	return e
 }
 
 // CodeOf returns the code an error would carry across the wire: an *Error's
-// own code, and for other errors the code their cause implies (an index out
-// of range is InvalidArgument, a missing file NotFound, and so on). nil is OK;
-// an error with no known cause is Unknown.
+// own code; the code of the registered sentinel it matches
+// (RegisterReason); and for other errors the code their cause implies (an
+// index out of range is InvalidArgument, a missing file NotFound, and so
+// on). nil is OK; an error with no known cause is Unknown.
 func CodeOf(err error) Code {
 	if err == nil {
 		return OK
 	}
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Code
+	if code, _, ok := identity(err); ok {
+		return code
 	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded):
@@ -160,12 +192,32 @@ func CodeOf(err error) Code {
 	return Unknown
 }
 
-// asError returns err as an *Error, giving it the code CodeOf finds and
-// keeping err as the local cause.
+// identity returns the code and reason that err carries itself: those of
+// the first *Error in its chain, else those of the first registered
+// sentinel it matches. ok is false when it has neither.
+func identity(err error) (code Code, reason string, ok bool) {
+	if err == nil {
+		return OK, "", false
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code, e.Reason, true
+	}
+	if r, ok := registered(err); ok {
+		return r.code, r.reason, true
+	}
+	return OK, "", false
+}
+
+// asError returns err as an *Error, giving it the code (and reason) CodeOf
+// finds and keeping err as the local cause.
 func asError(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
 		return e
+	}
+	if r, ok := registered(err); ok {
+		return &Error{Code: r.code, Reason: r.reason, Msg: err.Error(), err: err}
 	}
 	return &Error{Code: CodeOf(err), Msg: err.Error(), err: err}
 }

@@ -57,6 +57,7 @@ type testNode struct {
 func hostileLimits() Limits {
 	l := DefaultLimits()
 	l.HandshakeTimeout = time.Second
+	l.TransferGrace = time.Second
 	l.IdleTimeout = 5 * time.Second
 	return l
 }
@@ -760,7 +761,7 @@ func TestServer_GatherOverLimit(t *testing.T) {
 }
 
 // TestServer_IdleStreamsOverLimit checks that streams over the limit that
-// send nothing are closed after HandshakeTimeout, not IdleTimeout, so a peer
+// send nothing are closed after TransferGrace, not IdleTimeout, so a peer
 // cannot hold any number of them open.
 func TestServer_IdleStreamsOverLimit(t *testing.T) {
 	l := hostileLimits()
@@ -774,7 +775,7 @@ func TestServer_IdleStreamsOverLimit(t *testing.T) {
 		st := p.stream(t)
 		defer st.Close()
 		go func() {
-			st.SetReadDeadline(time.Now().Add(l.HandshakeTimeout + 2*time.Second))
+			st.SetReadDeadline(time.Now().Add(l.TransferGrace + 2*time.Second))
 			_, err := st.Read(make([]byte, 1))
 			results <- err
 		}()
@@ -971,8 +972,8 @@ func TestServer_TruncatedCall(t *testing.T) {
 				st.Close()
 			}
 			// The server ends the stream: at once when it was closed, after
-			// its deadline for the rest of the request (HandshakeTimeout plus
-			// 1 µs a byte) when it was left open.
+			// its deadline for the rest of the request (TransferGrace plus
+			// the bytes at MinTransferRate) when it was left open.
 			st.SetReadDeadline(time.Now().Add(5 * time.Second))
 			b, err := io.ReadAll(st)
 			if err != nil || len(b) != 0 {

@@ -185,6 +185,8 @@ func FuzzReadHeader(f *testing.F) {
 	f.Add(frame(&requestHeader{Method: string(make([]byte, 300)), ArgLen: -1, BodyLen: math.MaxInt64}))
 	f.Add(frame(&responseHeader{Code: uint8(NotFound), Message: "no such file"}))
 	f.Add(frame(&responseHeader{ArgLen: 12, BodyLen: 4 << 30}))
+	f.Add(frame(&responseHeader{Code: uint8(Aborted), Message: "expired", Reason: "replay.expired"}))
+	f.Add(framed(9, []byte{0x81, 0xa6, 'r', 'e', 'a', 's', 'o', 'n', 0xc0}))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0x80})
 	f.Add([]byte{0, 0, 0, 5, 0xdf, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{0, 0, 0, 6, 0x81, 0xa1, 'x', 0xdd, 0xff, 0xff})
@@ -444,6 +446,7 @@ func FuzzServerStream(f *testing.F) {
 	root, _ := fuzzRoot(f)
 	l := DefaultLimits()
 	l.HandshakeTimeout = time.Second
+	l.TransferGrace = time.Second
 	l.MaxArgBytes = 1 << 16
 	l.MaxBodyBytes = 1 << 20
 	s, err := NewServer(WithRoot(root), WithLimits(l))

@@ -123,6 +123,18 @@ func TestGolden_Messages(t *testing.T) {
 			 a4 636f6465 03
 			 a7 6d657373616765 a3 626164`,
 		},
+		{
+			"error response with a reason",
+			&responseHeader{Code: uint8(Aborted), Message: "expired", Reason: "replay.expired"},
+			nil,
+			`00000040
+			 85
+			 a7 6172675f6c656e 00
+			 a8 626f64795f6c656e 00
+			 a4 636f6465 0a
+			 a7 6d657373616765 a7 65787069726564
+			 a6 726561736f6e ae 7265706c61792e65787069726564`,
+		},
 	} {
 		var buf bytes.Buffer
 		w := bufio.NewWriter(&buf)
@@ -204,10 +216,35 @@ func TestHeader_MatchesGoMsgpack(t *testing.T) {
 			t.Errorf("decode %x = %+v, %v", want, back, err)
 		}
 	}
-	resp := responseHeader{Code: 16, Message: "no", ArgLen: 3, BodyLen: 4}
-	want, _ := encodeMsgpack(&resp)
-	if got := resp.appendMsgpack(nil); !bytes.Equal(got, want) {
-		t.Errorf("response\n got %x\nwant %x", got, want)
+	for _, resp := range []responseHeader{
+		{Code: 16, Message: "no", ArgLen: 3, BodyLen: 4},
+		{Code: 10, Message: "expired", Reason: "replay.expired"},
+		{Code: 5, Message: strings.Repeat("m", 40), Reason: strings.Repeat("r", 64)},
+	} {
+		want, err := encodeMsgpack(&resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := resp.appendMsgpack(nil); !bytes.Equal(got, want) {
+			t.Errorf("response %+v\n got %x\nwant %x", resp, got, want)
+		}
+		var back responseHeader
+		if err := back.decodeMsgpack(want); err != nil || back != resp {
+			t.Errorf("decode %x = %+v, %v", want, back, err)
+		}
+	}
+	// A response written by another implementation: the reason first, as
+	// str8, and an unknown key after it.
+	otherResp := unhex(t, `86
+		a6 726561736f6e d9 02 782e
+		a4 636f6465 cc 05
+		a7 6d657373616765 a0
+		a5 6c61746572 81 a1 6b c0
+		a8 626f64795f6c656e 00
+		a7 6172675f6c656e 00`)
+	var rh responseHeader
+	if err := rh.decodeMsgpack(otherResp); err != nil || rh != (responseHeader{Code: 5, Reason: "x."}) {
+		t.Fatalf("decoded %+v, %v", rh, err)
 	}
 	// Keys in another order, unsigned and wide integers, an unknown key
 	// with a nested value: all valid, as another implementation may write.
@@ -261,5 +298,33 @@ func TestHeader_Allocs(t *testing.T) {
 	}
 	if got != *hdr {
 		t.Fatalf("read %+v, wrote %+v", got, *hdr)
+	}
+
+	// An error response with a reason: the same, with two strings kept.
+	resp := &responseHeader{Code: uint8(Aborted), Message: "replay: reservation expired", Reason: "replay.expired"}
+	writeResp := func() {
+		buf.Reset()
+		if err := writeFrame(w, resp, nil); err != nil {
+			t.Fatal(err)
+		}
+		w.Flush()
+	}
+	if n := testing.AllocsPerRun(100, writeResp); n != 0 {
+		t.Errorf("writing a response header with a reason: %v allocations", n)
+	}
+	frame = bytes.Clone(buf.Bytes())
+	var gotResp responseHeader
+	readResp := func() {
+		src.Reset(frame)
+		r.Reset(src)
+		if err := readHeader(r, 64<<10, &gotResp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := testing.AllocsPerRun(100, readResp); n != 2 {
+		t.Errorf("reading a response header with a reason: %v allocations, want 2 (its message and reason)", n)
+	}
+	if gotResp != *resp {
+		t.Fatalf("read %+v, wrote %+v", gotResp, *resp)
 	}
 }

@@ -10,7 +10,8 @@ import (
 // (docs/protocol.md, "Messages"). They are on every call's path, so they
 // are encoded and decoded here by hand rather than by reflection: the
 // bytes are those go-msgpack writes for the same structs (keys in sorted
-// order, integers in their smallest signed form; golden_test.go pins them),
+// order, integers in their smallest signed form, a response's empty
+// "reason" left out as omitempty does; golden_test.go pins them),
 // and the decoder accepts any valid encoding of such a map (keys in any
 // order, any integer width), skipping keys it does not know so fields can
 // be added later.
@@ -28,7 +29,11 @@ func (h *requestHeader) appendMsgpack(b []byte) []byte {
 }
 
 func (h *responseHeader) appendMsgpack(b []byte) []byte {
-	b = append(b, 0x84)
+	if h.Reason == "" {
+		b = append(b, 0x84)
+	} else {
+		b = append(b, 0x85)
+	}
 	b = appendStr(b, "arg_len")
 	b = appendInt(b, h.ArgLen)
 	b = appendStr(b, "body_len")
@@ -36,7 +41,12 @@ func (h *responseHeader) appendMsgpack(b []byte) []byte {
 	b = appendStr(b, "code")
 	b = appendInt(b, int64(h.Code))
 	b = appendStr(b, "message")
-	return appendStr(b, h.Message)
+	b = appendStr(b, h.Message)
+	if h.Reason != "" {
+		b = appendStr(b, "reason")
+		b = appendStr(b, h.Reason)
+	}
+	return b
 }
 
 func (h *requestHeader) decodeMsgpack(b []byte) error {
@@ -74,6 +84,8 @@ func (h *responseHeader) decodeMsgpack(b []byte) error {
 			h.Code = uint8(c)
 		case "message":
 			h.Message = d.str()
+		case "reason":
+			h.Reason = d.str()
 		default:
 			d.skip()
 		}

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"io"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -13,6 +14,10 @@ import (
 // Limits bound what one peer can make a server do. A peer that breaks one
 // gets an error (a refused call, or its connection closed when it breaks
 // the message format); the server goes on serving everyone else.
+//
+// A zero field takes its default (DefaultLimits), so Limits{MaxBodyBytes:
+// 1 << 20} changes that limit alone; NewServer and Dial refuse a negative
+// one.
 type Limits struct {
 	MaxHeaderBytes    int           // a message header; default 64 KiB
 	MaxArgBytes       int           // a call's msgpack argument or result; default 16 MiB
@@ -20,6 +25,13 @@ type Limits struct {
 	MaxStreamsPerPeer int           // concurrent calls (streams) of one connection; default 256
 	HandshakeTimeout  time.Duration // a new connection's handshake; default 10 s
 	IdleTimeout       time.Duration // an idle pooled stream is closed after it; default 2 min
+
+	// A server gives a request's argument and body, and a response, the
+	// time to move their bytes at MinTransferRate plus TransferGrace, so a
+	// peer that stalls or trickles holds a stream for a bounded time; a
+	// stream over MaxStreamsPerPeer has TransferGrace to send its request.
+	MinTransferRate int64         // bytes per second; default 1 MB/s
+	TransferGrace   time.Duration // default 10 s
 }
 
 // DefaultLimits returns the limits a Server uses unless given others.
@@ -31,7 +43,59 @@ func DefaultLimits() Limits {
 		MaxStreamsPerPeer: 256,
 		HandshakeTimeout:  10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
+		MinTransferRate:   1_000_000,
+		TransferGrace:     10 * time.Second,
 	}
+}
+
+// validate returns l with its zero fields set to their defaults, or an
+// error matching ErrInvalidArgument that names a negative field.
+func (l Limits) validate() (Limits, error) {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"MaxHeaderBytes", int64(l.MaxHeaderBytes)},
+		{"MaxArgBytes", int64(l.MaxArgBytes)},
+		{"MaxBodyBytes", l.MaxBodyBytes},
+		{"MaxStreamsPerPeer", int64(l.MaxStreamsPerPeer)},
+		{"HandshakeTimeout", int64(l.HandshakeTimeout)},
+		{"IdleTimeout", int64(l.IdleTimeout)},
+		{"MinTransferRate", l.MinTransferRate},
+		{"TransferGrace", int64(l.TransferGrace)},
+	} {
+		if f.v < 0 {
+			return l, Errorf(InvalidArgument, "Limits.%s is %d; it must not be negative (0 takes the default)", f.name, f.v)
+		}
+	}
+	d := DefaultLimits()
+	return Limits{
+		MaxHeaderBytes:    cmp.Or(l.MaxHeaderBytes, d.MaxHeaderBytes),
+		MaxArgBytes:       cmp.Or(l.MaxArgBytes, d.MaxArgBytes),
+		MaxBodyBytes:      cmp.Or(l.MaxBodyBytes, d.MaxBodyBytes),
+		MaxStreamsPerPeer: cmp.Or(l.MaxStreamsPerPeer, d.MaxStreamsPerPeer),
+		HandshakeTimeout:  cmp.Or(l.HandshakeTimeout, d.HandshakeTimeout),
+		IdleTimeout:       cmp.Or(l.IdleTimeout, d.IdleTimeout),
+		MinTransferRate:   cmp.Or(l.MinTransferRate, d.MinTransferRate),
+		TransferGrace:     cmp.Or(l.TransferGrace, d.TransferGrace),
+	}, nil
+}
+
+// transferDeadline returns when n bytes, starting at now, must have moved:
+// now plus TransferGrace plus n at MinTransferRate (raft's TimeoutScale),
+// never before now + TransferGrace and, for any n, not past the time
+// Time.Add can represent. l must be validated (MinTransferRate > 0).
+func (l *Limits) transferDeadline(now time.Time, n int64) time.Time {
+	d := l.TransferGrace
+	if n > 0 {
+		// In floating point: n * time.Second overflows int64 past 9.2 GB.
+		t := float64(n) / float64(l.MinTransferRate) * float64(time.Second)
+		if t >= float64(math.MaxInt64-d) {
+			return now.Add(math.MaxInt64)
+		}
+		d += time.Duration(t)
+	}
+	return now.Add(d)
 }
 
 // Option configures a Server (NewServer) or a Client (Dial). Each option
@@ -84,8 +148,8 @@ func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 
 // WithLimits sets the limits: on a server, what peers may send it; on a
-// client, the header, result and body sizes it accepts in responses. Both
-// sides.
+// client, the header, result and body sizes it accepts in responses and
+// its handshake timeout. Zero fields take their defaults. Both sides.
 func WithLimits(l Limits) Option { return func(o *options) { o.limits = l } }
 
 // WithWindow sets yamux's per-stream receive window (at least 256 KiB;

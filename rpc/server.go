@@ -72,13 +72,17 @@ type outgoing struct {
 // NewServer returns a Server configured by opts (WithRoot, WithToken,
 // WithTLS, WithLogger, WithLimits, WithWindow, WithKeepAlive). With a root,
 // the server reads or creates the root's FSID and resolves references
-// under it.
+// under it. Limits with a negative field are refused (ErrInvalidArgument).
 func NewServer(opts ...Option) (*Server, error) {
 	s := &Server{
 		o:         newOptions(opts),
 		handlers:  map[string]handler{},
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*peerConn]struct{}{},
+	}
+	var err error
+	if s.o.limits, err = s.o.limits.validate(); err != nil {
+		return nil, err
 	}
 	if s.o.root != "" {
 		dir, fsid, err := openRoot(s.o.root)
@@ -151,8 +155,9 @@ func (s *Server) Root() string { return s.root }
 // Register makes fn callable as method on s. Req and Resp are encoded with
 // msgpack (exported fields; `codec:"name"` tags rename them); TD fields in
 // them carry TensorDicts (see TD). The error fn returns reaches the caller
-// with the code CodeOf gives it; return an *Error (Errorf) to choose the
-// code. A panic in fn is recovered and reported as Internal.
+// with the code CodeOf gives it, and with its reason when it matches a
+// sentinel registered with RegisterReason; return an *Error (Errorf) to
+// choose the code. A panic in fn is recovered and reported as Internal.
 //
 // fn's context carries the caller's deadline and ends when the caller
 // cancels, goes away, or the server is closed. Registering a method twice
@@ -393,13 +398,13 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 	br := bufio.NewReaderSize(st, 32<<10)
 	bw := bufio.NewWriterSize(frameWriter{st}, 32<<10)
 	lim := &s.o.limits
-	idle := lim.IdleTimeout
 	if over {
 		// A stream over the limit serves one refusal: it may not wait long
 		// for it, or a peer could hold any number of them open.
-		idle = lim.HandshakeTimeout
+		st.SetReadDeadline(lim.transferDeadline(time.Now(), 0))
+	} else {
+		st.SetReadDeadline(time.Now().Add(lim.IdleTimeout))
 	}
-	st.SetReadDeadline(time.Now().Add(idle))
 	for {
 		var hdr requestHeader
 		err := readHeader(br, lim.MaxHeaderBytes, &hdr)
@@ -413,9 +418,9 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 			}
 			return
 		}
-		// The rest of the request must arrive at 1 MB/s or better.
+		// The rest of the request must arrive at MinTransferRate or better.
 		if rest := hdr.ArgLen + hdr.BodyLen; rest > int64(br.Buffered()) {
-			st.SetReadDeadline(time.Now().Add(lim.HandshakeTimeout + time.Duration(rest)*time.Microsecond))
+			st.SetReadDeadline(lim.transferDeadline(time.Now(), rest))
 		}
 		args, err := readArgs(br, hdr.ArgLen)
 		if err != nil {
@@ -516,6 +521,11 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 			log.Warn("rpc: call failed", "method", in.method, "err", err)
 		}
 		hdr = responseHeader{Code: uint8(e.Code), Message: truncate(e.Msg, maxMessage)}
+		if validReason(e.Reason) {
+			// A handler can build an *Error with any Reason; a malformed
+			// one names nothing a caller registers, and is not sent.
+			hdr.Reason = e.Reason
+		}
 		args, out.parts = nil, nil
 	} else {
 		hdr = responseHeader{ArgLen: int64(len(args)), BodyLen: bodySize(out.parts)}
@@ -523,7 +533,7 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	if n := hdr.ArgLen + hdr.BodyLen; n > smallResponse {
 		// A response larger than yamux's first window can block on a
 		// caller that does not read it: bound the wait.
-		st.SetWriteDeadline(time.Now().Add(s.o.limits.HandshakeTimeout + time.Duration(n)*time.Microsecond))
+		st.SetWriteDeadline(s.o.limits.transferDeadline(time.Now(), n))
 		defer st.SetWriteDeadline(time.Time{})
 	}
 	if err := writeFrame(bw, &hdr, args); err != nil {

@@ -31,10 +31,12 @@ type requestHeader struct {
 }
 
 // responseHeader answers a call. Code 0 is success; otherwise Message says
-// what went wrong and ArgLen and BodyLen are 0.
+// what went wrong, Reason names it when it has a name (left out of the
+// encoding when empty), and ArgLen and BodyLen are 0.
 type responseHeader struct {
 	Code    uint8  `codec:"code"`
 	Message string `codec:"message"`
+	Reason  string `codec:"reason,omitempty"`
 	ArgLen  int64  `codec:"arg_len"`
 	BodyLen int64  `codec:"body_len"`
 }

@@ -1,0 +1,117 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestWithLimits_PartialLimits sets one limit on each side: the others keep
+// their defaults, so calls, which a zero MaxStreamsPerPeer (server) or
+// MaxArgBytes (client) would refuse, go through.
+func TestWithLimits_PartialLimits(t *testing.T) {
+	one := Limits{MaxHeaderBytes: 1 << 20}
+	_, addr := startServer(t, WithLimits(one))
+	c := dial(t, addr, WithLimits(one))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for range 3 {
+		if _, err := c.Stats(ctx); err != nil {
+			t.Fatalf("a call with one limit set on each side: %v", err)
+		}
+	}
+}
+
+func TestLimits_ValidateFillsZeroFields(t *testing.T) {
+	d := DefaultLimits()
+	for _, tc := range []struct {
+		name string
+		in   Limits
+		want func(*Limits)
+	}{
+		{"zero", Limits{}, func(*Limits) {}},
+		{"defaults", DefaultLimits(), func(*Limits) {}},
+		{"one field", Limits{MaxHeaderBytes: 1 << 20}, func(l *Limits) { l.MaxHeaderBytes = 1 << 20 }},
+		{"transfer", Limits{MinTransferRate: 10, TransferGrace: time.Second}, func(l *Limits) {
+			l.MinTransferRate, l.TransferGrace = 10, time.Second
+		}},
+		{"every field", Limits{1, 2, 3, 4, 5, 6, 7, 8}, func(l *Limits) { *l = Limits{1, 2, 3, 4, 5, 6, 7, 8} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := d
+			tc.want(&want)
+			got, err := tc.in.validate()
+			if err != nil || got != want {
+				t.Fatalf("validate(%+v) = %+v, %v; want %+v", tc.in, got, err, want)
+			}
+		})
+	}
+}
+
+func TestLimits_ValidateRefusesNegative(t *testing.T) {
+	for _, tc := range []struct {
+		field string
+		set   func(*Limits)
+	}{
+		{"MaxHeaderBytes", func(l *Limits) { l.MaxHeaderBytes = -1 }},
+		{"MaxArgBytes", func(l *Limits) { l.MaxArgBytes = -1 }},
+		{"MaxBodyBytes", func(l *Limits) { l.MaxBodyBytes = -1 }},
+		{"MaxStreamsPerPeer", func(l *Limits) { l.MaxStreamsPerPeer = -1 }},
+		{"HandshakeTimeout", func(l *Limits) { l.HandshakeTimeout = -time.Second }},
+		{"IdleTimeout", func(l *Limits) { l.IdleTimeout = -1 }},
+		{"MinTransferRate", func(l *Limits) { l.MinTransferRate = math.MinInt64 }},
+		{"TransferGrace", func(l *Limits) { l.TransferGrace = -1 }},
+	} {
+		t.Run(tc.field, func(t *testing.T) {
+			var l Limits
+			tc.set(&l)
+			if _, err := l.validate(); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "Limits."+tc.field+" ") {
+				t.Fatalf("validate: %v; want InvalidArgument naming %s", err, tc.field)
+			}
+			if s, err := NewServer(WithLimits(l)); !errors.Is(err, ErrInvalidArgument) {
+				if s != nil {
+					s.Close()
+				}
+				t.Fatalf("NewServer: %v; want InvalidArgument", err)
+			}
+			// Refused before dialling: nothing listens on this address.
+			if c, err := Dial(context.Background(), "127.0.0.1:1", WithLimits(l)); !errors.Is(err, ErrInvalidArgument) {
+				if c != nil {
+					c.Close()
+				}
+				t.Fatalf("Dial: %v; want InvalidArgument", err)
+			}
+		})
+	}
+}
+
+func TestLimits_TransferDeadline(t *testing.T) {
+	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	d := DefaultLimits()
+	slow := Limits{MinTransferRate: 3, TransferGrace: time.Second}
+	for _, tc := range []struct {
+		name string
+		l    Limits
+		n    int64
+		want time.Duration // after now
+	}{
+		{"nothing", d, 0, 10 * time.Second},
+		{"negative", d, -5, 10 * time.Second},
+		{"one byte at 1 MB/s", d, 1, 10*time.Second + time.Microsecond},
+		{"one second's bytes", d, 1_000_000, 11 * time.Second},
+		{"4 GiB", d, 4 << 30, 10*time.Second + 4294967296*time.Microsecond},
+		{"a third of a second", slow, 1, time.Second + time.Second/3},
+		{"past 9.2 GB (n·1e9 overflows int64)", d, 10 << 30, 10*time.Second + 10737418240*time.Microsecond},
+		{"saturates", slow, math.MaxInt64, math.MaxInt64},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.l.transferDeadline(now, tc.n).Sub(now)
+			if diff := got - tc.want; diff < -time.Microsecond || diff > time.Microsecond {
+				t.Fatalf("transferDeadline(now, %d) = now + %v; want now + %v", tc.n, got, tc.want)
+			}
+		})
+	}
+}
