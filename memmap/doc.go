@@ -15,10 +15,11 @@
 // writes to the same rows race on the bytes just as writes to one file do:
 // ordering them is the caller's job.
 //
-// Dense and Bytes return views that alias the mapping. They are valid only
-// until Close: reading or writing them afterwards is undefined and may crash
-// the process, exactly like a slice of a bbolt page after its transaction
-// ends. Keep the Tensor open for as long as a view is in use.
+// Bytes returns a slice that aliases the mapping (tensordict builds its
+// gorgonia Dense views on it). It is valid only until Close: reading or
+// writing it afterwards is undefined and may crash the process, exactly like
+// a slice of a bbolt page after its transaction ends. Keep the Tensor open
+// for as long as a view is in use.
 //
 // # Faults
 //
@@ -26,8 +27,8 @@
 // under a sparse file fills. Create reserves the file's blocks up front
 // (fallocate), so a full disk is an error at creation, and Open refuses a file
 // shorter than its shape. Copies made by this package's methods turn a fault
-// into ErrFault instead of killing the process; access through Dense or Bytes
-// views is not guarded.
+// into ErrFault instead of killing the process; access through the slice
+// from Bytes, or views built on it, is not guarded.
 //
 // # Durability
 //

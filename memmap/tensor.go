@@ -17,8 +17,8 @@ type Mode int
 
 const (
 	// ReadOnly maps the file copy-on-write: Gather and ReadAt work, Scatter and
-	// WriteAt return ErrReadOnly, and writes through a Dense view stay private
-	// to this process instead of crashing it.
+	// WriteAt return ErrReadOnly, and writes through the slice from Bytes (or
+	// a view of it) stay private to this process instead of crashing it.
 	ReadOnly Mode = iota
 	// ReadWrite maps the file shared: writes reach the file and every other
 	// process that maps it.
@@ -213,15 +213,27 @@ func (t *Tensor) Len() int {
 // RowBytes returns the byte size of one row, or 0 for a scalar.
 func (t *Tensor) RowBytes() int { return t.rowSize }
 
-// Size returns the byte size of the data (the file may be longer).
-func (t *Tensor) Size() int { return t.size }
+// NumBytes returns the byte size of the data (the file may be longer).
+func (t *Tensor) NumBytes() int { return t.size }
 
 // Writable reports whether the tensor was mapped read-write.
 func (t *Tensor) Writable() bool { return t.writable }
 
+// Bytes returns the mapped data as a byte slice, for zero-copy I/O (a
+// network write, a hash) and for views such as tensordict's Dense. It aliases
+// the mapping and is valid only until Close; accesses through it are not
+// guarded against faults.
+func (t *Tensor) Bytes() ([]byte, error) {
+	if err := t.acquire(false); err != nil {
+		return nil, err
+	}
+	defer t.mu.RUnlock()
+	return t.data[:t.size:t.size], nil
+}
+
 // Close unmaps the file and closes it, after the calls in flight return. It
-// does not flush: call Flush first for durability. Views from Dense and Bytes
-// become invalid. Closing a closed Tensor returns nil.
+// does not flush: call Flush first for durability. Slices from Bytes become
+// invalid. Closing a closed Tensor returns nil.
 func (t *Tensor) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -2,7 +2,6 @@ package memmap
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"io"
 	"io/fs"
@@ -10,12 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
-	"gorgonia.org/tensor"
 )
 
 // rowsOf returns the bytes of n rows of rs bytes, row i filled with byte i+1.
@@ -221,7 +218,7 @@ func TestTensor_Fill(t *testing.T) {
 	if err := m.Fill([]int{1, 4}, []byte{0x34, 0x12}); err != nil {
 		t.Fatal(err)
 	}
-	got := make([]byte, m.Size())
+	got := make([]byte, m.NumBytes())
 	if _, err := m.ReadAt(got, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +275,6 @@ func TestTensor_UseAfterClose(t *testing.T) {
 	}
 	_, calls["ReadAt"] = m.ReadAt(buf, 0)
 	_, calls["WriteAt"] = m.WriteAt(buf, 0)
-	_, calls["Dense"] = m.Dense()
 	_, calls["Bytes"] = m.Bytes()
 	for name, err := range calls {
 		if !errors.Is(err, ErrClosed) {
@@ -303,14 +299,12 @@ func TestTensor_ReadOnly(t *testing.T) {
 	if _, err := m.WriteAt([]byte{9}, 0); !errors.Is(err, ErrReadOnly) {
 		t.Errorf("WriteAt on read-only: err = %v, want ErrReadOnly", err)
 	}
-	d, err := m.Dense()
+	b, err := m.Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A write through the view of a read-only mapping stays in this process.
-	if err := d.SetAt(uint8(77), 0, 0); err != nil {
-		t.Fatal(err)
-	}
+	b[0] = 77
 	if got, _ := os.ReadFile(path); got[0] != 1 {
 		t.Errorf("write through a read-only view reached the file: %v", got)
 	}
@@ -359,59 +353,22 @@ func TestCreate_FullDiskIsAnErrorAtCreation(t *testing.T) {
 	}
 }
 
-func TestTensor_DenseAliasesMapping(t *testing.T) {
+func TestTensor_BytesAliasesMapping(t *testing.T) {
 	m := mustCreate(t, Float32, 3, 2)
-	d, err := m.Dense()
+	b, err := m.Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := d.Shape(); len(got) != 2 || got[0] != 3 || got[1] != 2 {
-		t.Fatalf("Dense shape %v, want (3, 2)", got)
+	if len(b) != m.NumBytes() || cap(b) != m.NumBytes() {
+		t.Fatalf("Bytes: len %d cap %d, want %d", len(b), cap(b), m.NumBytes())
 	}
-	if err := d.SetAt(float32(1.5), 2, 1); err != nil {
-		t.Fatal(err)
-	}
+	copy(b[20:], []byte{0, 0, 0xc0, 0x3f}) // 1.5 as float32 LE, element 5
 	if err := m.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	raw, _ := os.ReadFile(m.Path())
-	if !bytes.Equal(raw[20:24], []byte{0, 0, 0xc0, 0x3f}) { // 1.5 as float32 LE
+	if !bytes.Equal(raw[20:24], []byte{0, 0, 0xc0, 0x3f}) {
 		t.Errorf("file bytes %v, want 1.5 at element 5", raw[20:24])
-	}
-}
-
-func TestFromDense_CopiesCOrder(t *testing.T) {
-	d := tensor.New(tensor.WithShape(2, 3), tensor.WithBacking([]int32{0, 1, 2, 3, 4, 5}))
-	tr, err := d.SafeT() // a transposed view [3, 2] whose data is not moved
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		name string
-		d    *tensor.Dense
-		want []int32
-	}{
-		{"contiguous", d, []int32{0, 1, 2, 3, 4, 5}},
-		{"transposed view", tr, []int32{0, 3, 1, 4, 2, 5}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			m, err := FromDense(filepath.Join(t.TempDir(), "t.memmap"), tc.d)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
-			if m.DType() != Int32 || !slices.Equal(m.Shape(), tc.d.Shape()) {
-				t.Fatalf("got %v %v, want int32 %v", m.DType(), m.Shape(), tc.d.Shape())
-			}
-			raw, _ := os.ReadFile(m.Path())
-			got := make([]int32, len(raw)/4)
-			for i := range got {
-				got[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
-			}
-			if !slices.Equal(got, tc.want) {
-				t.Errorf("file holds %v, want %v", got, tc.want)
-			}
-		})
 	}
 }
 
