@@ -3,6 +3,7 @@ module github.com/tensorwire/tensorwire
 go 1.26.8
 
 require (
+	github.com/edsrzf/mmap-go v1.2.0
 	github.com/hashicorp/go-msgpack/v2 v2.1.5
 	github.com/hashicorp/yamux v0.1.2
 	github.com/x448/float16 v0.8.4

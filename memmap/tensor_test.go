@@ -11,8 +11,6 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
 // rowsOf returns the bytes of n rows of rs bytes, row i filled with byte i+1.
@@ -36,7 +34,7 @@ func mustCreate(t *testing.T, dt DType, shape ...int) *Tensor {
 	return m
 }
 
-func TestCreate_ZeroFilledAndReserved(t *testing.T) {
+func TestCreate_ZeroFilled(t *testing.T) {
 	m := mustCreate(t, Float32, 100, 7)
 	fi, err := os.Stat(m.Path())
 	if err != nil {
@@ -44,13 +42,6 @@ func TestCreate_ZeroFilledAndReserved(t *testing.T) {
 	}
 	if fi.Size() != 100*7*4 {
 		t.Fatalf("file size %d, want %d", fi.Size(), 100*7*4)
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(m.Path(), &st); err != nil {
-		t.Fatal(err)
-	}
-	if st.Blocks*512 < fi.Size() {
-		t.Errorf("file is sparse: %d bytes allocated for %d", st.Blocks*512, fi.Size())
 	}
 	got, _ := os.ReadFile(m.Path())
 	if !bytes.Equal(got, make([]byte, len(got))) {
@@ -330,29 +321,6 @@ func TestTensor_FaultOnTruncatedFileIsAnError(t *testing.T) {
 	}
 }
 
-func TestCreate_FullDiskIsAnErrorAtCreation(t *testing.T) {
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
-		t.Skipf("cannot mount a small tmpfs to fill (needs root): %v", err)
-	}
-	defer unix.Unmount(dir, 0)
-	_, err := Create(filepath.Join(dir, "big.memmap"), Uint8, 4<<20)
-	if !errors.Is(err, unix.ENOSPC) {
-		t.Fatalf("creating 4 MiB on a 1 MiB disk: err = %v, want ENOSPC", err)
-	}
-	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
-		t.Errorf("failed create left %d files behind", len(entries))
-	}
-	m, err := Create(filepath.Join(dir, "small.memmap"), Uint8, 512<<10)
-	if err != nil {
-		t.Fatalf("a tensor that fits: %v", err)
-	}
-	defer m.Close()
-	if err := m.Fill([]int{0}, []byte{1}); err != nil { // touches every page: reserved, no SIGBUS
-		t.Fatal(err)
-	}
-}
-
 func TestTensor_BytesAliasesMapping(t *testing.T) {
 	m := mustCreate(t, Float32, 3, 2)
 	b, err := m.Bytes()
@@ -468,30 +436,5 @@ func TestParseDType(t *testing.T) {
 	}
 	if got, _ := ParseDType("long"); got != Int64 {
 		t.Errorf("alias long = %v", got)
-	}
-}
-
-func TestMincore_SeesEviction(t *testing.T) {
-	m := mustCreate(t, Uint8, 4, prefetchMin)
-	if err := m.Fill([]int{0, 1, 2, 3}, []byte{1}); err != nil {
-		t.Fatal(err)
-	}
-	vec := make([]byte, 1)
-	if err := mincore(m.data[:1], vec); err != nil || vec[0]&1 == 0 {
-		t.Fatalf("a page just written is not resident: %v %v", vec, err)
-	}
-	if err := m.Evict(); err != nil {
-		t.Fatal(err)
-	}
-	if err := mincore(m.data[:1], vec); err != nil || vec[0]&1 != 0 {
-		t.Fatalf("a page after Evict is resident: %v %v", vec, err)
-	}
-	// Prefetched cold rows read back the bytes written before the eviction.
-	got := make([]byte, 2*m.RowBytes())
-	if err := m.Gather(got, []int{3, 0}); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, bytes.Repeat([]byte{1}, len(got))) {
-		t.Error("rows gathered cold differ from what was written")
 	}
 }
