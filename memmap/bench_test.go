@@ -114,7 +114,7 @@ func benchTensor(b *testing.B) *Tensor {
 		}
 		bench.warm = 1 // filled, flushed clean: mapped, but write-protected again
 		fmt.Fprintf(os.Stderr, "memmap: created %v %d-byte benchmark tensor in %v\n",
-			benchShape, t.Size(), time.Since(start).Round(time.Millisecond))
+			benchShape, t.NumBytes(), time.Since(start).Round(time.Millisecond))
 	})
 	if bench.err != nil {
 		b.Fatalf("benchmark tensor: %v", bench.err)

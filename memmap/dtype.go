@@ -3,16 +3,14 @@ package memmap
 import (
 	"fmt"
 	"strings"
-
-	"gorgonia.org/tensor"
 )
 
 // DType is the element type of a tensor, named as PyTorch names it. The zero
 // value is Invalid.
 //
 // Every DType has a fixed item size and a little-endian, C-order layout on disk.
-// Float16 and BFloat16 have no gorgonia counterpart: their elements are kept as
-// raw 2-byte values and their Dense views are uint16.
+// Float16 and BFloat16 elements are raw 2-byte values; PutFloat64 and Float64
+// convert them.
 type DType uint8
 
 // The supported dtypes. The numeric values are not part of any format: files
@@ -38,27 +36,26 @@ const (
 )
 
 var dtypeInfo = [numDTypes]struct {
-	name  string // torch name without the "torch." prefix
-	size  int
-	dense tensor.Dtype
-	real  bool // elements are real numbers (not complex)
+	name string // torch name without the "torch." prefix
+	size int
+	real bool // elements are real numbers (not complex)
 }{
-	Invalid:    {"invalid", 0, tensor.Dtype{}, false},
-	Bool:       {"bool", 1, tensor.Bool, true},
-	Uint8:      {"uint8", 1, tensor.Uint8, true},
-	Int8:       {"int8", 1, tensor.Int8, true},
-	Int16:      {"int16", 2, tensor.Int16, true},
-	Int32:      {"int32", 4, tensor.Int32, true},
-	Int64:      {"int64", 8, tensor.Int64, true},
-	Uint16:     {"uint16", 2, tensor.Uint16, true},
-	Uint32:     {"uint32", 4, tensor.Uint32, true},
-	Uint64:     {"uint64", 8, tensor.Uint64, true},
-	Float16:    {"float16", 2, tensor.Uint16, true},
-	BFloat16:   {"bfloat16", 2, tensor.Uint16, true},
-	Float32:    {"float32", 4, tensor.Float32, true},
-	Float64:    {"float64", 8, tensor.Float64, true},
-	Complex64:  {"complex64", 8, tensor.Complex64, false},
-	Complex128: {"complex128", 16, tensor.Complex128, false},
+	Invalid:    {"invalid", 0, false},
+	Bool:       {"bool", 1, true},
+	Uint8:      {"uint8", 1, true},
+	Int8:       {"int8", 1, true},
+	Int16:      {"int16", 2, true},
+	Int32:      {"int32", 4, true},
+	Int64:      {"int64", 8, true},
+	Uint16:     {"uint16", 2, true},
+	Uint32:     {"uint32", 4, true},
+	Uint64:     {"uint64", 8, true},
+	Float16:    {"float16", 2, true},
+	BFloat16:   {"bfloat16", 2, true},
+	Float32:    {"float32", 4, true},
+	Float64:    {"float64", 8, true},
+	Complex64:  {"complex64", 8, false},
+	Complex128: {"complex128", 16, false},
 }
 
 // aliases maps other spellings torch and NumPy use to a DType.
@@ -98,15 +95,6 @@ func (d DType) Size() int {
 // (every dtype but the complex ones).
 func (d DType) Real() bool { return d.Valid() && dtypeInfo[d].real }
 
-// Dense returns the gorgonia dtype of a Dense view of this dtype. Float16 and
-// BFloat16 map to tensor.Uint16: the view holds their raw bits.
-func (d DType) Dense() tensor.Dtype {
-	if !d.Valid() {
-		return tensor.Dtype{}
-	}
-	return dtypeInfo[d].dense
-}
-
 // ParseDType parses a dtype name as torch prints it ("torch.float32") or
 // without the prefix ("float32"), including torch's aliases such as "float"
 // and "long". An unknown name returns an error wrapping ErrDType.
@@ -121,18 +109,4 @@ func ParseDType(name string) (DType, error) {
 		return d, nil
 	}
 	return Invalid, fmt.Errorf("%w: %q", ErrDType, name)
-}
-
-// DTypeOf returns the DType whose Dense view has gorgonia dtype dt. A
-// tensor.Uint16 is Uint16: a float16 tensor cannot be told from its raw bits.
-func DTypeOf(dt tensor.Dtype) (DType, error) {
-	for d := Bool; d < numDTypes; d++ {
-		if d == Float16 || d == BFloat16 {
-			continue
-		}
-		if dtypeInfo[d].dense == dt {
-			return d, nil
-		}
-	}
-	return Invalid, fmt.Errorf("%w: gorgonia dtype %v has no torch counterpart", ErrDType, dt)
 }

@@ -1,13 +1,10 @@
 package memmap
 
-import (
-	"fmt"
+import "fmt"
 
-	"golang.org/x/sys/unix"
-)
-
-// Flush makes the tensor's writes durable: msync of the mapping, then fsync
-// of the file. It is a no-op for a read-only tensor.
+// Flush makes the tensor's writes durable: msync of the mapping (mmap-go's
+// Flush; FlushViewOfFile on Windows), then fsync of the file. It is a no-op
+// for a read-only tensor.
 func (t *Tensor) Flush() error {
 	if err := t.acquire(false); err != nil {
 		return err
@@ -17,7 +14,7 @@ func (t *Tensor) Flush() error {
 		return nil
 	}
 	if t.data != nil {
-		if err := unix.Msync(t.data, unix.MS_SYNC); err != nil {
+		if err := t.data.Flush(); err != nil {
 			return fmt.Errorf("flush %s: msync: %w", t.path, err)
 		}
 	}

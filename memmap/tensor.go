@@ -1,15 +1,15 @@
 package memmap
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 
+	"github.com/edsrzf/mmap-go"
 	"github.com/tensorwire/tensorwire/internal/atomicfile"
-	"golang.org/x/sys/unix"
 )
 
 // Mode says how Open maps a file.
@@ -17,8 +17,10 @@ type Mode int
 
 const (
 	// ReadOnly maps the file copy-on-write: Gather and ReadAt work, Scatter and
-	// WriteAt return ErrReadOnly, and writes through a Dense view stay private
-	// to this process instead of crashing it.
+	// WriteAt return ErrReadOnly, and writes through the slice from Bytes (or
+	// a view of it) stay private to this process instead of crashing it. On
+	// Windows the mapping is read-only instead, and such a write faults (see
+	// readOnlyProt).
 	ReadOnly Mode = iota
 	// ReadWrite maps the file shared: writes reach the file and every other
 	// process that maps it.
@@ -44,7 +46,7 @@ type Tensor struct {
 
 	mu     sync.RWMutex // read-locked by every access, write-locked by Close
 	f      *os.File
-	data   []byte // the mapping exactly as mmap returned it; nil if size is 0
+	data   mmap.MMap // the mapping exactly as MapRegion returned it (Unmap needs it); nil if size is 0
 	closed bool
 }
 
@@ -157,11 +159,11 @@ func mapFile(f *os.File, path string, dt DType, shape []int, size int, mode Mode
 	if size == 0 {
 		return t, nil // mmap of zero bytes is an error; there is nothing to map
 	}
-	prot, flags := unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED
+	prot := mmap.RDWR // MAP_SHARED: writes reach the file
 	if mode != ReadWrite {
-		flags = unix.MAP_PRIVATE // copy-on-write: stray writes stay in this process
+		prot = readOnlyProt
 	}
-	data, err := unix.Mmap(int(f.Fd()), 0, size, prot, flags)
+	data, err := mmap.MapRegion(f, size, prot, 0, 0)
 	if err != nil {
 		return nil, fmt.Errorf("mmap %d bytes: %w", size, err)
 	}
@@ -169,20 +171,21 @@ func mapFile(f *os.File, path string, dt DType, shape []int, size int, mode Mode
 	return t, nil
 }
 
-// reserve sets f's size to size and allocates its blocks, so that writes
-// through a mapping never meet a full disk. Filesystems without fallocate get
-// explicit zeros instead.
-func reserve(f *os.File, size int64) error {
-	if size == 0 {
-		return nil
+// readOnlyProt is how ReadOnly maps: copy-on-write (MAP_PRIVATE), so that a
+// stray write through a view stays in this process. On Windows it is
+// read-only: mmap-go's Unmap there flushes a copy-on-write view's file
+// buffers, which fails for a file opened read-only and leaves the view
+// mapped.
+var readOnlyProt = func() int {
+	if runtime.GOOS == "windows" {
+		return mmap.RDONLY
 	}
-	err := unix.Fallocate(int(f.Fd()), 0, 0, size)
-	if err == nil {
-		return nil
-	}
-	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
-		return fmt.Errorf("reserve %d bytes: %w", size, err)
-	}
+	return mmap.COPY
+}()
+
+// writeZeros reserves f's blocks the portable way: by writing size zero
+// bytes from offset 0. f must be empty or at most size bytes long.
+func writeZeros(f *os.File, size int64) error {
 	zeros := make([]byte, 1<<20)
 	for off := int64(0); off < size; off += int64(len(zeros)) {
 		n := min(int64(len(zeros)), size-off)
@@ -213,15 +216,28 @@ func (t *Tensor) Len() int {
 // RowBytes returns the byte size of one row, or 0 for a scalar.
 func (t *Tensor) RowBytes() int { return t.rowSize }
 
-// Size returns the byte size of the data (the file may be longer).
-func (t *Tensor) Size() int { return t.size }
+// NumBytes returns the byte size of the data (the file may be longer).
+func (t *Tensor) NumBytes() int { return t.size }
 
 // Writable reports whether the tensor was mapped read-write.
 func (t *Tensor) Writable() bool { return t.writable }
 
+// Bytes returns the mapped data as a byte slice, for zero-copy I/O (a
+// network write, a hash) and for views such as tensordict's Dense. It aliases
+// the mapping and is valid only until Close; accesses through it are not
+// guarded against faults.
+func (t *Tensor) Bytes() ([]byte, error) {
+	if err := t.acquire(false); err != nil {
+		return nil, err
+	}
+	defer t.mu.RUnlock()
+	return t.data[:t.size:t.size], nil
+}
+
 // Close unmaps the file and closes it, after the calls in flight return. It
-// does not flush: call Flush first for durability. Views from Dense and Bytes
-// become invalid. Closing a closed Tensor returns nil.
+// does not flush: call Flush first for durability (on Windows, mmap-go's
+// Unmap flushes the view as it unmaps; elsewhere it does not). Slices from
+// Bytes become invalid. Closing a closed Tensor returns nil.
 func (t *Tensor) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -231,8 +247,7 @@ func (t *Tensor) Close() error {
 	t.closed = true
 	var err error
 	if t.data != nil {
-		err = unix.Munmap(t.data)
-		t.data = nil
+		err = t.data.Unmap() // on the slice MapRegion returned, as mmap-go requires
 	}
 	if cerr := t.f.Close(); err == nil {
 		err = cerr

@@ -1,7 +1,6 @@
 package replay
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -9,7 +8,6 @@ import (
 	"unsafe"
 
 	"github.com/tensorwire/tensorwire/memmap"
-	"golang.org/x/sys/unix"
 )
 
 // SlotsFile is the name, under a buffer's prefix, of its slot table: one
@@ -55,17 +53,16 @@ func createSlots(path string, capacity int) (*slotTable, error) {
 }
 
 // openSlots maps the slot table at path, shared and read-write. It first
-// reserves the file's blocks: its words are read and written through the
-// mapping without a fault guard, so a file left sparse (a copy made with
-// cp --sparse, rsync -S) on a full disk must be an error here rather than
-// a SIGBUS later.
+// reserves the file's blocks (on Linux; see reserve_other.go): its words are
+// read and written through the mapping without a fault guard, so a file
+// left sparse (a copy made with cp --sparse, rsync -S) on a full disk must
+// be an error here rather than a SIGBUS later.
 func openSlots(path string, capacity int) (*slotTable, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(capacity)*slotFields*8); err != nil &&
-		!errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
+	if err := reserveBlocks(f, int64(capacity)*slotFields*8); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("reserving the blocks of %s: %w", path, err)
 	}

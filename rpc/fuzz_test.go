@@ -426,8 +426,8 @@ func FuzzBuildTD(f *testing.F) {
 			if rel, err := filepath.Rel(root, real); err != nil || !filepath.IsLocal(rel) {
 				t.Fatalf("%q maps %s, outside the root", path, real)
 			}
-			if voff < 0 || voff+int64(x.NumBytes()) > int64(mm.Size()) {
-				t.Fatalf("a view of %d bytes at %d of a %d-byte file", x.NumBytes(), voff, mm.Size())
+			if voff < 0 || voff+int64(x.NumBytes()) > int64(mm.NumBytes()) {
+				t.Fatalf("a view of %d bytes at %d of a %d-byte file", x.NumBytes(), voff, mm.NumBytes())
 			}
 		}
 		_, err = fill(context.Background(), FillRequest{TD: *td, Value: 3}, 1<<20)

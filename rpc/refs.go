@@ -75,16 +75,9 @@ func newResolver(dir string, max int) (*resolver, error) {
 	return r, nil
 }
 
-// fileID identifies a file whatever names it.
+// fileID identifies a file whatever names it; fileIDOf (fileid_unix.go)
+// reads it from a FileInfo.
 type fileID struct{ dev, ino uint64 }
-
-func fileIDOf(fi fs.FileInfo) (fileID, bool) {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return fileID{}, false
-	}
-	return fileID{uint64(st.Dev), st.Ino}, true
-}
 
 // local checks that path (slash-separated) names something inside the
 // root, lexically, and returns it in the OS's form.

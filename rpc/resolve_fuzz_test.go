@@ -347,8 +347,8 @@ func (r *resolveRoot) checkFile(t *testing.T, path string, dt memmap.DType, file
 	if id, _ := fileIDOf(fi); !r.files[id] {
 		t.Fatalf("acquire %q: mapped %s, not a regular file inside the root", path, m.mm.Path())
 	}
-	if want, _ := memmap.NumBytes(dt, file); m.mm.Size() != want || int64(want) > fi.Size() {
-		t.Fatalf("acquire %q %v %v: a mapping of %d bytes of a %d-byte file", path, dt, file, m.mm.Size(), fi.Size())
+	if want, _ := memmap.NumBytes(dt, file); m.mm.NumBytes() != want || int64(want) > fi.Size() {
+		t.Fatalf("acquire %q %v %v: a mapping of %d bytes of a %d-byte file", path, dt, file, m.mm.NumBytes(), fi.Size())
 	}
 	if b, err := m.mm.Bytes(); err != nil {
 		t.Fatalf("acquire %q: %v", path, err)
@@ -368,8 +368,8 @@ func (r *resolveRoot) checkFile(t *testing.T, path string, dt memmap.DType, file
 	if err != nil {
 		return
 	}
-	if _, voff := x.Mapping(); voff < 0 || voff+int64(x.NumBytes()) > int64(m.mm.Size()) {
-		t.Fatalf("a view of %d bytes at %d of %d", x.NumBytes(), voff, m.mm.Size())
+	if _, voff := x.Mapping(); voff < 0 || voff+int64(x.NumBytes()) > int64(m.mm.NumBytes()) {
+		t.Fatalf("a view of %d bytes at %d of %d", x.NumBytes(), voff, m.mm.NumBytes())
 	}
 	if rows == nil {
 		return

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
+	"gorgonia.org/tensor"
 )
 
 // Create storage for a dataset on disk, fill it batch by batch, and open it
@@ -89,4 +90,22 @@ func ExampleTensorDict_Memmap() {
 	//     batch_size=torch.Size([4]),
 	//     device=cpu,
 	//     is_shared=False)
+}
+
+// Write a gorgonia *tensor.Dense to a file and view the file as a Dense again,
+// without copying.
+func ExampleCreateFromDense() {
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+
+	d := tensor.New(tensor.WithShape(2, 3), tensor.WithBacking([]float32{0, 1, 2, 3, 4, 5}))
+	mm, err := tensordict.CreateFromDense(filepath.Join(dir, "x.memmap"), d)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mm.Close()
+	x, _ := tensordict.View(mm, 0, mm.Shape()...)
+	view, _ := x.Dense() // aliases the mapping: valid until mm.Close
+	fmt.Println(mm.DType(), view.Shape(), view.Data())
+	// Output: torch.float32 (2, 3) [0 1 2 3 4 5]
 }

@@ -7,7 +7,6 @@ import (
 	"unsafe"
 
 	"github.com/tensorwire/tensorwire/memmap"
-	"gorgonia.org/tensor"
 )
 
 // Tensor is one leaf of a TensorDict: a C-order n-dimensional array of one
@@ -27,10 +26,12 @@ type Tensor struct {
 	off   int64          // byte offset of this view within mm
 }
 
-// Element is the set of Go types a Tensor can be built from or read into.
+// Element is the set of Go types a Tensor can be built from or read into:
+// the basic types only, so that the compiler refuses a named type (whose
+// layout this package cannot vouch for; use FromBytes).
 type Element interface {
-	~bool | ~uint8 | ~int8 | ~int16 | ~uint16 | ~int32 | ~uint32 | ~int64 | ~uint64 |
-		~float32 | ~float64 | ~complex64 | ~complex128
+	bool | uint8 | int8 | int16 | uint16 | int32 | uint32 | int64 | uint64 |
+		float32 | float64 | complex64 | complex128
 }
 
 // dtypeFor returns the DType whose elements have the layout of E.
@@ -64,8 +65,7 @@ func dtypeFor[E Element]() memmap.DType {
 	case complex128:
 		return memmap.Complex128
 	}
-	// A named type (~int64 and the like) is not matched: callers refuse it.
-	return memmap.Invalid
+	return memmap.Invalid // unreachable: Element lists only the types above
 }
 
 // Zeros returns a zero-filled Tensor in Go memory.
@@ -94,13 +94,10 @@ func FromBytes(dt memmap.DType, shape []int, data []byte) (*Tensor, error) {
 // FromSlice returns a Tensor of the given shape over data, whose length must
 // be the shape's number of elements; with no shape it is a 1-d tensor of
 // len(data). The Tensor aliases data: no copy is made. The dtype follows E
-// (int64 is torch.int64, and so on); named types with those underlying types
-// are refused, use FromBytes.
+// (int64 is torch.int64, and so on). A slice of a named type does not
+// compile: convert it, or use FromBytes.
 func FromSlice[E Element](data []E, shape ...int) (*Tensor, error) {
 	dt := dtypeFor[E]()
-	if dt == memmap.Invalid {
-		return nil, fmt.Errorf("%w: %T is not a basic element type", memmap.ErrDType, data)
-	}
 	if len(shape) == 0 {
 		shape = []int{len(data)}
 	}
@@ -109,18 +106,6 @@ func FromSlice[E Element](data []E, shape ...int) (*Tensor, error) {
 		b = unsafe.Slice((*byte)(unsafe.Pointer(&data[0])), len(data)*dt.Size())
 	}
 	return FromBytes(dt, shape, b)
-}
-
-// FromDense returns a Tensor over the memory of a gorgonia *tensor.Dense,
-// without copying when d is contiguous in C order (a transposed view is
-// copied). Use WithDType to give a uint16 Dense the dtype float16 or
-// bfloat16.
-func FromDense(d *tensor.Dense) (*Tensor, error) {
-	b, dt, err := memmap.DenseBytes(d)
-	if err != nil {
-		return nil, err
-	}
-	return FromBytes(dt, d.Shape(), b)
 }
 
 // WithDType returns a Tensor sharing t's storage whose elements are read as
@@ -208,17 +193,6 @@ func (t *Tensor) Bytes() ([]byte, error) {
 	}
 	n := int64(t.NumBytes())
 	return all[t.off : t.off+n : t.off+n], nil
-}
-
-// Dense returns a *tensor.Dense view of t's data: no copy is made, and writes
-// through it change t. Float16 and bfloat16 tensors give a uint16 view of
-// their bits. A view of mapped data has the lifetime of Bytes.
-func (t *Tensor) Dense() (*tensor.Dense, error) {
-	b, err := t.Bytes()
-	if err != nil {
-		return nil, err
-	}
-	return memmap.DenseView(t.dtype, t.shape, b)
 }
 
 // String returns a short description, like torch's repr of a tensor's
@@ -340,9 +314,9 @@ func View(mm *memmap.Tensor, off int64, shape ...int) (*Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	if off < 0 || off > int64(mm.Size()) || int64(n) > int64(mm.Size())-off {
+	if off < 0 || off > int64(mm.NumBytes()) || int64(n) > int64(mm.NumBytes())-off {
 		return nil, fmt.Errorf("%w: view of %d bytes at offset %d of a %d-byte %v",
-			memmap.ErrShape, n, off, mm.Size(), mm.DType())
+			memmap.ErrShape, n, off, mm.NumBytes(), mm.DType())
 	}
 	if elem := int64(mm.DType().Size()); off%elem != 0 {
 		return nil, fmt.Errorf("%w: offset %d is not a multiple of the %d-byte element", memmap.ErrShape, off, elem)

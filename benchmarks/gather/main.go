@@ -193,8 +193,8 @@ func measure(ctx context.Context, cfg config, path string) (*results, error) {
 	}
 	defer t.Close()
 	rs := t.RowBytes()
-	res := &results{cfg: cfg, rowBytes: rs, dataset: t.Size(), verified: true}
-	slog.Info("created dataset", "path", path, "shape", shape, "bytes", t.Size())
+	res := &results{cfg: cfg, rowBytes: rs, dataset: t.NumBytes(), verified: true}
+	slog.Info("created dataset", "path", path, "shape", shape, "bytes", t.NumBytes())
 
 	// want[r] is the byte every element of row r holds.
 	want := make([]byte, cfg.rows)
@@ -215,7 +215,7 @@ func measure(ctx context.Context, cfg config, path string) (*results, error) {
 		}
 	}
 	res.fill = time.Since(start)
-	slog.Info("flushing to disk", "bytes", t.Size())
+	slog.Info("flushing to disk", "bytes", t.NumBytes())
 	start = time.Now()
 	if err := t.Flush(); err != nil {
 		return nil, err
@@ -398,7 +398,7 @@ func stream(ctx context.Context, t *memmap.Tensor, batch, want []byte) (gbps flo
 			fail = err
 		}
 	}
-	return report.GBps(int64(t.Size()), total), peak, fail
+	return report.GBps(int64(t.NumBytes()), total), peak, fail
 }
 
 // verify checks that row i of buf, for each rows[i] = r, holds want[r] in

@@ -2,7 +2,7 @@
 // and the testing.B benchmarks of memmap and tensordict) need to measure
 // copies fairly side by side: random distinct rows, buffers whose pages are
 // already touched, a way to evict the CPU caches between timed operations,
-// (pages.go) a way to make a file that several processes map cold, and
+// (pages_linux.go) a way to make a file that several processes map cold, and
 // (interrupt.go) the Ctrl-C handling that lets a program remove its dataset.
 package benchkit
 
@@ -12,8 +12,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
-
-	"golang.org/x/sys/unix"
 )
 
 // PickRows fills rows with distinct random indices in [0, n); n must be at
@@ -48,21 +46,6 @@ func Touched(n int) []byte {
 	Fill(b, 0x5a)
 	return b
 }
-
-// Anon maps n bytes of anonymous memory outside the Go heap, every page
-// touched, so that it neither counts as Go heap nor faults when measured.
-// Release it with Free.
-func Anon(n int) ([]byte, error) {
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-	if err != nil {
-		return nil, fmt.Errorf("mmap %d anonymous bytes: %w", n, err)
-	}
-	Fill(b, 0xa5)
-	return b, nil
-}
-
-// Free unmaps a buffer from Anon.
-func Free(b []byte) error { return unix.Munmap(b) }
 
 // CacheFlushBytes is how much FlushCache should read: several times the
 // last-level cache of the machines this project runs on.

@@ -5,13 +5,12 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 func TestPickRows_Distinct(t *testing.T) {
@@ -44,66 +43,17 @@ func TestBuffers(t *testing.T) {
 	}
 }
 
-// TestDropMappings_ColdAfterEvict checks the two-step eviction on a file
-// mapped twice: fadvise alone leaves pages that a mapping still holds in
-// the page cache; after DropMappings the same fadvise evicts them.
-func TestDropMappings_ColdAfterEvict(t *testing.T) {
-	const size = 16 << 12
-	f, err := os.Create(filepath.Join(t.TempDir(), "f"))
+func TestOnInterrupt_CancelsOnSignal(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("Windows cannot send a process SIGTERM")
+	}
+	ctx, stop := OnInterrupt("test: interrupted")
+	defer stop()
+	self, err := os.FindProcess(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	if _, err := f.Write(bytes.Repeat([]byte{7}, size)); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	var maps [2][]byte
-	for i := range maps {
-		prot := unix.PROT_READ
-		flags := unix.MAP_PRIVATE
-		if i == 0 {
-			prot, flags = unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED
-		}
-		if maps[i], err = unix.Mmap(int(f.Fd()), 0, size, prot, flags); err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Munmap(maps[i])
-		FlushCache(maps[i][:]) // touch every page
-	}
-	fadvise := func() {
-		if err := unix.Fadvise(int(f.Fd()), 0, size, unix.FADV_DONTNEED); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fadvise()
-	if res, pages, err := Resident(maps[0]); err != nil || pages != 16 {
-		t.Fatalf("Resident = %d, %d, %v", res, pages, err)
-	} else {
-		t.Logf("after fadvise alone: %d of %d pages resident", res, pages)
-	}
-	n, err := DropMappings(maps[0][100:])
-	if err != nil || n != 2 {
-		t.Fatalf("DropMappings = %d, %v; want both mappings", n, err)
-	}
-	fadvise()
-	if res, _, _ := Resident(maps[1]); res != 0 {
-		t.Errorf("%d pages resident after DropMappings and fadvise", res)
-	}
-	if maps[0][size-1] != 7 || maps[1][0] != 7 {
-		t.Error("data changed")
-	}
-	if _, err := DropMappings(make([]byte, 8)); err == nil {
-		t.Error("DropMappings accepted heap memory")
-	}
-}
-
-func TestOnInterrupt_CancelsOnSignal(t *testing.T) {
-	ctx, stop := OnInterrupt("test: interrupted")
-	defer stop()
-	if err := unix.Kill(os.Getpid(), unix.SIGTERM); err != nil {
+	if err := self.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"golang.org/x/term"
 )
 
 // Bar reports progress towards a total number of units (bytes, rows). Its
@@ -32,15 +32,10 @@ type Bar struct {
 // ten times a second; elsewhere it prints a line at most every five seconds.
 func New(w io.Writer, label, unit string, total int64) *Bar {
 	b := &Bar{w: w, label: label, unit: unit, total: total, start: time.Now(), every: 5 * time.Second}
-	if f, ok := w.(*os.File); ok && isTerminal(f) {
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 		b.terminal, b.every = true, 100*time.Millisecond
 	}
 	return b
-}
-
-func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
 }
 
 // Add records n more units done.

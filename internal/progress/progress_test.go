@@ -3,6 +3,8 @@ package progress
 import (
 	"bytes"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -35,4 +37,15 @@ func TestBar_PlainOutputCountsEverything(t *testing.T) {
 	var nilBar *Bar
 	nilBar.Add(1) // a nil bar is a no-op, not a crash
 	nilBar.Done()
+}
+
+func TestNew_RegularFileIsNotATerminal(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if b := New(f, "copy", "B", 1); b.terminal {
+		t.Error("a regular file was taken for a terminal")
+	}
 }

@@ -11,6 +11,9 @@ import (
 // mapping, and asks the kernel to drop the file's clean cached pages.
 // Benchmarks use it to measure first-touch costs; long streaming jobs can use
 // it to hand page cache back early. The data is unchanged.
+//
+// Evict needs Linux (madvise and posix_fadvise). Elsewhere it flushes and
+// then returns an error wrapping errors.ErrUnsupported.
 func (t *Tensor) Evict() error {
 	if err := t.Flush(); err != nil {
 		return err

@@ -17,7 +17,9 @@ import (
 // uses, skips such pages. So every process that touched the pages first
 // drops its own page-table entries (DropMappings), and then one of them
 // evicts the file's clean pages (memmap.Tensor.Evict). Resident checks that
-// it worked.
+// it worked. All three need Linux; elsewhere (pages_other.go) they return
+// errors wrapping errors.ErrUnsupported, and cold figures cannot be
+// measured.
 
 // Resident reports how many of the memory pages that b spans are resident:
 // for a file mapping, in the page cache, whatever process brought them in.
