@@ -81,7 +81,7 @@ func (n *node) stop(t *testing.T) {
 
 func dialNode(t *testing.T, addr string, opts ...rpc.Option) (*rpc.Client, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := rpc.Dial(ctx, addr, opts...)
 	if err == nil {
