@@ -32,6 +32,7 @@ type cluster struct {
 
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
+	skipShort(t)
 	n := netns.New(t) // skips, saying why, where namespaces are unavailable
 	dir := t.TempDir()
 	c := &cluster{t: t, net: n, shared: filepath.Join(dir, "shared"), token: filepath.Join(dir, "token")}

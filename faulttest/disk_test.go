@@ -259,7 +259,7 @@ func diskRowIDs(td *tensordict.TensorDict) ([]int, error) {
 // once and returns their ids, sorted.
 func diskSampleAll(t testing.TB, b *replay.Buffer) []int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	td, _, err := b.Sample(ctx, b.Len())
 	if err != nil {
@@ -384,7 +384,7 @@ func TestFullDisk_ReplayBufferKeepsWorking(t *testing.T) {
 // returns its stdout, stderr and how it exited.
 func diskRunCLI(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, program(t, "./cmd/tensorwire"), args...)
 	var o, e bytes.Buffer
@@ -455,6 +455,7 @@ func diskWriteNPY(t *testing.T, dir, name string, shape ...int) string {
 // the disk fails with status 1 and ENOSPC's message, and leaves neither the
 // prefix nor its temporary folder.
 func TestFullDisk_ImportTooBig(t *testing.T) {
+	skipShort(t)
 	src := t.TempDir()                                         // the input, not on the small disk
 	big := diskWriteNPY(t, src, "big.npy", 4, 2*diskMiB)       // 8 MiB
 	small := diskWriteNPY(t, src, "small.npy", 4, 256<<10)     // 1 MiB
@@ -525,7 +526,7 @@ func diskRunHelper(t *testing.T, role string, args ...string) map[string][2]stri
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), roleEnv+"="+role)
 	p := proctest.StartCmd(t, "helper "+role, cmd)
-	err := p.WaitFor(20 * time.Second)
+	err := p.WaitFor(time.Minute)
 	t.Logf("helper %s:\n%s", role, p.Output())
 	if death := diskDeath(err, p.Stderr()); death != "" {
 		t.Fatalf("helper %s %s", role, death)
@@ -664,9 +665,9 @@ type diskNode struct {
 func startDiskNode(t *testing.T, args ...string) *diskNode {
 	t.Helper()
 	p := proctest.StartCmd(t, "node", exec.Command(program(t, "./cmd/tensorwire"), append([]string{"node", "--listen", "127.0.0.1:0"}, args...)...))
-	addr, err := p.Line(nodeproc.ListeningPrefix, 10*time.Second)
+	addr, err := p.Line(nodeproc.ListeningPrefix, 30*time.Second)
 	if err != nil && p.Alive() {
-		t.Fatalf("the node neither listened nor exited within 10 s; stderr:\n%s", p.Stderr())
+		t.Fatalf("the node neither listened nor exited within 30 s; stderr:\n%s", p.Stderr())
 	}
 	return &diskNode{p, addr}
 }
@@ -686,7 +687,7 @@ func (n *diskNode) checkAlive(t *testing.T) {
 // stopClean sends SIGTERM and checks that the node exits with status 0.
 func (n *diskNode) stopClean(t *testing.T) {
 	t.Helper()
-	err := n.Stop(10 * time.Second)
+	err := n.Stop(30 * time.Second)
 	if death := diskDeath(err, n.Stderr()); death != "" {
 		t.Errorf("the node %s", death)
 	} else if err != nil {
@@ -831,7 +832,7 @@ func TestFullDisk_NodeOpensSparseBuffer(t *testing.T) {
 		diskCheckFailedCleanly(t, n.ExitErr(), n.Stderr(), "no space left on device")
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := replay.Dial(ctx, n.addr, "buf", replay.WithBytes(), replay.WithRPC(rpc.WithToken(tok)))
 	if err != nil {
@@ -864,7 +865,7 @@ func init() {
 		if _, err := fmt.Sscan(args[3], &id); err != nil {
 			return err
 		}
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		c, err := replay.Dial(ctx, args[0], "buf", replay.WithRoot(args[2]), replay.WithRPC(rpc.WithToken(tok)))
 		if err != nil {
@@ -909,7 +910,7 @@ func TestFullDisk_NodeServesSparseBuffer(t *testing.T) {
 		t.Fatalf("the node exited before listening with room on the disk: %v; stderr:\n%s", n.ExitErr(), n.Stderr())
 	}
 	call := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(context.Background(), 5*time.Second)
+		return context.WithTimeout(context.Background(), 30*time.Second)
 	}
 	ctx, cancel := call()
 	c, err := replay.Dial(ctx, n.addr, "buf", replay.WithBytes(), replay.WithRPC(rpc.WithToken(tok)))

@@ -9,5 +9,6 @@
 // tests say so and skip. Run it with
 //
 //	go test ./faulttest/              # the short mode CI runs
+//	go test -short ./faulttest/       # skips every scenario (the quick loop)
 //	go test -tags soak -timeout 1h ./faulttest/   # minutes of load per scenario
 package faulttest

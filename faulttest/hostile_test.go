@@ -111,7 +111,7 @@ func attacks() []attack {
 					copy(b, hello(true, nil)[:min(len(b), 8)])
 				}
 				conn.Write(b)
-				if !closedWithin(conn, 15*time.Second) {
+				if !closedWithin(conn, 30*time.Second) {
 					return fmt.Errorf("the node kept a connection that sent %d random bytes", len(b))
 				}
 				return nil
@@ -163,7 +163,7 @@ func attacks() []attack {
 				}
 				select {
 				case <-s.CloseChan():
-				case <-time.After(10 * time.Second):
+				case <-time.After(30 * time.Second):
 					s.Close()
 					return i, fmt.Errorf("the node kept serving a peer that sent % x", msg[:min(len(msg), 16)])
 				}
@@ -177,7 +177,7 @@ func attacks() []attack {
 			defer conn.Close()
 			frame := []byte{0, 0, 0, 1, 0, 0, 0, 1, 0xFF, 0xFF, 0xFF, 0xFF} // data, SYN, stream 1, length 2^32-1
 			conn.Write(frame)
-			if !closedWithin(conn, 10*time.Second) {
+			if !closedWithin(conn, 30*time.Second) {
 				return len(cases) + 1, errors.New("the node kept a session whose frame claimed 4 GB")
 			}
 			return len(cases) + 1, nil

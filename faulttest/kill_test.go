@@ -75,19 +75,19 @@ func (w *workload) finish(t *testing.T) (verdict, map[string]string) {
 	t.Helper()
 	var logs []string
 	for _, wr := range w.writers {
-		if err := wr.proc.Stop(10 * time.Second); err != nil {
+		if err := wr.proc.Stop(30 * time.Second); err != nil {
 			t.Errorf("writer %d: %v", wr.n, err)
 		}
 		logs = append(logs, wr.log)
 	}
-	if err := w.trainer.Stop(10 * time.Second); err != nil {
+	if err := w.trainer.Stop(30 * time.Second); err != nil {
 		t.Errorf("trainer: %v", err)
 	}
 	ts := stat(w.trainer)
 	if statInt(ts, "torn") != 0 || statInt(ts, "rows") == 0 {
 		t.Errorf("trainer: %v, want rows sampled and none torn", ts)
 	}
-	if err := w.node.Stop(15 * time.Second); err != nil {
+	if err := w.node.Stop(30 * time.Second); err != nil {
 		t.Errorf("buffer node: %v", err)
 	}
 	l, err := readBatchLogs(logs...)

@@ -32,6 +32,15 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// skipShort skips a scenario under "go test -short": the fault suite is
+// not part of the quick loop (its unit tests, of the judge, still run).
+func skipShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("the fault suite does not run under -short")
+	}
+}
+
 // program returns the path of the repository's program at pkg (a path
 // relative to the module root, "./cmd/tensorwire"), built on first use with
 // the go command that runs this test.

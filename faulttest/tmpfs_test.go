@@ -19,13 +19,15 @@ import (
 // mountTmpfs mounts a tmpfs of size bytes on a new folder under the test's
 // temporary directory and returns the folder: a small disk to fill. It is
 // unmounted when the test ends, passed or failed (lazily if something still
-// holds it). The test is skipped when it cannot mount (not root, no tmpfs).
+// holds it). The test is skipped when it cannot mount (not root, no tmpfs),
+// and under -short.
 //
 // Processes a test starts on the mount must be stopped by cleanups
 // registered after this call: cleanups run last-in first-out, so they stop
 // before the unmount.
 func mountTmpfs(t *testing.T, size int64) string {
 	t.Helper()
+	skipShort(t)
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount a small tmpfs to fill")
 	}

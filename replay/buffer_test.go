@@ -474,7 +474,12 @@ func TestReservation_Expires(t *testing.T) {
 	if st := b.Stats(); st.Pending != 2 {
 		t.Fatalf("pending %d", st.Pending)
 	}
-	time.Sleep(150 * time.Millisecond)
+	// The lease's timer fires (polled: a busy machine may run it late).
+	for deadline := time.Now().Add(30 * time.Second); b.Stats().Expired == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the reservation has not expired 30 s after its 50 ms lease: stats %+v", b.Stats())
+		}
+	}
 	if _, err := b.commit(r.rid, r.slots, nil); !errors.Is(err, ErrExpired) {
 		t.Fatalf("commit after the lease: %v", err)
 	}

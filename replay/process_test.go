@@ -177,7 +177,11 @@ func TestProcess_WriterKilledMidExtend(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
+	// The lease's timer has fired by now, unless the machine is busy: poll.
 	st := n.b.Stats()
+	for deadline := time.Now().Add(30 * time.Second); st.Expired == 0 && time.Now().Before(deadline); st = n.b.Stats() {
+		time.Sleep(10 * time.Millisecond)
+	}
 	t.Logf("after the kill: %d rows sampled whole; stats %+v", sampled.Load(), st)
 	if st.Expired != 1 || st.Pending != 0 {
 		t.Fatalf("the dead writer's reservation: %d expired, %d slots pending; want 1 and 0", st.Expired, st.Pending)
@@ -199,7 +203,7 @@ func TestProcess_NodeKilledAndRestarted(t *testing.T) {
 			w := dialBuffer(t, addr, "buf", root, strings.TrimSuffix(mode, "+prefetch"))
 			s := dialBuffer(t, addr, "buf", root, mode)
 
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			var stop atomic.Bool
 			acked := map[int]int{} // id -> slot
@@ -239,13 +243,27 @@ func TestProcess_NodeKilledAndRestarted(t *testing.T) {
 					samples.Add(1)
 				}
 			})
+			// progressed waits (up to 30 s) until the writer has acknowledged
+			// more than acked transitions and the sampler taken more than
+			// sampled batches.
+			progressed := func(what string, acked, sampled int64) {
+				t.Helper()
+				for deadline := time.Now().Add(30 * time.Second); nacked.Load() <= acked || samples.Load() <= sampled; time.Sleep(10 * time.Millisecond) {
+					if time.Now().After(deadline) || len(errs) > 0 {
+						t.Errorf("%s: %d transitions acknowledged (from %d), %d samples (from %d) after 30 s",
+							what, nacked.Load(), acked, samples.Load(), sampled)
+						return
+					}
+				}
+			}
 			time.Sleep(300 * time.Millisecond)
+			progressed("before the kill", 0, 0)
 			node.Kill()
 			before, ackedBefore := samples.Load(), nacked.Load()
 			time.Sleep(200 * time.Millisecond)
 			node = proctest.Start(t, append(env, envAddr+"="+addr)...)
 			node.Expect(t, "ADDR")
-			time.Sleep(500 * time.Millisecond)
+			progressed("after the restart", ackedBefore, before)
 			stop.Store(true)
 			wg.Wait()
 			close(errs)

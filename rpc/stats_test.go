@@ -9,7 +9,7 @@ import (
 
 func TestServer_Stats(t *testing.T) {
 	n := startTestNode(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	waitStats := func(what string, ok func(Stats) bool) Stats {
 		t.Helper()

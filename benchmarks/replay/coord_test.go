@@ -106,7 +106,7 @@ func TestCoordinator_Barrier(t *testing.T) {
 // waitArrived waits until n participants wait at phase.
 func waitArrived(t *testing.T, c *coordinator, phase string, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		if c.arrived(phase) == n {
 			return
 		}

@@ -37,8 +37,8 @@ func serveInProcess(t *testing.T, sys system) string {
 			if err != nil {
 				t.Errorf("serve: %v", err)
 			}
-		case <-time.After(5 * time.Second):
-			t.Error("serve did not return after its context was cancelled")
+		case <-time.After(30 * time.Second):
+			t.Error("serve did not return 30 s after its context was cancelled")
 		}
 	})
 	return ln.Addr().String()
@@ -48,7 +48,7 @@ func dialInProcess(t *testing.T, name string) client {
 	t.Helper()
 	sys := registry[name]
 	addr := serveInProcess(t, sys)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := sys.dial(ctx, addr)
 	if err != nil {
@@ -62,7 +62,7 @@ func dialInProcess(t *testing.T, name string) client {
 func TestSystems(t *testing.T) {
 	for _, name := range registered() {
 		t.Run(name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			c := dialInProcess(t, name)
 
@@ -199,7 +199,7 @@ func TestSmallReply(t *testing.T) {
 // TestChild runs a server the way the benchmark does: in a child process,
 // which Stop stops (SIGTERM, then a clean exit) and waits for.
 func TestChild(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ch, err := startChild(ctx, "tcp")
 	if err != nil {

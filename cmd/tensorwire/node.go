@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
@@ -14,11 +15,12 @@ import (
 
 var nodeCmd = command{
 	name:  "node",
-	usage: "tensorwire node --listen ADDR --root DIR [--token-file F] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...]",
+	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...]",
 	help: "serve other nodes' fill, read and describe calls on the TensorDicts under DIR, the shared root; " +
 		`prints "listening on HOST:PORT" once it listens (--listen 127.0.0.1:0 picks a free port) and stops ` +
 		"cleanly on SIGINT or SIGTERM; --token-file holds the shared secret clients must know (no access for " +
-		"other users); --tls-cert and --tls-key (PEM) add TLS; each --buffer serves the replay buffer at DIR/NAME " +
+		"other users; make one with: umask 077; head -c 32 /dev/urandom | base64 > token), and a node listening " +
+		"on anything but loopback refuses to start without one unless --insecure is given; --tls-cert and --tls-key (PEM) add TLS; each --buffer serves the replay buffer at DIR/NAME " +
 		"(replay.Dial), opened if it exists and created otherwise, with settings capacity=N, " +
 		"sampler=uniform|without_replacement|prioritized|fifo, alpha=A, beta=B, min-size=N, lease=D (how long a " +
 		"writer's reservation lasts, default 30s); buffers are " +
@@ -37,6 +39,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var buffers bufferFlags
 	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,alpha=A][,beta=B][,min-size=N][,lease=D] (repeatable)")
 	every := fs.Duration("checkpoint-every", time.Minute, "how often the buffers are checkpointed")
+	insecure := fs.Bool("insecure", false, "serve without a token on a non-loopback address: anyone who reaches it reads and writes every file under the root")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -52,6 +55,24 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("%w: give --tls-cert and --tls-key together", errUsage)
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(stderr, nil))
+	if cfg.TokenFile == "" {
+		open, err := reachableFromOthers(cfg.Listen)
+		switch {
+		case err != nil:
+			return fmt.Errorf("%w: --listen %s: %v", errUsage, cfg.Listen, err)
+		case open && !*insecure:
+			return fmt.Errorf("%w: --listen %s accepts connections from other machines, and without a token anyone "+
+				"who reaches it can read and write every file under --root (TLS alone authenticates no client). "+
+				"Make a token file and pass it, giving clients the same secret (rpc.WithToken):\n"+
+				"    umask 077; head -c 32 /dev/urandom | base64 > token\n"+
+				"    tensorwire node --token-file token --listen %s --root %s ...\n"+
+				"or listen on loopback (127.0.0.1:PORT), or pass --insecure to serve without a token on a network you trust",
+				errUsage, cfg.Listen, cfg.Listen, cfg.Root)
+		case open:
+			cfg.Log.Warn("INSECURE: this node listens on a non-loopback address without a token (--insecure): "+
+				"anyone who reaches it can read and write every file under its root", "listen", cfg.Listen, "root", cfg.Root)
+		}
+	}
 	served, register, err := buffers.open(cfg.Root, cfg.Log)
 	if err != nil {
 		return err
@@ -66,4 +87,16 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintln(stdout, nodeproc.ListeningPrefix+addr)
 	})
 	return errors.Join(err, served.close()) // after the server: no call uses them
+}
+
+// reachableFromOthers reports whether listening on addr (HOST:PORT, as
+// net.Listen takes it) may accept connections from other machines: true
+// unless HOST resolves to a loopback address. An empty HOST, 0.0.0.0 and
+// [::] listen on every interface.
+func reachableFromOthers(addr string) (bool, error) {
+	a, err := net.ResolveTCPAddr("tcp", addr) // the address net.Listen binds
+	if err != nil {
+		return false, err
+	}
+	return a.IP == nil || !a.IP.IsLoopback(), nil
 }

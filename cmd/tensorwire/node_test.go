@@ -81,7 +81,7 @@ func (n *node) stop(t *testing.T) {
 
 func dialNode(t *testing.T, addr string, opts ...rpc.Option) (*rpc.Client, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := rpc.Dial(ctx, addr, opts...)
 	if err == nil {
@@ -174,4 +174,78 @@ func TestNode_TLS(t *testing.T) {
 		t.Errorf("Dial trusting another CA: %v, want Unauthenticated", err)
 	}
 	n.stop(t)
+}
+
+// runNodeInProcess runs "tensorwire node ARGS..." through run in this
+// process until it prints its listening line (at most 30 s), then stops it
+// and returns its exit status and output.
+func runNodeInProcess(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var o, e proctest.LockedBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, append([]string{"node"}, args...), &o, &e) }()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if strings.Contains(o.String(), nodeproc.ListeningPrefix) {
+			cancel()
+			break
+		}
+		select {
+		case code := <-done: // it did not start
+			return code, o.String(), e.String()
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("node printed no listening line in 30 s; stderr:\n%s", e.String())
+		}
+	}
+	select {
+	case code = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("node did not stop 30 s after its context ended; stderr:\n%s", e.String())
+	}
+	return code, o.String(), e.String()
+}
+
+// TestNode_NonLoopbackNeedsTokenOrInsecure checks that a node listening
+// where other machines reach it refuses to start without a token, saying
+// how to make one, unless --insecure says the user means it (then it warns);
+// on loopback, or with a token, it starts without a word.
+func TestNode_NonLoopbackNeedsTokenOrInsecure(t *testing.T) {
+	token := tokenFile(t, "s3cret\n", 0o600)
+	cert, _ := testcert.New(t)
+	certFile, keyFile := testcert.WriteFiles(t, cert, t.TempDir())
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		stderr []string // each in stderr
+		warns  bool     // stderr has the insecure warning
+	}{
+		{"all interfaces", []string{"--listen", ":0"}, 2, []string{"--token-file", "umask 077; head -c 32 /dev/urandom | base64 > token", "--insecure"}, false},
+		{"0.0.0.0", []string{"--listen", "0.0.0.0:0"}, 2, []string{"--token-file", "head -c 32 /dev/urandom"}, false},
+		{"[::]", []string{"--listen", "[::]:0"}, 2, []string{"--token-file"}, false},
+		{"TLS alone authenticates no client", []string{"--listen", "0.0.0.0:0", "--tls-cert", certFile, "--tls-key", keyFile}, 2, []string{"--token-file"}, false},
+		{"insecure", []string{"--listen", "0.0.0.0:0", "--insecure"}, 0, []string{"level=WARN", "node stopped"}, true},
+		{"token", []string{"--listen", "0.0.0.0:0", "--token-file", token}, 0, []string{"node stopped"}, false},
+		{"loopback", []string{"--listen", "127.0.0.1:0"}, 0, []string{"node stopped"}, false},
+		{"localhost", []string{"--listen", "localhost:0"}, 0, []string{"node stopped"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, errOut := runNodeInProcess(t, append(tc.args, "--root", t.TempDir())...)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d; stderr:\n%s", code, tc.code, errOut)
+			}
+			for _, w := range tc.stderr {
+				if !strings.Contains(errOut, w) {
+					t.Errorf("stderr lacks %q:\n%s", w, errOut)
+				}
+			}
+			if warned := strings.Contains(errOut, "INSECURE"); warned != tc.warns {
+				t.Errorf("warned of an insecure node: %v, want %v; stderr:\n%s", warned, tc.warns, errOut)
+			}
+		})
+	}
 }

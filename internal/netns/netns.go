@@ -49,10 +49,11 @@ import (
 const runDir = "/var/run/netns"
 
 // upTimeout bounds how long Host waits for a new link to come up, and
-// killTimeout how long cleanup waits for SIGKILLed processes to go.
+// killTimeout how long cleanup waits for SIGKILLed processes to go: both
+// poll, and are generous for a machine whose cores are busy.
 const (
-	upTimeout   = 5 * time.Second
-	killTimeout = 10 * time.Second
+	upTimeout   = 30 * time.Second
+	killTimeout = 30 * time.Second
 )
 
 var (

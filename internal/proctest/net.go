@@ -31,8 +31,21 @@ type Proxy struct {
 	Addr     string       // where to connect instead of the target
 	Up, Down atomic.Int64 // bytes sent to the target, and back
 
-	mu   sync.Mutex
-	thaw chan struct{} // closed while the proxy forwards
+	mu    sync.Mutex
+	thaw  chan struct{} // closed while the proxy forwards
+	pipes atomic.Int32  // copying goroutines running, two a connection
+}
+
+// WaitIdle waits, up to 30 s, until every connection the proxy accepted
+// has ended both ways, so that Up and Down count all it carried; past
+// that it fails t.
+func (p *Proxy) WaitIdle(t testing.TB) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); p.pipes.Load() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("proxy: %d copies still running after 30 s", p.pipes.Load())
+		}
+	}
 }
 
 // Freeze stops the proxy forwarding, until Thaw.
@@ -106,6 +119,7 @@ func StartProxy(t testing.TB, target string) *Proxy {
 			conns = append(conns, in, out)
 			mu.Unlock()
 			pipe := func(dst, src net.Conn, n *atomic.Int64) {
+				defer p.pipes.Add(-1)
 				defer dst.Close()
 				defer src.Close()
 				buf := make([]byte, 64<<10)
@@ -123,6 +137,7 @@ func StartProxy(t testing.TB, target string) *Proxy {
 					}
 				}
 			}
+			p.pipes.Add(2)
 			wg.Go(func() { pipe(out, in, &p.Up) })
 			wg.Go(func() { pipe(in, out, &p.Down) })
 		}
