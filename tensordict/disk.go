@@ -157,8 +157,10 @@ func writeLeaf(path string, t *Tensor, copyData bool, maps *[]*memmap.Tensor) (*
 	return out, nil
 }
 
-// writeNonTensor writes a NonTensorData folder: a meta.json with the data.
-// A stale pickle from an earlier writer is removed, as tensordict does.
+// writeNonTensor writes a NonTensorData folder: a meta.json with the data,
+// and the two other fields of tensordict's NonTensorData in the order
+// tensordict writes them. A stale pickle from an earlier writer is removed,
+// as tensordict does.
 func writeNonTensor(dir string, n *NonTensor) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -168,6 +170,8 @@ func writeNonTensor(dir string, n *NonTensor) error {
 	if err := meta.member("data", n.Data); err != nil {
 		return err
 	}
+	meta.member("_is_non_tensor", true)
+	meta.member("_metadata", nil)
 	if err := os.Remove(filepath.Join(dir, pickleFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}

@@ -38,10 +38,13 @@ Upstream sources read (github.com/pytorch/tensordict, main branch around the
 * tensordict/utils.py: ``_STR_DTYPE_TO_DTYPE`` (dtype names are ``str(dtype)``,
   e.g. "torch.float16", "torch.uint16").
 
-Known uncertainty (see /tmp/format-facts.md): the exact set/order of the
-extra keys ("_metadata", "_is_non_tensor") in a NonTensorData meta.json could
-not be pinned down from source; the minimal form written here
-({"_type", "data"}) is what every upstream loader accepts.
+NonTensorData meta.json (tensordict/tensorclass.py, v0.12.4, v0.13.0 and
+v0.14.0): {"_type": str(cls)} followed by the instance's ``_non_tensordict``
+in its order, JSON-able values only. ``_init_wrapper`` builds it as "data"
+(passed), then the fields with a non-None default ("_is_non_tensor": True),
+then the remaining fields set to None ("_metadata"); so meta.json is
+{"_type", "data", "_is_non_tensor", "_metadata"}, the order issue 19's run of
+0.12.4/0.13.0/0.14.0 showed.
 
 Outputs: golden/<case>/ (the fixture tree) and golden/<case>.expected.json
 (what a reader must decode from it).
@@ -191,6 +194,8 @@ def write_td(td, prefix, style, rel, expected):
             else:
                 nmeta["data"] = val.data
                 rec["data"] = val.data
+            nmeta["_is_non_tensor"] = True
+            nmeta["_metadata"] = None
             write(os.path.join(sub, "meta.json"), dumps(nmeta, style))
             expected["non_tensors"].append(rec)
             meta[key] = {"type": "NonTensorData"}
@@ -347,11 +352,11 @@ def main():
         ),
         "orjson",
         "NonTensorData entries: parent records {'type': 'NonTensorData'}; the sub-directory "
-        "holds meta.json {'_type': \"<class 'tensordict.tensorclass.NonTensorData'>\", 'data': ...} "
-        "and no _tensordict/ directory (newer versions). A value that is not "
-        "JSON-serializable (here bytes) is moved to other.pickle = pickle.dumps({'data': value}) "
-        "and absent from meta.json: a safe reader must refuse it. Upstream may add "
-        "'_metadata'/'_is_non_tensor' keys (unverified); readers must ignore them. "
+        "holds meta.json {'_type': \"<class 'tensordict.tensorclass.NonTensorData'>\", 'data': ..., "
+        "'_is_non_tensor': true, '_metadata': null} in that order (v0.12.4 to v0.14.0) and no "
+        "_tensordict/ directory (newer versions). A value that is not JSON-serializable (here "
+        "bytes) is moved to other.pickle = pickle.dumps({'data': value}) and absent from "
+        "meta.json, which keeps _is_non_tensor and _metadata: a safe reader must refuse it. "
         "The NonTensorData batch size is not stored (it follows the parent).",
     )
 
