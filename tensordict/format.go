@@ -153,13 +153,41 @@ func (w *jsonWriter) bytes() []byte {
 }
 
 func encodeJSON(buf *bytes.Buffer, v any) error {
-	enc := json.NewEncoder(buf)
+	var tmp bytes.Buffer
+	enc := json.NewEncoder(&tmp)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
 		return err
 	}
-	buf.Truncate(buf.Len() - 1) // Encode ends with a newline
+	b := tmp.Bytes()
+	buf.Write(unescapeLineSeparators(b[:len(b)-1])) // Encode ends with a newline
 	return nil
+}
+
+// unescapeLineSeparators writes U+2028 and U+2029 back as UTF-8 in JSON
+// that encoding/json wrote: it escapes them as \u2028 and \u2029 whatever
+// SetEscapeHTML says, orjson and Python's json (ensure_ascii=False) do not.
+// Every backslash in encoding/json's output starts an escape inside a
+// string, so an escaped backslash followed by "u2028" is left alone.
+func unescapeLineSeparators(b []byte) []byte {
+	if !bytes.Contains(b, []byte(`\u202`)) {
+		return b
+	}
+	out := make([]byte, 0, len(b))
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' || i+1 == len(b) {
+			out = append(out, b[i])
+			continue
+		}
+		if esc := b[i+1:]; len(esc) >= 5 && string(esc[:4]) == "u202" && (esc[4] == '8' || esc[4] == '9') {
+			out = utf8.AppendRune(out, rune(0x2028+int(esc[4]-'8')))
+			i += 5
+			continue
+		}
+		out = append(out, b[i], b[i+1])
+		i++
+	}
+	return out
 }
 
 // shapeJSON keeps an empty shape as [] rather than null.
