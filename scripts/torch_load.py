@@ -3,9 +3,9 @@
 
     python3 scripts/torch_load.py PREFIX [--values]
 
-It follows tensordict's TensorDict.load_memmap (tensordict/_td.py, 0.13+):
+It follows tensordict's TensorDict.load_memmap (tensordict/_td.py, 0.14):
 meta.json keys in order, each leaf file found under its %XX-escaped name or,
-failing that, its raw name, and mapped with torch.from_file(path,
+failing that, its raw name (0.13's), and mapped with torch.from_file(path,
 shared=False, dtype=..., size=numel).view(shape), where the dtype comes from
 the string in meta.json through {str(d): d} over torch's dtypes, as
 tensordict's _STR_DTYPE_TO_DTYPE does. tensordict itself cannot be installed
@@ -29,15 +29,19 @@ UNSAFE = set('/<>:"|?*\\ \0%') | {chr(i) for i in range(32)} | {chr(127)}
 
 
 def escape(key):
+    # tensordict 0.14's _encode_key_for_filesystem: "", "." and ".." name no
+    # file of their own and are written "%", "%2E" and "%2E%2E".
+    if key in ("", ".", ".."):
+        return "%2E" * len(key) or "%"
     return "".join("%%%02X" % ord(c) if c in UNSAFE else c for c in key)
 
 
 def find(prefix, key, suffix):
     p = os.path.join(prefix, escape(key) + suffix)
-    if not os.path.exists(p):
-        raw = os.path.join(prefix, key + suffix)
-        if os.path.exists(raw):
-            return raw
+    raw = key + suffix  # what tensordict 0.13 wrote; never a folder "", "." or ".."
+    if not os.path.exists(p) and "/" not in key and raw not in ("", ".", ".."):
+        if os.path.exists(os.path.join(prefix, raw)):
+            return os.path.join(prefix, raw)
     return p
 
 

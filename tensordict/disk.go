@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 
 	"github.com/tensorwire/tensorwire/internal/atomicfile"
@@ -39,11 +40,8 @@ func (td *TensorDict) MemmapLike(prefix string) (*TensorDict, error) {
 }
 
 func (td *TensorDict) writeRoot(prefix string, copyData bool) (*TensorDict, error) {
-	for p, v := range td.Items() { // refuse before writing anything
-		_, isTensor := v.(*Tensor)
-		if err := checkKeyForDisk(p[len(p)-1], !isTensor); err != nil {
-			return nil, fmt.Errorf("memmap %s: %s: %w", prefix, keyString(p), err)
-		}
+	if err := td.checkForDisk(nil); err != nil { // refuse before writing anything
+		return nil, fmt.Errorf("memmap %s: %w", prefix, err)
 	}
 	top := missingTop(prefix)
 	if err := os.MkdirAll(prefix, 0o755); err != nil {
@@ -71,6 +69,43 @@ func (td *TensorDict) writeRoot(prefix string, copyData bool) (*TensorDict, erro
 	return out, nil
 }
 
+// checkForDisk returns an error wrapping ErrKey for the first key of td's
+// tree that cannot be written (checkKeyForDisk), or that would be written
+// under the same name as another key of its TensorDict: a leaf "a"
+// (a.memmap) and a folder "a.memmap", or a folder "meta.json". path is td's
+// place in the tree.
+func (td *TensorDict) checkForDisk(path []string) error {
+	names := make(map[string]string, len(td.keys)+1)
+	names[metaFile] = "" // the TensorDict's own meta.json
+	for _, k := range td.keys {
+		p := append(slices.Clip(path), k)
+		if err := checkKeyForDisk(k); err != nil {
+			return fmt.Errorf("%s: %w", keyString(p), err)
+		}
+		name := escapeKey(k)
+		switch v := td.vals[k].(type) {
+		case *Tensor:
+			if v.NumBytes() == 0 {
+				continue // no file, as in tensordict
+			}
+			name += leafSuffix
+		case *TensorDict:
+			if err := v.checkForDisk(p); err != nil {
+				return err
+			}
+		}
+		if other, ok := names[name]; ok {
+			what := fmt.Sprintf("key %q's", other)
+			if name == metaFile {
+				what = "its TensorDict's"
+			}
+			return fmt.Errorf("%s: %w: would be written as %q, %s name", keyString(p), ErrKey, name, what)
+		}
+		names[name] = k
+	}
+	return nil
+}
+
 // missingTop returns the outermost folder of path that does not exist, the
 // one MkdirAll(path) creates first, or "" if path exists.
 func missingTop(path string) string {
@@ -94,12 +129,14 @@ func (td *TensorDict) writeDir(dir string, copyData bool, maps *[]*memmap.Tensor
 	meta := newJSONObject()
 	for _, k := range td.keys {
 		v := td.vals[k] // keys were checked by writeRoot
+		// escapeKey's name is one path component, never "." or "..": the
+		// file or folder is in dir, whatever the key.
 		name := filepath.Join(dir, escapeKey(k))
 		var nv Value
 		var err error
 		switch v := v.(type) {
 		case *Tensor:
-			nv, err = writeLeaf(name+leafSuffix, v, copyData, maps)
+			nv, err = writeLeaf(filepath.Join(dir, escapeKey(k)+leafSuffix), v, copyData, maps)
 			if err == nil {
 				err = meta.member(k, tensorMeta(v))
 			}
@@ -157,8 +194,10 @@ func writeLeaf(path string, t *Tensor, copyData bool, maps *[]*memmap.Tensor) (*
 	return out, nil
 }
 
-// writeNonTensor writes a NonTensorData folder: a meta.json with the data.
-// A stale pickle from an earlier writer is removed, as tensordict does.
+// writeNonTensor writes a NonTensorData folder: a meta.json with the data,
+// and the two other fields of tensordict's NonTensorData in the order
+// tensordict writes them. A stale pickle from an earlier writer is removed,
+// as tensordict does.
 func writeNonTensor(dir string, n *NonTensor) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -168,6 +207,8 @@ func writeNonTensor(dir string, n *NonTensor) error {
 	if err := meta.member("data", n.Data); err != nil {
 		return err
 	}
+	meta.member("_is_non_tensor", true)
+	meta.member("_metadata", nil)
 	if err := os.Remove(filepath.Join(dir, pickleFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
@@ -380,13 +421,15 @@ func dictFrom(dir string, members []member, typ string, o loadOptions, maps *[]*
 	return td, nil
 }
 
-// findName returns the path of a key's file or folder in dir: the escaped
-// name, or for files written before tensordict 0.13 the raw key.
+// findName returns the path of a key's file (suffix leafSuffix) or folder
+// (suffix "") in dir, as tensordict 0.14 looks for it: the escaped name
+// first, then the name an older writer used (legacyName). Either is inside
+// dir.
 func (o *loadOptions) findName(dir, key, suffix string) (string, error) {
 	p := filepath.Join(dir, escapeKey(key)+suffix)
 	_, err := o.lstat(p)
-	if errors.Is(err, fs.ErrNotExist) && legacyName(key) {
-		raw := filepath.Join(dir, key+suffix)
+	if legacy, ok := legacyName(key, suffix); ok && errors.Is(err, fs.ErrNotExist) {
+		raw := filepath.Join(dir, legacy)
 		if _, rerr := o.lstat(raw); rerr == nil {
 			return raw, nil
 		}
@@ -424,9 +467,6 @@ func loadLeaf(dir, key string, e leafEntry, o loadOptions, maps *[]*memmap.Tenso
 }
 
 func loadCollection(dir, key string, o loadOptions, maps *[]*memmap.Tensor) (Value, error) {
-	if err := checkKeyForDisk(key, true); err != nil { // "", "." and ".." name no folder of their own
-		return nil, fmt.Errorf("%w: %s: %w", ErrFormat, filepath.Join(dir, metaFile), err)
-	}
 	if o.depth++; o.depth > maxDepth {
 		return nil, fmt.Errorf("%w: %s: TensorDicts nested more than %d deep (a symlink loop?)", ErrFormat, dir, maxDepth)
 	}

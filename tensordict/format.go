@@ -31,11 +31,22 @@ const (
 // tensordict silently overwrites an entry of that name, so they are refused.
 var reservedKeys = map[string]bool{"shape": true, "device": true, "_type": true}
 
-// escapeKey returns the file-system name of a key as tensordict (0.13 and
-// later, robust_key=True) writes it: each of / < > : " | ? * \ space % NUL,
-// the other control characters and DEL becomes %XX in uppercase hex; every
-// other character, "." and non-ASCII included, stays as it is.
+// escapeKey returns the file-system name of a key as tensordict 0.14
+// (_encode_key_for_filesystem, robust_key=True) writes it: the whole key ""
+// is "%", "." is "%2E" and ".." is "%2E%2E" (none of them names a file of
+// its own; the escaping below never yields a bare "%"); in any other key
+// each of / < > : " | ? * \ space % NUL, the other control characters and
+// DEL becomes %XX in uppercase hex, and every other character, "." and
+// non-ASCII included, stays as it is. The name is always one path
+// component other than "." and "..", so it never leaves its folder;
+// tensordict 0.13 escaped "", "." and ".." as themselves.
 func escapeKey(key string) string {
+	switch key {
+	case "":
+		return "%"
+	case ".", "..":
+		return strings.Repeat("%2E", len(key))
+	}
 	var b strings.Builder
 	for _, r := range key {
 		if r < 0x20 || r == 0x7f || strings.ContainsRune(`/<>:"|?*\ %`, r) {
@@ -47,23 +58,31 @@ func escapeKey(key string) string {
 	return b.String()
 }
 
-// legacyName reports whether a raw key may be tried as a file name, as
-// tensordict before 0.13 wrote names: a single path component.
-func legacyName(key string) bool {
-	return key != "" && key != "." && key != ".." && !strings.ContainsAny(key, "/\x00")
+// legacyName returns the name tensordict before 0.14 may have written for
+// key with suffix (leafSuffix, or "" for a folder), and whether there is
+// one worth trying that stays in its folder: the raw key, when it is a
+// single path component. A leaf "" was ".memmap", "." "..memmap" and ".."
+// "...memmap" (0.13's escaping); a folder of those names would be the
+// folder itself or its parent, so there is none.
+func legacyName(key, suffix string) (string, bool) {
+	if strings.ContainsAny(key, "/\x00") {
+		return "", false
+	}
+	name := key + suffix
+	if name == "" || name == "." || name == ".." {
+		return "", false
+	}
+	return name, true
 }
 
 // checkKeyForDisk returns an error for a key that cannot be written: a
-// reserved meta.json name, invalid UTF-8, or (for folders) a name that would
-// not be a folder of its own.
-func checkKeyForDisk(key string, folder bool) error {
+// reserved meta.json name, or invalid UTF-8.
+func checkKeyForDisk(key string) error {
 	switch {
 	case reservedKeys[key]:
 		return fmt.Errorf("%w: %q clashes with a meta.json field", ErrKey, key)
 	case !utf8.ValidString(key):
 		return fmt.Errorf("%w: %q is not valid UTF-8", ErrKey, key)
-	case folder && (key == "" || key == "." || key == ".."):
-		return fmt.Errorf("%w: %q cannot name a nested TensorDict's folder", ErrKey, key)
 	}
 	return nil
 }
@@ -153,13 +172,41 @@ func (w *jsonWriter) bytes() []byte {
 }
 
 func encodeJSON(buf *bytes.Buffer, v any) error {
-	enc := json.NewEncoder(buf)
+	var tmp bytes.Buffer
+	enc := json.NewEncoder(&tmp)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
 		return err
 	}
-	buf.Truncate(buf.Len() - 1) // Encode ends with a newline
+	b := tmp.Bytes()
+	buf.Write(unescapeLineSeparators(b[:len(b)-1])) // Encode ends with a newline
 	return nil
+}
+
+// unescapeLineSeparators writes U+2028 and U+2029 back as UTF-8 in JSON
+// that encoding/json wrote: it escapes them as \u2028 and \u2029 whatever
+// SetEscapeHTML says, orjson and Python's json (ensure_ascii=False) do not.
+// Every backslash in encoding/json's output starts an escape inside a
+// string, so an escaped backslash followed by "u2028" is left alone.
+func unescapeLineSeparators(b []byte) []byte {
+	if !bytes.Contains(b, []byte(`\u202`)) {
+		return b
+	}
+	out := make([]byte, 0, len(b))
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' || i+1 == len(b) {
+			out = append(out, b[i])
+			continue
+		}
+		if esc := b[i+1:]; len(esc) >= 5 && string(esc[:4]) == "u202" && (esc[4] == '8' || esc[4] == '9') {
+			out = utf8.AppendRune(out, rune(0x2028+int(esc[4]-'8')))
+			i += 5
+			continue
+		}
+		out = append(out, b[i], b[i+1])
+		i++
+	}
+	return out
 }
 
 // shapeJSON keeps an empty shape as [] rather than null.

@@ -17,7 +17,7 @@ func TestTorch_LoadsWhatMemmapWrites(t *testing.T) {
 	if err := torchcheck.Available(); err != nil {
 		t.Skip(err)
 	}
-	for _, name := range []string{"dtypes", "escaped_keys", "basic_orjson", "empty_leaf"} {
+	for _, name := range []string{"dtypes", "escaped_keys", "basic_orjson", "empty_leaf", "special_keys"} {
 		t.Run(name, func(t *testing.T) {
 			e := readExpected(t, name)
 			prefix := filepath.Join(t.TempDir(), "out")

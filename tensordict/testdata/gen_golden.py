@@ -9,7 +9,9 @@ upstream code paths below write for ``td.memmap_(prefix)`` /
 (stdlib only, no numpy, deterministic).
 
 Upstream sources read (github.com/pytorch/tensordict, main branch around the
-0.13/0.14 releases, commit 09aaa7217b5a unless noted):
+0.13/0.14 releases, commit 09aaa7217b5a unless noted; the 0.14 parts re-read
+at tag v0.14.0, which includes commit e70b89164db1 "[BugFix] Harden memmap
+path handling (#1762)"):
 
 * tensordict/_td_memmap.py (commit 179bcc8457eb): ``_save_metadata`` (meta.json =
   entries in insertion order, then "shape", "device", "_type"; written with
@@ -17,31 +19,32 @@ Upstream sources read (github.com/pytorch/tensordict, main branch around the
   (leaf entry = {"device", "shape", "dtype", "is_nested"}; collection entry =
   {"type": type(value).__name__}), ``_populate_memmap`` (file name
   ``f"{_encode_key_for_filesystem(key)}.memmap"``).
-* tensordict/_utils_key_json.py (commits 0f020cace16b, 706f5d3590ff):
+* tensordict/_utils_key_json.py (commits 0f020cace16b, 706f5d3590ff; v0.14.0):
   ``_encode_key_for_filesystem`` (robust escaping ``%XX`` of / < > : " | ? * \\
-  space NUL % and chars 0-31, 127), JSON backend (orjson if importable, else
-  stdlib json; orjson output is compact, stdlib ``json.dumps`` uses ", "/": "
-  and ensure_ascii=True).
+  space NUL % and chars 0-31, 127; since v0.14.0 the whole key "" is "%", "."
+  is "%2E" and ".." is "%2E%2E", every other key as before), JSON backend
+  (orjson if importable, else stdlib json; orjson output is compact, stdlib
+  ``json.dumps`` uses ", "/": " and ensure_ascii=True).
 * tensordict/_td.py: ``TensorDict._memmap_`` / ``TensorDict._load_memmap``
   (device forced to "cpu" before metadata is saved; nested directories named
-  by the encoded key since PR #1762).
+  by the encoded key since PR #1762, v0.14.0: v0.13.0 wrote ``prefix / key``).
 * tensordict/_base/serialization.py: ``memmap_`` / ``memmap`` / ``load_memmap``
   (robust_key default True since PR #1717, tensordict 0.13).
 * tensordict/memmap.py: ``MemoryMappedTensor.from_tensor`` /
   ``_prepare_memmap_file`` (file reserved only when numel > 0, then
   ``torch.from_file(shared=True, size=numel)``; a zero-element tensor gets NO
   file; an existing longer file is not truncated).
-* tensordict/tensorclass.py: ``_memmap_`` / ``_load_memmap`` /
-  ``NonTensorDataBase`` (meta.json = {"_type": str(cls), <json-serializable
-  non-tensor fields>}; non-JSON fields pickled into "other.pickle"; no
-  "_tensordict" sub-directory for NonTensorData).
+* tensordict/tensorclass.py (v0.12.4, v0.13.0, v0.14.0): ``_memmap_`` /
+  ``_load_memmap`` / ``NonTensorDataBase`` (meta.json = {"_type": str(cls)}
+  followed by the instance's ``_non_tensordict`` in its order, JSON-able
+  values only; non-JSON values pickled into "other.pickle"; no "_tensordict"
+  sub-directory for NonTensorData). ``_non_tensordict`` of a NonTensorData is
+  built by ``_init_wrapper``: "data" (passed), then the fields with a
+  non-None default ("_is_non_tensor": True), then the remaining fields set to
+  None ("_metadata"); so meta.json is {"_type", "data", "_is_non_tensor",
+  "_metadata"}, the order the issue's run of 0.12.4/0.13.0/0.14.0 showed.
 * tensordict/utils.py: ``_STR_DTYPE_TO_DTYPE`` (dtype names are ``str(dtype)``,
   e.g. "torch.float16", "torch.uint16").
-
-Known uncertainty (see /tmp/format-facts.md): the exact set/order of the
-extra keys ("_metadata", "_is_non_tensor") in a NonTensorData meta.json could
-not be pinned down from source; the minimal form written here
-({"_type", "data"}) is what every upstream loader accepts.
 
 Outputs: golden/<case>/ (the fixture tree) and golden/<case>.expected.json
 (what a reader must decode from it).
@@ -91,10 +94,33 @@ def bf16_bits(x):
     return bits >> 16
 
 
-def encode_key(key):
-    """Mirror of _encode_key_for_filesystem(key, robust=True)."""
+def encode_key_013(key):
+    """Mirror of v0.13.0's _encode_key_for_filesystem(key, robust=True)."""
     unsafe = set('/<>:"|?*\\ \0%') | {chr(i) for i in range(32)} | {chr(127)}
     return "".join("%%%02X" % ord(c) if c in unsafe else c for c in key)
+
+
+def encode_key(key):
+    """Mirror of v0.14.0's _encode_key_for_filesystem(key, robust=True)."""
+    if not key:
+        return "%"
+    if key in (".", ".."):
+        return "%2E" * len(key)
+    return encode_key_013(key)
+
+
+class Writer:
+    """How file and folder names and NonTensorData meta.json are written."""
+
+    def __init__(self, leaf_name, folder_name, nontensor_extra):
+        self.leaf_name, self.folder_name, self.nontensor_extra = leaf_name, folder_name, nontensor_extra
+
+
+# tensordict 0.14.0 (robust_key default): escaped names, the NonTensorData
+# fields after "data".
+TD014 = Writer(encode_key, encode_key, True)
+# tensordict 0.13.0 leaves and folders; NonTensorData as tensorwire wrote it.
+LEGACY = Writer(encode_key_013, lambda key: key, False)
 
 
 def dumps(obj, style):
@@ -147,13 +173,13 @@ def write(path, data):
         f.write(data)
 
 
-def write_td(td, prefix, style, rel, expected):
+def write_td(td, prefix, style, rel, expected, w, relnames):
     os.makedirs(prefix, exist_ok=True)
     meta = {}
     for key, val in td.entries:
-        safe = encode_key(key)
+        safe = w.folder_name(key)
         if isinstance(val, Leaf):
-            fname = safe + ".memmap"
+            fname = w.leaf_name(key) + ".memmap"
             raw = pack(val.dtype, val.values)
             n = numel(val.shape)
             if n:  # upstream creates no file for zero-element tensors
@@ -169,14 +195,14 @@ def write_td(td, prefix, style, rel, expected):
                     "path": rel + [key],
                     "dtype": val.dtype,
                     "shape": val.shape,
-                    "file": "/".join([encode_key(k) for k in rel] + [fname]),
+                    "file": "/".join(relnames + [fname]),
                     "file_exists": bool(n),
                     "file_size": len(raw + val.extra) if n else 0,
                     "values": val.values,
                 }
             )
         elif isinstance(val, TD):
-            write_td(val, os.path.join(prefix, safe), style, rel + [key], expected)
+            write_td(val, os.path.join(prefix, safe), style, rel + [key], expected, w, relnames + [safe])
             meta[key] = {"type": "TensorDict"}
         elif isinstance(val, NonTensor):
             sub = os.path.join(prefix, safe)
@@ -186,11 +212,14 @@ def write_td(td, prefix, style, rel, expected):
             if val.pickled:
                 blob = pickle.dumps({"data": val.data}, protocol=4)
                 write(os.path.join(sub, "other.pickle"), blob)
-                rec["pickle_file"] = "/".join([encode_key(k) for k in rel] + [safe, "other.pickle"])
+                rec["pickle_file"] = "/".join(relnames + [safe, "other.pickle"])
                 rec["data_hex"] = val.data.hex()
             else:
                 nmeta["data"] = val.data
                 rec["data"] = val.data
+            if w.nontensor_extra:
+                nmeta["_is_non_tensor"] = True
+                nmeta["_metadata"] = None
             write(os.path.join(sub, "meta.json"), dumps(nmeta, style))
             expected["non_tensors"].append(rec)
             meta[key] = {"type": "NonTensorData"}
@@ -230,7 +259,7 @@ def td_repr(td, device="None"):
     return "TensorDict(\n%s)" % ",\n".join(parts)
 
 
-def make_case(name, td, style, notes, extra_expected=None):
+def make_case(name, td, style, notes, extra_expected=None, w=TD014):
     prefix = os.path.join(GOLDEN, name)
     expected = {
         "case": name,
@@ -240,7 +269,7 @@ def make_case(name, td, style, notes, extra_expected=None):
         "leaves": [],
         "non_tensors": [],
     }
-    write_td(td, prefix, style, [], expected)
+    write_td(td, prefix, style, [], expected, w, [])
     expected["tensordicts"].sort(key=lambda d: d["path"])
     if extra_expected:
         expected.update(extra_expected)
@@ -347,12 +376,71 @@ def main():
         ),
         "orjson",
         "NonTensorData entries: parent records {'type': 'NonTensorData'}; the sub-directory "
-        "holds meta.json {'_type': \"<class 'tensordict.tensorclass.NonTensorData'>\", 'data': ...} "
-        "and no _tensordict/ directory (newer versions). A value that is not "
-        "JSON-serializable (here bytes) is moved to other.pickle = pickle.dumps({'data': value}) "
-        "and absent from meta.json: a safe reader must refuse it. Upstream may add "
-        "'_metadata'/'_is_non_tensor' keys (unverified); readers must ignore them. "
+        "holds meta.json {'_type': \"<class 'tensordict.tensorclass.NonTensorData'>\", 'data': ..., "
+        "'_is_non_tensor': true, '_metadata': null} in that order (v0.12.4 to v0.14.0) and no "
+        "_tensordict/ directory (newer versions). A value that is not JSON-serializable (here "
+        "bytes) is moved to other.pickle = pickle.dumps({'data': value}) and absent from "
+        "meta.json, which keeps _is_non_tensor and _metadata: a safe reader must refuse it. "
         "The NonTensorData batch size is not stored (it follows the parent).",
+    )
+
+    make_case(
+        "special_keys",
+        TD(
+            [2],
+            [
+                ("", Leaf("torch.int32", [2], [1, 2])),
+                (".", Leaf("torch.int32", [2], [3, 4])),
+                ("..", Leaf("torch.int32", [2], [5, 6])),
+                ("...", Leaf("torch.int32", [2], [7, 8])),
+                (".x", Leaf("torch.int32", [2], [9, 10])),
+                ("%", Leaf("torch.int32", [2], [11, 12])),
+                ("%2E", Leaf("torch.int32", [2], [13, 14])),
+                (
+                    "nested",
+                    TD(
+                        [2],
+                        [
+                            ("", TD([2], [("", Leaf("torch.int16", [2], [21, 22])), ("v", Leaf("torch.int16", [2], [23, 24]))])),
+                            (".", TD([2], [(".", Leaf("torch.int16", [2], [25, 26]))])),
+                            ("..", TD([2], [("..", Leaf("torch.int16", [2], [27, 28])), ("", NonTensor("up"))])),
+                            (".x", TD([2], [("w", Leaf("torch.int16", [2], [29, 30]))])),
+                        ],
+                    ),
+                ),
+            ],
+        ),
+        "orjson",
+        "tensordict 0.14.0 layout for keys that are not a name of their own (commit e70b89164db1, "
+        "'[BugFix] Harden memmap path handling (#1762)'): the whole key '' is written '%', '.' is "
+        "'%2E' and '..' is '%2E%2E', for leaves (%.memmap, %2E.memmap, %2E%2E.memmap) and for "
+        "nested TensorDicts and NonTensorData folders alike. Any other key is escaped as before: "
+        "'...' and '.x' keep their dots, '%' is '%25' and '%2E' is '%252E', so no two keys share "
+        "a name. v0.13.0 wrote the leaves .memmap, ..memmap and ...memmap (see legacy_names) and "
+        "nested folders under the raw key, which for these keys is the folder itself or its parent.",
+    )
+
+    make_case(
+        "legacy_names",
+        TD(
+            [2],
+            [
+                ("", Leaf("torch.int32", [2], [1, 2])),
+                (".", Leaf("torch.int32", [2], [3, 4])),
+                ("..", Leaf("torch.int32", [2], [5, 6])),
+                ("a b", Leaf("torch.int32", [2], [7, 8])),
+                ("sub dir", TD([2], [("v", Leaf("torch.int16", [2], [9, 10]))])),
+                ("cfg", NonTensor({"lr": 0.001})),
+            ],
+        ),
+        "orjson",
+        "Names as older writers wrote them, for readers: leaves by v0.13.0's encoder ('' is "
+        ".memmap, '.' is ..memmap, '..' is ...memmap; 'a b' is a%20b.memmap), the nested folder "
+        "under its raw key ('sub dir', as v0.13.0 named nested folders), and a NonTensorData "
+        "meta.json with only _type and data (as tensorwire wrote it before matching tensordict's "
+        "four members). tensordict 0.14.0 reads all of it: it tries the escaped name first, then "
+        "the raw one (never for collection keys '', '.', '..').",
+        w=LEGACY,
     )
 
     make_case(
