@@ -15,11 +15,19 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/lockfile"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/replay/internal/selector"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
+
+// LockFile is the name, under a buffer's prefix, of its lock file: the
+// Buffer that has the buffer open holds an exclusive lock on it, which the
+// kernel drops when its process dies (internal/lockfile). The file holds
+// the pid, host and program of the last holder; a second Open or Create is
+// refused with ErrInUse naming them.
+const LockFile = "replay.lock"
 
 // StorageDir is the folder, under a buffer's prefix, of its storage: a
 // memory-mapped TensorDict of batch size [Capacity] in tensordict's format,
@@ -39,11 +47,14 @@ const StorageDir = "storage"
 //
 // A Buffer owns its mappings until Close. Its prefix holds everything it
 // needs to resume (Open): the storage, the slot table (SlotsFile), and
-// replay.json with its configuration and last checkpoint.
+// replay.json with its configuration and last checkpoint. It owns the
+// prefix too: one Buffer at a time, in one process, holds its LockFile,
+// from Create or Open until Close.
 type Buffer struct {
 	prefix string
 	cfg    Config
 	id     string
+	lock   *lockfile.Lock
 
 	commitMu sync.RWMutex // commits hold it shared; Checkpoint exclusively, around its flushes
 	use      sync.RWMutex // operations on the mappings outside mu hold it shared (enter); Close exclusively
@@ -87,8 +98,9 @@ type Stats struct {
 }
 
 // Create makes a new buffer at prefix, a folder that must not hold one
-// already (ErrExists). With cfg.Schema the storage is created now, its disk
-// space reserved; without, at the first Extend. Close it when done.
+// already (ErrExists), and holds it (LockFile) until Close. With cfg.Schema
+// the storage is created now, its disk space reserved; without, at the
+// first Extend. Close it when done.
 func Create(prefix string, cfg Config) (*Buffer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -101,20 +113,31 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 	if err := os.MkdirAll(prefix, 0o755); err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
+	lock, err := acquire(prefix)
+	if err != nil {
+		// Another Create may be filling the folder: leave it alone.
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(prefix, MetaFile)); err == nil {
+		lock.Release()
+		return nil, fmt.Errorf("%w: %s", ErrExists, prefix)
+	}
 	// undo gives back the space a failed Create took (a full disk is the
-	// usual cause): the folder if Create made it, else what it wrote.
+	// usual cause): the folder if Create made it, else what it wrote; and
+	// lets the prefix go.
 	undo := func() {
 		if made {
 			os.RemoveAll(prefix)
-			return
+		} else {
+			os.Remove(filepath.Join(prefix, SlotsFile))
+			os.RemoveAll(filepath.Join(prefix, StorageDir))
+			os.Remove(filepath.Join(prefix, LockFile))
 		}
-		os.Remove(filepath.Join(prefix, SlotsFile))
-		os.RemoveAll(filepath.Join(prefix, StorageDir))
+		lock.Release()
 	}
 	var idb [8]byte
 	rand.Read(idb[:])
 	b := newBuffer(prefix, cfg, hex.EncodeToString(idb[:]))
-	var err error
 	if b.slots, err = createSlots(filepath.Join(prefix, SlotsFile), cfg.Capacity); err != nil {
 		undo()
 		return nil, fmt.Errorf("replay: creating the slot table: %w", err)
@@ -138,8 +161,35 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 		undo()
 		return nil, err
 	}
+	b.lock = lock
 	return b, nil
 }
+
+// acquire takes the lock of the buffer at prefix, or fails with ErrInUse
+// naming its holder.
+func acquire(prefix string) (*lockfile.Lock, error) {
+	l, err := lockfile.Acquire(filepath.Join(prefix, LockFile))
+	var held *lockfile.HeldError
+	if errors.As(err, &held) {
+		return nil, &inUseError{prefix: prefix, held: held}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	return l, nil
+}
+
+// inUseError is ErrInUse with the holder lockfile found.
+type inUseError struct {
+	prefix string
+	held   *lockfile.HeldError
+}
+
+func (e *inUseError) Error() string {
+	return fmt.Sprintf("%v by %s: %s", ErrInUse, e.held.Holder(), e.prefix)
+}
+
+func (e *inUseError) Unwrap() []error { return []error{ErrInUse, e.held} }
 
 func newBuffer(prefix string, cfg Config, id string) *Buffer {
 	sel, _ := selector.New(cfg.Sampler.spec, cfg.Capacity) // validated
@@ -820,12 +870,17 @@ func (b *Buffer) Close() error {
 	return errors.Join(err, b.closeFiles())
 }
 
+// closeFiles unmaps the storage and the slot table and lets the prefix
+// go.
 func (b *Buffer) closeFiles() error {
 	var errs []error
 	if b.storage != nil {
 		errs = append(errs, b.storage.Close())
 	}
 	errs = append(errs, b.slots.close())
+	if b.lock != nil {
+		errs = append(errs, b.lock.Release())
+	}
 	return errors.Join(errs...)
 }
 

@@ -135,7 +135,29 @@ func (b *Buffer) Checkpoint(ctx context.Context) error {
 // it: every transition committed before that process stopped (however it
 // stopped) can be sampled again, with its priority; reservations it had
 // not committed are dropped. ErrNotFound if prefix holds no buffer.
+//
+// The Buffer holds the prefix (LockFile) until Close: ErrInUse, naming the
+// holder's pid and host, if another Buffer holds it, in this process or
+// another.
 func Open(prefix string) (*Buffer, error) {
+	if _, err := os.Stat(filepath.Join(prefix, MetaFile)); errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w at %s", ErrNotFound, prefix)
+	}
+	lock, err := acquire(prefix)
+	if err != nil {
+		return nil, err
+	}
+	b, err := open(prefix)
+	if err != nil {
+		lock.Release()
+		return nil, err
+	}
+	b.lock = lock
+	return b, nil
+}
+
+// open is Open once the prefix is held.
+func open(prefix string) (*Buffer, error) {
 	data, err := os.ReadFile(filepath.Join(prefix, MetaFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w at %s", ErrNotFound, prefix)

@@ -39,6 +39,23 @@ var (
 	// ErrNotFound: no buffer at the prefix (Open) or by that name on the
 	// node (Dial). Code NotFound.
 	ErrNotFound = errors.New("replay: no buffer")
+
+	// ErrInUse: another Buffer holds the buffer at the prefix (Open,
+	// Create), in another process or in this one; the error names its pid
+	// and host. A buffer has one owner at a time. Code FailedPrecondition.
+	ErrInUse = errors.New("replay: buffer in use")
+
+	// ErrStorageLost: the buffer's files were deleted, replaced or
+	// truncated under it (its folder removed while it was served, say), so
+	// what it holds is gone or no longer where it was. The buffer then
+	// refuses every call but Stats (StorageLost says why) and Close, and
+	// acknowledges nothing more. Code DataLoss.
+	ErrStorageLost = errors.New("replay: the buffer's storage is lost")
+
+	// ErrArgument: a call's argument is bad whatever the buffer holds: a
+	// sample of no transitions, or of more than one call may return.
+	// Code InvalidArgument.
+	ErrArgument = errors.New("replay: invalid argument")
 )
 
 // codes maps the sentinels to the codes their errors cross the wire with.
@@ -53,6 +70,9 @@ var codes = []struct {
 	{ErrConfig, rpc.InvalidArgument},
 	{ErrExists, rpc.AlreadyExists},
 	{ErrNotFound, rpc.NotFound},
+	{ErrInUse, rpc.FailedPrecondition},
+	{ErrStorageLost, rpc.DataLoss},
+	{ErrArgument, rpc.InvalidArgument},
 }
 
 // toWire gives err the code its sentinel maps to, for a handler to return.
@@ -98,6 +118,11 @@ type wireError struct {
 
 func (e *wireError) Error() string   { return e.err.Error() }
 func (e *wireError) Unwrap() []error { return []error{e.sentinel, e.err} }
+
+// argumentErrorf returns an error matching ErrArgument.
+func argumentErrorf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrArgument, fmt.Sprintf(format, args...))
+}
 
 // schemaErrorf returns an error matching ErrSchema.
 func schemaErrorf(format string, args ...any) error {

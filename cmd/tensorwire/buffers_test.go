@@ -2,7 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +65,45 @@ func TestNode_ServesReplayBuffer(t *testing.T) {
 	if len(seen) != 3 || !seen[1] || !seen[2] || !seen[3] {
 		t.Fatalf("after the restart the buffer gave %v, want 1, 2 and 3", seen)
 	}
+}
+
+// TestNode_TwoNodesOneBuffer: a second "tensorwire node --buffer" on the
+// root and buffer a running node serves does not start: it exits with
+// status 1 and says which process holds the buffer. The first node goes
+// on serving it.
+func TestNode_TwoNodesOneBuffer(t *testing.T) {
+	root := t.TempDir()
+	first := startNode(t, "--root", root, "--buffer", "sig,capacity=16")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cliBinary(t), "node", "--listen", "127.0.0.1:0", "--root", root, "--buffer", "sig,capacity=16")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("the second node: %v; want exit status 1\nstdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
+	}
+	host, _ := os.Hostname()
+	want := fmt.Sprintf("buffer in use by pid %d (tensorwire) on %s", first.proc.Pid(), host)
+	if !strings.Contains(stderr.String(), want) {
+		t.Errorf("the second node's stderr does not say %q:\n%s", want, &stderr)
+	}
+	if strings.Contains(stdout.String(), "listening on") {
+		t.Errorf("the second node listened:\n%s", &stdout)
+	}
+	c, err := replay.Dial(ctx, first.addr, "sig", replay.WithRoot(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	batch, _ := tensordict.New(2)
+	reward, _ := tensordict.FromSlice([]float32{1, 2}, 2)
+	batch.Set("reward", reward)
+	if _, err := c.Extend(ctx, batch); err != nil {
+		t.Fatalf("the first node after the second was refused: %v", err)
+	}
+	first.stop(t)
 }
 
 func TestNode_BufferFlagErrors(t *testing.T) {
