@@ -372,7 +372,7 @@ func TestFullDisk_ReplayBufferKeepsWorking(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if st := b.Stats(); st.Inserted != int64(next) {
+	if st, _ := b.Stats(); st.Inserted != int64(next) {
 		t.Errorf("reopened: Inserted = %d, want %d (the checkpoint's count)", st.Inserted, next)
 	}
 	if got := diskSampleAll(t, b); !slices.Equal(got, want) {

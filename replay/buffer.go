@@ -86,6 +86,11 @@ type reservation struct {
 
 // Stats counts what a buffer has done since it was created or opened.
 type Stats struct {
+	// StorageLost says why the buffer stopped, when its files were found
+	// deleted, replaced or truncated under it (ErrStorageLost); "" while
+	// they are in place.
+	StorageLost string `codec:"storage_lost" json:"storage_lost,omitempty"`
+
 	Capacity  int    `codec:"capacity" json:"capacity"`
 	Size      int    `codec:"size" json:"size"`           // transitions that can be sampled
 	Inserted  int64  `codec:"inserted" json:"inserted"`   // transitions committed (cumulative, as the rate limiter counts)
@@ -107,6 +112,9 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 	}
 	if _, err := os.Stat(filepath.Join(prefix, MetaFile)); err == nil {
 		return nil, fmt.Errorf("%w: %s", ErrExists, prefix)
+	}
+	if err := checkDisk(prefix, cfg); err != nil {
+		return nil, err
 	}
 	_, statErr := os.Stat(prefix)
 	made := errors.Is(statErr, os.ErrNotExist)
@@ -228,6 +236,17 @@ func (b *Buffer) createStorage(schema []tensordict.Field) error {
 // Prefix returns the folder the buffer lives in.
 func (b *Buffer) Prefix() string { return b.prefix }
 
+// Config returns the buffer's configuration: what Create was given (or
+// OpenWith changed), with the defaults filled in, and the schema once
+// known.
+func (b *Buffer) Config() Config {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := cloneConfig(b.cfg)
+	c.Schema = cloneSchema(b.schema)
+	return c
+}
+
 // Capacity returns how many transitions the buffer holds.
 func (b *Buffer) Capacity() int { return b.cfg.Capacity }
 
@@ -240,14 +259,17 @@ func (b *Buffer) Schema() []tensordict.Field {
 	return cloneSchema(b.schema)
 }
 
-// Stats returns the buffer's counters now.
-func (b *Buffer) Stats() Stats {
+// Stats returns the buffer's counters now; ErrClosed after Close.
+func (b *Buffer) Stats() (Stats, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return Stats{}, ErrClosed
+	}
 	s := b.stats
 	s.Capacity, s.Size, s.Pending, s.Sampler = b.cfg.Capacity, b.sel.Len(), b.pending, b.cfg.Sampler.String()
 	s.Inserted, s.Sampled = b.limit.inserts, b.limit.samples
-	return s
+	return s, nil
 }
 
 // Len returns the number of transitions that can be sampled.

@@ -107,6 +107,16 @@ func checkRows(td *tensordict.TensorDict) ([]int, error) {
 	return ids, nil
 }
 
+// stats returns b's Stats, failing the test on an error.
+func stats(t testing.TB, b *Buffer) Stats {
+	t.Helper()
+	st, err := b.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
@@ -342,7 +352,7 @@ func TestRateLimit(t *testing.T) {
 		if _, _, err := b.Sample(ctxT(t), 2); err != nil {
 			t.Fatal(err)
 		}
-		st := b.Stats()
+		st := stats(t, b)
 		if st.Inserted != 5 || st.Sampled != 10 {
 			t.Fatalf("stats %+v", st)
 		}
@@ -453,7 +463,7 @@ func TestCommit_RetriedIsRecognised(t *testing.T) {
 	if err != nil || !slices.Equal(first, again) {
 		t.Fatalf("the retried commit: %v, %v; want %v", again, err, first)
 	}
-	if st := b.Stats(); st.Size != 3 || st.Inserted != 3 {
+	if st := stats(t, b); st.Size != 3 || st.Inserted != 3 {
 		t.Fatalf("after a retried commit: %+v; want 3 transitions, inserted once", st)
 	}
 	if _, err := b.commit(r.rid+1, []int{3}, nil); !errors.Is(err, ErrExpired) {
@@ -471,14 +481,14 @@ func TestReservation_Expires(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := b.Stats(); st.Pending != 2 {
+	if st := stats(t, b); st.Pending != 2 {
 		t.Fatalf("pending %d", st.Pending)
 	}
 	time.Sleep(150 * time.Millisecond)
 	if _, err := b.commit(r.rid, r.slots, nil); !errors.Is(err, ErrExpired) {
 		t.Fatalf("commit after the lease: %v", err)
 	}
-	st := b.Stats()
+	st := stats(t, b)
 	if st.Pending != 0 || st.Expired != 1 || st.Size != 1 {
 		t.Fatalf("stats %+v", st)
 	}

@@ -140,7 +140,7 @@ func TestProcess_WriterKilledMidExtend(t *testing.T) {
 
 	stuck := proctest.Start(t, envHelper+"=stuck-writer", envAddr+"="+n.addr, envRoot+"="+root)
 	slots := stuck.Expect(t, "WRITING")
-	if st := n.b.Stats(); st.Pending != 8 {
+	if st := stats(t, n.b); st.Pending != 8 {
 		t.Fatalf("%d slots pending while the writer writes, want 8", st.Pending)
 	}
 	stuck.Kill()
@@ -194,7 +194,7 @@ func TestProcess_WriterKilledMidExtend(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	st := n.b.Stats()
+	st := stats(t, n.b)
 	t.Logf("after the kill: %d rows sampled whole; stats %+v", sampled.Load(), st)
 	if st.Expired != 1 || st.Pending != 0 {
 		t.Fatalf("the dead writer's reservation: %d expired, %d slots pending; want 1 and 0", st.Expired, st.Pending)

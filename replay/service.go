@@ -323,7 +323,10 @@ func (svc *Service) stats(_ context.Context, req nameRequest) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	st := sb.b.Stats()
+	st, err := sb.b.Stats()
+	if err != nil {
+		return Stats{}, err
+	}
 	st.NodeHeap = nodeHeap()
 	return st, nil
 }

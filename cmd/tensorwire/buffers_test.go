@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -115,6 +118,19 @@ func TestNode_BufferFlagErrors(t *testing.T) {
 		{"b,colour=red", "unknown setting"},
 		{"b,capacity", "not key=value"},
 		{"b,lease=5", "lease"},
+		{"b,capacity=0", "capacity=0: want at least 1"},
+		{"b,capacity=-3", "capacity=-3: want at least 1"},
+		{"b,min-size=0", "min-size=0: want at least 1"},
+		{"b,lease=0s", "lease=0s: want a positive duration"},
+		{"b,lease=-1s", "lease=-1s: want a positive duration"},
+		{"b,capacity=8,min-size=9", "min-size=9 is larger than capacity=8"},
+		{"b,min-size=9,capacity=8", "min-size=9 is larger than capacity=8"},
+		{"b,sampler=uniform,alpha=0.5", "alpha applies to sampler=prioritized only, not uniform"},
+		{"b,beta=0.5,sampler=fifo", "beta applies to sampler=prioritized only, not fifo"},
+		{"b,sampler=prioritized,alpha=-1", "alpha=-1"},
+		{"b,sampler=prioritized,beta=NaN", "beta=NaN"},
+		{"b,capacity=4,capacity=8", "capacity given twice"},
+		{"missing,lease=-1s", "lease"}, // a value check, before the buffer is looked for
 	} {
 		var f bufferFlags
 		if err := f.Set(tc.value); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -122,7 +138,7 @@ func TestNode_BufferFlagErrors(t *testing.T) {
 		}
 	}
 	var ok bufferFlags
-	if err := ok.Set("b,capacity=8,lease=250ms"); err != nil || ok[0].cfg.Lease != 250*time.Millisecond || ok[0].cfg.Capacity != 8 {
+	if err := ok.Set("b,capacity=8,lease=250ms"); err != nil || ok[0].lease != 250*time.Millisecond || ok[0].capacity != 8 {
 		t.Fatalf("--buffer b,capacity=8,lease=250ms: %+v, %v", ok, err)
 	}
 	// A buffer to open that does not exist, without a capacity to create it.
@@ -136,3 +152,128 @@ func TestNode_BufferFlagErrors(t *testing.T) {
 }
 
 func discardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestNode_BufferNamedTwice: two --buffer flags for one folder are refused
+// before anything is opened.
+func TestNode_BufferNamedTwice(t *testing.T) {
+	var f bufferFlags
+	if err := f.Set("a/b,capacity=4"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Set("a//b/"); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Fatalf("the same buffer twice: %v", err)
+	}
+}
+
+// TestNode_BufferRefusedCreateLeavesNothing: a setting no buffer can have
+// (more memory than the machine has) is a clear error, not an out-of-memory
+// crash, and leaves no folder behind.
+func TestNode_BufferRefusedCreateLeavesNothing(t *testing.T) {
+	for _, value := range []string{"v,capacity=10000000000000", "v,capacity=10000000000000,sampler=prioritized"} {
+		root := t.TempDir()
+		var f bufferFlags
+		if err := f.Set(value); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := f.open(root, discardLog())
+		if !errors.Is(err, replay.ErrConfig) || !strings.Contains(err.Error(), "memory") || !strings.Contains(err.Error(), "buffer v") {
+			t.Errorf("--buffer %s: %v; want a config error about memory, naming the buffer", value, err)
+		}
+		if left, _ := os.ReadDir(root); len(left) > 0 {
+			t.Errorf("--buffer %s left %v in the root", value, left)
+		}
+	}
+}
+
+// openBuffers opens the --buffer values under root, as the node does, and
+// returns what it logged; the buffers are closed before it returns.
+func openBuffers(t *testing.T, root string, values ...string) (string, error) {
+	t.Helper()
+	var f bufferFlags
+	for _, v := range values {
+		if err := f.Set(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var logs strings.Builder
+	sb, _, err := f.open(root, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err == nil {
+		if cerr := sb.close(); cerr != nil {
+			t.Fatal(cerr)
+		}
+	}
+	return logs.String(), err
+}
+
+// replayJSON reads a buffer's replay.json.
+func replayJSON(t *testing.T, prefix string) map[string]any {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(prefix, replay.MetaFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestNode_BufferSettingsOfAnExistingBuffer: settings given for a buffer
+// that exists are never ignored: those that cannot change (capacity, the
+// sampler's kind) are refused naming both values, as are those that do
+// not apply; those that can (lease, min-size, alpha and beta) are applied,
+// logged and saved in replay.json.
+func TestNode_BufferSettingsOfAnExistingBuffer(t *testing.T) {
+	root := t.TempDir()
+	if _, err := openBuffers(t, root, "u,capacity=16", "p,capacity=8,sampler=prioritized,alpha=0.7"); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(filepath.Join(root, "u", replay.MetaFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		value string
+		want  []string
+	}{
+		{"u,sampler=prioritized", []string{"sampler=prioritized", "uniform", "fixed"}},
+		{"u,capacity=32", []string{"capacity=32", "16", "fixed"}},
+		{"u,capacity=16,sampler=fifo", []string{"sampler=fifo", "uniform"}},
+		{"u,alpha=0.5", []string{"alpha applies to sampler=prioritized only", "uniform"}},
+		{"u,min-size=17", []string{"min-size=17", "16"}},
+		{"p,sampler=uniform", []string{"sampler=uniform", "prioritized"}},
+	} {
+		_, err := openBuffers(t, root, tc.value)
+		for _, w := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("--buffer %s on the existing buffer: %v; want an error saying %q", tc.value, err, w)
+			}
+		}
+		if after, _ := os.ReadFile(filepath.Join(root, "u", replay.MetaFile)); !bytes.Equal(before, after) {
+			t.Fatalf("--buffer %s, refused, changed replay.json:\n%s", tc.value, after)
+		}
+	}
+
+	logs, err := openBuffers(t, root, "u,capacity=16,sampler=uniform,lease=10s,min-size=4", "p,beta=0.9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"lease=10s", "min-size=4", "beta=0.9"} {
+		if !strings.Contains(logs, "buffer setting changed") || !strings.Contains(logs, w) {
+			t.Errorf("the changes are not logged with %q:\n%s", w, logs)
+		}
+	}
+	u, p := replayJSON(t, filepath.Join(root, "u")), replayJSON(t, filepath.Join(root, "p"))
+	if u["lease_ms"] != 10000.0 || u["limit"].(map[string]any)["min_size"] != 4.0 {
+		t.Errorf("u's replay.json after the changes: lease_ms %v, limit %v", u["lease_ms"], u["limit"])
+	}
+	if s := p["sampler"].(map[string]any); s["kind"] != "prioritized" || s["alpha"] != 0.7 || s["beta"] != 0.9 {
+		t.Errorf("p's replay.json after the change: sampler %v; want prioritized, alpha 0.7 kept, beta 0.9", s)
+	}
+	// Giving what the buffer has already changes and logs nothing.
+	logs, err = openBuffers(t, root, "u,lease=10s", "p,alpha=0.7,beta=0.9")
+	if err != nil || strings.Contains(logs, "buffer setting changed") {
+		t.Errorf("settings the buffers have: %v; logged:\n%s", err, logs)
+	}
+}
