@@ -74,6 +74,19 @@ type Buffer struct {
 	resv    map[uint64]*reservation
 	pending int // slots held by reservations
 	stats   Stats
+
+	// lost is set, once, when the buffer's files are found deleted,
+	// replaced or truncated under it (healthLocked); every call but Stats
+	// and Close fails with it from then on.
+	lost      error
+	files     []ownedFile // the files the buffer maps
+	checkedAt time.Time   // when every file was last checked
+}
+
+// ownedFile is a file a buffer maps, as it was when mapped.
+type ownedFile struct {
+	path string
+	fi   os.FileInfo
 }
 
 // reservation is slots taken for a writer that has not committed yet.
@@ -150,6 +163,7 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 		undo()
 		return nil, fmt.Errorf("replay: creating the slot table: %w", err)
 	}
+	b.own(filepath.Join(prefix, SlotsFile))
 	if cfg.Schema != nil {
 		if err := b.createStorage(cfg.Schema); err != nil {
 			b.slots.close()
@@ -230,7 +244,82 @@ func (b *Buffer) createStorage(schema []tensordict.Field) error {
 		return fmt.Errorf("replay: creating the storage: %w", err)
 	}
 	b.storage, b.schema = td, schema
+	b.ownStorage()
 	return nil
+}
+
+// own records path as a file the buffer maps, to be checked (healthLocked).
+func (b *Buffer) own(path string) {
+	if fi, err := os.Stat(path); err == nil {
+		b.files = append(b.files, ownedFile{path: path, fi: fi})
+	}
+}
+
+// ownStorage records the storage's files.
+func (b *Buffer) ownStorage() {
+	for _, t := range b.storage.Leaves() {
+		if p := t.Path(); p != "" {
+			b.own(p)
+		}
+	}
+}
+
+// checkEvery is how often, at most, calls check every file of a buffer;
+// in between they check only its lock file, one stat.
+const checkEvery = time.Second
+
+// healthLocked returns the error the buffer fails calls with once its
+// files are lost (ErrStorageLost, for good), or nil. It checks the lock
+// file every time: the folder deleted or renamed is found by the next call.
+// It checks every file the buffer maps, for being deleted, replaced or
+// truncated, when full is set and otherwise at most every checkEvery.
+// b.mu is held.
+func (b *Buffer) healthLocked(full bool) error {
+	if b.lost != nil {
+		return b.lost
+	}
+	if b.lock != nil {
+		if err := b.lock.Check(); err != nil {
+			return b.loseLocked(fmt.Errorf("its folder or lock file was deleted, moved or replaced (%w)", err))
+		}
+	}
+	if !full && time.Since(b.checkedAt) < checkEvery {
+		return nil
+	}
+	b.checkedAt = time.Now()
+	for _, f := range b.files {
+		fi, err := os.Stat(f.path)
+		switch {
+		case err != nil:
+			return b.loseLocked(err)
+		case !os.SameFile(fi, f.fi):
+			return b.loseLocked(fmt.Errorf("%s was replaced by another file", f.path))
+		case fi.Size() < f.fi.Size():
+			return b.loseLocked(fmt.Errorf("%s was truncated to %d bytes from %d", f.path, fi.Size(), f.fi.Size()))
+		}
+	}
+	return nil
+}
+
+// loseLocked makes the buffer fail every call from now on with
+// ErrStorageLost for cause, and wakes the calls waiting; b.mu is held.
+func (b *Buffer) loseLocked(cause error) error {
+	if b.lost == nil {
+		b.lost = fmt.Errorf("%w: %s: %w", ErrStorageLost, b.prefix, cause)
+		b.broadcast()
+	}
+	return b.lost
+}
+
+// noteFault returns err, unless it is a fault on the mappings (the storage
+// truncated under them): then the buffer is lost, and its error returned.
+func (b *Buffer) noteFault(err error) error {
+	if !errors.Is(err, memmap.ErrFault) {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.loseLocked(err)
 }
 
 // Prefix returns the folder the buffer lives in.
@@ -259,7 +348,8 @@ func (b *Buffer) Schema() []tensordict.Field {
 	return cloneSchema(b.schema)
 }
 
-// Stats returns the buffer's counters now; ErrClosed after Close.
+// Stats returns the buffer's counters now; ErrClosed after Close. It checks
+// the buffer's files first, and reports them lost in StorageLost.
 func (b *Buffer) Stats() (Stats, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -267,6 +357,9 @@ func (b *Buffer) Stats() (Stats, error) {
 		return Stats{}, ErrClosed
 	}
 	s := b.stats
+	if err := b.healthLocked(true); err != nil {
+		s.StorageLost = err.Error()
+	}
 	s.Capacity, s.Size, s.Pending, s.Sampler = b.cfg.Capacity, b.sel.Len(), b.pending, b.cfg.Sampler.String()
 	s.Inserted, s.Sampled = b.limit.inserts, b.limit.samples
 	return s, nil
@@ -309,7 +402,7 @@ func (b *Buffer) ExtendPriority(ctx context.Context, td *tensordict.TensorDict, 
 	}
 	if err := writeRows(storage, r.slots, td); err != nil {
 		b.expire(r.rid)
-		return nil, err
+		return nil, b.noteFault(err)
 	}
 	return b.commit(r.rid, r.slots, priorities)
 }
@@ -428,6 +521,9 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if err := b.healthLocked(false); err != nil {
+		return nil, nil, err
+	}
 	if b.schema == nil {
 		if err := checkSchema(schema); err != nil {
 			return nil, nil, schemaErrorf("%v", err)
@@ -444,7 +540,7 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 	} else if err := sameSchema(b.schema, schema); err != nil {
 		return nil, nil, schemaErrorf("%v", err)
 	}
-	for !b.closed.Load() && !b.limit.canInsert(n, b.pending, b.sel.Len()) {
+	for !b.closed.Load() && b.lost == nil && !b.limit.canInsert(n, b.pending, b.sel.Len()) {
 		if err := b.wait(ctx); err != nil {
 			return nil, nil, err
 		}
@@ -452,7 +548,17 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 	if b.closed.Load() {
 		return nil, nil, ErrClosed
 	}
+	if b.lost != nil {
+		return nil, nil, b.lost
+	}
 	slots, err := b.writer.choose(b.slots, n, keys)
+	if errors.Is(err, ErrFull) {
+		// Slots held by writers that cannot write them (the storage was
+		// truncated under them) would end here too: say so if it is that.
+		if lost := b.healthLocked(true); lost != nil {
+			return nil, nil, lost
+		}
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -484,6 +590,10 @@ func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, e
 	defer b.mu.Unlock()
 	if b.closed.Load() {
 		return nil, ErrClosed
+	}
+	// Nothing is acknowledged once the files are gone.
+	if err := b.healthLocked(false); err != nil {
+		return nil, err
 	}
 	r := b.resv[rid]
 	if r == nil {
@@ -630,7 +740,7 @@ func (b *Buffer) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 		b.mu.Unlock()
 	}
 	if err != nil {
-		return SampleInfo{}, err
+		return SampleInfo{}, b.noteFault(err)
 	}
 	return info, nil
 }
@@ -720,13 +830,19 @@ func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for !b.closed.Load() && !(b.storage != nil && b.limit.canSample(n, b.sel.Len()) && b.sel.CanSelect(n)) {
+	if err := b.healthLocked(false); err != nil {
+		return err
+	}
+	for !b.closed.Load() && b.lost == nil && !(b.storage != nil && b.limit.canSample(n, b.sel.Len()) && b.sel.CanSelect(n)) {
 		if err := b.wait(ctx); err != nil {
 			return err
 		}
 	}
 	if b.closed.Load() {
 		return ErrClosed
+	}
+	if b.lost != nil {
+		return b.lost
 	}
 	start := len(info.Indices)
 	var err error
@@ -772,7 +888,7 @@ const consumed = -1
 func (b *Buffer) waitSchema(ctx context.Context) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for b.schema == nil && !b.closed.Load() {
+	for b.schema == nil && !b.closed.Load() && b.lost == nil {
 		if err := b.wait(ctx); err != nil {
 			return err
 		}
@@ -780,7 +896,7 @@ func (b *Buffer) waitSchema(ctx context.Context) error {
 	if b.closed.Load() {
 		return ErrClosed
 	}
-	return nil
+	return b.lost
 }
 
 // newBatch returns a zeroed TensorDict in Go memory for n transitions of
@@ -830,6 +946,9 @@ func (b *Buffer) UpdatePriority(ctx context.Context, info SampleInfo, priorities
 	defer b.mu.Unlock()
 	if b.closed.Load() {
 		return 0, ErrClosed
+	}
+	if err := b.healthLocked(false); err != nil {
+		return 0, err
 	}
 	n := 0
 	for i, s := range info.Indices {

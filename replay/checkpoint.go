@@ -108,7 +108,11 @@ func (b *Buffer) Checkpoint(ctx context.Context) error {
 	defer b.commitMu.Unlock()
 	b.mu.Lock()
 	storage := b.storage
+	err := b.healthLocked(true)
 	b.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	if storage != nil {
 		if err := storage.Flush(); err != nil {
 			return fmt.Errorf("replay: checkpoint: %w", err)
@@ -121,6 +125,11 @@ func (b *Buffer) Checkpoint(ctx context.Context) error {
 		return fmt.Errorf("replay: checkpoint: %w", err)
 	}
 	b.mu.Lock()
+	// Never write MetaFile into a folder that is no longer the buffer's.
+	if err := b.healthLocked(true); err != nil {
+		b.mu.Unlock()
+		return err
+	}
 	data, err := b.metaLocked()
 	b.mu.Unlock()
 	if err != nil {
@@ -213,6 +222,7 @@ func open(prefix string, change func(Config) (Config, error)) (*Buffer, error) {
 	}
 	b := newBuffer(prefix, cfg, m.ID)
 	b.slots = slots
+	b.own(filepath.Join(prefix, SlotsFile))
 	if cfg.Schema != nil {
 		if err := b.loadStorage(); err != nil {
 			b.slots.close()
@@ -297,6 +307,7 @@ func (b *Buffer) loadStorage() error {
 			dir, MetaFile, bs, b.cfg.Capacity, err)
 	}
 	b.storage = td
+	b.ownStorage()
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -300,7 +301,7 @@ func (c *Client) extendOnce(ctx context.Context, req reserveRequest, td *tensord
 		// node has handed to another writer.
 		deadline := sent.Add(lease - lease/8)
 		if err := writeRowsBefore(storage, r.Slots, td, deadline); err != nil {
-			return nil, err
+			return nil, faultLost(err)
 		}
 	}
 	resp, err := call[commitResponse](ctx, c, MethodCommit, commit)
@@ -431,7 +432,20 @@ func (c *Client) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 		}
 		return more.Info, err
 	})
-	return info, err
+	if err != nil {
+		return SampleInfo{}, faultLost(err)
+	}
+	return info, nil
+}
+
+// faultLost turns a fault on this side's mapping of the storage (its file
+// truncated under it) into the error the node gives for one on its side:
+// ErrStorageLost, with code DataLoss. Other errors pass unchanged.
+func faultLost(err error) error {
+	if !errors.Is(err, memmap.ErrFault) {
+		return err
+	}
+	return rpc.Errorf(rpc.DataLoss, "%w", fmt.Errorf("%w: %w", ErrStorageLost, err))
 }
 
 // checkPicks checks the node's picks for a sample of n from a buffer of
@@ -529,9 +543,16 @@ func (c *Client) Close() error {
 	return err
 }
 
-// call is rpc.Call of c's node, retried as retry says.
+// call is rpc.Call of c's node, retried as retry says; ErrClosed once c is
+// closed.
 func call[Resp, Req any](ctx context.Context, c *Client, method string, req Req) (Resp, error) {
 	var resp Resp
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return resp, ErrClosed
+	}
 	err := c.retry(ctx, func() (err error) {
 		resp, err = rpc.Call[Resp](ctx, c.rc, method, req)
 		return err
@@ -546,7 +567,7 @@ func call[Resp, Req any](ctx context.Context, c *Client, method string, req Req)
 func (c *Client) retry(ctx context.Context, call func() error) error {
 	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		err := call()
-		if err == nil || !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, rpc.ErrClosed) {
+		if err == nil || !errors.Is(err, rpc.ErrUnavailable) {
 			return fromWire(err)
 		}
 		c.mu.Lock()
@@ -554,6 +575,9 @@ func (c *Client) retry(ctx context.Context, call func() error) error {
 		c.mu.Unlock()
 		if closed {
 			return ErrClosed
+		}
+		if errors.Is(err, rpc.ErrClosed) {
+			return err
 		}
 		if serr := sleep(ctx, wait); serr != nil {
 			return fmt.Errorf("%w; the node was unreachable: %w", serr, err)

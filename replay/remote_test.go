@@ -359,3 +359,36 @@ func TestClient_AdoptAnotherBufferDropsMappings(t *testing.T) {
 		}
 	}
 }
+
+// TestClient_CallsAfterClose: a closed Client's calls, Stats among them,
+// fail with ErrClosed rather than Unavailable; and a buffer closed on the
+// node answers Stats with ErrClosed too.
+func TestClient_CallsAfterClose(t *testing.T) {
+	root := t.TempDir()
+	n := serveBuffer(t, root, "buf", Config{Capacity: 8, Schema: testSchema})
+	c := dialBuffer(t, n.addr, "buf", root, "ref")
+	extend(t, c, 0, 1)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Stats(ctxT(t)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Stats after Close: %v; want ErrClosed", err)
+	}
+	if err := c.Checkpoint(ctxT(t)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Checkpoint after Close: %v; want ErrClosed", err)
+	}
+	if _, err := c.UpdatePriority(ctxT(t), SampleInfo{Indices: []int{0}}, []float64{1}); !errors.Is(err, ErrClosed) {
+		t.Errorf("UpdatePriority after Close: %v; want ErrClosed", err)
+	}
+
+	other := dialBuffer(t, n.addr, "buf", root, "bytes")
+	if err := n.b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.b.Stats(); !errors.Is(err, ErrClosed) {
+		t.Errorf("Buffer.Stats after Close: %v; want ErrClosed", err)
+	}
+	if _, err := other.Stats(ctxT(t)); !errors.Is(err, ErrClosed) || !errors.Is(err, rpc.ErrFailedPrecondition) {
+		t.Errorf("Stats of a buffer closed on the node: %v; want ErrClosed (FailedPrecondition)", err)
+	}
+}

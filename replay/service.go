@@ -271,7 +271,13 @@ func (b *Buffer) writeReserved(rid uint64, slots []int, td *tensordict.TensorDic
 	if err := sameSchema(schema, rowSchema(td)); err != nil {
 		return schemaErrorf("%v", err)
 	}
-	return writeRows(storage, r.slots, td)
+	if err := writeRows(storage, r.slots, td); err != nil {
+		// The rows cannot be written: give the slots back now rather than
+		// at the end of the lease.
+		b.expire(rid)
+		return b.noteFault(err)
+	}
+	return nil
 }
 
 func (svc *Service) sample(ctx context.Context, req sampleRequest) (sampleResponse, error) {

@@ -203,10 +203,43 @@ func changes(from, to replay.Config) (was, now []string) {
 }
 
 // servedBuffers are the buffers a node opened or created, served on its
-// server; checkpointed every interval and closed by close.
+// server; checkpointed every interval, watched for their files being lost
+// (watch), and closed by close.
 type servedBuffers struct {
-	bufs []*replay.Buffer
-	log  *slog.Logger
+	bufs  []*replay.Buffer
+	names []string
+	log   *slog.Logger
+
+	stop    chan struct{} // closed by close: the watch ends
+	watched chan struct{} // closed when it has
+}
+
+// watchEvery is how often the node checks its buffers' files.
+const watchEvery = 2 * time.Second
+
+// watch logs an error, once per buffer, when a buffer's files are found
+// deleted, replaced or truncated (Stats.StorageLost): the buffer refuses
+// its calls from then on, and the node's log should say why. It runs until
+// close.
+func (sb *servedBuffers) watch(every time.Duration) {
+	defer close(sb.watched)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	reported := make([]bool, len(sb.bufs))
+	for {
+		select {
+		case <-sb.stop:
+			return
+		case <-t.C:
+		}
+		for i, b := range sb.bufs {
+			if st, err := b.Stats(); err == nil && st.StorageLost != "" && !reported[i] {
+				reported[i] = true
+				sb.log.Error("buffer storage lost: the node refuses its calls; restore or recreate it and restart the node",
+					"name", sb.names[i], "prefix", b.Prefix(), "err", st.StorageLost)
+			}
+		}
+	}
 }
 
 // open opens each buffer at root/NAME, or creates it when the folder holds
@@ -221,7 +254,11 @@ func (f bufferFlags) open(root string, log *slog.Logger) (*servedBuffers, func(*
 			sb.close()
 			return nil, nil, fmt.Errorf("buffer %s: %w", spec.name, err)
 		}
-		sb.bufs = append(sb.bufs, b)
+		sb.bufs, sb.names = append(sb.bufs, b), append(sb.names, spec.name)
+	}
+	if len(sb.bufs) > 0 {
+		sb.stop, sb.watched = make(chan struct{}), make(chan struct{})
+		go sb.watch(watchEvery)
 	}
 	register := func(s *rpc.Server) error {
 		if len(f) == 0 {
@@ -297,6 +334,11 @@ func (sb *servedBuffers) checkpointEvery(ctx context.Context, interval time.Dura
 
 // close checkpoints and closes every buffer.
 func (sb *servedBuffers) close() error {
+	if sb.stop != nil {
+		close(sb.stop)
+		<-sb.watched
+		sb.stop = nil
+	}
 	var errs []error
 	for _, b := range sb.bufs {
 		errs = append(errs, b.Close())

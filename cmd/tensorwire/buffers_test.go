@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/proctest"
 	"github.com/tensorwire/tensorwire/replay"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -275,5 +276,40 @@ func TestNode_BufferSettingsOfAnExistingBuffer(t *testing.T) {
 	logs, err = openBuffers(t, root, "u,lease=10s", "p,alpha=0.7,beta=0.9")
 	if err != nil || strings.Contains(logs, "buffer setting changed") {
 		t.Errorf("settings the buffers have: %v; logged:\n%s", err, logs)
+	}
+}
+
+// TestNode_BufferFolderDeletedIsLogged: the node logs an error once when
+// the folder of a buffer it serves is deleted, and the buffer refuses
+// writes from then on.
+func TestNode_BufferFolderDeletedIsLogged(t *testing.T) {
+	root := t.TempDir()
+	var f bufferFlags
+	if err := f.Set("sig,capacity=8"); err != nil {
+		t.Fatal(err)
+	}
+	logs := &proctest.LockedBuffer{}
+	sb, _, err := f.open(root, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.close()
+	if err := os.RemoveAll(filepath.Join(root, "sig")); err != nil {
+		t.Fatal(err)
+	}
+	batch, _ := tensordict.New(1)
+	reward, _ := tensordict.FromSlice([]float32{1}, 1)
+	batch.Set("reward", reward)
+	if _, err := sb.bufs[0].Extend(context.Background(), batch); !errors.Is(err, replay.ErrStorageLost) {
+		t.Errorf("Extend into the deleted buffer: %v; want ErrStorageLost", err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(logs.String(), "level=ERROR"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no error logged within 30 s of the folder's deletion:\n%s", logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(logs.String(), "buffer storage lost") || !strings.Contains(logs.String(), "name=sig") {
+		t.Errorf("the log does not say which buffer was lost:\n%s", logs)
 	}
 }

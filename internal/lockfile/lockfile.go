@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -41,7 +42,7 @@ var ErrLocked = errors.New("lockfile: held by another process")
 // deleted, renamed or replaced. Whatever the lock guarded may then have
 // been deleted with it, or be owned by another process that took a lock on
 // the new file.
-var ErrLost = errors.New("lockfile: lock file deleted or replaced")
+var ErrLost = errors.New("lockfile: lost")
 
 // errWouldBlock is what the platform's lock call returns, wrapped or bare,
 // when another open file holds the lock.
@@ -143,8 +144,11 @@ func (l *Lock) Path() string { return l.path }
 // (or a folder above it was). It costs one stat.
 func (l *Lock) Check() error {
 	fi, err := os.Stat(l.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %s is gone", ErrLost, l.path)
+	}
 	if err != nil {
-		return fmt.Errorf("%w: %s: %w", ErrLost, l.path, err)
+		return fmt.Errorf("%w: %w", ErrLost, err)
 	}
 	if !os.SameFile(fi, l.fi) {
 		return fmt.Errorf("%w: %s is another file now", ErrLost, l.path)
