@@ -673,8 +673,13 @@ func (b *Buffer) expire(rid uint64) {
 
 // SampleInfo describes the transitions a sample returned, row by row.
 type SampleInfo struct {
-	Indices []int     `codec:"indices"` // their slots
-	IDs     []uint64  `codec:"ids"`     // their slots' generations: a slot overwritten since has another
+	Indices []int `codec:"indices"` // their slots
+	// IDs are their slots' generations: how many times a writer had taken
+	// each slot when it was sampled. A slot overwritten since has another;
+	// UpdatePriority skips a row whose slot's generation is no longer its
+	// ID. (A generation is the slot table's word without its state bits,
+	// word>>2; docs/replay.md.)
+	IDs     []uint64  `codec:"ids"`
 	Weights []float64 `codec:"weights"` // importance weights (prioritized sampling; 1 otherwise)
 }
 
@@ -682,16 +687,19 @@ type SampleInfo struct {
 // a new TensorDict in Go memory, and what they are (SampleInfo). It waits
 // while the buffer cannot give n (fewer than the rate limiter's MinSize,
 // an empty buffer, a FIFO buffer with fewer than n) until ctx ends.
+//
+// n must be positive and at most 2^20 (ErrArgument), and the rows it takes
+// at most 1 GiB.
 func (b *Buffer) Sample(ctx context.Context, n int) (*tensordict.TensorDict, SampleInfo, error) {
-	if n <= 0 || n > maxSample {
-		return nil, SampleInfo{}, schemaErrorf("sample of %d transitions; at most %d", n, maxSample)
+	if err := checkSampleSize(n); err != nil {
+		return nil, SampleInfo{}, err
 	}
 	if err := b.waitSchema(ctx); err != nil {
 		return nil, SampleInfo{}, err
 	}
 	schema := b.Schema()
 	if bytes := int64(n) * int64(rowBytes(schema)); bytes > maxSampleBytes {
-		return nil, SampleInfo{}, schemaErrorf("a sample of %d transitions is %d bytes; at most %d in one call", n, bytes, int64(maxSampleBytes))
+		return nil, SampleInfo{}, argumentErrorf("a sample of %d transitions is %d bytes; at most %d in one call", n, bytes, int64(maxSampleBytes))
 	}
 	return sampleNew(ctx, schema, n, b.SampleInto)
 }
@@ -760,19 +768,20 @@ func (b *Buffer) enter() error {
 func (b *Buffer) leave() { b.use.RUnlock() }
 
 // changed returns which of rows (all of info's when all is set) have a slot
-// whose word is no longer the one info recorded.
+// whose word is no longer the one info recorded: committed, in the
+// generation that is the row's ID.
 func changed(slots *slotTable, info *SampleInfo, rows []int, all bool) []int {
 	var out []int
 	if all {
 		for i, s := range info.Indices {
-			if slots.word(s) != info.IDs[i] {
+			if slots.word(s) != makeWord(info.IDs[i], stateCommitted) {
 				out = append(out, i)
 			}
 		}
 		return out
 	}
 	for _, i := range rows {
-		if slots.word(info.Indices[i]) != info.IDs[i] {
+		if slots.word(info.Indices[i]) != makeWord(info.IDs[i], stateCommitted) {
 			out = append(out, i)
 		}
 	}
@@ -825,8 +834,8 @@ func gatherChecked(storage *tensordict.TensorDict, slots *slotTable, dst *tensor
 // pick chooses n committed slots, waiting until the buffer can give them,
 // and records them and their words in info.
 func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
-	if n <= 0 || n > maxSample {
-		return schemaErrorf("sample of %d transitions; at most %d", n, maxSample)
+	if err := checkSampleSize(n); err != nil {
+		return err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -852,7 +861,7 @@ func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
 	}
 	info.IDs = slices.Grow(info.IDs, n)
 	for _, s := range info.Indices[start:] {
-		info.IDs = append(info.IDs, b.slots.word(s))
+		info.IDs = append(info.IDs, gen(b.slots.word(s))) // committed: the sampler holds only those
 	}
 	if b.cfg.Sampler.spec.Kind == "fifo" {
 		for _, s := range info.Indices[start:] {
@@ -861,6 +870,17 @@ func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
 	}
 	b.limit.sampled(n)
 	b.broadcast()
+	return nil
+}
+
+// checkSampleSize checks the size of a sample asked for.
+func checkSampleSize(n int) error {
+	if n <= 0 {
+		return argumentErrorf("batch size must be positive, not %d", n)
+	}
+	if n > maxSample {
+		return argumentErrorf("batch size %d; at most %d in one call", n, maxSample)
+	}
 	return nil
 }
 
@@ -920,8 +940,8 @@ func newBatch(schema []tensordict.Field, n int) (*tensordict.TensorDict, error) 
 
 // UpdatePriority sets the priorities of sampled transitions, row by row of
 // info (Indices, and IDs when set), and returns how many it updated: a row
-// whose slot has been overwritten since it was sampled (its ID differs) is
-// skipped. With IDs nil, the slots are updated whatever they hold.
+// whose slot has been overwritten since it was sampled (its generation is
+// no longer the row's ID) is skipped. With IDs nil, the slots are updated whatever they hold.
 // Priorities are finite and not negative. Samplers other than Prioritized
 // keep the priorities but do not use them.
 func (b *Buffer) UpdatePriority(ctx context.Context, info SampleInfo, priorities []float64) (int, error) {
@@ -953,7 +973,7 @@ func (b *Buffer) UpdatePriority(ctx context.Context, info SampleInfo, priorities
 	n := 0
 	for i, s := range info.Indices {
 		w := b.slots.word(s)
-		if state(w) != stateCommitted || (info.IDs != nil && w != info.IDs[i]) {
+		if state(w) != stateCommitted || (info.IDs != nil && gen(w) != info.IDs[i]) {
 			continue
 		}
 		if b.slots.priority(s) == consumed {

@@ -422,8 +422,8 @@ func TestPrioritized_UpdatePriority(t *testing.T) {
 		}
 	}
 	// A stale update (the slot was overwritten since) is skipped.
-	before := b.slots.word(0) // what a sample of slot 0 would have recorded
-	extend(t, b, 4)           // round robin: slot 0
+	before := gen(b.slots.word(0)) // what a sample of slot 0 would have recorded
+	extend(t, b, 4)                // round robin: slot 0
 	n, err := b.UpdatePriority(ctxT(t), info, slices.Repeat([]float64{1}, 100))
 	if err != nil || n != 100 {
 		t.Fatalf("updated %d, %v; want 100 (slot 2 still holds what was sampled)", n, err)

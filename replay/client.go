@@ -328,8 +328,8 @@ func writeRowsBefore(storage *tensordict.TensorDict, slots []int, td *tensordict
 // Sample returns n transitions chosen by the buffer's sampler, as
 // Buffer.Sample does.
 func (c *Client) Sample(ctx context.Context, n int) (*tensordict.TensorDict, SampleInfo, error) {
-	if n <= 0 || n > maxSample {
-		return nil, SampleInfo{}, schemaErrorf("sample of %d transitions; at most %d", n, maxSample)
+	if err := checkSampleSize(n); err != nil {
+		return nil, SampleInfo{}, toWire(err) // as the node would say it
 	}
 	if c.bytes {
 		if err := c.enter(); err != nil {

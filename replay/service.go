@@ -286,8 +286,8 @@ func (svc *Service) sample(ctx context.Context, req sampleRequest) (sampleRespon
 		return sampleResponse{}, err
 	}
 	b := sb.b
-	if req.N <= 0 {
-		return sampleResponse{}, schemaErrorf("sample of %d transitions", req.N)
+	if err := checkSampleSize(req.N); err != nil {
+		return sampleResponse{}, err
 	}
 	if req.Bytes {
 		td, info, err := b.Sample(ctx, req.N)
