@@ -311,15 +311,21 @@ func (b *Buffer) loseLocked(cause error) error {
 	return b.lost
 }
 
-// noteFault returns err, unless it is a fault on the mappings (the storage
-// truncated under them): then the buffer is lost, and its error returned.
+// noteFault checks the buffer's files after err, a fault on the mappings:
+// it returns the buffer's ErrStorageLost if they were lost (a file
+// truncated under the mapping), and err otherwise. A fault alone is not a
+// loss: writing into a hole of a sparse file on a full disk faults too,
+// and works again once there is room.
 func (b *Buffer) noteFault(err error) error {
 	if !errors.Is(err, memmap.ErrFault) {
 		return err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.loseLocked(err)
+	if lost := b.healthLocked(true); lost != nil {
+		return lost
+	}
+	return err
 }
 
 // Prefix returns the folder the buffer lives in.

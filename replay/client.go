@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -301,7 +300,7 @@ func (c *Client) extendOnce(ctx context.Context, req reserveRequest, td *tensord
 		// node has handed to another writer.
 		deadline := sent.Add(lease - lease/8)
 		if err := writeRowsBefore(storage, r.Slots, td, deadline); err != nil {
-			return nil, faultLost(err)
+			return nil, err
 		}
 	}
 	resp, err := call[commitResponse](ctx, c, MethodCommit, commit)
@@ -433,19 +432,9 @@ func (c *Client) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 		return more.Info, err
 	})
 	if err != nil {
-		return SampleInfo{}, faultLost(err)
+		return SampleInfo{}, err
 	}
 	return info, nil
-}
-
-// faultLost turns a fault on this side's mapping of the storage (its file
-// truncated under it) into the error the node gives for one on its side:
-// ErrStorageLost, with code DataLoss. Other errors pass unchanged.
-func faultLost(err error) error {
-	if !errors.Is(err, memmap.ErrFault) {
-		return err
-	}
-	return rpc.Errorf(rpc.DataLoss, "%w", fmt.Errorf("%w: %w", ErrStorageLost, err))
 }
 
 // checkPicks checks the node's picks for a sample of n from a buffer of
