@@ -76,7 +76,7 @@ type Buffer struct {
 	stats   Stats
 
 	// lost is set, once, when the buffer's files are found deleted,
-	// replaced or truncated under it (healthLocked); every call but Stats
+	// replaced or truncated under it (health); every call but Stats
 	// and Close fails with it from then on.
 	lost      error
 	files     []ownedFile // the files the buffer maps
@@ -248,7 +248,7 @@ func (b *Buffer) createStorage(schema []tensordict.Field) error {
 	return nil
 }
 
-// own records path as a file the buffer maps, to be checked (healthLocked).
+// own records path as a file the buffer maps, to be checked (health).
 func (b *Buffer) own(path string) {
 	if fi, err := os.Stat(path); err == nil {
 		b.files = append(b.files, ownedFile{path: path, fi: fi})
@@ -268,34 +268,65 @@ func (b *Buffer) ownStorage() {
 // in between they check only its lock file, one stat.
 const checkEvery = time.Second
 
-// healthLocked returns the error the buffer fails calls with once its
-// files are lost (ErrStorageLost, for good), or nil. It checks the lock
-// file every time: the folder deleted or renamed is found by the next call.
+// health returns the error the buffer fails calls with once its files are
+// lost (ErrStorageLost, for good), or nil. It checks the lock file every
+// time, one stat: the folder deleted or moved is found by the next call.
 // It checks every file the buffer maps, for being deleted, replaced or
 // truncated, when full is set and otherwise at most every checkEvery.
-// b.mu is held.
-func (b *Buffer) healthLocked(full bool) error {
+// b.mu is not held: the stats run outside it.
+func (b *Buffer) health(full bool) error {
+	b.mu.Lock()
+	lost, files := b.lost, b.files
+	all := full || time.Since(b.checkedAt) >= checkEvery
+	if all {
+		b.checkedAt = time.Now()
+	}
+	b.mu.Unlock()
+	if lost != nil {
+		return lost
+	}
+	cause := b.checkFiles(files, all)
+	if cause == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.loseLocked(cause)
+}
+
+// healthLocked is health(true) with b.mu held, for a reserve that found
+// every slot held.
+func (b *Buffer) healthLocked() error {
 	if b.lost != nil {
 		return b.lost
 	}
+	b.checkedAt = time.Now()
+	if cause := b.checkFiles(b.files, true); cause != nil {
+		return b.loseLocked(cause)
+	}
+	return nil
+}
+
+// checkFiles returns why the buffer's files are lost, or nil: its lock
+// file, and files too when all is set.
+func (b *Buffer) checkFiles(files []ownedFile, all bool) error {
 	if b.lock != nil {
 		if err := b.lock.Check(); err != nil {
-			return b.loseLocked(fmt.Errorf("its folder or lock file was deleted, moved or replaced (%w)", err))
+			return fmt.Errorf("its folder or lock file was deleted, moved or replaced (%w)", err)
 		}
 	}
-	if !full && time.Since(b.checkedAt) < checkEvery {
+	if !all {
 		return nil
 	}
-	b.checkedAt = time.Now()
-	for _, f := range b.files {
+	for _, f := range files {
 		fi, err := os.Stat(f.path)
 		switch {
 		case err != nil:
-			return b.loseLocked(err)
+			return err
 		case !os.SameFile(fi, f.fi):
-			return b.loseLocked(fmt.Errorf("%s was replaced by another file", f.path))
+			return fmt.Errorf("%s was replaced by another file", f.path)
 		case fi.Size() < f.fi.Size():
-			return b.loseLocked(fmt.Errorf("%s was truncated to %d bytes from %d", f.path, fi.Size(), f.fi.Size()))
+			return fmt.Errorf("%s was truncated to %d bytes from %d", f.path, fi.Size(), f.fi.Size())
 		}
 	}
 	return nil
@@ -320,9 +351,7 @@ func (b *Buffer) noteFault(err error) error {
 	if !errors.Is(err, memmap.ErrFault) {
 		return err
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if lost := b.healthLocked(true); lost != nil {
+	if lost := b.health(true); lost != nil {
 		return lost
 	}
 	return err
@@ -357,14 +386,18 @@ func (b *Buffer) Schema() []tensordict.Field {
 // Stats returns the buffer's counters now; ErrClosed after Close. It checks
 // the buffer's files first, and reports them lost in StorageLost.
 func (b *Buffer) Stats() (Stats, error) {
+	if b.closed.Load() {
+		return Stats{}, ErrClosed
+	}
+	lost := b.health(true)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed.Load() {
 		return Stats{}, ErrClosed
 	}
 	s := b.stats
-	if err := b.healthLocked(true); err != nil {
-		s.StorageLost = err.Error()
+	if lost != nil {
+		s.StorageLost = lost.Error()
 	}
 	s.Capacity, s.Size, s.Pending, s.Sampler = b.cfg.Capacity, b.sel.Len(), b.pending, b.cfg.Sampler.String()
 	s.Inserted, s.Sampled = b.limit.inserts, b.limit.samples
@@ -525,11 +558,11 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 			return nil, nil, schemaErrorf("top-k key of transition %d is NaN", i)
 		}
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if err := b.healthLocked(false); err != nil {
+	if err := b.health(false); err != nil {
 		return nil, nil, err
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.schema == nil {
 		if err := checkSchema(schema); err != nil {
 			return nil, nil, schemaErrorf("%v", err)
@@ -561,7 +594,7 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 	if errors.Is(err, ErrFull) {
 		// Slots held by writers that cannot write them (the storage was
 		// truncated under them) would end here too: say so if it is that.
-		if lost := b.healthLocked(true); lost != nil {
+		if lost := b.healthLocked(); lost != nil {
 			return nil, nil, lost
 		}
 	}
@@ -590,6 +623,10 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 // reservation is gone, commit succeeds only if those slots already hold it
 // committed (a retried commit), and fails with ErrExpired otherwise.
 func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, error) {
+	// Nothing is acknowledged once the files are gone.
+	if err := b.health(false); err != nil {
+		return nil, err
+	}
 	b.commitMu.RLock()
 	defer b.commitMu.RUnlock()
 	b.mu.Lock()
@@ -597,9 +634,8 @@ func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, e
 	if b.closed.Load() {
 		return nil, ErrClosed
 	}
-	// Nothing is acknowledged once the files are gone.
-	if err := b.healthLocked(false); err != nil {
-		return nil, err
+	if b.lost != nil {
+		return nil, b.lost
 	}
 	r := b.resv[rid]
 	if r == nil {
@@ -843,11 +879,11 @@ func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
 	if err := checkSampleSize(n); err != nil {
 		return err
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if err := b.healthLocked(false); err != nil {
+	if err := b.health(false); err != nil {
 		return err
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	for !b.closed.Load() && b.lost == nil && !(b.storage != nil && b.limit.canSample(n, b.sel.Len()) && b.sel.CanSelect(n)) {
 		if err := b.wait(ctx); err != nil {
 			return err
@@ -968,13 +1004,13 @@ func (b *Buffer) UpdatePriority(ctx context.Context, info SampleInfo, priorities
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	if err := b.health(false); err != nil {
+		return 0, err
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed.Load() {
 		return 0, ErrClosed
-	}
-	if err := b.healthLocked(false); err != nil {
-		return 0, err
 	}
 	n := 0
 	for i, s := range info.Indices {

@@ -104,15 +104,14 @@ func (b *Buffer) Checkpoint(ctx context.Context) error {
 		return err
 	}
 	defer b.leave()
+	if err := b.health(true); err != nil {
+		return err
+	}
 	b.commitMu.Lock()
 	defer b.commitMu.Unlock()
 	b.mu.Lock()
 	storage := b.storage
-	err := b.healthLocked(true)
 	b.mu.Unlock()
-	if err != nil {
-		return err
-	}
 	if storage != nil {
 		if err := storage.Flush(); err != nil {
 			return fmt.Errorf("replay: checkpoint: %w", err)
@@ -124,12 +123,11 @@ func (b *Buffer) Checkpoint(ctx context.Context) error {
 	if err := b.slots.flush(); err != nil {
 		return fmt.Errorf("replay: checkpoint: %w", err)
 	}
-	b.mu.Lock()
 	// Never write MetaFile into a folder that is no longer the buffer's.
-	if err := b.healthLocked(true); err != nil {
-		b.mu.Unlock()
+	if err := b.health(true); err != nil {
 		return err
 	}
+	b.mu.Lock()
 	data, err := b.metaLocked()
 	b.mu.Unlock()
 	if err != nil {
