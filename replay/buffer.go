@@ -136,7 +136,11 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 	}
 	lock, err := acquire(prefix)
 	if err != nil {
-		// Another Create may be filling the folder: leave it alone.
+		// Another Create may be filling the folder: remove it only if
+		// this one made it and it is still empty.
+		if made {
+			os.Remove(prefix)
+		}
 		return nil, err
 	}
 	if _, err := os.Stat(filepath.Join(prefix, MetaFile)); err == nil {
