@@ -15,10 +15,18 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/lockfile"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/replay/internal/selector"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
+
+// LockFile is the name, under a buffer's prefix, of its lock file: the
+// Buffer that has the buffer open holds an exclusive lock on it, which the
+// kernel drops when its process dies (internal/lockfile). The file holds
+// the pid, host and program of the last holder; a second Open or Create is
+// refused with ErrInUse naming them.
+const LockFile = "replay.lock"
 
 // StorageDir is the folder, under a buffer's prefix, of its storage: a
 // memory-mapped TensorDict of batch size [Capacity] in tensordict's format,
@@ -38,11 +46,14 @@ const StorageDir = "storage"
 //
 // A Buffer owns its mappings until Close. Its prefix holds everything it
 // needs to resume (Open): the storage, the slot table (SlotsFile), and
-// replay.json with its configuration and last checkpoint.
+// replay.json with its configuration and last checkpoint. It owns the
+// prefix too: one Buffer at a time, in one process, holds its LockFile,
+// from Create or Open until Close.
 type Buffer struct {
 	prefix string
 	cfg    Config
 	id     string
+	lock   *lockfile.Lock
 
 	commitMu sync.RWMutex // commits hold it shared; Checkpoint exclusively, around its flushes
 	use      sync.RWMutex // operations on the mappings outside mu hold it shared (enter); Close exclusively
@@ -62,6 +73,19 @@ type Buffer struct {
 	resv    map[uint64]*reservation
 	pending int // slots held by reservations
 	stats   Stats
+
+	// lost is set, once, when the buffer's files are found deleted,
+	// replaced or truncated under it (health); every call but Stats
+	// and Close fails with it from then on.
+	lost      error
+	files     []ownedFile // the files the buffer maps
+	checkedAt time.Time   // when every file was last checked
+}
+
+// ownedFile is a file a buffer maps, as it was when mapped.
+type ownedFile struct {
+	path string
+	fi   os.FileInfo
 }
 
 // reservation is slots taken for a writer that has not committed yet.
@@ -74,6 +98,11 @@ type reservation struct {
 
 // Stats counts what a buffer has done since it was created or opened.
 type Stats struct {
+	// StorageLost says why the buffer stopped, when its files were found
+	// deleted, replaced or truncated under it (ErrStorageLost); "" while
+	// they are in place.
+	StorageLost string `codec:"storage_lost" json:"storage_lost,omitempty"`
+
 	Capacity  int    `codec:"capacity" json:"capacity"`
 	Size      int    `codec:"size" json:"size"`           // transitions that can be sampled
 	Inserted  int64  `codec:"inserted" json:"inserted"`   // transitions committed (cumulative, as the rate limiter counts)
@@ -86,8 +115,9 @@ type Stats struct {
 }
 
 // Create makes a new buffer at prefix, a folder that must not hold one
-// already (ErrExists). With cfg.Schema the storage is created now, its disk
-// space reserved; without, at the first Extend. Close it when done.
+// already (ErrExists), and holds it (LockFile) until Close. With cfg.Schema
+// the storage is created now, its disk space reserved; without, at the
+// first Extend. Close it when done.
 func Create(prefix string, cfg Config) (*Buffer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -95,29 +125,48 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 	if _, err := os.Stat(filepath.Join(prefix, MetaFile)); err == nil {
 		return nil, fmt.Errorf("%w: %s", ErrExists, prefix)
 	}
+	if err := checkDisk(prefix, cfg); err != nil {
+		return nil, err
+	}
 	_, statErr := os.Stat(prefix)
 	made := errors.Is(statErr, os.ErrNotExist)
 	if err := os.MkdirAll(prefix, 0o755); err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
+	lock, err := acquire(prefix)
+	if err != nil {
+		// Another Create may be filling the folder: remove it only if
+		// this one made it and it is still empty.
+		if made {
+			os.Remove(prefix)
+		}
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(prefix, MetaFile)); err == nil {
+		lock.Release()
+		return nil, fmt.Errorf("%w: %s", ErrExists, prefix)
+	}
 	// undo gives back the space a failed Create took (a full disk is the
-	// usual cause): the folder if Create made it, else what it wrote.
+	// usual cause): the folder if Create made it, else what it wrote; and
+	// lets the prefix go.
 	undo := func() {
 		if made {
 			os.RemoveAll(prefix)
-			return
+		} else {
+			os.Remove(filepath.Join(prefix, SlotsFile))
+			os.RemoveAll(filepath.Join(prefix, StorageDir))
+			os.Remove(filepath.Join(prefix, LockFile))
 		}
-		os.Remove(filepath.Join(prefix, SlotsFile))
-		os.RemoveAll(filepath.Join(prefix, StorageDir))
+		lock.Release()
 	}
 	var idb [8]byte
 	rand.Read(idb[:])
 	b := newBuffer(prefix, cfg, hex.EncodeToString(idb[:]))
-	var err error
 	if b.slots, err = createSlots(filepath.Join(prefix, SlotsFile), cfg.Capacity); err != nil {
 		undo()
 		return nil, fmt.Errorf("replay: creating the slot table: %w", err)
 	}
+	b.own(filepath.Join(prefix, SlotsFile))
 	if cfg.Schema != nil {
 		if err := b.createStorage(cfg.Schema); err != nil {
 			b.slots.close()
@@ -137,8 +186,35 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 		undo()
 		return nil, err
 	}
+	b.lock = lock
 	return b, nil
 }
+
+// acquire takes the lock of the buffer at prefix, or fails with ErrInUse
+// naming its holder.
+func acquire(prefix string) (*lockfile.Lock, error) {
+	l, err := lockfile.Acquire(filepath.Join(prefix, LockFile))
+	var held *lockfile.HeldError
+	if errors.As(err, &held) {
+		return nil, &inUseError{prefix: prefix, held: held}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	return l, nil
+}
+
+// inUseError is ErrInUse with the holder lockfile found.
+type inUseError struct {
+	prefix string
+	held   *lockfile.HeldError
+}
+
+func (e *inUseError) Error() string {
+	return fmt.Sprintf("%v by %s: %s", ErrInUse, e.held.Holder(), e.prefix)
+}
+
+func (e *inUseError) Unwrap() []error { return []error{ErrInUse, e.held} }
 
 func newBuffer(prefix string, cfg Config, id string) *Buffer {
 	sel, _ := selector.New(cfg.Sampler.spec, cfg.Capacity) // validated
@@ -171,11 +247,132 @@ func (b *Buffer) createStorage(schema []tensordict.Field) error {
 		return fmt.Errorf("replay: creating the storage: %w", err)
 	}
 	b.storage, b.schema = td, schema
+	b.ownStorage()
 	return nil
+}
+
+// own records path as a file the buffer maps, to be checked (health).
+func (b *Buffer) own(path string) {
+	if fi, err := os.Stat(path); err == nil {
+		b.files = append(b.files, ownedFile{path: path, fi: fi})
+	}
+}
+
+// ownStorage records the storage's files.
+func (b *Buffer) ownStorage() {
+	for _, t := range b.storage.Leaves() {
+		if p := t.Path(); p != "" {
+			b.own(p)
+		}
+	}
+}
+
+// checkEvery is how often, at most, calls check every file of a buffer;
+// in between they check only its lock file, one stat.
+const checkEvery = time.Second
+
+// health returns the error the buffer fails calls with once its files are
+// lost (ErrStorageLost, for good), or nil. It checks the lock file every
+// time, one stat: the folder deleted or moved is found by the next call.
+// It checks every file the buffer maps, for being deleted, replaced or
+// truncated, when full is set and otherwise at most every checkEvery.
+// b.mu is not held: the stats run outside it.
+func (b *Buffer) health(full bool) error {
+	b.mu.Lock()
+	lost, files := b.lost, b.files
+	all := full || time.Since(b.checkedAt) >= checkEvery
+	if all {
+		b.checkedAt = time.Now()
+	}
+	b.mu.Unlock()
+	if lost != nil {
+		return lost
+	}
+	cause := b.checkFiles(files, all)
+	if cause == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.loseLocked(cause)
+}
+
+// healthLocked is health(true) with b.mu held, for a reserve that found
+// every slot held.
+func (b *Buffer) healthLocked() error {
+	if b.lost != nil {
+		return b.lost
+	}
+	b.checkedAt = time.Now()
+	if cause := b.checkFiles(b.files, true); cause != nil {
+		return b.loseLocked(cause)
+	}
+	return nil
+}
+
+// checkFiles returns why the buffer's files are lost, or nil: its lock
+// file, and files too when all is set.
+func (b *Buffer) checkFiles(files []ownedFile, all bool) error {
+	if b.lock != nil {
+		if err := b.lock.Check(); err != nil {
+			return fmt.Errorf("its folder or lock file was deleted, moved or replaced (%w)", err)
+		}
+	}
+	if !all {
+		return nil
+	}
+	for _, f := range files {
+		fi, err := os.Stat(f.path)
+		switch {
+		case err != nil:
+			return err
+		case !os.SameFile(fi, f.fi):
+			return fmt.Errorf("%s was replaced by another file", f.path)
+		case fi.Size() < f.fi.Size():
+			return fmt.Errorf("%s was truncated to %d bytes from %d", f.path, fi.Size(), f.fi.Size())
+		}
+	}
+	return nil
+}
+
+// loseLocked makes the buffer fail every call from now on with
+// ErrStorageLost for cause, and wakes the calls waiting; b.mu is held.
+func (b *Buffer) loseLocked(cause error) error {
+	if b.lost == nil {
+		b.lost = fmt.Errorf("%w: %s: %w", ErrStorageLost, b.prefix, cause)
+		b.broadcast()
+	}
+	return b.lost
+}
+
+// noteFault checks the buffer's files after err, a fault on the mappings:
+// it returns the buffer's ErrStorageLost if they were lost (a file
+// truncated under the mapping), and err otherwise. A fault alone is not a
+// loss: writing into a hole of a sparse file on a full disk faults too,
+// and works again once there is room.
+func (b *Buffer) noteFault(err error) error {
+	if !errors.Is(err, memmap.ErrFault) {
+		return err
+	}
+	if lost := b.health(true); lost != nil {
+		return lost
+	}
+	return err
 }
 
 // Prefix returns the folder the buffer lives in.
 func (b *Buffer) Prefix() string { return b.prefix }
+
+// Config returns the buffer's configuration: what Create was given (or
+// OpenWith changed), with the defaults filled in, and the schema once
+// known.
+func (b *Buffer) Config() Config {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := cloneConfig(b.cfg)
+	c.Schema = cloneSchema(b.schema)
+	return c
+}
 
 // Capacity returns how many transitions the buffer holds.
 func (b *Buffer) Capacity() int { return b.cfg.Capacity }
@@ -189,14 +386,25 @@ func (b *Buffer) Schema() []tensordict.Field {
 	return cloneSchema(b.schema)
 }
 
-// Stats returns the buffer's counters now.
-func (b *Buffer) Stats() Stats {
+// Stats returns the buffer's counters now; ErrClosed after Close. It checks
+// the buffer's files first, and reports them lost in StorageLost.
+func (b *Buffer) Stats() (Stats, error) {
+	if b.closed.Load() {
+		return Stats{}, ErrClosed
+	}
+	lost := b.health(true)
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return Stats{}, ErrClosed
+	}
 	s := b.stats
+	if lost != nil {
+		s.StorageLost = lost.Error()
+	}
 	s.Capacity, s.Size, s.Pending, s.Sampler = b.cfg.Capacity, b.sel.Len(), b.pending, b.cfg.Sampler.String()
 	s.Inserted, s.Sampled = b.limit.inserts, b.limit.samples
-	return s
+	return s, nil
 }
 
 // Len returns the number of transitions that can be sampled.
@@ -236,7 +444,7 @@ func (b *Buffer) ExtendPriority(ctx context.Context, td *tensordict.TensorDict, 
 	}
 	if err := writeRows(storage, r.slots, td); err != nil {
 		b.expire(r.rid)
-		return nil, err
+		return nil, b.noteFault(err)
 	}
 	return b.commit(r.rid, r.slots, priorities)
 }
@@ -353,6 +561,9 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 			return nil, nil, schemaErrorf("top-k key of transition %d is NaN", i)
 		}
 	}
+	if err := b.health(false); err != nil {
+		return nil, nil, err
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.schema == nil {
@@ -371,7 +582,7 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 	} else if err := sameSchema(b.schema, schema); err != nil {
 		return nil, nil, schemaErrorf("%v", err)
 	}
-	for !b.closed.Load() && !b.limit.canInsert(n, b.pending, b.sel.Len()) {
+	for !b.closed.Load() && b.lost == nil && !b.limit.canInsert(n, b.pending, b.sel.Len()) {
 		if err := b.wait(ctx); err != nil {
 			return nil, nil, err
 		}
@@ -379,7 +590,17 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 	if b.closed.Load() {
 		return nil, nil, ErrClosed
 	}
+	if b.lost != nil {
+		return nil, nil, b.lost
+	}
 	slots, err := b.writer.choose(b.slots, n, keys)
+	if errors.Is(err, ErrFull) {
+		// Slots held by writers that cannot write them (the storage was
+		// truncated under them) would end here too: say so if it is that.
+		if lost := b.healthLocked(); lost != nil {
+			return nil, nil, lost
+		}
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -405,12 +626,19 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 // reservation is gone, commit succeeds only if those slots already hold it
 // committed (a retried commit), and fails with ErrExpired otherwise.
 func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, error) {
+	// Nothing is acknowledged once the files are gone.
+	if err := b.health(false); err != nil {
+		return nil, err
+	}
 	b.commitMu.RLock()
 	defer b.commitMu.RUnlock()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed.Load() {
 		return nil, ErrClosed
+	}
+	if b.lost != nil {
+		return nil, b.lost
 	}
 	r := b.resv[rid]
 	if r == nil {
@@ -490,8 +718,13 @@ func (b *Buffer) expire(rid uint64) {
 
 // SampleInfo describes the transitions a sample returned, row by row.
 type SampleInfo struct {
-	Indices []int     `codec:"indices"` // their slots
-	IDs     []uint64  `codec:"ids"`     // their slots' generations: a slot overwritten since has another
+	Indices []int `codec:"indices"` // their slots
+	// IDs are their slots' generations: how many times a writer had taken
+	// each slot when it was sampled. A slot overwritten since has another;
+	// UpdatePriority skips a row whose slot's generation is no longer its
+	// ID. (A generation is the slot table's word without its state bits,
+	// word>>2; docs/replay.md.)
+	IDs     []uint64  `codec:"ids"`
 	Weights []float64 `codec:"weights"` // importance weights (prioritized sampling; 1 otherwise)
 }
 
@@ -499,16 +732,19 @@ type SampleInfo struct {
 // a new TensorDict in Go memory, and what they are (SampleInfo). It waits
 // while the buffer cannot give n (fewer than the rate limiter's MinSize,
 // an empty buffer, a FIFO buffer with fewer than n) until ctx ends.
+//
+// n must be positive and at most 2^20 (ErrArgument), and the rows it takes
+// at most 1 GiB.
 func (b *Buffer) Sample(ctx context.Context, n int) (*tensordict.TensorDict, SampleInfo, error) {
-	if n <= 0 || n > maxSample {
-		return nil, SampleInfo{}, schemaErrorf("sample of %d transitions; at most %d", n, maxSample)
+	if err := checkSampleSize(n); err != nil {
+		return nil, SampleInfo{}, err
 	}
 	if err := b.waitSchema(ctx); err != nil {
 		return nil, SampleInfo{}, err
 	}
 	schema := b.Schema()
 	if bytes := int64(n) * int64(rowBytes(schema)); bytes > maxSampleBytes {
-		return nil, SampleInfo{}, schemaErrorf("a sample of %d transitions is %d bytes; at most %d in one call", n, bytes, int64(maxSampleBytes))
+		return nil, SampleInfo{}, argumentErrorf("a sample of %d transitions is %d bytes; at most %d in one call", n, bytes, int64(maxSampleBytes))
 	}
 	return sampleNew(ctx, schema, n, b.SampleInto)
 }
@@ -557,7 +793,7 @@ func (b *Buffer) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 		b.mu.Unlock()
 	}
 	if err != nil {
-		return SampleInfo{}, err
+		return SampleInfo{}, b.noteFault(err)
 	}
 	return info, nil
 }
@@ -577,19 +813,20 @@ func (b *Buffer) enter() error {
 func (b *Buffer) leave() { b.use.RUnlock() }
 
 // changed returns which of rows (all of info's when all is set) have a slot
-// whose word is no longer the one info recorded.
+// whose word is no longer the one info recorded: committed, in the
+// generation that is the row's ID.
 func changed(slots *slotTable, info *SampleInfo, rows []int, all bool) []int {
 	var out []int
 	if all {
 		for i, s := range info.Indices {
-			if slots.word(s) != info.IDs[i] {
+			if slots.word(s) != makeWord(info.IDs[i], stateCommitted) {
 				out = append(out, i)
 			}
 		}
 		return out
 	}
 	for _, i := range rows {
-		if slots.word(info.Indices[i]) != info.IDs[i] {
+		if slots.word(info.Indices[i]) != makeWord(info.IDs[i], stateCommitted) {
 			out = append(out, i)
 		}
 	}
@@ -642,18 +879,24 @@ func gatherChecked(storage *tensordict.TensorDict, slots *slotTable, dst *tensor
 // pick chooses n committed slots, waiting until the buffer can give them,
 // and records them and their words in info.
 func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
-	if n <= 0 || n > maxSample {
-		return schemaErrorf("sample of %d transitions; at most %d", n, maxSample)
+	if err := checkSampleSize(n); err != nil {
+		return err
+	}
+	if err := b.health(false); err != nil {
+		return err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for !b.closed.Load() && !(b.storage != nil && b.limit.canSample(n, b.sel.Len()) && b.sel.CanSelect(n)) {
+	for !b.closed.Load() && b.lost == nil && !(b.storage != nil && b.limit.canSample(n, b.sel.Len()) && b.sel.CanSelect(n)) {
 		if err := b.wait(ctx); err != nil {
 			return err
 		}
 	}
 	if b.closed.Load() {
 		return ErrClosed
+	}
+	if b.lost != nil {
+		return b.lost
 	}
 	start := len(info.Indices)
 	var err error
@@ -663,7 +906,7 @@ func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
 	}
 	info.IDs = slices.Grow(info.IDs, n)
 	for _, s := range info.Indices[start:] {
-		info.IDs = append(info.IDs, b.slots.word(s))
+		info.IDs = append(info.IDs, gen(b.slots.word(s))) // committed: the sampler holds only those
 	}
 	if b.cfg.Sampler.spec.Kind == "fifo" {
 		for _, s := range info.Indices[start:] {
@@ -672,6 +915,17 @@ func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
 	}
 	b.limit.sampled(n)
 	b.broadcast()
+	return nil
+}
+
+// checkSampleSize checks the size of a sample asked for.
+func checkSampleSize(n int) error {
+	if n <= 0 {
+		return argumentErrorf("batch size must be positive, not %d", n)
+	}
+	if n > maxSample {
+		return argumentErrorf("batch size %d; at most %d in one call", n, maxSample)
+	}
 	return nil
 }
 
@@ -699,7 +953,7 @@ const consumed = -1
 func (b *Buffer) waitSchema(ctx context.Context) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for b.schema == nil && !b.closed.Load() {
+	for b.schema == nil && !b.closed.Load() && b.lost == nil {
 		if err := b.wait(ctx); err != nil {
 			return err
 		}
@@ -707,7 +961,7 @@ func (b *Buffer) waitSchema(ctx context.Context) error {
 	if b.closed.Load() {
 		return ErrClosed
 	}
-	return nil
+	return b.lost
 }
 
 // newBatch returns a zeroed TensorDict in Go memory for n transitions of
@@ -731,8 +985,8 @@ func newBatch(schema []tensordict.Field, n int) (*tensordict.TensorDict, error) 
 
 // UpdatePriority sets the priorities of sampled transitions, row by row of
 // info (Indices, and IDs when set), and returns how many it updated: a row
-// whose slot has been overwritten since it was sampled (its ID differs) is
-// skipped. With IDs nil, the slots are updated whatever they hold.
+// whose slot has been overwritten since it was sampled (its generation is
+// no longer the row's ID) is skipped. With IDs nil, the slots are updated whatever they hold.
 // Priorities are finite and not negative. Samplers other than Prioritized
 // keep the priorities but do not use them.
 func (b *Buffer) UpdatePriority(ctx context.Context, info SampleInfo, priorities []float64) (int, error) {
@@ -753,6 +1007,9 @@ func (b *Buffer) UpdatePriority(ctx context.Context, info SampleInfo, priorities
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	if err := b.health(false); err != nil {
+		return 0, err
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed.Load() {
@@ -761,7 +1018,7 @@ func (b *Buffer) UpdatePriority(ctx context.Context, info SampleInfo, priorities
 	n := 0
 	for i, s := range info.Indices {
 		w := b.slots.word(s)
-		if state(w) != stateCommitted || (info.IDs != nil && w != info.IDs[i]) {
+		if state(w) != stateCommitted || (info.IDs != nil && gen(w) != info.IDs[i]) {
 			continue
 		}
 		if b.slots.priority(s) == consumed {
@@ -819,12 +1076,17 @@ func (b *Buffer) Close() error {
 	return errors.Join(err, b.closeFiles())
 }
 
+// closeFiles unmaps the storage and the slot table and lets the prefix
+// go.
 func (b *Buffer) closeFiles() error {
 	var errs []error
 	if b.storage != nil {
 		errs = append(errs, b.storage.Close())
 	}
 	errs = append(errs, b.slots.close())
+	if b.lock != nil {
+		errs = append(errs, b.lock.Release())
+	}
 	return errors.Join(errs...)
 }
 

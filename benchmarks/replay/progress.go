@@ -19,7 +19,8 @@ var phaseNames = map[string]string{phaseStart: "the warm-up", phaseFilled: "the 
 func printProgress(ctx context.Context, w io.Writer, b *replay.Buffer, c *coordinator) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	last, lastAt := b.Stats(), time.Now()
+	last, _ := b.Stats()
+	lastAt := time.Now()
 	for tick := 0; ; tick++ {
 		select {
 		case <-ctx.Done():
@@ -28,7 +29,11 @@ func printProgress(ctx context.Context, w io.Writer, b *replay.Buffer, c *coordi
 			return
 		case <-t.C:
 		}
-		st, now := b.Stats(), time.Now()
+		st, err := b.Stats()
+		if err != nil {
+			return // closed
+		}
+		now := time.Now()
 		secs := now.Sub(lastAt).Seconds()
 		inserted := float64(st.Inserted-last.Inserted) / secs
 		sampled := float64(st.Sampled-last.Sampled) / secs

@@ -145,7 +145,7 @@ func runBuffer(ctx context.Context, o *options, stdout, stderr io.Writer, log *s
 		err = fmt.Errorf("checkpoint on shutdown: %w", cerr)
 	}
 	res.ShutdownCheckpointNS = int64(time.Since(start))
-	res.Stats = b.Stats()
+	res.Stats, _ = b.Stats() // open until the deferred Close
 	return err
 }
 
