@@ -135,8 +135,11 @@ func main() {
 
 // run returns the exit status; its deferred cleanups run before the exit.
 func run(cfg config) int {
-	ctx, stop := benchkit.OnInterrupt("interrupted: stopping node B and removing the dataset (interrupt again to quit at once)")
+	ctx, stop := benchkit.OnInterrupt(context.Background())
 	defer stop()
+	defer context.AfterFunc(ctx, func() {
+		slog.Warn("interrupted: stopping node B and removing the dataset (interrupt again to quit at once)", "cause", context.Cause(ctx))
+	})()
 
 	root, err := os.MkdirTemp(cfg.dir, "tensorwire-fill-*")
 	if err != nil {

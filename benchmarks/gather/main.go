@@ -127,8 +127,11 @@ func main() {
 
 // run returns the exit status; its deferred cleanups run before the exit.
 func run(cfg config) int {
-	ctx, stop := benchkit.OnInterrupt("interrupted: removing the dataset (interrupt again to quit at once)")
+	ctx, stop := benchkit.OnInterrupt(context.Background())
 	defer stop()
+	defer context.AfterFunc(ctx, func() {
+		slog.Warn("interrupted: removing the dataset (interrupt again to quit at once)", "cause", context.Cause(ctx))
+	})()
 
 	dir, err := os.MkdirTemp(cfg.dir, "tensorwire-gather-*")
 	if err != nil {

@@ -16,7 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/benchkit"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/internal/report"
 )
@@ -39,11 +38,10 @@ const (
 // runParent runs every mode in turn, as processes of their own over a new
 // shared root, and reports.
 func runParent(ctx context.Context, o *options, stdout, stderr io.Writer, log *slog.Logger) (err error) {
-	ictx, stop := benchkit.OnInterrupt("interrupted: stopping the processes and removing the shared root (interrupt again to quit at once)")
-	defer stop()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(ictx, cancel)()
+	defer context.AfterFunc(ctx, func() {
+		log.Warn("interrupted: stopping the processes and removing the shared root (interrupt again to quit at once)",
+			"cause", context.Cause(ctx))
+	})()
 
 	root, err := newRoot(o.root)
 	if err != nil {

@@ -151,8 +151,11 @@ func (cfg *config) check() error {
 // run returns the exit status; its deferred cleanups (killing the servers)
 // run before the exit.
 func run(cfg config) int {
-	ctx, stop := benchkit.OnInterrupt("interrupted: stopping the servers (interrupt again to quit at once)")
+	ctx, stop := benchkit.OnInterrupt(context.Background())
 	defer stop()
+	defer context.AfterFunc(ctx, func() {
+		slog.Warn("interrupted: stopping the servers (interrupt again to quit at once)", "cause", context.Cause(ctx))
+	})()
 	res, err := measure(ctx, cfg)
 	if ctx.Err() != nil {
 		return 130
