@@ -7,7 +7,7 @@
 //	tensorwire import idx [--force] --images F --labels F [--images F --labels F ...] PREFIX
 //	tensorwire import npy [--force] key=FILE.npy ... PREFIX
 //	tensorwire node --listen ADDR --root DIR [--token-file F] [--tls-cert F --tls-key F]
-//	tensorwire bench replay [--duration 20s] [--writers 2] [--modes ref,bytes] [--json F] [flags]
+//	tensorwire bench NAME [flags]          (NAME: gather, fill, rpc, replay; "tensorwire bench --help")
 //
 // Run "tensorwire help" for details. Progress and logs go to stderr, results
 // to stdout. The exit status is 0 on success, 1 on failure, 2 on bad usage.

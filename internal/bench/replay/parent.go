@@ -1,4 +1,4 @@
-package replaybench
+package replay
 
 import (
 	"bytes"
@@ -128,7 +128,7 @@ func runMode(ctx context.Context, o *options, mode, root, tokenFile string, stde
 	bufTap := newResultTap(stderr)
 	buf, err := nodeproc.Spawn(ctx, nodeproc.Child{
 		Name: "the buffer node",
-		Args: slices.Concat(selfArgs, []string{"--role", roleBuffer, "--child", "--listen", "127.0.0.1:0",
+		Args: slices.Concat(o.self, []string{"--role", roleBuffer, "--child", "--listen", "127.0.0.1:0",
 			"--root", root, "--name", name, "--token-file", tokenFile, "--capacity", itoa(o.capacity),
 			"--min-size", itoa(o.minSize), "--writers", itoa(o.writers), "--duration", o.duration.String()}),
 		Stderr: bufTap,
@@ -144,7 +144,7 @@ func runMode(ctx context.Context, o *options, mode, root, tokenFile string, stde
 	common := []string{"--child", "--addr", buf.Addr, "--root", root, "--name", name, "--mode", mode, "--token-file", tokenFile}
 	var procs []*roleProc
 	start := func(name string, args ...string) error {
-		p, err := startRole(pctx, name, stderr, append(args, common...))
+		p, err := startRole(pctx, name, stderr, slices.Concat(o.self, args, common))
 		if err != nil {
 			stopAll()
 			for _, p := range procs {
@@ -224,7 +224,7 @@ func waitAll(ctx context.Context, procs []*roleProc, buf *nodeproc.Proc, stopAll
 }
 
 // roleProc is a writer or the trainer, running as a child process: this
-// program re-executed with selfArgs and the role's flags. Its stdin is a
+// program re-executed with bench.Env.Self and the role's flags. Its stdin is a
 // pipe left open, so it stops (ChildContext) if this process dies; its
 // result line is kept, and the rest of its output goes to stderr.
 type roleProc struct {
@@ -233,14 +233,15 @@ type roleProc struct {
 	tap  *resultTap
 }
 
-// startRole starts a role process; ctx ending stops it (SIGTERM, then
+// startRole starts a role process, this program with args; ctx ending
+// stops it (SIGTERM, then
 // SIGKILL after stopTimeout).
 func startRole(ctx context.Context, name string, stderr io.Writer, args []string) (*roleProc, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, exe, slices.Concat(selfArgs, args)...)
+	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = stopTimeout
 	if _, err := cmd.StdinPipe(); err != nil { // held open until the child exits

@@ -1,4 +1,4 @@
-package replaybench
+package replay
 
 import (
 	"bytes"
@@ -7,18 +7,30 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tensorwire/tensorwire/internal/bench"
 )
+
+// testSelf are the arguments with which Run re-executes the test binary
+// for a role (bench.Env.Self), as cmd/tensorwire does.
+var testSelf = []string{"bench", "replay"}
+
+// testEnv is the bench.Env of Run in the tests.
+func testEnv(stdout, stderr io.Writer) bench.Env {
+	return bench.Env{Stdout: stdout, Stderr: stderr, Self: testSelf}
+}
 
 // TestMain lets Run re-execute the test binary for a role: "bench replay
 // ARGS" runs Run(ARGS), as cmd/tensorwire does.
 func TestMain(m *testing.M) {
-	if len(os.Args) > len(selfArgs) && os.Args[1] == selfArgs[0] && os.Args[2] == selfArgs[1] {
-		if err := Run(context.Background(), os.Args[1+len(selfArgs):], os.Stdout, os.Stderr); err != nil {
+	if len(os.Args) > len(testSelf) && os.Args[1] == testSelf[0] && os.Args[2] == testSelf[1] {
+		if err := Run(context.Background(), testEnv(os.Stdout, os.Stderr), os.Args[1+len(testSelf):]); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -39,8 +51,8 @@ func TestRun_EndToEnd(t *testing.T) {
 	dir := t.TempDir()
 	jsonFile := filepath.Join(dir, "replay.json")
 	var stdout, stderr bytes.Buffer
-	err := Run(ctx, []string{"--capacity", "3000", "--duration", "1s",
-		"--memcpy-duration", "200ms", "--root", dir, "--json", jsonFile}, &stdout, &stderr)
+	err := Run(ctx, testEnv(&stdout, &stderr), []string{"--capacity", "3000", "--duration", "1s",
+		"--memcpy-duration", "200ms", "--root", dir, "--json", jsonFile})
 	if err != nil {
 		t.Fatalf("Run: %v\nstderr:\n%s", err, stderr.String())
 	}
@@ -112,12 +124,12 @@ func TestRun_Usage(t *testing.T) {
 		{"extra"},
 	} {
 		var out bytes.Buffer
-		if err := Run(context.Background(), args, &out, &out); !errors.Is(err, ErrUsage) {
+		if err := Run(context.Background(), testEnv(&out, &out), args); !errors.Is(err, bench.ErrUsage) {
 			t.Errorf("%q: %v, want a usage error", args, err)
 		}
 	}
 	var out bytes.Buffer
-	if err := Run(context.Background(), []string{"-h"}, &out, &out); !errors.Is(err, flag.ErrHelp) ||
+	if err := Run(context.Background(), testEnv(&out, &out), []string{"-h"}); !errors.Is(err, flag.ErrHelp) ||
 		!strings.Contains(out.String(), "--sample-batch") || strings.Contains(out.String(), "--child") {
 		t.Errorf("-h: %v\n%s", err, out.String())
 	}

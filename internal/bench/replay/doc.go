@@ -122,4 +122,4 @@
 // buffer. --name (default "replaybench") names the buffer and its folder
 // under the root, which must not hold one yet. Every role prints its
 // results as one line of JSON on stdout when it ends ({"role": ...}).
-package replaybench
+package replay

@@ -1,8 +1,7 @@
-package replaybench
+package replay
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,33 +12,27 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/bench"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 )
 
-// ErrUsage matches (errors.Is) the errors of Run that a different command
-// line fixes.
-var ErrUsage = errors.New("replaybench: bad usage")
-
-type usageError struct{ msg string }
-
-func (e *usageError) Error() string        { return e.msg }
-func (e *usageError) Is(target error) bool { return target == ErrUsage }
-
-func usagef(format string, args ...any) error {
-	return &usageError{fmt.Sprintf(format, args...)}
+// Benchmark is "tensorwire bench replay".
+var Benchmark = bench.Benchmark{
+	Name: name,
+	Summary: "the distributed replay buffer: a node, writers and a trainer, each a process, with rows in the shared " +
+		"storage (ref) and with the calls (bytes); inserts/s, samples/s, latencies, the node's heap, torn rows",
+	Run: Run,
 }
+
+const name = "replay"
+
+var usagef = bench.Usagef
 
 // The modes: how writers and the trainer dial the buffer.
 const (
 	modeRef   = "ref"   // replay.WithRoot(root): rows stay in the shared storage
 	modeBytes = "bytes" // replay.WithRoot(root), replay.WithBytes(): rows travel with the calls
 )
-
-// selfArgs are the arguments with which Run re-executes the running
-// program for a role, before the role's flags. The program must hand
-// "bench replay ARGS..." to Run(ARGS): cmd/tensorwire does, and this
-// package's tests do in TestMain.
-var selfArgs = []string{"bench", "replay"}
 
 // options are the command line's flags.
 type options struct {
@@ -63,6 +56,8 @@ type options struct {
 	mode           string
 	memcpyDuration time.Duration
 	child          bool
+
+	self []string // bench.Env.Self: re-executes this benchmark for a role
 }
 
 func newFlagSet(o *options, modes *string) *flag.FlagSet {
@@ -91,27 +86,23 @@ func newFlagSet(o *options, modes *string) *flag.FlagSet {
 	return fs
 }
 
-// Run runs the benchmark as args say (the arguments after "tensorwire
-// bench replay"), with results on stdout and progress and logs on stderr;
-// the package documentation says what it does. ctx ending stops it: the
-// processes it started are stopped and its files removed before it
-// returns. Errors that a different command line fixes match ErrUsage;
-// "-h" prints the flags to stdout and returns flag.ErrHelp.
-func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// Run runs the benchmark as args say (its flags), with results on
+// env.Stdout and progress and logs on env.Stderr; the package documentation
+// says what it does. It starts its processes with env.Self. ctx ending
+// stops it: the processes it started are stopped and its files removed
+// before it returns. Errors that a different command line fixes match
+// bench.ErrUsage; "-h" prints the flags to env.Stdout and returns
+// flag.ErrHelp.
+func Run(ctx context.Context, env bench.Env, args []string) error {
 	var o options
 	var modes string
 	fs := newFlagSet(&o, &modes)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(stdout, fs)
-			return err
-		}
-		return usagef("%v", err)
-	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected arguments %q", fs.Args())
+	if err := bench.Parse(name, fs, args, env.Stdout, "child"); err != nil {
+		return err
 	}
 	o.modes = strings.Split(modes, ",")
+	o.self = env.Self
+	stdout, stderr := env.Stdout, env.Stderr
 	if err := o.check(); err != nil {
 		return err
 	}
@@ -142,23 +133,6 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%s: %w", o.role, err)
 	}
 	return nil
-}
-
-func printUsage(w io.Writer, fs *flag.FlagSet) {
-	fmt.Fprintf(w, "usage: tensorwire bench replay [flags]\n\n"+
-		"Runs a replay-buffer node, writers and a trainer as processes of their own and measures them;\n"+
-		"with --role, runs one of them (see go doc github.com/tensorwire/tensorwire/benchmarks/replay).\n\nflags:\n")
-	fs.SetOutput(w)
-	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name != "child" {
-			fmt.Fprintf(w, "  --%s %s\n    \t%s (default %q)\n", f.Name, flagType(f), f.Usage, f.DefValue)
-		}
-	})
-}
-
-func flagType(f *flag.Flag) string {
-	name, _ := flag.UnquoteUsage(f)
-	return name
 }
 
 // check validates the options.
