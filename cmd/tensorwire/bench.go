@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/bench/gather"
 	"github.com/tensorwire/tensorwire/internal/bench/replay"
 )
 
@@ -16,6 +17,7 @@ import (
 // "tensorwire bench --help" lists them. Adding one is a line here; see
 // internal/bench.
 var benchmarks = []bench.Benchmark{
+	gather.Benchmark,
 	replay.Benchmark,
 }
 

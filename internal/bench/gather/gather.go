@@ -1,0 +1,503 @@
+// Command gather measures memmap row gathers and scatters on an image dataset
+// against plain memory copies of the same bytes, measured side by side in one
+// run, and checks that streaming the whole dataset keeps the Go heap small.
+//
+//	go run ./benchmarks/gather [--rows 1000] [--iters 50] [--dir DIR] [--json FILE] [--seed 1]
+//
+// It creates a uint8 tensor of shape [rows, 640, 640, 3] (1.2 GB for 1000
+// rows) in a new temporary directory under DIR (default: the system temporary
+// directory), fills row r with the byte 1+r%251, flushes it to disk, and
+// removes it at exit, also on Ctrl-C or SIGTERM (a second Ctrl-C quits at
+// once and may leave the file behind). Progress goes to stderr.
+//
+// # What it measures
+//
+// Every operation moves 5 rows (6,144,000 bytes), distinct and chosen at
+// random, and is timed alone; each iteration runs every operation once, in
+// this order, so that all see the same machine conditions:
+//
+//	memcpy        copy between the same two warm 5-row heap buffers every
+//	              time: the bytes are in the CPU cache (12 MB)
+//	anon gather   copy 5 random rows of an anonymous (not file-backed) buffer
+//	              of min(rows, 256) rows into a heap buffer
+//	anon scatter  the reverse copy, into 5 random rows of that buffer
+//	gather warm   Tensor.Gather of 5 random rows
+//	scatter warm  Tensor.Scatter into 5 random rows
+//	gather cold   Tensor.Gather right after Tensor.Evict
+//	scatter cold  Tensor.Scatter right after Tensor.Evict
+//
+// Warm: the same rows were just moved the same way (untimed), so their pages
+// are in the page cache and mapped (writable, for a scatter), and then the
+// CPU cache was flushed by reading a 128 MiB buffer, as after any real work.
+// The anon copies get the same treatment, so the only difference between
+// "anon gather" and "gather warm" is the file mapping. Cold: Evict (untimed)
+// dropped the dataset's pages from this process and from the page cache, so
+// the operation faults every page in and reads it from the disk.
+//
+// Scatters write new row values, recorded so that every later gather and the
+// streaming pass check them: gathered rows must hold exactly the bytes last
+// written, or the program reports the mismatch and exits with status 1.
+//
+// Streaming reads the whole dataset in order, 32 rows per Gather into one
+// reused buffer, once right after Evict (cold, from disk) and once again
+// (warm), timing only the Gathers and sampling the Go heap (HeapInuse from
+// runtime.ReadMemStats) after every batch.
+//
+// # How to read it
+//
+// Compare ratios, not absolute times: the machines are shared and noisy, and
+// a ratio of two operations measured in the same run is what is comparable
+// across runs. "vs memcpy" is memcpy's p50 time divided by the operation's
+// (its throughput as a fraction of memcpy's); "vs anon" divides by the anon
+// copy in the same direction instead. A warm gather near 1.0 vs anon costs
+// nothing over plain memory; its ratio vs memcpy is lower because rows picked
+// at random from a dataset much larger than the CPU cache come from DRAM,
+// while memcpy's buffers stay cached. Cold ratios show what first touching
+// pages and reading the disk cost. The streaming peak heap should stay near
+// 60 MB (the 39 MB batch buffer and the measurements' three 6 MB buffers),
+// whatever the dataset size: the data lives in the page cache, not in Go
+// memory.
+//
+// # JSON
+//
+// With --json FILE the figures are written (atomically) to FILE as one JSON
+// object. For each operation key K among memcpy, anon_gather, anon_scatter,
+// gather_warm, scatter_warm, gather_cold and scatter_cold:
+//
+//	K_ms_p50, K_ms_p90   nearest-rank percentiles of the iteration times, ms
+//	K_gbps               throughput at the p50 time, 1e9 bytes per second
+//	K_ratio              memcpy_ms_p50 / K_ms_p50 (not for memcpy)
+//	K_anon_ratio         anon_gather_ms_p50 / K_ms_p50 for gathers,
+//	                     anon_scatter_ms_p50 / K_ms_p50 for scatters
+//	                     (gather_* and scatter_* only)
+//
+// and also: rows, iters, seed, row_bytes, batch_rows, batch_bytes,
+// dataset_bytes, anon_rows, fill_seconds, flush_seconds, stream_batch_rows,
+// stream_batch_bytes, stream_cold_gbps, stream_warm_gbps,
+// stream_heap_inuse_peak_bytes (over both passes), and verified (true when
+// every gathered and streamed row held the expected bytes).
+package gather
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/benchkit"
+	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/memmap"
+)
+
+const (
+	batchRows  = 5   // rows per measured operation
+	streamRows = 32  // rows per Gather when streaming
+	maxAnon    = 256 // rows of the anonymous reference buffer, at most
+)
+
+var imageShape = []int{640, 640, 3}
+
+// Benchmark is "tensorwire bench gather".
+var Benchmark = bench.Benchmark{
+	Name:    name,
+	Summary: "memmap row gathers and scatters against memcpy, warm and cold, and the Go heap while streaming a dataset",
+	Run:     Run,
+}
+
+const name = "gather"
+
+type config struct {
+	rows, iters int
+	dir, json   string
+	seed        uint64
+}
+
+// Run runs the benchmark as args say (its flags), with the table on
+// env.Stdout and progress and logs (slog's default logger) on stderr; the
+// package documentation says what it does. ctx ending stops it, and the
+// dataset is removed before it returns. Rows that do not hold what was
+// written fail it, after the figures are printed.
+func Run(ctx context.Context, env bench.Env, args []string) (err error) {
+	var cfg config
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.IntVar(&cfg.rows, "rows", 1000, "rows (640x640x3 images) in the dataset")
+	fs.IntVar(&cfg.iters, "iters", 50, "measured iterations of every operation")
+	fs.StringVar(&cfg.dir, "dir", "", "directory for the dataset (default: the system temporary directory)")
+	fs.StringVar(&cfg.json, "json", "", "also write the figures as JSON to this file")
+	fs.Uint64Var(&cfg.seed, "seed", 1, "seed for the random row choices")
+	if err := bench.Parse(name, fs, args, env.Stdout); err != nil {
+		return err
+	}
+	if cfg.rows < batchRows || cfg.iters < 1 {
+		return bench.Usagef("need --rows >= %d and --iters >= 1", batchRows)
+	}
+	defer context.AfterFunc(ctx, func() {
+		slog.Warn("interrupted: removing the dataset (interrupt again to quit at once)", "cause", context.Cause(ctx))
+	})()
+
+	dir, err := os.MkdirTemp(cfg.dir, "tensorwire-gather-*")
+	if err != nil {
+		return fmt.Errorf("dataset directory: %w", err)
+	}
+	defer func() {
+		if rerr := os.RemoveAll(dir); rerr != nil && err == nil {
+			err = fmt.Errorf("removing the dataset: %w", rerr)
+		}
+	}()
+
+	res, err := measure(ctx, cfg, filepath.Join(dir, "images.memmap"))
+	if ctx.Err() != nil {
+		return fmt.Errorf("stopped: %w", context.Cause(ctx))
+	}
+	if err != nil && res == nil {
+		return err
+	}
+	res.print(env.Stdout)
+	if cfg.json != "" {
+		if jerr := report.WriteJSON(cfg.json, res.json()); jerr != nil {
+			return jerr
+		}
+	}
+	if err != nil { // a verification failure, reported with the figures
+		return fmt.Errorf("verification failed: %w", err)
+	}
+	return nil
+}
+
+// op is one measured operation.
+type op struct {
+	name, key string
+	anonKey   string // the anon copy it compares to; "" for none
+	times     []time.Duration
+}
+
+type results struct {
+	cfg                config
+	rowBytes, anonRows int
+	dataset            int
+	fill, flush        time.Duration
+	ops                []*op
+	streamCold         float64 // GB/s
+	streamWarm         float64
+	heapPeak           uint64
+	verified           bool
+}
+
+// measure creates and fills the dataset at path, then runs the interleaved
+// measurements and the streaming passes. A verification failure returns the
+// results so far with the error; any other error returns nil results.
+func measure(ctx context.Context, cfg config, path string) (*results, error) {
+	shape := append([]int{cfg.rows}, imageShape...)
+	t, err := memmap.Create(path, memmap.Uint8, shape...)
+	if err != nil {
+		return nil, err
+	}
+	defer t.Close()
+	rs := t.RowBytes()
+	res := &results{cfg: cfg, rowBytes: rs, dataset: t.Size(), verified: true}
+	slog.Info("created dataset", "path", path, "shape", shape, "bytes", t.Size())
+
+	// want[r] is the byte every element of row r holds.
+	want := make([]byte, cfg.rows)
+	start, last := time.Now(), time.Now()
+	for r := range cfg.rows {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		want[r] = byte(1 + r%251)
+		if err := t.Fill([]int{r}, want[r:r+1]); err != nil {
+			return nil, err
+		}
+		if time.Since(last) >= time.Second || r == cfg.rows-1 {
+			last = time.Now()
+			done := int64(r+1) * int64(rs)
+			slog.Info("filling", "rows", r+1, "total", cfg.rows,
+				"pct", 100*(r+1)/cfg.rows, "GB/s", fmt.Sprintf("%.2f", report.GBps(done, time.Since(start))))
+		}
+	}
+	res.fill = time.Since(start)
+	slog.Info("flushing to disk", "bytes", t.Size())
+	start = time.Now()
+	if err := t.Flush(); err != nil {
+		return nil, err
+	}
+	res.flush = time.Since(start)
+	slog.Info("flushed", "seconds", fmt.Sprintf("%.1f", res.flush.Seconds()))
+
+	n := batchRows * rs
+	res.anonRows = min(cfg.rows, maxAnon)
+	anon, err := benchkit.Anon(res.anonRows * rs)
+	if err != nil {
+		return nil, err
+	}
+	defer benchkit.Free(anon)
+	cacheFlush, err := benchkit.Anon(benchkit.CacheFlushBytes)
+	if err != nil {
+		return nil, err
+	}
+	defer benchkit.Free(cacheFlush)
+
+	src, dst := benchkit.Touched(n), benchkit.Touched(n) // memcpy's buffers
+	buf := benchkit.Touched(n)                           // every other op's heap side
+	rows := make([]int, batchRows)
+	rng := rand.New(rand.NewPCG(cfg.seed, 0x7e5))
+	var fail error
+	check := func(what string) {
+		if err := verify(buf, rows, want, rs); err != nil && fail == nil {
+			fail = fmt.Errorf("%s: %w", what, err)
+		}
+	}
+	// newValues sets buf to fresh values for rows and records them in want.
+	newValues := func(it int) {
+		for i, r := range rows {
+			want[r] = byte(1 + (r+it+1)%251)
+			benchkit.Fill(buf[i*rs:(i+1)*rs], want[r])
+		}
+	}
+	timed := func(f func() error) (time.Duration, error) {
+		t0 := time.Now()
+		err := f()
+		return time.Since(t0), err
+	}
+	anonCopy := func(gather bool) func() error {
+		return func() error {
+			for i, r := range rows {
+				if gather {
+					copy(buf[i*rs:(i+1)*rs], anon[r*rs:(r+1)*rs])
+				} else {
+					copy(anon[r*rs:(r+1)*rs], buf[i*rs:(i+1)*rs])
+				}
+			}
+			return nil
+		}
+	}
+	gather := func() error { return t.Gather(buf, rows) }
+	scatter := func() error { return t.Scatter(rows, buf) }
+
+	memcpy := &op{name: "memcpy", key: "memcpy"}
+	anonG := &op{name: "anon gather", key: "anon_gather"}
+	anonS := &op{name: "anon scatter", key: "anon_scatter"}
+	gw := &op{name: "gather warm", key: "gather_warm", anonKey: "anon_gather"}
+	sw := &op{name: "scatter warm", key: "scatter_warm", anonKey: "anon_scatter"}
+	gc := &op{name: "gather cold", key: "gather_cold", anonKey: "anon_gather"}
+	sc := &op{name: "scatter cold", key: "scatter_cold", anonKey: "anon_scatter"}
+	res.ops = []*op{memcpy, anonG, anonS, gw, sw, gc, sc}
+
+	// warm runs f once untimed (faulting its pages in), flushes the CPU
+	// cache, and times f again.
+	warm := func(o *op, f func() error) error {
+		if err := f(); err != nil {
+			return err
+		}
+		benchkit.FlushCache(cacheFlush)
+		d, err := timed(f)
+		o.times = append(o.times, d)
+		return err
+	}
+	cold := func(o *op, f func() error) error {
+		if err := t.Evict(); err != nil {
+			return err
+		}
+		d, err := timed(f)
+		o.times = append(o.times, d)
+		return err
+	}
+
+	slog.Info("measuring", "iters", cfg.iters, "batch_rows", batchRows, "batch_bytes", n)
+	for it := range cfg.iters {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		copy(dst, src)
+		d, _ := timed(func() error { copy(dst, src); return nil })
+		memcpy.times = append(memcpy.times, d)
+
+		benchkit.PickRows(rng, res.anonRows, rows)
+		warm(anonG, anonCopy(true))
+		benchkit.PickRows(rng, res.anonRows, rows)
+		warm(anonS, anonCopy(false))
+
+		benchkit.PickRows(rng, cfg.rows, rows)
+		if err := warm(gw, gather); err != nil {
+			return nil, err
+		}
+		check("gather warm")
+
+		benchkit.PickRows(rng, cfg.rows, rows)
+		newValues(it)
+		if err := warm(sw, scatter); err != nil {
+			return nil, err
+		}
+
+		benchkit.PickRows(rng, cfg.rows, rows)
+		if err := cold(gc, gather); err != nil {
+			return nil, err
+		}
+		check("gather cold")
+
+		benchkit.PickRows(rng, cfg.rows, rows)
+		newValues(it + 1000)
+		if err := cold(sc, scatter); err != nil {
+			return nil, err
+		}
+	}
+
+	slog.Info("streaming", "batch_rows", streamRows)
+	if err := t.Evict(); err != nil {
+		return nil, err
+	}
+	batch := make([]byte, min(streamRows, cfg.rows)*rs)
+	for pass := range 2 {
+		gbps, peak, err := stream(ctx, t, batch, want)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if err != nil && !errors.Is(err, benchkit.ErrMismatch) {
+			return nil, err
+		}
+		if err != nil && fail == nil {
+			fail = fmt.Errorf("streaming: %w", err)
+		}
+		res.heapPeak = max(res.heapPeak, peak)
+		if pass == 0 {
+			res.streamCold = gbps
+		} else {
+			res.streamWarm = gbps
+		}
+	}
+	res.verified = fail == nil
+	return res, fail
+}
+
+// stream gathers every row of t in order, len(batch)/RowBytes rows at a
+// time, checks each row against want, and returns the throughput of the
+// Gathers alone and the peak HeapInuse seen after each batch.
+func stream(ctx context.Context, t *memmap.Tensor, batch, want []byte) (gbps float64, peak uint64, err error) {
+	rs := t.RowBytes()
+	per := len(batch) / rs
+	var total time.Duration
+	var ms runtime.MemStats
+	var fail error
+	rows := make([]int, 0, per)
+	for first := 0; first < t.Len(); first += per {
+		if ctx.Err() != nil {
+			return 0, 0, ctx.Err()
+		}
+		rows = rows[:0]
+		for r := first; r < min(first+per, t.Len()); r++ {
+			rows = append(rows, r)
+		}
+		b := batch[:len(rows)*rs]
+		t0 := time.Now()
+		if err := t.Gather(b, rows); err != nil {
+			return 0, 0, err
+		}
+		total += time.Since(t0)
+		runtime.ReadMemStats(&ms)
+		peak = max(peak, ms.HeapInuse)
+		if err := verify(b, rows, want, rs); err != nil && fail == nil {
+			fail = err
+		}
+	}
+	return report.GBps(int64(t.Size()), total), peak, fail
+}
+
+// verify checks that row i of buf, for each rows[i] = r, holds want[r] in
+// every byte.
+func verify(buf []byte, rows []int, want []byte, rs int) error {
+	for i, r := range rows {
+		if err := benchkit.CheckRow(r, buf[i*rs:(i+1)*rs], want[r]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (res *results) p50(key string) time.Duration {
+	for _, o := range res.ops {
+		if o.key == key {
+			return report.Percentile(o.times, 50)
+		}
+	}
+	return 0
+}
+
+func ratio(ref, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(ref) / float64(d)
+}
+
+func (res *results) print(w io.Writer) {
+	n := int64(batchRows * res.rowBytes)
+	fmt.Fprintf(w, "%d random rows (%d bytes) of a [%d, 640, 640, 3] uint8 dataset (%d bytes), %d iterations\n\n",
+		batchRows, n, res.cfg.rows, res.dataset, res.cfg.iters)
+	tb := report.NewTable("op", "p50 ms", "p90 ms", "GB/s", "vs memcpy", "vs anon")
+	tb.Prec = 3
+	memcpy := res.p50("memcpy")
+	for _, o := range res.ops {
+		s := report.Summarize(o.times)
+		var vsAnon any = ""
+		if o.anonKey != "" {
+			vsAnon = ratio(res.p50(o.anonKey), s.P50)
+		}
+		tb.Row(o.name, report.Ms(s.P50), report.Ms(s.P90), report.GBps(n, s.P50), ratio(memcpy, s.P50), vsAnon)
+	}
+	tb.WriteTo(w)
+
+	fmt.Fprintf(w, "\nstreaming %d rows per Gather into one reused %d-byte buffer\n\n", streamRows, streamRows*res.rowBytes)
+	st := report.NewTable("stream", "GB/s", "peak Go heap MB", "dataset MB")
+	st.Row("cold (after Evict)", res.streamCold, float64(res.heapPeak)/1e6, float64(res.dataset)/1e6)
+	st.Row("warm", res.streamWarm, "", "")
+	st.WriteTo(w)
+	if res.verified {
+		fmt.Fprintln(w, "\nverified: every gathered and streamed row held the bytes last written")
+	} else {
+		fmt.Fprintln(w, "\nVERIFICATION FAILED: see stderr")
+	}
+}
+
+func (res *results) json() map[string]any {
+	n := int64(batchRows * res.rowBytes)
+	m := map[string]any{
+		"rows":                         res.cfg.rows,
+		"iters":                        res.cfg.iters,
+		"seed":                         res.cfg.seed,
+		"row_bytes":                    res.rowBytes,
+		"batch_rows":                   batchRows,
+		"batch_bytes":                  n,
+		"dataset_bytes":                res.dataset,
+		"anon_rows":                    res.anonRows,
+		"fill_seconds":                 res.fill.Seconds(),
+		"flush_seconds":                res.flush.Seconds(),
+		"stream_batch_rows":            streamRows,
+		"stream_batch_bytes":           streamRows * res.rowBytes,
+		"stream_cold_gbps":             res.streamCold,
+		"stream_warm_gbps":             res.streamWarm,
+		"stream_heap_inuse_peak_bytes": res.heapPeak,
+		"verified":                     res.verified,
+	}
+	memcpy := res.p50("memcpy")
+	for _, o := range res.ops {
+		s := report.Summarize(o.times)
+		m[o.key+"_ms_p50"] = report.Ms(s.P50)
+		m[o.key+"_ms_p90"] = report.Ms(s.P90)
+		m[o.key+"_gbps"] = report.GBps(n, s.P50)
+		if o.key != "memcpy" {
+			m[o.key+"_ratio"] = ratio(memcpy, s.P50)
+		}
+		if o.anonKey != "" {
+			m[o.key+"_anon_ratio"] = ratio(res.p50(o.anonKey), s.P50)
+		}
+	}
+	return m
+}
