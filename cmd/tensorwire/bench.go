@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/bench/fill"
 	"github.com/tensorwire/tensorwire/internal/bench/gather"
 	"github.com/tensorwire/tensorwire/internal/bench/replay"
 )
@@ -18,6 +19,7 @@ import (
 // internal/bench.
 var benchmarks = []bench.Benchmark{
 	gather.Benchmark,
+	fill.Benchmark,
 	replay.Benchmark,
 }
 
