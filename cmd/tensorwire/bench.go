@@ -12,6 +12,7 @@ import (
 	"github.com/tensorwire/tensorwire/internal/bench/fill"
 	"github.com/tensorwire/tensorwire/internal/bench/gather"
 	"github.com/tensorwire/tensorwire/internal/bench/replay"
+	"github.com/tensorwire/tensorwire/internal/bench/rpc"
 )
 
 // benchmarks are the benchmarks "tensorwire bench NAME" runs, in the order
@@ -20,6 +21,7 @@ import (
 var benchmarks = []bench.Benchmark{
 	gather.Benchmark,
 	fill.Benchmark,
+	rpc.Benchmark,
 	replay.Benchmark,
 }
 
