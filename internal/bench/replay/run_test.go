@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +40,45 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// jsonKeys are the keys of the --json file and of its objects, as dotted
+// paths, as the benchmark wrote them before its results became a typed
+// struct (tensorwire bench replay --json, 2026-11-24). docs/benchmarks.md
+// and scripts read them: they keep their names.
+var jsonKeys = func() []string {
+	keys := []string{"memcpy_gather_transitions_per_s", "config", "config.batch", "config.capacity", "config.duration_s",
+		"config.insert_rate", "config.min_size", "config.modes", "config.prefetch", "config.sample_batch", "config.sampler",
+		"config.seed_insert_transitions_per_s", "config.seed_sample_transitions_per_s", "config.trainers",
+		"config.transition_bytes", "config.warmup_laps", "config.writer", "config.writers"}
+	for _, mode := range []string{modeRef, modeBytes} {
+		keys = append(keys, mode)
+		for _, k := range []string{"buffer_heap_mb", "buffer_heap_polls", "checkpoint_s", "extend_calls", "extend_ms_p50",
+			"extend_ms_p99", "fill_s", "insert_mb_per_s", "insert_transitions_per_s", "insert_vs_seed",
+			"memcpy_gather_transitions_per_s", "node_resampled", "rows_resampled", "rows_verified", "sample_calls",
+			"sample_mb_per_s", "sample_ms_p50", "sample_ms_p99", "sample_transitions_per_s", "sample_vs_memcpy_gather",
+			"sample_vs_seed", "timed_s", "torn_rows_returned", "warmup_s", "warmup_sampled"} {
+			keys = append(keys, mode+"."+k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}()
+
+// keyPaths returns the keys of m and of the objects in it, as dotted paths,
+// sorted.
+func keyPaths(m map[string]any) []string {
+	var out []string
+	for k, v := range m {
+		out = append(out, k)
+		if sub, ok := v.(map[string]any); ok {
+			for _, p := range keyPaths(sub) {
+				out = append(out, k+"."+p)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // TestRun_EndToEnd runs the whole benchmark, both modes, with small
 // settings, and checks its JSON and table.
 //
@@ -61,6 +101,13 @@ func TestRun_EndToEnd(t *testing.T) {
 	data, err := os.ReadFile(jsonFile)
 	if err != nil {
 		t.Fatal(err)
+	}
+	var all map[string]any
+	if err := json.Unmarshal(data, &all); err != nil {
+		t.Fatal(err)
+	}
+	if keys := keyPaths(all); !slices.Equal(keys, jsonKeys) {
+		t.Errorf("JSON keys\n%q\nwant\n%q", keys, jsonKeys)
 	}
 	var got map[string]json.RawMessage
 	if err := json.Unmarshal(data, &got); err != nil {
