@@ -113,12 +113,3 @@ func pollHeap(ctx context.Context, c *replay.Client, interval time.Duration, out
 		}
 	}
 }
-
-// durations converts nanoseconds to durations.
-func durations(ns []int64) []time.Duration {
-	ds := make([]time.Duration, len(ns))
-	for i, n := range ns {
-		ds[i] = time.Duration(n)
-	}
-	return ds
-}

@@ -79,7 +79,7 @@ func runParent(ctx context.Context, o *options, stdout, stderr io.Writer, log *s
 		return err
 	}
 	if o.json != "" {
-		return report.WriteJSON(o.json, rep.json())
+		return report.WriteJSON(o.json, rep.result())
 	}
 	return nil
 }

@@ -42,8 +42,9 @@ func TestMain(m *testing.M) {
 
 // jsonKeys are the keys of the --json file and of its objects, as dotted
 // paths, as the benchmark wrote them before its results became a typed
-// struct (tensorwire bench replay --json, 2026-11-24). docs/benchmarks.md
-// and scripts read them: they keep their names.
+// struct (tensorwire bench replay --json, 2026-11-24), and the p99.9 keys
+// added since. docs/benchmarks.md and scripts read them: they keep their
+// names.
 var jsonKeys = func() []string {
 	keys := []string{"memcpy_gather_transitions_per_s", "config", "config.batch", "config.capacity", "config.duration_s",
 		"config.insert_rate", "config.min_size", "config.modes", "config.prefetch", "config.sample_batch", "config.sampler",
@@ -55,7 +56,9 @@ var jsonKeys = func() []string {
 			"extend_ms_p99", "fill_s", "insert_mb_per_s", "insert_transitions_per_s", "insert_vs_seed",
 			"memcpy_gather_transitions_per_s", "node_resampled", "rows_resampled", "rows_verified", "sample_calls",
 			"sample_mb_per_s", "sample_ms_p50", "sample_ms_p99", "sample_transitions_per_s", "sample_vs_memcpy_gather",
-			"sample_vs_seed", "timed_s", "torn_rows_returned", "warmup_s", "warmup_sampled"} {
+			"sample_vs_seed", "timed_s", "torn_rows_returned", "warmup_s", "warmup_sampled",
+			// Added with the latency histograms:
+			"extend_ms_p999", "sample_ms_p999"} {
 			keys = append(keys, mode+"."+k)
 		}
 	}
@@ -122,14 +125,19 @@ func TestRun_EndToEnd(t *testing.T) {
 		if err := json.Unmarshal(got[mode], &figs); err != nil {
 			t.Fatalf("%s: %v in %s", mode, err, data)
 		}
+		// The latencies come from the writers' and the trainer's histograms.
 		for _, key := range []string{"insert_transitions_per_s", "sample_transitions_per_s", "extend_ms_p50",
-			"extend_ms_p99", "sample_ms_p50", "sample_ms_p99", "buffer_heap_mb"} {
+			"extend_ms_p99", "extend_ms_p999", "sample_ms_p50", "sample_ms_p99", "sample_ms_p999", "buffer_heap_mb",
+			"extend_calls", "sample_calls"} {
 			if v, ok := figs[key]; !ok || v <= 0 {
 				t.Errorf("%s: %s = %v (present %v), want > 0", mode, key, v, ok)
 			}
 		}
 		if v, ok := figs["torn_rows_returned"]; !ok || v != 0 {
 			t.Errorf("%s: torn_rows_returned = %v (present %v), want 0", mode, v, ok)
+		}
+		if figs["extend_ms_p50"] > figs["extend_ms_p99"] || figs["sample_ms_p99"] > figs["sample_ms_p999"] {
+			t.Errorf("%s: percentiles out of order: %v", mode, figs)
 		}
 		if figs["rows_verified"] < figs["sample_transitions_per_s"]*0.5 {
 			t.Errorf("%s: %v rows verified", mode, figs["rows_verified"])
