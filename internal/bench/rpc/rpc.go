@@ -163,17 +163,17 @@ func (cfg *config) check() error {
 type result struct {
 	name        string
 	small       smallResult
-	bulk        []time.Duration
+	bulk        report.Latency
 	stream      time.Duration // to stream streamBytes
 	streamBytes int64
 }
 
 func (r *result) smallCallsPerS() float64 { return r.small.callsPerS() }
-func (r *result) smallP50us() float64     { return us(report.Percentile(r.small.lat, 50)) }
-func (r *result) smallP99us() float64     { return us(report.Percentile(r.small.lat, 99)) }
-func (r *result) bulkP50ms() float64      { return report.Ms(report.Percentile(r.bulk, 50)) }
+func (r *result) smallP50us() float64     { return us(r.small.lat.Quantile(50)) }
+func (r *result) smallP99us() float64     { return us(r.small.lat.Quantile(99)) }
+func (r *result) bulkP50ms() float64      { return report.Ms(r.bulk.Quantile(50)) }
 func (r *result) bulkMBps() float64 {
-	return report.GBps(bulkBytes, report.Percentile(r.bulk, 50)) * 1e3
+	return report.GBps(bulkBytes, r.bulk.Quantile(50)) * 1e3
 }
 func (r *result) streamGBps() float64 { return report.GBps(r.streamBytes, r.stream) }
 

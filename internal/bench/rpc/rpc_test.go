@@ -165,8 +165,8 @@ func TestSystems(t *testing.T) {
 			if err != nil {
 				t.Fatalf("small: %v", err)
 			}
-			if small.calls == 0 || len(small.lat) != small.calls || small.callsPerS() <= 0 {
-				t.Errorf("small: %d calls, %d latencies, %.0f calls/s", small.calls, len(small.lat), small.callsPerS())
+			if small.calls == 0 || small.lat.Count() != int64(small.calls) || small.callsPerS() <= 0 {
+				t.Errorf("small: %d calls, %d latencies, %.0f calls/s", small.calls, small.lat.Count(), small.callsPerS())
 			}
 			if small.elapsed < 100*time.Millisecond {
 				t.Errorf("small ran for %v, less than asked", small.elapsed)
@@ -177,8 +177,8 @@ func TestSystems(t *testing.T) {
 			if err != nil {
 				t.Fatalf("bulk: %v", err)
 			}
-			if len(times) != 1 || len(times[0]) != 2 || times[0][0] <= 0 {
-				t.Errorf("bulk times %v, want 2 positive", times)
+			if len(times) != 1 || times[0].Count() != 2 || times[0].Quantile(0) <= 0 {
+				t.Errorf("bulk times %+v, want 2 positive", times)
 			}
 
 			for _, total := range []int64{8 << 20, 3<<20 + 12345, 100} {
