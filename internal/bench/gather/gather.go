@@ -162,7 +162,7 @@ func Run(ctx context.Context, env bench.Env, args []string) (err error) {
 	}
 	res.print(env.Stdout)
 	if cfg.json != "" {
-		if jerr := report.WriteJSON(cfg.json, res.json()); jerr != nil {
+		if jerr := report.WriteJSON(cfg.json, res.result()); jerr != nil {
 			return jerr
 		}
 	}
@@ -175,8 +175,8 @@ func Run(ctx context.Context, env bench.Env, args []string) (err error) {
 // op is one measured operation.
 type op struct {
 	name, key string
-	anonKey   string // the anon copy it compares to; "" for none
-	times     []time.Duration
+	anonKey   string         // the anon copy it compares to; "" for none
+	lat       report.Latency // every iteration's time
 }
 
 type results struct {
@@ -299,7 +299,7 @@ func measure(ctx context.Context, cfg config, path string) (*results, error) {
 		}
 		benchkit.FlushCache(cacheFlush)
 		d, err := timed(f)
-		o.times = append(o.times, d)
+		o.lat.Record(d)
 		return err
 	}
 	cold := func(o *op, f func() error) error {
@@ -307,7 +307,7 @@ func measure(ctx context.Context, cfg config, path string) (*results, error) {
 			return err
 		}
 		d, err := timed(f)
-		o.times = append(o.times, d)
+		o.lat.Record(d)
 		return err
 	}
 
@@ -318,7 +318,7 @@ func measure(ctx context.Context, cfg config, path string) (*results, error) {
 		}
 		copy(dst, src)
 		d, _ := timed(func() error { copy(dst, src); return nil })
-		memcpy.times = append(memcpy.times, d)
+		memcpy.lat.Record(d)
 
 		benchkit.PickRows(rng, res.anonRows, rows)
 		warm(anonG, anonCopy(true))
@@ -424,7 +424,7 @@ func verify(buf []byte, rows []int, want []byte, rs int) error {
 func (res *results) p50(key string) time.Duration {
 	for _, o := range res.ops {
 		if o.key == key {
-			return report.Percentile(o.times, 50)
+			return o.lat.Quantile(50)
 		}
 	}
 	return 0
@@ -445,7 +445,7 @@ func (res *results) print(w io.Writer) {
 	tb.Prec = 3
 	memcpy := res.p50("memcpy")
 	for _, o := range res.ops {
-		s := report.Summarize(o.times)
+		s := o.lat.Stats()
 		var vsAnon any = ""
 		if o.anonKey != "" {
 			vsAnon = ratio(res.p50(o.anonKey), s.P50)
@@ -466,38 +466,127 @@ func (res *results) print(w io.Writer) {
 	}
 }
 
-func (res *results) json() map[string]any {
+// Result is the figures as the --json file has them. For each operation
+// (memcpy, anon gather and scatter, gather and scatter warm and cold), the
+// p50 and p90 of its iteration times in ms (HdrHistogram: to 3 significant
+// digits) and its throughput at the p50 time (GB/s: 1e9 bytes per second);
+// for every operation but memcpy, Ratio is memcpy's p50 over the
+// operation's (its throughput as a fraction of memcpy's), and for the
+// gathers and scatters of the dataset AnonRatio is the same against the anon
+// copy in the same direction.
+type Result struct {
+	Rows         int    `json:"rows"`
+	Iters        int    `json:"iters"`
+	Seed         uint64 `json:"seed"`
+	RowBytes     int    `json:"row_bytes"`
+	BatchRows    int    `json:"batch_rows"`    // rows per operation
+	BatchBytes   int64  `json:"batch_bytes"`   // bytes per operation
+	DatasetBytes int    `json:"dataset_bytes"` // the dataset's size
+	AnonRows     int    `json:"anon_rows"`     // rows of the anonymous reference buffer
+
+	FillSeconds  float64 `json:"fill_seconds"`  // writing every row of the dataset
+	FlushSeconds float64 `json:"flush_seconds"` // flushing it to disk
+
+	MemcpyMsP50 float64 `json:"memcpy_ms_p50"`
+	MemcpyMsP90 float64 `json:"memcpy_ms_p90"`
+	MemcpyGBps  float64 `json:"memcpy_gbps"`
+
+	AnonGatherMsP50  float64 `json:"anon_gather_ms_p50"`
+	AnonGatherMsP90  float64 `json:"anon_gather_ms_p90"`
+	AnonGatherGBps   float64 `json:"anon_gather_gbps"`
+	AnonGatherRatio  float64 `json:"anon_gather_ratio"`
+	AnonScatterMsP50 float64 `json:"anon_scatter_ms_p50"`
+	AnonScatterMsP90 float64 `json:"anon_scatter_ms_p90"`
+	AnonScatterGBps  float64 `json:"anon_scatter_gbps"`
+	AnonScatterRatio float64 `json:"anon_scatter_ratio"`
+
+	GatherWarmMsP50      float64 `json:"gather_warm_ms_p50"`
+	GatherWarmMsP90      float64 `json:"gather_warm_ms_p90"`
+	GatherWarmGBps       float64 `json:"gather_warm_gbps"`
+	GatherWarmRatio      float64 `json:"gather_warm_ratio"`
+	GatherWarmAnonRatio  float64 `json:"gather_warm_anon_ratio"`
+	ScatterWarmMsP50     float64 `json:"scatter_warm_ms_p50"`
+	ScatterWarmMsP90     float64 `json:"scatter_warm_ms_p90"`
+	ScatterWarmGBps      float64 `json:"scatter_warm_gbps"`
+	ScatterWarmRatio     float64 `json:"scatter_warm_ratio"`
+	ScatterWarmAnonRatio float64 `json:"scatter_warm_anon_ratio"`
+	GatherColdMsP50      float64 `json:"gather_cold_ms_p50"`
+	GatherColdMsP90      float64 `json:"gather_cold_ms_p90"`
+	GatherColdGBps       float64 `json:"gather_cold_gbps"`
+	GatherColdRatio      float64 `json:"gather_cold_ratio"`
+	GatherColdAnonRatio  float64 `json:"gather_cold_anon_ratio"`
+	ScatterColdMsP50     float64 `json:"scatter_cold_ms_p50"`
+	ScatterColdMsP90     float64 `json:"scatter_cold_ms_p90"`
+	ScatterColdGBps      float64 `json:"scatter_cold_gbps"`
+	ScatterColdRatio     float64 `json:"scatter_cold_ratio"`
+	ScatterColdAnonRatio float64 `json:"scatter_cold_anon_ratio"`
+
+	StreamBatchRows          int     `json:"stream_batch_rows"`
+	StreamBatchBytes         int     `json:"stream_batch_bytes"`
+	StreamColdGBps           float64 `json:"stream_cold_gbps"`             // after Evict: from the disk
+	StreamWarmGBps           float64 `json:"stream_warm_gbps"`             // the second pass
+	StreamHeapInusePeakBytes uint64  `json:"stream_heap_inuse_peak_bytes"` // over both passes
+	// Verified is true when every gathered and streamed row held the bytes
+	// last written.
+	Verified bool `json:"verified"`
+}
+
+// opFigures are one operation's figures in Result.
+type opFigures struct {
+	msP50, msP90, gbps, ratio, anonRatio float64
+}
+
+func (res *results) op(key string) opFigures {
 	n := int64(batchRows * res.rowBytes)
-	m := map[string]any{
-		"rows":                         res.cfg.rows,
-		"iters":                        res.cfg.iters,
-		"seed":                         res.cfg.seed,
-		"row_bytes":                    res.rowBytes,
-		"batch_rows":                   batchRows,
-		"batch_bytes":                  n,
-		"dataset_bytes":                res.dataset,
-		"anon_rows":                    res.anonRows,
-		"fill_seconds":                 res.fill.Seconds(),
-		"flush_seconds":                res.flush.Seconds(),
-		"stream_batch_rows":            streamRows,
-		"stream_batch_bytes":           streamRows * res.rowBytes,
-		"stream_cold_gbps":             res.streamCold,
-		"stream_warm_gbps":             res.streamWarm,
-		"stream_heap_inuse_peak_bytes": res.heapPeak,
-		"verified":                     res.verified,
-	}
-	memcpy := res.p50("memcpy")
 	for _, o := range res.ops {
-		s := report.Summarize(o.times)
-		m[o.key+"_ms_p50"] = report.Ms(s.P50)
-		m[o.key+"_ms_p90"] = report.Ms(s.P90)
-		m[o.key+"_gbps"] = report.GBps(n, s.P50)
-		if o.key != "memcpy" {
-			m[o.key+"_ratio"] = ratio(memcpy, s.P50)
+		if o.key != key {
+			continue
 		}
+		s := o.lat.Stats()
+		f := opFigures{msP50: report.Ms(s.P50), msP90: report.Ms(s.P90), gbps: report.GBps(n, s.P50),
+			ratio: ratio(res.p50("memcpy"), s.P50)}
 		if o.anonKey != "" {
-			m[o.key+"_anon_ratio"] = ratio(res.p50(o.anonKey), s.P50)
+			f.anonRatio = ratio(res.p50(o.anonKey), s.P50)
 		}
+		return f
 	}
-	return m
+	return opFigures{}
+}
+
+// result returns the figures as the JSON file has them.
+func (res *results) result() Result {
+	r := Result{
+		Rows:                     res.cfg.rows,
+		Iters:                    res.cfg.iters,
+		Seed:                     res.cfg.seed,
+		RowBytes:                 res.rowBytes,
+		BatchRows:                batchRows,
+		BatchBytes:               int64(batchRows * res.rowBytes),
+		DatasetBytes:             res.dataset,
+		AnonRows:                 res.anonRows,
+		FillSeconds:              res.fill.Seconds(),
+		FlushSeconds:             res.flush.Seconds(),
+		StreamBatchRows:          streamRows,
+		StreamBatchBytes:         streamRows * res.rowBytes,
+		StreamColdGBps:           res.streamCold,
+		StreamWarmGBps:           res.streamWarm,
+		StreamHeapInusePeakBytes: res.heapPeak,
+		Verified:                 res.verified,
+	}
+	m := res.op("memcpy")
+	r.MemcpyMsP50, r.MemcpyMsP90, r.MemcpyGBps = m.msP50, m.msP90, m.gbps
+	ag, as := res.op("anon_gather"), res.op("anon_scatter")
+	r.AnonGatherMsP50, r.AnonGatherMsP90, r.AnonGatherGBps, r.AnonGatherRatio = ag.msP50, ag.msP90, ag.gbps, ag.ratio
+	r.AnonScatterMsP50, r.AnonScatterMsP90, r.AnonScatterGBps, r.AnonScatterRatio = as.msP50, as.msP90, as.gbps, as.ratio
+	gw, sw := res.op("gather_warm"), res.op("scatter_warm")
+	r.GatherWarmMsP50, r.GatherWarmMsP90, r.GatherWarmGBps, r.GatherWarmRatio, r.GatherWarmAnonRatio =
+		gw.msP50, gw.msP90, gw.gbps, gw.ratio, gw.anonRatio
+	r.ScatterWarmMsP50, r.ScatterWarmMsP90, r.ScatterWarmGBps, r.ScatterWarmRatio, r.ScatterWarmAnonRatio =
+		sw.msP50, sw.msP90, sw.gbps, sw.ratio, sw.anonRatio
+	gc, sc := res.op("gather_cold"), res.op("scatter_cold")
+	r.GatherColdMsP50, r.GatherColdMsP90, r.GatherColdGBps, r.GatherColdRatio, r.GatherColdAnonRatio =
+		gc.msP50, gc.msP90, gc.gbps, gc.ratio, gc.anonRatio
+	r.ScatterColdMsP50, r.ScatterColdMsP90, r.ScatterColdGBps, r.ScatterColdRatio, r.ScatterColdAnonRatio =
+		sc.msP50, sc.msP90, sc.gbps, sc.ratio, sc.anonRatio
+	return r
 }
