@@ -186,7 +186,7 @@ func Run(ctx context.Context, env bench.Env, args []string) (err error) {
 	}
 	res.print(env.Stdout)
 	if cfg.json != "" {
-		return report.WriteJSON(cfg.json, res.json())
+		return report.WriteJSON(cfg.json, res.result())
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tensorwire/tensorwire/internal/benchkit"
 	"github.com/tensorwire/tensorwire/internal/progress"
+	"github.com/tensorwire/tensorwire/internal/report"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -45,7 +46,7 @@ type workload struct {
 	key, what       string
 	call            func(ctx context.Context, rows []int) call
 	noCold          bool
-	warm, hot, cold []time.Duration
+	warm, hot, cold report.Latency // the call times at each temperature
 }
 
 // A call is one call of a workload on some rows: do is timed, check then
@@ -204,7 +205,7 @@ func (b *nodeA) measure(ctx context.Context, ws []*workload, iters int) error {
 			if err != nil {
 				return fmt.Errorf("%s warm: %w", w.key, err)
 			}
-			w.warm = append(w.warm, d)
+			w.warm.Record(d)
 
 			first, next := w.call(ctx, rows), w.call(ctx, rows)
 			if err := first.do(); err != nil { // overwritten by next: checked through it
@@ -213,7 +214,7 @@ func (b *nodeA) measure(ctx context.Context, ws []*workload, iters int) error {
 			if d, err = b.timed(next); err != nil {
 				return fmt.Errorf("%s hot: %w", w.key, err)
 			}
-			w.hot = append(w.hot, d)
+			w.hot.Record(d)
 		}
 		for _, w := range ws {
 			if w.noCold {
@@ -233,7 +234,7 @@ func (b *nodeA) measure(ctx context.Context, ws []*workload, iters int) error {
 			if err != nil {
 				return fmt.Errorf("%s cold: %w", w.key, err)
 			}
-			w.cold = append(w.cold, d)
+			w.cold.Record(d)
 		}
 		bar.Add(1)
 		if err := ctx.Err(); err != nil {

@@ -31,21 +31,21 @@ type results struct {
 var temps = []string{"warm", "hot", "cold"}
 
 // times returns wl's call times at temperature temp.
-func (wl *workload) times(temp string) []time.Duration {
+func (wl *workload) times(temp string) *report.Latency {
 	switch temp {
 	case "warm":
-		return wl.warm
+		return &wl.warm
 	case "hot":
-		return wl.hot
+		return &wl.hot
 	}
-	return wl.cold
+	return &wl.cold
 }
 
 // p50 returns the p50 in ms of workload key at temperature temp.
 func (res *results) p50(key, temp string) float64 {
 	for _, wl := range res.workloads {
 		if wl.key == key {
-			return report.Ms(report.Percentile(wl.times(temp), 50))
+			return report.Ms(wl.times(temp).Quantile(50))
 		}
 	}
 	return 0
@@ -78,7 +78,7 @@ func (res *results) print(w io.Writer) {
 			if temp == "cold" && wl.noCold {
 				continue
 			}
-			s := report.Summarize(wl.times(temp))
+			s := wl.times(temp).Stats()
 			tb.Row(wl.key, what, temp, report.Ms(s.P50), report.Ms(s.P90))
 			what = ""
 		}
@@ -103,35 +103,106 @@ func (res *results) print(w io.Writer) {
 	fmt.Fprintf(w, "verified         every call's result, then all %d rows of the dataset, held the values last written\n", res.cfg.rows)
 }
 
-func (res *results) json() map[string]any {
-	n := batchRows * res.rowBytes
-	m := map[string]any{
-		"rows":                           res.cfg.rows,
-		"iters":                          res.cfg.iters,
-		"batch_rows":                     batchRows,
-		"batch_bytes":                    n,
-		"dataset_bytes":                  res.dataset,
-		"shared_fs":                      true,
-		"remote_minus_local_warm_ms_p50": res.p50("remote_fill", "warm") - res.p50("local_fill", "warm"),
-		"remote_minus_local_hot_ms_p50":  res.p50("remote_fill", "hot") - res.p50("local_fill", "hot"),
-		"seed_remote_fill_ms_p50":        seedRemoteFillMs,
-		"seed_local_fill_ms_p50":         seedLocalFillMs,
-		"remote_fill_vs_seed":            ratio(seedRemoteFillMs, res.p50("remote_fill", "warm")),
-		"local_fill_vs_seed":             ratio(seedLocalFillMs, res.p50("local_fill", "warm")),
-		"cold_resident_pages_max":        res.resident,
-		"write_seconds":                  res.write.Seconds(),
-		"flush_seconds":                  res.flush.Seconds(),
-		"verified":                       true,
-	}
+// Result is the figures as the --json file has them. Each workload's p50
+// and p90 call times at each temperature are in ms (HdrHistogram: to 3
+// significant digits); null_call has no cold figures.
+type Result struct {
+	Rows         int  `json:"rows"`
+	Iters        int  `json:"iters"`       // calls of each workload at each temperature
+	BatchRows    int  `json:"batch_rows"`  // rows per call
+	BatchBytes   int  `json:"batch_bytes"` // bytes per call
+	DatasetBytes int  `json:"dataset_bytes"`
+	SharedFS     bool `json:"shared_fs"` // node A and node B map the same file
+
+	RemoteFillWarmMsP50 float64 `json:"remote_fill_warm_ms_p50"`
+	RemoteFillWarmMsP90 float64 `json:"remote_fill_warm_ms_p90"`
+	RemoteFillHotMsP50  float64 `json:"remote_fill_hot_ms_p50"`
+	RemoteFillHotMsP90  float64 `json:"remote_fill_hot_ms_p90"`
+	RemoteFillColdMsP50 float64 `json:"remote_fill_cold_ms_p50"`
+	RemoteFillColdMsP90 float64 `json:"remote_fill_cold_ms_p90"`
+	LocalFillWarmMsP50  float64 `json:"local_fill_warm_ms_p50"`
+	LocalFillWarmMsP90  float64 `json:"local_fill_warm_ms_p90"`
+	LocalFillHotMsP50   float64 `json:"local_fill_hot_ms_p50"`
+	LocalFillHotMsP90   float64 `json:"local_fill_hot_ms_p90"`
+	LocalFillColdMsP50  float64 `json:"local_fill_cold_ms_p50"`
+	LocalFillColdMsP90  float64 `json:"local_fill_cold_ms_p90"`
+	RemoteReadWarmMsP50 float64 `json:"remote_read_warm_ms_p50"`
+	RemoteReadWarmMsP90 float64 `json:"remote_read_warm_ms_p90"`
+	RemoteReadHotMsP50  float64 `json:"remote_read_hot_ms_p50"`
+	RemoteReadHotMsP90  float64 `json:"remote_read_hot_ms_p90"`
+	RemoteReadColdMsP50 float64 `json:"remote_read_cold_ms_p50"`
+	RemoteReadColdMsP90 float64 `json:"remote_read_cold_ms_p90"`
+	BytesFillWarmMsP50  float64 `json:"bytes_fill_warm_ms_p50"`
+	BytesFillWarmMsP90  float64 `json:"bytes_fill_warm_ms_p90"`
+	BytesFillHotMsP50   float64 `json:"bytes_fill_hot_ms_p50"`
+	BytesFillHotMsP90   float64 `json:"bytes_fill_hot_ms_p90"`
+	BytesFillColdMsP50  float64 `json:"bytes_fill_cold_ms_p50"`
+	BytesFillColdMsP90  float64 `json:"bytes_fill_cold_ms_p90"`
+	NullCallWarmMsP50   float64 `json:"null_call_warm_ms_p50"`
+	NullCallWarmMsP90   float64 `json:"null_call_warm_ms_p90"`
+	NullCallHotMsP50    float64 `json:"null_call_hot_ms_p50"`
+	NullCallHotMsP90    float64 `json:"null_call_hot_ms_p90"`
+
+	RemoteMinusLocalWarmMsP50 float64 `json:"remote_minus_local_warm_ms_p50"` // remote_fill's p50 minus local_fill's
+	RemoteMinusLocalHotMsP50  float64 `json:"remote_minus_local_hot_ms_p50"`
+	SeedRemoteFillMsP50       float64 `json:"seed_remote_fill_ms_p50"` // the seed's PyTorch figures
+	SeedLocalFillMsP50        float64 `json:"seed_local_fill_ms_p50"`
+	RemoteFillVsSeed          float64 `json:"remote_fill_vs_seed"` // the seed's p50 over ours, warm
+	LocalFillVsSeed           float64 `json:"local_fill_vs_seed"`
+	// ColdResidentPagesMax is the most pages of a cold call's rows found in
+	// the page cache just before it: 0 means cold calls were cold.
+	ColdResidentPagesMax int     `json:"cold_resident_pages_max"`
+	WriteSeconds         float64 `json:"write_seconds"` // writing every row of the dataset
+	FlushSeconds         float64 `json:"flush_seconds"` // flushing it to disk
+	// Verified is always true: a call whose result did not hold what was
+	// written fails the benchmark, which then writes no figures.
+	Verified bool `json:"verified"`
+}
+
+// ms returns the p50 and p90 in ms of workload key at temperature temp.
+func (res *results) ms(key, temp string) (p50, p90 float64) {
 	for _, wl := range res.workloads {
-		for _, temp := range temps {
-			if temp == "cold" && wl.noCold {
-				continue
-			}
-			s := report.Summarize(wl.times(temp))
-			m[wl.key+"_"+temp+"_ms_p50"] = report.Ms(s.P50)
-			m[wl.key+"_"+temp+"_ms_p90"] = report.Ms(s.P90)
+		if wl.key == key {
+			s := wl.times(temp).Stats()
+			return report.Ms(s.P50), report.Ms(s.P90)
 		}
 	}
-	return m
+	return 0, 0
+}
+
+// result returns the figures as the JSON file has them.
+func (res *results) result() Result {
+	r := Result{
+		Rows:                      res.cfg.rows,
+		Iters:                     res.cfg.iters,
+		BatchRows:                 batchRows,
+		BatchBytes:                batchRows * res.rowBytes,
+		DatasetBytes:              res.dataset,
+		SharedFS:                  true,
+		RemoteMinusLocalWarmMsP50: res.p50("remote_fill", "warm") - res.p50("local_fill", "warm"),
+		RemoteMinusLocalHotMsP50:  res.p50("remote_fill", "hot") - res.p50("local_fill", "hot"),
+		SeedRemoteFillMsP50:       seedRemoteFillMs,
+		SeedLocalFillMsP50:        seedLocalFillMs,
+		RemoteFillVsSeed:          ratio(seedRemoteFillMs, res.p50("remote_fill", "warm")),
+		LocalFillVsSeed:           ratio(seedLocalFillMs, res.p50("local_fill", "warm")),
+		ColdResidentPagesMax:      res.resident,
+		WriteSeconds:              res.write.Seconds(),
+		FlushSeconds:              res.flush.Seconds(),
+		Verified:                  true,
+	}
+	r.RemoteFillWarmMsP50, r.RemoteFillWarmMsP90 = res.ms("remote_fill", "warm")
+	r.RemoteFillHotMsP50, r.RemoteFillHotMsP90 = res.ms("remote_fill", "hot")
+	r.RemoteFillColdMsP50, r.RemoteFillColdMsP90 = res.ms("remote_fill", "cold")
+	r.LocalFillWarmMsP50, r.LocalFillWarmMsP90 = res.ms("local_fill", "warm")
+	r.LocalFillHotMsP50, r.LocalFillHotMsP90 = res.ms("local_fill", "hot")
+	r.LocalFillColdMsP50, r.LocalFillColdMsP90 = res.ms("local_fill", "cold")
+	r.RemoteReadWarmMsP50, r.RemoteReadWarmMsP90 = res.ms("remote_read", "warm")
+	r.RemoteReadHotMsP50, r.RemoteReadHotMsP90 = res.ms("remote_read", "hot")
+	r.RemoteReadColdMsP50, r.RemoteReadColdMsP90 = res.ms("remote_read", "cold")
+	r.BytesFillWarmMsP50, r.BytesFillWarmMsP90 = res.ms("bytes_fill", "warm")
+	r.BytesFillHotMsP50, r.BytesFillHotMsP90 = res.ms("bytes_fill", "hot")
+	r.BytesFillColdMsP50, r.BytesFillColdMsP90 = res.ms("bytes_fill", "cold")
+	r.NullCallWarmMsP50, r.NullCallWarmMsP90 = res.ms("null_call", "warm")
+	r.NullCallHotMsP50, r.NullCallHotMsP90 = res.ms("null_call", "hot")
+	return r
 }
