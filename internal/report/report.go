@@ -52,7 +52,7 @@ func rank(n int, p float64) int {
 	return min(max(r, 1), n)
 }
 
-// Stats summarizes a set of durations; see Latency.Stats and Summarize.
+// Stats summarizes a set of durations; see Latency.Stats.
 type Stats struct {
 	N    int           `json:"n"`
 	Min  time.Duration `json:"min_ns"`
@@ -62,32 +62,6 @@ type Stats struct {
 	P999 time.Duration `json:"p999_ns"`
 	Max  time.Duration `json:"max_ns"`
 	Mean time.Duration `json:"mean_ns"`
-}
-
-// Summarize returns the count, extremes, mean (truncated to the nanosecond)
-// and the nearest-rank p50, p90, p99 and p99.9 of ds (see Percentile). An empty ds
-// gives the zero Stats. ds is not modified.
-func Summarize(ds []time.Duration) Stats {
-	if len(ds) == 0 {
-		return Stats{}
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	var sum float64 // float: a sum of many long durations can overflow int64
-	for _, d := range s {
-		sum += float64(d)
-	}
-	n := len(s)
-	return Stats{
-		N:    n,
-		Min:  s[0],
-		P50:  s[rank(n, 50)-1],
-		P90:  s[rank(n, 90)-1],
-		P99:  s[rank(n, 99)-1],
-		P999: s[rank(n, 99.9)-1],
-		Max:  s[n-1],
-		Mean: time.Duration(sum / float64(n)),
-	}
 }
 
 // Ms returns d in milliseconds.
