@@ -42,6 +42,10 @@ func runParent(ctx context.Context, o *options, stdout, stderr io.Writer, log *s
 		log.Warn("interrupted: stopping the processes and removing the shared root (interrupt again to quit at once)",
 			"cause", context.Cause(ctx))
 	})()
+	if logs := o.childLogArgs(); logs != nil {
+		fmt.Fprintf(stderr, "replay: logs go to %s (-v prints them here)\n", o.logFile)
+		defer fmt.Fprintf(stderr, "replay: the processes' logs are in %s\n", o.logFile)
+	}
 
 	root, err := newRoot(o.root)
 	if err != nil {
@@ -130,7 +134,8 @@ func runMode(ctx context.Context, o *options, mode, root, tokenFile string, stde
 		Name: "the buffer node",
 		Args: slices.Concat(o.self, []string{"--role", roleBuffer, "--child", "--listen", "127.0.0.1:0",
 			"--root", root, "--name", name, "--token-file", tokenFile, "--capacity", itoa(o.capacity),
-			"--min-size", itoa(o.minSize), "--writers", itoa(o.writers), "--duration", o.duration.String()}),
+			"--min-size", itoa(o.minSize), "--writers", itoa(o.writers), "--duration", o.duration.String()},
+			o.childLogArgs()),
 		Stderr: bufTap,
 	})
 	if err != nil {
@@ -138,10 +143,13 @@ func runMode(ctx context.Context, o *options, mode, root, tokenFile string, stde
 	}
 	defer buf.Stop() // on errors; a second Stop returns the first's result
 	log.Info("buffer node listening", "mode", mode, "pid", buf.Pid(), "addr", buf.Addr)
+	fmt.Fprintf(stderr, "replay %s: the buffer node (pid %d) listens on %s; starting %d writer(s) and the trainer\n",
+		mode, buf.Pid(), buf.Addr, o.writers)
 
 	pctx, stopAll := context.WithCancel(ctx)
 	defer stopAll()
-	common := []string{"--child", "--addr", buf.Addr, "--root", root, "--name", name, "--mode", mode, "--token-file", tokenFile}
+	common := slices.Concat([]string{"--child", "--addr", buf.Addr, "--root", root, "--name", name, "--mode", mode,
+		"--token-file", tokenFile}, o.childLogArgs())
 	var procs []*roleProc
 	start := func(name string, args ...string) error {
 		p, err := startRole(pctx, name, stderr, slices.Concat(o.self, args, common))

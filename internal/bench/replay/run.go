@@ -56,6 +56,8 @@ type options struct {
 	mode           string
 	memcpyDuration time.Duration
 	child          bool
+	verbose        bool
+	logFile        string
 
 	self []string // bench.Env.Self: re-executes this benchmark for a role
 }
@@ -82,6 +84,9 @@ func newFlagSet(o *options, modes *string) *flag.FlagSet {
 	fs.StringVar(&o.name, "name", "replaybench", "roles: the buffer's name, and its folder under the root")
 	fs.StringVar(&o.mode, "mode", modeRef, "writer and trainer roles: "+modeRef+" or "+modeBytes)
 	fs.DurationVar(&o.memcpyDuration, "memcpy-duration", 1500*time.Millisecond, "how long the trainer measures the memcpy gather limit")
+	fs.BoolVar(&o.verbose, "v", false, "print every process's logs here, on stderr, instead of to the log file")
+	fs.StringVar(&o.logFile, "log-file", "", "append every process's logs to this file (default: a new file in the system temporary "+
+		"directory, named at the end; roles: stderr); warnings and errors go to stderr as well")
 	fs.BoolVar(&o.child, "child", false, "internal: started by the parent, stop when stdin closes")
 	return fs
 }
@@ -107,7 +112,11 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 		return err
 	}
 	stderr = &lockedWriter{w: stderr}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	log, closeLog, err := o.logger(stderr)
+	if err != nil {
+		return err
+	}
+	defer closeLog()
 	if o.role == "" {
 		return runParent(ctx, &o, stdout, stderr, log)
 	}
@@ -120,7 +129,6 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 		defer context.AfterFunc(ctx, cancel)()
 		ctx = cctx
 	}
-	var err error
 	switch o.role {
 	case roleBuffer:
 		err = runBuffer(ctx, &o, stdout, stderr, log)
@@ -133,6 +141,40 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 		return fmt.Errorf("%s: %w", o.role, err)
 	}
 	return nil
+}
+
+// logger returns where this process logs. With -v, and in a role started
+// without --log-file, that is stderr. Otherwise it is the log file, with
+// warnings and errors on stderr as well: --log-file, opened for appending
+// (the parent and its children share it), or for the parent without it a
+// new file in the system temporary directory, which sets o.logFile. close
+// closes the file.
+func (o *options) logger(stderr io.Writer) (log *slog.Logger, close func() error, err error) {
+	if o.verbose || (o.role != "" && o.logFile == "") {
+		return slog.New(slog.NewTextHandler(stderr, nil)), func() error { return nil }, nil
+	}
+	var f *os.File
+	if o.logFile == "" {
+		if f, err = os.CreateTemp("", "tensorwire-bench-replay-*.log"); err == nil {
+			o.logFile = f.Name()
+		}
+	} else {
+		f, err = os.OpenFile(o.logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("the log file: %w", err)
+	}
+	h := slog.NewMultiHandler(slog.NewTextHandler(f, nil), slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return slog.New(h), f.Close, nil
+}
+
+// childLogArgs are the flags that make a child process log where this one
+// does: to the same file, or to stderr.
+func (o *options) childLogArgs() []string {
+	if o.verbose || o.logFile == "" {
+		return nil
+	}
+	return []string{"--log-file", o.logFile}
 }
 
 // check validates the options.

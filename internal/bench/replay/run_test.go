@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -93,9 +94,10 @@ func TestRun_EndToEnd(t *testing.T) {
 	defer cancel()
 	dir := t.TempDir()
 	jsonFile := filepath.Join(dir, "replay.json")
+	logFile := filepath.Join(dir, "replay.log")
 	var stdout, stderr bytes.Buffer
 	err := Run(ctx, testEnv(&stdout, &stderr), []string{"--capacity", "3000", "--duration", "1s",
-		"--memcpy-duration", "200ms", "--root", dir, "--json", jsonFile})
+		"--memcpy-duration", "200ms", "--root", dir, "--json", jsonFile, "--log-file", logFile})
 	if err != nil {
 		t.Fatalf("Run: %v\nstderr:\n%s", err, stderr.String())
 	}
@@ -155,14 +157,96 @@ func TestRun_EndToEnd(t *testing.T) {
 			t.Errorf("no progress line of %s's timed phase on stderr", mode)
 		}
 	}
+	// The processes' logs are in the log file, not among the progress.
+	if strings.Contains(stderr.String(), "level=INFO") || !strings.Contains(stderr.String(), "logs are in "+logFile) {
+		t.Errorf("stderr has INFO logs or does not name the log file:\n%s", stderr.String())
+	}
+	logs, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"replay benchmark", "role=buffer", "role=writer", "role=trainer", "memcpy gather limit"} {
+		if !strings.Contains(string(logs), s) {
+			t.Errorf("the log file lacks %q", s)
+		}
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
-		if e.Name() != filepath.Base(jsonFile) {
+		if e.Name() != filepath.Base(jsonFile) && e.Name() != filepath.Base(logFile) {
 			t.Errorf("%s left behind under --root", e.Name())
 		}
+	}
+}
+
+// TestOptions_Logger checks where each process logs: the parent to a log
+// file (a new one, or --log-file) with warnings on stderr too, or to stderr
+// with -v; a role to --log-file, or to stderr without it.
+func TestOptions_Logger(t *testing.T) {
+	dir := t.TempDir()
+	shared := filepath.Join(dir, "shared.log")
+	for _, tc := range []struct {
+		name     string
+		o        options
+		inStderr bool   // the INFO line goes to stderr
+		file     string // the file it goes to; "new" for a new temporary one
+	}{
+		{"parent", options{}, false, "new"},
+		{"parent -v", options{verbose: true}, true, ""},
+		{"parent --log-file", options{logFile: shared}, false, shared},
+		{"role", options{role: roleWriter}, true, ""},
+		{"role --log-file", options{role: roleWriter, logFile: shared}, false, shared},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			o := tc.o
+			log, closeLog, err := o.logger(&stderr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			log.Info("an info line", "case", tc.name)
+			log.Warn("a warning", "case", tc.name)
+			if err := closeLog(); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(stderr.String(), "an info line"); got != tc.inStderr {
+				t.Errorf("INFO on stderr: %v, want %v:\n%s", got, tc.inStderr, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), "a warning") {
+				t.Errorf("no warning on stderr:\n%s", stderr.String())
+			}
+			file := tc.file
+			if file == "new" {
+				file = o.logFile
+				if file == "" || filepath.Dir(file) != filepath.Clean(os.TempDir()) {
+					t.Fatalf("the parent's log file is %q", file)
+				}
+				defer os.Remove(file)
+			}
+			if file == "" {
+				if o.childLogArgs() != nil {
+					t.Errorf("children get %q, want no log file", o.childLogArgs())
+				}
+				return
+			}
+			if args := o.childLogArgs(); !slices.Equal(args, []string{"--log-file", file}) {
+				t.Errorf("children get %q", args)
+			}
+			data, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(data), `msg="an info line" case=`+strconv.Quote(tc.name)) &&
+				!strings.Contains(string(data), `msg="an info line" case=`+tc.name) || !strings.Contains(string(data), "a warning") {
+				t.Errorf("%s holds:\n%s", file, data)
+			}
+		})
+	}
+	// The shared file got both cases that wrote to it: appended, not truncated.
+	if data, _ := os.ReadFile(shared); strings.Count(string(data), "an info line") != 2 {
+		t.Errorf("the shared log file holds:\n%s", data)
 	}
 }
 
