@@ -1,61 +1,16 @@
-// Command rpc compares RPC systems on the same three workloads in the same
-// run: tensorwire's rpc package, grpc-go, and a raw-TCP baseline that does
-// the least possible to move the bytes.
+// Package rpc is the RPC benchmark, "tensorwire bench rpc": tensorwire's
+// rpc package, grpc-go and a raw-TCP baseline on the same three workloads
+// in the same run (16 callers of small calls, 6 MB requests, a 1 GiB
+// stream), each system's server a child process that verifies what it
+// receives.
 //
-//	go run ./benchmarks/rpc [--systems tensorwire,grpc,tcp] [--duration 3s]
+//	tensorwire bench rpc [--systems tensorwire,grpc,tcp] [--duration 3s]
 //	    [--bulk-iters 50] [--stream-bytes 1073741824] [--json FILE]
 //
-// Each system's server runs in its own child process (this program,
-// re-executed), and the clients run in this process; they talk over
-// loopback TCP. Servers verify what they receive (lengths, and one byte per
-// page against a known pattern), and clients verify every answer, so no
-// system can win by not reading. Progress goes to stderr.
-//
-// # What it measures
-//
-//	small         16 concurrent callers do round trips of 16-byte requests
-//	              and 16-byte responses for --duration: calls per second
-//	              (all callers), and the p50 and p99 call latency in µs
-//	bulk_request  one request carrying 6,144,000 bytes (5 rows of
-//	              640x640x3 uint8 images) and a small response, repeated
-//	              --bulk-iters times after 3 untimed calls: the p50 time
-//	              in ms, and MB/s = 6,144,000 / p50 time (MB = 1e6 bytes)
-//	stream        --stream-bytes (1 GiB) sent client to server in 1 MiB
-//	              messages, after an untimed stream of a sixteenth of that,
-//	              and acknowledged by the server with the byte count: GB/s
-//	              (1e9 bytes) over the whole stream, acknowledgement included
-//
-// Systems run the small and stream workloads one after the other; the bulk
-// calls are interleaved (one call of every system per round) so that all
-// see the same machine conditions.
-//
-// # How to read it
-//
-// Compare ratios, not absolute figures: the machines are shared and noisy,
-// and a ratio of two systems measured in the same run is what carries over
-// between runs. "small vs grpc" is the system's small calls/s divided by
-// grpc's: above 1 it does more round trips per second than grpc. "bulk vs
-// tcp" and "stream vs tcp" divide the system's MB/s or GB/s by the raw-TCP
-// baseline's: the fraction of what loopback TCP itself can do that the
-// system achieves, so 1 is the ceiling and the gap is the system's overhead.
-// A ratio is blank when its reference system did not run. With 16 callers on
-// a machine of few cores, small measures CPU cost per call more than
-// network latency: client, server and kernel share the cores.
-//
-// # JSON
-//
-// With --json FILE the figures are written (atomically) to FILE as one JSON
-// object with a key per system that ran:
-//
-//	{"grpc": {"small": {"calls_per_s": ..., "p50_us": ..., "p99_us": ...},
-//	          "bulk_request": {"p50_ms": ..., "MB_per_s": ...},
-//	          "stream": {"GB_per_s": ...}},
-//	 "tcp": {...}}
-//
-// # Adding a system
-//
-// A system is one file: a type implementing the system interface of
-// system.go, registered with register in an init function.
+// docs/benchmarks.md, "RPC against grpc-go and raw TCP", says how it
+// measures, how to read it and what its JSON holds. Adding a system is one
+// file: a type implementing the system interface of system.go, registered
+// with register in an init function.
 package rpc
 
 import (
@@ -134,7 +89,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	}
 	printResults(env.Stdout, cfg, res)
 	if cfg.json != "" {
-		return report.WriteJSON(cfg.json, jsonResults(res))
+		return report.WriteJSON(cfg.json, newResult(res))
 	}
 	return nil
 }
@@ -299,34 +254,47 @@ func printResults(w io.Writer, cfg config, results []*result) {
 	tb.WriteTo(w)
 }
 
-type smallJSON struct {
+// Result is the figures as the --json file has them: an object per system
+// that ran, under its name (tensorwire, grpc, tcp).
+type Result map[string]SystemFigures
+
+// SystemFigures are one system's figures.
+type SystemFigures struct {
+	Small  SmallFigures  `json:"small"`
+	Bulk   BulkFigures   `json:"bulk_request"`
+	Stream StreamFigures `json:"stream"`
+}
+
+// SmallFigures are the small workload's: calls per second, all callers
+// together, and the p50 and p99 call latency in µs (HdrHistogram: to 3
+// significant digits).
+type SmallFigures struct {
 	CallsPerS float64 `json:"calls_per_s"`
 	P50us     float64 `json:"p50_us"`
 	P99us     float64 `json:"p99_us"`
 }
 
-type bulkJSON struct {
+// BulkFigures are the bulk workload's: the p50 time of a 6,144,000-byte
+// request in ms, and that size over it in MB/s (1e6 bytes).
+type BulkFigures struct {
 	P50ms  float64 `json:"p50_ms"`
 	MBperS float64 `json:"MB_per_s"`
 }
 
-type streamJSON struct {
+// StreamFigures are the stream workload's: GB/s (1e9 bytes) over the whole
+// stream, acknowledgement included.
+type StreamFigures struct {
 	GBperS float64 `json:"GB_per_s"`
 }
 
-type systemJSON struct {
-	Small  smallJSON  `json:"small"`
-	Bulk   bulkJSON   `json:"bulk_request"`
-	Stream streamJSON `json:"stream"`
-}
-
-func jsonResults(results []*result) map[string]systemJSON {
-	m := map[string]systemJSON{}
+// newResult returns the figures as the JSON file has them.
+func newResult(results []*result) Result {
+	m := Result{}
 	for _, r := range results {
-		m[r.name] = systemJSON{
-			Small:  smallJSON{r.smallCallsPerS(), r.smallP50us(), r.smallP99us()},
-			Bulk:   bulkJSON{r.bulkP50ms(), r.bulkMBps()},
-			Stream: streamJSON{r.streamGBps()},
+		m[r.name] = SystemFigures{
+			Small:  SmallFigures{r.smallCallsPerS(), r.smallP50us(), r.smallP99us()},
+			Bulk:   BulkFigures{r.bulkP50ms(), r.bulkMBps()},
+			Stream: StreamFigures{r.streamGBps()},
 		}
 	}
 	return m
