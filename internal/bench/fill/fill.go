@@ -1,92 +1,15 @@
-// Command fill measures the seed's benchmark: node A asks node B to fill 5
-// rows of a 1.2 GB memory-mapped TensorDict that both map from a shared
-// filesystem, against the same fill done locally, a read of the rows back
-// from node B, and the same fill without a shared filesystem.
+// Package fill is the seed's remote-fill benchmark, "tensorwire bench
+// fill": node A (this process) asks node B (a child process serving a
+// shared root, as "tensorwire node" does) to fill 5 rows of a 1.2 GB
+// memory-mapped TensorDict both map, against the same fill done locally, a
+// read of the rows back, the same fill without a shared filesystem, and a
+// call that touches no rows; warm, hot and cold. Every call's result is
+// checked.
 //
-//	go run ./benchmarks/fill [--rows 1000] [--iters 50] [--dir DIR] [--json FILE]
+//	tensorwire bench fill [--rows 1000] [--iters 50] [--dir DIR] [--json FILE]
 //
-// Node A is this process. It creates {"memmap": uint8 [rows, 640, 640, 3]}
-// (1.2 GB for 1000 rows) in a new temporary folder under DIR (default: the
-// system temporary directory), the shared root, writes row r with the byte
-// 1+r%251 and flushes it to disk (so that cold calls read real blocks), and
-// starts node B: this program re-executed as a child process serving the
-// root as "tensorwire node" does, on loopback, with a random token. The
-// folder is removed at exit, also on Ctrl-C or SIGTERM. Progress and logs
-// go to stderr.
-//
-// # What it measures
-//
-// Every call works on 5 rows (6,144,000 bytes):
-//
-//	remote_fill  Client.Fill on node B, dialed with the shared root: only a
-//	             reference crosses, node B writes its own mapping of the file
-//	local_fill   TensorDict.Fill in this process on node A's mapping
-//	remote_read  Client.Read of the rows from node B: the rows come back as
-//	             bytes, into Go memory
-//	bytes_fill   Client.Fill on node B from a client dialed without a root,
-//	             as between nodes that share no filesystem: the rows go to
-//	             node B and come back as bytes, and are written here
-//	null_call    Client.Describe of the dataset: a round trip that touches
-//	             no rows, the floor under every remote figure
-//
-// Each iteration runs every workload warm and hot, then every workload but
-// null_call cold:
-//
-//	warm  the same call on the same rows ran just before, untimed; then the
-//	      CPU caches were flushed (128 MiB read, about 10 ms), as after
-//	      any real work, and node B sat idle meanwhile
-//	hot   right after the warm call, one call untimed and the next timed,
-//	      back to back: pages, caches and both processes' threads all warm
-//	cold  node B dropped its page-table entries for the file (a
-//	      benchmark-only method node B serves in addition to "tensorwire
-//	      node"'s), node A evicted the file (memmap's Evict: msync, fsync,
-//	      madvise, fadvise), and node A counted with mincore the rows'
-//	      pages still in the page cache (reported as "cold pages", not
-//	      enforced: tmpfs, for one, cannot drop them); the call then
-//	      faults the evicted pages in from the disk
-//
-// Every warm and cold measurement takes the next of the disjoint row sets
-// {4k..4k+3, rows-1-k} (the seed's [0, 1, 2, 3, 999], then
-// [4, 5, 6, 7, 998], ...).
-//
-// Nothing is taken on trust: every fill writes a value its rows do not
-// hold, and every timed fill is followed (untimed) by a check that every
-// byte of its rows holds it, in node A's mapping; every read is checked
-// against the values last written; at the end every row of the dataset is
-// checked. A failure stops the program with status 1 and no figures.
-//
-// # How to read it
-//
-// The table gives the p50 and p90 (nearest rank) of each workload's call
-// times at each temperature, in milliseconds. Below it:
-//
-//	remote - local   remote_fill p50 minus local_fill p50, warm and hot:
-//	                 what asking node B costs over doing the fill here (the
-//	                 goal is at most 0.2 ms); compare it with null_call,
-//	                 the round trip alone
-//	vs seed          the seed's PyTorch figure (p50 99 ms for the remote
-//	                 fill, 29 ms for the local one) divided by ours, warm
-//	                 (the goal for the remote fill is at least 20x)
-//	cold pages       the most pages of a cold call's rows found in the page
-//	                 cache just before it: 0 means cold calls were cold
-//
-// Compare the workloads with each other, measured in the same run; the
-// seed's figures come from another machine, so "vs seed" is indicative.
-// Warm and hot differ by what an idle process costs to wake: on a small
-// virtual machine a loopback round trip between idle processes takes
-// several times longer than between busy ones. Cold figures are dominated
-// by reading the rows from the disk.
-//
-// # JSON
-//
-// With --json FILE the figures are written (atomically) to FILE as one
-// object: for every workload K (remote_fill, local_fill, remote_read,
-// bytes_fill, null_call) and temperature T (warm, hot, cold; null_call has
-// no cold), K_T_ms_p50 and K_T_ms_p90; and rows, iters, batch_rows,
-// batch_bytes, dataset_bytes, shared_fs, remote_minus_local_warm_ms_p50,
-// remote_minus_local_hot_ms_p50, seed_remote_fill_ms_p50,
-// seed_local_fill_ms_p50, remote_fill_vs_seed, local_fill_vs_seed,
-// cold_resident_pages_max, write_seconds, flush_seconds and verified.
+// docs/benchmarks.md, "The seed's remote fill", says how it measures, how
+// to read it and what its JSON holds (Result).
 package fill
 
 import (

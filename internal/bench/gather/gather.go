@@ -1,81 +1,14 @@
-// Command gather measures memmap row gathers and scatters on an image dataset
-// against plain memory copies of the same bytes, measured side by side in one
-// run, and checks that streaming the whole dataset keeps the Go heap small.
+// Package gather is the gather benchmark, "tensorwire bench gather":
+// memmap row gathers and scatters of 5 random rows of a 1.2 GB image
+// dataset, warm and cold, against plain memory copies of the same bytes
+// measured side by side in the same run, and a streaming pass over the
+// whole dataset that shows the Go heap stays small. Every gathered row is
+// checked against what was written.
 //
-//	go run ./benchmarks/gather [--rows 1000] [--iters 50] [--dir DIR] [--json FILE] [--seed 1]
+//	tensorwire bench gather [--rows 1000] [--iters 50] [--dir DIR] [--json FILE] [--seed 1]
 //
-// It creates a uint8 tensor of shape [rows, 640, 640, 3] (1.2 GB for 1000
-// rows) in a new temporary directory under DIR (default: the system temporary
-// directory), fills row r with the byte 1+r%251, flushes it to disk, and
-// removes it at exit, also on Ctrl-C or SIGTERM (a second Ctrl-C quits at
-// once and may leave the file behind). Progress goes to stderr.
-//
-// # What it measures
-//
-// Every operation moves 5 rows (6,144,000 bytes), distinct and chosen at
-// random, and is timed alone; each iteration runs every operation once, in
-// this order, so that all see the same machine conditions:
-//
-//	memcpy        copy between the same two warm 5-row heap buffers every
-//	              time: the bytes are in the CPU cache (12 MB)
-//	anon gather   copy 5 random rows of an anonymous (not file-backed) buffer
-//	              of min(rows, 256) rows into a heap buffer
-//	anon scatter  the reverse copy, into 5 random rows of that buffer
-//	gather warm   Tensor.Gather of 5 random rows
-//	scatter warm  Tensor.Scatter into 5 random rows
-//	gather cold   Tensor.Gather right after Tensor.Evict
-//	scatter cold  Tensor.Scatter right after Tensor.Evict
-//
-// Warm: the same rows were just moved the same way (untimed), so their pages
-// are in the page cache and mapped (writable, for a scatter), and then the
-// CPU cache was flushed by reading a 128 MiB buffer, as after any real work.
-// The anon copies get the same treatment, so the only difference between
-// "anon gather" and "gather warm" is the file mapping. Cold: Evict (untimed)
-// dropped the dataset's pages from this process and from the page cache, so
-// the operation faults every page in and reads it from the disk.
-//
-// Scatters write new row values, recorded so that every later gather and the
-// streaming pass check them: gathered rows must hold exactly the bytes last
-// written, or the program reports the mismatch and exits with status 1.
-//
-// Streaming reads the whole dataset in order, 32 rows per Gather into one
-// reused buffer, once right after Evict (cold, from disk) and once again
-// (warm), timing only the Gathers and sampling the Go heap (HeapInuse from
-// runtime.ReadMemStats) after every batch.
-//
-// # How to read it
-//
-// Compare ratios, not absolute times: the machines are shared and noisy, and
-// a ratio of two operations measured in the same run is what is comparable
-// across runs. "vs memcpy" is memcpy's p50 time divided by the operation's
-// (its throughput as a fraction of memcpy's); "vs anon" divides by the anon
-// copy in the same direction instead. A warm gather near 1.0 vs anon costs
-// nothing over plain memory; its ratio vs memcpy is lower because rows picked
-// at random from a dataset much larger than the CPU cache come from DRAM,
-// while memcpy's buffers stay cached. Cold ratios show what first touching
-// pages and reading the disk cost. The streaming peak heap should stay near
-// 60 MB (the 39 MB batch buffer and the measurements' three 6 MB buffers),
-// whatever the dataset size: the data lives in the page cache, not in Go
-// memory.
-//
-// # JSON
-//
-// With --json FILE the figures are written (atomically) to FILE as one JSON
-// object. For each operation key K among memcpy, anon_gather, anon_scatter,
-// gather_warm, scatter_warm, gather_cold and scatter_cold:
-//
-//	K_ms_p50, K_ms_p90   nearest-rank percentiles of the iteration times, ms
-//	K_gbps               throughput at the p50 time, 1e9 bytes per second
-//	K_ratio              memcpy_ms_p50 / K_ms_p50 (not for memcpy)
-//	K_anon_ratio         anon_gather_ms_p50 / K_ms_p50 for gathers,
-//	                     anon_scatter_ms_p50 / K_ms_p50 for scatters
-//	                     (gather_* and scatter_* only)
-//
-// and also: rows, iters, seed, row_bytes, batch_rows, batch_bytes,
-// dataset_bytes, anon_rows, fill_seconds, flush_seconds, stream_batch_rows,
-// stream_batch_bytes, stream_cold_gbps, stream_warm_gbps,
-// stream_heap_inuse_peak_bytes (over both passes), and verified (true when
-// every gathered and streamed row held the expected bytes).
+// docs/benchmarks.md, "Gather and scatter", says how it measures, how to
+// read it and what its JSON holds (Result).
 package gather
 
 import (
