@@ -153,14 +153,17 @@ func (o *options) logger(stderr io.Writer) (log *slog.Logger, close func() error
 	if o.verbose || (o.role != "" && o.logFile == "") {
 		return slog.New(slog.NewTextHandler(stderr, nil)), func() error { return nil }, nil
 	}
-	var f *os.File
 	if o.logFile == "" {
-		if f, err = os.CreateTemp("", "tensorwire-bench-replay-*.log"); err == nil {
-			o.logFile = f.Name()
+		f, err := os.CreateTemp("", "tensorwire-bench-replay-*.log")
+		if err != nil {
+			return nil, nil, fmt.Errorf("the log file: %w", err)
 		}
-	} else {
-		f, err = os.OpenFile(o.logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		o.logFile = f.Name()
+		f.Close() // reopened for appending, as the children open it
 	}
+	// O_APPEND: the processes share the file, and each record is one write
+	// at its end, never over another's.
+	f, err := os.OpenFile(o.logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, nil, fmt.Errorf("the log file: %w", err)
 	}

@@ -250,6 +250,42 @@ func TestOptions_Logger(t *testing.T) {
 	}
 }
 
+// TestOptions_LoggerShared has the parent and a child log to the parent's
+// new log file in turn, as in a run: every line must arrive whole.
+func TestOptions_LoggerShared(t *testing.T) {
+	var stderr bytes.Buffer
+	parent := options{}
+	plog, closeParent, err := parent.logger(&stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(parent.logFile)
+	child := options{role: roleWriter, logFile: parent.logFile}
+	clog, closeChild, err := child.logger(&stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plog.Info("parent one")
+	clog.Info("child one")
+	plog.Info("parent two")
+	clog.Info("child two")
+	closeParent()
+	closeChild()
+	data, err := os.ReadFile(parent.logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("%d lines, want 4:\n%s", len(lines), data)
+	}
+	for i, want := range []string{"parent one", "child one", "parent two", "child two"} {
+		if !strings.HasPrefix(lines[i], "time=") || !strings.Contains(lines[i], `msg="`+want+`"`) {
+			t.Errorf("line %d is %q, want the whole line of %q", i+1, lines[i], want)
+		}
+	}
+}
+
 func TestRun_Usage(t *testing.T) {
 	for _, args := range [][]string{
 		{"--writers", "0"},
