@@ -88,7 +88,7 @@ func Parse(name string, fs *flag.FlagSet, args []string, stdout io.Writer, hidde
 }
 
 // PrintUsage prints how to run the benchmark named name and its flags, less
-// those named in hidden.
+// those named in hidden, with their defaults unless empty or false.
 func PrintUsage(w io.Writer, name string, fs *flag.FlagSet, hidden ...string) {
 	fmt.Fprintf(w, "usage: tensorwire bench %[1]s [flags]\n   or: go run ./benchmarks/%[1]s [flags]\n\n"+
 		"docs/benchmarks.md says how it measures and how to read it.\n\nflags:\n", name)
@@ -102,7 +102,15 @@ func PrintUsage(w io.Writer, name string, fs *flag.FlagSet, hidden ...string) {
 		if typ != "" {
 			typ = " " + typ
 		}
-		fmt.Fprintf(w, "  --%s%s\n    \t%s (default %q)\n", f.Name, typ, strings.ReplaceAll(usage, "\n", "\n    \t"), f.DefValue)
+		dashes := "--"
+		if len(f.Name) == 1 {
+			dashes = "-"
+		}
+		def := ""
+		if f.DefValue != "" && f.DefValue != "false" {
+			def = fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "  %s%s%s\n    \t%s%s\n", dashes, f.Name, typ, strings.ReplaceAll(usage, "\n", "\n    \t"), def)
 	})
 }
 
