@@ -66,7 +66,7 @@ func TestBench_Replay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "bench", "replay", "--modes", "ref", "--capacity", "3000", "--duration", "500ms",
-		"--memcpy-duration", "100ms", "--root", dir, "--json", jsonFile)
+		"--memcpy-duration", "100ms", "--root", dir, "--json", jsonFile, "--log-file", filepath.Join(dir, "replay.log"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
