@@ -1,4 +1,4 @@
-package replaybench
+package replay
 
 import (
 	"context"
@@ -112,13 +112,4 @@ func pollHeap(ctx context.Context, c *replay.Client, interval time.Duration, out
 		case <-t.C:
 		}
 	}
-}
-
-// durations converts nanoseconds to durations.
-func durations(ns []int64) []time.Duration {
-	ds := make([]time.Duration, len(ns))
-	for i, n := range ns {
-		ds[i] = time.Duration(n)
-	}
-	return ds
 }

@@ -1,15 +1,16 @@
-package main
+package fill
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/benchkit"
 	"github.com/tensorwire/tensorwire/internal/progress"
+	"github.com/tensorwire/tensorwire/internal/report"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -18,8 +19,8 @@ import (
 // batchRows is how many rows every call works on, as in the seed.
 const batchRows = 5
 
-// bench is node A's side of the benchmark.
-type bench struct {
+// nodeA is node A's side of the benchmark.
+type nodeA struct {
 	td       *tensordict.TensorDict // node A's mapping of the dataset
 	x        *tensordict.Tensor     // its "memmap" leaf
 	mm       *memmap.Tensor         // the leaf's mapping
@@ -34,8 +35,9 @@ type bench struct {
 	next  int    // the next row set
 
 	cacheFlush []byte
-	row        []byte // one row, for checks
-	resident   int    // the most pages of a cold call's rows found resident before it
+	stderr     io.Writer // progress bars
+	row        []byte    // one row, for checks
+	resident   int       // the most pages of a cold call's rows found resident before it
 }
 
 // A workload is one kind of call, measured warm, hot and cold (unless
@@ -44,7 +46,7 @@ type workload struct {
 	key, what       string
 	call            func(ctx context.Context, rows []int) call
 	noCold          bool
-	warm, hot, cold []time.Duration
+	warm, hot, cold report.Latency // the call times at each temperature
 }
 
 // A call is one call of a workload on some rows: do is timed, check then
@@ -55,7 +57,7 @@ type call struct {
 
 var errMismatch = errors.New("verification failed")
 
-func (b *bench) workloads() []*workload {
+func (b *nodeA) workloads() []*workload {
 	return []*workload{
 		{key: "remote_fill", what: "Client.Fill on node B, by reference", call: b.fillCall(func(ctx context.Context, rows []int, v float64) error {
 			return b.shared.Fill(ctx, b.td, rows, v)
@@ -73,7 +75,7 @@ func (b *bench) workloads() []*workload {
 
 // describeCall asks node B for the dataset's schema: a call that touches
 // no rows, so its time is the round trip itself.
-func (b *bench) describeCall(ctx context.Context, _ []int) call {
+func (b *nodeA) describeCall(ctx context.Context, _ []int) call {
 	var got rpc.DescribeResponse
 	return call{
 		do: func() (err error) {
@@ -91,7 +93,7 @@ func (b *bench) describeCall(ctx context.Context, _ []int) call {
 
 // fillCall returns a workload's calls that fill rows with a new value
 // through fill and check, in node A's mapping, that the rows hold it.
-func (b *bench) fillCall(fill func(ctx context.Context, rows []int, v float64) error) func(context.Context, []int) call {
+func (b *nodeA) fillCall(fill func(ctx context.Context, rows []int, v float64) error) func(context.Context, []int) call {
 	return func(ctx context.Context, rows []int) call {
 		v := b.newValue(rows)
 		return call{
@@ -108,7 +110,7 @@ func (b *bench) fillCall(fill func(ctx context.Context, rows []int, v float64) e
 
 // readCall reads rows from node B and checks that they hold what was last
 // written.
-func (b *bench) readCall(ctx context.Context, rows []int) call {
+func (b *nodeA) readCall(ctx context.Context, rows []int) call {
 	var got *tensordict.TensorDict
 	return call{
 		do: func() (err error) {
@@ -139,7 +141,7 @@ func (b *bench) readCall(ctx context.Context, rows []int) call {
 
 // newValue returns the next fill value that no row of rows holds, so that
 // a fill that wrote nothing cannot pass its check.
-func (b *bench) newValue(rows []int) byte {
+func (b *nodeA) newValue(rows []int) byte {
 	for {
 		b.value = b.value%255 + 1 // 1..255
 		held := false
@@ -155,7 +157,7 @@ func (b *bench) newValue(rows []int) byte {
 // nextRows returns the next of the dataset's disjoint row sets, the seed's
 // pattern moved along: set k is {4k, 4k+1, 4k+2, 4k+3, n-1-k}, so set 0 is
 // [0, 1, 2, 3, 999] and set 1 [4, 5, 6, 7, 998] for 1000 rows.
-func (b *bench) nextRows() []int {
+func (b *nodeA) nextRows() []int {
 	n := b.td.Len()
 	k := b.next % (n / batchRows)
 	b.next++
@@ -163,7 +165,7 @@ func (b *bench) nextRows() []int {
 }
 
 // checkRows checks rows in node A's mapping against want.
-func (b *bench) checkRows(rows []int) error {
+func (b *nodeA) checkRows(rows []int) error {
 	for _, r := range rows {
 		if _, err := b.x.ReadAt(b.row, int64(r)*int64(b.rowBytes)); err != nil {
 			return err
@@ -176,7 +178,7 @@ func (b *bench) checkRows(rows []int) error {
 }
 
 // checkRow checks that every byte of data, row r, is want[r].
-func (b *bench) checkRow(r int, data []byte) error {
+func (b *nodeA) checkRow(r int, data []byte) error {
 	return benchkit.CheckRow(r, data, b.want[r])
 }
 
@@ -189,8 +191,8 @@ func (b *bench) checkRow(r int, data []byte) error {
 // process's mappings of the dataset are dropped and its pages evicted from
 // the page cache (makeCold), then the call is timed. Each warm and cold
 // measurement takes the next row set, and every timed call is checked.
-func (b *bench) measure(ctx context.Context, ws []*workload, iters int) error {
-	bar := progress.New(os.Stderr, "measuring", "", int64(iters))
+func (b *nodeA) measure(ctx context.Context, ws []*workload, iters int) error {
+	bar := progress.New(b.stderr, "measuring", "", int64(iters))
 	defer bar.Done()
 	for range iters {
 		for _, w := range ws {
@@ -203,7 +205,7 @@ func (b *bench) measure(ctx context.Context, ws []*workload, iters int) error {
 			if err != nil {
 				return fmt.Errorf("%s warm: %w", w.key, err)
 			}
-			w.warm = append(w.warm, d)
+			w.warm.Record(d)
 
 			first, next := w.call(ctx, rows), w.call(ctx, rows)
 			if err := first.do(); err != nil { // overwritten by next: checked through it
@@ -212,7 +214,7 @@ func (b *bench) measure(ctx context.Context, ws []*workload, iters int) error {
 			if d, err = b.timed(next); err != nil {
 				return fmt.Errorf("%s hot: %w", w.key, err)
 			}
-			w.hot = append(w.hot, d)
+			w.hot.Record(d)
 		}
 		for _, w := range ws {
 			if w.noCold {
@@ -232,7 +234,7 @@ func (b *bench) measure(ctx context.Context, ws []*workload, iters int) error {
 			if err != nil {
 				return fmt.Errorf("%s cold: %w", w.key, err)
 			}
-			w.cold = append(w.cold, d)
+			w.cold.Record(d)
 		}
 		bar.Add(1)
 		if err := ctx.Err(); err != nil {
@@ -242,14 +244,14 @@ func (b *bench) measure(ctx context.Context, ws []*workload, iters int) error {
 	return nil
 }
 
-func (b *bench) run(c call) error {
+func (b *nodeA) run(c call) error {
 	if err := c.do(); err != nil {
 		return err
 	}
 	return c.check()
 }
 
-func (b *bench) timed(c call) (time.Duration, error) {
+func (b *nodeA) timed(c call) (time.Duration, error) {
 	t0 := time.Now()
 	err := c.do()
 	d := time.Since(t0)
@@ -262,9 +264,9 @@ func (b *bench) timed(c call) (time.Duration, error) {
 // prewrite writes every row r of the dataset with want[r] = 1 + r%251 and
 // flushes it to disk, so that cold calls read written blocks from the disk
 // (never-written blocks of a new file read as zeros without any I/O).
-func (b *bench) prewrite(ctx context.Context) (write, flush time.Duration, err error) {
+func (b *nodeA) prewrite(ctx context.Context) (write, flush time.Duration, err error) {
 	n := b.td.Len()
-	bar := progress.New(os.Stderr, "writing the dataset", "B", int64(n*b.rowBytes))
+	bar := progress.New(b.stderr, "writing the dataset", "B", int64(n*b.rowBytes))
 	start := time.Now()
 	for r := range n {
 		if err := ctx.Err(); err != nil {
@@ -288,9 +290,9 @@ func (b *bench) prewrite(ctx context.Context) (write, flush time.Duration, err e
 
 // checkAll reads every row of the dataset in node A's mapping and checks it
 // holds the value last written: no call wrote where it should not have.
-func (b *bench) checkAll(ctx context.Context) error {
+func (b *nodeA) checkAll(ctx context.Context) error {
 	n := b.td.Len()
-	bar := progress.New(os.Stderr, "checking every row", "B", int64(n*b.rowBytes))
+	bar := progress.New(b.stderr, "checking every row", "B", int64(n*b.rowBytes))
 	defer bar.Done()
 	for r := range n {
 		if err := ctx.Err(); err != nil {

@@ -1,4 +1,4 @@
-package main
+package rpc
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/tensorwire/tensorwire/internal/report"
 )
 
 // The workload drivers, each generic over the client interface.
@@ -19,8 +21,8 @@ const (
 // smallResult is what one small run measured.
 type smallResult struct {
 	calls   int
-	elapsed time.Duration   // from the start of the window until the last call returned
-	lat     []time.Duration // every call's latency, all callers
+	elapsed time.Duration  // from the start of the window until the last call returned
+	lat     report.Latency // every call's latency, all callers
 }
 
 func (r smallResult) callsPerS() float64 {
@@ -31,7 +33,8 @@ func (r smallResult) callsPerS() float64 {
 }
 
 // runSmall has callers goroutines call c.small in a loop for d, after
-// smallWarmup untimed calls each, and returns every call's latency. Caller i
+// smallWarmup untimed calls each, and returns every call's latency (each
+// caller records its own histogram; they are merged at the end). Caller i
 // sends requests holding i and a sequence number, and checks every response.
 // The first error stops all callers and is returned.
 func runSmall(ctx context.Context, c client, callers int, d time.Duration) (smallResult, error) {
@@ -41,7 +44,7 @@ func runSmall(ctx context.Context, c client, callers int, d time.Duration) (smal
 		ready, wg sync.WaitGroup
 		start     = make(chan struct{})
 		deadline  time.Time // set before start is closed
-		lats      = make([][]time.Duration, callers)
+		lats      = make([]report.Latency, callers)
 	)
 	ready.Add(callers)
 	for i := range callers {
@@ -74,7 +77,7 @@ func runSmall(ctx context.Context, c client, callers int, d time.Duration) (smal
 			case <-ctx.Done():
 				return
 			}
-			l := make([]time.Duration, 0, 1<<14)
+			l := &lats[i]
 			for {
 				t0 := time.Now()
 				if !t0.Before(deadline) {
@@ -84,9 +87,8 @@ func runSmall(ctx context.Context, c client, callers int, d time.Duration) (smal
 					cancel(fmt.Errorf("small: %w", err))
 					return
 				}
-				l = append(l, time.Since(t0))
+				l.Record(time.Since(t0))
 			}
-			lats[i] = l
 		})
 	}
 	ready.Wait()
@@ -99,9 +101,9 @@ func runSmall(ctx context.Context, c client, callers int, d time.Duration) (smal
 		return smallResult{}, err
 	}
 	res := smallResult{elapsed: elapsed}
-	for _, l := range lats {
-		res.calls += len(l)
-		res.lat = append(res.lat, l...)
+	for i := range lats {
+		res.calls += int(lats[i].Count())
+		res.lat.Merge(&lats[i])
 	}
 	return res, nil
 }
@@ -116,8 +118,8 @@ type target struct {
 // every target once, in order, so that all see the same conditions; it
 // returns each target's times of the last iters rounds. Every call gets a
 // new call id.
-func runBulk(ctx context.Context, targets []target, payload []byte, warm, iters int) ([][]time.Duration, error) {
-	times := make([][]time.Duration, len(targets))
+func runBulk(ctx context.Context, targets []target, payload []byte, warm, iters int) ([]report.Latency, error) {
+	times := make([]report.Latency, len(targets))
 	var id uint64
 	for round := range warm + iters {
 		for i, t := range targets {
@@ -133,7 +135,7 @@ func runBulk(ctx context.Context, targets []target, payload []byte, warm, iters 
 				return nil, fmt.Errorf("%s: bulk call %d: %w", t.name, round+1, err)
 			}
 			if round >= warm {
-				times[i] = append(times[i], d)
+				times[i].Record(d)
 			}
 		}
 	}

@@ -1,22 +1,117 @@
-package main
+package rpc
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
 	"net"
 	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tensorwire/tensorwire/internal/bench"
 )
 
-// TestMain lets startChild re-execute the test binary as a server.
+// TestMain lets startChild re-execute the test binary as a server:
+// bench.Env.Self is empty in these tests, so a server's arguments start
+// with --serve.
 func TestMain(m *testing.M) {
-	if a := os.Args; len(a) == 5 && a[1] == "--serve" && a[3] == "--listen" {
-		os.Exit(serveChild(a[2], a[4]))
+	if len(os.Args) > 1 && os.Args[1] == "--serve" {
+		if err := Run(context.Background(), bench.Env{Stdout: os.Stdout, Stderr: os.Stderr}, os.Args[1:]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
+}
+
+// jsonKeys are the keys of the --json file, as the benchmark wrote them
+// (go run ./benchmarks/rpc --json, 2026-11-24), for a system: one object
+// per system that ran. docs/benchmarks.md and scripts read them: they keep
+// their names.
+var jsonKeys = []string{
+	"bulk_request", "bulk_request.MB_per_s", "bulk_request.p50_ms", "small", "small.calls_per_s", "small.p50_us",
+	"small.p99_us", "stream", "stream.GB_per_s",
+}
+
+// keyPaths returns the keys of m and of the objects in it, as dotted paths,
+// sorted.
+func keyPaths(m map[string]any) []string {
+	var out []string
+	for k, v := range m {
+		out = append(out, k)
+		if sub, ok := v.(map[string]any); ok {
+			for _, p := range keyPaths(sub) {
+				out = append(out, k+"."+p)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestRun_JSONKeys runs the benchmark, briefly, with every system's server
+// a child process, and checks its table and that its JSON has exactly the
+// keys it always had.
+func TestRun_JSONKeys(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	jsonFile := filepath.Join(t.TempDir(), "rpc.json")
+	var stdout, stderr bytes.Buffer
+	err := Run(ctx, bench.Env{Stdout: &stdout, Stderr: &stderr}, []string{"--duration", "200ms", "--bulk-iters", "2",
+		"--stream-bytes", strconv.Itoa(8 << 20), "--json", jsonFile})
+	if err != nil {
+		t.Fatalf("Run: %v\n%s", err, stderr.String())
+	}
+	for _, s := range []string{"small calls/s", "bulk vs tcp", "stream vs tcp", "tensorwire", "grpc"} {
+		if !strings.Contains(stdout.String(), s) {
+			t.Errorf("the table lacks %q:\n%s", s, stdout.String())
+		}
+	}
+	data, err := os.ReadFile(jsonFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	if systems := slices.Sorted(maps.Keys(got)); !slices.Equal(systems, []string{"grpc", "tcp", "tensorwire"}) {
+		t.Errorf("systems %q in %s", systems, data)
+	}
+	for sys, v := range got {
+		obj, _ := v.(map[string]any)
+		if keys := keyPaths(obj); !slices.Equal(keys, jsonKeys) {
+			t.Errorf("%s: JSON keys\n%q\nwant\n%q", sys, keys, jsonKeys)
+		}
+		if small, _ := obj["small"].(map[string]any); small == nil || small["calls_per_s"].(float64) <= 0 {
+			t.Errorf("%s: %v", sys, obj)
+		}
+	}
+}
+
+func TestRun_Usage(t *testing.T) {
+	for _, args := range [][]string{{"--systems", "tcp,pigeon"}, {"--systems", "tcp,tcp"}, {"--duration", "0s"},
+		{"--bulk-iters", "0"}, {"--stream-bytes", "0"}, {"--nope"}, {"extra"}} {
+		var out bytes.Buffer
+		if err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &out}, args); !errors.Is(err, bench.ErrUsage) {
+			t.Errorf("%q: %v, want a usage error", args, err)
+		}
+	}
+	var out bytes.Buffer
+	if err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &out}, []string{"-h"}); !strings.Contains(out.String(), "--systems") ||
+		strings.Contains(out.String(), "--serve") {
+		t.Errorf("-h: %v\n%s", err, out.String())
+	}
 }
 
 // serveInProcess serves sys on a loopback listener in a goroutine until the
@@ -70,8 +165,8 @@ func TestSystems(t *testing.T) {
 			if err != nil {
 				t.Fatalf("small: %v", err)
 			}
-			if small.calls == 0 || len(small.lat) != small.calls || small.callsPerS() <= 0 {
-				t.Errorf("small: %d calls, %d latencies, %.0f calls/s", small.calls, len(small.lat), small.callsPerS())
+			if small.calls == 0 || small.lat.Count() != int64(small.calls) || small.callsPerS() <= 0 {
+				t.Errorf("small: %d calls, %d latencies, %.0f calls/s", small.calls, small.lat.Count(), small.callsPerS())
 			}
 			if small.elapsed < 100*time.Millisecond {
 				t.Errorf("small ran for %v, less than asked", small.elapsed)
@@ -82,8 +177,8 @@ func TestSystems(t *testing.T) {
 			if err != nil {
 				t.Fatalf("bulk: %v", err)
 			}
-			if len(times) != 1 || len(times[0]) != 2 || times[0][0] <= 0 {
-				t.Errorf("bulk times %v, want 2 positive", times)
+			if len(times) != 1 || times[0].Count() != 2 || times[0].Quantile(0) <= 0 {
+				t.Errorf("bulk times %+v, want 2 positive", times)
 			}
 
 			for _, total := range []int64{8 << 20, 3<<20 + 12345, 100} {
@@ -201,7 +296,7 @@ func TestSmallReply(t *testing.T) {
 func TestChild(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ch, err := startChild(ctx, "tcp")
+	ch, err := startChild(ctx, config{}, "tcp")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +320,7 @@ func TestChild(t *testing.T) {
 	if err := syscall.Kill(ch.Pid(), 0); !errors.Is(err, syscall.ESRCH) {
 		t.Errorf("the child is still running after stop: kill -0: %v", err)
 	}
-	if _, err := startChild(ctx, "no-such-system"); err == nil {
+	if _, err := startChild(ctx, config{}, "no-such-system"); err == nil {
 		t.Error("a child for an unknown system started")
 	}
 }

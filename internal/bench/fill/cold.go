@@ -1,10 +1,15 @@
-package main
+package fill
 
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
 
 	"github.com/tensorwire/tensorwire/internal/benchkit"
+	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/rpc"
 )
 
@@ -29,6 +34,46 @@ type dropRequest struct {
 
 type dropResponse struct {
 	Mappings int `codec:"mappings"` // mappings of the files node B dropped
+}
+
+// startNodeB starts node B: this program re-executed (self, then the
+// hidden flag --node-b) as a child process serving root as "tensorwire
+// node" does, with a random token, plus dropMethod. It returns once node B
+// listens; Proc.Token is the token.
+func startNodeB(ctx context.Context, self []string, root string) (*nodeproc.Proc, error) {
+	tokenFile, remove, err := nodeproc.TempToken()
+	if err != nil {
+		return nil, err
+	}
+	defer remove() // node B has read it once it listens
+	token, err := nodeproc.ReadToken(tokenFile)
+	if err != nil {
+		return nil, err
+	}
+	p, err := nodeproc.Spawn(ctx, nodeproc.Child{
+		Name: "node B",
+		Args: slices.Concat(self, []string{"--node-b", "--listen", "127.0.0.1:0", "--root", root, "--token-file", tokenFile}),
+	})
+	if err != nil {
+		return nil, err
+	}
+	p.Token = token
+	return p, nil
+}
+
+// serve is node B's main: it serves n.root until SIGTERM or the end of its
+// standard input (nodeproc.ChildContext), after printing its address to
+// stdout.
+func (n nodeB) serve(stdout io.Writer) error {
+	ctx, stop := nodeproc.ChildContext()
+	defer stop()
+	return nodeproc.Run(ctx, nodeproc.Config{
+		Listen:    n.listen,
+		Root:      n.root,
+		TokenFile: n.tokenFile,
+		Log:       slog.With("node", "B", "pid", os.Getpid()),
+		Register:  registerDrop,
+	}, func(addr string) { fmt.Fprintln(stdout, nodeproc.ListeningPrefix+addr) })
 }
 
 // registerDrop adds dropMethod to node B's server.
@@ -62,7 +107,7 @@ func registerDrop(s *rpc.Server) error {
 
 // makeCold drops the dataset's pages from node B's page tables, from this
 // process's, and from the page cache.
-func (b *bench) makeCold(ctx context.Context) error {
+func (b *nodeA) makeCold(ctx context.Context) error {
 	resp, err := rpc.Call[dropResponse](ctx, b.shared, dropMethod, dropRequest{TD: rpc.Ref(b.td)})
 	if err != nil {
 		return fmt.Errorf("node B dropping its mappings: %w", err)
@@ -74,7 +119,7 @@ func (b *bench) makeCold(ctx context.Context) error {
 }
 
 // residentPages returns how many pages of rows are in the page cache.
-func (b *bench) residentPages(rows []int) (int, error) {
+func (b *nodeA) residentPages(rows []int) (int, error) {
 	total := 0
 	for _, r := range rows {
 		n, _, err := benchkit.Resident(b.data[r*b.rowBytes : (r+1)*b.rowBytes])

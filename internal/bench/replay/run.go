@@ -1,8 +1,7 @@
-package replaybench
+package replay
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,33 +12,27 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/bench"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 )
 
-// ErrUsage matches (errors.Is) the errors of Run that a different command
-// line fixes.
-var ErrUsage = errors.New("replaybench: bad usage")
-
-type usageError struct{ msg string }
-
-func (e *usageError) Error() string        { return e.msg }
-func (e *usageError) Is(target error) bool { return target == ErrUsage }
-
-func usagef(format string, args ...any) error {
-	return &usageError{fmt.Sprintf(format, args...)}
+// Benchmark is "tensorwire bench replay".
+var Benchmark = bench.Benchmark{
+	Name: name,
+	Summary: "the distributed replay buffer: a node, writers and a trainer, each a process, with rows in the shared " +
+		"storage (ref) and with the calls (bytes); inserts/s, samples/s, latencies, the node's heap, torn rows",
+	Run: Run,
 }
+
+const name = "replay"
+
+var usagef = bench.Usagef
 
 // The modes: how writers and the trainer dial the buffer.
 const (
 	modeRef   = "ref"   // replay.WithRoot(root): rows stay in the shared storage
 	modeBytes = "bytes" // replay.WithRoot(root), replay.WithBytes(): rows travel with the calls
 )
-
-// selfArgs are the arguments with which Run re-executes the running
-// program for a role, before the role's flags. The program must hand
-// "bench replay ARGS..." to Run(ARGS): cmd/tensorwire does, and this
-// package's tests do in TestMain.
-var selfArgs = []string{"bench", "replay"}
 
 // options are the command line's flags.
 type options struct {
@@ -63,6 +56,10 @@ type options struct {
 	mode           string
 	memcpyDuration time.Duration
 	child          bool
+	verbose        bool
+	logFile        string
+
+	self []string // bench.Env.Self: re-executes this benchmark for a role
 }
 
 func newFlagSet(o *options, modes *string) *flag.FlagSet {
@@ -87,36 +84,39 @@ func newFlagSet(o *options, modes *string) *flag.FlagSet {
 	fs.StringVar(&o.name, "name", "replaybench", "roles: the buffer's name, and its folder under the root")
 	fs.StringVar(&o.mode, "mode", modeRef, "writer and trainer roles: "+modeRef+" or "+modeBytes)
 	fs.DurationVar(&o.memcpyDuration, "memcpy-duration", 1500*time.Millisecond, "how long the trainer measures the memcpy gather limit")
+	fs.BoolVar(&o.verbose, "v", false, "print every process's logs here, on stderr, instead of to the log file")
+	fs.StringVar(&o.logFile, "log-file", "", "append every process's logs to this file (default: a new file in the system temporary "+
+		"directory, named at the end; roles: stderr); warnings and errors go to stderr as well")
 	fs.BoolVar(&o.child, "child", false, "internal: started by the parent, stop when stdin closes")
 	return fs
 }
 
-// Run runs the benchmark as args say (the arguments after "tensorwire
-// bench replay"), with results on stdout and progress and logs on stderr;
-// the package documentation says what it does. ctx ending stops it: the
-// processes it started are stopped and its files removed before it
-// returns. Errors that a different command line fixes match ErrUsage;
-// "-h" prints the flags to stdout and returns flag.ErrHelp.
-func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// Run runs the benchmark as args say (its flags), with results on
+// env.Stdout and progress and logs on env.Stderr; the package documentation
+// says what it does. It starts its processes with env.Self. ctx ending
+// stops it: the processes it started are stopped and its files removed
+// before it returns. Errors that a different command line fixes match
+// bench.ErrUsage; "-h" prints the flags to env.Stdout and returns
+// flag.ErrHelp.
+func Run(ctx context.Context, env bench.Env, args []string) error {
 	var o options
 	var modes string
 	fs := newFlagSet(&o, &modes)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(stdout, fs)
-			return err
-		}
-		return usagef("%v", err)
-	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected arguments %q", fs.Args())
+	if err := bench.Parse(name, fs, args, env.Stdout, "child"); err != nil {
+		return err
 	}
 	o.modes = strings.Split(modes, ",")
+	o.self = env.Self
+	stdout, stderr := env.Stdout, env.Stderr
 	if err := o.check(); err != nil {
 		return err
 	}
 	stderr = &lockedWriter{w: stderr}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	log, closeLog, err := o.logger(stderr)
+	if err != nil {
+		return err
+	}
+	defer closeLog()
 	if o.role == "" {
 		return runParent(ctx, &o, stdout, stderr, log)
 	}
@@ -129,7 +129,6 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer context.AfterFunc(ctx, cancel)()
 		ctx = cctx
 	}
-	var err error
 	switch o.role {
 	case roleBuffer:
 		err = runBuffer(ctx, &o, stdout, stderr, log)
@@ -144,21 +143,41 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func printUsage(w io.Writer, fs *flag.FlagSet) {
-	fmt.Fprintf(w, "usage: tensorwire bench replay [flags]\n\n"+
-		"Runs a replay-buffer node, writers and a trainer as processes of their own and measures them;\n"+
-		"with --role, runs one of them (see go doc github.com/tensorwire/tensorwire/benchmarks/replay).\n\nflags:\n")
-	fs.SetOutput(w)
-	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name != "child" {
-			fmt.Fprintf(w, "  --%s %s\n    \t%s (default %q)\n", f.Name, flagType(f), f.Usage, f.DefValue)
+// logger returns where this process logs. With -v, and in a role started
+// without --log-file, that is stderr. Otherwise it is the log file, with
+// warnings and errors on stderr as well: --log-file, opened for appending
+// (the parent and its children share it), or for the parent without it a
+// new file in the system temporary directory, which sets o.logFile. close
+// closes the file.
+func (o *options) logger(stderr io.Writer) (log *slog.Logger, close func() error, err error) {
+	if o.verbose || (o.role != "" && o.logFile == "") {
+		return slog.New(slog.NewTextHandler(stderr, nil)), func() error { return nil }, nil
+	}
+	if o.logFile == "" {
+		f, err := os.CreateTemp("", "tensorwire-bench-replay-*.log")
+		if err != nil {
+			return nil, nil, fmt.Errorf("the log file: %w", err)
 		}
-	})
+		o.logFile = f.Name()
+		f.Close() // reopened for appending, as the children open it
+	}
+	// O_APPEND: the processes share the file, and each record is one write
+	// at its end, never over another's.
+	f, err := os.OpenFile(o.logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the log file: %w", err)
+	}
+	h := slog.NewMultiHandler(slog.NewTextHandler(f, nil), slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return slog.New(h), f.Close, nil
 }
 
-func flagType(f *flag.Flag) string {
-	name, _ := flag.UnquoteUsage(f)
-	return name
+// childLogArgs are the flags that make a child process log where this one
+// does: to the same file, or to stderr.
+func (o *options) childLogArgs() []string {
+	if o.verbose || o.logFile == "" {
+		return nil
+	}
+	return []string{"--log-file", o.logFile}
 }
 
 // check validates the options.

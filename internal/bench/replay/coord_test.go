@@ -1,4 +1,4 @@
-package replaybench
+package replay
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package replaybench
+package replay
 
 import (
 	"context"
@@ -10,13 +10,15 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
+	"github.com/tensorwire/tensorwire/internal/report"
 	"github.com/tensorwire/tensorwire/replay"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // Each role runs in its own process and ends by printing its results as
-// one line of JSON on stdout, starting with resultPrefix.
+// one line of JSON on stdout, starting with resultPrefix. Latencies travel
+// as HdrHistograms (report.Latency), which the parent merges.
 var resultPrefix = []byte(`{"role":`)
 
 const (
@@ -26,15 +28,16 @@ const (
 
 // writerResult is a writer's report.
 type writerResult struct {
-	Role              string  `json:"role"`
-	Mode              string  `json:"mode"`
-	Index             int     `json:"index"`
-	FillNS            int64   `json:"fill_ns"`            // to write its share of the capacity once
-	WarmupNS          int64   `json:"warmup_ns"`          // to write it warmLaps times
-	WarmupTransitions int64   `json:"warmup_transitions"` // warmLaps times its share, in whole batches
-	ElapsedNS         int64   `json:"elapsed_ns"`         // of its timed phase
-	Transitions       int64   `json:"transitions"`        // extended in the timed phase
-	ExtendNS          []int64 `json:"extend_ns"`          // every timed Extend's latency
+	Role              string `json:"role"`
+	Mode              string `json:"mode"`
+	Index             int    `json:"index"`
+	FillNS            int64  `json:"fill_ns"`            // to write its share of the capacity once
+	WarmupNS          int64  `json:"warmup_ns"`          // to write it warmLaps times
+	WarmupTransitions int64  `json:"warmup_transitions"` // warmLaps times its share, in whole batches
+	ElapsedNS         int64  `json:"elapsed_ns"`         // of its timed phase
+	Transitions       int64  `json:"transitions"`        // extended in the timed phase
+
+	Extend report.Latency `json:"extend_latency"` // every timed Extend's latency
 }
 
 // trainerResult is the trainer's report.
@@ -45,7 +48,6 @@ type trainerResult struct {
 	WarmupTransitions int64   `json:"warmup_transitions"`              // sampled, untimed, during the warm-up
 	ElapsedNS         int64   `json:"elapsed_ns"`                      // of its timed phase
 	Transitions       int64   `json:"transitions"`                     // sampled in the timed phase
-	SampleNS          []int64 `json:"sample_ns"`                       // every timed SampleInto's latency
 	RowsVerified      int64   `json:"rows_verified"`                   // warm-up and timed
 	TornRows          int64   `json:"torn_rows"`                       // of those, rows that were not one whole transition
 	FirstTorn         string  `json:"first_torn,omitempty"`
@@ -53,6 +55,8 @@ type trainerResult struct {
 	NodeResampled     int64   `json:"node_resampled"` // timed: Stats.Resampled's increase
 	HeapMaxBytes      uint64  `json:"heap_max_bytes"` // the largest Stats.NodeHeap polled in the timed phase
 	HeapPolls         int     `json:"heap_polls"`
+
+	Sample report.Latency `json:"sample_latency"` // every timed SampleInto's latency
 }
 
 // bufferResult is the buffer node's report.
@@ -258,7 +262,6 @@ func runWriter(ctx context.Context, o *options, stdout io.Writer, log *slog.Logg
 	}
 
 	d := time.Duration(run.DurationNS)
-	res.ExtendNS = make([]int64, 0, 1<<14)
 	start = time.Now()
 	// With --insert-rate each writer paces itself to its share of it: batch
 	// k starts no earlier than k batches' worth of time after the start.
@@ -277,7 +280,7 @@ func runWriter(ctx context.Context, o *options, stdout io.Writer, log *slog.Logg
 		if _, err := c.Extend(ctx, bt.td); err != nil {
 			return fmt.Errorf("extend: %w", err)
 		}
-		res.ExtendNS = append(res.ExtendNS, int64(time.Since(t0)))
+		res.Extend.Record(time.Since(t0))
 		res.Transitions += int64(bt.n)
 	}
 	res.ElapsedNS = int64(time.Since(start))
@@ -357,7 +360,6 @@ func runTrainer(ctx context.Context, o *options, stdout io.Writer, log *slog.Log
 	heap := make(chan heapPoll, 1)
 	go pollHeap(hctx, c, heapInterval, heap)
 	d := time.Duration(run.DurationNS)
-	res.SampleNS = make([]int64, 0, 1<<14)
 	start := time.Now()
 	for time.Since(start) < d {
 		t0 := time.Now()
@@ -365,7 +367,7 @@ func runTrainer(ctx context.Context, o *options, stdout io.Writer, log *slog.Log
 			err = fmt.Errorf("sample: %w", err)
 			break
 		}
-		res.SampleNS = append(res.SampleNS, int64(time.Since(t0)))
+		res.Sample.Record(time.Since(t0))
 		res.Transitions += int64(dst.n)
 		v.check(dst)
 	}

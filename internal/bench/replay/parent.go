@@ -1,4 +1,4 @@
-package replaybench
+package replay
 
 import (
 	"bytes"
@@ -16,7 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/benchkit"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/internal/report"
 )
@@ -39,11 +38,14 @@ const (
 // runParent runs every mode in turn, as processes of their own over a new
 // shared root, and reports.
 func runParent(ctx context.Context, o *options, stdout, stderr io.Writer, log *slog.Logger) (err error) {
-	ictx, stop := benchkit.OnInterrupt("interrupted: stopping the processes and removing the shared root (interrupt again to quit at once)")
-	defer stop()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(ictx, cancel)()
+	defer context.AfterFunc(ctx, func() {
+		log.Warn("interrupted: stopping the processes and removing the shared root (interrupt again to quit at once)",
+			"cause", context.Cause(ctx))
+	})()
+	if logs := o.childLogArgs(); logs != nil {
+		fmt.Fprintf(stderr, "replay: logs go to %s (-v prints them here)\n", o.logFile)
+		defer fmt.Fprintf(stderr, "replay: the processes' logs are in %s\n", o.logFile)
+	}
 
 	root, err := newRoot(o.root)
 	if err != nil {
@@ -81,7 +83,7 @@ func runParent(ctx context.Context, o *options, stdout, stderr io.Writer, log *s
 		return err
 	}
 	if o.json != "" {
-		return report.WriteJSON(o.json, rep.json())
+		return report.WriteJSON(o.json, rep.result())
 	}
 	return nil
 }
@@ -130,9 +132,10 @@ func runMode(ctx context.Context, o *options, mode, root, tokenFile string, stde
 	bufTap := newResultTap(stderr)
 	buf, err := nodeproc.Spawn(ctx, nodeproc.Child{
 		Name: "the buffer node",
-		Args: slices.Concat(selfArgs, []string{"--role", roleBuffer, "--child", "--listen", "127.0.0.1:0",
+		Args: slices.Concat(o.self, []string{"--role", roleBuffer, "--child", "--listen", "127.0.0.1:0",
 			"--root", root, "--name", name, "--token-file", tokenFile, "--capacity", itoa(o.capacity),
-			"--min-size", itoa(o.minSize), "--writers", itoa(o.writers), "--duration", o.duration.String()}),
+			"--min-size", itoa(o.minSize), "--writers", itoa(o.writers), "--duration", o.duration.String()},
+			o.childLogArgs()),
 		Stderr: bufTap,
 	})
 	if err != nil {
@@ -140,13 +143,16 @@ func runMode(ctx context.Context, o *options, mode, root, tokenFile string, stde
 	}
 	defer buf.Stop() // on errors; a second Stop returns the first's result
 	log.Info("buffer node listening", "mode", mode, "pid", buf.Pid(), "addr", buf.Addr)
+	fmt.Fprintf(stderr, "replay %s: the buffer node (pid %d) listens on %s; starting %d writer(s) and the trainer\n",
+		mode, buf.Pid(), buf.Addr, o.writers)
 
 	pctx, stopAll := context.WithCancel(ctx)
 	defer stopAll()
-	common := []string{"--child", "--addr", buf.Addr, "--root", root, "--name", name, "--mode", mode, "--token-file", tokenFile}
+	common := slices.Concat([]string{"--child", "--addr", buf.Addr, "--root", root, "--name", name, "--mode", mode,
+		"--token-file", tokenFile}, o.childLogArgs())
 	var procs []*roleProc
 	start := func(name string, args ...string) error {
-		p, err := startRole(pctx, name, stderr, append(args, common...))
+		p, err := startRole(pctx, name, stderr, slices.Concat(o.self, args, common))
 		if err != nil {
 			stopAll()
 			for _, p := range procs {
@@ -226,7 +232,7 @@ func waitAll(ctx context.Context, procs []*roleProc, buf *nodeproc.Proc, stopAll
 }
 
 // roleProc is a writer or the trainer, running as a child process: this
-// program re-executed with selfArgs and the role's flags. Its stdin is a
+// program re-executed with bench.Env.Self and the role's flags. Its stdin is a
 // pipe left open, so it stops (ChildContext) if this process dies; its
 // result line is kept, and the rest of its output goes to stderr.
 type roleProc struct {
@@ -235,14 +241,15 @@ type roleProc struct {
 	tap  *resultTap
 }
 
-// startRole starts a role process; ctx ending stops it (SIGTERM, then
+// startRole starts a role process, this program with args; ctx ending
+// stops it (SIGTERM, then
 // SIGKILL after stopTimeout).
 func startRole(ctx context.Context, name string, stderr io.Writer, args []string) (*roleProc, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, exe, slices.Concat(selfArgs, args)...)
+	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = stopTimeout
 	if _, err := cmd.StdinPipe(); err != nil { // held open until the child exits

@@ -1,4 +1,4 @@
-package replaybench
+package replay
 
 import (
 	"fmt"
@@ -21,14 +21,18 @@ const (
 	goalVsMemcpy   = 0.5
 )
 
-// modeFigures are one mode's figures, as the JSON has them.
+// modeFigures are one mode's figures, as the JSON has them (Result). Latencies
+// are the HdrHistogram quantiles (report.Latency) of every call, merged
+// over the writers for Extend.
 type modeFigures struct {
 	InsertPerS   float64 `json:"insert_transitions_per_s"`
 	SamplePerS   float64 `json:"sample_transitions_per_s"`
 	ExtendP50    float64 `json:"extend_ms_p50"`
 	ExtendP99    float64 `json:"extend_ms_p99"`
+	ExtendP999   float64 `json:"extend_ms_p999"`
 	SampleP50    float64 `json:"sample_ms_p50"`
 	SampleP99    float64 `json:"sample_ms_p99"`
+	SampleP999   float64 `json:"sample_ms_p999"`
 	BufferHeapMB float64 `json:"buffer_heap_mb"`
 	TornRows     int64   `json:"torn_rows_returned"`
 
@@ -40,8 +44,8 @@ type modeFigures struct {
 	RowsVerified     int64   `json:"rows_verified"`  // every row the trainer got, warm-up included
 	RowsResampled    int64   `json:"rows_resampled"` // timed: sampled again because overwritten while read
 	NodeResampled    int64   `json:"node_resampled"` // timed: Stats.Resampled (samples the node gathered itself)
-	ExtendCalls      int     `json:"extend_calls"`
-	SampleCalls      int     `json:"sample_calls"`
+	ExtendCalls      int64   `json:"extend_calls"`
+	SampleCalls      int64   `json:"sample_calls"`
 	TimedS           float64 `json:"timed_s"`  // the trainer's timed phase, as it measured it
 	FillS            float64 `json:"fill_s"`   // the slowest writer's, to write its share of the capacity once
 	WarmupS          float64 `json:"warmup_s"` // the slowest writer's, to write it warmLaps times
@@ -60,25 +64,25 @@ func (r *modeResult) figures(limit float64) *modeFigures {
 		RowsVerified:     r.trainer.RowsVerified,
 		RowsResampled:    r.trainer.Resampled,
 		NodeResampled:    r.trainer.NodeResampled,
-		SampleCalls:      len(r.trainer.SampleNS),
+		SampleCalls:      r.trainer.Sample.Count(),
 		TimedS:           time.Duration(r.trainer.ElapsedNS).Seconds(),
 		WarmupSampled:    r.trainer.WarmupTransitions,
 		CheckpointS:      time.Duration(r.buffer.DoneCheckpointNS).Seconds(),
 		HeapPolls:        r.trainer.HeapPolls,
 		MemcpyGatherPerS: r.trainer.MemcpyGatherPerS,
 	}
-	var extends []int64
+	var extends report.Latency // every writer's
 	for _, w := range r.writers {
 		f.InsertPerS += perS(w.Transitions, w.ElapsedNS)
 		f.FillS = max(f.FillS, time.Duration(w.FillNS).Seconds())
 		f.WarmupS = max(f.WarmupS, time.Duration(w.WarmupNS).Seconds())
-		extends = append(extends, w.ExtendNS...)
+		extends.Merge(&w.Extend)
 	}
 	f.SamplePerS = perS(r.trainer.Transitions, r.trainer.ElapsedNS)
-	f.ExtendCalls = len(extends)
-	ext, smp := durations(extends), durations(r.trainer.SampleNS)
-	f.ExtendP50, f.ExtendP99 = report.Ms(report.Percentile(ext, 50)), report.Ms(report.Percentile(ext, 99))
-	f.SampleP50, f.SampleP99 = report.Ms(report.Percentile(smp, 50)), report.Ms(report.Percentile(smp, 99))
+	f.ExtendCalls = extends.Count()
+	ext, smp := extends.Stats(), r.trainer.Sample.Stats()
+	f.ExtendP50, f.ExtendP99, f.ExtendP999 = report.Ms(ext.P50), report.Ms(ext.P99), report.Ms(ext.P999)
+	f.SampleP50, f.SampleP99, f.SampleP999 = report.Ms(smp.P50), report.Ms(smp.P99), report.Ms(smp.P999)
 	f.InsertMBPerS = f.InsertPerS * TransitionBytes / 1e6
 	f.SampleMBPerS = f.SamplePerS * TransitionBytes / 1e6
 	if limit > 0 {
@@ -202,24 +206,60 @@ func modesList(modes []string) string {
 	return fmt.Sprintf("%d measurements, one before each mode's timed phase", len(modes))
 }
 
-// json returns the figures as the JSON file has them: a key per mode,
-// memcpy_gather_transitions_per_s, and config.
-func (s *summary) json() map[string]any {
+// Result is the run's figures as the --json file has them.
+type Result struct {
+	Ref   *modeFigures `json:"ref,omitempty"`   // with --modes ref (the default includes it)
+	Bytes *modeFigures `json:"bytes,omitempty"` // with --modes bytes
+	// MemcpyGatherPerS is the run's memcpy gather limit: the best of the
+	// modes' measurements. The ratios use it.
+	MemcpyGatherPerS float64 `json:"memcpy_gather_transitions_per_s"`
+	Config           Config  `json:"config"`
+}
+
+// Config is the run's settings, as the --json file has them.
+type Config struct {
+	Prefetch        bool     `json:"prefetch"`
+	InsertRate      float64  `json:"insert_rate"` // all writers together; 0: as fast as they can
+	Writers         int      `json:"writers"`
+	Trainers        int      `json:"trainers"`
+	Capacity        int      `json:"capacity"`
+	Batch           int      `json:"batch"`        // transitions per Extend
+	SampleBatch     int      `json:"sample_batch"` // transitions per SampleInto
+	MinSize         int      `json:"min_size"`
+	DurationS       float64  `json:"duration_s"` // of each mode's timed phase
+	WarmupLaps      int      `json:"warmup_laps"`
+	TransitionBytes int      `json:"transition_bytes"`
+	Sampler         string   `json:"sampler"`
+	Writer          string   `json:"writer"`
+	Modes           []string `json:"modes"` // those that ran, in order
+	SeedInsertPerS  int      `json:"seed_insert_transitions_per_s"`
+	SeedSamplePerS  int      `json:"seed_sample_transitions_per_s"`
+}
+
+// result returns the figures as the JSON file has them.
+func (s *summary) result() Result {
 	o := s.o
-	m := map[string]any{
-		"memcpy_gather_transitions_per_s": s.memcpy,
-		"config": map[string]any{
-			"prefetch":    s.o.prefetch,
-			"insert_rate": s.o.insertRate,
-			"writers":     o.writers, "trainers": trainers, "capacity": o.capacity, "batch": o.batch,
-			"sample_batch": o.sampleBatch, "min_size": o.minSize, "duration_s": o.duration.Seconds(), "warmup_laps": warmLaps,
-			"transition_bytes": TransitionBytes, "sampler": "uniform", "writer": "round_robin",
-			"modes": slices.Clone(s.modes), "seed_insert_transitions_per_s": seedInsertPerS,
-			"seed_sample_transitions_per_s": seedSamplePerS,
+	return Result{
+		Ref:              s.figs[modeRef],
+		Bytes:            s.figs[modeBytes],
+		MemcpyGatherPerS: s.memcpy,
+		Config: Config{
+			Prefetch:        o.prefetch,
+			InsertRate:      o.insertRate,
+			Writers:         o.writers,
+			Trainers:        trainers,
+			Capacity:        o.capacity,
+			Batch:           o.batch,
+			SampleBatch:     o.sampleBatch,
+			MinSize:         o.minSize,
+			DurationS:       o.duration.Seconds(),
+			WarmupLaps:      warmLaps,
+			TransitionBytes: TransitionBytes,
+			Sampler:         "uniform",
+			Writer:          "round_robin",
+			Modes:           slices.Clone(s.modes),
+			SeedInsertPerS:  seedInsertPerS,
+			SeedSamplePerS:  seedSamplePerS,
 		},
 	}
-	for _, mode := range s.modes {
-		m[mode] = s.figs[mode]
-	}
-	return m
 }
