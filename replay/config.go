@@ -16,7 +16,6 @@ import (
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/replay/internal/selector"
 	"github.com/tensorwire/tensorwire/tensordict"
-	"golang.org/x/sys/unix"
 )
 
 // Config describes a buffer to Create. Only Capacity is required.
@@ -229,9 +228,8 @@ func (c *Config) memory() uint64 {
 // its cgroup's limit when lower.
 func memoryLimit() uint64 {
 	limit := uint64(math.MaxUint64)
-	var si unix.Sysinfo_t
-	if unix.Sysinfo(&si) == nil && si.Totalram > 0 {
-		limit = uint64(si.Totalram) * uint64(max(si.Unit, 1))
+	if ram, ok := totalMemory(); ok {
+		limit = ram
 	}
 	for _, f := range []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"} {
 		data, err := os.ReadFile(f)
@@ -279,11 +277,10 @@ func checkDisk(prefix string, cfg Config) error {
 		}
 		dir = parent
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
+	free, ok := freeDisk(dir)
+	if !ok {
 		return nil // not knowing is no reason to refuse; Create finds out
 	}
-	free := uint64(st.Bavail) * uint64(st.Bsize)
 	slots := uint64(cfg.Capacity) * slotFields * 8
 	var storage uint64
 	if cfg.Schema != nil {
