@@ -56,12 +56,13 @@
 // when the file has become shorter than the data (so that a truncated file
 // faults, as through the mapping, instead of growing back).
 //
-// For a sparse file, each write first reserves the blocks of all its runs
-// (fallocate, keeping the file's size and bytes): when the disk is full the
-// call returns an error wrapping ENOSPC and no row changes. The blocks of
-// runs reserved before the one that did not fit stay allocated, reading as
-// before. Any other error from pwrite (EIO) is returned wrapped; the rows
-// before the failing stretch may have been written.
+// For a sparse file (unless opened with O_APPEND), each write first
+// reserves the blocks of all its runs (fallocate, keeping the file's size
+// and bytes): when the disk is full the call returns an error wrapping
+// ENOSPC and no row changes. The blocks of runs reserved before the one
+// that did not fit stay allocated, reading as before. Any other error from
+// pwrite (EIO) is returned wrapped; the rows before the failing stretch may
+// have been written.
 //
 // # Durability
 //
