@@ -58,15 +58,20 @@ type fieldJSON struct {
 
 // metaLocked returns the buffer's metadata as JSON; b.mu is held.
 func (b *Buffer) metaLocked() ([]byte, error) {
+	return encodeMeta(b.id, b.cfg, b.schema, &checkpoint{
+		Time: time.Now().UTC(), Inserted: b.limit.inserts, Sampled: b.limit.samples, Size: b.sel.Len(),
+	})
+}
+
+// encodeMeta returns MetaFile's content for the buffer id of cfg, whose
+// schema is schema (cfg.Schema is what it was created with), at cp.
+func encodeMeta(id string, cfg Config, schema []tensordict.Field, cp *checkpoint) ([]byte, error) {
 	m := meta{
-		Format: metaFormat, Version: metaVersion, ID: b.id, Capacity: b.cfg.Capacity,
-		Sampler: b.cfg.Sampler.spec, Writer: b.cfg.Writer, Limit: b.cfg.Limit,
-		LeaseMS: b.cfg.Lease.Milliseconds(),
-		Checkpoint: &checkpoint{
-			Time: time.Now().UTC(), Inserted: b.limit.inserts, Sampled: b.limit.samples, Size: b.sel.Len(),
-		},
+		Format: metaFormat, Version: metaVersion, ID: id, Capacity: cfg.Capacity,
+		Sampler: cfg.Sampler.spec, Writer: cfg.Writer, Limit: cfg.Limit,
+		LeaseMS: cfg.Lease.Milliseconds(), Checkpoint: cp,
 	}
-	for _, f := range b.schema {
+	for _, f := range schema {
 		m.Schema = append(m.Schema, fieldJSON{Key: f.Key, DType: f.DType.String(), Shape: f.Shape})
 	}
 	return json.MarshalIndent(m, "", "  ")
