@@ -10,7 +10,8 @@ import (
 	"testing"
 
 	"github.com/hashicorp/go-msgpack/v2/codec"
-	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // TestMeta_RewritesAnOlderFileByteForByte reads a replay.json written by
@@ -44,10 +45,10 @@ var wireHandle = &codec.MsgpackHandle{WriteExt: true}
 // (docs/protocol.md): each field a map whose dtype is a msgpack str
 // holding the torch name.
 func TestWire_SchemaBytes(t *testing.T) {
-	req := reserveRequest{Name: "buf", N: 2, Schema: []rpc.FieldInfo{
-		{Key: []string{"obs"}, DType: "torch.uint8", Shape: []int{4, 4}},
-		{Key: []string{"next", "reward"}, DType: "torch.float32", Shape: []int{}},
-		{Key: []string{"action"}, DType: "torch.int64"},
+	req := reserveRequest{Name: "buf", N: 2, Schema: tensordict.RowSchema{
+		{Key: []string{"obs"}, DType: memmap.Uint8, Shape: []int{4, 4}},
+		{Key: []string{"next", "reward"}, DType: memmap.Float32, Shape: []int{}},
+		{Key: []string{"action"}, DType: memmap.Int64},
 	}}
 	want, err := hex.DecodeString(strings.Join(strings.Fields(`
 		84

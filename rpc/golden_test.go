@@ -7,6 +7,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // The golden tests pin the wire format byte for byte: docs/protocol.md
@@ -197,9 +200,9 @@ func TestGolden_FillByReference(t *testing.T) {
 // TestGolden_Describe pins a schema on the wire: each field a map whose
 // dtype is a msgpack str holding the torch name (docs/protocol.md).
 func TestGolden_Describe(t *testing.T) {
-	resp := DescribeResponse{Batch: []int{70000}, Bytes: 56000000, Fields: []FieldInfo{
-		{Key: []string{"images"}, DType: "torch.uint8", Shape: []int{70000, 28, 28}},
-		{Key: []string{"labels"}, DType: "torch.int64", Shape: []int{70000}},
+	resp := DescribeResponse{Batch: []int{70000}, Bytes: 56000000, Fields: []tensordict.Field{
+		{Key: []string{"images"}, DType: memmap.Uint8, Shape: []int{70000, 28, 28}},
+		{Key: []string{"labels"}, DType: memmap.Int64, Shape: []int{70000}},
 	}}
 	want := unhex(t, `
 		83
