@@ -39,6 +39,12 @@ func diskField(dt memmap.DType, shape []int, key ...string) tensordict.Field {
 	return tensordict.Field{Key: key, DType: dt, Shape: shape}
 }
 
+// rowField is diskField for a replay buffer's schema: shape is one
+// transition's.
+func rowField(dt memmap.DType, shape []int, key ...string) tensordict.RowField {
+	return tensordict.RowField{Key: key, DType: dt, Shape: shape}
+}
+
 // diskCheckNothingLeft checks that a failed creation left dir, empty
 // before it, as it found it: empty, with freeBefore bytes free.
 func diskCheckNothingLeft(t *testing.T, dir string, freeBefore int64) {
@@ -103,12 +109,12 @@ func TestFullDisk_ReplayCreateTooBig(t *testing.T) {
 	}{
 		{"slot table larger than the disk", replay.Config{Capacity: 1 << 18}}, // 32 bytes a slot: 8 MiB
 		{"storage larger than the disk", replay.Config{Capacity: 1024, // slots: 32 KiB; storage: 8 MiB
-			Schema: []tensordict.Field{diskField(memmap.Uint8, []int{8192}, "obs"), diskField(memmap.Float32, nil, "reward")}}},
+			Schema: tensordict.RowSchema{rowField(memmap.Uint8, []int{8192}, "obs"), rowField(memmap.Float32, nil, "reward")}}},
 		// A page of replay.lock, 32 KiB of slots, 4056 KiB of obs and a
 		// page of storage/meta.json fill the disk: replay.json, written
 		// last, does not fit.
 		{"replay.json does not fit", replay.Config{Capacity: 1024,
-			Schema: []tensordict.Field{diskField(memmap.Uint8, []int{4056}, "obs")}}},
+			Schema: tensordict.RowSchema{rowField(memmap.Uint8, []int{4056}, "obs")}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			disk := mountTmpfs(t, diskSize)
@@ -284,7 +290,7 @@ func TestFullDisk_ReplayBufferKeepsWorking(t *testing.T) {
 	const capacity, obsLen = 64, 4096 // storage: 256 KiB of obs, 512 B of ids
 	b, err := replay.Create(prefix, replay.Config{
 		Capacity: capacity,
-		Schema:   []tensordict.Field{diskField(memmap.Uint8, []int{obsLen}, "obs"), diskField(memmap.Int64, nil, "id")},
+		Schema:   tensordict.RowSchema{rowField(memmap.Uint8, []int{obsLen}, "obs"), rowField(memmap.Int64, nil, "id")},
 		Sampler:  replay.WithoutReplacement(),
 	})
 	if err != nil {
@@ -796,7 +802,7 @@ func diskSparseBuffer(t *testing.T, prefix string) {
 	t.Helper()
 	b, err := replay.Create(prefix, replay.Config{
 		Capacity: 256,
-		Schema:   []tensordict.Field{diskField(memmap.Uint8, []int{4096}, "obs"), diskField(memmap.Int64, nil, "id")},
+		Schema:   tensordict.RowSchema{rowField(memmap.Uint8, []int{4096}, "obs"), rowField(memmap.Int64, nil, "id")},
 	})
 	if err != nil {
 		t.Fatal(err)
