@@ -20,7 +20,7 @@ import (
 //	go test -run '^$' -bench Buffer_Lap -benchtime 20x ./replay
 func BenchmarkBuffer_Lap(b *testing.B) {
 	const capacity, batch = 2048, 64
-	schema := []tensordict.Field{
+	schema := tensordict.RowSchema{
 		{Key: []string{"obs"}, DType: memmap.Uint8, Shape: []int{84, 84, 4}},
 		{Key: []string{"action"}, DType: memmap.Int64},
 		{Key: []string{"reward"}, DType: memmap.Float32},
