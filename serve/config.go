@@ -1,0 +1,184 @@
+package serve
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Model is what a manager serves: anything that maps a batch of input rows
+// to a batch of output rows.
+//
+// Forward gets a TensorDict of batch size [n], 1 <= n <= Config.MaxBatch,
+// with the fields of Config.Input, and returns one of batch size [n] with
+// the fields of Config.Output, row i the output for input row i. in is
+// valid only until Forward returns: a model keeps nothing of it. The result
+// is the manager's from then on, and the model must not change it later.
+// A replica calls Forward on one batch at a time, so a Model need not be
+// safe for concurrent use; each replica has its own (Config.New).
+//
+// An error or a panic fails the batch's requests with ErrForward and the
+// replica is replaced: its model is dropped (closed, if it is an
+// io.Closer) and New makes another.
+type Model interface {
+	Forward(ctx context.Context, in *tensordict.TensorDict) (*tensordict.TensorDict, error)
+}
+
+// Loader is a Model whose weights can be changed (Manager.Load): Load
+// makes the model compute with params from its next Forward on. A replica
+// calls it between batches, never during one, and never concurrently with
+// Forward.
+//
+// The model may keep views of params' tensors instead of copying them
+// (tensordict.Tensor.Dense aliases a mapping): the manager keeps params
+// valid until every model has loaded a later version, or been closed.
+// An error means the model cannot take params (their keys or shapes are
+// not the model's); the model must then still be usable, with the
+// parameters it had or others, since the manager loads it again.
+type Loader interface {
+	Model
+	Load(ctx context.Context, params *tensordict.TensorDict) error
+}
+
+// Config describes what a Manager serves. Input, Output, MaxBatch and New
+// are required.
+type Config struct {
+	// Input and Output are the fields of one row of the model's input and
+	// output: keys (nested keys have several elements), dtypes and the
+	// shape of one row, without the batch dimension (torch_spread's shape
+	// and dtype buffers).
+	Input, Output tensordict.RowSchema
+
+	// MaxBatch is the most rows a Forward gets. A request holds at most
+	// MaxBatch rows: it is never split across batches.
+	MaxBatch int
+
+	// Replicas is how many models run batches at once, each on its own
+	// goroutine with its own model; default 1.
+	Replicas int
+
+	// New makes a model: once per replica (replica 0 .. Replicas-1) when
+	// the manager starts, once more (replica Replicas) for the spare that
+	// takes new weights off the serving path at the first Load, and again
+	// whenever a replica is replaced after a failed Forward (with that
+	// replica's index). It may be called from any goroutine.
+	New func(replica int) (Model, error)
+
+	// Policy says when a free replica closes the batch it takes: Greedy()
+	// (the zero value) or MaxDelay(d).
+	Policy Policy
+
+	// MaxQueue bounds the rows waiting for a replica (in the batch being
+	// gathered and behind it); a request that would exceed it fails with
+	// ErrQueueFull. Default 4096.
+	MaxQueue int
+
+	// Lease is how long a remote client's registration (its shared input
+	// and output slots) lasts without a call from it; the client renews it
+	// every Lease/4. Default 30 s.
+	Lease time.Duration
+
+	// Log is where the manager logs replacements and weight updates; nil:
+	// slog.Default().
+	Log *slog.Logger
+}
+
+// Policy is when a free replica closes the batch it takes. Build one with
+// Greedy or MaxDelay; the zero value is Greedy.
+type Policy struct {
+	maxDelay time.Duration
+}
+
+// Greedy is torch_spread's batching policy: a free replica blocks for a
+// first request, then takes every request queued that fits, in order,
+// without waiting for more. The request that would overflow the batch is
+// carried over to the next, whole, and so are those behind it.
+func Greedy() Policy { return Policy{} }
+
+// MaxDelay is Greedy, except that a free replica whose batch is not full
+// waits for more requests until d has passed since its first request was
+// queued (Triton's max_queue_delay, Ray Serve's batch_wait_timeout_s). It
+// trades latency at low load for larger batches. d <= 0 is Greedy.
+func MaxDelay(d time.Duration) Policy { return Policy{maxDelay: max(d, 0)} }
+
+// Delay returns the policy's maximum delay: 0 for Greedy.
+func (p Policy) Delay() time.Duration { return p.maxDelay }
+
+// String returns "greedy" or "max_delay=D".
+func (p Policy) String() string {
+	if p.maxDelay == 0 {
+		return "greedy"
+	}
+	return fmt.Sprintf("max_delay=%v", p.maxDelay)
+}
+
+const (
+	defaultMaxQueue = 4096
+	defaultLease    = 30 * time.Second
+	// maxRows bounds MaxBatch and a client's slots: far above any batch a
+	// model would take, and small enough that no row count overflows.
+	maxRows = 1 << 20
+)
+
+// normalize fills in c's defaults and checks it.
+func (c *Config) normalize() error {
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.MaxQueue == 0 {
+		c.MaxQueue = defaultMaxQueue
+	}
+	if c.Lease == 0 {
+		c.Lease = defaultLease
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	switch {
+	case c.New == nil:
+		return configErrorf("no model constructor (New)")
+	case c.MaxBatch < 1 || c.MaxBatch > maxRows:
+		return configErrorf("max batch %d; want 1 to %d", c.MaxBatch, maxRows)
+	case c.Replicas < 1 || c.Replicas > 1024:
+		return configErrorf("%d replicas; want 1 to 1024", c.Replicas)
+	case c.MaxQueue < c.MaxBatch:
+		return configErrorf("max queue %d rows is smaller than the max batch %d", c.MaxQueue, c.MaxBatch)
+	case c.Lease < 0:
+		return configErrorf("lease %v; want a positive duration", c.Lease)
+	}
+	if err := c.Input.Validate(); err != nil {
+		return configErrorf("input schema: %v", err)
+	}
+	if err := c.Output.Validate(); err != nil {
+		return configErrorf("output schema: %v", err)
+	}
+	c.Input, c.Output = c.Input.Clone(), c.Output.Clone()
+	return nil
+}
+
+// checkRows checks a batch of input rows against schema and limit: a
+// TensorDict of batch size [n], 1 <= n <= limit, with schema's fields. It
+// returns n.
+func checkRows(td *tensordict.TensorDict, schema tensordict.RowSchema, limit int, what string) (int, error) {
+	if td == nil {
+		return 0, schemaErrorf("no %s", what)
+	}
+	b := td.BatchSize()
+	if len(b) != 1 {
+		return 0, schemaErrorf("%s of batch size %v; want [n], one row per sample", what, b)
+	}
+	n := b[0]
+	if n < 1 {
+		return 0, schemaErrorf("%s of no rows", what)
+	}
+	if n > limit {
+		return 0, schemaErrorf("%s of %d rows; at most %d", what, n, limit)
+	}
+	if err := schema.Match(td.RowSchema()); err != nil {
+		return 0, schemaErrorf("%s: %v", what, err)
+	}
+	return n, nil
+}

@@ -1,0 +1,92 @@
+package serve
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tensorwire/tensorwire/rpc"
+)
+
+// Errors callers branch on, with errors.Is. A remote manager's errors match
+// the same values as a local one's, and also the rpc code each maps to
+// (errors.Is(err, rpc.ErrResourceExhausted) for ErrQueueFull): each crosses
+// the wire as its code and reason (see init), not by its message.
+var (
+	// ErrConfig: a Config that cannot make a manager, or a call the
+	// manager's models cannot do (Load on models that are not Loaders).
+	// Code InvalidArgument.
+	ErrConfig = errors.New("serve: bad config")
+
+	// ErrSchema: an input whose keys, dtypes or row shapes differ from the
+	// model's input schema, that is not a batch of rows, that holds more
+	// rows than the maximum batch or than the client's slots, or a client
+	// buffer that does not match the schemas. Nothing was queued. Code
+	// InvalidArgument.
+	ErrSchema = errors.New("serve: input does not match the model")
+
+	// ErrQueueFull: the manager holds Config.MaxQueue rows waiting for a
+	// replica already; nothing was queued. Back off and try again (Triton's
+	// queue policy). Code ResourceExhausted.
+	ErrQueueFull = errors.New("serve: queue full")
+
+	// ErrForward: the model's Forward returned an error or panicked on the
+	// batch the request was in, or returned outputs that do not match the
+	// output schema; the message says which. The replica that ran it is
+	// replaced. Code Internal.
+	ErrForward = errors.New("serve: forward failed")
+
+	// ErrParams: Load's parameters do not fit the model (its Load refused
+	// them); no replica switched to them. Code InvalidArgument.
+	ErrParams = errors.New("serve: parameters do not fit the model")
+
+	// ErrVersion: LoadVersion of a version not newer than the manager's
+	// latest. Code FailedPrecondition.
+	ErrVersion = errors.New("serve: version not newer than the latest")
+
+	// ErrStopped: the manager was closed; requests still queued when it
+	// closed get it. Code Unavailable, so that a remote client retries,
+	// as it does while its node restarts.
+	ErrStopped = errors.New("serve: manager stopped")
+
+	// ErrClosed: the client was closed. Code FailedPrecondition.
+	ErrClosed = errors.New("serve: closed")
+
+	// ErrNotFound: no model by that name on the node (Dial). Code
+	// NotFound.
+	ErrNotFound = errors.New("serve: no model")
+
+	// ErrExists: Service.Add of a name already served. Code AlreadyExists.
+	ErrExists = errors.New("serve: a model of that name is served")
+
+	// ErrNotRegistered: a request for a client registration the node does
+	// not hold: its lease ran out, or the node restarted. A Client
+	// registers again by itself. Code NotFound.
+	ErrNotRegistered = errors.New("serve: client not registered")
+)
+
+// The code and reason each sentinel crosses the wire with. The reasons are
+// the protocol (docs/serve.md, "Errors"): never change one; a message may
+// change freely.
+func init() {
+	rpc.RegisterReason(ErrConfig, rpc.InvalidArgument, "serve.config")
+	rpc.RegisterReason(ErrSchema, rpc.InvalidArgument, "serve.schema")
+	rpc.RegisterReason(ErrQueueFull, rpc.ResourceExhausted, "serve.queue_full")
+	rpc.RegisterReason(ErrForward, rpc.Internal, "serve.forward")
+	rpc.RegisterReason(ErrParams, rpc.InvalidArgument, "serve.params")
+	rpc.RegisterReason(ErrVersion, rpc.FailedPrecondition, "serve.version")
+	rpc.RegisterReason(ErrStopped, rpc.Unavailable, "serve.stopped")
+	rpc.RegisterReason(ErrClosed, rpc.FailedPrecondition, "serve.closed")
+	rpc.RegisterReason(ErrNotFound, rpc.NotFound, "serve.not_found")
+	rpc.RegisterReason(ErrExists, rpc.AlreadyExists, "serve.exists")
+	rpc.RegisterReason(ErrNotRegistered, rpc.NotFound, "serve.not_registered")
+}
+
+// schemaErrorf returns an error matching ErrSchema.
+func schemaErrorf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrSchema, fmt.Sprintf(format, args...))
+}
+
+// configErrorf returns an error matching ErrConfig.
+func configErrorf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,532 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Manager runs a model's replicas and batches the requests of many callers
+// onto them: torch_spread's manager and its model workers in one process.
+//
+// Requests join the open batch, whose rows are gathered (copied into the
+// batch's buffer, each request by its own caller) while the replicas run
+// the batches before it. The open batch is closed when a replica is free
+// to run it, not before: requests that arrive while every replica is busy
+// join it until it is full (Config.MaxBatch), and behind it wait in order
+// for the next. A request is never split between batches. Config.Policy
+// says whether a free replica takes the open batch at once (Greedy) or
+// waits for it to fill (MaxDelay).
+//
+// Each replica gets its inputs from one of Replicas+1 batch buffers: one
+// per running batch and one for the open batch, so the next batch is
+// gathered while the others run (torch_spread's two buffers per worker,
+// shared).
+//
+// A Manager is safe for concurrent use. Close it when done.
+type Manager struct {
+	cfg    Config
+	log    *slog.Logger
+	ctx    context.Context // the context of Forward and Load calls: ends at Close
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	cond     *sync.Cond // open batch, copies, replicas' states, weights
+	closed   bool
+	open     *batch
+	overflow []*request // FIFO behind the open batch
+	queued   int        // rows in the open batch and the overflow
+	free     []*tensordict.TensorDict
+	replicas []*replica
+	w        weights // guarded by mu
+	loadSem  chan struct{}
+	st       counters
+
+	wg sync.WaitGroup // the replicas' goroutines
+}
+
+// replica is one model and the goroutine that runs its batches. Its
+// fields are guarded by Manager.mu.
+type replica struct {
+	index     int
+	model     Model // nil while replaced
+	version   uint64
+	busy      bool // running a batch
+	replacing bool
+	timer     *time.Timer // wakes it at a MaxDelay deadline
+}
+
+// batch is the open batch, then a batch a replica runs. Its fields are
+// guarded by Manager.mu until done is closed; out, version and err are
+// read-only after.
+type batch struct {
+	in      *tensordict.TensorDict // the buffer: MaxBatch rows
+	rows    int
+	reqs    int
+	first   time.Time // when its first request joined
+	copying int       // requests still copying their rows in
+	taken   bool      // a replica took it
+
+	done    chan struct{}
+	out     *tensordict.TensorDict
+	version uint64
+	err     error
+}
+
+// request is one call's place in a batch.
+type request struct {
+	n      int
+	b      *batch // nil until placed
+	off    int
+	placed chan struct{} // closed when a request that waited behind the open batch is placed, or the manager stops
+}
+
+// New starts a manager for cfg: it builds the replicas' models (cfg.New)
+// and starts them. An error from a constructor stops it and is returned.
+func New(cfg Config) (*Manager, error) {
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	m := &Manager{cfg: cfg, log: cfg.Log, loadSem: make(chan struct{}, 1)}
+	m.cond = sync.NewCond(&m.mu)
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	for i := range cfg.Replicas + 1 {
+		buf, err := cfg.Input.Zeros(cfg.MaxBatch)
+		if err != nil {
+			return nil, configErrorf("input buffer: %v", err)
+		}
+		m.free = append(m.free, buf)
+		if i == cfg.Replicas {
+			break
+		}
+		model, err := newModel(cfg.New, i)
+		if err != nil {
+			for _, r := range m.replicas {
+				closeModel(r.model)
+			}
+			m.cancel()
+			return nil, fmt.Errorf("serve: replica %d: %w", i, err)
+		}
+		r := &replica{index: i, model: model}
+		r.timer = time.AfterFunc(time.Hour, m.wake)
+		r.timer.Stop()
+		m.replicas = append(m.replicas, r)
+	}
+	m.st.hist = make([]uint64, cfg.MaxBatch+1)
+	for _, r := range m.replicas {
+		m.wg.Add(1)
+		go m.serve(r)
+	}
+	return m, nil
+}
+
+// newModel calls New, turning a panic or a nil model into an error.
+func newModel(build func(int) (Model, error), i int) (m Model, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			m, err = nil, fmt.Errorf("the model constructor panicked: %v", p)
+		}
+	}()
+	m, err = build(i)
+	if err == nil && m == nil {
+		err = errors.New("the model constructor returned no model")
+	}
+	return m, err
+}
+
+// closeModel closes m if it is an io.Closer.
+func closeModel(m Model) {
+	if c, ok := m.(io.Closer); ok {
+		c.Close()
+	}
+}
+
+// Input returns the schema of one input row.
+func (m *Manager) Input() tensordict.RowSchema { return m.cfg.Input.Clone() }
+
+// Output returns the schema of one output row.
+func (m *Manager) Output() tensordict.RowSchema { return m.cfg.Output.Clone() }
+
+// MaxBatch returns the most rows a batch, and so a request, holds.
+func (m *Manager) MaxBatch() int { return m.cfg.MaxBatch }
+
+// Predict runs the model on in, a TensorDict of batch size [n] with the
+// input schema's fields, 1 <= n <= MaxBatch, batched with other callers'
+// requests, and returns the outputs (batch size [n], in Go memory) and the
+// parameter version that produced them (0: the constructor's). in is read
+// before Predict returns and not kept.
+//
+// Errors: ErrSchema for an input that does not fit (nothing is queued),
+// ErrQueueFull, ErrForward, ErrStopped, or ctx's error. Once its rows are
+// in a batch, a call that ctx ends returns at once, and the batch runs
+// without it.
+func (m *Manager) Predict(ctx context.Context, in *tensordict.TensorDict) (*tensordict.TensorDict, uint64, error) {
+	n, err := checkRows(in, m.cfg.Input, m.cfg.MaxBatch, "input")
+	if err != nil {
+		return nil, 0, err
+	}
+	var out *tensordict.TensorDict
+	v, err := m.run(ctx, n,
+		func(dst *tensordict.TensorDict) error { return dst.SetSlice(0, in) },
+		func(rows *tensordict.TensorDict) (err error) { out, err = rows.Clone(); return err })
+	return out, v, err
+}
+
+// PredictInto is Predict writing the outputs into out, a TensorDict of
+// batch size [n] with (at least) the output schema's fields, instead of
+// allocating them. out may be a memory mapping. On an error out's rows may
+// have been written in part.
+func (m *Manager) PredictInto(ctx context.Context, in, out *tensordict.TensorDict) (uint64, error) {
+	n, err := checkRows(in, m.cfg.Input, m.cfg.MaxBatch, "input")
+	if err != nil {
+		return 0, err
+	}
+	if err := checkOut(out, m.cfg.Output, n); err != nil {
+		return 0, err
+	}
+	return m.run(ctx, n,
+		func(dst *tensordict.TensorDict) error { return dst.SetSlice(0, in) },
+		func(rows *tensordict.TensorDict) error { return out.SetSlice(0, rows) })
+}
+
+// checkOut checks that out can take n output rows of schema: batch size
+// [n] and every field of schema, with its dtype and row shape.
+func checkOut(out *tensordict.TensorDict, schema tensordict.RowSchema, n int) error {
+	if out == nil {
+		return schemaErrorf("no output TensorDict")
+	}
+	if b := out.BatchSize(); !slices.Equal(b, []int{n}) {
+		return schemaErrorf("output of batch size %v for %d rows", b, n)
+	}
+	have := map[string]tensordict.RowField{}
+	for _, f := range out.RowSchema() {
+		have[fmt.Sprint(f.Key)] = f
+	}
+	for _, f := range schema {
+		g, ok := have[fmt.Sprint(f.Key)]
+		if !ok || g.DType != f.DType || !slices.Equal(g.Shape, f.Shape) {
+			return schemaErrorf("output has no field %v", f)
+		}
+	}
+	return nil
+}
+
+// run queues a request of n rows, copies them into its batch with fill
+// (given the batch's n rows), waits for the batch and hands the outputs
+// (n rows, valid during the call) to drain.
+func (m *Manager) run(ctx context.Context, n int, fill, drain func(*tensordict.TensorDict) error) (uint64, error) {
+	r, err := m.enqueue(ctx, n)
+	if err != nil {
+		return 0, err
+	}
+	b := r.b
+	dst, err := b.in.Slice(r.off, r.off+n)
+	if err == nil {
+		err = fill(dst)
+	}
+	m.mu.Lock()
+	if b.copying--; b.copying == 0 && b.taken {
+		m.cond.Broadcast()
+	}
+	m.mu.Unlock()
+	if err != nil {
+		// The batch runs garbage in this request's rows; nobody reads them.
+		return 0, err
+	}
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	if b.err != nil {
+		return b.version, b.err
+	}
+	rows, err := b.out.Slice(r.off, r.off+n)
+	if err == nil {
+		err = drain(rows)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("serve: handing out the outputs: %w", err)
+	}
+	return b.version, nil
+}
+
+// enqueue places a request of n rows in the open batch, or behind it and
+// waits until it is placed in a later one.
+func (m *Manager) enqueue(ctx context.Context, n int) (*request, error) {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, ErrStopped
+	}
+	if m.queued+n > m.cfg.MaxQueue {
+		m.st.queueFull++
+		q := m.queued
+		m.mu.Unlock()
+		return nil, fmt.Errorf("%w: %d rows wait already, at most %d (Config.MaxQueue)", ErrQueueFull, q, m.cfg.MaxQueue)
+	}
+	m.queued += n
+	m.st.requests++
+	r := &request{n: n}
+	if len(m.overflow) == 0 {
+		if m.open == nil {
+			m.openBatchLocked()
+		}
+		if m.open != nil && m.open.rows+n <= m.cfg.MaxBatch {
+			m.placeLocked(r)
+			m.mu.Unlock()
+			return r, nil
+		}
+	}
+	r.placed = make(chan struct{})
+	m.overflow = append(m.overflow, r)
+	m.mu.Unlock()
+	select {
+	case <-r.placed:
+	case <-ctx.Done():
+		m.mu.Lock()
+		if r.b == nil && !m.closed {
+			if i := slices.Index(m.overflow, r); i >= 0 {
+				m.overflow = slices.Delete(m.overflow, i, i+1)
+			}
+			m.queued -= n
+			m.mu.Unlock()
+			return nil, ctx.Err()
+		}
+		m.mu.Unlock()
+		// Placed meanwhile (its rows must be copied in: run does that,
+		// then returns ctx's error), or stopped.
+	}
+	if r.b == nil {
+		return nil, ErrStopped
+	}
+	return r, nil
+}
+
+// openBatchLocked makes a new open batch if a buffer is free, and moves
+// the requests waiting behind into it, in order, while they fit.
+func (m *Manager) openBatchLocked() {
+	if m.closed || len(m.free) == 0 {
+		return
+	}
+	in := m.free[len(m.free)-1]
+	m.free = m.free[:len(m.free)-1]
+	b := &batch{in: in, done: make(chan struct{})}
+	m.open = b
+	k := 0
+	for k < len(m.overflow) && b.rows+m.overflow[k].n <= m.cfg.MaxBatch {
+		r := m.overflow[k]
+		m.placeLocked(r)
+		close(r.placed)
+		k++
+	}
+	if k > 0 {
+		m.overflow = slices.Delete(m.overflow, 0, k)
+	}
+}
+
+// placeLocked gives r the next rows of the open batch.
+func (m *Manager) placeLocked(r *request) {
+	b := m.open
+	r.b, r.off = b, b.rows
+	b.rows += r.n
+	b.reqs++
+	b.copying++
+	if b.reqs == 1 {
+		b.first = time.Now()
+		m.cond.Broadcast() // a free replica can take it
+	} else if b.rows == m.cfg.MaxBatch && m.cfg.Policy.maxDelay > 0 {
+		m.cond.Broadcast() // full: no need to wait longer
+	}
+}
+
+// wake wakes the goroutines waiting on the manager's condition.
+func (m *Manager) wake() {
+	m.mu.Lock()
+	m.cond.Broadcast()
+	m.mu.Unlock()
+}
+
+// serve is a replica's goroutine: it takes batches and runs them until the
+// manager closes.
+func (m *Manager) serve(r *replica) {
+	defer m.wg.Done()
+	for {
+		b, ok := m.take(r)
+		if !ok {
+			return
+		}
+		m.runBatch(r, b)
+	}
+}
+
+// take waits until r can run the open batch, as the policy says, takes it
+// and opens the next; it switches r's model to new weights first, when
+// there are (weights.go). It returns false once the manager is closed.
+func (m *Manager) take(r *replica) (*batch, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for {
+		if m.closed {
+			return nil, false
+		}
+		m.switchLocked(r)
+		if m.open == nil {
+			m.openBatchLocked()
+		}
+		b := m.open
+		if b == nil || b.reqs == 0 {
+			m.cond.Wait()
+			continue
+		}
+		if d := m.cfg.Policy.maxDelay; d > 0 && b.rows < m.cfg.MaxBatch {
+			if wait := time.Until(b.first.Add(d)); wait > 0 {
+				r.timer.Reset(wait)
+				m.cond.Wait()
+				r.timer.Stop()
+				continue
+			}
+		}
+		m.open = nil
+		m.queued -= b.rows
+		b.taken = true
+		r.busy = true
+		m.openBatchLocked()
+		for b.copying > 0 {
+			m.cond.Wait()
+		}
+		return b, true
+	}
+}
+
+// runBatch runs b on r's model and hands out the result. A failed Forward
+// fails b's requests and replaces r's model.
+func (m *Manager) runBatch(r *replica, b *batch) {
+	start := time.Now()
+	in, err := b.in.Slice(0, b.rows)
+	var out *tensordict.TensorDict
+	if err == nil {
+		out, err = forward(m.ctx, r.model, in)
+	}
+	if err == nil {
+		out, err = checkResult(out, in, m.cfg.Output, b.rows)
+	}
+	took := time.Since(start)
+	m.mu.Lock()
+	m.free = append(m.free, b.in) // the inputs are not needed any more
+	if m.open == nil {
+		m.openBatchLocked()
+	}
+	b.out, b.version, b.err = out, r.version, err
+	m.st.batches++
+	m.st.rows += uint64(b.rows)
+	m.st.hist[b.rows]++
+	m.st.forward += took
+	r.busy = false
+	if err != nil {
+		m.st.failed++
+		m.st.failedRows += uint64(b.rows)
+	}
+	m.cond.Broadcast() // Load waits for replicas between batches
+	m.mu.Unlock()
+	close(b.done)
+	if err != nil {
+		m.replace(r, err)
+	}
+}
+
+// forward calls model.Forward, turning a panic into an error.
+func forward(ctx context.Context, model Model, in *tensordict.TensorDict) (out *tensordict.TensorDict, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			out, err = nil, fmt.Errorf("%w: the model panicked: %v", ErrForward, p)
+		}
+	}()
+	out, err = model.Forward(ctx, in)
+	if err != nil && !errors.Is(err, ErrForward) {
+		err = fmt.Errorf("%w: %w", ErrForward, err)
+	}
+	return out, err
+}
+
+// checkResult checks a Forward's result: n rows of the output schema. A
+// result that shares memory with the input buffer (a model that returned
+// its input, or views of it) is copied, since the buffer is reused.
+func checkResult(out, in *tensordict.TensorDict, schema tensordict.RowSchema, n int) (*tensordict.TensorDict, error) {
+	if out == nil {
+		return nil, fmt.Errorf("%w: the model returned no outputs", ErrForward)
+	}
+	if b := out.BatchSize(); len(b) != 1 || b[0] != n {
+		return nil, fmt.Errorf("%w: the model returned outputs of batch size %v for %d rows", ErrForward, b, n)
+	}
+	if err := schema.Match(out.RowSchema()); err != nil {
+		return nil, fmt.Errorf("%w: the model's outputs: %v", ErrForward, err)
+	}
+	if sharesMemory(out, in) {
+		return out.Clone()
+	}
+	return out, nil
+}
+
+// sharesMemory reports whether a tensor of a lies in the memory of a
+// tensor of b (both in Go memory).
+func sharesMemory(a, b *tensordict.TensorDict) bool {
+	type span struct{ lo, hi uintptr }
+	var spans []span
+	for _, t := range b.Leaves() {
+		if p, n := heapSpan(t); n > 0 {
+			spans = append(spans, span{p, p + n})
+		}
+	}
+	for _, t := range a.Leaves() {
+		p, n := heapSpan(t)
+		for _, s := range spans {
+			if n > 0 && p < s.hi && s.lo < p+n {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Close stops the manager: requests still queued fail with ErrStopped,
+// the context of the Forward calls running ends, and Close returns once
+// they have returned, closing the models that are io.Closers. Close does
+// not close the parameters given to Load.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	if b := m.open; b != nil {
+		m.open = nil
+		b.err = ErrStopped
+		close(b.done)
+	}
+	for _, r := range m.overflow {
+		close(r.placed)
+	}
+	m.overflow, m.queued = nil, 0
+	m.cond.Broadcast()
+	m.mu.Unlock()
+	m.cancel()
+	m.wg.Wait()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, r := range m.replicas {
+		r.timer.Stop()
+		closeModel(r.model)
+		r.model = nil
+	}
+	m.w.closeSpares()
+	return nil
+}
