@@ -1,0 +1,421 @@
+package serve
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/lockfile"
+	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// The methods of the serve service (docs/serve.md describes their
+// messages). Every request names the model it is for.
+const (
+	MethodInfo       = "serve.info"
+	MethodRegister   = "serve.register"
+	MethodRenew      = "serve.renew"
+	MethodUnregister = "serve.unregister"
+	MethodPredict    = "serve.predict"
+	MethodStats      = "serve.stats"
+)
+
+// ClientsDir is where, under the shared root, clients that share the
+// node's filesystem keep their slots: ClientsDir/ID/{in,out,lock}, a
+// folder per client, ID 16 hexadecimal digits. The client makes and
+// removes its folder; a node removes the folder of a client whose lease
+// ran out and whose lock is free (the client died).
+const ClientsDir = ".tensorwire-serve/clients"
+
+// clientDirRE is the only form of registered prefix a node accepts: it
+// maps no other files, and removes no other folder.
+var clientDirRE = regexp.MustCompile(`^\.tensorwire-serve/clients/[0-9a-f]{16}$`)
+
+// Service is the serve service of an rpc.Server: the managers it serves,
+// by name, to clients that Dial them.
+//
+// A Service is safe for concurrent use; managers can be added and removed
+// while it serves.
+type Service struct {
+	root   string   // the server's root; "" if none
+	rootFS *os.Root // opened on root: client files are mapped through it
+	mu     sync.RWMutex
+	models map[string]*served
+}
+
+// served is a manager and its clients' registrations.
+type served struct {
+	name  string
+	root  string // the server's root
+	m     *Manager
+	lease time.Duration
+
+	mu      sync.Mutex
+	clients map[uint64]*registration
+	timer   *time.Timer // the next sweep of expired leases; nil when none is due
+	removed bool
+}
+
+// registration is a client's slots, mapped by the node: rows [0, slots) of
+// in and out, the client's files.
+type registration struct {
+	id      uint64
+	prefix  string // relative to the root
+	slots   int
+	in, out *tensordict.TensorDict
+	expires time.Time
+	refs    int  // requests using the mappings
+	gone    bool // removed from the map: unmap once refs is 0
+}
+
+// Register adds the serve service's methods to s and returns the Service,
+// empty: Add managers to it. Call it once per server.
+func Register(s *rpc.Server) (*Service, error) {
+	svc := &Service{root: s.Root(), models: map[string]*served{}}
+	if svc.root != "" {
+		r, err := os.OpenRoot(svc.root)
+		if err != nil {
+			return nil, fmt.Errorf("serve: opening the root: %w", err)
+		}
+		svc.rootFS = r
+	}
+	regs := []error{
+		rpc.Register(s, MethodInfo, svc.info),
+		rpc.Register(s, MethodRegister, svc.register),
+		rpc.Register(s, MethodRenew, svc.renew),
+		rpc.Register(s, MethodUnregister, svc.unregister),
+		rpc.Register(s, MethodPredict, svc.predict),
+		rpc.Register(s, MethodStats, svc.stats),
+	}
+	for _, err := range regs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return svc, nil
+}
+
+// Add serves m under name. m stays the caller's: Remove it (or close the
+// server) before closing it.
+func (svc *Service) Add(name string, m *Manager) error {
+	if name == "" {
+		return configErrorf("a model needs a name")
+	}
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	if _, dup := svc.models[name]; dup {
+		return fmt.Errorf("%w: %q", ErrExists, name)
+	}
+	svc.models[name] = &served{name: name, root: svc.root, m: m, lease: m.cfg.Lease, clients: map[uint64]*registration{}}
+	return nil
+}
+
+// Remove stops serving the model named name: calls for it fail with
+// ErrNotFound from then on, and its clients' mappings are dropped once
+// the requests using them end.
+func (svc *Service) Remove(name string) {
+	svc.mu.Lock()
+	s := svc.models[name]
+	delete(svc.models, name)
+	svc.mu.Unlock()
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.removed = true
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	for id, r := range s.clients {
+		delete(s.clients, id)
+		s.dropLocked(r)
+	}
+	s.mu.Unlock()
+}
+
+func (svc *Service) lookup(name string) (*served, error) {
+	svc.mu.RLock()
+	defer svc.mu.RUnlock()
+	s, ok := svc.models[name]
+	if !ok {
+		return nil, fmt.Errorf("%w named %q on this node", ErrNotFound, name)
+	}
+	return s, nil
+}
+
+// The messages. Field names on the wire are the codec tags.
+type (
+	infoRequest struct {
+		Name string `codec:"name"`
+	}
+	infoResponse struct {
+		Input    tensordict.RowSchema `codec:"input"`
+		Output   tensordict.RowSchema `codec:"output"`
+		MaxBatch int                  `codec:"max_batch"`
+		Replicas int                  `codec:"replicas"`
+		Policy   string               `codec:"policy"`
+		LeaseMS  int64                `codec:"lease_ms"`
+		Version  uint64               `codec:"version"`
+	}
+	registerRequest struct {
+		Name   string `codec:"name"`
+		Prefix string `codec:"prefix"` // the client's folder, relative to the node's root
+		Slots  int    `codec:"slots"`
+	}
+	registerResponse struct {
+		Client  uint64 `codec:"client"`
+		LeaseMS int64  `codec:"lease_ms"`
+	}
+	clientRequest struct {
+		Name   string `codec:"name"`
+		Client uint64 `codec:"client"`
+	}
+	predictRequest struct {
+		Name   string  `codec:"name"`
+		Client uint64  `codec:"client"` // 0: the rows are in In
+		Start  int     `codec:"start"`  // by reference: the client's rows [start, start+n)
+		N      int     `codec:"n"`
+		In     *rpc.TD `codec:"in"` // bytes mode: the input rows
+	}
+	predictResponse struct {
+		Version uint64  `codec:"version"`
+		Out     *rpc.TD `codec:"out"` // bytes mode: the output rows
+	}
+)
+
+func (svc *Service) info(_ context.Context, req infoRequest) (infoResponse, error) {
+	s, err := svc.lookup(req.Name)
+	if err != nil {
+		return infoResponse{}, err
+	}
+	c := s.m.cfg
+	return infoResponse{
+		Input: c.Input, Output: c.Output, MaxBatch: c.MaxBatch, Replicas: c.Replicas,
+		Policy: c.Policy.String(), LeaseMS: s.lease.Milliseconds(), Version: s.m.Version(),
+	}, nil
+}
+
+func (svc *Service) register(_ context.Context, req registerRequest) (registerResponse, error) {
+	s, err := svc.lookup(req.Name)
+	if err != nil {
+		return registerResponse{}, err
+	}
+	switch {
+	case svc.rootFS == nil:
+		return registerResponse{}, rpc.Errorf(rpc.FailedPrecondition, "serve: this node has no shared root: send the rows as bytes")
+	case !clientDirRE.MatchString(req.Prefix):
+		return registerResponse{}, schemaErrorf("client folder %q; want %s/ and 16 hexadecimal digits", req.Prefix, ClientsDir)
+	case req.Slots < 1 || req.Slots > maxRows:
+		return registerResponse{}, schemaErrorf("%d slots; want 1 to %d", req.Slots, maxRows)
+	}
+	dir := filepath.Join(svc.root, filepath.FromSlash(req.Prefix))
+	in, err := svc.mapClient(filepath.Join(dir, "in"), s.m.cfg.Input, req.Slots, "input")
+	if err != nil {
+		return registerResponse{}, err
+	}
+	out, err := svc.mapClient(filepath.Join(dir, "out"), s.m.cfg.Output, req.Slots, "output")
+	if err != nil {
+		in.Close()
+		return registerResponse{}, err
+	}
+	r := &registration{id: rand.Uint64() | 1, prefix: req.Prefix, slots: req.Slots, in: in, out: out}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.removed {
+		in.Close()
+		out.Close()
+		return registerResponse{}, fmt.Errorf("%w named %q on this node", ErrNotFound, req.Name)
+	}
+	for id, old := range s.clients {
+		if old.prefix == r.prefix { // registered again: the node restarted, or a lease ran out
+			delete(s.clients, id)
+			s.dropLocked(old)
+		}
+	}
+	r.expires = time.Now().Add(s.lease)
+	s.clients[r.id] = r
+	if s.timer == nil {
+		s.timer = time.AfterFunc(s.lease/4, s.sweep)
+	}
+	return registerResponse{Client: r.id, LeaseMS: s.lease.Milliseconds()}, nil
+}
+
+// mapClient maps a client's input or output slots, read-write, through
+// the root, and checks them: batch size [slots], schema's fields.
+func (svc *Service) mapClient(prefix string, schema tensordict.RowSchema, slots int, what string) (*tensordict.TensorDict, error) {
+	td, err := tensordict.LoadMemmap(prefix, tensordict.InRoot(svc.rootFS))
+	if err != nil {
+		return nil, schemaErrorf("the client's %s slots: %v", what, err)
+	}
+	if b := td.BatchSize(); !slices.Equal(b, []int{slots}) {
+		td.Close()
+		return nil, schemaErrorf("the client's %s slots have batch size %v; want [%d]", what, b, slots)
+	}
+	if err := schema.Match(td.RowSchema()); err != nil {
+		td.Close()
+		return nil, schemaErrorf("the client's %s slots: %v", what, err)
+	}
+	return td, nil
+}
+
+// dropLocked unmaps r once no request uses it. s.mu is held.
+func (s *served) dropLocked(r *registration) {
+	r.gone = true
+	if r.refs == 0 {
+		r.in.Close()
+		r.out.Close()
+	}
+}
+
+// sweep drops the registrations whose lease ran out, and removes the
+// folders of those whose client is dead.
+func (s *served) sweep() {
+	now := time.Now()
+	var dead []string
+	s.mu.Lock()
+	for id, r := range s.clients {
+		if now.After(r.expires) {
+			delete(s.clients, id)
+			s.dropLocked(r)
+			dead = append(dead, r.prefix)
+		}
+	}
+	if len(s.clients) > 0 && !s.removed {
+		s.timer.Reset(s.lease / 4)
+	} else {
+		s.timer = nil
+	}
+	s.mu.Unlock()
+	for _, p := range dead {
+		// A live client holds its lock for as long as it runs: only a dead
+		// client's folder is removed.
+		dir := filepath.Join(s.root, filepath.FromSlash(p))
+		removed := removeIfDead(dir)
+		s.m.log.Info("serve: a client's lease ran out", "model", s.name, "client", p, "dead_and_removed", removed)
+	}
+}
+
+// removeIfDead removes dir, a client's folder, if its lock can be taken,
+// and reports whether it did.
+func removeIfDead(dir string) bool {
+	l, err := lockfile.Acquire(filepath.Join(dir, "lock"))
+	if err != nil {
+		return false
+	}
+	defer l.Release()
+	return os.RemoveAll(dir) == nil
+}
+
+// acquire returns the registration id for a request, renewing its lease.
+func (s *served) acquire(id uint64) (*registration, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.clients[id]
+	if r == nil {
+		return nil, fmt.Errorf("%w: client %x on model %q (its lease ran out, or the node restarted)", ErrNotRegistered, id, s.name)
+	}
+	r.refs++
+	r.expires = time.Now().Add(s.lease)
+	return r, nil
+}
+
+func (s *served) release(r *registration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.refs--; r.refs == 0 && r.gone {
+		r.in.Close()
+		r.out.Close()
+	}
+}
+
+func (svc *Service) renew(_ context.Context, req clientRequest) (rpc.Empty, error) {
+	s, err := svc.lookup(req.Name)
+	if err != nil {
+		return rpc.Empty{}, err
+	}
+	r, err := s.acquire(req.Client)
+	if err != nil {
+		return rpc.Empty{}, err
+	}
+	s.release(r)
+	return rpc.Empty{}, nil
+}
+
+func (svc *Service) unregister(_ context.Context, req clientRequest) (rpc.Empty, error) {
+	s, err := svc.lookup(req.Name)
+	if err != nil {
+		return rpc.Empty{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.clients[req.Client]; r != nil {
+		delete(s.clients, req.Client)
+		s.dropLocked(r)
+	}
+	return rpc.Empty{}, nil
+}
+
+func (svc *Service) predict(ctx context.Context, req predictRequest) (predictResponse, error) {
+	s, err := svc.lookup(req.Name)
+	if err != nil {
+		return predictResponse{}, err
+	}
+	m := s.m
+	if req.Client == 0 {
+		var in *tensordict.TensorDict
+		if req.In != nil {
+			in = req.In.TensorDict
+		}
+		var out *tensordict.TensorDict
+		n, err := checkRows(in, m.cfg.Input, m.cfg.MaxBatch, "input")
+		if err != nil {
+			return predictResponse{}, err
+		}
+		v, err := m.run(ctx, n,
+			func(dst *tensordict.TensorDict) error { return dst.SetSlice(0, in) },
+			func(rows *tensordict.TensorDict) error { out = rows; return nil }) // the model's, never reused: sent as it is
+		if err != nil {
+			return predictResponse{}, err
+		}
+		return predictResponse{Version: v, Out: &rpc.TD{TensorDict: out}}, nil
+	}
+	r, err := s.acquire(req.Client)
+	if err != nil {
+		return predictResponse{}, err
+	}
+	defer s.release(r)
+	n := req.N
+	switch {
+	case n < 1 || n > m.cfg.MaxBatch:
+		return predictResponse{}, schemaErrorf("a request of %d rows; want 1 to %d (the max batch)", n, m.cfg.MaxBatch)
+	case req.Start < 0 || req.Start > r.slots-n:
+		return predictResponse{}, schemaErrorf("rows [%d, %d) of a client's %d slots", req.Start, req.Start+n, r.slots)
+	}
+	src, err := r.in.Slice(req.Start, req.Start+n)
+	if err != nil {
+		return predictResponse{}, schemaErrorf("%v", err)
+	}
+	v, err := m.run(ctx, n,
+		func(dst *tensordict.TensorDict) error { return dst.SetSlice(0, src) },
+		func(rows *tensordict.TensorDict) error { return r.out.SetSlice(req.Start, rows) })
+	return predictResponse{Version: v}, err
+}
+
+func (svc *Service) stats(_ context.Context, req infoRequest) (Stats, error) {
+	s, err := svc.lookup(req.Name)
+	if err != nil {
+		return Stats{}, err
+	}
+	st := s.m.Stats()
+	s.mu.Lock()
+	st.Clients = len(s.clients)
+	s.mu.Unlock()
+	return st, nil
+}
