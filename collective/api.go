@@ -75,21 +75,73 @@ func (c *Comm) run(ctx context.Context, cl *call) (*tensordict.Tensor, *plan, er
 	return t, p, err
 }
 
+// The calls of the collectives, built from their arguments.
+
+func allreduceCall(t *tensordict.Tensor, op Op) *call {
+	d, in := describe(kindAllreduce, t)
+	d.op = op
+	return &call{d: d, in: in}
+}
+
+func bcastCall(t *tensordict.Tensor, root, me int) *call {
+	d, in := describe(kindBcast, t)
+	d.root = root
+	if me != root {
+		in = nil
+	}
+	return &call{d: d, in: in}
+}
+
+func reduceCall(t *tensordict.Tensor, op Op, root int) *call {
+	d, in := describe(kindReduce, t)
+	d.op, d.root = op, root
+	return &call{d: d, in: in}
+}
+
+func gatherCall(t *tensordict.Tensor, axis, root int) *call {
+	d, in := describe(kindGather, t)
+	d.axis, d.root = axis, root
+	return &call{d: d, in: in}
+}
+
+func allgatherCall(t *tensordict.Tensor, axis int) *call {
+	d, in := describe(kindAllgather, t)
+	d.axis = axis
+	return &call{d: d, in: in}
+}
+
+func scatterCall(t *tensordict.Tensor, axis int, counts []int, root, me int) *call {
+	d, in := describe(kindScatter, t)
+	d.axis, d.root, d.counts = axis, root, counts
+	if me != root {
+		d.hasT, in = false, nil
+	}
+	return &call{d: d, in: in}
+}
+
+func alltoallCall(t *tensordict.Tensor, gatherAxis, scatterAxis int, counts []int) *call {
+	d, in := describe(kindAlltoall, t)
+	d.axis, d.axis2, d.counts = gatherAxis, scatterAxis, counts
+	return &call{d: d, in: in}
+}
+
+func reduceScatterCall(t *tensordict.Tensor, op Op, axis int, counts []int) *call {
+	d, in := describe(kindReduceScatter, t)
+	d.op, d.axis, d.counts = op, axis, counts
+	return &call{d: d, in: in}
+}
+
 // Allreduce returns, on every rank, the reduction with op of every rank's
 // t (same dtype and shape on every rank), elementwise, in rank order.
 func (c *Comm) Allreduce(ctx context.Context, t *tensordict.Tensor, op Op) (*tensordict.Tensor, error) {
-	d, in := describe(kindAllreduce, t)
-	d.op = op
-	r, _, err := c.run(ctx, &call{d: d, in: in})
+	r, _, err := c.run(ctx, allreduceCall(t, op))
 	return r, err
 }
 
 // AllreduceInto is Allreduce writing the result into dst, which may be t
 // itself (in place).
 func (c *Comm) AllreduceInto(ctx context.Context, dst, t *tensordict.Tensor, op Op) error {
-	d, in := describe(kindAllreduce, t)
-	d.op = op
-	cl := &call{d: d, in: in}
+	cl := allreduceCall(t, op)
 	withOut(cl, dst)
 	_, _, err := c.run(ctx, cl)
 	return err
@@ -98,24 +150,14 @@ func (c *Comm) AllreduceInto(ctx context.Context, dst, t *tensordict.Tensor, op 
 // Bcast returns the root's t on every rank. Other ranks may pass nil, or a
 // tensor of the root's dtype and shape (which is not changed).
 func (c *Comm) Bcast(ctx context.Context, t *tensordict.Tensor, root int) (*tensordict.Tensor, error) {
-	d, in := describe(kindBcast, t)
-	d.root = root
-	if c.rank != root {
-		in = nil
-	}
-	r, _, err := c.run(ctx, &call{d: d, in: in})
+	r, _, err := c.run(ctx, bcastCall(t, root, c.rank))
 	return r, err
 }
 
 // BcastInto broadcasts in place, as MPI_Bcast: the root sends t, and every
 // other rank receives into its t (of the root's dtype and shape).
 func (c *Comm) BcastInto(ctx context.Context, t *tensordict.Tensor, root int) error {
-	d, in := describe(kindBcast, t)
-	d.root = root
-	cl := &call{d: d, in: in}
-	if c.rank != root {
-		cl.in = nil
-	}
+	cl := bcastCall(t, root, c.rank)
 	withOut(cl, t)
 	_, _, err := c.run(ctx, cl)
 	return err
@@ -124,18 +166,14 @@ func (c *Comm) BcastInto(ctx context.Context, t *tensordict.Tensor, root int) er
 // Reduce returns on the root the reduction with op of every rank's t, and
 // zeros of t's shape on the other ranks (as mpi4torch's Reduce_).
 func (c *Comm) Reduce(ctx context.Context, t *tensordict.Tensor, op Op, root int) (*tensordict.Tensor, error) {
-	d, in := describe(kindReduce, t)
-	d.op, d.root = op, root
-	r, _, err := c.run(ctx, &call{d: d, in: in})
+	r, _, err := c.run(ctx, reduceCall(t, op, root))
 	return r, err
 }
 
 // ReduceInto is Reduce writing into dst (the root's result, zeros
 // elsewhere); dst may be t.
 func (c *Comm) ReduceInto(ctx context.Context, dst, t *tensordict.Tensor, op Op, root int) error {
-	d, in := describe(kindReduce, t)
-	d.op, d.root = op, root
-	cl := &call{d: d, in: in}
+	cl := reduceCall(t, op, root)
 	withOut(cl, dst)
 	_, _, err := c.run(ctx, cl)
 	return err
@@ -146,18 +184,14 @@ func (c *Comm) ReduceInto(ctx context.Context, dst, t *tensordict.Tensor, op Op,
 // and in every dimension but axis, whose sizes may differ (MPI's
 // Gatherv).
 func (c *Comm) Gather(ctx context.Context, t *tensordict.Tensor, axis, root int) (*tensordict.Tensor, error) {
-	d, in := describe(kindGather, t)
-	d.axis, d.root = axis, root
-	r, _, err := c.run(ctx, &call{d: d, in: in})
+	r, _, err := c.run(ctx, gatherCall(t, axis, root))
 	return r, err
 }
 
 // GatherInto is Gather writing the root's result into dst; other ranks may
 // pass any dst (nil included), which is left alone.
 func (c *Comm) GatherInto(ctx context.Context, dst, t *tensordict.Tensor, axis, root int) error {
-	d, in := describe(kindGather, t)
-	d.axis, d.root = axis, root
-	cl := &call{d: d, in: in}
+	cl := gatherCall(t, axis, root)
 	if c.rank == root {
 		withOut(cl, dst)
 	}
@@ -168,17 +202,13 @@ func (c *Comm) GatherInto(ctx context.Context, dst, t *tensordict.Tensor, axis, 
 // Allgather returns on every rank every rank's t concatenated along axis,
 // in rank order; sizes along axis may differ between ranks.
 func (c *Comm) Allgather(ctx context.Context, t *tensordict.Tensor, axis int) (*tensordict.Tensor, error) {
-	d, in := describe(kindAllgather, t)
-	d.axis = axis
-	r, _, err := c.run(ctx, &call{d: d, in: in})
+	r, _, err := c.run(ctx, allgatherCall(t, axis))
 	return r, err
 }
 
 // AllgatherInto is Allgather writing into dst.
 func (c *Comm) AllgatherInto(ctx context.Context, dst, t *tensordict.Tensor, axis int) error {
-	d, in := describe(kindAllgather, t)
-	d.axis = axis
-	cl := &call{d: d, in: in}
+	cl := allgatherCall(t, axis)
 	withOut(cl, dst)
 	_, _, err := c.run(ctx, cl)
 	return err
@@ -188,23 +218,13 @@ func (c *Comm) AllgatherInto(ctx context.Context, dst, t *tensordict.Tensor, axi
 // equal pieces; the axis must divide evenly) and returns piece r on rank
 // r. Other ranks may pass nil for t, and nil counts (or the root's).
 func (c *Comm) Scatter(ctx context.Context, t *tensordict.Tensor, axis int, counts []int, root int) (*tensordict.Tensor, error) {
-	d, in := describe(kindScatter, t)
-	d.axis, d.root, d.counts = axis, root, counts
-	if c.rank != root {
-		d.hasT, in = false, nil
-	}
-	r, _, err := c.run(ctx, &call{d: d, in: in})
+	r, _, err := c.run(ctx, scatterCall(t, axis, counts, root, c.rank))
 	return r, err
 }
 
 // ScatterInto is Scatter writing this rank's piece into dst.
 func (c *Comm) ScatterInto(ctx context.Context, dst, t *tensordict.Tensor, axis int, counts []int, root int) error {
-	d, in := describe(kindScatter, t)
-	d.axis, d.root, d.counts = axis, root, counts
-	if c.rank != root {
-		d.hasT, in = false, nil
-	}
-	cl := &call{d: d, in: in}
+	cl := scatterCall(t, axis, counts, root, c.rank)
 	withOut(cl, dst)
 	_, _, err := c.run(ctx, cl)
 	return err
@@ -216,17 +236,13 @@ func (c *Comm) ScatterInto(ctx context.Context, dst, t *tensordict.Tensor, axis 
 // axes must differ; the tensors agree in every dimension but gatherAxis,
 // whose sizes may differ; counts is the same on every rank.
 func (c *Comm) Alltoall(ctx context.Context, t *tensordict.Tensor, gatherAxis, scatterAxis int, counts []int) (*tensordict.Tensor, error) {
-	d, in := describe(kindAlltoall, t)
-	d.axis, d.axis2, d.counts = gatherAxis, scatterAxis, counts
-	r, _, err := c.run(ctx, &call{d: d, in: in})
+	r, _, err := c.run(ctx, alltoallCall(t, gatherAxis, scatterAxis, counts))
 	return r, err
 }
 
 // AlltoallInto is Alltoall writing into dst.
 func (c *Comm) AlltoallInto(ctx context.Context, dst, t *tensordict.Tensor, gatherAxis, scatterAxis int, counts []int) error {
-	d, in := describe(kindAlltoall, t)
-	d.axis, d.axis2, d.counts = gatherAxis, scatterAxis, counts
-	cl := &call{d: d, in: in}
+	cl := alltoallCall(t, gatherAxis, scatterAxis, counts)
 	withOut(cl, dst)
 	_, _, err := c.run(ctx, cl)
 	return err
@@ -236,17 +252,13 @@ func (c *Comm) AlltoallInto(ctx context.Context, dst, t *tensordict.Tensor, gath
 // returns on rank r piece r of the result split along axis into pieces of
 // counts[r] (nil: equal pieces).
 func (c *Comm) ReduceScatter(ctx context.Context, t *tensordict.Tensor, op Op, axis int, counts []int) (*tensordict.Tensor, error) {
-	d, in := describe(kindReduceScatter, t)
-	d.op, d.axis, d.counts = op, axis, counts
-	r, _, err := c.run(ctx, &call{d: d, in: in})
+	r, _, err := c.run(ctx, reduceScatterCall(t, op, axis, counts))
 	return r, err
 }
 
 // ReduceScatterInto is ReduceScatter writing into dst (not t).
 func (c *Comm) ReduceScatterInto(ctx context.Context, dst, t *tensordict.Tensor, op Op, axis int, counts []int) error {
-	d, in := describe(kindReduceScatter, t)
-	d.op, d.axis, d.counts = op, axis, counts
-	cl := &call{d: d, in: in}
+	cl := reduceScatterCall(t, op, axis, counts)
 	withOut(cl, dst)
 	_, _, err := c.run(ctx, cl)
 	return err

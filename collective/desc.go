@@ -52,7 +52,7 @@ type desc struct {
 	shape  []int // its shape
 	counts []int // nil: none given
 	bad    string
-	hasOut bool  // the rank gave an output tensor (the Into calls)
+	hasOut bool // the rank gave an output tensor (the Into calls)
 	outDT  memmap.DType
 	out    []int // its shape
 }
