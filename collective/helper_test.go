@@ -106,7 +106,7 @@ func randTensor(t testing.TB, rng *rand.Rand, dt memmap.DType, shape ...int) *te
 		default:
 			dt.PutFloat64(b[i:], float64(rng.IntN(7)-3))
 			if dt == memmap.Uint8 || dt == memmap.Uint16 || dt == memmap.Uint32 || dt == memmap.Uint64 {
-				dt.PutFloat64(b[i:], float64(rng.IntN(7)))
+				dt.PutFloat64(b[i:], float64(rng.IntN(4)))
 			}
 		}
 	}
