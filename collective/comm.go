@@ -57,8 +57,12 @@ type Comm struct {
 	sendSeq map[p2pKey]uint64
 	recvSeq map[p2pKey]uint64
 
-	broken   atomic.Pointer[error]
-	brokenCh chan struct{}
+	broken    atomic.Pointer[error]
+	brokenCh  chan struct{}
+	abandoned chan struct{} // closed when this rank broke off a collective part-way
+	completed atomic.Uint64 // collectives completed
+	inflight  atomic.Int64  // the collective running, or -1
+	goneAt    []atomic.Uint64 // rank j closed after goneAt[j]-1 collectives; 0: it has not
 	closed   atomic.Bool
 	closing  chan struct{} // closed by Close: the watch handlers return
 	watchCtx context.Context
@@ -129,6 +133,11 @@ type watchReq struct {
 	Rank    int    `codec:"rank"`
 }
 
+// watchResp ends a watch when its rank closes: after Done collectives.
+type watchResp struct {
+	Done uint64 `codec:"done"`
+}
+
 // joinState is rank 0's side of the rendezvous.
 type joinState struct {
 	mu      sync.Mutex
@@ -160,12 +169,15 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 		cfg: cfg, rank: cfg.Rank, size: cfg.Size,
 		log:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		ready:    make(chan struct{}),
-		brokenCh: make(chan struct{}),
-		closing:  make(chan struct{}),
+		brokenCh:  make(chan struct{}),
+		abandoned: make(chan struct{}),
+		goneAt:    make([]atomic.Uint64, cfg.Size),
+		closing:   make(chan struct{}),
 		sendSeq:  map[p2pKey]uint64{},
 		recvSeq:  map[p2pKey]uint64{},
 		clients:  make([]*rpc.Client, cfg.Size),
 	}
+	c.inflight.Store(-1)
 	c.watchCtx, c.stopW = context.WithCancel(context.Background())
 	c.box = newMailbox(c)
 	if err := c.listen(); err != nil {
@@ -476,17 +488,19 @@ func (c *Comm) client(ctx context.Context, j int) (*rpc.Client, error) {
 	return cl, nil
 }
 
-// watch holds a call open on rank j for the communicator's life: it ends
-// when j closes its communicator (returning nil) or dies (an error), and
-// either way j is gone.
+// watch holds a call open on rank j for the communicator's life. It ends
+// when j closes its communicator (a response saying after how many
+// collectives), when j breaks off a collective part-way (ErrAborted), or
+// when j dies or becomes unreachable (an rpc error): then j is gone.
 func (c *Comm) watch(j int) {
 	defer c.wg.Done()
 	var err error
+	var resp watchResp
 	for attempt := 0; ; attempt++ {
 		var cl *rpc.Client
 		cl, err = c.client(c.watchCtx, j)
 		if err == nil {
-			_, err = rpc.Call[rpc.Empty](c.watchCtx, cl, methodWatch, watchReq{Session: c.session, Rank: c.rank})
+			resp, err = rpc.Call[watchResp](c.watchCtx, cl, methodWatch, watchReq{Session: c.session, Rank: c.rank})
 		}
 		if c.watchCtx.Err() != nil {
 			return // we are closing
@@ -500,53 +514,102 @@ func (c *Comm) watch(j int) {
 		}
 		break
 	}
-	if err == nil {
-		c.fail(errorf(ErrPeerLost, "rank %d closed its communicator", j))
-	} else {
+	switch {
+	case err == nil:
+		c.peerClosed(j, resp.Done)
+	case errors.Is(err, ErrAborted):
+		c.fail(errorf(ErrAborted, "rank %d broke off a collective: %v", j, err))
+	default:
 		c.fail(errorf(ErrPeerLost, "rank %d (%s) lost: %v", j, c.addrs[j], err))
 	}
 }
 
-func (c *Comm) handleWatch(ctx context.Context, r watchReq) (rpc.Empty, error) {
+// peerClosed records that rank j closed its communicator after done
+// collectives: a collective it did not complete cannot complete.
+func (c *Comm) peerClosed(j int, done uint64) {
+	c.goneAt[j].Store(done + 1)
+	if f := c.inflight.Load(); f >= 0 && uint64(f) >= done {
+		c.fail(c.closedErr(j, done))
+	}
+}
+
+func (c *Comm) closedErr(j int, done uint64) error {
+	return errorf(ErrPeerLost, "rank %d closed its communicator after %d collectives", j, done)
+}
+
+// checkGone fails collective seq if a rank closed before it.
+func (c *Comm) checkGone(seq uint64) error {
+	for j := range c.goneAt {
+		if g := c.goneAt[j].Load(); g != 0 && seq >= g-1 {
+			err := c.closedErr(j, g-1)
+			c.fail(err)
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Comm) handleWatch(ctx context.Context, r watchReq) (watchResp, error) {
 	select {
 	case <-c.ready:
 	case <-ctx.Done():
-		return rpc.Empty{}, ctx.Err()
+		return watchResp{}, ctx.Err()
 	}
 	if r.Session != c.session {
-		return rpc.Empty{}, errorf(ErrPeerLost, "rank %d watches session %x, this communicator is %x", r.Rank, r.Session, c.session)
+		return watchResp{}, errorf(ErrPeerLost, "rank %d watches session %x, this communicator is %x", r.Rank, r.Session, c.session)
 	}
 	select {
 	case <-c.closing:
-		return rpc.Empty{}, nil
-	case <-c.brokenCh:
-		// This rank is broken: it will not take part again, so to the
-		// watcher it is gone.
-		return rpc.Empty{}, c.err()
+		return watchResp{Done: c.completed.Load()}, nil
+	case <-c.abandoned:
+		return watchResp{}, c.cause()
 	case <-ctx.Done():
-		return rpc.Empty{}, ctx.Err()
+		return watchResp{}, ctx.Err()
 	}
 }
 
 // fail breaks the communicator with err (the first cause wins) and wakes
 // everything waiting.
-func (c *Comm) fail(err error) {
+func (c *Comm) fail(err error) bool {
 	if c.broken.CompareAndSwap(nil, &err) {
 		c.log.Warn("collective: broken", "rank", c.rank, "err", err)
 		close(c.brokenCh)
 		c.box.fail(err)
+		return true
 	}
+	return false
 }
 
-// err returns why the communicator cannot run an operation, or nil.
+// err returns why the communicator cannot start an operation, or nil.
 func (c *Comm) err() error {
 	if c.closed.Load() {
 		return errorf(ErrClosed, "rank %d", c.rank)
 	}
 	if p := c.broken.Load(); p != nil {
-		return rpc.Errorf(rpc.CodeOf(ErrBroken), "%w: %w", ErrBroken, *p)
+		return &brokenError{cause: *p}
 	}
 	return nil
+}
+
+// cause returns why the communicator broke, or nil: the error of the
+// operations in flight when it did.
+func (c *Comm) cause() error {
+	if p := c.broken.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// brokenError is the error of an operation started on a broken
+// communicator: it matches ErrBroken and its cause.
+type brokenError struct{ cause error }
+
+func (e *brokenError) Error() string {
+	return "rpc: " + rpc.FailedPrecondition.String() + ": " + ErrBroken.Error() + ": " + e.cause.Error()
+}
+
+func (e *brokenError) Unwrap() []error {
+	return []error{&rpc.Error{Code: rpc.FailedPrecondition, Reason: "collective.broken", Msg: ErrBroken.Error()}, ErrBroken, e.cause}
 }
 
 // Close leaves the communicator: the other ranks' pending and later
@@ -554,6 +617,16 @@ func (c *Comm) err() error {
 // connections; calls in flight on this rank fail with ErrClosed. Close is
 // idempotent.
 func (c *Comm) Close() error {
+	if c.closed.Load() {
+		return nil
+	}
+	if c.shm != nil && c.cause() == nil && c.inflight.Load() < 0 {
+		// The others may still read what this rank published for the
+		// last collective: wait (a while) until they are done with it.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c.shm.waitAll(ctx, uint32(3*c.completed.Load()))
+		cancel()
+	}
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
 	}

@@ -2,7 +2,6 @@ package collective
 
 import (
 	"context"
-	"errors"
 	"time"
 )
 
@@ -29,6 +28,11 @@ func (c *Comm) collective(ctx context.Context, cl *call) (*plan, []byte, error) 
 	}
 	seq := c.seq
 	c.seq++
+	c.inflight.Store(int64(seq))
+	defer c.inflight.Store(-1)
+	if err := c.checkGone(seq); err != nil {
+		return nil, nil, err
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := context.AfterFunc(c.brokenCtx(), func() { cancel(c.err()) })
@@ -43,14 +47,13 @@ func (c *Comm) collective(ctx context.Context, cl *call) (*plan, []byte, error) 
 		p, out, err = c.tcpCollective(ctx, seq, cl)
 	}
 	if err != nil {
-		if e := c.err(); e != nil {
+		if e := c.cause(); e != nil {
 			return nil, nil, e
 		}
-		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && ctx.Err() != nil {
-			return nil, nil, cause
-		}
+		return nil, nil, err
 	}
-	return p, out, err
+	c.completed.Store(seq + 1)
+	return p, out, nil
 }
 
 // brokenCtx returns a context that ends when the communicator breaks.
@@ -86,11 +89,17 @@ func (cl *call) output(p *plan, me int) []byte {
 // failData breaks the communicator after an error in a data phase: the
 // ranks no longer agree on where they are.
 func (c *Comm) failData(ctx context.Context, err error) error {
-	if e := c.err(); e != nil {
+	if e := c.cause(); e != nil {
 		return e
 	}
 	if ctx.Err() != nil {
-		err = errorf(ErrAborted, "rank %d abandoned the collective: %v", c.rank, context.Cause(ctx))
+		// Our context ended: we break off, and tell the others (their
+		// watches of us end with ErrAborted).
+		err = errorf(ErrAborted, "rank %d broke off collective %d: %v", c.rank, c.seq-1, context.Cause(ctx))
+		if c.fail(err) {
+			close(c.abandoned)
+		}
+		return context.Cause(ctx)
 	}
 	c.fail(err)
 	return err
