@@ -59,15 +59,16 @@ type Comm struct {
 
 	broken    atomic.Pointer[error]
 	brokenCh  chan struct{}
-	abandoned chan struct{} // closed when this rank broke off a collective part-way
-	completed atomic.Uint64 // collectives completed
-	inflight  atomic.Int64  // the collective running, or -1
+	abandoned chan struct{}   // closed when this rank broke off a collective part-way
+	completed atomic.Uint64   // collectives completed
+	inflight  atomic.Int64    // the collective running, or -1
 	goneAt    []atomic.Uint64 // rank j closed after goneAt[j]-1 collectives; 0: it has not
-	closed   atomic.Bool
-	closing  chan struct{} // closed by Close: the watch handlers return
-	watchCtx context.Context
-	stopW    context.CancelFunc
-	wg       sync.WaitGroup
+	closed    atomic.Bool
+	closing   chan struct{}  // closed by Close: the watch handlers return
+	watchers  sync.WaitGroup // watch handlers running
+	watchCtx  context.Context
+	stopW     context.CancelFunc
+	wg        sync.WaitGroup
 
 	join *joinState // rank 0: the rendezvous
 }
@@ -167,15 +168,15 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 	}
 	c := &Comm{
 		cfg: cfg, rank: cfg.Rank, size: cfg.Size,
-		log:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
-		ready:    make(chan struct{}),
+		log:       cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		ready:     make(chan struct{}),
 		brokenCh:  make(chan struct{}),
 		abandoned: make(chan struct{}),
 		goneAt:    make([]atomic.Uint64, cfg.Size),
 		closing:   make(chan struct{}),
-		sendSeq:  map[p2pKey]uint64{},
-		recvSeq:  map[p2pKey]uint64{},
-		clients:  make([]*rpc.Client, cfg.Size),
+		sendSeq:   map[p2pKey]uint64{},
+		recvSeq:   map[p2pKey]uint64{},
+		clients:   make([]*rpc.Client, cfg.Size),
 	}
 	c.inflight.Store(-1)
 	c.watchCtx, c.stopW = context.WithCancel(context.Background())
@@ -376,6 +377,11 @@ func (c *Comm) handleJoin(ctx context.Context, r joinReq) (joinResp, error) {
 func (j *joinState) put(r *joinReq, c *Comm) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if j.n == c.size {
+		// This communicator formed already (and is perhaps closing, with
+		// a new one about to listen here): the caller tries again.
+		return rpc.Errorf(rpc.Unavailable, "collective: the communicator at %s has formed already", c.cfg.rendezvous())
+	}
 	switch {
 	case r.Size != c.size:
 		return errorf(ErrJoin, "rank %d says size %d, rank 0 %d", r.Rank, r.Size, c.size)
@@ -550,6 +556,8 @@ func (c *Comm) checkGone(seq uint64) error {
 }
 
 func (c *Comm) handleWatch(ctx context.Context, r watchReq) (watchResp, error) {
+	c.watchers.Add(1)
+	defer c.watchers.Done()
 	select {
 	case <-c.ready:
 	case <-ctx.Done():
@@ -632,6 +640,15 @@ func (c *Comm) Close() error {
 	}
 	close(c.closing)
 	c.fail(errorf(ErrClosed, "rank %d", c.rank))
+	// Let the watch handlers tell the others how far this rank got, before
+	// the connections close (bounded: a peer may be gone).
+	done := make(chan struct{})
+	go func() { c.watchers.Wait(); close(done) }()
+	select {
+	case <-done:
+		time.Sleep(20 * time.Millisecond) // the responses on their way
+	case <-time.After(2 * time.Second):
+	}
 	c.shutdown()
 	return nil
 }

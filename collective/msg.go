@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
@@ -195,9 +196,29 @@ func (c *Comm) send(ctx context.Context, dst int, k msgKey, b []byte) error {
 	}
 	_, err = rpc.Call[rpc.Empty](ctx, cl, methodMsg, req)
 	if err != nil {
+		if k.space != spaceP2P && errors.Is(err, rpc.ErrUnavailable) && c.closedAfter(ctx, dst, k.seq) {
+			// dst completed this collective and closed: it had our
+			// message; only the answer was lost with the connection.
+			return nil
+		}
 		return c.lostErr(ctx, dst, err)
 	}
 	return nil
+}
+
+// closedAfter waits a little for news of rank j and reports whether it
+// closed its communicator after completing collective seq.
+func (c *Comm) closedAfter(ctx context.Context, j int, seq uint64) bool {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if g := c.goneAt[j].Load(); g != 0 {
+			return g-1 > seq
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // lostErr turns a failed send to rank j into the error callers see.
