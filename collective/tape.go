@@ -40,14 +40,16 @@ type Var struct {
 	tape *Tape
 	t    *tensordict.Tensor
 	grad *tensordict.Tensor
+	leaf bool
 }
 
 // Value returns the tensor (nil for an output a rank does not get, such as
 // Gather's off the root).
 func (v *Var) Value() *tensordict.Tensor { return v.t }
 
-// Grad returns the gradient accumulated by Backward, or nil when none
-// reached v.
+// Grad returns the gradient Backward accumulated for a leaf (Tape.Leaf),
+// or nil when none reached it. As in torch, the gradients of intermediate
+// Vars are released once used: Grad of one is nil after Backward.
 func (v *Var) Grad() *tensordict.Tensor { return v.grad }
 
 // tapeOp is one recorded operation: the gradients of its outputs to the
@@ -57,13 +59,37 @@ type tapeOp struct {
 	ins  []*Var
 	outs []*Var
 	back func(ctx context.Context, gouts []*tensordict.Tensor) ([]*tensordict.Tensor, error)
+	// fresh: the gradients back returns are new tensors (a collective's
+	// results), which the tape may keep without copying.
+	fresh bool
+}
+
+// leafGrad reports whether g is the gradient of a leaf among outs (kept
+// after Backward).
+func leafGrad(g *tensordict.Tensor, outs []*Var) bool {
+	for _, o := range outs {
+		if o.leaf && o.grad == g {
+			return true
+		}
+	}
+	return false
+}
+
+// aliases reports whether g is one of gs.
+func aliases(g *tensordict.Tensor, gs []*tensordict.Tensor) bool {
+	for _, h := range gs {
+		if h == g {
+			return true
+		}
+	}
+	return false
 }
 
 // NewTape returns an empty tape whose collectives run on c.
 func NewTape(c *Comm) *Tape { return &Tape{c: c} }
 
 // Leaf returns t as a Var: an input the gradient is wanted of.
-func (tp *Tape) Leaf(t *tensordict.Tensor) *Var { return &Var{tape: tp, t: t} }
+func (tp *Tape) Leaf(t *tensordict.Tensor) *Var { return &Var{tape: tp, t: t, leaf: true} }
 
 func (tp *Tape) record(op tapeOp) {
 	tp.mu.Lock()
@@ -102,7 +128,7 @@ func (tp *Tape) collective(ctx context.Context, name string, x *Var, cl *call, b
 		return nil, err
 	}
 	out := tp.vars(y)
-	tp.record(tapeOp{name: name, ins: []*Var{x}, outs: out, back: func(ctx context.Context, g []*tensordict.Tensor) ([]*tensordict.Tensor, error) {
+	tp.record(tapeOp{name: name, ins: []*Var{x}, outs: out, fresh: true, back: func(ctx context.Context, g []*tensordict.Tensor) ([]*tensordict.Tensor, error) {
 		gi, err := back(ctx, p, g[0])
 		return []*tensordict.Tensor{gi}, err
 	}})
@@ -112,7 +138,12 @@ func (tp *Tape) collective(ctx context.Context, name string, x *Var, cl *call, b
 // Allreduce is Comm.Allreduce on the tape.
 func (tp *Tape) Allreduce(ctx context.Context, x *Var, op Op) (*Var, error) {
 	return tp.collective(ctx, "Allreduce", x, allreduceCall(value(x), op), func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error) {
-		return tp.c.AllreduceAdjoint(ctx, g, op)
+		if op != Sum {
+			return nil, noAdjoint("Allreduce", op)
+		}
+		// g is the tape's own (the output's gradient, released after
+		// this): reduce it in place.
+		return g, tp.c.AllreduceInto(ctx, g, g, Sum)
 	})
 }
 
@@ -306,13 +337,14 @@ func (tp *Tape) Backward(ctx context.Context, y *Var, seed *tensordict.Tensor) e
 	ops := tp.ops
 	tp.mu.Unlock()
 	if y != nil && y.t != nil {
+		owned := seed == nil
 		if seed == nil {
 			var err error
 			if seed, err = ones(y.t); err != nil {
 				return err
 			}
 		}
-		if err := accumulate(y, seed); err != nil {
+		if err := accumulate(y, seed, owned); err != nil {
 			return err
 		}
 	}
@@ -336,9 +368,20 @@ func (tp *Tape) Backward(ctx context.Context, y *Var, seed *tensordict.Tensor) e
 		if err != nil {
 			return fmt.Errorf("backward through %s (operation %d on the tape): %w", op.name, i, err)
 		}
+		// The outputs' gradients are complete and used: release those of
+		// intermediate Vars, so that the tape may hand them on.
+		for _, o := range op.outs {
+			if !o.leaf {
+				o.grad = nil
+			}
+		}
 		for j, g := range gins {
 			if g != nil && j < len(op.ins) && op.ins[j] != nil {
-				if err := accumulate(op.ins[j], g); err != nil {
+				// The tape may keep a gradient that is new (a collective's
+				// result) or that was an output's (released above), once;
+				// any other (a Func's) it copies.
+				owned := (op.fresh || aliases(g, gouts)) && !aliases(g, gins[:j]) && !leafGrad(g, op.outs)
+				if err := accumulate(op.ins[j], g, owned); err != nil {
 					return fmt.Errorf("backward through %s: %w", op.name, err)
 				}
 			}
@@ -354,16 +397,34 @@ func ones(t *tensordict.Tensor) (*tensordict.Tensor, error) {
 		return nil, err
 	}
 	b, _ := o.Bytes()
-	es := t.DType().Size()
-	for i := 0; i < len(b); i += es {
-		t.DType().PutFloat64(b[i:], 1)
+	switch t.DType() {
+	case memmap.Float32:
+		fill(as[float32](b), 1)
+	case memmap.Float64:
+		fill(as[float64](b), 1)
+	default:
+		es := t.DType().Size()
+		for i := 0; i < len(b); i += es {
+			t.DType().PutFloat64(b[i:], 1)
+		}
 	}
 	return o, nil
 }
 
-// accumulate adds g to v's gradient.
-func accumulate(v *Var, g *tensordict.Tensor) error {
+func fill[T any](s []T, v T) {
+	for i := range s {
+		s[i] = v
+	}
+}
+
+// accumulate adds g to v's gradient. With owned, g is the tape's to keep
+// (a new tensor no one else holds) and may become the gradient itself.
+func accumulate(v *Var, g *tensordict.Tensor, owned bool) error {
 	if v.grad == nil {
+		if owned {
+			v.grad = g
+			return nil
+		}
 		c, err := g.Clone()
 		if err != nil {
 			return err
@@ -386,4 +447,3 @@ func accumulate(v *Var, g *tensordict.Tensor) error {
 	return nil
 }
 
-var _ = memmap.Float32

@@ -157,7 +157,10 @@ func parseSize(s string) (int, error) {
 	return n * mult, nil
 }
 
-// Line is one line of the results, with the JSON keys of issue 17.
+// Line is one measured point: an operation, a rank count, a size and a
+// transport (the JSON keys of issue 17). P50us is the median time of the
+// operation on rank 0 in microseconds; AlgBW is Bytes over it and BusBW
+// NCCL's bus bandwidth, both in GB/s (1e9 bytes a second).
 type Line struct {
 	Op        string  `json:"op"`
 	Ranks     int     `json:"ranks"`
@@ -168,13 +171,15 @@ type Line struct {
 	BusBW     float64 `json:"busbw_GBps"`
 }
 
-type results struct {
+// Result is what --json writes: every measured line, and the memcpy
+// bandwidth of the same run (GB/s: 1e9 bytes a second).
+type Result struct {
 	Runs       []Line  `json:"runs"`
 	MemcpyGBps float64 `json:"memcpy_GBps"`
 }
 
 func runParent(ctx context.Context, o options, env bench.Env) error {
-	res := results{MemcpyGBps: memcpyGBps()}
+	res := Result{MemcpyGBps: memcpyGBps()}
 	fmt.Fprintf(env.Stderr, "memcpy: %.2f GB/s\n", res.MemcpyGBps)
 	exe, err := os.Executable()
 	if err != nil {
