@@ -446,4 +446,3 @@ func accumulate(v *Var, g *tensordict.Tensor, owned bool) error {
 	reduceN(Sum, g.DType(), a, [][]byte{a, b})
 	return nil
 }
-
