@@ -230,3 +230,32 @@ func TestCollectives_MatchPlainComputation(t *testing.T) {
 }
 
 func head(v []float64) []float64 { return v[:min(len(v), 12)] }
+
+// TestAllreduceInto_InPlace: the result written over the input, small
+// (every rank reduces all of it) and large (each a share), on both
+// transports.
+func TestAllreduceInto_InPlace(t *testing.T) {
+	for _, tr := range transports() {
+		t.Run(string(tr), func(t *testing.T) {
+			comms := group(t, 3, tr)
+			for _, elems := range []int{5, 100_000} {
+				xs := make([]*tensordict.Tensor, 3)
+				in := make([]nd, 3)
+				rng := rand.New(rand.NewPCG(uint64(elems), 3))
+				for r := range xs {
+					xs[r] = randTensor(t, rng, memmap.Float64, elems)
+					in[r] = toND(t, xs[r])
+				}
+				want := reduce(in, Max, memmap.Float64)
+				all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+					return 0, c.AllreduceInto(ctx, xs[c.Rank()], xs[c.Rank()], Max)
+				})
+				for r, x := range xs {
+					if !closeND(toND(t, x), want, 0) {
+						t.Fatalf("%d elements: rank %d differs", elems, r)
+					}
+				}
+			}
+		})
+	}
+}

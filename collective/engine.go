@@ -46,14 +46,13 @@ func (c *Comm) collective(ctx context.Context, cl *call) (*plan, []byte, error) 
 	} else {
 		p, out, err = c.tcpCollective(ctx, seq, cl)
 	}
-	if err != nil {
-		if e := c.cause(); e != nil {
-			return nil, nil, e
-		}
-		return nil, nil, err
+	if e := c.cause(); err != nil && e != nil {
+		return nil, nil, e
 	}
+	// Done, or failed its checks on every rank: either way every rank
+	// went through it to the end.
 	c.completed.Store(seq + 1)
-	return p, out, nil
+	return p, out, err
 }
 
 // brokenCtx returns a context that ends when the communicator breaks.
@@ -89,6 +88,9 @@ func (cl *call) output(p *plan, me int) []byte {
 // failData breaks the communicator after an error in a data phase: the
 // ranks no longer agree on where they are.
 func (c *Comm) failData(ctx context.Context, err error) error {
+	if c.shm != nil {
+		c.shm.abort()
+	}
 	if e := c.cause(); e != nil {
 		return e
 	}

@@ -53,6 +53,7 @@ type msgReq struct {
 // slot is a message expected or arrived.
 type slot struct {
 	consume func(b []byte) error
+	taken   bool          // a handler is consuming it
 	posted  chan struct{} // closed once consume is set
 	done    chan struct{} // closed once consumed
 	err     error
@@ -111,12 +112,15 @@ func (m *mailbox) wait(ctx context.Context, k msgKey, s *slot) error {
 	if m.slots[k] == s {
 		delete(m.slots, k) // a handler that comes later makes a new slot and waits in vain
 	}
-	err := m.err
+	err, taken := m.err, s.taken
 	m.mu.Unlock()
-	select {
-	case <-s.done: // consumed meanwhile
-		return s.err
-	default:
+	if taken {
+		// A handler is writing into the receiver's memory: let it finish
+		// (a copy) before the caller gets its buffer back.
+		<-s.done
+		if s.err == nil && err == nil && ctx.Err() == nil {
+			return nil
+		}
 	}
 	if err != nil {
 		return err
@@ -170,6 +174,7 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 		return rpc.Empty{}, errorf(ErrAborted, "rank %d gave up on the message", c.rank)
 	}
 	delete(m.slots, k)
+	s.taken = true
 	m.mu.Unlock()
 	s.err = s.consume(b)
 	close(s.done)

@@ -1,3 +1,5 @@
+//go:build linux
+
 package collective
 
 import (
@@ -247,8 +249,9 @@ func (g *shmGroup) setPhase(p uint32) {
 	}
 }
 
-// abort marks our phase p as never coming, and wakes waiters.
-func (g *shmGroup) abort(p uint32) {
+// abort marks every phase past ours as never coming, and wakes waiters.
+func (g *shmGroup) abort() {
+	p := atomic.LoadUint32(g.word(g.me, ctlPhase)) + 1
 	atomic.StoreUint32(g.word(g.me, ctlAbort), p)
 	futexWake(g.word(g.me, ctlPhase))
 }
