@@ -14,7 +14,9 @@
 // iterations and then timed ones (from 500 at 1 KiB down to 5 at 64 MiB):
 // each iteration is a Barrier and then the operation, and rank 0 times the
 // operation alone. Tensors are allocated once per size (the Into calls, in
-// place where the call allows) and touched before timing: warm figures.
+// place where the call allows) and filled with random floats before
+// timing, so every page is touched (warm figures) and the bytes do not
+// compress.
 //
 // What "bytes" means follows NCCL's tests: the size of the whole tensor
 // each rank holds for allreduce and broadcast; the size of the gathered
@@ -342,10 +344,16 @@ func busFactor(op string, n int) float64 {
 	return float64(n-1) / float64(n)
 }
 
+// touched returns a tensor of elems random float32 in [0, 1) (scaled by
+// v), every page written: data that no compression on the wire shrinks.
 func touched(elems int, v float32) (*tensordict.Tensor, error) {
 	x := make([]float32, elems)
+	s := uint64(elems)*0x9e3779b97f4a7c15 | 1
 	for i := range x {
-		x[i] = v
+		s ^= s << 13
+		s ^= s >> 7
+		s ^= s << 17
+		x[i] = v * float32(s>>40) / (1 << 24)
 	}
 	return tensordict.FromSlice(x)
 }
