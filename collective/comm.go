@@ -64,8 +64,8 @@ type Comm struct {
 	inflight  atomic.Int64    // the collective running, or -1
 	goneAt    []atomic.Uint64 // rank j closed after goneAt[j]-1 collectives; 0: it has not
 	closed    atomic.Bool
-	closing   chan struct{}  // closed by Close: the watch handlers return
-	watchers  sync.WaitGroup // watch handlers running
+	closing   chan struct{} // closed by Close: the watch handlers return
+	watchers  atomic.Int32  // watch handlers running
 	watchCtx  context.Context
 	stopW     context.CancelFunc
 	wg        sync.WaitGroup
@@ -557,7 +557,7 @@ func (c *Comm) checkGone(seq uint64) error {
 
 func (c *Comm) handleWatch(ctx context.Context, r watchReq) (watchResp, error) {
 	c.watchers.Add(1)
-	defer c.watchers.Done()
+	defer c.watchers.Add(-1)
 	select {
 	case <-c.ready:
 	case <-ctx.Done():
@@ -642,13 +642,10 @@ func (c *Comm) Close() error {
 	c.fail(errorf(ErrClosed, "rank %d", c.rank))
 	// Let the watch handlers tell the others how far this rank got, before
 	// the connections close (bounded: a peer may be gone).
-	done := make(chan struct{})
-	go func() { c.watchers.Wait(); close(done) }()
-	select {
-	case <-done:
-		time.Sleep(20 * time.Millisecond) // the responses on their way
-	case <-time.After(2 * time.Second):
+	for deadline := time.Now().Add(2 * time.Second); c.watchers.Load() > 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
 	}
+	time.Sleep(20 * time.Millisecond) // the responses on their way
 	c.shutdown()
 	return nil
 }

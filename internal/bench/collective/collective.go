@@ -49,6 +49,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tensorwire/tensorwire/collective"
@@ -180,7 +181,20 @@ type Result struct {
 	MemcpyGBps float64 `json:"memcpy_GBps"`
 }
 
+// lockedWriter serializes the writes of the ranks' stderr copiers.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
 func runParent(ctx context.Context, o options, env bench.Env) error {
+	env.Stderr = &lockedWriter{w: env.Stderr}
 	res := Result{MemcpyGBps: memcpyGBps()}
 	fmt.Fprintf(env.Stderr, "memcpy: %.2f GB/s\n", res.MemcpyGBps)
 	exe, err := os.Executable()
