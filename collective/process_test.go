@@ -7,9 +7,12 @@ package collective
 import (
 	"context"
 	"errors"
+	"math"
+	"math/rand/v2"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,6 +52,8 @@ func TestHelperProcess(t *testing.T) {
 		helperCheck(ctx, c)
 	case "loop":
 		helperLoop(ctx, c, cfg)
+	case "dot":
+		helperDot(t, ctx, c)
 	case "check-rejoin":
 		one, _ := tensordict.FromSlice([]float64{1})
 		y, err := c.Allreduce(ctx, one, Sum)
@@ -60,6 +65,40 @@ func TestHelperProcess(t *testing.T) {
 	}
 	c.Close()
 	os.Exit(0)
+}
+
+// helperDot runs the dot-product test's forward and backward of every
+// adjoint case on this rank and prints "DOT case lhs rhs" for each.
+func helperDot(t *testing.T, ctx context.Context, c *Comm) {
+	n := c.Size()
+	for i, ac := range adjCases(n) {
+		rng := rand.New(rand.NewPCG(uint64(n)*7919, uint64(i)))
+		var x0 *tensordict.Tensor
+		for r := range n { // every rank draws every rank's x, keeps its own
+			x := randTensor(t, rng, memmap.Float64, ac.shape(r, n)...)
+			if r == c.Rank() {
+				x0 = x
+			}
+		}
+		tp := NewTape(c)
+		x := tp.Leaf(x0)
+		y, err := ac.fwd(ctx, tp, x)
+		if err != nil {
+			helperFail(fmt.Errorf("%s: %w", ac.name, err))
+		}
+		var seed *tensordict.Tensor
+		var lhs float64
+		if y != nil && y.Value() != nil {
+			rr := rand.New(rand.NewPCG(uint64(c.Rank())+1, uint64(i)+99))
+			seed = randTensor(t, rr, memmap.Float64, y.Value().Shape()...)
+			lhs = dotT(t, y.Value(), seed)
+		}
+		if err := tp.Backward(ctx, y, seed); err != nil {
+			helperFail(fmt.Errorf("%s: %w", ac.name, err))
+		}
+		fmt.Printf("DOT %s %v %v\n", ac.name, lhs, dotT(t, x.Value(), x.Grad()))
+	}
+	fmt.Println("DOTS DONE")
 }
 
 func helperFail(err error) {
@@ -190,6 +229,42 @@ func TestProcess_Collectives(t *testing.T) {
 				p.Expect(t, "OK")
 				if err := p.WaitFor(30 * time.Second); err != nil {
 					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestProcess_DotProduct runs the dot-product test of every adjoint with
+// the ranks as processes: 3 ranks through shared mappings, 4 over TCP.
+func TestProcess_DotProduct(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	for _, tc := range []struct {
+		tr Transport
+		n  int
+	}{{SHM, 3}, {TCP, 4}} {
+		t.Run(name(tc.tr, tc.n), func(t *testing.T) {
+			ps := startRanks(t, "dot", tc.tr, freeAddr(t), t.TempDir(), tc.n, seq(tc.n)...)
+			sums := map[string][2]float64{}
+			for _, p := range ps {
+				p.Expect(t, "DOTS DONE")
+				for _, line := range strings.Split(p.Output(), "\n") {
+					var name string
+					var l, r float64
+					if _, err := fmt.Sscanf(line, "DOT %s %g %g", &name, &l, &r); err == nil {
+						s := sums[name]
+						sums[name] = [2]float64{s[0] + l, s[1] + r}
+					}
+				}
+			}
+			if len(sums) != len(adjCases(tc.n)) {
+				t.Fatalf("%d cases reported, want %d", len(sums), len(adjCases(tc.n)))
+			}
+			for name, s := range sums {
+				if math.Abs(s[0]-s[1]) > 1e-10*max(1, math.Abs(s[0])) || s[0] == 0 {
+					t.Errorf("%s: sum <A(x), y> = %.15g, sum <x, A*(y)> = %.15g", name, s[0], s[1])
 				}
 			}
 		})
