@@ -7,9 +7,9 @@ package collective
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
-	"fmt"
 	"os"
 	"strconv"
 	"strings"

@@ -329,6 +329,11 @@ func (g *shmGroup) publish(i, n int) ([]byte, error) {
 		size = max(size, 2*len(cur))
 	}
 	size = (size + 4095) &^ 4095
+	// Reserve the pages: a write into a hole of a full tmpfs through a
+	// mapping is SIGBUS, a failed fallocate a clear error.
+	if err := unix.Fallocate(int(g.own[i].Fd()), 0, 0, int64(size)); err != nil && err != unix.EOPNOTSUPP {
+		return nil, fmt.Errorf("reserving %d bytes in %s: %w", size, g.dir, err)
+	}
 	if err := g.own[i].Truncate(int64(size)); err != nil {
 		return nil, err
 	}
