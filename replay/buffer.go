@@ -62,7 +62,7 @@ type Buffer struct {
 	schema  []tensordict.Field     // per transition; nil until known
 	slots   *slotTable
 	sel     selector.Selector
-	writer  slotChooser
+	writer  slotChooser // set once the slot table is (Create, recover)
 	limit   *limiter
 	rng     *mrand.Rand
 	maxPrio float64
@@ -171,13 +171,7 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 			return nil, err
 		}
 	}
-	if b.cfg.Writer.Kind == "top_k" {
-		free := make([]int, cfg.Capacity)
-		for i := range free {
-			free[i] = cfg.Capacity - 1 - i
-		}
-		b.writer = newTopK(free)
-	}
+	b.writer = newSlotChooser(cfg.Writer, b.slots)
 	if err := b.writeMeta(); err != nil {
 		b.closeFiles()
 		undo()
@@ -224,7 +218,6 @@ func newBuffer(prefix string, cfg Config, id string) *Buffer {
 		changed: make(chan struct{}),
 		schema:  cfg.Schema,
 		sel:     sel,
-		writer:  &roundRobin{capacity: cfg.Capacity},
 		limit:   newLimiter(cfg.Limit),
 		rng:     mrand.New(mrand.NewChaCha8(seed)),
 		maxPrio: 1,

@@ -165,7 +165,7 @@ func (c *Client) adopt(info infoResponse) error {
 		c.unmapLocked()
 	}
 	c.id, c.schema = info.ID, schema
-	c.lease, c.writer = time.Duration(info.LeaseMS)*time.Millisecond, info.Writer
+	c.lease, c.writer = time.Duration(info.LeaseMS)*time.Millisecond, Writer{info.Writer}
 	if c.bytes || schema == nil {
 		return nil
 	}

@@ -119,7 +119,7 @@ type (
 		Capacity int             `codec:"capacity"`
 		Schema   []rpc.FieldInfo `codec:"schema"` // per transition; nil until the first batch
 		Sampler  string          `codec:"sampler"`
-		Writer   Writer          `codec:"writer"` // a top-k writer's clients send each transition's key
+		Writer   writerSpec      `codec:"writer"` // a top-k writer's clients send each transition's key
 		LeaseMS  int64           `codec:"lease_ms"`
 	}
 	reserveRequest struct {
@@ -192,7 +192,7 @@ func (svc *Service) info(_ context.Context, req infoRequest) (infoResponse, erro
 	b := sb.b
 	return infoResponse{
 		ID: b.id, Prefix: sb.rel, Capacity: b.cfg.Capacity, Schema: fieldInfos(b.Schema()),
-		Sampler: b.cfg.Sampler.String(), Writer: b.cfg.Writer, LeaseMS: b.cfg.Lease.Milliseconds(),
+		Sampler: b.cfg.Sampler.String(), Writer: b.cfg.Writer.normal(), LeaseMS: b.cfg.Lease.Milliseconds(),
 	}, nil
 }
 
