@@ -115,14 +115,15 @@ func helperStuckWriter(t *testing.T) error {
 	if err != nil {
 		return err
 	}
-	if err := c.refresh(ctx, r.ID); err != nil {
+	v, err := c.viewOf(ctx, r.ID)
+	if err != nil {
 		return err
 	}
 	half, err := td.Slice(0, 4)
 	if err != nil {
 		return err
 	}
-	if err := c.storage.SetRows(r.Slots[:4], half); err != nil {
+	if err := v.storage.SetRows(r.Slots[:4], half); err != nil {
 		return err
 	}
 	fmt.Println("WRITING", strings.Trim(fmt.Sprint(r.Slots), "[]"))
