@@ -22,7 +22,7 @@ import (
 // indices and generations from the node and gathers the rows from its own
 // mapping, checking each row's generation afterwards so that a row a writer
 // overwrote meanwhile is sampled again rather than returned torn. Otherwise
-// the rows travel with the calls. Mode says which.
+// the rows travel with the calls. SharedFS says which.
 //
 // Calls ride out the node restarting: a call that finds the node
 // unreachable is tried again, with backoff, until its context ends, and
@@ -156,14 +156,12 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 	return c, nil
 }
 
-// Mode returns "ref" when rows stay in the shared storage and "bytes" when
-// they travel with the calls.
-func (c *Client) Mode() string {
-	if c.bytes {
-		return "bytes"
-	}
-	return "ref"
-}
+// SharedFS reports whether the client works by reference: true when the
+// rows stay in the storage it shares with the node (its root has the node
+// root's identity, the buffer lives under it, and WithBytes was not
+// given), false when they travel with the calls. It is fixed at Dial, as
+// rpc.Client.SharedFS is for the connection.
+func (c *Client) SharedFS() bool { return !c.bytes }
 
 func (c *Client) info(ctx context.Context) (infoResponse, error) {
 	return call[infoResponse](ctx, c, MethodInfo, infoRequest{Name: c.name})

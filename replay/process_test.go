@@ -106,8 +106,8 @@ func helperStuckWriter(t *testing.T) error {
 	if err != nil {
 		return err
 	}
-	if c.Mode() != "ref" {
-		return fmt.Errorf("mode %s", c.Mode())
+	if !c.SharedFS() {
+		return fmt.Errorf("the client does not share the node's filesystem")
 	}
 	td := transitions(t, seq(stuckFirstID, stuckFirstID+8)...)
 	r, err := rpc.Call[reserveResponse](ctx, c.rc, MethodReserve,

@@ -86,8 +86,8 @@ func dialBuffer(t testing.TB, addr, name, root, mode string) *Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	if c.Mode() != mode {
-		t.Fatalf("Mode() = %s, want %s", c.Mode(), mode)
+	if c.SharedFS() != (mode == "ref") {
+		t.Fatalf("SharedFS() = %v in mode %s", c.SharedFS(), mode)
 	}
 	return c
 }
