@@ -107,8 +107,8 @@ type Stats struct {
 	Pending   int    `codec:"pending" json:"pending"`     // slots held by uncommitted reservations
 	Expired   int64  `codec:"expired" json:"expired"`     // reservations that expired
 	Resampled int64  `codec:"resampled" json:"resampled"` // rows found overwritten while sampled, and sampled again
-	Sampler   string `codec:"sampler" json:"sampler"`
-	NodeHeap  uint64 `codec:"node_heap" json:"node_heap"` // Go heap in use on the node serving the buffer (remote Stats only)
+	Sampler   string `codec:"sampler" json:"sampler"`     // the sampler, as Sampler.String writes it
+	NodeHeap  uint64 `codec:"node_heap" json:"node_heap"` // Go heap in use on the node serving the buffer: its rpc.Stats.HeapBytes (remote Stats only)
 }
 
 // Create makes a new buffer at prefix, a folder that must not hold one

@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
@@ -35,6 +33,7 @@ const (
 // A Service is safe for concurrent use; buffers can be added and removed
 // while it serves.
 type Service struct {
+	srv     *rpc.Server // its Stats give NodeHeap
 	root    string
 	mu      sync.RWMutex
 	buffers map[string]served
@@ -48,7 +47,7 @@ type served struct {
 // Register adds the replay service's methods to s and returns the Service,
 // empty: Add buffers to it. Call it once per server.
 func Register(s *rpc.Server) (*Service, error) {
-	svc := &Service{root: s.Root(), buffers: map[string]served{}}
+	svc := &Service{srv: s, root: s.Root(), buffers: map[string]served{}}
 	if err := registerMethods(s, svc); err != nil {
 		return nil, err
 	}
@@ -324,28 +323,9 @@ func (svc *Service) stats(_ context.Context, req nameRequest) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	st.NodeHeap = nodeHeap()
+	st.NodeHeap = svc.srv.Stats().HeapBytes
 	return st, nil
 }
-
-// nodeHeap returns the Go heap in use by this process, read at most every
-// 100 ms (runtime.ReadMemStats stops the world briefly).
-func nodeHeap() uint64 {
-	heapMu.Lock()
-	defer heapMu.Unlock()
-	if time.Since(heapAt) > 100*time.Millisecond {
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		heapBytes, heapAt = ms.HeapInuse, time.Now()
-	}
-	return heapBytes
-}
-
-var (
-	heapMu    sync.Mutex
-	heapAt    time.Time
-	heapBytes uint64
-)
 
 // fieldInfos and fieldsOf convert schemas to and from their wire form.
 func fieldInfos(fs []tensordict.Field) []rpc.FieldInfo {
