@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/backoff"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -412,9 +413,10 @@ func (c *Client) sampleBytes(ctx context.Context, n int) (*tensordict.TensorDict
 }
 
 // knownSchema returns the buffer's schema, asking the node until it has one
-// (its first batch) or ctx ends.
+// (its first batch) or ctx ends, with backoff from 10 ms to 1 s.
 func (c *Client) knownSchema(ctx context.Context) ([]tensordict.Field, error) {
-	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+	wait := backoff.Backoff{Base: 10 * time.Millisecond, Max: time.Second}
+	for {
 		v, err := c.acquire()
 		if err != nil {
 			return nil, err
@@ -438,7 +440,7 @@ func (c *Client) knownSchema(ctx context.Context) ([]tensordict.Field, error) {
 			}
 			continue
 		}
-		if err := sleep(ctx, wait); err != nil {
+		if err := wait.Wait(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -618,10 +620,13 @@ func call[Resp, Req any](ctx context.Context, c *Client, method string, req Req)
 
 // retry runs call until it succeeds, fails with an error other than
 // Unavailable, or ctx ends; Unavailable (the node unreachable, or the
-// connection broken) is tried again after a backoff of 20 ms doubling to
-// 1 s. Errors match their replay sentinels by their reasons (errors.go).
+// connection broken) is tried again after a backoff with full jitter, its
+// bound 20 ms doubling to 1 s (internal/backoff): the writers of a node
+// that restarts come back spread out, not in lock-step. Errors match their
+// replay sentinels by their reasons (errors.go).
 func (c *Client) retry(ctx context.Context, call func() error) error {
-	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+	wait := backoff.Backoff{Base: 20 * time.Millisecond, Max: time.Second}
+	for {
 		err := call()
 		if err == nil || !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, rpc.ErrClosed) {
 			return err
@@ -629,23 +634,8 @@ func (c *Client) retry(ctx context.Context, call func() error) error {
 		if c.isClosed() {
 			return ErrClosed
 		}
-		if errors.Is(err, rpc.ErrClosed) {
-			return err
+		if werr := wait.Wait(ctx); werr != nil {
+			return fmt.Errorf("%w; the node was unreachable: %w", werr, err)
 		}
-		if serr := sleep(ctx, wait); serr != nil {
-			return fmt.Errorf("%w; the node was unreachable: %w", serr, err)
-		}
-	}
-}
-
-// sleep waits for d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
