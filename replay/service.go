@@ -3,9 +3,7 @@ package replay
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/tensorwire/tensorwire/memmap"
@@ -33,8 +31,7 @@ const (
 // A Service is safe for concurrent use; buffers can be added and removed
 // while it serves.
 type Service struct {
-	srv     *rpc.Server // its Stats give NodeHeap
-	root    string
+	srv     *rpc.Server // its Rel names prefixes; its Stats give NodeHeap
 	mu      sync.RWMutex
 	buffers map[string]served
 }
@@ -47,7 +44,7 @@ type served struct {
 // Register adds the replay service's methods to s and returns the Service,
 // empty: Add buffers to it. Call it once per server.
 func Register(s *rpc.Server) (*Service, error) {
-	svc := &Service{srv: s, root: s.Root(), buffers: map[string]served{}}
+	svc := &Service{srv: s, buffers: map[string]served{}}
 	if err := registerMethods(s, svc); err != nil {
 		return nil, err
 	}
@@ -65,7 +62,8 @@ func (svc *Service) Add(name string, b *Buffer) error {
 	if _, dup := svc.buffers[name]; dup {
 		return fmt.Errorf("%w: a buffer named %q is already served", ErrExists, name)
 	}
-	svc.buffers[name] = served{b: b, rel: relativeTo(svc.root, b.Prefix())}
+	rel, _ := svc.srv.Rel(b.Prefix())
+	svc.buffers[name] = served{b: b, rel: rel}
 	return nil
 }
 
@@ -75,26 +73,6 @@ func (svc *Service) Remove(name string) {
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
 	delete(svc.buffers, name)
-}
-
-// relativeTo returns path relative to root, slash-separated, or "" if it is
-// not under root.
-func relativeTo(root, path string) string {
-	if root == "" {
-		return ""
-	}
-	abs, err := filepath.Abs(path)
-	if err == nil {
-		abs, err = filepath.EvalSymlinks(abs)
-	}
-	if err != nil {
-		return ""
-	}
-	r, err := filepath.Rel(root, abs)
-	if err != nil || r == ".." || strings.HasPrefix(r, "../") {
-		return ""
-	}
-	return filepath.ToSlash(r)
 }
 
 func (svc *Service) lookup(name string) (served, error) {
