@@ -478,3 +478,45 @@ func TestSample_BatchSizeMustBePositive(t *testing.T) {
 		}
 	}
 }
+
+// TestService_Remove: once a buffer is removed from the Service, calls for
+// its name fail with ErrNotFound (NotFound on the wire), and so does a new
+// Dial; the buffer itself stays open, and serving it again under the name
+// brings the calls back. Removing a name not served does nothing.
+func TestService_Remove(t *testing.T) {
+	root := t.TempDir()
+	n := serveBuffer(t, root, "buf", Config{Capacity: 8, Schema: testSchema})
+	for _, mode := range modes {
+		c := dialBuffer(t, n.addr, "buf", root, mode)
+		extend(t, c, 1)
+	}
+	c := dialBuffer(t, n.addr, "buf", root, "bytes")
+	n.svc.Remove("buf")
+	n.svc.Remove("never served")
+	for name, call := range map[string]func() error{
+		"Stats":      func() error { _, err := c.Stats(ctxT(t)); return err },
+		"Extend":     func() error { _, err := c.Extend(ctxT(t), transitions(t, 2)); return err },
+		"Sample":     func() error { _, _, err := c.Sample(ctxT(t), 1); return err },
+		"Checkpoint": func() error { return c.Checkpoint(ctxT(t)) },
+		"Dial": func() error {
+			c, err := Dial(ctxT(t), n.addr, "buf")
+			if err == nil {
+				c.Close()
+			}
+			return err
+		},
+	} {
+		if err := call(); !errors.Is(err, ErrNotFound) || !errors.Is(err, rpc.ErrNotFound) {
+			t.Errorf("%s after Remove: %v; want ErrNotFound", name, err)
+		}
+	}
+	if _, err := n.b.Stats(); err != nil {
+		t.Errorf("the removed buffer: Stats %v; it stays open", err)
+	}
+	if err := n.svc.Add("buf", n.b); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Stats(ctxT(t)); err != nil || st.Size != 2 {
+		t.Errorf("Stats once served again: %+v, %v; want the 2 transitions", st, err)
+	}
+}
