@@ -149,9 +149,16 @@ func openRoot(dir string) (string, FSID, error) {
 func (s *Server) FSID() FSID { return s.fsid }
 
 // Root returns the server's shared root as an absolute path with symlinks
-// resolved, or "" without one. Services use it to name files relative to
-// the root for their callers.
+// resolved, or "" without one.
 func (s *Server) Root() string { return s.root }
+
+// Rel returns path relative to the server's root, slash-separated, as a
+// service names a file to its callers (they join it to their own view of
+// the root); false without a root, or if path, its symlinks resolved, does
+// not lie inside the root. A path inside the root through a symlink that
+// leads out is not inside: a peer sharing the root may not share where the
+// symlink leads. The root itself is ".".
+func (s *Server) Rel(path string) (string, bool) { return relPath(s.root, path, true) }
 
 // Register makes fn callable as method on s. Req and Resp are encoded with
 // msgpack (exported fields; `codec:"name"` tags rename them); TD fields in
