@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/hashicorp/go-msgpack/v2 v2.1.5
 	github.com/hashicorp/yamux v0.1.2
+	github.com/pierrec/lz4/v4 v4.1.33
 	golang.org/x/sys v0.49.0
 	google.golang.org/grpc v1.85.0
 	gorgonia.org/tensor v0.9.24

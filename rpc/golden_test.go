@@ -23,8 +23,10 @@ func unhex(t *testing.T, s string) []byte {
 	return b
 }
 
+// goldenHello is a version 1 hello; version 2's differs in the version
+// byte alone (TestGolden_Hello).
 func goldenHello() hello {
-	h := hello{version: ProtocolVersion, flags: flagToken}
+	h := hello{version: 1, flags: flagToken}
 	for i := range h.nonce {
 		h.nonce[i] = byte(i)
 	}
@@ -48,6 +50,16 @@ func TestGolden_Hello(t *testing.T) {
 	back, err := parseHello(want)
 	if err != nil || back != h {
 		t.Fatalf("parseHello = %+v, %v", back, err)
+	}
+
+	h.version, h.flags = 2, 0
+	want = unhex(t, `
+		54575250 02 00 0000
+		000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f
+		a0a1a2a3a4a5a6a7a8a9aaabacadaeaf
+		0000000000000000`)
+	if got := h.marshal(); !bytes.Equal(got, want) {
+		t.Fatalf("version 2 hello\n got %x\nwant %x", got, want)
 	}
 }
 
