@@ -2,7 +2,8 @@ package rpc
 
 // Fuzz tests of everything that parses bytes from a peer: hellos, the
 // handshake, message headers, and TensorDicts in arguments (and, in
-// resolve_fuzz_test.go, the paths of references). Run one with
+// resolve_fuzz_test.go, the paths of references; in compress_test.go,
+// compressed bodies; in stream_fuzz_test.go, message streams). Run one with
 //
 //	go test -run '^$' -fuzz '^FuzzWireTD$' -fuzztime 30s ./rpc/
 //
