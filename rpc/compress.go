@@ -16,22 +16,22 @@ import (
 // bytes of its bytes-mode TensorDicts) as one LZ4 frame, in the LZ4 frame
 // format, saying so with the header's raw_len: the body's length
 // decompressed. Every version 2 peer decodes such bodies. A sender
-// compresses when a sample shows it pays: the body's first 64 KiB are
-// compressed as one lz4 block, and only a body whose sample shrinks below
-// 0.9 of its size is compressed whole. Incompressible data (random floats)
-// thus costs one 64 KiB block compression, a few microseconds, and goes as
-// it is.
+// compresses when a sample shows it pays: the body's first 64 KiB (a 64th
+// of a body under 4 MiB, 1 KiB at least) are compressed as one lz4 block, and only a body whose sample shrinks below 0.9 of its size is
+// compressed whole. Incompressible data (random floats) thus costs one
+// block compression, a few microseconds at most, and goes as it is.
 //
 // The library is github.com/pierrec/lz4/v4: pure Go (no cgo), the LZ4 frame
 // format that every lz4 implementation reads, assembly decoding on amd64
 // and arm64, and a block API for the sample.
 
 const (
-	lz4Sample   = 64 << 10 // bytes of a body compressed to decide
-	lz4MinBody  = 1 << 10  // bodies smaller than this go as they are
-	lz4Pays     = 0.9      // compress when the sample shrinks below this
-	lz4MaxRatio = 255      // an LZ4 frame of n bytes inflates to at most about 255n
-	lz4Slack    = 1 << 10  // plus this much, for small frames' headers
+	lz4Sample    = 64 << 10 // bytes of a body compressed to decide, at most
+	lz4MinSample = 1 << 10  // at least (or the whole body)
+	lz4MinBody   = 1 << 10  // bodies smaller than this go as they are
+	lz4Pays      = 0.9      // compress when the sample shrinks below this
+	lz4MaxRatio  = 255      // an LZ4 frame of n bytes inflates to at most about 255n
+	lz4Slack     = 1 << 10  // plus this much, for small frames' headers
 )
 
 // lz4Options are those of the frames this package writes: independent
@@ -127,12 +127,22 @@ type sampler struct {
 func samplePays(parts []bodyPart, raw int64) bool {
 	s := samplers.Get().(*sampler)
 	defer samplers.Put(s)
-	src := s.src[:min(raw, lz4Sample)]
-	if err := readPrefix(parts, src); err != nil {
-		return false
+	n := min(raw, lz4Sample, max(raw/64, lz4MinSample))
+	var src []byte
+	if p := parts[0]; p.rows == nil && !p.t.Mapped() && int64(p.t.NumBytes()) >= n {
+		b, err := p.t.Bytes() // sample in place
+		if err != nil {
+			return false
+		}
+		src = b[:n]
+	} else {
+		src = s.src[:n]
+		if err := readPrefix(parts, src); err != nil {
+			return false
+		}
 	}
-	n, err := s.c.CompressBlock(src, s.dst)
-	return err == nil && n > 0 && float64(n) < lz4Pays*float64(len(src))
+	z, err := s.c.CompressBlock(src, s.dst)
+	return err == nil && z > 0 && float64(z) < lz4Pays*float64(len(src))
 }
 
 // readPrefix fills dst with the first len(dst) bytes of the body of parts.
