@@ -544,6 +544,9 @@ func (ms *msgStream) endSend(ctx context.Context, status error) error {
 	h := endHeader(status)
 	err := ms.write(ctx, &h, nil, nil)
 	ms.st.Close()
+	if err == io.EOF {
+		return nil // the handler ended meanwhile
+	}
 	return err
 }
 
