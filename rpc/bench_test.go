@@ -41,6 +41,7 @@ func BenchmarkCall(b *testing.B) {
 		})
 	})
 	b.Run("bulk6MB", func(b *testing.B) {
+		ctx := Uncompressed(ctx) // zeros: as they are, to compare with benchmarks/rpc
 		x, _ := tensordict.Zeros(memmap.Uint8, 5, 640, 640, 3)
 		td, _ := tensordict.New(5)
 		td.Set("x", x)
