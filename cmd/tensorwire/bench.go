@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	collectivebench "github.com/tensorwire/tensorwire/internal/bench/collective"
 	"github.com/tensorwire/tensorwire/internal/bench/fill"
 	"github.com/tensorwire/tensorwire/internal/bench/gather"
 	"github.com/tensorwire/tensorwire/internal/bench/replay"
@@ -23,6 +24,7 @@ var benchmarks = []bench.Benchmark{
 	fill.Benchmark,
 	rpc.Benchmark,
 	replay.Benchmark,
+	collectivebench.Benchmark,
 }
 
 var benchCmd = command{
