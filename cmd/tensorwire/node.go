@@ -15,7 +15,7 @@ import (
 
 var nodeCmd = command{
 	name:  "node",
-	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...]",
+	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...] [--serve NAME,params=P[,...]]",
 	help: "serve other nodes' fill, read and describe calls on the TensorDicts under DIR, the shared root; " +
 		`prints "listening on HOST:PORT" once it listens (--listen 127.0.0.1:0 picks a free port) and stops ` +
 		"cleanly on SIGINT or SIGTERM; --token-file holds the shared secret clients must know (no access for " +
@@ -24,7 +24,10 @@ var nodeCmd = command{
 		"(replay.Dial), opened if it exists and created otherwise, with settings capacity=N, " +
 		samplerHelp() + ", min-size=N, lease=D (how long a " +
 		"writer's reservation lasts, default 30s); buffers are " +
-		"checkpointed every --checkpoint-every and when the node stops",
+		"checkpointed every --checkpoint-every and when the node stops; each --serve serves as NAME the MLP whose PyTorch " +
+		"state_dict is the TensorDict at DIR/P (serve.Dial), batching its clients' predictions, with settings replicas=N, " +
+		"max-batch=N (default 16), max-delay=D (default 0: greedy), queue=N (rows waiting, default 4096), lease=D " +
+		"(a client's registration, default 30s)",
 	run: runNode,
 }
 
@@ -38,6 +41,8 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file")
 	var buffers bufferFlags
 	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D] (repeatable), with "+samplerHelp())
+	var models serveFlags
+	fs.Var(&models, "serve", "serve as NAME the MLP whose PyTorch state_dict is at ROOT/P (serve.Dial): "+serveUsage+" (repeatable)")
 	every := fs.Duration("checkpoint-every", time.Minute, "how often the buffers are checkpointed")
 	insecure := fs.Bool("insecure", false, "serve without a token on a non-loopback address: anyone who reaches it reads and writes every file under the root")
 	pos, err := parse(fs, args)
@@ -77,7 +82,12 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	cfg.Register = register
+	running, serveHook, err := models.start(ctx, cfg.Root, cfg.Log)
+	if err != nil {
+		return errors.Join(err, served.close())
+	}
+	defer running.close() // after the server (deferred calls run after the return's)
+	cfg.Register = joinRegister(register, serveHook)
 	if *every > 0 && len(buffers) > 0 {
 		cctx, stop := context.WithCancel(ctx)
 		defer stop()

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/serve"
+	"github.com/tensorwire/tensorwire/serve/mlp"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// serveSpec is one --serve flag of the node command:
+// NAME,params=DIR[,replicas=N][,max-batch=N][,max-delay=D][,queue=N][,lease=D].
+// The model is the MLP of package serve/mlp, its layers those of the
+// parameters at ROOT/DIR, as PyTorch writes a state_dict with
+// TensorDict(model.state_dict()).memmap_(DIR).
+type serveSpec struct {
+	name     string
+	params   string
+	replicas int
+	maxBatch int
+	maxDelay time.Duration
+	queue    int
+	lease    time.Duration
+}
+
+// serveFlags collects repeated --serve flags.
+type serveFlags []serveSpec
+
+func (f *serveFlags) String() string { return fmt.Sprint(len(*f), " models") }
+
+const serveUsage = "NAME,params=P[,replicas=N][,max-batch=N][,max-delay=D][,queue=N][,lease=D]"
+
+// Set parses one --serve value and checks every value in it.
+func (f *serveFlags) Set(v string) error {
+	parts := strings.Split(v, ",")
+	spec := serveSpec{name: parts[0], replicas: 1, maxBatch: 16}
+	if spec.name == "" {
+		return fmt.Errorf("a served model needs a name: %s", serveUsage)
+	}
+	for _, other := range *f {
+		if other.name == spec.name {
+			return fmt.Errorf("model %s served twice", spec.name)
+		}
+	}
+	seen := map[string]bool{}
+	for _, p := range parts[1:] {
+		k, val, ok := strings.Cut(p, "=")
+		if !ok {
+			return fmt.Errorf("model %s: %q is not key=value", spec.name, p)
+		}
+		if seen[k] {
+			return fmt.Errorf("model %s: %s given twice", spec.name, k)
+		}
+		seen[k] = true
+		var err error
+		atLeast1 := func(dst *int) {
+			if *dst, err = strconv.Atoi(val); err == nil && *dst < 1 {
+				err = errors.New("want at least 1")
+			}
+		}
+		switch k {
+		case "params":
+			spec.params = val
+			if val == "" || strings.Contains(val, "..") || filepath.IsAbs(val) {
+				err = errors.New("a folder under the root")
+			}
+		case "replicas":
+			atLeast1(&spec.replicas)
+		case "max-batch":
+			atLeast1(&spec.maxBatch)
+		case "queue":
+			atLeast1(&spec.queue)
+		case "max-delay":
+			if spec.maxDelay, err = time.ParseDuration(val); err == nil && spec.maxDelay < 0 {
+				err = errors.New("want a duration >= 0")
+			}
+		case "lease":
+			if spec.lease, err = time.ParseDuration(val); err == nil && spec.lease <= 0 {
+				err = errors.New("want a positive duration")
+			}
+		default:
+			return fmt.Errorf("model %s: unknown setting %q; the settings are params, replicas, max-batch, max-delay, queue and lease",
+				spec.name, k)
+		}
+		if err != nil {
+			return fmt.Errorf("model %s: %s=%s: %w", spec.name, k, val, err)
+		}
+	}
+	if spec.params == "" {
+		return fmt.Errorf("model %s: no params=P: the folder under the root holding its parameters (a PyTorch state_dict memmap)", spec.name)
+	}
+	if spec.queue != 0 && spec.queue < spec.maxBatch {
+		return fmt.Errorf("model %s: queue=%d is smaller than max-batch=%d", spec.name, spec.queue, spec.maxBatch)
+	}
+	*f = append(*f, spec)
+	return nil
+}
+
+// servedModels are the managers a node runs, and their parameters'
+// mappings.
+type servedModels struct {
+	managers []*serve.Manager
+	params   []*tensordict.TensorDict
+}
+
+// start maps each model's parameters read-only, starts its manager with
+// them loaded (version 1), and returns a register hook serving them under
+// their names.
+func (f serveFlags) start(ctx context.Context, root string, log *slog.Logger) (*servedModels, func(*rpc.Server) error, error) {
+	sm := &servedModels{}
+	for _, spec := range f {
+		m, params, err := spec.start(ctx, root, log)
+		if err != nil {
+			sm.close()
+			return nil, nil, fmt.Errorf("model %s: %w", spec.name, err)
+		}
+		sm.managers, sm.params = append(sm.managers, m), append(sm.params, params)
+	}
+	register := func(s *rpc.Server) error {
+		if len(f) == 0 {
+			return nil
+		}
+		svc, err := serve.Register(s)
+		if err != nil {
+			return err
+		}
+		for i, spec := range f {
+			if err := svc.Add(spec.name, sm.managers[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return sm, register, nil
+}
+
+func (s serveSpec) start(ctx context.Context, root string, log *slog.Logger) (*serve.Manager, *tensordict.TensorDict, error) {
+	prefix := filepath.Join(root, s.params)
+	params, err := tensordict.LoadMemmap(prefix, tensordict.ReadOnly())
+	if err != nil {
+		return nil, nil, fmt.Errorf("params: %w", err)
+	}
+	sizes, err := mlp.SizesOf(params)
+	if err != nil {
+		params.Close()
+		return nil, nil, fmt.Errorf("params %s: %w", prefix, err)
+	}
+	shape, err := mlp.New(mlp.Config{Sizes: sizes})
+	if err != nil {
+		params.Close()
+		return nil, nil, err
+	}
+	m, err := serve.New(serve.Config{
+		Input: shape.Input(), Output: shape.Output(), MaxBatch: s.maxBatch, Replicas: s.replicas,
+		New:      func(int) (serve.Model, error) { return mlp.New(mlp.Config{Sizes: sizes}) },
+		Policy:   serve.MaxDelay(s.maxDelay),
+		MaxQueue: s.queue, Lease: s.lease, Log: log.With("model", s.name),
+	})
+	if err != nil {
+		params.Close()
+		return nil, nil, err
+	}
+	v, err := m.Load(ctx, params)
+	if err != nil {
+		m.Close()
+		params.Close()
+		return nil, nil, fmt.Errorf("params %s: %w", prefix, err)
+	}
+	log.Info("model served", "name", s.name, "model", "mlp", "sizes", sizes, "params", prefix, "version", v,
+		"replicas", s.replicas, "max_batch", s.maxBatch, "policy", serve.MaxDelay(s.maxDelay))
+	return m, params, nil
+}
+
+// close stops the managers, then unmaps their parameters.
+func (sm *servedModels) close() {
+	for _, m := range sm.managers {
+		m.Close()
+	}
+	for _, p := range sm.params {
+		p.Close()
+	}
+}
+
+// joinRegister returns a register hook that runs each of hooks in turn.
+func joinRegister(hooks ...func(*rpc.Server) error) func(*rpc.Server) error {
+	return func(s *rpc.Server) error {
+		for _, h := range hooks {
+			if err := h(s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}

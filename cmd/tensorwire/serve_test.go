@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorwire/tensorwire/serve"
+	"github.com/tensorwire/tensorwire/serve/mlp"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// TestNode_ServesAnMLP writes an MLP's parameters under the root, as
+// PyTorch's state_dict memmap lays them out, serves them with "tensorwire
+// node --serve", and predicts through serve.Dial by reference and by
+// bytes: the outputs are the MLP's own forward pass, version 1.
+func TestNode_ServesAnMLP(t *testing.T) {
+	root := t.TempDir()
+	sizes := []int{64, 256, 16}
+	params := mlp.Random(sizes, 5)
+	written, err := params.Memmap(filepath.Join(root, "policy", "params"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	written.Close()
+	n := startNode(t, "--root", root, "--serve", "policy,params=policy/params,replicas=2,max-batch=8")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	plain, _ := mlp.New(mlp.Config{Sizes: sizes})
+	if err := plain.Load(ctx, params); err != nil {
+		t.Fatal(err)
+	}
+	in, _ := plain.Input().Zeros(3)
+	x, _ := in.Tensor(mlp.DefaultIn)
+	xs, _ := tensordict.Values[float32](x)
+	for i := range xs {
+		xs[i] = float32(i%7) - 3
+	}
+	x, _ = tensordict.FromSlice(xs, 3, 64)
+	in.Set(mlp.DefaultIn, x)
+	want, err := plain.Forward(ctx, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, opts := range [][]serve.DialOption{{serve.WithRoot(root)}, {serve.WithBytes()}} {
+		c, err := serve.Dial(ctx, n.addr, "policy", opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, v, err := c.Predict(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != 1 || !out.Equal(want) {
+			t.Errorf("%s: version %d; outputs equal to the MLP's: %v", c.Mode(), v, out.Equal(want))
+		}
+		c.Close()
+	}
+	n.stop(t)
+	if !strings.Contains(n.stderr.String(), "model served") {
+		t.Errorf("stderr lacks the model's log line:\n%s", n.stderr)
+	}
+}
+
+func TestNode_ServeFlagErrors(t *testing.T) {
+	for _, tc := range []struct{ value, want string }{
+		{"", "needs a name"},
+		{"m", "no params=P"},
+		{"m,params=../up", "a folder under the root"},
+		{"m,params=/abs", "a folder under the root"},
+		{"m,params=p,replicas=0", "replicas=0: want at least 1"},
+		{"m,params=p,max-batch=x", "max-batch=x"},
+		{"m,params=p,max-delay=-1ms", "max-delay=-1ms: want a duration >= 0"},
+		{"m,params=p,lease=0s", "lease=0s: want a positive duration"},
+		{"m,params=p,queue=4,max-batch=8", "queue=4 is smaller than max-batch=8"},
+		{"m,params=p,colour=red", `unknown setting "colour"`},
+		{"m,params=p,params=q", "params given twice"},
+		{"m,params", "not key=value"},
+	} {
+		var f serveFlags
+		if err := f.Set(tc.value); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("--serve %q: %v, want an error about %q", tc.value, err, tc.want)
+		}
+	}
+	var f serveFlags
+	if err := f.Set("m,params=p"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Set("m,params=q"); err == nil || !strings.Contains(err.Error(), "served twice") {
+		t.Errorf("a name served twice: %v", err)
+	}
+	// Parameters that are not there stop the node before it listens.
+	code, _, stderr := runNodeInProcess(t, "--listen", "127.0.0.1:0", "--root", t.TempDir(), "--serve", "m,params=nothing")
+	if code == 0 || !strings.Contains(stderr, "model m: params") {
+		t.Errorf("missing parameters: exit %d, stderr:\n%s", code, stderr)
+	}
+}
