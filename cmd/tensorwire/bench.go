@@ -14,6 +14,7 @@ import (
 	"github.com/tensorwire/tensorwire/internal/bench/gather"
 	"github.com/tensorwire/tensorwire/internal/bench/replay"
 	"github.com/tensorwire/tensorwire/internal/bench/rpc"
+	"github.com/tensorwire/tensorwire/internal/bench/serve"
 )
 
 // benchmarks are the benchmarks "tensorwire bench NAME" runs, in the order
@@ -24,6 +25,7 @@ var benchmarks = []bench.Benchmark{
 	fill.Benchmark,
 	rpc.Benchmark,
 	replay.Benchmark,
+	serve.Benchmark,
 	collectivebench.Benchmark,
 }
 

@@ -1,0 +1,213 @@
+package serve
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/nodeproc"
+	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/serve"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// modelName is the name the node serves the model under.
+const modelName = "bench"
+
+// The lines a client prints: readyLine once it has dialed and warmed up,
+// then its result, one line of JSON starting with resultPrefix.
+var (
+	readyLine    = "READY"
+	resultPrefix = []byte(`{"role":`)
+)
+
+// clientResult is a client's report of its timed phase.
+type clientResult struct {
+	Role     string         `json:"role"`
+	Mode     string         `json:"mode"`
+	Requests int64          `json:"requests"` // predictions started and finished within the phase
+	Errors   int64          `json:"errors"`   // refused with ErrQueueFull (retried)
+	CPUNS    int64          `json:"cpu_ns"`   // this process's CPU time (user and system) in the phase; -1: unknown
+	Latency  report.Latency `json:"latency"`
+}
+
+// runNode is the node role: it serves the model as modelName until ctx
+// ends (SIGTERM, or its parent gone), loading new parameters every
+// --update-every with --update.
+func runNode(ctx context.Context, o *options, stdout io.Writer, log *slog.Logger) error {
+	if o.child {
+		cctx, stop := nodeproc.ChildContext()
+		defer stop()
+		defer context.AfterFunc(ctx, stop)()
+		ctx = cctx
+	}
+	build, params, err := newModel(o.model)
+	if err != nil {
+		return usagef("--run-model: %v", err)
+	}
+	m, err := serve.New(serve.Config{
+		Input: schemaIn(), Output: schemaOut(), MaxBatch: o.maxBatch, Replicas: o.replicas,
+		New: build, Log: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if params != nil {
+		if _, err := m.Load(ctx, params); err != nil {
+			return err
+		}
+	}
+	if o.update {
+		var sets [2]*tensordict.TensorDict
+		for i := range sets {
+			if sets[i], err = fakeParams(o.updateMB, uint64(i)); err != nil {
+				return err
+			}
+		}
+		go updateEvery(ctx, m, sets, o.updateEvery, log)
+	}
+	return nodeproc.Run(ctx, nodeproc.Config{
+		Listen: "127.0.0.1:0", Root: o.root, Log: log,
+		Register: func(s *rpc.Server) error {
+			svc, err := serve.Register(s)
+			if err != nil {
+				return err
+			}
+			return svc.Add(modelName, m)
+		},
+	}, func(addr string) { fmt.Fprintln(stdout, nodeproc.ListeningPrefix+addr) })
+}
+
+// updateEvery loads sets[0], sets[1], sets[0], ... into m every d until ctx
+// ends. A set is loaded again only after the next one's Load returned, so
+// no model still uses it.
+func updateEvery(ctx context.Context, m *serve.Manager, sets [2]*tensordict.TensorDict, d time.Duration, log *slog.Logger) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		v, err := m.Load(ctx, sets[i%2])
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Error("loading parameters", "err", err)
+			}
+			return
+		}
+		log.Info("parameters loaded", "version", v, "took", time.Since(start))
+	}
+}
+
+// runClient is the client role: it dials the model, predicts one row at a
+// time in a loop, prints readyLine after a warm-up, and times the
+// predictions between the start and end its parent sends on stdin
+// ("START unix-ns unix-ns"), then prints its result. It stops early on
+// SIGTERM or when stdin closes.
+func runClient(ctx context.Context, o *options, stdout io.Writer, log *slog.Logger) error {
+	signal.Ignore(os.Interrupt)
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
+	defer stop()
+	window := make(chan [2]time.Time, 1)
+	go readStart(os.Stdin, window, stop)
+
+	opts := []serve.DialOption{serve.WithRoot(o.root)}
+	if o.mode == modeBytes {
+		opts = append(opts, serve.WithBytes())
+	}
+	c, err := serve.Dial(ctx, o.addr, modelName, opts...)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if c.Mode() != o.mode {
+		return fmt.Errorf("the client works in mode %s, not %s: does it share the node's root?", c.Mode(), o.mode)
+	}
+	in, err := inputRows(1, o.seed)
+	if err != nil {
+		return err
+	}
+	predict := func() error {
+		for {
+			_, _, err := c.Predict(ctx, in)
+			if !errors.Is(err, serve.ErrQueueFull) {
+				return err
+			}
+			time.Sleep(time.Millisecond) // back off, as a client of a full queue should
+		}
+	}
+	for range 20 {
+		if err := predict(); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(stdout, readyLine)
+
+	res := clientResult{Role: roleClient, Mode: o.mode}
+	var start, end time.Time
+	var cpu0 time.Duration
+	cpuTaken := false
+	for {
+		select {
+		case w := <-window:
+			start, end = w[0], w[1]
+		default:
+		}
+		t0 := time.Now()
+		if !end.IsZero() && !t0.Before(end) {
+			break
+		}
+		if !start.IsZero() && !t0.Before(start) && !cpuTaken {
+			cpu0, cpuTaken = cpuTime(), true
+		}
+		_, _, err := c.Predict(ctx, in)
+		if errors.Is(err, serve.ErrQueueFull) {
+			res.Errors++
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if t1 := time.Now(); !start.IsZero() && !t0.Before(start) && t1.Before(end) {
+			res.Requests++
+			res.Latency.Record(t1.Sub(t0))
+		}
+	}
+	res.CPUNS = -1
+	if c1 := cpuTime(); cpu0 >= 0 && c1 >= 0 {
+		res.CPUNS = int64(c1 - cpu0)
+	}
+	b, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "%s\n", b)
+	return err
+}
+
+// readStart reads the parent's "START s e" line from r into window, then
+// calls stop when r ends (the parent closed it, or died).
+func readStart(r io.Reader, window chan<- [2]time.Time, stop func()) {
+	defer stop()
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		var s, e int64
+		if _, err := fmt.Sscanf(sc.Text(), "START %d %d", &s, &e); err == nil {
+			window <- [2]time.Time{time.Unix(0, s), time.Unix(0, e)}
+		}
+	}
+}

@@ -1,0 +1,181 @@
+package serve
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// testSelf are the arguments with which Run re-executes the test binary
+// for a role (bench.Env.Self), as cmd/tensorwire does.
+var testSelf = []string{"bench", "serve"}
+
+func testEnv(stdout, stderr io.Writer) bench.Env {
+	return bench.Env{Stdout: stdout, Stderr: stderr, Self: testSelf}
+}
+
+// TestMain lets Run re-execute the test binary for a role: "bench serve
+// ARGS" runs Run(ARGS), as cmd/tensorwire does.
+func TestMain(m *testing.M) {
+	if len(os.Args) > len(testSelf) && os.Args[1] == testSelf[0] && os.Args[2] == testSelf[1] {
+		if err := Run(context.Background(), testEnv(os.Stdout, os.Stderr), os.Args[1+len(testSelf):]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// runKeys are the keys of each entry of "runs" in the --json file, as
+// issue 15 gives them: scripts and docs read them by these names.
+var runKeys = []string{"batching", "clients", "max_batch", "mean_batch", "model", "p50_ms", "p99_ms", "requests_per_s"}
+
+// TestRun_Short runs the benchmark briefly with both models, two client
+// counts and a weight-update run, and checks its JSON.
+func TestRun_Short(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a dozen processes")
+	}
+	out := filepath.Join(t.TempDir(), "serve.json")
+	root := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	err := Run(context.Background(), testEnv(&stdout, &stderr), []string{"--clients", "1,2", "--model", "mlp,fake",
+		"--duration", "300ms", "--limit-duration", "100ms", "--update-mb", "1", "--update-every", "50ms",
+		"--root", root, "--json", out})
+	if err != nil {
+		t.Fatalf("%v\nstderr:\n%s", err, stderr.String())
+	}
+	t.Logf("stdout:\n%s", stdout.String())
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw struct {
+		Runs          []map[string]any   `json:"runs"`
+		LimitRowsPerS map[string]float64 `json:"limit_rows_per_s"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		t.Fatal(err)
+	}
+	if len(raw.Runs) != 8 {
+		t.Fatalf("%d runs, want 8 (2 models, 2 client counts, batching on and off)", len(raw.Runs))
+	}
+	for _, r := range raw.Runs {
+		var keys []string
+		for k := range r {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		if !slices.Equal(keys, runKeys) {
+			t.Errorf("a run's keys %v, want %v", keys, runKeys)
+		}
+		if r["requests_per_s"].(float64) <= 0 || r["mean_batch"].(float64) < 1 {
+			t.Errorf("run %v", r)
+		}
+		if mb := r["max_batch"].(float64); (mb > 1) != r["batching"].(bool) {
+			t.Errorf("run %v: batching and max_batch disagree", r)
+		}
+	}
+	for _, m := range []string{"mlp", "fake"} {
+		if raw.LimitRowsPerS[m] <= 0 {
+			t.Errorf("limit_rows_per_s[%s] = %v", m, raw.LimitRowsPerS[m])
+		}
+	}
+	var res Result
+	if err := json.Unmarshal(data, &res); err != nil {
+		t.Fatal(err)
+	}
+	if u := res.WeightUpdate; u == nil || u.Loaded == 0 || u.ParamsMiB != 1 {
+		t.Errorf("weight update %+v: want versions loaded", u)
+	}
+	for _, want := range []string{"limit mlp:", "requests/s", "batch sizes"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("stdout lacks %q", want)
+		}
+	}
+	// Nothing left behind under the root.
+	if left, _ := os.ReadDir(root); len(left) != 0 {
+		t.Errorf("left under the root: %v", left)
+	}
+}
+
+func TestRun_Usage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--clients", "0"}, "--clients"},
+		{[]string{"--clients", "8,8"}, "given twice"},
+		{[]string{"--model", "gpt"}, `unknown model "gpt"`},
+		{[]string{"--max-batch", "0"}, "--max-batch"},
+		{[]string{"--duration", "0s"}, "--duration"},
+		{[]string{"--mode", "carrier-pigeon"}, "--mode"},
+		{[]string{"--role", "client"}, "--addr"},
+		{[]string{"extra"}, "unexpected arguments"},
+	} {
+		err := Run(context.Background(), testEnv(io.Discard, io.Discard), tc.args)
+		if !errors.Is(err, bench.ErrUsage) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want a usage error about %q", tc.args, err, tc.want)
+		}
+	}
+	var out bytes.Buffer
+	if err := Run(context.Background(), testEnv(&out, io.Discard), []string{"-h"}); !errors.Is(err, flag.ErrHelp) {
+		t.Fatal(err)
+	}
+	for _, h := range hidden {
+		if strings.Contains(out.String(), "--"+h+" ") || strings.Contains(out.String(), "--"+h+"\n") {
+			t.Errorf("usage shows the hidden flag --%s", h)
+		}
+	}
+}
+
+// TestFakeModel_Cost: the fake model's forward lasts at least 1 ms + 5 us
+// per row, and copies its parameters when it loads them.
+func TestFakeModel_Cost(t *testing.T) {
+	f := &fakeModel{}
+	in, err := inputRows(16, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	out, err := f.Forward(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < fakeBase+16*fakePerRow {
+		t.Errorf("a forward of 16 rows took %v, less than its cost", took)
+	}
+	if err := schemaOut().Match(out.RowSchema()); err != nil || out.BatchSize()[0] != 16 {
+		t.Errorf("outputs %v: %v", out.BatchSize(), err)
+	}
+	p, err := fakeParams(1, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Load(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := p.Tensor("w")
+	b, _ := w.Bytes()
+	if !bytes.Equal(f.w, b) || &f.w[0] == &b[0] {
+		t.Error("Load did not copy the parameters")
+	}
+	bad, _ := tensordict.New()
+	if err := f.Load(context.Background(), bad); err == nil {
+		t.Error("Load without w succeeded")
+	}
+}
