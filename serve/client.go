@@ -47,6 +47,8 @@ type Client struct {
 	slots int
 	in    *tensordict.TensorDict // the slots: mappings of the files in dir, or Go memory
 	out   *tensordict.TensorDict
+	inF   fields // their tensors
+	outF  fields
 	dir   string // the slots' folder; "" in bytes mode
 	rel   string // dir relative to the root
 	lock  *lockfile.Lock
@@ -146,6 +148,12 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (_ *Client
 		return c, nil
 	}
 	if err := c.makeSlots(o.root); err != nil {
+		return nil, err
+	}
+	if c.inF, err = fieldsOf(c.in, c.info.Input); err != nil {
+		return nil, err
+	}
+	if c.outF, err = fieldsOf(c.out, c.info.Output); err != nil {
 		return nil, err
 	}
 	if err := c.register(ctx, 0); err != nil {
@@ -323,24 +331,34 @@ func (c *Client) Predict(ctx context.Context, in *tensordict.TensorDict) (*tenso
 		}
 		return resp.Out.TensorDict, resp.Version, nil
 	}
+	src, err := fieldsOf(in, c.info.Input)
+	if err != nil {
+		return nil, 0, err
+	}
+	out, err := c.info.Output.Zeros(n)
+	if err != nil {
+		return nil, 0, err
+	}
+	dst, err := fieldsOf(out, c.info.Output)
+	if err != nil {
+		return nil, 0, err
+	}
 	start, err := c.free.take(ctx, n)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer c.free.put(start, n)
-	if err := c.in.SetSlice(start, in); err != nil {
+	if err := copyRows(c.inF, start, src, 0, n); err != nil {
 		return nil, 0, err
 	}
 	v, err := c.predictRows(ctx, start, n)
 	if err != nil {
 		return nil, 0, err
 	}
-	rows, err := c.out.Slice(start, start+n)
-	if err != nil {
+	if err := copyRows(dst, 0, c.outF, start, n); err != nil {
 		return nil, 0, err
 	}
-	out, err := rows.Clone()
-	return out, v, err
+	return out, v, nil
 }
 
 // PredictInto runs the model on rows [start, start+n) of Input() and

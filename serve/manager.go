@@ -43,7 +43,7 @@ type Manager struct {
 	open     *batch
 	overflow []*request // FIFO behind the open batch
 	queued   int        // rows in the open batch and the overflow
-	free     []*tensordict.TensorDict
+	free     []*buffer
 	replicas []*replica
 	w        weights // guarded by mu
 	loadSem  chan struct{}
@@ -63,11 +63,17 @@ type replica struct {
 	timer     *time.Timer // wakes it at a MaxDelay deadline
 }
 
+// buffer is a batch's input buffer: MaxBatch rows in Go memory.
+type buffer struct {
+	td *tensordict.TensorDict
+	f  fields
+}
+
 // batch is the open batch, then a batch a replica runs. Its fields are
-// guarded by Manager.mu until done is closed; out, version and err are
-// read-only after.
+// guarded by Manager.mu until done is closed; out, outF, version and err
+// are read-only after.
 type batch struct {
-	in      *tensordict.TensorDict // the buffer: MaxBatch rows
+	in      *buffer
 	rows    int
 	reqs    int
 	first   time.Time // when its first request joined
@@ -76,6 +82,7 @@ type batch struct {
 
 	done    chan struct{}
 	out     *tensordict.TensorDict
+	outF    fields // out's tensors
 	version uint64
 	err     error
 }
@@ -98,11 +105,15 @@ func New(cfg Config) (*Manager, error) {
 	m.cond = sync.NewCond(&m.mu)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	for i := range cfg.Replicas + 1 {
-		buf, err := cfg.Input.Zeros(cfg.MaxBatch)
+		td, err := cfg.Input.Zeros(cfg.MaxBatch)
 		if err != nil {
 			return nil, configErrorf("input buffer: %v", err)
 		}
-		m.free = append(m.free, buf)
+		f, err := fieldsOf(td, cfg.Input)
+		if err != nil {
+			return nil, err
+		}
+		m.free = append(m.free, &buffer{td: td, f: f})
 		if i == cfg.Replicas {
 			break
 		}
@@ -172,11 +183,25 @@ func (m *Manager) Predict(ctx context.Context, in *tensordict.TensorDict) (*tens
 	if err != nil {
 		return nil, 0, err
 	}
-	var out *tensordict.TensorDict
+	src, err := fieldsOf(in, m.cfg.Input)
+	if err != nil {
+		return nil, 0, err
+	}
+	out, err := m.cfg.Output.Zeros(n)
+	if err != nil {
+		return nil, 0, err
+	}
+	dst, err := fieldsOf(out, m.cfg.Output)
+	if err != nil {
+		return nil, 0, err
+	}
 	v, err := m.run(ctx, n,
-		func(dst *tensordict.TensorDict) error { return dst.SetSlice(0, in) },
-		func(rows *tensordict.TensorDict) (err error) { out, err = rows.Clone(); return err })
-	return out, v, err
+		func(buf fields, row int) error { return copyRows(buf, row, src, 0, n) },
+		func(_ *tensordict.TensorDict, res fields, row int) error { return copyRows(dst, 0, res, row, n) })
+	if err != nil {
+		return nil, 0, err
+	}
+	return out, v, nil
 }
 
 // PredictInto is Predict writing the outputs into out, a TensorDict of
@@ -191,9 +216,17 @@ func (m *Manager) PredictInto(ctx context.Context, in, out *tensordict.TensorDic
 	if err := checkOut(out, m.cfg.Output, n); err != nil {
 		return 0, err
 	}
+	src, err := fieldsOf(in, m.cfg.Input)
+	if err != nil {
+		return 0, err
+	}
+	dst, err := fieldsOf(out, m.cfg.Output)
+	if err != nil {
+		return 0, err
+	}
 	return m.run(ctx, n,
-		func(dst *tensordict.TensorDict) error { return dst.SetSlice(0, in) },
-		func(rows *tensordict.TensorDict) error { return out.SetSlice(0, rows) })
+		func(buf fields, row int) error { return copyRows(buf, row, src, 0, n) },
+		func(_ *tensordict.TensorDict, res fields, row int) error { return copyRows(dst, 0, res, row, n) })
 }
 
 // checkOut checks that out can take n output rows of schema: batch size
@@ -219,18 +252,17 @@ func checkOut(out *tensordict.TensorDict, schema tensordict.RowSchema, n int) er
 }
 
 // run queues a request of n rows, copies them into its batch with fill
-// (given the batch's n rows), waits for the batch and hands the outputs
-// (n rows, valid during the call) to drain.
-func (m *Manager) run(ctx context.Context, n int, fill, drain func(*tensordict.TensorDict) error) (uint64, error) {
+// (given the batch buffer's fields and the request's first row there),
+// waits for the batch and hands its outputs to drain (the model's result,
+// its fields, and the request's first row in it; valid during the call).
+func (m *Manager) run(ctx context.Context, n int, fill func(buf fields, row int) error,
+	drain func(out *tensordict.TensorDict, f fields, row int) error) (uint64, error) {
 	r, err := m.enqueue(ctx, n)
 	if err != nil {
 		return 0, err
 	}
 	b := r.b
-	dst, err := b.in.Slice(r.off, r.off+n)
-	if err == nil {
-		err = fill(dst)
-	}
+	err = fill(b.in.f, r.off)
 	m.mu.Lock()
 	if b.copying--; b.copying == 0 && b.taken {
 		m.cond.Broadcast()
@@ -248,11 +280,7 @@ func (m *Manager) run(ctx context.Context, n int, fill, drain func(*tensordict.T
 	if b.err != nil {
 		return b.version, b.err
 	}
-	rows, err := b.out.Slice(r.off, r.off+n)
-	if err == nil {
-		err = drain(rows)
-	}
-	if err != nil {
+	if err := drain(b.out, b.outF, r.off); err != nil {
 		return 0, fmt.Errorf("serve: handing out the outputs: %w", err)
 	}
 	return b.version, nil
@@ -410,13 +438,17 @@ func (m *Manager) take(r *replica) (*batch, bool) {
 // fails b's requests and replaces r's model.
 func (m *Manager) runBatch(r *replica, b *batch) {
 	start := time.Now()
-	in, err := b.in.Slice(0, b.rows)
+	in, err := b.in.td.Slice(0, b.rows)
 	var out *tensordict.TensorDict
+	var outF fields
 	if err == nil {
 		out, err = forward(m.ctx, r.model, in)
 	}
 	if err == nil {
 		out, err = checkResult(out, in, m.cfg.Output, b.rows)
+	}
+	if err == nil {
+		outF, err = fieldsOf(out, m.cfg.Output)
 	}
 	took := time.Since(start)
 	m.mu.Lock()
@@ -424,7 +456,7 @@ func (m *Manager) runBatch(r *replica, b *batch) {
 	if m.open == nil {
 		m.openBatchLocked()
 	}
-	b.out, b.version, b.err = out, r.version, err
+	b.out, b.outF, b.version, b.err = out, outF, r.version, err
 	m.st.batches++
 	m.st.rows += uint64(b.rows)
 	m.st.hist[b.rows]++

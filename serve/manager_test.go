@@ -140,7 +140,7 @@ func testConfig(b *behaviour, maxBatch int) Config {
 	}
 }
 
-func newManager(t *testing.T, cfg Config) *Manager {
+func newManager(t testing.TB, cfg Config) *Manager {
 	t.Helper()
 	m, err := New(cfg)
 	if err != nil {

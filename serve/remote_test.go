@@ -29,6 +29,12 @@ type node struct {
 // root as the server's root ("" for none).
 func serveModel(t *testing.T, root string, cfg Config) *node {
 	t.Helper()
+	return serveModelB(t, root, cfg)
+}
+
+// serveModelB is serveModel for tests and benchmarks.
+func serveModelB(t testing.TB, root string, cfg Config) *node {
+	t.Helper()
 	var opts []rpc.Option
 	if root != "" {
 		opts = append(opts, rpc.WithRoot(root))

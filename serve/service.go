@@ -70,6 +70,8 @@ type registration struct {
 	prefix  string // relative to the root
 	slots   int
 	in, out *tensordict.TensorDict
+	inF     fields // their tensors
+	outF    fields
 	expires time.Time
 	refs    int  // requests using the mappings
 	gone    bool // removed from the map: unmap once refs is 0
@@ -226,6 +228,14 @@ func (svc *Service) register(_ context.Context, req registerRequest) (registerRe
 		return registerResponse{}, err
 	}
 	r := &registration{id: rand.Uint64() | 1, prefix: req.Prefix, slots: req.Slots, in: in, out: out}
+	if r.inF, err = fieldsOf(in, s.m.cfg.Input); err == nil {
+		r.outF, err = fieldsOf(out, s.m.cfg.Output)
+	}
+	if err != nil {
+		in.Close()
+		out.Close()
+		return registerResponse{}, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.removed {
@@ -378,9 +388,16 @@ func (svc *Service) predict(ctx context.Context, req predictRequest) (predictRes
 		if err != nil {
 			return predictResponse{}, err
 		}
+		src, err := fieldsOf(in, m.cfg.Input)
+		if err != nil {
+			return predictResponse{}, err
+		}
 		v, err := m.run(ctx, n,
-			func(dst *tensordict.TensorDict) error { return dst.SetSlice(0, in) },
-			func(rows *tensordict.TensorDict) error { out = rows; return nil }) // the model's, never reused: sent as it is
+			func(buf fields, row int) error { return copyRows(buf, row, src, 0, n) },
+			func(res *tensordict.TensorDict, _ fields, row int) (err error) {
+				out, err = res.Slice(row, row+n) // the model's, never reused: sent as it is
+				return err
+			})
 		if err != nil {
 			return predictResponse{}, err
 		}
@@ -398,13 +415,11 @@ func (svc *Service) predict(ctx context.Context, req predictRequest) (predictRes
 	case req.Start < 0 || req.Start > r.slots-n:
 		return predictResponse{}, schemaErrorf("rows [%d, %d) of a client's %d slots", req.Start, req.Start+n, r.slots)
 	}
-	src, err := r.in.Slice(req.Start, req.Start+n)
-	if err != nil {
-		return predictResponse{}, schemaErrorf("%v", err)
-	}
 	v, err := m.run(ctx, n,
-		func(dst *tensordict.TensorDict) error { return dst.SetSlice(0, src) },
-		func(rows *tensordict.TensorDict) error { return r.out.SetSlice(req.Start, rows) })
+		func(buf fields, row int) error { return copyRows(buf, row, r.inF, req.Start, n) },
+		func(_ *tensordict.TensorDict, res fields, row int) error {
+			return copyRows(r.outF, req.Start, res, row, n)
+		})
 	return predictResponse{Version: v}, err
 }
 
