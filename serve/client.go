@@ -8,8 +8,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
+	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/lockfile"
@@ -51,8 +52,11 @@ type Client struct {
 	outF  fields
 	dir   string // the slots' folder; "" in bytes mode
 	rel   string // dir relative to the root
+	root  string // this side's view of the root
 	lock  *lockfile.Lock
 	free  *slotRanges
+	ring  *clientRing   // requests by bell (bell.go); nil for calls only
+	gen   atomic.Uint64 // registrations made: a request waiting by bell sends itself again when it changes
 
 	bg   context.Context // ends at Close: the renewer's
 	stop context.CancelFunc
@@ -109,7 +113,7 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (_ *Client
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{rc: rc, name: name}
+	c := &Client{rc: rc, name: name, root: o.root}
 	c.bg, c.stop = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -173,7 +177,8 @@ func (c *Client) makeSlots(root string) error {
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return fmt.Errorf("serve: making the client's slots: %w", err)
 	}
-	removeDeadClients(parent)
+	removeDead(parent, clientDirRE, ClientsDir)
+	removeDead(filepath.Join(root, filepath.FromSlash(BellsDir)), bellDirRE, BellsDir)
 	var id [8]byte
 	rand.Read(id[:])
 	name := hex.EncodeToString(id[:])
@@ -201,6 +206,9 @@ func (c *Client) makeSlots(root string) error {
 		return fail(err)
 	}
 	out.Close()
+	if err := c.makeRing(tmp); err != nil {
+		return fail(err)
+	}
 	dir := filepath.Join(parent, name)
 	if err := os.Rename(tmp, dir); err != nil {
 		return fail(err)
@@ -215,15 +223,16 @@ func (c *Client) makeSlots(root string) error {
 	return nil
 }
 
-// removeDeadClients removes the folders under parent whose lock is free,
-// left by clients that died with their node.
-func removeDeadClients(parent string) {
+// removeDead removes the folders under parent (rel under the root) whose
+// lock is free: those of clients, or of nodes' bells, that died. Folders
+// not of the form re accepts, and those being made (".tmp-"), are left.
+func removeDead(parent string, re *regexp.Regexp, rel string) {
 	entries, err := os.ReadDir(parent)
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
-		if e.IsDir() && !strings.HasPrefix(e.Name(), ".tmp-") && clientDirRE.MatchString(ClientsDir+"/"+e.Name()) {
+		if e.IsDir() && re.MatchString(rel+"/"+e.Name()) {
 			removeIfDead(filepath.Join(parent, e.Name()))
 		}
 	}
@@ -240,13 +249,18 @@ func (c *Client) register(ctx context.Context, old uint64) error {
 	if id != old {
 		return nil // registered again meanwhile
 	}
-	resp, err := call[registerResponse](ctx, c, MethodRegister, registerRequest{Name: c.name, Prefix: c.rel, Slots: c.slots})
+	resp, err := call[registerResponse](ctx, c, MethodRegister,
+		registerRequest{Name: c.name, Prefix: c.rel, Slots: c.slots, Ring: c.ring != nil})
 	if err != nil {
+		return err
+	}
+	if err := c.useBell(resp.Bell); err != nil {
 		return err
 	}
 	c.mu.Lock()
 	c.id = resp.Client
 	c.mu.Unlock()
+	c.gen.Add(1)
 	return nil
 }
 
@@ -347,14 +361,25 @@ func (c *Client) Predict(ctx context.Context, in *tensordict.TensorDict) (*tenso
 	if err != nil {
 		return nil, 0, err
 	}
-	defer c.free.put(start, n)
 	if err := copyRows(c.inF, start, src, 0, n); err != nil {
+		c.free.put(start, n)
 		return nil, 0, err
 	}
-	v, err := c.predictRows(ctx, start, n)
+	v, seq, err := c.predictRows(ctx, start, n)
 	if err != nil {
+		if seq != 0 && ctx.Err() != nil {
+			// The node may still write these slots: keep them until it is
+			// done with the request.
+			go func() {
+				c.waitQuiet(start, seq)
+				c.free.put(start, n)
+			}()
+		} else {
+			c.free.put(start, n)
+		}
 		return nil, 0, err
 	}
+	defer c.free.put(start, n)
 	if err := copyRows(dst, 0, c.outF, start, n); err != nil {
 		return nil, 0, err
 	}
@@ -375,7 +400,8 @@ func (c *Client) PredictInto(ctx context.Context, start, n int) (uint64, error) 
 		return 0, schemaErrorf("rows [%d, %d) of %d slots", start, start+n, c.slots)
 	}
 	if !c.bytes {
-		return c.predictRows(ctx, start, n)
+		v, _, err := c.predictRows(ctx, start, n)
+		return v, err
 	}
 	in, err := c.in.Slice(start, start+n)
 	if err != nil {
@@ -394,30 +420,38 @@ func (c *Client) PredictInto(ctx context.Context, start, n int) (uint64, error) 
 	return resp.Version, c.out.SetSlice(start, resp.Out.TensorDict)
 }
 
-// predictRows asks the node to run the client's rows [start, start+n),
-// registering again when the node lost the registration.
-func (c *Client) predictRows(ctx context.Context, start, n int) (uint64, error) {
+// predictRows asks the node to run the client's rows [start, start+n):
+// by bell when the client has a ring and the node a bell (Linux), else by
+// call, registering again when the node lost the registration. It returns
+// the request's sequence number by bell, 0 by call.
+func (c *Client) predictRows(ctx context.Context, start, n int) (uint64, uint32, error) {
 	for {
 		c.mu.Lock()
 		id, closed := c.id, c.closed
 		c.mu.Unlock()
 		if closed {
-			return 0, ErrClosed
+			return 0, 0, ErrClosed
 		}
 		if id == 0 {
 			if err := c.register(ctx, 0); err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 			continue
+		}
+		if c.ring != nil {
+			v, seq, err := c.predictBell(ctx, start, n)
+			if !errors.Is(err, errNoBellYet) {
+				return v, seq, err
+			}
 		}
 		resp, err := c.predict(ctx, predictRequest{Name: c.name, Client: id, Start: start, N: n})
 		if errors.Is(err, ErrNotRegistered) {
 			if err := c.register(ctx, id); err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 			continue
 		}
-		return resp.Version, err
+		return resp.Version, 0, err
 	}
 }
 
@@ -482,6 +516,7 @@ func (c *Client) Close() error {
 		c.free.close()
 		c.free.wait() // Predict copies out of the slots until it returns
 	}
+	c.closeRing()
 	if c.dir != "" {
 		if c.in != nil {
 			c.in.Close()

@@ -80,6 +80,8 @@ type batch struct {
 	copying int       // requests still copying their rows in
 	taken   bool      // a replica took it
 
+	async []*request // its requests without a waiting goroutine (submit)
+
 	done    chan struct{}
 	out     *tensordict.TensorDict
 	outF    fields // out's tensors
@@ -93,6 +95,16 @@ type request struct {
 	b      *batch // nil until placed
 	off    int
 	placed chan struct{} // closed when a request that waited behind the open batch is placed, or the manager stops
+
+	// A request made by submit has no goroutine waiting for it: fill,
+	// drain and done are its callbacks, and the replica that runs its
+	// batch fills it if it joined the batch late (filled false), then
+	// drains it and calls done.
+	fill   func(buf fields, row int) error
+	drain  func(out *tensordict.TensorDict, f fields, row int) error
+	done   func(version uint64, err error)
+	filled bool
+	err    error // fill's
 }
 
 // New starts a manager for cfg: it builds the replicas' models (cfg.New)
@@ -303,15 +315,9 @@ func (m *Manager) enqueue(ctx context.Context, n int) (*request, error) {
 	m.queued += n
 	m.st.requests++
 	r := &request{n: n}
-	if len(m.overflow) == 0 {
-		if m.open == nil {
-			m.openBatchLocked()
-		}
-		if m.open != nil && m.open.rows+n <= m.cfg.MaxBatch {
-			m.placeLocked(r)
-			m.mu.Unlock()
-			return r, nil
-		}
+	if m.placeNowLocked(r) {
+		m.mu.Unlock()
+		return r, nil
 	}
 	r.placed = make(chan struct{})
 	m.overflow = append(m.overflow, r)
@@ -338,6 +344,65 @@ func (m *Manager) enqueue(ctx context.Context, n int) (*request, error) {
 	return r, nil
 }
 
+// placeNowLocked places r in the open batch, opening one if there is
+// none, when nothing waits behind it and r fits; it reports whether it
+// did.
+func (m *Manager) placeNowLocked(r *request) bool {
+	if len(m.overflow) > 0 {
+		return false
+	}
+	if m.open == nil {
+		m.openBatchLocked()
+	}
+	if m.open == nil || m.open.rows+r.n > m.cfg.MaxBatch {
+		return false
+	}
+	m.placeLocked(r)
+	return true
+}
+
+// submit queues a request of n rows without waiting for it, as run does
+// with a goroutine waiting: fill copies its rows into the batch (on this
+// goroutine when it joins the open batch now, else on the replica's that
+// takes its batch), and the replica that runs the batch calls drain with
+// the outputs and then done, with the version or the error. An error
+// returned by submit itself (ErrStopped, ErrQueueFull) means nothing was
+// queued, and done is not called.
+//
+// It is how requests by bell (bellnode.go) go: the node's poller submits
+// them and the replicas answer, with no goroutine per request.
+func (m *Manager) submit(n int, fill func(buf fields, row int) error,
+	drain func(out *tensordict.TensorDict, f fields, row int) error, done func(uint64, error)) error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return ErrStopped
+	}
+	if m.queued+n > m.cfg.MaxQueue {
+		m.st.queueFull++
+		q := m.queued
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %d rows wait already, at most %d (Config.MaxQueue)", ErrQueueFull, q, m.cfg.MaxQueue)
+	}
+	m.queued += n
+	m.st.requests++
+	r := &request{n: n, fill: fill, drain: drain, done: done}
+	if !m.placeNowLocked(r) {
+		m.overflow = append(m.overflow, r)
+		m.mu.Unlock()
+		return nil
+	}
+	b := r.b
+	m.mu.Unlock()
+	r.err, r.filled = fill(b.in.f, r.off), true
+	m.mu.Lock()
+	if b.copying--; b.copying == 0 && b.taken {
+		m.cond.Broadcast()
+	}
+	m.mu.Unlock()
+	return nil
+}
+
 // openBatchLocked makes a new open batch if a buffer is free, and moves
 // the requests waiting behind into it, in order, while they fit.
 func (m *Manager) openBatchLocked() {
@@ -352,7 +417,11 @@ func (m *Manager) openBatchLocked() {
 	for k < len(m.overflow) && b.rows+m.overflow[k].n <= m.cfg.MaxBatch {
 		r := m.overflow[k]
 		m.placeLocked(r)
-		close(r.placed)
+		if r.done != nil {
+			b.copying-- // the replica that takes the batch fills it
+		} else {
+			close(r.placed)
+		}
 		k++
 	}
 	if k > 0 {
@@ -367,6 +436,9 @@ func (m *Manager) placeLocked(r *request) {
 	b.rows += r.n
 	b.reqs++
 	b.copying++
+	if r.done != nil {
+		b.async = append(b.async, r)
+	}
 	if b.reqs == 1 {
 		b.first = time.Now()
 		m.cond.Broadcast() // a free replica can take it
@@ -437,6 +509,11 @@ func (m *Manager) take(r *replica) (*batch, bool) {
 // runBatch runs b on r's model and hands out the result. A failed Forward
 // fails b's requests and replaces r's model.
 func (m *Manager) runBatch(r *replica, b *batch) {
+	for _, q := range b.async {
+		if !q.filled {
+			q.err, q.filled = q.fill(b.in.f, q.off), true
+		}
+	}
 	start := time.Now()
 	in, err := b.in.td.Slice(0, b.rows)
 	var out *tensordict.TensorDict
@@ -469,8 +546,28 @@ func (m *Manager) runBatch(r *replica, b *batch) {
 	m.cond.Broadcast() // Load waits for replicas between batches
 	m.mu.Unlock()
 	close(b.done)
+	answerAsync(b)
 	if err != nil {
 		m.replace(r, err)
+	}
+}
+
+// answerAsync hands the outputs of a batch that is done to its requests
+// made by submit, and calls their done.
+func answerAsync(b *batch) {
+	for _, q := range b.async {
+		switch {
+		case b.err != nil:
+			q.done(b.version, b.err)
+		case q.err != nil:
+			q.done(0, q.err)
+		default:
+			err := q.drain(b.out, b.outF, q.off)
+			if err != nil {
+				err = fmt.Errorf("serve: handing out the outputs: %w", err)
+			}
+			q.done(b.version, err)
+		}
 	}
 }
 
@@ -539,17 +636,26 @@ func (m *Manager) Close() error {
 		return nil
 	}
 	m.closed = true
+	var stopped []*request // made by submit: their done is called below
 	if b := m.open; b != nil {
 		m.open = nil
 		b.err = ErrStopped
 		close(b.done)
+		stopped = append(stopped, b.async...)
 	}
 	for _, r := range m.overflow {
-		close(r.placed)
+		if r.done != nil {
+			stopped = append(stopped, r)
+		} else {
+			close(r.placed)
+		}
 	}
 	m.overflow, m.queued = nil, 0
 	m.cond.Broadcast()
 	m.mu.Unlock()
+	for _, r := range stopped {
+		r.done(0, ErrStopped)
+	}
 	m.cancel()
 	m.wg.Wait()
 	m.mu.Lock()

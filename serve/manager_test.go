@@ -670,3 +670,11 @@ func TestNew_BadConfig(t *testing.T) {
 		t.Error("New with a failing constructor succeeded")
 	}
 }
+
+var errCanceled = context.Canceled
+
+func contextWithCancel(t *testing.T) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctxT(t))
+	t.Cleanup(cancel)
+	return ctx, cancel
+}

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/lockfile"
@@ -38,6 +39,9 @@ const ClientsDir = ".tensorwire-serve/clients"
 // maps no other files, and removes no other folder.
 var clientDirRE = regexp.MustCompile(`^\.tensorwire-serve/clients/[0-9a-f]{16}$`)
 
+// bellDirRE is the only form of bell folder a client accepts.
+var bellDirRE = regexp.MustCompile(`^\.tensorwire-serve/nodes/[0-9a-f]{16}$`)
+
 // Service is the serve service of an rpc.Server: the managers it serves,
 // by name, to clients that Dial them.
 //
@@ -57,10 +61,13 @@ type served struct {
 	m     *Manager
 	lease time.Duration
 
-	mu      sync.Mutex
-	clients map[uint64]*registration
-	timer   *time.Timer // the next sweep of expired leases; nil when none is due
-	removed bool
+	mu        sync.Mutex
+	clients   map[uint64]*registration
+	timer     *time.Timer // the next sweep of expired leases; nil when none is due
+	removed   bool
+	bell      *nodeBell                       // nil until a client registers a ring
+	rings     atomic.Pointer[[]*registration] // the registrations with rings, for the poller
+	deadRings []*registration                 // dropped, their rings still mapped
 }
 
 // registration is a client's slots, mapped by the node: rows [0, slots) of
@@ -72,9 +79,13 @@ type registration struct {
 	in, out *tensordict.TensorDict
 	inF     fields // their tensors
 	outF    fields
+	ring    *ringView // the client's ring; nil if it has none
 	expires time.Time
 	refs    int  // requests using the mappings
 	gone    bool // removed from the map: unmap once refs is 0
+	// failures are the errors of requests by bell, by first row, until
+	// the client fetches them (serve.failure).
+	failures map[int]failure
 }
 
 // Register adds the serve service's methods to s and returns the Service,
@@ -95,6 +106,7 @@ func Register(s *rpc.Server) (*Service, error) {
 		rpc.Register(s, MethodUnregister, svc.unregister),
 		rpc.Register(s, MethodPredict, svc.predict),
 		rpc.Register(s, MethodStats, svc.stats),
+		rpc.Register(s, MethodFailure, svc.failure),
 	}
 	for _, err := range regs {
 		if err != nil {
@@ -139,7 +151,30 @@ func (svc *Service) Remove(name string) {
 		delete(s.clients, id)
 		s.dropLocked(r)
 	}
+	nb := s.bell
 	s.mu.Unlock()
+	if nb != nil {
+		nb.close()
+	}
+}
+
+// Close stops serving every model, as Remove does for each: it stops the
+// bells' pollers and removes their folders. Call it after closing the
+// server, before closing the managers.
+func (svc *Service) Close() error {
+	svc.mu.RLock()
+	names := make([]string, 0, len(svc.models))
+	for name := range svc.models {
+		names = append(names, name)
+	}
+	svc.mu.RUnlock()
+	for _, name := range names {
+		svc.Remove(name)
+	}
+	if svc.rootFS != nil {
+		return svc.rootFS.Close()
+	}
+	return nil
 }
 
 func (svc *Service) lookup(name string) (*served, error) {
@@ -170,10 +205,12 @@ type (
 		Name   string `codec:"name"`
 		Prefix string `codec:"prefix"` // the client's folder, relative to the node's root
 		Slots  int    `codec:"slots"`
+		Ring   bool   `codec:"ring"` // the folder holds a ring: requests may come by bell
 	}
 	registerResponse struct {
 		Client  uint64 `codec:"client"`
 		LeaseMS int64  `codec:"lease_ms"`
+		Bell    string `codec:"bell"` // the bell's folder, relative to the root; "" when requests come by call only
 	}
 	clientRequest struct {
 		Name   string `codec:"name"`
@@ -231,6 +268,11 @@ func (svc *Service) register(_ context.Context, req registerRequest) (registerRe
 	if r.inF, err = fieldsOf(in, s.m.cfg.Input); err == nil {
 		r.outF, err = fieldsOf(out, s.m.cfg.Output)
 	}
+	if err == nil && req.Ring && bellSupported {
+		if r.ring, err = svc.mapRing(dir, req.Slots); err != nil {
+			err = schemaErrorf("the client's ring: %v", err)
+		}
+	}
 	if err != nil {
 		in.Close()
 		out.Close()
@@ -250,11 +292,24 @@ func (svc *Service) register(_ context.Context, req registerRequest) (registerRe
 		}
 	}
 	r.expires = time.Now().Add(s.lease)
+	resp := registerResponse{Client: r.id, LeaseMS: s.lease.Milliseconds()}
+	if r.ring != nil {
+		nb, err := s.ensureBellLocked()
+		if err != nil {
+			// Requests by call only.
+			s.m.log.Warn("serve: no bell for requests by reference; they come by call", "model", s.name, "err", err)
+			unmapShared(r.ring.b)
+			r.ring = nil
+		} else {
+			resp.Bell = nb.rel
+		}
+	}
 	s.clients[r.id] = r
+	s.updateRingsLocked()
 	if s.timer == nil {
 		s.timer = time.AfterFunc(s.lease/4, s.sweep)
 	}
-	return registerResponse{Client: r.id, LeaseMS: s.lease.Milliseconds()}, nil
+	return resp, nil
 }
 
 // mapClient maps a client's input or output slots, read-write, through
@@ -275,12 +330,17 @@ func (svc *Service) mapClient(prefix string, schema tensordict.RowSchema, slots 
 	return td, nil
 }
 
-// dropLocked unmaps r once no request uses it. s.mu is held.
+// dropLocked unmaps r once no request uses it (its ring, the poller
+// does). s.mu is held.
 func (s *served) dropLocked(r *registration) {
 	r.gone = true
 	if r.refs == 0 {
 		r.in.Close()
 		r.out.Close()
+	}
+	if r.ring != nil {
+		s.updateRingsLocked()
+		s.deadRings = append(s.deadRings, r)
 	}
 }
 

@@ -109,6 +109,7 @@ func (f *serveFlags) Set(v string) error {
 type servedModels struct {
 	managers []*serve.Manager
 	params   []*tensordict.TensorDict
+	svc      *serve.Service // once the server is registered
 }
 
 // start maps each model's parameters read-only, starts its manager with
@@ -132,6 +133,7 @@ func (f serveFlags) start(ctx context.Context, root string, log *slog.Logger) (*
 		if err != nil {
 			return err
 		}
+		sm.svc = svc
 		for i, spec := range f {
 			if err := svc.Add(spec.name, sm.managers[i]); err != nil {
 				return err
@@ -179,8 +181,12 @@ func (s serveSpec) start(ctx context.Context, root string, log *slog.Logger) (*s
 	return m, params, nil
 }
 
-// close stops the managers, then unmaps their parameters.
+// close stops serving (the bells' pollers), stops the managers, then
+// unmaps their parameters.
 func (sm *servedModels) close() {
+	if sm.svc != nil {
+		sm.svc.Close()
+	}
 	for _, m := range sm.managers {
 		m.Close()
 	}

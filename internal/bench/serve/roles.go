@@ -76,16 +76,20 @@ func runNode(ctx context.Context, o *options, stdout io.Writer, log *slog.Logger
 		}
 		go updateEvery(ctx, m, sets, o.updateEvery, log)
 	}
-	return nodeproc.Run(ctx, nodeproc.Config{
+	var svc *serve.Service
+	err = nodeproc.Run(ctx, nodeproc.Config{
 		Listen: "127.0.0.1:0", Root: o.root, Log: log,
-		Register: func(s *rpc.Server) error {
-			svc, err := serve.Register(s)
-			if err != nil {
+		Register: func(s *rpc.Server) (err error) {
+			if svc, err = serve.Register(s); err != nil {
 				return err
 			}
 			return svc.Add(modelName, m)
 		},
 	}, func(addr string) { fmt.Fprintln(stdout, nodeproc.ListeningPrefix+addr) })
+	if svc != nil {
+		svc.Close()
+	}
+	return err
 }
 
 // updateEvery loads sets[0], sets[1], sets[0], ... into m every d until ctx

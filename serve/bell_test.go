@@ -1,0 +1,181 @@
+package serve
+
+import (
+	"errors"
+	"github.com/tensorwire/tensorwire/internal/proctest"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"github.com/tensorwire/tensorwire/rpc"
+)
+
+// bellClient dials the model by reference and checks that it goes by bell.
+func bellClient(t *testing.T, addr, root string, opts ...DialOption) *Client {
+	t.Helper()
+	if !bellSupported {
+		t.Skip("requests by bell need Linux")
+	}
+	c := dial(t, addr, root, "ref", opts...)
+	if c.ring == nil || c.ring.bell == nil {
+		t.Fatal("the client by reference has no bell")
+	}
+	return c
+}
+
+// TestBell_PredictCrossesNoSocket: a prediction by reference goes by bell:
+// not a byte crosses the connection.
+func TestBell_PredictCrossesNoSocket(t *testing.T) {
+	root := t.TempDir()
+	n := serveModel(t, root, testConfig(&behaviour{}, 4))
+	p := proctest.StartProxy(t, n.addr)
+	c := bellClient(t, p.Addr, root)
+	up, down := p.Up.Load(), p.Down.Load()
+	for i := range 20 {
+		out, _, err := c.Predict(ctxT(t), rowsOf(t, i, 1+i%4))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := checkOutputs(out, i, 1+i%4, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if u, d := p.Up.Load()-up, p.Down.Load()-down; u != 0 || d != 0 {
+		t.Errorf("20 predictions by bell sent %d bytes up and %d down; want none", u, d)
+	}
+}
+
+// TestBell_BadEntry: an entry for rows outside the client's slots, or more
+// rows than the max batch, written into the ring as a broken client would,
+// fails with ErrSchema (fetched by call), and nothing is queued.
+func TestBell_BadEntry(t *testing.T) {
+	root := t.TempDir()
+	n := serveModel(t, root, testConfig(&behaviour{}, 4))
+	c := bellClient(t, n.addr, root, WithSlots(4))
+	for _, e := range []struct{ start, n int }{{3, 2}, {0, 5}, {0, 0}} {
+		start := min(e.start, 3)
+		seq, err := c.pushRaw(start, makeEntry(e.start, e.n, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.waitBell(ctxT(t), start, seq, c.gen.Load())
+		if !errors.Is(err, ErrSchema) || !errors.Is(err, rpc.ErrInvalidArgument) {
+			t.Errorf("entry rows [%d, %d): %v, want ErrSchema", e.start, e.start+e.n, err)
+		}
+	}
+	if st := n.m.Stats(); st.Requests != 0 {
+		t.Errorf("%d requests queued", st.Requests)
+	}
+	if _, _, err := c.Predict(ctxT(t), rowsOf(t, 1, 2)); err != nil {
+		t.Errorf("after the bad entries: %v", err)
+	}
+}
+
+// pushRaw appends entry e (its sequence number replaced by the next one
+// at start) and rings the bell, as push does, without checking it.
+func (c *Client) pushRaw(start int, e uint64) (uint32, error) {
+	r := c.ring
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seq := r.seq[start] + 1
+	r.seq[start] = seq
+	t := atomic.LoadUint64(r.v.tail())
+	atomic.StoreUint64(r.v.entry(t), e&^entrySeqMask|uint64(seq))
+	atomic.StoreUint64(r.v.tail(), t+1)
+	atomic.AddUint32(bellWord(r.bell, bellRing), 1)
+	futexWake(bellWord(r.bell, bellRing))
+	return seq, nil
+}
+
+// TestBell_TruncatedRing: a client's ring file truncated under the node
+// ends that client's registration, not the node: its poller reads the
+// rings under a fault guard. Another client goes on.
+func TestBell_TruncatedRing(t *testing.T) {
+	root := t.TempDir()
+	n := serveModel(t, root, testConfig(&behaviour{}, 4))
+	broken := bellClient(t, n.addr, root)
+	ok := bellClient(t, n.addr, root)
+	if err := os.Truncate(filepath.Join(broken.dir, "ring"), 0); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "the node to drop the broken client", func() bool {
+		n.svc.mu.RLock()
+		s := n.svc.models["model"]
+		n.svc.mu.RUnlock()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		_, held := s.clients[broken.id]
+		return !held
+	})
+	for i := range 10 {
+		if _, _, err := ok.Predict(ctxT(t), rowsOf(t, i, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The broken client's own mapping of its ring faults too: it is only
+	// closed (t.Cleanup).
+}
+
+// TestBell_DeadNodeFoldersRemoved: a client that dials removes the bell
+// folders of nodes that died (their lock free), and leaves a live node's.
+func TestBell_DeadNodeFoldersRemoved(t *testing.T) {
+	root := t.TempDir()
+	n := serveModel(t, root, testConfig(&behaviour{}, 4))
+	bellClient(t, n.addr, root) // makes the live node's bell
+	dead := filepath.Join(root, BellsDir, "00000000000000dd")
+	if err := os.MkdirAll(dead, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dead, "bell"), make([]byte, bellSize), 0o644)
+	bellClient(t, n.addr, root)
+	if _, err := os.Stat(dead); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the dead node's bell folder: %v", err)
+	}
+	live, _ := filepath.Glob(filepath.Join(root, BellsDir, "*", "bell"))
+	if len(live) != 1 {
+		t.Errorf("bells left: %v, want the live node's", live)
+	}
+	n.svc.Close()
+	if left, _ := filepath.Glob(filepath.Join(root, BellsDir, "*")); len(left) != 0 {
+		t.Errorf("after Service.Close: %v", left)
+	}
+}
+
+// TestBell_CanceledPredictKeepsItsSlots: a Predict whose context ends
+// while its batch runs keeps its slots until the node is done writing
+// them, so that no later Predict gets them meanwhile.
+func TestBell_CanceledPredictKeepsItsSlots(t *testing.T) {
+	root := t.TempDir()
+	b := &behaviour{gate: make(chan struct{}), started: make(chan int, 10)}
+	n := serveModel(t, root, testConfig(b, 4))
+	c := bellClient(t, n.addr, root, WithSlots(1))
+	ctx, cancel := contextWithCancel(t)
+	errc := make(chan error, 1)
+	go func() {
+		_, _, err := c.Predict(ctx, rowsOf(t, 1, 1))
+		errc <- err
+	}()
+	<-b.started // its batch runs
+	cancel()
+	if err := <-errc; !errors.Is(err, errCanceled) {
+		t.Fatalf("canceled Predict: %v", err)
+	}
+	slotUsed := func() bool {
+		c.free.mu.Lock()
+		defer c.free.mu.Unlock()
+		return c.free.used[0]
+	}
+	if !slotUsed() {
+		t.Fatal("the canceled Predict gave its slot back while the node still runs its request")
+	}
+	close(b.gate)
+	poll(t, "the slot to be given back once the node answered", func() bool { return !slotUsed() })
+	out, _, err := c.Predict(ctxT(t), rowsOf(t, 50, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkOutputs(out, 50, 1, 0); err != nil {
+		t.Error(err)
+	}
+}

@@ -1,0 +1,277 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorwire/tensorwire/rpc"
+)
+
+// The client's side of the bell (bell.go).
+
+// clientRing is a client's ring and the node's bell it rings.
+type clientRing struct {
+	v *ringView // the ring file's mapping: valid until Close
+
+	mu   sync.Mutex // appending; the bell and seq
+	bell []byte     // the node's bell; nil until registered with one
+	seq  []uint32   // per first row: the last sequence number sent
+}
+
+const (
+	// bellSpins is how many times a waiter reads its record before it
+	// yields, and then sleeps on the record's word.
+	bellSpins  = 100
+	bellYields = 4
+	// bellNap bounds a waiter's sleep: it looks at its context, the
+	// client's registration and Close at least this often.
+	bellNap = 5 * time.Millisecond
+	// bellProbe is how long a waiter waits before it asks the node (by
+	// call) whether it still holds the client's registration, and again
+	// after each such interval.
+	bellProbe = 500 * time.Millisecond
+	// quietWait bounds how long a Predict that its context ended keeps its
+	// slots, waiting for the node to be done writing them.
+	quietWait = 30 * time.Second
+)
+
+// errRepush: the registration changed while a request waited (the node
+// restarted): send it again.
+var errRepush = errors.New("serve: registered again: send the request again")
+
+// errNoBellYet: the client has a ring but the node gave it no bell: the
+// request goes by call.
+var errNoBellYet = errors.New("serve: no bell")
+
+// makeRing makes the ring file in the client's folder being made.
+func (c *Client) makeRing(dir string) error {
+	if !bellSupported {
+		return nil
+	}
+	size, _ := ringSize(c.slots)
+	b, err := createShared(filepath.Join(dir, "ring"), size)
+	if err != nil {
+		return err
+	}
+	v, err := newRingView(b, c.slots)
+	if err != nil {
+		unmapShared(b)
+		return err
+	}
+	c.ring = &clientRing{v: v, seq: make([]uint32, c.slots)}
+	return nil
+}
+
+// useBell maps the bell the node named at registration (rel, under the
+// root), replacing the one before; "" means none.
+func (c *Client) useBell(rel string) error {
+	if c.ring == nil {
+		return nil
+	}
+	var b []byte
+	if rel != "" {
+		if !bellDirRE.MatchString(rel) {
+			return fmt.Errorf("serve: the node named the bell %q", rel)
+		}
+		f, err := os.OpenFile(filepath.Join(c.root, filepath.FromSlash(rel), "bell"), os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("serve: the node's bell: %w", err)
+		}
+		b, err = openShared(f, bellSize)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("serve: the node's bell: %w", err)
+		}
+	}
+	c.ring.mu.Lock()
+	old := c.ring.bell
+	c.ring.bell = b
+	c.ring.mu.Unlock()
+	unmapShared(old)
+	return nil
+}
+
+// push appends a request for rows [start, start+n) to the ring and rings
+// the bell; it returns the request's sequence number.
+func (c *Client) push(ctx context.Context, start, n int) (uint32, error) {
+	r := c.ring
+	for {
+		r.mu.Lock()
+		if r.bell == nil {
+			r.mu.Unlock()
+			return 0, errNoBellYet
+		}
+		t := atomic.LoadUint64(r.v.tail())
+		if t-atomic.LoadUint64(r.v.head()) < uint64(r.v.slots) {
+			seq := (r.seq[start] + 1) & entrySeqMask
+			if seq == 0 {
+				seq = 1 // 0 is a record's "nothing done"
+			}
+			r.seq[start] = seq
+			atomic.StoreUint64(r.v.entry(t), makeEntry(start, n, seq))
+			atomic.StoreUint64(r.v.tail(), t+1)
+			ring := bellWord(r.bell, bellRing)
+			atomic.AddUint32(ring, 1)
+			if loadU32(bellWord(r.bell, bellSleep)) != 0 {
+				futexWake(ring)
+			}
+			r.mu.Unlock()
+			return seq, nil
+		}
+		r.mu.Unlock()
+		// The ring is full: the node has not taken the requests before
+		// (more calls on overlapping rows than the slots, or a node gone).
+		if err := sleep(ctx, 100*time.Microsecond); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// predictBell runs rows [start, start+n) by bell: it returns the version,
+// and the request's sequence number (0 if it was never sent).
+func (c *Client) predictBell(ctx context.Context, start, n int) (uint64, uint32, error) {
+	for {
+		gen := c.gen.Load()
+		seq, err := c.push(ctx, start, n)
+		if err != nil {
+			return 0, 0, err
+		}
+		v, err := c.waitBell(ctx, start, seq, gen)
+		if errors.Is(err, errRepush) {
+			continue
+		}
+		return v, seq, err
+	}
+}
+
+// waitBell waits for the record of request seq at start: a short spin,
+// then sleeps on the record's word. It asks the node every bellProbe
+// whether it still holds the registration, and registers again if not.
+func (c *Client) waitBell(ctx context.Context, start int, seq uint32, gen uint64) (uint64, error) {
+	v := c.ring.v
+	done := v.done(start)
+	for i := range bellSpins + bellYields {
+		if loadU32(done) == seq {
+			return c.result(ctx, start, seq)
+		}
+		if i >= bellSpins {
+			runtime.Gosched()
+		}
+	}
+	probe := time.Now().Add(bellProbe)
+	for {
+		d := loadU32(done)
+		if d == seq {
+			return c.result(ctx, start, seq)
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		if c.isClosed() {
+			return 0, ErrClosed
+		}
+		if c.gen.Load() != gen {
+			return 0, errRepush
+		}
+		if time.Now().After(probe) {
+			if err := c.probe(ctx); err != nil {
+				return 0, err
+			}
+			probe = time.Now().Add(bellProbe)
+			continue
+		}
+		atomic.AddUint32(v.waiters(start), 1)
+		if loadU32(done) == d {
+			futexWait(done, d, bellNap)
+		}
+		atomic.AddUint32(v.waiters(start), ^uint32(0))
+	}
+}
+
+// probe asks the node whether it holds the client's registration, and
+// registers again (which changes c.gen) if it does not. An unreachable
+// node is not an error: the request waits for it.
+func (c *Client) probe(ctx context.Context) error {
+	c.mu.Lock()
+	id := c.id
+	c.mu.Unlock()
+	pctx, cancel := context.WithTimeout(ctx, bellProbe)
+	defer cancel()
+	_, err := rpc.Call[rpc.Empty](pctx, c.rc, MethodRenew, clientRequest{Name: c.name, Client: id})
+	switch {
+	case err == nil, errors.Is(err, rpc.ErrUnavailable), errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		return nil
+	case errors.Is(err, ErrNotRegistered):
+		if err := c.register(ctx, id); err != nil && !errors.Is(err, rpc.ErrUnavailable) {
+			return err
+		}
+		return nil
+	}
+	return err
+}
+
+// result reads a record that says request seq is done.
+func (c *Client) result(ctx context.Context, start int, seq uint32) (uint64, error) {
+	v := c.ring.v
+	if loadU32(v.status(start)) == 0 {
+		return atomic.LoadUint64(v.version(start)), nil
+	}
+	c.mu.Lock()
+	id := c.id
+	c.mu.Unlock()
+	_, err := call[rpc.Empty](ctx, c, MethodFailure, failureRequest{Name: c.name, Client: id, Start: start, Seq: seq})
+	if err == nil {
+		err = fmt.Errorf("serve: the node said request %d failed, then that it did not", seq)
+	}
+	return 0, err
+}
+
+// waitQuiet waits until request seq at start is done, the client closed,
+// or quietWait passed: how long a Predict that its context ended keeps its
+// slots, which the node may still write.
+func (c *Client) waitQuiet(start int, seq uint32) {
+	done := c.ring.v.done(start)
+	for deadline := time.Now().Add(quietWait); time.Now().Before(deadline) && !c.isClosed(); {
+		if loadU32(done) == seq {
+			return
+		}
+		time.Sleep(bellNap)
+	}
+}
+
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// closeRing unmaps the ring and the bell; nothing uses them any more.
+func (c *Client) closeRing() {
+	if c.ring == nil {
+		return
+	}
+	c.ring.mu.Lock()
+	unmapShared(c.ring.bell)
+	c.ring.bell = nil
+	c.ring.mu.Unlock()
+	unmapShared(c.ring.v.b)
+}
+
+// sleep waits for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
