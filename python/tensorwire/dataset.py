@@ -200,8 +200,12 @@ def _load_collection(d, key, mode, depth, batch):
     if depth > MAX_DEPTH:
         raise FormatError(f"{d}: TensorDicts nested more than {MAX_DEPTH} deep (a symlink loop?)")
     sub = _find(d, key, "")
-    if not os.path.isdir(sub):
-        raise FormatError(f"folder of {key!r}: {sub} is missing")
+    try:
+        st = os.stat(sub)
+    except OSError as err:
+        raise FormatError(f"folder of {key!r}: {err}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise FormatError(f"folder of {key!r}: {sub} is not a folder")
     members, typ = _read_meta(sub)
     if typ == TYPE_NONTENSOR:
         return _non_tensor(sub, members)

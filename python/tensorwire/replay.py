@@ -301,6 +301,7 @@ class Buffer:
         self._pending = None  # (n, Pending) of a prefetched sample
         self._connections = -1  # the client's connection count when the view was taken
         self._view = None
+        self.resampled = 0  # rows this client found overwritten while it copied them, and sampled again
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
             info = self._call("replay.info", {"name": name}, deadline)
@@ -398,7 +399,7 @@ class Buffer:
         """The view for a response that names buffer_id: the current one, or a
         new one if the node now describes another buffer."""
         v = self._view
-        if v is not None and v.id == buffer_id and (self._bytes or v.storage is not None):
+        if v is not None and v.id == buffer_id and v.schema is not None and (self._bytes or v.storage is not None):
             return v
         return self._adopt(self._call("replay.info", {"name": self.name}, deadline))
 
@@ -457,6 +458,8 @@ class Buffer:
                   "priorities": prios, "batch": None}
         if self._bytes:
             commit["batch"] = TD(batch, batch=[n])
+            if self._view.schema is None:
+                self._refresh(r.get("id"), deadline)  # the first batch gave the buffer its schema
         else:
             view = self._refresh(r.get("id"), deadline)
             if view.storage is None:
@@ -578,6 +581,8 @@ class Buffer:
             torn = _overwritten(view.slots, info, torn)
             if torn.size == 0:
                 return info
+            with self._mu:
+                self.resampled += int(torn.size)
             more = self._sample_call(int(torn.size), deadline)
             if more.get("id") != resp.get("id"):
                 raise ExpiredError("replay: the buffer was created anew while sampled")
