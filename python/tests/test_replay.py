@@ -50,7 +50,7 @@ class TestBuffer(unittest.TestCase):
     def setUpClass(cls):
         cls.node = Node(buffers=["ref,capacity=1000,min-size=1", "bytes,capacity=1000,min-size=1",
                                  "pri,capacity=1000,sampler=prioritized,alpha=0.6,beta=0.4,min-size=1",
-                                 "schema,capacity=100,min-size=1", "both,capacity=100,min-size=1", "fresh,capacity=100,min-size=1",
+                                 "schema,capacity=100,min-size=1", "both,capacity=100,min-size=1", "wide,capacity=1000,min-size=1", "fresh,capacity=100,min-size=1",
                                  "empty,capacity=10"]).start()
 
     @classmethod
@@ -111,6 +111,15 @@ class TestBuffer(unittest.TestCase):
                 b.extend(batch_of(range(1, 3)), priorities=[1.0, -1.0])
             with self.assertRaises(replay.SchemaError):
                 b.update_priority(info, np.full(31, 1.0))
+
+    def test_wide_indices(self):
+        """Long lists of indices above 127 (written as fixed-width int64 by
+        this client's encoder) and of floats reach the node intact."""
+        with dial(self.node, "wide", "ref") as b:
+            b.extend(batch_of(np.arange(1, 301)))
+            td, info = b.sample(200)
+            self.assertGreater(info.indices.max(), 127)
+            self.assertEqual(b.update_priority(info, np.linspace(0.5, 3, 200)), 200)
 
     def test_as_torch(self):
         try:
