@@ -572,7 +572,7 @@ class Buffer:
         info = SampleInfo._from_wire(resp.get("info"))
         _check_info(info, n, view.capacity)
         for path, src in view.storage.items():
-            np.take(src, info.indices, axis=0, out=arrays[path])
+            np.take(src, info.indices, axis=0, out=arrays[path], mode="clip")  # clip: checked above; "raise" would copy twice
         # Rows whose word held after they were copied were copied whole:
         # only the rows copied again are checked again.
         torn = None
