@@ -38,6 +38,12 @@ INITIAL_WINDOW = 256 << 10
 MAX_FRAME = 1 << 20  # the largest data frame this side sends
 _RECV_CHUNK = 1 << 20
 _WRITE_TIMEOUT = 30.0  # a write blocked this long fails the session (Go yamux's ConnectionWriteTimeout)
+# The keeper reads only once no call has used the session for this long:
+# while calls come, their callers read (a prefetched response waits in the
+# socket for its caller). Waking the keeper for each response would hand
+# the GIL back and forth between threads, which costs a scheduler time
+# slice whenever the CPUs are busy.
+KEEPER_IDLE = 0.25
 
 
 def frame(typ, flags, sid, length):
@@ -191,6 +197,7 @@ class Session:
         self.err = None  # why the session died; None while it lives
         self.goaway = False
         self.last_read = time.monotonic()
+        self.last_use = time.monotonic()  # when a caller last sent or waited
         self.ping_out = None  # (opaque, sent at) of our unanswered ping
         self.ping_id = 0
         # The receive state machine: a partial header, or the payload of a
@@ -236,6 +243,7 @@ class Session:
         respect to other writers."""
         if self.err is not None:
             raise self.err
+        self.last_use = time.monotonic()
         with self.wmu:
             try:
                 _sendall(self.sock, bufs)
@@ -273,6 +281,7 @@ class Session:
         meanwhile when no one else does. Raises the session's error once it
         died, or DeadlineExceededError (UnavailableError if the node had
         fallen silent) when deadline passes."""
+        self.last_use = time.monotonic()
         with self.mu:
             if pred():
                 return
@@ -444,16 +453,19 @@ class Session:
             self.streams.pop(sid, None)
 
     def _keep(self):
-        """The keeper: reads while no caller waits, so pings are answered and a
-        closed connection is noticed between calls."""
+        """The keeper: reads once no caller has used the session for
+        KEEPER_IDLE, so pings are answered and a closed connection is noticed
+        between calls."""
         while True:
             with self.mu:
                 if self.err is not None:
                     return
                 busy = self.reading or self.waiters > 0
-            if busy:
-                with self.mu:
-                    self.cond.wait(0.2)
+            quiet = time.monotonic() - self.last_use
+            if busy or quiet < KEEPER_IDLE:
+                # A sleep, not the condition: the readers' notifications
+                # must not wake this thread on every frame.
+                time.sleep(KEEPER_IDLE if busy else KEEPER_IDLE - quiet)
                 continue
             try:
                 ready = self.keep_poller.poll(1000)

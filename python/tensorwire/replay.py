@@ -281,8 +281,11 @@ class Buffer:
     ref mode, sample asks the node for the next sample's picks before it
     gathers this one's rows, so the round trip overlaps the copy (the picks
     are counted by the rate limiter one sample early; the generation check
-    catches rows overwritten meanwhile). timeout: seconds the first
-    connection may take.
+    catches rows overwritten meanwhile); with a uniform or prioritized
+    sampler the prefetch also asks for a few spare picks (n/32, at least 4),
+    which replace rows found overwritten without another round trip, and
+    which the node counts as sampled like the others. timeout: seconds the
+    first connection may take.
 
     Timeouts of calls are in seconds; None (the default) waits and retries
     as long as it takes, as a Go call with context.Background() does. A
@@ -552,12 +555,23 @@ class Buffer:
                 p[1].cancel()
         return self._sample_call(n, deadline)
 
+    def _spares(self, n):
+        """How many spare picks a prefetch asks for beyond n: with a uniform or
+        prioritized sampler (independent draws), a few, which replace rows
+        found overwritten without another round trip; none with samplers
+        whose picks take the transitions away (FIFO, without replacement)."""
+        v = self._view
+        if v is None or not (v.sampler == "uniform" or v.sampler.startswith("prioritized")):
+            return 0
+        return min(max(4, n // 32), MAX_SAMPLE - n)
+
     def _start_prefetch(self, n):
         with self._mu:
             if self._pending is not None or self._closed:
                 return
+            k = n + self._spares(n)
             try:
-                self._pending = (n, self._client.start("replay.sample", {"name": self.name, "n": n, "bytes": False}))
+                self._pending = (n, self._client.start("replay.sample", {"name": self.name, "n": k, "bytes": False}))
             except _errors.TensorwireError:
                 self._pending = None
 
@@ -570,6 +584,10 @@ class Buffer:
         if view.storage is None:
             raise _errors.InternalError("replay: no mapping of the buffer's storage")
         info = SampleInfo._from_wire(resp.get("info"))
+        spare = None
+        if len(info) > n:  # a prefetch's spares (_spares)
+            _check_info(info, len(info), view.capacity)
+            info, spare = _split(info, n)
         _check_info(info, n, view.capacity)
         for path, src in view.storage.items():
             np.take(src, info.indices, axis=0, out=arrays[path], mode="clip")  # clip: checked above; "raise" would copy twice
@@ -583,11 +601,14 @@ class Buffer:
                 return info
             with self._mu:
                 self.resampled += int(torn.size)
-            more = self._sample_call(int(torn.size), deadline)
-            if more.get("id") != resp.get("id"):
-                raise ExpiredError("replay: the buffer was created anew while sampled")
-            again = SampleInfo._from_wire(more.get("info"))
-            _check_info(again, int(torn.size), view.capacity)
+            if spare is not None and len(spare) >= torn.size:
+                again, spare = _split(spare, int(torn.size))
+            else:
+                more = self._sample_call(int(torn.size), deadline)
+                if more.get("id") != resp.get("id"):
+                    raise ExpiredError("replay: the buffer was created anew while sampled")
+                again = SampleInfo._from_wire(more.get("info"))
+                _check_info(again, int(torn.size), view.capacity)
             for path, src in view.storage.items():
                 arrays[path][torn] = src[again.indices]
             info.indices[torn], info.ids[torn], info.weights[torn] = again.indices, again.ids, again.weights
@@ -670,6 +691,12 @@ def _overwritten(slots, info, rows):
         return np.nonzero(words != ((info.ids << np.uint64(2)) | np.uint64(STATE_COMMITTED)))[0]
     words = slots[info.indices[rows], 0]
     return rows[words != ((info.ids[rows] << np.uint64(2)) | np.uint64(STATE_COMMITTED))]
+
+
+def _split(info, n):
+    """The first n rows of info, and the rest."""
+    return (SampleInfo(info.indices[:n], info.ids[:n], info.weights[:n]),
+            SampleInfo(info.indices[n:], info.ids[n:], info.weights[n:]))
 
 
 def _check_info(info, n, capacity):

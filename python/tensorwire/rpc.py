@@ -136,6 +136,15 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
+    def __del__(self):
+        # A Client dropped without close: end its connection (its keeper
+        # thread holds the session, not the Client).
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
+
     # Connections.
 
     def _connection(self, deadline):

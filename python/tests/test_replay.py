@@ -307,12 +307,12 @@ class TestTornRows(unittest.TestCase):
     them: a row overwritten during the copy is caught by the generation
     check and sampled again; none is returned torn."""
 
-    def sample_until(self, check_on, until, limit=120):
+    def sample_until(self, check_on, until, limit=120, prefetch=False):
         with Node(buffers=["torn,capacity=16,min-size=8"]) as node:
             w = subprocess.Popen([sys.executable, "-c", WRITER, node.addr, node.root], env=python_env(),
                                  stdin=subprocess.PIPE, stderr=subprocess.PIPE)
             try:
-                b = replay.Buffer(node.addr, "torn", token=TOKEN, root=node.root)
+                b = replay.Buffer(node.addr, "torn", token=TOKEN, root=node.root, prefetch=prefetch)
                 self.assertEqual(b.mode, "ref")
                 saved = replay._overwritten
                 if not check_on:
@@ -341,6 +341,13 @@ class TestTornRows(unittest.TestCase):
         torn, rows, resampled = self.sample_until(True, lambda b, torn: b.resampled >= 3 or torn)
         self.assertEqual(torn, 0, f"{torn} torn rows of {rows}")
         self.assertGreaterEqual(resampled, 3, "no row was overwritten while copied: the check was not exercised")
+
+    def test_never_torn_prefetched(self):
+        """The same with prefetch: the picks are a sample old, and torn rows are
+        replaced from the prefetch's spare picks first."""
+        torn, rows, resampled = self.sample_until(True, lambda b, torn: b.resampled >= 3 or torn, prefetch=True)
+        self.assertEqual(torn, 0, f"{torn} torn rows of {rows}")
+        self.assertGreaterEqual(resampled, 3)
 
     def test_torn_without_the_check(self):
         """The control: with the generation check disabled, the same run does
