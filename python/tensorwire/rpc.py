@@ -21,8 +21,8 @@ import time
 
 from . import _msgpack, _wire, _yamux
 from ._td import TD, build, wire_bytes
-from .errors import (ClientClosedError, DeadlineExceededError, InternalError, InvalidArgumentError,
-                     TensorwireError, UnauthenticatedError, UnavailableError)
+from .errors import (CanceledError, ClientClosedError, InternalError, InvalidArgumentError, TensorwireError,
+                     UnauthenticatedError, UnavailableError)
 
 __all__ = ["Client", "TD", "read_token"]
 
@@ -101,6 +101,8 @@ class Client:
             token = token.encode()
         self._token = token or None
         self._root = os.path.realpath(root) if root else None
+        if self._root and not os.path.isdir(self._root):
+            raise InvalidArgumentError(f"root {root!r} is not a folder")
         self._fsid = _wire.read_fsid(self._root) if self._root else _wire.ZERO_FSID
         self._keepalive = keepalive
         self._window = window
@@ -247,12 +249,10 @@ class Client:
         deadline = _deadline(timeout)
         arg = {} if arg is None else arg
         conn = self._connection(deadline)
-        tds = []
-        wire_arg = _prepare(arg, tds)
+        tds = _find_tds(arg, [])
         for td in tds:
             td.prepare(self._root if conn.shared else None)
-        wire_arg = _prepare(arg, [])
-        args = _msgpack.packb(wire_arg)
+        args = _msgpack.packb(_wire_form(arg))
         parts = [p for td in tds for p in td.parts]
         body_len = sum(p.nbytes for p in parts)
         try:
@@ -335,7 +335,7 @@ class Pending:
         the caller leaving (it cancels the handler)."""
         if not self._done:
             self._done = True
-            self._error = TensorwireError(f"{self.method}: canceled", code=1)
+            self._error = CanceledError(f"{self.method}: canceled")
             self._st.close()
             self._st = None
 
@@ -396,18 +396,30 @@ def _skip(st, n, deadline):
         n -= k
 
 
-def _prepare(v, tds):
-    """v with every TD replaced by its wire form (once prepared), and the TDs
-    appended to tds in the order met: dicts in insertion order, lists in
-    order. That order is the body's: a method's TDs are listed in the order
-    its request declares them."""
+def _find_tds(v, tds):
+    """Appends the TDs in v to tds in the order met, dicts in insertion
+    order, lists in order, and returns tds. That order is the body's: a
+    caller builds a request's dict in the order its method declares its
+    fields (docs/protocol.md, "Messages")."""
     if isinstance(v, TD):
         tds.append(v)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _find_tds(x, tds)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _find_tds(x, tds)
+    return tds
+
+
+def _wire_form(v):
+    """v with every TD replaced by its wire form (TD.prepare made it)."""
+    if isinstance(v, TD):
         return v.wire
     if isinstance(v, dict):
-        return {k: _prepare(x, tds) for k, x in v.items()}
+        return {k: _wire_form(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_prepare(x, tds) for x in v]
+        return [_wire_form(x) for x in v]
     return v
 
 

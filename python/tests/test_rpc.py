@@ -12,7 +12,6 @@ import unittest
 import numpy as np
 
 import tensorwire
-from tensorwire import TD
 
 from nodes import REPO, TOKEN, Node, binary, wait_until
 
@@ -77,6 +76,10 @@ class TestHandshake(unittest.TestCase):
             tensorwire.Client("127.0.0.1:%d" % ls.getsockname()[1], timeout=10)
         self.assertIn("magic", str(cm.exception))
         ls.close()
+
+    def test_root_not_a_folder(self):
+        with self.assertRaises(tensorwire.InvalidArgumentError):
+            tensorwire.Client(self.node.addr, token=TOKEN, root=os.path.join(self.node.dir, "no-such-root"))
 
     def test_nobody_listening(self):
         import socket
