@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
@@ -252,6 +253,12 @@ type taken struct {
 // the items no other Get holds and holds them for the caller until
 // ackTake removes them or timeout passes; without (a Peek), all of them.
 func (s *Store) takeItems(bin string, remove bool, timeout time.Duration) (taken, error) {
+	return s.takeItemsAs(bin, 0, remove, timeout)
+}
+
+// takeItemsAs is takeItems with the take's id chosen by the caller (0: a
+// new one).
+func (s *Store) takeItemsAs(bin string, id uint64, remove bool, timeout time.Duration) (taken, error) {
 	if err := CheckName(bin); err != nil {
 		return taken{}, err
 	}
@@ -269,7 +276,10 @@ func (s *Store) takeItems(bin string, remove bool, timeout time.Duration) (taken
 		}
 	}
 	if remove && len(t.items) > 0 {
-		t.id = newTakeID(s.takes)
+		t.id = id
+		if t.id == 0 {
+			t.id = newTakeID(s.takes)
+		}
 		tk := &take{bin: bin, expires: time.Now().Add(timeout)}
 		for _, it := range t.items {
 			it.take = t.id
@@ -380,27 +390,31 @@ func (s *Store) values(items []*item, clone bool) ([]*tensordict.TensorDict, err
 // memory; larger ones are read-only mappings of their prefixes, which stay
 // valid after the removal deletes their files: Close every item when done.
 func (s *Store) Get(ctx context.Context, bin string) ([]*tensordict.TensorDict, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	t, err := s.takeItems(bin, true, s.opts.GetTimeout)
-	if err != nil || t.id == 0 {
-		return nil, err
-	}
-	tds, err := s.values(t.items, false)
-	if err != nil {
-		s.mu.Lock()
-		s.dropTakeLocked(t.id)
-		s.mu.Unlock()
-		return nil, err
-	}
-	if _, err := s.ackTake(t.id); err != nil {
-		for _, td := range tds {
-			td.Close()
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
 		}
-		return nil, err
+		t, err := s.takeItems(bin, true, s.opts.GetTimeout)
+		if err != nil || t.id == 0 {
+			return nil, err
+		}
+		tds, err := s.values(t.items, false)
+		if err != nil {
+			s.mu.Lock()
+			s.dropTakeLocked(t.id)
+			s.mu.Unlock()
+			return nil, err
+		}
+		_, err = s.ackTake(t.id)
+		if err == nil {
+			return tds, nil
+		}
+		closeAll(tds)
+		if !errors.Is(err, ErrExpired) {
+			return nil, err
+		}
+		// A Put or Delete replaced the items meanwhile: take again.
 	}
-	return tds, nil
 }
 
 // Peek returns the bin's items, oldest first, and keeps them, including
