@@ -104,10 +104,11 @@ func TestFullDisk_ReplayCreateTooBig(t *testing.T) {
 		{"slot table larger than the disk", replay.Config{Capacity: 1 << 18}}, // 32 bytes a slot: 8 MiB
 		{"storage larger than the disk", replay.Config{Capacity: 1024, // slots: 32 KiB; storage: 8 MiB
 			Schema: []tensordict.Field{diskField(memmap.Uint8, []int{8192}, "obs"), diskField(memmap.Float32, nil, "reward")}}},
-		// 32 KiB of slots, 4060 KiB of obs and a page of storage/meta.json
-		// fill the disk: replay.json, written last, does not fit.
+		// A page of replay.lock, 32 KiB of slots, 4056 KiB of obs and a
+		// page of storage/meta.json fill the disk: replay.json, written
+		// last, does not fit.
 		{"replay.json does not fit", replay.Config{Capacity: 1024,
-			Schema: []tensordict.Field{diskField(memmap.Uint8, []int{4060}, "obs")}}},
+			Schema: []tensordict.Field{diskField(memmap.Uint8, []int{4056}, "obs")}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			disk := mountTmpfs(t, diskSize)
@@ -349,7 +350,7 @@ func TestFullDisk_ReplayBufferKeepsWorking(t *testing.T) {
 	if got, err := os.ReadFile(metaPath); err != nil || !bytes.Equal(got, meta) {
 		t.Errorf("%s after the failed Checkpoint: %v; it changed from\n%s\nto\n%s", replay.MetaFile, err, meta, got)
 	}
-	if got := diskEntries(t, prefix); !slices.Equal(got, []string{"replay.json", "slots.memmap", "storage/", "storage/id.memmap", "storage/meta.json", "storage/obs.memmap"}) {
+	if got := diskEntries(t, prefix); !slices.Equal(got, []string{"replay.json", "replay.lock", "slots.memmap", "storage/", "storage/id.memmap", "storage/meta.json", "storage/obs.memmap"}) {
 		t.Errorf("the buffer's folder holds %q after the failed Checkpoint", got)
 	}
 
@@ -372,7 +373,7 @@ func TestFullDisk_ReplayBufferKeepsWorking(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if st := b.Stats(); st.Inserted != int64(next) {
+	if st, _ := b.Stats(); st.Inserted != int64(next) {
 		t.Errorf("reopened: Inserted = %d, want %d (the checkpoint's count)", st.Inserted, next)
 	}
 	if got := diskSampleAll(t, b); !slices.Equal(got, want) {

@@ -107,6 +107,16 @@ func checkRows(td *tensordict.TensorDict) ([]int, error) {
 	return ids, nil
 }
 
+// stats returns b's Stats, failing the test on an error.
+func stats(t testing.TB, b *Buffer) Stats {
+	t.Helper()
+	st, err := b.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
@@ -342,7 +352,7 @@ func TestRateLimit(t *testing.T) {
 		if _, _, err := b.Sample(ctxT(t), 2); err != nil {
 			t.Fatal(err)
 		}
-		st := b.Stats()
+		st := stats(t, b)
 		if st.Inserted != 5 || st.Sampled != 10 {
 			t.Fatalf("stats %+v", st)
 		}
@@ -412,8 +422,8 @@ func TestPrioritized_UpdatePriority(t *testing.T) {
 		}
 	}
 	// A stale update (the slot was overwritten since) is skipped.
-	before := b.slots.word(0) // what a sample of slot 0 would have recorded
-	extend(t, b, 4)           // round robin: slot 0
+	before := gen(b.slots.word(0)) // what a sample of slot 0 would have recorded
+	extend(t, b, 4)                // round robin: slot 0
 	n, err := b.UpdatePriority(ctxT(t), info, slices.Repeat([]float64{1}, 100))
 	if err != nil || n != 100 {
 		t.Fatalf("updated %d, %v; want 100 (slot 2 still holds what was sampled)", n, err)
@@ -453,7 +463,7 @@ func TestCommit_RetriedIsRecognised(t *testing.T) {
 	if err != nil || !slices.Equal(first, again) {
 		t.Fatalf("the retried commit: %v, %v; want %v", again, err, first)
 	}
-	if st := b.Stats(); st.Size != 3 || st.Inserted != 3 {
+	if st := stats(t, b); st.Size != 3 || st.Inserted != 3 {
 		t.Fatalf("after a retried commit: %+v; want 3 transitions, inserted once", st)
 	}
 	if _, err := b.commit(r.rid+1, []int{3}, nil); !errors.Is(err, ErrExpired) {
@@ -471,19 +481,19 @@ func TestReservation_Expires(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := b.Stats(); st.Pending != 2 {
+	if st := stats(t, b); st.Pending != 2 {
 		t.Fatalf("pending %d", st.Pending)
 	}
 	// The lease's timer fires (polled: a busy machine may run it late).
-	for deadline := time.Now().Add(30 * time.Second); b.Stats().Expired == 0; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); stats(t, b).Expired == 0; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the reservation has not expired 30 s after its 50 ms lease: stats %+v", b.Stats())
+			t.Fatalf("the reservation has not expired 30 s after its 50 ms lease: stats %+v", stats(t, b))
 		}
 	}
 	if _, err := b.commit(r.rid, r.slots, nil); !errors.Is(err, ErrExpired) {
 		t.Fatalf("commit after the lease: %v", err)
 	}
-	st := b.Stats()
+	st := stats(t, b)
 	if st.Pending != 0 || st.Expired != 1 || st.Size != 1 {
 		t.Fatalf("stats %+v", st)
 	}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/atomicfile"
@@ -103,6 +104,9 @@ func (b *Buffer) Checkpoint(ctx context.Context) error {
 		return err
 	}
 	defer b.leave()
+	if err := b.health(true); err != nil {
+		return err
+	}
 	b.commitMu.Lock()
 	defer b.commitMu.Unlock()
 	b.mu.Lock()
@@ -118,6 +122,10 @@ func (b *Buffer) Checkpoint(ctx context.Context) error {
 	}
 	if err := b.slots.flush(); err != nil {
 		return fmt.Errorf("replay: checkpoint: %w", err)
+	}
+	// Never write MetaFile into a folder that is no longer the buffer's.
+	if err := b.health(true); err != nil {
+		return err
 	}
 	b.mu.Lock()
 	data, err := b.metaLocked()
@@ -135,8 +143,50 @@ func (b *Buffer) Checkpoint(ctx context.Context) error {
 // it: every transition committed before that process stopped (however it
 // stopped) can be sampled again, with its priority; reservations it had
 // not committed are dropped. ErrNotFound if prefix holds no buffer.
+//
+// The Buffer holds the prefix (LockFile) until Close: ErrInUse, naming the
+// holder's pid and host, if another Buffer holds it, in this process or
+// another.
 func Open(prefix string) (*Buffer, error) {
-	data, err := os.ReadFile(filepath.Join(prefix, MetaFile))
+	return OpenWith(prefix, nil)
+}
+
+// OpenWith is Open with some settings changed. change, when not nil, is
+// given the buffer's configuration as its MetaFile has it (Config returns
+// the same) and returns the configuration wanted, or an error that OpenWith
+// returns. The settings that can change without touching what the buffer
+// holds are applied and saved in MetaFile:
+//
+//   - Lease, for the reservations made from now on;
+//   - Limit (the counts so far are kept);
+//   - the parameters of a Prioritized sampler (alpha, beta; the sampler is
+//     rebuilt from the priorities in the slot table).
+//
+// A change of anything else (Capacity, Writer, the sampler's kind, a
+// Schema other than nil or the buffer's) is refused with ErrConfig naming
+// the buffer's value and the one asked for. When change or the check fails,
+// nothing at the prefix was modified.
+func OpenWith(prefix string, change func(Config) (Config, error)) (*Buffer, error) {
+	if _, err := os.Stat(filepath.Join(prefix, MetaFile)); errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w at %s", ErrNotFound, prefix)
+	}
+	lock, err := acquire(prefix)
+	if err != nil {
+		return nil, err
+	}
+	b, err := open(prefix, change)
+	if err != nil {
+		lock.Release()
+		return nil, err
+	}
+	b.lock = lock
+	return b, nil
+}
+
+// open is OpenWith once the prefix is held.
+func open(prefix string, change func(Config) (Config, error)) (*Buffer, error) {
+	metaPath := filepath.Join(prefix, MetaFile)
+	data, err := os.ReadFile(metaPath)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w at %s", ErrNotFound, prefix)
 	}
@@ -145,7 +195,22 @@ func Open(prefix string) (*Buffer, error) {
 	}
 	m, cfg, err := parseMeta(data)
 	if err != nil {
-		return nil, fmt.Errorf("replay: %s: %w", filepath.Join(prefix, MetaFile), err)
+		return nil, fmt.Errorf("replay: %s: %w", metaPath, err)
+	}
+	changed := false
+	if change != nil {
+		want, err := change(cloneConfig(cfg))
+		if err != nil {
+			return nil, err
+		}
+		if err := want.validate(); err != nil {
+			return nil, err
+		}
+		if err := changeable(cfg, want); err != nil {
+			return nil, fmt.Errorf("%w (%s)", err, metaPath)
+		}
+		changed = want.Lease != cfg.Lease || want.Limit != cfg.Limit || want.Sampler != cfg.Sampler
+		cfg.Lease, cfg.Limit, cfg.Sampler = want.Lease, want.Limit, want.Sampler
 	}
 	// The slot table first: it fails on a file too short for the capacity
 	// before the sampler allocates for it.
@@ -155,6 +220,7 @@ func Open(prefix string) (*Buffer, error) {
 	}
 	b := newBuffer(prefix, cfg, m.ID)
 	b.slots = slots
+	b.own(filepath.Join(prefix, SlotsFile))
 	if cfg.Schema != nil {
 		if err := b.loadStorage(); err != nil {
 			b.slots.close()
@@ -165,7 +231,36 @@ func Open(prefix string) (*Buffer, error) {
 		b.limit.inserts, b.limit.samples = m.Checkpoint.Inserted, m.Checkpoint.Sampled
 	}
 	b.recover()
+	if changed {
+		if err := b.writeMeta(); err != nil {
+			b.closeFiles()
+			return nil, err
+		}
+	}
 	return b, nil
+}
+
+// changeable checks that a buffer configured as have can be reopened as
+// want (both normalised): only the settings OpenWith may change differ.
+func changeable(have, want Config) error {
+	switch {
+	case want.Capacity != have.Capacity:
+		return fmt.Errorf("%w: capacity %d asked for; the buffer's is %d, fixed when it was created",
+			ErrConfig, want.Capacity, have.Capacity)
+	case want.Sampler.spec.Kind != have.Sampler.spec.Kind:
+		return fmt.Errorf("%w: sampler %s asked for; the buffer's is %s, a kind fixed when it was created",
+			ErrConfig, want.Sampler, have.Sampler)
+	case want.Writer.Kind != have.Writer.Kind || !slices.Equal(want.Writer.Key, have.Writer.Key):
+		return fmt.Errorf("%w: writer %+v asked for; the buffer's is %+v, fixed when it was created",
+			ErrConfig, want.Writer, have.Writer)
+	case want.Schema != nil && have.Schema == nil:
+		return fmt.Errorf("%w: a schema asked for; the buffer's is set by its first batch", ErrConfig)
+	case want.Schema != nil:
+		if err := sameSchema(have.Schema, want.Schema); err != nil {
+			return fmt.Errorf("%w: the schema asked for differs from the buffer's: %v", ErrConfig, err)
+		}
+	}
+	return nil
 }
 
 // parseMeta decodes and checks MetaFile's content.
@@ -210,6 +305,7 @@ func (b *Buffer) loadStorage() error {
 			dir, MetaFile, bs, b.cfg.Capacity, err)
 	}
 	b.storage = td
+	b.ownStorage()
 	return nil
 }
 

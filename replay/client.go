@@ -327,8 +327,8 @@ func writeRowsBefore(storage *tensordict.TensorDict, slots []int, td *tensordict
 // Sample returns n transitions chosen by the buffer's sampler, as
 // Buffer.Sample does.
 func (c *Client) Sample(ctx context.Context, n int) (*tensordict.TensorDict, SampleInfo, error) {
-	if n <= 0 || n > maxSample {
-		return nil, SampleInfo{}, schemaErrorf("sample of %d transitions; at most %d", n, maxSample)
+	if err := checkSampleSize(n); err != nil {
+		return nil, SampleInfo{}, rpc.Errorf(rpc.CodeOf(err), "%w", err) // as the node would say it
 	}
 	if c.bytes {
 		if err := c.enter(); err != nil {
@@ -431,7 +431,10 @@ func (c *Client) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 		}
 		return more.Info, err
 	})
-	return info, err
+	if err != nil {
+		return SampleInfo{}, err
+	}
+	return info, nil
 }
 
 // checkPicks checks the node's picks for a sample of n from a buffer of
@@ -529,9 +532,16 @@ func (c *Client) Close() error {
 	return err
 }
 
-// call is rpc.Call of c's node, retried as retry says.
+// call is rpc.Call of c's node, retried as retry says; ErrClosed once c is
+// closed.
 func call[Resp, Req any](ctx context.Context, c *Client, method string, req Req) (Resp, error) {
 	var resp Resp
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return resp, ErrClosed
+	}
 	err := c.retry(ctx, func() (err error) {
 		resp, err = rpc.Call[Resp](ctx, c.rc, method, req)
 		return err
@@ -554,6 +564,9 @@ func (c *Client) retry(ctx context.Context, call func() error) error {
 		c.mu.Unlock()
 		if closed {
 			return ErrClosed
+		}
+		if errors.Is(err, rpc.ErrClosed) {
+			return err
 		}
 		if serr := sleep(ctx, wait); serr != nil {
 			return fmt.Errorf("%w; the node was unreachable: %w", serr, err)

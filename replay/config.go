@@ -1,15 +1,22 @@
 package replay
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/progress"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/replay/internal/selector"
 	"github.com/tensorwire/tensorwire/tensordict"
+	"golang.org/x/sys/unix"
 )
 
 // Config describes a buffer to Create. Only Capacity is required.
@@ -76,6 +83,17 @@ func (s Sampler) String() string {
 	return sp.Kind
 }
 
+// Kind names the sampler's kind: "uniform", "without_replacement",
+// "prioritized" or "fifo".
+func (s Sampler) Kind() string { return s.normal().Kind }
+
+// Params returns a Prioritized sampler's alpha and beta; 0 and 0 for the
+// other kinds.
+func (s Sampler) Params() (alpha, beta float64) {
+	sp := s.normal()
+	return sp.Alpha, sp.Beta
+}
+
 func (s Sampler) normal() selector.Spec {
 	if s.spec.Kind == "" {
 		return selector.Spec{Kind: "uniform"}
@@ -123,19 +141,35 @@ type RateLimit struct {
 	ErrorBuffer      float64 `json:"error_buffer,omitempty"`       // slack around the ratio, in samples
 }
 
-// validate normalises c in place and checks it.
+// cloneConfig returns a copy of c that shares no slice with it.
+func cloneConfig(c Config) Config {
+	c.Schema = cloneSchema(c.Schema)
+	c.Writer.Key = slices.Clone(c.Writer.Key)
+	return c
+}
+
+// validate normalises c in place and checks it: its values, and that the
+// memory a buffer of its capacity needs (its sampler and writer) does not
+// exceed this machine's. It allocates nothing and touches no file.
 func (c *Config) validate() error {
 	if c.Capacity <= 0 {
-		return fmt.Errorf("%w: capacity %d", ErrConfig, c.Capacity)
+		return fmt.Errorf("%w: capacity %d; want at least 1", ErrConfig, c.Capacity)
+	}
+	if c.Capacity > maxCapacity {
+		return fmt.Errorf("%w: capacity %d; at most %d", ErrConfig, c.Capacity, maxCapacity)
 	}
 	if c.Lease == 0 {
 		c.Lease = 30 * time.Second
 	}
 	if c.Lease < 0 {
-		return fmt.Errorf("%w: lease %v", ErrConfig, c.Lease)
+		return fmt.Errorf("%w: lease %v; want a positive duration", ErrConfig, c.Lease)
 	}
 	if c.Limit.MinSize <= 0 {
 		c.Limit.MinSize = 1
+	}
+	if c.Limit.MinSize > c.Capacity {
+		return fmt.Errorf("%w: min size %d is larger than the capacity %d: sampling could never start",
+			ErrConfig, c.Limit.MinSize, c.Capacity)
 	}
 	if l := c.Limit; l.SamplesPerInsert < 0 || l.ErrorBuffer < 0 || math.IsNaN(l.SamplesPerInsert) ||
 		math.IsNaN(l.ErrorBuffer) || math.IsInf(l.SamplesPerInsert, 0) {
@@ -159,8 +193,116 @@ func (c *Config) validate() error {
 		if err := checkSchema(c.Schema); err != nil {
 			return fmt.Errorf("%w: %w", ErrConfig, err)
 		}
+		if _, err := storageSizeOf(c.Capacity, c.Schema); err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+	}
+	if need, have := c.memory(), memoryLimit(); need > have {
+		return fmt.Errorf("%w: capacity %d needs about %s of memory for the %s sampler and the %s writer; this machine has %s",
+			ErrConfig, c.Capacity, progress.Bytes(float64(need)), c.Sampler.spec.Kind, c.Writer.Kind, progress.Bytes(float64(have)))
 	}
 	return nil
+}
+
+// maxCapacity bounds a buffer's capacity so that its slot table's size
+// cannot overflow; memory and disk bound it much sooner.
+const maxCapacity = math.MaxInt64 / (slotFields * 8)
+
+// memory returns about how many bytes of memory a buffer of c holds for
+// its slots: its sampler's and writer's structures (the slot table and the
+// storage are mapped files, not counted). c is normalised.
+func (c *Config) memory() uint64 {
+	need := selector.Footprint(c.Sampler.spec, c.Capacity)
+	if c.Writer.Kind == "top_k" {
+		// Its free list and its heap of (slot, key), and the free list
+		// Create or Open builds.
+		perSlot := uint64(32)
+		if uint64(c.Capacity) > math.MaxUint64/perSlot-need {
+			return math.MaxUint64
+		}
+		need += perSlot * uint64(c.Capacity)
+	}
+	return need
+}
+
+// memoryLimit returns the memory this process may use: the machine's, or
+// its cgroup's limit when lower.
+func memoryLimit() uint64 {
+	limit := uint64(math.MaxUint64)
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) == nil && si.Totalram > 0 {
+		limit = uint64(si.Totalram) * uint64(max(si.Unit, 1))
+	}
+	for _, f := range []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"} {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64); err == nil && n > 0 {
+			limit = min(limit, n)
+		}
+	}
+	return limit
+}
+
+// storageSizeOf returns the bytes of a storage of capacity transitions of
+// schema, or an error if they overflow.
+func storageSizeOf(capacity int, schema []tensordict.Field) (int64, error) {
+	var total int64
+	for _, f := range schema {
+		n, err := memmap.NumBytes(f.DType, append([]int{capacity}, f.Shape...))
+		if err != nil {
+			return 0, fmt.Errorf("field %v: %d transitions of shape %v: %w", f.Key, capacity, f.Shape, err)
+		}
+		if total > math.MaxInt64-int64(n) {
+			return 0, fmt.Errorf("the storage of %d transitions overflows (%s per transition)", capacity, schemaString(schema))
+		}
+		total += int64(n)
+	}
+	return total, nil
+}
+
+// checkDisk checks that the filesystem prefix would be created on has room
+// for a buffer of cfg: its slot table, and its storage when the schema is
+// known. The error matches both ErrConfig and ENOSPC.
+func checkDisk(prefix string, cfg Config) error {
+	dir := prefix
+	for {
+		if _, err := os.Stat(dir); err == nil {
+			break
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return nil // Create's MkdirAll will say what is wrong
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return nil
+		}
+		dir = parent
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return nil // not knowing is no reason to refuse; Create finds out
+	}
+	free := uint64(st.Bavail) * uint64(st.Bsize)
+	slots := uint64(cfg.Capacity) * slotFields * 8
+	var storage uint64
+	if cfg.Schema != nil {
+		n, _ := storageSizeOf(cfg.Capacity, cfg.Schema) // validated
+		storage = uint64(n)
+	}
+	if need := slots + storage; need > free {
+		return fmt.Errorf("%w: %s: a buffer of capacity %d needs %s on disk (slot table %s, storage %s); %s has %s free: %w",
+			ErrConfig, prefix, cfg.Capacity, progress.Bytes(float64(need)), progress.Bytes(float64(slots)),
+			storageWords(cfg.Schema, storage), dir, progress.Bytes(float64(free)), syscall.ENOSPC)
+	}
+	return nil
+}
+
+func storageWords(schema []tensordict.Field, n uint64) string {
+	if schema == nil {
+		return "made at the first batch"
+	}
+	return progress.Bytes(float64(n))
 }
 
 // checkSchema checks a transition schema: at least one field, valid dtypes

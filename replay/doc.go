@@ -35,6 +35,14 @@
 // Checkpoint adds durability against a machine crash. A client retries
 // calls while its node is unreachable and never adds a batch twice.
 //
+// A buffer has one owner: Create and Open hold its lock file (LockFile)
+// until Close, and a second opener, in any process, gets ErrInUse naming
+// the holder's pid and host; the kernel drops the lock when its process
+// dies. A buffer whose files are deleted, replaced or truncated under it
+// acknowledges nothing more: its calls fail with ErrStorageLost. Create
+// checks a Config against the machine's memory and the disk's free space
+// before it makes anything.
+//
 // docs/replay.md in the repository describes the files, the protocol and
 // what happens when a process dies.
 package replay

@@ -44,6 +44,23 @@ var (
 	// copied, more times than the buffer retries; nothing was sampled. Try
 	// again, or sample fewer rows. Code Aborted.
 	ErrContended = errors.New("replay: rows kept being overwritten while sampled")
+
+	// ErrInUse: another Buffer holds the buffer at the prefix (Open,
+	// Create), in another process or in this one; the error names its pid
+	// and host. A buffer has one owner at a time. Code FailedPrecondition.
+	ErrInUse = errors.New("replay: buffer in use")
+
+	// ErrStorageLost: the buffer's files were deleted, replaced or
+	// truncated under it (its folder removed while it was served, say), so
+	// what it holds is gone or no longer where it was. The buffer then
+	// refuses every call but Stats (StorageLost says why) and Close, and
+	// acknowledges nothing more. Code DataLoss.
+	ErrStorageLost = errors.New("replay: the buffer's storage is lost")
+
+	// ErrArgument: a call's argument is bad whatever the buffer holds: a
+	// sample of no transitions, or of more than one call may return.
+	// Code InvalidArgument.
+	ErrArgument = errors.New("replay: invalid argument")
 )
 
 // The code and reason each sentinel crosses the wire with. The reasons are
@@ -58,6 +75,14 @@ func init() {
 	rpc.RegisterReason(ErrExists, rpc.AlreadyExists, "replay.exists")
 	rpc.RegisterReason(ErrNotFound, rpc.NotFound, "replay.not_found")
 	rpc.RegisterReason(ErrContended, rpc.Aborted, "replay.contended")
+	rpc.RegisterReason(ErrInUse, rpc.FailedPrecondition, "replay.in_use")
+	rpc.RegisterReason(ErrStorageLost, rpc.DataLoss, "replay.storage_lost")
+	rpc.RegisterReason(ErrArgument, rpc.InvalidArgument, "replay.argument")
+}
+
+// argumentErrorf returns an error matching ErrArgument.
+func argumentErrorf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrArgument, fmt.Sprintf(format, args...))
 }
 
 // schemaErrorf returns an error matching ErrSchema.

@@ -26,6 +26,9 @@ var wireErrors = []struct {
 	{ErrExists, rpc.ErrAlreadyExists, "replay.exists"},
 	{ErrNotFound, rpc.ErrNotFound, "replay.not_found"},
 	{ErrContended, rpc.ErrAborted, "replay.contended"},
+	{ErrInUse, rpc.ErrFailedPrecondition, "replay.in_use"},
+	{ErrStorageLost, rpc.ErrDataLoss, "replay.storage_lost"},
+	{ErrArgument, rpc.ErrInvalidArgument, "replay.argument"},
 }
 
 type failRequest struct {

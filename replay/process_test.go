@@ -21,7 +21,7 @@ import (
 )
 
 const (
-	envHelper = "TENSORWIRE_REPLAY_HELPER" // "node" or "stuck-writer"
+	envHelper = "TENSORWIRE_REPLAY_HELPER" // "node", "stuck-writer" or "holder"
 	envAddr   = "TENSORWIRE_REPLAY_ADDR"   // node: where to listen; writer: the node
 	envRoot   = "TENSORWIRE_REPLAY_ROOT"   // the shared root
 )
@@ -35,6 +35,8 @@ func TestHelperProcess(t *testing.T) {
 		err = helperNode()
 	case "stuck-writer":
 		err = helperStuckWriter(t)
+	case "holder":
+		err = helperHolder()
 	default:
 		t.Skip("the body of a helper process")
 	}
@@ -75,6 +77,21 @@ func helperNode() error {
 	}
 	fmt.Println("ADDR", l.Addr())
 	return s.Serve(l)
+}
+
+// helperHolder opens the buffer at $ROOT/buf, or creates it, prints
+// "OPEN" and holds it until killed.
+func helperHolder() error {
+	prefix := filepath.Join(os.Getenv(envRoot), "buf")
+	b, err := Open(prefix)
+	if errors.Is(err, ErrNotFound) {
+		b, err = Create(prefix, Config{Capacity: 16, Schema: testSchema})
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Println("OPEN", b.Capacity())
+	select {}
 }
 
 // stuckIDs are the transitions the stuck writer never commits.
@@ -123,7 +140,7 @@ func TestProcess_WriterKilledMidExtend(t *testing.T) {
 
 	stuck := proctest.Start(t, envHelper+"=stuck-writer", envAddr+"="+n.addr, envRoot+"="+root)
 	slots := stuck.Expect(t, "WRITING")
-	if st := n.b.Stats(); st.Pending != 8 {
+	if st := stats(t, n.b); st.Pending != 8 {
 		t.Fatalf("%d slots pending while the writer writes, want 8", st.Pending)
 	}
 	stuck.Kill()
@@ -178,8 +195,8 @@ func TestProcess_WriterKilledMidExtend(t *testing.T) {
 		t.Error(err)
 	}
 	// The lease's timer has fired by now, unless the machine is busy: poll.
-	st := n.b.Stats()
-	for deadline := time.Now().Add(30 * time.Second); st.Expired == 0 && time.Now().Before(deadline); st = n.b.Stats() {
+	st := stats(t, n.b)
+	for deadline := time.Now().Add(30 * time.Second); st.Expired == 0 && time.Now().Before(deadline); st = stats(t, n.b) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Logf("after the kill: %d rows sampled whole; stats %+v", sampled.Load(), st)
@@ -316,5 +333,45 @@ func checkHolds(t *testing.T, prefix string, acked map[int]int) {
 	}
 	if b.Len() != len(acked) {
 		t.Errorf("the buffer holds %d transitions, %d were acknowledged", b.Len(), len(acked))
+	}
+}
+
+// TestProcess_BufferHeldByOneProcess: while a process holds a buffer,
+// another process opening it is refused with ErrInUse naming the holder's
+// pid and host; once the holder is killed with SIGKILL, the buffer opens,
+// with no lock left behind to clean up.
+func TestProcess_BufferHeldByOneProcess(t *testing.T) {
+	root := t.TempDir()
+	prefix := filepath.Join(root, "buf")
+	holder := proctest.Start(t, envHelper+"=holder", envRoot+"="+root)
+	holder.Expect(t, "OPEN")
+	host, _ := os.Hostname()
+	want := fmt.Sprintf("in use by pid %d", holder.Pid())
+
+	// Another helper process, and this one.
+	second := proctest.Start(t, envHelper+"=holder", envRoot+"="+root)
+	if err := second.WaitFor(30 * time.Second); err == nil {
+		t.Fatal("a second process holding the buffer exited with status 0")
+	}
+	if msg := second.Stderr(); !strings.Contains(msg, want) || !strings.Contains(msg, host) {
+		t.Errorf("the second process said %q; want it to name %q on %s", msg, want, host)
+	}
+	if b, err := Open(prefix); !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), want) {
+		if err == nil {
+			b.Close()
+		}
+		t.Fatalf("Open while another process holds the buffer: %v; want ErrInUse naming %q", err, want)
+	}
+	if _, err := Create(prefix, Config{Capacity: 16}); !errors.Is(err, ErrExists) && !errors.Is(err, ErrInUse) {
+		t.Fatalf("Create while another process holds the buffer: %v; want ErrExists or ErrInUse", err)
+	}
+
+	holder.Kill()
+	b, err := Open(prefix)
+	if err != nil {
+		t.Fatalf("Open after the holder was killed: %v", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

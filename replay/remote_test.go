@@ -8,11 +8,13 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/proctest"
 	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // node is a buffer served by an rpc.Server in this process.
@@ -223,7 +225,7 @@ func TestRemote_Errors(t *testing.T) {
 			if _, err := c.UpdatePriority(ctxT(t), SampleInfo{Indices: []int{9}}, []float64{1}); !errors.Is(err, ErrSchema) {
 				t.Fatalf("an index out of range: %v", err)
 			}
-			if _, _, err := c.Sample(ctxT(t), 1<<21); !errors.Is(err, ErrSchema) {
+			if _, _, err := c.Sample(ctxT(t), 1<<21); !errors.Is(err, ErrArgument) {
 				t.Fatalf("a sample of 2M transitions: %v", err)
 			}
 			if _, err := Dial(ctxT(t), n.addr, "nope", WithRoot(root)); !errors.Is(err, ErrNotFound) || !errors.Is(err, rpc.ErrNotFound) {
@@ -356,6 +358,105 @@ func TestClient_AdoptAnotherBufferDropsMappings(t *testing.T) {
 	for _, id := range rowIDs(t, td) {
 		if id != 1 && id != 2 {
 			t.Fatalf("sampled %d", id)
+		}
+	}
+}
+
+// TestClient_CallsAfterClose: a closed Client's calls, Stats among them,
+// fail with ErrClosed rather than Unavailable; and a buffer closed on the
+// node answers Stats with ErrClosed too.
+func TestClient_CallsAfterClose(t *testing.T) {
+	root := t.TempDir()
+	n := serveBuffer(t, root, "buf", Config{Capacity: 8, Schema: testSchema})
+	c := dialBuffer(t, n.addr, "buf", root, "ref")
+	extend(t, c, 0, 1)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Stats(ctxT(t)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Stats after Close: %v; want ErrClosed", err)
+	}
+	if err := c.Checkpoint(ctxT(t)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Checkpoint after Close: %v; want ErrClosed", err)
+	}
+	if _, err := c.UpdatePriority(ctxT(t), SampleInfo{Indices: []int{0}}, []float64{1}); !errors.Is(err, ErrClosed) {
+		t.Errorf("UpdatePriority after Close: %v; want ErrClosed", err)
+	}
+
+	other := dialBuffer(t, n.addr, "buf", root, "bytes")
+	if err := n.b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.b.Stats(); !errors.Is(err, ErrClosed) {
+		t.Errorf("Buffer.Stats after Close: %v; want ErrClosed", err)
+	}
+	if _, err := other.Stats(ctxT(t)); !errors.Is(err, ErrClosed) || !errors.Is(err, rpc.ErrFailedPrecondition) {
+		t.Errorf("Stats of a buffer closed on the node: %v; want ErrClosed (FailedPrecondition)", err)
+	}
+}
+
+// TestSampleInfo_IDsAreGenerations: SampleInfo.IDs are the generations of
+// the slots sampled, as documented: how many times a writer has taken the
+// slot; UpdatePriority updates a row only under that ID.
+func TestSampleInfo_IDsAreGenerations(t *testing.T) {
+	for _, mode := range append([]string{"local"}, modes...) {
+		t.Run(mode, func(t *testing.T) {
+			root := t.TempDir()
+			n := serveBuffer(t, root, "buf", Config{Capacity: 1, Schema: testSchema, Sampler: Prioritized(1, 1)})
+			var buf interface {
+				Extend(context.Context, *tensordict.TensorDict) ([]int, error)
+				Sample(context.Context, int) (*tensordict.TensorDict, SampleInfo, error)
+				UpdatePriority(context.Context, SampleInfo, []float64) (int, error)
+			} = n.b
+			if mode != "local" {
+				buf = dialBuffer(t, n.addr, "buf", root, mode)
+			}
+			for id := range 3 {
+				extend(t, buf, id) // slot 0, taken for the (id+1)th time
+			}
+			_, info, err := buf.Sample(ctxT(t), 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(info.IDs, []uint64{3, 3}) {
+				t.Fatalf("IDs %v; want [3 3], slot 0's generation after three writes", info.IDs)
+			}
+			stale := SampleInfo{Indices: []int{0}, IDs: []uint64{2}}
+			if got, err := buf.UpdatePriority(ctxT(t), stale, []float64{5}); got != 0 || err != nil {
+				t.Errorf("UpdatePriority under generation 2: %d, %v; want 0 rows", got, err)
+			}
+			if got, err := buf.UpdatePriority(ctxT(t), info, []float64{5, 5}); got != 2 || err != nil {
+				t.Errorf("UpdatePriority under the sampled IDs: %d, %v; want 2 rows", got, err)
+			}
+		})
+	}
+}
+
+// TestSample_BatchSizeMustBePositive: a sample of no transitions, or of
+// more than a call may return, is InvalidArgument saying so, not a schema
+// mismatch.
+func TestSample_BatchSizeMustBePositive(t *testing.T) {
+	root := t.TempDir()
+	n := serveBuffer(t, root, "buf", Config{Capacity: 4, Schema: testSchema})
+	extend(t, n.b, 0)
+	for _, mode := range append([]string{"local"}, modes...) {
+		var buf interface {
+			Sample(context.Context, int) (*tensordict.TensorDict, SampleInfo, error)
+		} = n.b
+		if mode != "local" {
+			buf = dialBuffer(t, n.addr, "buf", root, mode)
+		}
+		for _, tc := range []struct {
+			n    int
+			want string
+		}{{0, "batch size must be positive, not 0"}, {-1, "batch size must be positive, not -1"}, {1 << 21, "at most"}} {
+			_, _, err := buf.Sample(ctxT(t), tc.n)
+			if !errors.Is(err, ErrArgument) || errors.Is(err, ErrSchema) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s: Sample(%d): %v; want ErrArgument saying %q", mode, tc.n, err, tc.want)
+			}
+			if mode != "local" && !errors.Is(err, rpc.ErrInvalidArgument) {
+				t.Errorf("%s: Sample(%d): %v; want InvalidArgument", mode, tc.n, err)
+			}
 		}
 	}
 }

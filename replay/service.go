@@ -262,7 +262,13 @@ func (b *Buffer) writeReserved(rid uint64, slots []int, td *tensordict.TensorDic
 	if err := sameSchema(schema, rowSchema(td)); err != nil {
 		return schemaErrorf("%v", err)
 	}
-	return writeRows(storage, r.slots, td)
+	if err := writeRows(storage, r.slots, td); err != nil {
+		// The rows cannot be written: give the slots back now rather than
+		// at the end of the lease.
+		b.expire(rid)
+		return b.noteFault(err)
+	}
+	return nil
 }
 
 func (svc *Service) sample(ctx context.Context, req sampleRequest) (sampleResponse, error) {
@@ -271,8 +277,8 @@ func (svc *Service) sample(ctx context.Context, req sampleRequest) (sampleRespon
 		return sampleResponse{}, err
 	}
 	b := sb.b
-	if req.N <= 0 {
-		return sampleResponse{}, schemaErrorf("sample of %d transitions", req.N)
+	if err := checkSampleSize(req.N); err != nil {
+		return sampleResponse{}, err
 	}
 	if req.Bytes {
 		td, info, err := b.Sample(ctx, req.N)
@@ -314,7 +320,10 @@ func (svc *Service) stats(_ context.Context, req nameRequest) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	st := sb.b.Stats()
+	st, err := sb.b.Stats()
+	if err != nil {
+		return Stats{}, err
+	}
 	st.NodeHeap = nodeHeap()
 	return st, nil
 }

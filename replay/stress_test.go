@@ -65,7 +65,7 @@ func TestStress_OverwrittenRowsAreNeverReturnedTorn(t *testing.T) {
 	// Run until the guard has fired a few times, at least 300 ms and at
 	// most 30 s.
 	start := time.Now()
-	for time.Since(start) < 30*time.Second && (time.Since(start) < 300*time.Millisecond || b.Stats().Resampled < 20) {
+	for time.Since(start) < 30*time.Second && (time.Since(start) < 300*time.Millisecond || stats(t, b).Resampled < 20) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	stop.Store(true)
@@ -74,7 +74,7 @@ func TestStress_OverwrittenRowsAreNeverReturnedTorn(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	st := b.Stats()
+	st := stats(t, b)
 	t.Logf("%d written, %d rows sampled whole, %d resampled after being overwritten mid-copy",
 		next.Load(), sampled.Load(), st.Resampled)
 	if st.Resampled == 0 {
@@ -123,5 +123,5 @@ func TestStress_LargeSamplesOfAFastRing(t *testing.T) {
 	}
 	stop.Store(true)
 	wg.Wait()
-	t.Logf("%d samples of %d, %d rows resampled, %d written", samples, batch, b.Stats().Resampled, next.Load())
+	t.Logf("%d samples of %d, %d rows resampled, %d written", samples, batch, stats(t, b).Resampled, next.Load())
 }

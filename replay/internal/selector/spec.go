@@ -3,6 +3,7 @@ package selector
 import (
 	"fmt"
 	"math"
+	"math/bits"
 )
 
 // The kinds of selector, as Spec.Kind spells them.
@@ -66,6 +67,50 @@ func New(spec Spec, capacity int) (Selector, error) {
 		return Prioritized(capacity, spec.Alpha, spec.Beta, spec.Eps)
 	}
 	return FIFO(capacity), nil
+}
+
+// Footprint returns how many bytes of memory New(spec, capacity) allocates,
+// or a little more: what a caller checks against the machine's memory
+// before it builds a selector of a capacity it was given. It saturates at
+// math.MaxUint64 rather than overflow, and is 0 for an unknown kind.
+func Footprint(spec Spec, capacity int) uint64 {
+	const overhead = 64 << 10 // the allocator's rounding of a few large slices
+	c := uint64(max(capacity, 0))
+	switch spec.Kind {
+	case KindUniform:
+		return addSat(overhead, mulSat(c, 16)) // denseSet: items and pos
+	case KindWithoutReplacement:
+		return addSat(overhead, mulSat(c, 40)) // denseSet, joined, mark, order
+	case KindFIFO:
+		return addSat(overhead, mulSat(c, 24)) // heap of (seq, slot), pos
+	case KindPrioritized:
+		// prio and present per slot; a sum tree and a min tree of 2*leaves
+		// float64 each, leaves being c rounded up to a power of two.
+		leaves := uint64(1)
+		if c > 1 {
+			if n := bits.Len64(c - 1); n < 64 {
+				leaves = 1 << n
+			} else {
+				return math.MaxUint64
+			}
+		}
+		return addSat(overhead, addSat(mulSat(c, 9), mulSat(leaves, 32)))
+	}
+	return 0
+}
+
+func mulSat(a, b uint64) uint64 {
+	if hi, lo := bits.Mul64(a, b); hi == 0 {
+		return lo
+	}
+	return math.MaxUint64
+}
+
+func addSat(a, b uint64) uint64 {
+	if s, carry := bits.Add64(a, b, 0); carry == 0 {
+		return s
+	}
+	return math.MaxUint64
 }
 
 // checkParam errors unless v, the parameter called name, is finite and >= 0.

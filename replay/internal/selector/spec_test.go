@@ -3,6 +3,7 @@ package selector
 import (
 	"encoding/json"
 	"math"
+	"runtime"
 	"testing"
 )
 
@@ -79,5 +80,30 @@ func TestConstructors_PanicOnBadCapacity(t *testing.T) {
 			}()
 			f(0)
 		})
+	}
+}
+
+// TestFootprint: Footprint is at least what New allocates for the
+// selector's slices, and saturates instead of overflowing.
+func TestFootprint(t *testing.T) {
+	for _, spec := range []Spec{{Kind: KindUniform}, {Kind: KindWithoutReplacement}, {Kind: KindFIFO},
+		{Kind: KindPrioritized, Alpha: 0.6, Beta: 0.4, Eps: 1e-8}} {
+		const capacity = 1<<16 + 3
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		sel, err := New(spec, capacity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runtime.ReadMemStats(&after)
+		got := after.TotalAlloc - before.TotalAlloc
+		if fp := Footprint(spec, capacity); fp < got || fp > 2*got {
+			t.Errorf("%s: Footprint %d bytes; New allocated %d", spec.Kind, fp, got)
+		}
+		runtime.KeepAlive(sel)
+		if fp := Footprint(spec, math.MaxInt); fp != math.MaxUint64 {
+			t.Errorf("%s: Footprint of MaxInt slots = %d, want it saturated", spec.Kind, fp)
+		}
 	}
 }

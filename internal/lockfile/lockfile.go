@@ -1,0 +1,247 @@
+// Package lockfile makes one process the owner of something on disk (a
+// replay buffer's folder, and later a store or a loader's ring) through a
+// lock file: an exclusive advisory lock on a file beside what it guards
+// (flock on Unix, LockFileEx on Windows), taken without waiting.
+//
+// The kernel drops the lock when the process that holds it dies, however
+// it dies: a kill -9, a crash or an out-of-memory kill never leaves a stale
+// lock behind, and nothing has to be cleaned up before the next owner
+// takes it. The file itself stays (removing a lock file races with the
+// next owner opening it); what it holds is only informative: the pid,
+// host and program of the process that took the lock last, which a
+// second process is told when it finds the lock held (HeldError).
+//
+// The lock is per open file, not per process: a second Acquire of the same
+// path in the process that holds it fails too, as it would in another
+// process. Locks work between processes on one machine, in any mount or
+// network namespace, and on network filesystems whose locking reaches the
+// server (Linux NFS maps flock to NFS locks).
+package lockfile
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// ErrLocked is matched (errors.Is) by the error Acquire returns when
+// another owner holds the lock; the error is a *HeldError naming it.
+var ErrLocked = errors.New("lockfile: held by another process")
+
+// ErrLost is matched by Check's error once the lock file at the lock's path
+// is no longer the file that was locked: it, or a folder above it, was
+// deleted, renamed or replaced. Whatever the lock guarded may then have
+// been deleted with it, or be owned by another process that took a lock on
+// the new file.
+var ErrLost = errors.New("lockfile: lost")
+
+// errWouldBlock is what the platform's lock call returns, wrapped or bare,
+// when another open file holds the lock.
+var errWouldBlock = errors.New("lock held")
+
+// HeldError is the error of an Acquire that found the lock held: the path
+// and what the holder wrote into the file when it took the lock. PID is 0
+// and Host "" when the holder had not written them yet (it is between
+// taking the lock and writing them) or wrote something unreadable.
+type HeldError struct {
+	Path    string
+	PID     int
+	Host    string
+	Program string
+}
+
+// Error reads "lockfile: PATH is held by pid N (PROGRAM) on HOST".
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("lockfile: %s is held by %s", e.Path, e.Holder())
+}
+
+// Holder describes the holder: "pid N (PROGRAM) on HOST", or "another
+// process" when the file does not say.
+func (e *HeldError) Holder() string {
+	if e.PID == 0 {
+		return "another process (it has not recorded its pid)"
+	}
+	s := "pid " + strconv.Itoa(e.PID)
+	if e.Program != "" {
+		s += " (" + e.Program + ")"
+	}
+	if e.Host != "" {
+		s += " on " + e.Host
+	}
+	return s
+}
+
+// Is makes a HeldError match ErrLocked.
+func (e *HeldError) Is(target error) bool { return target == ErrLocked }
+
+// Lock is a lock file held by this process, from Acquire until Release. Its
+// methods are safe for concurrent use.
+type Lock struct {
+	path string
+	fi   os.FileInfo // the locked file's identity
+
+	mu sync.Mutex
+	f  *os.File // nil once released
+}
+
+// Acquire takes the lock file at path, creating it (mode 0644) if it does
+// not exist; its folder must exist. It does not wait: if another open file
+// holds the lock, in this process or another, it returns a *HeldError
+// (matching ErrLocked) with the holder's pid, host and program as the
+// holder recorded them. Once it has the lock it records this process's in
+// the file.
+func Acquire(path string) (*Lock, error) {
+	for attempt := 0; ; attempt++ {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("lockfile: %w", err)
+		}
+		if err := lock(f); err != nil {
+			if errors.Is(err, errWouldBlock) {
+				held := readHolder(f, path)
+				f.Close()
+				return nil, held
+			}
+			f.Close()
+			return nil, fmt.Errorf("lockfile: locking %s: %w", path, err)
+		}
+		// The file locked must still be the one at path: another process
+		// may have replaced or removed it between the open and the lock.
+		fi, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lockfile: %w", err)
+		}
+		if now, err := os.Stat(path); err != nil || !os.SameFile(fi, now) {
+			f.Close()
+			if attempt < 10 {
+				continue
+			}
+			return nil, fmt.Errorf("lockfile: %s keeps being replaced while it is locked", path)
+		}
+		if err := writeHolder(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lockfile: writing %s: %w", path, err)
+		}
+		return &Lock{path: path, fi: fi, f: f}, nil
+	}
+}
+
+// Path returns the lock file's path.
+func (l *Lock) Path() string { return l.path }
+
+// Check returns nil while the file at the lock's path is the file locked,
+// and an error matching ErrLost once it was deleted, renamed or replaced
+// (or a folder above it was). It costs one stat.
+func (l *Lock) Check() error {
+	fi, err := os.Stat(l.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %s is gone", ErrLost, l.path)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrLost, err)
+	}
+	if !os.SameFile(fi, l.fi) {
+		return fmt.Errorf("%w: %s is another file now", ErrLost, l.path)
+	}
+	return nil
+}
+
+// Release drops the lock; the file stays. Later calls do nothing.
+func (l *Lock) Release() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return nil
+	}
+	err := unlock(l.f)
+	if cerr := l.f.Close(); err == nil {
+		err = cerr
+	}
+	l.f = nil
+	if err != nil {
+		return fmt.Errorf("lockfile: releasing %s: %w", l.path, err)
+	}
+	return nil
+}
+
+// writeHolder records this process in the locked file f:
+//
+//	pid 1234
+//	host node-a
+//	program tensorwire
+func writeHolder(f *os.File) error {
+	host, _ := os.Hostname()
+	prog := ""
+	if len(os.Args) > 0 {
+		prog = filepath.Base(os.Args[0])
+	}
+	data := fmt.Sprintf("pid %d\nhost %s\nprogram %s\n", os.Getpid(), oneLine(host), oneLine(prog))
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	_, err := f.WriteAt([]byte(data), 0)
+	return err
+}
+
+func oneLine(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\r' {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// holderWait bounds how long readHolder waits for a holder that has taken
+// the lock but not yet written its pid.
+const holderWait = 200 * time.Millisecond
+
+// readHolder reads what the holder of f's lock recorded, waiting a little
+// if it has not written it yet.
+func readHolder(f *os.File, path string) *HeldError {
+	e := &HeldError{Path: path}
+	deadline := time.Now().Add(holderWait)
+	for {
+		data, err := io.ReadAll(io.NewSectionReader(f, 0, 4096))
+		if err == nil {
+			parseHolder(data, e)
+		}
+		if e.PID != 0 || time.Now().After(deadline) {
+			return e
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func parseHolder(data []byte, e *HeldError) {
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), " ")
+		switch k {
+		case "pid":
+			if e.PID == 0 {
+				if n, err := strconv.Atoi(v); err == nil && n > 0 {
+					e.PID = n
+				}
+			}
+		case "host":
+			if e.Host == "" {
+				e.Host = v
+			}
+		case "program":
+			if e.Program == "" {
+				e.Program = v
+			}
+		}
+	}
+}

@@ -1,0 +1,317 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Extend adds a batch of transitions, a TensorDict of batch size [B] whose
+// tensors match the buffer's schema (the first batch sets it when the
+// buffer has none), and returns the slot each went to (-1 for a
+// transition a top-k writer dropped). It waits while the rate limiter holds
+// inserts back, until ctx ends. A batch that does not match is refused
+// with ErrSchema and nothing is written.
+//
+// New transitions get the largest priority seen so far; ExtendPriority sets
+// theirs.
+func (b *Buffer) Extend(ctx context.Context, td *tensordict.TensorDict) ([]int, error) {
+	return b.ExtendPriority(ctx, td, nil)
+}
+
+// ExtendPriority is Extend with a priority for each transition (nil: the
+// largest seen so far), finite and not negative.
+func (b *Buffer) ExtendPriority(ctx context.Context, td *tensordict.TensorDict, priorities []float64) ([]int, error) {
+	n, keys, err := checkExtend(td, priorities, b.cfg.Writer)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.enter(); err != nil {
+		return nil, err
+	}
+	defer b.leave()
+	r, storage, err := b.reserve(ctx, rowSchema(td), n, keys)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeRows(storage, r.slots, td); err != nil {
+		b.expire(r.rid)
+		return nil, b.noteFault(err)
+	}
+	return b.commit(r.rid, r.slots, priorities)
+}
+
+// writeRows writes td's rows into storage at slots, skipping rows whose slot
+// is -1 (a top-k writer dropped them).
+func writeRows(storage *tensordict.TensorDict, slots []int, td *tensordict.TensorDict) error {
+	if !slices.Contains(slots, -1) {
+		return storage.SetRows(slots, td)
+	}
+	var kept, rows []int
+	for i, s := range slots {
+		if s >= 0 {
+			kept = append(kept, s)
+			rows = append(rows, i)
+		}
+	}
+	if len(kept) == 0 {
+		return nil
+	}
+	src, err := td.Gather(rows)
+	if err != nil {
+		return err
+	}
+	return storage.SetRows(kept, src)
+}
+
+// batchLen checks that td is a batch of transitions and returns its length.
+func batchLen(td *tensordict.TensorDict) (int, error) {
+	if td == nil {
+		return 0, schemaErrorf("no batch")
+	}
+	bs := td.BatchSize()
+	if len(bs) != 1 {
+		return 0, schemaErrorf("batch size %v, want [N]", bs)
+	}
+	if bs[0] == 0 {
+		return 0, schemaErrorf("empty batch")
+	}
+	return bs[0], nil
+}
+
+func checkPriorities(p []float64, n int) error {
+	if p == nil {
+		return nil
+	}
+	if len(p) != n {
+		return schemaErrorf("%d priorities for %d transitions", len(p), n)
+	}
+	for i, v := range p {
+		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+			return schemaErrorf("priority %d is %v; want a finite number >= 0", i, v)
+		}
+	}
+	return nil
+}
+
+// checkExtend checks a batch and its priorities before an Extend, and
+// returns its length and, for a top-k writer, its transitions' keys.
+func checkExtend(td *tensordict.TensorDict, priorities []float64, w Writer) (n int, keys []float64, err error) {
+	if n, err = batchLen(td); err != nil {
+		return 0, nil, err
+	}
+	if err := checkPriorities(priorities, n); err != nil {
+		return 0, nil, err
+	}
+	if w.Kind == "top_k" {
+		if keys, err = rankKeys(td, w.Key); err != nil {
+			return 0, nil, err
+		}
+	}
+	return n, keys, nil
+}
+
+// rankKeys reads the ranking key of each row of td: a tensor at key with one
+// element per row.
+func rankKeys(td *tensordict.TensorDict, key []string) ([]float64, error) {
+	t, err := td.Tensor(key...)
+	if err != nil {
+		return nil, schemaErrorf("the top-k writer ranks by %v: %v", key, err)
+	}
+	n := t.Len()
+	if t.NumElements() != n {
+		return nil, schemaErrorf("the top-k key %v has shape %v; want one element per transition", key, t.Shape())
+	}
+	raw, err := t.Bytes()
+	if err != nil {
+		return nil, err
+	}
+	keys := make([]float64, n)
+	size := t.DType().Size()
+	for i := range keys {
+		keys[i] = t.DType().Float64(raw[i*size : (i+1)*size])
+		if math.IsNaN(keys[i]) {
+			return nil, schemaErrorf("top-k key of transition %d is NaN", i)
+		}
+	}
+	return keys, nil
+}
+
+// reserve takes slots for n transitions of the given schema, creating the
+// storage if the buffer has none, once the rate limiter lets them in.
+// The slots leave the sampler at once, and their words move to a new
+// generation, so samplers reading them see the change.
+func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, keys []float64) (*reservation, *tensordict.TensorDict, error) {
+	if n > b.cfg.Capacity || n > 1<<rowBits {
+		return nil, nil, schemaErrorf("a batch of %d transitions does not fit a buffer of %d (or is over %d)", n, b.cfg.Capacity, 1<<rowBits)
+	}
+	if (keys != nil || b.cfg.Writer.Kind == "top_k") && len(keys) != n {
+		return nil, nil, schemaErrorf("%d keys for %d transitions (the writer is %s)", len(keys), n, b.cfg.Writer.Kind)
+	}
+	for i, k := range keys {
+		if math.IsNaN(k) {
+			return nil, nil, schemaErrorf("top-k key of transition %d is NaN", i)
+		}
+	}
+	if err := b.health(false); err != nil {
+		return nil, nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.schema == nil {
+		if err := checkSchema(schema); err != nil {
+			return nil, nil, schemaErrorf("%v", err)
+		}
+		if b.closed.Load() {
+			return nil, nil, ErrClosed
+		}
+		if err := b.createStorage(schema); err != nil {
+			return nil, nil, err
+		}
+		if err := b.writeMetaLocked(); err != nil {
+			return nil, nil, err
+		}
+	} else if err := sameSchema(b.schema, schema); err != nil {
+		return nil, nil, schemaErrorf("%v", err)
+	}
+	for !b.closed.Load() && b.lost == nil && !b.limit.canInsert(n, b.pending, b.sel.Len()) {
+		if err := b.wait(ctx); err != nil {
+			return nil, nil, err
+		}
+	}
+	if b.closed.Load() {
+		return nil, nil, ErrClosed
+	}
+	if b.lost != nil {
+		return nil, nil, b.lost
+	}
+	slots, err := b.writer.choose(b.slots, n, keys)
+	if errors.Is(err, ErrFull) {
+		// Slots held by writers that cannot write them (the storage was
+		// truncated under them) would end here too: say so if it is that.
+		if lost := b.healthLocked(); lost != nil {
+			return nil, nil, lost
+		}
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	r := &reservation{rid: b.nextRID, slots: slots, keys: keys}
+	b.nextRID++
+	for row, s := range slots {
+		if s < 0 {
+			continue
+		}
+		b.sel.Remove(s)
+		w := b.slots.word(s)
+		b.slots.setWord(s, makeWord(gen(w)+1, stateWriting))
+		b.slots.setSeq(s, r.rid, row)
+		b.pending++
+	}
+	b.resv[r.rid] = r
+	r.timer = time.AfterFunc(b.cfg.Lease, func() { b.expire(r.rid) })
+	return r, b.storage, nil
+}
+
+// commit makes a reservation's slots sampleable, with priorities (nil: the
+// largest seen so far). slots is what the writer was given; if the
+// reservation is gone, commit succeeds only if those slots already hold it
+// committed (a retried commit), and fails with ErrExpired otherwise.
+func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, error) {
+	// Nothing is acknowledged once the files are gone.
+	if err := b.health(false); err != nil {
+		return nil, err
+	}
+	b.commitMu.RLock()
+	defer b.commitMu.RUnlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return nil, ErrClosed
+	}
+	if b.lost != nil {
+		return nil, b.lost
+	}
+	r := b.resv[rid]
+	if r == nil {
+		if b.alreadyCommitted(rid, slots) {
+			return slots, nil
+		}
+		return nil, fmt.Errorf("%w: reservation %d", ErrExpired, rid)
+	}
+	if priorities != nil && len(priorities) != len(r.slots) {
+		return nil, schemaErrorf("%d priorities for %d transitions", len(priorities), len(r.slots))
+	}
+	r.timer.Stop()
+	delete(b.resv, rid)
+	n := 0
+	for i, s := range r.slots {
+		if s < 0 {
+			continue
+		}
+		p := b.maxPrio
+		if priorities != nil {
+			p = priorities[i]
+			b.maxPrio = max(b.maxPrio, p)
+		}
+		key := 0.0
+		if r.keys != nil {
+			key = r.keys[i]
+		}
+		b.slots.setPriority(s, p)
+		b.slots.setKey(s, key)
+		b.slots.setWord(s, makeWord(gen(b.slots.word(s)), stateCommitted))
+		b.sel.Insert(s, b.slots.seq(s), p)
+		b.writer.committed(s, key)
+		n++
+	}
+	b.pending -= n
+	b.limit.inserted(n)
+	b.broadcast()
+	return r.slots, nil
+}
+
+// alreadyCommitted reports whether reservation rid's slots (those not
+// negative) are all committed by rid and at least one is: a commit that
+// the caller retries after its first reply was lost.
+func (b *Buffer) alreadyCommitted(rid uint64, slots []int) bool {
+	some := false
+	for _, s := range slots {
+		if s < 0 {
+			continue
+		}
+		if s >= b.cfg.Capacity || b.slots.rid(s) != rid || state(b.slots.word(s)) != stateCommitted {
+			return false
+		}
+		some = true
+	}
+	return some
+}
+
+// expire gives an uncommitted reservation's slots back: empty, never to be
+// sampled until written again.
+func (b *Buffer) expire(rid uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.resv[rid]
+	if r == nil || b.closed.Load() {
+		return
+	}
+	r.timer.Stop()
+	delete(b.resv, rid)
+	for _, s := range r.slots {
+		if s < 0 {
+			continue
+		}
+		b.slots.setWord(s, makeWord(gen(b.slots.word(s)), stateEmpty))
+		b.writer.expired(s)
+		b.pending--
+	}
+	b.stats.Expired++
+	b.broadcast()
+}
