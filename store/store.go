@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/atomicfile"
+	"github.com/tensorwire/tensorwire/internal/lockfile"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -75,7 +76,7 @@ func (o Options) withDefaults() (Options, error) {
 type Store struct {
 	dir  string
 	opts Options
-	lk   *lockFile
+	lk   *lockfile.Lock
 	log  *logWriter
 
 	nextID atomic.Uint64 // the last value id handed out
@@ -134,7 +135,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		hist: history{max: o.History}, reqs: requests{clients: map[uint64]*clientReqs{}},
 	}
 	if err := s.recover(); err != nil {
-		lk.unlock()
+		lk.Release()
 		return nil, err
 	}
 	s.wg.Add(2)
@@ -262,7 +263,7 @@ func (s *Store) Close() error {
 	}
 	s.mu.Unlock()
 	err := s.log.f.Close()
-	if uerr := s.lk.unlock(); err == nil {
+	if uerr := s.lk.Release(); err == nil {
 		err = uerr
 	}
 	return err
