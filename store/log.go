@@ -135,6 +135,11 @@ func readLog(f *os.File, apply func(*record) error) (int64, error) {
 	if _, err := io.ReadFull(r, head); err != nil || string(head) != logMagic {
 		return 0, fmt.Errorf("%w: %s does not start as a store log", ErrCorrupt, f.Name())
 	}
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("store: %w", err)
+	}
+	fileSize := fi.Size()
 	off := int64(len(logMagic))
 	var hdr [frameHeader]byte
 	var payload []byte
@@ -155,6 +160,9 @@ func readLog(f *os.File, apply func(*record) error) (int64, error) {
 			size = int(binary.LittleEndian.Uint32(hdr[4:]))
 			if size > maxRecord {
 				bad = fmt.Sprintf("a record of %d bytes", size)
+			} else if rest := fileSize - off - frameHeader; int64(size)+frameTrailer > rest {
+				// Never allocate for bytes the file does not have.
+				bad = fmt.Sprintf("a record of %d bytes with %d left in the file", size, rest)
 			}
 		}
 		if bad == "" {
@@ -325,4 +333,41 @@ func (w *logWriter) close() {
 	w.closed = true
 	w.mu.Unlock()
 	w.cond.Broadcast()
+}
+
+// checkRecord returns an error matching ErrCorrupt for a record apply
+// cannot take: one no version of this package writes, whatever its
+// checksum says.
+func checkRecord(rec *record) error {
+	bad := ""
+	switch rec.Op {
+	case recBase:
+		if rec.Name == "" || rec.Rev != 0 {
+			bad = "a base record without an id, or numbered"
+		}
+	case recPut, recAppend, recPublish:
+		if len(rec.Items) == 0 {
+			bad = "no value"
+		}
+		for _, it := range rec.Items {
+			if it.ID == 0 || (rec.Op == recPublish && it.Inline != nil) {
+				bad = "a value without an id, or a parameter version inline"
+			}
+		}
+		if rec.Op == recPublish && rec.Version == 0 {
+			bad = "version 0"
+		}
+	case recGet, recDelete:
+	default:
+		bad = fmt.Sprintf("op %d", rec.Op)
+	}
+	if bad == "" && rec.Op != recBase {
+		if err := CheckName(rec.Name); err != nil {
+			bad = err.Error()
+		}
+	}
+	if bad != "" {
+		return fmt.Errorf("%w: a record the store does not write: %s", ErrCorrupt, bad)
+	}
+	return nil
 }

@@ -156,7 +156,13 @@ func (s *Store) recover() error {
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
-	end, err := readLog(f, func(rec *record) error { s.apply(rec); return nil })
+	end, err := readLog(f, func(rec *record) error {
+		if err := checkRecord(rec); err != nil {
+			return err
+		}
+		s.apply(rec)
+		return nil
+	})
 	if err != nil {
 		f.Close()
 		return err
