@@ -224,8 +224,11 @@ func goodAfter(f *os.File, off int64) bool {
 
 // logWriter appends frames to the log file with group commit: callers
 // queue frames (in revision order, under the store's lock) and wait until
-// the frame of their revision is durable; one goroutine (the store's
-// writer) writes every queued frame with one write and one fsync.
+// the frame of their revision is durable. Two goroutines of the store run
+// it as a pipeline: the writer writes every queued frame with one write,
+// and the syncer makes what was written durable with one fdatasync, while
+// the writer already writes the next batch. Each sync covers every frame
+// written before it started.
 type logWriter struct {
 	noSync bool
 
@@ -234,8 +237,9 @@ type logWriter struct {
 	f       *os.File
 	size    int64
 	queue   []queued
+	written uint64 // every record up to this revision is written
 	durable uint64 // every record up to this revision is durable
-	err     error  // sticky: set when a write or fsync fails
+	err     error  // sticky: set when a write or sync fails
 	closed  bool
 }
 
@@ -245,7 +249,7 @@ type queued struct {
 }
 
 func newLogWriter(f *os.File, size int64, rev uint64, noSync bool) *logWriter {
-	w := &logWriter{f: f, size: size, durable: rev, noSync: noSync}
+	w := &logWriter{f: f, size: size, written: rev, durable: rev, noSync: noSync}
 	w.cond = sync.NewCond(&w.mu)
 	return w
 }
@@ -273,7 +277,7 @@ func (w *logWriter) wait(rev uint64) error {
 }
 
 // next blocks until frames are queued or the writer is closed, and takes
-// them. ok is false once closed with nothing left to write.
+// them. ok is false once closed with nothing left to write, or failed.
 func (w *logWriter) next() (batch []queued, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -287,7 +291,9 @@ func (w *logWriter) next() (batch []queued, ok bool) {
 	return batch, true
 }
 
-// write writes a batch and makes it durable, then wakes its waiters.
+// write writes a batch with one write(2). Without sync it is durable as
+// far as the log promises (Options.NoSync) at once; otherwise the syncer
+// makes it so.
 func (w *logWriter) write(batch []queued, buf *[]byte) error {
 	b := (*buf)[:0]
 	for _, q := range batch {
@@ -295,39 +301,74 @@ func (w *logWriter) write(batch []queued, buf *[]byte) error {
 	}
 	*buf = b
 	_, err := w.f.Write(b)
-	if err == nil && !w.noSync {
-		err = w.f.Sync()
-	}
 	w.mu.Lock()
 	if err != nil {
 		w.err = fmt.Errorf("%w: %v", ErrFailed, err)
 	} else {
 		w.size += int64(len(b))
-		w.durable = batch[len(batch)-1].rev
+		w.written = batch[len(batch)-1].rev
+		if w.noSync {
+			w.durable = w.written
+		}
 	}
 	w.mu.Unlock()
 	w.cond.Broadcast()
 	return err
 }
 
-// fail stops the log with err.
-func (w *logWriter) fail(err error) {
-	w.mu.Lock()
-	if w.err == nil {
-		w.err = fmt.Errorf("%w: %v", ErrFailed, err)
+// syncLoop makes written records durable, calling advanced with each new
+// durable revision, until the writer is closed and everything written is
+// durable, or a sync fails.
+func (w *logWriter) syncLoop(advanced func(uint64)) {
+	for {
+		w.mu.Lock()
+		for w.written == w.durable && !w.closed && w.err == nil {
+			w.cond.Wait()
+		}
+		if w.err != nil || w.written == w.durable {
+			w.mu.Unlock()
+			advanced(0)
+			return
+		}
+		target, f := w.written, w.f
+		w.mu.Unlock()
+		err := syncData(f)
+		w.mu.Lock()
+		if err != nil {
+			w.err = fmt.Errorf("%w: %v", ErrFailed, err)
+		} else {
+			w.durable = max(w.durable, target)
+		}
+		w.mu.Unlock()
+		w.cond.Broadcast()
+		if err != nil {
+			advanced(0)
+			return
+		}
+		advanced(target)
 	}
-	w.mu.Unlock()
-	w.cond.Broadcast()
 }
 
-// durableRev returns the last durable revision.
-func (w *logWriter) durableRev() uint64 {
+// waitSynced blocks until everything written is durable (the syncer is
+// idle), or the log failed.
+func (w *logWriter) waitSynced() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.durable
+	for w.durable < w.written && w.err == nil {
+		w.cond.Wait()
+	}
+	return w.err
 }
 
-// close stops the writer once the queue is empty.
+// failed returns the error that stopped the log, or nil.
+func (w *logWriter) failed() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// close stops the writer once the queue is empty, and the syncer once
+// everything written is durable.
 func (w *logWriter) close() {
 	w.mu.Lock()
 	w.closed = true

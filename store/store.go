@@ -138,8 +138,12 @@ func Open(dir string, opts Options) (*Store, error) {
 		lk.Release()
 		return nil, err
 	}
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go s.writeLoop()
+	go func() {
+		defer s.wg.Done()
+		s.log.syncLoop(s.advance)
+	}()
 	go s.sweepLoop()
 	return s, nil
 }
@@ -281,10 +285,7 @@ func (s *Store) enterLocked() error {
 	if s.closed {
 		return ErrClosed
 	}
-	s.log.mu.Lock()
-	err := s.log.err
-	s.log.mu.Unlock()
-	return err
+	return s.log.failed()
 }
 
 // commitLocked numbers the prepared record rec (Rev set by the caller to
@@ -313,8 +314,8 @@ func (s *Store) settle(rev uint64, dropped []uint64) error {
 func (s *Store) waitRead(rev uint64) error { return s.log.wait(rev) }
 
 // writeLoop writes the log: each batch of queued records with one write
-// and one fsync, and the whole state instead once the log is long enough
-// to compact.
+// (the syncer makes them durable), and the whole state instead once the
+// log is long enough to compact.
 func (s *Store) writeLoop() {
 	defer s.wg.Done()
 	var buf []byte
@@ -323,7 +324,7 @@ func (s *Store) writeLoop() {
 		if !ok {
 			return
 		}
-		if s.shouldCompact() {
+		if s.shouldCompact() && s.log.waitSynced() == nil {
 			rev, rest, err := s.compact()
 			if err == nil {
 				s.advance(rev)
@@ -335,7 +336,9 @@ func (s *Store) writeLoop() {
 			s.advance(0) // wake watchers: the store has failed
 			return
 		}
-		s.advance(batch[len(batch)-1].rev)
+		if s.opts.NoSync {
+			s.advance(batch[len(batch)-1].rev)
+		}
 		if cap(buf) > 64<<20 {
 			buf = nil
 		}
@@ -422,9 +425,8 @@ func (s *Store) compact() (uint64, []queued, error) {
 	s.log.mu.Lock()
 	old := s.log.f
 	s.log.f, s.log.size = f, size
-	if rev > s.log.durable {
-		s.log.durable = rev
-	}
+	s.log.written = max(s.log.written, rev)
+	s.log.durable = max(s.log.durable, rev)
 	s.log.mu.Unlock()
 	s.log.cond.Broadcast()
 	old.Close()
