@@ -13,6 +13,7 @@ import (
 	"github.com/tensorwire/tensorwire/internal/bench/gather"
 	"github.com/tensorwire/tensorwire/internal/bench/replay"
 	"github.com/tensorwire/tensorwire/internal/bench/rpc"
+	"github.com/tensorwire/tensorwire/internal/bench/store"
 )
 
 // benchmarks are the benchmarks "tensorwire bench NAME" runs, in the order
@@ -23,6 +24,7 @@ var benchmarks = []bench.Benchmark{
 	fill.Benchmark,
 	rpc.Benchmark,
 	replay.Benchmark,
+	store.Benchmark,
 }
 
 var benchCmd = command{
