@@ -167,7 +167,11 @@ func runParent(ctx context.Context, o *options, env bench.Env) error {
 		return err
 	}
 	logf := func(format string, args ...any) { fmt.Fprintf(env.Stderr, "bench store: "+format+"\n", args...) }
-	node, err := start(ctx, o, env, outs, "node", "--role", "node", "--root", root)
+	nodeArgs := []string{"--role", "node", "--root", root}
+	if o.noSync {
+		nodeArgs = append(nodeArgs, "--sync", "none")
+	}
+	node, err := start(ctx, o, env, outs, "node", nodeArgs...)
 	if err != nil {
 		return err
 	}

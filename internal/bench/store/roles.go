@@ -80,9 +80,9 @@ func runRole(_ context.Context, o *options) error {
 }
 
 // roleNode serves the store ROOT/bench, with default options (fsync before
-// every acknowledgement), and prints "ready ADDR".
+// every acknowledgement) unless --sync none, and prints "ready ADDR".
 func roleNode(ctx context.Context, o *options) error {
-	s, err := storeapi.Open(filepath.Join(o.root, storeName), storeapi.Options{})
+	s, err := storeapi.Open(filepath.Join(o.root, storeName), storeapi.Options{NoSync: o.noSync})
 	if err != nil {
 		return err
 	}

@@ -59,6 +59,7 @@ type options struct {
 	parts    []string
 	json     string
 	root     string
+	noSync   bool
 
 	// roles (hidden)
 	role     string
@@ -89,6 +90,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.StringVar(&modes, "modes", "ref,bytes,tcp", "broadcast modes: ref (by reference), bytes (through the node), tcp (raw TCP relay)")
 	fs.StringVar(&parts, "parts", "broadcast,rollouts,watch", "what to run")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
+	sync := fs.String("sync", "always", "the node's store: always (fsync before acknowledging, the default) or none (store.Options.NoSync: survives the node's process dying, not the machine)")
 	fs.StringVar(&o.root, "root", "", "the folder under which the run makes its shared root (default: the system temporary directory)")
 	fs.StringVar(&o.role, "role", "", "")
 	fs.StringVar(&o.addr, "addr", "", "")
@@ -103,6 +105,13 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 		return err
 	}
 	o.self = env.Self
+	switch *sync {
+	case "always":
+	case "none":
+		o.noSync = true
+	default:
+		return bench.Usagef("--sync %q: want always or none", *sync)
+	}
 	if o.role != "" {
 		return runRole(ctx, &o)
 	}
