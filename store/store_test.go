@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -481,4 +482,77 @@ func TestStore_StrayValuesAreRemoved(t *testing.T) {
 	if _, err := os.Stat(notOurs); err != nil {
 		t.Fatalf("a file that is not a value was removed: %v", err)
 	}
+}
+
+// writeLog writes a log of the given records (revision 1, 2, ...) after a
+// base record.
+func writeLog(t *testing.T, dir string, recs ...*record) {
+	t.Helper()
+	os.MkdirAll(dir, 0o755)
+	data := []byte(logMagic)
+	base, _ := prepare(&record{Op: recBase, Name: "0123456789abcdef"})
+	data = append(data, base.seal(0)...)
+	for i, rec := range recs {
+		p, err := prepare(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data = append(data, p.seal(uint64(i+1))...)
+	}
+	if err := os.WriteFile(filepath.Join(dir, logName), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStore_RecordWithoutValueIsCorrupt: a record with a good checksum that
+// the store never writes (a publish of no value) is ErrCorrupt, not a
+// panic in the replay.
+func TestStore_RecordWithoutValueIsCorrupt(t *testing.T) {
+	for _, rec := range []*record{
+		{Op: recPublish, Name: "p", Version: 1},
+		{Op: recAppend, Name: "b"},
+		{Op: recPut, Name: "a/b", Items: []recItem{{ID: 1, Inline: []byte("x")}}},
+		{Op: 99, Name: "b"},
+	} {
+		dir := t.TempDir()
+		writeLog(t, dir, rec)
+		if _, err := Open(dir, Options{}); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("Open of a log with %+v = %v, want ErrCorrupt", rec, err)
+		}
+	}
+}
+
+// TestStore_DamagedLengthAllocatesLittle: a record whose length field says
+// 1 GiB in a file of a few hundred bytes is a torn tail, found without
+// allocating the gigabyte.
+func TestStore_DamagedLengthAllocatesLittle(t *testing.T) {
+	dir := t.TempDir()
+	writeLog(t, dir, &record{Op: recAppend, Name: "b", Items: []recItem{{ID: 1, Inline: mustEncode(t, itemTD(t, 1, 4))}}})
+	path := filepath.Join(dir, logName)
+	data, _ := os.ReadFile(path)
+	tail := append([]byte(recordMagic), 0, 0, 0, 0x3f, 0, 0, 0, 0) // length 1 GiB - 16 MiB
+	os.WriteFile(path, append(data, tail...), 0o644)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	s, err := Open(dir, Options{})
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if n := after.TotalAlloc - before.TotalAlloc; n > 64<<20 {
+		t.Fatalf("Open allocated %d MB for a log of %d bytes", n>>20, len(data)+len(tail))
+	}
+	if st := s.Stats(); st.Items != 1 {
+		t.Fatalf("%d items after the torn tail, want 1", st.Items)
+	}
+}
+
+func mustEncode(t *testing.T, td *tensordict.TensorDict) []byte {
+	t.Helper()
+	b, err := encodeValue(td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
