@@ -149,8 +149,9 @@ func params(mb int) (*tensordict.TensorDict, []byte, error) {
 }
 
 // rolePublisher publishes a new version of the parameter set --param every
-// --period for --duration: a fresh value each time (its first bytes are
-// the version), with its CRC-32C as the NonTensor "crc".
+// --period for --duration: a fresh value each time, whose first 8 bytes
+// are the version's sequence number and the next 4 the CRC-32C of the rest
+// (sealVersion), so that readers check every byte without a second key.
 func rolePublisher(ctx context.Context, o *options) (*publishResult, error) {
 	c, err := dial(ctx, o)
 	if err != nil {
@@ -167,11 +168,7 @@ func rolePublisher(ctx context.Context, o *options) (*publishResult, error) {
 	defer tick.Stop()
 	end := time.Now().Add(o.duration)
 	for seq := uint64(1); time.Now().Before(end); seq++ {
-		binary.LittleEndian.PutUint64(data, seq)
-		crc := crc32.Checksum(data, castagnoli)
-		if err := td.Set("crc", &tensordict.NonTensor{Data: crc}); err != nil {
-			return nil, err
-		}
+		sealVersion(data, seq)
 		start := time.Now()
 		v, err := c.Publish(ctx, o.param, td)
 		if err != nil {
@@ -186,6 +183,23 @@ func rolePublisher(ctx context.Context, o *options) (*publishResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// sealVersion writes seq into data[0:8] and the CRC-32C of data[12:] and
+// seq into data[8:12].
+func sealVersion(data []byte, seq uint64) {
+	binary.LittleEndian.PutUint64(data, seq)
+	crc := crc32.Update(crc32.Checksum(data[12:], castagnoli), castagnoli, data[:8])
+	binary.LittleEndian.PutUint32(data[8:], crc)
+}
+
+// sealed reports whether data is as sealVersion left it: every byte read.
+func sealed(data []byte) bool {
+	if len(data) < 12 {
+		return false
+	}
+	crc := crc32.Update(crc32.Checksum(data[12:], castagnoli), castagnoli, data[:8])
+	return binary.LittleEndian.Uint32(data[8:]) == crc
 }
 
 // readResult is a reader's: when it held each version, every byte read
@@ -240,13 +254,7 @@ func checkParams(td *tensordict.TensorDict) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	crc := crc32.Checksum(b, castagnoli)
-	nt, err := td.NonTensorAt("crc")
-	if err != nil {
-		return false, err
-	}
-	want, ok := number(nt.Data)
-	return ok && want == uint64(crc), nil
+	return sealed(b), nil
 }
 
 // number returns a NonTensor's number however it was decoded: float64
@@ -368,10 +376,10 @@ func roleTCPPublisher(ctx context.Context, o *options) (*publishResult, error) {
 	defer tick.Stop()
 	end := time.Now().Add(o.duration)
 	for seq := uint64(1); time.Now().Before(end); seq++ {
-		binary.LittleEndian.PutUint64(data, seq)
+		sealVersion(data, seq)
 		var hdr [16]byte
 		binary.LittleEndian.PutUint64(hdr[:8], uint64(len(data)))
-		binary.LittleEndian.PutUint64(hdr[8:], uint64(crc32.Checksum(data, castagnoli)))
+		binary.LittleEndian.PutUint64(hdr[8:], seq)
 		start := time.Now()
 		if _, err := conn.Write(hdr[:]); err != nil {
 			return nil, err
@@ -415,7 +423,7 @@ func roleTCPReader(ctx context.Context, o *options) (*readResult, error) {
 		if _, err := io.ReadFull(br, buf); err != nil {
 			return res, nil
 		}
-		if uint64(crc32.Checksum(buf, castagnoli)) != binary.LittleEndian.Uint64(hdr[8:]) {
+		if !sealed(buf) {
 			res.BadCRC++
 		}
 		res.Held[seq] = time.Now().UnixNano()
