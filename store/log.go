@@ -241,6 +241,7 @@ type logWriter struct {
 	durable uint64 // every record up to this revision is durable
 	err     error  // sticky: set when a write or sync fails
 	closed  bool
+	done    bool // the writer has stopped: nothing more will be written
 }
 
 type queued struct {
@@ -322,7 +323,7 @@ func (w *logWriter) write(batch []queued, buf *[]byte) error {
 func (w *logWriter) syncLoop(advanced func(uint64)) {
 	for {
 		w.mu.Lock()
-		for w.written == w.durable && !w.closed && w.err == nil {
+		for w.written == w.durable && !w.done && w.err == nil {
 			w.cond.Wait()
 		}
 		if w.err != nil || w.written == w.durable {
@@ -367,7 +368,16 @@ func (w *logWriter) failed() error {
 	return w.err
 }
 
-// close stops the writer once the queue is empty, and the syncer once
+// writerDone records that the writer has stopped; the syncer stops once
+// everything it wrote is durable.
+func (w *logWriter) writerDone() {
+	w.mu.Lock()
+	w.done = true
+	w.mu.Unlock()
+	w.cond.Broadcast()
+}
+
+// close stops the writer once the queue is empty, and so the syncer once
 // everything written is durable.
 func (w *logWriter) close() {
 	w.mu.Lock()

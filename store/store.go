@@ -318,6 +318,7 @@ func (s *Store) waitRead(rev uint64) error { return s.log.wait(rev) }
 // log is long enough to compact.
 func (s *Store) writeLoop() {
 	defer s.wg.Done()
+	defer s.log.writerDone()
 	var buf []byte
 	for {
 		batch, ok := s.log.next()

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -555,4 +556,57 @@ func mustEncode(t *testing.T, td *tensordict.TensorDict) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestStore_CloseWithOperationsInFlight: Close while appends are in flight
+// returns, and so does every append: each was written and synced, or
+// refused with ErrClosed.
+func TestStore_CloseWithOperationsInFlight(t *testing.T) {
+	for range 20 {
+		s, err := Open(t.TempDir(), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := ctxT(t)
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for g := range 8 {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					if _, err := s.Append(ctx, "b", itemTD(t, int64(g*1000+i), 16)); err != nil {
+						if !errors.Is(err, ErrClosed) {
+							errs <- err
+						}
+						return
+					}
+				}
+			})
+		}
+		for s.Stats().Revision < 50 {
+			time.Sleep(time.Millisecond)
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- s.Close() }()
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		for _, ch := range []<-chan struct{}{done} {
+			select {
+			case <-ch:
+			case <-time.After(30 * time.Second):
+				t.Fatal("appends still blocked 30 s after Close")
+			}
+		}
+		select {
+		case err := <-closed:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("Close did not return within 30 s")
+		}
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	}
 }

@@ -51,7 +51,9 @@ func TestStore_WatchEvents(t *testing.T) {
 	done := make(chan []Event)
 	go func() { done <- watchN(t, ctx, s, "", FromNow, 1) }()
 	for {
-		s.Append(ctx, "late", itemTD(t, 5, 1))
+		if _, err := s.Append(ctx, "late", itemTD(t, 5, 1)); err != nil {
+			t.Fatal(err) // ctx's limit included
+		}
 		select {
 		case evs := <-done:
 			if evs[0].Name != "late" || evs[0].Revision < 7 {
