@@ -59,10 +59,10 @@ type Buffer struct {
 	mu      sync.Mutex
 	changed chan struct{}          // closed and replaced when anything a waiter waits for changes
 	storage *tensordict.TensorDict // nil until the schema is known
-	schema  []tensordict.Field     // per transition; nil until known
+	schema  tensordict.RowSchema   // per transition; nil until known
 	slots   *slotTable
 	sel     selector.Selector
-	writer  slotChooser
+	writer  slotChooser // set once the slot table is (Create, recover)
 	limit   *limiter
 	rng     *mrand.Rand
 	maxPrio float64
@@ -107,8 +107,8 @@ type Stats struct {
 	Pending   int    `codec:"pending" json:"pending"`     // slots held by uncommitted reservations
 	Expired   int64  `codec:"expired" json:"expired"`     // reservations that expired
 	Resampled int64  `codec:"resampled" json:"resampled"` // rows found overwritten while sampled, and sampled again
-	Sampler   string `codec:"sampler" json:"sampler"`
-	NodeHeap  uint64 `codec:"node_heap" json:"node_heap"` // Go heap in use on the node serving the buffer (remote Stats only)
+	Sampler   string `codec:"sampler" json:"sampler"`     // the sampler, as Sampler.String writes it
+	NodeHeap  uint64 `codec:"node_heap" json:"node_heap"` // Go heap in use on the node serving the buffer: its rpc.Stats.HeapBytes (remote Stats only)
 }
 
 // Create makes a new buffer at prefix, a folder that must not hold one
@@ -171,13 +171,7 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 			return nil, err
 		}
 	}
-	if b.cfg.Writer.Kind == "top_k" {
-		free := make([]int, cfg.Capacity)
-		for i := range free {
-			free[i] = cfg.Capacity - 1 - i
-		}
-		b.writer = newTopK(free)
-	}
+	b.writer = newSlotChooser(cfg.Writer, b.slots)
 	if err := b.writeMeta(); err != nil {
 		b.closeFiles()
 		undo()
@@ -224,7 +218,6 @@ func newBuffer(prefix string, cfg Config, id string) *Buffer {
 		changed: make(chan struct{}),
 		schema:  cfg.Schema,
 		sel:     sel,
-		writer:  &roundRobin{capacity: cfg.Capacity},
 		limit:   newLimiter(cfg.Limit),
 		rng:     mrand.New(mrand.NewChaCha8(seed)),
 		maxPrio: 1,
@@ -233,13 +226,10 @@ func newBuffer(prefix string, cfg Config, id string) *Buffer {
 	}
 }
 
-// createStorage makes the storage for a transition schema.
-func (b *Buffer) createStorage(schema []tensordict.Field) error {
-	fs := make([]tensordict.Field, len(schema))
-	for i, f := range schema {
-		fs[i] = tensordict.Field{Key: f.Key, DType: f.DType, Shape: append([]int{b.cfg.Capacity}, f.Shape...)}
-	}
-	td, err := tensordict.Create(filepath.Join(b.prefix, StorageDir), []int{b.cfg.Capacity}, fs...)
+// createStorage makes the storage for a transition schema: a batch of
+// Capacity transitions.
+func (b *Buffer) createStorage(schema tensordict.RowSchema) error {
+	td, err := schema.Create(filepath.Join(b.prefix, StorageDir), b.cfg.Capacity)
 	if err != nil {
 		return fmt.Errorf("replay: creating the storage: %w", err)
 	}
@@ -274,7 +264,7 @@ func (b *Buffer) Config() Config {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	c := cloneConfig(b.cfg)
-	c.Schema = cloneSchema(b.schema)
+	c.Schema = b.schema.Clone()
 	return c
 }
 
@@ -283,11 +273,17 @@ func (b *Buffer) Capacity() int { return b.cfg.Capacity }
 
 // Schema returns the fields of one transition (shapes without the batch
 // dimension), or nil before the first Extend of a buffer created without
-// one.
-func (b *Buffer) Schema() []tensordict.Field {
+// one. A scalar field's Shape is nil. The result is the caller's.
+func (b *Buffer) Schema() tensordict.RowSchema {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return cloneSchema(b.schema)
+	s := b.schema.Clone()
+	for i := range s {
+		if len(s[i].Shape) == 0 {
+			s[i].Shape = nil // replay.info has always sent scalar shapes as nil
+		}
+	}
+	return s
 }
 
 // Stats returns the buffer's counters now; ErrClosed after Close. It checks
@@ -407,15 +403,4 @@ func (b *Buffer) closeFiles() error {
 		errs = append(errs, b.lock.Release())
 	}
 	return errors.Join(errs...)
-}
-
-func cloneSchema(fs []tensordict.Field) []tensordict.Field {
-	if fs == nil {
-		return nil
-	}
-	out := make([]tensordict.Field, len(fs))
-	for i, f := range fs {
-		out[i] = tensordict.Field{Key: append([]string(nil), f.Key...), DType: f.DType, Shape: append([]int(nil), f.Shape...)}
-	}
-	return out
 }

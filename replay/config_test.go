@@ -11,7 +11,6 @@ import (
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
-	"golang.org/x/sys/unix"
 )
 
 // TestCreate_RefusesWhatCannotWork: a configuration that cannot make a
@@ -19,14 +18,13 @@ import (
 // written: no out-of-memory crash, and nothing left on disk, whether Create
 // would have made the folder or found it empty.
 func TestCreate_RefusesWhatCannotWork(t *testing.T) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(t.TempDir(), &st); err != nil {
-		t.Fatal(err)
+	free, ok := freeDisk(t.TempDir())
+	if !ok {
+		t.Skip("this system does not report free disk space, so Create cannot check it")
 	}
-	free := st.Bavail * uint64(st.Bsize)
 	const row = 1 << 20
-	rows := func(n int) []tensordict.Field {
-		return []tensordict.Field{{Key: []string{"obs"}, DType: memmap.Uint8, Shape: []int{n}}}
+	rows := func(n int) tensordict.RowSchema {
+		return tensordict.RowSchema{{Key: []string{"obs"}, DType: memmap.Uint8, Shape: []int{n}}}
 	}
 	for _, tc := range []struct {
 		name  string
@@ -38,6 +36,10 @@ func TestCreate_RefusesWhatCannotWork(t *testing.T) {
 		{"capacity beyond memory, top-k", Config{Capacity: 1 << 40, Writer: TopK("r")}, "memory", false},
 		{"storage beyond the disk", Config{Capacity: int(free/row)*2 + 1, Schema: rows(row)}, "free", true},
 		{"storage bytes overflow", Config{Capacity: 1 << 40, Schema: rows(1 << 30)}, "too many elements", false},
+		{"a key both a tensor and a dict", Config{Capacity: 4, Schema: tensordict.RowSchema{
+			{Key: []string{"obs"}, DType: memmap.Uint8}, {Key: []string{"obs", "pixels"}, DType: memmap.Uint8, Shape: []int{4}},
+		}}, "inside field [obs]", false},
+		{"a field without a dtype", Config{Capacity: 4, Schema: tensordict.RowSchema{{Key: []string{"obs"}, Shape: []int{4}}}}, "dtype", false},
 		{"min size over capacity", Config{Capacity: 4, Limit: RateLimit{MinSize: 5}}, "min size", false},
 		{"negative lease", Config{Capacity: 4, Lease: -time.Second}, "lease", false},
 		{"negative capacity", Config{Capacity: -1}, "capacity", false},
@@ -127,7 +129,7 @@ func TestOpenWith_ChangesWhatCanChange(t *testing.T) {
 	}
 
 	b, err = OpenWith(prefix, func(c Config) (Config, error) {
-		if a, be := c.Sampler.Params(); c.Sampler.Kind() != "prioritized" || a != 0.6 || be != 0.4 || c.Capacity != 8 {
+		if p := c.Sampler.Params(); c.Sampler.Kind() != "prioritized" || p["alpha"] != 0.6 || p["beta"] != 0.4 || c.Capacity != 8 {
 			t.Errorf("change was given %+v", c)
 		}
 		c.Sampler, c.Lease, c.Limit.MinSize = Prioritized(1, 1), 5*time.Second, 2
@@ -137,7 +139,7 @@ func TestOpenWith_ChangesWhatCanChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := b.Config()
-	if a, be := got.Sampler.Params(); a != 1 || be != 1 || got.Lease != 5*time.Second || got.Limit.MinSize != 2 {
+	if p := got.Sampler.Params(); p["alpha"] != 1 || p["beta"] != 1 || got.Lease != 5*time.Second || got.Limit.MinSize != 2 {
 		t.Errorf("Config after the change: %+v", got)
 	}
 	if b.Len() != 3 {

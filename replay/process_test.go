@@ -106,23 +106,24 @@ func helperStuckWriter(t *testing.T) error {
 	if err != nil {
 		return err
 	}
-	if c.Mode() != "ref" {
-		return fmt.Errorf("mode %s", c.Mode())
+	if !c.SharedFS() {
+		return fmt.Errorf("the client does not share the node's filesystem")
 	}
 	td := transitions(t, seq(stuckFirstID, stuckFirstID+8)...)
 	r, err := rpc.Call[reserveResponse](ctx, c.rc, MethodReserve,
-		reserveRequest{Name: "buf", Schema: fieldInfos(rowSchema(td)), N: 8})
+		reserveRequest{Name: "buf", Schema: td.RowSchema(), N: 8})
 	if err != nil {
 		return err
 	}
-	if err := c.refresh(ctx, r.ID); err != nil {
+	v, err := c.viewOf(ctx, r.ID)
+	if err != nil {
 		return err
 	}
 	half, err := td.Slice(0, 4)
 	if err != nil {
 		return err
 	}
-	if err := c.storage.SetRows(r.Slots[:4], half); err != nil {
+	if err := v.storage.SetRows(r.Slots[:4], half); err != nil {
 		return err
 	}
 	fmt.Println("WRITING", strings.Trim(fmt.Sprint(r.Slots), "[]"))
@@ -165,7 +166,7 @@ func TestProcess_WriterKilledMidExtend(t *testing.T) {
 		}
 	})
 	wg.Go(func() {
-		dst, err := newBatch(testSchema, 32)
+		dst, err := testSchema.Zeros(32)
 		if err != nil {
 			errs <- err
 			return
@@ -243,7 +244,7 @@ func TestProcess_NodeKilledAndRestarted(t *testing.T) {
 			})
 			var samples atomic.Int64
 			wg.Go(func() {
-				dst, err := newBatch(testSchema, 16)
+				dst, err := testSchema.Zeros(16)
 				if err != nil {
 					errs <- err
 					return

@@ -3,14 +3,9 @@ package replay
 import (
 	"context"
 	"fmt"
-	"path/filepath"
-	"runtime"
 	"slices"
-	"strings"
 	"sync"
-	"time"
 
-	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -35,7 +30,7 @@ const (
 // A Service is safe for concurrent use; buffers can be added and removed
 // while it serves.
 type Service struct {
-	root    string
+	srv     *rpc.Server // its Rel names prefixes; its Stats give NodeHeap
 	mu      sync.RWMutex
 	buffers map[string]served
 }
@@ -48,7 +43,7 @@ type served struct {
 // Register adds the replay service's methods to s and returns the Service,
 // empty: Add buffers to it. Call it once per server.
 func Register(s *rpc.Server) (*Service, error) {
-	svc := &Service{root: s.Root(), buffers: map[string]served{}}
+	svc := &Service{srv: s, buffers: map[string]served{}}
 	if err := registerMethods(s, svc); err != nil {
 		return nil, err
 	}
@@ -66,7 +61,8 @@ func (svc *Service) Add(name string, b *Buffer) error {
 	if _, dup := svc.buffers[name]; dup {
 		return fmt.Errorf("%w: a buffer named %q is already served", ErrExists, name)
 	}
-	svc.buffers[name] = served{b: b, rel: relativeTo(svc.root, b.Prefix())}
+	rel, _ := svc.srv.Rel(b.Prefix())
+	svc.buffers[name] = served{b: b, rel: rel}
 	return nil
 }
 
@@ -76,26 +72,6 @@ func (svc *Service) Remove(name string) {
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
 	delete(svc.buffers, name)
-}
-
-// relativeTo returns path relative to root, slash-separated, or "" if it is
-// not under root.
-func relativeTo(root, path string) string {
-	if root == "" {
-		return ""
-	}
-	abs, err := filepath.Abs(path)
-	if err == nil {
-		abs, err = filepath.EvalSymlinks(abs)
-	}
-	if err != nil {
-		return ""
-	}
-	r, err := filepath.Rel(root, abs)
-	if err != nil || r == ".." || strings.HasPrefix(r, "../") {
-		return ""
-	}
-	return filepath.ToSlash(r)
 }
 
 func (svc *Service) lookup(name string) (served, error) {
@@ -114,19 +90,19 @@ type (
 		Name string `codec:"name"`
 	}
 	infoResponse struct {
-		ID       string          `codec:"id"`     // changes when the buffer is created anew
-		Prefix   string          `codec:"prefix"` // relative to the node's root; "" when not under it
-		Capacity int             `codec:"capacity"`
-		Schema   []rpc.FieldInfo `codec:"schema"` // per transition; nil until the first batch
-		Sampler  string          `codec:"sampler"`
-		Writer   Writer          `codec:"writer"` // a top-k writer's clients send each transition's key
-		LeaseMS  int64           `codec:"lease_ms"`
+		ID       string               `codec:"id"`     // changes when the buffer is created anew
+		Prefix   string               `codec:"prefix"` // relative to the node's root; "" when not under it
+		Capacity int                  `codec:"capacity"`
+		Schema   tensordict.RowSchema `codec:"schema"` // per transition; nil until the first batch
+		Sampler  string               `codec:"sampler"`
+		Writer   writerSpec           `codec:"writer"` // a top-k writer's clients send each transition's key
+		LeaseMS  int64                `codec:"lease_ms"`
 	}
 	reserveRequest struct {
-		Name   string          `codec:"name"`
-		Schema []rpc.FieldInfo `codec:"schema"` // of the batch, per transition
-		N      int             `codec:"n"`
-		Keys   []float64       `codec:"keys"` // top-k writers: one per transition
+		Name   string               `codec:"name"`
+		Schema tensordict.RowSchema `codec:"schema"` // of the batch, per transition
+		N      int                  `codec:"n"`
+		Keys   []float64            `codec:"keys"` // top-k writers: one per transition
 	}
 	reserveResponse struct {
 		ID    string `codec:"id"`
@@ -191,8 +167,8 @@ func (svc *Service) info(_ context.Context, req infoRequest) (infoResponse, erro
 	}
 	b := sb.b
 	return infoResponse{
-		ID: b.id, Prefix: sb.rel, Capacity: b.cfg.Capacity, Schema: fieldInfos(b.Schema()),
-		Sampler: b.cfg.Sampler.String(), Writer: b.cfg.Writer, LeaseMS: b.cfg.Lease.Milliseconds(),
+		ID: b.id, Prefix: sb.rel, Capacity: b.cfg.Capacity, Schema: b.Schema(),
+		Sampler: b.cfg.Sampler.String(), Writer: b.cfg.Writer.normal(), LeaseMS: b.cfg.Lease.Milliseconds(),
 	}, nil
 }
 
@@ -202,8 +178,7 @@ func (svc *Service) reserve(ctx context.Context, req reserveRequest) (reserveRes
 		return reserveResponse{}, err
 	}
 	b := sb.b
-	schema, err := fieldsOf(req.Schema)
-	if err != nil {
+	if err := req.Schema.Validate(); err != nil {
 		return reserveResponse{}, schemaErrorf("%v", err)
 	}
 	if req.N <= 0 {
@@ -213,7 +188,7 @@ func (svc *Service) reserve(ctx context.Context, req reserveRequest) (reserveRes
 		return reserveResponse{}, err
 	}
 	defer b.leave()
-	r, _, err := b.reserve(ctx, schema, req.N, req.Keys)
+	r, _, err := b.reserve(ctx, req.Schema, req.N, req.Keys)
 	if err != nil {
 		return reserveResponse{}, err
 	}
@@ -259,7 +234,7 @@ func (b *Buffer) writeReserved(rid uint64, slots []int, td *tensordict.TensorDic
 	if n != len(r.slots) || !slices.Equal(slots, r.slots) {
 		return schemaErrorf("a batch of %d transitions for reservation %d of %d slots", n, rid, len(r.slots))
 	}
-	if err := sameSchema(schema, rowSchema(td)); err != nil {
+	if err := schema.Match(td.RowSchema()); err != nil {
 		return schemaErrorf("%v", err)
 	}
 	if err := writeRows(storage, r.slots, td); err != nil {
@@ -324,55 +299,6 @@ func (svc *Service) stats(_ context.Context, req nameRequest) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	st.NodeHeap = nodeHeap()
+	st.NodeHeap = svc.srv.Stats().HeapBytes
 	return st, nil
-}
-
-// nodeHeap returns the Go heap in use by this process, read at most every
-// 100 ms (runtime.ReadMemStats stops the world briefly).
-func nodeHeap() uint64 {
-	heapMu.Lock()
-	defer heapMu.Unlock()
-	if time.Since(heapAt) > 100*time.Millisecond {
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		heapBytes, heapAt = ms.HeapInuse, time.Now()
-	}
-	return heapBytes
-}
-
-var (
-	heapMu    sync.Mutex
-	heapAt    time.Time
-	heapBytes uint64
-)
-
-// fieldInfos and fieldsOf convert schemas to and from their wire form.
-func fieldInfos(fs []tensordict.Field) []rpc.FieldInfo {
-	if fs == nil {
-		return nil
-	}
-	out := make([]rpc.FieldInfo, len(fs))
-	for i, f := range fs {
-		out[i] = rpc.FieldInfo{Key: f.Key, DType: f.DType.String(), Shape: f.Shape}
-	}
-	return out
-}
-
-func fieldsOf(fi []rpc.FieldInfo) ([]tensordict.Field, error) {
-	if fi == nil {
-		return nil, nil
-	}
-	out := make([]tensordict.Field, len(fi))
-	for i, f := range fi {
-		dt, err := memmap.ParseDType(f.DType)
-		if err != nil {
-			return nil, fmt.Errorf("field %v: %w", f.Key, err)
-		}
-		out[i] = tensordict.Field{Key: f.Key, DType: dt, Shape: f.Shape}
-	}
-	if err := checkSchema(out); err != nil {
-		return nil, err
-	}
-	return out, nil
 }

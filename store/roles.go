@@ -156,7 +156,7 @@ func parseRollout(item *tensordict.TensorDict) (Rollout, error) {
 	if err != nil {
 		return Rollout{}, err
 	}
-	nt, err := item.NonTensorAt(rolloutVersion)
+	nt, err := item.NonTensor(rolloutVersion)
 	if err != nil {
 		return Rollout{}, err
 	}

@@ -62,7 +62,7 @@ func itemTD(t testing.TB, id int64, n int) *tensordict.TensorDict {
 // idOf checks an item made by itemTD and returns its id.
 func idOf(t testing.TB, td *tensordict.TensorDict) int64 {
 	t.Helper()
-	nt, err := td.NonTensorAt("id")
+	nt, err := td.NonTensor("id")
 	if err != nil {
 		t.Fatal(err)
 	}

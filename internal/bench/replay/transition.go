@@ -23,8 +23,8 @@ const (
 // Schema returns the fields of one transition, shapes without the batch
 // dimension: obs uint8 [84, 84, 4], action int64, reward float32, done
 // bool.
-func Schema() []tensordict.Field {
-	return []tensordict.Field{
+func Schema() tensordict.RowSchema {
+	return tensordict.RowSchema{
 		{Key: []string{"obs"}, DType: memmap.Uint8, Shape: []int{84, 84, 4}},
 		{Key: []string{"action"}, DType: memmap.Int64},
 		{Key: []string{"reward"}, DType: memmap.Float32},

@@ -597,14 +597,14 @@ func (r *drainResult) check(td *tensordict.TensorDict) error {
 	if err != nil {
 		return err
 	}
-	crc, err := td.NonTensorAt("crc")
+	crc, err := td.NonTensor("crc")
 	if err != nil {
 		return err
 	}
 	if want, ok := number(crc.Data); !ok || want != uint64(crc32.Checksum(b, castagnoli)) {
 		r.BadCRC++
 	}
-	key, err := td.NonTensorAt("key")
+	key, err := td.NonTensor("key")
 	if err != nil {
 		return err
 	}
