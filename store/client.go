@@ -533,29 +533,52 @@ func (c *Client) renewLoop() {
 
 // Watch returns the store's events whose names start with prefix, after
 // revision after (FromNow: from now on), as Store.Watch does. They come
-// on this client's own connection, by calls that wait at the node until
-// there are events (so no port needs to be open on this side); a watch
-// cut off by the node restarting resumes from the last revision it
-// delivered, or yields ErrCompacted if the node no longer keeps it.
+// on a message stream of this client's own connection, pushed by the node
+// as they become durable (so no port needs to be open on this side); a
+// watch cut off by the node restarting or the network failing resumes,
+// with backoff, from the last revision the node said it had looked up to,
+// or yields ErrCompacted if the node no longer keeps it.
 func (c *Client) Watch(ctx context.Context, prefix string, after uint64) iter.Seq2[Event, error] {
 	return func(yield func(Event, error) bool) {
 		if err := checkPrefix(prefix); err != nil {
 			yield(Event{}, err)
 			return
 		}
-		for {
-			resp, err := call[watchResponse](ctx, c, MethodWatch, watchRequest{Store: c.name, ID: c.info.ID,
-				Prefix: prefix, After: after, WaitMS: watchMaxWait.Milliseconds()})
-			if err != nil {
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+			st, err := rpc.OpenStream[rpc.Empty, watchMessage](wctx, c.rc, MethodWatch,
+				watchRequest{Store: c.name, ID: c.info.ID, Prefix: prefix, After: after})
+			for err == nil {
+				var m watchMessage
+				if m, err = st.Recv(wctx); err != nil {
+					break
+				}
+				wait = 20 * time.Millisecond // the stream works: back off afresh next time
+				for _, e := range m.Events {
+					if !yield(e, nil) {
+						st.Close()
+						return
+					}
+				}
+				after = m.Seen
+			}
+			if st != nil {
+				st.Close()
+			}
+			// FromNow is resolved by the node once: a stream that failed
+			// before telling where "now" was starts from now again.
+			if !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, rpc.ErrClosed) || ctx.Err() != nil {
+				if ctx.Err() != nil {
+					err = ctx.Err()
+				}
 				yield(Event{}, err)
 				return
 			}
-			for _, e := range resp.Events {
-				if !yield(e, nil) {
-					return
-				}
+			if serr := sleep(ctx, wait); serr != nil {
+				yield(Event{}, serr)
+				return
 			}
-			after = resp.Seen
 		}
 	}
 }

@@ -323,3 +323,35 @@ func TestClient_Watch(t *testing.T) {
 		}
 	}
 }
+
+// TestClient_WatchCompacted: a remote watch from a revision the node no
+// longer keeps ends with ErrCompacted, through the stream; one from a kept
+// revision gets exactly the events after it.
+func TestClient_WatchCompacted(t *testing.T) {
+	ctx := ctxT(t)
+	root := t.TempDir()
+	n := serveStore(t, root, "st", Options{History: 5})
+	c := dialT(t, n.addr, "st", root, "bytes")
+	for id := range 20 {
+		c.Append(ctx, "b", itemTD(t, int64(id), 1))
+	}
+	for _, err := range c.Watch(ctx, "", 1) {
+		if !errors.Is(err, ErrCompacted) || !errors.Is(err, rpc.ErrOutOfRange) {
+			t.Fatalf("remote watch from 1 = %v, want ErrCompacted", err)
+		}
+		break
+	}
+	var got []uint64
+	for e, err := range c.Watch(ctx, "", 17) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, e.Revision)
+		if len(got) == 3 {
+			break
+		}
+	}
+	if !slices.Equal(got, []uint64{18, 19, 20}) {
+		t.Fatalf("remote watch from 17 = %v", got)
+	}
+}

@@ -24,7 +24,7 @@ const (
 	MethodRead    = "store.read" // Latest and WaitNewer
 	MethodRenew   = "store.renew"
 	MethodRelease = "store.release"
-	MethodWatch   = "store.watch"
+	MethodWatch   = "store.watch" // a message stream (rpc.RegisterStream)
 	MethodStats   = "store.stats"
 )
 
@@ -62,7 +62,7 @@ func Register(srv *rpc.Server) (*Service, error) {
 		rpc.Register(srv, MethodRead, svc.read),
 		rpc.Register(srv, MethodRenew, svc.renew),
 		rpc.Register(srv, MethodRelease, svc.release),
-		rpc.Register(srv, MethodWatch, svc.watch),
+		rpc.RegisterStream(srv, MethodWatch, svc.watch),
 		rpc.Register(srv, MethodStats, svc.stats),
 	}
 	for _, err := range regs {
@@ -215,16 +215,18 @@ type (
 		Store  string   `codec:"store"`
 		Leases []uint64 `codec:"leases"`
 	}
+	// watchRequest opens a watch stream; the node then sends watchMessages
+	// until the caller cancels the stream or an error ends it (the caller
+	// sends nothing).
 	watchRequest struct {
 		Store  string `codec:"store"`
 		ID     string `codec:"id"` // the store's id as the client knows it; "": any
 		Prefix string `codec:"prefix"`
 		After  uint64 `codec:"after"`
-		WaitMS int64  `codec:"wait_ms"`
 	}
-	watchResponse struct {
+	watchMessage struct {
 		Events []Event `codec:"events"`
-		Seen   uint64  `codec:"seen"` // the revision looked up to: the next call's After
+		Seen   uint64  `codec:"seen"` // the revision the node has looked up to: where to resume
 	}
 )
 
@@ -457,17 +459,30 @@ func (svc *Service) release(_ context.Context, req releaseRequest) (rpc.Empty, e
 	return rpc.Empty{}, nil
 }
 
-func (svc *Service) watch(ctx context.Context, req watchRequest) (watchResponse, error) {
-	st, err := svc.lookup(req.Store)
+func (svc *Service) watch(ctx context.Context, req watchRequest, st *rpc.ServerStream[rpc.Empty, watchMessage]) error {
+	sv, err := svc.lookup(req.Store)
 	if err != nil {
-		return watchResponse{}, err
+		return err
 	}
-	wait := min(time.Duration(req.WaitMS)*time.Millisecond, watchMaxWait)
-	if wait <= 0 {
-		wait = watchMaxWait
+	after, sent := req.After, uint64(0)
+	for {
+		// Wait for events; when none come for a while, tell the watcher
+		// how far the node has looked, so that a watcher that reconnects
+		// resumes from there.
+		evs, seen, err := sv.s.watchEvents(ctx, req.ID, req.Prefix, after, watchMaxWait)
+		if err != nil {
+			return err
+		}
+		if len(evs) > 0 || seen > sent {
+			// Send waits while the watcher is slow (the stream's window);
+			// meanwhile the node keeps no events for it beyond History.
+			if err := st.Send(ctx, watchMessage{Events: evs, Seen: seen}); err != nil {
+				return err
+			}
+			sent = seen
+		}
+		after = seen
 	}
-	evs, seen, err := st.s.watchEvents(ctx, req.ID, req.Prefix, req.After, wait)
-	return watchResponse{Events: evs, Seen: seen}, err
 }
 
 func (svc *Service) stats(_ context.Context, req storeRequest) (Stats, error) {

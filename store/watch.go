@@ -69,11 +69,11 @@ func (h *history) add(e Event) {
 	}
 }
 
-// watchMaxWait bounds how long one watch call waits for an event before it
-// returns none, with the revision it has seen up to.
+// watchMaxWait is how long a watch stream goes without a message: after it
+// the node sends the revision it has looked up to, alone.
 const watchMaxWait = 10 * time.Second
 
-// watchMaxEvents bounds the events one watch call returns.
+// watchMaxEvents bounds the events of one watch message.
 const watchMaxEvents = 4096
 
 // watchEvents returns the durable events after revision after whose names
