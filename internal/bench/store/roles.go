@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -127,13 +128,12 @@ type publishResult struct {
 }
 
 // params returns a parameter set of mb MiB (one float32 tensor "w") and
-// its data, to change between versions.
+// its data, to change between versions. The data is random, as trained
+// weights are to a compressor: the rpc layer's lz4 finds nothing to gain,
+// and bytes mode moves every byte, as the raw TCP baseline does.
 func params(mb int) (*tensordict.TensorDict, []byte, error) {
 	n := mb << 20
-	data := make([]byte, n)
-	for i := range data {
-		data[i] = byte(i*31 + i>>8)
-	}
+	data := randomBytes(n, uint64(mb))
 	w, err := tensordict.FromBytes(memmap.Float32, []int{n / 4}, data)
 	if err != nil {
 		return nil, nil, err
@@ -458,12 +458,18 @@ func rolloutItem(pattern []byte, w, g, i int) (*tensordict.TensorDict, error) {
 	return td, nil
 }
 
-func rolloutPattern() []byte {
-	p := make([]byte, rolloutBytes+256)
-	for i := range p {
-		p[i] = byte(i * 7)
+// rolloutPattern is random bytes to cut observations from: incompressible,
+// so the rpc layer's lz4 does not shrink them.
+func rolloutPattern() []byte { return randomBytes(rolloutBytes+256, 28) }
+
+// randomBytes returns n pseudo-random bytes from seed.
+func randomBytes(n int, seed uint64) []byte {
+	b := make([]byte, n+8)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	for i := 0; i < n; i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], rng.Uint64())
 	}
-	return p
+	return b[:n]
 }
 
 // roleAppender appends rollout items to the bin from --inflight goroutines
