@@ -355,3 +355,33 @@ func TestClient_WatchCompacted(t *testing.T) {
 		t.Fatalf("remote watch from 17 = %v", got)
 	}
 }
+
+// TestClient_BytesPeekOfManyPrefixes: peeking hundreds of prefix values
+// by bytes works, and the node closes their mappings once they have been
+// unused for mappingIdle.
+func TestClient_BytesPeekOfManyPrefixes(t *testing.T) {
+	ctx := ctxT(t)
+	root := t.TempDir()
+	n := serveStore(t, root, "st", Options{InlineBytes: 64})
+	c := dialT(t, n.addr, "st", root, "bytes")
+	const items = 300
+	for id := range items {
+		if _, err := c.Append(ctx, "b", itemTD(t, int64(id), 16)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := c.Peek(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids(t, got)) != items {
+		t.Fatalf("peeked %d items, want %d", len(got), items)
+	}
+	n.s.closeIdleMappings(time.Now().Add(mappingIdle+time.Second), mappingIdle)
+	n.s.mu.Lock()
+	open := len(n.s.maps)
+	n.s.mu.Unlock()
+	if open != 0 {
+		t.Fatalf("%d prefixes still mapped after they idled out", open)
+	}
+}

@@ -96,9 +96,9 @@ type Store struct {
 	reqs    requests
 	leases  map[uint64]*lease
 	hist    history
-	inline  int64                             // bytes of inline values held
-	maps    map[uint64]*tensordict.TensorDict // read-only mappings of prefixes, for bytes responses
-	pub     chan struct{}                     // closed at the next publication
+	inline  int64              // bytes of inline values held
+	maps    map[uint64]*mapped // read-only mappings of prefixes, for bytes responses
+	pub     chan struct{}      // closed at the next publication
 }
 
 // Open opens the store in the folder dir, creating it (and dir) if there
@@ -131,7 +131,7 @@ func Open(dir string, opts Options) (*Store, error) {
 	s := &Store{
 		dir: abs, opts: o, lk: lk, done: make(chan struct{}), notify: make(chan struct{}),
 		bins: map[string]*bin{}, params: map[string]*paramSet{}, takes: map[uint64]*take{},
-		leases: map[uint64]*lease{}, maps: map[uint64]*tensordict.TensorDict{},
+		leases: map[uint64]*lease{}, maps: map[uint64]*mapped{},
 		hist: history{max: o.History}, reqs: requests{clients: map[uint64]*clientReqs{}},
 	}
 	if err := s.recover(); err != nil {
@@ -267,8 +267,8 @@ func (s *Store) Close() error {
 	s.log.close()
 	s.wg.Wait()
 	s.mu.Lock()
-	for id, td := range s.maps {
-		td.Close()
+	for id, m := range s.maps {
+		m.td.Close()
 		delete(s.maps, id)
 	}
 	s.mu.Unlock()
@@ -489,6 +489,7 @@ func (s *Store) sweepLoop() {
 			return
 		case now := <-t.C:
 			s.expire(now)
+			s.closeIdleMappings(now, mappingIdle)
 			if now.Sub(lastStaging) > StagingTTL/10 {
 				s.sweepStaging(StagingTTL)
 				lastStaging = now
@@ -663,11 +664,12 @@ func (s *Store) dropItemsLocked(items []*item) []uint64 {
 // (the mapping's reads return ErrClosed) instead of reading freed memory.
 func (s *Store) mapping(id uint64) (*tensordict.TensorDict, error) {
 	s.mu.Lock()
-	td := s.maps[id]
-	s.mu.Unlock()
-	if td != nil {
-		return td, nil
+	if m := s.maps[id]; m != nil {
+		m.used = time.Now()
+		s.mu.Unlock()
+		return m.td, nil
 	}
+	s.mu.Unlock()
 	td, err := tensordict.LoadMemmap(s.valuePath(id), tensordict.ReadOnly())
 	if err != nil {
 		return nil, fmt.Errorf("store: value %016x: %w", id, err)
@@ -680,19 +682,49 @@ func (s *Store) mapping(id uint64) (*tensordict.TensorDict, error) {
 	}
 	if old := s.maps[id]; old != nil {
 		td.Close()
-		return old, nil
+		old.used = time.Now()
+		return old.td, nil
 	}
-	s.maps[id] = td
+	s.maps[id] = &mapped{td: td, used: time.Now()}
 	return td, nil
+}
+
+// mapped is a prefix the node keeps mapped, and when a response last took
+// it.
+type mapped struct {
+	td   *tensordict.TensorDict
+	used time.Time
+}
+
+// mappingIdle is how long a mapping stays unused before the sweep closes
+// it, bounding the files the node keeps open to the values read in that
+// time. A response still reading one after that long fails (its reads
+// return ErrClosed), and its caller asks again.
+const mappingIdle = 5 * time.Minute
+
+// closeIdleMappings closes the mappings unused since before now-idle.
+func (s *Store) closeIdleMappings(now time.Time, idle time.Duration) {
+	s.mu.Lock()
+	var idleOnes []*tensordict.TensorDict
+	for id, m := range s.maps {
+		if now.Sub(m.used) > idle {
+			idleOnes = append(idleOnes, m.td)
+			delete(s.maps, id)
+		}
+	}
+	s.mu.Unlock()
+	for _, td := range idleOnes {
+		td.Close()
+	}
 }
 
 func (s *Store) unmap(id uint64) {
 	s.mu.Lock()
-	td := s.maps[id]
+	m := s.maps[id]
 	delete(s.maps, id)
 	s.mu.Unlock()
-	if td != nil {
-		td.Close()
+	if m != nil {
+		m.td.Close()
 	}
 }
 
