@@ -14,6 +14,7 @@ import (
 	"github.com/tensorwire/tensorwire/internal/bench/gather"
 	"github.com/tensorwire/tensorwire/internal/bench/replay"
 	"github.com/tensorwire/tensorwire/internal/bench/rpc"
+	"github.com/tensorwire/tensorwire/internal/bench/store"
 )
 
 // benchmarks are the benchmarks "tensorwire bench NAME" runs, in the order
@@ -25,6 +26,7 @@ var benchmarks = []bench.Benchmark{
 	rpc.Benchmark,
 	replay.Benchmark,
 	collectivebench.Benchmark,
+	store.Benchmark,
 }
 
 var benchCmd = command{
