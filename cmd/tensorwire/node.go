@@ -11,11 +11,12 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
+	"github.com/tensorwire/tensorwire/rpc"
 )
 
 var nodeCmd = command{
 	name:  "node",
-	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...]",
+	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...] [--store NAME[,max-value=SIZE]...]",
 	help: "serve other nodes' fill, read and describe calls on the TensorDicts under DIR, the shared root; " +
 		`prints "listening on HOST:PORT" once it listens (--listen 127.0.0.1:0 picks a free port) and stops ` +
 		"cleanly on SIGINT or SIGTERM; --token-file holds the shared secret clients must know (no access for " +
@@ -24,7 +25,9 @@ var nodeCmd = command{
 		"(replay.Dial), opened if it exists and created otherwise, with settings capacity=N, " +
 		samplerHelp() + ", min-size=N, lease=D (how long a " +
 		"writer's reservation lasts, default 30s); buffers are " +
-		"checkpointed every --checkpoint-every and when the node stops",
+		"checkpointed every --checkpoint-every and when the node stops; each --store serves the store of bins and " +
+		"parameters at DIR/NAME (store.Dial), created if missing, with settings max-value=SIZE, inline=SIZE, " +
+		"sync=always|none, lease=D, get-timeout=D, history=N (docs/store.md)",
 	run: runNode,
 }
 
@@ -38,6 +41,8 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file")
 	var buffers bufferFlags
 	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D] (repeatable), with "+samplerHelp())
+	var stores storeFlags
+	fs.Var(&stores, "store", "serve the store at ROOT/NAME (store.Dial), created if missing: NAME[,max-value=SIZE][,inline=SIZE][,sync=always|none][,lease=D][,get-timeout=D][,history=N] (repeatable)")
 	every := fs.Duration("checkpoint-every", time.Minute, "how often the buffers are checkpointed")
 	insecure := fs.Bool("insecure", false, "serve without a token on a non-loopback address: anyone who reaches it reads and writes every file under the root")
 	pos, err := parse(fs, args)
@@ -77,7 +82,12 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	cfg.Register = register
+	openStores, registerStores, err := stores.open(cfg.Root, cfg.Log)
+	if err != nil {
+		return errors.Join(err, served.close())
+	}
+	defer openStores.close() // after the server: no call uses them
+	cfg.Register = func(s *rpc.Server) error { return errors.Join(register(s), registerStores(s)) }
 	if *every > 0 && len(buffers) > 0 {
 		cctx, stop := context.WithCancel(ctx)
 		defer stop()
