@@ -10,7 +10,8 @@ from . import _msgpack
 from .errors import from_wire, TensorwireError
 
 MAGIC = b"TWRP"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 1  # the golden examples' version
+NEWEST_VERSION = 2  # the newest this client speaks: message streams (it asks for uncompressed bodies)
 HELLO_SIZE = 64
 PROOF_SIZE = 32
 FLAG_TOKEN = 1
@@ -31,11 +32,11 @@ class ProtocolError(Exception):
     followed any further."""
 
 
-def hello(flags, nonce, fsid):
+def hello(flags, nonce, fsid, version=PROTOCOL_VERSION):
     """The 64-byte hello (docs/protocol.md, "Hello")."""
     if len(nonce) != 32 or len(fsid) != 16:
         raise ValueError("a hello needs a 32-byte nonce and a 16-byte filesystem identity")
-    return MAGIC + bytes((PROTOCOL_VERSION, flags, 0, 0)) + bytes(nonce) + bytes(fsid) + bytes(8)
+    return MAGIC + bytes((version, flags, 0, 0)) + bytes(nonce) + bytes(fsid) + bytes(8)
 
 
 def parse_hello(b):
@@ -101,14 +102,49 @@ def _read_fsid_file(path):
 
 # Message headers (docs/protocol.md, "Messages").
 
-def request_header(method, timeout_us, arg_len, body_len):
+def request_header(method, timeout_us, arg_len, body_len, stream=False, uncompressed=False):
     """A request header, length-prefixed, in the bytes Go writes (keys
-    sorted, integers in their smallest signed form)."""
-    h = (b"\x84" + _msgpack.pack_str("arg_len") + _msgpack.pack_int(arg_len)
+    sorted, integers in their smallest signed form). stream and uncompressed
+    are version 2's keys, left out when false."""
+    h = (bytes((0x84 + stream + uncompressed,)) + _msgpack.pack_str("arg_len") + _msgpack.pack_int(arg_len)
          + _msgpack.pack_str("body_len") + _msgpack.pack_int(body_len)
-         + _msgpack.pack_str("method") + _msgpack.pack_str(method)
-         + _msgpack.pack_str("timeout_us") + _msgpack.pack_int(timeout_us))
+         + _msgpack.pack_str("method") + _msgpack.pack_str(method))
+    if stream:
+        h += _msgpack.pack_str("stream") + b"\xc3"
+    h += _msgpack.pack_str("timeout_us") + _msgpack.pack_int(timeout_us)
+    if uncompressed:
+        h += _msgpack.pack_str("uncompressed") + b"\xc3"
     return struct.pack(">I", len(h)) + h
+
+
+def stream_message_header(arg_len, body_len):
+    """A message frame's header of a message stream (version 2), length-prefixed."""
+    h = (b"\x82" + _msgpack.pack_str("arg_len") + _msgpack.pack_int(arg_len)
+         + _msgpack.pack_str("body_len") + _msgpack.pack_int(body_len))
+    return struct.pack(">I", len(h)) + h
+
+
+def stream_end_header(code=0, message="", reason=""):
+    """An end frame of a message stream (version 2), length-prefixed."""
+    h = (bytes((0x84 if reason else 0x83,)) + _msgpack.pack_str("code") + _msgpack.pack_int(code)
+         + _msgpack.pack_str("end") + b"\xc3" + _msgpack.pack_str("message") + _msgpack.pack_str(message))
+    if reason:
+        h += _msgpack.pack_str("reason") + _msgpack.pack_str(reason)
+    return struct.pack(">I", len(h)) + h
+
+
+def parse_stream_header(b):
+    """Decodes a frame header of a message stream: a Response whose end
+    attribute says whether it is an end frame (code, message, reason) or a
+    message (arg_len, body_len)."""
+    r = parse_response_header(b)
+    m = _msgpack.unpackb(b)
+    r.end = m.get("end", False) is True
+    if r.end and (r.arg_len or r.body_len or r.raw_len):
+        raise ProtocolError("a stream's end frame with a payload")
+    if not r.end and ("code" in m or "message" in m or "reason" in m):
+        raise ProtocolError("a stream's message frame with a code")
+    return r
 
 
 def response_header(code, message="", reason="", arg_len=0, body_len=0):
@@ -125,7 +161,7 @@ def response_header(code, message="", reason="", arg_len=0, body_len=0):
 class Response:
     """A decoded response header."""
 
-    __slots__ = ("code", "message", "reason", "arg_len", "body_len")
+    __slots__ = ("code", "message", "reason", "arg_len", "body_len", "raw_len", "end")
 
     def error(self):
         return from_wire(self.code, self.message, self.reason)
@@ -142,8 +178,9 @@ def parse_response_header(b):
         raise ProtocolError("response header: not a map")
     r = Response()
     r.code, r.message, r.reason = m.get("code", 0), m.get("message", ""), m.get("reason", "")
-    r.arg_len, r.body_len = m.get("arg_len", 0), m.get("body_len", 0)
-    for k in ("code", "arg_len", "body_len"):
+    r.arg_len, r.body_len, r.raw_len = m.get("arg_len", 0), m.get("body_len", 0), m.get("raw_len", 0)
+    r.end = False
+    for k in ("code", "arg_len", "body_len", "raw_len"):
         v = getattr(r, k)
         if not isinstance(v, int) or isinstance(v, bool):
             raise ProtocolError(f"response header: {k} is {v!r}")

@@ -152,13 +152,42 @@ class Stream:
             s.send_frames([frame(TYPE_DATA, 0, self.id, k), data[sent:sent + k]])
             sent += k
 
+    def half_close(self):
+        """Sends FIN: this side sends nothing more; the node's side stays
+        readable."""
+        with self.session.mu:
+            if self.local_fin:
+                return
+            self.local_fin = True
+        try:
+            self.session.send_frames([frame(TYPE_WINDOW, FIN, self.id, 0)])
+        except UnavailableError:
+            pass
+
+    def reset_stream(self):
+        """Resets the stream (RST): the node drops it at once (a message
+        stream's cancellation, docs/protocol.md "Streams")."""
+        s = self.session
+        with s.mu:
+            if self.reset:
+                return
+            self.reset = self.local_fin = self.discard = True
+            self.chunks.clear()
+            self.buffered = 0
+            s.streams.pop(self.id, None)
+        try:
+            s.send_frames([frame(TYPE_WINDOW, RST, self.id, 0)])
+        except UnavailableError:
+            pass
+
     def close(self):
         """Half-closes the stream (FIN) and drops what arrives on it until the
         node closes its side."""
         s = self.session
         with s.mu:
-            if self.local_fin:
+            if self.discard:
                 return
+            fin_sent = self.local_fin
             self.local_fin = True
             self.discard = True
             self.chunks.clear()
@@ -167,9 +196,11 @@ class Stream:
             done = self.remote_fin or self.reset
             if done:
                 s.streams.pop(self.id, None)
-        frames = [frame(TYPE_WINDOW, FIN, self.id, 0)]
+        frames = [] if fin_sent else [frame(TYPE_WINDOW, FIN, self.id, 0)]
         if credit and not done:
             frames.insert(0, frame(TYPE_WINDOW, 0, self.id, credit))
+        if not frames:
+            return
         try:
             s.send_frames(frames)
         except UnavailableError:

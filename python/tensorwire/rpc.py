@@ -21,10 +21,11 @@ import time
 
 from . import _msgpack, _wire, _yamux
 from ._td import TD, build, wire_bytes
-from .errors import (CanceledError, ClientClosedError, InternalError, InvalidArgumentError, TensorwireError,
-                     UnauthenticatedError, UnavailableError)
+from .errors import (CanceledError, ClientClosedError, DeadlineExceededError, FailedPreconditionError,
+                     InternalError, InvalidArgumentError, TensorwireError, UnauthenticatedError,
+                     UnavailableError)
 
-__all__ = ["Client", "TD", "read_token"]
+__all__ = ["Client", "TD", "MessageStream", "StreamEnd", "read_token"]
 
 HANDSHAKE_TIMEOUT = 10.0
 _ALIVE_CHECK_AFTER = 1.0  # an idle stream older than this is checked before reuse
@@ -52,9 +53,10 @@ class _Conn:
     """One connection: its session, whether the node shares this side's
     root, and its idle streams."""
 
-    def __init__(self, session, shared):
+    def __init__(self, session, shared, version):
         self.session = session
         self.shared = shared
+        self.version = version
         self.idle = []
         self.mu = threading.Lock()
 
@@ -186,31 +188,40 @@ class Client:
             limit = min(limit, deadline - time.monotonic())
             if limit <= 0:
                 raise UnavailableError(f"dial {self.addr}: deadline exceeded")
-        try:
-            sock = socket.create_connection((self._host, self._port), timeout=limit)
-        except OSError as e:
-            raise UnavailableError(f"dial {self.addr}: {e}") from None
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(limit)
-            shared = self._handshake(sock)
-            sock.settimeout(None)
-        except TensorwireError:
-            sock.close()
-            raise
-        except (OSError, _wire.ProtocolError, EOFError) as e:
-            sock.close()
-            raise UnavailableError(f"handshake with {self.addr}: {e or type(e).__name__}") from None
-        return _Conn(_yamux.Session(sock, self._window, self._keepalive), shared)
+        version = _wire.NEWEST_VERSION
+        while True:
+            try:
+                sock = socket.create_connection((self._host, self._port), timeout=limit)
+            except OSError as e:
+                raise UnavailableError(f"dial {self.addr}: {e}") from None
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(limit)
+                shared = self._handshake(sock, version)
+                sock.settimeout(None)
+            except _OlderNode as e:
+                # A node that speaks an older version answers in it and
+                # refuses: dial again in its version (docs/protocol.md,
+                # "Versioning").
+                sock.close()
+                version = e.version
+                continue
+            except TensorwireError:
+                sock.close()
+                raise
+            except (OSError, _wire.ProtocolError, EOFError) as e:
+                sock.close()
+                raise UnavailableError(f"handshake with {self.addr}: {e or type(e).__name__}") from None
+            return _Conn(_yamux.Session(sock, self._window, self._keepalive), shared, version)
 
-    def _handshake(self, sock):
-        """The client's side of the handshake (docs/protocol.md); returns
-        whether the node shares this side's root."""
+    def _handshake(self, sock, version):
+        """The client's side of the handshake (docs/protocol.md) in version;
+        returns whether the node shares this side's root."""
         flags = _wire.FLAG_TOKEN if self._token else 0
-        mine = _wire.hello(flags, os.urandom(32), self._fsid)
+        mine = _wire.hello(flags, os.urandom(32), self._fsid, version)
         sock.sendall(mine)
         theirs = _recv_exact(sock, _wire.HELLO_SIZE)
-        _, their_flags, _, their_fsid = _wire.parse_hello(theirs)
+        their_version, their_flags, _, their_fsid = _wire.parse_hello(theirs)
         if self._token and their_flags & _wire.FLAG_TOKEN:
             sock.sendall(_wire.proof(self._token, _wire.CLIENT_PROOF_LABEL, mine, theirs))
         code = _recv_exact(sock, 1)[0]
@@ -219,6 +230,8 @@ class Client:
             if n > _wire.MAX_STATUS_MSG:
                 raise _wire.ProtocolError(f"status message of {n} bytes")
             msg = _recv_exact(sock, n).decode("utf-8", "replace")
+            if code == 9 and 1 <= their_version < version:
+                raise _OlderNode(their_version)
             raise _wire.refusal(code, msg)
         if self._token:
             if not their_flags & _wire.FLAG_TOKEN:
@@ -264,13 +277,42 @@ class Client:
         timeout_us = 0
         if deadline is not None:
             timeout_us = max(int((deadline - time.monotonic()) * 1e6), 1)
-        hdr = _wire.request_header(method, timeout_us, len(args), body_len)
+        # Version 2 nodes compress bodies unless asked not to; this client
+        # has no lz4 decoder, so it asks (docs/protocol.md, "Compression").
+        hdr = _wire.request_header(method, timeout_us, len(args), body_len, uncompressed=conn.version >= 2)
         try:
             st.write([hdr, args] + parts, deadline)
         except BaseException:
             st.close()
             raise
         return Pending(self, conn, st, method, deadline, tds, result_tds)
+
+    def open_stream(self, method, arg=None, timeout=None, result_tds=()):
+        """Opens a message stream (protocol version 2, docs/protocol.md
+        "Streams"): sends the opening request and returns a MessageStream at
+        once. timeout bounds the whole stream (the handler's deadline);
+        result_tds names the TensorDicts of the node's messages, as for call.
+        FailedPreconditionError on a connection in version 1."""
+        deadline = _deadline(timeout)
+        arg = {} if arg is None else arg
+        conn = self._connection(deadline)
+        if conn.version < 2:
+            raise FailedPreconditionError(f"{method}: the node speaks protocol version {conn.version}, without message streams")
+        tds = _find_tds(arg, [])
+        for td in tds:
+            td.prepare(self._root if conn.shared else None)
+        args = _msgpack.packb(_wire_form(arg))
+        parts = [p for td in tds for p in td.parts]
+        st = conn.session.open_stream()
+        timeout_us = 0 if deadline is None else max(int((deadline - time.monotonic()) * 1e6), 1)
+        hdr = _wire.request_header(method, timeout_us, len(args), sum(p.nbytes for p in parts),
+                                   stream=True, uncompressed=True)
+        try:
+            st.write([hdr, args] + parts, deadline)
+        except BaseException:
+            st.reset_stream()
+            raise
+        return MessageStream(self, conn, st, method, deadline, result_tds)
 
     # Built-in methods.
 
@@ -361,12 +403,14 @@ class Pending:
                 _skip(st, st_left, d)
                 ok = True
                 raise InternalError(f"{self.method}: response: {e}") from None
+            if r.raw_len:
+                _skip(st, r.body_len, d)
+                ok = True
+                raise InternalError(f"{self.method}: the node sent an lz4-compressed body; this client asks "
+                                    "for uncompressed ones and does not decode lz4")
             wires = [td for td in self._tds if td.comes_back()]
-            rtds = []
-            for k in self._result_tds:
-                w = value.get(k) if isinstance(value, dict) else None
-                rtds.append((k, w))
-            need = sum(wire_bytes(td.wire) for td in wires) + sum(wire_bytes(w) for _, w in rtds if w)
+            rtds = _result_tds(value, self._result_tds)
+            need = sum(wire_bytes(td.wire) for td in wires) + sum(wire_bytes(w) for _, _, w in rtds)
             if need != r.body_len:
                 _skip(st, r.body_len, d)
                 ok = True
@@ -378,8 +422,8 @@ class Pending:
 
             for td in wires:
                 td.write_back(build(td.wire, fill))
-            for k, w in rtds:
-                value[k] = build(w, fill)
+            for parent, k, w in rtds:
+                parent[k] = build(w, fill)
             ok = True
             return value
         finally:
@@ -387,6 +431,144 @@ class Pending:
                 self._conn.put(st)
             else:
                 st.close()
+
+
+def _result_tds(value, paths):
+    """(container, key, wire TD) of every TensorDict of a decoded result at
+    paths: each a key, or a tuple of keys where "*" stands for every element
+    of a list (("items", "*", "td")). In body order: paths in order, list
+    elements in order; nil TDs have no bytes and are left as None."""
+    out = []
+    for path in paths:
+        path = (path,) if isinstance(path, str) else tuple(path)
+        nodes = [value]
+        for k in path[:-1]:
+            nxt = []
+            for n in nodes:
+                if k == "*" and isinstance(n, list):
+                    nxt.extend(n)
+                elif isinstance(n, dict) and n.get(k) is not None:
+                    nxt.append(n[k])
+            nodes = nxt
+        for n in nodes:
+            if isinstance(n, dict) and isinstance(n.get(path[-1]), dict):
+                out.append((n, path[-1], n[path[-1]]))
+    return out
+
+
+class StreamEnd(EOFError):
+    """A message stream's handler ended it without an error: there are no more
+    messages."""
+
+
+class MessageStream:
+    """A message stream opened by Client.open_stream (protocol version 2):
+    recv() the node's messages, send() the caller's; close() when done. Use
+    it from one thread at a time."""
+
+    def __init__(self, client, conn, st, method, deadline, result_tds):
+        self._client, self._conn, self._st = client, conn, st
+        self.method = method
+        self._deadline = deadline
+        self._result_tds = result_tds
+        self._ended = None  # the handler's end: None while it has not ended, else its error or StreamEnd
+        self._sent_end = False
+
+    def recv(self, timeout=None):
+        """The node's next message (its decoded argument, TensorDicts at
+        result_tds as dicts of arrays). Raises StreamEnd once the handler
+        ended the stream without an error, or the handler's error."""
+        if self._ended is not None:
+            raise self._ended
+        d = _min_deadline(self._deadline, _deadline(timeout))
+        st = self._st
+        try:
+            (n,) = struct.unpack(">I", st.read_exact(4, d))
+            if n == 0 or n > _wire.MAX_HEADER_BYTES:
+                raise _wire.ProtocolError(f"stream frame header of {n} bytes")
+            r = _wire.parse_stream_header(st.read_exact(n, d))
+        except _wire.ProtocolError as e:
+            self._conn.session.fail(UnavailableError(f"{self.method}: {e}"))
+            self._ended = UnavailableError(f"{self.method}: {e}")
+            raise self._ended from None
+        except DeadlineExceededError:
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                self._ended = DeadlineExceededError(f"{self.method}: the stream's deadline passed")
+                self._st.reset_stream()
+            raise
+        except TensorwireError as e:
+            self._ended = e
+            raise
+        if r.end:
+            self._ended = StreamEnd(self.method) if r.code == 0 else r.error()
+            raise self._ended
+        raw = st.read_exact(r.arg_len, d)
+        value = _msgpack.unpackb(raw) if raw else None
+        if r.raw_len:
+            _skip(st, r.body_len, d)
+            raise InternalError(f"{self.method}: an lz4-compressed message; this client asks for uncompressed ones")
+        rtds = _result_tds(value, self._result_tds)
+        need = sum(wire_bytes(w) for _, _, w in rtds)
+        if need != r.body_len:
+            _skip(st, r.body_len, d)
+            raise InternalError(f"{self.method}: a message's TensorDicts need {need} body bytes, the body has {r.body_len}")
+        for parent, k, w in rtds:
+            parent[k] = build(w, lambda mv: st.read_into(mv, d))
+        return value
+
+    def send(self, arg, timeout=None):
+        """Sends a message (arg, a dict; TD values travel as TensorDicts)."""
+        if self._sent_end:
+            raise FailedPreconditionError(f"{self.method}: send after close_send")
+        tds = _find_tds(arg, [])
+        for td in tds:
+            td.prepare(self._client._root if self._conn.shared else None)
+        args = _msgpack.packb(_wire_form(arg))
+        parts = [p for td in tds for p in td.parts]
+        hdr = _wire.stream_message_header(len(args), sum(p.nbytes for p in parts))
+        self._st.write([hdr, args] + parts, _min_deadline(self._deadline, _deadline(timeout)))
+
+    def close_send(self):
+        """Ends this side's messages: an end frame of code 0, then FIN."""
+        if not self._sent_end:
+            self._sent_end = True
+            try:
+                self._st.write([_wire.stream_end_header()], self._deadline)
+            finally:
+                self._st.half_close()
+
+    def close(self):
+        """Ends the stream: cancels it (RST) if the handler has not ended it,
+        else ends this side."""
+        if self._ended is None:
+            self._ended = TensorwireError(f"{self.method}: closed", code=1)
+            self._st.reset_stream()
+            return
+        try:
+            self.close_send()
+        except TensorwireError:
+            pass
+        self._st.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _min_deadline(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+class _OlderNode(Exception):
+    def __init__(self, version):
+        super().__init__(version)
+        self.version = version
 
 
 def _skip(st, n, deadline):

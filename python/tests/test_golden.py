@@ -92,6 +92,36 @@ DESCRIBE = """
         a3 6b6579 91 a6 6c6162656c73
         a5 7368617065 91 d200011170"""
 
+# Version 2 (rpc/golden_test.go's TestGolden_Version2).
+STREAM_OPEN = """00000049
+    86
+    a7 6172675f6c656e 01
+    a8 626f64795f6c656e 00
+    a6 6d6574686f64 ab 73746f72652e7761746368
+    a6 73747265616d c3
+    aa 74696d656f75745f7573 00
+    ac 756e636f6d70726573736564 c3
+    80"""
+
+STREAM_MESSAGE = """00000016
+    82
+    a7 6172675f6c656e 02
+    a8 626f64795f6c656e d1 6e40
+    8101"""
+
+STREAM_END = """00000015
+    83
+    a4 636f6465 00
+    a3 656e64 c3
+    a7 6d657373616765 a0"""
+
+STREAM_END_REASON = """00000032
+    84
+    a4 636f6465 0a
+    a3 656e64 c3
+    a7 6d657373616765 a7 65787069726564
+    a6 726561736f6e ae 7265706c61792e65787069726564"""
+
 CLIENT_PROOF = "306ff1061344549ca480bad7264e192ac43e4f4010a1ebd9d2957234ebfd01ee"
 SERVER_PROOF = "b7aa7ac2bd5d596e7244fe21d8bc6a2c29771c2f893bb67246b0c8e1927d592f"
 REFUSAL = "10 000b 77726f6e6720746f6b656e"
@@ -108,7 +138,9 @@ class TestGolden(unittest.TestCase):
             go = norm(f.read())
         for name, block in [("hello", HELLO), ("request", REQUEST), ("error response", ERROR_RESPONSE),
                             ("reason response", REASON_RESPONSE), ("fill", FILL), ("describe", DESCRIBE),
-                            ("client proof", CLIENT_PROOF), ("server proof", SERVER_PROOF), ("refusal", REFUSAL)]:
+                            ("client proof", CLIENT_PROOF), ("server proof", SERVER_PROOF), ("refusal", REFUSAL),
+                            ("stream open", STREAM_OPEN), ("stream message", STREAM_MESSAGE),
+                            ("stream end", STREAM_END), ("stream end with a reason", STREAM_END_REASON)]:
             self.assertIn(norm(block), go, f"the {name} block is not rpc/golden_test.go's")
 
     def test_hello(self):
@@ -177,6 +209,24 @@ class TestGolden(unittest.TestCase):
         for bad in ["", "80 00", "93 00 00 00", "81 a4 636f6465 a1 78"]:
             with self.assertRaises(_wire.ProtocolError):
                 _wire.parse_response_header(bytes.fromhex(bad.replace(" ", "")))
+
+    def test_version2(self):
+        self.assertEqual(_wire.request_header("store.watch", 0, 1, 0, stream=True, uncompressed=True) + b"\x80",
+                         unhex(STREAM_OPEN))
+        self.assertEqual(_wire.stream_message_header(2, 28224) + b"\x81\x01", unhex(STREAM_MESSAGE))
+        self.assertEqual(_wire.stream_end_header(), unhex(STREAM_END))
+        self.assertEqual(_wire.stream_end_header(10, "expired", "replay.expired"), unhex(STREAM_END_REASON))
+        r = _wire.parse_stream_header(unhex(STREAM_END_REASON)[4:])
+        self.assertTrue(r.end)
+        self.assertIsInstance(r.error(), tensorwire.replay.ExpiredError)
+        r = _wire.parse_stream_header(unhex(STREAM_MESSAGE)[4:-2])
+        self.assertEqual((r.end, r.arg_len, r.body_len), (False, 2, 28224))
+        # Frames that mix the two kinds are refused, as rpc/golden_test.go's.
+        for bad in ["82 a3 656e64 c3 a7 6172675f6c656e 01", "82 a7 6172675f6c656e 01 a4 636f6465 03"]:
+            with self.assertRaises(_wire.ProtocolError):
+                _wire.parse_stream_header(bytes.fromhex(bad.replace(" ", "")))
+        h = _wire.hello(1, bytes(range(32)), bytes(0xA0 + i for i in range(16)), version=2)
+        self.assertEqual(h, unhex(HELLO)[:4] + b"\x02" + unhex(HELLO)[5:])
 
     def test_ints(self):
         """Integers in their smallest signed form, as go-msgpack writes them."""

@@ -106,6 +106,11 @@ class TestCalls(unittest.TestCase):
     def test_shared(self):
         self.assertTrue(self.c.shared_fs())
 
+    def test_version2(self):
+        """The client speaks version 2 with a node that does (and asks for
+        uncompressed bodies, which the bulk test reads)."""
+        self.assertEqual(self.c._connection(None).version, 2)
+
     def test_describe_and_read(self):
         d = self.c.describe("ds")
         local = tensorwire.load_memmap(os.path.join(self.node.root, "ds"))
