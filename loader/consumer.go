@@ -1,0 +1,612 @@
+package loader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/slots"
+	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Consumer iterates the batches of a producer served by a node, as a
+// training job iterates its own data loader: Batches once per epoch, each
+// batch Options.Batch rows cut from the producer's batches, every sample
+// of the epoch exactly once, in the producer's order.
+//
+// When the consumer shares the node's filesystem (Options.Root has the
+// node root's identity) and the ring lies under it, it maps the ring and
+// copies each batch's rows out of it, checking the slot's generation after
+// the copy: no batch bytes cross the network, only the announcements and
+// the acks. Otherwise the rows travel as bytes. SharedFS says which.
+//
+// A consumer heartbeats from a goroutine of its own while it is joined, so
+// a loop's body may train for as long as it likes on a batch without being
+// dropped for silence; it is dropped if it holds the producer up for
+// longer than the producer's MaxWait on one batch.
+//
+// A Consumer is used by one goroutine at a time, but Close may be called
+// from any.
+type Consumer struct {
+	rc       *rpc.Client
+	name     string
+	o        Options
+	prefetch int
+
+	mu     sync.Mutex
+	closed bool
+	sess   *session // nil before a join, and after a drop until the next Batches
+	epoch  int64    // the epoch the next Batches iterates
+	last   joinResponse
+	bufs   []*batchBuf // the batch buffers, kept across epochs
+}
+
+// session is one membership of the producer: from a join until a drop,
+// the producer restarting, or Close.
+type session struct {
+	c      *Consumer
+	info   joinResponse
+	fields []Field
+	reader *ringReader // nil in bytes mode
+	bytes  bool
+
+	mu       sync.Mutex
+	relEpoch int64 // done with every batch before (relEpoch, relIndex)
+	relIndex int
+	dirty    chan struct{} // signalled when the release moves
+	dropped  error         // set when the producer said ErrDropped
+
+	stop func()
+	done chan struct{} // closed when the heartbeat goroutine returned
+}
+
+// Dial connects to the producer served as name by the node at addr and
+// joins it as a consumer of opts.Batch rows a batch. ErrArgument for a
+// batch size of 0 or less or larger than the producer's ring, ErrNotFound
+// when the node serves no loader by that name.
+func Dial(ctx context.Context, addr, name string, opts Options) (*Consumer, error) {
+	if opts.Batch <= 0 {
+		return nil, wrapf(ErrArgument, "batch size %d: want at least 1", opts.Batch)
+	}
+	ropts := opts.RPC
+	if opts.Root != "" {
+		ropts = append(ropts[:len(ropts):len(ropts)], rpc.WithRoot(opts.Root))
+	}
+	rc, err := rpc.Dial(ctx, addr, ropts...)
+	if err != nil {
+		return nil, err
+	}
+	c := &Consumer{rc: rc, name: name, o: opts, prefetch: opts.Prefetch}
+	if c.prefetch == 0 {
+		c.prefetch = 1
+	}
+	c.prefetch = max(c.prefetch, 0)
+	if _, err := c.session(ctx); err != nil {
+		rc.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Len returns the number of batches of an epoch: the producer's samples
+// cut into batches of Options.Batch rows.
+func (c *Consumer) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return batchLen(c.last.Samples, c.o.Batch, c.o.DropLast)
+}
+
+// Samples returns the number of samples in an epoch.
+func (c *Consumer) Samples() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last.Samples
+}
+
+// Epoch returns the epoch the next call of Batches iterates (after a drop,
+// the join it makes may move it on).
+func (c *Consumer) Epoch() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.epoch
+}
+
+// SharedFS reports whether the consumer reads the batches from its own
+// mapping of the ring (true) or gets them as bytes.
+func (c *Consumer) SharedFS() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sess != nil && !c.sess.bytes
+}
+
+// Fields returns the per-row fields of the batches.
+func (c *Consumer) Fields() []Field {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fs, _ := fieldsOfWire(c.last.Fields)
+	return fs
+}
+
+// session returns the current session, joining the producer if there is
+// none.
+func (c *Consumer) session(ctx context.Context) (*session, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if s := c.sess; s != nil && s.droppedErr() == nil {
+		c.mu.Unlock()
+		return s, nil
+	}
+	old := c.sess
+	c.sess = nil
+	c.mu.Unlock()
+	if old != nil {
+		old.end(ctx)
+	}
+	s, err := c.join(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		s.end(ctx)
+		return nil, ErrClosed
+	}
+	c.sess, c.epoch, c.last = s, s.info.Epoch, s.info
+	return s, nil
+}
+
+// join joins the producer and starts the session's heartbeats.
+func (c *Consumer) join(ctx context.Context) (*session, error) {
+	shared := false
+	if c.o.Root != "" && !c.o.Bytes {
+		var err error
+		if shared, err = c.rc.SharedFS(ctx); err != nil {
+			return nil, err
+		}
+	}
+	resp, err := rpc.Call[joinResponse](ctx, c.rc, MethodJoin, joinRequest{Name: c.name, Batch: c.o.Batch, Bytes: !shared})
+	if err != nil {
+		return nil, err
+	}
+	s := &session{c: c, info: resp, relEpoch: resp.Epoch, dirty: make(chan struct{}, 1), done: make(chan struct{})}
+	if s.fields, err = fieldsOfWire(resp.Fields); err != nil {
+		s.leave()
+		return nil, fmt.Errorf("loader: the node describes the batches badly: %w", err)
+	}
+	s.bytes = !shared || resp.Prefix == ""
+	if !s.bytes {
+		path := filepath.Join(c.o.Root, filepath.FromSlash(resp.Prefix))
+		if s.reader, err = openRingReader(path, s.fields, resp.Slots, resp.Batch); err != nil {
+			s.leave()
+			return nil, fmt.Errorf("loader: mapping the ring: %w", err)
+		}
+	}
+	bg, stop := context.WithCancel(context.Background())
+	s.stop = stop
+	go s.heartbeat(bg)
+	return s, nil
+}
+
+// heartbeat sends the session's release position to the producer each
+// time it moves, and at least four times per heartbeat period, until the
+// session ends.
+func (s *session) heartbeat(ctx context.Context) {
+	defer close(s.done)
+	every := max(time.Duration(s.info.HeartbeatMS)*time.Millisecond/4, time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.dirty:
+		}
+		s.mu.Lock()
+		req := ackRequest{Name: s.c.name, Ring: s.info.Ring, Consumer: s.info.Consumer, Epoch: s.relEpoch, Index: s.relIndex}
+		s.mu.Unlock()
+		cctx, cancel := context.WithTimeout(ctx, 4*every)
+		_, err := rpc.Call[rpc.Empty](cctx, s.c.rc, MethodAck, req)
+		cancel()
+		if errors.Is(err, ErrDropped) {
+			s.setDropped(err)
+			return
+		}
+	}
+}
+
+// release records that the consumer is done with every batch before
+// (epoch, index), for the heartbeat goroutine to send at once.
+func (s *session) release(epoch int64, index int) {
+	s.mu.Lock()
+	if epoch > s.relEpoch || (epoch == s.relEpoch && index > s.relIndex) {
+		s.relEpoch, s.relIndex = epoch, index
+	}
+	s.mu.Unlock()
+	select {
+	case s.dirty <- struct{}{}:
+	default:
+	}
+}
+
+func (s *session) setDropped(err error) {
+	s.mu.Lock()
+	if s.dropped == nil {
+		s.dropped = err
+	}
+	s.mu.Unlock()
+}
+
+func (s *session) droppedErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dropped
+}
+
+// leave tells the producer the consumer is gone, best effort.
+func (s *session) leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	rpc.Call[rpc.Empty](ctx, s.c.rc, MethodLeave, leaveRequest{Name: s.c.name, Ring: s.info.Ring, Consumer: s.info.Consumer})
+}
+
+// end stops the heartbeats, leaves the producer and unmaps the ring.
+func (s *session) end(context.Context) {
+	if s.stop != nil {
+		s.stop()
+		<-s.done
+	}
+	if s.droppedErr() == nil {
+		s.leave()
+	}
+	if s.reader != nil {
+		s.reader.close()
+	}
+}
+
+// batchBuf is a consumer's batch in Go memory, reused across batches.
+type batchBuf struct {
+	td     *tensordict.TensorDict
+	leaves [][]byte // its tensors' bytes, in fields order
+	rb     []int    // their row sizes
+}
+
+func newBatchBuf(fields []Field, n int) (*batchBuf, error) {
+	td, err := newBatchDict(fields, n)
+	if err != nil {
+		return nil, err
+	}
+	b := &batchBuf{td: td}
+	for _, f := range fields {
+		t, err := td.Tensor(f.Key...)
+		if err != nil {
+			return nil, err
+		}
+		raw, err := t.Bytes()
+		if err != nil {
+			return nil, err
+		}
+		b.leaves, b.rb = append(b.leaves, raw), append(b.rb, f.rowBytes())
+	}
+	return b, nil
+}
+
+// assembled is a batch ready to yield, the error that ends the epoch, or
+// the epoch's end.
+type assembled struct {
+	buf *batchBuf
+	n   int
+	err error
+	end bool
+}
+
+// Batches returns an iterator over the next epoch's batches, which ends
+// with the epoch: the first call iterates the epoch the consumer joined,
+// each later call the one after. A batch is valid until the loop's body
+// returns (its memory is reused): Clone it to keep it. Breaking out of the
+// loop gives up the rest of the epoch; the next call iterates the next
+// epoch.
+//
+// An error ends the epoch and is yielded once: ErrDropped (the producer
+// dropped the consumer, or restarted), an error matching
+// rpc.ErrUnavailable (the node is unreachable), ErrClosed, ErrFailed, or
+// ctx's. The next call of Batches then joins the producer again, at the
+// start of its current epoch if that epoch's window is open, else of the
+// next one; Epoch says which.
+func (c *Consumer) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict, error] {
+	return func(yield func(*tensordict.TensorDict, error) bool) {
+		s, err := c.session(ctx)
+		if err != nil {
+			yield(nil, err)
+			return
+		}
+		c.mu.Lock()
+		epoch := c.epoch
+		c.epoch++
+		c.mu.Unlock()
+		if err := c.ensureBufs(s); err != nil {
+			yield(nil, err)
+			return
+		}
+		actx, cancel := context.WithCancel(ctx)
+		out := make(chan assembled, c.prefetch)
+		pool := make(chan *batchBuf, len(c.bufs))
+		for _, b := range c.bufs {
+			pool <- b
+		}
+		finished := make(chan struct{})
+		go func() {
+			defer close(finished)
+			s.assemble(actx, epoch, c.o.Batch, c.o.DropLast, out, pool)
+		}()
+		complete := false
+		defer func() {
+			cancel()
+			<-finished
+			if !complete {
+				s.release(epoch+1, 0) // gives up the rest of the epoch
+			}
+		}()
+		for a := range out {
+			if a.end {
+				complete = true
+				return
+			}
+			if a.err != nil {
+				c.lost(s, a.err)
+				yield(nil, a.err)
+				complete = true // nothing to give up: the session is over
+				return
+			}
+			td := a.buf.td
+			if a.n < c.o.Batch {
+				if td, err = td.Slice(0, a.n); err != nil {
+					yield(nil, err)
+					return
+				}
+			}
+			ok := yield(td, nil)
+			pool <- a.buf
+			if !ok {
+				return
+			}
+		}
+		// out closed without the epoch's end: ctx ended.
+		err = ctx.Err()
+		if err == nil {
+			err = ErrClosed
+		}
+		yield(nil, err)
+	}
+}
+
+// ensureBufs makes the batch buffers for the session's fields.
+func (c *Consumer) ensureBufs(s *session) error {
+	want := c.prefetch + 2 // those in the channel, the one yielded, the one being assembled
+	if len(c.bufs) > 0 && !sameFields(c.bufs[0].td, s.fields) {
+		c.bufs = nil
+	}
+	for len(c.bufs) < want {
+		b, err := newBatchBuf(s.fields, c.o.Batch)
+		if err != nil {
+			return err
+		}
+		c.bufs = append(c.bufs, b)
+	}
+	return nil
+}
+
+func sameFields(td *tensordict.TensorDict, fs []Field) bool {
+	have := fieldsOfTD(td)
+	if len(have) != len(fs) {
+		return false
+	}
+	for i := range fs {
+		if have[i].String() != fs[i].String() {
+			return false
+		}
+	}
+	return true
+}
+
+// lost ends the session after err, if err means it is over: the next
+// Batches joins again.
+func (c *Consumer) lost(s *session, err error) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if !errors.Is(err, rpc.ErrUnavailable) {
+			return
+		}
+	}
+	if errors.Is(err, ErrDropped) {
+		s.setDropped(err)
+	}
+	c.mu.Lock()
+	if c.sess == s {
+		c.sess = nil
+	}
+	c.mu.Unlock()
+	go s.end(context.Background())
+}
+
+// assemble fills batches of size batch from the producer's batches of
+// epoch, in order, and sends them on out (closed at the epoch's end); it
+// takes buffers from pool. An error is sent as the last item.
+func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast bool, out chan<- assembled, pool <-chan *batchBuf) {
+	defer close(out)
+	fail := func(err error) {
+		select {
+		case out <- assembled{err: err}:
+		case <-ctx.Done():
+		}
+	}
+	var cur *batchBuf
+	pos, index := 0, 0
+	send := func(n int) bool {
+		select {
+		case out <- assembled{buf: cur, n: n}:
+			cur, pos = nil, 0
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	for {
+		anns, rows, err := s.next(ctx, epoch, index)
+		if err != nil {
+			if ctx.Err() != nil && !errors.Is(err, rpc.ErrUnavailable) {
+				return // the loop stopped
+			}
+			fail(err)
+			return
+		}
+		for _, a := range anns {
+			for off := 0; off < a.Rows; {
+				if cur == nil {
+					select {
+					case cur = <-pool:
+					case <-ctx.Done():
+						return
+					}
+				}
+				take := min(batch-pos, a.Rows-off)
+				if err := s.copyRows(cur, pos, a, rows, off, take); err != nil {
+					fail(err)
+					return
+				}
+				pos += take
+				off += take
+				if pos == batch && !send(batch) {
+					return
+				}
+			}
+			s.release(epoch, a.Index+1)
+			index = a.Index + 1
+			if index == a.Count {
+				if pos > 0 && !dropLast && !send(pos) {
+					return
+				}
+				select {
+				case out <- assembled{end: true}:
+				case <-ctx.Done():
+				}
+				return
+			}
+		}
+	}
+}
+
+// next asks the producer for the batches of epoch from index on, waiting
+// for the first to be published. In bytes mode it returns one, and its
+// rows.
+func (s *session) next(ctx context.Context, epoch int64, index int) ([]announcement, *tensordict.TensorDict, error) {
+	if err := s.droppedErr(); err != nil {
+		return nil, nil, err
+	}
+	const poll = 5 * time.Second
+	for {
+		cctx, cancel := context.WithTimeout(ctx, poll+10*time.Second)
+		resp, err := rpc.Call[nextResponse](cctx, s.c.rc, MethodNext, nextRequest{
+			Name: s.c.name, Ring: s.info.Ring, Consumer: s.info.Consumer, Epoch: epoch, Index: index,
+			Max: s.info.Slots, PollMS: poll.Milliseconds(), Bytes: s.bytes,
+		})
+		cancel()
+		if err != nil {
+			if errors.Is(err, ErrDropped) {
+				s.setDropped(err)
+			}
+			if ctx.Err() != nil && !errors.Is(err, rpc.ErrUnavailable) {
+				return nil, nil, ctx.Err()
+			}
+			return nil, nil, fmt.Errorf("loader: epoch %d, batch %d: %w", epoch, index, err)
+		}
+		if len(resp.Batches) == 0 {
+			continue // the poll passed
+		}
+		if resp.Batches[0].Epoch != epoch || resp.Batches[0].Index != index {
+			return nil, nil, fmt.Errorf("loader: asked for batch %d of epoch %d, got %d of %d",
+				index, epoch, resp.Batches[0].Index, resp.Batches[0].Epoch)
+		}
+		var rows *tensordict.TensorDict
+		if s.bytes {
+			if resp.Rows == nil || resp.Rows.TensorDict == nil || resp.Rows.Len() != resp.Batches[0].Rows {
+				return nil, nil, fmt.Errorf("loader: batch %d of epoch %d came without its %d rows", index, epoch, resp.Batches[0].Rows)
+			}
+			rows = resp.Rows.TensorDict
+		}
+		return resp.Batches, rows, nil
+	}
+}
+
+// copyRows copies rows [off, off+n) of the batch a announces into dst at
+// row pos: from the ring (then checks the slot's word: a batch overwritten
+// while it was copied is ErrDropped), or from rows, the batch's bytes.
+func (s *session) copyRows(dst *batchBuf, pos int, a announcement, rows *tensordict.TensorDict, off, n int) error {
+	if rows != nil {
+		part, err := rows.Slice(off, off+n)
+		if err != nil {
+			return err
+		}
+		view, err := dst.td.Slice(pos, pos+n)
+		if err != nil {
+			return err
+		}
+		return gatherFrom(view, part)
+	}
+	r := s.reader
+	for i, l := range r.leaves {
+		rb := dst.rb[i]
+		at := l.off + int64(a.Slot*r.batch+off)*int64(rb)
+		if _, err := l.mm.ReadAt(dst.leaves[i][pos*rb:(pos+n)*rb], at); err != nil {
+			return err
+		}
+	}
+	slots.Fence()
+	if w := r.table.Word(a.Slot); w != a.Word {
+		return wrapf(ErrDropped, "batch %d of epoch %d was overwritten while it was read (word %#x, announced %#x)",
+			a.Index, a.Epoch, w, a.Word)
+	}
+	return nil
+}
+
+// gatherFrom copies src's tensors into dst's of the same keys (same row
+// counts).
+func gatherFrom(dst, src *tensordict.TensorDict) error {
+	for path, t := range src.Leaves() {
+		d, err := dst.Tensor(path...)
+		if err != nil {
+			return err
+		}
+		if err := d.SetSlice(0, t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close leaves the producer, unmaps the ring and closes the connection.
+// An iteration in progress ends with ErrClosed or an error matching
+// rpc.ErrUnavailable.
+func (c *Consumer) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	s := c.sess
+	c.sess = nil
+	c.mu.Unlock()
+	if s != nil {
+		s.end(context.Background())
+	}
+	return c.rc.Close()
+}

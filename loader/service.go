@@ -1,0 +1,246 @@
+package loader
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tensorwire/tensorwire/rpc"
+)
+
+// The methods of the loader service (docs/loader.md describes their
+// messages). Every request names the loader it is for.
+const (
+	MethodJoin  = "loader.join"
+	MethodNext  = "loader.next"
+	MethodAck   = "loader.ack"
+	MethodLeave = "loader.leave"
+	MethodStats = "loader.stats"
+)
+
+// maxPoll bounds how long a next call waits for a batch before it returns
+// none; the consumer then asks again.
+const maxPoll = 10 * time.Second
+
+// maxAnnounce bounds the announcements of one next call.
+const maxAnnounce = 1024
+
+// Service is the loader service of an rpc.Server: the producers it serves,
+// by name, to consumers that Dial them. A producer whose ring folder is
+// under the server's root (rpc.WithRoot) is read by reference by consumers
+// on the same filesystem, and by bytes by the others.
+//
+// A Service is safe for concurrent use; producers can be added and
+// removed while it serves.
+type Service struct {
+	root      string
+	mu        sync.RWMutex
+	producers map[string]served
+}
+
+type served struct {
+	p   *Producer
+	rel string // the ring's folder relative to the server's root; "" if not under it
+}
+
+// Register adds the loader service's methods to s and returns the
+// Service, empty: Add producers to it. Call it once per server.
+func Register(s *rpc.Server) (*Service, error) {
+	svc := &Service{root: s.Root(), producers: map[string]served{}}
+	regs := []error{
+		rpc.Register(s, MethodJoin, svc.join),
+		rpc.Register(s, MethodNext, svc.next),
+		rpc.Register(s, MethodAck, svc.ack),
+		rpc.Register(s, MethodLeave, svc.leave),
+		rpc.Register(s, MethodStats, svc.stats),
+	}
+	for _, err := range regs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return svc, nil
+}
+
+// Add serves p under name. p stays the caller's: Remove it (or close the
+// server) before closing it.
+func (svc *Service) Add(name string, p *Producer) error {
+	if name == "" {
+		return fmt.Errorf("%w: a loader needs a name", ErrConfig)
+	}
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	if _, dup := svc.producers[name]; dup {
+		return fmt.Errorf("%w: a loader named %q is already served", ErrConfig, name)
+	}
+	svc.producers[name] = served{p: p, rel: relativeTo(svc.root, p.ring.path)}
+	return nil
+}
+
+// Remove stops serving the producer named name; calls for it fail with
+// ErrNotFound from then on.
+func (svc *Service) Remove(name string) {
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	delete(svc.producers, name)
+}
+
+func (svc *Service) lookup(name string) (served, error) {
+	svc.mu.RLock()
+	defer svc.mu.RUnlock()
+	sp, ok := svc.producers[name]
+	if !ok {
+		return served{}, fmt.Errorf("%w named %q on this node", ErrNotFound, name)
+	}
+	return sp, nil
+}
+
+// relativeTo returns path relative to root, slash-separated, or "" if it is
+// not under root.
+func relativeTo(root, path string) string {
+	if root == "" {
+		return ""
+	}
+	abs, err := filepath.Abs(path)
+	if err == nil {
+		abs, err = filepath.EvalSymlinks(abs)
+	}
+	if err != nil {
+		return ""
+	}
+	r, err := filepath.Rel(root, abs)
+	if err != nil || r == ".." || strings.HasPrefix(r, "../") {
+		return ""
+	}
+	return filepath.ToSlash(r)
+}
+
+// The messages. Field names on the wire are the codec tags.
+type (
+	joinRequest struct {
+		Name  string `codec:"name"`
+		Batch int    `codec:"batch"` // the consumer's batch size
+		Bytes bool   `codec:"bytes"` // it will ask for bytes
+	}
+	joinResponse struct {
+		Ring        string          `codec:"ring"`     // the ring's id: changes when the producer is made anew
+		Consumer    uint64          `codec:"consumer"` // the consumer's id
+		Epoch       int64           `codec:"epoch"`    // its first epoch
+		Prefix      string          `codec:"prefix"`   // the ring's folder, relative to the node's root; "" when not under it
+		Fields      []rpc.FieldInfo `codec:"fields"`   // per row
+		Samples     int             `codec:"samples"`  // per epoch
+		Batch       int             `codec:"batch"`    // rows per producer batch
+		Slots       int             `codec:"slots"`
+		HeartbeatMS int64           `codec:"heartbeat_ms"` // silent this long, it is dropped
+	}
+	nextRequest struct {
+		Name     string `codec:"name"`
+		Ring     string `codec:"ring"`
+		Consumer uint64 `codec:"consumer"`
+		Epoch    int64  `codec:"epoch"`
+		Index    int    `codec:"index"` // the first batch wanted
+		Max      int    `codec:"max"`   // announcements at most
+		PollMS   int64  `codec:"poll_ms"`
+		Bytes    bool   `codec:"bytes"` // send the first batch's rows
+	}
+	nextResponse struct {
+		Batches []announcement `codec:"batches"`
+		Rows    *rpc.TD        `codec:"rows"` // bytes mode: the first batch's rows
+	}
+	ackRequest struct {
+		Name     string `codec:"name"`
+		Ring     string `codec:"ring"`
+		Consumer uint64 `codec:"consumer"`
+		Epoch    int64  `codec:"epoch"` // done with every batch before (Epoch, Index)
+		Index    int    `codec:"index"`
+	}
+	leaveRequest struct {
+		Name     string `codec:"name"`
+		Ring     string `codec:"ring"`
+		Consumer uint64 `codec:"consumer"`
+	}
+	statsRequest struct {
+		Name string `codec:"name"`
+	}
+)
+
+// producer returns the producer named name, checking that ring is its
+// ring's id ("" skips the check).
+func (svc *Service) producer(name, ring string) (served, error) {
+	sp, err := svc.lookup(name)
+	if err != nil {
+		return sp, err
+	}
+	if ring != "" && ring != sp.p.ring.id {
+		return sp, wrapf(ErrDropped, "the producer of %q restarted (ring %s, not %s)", name, sp.p.ring.id, ring)
+	}
+	return sp, nil
+}
+
+func (svc *Service) join(_ context.Context, req joinRequest) (joinResponse, error) {
+	sp, err := svc.producer(req.Name, "")
+	if err != nil {
+		return joinResponse{}, err
+	}
+	p := sp.p
+	ji, err := p.join(req.Batch, req.Bytes)
+	if err != nil {
+		return joinResponse{}, err
+	}
+	return joinResponse{
+		Ring: p.ring.id, Consumer: ji.id, Epoch: ji.epoch, Prefix: sp.rel, Fields: wireFields(p.pipe.fields),
+		Samples: p.n, Batch: p.cfg.Batch, Slots: p.cfg.Slots, HeartbeatMS: p.cfg.Heartbeat.Milliseconds(),
+	}, nil
+}
+
+func (svc *Service) next(ctx context.Context, req nextRequest) (nextResponse, error) {
+	sp, err := svc.producer(req.Name, req.Ring)
+	if err != nil {
+		return nextResponse{}, err
+	}
+	n := min(max(req.Max, 1), maxAnnounce)
+	if req.Bytes {
+		n = 1
+	}
+	poll := min(time.Duration(req.PollMS)*time.Millisecond, maxPoll)
+	if poll <= 0 {
+		poll = maxPoll
+	}
+	as, err := sp.p.next(ctx, req.Consumer, req.Epoch, req.Index, n, poll)
+	if err != nil || len(as) == 0 || !req.Bytes {
+		return nextResponse{Batches: as}, err
+	}
+	td, err := sp.p.copyBatch(as[0])
+	if err != nil {
+		return nextResponse{}, err
+	}
+	return nextResponse{Batches: as, Rows: &rpc.TD{TensorDict: td}}, nil
+}
+
+func (svc *Service) ack(_ context.Context, req ackRequest) (rpc.Empty, error) {
+	sp, err := svc.producer(req.Name, req.Ring)
+	if err != nil {
+		return rpc.Empty{}, err
+	}
+	return rpc.Empty{}, sp.p.release(req.Consumer, req.Epoch, req.Index)
+}
+
+func (svc *Service) leave(_ context.Context, req leaveRequest) (rpc.Empty, error) {
+	sp, err := svc.producer(req.Name, req.Ring)
+	if err != nil {
+		return rpc.Empty{}, nil // nothing to leave
+	}
+	sp.p.leave(req.Consumer)
+	return rpc.Empty{}, nil
+}
+
+func (svc *Service) stats(_ context.Context, req statsRequest) (Stats, error) {
+	sp, err := svc.lookup(req.Name)
+	if err != nil {
+		return Stats{}, err
+	}
+	return sp.p.Stats(), nil
+}
