@@ -85,21 +85,21 @@ func (m *member) holds(s slotInfo) bool {
 
 // Stats is a snapshot of a producer.
 type Stats struct {
-	Consumers   int    `codec:"consumers" json:"consumers"`     // live consumers
-	Joined      uint64 `codec:"joined" json:"joined"`           // consumers that ever joined
-	Dropped     uint64 `codec:"dropped" json:"dropped"`         // of those, dropped: silent too long
+	Consumers   int    `codec:"consumers" json:"consumers"`       // live consumers
+	Joined      uint64 `codec:"joined" json:"joined"`             // consumers that ever joined
+	Dropped     uint64 `codec:"dropped" json:"dropped"`           // of those, dropped: silent too long
 	DroppedSlow uint64 `codec:"dropped_slow" json:"dropped_slow"` // dropped: held a slot past MaxWait
-	Left        uint64 `codec:"left" json:"left"`               // left (Close)
-	Epoch       int64  `codec:"epoch" json:"epoch"`             // the current or last epoch; -1 before the first
-	Running     bool   `codec:"running" json:"running"`         // an epoch is being produced
-	Window      bool   `codec:"window" json:"window"`           // joiners now take part in the current epoch
-	Published   uint64 `codec:"published" json:"published"`     // batches published, all epochs
-	InEpoch     int    `codec:"in_epoch" json:"in_epoch"`       // of the current epoch
-	Epochs      uint64 `codec:"epochs" json:"epochs"`           // epochs completed
-	CutShort    uint64 `codec:"cut_short" json:"cut_short"`     // epochs cut short: every consumer left
-	WaitNS      int64  `codec:"wait_ns" json:"wait_ns"`         // time spent waiting for slots to be released
-	Samples     int    `codec:"samples" json:"samples"`         // per epoch
-	Batch       int    `codec:"batch" json:"batch"`             // rows per producer batch
+	Left        uint64 `codec:"left" json:"left"`                 // left (Close)
+	Epoch       int64  `codec:"epoch" json:"epoch"`               // the current or last epoch; -1 before the first
+	Running     bool   `codec:"running" json:"running"`           // an epoch is being produced
+	Window      bool   `codec:"window" json:"window"`             // joiners now take part in the current epoch
+	Published   uint64 `codec:"published" json:"published"`       // batches published, all epochs
+	InEpoch     int    `codec:"in_epoch" json:"in_epoch"`         // of the current epoch
+	Epochs      uint64 `codec:"epochs" json:"epochs"`             // epochs completed
+	CutShort    uint64 `codec:"cut_short" json:"cut_short"`       // epochs cut short: every consumer left
+	WaitNS      int64  `codec:"wait_ns" json:"wait_ns"`           // time spent waiting for slots to be released
+	Samples     int    `codec:"samples" json:"samples"`           // per epoch
+	Batch       int    `codec:"batch" json:"batch"`               // rows per producer batch
 	Slots       int    `codec:"slots" json:"slots"`
 	Failed      string `codec:"failed" json:"failed,omitempty"` // why the producer stopped, if it failed
 }
