@@ -3,6 +3,7 @@ module github.com/tensorwire/tensorwire
 go 1.26.8
 
 require (
+	github.com/HdrHistogram/hdrhistogram-go v1.4.0
 	github.com/edsrzf/mmap-go v1.2.0
 	github.com/hashicorp/go-msgpack/v2 v2.1.5
 	github.com/hashicorp/yamux v0.1.2

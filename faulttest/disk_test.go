@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/tensorwire/tensorwire/internal/proctest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tensorwire/tensorwire/internal/proctest"
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/internal/npy"
@@ -37,6 +38,12 @@ const (
 
 func diskField(dt memmap.DType, shape []int, key ...string) tensordict.Field {
 	return tensordict.Field{Key: key, DType: dt, Shape: shape}
+}
+
+// rowField is diskField for a replay buffer's schema: shape is one
+// transition's.
+func rowField(dt memmap.DType, shape []int, key ...string) tensordict.RowField {
+	return tensordict.RowField{Key: key, DType: dt, Shape: shape}
 }
 
 // diskCheckNothingLeft checks that a failed creation left dir, empty
@@ -103,12 +110,12 @@ func TestFullDisk_ReplayCreateTooBig(t *testing.T) {
 	}{
 		{"slot table larger than the disk", replay.Config{Capacity: 1 << 18}}, // 32 bytes a slot: 8 MiB
 		{"storage larger than the disk", replay.Config{Capacity: 1024, // slots: 32 KiB; storage: 8 MiB
-			Schema: []tensordict.Field{diskField(memmap.Uint8, []int{8192}, "obs"), diskField(memmap.Float32, nil, "reward")}}},
+			Schema: tensordict.RowSchema{rowField(memmap.Uint8, []int{8192}, "obs"), rowField(memmap.Float32, nil, "reward")}}},
 		// A page of replay.lock, 32 KiB of slots, 4056 KiB of obs and a
 		// page of storage/meta.json fill the disk: replay.json, written
 		// last, does not fit.
 		{"replay.json does not fit", replay.Config{Capacity: 1024,
-			Schema: []tensordict.Field{diskField(memmap.Uint8, []int{4056}, "obs")}}},
+			Schema: tensordict.RowSchema{rowField(memmap.Uint8, []int{4056}, "obs")}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			disk := mountTmpfs(t, diskSize)
@@ -284,7 +291,7 @@ func TestFullDisk_ReplayBufferKeepsWorking(t *testing.T) {
 	const capacity, obsLen = 64, 4096 // storage: 256 KiB of obs, 512 B of ids
 	b, err := replay.Create(prefix, replay.Config{
 		Capacity: capacity,
-		Schema:   []tensordict.Field{diskField(memmap.Uint8, []int{obsLen}, "obs"), diskField(memmap.Int64, nil, "id")},
+		Schema:   tensordict.RowSchema{rowField(memmap.Uint8, []int{obsLen}, "obs"), rowField(memmap.Int64, nil, "id")},
 		Sampler:  replay.WithoutReplacement(),
 	})
 	if err != nil {
@@ -505,10 +512,12 @@ func diskSparseTD(t *testing.T, prefix string, rows, rowLen int) {
 }
 
 // diskReport prints one line of a helper's result, as diskRunHelper reads
-// it: "STEP<TAB>ok|fault|dataloss|error<TAB>detail".
+// it: "STEP<TAB>ok|nospace|fault|dataloss|error<TAB>detail".
 func diskReport(step string, err error) {
 	status := "ok"
 	switch {
+	case errors.Is(err, syscall.ENOSPC):
+		status = "nospace"
 	case errors.Is(err, memmap.ErrFault):
 		status = "fault"
 	case errors.Is(err, rpc.ErrDataLoss):
@@ -631,8 +640,9 @@ func diskWantRows(td *tensordict.TensorDict, rowLen int, vals ...byte) error {
 	return nil
 }
 
-// TestFullDisk_SparseFileWritesAreErrors: writes and reads through
-// tensordict into a sparse file on a full tmpfs are memmap.ErrFault, in a
+// TestFullDisk_SparseFileWritesAreErrors: writes through tensordict into
+// holes of a sparse file on a full tmpfs are ENOSPC (memmap reserves the
+// blocks before it writes), reads of a hole are memmap.ErrFault, in a
 // process that lives on; once space is freed the same TensorDict works.
 // The library calls run in a helper process, so that a SIGBUS kills only
 // the helper and fails this test instead of the whole suite.
@@ -644,8 +654,8 @@ func TestFullDisk_SparseFileWritesAreErrors(t *testing.T) {
 
 	diskWantSteps(t, diskRunHelper(t, "disk-sparse-writes", prefix, filler),
 		[2]string{"load", "ok"},               // a sparse file is a valid file
-		[2]string{"fill", "fault"},            // a write into a hole
-		[2]string{"setrows", "fault"},         // same, through a row copy
+		[2]string{"fill", "nospace"},          // a write into a hole: refused before any byte moves
+		[2]string{"setrows", "nospace"},       // same, through a row copy
 		[2]string{"gather", "fault"},          // on tmpfs, reading a hole needs a page too
 		[2]string{"free", "ok"},               // the helper removes the filler
 		[2]string{"fill-after-free", "ok"},    // the same mapping works once there is room
@@ -712,7 +722,8 @@ func diskToken(t *testing.T) (string, []byte) {
 }
 
 // TestFullDisk_NodeSurvivesSparseFill: a real node asked to fill, by
-// reference, a sparse TensorDict on a full tmpfs answers DataLoss and keeps
+// reference, a sparse TensorDict on a full tmpfs answers ResourceExhausted
+// (the write's ENOSPC), a read of one of its holes DataLoss, and it keeps
 // serving: a describe and a fill of a good TensorDict succeed afterwards,
 // the sparse one can be filled once space is freed, and the node stops
 // cleanly.
@@ -750,8 +761,8 @@ func TestFullDisk_NodeSurvivesSparseFill(t *testing.T) {
 
 	err = c.Fill(ctx, sparse, nil, 1)
 	t.Logf("Fill of the sparse TensorDict: %v", err)
-	if !errors.Is(err, rpc.ErrDataLoss) {
-		t.Errorf("Fill of a sparse file on a full disk: %v; want DataLoss", err)
+	if !errors.Is(err, rpc.ErrResourceExhausted) {
+		t.Errorf("Fill of a sparse file on a full disk: %v; want ResourceExhausted", err)
 	}
 	n.checkAlive(t)
 	_, err = c.Read(ctx, "sparse", []int{rows / 2})
@@ -796,7 +807,7 @@ func diskSparseBuffer(t *testing.T, prefix string) {
 	t.Helper()
 	b, err := replay.Create(prefix, replay.Config{
 		Capacity: 256,
-		Schema:   []tensordict.Field{diskField(memmap.Uint8, []int{4096}, "obs"), diskField(memmap.Int64, nil, "id")},
+		Schema:   tensordict.RowSchema{rowField(memmap.Uint8, []int{4096}, "obs"), rowField(memmap.Int64, nil, "id")},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -898,7 +909,7 @@ func init() {
 // TestFullDisk_NodeServesSparseBuffer: a node serving a buffer whose files
 // are sparse, when the disk fills under it. Extends whose rows land on
 // holes of the storage fail: by bytes the node writes them and answers
-// DataLoss, by reference the client writes them and gets memmap.ErrFault
+// ResourceExhausted, by reference the client writes them and gets ENOSPC
 // (in a helper process, so that a SIGBUS there would not kill the suite).
 // No process dies, the committed transitions are still sampled, and once
 // space is freed Extend works again.
@@ -926,8 +937,8 @@ func TestFullDisk_NodeServesSparseBuffer(t *testing.T) {
 	_, err = c.Extend(ctx, diskBatch(t, 4096, 4, 5))
 	cancel()
 	t.Logf("Extend (bytes mode) into holes of the storage on the full disk: %v", err)
-	if !errors.Is(err, rpc.ErrDataLoss) {
-		t.Errorf("Extend (bytes mode) into holes of a sparse storage on a full disk: %v; want DataLoss", err)
+	if !errors.Is(err, rpc.ErrResourceExhausted) {
+		t.Errorf("Extend (bytes mode) into holes of a sparse storage on a full disk: %v; want ResourceExhausted", err)
 	}
 	n.checkAlive(t)
 	ctx, cancel = call()
@@ -943,7 +954,7 @@ func TestFullDisk_NodeServesSparseBuffer(t *testing.T) {
 		}
 	}
 	got := diskRunHelper(t, "disk-ref-client", n.addr, tokPath, disk, "6")
-	diskWantSteps(t, got, [2]string{"extend", "fault"}, [2]string{"sample", "ok"})
+	diskWantSteps(t, got, [2]string{"extend", "nospace"}, [2]string{"sample", "ok"})
 	if ids := strings.Fields(strings.Trim(got["sample"][1], "[]")); slices.ContainsFunc(ids, func(id string) bool { return id != "1" && id != "2" && id != "3" }) {
 		t.Errorf("Sample (ref mode) returned transitions %v; only 1, 2 and 3 were committed", ids)
 	}

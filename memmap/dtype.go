@@ -110,3 +110,33 @@ func ParseDType(name string) (DType, error) {
 	}
 	return Invalid, fmt.Errorf("%w: %q", ErrDType, name)
 }
+
+// MarshalText returns the name String returns, e.g. "torch.float32": the
+// name meta.json, replay.json and the rpc wire carry (the numeric values
+// are not part of any format). An invalid dtype has no name: it returns an
+// error wrapping ErrDType, so a zero DType never reaches a file.
+func (d DType) MarshalText() ([]byte, error) {
+	if !d.Valid() {
+		return nil, fmt.Errorf("%w: %v has no name", ErrDType, d)
+	}
+	return []byte(d.String()), nil
+}
+
+// UnmarshalText sets d to the dtype named by text, as ParseDType reads it
+// (so "torch.float32", "float32" and torch's aliases such as "float"). An
+// unknown name returns an error wrapping ErrDType and leaves d unchanged.
+func (d *DType) UnmarshalText(text []byte) error {
+	dt, err := ParseDType(string(text))
+	if err != nil {
+		return err
+	}
+	*d = dt
+	return nil
+}
+
+// MarshalBinary returns the same bytes as MarshalText: binary encoders
+// (gob, msgpack) carry the name too, never the numeric value.
+func (d DType) MarshalBinary() ([]byte, error) { return d.MarshalText() }
+
+// UnmarshalBinary reads what MarshalBinary writes, as UnmarshalText.
+func (d *DType) UnmarshalBinary(data []byte) error { return d.UnmarshalText(data) }

@@ -21,7 +21,10 @@ func (t *Tensor) Gather(dst []byte, rows []int) error {
 
 // Scatter copies src, which must hold exactly len(rows)*RowBytes() bytes,
 // into the given rows, in order; when a row repeats, the last copy wins.
-// Every index is checked before any byte is written.
+// Every index is checked before any byte is written. A write the system
+// refuses (a full disk under a sparse file: ENOSPC) returns an error
+// wrapping the system's; see the package documentation, "Writes", for what
+// it leaves.
 func (t *Tensor) Scatter(rows []int, src []byte) error {
 	if err := t.checkRank("scatter", rows); err != nil {
 		return err
@@ -31,7 +34,7 @@ func (t *Tensor) Scatter(rows []int, src []byte) error {
 
 // Fill sets every element of the given rows to the element whose bytes are
 // elem (exactly DType().Size() bytes, little-endian). Every index is checked
-// before any byte is written.
+// before any byte is written. Errors are as Scatter's.
 func (t *Tensor) Fill(rows []int, elem []byte) error {
 	if err := t.checkRank("fill", rows); err != nil {
 		return err
@@ -64,8 +67,7 @@ func (t *Tensor) ScatterAt(off int64, rowBytes int, rows []int, src []byte) erro
 		return err
 	}
 	defer t.mu.RUnlock()
-	t.prefetch(off, rowBytes, rows)
-	return guarded(t.path, func() { rowcopy.Scatter(t.data[off:], src, rowBytes, rows) })
+	return t.scatter(off, rowBytes, rows, src)
 }
 
 // FillAt is Fill over a view of the data, as GatherAt.
@@ -81,7 +83,26 @@ func (t *Tensor) FillAt(off int64, rowBytes int, rows []int, elem []byte) error 
 		return err
 	}
 	defer t.mu.RUnlock()
+	return t.fill(off, rowBytes, rows, elem)
+}
+
+// scatterMapped is ScatterAt's copy through the mapping, for rows that
+// are resident and wherever pwrite is not used (see direct_linux.go). The
+// caller holds t.mu.
+func (t *Tensor) scatterMapped(off int64, rowBytes int, rows []int, src []byte) error {
+	t.prefetch(off, rowBytes, rows)
+	return guarded(t.path, func() { rowcopy.Scatter(t.data[off:], src, rowBytes, rows) })
+}
+
+// fillMapped is FillAt's fill through the mapping, as scatterMapped.
+func (t *Tensor) fillMapped(off int64, rowBytes int, rows []int, elem []byte) error {
 	return guarded(t.path, func() { rowcopy.Fill(t.data[off:], rowBytes, rows, elem) })
+}
+
+// writeMapped is WriteAt's copy through the mapping, as scatterMapped.
+func (t *Tensor) writeMapped(p []byte, off int64) (n int, err error) {
+	err = guarded(t.path, func() { n = copy(t.data[off:], p) })
+	return n, err
 }
 
 // checkRank is the check Gather, Scatter and Fill add to their view
@@ -143,7 +164,8 @@ func (t *Tensor) ReadAt(p []byte, off int64) (n int, err error) {
 
 // WriteAt copies p into the data starting at byte offset off. Unlike a file,
 // the tensor does not grow: a write past the end returns ErrIndex and writes
-// nothing.
+// nothing. Other errors are as Scatter's; n counts the bytes from off
+// written before one.
 func (t *Tensor) WriteAt(p []byte, off int64) (n int, err error) {
 	if off < 0 || off > int64(t.size) || int64(len(p)) > int64(t.size)-off {
 		return 0, fmt.Errorf("write %s: %w: %d bytes at offset %d of %d",
@@ -153,6 +175,5 @@ func (t *Tensor) WriteAt(p []byte, off int64) (n int, err error) {
 		return 0, err
 	}
 	defer t.mu.RUnlock()
-	err = guarded(t.path, func() { n = copy(t.data[off:], p) })
-	return n, err
+	return t.write(p, off)
 }

@@ -48,6 +48,8 @@ type Tensor struct {
 	f      *os.File
 	data   mmap.MMap // the mapping exactly as MapRegion returned it (Unmap needs it); nil if size is 0
 	closed bool
+
+	direct direct // how writes may bypass the mapping (direct_linux.go); set by mapFile
 }
 
 // Create makes a zero-filled file at path for an array of dtype dt and shape
@@ -168,6 +170,7 @@ func mapFile(f *os.File, path string, dt DType, shape []int, size int, mode Mode
 		return nil, fmt.Errorf("mmap %d bytes: %w", size, err)
 	}
 	t.data = data
+	t.initDirect()
 	return t, nil
 }
 

@@ -59,7 +59,7 @@ type Buffer struct {
 	mu      sync.Mutex
 	changed chan struct{}          // closed and replaced when anything a waiter waits for changes
 	storage *tensordict.TensorDict // nil until the schema is known
-	schema  []tensordict.Field     // per transition; nil until known
+	schema  tensordict.RowSchema   // per transition; nil until known
 	slots   *slotTable
 	sel     selector.Selector
 	writer  slotChooser
@@ -233,13 +233,10 @@ func newBuffer(prefix string, cfg Config, id string) *Buffer {
 	}
 }
 
-// createStorage makes the storage for a transition schema.
-func (b *Buffer) createStorage(schema []tensordict.Field) error {
-	fs := make([]tensordict.Field, len(schema))
-	for i, f := range schema {
-		fs[i] = tensordict.Field{Key: f.Key, DType: f.DType, Shape: append([]int{b.cfg.Capacity}, f.Shape...)}
-	}
-	td, err := tensordict.Create(filepath.Join(b.prefix, StorageDir), []int{b.cfg.Capacity}, fs...)
+// createStorage makes the storage for a transition schema: a batch of
+// Capacity transitions.
+func (b *Buffer) createStorage(schema tensordict.RowSchema) error {
+	td, err := schema.Create(filepath.Join(b.prefix, StorageDir), b.cfg.Capacity)
 	if err != nil {
 		return fmt.Errorf("replay: creating the storage: %w", err)
 	}
@@ -274,7 +271,7 @@ func (b *Buffer) Config() Config {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	c := cloneConfig(b.cfg)
-	c.Schema = cloneSchema(b.schema)
+	c.Schema = b.schema.Clone()
 	return c
 }
 
@@ -283,11 +280,11 @@ func (b *Buffer) Capacity() int { return b.cfg.Capacity }
 
 // Schema returns the fields of one transition (shapes without the batch
 // dimension), or nil before the first Extend of a buffer created without
-// one.
-func (b *Buffer) Schema() []tensordict.Field {
+// one. The result is the caller's.
+func (b *Buffer) Schema() tensordict.RowSchema {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return cloneSchema(b.schema)
+	return b.schema.Clone()
 }
 
 // Stats returns the buffer's counters now; ErrClosed after Close. It checks
@@ -407,15 +404,4 @@ func (b *Buffer) closeFiles() error {
 		errs = append(errs, b.lock.Release())
 	}
 	return errors.Join(errs...)
-}
-
-func cloneSchema(fs []tensordict.Field) []tensordict.Field {
-	if fs == nil {
-		return nil
-	}
-	out := make([]tensordict.Field, len(fs))
-	for i, f := range fs {
-		out[i] = tensordict.Field{Key: append([]string(nil), f.Key...), DType: f.DType, Shape: append([]int(nil), f.Shape...)}
-	}
-	return out
 }

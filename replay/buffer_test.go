@@ -57,7 +57,7 @@ func transitionsSized(t testing.TB, side int, ids ...int) *tensordict.TensorDict
 	return td
 }
 
-var testSchema = []tensordict.Field{
+var testSchema = tensordict.RowSchema{
 	{Key: []string{"obs"}, DType: memmap.Uint8, Shape: []int{4, 4}},
 	{Key: []string{"action"}, DType: memmap.Int64},
 	{Key: []string{"reward"}, DType: memmap.Float32},
@@ -191,7 +191,7 @@ func TestExtendSample_RoundRobinOverwritesOldest(t *testing.T) {
 func TestExtend_SchemaFromFirstBatchOrGiven(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		schema []tensordict.Field
+		schema tensordict.RowSchema
 	}{{"lazy", nil}, {"given", testSchema}} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := create(t, Config{Capacity: 4, Schema: tc.schema})
@@ -199,7 +199,7 @@ func TestExtend_SchemaFromFirstBatchOrGiven(t *testing.T) {
 				t.Fatalf("schema before the first batch: %v", b.Schema())
 			}
 			extend(t, b, 7)
-			if err := sameSchema(testSchema, b.Schema()); err != nil {
+			if err := testSchema.Match(b.Schema()); err != nil {
 				t.Fatal(err)
 			}
 			st, err := tensordict.LoadMemmap(filepath.Join(b.Prefix(), StorageDir), tensordict.ReadOnly())

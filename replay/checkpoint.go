@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/atomicfile"
-	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/replay/internal/selector"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -29,16 +28,16 @@ const (
 
 // meta is MetaFile's content.
 type meta struct {
-	Format     string        `json:"format"`
-	Version    int           `json:"version"`
-	ID         string        `json:"id"`
-	Capacity   int           `json:"capacity"`
-	Schema     []fieldJSON   `json:"schema"` // null until the first batch
-	Sampler    selector.Spec `json:"sampler"`
-	Writer     Writer        `json:"writer"`
-	Limit      RateLimit     `json:"limit"`
-	LeaseMS    int64         `json:"lease_ms"`
-	Checkpoint *checkpoint   `json:"checkpoint,omitempty"`
+	Format     string               `json:"format"`
+	Version    int                  `json:"version"`
+	ID         string               `json:"id"`
+	Capacity   int                  `json:"capacity"`
+	Schema     tensordict.RowSchema `json:"schema"` // null until the first batch
+	Sampler    selector.Spec        `json:"sampler"`
+	Writer     Writer               `json:"writer"`
+	Limit      RateLimit            `json:"limit"`
+	LeaseMS    int64                `json:"lease_ms"`
+	Checkpoint *checkpoint          `json:"checkpoint,omitempty"`
 }
 
 // checkpoint is the state a restarted buffer cannot read from its slot
@@ -50,24 +49,20 @@ type checkpoint struct {
 	Size     int       `json:"size"` // transitions sampleable then (informative)
 }
 
-type fieldJSON struct {
-	Key   []string `json:"key"`
-	DType string   `json:"dtype"`
-	Shape []int    `json:"shape"`
-}
-
 // metaLocked returns the buffer's metadata as JSON; b.mu is held.
 func (b *Buffer) metaLocked() ([]byte, error) {
+	return encodeMeta(b.id, b.cfg, b.schema, &checkpoint{
+		Time: time.Now().UTC(), Inserted: b.limit.inserts, Sampled: b.limit.samples, Size: b.sel.Len(),
+	})
+}
+
+// encodeMeta returns MetaFile's content for the buffer id of cfg, whose
+// schema is schema (cfg.Schema is what it was created with), at cp.
+func encodeMeta(id string, cfg Config, schema tensordict.RowSchema, cp *checkpoint) ([]byte, error) {
 	m := meta{
-		Format: metaFormat, Version: metaVersion, ID: b.id, Capacity: b.cfg.Capacity,
-		Sampler: b.cfg.Sampler.spec, Writer: b.cfg.Writer, Limit: b.cfg.Limit,
-		LeaseMS: b.cfg.Lease.Milliseconds(),
-		Checkpoint: &checkpoint{
-			Time: time.Now().UTC(), Inserted: b.limit.inserts, Sampled: b.limit.samples, Size: b.sel.Len(),
-		},
-	}
-	for _, f := range b.schema {
-		m.Schema = append(m.Schema, fieldJSON{Key: f.Key, DType: f.DType.String(), Shape: f.Shape})
+		Format: metaFormat, Version: metaVersion, ID: id, Capacity: cfg.Capacity, Schema: schema,
+		Sampler: cfg.Sampler.spec, Writer: cfg.Writer, Limit: cfg.Limit,
+		LeaseMS: cfg.Lease.Milliseconds(), Checkpoint: cp,
 	}
 	return json.MarshalIndent(m, "", "  ")
 }
@@ -256,7 +251,7 @@ func changeable(have, want Config) error {
 	case want.Schema != nil && have.Schema == nil:
 		return fmt.Errorf("%w: a schema asked for; the buffer's is set by its first batch", ErrConfig)
 	case want.Schema != nil:
-		if err := sameSchema(have.Schema, want.Schema); err != nil {
+		if err := have.Schema.Match(want.Schema); err != nil {
 			return fmt.Errorf("%w: the schema asked for differs from the buffer's: %v", ErrConfig, err)
 		}
 	}
@@ -274,15 +269,8 @@ func parseMeta(data []byte) (meta, Config, error) {
 			ErrConfig, m.Format, m.Version, metaFormat, metaVersion)
 	}
 	cfg := Config{
-		Capacity: m.Capacity, Sampler: Sampler{m.Sampler}, Writer: m.Writer, Limit: m.Limit,
+		Capacity: m.Capacity, Schema: m.Schema.Clone(), Sampler: Sampler{m.Sampler}, Writer: m.Writer, Limit: m.Limit,
 		Lease: time.Duration(m.LeaseMS) * time.Millisecond,
-	}
-	for _, f := range m.Schema {
-		dt, err := memmap.ParseDType(f.DType)
-		if err != nil {
-			return m, Config{}, fmt.Errorf("%w: field %v: %w", ErrConfig, f.Key, err)
-		}
-		cfg.Schema = append(cfg.Schema, tensordict.Field{Key: f.Key, DType: dt, Shape: f.Shape})
 	}
 	if err := cfg.validate(); err != nil {
 		return m, Config{}, err
@@ -299,7 +287,7 @@ func (b *Buffer) loadStorage() error {
 		return fmt.Errorf("replay: %w", err)
 	}
 	bs := td.BatchSize()
-	if err := sameSchema(b.schema, rowSchema(td)); err != nil || len(bs) != 1 || bs[0] != b.cfg.Capacity {
+	if err := b.schema.Match(td.RowSchema()); err != nil || len(bs) != 1 || bs[0] != b.cfg.Capacity {
 		td.Close()
 		return fmt.Errorf("replay: %s does not hold what %s says (batch %v, want [%d]; %v)",
 			dir, MetaFile, bs, b.cfg.Capacity, err)

@@ -41,7 +41,7 @@ type Client struct {
 	id      string // the buffer's id when mapped
 	lease   time.Duration
 	writer  Writer // a top-k writer needs each transition's key
-	schema  []tensordict.Field
+	schema  tensordict.RowSchema
 	storage *tensordict.TensorDict // this side's mapping; nil in bytes mode or before the schema is known
 	slots   *slotTable
 
@@ -149,9 +149,11 @@ func (c *Client) info(ctx context.Context) (infoResponse, error) {
 // (the name's buffer was created anew) drops the mappings of the old one,
 // so adopt runs with c.use held exclusively, or before any call (Dial).
 func (c *Client) adopt(info infoResponse) error {
-	schema, err := fieldsOf(info.Schema)
-	if err != nil {
-		return fmt.Errorf("replay: the node describes the buffer's schema badly: %w", err)
+	schema := info.Schema
+	if schema != nil {
+		if err := schema.Validate(); err != nil {
+			return fmt.Errorf("replay: the node describes the buffer's schema badly: %w", err)
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -219,7 +221,7 @@ func (c *Client) refresh(ctx context.Context, id string) error {
 }
 
 // mapping returns the current mappings (nil in bytes mode).
-func (c *Client) mapping() (*tensordict.TensorDict, *slotTable, []tensordict.Field, time.Duration) {
+func (c *Client) mapping() (*tensordict.TensorDict, *slotTable, tensordict.RowSchema, time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.storage, c.slots, c.schema, c.lease
@@ -259,7 +261,7 @@ func (c *Client) ExtendPriority(ctx context.Context, td *tensordict.TensorDict, 
 		return nil, err
 	}
 	defer c.use.RUnlock()
-	req := reserveRequest{Name: c.name, Schema: fieldInfos(rowSchema(td)), N: n, Keys: keys}
+	req := reserveRequest{Name: c.name, Schema: td.RowSchema(), N: n, Keys: keys}
 	for {
 		idx, err := c.extendOnce(ctx, req, td, priorities)
 		if !errors.Is(err, ErrExpired) {
@@ -358,7 +360,7 @@ func (c *Client) sampleBytes(ctx context.Context, n int) (*tensordict.TensorDict
 
 // knownSchema returns the buffer's schema, asking the node until it has one
 // (its first batch) or ctx ends.
-func (c *Client) knownSchema(ctx context.Context) ([]tensordict.Field, error) {
+func (c *Client) knownSchema(ctx context.Context) (tensordict.RowSchema, error) {
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		if _, _, schema, _ := c.mapping(); schema != nil {
 			return schema, nil

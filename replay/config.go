@@ -13,10 +13,8 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/progress"
-	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/replay/internal/selector"
 	"github.com/tensorwire/tensorwire/tensordict"
-	"golang.org/x/sys/unix"
 )
 
 // Config describes a buffer to Create. Only Capacity is required.
@@ -25,8 +23,10 @@ type Config struct {
 	Capacity int
 
 	// Schema is the fields of one transition: keys, dtypes and shapes
-	// without the batch dimension. Nil means the first batch decides.
-	Schema []tensordict.Field
+	// without the batch dimension (a batch of n transitions has the shapes
+	// [n, shape...]; the storage, [Capacity, shape...]). Nil means the
+	// first batch decides.
+	Schema tensordict.RowSchema
 
 	// Sampler chooses the transitions a sample returns; the zero value is
 	// Uniform().
@@ -143,7 +143,7 @@ type RateLimit struct {
 
 // cloneConfig returns a copy of c that shares no slice with it.
 func cloneConfig(c Config) Config {
-	c.Schema = cloneSchema(c.Schema)
+	c.Schema = c.Schema.Clone()
 	c.Writer.Key = slices.Clone(c.Writer.Key)
 	return c
 }
@@ -190,11 +190,11 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: writer %q", ErrConfig, c.Writer.Kind)
 	}
 	if c.Schema != nil {
-		if err := checkSchema(c.Schema); err != nil {
+		if err := c.Schema.Validate(); err != nil {
 			return fmt.Errorf("%w: %w", ErrConfig, err)
 		}
-		if _, err := storageSizeOf(c.Capacity, c.Schema); err != nil {
-			return fmt.Errorf("%w: %w", ErrConfig, err)
+		if _, err := c.Schema.NumBytes(c.Capacity); err != nil {
+			return fmt.Errorf("%w: the storage of %d transitions: %w", ErrConfig, c.Capacity, err)
 		}
 	}
 	if need, have := c.memory(), memoryLimit(); need > have {
@@ -229,9 +229,8 @@ func (c *Config) memory() uint64 {
 // its cgroup's limit when lower.
 func memoryLimit() uint64 {
 	limit := uint64(math.MaxUint64)
-	var si unix.Sysinfo_t
-	if unix.Sysinfo(&si) == nil && si.Totalram > 0 {
-		limit = uint64(si.Totalram) * uint64(max(si.Unit, 1))
+	if ram, ok := totalMemory(); ok {
+		limit = ram
 	}
 	for _, f := range []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"} {
 		data, err := os.ReadFile(f)
@@ -243,23 +242,6 @@ func memoryLimit() uint64 {
 		}
 	}
 	return limit
-}
-
-// storageSizeOf returns the bytes of a storage of capacity transitions of
-// schema, or an error if they overflow.
-func storageSizeOf(capacity int, schema []tensordict.Field) (int64, error) {
-	var total int64
-	for _, f := range schema {
-		n, err := memmap.NumBytes(f.DType, append([]int{capacity}, f.Shape...))
-		if err != nil {
-			return 0, fmt.Errorf("field %v: %d transitions of shape %v: %w", f.Key, capacity, f.Shape, err)
-		}
-		if total > math.MaxInt64-int64(n) {
-			return 0, fmt.Errorf("the storage of %d transitions overflows (%s per transition)", capacity, schemaString(schema))
-		}
-		total += int64(n)
-	}
-	return total, nil
 }
 
 // checkDisk checks that the filesystem prefix would be created on has room
@@ -279,15 +261,14 @@ func checkDisk(prefix string, cfg Config) error {
 		}
 		dir = parent
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
+	free, ok := freeDisk(dir)
+	if !ok {
 		return nil // not knowing is no reason to refuse; Create finds out
 	}
-	free := uint64(st.Bavail) * uint64(st.Bsize)
 	slots := uint64(cfg.Capacity) * slotFields * 8
 	var storage uint64
 	if cfg.Schema != nil {
-		n, _ := storageSizeOf(cfg.Capacity, cfg.Schema) // validated
+		n, _ := cfg.Schema.NumBytes(cfg.Capacity) // validated
 		storage = uint64(n)
 	}
 	if need := slots + storage; need > free {
@@ -298,81 +279,9 @@ func checkDisk(prefix string, cfg Config) error {
 	return nil
 }
 
-func storageWords(schema []tensordict.Field, n uint64) string {
+func storageWords(schema tensordict.RowSchema, n uint64) string {
 	if schema == nil {
 		return "made at the first batch"
 	}
 	return progress.Bytes(float64(n))
-}
-
-// checkSchema checks a transition schema: at least one field, valid dtypes
-// and shapes, distinct keys.
-func checkSchema(fs []tensordict.Field) error {
-	if len(fs) == 0 {
-		return fmt.Errorf("schema has no fields")
-	}
-	seen := map[string]bool{}
-	for _, f := range fs {
-		if len(f.Key) == 0 || slices.Contains(f.Key, "") {
-			return fmt.Errorf("field with an empty key %q", f.Key)
-		}
-		name := fmt.Sprint(f.Key)
-		if seen[name] {
-			return fmt.Errorf("field %v twice", f.Key)
-		}
-		seen[name] = true
-		if !f.DType.Valid() {
-			return fmt.Errorf("field %v: dtype %v", f.Key, f.DType)
-		}
-		if _, err := memmap.NumBytes(f.DType, append([]int{1}, f.Shape...)); err != nil {
-			return fmt.Errorf("field %v: %w", f.Key, err)
-		}
-	}
-	return nil
-}
-
-// rowSchema returns the transition schema of a batch: its fields with the
-// batch dimension dropped.
-func rowSchema(td *tensordict.TensorDict) []tensordict.Field {
-	fs := td.Schema()
-	for i := range fs {
-		fs[i].Shape = fs[i].Shape[1:]
-	}
-	return fs
-}
-
-// sameSchema reports whether a batch's transition schema equals want (the
-// same keys, each with the same dtype and shape, in any order), and
-// describes the first difference.
-func sameSchema(want, got []tensordict.Field) error {
-	byKey := make(map[string]tensordict.Field, len(want))
-	for _, f := range want {
-		byKey[strings.Join(f.Key, "\x00")] = f
-	}
-	for _, g := range got {
-		w, ok := byKey[strings.Join(g.Key, "\x00")]
-		switch {
-		case !ok:
-			return fmt.Errorf("field %v is not in the buffer's schema (%s)", g.Key, schemaString(want))
-		case w.DType != g.DType:
-			return fmt.Errorf("field %v has dtype %v, want %v", w.Key, g.DType, w.DType)
-		case !slices.Equal(w.Shape, g.Shape):
-			return fmt.Errorf("field %v has shape %v per transition, want %v", w.Key, g.Shape, w.Shape)
-		}
-	}
-	if len(got) != len(want) {
-		return fmt.Errorf("%d fields, want %d (%s)", len(got), len(want), schemaString(want))
-	}
-	return nil
-}
-
-func schemaString(fs []tensordict.Field) string {
-	s := ""
-	for i, f := range fs {
-		if i > 0 {
-			s += ", "
-		}
-		s += fmt.Sprintf("%v %v%v", f.Key, f.DType, f.Shape)
-	}
-	return s
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
-	"golang.org/x/sys/unix"
 )
 
 // TestCreate_RefusesWhatCannotWork: a configuration that cannot make a
@@ -19,14 +18,13 @@ import (
 // written: no out-of-memory crash, and nothing left on disk, whether Create
 // would have made the folder or found it empty.
 func TestCreate_RefusesWhatCannotWork(t *testing.T) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(t.TempDir(), &st); err != nil {
-		t.Fatal(err)
+	free, ok := freeDisk(t.TempDir())
+	if !ok {
+		t.Skip("this system does not report free disk space, so Create cannot check it")
 	}
-	free := st.Bavail * uint64(st.Bsize)
 	const row = 1 << 20
-	rows := func(n int) []tensordict.Field {
-		return []tensordict.Field{{Key: []string{"obs"}, DType: memmap.Uint8, Shape: []int{n}}}
+	rows := func(n int) tensordict.RowSchema {
+		return tensordict.RowSchema{{Key: []string{"obs"}, DType: memmap.Uint8, Shape: []int{n}}}
 	}
 	for _, tc := range []struct {
 		name  string
@@ -38,6 +36,10 @@ func TestCreate_RefusesWhatCannotWork(t *testing.T) {
 		{"capacity beyond memory, top-k", Config{Capacity: 1 << 40, Writer: TopK("r")}, "memory", false},
 		{"storage beyond the disk", Config{Capacity: int(free/row)*2 + 1, Schema: rows(row)}, "free", true},
 		{"storage bytes overflow", Config{Capacity: 1 << 40, Schema: rows(1 << 30)}, "too many elements", false},
+		{"a key both a tensor and a dict", Config{Capacity: 4, Schema: tensordict.RowSchema{
+			{Key: []string{"obs"}, DType: memmap.Uint8}, {Key: []string{"obs", "pixels"}, DType: memmap.Uint8, Shape: []int{4}},
+		}}, "inside field [obs]", false},
+		{"a field without a dtype", Config{Capacity: 4, Schema: tensordict.RowSchema{{Key: []string{"obs"}, Shape: []int{4}}}}, "dtype", false},
 		{"min size over capacity", Config{Capacity: 4, Limit: RateLimit{MinSize: 5}}, "min size", false},
 		{"negative lease", Config{Capacity: 4, Lease: -time.Second}, "lease", false},
 		{"negative capacity", Config{Capacity: -1}, "capacity", false},

@@ -35,7 +35,7 @@ func (b *Buffer) ExtendPriority(ctx context.Context, td *tensordict.TensorDict, 
 		return nil, err
 	}
 	defer b.leave()
-	r, storage, err := b.reserve(ctx, rowSchema(td), n, keys)
+	r, storage, err := b.reserve(ctx, td.RowSchema(), n, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +146,7 @@ func rankKeys(td *tensordict.TensorDict, key []string) ([]float64, error) {
 // storage if the buffer has none, once the rate limiter lets them in.
 // The slots leave the sampler at once, and their words move to a new
 // generation, so samplers reading them see the change.
-func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, keys []float64) (*reservation, *tensordict.TensorDict, error) {
+func (b *Buffer) reserve(ctx context.Context, schema tensordict.RowSchema, n int, keys []float64) (*reservation, *tensordict.TensorDict, error) {
 	if n > b.cfg.Capacity || n > 1<<rowBits {
 		return nil, nil, schemaErrorf("a batch of %d transitions does not fit a buffer of %d (or is over %d)", n, b.cfg.Capacity, 1<<rowBits)
 	}
@@ -164,7 +164,7 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.schema == nil {
-		if err := checkSchema(schema); err != nil {
+		if err := schema.Validate(); err != nil {
 			return nil, nil, schemaErrorf("%v", err)
 		}
 		if b.closed.Load() {
@@ -176,7 +176,7 @@ func (b *Buffer) reserve(ctx context.Context, schema []tensordict.Field, n int, 
 		if err := b.writeMetaLocked(); err != nil {
 			return nil, nil, err
 		}
-	} else if err := sameSchema(b.schema, schema); err != nil {
+	} else if err := b.schema.Match(schema); err != nil {
 		return nil, nil, schemaErrorf("%v", err)
 	}
 	for !b.closed.Load() && b.lost == nil && !b.limit.canInsert(n, b.pending, b.sel.Len()) {

@@ -111,7 +111,7 @@ func helperStuckWriter(t *testing.T) error {
 	}
 	td := transitions(t, seq(stuckFirstID, stuckFirstID+8)...)
 	r, err := rpc.Call[reserveResponse](ctx, c.rc, MethodReserve,
-		reserveRequest{Name: "buf", Schema: fieldInfos(rowSchema(td)), N: 8})
+		reserveRequest{Name: "buf", Schema: td.RowSchema(), N: 8})
 	if err != nil {
 		return err
 	}
@@ -165,7 +165,7 @@ func TestProcess_WriterKilledMidExtend(t *testing.T) {
 		}
 	})
 	wg.Go(func() {
-		dst, err := newBatch(testSchema, 32)
+		dst, err := testSchema.Zeros(32)
 		if err != nil {
 			errs <- err
 			return
@@ -243,7 +243,7 @@ func TestProcess_NodeKilledAndRestarted(t *testing.T) {
 			})
 			var samples atomic.Int64
 			wg.Go(func() {
-				dst, err := newBatch(testSchema, 16)
+				dst, err := testSchema.Zeros(16)
 				if err != nil {
 					errs <- err
 					return

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -36,7 +35,7 @@ func (b *Buffer) Sample(ctx context.Context, n int) (*tensordict.TensorDict, Sam
 		return nil, SampleInfo{}, err
 	}
 	schema := b.Schema()
-	if bytes := int64(n) * int64(rowBytes(schema)); bytes > maxSampleBytes {
+	if bytes := int64(n) * int64(schema.RowBytes()); bytes > maxSampleBytes {
 		return nil, SampleInfo{}, argumentErrorf("a sample of %d transitions is %d bytes; at most %d in one call", n, bytes, int64(maxSampleBytes))
 	}
 	return sampleNew(ctx, schema, n, b.SampleInto)
@@ -44,9 +43,9 @@ func (b *Buffer) Sample(ctx context.Context, n int) (*tensordict.TensorDict, Sam
 
 // sampleNew is a Sample of n transitions of schema: SampleInto into a new
 // batch.
-func sampleNew(ctx context.Context, schema []tensordict.Field, n int,
+func sampleNew(ctx context.Context, schema tensordict.RowSchema, n int,
 	sampleInto func(context.Context, *tensordict.TensorDict) (SampleInfo, error)) (*tensordict.TensorDict, SampleInfo, error) {
-	dst, err := newBatch(schema, n)
+	dst, err := schema.Zeros(n)
 	if err != nil {
 		return nil, SampleInfo{}, err
 	}
@@ -263,31 +262,3 @@ const (
 	maxSample      = 1 << rowBits // transitions
 	maxSampleBytes = 1 << 30      // bytes of rows, when they are copied out
 )
-
-// rowBytes returns the bytes of one transition of schema.
-func rowBytes(schema []tensordict.Field) int {
-	n := 0
-	for _, f := range schema {
-		n += memmap.RowBytes(f.DType, append([]int{1}, f.Shape...))
-	}
-	return n
-}
-
-// newBatch returns a zeroed TensorDict in Go memory for n transitions of
-// schema.
-func newBatch(schema []tensordict.Field, n int) (*tensordict.TensorDict, error) {
-	td, err := tensordict.New(n)
-	if err != nil {
-		return nil, err
-	}
-	for _, f := range schema {
-		t, err := tensordict.Zeros(f.DType, append([]int{n}, f.Shape...)...)
-		if err != nil {
-			return nil, err
-		}
-		if err := td.SetPath(f.Key, t); err != nil {
-			return nil, err
-		}
-	}
-	return td, nil
-}

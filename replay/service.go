@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -114,19 +113,19 @@ type (
 		Name string `codec:"name"`
 	}
 	infoResponse struct {
-		ID       string          `codec:"id"`     // changes when the buffer is created anew
-		Prefix   string          `codec:"prefix"` // relative to the node's root; "" when not under it
-		Capacity int             `codec:"capacity"`
-		Schema   []rpc.FieldInfo `codec:"schema"` // per transition; nil until the first batch
-		Sampler  string          `codec:"sampler"`
-		Writer   Writer          `codec:"writer"` // a top-k writer's clients send each transition's key
-		LeaseMS  int64           `codec:"lease_ms"`
+		ID       string               `codec:"id"`     // changes when the buffer is created anew
+		Prefix   string               `codec:"prefix"` // relative to the node's root; "" when not under it
+		Capacity int                  `codec:"capacity"`
+		Schema   tensordict.RowSchema `codec:"schema"` // per transition; nil until the first batch
+		Sampler  string               `codec:"sampler"`
+		Writer   Writer               `codec:"writer"` // a top-k writer's clients send each transition's key
+		LeaseMS  int64                `codec:"lease_ms"`
 	}
 	reserveRequest struct {
-		Name   string          `codec:"name"`
-		Schema []rpc.FieldInfo `codec:"schema"` // of the batch, per transition
-		N      int             `codec:"n"`
-		Keys   []float64       `codec:"keys"` // top-k writers: one per transition
+		Name   string               `codec:"name"`
+		Schema tensordict.RowSchema `codec:"schema"` // of the batch, per transition
+		N      int                  `codec:"n"`
+		Keys   []float64            `codec:"keys"` // top-k writers: one per transition
 	}
 	reserveResponse struct {
 		ID    string `codec:"id"`
@@ -191,7 +190,7 @@ func (svc *Service) info(_ context.Context, req infoRequest) (infoResponse, erro
 	}
 	b := sb.b
 	return infoResponse{
-		ID: b.id, Prefix: sb.rel, Capacity: b.cfg.Capacity, Schema: fieldInfos(b.Schema()),
+		ID: b.id, Prefix: sb.rel, Capacity: b.cfg.Capacity, Schema: b.Schema(),
 		Sampler: b.cfg.Sampler.String(), Writer: b.cfg.Writer, LeaseMS: b.cfg.Lease.Milliseconds(),
 	}, nil
 }
@@ -202,8 +201,7 @@ func (svc *Service) reserve(ctx context.Context, req reserveRequest) (reserveRes
 		return reserveResponse{}, err
 	}
 	b := sb.b
-	schema, err := fieldsOf(req.Schema)
-	if err != nil {
+	if err := req.Schema.Validate(); err != nil {
 		return reserveResponse{}, schemaErrorf("%v", err)
 	}
 	if req.N <= 0 {
@@ -213,7 +211,7 @@ func (svc *Service) reserve(ctx context.Context, req reserveRequest) (reserveRes
 		return reserveResponse{}, err
 	}
 	defer b.leave()
-	r, _, err := b.reserve(ctx, schema, req.N, req.Keys)
+	r, _, err := b.reserve(ctx, req.Schema, req.N, req.Keys)
 	if err != nil {
 		return reserveResponse{}, err
 	}
@@ -259,7 +257,7 @@ func (b *Buffer) writeReserved(rid uint64, slots []int, td *tensordict.TensorDic
 	if n != len(r.slots) || !slices.Equal(slots, r.slots) {
 		return schemaErrorf("a batch of %d transitions for reservation %d of %d slots", n, rid, len(r.slots))
 	}
-	if err := sameSchema(schema, rowSchema(td)); err != nil {
+	if err := schema.Match(td.RowSchema()); err != nil {
 		return schemaErrorf("%v", err)
 	}
 	if err := writeRows(storage, r.slots, td); err != nil {
@@ -346,33 +344,3 @@ var (
 	heapAt    time.Time
 	heapBytes uint64
 )
-
-// fieldInfos and fieldsOf convert schemas to and from their wire form.
-func fieldInfos(fs []tensordict.Field) []rpc.FieldInfo {
-	if fs == nil {
-		return nil
-	}
-	out := make([]rpc.FieldInfo, len(fs))
-	for i, f := range fs {
-		out[i] = rpc.FieldInfo{Key: f.Key, DType: f.DType.String(), Shape: f.Shape}
-	}
-	return out
-}
-
-func fieldsOf(fi []rpc.FieldInfo) ([]tensordict.Field, error) {
-	if fi == nil {
-		return nil, nil
-	}
-	out := make([]tensordict.Field, len(fi))
-	for i, f := range fi {
-		dt, err := memmap.ParseDType(f.DType)
-		if err != nil {
-			return nil, fmt.Errorf("field %v: %w", f.Key, err)
-		}
-		out[i] = tensordict.Field{Key: f.Key, DType: dt, Shape: f.Shape}
-	}
-	if err := checkSchema(out); err != nil {
-		return nil, err
-	}
-	return out, nil
-}

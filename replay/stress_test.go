@@ -44,7 +44,7 @@ func TestStress_OverwrittenRowsAreNeverReturnedTorn(t *testing.T) {
 	var sampled atomic.Int64
 	for range samplers {
 		wg.Go(func() {
-			dst, err := newBatch(b.Schema(), 16)
+			dst, err := b.Schema().Zeros(16)
 			if err != nil {
 				errs <- err
 				return
@@ -108,7 +108,7 @@ func TestStress_LargeSamplesOfAFastRing(t *testing.T) {
 			}
 		})
 	}
-	dst, err := newBatch(b.Schema(), batch)
+	dst, err := b.Schema().Zeros(batch)
 	if err != nil {
 		t.Fatal(err)
 	}

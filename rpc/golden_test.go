@@ -4,8 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/hex"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // The golden tests pin the wire format byte for byte: docs/protocol.md
@@ -190,6 +194,42 @@ func TestGolden_FillByReference(t *testing.T) {
 	}
 	if w := back.TD.wire; w == nil || len(w.Entries) != 1 || w.Entries[0].Ref.Path != "td/memmap.memmap" || back.Value != 1 || back.Src != nil {
 		t.Fatalf("decoded %+v", back)
+	}
+}
+
+// TestGolden_Describe pins a schema on the wire: each field a map whose
+// dtype is a msgpack str holding the torch name (docs/protocol.md).
+func TestGolden_Describe(t *testing.T) {
+	resp := DescribeResponse{Batch: []int{70000}, Bytes: 56000000, Fields: []tensordict.Field{
+		{Key: []string{"images"}, DType: memmap.Uint8, Shape: []int{70000, 28, 28}},
+		{Key: []string{"labels"}, DType: memmap.Int64, Shape: []int{70000}},
+	}}
+	want := unhex(t, `
+		83
+		a5 6261746368 91 d200011170
+		a5 6279746573 d203567e00
+		a6 6669656c6473 92
+		  83
+		    a5 6474797065 ab 746f7263682e75696e7438
+		    a3 6b6579 91 a6 696d61676573
+		    a5 7368617065 93 d200011170 1c 1c
+		  83
+		    a5 6474797065 ab 746f7263682e696e743634
+		    a3 6b6579 91 a6 6c6162656c73
+		    a5 7368617065 91 d200011170`)
+	got, err := encodeMsgpack(&resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("describe response\n got %x\nwant %x", got, want)
+	}
+	var back DescribeResponse
+	if err := decodeMsgpack(want, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, resp) {
+		t.Fatalf("decoded %+v, want %+v", back, resp)
 	}
 }
 

@@ -33,7 +33,7 @@ var outLinks = []string{"out", "up", "outd", "outtd", "loop"}
 // tdSchema is what describe says of a stored TensorDict.
 type tdSchema struct {
 	batch  []int
-	fields []FieldInfo
+	fields []tensordict.Field
 }
 
 // resolveRoot is a shared root, and what a resolution in it may return:
@@ -147,7 +147,7 @@ func newResolveRoot(tb testing.TB) *resolveRoot {
 		must(err)
 		s := &tdSchema{batch: td.BatchSize()}
 		for key, x := range td.Leaves() {
-			s.fields = append(s.fields, FieldInfo{Key: key, DType: x.DType().String(), Shape: x.Shape()})
+			s.fields = append(s.fields, tensordict.Field{Key: key, DType: x.DType(), Shape: x.Shape()})
 		}
 		td.Close()
 		r.schemas[r.id(tb, filepath.Join(p, "meta.json"))] = s

@@ -52,18 +52,13 @@ type DescribeRequest struct {
 	Prefix string `codec:"prefix"`
 }
 
-// DescribeResponse describes a stored TensorDict.
+// DescribeResponse describes a stored TensorDict: its batch size, its
+// tensors as Create takes them (full shapes, in the order Leaves visits
+// them) and their total bytes.
 type DescribeResponse struct {
-	Batch  []int       `codec:"batch"`
-	Fields []FieldInfo `codec:"fields"`
-	Bytes  int64       `codec:"bytes"`
-}
-
-// FieldInfo describes one leaf.
-type FieldInfo struct {
-	Key   []string `codec:"key"`
-	DType string   `codec:"dtype"`
-	Shape []int    `codec:"shape"`
+	Batch  []int              `codec:"batch"`
+	Fields []tensordict.Field `codec:"fields"`
+	Bytes  int64              `codec:"bytes"`
 }
 
 func registerServices(s *Server) {
@@ -184,11 +179,7 @@ func (s *Server) describe(ctx context.Context, req DescribeRequest) (DescribeRes
 		return DescribeResponse{}, err
 	}
 	defer release()
-	out := DescribeResponse{Batch: td.BatchSize(), Bytes: int64(td.NumBytes())}
-	for path, x := range td.Leaves() {
-		out.Fields = append(out.Fields, FieldInfo{Key: path, DType: x.DType().String(), Shape: x.Shape()})
-	}
-	return out, nil
+	return DescribeResponse{Batch: td.BatchSize(), Fields: td.Schema(), Bytes: int64(td.NumBytes())}, nil
 }
 
 // Fill fills rows of td on the node with v (see FillRequest); rows nil

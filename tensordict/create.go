@@ -8,11 +8,15 @@ import (
 )
 
 // Field describes one tensor of a TensorDict to Create: its key (nested
-// keys as several elements), dtype and shape.
+// keys as several elements), dtype and full shape, batch dimensions
+// included. A schema of rows, without the batch dimensions, is a RowSchema.
+//
+// It encodes as JSON and on the rpc wire as {"key", "dtype", "shape"}, the
+// dtype as its torch name (docs/protocol.md).
 type Field struct {
-	Key   []string
-	DType memmap.DType
-	Shape []int
+	Key   []string     `json:"key"`
+	DType memmap.DType `json:"dtype"`
+	Shape []int        `json:"shape"` // the full shape
 }
 
 // Create makes zero-filled, memory-mapped storage at prefix for a

@@ -9,6 +9,17 @@
 // SetSlice write rows in place, which on a memory-mapped TensorDict writes
 // the files.
 //
+// # Schemas
+//
+// Two types describe tensors without holding them. Field has the full
+// shape, batch dimensions included: Create takes Fields, and
+// TensorDict.Schema returns them. RowField has the shape of one row,
+// without the batch dimensions: a RowSchema is what a replay buffer's
+// transition, a served model's input or a loader's sample looks like, and
+// it makes batches of any size (RowSchema.Fields, Zeros, Create);
+// TensorDict.RowSchema goes back. Both encode as {"key", "dtype", "shape"}
+// in JSON and on the rpc wire, the dtype as its torch name.
+//
 // # On disk
 //
 // Memmap writes a TensorDict to a folder (a prefix) the way tensordict's

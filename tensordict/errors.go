@@ -15,8 +15,9 @@ var (
 	ErrBatchSize = errors.New("tensordict: batch size mismatch")
 
 	// ErrSchema is returned when two TensorDicts that must have the same keys,
-	// dtypes and shapes (SetRows, Stack, Cat) do not.
-	ErrSchema = errors.New("tensordict: schema mismatch")
+	// dtypes and shapes (SetRows, Stack, Cat) do not, for a RowSchema that
+	// Validate refuses, and by RowSchema.Match for one that differs.
+	ErrSchema = errors.New("tensordict: bad schema")
 
 	// ErrKey is returned for a key that cannot be stored: one that clashes
 	// with a meta.json field when memory-mapping, or a value of the wrong

@@ -53,6 +53,33 @@ func ExampleCreate() {
 	// Output: [6] [images labels] [5 0]
 }
 
+// Describe a row once, without the batch dimension, and make batches of
+// it: in Go memory (Zeros), on disk (Create), or as the full Fields that
+// Create takes. A batch gives its row schema back.
+func ExampleRowSchema() {
+	row := tensordict.RowSchema{
+		{Key: []string{"image"}, DType: memmap.Uint8, Shape: []int{28, 28}},
+		{Key: []string{"label"}, DType: memmap.Int64},
+	}
+	if err := row.Validate(); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(row.RowBytes(), "bytes a row")
+	for _, f := range row.Fields(70000) {
+		fmt.Println(f.Key, f.Shape)
+	}
+	batch, err := row.Zeros(32)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(batch.BatchSize(), row.Match(batch.RowSchema()))
+	// Output:
+	// 792 bytes a row
+	// [image] [70000 28 28]
+	// [label] [70000]
+	// [32] <nil>
+}
+
 // Turn an in-memory TensorDict into a memory-mapped one, and index it: a
 // range is a view of the files, a list of rows a copy.
 func ExampleTensorDict_Memmap() {

@@ -8,28 +8,29 @@ import (
 	"io"
 	"strings"
 
-	replaybench "github.com/tensorwire/tensorwire/benchmarks/replay"
+	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/bench/fill"
+	"github.com/tensorwire/tensorwire/internal/bench/gather"
+	"github.com/tensorwire/tensorwire/internal/bench/replay"
+	"github.com/tensorwire/tensorwire/internal/bench/rpc"
 )
+
+// benchmarks are the benchmarks "tensorwire bench NAME" runs, in the order
+// "tensorwire bench --help" lists them. Adding one is a line here; see
+// internal/bench.
+var benchmarks = []bench.Benchmark{
+	gather.Benchmark,
+	fill.Benchmark,
+	rpc.Benchmark,
+	replay.Benchmark,
+}
 
 var benchCmd = command{
 	name:  "bench",
-	usage: "tensorwire bench replay [--duration 20s] [--writers 2] [--capacity 50000] [--modes ref,bytes] [--json F] [flags]",
-	help: "run a benchmark. replay: a replay-buffer node, writers and a trainer, each a process, in ref mode " +
-		"(rows in the shared storage) and bytes mode (rows with the calls): inserts/s, samples/s, latencies, the " +
-		"node's heap, torn rows, against the memcpy limit and the seed stack; \"tensorwire bench replay -h\" lists " +
-		"its flags, --role runs one of its processes on its own host",
+	usage: "tensorwire bench NAME [flags]",
+	help: "run a benchmark: " + benchmarkNames() + "; \"tensorwire bench --help\" says what each measures, " +
+		"\"tensorwire bench NAME -h\" lists its flags, docs/benchmarks.md how it measures",
 	run: runBench,
-}
-
-// benchmark is one subcommand of bench.
-type benchmark struct {
-	name, help string
-	run        func(ctx context.Context, args []string, stdout, stderr io.Writer) error
-	usageErr   error // what run's usage errors match
-}
-
-var benchmarks = []benchmark{
-	{"replay", "the distributed replay buffer", replaybench.Run, replaybench.ErrUsage},
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -37,18 +38,19 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("%w: name a benchmark: %s", errUsage, benchmarkNames())
 	}
 	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprintf(stdout, "usage: tensorwire bench NAME [flags]; tensorwire bench NAME -h lists its flags\n\n")
 		for _, b := range benchmarks {
-			fmt.Fprintf(stdout, "tensorwire bench %s: %s\n", b.name, b.help)
+			fmt.Fprintf(stdout, "tensorwire bench %s: %s\n", b.Name, b.Summary)
 		}
 		return flag.ErrHelp
 	}
 	for _, b := range benchmarks {
-		if b.name != args[0] {
+		if b.Name != args[0] {
 			continue
 		}
-		err := b.run(ctx, args[1:], stdout, stderr)
-		if err != nil && errors.Is(err, b.usageErr) {
-			return fmt.Errorf("%w: %v", errUsage, err)
+		err := b.Run(ctx, bench.Env{Stdout: stdout, Stderr: stderr, Self: []string{"bench", b.Name}}, args[1:])
+		if err != nil && errors.Is(err, bench.ErrUsage) {
+			return fmt.Errorf("%w: %s: %v", errUsage, b.Name, err)
 		}
 		return err
 	}
@@ -58,7 +60,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func benchmarkNames() string {
 	names := make([]string, len(benchmarks))
 	for i, b := range benchmarks {
-		names[i] = b.name
+		names[i] = b.Name
 	}
 	return strings.Join(names, ", ")
 }

@@ -12,16 +12,17 @@ import (
 )
 
 func TestBench_Usage(t *testing.T) {
+	names := benchmarkNames()
 	for _, tc := range []struct {
 		args []string
 		code int
 		want string // in stdout or stderr
 	}{
-		{[]string{"bench"}, 2, "name a benchmark: replay"},
+		{[]string{"bench"}, 2, "name a benchmark: " + names},
 		{[]string{"bench", "nope"}, 2, `unknown benchmark "nope"`},
 		{[]string{"bench", "replay", "--writers", "0"}, 2, "--writers must be at least 1"},
 		{[]string{"bench", "replay", "--modes", "ref,pigeon"}, 2, `unknown mode "pigeon"`},
-		{[]string{"bench", "-h"}, 0, "tensorwire bench replay:"},
+		{[]string{"bench", "replay", "extra"}, 2, `unexpected arguments ["extra"]`},
 		{[]string{"bench", "replay", "-h"}, 0, "--sample-batch"},
 	} {
 		code, out, errOut := runCLI(t, tc.args...)
@@ -29,8 +30,29 @@ func TestBench_Usage(t *testing.T) {
 			t.Errorf("%q: exit %d, want %d with %q in\n%s%s", tc.args, code, tc.code, tc.want, out, errOut)
 		}
 	}
-	if _, out, _ := runCLI(t, "help"); !strings.Contains(out, "tensorwire bench replay") {
-		t.Errorf("help does not mention bench:\n%s", out)
+	// Every benchmark is listed by "bench --help" and prints its flags.
+	for _, help := range []string{"-h", "--help", "help"} {
+		code, out, _ := runCLI(t, "bench", help)
+		if code != 0 {
+			t.Errorf("bench %s: exit %d", help, code)
+		}
+		for _, b := range benchmarks {
+			if !strings.Contains(out, "tensorwire bench "+b.Name+": "+b.Summary) {
+				t.Errorf("bench %s does not list %s:\n%s", help, b.Name, out)
+			}
+		}
+	}
+	for _, b := range benchmarks {
+		code, out, errOut := runCLI(t, "bench", b.Name, "-h")
+		if code != 0 || !strings.Contains(out, "usage: tensorwire bench "+b.Name+" [flags]") || !strings.Contains(out, "--json") {
+			t.Errorf("bench %s -h: exit %d\n%s%s", b.Name, code, out, errOut)
+		}
+		if code, _, errOut := runCLI(t, "bench", b.Name, "--no-such-flag"); code != 2 || !strings.Contains(errOut, "no-such-flag") {
+			t.Errorf("bench %s --no-such-flag: exit %d\n%s", b.Name, code, errOut)
+		}
+	}
+	if _, out, _ := runCLI(t, "help"); !strings.Contains(out, "tensorwire bench NAME") || !strings.Contains(out, names) {
+		t.Errorf("help does not mention bench and %s:\n%s", names, out)
 	}
 }
 
@@ -44,7 +66,7 @@ func TestBench_Replay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "bench", "replay", "--modes", "ref", "--capacity", "3000", "--duration", "500ms",
-		"--memcpy-duration", "100ms", "--root", dir, "--json", jsonFile)
+		"--memcpy-duration", "100ms", "--root", dir, "--json", jsonFile, "--log-file", filepath.Join(dir, "replay.log"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)

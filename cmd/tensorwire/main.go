@@ -7,7 +7,7 @@
 //	tensorwire import idx [--force] --images F --labels F [--images F --labels F ...] PREFIX
 //	tensorwire import npy [--force] key=FILE.npy ... PREFIX
 //	tensorwire node --listen ADDR --root DIR [--token-file F] [--tls-cert F --tls-key F]
-//	tensorwire bench replay [--duration 20s] [--writers 2] [--modes ref,bytes] [--json F] [flags]
+//	tensorwire bench NAME [flags]          (NAME: gather, fill, rpc, replay; "tensorwire bench --help")
 //
 // Run "tensorwire help" for details, and "tensorwire CMD -h" (or
 // "tensorwire help CMD") for a command's flags with their defaults. Progress and logs go to stderr, results
@@ -41,7 +41,10 @@ var errUsage = errors.New("usage")
 
 func main() {
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	// The first SIGINT or SIGTERM ends ctx; the next gets the default action
+	// and ends the program at once.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	context.AfterFunc(ctx, stop)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)

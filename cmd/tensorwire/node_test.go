@@ -115,7 +115,7 @@ func TestNode_DescribeFillThenSIGTERM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(desc.Batch, []int{10}) || len(desc.Fields) != 1 || desc.Fields[0].DType != "torch.uint8" || desc.Bytes != 480 {
+	if !slices.Equal(desc.Batch, []int{10}) || len(desc.Fields) != 1 || desc.Fields[0].DType != memmap.Uint8 || desc.Bytes != 480 {
 		t.Errorf("Describe = %+v", desc)
 	}
 	if err := c.Fill(ctx, td, []int{0, 1, 9}, 1); err != nil {

@@ -4,13 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
-	"os"
-	"runtime"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 )
 
 func TestPickRows_Distinct(t *testing.T) {
@@ -40,31 +36,6 @@ func TestBuffers(t *testing.T) {
 	FlushCache(a)
 	if err := Free(a); err != nil {
 		t.Fatal(err)
-	}
-}
-
-func TestOnInterrupt_CancelsOnSignal(t *testing.T) {
-	if runtime.GOOS == "windows" {
-		t.Skip("Windows cannot send a process SIGTERM")
-	}
-	ctx, stop := OnInterrupt("test: interrupted")
-	defer stop()
-	self, err := os.FindProcess(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := self.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-ctx.Done():
-	case <-time.After(30 * time.Second):
-		t.Fatal("SIGTERM did not cancel the context in 30 s")
-	}
-	ctx2, stop2 := OnInterrupt("unused")
-	stop2()
-	if ctx2.Err() == nil {
-		t.Error("stop did not cancel the context")
 	}
 }
 

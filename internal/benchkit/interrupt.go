@@ -2,32 +2,23 @@ package benchkit
 
 import (
 	"context"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 )
 
-// OnInterrupt returns a context that the first SIGINT or SIGTERM cancels,
-// after logging msg (with the signal) at warning level, so that a benchmark
-// program can stop and remove its files; a second signal gets the default
-// action and ends the process at once. stop releases the signals and cancels
-// the context; call it before the program returns.
-func OnInterrupt(msg string) (ctx context.Context, stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		select {
-		case s := <-sigs:
-			signal.Stop(sigs) // the next signal gets the default action
-			slog.Warn(msg, "signal", s)
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	return ctx, func() {
-		signal.Stop(sigs)
-		cancel()
-	}
+// OnInterrupt returns a context that the first SIGINT or SIGTERM cancels
+// (context.Cause then names the signal), so that a benchmark program can
+// stop and remove its files; from then on the signals get their default
+// action again, so that a second one ends the process at once. The context
+// also ends with parent, or when stop is called; call stop before the
+// program returns.
+//
+// It is signal.NotifyContext, which alone would keep catching every later
+// signal until stop, and context.AfterFunc, which releases the signals as
+// soon as the context ends.
+func OnInterrupt(parent context.Context) (ctx context.Context, stop context.CancelFunc) {
+	ctx, stop = signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	context.AfterFunc(ctx, stop)
+	return ctx, stop
 }

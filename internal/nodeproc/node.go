@@ -1,11 +1,11 @@
 // Package nodeproc runs a tensorwire node: an rpc.Server serving the
 // TensorDicts under a shared root. "tensorwire node" runs one with Run; the
-// fill benchmark starts one in a child process with Start (node B
-// of the seed scenario), which re-executes the program itself and serves
-// through the same Run. Start is built on Spawn, which runs any server
-// that prints "listening on HOST:PORT" and stops on SIGTERM (the RPC
+// fill benchmark runs one through the same Run in a child process (node B
+// of the seed scenario), itself re-executed by Spawn. Start re-executes a
+// program that calls MaybeRunChild as a node. Spawn runs any server that
+// prints "listening on HOST:PORT" and stops on SIGTERM (node B, the RPC
 // benchmark's servers, the built command in its tests) as a child process,
-// and ChildContext, the child's side of that.
+// and ChildContext is the child's side of that.
 package nodeproc
 
 import (

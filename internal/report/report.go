@@ -1,6 +1,8 @@
 // Package report holds the small pieces every tensorwire benchmark program
-// shares: percentiles of measured durations, unit conversions, an aligned
-// text table, and an atomic JSON writer for machine-readable results.
+// shares: latency histograms that merge across goroutines and processes
+// (Latency), exact percentiles of a few durations (Percentile), unit
+// conversions, an aligned text table, and an atomic JSON writer for
+// machine-readable results.
 //
 // Benchmarks on shared, noisy machines should compare operations measured
 // side by side in the same run (a ratio), never absolute times across runs;
@@ -24,6 +26,10 @@ import (
 // p90 the 9th and p99 the 10th (the largest). p <= 0 gives the smallest
 // value. An empty ds gives 0. ds is not modified.
 //
+// Percentile sorts a copy of ds on every call: it is for the few durations
+// of a testing.B loop. Benchmarks that time many operations, or time them
+// in several goroutines or processes, record them in a Latency.
+//
 // Percentile panics if p is NaN or greater than 100.
 func Percentile(ds []time.Duration, p float64) time.Duration {
 	if math.IsNaN(p) || p > 100 {
@@ -46,40 +52,16 @@ func rank(n int, p float64) int {
 	return min(max(r, 1), n)
 }
 
-// Stats summarizes a set of durations; see Summarize.
+// Stats summarizes a set of durations; see Latency.Stats.
 type Stats struct {
 	N    int           `json:"n"`
 	Min  time.Duration `json:"min_ns"`
 	P50  time.Duration `json:"p50_ns"`
 	P90  time.Duration `json:"p90_ns"`
 	P99  time.Duration `json:"p99_ns"`
+	P999 time.Duration `json:"p999_ns"`
 	Max  time.Duration `json:"max_ns"`
 	Mean time.Duration `json:"mean_ns"`
-}
-
-// Summarize returns the count, extremes, mean (truncated to the nanosecond)
-// and the nearest-rank p50, p90 and p99 of ds (see Percentile). An empty ds
-// gives the zero Stats. ds is not modified.
-func Summarize(ds []time.Duration) Stats {
-	if len(ds) == 0 {
-		return Stats{}
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	var sum float64 // float: a sum of many long durations can overflow int64
-	for _, d := range s {
-		sum += float64(d)
-	}
-	n := len(s)
-	return Stats{
-		N:    n,
-		Min:  s[0],
-		P50:  s[rank(n, 50)-1],
-		P90:  s[rank(n, 90)-1],
-		P99:  s[rank(n, 99)-1],
-		Max:  s[n-1],
-		Mean: time.Duration(sum / float64(n)),
-	}
 }
 
 // Ms returns d in milliseconds.

@@ -86,26 +86,6 @@ func TestPercentile_PanicsOutOfRange(t *testing.T) {
 	}
 }
 
-func TestSummarize(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		ds   []time.Duration
-		want Stats
-	}{
-		{"empty", nil, Stats{}},
-		{"one", ms(4), Stats{N: 1, Min: 4e6, P50: 4e6, P90: 4e6, P99: 4e6, Max: 4e6, Mean: 4e6}},
-		{"ten", oneTo(10), Stats{N: 10, Min: 1e6, P50: 5e6, P90: 9e6, P99: 10e6, Max: 10e6, Mean: 5.5e6}},
-		{"hundred", oneTo(100), Stats{N: 100, Min: 1e6, P50: 50e6, P90: 90e6, P99: 99e6, Max: 100e6, Mean: 50.5e6}},
-		{"mean truncates", []time.Duration{1, 2}, Stats{N: 2, Min: 1, P50: 1, P90: 2, P99: 2, Max: 2, Mean: 1}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := Summarize(tc.ds); got != tc.want {
-				t.Errorf("Summarize = %+v, want %+v", got, tc.want)
-			}
-		})
-	}
-}
-
 func TestUnits(t *testing.T) {
 	if got := Ms(1500 * time.Microsecond); got != 1.5 {
 		t.Errorf("Ms(1.5ms) = %v", got)

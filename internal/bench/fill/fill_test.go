@@ -1,0 +1,102 @@
+package fill
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/bench"
+)
+
+// TestMain lets Run re-execute the test binary as node B: bench.Env.Self is
+// empty in these tests, so node B's arguments start with --node-b.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "--node-b" {
+		if err := Run(context.Background(), bench.Env{Stdout: os.Stdout, Stderr: os.Stderr}, os.Args[1:]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// jsonKeys are the keys of the --json file, as the benchmark wrote them
+// before its results became a typed struct (go run ./benchmarks/fill
+// --json, 2026-11-24). docs/benchmarks.md and scripts read them: they keep
+// their names.
+var jsonKeys = []string{
+	"batch_bytes", "batch_rows", "bytes_fill_cold_ms_p50", "bytes_fill_cold_ms_p90", "bytes_fill_hot_ms_p50",
+	"bytes_fill_hot_ms_p90", "bytes_fill_warm_ms_p50", "bytes_fill_warm_ms_p90", "cold_resident_pages_max",
+	"dataset_bytes", "flush_seconds", "iters", "local_fill_cold_ms_p50", "local_fill_cold_ms_p90",
+	"local_fill_hot_ms_p50", "local_fill_hot_ms_p90", "local_fill_vs_seed", "local_fill_warm_ms_p50",
+	"local_fill_warm_ms_p90", "null_call_hot_ms_p50", "null_call_hot_ms_p90", "null_call_warm_ms_p50",
+	"null_call_warm_ms_p90", "remote_fill_cold_ms_p50", "remote_fill_cold_ms_p90", "remote_fill_hot_ms_p50",
+	"remote_fill_hot_ms_p90", "remote_fill_vs_seed", "remote_fill_warm_ms_p50", "remote_fill_warm_ms_p90",
+	"remote_minus_local_hot_ms_p50", "remote_minus_local_warm_ms_p50", "remote_read_cold_ms_p50",
+	"remote_read_cold_ms_p90", "remote_read_hot_ms_p50", "remote_read_hot_ms_p90", "remote_read_warm_ms_p50",
+	"remote_read_warm_ms_p90", "rows", "seed_local_fill_ms_p50", "seed_remote_fill_ms_p50", "shared_fs", "verified",
+	"write_seconds",
+}
+
+// TestRun_JSONKeys runs the benchmark on a small dataset, node B a child
+// process, and checks its report and that its JSON has exactly the keys it
+// always had.
+func TestRun_JSONKeys(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	jsonFile := filepath.Join(dir, "fill.json")
+	var stdout, stderr bytes.Buffer
+	err := Run(ctx, bench.Env{Stdout: &stdout, Stderr: &stderr},
+		[]string{"--rows", "10", "--iters", "2", "--dir", dir, "--json", jsonFile})
+	if err != nil {
+		t.Fatalf("Run: %v\n%s", err, stderr.String())
+	}
+	for _, s := range []string{"remote_fill", "null_call", "remote - local", "vs seed", "cold pages", "verified"} {
+		if !strings.Contains(stdout.String(), s) {
+			t.Errorf("the report lacks %q:\n%s", s, stdout.String())
+		}
+	}
+	data, err := os.ReadFile(jsonFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	if keys := slices.Sorted(maps.Keys(got)); !slices.Equal(keys, jsonKeys) {
+		t.Errorf("JSON keys\n%q\nwant\n%q", keys, jsonKeys)
+	}
+	if got["rows"] != 10.0 || got["verified"] != true || got["remote_fill_warm_ms_p50"].(float64) <= 0 {
+		t.Errorf("JSON %s", data)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("%d entries left in --dir, want only the JSON file", len(entries))
+	}
+}
+
+func TestRun_Usage(t *testing.T) {
+	for _, args := range [][]string{{"--rows", "9"}, {"--iters", "0"}, {"--nope"}, {"extra"}} {
+		var out bytes.Buffer
+		if err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &out}, args); !errors.Is(err, bench.ErrUsage) {
+			t.Errorf("%q: %v, want a usage error", args, err)
+		}
+	}
+	var out bytes.Buffer
+	if err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &out}, []string{"-h"}); !strings.Contains(out.String(), "--iters") ||
+		strings.Contains(out.String(), "node-b") {
+		t.Errorf("-h: %v\n%s", err, out.String())
+	}
+}

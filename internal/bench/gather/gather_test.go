@@ -1,0 +1,80 @@
+package gather
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/bench"
+)
+
+// jsonKeys are the keys of the --json file, as the benchmark wrote them
+// before its results became a typed struct (go run ./benchmarks/gather
+// --json, 2026-11-24). docs/benchmarks.md and scripts read them: they keep
+// their names.
+var jsonKeys = []string{
+	"anon_gather_gbps", "anon_gather_ms_p50", "anon_gather_ms_p90", "anon_gather_ratio", "anon_rows",
+	"anon_scatter_gbps", "anon_scatter_ms_p50", "anon_scatter_ms_p90", "anon_scatter_ratio", "batch_bytes",
+	"batch_rows", "dataset_bytes", "fill_seconds", "flush_seconds", "gather_cold_anon_ratio", "gather_cold_gbps",
+	"gather_cold_ms_p50", "gather_cold_ms_p90", "gather_cold_ratio", "gather_warm_anon_ratio", "gather_warm_gbps",
+	"gather_warm_ms_p50", "gather_warm_ms_p90", "gather_warm_ratio", "iters", "memcpy_gbps", "memcpy_ms_p50",
+	"memcpy_ms_p90", "row_bytes", "rows", "scatter_cold_anon_ratio", "scatter_cold_gbps", "scatter_cold_ms_p50",
+	"scatter_cold_ms_p90", "scatter_cold_ratio", "scatter_warm_anon_ratio", "scatter_warm_gbps",
+	"scatter_warm_ms_p50", "scatter_warm_ms_p90", "scatter_warm_ratio", "seed", "stream_batch_bytes",
+	"stream_batch_rows", "stream_cold_gbps", "stream_heap_inuse_peak_bytes", "stream_warm_gbps", "verified",
+}
+
+// TestRun_JSONKeys runs the benchmark on a small dataset and checks its
+// table and that its JSON has exactly the keys it always had.
+func TestRun_JSONKeys(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	jsonFile := filepath.Join(dir, "gather.json")
+	var stdout, stderr bytes.Buffer
+	err := Run(ctx, bench.Env{Stdout: &stdout, Stderr: &stderr},
+		[]string{"--rows", "8", "--iters", "2", "--dir", dir, "--json", jsonFile})
+	if err != nil {
+		t.Fatalf("Run: %v\n%s", err, stderr.String())
+	}
+	for _, s := range []string{"gather warm", "scatter cold", "vs memcpy", "peak Go heap MB", "verified: every gathered"} {
+		if !strings.Contains(stdout.String(), s) {
+			t.Errorf("the table lacks %q:\n%s", s, stdout.String())
+		}
+	}
+	data, err := os.ReadFile(jsonFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	if keys := slices.Sorted(maps.Keys(got)); !slices.Equal(keys, jsonKeys) {
+		t.Errorf("JSON keys\n%q\nwant\n%q", keys, jsonKeys)
+	}
+	if got["rows"] != 8.0 || got["verified"] != true || got["memcpy_ms_p50"].(float64) <= 0 {
+		t.Errorf("JSON %s", data)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("%d entries left in --dir, want only the JSON file", len(entries))
+	}
+}
+
+func TestRun_Usage(t *testing.T) {
+	for _, args := range [][]string{{"--rows", "4"}, {"--iters", "0"}, {"--nope"}, {"extra"}} {
+		var out bytes.Buffer
+		if err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &out}, args); !errors.Is(err, bench.ErrUsage) {
+			t.Errorf("%q: %v, want a usage error", args, err)
+		}
+	}
+}
