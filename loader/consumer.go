@@ -51,7 +51,7 @@ type Consumer struct {
 type session struct {
 	c      *Consumer
 	info   joinResponse
-	fields []Field
+	schema tensordict.RowSchema
 	reader *ringReader // nil in bytes mode
 	bytes  bool
 
@@ -124,12 +124,11 @@ func (c *Consumer) SharedFS() bool {
 	return c.sess != nil && !c.sess.bytes
 }
 
-// Fields returns the per-row fields of the batches.
-func (c *Consumer) Fields() []Field {
+// Schema returns the schema of the batches' rows.
+func (c *Consumer) Schema() tensordict.RowSchema {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	fs, _ := fieldsOfWire(c.last.Fields)
-	return fs
+	return c.last.Schema.Clone()
 }
 
 // session returns the current session, joining the producer if there is
@@ -178,14 +177,15 @@ func (c *Consumer) join(ctx context.Context) (*session, error) {
 		return nil, err
 	}
 	s := &session{c: c, info: resp, relEpoch: resp.Epoch, dirty: make(chan struct{}, 1), done: make(chan struct{})}
-	if s.fields, err = fieldsOfWire(resp.Fields); err != nil {
+	s.schema = resp.Schema
+	if err := s.schema.Validate(); err != nil {
 		s.leave()
 		return nil, fmt.Errorf("loader: the node describes the batches badly: %w", err)
 	}
 	s.bytes = !shared || resp.Prefix == ""
 	if !s.bytes {
 		path := filepath.Join(c.o.Root, filepath.FromSlash(resp.Prefix))
-		if s.reader, err = openRingReader(path, s.fields, resp.Slots, resp.Batch); err != nil {
+		if s.reader, err = openRingReader(path, s.schema, resp.Slots, resp.Batch); err != nil {
 			s.leave()
 			return nil, fmt.Errorf("loader: mapping the ring: %w", err)
 		}
@@ -276,17 +276,17 @@ func (s *session) end(context.Context) {
 // batchBuf is a consumer's batch in Go memory, reused across batches.
 type batchBuf struct {
 	td     *tensordict.TensorDict
-	leaves [][]byte // its tensors' bytes, in fields order
+	leaves [][]byte // its tensors' bytes, in the schema's order
 	rb     []int    // their row sizes
 }
 
-func newBatchBuf(fields []Field, n int) (*batchBuf, error) {
-	td, err := newBatchDict(fields, n)
+func newBatchBuf(schema tensordict.RowSchema, n int) (*batchBuf, error) {
+	td, err := schema.Zeros(n)
 	if err != nil {
 		return nil, err
 	}
 	b := &batchBuf{td: td}
-	for _, f := range fields {
+	for _, f := range schema {
 		t, err := td.Tensor(f.Key...)
 		if err != nil {
 			return nil, err
@@ -295,7 +295,7 @@ func newBatchBuf(fields []Field, n int) (*batchBuf, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.leaves, b.rb = append(b.leaves, raw), append(b.rb, f.rowBytes())
+		b.leaves, b.rb = append(b.leaves, raw), append(b.rb, rowBytes(f))
 	}
 	return b, nil
 }
@@ -392,30 +392,17 @@ func (c *Consumer) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict
 // ensureBufs makes the batch buffers for the session's fields.
 func (c *Consumer) ensureBufs(s *session) error {
 	want := c.prefetch + 2 // those in the channel, the one yielded, the one being assembled
-	if len(c.bufs) > 0 && !sameFields(c.bufs[0].td, s.fields) {
+	if len(c.bufs) > 0 && s.schema.Match(c.bufs[0].td.RowSchema()) != nil {
 		c.bufs = nil
 	}
 	for len(c.bufs) < want {
-		b, err := newBatchBuf(s.fields, c.o.Batch)
+		b, err := newBatchBuf(s.schema, c.o.Batch)
 		if err != nil {
 			return err
 		}
 		c.bufs = append(c.bufs, b)
 	}
 	return nil
-}
-
-func sameFields(td *tensordict.TensorDict, fs []Field) bool {
-	have := fieldsOfTD(td)
-	if len(have) != len(fs) {
-		return false
-	}
-	for i := range fs {
-		if have[i].String() != fs[i].String() {
-			return false
-		}
-	}
-	return true
 }
 
 // lost ends the session after err, if err means it is over: the next

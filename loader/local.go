@@ -77,7 +77,7 @@ func NewLocal(cfg Config, opts Options) (*Local, error) {
 	if err != nil {
 		return nil, err
 	}
-	out, err := newBatchDict(p.fields, opts.Batch)
+	out, err := p.schema.Zeros(opts.Batch)
 	if err != nil {
 		p.close()
 		return nil, err

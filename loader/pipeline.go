@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"runtime/debug"
-	"slices"
 	"strings"
 
 	"github.com/tensorwire/tensorwire/memmap"
@@ -20,7 +19,7 @@ type pipeline struct {
 	sequential bool
 	transform  Transform
 	indexKey   string
-	fields     []Field // of the output rows, the index field last
+	schema     tensordict.RowSchema // of the output rows, the index field last
 
 	scratch *tensordict.TensorDict // the gathered input rows, before the transform; nil without one
 	rows    Rows
@@ -38,25 +37,25 @@ func newPipeline(cfg Config, maxRows int) (*pipeline, error) {
 		src.close()
 		return nil, err
 	}
-	p.fields = src.fields
+	p.schema = src.schema
 	if p.transform != nil {
-		if p.fields, err = p.transform.Fields(slices.Clone(src.fields)); err != nil {
+		if p.schema, err = p.transform.Schema(src.schema.Clone()); err != nil {
 			return fail(fmt.Errorf("%w: %s: %w", ErrDataset, cfg.Dataset, err))
 		}
-		if err := checkFields(p.fields); err != nil {
-			return fail(fmt.Errorf("%w: %s: the transform's fields: %w", ErrDataset, cfg.Dataset, err))
+		if err := p.schema.Validate(); err != nil {
+			return fail(fmt.Errorf("%w: %s: the transform's schema: %w", ErrDataset, cfg.Dataset, err))
 		}
-		if p.scratch, err = newBatchDict(src.fields, maxRows); err != nil {
+		if p.scratch, err = src.schema.Zeros(maxRows); err != nil {
 			return fail(err)
 		}
 	}
 	if p.indexKey != "" {
-		for _, f := range p.fields {
+		for _, f := range p.schema {
 			if f.Key[0] == p.indexKey {
 				return fail(fmt.Errorf("%w: index key %q: the batches have a field %s already", ErrConfig, p.indexKey, strings.Join(f.Key, "/")))
 			}
 		}
-		p.fields = append(slices.Clone(p.fields), Field{Key: []string{p.indexKey}, DType: memmap.Int64})
+		p.schema = append(p.schema.Clone(), tensordict.RowField{Key: []string{p.indexKey}, DType: memmap.Int64})
 	}
 	return p, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -120,7 +119,7 @@ func NewProducer(cfg Config) (*Producer, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := openRing(cfg, pipe.fields)
+	r, err := openRing(cfg, pipe.schema)
 	if err != nil {
 		pipe.close()
 		return nil, err
@@ -144,8 +143,8 @@ func NewProducer(cfg Config) (*Producer, error) {
 // Config returns the producer's configuration, defaults applied.
 func (p *Producer) Config() Config { return p.cfg }
 
-// Fields returns the per-row fields of the batches.
-func (p *Producer) Fields() []Field { return slices.Clone(p.pipe.fields) }
+// Schema returns the schema of the batches' rows.
+func (p *Producer) Schema() tensordict.RowSchema { return p.pipe.schema.Clone() }
 
 // Len returns the number of samples in an epoch.
 func (p *Producer) Len() int { return p.n }

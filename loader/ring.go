@@ -71,7 +71,7 @@ type ring struct {
 	lock   *lockfile.Lock
 	meta   ringMeta
 	store  *tensordict.TensorDict // batch size [slots*batch], mapped read-write
-	leaves []*tensordict.Tensor   // store's tensors, in fields order
+	leaves []*tensordict.Tensor   // store's tensors, in the schema's order
 	table  *slots.Table
 	slots  int
 	batch  int
@@ -82,7 +82,7 @@ type ring struct {
 // empty, takes its lock, removes the rings of earlier producers and
 // creates a new one. The epoch to begin with comes from the folder's
 // MetaFile when it was written for the same dataset and seed.
-func openRing(cfg Config, fields []Field) (*ring, error) {
+func openRing(cfg Config, schema tensordict.RowSchema) (*ring, error) {
 	dir, err := filepath.Abs(cfg.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("%w: ring folder %s: %w", ErrConfig, cfg.Dir, err)
@@ -128,14 +128,10 @@ func openRing(cfg Config, fields []Field) (*ring, error) {
 	if err := os.Mkdir(r.path, 0o755); err != nil {
 		return fail(fmt.Errorf("loader: %w", err))
 	}
-	var tfs []tensordict.Field
-	for _, f := range fields {
-		tfs = append(tfs, tensordict.Field{Key: f.Key, DType: f.DType, Shape: append([]int{cfg.Slots * cfg.Batch}, f.RowShape...)})
-	}
-	if r.store, err = tensordict.Create(filepath.Join(r.path, StorageDir), []int{cfg.Slots * cfg.Batch}, tfs...); err != nil {
+	if r.store, err = schema.Create(filepath.Join(r.path, StorageDir), cfg.Slots*cfg.Batch); err != nil {
 		return fail(fmt.Errorf("loader: creating the ring: %w", err))
 	}
-	for _, f := range fields {
+	for _, f := range schema {
 		t, err := r.store.Tensor(f.Key...)
 		if err != nil {
 			return fail(err)
@@ -263,7 +259,7 @@ func (e *inUseError) Unwrap() []error { return []error{ErrInUse, e.held} }
 // ringReader is a consumer's read-only mapping of a producer's ring.
 type ringReader struct {
 	store  *tensordict.TensorDict
-	leaves []*memmapLeaf // in fields order
+	leaves []*memmapLeaf // in the schema's order
 	table  *slots.Table
 	batch  int
 }
@@ -277,7 +273,7 @@ type memmapLeaf struct {
 
 // openRingReader maps the ring at path (a ring-<id> folder) read-only and
 // checks it has fields for slots × batch rows.
-func openRingReader(path string, fields []Field, nslots, batch int) (*ringReader, error) {
+func openRingReader(path string, schema tensordict.RowSchema, nslots, batch int) (*ringReader, error) {
 	store, err := tensordict.LoadMemmap(filepath.Join(path, StorageDir), tensordict.ReadOnly())
 	if err != nil {
 		return nil, err
@@ -287,16 +283,16 @@ func openRingReader(path string, fields []Field, nslots, batch int) (*ringReader
 		r.close()
 		return nil, fmt.Errorf("loader: the ring at %s has %d rows, want %d", path, store.Len(), nslots*batch)
 	}
-	for _, f := range fields {
+	for _, f := range schema {
 		t, err := store.Tensor(f.Key...)
 		if err != nil {
 			r.close()
 			return nil, err
 		}
 		mm, off := t.Mapping()
-		if mm == nil || t.DType() != f.DType || t.RowBytes() != f.rowBytes() {
+		if mm == nil || t.DType() != f.DType || t.RowBytes() != rowBytes(f) {
 			r.close()
-			return nil, fmt.Errorf("loader: the ring's %s is %v %v, want %s", strings.Join(f.Key, "/"), t.DType(), t.Shape(), f)
+			return nil, fmt.Errorf("loader: the ring's %s is %v %v, want %v", strings.Join(f.Key, "/"), t.DType(), t.Shape(), f)
 		}
 		r.leaves = append(r.leaves, &memmapLeaf{mm: mm, off: off, rowBytes: t.RowBytes()})
 	}

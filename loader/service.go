@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // The methods of the loader service (docs/loader.md describes their
@@ -126,15 +127,15 @@ type (
 		Bytes bool   `codec:"bytes"` // it will ask for bytes
 	}
 	joinResponse struct {
-		Ring        string          `codec:"ring"`     // the ring's id: changes when the producer is made anew
-		Consumer    uint64          `codec:"consumer"` // the consumer's id
-		Epoch       int64           `codec:"epoch"`    // its first epoch
-		Prefix      string          `codec:"prefix"`   // the ring's folder, relative to the node's root; "" when not under it
-		Fields      []rpc.FieldInfo `codec:"fields"`   // per row
-		Samples     int             `codec:"samples"`  // per epoch
-		Batch       int             `codec:"batch"`    // rows per producer batch
-		Slots       int             `codec:"slots"`
-		HeartbeatMS int64           `codec:"heartbeat_ms"` // silent this long, it is dropped
+		Ring        string               `codec:"ring"`     // the ring's id: changes when the producer is made anew
+		Consumer    uint64               `codec:"consumer"` // the consumer's id
+		Epoch       int64                `codec:"epoch"`    // its first epoch
+		Prefix      string               `codec:"prefix"`   // the ring's folder, relative to the node's root; "" when not under it
+		Schema      tensordict.RowSchema `codec:"schema"`   // of a row
+		Samples     int                  `codec:"samples"`  // per epoch
+		Batch       int                  `codec:"batch"`    // rows per producer batch
+		Slots       int                  `codec:"slots"`
+		HeartbeatMS int64                `codec:"heartbeat_ms"` // silent this long, it is dropped
 	}
 	nextRequest struct {
 		Name     string `codec:"name"`
@@ -191,7 +192,7 @@ func (svc *Service) join(_ context.Context, req joinRequest) (joinResponse, erro
 		return joinResponse{}, err
 	}
 	return joinResponse{
-		Ring: p.ring.id, Consumer: ji.id, Epoch: ji.epoch, Prefix: sp.rel, Fields: wireFields(p.pipe.fields),
+		Ring: p.ring.id, Consumer: ji.id, Epoch: ji.epoch, Prefix: sp.rel, Schema: p.pipe.schema,
 		Samples: p.n, Batch: p.cfg.Batch, Slots: p.cfg.Slots, HeartbeatMS: p.cfg.Heartbeat.Milliseconds(),
 	}, nil
 }

@@ -3,36 +3,22 @@ package loader
 import (
 	"fmt"
 	"math/rand/v2"
-	"slices"
-	"strings"
 
 	"github.com/tensorwire/tensorwire/memmap"
-	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
-// Field is one tensor of a batch's rows: its key (nested keys as several
-// elements), dtype and the shape of one row, without the batch dimension.
-type Field struct {
-	Key      []string
-	DType    memmap.DType
-	RowShape []int
-}
-
-// String reads "images uint8 [28 28]".
-func (f Field) String() string {
-	return fmt.Sprintf("%s %v %v", strings.Join(f.Key, "/"), f.DType, f.RowShape)
-}
-
 // rowBytes returns the bytes of one row of f.
-func (f Field) rowBytes() int { return memmap.RowBytes(f.DType, append([]int{1}, f.RowShape...)) }
+func rowBytes(f tensordict.RowField) int {
+	return memmap.RowBytes(f.DType, append([]int{1}, f.Shape...))
+}
 
 // source is a dataset: a memory-mapped TensorDict of batch size [N, ...],
 // mapped read-only, and the per-row fields of its tensors.
 type source struct {
 	td     *tensordict.TensorDict
 	n      int
-	fields []Field
+	schema tensordict.RowSchema
 }
 
 // openSource maps the TensorDict at prefix read-only. A prefix that holds
@@ -56,10 +42,8 @@ func openSource(prefix string) (*source, error) {
 	if s.n == 0 {
 		return fail("no rows (batch size %v)", td.BatchSize())
 	}
-	for path, t := range td.Leaves() {
-		s.fields = append(s.fields, Field{Key: path, DType: t.DType(), RowShape: t.Shape()[1:]})
-	}
-	if len(s.fields) == 0 {
+	s.schema = td.RowSchema()
+	if len(s.schema) == 0 {
 		return fail("no tensors")
 	}
 	return s, nil
@@ -90,80 +74,4 @@ func mix(x uint64) uint64 {
 	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
 	x = (x ^ x>>27) * 0x94d049bb133111eb
 	return x ^ x>>31
-}
-
-// newBatchDict makes a TensorDict in Go memory of batch size [n] with
-// fields.
-func newBatchDict(fields []Field, n int) (*tensordict.TensorDict, error) {
-	td, err := tensordict.New(n)
-	if err != nil {
-		return nil, err
-	}
-	for _, f := range fields {
-		t, err := tensordict.Zeros(f.DType, append([]int{n}, f.RowShape...)...)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f, err)
-		}
-		if err := td.SetPath(f.Key, t); err != nil {
-			return nil, err
-		}
-	}
-	return td, nil
-}
-
-// fieldsOfTD returns the per-row fields of td's tensors.
-func fieldsOfTD(td *tensordict.TensorDict) []Field {
-	var fs []Field
-	for path, t := range td.Leaves() {
-		fs = append(fs, Field{Key: path, DType: t.DType(), RowShape: t.Shape()[1:]})
-	}
-	return fs
-}
-
-// checkFields refuses a schema with no fields, a key given twice or a row
-// shape with a negative dimension.
-func checkFields(fs []Field) error {
-	if len(fs) == 0 {
-		return fmt.Errorf("no fields")
-	}
-	seen := map[string]bool{}
-	for _, f := range fs {
-		if len(f.Key) == 0 {
-			return fmt.Errorf("a field with no key")
-		}
-		k := strings.Join(f.Key, "\x00")
-		if seen[k] {
-			return fmt.Errorf("field %s given twice", strings.Join(f.Key, "/"))
-		}
-		seen[k] = true
-		if !f.DType.Valid() {
-			return fmt.Errorf("field %s: invalid dtype", strings.Join(f.Key, "/"))
-		}
-		if _, err := memmap.NumBytes(f.DType, append([]int{1}, f.RowShape...)); err != nil {
-			return fmt.Errorf("field %s: %w", strings.Join(f.Key, "/"), err)
-		}
-	}
-	return nil
-}
-
-// wireFields and fieldsOfWire convert per-row fields to and from their wire
-// form.
-func wireFields(fs []Field) []rpc.FieldInfo {
-	out := make([]rpc.FieldInfo, len(fs))
-	for i, f := range fs {
-		out[i] = rpc.FieldInfo{Key: f.Key, DType: f.DType.String(), Shape: f.RowShape}
-	}
-	return out
-}
-
-func fieldsOfWire(fi []rpc.FieldInfo) ([]Field, error) {
-	out := make([]Field, len(fi))
-	for i, f := range fi {
-		dt, err := memmap.ParseDType(f.DType)
-		if err != nil {
-			return nil, fmt.Errorf("field %v: %w", f.Key, err)
-		}
-		out[i] = Field{Key: slices.Clone(f.Key), DType: dt, RowShape: slices.Clone(f.Shape)}
-	}
-	return out, checkFields(out)
 }

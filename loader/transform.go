@@ -18,13 +18,13 @@ import (
 //
 // A Transform is used by one goroutine at a time.
 type Transform interface {
-	// Fields returns the per-row fields of the output for input rows with
-	// fields in, or an error if it cannot transform such rows (the
+	// Schema returns the row schema of the output for input rows of
+	// schema in, or an error if it cannot transform such rows (the
 	// producer then refuses the dataset with ErrDataset).
-	Fields(in []Field) ([]Field, error)
+	Schema(in tensordict.RowSchema) (tensordict.RowSchema, error)
 
 	// Apply writes into dst the transformed rows of src: row i of dst
-	// from row i of src. dst has the fields Fields returned and as many
+	// from row i of src. dst has the schema Schema returned and as many
 	// rows as src; it holds stale data, so Apply writes every element.
 	// rows says which samples they are and gives each its random source.
 	// src and dst are valid only during the call: dst is often a view of
@@ -86,15 +86,15 @@ func (a *Augment) key() []string {
 	return a.Key
 }
 
-// Fields implements Transform.
-func (a *Augment) Fields(in []Field) ([]Field, error) {
+// Schema implements Transform.
+func (a *Augment) Schema(in tensordict.RowSchema) (tensordict.RowSchema, error) {
 	if a.Pad < 0 {
 		return nil, fmt.Errorf("augment: negative padding %d", a.Pad)
 	}
 	if a.Std < 0 {
 		return nil, fmt.Errorf("augment: negative std %v", a.Std)
 	}
-	out := slices.Clone(in)
+	out := in.Clone()
 	found := false
 	for i, f := range in {
 		if !slices.Equal(f.Key, a.key()) {
@@ -104,10 +104,10 @@ func (a *Augment) Fields(in []Field) ([]Field, error) {
 		if f.DType != memmap.Uint8 {
 			return nil, fmt.Errorf("augment: %s is %v, want uint8 images", strings.Join(f.Key, "/"), f.DType)
 		}
-		if r := len(f.RowShape); r != 2 && r != 3 {
-			return nil, fmt.Errorf("augment: %s has rows of shape %v, want [H W] or [C H W]", strings.Join(f.Key, "/"), f.RowShape)
+		if r := len(f.Shape); r != 2 && r != 3 {
+			return nil, fmt.Errorf("augment: %s has rows of shape %v, want [H W] or [C H W]", strings.Join(f.Key, "/"), f.Shape)
 		}
-		out[i] = Field{Key: slices.Clone(f.Key), DType: memmap.Float32, RowShape: slices.Clone(f.RowShape)}
+		out[i].DType = memmap.Float32
 	}
 	if !found {
 		return nil, fmt.Errorf("augment: no field %s", strings.Join(a.key(), "/"))

@@ -28,26 +28,26 @@ func oneImage(t *testing.T) *tensordict.TensorDict {
 	return td
 }
 
-func TestAugment_Fields(t *testing.T) {
-	in := []Field{{Key: []string{"images"}, DType: memmap.Uint8, RowShape: []int{3, 28, 28}}, {Key: []string{"labels"}, DType: memmap.Int64}}
-	out, err := (&Augment{Pad: 4}).Fields(in)
+func TestAugment_Schema(t *testing.T) {
+	in := tensordict.RowSchema{{Key: []string{"images"}, DType: memmap.Uint8, Shape: []int{3, 28, 28}}, {Key: []string{"labels"}, DType: memmap.Int64}}
+	out, err := (&Augment{Pad: 4}).Schema(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out[0].DType != memmap.Float32 || out[0].String() != "images torch.float32 [3 28 28]" || out[1].String() != in[1].String() {
+	if out[0].DType != memmap.Float32 || out[0].String() != "[images] torch.float32[3 28 28]" || out[1].String() != in[1].String() {
 		t.Errorf("fields %v", out)
 	}
 	for _, tc := range []struct {
 		name string
 		a    Augment
-		in   []Field
+		in   tensordict.RowSchema
 	}{
 		{"no such key", Augment{Key: []string{"x"}}, in},
-		{"not uint8", Augment{}, []Field{{Key: []string{"images"}, DType: memmap.Float32, RowShape: []int{28, 28}}}},
-		{"rank 1", Augment{}, []Field{{Key: []string{"images"}, DType: memmap.Uint8, RowShape: []int{784}}}},
+		{"not uint8", Augment{}, tensordict.RowSchema{{Key: []string{"images"}, DType: memmap.Float32, Shape: []int{28, 28}}}},
+		{"rank 1", Augment{}, tensordict.RowSchema{{Key: []string{"images"}, DType: memmap.Uint8, Shape: []int{784}}}},
 		{"negative pad", Augment{Pad: -1}, in},
 	} {
-		if _, err := tc.a.Fields(tc.in); err == nil {
+		if _, err := tc.a.Schema(tc.in); err == nil {
 			t.Errorf("%s: no error", tc.name)
 		}
 	}
@@ -69,13 +69,13 @@ func TestAugment_Apply(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := &Augment{Pad: tc.pad, Flip: tc.flip, Mean: 0.5, Std: 0.25}
-			fields, err := a.Fields(fieldsOfTD(src))
+			schema, err := a.Schema(src.RowSchema())
 			if err != nil {
 				t.Fatal(err)
 			}
 			flips := map[bool]bool{}
 			for first := range 64 {
-				dst, _ := newBatchDict(fields, 1)
+				dst, _ := schema.Zeros(1)
 				rows := &Rows{Epoch: 3, First: first, Index: []int{0}, seed: 11}
 				if err := a.Apply(dst, src, rows); err != nil {
 					t.Fatal(err)
