@@ -28,10 +28,13 @@ type Config struct {
 	Slots int
 
 	// Window is how many batches into an epoch a consumer may join and
-	// still get the whole epoch (tensorsocket's rubber band): the first
-	// Window batches of every epoch stay in the ring until the producer
-	// moves past them. 0 means Slots/2; a negative Window lets nobody join
-	// an epoch already begun. At most Slots.
+	// still get the whole epoch (tensorsocket's rubber band): it joins the
+	// current epoch until the producer takes a slot for the epoch's batch
+	// Window, and gets the batches it missed from the ring, which still
+	// holds them. 0 means Slots/2; a negative Window lets nobody join an
+	// epoch already begun. At most Slots: with Window = Slots, every
+	// consumer that joins before the producer has had to wait for a slot
+	// in this epoch gets the whole epoch.
 	Window int
 
 	// Seed seeds the per-epoch shuffle and the transform's random sources.

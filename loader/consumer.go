@@ -55,11 +55,15 @@ type session struct {
 	reader *ringReader // nil in bytes mode
 	bytes  bool
 
-	mu       sync.Mutex
-	relEpoch int64 // done with every batch before (relEpoch, relIndex)
-	relIndex int
-	dirty    chan struct{} // signalled when the release moves
-	dropped  error         // set when the producer said ErrDropped
+	ackEvery int // releases are sent once they move this many batches (or at a heartbeat)
+
+	mu        sync.Mutex
+	relEpoch  int64 // done with every batch before (relEpoch, relIndex)
+	relIndex  int
+	sentEpoch int64 // the release position the producer was last sent
+	sentIndex int
+	dirty     chan struct{} // signalled when the release has moved ackEvery batches
+	dropped   error         // set when the producer said ErrDropped
 
 	stop func()
 	done chan struct{} // closed when the heartbeat goroutine returned
@@ -176,7 +180,8 @@ func (c *Consumer) join(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &session{c: c, info: resp, relEpoch: resp.Epoch, dirty: make(chan struct{}, 1), done: make(chan struct{})}
+	s := &session{c: c, info: resp, relEpoch: resp.Epoch, sentEpoch: resp.Epoch, dirty: make(chan struct{}, 1), done: make(chan struct{})}
+	s.ackEvery = max(1, resp.Slots/4)
 	s.schema = resp.Schema
 	if err := s.schema.Validate(); err != nil {
 		s.leave()
@@ -211,9 +216,8 @@ func (s *session) heartbeat(ctx context.Context) {
 		case <-t.C:
 		case <-s.dirty:
 		}
-		s.mu.Lock()
-		req := ackRequest{Name: s.c.name, Ring: s.info.Ring, Consumer: s.info.Consumer, Epoch: s.relEpoch, Index: s.relIndex}
-		s.mu.Unlock()
+		e, i := s.position()
+		req := ackRequest{Name: s.c.name, Ring: s.info.Ring, Consumer: s.info.Consumer, Epoch: e, Index: i}
 		cctx, cancel := context.WithTimeout(ctx, 4*every)
 		_, err := rpc.Call[rpc.Empty](cctx, s.c.rc, MethodAck, req)
 		cancel()
@@ -221,20 +225,44 @@ func (s *session) heartbeat(ctx context.Context) {
 			s.setDropped(err)
 			return
 		}
+		if err == nil {
+			s.sent(e, i)
+		}
 	}
 }
 
 // release records that the consumer is done with every batch before
-// (epoch, index), for the heartbeat goroutine to send at once.
+// (epoch, index). The heartbeat goroutine sends it at once when it moved
+// to another epoch or ackEvery batches from the position last sent, and
+// otherwise with the next call (a next, or a heartbeat).
 func (s *session) release(epoch int64, index int) {
 	s.mu.Lock()
 	if epoch > s.relEpoch || (epoch == s.relEpoch && index > s.relIndex) {
 		s.relEpoch, s.relIndex = epoch, index
 	}
+	urgent := s.relEpoch != s.sentEpoch || s.relIndex-s.sentIndex >= s.ackEvery
 	s.mu.Unlock()
-	select {
-	case s.dirty <- struct{}{}:
-	default:
+	if urgent {
+		select {
+		case s.dirty <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// position returns the release position.
+func (s *session) position() (int64, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.relEpoch, s.relIndex
+}
+
+// sent records that the producer has the release position (epoch, index).
+func (s *session) sent(epoch int64, index int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if epoch > s.sentEpoch || (epoch == s.sentEpoch && index > s.sentIndex) {
+		s.sentEpoch, s.sentIndex = epoch, index
 	}
 }
 
@@ -501,11 +529,15 @@ func (s *session) next(ctx context.Context, epoch int64, index int) ([]announcem
 	const poll = 5 * time.Second
 	for {
 		cctx, cancel := context.WithTimeout(ctx, poll+10*time.Second)
+		re, ri := s.position()
 		resp, err := rpc.Call[nextResponse](cctx, s.c.rc, MethodNext, nextRequest{
 			Name: s.c.name, Ring: s.info.Ring, Consumer: s.info.Consumer, Epoch: epoch, Index: index,
-			Max: s.info.Slots, PollMS: poll.Milliseconds(), Bytes: s.bytes,
+			Max: s.info.Slots, PollMS: poll.Milliseconds(), Bytes: s.bytes, DoneEpoch: re, DoneIndex: ri,
 		})
 		cancel()
+		if err == nil {
+			s.sent(re, ri)
+		}
 		if err != nil {
 			if errors.Is(err, ErrDropped) {
 				s.setDropped(err)

@@ -10,27 +10,38 @@ import (
 	"github.com/tensorwire/tensorwire/rpc"
 )
 
-// TestProducer_LateJoiners: with the ring holding epoch 1's first batch
-// and the producer blocked on its second (the first consumer has read
-// nothing), a consumer joining gets epoch 1 whole, batch 0 included, if
-// the window (2 batches) is still open, and starts at epoch 2 if it (1
-// batch) is closed.
+// TestProducer_LateJoiners: the first consumer joins and reads nothing,
+// so the producer fills the ring and waits. A consumer joining then gets
+// the producer's current epoch whole, the batches published before it
+// joined included, while the window is open (the producer has not taken a
+// slot for the epoch's batch Window), and starts at the next epoch
+// otherwise.
 func TestProducer_LateJoiners(t *testing.T) {
-	const b, n, seed = 10, 30, 4 // 3 batches an epoch
+	const b, seed = 10, 4
 	for _, tc := range []struct {
-		window    int
-		wantEpoch int64
-	}{{2, 1}, {1, 2}} {
-		t.Run(fmt.Sprintf("window=%d", tc.window), func(t *testing.T) {
-			f := newFixture(t, n, Config{Batch: b, Slots: 4, Window: tc.window, Seed: seed})
+		name        string
+		n, slots    int
+		window      int
+		waitEpoch   int64 // where the producer waits
+		waitInEpoch int
+		wantEpoch   int64
+	}{
+		// 3 batches an epoch: epoch 0 in slots 0-2, epoch 1's batch 0 in
+		// slot 3, its batch 1 waits for slot 0.
+		{"open", 30, 4, 2, 1, 1, 1},
+		{"open until batch Window is written", 30, 4, 1, 1, 1, 1},
+		{"none", 30, 4, -1, 1, 1, 2},
+		// 4 batches an epoch: epoch 0's batch 3 waits for slot 0, the
+		// window of 1 closed when batch 1 was written.
+		{"closed", 40, 3, 1, 0, 3, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, tc.n, Config{Batch: b, Slots: tc.slots, Window: tc.window, Seed: seed})
 			first := f.dial(t, b, false)
-			waitFor(t, "the producer blocked on epoch 1's second batch", func() bool {
+			waitFor(t, "the producer waiting for a slot", func() bool {
 				st := f.p.Stats()
-				return st.Epoch == 1 && st.InEpoch == 1 && st.WaitNS > 0
+				return st.Epoch == tc.waitEpoch && st.InEpoch == tc.waitInEpoch && st.WaitNS > 0
 			})
-			if st := f.p.Stats(); st.Window != (tc.window == 2) {
-				t.Fatalf("window open = %v with a window of %d", st.Window, tc.window)
-			}
 			late := f.dial(t, b, true)
 			if got := late.Epoch(); got != tc.wantEpoch {
 				t.Fatalf("the late consumer starts at epoch %d, want %d", got, tc.wantEpoch)
@@ -38,11 +49,11 @@ func TestProducer_LateJoiners(t *testing.T) {
 			ctx := context.Background()
 			done := make(chan error, 1)
 			go func() {
-				for range 3 {
+				for first.Epoch() <= tc.wantEpoch {
 					e := first.Epoch()
 					ids, sizes, err := consumerEpoch(ctx, first)
 					if err == nil {
-						err = checkEpoch(ids, sizes, n, seed, e, b)
+						err = checkEpoch(ids, sizes, tc.n, seed, e, b)
 					}
 					if err != nil {
 						done <- fmt.Errorf("first consumer: %w", err)
@@ -53,7 +64,7 @@ func TestProducer_LateJoiners(t *testing.T) {
 			}()
 			ids, sizes, err := consumerEpoch(ctx, late)
 			if err == nil {
-				err = checkEpoch(ids, sizes, n, seed, tc.wantEpoch, b)
+				err = checkEpoch(ids, sizes, tc.n, seed, tc.wantEpoch, b)
 			}
 			if err != nil {
 				t.Errorf("late consumer: %v", err)

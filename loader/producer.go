@@ -296,10 +296,6 @@ func (p *Producer) produceEpoch(ctx context.Context, e int64) error {
 func (p *Producer) takeSlot(ctx context.Context, e int64, k int) (slot int, gen uint64, ok bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if k >= p.cfg.Window && p.window {
-		p.window = false // joiners from now on wait for the next epoch
-		p.broadcastLocked()
-	}
 	s := int(p.seq % uint64(p.cfg.Slots))
 	deadline := time.Now().Add(p.cfg.MaxWait)
 	for {
@@ -330,6 +326,14 @@ func (p *Producer) takeSlot(ctx context.Context, e int64, k int) (slot int, gen 
 		}
 	}
 	p.stopWaitLocked()
+	if k >= p.cfg.Window && p.window {
+		// Batch Window-1 was the window's last: joiners from now on wait
+		// for the next epoch. Until this slot was taken, batches 0 to
+		// Window-1 were all in the ring (Window <= Slots), so a consumer
+		// joining during the wait above got them.
+		p.window = false
+		p.broadcastLocked()
+	}
 	w := p.ring.table.Word(s)
 	gen = slots.Gen(w) + 1
 	p.slot[s] = slotInfo{}

@@ -146,6 +146,10 @@ type (
 		Max      int    `codec:"max"`   // announcements at most
 		PollMS   int64  `codec:"poll_ms"`
 		Bytes    bool   `codec:"bytes"` // send the first batch's rows
+		// The consumer is done with every batch before (DoneEpoch,
+		// DoneIndex), as an ack says.
+		DoneEpoch int64 `codec:"done_epoch"`
+		DoneIndex int   `codec:"done_index"`
 	}
 	nextResponse struct {
 		Batches []announcement `codec:"batches"`
@@ -209,6 +213,9 @@ func (svc *Service) next(ctx context.Context, req nextRequest) (nextResponse, er
 	poll := min(time.Duration(req.PollMS)*time.Millisecond, maxPoll)
 	if poll <= 0 {
 		poll = maxPoll
+	}
+	if err := sp.p.release(req.Consumer, req.DoneEpoch, req.DoneIndex); err != nil {
+		return nextResponse{}, err
 	}
 	as, err := sp.p.next(ctx, req.Consumer, req.Epoch, req.Index, n, poll)
 	if err != nil || len(as) == 0 || !req.Bytes {
