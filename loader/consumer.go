@@ -85,11 +85,7 @@ func Dial(ctx context.Context, addr, name string, opts Options) (*Consumer, erro
 	if err != nil {
 		return nil, err
 	}
-	c := &Consumer{rc: rc, name: name, o: opts, prefetch: opts.Prefetch}
-	if c.prefetch == 0 {
-		c.prefetch = 1
-	}
-	c.prefetch = max(c.prefetch, 0)
+	c := &Consumer{rc: rc, name: name, o: opts, prefetch: prefetchOf(opts)}
 	if _, err := c.session(ctx); err != nil {
 		rc.Close()
 		return nil, err
@@ -361,84 +357,98 @@ func (c *Consumer) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict
 		epoch := c.epoch
 		c.epoch++
 		c.mu.Unlock()
-		if err := c.ensureBufs(s); err != nil {
+		if c.bufs, err = ensureBufs(c.bufs, s.schema, c.o.Batch, c.prefetch); err != nil {
 			yield(nil, err)
 			return
 		}
-		actx, cancel := context.WithCancel(ctx)
-		out := make(chan assembled, c.prefetch)
-		pool := make(chan *batchBuf, len(c.bufs))
-		for _, b := range c.bufs {
-			pool <- b
+		complete, err := iterate(ctx, yield, c.bufs, c.prefetch, c.o.Batch,
+			func(ctx context.Context, out chan<- assembled, pool <-chan *batchBuf) {
+				s.assemble(ctx, epoch, c.o.Batch, c.o.DropLast, out, pool)
+			})
+		if !complete && (err == nil || !c.lost(s, err)) {
+			s.release(epoch+1, 0) // gives up the rest of the epoch
 		}
-		finished := make(chan struct{})
-		go func() {
-			defer close(finished)
-			s.assemble(actx, epoch, c.o.Batch, c.o.DropLast, out, pool)
-		}()
-		complete := false
-		defer func() {
-			cancel()
-			<-finished
-			if !complete {
-				s.release(epoch+1, 0) // gives up the rest of the epoch
-			}
-		}()
-		for a := range out {
-			if a.end {
-				complete = true
-				return
-			}
-			if a.err != nil {
-				c.lost(s, a.err)
-				yield(nil, a.err)
-				complete = true // nothing to give up: the session is over
-				return
-			}
-			td := a.buf.td
-			if a.n < c.o.Batch {
-				if td, err = td.Slice(0, a.n); err != nil {
-					yield(nil, err)
-					return
-				}
-			}
-			ok := yield(td, nil)
-			pool <- a.buf
-			if !ok {
-				return
-			}
-		}
-		// out closed without the epoch's end: ctx ended.
-		err = ctx.Err()
-		if err == nil {
-			err = ErrClosed
-		}
-		yield(nil, err)
 	}
 }
 
-// ensureBufs makes the batch buffers for the session's fields.
-func (c *Consumer) ensureBufs(s *session) error {
-	want := c.prefetch + 2 // those in the channel, the one yielded, the one being assembled
-	if len(c.bufs) > 0 && s.schema.Match(c.bufs[0].td.RowSchema()) != nil {
-		c.bufs = nil
+// iterate yields the batches produce sends on out, taking buffers from a
+// pool of bufs, up to prefetch of them assembled ahead, until produce
+// sends the epoch's end or an error, yield returns false, or ctx ends.
+// It returns whether the epoch ended, and the error yielded (nil if
+// none). produce runs in a goroutine of its own, which has returned when
+// iterate does.
+func iterate(ctx context.Context, yield func(*tensordict.TensorDict, error) bool, bufs []*batchBuf, prefetch, batch int,
+	produce func(ctx context.Context, out chan<- assembled, pool <-chan *batchBuf)) (complete bool, err error) {
+	actx, cancel := context.WithCancel(ctx)
+	out := make(chan assembled, prefetch)
+	pool := make(chan *batchBuf, len(bufs))
+	for _, b := range bufs {
+		pool <- b
 	}
-	for len(c.bufs) < want {
-		b, err := newBatchBuf(s.schema, c.o.Batch)
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		defer close(out)
+		produce(actx, out, pool)
+	}()
+	defer func() {
+		cancel()
+		<-finished
+	}()
+	for a := range out {
+		if a.end {
+			return true, nil
+		}
+		if a.err != nil {
+			yield(nil, a.err)
+			return false, a.err
+		}
+		td := a.buf.td
+		if a.n < batch {
+			if td, err = td.Slice(0, a.n); err != nil {
+				yield(nil, err)
+				return false, err
+			}
+		}
+		ok := yield(td, nil)
+		pool <- a.buf
+		if !ok {
+			return false, nil
+		}
+	}
+	// out closed without the epoch's end: ctx ended.
+	err = ctx.Err()
+	if err == nil {
+		err = ErrClosed
+	}
+	yield(nil, err)
+	return false, err
+}
+
+// ensureBufs returns bufs with enough batch buffers of batch rows of
+// schema for iterate with prefetch: those in the channel, the one
+// yielded, the one being assembled. Buffers of another schema are dropped.
+func ensureBufs(bufs []*batchBuf, schema tensordict.RowSchema, batch, prefetch int) ([]*batchBuf, error) {
+	if len(bufs) > 0 && schema.Match(bufs[0].td.RowSchema()) != nil {
+		bufs = nil
+	}
+	for len(bufs) < prefetch+2 {
+		b, err := newBatchBuf(schema, batch)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		c.bufs = append(c.bufs, b)
+		bufs = append(bufs, b)
 	}
-	return nil
+	return bufs, nil
 }
 
-// lost ends the session after err, if err means it is over: the next
-// Batches joins again.
-func (c *Consumer) lost(s *session, err error) {
+// lost ends the session after err and reports true if err means it is
+// over (the next Batches joins again), and false for the end of the
+// loop's context.
+func (c *Consumer) lost(s *session, err error) bool {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		if !errors.Is(err, rpc.ErrUnavailable) {
-			return
+			return false
 		}
 	}
 	if errors.Is(err, ErrDropped) {
@@ -450,13 +460,13 @@ func (c *Consumer) lost(s *session, err error) {
 	}
 	c.mu.Unlock()
 	go s.end(context.Background())
+	return true
 }
 
 // assemble fills batches of size batch from the producer's batches of
 // epoch, in order, and sends them on out (closed at the epoch's end); it
 // takes buffers from pool. An error is sent as the last item.
 func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast bool, out chan<- assembled, pool <-chan *batchBuf) {
-	defer close(out)
 	fail := func(err error) {
 		select {
 		case out <- assembled{err: err}:

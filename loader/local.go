@@ -29,9 +29,11 @@ type Options struct {
 	// shared. Dial only.
 	Bytes bool
 
-	// Prefetch is how many batches a consumer assembles ahead of the loop
-	// (while the loop's body trains on the last one); 0 means 1, negative
-	// none. Each costs a batch of memory. Dial only.
+	// Prefetch is how many batches are made ready ahead of the loop, in a
+	// goroutine of their own, while the loop's body trains on the last
+	// one: a consumer copies them out of the ring, a Local loader gathers
+	// and transforms them. 0 means 1, negative none. Each costs a batch of
+	// memory.
 	Prefetch int
 
 	// RPC passes options to rpc.Dial: a token, TLS, a logger. Dial only.
@@ -47,6 +49,14 @@ func batchLen(n, b int, dropLast bool) int {
 	return (n + b - 1) / b
 }
 
+// prefetchOf returns the batches to make ready ahead for opts.
+func prefetchOf(opts Options) int {
+	if opts.Prefetch == 0 {
+		return 1
+	}
+	return max(opts.Prefetch, 0)
+}
+
 // Local is a loader that runs in its own process: the dataset, order and
 // transform of a Producer with the same Config (Dataset, Seed, Sequential,
 // Transform, IndexKey), cut into batches of Options.Batch rows, with no
@@ -59,8 +69,9 @@ type Local struct {
 	p        *pipeline
 	batch    int
 	dropLast bool
+	prefetch int
 	epoch    int64
-	out      *tensordict.TensorDict // the batch buffer, reused
+	bufs     []*batchBuf // the batch buffers, reused
 
 	mu     sync.Mutex
 	closed bool
@@ -77,12 +88,12 @@ func NewLocal(cfg Config, opts Options) (*Local, error) {
 	if err != nil {
 		return nil, err
 	}
-	out, err := p.schema.Zeros(opts.Batch)
-	if err != nil {
+	l := &Local{p: p, batch: opts.Batch, dropLast: opts.DropLast, prefetch: prefetchOf(opts)}
+	if l.bufs, err = ensureBufs(nil, p.schema, l.batch, l.prefetch); err != nil {
 		p.close()
 		return nil, err
 	}
-	return &Local{p: p, batch: opts.Batch, dropLast: opts.DropLast, out: out}, nil
+	return l, nil
 }
 
 // Len returns the number of batches of an epoch.
@@ -95,9 +106,9 @@ func (l *Local) Samples() int { return l.p.len() }
 func (l *Local) Epoch() int64 { return l.epoch }
 
 // Batches returns an iterator over the next epoch's batches, which ends
-// with the epoch. A batch is valid until the loop's body returns (the next
-// batch is written into the same memory): Clone it to keep it. An error
-// (ctx ending, a transform failing) is yielded once, and ends the epoch.
+// with the epoch. A batch is valid until the loop's body returns (its
+// memory is reused): Clone it to keep it. An error (ctx ending, a
+// transform failing) is yielded once, and ends the epoch.
 func (l *Local) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict, error] {
 	return func(yield func(*tensordict.TensorDict, error) bool) {
 		l.mu.Lock()
@@ -110,27 +121,40 @@ func (l *Local) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict, e
 		epoch := l.epoch
 		l.epoch++
 		order := l.p.order(epoch)
-		for first := 0; first < len(order); first += l.batch {
-			n := min(l.batch, len(order)-first)
-			if n < l.batch && l.dropLast {
-				return
+		iterate(ctx, yield, l.bufs, l.prefetch, l.batch, func(ctx context.Context, out chan<- assembled, pool <-chan *batchBuf) {
+			for first := 0; first < len(order); first += l.batch {
+				n := min(l.batch, len(order)-first)
+				if n < l.batch && l.dropLast {
+					break
+				}
+				var b *batchBuf
+				select {
+				case b = <-pool:
+				case <-ctx.Done():
+					return
+				}
+				dst, err := b.td.Slice(0, n)
+				if err == nil {
+					err = l.p.fill(dst, epoch, first, order[first:first+n])
+				}
+				a := assembled{buf: b, n: n}
+				if err != nil {
+					a = assembled{err: fmt.Errorf("loader: epoch %d, batch at %d: %w", epoch, first, err)}
+				}
+				select {
+				case out <- a:
+				case <-ctx.Done():
+					return
+				}
+				if err != nil {
+					return
+				}
 			}
-			if err := ctx.Err(); err != nil {
-				yield(nil, err)
-				return
+			select {
+			case out <- assembled{end: true}:
+			case <-ctx.Done():
 			}
-			dst, err := l.out.Slice(0, n)
-			if err == nil {
-				err = l.p.fill(dst, epoch, first, order[first:first+n])
-			}
-			if err != nil {
-				yield(nil, fmt.Errorf("loader: epoch %d, batch at %d: %w", epoch, first, err))
-				return
-			}
-			if !yield(dst, nil) {
-				return
-			}
-		}
+		})
 	}
 }
 
