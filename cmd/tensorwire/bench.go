@@ -11,6 +11,7 @@ import (
 	"github.com/tensorwire/tensorwire/internal/bench"
 	"github.com/tensorwire/tensorwire/internal/bench/fill"
 	"github.com/tensorwire/tensorwire/internal/bench/gather"
+	"github.com/tensorwire/tensorwire/internal/bench/loader"
 	"github.com/tensorwire/tensorwire/internal/bench/replay"
 	"github.com/tensorwire/tensorwire/internal/bench/rpc"
 )
@@ -23,6 +24,7 @@ var benchmarks = []bench.Benchmark{
 	fill.Benchmark,
 	rpc.Benchmark,
 	replay.Benchmark,
+	loader.Benchmark,
 }
 
 var benchCmd = command{
