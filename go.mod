@@ -7,6 +7,7 @@ require (
 	github.com/edsrzf/mmap-go v1.2.0
 	github.com/hashicorp/go-msgpack/v2 v2.1.5
 	github.com/hashicorp/yamux v0.1.2
+	github.com/pierrec/lz4/v4 v4.1.33
 	github.com/x448/float16 v0.8.4
 	golang.org/x/sys v0.49.0
 	golang.org/x/term v0.46.0

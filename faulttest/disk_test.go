@@ -884,8 +884,8 @@ func init() {
 			return err
 		}
 		defer c.Close()
-		if c.Mode() != "ref" {
-			return fmt.Errorf("the client works in %q mode, want ref", c.Mode())
+		if !c.SharedFS() {
+			return fmt.Errorf("the client works by bytes, want by reference")
 		}
 		td, err := diskMakeBatch(4096, id, id+1)
 		if err != nil {

@@ -143,7 +143,7 @@ func (f *clientFlags) connect(ctx context.Context) (_ *replay.Client, _ *callSta
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	fmt.Println("ready", c.Mode())
+	fmt.Println("ready", map[bool]string{true: "ref", false: "bytes"}[c.SharedFS()])
 	st := new(callStats)
 	stop := st.report(ctx)
 	return c, st, func() { stop(); c.Close() }, nil

@@ -62,7 +62,7 @@ type Buffer struct {
 	schema  tensordict.RowSchema   // per transition; nil until known
 	slots   *slotTable
 	sel     selector.Selector
-	writer  slotChooser
+	writer  slotChooser // set once the slot table is (Create, recover)
 	limit   *limiter
 	rng     *mrand.Rand
 	maxPrio float64
@@ -107,8 +107,8 @@ type Stats struct {
 	Pending   int    `codec:"pending" json:"pending"`     // slots held by uncommitted reservations
 	Expired   int64  `codec:"expired" json:"expired"`     // reservations that expired
 	Resampled int64  `codec:"resampled" json:"resampled"` // rows found overwritten while sampled, and sampled again
-	Sampler   string `codec:"sampler" json:"sampler"`
-	NodeHeap  uint64 `codec:"node_heap" json:"node_heap"` // Go heap in use on the node serving the buffer (remote Stats only)
+	Sampler   string `codec:"sampler" json:"sampler"`     // the sampler, as Sampler.String writes it
+	NodeHeap  uint64 `codec:"node_heap" json:"node_heap"` // Go heap in use on the node serving the buffer: its rpc.Stats.HeapBytes (remote Stats only)
 }
 
 // Create makes a new buffer at prefix, a folder that must not hold one
@@ -171,13 +171,7 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 			return nil, err
 		}
 	}
-	if b.cfg.Writer.Kind == "top_k" {
-		free := make([]int, cfg.Capacity)
-		for i := range free {
-			free[i] = cfg.Capacity - 1 - i
-		}
-		b.writer = newTopK(free)
-	}
+	b.writer = newSlotChooser(cfg.Writer, b.slots)
 	if err := b.writeMeta(); err != nil {
 		b.closeFiles()
 		undo()
@@ -224,7 +218,6 @@ func newBuffer(prefix string, cfg Config, id string) *Buffer {
 		changed: make(chan struct{}),
 		schema:  cfg.Schema,
 		sel:     sel,
-		writer:  &roundRobin{capacity: cfg.Capacity},
 		limit:   newLimiter(cfg.Limit),
 		rng:     mrand.New(mrand.NewChaCha8(seed)),
 		maxPrio: 1,
@@ -280,11 +273,17 @@ func (b *Buffer) Capacity() int { return b.cfg.Capacity }
 
 // Schema returns the fields of one transition (shapes without the batch
 // dimension), or nil before the first Extend of a buffer created without
-// one. The result is the caller's.
+// one. A scalar field's Shape is nil. The result is the caller's.
 func (b *Buffer) Schema() tensordict.RowSchema {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.schema.Clone()
+	s := b.schema.Clone()
+	for i := range s {
+		if len(s[i].Shape) == 0 {
+			s[i].Shape = nil // replay.info has always sent scalar shapes as nil
+		}
+	}
+	return s
 }
 
 // Stats returns the buffer's counters now; ErrClosed after Close. It checks

@@ -8,7 +8,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/atomicfile"
@@ -34,7 +33,7 @@ type meta struct {
 	Capacity   int                  `json:"capacity"`
 	Schema     tensordict.RowSchema `json:"schema"` // null until the first batch
 	Sampler    selector.Spec        `json:"sampler"`
-	Writer     Writer               `json:"writer"`
+	Writer     writerSpec           `json:"writer"`
 	Limit      RateLimit            `json:"limit"`
 	LeaseMS    int64                `json:"lease_ms"`
 	Checkpoint *checkpoint          `json:"checkpoint,omitempty"`
@@ -61,7 +60,7 @@ func (b *Buffer) metaLocked() ([]byte, error) {
 func encodeMeta(id string, cfg Config, schema tensordict.RowSchema, cp *checkpoint) ([]byte, error) {
 	m := meta{
 		Format: metaFormat, Version: metaVersion, ID: id, Capacity: cfg.Capacity, Schema: schema,
-		Sampler: cfg.Sampler.spec, Writer: cfg.Writer, Limit: cfg.Limit,
+		Sampler: cfg.Sampler.spec, Writer: cfg.Writer.normal(), Limit: cfg.Limit,
 		LeaseMS: cfg.Lease.Milliseconds(), Checkpoint: cp,
 	}
 	return json.MarshalIndent(m, "", "  ")
@@ -245,8 +244,8 @@ func changeable(have, want Config) error {
 	case want.Sampler.spec.Kind != have.Sampler.spec.Kind:
 		return fmt.Errorf("%w: sampler %s asked for; the buffer's is %s, a kind fixed when it was created",
 			ErrConfig, want.Sampler, have.Sampler)
-	case want.Writer.Kind != have.Writer.Kind || !slices.Equal(want.Writer.Key, have.Writer.Key):
-		return fmt.Errorf("%w: writer %+v asked for; the buffer's is %+v, fixed when it was created",
+	case !want.Writer.equal(have.Writer):
+		return fmt.Errorf("%w: writer %s asked for; the buffer's is %s, fixed when it was created",
 			ErrConfig, want.Writer, have.Writer)
 	case want.Schema != nil && have.Schema == nil:
 		return fmt.Errorf("%w: a schema asked for; the buffer's is set by its first batch", ErrConfig)
@@ -269,7 +268,7 @@ func parseMeta(data []byte) (meta, Config, error) {
 			ErrConfig, m.Format, m.Version, metaFormat, metaVersion)
 	}
 	cfg := Config{
-		Capacity: m.Capacity, Schema: m.Schema.Clone(), Sampler: Sampler{m.Sampler}, Writer: m.Writer, Limit: m.Limit,
+		Capacity: m.Capacity, Schema: m.Schema.Clone(), Sampler: Sampler{m.Sampler}, Writer: Writer{m.Writer}, Limit: m.Limit,
 		Lease: time.Duration(m.LeaseMS) * time.Millisecond,
 	}
 	if err := cfg.validate(); err != nil {
@@ -299,21 +298,17 @@ func (b *Buffer) loadStorage() error {
 
 // recover rebuilds the in-memory state from the slot table: committed slots
 // go to the sampler (FIFO slots already handed out excepted), slots a
-// writer held are emptied, and the writer resumes after the newest batch.
+// writer held are emptied, and the writer resumes (newSlotChooser).
 func (b *Buffer) recover() {
 	var newest uint64 // the largest seq
-	next := 0         // the slot after it
-	var free []int
 	for s := b.cfg.Capacity - 1; s >= 0; s-- {
 		w, seq := b.slots.word(s), b.slots.seq(s)
+		newest = max(newest, seq)
 		switch state(w) {
 		case stateWriting:
 			b.slots.setWord(s, makeWord(gen(w), stateEmpty))
-			free = append(free, s)
-		case stateEmpty:
-			free = append(free, s)
 		case stateCommitted:
-			p, key := b.slots.priority(s), b.slots.key(s)
+			p := b.slots.priority(s)
 			if p == consumed {
 				break
 			}
@@ -322,23 +317,8 @@ func (b *Buffer) recover() {
 			}
 			b.sel.Insert(s, seq, p)
 			b.maxPrio = max(b.maxPrio, p)
-			b.writer.committed(s, key)
-		}
-		if seq > newest {
-			newest, next = seq, (s+1)%b.cfg.Capacity
 		}
 	}
 	b.nextRID = newest>>rowBits + 1
-	if w, ok := b.writer.(*roundRobin); ok {
-		w.next = next
-	}
-	if b.cfg.Writer.Kind == "top_k" {
-		w := newTopK(free)
-		for s := range b.cfg.Capacity {
-			if state(b.slots.word(s)) == stateCommitted {
-				w.committed(s, b.slots.key(s))
-			}
-		}
-		b.writer = w
-	}
+	b.writer = newSlotChooser(b.cfg.Writer, b.slots)
 }

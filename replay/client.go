@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/backoff"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -22,7 +23,7 @@ import (
 // indices and generations from the node and gathers the rows from its own
 // mapping, checking each row's generation afterwards so that a row a writer
 // overwrote meanwhile is sampled again rather than returned torn. Otherwise
-// the rows travel with the calls. Mode says which.
+// the rows travel with the calls. SharedFS says which.
 //
 // Calls ride out the node restarting: a call that finds the node
 // unreachable is tried again, with backoff, until its context ends, and
@@ -32,23 +33,47 @@ type Client struct {
 	rc    *rpc.Client
 	name  string
 	o     dialOptions
-	bytes bool // rows travel as bytes
+	bytes bool // rows travel as bytes; set by Dial
 
-	use sync.RWMutex // calls using the mappings hold it shared; Close exclusively
+	mu     sync.Mutex
+	closed bool  // set by Close: every call fails with ErrClosed from then on
+	cur    *view // the buffer as last described; nil once closed
 
-	mu      sync.Mutex
-	closed  bool
-	id      string // the buffer's id when mapped
-	lease   time.Duration
-	writer  Writer // a top-k writer needs each transition's key
-	schema  tensordict.RowSchema
-	storage *tensordict.TensorDict // this side's mapping; nil in bytes mode or before the schema is known
-	slots   *slotTable
+	// views counts the calls holding a view (acquire to release): Close
+	// waits for them, so it returns with every mapping unmapped.
+	views sync.WaitGroup
 
 	bg       context.Context // ends at Close: the context of prefetches
 	stop     context.CancelFunc
 	pfMu     sync.Mutex
 	prefetch *prefetched // the next sample's picks, asked for ahead (WithPrefetch)
+}
+
+// view is the buffer as the node described it (replay.info) and, by
+// reference, this side's mapping of its storage and slot table. A view
+// never changes: when the node describes another buffer under the name (it
+// was created anew) or the schema becomes known, a new view replaces the
+// current one (swap). refs counts the calls using a view, plus one while it
+// is current; the last release unmaps it, so no call ever sees its
+// mapping go (as rpc/refs.go keeps the node's cached mappings).
+type view struct {
+	id      string
+	schema  tensordict.RowSchema // per transition; nil until the first batch
+	lease   time.Duration
+	writer  Writer                 // a top-k writer needs each transition's key
+	storage *tensordict.TensorDict // by reference, once the schema is known; else nil
+	slots   *slotTable             // with storage
+	refs    int                    // guarded by Client.mu
+}
+
+// unmap closes the view's mappings; its last user has released it.
+func (v *view) unmap() {
+	if v.storage != nil {
+		v.storage.Close()
+	}
+	if v.slots != nil {
+		v.slots.close()
+	}
 }
 
 // prefetched is a sample call made ahead of the SampleInto that will use
@@ -123,120 +148,158 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 		}
 	}
 	c.bytes = !shared
-	if err := c.adopt(info); err != nil {
+	if c.cur, err = c.newView(info); err != nil {
 		c.stop()
 		rc.Close()
 		return nil, err
 	}
+	c.cur.refs = 1 // the Client's own, until swap or Close
 	return c, nil
 }
 
-// Mode returns "ref" when rows stay in the shared storage and "bytes" when
-// they travel with the calls.
-func (c *Client) Mode() string {
-	if c.bytes {
-		return "bytes"
-	}
-	return "ref"
-}
+// SharedFS reports whether the client works by reference: true when the
+// rows stay in the storage it shares with the node (its root has the node
+// root's identity, the buffer lives under it, and WithBytes was not
+// given), false when they travel with the calls. It is fixed at Dial, as
+// rpc.Client.SharedFS is for the connection.
+func (c *Client) SharedFS() bool { return !c.bytes }
 
 func (c *Client) info(ctx context.Context) (infoResponse, error) {
 	return call[infoResponse](ctx, c, MethodInfo, infoRequest{Name: c.name})
 }
 
-// adopt takes the buffer's description: its schema and, in ref mode, a
-// mapping of its storage and slot table. A description of another buffer
-// (the name's buffer was created anew) drops the mappings of the old one,
-// so adopt runs with c.use held exclusively, or before any call (Dial).
-func (c *Client) adopt(info infoResponse) error {
+// newView makes a view of the buffer info describes: by reference, once
+// its schema is known, with mappings of its storage and slot table.
+func (c *Client) newView(info infoResponse) (*view, error) {
 	schema := info.Schema
 	if schema != nil {
 		if err := schema.Validate(); err != nil {
-			return fmt.Errorf("replay: the node describes the buffer's schema badly: %w", err)
+			return nil, fmt.Errorf("replay: the node describes the buffer's schema badly: %w", err)
 		}
 	}
+	v := &view{
+		id: info.ID, schema: schema, lease: time.Duration(info.LeaseMS) * time.Millisecond,
+		writer: Writer{info.Writer},
+	}
+	if c.bytes || schema == nil {
+		return v, nil
+	}
+	prefix := filepath.Join(c.o.root, filepath.FromSlash(info.Prefix))
+	var err error
+	if v.storage, err = tensordict.LoadMemmap(filepath.Join(prefix, StorageDir)); err != nil {
+		return nil, fmt.Errorf("replay: mapping the shared storage: %w", err)
+	}
+	if v.slots, err = openSlots(filepath.Join(prefix, SlotsFile), info.Capacity); err != nil {
+		v.storage.Close()
+		return nil, fmt.Errorf("replay: mapping the slot table: %w", err)
+	}
+	return v, nil
+}
+
+// ready reports whether v has all a call needs: the schema and, by
+// reference, the mappings.
+func (c *Client) ready(v *view) bool {
+	return v.schema != nil && (c.bytes || v.storage != nil)
+}
+
+// acquire returns the current view, held until release; ErrClosed once c
+// is closed.
+func (c *Client) acquire() (*view, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
+		return nil, ErrClosed
+	}
+	c.cur.refs++
+	c.views.Add(1)
+	return c.cur, nil
+}
+
+// release ends a call's use of v, and unmaps v if it was the last use of
+// a view no longer current.
+func (c *Client) release(v *view) {
+	c.mu.Lock()
+	v.refs--
+	last := v.refs == 0
+	c.mu.Unlock()
+	if last {
+		v.unmap()
+	}
+	c.views.Done()
+}
+
+// swap makes v the current view (with the reference the Client holds on
+// it); the old one is unmapped once no call uses it. ErrClosed, and v
+// unmapped, once c is closed.
+func (c *Client) swap(v *view) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		v.unmap()
 		return ErrClosed
 	}
-	if info.ID == c.id && (c.storage != nil || c.bytes) && c.schema != nil {
-		return nil
+	old := c.cur
+	v.refs = 1
+	c.cur = v
+	old.refs--
+	last := old.refs == 0
+	c.mu.Unlock()
+	if last {
+		old.unmap()
 	}
-	if info.ID != c.id {
-		c.unmapLocked()
-	}
-	c.id, c.schema = info.ID, schema
-	c.lease, c.writer = time.Duration(info.LeaseMS)*time.Millisecond, info.Writer
-	if c.bytes || schema == nil {
-		return nil
-	}
-	prefix := filepath.Join(c.o.root, filepath.FromSlash(info.Prefix))
-	storage, err := tensordict.LoadMemmap(filepath.Join(prefix, StorageDir))
-	if err != nil {
-		return fmt.Errorf("replay: mapping the shared storage: %w", err)
-	}
-	slots, err := openSlots(filepath.Join(prefix, SlotsFile), info.Capacity)
-	if err != nil {
-		storage.Close()
-		return fmt.Errorf("replay: mapping the slot table: %w", err)
-	}
-	c.storage, c.slots = storage, slots
 	return nil
 }
 
-// unmapLocked drops the mappings; c.mu is held, and c.use exclusively (Close,
-// adopt).
-func (c *Client) unmapLocked() {
-	if c.storage != nil {
-		c.storage.Close()
-		c.storage = nil
-	}
-	if c.slots != nil {
-		c.slots.close()
-		c.slots = nil
-	}
-}
-
-// refresh re-reads the buffer's description when a response carries an id
-// other than the one mapped (the buffer was created anew, or its schema
-// became known). It holds c.use exclusively while it remaps.
-func (c *Client) refresh(ctx context.Context, id string) error {
-	c.mu.Lock()
-	ok := c.id == id && (c.bytes || c.storage != nil)
-	c.mu.Unlock()
-	if ok {
-		return nil
-	}
+// refresh asks the node for the buffer's description and makes it the
+// current view, unless the current one already describes that buffer
+// completely.
+func (c *Client) refresh(ctx context.Context) error {
 	info, err := c.info(ctx)
 	if err != nil {
 		return err
 	}
-	c.use.RUnlock()
-	c.use.Lock()
-	err = c.adopt(info)
-	c.use.Unlock()
-	c.use.RLock()
-	return err
-}
-
-// mapping returns the current mappings (nil in bytes mode).
-func (c *Client) mapping() (*tensordict.TensorDict, *slotTable, tensordict.RowSchema, time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.storage, c.slots, c.schema, c.lease
-}
-
-func (c *Client) enter() error {
-	c.use.RLock()
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
-		c.use.RUnlock()
-		return ErrClosed
+	cur, err := c.acquire()
+	if err != nil {
+		return err
 	}
-	return nil
+	same := cur.id == info.ID && c.ready(cur)
+	c.release(cur)
+	if same {
+		return nil
+	}
+	v, err := c.newView(info)
+	if err != nil {
+		return err
+	}
+	return c.swap(v)
+}
+
+// viewOf returns the view of the buffer whose id is id, with its mappings,
+// held until release: the current one, or a new one if the node's
+// description says more (a buffer created anew, its schema now known).
+// ErrExpired if the node now serves another buffer under the name: the
+// reservation or the picks made in buffer id went with it.
+func (c *Client) viewOf(ctx context.Context, id string) (*view, error) {
+	for refreshed := false; ; refreshed = true {
+		v, err := c.acquire()
+		if err != nil {
+			return nil, err
+		}
+		if v.id == id && c.ready(v) {
+			return v, nil
+		}
+		now := v.id
+		c.release(v)
+		switch {
+		case refreshed && now != id:
+			return nil, fmt.Errorf("%w: the buffer was created anew (id %s, now %s)", ErrExpired, id, now)
+		case refreshed:
+			return nil, fmt.Errorf("replay: the node describes buffer %s without its schema", id)
+		}
+		if err := c.refresh(ctx); err != nil {
+			return nil, err
+		}
+	}
 }
 
 // Extend adds a batch of transitions and returns the slot each went to, as
@@ -250,17 +313,16 @@ func (c *Client) Extend(ctx context.Context, td *tensordict.TensorDict) ([]int, 
 // ExtendPriority is Extend with a priority for each transition (nil: the
 // largest seen so far).
 func (c *Client) ExtendPriority(ctx context.Context, td *tensordict.TensorDict, priorities []float64) ([]int, error) {
-	c.mu.Lock()
-	w := c.writer
-	c.mu.Unlock()
+	v, err := c.acquire()
+	if err != nil {
+		return nil, err
+	}
+	w := v.writer
+	c.release(v)
 	n, keys, err := checkExtend(td, priorities, w)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.enter(); err != nil {
-		return nil, err
-	}
-	defer c.use.RUnlock()
 	req := reserveRequest{Name: c.name, Schema: td.RowSchema(), N: n, Keys: keys}
 	for {
 		idx, err := c.extendOnce(ctx, req, td, priorities)
@@ -288,20 +350,19 @@ func (c *Client) extendOnce(ctx context.Context, req reserveRequest, td *tensord
 	if c.bytes {
 		commit.Batch = &rpc.TD{TensorDict: td}
 	} else {
-		if err := c.refresh(ctx, r.ID); err != nil {
+		v, err := c.viewOf(ctx, r.ID)
+		if err != nil {
 			return nil, err
-		}
-		storage, _, _, lease := c.mapping()
-		if storage == nil {
-			return nil, fmt.Errorf("replay: no mapping of the buffer's storage")
 		}
 		// The node expires the reservation a lease after it made it; this
 		// side counts from before it asked, and keeps an eighth of the
 		// lease in hand. The copy starts only before this deadline, so it
 		// would have to stall for that eighth to write into a slot the
 		// node has handed to another writer.
-		deadline := sent.Add(lease - lease/8)
-		if err := writeRowsBefore(storage, r.Slots, td, deadline); err != nil {
+		deadline := sent.Add(v.lease - v.lease/8)
+		err = writeRowsBefore(v.storage, r.Slots, td, deadline)
+		c.release(v)
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -333,10 +394,6 @@ func (c *Client) Sample(ctx context.Context, n int) (*tensordict.TensorDict, Sam
 		return nil, SampleInfo{}, rpc.Errorf(rpc.CodeOf(err), "%w", err) // as the node would say it
 	}
 	if c.bytes {
-		if err := c.enter(); err != nil {
-			return nil, SampleInfo{}, err
-		}
-		defer c.use.RUnlock()
 		return c.sampleBytes(ctx, n)
 	}
 	schema, err := c.knownSchema(ctx)
@@ -359,10 +416,17 @@ func (c *Client) sampleBytes(ctx context.Context, n int) (*tensordict.TensorDict
 }
 
 // knownSchema returns the buffer's schema, asking the node until it has one
-// (its first batch) or ctx ends.
+// (its first batch) or ctx ends, with backoff from 10 ms to 1 s.
 func (c *Client) knownSchema(ctx context.Context) (tensordict.RowSchema, error) {
-	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		if _, _, schema, _ := c.mapping(); schema != nil {
+	wait := backoff.Backoff{Base: 10 * time.Millisecond, Max: time.Second}
+	for {
+		v, err := c.acquire()
+		if err != nil {
+			return nil, err
+		}
+		schema := v.schema
+		c.release(v)
+		if schema != nil {
 			return schema, nil
 		}
 		info, err := c.info(ctx)
@@ -370,15 +434,16 @@ func (c *Client) knownSchema(ctx context.Context) (tensordict.RowSchema, error) 
 			return nil, err
 		}
 		if info.Schema != nil {
-			c.use.Lock()
-			err := c.adopt(info)
-			c.use.Unlock()
+			v, err := c.newView(info)
 			if err != nil {
+				return nil, err
+			}
+			if err := c.swap(v); err != nil {
 				return nil, err
 			}
 			continue
 		}
-		if err := sleep(ctx, wait); err != nil {
+		if err := wait.Wait(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -391,10 +456,6 @@ func (c *Client) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 	if err != nil {
 		return SampleInfo{}, err
 	}
-	if err := c.enter(); err != nil {
-		return SampleInfo{}, err
-	}
-	defer c.use.RUnlock()
 	if c.bytes {
 		td, info, err := c.sampleBytes(ctx, n)
 		if err != nil {
@@ -412,13 +473,12 @@ func (c *Client) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 	if c.o.prefetch {
 		c.startPrefetch(n)
 	}
-	if err := c.refresh(ctx, resp.ID); err != nil {
+	v, err := c.viewOf(ctx, resp.ID)
+	if err != nil {
 		return SampleInfo{}, err
 	}
-	storage, slots, _, _ := c.mapping()
-	if storage == nil {
-		return SampleInfo{}, fmt.Errorf("replay: no mapping of the buffer's storage")
-	}
+	defer c.release(v)
+	storage, slots := v.storage, v.slots
 	info := resp.Info
 	if err := checkPicks(info, n, slots.len()); err != nil {
 		return SampleInfo{}, err
@@ -514,8 +574,9 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	return call[Stats](ctx, c, MethodStats, nameRequest{Name: c.name})
 }
 
-// Close closes the connection and unmaps the storage, after the calls in
-// flight return.
+// Close closes the connection, waits for the calls using the mappings to
+// return (they fail with ErrClosed, or finish a copy under way) and
+// unmaps them. Every call from then on returns ErrClosed.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -523,67 +584,61 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
+	v := c.cur
+	c.cur = nil
+	v.refs--
+	last := v.refs == 0
 	c.mu.Unlock()
+	if last {
+		v.unmap()
+	}
 	c.stop()            // ends a prefetch
 	err := c.rc.Close() // calls in flight fail now
-	c.use.Lock()
-	defer c.use.Unlock()
+	c.views.Wait()
+	return err
+}
+
+func (c *Client) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.unmapLocked()
-	return err
+	return c.closed
 }
 
 // call is rpc.Call of c's node, retried as retry says; ErrClosed once c is
 // closed.
 func call[Resp, Req any](ctx context.Context, c *Client, method string, req Req) (Resp, error) {
 	var resp Resp
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
+	if c.isClosed() {
 		return resp, ErrClosed
 	}
 	err := c.retry(ctx, func() (err error) {
 		resp, err = rpc.Call[Resp](ctx, c.rc, method, req)
 		return err
 	})
+	if err != nil && c.isClosed() {
+		return resp, ErrClosed // Close cut the call
+	}
 	return resp, err
 }
 
 // retry runs call until it succeeds, fails with an error other than
 // Unavailable, or ctx ends; Unavailable (the node unreachable, or the
-// connection broken) is tried again after a backoff of 20 ms doubling to
-// 1 s. Errors match their replay sentinels by their reasons (errors.go).
+// connection broken) is tried again after a backoff with full jitter, its
+// bound 20 ms doubling to 1 s (internal/backoff): the writers of a node
+// that restarts come back spread out, not in lock-step. Errors match their
+// replay sentinels by their reasons (errors.go).
 func (c *Client) retry(ctx context.Context, call func() error) error {
-	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+	wait := backoff.Backoff{Base: 20 * time.Millisecond, Max: time.Second}
+	for {
 		err := call()
 		if err == nil || !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, rpc.ErrClosed) {
 			return err
 		}
-		c.mu.Lock()
-		closed := c.closed
-		c.mu.Unlock()
-		if closed {
+		if c.isClosed() {
 			return ErrClosed
 		}
-		if errors.Is(err, rpc.ErrClosed) {
-			return err
+		if werr := wait.Wait(ctx); werr != nil {
+			return fmt.Errorf("%w; the node was unreachable: %w", werr, err)
 		}
-		if serr := sleep(ctx, wait); serr != nil {
-			return fmt.Errorf("%w; the node was unreachable: %w", serr, err)
-		}
-	}
-}
-
-// sleep waits for d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

@@ -47,83 +47,245 @@ type Config struct {
 }
 
 // Sampler is how a buffer chooses the transitions a sample returns. Build
-// one with Uniform, WithoutReplacement, Prioritized or FIFO; the zero value
-// is Uniform.
+// one with Uniform, WithoutReplacement, Prioritized or FIFO, or from its
+// text with ParseSampler; the zero value is Uniform.
 type Sampler struct{ spec selector.Spec }
 
 // Uniform samples committed transitions uniformly, with replacement.
-func Uniform() Sampler { return Sampler{selector.Spec{Kind: "uniform"}} }
+func Uniform() Sampler { return Sampler{selector.Spec{Kind: selector.KindUniform}} }
 
 // WithoutReplacement samples in epochs: every committed transition once per
 // epoch, in random order, before any is sampled again. Transitions committed
 // during an epoch join the next one. Within one batch no transition repeats
 // when the buffer holds at least as many as the batch.
-func WithoutReplacement() Sampler { return Sampler{selector.Spec{Kind: "without_replacement"}} }
+func WithoutReplacement() Sampler {
+	return Sampler{selector.Spec{Kind: selector.KindWithoutReplacement}}
+}
 
 // Prioritized samples transition i with probability (p_i+eps)^alpha / sum_j
 // (p_j+eps)^alpha, where p_i is its priority (UpdatePriority; new
 // transitions get the largest priority seen so far, 1 at first), and gives
 // it the importance weight (N P(i))^-beta normalised so the largest is 1
-// (Schaul et al., as torchrl's PrioritizedSampler). eps is 1e-8 if zero.
+// (Schaul et al., as torchrl's PrioritizedSampler). eps is 1e-8.
 func Prioritized(alpha, beta float64) Sampler {
-	return Sampler{selector.Spec{Kind: "prioritized", Alpha: alpha, Beta: beta, Eps: 1e-8}}
+	return Sampler{selector.Spec{Kind: selector.KindPrioritized, Alpha: alpha, Beta: beta, Eps: 1e-8}}
 }
 
 // FIFO makes the buffer a queue: a sample returns the oldest committed
 // transitions and removes them, so each is sampled once (Reverb's Queue).
 // A sample waits until the buffer holds the whole batch.
-func FIFO() Sampler { return Sampler{selector.Spec{Kind: "fifo"}} }
+func FIFO() Sampler { return Sampler{selector.Spec{Kind: selector.KindFIFO}} }
 
-// String names the sampler and its parameters.
-func (s Sampler) String() string {
-	sp := s.normal()
-	if sp.Kind == "prioritized" {
-		return fmt.Sprintf("prioritized(alpha=%g, beta=%g)", sp.Alpha, sp.Beta)
+// ParseSampler returns the sampler text names, as String writes it: a
+// kind, alone or with parameters in parentheses,
+// "prioritized(alpha=0.6, beta=0.4)". The kinds are those of SamplerKinds;
+// Prioritized's parameters are alpha, beta and eps, and those left out take
+// their defaults (0.6, 0.4 and 1e-8). An unknown kind, a parameter the
+// kind does not take, or a value out of range is ErrConfig.
+//
+// The command line's sampler= and replay.json's sampler kind are read by
+// the same rules, and the node describes its buffers' samplers on the wire
+// in this text (Stats.Sampler).
+func ParseSampler(text string) (Sampler, error) {
+	spec, err := selector.ParseSpec(text)
+	if err != nil {
+		return Sampler{}, fmt.Errorf("%w: sampler: %w", ErrConfig, err)
 	}
-	return sp.Kind
+	return Sampler{spec}, nil
 }
 
-// Kind names the sampler's kind: "uniform", "without_replacement",
-// "prioritized" or "fifo".
-func (s Sampler) Kind() string { return s.normal().Kind }
+// SamplerKinds returns the kinds of sampler ParseSampler knows:
+// "uniform", "without_replacement", "prioritized" and "fifo".
+func SamplerKinds() []string {
+	var out []string
+	for _, k := range selector.Kinds() {
+		out = append(out, string(k))
+	}
+	return out
+}
 
-// Params returns a Prioritized sampler's alpha and beta; 0 and 0 for the
-// other kinds.
-func (s Sampler) Params() (alpha, beta float64) {
-	sp := s.normal()
-	return sp.Alpha, sp.Beta
+// String names the sampler and its parameters, as ParseSampler reads
+// them: "uniform", "prioritized(alpha=0.6, beta=0.4)".
+func (s Sampler) String() string { return s.normal().String() }
+
+// MarshalText returns String's text.
+func (s Sampler) MarshalText() ([]byte, error) {
+	if err := s.normal().Validate(); err != nil {
+		return nil, fmt.Errorf("%w: sampler: %w", ErrConfig, err)
+	}
+	return []byte(s.String()), nil
+}
+
+// UnmarshalText sets s to the sampler text names (ParseSampler).
+func (s *Sampler) UnmarshalText(text []byte) error {
+	p, err := ParseSampler(string(text))
+	if err != nil {
+		return err
+	}
+	*s = p
+	return nil
+}
+
+// Kind names the sampler's kind, one of SamplerKinds.
+func (s Sampler) Kind() string { return string(s.normal().Kind) }
+
+// Params returns the parameters the sampler's kind takes, by name, with
+// their values: alpha, beta and eps for Prioritized; none for the other
+// kinds.
+func (s Sampler) Params() map[string]float64 { return s.normal().Params() }
+
+// WithParam returns s with the parameter called name set to v, the others
+// as they are; ErrConfig if s's kind takes no such parameter or v is out of
+// range.
+func (s Sampler) WithParam(name string, v float64) (Sampler, error) {
+	spec, err := s.normal().With(name, v)
+	if err != nil {
+		return s, fmt.Errorf("%w: sampler: %w", ErrConfig, err)
+	}
+	return Sampler{spec}, nil
 }
 
 func (s Sampler) normal() selector.Spec {
 	if s.spec.Kind == "" {
-		return selector.Spec{Kind: "uniform"}
+		return selector.Spec{Kind: selector.KindUniform}
 	}
 	return s.spec
 }
 
 // Writer is how a buffer chooses the slots new transitions go to. Build one
-// with RoundRobin or TopK; the zero value is RoundRobin.
-type Writer struct {
-	Kind string   `json:"kind"`          // "round_robin" or "top_k"
-	Key  []string `json:"key,omitempty"` // top_k: the ranking key
+// with RoundRobin or TopK, or from its text with ParseWriter; the zero value
+// is RoundRobin.
+type Writer struct{ spec writerSpec }
+
+// writerKind is a kind of writer, as replay.json and the wire spell it.
+type writerKind string
+
+// The kinds of writer.
+const (
+	writerRoundRobin writerKind = "round_robin"
+	writerTopK       writerKind = "top_k"
+)
+
+// writerSpec is a Writer as replay.json and the wire carry it: an object
+// with its kind and, for top-k, the ranking key.
+type writerSpec struct {
+	Kind writerKind `json:"kind"`
+	Key  []string   `json:"key,omitempty"` // top_k: the ranking key
 }
 
 // RoundRobin writes transitions into slots in turn, overwriting the oldest
 // once the buffer is full (torchrl's RoundRobinWriter).
-func RoundRobin() Writer { return Writer{Kind: "round_robin"} }
+func RoundRobin() Writer { return Writer{writerSpec{Kind: writerRoundRobin}} }
 
 // TopK keeps the Capacity transitions with the largest value at key, a
 // tensor with one element per transition (torchrl's
 // TensorDictMaxValueWriter): once the buffer is full a new transition
 // replaces the smallest only if its value is larger, and is dropped
 // otherwise (its index is -1).
-func TopK(key ...string) Writer { return Writer{Kind: "top_k", Key: slices.Clone(key)} }
+func TopK(key ...string) Writer {
+	return Writer{writerSpec{Kind: writerTopK, Key: slices.Clone(key)}}
+}
 
-func (w Writer) normal() Writer {
-	if w.Kind == "" {
-		return RoundRobin()
+// ParseWriter returns the writer text names, as String writes it:
+// "round_robin", or "top_k(key=K)" with K the ranking key, nested keys
+// joined by "/" ("top_k(key=next/reward)"). An unknown kind, or a top-k
+// writer without a key, is ErrConfig.
+func ParseWriter(text string) (Writer, error) {
+	name, args, hasArgs := strings.Cut(text, "(")
+	w := Writer{writerSpec{Kind: writerKind(name)}}
+	if hasArgs {
+		key, prefixed := strings.CutPrefix(args, "key=")
+		key, closed := strings.CutSuffix(key, ")")
+		if !prefixed || !closed || w.spec.Kind != writerTopK {
+			return Writer{}, fmt.Errorf("%w: writer %q: want round_robin or top_k(key=K)", ErrConfig, text)
+		}
+		w.spec.Key = strings.Split(key, "/")
 	}
-	return w
+	if err := w.spec.validate(); err != nil {
+		return Writer{}, err
+	}
+	return w, nil
+}
+
+// validate checks a writer's kind and key.
+func (w writerSpec) validate() error {
+	switch w.Kind {
+	case writerRoundRobin:
+		if len(w.Key) != 0 {
+			return fmt.Errorf("%w: the round-robin writer takes no key (%v given)", ErrConfig, w.Key)
+		}
+	case writerTopK:
+		if len(w.Key) == 0 || slices.Contains(w.Key, "") {
+			return fmt.Errorf("%w: top-k writer without a key, or with an empty one (%q)", ErrConfig, w.Key)
+		}
+	default:
+		return fmt.Errorf("%w: writer %q; want %s or %s", ErrConfig, w.Kind, writerRoundRobin, writerTopK)
+	}
+	return nil
+}
+
+// String names the writer, as ParseWriter reads it.
+func (w Writer) String() string {
+	n := w.normal()
+	if n.Kind == writerTopK {
+		return fmt.Sprintf("%s(key=%s)", n.Kind, strings.Join(n.Key, "/"))
+	}
+	return string(n.Kind)
+}
+
+// MarshalText returns String's text.
+func (w Writer) MarshalText() ([]byte, error) {
+	if err := w.normal().validate(); err != nil {
+		return nil, err
+	}
+	return []byte(w.String()), nil
+}
+
+// UnmarshalText sets w to the writer text names (ParseWriter).
+func (w *Writer) UnmarshalText(text []byte) error {
+	p, err := ParseWriter(string(text))
+	if err != nil {
+		return err
+	}
+	*w = p
+	return nil
+}
+
+// Kind names the writer's kind: "round_robin" or "top_k".
+func (w Writer) Kind() string { return string(w.normal().Kind) }
+
+// Key returns a top-k writer's ranking key; nil for round robin.
+func (w Writer) Key() []string { return slices.Clone(w.normal().Key) }
+
+// ranks reports whether the writer needs each transition's ranking key.
+func (w Writer) ranks() bool { return w.normal().Kind == writerTopK }
+
+// equal reports whether two writers are the same kind with the same key.
+func (w Writer) equal(o Writer) bool {
+	a, b := w.normal(), o.normal()
+	return a.Kind == b.Kind && slices.Equal(a.Key, b.Key)
+}
+
+// footprint returns about how many bytes of memory the writer of a buffer
+// of capacity slots holds.
+func (w Writer) footprint(capacity int) uint64 {
+	if w.normal().Kind != writerTopK {
+		return 0
+	}
+	// Its free list and its heap of (slot, key), and the free list Create
+	// or Open builds.
+	const perSlot = 32
+	if uint64(capacity) > math.MaxUint64/perSlot {
+		return math.MaxUint64
+	}
+	return perSlot * uint64(capacity)
+}
+
+func (w Writer) normal() writerSpec {
+	if w.spec.Kind == "" && w.spec.Key == nil {
+		return writerSpec{Kind: writerRoundRobin}
+	}
+	return w.spec
 }
 
 // RateLimit is a rate limiter as Reverb's SampleToInsertRatio: sampling waits
@@ -144,7 +306,7 @@ type RateLimit struct {
 // cloneConfig returns a copy of c that shares no slice with it.
 func cloneConfig(c Config) Config {
 	c.Schema = c.Schema.Clone()
-	c.Writer.Key = slices.Clone(c.Writer.Key)
+	c.Writer.spec.Key = slices.Clone(c.Writer.spec.Key)
 	return c
 }
 
@@ -179,15 +341,9 @@ func (c *Config) validate() error {
 	if err := c.Sampler.spec.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	c.Writer = c.Writer.normal()
-	switch c.Writer.Kind {
-	case "round_robin":
-	case "top_k":
-		if len(c.Writer.Key) == 0 {
-			return fmt.Errorf("%w: top-k writer without a key", ErrConfig)
-		}
-	default:
-		return fmt.Errorf("%w: writer %q", ErrConfig, c.Writer.Kind)
+	c.Writer = Writer{c.Writer.normal()}
+	if err := c.Writer.spec.validate(); err != nil {
+		return err
 	}
 	if c.Schema != nil {
 		if err := c.Schema.Validate(); err != nil {
@@ -199,7 +355,7 @@ func (c *Config) validate() error {
 	}
 	if need, have := c.memory(), memoryLimit(); need > have {
 		return fmt.Errorf("%w: capacity %d needs about %s of memory for the %s sampler and the %s writer; this machine has %s",
-			ErrConfig, c.Capacity, progress.Bytes(float64(need)), c.Sampler.spec.Kind, c.Writer.Kind, progress.Bytes(float64(have)))
+			ErrConfig, c.Capacity, progress.Bytes(float64(need)), c.Sampler.spec.Kind, c.Writer.spec.Kind, progress.Bytes(float64(have)))
 	}
 	return nil
 }
@@ -213,16 +369,11 @@ const maxCapacity = math.MaxInt64 / (slotFields * 8)
 // storage are mapped files, not counted). c is normalised.
 func (c *Config) memory() uint64 {
 	need := selector.Footprint(c.Sampler.spec, c.Capacity)
-	if c.Writer.Kind == "top_k" {
-		// Its free list and its heap of (slot, key), and the free list
-		// Create or Open builds.
-		perSlot := uint64(32)
-		if uint64(c.Capacity) > math.MaxUint64/perSlot-need {
-			return math.MaxUint64
-		}
-		need += perSlot * uint64(c.Capacity)
+	w := c.Writer.footprint(c.Capacity)
+	if need > math.MaxUint64-w {
+		return math.MaxUint64
 	}
-	return need
+	return need + w
 }
 
 // memoryLimit returns the memory this process may use: the machine's, or

@@ -129,7 +129,7 @@ func TestOpenWith_ChangesWhatCanChange(t *testing.T) {
 	}
 
 	b, err = OpenWith(prefix, func(c Config) (Config, error) {
-		if a, be := c.Sampler.Params(); c.Sampler.Kind() != "prioritized" || a != 0.6 || be != 0.4 || c.Capacity != 8 {
+		if p := c.Sampler.Params(); c.Sampler.Kind() != "prioritized" || p["alpha"] != 0.6 || p["beta"] != 0.4 || c.Capacity != 8 {
 			t.Errorf("change was given %+v", c)
 		}
 		c.Sampler, c.Lease, c.Limit.MinSize = Prioritized(1, 1), 5*time.Second, 2
@@ -139,7 +139,7 @@ func TestOpenWith_ChangesWhatCanChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := b.Config()
-	if a, be := got.Sampler.Params(); a != 1 || be != 1 || got.Lease != 5*time.Second || got.Limit.MinSize != 2 {
+	if p := got.Sampler.Params(); p["alpha"] != 1 || p["beta"] != 1 || got.Lease != 5*time.Second || got.Limit.MinSize != 2 {
 		t.Errorf("Config after the change: %+v", got)
 	}
 	if b.Len() != 3 {

@@ -6,8 +6,9 @@
 // A Buffer holds a fixed number of transitions (Config.Capacity) at a
 // prefix: the storage (a tensordict memmap that Python reads too), a slot
 // table and a metadata file. A writer policy chooses where new transitions
-// go (RoundRobin, TopK), a sampler what a sample returns (Uniform,
-// WithoutReplacement, Prioritized, FIFO), and a rate limiter when inserts
+// go (RoundRobin, TopK; ParseWriter), a sampler what a sample returns
+// (Uniform, WithoutReplacement, Prioritized, FIFO; ParseSampler), and a
+// rate limiter when inserts
 // and samples may go ahead (RateLimit, as Reverb's). Everything is safe for
 // many writers and samplers at once.
 //
@@ -25,15 +26,17 @@
 // copied after copying them, sampling again those that changed. A slot is
 // sampled only once its writer has committed it; a reservation not committed
 // within Config.Lease expires and its slots are emptied, so a dead writer
-// blocks nobody and leaves nothing half-written to be sampled. (The one
-// gap: a writer sharing the filesystem that is frozen mid-copy for longer
-// than an eighth of the lease can land late bytes in a slot handed to
-// another writer since, which no generation check sees; docs/replay.md,
-// "The lease".) The slot
-// table is a shared mapping, so a buffer process killed at any moment
-// reopens (Open) with every transition it had committed and its priority;
-// Checkpoint adds durability against a machine crash. A client retries
-// calls while its node is unreachable and never adds a batch twice.
+// blocks nobody and leaves nothing half-written to be sampled.
+//
+// The one gap: a writer sharing the filesystem that is frozen mid-copy for
+// longer than an eighth of the lease can land late bytes in a slot handed
+// to another writer since, which no generation check sees (docs/replay.md,
+// "The lease").
+//
+// The slot table is a shared mapping, so a buffer process killed at any
+// moment reopens (Open) with every transition it had committed and its
+// priority; Checkpoint adds durability against a machine crash. A client
+// retries calls while its node is unreachable and never adds a batch twice.
 //
 // A buffer has one owner: Create and Open hold its lock file (LockFile)
 // until Close, and a second opener, in any process, gets ErrInUse naming

@@ -97,7 +97,7 @@ func ExampleDial() {
 		log.Fatal(err)
 	}
 	defer c.Close()
-	fmt.Println("mode:", c.Mode())
+	fmt.Println("shared filesystem:", c.SharedFS())
 	if _, err := c.Extend(ctx, batch(64, 0)); err != nil {
 		log.Fatal(err)
 	}
@@ -107,6 +107,6 @@ func ExampleDial() {
 	}
 	fmt.Println("sampled:", td.BatchSize())
 	// Output:
-	// mode: ref
+	// shared filesystem: true
 	// sampled: [32]
 }

@@ -108,8 +108,8 @@ func checkExtend(td *tensordict.TensorDict, priorities []float64, w Writer) (n i
 	if err := checkPriorities(priorities, n); err != nil {
 		return 0, nil, err
 	}
-	if w.Kind == "top_k" {
-		if keys, err = rankKeys(td, w.Key); err != nil {
+	if w.ranks() {
+		if keys, err = rankKeys(td, w.spec.Key); err != nil {
 			return 0, nil, err
 		}
 	}
@@ -150,8 +150,8 @@ func (b *Buffer) reserve(ctx context.Context, schema tensordict.RowSchema, n int
 	if n > b.cfg.Capacity || n > 1<<rowBits {
 		return nil, nil, schemaErrorf("a batch of %d transitions does not fit a buffer of %d (or is over %d)", n, b.cfg.Capacity, 1<<rowBits)
 	}
-	if (keys != nil || b.cfg.Writer.Kind == "top_k") && len(keys) != n {
-		return nil, nil, schemaErrorf("%d keys for %d transitions (the writer is %s)", len(keys), n, b.cfg.Writer.Kind)
+	if (keys != nil || b.cfg.Writer.ranks()) && len(keys) != n {
+		return nil, nil, schemaErrorf("%d keys for %d transitions (the writer is %s)", len(keys), n, b.cfg.Writer)
 	}
 	for i, k := range keys {
 		if math.IsNaN(k) {

@@ -106,8 +106,8 @@ func helperStuckWriter(t *testing.T) error {
 	if err != nil {
 		return err
 	}
-	if c.Mode() != "ref" {
-		return fmt.Errorf("mode %s", c.Mode())
+	if !c.SharedFS() {
+		return fmt.Errorf("the client does not share the node's filesystem")
 	}
 	td := transitions(t, seq(stuckFirstID, stuckFirstID+8)...)
 	r, err := rpc.Call[reserveResponse](ctx, c.rc, MethodReserve,
@@ -115,14 +115,15 @@ func helperStuckWriter(t *testing.T) error {
 	if err != nil {
 		return err
 	}
-	if err := c.refresh(ctx, r.ID); err != nil {
+	v, err := c.viewOf(ctx, r.ID)
+	if err != nil {
 		return err
 	}
 	half, err := td.Slice(0, 4)
 	if err != nil {
 		return err
 	}
-	if err := c.storage.SetRows(r.Slots[:4], half); err != nil {
+	if err := v.storage.SetRows(r.Slots[:4], half); err != nil {
 		return err
 	}
 	fmt.Println("WRITING", strings.Trim(fmt.Sprint(r.Slots), "[]"))

@@ -21,6 +21,7 @@ import (
 type node struct {
 	b    *Buffer
 	s    *rpc.Server
+	svc  *Service
 	addr string
 	done chan error
 }
@@ -54,7 +55,7 @@ func serve(t testing.TB, root, name string, b *Buffer, addr string) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{b: b, s: s, addr: l.Addr().String(), done: make(chan error, 1)}
+	n := &node{b: b, s: s, svc: svc, addr: l.Addr().String(), done: make(chan error, 1)}
 	go func() { n.done <- s.Serve(l) }()
 	t.Cleanup(n.stop)
 	return n
@@ -71,9 +72,9 @@ func (n *node) stop() {
 	n.s = nil
 }
 
-func dialBuffer(t testing.TB, addr, name, root, mode string) *Client {
+func dialBuffer(t testing.TB, addr, name, root, mode string, extra ...DialOption) *Client {
 	t.Helper()
-	opts := []DialOption{WithRoot(root)}
+	opts := append([]DialOption{WithRoot(root)}, extra...)
 	switch mode {
 	case "bytes":
 		opts = append(opts, WithBytes())
@@ -85,8 +86,8 @@ func dialBuffer(t testing.TB, addr, name, root, mode string) *Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	if c.Mode() != mode {
-		t.Fatalf("Mode() = %s, want %s", c.Mode(), mode)
+	if c.SharedFS() != (mode == "ref") {
+		t.Fatalf("SharedFS() = %v in mode %s", c.SharedFS(), mode)
 	}
 	return c
 }
@@ -151,7 +152,8 @@ func TestRemote_NoTransitionBytesByReference(t *testing.T) {
 			root := t.TempDir()
 			n := serveBuffer(t, root, "buf", Config{Capacity: 64})
 			p := proctest.StartProxy(t, n.addr)
-			c := dialBuffer(t, p.Addr, "buf", root, mode)
+			// Uncompressed: these rows would compress, and the test counts them.
+			c := dialBuffer(t, p.Addr, "buf", root, mode, WithRPC(rpc.WithCompression(false)))
 			td := transitionsSized(t, side, seq(0, batch)...)
 			if _, err := c.Extend(ctxT(t), td); err != nil {
 				t.Fatal(err)
@@ -327,30 +329,47 @@ func TestCheckPicks(t *testing.T) {
 	}
 }
 
-// TestClient_AdoptAnotherBufferDropsMappings: a description of another
-// buffer under the name (created anew, its schema not known yet) drops
-// the mappings of the old one, which would otherwise pass for the new
-// one's once the ids matched; the next call maps the buffer served now.
-func TestClient_AdoptAnotherBufferDropsMappings(t *testing.T) {
+// TestClient_AnotherBufferDropsMappings: a view of another buffer under
+// the name (created anew, its schema not known yet) drops the mappings of
+// the old one, which would otherwise pass for the new one's once the ids
+// matched; the next call maps the buffer served now.
+func TestClient_AnotherBufferDropsMappings(t *testing.T) {
 	root := t.TempDir()
 	n := serveBuffer(t, root, "buf", Config{Capacity: 8, Schema: testSchema})
 	c := dialBuffer(t, n.addr, "buf", root, "ref")
 	extend(t, c, 1)
-	c.use.Lock()
-	err := c.adopt(infoResponse{ID: "another", Capacity: 8, LeaseMS: 30_000})
-	c.use.Unlock()
+	old, err := c.acquire()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if storage, slots, schema, _ := c.mapping(); storage != nil || slots != nil || schema != nil {
-		t.Fatalf("after adopting another buffer without a schema: storage %v, slots %v, schema %v; want none", storage != nil, slots != nil, schema)
+	v, err := c.newView(infoResponse{ID: "another", Capacity: 8, LeaseMS: 30_000})
+	if err != nil {
+		t.Fatal(err)
 	}
+	if err := c.swap(v); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	refs := old.refs
+	c.mu.Unlock()
+	committed := state(old.slots.word(0)) == stateCommitted // mapped still: no fault
+	c.release(old)
+	if refs != 1 || !committed {
+		t.Fatalf("the old view, still held by a call, has %d references; slot 0 committed: %v", refs, committed)
+	}
+	cur, _ := c.acquire()
+	if cur.storage != nil || cur.slots != nil || cur.schema != nil {
+		t.Fatalf("after a view of another buffer without a schema: storage %v, slots %v, schema %v; want none", cur.storage != nil, cur.slots != nil, cur.schema)
+	}
+	c.release(cur)
 	if got := extend(t, c, 2); !slices.Equal(got, []int{1}) {
 		t.Fatalf("the next batch went to %v", got)
 	}
-	if storage, _, _, _ := c.mapping(); storage == nil {
+	cur, _ = c.acquire()
+	if cur.storage == nil {
 		t.Fatal("the next Extend did not map the buffer again")
 	}
+	c.release(cur)
 	td, _, err := c.Sample(ctxT(t), 50)
 	if err != nil {
 		t.Fatal(err)
@@ -458,5 +477,47 @@ func TestSample_BatchSizeMustBePositive(t *testing.T) {
 				t.Errorf("%s: Sample(%d): %v; want InvalidArgument", mode, tc.n, err)
 			}
 		}
+	}
+}
+
+// TestService_Remove: once a buffer is removed from the Service, calls for
+// its name fail with ErrNotFound (NotFound on the wire), and so does a new
+// Dial; the buffer itself stays open, and serving it again under the name
+// brings the calls back. Removing a name not served does nothing.
+func TestService_Remove(t *testing.T) {
+	root := t.TempDir()
+	n := serveBuffer(t, root, "buf", Config{Capacity: 8, Schema: testSchema})
+	for _, mode := range modes {
+		c := dialBuffer(t, n.addr, "buf", root, mode)
+		extend(t, c, 1)
+	}
+	c := dialBuffer(t, n.addr, "buf", root, "bytes")
+	n.svc.Remove("buf")
+	n.svc.Remove("never served")
+	for name, call := range map[string]func() error{
+		"Stats":      func() error { _, err := c.Stats(ctxT(t)); return err },
+		"Extend":     func() error { _, err := c.Extend(ctxT(t), transitions(t, 2)); return err },
+		"Sample":     func() error { _, _, err := c.Sample(ctxT(t), 1); return err },
+		"Checkpoint": func() error { return c.Checkpoint(ctxT(t)) },
+		"Dial": func() error {
+			c, err := Dial(ctxT(t), n.addr, "buf")
+			if err == nil {
+				c.Close()
+			}
+			return err
+		},
+	} {
+		if err := call(); !errors.Is(err, ErrNotFound) || !errors.Is(err, rpc.ErrNotFound) {
+			t.Errorf("%s after Remove: %v; want ErrNotFound", name, err)
+		}
+	}
+	if _, err := n.b.Stats(); err != nil {
+		t.Errorf("the removed buffer: Stats %v; it stays open", err)
+	}
+	if err := n.svc.Add("buf", n.b); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Stats(ctxT(t)); err != nil || st.Size != 2 {
+		t.Errorf("Stats once served again: %+v, %v; want the 2 transitions", st, err)
 	}
 }

@@ -186,7 +186,7 @@ func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
 	for _, s := range info.Indices[start:] {
 		info.IDs = append(info.IDs, gen(b.slots.word(s))) // committed: the sampler holds only those
 	}
-	if b.cfg.Sampler.spec.Kind == "fifo" {
+	if b.cfg.Sampler.spec.Kind.Consumes() {
 		for _, s := range info.Indices[start:] {
 			b.slots.setPriority(s, consumed)
 		}

@@ -46,7 +46,7 @@ func TestSamplers_Distributions(t *testing.T) {
 				for i, id := range rowIDs(t, td) {
 					counts[id]++
 					want := 1.0
-					if tc.sampler.spec.Kind == "prioritized" {
+					if tc.sampler.Kind() == "prioritized" {
 						n := float64(len(prio))
 						want = math.Pow(n*q[id]/sum, -tc.beta) / math.Pow(n*qmin/sum, -tc.beta)
 					}

@@ -3,12 +3,8 @@ package replay
 import (
 	"context"
 	"fmt"
-	"path/filepath"
-	"runtime"
 	"slices"
-	"strings"
 	"sync"
-	"time"
 
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -34,7 +30,7 @@ const (
 // A Service is safe for concurrent use; buffers can be added and removed
 // while it serves.
 type Service struct {
-	root    string
+	srv     *rpc.Server // its Rel names prefixes; its Stats give NodeHeap
 	mu      sync.RWMutex
 	buffers map[string]served
 }
@@ -47,7 +43,7 @@ type served struct {
 // Register adds the replay service's methods to s and returns the Service,
 // empty: Add buffers to it. Call it once per server.
 func Register(s *rpc.Server) (*Service, error) {
-	svc := &Service{root: s.Root(), buffers: map[string]served{}}
+	svc := &Service{srv: s, buffers: map[string]served{}}
 	if err := registerMethods(s, svc); err != nil {
 		return nil, err
 	}
@@ -65,7 +61,8 @@ func (svc *Service) Add(name string, b *Buffer) error {
 	if _, dup := svc.buffers[name]; dup {
 		return fmt.Errorf("%w: a buffer named %q is already served", ErrExists, name)
 	}
-	svc.buffers[name] = served{b: b, rel: relativeTo(svc.root, b.Prefix())}
+	rel, _ := svc.srv.Rel(b.Prefix())
+	svc.buffers[name] = served{b: b, rel: rel}
 	return nil
 }
 
@@ -75,26 +72,6 @@ func (svc *Service) Remove(name string) {
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
 	delete(svc.buffers, name)
-}
-
-// relativeTo returns path relative to root, slash-separated, or "" if it is
-// not under root.
-func relativeTo(root, path string) string {
-	if root == "" {
-		return ""
-	}
-	abs, err := filepath.Abs(path)
-	if err == nil {
-		abs, err = filepath.EvalSymlinks(abs)
-	}
-	if err != nil {
-		return ""
-	}
-	r, err := filepath.Rel(root, abs)
-	if err != nil || r == ".." || strings.HasPrefix(r, "../") {
-		return ""
-	}
-	return filepath.ToSlash(r)
 }
 
 func (svc *Service) lookup(name string) (served, error) {
@@ -118,7 +95,7 @@ type (
 		Capacity int                  `codec:"capacity"`
 		Schema   tensordict.RowSchema `codec:"schema"` // per transition; nil until the first batch
 		Sampler  string               `codec:"sampler"`
-		Writer   Writer               `codec:"writer"` // a top-k writer's clients send each transition's key
+		Writer   writerSpec           `codec:"writer"` // a top-k writer's clients send each transition's key
 		LeaseMS  int64                `codec:"lease_ms"`
 	}
 	reserveRequest struct {
@@ -191,7 +168,7 @@ func (svc *Service) info(_ context.Context, req infoRequest) (infoResponse, erro
 	b := sb.b
 	return infoResponse{
 		ID: b.id, Prefix: sb.rel, Capacity: b.cfg.Capacity, Schema: b.Schema(),
-		Sampler: b.cfg.Sampler.String(), Writer: b.cfg.Writer, LeaseMS: b.cfg.Lease.Milliseconds(),
+		Sampler: b.cfg.Sampler.String(), Writer: b.cfg.Writer.normal(), LeaseMS: b.cfg.Lease.Milliseconds(),
 	}, nil
 }
 
@@ -322,25 +299,6 @@ func (svc *Service) stats(_ context.Context, req nameRequest) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	st.NodeHeap = nodeHeap()
+	st.NodeHeap = svc.srv.Stats().HeapBytes
 	return st, nil
 }
-
-// nodeHeap returns the Go heap in use by this process, read at most every
-// 100 ms (runtime.ReadMemStats stops the world briefly).
-func nodeHeap() uint64 {
-	heapMu.Lock()
-	defer heapMu.Unlock()
-	if time.Since(heapAt) > 100*time.Millisecond {
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		heapBytes, heapAt = ms.HeapInuse, time.Now()
-	}
-	return heapBytes
-}
-
-var (
-	heapMu    sync.Mutex
-	heapAt    time.Time
-	heapBytes uint64
-)

@@ -22,6 +22,37 @@ type slotChooser interface {
 	expired(slot int)
 }
 
+// newSlotChooser returns the slot chooser of writer w for a buffer whose
+// slot table is t, as t stands (no slot in it is being written): for a new
+// buffer, or one reopened once its uncommitted slots were emptied. Round
+// robin resumes after the newest row; top-k takes the committed slots as
+// its heap and the others as free.
+func newSlotChooser(w Writer, t *slotTable) slotChooser {
+	capacity := t.len()
+	if !w.ranks() {
+		rr := &roundRobin{capacity: capacity}
+		var newest uint64
+		for s := range capacity {
+			if seq := t.seq(s); seq > newest {
+				newest, rr.next = seq, (s+1)%capacity
+			}
+		}
+		return rr
+	}
+	tk := &topK{}
+	for s := capacity - 1; s >= 0; s-- {
+		if state(t.word(s)) != stateCommitted {
+			tk.free = append(tk.free, s) // taken from the end: slot 0 first
+		}
+	}
+	for s := range capacity {
+		if state(t.word(s)) == stateCommitted {
+			tk.committed(s, t.key(s))
+		}
+	}
+	return tk
+}
+
 // roundRobin takes slots in turn, overwriting the oldest once the buffer is
 // full, and skips slots other writers hold.
 type roundRobin struct{ next, capacity int }
@@ -53,10 +84,6 @@ type topK struct {
 	free []int   // empty slots, not reserved; taken from the end
 	heap keyHeap // committed slots by key, smallest first
 }
-
-// newTopK returns a top-k writer whose free slots are free, taken from the
-// end.
-func newTopK(free []int) *topK { return &topK{free: free} }
 
 func (w *topK) choose(_ *slotTable, n int, keys []float64) ([]int, error) {
 	order := make([]int, n) // rows, largest key first

@@ -1,7 +1,6 @@
 package rpc
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"math/bits"
@@ -28,7 +27,7 @@ func bodySize(parts []bodyPart) int64 {
 
 // writeParts writes the parts' bytes to w in order: a Go-memory tensor
 // straight from its memory, a mapped one through a pooled buffer.
-func writeParts(w *bufio.Writer, parts []bodyPart) error {
+func writeParts(w io.Writer, parts []bodyPart) error {
 	for _, p := range parts {
 		rb := p.t.RowBytes()
 		if !p.t.Mapped() {
@@ -83,10 +82,12 @@ func copyMapped(w io.Writer, t *tensordict.Tensor, off, n int64) error {
 	return nil
 }
 
-// bodyReader reads a message's body into tensors, refusing to read past it.
+// bodyReader reads a message's body into tensors, refusing to read past it
+// (newBodyReader).
 type bodyReader struct {
 	r io.Reader
-	n int64 // bytes left
+	n int64     // bytes left (decompressed)
+	z *inflater // set when the body is compressed: r reads from z
 }
 
 // fill reads t's bytes (a Go-memory tensor) from the body.
@@ -99,15 +100,26 @@ func (b *bodyReader) fill(t *tensordict.Tensor) error {
 		return Errorf(InvalidArgument, "body too short: a %v tensor needs %d bytes, %d left", t.Shape(), len(dst), b.n)
 	}
 	if _, err := io.ReadFull(b.r, dst); err != nil {
+		if b.z != nil {
+			return b.z.fillErr(err)
+		}
 		return &streamError{unexpected(err)}
 	}
 	b.n -= int64(len(dst))
+	if b.n == 0 && b.z != nil {
+		return b.z.end()
+	}
 	return nil
 }
 
 // drain discards what is left of the body, so the stream can carry the
 // next message.
 func (b *bodyReader) drain() error {
+	if b.z != nil {
+		z := b.z
+		b.z, b.n = nil, 0
+		return z.drain()
+	}
 	if b.n == 0 {
 		return nil
 	}

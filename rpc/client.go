@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -41,9 +42,11 @@ var ErrClosed = &Error{Code: Unavailable, Msg: "client is closed"}
 
 // clientConn is one connection and its idle streams.
 type clientConn struct {
-	sess *yamux.Session
-	link link
-	dog  *watchdog
+	sess    *yamux.Session
+	fc      *frameConn
+	version uint8 // the protocol version the connection speaks
+	link    link
+	dog     *watchdog
 
 	mu   sync.Mutex
 	idle []*clientStream
@@ -173,7 +176,19 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 }
 
 // dial opens a connection: TCP, TLS if configured, the handshake, yamux.
+// It offers the newest protocol version, and dials again with an older one
+// when the node refuses it but speaks that one.
 func (c *Client) dial(ctx context.Context) (*clientConn, error) {
+	cc, err := c.dialVersion(ctx, cmp.Or(c.o.version, ProtocolVersion))
+	if ve, ok := errors.AsType[*versionError](err); ok {
+		c.o.log.Debug("rpc: node speaks an older protocol", "addr", c.addr, "version", ve.version)
+		cc, err = c.dialVersion(ctx, ve.version)
+	}
+	return cc, err
+}
+
+// dialVersion opens a connection offering protocol version.
+func (c *Client) dialVersion(ctx context.Context, version uint8) (*clientConn, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", c.addr)
 	if err != nil {
@@ -186,7 +201,7 @@ func (c *Client) dial(ctx context.Context) (*clientConn, error) {
 		conn.Close()
 		var e *Error
 		if errors.As(err, &e) {
-			return nil, err
+			return nil, err // an *Error, or a *versionError wrapping one
 		}
 		return nil, unreachableError(ctx, "handshake with "+c.addr, err)
 	}
@@ -203,7 +218,7 @@ func (c *Client) dial(ctx context.Context) (*clientConn, error) {
 		}
 		rw = tc
 	}
-	peer, err := clientHandshake(rw, c.fsid, c.o.token)
+	peer, err := clientHandshakeVersion(rw, version, c.fsid, c.o.token)
 	if err != nil {
 		return fail(err)
 	}
@@ -216,7 +231,7 @@ func (c *Client) dial(ctx context.Context) (*clientConn, error) {
 	shared := !c.fsid.IsZero() && peer.fsid == c.fsid
 	c.o.log.Debug("rpc: connected", "addr", c.addr, "shared_fs", shared)
 	dog := watch(fc, sess, c.o.clientKeepAlive(), c.o.log, c.addr)
-	return &clientConn{sess: sess, link: link{shared: shared, root: c.root}, dog: dog}, nil
+	return &clientConn{sess: sess, fc: fc, version: peer.version, link: link{shared: shared, root: c.root}, dog: dog}, nil
 }
 
 // stream returns an idle stream the node still serves, or opens one.
@@ -321,7 +336,11 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 			return transportError(ctx, method, err)
 		}
 	}
-	hdr := requestHeader{Method: method, ArgLen: int64(len(args)), BodyLen: bodySize(parts)}
+	// Compressed only now: a new connection may speak another version.
+	compress := cc.version >= 2 && !c.o.noLZ4 && !isUncompressed(ctx)
+	body := sealBody(parts, compress)
+	defer body.release()
+	hdr := requestHeader{Method: method, ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen(), NoLZ4: cc.version >= 2 && !compress}
 	deadline, hasDeadline := ctx.Deadline()
 	if hasDeadline {
 		hdr.TimeoutUS = max(int64(time.Until(deadline)/time.Microsecond), 1)
@@ -333,7 +352,7 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 		cs.st.SetDeadline(time.Unix(1, 0))
 		cs.st.Close()
 	})
-	ok, err := cs.roundTrip(&hdr, args, parts, tds, resp, &c.o.limits)
+	ok, err := cs.roundTrip(&hdr, args, &body, tds, resp, &c.o.limits, cc.version >= 2)
 	if !stop() {
 		ok = false // the stream was cut by the AfterFunc
 	}
@@ -358,12 +377,13 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 }
 
 // roundTrip writes the request and reads the response. ok reports whether
-// the stream is still in step (it may carry another call).
-func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, parts []bodyPart, tds []*TD, resp any, lim *Limits) (ok bool, err error) {
+// the stream is still in step (it may carry another call). v2 says whether
+// the connection speaks protocol version 2.
+func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, body *outBody, tds []*TD, resp any, lim *Limits, v2 bool) (ok bool, err error) {
 	if err := writeFrame(cs.bw, hdr, args); err != nil {
 		return false, err
 	}
-	if err := writeParts(cs.bw, parts); err != nil {
+	if err := body.write(cs.bw); err != nil {
 		return false, err
 	}
 	if err := cs.bw.Flush(); err != nil {
@@ -383,16 +403,19 @@ func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, parts []bodyP
 	if err := checkLens(rh.ArgLen, rh.BodyLen, lim); err != nil {
 		return false, err
 	}
+	if err := checkRaw(rh.BodyLen, rh.RawLen, lim, v2); err != nil {
+		return false, err
+	}
 	rargs, err := readArgs(cs.br, rh.ArgLen)
 	if err != nil {
 		return false, err
 	}
-	body := &bodyReader{r: cs.br, n: rh.BodyLen}
+	rbody := newBodyReader(cs.br, rh.BodyLen, rh.RawLen).corruptCode(Internal)
 	if err := decodeMsgpack(rargs, resp); err != nil {
-		return body.drain() == nil, Errorf(Internal, "%s: response: %v", hdr.Method, err)
+		return rbody.drain() == nil, Errorf(Internal, "%s: response: %v", hdr.Method, err)
 	}
-	err = readResultTDs(body, tds, findTDs(reflect.ValueOf(resp).Elem(), nil))
-	if derr := body.drain(); derr != nil {
+	err = readResultTDs(rbody, tds, findTDs(reflect.ValueOf(resp).Elem(), nil))
+	if derr := rbody.drain(); derr != nil {
 		return false, derr
 	}
 	if _, broken := errors.AsType[*streamError](err); broken {

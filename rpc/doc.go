@@ -12,6 +12,13 @@
 // Server also serves fill, read and describe (Client.Fill, Client.Read,
 // Client.ReadInto, Client.Describe).
 //
+// A message stream (RegisterStream, OpenStream) is a call that carries
+// typed messages both ways for as long as its handler runs, TDs in them as
+// in calls; a slow receiver holds back its own sender through the stream's
+// window, and either side's cancellation or death ends the other's.
+// Bytes-mode bodies travel lz4-compressed when a sample shows it pays
+// (WithCompression, Uncompressed).
+//
 // Connections start with a handshake (magic, version, an HMAC-SHA256
 // challenge-response when a token is configured, each side's filesystem
 // identity), optionally inside TLS, then carry a yamux session whose

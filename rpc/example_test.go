@@ -3,6 +3,7 @@ package rpc_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -73,4 +74,83 @@ func Example() {
 	// shared filesystem: true error: <nil>
 	// [3 6 3 6]
 	// rpc: InvalidArgument: TD rows: memmap: index out of range: row 7 (position 0) not in [0, 4)
+}
+
+// Announce is what a producer tells a consumer: a batch is ready in a slot.
+type Announce struct {
+	Slot  int `codec:"slot"`
+	Epoch int `codec:"epoch"`
+}
+
+// Ack is a consumer's answer: it is done with a slot.
+type Ack struct {
+	Slot int `codec:"slot"`
+}
+
+// Subscribe opens a consumer's stream of announcements.
+type Subscribe struct {
+	Consumer string `codec:"consumer"`
+	Batches  int    `codec:"batches"`
+}
+
+// A message stream carries typed messages both ways on one connection: a
+// producer announces batches and waits for each consumer's ack, as a data
+// loader does. The handler's return ends the stream; its error, or
+// io.EOF, is what the caller's last Recv returns.
+func Example_stream() {
+	ctx := context.Background()
+	srv, _ := rpc.NewServer()
+	rpc.RegisterStream(srv, "loader.subscribe", func(ctx context.Context, req Subscribe, st *rpc.ServerStream[Ack, Announce]) error {
+		for i := range req.Batches {
+			if err := st.Send(ctx, Announce{Slot: i % 2, Epoch: 0}); err != nil {
+				return err
+			}
+			ack, err := st.Recv(ctx) // back-pressure: one batch in flight
+			if err != nil {
+				return err
+			}
+			fmt.Printf("%s released slot %d\n", req.Consumer, ack.Slot)
+		}
+		return nil
+	})
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	go srv.Serve(l)
+	defer srv.Close()
+
+	c, err := rpc.Dial(ctx, l.Addr().String())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+	st, err := rpc.OpenStream[Ack, Announce](ctx, c, "loader.subscribe", Subscribe{Consumer: "c1", Batches: 3})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer st.Close()
+	for {
+		a, err := st.Recv(ctx)
+		if err == io.EOF {
+			fmt.Println("producer done")
+			break
+		}
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Println("batch in slot", a.Slot)
+		if err := st.Send(ctx, Ack{Slot: a.Slot}); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	// Output:
+	// batch in slot 0
+	// c1 released slot 0
+	// batch in slot 1
+	// c1 released slot 1
+	// batch in slot 0
+	// c1 released slot 0
+	// producer done
 }

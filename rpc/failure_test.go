@@ -290,12 +290,17 @@ func dialRaw(t *testing.T, addr string, token []byte) *rawPeer {
 
 // newRawPeer connects to addr, runs the handshake and starts yamux.
 func newRawPeer(addr string, token []byte) (*rawPeer, error) {
+	return newRawPeerVersion(addr, token, ProtocolVersion)
+}
+
+// newRawPeerVersion is newRawPeer offering protocol version v.
+func newRawPeerVersion(addr string, token []byte, v uint8) (*rawPeer, error) {
 	conn, err := net.DialTimeout("tcp", addr, 30*time.Second)
 	if err != nil {
 		return nil, err
 	}
 	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := clientHandshake(conn, FSID{}, token); err != nil {
+	if _, err := clientHandshakeVersion(conn, v, FSID{}, token); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("handshake: %w", err)
 	}

@@ -36,13 +36,26 @@ type frameConn struct {
 	once    sync.Once
 
 	reads atomic.Uint64 // reads that returned bytes: the watchdog's sign of life
+
+	// What Read passes to yamux is scanned for the frames that close or
+	// reset streams, which message streams watch (watch): yamux shows
+	// neither until its reader has taken every byte before them, and a
+	// stream's reader may have stopped reading (stream.go).
+	scanHdr  [yamuxHeaderSize]byte
+	scanHave int    // bytes of scanHdr read
+	scanSkip uint32 // bytes of a data frame's body still to pass
+	watchMu  sync.Mutex
+	watches  map[uint32]func(flags uint16)
 }
 
 const (
-	yamuxHeaderSize = 12
-	yamuxTypeData   = 0
-	smallFrame      = 32 << 10 // frames up to this size are queued
-	maxQueue        = 1 << 20  // the send loop waits while this much is queued
+	yamuxHeaderSize       = 12
+	yamuxTypeData         = 0
+	yamuxTypeWindowUpdate = 1
+	yamuxFlagFIN          = 4        // the sender closed its side of the stream
+	yamuxFlagRST          = 8        // the sender reset the stream
+	smallFrame            = 32 << 10 // frames up to this size are queued
+	maxQueue              = 1 << 20  // the send loop waits while this much is queued
 )
 
 func newFrameConn(c net.Conn) *frameConn {
@@ -58,8 +71,83 @@ func (f *frameConn) Read(p []byte) (int, error) {
 	n, err := f.Conn.Read(p)
 	if n > 0 {
 		f.reads.Add(1)
+		f.scan(p[:n])
 	}
 	return n, err
+}
+
+// scan follows the frames in b, the next bytes yamux reads, and tells the
+// watchers of streams that are closed or reset.
+func (f *frameConn) scan(b []byte) {
+	for len(b) > 0 {
+		if f.scanSkip > 0 {
+			k := min(uint32(len(b)), f.scanSkip)
+			f.scanSkip -= k
+			b = b[k:]
+			continue
+		}
+		k := copy(f.scanHdr[f.scanHave:], b)
+		f.scanHave += k
+		b = b[k:]
+		if f.scanHave < yamuxHeaderSize {
+			return
+		}
+		f.scanHave = 0
+		h := f.scanHdr[:]
+		if h[1] == yamuxTypeData {
+			f.scanSkip = binary.BigEndian.Uint32(h[8:])
+		}
+		if flags := binary.BigEndian.Uint16(h[2:]); flags&(yamuxFlagFIN|yamuxFlagRST) != 0 {
+			f.notify(binary.BigEndian.Uint32(h[4:]), flags)
+		}
+	}
+}
+
+// watch calls fn, on yamux's receive loop (it must not block), with the
+// flags of every frame that closes or resets stream id, until unwatch.
+func (f *frameConn) watch(id uint32, fn func(flags uint16)) {
+	f.watchMu.Lock()
+	if f.watches == nil {
+		f.watches = map[uint32]func(uint16){}
+	}
+	f.watches[id] = fn
+	f.watchMu.Unlock()
+}
+
+func (f *frameConn) unwatch(id uint32) {
+	f.watchMu.Lock()
+	delete(f.watches, id)
+	f.watchMu.Unlock()
+}
+
+func (f *frameConn) notify(id uint32, flags uint16) {
+	f.watchMu.Lock()
+	fn := f.watches[id]
+	f.watchMu.Unlock()
+	if fn != nil {
+		fn(flags)
+	}
+}
+
+// reset sends a yamux RST for stream id: the peer's side of the stream
+// fails at once, however much it has buffered (yamux spec.md, "Flag
+// Field"). yamux itself sends one only when a closed stream's peer never
+// closes its side; this is how a message stream is cancelled. The frame
+// goes through the queue, between whole frames.
+func (f *frameConn) reset(id uint32) {
+	var h [yamuxHeaderSize]byte
+	h[1] = yamuxTypeWindowUpdate
+	binary.BigEndian.PutUint16(h[2:], yamuxFlagRST)
+	binary.BigEndian.PutUint32(h[4:], id)
+	f.mu.Lock()
+	if f.err == nil {
+		f.queue = append(f.queue, h[:]...)
+	}
+	f.mu.Unlock()
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Write is called by yamux's send loop only.

@@ -2,7 +2,8 @@ package rpc
 
 // Fuzz tests of everything that parses bytes from a peer: hellos, the
 // handshake, message headers, and TensorDicts in arguments (and, in
-// resolve_fuzz_test.go, the paths of references). Run one with
+// resolve_fuzz_test.go, the paths of references; in compress_test.go,
+// compressed bodies; in stream_fuzz_test.go, message streams). Run one with
 //
 //	go test -run '^$' -fuzz '^FuzzWireTD$' -fuzztime 30s ./rpc/
 //
@@ -109,7 +110,12 @@ func FuzzServerHandshake(f *testing.F) {
 			t.Fatalf("wrote %d bytes, not a hello", len(out))
 		}
 		mine, herr := parseHello(out[:helloSize])
-		if herr != nil || mine.version != ProtocolVersion || mine.fsid != fsid || (mine.flags&flagToken != 0) != withToken {
+		// The server answers in the client's version when it speaks it.
+		wantVersion := uint8(ProtocolVersion)
+		if speaks(theirs.version) {
+			wantVersion = theirs.version
+		}
+		if herr != nil || mine.version != wantVersion || mine.fsid != fsid || (mine.flags&flagToken != 0) != withToken {
 			t.Fatalf("the server's hello %x: %+v, %v", out[:helloSize], mine, herr)
 		}
 		if err != nil {
@@ -126,7 +132,7 @@ func FuzzServerHandshake(f *testing.F) {
 		if withToken {
 			t.Fatalf("accepted %x without a valid proof", in)
 		}
-		if theirs.version != ProtocolVersion || theirs.flags != 0 || peer.fsid != theirs.fsid {
+		if !speaks(theirs.version) || peer.version != theirs.version || theirs.flags != 0 || peer.fsid != theirs.fsid {
 			t.Fatalf("accepted hello %+v, peer %+v", theirs, peer)
 		}
 		if !bytes.Equal(out[helloSize:], []byte{0}) {

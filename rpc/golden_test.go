@@ -27,8 +27,10 @@ func unhex(t *testing.T, s string) []byte {
 	return b
 }
 
+// goldenHello is a version 1 hello; version 2's differs in the version
+// byte alone (TestGolden_Hello).
 func goldenHello() hello {
-	h := hello{version: ProtocolVersion, flags: flagToken}
+	h := hello{version: 1, flags: flagToken}
 	for i := range h.nonce {
 		h.nonce[i] = byte(i)
 	}
@@ -52,6 +54,16 @@ func TestGolden_Hello(t *testing.T) {
 	back, err := parseHello(want)
 	if err != nil || back != h {
 		t.Fatalf("parseHello = %+v, %v", back, err)
+	}
+
+	h.version, h.flags = 2, 0
+	want = unhex(t, `
+		54575250 02 00 0000
+		000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f
+		a0a1a2a3a4a5a6a7a8a9aaabacadaeaf
+		0000000000000000`)
+	if got := h.marshal(); !bytes.Equal(got, want) {
+		t.Fatalf("version 2 hello\n got %x\nwant %x", got, want)
 	}
 }
 
@@ -242,6 +254,9 @@ func TestHeader_MatchesGoMsgpack(t *testing.T) {
 		{Method: "m", TimeoutUS: 1, ArgLen: 127, BodyLen: 128},
 		{Method: strings.Repeat("x", 40), TimeoutUS: 1 << 40, ArgLen: 70000, BodyLen: -1},
 		{Method: strings.Repeat("y", 300), TimeoutUS: -200, ArgLen: 255, BodyLen: 1 << 33},
+		{Method: "s", TimeoutUS: 9, ArgLen: 3, BodyLen: 40, RawLen: 7000, Stream: true, NoLZ4: true},
+		{Method: "s", ArgLen: 3, Stream: true},
+		{Method: "c", ArgLen: 3, BodyLen: 40, RawLen: 1 << 20},
 	}
 	for _, h := range reqs {
 		want, err := encodeMsgpack(&h)
@@ -260,6 +275,7 @@ func TestHeader_MatchesGoMsgpack(t *testing.T) {
 		{Code: 16, Message: "no", ArgLen: 3, BodyLen: 4},
 		{Code: 10, Message: "expired", Reason: "replay.expired"},
 		{Code: 5, Message: strings.Repeat("m", 40), Reason: strings.Repeat("r", 64)},
+		{ArgLen: 10, BodyLen: 300, RawLen: 90000},
 	} {
 		want, err := encodeMsgpack(&resp)
 		if err != nil {
@@ -366,5 +382,135 @@ func TestHeader_Allocs(t *testing.T) {
 	}
 	if gotResp != *resp {
 		t.Fatalf("read %+v, wrote %+v", gotResp, *resp)
+	}
+}
+
+// TestGolden_Version2 pins what version 2 adds: a request that opens a
+// message stream, compressed bodies' raw_len, and the frames of a stream.
+func TestGolden_Version2(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		hdr  header
+		args []byte
+		want string
+	}{
+		{
+			"stream opening request, answers uncompressed",
+			&requestHeader{Method: "store.watch", TimeoutUS: 0, ArgLen: 1, Stream: true, NoLZ4: true},
+			[]byte{0x80},
+			`00000049
+			 86
+			 a7 6172675f6c656e 01
+			 a8 626f64795f6c656e 00
+			 a6 6d6574686f64 ab 73746f72652e7761746368
+			 a6 73747265616d c3
+			 aa 74696d656f75745f7573 00
+			 ac 756e636f6d70726573736564 c3
+			 80`,
+		},
+		{
+			"request with a compressed body",
+			&requestHeader{Method: "tensorwire.fill", TimeoutUS: 5_000_000, ArgLen: 3, BodyLen: 4000, RawLen: 6_144_000},
+			[]byte{1, 2, 3},
+			`0000004a
+			 85
+			 a7 6172675f6c656e 03
+			 a8 626f64795f6c656e d1 0fa0
+			 a6 6d6574686f64 af 74656e736f72776972652e66696c6c
+			 a7 7261775f6c656e d2 005dc000
+			 aa 74696d656f75745f7573 d2 004c4b40
+			 010203`,
+		},
+		{
+			"response with a compressed body",
+			&responseHeader{ArgLen: 1, BodyLen: 300, RawLen: 90000},
+			[]byte{0x80},
+			`00000032
+			 85
+			 a7 6172675f6c656e 01
+			 a8 626f64795f6c656e d1 012c
+			 a4 636f6465 00
+			 a7 6d657373616765 a0
+			 a7 7261775f6c656e d2 00015f90
+			 80`,
+		},
+		{
+			"stream message",
+			&streamHeader{ArgLen: 2, BodyLen: 28224},
+			[]byte{0x81, 0x01},
+			`00000016
+			 82
+			 a7 6172675f6c656e 02
+			 a8 626f64795f6c656e d1 6e40
+			 8101`,
+		},
+		{
+			"stream message, compressed",
+			&streamHeader{ArgLen: 2, BodyLen: 500, RawLen: 28224},
+			[]byte{0x81, 0x01},
+			`00000021
+			 83
+			 a7 6172675f6c656e 02
+			 a8 626f64795f6c656e d1 01f4
+			 a7 7261775f6c656e d1 6e40
+			 8101`,
+		},
+		{
+			"stream end",
+			&streamHeader{End: true},
+			nil,
+			`00000015
+			 83
+			 a4 636f6465 00
+			 a3 656e64 c3
+			 a7 6d657373616765 a0`,
+		},
+		{
+			"stream end with an error and a reason",
+			&streamHeader{End: true, Code: uint8(Aborted), Message: "expired", Reason: "replay.expired"},
+			nil,
+			`00000032
+			 84
+			 a4 636f6465 0a
+			 a3 656e64 c3
+			 a7 6d657373616765 a7 65787069726564
+			 a6 726561736f6e ae 7265706c61792e65787069726564`,
+		},
+	} {
+		var buf bytes.Buffer
+		w := bufio.NewWriter(&buf)
+		if err := writeFrame(w, tc.hdr, tc.args); err != nil {
+			t.Fatal(err)
+		}
+		w.Flush()
+		want := unhex(t, tc.want)
+		if !bytes.Equal(buf.Bytes(), want) {
+			t.Errorf("%s\n got %x\nwant %x", tc.name, buf.Bytes(), want)
+			continue
+		}
+		// And it reads back.
+		back := reflect.New(reflect.TypeOf(tc.hdr).Elem()).Interface().(header)
+		if err := readHeader(bufio.NewReader(bytes.NewReader(want)), 64<<10, back); err != nil || !reflect.DeepEqual(back, tc.hdr) {
+			t.Errorf("%s: read back %+v, %v", tc.name, back, err)
+		}
+	}
+	// Frames of another writer: keys in any order, unknown keys skipped;
+	// and frames that mix the two kinds are refused.
+	for _, tc := range []struct {
+		in   string
+		want streamHeader
+		ok   bool
+	}{
+		{"83 a3 656e64 c3 a4 636f6465 cc 05 a5 6c61746572 90", streamHeader{End: true, Code: 5}, true},
+		{"82 a8 626f64795f6c656e cd 0100 a7 6172675f6c656e 01", streamHeader{ArgLen: 1, BodyLen: 256}, true},
+		{"82 a3 656e64 c3 a7 6172675f6c656e 01", streamHeader{}, false},
+		{"82 a7 6172675f6c656e 01 a4 636f6465 03", streamHeader{}, false},
+		{"81 a3 656e64 01", streamHeader{}, false},
+	} {
+		var h streamHeader
+		err := h.decodeMsgpack(unhex(t, tc.in))
+		if (err == nil) != tc.ok || tc.ok && h != tc.want {
+			t.Errorf("%s: %+v, %v", tc.in, h, err)
+		}
 	}
 }

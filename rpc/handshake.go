@@ -13,11 +13,16 @@ import (
 // The handshake runs on a new connection (inside TLS when configured) before
 // yamux starts. docs/protocol.md describes it; golden tests pin its bytes.
 const (
-	magic           = "TWRP"
-	ProtocolVersion = 1 // the version this package speaks
-	helloSize       = 64
-	proofSize       = sha256.Size
-	maxStatusMsg    = 1024
+	magic = "TWRP"
+	// ProtocolVersion is the newest version of the protocol this package
+	// speaks: 2, which adds message streams and lz4-compressed bodies to
+	// version 1. It still speaks version 1 with peers that speak only that
+	// (docs/protocol.md, "Versioning").
+	ProtocolVersion    = 2
+	minProtocolVersion = 1 // the oldest version this package speaks
+	helloSize          = 64
+	proofSize          = sha256.Size
+	maxStatusMsg       = 1024
 )
 
 // Flags in a hello.
@@ -50,8 +55,16 @@ type hello struct {
 	fsid    FSID
 }
 
+// speaks reports whether this package speaks protocol version v.
+func speaks(v uint8) bool { return v >= minProtocolVersion && v <= ProtocolVersion }
+
+// newHello returns a hello of the newest version.
 func newHello(fsid FSID, token []byte) (hello, error) {
-	h := hello{version: ProtocolVersion, fsid: fsid}
+	return newHelloVersion(ProtocolVersion, fsid, token)
+}
+
+func newHelloVersion(version uint8, fsid FSID, token []byte) (hello, error) {
+	h := hello{version: version, fsid: fsid}
 	if len(token) > 0 {
 		h.flags |= flagToken
 	}
@@ -142,13 +155,32 @@ func readStatus(r io.Reader) error {
 
 // peerInfo is what a handshake learns about the other side.
 type peerInfo struct {
-	fsid FSID
+	fsid    FSID
+	version uint8 // the version the connection speaks
 }
 
-// clientHandshake runs the client's side on rw. It returns an *Error with
-// code Unauthenticated when either side fails to authenticate the other.
+// versionError is a server's refusal of the client's protocol version by a
+// server that speaks an older one the client also speaks: the client dials
+// again with that version.
+type versionError struct {
+	version uint8 // the server's
+	err     error // its refusal
+}
+
+func (e *versionError) Error() string { return e.err.Error() }
+func (e *versionError) Unwrap() error { return e.err }
+
+// clientHandshake runs the client's side on rw with the newest version.
 func clientHandshake(rw io.ReadWriter, fsid FSID, token []byte) (peerInfo, error) {
-	mine, err := newHello(fsid, token)
+	return clientHandshakeVersion(rw, ProtocolVersion, fsid, token)
+}
+
+// clientHandshakeVersion runs the client's side on rw, offering version. It
+// returns an *Error with code Unauthenticated when either side fails to
+// authenticate the other, and a *versionError when the server refused the
+// version and speaks an older one this package speaks too.
+func clientHandshakeVersion(rw io.ReadWriter, version uint8, fsid FSID, token []byte) (peerInfo, error) {
+	mine, err := newHelloVersion(version, fsid, token)
 	if err != nil {
 		return peerInfo{}, err
 	}
@@ -165,15 +197,24 @@ func clientHandshake(rw io.ReadWriter, fsid FSID, token []byte) (peerInfo, error
 		return peerInfo{}, err
 	}
 	auth := mine.flags&flagToken != 0
-	if auth && theirs.flags&flagToken != 0 {
+	// A server answers in the client's version when it speaks it; one that
+	// answers in another refuses the client's before reading a proof.
+	sameVersion := theirs.version == mine.version
+	if auth && sameVersion && theirs.flags&flagToken != 0 {
 		if _, err := rw.Write(proof(token, clientProofLabel, cb, sb)); err != nil {
 			return peerInfo{}, err
 		}
 	}
 	if err := readStatus(rw); err != nil {
+		var e *Error
+		if errors.As(err, &e) && e.Code == FailedPrecondition && theirs.version < mine.version && speaks(theirs.version) {
+			return peerInfo{}, &versionError{version: theirs.version, err: err}
+		}
 		return peerInfo{}, err
 	}
-	// The server judged the versions compatible by answering OK.
+	if !sameVersion {
+		return peerInfo{}, fmt.Errorf("%w: the server accepted version %d in a hello of version %d", errHandshake, mine.version, theirs.version)
+	}
 	if auth {
 		if theirs.flags&flagToken == 0 {
 			return peerInfo{}, Errorf(Unauthenticated, "server has no token and cannot prove who it is")
@@ -186,13 +227,20 @@ func clientHandshake(rw io.ReadWriter, fsid FSID, token []byte) (peerInfo, error
 			return peerInfo{}, Errorf(Unauthenticated, "server does not know the token")
 		}
 	}
-	return peerInfo{fsid: theirs.fsid}, nil
+	return peerInfo{fsid: theirs.fsid, version: mine.version}, nil
 }
 
-// serverHandshake runs the server's side on rw. A refusal it could explain is
+// serverHandshake runs the server's side on rw, speaking every version
+// this package speaks.
+func serverHandshake(rw io.ReadWriter, fsid FSID, token []byte) (peerInfo, error) {
+	return serverHandshakeUpTo(rw, ProtocolVersion, fsid, token)
+}
+
+// serverHandshakeUpTo runs the server's side on rw, speaking versions up to
+// newest (tests play older nodes with it). A refusal it could explain is
 // written to the peer and returned as an *Error; malformed bytes return an
 // error wrapping errHandshake with nothing written after the hello.
-func serverHandshake(rw io.ReadWriter, fsid FSID, token []byte) (peerInfo, error) {
+func serverHandshakeUpTo(rw io.ReadWriter, newest uint8, fsid FSID, token []byte) (peerInfo, error) {
 	cb := make([]byte, helloSize)
 	if _, err := io.ReadFull(rw, cb); err != nil {
 		return peerInfo{}, err
@@ -201,7 +249,14 @@ func serverHandshake(rw io.ReadWriter, fsid FSID, token []byte) (peerInfo, error
 	if err != nil {
 		return peerInfo{}, err
 	}
-	mine, err := newHello(fsid, token)
+	// Answer in the client's version when this side speaks it, else in the
+	// newest, which the refusal below names so the client can fall back.
+	spoken := speaks(theirs.version) && theirs.version <= newest
+	version := newest
+	if spoken {
+		version = theirs.version
+	}
+	mine, err := newHelloVersion(version, fsid, token)
 	if err != nil {
 		return peerInfo{}, err
 	}
@@ -214,8 +269,8 @@ func serverHandshake(rw io.ReadWriter, fsid FSID, token []byte) (peerInfo, error
 		writeStatus(rw, code, e.(*Error).Msg)
 		return peerInfo{}, e
 	}
-	if theirs.version != ProtocolVersion {
-		return refuse(FailedPrecondition, "client speaks protocol version %d, this node %d", theirs.version, ProtocolVersion)
+	if !spoken {
+		return refuse(FailedPrecondition, "client speaks protocol version %d, this node %d to %d", theirs.version, minProtocolVersion, newest)
 	}
 	auth := len(token) > 0
 	switch {
@@ -241,5 +296,5 @@ func serverHandshake(rw io.ReadWriter, fsid FSID, token []byte) (peerInfo, error
 			return peerInfo{}, err
 		}
 	}
-	return peerInfo{fsid: theirs.fsid}, nil
+	return peerInfo{fsid: theirs.fsid, version: version}, nil
 }

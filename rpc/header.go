@@ -6,8 +6,8 @@ import (
 	"math"
 )
 
-// Message headers are msgpack maps of string keys to integers and strings
-// (docs/protocol.md, "Messages"). They are on every call's path, so they
+// Message headers are msgpack maps of string keys to integers, strings and
+// booleans (docs/protocol.md, "Messages" and "Streams"). They are on every call's path, so they
 // are encoded and decoded here by hand rather than by reflection: the
 // bytes are those go-msgpack writes for the same structs (keys in sorted
 // order, integers in their smallest signed form, a response's empty
@@ -17,23 +17,32 @@ import (
 // be added later.
 
 func (h *requestHeader) appendMsgpack(b []byte) []byte {
-	b = append(b, 0x84)
+	b = append(b, 0x80|byte(4+btoi(h.RawLen != 0)+btoi(h.Stream)+btoi(h.NoLZ4)))
 	b = appendStr(b, "arg_len")
 	b = appendInt(b, h.ArgLen)
 	b = appendStr(b, "body_len")
 	b = appendInt(b, h.BodyLen)
 	b = appendStr(b, "method")
 	b = appendStr(b, h.Method)
+	if h.RawLen != 0 {
+		b = appendStr(b, "raw_len")
+		b = appendInt(b, h.RawLen)
+	}
+	if h.Stream {
+		b = appendStr(b, "stream")
+		b = append(b, 0xc3)
+	}
 	b = appendStr(b, "timeout_us")
-	return appendInt(b, h.TimeoutUS)
+	b = appendInt(b, h.TimeoutUS)
+	if h.NoLZ4 {
+		b = appendStr(b, "uncompressed")
+		b = append(b, 0xc3)
+	}
+	return b
 }
 
 func (h *responseHeader) appendMsgpack(b []byte) []byte {
-	if h.Reason == "" {
-		b = append(b, 0x84)
-	} else {
-		b = append(b, 0x85)
-	}
+	b = append(b, 0x80|byte(4+btoi(h.RawLen != 0)+btoi(h.Reason != "")))
 	b = appendStr(b, "arg_len")
 	b = appendInt(b, h.ArgLen)
 	b = appendStr(b, "body_len")
@@ -42,11 +51,22 @@ func (h *responseHeader) appendMsgpack(b []byte) []byte {
 	b = appendInt(b, int64(h.Code))
 	b = appendStr(b, "message")
 	b = appendStr(b, h.Message)
+	if h.RawLen != 0 {
+		b = appendStr(b, "raw_len")
+		b = appendInt(b, h.RawLen)
+	}
 	if h.Reason != "" {
 		b = appendStr(b, "reason")
 		b = appendStr(b, h.Reason)
 	}
 	return b
+}
+
+func btoi(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
 }
 
 func (h *requestHeader) decodeMsgpack(b []byte) error {
@@ -61,6 +81,12 @@ func (h *requestHeader) decodeMsgpack(b []byte) error {
 			h.Method = d.str()
 		case "timeout_us":
 			h.TimeoutUS = d.int()
+		case "raw_len":
+			h.RawLen = d.int()
+		case "stream":
+			h.Stream = d.bool()
+		case "uncompressed":
+			h.NoLZ4 = d.bool()
 		default:
 			d.skip()
 		}
@@ -86,6 +112,8 @@ func (h *responseHeader) decodeMsgpack(b []byte) error {
 			h.Message = d.str()
 		case "reason":
 			h.Reason = d.str()
+		case "raw_len":
+			h.RawLen = d.int()
 		default:
 			d.skip()
 		}
@@ -229,6 +257,18 @@ func (d *msgReader) mapLen() int {
 }
 
 func (d *msgReader) str() string { return string(d.strBytes()) }
+
+func (d *msgReader) bool() bool {
+	switch c := d.byte(); c {
+	case 0xc2:
+		return false
+	case 0xc3:
+		return true
+	default:
+		d.fail("not a boolean (0x%02x)", c)
+		return false
+	}
+}
 
 // strBytes returns a string's bytes, aliasing the input.
 func (d *msgReader) strBytes() []byte {

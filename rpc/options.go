@@ -26,6 +26,15 @@ type Limits struct {
 	HandshakeTimeout  time.Duration // a new connection's handshake; default 10 s
 	IdleTimeout       time.Duration // an idle pooled stream is closed after it; default 2 min
 
+	// Message streams (RegisterStream, OpenStream). A server refuses a
+	// peer's streams past MaxMessageStreams with ResourceExhausted (they
+	// count against MaxStreamsPerPeer too). Each side of a stream reads
+	// messages ahead of its receiver up to MaxStreamBuffer bytes (always at
+	// least one message), then stops reading, so its sender waits on the
+	// yamux window.
+	MaxMessageStreams int   // default 64; a server's limit
+	MaxStreamBuffer   int64 // default 8 MiB; both sides
+
 	// A server gives a request's argument and body, and a response, the
 	// time to move their bytes at MinTransferRate plus TransferGrace, so a
 	// peer that stalls or trickles holds a stream for a bounded time; a
@@ -43,6 +52,8 @@ func DefaultLimits() Limits {
 		MaxStreamsPerPeer: 256,
 		HandshakeTimeout:  10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
+		MaxMessageStreams: 64,
+		MaxStreamBuffer:   8 << 20,
 		MinTransferRate:   1_000_000,
 		TransferGrace:     10 * time.Second,
 	}
@@ -61,6 +72,8 @@ func (l Limits) validate() (Limits, error) {
 		{"MaxStreamsPerPeer", int64(l.MaxStreamsPerPeer)},
 		{"HandshakeTimeout", int64(l.HandshakeTimeout)},
 		{"IdleTimeout", int64(l.IdleTimeout)},
+		{"MaxMessageStreams", int64(l.MaxMessageStreams)},
+		{"MaxStreamBuffer", l.MaxStreamBuffer},
 		{"MinTransferRate", l.MinTransferRate},
 		{"TransferGrace", int64(l.TransferGrace)},
 	} {
@@ -76,6 +89,8 @@ func (l Limits) validate() (Limits, error) {
 		MaxStreamsPerPeer: cmp.Or(l.MaxStreamsPerPeer, d.MaxStreamsPerPeer),
 		HandshakeTimeout:  cmp.Or(l.HandshakeTimeout, d.HandshakeTimeout),
 		IdleTimeout:       cmp.Or(l.IdleTimeout, d.IdleTimeout),
+		MaxMessageStreams: cmp.Or(l.MaxMessageStreams, d.MaxMessageStreams),
+		MaxStreamBuffer:   cmp.Or(l.MaxStreamBuffer, d.MaxStreamBuffer),
 		MinTransferRate:   cmp.Or(l.MinTransferRate, d.MinTransferRate),
 		TransferGrace:     cmp.Or(l.TransferGrace, d.TransferGrace),
 	}, nil
@@ -110,6 +125,8 @@ type options struct {
 	limits    Limits
 	window    uint32
 	keepAlive time.Duration // 0: the side's default (defaultServerKeepAlive, defaultClientKeepAlive)
+	noLZ4     bool          // WithCompression(false)
+	version   uint8         // the newest protocol version to speak; 0: ProtocolVersion (tests set it)
 }
 
 func newOptions(opts []Option) options {
@@ -166,6 +183,15 @@ func WithWindow(bytes uint32) Option { return func(o *options) { o.window = byte
 // every d (default 10 s) and drops one that does not answer within 30 s.
 // Both sides; d < 0 turns the pings off.
 func WithKeepAlive(d time.Duration) Option { return func(o *options) { o.keepAlive = d } }
+
+// WithCompression turns lz4 compression of bytes-mode bodies on (the
+// default) or off. On, a side compresses a body it sends on a protocol
+// version 2 connection when a sample of it shrinks enough (compress.go);
+// off, it sends every body as it is, and a client also asks its node to
+// answer uncompressed (a server with it off answers uncompressed anyway).
+// Uncompressed does the same for one call or stream. References never are
+// compressed: they are not in the body. Both sides.
+func WithCompression(on bool) Option { return func(o *options) { o.noLZ4 = !on } }
 
 // Keep-alive defaults (WithKeepAlive).
 const (

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // TestWithLimits_PartialLimits sets one limit on each side: the others keep
@@ -38,7 +40,10 @@ func TestLimits_ValidateFillsZeroFields(t *testing.T) {
 		{"transfer", Limits{MinTransferRate: 10, TransferGrace: time.Second}, func(l *Limits) {
 			l.MinTransferRate, l.TransferGrace = 10, time.Second
 		}},
-		{"every field", Limits{1, 2, 3, 4, 5, 6, 7, 8}, func(l *Limits) { *l = Limits{1, 2, 3, 4, 5, 6, 7, 8} }},
+		{"every field", Limits{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, func(l *Limits) { *l = Limits{1, 2, 3, 4, 5, 6, 7, 8, 9, 10} }},
+		{"streams", Limits{MaxMessageStreams: 3, MaxStreamBuffer: 1 << 10}, func(l *Limits) {
+			l.MaxMessageStreams, l.MaxStreamBuffer = 3, 1<<10
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			want := d
@@ -62,6 +67,8 @@ func TestLimits_ValidateRefusesNegative(t *testing.T) {
 		{"MaxStreamsPerPeer", func(l *Limits) { l.MaxStreamsPerPeer = -1 }},
 		{"HandshakeTimeout", func(l *Limits) { l.HandshakeTimeout = -time.Second }},
 		{"IdleTimeout", func(l *Limits) { l.IdleTimeout = -1 }},
+		{"MaxMessageStreams", func(l *Limits) { l.MaxMessageStreams = -1 }},
+		{"MaxStreamBuffer", func(l *Limits) { l.MaxStreamBuffer = -1 }},
 		{"MinTransferRate", func(l *Limits) { l.MinTransferRate = math.MinInt64 }},
 		{"TransferGrace", func(l *Limits) { l.TransferGrace = -1 }},
 	} {
@@ -113,5 +120,87 @@ func TestLimits_TransferDeadline(t *testing.T) {
 				t.Fatalf("transferDeadline(now, %d) = now + %v; want now + %v", tc.n, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestWithWindow_Config: WithWindow sets yamux's per-stream receive window
+// on both sides, at least 256 KiB; 16 MiB without it.
+func TestWithWindow_Config(t *testing.T) {
+	for _, tc := range []struct {
+		opts []Option
+		want uint32
+	}{
+		{nil, 16 << 20},
+		{[]Option{WithWindow(1 << 20)}, 1 << 20},
+		{[]Option{WithWindow(64 << 20)}, 64 << 20},
+		{[]Option{WithWindow(1)}, 256 << 10},
+		{[]Option{WithWindow(0)}, 256 << 10},
+	} {
+		o := newOptions(tc.opts)
+		for _, client := range []bool{false, true} {
+			if got := o.yamuxConfig(client).MaxStreamWindowSize; got != tc.want {
+				t.Errorf("window with %d options (client %v): %d, want %d", len(tc.opts), client, got, tc.want)
+			}
+		}
+	}
+}
+
+// TestWithWindow_SmallWindowMovesBulk: with the smallest window on both
+// sides, a body 16 times the window crosses whole, both ways.
+func TestWithWindow_SmallWindowMovesBulk(t *testing.T) {
+	const n = 4 << 20
+	s, addr := startServer(t, WithWindow(1))
+	must(t, Register(s, "test.double", func(_ context.Context, p benchPayload) (benchPayload, error) {
+		x, err := p.Data.Tensor("x")
+		if err != nil {
+			return benchPayload{}, err
+		}
+		b, err := x.Bytes()
+		if err != nil {
+			return benchPayload{}, err
+		}
+		out := make([]byte, len(b))
+		for i, v := range b {
+			out[i] = 2 * v
+		}
+		y, err := tensordict.FromSlice(out, len(out))
+		if err != nil {
+			return benchPayload{}, err
+		}
+		td, _ := tensordict.New()
+		if err := td.Set("x", y); err != nil {
+			return benchPayload{}, err
+		}
+		return benchPayload{Data: Ref(td)}, nil
+	}))
+	c := dial(t, addr, WithWindow(1))
+	in := make([]byte, n)
+	for i := range in {
+		in[i] = byte(i % 101)
+	}
+	x, err := tensordict.FromSlice(in, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	td, _ := tensordict.New()
+	must(t, td.Set("x", x))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	got, err := Call[benchPayload](ctx, c, "test.double", benchPayload{Data: Ref(td)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := got.Data.Tensor("x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := y.Bytes()
+	if err != nil || len(b) != n {
+		t.Fatalf("%d bytes back, %v; want %d", len(b), err, n)
+	}
+	for i, v := range b {
+		if v != 2*byte(i%101) {
+			t.Fatalf("byte %d is %d, want %d", i, v, 2*byte(i%101))
+		}
 	}
 }

@@ -6,6 +6,7 @@ package rpc
 // be: a node ("node") or a caller ("caller").
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,7 +19,7 @@ import (
 
 // Environment of a helper process.
 const (
-	envHelper = "TENSORWIRE_TEST_HELPER" // "node" or "caller"
+	envHelper = "TENSORWIRE_TEST_HELPER" // "node", "caller" or "streamer"
 	envAddr   = "TENSORWIRE_TEST_ADDR"   // node: where to listen; caller: whom to call
 	envRoot   = "TENSORWIRE_TEST_ROOT"   // node: its root, if any
 )
@@ -32,17 +33,20 @@ const methodSlow = "test.slow"
 func TestHelperProcess(t *testing.T) {
 	switch os.Getenv(envHelper) {
 	case "node":
-		helperNode()
+		helperNode(t)
 	case "caller":
 		helperCaller()
+	case "streamer":
+		helperStreamer()
 	default:
 		t.Skip("the body of a helper process")
 	}
 }
 
-// helperNode serves test.echo and test.slow on $TENSORWIRE_TEST_ADDR (or a
-// free port), prints "ADDR host:port", and serves until killed.
-func helperNode() {
+// helperNode serves test.echo, test.slow, the test streams and the TD calls
+// of the compression tests on $TENSORWIRE_TEST_ADDR (or a free port),
+// prints "ADDR host:port", and serves until killed.
+func helperNode(t *testing.T) {
 	var opts []Option
 	if root := os.Getenv(envRoot); root != "" {
 		opts = append(opts, WithRoot(root))
@@ -52,6 +56,8 @@ func helperNode() {
 		helperFail(err)
 	}
 	Register(s, methodEcho, func(ctx context.Context, m echoMsg) (echoMsg, error) { return m, nil })
+	registerTestStreams(t, s, nil)
+	registerTDCalls(t, s)
 	Register(s, methodSlow, func(ctx context.Context, m echoMsg) (echoMsg, error) {
 		fmt.Println("SLOW")
 		select {
@@ -82,6 +88,25 @@ func helperCaller() {
 	fmt.Println("CALLING")
 	_, err = Call[echoMsg](context.Background(), c, methodBlock, echoMsg{})
 	helperFail(fmt.Errorf("test.block returned: %v", err))
+}
+
+// helperStreamer dials $TENSORWIRE_TEST_ADDR, opens test.stream.block,
+// sends it a message, prints "STREAMING", and waits to be killed.
+func helperStreamer() {
+	c, err := Dial(context.Background(), os.Getenv(envAddr))
+	if err != nil {
+		helperFail(err)
+	}
+	st, err := OpenStream[tick, Empty](context.Background(), c, streamBlock, Empty{})
+	if err != nil {
+		helperFail(err)
+	}
+	if err := st.Send(context.Background(), tick{I: 1}); err != nil {
+		helperFail(err)
+	}
+	fmt.Println("STREAMING")
+	_, err = st.Recv(context.Background())
+	helperFail(fmt.Errorf("test.stream.block ended: %v", err))
 }
 
 func helperFail(err error) {
@@ -177,4 +202,122 @@ func TestServer_CallerKilled(t *testing.T) {
 		t.Fatal("the handler's context did not end within 30 s of the kill")
 	}
 	echo(t, dial(t, n.addr))
+}
+
+// TestStream_NodeKilled kills the node under open streams: a Recv waiting
+// for a message and one on a stream the node was sending on fail with
+// Unavailable at once.
+func TestStream_NodeKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	node := startHelper(t, "node")
+	addr := node.Expect(t, "ADDR")
+	l := DefaultLimits()
+	l.MaxStreamBuffer = 64 << 10 // what a Recv drains before the error
+	c := dial(t, addr, WithLimits(l))
+	ctx := testCtx(t)
+	waiting, err := OpenStream[tick, Empty](ctx, c, streamBlock, Empty{})
+	must(t, err)
+	defer waiting.Close()
+	node.Expect(t, "BLOCKING")
+	ticking, err := OpenStream[Empty, tick](ctx, c, streamTicks, tickReq{})
+	must(t, err)
+	defer ticking.Close()
+	if _, err := ticking.Recv(ctx); err != nil {
+		t.Fatal(err)
+	}
+	killed := node.Kill()
+	if _, err := waiting.Recv(ctx); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a waiting Recv after the kill: %v, want Unavailable", err)
+	}
+	for {
+		_, err := ticking.Recv(ctx)
+		if err == nil {
+			continue // ticks read before the kill
+		}
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("the ticking stream after the kill: %v, want Unavailable", err)
+		}
+		break
+	}
+	took := time.Since(killed)
+	if took > 2*time.Second {
+		t.Fatalf("the streams failed %v after the kill, want under 2 s", took)
+	}
+	t.Logf("the streams failed %v after the kill", took)
+}
+
+// TestStream_CallerKilled kills a caller with a stream open: the handler's
+// context ends at once, and the node serves others.
+func TestStream_CallerKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	n := startStreamNode(t)
+	caller := startHelper(t, "streamer", envAddr+"="+n.addr)
+	caller.Expect(t, "STREAMING")
+	select {
+	case <-n.streamStarted:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the caller's stream did not start")
+	}
+	killed := caller.Kill()
+	expectEnded(t, n.streamEnded)
+	took := time.Since(killed)
+	if took > 2*time.Second {
+		t.Fatalf("the handler's context ended %v after the kill, want under 2 s", took)
+	}
+	t.Logf("the handler's context ended %v after the kill", took)
+	echo(t, dial(t, n.addr))
+}
+
+// TestCompression_Processes sends Atari frames to a node in another
+// process, in a call and in a stream: compressed both ways, and intact.
+func TestCompression_Processes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	node := startHelper(t, "node")
+	f := proctest.StartProxy(t, node.Expect(t, "ADDR"))
+	c := dial(t, f.Addr)
+	ctx := testCtx(t)
+	td := atariTD(32)
+	x := firstLeaf(t, td)
+	want, _ := x.Bytes()
+	want = bytes.Clone(want)
+	raw := int64(len(want))
+
+	up0, dn0 := f.Up.Load(), f.Down.Load()
+	if _, err := Call[Empty](ctx, c, methodIncTD, sinkReq{X: TD{TensorDict: td, Out: true}}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := x.Bytes()
+	for i := range want {
+		if got[i] != want[i]+1 {
+			t.Fatalf("byte %d came back as %d, want %d", i, got[i], want[i]+1)
+		}
+	}
+	if up, dn := f.Up.Load()-up0, f.Down.Load()-dn0; up > raw/4 || dn > raw/4 {
+		t.Fatalf("a call of %d bytes each way: %d up, %d down", raw, up, dn)
+	}
+
+	st, err := OpenStream[tick, tick](ctx, c, streamEcho, echoMsg{})
+	must(t, err)
+	defer st.Close()
+	up0, dn0 = f.Up.Load(), f.Down.Load()
+	const msgs = 8
+	for i := range msgs {
+		must(t, st.Send(ctx, tick{I: i, X: Ref(atariTD(32))}))
+		m, err := st.Recv(ctx)
+		must(t, err)
+		b, _ := firstLeaf(t, m.X.TensorDict).Bytes()
+		if !bytes.Equal(b, want) {
+			t.Fatalf("message %d came back changed", i)
+		}
+	}
+	if up, dn := f.Up.Load()-up0, f.Down.Load()-dn0; up > msgs*raw/4 || dn > msgs*raw/4 {
+		t.Fatalf("%d stream messages of %d bytes each way: %d up, %d down", msgs, raw, up, dn)
+	}
+	t.Logf("%d bytes each way in a call and %d stream messages: %d up, %d down", raw, msgs, f.Up.Load(), f.Down.Load())
 }

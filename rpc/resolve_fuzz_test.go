@@ -576,7 +576,7 @@ func TestResolveTD_NonTensorOutsideRoot(t *testing.T) {
 	}
 	rr, err := r.srv.read(context.Background(), ReadRequest{Prefix: "nt"})
 	if err == nil {
-		nt, _ := rr.TD.NonTensorAt("info")
+		nt, _ := rr.TD.NonTensor("info")
 		t.Fatalf("read a TensorDict with non-tensor data outside the root: %+v", nt)
 	}
 	if CodeOf(err) != PermissionDenied {

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -36,6 +37,7 @@ type Server struct {
 
 	mu        sync.RWMutex
 	handlers  map[string]handler
+	streams   map[string]streamHandler // message streams (stream.go)
 	listeners map[net.Listener]struct{}
 	conns     map[*peerConn]struct{}
 	closed    bool
@@ -61,6 +63,8 @@ type incoming struct {
 	res    *resolver
 	held   []*mapping
 	bufs   []*[]byte // pooled buffers of the arguments' tensors
+
+	compress bool // the answer's body may be compressed
 }
 
 // outgoing is a handler's result: the response value (a pointer) and the
@@ -78,6 +82,7 @@ func NewServer(opts ...Option) (*Server, error) {
 	s := &Server{
 		o:         newOptions(opts),
 		handlers:  map[string]handler{},
+		streams:   map[string]streamHandler{},
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*peerConn]struct{}{},
 	}
@@ -149,9 +154,16 @@ func openRoot(dir string) (string, FSID, error) {
 func (s *Server) FSID() FSID { return s.fsid }
 
 // Root returns the server's shared root as an absolute path with symlinks
-// resolved, or "" without one. Services use it to name files relative to
-// the root for their callers.
+// resolved, or "" without one.
 func (s *Server) Root() string { return s.root }
+
+// Rel returns path relative to the server's root, slash-separated, as a
+// service names a file to its callers (they join it to their own view of
+// the root); false without a root, or if path, its symlinks resolved, does
+// not lie inside the root. A path inside the root through a symlink that
+// leads out is not inside: a peer sharing the root may not share where the
+// symlink leads. The root itself is ".".
+func (s *Server) Rel(path string) (string, bool) { return relPath(s.root, path, true) }
 
 // Register makes fn callable as method on s. Req and Resp are encoded with
 // msgpack (exported fields; `codec:"name"` tags rename them); TD fields in
@@ -198,11 +210,19 @@ func Register[Req, Resp any](s *Server, method string, fn func(ctx context.Conte
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, dup := s.handlers[method]; dup {
+	if s.registered(method) {
 		return fmt.Errorf("rpc: method %q registered twice", method)
 	}
 	s.handlers[method] = h
 	return nil
+}
+
+// registered reports whether method has a handler, of a call or of a
+// message stream. s.mu must be held.
+func (s *Server) registered(method string) bool {
+	_, call := s.handlers[method]
+	_, stream := s.streams[method]
+	return call || stream
 }
 
 // buildTDs makes the request's TensorDicts, after checking that the body
@@ -315,10 +335,13 @@ func (s *Server) Close() error {
 
 // peerConn is one connected peer.
 type peerConn struct {
-	sess   *yamux.Session
-	remote string
-	shared bool
-	active atomic.Int32 // streams being served
+	sess    *yamux.Session
+	fc      *frameConn
+	version uint8 // the protocol version the connection speaks
+	remote  string
+	shared  bool
+	active  atomic.Int32 // streams being served
+	msgs    atomic.Int32 // message streams among them
 }
 
 // serveConn runs the handshake on conn and then serves its streams.
@@ -346,19 +369,20 @@ func (s *Server) serveConn(conn net.Conn) {
 		}
 		rw = tc
 	}
-	peer, err := serverHandshake(rw, s.fsid, s.o.token)
+	peer, err := serverHandshakeUpTo(rw, cmp.Or(s.o.version, ProtocolVersion), s.fsid, s.o.token)
 	if err != nil {
 		s.refusals.refused(s.o.log, remote, "rpc: handshake refused", "err", err)
 		rw.Close()
 		return
 	}
 	rw.SetDeadline(time.Time{})
-	sess, err := yamux.Server(newFrameConn(rw), s.o.yamuxConfig(false))
+	fc := newFrameConn(rw)
+	sess, err := yamux.Server(fc, s.o.yamuxConfig(false))
 	if err != nil {
 		rw.Close()
 		return
 	}
-	pc := &peerConn{sess: sess, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid}
+	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -413,6 +437,12 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 		if err == nil {
 			err = checkLens(hdr.ArgLen, hdr.BodyLen, lim)
 		}
+		if err == nil {
+			err = checkRaw(hdr.BodyLen, hdr.RawLen, lim, pc.version >= 2)
+		}
+		if err == nil && hdr.Stream && pc.version < 2 {
+			err = fmt.Errorf("%w: a message stream on a protocol version 1 connection", errProtocol)
+		}
 		if err != nil {
 			if errors.Is(err, errProtocol) {
 				log.Warn("rpc: closing connection", "err", err)
@@ -428,7 +458,13 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 		if err != nil {
 			return
 		}
-		in := &incoming{method: hdr.Method, args: args, body: &bodyReader{r: br, n: hdr.BodyLen}, res: s.res}
+		in := &incoming{method: hdr.Method, args: args, body: newBodyReader(br, hdr.BodyLen, hdr.RawLen), res: s.res,
+			compress: pc.version >= 2 && !s.o.noLZ4 && !hdr.NoLZ4}
+		if hdr.Stream {
+			// The stream carries this message stream and nothing after it.
+			s.serveMessageStream(pc, st, br, bw, &hdr, in, over, log)
+			return
+		}
 		run, err := s.decode(in, over)
 		if derr := in.body.drain(); derr != nil {
 			in.release()
@@ -486,9 +522,12 @@ func (s *Server) decode(in *incoming, over bool) (run func(context.Context) (out
 		return nil, Errorf(ResourceExhausted, "more than %d concurrent calls from this peer", s.o.limits.MaxStreamsPerPeer)
 	}
 	s.mu.RLock()
-	h := s.handlers[in.method]
+	h, stream := s.handlers[in.method], s.streams[in.method] != nil
 	s.mu.RUnlock()
 	if h == nil {
+		if stream {
+			return nil, Errorf(FailedPrecondition, "%q is a message stream, not a call", in.method)
+		}
 		return nil, Errorf(Unimplemented, "no method %q", in.method)
 	}
 	defer func() {
@@ -529,8 +568,11 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 			hdr.Reason = e.Reason
 		}
 		args, out.parts = nil, nil
-	} else {
-		hdr = responseHeader{ArgLen: int64(len(args)), BodyLen: bodySize(out.parts)}
+	}
+	body := sealBody(out.parts, in.compress)
+	defer body.release()
+	if err == nil {
+		hdr = responseHeader{ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen()}
 	}
 	if n := hdr.ArgLen + hdr.BodyLen; n > smallResponse {
 		// A response larger than yamux's first window can block on a
@@ -541,7 +583,7 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	if err := writeFrame(bw, &hdr, args); err != nil {
 		return false
 	}
-	if err := writeParts(bw, out.parts); err != nil {
+	if err := body.write(bw); err != nil {
 		log.Warn("rpc: response body", "method", in.method, "err", err)
 		return false
 	}

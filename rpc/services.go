@@ -20,14 +20,21 @@ const (
 // dtype, shape and index is checked before anything is written, so a
 // refused fill changes nothing.
 type FillRequest struct {
-	TD    TD      `codec:"td"`
+	// TD is the TensorDict written, by reference when the caller shares
+	// the node's root (the node writes the mapped files), by bytes
+	// otherwise (then sent back: TD.Out). TD.Rows are the rows filled.
+	TD TD `codec:"td"`
+	// Value is written to every element of the rows, converted to each
+	// leaf's dtype; ignored when Src is set.
 	Value float64 `codec:"value"`
-	Src   *TD     `codec:"src"`
+	// Src, when set, holds the rows written: its rows Src.Rows (all when
+	// nil), one for each of TD.Rows, with TD's keys, dtypes and row shapes.
+	Src *TD `codec:"src"`
 }
 
 // FillResponse reports how many rows were filled.
 type FillResponse struct {
-	Rows int `codec:"rows"`
+	Rows int `codec:"rows"` // rows of TD written
 }
 
 // ReadRequest asks a node for rows of the TensorDict stored at Prefix
@@ -36,29 +43,36 @@ type FillResponse struct {
 // nothing comes back but the count: with a shared filesystem, into the
 // caller's memory-mapped TensorDict without a byte crossing the network.
 type ReadRequest struct {
+	// Prefix is the TensorDict's folder, slash-separated, relative to the
+	// node's root; it may not lead out of the root.
 	Prefix string `codec:"prefix"`
-	Rows   []int  `codec:"rows"`
-	Into   *TD    `codec:"into"`
+	// Rows are the rows read, in order, repeats allowed; nil means all.
+	// Their bytes are bounded by Limits.MaxBodyBytes (ResourceExhausted).
+	Rows []int `codec:"rows"`
+	// Into, when set, receives the rows at Into.Rows (nil: its first
+	// len(Rows) rows), with the stored TensorDict's keys, dtypes and row
+	// shapes; sent back (Into.Out) when it travels by bytes.
+	Into *TD `codec:"into"`
 }
 
 // ReadResponse holds the rows read (when the request had no Into).
 type ReadResponse struct {
-	TD   TD  `codec:"td"`
-	Rows int `codec:"rows"`
+	TD   TD  `codec:"td"`   // the rows, in Go memory on the caller's side; empty with Into
+	Rows int `codec:"rows"` // how many rows were read
 }
 
 // DescribeRequest asks for the schema of the TensorDict at Prefix.
 type DescribeRequest struct {
-	Prefix string `codec:"prefix"`
+	Prefix string `codec:"prefix"` // relative to the node's root, as ReadRequest.Prefix
 }
 
 // DescribeResponse describes a stored TensorDict: its batch size, its
 // tensors as Create takes them (full shapes, in the order Leaves visits
 // them) and their total bytes.
 type DescribeResponse struct {
-	Batch  []int              `codec:"batch"`
-	Fields []tensordict.Field `codec:"fields"`
-	Bytes  int64              `codec:"bytes"`
+	Batch  []int              `codec:"batch"`  // its batch size
+	Fields []tensordict.Field `codec:"fields"` // its leaves, full shapes (batch dimensions included)
+	Bytes  int64              `codec:"bytes"`  // the bytes of all its leaves
 }
 
 func registerServices(s *Server) {

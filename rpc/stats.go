@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"runtime"
+	"runtime/metrics"
 )
 
 // MethodStats is the built-in method that returns a node's Stats.
@@ -19,15 +20,16 @@ type Stats struct {
 	Streams    int    `codec:"streams"`    // streams being served, idle pooled ones included
 	Mappings   int    `codec:"mappings"`   // files and TensorDicts the resolver holds mapped
 	Goroutines int    `codec:"goroutines"` // runtime.NumGoroutine
-	HeapBytes  uint64 `codec:"heap_bytes"` // Go heap in use (runtime.MemStats.HeapInuse)
+	HeapBytes  uint64 `codec:"heap_bytes"` // Go heap in use: what runtime.MemStats.HeapInuse counts (heapInUse)
 	OpenFiles  int    `codec:"open_files"` // file descriptors open in the process; -1 if unknown
 }
 
 // StatsRequest asks for a node's Stats; it has no fields.
 type StatsRequest struct{}
 
-// Stats returns a snapshot of s's load. It reads runtime.MemStats, which
-// stops the world briefly: call it for monitoring, not on a hot path.
+// Stats returns a snapshot of s's load. It reads the heap through
+// runtime/metrics, which does not stop the world, and lists the process's
+// open files: cheap enough to poll, not meant for a hot path.
 func (s *Server) Stats() Stats {
 	var st Stats
 	st.Handshakes = int(s.handshakes.Load())
@@ -43,14 +45,31 @@ func (s *Server) Stats() Stats {
 		s.res.mu.Unlock()
 	}
 	st.Goroutines = runtime.NumGoroutine()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	st.HeapBytes = ms.HeapInuse
+	st.HeapBytes = heapInUse()
 	st.OpenFiles = -1
 	if fds, err := os.ReadDir("/proc/self/fd"); err == nil {
 		st.OpenFiles = len(fds) - 1 // less the one ReadDir opened
 	}
 	return st
+}
+
+// heapInUse returns the bytes of the heap's spans in use: its objects, live
+// or not yet swept, and the free space in their spans. That is
+// runtime.MemStats.HeapInuse, read through runtime/metrics: ReadMemStats
+// stops the world, metrics.Read does not.
+func heapInUse() uint64 {
+	samples := []metrics.Sample{
+		{Name: "/memory/classes/heap/objects:bytes"},
+		{Name: "/memory/classes/heap/unused:bytes"},
+	}
+	metrics.Read(samples)
+	var n uint64
+	for _, s := range samples {
+		if s.Value.Kind() == metrics.KindUint64 {
+			n += s.Value.Uint64()
+		}
+	}
+	return n
 }
 
 // Stats returns the node's Stats (MethodStats). The call itself counts: it

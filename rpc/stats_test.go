@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -45,4 +46,20 @@ func TestServer_Stats(t *testing.T) {
 	raw.Close()
 	c.Close()
 	waitStats("everyone gone", func(s Stats) bool { return s.Peers == 0 && s.Handshakes == 0 && s.Streams == 0 })
+}
+
+// TestHeapInUse_IsMemStatsHeapInuse: heapInUse reads through
+// runtime/metrics what MemStats.HeapInuse counts. Read one after the
+// other, they agree to within the few spans another goroutine may take
+// in between (1 MiB allowed).
+func TestHeapInUse_IsMemStatsHeapInuse(t *testing.T) {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	got := heapInUse()
+	diff := int64(got) - int64(ms.HeapInuse)
+	t.Logf("heapInUse %d, HeapInuse %d", got, ms.HeapInuse)
+	if got == 0 || diff < -1<<20 || diff > 1<<20 {
+		t.Errorf("heapInUse() = %d; MemStats.HeapInuse = %d", got, ms.HeapInuse)
+	}
 }

@@ -254,7 +254,7 @@ func (w *wireTD) setRefs(leaves []*tensordict.Tensor, root string) bool {
 		if mm == nil {
 			return false
 		}
-		rel, ok := relPath(root, mm.Path())
+		rel, ok := relPath(root, mm.Path(), false)
 		if !ok {
 			return false
 		}
@@ -268,20 +268,31 @@ func (w *wireTD) setRefs(leaves []*tensordict.Tensor, root string) bool {
 	return true
 }
 
-// relPath returns path relative to root, slash-separated, if it lies inside.
-func relPath(root, path string) (string, bool) {
+// relPath returns path relative to root (absolute, symlinks resolved),
+// slash-separated, if it lies inside; false for root "". A path that is
+// not lexically inside is tried again with its symlinks resolved (root
+// reached through a symlink). One that is lexically inside is taken as it
+// is, unless strict: then it is resolved too, and refused if a symlink
+// leads it out of root. References take the lexical answer, which costs
+// no system call per leaf; the receiving side's os.Root refuses a
+// reference a symlink leads out.
+func relPath(root, path string, strict bool) (string, bool) {
+	if root == "" {
+		return "", false
+	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return "", false
 	}
 	rel, err := filepath.Rel(root, abs)
-	if err != nil || !filepath.IsLocal(rel) {
-		if real, err := filepath.EvalSymlinks(abs); err == nil {
-			rel, err = filepath.Rel(root, real)
-			if err == nil && filepath.IsLocal(rel) {
-				return filepath.ToSlash(rel), true
-			}
-		}
+	if err == nil && filepath.IsLocal(rel) && !strict {
+		return filepath.ToSlash(rel), true
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", false
+	}
+	if rel, err = filepath.Rel(root, real); err != nil || !filepath.IsLocal(rel) {
 		return "", false
 	}
 	return filepath.ToSlash(rel), true

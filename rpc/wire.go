@@ -22,12 +22,17 @@ import (
 // Bulk bytes never go inside msgpack: they are written straight from the
 // tensors to the stream and read straight into them.
 
-// requestHeader opens a call. Field names are the wire's; see protocol.md.
+// requestHeader opens a call, or a message stream. Field names are the
+// wire's; see protocol.md. The keys with omitempty are version 2's, and
+// left out when zero.
 type requestHeader struct {
 	Method    string `codec:"method"`
 	TimeoutUS int64  `codec:"timeout_us"` // the caller's remaining time; 0: none
 	ArgLen    int64  `codec:"arg_len"`
-	BodyLen   int64  `codec:"body_len"`
+	BodyLen   int64  `codec:"body_len"`               // bytes on the wire
+	RawLen    int64  `codec:"raw_len,omitempty"`      // > 0: the body is an LZ4 frame of this many bytes
+	Stream    bool   `codec:"stream,omitempty"`       // opens a message stream (stream.go)
+	NoLZ4     bool   `codec:"uncompressed,omitempty"` // the caller wants its answer's bodies uncompressed
 }
 
 // responseHeader answers a call. Code 0 is success; otherwise Message says
@@ -39,6 +44,7 @@ type responseHeader struct {
 	Reason  string `codec:"reason,omitempty"`
 	ArgLen  int64  `codec:"arg_len"`
 	BodyLen int64  `codec:"body_len"`
+	RawLen  int64  `codec:"raw_len,omitempty"` // as in requestHeader
 }
 
 // errProtocol marks bytes that break the message format or the limits: the

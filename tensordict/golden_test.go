@@ -192,7 +192,7 @@ func checkAgainst(t *testing.T, td *TensorDict, e *expected) {
 		if n.Pickled {
 			continue
 		}
-		v, err := td.NonTensorAt(n.Path...)
+		v, err := td.NonTensor(n.Path...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -202,8 +202,8 @@ func (td *TensorDict) Dict(path ...string) (*TensorDict, error) {
 	return getAs[*TensorDict](td, path)
 }
 
-// NonTensorAt returns the non-tensor value at a nested key.
-func (td *TensorDict) NonTensorAt(path ...string) (*NonTensor, error) {
+// NonTensor returns the non-tensor value at a nested key.
+func (td *TensorDict) NonTensor(path ...string) (*NonTensor, error) {
 	return getAs[*NonTensor](td, path)
 }
 

@@ -155,7 +155,7 @@ func TestTensorDict_Indexing(t *testing.T) {
 			if got := values[float32](t, m, "obs"); !slices.Equal(got, []float32{0, 1, 6, 7}) {
 				t.Errorf("masked obs %v", got)
 			}
-			if nt := must[*NonTensor](t)(m.NonTensorAt("info")); nt.Data != "episode-1" {
+			if nt := must[*NonTensor](t)(m.NonTensor("info")); nt.Data != "episode-1" {
 				t.Errorf("non-tensor through Mask: %v", nt.Data)
 			}
 			for _, bad := range []func() error{

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -17,17 +17,24 @@ import (
 )
 
 // bufferSpec is one --buffer flag of the node command:
-// NAME[,capacity=N][,sampler=KIND][,alpha=A][,beta=B][,min-size=N][,lease=D].
-// Only the settings given are kept: set says which, and the fields hold
-// their values.
+// NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D],
+// PARAM a parameter of the sampler (prioritized: alpha, beta, eps). Only
+// the settings given are kept: set says which, and the fields hold their
+// values.
 type bufferSpec struct {
-	name        string
-	set         map[string]bool // the settings given
-	capacity    int
-	kind        string // sampler
-	alpha, beta float64
-	minSize     int
-	lease       time.Duration
+	name     string
+	set      map[string]bool // the settings given
+	capacity int
+	sampler  replay.Sampler // its kind, when set["sampler"]; parameters at their defaults
+	params   []samplerParam // in the order given
+	minSize  int
+	lease    time.Duration
+}
+
+// samplerParam is a sampler parameter given as NAME=X.
+type samplerParam struct {
+	name  string
+	value float64
 }
 
 // bufferFlags collects repeated --buffer flags.
@@ -35,8 +42,35 @@ type bufferFlags []bufferSpec
 
 func (f *bufferFlags) String() string { return fmt.Sprint(len(*f), " buffers") }
 
-// samplerKinds are the values of sampler=.
-var samplerKinds = []string{"uniform", "without_replacement", "prioritized", "fifo"}
+// samplerParams returns the names of the parameters of every kind of
+// sampler, and a description of which kind takes which for the help:
+// "alpha=A, beta=B, eps=E (prioritized)".
+func samplerParams() (names []string, help string) {
+	var parts []string
+	for _, kind := range replay.SamplerKinds() {
+		s, _ := replay.ParseSampler(kind)
+		params := slices.Sorted(maps.Keys(s.Params()))
+		if len(params) == 0 {
+			continue
+		}
+		var ps []string
+		for _, p := range params {
+			ps = append(ps, p+"="+strings.ToUpper(p[:1]))
+			if !slices.Contains(names, p) {
+				names = append(names, p)
+			}
+		}
+		parts = append(parts, strings.Join(ps, ", ")+" ("+kind+")")
+	}
+	return names, strings.Join(parts, "; ")
+}
+
+// samplerHelp describes the sampler settings of --buffer for the node's
+// help.
+func samplerHelp() string {
+	_, params := samplerParams()
+	return "sampler=" + strings.Join(replay.SamplerKinds(), "|") + " (default uniform) and its parameters " + params
+}
 
 // Set parses one --buffer value and checks every value in it, and that
 // they agree with each other, before any buffer is looked for.
@@ -51,6 +85,7 @@ func (f *bufferFlags) Set(v string) error {
 			return fmt.Errorf("buffer %s given twice", spec.name)
 		}
 	}
+	params, _ := samplerParams()
 	for _, p := range parts[1:] {
 		k, val, ok := strings.Cut(p, "=")
 		if !ok {
@@ -60,36 +95,33 @@ func (f *bufferFlags) Set(v string) error {
 			return fmt.Errorf("buffer %s: %s given twice", spec.name, k)
 		}
 		var err error
-		switch k {
-		case "capacity":
+		switch {
+		case k == "capacity":
 			if spec.capacity, err = strconv.Atoi(val); err == nil && spec.capacity < 1 {
 				err = errors.New("want at least 1")
 			}
-		case "min-size":
+		case k == "min-size":
 			if spec.minSize, err = strconv.Atoi(val); err == nil && spec.minSize < 1 {
 				err = errors.New("want at least 1")
 			}
-		case "sampler":
-			spec.kind = val
-			if !slices.Contains(samplerKinds, val) {
-				return fmt.Errorf("buffer %s: unknown sampler %q; one of %s", spec.name, val, strings.Join(samplerKinds, ", "))
-			}
-		case "alpha", "beta":
-			x, perr := strconv.ParseFloat(val, 64)
-			if err = perr; err == nil && !(x >= 0 && !math.IsInf(x, 1)) {
-				err = errors.New("want a finite number >= 0")
-			}
-			if k == "alpha" {
-				spec.alpha = x
+		case k == "sampler":
+			if strings.ContainsAny(val, "()") {
+				err = errors.New("the kind alone; give its parameters as settings of their own (alpha=0.7)")
 			} else {
-				spec.beta = x
+				spec.sampler, err = replay.ParseSampler(val)
 			}
-		case "lease":
+		case slices.Contains(params, k):
+			var x float64
+			if x, err = strconv.ParseFloat(val, 64); err == nil {
+				spec.params = append(spec.params, samplerParam{k, x})
+			}
+		case k == "lease":
 			if spec.lease, err = time.ParseDuration(val); err == nil && spec.lease <= 0 {
 				err = errors.New("want a positive duration")
 			}
 		default:
-			return fmt.Errorf("buffer %s: unknown setting %q", spec.name, k)
+			return fmt.Errorf("buffer %s: unknown setting %q; the settings are capacity, sampler, %s, min-size and lease",
+				spec.name, k, strings.Join(params, ", "))
 		}
 		if err != nil {
 			return fmt.Errorf("buffer %s: %s=%s: %w", spec.name, k, val, err)
@@ -101,7 +133,7 @@ func (f *bufferFlags) Set(v string) error {
 			spec.name, spec.minSize, spec.capacity)
 	}
 	if spec.set["sampler"] {
-		if err := spec.paramsApply(spec.kind); err != nil {
+		if _, err := spec.withParams(spec.sampler); err != nil {
 			return fmt.Errorf("buffer %s: %w", spec.name, err)
 		}
 	}
@@ -109,72 +141,49 @@ func (f *bufferFlags) Set(v string) error {
 	return nil
 }
 
-// paramsApply checks that alpha= and beta=, if given, apply to a sampler
-// of the given kind.
-func (s bufferSpec) paramsApply(kind string) error {
-	for _, k := range []string{"alpha", "beta"} {
-		if s.set[k] && kind != "prioritized" {
-			return fmt.Errorf("%s applies to sampler=prioritized only, not %s", k, kind)
+// withParams returns sampler with the parameters given set; an error
+// naming the one the sampler does not take, or whose value is out of
+// range.
+func (s bufferSpec) withParams(sampler replay.Sampler) (replay.Sampler, error) {
+	for _, p := range s.params {
+		var err error
+		if sampler, err = sampler.WithParam(p.name, p.value); err != nil {
+			return sampler, fmt.Errorf("%s=%g: %w", p.name, p.value, err)
 		}
 	}
-	return nil
+	return sampler, nil
 }
 
 // createConfig is the configuration of a new buffer with the spec's
-// settings.
-func (s bufferSpec) createConfig() replay.Config {
+// settings; an error if a parameter given does not apply to its sampler.
+func (s bufferSpec) createConfig() (replay.Config, error) {
 	cfg := replay.Config{Capacity: s.capacity, Lease: s.lease}
 	cfg.Limit.MinSize = s.minSize
-	switch s.kind {
-	case "without_replacement":
-		cfg.Sampler = replay.WithoutReplacement()
-	case "prioritized":
-		alpha, beta := 0.6, 0.4
-		if s.set["alpha"] {
-			alpha = s.alpha
-		}
-		if s.set["beta"] {
-			beta = s.beta
-		}
-		cfg.Sampler = replay.Prioritized(alpha, beta)
-	case "fifo":
-		cfg.Sampler = replay.FIFO()
-	default:
-		cfg.Sampler = replay.Uniform()
-	}
-	return cfg
+	var err error
+	cfg.Sampler, err = s.withParams(s.sampler) // the zero Sampler is uniform
+	return cfg, err
 }
 
 // change returns the configuration of an existing buffer, cur, with the
-// spec's settings: those that can change (lease, min-size, alpha, beta)
-// changed, and an error naming both values for one that cannot (capacity,
-// the sampler's kind) or does not apply.
+// spec's settings: those that can change (lease, min-size, the sampler's
+// parameters) changed, and an error naming both values for one that cannot
+// (capacity, the sampler's kind) or does not apply.
 func (s bufferSpec) change(cur replay.Config) (replay.Config, error) {
 	next := cur
-	kind := cur.Sampler.Kind()
 	switch {
 	case s.set["capacity"] && s.capacity != cur.Capacity:
 		return cur, fmt.Errorf("capacity=%d, but the buffer's capacity is %d: it is fixed when the buffer is created",
 			s.capacity, cur.Capacity)
-	case s.set["sampler"] && s.kind != kind:
+	case s.set["sampler"] && s.sampler.Kind() != cur.Sampler.Kind():
 		return cur, fmt.Errorf("sampler=%s, but the buffer's sampler is %s: its kind is fixed when the buffer is created",
-			s.kind, cur.Sampler)
+			s.sampler.Kind(), cur.Sampler)
 	case s.set["min-size"] && s.minSize > cur.Capacity:
 		return cur, fmt.Errorf("min-size=%d is larger than the buffer's capacity %d: sampling could never start",
 			s.minSize, cur.Capacity)
 	}
-	if err := s.paramsApply(kind); err != nil {
-		return cur, fmt.Errorf("%w (the buffer's)", err)
-	}
-	if kind == "prioritized" {
-		alpha, beta := cur.Sampler.Params()
-		if s.set["alpha"] {
-			alpha = s.alpha
-		}
-		if s.set["beta"] {
-			beta = s.beta
-		}
-		next.Sampler = replay.Prioritized(alpha, beta)
+	var err error
+	if next.Sampler, err = s.withParams(cur.Sampler); err != nil {
+		return cur, fmt.Errorf("%w (the buffer's sampler is %s)", err, cur.Sampler)
 	}
 	if s.set["min-size"] {
 		next.Limit.MinSize = s.minSize
@@ -193,10 +202,10 @@ func changes(from, to replay.Config) (was, now []string) {
 			was, now = append(was, k+"="+x), append(now, k+"="+y)
 		}
 	}
-	fa, fb := from.Sampler.Params()
-	ta, tb := to.Sampler.Params()
-	add("alpha", fa, ta)
-	add("beta", fb, tb)
+	fp, tp := from.Sampler.Params(), to.Sampler.Params()
+	for _, k := range slices.Sorted(maps.Keys(tp)) {
+		add(k, fp[k], tp[k])
+	}
 	add("min-size", from.Limit.MinSize, to.Limit.MinSize)
 	add("lease", from.Lease, to.Lease)
 	return was, now
@@ -300,13 +309,13 @@ func (s bufferSpec) open(root string, log *slog.Logger) (*replay.Buffer, error) 
 	case !errors.Is(err, replay.ErrNotFound):
 		return nil, err
 	}
-	if err := s.paramsApply(s.createConfig().Sampler.Kind()); err != nil {
+	cfg, err := s.createConfig()
+	if err != nil {
 		return nil, err
 	}
 	if !s.set["capacity"] {
 		return nil, fmt.Errorf("no buffer at %s to open, and no capacity= to create one", prefix)
 	}
-	cfg := s.createConfig()
 	if b, err = replay.Create(prefix, cfg); err != nil {
 		return nil, err
 	}

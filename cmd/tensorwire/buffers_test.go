@@ -31,8 +31,8 @@ func TestNode_ServesReplayBuffer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Mode() != "ref" {
-		t.Fatalf("mode %s, want ref: the node and the test share the root", c.Mode())
+	if !c.SharedFS() {
+		t.Fatal("the client works by bytes; the node and the test share the root")
 	}
 	reward, err := tensordict.FromSlice([]float32{1, 2, 3}, 3)
 	if err != nil {
@@ -115,8 +115,9 @@ func TestNode_BufferFlagErrors(t *testing.T) {
 		{"", "a folder under the root"},
 		{"../up,capacity=4", "a folder under the root"},
 		{"b,capacity=x", "capacity"},
-		{"b,sampler=lifo", "unknown sampler"},
-		{"b,colour=red", "unknown setting"},
+		{"b,sampler=lifo", `sampler=lifo: replay: bad config: sampler: selector: unknown kind "lifo"; one of uniform, without_replacement, prioritized, fifo`},
+		{"b,sampler=prioritized(alpha=1)", "the kind alone"},
+		{"b,colour=red", `unknown setting "colour"; the settings are capacity, sampler, alpha, beta, eps, min-size and lease`},
 		{"b,capacity", "not key=value"},
 		{"b,lease=5", "lease"},
 		{"b,capacity=0", "capacity=0: want at least 1"},
@@ -126,8 +127,8 @@ func TestNode_BufferFlagErrors(t *testing.T) {
 		{"b,lease=-1s", "lease=-1s: want a positive duration"},
 		{"b,capacity=8,min-size=9", "min-size=9 is larger than capacity=8"},
 		{"b,min-size=9,capacity=8", "min-size=9 is larger than capacity=8"},
-		{"b,sampler=uniform,alpha=0.5", "alpha applies to sampler=prioritized only, not uniform"},
-		{"b,beta=0.5,sampler=fifo", "beta applies to sampler=prioritized only, not fifo"},
+		{"b,sampler=uniform,alpha=0.5", "alpha=0.5: replay: bad config: sampler: selector: uniform takes no parameters (alpha given)"},
+		{"b,beta=0.5,sampler=fifo", "fifo takes no parameters (beta given)"},
 		{"b,sampler=prioritized,alpha=-1", "alpha=-1"},
 		{"b,sampler=prioritized,beta=NaN", "beta=NaN"},
 		{"b,capacity=4,capacity=8", "capacity given twice"},
@@ -241,7 +242,7 @@ func TestNode_BufferSettingsOfAnExistingBuffer(t *testing.T) {
 		{"u,sampler=prioritized", []string{"sampler=prioritized", "uniform", "fixed"}},
 		{"u,capacity=32", []string{"capacity=32", "16", "fixed"}},
 		{"u,capacity=16,sampler=fifo", []string{"sampler=fifo", "uniform"}},
-		{"u,alpha=0.5", []string{"alpha applies to sampler=prioritized only", "uniform"}},
+		{"u,alpha=0.5", []string{"alpha=0.5", "uniform takes no parameters", "the buffer's sampler is uniform"}},
 		{"u,min-size=17", []string{"min-size=17", "16"}},
 		{"p,sampler=uniform", []string{"sampler=uniform", "prioritized"}},
 	} {
@@ -311,5 +312,32 @@ func TestNode_BufferFolderDeletedIsLogged(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "buffer storage lost") || !strings.Contains(logs.String(), "name=sig") {
 		t.Errorf("the log does not say which buffer was lost:\n%s", logs)
+	}
+}
+
+// TestBufferSpec_SamplerParams: any parameter of the sampler is a
+// setting, eps among them; one the sampler does not take is refused when
+// the buffer is created.
+func TestBufferSpec_SamplerParams(t *testing.T) {
+	var f bufferFlags
+	if err := f.Set("b,capacity=8,sampler=prioritized,eps=0.01,alpha=0.7"); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := f[0].createConfig()
+	want, _ := replay.ParseSampler("prioritized(alpha=0.7, eps=0.01)")
+	if err != nil || cfg.Sampler != want {
+		t.Errorf("createConfig: sampler %v, %v; want %v", cfg.Sampler, err, want)
+	}
+	if err := f.Set("c,capacity=8,alpha=0.7"); err != nil {
+		t.Fatal(err) // the buffer may exist, with a prioritized sampler
+	}
+	if _, err := f[1].createConfig(); err == nil || !strings.Contains(err.Error(), "uniform takes no parameters (alpha given)") {
+		t.Errorf("creating a uniform buffer with alpha=: %v", err)
+	}
+	help := samplerHelp()
+	for _, k := range append(replay.SamplerKinds(), "alpha=A, beta=B, eps=E (prioritized)") {
+		if !strings.Contains(help, k) {
+			t.Errorf("samplerHelp() = %q; it does not name %s", help, k)
+		}
 	}
 }

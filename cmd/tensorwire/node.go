@@ -22,7 +22,7 @@ var nodeCmd = command{
 		"other users; make one with: umask 077; head -c 32 /dev/urandom | base64 > token), and a node listening " +
 		"on anything but loopback refuses to start without one unless --insecure is given; --tls-cert and --tls-key (PEM) add TLS; each --buffer serves the replay buffer at DIR/NAME " +
 		"(replay.Dial), opened if it exists and created otherwise, with settings capacity=N, " +
-		"sampler=uniform|without_replacement|prioritized|fifo, alpha=A, beta=B, min-size=N, lease=D (how long a " +
+		samplerHelp() + ", min-size=N, lease=D (how long a " +
 		"writer's reservation lasts, default 30s); buffers are " +
 		"checkpointed every --checkpoint-every and when the node stops",
 	run: runNode,
@@ -37,7 +37,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate file")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file")
 	var buffers bufferFlags
-	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,alpha=A][,beta=B][,min-size=N][,lease=D] (repeatable)")
+	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D] (repeatable), with "+samplerHelp())
 	every := fs.Duration("checkpoint-every", time.Minute, "how often the buffers are checkpointed")
 	insecure := fs.Bool("insecure", false, "serve without a token on a non-loopback address: anyone who reaches it reads and writes every file under the root")
 	pos, err := parse(fs, args)

@@ -127,14 +127,14 @@ func TestReadme_Walkthrough(t *testing.T) {
 		return string(out)
 	}
 	first := run("-root", filepath.Join(dir, "root"))
-	for _, want := range []string{"mode: ref\n", "sample before min-size: waited 200ms, deadline exceeded\n",
+	for _, want := range []string{"shared filesystem: true\n", "sample before min-size: waited 200ms, deadline exceeded\n",
 		"sampled: [256] first reward: ", " weights: 256\n", "priorities updated: 256\n", "buffer holds: 1024\n"} {
 		if !strings.Contains(first, want) {
 			t.Errorf("the first run's output lacks %q:\n%s", want, first)
 		}
 	}
 	second := run("-root", "")
-	for _, want := range []string{"mode: bytes\n", "the buffer held enough already\n", "buffer holds: 2048\n"} {
+	for _, want := range []string{"shared filesystem: false\n", "the buffer held enough already\n", "buffer holds: 2048\n"} {
 		if !strings.Contains(second, want) {
 			t.Errorf("the second run's output (rows as bytes) lacks %q:\n%s", want, second)
 		}

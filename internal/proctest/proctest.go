@@ -197,15 +197,9 @@ func (p *Proc) Kill() time.Time {
 	return at
 }
 
-// Wait waits for the process to exit by itself and returns cmd.Wait's
-// error.
-func (p *Proc) Wait() error {
-	<-p.exited
-	return p.ExitErr()
-}
-
-// WaitFor is Wait for at most d; then it kills the process and returns an
-// error saying so.
+// WaitFor waits up to d for the process to exit by itself and returns
+// cmd.Wait's error; after d it kills the process and returns an error
+// saying so.
 func (p *Proc) WaitFor(d time.Duration) error {
 	select {
 	case <-p.exited:

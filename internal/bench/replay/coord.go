@@ -39,7 +39,7 @@ const (
 type barrierRequest struct {
 	Phase string `codec:"phase"`
 	Role  string `codec:"role"` // phaseStart: roleWriter or roleTrainer
-	Mode  string `codec:"mode"` // phaseStart: the participant's Client.Mode()
+	Mode  string `codec:"mode"` // phaseStart: the participant's mode, modeOf
 }
 
 // barrierResponse is the run as the buffer node was told to run it.

@@ -160,7 +160,7 @@ func join(ctx context.Context, o *options) (*replay.Client, *rpc.Client, barrier
 	if err != nil {
 		return nil, nil, barrierResponse{}, err
 	}
-	run, err := callBarrier(ctx, rc, barrierRequest{Phase: phaseStart, Role: o.role, Mode: c.Mode()})
+	run, err := callBarrier(ctx, rc, barrierRequest{Phase: phaseStart, Role: o.role, Mode: modeOf(c)})
 	if err != nil {
 		c.Close()
 		rc.Close()
@@ -196,9 +196,9 @@ func dial(ctx context.Context, o *options) (*replay.Client, *rpc.Client, error) 
 	if err != nil {
 		return nil, nil, fmt.Errorf("dialing buffer %q at %s: %w", o.name, o.addr, err)
 	}
-	if c.Mode() != o.mode {
+	if modeOf(c) != o.mode {
 		c.Close()
-		return nil, nil, fmt.Errorf("the client works in mode %q, not %q: is --root %q the node's shared root?", c.Mode(), o.mode, o.root)
+		return nil, nil, fmt.Errorf("the client works in mode %q, not %q: is --root %q the node's shared root?", modeOf(c), o.mode, o.root)
 	}
 	rc, err := rpc.Dial(dctx, o.addr, ropts...)
 	if err != nil {
@@ -231,7 +231,7 @@ func runWriter(ctx context.Context, o *options, stdout io.Writer, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	res := writerResult{Role: roleWriter, Mode: c.Mode(), Index: run.Index}
+	res := writerResult{Role: roleWriter, Mode: modeOf(c), Index: run.Index}
 	var seq uint64
 	next := func() { // makes bt the next bt.n transitions of this writer
 		for i := range bt.n {
@@ -328,7 +328,7 @@ func runTrainer(ctx context.Context, o *options, stdout io.Writer, log *slog.Log
 	if err != nil {
 		return err
 	}
-	res := trainerResult{Role: roleTrainer, Mode: c.Mode()}
+	res := trainerResult{Role: roleTrainer, Mode: modeOf(c)}
 	v := &verifier{log: log}
 
 	if err := warmSample(ctx, c, rc, dst, v, &res); err != nil {
@@ -422,4 +422,9 @@ func warmSample(ctx context.Context, c *replay.Client, rc *rpc.Client, dst *batc
 		return fmt.Errorf("warm-up: sample: %w", serr)
 	}
 	return nil
+}
+
+// modeOf names how c works: "ref" (replay.Client.SharedFS) or "bytes".
+func modeOf(c *replay.Client) string {
+	return map[bool]string{true: "ref", false: "bytes"}[c.SharedFS()]
 }

@@ -54,7 +54,9 @@ type twStream struct {
 }
 
 func (tensorwireSystem) serve(ctx context.Context, ln net.Listener) error {
-	s, err := rpc.NewServer()
+	// Compression off on both sides: raw TCP and grpc-go move the
+	// payloads as they are, so tensorwire does too.
+	s, err := rpc.NewServer(rpc.WithCompression(false))
 	if err != nil {
 		return err
 	}
@@ -142,7 +144,7 @@ type twClient struct {
 }
 
 func (tensorwireSystem) dial(ctx context.Context, addr string) (client, error) {
-	c, err := rpc.Dial(ctx, addr)
+	c, err := rpc.Dial(ctx, addr, rpc.WithCompression(false))
 	if err != nil {
 		return nil, err
 	}

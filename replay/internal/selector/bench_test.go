@@ -23,7 +23,7 @@ func full(k int) Selector {
 func BenchmarkSelect(b *testing.B) {
 	const n = 256
 	for k, kind := range kinds {
-		b.Run(kind.name, func(b *testing.B) {
+		b.Run(string(kind.name), func(b *testing.B) {
 			s := full(k)
 			rng := newRand(2)
 			slots, weights := make([]int, 0, n), make([]float64, 0, n)
@@ -49,7 +49,7 @@ func BenchmarkSelect(b *testing.B) {
 // 50 000 and inserts it again as the newest, with a new priority.
 func BenchmarkInsertRemove(b *testing.B) {
 	for k, kind := range kinds {
-		b.Run(kind.name, func(b *testing.B) {
+		b.Run(string(kind.name), func(b *testing.B) {
 			s := full(k)
 			rng := newRand(3)
 			seq := uint64(benchCapacity)

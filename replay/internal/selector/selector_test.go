@@ -10,7 +10,7 @@ import (
 
 // kinds builds one selector of each kind for the tests they share.
 var kinds = []struct {
-	name string
+	name Kind
 	new  func(capacity int) Selector
 }{
 	{KindUniform, Uniform},
@@ -37,7 +37,7 @@ func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 0x5e1ec
 
 func TestSelector_Bookkeeping(t *testing.T) {
 	for _, k := range kinds {
-		t.Run(k.name, func(t *testing.T) {
+		t.Run(string(k.name), func(t *testing.T) {
 			s := k.new(10)
 			steps := []struct {
 				op   string // "+" insert, "-" remove
@@ -89,7 +89,7 @@ func TestSelector_Bookkeeping(t *testing.T) {
 
 func TestSelector_Priority(t *testing.T) {
 	for _, k := range kinds {
-		t.Run(k.name, func(t *testing.T) {
+		t.Run(string(k.name), func(t *testing.T) {
 			s := k.new(4)
 			s.Insert(1, 1, 2.5)
 			s.Update(2, 7) // absent: ignored
@@ -123,7 +123,7 @@ func TestSelector_Priority(t *testing.T) {
 
 func TestSelector_SelectAppends(t *testing.T) {
 	for _, k := range kinds {
-		t.Run(k.name, func(t *testing.T) {
+		t.Run(string(k.name), func(t *testing.T) {
 			s := k.new(8)
 			for slot := range 8 {
 				s.Insert(slot, uint64(slot), float64(slot))
@@ -149,7 +149,7 @@ func TestSelector_SelectAppends(t *testing.T) {
 
 func TestSelector_SelectZero(t *testing.T) {
 	for _, k := range kinds {
-		t.Run(k.name, func(t *testing.T) {
+		t.Run(string(k.name), func(t *testing.T) {
 			s := k.new(4)
 			s.Insert(2, 1, 1)
 			slots, weights, err := s.Select(newRand(1), 0, nil, nil)
@@ -249,7 +249,7 @@ func TestSelector_Short(t *testing.T) {
 func TestSelector_InsertOutOfRangePanics(t *testing.T) {
 	for _, k := range kinds {
 		for _, slot := range []int{-1, 4} {
-			t.Run(k.name, func(t *testing.T) {
+			t.Run(string(k.name), func(t *testing.T) {
 				defer func() {
 					if recover() == nil {
 						t.Errorf("Insert(%d) into capacity 4 did not panic", slot)
@@ -263,7 +263,7 @@ func TestSelector_InsertOutOfRangePanics(t *testing.T) {
 
 func TestSelector_Spec(t *testing.T) {
 	for _, k := range kinds {
-		t.Run(k.name, func(t *testing.T) {
+		t.Run(string(k.name), func(t *testing.T) {
 			spec := k.new(4).Spec()
 			if spec.Kind != k.name {
 				t.Errorf("Spec().Kind = %q, want %q", spec.Kind, k.name)
@@ -290,7 +290,7 @@ func TestSelector_Model(t *testing.T) {
 		prio float64
 	}
 	for _, tc := range []struct {
-		name string
+		name Kind
 		new  func(int) Selector
 		eps  float64 // prioritized: a slot is pickable iff prio+eps > 0
 	}{
@@ -300,7 +300,7 @@ func TestSelector_Model(t *testing.T) {
 		{KindPrioritized + "/eps0", func(c int) Selector { return mustPrioritized(c, 0.7, 1, 0) }, 0},
 		{KindFIFO, FIFO, 0},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
+		t.Run(string(tc.name), func(t *testing.T) {
 			prioritized := tc.new(1).Spec().Kind == KindPrioritized
 			rng := newRand(7)
 			s := tc.new(capacity)

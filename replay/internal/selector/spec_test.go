@@ -2,8 +2,11 @@ package selector
 
 import (
 	"encoding/json"
+	"maps"
 	"math"
 	"runtime"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -69,10 +72,10 @@ func TestSpec_JSON(t *testing.T) {
 }
 
 func TestConstructors_PanicOnBadCapacity(t *testing.T) {
-	for name, f := range map[string]func(int) Selector{
+	for name, f := range map[Kind]func(int) Selector{
 		KindUniform: Uniform, KindWithoutReplacement: WithoutReplacement, KindFIFO: FIFO,
 	} {
-		t.Run(name, func(t *testing.T) {
+		t.Run(string(name), func(t *testing.T) {
 			defer func() {
 				if recover() == nil {
 					t.Errorf("%s(0) did not panic", name)
@@ -105,5 +108,92 @@ func TestFootprint(t *testing.T) {
 		if fp := Footprint(spec, math.MaxInt); fp != math.MaxUint64 {
 			t.Errorf("%s: Footprint of MaxInt slots = %d, want it saturated", spec.Kind, fp)
 		}
+	}
+}
+
+func TestSpec_StringParse(t *testing.T) {
+	for _, tc := range []struct {
+		text string // ParseSpec's input
+		spec Spec
+		out  string // String of the spec
+	}{
+		{"uniform", Spec{Kind: KindUniform}, "uniform"},
+		{"without_replacement", Spec{Kind: KindWithoutReplacement}, "without_replacement"},
+		{"fifo()", Spec{Kind: KindFIFO}, "fifo"},
+		{"prioritized", Spec{Kind: KindPrioritized, Alpha: 0.6, Beta: 0.4, Eps: 1e-8}, "prioritized(alpha=0.6, beta=0.4)"},
+		{"prioritized(alpha=0.6, beta=0.4)", Spec{Kind: KindPrioritized, Alpha: 0.6, Beta: 0.4, Eps: 1e-8}, "prioritized(alpha=0.6, beta=0.4)"},
+		{"prioritized(beta=1,alpha=0.7)", Spec{Kind: KindPrioritized, Alpha: 0.7, Beta: 1, Eps: 1e-8}, "prioritized(alpha=0.7, beta=1)"},
+		{" prioritized ( eps = 0 ) ", Spec{Kind: KindPrioritized, Alpha: 0.6, Beta: 0.4}, "prioritized(alpha=0.6, beta=0.4, eps=0)"},
+	} {
+		spec, err := ParseSpec(tc.text)
+		if err != nil || spec != tc.spec {
+			t.Errorf("ParseSpec(%q) = %+v, %v; want %+v", tc.text, spec, err, tc.spec)
+			continue
+		}
+		if got := spec.String(); got != tc.out {
+			t.Errorf("String of %+v = %q, want %q", spec, got, tc.out)
+		}
+		if back, err := ParseSpec(spec.String()); err != nil || back != spec {
+			t.Errorf("ParseSpec(%q) = %+v, %v; want %+v back", spec.String(), back, err, spec)
+		}
+	}
+}
+
+func TestParseSpec_Refusals(t *testing.T) {
+	for _, tc := range []struct{ text, want string }{
+		{"", `unknown kind ""`},
+		{"lifo", `unknown kind "lifo"; one of uniform, without_replacement, prioritized, fifo`},
+		{"Uniform", "unknown kind"},
+		{"uniform(alpha=1)", "uniform takes no parameters (alpha given)"},
+		{"prioritized(gamma=1)", "prioritized takes no gamma; its parameters are alpha, beta, eps"},
+		{"prioritized(alpha=1, alpha=2)", "alpha given twice"},
+		{"prioritized(alpha=-1)", "alpha=-1: want a finite number >= 0"},
+		{"prioritized(beta=NaN)", "beta=NaN"},
+		{"prioritized(beta=+Inf)", "beta=+Inf"},
+		{"prioritized(alpha=x)", "alpha"},
+		{"prioritized(alpha)", "not name=value"},
+		{"prioritized(alpha=1", "no closing parenthesis"},
+		{"prioritized(alpha=1,)", "not name=value"},
+	} {
+		spec, err := ParseSpec(tc.text)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseSpec(%q) = %+v, %v; want an error saying %q", tc.text, spec, err, tc.want)
+		}
+	}
+}
+
+// TestKinds_Table: every kind in Kinds builds a selector from its defaults,
+// takes the parameters Params names and refuses others, and reports
+// whether it consumes what it samples.
+func TestKinds_Table(t *testing.T) {
+	if got := Kinds(); !slices.Equal(got, []Kind{KindUniform, KindWithoutReplacement, KindPrioritized, KindFIFO}) {
+		t.Errorf("Kinds() = %v", got)
+	}
+	for _, k := range Kinds() {
+		spec, err := Defaults(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s, err := New(spec, 4); err != nil || s.Spec().Kind != k {
+			t.Errorf("New(Defaults(%s)) = %v, %v", k, s, err)
+		}
+		if got := slices.Sorted(maps.Keys(spec.Params())); !slices.Equal(got, slices.Sorted(slices.Values(k.Params()))) {
+			t.Errorf("%s: Params() of its spec %v; Kind.Params %v", k, got, k.Params())
+		}
+		for _, name := range allParams {
+			_, err := spec.With(name, 1)
+			if takes := slices.Contains(k.Params(), name); takes != (err == nil) {
+				t.Errorf("%s.With(%s, 1): %v; the kind takes it: %v", k, name, err, takes)
+			}
+		}
+		if k.Consumes() != (k == KindFIFO) {
+			t.Errorf("%s.Consumes() = %v", k, k.Consumes())
+		}
+	}
+	if _, err := Defaults("lifo"); err == nil {
+		t.Error("Defaults(lifo) succeeded")
+	}
+	if _, err := (Spec{Kind: "lifo"}).With("alpha", 1); err == nil {
+		t.Error("With on an unknown kind succeeded")
 	}
 }
