@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"iter"
 	"path/filepath"
 	"sync"
@@ -47,7 +48,9 @@ type Consumer struct {
 }
 
 // session is one membership of the producer: from a join until a drop,
-// the producer restarting, or Close.
+// the producer restarting, or Close. Its stream (MethodConsume) brings the
+// batches published for it and carries its acks, which are its heartbeats
+// too.
 type session struct {
 	c      *Consumer
 	info   joinResponse
@@ -55,7 +58,9 @@ type session struct {
 	reader *ringReader // nil in bytes mode
 	bytes  bool
 
-	ackEvery int // releases are sent once they move this many batches (or at a heartbeat)
+	stream   *rpc.Stream[ackMessage, batchMessage]
+	msgs     chan batchMessage // from the stream, in order; closed when it ends
+	ackEvery int               // releases are sent once they move this many batches (or at a heartbeat)
 
 	mu        sync.Mutex
 	relEpoch  int64 // done with every batch before (relEpoch, relIndex)
@@ -63,10 +68,10 @@ type session struct {
 	sentEpoch int64 // the release position the producer was last sent
 	sentIndex int
 	dirty     chan struct{} // signalled when the release has moved ackEvery batches
-	dropped   error         // set when the producer said ErrDropped
+	err       error         // why the stream ended; set before msgs is closed
 
-	stop func()
-	done chan struct{} // closed when the heartbeat goroutine returned
+	stop func()         // ends the goroutines
+	done sync.WaitGroup // the goroutines
 }
 
 // Dial connects to the producer served as name by the node at addr and
@@ -132,14 +137,14 @@ func (c *Consumer) Schema() tensordict.RowSchema {
 }
 
 // session returns the current session, joining the producer if there is
-// none.
+// none. A session that ended since the last call is its error, once.
 func (c *Consumer) session(ctx context.Context) (*session, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if s := c.sess; s != nil && s.droppedErr() == nil {
+	if s := c.sess; s != nil && s.streamErr() == nil {
 		c.mu.Unlock()
 		return s, nil
 	}
@@ -147,7 +152,10 @@ func (c *Consumer) session(ctx context.Context) (*session, error) {
 	c.sess = nil
 	c.mu.Unlock()
 	if old != nil {
+		// The session ended while no loop ran (dropped between epochs, the
+		// producer restarted): say so once; the next call joins again.
 		old.end(ctx)
+		return nil, fmt.Errorf("loader: before epoch %d: %w", c.Epoch(), old.streamErr())
 	}
 	s, err := c.join(ctx)
 	if err != nil {
@@ -163,7 +171,8 @@ func (c *Consumer) session(ctx context.Context) (*session, error) {
 	return s, nil
 }
 
-// join joins the producer and starts the session's heartbeats.
+// join joins the producer, opens the session's stream and starts its
+// goroutines.
 func (c *Consumer) join(ctx context.Context) (*session, error) {
 	shared := false
 	if c.o.Root != "" && !c.o.Bytes {
@@ -176,9 +185,8 @@ func (c *Consumer) join(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &session{c: c, info: resp, relEpoch: resp.Epoch, sentEpoch: resp.Epoch, dirty: make(chan struct{}, 1), done: make(chan struct{})}
-	s.ackEvery = max(1, resp.Slots/4)
-	s.schema = resp.Schema
+	s := &session{c: c, info: resp, schema: resp.Schema, relEpoch: resp.Epoch, sentEpoch: resp.Epoch,
+		dirty: make(chan struct{}, 1), ackEvery: max(1, resp.Slots/4)}
 	if err := s.schema.Validate(); err != nil {
 		s.leave()
 		return nil, fmt.Errorf("loader: the node describes the batches badly: %w", err)
@@ -193,15 +201,52 @@ func (c *Consumer) join(ctx context.Context) (*session, error) {
 	}
 	bg, stop := context.WithCancel(context.Background())
 	s.stop = stop
+	s.stream, err = rpc.OpenStream[ackMessage, batchMessage](bg, c.rc, MethodConsume, consumeRequest{
+		Name: c.name, Ring: resp.Ring, Consumer: resp.Consumer, Epoch: resp.Epoch, Bytes: s.bytes,
+	})
+	if err != nil {
+		stop()
+		s.leave()
+		if s.reader != nil {
+			s.reader.close()
+		}
+		return nil, err
+	}
+	s.msgs = make(chan batchMessage, resp.Slots+1)
+	s.done.Add(2)
+	go s.receive(bg)
 	go s.heartbeat(bg)
 	return s, nil
 }
 
+// receive passes the stream's messages to msgs until the stream ends.
+func (s *session) receive(ctx context.Context) {
+	defer s.done.Done()
+	defer close(s.msgs)
+	for {
+		m, err := s.stream.Recv(ctx)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = wrapf(ErrDropped, "the producer ended the consumer's stream")
+			}
+			s.mu.Lock()
+			s.err = err
+			s.mu.Unlock()
+			return
+		}
+		select {
+		case s.msgs <- m:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
 // heartbeat sends the session's release position to the producer each
-// time it moves, and at least four times per heartbeat period, until the
-// session ends.
+// time it moves ackEvery batches or to another epoch, and at least four
+// times per heartbeat period, until the session ends.
 func (s *session) heartbeat(ctx context.Context) {
-	defer close(s.done)
+	defer s.done.Done()
 	every := max(time.Duration(s.info.HeartbeatMS)*time.Millisecond/4, time.Millisecond)
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -213,24 +258,20 @@ func (s *session) heartbeat(ctx context.Context) {
 		case <-s.dirty:
 		}
 		e, i := s.position()
-		req := ackRequest{Name: s.c.name, Ring: s.info.Ring, Consumer: s.info.Consumer, Epoch: e, Index: i}
-		cctx, cancel := context.WithTimeout(ctx, 4*every)
-		_, err := rpc.Call[rpc.Empty](cctx, s.c.rc, MethodAck, req)
+		sctx, cancel := context.WithTimeout(ctx, 4*every)
+		err := s.stream.Send(sctx, ackMessage{Epoch: e, Index: i})
 		cancel()
-		if errors.Is(err, ErrDropped) {
-			s.setDropped(err)
-			return
+		if err != nil {
+			return // the stream is over; receive says why
 		}
-		if err == nil {
-			s.sent(e, i)
-		}
+		s.sent(e, i)
 	}
 }
 
 // release records that the consumer is done with every batch before
 // (epoch, index). The heartbeat goroutine sends it at once when it moved
 // to another epoch or ackEvery batches from the position last sent, and
-// otherwise with the next call (a next, or a heartbeat).
+// otherwise with the next heartbeat.
 func (s *session) release(epoch int64, index int) {
 	s.mu.Lock()
 	if epoch > s.relEpoch || (epoch == s.relEpoch && index > s.relIndex) {
@@ -262,18 +303,11 @@ func (s *session) sent(epoch int64, index int) {
 	}
 }
 
-func (s *session) setDropped(err error) {
-	s.mu.Lock()
-	if s.dropped == nil {
-		s.dropped = err
-	}
-	s.mu.Unlock()
-}
-
-func (s *session) droppedErr() error {
+// streamErr returns why the session's stream ended, or nil.
+func (s *session) streamErr() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.dropped
+	return s.err
 }
 
 // leave tells the producer the consumer is gone, best effort.
@@ -283,15 +317,17 @@ func (s *session) leave() {
 	rpc.Call[rpc.Empty](ctx, s.c.rc, MethodLeave, leaveRequest{Name: s.c.name, Ring: s.info.Ring, Consumer: s.info.Consumer})
 }
 
-// end stops the heartbeats, leaves the producer and unmaps the ring.
+// end ends the stream (the producer counts the consumer as gone when it
+// sees its end), stops the goroutines and unmaps the ring.
 func (s *session) end(context.Context) {
-	if s.stop != nil {
-		s.stop()
-		<-s.done
+	if s.streamErr() == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		s.stream.CloseSend(ctx)
+		cancel()
 	}
-	if s.droppedErr() == nil {
-		s.leave()
-	}
+	s.stop()
+	s.stream.Close()
+	s.done.Wait()
 	if s.reader != nil {
 		s.reader.close()
 	}
@@ -451,9 +487,6 @@ func (c *Consumer) lost(s *session, err error) bool {
 			return false
 		}
 	}
-	if errors.Is(err, ErrDropped) {
-		s.setDropped(err)
-	}
 	c.mu.Lock()
 	if c.sess == s {
 		c.sess = nil
@@ -529,49 +562,36 @@ func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast
 	}
 }
 
-// next asks the producer for the batches of epoch from index on, waiting
-// for the first to be published. In bytes mode it returns one, and its
-// rows.
+// next returns the batch of epoch at index, as its stream brings it, and
+// its rows in bytes mode; it passes over the batches before it (of an
+// epoch the loop gave up).
 func (s *session) next(ctx context.Context, epoch int64, index int) ([]announcement, *tensordict.TensorDict, error) {
-	if err := s.droppedErr(); err != nil {
-		return nil, nil, err
-	}
-	const poll = 5 * time.Second
 	for {
-		cctx, cancel := context.WithTimeout(ctx, poll+10*time.Second)
-		re, ri := s.position()
-		resp, err := rpc.Call[nextResponse](cctx, s.c.rc, MethodNext, nextRequest{
-			Name: s.c.name, Ring: s.info.Ring, Consumer: s.info.Consumer, Epoch: epoch, Index: index,
-			Max: s.info.Slots, PollMS: poll.Milliseconds(), Bytes: s.bytes, DoneEpoch: re, DoneIndex: ri,
-		})
-		cancel()
-		if err == nil {
-			s.sent(re, ri)
+		var m batchMessage
+		var ok bool
+		select {
+		case m, ok = <-s.msgs:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
 		}
-		if err != nil {
-			if errors.Is(err, ErrDropped) {
-				s.setDropped(err)
-			}
-			if ctx.Err() != nil && !errors.Is(err, rpc.ErrUnavailable) {
-				return nil, nil, ctx.Err()
-			}
-			return nil, nil, fmt.Errorf("loader: epoch %d, batch %d: %w", epoch, index, err)
+		if !ok {
+			return nil, nil, fmt.Errorf("loader: epoch %d, batch %d: %w", epoch, index, s.streamErr())
 		}
-		if len(resp.Batches) == 0 {
-			continue // the poll passed
+		a := m.Batch
+		if a.Epoch < epoch || (a.Epoch == epoch && a.Index < index) {
+			continue
 		}
-		if resp.Batches[0].Epoch != epoch || resp.Batches[0].Index != index {
-			return nil, nil, fmt.Errorf("loader: asked for batch %d of epoch %d, got %d of %d",
-				index, epoch, resp.Batches[0].Index, resp.Batches[0].Epoch)
+		if a.Epoch != epoch || a.Index != index {
+			return nil, nil, fmt.Errorf("loader: waiting for batch %d of epoch %d, got %d of %d", index, epoch, a.Index, a.Epoch)
 		}
 		var rows *tensordict.TensorDict
 		if s.bytes {
-			if resp.Rows == nil || resp.Rows.TensorDict == nil || resp.Rows.Len() != resp.Batches[0].Rows {
-				return nil, nil, fmt.Errorf("loader: batch %d of epoch %d came without its %d rows", index, epoch, resp.Batches[0].Rows)
+			if m.Rows == nil || m.Rows.TensorDict == nil || m.Rows.Len() != a.Rows {
+				return nil, nil, fmt.Errorf("loader: batch %d of epoch %d came without its %d rows", index, epoch, a.Rows)
 			}
-			rows = resp.Rows.TensorDict
+			rows = m.Rows.TensorDict
 		}
-		return resp.Batches, rows, nil
+		return []announcement{a}, rows, nil
 	}
 }
 

@@ -237,10 +237,17 @@ func (p *Producer) beginEpoch(ctx context.Context) (int64, bool) {
 			return 0, false
 		}
 	}
+	// MetaFile first: a producer made again for the folder begins after
+	// the last epoch any consumer may have seen a batch of.
+	p.ring.meta.Epoch = e
+	if err := p.ring.writeMeta(); err != nil {
+		p.err = fmt.Errorf("%w: epoch %d: %w", ErrFailed, e, err)
+		p.broadcastLocked()
+		return 0, false
+	}
 	p.epoch, p.running, p.window = e, true, p.cfg.Window > 0
 	p.epochs[e] = epochInfo{first: p.seq, count: p.nb}
 	p.pruneLocked()
-	p.ring.meta.Epoch = e
 	p.broadcastLocked()
 	return e, true
 }
@@ -258,9 +265,6 @@ func (p *Producer) pruneLocked() {
 // produceEpoch publishes the batches of epoch e, or fewer if every
 // consumer leaves it.
 func (p *Producer) produceEpoch(ctx context.Context, e int64) error {
-	if err := p.ring.writeMeta(); err != nil { // the epoch a restarted producer resumes after
-		return err
-	}
 	order := p.pipe.order(e)
 	for k := range p.nb {
 		s, gen, ok, err := p.takeSlot(ctx, e, k)
@@ -450,8 +454,9 @@ func (p *Producer) usableLocked() error {
 	return p.err
 }
 
-// memberLocked returns consumer id, marking it seen, or ErrDropped.
-func (p *Producer) memberLocked(id uint64) (*member, error) {
+// memberLocked returns consumer id, or ErrDropped; touch marks it seen (the
+// consumer itself spoke).
+func (p *Producer) memberLocked(id uint64, touch bool) (*member, error) {
 	if err := p.usableLocked(); err != nil {
 		return nil, err
 	}
@@ -460,7 +465,9 @@ func (p *Producer) memberLocked(id uint64) (*member, error) {
 		return nil, wrapf(ErrDropped, "consumer %d is not among the producer's (silent for more than %v, or slower than %v on one batch)",
 			id, p.cfg.Heartbeat, p.cfg.MaxWait)
 	}
-	m.seen = time.Now()
+	if touch {
+		m.seen = time.Now()
+	}
 	return m, nil
 }
 
@@ -470,7 +477,7 @@ func (p *Producer) memberLocked(id uint64) (*member, error) {
 func (p *Producer) release(id uint64, epoch int64, index int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	m, err := p.memberLocked(id)
+	m, err := p.memberLocked(id, true)
 	if err != nil {
 		return err
 	}
@@ -496,13 +503,18 @@ func (p *Producer) release(id uint64, epoch int64, index int) error {
 	return nil
 }
 
-// leave removes consumer id.
-func (p *Producer) leave(id uint64) {
+// leave removes consumer id; dropped counts it as dropped (its stream
+// broke) rather than gone by its own wish.
+func (p *Producer) leave(id uint64, dropped bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, ok := p.members[id]; ok {
 		delete(p.members, id)
-		p.st.Left++
+		if dropped {
+			p.st.Dropped++
+		} else {
+			p.st.Left++
+		}
 		p.broadcastLocked()
 	}
 }
@@ -517,45 +529,41 @@ type announcement struct {
 	Rows  int    `codec:"rows"`
 }
 
-// next returns the announcements of up to max published batches of epoch
-// from index on, for consumer id. It waits until the first is published,
-// ctx ends, or poll passes (then it returns none). Errors: ErrDropped for a
-// consumer the producer no longer counts, or whose batch was overwritten;
-// ErrArgument for a batch that will never be.
-func (p *Producer) next(ctx context.Context, id uint64, epoch int64, index, max int, poll time.Duration) ([]announcement, error) {
-	var deadline time.Time
-	if poll > 0 {
-		deadline = time.Now().Add(poll)
-	}
+// push returns the announcements of the published batches of consumer id
+// from (*epoch, *index) on, all that are published, waiting until there is
+// one or ctx ends; it moves the cursor past them. A cursor in an epoch the
+// consumer has given up moves to the start of its epoch, and one past an
+// epoch's last batch to the next epoch. Errors: ErrDropped for a consumer
+// the producer no longer counts, or whose batch was overwritten.
+func (p *Producer) push(ctx context.Context, id uint64, epoch *int64, index *int) ([]announcement, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for {
-		m, err := p.memberLocked(id)
+		m, err := p.memberLocked(id, false)
 		if err != nil {
 			return nil, err
 		}
-		if epoch < m.epoch {
-			return nil, wrapf(ErrArgument, "epoch %d: the consumer takes part from epoch %d on", epoch, m.epoch)
+		if *epoch < m.epoch {
+			*epoch, *index = m.epoch, 0
 		}
-		info, started := p.epochs[epoch]
-		if started {
-			if index < 0 || (info.ended && index >= info.count) {
-				return nil, wrapf(ErrArgument, "batch %d of epoch %d, which has %d", index, epoch, info.count)
+		if info, started := p.epochs[*epoch]; started {
+			if *index >= info.count {
+				*epoch, *index = *epoch+1, 0
+				continue
 			}
-			seq := info.first + uint64(index)
-			if seq < p.seq {
-				return p.announceLocked(seq, info, max)
+			if seq := info.first + uint64(*index); seq < p.seq {
+				as, err := p.announceLocked(seq, info, maxAnnounce)
+				if err != nil {
+					return nil, err
+				}
+				last := as[len(as)-1]
+				if *index = last.Index + 1; *index == last.Count {
+					*epoch, *index = *epoch+1, 0
+				}
+				return as, nil
 			}
-		} else if epoch > p.epoch+1 {
-			return nil, wrapf(ErrArgument, "epoch %d: the producer is at epoch %d", epoch, p.epoch)
 		}
-		var wait time.Duration
-		if !deadline.IsZero() {
-			if wait = time.Until(deadline); wait <= 0 {
-				return nil, nil
-			}
-		}
-		if err := p.waitLocked(ctx, wait); err != nil {
+		if err := p.waitLocked(ctx, 0); err != nil {
 			return nil, err
 		}
 	}

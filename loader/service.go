@@ -2,11 +2,12 @@ package loader
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -15,18 +16,13 @@ import (
 // The methods of the loader service (docs/loader.md describes their
 // messages). Every request names the loader it is for.
 const (
-	MethodJoin  = "loader.join"
-	MethodNext  = "loader.next"
-	MethodAck   = "loader.ack"
-	MethodLeave = "loader.leave"
-	MethodStats = "loader.stats"
+	MethodJoin    = "loader.join"    // a call: the consumer joins
+	MethodConsume = "loader.consume" // a message stream: batches one way, acks the other
+	MethodLeave   = "loader.leave"   // a call: the consumer leaves
+	MethodStats   = "loader.stats"   // a call: the producer's Stats
 )
 
-// maxPoll bounds how long a next call waits for a batch before it returns
-// none; the consumer then asks again.
-const maxPoll = 10 * time.Second
-
-// maxAnnounce bounds the announcements of one next call.
+// maxAnnounce bounds the announcements the producer hands a stream at once.
 const maxAnnounce = 1024
 
 // Service is the loader service of an rpc.Server: the producers it serves,
@@ -53,8 +49,7 @@ func Register(s *rpc.Server) (*Service, error) {
 	svc := &Service{root: s.Root(), producers: map[string]served{}}
 	regs := []error{
 		rpc.Register(s, MethodJoin, svc.join),
-		rpc.Register(s, MethodNext, svc.next),
-		rpc.Register(s, MethodAck, svc.ack),
+		rpc.RegisterStream(s, MethodConsume, svc.consume),
 		rpc.Register(s, MethodLeave, svc.leave),
 		rpc.Register(s, MethodStats, svc.stats),
 	}
@@ -137,30 +132,24 @@ type (
 		Slots       int                  `codec:"slots"`
 		HeartbeatMS int64                `codec:"heartbeat_ms"` // silent this long, it is dropped
 	}
-	nextRequest struct {
+	consumeRequest struct {
 		Name     string `codec:"name"`
 		Ring     string `codec:"ring"`
 		Consumer uint64 `codec:"consumer"`
-		Epoch    int64  `codec:"epoch"`
-		Index    int    `codec:"index"` // the first batch wanted
-		Max      int    `codec:"max"`   // announcements at most
-		PollMS   int64  `codec:"poll_ms"`
-		Bytes    bool   `codec:"bytes"` // send the first batch's rows
-		// The consumer is done with every batch before (DoneEpoch,
-		// DoneIndex), as an ack says.
-		DoneEpoch int64 `codec:"done_epoch"`
-		DoneIndex int   `codec:"done_index"`
-	}
-	nextResponse struct {
-		Batches []announcement `codec:"batches"`
-		Rows    *rpc.TD        `codec:"rows"` // bytes mode: the first batch's rows
-	}
-	ackRequest struct {
-		Name     string `codec:"name"`
-		Ring     string `codec:"ring"`
-		Consumer uint64 `codec:"consumer"`
-		Epoch    int64  `codec:"epoch"` // done with every batch before (Epoch, Index)
+		Epoch    int64  `codec:"epoch"` // the first batch it wants
 		Index    int    `codec:"index"`
+		Bytes    bool   `codec:"bytes"` // send the batches' rows
+	}
+	// batchMessage is the producer's: a batch published.
+	batchMessage struct {
+		Batch announcement `codec:"batch"`
+		Rows  *rpc.TD      `codec:"rows"` // bytes mode: the batch's rows
+	}
+	// ackMessage is the consumer's: it is done with every batch before
+	// (Epoch, Index). It is its heartbeat too.
+	ackMessage struct {
+		Epoch int64 `codec:"epoch"`
+		Index int   `codec:"index"`
 	}
 	leaveRequest struct {
 		Name     string `codec:"name"`
@@ -201,39 +190,75 @@ func (svc *Service) join(_ context.Context, req joinRequest) (joinResponse, erro
 	}, nil
 }
 
-func (svc *Service) next(ctx context.Context, req nextRequest) (nextResponse, error) {
+// consume serves a consumer's stream: it sends every batch published for
+// the consumer from the request's position on, with its rows in bytes
+// mode, and applies the consumer's acks, until the consumer ends the
+// stream (it leaves), the stream breaks (it is dropped), or the producer
+// drops it.
+func (svc *Service) consume(ctx context.Context, req consumeRequest, st *rpc.ServerStream[ackMessage, batchMessage]) error {
 	sp, err := svc.producer(req.Name, req.Ring)
 	if err != nil {
-		return nextResponse{}, err
+		return err
 	}
-	n := min(max(req.Max, 1), maxAnnounce)
-	if req.Bytes {
-		n = 1
+	p := sp.p
+	if err := p.release(req.Consumer, req.Epoch, req.Index); err != nil { // a heartbeat, and the consumer exists
+		return err
 	}
-	poll := min(time.Duration(req.PollMS)*time.Millisecond, maxPoll)
-	if poll <= 0 {
-		poll = maxPoll
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	acks := make(chan error, 1) // the ack reader's end, exactly once
+	go func() {
+		defer cancel()
+		for {
+			a, err := st.Recv(ctx)
+			if err == nil {
+				err = p.release(req.Consumer, a.Epoch, a.Index)
+			}
+			if err != nil {
+				acks <- err
+				return
+			}
+		}
+	}()
+	err = svc.send(ctx, p, req, st)
+	cancel()
+	ackErr := <-acks
+	switch {
+	case errors.Is(ackErr, io.EOF): // the consumer ended its side: it leaves
+		p.leave(req.Consumer, false)
+		return nil
+	case errors.Is(err, ErrDropped), errors.Is(err, ErrClosed), errors.Is(err, ErrFailed):
+		return err // the producer's decision: the consumer is gone already
+	case errors.Is(ackErr, ErrDropped), errors.Is(ackErr, ErrClosed), errors.Is(ackErr, ErrFailed):
+		return ackErr
+	default: // the stream broke, or the node is closing
+		p.leave(req.Consumer, true)
+		return err
 	}
-	if err := sp.p.release(req.Consumer, req.DoneEpoch, req.DoneIndex); err != nil {
-		return nextResponse{}, err
-	}
-	as, err := sp.p.next(ctx, req.Consumer, req.Epoch, req.Index, n, poll)
-	if err != nil || len(as) == 0 || !req.Bytes {
-		return nextResponse{Batches: as}, err
-	}
-	td, err := sp.p.copyBatch(as[0])
-	if err != nil {
-		return nextResponse{}, err
-	}
-	return nextResponse{Batches: as, Rows: &rpc.TD{TensorDict: td}}, nil
 }
 
-func (svc *Service) ack(_ context.Context, req ackRequest) (rpc.Empty, error) {
-	sp, err := svc.producer(req.Name, req.Ring)
-	if err != nil {
-		return rpc.Empty{}, err
+// send sends the consumer's batches on st until an error.
+func (svc *Service) send(ctx context.Context, p *Producer, req consumeRequest, st *rpc.ServerStream[ackMessage, batchMessage]) error {
+	epoch, index := req.Epoch, req.Index
+	for {
+		as, err := p.push(ctx, req.Consumer, &epoch, &index)
+		if err != nil {
+			return err
+		}
+		for _, a := range as {
+			msg := batchMessage{Batch: a}
+			if req.Bytes {
+				td, err := p.copyBatch(a)
+				if err != nil {
+					return err
+				}
+				msg.Rows = &rpc.TD{TensorDict: td}
+			}
+			if err := st.Send(ctx, msg); err != nil {
+				return err
+			}
+		}
 	}
-	return rpc.Empty{}, sp.p.release(req.Consumer, req.Epoch, req.Index)
 }
 
 func (svc *Service) leave(_ context.Context, req leaveRequest) (rpc.Empty, error) {
@@ -241,7 +266,7 @@ func (svc *Service) leave(_ context.Context, req leaveRequest) (rpc.Empty, error
 	if err != nil {
 		return rpc.Empty{}, nil // nothing to leave
 	}
-	sp.p.leave(req.Consumer)
+	sp.p.leave(req.Consumer, false)
 	return rpc.Empty{}, nil
 }
 
