@@ -25,8 +25,15 @@ var testRow = []int{2, 4, 4}
 // byte(7i+3); "labels" int64 [n], i.
 func makeDataset(t testing.TB, prefix string, n int) {
 	t.Helper()
+	makeDatasetOf(t, prefix, n, testRow)
+}
+
+// makeDatasetOf is makeDataset with images of the given row shape (at
+// least 8 bytes).
+func makeDatasetOf(t testing.TB, prefix string, n int, row []int) {
+	t.Helper()
 	td, err := tensordict.Create(prefix, []int{n},
-		tensordict.Field{Key: []string{"images"}, DType: memmap.Uint8, Shape: append([]int{n}, testRow...)},
+		tensordict.Field{Key: []string{"images"}, DType: memmap.Uint8, Shape: append([]int{n}, row...)},
 		tensordict.Field{Key: []string{"labels"}, DType: memmap.Int64, Shape: []int{n}})
 	if err != nil {
 		t.Fatal(err)

@@ -93,6 +93,10 @@ func writeSynthetic(prefix string, n int) error {
 			binary.LittleEndian.PutUint64(row[len(row)-8:], uint64(i))
 		})
 	}
+	if err == nil {
+		// Written back now, not by the kernel during the first runs.
+		err = td.Flush()
+	}
 	if err != nil {
 		td.Close()
 		os.RemoveAll(prefix)
