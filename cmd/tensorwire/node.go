@@ -11,11 +11,12 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
+	"github.com/tensorwire/tensorwire/rpc"
 )
 
 var nodeCmd = command{
 	name:  "node",
-	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...]",
+	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...] [--loader NAME,dataset=PREFIX,batch=N[,...]]",
 	help: "serve other nodes' fill, read and describe calls on the TensorDicts under DIR, the shared root; " +
 		`prints "listening on HOST:PORT" once it listens (--listen 127.0.0.1:0 picks a free port) and stops ` +
 		"cleanly on SIGINT or SIGTERM; --token-file holds the shared secret clients must know (no access for " +
@@ -24,7 +25,8 @@ var nodeCmd = command{
 		"(replay.Dial), opened if it exists and created otherwise, with settings capacity=N, " +
 		samplerHelp() + ", min-size=N, lease=D (how long a " +
 		"writer's reservation lasts, default 30s); buffers are " +
-		"checkpointed every --checkpoint-every and when the node stops",
+		"checkpointed every --checkpoint-every and when the node stops; each --loader serves a producer of the " +
+		"dataset at PREFIX (loader.Dial), its ring in DIR/NAME, with settings " + loaderHelp,
 	run: runNode,
 }
 
@@ -38,6 +40,8 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file")
 	var buffers bufferFlags
 	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D] (repeatable), with "+samplerHelp())
+	var loaders loaderFlags
+	fs.Var(&loaders, "loader", "serve a producer of batches of the dataset at PREFIX, its ring in ROOT/NAME: "+loaderHelp+" (repeatable)")
 	every := fs.Duration("checkpoint-every", time.Minute, "how often the buffers are checkpointed")
 	insecure := fs.Bool("insecure", false, "serve without a token on a non-loopback address: anyone who reaches it reads and writes every file under the root")
 	pos, err := parse(fs, args)
@@ -53,6 +57,9 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("%w: missing --root", errUsage)
 	case (cfg.TLSCert == "") != (cfg.TLSKey == ""):
 		return fmt.Errorf("%w: give --tls-cert and --tls-key together", errUsage)
+	}
+	if err := loaders.checkNames(buffers); err != nil {
+		return err
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(stderr, nil))
 	if cfg.TokenFile == "" {
@@ -77,7 +84,11 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	cfg.Register = register
+	producers, registerLoaders, err := loaders.open(cfg.Root, cfg.Log)
+	if err != nil {
+		return errors.Join(err, served.close())
+	}
+	cfg.Register = func(s *rpc.Server) error { return errors.Join(register(s), registerLoaders(s)) }
 	if *every > 0 && len(buffers) > 0 {
 		cctx, stop := context.WithCancel(ctx)
 		defer stop()
@@ -86,7 +97,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	err = nodeproc.Run(ctx, cfg, func(addr string) {
 		fmt.Fprintln(stdout, nodeproc.ListeningPrefix+addr)
 	})
-	return errors.Join(err, served.close()) // after the server: no call uses them
+	return errors.Join(err, served.close(), producers.close()) // after the server: no call uses them
 }
 
 // reachableFromOthers reports whether listening on addr (HOST:PORT, as
