@@ -321,8 +321,23 @@ func (s *session) leave() {
 // sees its end), stops the goroutines and unmaps the ring.
 func (s *session) end(context.Context) {
 	if s.streamErr() == nil {
+		// Tell the producer, and wait (a little) for it to end the stream:
+		// it has counted the consumer gone then. Cancelling the stream at
+		// once would look like the consumer's process dying.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		s.stream.CloseSend(ctx)
+		if s.stream.CloseSend(ctx) == nil {
+		drain:
+			for {
+				select {
+				case _, ok := <-s.msgs:
+					if !ok {
+						break drain
+					}
+				case <-ctx.Done():
+					break drain
+				}
+			}
+		}
 		cancel()
 	}
 	s.stop()

@@ -83,4 +83,7 @@ func TestConsumer_MixedBatchSizesTogether(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	if st := f.p.Stats(); st.Left != 3 || st.Dropped+st.DroppedSlow != 0 || st.Consumers != 0 {
+		t.Errorf("stats %+v: want the three consumers closed counted as left, none dropped", st)
+	}
 }
