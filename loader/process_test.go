@@ -214,16 +214,15 @@ func TestProcess_ProducerKilled(t *testing.T) {
 
 	node = proctest.Start(t, envHelper+"=node", envRoot+"="+root, envAddr+"="+addr)
 	node.Expect(t, "ADDR")
-	e := c.Epoch()
 	ids, sizes, err := consumerEpoch(context.Background(), c)
 	if err != nil {
 		t.Fatalf("after the node restarted: %v", err)
 	}
-	if e = c.Epoch() - 1; e != meta.Epoch+1 || e <= killedIn {
+	if e := c.Epoch() - 1; e != meta.Epoch+1 || e <= killedIn {
 		t.Errorf("after the restart the consumer iterated epoch %d; the killed producer began epoch %d last, the consumer was in %d",
-			e, meta.Epoch, killedIn)
+			c.Epoch()-1, meta.Epoch, killedIn)
 	}
-	if err := checkEpoch(ids, sizes, n, helperConfig.Seed, e, helperConfig.Batch); err != nil {
+	if err := checkEpoch(ids, sizes, n, helperConfig.Seed, c.Epoch()-1, helperConfig.Batch); err != nil {
 		t.Error(err)
 	}
 }

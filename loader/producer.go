@@ -73,8 +73,6 @@ type member struct {
 	epoch    int64  // it takes part in this epoch and the ones after
 	released uint64 // it is done with every batch of seq < released of its epochs
 	seen     time.Time
-	batch    int
-	bytes    bool
 }
 
 // holds reports whether m still needs the batch s.
@@ -425,7 +423,7 @@ type joinInfo struct {
 
 // join adds a consumer of batch size batch: to the current epoch when its
 // window is open, else to the next one.
-func (p *Producer) join(batch int, bytes bool) (joinInfo, error) {
+func (p *Producer) join(batch int) (joinInfo, error) {
 	if max := p.cfg.Slots * p.cfg.Batch; batch <= 0 || batch > max {
 		return joinInfo{}, wrapf(ErrArgument, "batch size %d: want 1 to %d (the ring's %d slots of %d rows)",
 			batch, max, p.cfg.Slots, p.cfg.Batch)
@@ -436,7 +434,7 @@ func (p *Producer) join(batch int, bytes bool) (joinInfo, error) {
 		return joinInfo{}, err
 	}
 	p.nextID++
-	m := &member{id: p.nextID, epoch: p.epoch + 1, seen: time.Now(), batch: batch, bytes: bytes}
+	m := &member{id: p.nextID, epoch: p.epoch + 1, seen: time.Now()}
 	if p.running && p.window {
 		m.epoch, m.released = p.epoch, p.epochs[p.epoch].first
 	}

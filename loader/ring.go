@@ -71,7 +71,6 @@ type ring struct {
 	lock   *lockfile.Lock
 	meta   ringMeta
 	store  *tensordict.TensorDict // batch size [slots*batch], mapped read-write
-	leaves []*tensordict.Tensor   // store's tensors, in the schema's order
 	table  *slots.Table
 	slots  int
 	batch  int
@@ -130,13 +129,6 @@ func openRing(cfg Config, schema tensordict.RowSchema) (*ring, error) {
 	}
 	if r.store, err = schema.Create(filepath.Join(r.path, StorageDir), cfg.Slots*cfg.Batch); err != nil {
 		return fail(fmt.Errorf("loader: creating the ring: %w", err))
-	}
-	for _, f := range schema {
-		t, err := r.store.Tensor(f.Key...)
-		if err != nil {
-			return fail(err)
-		}
-		r.leaves = append(r.leaves, t)
 	}
 	if r.table, err = slots.Create(filepath.Join(r.path, SlotsFile), cfg.Slots, numFields); err != nil {
 		return fail(fmt.Errorf("loader: creating the slot table: %w", err))
@@ -264,11 +256,10 @@ type ringReader struct {
 	batch  int
 }
 
-// memmapLeaf is a ring tensor's mapping and its row size.
+// memmapLeaf is a ring tensor's mapping and its offset in it.
 type memmapLeaf struct {
-	mm       *memmap.Tensor
-	off      int64
-	rowBytes int
+	mm  *memmap.Tensor
+	off int64
 }
 
 // openRingReader maps the ring at path (a ring-<id> folder) read-only and
@@ -294,7 +285,7 @@ func openRingReader(path string, schema tensordict.RowSchema, nslots, batch int)
 			r.close()
 			return nil, fmt.Errorf("loader: the ring's %s is %v %v, want %v", strings.Join(f.Key, "/"), t.DType(), t.Shape(), f)
 		}
-		r.leaves = append(r.leaves, &memmapLeaf{mm: mm, off: off, rowBytes: t.RowBytes()})
+		r.leaves = append(r.leaves, &memmapLeaf{mm: mm, off: off})
 	}
 	if r.table, err = slots.OpenReadOnly(filepath.Join(path, SlotsFile), nslots, numFields); err != nil {
 		r.close()

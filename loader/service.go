@@ -119,7 +119,7 @@ type (
 	joinRequest struct {
 		Name  string `codec:"name"`
 		Batch int    `codec:"batch"` // the consumer's batch size
-		Bytes bool   `codec:"bytes"` // it will ask for bytes
+		Bytes bool   `codec:"bytes"` // it will ask for bytes (informational: the stream's request decides)
 	}
 	joinResponse struct {
 		Ring        string               `codec:"ring"`     // the ring's id: changes when the producer is made anew
@@ -180,7 +180,7 @@ func (svc *Service) join(_ context.Context, req joinRequest) (joinResponse, erro
 		return joinResponse{}, err
 	}
 	p := sp.p
-	ji, err := p.join(req.Batch, req.Bytes)
+	ji, err := p.join(req.Batch)
 	if err != nil {
 		return joinResponse{}, err
 	}
