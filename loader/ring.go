@@ -65,15 +65,15 @@ type ringMeta struct {
 // ring is a producer's ring: the batches' storage and the slot table, in
 // Dir/ring-<id>, and the folder's lock.
 type ring struct {
-	dir    string // Config.Dir, absolute
-	id     string
-	path   string // dir/ring-<id>
-	lock   *lockfile.Lock
-	meta   ringMeta
-	store  *tensordict.TensorDict // batch size [slots*batch], mapped read-write
-	table  *slots.Table
-	slots  int
-	batch  int
+	dir   string // Config.Dir, absolute
+	id    string
+	path  string // dir/ring-<id>
+	lock  *lockfile.Lock
+	meta  ringMeta
+	store *tensordict.TensorDict // batch size [slots*batch], mapped read-write
+	table *slots.Table
+	slots int
+	batch int
 }
 
 // openRing takes the folder dir for a producer of cfg (defaults applied)
