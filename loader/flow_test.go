@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // TestProducer_LateJoiners: the first consumer joins and reads nothing,
@@ -225,4 +227,41 @@ func TestProducer_ResumesAtTheNextEpoch(t *testing.T) {
 		p.Close()
 	}
 	f.serve(t) // for the fixture's cleanup
+}
+
+// failing is a transform that fails from its nth batch on.
+type failing struct {
+	n, calls int
+}
+
+func (f *failing) Schema(in tensordict.RowSchema) (tensordict.RowSchema, error) { return in, nil }
+
+func (f *failing) Apply(dst, src *tensordict.TensorDict, _ *Rows) error {
+	if f.calls++; f.calls > f.n {
+		return errors.New("the disk of the images is gone")
+	}
+	return gatherFrom(dst, src)
+}
+
+// TestProducer_TransformFails: a transform's error stops the producer;
+// its consumers get ErrFailed naming the cause, and so do joiners.
+func TestProducer_TransformFails(t *testing.T) {
+	f := newFixture(t, 100, Config{Batch: 10, Slots: 2, Seed: 1, Transform: &failing{n: 3}})
+	c := f.dial(t, 10, false)
+	var got error
+	for _, err := range c.Batches(context.Background()) {
+		if err != nil {
+			got = err
+			break
+		}
+	}
+	if !errors.Is(got, ErrFailed) || !strings.Contains(got.Error(), "the disk of the images is gone") {
+		t.Fatalf("%v, want ErrFailed with the transform's error", got)
+	}
+	if st := f.p.Stats(); !strings.Contains(st.Failed, "the disk of the images is gone") {
+		t.Errorf("Stats.Failed = %q", st.Failed)
+	}
+	if _, err := Dial(context.Background(), f.addr, "train", Options{Batch: 10, Root: f.root}); !errors.Is(err, ErrFailed) {
+		t.Errorf("joining a failed producer: %v, want ErrFailed", err)
+	}
 }
