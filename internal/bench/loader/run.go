@@ -29,6 +29,7 @@
 package loader
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -86,6 +87,7 @@ type options struct {
 	data      string
 	fashion   string
 	profile   string
+	rootDir   string
 
 	// A child's.
 	role      string
@@ -117,6 +119,7 @@ func newFlagSet(o *options, datasets, consumers *string) *flag.FlagSet {
 	fs.StringVar(&o.dir, "dir", "", "directory for the run's files (default: the system temporary directory)")
 	fs.StringVar(&o.data, "data", "", "keep the datasets in this directory and use them again (default: made for the run and removed)")
 	fs.StringVar(&o.fashion, "fashion", "/usr/share/datasets/fashion-mnist", "Fashion-MNIST's IDX files")
+	fs.StringVar(&o.rootDir, "root-dir", defaultRootDir(), "directory for the nodes' roots, where the producer's ring lives (default: /dev/shm when it is a writable tmpfs, so that the kernel writes no ring pages back to disk; else --dir)")
 	fs.StringVar(&o.profile, "cpuprofile", "", "write each process's CPU profile of its epoch under this prefix: PREFIX-RUN-ROLE.pprof")
 	// The children's.
 	fs.StringVar(&o.role, "role", "", "")
@@ -233,8 +236,8 @@ func runParent(ctx context.Context, o *options, stdout, stderr io.Writer) (err e
 	}
 	for i, p := range o.plans() {
 		log.Info("run", "dataset", p.dataset, "mode", p.mode, "consumers", len(p.batches), "batches", p.batches)
-		root := filepath.Join(work, fmt.Sprint("root-", i))
-		if err := os.Mkdir(root, 0o755); err != nil {
+		root, err := os.MkdirTemp(cmp.Or(o.rootDir, work), fmt.Sprint("tensorwire-bench-loader-root-", i, "-"))
+		if err != nil {
 			return err
 		}
 		r, err := runPlan(ctx, o, p, prefixes[p.dataset], res.Samples[p.dataset], root, stderr)
@@ -257,4 +260,20 @@ func runParent(ctx context.Context, o *options, stdout, stderr io.Writer) (err e
 		}
 	}
 	return nil
+}
+
+// defaultRootDir returns /dev/shm if it is a directory this process may
+// write, else "" (--dir).
+func defaultRootDir() string {
+	const shm = "/dev/shm"
+	if fi, err := os.Stat(shm); err != nil || !fi.IsDir() {
+		return ""
+	}
+	f, err := os.CreateTemp(shm, ".tensorwire-probe-*")
+	if err != nil {
+		return ""
+	}
+	f.Close()
+	os.Remove(f.Name())
+	return shm
 }
