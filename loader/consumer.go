@@ -191,7 +191,7 @@ func (c *Consumer) join(ctx context.Context) (*session, error) {
 		s.leave()
 		return nil, fmt.Errorf("loader: the node describes the batches badly: %w", err)
 	}
-	s.bytes = !shared || resp.Prefix == ""
+	s.bytes = !shared || resp.Prefix == "" || !filepath.IsLocal(filepath.FromSlash(resp.Prefix))
 	if !s.bytes {
 		path := filepath.Join(c.o.Root, filepath.FromSlash(resp.Prefix))
 		if s.reader, err = openRingReader(path, s.schema, resp.Slots, resp.Batch); err != nil {

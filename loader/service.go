@@ -125,7 +125,7 @@ type (
 		Ring        string               `codec:"ring"`     // the ring's id: changes when the producer is made anew
 		Consumer    uint64               `codec:"consumer"` // the consumer's id
 		Epoch       int64                `codec:"epoch"`    // its first epoch
-		Prefix      string               `codec:"prefix"`   // the ring's folder, relative to the node's root; "" when not under it
+		Prefix      string               `codec:"prefix"`   // the ring's folder, relative to the node's root; "" when not under it (a consumer takes one that leaves its root for "")
 		Schema      tensordict.RowSchema `codec:"schema"`   // of a row
 		Samples     int                  `codec:"samples"`  // per epoch
 		Batch       int                  `codec:"batch"`    // rows per producer batch
