@@ -9,11 +9,13 @@ import (
 	"strings"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	collectivebench "github.com/tensorwire/tensorwire/internal/bench/collective"
 	"github.com/tensorwire/tensorwire/internal/bench/fill"
 	"github.com/tensorwire/tensorwire/internal/bench/gather"
 	"github.com/tensorwire/tensorwire/internal/bench/loader"
 	"github.com/tensorwire/tensorwire/internal/bench/replay"
 	"github.com/tensorwire/tensorwire/internal/bench/rpc"
+	"github.com/tensorwire/tensorwire/internal/bench/store"
 )
 
 // benchmarks are the benchmarks "tensorwire bench NAME" runs, in the order
@@ -24,6 +26,8 @@ var benchmarks = []bench.Benchmark{
 	fill.Benchmark,
 	rpc.Benchmark,
 	replay.Benchmark,
+	collectivebench.Benchmark,
+	store.Benchmark,
 	loader.Benchmark,
 }
 

@@ -149,13 +149,19 @@ type servedLoaders struct {
 	names     []string
 }
 
-// checkNames refuses a loader named as one of the node's replay buffers:
-// both would live in ROOT/NAME. The node checks before it opens anything.
-func (f loaderFlags) checkNames(buffers bufferFlags) error {
+// checkNames refuses a loader named as one of the node's replay buffers or
+// stores: both would live in ROOT/NAME. The node checks before it opens
+// anything.
+func (f loaderFlags) checkNames(buffers bufferFlags, stores storeFlags) error {
 	for _, spec := range f {
 		for _, b := range buffers {
 			if filepath.Clean(b.name) == filepath.Clean(spec.name) {
 				return fmt.Errorf("%w: --loader %s: a --buffer has that name, and both would live in ROOT/%s", errUsage, spec.name, spec.name)
+			}
+		}
+		for _, st := range stores {
+			if filepath.Clean(st.name) == filepath.Clean(spec.name) {
+				return fmt.Errorf("%w: --loader %s: a --store has that name, and both would live in ROOT/%s", errUsage, spec.name, spec.name)
 			}
 		}
 	}

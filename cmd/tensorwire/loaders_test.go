@@ -117,8 +117,18 @@ func TestNode_LoaderFlagErrors(t *testing.T) {
 	if err := b.Set("a/b,capacity=4"); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.checkNames(b); err == nil || !strings.Contains(err.Error(), "both would live in ROOT/a/b") {
+	if err := f.checkNames(b, nil); err == nil || !strings.Contains(err.Error(), "a --buffer has that name") {
 		t.Errorf("a loader named as a buffer: %v", err)
+	}
+	var st storeFlags
+	if err := st.Set("s"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Set("s/,dataset=d,batch=4"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.checkNames(nil, st); err == nil || !strings.Contains(err.Error(), "a --store has that name") {
+		t.Errorf("a loader named as a store: %v", err)
 	}
 }
 

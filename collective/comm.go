@@ -1,0 +1,689 @@
+package collective
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorwire/tensorwire/rpc"
+)
+
+// Comm is a communicator: a group of Size ranks, each a process (or a
+// Comm of its own in one process), that run collectives together. Every
+// rank calls the same collectives in the same order; each call returns
+// when this rank's part is done.
+//
+// A Comm runs one collective at a time: calls from several goroutines are
+// serialized, in the order they take its lock, which must then be the same
+// on every rank. Point-to-point calls (Send, Recv, Isend, Irecv) run
+// concurrently with each other and with collectives.
+//
+// A Comm is broken for good once a rank is lost or an operation fails
+// part-way (ErrPeerLost, ErrAborted, a context that ended in the middle):
+// every later call fails with ErrBroken. Close it and Join again. Errors
+// found before any data moved (ErrArgument, ErrMismatch) leave it usable.
+type Comm struct {
+	cfg     Config
+	rank    int
+	size    int
+	session uint64
+	addrs   []string
+	log     *slog.Logger
+
+	srv   *rpc.Server
+	ln    net.Listener
+	ready chan struct{} // closed when the communicator has formed
+	box   *mailbox
+
+	cmu     sync.Mutex
+	clients []*rpc.Client
+
+	shm *shmGroup // nil: TCP
+
+	opMu sync.Mutex // one collective at a time
+	seq  uint64     // collectives started, guarded by opMu
+
+	p2pMu   sync.Mutex
+	sendSeq map[p2pKey]uint64
+	recvSeq map[p2pKey]uint64
+
+	broken    atomic.Pointer[error]
+	brokenCh  chan struct{}
+	abandoned chan struct{}   // closed when this rank broke off a collective part-way
+	completed atomic.Uint64   // collectives completed
+	inflight  atomic.Int64    // the collective running, or -1
+	goneAt    []atomic.Uint64 // rank j closed after goneAt[j]-1 collectives; 0: it has not
+	closed    atomic.Bool
+	closing   chan struct{} // closed by Close: the watch handlers return
+	watchers  atomic.Int32  // watch handlers running
+	watchCtx  context.Context
+	stopW     context.CancelFunc
+	wg        sync.WaitGroup
+
+	join *joinState // rank 0: the rendezvous
+}
+
+type p2pKey struct {
+	peer int
+	tag  int
+}
+
+// Rank returns this rank, 0 to Size-1.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size returns the number of ranks.
+func (c *Comm) Size() int { return c.size }
+
+// Transport returns the transport the ranks agreed on: SHM or TCP.
+func (c *Comm) Transport() Transport {
+	if c.shm != nil {
+		return SHM
+	}
+	return TCP
+}
+
+// Addr returns the address this rank listens on for its peers.
+func (c *Comm) Addr() string { return c.addrs[c.rank] }
+
+// rpc methods.
+const (
+	methodJoin  = "collective.join"
+	methodReady = "collective.ready"
+	methodWatch = "collective.watch"
+	methodMsg   = "collective.msg"
+)
+
+type joinReq struct {
+	Rank      int    `codec:"rank"`
+	Size      int    `codec:"size"`
+	Addr      string `codec:"addr"`
+	Host      string `codec:"host"`
+	Dir       string `codec:"dir"`
+	Transport string `codec:"transport"`
+}
+
+type joinResp struct {
+	Session uint64   `codec:"session"`
+	Addrs   []string `codec:"addrs"`
+	Shm     string   `codec:"shm"` // the session's folder when the ranks try shared mappings
+}
+
+type readyReq struct {
+	Session uint64 `codec:"session"`
+	Rank    int    `codec:"rank"`
+	Err     string `codec:"err"` // why this rank cannot use the shared mappings
+}
+
+type readyResp struct {
+	Shm bool   `codec:"shm"`
+	Why string `codec:"why"`
+}
+
+type watchReq struct {
+	Session uint64 `codec:"session"`
+	Rank    int    `codec:"rank"`
+}
+
+// watchResp ends a watch when its rank closes: after Done collectives.
+type watchResp struct {
+	Done uint64 `codec:"done"`
+}
+
+// joinState is rank 0's side of the rendezvous.
+type joinState struct {
+	mu      sync.Mutex
+	reqs    []*joinReq
+	n       int
+	all     chan struct{} // every rank has joined
+	resp    joinResp
+	err     error
+	readies []*readyReq
+	nready  int
+	allRdy  chan struct{}
+	rresp   readyResp
+}
+
+// Join forms a communicator with the other ranks: every rank calls it with
+// the same Size and rendezvous and its own Rank, and it returns once all
+// have arrived, or fails when ctx ends first (ErrJoin). Rank 0 listens on
+// the rendezvous address; the others retry reaching it until ctx ends, so
+// the ranks may start in any order. A bad Config is ErrConfig.
+//
+// The ranks use shared mappings when Config.Transport allows and every
+// rank is on this host (same kernel boot and host name) and sees the
+// folder rank 0 made under ShmDir; otherwise TCP.
+func Join(ctx context.Context, cfg Config) (*Comm, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := &Comm{
+		cfg: cfg, rank: cfg.Rank, size: cfg.Size,
+		log:       cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		ready:     make(chan struct{}),
+		brokenCh:  make(chan struct{}),
+		abandoned: make(chan struct{}),
+		goneAt:    make([]atomic.Uint64, cfg.Size),
+		closing:   make(chan struct{}),
+		sendSeq:   map[p2pKey]uint64{},
+		recvSeq:   map[p2pKey]uint64{},
+		clients:   make([]*rpc.Client, cfg.Size),
+	}
+	c.inflight.Store(-1)
+	c.watchCtx, c.stopW = context.WithCancel(context.Background())
+	c.box = newMailbox(c)
+	if err := c.listen(); err != nil {
+		c.stopW()
+		return nil, err
+	}
+	if err := c.rendezvous(ctx); err != nil {
+		c.shutdown()
+		return nil, err
+	}
+	close(c.ready)
+	for j := range c.size {
+		if j != c.rank {
+			c.wg.Add(1)
+			go c.watch(j)
+		}
+	}
+	c.log.Info("collective: joined", "rank", c.rank, "size", c.size, "transport", c.Transport())
+	return c, nil
+}
+
+func (c *Comm) rpcOpts() []rpc.Option {
+	var o []rpc.Option
+	if c.cfg.Token != nil {
+		o = append(o, rpc.WithToken(c.cfg.Token))
+	}
+	if c.cfg.TLS != nil {
+		o = append(o, rpc.WithTLS(c.cfg.TLS))
+	}
+	if c.cfg.KeepAlive != 0 {
+		o = append(o, rpc.WithKeepAlive(c.cfg.KeepAlive))
+	}
+	o = append(o, rpc.WithLogger(c.log))
+	return o
+}
+
+// listen starts this rank's rpc server.
+func (c *Comm) listen() error {
+	addr, err := c.cfg.listenAddr()
+	if err != nil {
+		return err
+	}
+	srv, err := rpc.NewServer(c.rpcOpts()...)
+	if err != nil {
+		return errorf(ErrConfig, "%v", err)
+	}
+	if c.rank == 0 {
+		c.join = &joinState{reqs: make([]*joinReq, c.size), all: make(chan struct{}),
+			readies: make([]*readyReq, c.size), allRdy: make(chan struct{})}
+		rpc.Register(srv, methodJoin, c.handleJoin)
+		rpc.Register(srv, methodReady, c.handleReady)
+	}
+	rpc.Register(srv, methodWatch, c.handleWatch)
+	rpc.Register(srv, methodMsg, c.box.handle)
+	var l net.Listener
+	if c.rank == 0 || len(c.cfg.Peers) > 0 {
+		// A fixed address: the previous communicator's port may still be
+		// closing.
+		l, err = listenRetry(addr)
+	} else {
+		l, err = net.Listen("tcp", addr)
+	}
+	if err != nil {
+		return errorf(ErrJoin, "rank %d: listen on %s: %v", c.rank, addr, err)
+	}
+	c.srv, c.ln = srv, l
+	go srv.Serve(l)
+	return nil
+}
+
+// hostID names this machine's kernel: ranks with the same id share memory.
+func hostID() string {
+	h, _ := os.Hostname()
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "host:" + h
+	}
+	return strings.TrimSpace(string(b)) + "/" + h
+}
+
+// rendezvous finds the other ranks through rank 0 and agrees on the
+// transport.
+func (c *Comm) rendezvous(ctx context.Context) error {
+	me := &joinReq{Rank: c.rank, Size: c.size, Addr: c.cfg.advertise(c.ln), Host: hostID(),
+		Dir: c.cfg.shmDir(), Transport: string(c.cfg.Transport)}
+	var resp joinResp
+	var err error
+	if c.rank == 0 {
+		resp, err = c.join.add(ctx, me, c)
+	} else {
+		err = c.callRoot(ctx, true, func(cl *rpc.Client) error {
+			resp, err = rpc.Call[joinResp](ctx, cl, methodJoin, me)
+			return err
+		})
+	}
+	if err != nil {
+		return err
+	}
+	c.session, c.addrs = resp.Session, resp.Addrs
+	// Shared mappings: each rank makes its segment and says whether it
+	// sees rank 0's folder; all use them or none do.
+	rr := &readyReq{Session: c.session, Rank: c.rank}
+	var g *shmGroup
+	if resp.Shm != "" {
+		g, err = openShm(c, resp.Shm)
+		if err != nil {
+			rr.Err = err.Error()
+		}
+	} else {
+		rr.Err = "not tried"
+	}
+	var ready readyResp
+	if c.rank == 0 {
+		ready, err = c.join.ready(ctx, rr)
+	} else {
+		err = c.callRoot(ctx, false, func(cl *rpc.Client) error {
+			ready, err = rpc.Call[readyResp](ctx, cl, methodReady, rr)
+			return err
+		})
+	}
+	if err != nil {
+		if g != nil {
+			g.close()
+		}
+		return err
+	}
+	if !ready.Shm {
+		if g != nil {
+			g.close()
+		}
+		if c.cfg.Transport == SHM {
+			return errorf(ErrJoin, "shared mappings required, but %s", ready.Why)
+		}
+		if resp.Shm != "" {
+			c.log.Warn("collective: shared mappings unavailable; using TCP", "why", ready.Why)
+		}
+		return nil
+	}
+	if err := g.attach(); err != nil {
+		g.close()
+		return errorf(ErrJoin, "mapping the other ranks' segments: %v", err)
+	}
+	c.shm = g
+	return nil
+}
+
+// callRoot calls rank 0; with retry, again and again until ctx ends while
+// rank 0 is not reachable yet.
+func (c *Comm) callRoot(ctx context.Context, retry bool, call func(*rpc.Client) error) error {
+	delay := 10 * time.Millisecond
+	for {
+		cl, err := c.client(ctx, 0)
+		if err == nil {
+			err = call(cl)
+			if err == nil {
+				return nil
+			}
+			if !retry || !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, ErrJoin) {
+				if !errors.Is(err, ErrJoin) {
+					err = errorf(ErrJoin, "rank %d: rank 0 at %s: %v", c.rank, c.cfg.rendezvous(), err)
+				}
+				return err
+			}
+			// Rank 0 is not there yet, or was restarting: dial afresh.
+			c.cmu.Lock()
+			c.clients[0] = nil
+			c.cmu.Unlock()
+			cl.Close()
+		}
+		if ctx.Err() != nil {
+			return errorf(ErrJoin, "rank %d: rank 0 at %s not reached: %v", c.rank, c.cfg.rendezvous(), err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 500*time.Millisecond)
+	}
+}
+
+// add records rank 0's own join and waits for the others.
+func (j *joinState) add(ctx context.Context, r *joinReq, c *Comm) (joinResp, error) {
+	if err := j.put(r, c); err != nil {
+		return joinResp{}, err
+	}
+	return j.wait(ctx)
+}
+
+func (c *Comm) handleJoin(ctx context.Context, r joinReq) (joinResp, error) {
+	if err := c.join.put(&r, c); err != nil {
+		return joinResp{}, err
+	}
+	return c.join.wait(ctx)
+}
+
+func (j *joinState) put(r *joinReq, c *Comm) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.n == c.size {
+		// This communicator formed already (and is perhaps closing, with
+		// a new one about to listen here): the caller tries again.
+		return rpc.Errorf(rpc.Unavailable, "collective: the communicator at %s has formed already", c.cfg.rendezvous())
+	}
+	switch {
+	case r.Size != c.size:
+		return errorf(ErrJoin, "rank %d says size %d, rank 0 %d", r.Rank, r.Size, c.size)
+	case r.Rank < 0 || r.Rank >= c.size:
+		return errorf(ErrJoin, "rank %d is not in [0, %d)", r.Rank, c.size)
+	case r.Transport != string(c.cfg.Transport):
+		return errorf(ErrJoin, "rank %d asks for transport %q, rank 0 %q", r.Rank, r.Transport, c.cfg.Transport)
+	case j.reqs[r.Rank] != nil:
+		return errorf(ErrJoin, "rank %d joined twice (from %s and %s)", r.Rank, j.reqs[r.Rank].Addr, r.Addr)
+	}
+	j.reqs[r.Rank] = r
+	j.n++
+	if j.n < c.size {
+		return nil
+	}
+	var sid [8]byte
+	rand.Read(sid[:])
+	j.resp.Session = binary.LittleEndian.Uint64(sid[:]) | 1
+	j.resp.Addrs = make([]string, c.size)
+	shm := c.cfg.Transport != TCP
+	for i, q := range j.reqs {
+		j.resp.Addrs[i] = q.Addr
+		if q.Host != j.reqs[0].Host || q.Dir != j.reqs[0].Dir {
+			shm = false
+		}
+	}
+	if shm {
+		dir, err := makeSessionDir(j.reqs[0].Dir, j.resp.Session)
+		if err != nil {
+			c.log.Warn("collective: cannot make the shared folder", "err", err)
+		} else {
+			j.resp.Shm = dir
+		}
+	}
+	close(j.all)
+	return nil
+}
+
+func (j *joinState) wait(ctx context.Context) (joinResp, error) {
+	select {
+	case <-j.all:
+		return j.resp, nil
+	case <-ctx.Done():
+		j.mu.Lock()
+		missing := []int{}
+		for r, q := range j.reqs {
+			if q == nil {
+				missing = append(missing, r)
+			}
+		}
+		j.mu.Unlock()
+		return joinResp{}, errorf(ErrJoin, "ranks %v did not join: %v", missing, ctx.Err())
+	}
+}
+
+func (j *joinState) ready(ctx context.Context, r *readyReq) (readyResp, error) {
+	j.mu.Lock()
+	if r.Session != j.resp.Session || r.Rank < 0 || r.Rank >= len(j.readies) || j.readies[r.Rank] != nil {
+		j.mu.Unlock()
+		return readyResp{}, errorf(ErrJoin, "unexpected ready from rank %d", r.Rank)
+	}
+	j.readies[r.Rank] = r
+	j.nready++
+	if j.nready == len(j.readies) {
+		j.rresp.Shm = true
+		for _, q := range j.readies {
+			if q.Err != "" {
+				j.rresp.Shm = false
+				j.rresp.Why = fmt.Sprintf("rank %d: %s", q.Rank, q.Err)
+				break
+			}
+		}
+		if j.resp.Shm == "" {
+			j.rresp.Shm = false
+			if j.rresp.Why == "" {
+				j.rresp.Why = "the ranks are not all on one host with one shared folder"
+			}
+		}
+		close(j.allRdy)
+	}
+	j.mu.Unlock()
+	select {
+	case <-j.allRdy:
+		return j.rresp, nil
+	case <-ctx.Done():
+		return readyResp{}, errorf(ErrJoin, "the ranks did not all get ready: %v", ctx.Err())
+	}
+}
+
+func (c *Comm) handleReady(ctx context.Context, r readyReq) (readyResp, error) {
+	return c.join.ready(ctx, &r)
+}
+
+// client returns the rpc client for rank j, dialling it the first time.
+func (c *Comm) client(ctx context.Context, j int) (*rpc.Client, error) {
+	c.cmu.Lock()
+	defer c.cmu.Unlock()
+	if c.clients[j] != nil {
+		return c.clients[j], nil
+	}
+	addr := c.cfg.rendezvous()
+	if c.addrs != nil {
+		addr = c.addrs[j]
+	}
+	cl, err := rpc.Dial(ctx, addr, c.rpcOpts()...)
+	if err != nil {
+		return nil, err
+	}
+	c.clients[j] = cl
+	return cl, nil
+}
+
+// watch holds a call open on rank j for the communicator's life. It ends
+// when j closes its communicator (a response saying after how many
+// collectives), when j breaks off a collective part-way (ErrAborted), or
+// when j dies or becomes unreachable (an rpc error): then j is gone.
+func (c *Comm) watch(j int) {
+	defer c.wg.Done()
+	var err error
+	var resp watchResp
+	for attempt := 0; ; attempt++ {
+		var cl *rpc.Client
+		cl, err = c.client(c.watchCtx, j)
+		if err == nil {
+			resp, err = rpc.Call[watchResp](c.watchCtx, cl, methodWatch, watchReq{Session: c.session, Rank: c.rank})
+		}
+		if c.watchCtx.Err() != nil {
+			return // we are closing
+		}
+		// A first dial may race the peer's listener on a busy machine;
+		// only a connection that was up and then broke, or a clean
+		// return, means the peer is gone.
+		if err != nil && cl == nil && attempt < 3 {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		break
+	}
+	switch {
+	case err == nil:
+		c.peerClosed(j, resp.Done)
+	case errors.Is(err, ErrAborted):
+		c.fail(errorf(ErrAborted, "rank %d broke off a collective: %v", j, err))
+	default:
+		c.fail(errorf(ErrPeerLost, "rank %d (%s) lost: %v", j, c.addrs[j], err))
+	}
+}
+
+// peerClosed records that rank j closed its communicator after done
+// collectives: a collective it did not complete cannot complete.
+func (c *Comm) peerClosed(j int, done uint64) {
+	c.goneAt[j].Store(done + 1)
+	if f := c.inflight.Load(); f >= 0 && uint64(f) >= done {
+		c.fail(c.closedErr(j, done))
+	}
+}
+
+func (c *Comm) closedErr(j int, done uint64) error {
+	return errorf(ErrPeerLost, "rank %d closed its communicator after %d collectives", j, done)
+}
+
+// checkGone fails collective seq if a rank closed before it.
+func (c *Comm) checkGone(seq uint64) error {
+	for j := range c.goneAt {
+		if g := c.goneAt[j].Load(); g != 0 && seq >= g-1 {
+			err := c.closedErr(j, g-1)
+			c.fail(err)
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Comm) handleWatch(ctx context.Context, r watchReq) (watchResp, error) {
+	c.watchers.Add(1)
+	defer c.watchers.Add(-1)
+	select {
+	case <-c.ready:
+	case <-ctx.Done():
+		return watchResp{}, ctx.Err()
+	}
+	if r.Session != c.session {
+		return watchResp{}, errorf(ErrPeerLost, "rank %d watches session %x, this communicator is %x", r.Rank, r.Session, c.session)
+	}
+	select {
+	case <-c.closing:
+		return watchResp{Done: c.completed.Load()}, nil
+	case <-c.abandoned:
+		return watchResp{}, c.cause()
+	case <-ctx.Done():
+		return watchResp{}, ctx.Err()
+	}
+}
+
+// fail breaks the communicator with err (the first cause wins) and wakes
+// everything waiting.
+func (c *Comm) fail(err error) bool {
+	if c.broken.CompareAndSwap(nil, &err) {
+		c.log.Warn("collective: broken", "rank", c.rank, "err", err)
+		close(c.brokenCh)
+		c.box.fail(err)
+		return true
+	}
+	return false
+}
+
+// err returns why the communicator cannot start an operation, or nil.
+func (c *Comm) err() error {
+	if c.closed.Load() {
+		return errorf(ErrClosed, "rank %d", c.rank)
+	}
+	if p := c.broken.Load(); p != nil {
+		return &brokenError{cause: *p}
+	}
+	return nil
+}
+
+// cause returns why the communicator broke, or nil: the error of the
+// operations in flight when it did.
+func (c *Comm) cause() error {
+	if p := c.broken.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// brokenError is the error of an operation started on a broken
+// communicator: it matches ErrBroken and its cause.
+type brokenError struct{ cause error }
+
+func (e *brokenError) Error() string {
+	return "rpc: " + rpc.FailedPrecondition.String() + ": " + ErrBroken.Error() + ": " + e.cause.Error()
+}
+
+func (e *brokenError) Unwrap() []error {
+	return []error{&rpc.Error{Code: rpc.FailedPrecondition, Reason: "collective.broken", Msg: ErrBroken.Error()}, ErrBroken, e.cause}
+}
+
+// Close leaves the communicator: the other ranks' pending and later
+// operations fail with ErrPeerLost. It releases the shared mappings and
+// connections; calls in flight on this rank fail with ErrClosed. Close is
+// idempotent.
+func (c *Comm) Close() error {
+	if c.closed.Load() {
+		return nil
+	}
+	if c.shm != nil && c.cause() == nil && c.inflight.Load() < 0 {
+		// The others may still read what this rank published for the
+		// last collective: wait (a while) until they are done with it.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c.shm.waitAll(ctx, uint32(3*c.completed.Load()))
+		cancel()
+	}
+	if !c.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	close(c.closing)
+	c.fail(errorf(ErrClosed, "rank %d", c.rank))
+	// Let the watch handlers tell the others how far this rank got, before
+	// the connections close (bounded: a peer may be gone).
+	for deadline := time.Now().Add(2 * time.Second); c.watchers.Load() > 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond) // the responses on their way
+	c.shutdown()
+	return nil
+}
+
+func (c *Comm) shutdown() {
+	c.stopW()
+	// Let the watch handlers answer "closed" before the server goes.
+	if c.srv != nil {
+		time.Sleep(0)
+	}
+	c.opMu.Lock() // wait for a collective in flight to see the failure
+	if c.shm != nil {
+		c.shm.close()
+	}
+	c.opMu.Unlock()
+	c.cmu.Lock()
+	for _, cl := range c.clients {
+		if cl != nil {
+			cl.Close()
+		}
+	}
+	c.cmu.Unlock()
+	if c.srv != nil {
+		c.srv.Close()
+	}
+	c.wg.Wait()
+}
+
+// listenRetry listens on addr, retrying for up to 5 s while the address is
+// in use: the port of a communicator just closed may take a moment to be
+// free again.
+func listenRetry(addr string) (net.Listener, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l, err := net.Listen("tcp", addr)
+		if err == nil || time.Now().After(deadline) {
+			return l, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,162 @@
+package collective
+
+import (
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+)
+
+// Transport says how ranks move tensors.
+type Transport string
+
+// The transports.
+const (
+	// Auto uses shared mappings when every rank runs on this host and sees
+	// the same Config.ShmDir, and TCP otherwise.
+	Auto Transport = ""
+	// SHM requires shared mappings; Join fails if some rank cannot use them.
+	SHM Transport = "shm"
+	// TCP moves every byte over the ranks' rpc connections, even between
+	// processes of one host.
+	TCP Transport = "tcp"
+)
+
+// Config says how to form a communicator. Every rank passes the same Size,
+// rendezvous (Addr or Peers), Token and Transport, and its own Rank.
+type Config struct {
+	// Rank is this process's rank, 0 to Size-1.
+	Rank int
+	// Size is the number of ranks.
+	Size int
+
+	// Addr is rank 0's address ("host:port"): rank 0 listens there, and
+	// the others reach it there to find each other (rendezvous). Give it,
+	// or Peers.
+	Addr string
+	// Peers, instead of Addr, is every rank's address: rank r listens on
+	// Peers[r], and Peers[0] is the rendezvous.
+	Peers []string
+	// Listen is where a rank other than 0 listens for its peers when Peers
+	// is not given: default port 0 on 127.0.0.1 when Addr is a loopback
+	// address, on every interface otherwise (advertised with the address
+	// of the interface that reaches rank 0).
+	Listen string
+
+	// Transport: Auto (the default), SHM or TCP.
+	Transport Transport
+	// ShmDir is the folder, on a memory filesystem, where ranks that share
+	// mappings keep them: default /dev/shm (os.TempDir where there is
+	// none).
+	ShmDir string
+
+	// Token, when set, is the shared secret every rank proves it knows
+	// before any other rank talks to it (rpc.WithToken).
+	Token []byte
+	// TLS, when set, runs the ranks' connections inside TLS
+	// (rpc.WithTLS): it must carry the certificate each rank serves with
+	// and what it needs to verify the others'.
+	TLS *tls.Config
+
+	// KeepAlive is how quickly a silent rank (its host down, the network
+	// cut) is declared lost: after five times it, default 1 s
+	// (rpc.WithKeepAlive). A killed process is seen at once: its sockets
+	// close.
+	KeepAlive time.Duration
+
+	// Logger receives the communicator's events (ranks lost, fallbacks);
+	// default none.
+	Logger *slog.Logger
+}
+
+// rendezvous returns rank 0's address.
+func (c *Config) rendezvous() string {
+	if len(c.Peers) > 0 {
+		return c.Peers[0]
+	}
+	return c.Addr
+}
+
+// validate returns an error matching ErrConfig for a Config that cannot
+// form a communicator.
+func (c *Config) validate() error {
+	bad := func(format string, args ...any) error { return errorf(ErrConfig, format, args...) }
+	switch {
+	case c.Size < 1:
+		return bad("size %d: at least one rank", c.Size)
+	case c.Rank < 0 || c.Rank >= c.Size:
+		return bad("rank %d is not in [0, %d)", c.Rank, c.Size)
+	case c.Addr == "" && len(c.Peers) == 0:
+		return bad("no rendezvous: give Addr (rank 0's address) or Peers")
+	case c.Addr != "" && len(c.Peers) > 0:
+		return bad("both Addr and Peers given; give one")
+	case len(c.Peers) > 0 && len(c.Peers) != c.Size:
+		return bad("%d peers for %d ranks", len(c.Peers), c.Size)
+	case c.Transport != Auto && c.Transport != SHM && c.Transport != TCP:
+		return bad("transport %q: want \"\", %q or %q", c.Transport, SHM, TCP)
+	}
+	for _, a := range append([]string{c.Addr}, c.Peers...) {
+		if a == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return bad("address %q: %v", a, err)
+		}
+	}
+	return nil
+}
+
+// shmDir returns the folder for shared mappings.
+func (c *Config) shmDir() string {
+	if c.ShmDir != "" {
+		return c.ShmDir
+	}
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		return "/dev/shm"
+	}
+	return os.TempDir()
+}
+
+// listenAddr returns where this rank listens.
+func (c *Config) listenAddr() (string, error) {
+	if len(c.Peers) > 0 {
+		return c.Peers[c.Rank], nil
+	}
+	if c.Rank == 0 {
+		return c.Addr, nil
+	}
+	if c.Listen != "" {
+		return c.Listen, nil
+	}
+	host, _, _ := net.SplitHostPort(c.Addr)
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() || host == "localhost" {
+		return "127.0.0.1:0", nil
+	}
+	return ":0", nil
+}
+
+// advertise returns the address the others reach l at.
+func (c *Config) advertise(l net.Listener) string {
+	addr := l.Addr().String()
+	if len(c.Peers) > 0 {
+		return c.Peers[c.Rank]
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
+		return addr
+	}
+	// Listening on every interface: advertise the one that routes to rank
+	// 0. A UDP "dial" sends nothing; it only picks the route.
+	if conn, err := net.Dial("udp", c.rendezvous()); err == nil {
+		defer conn.Close()
+		if ua, ok := conn.LocalAddr().(*net.UDPAddr); ok {
+			return net.JoinHostPort(ua.IP.String(), port)
+		}
+	}
+	return net.JoinHostPort(fmt.Sprint("127.0.0.1"), port)
+}

@@ -1,0 +1,62 @@
+// Package collective runs MPI-style collectives between processes on
+// tensors (tensordict Tensors, and gorgonia Dense values through
+// tensordict.FromDense and Tensor.Dense, both without copying), with the
+// adjoint of every operation for backward passes across ranks, after
+// mpi4torch.
+//
+// A communicator (Comm) is Size ranks, one per process (or per Comm in one
+// process), formed by Join through rank 0's address or a static list of
+// addresses. Its collectives are Allreduce, Bcast, Reduce, Gather,
+// Allgather, Scatter, Alltoall, ReduceScatter and Barrier, with the
+// reductions Sum, Prod, Min, Max and the logical and bitwise ones (Op);
+// Gather, Allgather and Alltoall take tensors whose sizes along the
+// gathered axis differ between ranks (MPI's Gatherv). Point-to-point calls
+// are Send, Recv, Isend, Irecv and Request.Wait.
+//
+// # Transports
+//
+// Ranks on one host exchange through shared mappings: each rank publishes
+// its input once into a file of its own under Config.ShmDir (/dev/shm),
+// every rank maps the others' files, and each reads what it needs from
+// them directly: an Allreduce is each rank reducing its 1/n of the tensor
+// from every rank's mapping, then copying the others' reduced parts. No
+// byte crosses a socket; the ranks synchronise through a word per rank in
+// the mapping (a short spin, then a futex). Ranks on several hosts
+// exchange over their rpc connections (package rpc): recursive doubling
+// for small Allreduce, rings for large Allreduce, ReduceScatter and
+// Allgather, a binomial tree for Bcast, direct sends for the rest.
+// Point-to-point calls go over rpc on both.
+//
+// # Adjoints
+//
+// Every operation has its adjoint as a function of the upstream gradient
+// (AllreduceAdjoint, BcastAdjoint, ...), under the convention that the loss
+// is the sum of the ranks' own losses; only Sum reductions have one
+// (ErrNoAdjoint otherwise, never a silent wrong gradient). A Tape records
+// the communication of a forward pass and the local computations between
+// (Tape.Func, with adjoints written by the caller) and replays the adjoints
+// in reverse, the same order on every rank, so the backward communication
+// cannot deadlock; Tape.JoinDummies is there for code ported from
+// mpi4torch.
+//
+// # Guarantees
+//
+// Before any data moves, every rank checks every rank's description of
+// the call: mismatched collectives, dtypes or shapes (ErrMismatch), a root
+// out of range, counts that do not sum to the axis, an axis the tensor does
+// not have (ErrArgument) fail the call on every rank with the same error,
+// never a hang, and the communicator stays usable. Reductions combine the
+// ranks' values in rank order where the algorithm allows (always through
+// shared mappings), and every rank gets the same bits.
+//
+// A rank that dies fails every pending operation on the others with
+// ErrPeerLost (an rpc Unavailable) as soon as its sockets close (at once
+// for a killed process; after Config.KeepAlive times five for a host that
+// falls silent), and a rank whose context ends part-way tells the others
+// (ErrAborted). After such a failure the communicator is broken: later
+// calls fail with ErrBroken; Close it and Join again (a new communicator
+// forms on the same rendezvous).
+//
+// docs/collective.md in the repository describes the protocol, the
+// algorithms and what happens when a rank dies.
+package collective

@@ -1,0 +1,108 @@
+package collective
+
+import (
+	"context"
+	"time"
+)
+
+// A collective runs in three parts on every transport: each rank
+// publishes its description (and, with shared mappings, its data), every
+// rank checks all descriptions the same way (check), and the data moves by
+// the agreed plan. An error in the first two parts is the same on every
+// rank and leaves the communicator usable; one in the third breaks it.
+
+// call is one rank's part of a collective.
+type call struct {
+	d   desc
+	in  []byte // this rank's input; nil when it has none
+	out []byte // the output given (Into); nil: allocated once the plan is known
+}
+
+// collective runs cl and returns the plan and this rank's output (nil when
+// it gets none).
+func (c *Comm) collective(ctx context.Context, cl *call) (*plan, []byte, error) {
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
+	if err := c.err(); err != nil {
+		return nil, nil, err
+	}
+	seq := c.seq
+	c.seq++
+	c.inflight.Store(int64(seq))
+	defer c.inflight.Store(-1)
+	if err := c.checkGone(seq); err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(c.brokenCtx(), func() { cancel(c.err()) })
+	defer stop()
+
+	var p *plan
+	var out []byte
+	var err error
+	if c.shm != nil {
+		p, out, err = c.shmCollective(ctx, seq, cl)
+	} else {
+		p, out, err = c.tcpCollective(ctx, seq, cl)
+	}
+	if e := c.cause(); err != nil && e != nil {
+		return nil, nil, e
+	}
+	// Done, or failed its checks on every rank: either way every rank
+	// went through it to the end.
+	c.completed.Store(seq + 1)
+	return p, out, err
+}
+
+// brokenCtx returns a context that ends when the communicator breaks.
+func (c *Comm) brokenCtx() context.Context { return brokenContext{c} }
+
+type brokenContext struct{ c *Comm }
+
+func (b brokenContext) Deadline() (deadline time.Time, ok bool) { return }
+func (b brokenContext) Done() <-chan struct{}                   { return b.c.brokenCh }
+func (b brokenContext) Err() error {
+	select {
+	case <-b.c.brokenCh:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+func (b brokenContext) Value(any) any { return nil }
+
+// output returns the output buffer for rank me under p: cl.out, or a new
+// one.
+func (cl *call) output(p *plan, me int) []byte {
+	shape := p.outShape(me)
+	if shape == nil {
+		return nil
+	}
+	if cl.out != nil {
+		return cl.out
+	}
+	return make([]byte, numel(shape)*p.esize)
+}
+
+// failData breaks the communicator after an error in a data phase: the
+// ranks no longer agree on where they are.
+func (c *Comm) failData(ctx context.Context, err error) error {
+	if c.shm != nil {
+		c.shm.abort()
+	}
+	if e := c.cause(); e != nil {
+		return e
+	}
+	if ctx.Err() != nil {
+		// Our context ended: we break off, and tell the others (their
+		// watches of us end with ErrAborted).
+		err = errorf(ErrAborted, "rank %d broke off collective %d: %v", c.rank, c.seq-1, context.Cause(ctx))
+		if c.fail(err) {
+			close(c.abandoned)
+		}
+		return context.Cause(ctx)
+	}
+	c.fail(err)
+	return err
+}

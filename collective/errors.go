@@ -1,0 +1,91 @@
+package collective
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tensorwire/tensorwire/rpc"
+)
+
+// Errors callers branch on, with errors.Is. Each also matches the rpc code
+// it maps to (errors.Is(err, rpc.ErrUnavailable) for ErrPeerLost), here and
+// on the other side of a call: each crosses the wire as its code and reason
+// (see init).
+var (
+	// ErrArgument: a call's argument is bad on some rank: a root or rank
+	// out of range, an axis the tensor does not have, counts that do not
+	// sum to the axis' length, a dtype the reduction does not take, a
+	// missing tensor. Every rank of a collective gets it (naming the rank
+	// at fault), and the communicator stays usable. Code InvalidArgument.
+	ErrArgument = errors.New("collective: invalid argument")
+
+	// ErrMismatch: the ranks called different collectives, or the same one
+	// with tensors that do not fit together (dtypes, shapes), or with
+	// different roots, axes, operations or counts. Every rank gets it, and
+	// the communicator stays usable. Code InvalidArgument.
+	ErrMismatch = errors.New("collective: ranks disagree")
+
+	// ErrPeerLost: a rank died, closed its communicator or became
+	// unreachable while this one needed it. Every pending and later
+	// operation fails with it; form a new communicator (Join). Code
+	// Unavailable.
+	ErrPeerLost = errors.New("collective: a rank is gone")
+
+	// ErrAborted: another rank abandoned the operation part-way (its
+	// context ended), so this one cannot complete. The communicator is
+	// broken, as after ErrPeerLost. Code Aborted.
+	ErrAborted = errors.New("collective: operation abandoned by another rank")
+
+	// ErrBroken: an earlier operation failed part-way (a rank was lost, or
+	// an operation was abandoned on some rank), so the ranks no longer
+	// agree on where they are. Every later call fails with it, wrapping the
+	// first cause; form a new communicator (Join). Code FailedPrecondition.
+	ErrBroken = errors.New("collective: communicator broken")
+
+	// ErrClosed: the communicator was closed. Code FailedPrecondition.
+	ErrClosed = errors.New("collective: closed")
+
+	// ErrWaited: Wait on a Request that was waited for already. Code
+	// FailedPrecondition.
+	ErrWaited = errors.New("collective: request already waited for")
+
+	// ErrNoAdjoint: the adjoint of an operation that has none: a reduction
+	// other than Sum (Max, Min, Prod and the logical and bitwise ones), or
+	// a Tape replayed twice. Code FailedPrecondition.
+	ErrNoAdjoint = errors.New("collective: no adjoint")
+
+	// ErrConfig: a Config that cannot form a communicator. Code
+	// InvalidArgument.
+	ErrConfig = errors.New("collective: bad config")
+
+	// ErrJoin: the ranks could not form a communicator: two ranks claimed
+	// the same rank, the sizes differ, or the ranks did not all arrive
+	// before the context ended. Code Unavailable.
+	ErrJoin = errors.New("collective: could not form the communicator")
+)
+
+// The code and reason each sentinel crosses the wire with. The reasons are
+// part of the protocol (docs/collective.md): never change one.
+func init() {
+	rpc.RegisterReason(ErrArgument, rpc.InvalidArgument, "collective.argument")
+	rpc.RegisterReason(ErrMismatch, rpc.InvalidArgument, "collective.mismatch")
+	rpc.RegisterReason(ErrPeerLost, rpc.Unavailable, "collective.peer_lost")
+	rpc.RegisterReason(ErrAborted, rpc.Aborted, "collective.aborted")
+	rpc.RegisterReason(ErrBroken, rpc.FailedPrecondition, "collective.broken")
+	rpc.RegisterReason(ErrClosed, rpc.FailedPrecondition, "collective.closed")
+	rpc.RegisterReason(ErrWaited, rpc.FailedPrecondition, "collective.waited")
+	rpc.RegisterReason(ErrNoAdjoint, rpc.FailedPrecondition, "collective.no_adjoint")
+	rpc.RegisterReason(ErrConfig, rpc.InvalidArgument, "collective.config")
+	rpc.RegisterReason(ErrJoin, rpc.Unavailable, "collective.join")
+}
+
+// errorf returns an *rpc.Error with the code registered for sentinel, a
+// message and sentinel as its cause, so that it matches both sentinel and
+// the code's rpc sentinel.
+func errorf(sentinel error, format string, args ...any) error {
+	code := rpc.CodeOf(sentinel)
+	return rpc.Errorf(code, "%w: %s", sentinel, fmt.Sprintf(format, args...))
+}
+
+func argumentf(format string, args ...any) error { return errorf(ErrArgument, format, args...) }
+func mismatchf(format string, args ...any) error { return errorf(ErrMismatch, format, args...) }

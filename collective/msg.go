@@ -1,0 +1,304 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Messages between ranks over their rpc connections: what the TCP
+// transport moves tensors with, and what point-to-point calls use on every
+// transport. A message is one rpc call, collective.msg, whose request
+// names the message (msgKey) and carries its bytes as a one-tensor
+// TensorDict after the msgpack header (never inside it). The receiver
+// posts where a message goes (mailbox.post) and the handler that receives
+// it hands its bytes straight to that consumer: a sender's call returns
+// once its bytes are consumed, so a message is never buffered twice, and
+// a rank that is not ready for a message holds its sender back (the
+// handler waits, bounded by the sender's deadline).
+
+// spaces of message keys.
+const (
+	spaceDesc uint8 = iota + 1 // a collective's descriptions
+	spaceData                  // a collective's data
+	spaceP2P                   // Send and Recv
+)
+
+// msgKey names one message to this rank.
+type msgKey struct {
+	src   int
+	space uint8
+	seq   uint64 // collective: its number; p2p: the count of messages with this tag
+	tag   int64  // p2p: the user's tag
+	step  uint32 // collective: the algorithm's step
+	piece uint32 // which piece of a split message
+}
+
+type msgReq struct {
+	Session uint64 `codec:"session"`
+	Src     int    `codec:"src"`
+	Space   uint8  `codec:"space"`
+	Seq     uint64 `codec:"seq"`
+	Tag     int64  `codec:"tag"`
+	Step    uint32 `codec:"step"`
+	Piece   uint32 `codec:"piece"`
+	Data    rpc.TD `codec:"data"`
+}
+
+// slot is a message expected or arrived.
+type slot struct {
+	consume func(b []byte) error
+	taken   bool          // a handler is consuming it
+	posted  chan struct{} // closed once consume is set
+	done    chan struct{} // closed once consumed
+	err     error
+}
+
+type mailbox struct {
+	c      *Comm
+	mu     sync.Mutex
+	slots  map[msgKey]*slot
+	failed chan struct{}
+	err    error
+}
+
+func newMailbox(c *Comm) *mailbox {
+	return &mailbox{c: c, slots: map[msgKey]*slot{}, failed: make(chan struct{})}
+}
+
+func (m *mailbox) fail(err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err == nil {
+		m.err = err
+		close(m.failed)
+	}
+}
+
+func (m *mailbox) slot(k msgKey) *slot {
+	s := m.slots[k]
+	if s == nil {
+		s = &slot{posted: make(chan struct{}), done: make(chan struct{})}
+		m.slots[k] = s
+	}
+	return s
+}
+
+// post says that message k goes to consume, which the handler calls with
+// its bytes (valid only during the call).
+func (m *mailbox) post(k msgKey, consume func(b []byte) error) *slot {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.slot(k)
+	s.consume = consume
+	close(s.posted)
+	return s
+}
+
+// wait waits for a posted message to be consumed.
+func (m *mailbox) wait(ctx context.Context, k msgKey, s *slot) error {
+	select {
+	case <-s.done:
+		return s.err
+	case <-ctx.Done():
+	case <-m.failed:
+	}
+	m.mu.Lock()
+	if m.slots[k] == s {
+		delete(m.slots, k) // a handler that comes later makes a new slot and waits in vain
+	}
+	err, taken := m.err, s.taken
+	m.mu.Unlock()
+	if taken {
+		// A handler is writing into the receiver's memory: let it finish
+		// (a copy) before the caller gets its buffer back.
+		<-s.done
+		if s.err == nil && err == nil && ctx.Err() == nil {
+			return nil
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// handle is collective.msg: it hands the message to its consumer, waiting
+// for the receiver to post it.
+func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
+	c := m.c
+	select {
+	case <-c.ready:
+	case <-ctx.Done():
+		return rpc.Empty{}, ctx.Err()
+	case <-m.failed:
+		return rpc.Empty{}, m.err
+	}
+	if r.Session != c.session {
+		return rpc.Empty{}, errorf(ErrPeerLost, "a message for session %x reached session %x", r.Session, c.session)
+	}
+	k := msgKey{src: r.Src, space: r.Space, seq: r.Seq, tag: r.Tag, step: r.Step, piece: r.Piece}
+	m.mu.Lock()
+	s := m.slot(k)
+	m.mu.Unlock()
+	select {
+	case <-s.posted:
+	case <-ctx.Done():
+		m.mu.Lock()
+		if m.slots[k] == s {
+			delete(m.slots, k)
+		}
+		m.mu.Unlock()
+		return rpc.Empty{}, ctx.Err()
+	case <-m.failed:
+		return rpc.Empty{}, m.err
+	}
+	var b []byte
+	if r.Data.TensorDict != nil {
+		t, err := r.Data.Tensor("b")
+		if err != nil {
+			return rpc.Empty{}, err
+		}
+		if b, err = t.Bytes(); err != nil {
+			return rpc.Empty{}, err
+		}
+	}
+	m.mu.Lock()
+	if m.slots[k] != s {
+		m.mu.Unlock()
+		return rpc.Empty{}, errorf(ErrAborted, "rank %d gave up on the message", c.rank)
+	}
+	delete(m.slots, k)
+	s.taken = true
+	m.mu.Unlock()
+	s.err = s.consume(b)
+	close(s.done)
+	return rpc.Empty{}, s.err
+}
+
+// send sends b as message k to rank dst and returns once dst consumed it.
+func (c *Comm) send(ctx context.Context, dst int, k msgKey, b []byte) error {
+	cl, err := c.client(ctx, dst)
+	if err != nil {
+		return c.lostErr(ctx, dst, err)
+	}
+	req := msgReq{Session: c.session, Src: c.rank, Space: k.space, Seq: k.seq, Tag: k.tag, Step: k.step, Piece: k.piece}
+	if len(b) > 0 {
+		td, _ := tensordict.New()
+		t, err := tensordict.FromBytes(memmap.Uint8, []int{len(b)}, b)
+		if err != nil {
+			return err
+		}
+		if err := td.Set("b", t); err != nil {
+			return err
+		}
+		req.Data = rpc.Ref(td)
+	}
+	_, err = rpc.Call[rpc.Empty](ctx, cl, methodMsg, req)
+	if err != nil {
+		if k.space != spaceP2P && errors.Is(err, rpc.ErrUnavailable) && c.closedAfter(ctx, dst, k.seq) {
+			// dst completed this collective and closed: it had our
+			// message; only the answer was lost with the connection.
+			return nil
+		}
+		return c.lostErr(ctx, dst, err)
+	}
+	return nil
+}
+
+// closedAfter waits a little for news of rank j and reports whether it
+// closed its communicator after completing collective seq.
+func (c *Comm) closedAfter(ctx context.Context, j int, seq uint64) bool {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if g := c.goneAt[j].Load(); g != 0 {
+			return g-1 > seq
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// lostErr turns a failed send to rank j into the error callers see.
+func (c *Comm) lostErr(ctx context.Context, j int, err error) error {
+	if e := c.err(); e != nil {
+		return e
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if errors.Is(err, rpc.ErrUnavailable) && !errors.Is(err, ErrPeerLost) {
+		return errorf(ErrPeerLost, "rank %d: %v", j, err)
+	}
+	return err
+}
+
+// pieceBytes is the largest message: bigger ones go in pieces, several in
+// flight at once, so the receiver consumes one while the next travels.
+const pieceBytes = 1 << 20
+
+func pieces(n int) int { return max(1, (n+pieceBytes-1)/pieceBytes) }
+
+// sendBytes sends b to dst as the pieces of message k.
+func (c *Comm) sendBytes(ctx context.Context, dst int, k msgKey, b []byte) error {
+	np := pieces(len(b))
+	if np == 1 {
+		return c.send(ctx, dst, k, b)
+	}
+	errs := make(chan error, np)
+	for p := range np {
+		kp := k
+		kp.piece = uint32(p)
+		part := b[p*pieceBytes : min(len(b), (p+1)*pieceBytes)]
+		go func() { errs <- c.send(ctx, dst, kp, part) }()
+	}
+	var first error
+	for range np {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// postBytes posts the n bytes of message k from src, consumed piece by
+// piece (off is the piece's offset), and returns a function that waits for
+// them all. n < 0 takes one message of any length.
+func (c *Comm) postBytes(src int, k msgKey, n int, consume func(off int, b []byte) error) func(ctx context.Context) error {
+	np, any := pieces(n), n < 0
+	if any {
+		np = 1
+	}
+	type posted struct {
+		k msgKey
+		s *slot
+	}
+	ps := make([]posted, np)
+	for p := range np {
+		kp := k
+		kp.piece = uint32(p)
+		off, want := p*pieceBytes, min(n, (p+1)*pieceBytes)-p*pieceBytes
+		ps[p] = posted{kp, c.box.post(kp, func(b []byte) error {
+			if !any && len(b) != want {
+				return errorf(ErrMismatch, "rank %d sent %d bytes, rank %d expected %d", src, len(b), c.rank, want)
+			}
+			return consume(off, b)
+		})}
+	}
+	return func(ctx context.Context) error {
+		var first error
+		for _, p := range ps {
+			if err := c.box.wait(ctx, p.k, p.s); err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
+	}
+}

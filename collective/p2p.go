@@ -1,0 +1,182 @@
+package collective
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Point-to-point messages: a tensor from one rank to another, matched by
+// the pair of ranks and a tag, in the order they were sent (MPI's
+// non-overtaking rule). They travel over the ranks' rpc connections on
+// every transport, with their dtype and shape, so a receive into a tensor
+// of another dtype or shape fails on both sides (ErrMismatch). A send
+// completes when the receiver has the bytes (MPI's synchronous mode):
+// pair every Send with a Recv, or use Isend and Irecv to run both at once.
+// They do not break the communicator when they fail.
+
+// Request is a point-to-point operation in flight (Isend, Irecv). Its
+// methods are safe for concurrent use.
+type Request struct {
+	c      *Comm
+	done   chan struct{}
+	err    error
+	t      *tensordict.Tensor
+	mu     sync.Mutex
+	waited bool
+
+	// what the adjoint needs
+	send bool
+	peer int
+	tag  int
+}
+
+// Wait waits for the operation to complete and returns its error; a
+// receive's tensor is then filled (Tensor). ctx bounds the wait, not the
+// operation (the Isend or Irecv context does). A second Wait returns
+// ErrWaited.
+func (r *Request) Wait(ctx context.Context) error {
+	r.mu.Lock()
+	if r.waited {
+		r.mu.Unlock()
+		return errorf(ErrWaited, "rank %d: %s with rank %d, tag %d", r.c.rank, r.what(), r.peer, r.tag)
+	}
+	r.waited = true
+	r.mu.Unlock()
+	select {
+	case <-r.done:
+		return r.err
+	case <-ctx.Done():
+		r.mu.Lock()
+		r.waited = false // it can be waited for again
+		r.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+// Tensor returns the tensor the request sends or receives into.
+func (r *Request) Tensor() *tensordict.Tensor { return r.t }
+
+func (r *Request) what() string {
+	if r.send {
+		return "Isend"
+	}
+	return "Irecv"
+}
+
+// meta encodes a tensor's dtype and shape.
+func meta(dt memmap.DType, shape []int) []byte {
+	b := []byte{byte(dt)}
+	for _, s := range shape {
+		b = binary.LittleEndian.AppendUint64(b, uint64(s))
+	}
+	return b
+}
+
+func (c *Comm) p2pArgs(t *tensordict.Tensor, peer int, what string) error {
+	if t == nil {
+		return argumentf("%s on rank %d: no tensor", what, c.rank)
+	}
+	if peer < 0 || peer >= c.size {
+		return argumentf("%s on rank %d: rank %d is not in [0, %d)", what, c.rank, peer, c.size)
+	}
+	return c.err()
+}
+
+// Isend starts sending t to rank dest with tag; t must not change until
+// the request completes. ctx bounds the send.
+func (c *Comm) Isend(ctx context.Context, t *tensordict.Tensor, dest, tag int) *Request {
+	r := &Request{c: c, done: make(chan struct{}), t: t, send: true, peer: dest, tag: tag}
+	if r.err = c.p2pArgs(t, dest, "Isend"); r.err != nil {
+		close(r.done)
+		return r
+	}
+	b, err := t.Bytes()
+	if err != nil {
+		r.err = err
+		close(r.done)
+		return r
+	}
+	c.p2pMu.Lock()
+	key := p2pKey{dest, tag}
+	seq := c.sendSeq[key]
+	c.sendSeq[key]++
+	c.p2pMu.Unlock()
+	// The message's first piece is the dtype and shape; the bytes follow
+	// as a second message, so that a mismatch is found before they move.
+	m := meta(t.DType(), t.Shape())
+	go func() {
+		defer close(r.done)
+		k := msgKey{src: c.rank, space: spaceP2P, seq: seq, tag: int64(tag)}
+		if r.err = c.send(ctx, dest, k, m); r.err != nil {
+			return
+		}
+		k.step = 1
+		r.err = c.sendBytes(ctx, dest, k, b)
+	}()
+	return r
+}
+
+// Irecv starts receiving into t (of the sender's dtype and shape) from
+// rank src with tag. ctx bounds the receive.
+func (c *Comm) Irecv(ctx context.Context, t *tensordict.Tensor, src, tag int) *Request {
+	r := &Request{c: c, done: make(chan struct{}), t: t, peer: src, tag: tag}
+	if r.err = c.p2pArgs(t, src, "Irecv"); r.err != nil {
+		close(r.done)
+		return r
+	}
+	b, err := t.Bytes()
+	if err != nil {
+		r.err = err
+		close(r.done)
+		return r
+	}
+	c.p2pMu.Lock()
+	key := p2pKey{src, tag}
+	seq := c.recvSeq[key]
+	c.recvSeq[key]++
+	c.p2pMu.Unlock()
+	k := msgKey{src: src, space: spaceP2P, seq: seq, tag: int64(tag)}
+	want := meta(t.DType(), t.Shape())
+	wait := c.postBytes(src, k, -1, func(_ int, m []byte) error {
+		if !slices.Equal(m, want) {
+			return mismatchf("rank %d sent %s to rank %d (tag %d), which receives %s", src, describeMeta(m), c.rank, tag, describeMeta(want))
+		}
+		return nil
+	})
+	go func() {
+		defer close(r.done)
+		if r.err = wait(ctx); r.err != nil {
+			return
+		}
+		k.step = 1
+		r.err = c.postBytes(src, k, len(b), into(b))(ctx)
+	}()
+	return r
+}
+
+func describeMeta(m []byte) string {
+	if len(m) < 1 || (len(m)-1)%8 != 0 {
+		return "a malformed tensor"
+	}
+	shape := make([]int, (len(m)-1)/8)
+	for i := range shape {
+		shape[i] = int(binary.LittleEndian.Uint64(m[1+8*i:]))
+	}
+	return fmt.Sprintf("%s %v", memmap.DType(m[0]).Name(), shape)
+}
+
+// Send sends t to rank dest with tag and returns once dest has it.
+func (c *Comm) Send(ctx context.Context, t *tensordict.Tensor, dest, tag int) error {
+	return c.Isend(ctx, t, dest, tag).Wait(ctx)
+}
+
+// Recv receives into t from rank src with tag.
+func (c *Comm) Recv(ctx context.Context, t *tensordict.Tensor, src, tag int) error {
+	return c.Irecv(ctx, t, src, tag).Wait(ctx)
+}

@@ -1,0 +1,323 @@
+package collective
+
+// Tests with every rank a process of its own: this test binary run again
+// with -test.run=^TestHelperProcess$ and the environment saying which rank
+// to be and what to do (internal/proctest).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+const (
+	envRole      = "TENSORWIRE_COLLECTIVE_ROLE" // "check" or "loop"
+	envRank      = "TENSORWIRE_COLLECTIVE_RANK"
+	envSize      = "TENSORWIRE_COLLECTIVE_SIZE"
+	envAddr      = "TENSORWIRE_COLLECTIVE_ADDR"
+	envTransport = "TENSORWIRE_COLLECTIVE_TRANSPORT"
+	envDir       = "TENSORWIRE_COLLECTIVE_DIR"
+)
+
+// TestHelperProcess is not a test: it is the body of the rank processes,
+// and skips unless run as one.
+func TestHelperProcess(t *testing.T) {
+	role := os.Getenv(envRole)
+	if role == "" {
+		t.Skip("the body of a helper process")
+	}
+	rank, _ := strconv.Atoi(os.Getenv(envRank))
+	size, _ := strconv.Atoi(os.Getenv(envSize))
+	cfg := Config{Rank: rank, Size: size, Addr: os.Getenv(envAddr), Transport: Transport(os.Getenv(envTransport)), ShmDir: os.Getenv(envDir)}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := Join(ctx, cfg)
+	if err != nil {
+		helperFail(err)
+	}
+	fmt.Println("JOINED", c.Transport())
+	switch role {
+	case "check":
+		helperCheck(ctx, c)
+	case "loop":
+		helperLoop(ctx, c, cfg)
+	case "dot":
+		helperDot(t, ctx, c)
+	case "check-rejoin":
+		one, _ := tensordict.FromSlice([]float64{1})
+		y, err := c.Allreduce(ctx, one, Sum)
+		if err != nil {
+			helperFail(err)
+		}
+		v, _ := tensordict.Values[float64](y)
+		fmt.Println("REJOINED", v[0])
+	}
+	c.Close()
+	os.Exit(0)
+}
+
+// helperDot runs the dot-product test's forward and backward of every
+// adjoint case on this rank and prints "DOT case lhs rhs" for each.
+func helperDot(t *testing.T, ctx context.Context, c *Comm) {
+	n := c.Size()
+	for i, ac := range adjCases(n) {
+		rng := rand.New(rand.NewPCG(uint64(n)*7919, uint64(i)))
+		var x0 *tensordict.Tensor
+		for r := range n { // every rank draws every rank's x, keeps its own
+			x := randTensor(t, rng, memmap.Float64, ac.shape(r, n)...)
+			if r == c.Rank() {
+				x0 = x
+			}
+		}
+		tp := NewTape(c)
+		x := tp.Leaf(x0)
+		y, err := ac.fwd(ctx, tp, x)
+		if err != nil {
+			helperFail(fmt.Errorf("%s: %w", ac.name, err))
+		}
+		var seed *tensordict.Tensor
+		var lhs float64
+		if y != nil && y.Value() != nil {
+			rr := rand.New(rand.NewPCG(uint64(c.Rank())+1, uint64(i)+99))
+			seed = randTensor(t, rr, memmap.Float64, y.Value().Shape()...)
+			lhs = dotT(t, y.Value(), seed)
+		}
+		if err := tp.Backward(ctx, y, seed); err != nil {
+			helperFail(fmt.Errorf("%s: %w", ac.name, err))
+		}
+		fmt.Printf("DOT %s %v %v\n", ac.name, lhs, dotT(t, x.Value(), x.Grad()))
+	}
+	fmt.Println("DOTS DONE")
+}
+
+func helperFail(err error) {
+	fmt.Fprintln(os.Stderr, "helper:", err)
+	fmt.Println("FAIL", err)
+	os.Exit(3)
+}
+
+// helperCheck runs a few collectives and checks their results.
+func helperCheck(ctx context.Context, c *Comm) {
+	n, me := c.Size(), c.Rank()
+	v := make([]float32, 1<<18) // 1 MiB: the ring
+	for i := range v {
+		v[i] = float32(me + i%7)
+	}
+	x, _ := tensordict.FromSlice(v)
+	y, err := c.Allreduce(ctx, x, Sum)
+	if err != nil {
+		helperFail(err)
+	}
+	got, _ := tensordict.Values[float32](y)
+	for i, g := range got {
+		if want := float32(n*(n-1)/2 + n*(i%7)); g != want {
+			helperFail(fmt.Errorf("allreduce[%d] = %v, want %v", i, g, want))
+		}
+	}
+	r, _ := tensordict.FromSlice(make([]int64, me+1), me+1)
+	for i := range me + 1 {
+		memmap.Int64.PutFloat64(must1(r.Bytes())[8*i:], float64(me))
+	}
+	g, err := c.Allgather(ctx, r, 0)
+	if err != nil {
+		helperFail(err)
+	}
+	gv, _ := tensordict.Values[int64](g)
+	k := 0
+	for rr := range n {
+		for range rr + 1 {
+			if gv[k] != int64(rr) {
+				helperFail(fmt.Errorf("allgather[%d] = %d, want %d", k, gv[k], rr))
+			}
+			k++
+		}
+	}
+	fmt.Println("OK")
+}
+
+func must1[T any](v T, err error) T {
+	if err != nil {
+		helperFail(err)
+	}
+	return v
+}
+
+// helperLoop allreduces 4 MiB again and again, printing "ITER i", until
+// an error, which it prints as "ERR sentinel after": then it joins again
+// (a new communicator, same rendezvous), allreduces once and prints
+// "REJOINED".
+func helperLoop(ctx context.Context, c *Comm, cfg Config) {
+	x, _ := tensordict.Zeros(memmap.Float32, 1<<20)
+	for i := 0; ; i++ {
+		start := time.Now()
+		opCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err := c.AllreduceInto(opCtx, x, x, Sum)
+		cancel()
+		if err != nil {
+			what := "other"
+			switch {
+			case errors.Is(err, ErrPeerLost):
+				what = "peer_lost"
+			case errors.Is(err, ErrAborted):
+				what = "aborted"
+			case errors.Is(err, context.DeadlineExceeded):
+				what = "deadline"
+			}
+			fmt.Printf("ERR %s %d %v\n", what, time.Since(start).Milliseconds(), err)
+			break
+		}
+		fmt.Println("ITER", i)
+	}
+	c.Close()
+	c, err := Join(ctx, cfg)
+	if err != nil {
+		helperFail(err)
+	}
+	one, _ := tensordict.FromSlice([]float64{1})
+	y, err := c.Allreduce(ctx, one, Sum)
+	if err != nil {
+		helperFail(err)
+	}
+	v, _ := tensordict.Values[float64](y)
+	fmt.Println("REJOINED", v[0])
+	c.Close()
+}
+
+func startRanks(t *testing.T, role string, tr Transport, addr, dir string, size int, ranks ...int) []*proctest.Proc {
+	t.Helper()
+	ps := make([]*proctest.Proc, len(ranks))
+	for i, r := range ranks {
+		ps[i] = proctest.Start(t, envRole+"="+role, envRank+"="+strconv.Itoa(r), envSize+"="+strconv.Itoa(size),
+			envAddr+"="+addr, envTransport+"="+string(tr), envDir+"="+dir)
+	}
+	return ps
+}
+
+func seq(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
+
+// TestProcess_Collectives: ranks as processes, on both transports.
+func TestProcess_Collectives(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	for _, tr := range transports() {
+		t.Run(string(tr), func(t *testing.T) {
+			ps := startRanks(t, "check", tr, freeAddr(t), t.TempDir(), 3, seq(3)...)
+			for _, p := range ps {
+				if got := p.Expect(t, "JOINED"); got != string(tr) {
+					t.Fatalf("%s joined with %s, want %s", p.Name(), got, tr)
+				}
+			}
+			for _, p := range ps {
+				p.Expect(t, "OK")
+				if err := p.WaitFor(30 * time.Second); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestProcess_DotProduct runs the dot-product test of every adjoint with
+// the ranks as processes: 3 ranks through shared mappings, 4 over TCP.
+func TestProcess_DotProduct(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	for _, tc := range []struct {
+		tr Transport
+		n  int
+	}{{SHM, 3}, {TCP, 4}} {
+		t.Run(name(tc.tr, tc.n), func(t *testing.T) {
+			ps := startRanks(t, "dot", tc.tr, freeAddr(t), t.TempDir(), tc.n, seq(tc.n)...)
+			sums := map[string][2]float64{}
+			for _, p := range ps {
+				p.Expect(t, "DOTS DONE")
+				for _, line := range strings.Split(p.Output(), "\n") {
+					var name string
+					var l, r float64
+					if _, err := fmt.Sscanf(line, "DOT %s %g %g", &name, &l, &r); err == nil {
+						s := sums[name]
+						sums[name] = [2]float64{s[0] + l, s[1] + r}
+					}
+				}
+			}
+			if len(sums) != len(adjCases(tc.n)) {
+				t.Fatalf("%d cases reported, want %d", len(sums), len(adjCases(tc.n)))
+			}
+			for name, s := range sums {
+				if math.Abs(s[0]-s[1]) > 1e-10*max(1, math.Abs(s[0])) || s[0] == 0 {
+					t.Errorf("%s: sum <A(x), y> = %.15g, sum <x, A*(y)> = %.15g", name, s[0], s[1])
+				}
+			}
+		})
+	}
+}
+
+// TestProcess_RankKilled kills a rank with SIGKILL in the middle of a run
+// of allreduces: every other rank's allreduce fails with ErrPeerLost (or
+// ErrAborted) well within its 20 s deadline, none hangs, and the survivors
+// and a new rank 2 then form a new communicator on the same rendezvous.
+func TestProcess_RankKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	for _, tr := range transports() {
+		t.Run(string(tr), func(t *testing.T) {
+			addr, dir := freeAddr(t), t.TempDir()
+			ps := startRanks(t, "loop", tr, addr, dir, 4, seq(4)...)
+			for _, p := range ps {
+				p.Expect(t, "JOINED")
+			}
+			for _, p := range ps {
+				p.Expect(t, "ITER 3")
+			}
+			ps[2].Kill()
+			for i, p := range ps {
+				if i == 2 {
+					continue
+				}
+				line, err := p.Line("ERR", 30*time.Second)
+				if err != nil {
+					t.Fatalf("rank %d: %v", i, err)
+				}
+				var what string
+				var ms int
+				fmt.Sscan(line, &what, &ms)
+				if what != "peer_lost" && what != "aborted" {
+					t.Fatalf("rank %d: %s, want peer_lost or aborted", i, line)
+				}
+				t.Logf("rank %d: failed after %d ms: %s", i, ms, what)
+			}
+			// A new rank 2 joins the survivors' new communicator.
+			ps[2] = startRanks(t, "check-rejoin", tr, addr, dir, 4, 2)[0]
+			for i, p := range ps {
+				if i == 2 {
+					p.Expect(t, "JOINED")
+					p.Expect(t, "REJOINED 4")
+					continue
+				}
+				if got := p.Expect(t, "REJOINED"); got != "4" {
+					t.Fatalf("rank %d: the new communicator's allreduce gave %s, want 4", i, got)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,448 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Automatic differentiation across ranks, with a tape.
+//
+// A Tape records, in program order, the collectives and point-to-point
+// calls a rank makes on Vars, and the local computations between them
+// (Func, with their adjoints as the caller writes them). Backward replays
+// the adjoints in reverse order. Every rank that recorded the same
+// communication in the same order therefore communicates in the same
+// (reversed) order going back, and every recorded collective's adjoint runs
+// on every rank whether or not a gradient reached it on that rank (a zero
+// gradient stands in): no rank waits for a backward call another rank
+// skipped, which is the deadlock mpi4torch's JoinDummies is there to
+// prevent. JoinDummies is kept for code ported from mpi4torch.
+//
+// docs/collective.md says why a tape and not gorgonia's graph.
+
+// Tape records operations for Backward. A Tape is safe for concurrent use,
+// but the order of recording is the order of replay: record communication
+// from one goroutine.
+type Tape struct {
+	c    *Comm
+	mu   sync.Mutex
+	ops  []tapeOp
+	done bool
+}
+
+// Var is a tensor on a tape: a leaf (Tape.Leaf) or the result of a
+// recorded operation.
+type Var struct {
+	tape *Tape
+	t    *tensordict.Tensor
+	grad *tensordict.Tensor
+	leaf bool
+}
+
+// Value returns the tensor (nil for an output a rank does not get, such as
+// Gather's off the root).
+func (v *Var) Value() *tensordict.Tensor { return v.t }
+
+// Grad returns the gradient Backward accumulated for a leaf (Tape.Leaf),
+// or nil when none reached it. As in torch, the gradients of intermediate
+// Vars are released once used: Grad of one is nil after Backward.
+func (v *Var) Grad() *tensordict.Tensor { return v.grad }
+
+// tapeOp is one recorded operation: the gradients of its outputs to the
+// gradients of its inputs.
+type tapeOp struct {
+	name string
+	ins  []*Var
+	outs []*Var
+	back func(ctx context.Context, gouts []*tensordict.Tensor) ([]*tensordict.Tensor, error)
+	// fresh: the gradients back returns are new tensors (a collective's
+	// results), which the tape may keep without copying.
+	fresh bool
+}
+
+// leafGrad reports whether g is the gradient of a leaf among outs (kept
+// after Backward).
+func leafGrad(g *tensordict.Tensor, outs []*Var) bool {
+	for _, o := range outs {
+		if o.leaf && o.grad == g {
+			return true
+		}
+	}
+	return false
+}
+
+// aliases reports whether g is one of gs.
+func aliases(g *tensordict.Tensor, gs []*tensordict.Tensor) bool {
+	for _, h := range gs {
+		if h == g {
+			return true
+		}
+	}
+	return false
+}
+
+// NewTape returns an empty tape whose collectives run on c.
+func NewTape(c *Comm) *Tape { return &Tape{c: c} }
+
+// Leaf returns t as a Var: an input the gradient is wanted of.
+func (tp *Tape) Leaf(t *tensordict.Tensor) *Var { return &Var{tape: tp, t: t, leaf: true} }
+
+func (tp *Tape) record(op tapeOp) {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	tp.ops = append(tp.ops, op)
+}
+
+func (tp *Tape) vars(ts ...*tensordict.Tensor) []*Var {
+	vs := make([]*Var, len(ts))
+	for i, t := range ts {
+		vs[i] = &Var{tape: tp, t: t}
+	}
+	return vs
+}
+
+func value(v *Var) *tensordict.Tensor {
+	if v == nil {
+		return nil
+	}
+	return v.t
+}
+
+// Func records a local computation: outs computed from ins by the caller,
+// and back, which maps the gradients of outs (zeros where none flowed; nil
+// for a nil output) to the gradients of ins (nil for none).
+func (tp *Tape) Func(name string, ins []*Var, outs []*tensordict.Tensor, back func(ctx context.Context, gouts []*tensordict.Tensor) ([]*tensordict.Tensor, error)) []*Var {
+	vs := tp.vars(outs...)
+	tp.record(tapeOp{name: name, ins: ins, outs: vs, back: back})
+	return vs
+}
+
+// collective records a one-in, one-out collective.
+func (tp *Tape) collective(ctx context.Context, name string, x *Var, cl *call, back func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error)) (*Var, error) {
+	y, p, err := tp.c.run(ctx, cl)
+	if err != nil {
+		return nil, err
+	}
+	out := tp.vars(y)
+	tp.record(tapeOp{name: name, ins: []*Var{x}, outs: out, fresh: true, back: func(ctx context.Context, g []*tensordict.Tensor) ([]*tensordict.Tensor, error) {
+		gi, err := back(ctx, p, g[0])
+		return []*tensordict.Tensor{gi}, err
+	}})
+	return out[0], nil
+}
+
+// Allreduce is Comm.Allreduce on the tape.
+func (tp *Tape) Allreduce(ctx context.Context, x *Var, op Op) (*Var, error) {
+	return tp.collective(ctx, "Allreduce", x, allreduceCall(value(x), op), func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error) {
+		if op != Sum {
+			return nil, noAdjoint("Allreduce", op)
+		}
+		// g is the tape's own (the output's gradient, released after
+		// this): reduce it in place.
+		return g, tp.c.AllreduceInto(ctx, g, g, Sum)
+	})
+}
+
+// Bcast is Comm.Bcast on the tape.
+func (tp *Tape) Bcast(ctx context.Context, x *Var, root int) (*Var, error) {
+	return tp.collective(ctx, "Bcast", x, bcastCall(value(x), root, tp.c.rank), func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error) {
+		gi, err := tp.c.BcastAdjoint(ctx, g, root)
+		if tp.c.rank != root && value(x) == nil {
+			gi = nil
+		}
+		return gi, err
+	})
+}
+
+// Reduce is Comm.Reduce on the tape.
+func (tp *Tape) Reduce(ctx context.Context, x *Var, op Op, root int) (*Var, error) {
+	return tp.collective(ctx, "Reduce", x, reduceCall(value(x), op, root), func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error) {
+		return tp.c.ReduceAdjoint(ctx, g, op, root)
+	})
+}
+
+// Gather is Comm.Gather on the tape.
+func (tp *Tape) Gather(ctx context.Context, x *Var, axis, root int) (*Var, error) {
+	return tp.collective(ctx, "Gather", x, gatherCall(value(x), axis, root), func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error) {
+		if tp.c.rank != root {
+			g = nil
+		}
+		return tp.c.GatherAdjoint(ctx, g, axis, p.sizes, root)
+	})
+}
+
+// Allgather is Comm.Allgather on the tape.
+func (tp *Tape) Allgather(ctx context.Context, x *Var, axis int) (*Var, error) {
+	return tp.collective(ctx, "Allgather", x, allgatherCall(value(x), axis), func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error) {
+		return tp.c.AllgatherAdjoint(ctx, g, axis, p.sizes)
+	})
+}
+
+// Scatter is Comm.Scatter on the tape.
+func (tp *Tape) Scatter(ctx context.Context, x *Var, axis int, counts []int, root int) (*Var, error) {
+	return tp.collective(ctx, "Scatter", x, scatterCall(value(x), axis, counts, root, tp.c.rank), func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error) {
+		gi, err := tp.c.ScatterAdjoint(ctx, g, axis, root)
+		if err == nil && tp.c.rank != root && value(x) != nil {
+			gi, err = tensordict.Zeros(x.t.DType(), x.t.Shape()...)
+		}
+		return gi, err
+	})
+}
+
+// Alltoall is Comm.Alltoall on the tape.
+func (tp *Tape) Alltoall(ctx context.Context, x *Var, gatherAxis, scatterAxis int, counts []int) (*Var, error) {
+	return tp.collective(ctx, "Alltoall", x, alltoallCall(value(x), gatherAxis, scatterAxis, counts), func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error) {
+		return tp.c.AlltoallAdjoint(ctx, g, gatherAxis, scatterAxis, p.sizes)
+	})
+}
+
+// ReduceScatter is Comm.ReduceScatter on the tape.
+func (tp *Tape) ReduceScatter(ctx context.Context, x *Var, op Op, axis int, counts []int) (*Var, error) {
+	return tp.collective(ctx, "ReduceScatter", x, reduceScatterCall(value(x), op, axis, counts), func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error) {
+		return tp.c.ReduceScatterAdjoint(ctx, g, op, axis)
+	})
+}
+
+// Send is Comm.Send on the tape; its adjoint receives x's gradient from
+// dest.
+func (tp *Tape) Send(ctx context.Context, x *Var, dest, tag int) error {
+	if err := tp.c.Send(ctx, value(x), dest, tag); err != nil {
+		return err
+	}
+	tp.record(tapeOp{name: "Send", ins: []*Var{x}, back: func(ctx context.Context, _ []*tensordict.Tensor) ([]*tensordict.Tensor, error) {
+		g, err := tp.c.SendAdjoint(ctx, x.t, dest, tag)
+		return []*tensordict.Tensor{g}, err
+	}})
+	return nil
+}
+
+// Recv is Comm.Recv on the tape, into buf; the returned Var is the
+// received tensor (buf itself), whose gradient goes back to src. buf's own
+// gradient is zero.
+func (tp *Tape) Recv(ctx context.Context, buf *Var, src, tag int) (*Var, error) {
+	if err := tp.c.Recv(ctx, value(buf), src, tag); err != nil {
+		return nil, err
+	}
+	out := tp.vars(buf.t)
+	tp.record(tapeOp{name: "Recv", ins: []*Var{buf}, outs: out, back: func(ctx context.Context, g []*tensordict.Tensor) ([]*tensordict.Tensor, error) {
+		return []*tensordict.Tensor{nil}, tp.c.RecvAdjoint(ctx, g[0], src, tag)
+	}})
+	return out[0], nil
+}
+
+// TapeRequest is an Isend or Irecv on a tape.
+type TapeRequest struct {
+	tp     *Tape
+	r      *Request
+	x      *Var // what is sent, or the receive buffer
+	waited bool
+
+	// the adjoint in flight between the replay of Wait and of the start
+	back   *Request
+	backed chan struct{}
+}
+
+// Isend is Comm.Isend on the tape. Going back, the adjoint of Wait starts
+// receiving x's gradient and the adjoint of Isend waits for it, so
+// adjoints of overlapping requests overlap too.
+func (tp *Tape) Isend(ctx context.Context, x *Var, dest, tag int) *TapeRequest {
+	return tp.start(ctx, x, tp.c.Isend(ctx, value(x), dest, tag))
+}
+
+// Irecv is Comm.Irecv on the tape, into buf; Wait returns the received
+// Var.
+func (tp *Tape) Irecv(ctx context.Context, buf *Var, src, tag int) *TapeRequest {
+	return tp.start(ctx, buf, tp.c.Irecv(ctx, value(buf), src, tag))
+}
+
+func (tp *Tape) start(ctx context.Context, x *Var, r *Request) *TapeRequest {
+	tr := &TapeRequest{tp: tp, r: r, x: x, backed: make(chan struct{})}
+	tp.record(tapeOp{name: r.what(), ins: []*Var{x}, back: func(ctx context.Context, _ []*tensordict.Tensor) ([]*tensordict.Tensor, error) {
+		select {
+		case <-tr.backed:
+		default:
+			return nil, fmt.Errorf("collective: %s was never waited for", r.what())
+		}
+		if err := tr.back.Wait(ctx); err != nil {
+			return nil, err
+		}
+		if r.send {
+			return []*tensordict.Tensor{tr.back.t}, nil
+		}
+		return []*tensordict.Tensor{nil}, nil // the receive buffer's gradient is zero
+	}})
+	return tr
+}
+
+// Wait is Request.Wait on the tape. For an Irecv it returns the received
+// tensor as a Var whose gradient goes back to the sender; for an Isend,
+// nil.
+func (tr *TapeRequest) Wait(ctx context.Context) (*Var, error) {
+	if err := tr.r.Wait(ctx); err != nil {
+		return nil, err
+	}
+	tp, r := tr.tp, tr.r
+	var outs []*Var
+	if !r.send {
+		outs = tp.vars(tr.x.t)
+	}
+	tp.record(tapeOp{name: "Wait", outs: outs, back: func(ctx context.Context, g []*tensordict.Tensor) ([]*tensordict.Tensor, error) {
+		if r.send {
+			buf, err := tensordict.Zeros(tr.x.t.DType(), tr.x.t.Shape()...)
+			if err != nil {
+				return nil, err
+			}
+			tr.back = tp.c.Irecv(ctx, buf, r.peer, r.tag)
+		} else {
+			tr.back = tp.c.Isend(ctx, g[0], r.peer, r.tag)
+		}
+		close(tr.backed)
+		return nil, nil
+	}})
+	if outs == nil {
+		return nil, nil
+	}
+	return outs[0], nil
+}
+
+// JoinDummies returns x as a new Var that depends on dummies too, as
+// mpi4torch's JoinDummies: going back, x's gradient passes through and the
+// dummies get none. On a tape every recorded operation's adjoint runs in
+// reverse order anyway, so it only marks the dependency.
+func (tp *Tape) JoinDummies(x *Var, dummies ...*Var) *Var {
+	out := tp.vars(x.t)
+	tp.record(tapeOp{name: "JoinDummies", ins: append([]*Var{x}, dummies...), outs: out, back: func(ctx context.Context, g []*tensordict.Tensor) ([]*tensordict.Tensor, error) {
+		gi := make([]*tensordict.Tensor, 1+len(dummies))
+		gi[0] = g[0]
+		return gi, nil
+	}})
+	return out[0]
+}
+
+// Backward sets the gradient of y to seed (ones of y's shape if nil) and
+// replays every recorded adjoint in reverse order, accumulating each
+// input's gradient (Var.Grad). Every rank calls it, as a collective. A
+// tape replays once; a second Backward fails with ErrNoAdjoint.
+func (tp *Tape) Backward(ctx context.Context, y *Var, seed *tensordict.Tensor) error {
+	tp.mu.Lock()
+	if tp.done {
+		tp.mu.Unlock()
+		return errorf(ErrNoAdjoint, "rank %d: the tape was replayed already", tp.c.rank)
+	}
+	tp.done = true
+	ops := tp.ops
+	tp.mu.Unlock()
+	if y != nil && y.t != nil {
+		owned := seed == nil
+		if seed == nil {
+			var err error
+			if seed, err = ones(y.t); err != nil {
+				return err
+			}
+		}
+		if err := accumulate(y, seed, owned); err != nil {
+			return err
+		}
+	}
+	for i := len(ops) - 1; i >= 0; i-- {
+		op := ops[i]
+		gouts := make([]*tensordict.Tensor, len(op.outs))
+		for j, o := range op.outs {
+			switch {
+			case o.t == nil:
+			case o.grad != nil:
+				gouts[j] = o.grad
+			default:
+				z, err := tensordict.Zeros(o.t.DType(), o.t.Shape()...)
+				if err != nil {
+					return err
+				}
+				gouts[j] = z
+			}
+		}
+		gins, err := op.back(ctx, gouts)
+		if err != nil {
+			return fmt.Errorf("backward through %s (operation %d on the tape): %w", op.name, i, err)
+		}
+		// The outputs' gradients are complete and used: release those of
+		// intermediate Vars, so that the tape may hand them on.
+		for _, o := range op.outs {
+			if !o.leaf {
+				o.grad = nil
+			}
+		}
+		for j, g := range gins {
+			if g != nil && j < len(op.ins) && op.ins[j] != nil {
+				// The tape may keep a gradient that is new (a collective's
+				// result) or that was an output's (released above), once;
+				// any other (a Func's) it copies.
+				owned := (op.fresh || aliases(g, gouts)) && !aliases(g, gins[:j]) && !leafGrad(g, op.outs)
+				if err := accumulate(op.ins[j], g, owned); err != nil {
+					return fmt.Errorf("backward through %s: %w", op.name, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// ones returns a tensor of ones like t.
+func ones(t *tensordict.Tensor) (*tensordict.Tensor, error) {
+	o, err := tensordict.Zeros(t.DType(), t.Shape()...)
+	if err != nil {
+		return nil, err
+	}
+	b, _ := o.Bytes()
+	switch t.DType() {
+	case memmap.Float32:
+		fill(as[float32](b), 1)
+	case memmap.Float64:
+		fill(as[float64](b), 1)
+	default:
+		es := t.DType().Size()
+		for i := 0; i < len(b); i += es {
+			t.DType().PutFloat64(b[i:], 1)
+		}
+	}
+	return o, nil
+}
+
+func fill[T any](s []T, v T) {
+	for i := range s {
+		s[i] = v
+	}
+}
+
+// accumulate adds g to v's gradient. With owned, g is the tape's to keep
+// (a new tensor no one else holds) and may become the gradient itself.
+func accumulate(v *Var, g *tensordict.Tensor, owned bool) error {
+	if v.grad == nil {
+		if owned {
+			v.grad = g
+			return nil
+		}
+		c, err := g.Clone()
+		if err != nil {
+			return err
+		}
+		v.grad = c
+		return nil
+	}
+	if v.grad.DType() != g.DType() || v.grad.NumElements() != g.NumElements() {
+		return argumentf("gradients %v and %v do not add up", v.grad, g)
+	}
+	if !Sum.Supports(g.DType()) {
+		return argumentf("gradients of %v cannot be added", g.DType())
+	}
+	a, _ := v.grad.Bytes()
+	b, err := g.Bytes()
+	if err != nil {
+		return err
+	}
+	reduceN(Sum, g.DType(), a, [][]byte{a, b})
+	return nil
+}

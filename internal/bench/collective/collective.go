@@ -1,0 +1,452 @@
+// Package collective is the collectives benchmark, "tensorwire bench
+// collective": allreduce, allgather, reduce-scatter, broadcast and
+// alltoall of float32 tensors at 1 KiB to 64 MiB, with 2 and 4 ranks as
+// processes, through shared mappings ("shm") and over loopback TCP
+// ("tcp"), against memcpy bandwidth measured in the same run.
+//
+//	tensorwire bench collective [--ops allreduce,allgather,reduce-scatter,broadcast,alltoall,allreduce-fwd-bwd]
+//	    [--ranks 2,4] [--sizes 1KB,64KB,1MB,16MB,64MB] [--transports shm,tcp] [--json FILE]
+//
+// For each transport and rank count the benchmark starts that many copies
+// of the running program, each a rank ("--role rank"), which form a
+// communicator (collective.Join) on a free loopback port. For each
+// operation and size, in that order, the ranks run a few untimed
+// iterations and then timed ones (from 500 at 1 KiB down to 5 at 64 MiB):
+// each iteration is a Barrier and then the operation, and rank 0 times the
+// operation alone. Tensors are allocated once per size (the Into calls, in
+// place where the call allows) and filled with random floats before
+// timing, so every page is touched (warm figures) and the bytes do not
+// compress.
+//
+// What "bytes" means follows NCCL's tests: the size of the whole tensor
+// each rank holds for allreduce and broadcast; the size of the gathered
+// result for allgather (each rank contributes bytes/n); of each rank's
+// input for reduce-scatter (each gets bytes/n) and alltoall. The algorithm
+// bandwidth is bytes over the p50 time; the bus bandwidth is NCCL's
+// correction of it to what each link carries: allreduce algbw * 2(n-1)/n;
+// allgather, reduce-scatter and alltoall algbw * (n-1)/n; broadcast algbw.
+// allreduce-fwd-bwd is an allreduce on a collective.Tape and its backward
+// pass (a second allreduce, of a gradient of ones), timed together, with
+// allreduce's formula over the two: mpi4torch's "forward+backward" figure.
+//
+// The table's memcpy line is copy() of 64 MiB between two touched Go
+// buffers in the parent process, best of 5: the bandwidth of one core
+// moving bytes in memory, which every shm figure should be read against.
+package collective
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tensorwire/tensorwire/collective"
+	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Benchmark is "tensorwire bench collective".
+var Benchmark = bench.Benchmark{
+	Name:    "collective",
+	Summary: "allreduce, allgather, reduce-scatter, broadcast and alltoall between ranks as processes, by shared mapping and over TCP, against memcpy",
+	Run:     Run,
+}
+
+// ErrUsage matches the errors a different command line fixes.
+var ErrUsage = bench.ErrUsage
+
+var allOps = []string{"allreduce", "allgather", "reduce-scatter", "broadcast", "alltoall", "allreduce-fwd-bwd"}
+
+type options struct {
+	ops        []string
+	ranks      []int
+	sizes      []int
+	transports []string
+	json       string
+
+	role      string
+	rank      int
+	size      int
+	addr      string
+	transport string
+}
+
+// Run runs the benchmark.
+func Run(ctx context.Context, env bench.Env, args []string) error {
+	var o options
+	var ops, ranks, sizes, transports string
+	fs := flag.NewFlagSet("bench collective", flag.ContinueOnError)
+	fs.StringVar(&ops, "ops", strings.Join(allOps, ","), "operations to run: "+strings.Join(allOps, ", "))
+	fs.StringVar(&ranks, "ranks", "2,4", "rank counts to run with")
+	fs.StringVar(&sizes, "sizes", "1KB,64KB,1MB,16MB,64MB", "tensor sizes (KB, MB: 1024 and 1024*1024 bytes)")
+	fs.StringVar(&transports, "transports", "shm,tcp", "transports: shm (shared mappings), tcp (loopback)")
+	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
+	fs.StringVar(&o.role, "role", "", "internal: run as a rank")
+	fs.IntVar(&o.rank, "rank", 0, "internal: this rank")
+	fs.IntVar(&o.size, "size", 0, "internal: the number of ranks")
+	fs.StringVar(&o.addr, "addr", "", "internal: rank 0's address")
+	fs.StringVar(&o.transport, "transport", "", "internal: the transport")
+	if err := bench.Parse("collective", fs, args, env.Stdout, "role", "rank", "size", "addr", "transport"); err != nil {
+		return err
+	}
+	var err error
+	if o.ops, err = parseList(ops, allOps); err != nil {
+		return err
+	}
+	if o.transports, err = parseList(transports, []string{"shm", "tcp"}); err != nil {
+		return err
+	}
+	for _, r := range strings.Split(ranks, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(r))
+		if err != nil || n < 1 {
+			return bench.Usagef("--ranks: %q is not a rank count", r)
+		}
+		o.ranks = append(o.ranks, n)
+	}
+	for _, s := range strings.Split(sizes, ",") {
+		n, err := parseSize(s)
+		if err != nil {
+			return err
+		}
+		o.sizes = append(o.sizes, n)
+	}
+	if o.role == "rank" {
+		return runRank(ctx, o, env.Stdout)
+	}
+	return runParent(ctx, o, env)
+}
+
+func parseList(s string, allowed []string) ([]string, error) {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		v = strings.TrimSpace(v)
+		if !slices.Contains(allowed, v) {
+			return nil, bench.Usagef("%q is not one of %s", v, strings.Join(allowed, ", "))
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func parseSize(s string) (int, error) {
+	s = strings.ToUpper(strings.TrimSpace(s))
+	mult := 1
+	switch {
+	case strings.HasSuffix(s, "KB"):
+		mult, s = 1<<10, strings.TrimSuffix(s, "KB")
+	case strings.HasSuffix(s, "MB"):
+		mult, s = 1<<20, strings.TrimSuffix(s, "MB")
+	case strings.HasSuffix(s, "B"):
+		s = strings.TrimSuffix(s, "B")
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return 0, bench.Usagef("--sizes: %q is not a size", s)
+	}
+	return n * mult, nil
+}
+
+// Line is one measured point: an operation, a rank count, a size and a
+// transport (the JSON keys of issue 17). P50us is the median time of the
+// operation on rank 0 in microseconds; AlgBW is Bytes over it and BusBW
+// NCCL's bus bandwidth, both in GB/s (1e9 bytes a second).
+type Line struct {
+	Op        string  `json:"op"`
+	Ranks     int     `json:"ranks"`
+	Bytes     int     `json:"bytes"`
+	Transport string  `json:"transport"`
+	P50us     float64 `json:"p50_us"`
+	AlgBW     float64 `json:"algbw_GBps"`
+	BusBW     float64 `json:"busbw_GBps"`
+}
+
+// Result is what --json writes: every measured line, and the memcpy
+// bandwidth of the same run (GB/s: 1e9 bytes a second).
+type Result struct {
+	Runs       []Line  `json:"runs"`
+	MemcpyGBps float64 `json:"memcpy_GBps"`
+}
+
+// lockedWriter serializes the writes of the ranks' stderr copiers.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func runParent(ctx context.Context, o options, env bench.Env) error {
+	env.Stderr = &lockedWriter{w: env.Stderr}
+	res := Result{MemcpyGBps: memcpyGBps()}
+	fmt.Fprintf(env.Stderr, "memcpy: %.2f GB/s\n", res.MemcpyGBps)
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	for _, tr := range o.transports {
+		for _, n := range o.ranks {
+			runs, err := runGroup(ctx, o, env, exe, tr, n)
+			if err != nil {
+				return fmt.Errorf("%s, %d ranks: %w", tr, n, err)
+			}
+			res.Runs = append(res.Runs, runs...)
+		}
+	}
+	t := report.NewTable("op", "ranks", "transport", "bytes", "p50 us", "algbw GB/s", "busbw GB/s", "busbw / memcpy")
+	for _, r := range res.Runs {
+		t.Row(r.Op, r.Ranks, r.Transport, r.Bytes, fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.3f", r.AlgBW), fmt.Sprintf("%.3f", r.BusBW), fmt.Sprintf("%.3f", r.BusBW/res.MemcpyGBps))
+	}
+	t.WriteTo(env.Stdout)
+	fmt.Fprintf(env.Stdout, "\nmemcpy (one core, 64 MiB, warm): %.2f GB/s\n", res.MemcpyGBps)
+	if o.json != "" {
+		return report.WriteJSON(o.json, res)
+	}
+	return nil
+}
+
+// memcpyGBps returns the best of 5 copies of 64 MiB between touched
+// buffers.
+func memcpyGBps() float64 {
+	a, b := make([]byte, 64<<20), make([]byte, 64<<20)
+	for i := range a {
+		a[i] = byte(i)
+	}
+	copy(b, a)
+	best := time.Duration(1 << 62)
+	for range 5 {
+		start := time.Now()
+		copy(b, a)
+		best = min(best, time.Since(start))
+	}
+	return report.GBps(int64(len(a)), best)
+}
+
+// runGroup starts n ranks on transport tr and collects rank 0's lines.
+func runGroup(ctx context.Context, o options, env bench.Env, exe, tr string, n int) ([]Line, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := l.Addr().String()
+	l.Close()
+	sizes := make([]string, len(o.sizes))
+	for i, s := range o.sizes {
+		sizes[i] = strconv.Itoa(s) + "B"
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var cmds []*exec.Cmd
+	var out io.Reader
+	for r := range n {
+		args := append(slices.Clone(env.Self), "--role", "rank", "--rank", strconv.Itoa(r), "--size", strconv.Itoa(n),
+			"--addr", addr, "--transport", tr, "--ops", strings.Join(o.ops, ","), "--sizes", strings.Join(sizes, ","))
+		cmd := exec.CommandContext(ctx, exe, args...)
+		cmd.Stderr = env.Stderr
+		if r == 0 {
+			if out, err = cmd.StdoutPipe(); err != nil {
+				return nil, err
+			}
+		}
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		cmds = append(cmds, cmd)
+	}
+	var runs []Line
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		var r Line
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			continue
+		}
+		fmt.Fprintf(env.Stderr, "%s %d ranks %s %d B: p50 %.1f us, busbw %.3f GB/s\n", r.Transport, r.Ranks, r.Op, r.Bytes, r.P50us, r.BusBW)
+		runs = append(runs, r)
+	}
+	var first error
+	for r, cmd := range cmds {
+		if err := cmd.Wait(); err != nil && first == nil {
+			first = fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	return runs, first
+}
+
+// iterations returns how many timed iterations a size gets.
+func iterations(bytes int) int { return max(5, min(500, (256<<20)/bytes)) }
+
+// runRank is one rank: it runs every operation at every size and, on rank
+// 0, prints a JSON line for each.
+func runRank(ctx context.Context, o options, stdout io.Writer) error {
+	jctx, cancel := context.WithTimeout(ctx, time.Minute)
+	c, err := collective.Join(jctx, collective.Config{Rank: o.rank, Size: o.size, Addr: o.addr, Transport: collective.Transport(o.transport)})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if string(c.Transport()) != o.transport {
+		return fmt.Errorf("transport %s, asked for %s", c.Transport(), o.transport)
+	}
+	n := c.Size()
+	enc := json.NewEncoder(stdout)
+	for _, op := range o.ops {
+		for _, bytes := range o.sizes {
+			elems := max(bytes/4/n*n, n) // a multiple of n
+			run, err := prepare(c, op, elems)
+			if err != nil {
+				return fmt.Errorf("%s: %w", op, err)
+			}
+			iters := iterations(bytes)
+			for range min(iters, 20) / 4 {
+				if err := run(ctx); err != nil {
+					return fmt.Errorf("%s %d B: %w", op, bytes, err)
+				}
+			}
+			times := make([]time.Duration, 0, iters)
+			for range iters {
+				if err := c.Barrier(ctx); err != nil {
+					return err
+				}
+				start := time.Now()
+				if err := run(ctx); err != nil {
+					return fmt.Errorf("%s %d B: %w", op, bytes, err)
+				}
+				times = append(times, time.Since(start))
+			}
+			if c.Rank() != 0 {
+				continue
+			}
+			sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
+			p50 := report.Percentile(times, 50)
+			b := elems * 4
+			alg := report.GBps(int64(b), p50)
+			bus := alg * busFactor(op, n)
+			if err := enc.Encode(Line{Op: op, Ranks: n, Bytes: b, Transport: o.transport, P50us: float64(p50) / 1e3, AlgBW: alg, BusBW: bus}); err != nil {
+				return err
+			}
+		}
+	}
+	return c.Barrier(ctx)
+}
+
+// busFactor is NCCL's bus bandwidth correction.
+func busFactor(op string, n int) float64 {
+	switch op {
+	case "allreduce", "allreduce-fwd-bwd":
+		return 2 * float64(n-1) / float64(n)
+	case "broadcast":
+		return 1
+	}
+	return float64(n-1) / float64(n)
+}
+
+// touched returns a tensor of elems random float32 in [0, 1) (scaled by
+// v), every page written: data that no compression on the wire shrinks.
+func touched(elems int, v float32) (*tensordict.Tensor, error) {
+	x := make([]float32, elems)
+	s := uint64(elems)*0x9e3779b97f4a7c15 | 1
+	for i := range x {
+		s ^= s << 13
+		s ^= s >> 7
+		s ^= s << 17
+		x[i] = v * float32(s>>40) / (1 << 24)
+	}
+	return tensordict.FromSlice(x)
+}
+
+// prepare allocates the tensors of op at elems elements (the whole
+// tensor, as "bytes" counts it) and returns one iteration.
+func prepare(c *collective.Comm, op string, elems int) (func(context.Context) error, error) {
+	n := c.Size()
+	switch op {
+	case "allreduce":
+		x, err := touched(elems, 1)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error { return c.AllreduceInto(ctx, x, x, collective.Sum) }, nil
+	case "allreduce-fwd-bwd":
+		x, err := touched(elems, 1)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error {
+			tp := collective.NewTape(c)
+			y, err := tp.Allreduce(ctx, tp.Leaf(x), collective.Sum)
+			if err != nil {
+				return err
+			}
+			return tp.Backward(ctx, y, nil)
+		}, nil
+	case "broadcast":
+		x, err := touched(elems, 1)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error { return c.BcastInto(ctx, x, 0) }, nil
+	case "allgather":
+		x, err := touched(elems/n, 1)
+		if err != nil {
+			return nil, err
+		}
+		y, err := touched(elems, 0)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error { return c.AllgatherInto(ctx, y, x, 0) }, nil
+	case "reduce-scatter":
+		x, err := touched(elems, 1)
+		if err != nil {
+			return nil, err
+		}
+		y, err := touched(elems/n, 0)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error { return c.ReduceScatterInto(ctx, y, x, collective.Sum, 0, nil) }, nil
+	case "alltoall":
+		xs, err := touched(elems, 1)
+		if err != nil {
+			return nil, err
+		}
+		ys, err := touched(elems, 0)
+		if err != nil {
+			return nil, err
+		}
+		x, err := tensordict.FromBytes(memmap.Float32, []int{n, elems / n}, must(xs.Bytes()))
+		if err != nil {
+			return nil, err
+		}
+		y, err := tensordict.FromBytes(memmap.Float32, []int{1, elems}, must(ys.Bytes()))
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error { return c.AlltoallInto(ctx, y, x, 1, 0, nil) }, nil
+	}
+	return nil, errors.New("unknown op " + op)
+}
+
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

@@ -1,0 +1,111 @@
+package collective
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tensorwire/tensorwire/internal/bench"
+)
+
+// childArg makes the test binary run the benchmark (its ranks) instead of
+// the tests.
+const childArg = "bench-collective-child"
+
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == childArg {
+		err := Run(context.Background(), bench.Env{Stdout: os.Stdout, Stderr: os.Stderr, Self: []string{childArg}}, os.Args[2:])
+		if err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestResult_JSONKeys pins the keys of --json (issue 17's).
+func TestResult_JSONKeys(t *testing.T) {
+	b, err := json.Marshal(Result{Runs: []Line{{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		Runs []map[string]any `json:"runs"`
+	}
+	var top map[string]any
+	json.Unmarshal(b, &m)
+	json.Unmarshal(b, &top)
+	var keys []string
+	for k := range m.Runs[0] {
+		keys = append(keys, k)
+	}
+	want := []string{"algbw_GBps", "busbw_GBps", "bytes", "op", "p50_us", "ranks", "transport"}
+	if !sameSet(keys, want) {
+		t.Fatalf("run keys %v, want %v", keys, want)
+	}
+	if _, ok := top["memcpy_GBps"]; !ok || len(top) != 2 {
+		t.Fatalf("top-level keys %v", top)
+	}
+}
+
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, x := range b {
+		found := false
+		for _, y := range a {
+			found = found || x == y
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// TestRun_Small runs the benchmark at its smallest: two ranks as
+// processes, both transports, every operation at 1 KiB.
+func TestRun_Small(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	var out, errb bytes.Buffer
+	jf := filepath.Join(t.TempDir(), "c.json")
+	err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &errb, Self: []string{childArg}},
+		[]string{"--ranks", "2", "--sizes", "1KB", "--json", jf})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	var res Result
+	b, _ := os.ReadFile(jf)
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(res.Runs), 2*len(allOps); got != want {
+		t.Fatalf("%d runs, want %d:\n%s", got, want, out.String())
+	}
+	for _, r := range res.Runs {
+		if r.P50us <= 0 || r.BusBW <= 0 || r.Ranks != 2 || r.Bytes != 1024 {
+			t.Fatalf("run %+v", r)
+		}
+	}
+	if !strings.Contains(out.String(), "memcpy") || res.MemcpyGBps <= 0 {
+		t.Fatalf("no memcpy figure:\n%s", out.String())
+	}
+}
+
+func TestRun_BadFlags(t *testing.T) {
+	for _, args := range [][]string{{"--ops", "allfoo"}, {"--ranks", "x"}, {"--sizes", "12QB"}, {"--transports", "udp"}, {"extra"}} {
+		err := Run(context.Background(), bench.Env{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}, args)
+		if !errors.Is(err, bench.ErrUsage) {
+			t.Errorf("%v: %v, want a usage error", args, err)
+		}
+	}
+}
