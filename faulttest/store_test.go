@@ -120,7 +120,7 @@ func runStoreWriter(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
-	fmt.Println("ready", c.Mode())
+	fmt.Println("ready", storeMode(c))
 	for id := f.first; ctx.Err() == nil; id++ {
 		if _, err := c.Append(ctx, "b", storeItem(id)); err != nil {
 			if ctx.Err() != nil {
@@ -155,7 +155,7 @@ func runStoreTrainer(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
-	fmt.Println("ready", c.Mode())
+	fmt.Println("ready", storeMode(c))
 	get := func(ctx context.Context) (int, error) {
 		tds, err := c.Get(ctx, "b")
 		if err != nil {
@@ -210,7 +210,7 @@ func runStoreWatcher(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
-	fmt.Println("ready", c.Mode())
+	fmt.Println("ready", storeMode(c))
 	for e, err := range c.Watch(ctx, "", 0) {
 		if err != nil {
 			if ctx.Err() != nil {
@@ -352,4 +352,12 @@ func TestStoreAcrossHosts(t *testing.T) {
 	figures(t, "acked", len(acked), "drained", len(got), "lost", lost, "duplicated", dups, "events_watched", len(revs),
 		"param_reads", params)
 	node.Stop(30 * time.Second)
+}
+
+// storeMode names c's mode as the scenario's lines do: "ref" or "bytes".
+func storeMode(c *store.Client) string {
+	if c.SharedFS() {
+		return "ref"
+	}
+	return "bytes"
 }

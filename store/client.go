@@ -139,14 +139,10 @@ func random64() uint64 {
 	}
 }
 
-// Mode returns "ref" when large values stay in the shared folder and
-// "bytes" when every value travels with the calls.
-func (c *Client) Mode() string {
-	if c.ref {
-		return "ref"
-	}
-	return "bytes"
-}
+// SharedFS reports whether large values stay in the shared folder (the
+// client shares the node's root, as rpc.Client.SharedFS says); false when
+// every value travels with the calls.
+func (c *Client) SharedFS() bool { return c.ref }
 
 // StagingDir returns the folder, on this side, where the client writes the
 // values it sends by reference ("" in bytes mode). The node deletes what

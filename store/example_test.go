@@ -138,7 +138,7 @@ func ExampleDial() {
 		log.Fatal(err)
 	}
 	defer c.Close()
-	fmt.Println("mode:", c.Mode())
+	fmt.Println("shared filesystem:", c.SharedFS())
 
 	w, _ := tensordict.FromSlice(make([]float32, 1<<20)) // 4 MiB: written once, renamed into place
 	params, _ := tensordict.New()
@@ -149,6 +149,6 @@ func ExampleDial() {
 	fmt.Println("version", v, "mapped", x.Mapped())
 	p.Close()
 	// Output:
-	// mode: ref
+	// shared filesystem: true
 	// version 1 mapped true
 }

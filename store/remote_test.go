@@ -58,8 +58,8 @@ func dialT(t testing.TB, addr, name, root, mode string) *Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	if c.Mode() != mode {
-		t.Fatalf("mode %s, want %s", c.Mode(), mode)
+	if got := c.SharedFS(); got != (mode == "ref") {
+		t.Fatalf("SharedFS %v, want mode %s", got, mode)
 	}
 	return c
 }

@@ -12,6 +12,7 @@ import (
 	collectivebench "github.com/tensorwire/tensorwire/internal/bench/collective"
 	"github.com/tensorwire/tensorwire/internal/bench/fill"
 	"github.com/tensorwire/tensorwire/internal/bench/gather"
+	"github.com/tensorwire/tensorwire/internal/bench/loader"
 	"github.com/tensorwire/tensorwire/internal/bench/replay"
 	"github.com/tensorwire/tensorwire/internal/bench/rpc"
 	"github.com/tensorwire/tensorwire/internal/bench/store"
@@ -27,6 +28,7 @@ var benchmarks = []bench.Benchmark{
 	replay.Benchmark,
 	collectivebench.Benchmark,
 	store.Benchmark,
+	loader.Benchmark,
 }
 
 var benchCmd = command{

@@ -16,7 +16,7 @@ import (
 
 var nodeCmd = command{
 	name:  "node",
-	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...] [--store NAME[,max-value=SIZE]...]",
+	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...] [--store NAME[,max-value=SIZE]...] [--loader NAME,dataset=PREFIX,batch=N[,...]]",
 	help: "serve other nodes' fill, read and describe calls on the TensorDicts under DIR, the shared root; " +
 		`prints "listening on HOST:PORT" once it listens (--listen 127.0.0.1:0 picks a free port) and stops ` +
 		"cleanly on SIGINT or SIGTERM; --token-file holds the shared secret clients must know (no access for " +
@@ -27,7 +27,8 @@ var nodeCmd = command{
 		"writer's reservation lasts, default 30s); buffers are " +
 		"checkpointed every --checkpoint-every and when the node stops; each --store serves the store of bins and " +
 		"parameters at DIR/NAME (store.Dial), created if missing, with settings max-value=SIZE, inline=SIZE, " +
-		"sync=always|none, lease=D, get-timeout=D, history=N (docs/store.md)",
+		"sync=always|none, lease=D, get-timeout=D, history=N (docs/store.md); each --loader serves a producer of the " +
+		"dataset at PREFIX (loader.Dial), its ring in DIR/NAME, with settings " + loaderHelp,
 	run: runNode,
 }
 
@@ -43,6 +44,8 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D] (repeatable), with "+samplerHelp())
 	var stores storeFlags
 	fs.Var(&stores, "store", "serve the store at ROOT/NAME (store.Dial), created if missing: NAME[,max-value=SIZE][,inline=SIZE][,sync=always|none][,lease=D][,get-timeout=D][,history=N] (repeatable)")
+	var loaders loaderFlags
+	fs.Var(&loaders, "loader", "serve a producer of batches of the dataset at PREFIX, its ring in ROOT/NAME: "+loaderHelp+" (repeatable)")
 	every := fs.Duration("checkpoint-every", time.Minute, "how often the buffers are checkpointed")
 	insecure := fs.Bool("insecure", false, "serve without a token on a non-loopback address: anyone who reaches it reads and writes every file under the root")
 	pos, err := parse(fs, args)
@@ -58,6 +61,9 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("%w: missing --root", errUsage)
 	case (cfg.TLSCert == "") != (cfg.TLSKey == ""):
 		return fmt.Errorf("%w: give --tls-cert and --tls-key together", errUsage)
+	}
+	if err := loaders.checkNames(buffers, stores); err != nil {
+		return err
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(stderr, nil))
 	if cfg.TokenFile == "" {
@@ -87,7 +93,11 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return errors.Join(err, served.close())
 	}
 	defer openStores.close() // after the server: no call uses them
-	cfg.Register = func(s *rpc.Server) error { return errors.Join(register(s), registerStores(s)) }
+	producers, registerLoaders, err := loaders.open(cfg.Root, cfg.Log)
+	if err != nil {
+		return errors.Join(err, served.close())
+	}
+	cfg.Register = func(s *rpc.Server) error { return errors.Join(register(s), registerStores(s), registerLoaders(s)) }
 	if *every > 0 && len(buffers) > 0 {
 		cctx, stop := context.WithCancel(ctx)
 		defer stop()
@@ -96,7 +106,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	err = nodeproc.Run(ctx, cfg, func(addr string) {
 		fmt.Fprintln(stdout, nodeproc.ListeningPrefix+addr)
 	})
-	return errors.Join(err, served.close()) // after the server: no call uses them
+	return errors.Join(err, served.close(), producers.close()) // after the server: no call uses them
 }
 
 // reachableFromOthers reports whether listening on addr (HOST:PORT, as

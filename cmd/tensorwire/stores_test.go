@@ -26,8 +26,8 @@ func TestNode_ServesStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Mode() != "ref" {
-		t.Fatalf("mode %s, want ref: the node and the test share the root", c.Mode())
+	if !c.SharedFS() {
+		t.Fatal("SharedFS false, want true: the node and the test share the root")
 	}
 	x, _ := tensordict.FromSlice(make([]float32, 1000))
 	td, _ := tensordict.New()

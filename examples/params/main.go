@@ -98,7 +98,7 @@ func run(iters, batch int, root, addr, name string) error {
 		return err
 	}
 	defer tc.Close()
-	fmt.Println("mode:", tc.Mode())
+	fmt.Println("shared filesystem:", tc.SharedFS())
 	trainer, err := store.NewTrainer(tc) // "parameters", "data", filter_version: tensorshare's defaults
 	if err != nil {
 		return err
@@ -227,7 +227,7 @@ func run(iters, batch int, root, addr, name string) error {
 	fmt.Printf("checked: every rollout trained on was made with the latest version (filter_version)\n")
 	fmt.Printf("checked: %d parameter reads by workers, each the exact version published (checksum), %d of them mapped from the shared root\n",
 		reads.Load(), mapped.Load())
-	if tc.Mode() == "ref" && mapped.Load() != reads.Load() {
+	if tc.SharedFS() && mapped.Load() != reads.Load() {
 		problem("by reference, %d of %d reads were not mappings", reads.Load()-mapped.Load(), reads.Load())
 	}
 	fmt.Printf("checked: no rollout lost or counted twice\n")
