@@ -15,8 +15,8 @@ from .errors import __all__ as _errors_all
 from ._td import NonTensorData, DTYPES
 from .rpc import Client, TD, read_token
 from .dataset import load_memmap
-from . import replay, store
+from . import loader, replay, store
 
 __version__ = "0.1.0"
 
-__all__ = ["Client", "TD", "NonTensorData", "DTYPES", "read_token", "load_memmap", "replay", "store"] + list(_errors_all)
+__all__ = ["Client", "TD", "NonTensorData", "DTYPES", "read_token", "load_memmap", "loader", "replay", "store"] + list(_errors_all)
