@@ -234,6 +234,9 @@ class TestNodeFailures(unittest.TestCase):
             c = tensorwire.Client(node.addr, token=TOKEN, keepalive=0.2)
             c.stats()
             os.kill(node.proc.pid, signal.SIGSTOP)
+            # kill returns before the node stops: wait until it has (state T),
+            # or it may still answer the next call.
+            wait_until(lambda: _state(node.proc.pid) == "T", what="the node stopped")
             try:
                 t0 = time.monotonic()
                 with self.assertRaises(tensorwire.UnavailableError) as cm:
@@ -244,6 +247,12 @@ class TestNodeFailures(unittest.TestCase):
                 os.kill(node.proc.pid, signal.SIGCONT)
             self.assertIn("peers", wait_until(lambda: _try(c.stats), what="the client reconnects"))
             c.close()
+
+
+def _state(pid):
+    """The process's state letter from /proc (T: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def _try(f):
