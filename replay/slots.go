@@ -1,13 +1,9 @@
 package replay
 
 import (
-	"fmt"
 	"math"
-	"os"
-	"sync/atomic"
-	"unsafe"
 
-	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/internal/slots"
 )
 
 // SlotsFile is the name, under a buffer's prefix, of its slot table: one
@@ -34,113 +30,73 @@ const (
 
 const slotFields = 4
 
-// slotTable is a mapped slot table. Its words are read and written with
-// atomic operations, since other processes read them while the buffer node
-// writes; the other fields are written only by the buffer node under its
-// lock.
+// slotTable is a buffer's slot table (internal/slots): the word is read
+// and written atomically, since other processes read it while the buffer
+// node writes; the other fields are written only by the buffer node under
+// its lock.
 type slotTable struct {
-	mm  *memmap.Tensor
-	rec []uint64 // len = capacity * slotFields, aliases the mapping
+	t *slots.Table
 }
 
 // createSlots makes a zeroed slot table for capacity slots at path.
 func createSlots(path string, capacity int) (*slotTable, error) {
-	mm, err := memmap.Create(path, memmap.Uint64, capacity, slotFields)
+	t, err := slots.Create(path, capacity, slotFields)
 	if err != nil {
 		return nil, err
 	}
-	return newSlotTable(mm, capacity)
+	return &slotTable{t}, nil
 }
 
-// openSlots maps the slot table at path, shared and read-write. It first
-// reserves the file's blocks (on Linux; see reserve_other.go): its words are
-// read and written through the mapping without a fault guard, so a file
-// left sparse (a copy made with cp --sparse, rsync -S) on a full disk must
-// be an error here rather than a SIGBUS later.
+// openSlots maps the slot table at path, shared and read-write, after
+// reserving its blocks (slots.Open).
 func openSlots(path string, capacity int) (*slotTable, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	t, err := slots.Open(path, capacity, slotFields)
 	if err != nil {
 		return nil, err
 	}
-	if err := reserveBlocks(f, int64(capacity)*slotFields*8); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("reserving the blocks of %s: %w", path, err)
-	}
-	mm, err := memmap.OpenFile(f, memmap.Uint64, []int{capacity, slotFields}, memmap.ReadWrite)
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	return newSlotTable(mm, capacity)
-}
-
-func newSlotTable(mm *memmap.Tensor, capacity int) (*slotTable, error) {
-	b, err := mm.Bytes()
-	if err != nil {
-		mm.Close()
-		return nil, err
-	}
-	n := capacity * slotFields
-	if len(b) < n*8 || uintptr(unsafe.Pointer(unsafe.SliceData(b)))%8 != 0 {
-		mm.Close()
-		return nil, fmt.Errorf("replay: slot table: %d bytes mapped, want %d aligned", len(b), n*8)
-	}
-	return &slotTable{mm: mm, rec: unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(b))), n)}, nil
+	return &slotTable{t}, nil
 }
 
 // word returns slot's word: generation<<2 | state.
-func (t *slotTable) word(slot int) uint64 {
-	return atomic.LoadUint64(&t.rec[slot*slotFields])
-}
+func (t *slotTable) word(slot int) uint64 { return t.t.Word(slot) }
 
-func (t *slotTable) setWord(slot int, w uint64) {
-	atomic.StoreUint64(&t.rec[slot*slotFields], w)
-}
+func (t *slotTable) setWord(slot int, w uint64) { t.t.SetWord(slot, w) }
 
 // seq returns slot's insertion order: rid<<rowBits | row.
-func (t *slotTable) seq(slot int) uint64 { return t.rec[slot*slotFields+1] }
+func (t *slotTable) seq(slot int) uint64 { return t.t.Field(slot, 1) }
 
 // rid returns the reservation that last took slot.
 func (t *slotTable) rid(slot int) uint64 { return t.seq(slot) >> rowBits }
 
 func (t *slotTable) setSeq(slot int, rid uint64, row int) {
-	t.rec[slot*slotFields+1] = rid<<rowBits | uint64(row)
+	t.t.SetField(slot, 1, rid<<rowBits|uint64(row))
 }
 
 // rowBits is how many low bits of a slot's seq hold its row in the batch,
 // which bounds a batch to 1<<rowBits transitions.
 const rowBits = 20
 
-func (t *slotTable) priority(slot int) float64 {
-	return math.Float64frombits(t.rec[slot*slotFields+2])
-}
+func (t *slotTable) priority(slot int) float64 { return math.Float64frombits(t.t.Field(slot, 2)) }
 
-func (t *slotTable) setPriority(slot int, p float64) {
-	t.rec[slot*slotFields+2] = math.Float64bits(p)
-}
+func (t *slotTable) setPriority(slot int, p float64) { t.t.SetField(slot, 2, math.Float64bits(p)) }
 
-func (t *slotTable) key(slot int) float64 { return math.Float64frombits(t.rec[slot*slotFields+3]) }
+func (t *slotTable) key(slot int) float64 { return math.Float64frombits(t.t.Field(slot, 3)) }
 
-func (t *slotTable) setKey(slot int, k float64) { t.rec[slot*slotFields+3] = math.Float64bits(k) }
+func (t *slotTable) setKey(slot int, k float64) { t.t.SetField(slot, 3, math.Float64bits(k)) }
 
-func (t *slotTable) len() int { return len(t.rec) / slotFields }
+func (t *slotTable) len() int { return t.t.Len() }
 
-func (t *slotTable) flush() error { return t.mm.Flush() }
+func (t *slotTable) flush() error { return t.t.Flush() }
 
-func (t *slotTable) close() error { return t.mm.Close() }
+func (t *slotTable) close() error { return t.t.Close() }
 
 // state and gen split a word.
-func state(w uint64) uint64 { return w & 3 }
-func gen(w uint64) uint64   { return w >> 2 }
+func state(w uint64) uint64 { return slots.State(w) }
+func gen(w uint64) uint64   { return slots.Gen(w) }
 
 // makeWord joins a generation and a state.
-func makeWord(g, s uint64) uint64 { return g<<2 | s }
+func makeWord(g, s uint64) uint64 { return slots.MakeWord(g, s) }
 
-// fenceVar is the target of fence's read-modify-write.
-var fenceVar atomic.Uint32
-
-// fence orders the plain loads before it (a gather's copies) before the
-// atomic loads after it (the words it checks). An atomic read-modify-write
-// is a full barrier on every architecture Go supports; a plain atomic load
-// is not on arm64, where earlier loads may complete after it.
-func fence() { fenceVar.Add(1) }
+// fence orders a gather's copies before the word checks after it
+// (slots.Fence).
+func fence() { slots.Fence() }

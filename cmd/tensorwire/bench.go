@@ -12,9 +12,11 @@ import (
 	collectivebench "github.com/tensorwire/tensorwire/internal/bench/collective"
 	"github.com/tensorwire/tensorwire/internal/bench/fill"
 	"github.com/tensorwire/tensorwire/internal/bench/gather"
+	"github.com/tensorwire/tensorwire/internal/bench/loader"
 	"github.com/tensorwire/tensorwire/internal/bench/replay"
 	"github.com/tensorwire/tensorwire/internal/bench/rpc"
 	"github.com/tensorwire/tensorwire/internal/bench/serve"
+	"github.com/tensorwire/tensorwire/internal/bench/store"
 )
 
 // benchmarks are the benchmarks "tensorwire bench NAME" runs, in the order
@@ -27,6 +29,8 @@ var benchmarks = []bench.Benchmark{
 	replay.Benchmark,
 	serve.Benchmark,
 	collectivebench.Benchmark,
+	store.Benchmark,
+	loader.Benchmark,
 }
 
 var benchCmd = command{

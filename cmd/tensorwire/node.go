@@ -11,11 +11,12 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
+	"github.com/tensorwire/tensorwire/rpc"
 )
 
 var nodeCmd = command{
 	name:  "node",
-	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...] [--serve NAME,params=P[,...]]",
+	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...] [--store NAME[,max-value=SIZE]...] [--loader NAME,dataset=PREFIX,batch=N[,...]] [--serve NAME,params=P[,...]]",
 	help: "serve other nodes' fill, read and describe calls on the TensorDicts under DIR, the shared root; " +
 		`prints "listening on HOST:PORT" once it listens (--listen 127.0.0.1:0 picks a free port) and stops ` +
 		"cleanly on SIGINT or SIGTERM; --token-file holds the shared secret clients must know (no access for " +
@@ -24,7 +25,10 @@ var nodeCmd = command{
 		"(replay.Dial), opened if it exists and created otherwise, with settings capacity=N, " +
 		samplerHelp() + ", min-size=N, lease=D (how long a " +
 		"writer's reservation lasts, default 30s); buffers are " +
-		"checkpointed every --checkpoint-every and when the node stops; each --serve serves as NAME the MLP whose PyTorch " +
+		"checkpointed every --checkpoint-every and when the node stops; each --store serves the store of bins and " +
+		"parameters at DIR/NAME (store.Dial), created if missing, with settings max-value=SIZE, inline=SIZE, " +
+		"sync=always|none, lease=D, get-timeout=D, history=N (docs/store.md); each --loader serves a producer of the " +
+		"dataset at PREFIX (loader.Dial), its ring in DIR/NAME, with settings " + loaderHelp + "; each --serve serves as NAME the MLP whose PyTorch " +
 		"state_dict is the TensorDict at DIR/P (serve.Dial), batching its clients' predictions, with settings replicas=N, " +
 		"max-batch=N (default 16), max-delay=D (default 0: greedy), queue=N (rows waiting, default 4096), lease=D " +
 		"(a client's registration, default 30s)",
@@ -41,6 +45,10 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file")
 	var buffers bufferFlags
 	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D] (repeatable), with "+samplerHelp())
+	var stores storeFlags
+	fs.Var(&stores, "store", "serve the store at ROOT/NAME (store.Dial), created if missing: NAME[,max-value=SIZE][,inline=SIZE][,sync=always|none][,lease=D][,get-timeout=D][,history=N] (repeatable)")
+	var loaders loaderFlags
+	fs.Var(&loaders, "loader", "serve a producer of batches of the dataset at PREFIX, its ring in ROOT/NAME: "+loaderHelp+" (repeatable)")
 	var models serveFlags
 	fs.Var(&models, "serve", "serve as NAME the MLP whose PyTorch state_dict is at ROOT/P (serve.Dial): "+serveUsage+" (repeatable)")
 	every := fs.Duration("checkpoint-every", time.Minute, "how often the buffers are checkpointed")
@@ -58,6 +66,9 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("%w: missing --root", errUsage)
 	case (cfg.TLSCert == "") != (cfg.TLSKey == ""):
 		return fmt.Errorf("%w: give --tls-cert and --tls-key together", errUsage)
+	}
+	if err := loaders.checkNames(buffers, stores); err != nil {
+		return err
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(stderr, nil))
 	if cfg.TokenFile == "" {
@@ -82,12 +93,23 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	running, serveHook, err := models.start(ctx, cfg.Root, cfg.Log)
+	openStores, registerStores, err := stores.open(cfg.Root, cfg.Log)
 	if err != nil {
 		return errors.Join(err, served.close())
 	}
+	defer openStores.close() // after the server: no call uses them
+	producers, registerLoaders, err := loaders.open(cfg.Root, cfg.Log)
+	if err != nil {
+		return errors.Join(err, served.close())
+	}
+	running, serveHook, err := models.start(ctx, cfg.Root, cfg.Log)
+	if err != nil {
+		return errors.Join(err, served.close(), producers.close())
+	}
 	defer running.close() // after the server (deferred calls run after the return's)
-	cfg.Register = joinRegister(register, serveHook)
+	cfg.Register = func(s *rpc.Server) error {
+		return errors.Join(register(s), registerStores(s), registerLoaders(s), serveHook(s))
+	}
 	if *every > 0 && len(buffers) > 0 {
 		cctx, stop := context.WithCancel(ctx)
 		defer stop()
@@ -96,7 +118,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	err = nodeproc.Run(ctx, cfg, func(addr string) {
 		fmt.Fprintln(stdout, nodeproc.ListeningPrefix+addr)
 	})
-	return errors.Join(err, served.close()) // after the server: no call uses them
+	return errors.Join(err, served.close(), producers.close()) // after the server: no call uses them
 }
 
 // reachableFromOthers reports whether listening on addr (HOST:PORT, as

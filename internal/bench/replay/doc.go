@@ -5,9 +5,12 @@
 // travelling with the calls (mode "bytes"). It reports inserts and samples
 // per second, Extend and SampleInto latencies, the node's heap and the
 // torn rows the trainer was given, against the memcpy gather limit and the
-// seed stack.
+// seed stack. With --trainer python or --writers-lang python those roles
+// run the Python client (python/, over numpy) instead, each mode first
+// running all in Go for comparison.
 //
 //	tensorwire bench replay [--duration 20s] [--writers 2] [--modes ref,bytes] [--json FILE] [-v]
+//	tensorwire bench replay --trainer python [--writers-lang python] ...   # Python roles, beside an all-Go run
 //	tensorwire bench replay --role buffer|writer|trainer ...   # one process, on its own host
 //
 // docs/benchmarks.md, "Replay buffer", says how it measures, how to read it

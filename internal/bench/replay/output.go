@@ -19,6 +19,10 @@ const (
 	seedSamplePerS = 15000
 	goalVsSeed     = 10
 	goalVsMemcpy   = 0.5
+
+	// goalVsGoTrainer is a Python trainer's goal against the Go trainer
+	// of the same invocation (issue 18).
+	goalVsGoTrainer = 0.5
 )
 
 // modeFigures are one mode's figures, as the JSON has them (Result). Latencies
@@ -104,81 +108,154 @@ func perS(n, ns int64) float64 {
 type summary struct {
 	o      *options
 	modes  []string
-	figs   map[string]*modeFigures
-	memcpy float64 // the run's memcpy gather limit: the best of the modes' measurements
+	figs   map[string]*modeFigures // per mode: the run with the roles in their --trainer and --writers-lang languages
+	goFigs map[string]*modeFigures // per mode, when a role is Python: the same mode all in Go, run just before
+	memcpy float64                 // the run's memcpy gather limit: the best of the modes' measurements
 }
 
-func newReport(o *options, results map[string]*modeResult) *summary {
-	s := &summary{o: o, figs: map[string]*modeFigures{}}
+// newReport builds the report of the modes' results and, when a role is
+// Python, of their all-Go runs (goResults; nil otherwise).
+func newReport(o *options, results, goResults map[string]*modeResult) *summary {
+	s := &summary{o: o, figs: map[string]*modeFigures{}, goFigs: map[string]*modeFigures{}}
 	for _, m := range o.modes {
 		if r, ok := results[m]; ok {
 			s.modes = append(s.modes, m)
 			s.memcpy = max(s.memcpy, r.trainer.MemcpyGatherPerS)
 		}
+		if r, ok := goResults[m]; ok {
+			s.memcpy = max(s.memcpy, r.trainer.MemcpyGatherPerS)
+		}
 	}
 	for _, m := range s.modes {
 		s.figs[m] = results[m].figures(s.memcpy)
+		if r, ok := goResults[m]; ok {
+			s.goFigs[m] = r.figures(s.memcpy)
+		}
 	}
 	return s
+}
+
+// column is a column of the table: a mode's figures, and for a run with
+// Python roles the same mode's all-Go figures (vsGo), which get a column
+// of their own just before it.
+type column struct {
+	label string
+	figs  *modeFigures
+	vsGo  *modeFigures
+}
+
+func (s *summary) columns() []column {
+	var cols []column
+	for _, m := range s.modes {
+		g, ok := s.goFigs[m]
+		if !ok {
+			cols = append(cols, column{label: m, figs: s.figs[m]})
+			continue
+		}
+		cols = append(cols, column{label: m + " all Go", figs: g}, column{label: m + " " + s.o.langs(), figs: s.figs[m], vsGo: g})
+	}
+	return cols
+}
+
+// langs names the Python roles of a run, for column labels.
+func (o *options) langs() string {
+	switch {
+	case o.trainerLang == langPython && o.writersLang == langPython:
+		return "Python trainer+writers"
+	case o.trainerLang == langPython:
+		return "Python trainer"
+	case o.writersLang == langPython:
+		return "Python writers"
+	}
+	return "Go"
 }
 
 // print writes the table and the notes under it.
 func (s *summary) print(w io.Writer) error {
 	o := s.o
 	fmt.Fprintf(w, "replay: %d writer(s) x %d, 1 trainer x %d (prefetch %v), capacity %d (%.2f GB), min size %d, uniform sampler, "+
-		"round-robin writer; %v timed per mode, after a warm-up of %d laps of the capacity\n\n",
+		"round-robin writer; %v timed per mode, after a warm-up of %d laps of the capacity\n",
 		o.writers, o.batch, o.sampleBatch, o.prefetch, o.capacity, float64(o.capacity)*TransitionBytes/1e9, o.minSize, o.duration, warmLaps)
-	tb := report.NewTable(append(append([]string{""}, s.modes...), "goal")...)
+	if o.pythonRun() {
+		fmt.Fprintf(w, "trainer in %s, writers in %s (Python: the client in python/, numpy, run by %s); each mode ran all in Go "+
+			"first, for comparison\n", o.trainerLang, o.writersLang, o.python)
+	}
+	fmt.Fprintln(w)
+	cols := s.columns()
+	labels := []string{""}
+	for _, c := range cols {
+		labels = append(labels, c.label)
+	}
+	tb := report.NewTable(append(labels, "goal")...)
 	rate := func(v float64) any { return int64(math.Round(v)) }
 	// A row with a goal (met not nil) says, in the goal column, whether
-	// each mode met it.
-	rows := []struct {
+	// each column met it. A row with vs set has cells only in the columns
+	// of runs with Python roles.
+	type row struct {
 		label string
 		cell  func(f *modeFigures) any
 		goal  string
 		met   func(f *modeFigures) bool
-	}{
-		{"inserted/s", func(f *modeFigures) any { return rate(f.InsertPerS) }, "", nil},
-		{"sampled/s", func(f *modeFigures) any { return rate(f.SamplePerS) }, "", nil},
-		{"insert MB/s", func(f *modeFigures) any { return rate(f.InsertMBPerS) }, "", nil},
-		{"sample MB/s", func(f *modeFigures) any { return rate(f.SampleMBPerS) }, "", nil},
-		{"extend ms p50", func(f *modeFigures) any { return f.ExtendP50 }, "", nil},
-		{"extend ms p99", func(f *modeFigures) any { return f.ExtendP99 }, "", nil},
-		{"sample ms p50", func(f *modeFigures) any { return f.SampleP50 }, "", nil},
-		{"sample ms p99", func(f *modeFigures) any { return f.SampleP99 }, "", nil},
-		{"buffer heap MB (max)", func(f *modeFigures) any { return f.BufferHeapMB }, "", nil},
-		{"torn rows returned", func(f *modeFigures) any { return f.TornRows }, "0",
-			func(f *modeFigures) bool { return f.TornRows == 0 }},
-		{"rows verified", func(f *modeFigures) any { return f.RowsVerified }, "", nil},
-		{"rows resampled", func(f *modeFigures) any { return f.RowsResampled }, "", nil},
-		{"first fill s", func(f *modeFigures) any { return f.FillS }, "", nil},
-		{"warm-up s", func(f *modeFigures) any { return f.WarmupS }, "", nil},
-		{"checkpoint s", func(f *modeFigures) any { return f.CheckpointS }, "", nil},
-		{"sampled / memcpy limit", func(f *modeFigures) any { return f.SampleVsMemcpy }, fmt.Sprintf(">= %g", goalVsMemcpy),
-			func(f *modeFigures) bool { return f.SampleVsMemcpy >= goalVsMemcpy }},
-		{"inserted / seed", func(f *modeFigures) any { return f.InsertVsSeed }, fmt.Sprintf(">= %d", goalVsSeed),
-			func(f *modeFigures) bool { return f.InsertVsSeed >= goalVsSeed }},
-		{"sampled / seed", func(f *modeFigures) any { return f.SampleVsSeed }, fmt.Sprintf(">= %d", goalVsSeed),
-			func(f *modeFigures) bool { return f.SampleVsSeed >= goalVsSeed }},
+		vs    func(f, goFigs *modeFigures) float64
 	}
-	goals, met := 0, map[string]int{}
+	rows := []row{
+		{label: "inserted/s", cell: func(f *modeFigures) any { return rate(f.InsertPerS) }},
+		{label: "sampled/s", cell: func(f *modeFigures) any { return rate(f.SamplePerS) }},
+		{label: "insert MB/s", cell: func(f *modeFigures) any { return rate(f.InsertMBPerS) }},
+		{label: "sample MB/s", cell: func(f *modeFigures) any { return rate(f.SampleMBPerS) }},
+		{label: "extend ms p50", cell: func(f *modeFigures) any { return f.ExtendP50 }},
+		{label: "extend ms p99", cell: func(f *modeFigures) any { return f.ExtendP99 }},
+		{label: "sample ms p50", cell: func(f *modeFigures) any { return f.SampleP50 }},
+		{label: "sample ms p99", cell: func(f *modeFigures) any { return f.SampleP99 }},
+		{label: "buffer heap MB (max)", cell: func(f *modeFigures) any { return f.BufferHeapMB }},
+		{label: "torn rows returned", cell: func(f *modeFigures) any { return f.TornRows }, goal: "0",
+			met: func(f *modeFigures) bool { return f.TornRows == 0 }},
+		{label: "rows verified", cell: func(f *modeFigures) any { return f.RowsVerified }},
+		{label: "rows resampled", cell: func(f *modeFigures) any { return f.RowsResampled }},
+		{label: "first fill s", cell: func(f *modeFigures) any { return f.FillS }},
+		{label: "warm-up s", cell: func(f *modeFigures) any { return f.WarmupS }},
+		{label: "checkpoint s", cell: func(f *modeFigures) any { return f.CheckpointS }},
+		{label: "sampled / memcpy limit", cell: func(f *modeFigures) any { return f.SampleVsMemcpy }, goal: fmt.Sprintf(">= %g", goalVsMemcpy),
+			met: func(f *modeFigures) bool { return f.SampleVsMemcpy >= goalVsMemcpy }},
+		{label: "inserted / seed", cell: func(f *modeFigures) any { return f.InsertVsSeed }, goal: fmt.Sprintf(">= %d", goalVsSeed),
+			met: func(f *modeFigures) bool { return f.InsertVsSeed >= goalVsSeed }},
+		{label: "sampled / seed", cell: func(f *modeFigures) any { return f.SampleVsSeed }, goal: fmt.Sprintf(">= %d", goalVsSeed),
+			met: func(f *modeFigures) bool { return f.SampleVsSeed >= goalVsSeed }},
+	}
+	if o.trainerLang == langPython {
+		rows = append(rows, row{label: "sampled / all Go", goal: fmt.Sprintf(">= %g", goalVsGoTrainer),
+			vs: func(f, g *modeFigures) float64 { return ratio(f.SamplePerS, g.SamplePerS) }})
+	}
+	if o.writersLang == langPython {
+		rows = append(rows, row{label: "inserted / all Go", vs: func(f, g *modeFigures) float64 { return ratio(f.InsertPerS, g.InsertPerS) }})
+	}
+	goals, met := map[string]int{}, map[string]int{}
 	for _, r := range rows {
 		cells := []any{r.label}
-		for _, m := range s.modes {
-			cells = append(cells, r.cell(s.figs[m]))
+		var marks []string
+		for _, c := range cols {
+			switch {
+			case r.vs == nil:
+				cells = append(cells, r.cell(c.figs))
+			case c.vsGo != nil:
+				cells = append(cells, r.vs(c.figs, c.vsGo))
+			default:
+				cells = append(cells, "")
+			}
+			if r.goal == "" || r.vs != nil && c.vsGo == nil {
+				continue
+			}
+			goals[c.label]++
+			ok := r.met != nil && r.met(c.figs) || r.vs != nil && r.vs(c.figs, c.vsGo) >= goalVsGoTrainer
+			if ok {
+				met[c.label]++
+				marks = append(marks, c.label+" met")
+			} else {
+				marks = append(marks, c.label+" NOT met")
+			}
 		}
 		goal := r.goal
-		if r.met != nil {
-			goals++
-			var marks []string
-			for _, m := range s.modes {
-				if r.met(s.figs[m]) {
-					met[m]++
-					marks = append(marks, m+" met")
-				} else {
-					marks = append(marks, m+" NOT met")
-				}
-			}
+		if len(marks) > 0 {
 			goal += ": " + strings.Join(marks, ", ")
 		}
 		tb.Row(append(cells, goal)...)
@@ -187,23 +264,30 @@ func (s *summary) print(w io.Writer) error {
 		return err
 	}
 	var tally []string
-	for _, m := range s.modes {
-		tally = append(tally, fmt.Sprintf("%s %d of %d", m, met[m], goals))
+	for _, c := range cols {
+		tally = append(tally, fmt.Sprintf("%s %d of %d", c.label, met[c.label], goals[c.label]))
 	}
 	_, err := fmt.Fprintf(w, "\ngoals met: %s\n"+
 		"memcpy gather limit: %.0f transitions/s (%.0f MB/s): batches of %d random rows of every leaf "+
-		"copied out of the trainer's own mapping with copy(), warm, writers idle (the best of %s)\n"+
+		"copied out of the trainer's own mapping with copy() (a Python trainer: numpy's take), warm, writers idle (the best of %s)\n"+
 		"seed: the stack this project replaces, torchrl's RemoteTensorDictReplayBuffer over torch.distributed.rpc, "+
 		"measured once on this machine class (not in this run): %d inserted/s, %d sampled/s\n",
-		strings.Join(tally, "; "), s.memcpy, s.memcpy*TransitionBytes/1e6, o.sampleBatch, modesList(s.modes), seedInsertPerS, seedSamplePerS)
+		strings.Join(tally, "; "), s.memcpy, s.memcpy*TransitionBytes/1e6, o.sampleBatch, modesList(len(cols)), seedInsertPerS, seedSamplePerS)
 	return err
 }
 
-func modesList(modes []string) string {
-	if len(modes) == 1 {
+func ratio(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return a / b
+}
+
+func modesList(runs int) string {
+	if runs == 1 {
 		return "one measurement"
 	}
-	return fmt.Sprintf("%d measurements, one before each mode's timed phase", len(modes))
+	return fmt.Sprintf("%d measurements, one before each run's timed phase", runs)
 }
 
 // Result is the run's figures as the --json file has them.
@@ -214,6 +298,17 @@ type Result struct {
 	// modes' measurements. The ratios use it.
 	MemcpyGatherPerS float64 `json:"memcpy_gather_transitions_per_s"`
 	Config           Config  `json:"config"`
+	// Go holds, when the trainer or the writers are Python (Config.Trainer,
+	// Config.WritersLang), each mode's figures all in Go, run just before in
+	// the same invocation, for comparison: the keys above are the Python
+	// run's.
+	Go *GoResult `json:"go,omitempty"`
+}
+
+// GoResult is the all-Go runs of an invocation with Python roles.
+type GoResult struct {
+	Ref   *modeFigures `json:"ref,omitempty"`
+	Bytes *modeFigures `json:"bytes,omitempty"`
 }
 
 // Config is the run's settings, as the --json file has them.
@@ -234,12 +329,19 @@ type Config struct {
 	Modes           []string `json:"modes"` // those that ran, in order
 	SeedInsertPerS  int      `json:"seed_insert_transitions_per_s"`
 	SeedSamplePerS  int      `json:"seed_sample_transitions_per_s"`
+	Trainer         string   `json:"trainer"`      // the trainer's language: "go" or "python"
+	WritersLang     string   `json:"writers_lang"` // the writers' language: "go" or "python"
 }
 
 // result returns the figures as the JSON file has them.
 func (s *summary) result() Result {
 	o := s.o
+	var g *GoResult
+	if len(s.goFigs) > 0 {
+		g = &GoResult{Ref: s.goFigs[modeRef], Bytes: s.goFigs[modeBytes]}
+	}
 	return Result{
+		Go:               g,
 		Ref:              s.figs[modeRef],
 		Bytes:            s.figs[modeBytes],
 		MemcpyGatherPerS: s.memcpy,
@@ -260,6 +362,8 @@ func (s *summary) result() Result {
 			Modes:           slices.Clone(s.modes),
 			SeedInsertPerS:  seedInsertPerS,
 			SeedSamplePerS:  seedSamplePerS,
+			Trainer:         o.trainerLang,
+			WritersLang:     o.writersLang,
 		},
 	}
 }

@@ -12,12 +12,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/python"
 )
 
 const (
@@ -64,21 +66,40 @@ func runParent(ctx context.Context, o *options, stdout, stderr io.Writer, log *s
 		}
 		defer remove()
 	}
-	log.Info("replay benchmark", "root", root, "modes", o.modes, "writers", o.writers, "capacity", o.capacity,
-		"batch", o.batch, "sample_batch", o.sampleBatch, "min_size", o.minSize, "duration", o.duration)
-
-	results := map[string]*modeResult{}
-	for _, mode := range o.modes {
-		r, err := runMode(ctx, o, mode, root, tokenFile, stderr, log)
-		if ctx.Err() != nil {
-			return fmt.Errorf("%s mode: stopped: %w", mode, ctx.Err()) // err is a consequence
+	var py *pythonEnv
+	if o.pythonRun() {
+		if py, err = newPythonEnv(o.python); err != nil {
+			return err
 		}
-		if err != nil {
-			return fmt.Errorf("%s mode: %w", mode, err)
-		}
-		results[mode] = r
+		defer py.remove()
+		o.python = py.interp
 	}
-	rep := newReport(o, results)
+	log.Info("replay benchmark", "root", root, "modes", o.modes, "writers", o.writers, "capacity", o.capacity,
+		"batch", o.batch, "sample_batch", o.sampleBatch, "min_size", o.minSize, "duration", o.duration,
+		"trainer", o.trainerLang, "writers_lang", o.writersLang)
+
+	results, goResults := map[string]*modeResult{}, map[string]*modeResult{}
+	for _, mode := range o.modes {
+		runs := []roleLangs{{o.trainerLang, o.writersLang}}
+		if o.pythonRun() {
+			runs = []roleLangs{{langGo, langGo}, runs[0]} // the all-Go run first, for comparison
+		}
+		for _, langs := range runs {
+			r, err := runMode(ctx, o, mode, langs, py, root, tokenFile, stderr, log)
+			if ctx.Err() != nil {
+				return fmt.Errorf("%s mode: stopped: %w", mode, ctx.Err()) // err is a consequence
+			}
+			if err != nil {
+				return fmt.Errorf("%s mode (trainer %s, writers %s): %w", mode, langs.trainer, langs.writers, err)
+			}
+			if langs == runs[len(runs)-1] {
+				results[mode] = r
+			} else {
+				goResults[mode] = r
+			}
+		}
+	}
+	rep := newReport(o, results, goResults)
 	if err := rep.print(stdout); err != nil {
 		return err
 	}
@@ -114,11 +135,71 @@ type modeResult struct {
 	buffer  bufferResult
 }
 
-// runMode runs one mode: a new buffer node serving a new buffer at
-// ROOT/bench-MODE, the writers and the trainer, each a process; it waits
-// for the writers and the trainer to finish, stops the node, and removes
-// the buffer's folder. If any process fails, it stops the others.
-func runMode(ctx context.Context, o *options, mode, root, tokenFile string, stderr io.Writer, log *slog.Logger) (_ *modeResult, err error) {
+// roleLangs are the languages of a run's trainer and writers.
+type roleLangs struct{ trainer, writers string }
+
+// pythonEnv is how Python roles run: an interpreter that imports numpy and
+// msgpack, and a folder holding this build's Python client (python.Extract)
+// for its PYTHONPATH.
+type pythonEnv struct {
+	interp string
+	path   string
+}
+
+// newPythonEnv finds the interpreter (interp, or the first of python3 and
+// /usr/bin/python3 that imports numpy and msgpack) and extracts the client.
+func newPythonEnv(interp string) (*pythonEnv, error) {
+	candidates := []string{"python3", "/usr/bin/python3"}
+	if interp != "" {
+		candidates = []string{interp}
+	}
+	var tried []string
+	for _, c := range candidates {
+		out, err := exec.Command(c, "-c", "import numpy, msgpack").CombinedOutput()
+		if err == nil {
+			dir, err := os.MkdirTemp("", "tensorwire-python-")
+			if err != nil {
+				return nil, err
+			}
+			if err := python.Extract(dir); err != nil {
+				os.RemoveAll(dir)
+				return nil, err
+			}
+			return &pythonEnv{interp: c, path: dir}, nil
+		}
+		tried = append(tried, fmt.Sprintf("%s: %v %s", c, err, bytes.TrimSpace(out)))
+	}
+	return nil, usagef("Python roles need a python3 with numpy and msgpack (apt-get install python3-numpy python3-msgpack; "+
+		"--python chooses it): %s", strings.Join(tried, "; "))
+}
+
+func (p *pythonEnv) remove() { os.RemoveAll(p.path) }
+
+// command returns the argv and environment of a role process in lang: this
+// program re-executed (o.self), or the Python roles' module.
+func (p *pythonEnv) command(o *options, lang string, args []string) (argv, env []string, err error) {
+	if lang != langPython {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, nil, err
+		}
+		return slices.Concat([]string{exe}, o.self, args), nil, nil
+	}
+	pp := p.path
+	if old := os.Getenv("PYTHONPATH"); old != "" {
+		pp += string(os.PathListSeparator) + old
+	}
+	return slices.Concat([]string{p.interp, "-m", "tensorwire._bench_replay"}, args),
+		append(os.Environ(), "PYTHONPATH="+pp, "PYTHONDONTWRITEBYTECODE=1"), nil
+}
+
+// runMode runs one mode with the trainer and writers in langs (py runs the
+// Python ones): a new buffer node serving a new buffer at ROOT/bench-MODE,
+// the writers and the trainer, each a process; it waits for the writers
+// and the trainer to finish, stops the node, and removes the buffer's
+// folder. If any process fails, it stops the others.
+func runMode(ctx context.Context, o *options, mode string, langs roleLangs, py *pythonEnv, root, tokenFile string,
+	stderr io.Writer, log *slog.Logger) (_ *modeResult, err error) {
 	limit := o.duration + modeTimeout
 	ctx, cancel := context.WithTimeoutCause(ctx, limit, fmt.Errorf("the mode did not end within %v", limit))
 	defer cancel()
@@ -142,17 +223,21 @@ func runMode(ctx context.Context, o *options, mode, root, tokenFile string, stde
 		return nil, err
 	}
 	defer buf.Stop() // on errors; a second Stop returns the first's result
-	log.Info("buffer node listening", "mode", mode, "pid", buf.Pid(), "addr", buf.Addr)
-	fmt.Fprintf(stderr, "replay %s: the buffer node (pid %d) listens on %s; starting %d writer(s) and the trainer\n",
-		mode, buf.Pid(), buf.Addr, o.writers)
+	log.Info("buffer node listening", "mode", mode, "pid", buf.Pid(), "addr", buf.Addr, "trainer", langs.trainer, "writers", langs.writers)
+	fmt.Fprintf(stderr, "replay %s: the buffer node (pid %d) listens on %s; starting %d writer(s) in %s and the trainer in %s\n",
+		mode, buf.Pid(), buf.Addr, o.writers, langs.writers, langs.trainer)
 
 	pctx, stopAll := context.WithCancel(ctx)
 	defer stopAll()
 	common := slices.Concat([]string{"--child", "--addr", buf.Addr, "--root", root, "--name", name, "--mode", mode,
 		"--token-file", tokenFile}, o.childLogArgs())
 	var procs []*roleProc
-	start := func(name string, args ...string) error {
-		p, err := startRole(pctx, name, stderr, slices.Concat(o.self, args, common))
+	start := func(name, lang string, args ...string) error {
+		argv, env, err := py.command(o, lang, slices.Concat(args, common))
+		var p *roleProc
+		if err == nil {
+			p, err = startRole(pctx, name, stderr, argv, env)
+		}
 		if err != nil {
 			stopAll()
 			for _, p := range procs {
@@ -164,12 +249,12 @@ func runMode(ctx context.Context, o *options, mode, root, tokenFile string, stde
 		return nil
 	}
 	for i := range o.writers {
-		if err := start(fmt.Sprintf("writer %d", i), "--role", roleWriter, "--batch", itoa(o.batch),
+		if err := start(fmt.Sprintf("writer %d", i), langs.writers, "--role", roleWriter, "--batch", itoa(o.batch),
 			"--insert-rate", strconv.FormatFloat(o.insertRate, 'g', -1, 64)); err != nil {
 			return nil, err
 		}
 	}
-	if err := start("the trainer", "--role", roleTrainer, "--sample-batch", itoa(o.sampleBatch),
+	if err := start("the trainer", langs.trainer, "--role", roleTrainer, "--sample-batch", itoa(o.sampleBatch),
 		"--memcpy-duration", o.memcpyDuration.String(), "--prefetch="+strconv.FormatBool(o.prefetch)); err != nil {
 		return nil, err
 	}
@@ -241,15 +326,12 @@ type roleProc struct {
 	tap  *resultTap
 }
 
-// startRole starts a role process, this program with args; ctx ending
-// stops it (SIGTERM, then
-// SIGKILL after stopTimeout).
-func startRole(ctx context.Context, name string, stderr io.Writer, args []string) (*roleProc, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.CommandContext(ctx, exe, args...)
+// startRole starts a role process, argv (with env, or this process's
+// environment when nil); ctx ending stops it (SIGTERM, then SIGKILL after
+// stopTimeout).
+func startRole(ctx context.Context, name string, stderr io.Writer, argv, env []string) (*roleProc, error) {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = env
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = stopTimeout
 	if _, err := cmd.StdinPipe(); err != nil { // held open until the child exits

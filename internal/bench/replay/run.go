@@ -60,7 +60,25 @@ type options struct {
 	logFile        string
 
 	self []string // bench.Env.Self: re-executes this benchmark for a role
+
+	// The languages of the trainer and the writers (langGo, langPython),
+	// and the interpreter of the Python ones.
+	trainerLang string
+	writersLang string
+	python      string
 }
+
+// The languages a trainer or the writers can be written in: Go
+// (replay.Client, this program) or Python (the tensorwire package in
+// python/, over numpy).
+const (
+	langGo     = "go"
+	langPython = "python"
+)
+
+// pythonRun reports whether a Python role takes part, which makes every
+// mode run twice: all in Go, then with the Python roles.
+func (o *options) pythonRun() bool { return o.trainerLang == langPython || o.writersLang == langPython }
 
 func newFlagSet(o *options, modes *string) *flag.FlagSet {
 	fs := flag.NewFlagSet("bench replay", flag.ContinueOnError)
@@ -87,6 +105,12 @@ func newFlagSet(o *options, modes *string) *flag.FlagSet {
 	fs.BoolVar(&o.verbose, "v", false, "print every process's logs here, on stderr, instead of to the log file")
 	fs.StringVar(&o.logFile, "log-file", "", "append every process's logs to this file (default: a new file in the system temporary "+
 		"directory, named at the end; roles: stderr); warnings and errors go to stderr as well")
+	fs.StringVar(&o.trainerLang, "trainer", langGo, "the trainer's language: "+langGo+" or "+langPython+
+		" (numpy, the Python client in python/); with "+langPython+" each mode also runs with a Go trainer, reported beside it")
+	fs.StringVar(&o.writersLang, "writers-lang", langGo, "the writers' language: "+langGo+" or "+langPython+
+		"; with "+langPython+" each mode also runs with Go writers, reported beside it")
+	fs.StringVar(&o.python, "python", "", "the Python interpreter of Python roles (default: the first of python3 and "+
+		"/usr/bin/python3 that imports numpy and msgpack)")
 	fs.BoolVar(&o.child, "child", false, "internal: started by the parent, stop when stdin closes")
 	return fs
 }
@@ -199,6 +223,14 @@ func (o *options) check() error {
 		return usagef("--memcpy-duration must be positive")
 	case o.name == "":
 		return usagef("--name must not be empty")
+	}
+	for _, l := range []struct{ flag, lang string }{{"--trainer", o.trainerLang}, {"--writers-lang", o.writersLang}} {
+		if l.lang != langGo && l.lang != langPython {
+			return usagef("%s: unknown language %q (want %s or %s)", l.flag, l.lang, langGo, langPython)
+		}
+	}
+	if o.role != "" && o.pythonRun() {
+		return usagef("--trainer and --writers-lang choose the parent's children; a --role process is Go (run python3 -m tensorwire._bench_replay for a Python one)")
 	}
 	for i, m := range o.modes {
 		if m != modeRef && m != modeBytes {

@@ -50,7 +50,9 @@ var jsonKeys = func() []string {
 	keys := []string{"memcpy_gather_transitions_per_s", "config", "config.batch", "config.capacity", "config.duration_s",
 		"config.insert_rate", "config.min_size", "config.modes", "config.prefetch", "config.sample_batch", "config.sampler",
 		"config.seed_insert_transitions_per_s", "config.seed_sample_transitions_per_s", "config.trainers",
-		"config.transition_bytes", "config.warmup_laps", "config.writer", "config.writers"}
+		"config.transition_bytes", "config.warmup_laps", "config.writer", "config.writers",
+		// Added with the Python roles:
+		"config.trainer", "config.writers_lang"}
 	for _, mode := range []string{modeRef, modeBytes} {
 		keys = append(keys, mode)
 		for _, k := range []string{"buffer_heap_mb", "buffer_heap_polls", "checkpoint_s", "extend_calls", "extend_ms_p50",
@@ -181,6 +183,53 @@ func TestRun_EndToEnd(t *testing.T) {
 	}
 }
 
+// TestRun_Python runs the benchmark with the trainer and the writers in
+// Python (the client in python/), in ref mode with small settings: each
+// mode runs all in Go first, and the JSON has both, the Python run's under
+// the usual keys.
+func TestRun_Python(t *testing.T) {
+	if _, err := newPythonEnv(""); err != nil {
+		t.Skipf("no Python roles here: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	jsonFile := filepath.Join(dir, "replay.json")
+	var stdout, stderr bytes.Buffer
+	err := Run(ctx, testEnv(&stdout, &stderr), []string{"--capacity", "3000", "--duration", "1s", "--sample-batch", "32",
+		"--memcpy-duration", "200ms", "--root", dir, "--json", jsonFile, "--log-file", filepath.Join(dir, "replay.log"),
+		"--modes", "ref", "--trainer", "python", "--writers-lang", "python"})
+	if err != nil {
+		t.Fatalf("Run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	t.Logf("stdout:\n%s", stdout.String())
+	data, err := os.ReadFile(jsonFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res Result
+	if err := json.Unmarshal(data, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Config.Trainer != langPython || res.Config.WritersLang != langPython || res.Go == nil || res.Go.Ref == nil || res.Ref == nil {
+		t.Fatalf("JSON %s", data)
+	}
+	for _, f := range []*modeFigures{res.Ref, res.Go.Ref} {
+		if f.SamplePerS <= 0 || f.InsertPerS <= 0 || f.SampleP50 <= 0 || f.ExtendP99 <= 0 || f.RowsVerified <= 0 || f.TornRows != 0 {
+			t.Errorf("figures %+v", f)
+		}
+	}
+	for _, s := range []string{"ref all Go", "ref Python trainer+writers", "sampled / all Go", "inserted / all Go"} {
+		if !strings.Contains(stdout.String(), s) {
+			t.Errorf("the report lacks %q", s)
+		}
+	}
+	logs, err := os.ReadFile(filepath.Join(dir, "replay.log"))
+	if err != nil || !strings.Contains(string(logs), "lang=python") {
+		t.Errorf("the log file has no line of a Python role (%v)", err)
+	}
+}
+
 // TestOptions_Logger checks where each process logs: the parent to a log
 // file (a new one, or --log-file) with warnings on stderr too, or to stderr
 // with -v; a role to --log-file, or to stderr without it.
@@ -295,6 +344,9 @@ func TestRun_Usage(t *testing.T) {
 		{"--role", "writer"},
 		{"--role", "buffer"},
 		{"--role", "oracle"},
+		{"--trainer", "julia"},
+		{"--writers-lang", "c"},
+		{"--role", "trainer", "--addr", "x:1", "--trainer", "python"},
 		{"--nope"},
 		{"extra"},
 	} {

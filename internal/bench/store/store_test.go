@@ -1,0 +1,112 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tensorwire/tensorwire/internal/bench"
+)
+
+var testSelf = []string{"bench", "store"}
+
+func testEnv(stdout, stderr io.Writer) bench.Env {
+	return bench.Env{Stdout: stdout, Stderr: stderr, Self: testSelf}
+}
+
+// TestMain lets Run re-execute the test binary for a role, as
+// cmd/tensorwire does.
+func TestMain(m *testing.M) {
+	if len(os.Args) > len(testSelf) && os.Args[1] == testSelf[0] && os.Args[2] == testSelf[1] {
+		if err := Run(context.Background(), testEnv(os.Stdout, os.Stderr), os.Args[1+len(testSelf):]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// keys returns the dotted keys of a JSON object, array elements' keys once.
+func keys(prefix string, v any, out map[string]bool) {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, x := range v {
+			out[prefix+k] = true
+			keys(prefix+k+".", x, out)
+		}
+	case []any:
+		for _, x := range v {
+			keys(prefix, x, out)
+		}
+	}
+}
+
+// TestRun_Short runs every part, small and short, and checks the JSON has
+// exactly the keys and that nothing was lost, duplicated or
+// damaged.
+func TestRun_Short(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts some 80 processes")
+	}
+	out := filepath.Join(t.TempDir(), "out.json")
+	var stdout, stderr bytes.Buffer
+	err := Run(context.Background(), testEnv(&stdout, &stderr), []string{"--mb", "1", "--workers", "2",
+		"--duration", "600ms", "--json", out, "--root", t.TempDir()})
+	if err != nil {
+		t.Fatalf("%v\nstderr:\n%s", err, &stderr)
+	}
+	t.Logf("\n%s", &stdout)
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v map[string]any
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	keys("", v, got)
+	want := []string{"broadcast", "broadcast.mode", "broadcast.mb", "broadcast.workers", "broadcast.p50_ms", "broadcast.p99_ms",
+		"rollouts", "rollouts.workers", "rollouts.items_per_s", "rollouts.append_p50_ms", "rollouts.append_p99_ms",
+		"rollouts.lost", "rollouts.duplicated", "watch", "watch.watchers", "watch.p50_ms", "watch.p99_ms"}
+	var gotKeys []string
+	for k := range got {
+		gotKeys = append(gotKeys, k)
+	}
+	slices.Sort(gotKeys)
+	slices.Sort(want)
+	if !slices.Equal(gotKeys, want) {
+		t.Errorf("JSON keys %v, want %v", gotKeys, want)
+	}
+	ro := v["rollouts"].(map[string]any)
+	if ro["lost"].(float64) != 0 || ro["duplicated"].(float64) != 0 {
+		t.Errorf("rollouts lost %v, duplicated %v", ro["lost"], ro["duplicated"])
+	}
+	if strings.Contains(stdout.String(), "bad CRC") {
+		for _, line := range strings.Split(stdout.String(), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 9 && (f[0] == "ref" || f[0] == "bytes" || f[0] == "tcp") && f[8] != "0" {
+				t.Errorf("bad CRCs: %s", line)
+			}
+		}
+	}
+}
+
+func TestRun_Usage(t *testing.T) {
+	for _, args := range [][]string{{"--mb", "x"}, {"--workers", "0"}, {"--modes", "carrier-pigeon"}, {"--parts", "all"},
+		{"--duration", "0s"}, {"extra"}} {
+		err := Run(context.Background(), testEnv(io.Discard, io.Discard), args)
+		if !errors.Is(err, ErrUsage) {
+			t.Errorf("%q: %v, want a usage error", args, err)
+		}
+	}
+}

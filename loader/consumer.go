@@ -1,0 +1,676 @@
+package loader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"iter"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/slots"
+	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Consumer iterates the batches of a producer served by a node, as a
+// training job iterates its own data loader: Batches once per epoch, each
+// batch Options.Batch rows cut from the producer's batches, every sample
+// of the epoch exactly once, in the producer's order.
+//
+// When the consumer shares the node's filesystem (Options.Root has the
+// node root's identity) and the ring lies under it, it maps the ring and
+// copies each batch's rows out of it, checking the slot's generation after
+// the copy: no batch bytes cross the network, only the announcements and
+// the acks. Otherwise the rows travel as bytes. SharedFS says which.
+//
+// A consumer heartbeats from a goroutine of its own while it is joined, so
+// a loop's body may train for as long as it likes on a batch without being
+// dropped for silence; it is dropped if it holds the producer up for
+// longer than the producer's MaxWait on one batch.
+//
+// A Consumer is used by one goroutine at a time, but Close may be called
+// from any.
+type Consumer struct {
+	rc       *rpc.Client
+	name     string
+	o        Options
+	prefetch int
+
+	mu     sync.Mutex
+	closed bool
+	sess   *session // nil before a join, and after a drop until the next Batches
+	epoch  int64    // the epoch the next Batches iterates
+	last   joinResponse
+	bufs   []*batchBuf // the batch buffers, kept across epochs
+}
+
+// session is one membership of the producer: from a join until a drop,
+// the producer restarting, or Close. Its stream (MethodConsume) brings the
+// batches published for it and carries its acks, which are its heartbeats
+// too.
+type session struct {
+	c      *Consumer
+	info   joinResponse
+	schema tensordict.RowSchema
+	reader *ringReader // nil in bytes mode
+	bytes  bool
+
+	stream   *rpc.Stream[ackMessage, batchMessage]
+	msgs     chan batchMessage // from the stream, in order; closed when it ends
+	ackEvery int               // releases are sent once they move this many batches (or at a heartbeat)
+
+	mu        sync.Mutex
+	relEpoch  int64 // done with every batch before (relEpoch, relIndex)
+	relIndex  int
+	sentEpoch int64 // the release position the producer was last sent
+	sentIndex int
+	dirty     chan struct{} // signalled when the release has moved ackEvery batches
+	err       error         // why the stream ended; set before msgs is closed
+
+	stop func()         // ends the goroutines
+	done sync.WaitGroup // the goroutines
+}
+
+// Dial connects to the producer served as name by the node at addr and
+// joins it as a consumer of opts.Batch rows a batch. ErrArgument for a
+// batch size of 0 or less or larger than the producer's ring, ErrNotFound
+// when the node serves no loader by that name.
+func Dial(ctx context.Context, addr, name string, opts Options) (*Consumer, error) {
+	if opts.Batch <= 0 {
+		return nil, wrapf(ErrArgument, "batch size %d: want at least 1", opts.Batch)
+	}
+	ropts := opts.RPC
+	if opts.Root != "" {
+		ropts = append(ropts[:len(ropts):len(ropts)], rpc.WithRoot(opts.Root))
+	}
+	rc, err := rpc.Dial(ctx, addr, ropts...)
+	if err != nil {
+		return nil, err
+	}
+	c := &Consumer{rc: rc, name: name, o: opts, prefetch: prefetchOf(opts)}
+	if _, err := c.session(ctx); err != nil {
+		rc.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Len returns the number of batches of an epoch: the producer's samples
+// cut into batches of Options.Batch rows.
+func (c *Consumer) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return batchLen(c.last.Samples, c.o.Batch, c.o.DropLast)
+}
+
+// Samples returns the number of samples in an epoch.
+func (c *Consumer) Samples() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last.Samples
+}
+
+// Epoch returns the epoch the next call of Batches iterates (after a drop,
+// the join it makes may move it on).
+func (c *Consumer) Epoch() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.epoch
+}
+
+// SharedFS reports whether the consumer reads the batches from its own
+// mapping of the ring (true) or gets them as bytes.
+func (c *Consumer) SharedFS() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sess != nil && !c.sess.bytes
+}
+
+// Schema returns the schema of the batches' rows.
+func (c *Consumer) Schema() tensordict.RowSchema {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last.Schema.Clone()
+}
+
+// session returns the current session, joining the producer if there is
+// none. A session that ended since the last call is its error, once.
+func (c *Consumer) session(ctx context.Context) (*session, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if s := c.sess; s != nil && s.streamErr() == nil {
+		c.mu.Unlock()
+		return s, nil
+	}
+	old := c.sess
+	c.sess = nil
+	c.mu.Unlock()
+	if old != nil {
+		// The session ended while no loop ran (dropped between epochs, the
+		// producer restarted): say so once; the next call joins again.
+		old.end(ctx)
+		return nil, fmt.Errorf("loader: before epoch %d: %w", c.Epoch(), old.streamErr())
+	}
+	s, err := c.join(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		s.end(ctx)
+		return nil, ErrClosed
+	}
+	c.sess, c.epoch, c.last = s, s.info.Epoch, s.info
+	return s, nil
+}
+
+// join joins the producer, opens the session's stream and starts its
+// goroutines.
+func (c *Consumer) join(ctx context.Context) (*session, error) {
+	shared := false
+	if c.o.Root != "" && !c.o.Bytes {
+		var err error
+		if shared, err = c.rc.SharedFS(ctx); err != nil {
+			return nil, err
+		}
+	}
+	resp, err := rpc.Call[joinResponse](ctx, c.rc, MethodJoin, joinRequest{Name: c.name, Batch: c.o.Batch, Bytes: !shared})
+	if err != nil {
+		return nil, err
+	}
+	s := &session{c: c, info: resp, schema: resp.Schema, relEpoch: resp.Epoch, sentEpoch: resp.Epoch,
+		dirty: make(chan struct{}, 1), ackEvery: max(1, resp.Slots/4)}
+	if err := s.schema.Validate(); err != nil {
+		s.leave()
+		return nil, fmt.Errorf("loader: the node describes the batches badly: %w", err)
+	}
+	s.bytes = !shared || resp.Prefix == "" || !filepath.IsLocal(filepath.FromSlash(resp.Prefix))
+	if !s.bytes {
+		path := filepath.Join(c.o.Root, filepath.FromSlash(resp.Prefix))
+		if s.reader, err = openRingReader(path, s.schema, resp.Slots, resp.Batch); err != nil {
+			s.leave()
+			return nil, fmt.Errorf("loader: mapping the ring: %w", err)
+		}
+	}
+	bg, stop := context.WithCancel(context.Background())
+	s.stop = stop
+	s.stream, err = rpc.OpenStream[ackMessage, batchMessage](bg, c.rc, MethodConsume, consumeRequest{
+		Name: c.name, Ring: resp.Ring, Consumer: resp.Consumer, Epoch: resp.Epoch, Bytes: s.bytes,
+	})
+	if err != nil {
+		stop()
+		s.leave()
+		if s.reader != nil {
+			s.reader.close()
+		}
+		return nil, err
+	}
+	s.msgs = make(chan batchMessage, resp.Slots+1)
+	s.done.Add(2)
+	go s.receive(bg)
+	go s.heartbeat(bg)
+	return s, nil
+}
+
+// receive passes the stream's messages to msgs until the stream ends.
+func (s *session) receive(ctx context.Context) {
+	defer s.done.Done()
+	defer close(s.msgs)
+	for {
+		m, err := s.stream.Recv(ctx)
+		if err != nil {
+			if err == io.EOF { // the handler returned nil, not an rpc error wrapping io.EOF
+				err = wrapf(ErrDropped, "the producer ended the consumer's stream")
+			}
+			s.mu.Lock()
+			s.err = err
+			s.mu.Unlock()
+			return
+		}
+		select {
+		case s.msgs <- m:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// heartbeat sends the session's release position to the producer each
+// time it moves ackEvery batches or to another epoch, and at least four
+// times per heartbeat period, until the session ends.
+func (s *session) heartbeat(ctx context.Context) {
+	defer s.done.Done()
+	every := max(time.Duration(s.info.HeartbeatMS)*time.Millisecond/4, time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.dirty:
+		}
+		e, i := s.position()
+		sctx, cancel := context.WithTimeout(ctx, 4*every)
+		err := s.stream.Send(sctx, ackMessage{Epoch: e, Index: i})
+		cancel()
+		if err != nil {
+			return // the stream is over; receive says why
+		}
+		s.sent(e, i)
+	}
+}
+
+// release records that the consumer is done with every batch before
+// (epoch, index). The heartbeat goroutine sends it at once when it moved
+// to another epoch or ackEvery batches from the position last sent, and
+// otherwise with the next heartbeat.
+func (s *session) release(epoch int64, index int) {
+	s.mu.Lock()
+	if epoch > s.relEpoch || (epoch == s.relEpoch && index > s.relIndex) {
+		s.relEpoch, s.relIndex = epoch, index
+	}
+	urgent := s.relEpoch != s.sentEpoch || s.relIndex-s.sentIndex >= s.ackEvery
+	s.mu.Unlock()
+	if urgent {
+		select {
+		case s.dirty <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// position returns the release position.
+func (s *session) position() (int64, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.relEpoch, s.relIndex
+}
+
+// sent records that the producer has the release position (epoch, index).
+func (s *session) sent(epoch int64, index int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if epoch > s.sentEpoch || (epoch == s.sentEpoch && index > s.sentIndex) {
+		s.sentEpoch, s.sentIndex = epoch, index
+	}
+}
+
+// streamErr returns why the session's stream ended, or nil.
+func (s *session) streamErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// leave tells the producer the consumer is gone, best effort.
+func (s *session) leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	rpc.Call[rpc.Empty](ctx, s.c.rc, MethodLeave, leaveRequest{Name: s.c.name, Ring: s.info.Ring, Consumer: s.info.Consumer})
+}
+
+// end ends the stream (the producer counts the consumer as gone when it
+// sees its end), stops the goroutines and unmaps the ring.
+func (s *session) end(context.Context) {
+	if s.streamErr() == nil {
+		// Tell the producer, and wait (a little) for it to end the stream:
+		// it has counted the consumer gone then. Cancelling the stream at
+		// once would look like the consumer's process dying.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if s.stream.CloseSend(ctx) == nil {
+		drain:
+			for {
+				select {
+				case _, ok := <-s.msgs:
+					if !ok {
+						break drain
+					}
+				case <-ctx.Done():
+					break drain
+				}
+			}
+		}
+		cancel()
+	}
+	s.stop()
+	s.stream.Close()
+	s.done.Wait()
+	if s.reader != nil {
+		s.reader.close()
+	}
+}
+
+// batchBuf is a consumer's batch in Go memory, reused across batches.
+type batchBuf struct {
+	td     *tensordict.TensorDict
+	leaves [][]byte // its tensors' bytes, in the schema's order
+	rb     []int    // their row sizes
+}
+
+func newBatchBuf(schema tensordict.RowSchema, n int) (*batchBuf, error) {
+	td, err := schema.Zeros(n)
+	if err != nil {
+		return nil, err
+	}
+	b := &batchBuf{td: td}
+	for _, f := range schema {
+		t, err := td.Tensor(f.Key...)
+		if err != nil {
+			return nil, err
+		}
+		raw, err := t.Bytes()
+		if err != nil {
+			return nil, err
+		}
+		b.leaves, b.rb = append(b.leaves, raw), append(b.rb, rowBytes(f))
+	}
+	return b, nil
+}
+
+// assembled is a batch ready to yield, the error that ends the epoch, or
+// the epoch's end.
+type assembled struct {
+	buf *batchBuf
+	n   int
+	err error
+	end bool
+}
+
+// Batches returns an iterator over the next epoch's batches, which ends
+// with the epoch: the first call iterates the epoch the consumer joined,
+// each later call the one after. A batch is valid until the loop's body
+// returns (its memory is reused): Clone it to keep it. Breaking out of the
+// loop gives up the rest of the epoch; the next call iterates the next
+// epoch.
+//
+// An error ends the epoch and is yielded once: ErrDropped (the producer
+// dropped the consumer, or restarted), an error matching
+// rpc.ErrUnavailable (the node is unreachable), ErrClosed, ErrFailed, or
+// ctx's. The next call of Batches then joins the producer again, at the
+// start of its current epoch if that epoch's window is open, else of the
+// next one; Epoch says which.
+func (c *Consumer) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict, error] {
+	return func(yield func(*tensordict.TensorDict, error) bool) {
+		s, err := c.session(ctx)
+		if err != nil {
+			yield(nil, err)
+			return
+		}
+		c.mu.Lock()
+		epoch := c.epoch
+		c.epoch++
+		c.mu.Unlock()
+		if c.bufs, err = ensureBufs(c.bufs, s.schema, c.o.Batch, c.prefetch); err != nil {
+			yield(nil, err)
+			return
+		}
+		complete, err := iterate(ctx, yield, c.bufs, c.prefetch, c.o.Batch,
+			func(ctx context.Context, out chan<- assembled, pool <-chan *batchBuf) {
+				s.assemble(ctx, epoch, c.o.Batch, c.o.DropLast, out, pool)
+			})
+		if !complete && (err == nil || !c.lost(s, err)) {
+			s.release(epoch+1, 0) // gives up the rest of the epoch
+		}
+	}
+}
+
+// iterate yields the batches produce sends on out, taking buffers from a
+// pool of bufs, up to prefetch of them assembled ahead, until produce
+// sends the epoch's end or an error, yield returns false, or ctx ends.
+// It returns whether the epoch ended, and the error yielded (nil if
+// none). produce runs in a goroutine of its own, which has returned when
+// iterate does.
+func iterate(ctx context.Context, yield func(*tensordict.TensorDict, error) bool, bufs []*batchBuf, prefetch, batch int,
+	produce func(ctx context.Context, out chan<- assembled, pool <-chan *batchBuf)) (complete bool, err error) {
+	actx, cancel := context.WithCancel(ctx)
+	out := make(chan assembled, prefetch)
+	pool := make(chan *batchBuf, len(bufs))
+	for _, b := range bufs {
+		pool <- b
+	}
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		defer close(out)
+		produce(actx, out, pool)
+	}()
+	defer func() {
+		cancel()
+		<-finished
+	}()
+	for a := range out {
+		if a.end {
+			return true, nil
+		}
+		if a.err != nil {
+			yield(nil, a.err)
+			return false, a.err
+		}
+		td := a.buf.td
+		if a.n < batch {
+			if td, err = td.Slice(0, a.n); err != nil {
+				yield(nil, err)
+				return false, err
+			}
+		}
+		ok := yield(td, nil)
+		pool <- a.buf
+		if !ok {
+			return false, nil
+		}
+	}
+	// out closed without the epoch's end: ctx ended.
+	err = ctx.Err()
+	if err == nil {
+		err = ErrClosed
+	}
+	yield(nil, err)
+	return false, err
+}
+
+// ensureBufs returns bufs with enough batch buffers of batch rows of
+// schema for iterate with prefetch: those in the channel, the one
+// yielded, the one being assembled. Buffers of another schema are dropped.
+func ensureBufs(bufs []*batchBuf, schema tensordict.RowSchema, batch, prefetch int) ([]*batchBuf, error) {
+	if len(bufs) > 0 && schema.Match(bufs[0].td.RowSchema()) != nil {
+		bufs = nil
+	}
+	for len(bufs) < prefetch+2 {
+		b, err := newBatchBuf(schema, batch)
+		if err != nil {
+			return nil, err
+		}
+		bufs = append(bufs, b)
+	}
+	return bufs, nil
+}
+
+// lost ends the session after err and reports true if err means it is
+// over (the next Batches joins again), and false for the end of the
+// loop's context.
+func (c *Consumer) lost(s *session, err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if !errors.Is(err, rpc.ErrUnavailable) {
+			return false
+		}
+	}
+	c.mu.Lock()
+	if c.sess == s {
+		c.sess = nil
+	}
+	c.mu.Unlock()
+	go s.end(context.Background())
+	return true
+}
+
+// assemble fills batches of size batch from the producer's batches of
+// epoch, in order, and sends them on out (closed at the epoch's end); it
+// takes buffers from pool. An error is sent as the last item.
+func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast bool, out chan<- assembled, pool <-chan *batchBuf) {
+	fail := func(err error) {
+		select {
+		case out <- assembled{err: err}:
+		case <-ctx.Done():
+		}
+	}
+	var cur *batchBuf
+	pos, index := 0, 0
+	send := func(n int) bool {
+		select {
+		case out <- assembled{buf: cur, n: n}:
+			cur, pos = nil, 0
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	for {
+		anns, rows, err := s.next(ctx, epoch, index)
+		if err != nil {
+			if ctx.Err() != nil && !errors.Is(err, rpc.ErrUnavailable) {
+				return // the loop stopped
+			}
+			fail(err)
+			return
+		}
+		for _, a := range anns {
+			for off := 0; off < a.Rows; {
+				if cur == nil {
+					select {
+					case cur = <-pool:
+					case <-ctx.Done():
+						return
+					}
+				}
+				take := min(batch-pos, a.Rows-off)
+				if err := s.copyRows(cur, pos, a, rows, off, take); err != nil {
+					fail(err)
+					return
+				}
+				pos += take
+				off += take
+				if pos == batch && !send(batch) {
+					return
+				}
+			}
+			s.release(epoch, a.Index+1)
+			index = a.Index + 1
+			if index == a.Count {
+				if pos > 0 && !dropLast && !send(pos) {
+					return
+				}
+				select {
+				case out <- assembled{end: true}:
+				case <-ctx.Done():
+				}
+				return
+			}
+		}
+	}
+}
+
+// next returns the batch of epoch at index, as its stream brings it, and
+// its rows in bytes mode; it passes over the batches before it (of an
+// epoch the loop gave up).
+func (s *session) next(ctx context.Context, epoch int64, index int) ([]announcement, *tensordict.TensorDict, error) {
+	for {
+		var m batchMessage
+		var ok bool
+		select {
+		case m, ok = <-s.msgs:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		if !ok {
+			return nil, nil, fmt.Errorf("loader: epoch %d, batch %d: %w", epoch, index, s.streamErr())
+		}
+		a := m.Batch
+		if a.Epoch < epoch || (a.Epoch == epoch && a.Index < index) {
+			continue
+		}
+		if a.Epoch != epoch || a.Index != index {
+			return nil, nil, fmt.Errorf("loader: waiting for batch %d of epoch %d, got %d of %d", index, epoch, a.Index, a.Epoch)
+		}
+		var rows *tensordict.TensorDict
+		if s.bytes {
+			if m.Rows == nil || m.Rows.TensorDict == nil || m.Rows.Len() != a.Rows {
+				return nil, nil, fmt.Errorf("loader: batch %d of epoch %d came without its %d rows", index, epoch, a.Rows)
+			}
+			rows = m.Rows.TensorDict
+		}
+		return []announcement{a}, rows, nil
+	}
+}
+
+// copyRows copies rows [off, off+n) of the batch a announces into dst at
+// row pos: from the ring (then checks the slot's word: a batch overwritten
+// while it was copied is ErrDropped), or from rows, the batch's bytes.
+func (s *session) copyRows(dst *batchBuf, pos int, a announcement, rows *tensordict.TensorDict, off, n int) error {
+	if rows != nil {
+		part, err := rows.Slice(off, off+n)
+		if err != nil {
+			return err
+		}
+		view, err := dst.td.Slice(pos, pos+n)
+		if err != nil {
+			return err
+		}
+		return gatherFrom(view, part)
+	}
+	r := s.reader
+	for i, l := range r.leaves {
+		rb := dst.rb[i]
+		at := l.off + int64(a.Slot*r.batch+off)*int64(rb)
+		if _, err := l.mm.ReadAt(dst.leaves[i][pos*rb:(pos+n)*rb], at); err != nil {
+			return err
+		}
+	}
+	slots.Fence()
+	if w := r.table.Word(a.Slot); w != a.Word {
+		return wrapf(ErrDropped, "batch %d of epoch %d was overwritten while it was read (word %#x, announced %#x)",
+			a.Index, a.Epoch, w, a.Word)
+	}
+	return nil
+}
+
+// gatherFrom copies src's tensors into dst's of the same keys (same row
+// counts).
+func gatherFrom(dst, src *tensordict.TensorDict) error {
+	for path, t := range src.Leaves() {
+		d, err := dst.Tensor(path...)
+		if err != nil {
+			return err
+		}
+		if err := d.SetSlice(0, t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close leaves the producer, unmaps the ring and closes the connection.
+// An iteration in progress ends with ErrClosed or an error matching
+// rpc.ErrUnavailable.
+func (c *Consumer) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	s := c.sess
+	c.sess = nil
+	c.mu.Unlock()
+	if s != nil {
+		s.end(context.Background())
+	}
+	return c.rc.Close()
+}

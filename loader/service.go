@@ -1,0 +1,279 @@
+package loader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// The methods of the loader service (docs/loader.md describes their
+// messages). Every request names the loader it is for.
+const (
+	MethodJoin    = "loader.join"    // a call: the consumer joins
+	MethodConsume = "loader.consume" // a message stream: batches one way, acks the other
+	MethodLeave   = "loader.leave"   // a call: the consumer leaves
+	MethodStats   = "loader.stats"   // a call: the producer's Stats
+)
+
+// maxAnnounce bounds the announcements the producer hands a stream at once.
+const maxAnnounce = 1024
+
+// Service is the loader service of an rpc.Server: the producers it serves,
+// by name, to consumers that Dial them. A producer whose ring folder is
+// under the server's root (rpc.WithRoot) is read by reference by consumers
+// on the same filesystem, and by bytes by the others.
+//
+// A Service is safe for concurrent use; producers can be added and
+// removed while it serves.
+type Service struct {
+	root      string
+	mu        sync.RWMutex
+	producers map[string]served
+}
+
+type served struct {
+	p   *Producer
+	rel string // the ring's folder relative to the server's root; "" if not under it
+}
+
+// Register adds the loader service's methods to s and returns the
+// Service, empty: Add producers to it. Call it once per server.
+func Register(s *rpc.Server) (*Service, error) {
+	svc := &Service{root: s.Root(), producers: map[string]served{}}
+	regs := []error{
+		rpc.Register(s, MethodJoin, svc.join),
+		rpc.RegisterStream(s, MethodConsume, svc.consume),
+		rpc.Register(s, MethodLeave, svc.leave),
+		rpc.Register(s, MethodStats, svc.stats),
+	}
+	for _, err := range regs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return svc, nil
+}
+
+// Add serves p under name. p stays the caller's: Remove it (or close the
+// server) before closing it.
+func (svc *Service) Add(name string, p *Producer) error {
+	if name == "" {
+		return fmt.Errorf("%w: a loader needs a name", ErrConfig)
+	}
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	if _, dup := svc.producers[name]; dup {
+		return fmt.Errorf("%w: a loader named %q is already served", ErrConfig, name)
+	}
+	svc.producers[name] = served{p: p, rel: relativeTo(svc.root, p.ring.path)}
+	return nil
+}
+
+// Remove stops serving the producer named name; calls for it fail with
+// ErrNotFound from then on.
+func (svc *Service) Remove(name string) {
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	delete(svc.producers, name)
+}
+
+func (svc *Service) lookup(name string) (served, error) {
+	svc.mu.RLock()
+	defer svc.mu.RUnlock()
+	sp, ok := svc.producers[name]
+	if !ok {
+		return served{}, fmt.Errorf("%w named %q on this node", ErrNotFound, name)
+	}
+	return sp, nil
+}
+
+// relativeTo returns path relative to root, slash-separated, or "" if it is
+// not under root.
+func relativeTo(root, path string) string {
+	if root == "" {
+		return ""
+	}
+	abs, err := filepath.Abs(path)
+	if err == nil {
+		abs, err = filepath.EvalSymlinks(abs)
+	}
+	if err != nil {
+		return ""
+	}
+	r, err := filepath.Rel(root, abs)
+	if err != nil || r == ".." || strings.HasPrefix(r, "../") {
+		return ""
+	}
+	return filepath.ToSlash(r)
+}
+
+// The messages. Field names on the wire are the codec tags.
+type (
+	joinRequest struct {
+		Name  string `codec:"name"`
+		Batch int    `codec:"batch"` // the consumer's batch size
+		Bytes bool   `codec:"bytes"` // it will ask for bytes (informational: the stream's request decides)
+	}
+	joinResponse struct {
+		Ring        string               `codec:"ring"`     // the ring's id: changes when the producer is made anew
+		Consumer    uint64               `codec:"consumer"` // the consumer's id
+		Epoch       int64                `codec:"epoch"`    // its first epoch
+		Prefix      string               `codec:"prefix"`   // the ring's folder, relative to the node's root; "" when not under it (a consumer takes one that leaves its root for "")
+		Schema      tensordict.RowSchema `codec:"schema"`   // of a row
+		Samples     int                  `codec:"samples"`  // per epoch
+		Batch       int                  `codec:"batch"`    // rows per producer batch
+		Slots       int                  `codec:"slots"`
+		HeartbeatMS int64                `codec:"heartbeat_ms"` // silent this long, it is dropped
+	}
+	consumeRequest struct {
+		Name     string `codec:"name"`
+		Ring     string `codec:"ring"`
+		Consumer uint64 `codec:"consumer"`
+		Epoch    int64  `codec:"epoch"` // the first batch it wants
+		Index    int    `codec:"index"`
+		Bytes    bool   `codec:"bytes"` // send the batches' rows
+	}
+	// batchMessage is the producer's: a batch published.
+	batchMessage struct {
+		Batch announcement `codec:"batch"`
+		Rows  *rpc.TD      `codec:"rows"` // bytes mode: the batch's rows
+	}
+	// ackMessage is the consumer's: it is done with every batch before
+	// (Epoch, Index). It is its heartbeat too.
+	ackMessage struct {
+		Epoch int64 `codec:"epoch"`
+		Index int   `codec:"index"`
+	}
+	leaveRequest struct {
+		Name     string `codec:"name"`
+		Ring     string `codec:"ring"`
+		Consumer uint64 `codec:"consumer"`
+	}
+	statsRequest struct {
+		Name string `codec:"name"`
+	}
+)
+
+// producer returns the producer named name, checking that ring is its
+// ring's id ("" skips the check).
+func (svc *Service) producer(name, ring string) (served, error) {
+	sp, err := svc.lookup(name)
+	if err != nil {
+		return sp, err
+	}
+	if ring != "" && ring != sp.p.ring.id {
+		return sp, wrapf(ErrDropped, "the producer of %q restarted (ring %s, not %s)", name, sp.p.ring.id, ring)
+	}
+	return sp, nil
+}
+
+func (svc *Service) join(_ context.Context, req joinRequest) (joinResponse, error) {
+	sp, err := svc.producer(req.Name, "")
+	if err != nil {
+		return joinResponse{}, err
+	}
+	p := sp.p
+	ji, err := p.join(req.Batch)
+	if err != nil {
+		return joinResponse{}, err
+	}
+	return joinResponse{
+		Ring: p.ring.id, Consumer: ji.id, Epoch: ji.epoch, Prefix: sp.rel, Schema: p.pipe.schema,
+		Samples: p.n, Batch: p.cfg.Batch, Slots: p.cfg.Slots, HeartbeatMS: p.cfg.Heartbeat.Milliseconds(),
+	}, nil
+}
+
+// consume serves a consumer's stream: it sends every batch published for
+// the consumer from the request's position on, with its rows in bytes
+// mode, and applies the consumer's acks, until the consumer ends the
+// stream (it leaves), the stream breaks (it is dropped), or the producer
+// drops it.
+func (svc *Service) consume(ctx context.Context, req consumeRequest, st *rpc.ServerStream[ackMessage, batchMessage]) error {
+	sp, err := svc.producer(req.Name, req.Ring)
+	if err != nil {
+		return err
+	}
+	p := sp.p
+	if err := p.release(req.Consumer, req.Epoch, req.Index); err != nil { // a heartbeat, and the consumer exists
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	acks := make(chan error, 1) // the ack reader's end, exactly once
+	go func() {
+		defer cancel()
+		for {
+			a, err := st.Recv(ctx)
+			if err == nil {
+				err = p.release(req.Consumer, a.Epoch, a.Index)
+			}
+			if err != nil {
+				acks <- err
+				return
+			}
+		}
+	}()
+	err = svc.send(ctx, p, req, st)
+	cancel()
+	ackErr := <-acks
+	switch {
+	case errors.Is(ackErr, io.EOF): // the consumer ended its side: it leaves
+		p.leave(req.Consumer, false)
+		return nil
+	case errors.Is(err, ErrDropped), errors.Is(err, ErrClosed), errors.Is(err, ErrFailed):
+		return err // the producer's decision: the consumer is gone already
+	case errors.Is(ackErr, ErrDropped), errors.Is(ackErr, ErrClosed), errors.Is(ackErr, ErrFailed):
+		return ackErr
+	default: // the stream broke, or the node is closing
+		p.leave(req.Consumer, true)
+		return err
+	}
+}
+
+// send sends the consumer's batches on st until an error.
+func (svc *Service) send(ctx context.Context, p *Producer, req consumeRequest, st *rpc.ServerStream[ackMessage, batchMessage]) error {
+	epoch, index := req.Epoch, req.Index
+	for {
+		as, err := p.push(ctx, req.Consumer, &epoch, &index)
+		if err != nil {
+			return err
+		}
+		for _, a := range as {
+			msg := batchMessage{Batch: a}
+			if req.Bytes {
+				td, err := p.copyBatch(a)
+				if err != nil {
+					return err
+				}
+				msg.Rows = &rpc.TD{TensorDict: td}
+			}
+			if err := st.Send(ctx, msg); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (svc *Service) leave(_ context.Context, req leaveRequest) (rpc.Empty, error) {
+	sp, err := svc.producer(req.Name, req.Ring)
+	if err != nil {
+		return rpc.Empty{}, nil // nothing to leave
+	}
+	sp.p.leave(req.Consumer, false)
+	return rpc.Empty{}, nil
+}
+
+func (svc *Service) stats(_ context.Context, req statsRequest) (Stats, error) {
+	sp, err := svc.lookup(req.Name)
+	if err != nil {
+		return Stats{}, err
+	}
+	return sp.p.Stats(), nil
+}

@@ -1,0 +1,22 @@
+"""tensorwire from Python: a client of tensorwire's nodes (docs/protocol.md)
+and a reader of its datasets (docs/format.md).
+
+    import tensorwire
+    buf = tensorwire.replay.Buffer("127.0.0.1:7070", "sig", token=..., root="/mnt/shared")
+    buf.extend({"obs": obs, "action": action})
+    batch, info = buf.sample(256)
+
+Pure Python over numpy and msgpack; torch is optional (tensors come back as
+numpy arrays, or torch tensors with as_torch=True).
+"""
+
+from .errors import *  # noqa: F401,F403
+from .errors import __all__ as _errors_all
+from ._td import NonTensorData, DTYPES
+from .rpc import Client, TD, read_token
+from .dataset import load_memmap
+from . import loader, replay, store
+
+__version__ = "0.1.0"
+
+__all__ = ["Client", "TD", "NonTensorData", "DTYPES", "read_token", "load_memmap", "loader", "replay", "store"] + list(_errors_all)

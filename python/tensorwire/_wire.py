@@ -1,0 +1,213 @@
+"""The handshake and the message framing of docs/protocol.md."""
+
+import hashlib
+import hmac
+import os
+import struct
+import tempfile
+
+from . import _msgpack
+from .errors import from_wire, TensorwireError
+
+MAGIC = b"TWRP"
+PROTOCOL_VERSION = 1  # the golden examples' version
+NEWEST_VERSION = 2  # the newest this client speaks: message streams (it asks for uncompressed bodies)
+HELLO_SIZE = 64
+PROOF_SIZE = 32
+FLAG_TOKEN = 1
+MAX_STATUS_MSG = 1024
+CLIENT_PROOF_LABEL = b"tensorwire client proof"
+SERVER_PROOF_LABEL = b"tensorwire server proof"
+FSID_FILE = ".tensorwire-fsid"
+ZERO_FSID = bytes(16)
+
+# What this client accepts in a response (the server's defaults).
+MAX_HEADER_BYTES = 64 << 10
+MAX_ARG_BYTES = 16 << 20
+MAX_BODY_BYTES = 4 << 30
+
+
+class ProtocolError(Exception):
+    """Bytes from the peer that break the protocol: the connection cannot be
+    followed any further."""
+
+
+def hello(flags, nonce, fsid, version=PROTOCOL_VERSION):
+    """The 64-byte hello (docs/protocol.md, "Hello")."""
+    if len(nonce) != 32 or len(fsid) != 16:
+        raise ValueError("a hello needs a 32-byte nonce and a 16-byte filesystem identity")
+    return MAGIC + bytes((version, flags, 0, 0)) + bytes(nonce) + bytes(fsid) + bytes(8)
+
+
+def parse_hello(b):
+    """Returns (version, flags, nonce, fsid) of a hello; ProtocolError on a
+    wrong magic, unknown flags or nonzero reserved bytes."""
+    if len(b) != HELLO_SIZE or b[:4] != MAGIC:
+        raise ProtocolError("bad magic in the node's hello: not a tensorwire node")
+    if b[5] & ~FLAG_TOKEN or b[6] or b[7] or any(b[56:64]):
+        raise ProtocolError("reserved bits set in the node's hello")
+    return b[4], b[5], bytes(b[8:40]), bytes(b[40:56])
+
+
+def proof(token, label, client_hello, server_hello):
+    """HMAC-SHA256(token, label || client hello || server hello)."""
+    return hmac.new(token, label + client_hello + server_hello, hashlib.sha256).digest()
+
+
+def status(code, message=""):
+    """The server's verdict: 00, or a code, a uint16 length and a message."""
+    if code == 0:
+        return b"\x00"
+    msg = message.encode("utf-8")[:MAX_STATUS_MSG]
+    return bytes((code,)) + struct.pack(">H", len(msg)) + msg
+
+
+def read_fsid(root):
+    """The filesystem identity of a shared root: the 16 bytes in its
+    .tensorwire-fsid (32 hex digits), created as the nodes create it if the
+    root has none (a temporary file hard-linked into place: concurrent
+    creators agree on one id)."""
+    path = os.path.join(root, FSID_FILE)
+    try:
+        return _read_fsid_file(path)
+    except FileNotFoundError:
+        pass
+    new = os.urandom(16)
+    fd, tmp = tempfile.mkstemp(prefix=FSID_FILE + ".tmp", dir=root)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(new.hex() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    finally:
+        os.unlink(tmp)
+    return _read_fsid_file(path)
+
+
+def _read_fsid_file(path):
+    with open(path, "rb") as f:
+        s = f.read().strip()
+    try:
+        b = bytes.fromhex(s.decode("ascii"))
+    except (ValueError, UnicodeDecodeError):
+        b = b""
+    if len(b) != 16 or len(s) != 32 or b == ZERO_FSID:
+        raise ValueError(f"fsid: {path} does not hold a 16-byte hex id")
+    return b
+
+
+# Message headers (docs/protocol.md, "Messages").
+
+def request_header(method, timeout_us, arg_len, body_len, stream=False, uncompressed=False):
+    """A request header, length-prefixed, in the bytes Go writes (keys
+    sorted, integers in their smallest signed form). stream and uncompressed
+    are version 2's keys, left out when false."""
+    h = (bytes((0x84 + stream + uncompressed,)) + _msgpack.pack_str("arg_len") + _msgpack.pack_int(arg_len)
+         + _msgpack.pack_str("body_len") + _msgpack.pack_int(body_len)
+         + _msgpack.pack_str("method") + _msgpack.pack_str(method))
+    if stream:
+        h += _msgpack.pack_str("stream") + b"\xc3"
+    h += _msgpack.pack_str("timeout_us") + _msgpack.pack_int(timeout_us)
+    if uncompressed:
+        h += _msgpack.pack_str("uncompressed") + b"\xc3"
+    return struct.pack(">I", len(h)) + h
+
+
+def stream_message_header(arg_len, body_len):
+    """A message frame's header of a message stream (version 2), length-prefixed."""
+    h = (b"\x82" + _msgpack.pack_str("arg_len") + _msgpack.pack_int(arg_len)
+         + _msgpack.pack_str("body_len") + _msgpack.pack_int(body_len))
+    return struct.pack(">I", len(h)) + h
+
+
+def stream_end_header(code=0, message="", reason=""):
+    """An end frame of a message stream (version 2), length-prefixed."""
+    h = (bytes((0x84 if reason else 0x83,)) + _msgpack.pack_str("code") + _msgpack.pack_int(code)
+         + _msgpack.pack_str("end") + b"\xc3" + _msgpack.pack_str("message") + _msgpack.pack_str(message))
+    if reason:
+        h += _msgpack.pack_str("reason") + _msgpack.pack_str(reason)
+    return struct.pack(">I", len(h)) + h
+
+
+def parse_stream_header(b):
+    """Decodes a frame header of a message stream: a Response whose end
+    attribute says whether it is an end frame (code, message, reason) or a
+    message (arg_len, body_len)."""
+    r = parse_response_header(b)
+    m = _msgpack.unpackb(b)
+    r.end = m.get("end", False) is True
+    if r.end and (r.arg_len or r.body_len or r.raw_len):
+        raise ProtocolError("a stream's end frame with a payload")
+    if not r.end and ("code" in m or "message" in m or "reason" in m):
+        raise ProtocolError("a stream's message frame with a code")
+    return r
+
+
+def response_header(code, message="", reason="", arg_len=0, body_len=0):
+    """A response header, length-prefixed, as a node writes it."""
+    h = (bytes((0x85 if reason else 0x84,)) + _msgpack.pack_str("arg_len") + _msgpack.pack_int(arg_len)
+         + _msgpack.pack_str("body_len") + _msgpack.pack_int(body_len)
+         + _msgpack.pack_str("code") + _msgpack.pack_int(code)
+         + _msgpack.pack_str("message") + _msgpack.pack_str(message))
+    if reason:
+        h += _msgpack.pack_str("reason") + _msgpack.pack_str(reason)
+    return struct.pack(">I", len(h)) + h
+
+
+class Response:
+    """A decoded response header."""
+
+    __slots__ = ("code", "message", "reason", "arg_len", "body_len", "raw_len", "end")
+
+    def error(self):
+        return from_wire(self.code, self.message, self.reason)
+
+
+def parse_response_header(b):
+    """Decodes a response header (without its length prefix). Any valid
+    msgpack map is accepted, keys in any order; unknown keys are skipped."""
+    try:
+        m = _msgpack.unpackb(b)
+    except Exception as e:  # msgpack's errors have no common base
+        raise ProtocolError(f"response header: {e}") from None
+    if not isinstance(m, dict):
+        raise ProtocolError("response header: not a map")
+    r = Response()
+    r.code, r.message, r.reason = m.get("code", 0), m.get("message", ""), m.get("reason", "")
+    r.arg_len, r.body_len, r.raw_len = m.get("arg_len", 0), m.get("body_len", 0), m.get("raw_len", 0)
+    r.end = False
+    for k in ("code", "arg_len", "body_len", "raw_len"):
+        v = getattr(r, k)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ProtocolError(f"response header: {k} is {v!r}")
+    if not 0 <= r.code <= 255:
+        raise ProtocolError(f"response header: code {r.code}")
+    for k in ("message", "reason"):
+        v = getattr(r, k)
+        if isinstance(v, bytes):
+            setattr(r, k, v.decode("utf-8", "replace"))
+        elif not isinstance(v, str):
+            raise ProtocolError(f"response header: {k} is {v!r}")
+    if not 0 <= r.arg_len <= MAX_ARG_BYTES:
+        raise ProtocolError(f"response: argument of {r.arg_len} bytes (limit {MAX_ARG_BYTES})")
+    if not 0 <= r.body_len <= MAX_BODY_BYTES:
+        raise ProtocolError(f"response: body of {r.body_len} bytes (limit {MAX_BODY_BYTES})")
+    return r
+
+
+def parse_request_header(b):
+    """Decodes a request header (for tests and tools): a dict."""
+    m = _msgpack.unpackb(b)
+    if not isinstance(m, dict):
+        raise ProtocolError("request header: not a map")
+    return m
+
+
+def refusal(code, message):
+    """The exception for a handshake refusal."""
+    e = from_wire(code, message)
+    return e if isinstance(e, TensorwireError) else TensorwireError(message, code=code)

@@ -1,0 +1,401 @@
+"""A consumer of a tensorwire node's loader, from Python (docs/loader.md):
+one producer's batches shared by several training processes, iterated as a
+PyTorch DataLoader is.
+
+    dl = tensorwire.loader.Consumer("127.0.0.1:7070", "fmnist", batch_size=128, token=token,
+                                    root="/mnt/shared", as_torch=True)
+    for epoch in range(10):
+        for batch in dl:            # one epoch, len(dl) batches, every sample once
+            loss = model(batch["images"]) ...
+    dl.close()
+
+Each `for` over the consumer iterates one epoch and ends with it. When the
+consumer shares the node's root it copies each batch's rows out of its own
+read-only mapping of the producer's ring and checks the slot's word after
+the copy (a batch rewritten meanwhile is DroppedError, never torn data);
+otherwise the rows travel with the stream's messages. A heartbeat thread
+keeps the consumer joined while the loop's body trains.
+"""
+
+import math
+import os
+import threading
+import time
+
+import numpy as np
+
+from . import errors as _errors
+from ._td import DTYPES
+from .dataset import load_memmap
+from .errors import (AbortedError, AlreadyExistsError, FailedPreconditionError, InvalidArgumentError,
+                     NotFoundError, register_reason)
+from .replay import _FENCE_OK, _fence
+from .rpc import Client, StreamEnd
+
+__all__ = ["Consumer", "ConfigError", "DatasetError", "ArgumentError", "NotFoundError", "DroppedError",
+           "ClosedError", "FailedError", "InUseError", "ExistsError"]
+
+
+@register_reason
+class ConfigError(InvalidArgumentError):
+    reason = "loader.config"
+
+
+@register_reason
+class DatasetError(FailedPreconditionError):
+    reason = "loader.dataset"
+
+
+@register_reason
+class ArgumentError(InvalidArgumentError):
+    """A batch size of 0 or less, or larger than the producer's ring."""
+    reason = "loader.argument"
+
+
+@register_reason
+class NotFoundError(NotFoundError):  # noqa: F811 (loader.NotFoundError is an errors.NotFoundError)
+    reason = "loader.not_found"
+
+
+@register_reason
+class DroppedError(AbortedError):
+    """The producer dropped this consumer (silent, too slow, its batch
+    rewritten) or restarted; the next iteration joins again."""
+    reason = "loader.dropped"
+
+
+@register_reason
+class ClosedError(FailedPreconditionError):
+    reason = "loader.closed"
+
+
+@register_reason
+class FailedError(FailedPreconditionError):
+    reason = "loader.failed"
+
+
+@register_reason
+class InUseError(FailedPreconditionError):
+    reason = "loader.in_use"
+
+
+@register_reason
+class ExistsError(AlreadyExistsError):
+    reason = "loader.exists"
+
+
+class _Session:
+    """One membership of the producer: a join, its consume stream and its
+    heartbeat thread, until a drop or close."""
+
+    def __init__(self, consumer, info, ring, stream, bytes_mode):
+        self.c = consumer
+        self.info = info
+        self.ring = ring  # (storage leaves by path, slot table) by reference; None by bytes
+        self.stream = stream
+        self.bytes = bytes_mode
+        self.err = None  # why the stream ended
+        self.mu = threading.Lock()
+        self.rel = (info["epoch"], 0)  # done with every batch before this (epoch, index)
+        self.sent = self.rel
+        self.ack_every = max(1, info["slots"] // 4)
+        self.kick = threading.Event()
+        self.stop = threading.Event()
+        self.beat = threading.Thread(target=self._heartbeat, name="tensorwire-loader-heartbeat", daemon=True)
+        self.beat.start()
+
+    def release(self, epoch, index):
+        with self.mu:
+            if (epoch, index) > self.rel:
+                self.rel = (epoch, index)
+            urgent = self.rel[0] != self.sent[0] or self.rel[1] - self.sent[1] >= self.ack_every
+        if urgent:
+            self.kick.set()
+
+    def _heartbeat(self):
+        """Sends the release position when it moved a quarter of the ring or to
+        another epoch, and at least four times per heartbeat period."""
+        every = max(self.info.get("heartbeat_ms", 5000) / 4000, 0.001)
+        while not self.stop.is_set():
+            self.kick.wait(every)
+            self.kick.clear()
+            if self.stop.is_set():
+                return
+            with self.mu:
+                e, i = self.rel
+            try:
+                self.stream.send({"epoch": e, "index": i}, timeout=4 * every)
+            except _errors.TensorwireError:
+                return  # the stream is over; recv says why
+            with self.mu:
+                if (e, i) > self.sent:
+                    self.sent = (e, i)
+
+    def end(self):
+        """Ends the stream (the producer counts the consumer gone), and the
+        heartbeat."""
+        self.stop.set()
+        self.kick.set()
+        if self.err is None:
+            try:
+                self.stream.close_send()
+                deadline = time.monotonic() + 1
+                while time.monotonic() < deadline:
+                    self.stream.recv(timeout=max(deadline - time.monotonic(), 0.001))
+            except (StreamEnd, _errors.TensorwireError):
+                pass
+        self.stream.close()
+        self.beat.join(5)
+
+
+class Consumer:
+    """A consumer of the loader served as name by a node, iterated like a
+    PyTorch DataLoader: each `for` iterates the next epoch, len() batches of
+    batch_size rows (the last one short unless drop_last), every sample of
+    the epoch exactly once, in the producer's order. Batches are dicts of new
+    numpy arrays (torch tensors sharing their memory with as_torch).
+
+    node: "HOST:PORT" or a tensorwire.Client; token, root as Client takes
+    them (root: the node's root as this machine mounts it, for reading the
+    ring by reference); bytes_mode: rows with the messages even so.
+    ArgumentError for a batch size the producer's ring cannot hold. Use it
+    from one thread at a time; close() when done."""
+
+    def __init__(self, node, name, batch_size, token=None, root=None, bytes_mode=False, drop_last=False,
+                 as_torch=False, timeout=30.0):
+        if not isinstance(batch_size, int) or batch_size <= 0:
+            raise ArgumentError(f"batch size {batch_size!r}: want at least 1")
+        if isinstance(node, Client):
+            self._client, self._own = node, False
+        else:
+            self._client, self._own = Client(node, token=token, root=root, timeout=timeout), True
+        self.name = name
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.as_torch = as_torch
+        self._bytes_mode = bytes_mode
+        self._timeout = timeout
+        self._sess = None
+        self._closed = False
+        self._epoch = 0
+        self._info = None
+        try:
+            self._session()
+        except BaseException:
+            if self._own:
+                self._client.close()
+            raise
+
+    @property
+    def mode(self):
+        """"ref" when batches are read from the ring's shared files, "bytes" when
+        they come with the messages."""
+        return "bytes" if self._sess is None or self._sess.bytes else "ref"
+
+    @property
+    def epoch(self):
+        """The epoch the next iteration yields."""
+        return self._epoch
+
+    @property
+    def samples(self):
+        return self._info["samples"]
+
+    @property
+    def schema(self):
+        """A row's schema: a list of {key, dtype, shape}."""
+        return self._info["schema"]
+
+    def __len__(self):
+        n = self._info["samples"]
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def _session(self):
+        if self._closed:
+            raise ClosedError("loader: closed")
+        s = self._sess
+        if s is not None and s.err is None:
+            return s
+        if s is not None:
+            # The session ended while no loop ran: say so once; the next
+            # iteration joins again.
+            self._sess = None
+            s.end()
+            raise s.err
+        self._sess = s = self._join()
+        self._epoch, self._info = s.info["epoch"], s.info
+        return s
+
+    def _join(self):
+        c = self._client
+        shared = bool(c.root) and not self._bytes_mode and _FENCE_OK and c.shared_fs(self._timeout)
+        info = c.call("loader.join", {"name": self.name, "batch": self.batch_size, "bytes": not shared},
+                      timeout=self._timeout)
+        prefix = info.get("prefix") or ""
+        bytes_mode = not shared or not prefix or prefix.startswith("/") or ".." in prefix.split("/")
+        ring = None
+        if not bytes_mode:
+            try:
+                ring = _map_ring(os.path.join(c.root, *prefix.split("/")), info)
+            except Exception:
+                self._leave(info)
+                raise
+        stream = c.open_stream("loader.consume", {"name": self.name, "ring": info["ring"], "consumer": info["consumer"],
+                                                  "epoch": info["epoch"], "index": 0, "bytes": bytes_mode},
+                               result_tds=("rows",))
+        return _Session(self, info, ring, stream, bytes_mode)
+
+    def _leave(self, info):
+        try:
+            self._client.call("loader.leave", {"name": self.name, "ring": info["ring"], "consumer": info["consumer"]},
+                              timeout=1)
+        except _errors.TensorwireError:
+            pass
+
+    def __iter__(self):
+        s = self._session()
+        epoch = self._epoch
+        self._epoch += 1
+        return self._iterate(s, epoch)
+
+    def _iterate(self, s, epoch):
+        B = self.batch_size
+        fields = [(tuple(f["key"]), DTYPES[f["dtype"]], tuple(f.get("shape") or ())) for f in s.info["schema"]]
+        cur, pos, index = None, 0, 0
+        complete = False
+        try:
+            while True:
+                a, rows = self._next(s, epoch, index)
+                off = 0
+                while off < a["rows"]:
+                    if cur is None:
+                        cur = {k: np.empty((B,) + shape, dt) for k, dt, shape in fields}
+                    take = min(B - pos, a["rows"] - off)
+                    self._copy(s, cur, pos, a, rows, off, take)
+                    pos += take
+                    off += take
+                    if pos == B:
+                        out, cur, pos = cur, None, 0
+                        yield self._out(out, B)
+                s.release(epoch, a["index"] + 1)
+                index = a["index"] + 1
+                if index == a["count"]:
+                    complete = True
+                    if pos > 0 and not self.drop_last:
+                        yield self._out(cur, pos)
+                    return
+        except _errors.TensorwireError as e:
+            if isinstance(e, (DroppedError, _errors.UnavailableError)) or s.err is not None:
+                if s.err is None:
+                    s.err = e
+                if self._sess is s:
+                    self._sess = None
+                s.end()
+            raise
+        finally:
+            if not complete and s.err is None:
+                s.release(epoch + 1, 0)  # gives up the rest of the epoch
+
+    def _next(self, s, epoch, index):
+        """The announcement of batch index of epoch and, by bytes, its rows;
+        batches before it (of an epoch given up) are passed over."""
+        while True:
+            try:
+                m = s.stream.recv()
+            except StreamEnd:
+                s.err = DroppedError("loader: the producer ended the consumer's stream")
+                raise s.err from None
+            except _errors.TensorwireError as e:
+                s.err = e
+                raise
+            a = m["batch"]
+            if (a["epoch"], a["index"]) < (epoch, index):
+                continue
+            if (a["epoch"], a["index"]) != (epoch, index):
+                raise _errors.InternalError(f"loader: waiting for batch {index} of epoch {epoch}, "
+                                            f"got {a['index']} of {a['epoch']}")
+            rows = None
+            if s.bytes:
+                rows = m.get("rows")
+                if rows is None:
+                    raise _errors.InternalError(f"loader: batch {index} of epoch {epoch} came without its rows")
+            return a, rows
+
+    def _copy(self, s, dst, pos, a, rows, off, n):
+        """Copies rows [off, off+n) of batch a into dst at pos: from the
+        message's rows, or from the ring, then checking the slot's word."""
+        if rows is not None:
+            for key, arr in _flat(rows):
+                dst[key][pos:pos + n] = arr[off:off + n]
+            return
+        leaves, table = s.ring
+        start = a["slot"] * s.info["batch"] + off
+        for key, src in leaves.items():
+            dst[key][pos:pos + n] = src[start:start + n]
+        _fence()
+        if int(table[a["slot"], 0]) != a["word"]:
+            raise DroppedError(f"loader: batch {a['index']} of epoch {a['epoch']} was overwritten while it was read")
+
+    def _out(self, flat, n):
+        td = {}
+        for key, arr in flat.items():
+            d = td
+            for k in key[:-1]:
+                d = d.setdefault(k, {})
+            v = arr if n == len(arr) else arr[:n]
+            if self.as_torch:
+                import torch
+                v = torch.from_numpy(v)
+            d[key[-1]] = v
+        return td
+
+    def stats(self, timeout=None):
+        """The producer's figures (loader.stats)."""
+        return self._client.call("loader.stats", {"name": self.name}, timeout=timeout)
+
+    def close(self):
+        """Leaves the producer and closes the connection (when this Consumer
+        made it)."""
+        if self._closed:
+            return
+        self._closed = True
+        s, self._sess = self._sess, None
+        if s is not None:
+            s.end()
+        if self._own:
+            self._client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _flat(td, prefix=()):
+    for k, v in td.items():
+        if isinstance(v, dict):
+            yield from _flat(v, prefix + (k,))
+        else:
+            yield prefix + (k,), v
+
+
+def _map_ring(path, info):
+    """The ring's storage leaves (read-only) and slot table, checked against
+    the join's description."""
+    storage = load_memmap(os.path.join(path, "storage"))
+    flat = dict(_flat(storage))
+    rows = info["slots"] * info["batch"]
+    leaves = {}
+    for f in info["schema"]:
+        key, dt, shape = tuple(f["key"]), DTYPES[f["dtype"]], tuple(f.get("shape") or ())
+        a = flat.get(key)
+        if a is None or a.dtype != dt or a.shape != (rows,) + shape:
+            raise _errors.InternalError(f"loader: the ring at {path} does not hold {'/'.join(key)} {f['dtype']} "
+                                        f"{[rows] + list(shape)}")
+        leaves[key] = a
+    table_path = os.path.join(path, "slots.memmap")
+    if os.path.getsize(table_path) < info["slots"] * 32:
+        raise _errors.InternalError(f"loader: the slot table {table_path} is short")
+    table = np.memmap(table_path, dtype="<u8", mode="r", shape=(info["slots"], 4))
+    return leaves, table

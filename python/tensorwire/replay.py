@@ -1,0 +1,742 @@
+"""The replay buffer of a tensorwire node, from Python (docs/replay.md).
+
+    buf = tensorwire.replay.Buffer("127.0.0.1:7070", "sig", token=token, root="/mnt/shared")
+    idx = buf.extend({"obs": obs, "action": action, "reward": reward, "done": done})
+    batch, info = buf.sample(256)                # dict of numpy arrays, SampleInfo
+    buf.update_priority(info, new_priorities)
+
+When the client shares the node's root (root=, the same .tensorwire-fsid)
+and the buffer lives under it, no transition bytes cross the network
+("ref" mode): extend reserves slots, writes the rows into its own
+numpy.memmap of the storage and commits them; sample gets slots and
+generations from the node, gathers the rows from its own mapping and then
+checks every row's slot word, so a row a writer overwrote meanwhile is
+sampled again rather than returned torn. Otherwise ("bytes" mode) the rows
+travel with the calls.
+
+Calls ride out the node restarting as the Go client does: a call that finds
+the node unreachable is tried again, with a backoff from 20 ms to 1 s,
+until its timeout; extend never adds a batch twice (a commit retried after
+a lost reply is recognised by the node, and a reservation lost with the
+node makes extend start over).
+"""
+
+import os
+import platform
+import threading
+import time
+
+import numpy as np
+
+from . import errors as _errors
+from ._td import TD, DTYPES, NonTensorData, as_array, dtype_name, flatten, leaves
+from .dataset import load_memmap
+from .errors import (AbortedError, AlreadyExistsError, ClientClosedError, DataLossError,
+                     FailedPreconditionError, InvalidArgumentError, NotFoundError,
+                     ResourceExhaustedError, UnavailableError, register_reason)
+from .rpc import Client
+
+__all__ = [
+    "Buffer", "SampleInfo", "SchemaError", "ExpiredError", "FullError", "ClosedError", "ConfigError",
+    "ExistsError", "NotFoundError", "ContendedError", "InUseError", "StorageLostError", "ArgumentError",
+]
+
+STORAGE_DIR = "storage"
+SLOTS_FILE = "slots.memmap"
+STATE_COMMITTED = 2
+MAX_SAMPLE = 1 << 20
+MAX_RESAMPLES = 16
+
+
+# The replay service's errors: each Go sentinel's code and reason
+# (docs/replay.md, "Errors").
+
+@register_reason
+class SchemaError(InvalidArgumentError):
+    """A batch or indices that do not fit the buffer; nothing written."""
+    reason = "replay.schema"
+
+
+@register_reason
+class ExpiredError(AbortedError):
+    """A reservation outlived its lease or the node restarted; extend starts
+    over by itself."""
+    reason = "replay.expired"
+
+
+@register_reason
+class FullError(ResourceExhaustedError):
+    """Every slot is reserved by writers that have not committed."""
+    reason = "replay.full"
+
+
+@register_reason
+class ClosedError(FailedPreconditionError):
+    """The buffer or the client is closed."""
+    reason = "replay.closed"
+
+
+@register_reason
+class ConfigError(InvalidArgumentError):
+    """A configuration that cannot make a buffer."""
+    reason = "replay.config"
+
+
+@register_reason
+class ExistsError(AlreadyExistsError):
+    """A buffer exists at the prefix."""
+    reason = "replay.exists"
+
+
+@register_reason
+class NotFoundError(NotFoundError):  # noqa: F811 (replay.NotFoundError is an errors.NotFoundError)
+    """No buffer at the prefix, or by that name on the node."""
+    reason = "replay.not_found"
+
+
+@register_reason
+class ContendedError(AbortedError):
+    """A sample's rows kept being overwritten while copied; nothing sampled."""
+    reason = "replay.contended"
+
+
+@register_reason
+class InUseError(FailedPreconditionError):
+    """Another process holds the buffer."""
+    reason = "replay.in_use"
+
+
+@register_reason
+class StorageLostError(DataLossError):
+    """The buffer's files were deleted, replaced or truncated under it."""
+    reason = "replay.storage_lost"
+
+
+@register_reason
+class ArgumentError(InvalidArgumentError):
+    """A sample of n <= 0 or over 2^20 transitions."""
+    reason = "replay.argument"
+
+
+class SampleInfo:
+    """What a sample returned, row by row: indices (the slots, int64), ids
+    (the slots' generations when sampled, uint64) and weights (importance
+    weights, float64; 1 unless the sampler is prioritized)."""
+
+    __slots__ = ("indices", "ids", "weights")
+
+    def __init__(self, indices, ids, weights):
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.ids = np.asarray(ids, dtype=np.uint64)
+        self.weights = np.asarray(weights, dtype=np.float64)
+
+    @classmethod
+    def _from_wire(cls, m):
+        if not isinstance(m, dict):
+            raise _errors.InternalError(f"replay: the node sent sample info {m!r}")
+        return cls(m.get("indices") or [], m.get("ids") or [], m.get("weights") or [])
+
+    def _wire(self):
+        return {"indices": self.indices, "ids": self.ids, "weights": self.weights}
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __repr__(self):
+        return f"SampleInfo(indices={self.indices!r}, ids={self.ids!r}, weights={self.weights!r})"
+
+
+class _View:
+    """The buffer as this client knows it: immutable, swapped whole when the
+    node describes another buffer (created anew) or its schema becomes
+    known. Users keep the one they started with; a replaced one is unmapped
+    when the last user drops it."""
+
+    def __init__(self, info, storage=None, slots=None):
+        self.id = info.get("id", "")
+        self.prefix = info.get("prefix", "")
+        self.capacity = int(info.get("capacity", 0))
+        self.schema = _parse_schema(info.get("schema"))
+        self.lease = (info.get("lease_ms") or 0) / 1000.0
+        w = info.get("writer") or {}
+        self.writer_kind = w.get("kind") or "round_robin"
+        self.writer_key = tuple(w.get("key") or ())
+        self.sampler = info.get("sampler", "")
+        self.storage = storage  # {path tuple: np.memmap [capacity, ...]}, ref mode
+        self.slots = slots  # np.memmap uint64 [capacity, 4], ref mode
+
+
+def _parse_schema(s):
+    """A schema from the wire, as a list of (path tuple, torch dtype name,
+    row shape tuple), or None while the buffer has none."""
+    if s is None:
+        return None
+    if not isinstance(s, list):
+        raise _errors.InternalError(f"replay: the node describes the buffer's schema as {s!r}")
+    out = []
+    for f in s:
+        try:
+            key = tuple(f["key"])
+            dt = f["dtype"]
+            shape = tuple(int(x) for x in (f.get("shape") or ()))
+        except (KeyError, TypeError, ValueError):
+            raise _errors.InternalError(f"replay: the node describes a schema field as {f!r}") from None
+        if not key or dt not in DTYPES or any(x < 0 for x in shape):
+            raise _errors.InternalError(f"replay: the node describes a schema field as {f!r}")
+        out.append((key, dt, shape))
+    return out
+
+
+def _schema_wire(schema):
+    return [{"key": list(k), "dtype": dt, "shape": list(shape)} for k, dt, shape in schema]
+
+
+def _batch_schema(batch):
+    """The schema of a batch of transitions (rows without the batch
+    dimension), its row count and its arrays by path. A SchemaError for
+    anything that is not a batch of tensors with one first dimension."""
+    if not isinstance(batch, dict):
+        raise SchemaError(f"a batch is a dict of arrays, not {type(batch).__name__}")
+    n = None
+    schema, arrays = [], {}
+    for path, v in flatten(batch):
+        if isinstance(v, dict):
+            continue
+        if isinstance(v, NonTensorData):
+            raise SchemaError(f"{'.'.join(path)}: non-tensor data is not stored in a replay buffer")
+        try:
+            a = as_array(v, ".".join(path))
+            name = dtype_name(a)
+        except InvalidArgumentError as e:
+            raise SchemaError(str(e)) from None
+        if a.ndim == 0:
+            raise SchemaError(f"{'.'.join(path)} is a scalar; a batch needs a first dimension")
+        if n is None:
+            n = a.shape[0]
+        elif a.shape[0] != n:
+            raise SchemaError(f"{'.'.join(path)} has {a.shape[0]} rows, other tensors {n}")
+        schema.append((path, name, tuple(a.shape[1:])))
+        arrays[path] = a
+    if n is None:
+        raise SchemaError("a batch needs at least one tensor")
+    if n == 0:
+        raise SchemaError("empty batch")
+    if n > MAX_SAMPLE:
+        raise SchemaError(f"a batch of {n} transitions; at most {MAX_SAMPLE}")
+    return schema, n, arrays
+
+
+def _match(buffer_schema, batch_schema):
+    """None if the batch's schema is the buffer's (in any key order), else
+    what differs."""
+    want = {k: (dt, shape) for k, dt, shape in buffer_schema}
+    got = {k: (dt, shape) for k, dt, shape in batch_schema}
+    for k, (dt, shape) in got.items():
+        if k not in want:
+            return f"key {'.'.join(k)!r} is not in the buffer's schema"
+        if want[k] != (dt, shape):
+            return (f"{'.'.join(k)!r} is {dt} {list(shape)} per transition; "
+                    f"the buffer holds {want[k][0]} {list(want[k][1])}")
+    for k in want:
+        if k not in got:
+            return f"the batch lacks {'.'.join(k)!r}"
+    return None
+
+
+def _check_priorities(p, n):
+    if p is None:
+        return None
+    a = np.asarray(p, dtype=np.float64).reshape(-1)
+    if a.shape[0] != n:
+        raise SchemaError(f"{a.shape[0]} priorities for {n} transitions")
+    bad = ~np.isfinite(a) | (a < 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise SchemaError(f"priority {i} is {a[i]}; want a finite number >= 0")
+    return a
+
+
+# A full memory barrier between a gather's copies and the reads of the slot
+# words that check them (docs/replay.md, "Memory order"). On x86-64 loads
+# are not reordered with other loads, and the lock's acquire is a locked
+# instruction, a full barrier anyway. Elsewhere (arm64) a lock's acquire and
+# release are not a full barrier: reference mode is then refused, and the
+# client works by bytes.
+_FENCE_LOCK = threading.Lock()
+_FENCE_OK = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+
+
+def _fence():
+    _FENCE_LOCK.acquire()
+    _FENCE_LOCK.release()
+
+
+class Buffer:
+    """The replay buffer served as name by a node.
+
+    node: the node's address "HOST:PORT", or a tensorwire.Client to share.
+    token, root: as tensorwire.Client takes them; root is this side's view
+    of the node's shared root, which makes ref mode possible. bytes_mode:
+    rows travel with the calls even when the root is shared. prefetch: in
+    ref mode, sample asks the node for the next sample's picks before it
+    gathers this one's rows, so the round trip overlaps the copy (the picks
+    are counted by the rate limiter one sample early; the generation check
+    catches rows overwritten meanwhile); with a uniform or prioritized
+    sampler the prefetch also asks for a few spare picks (n/32, at least 4),
+    which replace rows found overwritten without another round trip, and
+    which the node counts as sampled like the others. timeout: seconds the
+    first connection may take.
+
+    Timeouts of calls are in seconds; None (the default) waits and retries
+    as long as it takes, as a Go call with context.Background() does. A
+    Buffer is safe for use from several threads. Close it when done.
+    """
+
+    def __init__(self, node, name, token=None, root=None, bytes_mode=False, prefetch=False, timeout=30.0):
+        if isinstance(node, Client):
+            self._client, self._own = node, False
+        else:
+            self._client, self._own = Client(node, token=token, root=root, timeout=timeout), True
+        self.name = name
+        self._prefetch = prefetch
+        self._mu = threading.Lock()
+        self._closed = False
+        self._pending = None  # (n, Pending) of a prefetched sample
+        self._connections = -1  # the client's connection count when the view was taken
+        self._view = None
+        self.resampled = 0  # rows this client found overwritten while it copied them, and sampled again
+        try:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            info = self._call("replay.info", {"name": name}, deadline)
+            shared = False
+            if self._client.root and not bytes_mode and info.get("prefix"):
+                shared = self._client.shared_fs(timeout)
+            if shared and not _FENCE_OK:
+                shared = False  # see _fence
+            self._bytes = not shared
+            self._adopt(info)
+        except BaseException:
+            if self._own:
+                self._client.close()
+            raise
+
+    @property
+    def mode(self):
+        """"ref" when rows stay in the shared storage, "bytes" when they travel
+        with the calls."""
+        return "bytes" if self._bytes else "ref"
+
+    @property
+    def schema(self):
+        """The buffer's schema as a list of dicts {key, dtype, shape} (shape
+        per transition), or None until its first batch."""
+        v = self._view
+        return None if v.schema is None else _schema_wire(v.schema)
+
+    @property
+    def capacity(self):
+        return self._view.capacity
+
+    def close(self):
+        """Closes the connection (when this Buffer made it) and drops the
+        mappings. Later calls raise ClosedError."""
+        with self._mu:
+            if self._closed:
+                return
+            self._closed = True
+            p, self._pending = self._pending, None
+        if p is not None:
+            p[1].cancel()
+        if self._own:
+            self._client.close()
+        self._view = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # Calls, retried while the node cannot be reached.
+
+    def _check_open(self):
+        if self._closed:
+            raise ClosedError("replay: closed")
+
+    def _call(self, method, arg, deadline, result_tds=()):
+        self._check_open()
+        wait = 0.02
+        while True:
+            try:
+                return self._client.call(method, arg, timeout=_left(deadline), result_tds=result_tds)
+            except ClientClosedError:
+                if self._closed:
+                    raise ClosedError("replay: closed") from None
+                raise
+            except UnavailableError as e:
+                if self._closed:
+                    raise ClosedError("replay: closed") from None
+                left = _left(deadline)
+                if left is not None and left <= wait:
+                    raise UnavailableError(f"{e.message}; gave up at the deadline, the node was unreachable") from None
+                time.sleep(wait)
+                wait = min(2 * wait, 1.0)
+
+    def _adopt(self, info):
+        """Takes the node's description of the buffer: its schema and, in ref
+        mode, mappings of its storage and slot table."""
+        conns = self._client.connections
+        old = self._view
+        view = _View(info)
+        if (old is not None and old.id == view.id and old.schema is not None
+                and (self._bytes or old.storage is not None)):
+            self._connections = conns
+            return old
+        if not self._bytes and view.schema is not None:
+            prefix = os.path.join(self._client.root, *view.prefix.split("/"))
+            view.storage, view.slots = _map(prefix, view)
+        self._view, self._connections = view, conns
+        return view
+
+    def _refresh(self, buffer_id, deadline):
+        """The view for a response that names buffer_id: the current one, or a
+        new one if the node now describes another buffer."""
+        v = self._view
+        if v is not None and v.id == buffer_id and v.schema is not None and (self._bytes or v.storage is not None):
+            return v
+        return self._adopt(self._call("replay.info", {"name": self.name}, deadline))
+
+    def _current(self, deadline):
+        """The view, described again if the client has reconnected since it
+        was taken (the node may serve a buffer made anew)."""
+        self._check_open()
+        if self._client.connections != self._connections:
+            return self._adopt(self._call("replay.info", {"name": self.name}, deadline))
+        return self._view
+
+    # Extend.
+
+    def extend(self, batch, priorities=None, timeout=None):
+        """Adds a batch of transitions: a dict (nested dicts allowed) of
+        arrays, numpy or torch, with one first dimension B. Returns the slot
+        each transition went to (int64 [B]; -1 for one a top-k writer
+        dropped). priorities: one per transition, finite and >= 0 (None: the
+        largest so far).
+
+        A batch whose keys, dtypes or per-transition shapes are not the
+        buffer's raises SchemaError before anything is sent. Once extend
+        returns, the batch is in the buffer exactly once; if it raises
+        UnavailableError or DeadlineExceededError the batch may be in, whole,
+        or not at all; any other error means it is not in."""
+        deadline = _deadline(timeout)
+        schema, n, arrays = _batch_schema(batch)
+        prios = _check_priorities(priorities, n)
+        view = self._current(deadline)
+        if view.schema is not None:
+            why = _match(view.schema, schema)
+            if why is not None:
+                raise SchemaError(f"replay: batch does not match the buffer: {why}")
+        keys = None
+        if view.writer_kind == "top_k":
+            k = arrays.get(view.writer_key)
+            if k is None or k.size != n:
+                raise SchemaError(f"the top-k writer ranks by {list(view.writer_key)}: "
+                                  f"want a tensor with one element per transition")
+            keys = k.reshape(-1).astype(np.float64)
+        req = {"name": self.name, "schema": _schema_wire(schema), "n": n, "keys": keys}
+        while True:
+            try:
+                return self._extend_once(req, batch, arrays, n, prios, deadline)
+            except ExpiredError:
+                if _left(deadline) is not None and _left(deadline) <= 0:
+                    raise
+
+    def _extend_once(self, req, batch, arrays, n, prios, deadline):
+        sent = time.monotonic()
+        r = self._call("replay.reserve", req, deadline)
+        slots = r.get("slots") or []
+        if len(slots) != n:
+            raise _errors.InternalError(f"replay: the node reserved {len(slots)} slots for {n} transitions")
+        commit = {"name": self.name, "rid": r["rid"], "slots": slots,
+                  "priorities": prios, "batch": None}
+        if self._bytes:
+            commit["batch"] = TD(batch, batch=[n])
+            if self._view.schema is None:
+                self._refresh(r.get("id"), deadline)  # the first batch gave the buffer its schema
+        else:
+            view = self._refresh(r.get("id"), deadline)
+            if view.storage is None:
+                raise _errors.InternalError("replay: no mapping of the buffer's storage")
+            # The node expires the reservation a lease after it made it;
+            # this side counts from before it asked, and keeps an eighth of
+            # the lease in hand (docs/replay.md, "The lease").
+            limit = sent + view.lease - view.lease / 8
+            if time.monotonic() > limit:
+                raise ExpiredError("replay: the lease ran out before the rows were written")
+            _write_rows(view, np.asarray(slots, dtype=np.int64), arrays)
+            if time.monotonic() > limit:
+                raise ExpiredError("replay: the lease ran out while the rows were written")
+        resp = self._call("replay.commit", commit, deadline)
+        return np.asarray(resp.get("indices") or [], dtype=np.int64)
+
+    # Sample.
+
+    def sample(self, n, timeout=None, as_torch=False):
+        """n transitions chosen by the buffer's sampler, and what they are:
+        (batch, SampleInfo), the batch a dict of new numpy arrays (torch
+        tensors with as_torch, sharing their memory). Waits while the buffer
+        cannot give n (the rate limiter's min size, an empty buffer) until
+        timeout (DeadlineExceededError)."""
+        _check_sample_size(n)
+        deadline = _deadline(timeout)
+        if self._bytes:
+            view = self._current(deadline)
+            r = self._call("replay.sample", {"name": self.name, "n": n, "bytes": True}, deadline, ("batch",))
+            if r.get("batch") is None:
+                raise _errors.InternalError("replay: the node sent no rows")
+            batch, info = r["batch"], SampleInfo._from_wire(r.get("info"))
+            _check_info(info, n, view.capacity)
+        else:
+            view = self._known_schema(deadline)
+            batch = _zeros(view.schema, n)
+            info = self._sample_ref(batch, n, deadline)
+        return (_to_torch(batch) if as_torch else batch), info
+
+    def sample_into(self, dst, timeout=None):
+        """Sample into dst, a dict of arrays with the buffer's schema and a
+        first dimension n (from an earlier sample, say), without allocating
+        it. Returns the SampleInfo."""
+        schema, n, arrays = _batch_schema(dst)
+        deadline = _deadline(timeout)
+        view = self._known_schema(deadline) if not self._bytes else self._current(deadline)
+        if view.schema is not None:
+            why = _match(view.schema, schema)
+            if why is not None:
+                raise SchemaError(f"replay: sample_into: {why}")
+        if self._bytes:
+            batch, info = self.sample(n, timeout=_left(deadline))
+            for path, a in leaves(batch):
+                arrays[path][...] = a
+            return info
+        return self._sample_ref(dst, n, deadline)
+
+    def _known_schema(self, deadline):
+        """The view once the buffer has a schema, asking the node until it has
+        one (its first batch) or the deadline passes."""
+        wait = 0.01
+        while True:
+            view = self._current(deadline)
+            if view.schema is not None:
+                return view
+            view = self._adopt(self._call("replay.info", {"name": self.name}, deadline))
+            if view.schema is not None:
+                return view
+            left = _left(deadline)
+            if left is not None and left <= wait:
+                raise _errors.DeadlineExceededError("replay: the buffer has no schema yet (no batch was added)")
+            time.sleep(wait)
+            wait = min(2 * wait, 1.0)
+
+    def _sample_call(self, n, deadline):
+        return self._call("replay.sample", {"name": self.name, "n": n, "bytes": False}, deadline)
+
+    def _pick(self, n, deadline):
+        """The node's picks for a sample of n: the prefetched ones if there
+        are, else from a call now."""
+        with self._mu:
+            p, self._pending = self._pending, None
+        if p is not None:
+            if p[0] == n:
+                try:
+                    return p[1].result()
+                except _errors.TensorwireError:
+                    pass  # a failed prefetch (the node restarted, say): ask again
+            else:
+                p[1].cancel()
+        return self._sample_call(n, deadline)
+
+    def _spares(self, n):
+        """How many spare picks a prefetch asks for beyond n: with a uniform or
+        prioritized sampler (independent draws), a few, which replace rows
+        found overwritten without another round trip; none with samplers
+        whose picks take the transitions away (FIFO, without replacement)."""
+        v = self._view
+        if v is None or not (v.sampler == "uniform" or v.sampler.startswith("prioritized")):
+            return 0
+        return min(max(4, n // 32), MAX_SAMPLE - n)
+
+    def _start_prefetch(self, n):
+        with self._mu:
+            if self._pending is not None or self._closed:
+                return
+            k = n + self._spares(n)
+            try:
+                self._pending = (n, self._client.start("replay.sample", {"name": self.name, "n": k, "bytes": False}))
+            except _errors.TensorwireError:
+                self._pending = None
+
+    def _sample_ref(self, dst, n, deadline):
+        arrays = {p: a for p, a in leaves(dst)}
+        resp = self._pick(n, deadline)
+        if self._prefetch:
+            self._start_prefetch(n)
+        view = self._refresh(resp.get("id"), deadline)
+        if view.storage is None:
+            raise _errors.InternalError("replay: no mapping of the buffer's storage")
+        info = SampleInfo._from_wire(resp.get("info"))
+        spare = None
+        if len(info) > n:  # a prefetch's spares (_spares)
+            _check_info(info, len(info), view.capacity)
+            info, spare = _split(info, n)
+        _check_info(info, n, view.capacity)
+        for path, src in view.storage.items():
+            np.take(src, info.indices, axis=0, out=arrays[path], mode="clip")  # clip: checked above; "raise" would copy twice
+        # Rows whose word held after they were copied were copied whole:
+        # only the rows copied again are checked again.
+        torn = None
+        for _ in range(MAX_RESAMPLES):
+            _fence()
+            torn = _overwritten(view.slots, info, torn)
+            if torn.size == 0:
+                return info
+            with self._mu:
+                self.resampled += int(torn.size)
+            if spare is not None and len(spare) >= torn.size:
+                again, spare = _split(spare, int(torn.size))
+            else:
+                more = self._sample_call(int(torn.size), deadline)
+                if more.get("id") != resp.get("id"):
+                    raise ExpiredError("replay: the buffer was created anew while sampled")
+                again = SampleInfo._from_wire(more.get("info"))
+                _check_info(again, int(torn.size), view.capacity)
+            for path, src in view.storage.items():
+                arrays[path][torn] = src[again.indices]
+            info.indices[torn], info.ids[torn], info.weights[torn] = again.indices, again.ids, again.weights
+        raise ContendedError(f"replay: rows kept being overwritten while sampled; {MAX_RESAMPLES} attempts")
+
+    # The rest.
+
+    def update_priority(self, info, priorities, timeout=None):
+        """Sets the priorities of sampled transitions, row by row of info (a
+        SampleInfo); rows whose slot was overwritten since they were sampled
+        are skipped. Returns how many were updated."""
+        p = _check_priorities(priorities, len(info.indices))
+        if p is None:
+            raise SchemaError("no priorities")
+        r = self._call("replay.update_priority", {"name": self.name, "info": info._wire(), "priorities": p},
+                       _deadline(timeout))
+        return int(r.get("updated", 0))
+
+    def checkpoint(self, timeout=None):
+        """Has the node checkpoint the buffer."""
+        self._call("replay.checkpoint", {"name": self.name}, _deadline(timeout))
+
+    def stats(self, timeout=None):
+        """The buffer's counters, a dict: capacity, size, inserted, sampled,
+        pending, expired, resampled, sampler, node_heap, storage_lost."""
+        return self._call("replay.stats", {"name": self.name}, _deadline(timeout))
+
+
+def _map(prefix, view):
+    """Maps a buffer's storage (read-write: writers write rows into it) and
+    slot table (read-only: only the node writes it), checking them against
+    the view's schema and capacity."""
+    try:
+        storage = load_memmap(os.path.join(prefix, STORAGE_DIR), mode="r+")
+    except (OSError, ValueError) as e:
+        raise _errors.InternalError(f"replay: mapping the shared storage: {e}") from None
+    flat = {p: a for p, a in flatten(storage) if isinstance(a, np.ndarray)}
+    out = {}
+    for key, dt, shape in view.schema:
+        a = flat.get(key)
+        if a is None or a.shape != (view.capacity,) + shape or a.dtype != DTYPES[dt]:
+            raise _errors.InternalError(f"replay: the shared storage at {prefix} does not hold "
+                                        f"{'.'.join(key)} {dt} {[view.capacity] + list(shape)}")
+        out[key] = a
+    path = os.path.join(prefix, SLOTS_FILE)
+    try:
+        if os.path.getsize(path) < view.capacity * 32:
+            raise _errors.InternalError(f"replay: the slot table {path} is shorter than {view.capacity} slots")
+        slots = np.memmap(path, dtype="<u8", mode="r", shape=(view.capacity, 4))
+    except OSError as e:
+        raise _errors.InternalError(f"replay: mapping the slot table: {e}") from None
+    return out, slots
+
+
+def _write_rows(view, slots, arrays):
+    """Writes the batch's rows into the storage at slots; rows whose slot is
+    -1 (dropped by a top-k writer) are not written."""
+    keep = slots >= 0
+    if not keep.all():
+        rows = np.nonzero(keep)[0]
+        slots = slots[keep]
+        if slots.size == 0:
+            return
+        arrays = {p: a[rows] for p, a in arrays.items()}
+    if slots.size and slots.max() >= view.capacity:
+        raise _errors.InternalError(f"replay: the node reserved slot {slots.max()} of {view.capacity}")
+    for path, dst in view.storage.items():
+        a = arrays[path]
+        if slots.size > 1 and np.all(np.diff(slots) == 1):
+            dst[slots[0]:slots[-1] + 1] = a  # a run of slots: one copy
+        else:
+            dst[slots] = a
+
+
+def _overwritten(slots, info, rows):
+    """The rows (all of info's when rows is None) whose slot's word is no
+    longer the one the sample recorded: committed, in the row's generation."""
+    if rows is None:
+        words = slots[info.indices, 0]
+        return np.nonzero(words != ((info.ids << np.uint64(2)) | np.uint64(STATE_COMMITTED)))[0]
+    words = slots[info.indices[rows], 0]
+    return rows[words != ((info.ids[rows] << np.uint64(2)) | np.uint64(STATE_COMMITTED))]
+
+
+def _split(info, n):
+    """The first n rows of info, and the rest."""
+    return (SampleInfo(info.indices[:n], info.ids[:n], info.weights[:n]),
+            SampleInfo(info.indices[n:], info.ids[n:], info.weights[n:]))
+
+
+def _check_info(info, n, capacity):
+    if len(info.indices) != n or len(info.ids) != n or len(info.weights) != n:
+        raise _errors.InternalError(f"replay: the node sampled {len(info.indices)} rows for {n}")
+    if n and (info.indices.min() < 0 or info.indices.max() >= capacity):
+        raise _errors.InternalError(f"replay: the node sampled slots outside 0..{capacity - 1}")
+
+
+def _check_sample_size(n):
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+        raise ArgumentError(f"batch size {n!r}: want an int")
+    if n <= 0:
+        raise ArgumentError(f"batch size must be positive, not {n}")
+    if n > MAX_SAMPLE:
+        raise ArgumentError(f"batch size {n}; at most {MAX_SAMPLE} in one call")
+
+
+def _zeros(schema, n):
+    td = {}
+    for key, dt, shape in schema:
+        d = td
+        for k in key[:-1]:
+            d = d.setdefault(k, {})
+        d[key[-1]] = np.zeros((n,) + shape, dtype=DTYPES[dt])
+    return td
+
+
+def _to_torch(td):
+    import torch
+    out = {}
+    for k, v in td.items():
+        out[k] = _to_torch(v) if isinstance(v, dict) else torch.from_numpy(v)
+    return out
+
+
+def _deadline(timeout):
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _left(deadline):
+    return None if deadline is None else deadline - time.monotonic()
+

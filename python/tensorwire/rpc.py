@@ -1,0 +1,626 @@
+"""A client of a tensorwire node: docs/protocol.md.
+
+    import tensorwire
+    c = tensorwire.Client("127.0.0.1:7070", token=open("token", "rb").read().strip())
+    print(c.call("tensorwire.stats", {}))
+
+A Client keeps one connection (a yamux session) and a pool of idle streams
+on it, and dials again, transparently, when the connection has died and a
+new call comes. A call is never retried by the Client once its request may
+have reached the node: a call cut off by the connection failing raises
+UnavailableError, and the caller decides (the replay client retries the
+calls it can retry safely). A Client is safe for use from several threads;
+calls run in parallel on their own streams.
+"""
+
+import os
+import socket
+import struct
+import threading
+import time
+
+from . import _msgpack, _wire, _yamux
+from ._td import TD, build, wire_bytes
+from .errors import (CanceledError, ClientClosedError, DeadlineExceededError, FailedPreconditionError,
+                     InternalError, InvalidArgumentError, TensorwireError, UnauthenticatedError,
+                     UnavailableError)
+
+__all__ = ["Client", "TD", "MessageStream", "StreamEnd", "read_token"]
+
+HANDSHAKE_TIMEOUT = 10.0
+_ALIVE_CHECK_AFTER = 1.0  # an idle stream older than this is checked before reuse
+_MAX_IDLE_STREAMS = 64
+
+
+def read_token(path):
+    """The token in a token file, as `tensorwire node --token-file` reads it:
+    the file's bytes without trailing CR and LF."""
+    with open(path, "rb") as f:
+        token = f.read().rstrip(b"\r\n")
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
+
+
+def _split_addr(addr):
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InvalidArgumentError(f"address {addr!r}: want HOST:PORT")
+    return host.strip("[]") or "localhost", int(port)
+
+
+class _Conn:
+    """One connection: its session, whether the node shares this side's
+    root, and its idle streams."""
+
+    def __init__(self, session, shared, version):
+        self.session = session
+        self.shared = shared
+        self.version = version
+        self.idle = []
+        self.mu = threading.Lock()
+
+    def stream(self):
+        while True:
+            with self.mu:
+                st = self.idle.pop() if self.idle else None
+            if st is None:
+                return self.session.open_stream()
+            if time.monotonic() - st.idle_since > _ALIVE_CHECK_AFTER:
+                self.session.drain()
+            with self.session.mu:
+                alive = not (st.remote_fin or st.reset or st.buffered)
+            if alive:
+                return st
+            st.close()
+
+    def put(self, st):
+        st.idle_since = time.monotonic()
+        with self.mu:
+            if len(self.idle) < _MAX_IDLE_STREAMS and not self.session.closed:
+                self.idle.append(st)
+                return
+        st.close()
+
+
+class Client:
+    """A connection to one node.
+
+    addr: "HOST:PORT". token: the node's shared secret (bytes or str; see
+    read_token), or None for a node without one. root: this side's view of
+    the node's shared root, if it has one: tensors under it travel as
+    references when the node shares it (equal filesystem identities,
+    .tensorwire-fsid). timeout: seconds the first dial may take (raises
+    UnavailableError, or UnauthenticatedError for a token problem).
+    keepalive: seconds of silence after which a node a call waits for is
+    pinged; after 5 of them it is taken for gone (UnavailableError).
+    """
+
+    def __init__(self, addr, token=None, root=None, timeout=30.0, keepalive=1.0, window=16 << 20):
+        self.addr = addr
+        self._host, self._port = _split_addr(addr)
+        if isinstance(token, str):
+            token = token.encode()
+        self._token = token or None
+        self._root = os.path.realpath(root) if root else None
+        if self._root and not os.path.isdir(self._root):
+            raise InvalidArgumentError(f"root {root!r} is not a folder")
+        self._fsid = _wire.read_fsid(self._root) if self._root else _wire.ZERO_FSID
+        self._keepalive = keepalive
+        self._window = window
+        self._mu = threading.Lock()
+        self._dialing = threading.Condition(self._mu)
+        self._is_dialing = False
+        self._conn = None
+        self._closed = False
+        self.connections = 0  # connections made so far (a new one after each failure)
+        self._connection(time.monotonic() + timeout if timeout else None)
+
+    @property
+    def root(self):
+        return self._root
+
+    def shared_fs(self, timeout=None):
+        """Whether the current connection's node shares this client's root
+        (equal filesystem identities). Dials if there is no connection."""
+        return self._connection(_deadline(timeout)).shared
+
+    def close(self):
+        """Closes the connection; calls in flight fail with UnavailableError,
+        later ones with ClientClosedError."""
+        with self._mu:
+            self._closed = True
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        # A Client dropped without close: end its connection (its keeper
+        # thread holds the session, not the Client).
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
+
+    # Connections.
+
+    def _connection(self, deadline):
+        with self._mu:
+            while True:
+                if self._closed:
+                    raise ClientClosedError("client is closed")
+                c = self._conn
+                if c is not None and not c.session.closed:
+                    return c
+                if not self._is_dialing:
+                    self._is_dialing = True
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise UnavailableError(f"dial {self.addr}: deadline exceeded")
+                self._dialing.wait(left)
+        try:
+            c = self._dial(deadline)
+        finally:
+            with self._mu:
+                self._is_dialing = False
+                self._dialing.notify_all()
+        with self._mu:
+            if self._closed:
+                c.session.close()
+                raise ClientClosedError("client is closed")
+            old, self._conn = self._conn, c
+            self.connections += 1
+        if old is not None:
+            old.session.close()
+        return c
+
+    def _dial(self, deadline):
+        limit = HANDSHAKE_TIMEOUT
+        if deadline is not None:
+            limit = min(limit, deadline - time.monotonic())
+            if limit <= 0:
+                raise UnavailableError(f"dial {self.addr}: deadline exceeded")
+        version = _wire.NEWEST_VERSION
+        while True:
+            try:
+                sock = socket.create_connection((self._host, self._port), timeout=limit)
+            except OSError as e:
+                raise UnavailableError(f"dial {self.addr}: {e}") from None
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(limit)
+                shared = self._handshake(sock, version)
+                sock.settimeout(None)
+            except _OlderNode as e:
+                # A node that speaks an older version answers in it and
+                # refuses: dial again in its version (docs/protocol.md,
+                # "Versioning").
+                sock.close()
+                version = e.version
+                continue
+            except TensorwireError:
+                sock.close()
+                raise
+            except (OSError, _wire.ProtocolError, EOFError) as e:
+                sock.close()
+                raise UnavailableError(f"handshake with {self.addr}: {e or type(e).__name__}") from None
+            return _Conn(_yamux.Session(sock, self._window, self._keepalive), shared, version)
+
+    def _handshake(self, sock, version):
+        """The client's side of the handshake (docs/protocol.md) in version;
+        returns whether the node shares this side's root."""
+        flags = _wire.FLAG_TOKEN if self._token else 0
+        mine = _wire.hello(flags, os.urandom(32), self._fsid, version)
+        sock.sendall(mine)
+        theirs = _recv_exact(sock, _wire.HELLO_SIZE)
+        their_version, their_flags, _, their_fsid = _wire.parse_hello(theirs)
+        if self._token and their_flags & _wire.FLAG_TOKEN:
+            sock.sendall(_wire.proof(self._token, _wire.CLIENT_PROOF_LABEL, mine, theirs))
+        code = _recv_exact(sock, 1)[0]
+        if code != 0:
+            (n,) = struct.unpack(">H", _recv_exact(sock, 2))
+            if n > _wire.MAX_STATUS_MSG:
+                raise _wire.ProtocolError(f"status message of {n} bytes")
+            msg = _recv_exact(sock, n).decode("utf-8", "replace")
+            if code == 9 and 1 <= their_version < version:
+                raise _OlderNode(their_version)
+            raise _wire.refusal(code, msg)
+        if self._token:
+            if not their_flags & _wire.FLAG_TOKEN:
+                raise UnauthenticatedError("server has no token and cannot prove who it is")
+            got = _recv_exact(sock, _wire.PROOF_SIZE)
+            want = _wire.proof(self._token, _wire.SERVER_PROOF_LABEL, mine, theirs)
+            if not _hmac_equal(got, want):
+                raise UnauthenticatedError("server does not know the token")
+        return self._fsid != _wire.ZERO_FSID and their_fsid == self._fsid
+
+    # Calls.
+
+    def call(self, method, arg=None, timeout=None, result_tds=()):
+        """Calls method with arg (a dict, encoded as msgpack; TD values in it
+        travel as TensorDicts) and returns the node's result, decoded. The
+        fields named in result_tds are the result's TensorDicts: they come
+        back as dicts of numpy arrays. timeout: seconds, or None for no
+        limit. Errors are TensorwireError subclasses: the node's, by code and
+        reason; UnavailableError when the node could not be reached or the
+        connection broke; DeadlineExceededError when timeout passed."""
+        return self.start(method, arg, timeout=timeout, result_tds=result_tds).result()
+
+    def start(self, method, arg=None, timeout=None, result_tds=()):
+        """Sends the request of a call and returns a Pending call at once;
+        Pending.result() reads its response. The node works on it meanwhile:
+        a caller can send the next request before it gathers this one's
+        rows, say. The timeout counts from now."""
+        deadline = _deadline(timeout)
+        arg = {} if arg is None else arg
+        conn = self._connection(deadline)
+        tds = _find_tds(arg, [])
+        for td in tds:
+            td.prepare(self._root if conn.shared else None)
+        args = _msgpack.packb(_wire_form(arg))
+        parts = [p for td in tds for p in td.parts]
+        body_len = sum(p.nbytes for p in parts)
+        try:
+            st = conn.stream()
+        except UnavailableError:
+            # The session died before anything was sent: dial again, once.
+            conn = self._connection(deadline)
+            st = conn.stream()
+        timeout_us = 0
+        if deadline is not None:
+            timeout_us = max(int((deadline - time.monotonic()) * 1e6), 1)
+        # Version 2 nodes compress bodies unless asked not to; this client
+        # has no lz4 decoder, so it asks (docs/protocol.md, "Compression").
+        hdr = _wire.request_header(method, timeout_us, len(args), body_len, uncompressed=conn.version >= 2)
+        try:
+            st.write([hdr, args] + parts, deadline)
+        except BaseException:
+            st.close()
+            raise
+        return Pending(self, conn, st, method, deadline, tds, result_tds)
+
+    def open_stream(self, method, arg=None, timeout=None, result_tds=()):
+        """Opens a message stream (protocol version 2, docs/protocol.md
+        "Streams"): sends the opening request and returns a MessageStream at
+        once. timeout bounds the whole stream (the handler's deadline);
+        result_tds names the TensorDicts of the node's messages, as for call.
+        FailedPreconditionError on a connection in version 1."""
+        deadline = _deadline(timeout)
+        arg = {} if arg is None else arg
+        conn = self._connection(deadline)
+        if conn.version < 2:
+            raise FailedPreconditionError(f"{method}: the node speaks protocol version {conn.version}, without message streams")
+        tds = _find_tds(arg, [])
+        for td in tds:
+            td.prepare(self._root if conn.shared else None)
+        args = _msgpack.packb(_wire_form(arg))
+        parts = [p for td in tds for p in td.parts]
+        st = conn.session.open_stream()
+        timeout_us = 0 if deadline is None else max(int((deadline - time.monotonic()) * 1e6), 1)
+        hdr = _wire.request_header(method, timeout_us, len(args), sum(p.nbytes for p in parts),
+                                   stream=True, uncompressed=True)
+        try:
+            st.write([hdr, args] + parts, deadline)
+        except BaseException:
+            st.reset_stream()
+            raise
+        return MessageStream(self, conn, st, method, deadline, result_tds)
+
+    # Built-in methods.
+
+    def stats(self, timeout=None):
+        """The node's counters (tensorwire.stats)."""
+        return self.call("tensorwire.stats", {}, timeout=timeout)
+
+    def describe(self, prefix, timeout=None):
+        """The schema of the TensorDict stored at prefix under the node's
+        root: batch, fields (key, dtype, shape) and bytes."""
+        return self.call("tensorwire.describe", {"prefix": prefix}, timeout=timeout)
+
+    def read(self, prefix, rows=None, timeout=None):
+        """Rows (all when None) of the TensorDict stored at prefix under the
+        node's root, as a dict of numpy arrays."""
+        r = self.call("tensorwire.read", {"prefix": prefix, "rows": None if rows is None else list(rows),
+                                          "into": None}, timeout=timeout, result_tds=("td",))
+        return r["td"]
+
+    def fill(self, td, value=0.0, rows=None, timeout=None):
+        """Has the node fill rows of td (a dict of arrays; all rows when None)
+        with value; by reference, the node writes into the shared files,
+        else the filled rows come back into td. Returns the rows filled."""
+        t = TD(td, rows=rows, out=True)
+        return self.call("tensorwire.fill", {"td": t, "value": float(value), "src": None},
+                         timeout=timeout)["rows"]
+
+
+class Pending:
+    """A call whose request has been sent (Client.start)."""
+
+    def __init__(self, client, conn, st, method, deadline, tds, result_tds):
+        self._client, self._conn, self._st = client, conn, st
+        self.method = method
+        self._deadline = deadline
+        self._tds = tds
+        self._result_tds = result_tds
+        self._done = False
+        self._value = None
+        self._error = None
+
+    def result(self):
+        """The call's result; raises its error. Call it once, from one thread
+        (later calls return the same)."""
+        if not self._done:
+            self._done = True
+            try:
+                self._value = self._read()
+            except TensorwireError as e:
+                self._error = e
+            except _wire.ProtocolError as e:
+                self._conn.session.fail(UnavailableError(f"{self.method}: {e}"))
+                self._error = InternalError(f"{self.method}: {e}")
+            finally:
+                self._st = None
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def cancel(self):
+        """Abandons the call: its stream is closed, which the node takes as
+        the caller leaving (it cancels the handler)."""
+        if not self._done:
+            self._done = True
+            self._error = CanceledError(f"{self.method}: canceled")
+            self._st.close()
+            self._st = None
+
+    def _read(self):
+        st, d = self._st, self._deadline
+        ok = False
+        try:
+            (n,) = struct.unpack(">I", st.read_exact(4, d))
+            if n == 0 or n > _wire.MAX_HEADER_BYTES:
+                raise _wire.ProtocolError(f"response header of {n} bytes (limit {_wire.MAX_HEADER_BYTES})")
+            r = _wire.parse_response_header(st.read_exact(n, d))
+            if r.code != 0:
+                if r.arg_len or r.body_len:
+                    raise InternalError(f"{self.method}: error response with a payload")
+                # The node closes a stream it refused for being over its limit.
+                ok = r.code != 8
+                raise r.error()
+            raw = st.read_exact(r.arg_len, d)
+            try:
+                value = _msgpack.unpackb(raw) if raw else None
+            except Exception as e:
+                st_left = r.body_len
+                _skip(st, st_left, d)
+                ok = True
+                raise InternalError(f"{self.method}: response: {e}") from None
+            if r.raw_len:
+                _skip(st, r.body_len, d)
+                ok = True
+                raise InternalError(f"{self.method}: the node sent an lz4-compressed body; this client asks "
+                                    "for uncompressed ones and does not decode lz4")
+            wires = [td for td in self._tds if td.comes_back()]
+            rtds = _result_tds(value, self._result_tds)
+            need = sum(wire_bytes(td.wire) for td in wires) + sum(wire_bytes(w) for _, _, w in rtds)
+            if need != r.body_len:
+                _skip(st, r.body_len, d)
+                ok = True
+                raise InternalError(f"{self.method}: response: the TensorDicts need {need} body bytes, "
+                                    f"the body has {r.body_len}")
+
+            def fill(mv):
+                st.read_into(mv, d)
+
+            for td in wires:
+                td.write_back(build(td.wire, fill))
+            for parent, k, w in rtds:
+                parent[k] = build(w, fill)
+            ok = True
+            return value
+        finally:
+            if ok:
+                self._conn.put(st)
+            else:
+                st.close()
+
+
+def _result_tds(value, paths):
+    """(container, key, wire TD) of every TensorDict of a decoded result at
+    paths: each a key, or a tuple of keys where "*" stands for every element
+    of a list (("items", "*", "td")). In body order: paths in order, list
+    elements in order; nil TDs have no bytes and are left as None."""
+    out = []
+    for path in paths:
+        path = (path,) if isinstance(path, str) else tuple(path)
+        nodes = [value]
+        for k in path[:-1]:
+            nxt = []
+            for n in nodes:
+                if k == "*" and isinstance(n, list):
+                    nxt.extend(n)
+                elif isinstance(n, dict) and n.get(k) is not None:
+                    nxt.append(n[k])
+            nodes = nxt
+        for n in nodes:
+            if isinstance(n, dict) and isinstance(n.get(path[-1]), dict):
+                out.append((n, path[-1], n[path[-1]]))
+    return out
+
+
+class StreamEnd(EOFError):
+    """A message stream's handler ended it without an error: there are no more
+    messages."""
+
+
+class MessageStream:
+    """A message stream opened by Client.open_stream (protocol version 2):
+    recv() the node's messages, send() the caller's; close() when done. Use
+    it from one thread at a time."""
+
+    def __init__(self, client, conn, st, method, deadline, result_tds):
+        self._client, self._conn, self._st = client, conn, st
+        self.method = method
+        self._deadline = deadline
+        self._result_tds = result_tds
+        self._ended = None  # the handler's end: None while it has not ended, else its error or StreamEnd
+        self._sent_end = False
+
+    def recv(self, timeout=None):
+        """The node's next message (its decoded argument, TensorDicts at
+        result_tds as dicts of arrays). Raises StreamEnd once the handler
+        ended the stream without an error, or the handler's error."""
+        if self._ended is not None:
+            raise self._ended
+        d = _min_deadline(self._deadline, _deadline(timeout))
+        st = self._st
+        try:
+            (n,) = struct.unpack(">I", st.read_exact(4, d))
+            if n == 0 or n > _wire.MAX_HEADER_BYTES:
+                raise _wire.ProtocolError(f"stream frame header of {n} bytes")
+            r = _wire.parse_stream_header(st.read_exact(n, d))
+        except _wire.ProtocolError as e:
+            self._conn.session.fail(UnavailableError(f"{self.method}: {e}"))
+            self._ended = UnavailableError(f"{self.method}: {e}")
+            raise self._ended from None
+        except DeadlineExceededError:
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                self._ended = DeadlineExceededError(f"{self.method}: the stream's deadline passed")
+                self._st.reset_stream()
+            raise
+        except TensorwireError as e:
+            self._ended = e
+            raise
+        if r.end:
+            self._ended = StreamEnd(self.method) if r.code == 0 else r.error()
+            raise self._ended
+        raw = st.read_exact(r.arg_len, d)
+        value = _msgpack.unpackb(raw) if raw else None
+        if r.raw_len:
+            _skip(st, r.body_len, d)
+            raise InternalError(f"{self.method}: an lz4-compressed message; this client asks for uncompressed ones")
+        rtds = _result_tds(value, self._result_tds)
+        need = sum(wire_bytes(w) for _, _, w in rtds)
+        if need != r.body_len:
+            _skip(st, r.body_len, d)
+            raise InternalError(f"{self.method}: a message's TensorDicts need {need} body bytes, the body has {r.body_len}")
+        for parent, k, w in rtds:
+            parent[k] = build(w, lambda mv: st.read_into(mv, d))
+        return value
+
+    def send(self, arg, timeout=None):
+        """Sends a message (arg, a dict; TD values travel as TensorDicts)."""
+        if self._sent_end:
+            raise FailedPreconditionError(f"{self.method}: send after close_send")
+        tds = _find_tds(arg, [])
+        for td in tds:
+            td.prepare(self._client._root if self._conn.shared else None)
+        args = _msgpack.packb(_wire_form(arg))
+        parts = [p for td in tds for p in td.parts]
+        hdr = _wire.stream_message_header(len(args), sum(p.nbytes for p in parts))
+        self._st.write([hdr, args] + parts, _min_deadline(self._deadline, _deadline(timeout)))
+
+    def close_send(self):
+        """Ends this side's messages: an end frame of code 0, then FIN."""
+        if not self._sent_end:
+            self._sent_end = True
+            try:
+                self._st.write([_wire.stream_end_header()], self._deadline)
+            finally:
+                self._st.half_close()
+
+    def close(self):
+        """Ends the stream: cancels it (RST) if the handler has not ended it,
+        else ends this side."""
+        if self._ended is None:
+            self._ended = TensorwireError(f"{self.method}: closed", code=1)
+            self._st.reset_stream()
+            return
+        try:
+            self.close_send()
+        except TensorwireError:
+            pass
+        self._st.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _min_deadline(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+class _OlderNode(Exception):
+    def __init__(self, version):
+        super().__init__(version)
+        self.version = version
+
+
+def _skip(st, n, deadline):
+    while n > 0:
+        k = min(n, 1 << 20)
+        st.read_exact(k, deadline)
+        n -= k
+
+
+def _find_tds(v, tds):
+    """Appends the TDs in v to tds in the order met, dicts in insertion
+    order, lists in order, and returns tds. That order is the body's: a
+    caller builds a request's dict in the order its method declares its
+    fields (docs/protocol.md, "Messages")."""
+    if isinstance(v, TD):
+        tds.append(v)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _find_tds(x, tds)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _find_tds(x, tds)
+    return tds
+
+
+def _wire_form(v):
+    """v with every TD replaced by its wire form (TD.prepare made it)."""
+    if isinstance(v, TD):
+        return v.wire
+    if isinstance(v, dict):
+        return {k: _wire_form(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_wire_form(x) for x in v]
+    return v
+
+
+def _deadline(timeout):
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _recv_exact(sock, n):
+    buf = bytearray(n)
+    mv = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(mv[got:])
+        if k == 0:
+            raise EOFError("connection closed by the node")
+        got += k
+    return bytes(buf)
+
+
+def _hmac_equal(a, b):
+    import hmac
+    return hmac.compare_digest(a, b)

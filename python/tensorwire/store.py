@@ -1,0 +1,474 @@
+"""The store of a tensorwire node, from Python (docs/store.md): bins of
+TensorDicts, watches, versioned parameters.
+
+    st = tensorwire.store.Store("127.0.0.1:7070", "main", token=token, root="/mnt/shared")
+    rev = st.append("data", {"obs": obs, "reward": reward})
+    items = st.get("data")                      # the bin's items, removed once this side has them
+    v = st.publish("parameters", {"w": w})      # version 1, 2, ...
+    with st.latest("parameters") as p:          # p.version, p.td (read-only np.memmap by reference)
+        ...
+    for ev in st.watch("data", after=rev):      # events as they happen, an iterator
+        print(ev.rev, ev.op, ev.name, ev.items)
+
+Values are dicts of arrays (nested dicts allowed), numpy or torch, with no
+batch dimensions unless batch_size says so. They are sent as bytes; a client
+that shares the node's root reads large values (prefixes under the store's
+folder) by reference, mapping them read-only. Calls that find the node
+unreachable are tried again until their timeout, and Put, Append, Delete and
+Publish carry a request id, so that a retried one is applied once.
+"""
+
+import collections
+import os
+import random
+import threading
+import time
+
+from . import errors as _errors
+from .dataset import load_memmap
+from .errors import (AbortedError, DataLossError, FailedPreconditionError, InvalidArgumentError,
+                     NotFoundError, OutOfRangeError, ResourceExhaustedError, UnavailableError,
+                     ClientClosedError, register_reason)
+from ._td import TD
+from .rpc import Client, StreamEnd
+
+__all__ = ["Store", "Param", "Event", "Watch", "FROM_NOW", "OPS", "NameError_", "TooLargeError", "NotFoundError",
+           "CompactedError", "ExpiredError", "LockedError", "ClosedError", "NotStagedError", "FormatError",
+           "CorruptError", "FailedError", "ConfigError"]
+
+FROM_NOW = (1 << 64) - 1  # Watch's after: only events from now on
+OPS = {1: "put", 2: "append", 3: "get", 4: "delete", 5: "publish"}
+
+
+# The store service's errors (docs/store.md, "Errors").
+
+@register_reason
+class NameError_(InvalidArgumentError):
+    """A bad bin or parameter name."""
+    reason = "store.name"
+
+
+@register_reason
+class TooLargeError(ResourceExhaustedError):
+    """A value over the store's MaxValueBytes; nothing stored."""
+    reason = "store.too_large"
+
+
+@register_reason
+class NotFoundError(NotFoundError):  # noqa: F811 (store.NotFoundError is an errors.NotFoundError)
+    """No store by that name on the node; no parameters published under the name."""
+    reason = "store.not_found"
+
+
+@register_reason
+class CompactedError(OutOfRangeError):
+    """A watch after a revision the store no longer keeps, never reached, or
+    of a store created anew: read the state again and watch from its revision."""
+    reason = "store.compacted"
+
+
+@register_reason
+class ExpiredError(AbortedError):
+    """A Get whose items changed before its acknowledgement (get retries by
+    itself); a request retried too late to tell."""
+    reason = "store.expired"
+
+
+@register_reason
+class LockedError(FailedPreconditionError):
+    reason = "store.locked"
+
+
+@register_reason
+class ClosedError(FailedPreconditionError):
+    """The store or the client is closed."""
+    reason = "store.closed"
+
+
+@register_reason
+class NotStagedError(InvalidArgumentError):
+    reason = "store.not_staged"
+
+
+@register_reason
+class FormatError(InvalidArgumentError):
+    """A value that cannot be stored or decoded."""
+    reason = "store.format"
+
+
+@register_reason
+class CorruptError(DataLossError):
+    reason = "store.corrupt"
+
+
+@register_reason
+class FailedError(FailedPreconditionError):
+    """A write or sync of the store's log failed (a full disk)."""
+    reason = "store.failed"
+
+
+@register_reason
+class ConfigError(InvalidArgumentError):
+    reason = "store.config"
+
+
+Event = collections.namedtuple("Event", "rev op name items version")
+Event.__doc__ = """A change of the store: rev (revision, from 1, no gaps), op ("put",
+"append", "get", "delete", "publish"), name (the bin or parameter set), items
+(in the bin after the event), version (a publish's)."""
+
+
+def check_name(name):
+    """NameError_ for a name the store refuses (docs/store.md, "Names"),
+    before anything is sent."""
+    if not isinstance(name, str):
+        raise NameError_(f"a name is a str, not {type(name).__name__}")
+    b = name.encode("utf-8", "surrogatepass")
+    bad = (not 1 <= len(b) <= 255 or name in (".", "..") or any(c in name for c in "/\\")
+           or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name))
+    if bad:
+        raise NameError_(f"store: bad name {name[:40]!r}: 1 to 255 bytes of UTF-8 without /, \\ or control characters, "
+                         "not . or ..")
+
+
+class Param:
+    """A version of a parameter set (Store.latest, Store.wait_newer): version,
+    and td, a dict of arrays. By reference td maps the version read-only and
+    the Param holds a lease on it, renewed in the background, until close();
+    err is set once the lease was found lost. By bytes td is a copy and
+    there is no lease."""
+
+    def __init__(self, store, name, version, td, lease):
+        self._store = store
+        self.name = name
+        self.version = version
+        self.td = td
+        self.lease = lease
+        self.err = None
+
+    def close(self):
+        if self.lease:
+            self._store._release(self)
+            self.lease = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Store:
+    """The store served as name by a node. node: "HOST:PORT" or a
+    tensorwire.Client to share; token, root: as tensorwire.Client takes them.
+    bytes_mode: read values as bytes even when the root is shared. Timeouts
+    are seconds; None waits and retries as long as it takes. Safe for use
+    from several threads; close() when done."""
+
+    def __init__(self, node, name, token=None, root=None, bytes_mode=False, timeout=30.0):
+        if isinstance(node, Client):
+            self._client, self._own = node, False
+        else:
+            self._client, self._own = Client(node, token=token, root=root, timeout=timeout), True
+        self.name = name
+        self._closed = False
+        self._mu = threading.Lock()
+        self._req_client = random.getrandbits(64) or 1
+        self._seq = 0
+        self._params = set()
+        self._renewer = None
+        try:
+            self.info = self._call("store.info", {"store": name}, _deadline(timeout))
+            shared = False
+            if self._client.root and not bytes_mode and self.info.get("dir"):
+                shared = self._client.shared_fs(timeout)
+            self._ref = shared
+        except BaseException:
+            if self._own:
+                self._client.close()
+            raise
+
+    @property
+    def mode(self):
+        """"ref" when large values are read from the shared files, "bytes" when
+        they travel with the calls."""
+        return "ref" if self._ref else "bytes"
+
+    def close(self):
+        with self._mu:
+            if self._closed:
+                return
+            self._closed = True
+            params = list(self._params)
+        for p in params:
+            p.close()
+        if self._own:
+            self._client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # Calls.
+
+    def _call(self, method, arg, deadline, result_tds=()):
+        if self._closed:
+            raise ClosedError("store: closed")
+        wait = 0.02
+        while True:
+            try:
+                return self._client.call(method, arg, timeout=_left(deadline), result_tds=result_tds)
+            except ClientClosedError:
+                raise ClosedError("store: closed") from None
+            except UnavailableError as e:
+                if self._closed:
+                    raise ClosedError("store: closed") from None
+                left = _left(deadline)
+                if left is not None and left <= wait:
+                    raise UnavailableError(f"{e.message}; gave up at the deadline, the node was unreachable") from None
+                time.sleep(wait)
+                wait = min(2 * wait, 1.0)
+
+    def _req(self):
+        with self._mu:
+            self._seq += 1
+            return {"client": self._req_client, "seq": self._seq}
+
+    def _value(self, td, batch_size):
+        if not isinstance(td, dict):
+            raise FormatError(f"a value is a dict of arrays, not {type(td).__name__}")
+        return {"td": TD(td, batch=list(batch_size)), "staged": ""}
+
+    def put(self, bin, td, batch_size=(), timeout=None):
+        """Replaces the bin's content with td, one item; returns the revision."""
+        check_name(bin)
+        r = self._call("store.put", {"store": self.name, "bin": bin, "value": self._value(td, batch_size),
+                                     "req": self._req()}, _deadline(timeout))
+        return r["rev"]
+
+    def append(self, bin, td, batch_size=(), timeout=None):
+        """Adds td to the bin as an item; returns the revision."""
+        check_name(bin)
+        r = self._call("store.append", {"store": self.name, "bin": bin, "value": self._value(td, batch_size),
+                                        "req": self._req()}, _deadline(timeout))
+        return r["rev"]
+
+    def _items(self, msgs):
+        out = []
+        for m in msgs or ():
+            if m.get("td") is not None:
+                out.append(m["td"])
+            elif m.get("path"):
+                path = m["path"]
+                if not path.startswith("values/") or "/" in path[len("values/"):]:
+                    raise _errors.InternalError(f"store: the node sent the path {path!r}")
+                out.append(load_memmap(os.path.join(self._client.root, *self.info["dir"].split("/"), path)))
+            else:
+                out.append({})
+        return out
+
+    def peek(self, bin, timeout=None):
+        """The bin's items (dicts), which the bin keeps; [] for no such bin."""
+        check_name(bin)
+        r = self._call("store.take", {"store": self.name, "bin": bin, "take": 0, "refs": self._ref},
+                       _deadline(timeout), result_tds=(("items", "*", "td"),))
+        return self._items(r.get("items"))
+
+    def get(self, bin, timeout=None):
+        """The bin's items, removed from the store once this side has them
+        (a take, then an acknowledgement: docs/store.md, "Get in two
+        phases"); [] for no such bin."""
+        check_name(bin)
+        deadline = _deadline(timeout)
+        while True:
+            take = random.getrandbits(64) or 1
+            r = self._call("store.take", {"store": self.name, "bin": bin, "take": take, "refs": self._ref},
+                           deadline, result_tds=(("items", "*", "td"),))
+            if not r.get("take"):
+                return []
+            try:
+                items = self._items(r.get("items"))
+            except Exception:
+                self._give_back(take)
+                raise
+            try:
+                self._call("store.ack", {"store": self.name, "take": take, "drop": False}, deadline)
+                return items
+            except ExpiredError:
+                if _left(deadline) is not None and _left(deadline) <= 0:
+                    raise
+                # The bin changed under the Get, or it was held too long: again.
+
+    def _give_back(self, take):
+        try:
+            self._client.call("store.ack", {"store": self.name, "take": take, "drop": True}, timeout=5)
+        except _errors.TensorwireError:
+            pass
+
+    def list(self, timeout=None):
+        """({bin: items}, revision): the bins that hold items."""
+        r = self._call("store.list", {"store": self.name}, _deadline(timeout))
+        return dict(r.get("bins") or {}), r.get("rev", 0)
+
+    def delete(self, bin, timeout=None):
+        """Removes the bin; returns the revision."""
+        check_name(bin)
+        return self._call("store.delete", {"store": self.name, "bin": bin, "req": self._req()},
+                          _deadline(timeout))["rev"]
+
+    def publish(self, name, td, batch_size=(), timeout=None):
+        """Publishes td as the next version of parameter set name; returns the
+        version."""
+        check_name(name)
+        r = self._call("store.publish", {"store": self.name, "name": name, "value": self._value(td, batch_size),
+                                         "req": self._req()}, _deadline(timeout))
+        return r["version"]
+
+    def latest(self, name, timeout=None):
+        """The latest version of parameter set name (a Param); NotFoundError if
+        none was published."""
+        return self._read(name, 0, False, timeout)
+
+    def wait_newer(self, name, version, timeout=None):
+        """The first version of name newer than version, waiting for it until
+        timeout (DeadlineExceededError)."""
+        return self._read(name, version, True, timeout)
+
+    def _read(self, name, after, wait, timeout):
+        check_name(name)
+        r = self._call("store.read", {"store": self.name, "name": name, "after": after, "wait": wait,
+                                      "refs": self._ref}, _deadline(timeout), result_tds=("td",))
+        if r.get("td") is not None:
+            # Bytes: the lease covered the response on its way; it has arrived.
+            p = Param(self, name, r["version"], r["td"], r.get("lease", 0))
+            p.close()
+            return p
+        path = r.get("path") or ""
+        if not path.startswith("values/"):
+            raise _errors.InternalError(f"store: the node sent the path {path!r}")
+        td = load_memmap(os.path.join(self._client.root, *self.info["dir"].split("/"), path))
+        p = Param(self, name, r["version"], td, r.get("lease", 0))
+        with self._mu:
+            self._params.add(p)
+            if self._renewer is None:
+                self._renewer = threading.Thread(target=self._renew, args=(max(r.get("lease_ms", 10000), 300),),
+                                                 name="tensorwire-store-leases", daemon=True)
+                self._renewer.start()
+        return p
+
+    def _release(self, p):
+        with self._mu:
+            self._params.discard(p)
+        try:
+            self._client.call("store.release", {"store": self.name, "leases": [p.lease]}, timeout=5)
+        except _errors.TensorwireError:
+            pass  # the lease runs out by itself
+
+    def _renew(self, lease_ms):
+        """Renews the open Params' leases every third of the lease."""
+        while True:
+            time.sleep(lease_ms / 3000)
+            with self._mu:
+                if self._closed:
+                    return
+                params = [p for p in self._params if p.lease]
+            if not params:
+                continue
+            try:
+                r = self._client.call("store.renew", {"store": self.name, "leases": [
+                    {"id": p.lease, "name": p.name, "version": p.version} for p in params]}, timeout=lease_ms / 3000)
+            except _errors.TensorwireError:
+                continue
+            lost = set(r.get("lost") or ())
+            for p in params:
+                if p.lease in lost:
+                    p.err = ExpiredError(f"store: the lease on {p.name} version {p.version} was lost")
+
+    def watch(self, prefix="", after=FROM_NOW, timeout=None):
+        """The events of bins and parameter sets whose names start with prefix,
+        after revision after (FROM_NOW: from now on), in order, as they
+        happen: an iterator (a Watch; close it, or leave a with block, to
+        stop). It resumes by itself after the last revision it was given
+        when the node restarts; CompactedError when the node no longer keeps
+        the events after after."""
+        return Watch(self, prefix, after, _deadline(timeout))
+
+    def stats(self, timeout=None):
+        return self._call("store.stats", {"store": self.name}, _deadline(timeout))
+
+
+class Watch:
+    """An iterator of a store's Events (Store.watch), on a message stream of
+    the client's own connection."""
+
+    def __init__(self, store, prefix, after, deadline):
+        self._store = store
+        self.prefix = prefix
+        self.after = after  # the revision to resume after
+        self._deadline = deadline
+        self._stream = None
+        self._queue = collections.deque()
+        self._closed = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        wait = 0.02
+        while not self._queue:
+            if self._closed:
+                raise StopIteration
+            try:
+                if self._stream is None:
+                    self._stream = self._store._client.open_stream(
+                        "store.watch", {"store": self._store.name, "id": self._store.info.get("id", ""),
+                                        "prefix": self.prefix, "after": self.after}, timeout=_left(self._deadline))
+                m = self._stream.recv()
+                wait = 0.02
+            except StreamEnd:
+                self.close()
+                raise StopIteration from None
+            except UnavailableError:
+                if self._stream is not None:
+                    self._stream.close()
+                self._stream = None
+                left = _left(self._deadline)
+                if self._closed or (left is not None and left <= wait):
+                    raise
+                time.sleep(wait)
+                wait = min(2 * wait, 1.0)
+                continue
+            except BaseException:
+                self.close()
+                raise
+            for e in m.get("events") or ():
+                ev = Event(e.get("rev", 0), OPS.get(e.get("op"), e.get("op")), e.get("name", ""),
+                           e.get("items", 0), e.get("version", 0))
+                self._queue.append(ev)
+                self.after = ev.rev
+            seen = m.get("seen", 0)
+            if seen and (self.after == FROM_NOW or seen > self.after):
+                self.after = seen
+        return self._queue.popleft()
+
+    def close(self):
+        self._closed = True
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _deadline(timeout):
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _left(deadline):
+    return None if deadline is None else deadline - time.monotonic()

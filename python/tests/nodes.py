@@ -1,0 +1,208 @@
+"""Real Go nodes for the tests: `tensorwire node` processes.
+
+The binary is $TENSORWIRE_BIN when set (the Go test that runs this suite
+builds it once), else built here with `go build ./cmd/tensorwire` into a
+temporary folder, once per test process.
+"""
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.path.dirname(HERE)  # python/, which holds the tensorwire package
+REPO = os.path.dirname(PYDIR)
+TOKEN = b"python-suite-secret"
+
+_bin = None
+_bin_lock = threading.Lock()
+
+
+def binary():
+    """The tensorwire command."""
+    global _bin
+    with _bin_lock:
+        if _bin is None:
+            _bin = os.environ.get("TENSORWIRE_BIN")
+            if not _bin:
+                d = tempfile.mkdtemp(prefix="tensorwire-pytest-bin-")
+                atexit.register(shutil.rmtree, d, True)
+                _bin = os.path.join(d, "tensorwire")
+                subprocess.run(["go", "build", "-o", _bin, "./cmd/tensorwire"], cwd=REPO, check=True)
+        return _bin
+
+
+def python_env():
+    """The environment of a Python child that imports this tensorwire."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PYDIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def wait_until(pred, limit=60.0, what="condition"):
+    """Polls pred every 10 ms until it holds, failing after limit seconds (a
+    generous bound: the machine may be busy)."""
+    deadline = time.monotonic() + limit
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {limit}s")
+        time.sleep(0.01)
+
+
+class Node:
+    """A `tensorwire node` on 127.0.0.1 with a root, a token file (unless
+    token is None) and the given --buffer flags. start() runs it;
+    kill() (SIGKILL) or stop() (SIGTERM) ends it; start() again runs a new
+    process on the same address."""
+
+    def __init__(self, root=None, token=TOKEN, buffers=(), extra=()):
+        self.dir = tempfile.mkdtemp(prefix="tensorwire-pytest-")
+        self.root = root or os.path.join(self.dir, "root")
+        os.makedirs(self.root, exist_ok=True)
+        self.token = token
+        self.token_file = None
+        if token is not None:
+            self.token_file = os.path.join(self.dir, "token")
+            fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT, 0o600)
+            os.write(fd, token + b"\n")
+            os.close(fd)
+        self.buffers = list(buffers)
+        self.extra = list(extra)
+        self.addr = "127.0.0.1:0"
+        self.proc = None
+        self.log = os.path.join(self.dir, "node.log")
+
+    def start(self):
+        args = [binary(), "node", "--listen", self.addr, "--root", self.root]
+        if self.token_file:
+            args += ["--token-file", self.token_file]
+        for b in self.buffers:
+            args += ["--buffer", b]
+        args += self.extra
+        deadline = time.monotonic() + 60
+        while True:
+            logf = open(self.log, "ab")
+            self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL)
+            logf.close()
+            line = self.proc.stdout.readline().decode()
+            if line.startswith("listening on "):
+                self.addr = line.split()[-1]
+                threading.Thread(target=_drain, args=(self.proc.stdout,), daemon=True).start()
+                return self
+            self.proc.wait()
+            self.proc.stdout.close()
+            # The old address may still be held briefly after a kill.
+            if time.monotonic() > deadline or self.addr.endswith(":0"):
+                raise RuntimeError(f"the node did not start: {line!r}; log:\n{self.read_log()}")
+            time.sleep(0.1)
+
+    def read_log(self):
+        try:
+            with open(self.log, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def close(self):
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _drain(f):
+    """Reads f (a node's stdout) to its end and closes it."""
+    with f:
+        f.read()
+
+
+class CountingProxy:
+    """A TCP proxy in front of addr that counts the bytes each way."""
+
+    def __init__(self, addr):
+        host, port = addr.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(16)
+        self.addr = "127.0.0.1:%d" % self.lsock.getsockname()[1]
+        self.up = 0
+        self.down = 0
+        self.socks = []
+        self.mu = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                return
+            s = socket.create_connection(self.target)
+            with self.mu:
+                self.socks += [c, s]
+            threading.Thread(target=self._pipe, args=(c, s, "up"), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(s, c, "down"), daemon=True).start()
+
+    def _pipe(self, a, b, way):
+        while True:
+            try:
+                d = a.recv(1 << 16)
+            except OSError:
+                d = b""
+            if not d:
+                try:
+                    b.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                return
+            with self.mu:
+                setattr(self, way, getattr(self, way) + len(d))
+            try:
+                b.sendall(d)
+            except OSError:
+                return
+
+    def counts(self):
+        with self.mu:
+            return self.up, self.down
+
+    def close(self):
+        self.lsock.close()
+        with self.mu:
+            for s in self.socks:
+                s.close()
+
+
+def run_python(code, *args, timeout=120):
+    """Runs code in a new /usr/bin/python3 (this interpreter) that imports
+    this tensorwire; returns the CompletedProcess."""
+    return subprocess.run([sys.executable, "-c", code, *args], env=python_env(), capture_output=True,
+                          timeout=timeout)

@@ -1,0 +1,128 @@
+"""The loader consumer against a real Go node's producer: epochs that end,
+len(), every sample once per epoch, in both modes and batch sizes side by
+side, a loop given up, and the consumer that leaves."""
+
+import math
+import os
+import subprocess
+import unittest
+
+import numpy as np
+
+import tensorwire
+from tensorwire import loader
+
+from nodes import TOKEN, Node, binary
+
+N = 1000
+
+
+def make_dataset(d):
+    """A dataset of N samples: x float32 [N, 3] with row i all i."""
+    src = os.path.join(d, "x.npy")
+    np.save(src, np.repeat(np.arange(N, dtype=np.float32)[:, None], 3, axis=1))
+    out = os.path.join(d, "ds")
+    subprocess.run([binary(), "import", "npy", "x=" + src, out], check=True, capture_output=True)
+    return out
+
+
+class TestLoader(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.node = Node()
+        cls.node.extra = ["--loader", "l,dataset=%s,batch=64,slots=8,seed=3,index=index,max-wait=10s" % make_dataset(cls.node.dir)]
+        cls.node.start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.node.close()
+
+    def dial(self, mode, batch, **kw):
+        return loader.Consumer(self.node.addr, "l", batch, token=TOKEN, root=self.node.root,
+                               bytes_mode=mode == "bytes", **kw)
+
+    def check_epoch(self, batches, batch):
+        seen = []
+        for b in batches:
+            idx = b["index"]
+            self.assertLessEqual(len(idx), batch)
+            np.testing.assert_array_equal(b["x"][:, 0], idx.astype(np.float32))
+            seen.extend(idx.tolist())
+        self.assertEqual(sorted(seen), list(range(N)))
+        return seen
+
+    def test_epochs(self):
+        """Two consumers, by reference and by bytes, of batch 100 and 48, each
+        in a thread of its own as in a process of its own: each epoch yields
+        len() batches and every sample once, in the producer's order, the same
+        for both in the epochs they share."""
+        import threading
+        results, errs = {}, []
+
+        def run(mode, batch):
+            try:
+                with self.dial(mode, batch) as c:
+                    self.assertEqual(c.mode, mode)
+                    self.assertEqual(len(c), math.ceil(N / batch))
+                    for _ in range(2):
+                        e = c.epoch
+                        got = list(c)
+                        self.assertEqual(len(got), len(c))
+                        results[(mode, e)] = self.check_epoch(got, batch)
+            except Exception as e:  # noqa: BLE001
+                errs.append(e)
+
+        ts = [threading.Thread(target=run, args=a) for a in (("ref", 100), ("bytes", 48))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+        self.assertEqual(errs, [])
+        self.assertEqual(len(results), 4)
+        shared = {e for m, e in results if m == "ref"} & {e for m, e in results if m == "bytes"}
+        for e in shared:
+            self.assertEqual(results[("ref", e)], results[("bytes", e)])
+
+    def test_drop_last_and_torch(self):
+        with self.dial("ref", 300, drop_last=True) as c:
+            self.assertEqual(len(c), 3)
+            batches = list(c)
+            self.assertEqual([len(x["index"]) for x in batches], [300, 300, 300])
+        try:
+            import torch
+        except ImportError:
+            return
+        with self.dial("bytes", 256, as_torch=True) as c:
+            b = next(iter(c))
+            self.assertIsInstance(b["x"], torch.Tensor)
+
+    def test_break_gives_up_the_epoch(self):
+        with self.dial("ref", 64) as c:
+            e = c.epoch
+            for i, _ in enumerate(c):
+                if i == 2:
+                    break
+            self.assertEqual(c.epoch, e + 1)
+            self.check_epoch(list(c), 64)  # the next epoch, whole
+
+    def test_bad_batch_size(self):
+        for n in (0, -1):
+            with self.assertRaises(loader.ArgumentError):
+                self.dial("ref", n)
+        with self.assertRaises(loader.ArgumentError) as cm:
+            self.dial("ref", 64 * 8 + 1)  # more than the ring
+        self.assertIsInstance(cm.exception, tensorwire.InvalidArgumentError)
+        with self.assertRaises(loader.NotFoundError):
+            loader.Consumer(self.node.addr, "nope", 8, token=TOKEN)
+
+    def test_leaves(self):
+        c = self.dial("bytes", 64)
+        before = c.stats()
+        c.close()
+        with tensorwire.Client(self.node.addr, token=TOKEN) as rc:
+            from nodes import wait_until
+            wait_until(lambda: rc.call("loader.stats", {"name": "l"})["left"] > before["left"], what="the consumer left")
+
+
+if __name__ == "__main__":
+    unittest.main()

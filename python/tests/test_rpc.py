@@ -1,0 +1,266 @@
+"""The rpc client against real Go nodes: the handshake, calls, TensorDicts by
+reference and by bytes, errors, deadlines, a node killed, silent or idle."""
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import unittest
+
+import numpy as np
+
+import tensorwire
+
+from nodes import REPO, TOKEN, Node, binary, wait_until
+
+GOLDEN = os.path.join(REPO, "tensordict", "testdata", "golden")
+
+
+class TestHandshake(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.node = Node().start()
+        cls.open = Node(token=None).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.node.close()
+        cls.open.close()
+
+    def test_token(self):
+        with tensorwire.Client(self.node.addr, token=TOKEN) as c:
+            self.assertIn("peers", c.stats())
+            self.assertFalse(c.shared_fs())
+
+    def test_token_str_and_file(self):
+        with tensorwire.Client(self.node.addr, token=TOKEN.decode()) as c:
+            c.stats()
+        with tensorwire.Client(self.node.addr, token=tensorwire.read_token(self.node.token_file)) as c:
+            c.stats()
+
+    def test_wrong_token(self):
+        with self.assertRaises(tensorwire.UnauthenticatedError) as cm:
+            tensorwire.Client(self.node.addr, token=b"not the token")
+        self.assertIn("wrong token", str(cm.exception))
+
+    def test_no_token(self):
+        with self.assertRaises(tensorwire.UnauthenticatedError) as cm:
+            tensorwire.Client(self.node.addr)
+        self.assertIn("requires a token", str(cm.exception))
+
+    def test_token_for_a_node_without_one(self):
+        """A client with a token refuses a node that cannot prove it knows it;
+        the node refuses first."""
+        with self.assertRaises(tensorwire.UnauthenticatedError):
+            tensorwire.Client(self.open.addr, token=TOKEN)
+        with tensorwire.Client(self.open.addr) as c:
+            c.stats()
+
+    def test_not_a_node(self):
+        """A peer that does not speak the protocol: Unavailable."""
+        import socket
+        ls = socket.socket()
+        ls.bind(("127.0.0.1", 0))
+        ls.listen(1)
+
+        def serve():
+            c, _ = ls.accept()
+            c.recv(64)
+            c.sendall(b"HTTP/1.1 400 Bad Request\r\n" + b"x" * 64)
+            c.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        with self.assertRaises(tensorwire.UnavailableError) as cm:
+            tensorwire.Client("127.0.0.1:%d" % ls.getsockname()[1], timeout=10)
+        self.assertIn("magic", str(cm.exception))
+        ls.close()
+
+    def test_root_not_a_folder(self):
+        with self.assertRaises(tensorwire.InvalidArgumentError):
+            tensorwire.Client(self.node.addr, token=TOKEN, root=os.path.join(self.node.dir, "no-such-root"))
+
+    def test_nobody_listening(self):
+        import socket
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        addr = "127.0.0.1:%d" % s.getsockname()[1]
+        s.close()
+        with self.assertRaises(tensorwire.UnavailableError):
+            tensorwire.Client(addr, timeout=5)
+
+
+class TestCalls(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.node = Node(buffers=["empty,capacity=16"]).start()
+        shutil.copytree(os.path.join(GOLDEN, "basic_orjson"), os.path.join(cls.node.root, "ds"))
+        cls.c = tensorwire.Client(cls.node.addr, token=TOKEN, root=cls.node.root)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+        cls.node.close()
+
+    def test_shared(self):
+        self.assertTrue(self.c.shared_fs())
+
+    def test_version2(self):
+        """The client speaks version 2 with a node that does (and asks for
+        uncompressed bodies, which the bulk test reads)."""
+        self.assertEqual(self.c._connection(None).version, 2)
+
+    def test_describe_and_read(self):
+        d = self.c.describe("ds")
+        local = tensorwire.load_memmap(os.path.join(self.node.root, "ds"))
+        self.assertEqual(d["batch"], [local["obs"].shape[0]])
+        self.assertEqual([f["key"] for f in d["fields"]][:3], [["obs"], ["action"], ["done"]])
+        td = self.c.read("ds")
+        np.testing.assert_array_equal(td["obs"], local["obs"])
+        np.testing.assert_array_equal(td["next"]["reward"], local["next"]["reward"])
+        td = self.c.read("ds", rows=[1, 0])
+        np.testing.assert_array_equal(td["obs"], local["obs"][[1, 0]])
+
+    def test_errors_by_code(self):
+        with self.assertRaises(tensorwire.NotFoundError):
+            self.c.describe("no/such/prefix")
+        with self.assertRaises(tensorwire.PermissionDeniedError):
+            self.c.describe("../outside")
+        with self.assertRaises(tensorwire.TensorwireError) as cm:
+            self.c.call("no.such.method", {})
+        self.assertEqual(cm.exception.code_name, "Unimplemented")
+        with self.assertRaises(tensorwire.replay.NotFoundError) as cm:
+            self.c.call("replay.info", {"name": "nope"})
+        self.assertEqual(cm.exception.reason, "replay.not_found")
+        self.assertIsInstance(cm.exception, tensorwire.NotFoundError)
+        # The stream survives an error: the next call on it works.
+        self.assertIn("peers", self.c.stats())
+
+    def test_deadline(self):
+        """A sample of an empty buffer waits; its timeout ends it, on the node
+        too (DeadlineExceeded)."""
+        t0 = time.monotonic()
+        with self.assertRaises(tensorwire.DeadlineExceededError):
+            self.c.call("replay.sample", {"name": "empty", "n": 1, "bytes": False}, timeout=0.3)
+        self.assertLess(time.monotonic() - t0, 30)
+        self.assertIn("peers", self.c.stats())
+
+    def test_cancel(self):
+        p = self.c.start("replay.sample", {"name": "empty", "n": 1, "bytes": False})
+        p.cancel()
+        with self.assertRaises(tensorwire.TensorwireError) as cm:
+            p.result()
+        self.assertEqual(cm.exception.code_name, "Canceled")
+        self.assertIn("peers", self.c.stats())
+
+    def test_concurrent(self):
+        errs = []
+
+        def work():
+            try:
+                for _ in range(30):
+                    self.c.describe("ds")
+            except Exception as e:  # noqa: BLE001
+                errs.append(e)
+
+        ts = [threading.Thread(target=work) for _ in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(errs, [])
+
+    def test_idle_stream(self):
+        """A stream idle over a second is checked before it is reused."""
+        self.c.stats()
+        time.sleep(1.2)
+        self.assertIn("peers", self.c.stats())
+
+    def test_bulk_bytes(self):
+        """40 MB each way, beyond the 16 MiB window and the first 256 KiB."""
+        with tensorwire.Client(self.node.addr, token=TOKEN) as c:
+            src = os.path.join(self.node.dir, "big.npy")
+            a = np.random.default_rng(1).integers(0, 255, size=(40, 1000, 1000), dtype=np.uint8)
+            np.save(src, a)
+            r = subprocess.run([binary(), "import", "npy", "x=" + src, os.path.join(self.node.root, "big")],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            td = c.read("big")
+            np.testing.assert_array_equal(td["x"], a)
+            # And up: a fill by bytes of all rows comes back.
+            mine = {"x": a.copy()}
+            self.assertEqual(c.fill(mine, 3.0), 40)
+            self.assertTrue((mine["x"] == 3).all())
+
+    def test_fill_by_reference(self):
+        """A TD under the shared root travels as a reference: the node writes
+        into the file this side maps."""
+        path = os.path.join(self.node.root, "ref.memmap")
+        mm = np.memmap(path, dtype=np.float32, mode="w+", shape=(6, 4))
+        n = self.c.fill({"t": mm}, 2.5, rows=[1, 4])
+        self.assertEqual(n, 2)
+        self.assertTrue((mm[[1, 4]] == 2.5).all())
+        self.assertTrue((mm[[0, 2, 3, 5]] == 0).all())
+
+    def test_fill_by_bytes_rows(self):
+        a = np.zeros((5, 3), dtype=np.int16)
+        with tensorwire.Client(self.node.addr, token=TOKEN) as c:
+            self.assertEqual(c.fill({"a": a, "n": {"b": np.zeros(5, np.float64)}}, 9, rows=[4, 0]), 2)
+        self.assertTrue((a[[0, 4]] == 9).all() and (a[1:4] == 0).all())
+
+
+class TestNodeFailures(unittest.TestCase):
+    def test_killed_and_restarted(self):
+        """A call to a killed node is Unavailable; once it is back on the same
+        address the client dials again by itself."""
+        with Node() as node:
+            c = tensorwire.Client(node.addr, token=TOKEN)
+            c.stats()
+            node.kill()
+            with self.assertRaises(tensorwire.UnavailableError):
+                c.stats(timeout=10)
+            node.start()
+            self.assertIn("peers", wait_until(lambda: _try(c.stats), what="the client reconnects"))
+            self.assertEqual(c.connections, 2)
+            c.close()
+            with self.assertRaises(tensorwire.ClientClosedError):
+                c.stats()
+
+    def test_silent_node(self):
+        """A node that stops answering (SIGSTOP: its socket stays open) is
+        taken for gone after 5 keep-alive intervals: Unavailable, not a hang."""
+        with Node() as node:
+            c = tensorwire.Client(node.addr, token=TOKEN, keepalive=0.2)
+            c.stats()
+            os.kill(node.proc.pid, signal.SIGSTOP)
+            # kill returns before the node stops: wait until it has (state T),
+            # or it may still answer the next call.
+            wait_until(lambda: _state(node.proc.pid) == "T", what="the node stopped")
+            try:
+                t0 = time.monotonic()
+                with self.assertRaises(tensorwire.UnavailableError) as cm:
+                    c.stats()
+                self.assertIn("silent", str(cm.exception))
+                self.assertLess(time.monotonic() - t0, 60)
+            finally:
+                os.kill(node.proc.pid, signal.SIGCONT)
+            self.assertIn("peers", wait_until(lambda: _try(c.stats), what="the client reconnects"))
+            c.close()
+
+
+def _state(pid):
+    """The process's state letter from /proc (T: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _try(f):
+    try:
+        return f()
+    except tensorwire.UnavailableError:
+        return None
+
+
+if __name__ == "__main__":
+    unittest.main()

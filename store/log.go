@@ -1,0 +1,424 @@
+package store
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"sync"
+)
+
+// The log (docs/store.md, "The log") is the store's one source of truth:
+// every change is a record appended to it, and Open rebuilds the state by
+// reading it from the start. A file is
+//
+//	"TWSLOG01"
+//	records, each:
+//	  "TWR1"
+//	  uint32 little-endian  payload length N
+//	  uint32 little-endian  CRC-32C of the payload and the revision
+//	  N bytes               the payload: a msgpack record
+//	  uint64 little-endian  the revision (0: not an event)
+//
+// The revision trails the payload so that a record's payload, which may
+// hold a value's bytes, is encoded and checksummed before the store takes
+// its lock to number it.
+// A log that grows past Options.CompactBytes is rewritten as the state it
+// describes (compact), into a new file renamed over the old one.
+
+const (
+	logMagic     = "TWSLOG01"
+	recordMagic  = "TWR1"
+	frameHeader  = 12
+	frameTrailer = 8
+	// maxRecord bounds a record's payload: a value inline is at most
+	// Options.InlineBytes, which Options caps well below this.
+	maxRecord = 1 << 30
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Record ops.
+const (
+	recBase    = 1 // a compacted log's first record: the revision and counters it starts from
+	recPut     = 2 // a bin's items replaced by Items
+	recAppend  = 3 // Items[0] added to a bin
+	recGet     = 4 // items IDs removed from a bin by the Get Take
+	recDelete  = 5 // a bin removed
+	recPublish = 6 // version Version of a parameter set, value Items[0]
+)
+
+// record is one entry of the log. Rev is the store's revision after it
+// (an event), or 0 in the records of a compacted log that restate the
+// state (they are no events).
+type record struct {
+	Rev     uint64    `codec:"-"` // in the frame's trailer
+	Op      uint8     `codec:"op"`
+	Name    string    `codec:"name"`
+	Items   []recItem `codec:"items"`
+	IDs     []uint64  `codec:"ids"`
+	Take    uint64    `codec:"take"`
+	Version uint64    `codec:"version"`
+	Req     reqID     `codec:"req"` // the client's request, so a retry is recognised
+
+	// recBase only.
+	NextID uint64     `codec:"next_id"`
+	Takes  []uint64   `codec:"takes"` // Gets acknowledged recently
+	Reqs   []reqEntry `codec:"reqs"`  // requests made recently
+}
+
+// recItem is a value in a record: inline bytes, or the prefix
+// values/<ID> when Inline is nil.
+type recItem struct {
+	ID     uint64 `codec:"id"`
+	Size   int64  `codec:"size"`
+	Inline []byte `codec:"inline"`
+}
+
+// reqID names one mutating request of one client: a retried request
+// carries the same one.
+type reqID struct {
+	Client uint64 `codec:"client"`
+	Seq    uint64 `codec:"seq"`
+}
+
+// reqEntry is a request made and what it returned.
+type reqEntry struct {
+	ID      reqID  `codec:"id"`
+	Rev     uint64 `codec:"rev"`
+	Version uint64 `codec:"version"`
+}
+
+// prepared is a record encoded as a frame, waiting for its revision.
+type prepared struct {
+	frame []byte
+	crc   uint32 // of the payload
+}
+
+// prepare encodes rec (all but its revision) as a frame.
+func prepare(rec *record) (prepared, error) {
+	p, err := encodeMsgpack(rec)
+	if err != nil {
+		return prepared{}, fmt.Errorf("store: encoding a log record: %w", err)
+	}
+	if len(p) > maxRecord {
+		return prepared{}, fmt.Errorf("store: a log record of %d bytes", len(p))
+	}
+	out := make([]byte, frameHeader+len(p)+frameTrailer)
+	copy(out, recordMagic)
+	binary.LittleEndian.PutUint32(out[4:], uint32(len(p)))
+	copy(out[frameHeader:], p)
+	return prepared{frame: out, crc: crc32.Checksum(p, castagnoli)}, nil
+}
+
+// seal numbers a prepared frame with rev and returns it.
+func (p prepared) seal(rev uint64) []byte {
+	t := p.frame[len(p.frame)-frameTrailer:]
+	binary.LittleEndian.PutUint64(t, rev)
+	binary.LittleEndian.PutUint32(p.frame[8:], crc32.Update(p.crc, castagnoli, t))
+	return p.frame
+}
+
+// readLog calls apply with each record of the log file f, in order, and
+// returns the offset where the good records end. A damaged or incomplete
+// record with no good record after it is a torn tail (a write the crash
+// cut short, never acknowledged): the offset is where it starts, and the
+// caller truncates there. A damaged record followed by a good one is
+// ErrCorrupt: acknowledged operations would be lost by dropping it.
+func readLog(f *os.File, apply func(*record) error) (int64, error) {
+	r := bufio.NewReaderSize(f, 1<<20)
+	head := make([]byte, len(logMagic))
+	if _, err := io.ReadFull(r, head); err != nil || string(head) != logMagic {
+		return 0, fmt.Errorf("%w: %s does not start as a store log", ErrCorrupt, f.Name())
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("store: %w", err)
+	}
+	fileSize := fi.Size()
+	off := int64(len(logMagic))
+	var hdr [frameHeader]byte
+	var payload []byte
+	for {
+		n, err := io.ReadFull(r, hdr[:])
+		if err == io.EOF {
+			return off, nil
+		}
+		bad := ""
+		switch {
+		case err != nil:
+			bad = fmt.Sprintf("a frame header cut after %d bytes", n)
+		case string(hdr[:4]) != recordMagic:
+			bad = "no record marker"
+		}
+		var size int
+		if bad == "" {
+			size = int(binary.LittleEndian.Uint32(hdr[4:]))
+			if size > maxRecord {
+				bad = fmt.Sprintf("a record of %d bytes", size)
+			} else if rest := fileSize - off - frameHeader; int64(size)+frameTrailer > rest {
+				// Never allocate for bytes the file does not have.
+				bad = fmt.Sprintf("a record of %d bytes with %d left in the file", size, rest)
+			}
+		}
+		if bad == "" {
+			if cap(payload) < size+frameTrailer {
+				payload = make([]byte, size+frameTrailer)
+			}
+			payload = payload[:size+frameTrailer]
+			if n, err := io.ReadFull(r, payload); err != nil {
+				bad = fmt.Sprintf("a record cut after %d of %d bytes", n, size+frameTrailer)
+			} else if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(hdr[8:]) {
+				bad = "a checksum mismatch"
+			}
+		}
+		if bad != "" {
+			if goodAfter(f, off+1) {
+				return off, fmt.Errorf("%w: %s at offset %d: %s, and good records after it", ErrCorrupt, f.Name(), off, bad)
+			}
+			return off, nil
+		}
+		var rec record
+		if err := decodeMsgpack(payload[:size], &rec); err != nil {
+			return off, fmt.Errorf("%w: %s at offset %d: a record that does not decode: %v", ErrCorrupt, f.Name(), off, err)
+		}
+		rec.Rev = binary.LittleEndian.Uint64(payload[size:])
+		if err := apply(&rec); err != nil {
+			return off, fmt.Errorf("%s at offset %d: %w", f.Name(), off, err)
+		}
+		off += frameHeader + int64(size) + frameTrailer
+	}
+}
+
+// goodAfter reports whether f holds a whole record with a good checksum
+// starting anywhere at or after off.
+func goodAfter(f *os.File, off int64) bool {
+	fi, err := f.Stat()
+	if err != nil {
+		return true // cannot tell: do not call the damage a torn tail
+	}
+	data := make([]byte, max(fi.Size()-off, 0))
+	if _, err := f.ReadAt(data, off); err != nil && !errors.Is(err, io.EOF) {
+		return true
+	}
+	for i := 0; ; {
+		j := bytes.Index(data[i:], []byte(recordMagic))
+		if j < 0 {
+			return false
+		}
+		p := data[i+j:]
+		if len(p) >= frameHeader {
+			size := int(binary.LittleEndian.Uint32(p[4:])) + frameTrailer
+			if size <= len(p)-frameHeader &&
+				crc32.Checksum(p[frameHeader:frameHeader+size], castagnoli) == binary.LittleEndian.Uint32(p[8:]) {
+				return true
+			}
+		}
+		i += j + 1
+	}
+}
+
+// logWriter appends frames to the log file with group commit: callers
+// queue frames (in revision order, under the store's lock) and wait until
+// the frame of their revision is durable. Two goroutines of the store run
+// it as a pipeline: the writer writes every queued frame with one write,
+// and the syncer makes what was written durable with one fdatasync, while
+// the writer already writes the next batch. Each sync covers every frame
+// written before it started.
+type logWriter struct {
+	noSync bool
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	f       *os.File
+	size    int64
+	queue   []queued
+	written uint64 // every record up to this revision is written
+	durable uint64 // every record up to this revision is durable
+	err     error  // sticky: set when a write or sync fails
+	closed  bool
+	done    bool // the writer has stopped: nothing more will be written
+}
+
+type queued struct {
+	frame []byte
+	rev   uint64
+}
+
+func newLogWriter(f *os.File, size int64, rev uint64, noSync bool) *logWriter {
+	w := &logWriter{f: f, size: size, written: rev, durable: rev, noSync: noSync}
+	w.cond = sync.NewCond(&w.mu)
+	return w
+}
+
+// enqueue adds a frame with revision rev, larger than any queued before.
+func (w *logWriter) enqueue(frame []byte, rev uint64) {
+	w.mu.Lock()
+	w.queue = append(w.queue, queued{frame, rev})
+	w.mu.Unlock()
+	w.cond.Broadcast()
+}
+
+// wait blocks until revision rev is durable, and returns nil, or returns
+// the error that stopped the log.
+func (w *logWriter) wait(rev uint64) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for w.durable < rev && w.err == nil {
+		w.cond.Wait()
+	}
+	if w.durable >= rev {
+		return nil
+	}
+	return w.err
+}
+
+// next blocks until frames are queued or the writer is closed, and takes
+// them. ok is false once closed with nothing left to write, or failed.
+func (w *logWriter) next() (batch []queued, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for len(w.queue) == 0 && !w.closed && w.err == nil {
+		w.cond.Wait()
+	}
+	if w.err != nil || len(w.queue) == 0 {
+		return nil, false
+	}
+	batch, w.queue = w.queue, nil
+	return batch, true
+}
+
+// write writes a batch with one write(2). Without sync it is durable as
+// far as the log promises (Options.NoSync) at once; otherwise the syncer
+// makes it so.
+func (w *logWriter) write(batch []queued, buf *[]byte) error {
+	b := (*buf)[:0]
+	for _, q := range batch {
+		b = append(b, q.frame...)
+	}
+	*buf = b
+	_, err := w.f.Write(b)
+	w.mu.Lock()
+	if err != nil {
+		w.err = fmt.Errorf("%w: %v", ErrFailed, err)
+	} else {
+		w.size += int64(len(b))
+		w.written = batch[len(batch)-1].rev
+		if w.noSync {
+			w.durable = w.written
+		}
+	}
+	w.mu.Unlock()
+	w.cond.Broadcast()
+	return err
+}
+
+// syncLoop makes written records durable, calling advanced with each new
+// durable revision, until the writer is closed and everything written is
+// durable, or a sync fails.
+func (w *logWriter) syncLoop(advanced func(uint64)) {
+	for {
+		w.mu.Lock()
+		for w.written == w.durable && !w.done && w.err == nil {
+			w.cond.Wait()
+		}
+		if w.err != nil || w.written == w.durable {
+			w.mu.Unlock()
+			advanced(0)
+			return
+		}
+		target, f := w.written, w.f
+		w.mu.Unlock()
+		err := syncData(f)
+		w.mu.Lock()
+		if err != nil {
+			w.err = fmt.Errorf("%w: %v", ErrFailed, err)
+		} else {
+			w.durable = max(w.durable, target)
+		}
+		w.mu.Unlock()
+		w.cond.Broadcast()
+		if err != nil {
+			advanced(0)
+			return
+		}
+		advanced(target)
+	}
+}
+
+// waitSynced blocks until everything written is durable (the syncer is
+// idle), or the log failed.
+func (w *logWriter) waitSynced() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for w.durable < w.written && w.err == nil {
+		w.cond.Wait()
+	}
+	return w.err
+}
+
+// failed returns the error that stopped the log, or nil.
+func (w *logWriter) failed() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// writerDone records that the writer has stopped; the syncer stops once
+// everything it wrote is durable.
+func (w *logWriter) writerDone() {
+	w.mu.Lock()
+	w.done = true
+	w.mu.Unlock()
+	w.cond.Broadcast()
+}
+
+// close stops the writer once the queue is empty, and so the syncer once
+// everything written is durable.
+func (w *logWriter) close() {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
+	w.cond.Broadcast()
+}
+
+// checkRecord returns an error matching ErrCorrupt for a record apply
+// cannot take: one no version of this package writes, whatever its
+// checksum says.
+func checkRecord(rec *record) error {
+	bad := ""
+	switch rec.Op {
+	case recBase:
+		if rec.Name == "" || rec.Rev != 0 {
+			bad = "a base record without an id, or numbered"
+		}
+	case recPut, recAppend, recPublish:
+		if len(rec.Items) == 0 {
+			bad = "no value"
+		}
+		for _, it := range rec.Items {
+			if it.ID == 0 || (rec.Op == recPublish && it.Inline != nil) {
+				bad = "a value without an id, or a parameter version inline"
+			}
+		}
+		if rec.Op == recPublish && rec.Version == 0 {
+			bad = "version 0"
+		}
+	case recGet, recDelete:
+	default:
+		bad = fmt.Sprintf("op %d", rec.Op)
+	}
+	if bad == "" && rec.Op != recBase {
+		if err := CheckName(rec.Name); err != nil {
+			bad = err.Error()
+		}
+	}
+	if bad != "" {
+		return fmt.Errorf("%w: a record the store does not write: %s", ErrCorrupt, bad)
+	}
+	return nil
+}

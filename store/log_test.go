@@ -1,0 +1,63 @@
+package store
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestLogWriter_SyncerOutlivesWriter: a record the writer writes after the
+// log was closed is still synced, so its waiter returns. (The syncer used
+// to stop as soon as the log was closed and everything written so far was
+// synced, though the writer still had queued records to write.)
+func TestLogWriter_SyncerOutlivesWriter(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), logName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	w := newLogWriter(f, 0, 0, false)
+	synced := make(chan struct{})
+	go func() {
+		defer close(synced)
+		w.syncLoop(func(uint64) {})
+	}()
+	p, err := prepare(&record{Op: recDelete, Name: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.enqueue(p.seal(1), 1)
+	w.close() // closed with a record queued and nothing written yet
+	// Give a syncer that would stop now the chance to (it must not): this
+	// wait makes the old behaviour show, it is no condition of the new.
+	select {
+	case <-synced:
+	case <-time.After(100 * time.Millisecond):
+	}
+	// The writer, late: it takes the queue and writes it.
+	batch, ok := w.next()
+	if !ok {
+		t.Fatal("next after close with a record queued: nothing")
+	}
+	var buf []byte
+	if err := w.write(batch, &buf); err != nil {
+		t.Fatal(err)
+	}
+	w.writerDone()
+	waited := make(chan error, 1)
+	go func() { waited <- w.wait(1) }()
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the record written after close was never synced: its waiter still waits after 30 s")
+	}
+	select {
+	case <-synced:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the syncer did not stop after the writer did")
+	}
+}

@@ -1,0 +1,760 @@
+package store
+
+import (
+	"cmp"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/atomicfile"
+	"github.com/tensorwire/tensorwire/internal/lockfile"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Options configure a store (Open). The zero value takes every default.
+type Options struct {
+	// MaxValueBytes bounds one value's tensor bytes (a Put, an Append, a
+	// Publish); larger ones are refused with ErrTooLarge. Default 1 GiB.
+	MaxValueBytes int64
+
+	// InlineBytes: values with fewer tensor bytes are kept in the log and
+	// in the node's memory; others are written as prefixes under values/,
+	// which clients sharing the filesystem map instead of receiving their
+	// bytes. Default 1 MiB, at most 64 MiB.
+	InlineBytes int64
+
+	// NoSync acknowledges operations once the log's write(2) returns,
+	// without fsync: they survive the node's process dying (kill -9) but
+	// not the machine crashing. The default fsyncs before acknowledging.
+	NoSync bool
+
+	// GetTimeout is how long the items a remote Get returned wait for its
+	// acknowledgement before other Gets may take them again. Default 30 s.
+	GetTimeout time.Duration
+
+	// LeaseTTL is how long a reader's lease on a parameter version lasts
+	// unless renewed (clients renew at a third of it). Default 10 s.
+	LeaseTTL time.Duration
+
+	// History is how many events the store keeps at least for watchers to
+	// resume from; one older than those gets ErrCompacted. Default 100,000.
+	History int
+
+	// CompactBytes: the log is rewritten as the state it describes once it
+	// is this long and more than twice that state. Default 64 MiB.
+	CompactBytes int64
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.MaxValueBytes < 0 || o.InlineBytes < 0 || o.GetTimeout < 0 || o.LeaseTTL < 0 || o.History < 0 || o.CompactBytes < 0 {
+		return o, errorf(ErrConfig, "a negative option in %+v", o)
+	}
+	o.MaxValueBytes = cmp.Or(o.MaxValueBytes, 1<<30)
+	o.InlineBytes = cmp.Or(o.InlineBytes, 1<<20)
+	if o.InlineBytes > 64<<20 {
+		return o, errorf(ErrConfig, "InlineBytes %d; at most %d", o.InlineBytes, 64<<20)
+	}
+	o.GetTimeout = cmp.Or(o.GetTimeout, 30*time.Second)
+	o.LeaseTTL = cmp.Or(o.LeaseTTL, 10*time.Second)
+	o.History = cmp.Or(o.History, 100_000)
+	o.CompactBytes = cmp.Or(o.CompactBytes, 64<<20)
+	return o, nil
+}
+
+// Store is a store of bins and parameter sets in a folder, served by one
+// process (Open locks the folder). Its methods are safe for concurrent use;
+// Close it when done. A Service serves it to other processes, which Dial
+// it and make the same calls.
+type Store struct {
+	dir  string
+	opts Options
+	lk   *lockfile.Lock
+	log  *logWriter
+
+	nextID atomic.Uint64 // the last value id handed out
+	done   chan struct{} // closed by Close
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	closed  bool
+	id      string // random, made with the log: a new store has another
+	rev     uint64 // the last revision given out
+	durable uint64 // the last revision whose record is durable
+	notify  chan struct{}
+	bins    map[string]*bin
+	params  map[string]*paramSet
+	takes   map[uint64]*take
+	acked   recentTakes
+	reqs    requests
+	leases  map[uint64]*lease
+	hist    history
+	inline  int64              // bytes of inline values held
+	maps    map[uint64]*mapped // read-only mappings of prefixes, for bytes responses
+	pub     chan struct{}      // closed at the next publication
+}
+
+// Open opens the store in the folder dir, creating it (and dir) if there
+// is none, and locks it: a second Open of the same folder, in this process
+// or another, fails with ErrLocked until the first is closed or its process
+// has died. Opening replays the log, so every operation acknowledged before
+// a crash is there; values/ entries no record refers to (a crash between
+// writing a value and logging it) are deleted.
+func Open(dir string, opts Options) (*Store, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	for _, sub := range []string{"", valuesDir, stagingDir, trashDir} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			return nil, fmt.Errorf("store: %w", err)
+		}
+	}
+	abs, err := filepath.Abs(dir)
+	if err == nil {
+		abs, err = filepath.EvalSymlinks(abs)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	lk, err := lock(filepath.Join(abs, lockName))
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{
+		dir: abs, opts: o, lk: lk, done: make(chan struct{}), notify: make(chan struct{}),
+		bins: map[string]*bin{}, params: map[string]*paramSet{}, takes: map[uint64]*take{},
+		leases: map[uint64]*lease{}, maps: map[uint64]*mapped{},
+		hist: history{max: o.History}, reqs: requests{clients: map[uint64]*clientReqs{}},
+	}
+	if err := s.recover(); err != nil {
+		lk.Release()
+		return nil, err
+	}
+	s.wg.Add(3)
+	go s.writeLoop()
+	go func() {
+		defer s.wg.Done()
+		s.log.syncLoop(s.advance)
+	}()
+	go s.sweepLoop()
+	return s, nil
+}
+
+// recover opens or creates the log, replays it, and cleans the folder.
+func (s *Store) recover() error {
+	os.RemoveAll(filepath.Join(s.dir, trashDir))
+	os.MkdirAll(filepath.Join(s.dir, trashDir), 0o755)
+	path := filepath.Join(s.dir, logName)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		f, err = s.createLog(path)
+	}
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	end, err := readLog(f, func(rec *record) error {
+		if err := checkRecord(rec); err != nil {
+			return err
+		}
+		s.apply(rec)
+		return nil
+	})
+	if err != nil {
+		f.Close()
+		return err
+	}
+	if fi, err := f.Stat(); err == nil && fi.Size() > end {
+		// A torn tail: records never acknowledged. Cut it off.
+		if err := f.Truncate(end); err != nil {
+			f.Close()
+			return fmt.Errorf("store: cutting the log's torn tail: %w", err)
+		}
+	}
+	if _, err := f.Seek(end, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("store: %w", err)
+	}
+	if s.id == "" {
+		f.Close()
+		return fmt.Errorf("%w: %s has no base record", ErrCorrupt, path)
+	}
+	s.durable = s.rev
+	s.log = newLogWriter(f, end, s.rev, s.opts.NoSync)
+	// Every value a record refers to must be there.
+	keep := map[uint64]bool{}
+	for name, b := range s.bins {
+		for _, it := range b.items {
+			if it.inline == nil {
+				keep[it.id] = true
+				if _, err := os.Stat(s.valuePath(it.id)); err != nil {
+					f.Close()
+					return fmt.Errorf("%w: bin %q: value %016x: %v", ErrCorrupt, name, it.id, err)
+				}
+			}
+		}
+	}
+	grace := time.Now().Add(s.opts.LeaseTTL)
+	for name, ps := range s.params {
+		for v, ver := range ps.versions {
+			if _, err := os.Stat(s.valuePath(ver.id)); err != nil {
+				if v == ps.latest {
+					f.Close()
+					return fmt.Errorf("%w: parameters %q version %d: %v", ErrCorrupt, name, v, err)
+				}
+				delete(ps.versions, v) // deleted before the crash
+				continue
+			}
+			keep[ver.id] = true
+			ver.keepUntil = grace // readers of the last run may renew their leases
+		}
+	}
+	ents, err := os.ReadDir(filepath.Join(s.dir, valuesDir))
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("store: %w", err)
+	}
+	for _, e := range ents {
+		if id, ok := parseValueName(e.Name()); ok && !keep[id] {
+			s.removeValue(id)
+		}
+	}
+	s.sweepStaging(0)
+	return nil
+}
+
+// createLog makes a new log with its base record.
+func (s *Store) createLog(path string) (*os.File, error) {
+	var b [8]byte
+	rand.Read(b[:])
+	p, err := prepare(&record{Op: recBase, Name: hex.EncodeToString(b[:])})
+	if err != nil {
+		return nil, err
+	}
+	data := append([]byte(logMagic), p.seal(0)...)
+	if err := atomicfile.WriteFile(path, data, 0o644); err != nil {
+		return nil, err
+	}
+	return os.OpenFile(path, os.O_RDWR, 0)
+}
+
+// Dir returns the store's folder, absolute.
+func (s *Store) Dir() string { return s.dir }
+
+// ID returns the store's identity: random, made when its log was created.
+// A client that sees it change knows the store was created anew.
+func (s *Store) ID() string { return s.id }
+
+// Close stops the store: calls in progress and later ones fail with
+// ErrClosed (operations already handed to the log are written first),
+// mappings are closed, and the folder is unlocked.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.done)
+	s.mu.Unlock()
+	s.log.close()
+	s.wg.Wait()
+	s.mu.Lock()
+	for id, m := range s.maps {
+		m.td.Close()
+		delete(s.maps, id)
+	}
+	s.mu.Unlock()
+	err := s.log.f.Close()
+	if uerr := s.lk.Release(); err == nil {
+		err = uerr
+	}
+	return err
+}
+
+// enter returns ErrClosed once the store is closed, and the log's error
+// once it failed; s.mu is held.
+func (s *Store) enterLocked() error {
+	if s.closed {
+		return ErrClosed
+	}
+	return s.log.failed()
+}
+
+// commitLocked numbers the prepared record rec (Rev set by the caller to
+// s.rev+1), applies it to the state and queues it for the log. s.mu is
+// held. It returns the values the record dropped.
+func (s *Store) commitLocked(rec *record, p prepared) []uint64 {
+	dropped := s.apply(rec)
+	s.log.enqueue(p.seal(rec.Rev), rec.Rev)
+	return dropped
+}
+
+// settle waits until rev is durable, then deletes the prefixes of dropped
+// values.
+func (s *Store) settle(rev uint64, dropped []uint64) error {
+	if err := s.log.wait(rev); err != nil {
+		return err
+	}
+	for _, id := range dropped {
+		s.removeValue(id)
+	}
+	return nil
+}
+
+// readRev returns the current revision, to wait for before reading state
+// that includes operations not yet durable.
+func (s *Store) waitRead(rev uint64) error { return s.log.wait(rev) }
+
+// writeLoop writes the log: each batch of queued records with one write
+// (the syncer makes them durable), and the whole state instead once the
+// log is long enough to compact.
+func (s *Store) writeLoop() {
+	defer s.wg.Done()
+	defer s.log.writerDone()
+	var buf []byte
+	for {
+		batch, ok := s.log.next()
+		if !ok {
+			return
+		}
+		if s.shouldCompact() && s.log.waitSynced() == nil {
+			rev, rest, err := s.compact()
+			if err == nil {
+				s.advance(rev)
+				continue
+			}
+			batch = append(batch, rest...) // write them the ordinary way
+		}
+		if err := s.log.write(batch, &buf); err != nil {
+			s.advance(0) // wake watchers: the store has failed
+			return
+		}
+		if s.opts.NoSync {
+			s.advance(batch[len(batch)-1].rev)
+		}
+		if cap(buf) > 64<<20 {
+			buf = nil
+		}
+	}
+}
+
+// advance records that rev is durable and wakes those waiting for events.
+func (s *Store) advance(rev uint64) {
+	s.mu.Lock()
+	if rev > s.durable {
+		s.durable = rev
+	}
+	close(s.notify)
+	s.notify = make(chan struct{})
+	s.mu.Unlock()
+}
+
+func (s *Store) shouldCompact() bool {
+	s.log.mu.Lock()
+	size := s.log.size
+	s.log.mu.Unlock()
+	if size < s.opts.CompactBytes {
+		return false
+	}
+	s.mu.Lock()
+	live := s.inline
+	s.mu.Unlock()
+	return size > 2*live
+}
+
+// compact rewrites the log as the state: a base record and records that
+// restate every bin and parameter version, written to a new file that
+// replaces the log. The records queued meanwhile are part of that state,
+// so they are dropped from the queue; if compaction fails they are
+// returned, to be written the ordinary way. It returns the revision the
+// new log is at.
+func (s *Store) compact() (uint64, []queued, error) {
+	s.mu.Lock()
+	s.log.mu.Lock()
+	rest := s.log.queue
+	s.log.queue = nil
+	s.log.mu.Unlock()
+	recs := s.stateRecords()
+	rev := s.rev
+	s.mu.Unlock()
+
+	path := filepath.Join(s.dir, logName)
+	tmp := path + ".compact"
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return 0, rest, err
+	}
+	fail := func(err error) (uint64, []queued, error) {
+		f.Close()
+		os.Remove(tmp)
+		return 0, rest, err
+	}
+	size := int64(len(logMagic))
+	if _, err := f.Write([]byte(logMagic)); err != nil {
+		return fail(err)
+	}
+	for _, rec := range recs {
+		p, err := prepare(rec)
+		if err != nil {
+			return fail(err)
+		}
+		fr := p.seal(rec.Rev)
+		if _, err := f.Write(fr); err != nil {
+			return fail(err)
+		}
+		size += int64(len(fr))
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail(err)
+	}
+	if err := atomicfile.SyncDir(s.dir); err != nil {
+		// The new log is in place; only the directory's durability is in
+		// doubt. Carry on with it: the next fsync of the file stands.
+		_ = err
+	}
+	s.log.mu.Lock()
+	old := s.log.f
+	s.log.f, s.log.size = f, size
+	s.log.written = max(s.log.written, rev)
+	s.log.durable = max(s.log.durable, rev)
+	s.log.mu.Unlock()
+	s.log.cond.Broadcast()
+	old.Close()
+	return rev, nil, nil
+}
+
+// stateRecords returns records that rebuild the current state; s.mu is
+// held. Inline bytes are shared, not copied: values never change.
+func (s *Store) stateRecords() []*record {
+	recs := []*record{{Op: recBase, Rev: 0, Name: s.id, Version: s.rev, NextID: s.nextID.Load(),
+		Takes: s.acked.list(), Reqs: s.reqs.list()}}
+	for _, name := range slices.Sorted(mapsKeys(s.bins)) {
+		b := s.bins[name]
+		op, chunk, size := uint8(recPut), []recItem(nil), 0
+		for _, it := range b.items {
+			chunk = append(chunk, it.rec())
+			size += len(it.inline) + 32
+			if size > 64<<20 {
+				recs = append(recs, &record{Op: op, Name: name, Items: chunk})
+				op, chunk, size = recAppend, nil, 0
+			}
+		}
+		if len(chunk) > 0 || op == recPut {
+			recs = append(recs, &record{Op: op, Name: name, Items: chunk})
+		}
+	}
+	for _, name := range slices.Sorted(mapsKeys(s.params)) {
+		ps := s.params[name]
+		for _, v := range slices.Sorted(mapsKeys(ps.versions)) {
+			ver := ps.versions[v]
+			recs = append(recs, &record{Op: recPublish, Name: name, Version: v, Items: []recItem{{ID: ver.id, Size: ver.size}}})
+		}
+	}
+	return recs
+}
+
+func mapsKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
+	return func(yield func(K) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// sweepLoop expires Gets and leases, deletes parameter versions nobody
+// holds, and removes abandoned staged prefixes.
+func (s *Store) sweepLoop() {
+	defer s.wg.Done()
+	every := min(s.opts.GetTimeout, s.opts.LeaseTTL) / 4
+	every = max(min(every, time.Second), 10*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	lastStaging := time.Now()
+	for {
+		select {
+		case <-s.done:
+			return
+		case now := <-t.C:
+			s.expire(now)
+			s.closeIdleMappings(now, mappingIdle)
+			if now.Sub(lastStaging) > StagingTTL/10 {
+				s.sweepStaging(StagingTTL)
+				lastStaging = now
+			}
+		}
+	}
+}
+
+// expire ends Gets and leases past their time and deletes the parameter
+// versions that frees.
+func (s *Store) expire(now time.Time) {
+	s.mu.Lock()
+	for id, tk := range s.takes {
+		if now.After(tk.expires) {
+			s.dropTakeLocked(id)
+		}
+	}
+	for id, l := range s.leases {
+		if !l.expires.IsZero() && now.After(l.expires) {
+			s.releaseLocked(id)
+		}
+	}
+	gone := s.collectLocked(now)
+	s.mu.Unlock()
+	for _, id := range gone {
+		s.removeValue(id)
+	}
+}
+
+// apply changes the state as rec says and returns the ids of the values
+// it dropped (whose prefixes go once rec is durable). It serves both the
+// live operations (after their checks, s.mu held) and Open's replay.
+func (s *Store) apply(rec *record) (dropped []uint64) {
+	for _, it := range rec.Items {
+		if it.ID > s.nextID.Load() {
+			s.nextID.Store(it.ID)
+		}
+	}
+	ev := Event{Revision: rec.Rev, Name: rec.Name}
+	switch rec.Op {
+	case recBase:
+		s.id = rec.Name
+		s.rev = max(s.rev, rec.Version)
+		s.hist.floor = max(s.hist.floor, rec.Version)
+		if rec.NextID > s.nextID.Load() {
+			s.nextID.Store(rec.NextID)
+		}
+		for _, t := range rec.Takes {
+			s.acked.add(t)
+		}
+		for _, r := range rec.Reqs {
+			s.reqs.add(r)
+		}
+		return nil
+	case recPut:
+		ev.Op = OpPut
+		if b := s.bins[rec.Name]; b != nil {
+			dropped = s.dropItemsLocked(b.items)
+		}
+		b := &bin{}
+		for _, it := range rec.Items {
+			b.items = append(b.items, s.newItem(it))
+		}
+		s.setBin(rec.Name, b)
+		ev.Items = len(b.items)
+	case recAppend:
+		ev.Op = OpAppend
+		b := s.bins[rec.Name]
+		if b == nil {
+			b = &bin{}
+			s.bins[rec.Name] = b
+		}
+		for _, it := range rec.Items {
+			b.items = append(b.items, s.newItem(it))
+		}
+		ev.Items = len(b.items)
+	case recGet:
+		ev.Op = OpGet
+		if b := s.bins[rec.Name]; b != nil {
+			gone := make(map[uint64]bool, len(rec.IDs))
+			for _, id := range rec.IDs {
+				gone[id] = true
+			}
+			var keep, drop []*item
+			for _, it := range b.items {
+				if gone[it.id] {
+					drop = append(drop, it)
+				} else {
+					keep = append(keep, it)
+				}
+			}
+			b.items = keep
+			dropped = s.dropItemsLocked(drop)
+			s.setBin(rec.Name, b)
+			ev.Items = len(keep)
+		}
+		if rec.Take != 0 {
+			delete(s.takes, rec.Take)
+			s.acked.add(rec.Take)
+		}
+	case recDelete:
+		ev.Op = OpDelete
+		if b := s.bins[rec.Name]; b != nil {
+			dropped = s.dropItemsLocked(b.items)
+			delete(s.bins, rec.Name)
+		}
+	case recPublish:
+		ev.Op, ev.Version = OpPublish, rec.Version
+		ps := s.params[rec.Name]
+		if ps == nil {
+			ps = &paramSet{versions: map[uint64]*version{}}
+			s.params[rec.Name] = ps
+		}
+		it := rec.Items[0]
+		ps.versions[rec.Version] = &version{id: it.ID, size: it.Size, rev: rec.Rev}
+		if rec.Version > ps.latest {
+			if old := ps.versions[ps.latest]; old != nil {
+				old.supersededAt = rec.Rev
+			}
+			ps.latest = rec.Version
+			if s.pub != nil {
+				close(s.pub)
+				s.pub = nil
+			}
+		} else if rec.Rev == 0 {
+			// A compacted log restates older live versions: superseded
+			// by a durable record.
+			ps.versions[rec.Version].supersededAt = 0
+		}
+	}
+	if rec.Rev > 0 {
+		s.rev = rec.Rev
+		s.hist.add(ev)
+		if rec.Req != (reqID{}) {
+			s.reqs.add(reqEntry{ID: rec.Req, Rev: rec.Rev, Version: rec.Version})
+		}
+	}
+	return dropped
+}
+
+// setBin stores b under name, or removes the bin when it is empty: an
+// empty bin does not exist (tensorshare's list after get).
+func (s *Store) setBin(name string, b *bin) {
+	if len(b.items) == 0 {
+		delete(s.bins, name)
+		return
+	}
+	s.bins[name] = b
+}
+
+func (s *Store) newItem(r recItem) *item {
+	s.inline += int64(len(r.Inline))
+	return &item{id: r.ID, size: r.Size, inline: r.Inline}
+}
+
+// dropItemsLocked forgets items and returns the ids of those kept as
+// prefixes.
+func (s *Store) dropItemsLocked(items []*item) []uint64 {
+	var ids []uint64
+	for _, it := range items {
+		s.inline -= int64(len(it.inline))
+		if it.inline == nil {
+			ids = append(ids, it.id)
+		}
+	}
+	return ids
+}
+
+// mapping returns a read-only mapping of the prefix of value id, kept
+// until the value is deleted or the store closed. Responses sent as bytes
+// read it; a response still being written when the value is deleted fails
+// (the mapping's reads return ErrClosed) instead of reading freed memory.
+func (s *Store) mapping(id uint64) (*tensordict.TensorDict, error) {
+	s.mu.Lock()
+	if m := s.maps[id]; m != nil {
+		m.used = time.Now()
+		s.mu.Unlock()
+		return m.td, nil
+	}
+	s.mu.Unlock()
+	td, err := tensordict.LoadMemmap(s.valuePath(id), tensordict.ReadOnly())
+	if err != nil {
+		return nil, fmt.Errorf("store: value %016x: %w", id, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		td.Close()
+		return nil, ErrClosed
+	}
+	if old := s.maps[id]; old != nil {
+		td.Close()
+		old.used = time.Now()
+		return old.td, nil
+	}
+	s.maps[id] = &mapped{td: td, used: time.Now()}
+	return td, nil
+}
+
+// mapped is a prefix the node keeps mapped, and when a response last took
+// it.
+type mapped struct {
+	td   *tensordict.TensorDict
+	used time.Time
+}
+
+// mappingIdle is how long a mapping stays unused before the sweep closes
+// it, bounding the files the node keeps open to the values read in that
+// time. A response still reading one after that long fails (its reads
+// return ErrClosed), and its caller asks again.
+const mappingIdle = 5 * time.Minute
+
+// closeIdleMappings closes the mappings unused since before now-idle.
+func (s *Store) closeIdleMappings(now time.Time, idle time.Duration) {
+	s.mu.Lock()
+	var idleOnes []*tensordict.TensorDict
+	for id, m := range s.maps {
+		if now.Sub(m.used) > idle {
+			idleOnes = append(idleOnes, m.td)
+			delete(s.maps, id)
+		}
+	}
+	s.mu.Unlock()
+	for _, td := range idleOnes {
+		td.Close()
+	}
+}
+
+func (s *Store) unmap(id uint64) {
+	s.mu.Lock()
+	m := s.maps[id]
+	delete(s.maps, id)
+	s.mu.Unlock()
+	if m != nil {
+		m.td.Close()
+	}
+}
+
+// Stats are a store's figures at one moment.
+type Stats struct {
+	Revision    uint64 `codec:"revision"`     // the last revision
+	Bins        int    `codec:"bins"`         // bins holding items
+	Items       int    `codec:"items"`        // items in all bins
+	InlineBytes int64  `codec:"inline_bytes"` // bytes of inline values held in memory
+	Params      int    `codec:"params"`       // parameter sets
+	Versions    int    `codec:"versions"`     // parameter versions on disk
+	Leases      int    `codec:"leases"`       // readers' leases on versions
+	Gets        int    `codec:"gets"`         // remote Gets waiting for their acknowledgement
+	LogBytes    int64  `codec:"log_bytes"`    // the log file's length
+}
+
+// Stats returns the store's figures.
+func (s *Store) Stats() Stats {
+	s.mu.Lock()
+	st := Stats{Revision: s.rev, Bins: len(s.bins), InlineBytes: s.inline, Params: len(s.params),
+		Leases: len(s.leases), Gets: len(s.takes)}
+	for _, b := range s.bins {
+		st.Items += len(b.items)
+	}
+	for _, ps := range s.params {
+		st.Versions += len(ps.versions)
+	}
+	s.mu.Unlock()
+	s.log.mu.Lock()
+	st.LogBytes = s.log.size
+	s.log.mu.Unlock()
+	return st
+}

@@ -1,0 +1,288 @@
+package store
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/atomicfile"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// A store's folder (docs/store.md, "Files"):
+//
+//	LOCK          held (flock) by the process serving the store
+//	store.log     the log
+//	values/<id>/  values kept as prefixes: tensordict memmap folders,
+//	              written once and never changed; <id> is 16 hex digits
+//	staging/      prefixes being written: by clients sending values by
+//	              reference (32 hex digits), by the node ("n-" and an id)
+//	trash/        prefixes being deleted
+const (
+	lockName    = "LOCK"
+	logName     = "store.log"
+	valuesDir   = "values"
+	stagingDir  = "staging"
+	trashDir    = "trash"
+	stagedChars = 32 // a client's staged prefix: 32 lowercase hex digits
+)
+
+// StagingTTL is how long a prefix may sit in the staging folder before the
+// node deletes it as abandoned (a client died while writing it).
+const StagingTTL = time.Hour
+
+func (s *Store) valuePath(id uint64) string {
+	return filepath.Join(s.dir, valuesDir, fmt.Sprintf("%016x", id))
+}
+
+// parseValueName returns the id a values/ entry is named by.
+func parseValueName(name string) (uint64, bool) {
+	if len(name) != 16 {
+		return 0, false
+	}
+	id, err := strconv.ParseUint(name, 16, 64)
+	return id, err == nil
+}
+
+// newStagedName returns a fresh name for a client's staged prefix.
+func newStagedName() string {
+	var b [stagedChars / 2]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// validStagedName reports whether name is a client's staged prefix name.
+func validStagedName(name string) bool {
+	if len(name) != stagedChars {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// writePrefix writes td as a tensordict memmap folder at dir, durably
+// unless noSync: MemmapLike lays out the files and meta.json (blocks
+// reserved), then each tensor's bytes are written with pwrite, which costs
+// no page faults, and fsynced. The folder is meant to be renamed into
+// place afterwards: until then a crash may leave zeros in it.
+func writePrefix(td *tensordict.TensorDict, dir string, noSync bool) error {
+	out, err := td.MemmapLike(dir)
+	if err != nil {
+		return err
+	}
+	var paths []string
+	for _, t := range out.Leaves() {
+		paths = append(paths, t.Path())
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	i := 0
+	var buf []byte
+	for _, t := range td.Leaves() {
+		if t.NumBytes() == 0 {
+			continue // MemmapLike made no file for it, as tensordict does
+		}
+		if i >= len(paths) {
+			return fmt.Errorf("store: %s: fewer files than tensors", dir)
+		}
+		if err := writeLeafFile(paths[i], t, &buf, noSync); err != nil {
+			return err
+		}
+		i++
+	}
+	return nil
+}
+
+// writeLeafFile writes t's bytes into the existing file at path.
+func writeLeafFile(path string, t *tensordict.Tensor, buf *[]byte, noSync bool) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	n := t.NumBytes()
+	if !t.Mapped() {
+		b, err := t.Bytes()
+		if err == nil {
+			_, err = f.WriteAt(b, 0)
+		}
+		if err != nil {
+			f.Close()
+			return fmt.Errorf("store: writing %s: %w", path, err)
+		}
+	} else {
+		if cap(*buf) < 4<<20 {
+			*buf = make([]byte, 4<<20)
+		}
+		for off := 0; off < n; {
+			b := (*buf)[:min(4<<20, n-off)]
+			if _, err := t.ReadAt(b, int64(off)); err != nil {
+				f.Close()
+				return fmt.Errorf("store: reading a tensor for %s: %w", path, err)
+			}
+			if _, err := f.WriteAt(b, int64(off)); err != nil {
+				f.Close()
+				return fmt.Errorf("store: writing %s: %w", path, err)
+			}
+			off += len(b)
+		}
+	}
+	if !noSync {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return fmt.Errorf("store: writing %s: %w", path, err)
+		}
+	}
+	return f.Close()
+}
+
+// publishPrefix renames the prefix at from to values/<id> and makes the
+// rename durable.
+func (s *Store) publishPrefix(from string, id uint64) error {
+	to := s.valuePath(id)
+	if err := os.Rename(from, to); err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	if s.opts.NoSync {
+		return nil
+	}
+	if err := atomicfile.SyncDir(filepath.Dir(to)); err != nil {
+		return err
+	}
+	return atomicfile.SyncDir(filepath.Dir(from))
+}
+
+// removeValue deletes the prefix of value id: renamed into trash/ first,
+// so that a crash in the middle never leaves half a prefix under values/.
+func (s *Store) removeValue(id uint64) {
+	s.unmap(id)
+	p := s.valuePath(id)
+	t := filepath.Join(s.dir, trashDir, filepath.Base(p))
+	if err := os.Rename(p, t); err != nil {
+		return // gone already, or Open's sweep will find it
+	}
+	os.RemoveAll(t)
+}
+
+// ingest is a value about to be stored: inline, or a prefix already at
+// values/<item.ID>, which discard removes if the value is not stored
+// after all.
+type ingest struct {
+	item   recItem
+	prefix bool
+}
+
+func (s *Store) discard(in *ingest) {
+	if in != nil && in.prefix {
+		s.removeValue(in.item.ID)
+	}
+}
+
+// ingestTD makes td a value of the store: inline when it is smaller than
+// Options.InlineBytes and asPrefix is false, else written into a prefix
+// under values/.
+func (s *Store) ingestTD(td *tensordict.TensorDict, asPrefix bool) (*ingest, error) {
+	if td == nil {
+		return nil, errorf(ErrFormat, "no TensorDict")
+	}
+	size := valueBytes(td)
+	if size > s.opts.MaxValueBytes {
+		return nil, errorf(ErrTooLarge, "a value of %d bytes; this store takes at most %d", size, s.opts.MaxValueBytes)
+	}
+	id := s.nextID.Add(1)
+	if !asPrefix && size < s.opts.InlineBytes {
+		b, err := encodeValue(td)
+		if err != nil {
+			return nil, err
+		}
+		return &ingest{item: recItem{ID: id, Size: size, Inline: b}}, nil
+	}
+	tmp := filepath.Join(s.dir, stagingDir, fmt.Sprintf("n-%016x", id))
+	if err := writePrefix(td, tmp, s.opts.NoSync); err != nil {
+		os.RemoveAll(tmp)
+		if errors.Is(err, tensordict.ErrKey) {
+			return nil, errorf(ErrFormat, "%v", err)
+		}
+		return nil, fmt.Errorf("store: writing a value: %w", err)
+	}
+	if err := s.publishPrefix(tmp, id); err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	return &ingest{item: recItem{ID: id, Size: size}, prefix: true}, nil
+}
+
+// ingestStaged takes the prefix a client wrote at rel (relative to the
+// store's folder: "staging/" and a staged name) as a value: it checks that
+// it is a TensorDict within the limit and renames it under values/. A
+// prefix refused is left where it is, for its writer to remove.
+func (s *Store) ingestStaged(rel string) (*ingest, error) {
+	name, ok := strings.CutPrefix(rel, stagingDir+"/")
+	if !ok || !validStagedName(name) {
+		return nil, errorf(ErrNotStaged, "%q is not %s/ and %d hex digits", rel, stagingDir, stagedChars)
+	}
+	dir := filepath.Join(s.dir, stagingDir, name)
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, errorf(ErrNotStaged, "no prefix %s in the store's folder", rel)
+		}
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	if !fi.IsDir() {
+		return nil, errorf(ErrNotStaged, "%s is not a folder", rel)
+	}
+	root, err := os.OpenRoot(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	td, err := tensordict.LoadMemmap(dir, tensordict.InRoot(root), tensordict.ReadOnly())
+	root.Close()
+	if err != nil {
+		return nil, errorf(ErrFormat, "the staged prefix %s: %v", rel, err)
+	}
+	size := valueBytes(td)
+	td.Close()
+	if size > s.opts.MaxValueBytes {
+		return nil, errorf(ErrTooLarge, "a value of %d bytes; this store takes at most %d", size, s.opts.MaxValueBytes)
+	}
+	id := s.nextID.Add(1)
+	if err := s.publishPrefix(dir, id); err != nil {
+		return nil, err
+	}
+	return &ingest{item: recItem{ID: id, Size: size}, prefix: true}, nil
+}
+
+// sweepStaging removes staged prefixes older than ttl, and the node's own
+// unfinished ones (all of them when ttl is 0, at Open).
+func (s *Store) sweepStaging(ttl time.Duration) {
+	dir := filepath.Join(s.dir, stagingDir)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		node := strings.HasPrefix(e.Name(), "n-")
+		if !node && !validStagedName(e.Name()) {
+			continue // not ours: leave it
+		}
+		if ttl > 0 || !node {
+			fi, err := e.Info()
+			if err != nil || time.Since(fi.ModTime()) < max(ttl, StagingTTL) {
+				continue
+			}
+		}
+		os.RemoveAll(filepath.Join(dir, e.Name()))
+	}
+}
