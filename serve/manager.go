@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorwire/tensorwire/store"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -47,6 +48,7 @@ type Manager struct {
 	replicas []*replica
 	w        weights // guarded by mu
 	loadSem  chan struct{}
+	kept     []*store.Param // Follow's versions that models may use
 	st       counters
 
 	wg sync.WaitGroup // the replicas' goroutines
@@ -666,5 +668,9 @@ func (m *Manager) Close() error {
 		r.model = nil
 	}
 	m.w.closeSpares()
+	for _, p := range m.kept {
+		p.Close()
+	}
+	m.kept = nil
 	return nil
 }
