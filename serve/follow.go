@@ -44,24 +44,36 @@ func (m *Manager) Follow(ctx context.Context, src ParamSource, name string) erro
 			}
 			return fmt.Errorf("serve: following parameters %q: %w", name, err)
 		}
-		err = m.LoadVersion(ctx, p.Version, p.TD)
+		err = m.LoadParam(ctx, p)
 		switch {
 		case err == nil:
-			m.keepParams(p, true)
 		case errors.Is(err, ErrParams), errors.Is(err, ErrVersion):
 			m.log.Error("serve: skipping parameters the models refuse", "name", name, "version", p.Version, "err", err)
-			p.Close()
-		case errors.Is(err, ErrStopped):
-			p.Close()
-			return err
 		default:
-			// Some models may have loaded p: keep it, and the ones before,
-			// until a later version is loaded everywhere.
-			m.keepParams(p, false)
 			return err
 		}
 		after = p.Version
 	}
+}
+
+// LoadParam loads a version read from a store (store.Latest, WaitNewer)
+// as LoadVersion(ctx, p.Version, p.TD) does, and takes p: the manager
+// closes it (its lease) once every model has loaded a later version, or at
+// Close; and at once if no model took it (an error matching ErrParams,
+// ErrVersion or ErrStopped).
+func (m *Manager) LoadParam(ctx context.Context, p *store.Param) error {
+	err := m.LoadVersion(ctx, p.Version, p.TD)
+	switch {
+	case err == nil:
+		m.keepParams(p, true)
+	case errors.Is(err, ErrParams), errors.Is(err, ErrVersion), errors.Is(err, ErrStopped):
+		p.Close()
+	default:
+		// Some models may have loaded p: keep it, and the ones before,
+		// until a later version is loaded everywhere.
+		m.keepParams(p, false)
+	}
+	return err
 }
 
 // keepParams keeps p until it is no longer used. When every model has

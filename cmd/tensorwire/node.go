@@ -12,11 +12,12 @@ import (
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/store"
 )
 
 var nodeCmd = command{
 	name:  "node",
-	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...] [--store NAME[,max-value=SIZE]...] [--loader NAME,dataset=PREFIX,batch=N[,...]] [--serve NAME,params=P[,...]]",
+	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...] [--store NAME[,max-value=SIZE]...] [--loader NAME,dataset=PREFIX,batch=N[,...]] [--serve NAME,params=P|store=S,param=N[,...]]",
 	help: "serve other nodes' fill, read and describe calls on the TensorDicts under DIR, the shared root; " +
 		`prints "listening on HOST:PORT" once it listens (--listen 127.0.0.1:0 picks a free port) and stops ` +
 		"cleanly on SIGINT or SIGTERM; --token-file holds the shared secret clients must know (no access for " +
@@ -29,7 +30,8 @@ var nodeCmd = command{
 		"parameters at DIR/NAME (store.Dial), created if missing, with settings max-value=SIZE, inline=SIZE, " +
 		"sync=always|none, lease=D, get-timeout=D, history=N (docs/store.md); each --loader serves a producer of the " +
 		"dataset at PREFIX (loader.Dial), its ring in DIR/NAME, with settings " + loaderHelp + "; each --serve serves as NAME the MLP whose PyTorch " +
-		"state_dict is the TensorDict at DIR/P (serve.Dial), batching its clients' predictions, with settings replicas=N, " +
+		"state_dict is the TensorDict at DIR/P (params=P), or the parameter set N of the node's store S, following its " +
+		"new versions (store=S,param=N) (serve.Dial), batching its clients' predictions, with settings replicas=N, " +
 		"max-batch=N (default 16), max-delay=D (default 0: greedy), queue=N (rows waiting, default 4096), lease=D " +
 		"(a client's registration, default 30s)",
 	run: runNode,
@@ -102,7 +104,15 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return errors.Join(err, served.close())
 	}
-	running, serveHook, err := models.start(ctx, cfg.Root, cfg.Log)
+	storeNamed := func(name string) *store.Store {
+		for i, spec := range stores {
+			if spec.name == name {
+				return openStores[i]
+			}
+		}
+		return nil
+	}
+	running, serveHook, err := models.start(ctx, cfg.Root, storeNamed, cfg.Log)
 	if err != nil {
 		return errors.Join(err, served.close(), producers.close())
 	}

@@ -13,17 +13,22 @@ import (
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/serve"
 	"github.com/tensorwire/tensorwire/serve/mlp"
+	"github.com/tensorwire/tensorwire/store"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // serveSpec is one --serve flag of the node command:
-// NAME,params=DIR[,replicas=N][,max-batch=N][,max-delay=D][,queue=N][,lease=D].
-// The model is the MLP of package serve/mlp, its layers those of the
-// parameters at ROOT/DIR, as PyTorch writes a state_dict with
-// TensorDict(model.state_dict()).memmap_(DIR).
+// NAME,params=P|store=S,param=N[,replicas=N][,max-batch=N][,max-delay=D][,queue=N][,lease=D].
+// The model is the MLP of package serve/mlp, its layers those of its
+// parameters: the TensorDict at ROOT/P, as PyTorch writes a state_dict
+// with TensorDict(model.state_dict()).memmap_(P); or the parameter set N
+// of the node's store S (--store S), whose every new version the node
+// loads (serve.Manager.Follow).
 type serveSpec struct {
 	name     string
 	params   string
+	store    string
+	param    string
 	replicas int
 	maxBatch int
 	maxDelay time.Duration
@@ -36,7 +41,7 @@ type serveFlags []serveSpec
 
 func (f *serveFlags) String() string { return fmt.Sprint(len(*f), " models") }
 
-const serveUsage = "NAME,params=P[,replicas=N][,max-batch=N][,max-delay=D][,queue=N][,lease=D]"
+const serveUsage = "NAME,params=P|store=S,param=N[,replicas=N][,max-batch=N][,max-delay=D][,queue=N][,lease=D]"
 
 // Set parses one --serve value and checks every value in it.
 func (f *serveFlags) Set(v string) error {
@@ -72,6 +77,16 @@ func (f *serveFlags) Set(v string) error {
 			if val == "" || strings.Contains(val, "..") || filepath.IsAbs(val) {
 				err = errors.New("a folder under the root")
 			}
+		case "store":
+			spec.store = val
+			if val == "" {
+				err = errors.New("the name of a store this node serves (--store)")
+			}
+		case "param":
+			spec.param = val
+			if val == "" {
+				err = errors.New("the name of a parameter set")
+			}
 		case "replicas":
 			atLeast1(&spec.replicas)
 		case "max-batch":
@@ -87,15 +102,21 @@ func (f *serveFlags) Set(v string) error {
 				err = errors.New("want a positive duration")
 			}
 		default:
-			return fmt.Errorf("model %s: unknown setting %q; the settings are params, replicas, max-batch, max-delay, queue and lease",
+			return fmt.Errorf("model %s: unknown setting %q; the settings are params, store, param, replicas, max-batch, max-delay, queue and lease",
 				spec.name, k)
 		}
 		if err != nil {
 			return fmt.Errorf("model %s: %s=%s: %w", spec.name, k, val, err)
 		}
 	}
-	if spec.params == "" {
-		return fmt.Errorf("model %s: no params=P: the folder under the root holding its parameters (a PyTorch state_dict memmap)", spec.name)
+	switch {
+	case spec.params != "" && (spec.store != "" || spec.param != ""):
+		return fmt.Errorf("model %s: params=P, or store=S and param=N, not both", spec.name)
+	case (spec.store == "") != (spec.param == ""):
+		return fmt.Errorf("model %s: store=S and param=N go together", spec.name)
+	case spec.params == "" && spec.store == "":
+		return fmt.Errorf("model %s: no params=P (the folder under the root holding its parameters, a PyTorch state_dict "+
+			"memmap), nor store=S,param=N (a parameter set of a store this node serves)", spec.name)
 	}
 	if spec.queue != 0 && spec.queue < spec.maxBatch {
 		return fmt.Errorf("model %s: queue=%d is smaller than max-batch=%d", spec.name, spec.queue, spec.maxBatch)
@@ -113,11 +134,21 @@ type servedModels struct {
 }
 
 // start maps each model's parameters read-only, starts its manager with
-// them loaded (version 1), and returns a register hook serving them under
-// their names.
-func (f serveFlags) start(ctx context.Context, root string, log *slog.Logger) (*servedModels, func(*rpc.Server) error, error) {
+// them loaded (version 1, or the store's version), and returns a register
+// hook serving them under their names. stores finds the node's stores by
+// name. Models that follow a store do so until ctx ends.
+func (f serveFlags) start(ctx context.Context, root string, stores func(string) *store.Store, log *slog.Logger) (*servedModels, func(*rpc.Server) error, error) {
 	sm := &servedModels{}
 	for _, spec := range f {
+		if spec.store != "" {
+			m, err := spec.follow(ctx, stores, log)
+			if err != nil {
+				sm.close()
+				return nil, nil, fmt.Errorf("model %s: %w", spec.name, err)
+			}
+			sm.managers, sm.params = append(sm.managers, m), append(sm.params, nil)
+			continue
+		}
 		m, params, err := spec.start(ctx, root, log)
 		if err != nil {
 			sm.close()
@@ -144,6 +175,53 @@ func (f serveFlags) start(ctx context.Context, root string, log *slog.Logger) (*
 	return sm, register, nil
 }
 
+// follow starts a manager of the MLP whose parameters are the parameter
+// set s.param of the node's store s.store: the latest version, which must
+// exist, then every new one (Follow, until ctx ends).
+func (s serveSpec) follow(ctx context.Context, stores func(string) *store.Store, log *slog.Logger) (*serve.Manager, error) {
+	st := stores(s.store)
+	if st == nil {
+		return nil, fmt.Errorf("store=%s: this node serves no such store (--store %s)", s.store, s.store)
+	}
+	p, err := st.Latest(ctx, s.param)
+	if err != nil {
+		return nil, fmt.Errorf("param=%s: %w (publish a first version before starting the node)", s.param, err)
+	}
+	sizes, err := mlp.SizesOf(p.TD)
+	if err == nil {
+		var m *serve.Manager
+		if m, err = s.manager(sizes, log); err == nil {
+			if err = m.LoadParam(ctx, p); err == nil {
+				log.Info("model served", "name", s.name, "model", "mlp", "sizes", sizes, "store", s.store, "param", s.param,
+					"version", p.Version, "replicas", s.replicas, "max_batch", s.maxBatch, "policy", serve.MaxDelay(s.maxDelay))
+				go func() {
+					if err := m.Follow(ctx, st, s.param); err != nil && ctx.Err() == nil {
+						log.Error("following parameters stopped", "name", s.name, "param", s.param, "err", err)
+					}
+				}()
+				return m, nil
+			}
+			m.Close()
+		}
+	}
+	p.Close()
+	return nil, fmt.Errorf("param=%s version %d: %w", s.param, p.Version, err)
+}
+
+// manager starts the manager of an MLP of the given layer widths.
+func (s serveSpec) manager(sizes []int, log *slog.Logger) (*serve.Manager, error) {
+	shape, err := mlp.New(mlp.Config{Sizes: sizes})
+	if err != nil {
+		return nil, err
+	}
+	return serve.New(serve.Config{
+		Input: shape.Input(), Output: shape.Output(), MaxBatch: s.maxBatch, Replicas: s.replicas,
+		New:      func(int) (serve.Model, error) { return mlp.New(mlp.Config{Sizes: sizes}) },
+		Policy:   serve.MaxDelay(s.maxDelay),
+		MaxQueue: s.queue, Lease: s.lease, Log: log.With("model", s.name),
+	})
+}
+
 func (s serveSpec) start(ctx context.Context, root string, log *slog.Logger) (*serve.Manager, *tensordict.TensorDict, error) {
 	prefix := filepath.Join(root, s.params)
 	params, err := tensordict.LoadMemmap(prefix, tensordict.ReadOnly())
@@ -155,17 +233,7 @@ func (s serveSpec) start(ctx context.Context, root string, log *slog.Logger) (*s
 		params.Close()
 		return nil, nil, fmt.Errorf("params %s: %w", prefix, err)
 	}
-	shape, err := mlp.New(mlp.Config{Sizes: sizes})
-	if err != nil {
-		params.Close()
-		return nil, nil, err
-	}
-	m, err := serve.New(serve.Config{
-		Input: shape.Input(), Output: shape.Output(), MaxBatch: s.maxBatch, Replicas: s.replicas,
-		New:      func(int) (serve.Model, error) { return mlp.New(mlp.Config{Sizes: sizes}) },
-		Policy:   serve.MaxDelay(s.maxDelay),
-		MaxQueue: s.queue, Lease: s.lease, Log: log.With("model", s.name),
-	})
+	m, err := s.manager(sizes, log)
 	if err != nil {
 		params.Close()
 		return nil, nil, err
@@ -191,7 +259,9 @@ func (sm *servedModels) close() {
 		m.Close()
 	}
 	for _, p := range sm.params {
-		p.Close()
+		if p != nil {
+			p.Close()
+		}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tensorwire/tensorwire/serve"
 	"github.com/tensorwire/tensorwire/serve/mlp"
+	"github.com/tensorwire/tensorwire/store"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -65,6 +66,55 @@ func TestNode_ServesAnMLP(t *testing.T) {
 	}
 }
 
+// TestNode_ServesAStoreParameter serves the MLP whose parameters are a
+// parameter set of the node's own store: version 1 at start, and version
+// 2 once a client publishes it.
+func TestNode_ServesAStoreParameter(t *testing.T) {
+	root := t.TempDir()
+	sizes := []int{64, 32, 16}
+	st, err := store.Open(filepath.Join(root, "params"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := st.Publish(ctx, "policy", mlp.Random(sizes, 1)); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	n := startNode(t, "--root", root, "--store", "params", "--serve", "policy,store=params,param=policy")
+	c, err := serve.Dial(ctx, n.addr, "policy", serve.WithRoot(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	in, _ := c.InputSchema().Zeros(1)
+	if _, v, err := c.Predict(ctx, in); err != nil || v != 1 {
+		t.Fatalf("version %d, %v; want 1", v, err)
+	}
+	sc, err := store.Dial(ctx, n.addr, "params", store.WithRoot(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	v2, err := sc.Publish(ctx, "policy", mlp.Random(sizes, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		_, v, err := c.Predict(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v == v2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still version %d 30 s after version %d was published", v, v2)
+		}
+	}
+}
+
 func TestNode_ServeFlagErrors(t *testing.T) {
 	for _, tc := range []struct{ value, want string }{
 		{"", "needs a name"},
@@ -79,6 +129,9 @@ func TestNode_ServeFlagErrors(t *testing.T) {
 		{"m,params=p,colour=red", `unknown setting "colour"`},
 		{"m,params=p,params=q", "params given twice"},
 		{"m,params", "not key=value"},
+		{"m,params=p,store=s,param=x", "not both"},
+		{"m,store=s", "go together"},
+		{"m,param=x", "go together"},
 	} {
 		var f serveFlags
 		if err := f.Set(tc.value); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -92,8 +145,18 @@ func TestNode_ServeFlagErrors(t *testing.T) {
 	if err := f.Set("m,params=q"); err == nil || !strings.Contains(err.Error(), "served twice") {
 		t.Errorf("a name served twice: %v", err)
 	}
-	// Parameters that are not there stop the node before it listens.
-	code, _, stderr := runNodeInProcess(t, "--listen", "127.0.0.1:0", "--root", t.TempDir(), "--serve", "m,params=nothing")
+	// Parameters that are not there stop the node before it listens: a
+	// folder, a store the node does not serve, a parameter set never
+	// published.
+	code, _, stderr := runNodeInProcess(t, "--listen", "127.0.0.1:0", "--root", t.TempDir(), "--serve", "m,store=s,param=p")
+	if code == 0 || !strings.Contains(stderr, "serves no such store") {
+		t.Errorf("a store not served: exit %d, stderr:\n%s", code, stderr)
+	}
+	code, _, stderr = runNodeInProcess(t, "--listen", "127.0.0.1:0", "--root", t.TempDir(), "--store", "s", "--serve", "m,store=s,param=p")
+	if code == 0 || !strings.Contains(stderr, "publish a first version") {
+		t.Errorf("no version published: exit %d, stderr:\n%s", code, stderr)
+	}
+	code, _, stderr = runNodeInProcess(t, "--listen", "127.0.0.1:0", "--root", t.TempDir(), "--serve", "m,params=nothing")
 	if code == 0 || !strings.Contains(stderr, "model m: params") {
 		t.Errorf("missing parameters: exit %d, stderr:\n%s", code, stderr)
 	}
