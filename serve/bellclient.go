@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,9 +31,11 @@ const (
 	// yields, and then sleeps on the record's word.
 	bellSpins  = 100
 	bellYields = 4
-	// bellNap bounds a waiter's sleep: it looks at its context, the
-	// client's registration and Close at least this often.
-	bellNap = 5 * time.Millisecond
+	// bellNap bounds a waiter's sleep on its record. Its context ending
+	// and Close wake it; the nap only bounds how late it sees a
+	// registration made by another request, and it must be long: 128
+	// clients waking every 5 ms cost a core.
+	bellNap = 100 * time.Millisecond
 	// bellProbe is how long a waiter waits before it asks the node (by
 	// call) whether it still holds the client's registration, and again
 	// after each such interval.
@@ -137,6 +140,12 @@ func (c *Client) push(ctx context.Context, start, n int) (uint32, error) {
 // predictBell runs rows [start, start+n) by bell: it returns the version,
 // and the request's sequence number (0 if it was never sent).
 func (c *Client) predictBell(ctx context.Context, start, n int) (uint64, uint32, error) {
+	c.use.RLock() // Close unmaps the ring once no request uses it
+	defer c.use.RUnlock()
+	if c.isClosed() {
+		return 0, 0, ErrClosed
+	}
+	wait := 20 * time.Millisecond
 	for {
 		gen := c.gen.Load()
 		seq, err := c.push(ctx, start, n)
@@ -144,7 +153,17 @@ func (c *Client) predictBell(ctx context.Context, start, n int) (uint64, uint32,
 			return 0, 0, err
 		}
 		v, err := c.waitBell(ctx, start, seq, gen)
-		if errors.Is(err, errRepush) {
+		switch {
+		case errors.Is(err, errRepush):
+			continue
+		case errors.Is(err, rpc.ErrUnavailable) && !errors.Is(err, rpc.ErrClosed) && !c.isClosed():
+			// The request failed with Unavailable (the manager stopped:
+			// the node is going down), or the failure could not be
+			// fetched: send it again after a backoff, as a call is.
+			if serr := sleep(ctx, wait); serr != nil {
+				return 0, seq, fmt.Errorf("%w; the node was unavailable: %w", serr, err)
+			}
+			wait = min(2*wait, time.Second)
 			continue
 		}
 		return v, seq, err
@@ -165,6 +184,8 @@ func (c *Client) waitBell(ctx context.Context, start int, seq uint32, gen uint64
 			runtime.Gosched()
 		}
 	}
+	// Its context ending wakes it.
+	defer context.AfterFunc(ctx, func() { futexWake(done) })()
 	probe := time.Now().Add(bellProbe)
 	for {
 		d := loadU32(done)
@@ -188,8 +209,8 @@ func (c *Client) waitBell(ctx context.Context, start int, seq uint32, gen uint64
 			continue
 		}
 		atomic.AddUint32(v.waiters(start), 1)
-		if loadU32(done) == d {
-			futexWait(done, d, bellNap)
+		if loadU32(done) == d && ctx.Err() == nil && !c.isClosed() {
+			futexWait(done, d, min(bellNap, time.Until(probe)+time.Millisecond))
 		}
 		atomic.AddUint32(v.waiters(start), ^uint32(0))
 	}
@@ -226,7 +247,9 @@ func (c *Client) result(ctx context.Context, start int, seq uint32) (uint64, err
 	c.mu.Lock()
 	id := c.id
 	c.mu.Unlock()
-	_, err := call[rpc.Empty](ctx, c, MethodFailure, failureRequest{Name: c.name, Client: id, Start: start, Seq: seq})
+	// A call, not retried: the error it returns is the request's, which
+	// may itself be Unavailable (ErrStopped); predictBell retries those.
+	_, err := rpc.Call[rpc.Empty](ctx, c.rc, MethodFailure, failureRequest{Name: c.name, Client: id, Start: start, Seq: seq})
 	if err == nil {
 		err = fmt.Errorf("serve: the node said request %d failed, then that it did not", seq)
 	}
@@ -252,11 +275,26 @@ func (c *Client) isClosed() bool {
 	return c.closed
 }
 
-// closeRing unmaps the ring and the bell; nothing uses them any more.
+// closeRing wakes the requests waiting by bell (c.closed is set), waits
+// for them to return, and unmaps the ring and the bell.
 func (c *Client) closeRing() {
 	if c.ring == nil {
 		return
 	}
+	func() { // under a fault guard: a truncated ring must not crash Close
+		old := debug.SetPanicOnFault(true)
+		defer func() {
+			debug.SetPanicOnFault(old)
+			recover()
+		}()
+		for s := range c.ring.v.slots {
+			if loadU32(c.ring.v.waiters(s)) > 0 {
+				futexWake(c.ring.v.done(s))
+			}
+		}
+	}()
+	c.use.Lock()
+	defer c.use.Unlock()
 	c.ring.mu.Lock()
 	unmapShared(c.ring.bell)
 	c.ring.bell = nil

@@ -56,6 +56,7 @@ type Client struct {
 	lock  *lockfile.Lock
 	free  *slotRanges
 	ring  *clientRing   // requests by bell (bell.go); nil for calls only
+	use   sync.RWMutex  // requests by bell hold it shared; Close unmaps the ring under it
 	gen   atomic.Uint64 // registrations made: a request waiting by bell sends itself again when it changes
 
 	bg   context.Context // ends at Close: the renewer's
