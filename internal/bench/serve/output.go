@@ -85,17 +85,18 @@ type Update struct {
 
 // Config is the run's configuration.
 type Config struct {
-	DurationS  float64            `json:"duration_s"`
-	Replicas   int                `json:"replicas"`
-	Mode       string             `json:"mode"`
-	Clients    []int              `json:"clients"`
-	Models     []string           `json:"models"`
-	LimitFwdMS map[string]float64 `json:"limit_forward_ms"` // a forward at the max batch, in the limit's measurement
-	Date       string             `json:"date"`
+	DurationS   float64            `json:"duration_s"`
+	Replicas    int                `json:"replicas"`
+	ClientProcs int                `json:"client_procs"` // GOMAXPROCS of each client process; 0: Go's default
+	Mode        string             `json:"mode"`
+	Clients     []int              `json:"clients"`
+	Models      []string           `json:"models"`
+	LimitFwdMS  map[string]float64 `json:"limit_forward_ms"` // a forward at the max batch, in the limit's measurement
+	Date        string             `json:"date"`
 }
 
 func (rep *Result) build(o *options, runs []*runResult, base, upd *runResult) {
-	rep.Config = Config{DurationS: o.duration.Seconds(), Replicas: o.replicas, Mode: o.mode, Clients: o.clients,
+	rep.Config = Config{DurationS: o.duration.Seconds(), Replicas: o.replicas, ClientProcs: o.clientProcs, Mode: o.mode, Clients: o.clients,
 		Models: o.models, LimitFwdMS: map[string]float64{}, Date: time.Now().UTC().Format(time.RFC3339)}
 	for i, m := range o.models {
 		rep.Config.LimitFwdMS[m] = report.Ms(rep.limitForward[i])
@@ -184,8 +185,8 @@ func sizesString(sizes map[string]uint64) string {
 }
 
 func (rep *Result) print(w io.Writer, o *options) error {
-	fmt.Fprintf(w, "serve benchmark: %d replica(s), clients by %s, %v per run, %s\n\n", o.replicas,
-		map[string]string{modeRef: "reference (shared slots)", modeBytes: "bytes"}[o.mode], o.duration, rep.Config.Date)
+	fmt.Fprintf(w, "serve benchmark: %d replica(s), clients by %s with GOMAXPROCS %d, %v per run, %s\n\n", o.replicas,
+		map[string]string{modeRef: "reference (shared slots)", modeBytes: "bytes"}[o.mode], o.clientProcs, o.duration, rep.Config.Date)
 	for _, m := range o.models {
 		fmt.Fprintf(w, "limit %s: %.0f rows/s in-process at batch %d (a forward: %.3f ms)\n", m, rep.LimitRowsPerS[m],
 			o.maxBatch, rep.Config.LimitFwdMS[m])

@@ -152,7 +152,7 @@ func runOne(ctx context.Context, o *options, root, model string, clients, maxBat
 	}()
 	for i := range clients {
 		p, err := startClient(ctx, exe, slices.Concat(o.self, []string{"--role", roleClient, "--child", "--addr", node.Addr,
-			"--root", root, "--mode", o.mode, "--seed", itoa(i + 1)}, verbose), stderr)
+			"--root", root, "--mode", o.mode, "--seed", itoa(i + 1), "--client-procs", itoa(o.clientProcs)}, verbose), stderr)
 		if err != nil {
 			return nil, err
 		}

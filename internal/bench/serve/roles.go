@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -123,6 +124,9 @@ func updateEvery(ctx context.Context, m *serve.Manager, sets [2]*tensordict.Tens
 // SIGTERM or when stdin closes.
 func runClient(ctx context.Context, o *options, stdout io.Writer, log *slog.Logger) error {
 	signal.Ignore(os.Interrupt)
+	if o.clientProcs > 0 {
+		runtime.GOMAXPROCS(o.clientProcs)
+	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
 	defer stop()
 	window := make(chan [2]time.Time, 1)

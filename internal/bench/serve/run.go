@@ -49,6 +49,7 @@ type options struct {
 	duration    time.Duration
 	limitDur    time.Duration
 	mode        string
+	clientProcs int
 	updateMB    int
 	updateEvery time.Duration
 	json        string
@@ -74,6 +75,8 @@ func newFlagSet(o *options, clients, models *string) *flag.FlagSet {
 	fs.IntVar(&o.replicas, "replicas", 1, "the model's replicas on the node")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "how long each run's timed phase lasts")
 	fs.DurationVar(&o.limitDur, "limit-duration", 2*time.Second, "how long the in-process limit is measured, per model")
+	fs.IntVar(&o.clientProcs, "client-procs", 1, "GOMAXPROCS of each client process (0: Go's default, the cores): one is what a\n"+
+		"worker loop needs, and many processes with several Ps each spin for work the cores do not have")
 	fs.StringVar(&o.mode, "mode", modeRef, "how clients send their rows: "+modeRef+" (slots shared with the node) or "+modeBytes)
 	fs.IntVar(&o.updateMB, "update-mb", 50, "the weight-update run: MiB of parameters the fake model loads (0: no such run)")
 	fs.DurationVar(&o.updateEvery, "update-every", 500*time.Millisecond, "the weight-update run: how often the node loads them")
@@ -166,6 +169,8 @@ func (o *options) check() error {
 		return usagef("--limit-duration must be positive")
 	case o.mode != modeRef && o.mode != modeBytes:
 		return usagef("--mode: unknown mode %q (want %s or %s)", o.mode, modeRef, modeBytes)
+	case o.clientProcs < 0:
+		return usagef("--client-procs must be at least 0")
 	case o.updateMB < 0:
 		return usagef("--update-mb must be at least 0")
 	case o.updateEvery <= 0:
