@@ -118,11 +118,15 @@ func run(workers, steps int, bytes bool, rootDir string) error {
 	if err != nil {
 		return err
 	}
-	defer srv.Close()
 	svc, err := serve.Register(srv)
 	if err != nil {
+		srv.Close()
 		return err
 	}
+	defer func() {
+		srv.Close()
+		svc.Close() // the bells' pollers, after the server
+	}()
 	if err := svc.Add("policy", m); err != nil {
 		return err
 	}
