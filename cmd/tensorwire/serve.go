@@ -264,15 +264,3 @@ func (sm *servedModels) close() {
 		}
 	}
 }
-
-// joinRegister returns a register hook that runs each of hooks in turn.
-func joinRegister(hooks ...func(*rpc.Server) error) func(*rpc.Server) error {
-	return func(s *rpc.Server) error {
-		for _, h := range hooks {
-			if err := h(s); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-}
