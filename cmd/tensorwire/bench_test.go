@@ -85,3 +85,32 @@ func TestBench_Replay(t *testing.T) {
 		t.Errorf("JSON %s (%v)\noutput:\n%s", data, err, out)
 	}
 }
+
+// TestBench_Serve runs "tensorwire bench serve" briefly through the built
+// binary, which re-executes itself for the node and the clients.
+func TestBench_Serve(t *testing.T) {
+	bin := cliBinary(t)
+	dir := t.TempDir()
+	jsonFile := filepath.Join(dir, "out.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "serve", "--clients", "2", "--model", "fake", "--duration", "300ms",
+		"--limit-duration", "100ms", "--update-mb", "0", "--root", dir, "--json", jsonFile)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	data, err := os.ReadFile(jsonFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Runs []struct {
+			Model        string  `json:"model"`
+			RequestsPerS float64 `json:"requests_per_s"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(data, &got); err != nil || len(got.Runs) != 2 || got.Runs[0].Model != "fake" || got.Runs[0].RequestsPerS <= 0 {
+		t.Errorf("JSON %s (%v)\noutput:\n%s", data, err, out)
+	}
+}
