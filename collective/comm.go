@@ -146,7 +146,6 @@ type joinState struct {
 	n       int
 	all     chan struct{} // every rank has joined
 	resp    joinResp
-	err     error
 	readies []*readyReq
 	nready  int
 	allRdy  chan struct{}

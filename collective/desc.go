@@ -57,9 +57,6 @@ type desc struct {
 	out    []int // its shape
 }
 
-// maxDesc bounds an encoded desc (the shared segment's room for it).
-const maxDesc = 60 << 10
-
 func (d *desc) encode(b []byte) []byte {
 	flags := byte(0)
 	if d.hasT {
