@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -413,24 +414,26 @@ func parseFailure(line string) (failure, error) {
 
 // TestCollectiveAcrossHosts_RankLost: four ranks on four hosts allreduce
 // 4 MiB again and again over TCP, each call with a 20 s deadline, and one
-// rank is lost in the middle: killed with SIGKILL, or its host cut off the
-// network. Every other rank's allreduce fails with ErrPeerLost (or
-// ErrAborted) within its deadline, none hangs; then the ranks close, join
-// again on the same rendezvous (the killed one restarted, the cut one once
-// its host is back), and the new communicator's collectives and adjoints
-// check out.
+// rank is lost in the middle: killed with SIGKILL, its host cut off the
+// network, or frozen with SIGSTOP. Every other rank's allreduce fails with
+// ErrPeerLost (or ErrAborted) within its deadline, none hangs; then the
+// ranks close and join again on the same rendezvous (the killed one
+// restarted, the cut one once its host is back, the frozen one once it
+// runs again), and the new communicator's collectives and adjoints check
+// out.
 func TestCollectiveAcrossHosts_RankLost(t *testing.T) {
 	const opTimeout = 20 * time.Second // the loop's, in runRank
 	for _, tc := range []struct {
 		name string
 		lost int
-		kill bool
+		how  string // kill, cut or freeze
 	}{
-		// A killed rank's sockets close at once; a silent host is found by
-		// rpc's keep-alive (5 x 1 s).
-		{"killed", 2, true},
-		{"partitioned", 3, false},
-		{"rendezvous partitioned", 0, false},
+		// A killed rank's sockets close at once; a silent host or process
+		// is found by rpc's keep-alive (5 x 1 s).
+		{"killed", 2, "kill"},
+		{"partitioned", 3, "cut"},
+		{"rendezvous partitioned", 0, "cut"},
+		{"frozen", 1, "freeze"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t)
@@ -440,21 +443,24 @@ func TestCollectiveAcrossHosts_RankLost(t *testing.T) {
 					t.Fatalf("%s: %v\n%s", p.Name(), err, p.Stderr())
 				}
 			}
-			var lostAt time.Time
-			if tc.kill {
+			lostAt := time.Now()
+			switch tc.how {
+			case "kill":
 				lostAt = rs.procs[tc.lost].Kill()
-			} else {
-				lostAt = time.Now()
+			case "cut":
 				if err := rs.hosts[tc.lost].Disconnect(); err != nil {
+					t.Fatal(err)
+				}
+			case "freeze":
+				if err := syscall.Kill(rs.procs[tc.lost].Pid(), syscall.SIGSTOP); err != nil {
 					t.Fatal(err)
 				}
 			}
 			// Every rank still running reports its failure, in time.
 			var after []string
-			for r, p := range rs.procs {
-				if tc.kill && r == tc.lost {
-					continue
-				}
+			failed := func(r int) {
+				t.Helper()
+				p := rs.procs[r]
 				line, err := p.Line("FAIL", opTimeout+30*time.Second)
 				if err != nil {
 					t.Fatalf("rank %d: no failure after rank %d was lost: %v\n%s", r, tc.lost, err, p.Stderr())
@@ -472,16 +478,29 @@ func TestCollectiveAcrossHosts_RankLost(t *testing.T) {
 				if f.kind != "peer_lost" && f.kind != "aborted" {
 					t.Errorf("rank %d failed with %s (%s), want peer_lost or aborted", r, f.kind, f.msg)
 				}
-				if f.end.Sub(f.start) > opTimeout || took > opTimeout {
+				if r != tc.lost && (f.end.Sub(f.start) > opTimeout || took > opTimeout) {
 					t.Errorf("rank %d: failed %v after the loss, %v after its call started; its deadline is %v", r, took, f.end.Sub(f.start), opTimeout)
 				}
 			}
-			// The loss heals: a new rank on the killed one's host, or the
-			// cut host back on the network.
-			if tc.kill {
+			for r := range rs.procs {
+				if r != tc.lost || tc.how == "cut" {
+					failed(r)
+				}
+			}
+			// The loss heals: a new rank on the killed one's host, the cut
+			// host back on the network, the frozen rank running again.
+			switch tc.how {
+			case "kill":
 				rs.procs[tc.lost] = rs.start(t, tc.lost, "rejoin")
-			} else if err := rs.hosts[tc.lost].Reconnect(); err != nil {
-				t.Fatal(err)
+			case "cut":
+				if err := rs.hosts[tc.lost].Reconnect(); err != nil {
+					t.Fatal(err)
+				}
+			case "freeze":
+				if err := syscall.Kill(rs.procs[tc.lost].Pid(), syscall.SIGCONT); err != nil {
+					t.Fatal(err)
+				}
+				failed(tc.lost) // it finds the others gone
 			}
 			healed := time.Now()
 			rs.expectJoined(t, rs.procs...) // each rank's second JOINED (the restarted one's first)
@@ -498,8 +517,8 @@ func TestCollectiveAcrossHosts_RankLost(t *testing.T) {
 					t.Fatalf("rank %d: the checks on the new communicator: %v\n%s\n%s", r, err, p.Output(), p.Stderr())
 				}
 			}
-			figures(t, "lost_rank", tc.lost, "how", map[bool]string{true: "sigkill", false: "partition"}[tc.kill],
-				"op_deadline", opTimeout, "failed_after", strings.Join(after, ","), "heal_to_rejoined", formed)
+			figures(t, "lost_rank", tc.lost, "how", tc.how, "op_deadline", opTimeout,
+				"failed_after", strings.Join(after, ","), "heal_to_rejoined", formed)
 		})
 	}
 }
