@@ -146,11 +146,11 @@ type joinState struct {
 	n       int
 	all     chan struct{} // every rank has joined
 	resp    joinResp
-	err     error
 	readies []*readyReq
 	nready  int
 	allRdy  chan struct{}
 	rresp   readyResp
+	shmErr  string // why rank 0 could not make the session folder
 }
 
 // Join forms a communicator with the other ranks: every rank calls it with
@@ -412,6 +412,7 @@ func (j *joinState) put(r *joinReq, c *Comm) error {
 		dir, err := makeSessionDir(j.reqs[0].Dir, j.resp.Session)
 		if err != nil {
 			c.log.Warn("collective: cannot make the shared folder", "err", err)
+			j.shmErr = err.Error()
 		} else {
 			j.resp.Shm = dir
 		}
@@ -446,18 +447,19 @@ func (j *joinState) ready(ctx context.Context, r *readyReq) (readyResp, error) {
 	j.readies[r.Rank] = r
 	j.nready++
 	if j.nready == len(j.readies) {
-		j.rresp.Shm = true
-		for _, q := range j.readies {
-			if q.Err != "" {
-				j.rresp.Shm = false
-				j.rresp.Why = fmt.Sprintf("rank %d: %s", q.Rank, q.Err)
-				break
-			}
-		}
-		if j.resp.Shm == "" {
-			j.rresp.Shm = false
-			if j.rresp.Why == "" {
-				j.rresp.Why = "the ranks are not all on one host with one shared folder"
+		switch {
+		case j.resp.Shm == "" && j.shmErr != "":
+			j.rresp.Why = "rank 0 cannot make the shared folder: " + j.shmErr
+		case j.resp.Shm == "":
+			j.rresp.Why = "the ranks are not all on one host with one shared folder"
+		default:
+			j.rresp.Shm = true
+			for _, q := range j.readies {
+				if q.Err != "" {
+					j.rresp.Shm = false
+					j.rresp.Why = fmt.Sprintf("rank %d: %s", q.Rank, q.Err)
+					break
+				}
 			}
 		}
 		close(j.allRdy)

@@ -2,7 +2,6 @@ package collective
 
 import (
 	"crypto/tls"
-	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -158,5 +157,5 @@ func (c *Config) advertise(l net.Listener) string {
 			return net.JoinHostPort(ua.IP.String(), port)
 		}
 	}
-	return net.JoinHostPort(fmt.Sprint("127.0.0.1"), port)
+	return net.JoinHostPort("127.0.0.1", port)
 }

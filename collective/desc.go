@@ -52,13 +52,13 @@ type desc struct {
 	shape  []int // its shape
 	counts []int // nil: none given
 	bad    string
-	hasOut bool // the rank gave an output tensor (the Into calls)
-	outDT  memmap.DType
-	out    []int // its shape
+	// noSpace: bad is a failure to reserve room in the shared folder
+	// (ErrNoSpace), not a bad argument.
+	noSpace bool
+	hasOut  bool // the rank gave an output tensor (the Into calls)
+	outDT   memmap.DType
+	out     []int // its shape
 }
-
-// maxDesc bounds an encoded desc (the shared segment's room for it).
-const maxDesc = 60 << 10
 
 func (d *desc) encode(b []byte) []byte {
 	flags := byte(0)
@@ -70,6 +70,9 @@ func (d *desc) encode(b []byte) []byte {
 	}
 	if d.hasOut {
 		flags |= 4
+	}
+	if d.noSpace {
+		flags |= 8
 	}
 	b = append(b, byte(d.kind), byte(d.op), byte(d.dtype), flags, byte(d.outDT))
 	b = binary.LittleEndian.AppendUint32(b, uint32(int32(d.root)))
@@ -106,6 +109,7 @@ func decodeDesc(b []byte) (desc, error) {
 	d.hasT = b[3]&1 != 0
 	hasCounts := b[3]&2 != 0
 	d.hasOut = b[3]&4 != 0
+	d.noSpace = b[3]&8 != 0
 	d.outDT = memmap.DType(b[4])
 	b = b[1:]
 	d.root = int(int32(binary.LittleEndian.Uint32(b[4:])))
@@ -219,6 +223,9 @@ func check(ds []desc) (*plan, error) {
 		}
 	}
 	for r, d := range ds {
+		if d.bad != "" && d.noSpace {
+			return nil, errorf(ErrNoSpace, "%v on rank %d: %s", d.kind, r, d.bad)
+		}
 		if d.bad != "" {
 			return nil, argumentf("%v on rank %d: %s", d.kind, r, d.bad)
 		}

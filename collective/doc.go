@@ -44,8 +44,9 @@
 // Before any data moves, every rank checks every rank's description of
 // the call: mismatched collectives, dtypes or shapes (ErrMismatch), a root
 // out of range, counts that do not sum to the axis, an axis the tensor does
-// not have (ErrArgument) fail the call on every rank with the same error,
-// never a hang, and the communicator stays usable. Reductions combine the
+// not have (ErrArgument), a shared folder too full for a rank's input
+// (ErrNoSpace) fail the call on every rank with the same error, never a
+// hang, and the communicator stays usable. Reductions combine the
 // ranks' values in rank order where the algorithm allows (always through
 // shared mappings), and every rank gets the same bits.
 //

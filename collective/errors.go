@@ -3,6 +3,7 @@ package collective
 import (
 	"errors"
 	"fmt"
+	"syscall"
 
 	"github.com/tensorwire/tensorwire/rpc"
 )
@@ -54,6 +55,16 @@ var (
 	// a Tape replayed twice. Code FailedPrecondition.
 	ErrNoAdjoint = errors.New("collective: no adjoint")
 
+	// ErrNoSpace: a rank could not reserve room in the shared folder
+	// (Config.ShmDir, a memory filesystem) for what it publishes: the
+	// folder is full. Every rank of the collective gets it (naming the rank
+	// at fault), before any data moves, and the communicator stays usable:
+	// smaller tensors, or the same once room is freed, go through. It wraps
+	// syscall.ENOSPC, so errors.Is(err, syscall.ENOSPC) holds too (in this
+	// process; across the wire it matches by its reason). Code
+	// ResourceExhausted.
+	ErrNoSpace = fmt.Errorf("collective: no room in the shared folder: %w", syscall.ENOSPC)
+
 	// ErrConfig: a Config that cannot form a communicator. Code
 	// InvalidArgument.
 	ErrConfig = errors.New("collective: bad config")
@@ -75,6 +86,7 @@ func init() {
 	rpc.RegisterReason(ErrClosed, rpc.FailedPrecondition, "collective.closed")
 	rpc.RegisterReason(ErrWaited, rpc.FailedPrecondition, "collective.waited")
 	rpc.RegisterReason(ErrNoAdjoint, rpc.FailedPrecondition, "collective.no_adjoint")
+	rpc.RegisterReason(ErrNoSpace, rpc.ResourceExhausted, "collective.no_space")
 	rpc.RegisterReason(ErrConfig, rpc.InvalidArgument, "collective.config")
 	rpc.RegisterReason(ErrJoin, rpc.Unavailable, "collective.join")
 }

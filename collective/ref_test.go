@@ -36,19 +36,6 @@ func toND(t testing.TB, x *tensordict.Tensor) nd {
 	return nd{x.Shape(), v}
 }
 
-func (a nd) toTensor(t testing.TB, dt memmap.DType) *tensordict.Tensor {
-	t.Helper()
-	x, err := tensordict.Zeros(dt, a.shape...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := x.Bytes()
-	for i, f := range a.v {
-		dt.PutFloat64(b[i*dt.Size():], f)
-	}
-	return x
-}
-
 // strides of a shape, in elements.
 func strides(shape []int) []int {
 	s := make([]int, len(shape))

@@ -158,6 +158,11 @@ func createMapped(path string, size int) ([]byte, error) {
 		return nil, err
 	}
 	defer f.Close()
+	// Reserve the pages before writing through the mapping: on a full
+	// tmpfs a write into a hole is SIGBUS, a failed fallocate an error.
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil && err != unix.EOPNOTSUPP {
+		return nil, fmt.Errorf("reserving %d bytes for %s: %w", size, path, err)
+	}
 	if err := f.Truncate(int64(size)); err != nil {
 		return nil, err
 	}

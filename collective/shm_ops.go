@@ -2,7 +2,9 @@ package collective
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"syscall"
 )
 
 // Collectives through shared mappings (shm_linux.go has the mechanism).
@@ -44,6 +46,7 @@ func (c *Comm) shmCollective(ctx context.Context, seq uint64, cl *call) (*plan, 
 	if err := c.shmPublish(set, cl); err != nil {
 		// Still take part, so the others learn of it.
 		d.bad = fmt.Sprintf("publishing the tensor: %v", err)
+		d.noSpace = errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 		g.putDesc(set, d.encode(nil))
 	}
 	g.setPhase(base + 1)

@@ -236,10 +236,9 @@ func (tp *Tape) Recv(ctx context.Context, buf *Var, src, tag int) (*Var, error) 
 
 // TapeRequest is an Isend or Irecv on a tape.
 type TapeRequest struct {
-	tp     *Tape
-	r      *Request
-	x      *Var // what is sent, or the receive buffer
-	waited bool
+	tp *Tape
+	r  *Request
+	x  *Var // what is sent, or the receive buffer
 
 	// the adjoint in flight between the replay of Wait and of the start
 	back   *Request

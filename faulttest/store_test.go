@@ -305,7 +305,7 @@ func TestStoreAcrossHosts(t *testing.T) {
 	// The node dies and comes back on the same address.
 	node.Kill()
 	node = c.node(nodeHost, "", nodeArgs...)
-	at = progress("after the node was killed and restarted", at)
+	progress("after the node was killed and restarted", at)
 
 	// Stop: writers first, then the trainer drains what is left.
 	for _, w := range []*proctest.Proc{w0, w1} {

@@ -323,7 +323,7 @@ func TestProcess_NodeKilledAndRestarted(t *testing.T) {
 			progressed("before the kill", 0, 0)
 			node.Kill()
 			ackedAtKill, getsAtKill := nacked.Load(), gets.Load()
-			node, _ = startNode(t, root, addr)
+			startNode(t, root, addr)
 			progressed("after the restart", ackedAtKill, getsAtKill)
 			stop.Store(true)
 			wg.Wait()

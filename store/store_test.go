@@ -476,7 +476,7 @@ func TestStore_StrayValuesAreRemoved(t *testing.T) {
 	os.MkdirAll(stray, 0o755)
 	notOurs := filepath.Join(dir, valuesDir, "README")
 	os.WriteFile(notOurs, []byte("x"), 0o644)
-	s = openT(t, dir, Options{})
+	openT(t, dir, Options{})
 	if _, err := os.Stat(stray); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a value no record names is still there: %v", err)
 	}

@@ -159,8 +159,7 @@ func New(t testing.TB) *Net {
 	for _, err := range errs {
 		t.Logf("netns: %v", err)
 	}
-	k := netSeq.Add(1)
-	n := &Net{bridge: bridgeName(k)}
+	n := newNet()
 	if len(n.bridge) > unix.IFNAMSIZ-1 {
 		t.Fatalf("netns: bridge name %s is longer than %d bytes", n.bridge, unix.IFNAMSIZ-1)
 	}
@@ -170,6 +169,44 @@ func New(t testing.TB) *Net {
 			t.Errorf("netns: cleanup: %v", err)
 		}
 	})
+	if err := n.setUp(); err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	return n
+}
+
+// Make is New for a program that is not a test (a benchmark that puts
+// its processes on hosts of their own): it returns an error where New
+// skips or fails the test, and the caller must Close the Net, which does
+// what New's cleanup does. What a process that dies before Close leaves,
+// the next New or Make removes (see the package documentation).
+func Make() (*Net, error) {
+	if err := Available(); err != nil {
+		return nil, fmt.Errorf("netns: network namespaces unavailable: %w", err)
+	}
+	sweep()
+	n := newNet()
+	if len(n.bridge) > unix.IFNAMSIZ-1 {
+		return nil, fmt.Errorf("netns: bridge name %s is longer than %d bytes", n.bridge, unix.IFNAMSIZ-1)
+	}
+	setLive(n.bridge, true)
+	if err := n.setUp(); err != nil {
+		return nil, errors.Join(fmt.Errorf("netns: %w", err), n.close())
+	}
+	return n, nil
+}
+
+// Close kills every process in the Net's hosts and removes the hosts and
+// the bridge, as New's cleanup does; Host fails afterwards, and a second
+// Close does nothing. It is for a Net from Make; one from New is closed by
+// its test's cleanup.
+func (n *Net) Close() error { return n.close() }
+
+func newNet() *Net { return &Net{bridge: bridgeName(netSeq.Add(1))} }
+
+// setUp makes the Net's bridge, up, and gives it the first address of a
+// free /24.
+func (n *Net) setUp() error {
 	mac := make([]byte, 6)
 	rand.Read(mac)
 	mac[0] = mac[0]&^1 | 2 // unicast, locally administered
@@ -181,13 +218,13 @@ func New(t testing.TB) *Net {
 		{"ip", "link", "set", n.bridge, "up"},
 	})
 	if err != nil {
-		t.Fatalf("netns: %v", err)
+		return err
 	}
 	if n.subnet, err = n.claimSubnet(); err != nil {
-		t.Fatalf("netns: %v", err)
+		return err
 	}
 	n.gateway = n.subnet.Addr().Next()
-	return n
+	return nil
 }
 
 // Gateway returns the bridge's address: the root namespace's, hence the
@@ -360,6 +397,9 @@ func devOf(route []string) string {
 func (n *Net) close() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.closed {
+		return nil
+	}
 	n.closed = true
 	var errs []error
 	for _, h := range n.hosts {

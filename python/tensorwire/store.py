@@ -431,11 +431,15 @@ class Watch:
                 self.close()
                 raise StopIteration from None
             except UnavailableError:
+                if self._closed:
+                    # closed by its owner (from another thread, say) while
+                    # waiting: the iteration ends, it did not fail.
+                    raise StopIteration from None
                 if self._stream is not None:
                     self._stream.close()
                 self._stream = None
                 left = _left(self._deadline)
-                if self._closed or (left is not None and left <= wait):
+                if left is not None and left <= wait:
                     raise
                 time.sleep(wait)
                 wait = min(2 * wait, 1.0)

@@ -118,6 +118,29 @@ class TestStore(unittest.TestCase):
             self.assertEqual(revs, sorted(revs))
             self.assertGreater(revs[0], rev)
 
+    def test_watch_closed_while_waiting(self):
+        """A watch closed from another thread while its iteration waits for
+        an event ends the iteration; it does not raise."""
+        with dial(self.node, "bytes") as s:
+            _, rev = s.list()
+            w = s.watch("nothing-here-", after=rev, timeout=60)
+            out = []
+
+            def follow():
+                try:
+                    out.extend(w)
+                    out.append("ended")
+                except Exception as e:  # noqa: BLE001
+                    out.append(e)
+
+            t = threading.Thread(target=follow, daemon=True)
+            t.start()
+            wait_until(lambda: w._stream is not None, what="the watch waiting on its stream")
+            w.close()
+            t.join(30)
+            self.assertFalse(t.is_alive(), "the iteration did not end")
+            self.assertEqual(out, ["ended"])
+
     def test_watch_compacted(self):
         with dial(self.node, "bytes") as s:
             _, rev = s.list()

@@ -5,11 +5,15 @@
 // ("tcp"), against memcpy bandwidth measured in the same run.
 //
 //	tensorwire bench collective [--ops allreduce,allgather,reduce-scatter,broadcast,alltoall,allreduce-fwd-bwd]
-//	    [--ranks 2,4] [--sizes 1KB,64KB,1MB,16MB,64MB] [--transports shm,tcp] [--json FILE]
+//	    [--ranks 2,4] [--sizes 1KB,64KB,1MB,16MB,64MB] [--transports shm,tcp] [--hosts local|netns] [--json FILE]
 //
 // For each transport and rank count the benchmark starts that many copies
 // of the running program, each a rank ("--role rank"), which form a
-// communicator (collective.Join) on a free loopback port. For each
+// communicator (collective.Join) on a free loopback port. With --hosts
+// netns (root only; TCP only) each rank runs instead on a host of its own,
+// a Linux network namespace on a bridge (internal/netns), so the ranks
+// talk TCP between separate addresses through veth pairs and the bridge
+// rather than over loopback; rank 0 listens on its host's address. For each
 // operation and size, in that order, the ranks run a few untimed
 // iterations and then timed ones (from 500 at 1 KiB down to 5 at 64 MiB):
 // each iteration is a Barrier and then the operation, and rank 0 times the
@@ -54,6 +58,7 @@ import (
 
 	"github.com/tensorwire/tensorwire/collective"
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/netns"
 	"github.com/tensorwire/tensorwire/internal/report"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -76,6 +81,7 @@ type options struct {
 	ranks      []int
 	sizes      []int
 	transports []string
+	hosts      string
 	json       string
 
 	role      string
@@ -94,6 +100,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.StringVar(&ranks, "ranks", "2,4", "rank counts to run with")
 	fs.StringVar(&sizes, "sizes", "1KB,64KB,1MB,16MB,64MB", "tensor sizes (KB, MB: 1024 and 1024*1024 bytes)")
 	fs.StringVar(&transports, "transports", "shm,tcp", "transports: shm (shared mappings), tcp (loopback)")
+	fs.StringVar(&o.hosts, "hosts", "local", "where the ranks run: local (this host, loopback), netns (a network namespace each, joined by a bridge; root, tcp only)")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
 	fs.StringVar(&o.role, "role", "", "internal: run as a rank")
 	fs.IntVar(&o.rank, "rank", 0, "internal: this rank")
@@ -109,6 +116,20 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	}
 	if o.transports, err = parseList(transports, []string{"shm", "tcp"}); err != nil {
 		return err
+	}
+	switch o.hosts {
+	case "local":
+	case "netns":
+		set := false
+		fs.Visit(func(f *flag.Flag) { set = set || f.Name == "transports" })
+		if !set {
+			o.transports = []string{"tcp"}
+		}
+		if slices.Contains(o.transports, "shm") {
+			return bench.Usagef("--hosts netns runs the ranks on separate hosts: --transports tcp only")
+		}
+	default:
+		return bench.Usagef("--hosts %q: want local or netns", o.hosts)
 	}
 	for _, r := range strings.Split(ranks, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(r))
@@ -163,12 +184,15 @@ func parseSize(s string) (int, error) {
 // Line is one measured point: an operation, a rank count, a size and a
 // transport (the JSON keys of issue 17). P50us is the median time of the
 // operation on rank 0 in microseconds; AlgBW is Bytes over it and BusBW
-// NCCL's bus bandwidth, both in GB/s (1e9 bytes a second).
+// NCCL's bus bandwidth, both in GB/s (1e9 bytes a second). Hosts is
+// "netns" when the ranks ran on network-namespace hosts (--hosts netns),
+// and absent when they ran on this one.
 type Line struct {
 	Op        string  `json:"op"`
 	Ranks     int     `json:"ranks"`
 	Bytes     int     `json:"bytes"`
 	Transport string  `json:"transport"`
+	Hosts     string  `json:"hosts,omitempty"`
 	P50us     float64 `json:"p50_us"`
 	AlgBW     float64 `json:"algbw_GBps"`
 	BusBW     float64 `json:"busbw_GBps"`
@@ -195,15 +219,33 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 
 func runParent(ctx context.Context, o options, env bench.Env) error {
 	env.Stderr = &lockedWriter{w: env.Stderr}
-	res := Result{MemcpyGBps: memcpyGBps()}
-	fmt.Fprintf(env.Stderr, "memcpy: %.2f GB/s\n", res.MemcpyGBps)
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
+	var hosts []*netns.Host
+	if o.hosts == "netns" {
+		if err := netns.Available(); err != nil {
+			return fmt.Errorf("--hosts netns needs network namespaces (root, iproute2): %w", err)
+		}
+		nw, err := netns.Make()
+		if err != nil {
+			return fmt.Errorf("--hosts netns: %w", err)
+		}
+		defer nw.Close()
+		for r := range slices.Max(o.ranks) {
+			h, err := nw.Host(fmt.Sprintf("rank%d", r))
+			if err != nil {
+				return fmt.Errorf("--hosts netns: %w", err)
+			}
+			hosts = append(hosts, h)
+		}
+	}
+	res := Result{MemcpyGBps: memcpyGBps()}
+	fmt.Fprintf(env.Stderr, "memcpy: %.2f GB/s\n", res.MemcpyGBps)
 	for _, tr := range o.transports {
 		for _, n := range o.ranks {
-			runs, err := runGroup(ctx, o, env, exe, tr, n)
+			runs, err := runGroup(ctx, o, env, exe, tr, n, hosts)
 			if err != nil {
 				return fmt.Errorf("%s, %d ranks: %w", tr, n, err)
 			}
@@ -212,7 +254,11 @@ func runParent(ctx context.Context, o options, env bench.Env) error {
 	}
 	t := report.NewTable("op", "ranks", "transport", "bytes", "p50 us", "algbw GB/s", "busbw GB/s", "busbw / memcpy")
 	for _, r := range res.Runs {
-		t.Row(r.Op, r.Ranks, r.Transport, r.Bytes, fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.3f", r.AlgBW), fmt.Sprintf("%.3f", r.BusBW), fmt.Sprintf("%.3f", r.BusBW/res.MemcpyGBps))
+		tr := r.Transport
+		if r.Hosts != "" {
+			tr += "/" + r.Hosts
+		}
+		t.Row(r.Op, r.Ranks, tr, r.Bytes, fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.3f", r.AlgBW), fmt.Sprintf("%.3f", r.BusBW), fmt.Sprintf("%.3f", r.BusBW/res.MemcpyGBps))
 	}
 	t.WriteTo(env.Stdout)
 	fmt.Fprintf(env.Stdout, "\nmemcpy (one core, 64 MiB, warm): %.2f GB/s\n", res.MemcpyGBps)
@@ -239,14 +285,21 @@ func memcpyGBps() float64 {
 	return report.GBps(int64(len(a)), best)
 }
 
-// runGroup starts n ranks on transport tr and collects rank 0's lines.
-func runGroup(ctx context.Context, o options, env bench.Env, exe, tr string, n int) ([]Line, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
+// runGroup starts n ranks on transport tr, on this host or on hosts[:n]
+// when hosts is not nil, and collects rank 0's lines.
+func runGroup(ctx context.Context, o options, env bench.Env, exe, tr string, n int, hosts []*netns.Host) ([]Line, error) {
+	var addr string
+	if hosts != nil {
+		// A fresh namespace: the port is free, and each group gets its own.
+		addr = fmt.Sprintf("%s:%d", hosts[0].Addr(), 29500+n)
+	} else {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		addr = l.Addr().String()
+		l.Close()
 	}
-	addr := l.Addr().String()
-	l.Close()
 	sizes := make([]string, len(o.sizes))
 	for i, s := range o.sizes {
 		sizes[i] = strconv.Itoa(s) + "B"
@@ -255,10 +308,15 @@ func runGroup(ctx context.Context, o options, env bench.Env, exe, tr string, n i
 	defer cancel()
 	var cmds []*exec.Cmd
 	var out io.Reader
+	var err error
 	for r := range n {
 		args := append(slices.Clone(env.Self), "--role", "rank", "--rank", strconv.Itoa(r), "--size", strconv.Itoa(n),
 			"--addr", addr, "--transport", tr, "--ops", strings.Join(o.ops, ","), "--sizes", strings.Join(sizes, ","))
 		cmd := exec.CommandContext(ctx, exe, args...)
+		if hosts != nil {
+			// ip netns exec enters the namespace and execs the program.
+			cmd = exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", hosts[r].Namespace(), exe}, args...)...)
+		}
 		cmd.Stderr = env.Stderr
 		if r == 0 {
 			if out, err = cmd.StdoutPipe(); err != nil {
@@ -276,6 +334,9 @@ func runGroup(ctx context.Context, o options, env bench.Env, exe, tr string, n i
 		var r Line
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			continue
+		}
+		if hosts != nil {
+			r.Hosts = "netns"
 		}
 		fmt.Fprintf(env.Stderr, "%s %d ranks %s %d B: p50 %.1f us, busbw %.3f GB/s\n", r.Transport, r.Ranks, r.Op, r.Bytes, r.P50us, r.BusBW)
 		runs = append(runs, r)

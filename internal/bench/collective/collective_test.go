@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/netns"
 )
 
 // childArg makes the test binary run the benchmark (its ranks) instead of
@@ -102,10 +103,46 @@ func TestRun_Small(t *testing.T) {
 }
 
 func TestRun_BadFlags(t *testing.T) {
-	for _, args := range [][]string{{"--ops", "allfoo"}, {"--ranks", "x"}, {"--sizes", "12QB"}, {"--transports", "udp"}, {"extra"}} {
+	for _, args := range [][]string{{"--ops", "allfoo"}, {"--ranks", "x"}, {"--sizes", "12QB"}, {"--transports", "udp"}, {"extra"},
+		{"--hosts", "mars"}, {"--hosts", "netns", "--transports", "shm,tcp"}} {
 		err := Run(context.Background(), bench.Env{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}, args)
 		if !errors.Is(err, bench.ErrUsage) {
 			t.Errorf("%v: %v, want a usage error", args, err)
 		}
+	}
+}
+
+// TestRun_NetnsHosts runs two ranks on network-namespace hosts of their
+// own (--hosts netns), over TCP between their addresses. It needs root and
+// iproute2, and skips without them.
+func TestRun_NetnsHosts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	if err := netns.Available(); err != nil {
+		t.Skipf("network namespaces unavailable: %v", err)
+	}
+	var out, errb bytes.Buffer
+	jf := filepath.Join(t.TempDir(), "c.json")
+	err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &errb, Self: []string{childArg}},
+		[]string{"--hosts", "netns", "--ranks", "2", "--ops", "allreduce,alltoall", "--sizes", "1KB,1MB", "--json", jf})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	var res Result
+	b, _ := os.ReadFile(jf)
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Runs) != 4 {
+		t.Fatalf("%d runs, want 4:\n%s", len(res.Runs), out.String())
+	}
+	for _, r := range res.Runs {
+		if r.Transport != "tcp" || r.Hosts != "netns" || r.P50us <= 0 {
+			t.Fatalf("run %+v, want tcp between netns hosts", r)
+		}
+	}
+	if !strings.Contains(out.String(), "tcp/netns") {
+		t.Fatalf("the table does not say tcp/netns:\n%s", out.String())
 	}
 }

@@ -256,15 +256,6 @@ func checkIndex(batch *tensordict.TensorDict, seen []bool) error {
 	return nil
 }
 
-// cpuNS returns this process's user and system CPU time.
-func cpuNS() int64 {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
-}
-
 // ioBytes returns the bytes this process read and wrote with syscalls
 // (/proc/self/io rchar + wchar: sockets, pipes and files read or written,
 // not mappings), or 0 where it cannot tell.
