@@ -314,12 +314,11 @@ func dot64(a, b *tensordict.Tensor) float64 {
 
 // ranks is a communicator's ranks as processes, one per host.
 type ranks struct {
-	c      *cluster
-	hosts  []*netns.Host
-	shm    []string
-	addr   string
-	procs  []*proctest.Proc
-	joined int // JOINED lines expected of each rank so far
+	c     *cluster
+	hosts []*netns.Host
+	shm   []string
+	addr  string
+	procs []*proctest.Proc
 }
 
 // startRanks puts n ranks on n hosts of their own, in mode, and waits
