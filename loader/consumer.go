@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"math"
 	"path/filepath"
 	"sync"
 	"time"
@@ -187,6 +188,10 @@ func (c *Consumer) join(ctx context.Context) (*session, error) {
 	}
 	s := &session{c: c, info: resp, schema: resp.Schema, relEpoch: resp.Epoch, sentEpoch: resp.Epoch,
 		dirty: make(chan struct{}, 1), ackEvery: max(1, resp.Slots/4)}
+	if err := checkJoin(resp, c.o.Batch); err != nil {
+		s.leave()
+		return nil, err
+	}
 	if err := s.schema.Validate(); err != nil {
 		s.leave()
 		return nil, fmt.Errorf("loader: the node describes the batches badly: %w", err)
@@ -212,11 +217,40 @@ func (c *Consumer) join(ctx context.Context) (*session, error) {
 		}
 		return nil, err
 	}
-	s.msgs = make(chan batchMessage, resp.Slots+1)
+	// The producer publishes at most a ring ahead of the consumer.
+	s.msgs = make(chan batchMessage, min(resp.Slots, maxAnnounce)+1)
 	s.done.Add(2)
 	go s.receive(bg)
 	go s.heartbeat(bg)
 	return s, nil
+}
+
+// maxHeartbeatMS bounds a join response's heartbeat period (35 years):
+// beyond it, a time.Duration of it overflows.
+const maxHeartbeatMS = 1 << 40
+
+// checkJoin checks that a join response is one a producer gives a
+// consumer of batch rows a batch: a ring of 1 to 2^31 rows (Config's
+// bound) that holds a consumer batch, samples whose batches can be
+// counted, a first epoch of 0 or more and a heartbeat period that is
+// not negative.
+func checkJoin(r joinResponse, batch int) error {
+	var bad string
+	switch {
+	case r.Slots < 1 || r.Batch < 1 || int64(r.Slots) > 1<<31 || int64(r.Batch) > 1<<31 || int64(r.Slots)*int64(r.Batch) > 1<<31:
+		bad = fmt.Sprintf("a ring of %d slots of %d rows", r.Slots, r.Batch)
+	case int64(batch) > int64(r.Slots)*int64(r.Batch):
+		bad = fmt.Sprintf("a ring of %d rows for a consumer of batch %d", r.Slots*r.Batch, batch)
+	case r.Samples < 1 || r.Samples > math.MaxInt-max(r.Batch, batch):
+		bad = fmt.Sprintf("%d samples", r.Samples)
+	case r.Epoch < 0 || r.Epoch == math.MaxInt64:
+		bad = fmt.Sprintf("epoch %d", r.Epoch)
+	case r.HeartbeatMS < 0 || r.HeartbeatMS > maxHeartbeatMS:
+		bad = fmt.Sprintf("a heartbeat of %d ms", r.HeartbeatMS)
+	default:
+		return nil
+	}
+	return fmt.Errorf("loader: the node's answer to join is no producer's: %s", bad)
 }
 
 // receive passes the stream's messages to msgs until the stream ends.

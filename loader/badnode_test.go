@@ -1,0 +1,51 @@
+package loader
+
+// A consumer against a node that answers badly (fakeNode): what FuzzConsumer
+// found, one test each.
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+)
+
+// TestConsumer_BadJoinResponse: a join response no producer gives (a ring
+// of no slots or of more than the producer allows, no samples or so many
+// that an epoch's batches cannot be counted, a negative epoch or
+// heartbeat, a ring smaller than the consumer's batch) is an error at
+// Dial, not a panic or a channel of a terabyte.
+func TestConsumer_BadJoinResponse(t *testing.T) {
+	n := newFakeNode(t)
+	for _, tc := range []struct {
+		name   string
+		change func(*joinResponse)
+	}{
+		{"negative slots", func(j *joinResponse) { j.Slots = -3 }},
+		{"no slots", func(j *joinResponse) { j.Slots = 0 }},
+		{"no batch", func(j *joinResponse) { j.Batch = 0 }},
+		{"2^40 slots", func(j *joinResponse) { j.Slots = 1 << 40 }},
+		{"a ring of 2^31+1 rows", func(j *joinResponse) { j.Slots, j.Batch = 1<<31+1, 1 }},
+		{"no samples", func(j *joinResponse) { j.Samples = 0 }},
+		{"the most samples an int holds", func(j *joinResponse) { j.Samples = math.MaxInt }},
+		{"a negative epoch", func(j *joinResponse) { j.Epoch = -5 }},
+		{"the last epoch", func(j *joinResponse) { j.Epoch = math.MaxInt64 }},
+		{"a negative heartbeat", func(j *joinResponse) { j.HeartbeatMS = -1 }},
+		{"a ring smaller than the batch", func(j *joinResponse) { j.Slots, j.Batch = 1, 2 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prefix, _ := n.newRing(t)
+			s := n.honest(prefix, true)
+			tc.change(&s.join)
+			n.play(s)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := Dial(ctx, n.addr, "train", Options{Batch: fakeBatch})
+			if err == nil {
+				c.Close()
+				t.Fatalf("Dial succeeded against %+v (Len %d)", s.join, c.Len())
+			}
+			t.Log(err)
+		})
+	}
+}
