@@ -5,6 +5,7 @@ package loader
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -47,5 +48,66 @@ func TestConsumer_BadJoinResponse(t *testing.T) {
 			}
 			t.Log(err)
 		})
+	}
+}
+
+// TestConsumer_BadAnnouncement: an announcement no producer makes for the
+// batch the consumer waits for (an epoch of another count, a batch of
+// other rows than its place in the epoch gives, a slot outside the ring)
+// ends the loop with an error, by reference and by bytes, rather than an
+// epoch of the wrong samples or a read of another slot.
+func TestConsumer_BadAnnouncement(t *testing.T) {
+	n := newFakeNode(t)
+	for _, tc := range []struct {
+		name   string
+		change func(a *announcement)
+	}{
+		{"an epoch of one batch", func(a *announcement) { a.Count = 1 }},
+		{"an epoch of three batches", func(a *announcement) { a.Count = 3 }},
+		{"two rows", func(a *announcement) {
+			if a.Index == 1 {
+				a.Rows = 2
+			}
+		}},
+		{"slot 2^62, which wraps round to slot 0's rows", func(a *announcement) {
+			if a.Index == 1 {
+				a.Slot = 1 << 62
+			}
+		}},
+		{"slot -1", func(a *announcement) {
+			if a.Index == 1 {
+				a.Slot = -1
+			}
+		}},
+	} {
+		for _, bytes := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/bytes=%v", tc.name, bytes), func(t *testing.T) {
+				prefix, _ := n.newRing(t)
+				s := n.honest(prefix, bytes)
+				for i := range s.msgs {
+					tc.change(&s.msgs[i].Batch)
+					if bytes {
+						s.msgs[i].Rows = n.rowsVariant(t, 0, s.msgs[i].Batch)
+					}
+				}
+				n.play(s)
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				opts := Options{Batch: fakeBatch, Root: n.root, Bytes: bytes}
+				c, err := Dial(ctx, n.addr, "train", opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				ids, sizes, err := consumerEpoch(ctx, c)
+				if err == nil {
+					t.Fatalf("an epoch of batches %v, samples %v, from %v", sizes, ids, s)
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("the loop did not end: %v", err)
+				}
+				t.Log(err)
+			})
+		}
 	}
 }

@@ -633,6 +633,9 @@ func (s *session) next(ctx context.Context, epoch int64, index int) ([]announcem
 		if a.Epoch != epoch || a.Index != index {
 			return nil, nil, fmt.Errorf("loader: waiting for batch %d of epoch %d, got %d of %d", index, epoch, a.Index, a.Epoch)
 		}
+		if err := s.checkAnnouncement(a); err != nil {
+			return nil, nil, err
+		}
 		var rows *tensordict.TensorDict
 		if s.bytes {
 			if m.Rows == nil || m.Rows.TensorDict == nil || m.Rows.Len() != a.Rows {
@@ -642,6 +645,25 @@ func (s *session) next(ctx context.Context, epoch int64, index int) ([]announcem
 		}
 		return []announcement{a}, rows, nil
 	}
+}
+
+// checkAnnouncement checks that a is what the producer the session joined
+// announces for batch a.Index of an epoch: the epoch's count of batches,
+// the rows of the batch at that place, a slot of the ring holding a
+// published batch.
+func (s *session) checkAnnouncement(a announcement) error {
+	i := s.info
+	count := (i.Samples + i.Batch - 1) / i.Batch
+	rows := 0
+	if a.Index >= 0 && a.Index < count {
+		rows = min(i.Batch, i.Samples-a.Index*i.Batch)
+	}
+	if a.Count != count || a.Rows != rows || a.Slot < 0 || a.Slot >= i.Slots || slots.State(a.Word) != statePublished {
+		return fmt.Errorf("loader: the node announced batch %d of epoch %d as %+v; a producer of %d samples in batches of %d, "+
+			"with %d slots, announces %d batches, this one of %d rows, in a published slot", a.Index, a.Epoch, a,
+			i.Samples, i.Batch, i.Slots, count, rows)
+	}
+	return nil
 }
 
 // copyRows copies rows [off, off+n) of the batch a announces into dst at
