@@ -111,3 +111,47 @@ func TestConsumer_BadAnnouncement(t *testing.T) {
 		}
 	}
 }
+
+// TestConsumer_BadRows: rows sent in bytes mode that are not the joined
+// schema's (a field missing, of another dtype, one more) end the loop
+// with an error; the consumer yields no batch whose missing field holds
+// what an earlier batch left in its buffer.
+func TestConsumer_BadRows(t *testing.T) {
+	n := newFakeNode(t)
+	for _, tc := range []struct {
+		name string
+		kind int64 // fakeNode.rowsVariant
+	}{
+		{"none", 1},
+		{"only the labels", 3},
+		{"labels of int32", 4},
+		{"a field more", 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := n.honest("", true)
+			s.msgs[1].Rows = n.rowsVariant(t, tc.kind, s.msgs[1].Batch)
+			n.play(s)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := Dial(ctx, n.addr, "train", Options{Batch: fakeBatch})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			var loopErr error
+			for b, err := range c.Batches(ctx) {
+				if err != nil {
+					loopErr = err
+					break
+				}
+				if _, err := sampleIDs(b); err != nil {
+					t.Fatalf("a batch of rows that are no sample: %v", err)
+				}
+			}
+			if loopErr == nil || ctx.Err() != nil {
+				t.Fatalf("the loop ended with %v, want an error", loopErr)
+			}
+			t.Log(loopErr)
+		})
+	}
+}

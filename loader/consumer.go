@@ -641,6 +641,9 @@ func (s *session) next(ctx context.Context, epoch int64, index int) ([]announcem
 			if m.Rows == nil || m.Rows.TensorDict == nil || m.Rows.Len() != a.Rows {
 				return nil, nil, fmt.Errorf("loader: batch %d of epoch %d came without its %d rows", index, epoch, a.Rows)
 			}
+			if err := s.schema.Match(m.Rows.RowSchema()); err != nil {
+				return nil, nil, fmt.Errorf("loader: the rows of batch %d of epoch %d are not the joined schema's: %w", index, epoch, err)
+			}
 			rows = m.Rows.TensorDict
 		}
 		return []announcement{a}, rows, nil
