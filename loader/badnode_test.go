@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -153,5 +154,41 @@ func TestConsumer_BadRows(t *testing.T) {
 			}
 			t.Log(loopErr)
 		})
+	}
+}
+
+// TestConsumer_DescribedRowsAllocateNothing: a node that describes rows
+// of 64 MiB and then sends rows of another schema gets an error, and the
+// consumer allocates no batch buffer for rows it never received (before,
+// it allocated its buffers for batch × the described row at the loop's
+// start: 768 MiB here, and a terabyte a row was a fatal out of memory).
+func TestConsumer_DescribedRowsAllocateNothing(t *testing.T) {
+	n := newFakeNode(t)
+	s := n.honest("", true)
+	s.join.Schema[0].Shape = []int{1 << 13, 1 << 13}
+	n.play(s)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, n.addr, "train", Options{Batch: fakeBatch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var loopErr error
+	for _, err := range c.Batches(ctx) {
+		if err != nil {
+			loopErr = err
+			break
+		}
+		t.Fatal("a batch of rows of another schema")
+	}
+	runtime.ReadMemStats(&after)
+	if loopErr == nil {
+		t.Fatal("the loop ended without an error")
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 64<<20 {
+		t.Errorf("the loop allocated %d MiB before its first batch's rows were refused (%v)", got>>20, loopErr)
 	}
 }

@@ -382,31 +382,48 @@ func (s *session) end(context.Context) {
 	}
 }
 
-// batchBuf is a consumer's batch in Go memory, reused across batches.
+// batchBuf is a consumer's batch in Go memory, reused across batches. Its
+// memory is allocated on first use (alloc): a consumer's once the first
+// batch has come, so that a schema a node describes costs no memory until
+// rows of it arrive.
 type batchBuf struct {
-	td     *tensordict.TensorDict
-	leaves [][]byte // its tensors' bytes, in the schema's order
-	rb     []int    // their row sizes
+	schema tensordict.RowSchema
+	n      int                    // rows
+	td     *tensordict.TensorDict // nil until alloc
+	leaves [][]byte               // its tensors' bytes, in the schema's order
+	rb     []int                  // their row sizes
 }
 
-func newBatchBuf(schema tensordict.RowSchema, n int) (*batchBuf, error) {
-	td, err := schema.Zeros(n)
-	if err != nil {
-		return nil, err
+// newBatchBuf returns a buffer of n rows of schema, its memory not yet
+// allocated.
+func newBatchBuf(schema tensordict.RowSchema, n int) *batchBuf {
+	return &batchBuf{schema: schema, n: n}
+}
+
+// alloc allocates b's memory, once.
+func (b *batchBuf) alloc() error {
+	if b.td != nil {
+		return nil
 	}
-	b := &batchBuf{td: td}
-	for _, f := range schema {
+	td, err := b.schema.Zeros(b.n)
+	if err != nil {
+		return err
+	}
+	var leaves [][]byte
+	var rb []int
+	for _, f := range b.schema {
 		t, err := td.Tensor(f.Key...)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		raw, err := t.Bytes()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		b.leaves, b.rb = append(b.leaves, raw), append(b.rb, rowBytes(f))
+		leaves, rb = append(leaves, raw), append(rb, rowBytes(f))
 	}
-	return b, nil
+	b.td, b.leaves, b.rb = td, leaves, rb
+	return nil
 }
 
 // assembled is a batch ready to yield, the error that ends the epoch, or
@@ -442,10 +459,7 @@ func (c *Consumer) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict
 		epoch := c.epoch
 		c.epoch++
 		c.mu.Unlock()
-		if c.bufs, err = ensureBufs(c.bufs, s.schema, c.o.Batch, c.prefetch); err != nil {
-			yield(nil, err)
-			return
-		}
+		c.bufs = ensureBufs(c.bufs, s.schema, c.o.Batch, c.prefetch)
 		complete, err := iterate(ctx, yield, c.bufs, c.prefetch, c.o.Batch,
 			func(ctx context.Context, out chan<- assembled, pool <-chan *batchBuf) {
 				s.assemble(ctx, epoch, c.o.Batch, c.o.DropLast, out, pool)
@@ -512,19 +526,16 @@ func iterate(ctx context.Context, yield func(*tensordict.TensorDict, error) bool
 
 // ensureBufs returns bufs with enough batch buffers of batch rows of
 // schema for iterate with prefetch: those in the channel, the one
-// yielded, the one being assembled. Buffers of another schema are dropped.
-func ensureBufs(bufs []*batchBuf, schema tensordict.RowSchema, batch, prefetch int) ([]*batchBuf, error) {
-	if len(bufs) > 0 && schema.Match(bufs[0].td.RowSchema()) != nil {
+// yielded, the one being assembled. Buffers of another schema are
+// dropped. The new ones are allocated on first use.
+func ensureBufs(bufs []*batchBuf, schema tensordict.RowSchema, batch, prefetch int) []*batchBuf {
+	if len(bufs) > 0 && schema.Match(bufs[0].schema) != nil {
 		bufs = nil
 	}
 	for len(bufs) < prefetch+2 {
-		b, err := newBatchBuf(schema, batch)
-		if err != nil {
-			return nil, err
-		}
-		bufs = append(bufs, b)
+		bufs = append(bufs, newBatchBuf(schema, batch))
 	}
-	return bufs, nil
+	return bufs
 }
 
 // lost ends the session after err and reports true if err means it is
@@ -581,6 +592,13 @@ func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast
 					select {
 					case cur = <-pool:
 					case <-ctx.Done():
+						return
+					}
+					// Rows of the schema have come (checked in next), or
+					// the ring that holds them is mapped: only now is
+					// the batch's memory more than a node's word.
+					if err := cur.alloc(); err != nil {
+						fail(err)
 						return
 					}
 				}
