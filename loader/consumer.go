@@ -78,7 +78,8 @@ type session struct {
 // Dial connects to the producer served as name by the node at addr and
 // joins it as a consumer of opts.Batch rows a batch. ErrArgument for a
 // batch size of 0 or less or larger than the producer's ring, ErrNotFound
-// when the node serves no loader by that name.
+// when the node serves no loader by that name; an error (matching no
+// sentinel) when the node's answer is not one a producer gives.
 func Dial(ctx context.Context, addr, name string, opts Options) (*Consumer, error) {
 	if opts.Batch <= 0 {
 		return nil, wrapf(ErrArgument, "batch size %d: want at least 1", opts.Batch)
@@ -444,10 +445,11 @@ type assembled struct {
 //
 // An error ends the epoch and is yielded once: ErrDropped (the producer
 // dropped the consumer, or restarted), an error matching
-// rpc.ErrUnavailable (the node is unreachable), ErrClosed, ErrFailed, or
-// ctx's. The next call of Batches then joins the producer again, at the
-// start of its current epoch if that epoch's window is open, else of the
-// next one; Epoch says which.
+// rpc.ErrUnavailable (the node is unreachable), ErrClosed, ErrFailed,
+// ctx's, or one matching no sentinel when the node sends what no producer
+// does (docs/loader.md, "The protocol"). The next call of Batches then
+// joins the producer again, at the start of its current epoch if that
+// epoch's window is open, else of the next one; Epoch says which.
 func (c *Consumer) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict, error] {
 	return func(yield func(*tensordict.TensorDict, error) bool) {
 		s, err := c.session(ctx)
