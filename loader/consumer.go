@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"math"
 	"path/filepath"
 	"sync"
 	"time"
@@ -77,7 +78,8 @@ type session struct {
 // Dial connects to the producer served as name by the node at addr and
 // joins it as a consumer of opts.Batch rows a batch. ErrArgument for a
 // batch size of 0 or less or larger than the producer's ring, ErrNotFound
-// when the node serves no loader by that name.
+// when the node serves no loader by that name; an error (matching no
+// sentinel) when the node's answer is not one a producer gives.
 func Dial(ctx context.Context, addr, name string, opts Options) (*Consumer, error) {
 	if opts.Batch <= 0 {
 		return nil, wrapf(ErrArgument, "batch size %d: want at least 1", opts.Batch)
@@ -187,6 +189,10 @@ func (c *Consumer) join(ctx context.Context) (*session, error) {
 	}
 	s := &session{c: c, info: resp, schema: resp.Schema, relEpoch: resp.Epoch, sentEpoch: resp.Epoch,
 		dirty: make(chan struct{}, 1), ackEvery: max(1, resp.Slots/4)}
+	if err := checkJoin(resp, c.o.Batch); err != nil {
+		s.leave()
+		return nil, err
+	}
 	if err := s.schema.Validate(); err != nil {
 		s.leave()
 		return nil, fmt.Errorf("loader: the node describes the batches badly: %w", err)
@@ -212,11 +218,40 @@ func (c *Consumer) join(ctx context.Context) (*session, error) {
 		}
 		return nil, err
 	}
-	s.msgs = make(chan batchMessage, resp.Slots+1)
+	// The producer publishes at most a ring ahead of the consumer.
+	s.msgs = make(chan batchMessage, min(resp.Slots, maxAnnounce)+1)
 	s.done.Add(2)
 	go s.receive(bg)
 	go s.heartbeat(bg)
 	return s, nil
+}
+
+// maxHeartbeatMS bounds a join response's heartbeat period (35 years):
+// beyond it, a time.Duration of it overflows.
+const maxHeartbeatMS = 1 << 40
+
+// checkJoin checks that a join response is one a producer gives a
+// consumer of batch rows a batch: a ring of 1 to 2^31 rows (Config's
+// bound) that holds a consumer batch, samples whose batches can be
+// counted, a first epoch of 0 or more and a heartbeat period that is
+// not negative.
+func checkJoin(r joinResponse, batch int) error {
+	var bad string
+	switch {
+	case r.Slots < 1 || r.Batch < 1 || int64(r.Slots) > 1<<31 || int64(r.Batch) > 1<<31 || int64(r.Slots)*int64(r.Batch) > 1<<31:
+		bad = fmt.Sprintf("a ring of %d slots of %d rows", r.Slots, r.Batch)
+	case int64(batch) > int64(r.Slots)*int64(r.Batch):
+		bad = fmt.Sprintf("a ring of %d rows for a consumer of batch %d", r.Slots*r.Batch, batch)
+	case r.Samples < 1 || r.Samples > math.MaxInt-max(r.Batch, batch):
+		bad = fmt.Sprintf("%d samples", r.Samples)
+	case r.Epoch < 0 || r.Epoch == math.MaxInt64:
+		bad = fmt.Sprintf("epoch %d", r.Epoch)
+	case r.HeartbeatMS < 0 || r.HeartbeatMS > maxHeartbeatMS:
+		bad = fmt.Sprintf("a heartbeat of %d ms", r.HeartbeatMS)
+	default:
+		return nil
+	}
+	return fmt.Errorf("loader: the node's answer to join is no producer's: %s", bad)
 }
 
 // receive passes the stream's messages to msgs until the stream ends.
@@ -348,31 +383,48 @@ func (s *session) end(context.Context) {
 	}
 }
 
-// batchBuf is a consumer's batch in Go memory, reused across batches.
+// batchBuf is a consumer's batch in Go memory, reused across batches. Its
+// memory is allocated on first use (alloc): a consumer's once the first
+// batch has come, so that a schema a node describes costs no memory until
+// rows of it arrive.
 type batchBuf struct {
-	td     *tensordict.TensorDict
-	leaves [][]byte // its tensors' bytes, in the schema's order
-	rb     []int    // their row sizes
+	schema tensordict.RowSchema
+	n      int                    // rows
+	td     *tensordict.TensorDict // nil until alloc
+	leaves [][]byte               // its tensors' bytes, in the schema's order
+	rb     []int                  // their row sizes
 }
 
-func newBatchBuf(schema tensordict.RowSchema, n int) (*batchBuf, error) {
-	td, err := schema.Zeros(n)
-	if err != nil {
-		return nil, err
+// newBatchBuf returns a buffer of n rows of schema, its memory not yet
+// allocated.
+func newBatchBuf(schema tensordict.RowSchema, n int) *batchBuf {
+	return &batchBuf{schema: schema, n: n}
+}
+
+// alloc allocates b's memory, once.
+func (b *batchBuf) alloc() error {
+	if b.td != nil {
+		return nil
 	}
-	b := &batchBuf{td: td}
-	for _, f := range schema {
+	td, err := b.schema.Zeros(b.n)
+	if err != nil {
+		return err
+	}
+	var leaves [][]byte
+	var rb []int
+	for _, f := range b.schema {
 		t, err := td.Tensor(f.Key...)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		raw, err := t.Bytes()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		b.leaves, b.rb = append(b.leaves, raw), append(b.rb, rowBytes(f))
+		leaves, rb = append(leaves, raw), append(rb, rowBytes(f))
 	}
-	return b, nil
+	b.td, b.leaves, b.rb = td, leaves, rb
+	return nil
 }
 
 // assembled is a batch ready to yield, the error that ends the epoch, or
@@ -393,10 +445,11 @@ type assembled struct {
 //
 // An error ends the epoch and is yielded once: ErrDropped (the producer
 // dropped the consumer, or restarted), an error matching
-// rpc.ErrUnavailable (the node is unreachable), ErrClosed, ErrFailed, or
-// ctx's. The next call of Batches then joins the producer again, at the
-// start of its current epoch if that epoch's window is open, else of the
-// next one; Epoch says which.
+// rpc.ErrUnavailable (the node is unreachable), ErrClosed, ErrFailed,
+// ctx's, or one matching no sentinel when the node sends what no producer
+// does (docs/loader.md, "The protocol"). The next call of Batches then
+// joins the producer again, at the start of its current epoch if that
+// epoch's window is open, else of the next one; Epoch says which.
 func (c *Consumer) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict, error] {
 	return func(yield func(*tensordict.TensorDict, error) bool) {
 		s, err := c.session(ctx)
@@ -408,10 +461,7 @@ func (c *Consumer) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict
 		epoch := c.epoch
 		c.epoch++
 		c.mu.Unlock()
-		if c.bufs, err = ensureBufs(c.bufs, s.schema, c.o.Batch, c.prefetch); err != nil {
-			yield(nil, err)
-			return
-		}
+		c.bufs = ensureBufs(c.bufs, s.schema, c.o.Batch, c.prefetch)
 		complete, err := iterate(ctx, yield, c.bufs, c.prefetch, c.o.Batch,
 			func(ctx context.Context, out chan<- assembled, pool <-chan *batchBuf) {
 				s.assemble(ctx, epoch, c.o.Batch, c.o.DropLast, out, pool)
@@ -478,19 +528,16 @@ func iterate(ctx context.Context, yield func(*tensordict.TensorDict, error) bool
 
 // ensureBufs returns bufs with enough batch buffers of batch rows of
 // schema for iterate with prefetch: those in the channel, the one
-// yielded, the one being assembled. Buffers of another schema are dropped.
-func ensureBufs(bufs []*batchBuf, schema tensordict.RowSchema, batch, prefetch int) ([]*batchBuf, error) {
-	if len(bufs) > 0 && schema.Match(bufs[0].td.RowSchema()) != nil {
+// yielded, the one being assembled. Buffers of another schema are
+// dropped. The new ones are allocated on first use.
+func ensureBufs(bufs []*batchBuf, schema tensordict.RowSchema, batch, prefetch int) []*batchBuf {
+	if len(bufs) > 0 && schema.Match(bufs[0].schema) != nil {
 		bufs = nil
 	}
 	for len(bufs) < prefetch+2 {
-		b, err := newBatchBuf(schema, batch)
-		if err != nil {
-			return nil, err
-		}
-		bufs = append(bufs, b)
+		bufs = append(bufs, newBatchBuf(schema, batch))
 	}
-	return bufs, nil
+	return bufs
 }
 
 // lost ends the session after err and reports true if err means it is
@@ -549,6 +596,13 @@ func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast
 					case <-ctx.Done():
 						return
 					}
+					// Rows of the schema have come (checked in next), or
+					// the ring that holds them is mapped: only now is
+					// the batch's memory more than a node's word.
+					if err := cur.alloc(); err != nil {
+						fail(err)
+						return
+					}
 				}
 				take := min(batch-pos, a.Rows-off)
 				if err := s.copyRows(cur, pos, a, rows, off, take); err != nil {
@@ -599,15 +653,40 @@ func (s *session) next(ctx context.Context, epoch int64, index int) ([]announcem
 		if a.Epoch != epoch || a.Index != index {
 			return nil, nil, fmt.Errorf("loader: waiting for batch %d of epoch %d, got %d of %d", index, epoch, a.Index, a.Epoch)
 		}
+		if err := s.checkAnnouncement(a); err != nil {
+			return nil, nil, err
+		}
 		var rows *tensordict.TensorDict
 		if s.bytes {
 			if m.Rows == nil || m.Rows.TensorDict == nil || m.Rows.Len() != a.Rows {
 				return nil, nil, fmt.Errorf("loader: batch %d of epoch %d came without its %d rows", index, epoch, a.Rows)
 			}
+			if err := s.schema.Match(m.Rows.RowSchema()); err != nil {
+				return nil, nil, fmt.Errorf("loader: the rows of batch %d of epoch %d are not the joined schema's: %w", index, epoch, err)
+			}
 			rows = m.Rows.TensorDict
 		}
 		return []announcement{a}, rows, nil
 	}
+}
+
+// checkAnnouncement checks that a is what the producer the session joined
+// announces for batch a.Index of an epoch: the epoch's count of batches,
+// the rows of the batch at that place, a slot of the ring holding a
+// published batch.
+func (s *session) checkAnnouncement(a announcement) error {
+	i := s.info
+	count := (i.Samples + i.Batch - 1) / i.Batch
+	rows := 0
+	if a.Index >= 0 && a.Index < count {
+		rows = min(i.Batch, i.Samples-a.Index*i.Batch)
+	}
+	if a.Count != count || a.Rows != rows || a.Slot < 0 || a.Slot >= i.Slots || slots.State(a.Word) != statePublished {
+		return fmt.Errorf("loader: the node announced batch %d of epoch %d as %+v; a producer of %d samples in batches of %d, "+
+			"with %d slots, announces %d batches, this one of %d rows, in a published slot", a.Index, a.Epoch, a,
+			i.Samples, i.Batch, i.Slots, count, rows)
+	}
+	return nil
 }
 
 // copyRows copies rows [off, off+n) of the batch a announces into dst at

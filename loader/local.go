@@ -89,9 +89,12 @@ func NewLocal(cfg Config, opts Options) (*Local, error) {
 		return nil, err
 	}
 	l := &Local{p: p, batch: opts.Batch, dropLast: opts.DropLast, prefetch: prefetchOf(opts)}
-	if l.bufs, err = ensureBufs(nil, p.schema, l.batch, l.prefetch); err != nil {
-		p.close()
-		return nil, err
+	l.bufs = ensureBufs(nil, p.schema, l.batch, l.prefetch)
+	for _, b := range l.bufs {
+		if err := b.alloc(); err != nil {
+			p.close()
+			return nil, err
+		}
 	}
 	return l, nil
 }

@@ -2,9 +2,12 @@ package loader
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/tensorwire/tensorwire/memmap"
@@ -149,4 +152,40 @@ func TestNewProducer_RingFolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Close()
+}
+
+// TestNewProducer_ReopenEpochOutOfRange: a loader.json whose last epoch
+// begun is out of range (damaged, or written by something else) is not
+// resumed from: the producer begins at epoch 0, not at an epoch that
+// wrapped round to a negative one.
+func TestNewProducer_ReopenEpochOutOfRange(t *testing.T) {
+	root := t.TempDir()
+	data := filepath.Join(root, "data")
+	makeDataset(t, data, 10)
+	abs, err := filepath.Abs(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, epoch := range []int64{math.MaxInt64, -2, math.MinInt64} {
+		t.Run(strconv.FormatInt(epoch, 10), func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "ring")
+			os.Mkdir(dir, 0o755)
+			b, _ := json.Marshal(ringMeta{Version: 1, Dataset: abs, Seed: 3, Epoch: epoch})
+			if err := os.WriteFile(filepath.Join(dir, MetaFile), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			p, err := NewProducer(Config{Dataset: data, Dir: dir, Batch: 2, Seed: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			ji, err := p.join(2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ji.epoch != 0 {
+				t.Errorf("after a %s saying epoch %d was begun, a consumer joins epoch %d, want 0", MetaFile, epoch, ji.epoch)
+			}
+		})
+	}
 }

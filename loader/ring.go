@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -192,14 +193,23 @@ func removeRings(dir string) error {
 	return nil
 }
 
+// readMeta reads dir's MetaFile. A file that does not parse, or whose
+// last epoch begun is out of range (below -1, or the last int64, after
+// which no epoch can begin), is an error: openRing does not resume from
+// it.
 func readMeta(dir string) (ringMeta, error) {
 	var m ringMeta
 	b, err := os.ReadFile(filepath.Join(dir, MetaFile))
 	if err != nil {
 		return m, err
 	}
-	err = json.Unmarshal(b, &m)
-	return m, err
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, err
+	}
+	if m.Epoch < -1 || m.Epoch == math.MaxInt64 {
+		return m, fmt.Errorf("loader: %s says epoch %d was begun last", MetaFile, m.Epoch)
+	}
+	return m, nil
 }
 
 // writeMeta replaces MetaFile atomically.
