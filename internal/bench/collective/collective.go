@@ -47,6 +47,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
@@ -58,7 +59,6 @@ import (
 
 	"github.com/tensorwire/tensorwire/collective"
 	"github.com/tensorwire/tensorwire/internal/bench"
-	"github.com/tensorwire/tensorwire/internal/netns"
 	"github.com/tensorwire/tensorwire/internal/report"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -223,23 +223,14 @@ func runParent(ctx context.Context, o options, env bench.Env) error {
 	if err != nil {
 		return err
 	}
-	var hosts []*netns.Host
+	var hosts []rankHost
 	if o.hosts == "netns" {
-		if err := netns.Available(); err != nil {
-			return fmt.Errorf("--hosts netns needs network namespaces (root, iproute2): %w", err)
-		}
-		nw, err := netns.Make()
+		hs, closeHosts, err := netnsHosts(slices.Max(o.ranks))
 		if err != nil {
-			return fmt.Errorf("--hosts netns: %w", err)
+			return err
 		}
-		defer nw.Close()
-		for r := range slices.Max(o.ranks) {
-			h, err := nw.Host(fmt.Sprintf("rank%d", r))
-			if err != nil {
-				return fmt.Errorf("--hosts netns: %w", err)
-			}
-			hosts = append(hosts, h)
-		}
+		defer closeHosts()
+		hosts = hs
 	}
 	res := Result{MemcpyGBps: memcpyGBps()}
 	fmt.Fprintf(env.Stderr, "memcpy: %.2f GB/s\n", res.MemcpyGBps)
@@ -287,7 +278,7 @@ func memcpyGBps() float64 {
 
 // runGroup starts n ranks on transport tr, on this host or on hosts[:n]
 // when hosts is not nil, and collects rank 0's lines.
-func runGroup(ctx context.Context, o options, env bench.Env, exe, tr string, n int, hosts []*netns.Host) ([]Line, error) {
+func runGroup(ctx context.Context, o options, env bench.Env, exe, tr string, n int, hosts []rankHost) ([]Line, error) {
 	var addr string
 	if hosts != nil {
 		// A fresh namespace: the port is free, and each group gets its own.
@@ -510,4 +501,11 @@ func must(b []byte, err error) []byte {
 		panic(err)
 	}
 	return b
+}
+
+// rankHost is where --hosts netns runs a rank: a network-namespace host
+// (internal/netns, Unix only).
+type rankHost interface {
+	Addr() netip.Addr
+	Namespace() string
 }
