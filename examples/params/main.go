@@ -298,7 +298,12 @@ func runWorker(ctx context.Context, id int, w *store.Worker, mu *sync.Mutex, pub
 		t, _ := tensordict.FromSlice(x, 1, inputs)
 		td, _ := tensordict.New()
 		td.Set("x", t)
-		if err := w.AddRollout(ctx, td); err != nil {
+		// Not ctx: an append cut short by the stop may still have been
+		// applied, and then it would be in the bin but not counted.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		err := w.AddRollout(actx, td)
+		cancel()
+		if err != nil {
 			return err
 		}
 		added.Add(1)
