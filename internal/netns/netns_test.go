@@ -484,8 +484,13 @@ func TestSweep(t *testing.T) {
 		}
 		return l
 	}
+	// Hold off other processes' sweeps (faulttest's, running beside this
+	// package in go test ./...) while the leftovers are staged: one would
+	// remove ofDead before the orphan is in it.
+	unlock := lockSweeps()
 	ofDead, ofAlive, ofSelf := mk(dead, 1), mk(alive, 1), mk(pid, 9999)
 	orphan := start(t, exec.Command("ip", "netns", "exec", ofDead.ns, os.Args[0], "-test.run=^TestHelperProcess$"), "block", true)
+	unlock()
 
 	n := New(t)
 	got := names(t)

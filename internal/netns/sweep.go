@@ -124,6 +124,8 @@ func stale(m []string) bool {
 // vanished under it (another process sweeping too) is no error. It returns
 // the names of what it found.
 func sweep() (found []string, errs []error) {
+	unlock := lockSweeps()
+	defer unlock()
 	var nss, veths, bridges []string
 	out, err := run("ip", "netns", "list")
 	if err != nil {
@@ -171,4 +173,20 @@ func sweep() (found []string, errs []error) {
 		}
 	}
 	return append(append(nss, veths...), bridges...), errs
+}
+
+// lockSweeps takes the machine-wide lock that sweeps hold, so that what a
+// sweep is about to remove is never half made by a test that stages a
+// leftover (TestSweep) in another process; it returns the unlock. Without
+// the lock file (no temporary folder), sweeps are not serialized.
+func lockSweeps() (unlock func()) {
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "tensorwire-netns-sweep.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return func() {}
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return func() {}
+	}
+	return func() { f.Close() } // closing the file drops the lock
 }
