@@ -1,38 +1,26 @@
 package replay
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"net"
 	"testing"
-	"time"
 
+	"github.com/tensorwire/tensorwire/internal/svctest"
 	"github.com/tensorwire/tensorwire/rpc"
 )
 
 // wireErrors pins each sentinel's code and reason: the reasons are part of
 // the protocol (docs/replay.md, "Errors"); the messages are not.
-var wireErrors = []struct {
-	err    error
-	code   error // the code's rpc sentinel
-	reason string
-}{
-	{ErrSchema, rpc.ErrInvalidArgument, "replay.schema"},
-	{ErrExpired, rpc.ErrAborted, "replay.expired"},
-	{ErrFull, rpc.ErrResourceExhausted, "replay.full"},
-	{ErrClosed, rpc.ErrFailedPrecondition, "replay.closed"},
-	{ErrConfig, rpc.ErrInvalidArgument, "replay.config"},
-	{ErrExists, rpc.ErrAlreadyExists, "replay.exists"},
-	{ErrNotFound, rpc.ErrNotFound, "replay.not_found"},
-	{ErrContended, rpc.ErrAborted, "replay.contended"},
-	{ErrInUse, rpc.ErrFailedPrecondition, "replay.in_use"},
-	{ErrStorageLost, rpc.ErrDataLoss, "replay.storage_lost"},
-	{ErrArgument, rpc.ErrInvalidArgument, "replay.argument"},
-}
-
-type failRequest struct {
-	I int `codec:"i"`
+var wireErrors = []svctest.Sentinel{
+	{Err: ErrSchema, Code: rpc.ErrInvalidArgument, Reason: "replay.schema"},
+	{Err: ErrExpired, Code: rpc.ErrAborted, Reason: "replay.expired"},
+	{Err: ErrFull, Code: rpc.ErrResourceExhausted, Reason: "replay.full"},
+	{Err: ErrClosed, Code: rpc.ErrFailedPrecondition, Reason: "replay.closed"},
+	{Err: ErrConfig, Code: rpc.ErrInvalidArgument, Reason: "replay.config"},
+	{Err: ErrExists, Code: rpc.ErrAlreadyExists, Reason: "replay.exists"},
+	{Err: ErrNotFound, Code: rpc.ErrNotFound, Reason: "replay.not_found"},
+	{Err: ErrContended, Code: rpc.ErrAborted, Reason: "replay.contended"},
+	{Err: ErrInUse, Code: rpc.ErrFailedPrecondition, Reason: "replay.in_use"},
+	{Err: ErrStorageLost, Code: rpc.ErrDataLoss, Reason: "replay.storage_lost"},
+	{Err: ErrArgument, Code: rpc.ErrInvalidArgument, Reason: "replay.argument"},
 }
 
 // TestErrors_CrossTheWire has a handler return each sentinel in a message
@@ -40,43 +28,5 @@ type failRequest struct {
 // the sentinel's reason and matches the sentinel and its code, and no other
 // sentinel.
 func TestErrors_CrossTheWire(t *testing.T) {
-	s, err := rpc.NewServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = rpc.Register(s, "replaytest.fail", func(_ context.Context, req failRequest) (rpc.Empty, error) {
-		return rpc.Empty{}, fmt.Errorf("reworded, the sentinel's text last: %w", wireErrors[req.I].err)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(l)
-	t.Cleanup(func() { s.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := rpc.Dial(ctx, l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	for i, w := range wireErrors {
-		t.Run(w.err.Error(), func(t *testing.T) {
-			_, err := rpc.Call[rpc.Empty](ctx, c, "replaytest.fail", failRequest{I: i})
-			if !errors.Is(err, w.err) || !errors.Is(err, w.code) {
-				t.Fatalf("%v: want it to match %v and %v", err, w.err, w.code)
-			}
-			if re, ok := errors.AsType[*rpc.Error](err); !ok || re.Reason != w.reason {
-				t.Fatalf("%#v: want the reason %q", err, w.reason)
-			}
-			for _, other := range wireErrors {
-				if other.err != w.err && errors.Is(err, other.err) {
-					t.Errorf("%v also matches %v", err, other.err)
-				}
-			}
-		})
-	}
+	svctest.CrossTheWire(t, wireErrors)
 }

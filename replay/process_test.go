@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/svctest"
 	"github.com/tensorwire/tensorwire/rpc"
 )
 
@@ -29,19 +30,11 @@ const (
 // TestHelperProcess is not a test: it is the body of the helper processes,
 // and skips unless run as one.
 func TestHelperProcess(t *testing.T) {
-	var err error
-	switch os.Getenv(envHelper) {
-	case "node":
-		err = helperNode()
-	case "stuck-writer":
-		err = helperStuckWriter(t)
-	case "holder":
-		err = helperHolder()
-	default:
-		t.Skip("the body of a helper process")
-	}
-	fmt.Fprintln(os.Stderr, "helper:", err)
-	os.Exit(3)
+	proctest.RunHelper(t, envHelper, map[string]func() error{
+		"node":         helperNode,
+		"stuck-writer": func() error { return helperStuckWriter(t) },
+		"holder":       helperHolder,
+	})
 }
 
 // helperNode opens the buffer at $ROOT/buf, or creates it (capacity 4096),
@@ -56,27 +49,7 @@ func helperNode() error {
 	if err != nil {
 		return err
 	}
-	s, err := rpc.NewServer(rpc.WithRoot(root))
-	if err != nil {
-		return err
-	}
-	svc, err := Register(s)
-	if err != nil {
-		return err
-	}
-	if err := svc.Add("buf", b); err != nil {
-		return err
-	}
-	addr := os.Getenv(envAddr)
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	l, err := proctest.Listen(addr)
-	if err != nil {
-		return err
-	}
-	fmt.Println("ADDR", l.Addr())
-	return s.Serve(l)
+	return svctest.ServeHelper(root, os.Getenv(envAddr), Register, "buf", b)
 }
 
 // helperHolder opens the buffer at $ROOT/buf, or creates it, prints
@@ -216,8 +189,7 @@ func TestProcess_NodeKilledAndRestarted(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			root := t.TempDir()
 			env := []string{envHelper + "=node", envRoot + "=" + root}
-			node := proctest.Start(t, env...)
-			addr := node.Expect(t, "ADDR")
+			node, addr := proctest.StartServer(t, env...)
 			w := dialBuffer(t, addr, "buf", root, strings.TrimSuffix(mode, "+prefetch"))
 			s := dialBuffer(t, addr, "buf", root, mode)
 
@@ -279,8 +251,7 @@ func TestProcess_NodeKilledAndRestarted(t *testing.T) {
 			node.Kill()
 			before, ackedBefore := samples.Load(), nacked.Load()
 			time.Sleep(200 * time.Millisecond)
-			node = proctest.Start(t, append(env, envAddr+"="+addr)...)
-			node.Expect(t, "ADDR")
+			node, _ = proctest.StartServer(t, append(env, envAddr+"="+addr)...)
 			progressed("after the restart", ackedBefore, before)
 			stop.Store(true)
 			wg.Wait()
