@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/svctest"
 	"github.com/tensorwire/tensorwire/rpc"
 )
 
@@ -37,23 +38,13 @@ var helperOptions = Options{GetTimeout: 300 * time.Millisecond, LeaseTTL: 300 * 
 // TestHelperProcess is not a test: it is the body of the helper processes,
 // and skips unless run as one.
 func TestHelperProcess(t *testing.T) {
-	var err error
-	switch os.Getenv(envHelper) {
-	case "node":
-		err = helperNode()
-	case "appender":
-		err = helperAppender(t)
-	case "taker":
-		err = helperTaker()
-	case "reader":
-		err = helperReader()
-	case "watcher":
-		err = helperWatcher()
-	default:
-		t.Skip("the body of a helper process")
-	}
-	fmt.Fprintln(os.Stderr, "helper:", err)
-	os.Exit(3)
+	proctest.RunHelper(t, envHelper, map[string]func() error{
+		"node":     helperNode,
+		"appender": func() error { return helperAppender(t) },
+		"taker":    helperTaker,
+		"reader":   helperReader,
+		"watcher":  helperWatcher,
+	})
 }
 
 // helperNode serves the store $ROOT/st on $ADDR (any port if unset),
@@ -64,27 +55,7 @@ func helperNode() error {
 	if err != nil {
 		return err
 	}
-	srv, err := rpc.NewServer(rpc.WithRoot(root))
-	if err != nil {
-		return err
-	}
-	svc, err := Register(srv)
-	if err != nil {
-		return err
-	}
-	if err := svc.Add("st", s); err != nil {
-		return err
-	}
-	addr := os.Getenv(envAddr)
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	l, err := proctest.Listen(addr)
-	if err != nil {
-		return err
-	}
-	fmt.Println("ADDR", l.Addr())
-	return srv.Serve(l)
+	return svctest.ServeHelper(root, os.Getenv(envAddr), Register, "st", s)
 }
 
 func helperDial() (*Client, error) {
@@ -176,8 +147,7 @@ func startNode(t *testing.T, root, addr string) (*proctest.Proc, string) {
 	if addr != "" {
 		env = append(env, envAddr+"="+addr)
 	}
-	p := proctest.Start(t, env...)
-	return p, p.Expect(t, "ADDR")
+	return proctest.StartServer(t, env...)
 }
 
 // drained collects what Gets returned and fails the test on a duplicate.
