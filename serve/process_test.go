@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/svctest"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -32,17 +33,10 @@ const (
 // TestHelperProcess is not a test: it is the body of the helper processes,
 // and skips unless run as one.
 func TestHelperProcess(t *testing.T) {
-	var err error
-	switch os.Getenv(envHelper) {
-	case "node":
-		err = helperNode()
-	case "client":
-		err = helperClient(t)
-	default:
-		t.Skip("the body of a helper process")
-	}
-	fmt.Fprintln(os.Stderr, "helper:", err)
-	os.Exit(3)
+	proctest.RunHelper(t, envHelper, map[string]func() error{
+		"node":   helperNode,
+		"client": func() error { return helperClient(t) },
+	})
 }
 
 // The codes a row's first element holds to make procModel misbehave, for
@@ -106,27 +100,7 @@ func helperNode() error {
 	if err != nil {
 		return err
 	}
-	s, err := rpc.NewServer(rpc.WithRoot(root))
-	if err != nil {
-		return err
-	}
-	svc, err := Register(s)
-	if err != nil {
-		return err
-	}
-	if err := svc.Add("model", m); err != nil {
-		return err
-	}
-	addr := os.Getenv(envAddr)
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	l, err := proctest.Listen(addr)
-	if err != nil {
-		return err
-	}
-	fmt.Println("ADDR", l.Addr())
-	return s.Serve(l)
+	return svctest.ServeHelper(root, os.Getenv(envAddr), Register, "model", m)
 }
 
 // helperClient dials the model at $ADDR by reference, prints "DIR" and its
@@ -212,8 +186,7 @@ func TestProcess_ClientKilledMidRequest(t *testing.T) {
 // it and its address.
 func startNode(t *testing.T, root, addr string) (*proctest.Proc, string) {
 	t.Helper()
-	p := proctest.Start(t, envHelper+"=node", envAddr+"="+addr, envRoot+"="+root)
-	return p, p.Expect(t, "ADDR")
+	return proctest.StartServer(t, envHelper+"=node", envAddr+"="+addr, envRoot+"="+root)
 }
 
 // TestProcess_FailuresReachTheClient runs the node in its own process: a
