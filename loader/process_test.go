@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/svctest"
 	"github.com/tensorwire/tensorwire/rpc"
 )
 
@@ -31,17 +32,10 @@ var helperConfig = Config{Batch: 10, Slots: 4, Seed: 7, Heartbeat: time.Second, 
 // TestHelperProcess is not a test: it is the body of the helper processes,
 // and skips unless run as one.
 func TestHelperProcess(t *testing.T) {
-	var err error
-	switch os.Getenv(envHelper) {
-	case "node":
-		err = helperNode()
-	case "consumer":
-		err = helperConsumer()
-	default:
-		t.Skip("the body of a helper process")
-	}
-	fmt.Fprintln(os.Stderr, "helper:", err)
-	os.Exit(3)
+	proctest.RunHelper(t, envHelper, map[string]func() error{
+		"node":     helperNode,
+		"consumer": helperConsumer,
+	})
 }
 
 // helperNode serves a producer of $ROOT/data (ring $ROOT/train) on $ADDR
@@ -54,28 +48,7 @@ func helperNode() error {
 	if err != nil {
 		return err
 	}
-	f := &fixture{root: root, p: p}
-	s, err := rpc.NewServer(rpc.WithRoot(root))
-	if err != nil {
-		return err
-	}
-	svc, err := Register(s)
-	if err != nil {
-		return err
-	}
-	if err := svc.Add("train", f.p); err != nil {
-		return err
-	}
-	addr := os.Getenv(envAddr)
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	l, err := proctest.Listen(addr)
-	if err != nil {
-		return err
-	}
-	fmt.Println("ADDR", l.Addr())
-	return s.Serve(l)
+	return svctest.ServeHelper(root, os.Getenv(envAddr), Register, "train", p)
 }
 
 // helperConsumer joins the node at $ADDR, prints "JOINED epoch", and
@@ -185,8 +158,7 @@ func TestProcess_ProducerKilled(t *testing.T) {
 	const n = 100
 	root := t.TempDir()
 	makeDataset(t, filepath.Join(root, "data"), n)
-	node := proctest.Start(t, envHelper+"=node", envRoot+"="+root)
-	addr := node.Expect(t, "ADDR")
+	node, addr := proctest.StartServer(t, envHelper+"=node", envRoot+"="+root)
 	c, err := Dial(context.Background(), addr, "train", Options{Batch: helperConfig.Batch, Root: root})
 	if err != nil {
 		t.Fatal(err)
@@ -212,8 +184,7 @@ func TestProcess_ProducerKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	node = proctest.Start(t, envHelper+"=node", envRoot+"="+root, envAddr+"="+addr)
-	node.Expect(t, "ADDR")
+	proctest.StartServer(t, envHelper+"=node", envRoot+"="+root, envAddr+"="+addr)
 	ids, sizes, err := consumerEpoch(context.Background(), c)
 	if err != nil {
 		t.Fatalf("after the node restarted: %v", err)
