@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/benchtest"
 	"github.com/tensorwire/tensorwire/internal/netns"
 )
 
@@ -18,17 +19,7 @@ import (
 // the tests.
 const childArg = "bench-collective-child"
 
-func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == childArg {
-		err := Run(context.Background(), bench.Env{Stdout: os.Stdout, Stderr: os.Stderr, Self: []string{childArg}}, os.Args[2:])
-		if err != nil {
-			os.Stderr.WriteString(err.Error() + "\n")
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { benchtest.Main(m, Run, childArg) }
 
 // TestResult_JSONKeys pins the keys of --json (issue 17's).
 func TestResult_JSONKeys(t *testing.T) {
