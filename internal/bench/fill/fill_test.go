@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -15,20 +14,12 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/benchtest"
 )
 
 // TestMain lets Run re-execute the test binary as node B: bench.Env.Self is
 // empty in these tests, so node B's arguments start with --node-b.
-func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "--node-b" {
-		if err := Run(context.Background(), bench.Env{Stdout: os.Stdout, Stderr: os.Stderr}, os.Args[1:]); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { benchtest.MainFlag(m, Run, "--node-b") }
 
 // jsonKeys are the keys of the --json file, as the benchmark wrote them
 // before its results became a typed struct (go run ./benchmarks/fill
