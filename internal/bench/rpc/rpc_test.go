@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"maps"
 	"net"
 	"os"
@@ -18,21 +17,13 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/benchtest"
 )
 
 // TestMain lets startChild re-execute the test binary as a server:
 // bench.Env.Self is empty in these tests, so a server's arguments start
 // with --serve.
-func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "--serve" {
-		if err := Run(context.Background(), bench.Env{Stdout: os.Stdout, Stderr: os.Stderr}, os.Args[1:]); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { benchtest.MainFlag(m, Run, "--serve") }
 
 // jsonKeys are the keys of the --json file, as the benchmark wrote them
 // (go run ./benchmarks/rpc --json, 2026-11-24), for a system: one object
