@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/benchtest"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -29,16 +29,7 @@ func testEnv(stdout, stderr io.Writer) bench.Env {
 
 // TestMain lets Run re-execute the test binary for a role: "bench serve
 // ARGS" runs Run(ARGS), as cmd/tensorwire does.
-func TestMain(m *testing.M) {
-	if len(os.Args) > len(testSelf) && os.Args[1] == testSelf[0] && os.Args[2] == testSelf[1] {
-		if err := Run(context.Background(), testEnv(os.Stdout, os.Stderr), os.Args[1+len(testSelf):]); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { benchtest.Main(m, Run, testSelf...) }
 
 // runKeys are the keys of each entry of "runs" in the --json file, as
 // issue 15 gives them: scripts and docs read them by these names.
