@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/benchtest"
 )
 
 var testSelf = []string{"bench", "store"}
@@ -24,16 +24,7 @@ func testEnv(stdout, stderr io.Writer) bench.Env {
 
 // TestMain lets Run re-execute the test binary for a role, as
 // cmd/tensorwire does.
-func TestMain(m *testing.M) {
-	if len(os.Args) > len(testSelf) && os.Args[1] == testSelf[0] && os.Args[2] == testSelf[1] {
-		if err := Run(context.Background(), testEnv(os.Stdout, os.Stderr), os.Args[1+len(testSelf):]); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { benchtest.Main(m, Run, testSelf...) }
 
 // keys returns the dotted keys of a JSON object, array elements' keys once.
 func keys(prefix string, v any, out map[string]bool) {
