@@ -1,15 +1,19 @@
 // Package benchtest is what the tests of the benchmarks (internal/bench/NAME)
 // share: the TestMain that lets a benchmark's Run start its child processes
 // from the test binary, as it starts them from tensorwire or
-// benchmarks/NAME.
+// benchmarks/NAME (Main, MainFlag), and a run that writes JSON, read back
+// (RunJSON, KeyPaths).
 package benchtest
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
 )
@@ -58,4 +62,55 @@ func child(run Run, self, args []string) {
 		os.Exit(1)
 	}
 	os.Exit(0)
+}
+
+// runLimit is how long RunJSON lets a benchmark run: its tests run it
+// small and short, for a few seconds; the limit is for a busy machine.
+const runLimit = 2 * time.Minute
+
+// Output is what a run of a benchmark in a test wrote.
+type Output struct {
+	Stdout, Stderr string
+	Data           []byte         // the JSON file
+	JSON           map[string]any // Data decoded
+}
+
+// RunJSON runs run as a benchmark's test does: with args (which tell it
+// to write its JSON to jsonFile), an Env.Self of self (nil for none),
+// stdout and stderr kept, and 2 minutes at most. It fails t, with what run
+// wrote on stderr, if run fails; then it reads jsonFile and decodes it,
+// failing t if it cannot.
+func RunJSON(t testing.TB, run Run, self, args []string, jsonFile string) Output {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), runLimit)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	if err := run(ctx, bench.Env{Stdout: &stdout, Stderr: &stderr, Self: self}, args); err != nil {
+		t.Fatalf("Run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	out := Output{Stdout: stdout.String(), Stderr: stderr.String()}
+	var err error
+	if out.Data, err = os.ReadFile(jsonFile); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(out.Data, &out.JSON); err != nil {
+		t.Fatalf("%s: %v", jsonFile, err)
+	}
+	return out
+}
+
+// KeyPaths returns the keys of m and of the objects in it, as dotted
+// paths ("config.batch"), sorted. It does not look into arrays.
+func KeyPaths(m map[string]any) []string {
+	var out []string
+	for k, v := range m {
+		out = append(out, k)
+		if sub, ok := v.(map[string]any); ok {
+			for _, p := range KeyPaths(sub) {
+				out = append(out, k+"."+p)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
