@@ -3,7 +3,6 @@ package fill
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"maps"
 	"os"
@@ -11,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
 	"github.com/tensorwire/tensorwire/internal/benchtest"
@@ -43,34 +41,20 @@ var jsonKeys = []string{
 // process, and checks its report and that its JSON has exactly the keys it
 // always had.
 func TestRun_JSONKeys(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	dir := t.TempDir()
 	jsonFile := filepath.Join(dir, "fill.json")
-	var stdout, stderr bytes.Buffer
-	err := Run(ctx, bench.Env{Stdout: &stdout, Stderr: &stderr},
-		[]string{"--rows", "10", "--iters", "2", "--dir", dir, "--json", jsonFile})
-	if err != nil {
-		t.Fatalf("Run: %v\n%s", err, stderr.String())
-	}
+	out := benchtest.RunJSON(t, Run, nil,
+		[]string{"--rows", "10", "--iters", "2", "--dir", dir, "--json", jsonFile}, jsonFile)
 	for _, s := range []string{"remote_fill", "null_call", "remote - local", "vs seed", "cold pages", "verified"} {
-		if !strings.Contains(stdout.String(), s) {
-			t.Errorf("the report lacks %q:\n%s", s, stdout.String())
+		if !strings.Contains(out.Stdout, s) {
+			t.Errorf("the report lacks %q:\n%s", s, out.Stdout)
 		}
 	}
-	data, err := os.ReadFile(jsonFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got map[string]any
-	if err := json.Unmarshal(data, &got); err != nil {
-		t.Fatal(err)
-	}
-	if keys := slices.Sorted(maps.Keys(got)); !slices.Equal(keys, jsonKeys) {
+	if keys := slices.Sorted(maps.Keys(out.JSON)); !slices.Equal(keys, jsonKeys) {
 		t.Errorf("JSON keys\n%q\nwant\n%q", keys, jsonKeys)
 	}
-	if got["rows"] != 10.0 || got["verified"] != true || got["remote_fill_warm_ms_p50"].(float64) <= 0 {
-		t.Errorf("JSON %s", data)
+	if out.JSON["rows"] != 10.0 || out.JSON["verified"] != true || out.JSON["remote_fill_warm_ms_p50"].(float64) <= 0 {
+		t.Errorf("JSON %s", out.Data)
 	}
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 1 {
