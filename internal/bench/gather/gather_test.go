@@ -3,7 +3,6 @@ package gather
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"maps"
 	"os"
@@ -11,9 +10,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/benchtest"
 )
 
 // jsonKeys are the keys of the --json file, as the benchmark wrote them
@@ -35,34 +34,20 @@ var jsonKeys = []string{
 // TestRun_JSONKeys runs the benchmark on a small dataset and checks its
 // table and that its JSON has exactly the keys it always had.
 func TestRun_JSONKeys(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	dir := t.TempDir()
 	jsonFile := filepath.Join(dir, "gather.json")
-	var stdout, stderr bytes.Buffer
-	err := Run(ctx, bench.Env{Stdout: &stdout, Stderr: &stderr},
-		[]string{"--rows", "8", "--iters", "2", "--dir", dir, "--json", jsonFile})
-	if err != nil {
-		t.Fatalf("Run: %v\n%s", err, stderr.String())
-	}
+	out := benchtest.RunJSON(t, Run, nil,
+		[]string{"--rows", "8", "--iters", "2", "--dir", dir, "--json", jsonFile}, jsonFile)
 	for _, s := range []string{"gather warm", "scatter cold", "vs memcpy", "peak Go heap MB", "verified: every gathered"} {
-		if !strings.Contains(stdout.String(), s) {
-			t.Errorf("the table lacks %q:\n%s", s, stdout.String())
+		if !strings.Contains(out.Stdout, s) {
+			t.Errorf("the table lacks %q:\n%s", s, out.Stdout)
 		}
 	}
-	data, err := os.ReadFile(jsonFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got map[string]any
-	if err := json.Unmarshal(data, &got); err != nil {
-		t.Fatal(err)
-	}
-	if keys := slices.Sorted(maps.Keys(got)); !slices.Equal(keys, jsonKeys) {
+	if keys := slices.Sorted(maps.Keys(out.JSON)); !slices.Equal(keys, jsonKeys) {
 		t.Errorf("JSON keys\n%q\nwant\n%q", keys, jsonKeys)
 	}
-	if got["rows"] != 8.0 || got["verified"] != true || got["memcpy_ms_p50"].(float64) <= 0 {
-		t.Errorf("JSON %s", data)
+	if out.JSON["rows"] != 8.0 || out.JSON["verified"] != true || out.JSON["memcpy_ms_p50"].(float64) <= 0 {
+		t.Errorf("JSON %s", out.Data)
 	}
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 1 {
