@@ -3,11 +3,9 @@ package rpc
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"maps"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -34,54 +32,24 @@ var jsonKeys = []string{
 	"small.p99_us", "stream", "stream.GB_per_s",
 }
 
-// keyPaths returns the keys of m and of the objects in it, as dotted paths,
-// sorted.
-func keyPaths(m map[string]any) []string {
-	var out []string
-	for k, v := range m {
-		out = append(out, k)
-		if sub, ok := v.(map[string]any); ok {
-			for _, p := range keyPaths(sub) {
-				out = append(out, k+"."+p)
-			}
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
 // TestRun_JSONKeys runs the benchmark, briefly, with every system's server
 // a child process, and checks its table and that its JSON has exactly the
 // keys it always had.
 func TestRun_JSONKeys(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	jsonFile := filepath.Join(t.TempDir(), "rpc.json")
-	var stdout, stderr bytes.Buffer
-	err := Run(ctx, bench.Env{Stdout: &stdout, Stderr: &stderr}, []string{"--duration", "200ms", "--bulk-iters", "2",
-		"--stream-bytes", strconv.Itoa(8 << 20), "--json", jsonFile})
-	if err != nil {
-		t.Fatalf("Run: %v\n%s", err, stderr.String())
-	}
+	out := benchtest.RunJSON(t, Run, nil, []string{"--duration", "200ms", "--bulk-iters", "2",
+		"--stream-bytes", strconv.Itoa(8 << 20), "--json", jsonFile}, jsonFile)
 	for _, s := range []string{"small calls/s", "bulk vs tcp", "stream vs tcp", "tensorwire", "grpc"} {
-		if !strings.Contains(stdout.String(), s) {
-			t.Errorf("the table lacks %q:\n%s", s, stdout.String())
+		if !strings.Contains(out.Stdout, s) {
+			t.Errorf("the table lacks %q:\n%s", s, out.Stdout)
 		}
 	}
-	data, err := os.ReadFile(jsonFile)
-	if err != nil {
-		t.Fatal(err)
+	if systems := slices.Sorted(maps.Keys(out.JSON)); !slices.Equal(systems, []string{"grpc", "tcp", "tensorwire"}) {
+		t.Errorf("systems %q in %s", systems, out.Data)
 	}
-	var got map[string]any
-	if err := json.Unmarshal(data, &got); err != nil {
-		t.Fatal(err)
-	}
-	if systems := slices.Sorted(maps.Keys(got)); !slices.Equal(systems, []string{"grpc", "tcp", "tensorwire"}) {
-		t.Errorf("systems %q in %s", systems, data)
-	}
-	for sys, v := range got {
+	for sys, v := range out.JSON {
 		obj, _ := v.(map[string]any)
-		if keys := keyPaths(obj); !slices.Equal(keys, jsonKeys) {
+		if keys := benchtest.KeyPaths(obj); !slices.Equal(keys, jsonKeys) {
 			t.Errorf("%s: JSON keys\n%q\nwant\n%q", sys, keys, jsonKeys)
 		}
 		if small, _ := obj["small"].(map[string]any); small == nil || small["calls_per_s"].(float64) <= 0 {
