@@ -60,22 +60,6 @@ var jsonKeys = func() []string {
 	return keys
 }()
 
-// keyPaths returns the keys of m and of the objects in it, as dotted paths,
-// sorted.
-func keyPaths(m map[string]any) []string {
-	var out []string
-	for k, v := range m {
-		out = append(out, k)
-		if sub, ok := v.(map[string]any); ok {
-			for _, p := range keyPaths(sub) {
-				out = append(out, k+"."+p)
-			}
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
 // TestRun_EndToEnd runs the whole benchmark, both modes, with small
 // settings, and checks its JSON and table.
 //
@@ -83,32 +67,18 @@ func keyPaths(m map[string]any) []string {
 // 3,000-slot buffer faster than replay's sample can re-check a batch
 // (replay gives up after 16 rounds of rows overwritten while sampled).
 func TestRun_EndToEnd(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	dir := t.TempDir()
 	jsonFile := filepath.Join(dir, "replay.json")
 	logFile := filepath.Join(dir, "replay.log")
-	var stdout, stderr bytes.Buffer
-	err := Run(ctx, testEnv(&stdout, &stderr), []string{"--capacity", "3000", "--duration", "1s",
-		"--memcpy-duration", "200ms", "--root", dir, "--json", jsonFile, "--log-file", logFile})
-	if err != nil {
-		t.Fatalf("Run: %v\nstderr:\n%s", err, stderr.String())
-	}
-	t.Logf("stdout:\n%s", stdout.String())
+	out := benchtest.RunJSON(t, Run, testSelf, []string{"--capacity", "3000", "--duration", "1s",
+		"--memcpy-duration", "200ms", "--root", dir, "--json", jsonFile, "--log-file", logFile}, jsonFile)
+	t.Logf("stdout:\n%s", out.Stdout)
 
-	data, err := os.ReadFile(jsonFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var all map[string]any
-	if err := json.Unmarshal(data, &all); err != nil {
-		t.Fatal(err)
-	}
-	if keys := keyPaths(all); !slices.Equal(keys, jsonKeys) {
+	if keys := benchtest.KeyPaths(out.JSON); !slices.Equal(keys, jsonKeys) {
 		t.Errorf("JSON keys\n%q\nwant\n%q", keys, jsonKeys)
 	}
 	var got map[string]json.RawMessage
-	if err := json.Unmarshal(data, &got); err != nil {
+	if err := json.Unmarshal(out.Data, &got); err != nil {
 		t.Fatal(err)
 	}
 	var limit float64
@@ -118,7 +88,7 @@ func TestRun_EndToEnd(t *testing.T) {
 	for _, mode := range []string{modeRef, modeBytes} {
 		var figs map[string]float64
 		if err := json.Unmarshal(got[mode], &figs); err != nil {
-			t.Fatalf("%s: %v in %s", mode, err, data)
+			t.Fatalf("%s: %v in %s", mode, err, out.Data)
 		}
 		// The latencies come from the writers' and the trainer's histograms.
 		for _, key := range []string{"insert_transitions_per_s", "sample_transitions_per_s", "extend_ms_p50",
@@ -139,20 +109,20 @@ func TestRun_EndToEnd(t *testing.T) {
 		}
 	}
 	for _, s := range []string{"torn rows returned", "sampled / memcpy limit", "inserted / seed", "memcpy gather limit:"} {
-		if !strings.Contains(stdout.String(), s) {
+		if !strings.Contains(out.Stdout, s) {
 			t.Errorf("the report lacks %q", s)
 		}
 	}
 	for _, mode := range []string{modeRef, modeBytes} {
 		// The timed phase lasts a second, so a progress tick lands in it.
 		p := "replay " + mode + ": "
-		if !strings.Contains(stderr.String(), p+"timed ") && !strings.Contains(stderr.String(), p+"the timed phase began") {
+		if !strings.Contains(out.Stderr, p+"timed ") && !strings.Contains(out.Stderr, p+"the timed phase began") {
 			t.Errorf("no progress line of %s's timed phase on stderr", mode)
 		}
 	}
 	// The processes' logs are in the log file, not among the progress.
-	if strings.Contains(stderr.String(), "level=INFO") || !strings.Contains(stderr.String(), "logs are in "+logFile) {
-		t.Errorf("stderr has INFO logs or does not name the log file:\n%s", stderr.String())
+	if strings.Contains(out.Stderr, "level=INFO") || !strings.Contains(out.Stderr, "logs are in "+logFile) {
+		t.Errorf("stderr has INFO logs or does not name the log file:\n%s", out.Stderr)
 	}
 	logs, err := os.ReadFile(logFile)
 	if err != nil {
