@@ -1,12 +1,9 @@
 package store
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -48,22 +45,11 @@ func TestRun_Short(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts some 80 processes")
 	}
-	out := filepath.Join(t.TempDir(), "out.json")
-	var stdout, stderr bytes.Buffer
-	err := Run(context.Background(), testEnv(&stdout, &stderr), []string{"--mb", "1", "--workers", "2",
-		"--duration", "600ms", "--json", out, "--root", t.TempDir()})
-	if err != nil {
-		t.Fatalf("%v\nstderr:\n%s", err, &stderr)
-	}
-	t.Logf("\n%s", &stdout)
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v map[string]any
-	if err := json.Unmarshal(b, &v); err != nil {
-		t.Fatal(err)
-	}
+	jsonFile := filepath.Join(t.TempDir(), "out.json")
+	out := benchtest.RunJSON(t, Run, testSelf, []string{"--mb", "1", "--workers", "2",
+		"--duration", "600ms", "--json", jsonFile, "--root", t.TempDir()}, jsonFile)
+	t.Logf("\n%s", out.Stdout)
+	v := out.JSON
 	got := map[string]bool{}
 	keys("", v, got)
 	want := []string{"broadcast", "broadcast.mode", "broadcast.mb", "broadcast.workers", "broadcast.p50_ms", "broadcast.p99_ms",
@@ -82,8 +68,8 @@ func TestRun_Short(t *testing.T) {
 	if ro["lost"].(float64) != 0 || ro["duplicated"].(float64) != 0 {
 		t.Errorf("rollouts lost %v, duplicated %v", ro["lost"], ro["duplicated"])
 	}
-	if strings.Contains(stdout.String(), "bad CRC") {
-		for _, line := range strings.Split(stdout.String(), "\n") {
+	if strings.Contains(out.Stdout, "bad CRC") {
+		for _, line := range strings.Split(out.Stdout, "\n") {
 			f := strings.Fields(line)
 			if len(f) == 9 && (f[0] == "ref" || f[0] == "bytes" || f[0] == "tcp") && f[8] != "0" {
 				t.Errorf("bad CRCs: %s", line)
