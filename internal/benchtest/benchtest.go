@@ -6,7 +6,6 @@
 package benchtest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/proctest"
 )
 
 // Run is a benchmark's Run (bench.Benchmark.Run).
@@ -77,16 +77,19 @@ type Output struct {
 
 // RunJSON runs run as a benchmark's test does: with args (which tell it
 // to write its JSON to jsonFile), an Env.Self of self (nil for none),
-// stdout and stderr kept, and 2 minutes at most. It fails t, with what run
-// wrote on stderr, if run fails; then it reads jsonFile and decodes it,
-// failing t if it cannot.
+// stdout and stderr kept (each safe for concurrent writes), and 2 minutes
+// at most. It fails t, with what run wrote, if run fails; then
+// it reads jsonFile and decodes it, failing t if it cannot.
 func RunJSON(t testing.TB, run Run, self, args []string, jsonFile string) Output {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), runLimit)
 	defer cancel()
-	var stdout, stderr bytes.Buffer
+	// Locked: a benchmark's children write to them from goroutines of
+	// their own (nodeproc.Spawn copies a child's stdout and stderr to
+	// Env.Stderr at once), as they may to the os.Stderr of the program.
+	var stdout, stderr proctest.LockedBuffer
 	if err := run(ctx, bench.Env{Stdout: &stdout, Stderr: &stderr, Self: self}, args); err != nil {
-		t.Fatalf("Run: %v\nstderr:\n%s", err, stderr.String())
+		t.Fatalf("Run: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
 	}
 	out := Output{Stdout: stdout.String(), Stderr: stderr.String()}
 	var err error
