@@ -1,7 +1,6 @@
 package loader
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -39,23 +38,16 @@ var runKeys = []string{"dataset", "consumers", "mode", "samples_per_s_per_consum
 func TestRun_Small(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "out.json")
-	var stdout, stderr bytes.Buffer
-	err := Run(context.Background(), testEnv(&stdout, &stderr), []string{
+	run := benchtest.RunJSON(t, Run, testSelf, []string{
 		"--samples", "200", "--consumers", "1,3", "--step", "0", "--slots", "4",
 		"--fashion", filepath.Join(dir, "none"), "--dir", dir, "--json", out,
-	})
-	if err != nil {
-		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
-	}
+	}, out)
 	for _, want := range []string{"samples/s/consumer", "exactly once", "goal (a), 3 consumers", "mixed batch sizes [32 64 128]"} {
-		if !strings.Contains(stdout.String(), want) {
-			t.Errorf("the output lacks %q:\n%s", want, &stdout)
+		if !strings.Contains(run.Stdout, want) {
+			t.Errorf("the output lacks %q:\n%s", want, run.Stdout)
 		}
 	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := run.Data
 	var res struct {
 		Runs []map[string]any `json:"runs"`
 	}
