@@ -43,18 +43,11 @@ func TestRun_Short(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "serve.json")
 	root := t.TempDir()
-	var stdout, stderr bytes.Buffer
-	err := Run(context.Background(), testEnv(&stdout, &stderr), []string{"--clients", "1,2", "--model", "mlp,fake",
+	run := benchtest.RunJSON(t, Run, testSelf, []string{"--clients", "1,2", "--model", "mlp,fake",
 		"--duration", "300ms", "--limit-duration", "100ms", "--update-mb", "1", "--update-every", "50ms",
-		"--root", root, "--json", out})
-	if err != nil {
-		t.Fatalf("%v\nstderr:\n%s", err, stderr.String())
-	}
-	t.Logf("stdout:\n%s", stdout.String())
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
+		"--root", root, "--json", out}, out)
+	t.Logf("stdout:\n%s", run.Stdout)
+	data := run.Data
 	var raw struct {
 		Runs          []map[string]any   `json:"runs"`
 		LimitRowsPerS map[string]float64 `json:"limit_rows_per_s"`
@@ -94,7 +87,7 @@ func TestRun_Short(t *testing.T) {
 		t.Errorf("weight update %+v: want versions loaded", u)
 	}
 	for _, want := range []string{"limit mlp:", "requests/s", "batch sizes"} {
-		if !strings.Contains(stdout.String(), want) {
+		if !strings.Contains(run.Stdout, want) {
 			t.Errorf("stdout lacks %q", want)
 		}
 	}
