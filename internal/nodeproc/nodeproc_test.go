@@ -1,6 +1,7 @@
 package nodeproc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -8,6 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -188,4 +191,67 @@ func TestSpawn_Failures(t *testing.T) {
 	if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
 		t.Errorf("the child (pid %q) is still running after Spawn failed", b)
 	}
+}
+
+// TestSpawn_StderrWritesOneAtATime: a child's stderr and what it prints
+// on stdout after its address both reach Child.Stderr, from two
+// goroutines; Spawn must hand them to it one Write at a time (a plain
+// bytes.Buffer there is what callers pass), and every line must arrive.
+func TestSpawn_StderrWritesOneAtATime(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w := &overlapWriter{}
+	script := `echo ` + ListeningPrefix + `127.0.0.1:1; i=0; while [ $i -lt 200 ]; do echo out$i; echo err$i >&2; i=$((i+1)); done; exec sleep 30`
+	p, err := Spawn(ctx, Child{Name: "sh", Path: "/bin/sh", Args: []string{"-c", script}, Stderr: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s := w.String()
+		if strings.Contains(s, "out199\n") && strings.Contains(s, "err199\n") {
+			for i := 0; i < 200; i++ {
+				for _, k := range []string{"out", "err"} {
+					if line := k + strconv.Itoa(i) + "\n"; !strings.Contains(s, line) {
+						t.Fatalf("Child.Stderr lacks %q:\n%s", line, s)
+					}
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Child.Stderr after 20s:\n%s", s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := w.overlaps.Load(); n > 0 {
+		t.Errorf("Child.Stderr was written by two goroutines at once %d times", n)
+	}
+}
+
+// overlapWriter counts Writes that begin while another is in progress; each
+// Write lingers a little so that unserialised writers do overlap.
+type overlapWriter struct {
+	busy, overlaps atomic.Int32
+	mu             sync.Mutex
+	buf            bytes.Buffer
+}
+
+func (w *overlapWriter) Write(b []byte) (int, error) {
+	if !w.busy.CompareAndSwap(0, 1) {
+		w.overlaps.Add(1)
+	} else {
+		defer w.busy.Store(0)
+	}
+	time.Sleep(200 * time.Microsecond)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Write(b)
+}
+
+func (w *overlapWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }

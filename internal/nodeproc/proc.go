@@ -169,7 +169,19 @@ type Child struct {
 	Name   string    // how errors name it: "node B"
 	Path   string    // the executable; "" re-executes this program (os.Executable)
 	Args   []string  // its arguments, without the program name
-	Stderr io.Writer // its stderr, and what it prints on stdout after the first line; nil: os.Stderr
+	Stderr io.Writer // its stderr, and what it prints on stdout after the first line, one Write at a time; nil: os.Stderr
+}
+
+// lockedWriter serialises the Writes of a child's two streams.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
 }
 
 // Spawn starts c and returns once it has printed its address (Proc.Addr).
@@ -183,9 +195,11 @@ func Spawn(ctx context.Context, c Child) (_ *Proc, err error) {
 			return nil, err
 		}
 	}
-	stderr := c.Stderr
-	if stderr == nil {
-		stderr = os.Stderr
+	var stderr io.Writer = os.Stderr
+	if c.Stderr != nil {
+		// The child's stderr and the rest of its stdout are copied by two
+		// goroutines; a caller's bytes.Buffer must see one Write at a time.
+		stderr = &lockedWriter{w: c.Stderr}
 	}
 	cmd := exec.Command(path, c.Args...)
 	r, w, err := os.Pipe()
