@@ -142,7 +142,11 @@ func TestProcess_ClientKilledMidRequest(t *testing.T) {
 	n := serveModel(t, root, cfg)
 	c := dial(t, n.addr, root, "ref")
 	first := c.Go(ctxT(t), rowsOf(t, 0, 1))
-	<-b.started // the replica is busy with it
+	select { // the replica is busy with it
+	case <-b.started:
+	case <-time.After(time.Minute):
+		t.Fatal("the first request did not reach the replica in a minute")
+	}
 
 	helper := proctest.Start(t, envHelper+"=client", envAddr+"="+n.addr, envRoot+"="+root)
 	dir := helper.Expect(t, "DIR")

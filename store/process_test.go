@@ -374,7 +374,9 @@ func TestProcess_TrainerKilledMidGet(t *testing.T) {
 	ctx := ctxT(t)
 	var acked []int64
 	for id := range 20 {
-		c.Append(ctx, "b", itemTD(t, int64(id), sizeOf(id)))
+		if _, err := c.Append(ctx, "b", itemTD(t, int64(id), sizeOf(id))); err != nil {
+			t.Fatal(err)
+		}
 		acked = append(acked, int64(id))
 	}
 	tp := proctest.Start(t, envHelper+"=taker", envAddr+"="+addr, envRoot+"="+root, envMode+"=ref")
@@ -383,7 +385,9 @@ func TestProcess_TrainerKilledMidGet(t *testing.T) {
 	}
 	tp.Kill()
 	// Meanwhile the items are held: a Get returns none of them.
-	c.Append(ctx, "b", itemTD(t, 100, 1))
+	if _, err := c.Append(ctx, "b", itemTD(t, 100, 1)); err != nil {
+		t.Fatal(err)
+	}
 	first, err := c.Get(ctx, "b")
 	if err != nil {
 		t.Fatal(err)
@@ -391,8 +395,8 @@ func TestProcess_TrainerKilledMidGet(t *testing.T) {
 	var d drained
 	d.add(ids(t, first))
 	waitFor(t, "the dead trainer's items coming back", func() bool {
-		st, _ := c.Stats(ctx)
-		return st.Gets == 0
+		st, err := c.Stats(ctx)
+		return err == nil && st.Gets == 0
 	})
 	drainAll(t, ctx, c, &d)
 	d.check(t, append(acked, 100))
@@ -406,19 +410,23 @@ func TestProcess_ReaderKilledLeaseExpires(t *testing.T) {
 	_, addr := startNode(t, root, "")
 	c := dialT(t, addr, "st", root, "ref")
 	ctx := ctxT(t)
-	c.Publish(ctx, "p", itemTD(t, 1, 1000))
+	if _, err := c.Publish(ctx, "p", itemTD(t, 1, 1000)); err != nil {
+		t.Fatal(err)
+	}
 	rp := proctest.Start(t, envHelper+"=reader", envAddr+"="+addr, envRoot+"="+root, envMode+"=ref")
 	if v := rp.Expect(t, "HOLD"); v != "1" {
 		t.Fatalf("the reader holds version %s", v)
 	}
-	c.Publish(ctx, "p", itemTD(t, 2, 1000))
-	if st, _ := c.Stats(ctx); st.Versions != 2 || st.Leases != 1 {
-		t.Fatalf("stats %+v while the reader holds v1; want 2 versions, 1 lease", st)
+	if _, err := c.Publish(ctx, "p", itemTD(t, 2, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Stats(ctx); err != nil || st.Versions != 2 || st.Leases != 1 {
+		t.Fatalf("stats %+v, %v while the reader holds v1; want 2 versions, 1 lease", st, err)
 	}
 	rp.Kill()
 	waitFor(t, "v1 deleted after its reader died", func() bool {
-		st, _ := c.Stats(ctx)
-		return st.Versions == 1 && st.Leases == 0
+		st, err := c.Stats(ctx)
+		return err == nil && st.Versions == 1 && st.Leases == 0
 	})
 	// The files go once the record that dropped v1 is durable, after the
 	// in-memory count: poll for them too.
@@ -439,7 +447,9 @@ func TestProcess_WatcherKilledResumes(t *testing.T) {
 	wp := proctest.Start(t, envHelper+"=watcher", envAddr+"="+addr, envRoot+"="+root, envMode+"=bytes")
 	wp.Expect(t, "WATCHING")
 	for id := range 10 {
-		c.Append(ctx, "b", itemTD(t, int64(id), 1))
+		if _, err := c.Append(ctx, "b", itemTD(t, int64(id), 1)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	waitFor(t, "the watcher's events", func() bool { return wp.Last("EV ") == "10" })
 	wp.Kill()
