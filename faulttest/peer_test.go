@@ -132,6 +132,7 @@ func sessionVersion(ctx context.Context, addr string, v byte, token, fsid []byte
 	cfg := yamux.DefaultConfig()
 	cfg.LogOutput = io.Discard
 	cfg.EnableKeepAlive = false
+	cfg.AcceptBacklog = 1 << 16 // its streams' SYNs unacknowledged at once: a hostile peer does not wait
 	return yamux.Client(conn, cfg)
 }
 
