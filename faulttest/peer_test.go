@@ -23,10 +23,13 @@ import (
 
 // hello returns a 64-byte hello: magic, version 1, the token flag, a fresh
 // nonce, and the filesystem identity fsid (16 bytes, or nil for none).
-func hello(withToken bool, fsid []byte) []byte {
+func hello(withToken bool, fsid []byte) []byte { return helloVersion(1, withToken, fsid) }
+
+// helloVersion is hello offering protocol version v.
+func helloVersion(v byte, withToken bool, fsid []byte) []byte {
 	h := make([]byte, 64)
 	copy(h, "TWRP")
-	h[4] = 1
+	h[4] = v
 	if withToken {
 		h[5] = 1
 	}
@@ -39,9 +42,14 @@ func hello(withToken bool, fsid []byte) []byte {
 // nil, verdict, the server's proof. It returns the refusal's code and
 // message when the server refuses.
 func handshake(conn net.Conn, token, fsid []byte) (refused int, msg string, err error) {
+	return handshakeVersion(conn, 1, token, fsid)
+}
+
+// handshakeVersion is handshake offering protocol version v.
+func handshakeVersion(conn net.Conn, v byte, token, fsid []byte) (refused int, msg string, err error) {
 	conn.SetDeadline(time.Now().Add(10 * time.Second))
 	defer conn.SetDeadline(time.Time{})
-	mine := hello(token != nil, fsid)
+	mine := helloVersion(v, token != nil, fsid)
 	if _, err := conn.Write(mine); err != nil {
 		return 0, "", err
 	}
@@ -89,12 +97,17 @@ func handshake(conn net.Conn, token, fsid []byte) (refused int, msg string, err 
 // authenticated dials addr and runs the handshake with token, presenting
 // the filesystem identity fsid (nil: none).
 func authenticated(ctx context.Context, addr string, token, fsid []byte) (net.Conn, error) {
+	return authenticatedVersion(ctx, addr, 1, token, fsid)
+}
+
+// authenticatedVersion is authenticated offering protocol version v.
+func authenticatedVersion(ctx context.Context, addr string, v byte, token, fsid []byte) (net.Conn, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	code, msg, err := handshake(conn, token, fsid)
+	code, msg, err := handshakeVersion(conn, v, token, fsid)
 	if err == nil && code != 0 {
 		err = fmt.Errorf("refused: code %d %q", code, msg)
 	}
@@ -107,13 +120,19 @@ func authenticated(ctx context.Context, addr string, token, fsid []byte) (net.Co
 
 // session is authenticated, then yamux.
 func session(ctx context.Context, addr string, token, fsid []byte) (*yamux.Session, error) {
-	conn, err := authenticated(ctx, addr, token, fsid)
+	return sessionVersion(ctx, addr, 1, token, fsid)
+}
+
+// sessionVersion is session offering protocol version v.
+func sessionVersion(ctx context.Context, addr string, v byte, token, fsid []byte) (*yamux.Session, error) {
+	conn, err := authenticatedVersion(ctx, addr, v, token, fsid)
 	if err != nil {
 		return nil, err
 	}
 	cfg := yamux.DefaultConfig()
 	cfg.LogOutput = io.Discard
 	cfg.EnableKeepAlive = false
+	cfg.AcceptBacklog = 1 << 16 // its streams' SYNs unacknowledged at once: a hostile peer does not wait
 	return yamux.Client(conn, cfg)
 }
 

@@ -1116,3 +1116,39 @@ func TestServer_LongErrorMessage(t *testing.T) {
 	}
 	echo(t, c)
 }
+
+// TestServer_StreamsPastTwiceTheLimit opens many streams that send nothing
+// on one connection: the server takes twice MaxStreamsPerPeer of them (the
+// limit's calls and as many refusals), yamux's accept backlog holds as many
+// again, and the rest are reset at once, so a peer cannot make the server
+// hold a goroutine and buffers for each of any number of streams.
+func TestServer_StreamsPastTwiceTheLimit(t *testing.T) {
+	l := hostileLimits()
+	l.MaxStreamsPerPeer = 4
+	l.TransferGrace, l.IdleTimeout = time.Minute, time.Minute
+	n := startTestNode(t, WithLimits(l))
+	p := dialRaw(t, n.addr, nil)
+	const streams = 100
+	var reset atomic.Int32
+	for range streams {
+		st := p.stream(t)
+		t.Cleanup(func() { st.Close() })
+		go func() {
+			if _, err := st.Read(make([]byte, 1)); errors.Is(err, yamux.ErrConnectionReset) {
+				reset.Add(1)
+			}
+		}()
+	}
+	want := int32(streams - 3*l.MaxStreamsPerPeer)
+	deadline := time.Now().Add(30 * time.Second)
+	for reset.Load() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d streams reset, want %d; the server serves %d", reset.Load(), streams, want, n.s.Stats().Streams)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := n.s.Stats().Streams; got > 2*l.MaxStreamsPerPeer {
+		t.Fatalf("the server serves %d streams of one peer, want at most %d", got, 2*l.MaxStreamsPerPeer)
+	}
+	echo(t, dial(t, n.addr))
+}

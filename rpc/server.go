@@ -340,8 +340,9 @@ type peerConn struct {
 	version uint8 // the protocol version the connection speaks
 	remote  string
 	shared  bool
-	active  atomic.Int32 // streams being served
-	msgs    atomic.Int32 // message streams among them
+	active  atomic.Int32  // streams being served
+	msgs    atomic.Int32  // message streams among them
+	room    chan struct{} // a stream ended: the accept loop may take another
 }
 
 // serveConn runs the handshake on conn and then serves its streams.
@@ -382,7 +383,7 @@ func (s *Server) serveConn(conn net.Conn) {
 		rw.Close()
 		return
 	}
-	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid}
+	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid, room: make(chan struct{}, 1)}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -401,26 +402,44 @@ func (s *Server) serveConn(conn net.Conn) {
 		sess.Close()
 		log.Debug("rpc: peer gone")
 	}()
+	limit := int32(s.o.limits.MaxStreamsPerPeer)
 	for {
+		// Past twice the limit (the limit's streams and as many refusals)
+		// take no more: yamux's accept backlog holds the next ones and
+		// resets the rest at once, before they cost a goroutine and buffers.
+		for pc.active.Load() >= 2*limit {
+			select {
+			case <-pc.room:
+			case <-sess.CloseChan():
+				return
+			}
+		}
 		st, err := sess.AcceptStream()
 		if err != nil {
 			return
 		}
+		over := pc.active.Add(1) > limit
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.serveStream(pc, st, log)
+			s.serveStream(pc, st, over, log)
 		}()
 	}
 }
 
 // serveStream serves the calls that arrive on st, one after another, until
 // the peer closes it, it idles out, or the peer breaks the protocol (then
-// the whole connection is closed).
-func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
+// the whole connection is closed); over: the peer has more than
+// MaxStreamsPerPeer streams open, and st serves one refusal.
+func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slog.Logger) {
 	defer st.Close()
-	over := pc.active.Add(1) > int32(s.o.limits.MaxStreamsPerPeer)
-	defer pc.active.Add(-1)
+	defer func() {
+		pc.active.Add(-1)
+		select {
+		case pc.room <- struct{}{}:
+		default:
+		}
+	}()
 	br := bufio.NewReaderSize(st, 32<<10)
 	bw := bufio.NewWriterSize(frameWriter{st}, 32<<10)
 	lim := &s.o.limits
