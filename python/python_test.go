@@ -26,7 +26,9 @@ func pythonWithDeps(t *testing.T) string {
 
 // TestPython_Suite runs the Python client's test suite (python/tests, the
 // standard library's unittest) against real Go nodes: the command built
-// from this tree, started as `tensorwire node` processes by the suite.
+// from this tree, started as `tensorwire node` processes by the suite, and
+// the Go serve client of tests/goclient, which the serve tests compare
+// the Python client with.
 func TestPython_Suite(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the command and runs nodes")
@@ -38,8 +40,14 @@ func TestPython_Suite(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/tensorwire: %v\n%s", err, out)
 	}
+	goclient := filepath.Join(t.TempDir(), "goclient")
+	build = exec.Command("go", "build", "-o", goclient, "./python/tests/goclient")
+	build.Dir = ".."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./python/tests/goclient: %v\n%s", err, out)
+	}
 	cmd := exec.Command(py, "-m", "unittest", "discover", "-s", "tests", "-v")
-	cmd.Env = append(os.Environ(), "TENSORWIRE_BIN="+bin, "PYTHONDONTWRITEBYTECODE=1", "PYTHONPATH=.")
+	cmd.Env = append(os.Environ(), "TENSORWIRE_BIN="+bin, "TENSORWIRE_GOCLIENT="+goclient, "PYTHONDONTWRITEBYTECODE=1", "PYTHONPATH=.")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()

@@ -372,6 +372,19 @@ class Pending:
             raise self._error
         return self._value
 
+    @property
+    def session(self):
+        """The yamux session the call's stream is on."""
+        return self._conn.session
+
+    def ready(self):
+        """Whether result() would find the start of the response (or the
+        stream's end) already arrived, rather than wait for the node. Call
+        it with the session's lock held (as a Session.wait predicate does);
+        True once the call is done."""
+        st = self._st
+        return st is None or st.buffered >= 4 or st.remote_fin or st.reset
+
     def cancel(self):
         """Abandons the call: its stream is closed, which the node takes as
         the caller leaving (it cancels the handler)."""

@@ -39,6 +39,41 @@ def binary():
         return _bin
 
 
+_goclient = None
+
+
+def goclient():
+    """The Go serve client of the serve tests (tests/goclient): $TENSORWIRE_GOCLIENT
+    when set (the Go test that runs this suite builds it), else built here."""
+    global _goclient
+    with _bin_lock:
+        if _goclient is None:
+            _goclient = os.environ.get("TENSORWIRE_GOCLIENT")
+            if not _goclient:
+                d = tempfile.mkdtemp(prefix="tensorwire-pytest-goclient-")
+                atexit.register(shutil.rmtree, d, True)
+                _goclient = os.path.join(d, "goclient")
+                subprocess.run(["go", "build", "-o", _goclient, "./python/tests/goclient"], cwd=REPO, check=True)
+        return _goclient
+
+
+def write_state_dict(prefix, sd):
+    """Writes sd (a dict of float32 arrays) as PyTorch's
+    TensorDict(model.state_dict(), batch_size=[]).memmap_(prefix) lays it out
+    (docs/format.md): what `tensorwire node --serve NAME,params=P` loads."""
+    import json
+    import numpy as np
+    os.makedirs(prefix)
+    meta = {}
+    for k, a in sd.items():
+        a = np.ascontiguousarray(a, dtype="<f4")
+        a.tofile(os.path.join(prefix, k + ".memmap"))
+        meta[k] = {"device": "cpu", "shape": list(a.shape), "dtype": "torch.float32", "is_nested": False}
+    meta.update({"shape": [], "device": "cpu", "_type": "<class 'tensordict._td.TensorDict'>"})
+    with open(os.path.join(prefix, "meta.json"), "w") as f:
+        json.dump(meta, f, separators=(",", ":"))
+
+
 def python_env():
     """The environment of a Python child that imports this tensorwire."""
     env = dict(os.environ)

@@ -1,4 +1,5 @@
-"""The examples run: python/examples/dqn.py, briefly, against a Go node."""
+"""The examples run briefly against Go nodes: python/examples/dqn.py,
+train_loader.py and serve_policy.py."""
 
 import os
 import subprocess
@@ -7,7 +8,7 @@ import unittest
 
 import numpy as np
 
-from nodes import PYDIR, Node, binary, python_env
+from nodes import PYDIR, Node, binary, python_env, write_state_dict
 
 
 class TestExamples(unittest.TestCase):
@@ -53,6 +54,23 @@ class TestExamples(unittest.TestCase):
             lines = [l for l in r.stdout.splitlines() if l.startswith("epoch ")]
             self.assertEqual(len(lines), 3, r.stdout)
             self.assertTrue(all("2000 samples" in l for l in lines), r.stdout)
+        finally:
+            node.close()
+
+    def test_serve_policy(self):
+        rng = np.random.default_rng(0)
+        node = Node(extra=["--serve", "policy,params=policy,max-batch=16"])
+        try:
+            write_state_dict(os.path.join(node.root, "policy"), {
+                "0.weight": rng.normal(size=(32, 64)), "0.bias": rng.normal(size=32),
+                "2.weight": rng.normal(size=(16, 32)), "2.bias": rng.normal(size=16)})
+            node.start()
+            r = subprocess.run([sys.executable, os.path.join(PYDIR, "examples", "serve_policy.py"), "--addr", node.addr,
+                                "--token-file", node.token_file, "--root", node.root, "--actors", "16", "--steps", "20"],
+                               env=python_env(), capture_output=True, text=True, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("mode ref, max batch 16, 16 actors", r.stdout)
+            self.assertIn("320 steps in", r.stdout)
         finally:
             node.close()
 

@@ -1,6 +1,6 @@
-"""The README's "From Python" block, run as written against a node started
+"""The README's "From Python" blocks, run as written against a node started
 as the walkthrough's (its own folder and a free port in place of /tmp/tw
-and localhost:7070)."""
+and localhost:7070), and one serving a model as the serve block says."""
 
 import os
 import re
@@ -8,7 +8,9 @@ import subprocess
 import sys
 import unittest
 
-from nodes import REPO, Node, python_env
+import numpy as np
+
+from nodes import REPO, Node, python_env, write_state_dict
 
 
 def readme_block(name):
@@ -33,10 +35,39 @@ class TestReadme(unittest.TestCase):
             r = subprocess.run([sys.executable, "-c", code], env=python_env(), capture_output=True, text=True,
                                timeout=120)
             self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout, printed_after("from-python"))
+
+    def test_from_python_serve(self):
+        """The serve block, against a node serving, as "policy", an MLP of
+        64 -> 256 -> 16 whose state_dict is at ROOT/policy, as the text says."""
+        code = readme_block("from-python-serve")
         with open(os.path.join(REPO, "README.md")) as f:
-            text = f.read()
-        printed = text.split("<!-- end from-python -->", 1)[1].split("```\n", 2)[1]
-        self.assertEqual(r.stdout, printed)
+            self.assertIn("--serve policy,params=policy", f.read())
+        for want in ('"/tmp/tw/token"', '"/tmp/tw/root"', '"localhost:7070"', '"policy"'):
+            self.assertIn(want, code)
+        rng = np.random.default_rng(0)
+        node = Node(extra=["--serve", "policy,params=policy"])
+        try:
+            write_state_dict(os.path.join(node.root, "policy"), {
+                "0.weight": rng.normal(size=(256, 64)) / 8, "0.bias": rng.normal(size=256) / 10,
+                "2.weight": rng.normal(size=(16, 256)) / 16, "2.bias": rng.normal(size=16) / 10})
+            node.start()
+            code = code.replace("/tmp/tw/token", node.token_file).replace("/tmp/tw/root", node.root)
+            code = code.replace("localhost:7070", node.addr)
+            r = subprocess.run([sys.executable, "-c", code], env=python_env(), capture_output=True, text=True,
+                               timeout=120)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        finally:
+            node.close()
+        self.assertEqual(r.stdout, printed_after("from-python-serve"))
+
+
+def printed_after(name):
+    """The output the README shows after the block name: the next fenced
+    block."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        text = f.read()
+    return text.split(f"<!-- end {name} -->", 1)[1].split("```\n", 2)[1]
 
 
 if __name__ == "__main__":
