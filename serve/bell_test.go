@@ -179,3 +179,48 @@ func TestBell_CanceledPredictKeepsItsSlots(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestBell_EntryOutsideTheSlots: an entry whose first row is not one of
+// the client's slots has no record to be answered in. The node writes
+// nothing for it (before, it wrote a record past the client's records,
+// into the rest of its ring file, and kept its failure) and drops the
+// client's registration, as for a ring holding more entries than slots;
+// the client registers again by itself, and predicts on.
+func TestBell_EntryOutsideTheSlots(t *testing.T) {
+	root := t.TempDir()
+	n := serveModel(t, root, testConfig(&behaviour{}, 4))
+	c := bellClient(t, n.addr, root, WithSlots(4))
+	first := c.id
+	size, records := ringSize(4)
+	if _, err := c.pushRaw(0, makeEntry(100, 1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	s := func() *served {
+		n.svc.mu.RLock()
+		defer n.svc.mu.RUnlock()
+		return n.svc.models["model"]
+	}()
+	poll(t, "the node to drop the client", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		_, held := s.clients[first]
+		return !held
+	})
+	for i := records + recordSize*4; i < size; i++ {
+		if c.ring.v.b[i] != 0 {
+			t.Fatalf("the node wrote byte %d of the ring, past the records of its 4 slots (%d to %d)", i, records, records+recordSize*4)
+		}
+	}
+	for i := range 5 {
+		out, _, err := c.Predict(ctxT(t), rowsOf(t, i, 1+i%4))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := checkOutputs(out, i, 1+i%4, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.id == first {
+		t.Error("the client did not register again")
+	}
+}

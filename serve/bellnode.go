@@ -146,7 +146,10 @@ func (s *served) scanRings() bool {
 }
 
 // scanRing takes r's new entries, under a fault guard: a ring file
-// truncated under the node is an error, not a crash.
+// truncated under the node is an error, not a crash. So are a ring that
+// says it holds more entries than slots, and an entry whose first row is
+// not a slot (it has no record to be answered in); the caller drops the
+// client's registration.
 func (s *served) scanRing(r *registration) (n int, err error) {
 	old := debug.SetPanicOnFault(true)
 	defer func() {
@@ -162,8 +165,12 @@ func (s *served) scanRing(r *registration) (n int, err error) {
 	}
 	for ; head != tail; head++ {
 		e := atomic.LoadUint64(v.entry(head))
-		atomic.StoreUint64(v.head(), head+1)
 		start, rows, seq := splitEntry(e)
+		if start >= v.slots {
+			// No record to answer it in: the client is broken.
+			return n, fmt.Errorf("an entry for row %d of a client's %d slots", start, v.slots)
+		}
+		atomic.StoreUint64(v.head(), head+1)
 		if !s.acquireRef(r) {
 			return n, nil // dropped meanwhile
 		}
