@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/lockfile"
 	"github.com/tensorwire/tensorwire/rpc"
 )
 
@@ -21,9 +22,10 @@ import (
 type clientRing struct {
 	v *ringView // the ring file's mapping: valid until Close
 
-	mu   sync.Mutex // appending; the bell and seq
-	bell []byte     // the node's bell; nil until registered with one
-	seq  []uint32   // per first row: the last sequence number sent
+	mu      sync.Mutex // appending; the bell and seq
+	bell    []byte     // the node's bell; nil until registered with one
+	bellDir string     // the bell's folder, relative to the root; "" with none
+	seq     []uint32   // per first row: the last sequence number sent
 }
 
 const (
@@ -41,7 +43,8 @@ const (
 	// after each such interval.
 	bellProbe = 500 * time.Millisecond
 	// quietWait bounds how long a Predict that its context ended keeps its
-	// slots, waiting for the node to be done writing them.
+	// slots, waiting for the node to be done writing them (Client.quiet,
+	// which tests change).
 	quietWait = 30 * time.Second
 )
 
@@ -95,7 +98,7 @@ func (c *Client) useBell(rel string) error {
 	}
 	c.ring.mu.Lock()
 	old := c.ring.bell
-	c.ring.bell = b
+	c.ring.bell, c.ring.bellDir = b, rel
 	c.ring.mu.Unlock()
 	unmapShared(old)
 	return nil
@@ -257,16 +260,42 @@ func (c *Client) result(ctx context.Context, start int, seq uint32) (uint64, err
 }
 
 // waitQuiet waits until request seq at start is done, the client closed,
-// or quietWait passed: how long a Predict that its context ended keeps its
-// slots, which the node may still write.
+// c.quiet passed, or the node the request was sent to is dead: how long a
+// Predict that its context ended keeps its slots, which the node may still
+// write. A node that died (killed while the request waited) never writes
+// them, and its successor never answers the request: without the last
+// check, a client by bell whose calls ended while its node was down had
+// those slots taken for 30 s after the node came back.
 func (c *Client) waitQuiet(start int, seq uint32) {
+	c.ring.mu.Lock()
+	sentTo := c.ring.bellDir // the bell the request was rung on (or a later one: then it waits)
+	c.ring.mu.Unlock()
 	done := c.ring.v.done(start)
-	for deadline := time.Now().Add(quietWait); time.Now().Before(deadline) && !c.isClosed(); {
+	for deadline := time.Now().Add(c.quiet); time.Now().Before(deadline) && !c.isClosed(); {
 		if loadU32(done) == seq {
+			return
+		}
+		c.ring.mu.Lock()
+		now := c.ring.bellDir
+		c.ring.mu.Unlock()
+		if sentTo != "" && now != sentTo && c.bellDead(sentTo) {
 			return
 		}
 		time.Sleep(bellNap)
 	}
+}
+
+// bellDead reports whether the node whose bell is the folder rel (under
+// the root) is gone: the lock it holds while it runs is free, or its
+// folder was removed (it closed the bell, or it died and a client swept
+// it).
+func (c *Client) bellDead(rel string) bool {
+	l, err := lockfile.Acquire(filepath.Join(c.root, filepath.FromSlash(rel), "lock"))
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	l.Release()
+	return true
 }
 
 func (c *Client) isClosed() bool {

@@ -58,6 +58,7 @@ type Client struct {
 	ring  *clientRing   // requests by bell (bell.go); nil for calls only
 	use   sync.RWMutex  // requests by bell hold it shared; Close unmaps the ring under it
 	gen   atomic.Uint64 // registrations made: a request waiting by bell sends itself again when it changes
+	quiet time.Duration // waitQuiet's bound: quietWait
 
 	bg   context.Context // ends at Close: the renewer's
 	stop context.CancelFunc
@@ -114,7 +115,7 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (_ *Client
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{rc: rc, name: name, root: o.root}
+	c := &Client{rc: rc, name: name, root: o.root, quiet: quietWait}
 	c.bg, c.stop = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {

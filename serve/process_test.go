@@ -363,3 +363,36 @@ func TestProcess_NodeKilledAndRestarted(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 }
+
+// TestProcess_CallEndedWhileNodeDownFreesItsSlots: a Predict by bell whose
+// context ends while the node is dead keeps its slots until the node
+// answers it; the node never will, and its successor drops the request.
+// Once the client has registered with the new node and sees the old one's
+// lock free, it gives the slots back (before, it kept them for quietWait,
+// 30 s: every later call wanting them waited, and failed by its
+// deadline; found by faulttest's TestServeAcrossHosts). quietWait is made
+// far longer than the test's context here, so that only the fix frees them.
+func TestProcess_CallEndedWhileNodeDownFreesItsSlots(t *testing.T) {
+	root := t.TempDir()
+	node, addr := startNode(t, root, "")
+	c := bellClient(t, addr, root, WithSlots(4))
+	c.quiet = time.Hour
+	if _, _, err := c.Predict(ctxT(t), rowsOf(t, 0, 4)); err != nil {
+		t.Fatal(err)
+	}
+	node.Kill()
+	ctx, cancel := context.WithTimeout(ctxT(t), 200*time.Millisecond)
+	_, _, err := c.Predict(ctx, rowsOf(t, 1, 4)) // every slot, rung on the dead node's bell
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Predict with the node dead: %v, want its deadline", err)
+	}
+	startNode(t, root, addr)
+	out, _, err := c.Predict(ctxT(t), rowsOf(t, 2, 4))
+	if err != nil {
+		t.Fatalf("Predict after the node came back: %v", err)
+	}
+	if _, err := checkOutputs(out, 2, 4, 0); err != nil {
+		t.Fatal(err)
+	}
+}
