@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"reflect"
 	"sync"
@@ -47,6 +48,8 @@ type clientConn struct {
 	version uint8 // the protocol version the connection speaks
 	link    link
 	dog     *watchdog
+	session sessionMsg // version 3: how side connections attach
+	side    *sidePool  // nil: no side connections (side.go)
 
 	mu   sync.Mutex
 	idle []*clientStream
@@ -58,6 +61,8 @@ type clientStream struct {
 	bw       *bufio.Writer
 	deadline time.Time // the stream's deadline as last set
 	idle     time.Time // when it went back to the pool
+
+	sideSpoilt bool // the last call's side connection may be out of step though the stream is not
 }
 
 // setDeadline sets the stream's deadline if it changed: yamux's deadlines
@@ -231,7 +236,28 @@ func (c *Client) dialVersion(ctx context.Context, version uint8) (*clientConn, e
 	shared := !c.fsid.IsZero() && peer.fsid == c.fsid
 	c.o.log.Debug("rpc: connected", "addr", c.addr, "shared_fs", shared)
 	dog := watch(fc, sess, c.o.clientKeepAlive(), c.o.log, c.addr)
-	return &clientConn{sess: sess, fc: fc, version: peer.version, link: link{shared: shared, root: c.root}, dog: dog}, nil
+	cc := &clientConn{sess: sess, fc: fc, version: peer.version, link: link{shared: shared, root: c.root}, dog: dog, session: peer.session}
+	if peer.session.offers() && !c.o.noSide {
+		cc.side = newSidePool(min(c.o.limits.MaxSideConns, int(peer.session.max)), func(ctx context.Context, id uint32) (net.Conn, error) {
+			return c.dialSide(ctx, cc, id)
+		})
+		// The session's end, the watchdog's giving up included, closes the
+		// side connections too: their holders' reads and writes fail.
+		go func() {
+			<-sess.CloseChan()
+			cc.side.close()
+		}()
+	}
+	return cc, nil
+}
+
+// getSide checks out a side connection for a call or stream that may move
+// a large body, or returns nil (the bodies then go in-band).
+func (cc *clientConn) getSide(ctx context.Context, want bool) *sideConn {
+	if !want || cc.side == nil {
+		return nil
+	}
+	return cc.side.get(ctx)
 }
 
 // stream returns an idle stream the node still serves, or opens one.
@@ -345,16 +371,30 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 	if hasDeadline {
 		hdr.TimeoutUS = max(int64(time.Until(deadline)/time.Microsecond), 1)
 	}
+	// A side connection for a large request body, or for a response that
+	// may bring one.
+	side := cc.getSide(ctx, hdr.BodyLen >= sideMin || mayReturnBulk(tds, resp))
+	if side != nil {
+		hdr.Side, hdr.SideBody = int64(side.id), hdr.BodyLen >= sideMin
+		side.conn.SetDeadline(deadline)
+	}
 	cs.setDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() {
 		// Unblock this call's reads and writes now; closing the stream
 		// tells the node to cancel the handler.
 		cs.st.SetDeadline(time.Unix(1, 0))
 		cs.st.Close()
+		if side != nil {
+			side.conn.SetDeadline(time.Unix(1, 0))
+		}
 	})
-	ok, err := cs.roundTrip(&hdr, args, &body, tds, resp, &c.o.limits, cc.version >= 2)
+	cs.sideSpoilt = false
+	ok, err := cs.roundTrip(&hdr, args, &body, tds, resp, &c.o.limits, cc.version, side)
 	if !stop() {
 		ok = false // the stream was cut by the AfterFunc
+	}
+	if side != nil {
+		cc.side.put(side, ok && !cs.sideSpoilt)
 	}
 	if ok {
 		cs.setDeadline(time.Time{})
@@ -376,18 +416,40 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 	return nil
 }
 
+// mayReturnBulk reports whether a call's response may bring a large body:
+// its type can hold TDs, or a request TD comes back.
+func mayReturnBulk(tds []*TD, resp any) bool {
+	if holdsTD(reflect.TypeOf(resp).Elem()) {
+		return true
+	}
+	for _, td := range tds {
+		if td.wire.comesBack() {
+			return true
+		}
+	}
+	return false
+}
+
 // roundTrip writes the request and reads the response. ok reports whether
-// the stream is still in step (it may carry another call). v2 says whether
-// the connection speaks protocol version 2.
-func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, body *outBody, tds []*TD, resp any, lim *Limits, v2 bool) (ok bool, err error) {
+// the stream, and side when set, are still in step (they may carry
+// another call). version is the connection's protocol version.
+func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, body *outBody, tds []*TD, resp any, lim *Limits, version uint8, side *sideConn) (ok bool, err error) {
 	if err := writeFrame(cs.bw, hdr, args); err != nil {
 		return false, err
 	}
-	if err := body.write(cs.bw); err != nil {
-		return false, err
+	if !hdr.SideBody {
+		if err := body.write(cs.bw); err != nil {
+			return false, err
+		}
 	}
 	if err := cs.bw.Flush(); err != nil {
 		return false, err
+	}
+	if hdr.SideBody {
+		// After the header: the node reads the body once it has read that.
+		if err := writeBody(side.conn, body); err != nil {
+			return false, err
+		}
 	}
 	var rh responseHeader
 	if err := readHeader(cs.br, lim.MaxHeaderBytes, &rh); err != nil {
@@ -397,20 +459,30 @@ func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, body *outBody
 		if rh.ArgLen != 0 || rh.BodyLen != 0 {
 			return false, Errorf(Internal, "%s: error response with a payload", hdr.Method)
 		}
-		// The node closes a stream it refused for being over its limit.
+		// The node closes a stream it refused for being over its limit. A
+		// body sent on a side connection the node could not take is still
+		// on it: the side connection is not reused after an error.
+		cs.sideSpoilt = hdr.SideBody
 		return Code(rh.Code) != ResourceExhausted, &Error{Code: Code(rh.Code), Reason: rh.Reason, Msg: rh.Message}
 	}
 	if err := checkLens(rh.ArgLen, rh.BodyLen, lim); err != nil {
 		return false, err
 	}
-	if err := checkRaw(rh.BodyLen, rh.RawLen, lim, v2); err != nil {
+	if err := checkRaw(rh.BodyLen, rh.RawLen, lim, version >= 2); err != nil {
 		return false, err
+	}
+	var src io.Reader = cs.br
+	if rh.SideBody {
+		if side == nil {
+			return false, Errorf(Internal, "%s: the node answered on a side connection the call does not hold", hdr.Method)
+		}
+		src = side
 	}
 	rargs, err := readArgs(cs.br, rh.ArgLen)
 	if err != nil {
 		return false, err
 	}
-	rbody := newBodyReader(cs.br, rh.BodyLen, rh.RawLen).corruptCode(Internal)
+	rbody := newBodyReader(src, rh.BodyLen, rh.RawLen).corruptCode(Internal)
 	if err := decodeMsgpack(rargs, resp); err != nil {
 		return rbody.drain() == nil, Errorf(Internal, "%s: response: %v", hdr.Method, err)
 	}

@@ -7,7 +7,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -40,6 +42,7 @@ type Server struct {
 	streams   map[string]streamHandler // message streams (stream.go)
 	listeners map[net.Listener]struct{}
 	conns     map[*peerConn]struct{}
+	sides     map[[32]byte]*sideSet // version 3 sessions' side connections, by their secret
 	closed    bool
 
 	handshakes atomic.Int32 // connections in serveConn before their session starts
@@ -85,6 +88,7 @@ func NewServer(opts ...Option) (*Server, error) {
 		streams:   map[string]streamHandler{},
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*peerConn]struct{}{},
+		sides:     map[[32]byte]*sideSet{},
 	}
 	var err error
 	if s.o.limits, err = s.o.limits.validate(); err != nil {
@@ -340,6 +344,7 @@ type peerConn struct {
 	version uint8 // the protocol version the connection speaks
 	remote  string
 	shared  bool
+	side    *sideSet     // version 3: the session's side connections; nil: none
 	active  atomic.Int32 // streams being served
 	msgs    atomic.Int32 // message streams among them
 }
@@ -369,20 +374,73 @@ func (s *Server) serveConn(conn net.Conn) {
 		}
 		rw = tc
 	}
-	peer, err := serverHandshakeUpTo(rw, cmp.Or(s.o.version, ProtocolVersion), s.fsid, s.o.token)
+	var (
+		secret   [32]byte
+		set      *sideSet  // this session's, once its secret is given
+		attached *sideConn // this connection, attached to another session
+		attachTo *sideSet  // that session's set
+	)
+	offer := &sideOffer{}
+	if !s.o.noSide {
+		offer.session = func() (sessionMsg, error) {
+			var err error
+			if secret, err = newSecret(); err != nil {
+				return sessionMsg{}, err
+			}
+			set = newSideSet(s.o.limits.MaxSideConns)
+			s.mu.Lock()
+			s.sides[secret] = set
+			s.mu.Unlock()
+			return sessionMsg{secret: secret, max: uint16(min(s.o.limits.MaxSideConns, math.MaxUint16))}, nil
+		}
+		offer.attach = func(a attachMsg) error {
+			s.mu.RLock()
+			target := s.sides[a.secret]
+			s.mu.RUnlock()
+			if target == nil {
+				return Errorf(Unauthenticated, "no session has this secret")
+			}
+			var err error
+			attached, err = target.add(a.id, rw)
+			attachTo = target
+			return err
+		}
+	}
+	dropSet := func() {
+		if set != nil {
+			s.mu.Lock()
+			delete(s.sides, secret)
+			s.mu.Unlock()
+			set.close()
+		}
+	}
+	peer, err := serverHandshakeSide(rw, cmp.Or(s.o.version, ProtocolVersion), s.fsid, s.o.token, offer)
 	if err != nil {
 		s.refusals.refused(s.o.log, remote, "rpc: handshake refused", "err", err)
+		if attached != nil {
+			attached.kill()
+		}
+		dropSet()
 		rw.Close()
 		return
 	}
 	rw.SetDeadline(time.Time{})
+	if peer.attach {
+		// A side connection: it lives in its session's set from now on,
+		// and closes with the session.
+		log.Debug("rpc: side connection attached", "id", attached.id)
+		attachTo.start(attached)
+		return
+	}
 	fc := newFrameConn(rw)
 	sess, err := yamux.Server(fc, s.o.yamuxConfig(false))
 	if err != nil {
+		dropSet()
 		rw.Close()
 		return
 	}
-	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid}
+	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid, side: set}
+	defer dropSet()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -443,6 +501,9 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 		if err == nil && hdr.Stream && pc.version < 2 {
 			err = fmt.Errorf("%w: a message stream on a protocol version 1 connection", errProtocol)
 		}
+		if err == nil {
+			err = checkSide(hdr.Side, hdr.SideBody, pc.version)
+		}
 		if err != nil {
 			if errors.Is(err, errProtocol) {
 				log.Warn("rpc: closing connection", "err", err)
@@ -450,36 +511,73 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 			}
 			return
 		}
+		// The side connection the caller holds for this call, if any: the
+		// body may follow on it, and a large answer goes back on it.
+		var side *sideConn
+		if hdr.Side != 0 && pc.side != nil {
+			side = pc.side.take(uint32(hdr.Side))
+		}
+		putSide := func(ok bool) {
+			if side != nil {
+				pc.side.put(side, ok)
+			}
+		}
+		inBand := hdr.BodyLen
+		if hdr.SideBody {
+			inBand = 0
+		}
 		// The rest of the request must arrive at MinTransferRate or better.
-		if rest := hdr.ArgLen + hdr.BodyLen; rest > int64(br.Buffered()) {
+		if rest := hdr.ArgLen + inBand; rest > int64(br.Buffered()) {
 			st.SetReadDeadline(lim.transferDeadline(time.Now(), rest))
 		}
 		args, err := readArgs(br, hdr.ArgLen)
 		if err != nil {
+			putSide(false)
 			return
 		}
-		in := &incoming{method: hdr.Method, args: args, body: newBodyReader(br, hdr.BodyLen, hdr.RawLen), res: s.res,
+		var (
+			src     io.Reader = br
+			bodyLen           = hdr.BodyLen
+			rawLen            = hdr.RawLen
+			refused error // of a body on a side connection this call cannot read
+		)
+		if hdr.SideBody {
+			if side == nil {
+				refused = Errorf(FailedPrecondition, "%s: the body is on side connection %d, which is not attached or is held by another call", hdr.Method, hdr.Side)
+				bodyLen, rawLen = 0, 0
+			} else {
+				side.conn.SetReadDeadline(lim.transferDeadline(time.Now(), hdr.BodyLen))
+				src = side
+			}
+		}
+		in := &incoming{method: hdr.Method, args: args, body: newBodyReader(src, bodyLen, rawLen), res: s.res,
 			compress: pc.version >= 2 && !s.o.noLZ4 && !hdr.NoLZ4}
 		if hdr.Stream {
 			// The stream carries this message stream and nothing after it.
-			s.serveMessageStream(pc, st, br, bw, &hdr, in, over, log)
+			s.serveMessageStream(pc, st, br, bw, &hdr, in, over, refused, side, log)
 			return
 		}
-		run, err := s.decode(in, over)
+		var run func(context.Context) (outgoing, error)
+		if err = refused; err == nil {
+			run, err = s.decode(in, over)
+		}
 		if derr := in.body.drain(); derr != nil {
 			in.release()
+			putSide(false)
 			return
 		}
 		if _, broken := errors.AsType[*streamError](err); broken {
 			in.release()
+			putSide(false)
 			return
 		}
 		ctx, cancel := callContext(s.ctx, hdr.TimeoutUS)
 		st.SetReadDeadline(time.Time{})
 		done := make(chan bool, 1)
 		go func() {
-			ok := s.respond(ctx, st, bw, in, run, err, log)
+			ok := s.respond(ctx, st, bw, in, run, err, side, log)
 			in.release()
+			putSide(ok)
 			if ok {
 				st.SetReadDeadline(time.Now().Add(lim.IdleTimeout))
 			}
@@ -543,7 +641,7 @@ func (s *Server) decode(in *incoming, over bool) (run func(context.Context) (out
 
 // respond runs the call (unless decoding failed with derr) and writes the
 // response. It reports whether the stream can carry another call.
-func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer, in *incoming, run func(context.Context) (outgoing, error), derr error, log *slog.Logger) bool {
+func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer, in *incoming, run func(context.Context) (outgoing, error), derr error, side *sideConn, log *slog.Logger) bool {
 	var out outgoing
 	err := derr
 	if err == nil {
@@ -572,9 +670,14 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	body := sealBody(out.parts, in.compress)
 	defer body.release()
 	if err == nil {
-		hdr = responseHeader{ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen()}
+		hdr = responseHeader{ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen(), SideBody: side != nil && body.wireLen() >= sideMin}
 	}
-	if n := hdr.ArgLen + hdr.BodyLen; n > smallResponse {
+	inBand := hdr.BodyLen
+	if hdr.SideBody {
+		inBand = 0
+		side.conn.SetWriteDeadline(s.o.limits.transferDeadline(time.Now(), hdr.BodyLen))
+	}
+	if n := hdr.ArgLen + inBand; n > smallResponse {
 		// A response larger than yamux's first window can block on a
 		// caller that does not read it: bound the wait.
 		st.SetWriteDeadline(s.o.limits.transferDeadline(time.Now(), n))
@@ -583,11 +686,22 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	if err := writeFrame(bw, &hdr, args); err != nil {
 		return false
 	}
-	if err := body.write(bw); err != nil {
-		log.Warn("rpc: response body", "method", in.method, "err", err)
+	if !hdr.SideBody {
+		if err := body.write(bw); err != nil {
+			log.Warn("rpc: response body", "method", in.method, "err", err)
+			return false
+		}
+	}
+	if err := bw.Flush(); err != nil {
 		return false
 	}
-	return bw.Flush() == nil
+	if hdr.SideBody {
+		if err := writeBody(side.conn, &body); err != nil {
+			log.Warn("rpc: response body", "method", in.method, "err", err)
+			return false
+		}
+	}
+	return true
 }
 
 // maxMessage bounds an error message sent to a peer: messages can quote

@@ -128,7 +128,8 @@ type Stream[S, R any] struct{ ms *msgStream }
 // fail with Canceled or DeadlineExceeded). A node that speaks only
 // protocol version 1 has no streams (FailedPrecondition).
 func OpenStream[S, R, Req any](ctx context.Context, c *Client, method string, req Req) (*Stream[S, R], error) {
-	ms, err := c.openStream(ctx, method, &req, decodeMessage[R])
+	bulk := holdsTD(reflect.TypeFor[S]()) || holdsTD(reflect.TypeFor[R]())
+	ms, err := c.openStream(ctx, method, &req, decodeMessage[R], bulk)
 	if err != nil {
 		return nil, err
 	}
@@ -241,6 +242,15 @@ type msgStream struct {
 
 	readerDone chan struct{}
 	stopCtx    func() bool // the caller's: stops cancelling on ctx
+
+	// The side connection the stream holds for its life (side.go), and
+	// how it gives it back: ok when it is in step. Bodies of sideMin bytes
+	// or more go on it. sideRead bounds the read of a body on it (a
+	// server's).
+	side         *sideConn
+	putSide      func(sc *sideConn, ok bool)
+	sideRead     bool
+	sideReleased bool // under mu
 }
 
 // received is a message read, or the error of one that did not decode.
@@ -314,6 +324,14 @@ func (ms *msgStream) readLoop(sessDone <-chan struct{}) {
 			ms.finish(h.status())
 			if ms.caller {
 				ms.st.Close() // the handler has ended: this side is done too
+				// Both ends are written: the side connection is free, unless a
+				// Send still holds it (then Close or endSend gives it back).
+				if ms.sendMu.TryLock() {
+					if ms.sent {
+						ms.releaseSide(true)
+					}
+					ms.sendMu.Unlock()
+				}
 			}
 			return
 		}
@@ -336,7 +354,18 @@ func (ms *msgStream) readLoop(sessDone <-chan struct{}) {
 			ms.fail(err)
 			return
 		}
-		body := newBodyReader(ms.br, h.BodyLen, h.RawLen).corruptCode(ms.badCode)
+		var src io.Reader = ms.br
+		if h.SideBody {
+			if ms.side == nil {
+				ms.fail(fmt.Errorf("%w: a message body on a side connection the stream does not hold", errProtocol))
+				return
+			}
+			if ms.sideRead {
+				ms.side.conn.SetReadDeadline(ms.lim.transferDeadline(time.Now(), h.BodyLen))
+			}
+			src = ms.side
+		}
+		body := newBodyReader(src, h.BodyLen, h.RawLen).corruptCode(ms.badCode)
 		it := received{size: size}
 		ms.mu.Lock()
 		drop := ms.discard || ms.ended
@@ -459,7 +488,7 @@ func (ms *msgStream) send(ctx context.Context, msg any) error {
 	}
 	body := sealBody(parts, ms.compress && !isUncompressed(ctx))
 	defer body.release()
-	h := streamHeader{ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen()}
+	h := streamHeader{ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen(), SideBody: ms.side != nil && body.wireLen() >= sideMin}
 
 	ms.sendMu.Lock()
 	defer ms.sendMu.Unlock()
@@ -469,7 +498,7 @@ func (ms *msgStream) send(ctx context.Context, msg any) error {
 	if err := ms.unsendable(); err != nil {
 		return err
 	}
-	return ms.write(ctx, &h, args, &body)
+	return ms.write(ctx, &h, args, &body, h.SideBody)
 }
 
 // unsendable returns why nothing can be sent, or nil.
@@ -487,14 +516,23 @@ func (ms *msgStream) unsendable() error {
 
 // write writes a frame under ms.sendMu, bounded by ctx: a write that ctx
 // cuts short leaves part of a frame on the stream, which then aborts.
-func (ms *msgStream) write(ctx context.Context, h header, args []byte, body *outBody) error {
-	stop := context.AfterFunc(ctx, func() { ms.st.SetWriteDeadline(time.Unix(1, 0)) })
+func (ms *msgStream) write(ctx context.Context, h header, args []byte, body *outBody, onSide bool) error {
+	stop := context.AfterFunc(ctx, func() {
+		ms.st.SetWriteDeadline(time.Unix(1, 0))
+		if onSide {
+			ms.side.conn.SetWriteDeadline(time.Unix(1, 0))
+		}
+	})
 	err := writeFrame(ms.bw, h, args)
-	if err == nil && body != nil {
+	if err == nil && body != nil && !onSide {
 		err = body.write(ms.bw)
 	}
 	if err == nil {
 		err = ms.bw.Flush()
+	}
+	if err == nil && onSide {
+		// After the header: the peer reads the body once it has read that.
+		err = writeBody(ms.side.conn, body)
 	}
 	if !stop() {
 		cerr := ms.ctxErr(ctx, ctx.Err())
@@ -542,8 +580,18 @@ func (ms *msgStream) endSend(ctx context.Context, status error) error {
 		return err
 	}
 	h := endHeader(status)
-	err := ms.write(ctx, &h, nil, nil)
+	err := ms.write(ctx, &h, nil, nil, false)
 	ms.st.Close()
+	if ms.caller {
+		ms.mu.Lock()
+		peerEnd := ms.peerEnd
+		ms.mu.Unlock()
+		if peerEnd {
+			// The handler's end came first: its reader is done.
+			<-ms.readerDone
+			ms.releaseSide(err == nil)
+		}
+	}
 	if err == io.EOF {
 		return nil // the handler ended meanwhile
 	}
@@ -564,8 +612,13 @@ func (ms *msgStream) abort(err error) {
 	}
 	release := ms.dropQueue()
 	ms.signal()
+	side := ms.side != nil && !ms.sideReleased
 	ms.mu.Unlock()
 	release()
+	if side {
+		// Unblocks a body's read or write on it; it is not reused.
+		ms.side.conn.SetDeadline(time.Unix(1, 0))
+	}
 	ms.fc.reset(ms.st.StreamID())
 	ms.st.Close()
 	past := time.Unix(1, 0)
@@ -585,10 +638,35 @@ func (ms *msgStream) closeCaller() {
 		ms.st.Close()
 	}
 	ms.fc.unwatch(ms.st.StreamID())
+	// The side connection is in step if both ends were written whole and
+	// the handler's was read; a Send in progress holds it still.
+	ok := false
+	if ms.sendMu.TryLock() {
+		ok = ms.sent && peerEnd && !aborted
+		ms.sendMu.Unlock()
+	}
+	if ok {
+		<-ms.readerDone
+	}
+	ms.releaseSide(ok)
+}
+
+// releaseSide gives the stream's side connection back, once: to be reused
+// if ok and the stream was not aborted, else closed.
+func (ms *msgStream) releaseSide(ok bool) {
+	ms.mu.Lock()
+	if ms.side == nil || ms.sideReleased {
+		ms.mu.Unlock()
+		return
+	}
+	ms.sideReleased = true
+	ok = ok && ms.abortErr == nil
+	ms.mu.Unlock()
+	ms.putSide(ms.side, ok)
 }
 
 // openStream opens a message stream (OpenStream); req is a pointer.
-func (c *Client) openStream(ctx context.Context, method string, req any, decode func(*msgStream, []byte, *bodyReader) (any, *decoded, error)) (*msgStream, error) {
+func (c *Client) openStream(ctx context.Context, method string, req any, decode func(*msgStream, []byte, *bodyReader) (any, *decoded, error), bulk bool) (*msgStream, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, transportError(ctx, method, err)
 	}
@@ -622,6 +700,12 @@ func (c *Client) openStream(ctx context.Context, method string, req any, decode 
 	}
 	ms := newMsgStream(method, st, cc.fc, bufio.NewReaderSize(st, 32<<10), bufio.NewWriterSize(frameWriter{st}, 32<<10), &c.o.limits)
 	ms.caller, ms.link, ms.compress, ms.badCode, ms.decode = true, cc.link, compress, Internal, decode
+	// A stream whose messages can hold TDs, or whose request is large,
+	// holds a side connection for its life.
+	if ms.side = cc.getSide(ctx, bulk || hdr.BodyLen >= sideMin); ms.side != nil {
+		hdr.Side, hdr.SideBody = int64(ms.side.id), hdr.BodyLen >= sideMin
+		ms.putSide = cc.side.put
+	}
 	ms.ctxErr = func(opCtx context.Context, cause error) error {
 		if werr := cc.dog.err(opCtx, method, cause); werr != nil {
 			return werr
@@ -650,11 +734,12 @@ func (c *Client) openStream(ctx context.Context, method string, req any, decode 
 		}
 	})
 	ms.sendMu.Lock()
-	err = ms.write(ctx, &hdr, args, &body)
+	err = ms.write(ctx, &hdr, args, &body, hdr.SideBody)
 	ms.sendMu.Unlock()
 	if err != nil {
 		ms.abort(err)
 		cc.fc.unwatch(st.StreamID())
+		ms.releaseSide(false)
 		return nil, err
 	}
 	go ms.readLoop(cc.sess.CloseChan())
@@ -665,16 +750,29 @@ func (c *Client) openStream(ctx context.Context, method string, req any, decode 
 // serveMessageStream serves the message stream that the request hdr opened
 // on st (its argument read, its body not yet), until the handler returns
 // and the caller has ended its side or TransferGrace has passed.
-func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Reader, bw *bufio.Writer, hdr *requestHeader, in *incoming, over bool, log *slog.Logger) {
+func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Reader, bw *bufio.Writer, hdr *requestHeader, in *incoming, over bool, refused error, side *sideConn, log *slog.Logger) {
 	lim := &s.o.limits
 	defer in.release()
 	n := pc.msgs.Add(1)
 	defer pc.msgs.Add(-1)
 	ms := newMsgStream(hdr.Method, st, pc.fc, br, bw, lim)
 	ms.res, ms.compress, ms.badCode = s.res, in.compress, InvalidArgument
+	if side != nil {
+		ms.side, ms.putSide, ms.sideRead = side, pc.side.put, true
+	}
+	// Whatever happens, the side connection is given back (closed unless
+	// the stream ended cleanly) when the stream is done.
+	defer func() {
+		ms.mu.Lock()
+		ok := ms.peerEnd && ms.sent && ms.abortErr == nil
+		ms.mu.Unlock()
+		ms.releaseSide(ok)
+	}()
 	var run func(context.Context) error
 	var err error
 	switch {
+	case refused != nil:
+		err = refused
 	case over:
 		err = Errorf(ResourceExhausted, "more than %d concurrent calls from this peer", lim.MaxStreamsPerPeer)
 	case n > int32(lim.MaxMessageStreams):

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"reflect"
 	"sync"
 
@@ -33,6 +34,8 @@ type requestHeader struct {
 	RawLen    int64  `codec:"raw_len,omitempty"`      // > 0: the body is an LZ4 frame of this many bytes
 	Stream    bool   `codec:"stream,omitempty"`       // opens a message stream (stream.go)
 	NoLZ4     bool   `codec:"uncompressed,omitempty"` // the caller wants its answer's bodies uncompressed
+	Side      int64  `codec:"side,omitempty"`         // version 3: the side connection the caller holds for the call or stream (side.go)
+	SideBody  bool   `codec:"side_body,omitempty"`    // version 3: the body follows on that side connection
 }
 
 // responseHeader answers a call. Code 0 is success; otherwise Message says
@@ -45,6 +48,9 @@ type responseHeader struct {
 	ArgLen  int64  `codec:"arg_len"`
 	BodyLen int64  `codec:"body_len"`
 	RawLen  int64  `codec:"raw_len,omitempty"` // as in requestHeader
+	// SideBody (version 3): the body follows on the side connection the
+	// request named.
+	SideBody bool `codec:"side_body,omitempty"`
 }
 
 // errProtocol marks bytes that break the message format or the limits: the
@@ -160,6 +166,23 @@ func unexpected(err error) error {
 		return io.ErrUnexpectedEOF
 	}
 	return err
+}
+
+// checkSide checks a request header's side connection keys: only in
+// protocol version 3, an id that fits 32 bits, and a body on a side
+// connection only when the header names one.
+func checkSide(side int64, sideBody bool, version uint8) error {
+	switch {
+	case side == 0 && !sideBody:
+		return nil
+	case version < sideVersion:
+		return fmt.Errorf("%w: side connection keys in protocol version %d", errProtocol, version)
+	case side < 0 || side > math.MaxUint32:
+		return fmt.Errorf("%w: side connection %d", errProtocol, side)
+	case sideBody && side == 0:
+		return fmt.Errorf("%w: a body on a side connection the request does not name", errProtocol)
+	}
+	return nil
 }
 
 // checkLens checks a header's sizes against the limits.
