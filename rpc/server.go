@@ -539,7 +539,7 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 			src     io.Reader = br
 			bodyLen           = hdr.BodyLen
 			rawLen            = hdr.RawLen
-			refused error // of a body on a side connection this call cannot read
+			refused error     // of a body on a side connection this call cannot read
 		)
 		if hdr.SideBody {
 			if side == nil {
