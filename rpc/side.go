@@ -483,12 +483,17 @@ func (c *Client) dialSide(ctx context.Context, cc *clientConn, id uint32) (net.C
 	return rw, nil
 }
 
+// sideWritten counts the body bytes this process has written to side
+// connections: tests read it to see which way bodies went.
+var sideWritten atomic.Int64
+
 // writeBody writes a body held out of yamux to a side connection's conn:
 // compressed, its frame; else its parts, Go-memory tensors in one writev
 // straight from their memory (net.Buffers), mapped ones through a bounded
 // buffer (their reads are guarded against faults; a write from the mapping
 // would not be).
 func writeBody(w io.Writer, b *outBody) error {
+	sideWritten.Add(b.wireLen())
 	if b.z != nil {
 		_, err := w.Write(*b.z)
 		return err

@@ -1,0 +1,340 @@
+package rpc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Tests of side connections (side.go): bulk bodies off yamux, and every
+// way they can fail without failing more than their call or stream.
+
+// clientConnOf returns c's current connection.
+func clientConnOf(t *testing.T, c *Client) *clientConn {
+	t.Helper()
+	cc, err := c.conn(testCtx(t))
+	must(t, err)
+	return cc
+}
+
+// incCall sends td (its bytes) to test.inctd, which adds 1 to every byte
+// and sends them back, and checks they did.
+func incCall(t *testing.T, ctx context.Context, c *Client, rows, width int, seed byte) {
+	t.Helper()
+	td := byteTD(t, rows, width, seed)
+	x := firstLeaf(t, td)
+	b, _ := x.Bytes()
+	want := bytes.Clone(b)
+	if _, err := Call[Empty](ctx, c, methodIncTD, sinkReq{X: TD{TensorDict: td, Out: true}}); err != nil {
+		t.Fatalf("test.inctd of %d bytes: %v", len(want), err)
+	}
+	for i := range want {
+		if b[i] != want[i]+1 {
+			t.Fatalf("byte %d of %d came back as %d, want %d", i, len(want), b[i], want[i]+1)
+		}
+	}
+}
+
+func TestSide_Call(t *testing.T) {
+	n := startStreamNode(t)
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	for i := range 3 {
+		before := sideWritten.Load()
+		incCall(t, ctx, c, 64, 16<<10, byte(i)) // 1 MiB each way
+		if moved := sideWritten.Load() - before; moved != 2<<20 {
+			t.Fatalf("call %d: %d bytes went on side connections, want the request's and the response's 2 MiB", i, moved)
+		}
+	}
+	// One side connection, reused by the calls one after another.
+	if got := n.s.Stats().SideConns; got != 1 {
+		t.Fatalf("the node has %d side connections, want 1", got)
+	}
+	// Compressed bodies go the same way when they are large enough.
+	before := sideWritten.Load()
+	got, err := Call[genResp](testCtx(t), c, methodGenTD, sinkReq{N: 64, S: "random"})
+	must(t, err)
+	if x := firstLeaf(t, got.X.TensorDict); x.NumBytes() != 64*4096 {
+		t.Fatalf("test.gentd sent %d bytes", x.NumBytes())
+	}
+	if moved := sideWritten.Load() - before; moved < 64*4096 {
+		t.Fatalf("a 256 KiB response: %d bytes went on side connections", moved)
+	}
+}
+
+func TestSide_SmallBodiesInBand(t *testing.T) {
+	n := startStreamNode(t)
+	c := dial(t, n.addr)
+	before := sideWritten.Load()
+	incCall(t, Uncompressed(testCtx(t)), c, 10, 10<<10, 3) // 100 KiB
+	echo(t, c)
+	if moved := sideWritten.Load() - before; moved != 0 {
+		t.Fatalf("%d bytes of small bodies went on side connections", moved)
+	}
+}
+
+func TestSide_Off(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		server, clientOpts []Option
+	}{
+		{"client", nil, []Option{WithSideConnections(false)}},
+		{"server", []Option{WithSideConnections(false)}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := startStreamNode(t, tc.server...)
+			c := dial(t, n.addr, tc.clientOpts...)
+			before := sideWritten.Load()
+			incCall(t, Uncompressed(testCtx(t)), c, 64, 16<<10, 1)
+			if moved := sideWritten.Load() - before; moved != 0 {
+				t.Fatalf("%d bytes went on side connections", moved)
+			}
+			if got := n.s.Stats().SideConns; got != 0 {
+				t.Fatalf("the node has %d side connections", got)
+			}
+		})
+	}
+}
+
+func TestSide_Stream(t *testing.T) {
+	n := startStreamNode(t)
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	st, err := OpenStream[tick, tick](ctx, c, streamEcho, echoMsg{})
+	must(t, err)
+	defer st.Close()
+	before := sideWritten.Load()
+	for i := 1; i <= 8; i++ {
+		must(t, st.Send(ctx, tick{I: i, X: Ref(byteTD(t, 64, 16<<10, byte(i)))}))
+		got, err := st.Recv(ctx)
+		must(t, err)
+		b, _ := firstLeaf(t, got.X.TensorDict).Bytes()
+		if len(b) != 1<<20 || b[0] != byte(i) || b[len(b)-1] != byte(i)+63 {
+			t.Fatalf("message %d came back as %d bytes", i, len(b))
+		}
+	}
+	if moved := sideWritten.Load() - before; moved != 16<<20 {
+		t.Fatalf("%d bytes went on the side connection, want 16 MiB", moved)
+	}
+	must(t, st.CloseSend(ctx))
+	if _, err := st.Recv(ctx); err != io.EOF {
+		t.Fatalf("Recv after the end: %v", err)
+	}
+	st.Close()
+	// Ended cleanly both ways: the side connection is back in the pool, and
+	// the next call uses it.
+	cc := clientConnOf(t, c)
+	waitFor(t, "the stream's side connection back in the pool", func() bool {
+		cc.side.mu.Lock()
+		defer cc.side.mu.Unlock()
+		return len(cc.side.idle) == 1
+	})
+	incCall(t, ctx, c, 64, 16<<10, 9)
+	if got := cc.side.size(); got != 1 {
+		t.Fatalf("the client has %d side connections, want 1", got)
+	}
+}
+
+// TestSide_AttachRefused attaches side connections that must be refused: a
+// wrong secret, no token or a wrong one on a node with a token. Each is
+// refused with Unauthenticated, logged as a refused handshake, and
+// attaches nothing; the session goes on.
+func TestSide_AttachRefused(t *testing.T) {
+	h := &countingHandler{}
+	token := []byte("s3cret")
+	n := startStreamNode(t, WithToken(token), WithLogger(slog.New(h)))
+	c := dial(t, n.addr, WithToken(token))
+	echo(t, c)
+	secret := clientConnOf(t, c).session.secret
+	var wrong [32]byte
+	wrong[0] = 1
+	for _, tc := range []struct {
+		name   string
+		token  []byte
+		secret [32]byte
+	}{
+		{"wrong secret", token, wrong},
+		{"no token", nil, secret},
+		{"wrong token", []byte("guess"), secret},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, before := h.refusals()
+			conn, err := net.Dial("tcp", n.addr)
+			must(t, err)
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(30 * time.Second))
+			_, err = clientHandshakeAttach(conn, ProtocolVersion, FSID{}, tc.token, &attachMsg{id: 77, secret: tc.secret})
+			if !errors.Is(err, ErrUnauthenticated) {
+				t.Fatalf("attach: %v, want Unauthenticated", err)
+			}
+			waitFor(t, "the refusal logged", func() bool { _, after := h.refusals(); return after == before+1 })
+			if got := n.s.Stats().SideConns; got != 0 {
+				t.Fatalf("the node has %d side connections", got)
+			}
+		})
+	}
+	echo(t, c)
+	incCall(t, Uncompressed(testCtx(t)), c, 64, 16<<10, 1)
+}
+
+// TestSide_PoolLimit has more bulk calls in flight than side connections:
+// the rest go in-band, and all succeed. Then the client dials past the
+// node's limit: the node refuses the attach, and the calls go in-band.
+func TestSide_PoolLimit(t *testing.T) {
+	l := hostileLimits()
+	l.MaxSideConns = 1
+	h := &countingHandler{}
+	n := startStreamNode(t, WithLimits(l), WithLogger(slog.New(h)))
+	const callers = 4
+	var arrived sync.WaitGroup
+	arrived.Add(callers)
+	must(t, Register(n.s, "test.barrier", func(ctx context.Context, req sinkReq) (Empty, error) {
+		// Every call waits for all: they are in flight at once.
+		arrived.Done()
+		arrived.Wait()
+		return Empty{}, nil
+	}))
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	run := func() {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs := make(chan error, callers)
+		for i := range callers {
+			td := byteTD(t, 64, 16<<10, byte(i))
+			wg.Go(func() {
+				_, err := Call[Empty](ctx, c, "test.barrier", sinkReq{X: Ref(td)})
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			must(t, err)
+		}
+	}
+	run()
+	cc := clientConnOf(t, c)
+	if got, want := cc.side.size(), 1; got != want {
+		t.Fatalf("the client has %d side connections, want %d (the node's limit)", got, want)
+	}
+	// A client that dials past the node's limit is refused, and goes on.
+	if _, refused := h.refusals(); refused != 0 {
+		t.Fatalf("%d refused handshakes before the client dialed past the limit", refused)
+	}
+	cc.side.mu.Lock()
+	cc.side.max = callers
+	cc.side.mu.Unlock()
+	arrived.Add(callers)
+	run()
+	if _, refused := h.refusals(); refused == 0 {
+		t.Fatal("no refused attach logged")
+	}
+	if got := n.s.Stats().SideConns; got != 1 {
+		t.Fatalf("the node has %d side connections, want 1", got)
+	}
+	incCall(t, ctx, c, 64, 16<<10, 1)
+}
+
+// TestSide_SlowReader has a stream whose handler never reads: its sender
+// blocks on its own side connection, while calls and other streams on the
+// same client go on; its context's end fails its Send, closes its side
+// connection, and leaves the rest working.
+func TestSide_SlowReader(t *testing.T) {
+	l := hostileLimits()
+	l.MaxStreamBuffer = 1 << 20
+	n := startStreamNode(t, WithLimits(l))
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := OpenStream[tick, Empty](sctx, c, streamBlock, Empty{})
+	must(t, err)
+	defer st.Close()
+	<-n.streamStarted
+	big := Ref(byteTD(t, 64, 1<<20, 5)) // 64 MiB: more than the socket buffers hold
+	sent := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			if err := st.Send(sctx, tick{I: i, X: big}); err != nil {
+				sent <- err
+				return
+			}
+		}
+	}()
+	// While that sender is blocked, others are served.
+	for i := range 3 {
+		incCall(t, ctx, c, 64, 16<<10, byte(i))
+		echo(t, c)
+	}
+	other, err := OpenStream[tick, tick](ctx, c, streamEcho, echoMsg{})
+	must(t, err)
+	must(t, other.Send(ctx, tick{I: 1, X: Ref(byteTD(t, 64, 16<<10, 1))}))
+	if _, err := other.Recv(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other.Close()
+	select {
+	case err := <-sent:
+		t.Fatalf("the blocked sender returned: %v", err)
+	default:
+	}
+	cancel()
+	select {
+	case err := <-sent:
+		if !errors.Is(err, ErrCanceled) {
+			t.Fatalf("the blocked Send: %v, want Canceled", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the blocked Send did not return within 30 s of its context's end")
+	}
+	expectEnded(t, n.streamEnded)
+	// Its side connection is closed on both ends, not reused.
+	cc := clientConnOf(t, c)
+	waitFor(t, "the cut side connection closed", func() bool {
+		return n.s.Stats().SideConns == cc.side.size()
+	})
+	incCall(t, ctx, c, 64, 16<<10, 7)
+	echo(t, c)
+}
+
+// TestSide_SessionEnd closes the node: the side connections close with the
+// session, on both ends, and the client dials a new session's.
+func TestSide_SessionEnd(t *testing.T) {
+	n := startStreamNode(t)
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	incCall(t, ctx, c, 64, 16<<10, 1)
+	cc := clientConnOf(t, c)
+	if cc.side.size() != 1 {
+		t.Fatalf("the client has %d side connections", cc.side.size())
+	}
+	cc.sess.Close()
+	waitFor(t, "the node's side connections closed", func() bool { return n.s.Stats().SideConns == 0 })
+	waitFor(t, "the client's side connections closed", func() bool { return cc.side.size() == 0 })
+	incCall(t, ctx, c, 64, 16<<10, 2)
+	if got := n.s.Stats().SideConns; got != 1 {
+		t.Fatalf("the node has %d side connections after the new session's call, want 1", got)
+	}
+}
+
+// TestSide_OlderNode: a version 2 node has no side connections; a version
+// 3 client calls it in version 2, all in-band.
+func TestSide_OlderNode(t *testing.T) {
+	n := startStreamNode(t, func(o *options) { o.version = 2 })
+	c := dial(t, n.addr)
+	before := sideWritten.Load()
+	incCall(t, Uncompressed(testCtx(t)), c, 64, 16<<10, 1)
+	if cc := clientConnOf(t, c); cc.version != 2 || cc.side != nil {
+		t.Fatalf("version %d, side pool %v", cc.version, cc.side)
+	}
+	if moved := sideWritten.Load() - before; moved != 0 {
+		t.Fatalf("%d bytes went on side connections", moved)
+	}
+}
