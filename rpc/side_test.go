@@ -279,7 +279,11 @@ func TestSide_SlowReader(t *testing.T) {
 	if _, err := other.Recv(ctx); err != nil {
 		t.Fatal(err)
 	}
-	other.Close()
+	must(t, other.CloseSend(ctx))
+	if _, err := other.Recv(ctx); err != io.EOF {
+		t.Fatalf("the other stream's end: %v", err)
+	}
+	other.Close() // ended cleanly: its side connection goes back to the pool
 	select {
 	case err := <-sent:
 		t.Fatalf("the blocked sender returned: %v", err)
@@ -297,8 +301,8 @@ func TestSide_SlowReader(t *testing.T) {
 	expectEnded(t, n.streamEnded)
 	// Its side connection is closed on both ends, not reused.
 	cc := clientConnOf(t, c)
-	waitFor(t, "the cut side connection closed", func() bool {
-		return n.s.Stats().SideConns == cc.side.size()
+	waitFor(t, "the cut side connection closed on both ends", func() bool {
+		return n.s.Stats().SideConns == 1 && cc.side.size() == 1
 	})
 	incCall(t, ctx, c, 64, 16<<10, 7)
 	echo(t, c)

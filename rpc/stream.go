@@ -613,11 +613,13 @@ func (ms *msgStream) abort(err error) {
 	release := ms.dropQueue()
 	ms.signal()
 	side := ms.side != nil && !ms.sideReleased
+	ms.sideReleased = ms.sideReleased || side
 	ms.mu.Unlock()
 	release()
 	if side {
-		// Unblocks a body's read or write on it; it is not reused.
-		ms.side.conn.SetDeadline(time.Unix(1, 0))
+		// Closed at once: a body's read or write on it fails, and the peer
+		// sees it end (it is not reused).
+		ms.side.kill()
 	}
 	ms.fc.reset(ms.st.StreamID())
 	ms.st.Close()
