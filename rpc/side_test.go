@@ -3,6 +3,7 @@ package rpc
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
@@ -10,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tensorwire/tensorwire/internal/testcert"
 )
 
 // Tests of side connections (side.go): bulk bodies off yamux, and every
@@ -65,6 +68,27 @@ func TestSide_Call(t *testing.T) {
 	}
 	if moved := sideWritten.Load() - before; moved < 64*4096 {
 		t.Fatalf("a 256 KiB response: %d bytes went on side connections", moved)
+	}
+}
+
+// TestSide_TLS: side connections of a TLS session run TLS too, and
+// authenticate with the token as the main connection does.
+func TestSide_TLS(t *testing.T) {
+	cert, pool := testcert.New(t)
+	token := []byte("tok")
+	n := startStreamNode(t, WithToken(token), WithTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}))
+	c := dial(t, n.addr, WithToken(token), WithTLS(&tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}))
+	before := sideWritten.Load()
+	incCall(t, Uncompressed(testCtx(t)), c, 64, 16<<10, 1)
+	if moved := sideWritten.Load() - before; moved != 2<<20 {
+		t.Fatalf("%d bytes went on side connections, want 2 MiB", moved)
+	}
+	cc := clientConnOf(t, c)
+	cc.side.mu.Lock()
+	_, isTLS := cc.side.idle[0].conn.(*tls.Conn)
+	cc.side.mu.Unlock()
+	if !isTLS {
+		t.Fatal("the side connection is not TLS")
 	}
 }
 
