@@ -42,6 +42,10 @@ const (
 	// copies yamux makes cost less than a second system call.
 	sideMin = 256 << 10
 
+	// sideBuffer is a side connection's socket send buffer (the kernel
+	// caps it: net.core.wmem_max).
+	sideBuffer = 4 << 20
+
 	// sideRetry is how long a client waits, after a side connection could
 	// not be dialed or was refused, before it dials another.
 	sideRetry = time.Second
@@ -459,6 +463,7 @@ func (c *Client) dialSide(ctx context.Context, cc *clientConn, id uint32) (net.C
 	}
 	if tc, ok := conn.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
+		tc.SetWriteBuffer(sideBuffer)
 	}
 	deadline := time.Now().Add(c.o.limits.HandshakeTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -98,12 +99,21 @@ type ServerStream[In, Out any] struct{ ms *msgStream }
 // or went away (the handler's context has ended then too). A message that
 // does not decode is an InvalidArgument error, and the stream goes on.
 //
-// The message's TDs that came as bytes are the handler's to keep; those
+// The message's TDs that came as bytes are the handler's to keep (unless
+// ReuseBuffers); those
 // that came by reference are views of mappings that stay valid until the
 // next Recv or until the handler returns.
 func (s *ServerStream[In, Out]) Recv(ctx context.Context) (In, error) {
 	return recvAs[In](ctx, s.ms)
 }
+
+// ReuseBuffers makes the TDs that come as bytes in the messages Recv
+// returns from now on valid only until the next Recv or until the handler
+// returns, as those that come by reference are: their memory is then
+// reused for later messages, which saves a handler that consumes each
+// message before the next (verifies it, reduces it into its own tensors)
+// an allocation, and the garbage collector's work, per message.
+func (s *ServerStream[In, Out]) ReuseBuffers() { s.ms.reuse.Store(true) }
 
 // Send sends m to the caller. It blocks while the caller's side is full (the
 // caller reads more slowly than the handler sends) until ctx ends; a Send
@@ -150,10 +160,16 @@ func (s *Stream[S, R]) Send(ctx context.Context, m S) error {
 // returns io.EOF when the handler returned nil, else the handler's error;
 // Unavailable when the node went away or could not be reached
 // (WithKeepAlive); Canceled or DeadlineExceeded when the stream's context
-// ended. A message's TDs are the caller's to keep.
+// ended. A message's TDs are the caller's to keep (unless ReuseBuffers).
 func (s *Stream[S, R]) Recv(ctx context.Context) (R, error) {
 	return recvAs[R](ctx, s.ms)
 }
+
+// ReuseBuffers makes the TDs of the messages Recv returns from now on valid
+// only until the next Recv or Close: their memory is then reused for later
+// messages, which saves a caller that consumes each message before the
+// next an allocation, and the garbage collector's work, per message.
+func (s *Stream[S, R]) ReuseBuffers() { s.ms.reuse.Store(true) }
 
 // CloseSend tells the handler the caller sends no more messages: its Recv
 // returns io.EOF after the last one. The caller can go on receiving.
@@ -194,7 +210,7 @@ func decodeMessage[M any](ms *msgStream, args []byte, body *bodyReader) (any, *d
 	if err := checkBody(wires, body.n); err != nil {
 		return nil, nil, Errorf(ms.badCode, "%s: message: %s", ms.method, asError(err).Msg)
 	}
-	d := &decoded{}
+	d := &decoded{pooled: ms.reuse.Load()}
 	for _, td := range tds {
 		if err := td.build(ms.res, body.fill, d); err != nil {
 			return nil, d, err
@@ -243,6 +259,8 @@ type msgStream struct {
 	readerDone chan struct{}
 	stopCtx    func() bool // the caller's: stops cancelling on ctx
 
+	reuse atomic.Bool // ReuseBuffers: messages' bytes-mode TDs in pooled memory, valid until the next Recv
+
 	// The side connection the stream holds for its life (side.go), and
 	// how it gives it back: ok when it is in step. Bodies of sideMin bytes
 	// or more go on it. sideRead bounds the read of a body on it (a
@@ -284,13 +302,19 @@ func (ms *msgStream) finish(err error) {
 
 // release ends the use of what a message's TDs hold.
 func (ms *msgStream) release(d *decoded) {
-	if d == nil || ms.res == nil {
+	if d == nil {
 		return
 	}
-	for _, m := range d.held {
-		ms.res.release(m)
+	if ms.res != nil {
+		for _, m := range d.held {
+			ms.res.release(m)
+		}
 	}
 	d.held = nil
+	for _, bp := range d.bufs {
+		putBuf(bp)
+	}
+	d.bufs = nil
 }
 
 // dropQueue releases the queued messages and the one last received; ms.mu
