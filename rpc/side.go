@@ -127,14 +127,19 @@ func parseAttach(b []byte) (attachMsg, error) {
 
 // sideConn is one side connection, on either end. It is idle (in a
 // client's pool, or a server's set and not named by a call) or held by one
-// call or message stream. While idle a watcher goroutine reads it, so that
-// its end, or the peer closing it, is seen at once and the connection is
-// dropped from its pool or set: an idle side connection has nothing to
-// read (a client's) or only the next body (a server's).
+// call or message stream. An idle side connection has nothing to read (a
+// client's) or only the next body (a server's), so one the peer has closed
+// can be told, and is dropped from its pool or set: a client looks into
+// the socket (peek) before it reuses one; a node looks into its idle ones
+// when a new one would pass its limit. Where peek cannot tell (a node's
+// TLS connection, whose peer's close sends bytes first; systems without
+// it), a watcher goroutine reads the idle connection instead, and sees its
+// end at once.
 type sideConn struct {
 	id     uint32
 	conn   net.Conn // TCP, or TLS over it
 	client bool     // the client's end
+	raw    net.Conn // what peek looks into; nil: watched by a goroutine instead
 
 	// A byte the watcher read: the first of the next body (a server's).
 	pend    byte
@@ -148,8 +153,48 @@ type sideConn struct {
 	onDead func(*sideConn) // drops it from its pool or set
 }
 
+// peekState is what peek finds on an idle connection.
+type peekState int
+
+const (
+	peekUnknown peekState = iota
+	peekEmpty
+	peekData
+	peekClosed
+)
+
 func newSideConn(id uint32, conn net.Conn, client bool, onDead func(*sideConn)) *sideConn {
-	return &sideConn{id: id, conn: conn, client: client, onDead: onDead}
+	s := &sideConn{id: id, conn: conn, client: client, onDead: onDead}
+	raw := conn
+	if tc, ok := conn.(*tls.Conn); ok {
+		// A client's idle TLS connection has nothing to read either: any
+		// byte under it (a close_notify alert) means its end. A node's
+		// would have the next body's records, which peek cannot tell from
+		// an alert.
+		raw = nil
+		if client {
+			raw = tc.NetConn()
+		}
+	}
+	if raw != nil && peek(raw) != peekUnknown {
+		s.raw = raw
+	}
+	return s
+}
+
+// idleAlive reports whether an idle connection is still open, as peek
+// tells (true when it cannot): a client's must have nothing to read.
+func (s *sideConn) idleAlive() bool {
+	if s.raw == nil || s.dead.Load() {
+		return !s.dead.Load()
+	}
+	switch peek(s.raw) {
+	case peekClosed:
+		return false
+	case peekData:
+		return !s.client
+	}
+	return true
 }
 
 // Read reads the connection, the watcher's byte first. Only the holder
@@ -162,9 +207,10 @@ func (s *sideConn) Read(p []byte) (int, error) {
 	return s.conn.Read(p)
 }
 
-// watch starts the watcher of an idle side connection.
+// watch starts the watcher of an idle side connection, where peek cannot
+// look into it.
 func (s *sideConn) watch() {
-	if s.watchDone != nil || s.dead.Load() || s.pending {
+	if s.raw != nil || s.watchDone != nil || s.dead.Load() || s.pending {
 		return
 	}
 	done := make(chan struct{})
@@ -246,9 +292,10 @@ func (p *sidePool) get(ctx context.Context) *sideConn {
 			sc := p.idle[n-1]
 			p.idle = p.idle[:n-1]
 			p.mu.Unlock()
-			if sc.unwatch() {
+			if sc.unwatch() && sc.idleAlive() {
 				return sc
 			}
+			sc.kill()
 			continue
 		}
 		if p.open >= p.max || time.Now().Before(p.retryAt) {
@@ -358,6 +405,7 @@ func newSideSet(max int) *sideSet {
 
 // add attaches conn as side connection id, or returns the refusal.
 func (s *sideSet) add(id uint32, conn net.Conn) (*sideConn, error) {
+	s.sweep()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -371,6 +419,26 @@ func (s *sideSet) add(id uint32, conn net.Conn) (*sideConn, error) {
 	sc := newSideConn(id, conn, false, s.drop)
 	s.conns[id] = sc
 	return sc, nil
+}
+
+// sweep drops the idle side connections whose peer has closed them, when
+// the set is at its limit: they would hold the places of new ones.
+func (s *sideSet) sweep() {
+	s.mu.Lock()
+	var idle []*sideConn
+	if len(s.conns) >= s.max {
+		for id, sc := range s.conns {
+			if !s.busy[id] && sc.raw != nil {
+				idle = append(idle, sc)
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, sc := range idle {
+		if !sc.idleAlive() {
+			sc.kill()
+		}
+	}
 }
 
 // take checks out side connection id for a call or message stream that

@@ -422,3 +422,60 @@ func TestStream_ReuseBuffers(t *testing.T) {
 		t.Fatalf("the end: %v", err)
 	}
 }
+
+// TestSide_DeadIdleConns closes idle side connections under each end: the
+// client does not reuse one its node closed, and a node at its limit drops
+// one its client closed to make room for a new one; bulk bodies keep going
+// on side connections.
+func TestSide_DeadIdleConns(t *testing.T) {
+	l := hostileLimits()
+	l.MaxSideConns = 1
+	n := startStreamNode(t, WithLimits(l))
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	bulk := func() {
+		t.Helper()
+		before := sideWritten.Load()
+		incCall(t, ctx, c, 64, 16<<10, 1)
+		if moved := sideWritten.Load() - before; moved != 2<<20 {
+			t.Fatalf("%d bytes went on side connections, want 2 MiB", moved)
+		}
+	}
+	bulk()
+	cc := clientConnOf(t, c)
+	idle := func() *sideConn {
+		cc.side.mu.Lock()
+		defer cc.side.mu.Unlock()
+		if len(cc.side.idle) != 1 {
+			t.Fatalf("%d idle side connections", len(cc.side.idle))
+		}
+		return cc.side.idle[0]
+	}
+
+	// The node closes it (as it would on a failure the client missed).
+	var pc *peerConn
+	n.s.mu.RLock()
+	for p := range n.s.conns {
+		pc = p
+	}
+	n.s.mu.RUnlock()
+	pc.side.mu.Lock()
+	for _, sc := range pc.side.conns {
+		sc.conn.Close()
+	}
+	pc.side.mu.Unlock()
+	first := idle()
+	bulk()
+	if !first.dead.Load() || idle() == first {
+		t.Fatal("the client reused a side connection its node closed")
+	}
+
+	// The client's end goes away without a word to the node, whose set is
+	// at its limit: the next attach takes its place.
+	second := idle()
+	second.conn.Close()
+	bulk()
+	if got := n.s.Stats().SideConns; got != 1 {
+		t.Fatalf("the node has %d side connections, want 1", got)
+	}
+}
