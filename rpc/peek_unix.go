@@ -22,8 +22,8 @@ func peek(c net.Conn) peekState {
 		return peekUnknown
 	}
 	var (
-		buf [1]byte
-		n   int
+		buf  [1]byte
+		n    int
 		rerr error
 	)
 	if err := raw.Read(func(fd uintptr) bool {
