@@ -344,9 +344,10 @@ type peerConn struct {
 	version uint8 // the protocol version the connection speaks
 	remote  string
 	shared  bool
-	side    *sideSet     // version 3: the session's side connections; nil: none
-	active  atomic.Int32 // streams being served
-	msgs    atomic.Int32 // message streams among them
+	side    *sideSet        // version 3: the session's side connections; nil: none
+	ctx     context.Context // ends with the session (or the server)
+	active  atomic.Int32    // streams being served
+	msgs    atomic.Int32    // message streams among them
 }
 
 // serveConn runs the handshake on conn and then serves its streams.
@@ -441,6 +442,16 @@ func (s *Server) serveConn(conn net.Conn) {
 	}
 	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid, side: set}
 	defer dropSet()
+	var cancelPC context.CancelFunc
+	pc.ctx, cancelPC = context.WithCancel(s.ctx)
+	defer cancelPC()
+	go func() {
+		select {
+		case <-sess.CloseChan():
+			cancelPC()
+		case <-pc.ctx.Done():
+		}
+	}()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -482,6 +493,7 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 	br := bufio.NewReaderSize(st, 32<<10)
 	bw := bufio.NewWriterSize(frameWriter{st}, 32<<10)
 	lim := &s.o.limits
+	id := st.StreamID()
 	if over {
 		// A stream over the limit serves one refusal: it may not wait long
 		// for it, or a peer could hold any number of them open.
@@ -571,32 +583,27 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 			putSide(false)
 			return
 		}
-		ctx, cancel := callContext(s.ctx, hdr.TimeoutUS)
+		// The handler runs here, on the stream's goroutine. The caller
+		// cancels by closing or resetting the stream, which the
+		// connection's reader sees as the frame arrives (frameConn.watch),
+		// whatever is buffered; the session's end ends pc.ctx.
+		ctx, cancel := callContext(pc.ctx, hdr.TimeoutUS)
 		st.SetReadDeadline(time.Time{})
-		done := make(chan bool, 1)
-		go func() {
-			ok := s.respond(ctx, st, bw, in, run, err, side, log)
-			in.release()
-			putSide(ok)
-			if ok {
-				st.SetReadDeadline(time.Now().Add(lim.IdleTimeout))
-			}
-			done <- ok
-		}()
-		// Watch the stream while the handler runs: the caller sends nothing
-		// until it has the response, so an error here means it cancelled or
-		// went away, and data means the next call.
-		_, perr := br.Peek(1)
-		if perr != nil {
+		var left atomic.Bool
+		pc.fc.watch(id, func(uint16) {
+			left.Store(true)
 			cancel()
-			<-done
-			return
-		}
-		ok := <-done
+		})
+		ok := s.respond(ctx, st, bw, in, run, err, side, log)
+		pc.fc.unwatch(id)
+		gone := left.Load() || pc.ctx.Err() != nil
 		cancel()
-		if !ok || over {
-			return
+		in.release()
+		putSide(ok && !gone)
+		if !ok || over || gone {
+			return // out of step, refused, or the caller has left
 		}
+		st.SetReadDeadline(time.Now().Add(lim.IdleTimeout))
 	}
 }
 
