@@ -527,7 +527,7 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 		// body may follow on it, and a large answer goes back on it.
 		var side *sideConn
 		if hdr.Side != 0 && pc.side != nil {
-			side = pc.side.take(uint32(hdr.Side))
+			side = pc.side.take(uint32(hdr.Side), lim.transferDeadline(time.Now(), 0))
 		}
 		putSide := func(ok bool) {
 			if side != nil {

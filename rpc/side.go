@@ -393,14 +393,21 @@ func (p *sidePool) size() int {
 type sideSet struct {
 	max int
 
-	mu     sync.Mutex
-	conns  map[uint32]*sideConn
-	busy   map[uint32]bool
-	closed bool
+	mu      sync.Mutex
+	conns   map[uint32]*sideConn
+	busy    map[uint32]bool
+	changed chan struct{} // closed, and replaced, when a held one is given back or dropped
+	closed  bool
 }
 
 func newSideSet(max int) *sideSet {
-	return &sideSet{max: max, conns: map[uint32]*sideConn{}, busy: map[uint32]bool{}}
+	return &sideSet{max: max, conns: map[uint32]*sideConn{}, busy: map[uint32]bool{}, changed: make(chan struct{})}
+}
+
+// signal wakes the takers waiting for a held side connection; s.mu is held.
+func (s *sideSet) signal() {
+	close(s.changed)
+	s.changed = make(chan struct{})
 }
 
 // add attaches conn as side connection id, or returns the refusal.
@@ -442,11 +449,33 @@ func (s *sideSet) sweep() {
 }
 
 // take checks out side connection id for a call or message stream that
-// names it: nil if there is none, or it is held already.
-func (s *sideSet) take(id uint32) *sideConn {
+// names it: nil if there is none. One still held by the call before waits
+// until that call gives it back, until deadline: the client may name it
+// again as soon as it has read the last of that call's answer, a moment
+// before the node's side of the call is done with it.
+func (s *sideSet) take(id uint32, deadline time.Time) *sideConn {
 	s.mu.Lock()
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for s.busy[id] && s.conns[id] != nil {
+		if timer == nil {
+			timer = time.NewTimer(time.Until(deadline))
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-timer.C:
+			return nil
+		}
+		s.mu.Lock()
+	}
 	sc := s.conns[id]
-	if sc == nil || s.busy[id] {
+	if sc == nil {
 		s.mu.Unlock()
 		return nil
 	}
@@ -455,6 +484,7 @@ func (s *sideSet) take(id uint32) *sideConn {
 	if !sc.unwatch() {
 		s.mu.Lock()
 		delete(s.busy, id)
+		s.signal()
 		s.mu.Unlock()
 		return nil
 	}
@@ -471,6 +501,7 @@ func (s *sideSet) put(sc *sideConn, ok bool) {
 	s.mu.Lock()
 	sc.watch()
 	delete(s.busy, sc.id)
+	s.signal()
 	s.mu.Unlock()
 }
 
@@ -487,6 +518,7 @@ func (s *sideSet) drop(sc *sideConn) {
 	if s.conns[sc.id] == sc {
 		delete(s.conns, sc.id)
 		delete(s.busy, sc.id)
+		s.signal()
 	}
 }
 

@@ -479,3 +479,46 @@ func TestSide_DeadIdleConns(t *testing.T) {
 		t.Fatalf("the node has %d side connections, want 1", got)
 	}
 }
+
+// TestSide_TakeWaitsForRelease names, in a call, a side connection the node
+// still counts as held by the call before (the client may reuse it as soon
+// as it has read that call's answer, a moment before the node's side of the
+// call gives it back): the node waits for it instead of refusing the body.
+func TestSide_TakeWaitsForRelease(t *testing.T) {
+	n := startStreamNode(t)
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	incCall(t, ctx, c, 64, 16<<10, 1)
+	var pc *peerConn
+	n.s.mu.RLock()
+	for p := range n.s.conns {
+		pc = p
+	}
+	n.s.mu.RUnlock()
+	held := pc.side.take(1, time.Now().Add(30*time.Second))
+	if held == nil {
+		t.Fatal("side connection 1 is not on the node")
+	}
+	done := make(chan error, 1)
+	go func() {
+		td := byteTD(t, 64, 16<<10, 2)
+		_, err := Call[Empty](ctx, c, methodIncTD, sinkReq{X: TD{TensorDict: td, Out: true}})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		// Only a machine too slow to reach the node in 200 ms gets here
+		// without the bug; with it, the call fails at once.
+		if err != nil {
+			t.Fatalf("a call naming a side connection the node still held: %v", err)
+		}
+	case <-time.After(200 * time.Millisecond):
+	}
+	pc.side.put(held, true)
+	select {
+	case err := <-done:
+		must(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the call did not end within 30 s of the side connection's release")
+	}
+}
