@@ -6,8 +6,8 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"io"
 	"net"
+	"os"
 	"reflect"
 	"sync"
 	"time"
@@ -447,22 +447,55 @@ func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, body *outBody
 	}
 	if hdr.SideBody {
 		// After the header: the node reads the body once it has read that.
-		if err := writeBody(side.conn, body); err != nil {
+		if err := writeBody(side.conn, nil, body); err != nil {
+			cs.sideSpoilt = true
 			return false, err
 		}
 	}
+	// The answer comes whole on the side connection when the node took it;
+	// when it could not, in the stream, and the node has closed the side
+	// connection (it ends at once here).
+	br := cs.br
+	if side != nil {
+		if _, err := side.br.Peek(1); err == nil {
+			br = side.br
+		} else if errors.Is(err, os.ErrDeadlineExceeded) {
+			cs.sideSpoilt = true
+			return false, err // the call's context ended
+		} else {
+			cs.sideSpoilt = true
+		}
+	}
+	onSide := side != nil && br == side.br
+	ok, err = readResponse(br, hdr.Method, tds, resp, lim, version)
+	if onSide {
+		// The stream carried nothing of this call; the side connection is in
+		// step if the answer was read whole and nothing follows it.
+		if !ok || br.Buffered() != 0 {
+			cs.sideSpoilt = true
+		}
+		var e *Error
+		if err == nil || errors.As(err, &e) && e.Code != ResourceExhausted {
+			ok = true
+		} else {
+			ok = err == nil // the node closes a stream it refused for being over its limit
+		}
+	}
+	return ok, err
+}
+
+// readResponse reads a call's response from br. ok reports whether br is
+// still in step (it may carry another response).
+func readResponse(br *bufio.Reader, method string, tds []*TD, resp any, lim *Limits, version uint8) (ok bool, err error) {
 	var rh responseHeader
-	if err := readHeader(cs.br, lim.MaxHeaderBytes, &rh); err != nil {
+	if err := readHeader(br, lim.MaxHeaderBytes, &rh); err != nil {
 		return false, unexpected(err)
 	}
 	if rh.Code != uint8(OK) {
 		if rh.ArgLen != 0 || rh.BodyLen != 0 {
-			return false, Errorf(Internal, "%s: error response with a payload", hdr.Method)
+			return false, Errorf(Internal, "%s: error response with a payload", method)
 		}
-		// The node closes a stream it refused for being over its limit. A
-		// body sent on a side connection the node could not take is still
-		// on it: the side connection is not reused after an error.
-		cs.sideSpoilt = hdr.SideBody
+		// The node closes a stream it refused for being over its limit.
 		return Code(rh.Code) != ResourceExhausted, &Error{Code: Code(rh.Code), Reason: rh.Reason, Msg: rh.Message}
 	}
 	if err := checkLens(rh.ArgLen, rh.BodyLen, lim); err != nil {
@@ -471,20 +504,13 @@ func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, body *outBody
 	if err := checkRaw(rh.BodyLen, rh.RawLen, lim, version >= 2); err != nil {
 		return false, err
 	}
-	var src io.Reader = cs.br
-	if rh.SideBody {
-		if side == nil {
-			return false, Errorf(Internal, "%s: the node answered on a side connection the call does not hold", hdr.Method)
-		}
-		src = side
-	}
-	rargs, err := readArgs(cs.br, rh.ArgLen)
+	rargs, err := readArgs(br, rh.ArgLen)
 	if err != nil {
 		return false, err
 	}
-	rbody := newBodyReader(src, rh.BodyLen, rh.RawLen).corruptCode(Internal)
+	rbody := newBodyReader(br, rh.BodyLen, rh.RawLen).corruptCode(Internal)
 	if err := decodeMsgpack(rargs, resp); err != nil {
-		return rbody.drain() == nil, Errorf(Internal, "%s: response: %v", hdr.Method, err)
+		return rbody.drain() == nil, Errorf(Internal, "%s: response: %v", method, err)
 	}
 	err = readResultTDs(rbody, tds, findTDs(reflect.ValueOf(resp).Elem(), nil))
 	if derr := rbody.drain(); derr != nil {

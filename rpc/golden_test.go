@@ -279,7 +279,6 @@ func TestHeader_MatchesGoMsgpack(t *testing.T) {
 		{Code: 10, Message: "expired", Reason: "replay.expired"},
 		{Code: 5, Message: strings.Repeat("m", 40), Reason: strings.Repeat("r", 64)},
 		{ArgLen: 10, BodyLen: 300, RawLen: 90000},
-		{ArgLen: 10, BodyLen: 3 << 20, RawLen: 9 << 20, SideBody: true},
 	} {
 		want, err := encodeMsgpack(&resp)
 		if err != nil {
@@ -590,17 +589,6 @@ func TestGolden_Version3(t *testing.T) {
 			 a6 6d6574686f64 af 74656e736f72776972652e72656164
 			 a4 73696465 02
 			 aa 74696d656f75745f7573 d2 004c4b40`,
-		},
-		{
-			"response whose body is on the side connection",
-			&responseHeader{ArgLen: 1, BodyLen: 6_144_000, SideBody: true},
-			`00000032
-			 85
-			 a7 6172675f6c656e 01
-			 a8 626f64795f6c656e d2 005dc000
-			 a4 636f6465 00
-			 a7 6d657373616765 a0
-			 a9 736964655f626f6479 c3`,
 		},
 		{
 			"stream message whose body is on the side connection",

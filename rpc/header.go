@@ -50,7 +50,7 @@ func (h *requestHeader) appendMsgpack(b []byte) []byte {
 }
 
 func (h *responseHeader) appendMsgpack(b []byte) []byte {
-	b = append(b, 0x80|byte(4+btoi(h.RawLen != 0)+btoi(h.Reason != "")+btoi(h.SideBody)))
+	b = append(b, 0x80|byte(4+btoi(h.RawLen != 0)+btoi(h.Reason != "")))
 	b = appendStr(b, "arg_len")
 	b = appendInt(b, h.ArgLen)
 	b = appendStr(b, "body_len")
@@ -66,10 +66,6 @@ func (h *responseHeader) appendMsgpack(b []byte) []byte {
 	if h.Reason != "" {
 		b = appendStr(b, "reason")
 		b = appendStr(b, h.Reason)
-	}
-	if h.SideBody {
-		b = appendStr(b, "side_body")
-		b = append(b, 0xc3)
 	}
 	return b
 }
@@ -130,8 +126,6 @@ func (h *responseHeader) decodeMsgpack(b []byte) error {
 			h.Reason = d.str()
 		case "raw_len":
 			h.RawLen = d.int()
-		case "side_body":
-			h.SideBody = d.bool()
 		default:
 			d.skip()
 		}

@@ -677,14 +677,19 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	body := sealBody(out.parts, in.compress)
 	defer body.release()
 	if err == nil {
-		hdr = responseHeader{ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen(), SideBody: side != nil && body.wireLen() >= sideMin}
+		hdr = responseHeader{ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen()}
 	}
-	inBand := hdr.BodyLen
-	if hdr.SideBody {
-		inBand = 0
-		side.conn.SetWriteDeadline(s.o.limits.transferDeadline(time.Now(), hdr.BodyLen))
+	if side != nil {
+		// The caller holds the side connection for this call: the whole
+		// answer goes there, and it reads it from there.
+		side.conn.SetWriteDeadline(s.o.limits.transferDeadline(time.Now(), hdr.ArgLen+hdr.BodyLen))
+		if err := writeMessage(side.conn, &hdr, args, &body); err != nil {
+			log.Warn("rpc: response", "method", in.method, "err", err)
+			return false
+		}
+		return true
 	}
-	if n := hdr.ArgLen + inBand; n > smallResponse {
+	if n := hdr.ArgLen + hdr.BodyLen; n > smallResponse {
 		// A response larger than yamux's first window can block on a
 		// caller that does not read it: bound the wait.
 		st.SetWriteDeadline(s.o.limits.transferDeadline(time.Now(), n))
@@ -693,22 +698,11 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	if err := writeFrame(bw, &hdr, args); err != nil {
 		return false
 	}
-	if !hdr.SideBody {
-		if err := body.write(bw); err != nil {
-			log.Warn("rpc: response body", "method", in.method, "err", err)
-			return false
-		}
-	}
-	if err := bw.Flush(); err != nil {
+	if err := body.write(bw); err != nil {
+		log.Warn("rpc: response body", "method", in.method, "err", err)
 		return false
 	}
-	if hdr.SideBody {
-		if err := writeBody(side.conn, &body); err != nil {
-			log.Warn("rpc: response body", "method", in.method, "err", err)
-			return false
-		}
-	}
-	return true
+	return bw.Flush() == nil
 }
 
 // maxMessage bounds an error message sent to a peer: messages can quote

@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -140,6 +141,7 @@ type sideConn struct {
 	conn   net.Conn // TCP, or TLS over it
 	client bool     // the client's end
 	raw    net.Conn // what peek looks into; nil: watched by a goroutine instead
+	br     *bufio.Reader // a client's: the answers of the calls that hold it
 
 	// A byte the watcher read: the first of the next body (a server's).
 	pend    byte
@@ -165,6 +167,9 @@ const (
 
 func newSideConn(id uint32, conn net.Conn, client bool, onDead func(*sideConn)) *sideConn {
 	s := &sideConn{id: id, conn: conn, client: client, onDead: onDead}
+	if client {
+		s.br = bufio.NewReaderSize(s, 16<<10)
+	}
 	raw := conn
 	if tc, ok := conn.(*tls.Conn); ok {
 		// A client's idle TLS connection has nothing to read either: any
@@ -470,6 +475,14 @@ func (s *sideSet) take(id uint32, deadline time.Time) *sideConn {
 		select {
 		case <-ch:
 		case <-timer.C:
+			// Held past the deadline: the client names one it holds
+			// elsewhere. Closed, so that whoever waits on it stops.
+			s.mu.Lock()
+			sc := s.conns[id]
+			s.mu.Unlock()
+			if sc != nil {
+				sc.kill()
+			}
 			return nil
 		}
 		s.mu.Lock()
@@ -588,22 +601,32 @@ func (c *Client) dialSide(ctx context.Context, cc *clientConn, id uint32) (net.C
 	return rw, nil
 }
 
+// writeMessage writes a whole message (length, header, argument, body) to
+// a side connection's conn, in one writev when its tensors are in Go
+// memory.
+func writeMessage(w io.Writer, hdr header, args []byte, b *outBody) error {
+	head := hdr.appendMsgpack(make([]byte, 4, 128))
+	binary.BigEndian.PutUint32(head, uint32(len(head)-4))
+	return writeBody(w, net.Buffers{head, args}, b)
+}
+
 // sideWritten counts the body bytes this process has written to side
 // connections: tests read it to see which way bodies went.
 var sideWritten atomic.Int64
 
-// writeBody writes a body held out of yamux to a side connection's conn:
+// writeBody writes prefix and then a body to a side connection's conn:
 // compressed, its frame; else its parts, Go-memory tensors in one writev
 // straight from their memory (net.Buffers), mapped ones through a bounded
 // buffer (their reads are guarded against faults; a write from the mapping
 // would not be).
-func writeBody(w io.Writer, b *outBody) error {
+func writeBody(w io.Writer, prefix net.Buffers, b *outBody) error {
 	sideWritten.Add(b.wireLen())
+	bufs := prefix
 	if b.z != nil {
-		_, err := w.Write(*b.z)
+		bufs = append(bufs, *b.z)
+		_, err := bufs.WriteTo(w)
 		return err
 	}
-	var bufs net.Buffers
 	flush := func() error {
 		if len(bufs) == 0 {
 			return nil

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,14 +93,26 @@ func TestSide_TLS(t *testing.T) {
 	}
 }
 
+// TestSide_SmallBodiesInBand: a request body under 256 KiB stays in the
+// stream, and a call whose types hold no TDs takes no side connection; the
+// answer of a call that holds one comes on it, whatever its size.
 func TestSide_SmallBodiesInBand(t *testing.T) {
 	n := startStreamNode(t)
 	c := dial(t, n.addr)
 	before := sideWritten.Load()
-	incCall(t, Uncompressed(testCtx(t)), c, 10, 10<<10, 3) // 100 KiB
-	echo(t, c)
+	incCall(t, Uncompressed(testCtx(t)), c, 10, 10<<10, 3) // 100 KiB each way
+	if moved := sideWritten.Load() - before; moved != 100<<10 {
+		t.Fatalf("%d bytes went on side connections, want the answer's 100 KiB", moved)
+	}
+	before = sideWritten.Load()
+	for range 3 {
+		echo(t, c)
+	}
 	if moved := sideWritten.Load() - before; moved != 0 {
-		t.Fatalf("%d bytes of small bodies went on side connections", moved)
+		t.Fatalf("%d bytes of calls without TDs went on side connections", moved)
+	}
+	if got := clientConnOf(t, c).side.size(); got != 1 {
+		t.Fatalf("%d side connections", got)
 	}
 }
 
@@ -216,12 +229,18 @@ func TestSide_PoolLimit(t *testing.T) {
 	h := &countingHandler{}
 	n := startStreamNode(t, WithLimits(l), WithLogger(slog.New(h)))
 	const callers = 4
-	var arrived sync.WaitGroup
-	arrived.Add(callers)
+	var barrier atomic.Pointer[sync.WaitGroup] // a new one each round
+	newRound := func() {
+		var wg sync.WaitGroup
+		wg.Add(callers)
+		barrier.Store(&wg)
+	}
+	newRound()
 	must(t, Register(n.s, "test.barrier", func(ctx context.Context, req sinkReq) (Empty, error) {
 		// Every call waits for all: they are in flight at once.
-		arrived.Done()
-		arrived.Wait()
+		wg := barrier.Load()
+		wg.Done()
+		wg.Wait()
 		return Empty{}, nil
 	}))
 	c := dial(t, n.addr)
@@ -255,7 +274,7 @@ func TestSide_PoolLimit(t *testing.T) {
 	cc.side.mu.Lock()
 	cc.side.max = callers
 	cc.side.mu.Unlock()
-	arrived.Add(callers)
+	newRound()
 	run()
 	if _, refused := h.refusals(); refused == 0 {
 		t.Fatal("no refused attach logged")

@@ -556,7 +556,7 @@ func (ms *msgStream) write(ctx context.Context, h header, args []byte, body *out
 	}
 	if err == nil && onSide {
 		// After the header: the peer reads the body once it has read that.
-		err = writeBody(ms.side.conn, body)
+		err = writeBody(ms.side.conn, nil, body)
 	}
 	if !stop() {
 		cerr := ms.ctxErr(ctx, ctx.Err())

@@ -48,9 +48,6 @@ type responseHeader struct {
 	ArgLen  int64  `codec:"arg_len"`
 	BodyLen int64  `codec:"body_len"`
 	RawLen  int64  `codec:"raw_len,omitempty"` // as in requestHeader
-	// SideBody (version 3): the body follows on the side connection the
-	// request named.
-	SideBody bool `codec:"side_body,omitempty"`
 }
 
 // errProtocol marks bytes that break the message format or the limits: the
