@@ -138,9 +138,9 @@ func parseAttach(b []byte) (attachMsg, error) {
 // end at once.
 type sideConn struct {
 	id     uint32
-	conn   net.Conn // TCP, or TLS over it
-	client bool     // the client's end
-	raw    net.Conn // what peek looks into; nil: watched by a goroutine instead
+	conn   net.Conn      // TCP, or TLS over it
+	client bool          // the client's end
+	raw    net.Conn      // what peek looks into; nil: watched by a goroutine instead
 	br     *bufio.Reader // a client's: the answers of the calls that hold it
 
 	// A byte the watcher read: the first of the next body (a server's).
