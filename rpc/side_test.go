@@ -541,3 +541,33 @@ func TestSide_TakeWaitsForRelease(t *testing.T) {
 		t.Fatal("the call did not end within 30 s of the side connection's release")
 	}
 }
+
+// TestSide_AnswerInBandWhenNotTaken names a side connection the node holds
+// for something else past TransferGrace: the node closes it and answers in
+// the stream, where the caller, seeing its side connection end, reads it.
+func TestSide_AnswerInBandWhenNotTaken(t *testing.T) {
+	n := startStreamNode(t) // TransferGrace 1 s
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	incCall(t, ctx, c, 64, 16<<10, 1)
+	var pc *peerConn
+	n.s.mu.RLock()
+	for p := range n.s.conns {
+		pc = p
+	}
+	n.s.mu.RUnlock()
+	held := pc.side.take(1, time.Now().Add(30*time.Second))
+	if held == nil {
+		t.Fatal("side connection 1 is not on the node")
+	}
+	defer pc.side.put(held, false)
+	got, err := Call[genResp](ctx, c, methodGenTD, sinkReq{N: 64, S: "random"})
+	must(t, err)
+	if x := firstLeaf(t, got.X.TensorDict); x.NumBytes() != 64*4096 {
+		t.Fatalf("test.gentd sent %d bytes", x.NumBytes())
+	}
+	if !held.dead.Load() {
+		t.Fatal("the node did not close the side connection it could not take")
+	}
+	incCall(t, ctx, c, 64, 16<<10, 2) // on a new side connection
+}
