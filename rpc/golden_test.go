@@ -590,15 +590,6 @@ func TestGolden_Version3(t *testing.T) {
 			 a4 73696465 02
 			 aa 74696d656f75745f7573 d2 004c4b40`,
 		},
-		{
-			"stream message whose body is on the side connection",
-			&streamHeader{ArgLen: 2, BodyLen: 1 << 20, SideBody: true},
-			`00000023
-			 83
-			 a7 6172675f6c656e 02
-			 a8 626f64795f6c656e d2 00100000
-			 a9 736964655f626f6479 c3`,
-		},
 	} {
 		var buf bytes.Buffer
 		w := bufio.NewWriter(&buf)
@@ -615,11 +606,6 @@ func TestGolden_Version3(t *testing.T) {
 		if err := readHeader(bufio.NewReader(bytes.NewReader(want)), 64<<10, back); err != nil || !reflect.DeepEqual(back, tc.hdr) {
 			t.Errorf("%s: read back %+v, %v", tc.name, back, err)
 		}
-	}
-	// A stream's end frame with side_body is malformed.
-	var sh streamHeader
-	if err := sh.decodeMsgpack(unhex(t, "84 a4 636f6465 00 a3 656e64 c3 a7 6d657373616765 a0 a9 736964655f626f6479 c3")); !errors.Is(err, errProtocol) {
-		t.Fatalf("an end frame with side_body: %+v, %v", sh, err)
 	}
 	// The side keys are refused outside version 3, and malformed in it.
 	for _, tc := range []struct {

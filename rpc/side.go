@@ -607,6 +607,11 @@ func (c *Client) dialSide(ctx context.Context, cc *clientConn, id uint32) (net.C
 func writeMessage(w io.Writer, hdr header, args []byte, b *outBody) error {
 	head := hdr.appendMsgpack(make([]byte, 4, 128))
 	binary.BigEndian.PutUint32(head, uint32(len(head)-4))
+	if b == nil {
+		bufs := net.Buffers{head, args}
+		_, err := bufs.WriteTo(w)
+		return err
+	}
 	return writeBody(w, net.Buffers{head, args}, b)
 }
 

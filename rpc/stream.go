@@ -262,12 +262,12 @@ type msgStream struct {
 	reuse atomic.Bool // ReuseBuffers: messages' bytes-mode TDs in pooled memory, valid until the next Recv
 
 	// The side connection the stream holds for its life (side.go), and
-	// how it gives it back: ok when it is in step. Bodies of sideMin bytes
-	// or more go on it. sideRead bounds the read of a body on it (a
-	// server's).
+	// how it gives it back: ok when it is in step. Every frame after the
+	// opening request goes on it, both ways (sideFrames, set once the
+	// request is written or read).
 	side         *sideConn
 	putSide      func(sc *sideConn, ok bool)
-	sideRead     bool
+	sideFrames   bool
 	sideReleased bool // under mu
 }
 
@@ -378,18 +378,7 @@ func (ms *msgStream) readLoop(sessDone <-chan struct{}) {
 			ms.fail(err)
 			return
 		}
-		var src io.Reader = ms.br
-		if h.SideBody {
-			if ms.side == nil {
-				ms.fail(fmt.Errorf("%w: a message body on a side connection the stream does not hold", errProtocol))
-				return
-			}
-			if ms.sideRead {
-				ms.side.conn.SetReadDeadline(ms.lim.transferDeadline(time.Now(), h.BodyLen))
-			}
-			src = ms.side
-		}
-		body := newBodyReader(src, h.BodyLen, h.RawLen).corruptCode(ms.badCode)
+		body := newBodyReader(ms.br, h.BodyLen, h.RawLen).corruptCode(ms.badCode)
 		it := received{size: size}
 		ms.mu.Lock()
 		drop := ms.discard || ms.ended
@@ -512,7 +501,7 @@ func (ms *msgStream) send(ctx context.Context, msg any) error {
 	}
 	body := sealBody(parts, ms.compress && !isUncompressed(ctx))
 	defer body.release()
-	h := streamHeader{ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen(), SideBody: ms.side != nil && body.wireLen() >= sideMin}
+	h := streamHeader{ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen()}
 
 	ms.sendMu.Lock()
 	defer ms.sendMu.Unlock()
@@ -522,7 +511,7 @@ func (ms *msgStream) send(ctx context.Context, msg any) error {
 	if err := ms.unsendable(); err != nil {
 		return err
 	}
-	return ms.write(ctx, &h, args, &body, h.SideBody)
+	return ms.write(ctx, &h, args, &body, false)
 }
 
 // unsendable returns why nothing can be sent, or nil.
@@ -539,24 +528,32 @@ func (ms *msgStream) unsendable() error {
 }
 
 // write writes a frame under ms.sendMu, bounded by ctx: a write that ctx
-// cuts short leaves part of a frame on the stream, which then aborts.
+// cuts short leaves part of a frame on the stream, which then aborts. With
+// sideFrames the frame goes whole on the side connection, in one writev;
+// else in the yamux stream, its body on the side connection if onSide (the
+// opening request's).
 func (ms *msgStream) write(ctx context.Context, h header, args []byte, body *outBody, onSide bool) error {
 	stop := context.AfterFunc(ctx, func() {
 		ms.st.SetWriteDeadline(time.Unix(1, 0))
-		if onSide {
+		if onSide || ms.sideFrames {
 			ms.side.conn.SetWriteDeadline(time.Unix(1, 0))
 		}
 	})
-	err := writeFrame(ms.bw, h, args)
-	if err == nil && body != nil && !onSide {
-		err = body.write(ms.bw)
-	}
-	if err == nil {
-		err = ms.bw.Flush()
-	}
-	if err == nil && onSide {
-		// After the header: the peer reads the body once it has read that.
-		err = writeBody(ms.side.conn, nil, body)
+	var err error
+	if ms.sideFrames {
+		err = writeMessage(ms.side.conn, h, args, body)
+	} else {
+		err = writeFrame(ms.bw, h, args)
+		if err == nil && body != nil && !onSide {
+			err = body.write(ms.bw)
+		}
+		if err == nil {
+			err = ms.bw.Flush()
+		}
+		if err == nil && onSide {
+			// After the header: the peer reads the body once it has read that.
+			err = writeBody(ms.side.conn, nil, body)
+		}
 	}
 	if !stop() {
 		cerr := ms.ctxErr(ctx, ctx.Err())
@@ -761,6 +758,10 @@ func (c *Client) openStream(ctx context.Context, method string, req any, decode 
 	})
 	ms.sendMu.Lock()
 	err = ms.write(ctx, &hdr, args, &body, hdr.SideBody)
+	if ms.side != nil {
+		// From here on every frame goes on the side connection, both ways.
+		ms.sideFrames, ms.br = true, bufio.NewReaderSize(ms.side, 32<<10)
+	}
 	ms.sendMu.Unlock()
 	if err != nil {
 		ms.abort(err)
@@ -784,7 +785,7 @@ func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Re
 	ms := newMsgStream(hdr.Method, st, pc.fc, br, bw, lim)
 	ms.res, ms.compress, ms.badCode = s.res, in.compress, InvalidArgument
 	if side != nil {
-		ms.side, ms.putSide, ms.sideRead = side, pc.side.put, true
+		ms.side, ms.putSide = side, pc.side.put
 	}
 	// Whatever happens, the side connection is given back (closed unless
 	// the stream ended cleanly) when the stream is done.
@@ -813,6 +814,12 @@ func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Re
 		return
 	}
 	st.SetReadDeadline(time.Time{})
+	if side != nil {
+		// The opening request's body is read: every frame from here on
+		// goes on the side connection, both ways.
+		side.conn.SetReadDeadline(time.Time{})
+		ms.sideFrames, ms.br = true, bufio.NewReaderSize(side, 32<<10)
+	}
 
 	ctx, cancel := callContext(s.ctx, hdr.TimeoutUS)
 	defer cancel()
@@ -872,6 +879,9 @@ func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Re
 	ms.mu.Unlock()
 	release()
 	st.SetReadDeadline(lim.transferDeadline(time.Now(), 0))
+	if ms.sideFrames {
+		side.conn.SetReadDeadline(lim.transferDeadline(time.Now(), 0))
+	}
 	<-ms.readerDone
 	ms.mu.Lock()
 	release = ms.dropQueue()

@@ -12,9 +12,6 @@ type streamHeader struct {
 	ArgLen  int64 // a message's msgpack bytes
 	BodyLen int64 // a message's body bytes on the wire
 	RawLen  int64 // > 0: the body is an LZ4 frame of this many bytes
-	// SideBody (version 3): the body follows on the stream's side
-	// connection, which its opening request named.
-	SideBody bool
 
 	End     bool  // the sender's last frame
 	Code    uint8 // of an end: 0 when the sender ended normally
@@ -23,8 +20,7 @@ type streamHeader struct {
 }
 
 // appendMsgpack encodes h with its keys sorted, leaving out those a frame
-// of its kind does not use: a message is {arg_len, body_len[, raw_len][,
-// side_body]}, an
+// of its kind does not use: a message is {arg_len, body_len[, raw_len]}, an
 // end {code, end, message[, reason]}.
 func (h *streamHeader) appendMsgpack(b []byte) []byte {
 	if h.End {
@@ -41,7 +37,7 @@ func (h *streamHeader) appendMsgpack(b []byte) []byte {
 		}
 		return b
 	}
-	b = append(b, 0x80|byte(2+btoi(h.RawLen != 0)+btoi(h.SideBody)))
+	b = append(b, 0x80|byte(2+btoi(h.RawLen != 0)))
 	b = appendStr(b, "arg_len")
 	b = appendInt(b, h.ArgLen)
 	b = appendStr(b, "body_len")
@@ -49,10 +45,6 @@ func (h *streamHeader) appendMsgpack(b []byte) []byte {
 	if h.RawLen != 0 {
 		b = appendStr(b, "raw_len")
 		b = appendInt(b, h.RawLen)
-	}
-	if h.SideBody {
-		b = appendStr(b, "side_body")
-		b = append(b, 0xc3)
 	}
 	return b
 }
@@ -70,8 +62,6 @@ func (h *streamHeader) decodeMsgpack(b []byte) error {
 			h.BodyLen = d.int()
 		case "raw_len":
 			h.RawLen = d.int()
-		case "side_body":
-			h.SideBody = d.bool()
 		case "end":
 			h.End = d.bool()
 		case "code":
@@ -91,7 +81,7 @@ func (h *streamHeader) decodeMsgpack(b []byte) error {
 	if err := d.end(); err != nil {
 		return err
 	}
-	if h.End && (h.ArgLen != 0 || h.BodyLen != 0 || h.RawLen != 0 || h.SideBody) {
+	if h.End && (h.ArgLen != 0 || h.BodyLen != 0 || h.RawLen != 0) {
 		return fmt.Errorf("%w: stream end with a payload", errProtocol)
 	}
 	if !h.End && (h.Code != 0 || h.Message != "" || h.Reason != "") {
