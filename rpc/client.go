@@ -77,8 +77,10 @@ func (cs *clientStream) setDeadline(t time.Time) {
 // Dial connects to the node at addr ("host:port") and returns a Client for
 // it. Options: WithRoot (this side's view of the shared root, so TensorDicts
 // under it travel as references when the node shares it), WithToken,
-// WithTLS, WithLogger, WithWindow, WithKeepAlive, WithLimits (the sizes this
-// client accepts in responses; a negative one is ErrInvalidArgument). Dial
+// WithTLS, WithLogger, WithWindow, WithKeepAlive, WithCompression,
+// WithSideConnections, WithLimits (the sizes this client accepts in
+// responses, how many side connections it opens; a negative one is
+// ErrInvalidArgument). Dial
 // fails if the node cannot be reached or refuses the handshake
 // (errors.Is(err, ErrUnauthenticated) for a token problem); ctx bounds the
 // dial.

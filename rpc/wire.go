@@ -24,7 +24,7 @@ import (
 // tensors to the stream and read straight into them.
 
 // requestHeader opens a call, or a message stream. Field names are the
-// wire's; see protocol.md. The keys with omitempty are version 2's, and
+// wire's; see protocol.md. The keys with omitempty are versions 2's and 3's, and
 // left out when zero.
 type requestHeader struct {
 	Method    string `codec:"method"`
