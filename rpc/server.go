@@ -78,7 +78,8 @@ type outgoing struct {
 }
 
 // NewServer returns a Server configured by opts (WithRoot, WithToken,
-// WithTLS, WithLogger, WithLimits, WithWindow, WithKeepAlive). With a root,
+// WithTLS, WithLogger, WithLimits, WithWindow, WithKeepAlive,
+// WithCompression, WithSideConnections). With a root,
 // the server reads or creates the root's FSID and resolves references
 // under it. Limits with a negative field are refused (ErrInvalidArgument).
 func NewServer(opts ...Option) (*Server, error) {
