@@ -350,10 +350,12 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 			return err
 		}
 	}
-	args, err := encodeMsgpack(req)
+	argBuf, err := encodeArgs(req)
 	if err != nil {
 		return Errorf(InvalidArgument, "%s: %w", method, err)
 	}
+	defer putArgs(argBuf) // written (copied or sent) before the call returns
+	args := *argBuf
 	cs, err := cc.stream()
 	if err != nil {
 		// The session died before anything was sent: safe to dial again once.

@@ -658,8 +658,12 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	var hdr responseHeader
 	var args []byte
 	if err == nil {
-		if args, err = encodeMsgpack(out.resp); err != nil {
+		var bp *[]byte
+		if bp, err = encodeArgs(out.resp); err != nil {
 			err = Errorf(Internal, "%s: %v", in.method, err)
+		} else {
+			defer putArgs(bp) // written before respond returns
+			args = *bp
 		}
 	}
 	if err != nil {

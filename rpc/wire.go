@@ -75,13 +75,45 @@ var (
 // encodeMsgpack returns v's msgpack encoding.
 func encodeMsgpack(v any) ([]byte, error) {
 	var buf []byte
-	enc := encoders.Get().(*codec.Encoder)
-	defer encoders.Put(enc)
-	enc.ResetBytes(&buf)
-	if err := enc.Encode(v); err != nil {
-		return nil, fmt.Errorf("rpc: encode %T: %w", v, err)
+	if err := encodeInto(&buf, v); err != nil {
+		return nil, err
 	}
 	return buf, nil
+}
+
+// encodeInto encodes v into *buf, reusing its capacity (go-msgpack
+// allocates 1 KiB for a nil one).
+func encodeInto(buf *[]byte, v any) error {
+	enc := encoders.Get().(*codec.Encoder)
+	defer encoders.Put(enc)
+	*buf = (*buf)[:0]
+	enc.ResetBytes(buf)
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("rpc: encode %T: %w", v, err)
+	}
+	return nil
+}
+
+// argBufs are buffers for the arguments and results of calls, which are
+// written to the stream (copied) before their call returns.
+var argBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
+
+// encodeArgs encodes v into a pooled buffer; putArgs gives it back once
+// its bytes are written.
+func encodeArgs(v any) (*[]byte, error) {
+	bp := argBufs.Get().(*[]byte)
+	if err := encodeInto(bp, v); err != nil {
+		putArgs(bp)
+		return nil, err
+	}
+	return bp, nil
+}
+
+// putArgs returns a buffer of encodeArgs to the pool, unless it grew large.
+func putArgs(bp *[]byte) {
+	if bp != nil && cap(*bp) <= 64<<10 {
+		argBufs.Put(bp)
+	}
 }
 
 // decodeMsgpack decodes b, which must hold exactly one value, into v.
