@@ -600,7 +600,11 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, log *slog.Logger) {
 		gone := left.Load() || pc.ctx.Err() != nil
 		cancel()
 		in.release()
-		putSide(ok && !gone)
+		// The side connection goes back even if the caller has left: a caller
+		// that closes its stream right after the answer (its pool is full)
+		// leaves it in step; one that cancelled has closed it, which the
+		// next use or attach sees.
+		putSide(ok)
 		if !ok || over || gone {
 			return // out of step, refused, or the caller has left
 		}
