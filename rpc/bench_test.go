@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"io"
 	"slices"
 	"testing"
 	"time"
@@ -25,6 +26,16 @@ func BenchmarkCall(b *testing.B) {
 	s, addr := startServer(b)
 	Register(s, "echo", func(_ context.Context, m benchMsg) (benchMsg, error) { return m, nil })
 	Register(s, "sink", func(_ context.Context, p benchPayload) (benchMsg, error) { return benchMsg{}, nil })
+	RegisterStream(s, "sinkstream", func(ctx context.Context, _ Empty, st *ServerStream[benchPayload, Empty]) error {
+		st.ReuseBuffers() // as benchmarks/rpc's handler: each message dropped before the next
+		for {
+			if _, err := st.Recv(ctx); err == io.EOF {
+				return nil
+			} else if err != nil {
+				return err
+			}
+		}
+	})
 	c := dial(b, addr)
 	ctx := context.Background()
 
@@ -39,6 +50,29 @@ func BenchmarkCall(b *testing.B) {
 				}
 			}
 		})
+	})
+	b.Run("stream1MiB", func(b *testing.B) {
+		// Messages of 1 MiB on one message stream, as benchmarks/rpc's
+		// stream workload sends them.
+		ctx := Uncompressed(ctx)
+		x, _ := tensordict.Zeros(memmap.Uint8, 1<<20)
+		td, _ := tensordict.New(1 << 20)
+		td.Set("x", x)
+		st, err := OpenStream[benchPayload, Empty](ctx, c, "sinkstream", Empty{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer st.Close()
+		b.SetBytes(1 << 20)
+		for b.Loop() {
+			if err := st.Send(ctx, benchPayload{Data: Ref(td)}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		st.CloseSend(ctx)
+		if _, err := st.Recv(ctx); err != io.EOF {
+			b.Fatal(err)
+		}
 	})
 	b.Run("bulk6MB", func(b *testing.B) {
 		ctx := Uncompressed(ctx) // zeros: as they are, to compare with benchmarks/rpc
@@ -66,6 +100,16 @@ func BenchmarkCall(b *testing.B) {
 func BenchmarkCompression(b *testing.B) {
 	s, addr := startServer(b)
 	Register(s, "sink", func(_ context.Context, p benchPayload) (benchMsg, error) { return benchMsg{}, nil })
+	RegisterStream(s, "sinkstream", func(ctx context.Context, _ Empty, st *ServerStream[benchPayload, Empty]) error {
+		st.ReuseBuffers() // as benchmarks/rpc's handler: each message dropped before the next
+		for {
+			if _, err := st.Recv(ctx); err == io.EOF {
+				return nil
+			} else if err != nil {
+				return err
+			}
+		}
+	})
 	c := dial(b, addr)
 	for _, data := range []struct {
 		name string

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"os"
 	"reflect"
 	"sync"
 	"time"
@@ -47,6 +48,8 @@ type clientConn struct {
 	version uint8 // the protocol version the connection speaks
 	link    link
 	dog     *watchdog
+	session sessionMsg // version 3: how side connections attach
+	side    *sidePool  // nil: no side connections (side.go)
 
 	mu   sync.Mutex
 	idle []*clientStream
@@ -58,6 +61,8 @@ type clientStream struct {
 	bw       *bufio.Writer
 	deadline time.Time // the stream's deadline as last set
 	idle     time.Time // when it went back to the pool
+
+	sideSpoilt bool // the last call's side connection may be out of step though the stream is not
 }
 
 // setDeadline sets the stream's deadline if it changed: yamux's deadlines
@@ -72,8 +77,10 @@ func (cs *clientStream) setDeadline(t time.Time) {
 // Dial connects to the node at addr ("host:port") and returns a Client for
 // it. Options: WithRoot (this side's view of the shared root, so TensorDicts
 // under it travel as references when the node shares it), WithToken,
-// WithTLS, WithLogger, WithWindow, WithKeepAlive, WithLimits (the sizes this
-// client accepts in responses; a negative one is ErrInvalidArgument). Dial
+// WithTLS, WithLogger, WithWindow, WithKeepAlive, WithCompression,
+// WithSideConnections, WithLimits (the sizes this client accepts in
+// responses, how many side connections it opens; a negative one is
+// ErrInvalidArgument). Dial
 // fails if the node cannot be reached or refuses the handshake
 // (errors.Is(err, ErrUnauthenticated) for a token problem); ctx bounds the
 // dial.
@@ -231,7 +238,28 @@ func (c *Client) dialVersion(ctx context.Context, version uint8) (*clientConn, e
 	shared := !c.fsid.IsZero() && peer.fsid == c.fsid
 	c.o.log.Debug("rpc: connected", "addr", c.addr, "shared_fs", shared)
 	dog := watch(fc, sess, c.o.clientKeepAlive(), c.o.log, c.addr)
-	return &clientConn{sess: sess, fc: fc, version: peer.version, link: link{shared: shared, root: c.root}, dog: dog}, nil
+	cc := &clientConn{sess: sess, fc: fc, version: peer.version, link: link{shared: shared, root: c.root}, dog: dog, session: peer.session}
+	if peer.session.offers() && !c.o.noSide {
+		cc.side = newSidePool(min(c.o.limits.MaxSideConns, int(peer.session.max)), func(ctx context.Context, id uint32) (net.Conn, error) {
+			return c.dialSide(ctx, cc, id)
+		})
+		// The session's end, the watchdog's giving up included, closes the
+		// side connections too: their holders' reads and writes fail.
+		go func() {
+			<-sess.CloseChan()
+			cc.side.close()
+		}()
+	}
+	return cc, nil
+}
+
+// getSide checks out a side connection for a call or stream that may move
+// a large body, or returns nil (the bodies then go in-band).
+func (cc *clientConn) getSide(ctx context.Context, want bool) *sideConn {
+	if !want || cc.side == nil {
+		return nil
+	}
+	return cc.side.get(ctx)
 }
 
 // stream returns an idle stream the node still serves, or opens one.
@@ -322,10 +350,12 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 			return err
 		}
 	}
-	args, err := encodeMsgpack(req)
+	argBuf, err := encodeArgs(req)
 	if err != nil {
 		return Errorf(InvalidArgument, "%s: %w", method, err)
 	}
+	defer putArgs(argBuf) // written (copied or sent) before the call returns
+	args := *argBuf
 	cs, err := cc.stream()
 	if err != nil {
 		// The session died before anything was sent: safe to dial again once.
@@ -345,16 +375,30 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 	if hasDeadline {
 		hdr.TimeoutUS = max(int64(time.Until(deadline)/time.Microsecond), 1)
 	}
+	// A side connection for a large request body, or for a response that
+	// may bring one.
+	side := cc.getSide(ctx, hdr.BodyLen >= sideMin || mayReturnBulk(tds, resp))
+	if side != nil {
+		hdr.Side, hdr.SideBody = int64(side.id), hdr.BodyLen >= sideMin
+		side.conn.SetDeadline(deadline)
+	}
 	cs.setDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() {
 		// Unblock this call's reads and writes now; closing the stream
 		// tells the node to cancel the handler.
 		cs.st.SetDeadline(time.Unix(1, 0))
 		cs.st.Close()
+		if side != nil {
+			side.conn.SetDeadline(time.Unix(1, 0))
+		}
 	})
-	ok, err := cs.roundTrip(&hdr, args, &body, tds, resp, &c.o.limits, cc.version >= 2)
+	cs.sideSpoilt = false
+	ok, err := cs.roundTrip(&hdr, args, &body, tds, resp, &c.o.limits, cc.version, side)
 	if !stop() {
 		ok = false // the stream was cut by the AfterFunc
+	}
+	if side != nil {
+		cc.side.put(side, ok && !cs.sideSpoilt)
 	}
 	if ok {
 		cs.setDeadline(time.Time{})
@@ -376,26 +420,84 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 	return nil
 }
 
+// mayReturnBulk reports whether a call's response may bring a large body:
+// its type can hold TDs, or a request TD comes back.
+func mayReturnBulk(tds []*TD, resp any) bool {
+	if holdsTD(reflect.TypeOf(resp).Elem()) {
+		return true
+	}
+	for _, td := range tds {
+		if td.wire.comesBack() {
+			return true
+		}
+	}
+	return false
+}
+
 // roundTrip writes the request and reads the response. ok reports whether
-// the stream is still in step (it may carry another call). v2 says whether
-// the connection speaks protocol version 2.
-func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, body *outBody, tds []*TD, resp any, lim *Limits, v2 bool) (ok bool, err error) {
+// the stream, and side when set, are still in step (they may carry
+// another call). version is the connection's protocol version.
+func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, body *outBody, tds []*TD, resp any, lim *Limits, version uint8, side *sideConn) (ok bool, err error) {
 	if err := writeFrame(cs.bw, hdr, args); err != nil {
 		return false, err
 	}
-	if err := body.write(cs.bw); err != nil {
-		return false, err
+	if !hdr.SideBody {
+		if err := body.write(cs.bw); err != nil {
+			return false, err
+		}
 	}
 	if err := cs.bw.Flush(); err != nil {
 		return false, err
 	}
+	if hdr.SideBody {
+		// After the header: the node reads the body once it has read that.
+		if err := writeBody(side.conn, nil, body); err != nil {
+			cs.sideSpoilt = true
+			return false, err
+		}
+	}
+	// The answer comes whole on the side connection when the node took it;
+	// when it could not, in the stream, and the node has closed the side
+	// connection (it ends at once here).
+	br := cs.br
+	if side != nil {
+		if _, err := side.br.Peek(1); err == nil {
+			br = side.br
+		} else if errors.Is(err, os.ErrDeadlineExceeded) {
+			cs.sideSpoilt = true
+			return false, err // the call's context ended
+		} else {
+			cs.sideSpoilt = true
+		}
+	}
+	onSide := side != nil && br == side.br
+	ok, err = readResponse(br, hdr.Method, tds, resp, lim, version)
+	if onSide {
+		// The stream carried nothing of this call; the side connection is in
+		// step if the answer was read whole and nothing follows it.
+		if !ok || br.Buffered() != 0 {
+			cs.sideSpoilt = true
+		}
+		var e *Error
+		if err == nil || errors.As(err, &e) && e.Code != ResourceExhausted {
+			ok = true
+		} else {
+			ok = err == nil // the node closes a stream it refused for being over its limit
+		}
+	}
+	return ok, err
+}
+
+// readResponse reads a call's response from br. ok reports whether br is
+// still in step (it may carry another response).
+func readResponse(br *bufio.Reader, method string, tds []*TD, resp any, lim *Limits, version uint8) (ok bool, err error) {
 	var rh responseHeader
-	if err := readHeader(cs.br, lim.MaxHeaderBytes, &rh); err != nil {
+	if err := readHeader(br, lim.MaxHeaderBytes, &rh); err != nil {
 		return false, unexpected(err)
 	}
 	if rh.Code != uint8(OK) {
 		if rh.ArgLen != 0 || rh.BodyLen != 0 {
-			return false, Errorf(Internal, "%s: error response with a payload", hdr.Method)
+			return false, Errorf(Internal, "%s: error response with a payload", method)
 		}
 		// The node closes a stream it refused for being over its limit.
 		return Code(rh.Code) != ResourceExhausted, &Error{Code: Code(rh.Code), Reason: rh.Reason, Msg: rh.Message}
@@ -403,16 +505,16 @@ func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, body *outBody
 	if err := checkLens(rh.ArgLen, rh.BodyLen, lim); err != nil {
 		return false, err
 	}
-	if err := checkRaw(rh.BodyLen, rh.RawLen, lim, v2); err != nil {
+	if err := checkRaw(rh.BodyLen, rh.RawLen, lim, version >= 2); err != nil {
 		return false, err
 	}
-	rargs, err := readArgs(cs.br, rh.ArgLen)
+	rargs, err := readArgs(br, rh.ArgLen)
 	if err != nil {
 		return false, err
 	}
-	rbody := newBodyReader(cs.br, rh.BodyLen, rh.RawLen).corruptCode(Internal)
+	rbody := newBodyReader(br, rh.BodyLen, rh.RawLen).corruptCode(Internal)
 	if err := decodeMsgpack(rargs, resp); err != nil {
-		return rbody.drain() == nil, Errorf(Internal, "%s: response: %v", hdr.Method, err)
+		return rbody.drain() == nil, Errorf(Internal, "%s: response: %v", method, err)
 	}
 	err = readResultTDs(rbody, tds, findTDs(reflect.ValueOf(resp).Elem(), nil))
 	if derr := rbody.drain(); derr != nil {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // frameConn is the connection under a yamux session, and batches yamux's
@@ -29,7 +30,8 @@ type frameConn struct {
 	cond    sync.Cond // signalled when a write ends
 	queue   []byte    // small frames waiting for the flusher
 	spare   []byte
-	writing bool // a write to Conn is in progress
+	writing bool      // a write to Conn is in progress
+	last    time.Time // when the last write to Conn ended
 	err     error
 	kick    chan struct{}
 	done    chan struct{}
@@ -52,10 +54,11 @@ const (
 	yamuxHeaderSize       = 12
 	yamuxTypeData         = 0
 	yamuxTypeWindowUpdate = 1
-	yamuxFlagFIN          = 4        // the sender closed its side of the stream
-	yamuxFlagRST          = 8        // the sender reset the stream
-	smallFrame            = 32 << 10 // frames up to this size are queued
-	maxQueue              = 1 << 20  // the send loop waits while this much is queued
+	yamuxFlagFIN          = 4                     // the sender closed its side of the stream
+	yamuxFlagRST          = 8                     // the sender reset the stream
+	smallFrame            = 32 << 10              // frames up to this size are queued
+	quietWrite            = 50 * time.Microsecond // a small frame after this long without a write is written at once
+	maxQueue              = 1 << 20               // the send loop waits while this much is queued
 )
 
 func newFrameConn(c net.Conn) *frameConn {
@@ -170,6 +173,22 @@ func (f *frameConn) Write(p []byte) (int, error) {
 		if err == nil {
 			f.queue = append(append(f.queue, hdr...), p...)
 		}
+		if err == nil && !f.writing && time.Since(f.last) > quietWrite {
+			// Nothing written lately, so no frames of other calls are
+			// likely to come and share the write: write it here, without
+			// waking the flusher (a goroutine hand-off on a lone call's
+			// path, a bulk call's header or answer).
+			queued := f.queue
+			f.queue, f.spare = f.spare[:0], nil
+			f.writing = true
+			f.mu.Unlock()
+			_, err := f.Conn.Write(queued)
+			f.finish(queued, err)
+			if err != nil {
+				return 0, err
+			}
+			return len(p), nil
+		}
 		f.mu.Unlock()
 		if err != nil {
 			return 0, err
@@ -230,6 +249,7 @@ func (f *frameConn) flusher() {
 func (f *frameConn) finish(buf []byte, err error) {
 	f.mu.Lock()
 	f.writing = false
+	f.last = time.Now()
 	if f.spare == nil && cap(buf) <= 4*maxQueue {
 		f.spare = buf[:0]
 	}

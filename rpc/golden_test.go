@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/hex"
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -257,6 +258,8 @@ func TestHeader_MatchesGoMsgpack(t *testing.T) {
 		{Method: "s", TimeoutUS: 9, ArgLen: 3, BodyLen: 40, RawLen: 7000, Stream: true, NoLZ4: true},
 		{Method: "s", ArgLen: 3, Stream: true},
 		{Method: "c", ArgLen: 3, BodyLen: 40, RawLen: 1 << 20},
+		{Method: "b", ArgLen: 3, BodyLen: 1 << 22, Side: 7, SideBody: true},
+		{Method: "r", TimeoutUS: 9, ArgLen: 3, RawLen: 1 << 20, BodyLen: 9000, Side: 1 << 31, Stream: true, NoLZ4: true},
 	}
 	for _, h := range reqs {
 		want, err := encodeMsgpack(&h)
@@ -511,6 +514,111 @@ func TestGolden_Version2(t *testing.T) {
 		err := h.decodeMsgpack(unhex(t, tc.in))
 		if (err == nil) != tc.ok || tc.ok && h != tc.want {
 			t.Errorf("%s: %+v, %v", tc.in, h, err)
+		}
+	}
+}
+
+// TestGolden_Version3 pins what version 3 adds: the attach flag of a side
+// connection's hello, the session message, the attach message, and the
+// side connection keys of message headers.
+func TestGolden_Version3(t *testing.T) {
+	h := goldenHello()
+	h.version, h.flags = 3, flagToken|flagAttach
+	want := unhex(t, `
+		54575250 03 03 0000
+		000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f
+		a0a1a2a3a4a5a6a7a8a9aaabacadaeaf
+		0000000000000000`)
+	if got := h.marshal(); !bytes.Equal(got, want) {
+		t.Fatalf("side connection's hello\n got %x\nwant %x", got, want)
+	}
+	if back, err := parseHello(want); err != nil || back != h {
+		t.Fatalf("parseHello = %+v, %v", back, err)
+	}
+	// The attach flag is unknown before version 3.
+	want[4] = 2
+	if _, err := parseHello(want); !errors.Is(err, errHandshake) {
+		t.Fatalf("a version 2 hello with the attach flag: %v", err)
+	}
+
+	var secret [32]byte
+	for i := range secret {
+		secret[i] = byte(i)
+	}
+	sess := sessionMsg{secret: secret, max: 8}
+	want = unhex(t, `000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f 0008 000000000000`)
+	if got := sess.marshal(); !bytes.Equal(got, want) {
+		t.Fatalf("session message\n got %x\nwant %x", got, want)
+	}
+	if back, err := parseSession(want); err != nil || back != sess {
+		t.Fatalf("parseSession = %+v, %v", back, err)
+	}
+	att := attachMsg{id: 1, secret: secret}
+	want = unhex(t, `00000001 00000000 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f`)
+	if got := att.marshal(); !bytes.Equal(got, want) {
+		t.Fatalf("attach message\n got %x\nwant %x", got, want)
+	}
+	if back, err := parseAttach(want); err != nil || back != att {
+		t.Fatalf("parseAttach = %+v, %v", back, err)
+	}
+
+	for _, tc := range []struct {
+		name string
+		hdr  header
+		want string
+	}{
+		{
+			"request whose body is on side connection 1",
+			&requestHeader{Method: "bulk", ArgLen: 3, BodyLen: 6_144_000, Side: 1, SideBody: true},
+			`00000041
+			 86
+			 a7 6172675f6c656e 03
+			 a8 626f64795f6c656e d2 005dc000
+			 a6 6d6574686f64 a4 62756c6b
+			 a4 73696465 01
+			 a9 736964655f626f6479 c3
+			 aa 74696d656f75745f7573 00`,
+		},
+		{
+			"request holding side connection 2 for its answer",
+			&requestHeader{Method: "tensorwire.read", TimeoutUS: 5_000_000, ArgLen: 1, Side: 2},
+			`00000041
+			 85
+			 a7 6172675f6c656e 01
+			 a8 626f64795f6c656e 00
+			 a6 6d6574686f64 af 74656e736f72776972652e72656164
+			 a4 73696465 02
+			 aa 74696d656f75745f7573 d2 004c4b40`,
+		},
+	} {
+		var buf bytes.Buffer
+		w := bufio.NewWriter(&buf)
+		if err := writeFrame(w, tc.hdr, nil); err != nil {
+			t.Fatal(err)
+		}
+		w.Flush()
+		want := unhex(t, tc.want)
+		if !bytes.Equal(buf.Bytes(), want) {
+			t.Errorf("%s\n got %x\nwant %x", tc.name, buf.Bytes(), want)
+			continue
+		}
+		back := reflect.New(reflect.TypeOf(tc.hdr).Elem()).Interface().(header)
+		if err := readHeader(bufio.NewReader(bytes.NewReader(want)), 64<<10, back); err != nil || !reflect.DeepEqual(back, tc.hdr) {
+			t.Errorf("%s: read back %+v, %v", tc.name, back, err)
+		}
+	}
+	// The side keys are refused outside version 3, and malformed in it.
+	for _, tc := range []struct {
+		side     int64
+		sideBody bool
+		version  uint8
+		ok       bool
+	}{
+		{0, false, 2, true}, {1, false, 3, true}, {1, true, 3, true}, {1<<32 - 1, true, 3, true},
+		{1, false, 2, false}, {0, true, 3, false}, {-1, false, 3, false}, {1 << 32, false, 3, false},
+	} {
+		if err := checkSide(tc.side, tc.sideBody, tc.version); (err == nil) != tc.ok || err != nil && !errors.Is(err, errProtocol) {
+			t.Errorf("checkSide(%d, %v, %d) = %v", tc.side, tc.sideBody, tc.version, err)
 		}
 	}
 }

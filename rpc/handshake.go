@@ -15,10 +15,11 @@ import (
 const (
 	magic = "TWRP"
 	// ProtocolVersion is the newest version of the protocol this package
-	// speaks: 2, which adds message streams and lz4-compressed bodies to
-	// version 1. It still speaks version 1 with peers that speak only that
-	// (docs/protocol.md, "Versioning").
-	ProtocolVersion    = 2
+	// speaks: 3. Version 2 adds message streams and lz4-compressed bodies
+	// to version 1; version 3 adds side connections for bulk bodies
+	// (side.go). It still speaks the older versions with peers that speak
+	// only those (docs/protocol.md, "Versioning").
+	ProtocolVersion    = 3
 	minProtocolVersion = 1 // the oldest version this package speaks
 	helloSize          = 64
 	proofSize          = sha256.Size
@@ -27,8 +28,12 @@ const (
 
 // Flags in a hello.
 const (
-	flagToken = 1 << 0 // the sender has a token and will authenticate
+	flagToken  = 1 << 0 // the sender has a token and will authenticate
+	flagAttach = 1 << 1 // version 3, a client's: the connection attaches to a session as a side connection
 )
+
+// sideVersion is the first protocol version with side connections.
+const sideVersion = 3
 
 var (
 	clientProofLabel = []byte("tensorwire client proof")
@@ -43,7 +48,7 @@ var errHandshake = errors.New("rpc: malformed handshake")
 //
 //	0  4  magic "TWRP"
 //	4  1  protocol version
-//	5  1  flags (bit 0: the sender has a token)
+//	5  1  flags (bit 0: the sender has a token; bit 1, version 3: a side connection)
 //	6  2  reserved, zero
 //	8 32  nonce, random
 //	40 16 filesystem identity (zero: no shared root)
@@ -86,14 +91,19 @@ func (h hello) marshal() []byte {
 
 // parseHello decodes a hello. It accepts any version (the caller decides
 // what to do about it) and refuses a wrong magic, unknown flags or nonzero
-// reserved bytes, so that the reserved space can be given meaning later.
+// reserved bytes, so that the reserved space can be given meaning later;
+// the attach flag is unknown before version 3.
 func parseHello(b []byte) (hello, error) {
 	var h hello
 	if len(b) != helloSize || string(b[:4]) != magic {
 		return h, fmt.Errorf("%w: bad magic", errHandshake)
 	}
 	h.version, h.flags = b[4], b[5]
-	if h.flags&^flagToken != 0 || b[6] != 0 || b[7] != 0 || binary.BigEndian.Uint64(b[56:]) != 0 {
+	known := uint8(flagToken)
+	if h.version >= sideVersion {
+		known |= flagAttach
+	}
+	if h.flags&^known != 0 || b[6] != 0 || b[7] != 0 || binary.BigEndian.Uint64(b[56:]) != 0 {
 		return h, fmt.Errorf("%w: reserved bits set", errHandshake)
 	}
 	copy(h.nonce[:], b[8:40])
@@ -157,6 +167,9 @@ func readStatus(r io.Reader) error {
 type peerInfo struct {
 	fsid    FSID
 	version uint8 // the version the connection speaks
+
+	session sessionMsg // a client's, of a version 3 main connection: how to attach side connections
+	attach  bool       // a server's: the connection attached as a side connection
 }
 
 // versionError is a server's refusal of the client's protocol version by a
@@ -175,14 +188,28 @@ func clientHandshake(rw io.ReadWriter, fsid FSID, token []byte) (peerInfo, error
 	return clientHandshakeVersion(rw, ProtocolVersion, fsid, token)
 }
 
-// clientHandshakeVersion runs the client's side on rw, offering version. It
-// returns an *Error with code Unauthenticated when either side fails to
-// authenticate the other, and a *versionError when the server refused the
-// version and speaks an older one this package speaks too.
+// clientHandshakeVersion runs the client's side of a main connection on rw,
+// offering version.
 func clientHandshakeVersion(rw io.ReadWriter, version uint8, fsid FSID, token []byte) (peerInfo, error) {
+	return clientHandshakeAttach(rw, version, fsid, token, nil)
+}
+
+// clientHandshakeAttach runs the client's side on rw, offering version;
+// with att (version 3), the connection attaches to the session att names
+// as a side connection. It returns an *Error with code Unauthenticated
+// when either side fails to authenticate the other (the node's refusal of
+// an attach is an *Error too), and a *versionError when the server refused
+// the version and speaks an older one this package speaks too.
+func clientHandshakeAttach(rw io.ReadWriter, version uint8, fsid FSID, token []byte, att *attachMsg) (peerInfo, error) {
 	mine, err := newHelloVersion(version, fsid, token)
 	if err != nil {
 		return peerInfo{}, err
+	}
+	if att != nil {
+		if version < sideVersion {
+			return peerInfo{}, fmt.Errorf("rpc: a side connection in protocol version %d", version)
+		}
+		mine.flags |= flagAttach
 	}
 	cb := mine.marshal()
 	if _, err := rw.Write(cb); err != nil {
@@ -196,12 +223,20 @@ func clientHandshakeVersion(rw io.ReadWriter, version uint8, fsid FSID, token []
 	if err != nil {
 		return peerInfo{}, err
 	}
+	if theirs.flags&flagAttach != 0 {
+		return peerInfo{}, fmt.Errorf("%w: the server's hello has the attach flag", errHandshake)
+	}
 	auth := mine.flags&flagToken != 0
 	// A server answers in the client's version when it speaks it; one that
 	// answers in another refuses the client's before reading a proof.
 	sameVersion := theirs.version == mine.version
 	if auth && sameVersion && theirs.flags&flagToken != 0 {
 		if _, err := rw.Write(proof(token, clientProofLabel, cb, sb)); err != nil {
+			return peerInfo{}, err
+		}
+	}
+	if att != nil && sameVersion {
+		if _, err := rw.Write(att.marshal()); err != nil {
 			return peerInfo{}, err
 		}
 	}
@@ -227,20 +262,52 @@ func clientHandshakeVersion(rw io.ReadWriter, version uint8, fsid FSID, token []
 			return peerInfo{}, Errorf(Unauthenticated, "server does not know the token")
 		}
 	}
-	return peerInfo{fsid: theirs.fsid, version: mine.version}, nil
+	info := peerInfo{fsid: theirs.fsid, version: mine.version}
+	if mine.version >= sideVersion && att == nil {
+		b := make([]byte, sessionSize)
+		if _, err := io.ReadFull(rw, b); err != nil {
+			return peerInfo{}, err
+		}
+		if info.session, err = parseSession(b); err != nil {
+			return peerInfo{}, err
+		}
+	}
+	return info, nil
 }
 
 // serverHandshake runs the server's side on rw, speaking every version
-// this package speaks.
+// this package speaks, without side connections.
 func serverHandshake(rw io.ReadWriter, fsid FSID, token []byte) (peerInfo, error) {
 	return serverHandshakeUpTo(rw, ProtocolVersion, fsid, token)
 }
 
 // serverHandshakeUpTo runs the server's side on rw, speaking versions up to
-// newest (tests play older nodes with it). A refusal it could explain is
-// written to the peer and returned as an *Error; malformed bytes return an
-// error wrapping errHandshake with nothing written after the hello.
+// newest (tests play older nodes with it), without side connections: a
+// version 3 session gets none, and a side connection is refused.
 func serverHandshakeUpTo(rw io.ReadWriter, newest uint8, fsid FSID, token []byte) (peerInfo, error) {
+	return serverHandshakeSide(rw, newest, fsid, token, nil)
+}
+
+// sideOffer is what a server's handshake offers of side connections
+// (side.go).
+type sideOffer struct {
+	// session returns the session message of a version 3 main connection
+	// (registering its secret); nil, or a zero secret, offers none.
+	session func() (sessionMsg, error)
+	// attach attaches a side connection to the session a names, or returns
+	// the refusal (an *Error); it runs after the client has authenticated,
+	// before the verdict. nil refuses side connections.
+	attach func(a attachMsg) error
+}
+
+// serverHandshakeSide runs the server's side on rw, speaking versions up to
+// newest, with side connections as offer says (nil: none). A refusal it
+// could explain is written to the peer and returned as an *Error;
+// malformed bytes return an error wrapping errHandshake with nothing
+// written after the hello. The server reads everything the client sends
+// before its verdict (a proof, an attach message) before refusing, so that
+// the client reads the refusal rather than a reset connection.
+func serverHandshakeSide(rw io.ReadWriter, newest uint8, fsid FSID, token []byte, offer *sideOffer) (peerInfo, error) {
 	cb := make([]byte, helloSize)
 	if _, err := io.ReadFull(rw, cb); err != nil {
 		return peerInfo{}, err
@@ -273,19 +340,39 @@ func serverHandshakeUpTo(rw io.ReadWriter, newest uint8, fsid FSID, token []byte
 		return refuse(FailedPrecondition, "client speaks protocol version %d, this node %d to %d", theirs.version, minProtocolVersion, newest)
 	}
 	auth := len(token) > 0
+	var got []byte // the client's proof
+	if auth && theirs.flags&flagToken != 0 {
+		got = make([]byte, proofSize)
+		if _, err := io.ReadFull(rw, got); err != nil {
+			return peerInfo{}, err
+		}
+	}
+	attaching := theirs.flags&flagAttach != 0
+	var att attachMsg
+	if attaching {
+		b := make([]byte, attachSize)
+		if _, err := io.ReadFull(rw, b); err != nil {
+			return peerInfo{}, err
+		}
+		if att, err = parseAttach(b); err != nil {
+			return peerInfo{}, err
+		}
+	}
 	switch {
 	case auth && theirs.flags&flagToken == 0:
 		return refuse(Unauthenticated, "this node requires a token")
 	case !auth && theirs.flags&flagToken != 0:
 		return refuse(Unauthenticated, "this node has no token; a client with one cannot authenticate it")
+	case auth && !hmac.Equal(got, proof(token, clientProofLabel, cb, sb)):
+		return refuse(Unauthenticated, "wrong token")
 	}
-	if auth {
-		got := make([]byte, proofSize)
-		if _, err := io.ReadFull(rw, got); err != nil {
-			return peerInfo{}, err
+	if attaching {
+		if offer == nil || offer.attach == nil {
+			return refuse(FailedPrecondition, "this node takes no side connections")
 		}
-		if !hmac.Equal(got, proof(token, clientProofLabel, cb, sb)) {
-			return refuse(Unauthenticated, "wrong token")
+		if err := offer.attach(att); err != nil {
+			e := asError(err)
+			return refuse(e.Code, "%s", e.Msg)
 		}
 	}
 	if err := writeStatus(rw, OK, ""); err != nil {
@@ -296,5 +383,16 @@ func serverHandshakeUpTo(rw io.ReadWriter, newest uint8, fsid FSID, token []byte
 			return peerInfo{}, err
 		}
 	}
-	return peerInfo{fsid: theirs.fsid, version: version}, nil
+	if version >= sideVersion && !attaching {
+		var m sessionMsg
+		if offer != nil && offer.session != nil {
+			if m, err = offer.session(); err != nil {
+				return peerInfo{}, err
+			}
+		}
+		if _, err := rw.Write(m.marshal()); err != nil {
+			return peerInfo{}, err
+		}
+	}
+	return peerInfo{fsid: theirs.fsid, version: version, attach: attaching}, nil
 }

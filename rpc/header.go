@@ -17,7 +17,7 @@ import (
 // be added later.
 
 func (h *requestHeader) appendMsgpack(b []byte) []byte {
-	b = append(b, 0x80|byte(4+btoi(h.RawLen != 0)+btoi(h.Stream)+btoi(h.NoLZ4)))
+	b = append(b, 0x80|byte(4+btoi(h.RawLen != 0)+btoi(h.Stream)+btoi(h.NoLZ4)+btoi(h.Side != 0)+btoi(h.SideBody)))
 	b = appendStr(b, "arg_len")
 	b = appendInt(b, h.ArgLen)
 	b = appendStr(b, "body_len")
@@ -27,6 +27,14 @@ func (h *requestHeader) appendMsgpack(b []byte) []byte {
 	if h.RawLen != 0 {
 		b = appendStr(b, "raw_len")
 		b = appendInt(b, h.RawLen)
+	}
+	if h.Side != 0 {
+		b = appendStr(b, "side")
+		b = appendInt(b, h.Side)
+	}
+	if h.SideBody {
+		b = appendStr(b, "side_body")
+		b = append(b, 0xc3)
 	}
 	if h.Stream {
 		b = appendStr(b, "stream")
@@ -87,6 +95,10 @@ func (h *requestHeader) decodeMsgpack(b []byte) error {
 			h.Stream = d.bool()
 		case "uncompressed":
 			h.NoLZ4 = d.bool()
+		case "side":
+			h.Side = d.int()
+		case "side_body":
+			h.SideBody = d.bool()
 		default:
 			d.skip()
 		}

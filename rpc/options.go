@@ -35,6 +35,12 @@ type Limits struct {
 	MaxMessageStreams int   // default 64; a server's limit
 	MaxStreamBuffer   int64 // default 8 MiB; both sides
 
+	// Side connections (protocol version 3): a server takes at most
+	// MaxSideConns for each session and refuses more with
+	// ResourceExhausted; a client opens at most this many, and no more
+	// than its node takes. Default 8.
+	MaxSideConns int
+
 	// A server gives a request's argument and body, and a response, the
 	// time to move their bytes at MinTransferRate plus TransferGrace, so a
 	// peer that stalls or trickles holds a stream for a bounded time; a
@@ -54,6 +60,7 @@ func DefaultLimits() Limits {
 		IdleTimeout:       2 * time.Minute,
 		MaxMessageStreams: 64,
 		MaxStreamBuffer:   8 << 20,
+		MaxSideConns:      8,
 		MinTransferRate:   1_000_000,
 		TransferGrace:     10 * time.Second,
 	}
@@ -74,6 +81,7 @@ func (l Limits) validate() (Limits, error) {
 		{"IdleTimeout", int64(l.IdleTimeout)},
 		{"MaxMessageStreams", int64(l.MaxMessageStreams)},
 		{"MaxStreamBuffer", l.MaxStreamBuffer},
+		{"MaxSideConns", int64(l.MaxSideConns)},
 		{"MinTransferRate", l.MinTransferRate},
 		{"TransferGrace", int64(l.TransferGrace)},
 	} {
@@ -91,6 +99,7 @@ func (l Limits) validate() (Limits, error) {
 		IdleTimeout:       cmp.Or(l.IdleTimeout, d.IdleTimeout),
 		MaxMessageStreams: cmp.Or(l.MaxMessageStreams, d.MaxMessageStreams),
 		MaxStreamBuffer:   cmp.Or(l.MaxStreamBuffer, d.MaxStreamBuffer),
+		MaxSideConns:      cmp.Or(l.MaxSideConns, d.MaxSideConns),
 		MinTransferRate:   cmp.Or(l.MinTransferRate, d.MinTransferRate),
 		TransferGrace:     cmp.Or(l.TransferGrace, d.TransferGrace),
 	}, nil
@@ -126,6 +135,7 @@ type options struct {
 	window    uint32
 	keepAlive time.Duration // 0: the side's default (defaultServerKeepAlive, defaultClientKeepAlive)
 	noLZ4     bool          // WithCompression(false)
+	noSide    bool          // WithSideConnections(false)
 	version   uint8         // the newest protocol version to speak; 0: ProtocolVersion (tests set it)
 }
 
@@ -192,6 +202,18 @@ func WithKeepAlive(d time.Duration) Option { return func(o *options) { o.keepAli
 // Uncompressed does the same for one call or stream. References never are
 // compressed: they are not in the body. Both sides.
 func WithCompression(on bool) Option { return func(o *options) { o.noLZ4 = !on } }
+
+// WithSideConnections turns side connections on (the default) or off. On
+// a protocol version 3 connection, a body of 256 KiB or more (a call's
+// request or response, a stream's message) travels on a side connection:
+// a second TCP (and TLS) connection to the node, authenticated as the
+// first, that one call or message stream holds at a time, so the body is
+// written straight from the tensors and read straight into them instead of
+// being copied through yamux. A client opens them as calls need them, up
+// to Limits.MaxSideConns, and sends bodies in-band when none is to be had.
+// Off, a server offers none and a client opens none: every body goes
+// through yamux. Both sides.
+func WithSideConnections(on bool) Option { return func(o *options) { o.noSide = !on } }
 
 // Keep-alive defaults (WithKeepAlive).
 const (

@@ -40,10 +40,11 @@ func TestLimits_ValidateFillsZeroFields(t *testing.T) {
 		{"transfer", Limits{MinTransferRate: 10, TransferGrace: time.Second}, func(l *Limits) {
 			l.MinTransferRate, l.TransferGrace = 10, time.Second
 		}},
-		{"every field", Limits{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, func(l *Limits) { *l = Limits{1, 2, 3, 4, 5, 6, 7, 8, 9, 10} }},
+		{"every field", Limits{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, func(l *Limits) { *l = Limits{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11} }},
 		{"streams", Limits{MaxMessageStreams: 3, MaxStreamBuffer: 1 << 10}, func(l *Limits) {
 			l.MaxMessageStreams, l.MaxStreamBuffer = 3, 1<<10
 		}},
+		{"side connections", Limits{MaxSideConns: 2}, func(l *Limits) { l.MaxSideConns = 2 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			want := d
@@ -69,6 +70,7 @@ func TestLimits_ValidateRefusesNegative(t *testing.T) {
 		{"IdleTimeout", func(l *Limits) { l.IdleTimeout = -1 }},
 		{"MaxMessageStreams", func(l *Limits) { l.MaxMessageStreams = -1 }},
 		{"MaxStreamBuffer", func(l *Limits) { l.MaxStreamBuffer = -1 }},
+		{"MaxSideConns", func(l *Limits) { l.MaxSideConns = -1 }},
 		{"MinTransferRate", func(l *Limits) { l.MinTransferRate = math.MinInt64 }},
 		{"TransferGrace", func(l *Limits) { l.TransferGrace = -1 }},
 	} {

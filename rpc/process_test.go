@@ -10,16 +10,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // Environment of a helper process.
 const (
-	envHelper = "TENSORWIRE_TEST_HELPER" // "node", "caller" or "streamer"
+	envHelper = "TENSORWIRE_TEST_HELPER" // "node", "caller", "streamer" or "sidestreamer"
 	envAddr   = "TENSORWIRE_TEST_ADDR"   // node: where to listen; caller: whom to call
 	envRoot   = "TENSORWIRE_TEST_ROOT"   // node: its root, if any
 )
@@ -38,6 +41,8 @@ func TestHelperProcess(t *testing.T) {
 		helperCaller()
 	case "streamer":
 		helperStreamer()
+	case "sidestreamer":
+		helperSideStreamer()
 	default:
 		t.Skip("the body of a helper process")
 	}
@@ -107,6 +112,36 @@ func helperStreamer() {
 	fmt.Println("STREAMING")
 	_, err = st.Recv(context.Background())
 	helperFail(fmt.Errorf("test.stream.block ended: %v", err))
+}
+
+// helperSideStreamer dials $TENSORWIRE_TEST_ADDR, opens test.stream.block
+// and sends it 64 MiB messages, which go on a side connection: the node
+// reads the first ahead and then none, so the second blocks mid-body. It
+// prints "STREAMING" before the second, and waits to be killed.
+func helperSideStreamer() {
+	c, err := Dial(context.Background(), os.Getenv(envAddr))
+	if err != nil {
+		helperFail(err)
+	}
+	ctx := Uncompressed(context.Background())
+	st, err := OpenStream[tick, Empty](ctx, c, streamBlock, Empty{})
+	if err != nil {
+		helperFail(err)
+	}
+	x, err := tensordict.Zeros(memmap.Uint8, 64, 1<<20)
+	if err != nil {
+		helperFail(err)
+	}
+	td, _ := tensordict.New(64)
+	td.Set("x", x)
+	for i := 0; ; i++ {
+		if i == 1 {
+			fmt.Println("STREAMING")
+		}
+		if err := st.Send(ctx, tick{I: i, X: Ref(td)}); err != nil {
+			helperFail(fmt.Errorf("send %d: %w", i, err))
+		}
+	}
 }
 
 func helperFail(err error) {
@@ -320,4 +355,105 @@ func TestCompression_Processes(t *testing.T) {
 		t.Fatalf("%d stream messages of %d bytes each way: %d up, %d down", msgs, raw, up, dn)
 	}
 	t.Logf("%d bytes each way in a call and %d stream messages: %d up, %d down", raw, msgs, f.Up.Load(), f.Down.Load())
+}
+
+// TestSide_Processes moves bulk bodies on side connections between two
+// processes: a call (the request's TD goes, comes back incremented) and a
+// message stream (each message's TD echoed back).
+func TestSide_Processes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	node := startHelper(t, "node")
+	c := dial(t, node.Expect(t, "ADDR"))
+	ctx := Uncompressed(testCtx(t))
+	before := sideWritten.Load()
+	for i := range 3 {
+		incCall(t, ctx, c, 64, 64<<10, byte(i)) // 4 MiB
+	}
+	st, err := OpenStream[tick, tick](ctx, c, streamEcho, echoMsg{})
+	must(t, err)
+	defer st.Close()
+	for i := 1; i <= 4; i++ {
+		must(t, st.Send(ctx, tick{I: i, X: Ref(byteTD(t, 64, 64<<10, byte(i)))}))
+		got, err := st.Recv(ctx)
+		must(t, err)
+		b, _ := firstLeaf(t, got.X.TensorDict).Bytes()
+		if len(b) != 4<<20 || b[0] != byte(i) || b[len(b)-1] != byte(i)+63 {
+			t.Fatalf("message %d came back as %d bytes", i, len(b))
+		}
+	}
+	must(t, st.CloseSend(ctx))
+	if _, err := st.Recv(ctx); err != io.EOF {
+		t.Fatalf("the stream's end: %v", err)
+	}
+	// This process wrote the requests and the stream's messages there.
+	if moved := sideWritten.Load() - before; moved != 3*4<<20+4*4<<20 {
+		t.Fatalf("this process wrote %d bytes on side connections, want %d", moved, 7*4<<20)
+	}
+}
+
+// TestSide_NodeKilledMidBody kills the node while a stream's sender is
+// blocked writing a body on its side connection: the Send fails promptly
+// with Unavailable, and a call on the same client fails the same way.
+func TestSide_NodeKilledMidBody(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	node := startHelper(t, "node")
+	c := dial(t, node.Expect(t, "ADDR"))
+	ctx := Uncompressed(testCtx(t))
+	st, err := OpenStream[tick, Empty](ctx, c, streamBlock, Empty{})
+	must(t, err)
+	defer st.Close()
+	node.Expect(t, "BLOCKING")
+	big := Ref(byteTD(t, 64, 1<<20, 1))
+	// The node reads the first message ahead; the second blocks mid-body.
+	must(t, st.Send(ctx, tick{I: 0, X: big}))
+	sent := make(chan error, 1)
+	go func() { sent <- st.Send(ctx, tick{I: 1, X: big}) }()
+	if clientConnOf(t, c).side.size() != 1 {
+		t.Fatal("the stream holds no side connection")
+	}
+	killed := node.Kill()
+	select {
+	case err := <-sent:
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("the Send cut by the kill: %v, want Unavailable", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the Send did not fail within 30 s of the kill")
+	}
+	t.Logf("the Send failed %v after the kill", time.Since(killed))
+	if _, err := Call[echoMsg](ctx, c, methodEcho, echoMsg{}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a call after the kill: %v, want Unavailable", err)
+	}
+}
+
+// TestSide_CallerKilledMidBody kills a caller blocked writing a stream
+// message's body on its side connection: the handler's context ends, the
+// side connection is closed, and the node serves others, bulk calls on side
+// connections included.
+func TestSide_CallerKilledMidBody(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	n := startStreamNode(t, WithKeepAlive(-1)) // no pings: only the sockets' close ends it
+	caller := startHelper(t, "sidestreamer", envAddr+"="+n.addr)
+	caller.Expect(t, "STREAMING")
+	select {
+	case <-n.streamStarted:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the caller's stream did not start")
+	}
+	if got := n.s.Stats().SideConns; got != 1 {
+		t.Fatalf("the node has %d side connections, want the stream's", got)
+	}
+	killed := caller.Kill()
+	expectEnded(t, n.streamEnded)
+	t.Logf("the handler's context ended %v after the kill", time.Since(killed))
+	waitFor(t, "the dead caller's side connection closed", func() bool { return n.s.Stats().SideConns == 0 })
+	c := dial(t, n.addr)
+	echo(t, c)
+	incCall(t, Uncompressed(testCtx(t)), c, 64, 64<<10, 3)
 }

@@ -7,7 +7,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -40,6 +42,7 @@ type Server struct {
 	streams   map[string]streamHandler // message streams (stream.go)
 	listeners map[net.Listener]struct{}
 	conns     map[*peerConn]struct{}
+	sides     map[[32]byte]*sideSet // version 3 sessions' side connections, by their secret
 	closed    bool
 
 	handshakes atomic.Int32 // connections in serveConn before their session starts
@@ -75,7 +78,8 @@ type outgoing struct {
 }
 
 // NewServer returns a Server configured by opts (WithRoot, WithToken,
-// WithTLS, WithLogger, WithLimits, WithWindow, WithKeepAlive). With a root,
+// WithTLS, WithLogger, WithLimits, WithWindow, WithKeepAlive,
+// WithCompression, WithSideConnections). With a root,
 // the server reads or creates the root's FSID and resolves references
 // under it. Limits with a negative field are refused (ErrInvalidArgument).
 func NewServer(opts ...Option) (*Server, error) {
@@ -85,6 +89,7 @@ func NewServer(opts ...Option) (*Server, error) {
 		streams:   map[string]streamHandler{},
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*peerConn]struct{}{},
+		sides:     map[[32]byte]*sideSet{},
 	}
 	var err error
 	if s.o.limits, err = s.o.limits.validate(); err != nil {
@@ -340,9 +345,11 @@ type peerConn struct {
 	version uint8 // the protocol version the connection speaks
 	remote  string
 	shared  bool
-	active  atomic.Int32  // streams being served
-	msgs    atomic.Int32  // message streams among them
-	room    chan struct{} // a stream ended: the accept loop may take another
+	side    *sideSet        // version 3: the session's side connections; nil: none
+	ctx     context.Context // ends with the session (or the server)
+	active  atomic.Int32    // streams being served
+	msgs    atomic.Int32    // message streams among them
+	room    chan struct{}   // a stream ended: the accept loop may take another
 }
 
 // serveConn runs the handshake on conn and then serves its streams.
@@ -370,20 +377,83 @@ func (s *Server) serveConn(conn net.Conn) {
 		}
 		rw = tc
 	}
-	peer, err := serverHandshakeUpTo(rw, cmp.Or(s.o.version, ProtocolVersion), s.fsid, s.o.token)
+	var (
+		secret   [32]byte
+		set      *sideSet  // this session's, once its secret is given
+		attached *sideConn // this connection, attached to another session
+		attachTo *sideSet  // that session's set
+	)
+	offer := &sideOffer{}
+	if !s.o.noSide {
+		offer.session = func() (sessionMsg, error) {
+			var err error
+			if secret, err = newSecret(); err != nil {
+				return sessionMsg{}, err
+			}
+			set = newSideSet(s.o.limits.MaxSideConns)
+			s.mu.Lock()
+			s.sides[secret] = set
+			s.mu.Unlock()
+			return sessionMsg{secret: secret, max: uint16(min(s.o.limits.MaxSideConns, math.MaxUint16))}, nil
+		}
+		offer.attach = func(a attachMsg) error {
+			s.mu.RLock()
+			target := s.sides[a.secret]
+			s.mu.RUnlock()
+			if target == nil {
+				return Errorf(Unauthenticated, "no session has this secret")
+			}
+			var err error
+			attached, err = target.add(a.id, rw)
+			attachTo = target
+			return err
+		}
+	}
+	dropSet := func() {
+		if set != nil {
+			s.mu.Lock()
+			delete(s.sides, secret)
+			s.mu.Unlock()
+			set.close()
+		}
+	}
+	peer, err := serverHandshakeSide(rw, cmp.Or(s.o.version, ProtocolVersion), s.fsid, s.o.token, offer)
 	if err != nil {
 		s.refusals.refused(s.o.log, remote, "rpc: handshake refused", "err", err)
+		if attached != nil {
+			attached.kill()
+		}
+		dropSet()
 		rw.Close()
 		return
 	}
 	rw.SetDeadline(time.Time{})
+	if peer.attach {
+		// A side connection: it lives in its session's set from now on,
+		// and closes with the session.
+		log.Debug("rpc: side connection attached", "id", attached.id)
+		attachTo.start(attached)
+		return
+	}
 	fc := newFrameConn(rw)
 	sess, err := yamux.Server(fc, s.o.yamuxConfig(false))
 	if err != nil {
+		dropSet()
 		rw.Close()
 		return
 	}
-	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid, room: make(chan struct{}, 1)}
+	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid, side: set, room: make(chan struct{}, 1)}
+	defer dropSet()
+	var cancelPC context.CancelFunc
+	pc.ctx, cancelPC = context.WithCancel(s.ctx)
+	defer cancelPC()
+	go func() {
+		select {
+		case <-sess.CloseChan():
+			cancelPC()
+		case <-pc.ctx.Done():
+		}
+	}()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -443,6 +513,7 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slo
 	br := bufio.NewReaderSize(st, 32<<10)
 	bw := bufio.NewWriterSize(frameWriter{st}, 32<<10)
 	lim := &s.o.limits
+	id := st.StreamID()
 	if over {
 		// A stream over the limit serves one refusal: it may not wait long
 		// for it, or a peer could hold any number of them open.
@@ -462,6 +533,9 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slo
 		if err == nil && hdr.Stream && pc.version < 2 {
 			err = fmt.Errorf("%w: a message stream on a protocol version 1 connection", errProtocol)
 		}
+		if err == nil {
+			err = checkSide(hdr.Side, hdr.SideBody, pc.version)
+		}
 		if err != nil {
 			if errors.Is(err, errProtocol) {
 				log.Warn("rpc: closing connection", "err", err)
@@ -469,55 +543,91 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slo
 			}
 			return
 		}
+		// The side connection the caller holds for this call, if any: the
+		// body may follow on it, and a large answer goes back on it.
+		var side *sideConn
+		if hdr.Side != 0 && pc.side != nil {
+			side = pc.side.take(uint32(hdr.Side), lim.transferDeadline(time.Now(), 0))
+		}
+		putSide := func(ok bool) {
+			if side != nil {
+				pc.side.put(side, ok)
+			}
+		}
+		inBand := hdr.BodyLen
+		if hdr.SideBody {
+			inBand = 0
+		}
 		// The rest of the request must arrive at MinTransferRate or better.
-		if rest := hdr.ArgLen + hdr.BodyLen; rest > int64(br.Buffered()) {
+		if rest := hdr.ArgLen + inBand; rest > int64(br.Buffered()) {
 			st.SetReadDeadline(lim.transferDeadline(time.Now(), rest))
 		}
 		args, err := readArgs(br, hdr.ArgLen)
 		if err != nil {
+			putSide(false)
 			return
 		}
-		in := &incoming{method: hdr.Method, args: args, body: newBodyReader(br, hdr.BodyLen, hdr.RawLen), res: s.res,
+		var (
+			src     io.Reader = br
+			bodyLen           = hdr.BodyLen
+			rawLen            = hdr.RawLen
+			refused error     // of a body on a side connection this call cannot read
+		)
+		if hdr.SideBody {
+			if side == nil {
+				refused = Errorf(FailedPrecondition, "%s: the body is on side connection %d, which is not attached or is held by another call", hdr.Method, hdr.Side)
+				bodyLen, rawLen = 0, 0
+			} else {
+				side.conn.SetReadDeadline(lim.transferDeadline(time.Now(), hdr.BodyLen))
+				src = side
+			}
+		}
+		in := &incoming{method: hdr.Method, args: args, body: newBodyReader(src, bodyLen, rawLen), res: s.res,
 			compress: pc.version >= 2 && !s.o.noLZ4 && !hdr.NoLZ4}
 		if hdr.Stream {
 			// The stream carries this message stream and nothing after it.
-			s.serveMessageStream(pc, st, br, bw, &hdr, in, over, log)
+			s.serveMessageStream(pc, st, br, bw, &hdr, in, over, refused, side, log)
 			return
 		}
-		run, err := s.decode(in, over)
+		var run func(context.Context) (outgoing, error)
+		if err = refused; err == nil {
+			run, err = s.decode(in, over)
+		}
 		if derr := in.body.drain(); derr != nil {
 			in.release()
+			putSide(false)
 			return
 		}
 		if _, broken := errors.AsType[*streamError](err); broken {
 			in.release()
+			putSide(false)
 			return
 		}
-		ctx, cancel := callContext(s.ctx, hdr.TimeoutUS)
+		// The handler runs here, on the stream's goroutine. The caller
+		// cancels by closing or resetting the stream, which the
+		// connection's reader sees as the frame arrives (frameConn.watch),
+		// whatever is buffered; the session's end ends pc.ctx.
+		ctx, cancel := callContext(pc.ctx, hdr.TimeoutUS)
 		st.SetReadDeadline(time.Time{})
-		done := make(chan bool, 1)
-		go func() {
-			ok := s.respond(ctx, st, bw, in, run, err, log)
-			in.release()
-			if ok {
-				st.SetReadDeadline(time.Now().Add(lim.IdleTimeout))
-			}
-			done <- ok
-		}()
-		// Watch the stream while the handler runs: the caller sends nothing
-		// until it has the response, so an error here means it cancelled or
-		// went away, and data means the next call.
-		_, perr := br.Peek(1)
-		if perr != nil {
+		var left atomic.Bool
+		pc.fc.watch(id, func(uint16) {
+			left.Store(true)
 			cancel()
-			<-done
-			return
-		}
-		ok := <-done
+		})
+		ok := s.respond(ctx, st, bw, in, run, err, side, log)
+		pc.fc.unwatch(id)
+		gone := left.Load() || pc.ctx.Err() != nil
 		cancel()
-		if !ok || over {
-			return
+		in.release()
+		// The side connection goes back even if the caller has left: a caller
+		// that closes its stream right after the answer (its pool is full)
+		// leaves it in step; one that cancelled has closed it, which the
+		// next use or attach sees.
+		putSide(ok)
+		if !ok || over || gone {
+			return // out of step, refused, or the caller has left
 		}
+		st.SetReadDeadline(time.Now().Add(lim.IdleTimeout))
 	}
 }
 
@@ -562,7 +672,7 @@ func (s *Server) decode(in *incoming, over bool) (run func(context.Context) (out
 
 // respond runs the call (unless decoding failed with derr) and writes the
 // response. It reports whether the stream can carry another call.
-func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer, in *incoming, run func(context.Context) (outgoing, error), derr error, log *slog.Logger) bool {
+func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer, in *incoming, run func(context.Context) (outgoing, error), derr error, side *sideConn, log *slog.Logger) bool {
 	var out outgoing
 	err := derr
 	if err == nil {
@@ -571,8 +681,12 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	var hdr responseHeader
 	var args []byte
 	if err == nil {
-		if args, err = encodeMsgpack(out.resp); err != nil {
+		var bp *[]byte
+		if bp, err = encodeArgs(out.resp); err != nil {
 			err = Errorf(Internal, "%s: %v", in.method, err)
+		} else {
+			defer putArgs(bp) // written before respond returns
+			args = *bp
 		}
 	}
 	if err != nil {
@@ -592,6 +706,16 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	defer body.release()
 	if err == nil {
 		hdr = responseHeader{ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen()}
+	}
+	if side != nil {
+		// The caller holds the side connection for this call: the whole
+		// answer goes there, and it reads it from there.
+		side.conn.SetWriteDeadline(s.o.limits.transferDeadline(time.Now(), hdr.ArgLen+hdr.BodyLen))
+		if err := writeMessage(side.conn, &hdr, args, &body); err != nil {
+			log.Warn("rpc: response", "method", in.method, "err", err)
+			return false
+		}
+		return true
 	}
 	if n := hdr.ArgLen + hdr.BodyLen; n > smallResponse {
 		// A response larger than yamux's first window can block on a

@@ -18,6 +18,7 @@ type Stats struct {
 	Handshakes int    `codec:"handshakes"` // connections not yet through the handshake
 	Peers      int    `codec:"peers"`      // connections through the handshake
 	Streams    int    `codec:"streams"`    // streams being served, idle pooled ones included
+	SideConns  int    `codec:"side_conns"` // side connections attached to the peers' sessions (protocol version 3)
 	Mappings   int    `codec:"mappings"`   // files and TensorDicts the resolver holds mapped
 	Goroutines int    `codec:"goroutines"` // runtime.NumGoroutine
 	HeapBytes  uint64 `codec:"heap_bytes"` // Go heap in use: what runtime.MemStats.HeapInuse counts (heapInUse)
@@ -37,6 +38,9 @@ func (s *Server) Stats() Stats {
 	st.Peers = len(s.conns)
 	for pc := range s.conns {
 		st.Streams += int(pc.active.Load())
+		if pc.side != nil {
+			st.SideConns += pc.side.len()
+		}
 	}
 	s.mu.RUnlock()
 	if s.res != nil {

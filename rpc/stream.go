@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -98,12 +99,21 @@ type ServerStream[In, Out any] struct{ ms *msgStream }
 // or went away (the handler's context has ended then too). A message that
 // does not decode is an InvalidArgument error, and the stream goes on.
 //
-// The message's TDs that came as bytes are the handler's to keep; those
+// The message's TDs that came as bytes are the handler's to keep (unless
+// ReuseBuffers); those
 // that came by reference are views of mappings that stay valid until the
 // next Recv or until the handler returns.
 func (s *ServerStream[In, Out]) Recv(ctx context.Context) (In, error) {
 	return recvAs[In](ctx, s.ms)
 }
+
+// ReuseBuffers makes the TDs that come as bytes in the messages Recv
+// returns from now on valid only until the next Recv or until the handler
+// returns, as those that come by reference are: their memory is then
+// reused for later messages, which saves a handler that consumes each
+// message before the next (verifies it, reduces it into its own tensors)
+// an allocation, and the garbage collector's work, per message.
+func (s *ServerStream[In, Out]) ReuseBuffers() { s.ms.reuse.Store(true) }
 
 // Send sends m to the caller. It blocks while the caller's side is full (the
 // caller reads more slowly than the handler sends) until ctx ends; a Send
@@ -128,7 +138,8 @@ type Stream[S, R any] struct{ ms *msgStream }
 // fail with Canceled or DeadlineExceeded). A node that speaks only
 // protocol version 1 has no streams (FailedPrecondition).
 func OpenStream[S, R, Req any](ctx context.Context, c *Client, method string, req Req) (*Stream[S, R], error) {
-	ms, err := c.openStream(ctx, method, &req, decodeMessage[R])
+	bulk := holdsTD(reflect.TypeFor[S]()) || holdsTD(reflect.TypeFor[R]())
+	ms, err := c.openStream(ctx, method, &req, decodeMessage[R], bulk)
 	if err != nil {
 		return nil, err
 	}
@@ -149,10 +160,16 @@ func (s *Stream[S, R]) Send(ctx context.Context, m S) error {
 // returns io.EOF when the handler returned nil, else the handler's error;
 // Unavailable when the node went away or could not be reached
 // (WithKeepAlive); Canceled or DeadlineExceeded when the stream's context
-// ended. A message's TDs are the caller's to keep.
+// ended. A message's TDs are the caller's to keep (unless ReuseBuffers).
 func (s *Stream[S, R]) Recv(ctx context.Context) (R, error) {
 	return recvAs[R](ctx, s.ms)
 }
+
+// ReuseBuffers makes the TDs of the messages Recv returns from now on valid
+// only until the next Recv or Close: their memory is then reused for later
+// messages, which saves a caller that consumes each message before the
+// next an allocation, and the garbage collector's work, per message.
+func (s *Stream[S, R]) ReuseBuffers() { s.ms.reuse.Store(true) }
 
 // CloseSend tells the handler the caller sends no more messages: its Recv
 // returns io.EOF after the last one. The caller can go on receiving.
@@ -193,7 +210,7 @@ func decodeMessage[M any](ms *msgStream, args []byte, body *bodyReader) (any, *d
 	if err := checkBody(wires, body.n); err != nil {
 		return nil, nil, Errorf(ms.badCode, "%s: message: %s", ms.method, asError(err).Msg)
 	}
-	d := &decoded{}
+	d := &decoded{pooled: ms.reuse.Load()}
 	for _, td := range tds {
 		if err := td.build(ms.res, body.fill, d); err != nil {
 			return nil, d, err
@@ -241,6 +258,17 @@ type msgStream struct {
 
 	readerDone chan struct{}
 	stopCtx    func() bool // the caller's: stops cancelling on ctx
+
+	reuse atomic.Bool // ReuseBuffers: messages' bytes-mode TDs in pooled memory, valid until the next Recv
+
+	// The side connection the stream holds for its life (side.go), and
+	// how it gives it back: ok when it is in step. Every frame after the
+	// opening request goes on it, both ways (sideFrames, set once the
+	// request is written or read).
+	side         *sideConn
+	putSide      func(sc *sideConn, ok bool)
+	sideFrames   bool
+	sideReleased bool // under mu
 }
 
 // received is a message read, or the error of one that did not decode.
@@ -274,13 +302,19 @@ func (ms *msgStream) finish(err error) {
 
 // release ends the use of what a message's TDs hold.
 func (ms *msgStream) release(d *decoded) {
-	if d == nil || ms.res == nil {
+	if d == nil {
 		return
 	}
-	for _, m := range d.held {
-		ms.res.release(m)
+	if ms.res != nil {
+		for _, m := range d.held {
+			ms.res.release(m)
+		}
 	}
 	d.held = nil
+	for _, bp := range d.bufs {
+		putBuf(bp)
+	}
+	d.bufs = nil
 }
 
 // dropQueue releases the queued messages and the one last received; ms.mu
@@ -314,6 +348,14 @@ func (ms *msgStream) readLoop(sessDone <-chan struct{}) {
 			ms.finish(h.status())
 			if ms.caller {
 				ms.st.Close() // the handler has ended: this side is done too
+				// Both ends are written: the side connection is free, unless a
+				// Send still holds it (then Close or endSend gives it back).
+				if ms.sendMu.TryLock() {
+					if ms.sent {
+						ms.releaseSide(true)
+					}
+					ms.sendMu.Unlock()
+				}
 			}
 			return
 		}
@@ -469,7 +511,7 @@ func (ms *msgStream) send(ctx context.Context, msg any) error {
 	if err := ms.unsendable(); err != nil {
 		return err
 	}
-	return ms.write(ctx, &h, args, &body)
+	return ms.write(ctx, &h, args, &body, false)
 }
 
 // unsendable returns why nothing can be sent, or nil.
@@ -486,15 +528,32 @@ func (ms *msgStream) unsendable() error {
 }
 
 // write writes a frame under ms.sendMu, bounded by ctx: a write that ctx
-// cuts short leaves part of a frame on the stream, which then aborts.
-func (ms *msgStream) write(ctx context.Context, h header, args []byte, body *outBody) error {
-	stop := context.AfterFunc(ctx, func() { ms.st.SetWriteDeadline(time.Unix(1, 0)) })
-	err := writeFrame(ms.bw, h, args)
-	if err == nil && body != nil {
-		err = body.write(ms.bw)
-	}
-	if err == nil {
-		err = ms.bw.Flush()
+// cuts short leaves part of a frame on the stream, which then aborts. With
+// sideFrames the frame goes whole on the side connection, in one writev;
+// else in the yamux stream, its body on the side connection if onSide (the
+// opening request's).
+func (ms *msgStream) write(ctx context.Context, h header, args []byte, body *outBody, onSide bool) error {
+	stop := context.AfterFunc(ctx, func() {
+		ms.st.SetWriteDeadline(time.Unix(1, 0))
+		if onSide || ms.sideFrames {
+			ms.side.conn.SetWriteDeadline(time.Unix(1, 0))
+		}
+	})
+	var err error
+	if ms.sideFrames {
+		err = writeMessage(ms.side.conn, h, args, body)
+	} else {
+		err = writeFrame(ms.bw, h, args)
+		if err == nil && body != nil && !onSide {
+			err = body.write(ms.bw)
+		}
+		if err == nil {
+			err = ms.bw.Flush()
+		}
+		if err == nil && onSide {
+			// After the header: the peer reads the body once it has read that.
+			err = writeBody(ms.side.conn, nil, body)
+		}
 	}
 	if !stop() {
 		cerr := ms.ctxErr(ctx, ctx.Err())
@@ -542,8 +601,18 @@ func (ms *msgStream) endSend(ctx context.Context, status error) error {
 		return err
 	}
 	h := endHeader(status)
-	err := ms.write(ctx, &h, nil, nil)
+	err := ms.write(ctx, &h, nil, nil, false)
 	ms.st.Close()
+	if ms.caller {
+		ms.mu.Lock()
+		peerEnd := ms.peerEnd
+		ms.mu.Unlock()
+		if peerEnd {
+			// The handler's end came first: its reader is done.
+			<-ms.readerDone
+			ms.releaseSide(err == nil)
+		}
+	}
 	if err == io.EOF {
 		return nil // the handler ended meanwhile
 	}
@@ -564,8 +633,15 @@ func (ms *msgStream) abort(err error) {
 	}
 	release := ms.dropQueue()
 	ms.signal()
+	side := ms.side != nil && !ms.sideReleased
+	ms.sideReleased = ms.sideReleased || side
 	ms.mu.Unlock()
 	release()
+	if side {
+		// Closed at once: a body's read or write on it fails, and the peer
+		// sees it end (it is not reused).
+		ms.side.kill()
+	}
 	ms.fc.reset(ms.st.StreamID())
 	ms.st.Close()
 	past := time.Unix(1, 0)
@@ -585,10 +661,35 @@ func (ms *msgStream) closeCaller() {
 		ms.st.Close()
 	}
 	ms.fc.unwatch(ms.st.StreamID())
+	// The side connection is in step if both ends were written whole and
+	// the handler's was read; a Send in progress holds it still.
+	ok := false
+	if ms.sendMu.TryLock() {
+		ok = ms.sent && peerEnd && !aborted
+		ms.sendMu.Unlock()
+	}
+	if ok {
+		<-ms.readerDone
+	}
+	ms.releaseSide(ok)
+}
+
+// releaseSide gives the stream's side connection back, once: to be reused
+// if ok and the stream was not aborted, else closed.
+func (ms *msgStream) releaseSide(ok bool) {
+	ms.mu.Lock()
+	if ms.side == nil || ms.sideReleased {
+		ms.mu.Unlock()
+		return
+	}
+	ms.sideReleased = true
+	ok = ok && ms.abortErr == nil
+	ms.mu.Unlock()
+	ms.putSide(ms.side, ok)
 }
 
 // openStream opens a message stream (OpenStream); req is a pointer.
-func (c *Client) openStream(ctx context.Context, method string, req any, decode func(*msgStream, []byte, *bodyReader) (any, *decoded, error)) (*msgStream, error) {
+func (c *Client) openStream(ctx context.Context, method string, req any, decode func(*msgStream, []byte, *bodyReader) (any, *decoded, error), bulk bool) (*msgStream, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, transportError(ctx, method, err)
 	}
@@ -622,6 +723,12 @@ func (c *Client) openStream(ctx context.Context, method string, req any, decode 
 	}
 	ms := newMsgStream(method, st, cc.fc, bufio.NewReaderSize(st, 32<<10), bufio.NewWriterSize(frameWriter{st}, 32<<10), &c.o.limits)
 	ms.caller, ms.link, ms.compress, ms.badCode, ms.decode = true, cc.link, compress, Internal, decode
+	// A stream whose messages can hold TDs, or whose request is large,
+	// holds a side connection for its life.
+	if ms.side = cc.getSide(ctx, bulk || hdr.BodyLen >= sideMin); ms.side != nil {
+		hdr.Side, hdr.SideBody = int64(ms.side.id), hdr.BodyLen >= sideMin
+		ms.putSide = cc.side.put
+	}
 	ms.ctxErr = func(opCtx context.Context, cause error) error {
 		if werr := cc.dog.err(opCtx, method, cause); werr != nil {
 			return werr
@@ -650,11 +757,16 @@ func (c *Client) openStream(ctx context.Context, method string, req any, decode 
 		}
 	})
 	ms.sendMu.Lock()
-	err = ms.write(ctx, &hdr, args, &body)
+	err = ms.write(ctx, &hdr, args, &body, hdr.SideBody)
+	if ms.side != nil {
+		// From here on every frame goes on the side connection, both ways.
+		ms.sideFrames, ms.br = true, bufio.NewReaderSize(ms.side, 32<<10)
+	}
 	ms.sendMu.Unlock()
 	if err != nil {
 		ms.abort(err)
 		cc.fc.unwatch(st.StreamID())
+		ms.releaseSide(false)
 		return nil, err
 	}
 	go ms.readLoop(cc.sess.CloseChan())
@@ -665,16 +777,29 @@ func (c *Client) openStream(ctx context.Context, method string, req any, decode 
 // serveMessageStream serves the message stream that the request hdr opened
 // on st (its argument read, its body not yet), until the handler returns
 // and the caller has ended its side or TransferGrace has passed.
-func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Reader, bw *bufio.Writer, hdr *requestHeader, in *incoming, over bool, log *slog.Logger) {
+func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Reader, bw *bufio.Writer, hdr *requestHeader, in *incoming, over bool, refused error, side *sideConn, log *slog.Logger) {
 	lim := &s.o.limits
 	defer in.release()
 	n := pc.msgs.Add(1)
 	defer pc.msgs.Add(-1)
 	ms := newMsgStream(hdr.Method, st, pc.fc, br, bw, lim)
 	ms.res, ms.compress, ms.badCode = s.res, in.compress, InvalidArgument
+	if side != nil {
+		ms.side, ms.putSide = side, pc.side.put
+	}
+	// Whatever happens, the side connection is given back (closed unless
+	// the stream ended cleanly) when the stream is done.
+	defer func() {
+		ms.mu.Lock()
+		ok := ms.peerEnd && ms.sent && ms.abortErr == nil
+		ms.mu.Unlock()
+		ms.releaseSide(ok)
+	}()
 	var run func(context.Context) error
 	var err error
 	switch {
+	case refused != nil:
+		err = refused
 	case over:
 		err = Errorf(ResourceExhausted, "more than %d concurrent calls from this peer", lim.MaxStreamsPerPeer)
 	case n > int32(lim.MaxMessageStreams):
@@ -689,6 +814,12 @@ func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Re
 		return
 	}
 	st.SetReadDeadline(time.Time{})
+	if side != nil {
+		// The opening request's body is read: every frame from here on
+		// goes on the side connection, both ways.
+		side.conn.SetReadDeadline(time.Time{})
+		ms.sideFrames, ms.br = true, bufio.NewReaderSize(side, 32<<10)
+	}
 
 	ctx, cancel := callContext(s.ctx, hdr.TimeoutUS)
 	defer cancel()
@@ -748,6 +879,9 @@ func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Re
 	ms.mu.Unlock()
 	release()
 	st.SetReadDeadline(lim.transferDeadline(time.Now(), 0))
+	if ms.sideFrames {
+		side.conn.SetReadDeadline(lim.transferDeadline(time.Now(), 0))
+	}
 	<-ms.readerDone
 	ms.mu.Lock()
 	release = ms.dropQueue()

@@ -396,7 +396,10 @@ func TestStream_BackPressure(t *testing.T) {
 			sent.Add(1)
 		}
 	}))
-	c := dial(t, n.addr, WithLimits(l), WithWindow(window), WithCompression(false))
+	// In-band, so that yamux's window is what holds the handler back (on
+	// a side connection it is that connection's socket buffers:
+	// TestSide_SlowReader).
+	c := dial(t, n.addr, WithLimits(l), WithWindow(window), WithCompression(false), WithSideConnections(false))
 	ctx := testCtx(t)
 	st, err := OpenStream[Empty, tick](ctx, c, "test.stream.firehose", Empty{})
 	must(t, err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"reflect"
 	"sync"
 
@@ -23,7 +24,7 @@ import (
 // tensors to the stream and read straight into them.
 
 // requestHeader opens a call, or a message stream. Field names are the
-// wire's; see protocol.md. The keys with omitempty are version 2's, and
+// wire's; see protocol.md. The keys with omitempty are versions 2's and 3's, and
 // left out when zero.
 type requestHeader struct {
 	Method    string `codec:"method"`
@@ -33,6 +34,8 @@ type requestHeader struct {
 	RawLen    int64  `codec:"raw_len,omitempty"`      // > 0: the body is an LZ4 frame of this many bytes
 	Stream    bool   `codec:"stream,omitempty"`       // opens a message stream (stream.go)
 	NoLZ4     bool   `codec:"uncompressed,omitempty"` // the caller wants its answer's bodies uncompressed
+	Side      int64  `codec:"side,omitempty"`         // version 3: the side connection the caller holds for the call or stream (side.go)
+	SideBody  bool   `codec:"side_body,omitempty"`    // version 3: the body follows on that side connection
 }
 
 // responseHeader answers a call. Code 0 is success; otherwise Message says
@@ -72,13 +75,45 @@ var (
 // encodeMsgpack returns v's msgpack encoding.
 func encodeMsgpack(v any) ([]byte, error) {
 	var buf []byte
-	enc := encoders.Get().(*codec.Encoder)
-	defer encoders.Put(enc)
-	enc.ResetBytes(&buf)
-	if err := enc.Encode(v); err != nil {
-		return nil, fmt.Errorf("rpc: encode %T: %w", v, err)
+	if err := encodeInto(&buf, v); err != nil {
+		return nil, err
 	}
 	return buf, nil
+}
+
+// encodeInto encodes v into *buf, reusing its capacity (go-msgpack
+// allocates 1 KiB for a nil one).
+func encodeInto(buf *[]byte, v any) error {
+	enc := encoders.Get().(*codec.Encoder)
+	defer encoders.Put(enc)
+	*buf = (*buf)[:0]
+	enc.ResetBytes(buf)
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("rpc: encode %T: %w", v, err)
+	}
+	return nil
+}
+
+// argBufs are buffers for the arguments and results of calls, which are
+// written to the stream (copied) before their call returns.
+var argBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
+
+// encodeArgs encodes v into a pooled buffer; putArgs gives it back once
+// its bytes are written.
+func encodeArgs(v any) (*[]byte, error) {
+	bp := argBufs.Get().(*[]byte)
+	if err := encodeInto(bp, v); err != nil {
+		putArgs(bp)
+		return nil, err
+	}
+	return bp, nil
+}
+
+// putArgs returns a buffer of encodeArgs to the pool, unless it grew large.
+func putArgs(bp *[]byte) {
+	if bp != nil && cap(*bp) <= 64<<10 {
+		argBufs.Put(bp)
+	}
 }
 
 // decodeMsgpack decodes b, which must hold exactly one value, into v.
@@ -160,6 +195,23 @@ func unexpected(err error) error {
 		return io.ErrUnexpectedEOF
 	}
 	return err
+}
+
+// checkSide checks a request header's side connection keys: only in
+// protocol version 3, an id that fits 32 bits, and a body on a side
+// connection only when the header names one.
+func checkSide(side int64, sideBody bool, version uint8) error {
+	switch {
+	case side == 0 && !sideBody:
+		return nil
+	case version < sideVersion:
+		return fmt.Errorf("%w: side connection keys in protocol version %d", errProtocol, version)
+	case side < 0 || side > math.MaxUint32:
+		return fmt.Errorf("%w: side connection %d", errProtocol, side)
+	case sideBody && side == 0:
+		return fmt.Errorf("%w: a body on a side connection the request does not name", errProtocol)
+	}
+	return nil
 }
 
 // checkLens checks a header's sizes against the limits.

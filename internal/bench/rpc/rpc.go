@@ -5,7 +5,7 @@
 // receives.
 //
 //	tensorwire bench rpc [--systems tensorwire,grpc,tcp] [--duration 3s]
-//	    [--bulk-iters 50] [--stream-bytes 1073741824] [--json FILE]
+//	    [--bulk-iters 50] [--stream-bytes 1073741824] [--rounds 3] [--json FILE]
 //
 // docs/benchmarks.md, "RPC against grpc-go and raw TCP", says how it
 // measures, how to read it and what its JSON holds. Adding a system is one
@@ -45,6 +45,7 @@ type config struct {
 	duration    time.Duration
 	bulkIters   int
 	streamBytes int64
+	rounds      int // of the small and stream workloads, every system once a round
 	json        string
 	self        []string  // bench.Env.Self: re-executes this benchmark as a server
 	stderr      io.Writer // bench.Env.Stderr: the servers' logs
@@ -63,7 +64,8 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.StringVar(&systems, "systems", strings.Join(registered(), ","), "comma-separated systems to compare")
 	fs.DurationVar(&cfg.duration, "duration", 3*time.Second, "how long the small workload runs per system")
 	fs.IntVar(&cfg.bulkIters, "bulk-iters", 50, "timed bulk requests per system")
-	fs.Int64Var(&cfg.streamBytes, "stream-bytes", 1<<30, "bytes streamed per system")
+	fs.Int64Var(&cfg.streamBytes, "stream-bytes", 1<<30, "bytes of each stream")
+	fs.IntVar(&cfg.rounds, "rounds", 3, "rounds of the small and stream workloads, every system in turn in each")
 	fs.StringVar(&cfg.json, "json", "", "also write the figures as JSON to this file")
 	fs.StringVar(&serve, "serve", "", "internal: run as the server of this system")
 	fs.StringVar(&listen, "listen", "127.0.0.1:0", "internal: the server's listening address")
@@ -102,6 +104,8 @@ func (cfg *config) check() error {
 		return bench.Usagef("--bulk-iters must be at least 1")
 	case cfg.streamBytes < 1:
 		return bench.Usagef("--stream-bytes must be at least 1")
+	case cfg.rounds < 1:
+		return bench.Usagef("--rounds must be at least 1")
 	}
 	for i, s := range cfg.systems {
 		if _, ok := registry[s]; !ok {
@@ -119,7 +123,8 @@ type result struct {
 	name        string
 	small       smallResult
 	bulk        report.Latency
-	stream      time.Duration // to stream streamBytes
+	stream      time.Duration   // to stream streamBytes: the median round's
+	streams     []time.Duration // every round's
 	streamBytes int64
 }
 
@@ -183,15 +188,23 @@ func measure(ctx context.Context, cfg config) (results []*result, err error) {
 		results = append(results, &result{name: name, streamBytes: cfg.streamBytes})
 	}
 
-	for i, t := range targets {
-		slog.Info("small", "system", t.name, "callers", smallCallers, "duration", cfg.duration)
-		runtime.GC()
-		r, err := runSmall(ctx, t.client, smallCallers, cfg.duration)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", t.name, err)
+	// The small and stream workloads run in rounds, every system once a
+	// round, the order rotating: on a shared machine the load changes from
+	// second to second, and rounds spread it over all systems alike.
+	per := cfg.duration / time.Duration(cfg.rounds)
+	for round := range cfg.rounds {
+		for k := range targets {
+			i := (k + round) % len(targets)
+			t := targets[i]
+			slog.Info("small", "system", t.name, "round", round+1, "callers", smallCallers, "duration", per)
+			runtime.GC()
+			r, err := runSmall(ctx, t.client, smallCallers, per)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", t.name, err)
+			}
+			results[i].small.add(r)
+			slog.Info("small done", "system", t.name, "round", round+1, "calls_per_s", math.Round(r.callsPerS()))
 		}
-		results[i].small = r
-		slog.Info("small done", "system", t.name, "calls_per_s", math.Round(r.callsPerS()))
 	}
 
 	slog.Info("bulk_request", "systems", len(targets), "bytes", bulkBytes, "iters", cfg.bulkIters, "warmup", bulkWarmup)
@@ -205,17 +218,30 @@ func measure(ctx context.Context, cfg config) (results []*result, err error) {
 		slog.Info("bulk_request done", "system", targets[i].name, "p50_ms", fmt.Sprintf("%.3f", results[i].bulkP50ms()))
 	}
 
-	for i, t := range targets {
-		slog.Info("stream", "system", t.name, "bytes", cfg.streamBytes, "msg_bytes", streamMsgSize)
-		runtime.GC()
-		d, err := runStream(ctx, t.client, cfg.streamBytes, streamMsgSize)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", t.name, err)
+	for round := range cfg.rounds {
+		for k := range targets {
+			i := (k + round) % len(targets)
+			t := targets[i]
+			slog.Info("stream", "system", t.name, "round", round+1, "bytes", cfg.streamBytes, "msg_bytes", streamMsgSize)
+			runtime.GC()
+			d, err := runStream(ctx, t.client, cfg.streamBytes, streamMsgSize, round == 0)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", t.name, err)
+			}
+			results[i].streams = append(results[i].streams, d)
+			slog.Info("stream done", "system", t.name, "round", round+1, "GB_per_s", fmt.Sprintf("%.3f", report.GBps(cfg.streamBytes, d)))
 		}
-		results[i].stream = d
-		slog.Info("stream done", "system", t.name, "GB_per_s", fmt.Sprintf("%.3f", results[i].streamGBps()))
+	}
+	for _, r := range results {
+		r.stream = median(r.streams)
 	}
 	return results, nil
+}
+
+// median returns the median of ds (the lower middle of an even count).
+func median(ds []time.Duration) time.Duration {
+	s := slices.Sorted(slices.Values(ds))
+	return s[(len(s)-1)/2]
 }
 
 // find returns the result of the named system, or nil.
@@ -238,9 +264,9 @@ func ratio(v float64, ref *result, f func(*result) float64) any {
 }
 
 func printResults(w io.Writer, cfg config, results []*result) {
-	fmt.Fprintf(w, "small: %d callers, %d-byte requests and responses, %v; "+
-		"bulk_request: %d bytes, p50 of %d; stream: %d bytes in %d-byte messages; GOMAXPROCS %d\n\n",
-		smallCallers, smallSize, cfg.duration, bulkBytes, cfg.bulkIters, cfg.streamBytes, streamMsgSize, runtime.GOMAXPROCS(0))
+	fmt.Fprintf(w, "small: %d callers, %d-byte requests and responses, %v in %d rounds; "+
+		"bulk_request: %d bytes, p50 of %d; stream: %d bytes in %d-byte messages, median of %d rounds; GOMAXPROCS %d\n\n",
+		smallCallers, smallSize, cfg.duration, cfg.rounds, bulkBytes, cfg.bulkIters, cfg.streamBytes, streamMsgSize, cfg.rounds, runtime.GOMAXPROCS(0))
 	grpcRes, tcpRes := find(results, "grpc"), find(results, "tcp")
 	tb := report.NewTable("system", "small calls/s", "p50 µs", "p99 µs", "bulk p50 ms", "bulk MB/s",
 		"stream GB/s", "small vs grpc", "bulk vs tcp", "stream vs tcp")
@@ -266,8 +292,8 @@ type SystemFigures struct {
 }
 
 // SmallFigures are the small workload's: calls per second, all callers
-// together, and the p50 and p99 call latency in µs (HdrHistogram: to 3
-// significant digits).
+// together, over all rounds, and the p50 and p99 call latency in µs
+// (HdrHistogram: to 3 significant digits).
 type SmallFigures struct {
 	CallsPerS float64 `json:"calls_per_s"`
 	P50us     float64 `json:"p50_us"`
@@ -282,7 +308,7 @@ type BulkFigures struct {
 }
 
 // StreamFigures are the stream workload's: GB/s (1e9 bytes) over the whole
-// stream, acknowledgement included.
+// stream, acknowledgement included, of the median of the rounds.
 type StreamFigures struct {
 	GBperS float64 `json:"GB_per_s"`
 }

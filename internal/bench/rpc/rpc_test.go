@@ -60,7 +60,7 @@ func TestRun_JSONKeys(t *testing.T) {
 
 func TestRun_Usage(t *testing.T) {
 	for _, args := range [][]string{{"--systems", "tcp,pigeon"}, {"--systems", "tcp,tcp"}, {"--duration", "0s"},
-		{"--bulk-iters", "0"}, {"--stream-bytes", "0"}, {"--nope"}, {"extra"}} {
+		{"--bulk-iters", "0"}, {"--stream-bytes", "0"}, {"--rounds", "0"}, {"--nope"}, {"extra"}} {
 		var out bytes.Buffer
 		if err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &out}, args); !errors.Is(err, bench.ErrUsage) {
 			t.Errorf("%q: %v, want a usage error", args, err)
@@ -141,7 +141,7 @@ func TestSystems(t *testing.T) {
 			}
 
 			for _, total := range []int64{8 << 20, 3<<20 + 12345, 100} {
-				if d, err := runStream(ctx, c, total, streamMsgSize); err != nil || d <= 0 {
+				if d, err := runStream(ctx, c, total, streamMsgSize, true); err != nil || d <= 0 {
 					t.Errorf("stream of %d bytes: %v, %v", total, d, err)
 				}
 			}

@@ -3,9 +3,8 @@ package rpc
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
+	"io"
 	"net"
-	"sync"
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
@@ -15,11 +14,11 @@ import (
 // The tensorwire system: the workloads as rpc calls, the way a user would
 // write them. Small requests and responses are msgpack byte strings; bulk
 // payloads and stream messages are uint8 tensors in a TensorDict argument,
-// which (with no shared root) travel as raw bytes after the msgpack header.
-// The stream is a sequence of calls, one per message, with up to
-// twStreamWindow of them in flight (rpc.Go), as a user would pipeline them;
-// each carries its sequence number, and the server checks every message
-// against the tag its number gives, whatever order handlers run in.
+// which (with no shared root) travel as raw bytes after the msgpack header,
+// on a side connection (protocol version 3) when they are 256 KiB or more.
+// The stream is a message stream (rpc.RegisterStream, rpc.OpenStream):
+// the client sends its messages in order and closes its side, the server
+// checks each as it arrives and answers with one message, the byte count.
 type tensorwireSystem struct{}
 
 func init() { register(tensorwireSystem{}) }
@@ -31,26 +30,11 @@ type twSmall struct {
 }
 
 type twPayload struct {
-	Stream uint64 `codec:"stream"` // stream id; 0 for bulk
-	Seq    int64  `codec:"seq"`    // the message's number in its stream
-	Data   rpc.TD `codec:"data"`
+	Data rpc.TD `codec:"data"`
 }
-
-// twStreamWindow is how many stream messages may be in flight at once.
-const twStreamWindow = 4
 
 type twAck struct {
 	N uint64 `codec:"n"` // the bulk id, or the stream's byte count so far
-}
-
-type twStreams struct {
-	mu sync.Mutex
-	m  map[uint64]*twStream
-}
-
-// twStream counts what a stream delivered.
-type twStream struct {
-	msgs, bytes int64
 }
 
 func (tensorwireSystem) serve(ctx context.Context, ln net.Listener) error {
@@ -60,7 +44,6 @@ func (tensorwireSystem) serve(ctx context.Context, ln net.Listener) error {
 	if err != nil {
 		return err
 	}
-	streams := &twStreams{m: map[uint64]*twStream{}}
 	rpc.Register(s, "small", func(_ context.Context, req twSmall) (twSmall, error) {
 		if len(req.B) != smallSize {
 			return twSmall{}, rpc.Errorf(rpc.InvalidArgument, "small request of %d bytes, want %d", len(req.B), smallSize)
@@ -78,31 +61,27 @@ func (tensorwireSystem) serve(ctx context.Context, ln net.Listener) error {
 		}
 		return twAck{N: id}, nil
 	})
-	rpc.Register(s, "stream", func(_ context.Context, req twPayload) (twAck, error) {
-		b, err := payloadBytes(req.Data)
-		if err != nil {
-			return twAck{}, err
-		}
-		streams.mu.Lock()
-		defer streams.mu.Unlock()
-		st := streams.m[req.Stream]
-		if st == nil {
-			st = &twStream{}
-			streams.m[req.Stream] = st
-		}
-		if len(b) == 0 { // the end of the stream: report and forget it
-			delete(streams.m, req.Stream)
-			if st.msgs != req.Seq {
-				return twAck{}, rpc.Errorf(rpc.InvalidArgument, "%v: %d messages before message %d ended the stream", errVerify, st.msgs, req.Seq)
+	rpc.RegisterStream(s, "stream", func(ctx context.Context, _ rpc.Empty, st *rpc.ServerStream[twPayload, twAck]) error {
+		// Each message is checked and dropped before the next: its memory
+		// can serve the next one.
+		st.ReuseBuffers()
+		var check streamCheck
+		for {
+			m, err := st.Recv(ctx)
+			if err == io.EOF {
+				return st.Send(ctx, twAck{N: uint64(check.total())})
 			}
-			return twAck{N: uint64(st.bytes)}, nil
+			if err != nil {
+				return err
+			}
+			b, err := payloadBytes(m.Data)
+			if err != nil {
+				return err
+			}
+			if err := check.add(b); err != nil {
+				return rpc.Errorf(rpc.InvalidArgument, "%v", err)
+			}
 		}
-		if err := checkStreamMessage(req.Seq, b); err != nil {
-			return twAck{}, rpc.Errorf(rpc.InvalidArgument, "%v", err)
-		}
-		st.msgs++
-		st.bytes += int64(len(b))
-		return twAck{N: uint64(st.bytes)}, nil
 	})
 	stop := context.AfterFunc(ctx, func() { s.Close() })
 	defer stop()
@@ -169,38 +148,33 @@ func (c *twClient) bulk(ctx context.Context, payload []byte) error {
 }
 
 func (c *twClient) stream(ctx context.Context, total int64, msgSize int) error {
-	id := rand.Uint64() | 1 // unique among the server's streams; never 0
-	var (
-		seq      int64
-		inflight []*rpc.Future[twAck]
-	)
-	wait := func(f *rpc.Future[twAck]) error { _, err := f.Wait(); return err }
-	err := sendStream(ctx, total, msgSize, func(msg []byte) error {
-		if len(inflight) == twStreamWindow {
-			if err := wait(inflight[0]); err != nil {
-				return err
-			}
-			inflight = inflight[1:]
-		}
+	st, err := rpc.OpenStream[twPayload, twAck](ctx, c.c, "stream", rpc.Empty{})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	err = sendStream(ctx, total, msgSize, func(msg []byte) error {
 		td, err := payloadTD(msg)
 		if err != nil {
 			return err
 		}
-		inflight = append(inflight, rpc.Go[twAck](ctx, c.c, "stream", twPayload{Stream: id, Seq: seq, Data: td}))
-		seq++
-		return nil
+		return st.Send(ctx, twPayload{Data: td})
 	})
-	for _, f := range inflight { // every message answered before the end
-		if werr := wait(f); err == nil {
-			err = werr
-		}
+	if err == nil {
+		err = st.CloseSend(ctx)
 	}
 	if err != nil {
+		if _, rerr := st.Recv(ctx); rerr != nil && rerr != io.EOF {
+			return fmt.Errorf("%w (the server: %v)", err, rerr)
+		}
 		return err
 	}
-	ack, err := rpc.Call[twAck](ctx, c.c, "stream", twPayload{Stream: id, Seq: seq})
+	ack, err := st.Recv(ctx)
 	if err != nil {
 		return fmt.Errorf("end of stream: %w", err)
+	}
+	if _, err := st.Recv(ctx); err != io.EOF {
+		return fmt.Errorf("after the stream's ack: %v", err)
 	}
 	return checkStreamAck(total, int64(ack.N))
 }

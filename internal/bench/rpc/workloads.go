@@ -25,6 +25,13 @@ type smallResult struct {
 	lat     report.Latency // every call's latency, all callers
 }
 
+// add adds the figures of another run of the workload.
+func (r *smallResult) add(o smallResult) {
+	r.calls += o.calls
+	r.elapsed += o.elapsed
+	r.lat.Merge(&o.lat)
+}
+
 func (r smallResult) callsPerS() float64 {
 	if r.elapsed <= 0 {
 		return 0
@@ -143,12 +150,15 @@ func runBulk(ctx context.Context, targets []target, payload []byte, warm, iters 
 }
 
 // runStream streams total bytes in msgSize-byte messages with c.stream,
-// after an untimed stream of a sixteenth of that (at least one message),
-// and returns the time of the timed one, acknowledgement included.
-func runStream(ctx context.Context, c client, total int64, msgSize int) (time.Duration, error) {
-	warm := min(total, max(total/16, int64(msgSize)))
-	if err := c.stream(ctx, warm, msgSize); err != nil {
-		return 0, fmt.Errorf("stream warm-up: %w", err)
+// after (with warmUp) an untimed stream of a sixteenth of that (at least
+// one message), and returns the time of the timed one, acknowledgement
+// included.
+func runStream(ctx context.Context, c client, total int64, msgSize int, warmUp bool) (time.Duration, error) {
+	if warmUp {
+		warm := min(total, max(total/16, int64(msgSize)))
+		if err := c.stream(ctx, warm, msgSize); err != nil {
+			return 0, fmt.Errorf("stream warm-up: %w", err)
+		}
 	}
 	t0 := time.Now()
 	if err := c.stream(ctx, total, msgSize); err != nil {

@@ -1,0 +1,667 @@
+package rpc
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Side connections (docs/protocol.md, "Side connections"; protocol
+// version 3).
+//
+// yamux copies every frame's body on both sides (its send loop copies a
+// write into a frame; its receive loop buffers a frame before the stream's
+// reader copies it out), which held bulk transfers to 0.6-0.7 of what
+// loopback TCP does. So a large body does not go through yamux: the
+// handshake of a version 3 session gives the client a random session
+// secret, and the client opens side connections, fresh TCP (and TLS)
+// connections that authenticate as the main one does and then attach to
+// the session by its secret. A call or a message stream checks one out of
+// the client's pool for its own use (never two at once, so no body waits
+// behind another's); the message header in the yamux stream then says that
+// the body follows on the side connection, which carries exactly the
+// body's bytes, written with one writev straight from the tensors and read
+// straight into the receiver's tensors. Small bodies, and everything when
+// no side connection is available, stay in the yamux stream: side
+// connections are an optimisation, never a new way to fail.
+
+const (
+	sessionSize = 40 // the session message
+	attachSize  = 40 // the attach message
+
+	// sideMin is the smallest body sent on a side connection: below it the
+	// copies yamux makes cost less than a second system call.
+	sideMin = 256 << 10
+
+	// sideBuffer is a side connection's socket send buffer (the kernel
+	// caps it: net.core.wmem_max).
+	sideBuffer = 4 << 20
+
+	// sideRetry is how long a client waits, after a side connection could
+	// not be dialed or was refused, before it dials another.
+	sideRetry = time.Second
+)
+
+// sessionMsg ends the handshake of a version 3 main connection, server to
+// client: 40 bytes,
+//
+//	0  32 session secret, random; all zero: the node takes no side connections
+//	32 2  the most side connections the node takes for the session, big-endian
+//	34 6  reserved, zero
+type sessionMsg struct {
+	secret [32]byte
+	max    uint16
+}
+
+func (m sessionMsg) marshal() []byte {
+	b := make([]byte, sessionSize)
+	copy(b, m.secret[:])
+	binary.BigEndian.PutUint16(b[32:], m.max)
+	return b
+}
+
+// offers reports whether the session takes side connections.
+func (m sessionMsg) offers() bool { return m.secret != [32]byte{} && m.max > 0 }
+
+// parseSession decodes a session message; nonzero reserved bytes are
+// malformed.
+func parseSession(b []byte) (sessionMsg, error) {
+	var m sessionMsg
+	if len(b) != sessionSize {
+		return m, fmt.Errorf("%w: session message of %d bytes", errHandshake, len(b))
+	}
+	for _, c := range b[34:] {
+		if c != 0 {
+			return m, fmt.Errorf("%w: reserved bits set in the session message", errHandshake)
+		}
+	}
+	copy(m.secret[:], b)
+	m.max = binary.BigEndian.Uint16(b[32:])
+	return m, nil
+}
+
+// attachMsg follows a side connection's hello (and proof), client to
+// server: 40 bytes,
+//
+//	0 4  the side connection's id, big-endian, nonzero, unique in the session
+//	4 4  reserved, zero
+//	8 32 the session's secret
+type attachMsg struct {
+	id     uint32
+	secret [32]byte
+}
+
+func (a attachMsg) marshal() []byte {
+	b := make([]byte, attachSize)
+	binary.BigEndian.PutUint32(b, a.id)
+	copy(b[8:], a.secret[:])
+	return b
+}
+
+// parseAttach decodes an attach message: an id of 0 or nonzero reserved
+// bytes are malformed (errHandshake).
+func parseAttach(b []byte) (attachMsg, error) {
+	var a attachMsg
+	if len(b) != attachSize {
+		return a, fmt.Errorf("%w: attach message of %d bytes", errHandshake, len(b))
+	}
+	a.id = binary.BigEndian.Uint32(b)
+	if a.id == 0 {
+		return a, fmt.Errorf("%w: side connection id 0", errHandshake)
+	}
+	if binary.BigEndian.Uint32(b[4:]) != 0 {
+		return a, fmt.Errorf("%w: reserved bits set in the attach message", errHandshake)
+	}
+	copy(a.secret[:], b[8:])
+	return a, nil
+}
+
+// sideConn is one side connection, on either end. It is idle (in a
+// client's pool, or a server's set and not named by a call) or held by one
+// call or message stream. An idle side connection has nothing to read (a
+// client's) or only the next body (a server's), so one the peer has closed
+// can be told, and is dropped from its pool or set: a client looks into
+// the socket (peek) before it reuses one; a node looks into its idle ones
+// when a new one would pass its limit. Where peek cannot tell (a node's
+// TLS connection, whose peer's close sends bytes first; systems without
+// it), a watcher goroutine reads the idle connection instead, and sees its
+// end at once.
+type sideConn struct {
+	id     uint32
+	conn   net.Conn      // TCP, or TLS over it
+	client bool          // the client's end
+	raw    net.Conn      // what peek looks into; nil: watched by a goroutine instead
+	br     *bufio.Reader // a client's: the answers of the calls that hold it
+
+	// A byte the watcher read: the first of the next body (a server's).
+	pend    byte
+	pending bool
+
+	watchDone chan struct{} // closed when the watcher returns; nil when none runs
+	stopping  atomic.Bool   // the watcher is being stopped
+
+	once   sync.Once
+	dead   atomic.Bool
+	onDead func(*sideConn) // drops it from its pool or set
+}
+
+// peekState is what peek finds on an idle connection.
+type peekState int
+
+const (
+	peekUnknown peekState = iota
+	peekEmpty
+	peekData
+	peekClosed
+)
+
+func newSideConn(id uint32, conn net.Conn, client bool, onDead func(*sideConn)) *sideConn {
+	s := &sideConn{id: id, conn: conn, client: client, onDead: onDead}
+	if client {
+		s.br = bufio.NewReaderSize(s, 16<<10)
+	}
+	raw := conn
+	if tc, ok := conn.(*tls.Conn); ok {
+		// A client's idle TLS connection has nothing to read either: any
+		// byte under it (a close_notify alert) means its end. A node's
+		// would have the next body's records, which peek cannot tell from
+		// an alert.
+		raw = nil
+		if client {
+			raw = tc.NetConn()
+		}
+	}
+	if raw != nil && peek(raw) != peekUnknown {
+		s.raw = raw
+	}
+	return s
+}
+
+// idleAlive reports whether an idle connection is still open, as peek
+// tells (true when it cannot): a client's must have nothing to read.
+func (s *sideConn) idleAlive() bool {
+	if s.raw == nil || s.dead.Load() {
+		return !s.dead.Load()
+	}
+	switch peek(s.raw) {
+	case peekClosed:
+		return false
+	case peekData:
+		return !s.client
+	}
+	return true
+}
+
+// Read reads the connection, the watcher's byte first. Only the holder
+// reads.
+func (s *sideConn) Read(p []byte) (int, error) {
+	if s.pending && len(p) > 0 {
+		p[0], s.pending = s.pend, false
+		return 1, nil
+	}
+	return s.conn.Read(p)
+}
+
+// watch starts the watcher of an idle side connection, where peek cannot
+// look into it.
+func (s *sideConn) watch() {
+	if s.raw != nil || s.watchDone != nil || s.dead.Load() || s.pending {
+		return
+	}
+	done := make(chan struct{})
+	s.watchDone = done
+	go func() {
+		defer close(done)
+		var b [1]byte
+		n, err := s.conn.Read(b[:])
+		if n == 1 {
+			s.pend, s.pending = b[0], true
+			if s.client {
+				s.kill() // a client's idle side connection has nothing to read
+			}
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) && s.stopping.Load() {
+			return
+		}
+		s.kill() // closed, reset, or out of step
+	}()
+}
+
+// unwatch stops the watcher, if one runs, before the connection is used.
+// It reports whether the connection is still alive.
+func (s *sideConn) unwatch() bool {
+	if done := s.watchDone; done != nil {
+		s.stopping.Store(true)
+		s.conn.SetReadDeadline(time.Unix(1, 0))
+		<-done
+		s.watchDone = nil
+		s.stopping.Store(false)
+		s.conn.SetReadDeadline(time.Time{})
+	}
+	return !s.dead.Load()
+}
+
+// kill closes the connection and drops it from its pool or set, once.
+func (s *sideConn) kill() {
+	s.once.Do(func() {
+		s.dead.Store(true)
+		s.conn.Close()
+		if s.onDead != nil {
+			s.onDead(s)
+		}
+	})
+}
+
+// sidePool is a client's side connections to one session: idle ones, and
+// the count of those open or being dialed, at most max.
+type sidePool struct {
+	dial func(ctx context.Context, id uint32) (net.Conn, error)
+	max  int
+
+	mu      sync.Mutex
+	idle    []*sideConn
+	all     map[*sideConn]struct{}
+	open    int // open or being dialed
+	nextID  uint32
+	retryAt time.Time // no dial before this
+	closed  bool
+}
+
+func newSidePool(max int, dial func(ctx context.Context, id uint32) (net.Conn, error)) *sidePool {
+	return &sidePool{dial: dial, max: max, all: map[*sideConn]struct{}{}}
+}
+
+// get checks out a side connection: an idle one, else a new one if the
+// pool is under its limit and the last dial did not fail within
+// sideRetry. It returns nil when there is none to have (the caller goes
+// in-band); a dial is bounded by ctx.
+func (p *sidePool) get(ctx context.Context) *sideConn {
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil
+		}
+		if n := len(p.idle); n > 0 {
+			sc := p.idle[n-1]
+			p.idle = p.idle[:n-1]
+			p.mu.Unlock()
+			if sc.unwatch() && sc.idleAlive() {
+				return sc
+			}
+			sc.kill()
+			continue
+		}
+		if p.open >= p.max || time.Now().Before(p.retryAt) {
+			p.mu.Unlock()
+			return nil
+		}
+		p.open++
+		p.nextID++
+		id := p.nextID
+		p.mu.Unlock()
+
+		conn, err := p.dial(ctx, id)
+		p.mu.Lock()
+		if err != nil {
+			p.open--
+			if ctx.Err() == nil {
+				p.retryAt = time.Now().Add(sideRetry)
+			}
+			p.mu.Unlock()
+			return nil
+		}
+		if p.closed {
+			p.open--
+			p.mu.Unlock()
+			conn.Close()
+			return nil
+		}
+		sc := newSideConn(id, conn, true, p.drop)
+		p.all[sc] = struct{}{}
+		p.mu.Unlock()
+		return sc
+	}
+}
+
+// put returns a side connection its holder is done with: to the pool if
+// ok (it is in step: every body on it read and written whole), else it is
+// closed.
+func (p *sidePool) put(sc *sideConn, ok bool) {
+	if !ok || sc.dead.Load() {
+		sc.kill()
+		return
+	}
+	sc.conn.SetDeadline(time.Time{})
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		sc.kill()
+		return
+	}
+	sc.watch()
+	p.idle = append(p.idle, sc)
+	p.mu.Unlock()
+}
+
+// drop forgets a side connection that was closed.
+func (p *sidePool) drop(sc *sideConn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.all[sc]; !ok {
+		return
+	}
+	delete(p.all, sc)
+	p.open--
+	for i, x := range p.idle {
+		if x == sc {
+			p.idle = append(p.idle[:i], p.idle[i+1:]...)
+			break
+		}
+	}
+}
+
+// close closes every side connection, idle or held (their holders' reads
+// and writes fail), and makes get return nil from then on.
+func (p *sidePool) close() {
+	p.mu.Lock()
+	p.closed = true
+	all := make([]*sideConn, 0, len(p.all))
+	for sc := range p.all {
+		all = append(all, sc)
+	}
+	p.mu.Unlock()
+	for _, sc := range all {
+		sc.kill()
+	}
+}
+
+// size returns how many side connections are open or being dialed.
+func (p *sidePool) size() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.open
+}
+
+// sideSet is a server's side connections of one session.
+type sideSet struct {
+	max int
+
+	mu      sync.Mutex
+	conns   map[uint32]*sideConn
+	busy    map[uint32]bool
+	changed chan struct{} // closed, and replaced, when a held one is given back or dropped
+	closed  bool
+}
+
+func newSideSet(max int) *sideSet {
+	return &sideSet{max: max, conns: map[uint32]*sideConn{}, busy: map[uint32]bool{}, changed: make(chan struct{})}
+}
+
+// signal wakes the takers waiting for a held side connection; s.mu is held.
+func (s *sideSet) signal() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// add attaches conn as side connection id, or returns the refusal.
+func (s *sideSet) add(id uint32, conn net.Conn) (*sideConn, error) {
+	s.sweep()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return nil, Errorf(Unavailable, "the session has ended")
+	case s.conns[id] != nil:
+		return nil, Errorf(AlreadyExists, "side connection %d is attached already", id)
+	case len(s.conns) >= s.max:
+		return nil, Errorf(ResourceExhausted, "the session has %d side connections, its limit", s.max)
+	}
+	sc := newSideConn(id, conn, false, s.drop)
+	s.conns[id] = sc
+	return sc, nil
+}
+
+// sweep drops the idle side connections whose peer has closed them, when
+// the set is at its limit: they would hold the places of new ones.
+func (s *sideSet) sweep() {
+	s.mu.Lock()
+	var idle []*sideConn
+	if len(s.conns) >= s.max {
+		for id, sc := range s.conns {
+			if !s.busy[id] && sc.raw != nil {
+				idle = append(idle, sc)
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, sc := range idle {
+		if !sc.idleAlive() {
+			sc.kill()
+		}
+	}
+}
+
+// take checks out side connection id for a call or message stream that
+// names it: nil if there is none. One still held by the call before waits
+// until that call gives it back, until deadline: the client may name it
+// again as soon as it has read the last of that call's answer, a moment
+// before the node's side of the call is done with it.
+func (s *sideSet) take(id uint32, deadline time.Time) *sideConn {
+	s.mu.Lock()
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for s.busy[id] && s.conns[id] != nil {
+		if timer == nil {
+			timer = time.NewTimer(time.Until(deadline))
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-timer.C:
+			// Held past the deadline: the client names one it holds
+			// elsewhere. Closed, so that whoever waits on it stops.
+			s.mu.Lock()
+			sc := s.conns[id]
+			s.mu.Unlock()
+			if sc != nil {
+				sc.kill()
+			}
+			return nil
+		}
+		s.mu.Lock()
+	}
+	sc := s.conns[id]
+	if sc == nil {
+		s.mu.Unlock()
+		return nil
+	}
+	s.busy[id] = true
+	s.mu.Unlock()
+	if !sc.unwatch() {
+		s.mu.Lock()
+		delete(s.busy, id)
+		s.signal()
+		s.mu.Unlock()
+		return nil
+	}
+	return sc
+}
+
+// put ends a call's or stream's hold of sc: idle again if ok, else closed.
+func (s *sideSet) put(sc *sideConn, ok bool) {
+	if !ok || sc.dead.Load() {
+		sc.kill()
+		return
+	}
+	sc.conn.SetDeadline(time.Time{})
+	s.mu.Lock()
+	sc.watch()
+	delete(s.busy, sc.id)
+	s.signal()
+	s.mu.Unlock()
+}
+
+// start begins watching a side connection that has just attached.
+func (s *sideSet) start(sc *sideConn) {
+	s.mu.Lock()
+	sc.watch()
+	s.mu.Unlock()
+}
+
+func (s *sideSet) drop(sc *sideConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conns[sc.id] == sc {
+		delete(s.conns, sc.id)
+		delete(s.busy, sc.id)
+		s.signal()
+	}
+}
+
+// close closes every side connection and refuses new ones.
+func (s *sideSet) close() {
+	s.mu.Lock()
+	s.closed = true
+	all := make([]*sideConn, 0, len(s.conns))
+	for _, sc := range s.conns {
+		all = append(all, sc)
+	}
+	s.mu.Unlock()
+	for _, sc := range all {
+		sc.kill()
+	}
+}
+
+// len returns how many side connections are attached.
+func (s *sideSet) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+// newSecret returns a random session secret.
+func newSecret() ([32]byte, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return b, fmt.Errorf("rpc: session secret: %w", err)
+	}
+	return b, nil
+}
+
+// dialSide opens a side connection to the session of cc: TCP, TLS if
+// configured, and the handshake with an attach message, within the
+// handshake timeout and ctx.
+func (c *Client) dialSide(ctx context.Context, cc *clientConn, id uint32) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", c.addr)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+		tc.SetWriteBuffer(sideBuffer)
+	}
+	deadline := time.Now().Add(c.o.limits.HandshakeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	conn.SetDeadline(deadline)
+	var rw net.Conn = conn
+	if c.o.tls != nil {
+		tc := tls.Client(conn, c.o.tls)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			conn.Close()
+			return nil, err
+		}
+		rw = tc
+	}
+	if _, err := clientHandshakeAttach(rw, cc.version, c.fsid, c.o.token, &attachMsg{id: id, secret: cc.session.secret}); err != nil {
+		rw.Close()
+		c.o.log.Debug("rpc: side connection refused", "addr", c.addr, "err", err)
+		return nil, err
+	}
+	rw.SetDeadline(time.Time{})
+	return rw, nil
+}
+
+// writeMessage writes a whole message (length, header, argument, body) to
+// a side connection's conn, in one writev when its tensors are in Go
+// memory.
+func writeMessage(w io.Writer, hdr header, args []byte, b *outBody) error {
+	head := hdr.appendMsgpack(make([]byte, 4, 128))
+	binary.BigEndian.PutUint32(head, uint32(len(head)-4))
+	if b == nil {
+		bufs := net.Buffers{head, args}
+		_, err := bufs.WriteTo(w)
+		return err
+	}
+	return writeBody(w, net.Buffers{head, args}, b)
+}
+
+// sideWritten counts the body bytes this process has written to side
+// connections: tests read it to see which way bodies went.
+var sideWritten atomic.Int64
+
+// writeBody writes prefix and then a body to a side connection's conn:
+// compressed, its frame; else its parts, Go-memory tensors in one writev
+// straight from their memory (net.Buffers), mapped ones through a bounded
+// buffer (their reads are guarded against faults; a write from the mapping
+// would not be).
+func writeBody(w io.Writer, prefix net.Buffers, b *outBody) error {
+	sideWritten.Add(b.wireLen())
+	bufs := prefix
+	if b.z != nil {
+		bufs = append(bufs, *b.z)
+		_, err := bufs.WriteTo(w)
+		return err
+	}
+	flush := func() error {
+		if len(bufs) == 0 {
+			return nil
+		}
+		_, err := bufs.WriteTo(w)
+		bufs = nil
+		return err
+	}
+	for _, p := range b.parts {
+		if p.t.Mapped() {
+			if err := flush(); err != nil {
+				return err
+			}
+			if err := writeParts(w, []bodyPart{p}); err != nil {
+				return err
+			}
+			continue
+		}
+		data, err := p.t.Bytes()
+		if err != nil {
+			return err
+		}
+		if p.rows == nil {
+			bufs = append(bufs, data)
+			continue
+		}
+		rb := p.t.RowBytes()
+		for _, r := range p.rows {
+			bufs = append(bufs, data[r*rb:(r+1)*rb])
+		}
+	}
+	return flush()
+}

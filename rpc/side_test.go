@@ -1,0 +1,584 @@
+package rpc
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/testcert"
+)
+
+// Tests of side connections (side.go): bulk bodies off yamux, and every
+// way they can fail without failing more than their call or stream.
+
+// clientConnOf returns c's current connection.
+func clientConnOf(t *testing.T, c *Client) *clientConn {
+	t.Helper()
+	cc, err := c.conn(testCtx(t))
+	must(t, err)
+	return cc
+}
+
+// incCall sends td (its bytes) to test.inctd, which adds 1 to every byte
+// and sends them back, and checks they did.
+func incCall(t *testing.T, ctx context.Context, c *Client, rows, width int, seed byte) {
+	t.Helper()
+	td := byteTD(t, rows, width, seed)
+	x := firstLeaf(t, td)
+	b, _ := x.Bytes()
+	want := bytes.Clone(b)
+	if _, err := Call[Empty](ctx, c, methodIncTD, sinkReq{X: TD{TensorDict: td, Out: true}}); err != nil {
+		t.Fatalf("test.inctd of %d bytes: %v", len(want), err)
+	}
+	for i := range want {
+		if b[i] != want[i]+1 {
+			t.Fatalf("byte %d of %d came back as %d, want %d", i, len(want), b[i], want[i]+1)
+		}
+	}
+}
+
+func TestSide_Call(t *testing.T) {
+	n := startStreamNode(t)
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	for i := range 3 {
+		before := sideWritten.Load()
+		incCall(t, ctx, c, 64, 16<<10, byte(i)) // 1 MiB each way
+		if moved := sideWritten.Load() - before; moved != 2<<20 {
+			t.Fatalf("call %d: %d bytes went on side connections, want the request's and the response's 2 MiB", i, moved)
+		}
+	}
+	// One side connection, reused by the calls one after another.
+	if got := n.s.Stats().SideConns; got != 1 {
+		t.Fatalf("the node has %d side connections, want 1", got)
+	}
+	// Compressed bodies go the same way when they are large enough.
+	before := sideWritten.Load()
+	got, err := Call[genResp](testCtx(t), c, methodGenTD, sinkReq{N: 64, S: "random"})
+	must(t, err)
+	if x := firstLeaf(t, got.X.TensorDict); x.NumBytes() != 64*4096 {
+		t.Fatalf("test.gentd sent %d bytes", x.NumBytes())
+	}
+	if moved := sideWritten.Load() - before; moved < 64*4096 {
+		t.Fatalf("a 256 KiB response: %d bytes went on side connections", moved)
+	}
+}
+
+// TestSide_TLS: side connections of a TLS session run TLS too, and
+// authenticate with the token as the main connection does.
+func TestSide_TLS(t *testing.T) {
+	cert, pool := testcert.New(t)
+	token := []byte("tok")
+	n := startStreamNode(t, WithToken(token), WithTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}))
+	c := dial(t, n.addr, WithToken(token), WithTLS(&tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}))
+	before := sideWritten.Load()
+	for i := range 3 {
+		incCall(t, Uncompressed(testCtx(t)), c, 64, 16<<10, byte(i))
+	}
+	if moved := sideWritten.Load() - before; moved != 3*2<<20 {
+		t.Fatalf("%d bytes went on side connections, want 6 MiB", moved)
+	}
+	// One side connection, reused: what TLS sends after its handshake (1.3's
+	// session tickets) does not make the idle check drop it.
+	if got := n.s.Stats().SideConns; got != 1 {
+		t.Fatalf("the node has %d side connections, want 1", got)
+	}
+	cc := clientConnOf(t, c)
+	cc.side.mu.Lock()
+	_, isTLS := cc.side.idle[0].conn.(*tls.Conn)
+	dialed := cc.side.nextID
+	cc.side.mu.Unlock()
+	if dialed != 1 {
+		t.Fatalf("the client dialed %d side connections, want 1", dialed)
+	}
+	if !isTLS {
+		t.Fatal("the side connection is not TLS")
+	}
+}
+
+// TestSide_SmallBodiesInBand: a request body under 256 KiB stays in the
+// stream, and a call whose types hold no TDs takes no side connection; the
+// answer of a call that holds one comes on it, whatever its size.
+func TestSide_SmallBodiesInBand(t *testing.T) {
+	n := startStreamNode(t)
+	c := dial(t, n.addr)
+	before := sideWritten.Load()
+	incCall(t, Uncompressed(testCtx(t)), c, 10, 10<<10, 3) // 100 KiB each way
+	if moved := sideWritten.Load() - before; moved != 100<<10 {
+		t.Fatalf("%d bytes went on side connections, want the answer's 100 KiB", moved)
+	}
+	before = sideWritten.Load()
+	for range 3 {
+		echo(t, c)
+	}
+	if moved := sideWritten.Load() - before; moved != 0 {
+		t.Fatalf("%d bytes of calls without TDs went on side connections", moved)
+	}
+	if got := clientConnOf(t, c).side.size(); got != 1 {
+		t.Fatalf("%d side connections", got)
+	}
+}
+
+func TestSide_Off(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		server, clientOpts []Option
+	}{
+		{"client", nil, []Option{WithSideConnections(false)}},
+		{"server", []Option{WithSideConnections(false)}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := startStreamNode(t, tc.server...)
+			c := dial(t, n.addr, tc.clientOpts...)
+			before := sideWritten.Load()
+			incCall(t, Uncompressed(testCtx(t)), c, 64, 16<<10, 1)
+			if moved := sideWritten.Load() - before; moved != 0 {
+				t.Fatalf("%d bytes went on side connections", moved)
+			}
+			if got := n.s.Stats().SideConns; got != 0 {
+				t.Fatalf("the node has %d side connections", got)
+			}
+		})
+	}
+}
+
+func TestSide_Stream(t *testing.T) {
+	n := startStreamNode(t)
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	st, err := OpenStream[tick, tick](ctx, c, streamEcho, echoMsg{})
+	must(t, err)
+	defer st.Close()
+	before := sideWritten.Load()
+	for i := 1; i <= 8; i++ {
+		must(t, st.Send(ctx, tick{I: i, X: Ref(byteTD(t, 64, 16<<10, byte(i)))}))
+		got, err := st.Recv(ctx)
+		must(t, err)
+		b, _ := firstLeaf(t, got.X.TensorDict).Bytes()
+		if len(b) != 1<<20 || b[0] != byte(i) || b[len(b)-1] != byte(i)+63 {
+			t.Fatalf("message %d came back as %d bytes", i, len(b))
+		}
+	}
+	if moved := sideWritten.Load() - before; moved != 16<<20 {
+		t.Fatalf("%d bytes went on the side connection, want 16 MiB", moved)
+	}
+	must(t, st.CloseSend(ctx))
+	if _, err := st.Recv(ctx); err != io.EOF {
+		t.Fatalf("Recv after the end: %v", err)
+	}
+	st.Close()
+	// Ended cleanly both ways: the side connection is back in the pool, and
+	// the next call uses it.
+	cc := clientConnOf(t, c)
+	waitFor(t, "the stream's side connection back in the pool", func() bool {
+		cc.side.mu.Lock()
+		defer cc.side.mu.Unlock()
+		return len(cc.side.idle) == 1
+	})
+	incCall(t, ctx, c, 64, 16<<10, 9)
+	if got := cc.side.size(); got != 1 {
+		t.Fatalf("the client has %d side connections, want 1", got)
+	}
+}
+
+// TestSide_AttachRefused attaches side connections that must be refused: a
+// wrong secret, no token or a wrong one on a node with a token. Each is
+// refused with Unauthenticated, logged as a refused handshake, and
+// attaches nothing; the session goes on.
+func TestSide_AttachRefused(t *testing.T) {
+	h := &countingHandler{}
+	token := []byte("s3cret")
+	n := startStreamNode(t, WithToken(token), WithLogger(slog.New(h)))
+	c := dial(t, n.addr, WithToken(token))
+	echo(t, c)
+	secret := clientConnOf(t, c).session.secret
+	var wrong [32]byte
+	wrong[0] = 1
+	for _, tc := range []struct {
+		name   string
+		token  []byte
+		secret [32]byte
+	}{
+		{"wrong secret", token, wrong},
+		{"no token", nil, secret},
+		{"wrong token", []byte("guess"), secret},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, before := h.refusals()
+			conn, err := net.Dial("tcp", n.addr)
+			must(t, err)
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(30 * time.Second))
+			_, err = clientHandshakeAttach(conn, ProtocolVersion, FSID{}, tc.token, &attachMsg{id: 77, secret: tc.secret})
+			if !errors.Is(err, ErrUnauthenticated) {
+				t.Fatalf("attach: %v, want Unauthenticated", err)
+			}
+			waitFor(t, "the refusal logged", func() bool { _, after := h.refusals(); return after == before+1 })
+			if got := n.s.Stats().SideConns; got != 0 {
+				t.Fatalf("the node has %d side connections", got)
+			}
+		})
+	}
+	echo(t, c)
+	incCall(t, Uncompressed(testCtx(t)), c, 64, 16<<10, 1)
+}
+
+// TestSide_PoolLimit has more bulk calls in flight than side connections:
+// the rest go in-band, and all succeed. Then the client dials past the
+// node's limit: the node refuses the attach, and the calls go in-band.
+func TestSide_PoolLimit(t *testing.T) {
+	l := hostileLimits()
+	l.MaxSideConns = 1
+	h := &countingHandler{}
+	n := startStreamNode(t, WithLimits(l), WithLogger(slog.New(h)))
+	const callers = 4
+	var barrier atomic.Pointer[sync.WaitGroup] // a new one each round
+	newRound := func() {
+		var wg sync.WaitGroup
+		wg.Add(callers)
+		barrier.Store(&wg)
+	}
+	newRound()
+	must(t, Register(n.s, "test.barrier", func(ctx context.Context, req sinkReq) (Empty, error) {
+		// Every call waits for all: they are in flight at once.
+		wg := barrier.Load()
+		wg.Done()
+		wg.Wait()
+		return Empty{}, nil
+	}))
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	run := func() {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs := make(chan error, callers)
+		for i := range callers {
+			td := byteTD(t, 64, 16<<10, byte(i))
+			wg.Go(func() {
+				_, err := Call[Empty](ctx, c, "test.barrier", sinkReq{X: Ref(td)})
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			must(t, err)
+		}
+	}
+	run()
+	cc := clientConnOf(t, c)
+	if got, want := cc.side.size(), 1; got != want {
+		t.Fatalf("the client has %d side connections, want %d (the node's limit)", got, want)
+	}
+	// A client that dials past the node's limit is refused, and goes on.
+	if _, refused := h.refusals(); refused != 0 {
+		t.Fatalf("%d refused handshakes before the client dialed past the limit", refused)
+	}
+	cc.side.mu.Lock()
+	cc.side.max = callers
+	cc.side.mu.Unlock()
+	newRound()
+	run()
+	if _, refused := h.refusals(); refused == 0 {
+		t.Fatal("no refused attach logged")
+	}
+	if got := n.s.Stats().SideConns; got != 1 {
+		t.Fatalf("the node has %d side connections, want 1", got)
+	}
+	incCall(t, ctx, c, 64, 16<<10, 1)
+}
+
+// TestSide_SlowReader has a stream whose handler never reads: its sender
+// blocks on its own side connection, while calls and other streams on the
+// same client go on; its context's end fails its Send, closes its side
+// connection, and leaves the rest working.
+func TestSide_SlowReader(t *testing.T) {
+	l := hostileLimits()
+	l.MaxStreamBuffer = 1 << 20
+	n := startStreamNode(t, WithLimits(l))
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := OpenStream[tick, Empty](sctx, c, streamBlock, Empty{})
+	must(t, err)
+	defer st.Close()
+	<-n.streamStarted
+	big := Ref(byteTD(t, 64, 1<<20, 5)) // 64 MiB: more than the socket buffers hold
+	sent := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			if err := st.Send(sctx, tick{I: i, X: big}); err != nil {
+				sent <- err
+				return
+			}
+		}
+	}()
+	// While that sender is blocked, others are served.
+	for i := range 3 {
+		incCall(t, ctx, c, 64, 16<<10, byte(i))
+		echo(t, c)
+	}
+	other, err := OpenStream[tick, tick](ctx, c, streamEcho, echoMsg{})
+	must(t, err)
+	must(t, other.Send(ctx, tick{I: 1, X: Ref(byteTD(t, 64, 16<<10, 1))}))
+	if _, err := other.Recv(ctx); err != nil {
+		t.Fatal(err)
+	}
+	must(t, other.CloseSend(ctx))
+	if _, err := other.Recv(ctx); err != io.EOF {
+		t.Fatalf("the other stream's end: %v", err)
+	}
+	other.Close() // ended cleanly: its side connection goes back to the pool
+	select {
+	case err := <-sent:
+		t.Fatalf("the blocked sender returned: %v", err)
+	default:
+	}
+	cancel()
+	select {
+	case err := <-sent:
+		if !errors.Is(err, ErrCanceled) {
+			t.Fatalf("the blocked Send: %v, want Canceled", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the blocked Send did not return within 30 s of its context's end")
+	}
+	expectEnded(t, n.streamEnded)
+	// Its side connection is closed on both ends, not reused.
+	cc := clientConnOf(t, c)
+	waitFor(t, "the cut side connection closed on both ends", func() bool {
+		return n.s.Stats().SideConns == 1 && cc.side.size() == 1
+	})
+	incCall(t, ctx, c, 64, 16<<10, 7)
+	echo(t, c)
+}
+
+// TestSide_SessionEnd closes the node: the side connections close with the
+// session, on both ends, and the client dials a new session's.
+func TestSide_SessionEnd(t *testing.T) {
+	n := startStreamNode(t)
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	incCall(t, ctx, c, 64, 16<<10, 1)
+	cc := clientConnOf(t, c)
+	if cc.side.size() != 1 {
+		t.Fatalf("the client has %d side connections", cc.side.size())
+	}
+	cc.sess.Close()
+	waitFor(t, "the node's side connections closed", func() bool { return n.s.Stats().SideConns == 0 })
+	waitFor(t, "the client's side connections closed", func() bool { return cc.side.size() == 0 })
+	incCall(t, ctx, c, 64, 16<<10, 2)
+	if got := n.s.Stats().SideConns; got != 1 {
+		t.Fatalf("the node has %d side connections after the new session's call, want 1", got)
+	}
+}
+
+// TestSide_OlderNode: a version 2 node has no side connections; a version
+// 3 client calls it in version 2, all in-band.
+func TestSide_OlderNode(t *testing.T) {
+	n := startStreamNode(t, func(o *options) { o.version = 2 })
+	c := dial(t, n.addr)
+	before := sideWritten.Load()
+	incCall(t, Uncompressed(testCtx(t)), c, 64, 16<<10, 1)
+	if cc := clientConnOf(t, c); cc.version != 2 || cc.side != nil {
+		t.Fatalf("version %d, side pool %v", cc.version, cc.side)
+	}
+	if moved := sideWritten.Load() - before; moved != 0 {
+		t.Fatalf("%d bytes went on side connections", moved)
+	}
+}
+
+// TestStream_ReuseBuffers streams messages of distinct contents both ways
+// with ReuseBuffers on both sides: every message arrives intact although
+// the receiver reads ahead into reused memory.
+func TestStream_ReuseBuffers(t *testing.T) {
+	n := startStreamNode(t)
+	must(t, RegisterStream(n.s, "test.stream.reuse", func(ctx context.Context, _ Empty, st *ServerStream[tick, tick]) error {
+		st.ReuseBuffers()
+		for {
+			m, err := st.Recv(ctx)
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			b, _ := firstLeaf(t, m.X.TensorDict).Bytes()
+			for i, v := range b {
+				if v != byte(m.I)+byte(i/(16<<10)) {
+					return Errorf(DataLoss, "message %d byte %d is %d", m.I, i, v)
+				}
+			}
+			if err := st.Send(ctx, tick{I: m.I, X: Ref(m.X.TensorDict)}); err != nil {
+				return err
+			}
+		}
+	}))
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	st, err := OpenStream[tick, tick](ctx, c, "test.stream.reuse", Empty{})
+	must(t, err)
+	defer st.Close()
+	st.ReuseBuffers()
+	const msgs = 40
+	go func() {
+		for i := range msgs {
+			if err := st.Send(ctx, tick{I: i, X: Ref(byteTD(t, 20, 16<<10, byte(i)))}); err != nil {
+				return
+			}
+		}
+		st.CloseSend(ctx)
+	}()
+	for i := range msgs {
+		m, err := st.Recv(ctx)
+		must(t, err)
+		b, _ := firstLeaf(t, m.X.TensorDict).Bytes()
+		for j, v := range b {
+			if m.I != i || v != byte(i)+byte(j/(16<<10)) {
+				t.Fatalf("message %d (%d) byte %d is %d", i, m.I, j, v)
+			}
+		}
+	}
+	if _, err := st.Recv(ctx); err != io.EOF {
+		t.Fatalf("the end: %v", err)
+	}
+}
+
+// TestSide_DeadIdleConns closes idle side connections under each end: the
+// client does not reuse one its node closed, and a node at its limit drops
+// one its client closed to make room for a new one; bulk bodies keep going
+// on side connections.
+func TestSide_DeadIdleConns(t *testing.T) {
+	l := hostileLimits()
+	l.MaxSideConns = 1
+	n := startStreamNode(t, WithLimits(l))
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	bulk := func() {
+		t.Helper()
+		before := sideWritten.Load()
+		incCall(t, ctx, c, 64, 16<<10, 1)
+		if moved := sideWritten.Load() - before; moved != 2<<20 {
+			t.Fatalf("%d bytes went on side connections, want 2 MiB", moved)
+		}
+	}
+	bulk()
+	cc := clientConnOf(t, c)
+	idle := func() *sideConn {
+		cc.side.mu.Lock()
+		defer cc.side.mu.Unlock()
+		if len(cc.side.idle) != 1 {
+			t.Fatalf("%d idle side connections", len(cc.side.idle))
+		}
+		return cc.side.idle[0]
+	}
+
+	// The node closes it (as it would on a failure the client missed).
+	var pc *peerConn
+	n.s.mu.RLock()
+	for p := range n.s.conns {
+		pc = p
+	}
+	n.s.mu.RUnlock()
+	pc.side.mu.Lock()
+	for _, sc := range pc.side.conns {
+		sc.conn.Close()
+	}
+	pc.side.mu.Unlock()
+	first := idle()
+	bulk()
+	if !first.dead.Load() || idle() == first {
+		t.Fatal("the client reused a side connection its node closed")
+	}
+
+	// The client's end goes away without a word to the node, whose set is
+	// at its limit: the next attach takes its place.
+	second := idle()
+	second.conn.Close()
+	bulk()
+	if got := n.s.Stats().SideConns; got != 1 {
+		t.Fatalf("the node has %d side connections, want 1", got)
+	}
+}
+
+// TestSide_TakeWaitsForRelease names, in a call, a side connection the node
+// still counts as held by the call before (the client may reuse it as soon
+// as it has read that call's answer, a moment before the node's side of the
+// call gives it back): the node waits for it instead of refusing the body.
+func TestSide_TakeWaitsForRelease(t *testing.T) {
+	n := startStreamNode(t)
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	incCall(t, ctx, c, 64, 16<<10, 1)
+	var pc *peerConn
+	n.s.mu.RLock()
+	for p := range n.s.conns {
+		pc = p
+	}
+	n.s.mu.RUnlock()
+	held := pc.side.take(1, time.Now().Add(30*time.Second))
+	if held == nil {
+		t.Fatal("side connection 1 is not on the node")
+	}
+	done := make(chan error, 1)
+	go func() {
+		td := byteTD(t, 64, 16<<10, 2)
+		_, err := Call[Empty](ctx, c, methodIncTD, sinkReq{X: TD{TensorDict: td, Out: true}})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		// Only a machine too slow to reach the node in 200 ms gets here
+		// without the bug; with it, the call fails at once.
+		if err != nil {
+			t.Fatalf("a call naming a side connection the node still held: %v", err)
+		}
+	case <-time.After(200 * time.Millisecond):
+	}
+	pc.side.put(held, true)
+	select {
+	case err := <-done:
+		must(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the call did not end within 30 s of the side connection's release")
+	}
+}
+
+// TestSide_AnswerInBandWhenNotTaken names a side connection the node holds
+// for something else past TransferGrace: the node closes it and answers in
+// the stream, where the caller, seeing its side connection end, reads it.
+func TestSide_AnswerInBandWhenNotTaken(t *testing.T) {
+	n := startStreamNode(t) // TransferGrace 1 s
+	c := dial(t, n.addr)
+	ctx := Uncompressed(testCtx(t))
+	incCall(t, ctx, c, 64, 16<<10, 1)
+	var pc *peerConn
+	n.s.mu.RLock()
+	for p := range n.s.conns {
+		pc = p
+	}
+	n.s.mu.RUnlock()
+	held := pc.side.take(1, time.Now().Add(30*time.Second))
+	if held == nil {
+		t.Fatal("side connection 1 is not on the node")
+	}
+	defer pc.side.put(held, false)
+	got, err := Call[genResp](ctx, c, methodGenTD, sinkReq{N: 64, S: "random"})
+	must(t, err)
+	if x := firstLeaf(t, got.X.TensorDict); x.NumBytes() != 64*4096 {
+		t.Fatalf("test.gentd sent %d bytes", x.NumBytes())
+	}
+	if !held.dead.Load() {
+		t.Fatal("the node did not close the side connection it could not take")
+	}
+	incCall(t, ctx, c, 64, 16<<10, 2) // on a new side connection
+}
