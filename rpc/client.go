@@ -32,6 +32,8 @@ type Client struct {
 	fsid FSID   // this side's root identity; zero without a root
 	root string // this side's root, absolute
 
+	calls chan struct{} // a token per call in flight; MaxStreamsPerPeer of them
+
 	mu      sync.Mutex
 	cur     *clientConn
 	dialing chan struct{} // closed when the dial in progress ends
@@ -90,6 +92,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	if c.o.limits, err = c.o.limits.validate(); err != nil {
 		return nil, err
 	}
+	c.calls = make(chan struct{}, c.o.limits.MaxStreamsPerPeer)
 	if cfg := c.o.tls; cfg != nil && cfg.ServerName == "" && !cfg.InsecureSkipVerify {
 		// As tls.Dial does: verify the certificate against the name dialled.
 		host, _, err := net.SplitHostPort(addr)
@@ -320,7 +323,10 @@ func (cc *clientConn) put(cs *clientStream) {
 	}
 }
 
-// Call calls method on c's node with req and returns its response. It
+// Call calls method on c's node with req and returns its response. Calls
+// are safe from any number of goroutines; past Limits.MaxStreamsPerPeer in
+// flight on c (the number a node serves of one peer at once, with the
+// same default), a call waits for another to end. It
 // blocks until the response arrives, ctx ends (the node's handler sees its
 // context end too), or the connection fails. Errors are *Error values:
 // the handler's; Unavailable when the node could not be reached, the
@@ -338,6 +344,14 @@ func Call[Resp, Req any](ctx context.Context, c *Client, method string, req Req)
 func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 	if err := ctx.Err(); err != nil {
 		return transportError(ctx, method, err)
+	}
+	// A node serves MaxStreamsPerPeer calls of a peer at once and refuses
+	// the rest: calls past that many wait here for their turn.
+	select {
+	case c.calls <- struct{}{}:
+		defer func() { <-c.calls }()
+	case <-ctx.Done():
+		return transportError(ctx, method, ctx.Err())
 	}
 	cc, err := c.conn(ctx)
 	if err != nil {
