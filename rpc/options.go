@@ -21,7 +21,7 @@ import (
 type Limits struct {
 	MaxHeaderBytes    int           // a message header; default 64 KiB
 	MaxArgBytes       int           // a call's msgpack argument or result; default 16 MiB
-	MaxBodyBytes      int64         // a call's bulk bytes; default 4 GiB
+	MaxBodyBytes      int64         // a call's or message's bulk bytes, default 4 GiB; also what a server allocates at once for one peer's bodies before they arrive (more wait)
 	MaxStreamsPerPeer int           // concurrent calls (streams) of one connection, default 256: a server refuses more; a client's calls past it wait their turn (bounded by their context)
 	HandshakeTimeout  time.Duration // a new connection's handshake; default 10 s
 	IdleTimeout       time.Duration // an idle pooled stream is closed after it; default 2 min

@@ -68,6 +68,9 @@ type incoming struct {
 	bufs   []*[]byte // pooled buffers of the arguments' tensors
 
 	compress bool // the answer's body may be compressed
+
+	bodies *budget // the peer's budget, and what this call took of it
+	took   int64
 }
 
 // outgoing is a handler's result: the response value (a pointer) and the
@@ -260,6 +263,10 @@ func (in *incoming) release() {
 		putBuf(bp)
 	}
 	in.bufs = nil
+	if in.bodies != nil {
+		in.bodies.give(in.took)
+		in.bodies, in.took = nil, 0
+	}
 }
 
 // Serve accepts connections on l and serves them until l fails or the
@@ -350,6 +357,7 @@ type peerConn struct {
 	active  atomic.Int32    // streams being served
 	msgs    atomic.Int32    // message streams among them
 	room    chan struct{}   // a stream ended: the accept loop may take another
+	bodies  *budget         // bytes of bodies allocated before they arrive (budget.go)
 }
 
 // serveConn runs the handshake on conn and then serves its streams.
@@ -442,7 +450,7 @@ func (s *Server) serveConn(conn net.Conn) {
 		rw.Close()
 		return
 	}
-	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid, side: set, room: make(chan struct{}, 1)}
+	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid, side: set, room: make(chan struct{}, 1), bodies: newBudget(s.o.limits.MaxBodyBytes)}
 	defer dropSet()
 	var cancelPC context.CancelFunc
 	pc.ctx, cancelPC = context.WithCancel(s.ctx)
@@ -582,8 +590,21 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slo
 				src = side
 			}
 		}
+		// The body's tensors are allocated before its bytes arrive: take
+		// its size from the peer's budget first, waiting for the peer's
+		// other calls to give theirs back (until this call's deadline).
+		var took int64
+		if need := max(bodyLen, rawLen); refused == nil && !over && need >= budgetMin {
+			wctx, wcancel := callContext(pc.ctx, hdr.TimeoutUS)
+			if pc.bodies.take(need, wctx.Done()) {
+				took = need
+			} else {
+				refused = Errorf(ResourceExhausted, "%s: this peer's bodies being received would pass %d bytes (Limits.MaxBodyBytes)", hdr.Method, lim.MaxBodyBytes)
+			}
+			wcancel()
+		}
 		in := &incoming{method: hdr.Method, args: args, body: newBodyReader(src, bodyLen, rawLen), res: s.res,
-			compress: pc.version >= 2 && !s.o.noLZ4 && !hdr.NoLZ4}
+			compress: pc.version >= 2 && !s.o.noLZ4 && !hdr.NoLZ4, bodies: pc.bodies, took: took}
 		if hdr.Stream {
 			// The stream carries this message stream and nothing after it.
 			s.serveMessageStream(pc, st, br, bw, &hdr, in, over, refused, side, log)

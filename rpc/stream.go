@@ -228,6 +228,7 @@ type msgStream struct {
 	br       *bufio.Reader
 	bw       *bufio.Writer
 	lim      *Limits
+	bodies   *budget   // a node's: the peer's budget for bodies (budget.go); nil on the caller's side
 	link     link      // how this side sends TDs
 	res      *resolver // how it resolves references it receives; nil: it refuses them
 	compress bool      // send bodies compressed when a sample pays
@@ -383,10 +384,23 @@ func (ms *msgStream) readLoop(sessDone <-chan struct{}) {
 		ms.mu.Lock()
 		drop := ms.discard || ms.ended
 		ms.mu.Unlock()
+		// A node takes the message's size from the peer's budget before
+		// its tensors are allocated, and gives it back once it is in.
+		var took int64
+		if !drop && ms.bodies != nil {
+			if took = max(h.BodyLen, h.RawLen); !ms.bodies.take(took, sessDone) {
+				ms.finish(ms.readErr(yamux.ErrSessionShutdown))
+				return
+			}
+		}
 		if !drop {
 			it.msg, it.d, it.err = ms.decode(ms, args, body)
 		}
-		if err := body.drain(); err != nil {
+		err = body.drain()
+		if took > 0 {
+			ms.bodies.give(took)
+		}
+		if err != nil {
 			ms.release(it.d)
 			ms.fail(err)
 			return
@@ -783,7 +797,7 @@ func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Re
 	n := pc.msgs.Add(1)
 	defer pc.msgs.Add(-1)
 	ms := newMsgStream(hdr.Method, st, pc.fc, br, bw, lim)
-	ms.res, ms.compress, ms.badCode = s.res, in.compress, InvalidArgument
+	ms.res, ms.compress, ms.badCode, ms.bodies = s.res, in.compress, InvalidArgument, pc.bodies
 	if side != nil {
 		ms.side, ms.putSide = side, pc.side.put
 	}
