@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"sync"
@@ -143,7 +144,8 @@ type sideConn struct {
 	raw    net.Conn      // what peek looks into; nil: watched by a goroutine instead
 	br     *bufio.Reader // a client's: the answers of the calls that hold it
 
-	// A byte the watcher read: the first of the next body (a server's).
+	// A byte the watcher read: the first of the next body or stream frame
+	// (a server's).
 	pend    byte
 	pending bool
 
@@ -153,6 +155,11 @@ type sideConn struct {
 	once   sync.Once
 	dead   atomic.Bool
 	onDead func(*sideConn) // drops it from its pool or set
+
+	// A node's: ends when the connection is closed; the parent of the
+	// contexts of the calls whose requests come on it.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // peekState is what peek finds on an idle connection.
@@ -180,6 +187,12 @@ func newSideConn(id uint32, conn net.Conn, client bool, onDead func(*sideConn)) 
 		if client {
 			raw = tc.NetConn()
 		}
+	}
+	if !client {
+		// A node's has a reader of the next request always running
+		// (sideSet.watch), which sees its end at once.
+		raw = nil
+		s.br = bufio.NewReaderSize(s, 32<<10)
 	}
 	if raw != nil && peek(raw) != peekUnknown {
 		s.raw = raw
@@ -215,7 +228,7 @@ func (s *sideConn) Read(p []byte) (int, error) {
 // watch starts the watcher of an idle side connection, where peek cannot
 // look into it.
 func (s *sideConn) watch() {
-	if s.raw != nil || s.watchDone != nil || s.dead.Load() || s.pending {
+	if s.raw != nil || s.watchDone != nil || s.dead.Load() || s.pending || !s.client {
 		return
 	}
 	done := make(chan struct{})
@@ -257,6 +270,9 @@ func (s *sideConn) kill() {
 	s.once.Do(func() {
 		s.dead.Store(true)
 		s.conn.Close()
+		if s.cancel != nil {
+			s.cancel()
+		}
 		if s.onDead != nil {
 			s.onDead(s)
 		}
@@ -397,6 +413,10 @@ func (p *sidePool) size() int {
 // sideSet is a server's side connections of one session.
 type sideSet struct {
 	max int
+	srv *Server         // serves the calls whose requests come on the side connections
+	log *slog.Logger    // the session's
+	ctx context.Context // ends with the session
+	end context.CancelFunc
 
 	mu      sync.Mutex
 	conns   map[uint32]*sideConn
@@ -405,8 +425,10 @@ type sideSet struct {
 	closed  bool
 }
 
-func newSideSet(max int) *sideSet {
-	return &sideSet{max: max, conns: map[uint32]*sideConn{}, busy: map[uint32]bool{}, changed: make(chan struct{})}
+func newSideSet(srv *Server, log *slog.Logger, max int) *sideSet {
+	s := &sideSet{max: max, srv: srv, log: log, conns: map[uint32]*sideConn{}, busy: map[uint32]bool{}, changed: make(chan struct{})}
+	s.ctx, s.end = context.WithCancel(srv.ctx)
+	return s
 }
 
 // signal wakes the takers waiting for a held side connection; s.mu is held.
@@ -429,6 +451,7 @@ func (s *sideSet) add(id uint32, conn net.Conn) (*sideConn, error) {
 		return nil, Errorf(ResourceExhausted, "the session has %d side connections, its limit", s.max)
 	}
 	sc := newSideConn(id, conn, false, s.drop)
+	sc.ctx, sc.cancel = context.WithCancel(s.ctx)
 	s.conns[id] = sc
 	return sc, nil
 }
@@ -493,6 +516,7 @@ func (s *sideSet) take(id uint32, deadline time.Time) *sideConn {
 		return nil
 	}
 	s.busy[id] = true
+	s.signal()
 	s.mu.Unlock()
 	if !sc.unwatch() {
 		s.mu.Lock()
@@ -512,17 +536,32 @@ func (s *sideSet) put(sc *sideConn, ok bool) {
 	}
 	sc.conn.SetDeadline(time.Time{})
 	s.mu.Lock()
-	sc.watch()
 	delete(s.busy, sc.id)
 	s.signal()
+	s.watch(sc)
 	s.mu.Unlock()
 }
 
-// start begins watching a side connection that has just attached.
+// start begins reading requests from a side connection that has just
+// attached.
 func (s *sideSet) start(sc *sideConn) {
 	s.mu.Lock()
-	sc.watch()
+	s.watch(sc)
 	s.mu.Unlock()
+}
+
+// watch starts the reader of an idle side connection's next request
+// (Server.serveSide), unless one runs; s.mu is held. A message stream that
+// takes the connection stops it (sideConn.unwatch).
+func (s *sideSet) watch(sc *sideConn) {
+	if sc.watchDone != nil || sc.dead.Load() || s.closed {
+		return
+	}
+	done := make(chan struct{})
+	sc.watchDone = done
+	sc.conn.SetReadDeadline(time.Now().Add(s.srv.o.limits.IdleTimeout))
+	s.srv.wg.Add(1) // the session's serveConn holds the group while the set is open
+	go s.srv.serveSide(s, sc, done)
 }
 
 func (s *sideSet) drop(sc *sideConn) {
@@ -539,6 +578,7 @@ func (s *sideSet) drop(sc *sideConn) {
 func (s *sideSet) close() {
 	s.mu.Lock()
 	s.closed = true
+	s.end()
 	all := make([]*sideConn, 0, len(s.conns))
 	for _, sc := range s.conns {
 		all = append(all, sc)
@@ -605,8 +645,26 @@ func (c *Client) dialSide(ctx context.Context, cc *clientConn, id uint32) (net.C
 // a side connection's conn, in one writev when its tensors are in Go
 // memory.
 func writeMessage(w io.Writer, hdr header, args []byte, b *outBody) error {
-	head := hdr.appendMsgpack(make([]byte, 4, 128))
-	binary.BigEndian.PutUint32(head, uint32(len(head)-4))
+	return writeTagged(w, false, hdr, args, b)
+}
+
+// sideCallTag is the first byte of a call's request on a side connection:
+// the frames of a message stream there begin with a header length, whose
+// first byte is never 0xff (a header is at most MaxHeaderBytes).
+const sideCallTag = 0xff
+
+// writeTagged is writeMessage, with sideCallTag first if tag is set.
+func writeTagged(w io.Writer, tag bool, hdr header, args []byte, b *outBody) error {
+	head := make([]byte, 4, 128)
+	if tag {
+		head = append(head[:0], sideCallTag, 0, 0, 0, 0)
+	}
+	head = hdr.appendMsgpack(head)
+	n := len(head) - 4
+	if tag {
+		n--
+	}
+	binary.BigEndian.PutUint32(head[len(head)-n-4:], uint32(n))
 	if b == nil {
 		bufs := net.Buffers{head, args}
 		_, err := bufs.WriteTo(w)
