@@ -625,7 +625,7 @@ func TestSide_GarbageOnIdleConn(t *testing.T) {
 }
 
 // frameOf returns hdr as a frame: its length and its msgpack.
-func frameOf(t *testing.T, hdr header) []byte {
+func frameOf(t testing.TB, hdr header) []byte {
 	t.Helper()
 	b := hdr.appendMsgpack(make([]byte, 4))
 	b[0], b[1], b[2], b[3] = byte((len(b)-4)>>24), byte((len(b)-4)>>16), byte((len(b)-4)>>8), byte(len(b)-4)
