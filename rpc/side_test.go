@@ -644,3 +644,44 @@ func (h *countingHandler) count(msg string) int {
 	}
 	return n
 }
+
+// TestSide_CancelEndsHandler cancels a call whose request went on a side
+// connection while its handler runs: the caller's close of the side
+// connection ends the handler's context, and the node serves the next calls.
+func TestSide_CancelEndsHandler(t *testing.T) {
+	n := startStreamNode(t)
+	started, ended := make(chan struct{}, 1), make(chan struct{}, 1)
+	must(t, Register(n.s, "test.blocktd", func(ctx context.Context, req sinkReq) (genResp, error) {
+		started <- struct{}{}
+		<-ctx.Done()
+		ended <- struct{}{}
+		return genResp{}, ctx.Err()
+	}))
+	c := dial(t, n.addr)
+	ctx, cancel := context.WithCancel(Uncompressed(testCtx(t)))
+	done := make(chan error, 1)
+	before := sideWritten.Load()
+	go func() {
+		_, err := Call[genResp](ctx, c, "test.blocktd", sinkReq{X: Ref(byteTD(t, 64, 16<<10, 1))})
+		done <- err
+	}()
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler did not start")
+	}
+	if moved := sideWritten.Load() - before; moved != 1<<20 {
+		t.Fatalf("%d bytes went on side connections, want the request's 1 MiB", moved)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, ErrCanceled) {
+		t.Fatalf("the cancelled call: %v, want Canceled", err)
+	}
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler's context did not end within 30 s of the cancel")
+	}
+	waitFor(t, "the cancelled call's side connection closed", func() bool { return n.s.Stats().SideConns == 0 })
+	incCall(t, Uncompressed(testCtx(t)), c, 64, 16<<10, 2)
+}
