@@ -29,12 +29,15 @@ import (
 // connections that authenticate as the main one does and then attach to
 // the session by its secret. A call or a message stream checks one out of
 // the client's pool for its own use (never two at once, so no body waits
-// behind another's); the message header in the yamux stream then says that
-// the body follows on the side connection, which carries exactly the
-// body's bytes, written with one writev straight from the tensors and read
-// straight into the receiver's tensors. Small bodies, and everything when
-// no side connection is available, stay in the yamux stream: side
-// connections are an optimisation, never a new way to fail.
+// behind another's). A call then sends its whole request there (a tag
+// byte, header, argument, body) and reads its whole answer there, and the
+// node reads requests from each idle side connection (Server.serveSide); a
+// message stream's header in the yamux stream says that its opening body
+// follows on the side connection, and its frames go there after it.
+// Bodies are written with one writev straight from the tensors and read
+// straight into the receiver's tensors. Everything, when no side
+// connection is available, stays in the yamux stream: side connections
+// are an optimisation, never a new way to fail.
 
 const (
 	sessionSize = 40 // the session message
@@ -130,13 +133,12 @@ func parseAttach(b []byte) (attachMsg, error) {
 // sideConn is one side connection, on either end. It is idle (in a
 // client's pool, or a server's set and not named by a call) or held by one
 // call or message stream. An idle side connection has nothing to read (a
-// client's) or only the next body (a server's), so one the peer has closed
-// can be told, and is dropped from its pool or set: a client looks into
-// the socket (peek) before it reuses one; a node looks into its idle ones
-// when a new one would pass its limit. Where peek cannot tell (a node's
-// TLS connection, whose peer's close sends bytes first; systems without
-// it), a watcher goroutine reads the idle connection instead, and sees its
-// end at once.
+// client's) or only the next request or stream frame (a server's), so one
+// the peer has closed can be told, and is dropped from its pool or set: a
+// client looks into the socket (peek) before it reuses one, or, where peek
+// cannot tell (TLS, systems without it), a watcher goroutine reads it; a
+// node always has a goroutine reading its next request (sideSet.watch),
+// which sees its end at once.
 type sideConn struct {
 	id     uint32
 	conn   net.Conn      // TCP, or TLS over it
@@ -438,8 +440,8 @@ func (s *sideSet) signal() {
 }
 
 // add attaches conn as side connection id, or returns the refusal.
+// An idle one the peer has closed is gone already: its reader saw the end.
 func (s *sideSet) add(id uint32, conn net.Conn) (*sideConn, error) {
-	s.sweep()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -454,26 +456,6 @@ func (s *sideSet) add(id uint32, conn net.Conn) (*sideConn, error) {
 	sc.ctx, sc.cancel = context.WithCancel(s.ctx)
 	s.conns[id] = sc
 	return sc, nil
-}
-
-// sweep drops the idle side connections whose peer has closed them, when
-// the set is at its limit: they would hold the places of new ones.
-func (s *sideSet) sweep() {
-	s.mu.Lock()
-	var idle []*sideConn
-	if len(s.conns) >= s.max {
-		for id, sc := range s.conns {
-			if !s.busy[id] && sc.raw != nil {
-				idle = append(idle, sc)
-			}
-		}
-	}
-	s.mu.Unlock()
-	for _, sc := range idle {
-		if !sc.idleAlive() {
-			sc.kill()
-		}
-	}
 }
 
 // take checks out side connection id for a call or message stream that
