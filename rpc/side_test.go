@@ -484,12 +484,7 @@ func TestSide_DeadIdleConns(t *testing.T) {
 	}
 
 	// The node closes it (as it would on a failure the client missed).
-	var pc *peerConn
-	n.s.mu.RLock()
-	for p := range n.s.conns {
-		pc = p
-	}
-	n.s.mu.RUnlock()
+	pc := peerOf(t, n.s)
 	pc.side.mu.Lock()
 	for _, sc := range pc.side.conns {
 		sc.conn.Close()
@@ -520,12 +515,7 @@ func TestSide_TakeWaitsForRelease(t *testing.T) {
 	c := dial(t, n.addr)
 	ctx := Uncompressed(testCtx(t))
 	incCall(t, ctx, c, 64, 16<<10, 1)
-	var pc *peerConn
-	n.s.mu.RLock()
-	for p := range n.s.conns {
-		pc = p
-	}
-	n.s.mu.RUnlock()
+	pc := peerOf(t, n.s)
 	held := pc.side.take(1, time.Now().Add(30*time.Second))
 	if held == nil {
 		t.Fatal("side connection 1 is not on the node")
@@ -563,12 +553,7 @@ func TestSide_RequestOnSideOnly(t *testing.T) {
 	ctx := Uncompressed(testCtx(t))
 	incCall(t, ctx, c, 64, 16<<10, 1) // the side connection is open
 	cc := clientConnOf(t, c)
-	var pc *peerConn
-	n.s.mu.RLock()
-	for p := range n.s.conns {
-		pc = p
-	}
-	n.s.mu.RUnlock()
+	pc := peerOf(t, n.s)
 	quiet := false
 	for i := range 3 {
 		nodeReads, callerReads := pc.fc.reads.Load(), cc.fc.reads.Load()
@@ -684,4 +669,20 @@ func TestSide_CancelEndsHandler(t *testing.T) {
 	}
 	waitFor(t, "the cancelled call's side connection closed", func() bool { return n.s.Stats().SideConns == 0 })
 	incCall(t, Uncompressed(testCtx(t)), c, 64, 16<<10, 2)
+}
+
+// peerOf returns s's one peer, once its main connection is counted: calls
+// on side connections can end before it is.
+func peerOf(t *testing.T, s *Server) *peerConn {
+	t.Helper()
+	var pc *peerConn
+	waitFor(t, "the peer counted", func() bool {
+		s.mu.RLock()
+		defer s.mu.RUnlock()
+		for p := range s.conns {
+			pc = p
+		}
+		return pc != nil
+	})
+	return pc
 }
