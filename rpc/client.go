@@ -7,7 +7,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
-	"os"
 	"reflect"
 	"sync"
 	"time"
@@ -64,7 +63,6 @@ type clientStream struct {
 	deadline time.Time // the stream's deadline as last set
 	idle     time.Time // when it went back to the pool
 
-	sideSpoilt bool // the last call's side connection may be out of step though the stream is not
 }
 
 // setDeadline sets the stream's deadline if it changed: yamux's deadlines
@@ -370,31 +368,37 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 	}
 	defer putArgs(argBuf) // written (copied or sent) before the call returns
 	args := *argBuf
+	deadline, hasDeadline := ctx.Deadline()
+	// seal builds the request's header and body for cc: compressed only
+	// now, as a new connection may speak another version.
+	var body outBody
+	var hdr requestHeader
+	seal := func() {
+		body.release()
+		compress := cc.version >= 2 && !c.o.noLZ4 && !isUncompressed(ctx)
+		body = sealBody(parts, compress)
+		hdr = requestHeader{Method: method, ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen(), NoLZ4: cc.version >= 2 && !compress}
+		if hasDeadline {
+			hdr.TimeoutUS = max(int64(time.Until(deadline)/time.Microsecond), 1)
+		}
+	}
+	seal()
+	defer func() { body.release() }()
+	// A side connection for a large request body, or for a response that
+	// may bring one: the whole call goes there.
+	if side := cc.getSide(ctx, hdr.BodyLen >= sideMin || mayReturnBulk(tds, resp)); side != nil {
+		return c.sideCall(ctx, cc, side, &hdr, args, &body, tds, resp)
+	}
 	cs, err := cc.stream()
 	if err != nil {
 		// The session died before anything was sent: safe to dial again once.
 		if cc, err = c.conn(ctx); err == nil {
+			seal()
 			cs, err = cc.stream()
 		}
 		if err != nil {
 			return transportError(ctx, method, err)
 		}
-	}
-	// Compressed only now: a new connection may speak another version.
-	compress := cc.version >= 2 && !c.o.noLZ4 && !isUncompressed(ctx)
-	body := sealBody(parts, compress)
-	defer body.release()
-	hdr := requestHeader{Method: method, ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen(), NoLZ4: cc.version >= 2 && !compress}
-	deadline, hasDeadline := ctx.Deadline()
-	if hasDeadline {
-		hdr.TimeoutUS = max(int64(time.Until(deadline)/time.Microsecond), 1)
-	}
-	// A side connection for a large request body, or for a response that
-	// may bring one.
-	side := cc.getSide(ctx, hdr.BodyLen >= sideMin || mayReturnBulk(tds, resp))
-	if side != nil {
-		hdr.Side, hdr.SideBody = int64(side.id), hdr.BodyLen >= sideMin
-		side.conn.SetDeadline(deadline)
 	}
 	cs.setDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() {
@@ -402,17 +406,10 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 		// tells the node to cancel the handler.
 		cs.st.SetDeadline(time.Unix(1, 0))
 		cs.st.Close()
-		if side != nil {
-			side.conn.SetDeadline(time.Unix(1, 0))
-		}
 	})
-	cs.sideSpoilt = false
-	ok, err := cs.roundTrip(&hdr, args, &body, tds, resp, &c.o.limits, cc.version, side)
+	ok, err := cs.roundTrip(&hdr, args, &body, tds, resp, &c.o.limits, cc.version)
 	if !stop() {
 		ok = false // the stream was cut by the AfterFunc
-	}
-	if side != nil {
-		cc.side.put(side, ok && !cs.sideSpoilt)
 	}
 	if ok {
 		cs.setDeadline(time.Time{})
@@ -421,6 +418,12 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 	} else {
 		cs.st.Close()
 	}
+	return cc.callError(ctx, method, err)
+}
+
+// callError returns a call's error as its caller sees it: the node's, or
+// the transport's (Unavailable when the watchdog gave up on the session).
+func (cc *clientConn) callError(ctx context.Context, method string, err error) error {
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) {
@@ -432,6 +435,29 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 		return transportError(ctx, method, err)
 	}
 	return nil
+}
+
+// sideCall runs a call on the side connection it holds: the whole request
+// (header, argument, body) in one writev, the whole answer read back, and
+// nothing in the session. Closing the side connection (ctx's end) cancels
+// the node's handler; a side connection not in step afterwards is closed.
+func (c *Client) sideCall(ctx context.Context, cc *clientConn, side *sideConn, hdr *requestHeader, args []byte, body *outBody, tds []*TD, resp any) error {
+	deadline, _ := ctx.Deadline()
+	side.conn.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() {
+		side.conn.SetDeadline(time.Unix(1, 0))
+	})
+	var ok bool
+	err := writeTagged(side.conn, true, hdr, args, body)
+	if err == nil {
+		ok, err = readResponse(side.br, hdr.Method, tds, resp, &c.o.limits, cc.version)
+		ok = ok && side.br.Buffered() == 0
+	}
+	if !stop() {
+		ok = false // cut by the AfterFunc: the node may be mid-answer
+	}
+	cc.side.put(side, ok)
+	return cc.callError(ctx, hdr.Method, err)
 }
 
 // mayReturnBulk reports whether a call's response may bring a large body:
@@ -449,57 +475,19 @@ func mayReturnBulk(tds []*TD, resp any) bool {
 }
 
 // roundTrip writes the request and reads the response. ok reports whether
-// the stream, and side when set, are still in step (they may carry
-// another call). version is the connection's protocol version.
-func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, body *outBody, tds []*TD, resp any, lim *Limits, version uint8, side *sideConn) (ok bool, err error) {
+// the stream is still in step (it may carry another call). version is the
+// connection's protocol version.
+func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, body *outBody, tds []*TD, resp any, lim *Limits, version uint8) (ok bool, err error) {
 	if err := writeFrame(cs.bw, hdr, args); err != nil {
 		return false, err
 	}
-	if !hdr.SideBody {
-		if err := body.write(cs.bw); err != nil {
-			return false, err
-		}
+	if err := body.write(cs.bw); err != nil {
+		return false, err
 	}
 	if err := cs.bw.Flush(); err != nil {
 		return false, err
 	}
-	if hdr.SideBody {
-		// After the header: the node reads the body once it has read that.
-		if err := writeBody(side.conn, nil, body); err != nil {
-			cs.sideSpoilt = true
-			return false, err
-		}
-	}
-	// The answer comes whole on the side connection when the node took it;
-	// when it could not, in the stream, and the node has closed the side
-	// connection (it ends at once here).
-	br := cs.br
-	if side != nil {
-		if _, err := side.br.Peek(1); err == nil {
-			br = side.br
-		} else if errors.Is(err, os.ErrDeadlineExceeded) {
-			cs.sideSpoilt = true
-			return false, err // the call's context ended
-		} else {
-			cs.sideSpoilt = true
-		}
-	}
-	onSide := side != nil && br == side.br
-	ok, err = readResponse(br, hdr.Method, tds, resp, lim, version)
-	if onSide {
-		// The stream carried nothing of this call; the side connection is in
-		// step if the answer was read whole and nothing follows it.
-		if !ok || br.Buffered() != 0 {
-			cs.sideSpoilt = true
-		}
-		var e *Error
-		if err == nil || errors.As(err, &e) && e.Code != ResourceExhausted {
-			ok = true
-		} else {
-			ok = err == nil // the node closes a stream it refused for being over its limit
-		}
-	}
-	return ok, err
+	return readResponse(cs.br, hdr.Method, tds, resp, lim, version)
 }
 
 // readResponse reads a call's response from br. ok reports whether br is

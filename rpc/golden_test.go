@@ -520,7 +520,8 @@ func TestGolden_Version2(t *testing.T) {
 
 // TestGolden_Version3 pins what version 3 adds: the attach flag of a side
 // connection's hello, the session message, the attach message, and the
-// side connection keys of message headers.
+// side connection keys of message headers, and a call's request on a side
+// connection (its tag, then the request).
 func TestGolden_Version3(t *testing.T) {
 	h := goldenHello()
 	h.version, h.flags = 3, flagToken|flagAttach
@@ -606,6 +607,23 @@ func TestGolden_Version3(t *testing.T) {
 		if err := readHeader(bufio.NewReader(bytes.NewReader(want)), 64<<10, back); err != nil || !reflect.DeepEqual(back, tc.hdr) {
 			t.Errorf("%s: read back %+v, %v", tc.name, back, err)
 		}
+	}
+	// A call's request on a side connection: the call's tag, then the
+	// request as in a stream (here with a 1-byte argument and no body).
+	var buf bytes.Buffer
+	if err := writeTagged(&buf, true, &requestHeader{Method: "bulk", ArgLen: 1}, []byte{0x80}, nil); err != nil {
+		t.Fatal(err)
+	}
+	want = unhex(t, `ff
+		0000002c
+		84
+		a7 6172675f6c656e 01
+		a8 626f64795f6c656e 00
+		a6 6d6574686f64 a4 62756c6b
+		aa 74696d656f75745f7573 00
+		80`)
+	if !bytes.Equal(buf.Bytes(), want) {
+		t.Errorf("a call's request on a side connection\n got %x\nwant %x", buf.Bytes(), want)
 	}
 	// The side keys are refused outside version 3, and malformed in it.
 	for _, tc := range []struct {

@@ -8,6 +8,7 @@ package rpc
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -43,6 +44,8 @@ func TestHelperProcess(t *testing.T) {
 		helperStreamer()
 	case "sidestreamer":
 		helperSideStreamer()
+	case "sidecaller":
+		helperSideCaller()
 	default:
 		t.Skip("the body of a helper process")
 	}
@@ -142,6 +145,32 @@ func helperSideStreamer() {
 			helperFail(fmt.Errorf("send %d: %w", i, err))
 		}
 	}
+}
+
+// helperSideCaller dials $TENSORWIRE_TEST_ADDR, takes a side connection
+// and writes on it a call's tag, a header announcing a 64 MiB body, and 1
+// MiB of it; it prints "SENT" and waits to be killed.
+func helperSideCaller() {
+	c, err := Dial(context.Background(), os.Getenv(envAddr))
+	if err != nil {
+		helperFail(err)
+	}
+	cc, err := c.conn(context.Background())
+	if err != nil {
+		helperFail(err)
+	}
+	side := cc.getSide(context.Background(), true)
+	if side == nil {
+		helperFail(errors.New("no side connection"))
+	}
+	hdr := requestHeader{Method: methodIncTD, BodyLen: 64 << 20}
+	b := hdr.appendMsgpack([]byte{sideCallTag, 0, 0, 0, 0})
+	binary.BigEndian.PutUint32(b[1:], uint32(len(b)-5))
+	if _, err := side.conn.Write(append(b, make([]byte, 1<<20)...)); err != nil {
+		helperFail(err)
+	}
+	fmt.Println("SENT")
+	select {}
 }
 
 func helperFail(err error) {
@@ -452,6 +481,26 @@ func TestSide_CallerKilledMidBody(t *testing.T) {
 	killed := caller.Kill()
 	expectEnded(t, n.streamEnded)
 	t.Logf("the handler's context ended %v after the kill", time.Since(killed))
+	waitFor(t, "the dead caller's side connection closed", func() bool { return n.s.Stats().SideConns == 0 })
+	c := dial(t, n.addr)
+	echo(t, c)
+	incCall(t, Uncompressed(testCtx(t)), c, 64, 64<<10, 3)
+}
+
+// TestSide_CallerKilledMidRequest kills a caller whose call's request
+// stopped mid-body on its side connection: the node closes that side
+// connection and serves others, bulk calls on side connections included.
+func TestSide_CallerKilledMidRequest(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	n := startStreamNode(t, WithKeepAlive(-1)) // no pings: only the sockets' close ends it
+	caller := startHelper(t, "sidecaller", envAddr+"="+n.addr)
+	caller.Expect(t, "SENT")
+	if got := n.s.Stats().SideConns; got != 1 {
+		t.Fatalf("the node has %d side connections, want the caller's", got)
+	}
+	caller.Kill()
 	waitFor(t, "the dead caller's side connection closed", func() bool { return n.s.Stats().SideConns == 0 })
 	c := dial(t, n.addr)
 	echo(t, c)

@@ -398,7 +398,7 @@ func (s *Server) serveConn(conn net.Conn) {
 			if secret, err = newSecret(); err != nil {
 				return sessionMsg{}, err
 			}
-			set = newSideSet(s.o.limits.MaxSideConns)
+			set = newSideSet(s, log, s.o.limits.MaxSideConns)
 			s.mu.Lock()
 			s.sides[secret] = set
 			s.mu.Unlock()
@@ -650,6 +650,164 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slo
 		}
 		st.SetReadDeadline(time.Now().Add(lim.IdleTimeout))
 	}
+}
+
+// serveSide reads the requests that come on side connection sc, one after
+// another, and starts each call (sideCall); done is closed when it returns.
+// It reads the next request while a call runs, so it sees the caller close
+// the connection at once (which cancels the call: sc.ctx); a request that
+// comes before the call before is done waits for it. It returns when the
+// connection ends, breaks the protocol, idles out (Limits.IdleTimeout), or
+// is taken by a message stream (sideConn.unwatch), with the byte it read
+// then left pending for the stream.
+func (s *Server) serveSide(set *sideSet, sc *sideConn, done chan struct{}) {
+	defer s.wg.Done()
+	defer close(done)
+	var prev chan struct{} // the call in progress
+	for {
+		if !sc.pending {
+			var b [1]byte
+			n, err := sc.conn.Read(b[:])
+			if n == 0 {
+				if errors.Is(err, os.ErrDeadlineExceeded) && sc.stopping.Load() {
+					return // taken by a message stream
+				}
+				sc.kill() // closed, reset or idle: ends the call in progress
+				return
+			}
+			sc.pend, sc.pending = b[0], true
+		}
+		if prev != nil {
+			<-prev
+			prev = nil
+		}
+		if sc.pend != sideCallTag {
+			// A message stream's frame, whose opening request, in the
+			// session, the node may not have read yet: the byte is the
+			// stream's once it takes the connection.
+			s.awaitTake(set, sc)
+			return
+		}
+		set.mu.Lock()
+		if set.busy[sc.id] || sc.dead.Load() || set.closed {
+			set.mu.Unlock()
+			return // taken by a message stream: the byte is its
+		}
+		set.busy[sc.id] = true
+		sc.pending = false // the tag
+		set.mu.Unlock()
+		if prev = s.sideCall(set, sc); prev == nil {
+			return
+		}
+	}
+}
+
+// awaitTake waits for a message stream to take side connection sc, whose
+// next byte is not a call's: for at most TransferGrace, then sc is closed.
+func (s *Server) awaitTake(set *sideSet, sc *sideConn) {
+	timer := time.NewTimer(s.o.limits.TransferGrace)
+	defer timer.Stop()
+	for {
+		set.mu.Lock()
+		if set.busy[sc.id] || sc.dead.Load() || set.closed {
+			set.mu.Unlock()
+			return
+		}
+		ch := set.changed
+		set.mu.Unlock()
+		select {
+		case <-ch:
+		case <-timer.C:
+			set.log.Warn("rpc: closing side connection", "id", sc.id, "err", fmt.Errorf("%w: bytes on an idle side connection that no message stream took", errProtocol))
+			sc.kill()
+			return
+		}
+	}
+}
+
+// sideCall reads a call's request from side connection sc, held for it,
+// and starts its handler, which answers on sc and then gives it back. It
+// returns a channel closed when the call is done, or nil when sc was closed
+// (a request that breaks the protocol, a short read, the session's end).
+func (s *Server) sideCall(set *sideSet, sc *sideConn) chan struct{} {
+	lim := &s.o.limits
+	log := set.log
+	fail := func(err error) chan struct{} {
+		if errors.Is(err, errProtocol) {
+			log.Warn("rpc: closing side connection", "id", sc.id, "err", err)
+		}
+		sc.kill()
+		return nil
+	}
+	sc.conn.SetReadDeadline(lim.transferDeadline(time.Now(), 0))
+	var hdr requestHeader
+	err := readHeader(sc.br, lim.MaxHeaderBytes, &hdr)
+	if err == nil {
+		err = checkLens(hdr.ArgLen, hdr.BodyLen, lim)
+	}
+	if err == nil {
+		err = checkRaw(hdr.BodyLen, hdr.RawLen, lim, true)
+	}
+	if err == nil && (hdr.Stream || hdr.Side != 0 || hdr.SideBody) {
+		err = fmt.Errorf("%w: a request on a side connection with stream, side or side_body", errProtocol)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if rest := hdr.ArgLen + hdr.BodyLen; rest > int64(sc.br.Buffered()) {
+		sc.conn.SetReadDeadline(lim.transferDeadline(time.Now(), rest))
+	}
+	args, err := readArgs(sc.br, hdr.ArgLen)
+	if err != nil {
+		return fail(err)
+	}
+	in := &incoming{method: hdr.Method, args: args, body: newBodyReader(sc.br, hdr.BodyLen, hdr.RawLen), res: s.res,
+		compress: !s.o.noLZ4 && !hdr.NoLZ4}
+	run, err := s.decode(in, false)
+	if derr := in.body.drain(); derr != nil {
+		in.release()
+		return fail(derr)
+	}
+	if _, broken := errors.AsType[*streamError](err); broken {
+		in.release()
+		return fail(err)
+	}
+	if sc.br.Buffered() != 0 {
+		in.release()
+		return fail(fmt.Errorf("%w: bytes after a request on a side connection", errProtocol))
+	}
+	// The next read (serveSide's) waits for the caller's next request, or
+	// its close, for as long as the call runs.
+	sc.conn.SetReadDeadline(time.Time{})
+	set.mu.Lock()
+	if set.closed {
+		set.mu.Unlock()
+		in.release()
+		sc.kill()
+		return nil
+	}
+	s.wg.Add(1)
+	set.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		defer s.wg.Done()
+		defer close(done)
+		ctx, cancel := callContext(sc.ctx, hdr.TimeoutUS)
+		ok := s.respond(ctx, nil, nil, in, run, err, sc, log)
+		cancel()
+		in.release()
+		if !ok || sc.dead.Load() {
+			sc.kill()
+			return
+		}
+		sc.conn.SetWriteDeadline(time.Time{})
+		set.mu.Lock()
+		delete(set.busy, sc.id)
+		set.signal()
+		sc.conn.SetReadDeadline(time.Now().Add(lim.IdleTimeout))
+		set.mu.Unlock()
+	}()
+	return done
 }
 
 // callContext returns the context of a call with the caller's remaining

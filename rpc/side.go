@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"sync"
@@ -28,12 +29,15 @@ import (
 // connections that authenticate as the main one does and then attach to
 // the session by its secret. A call or a message stream checks one out of
 // the client's pool for its own use (never two at once, so no body waits
-// behind another's); the message header in the yamux stream then says that
-// the body follows on the side connection, which carries exactly the
-// body's bytes, written with one writev straight from the tensors and read
-// straight into the receiver's tensors. Small bodies, and everything when
-// no side connection is available, stay in the yamux stream: side
-// connections are an optimisation, never a new way to fail.
+// behind another's). A call then sends its whole request there (a tag
+// byte, header, argument, body) and reads its whole answer there, and the
+// node reads requests from each idle side connection (Server.serveSide); a
+// message stream's header in the yamux stream says that its opening body
+// follows on the side connection, and its frames go there after it.
+// Bodies are written with one writev straight from the tensors and read
+// straight into the receiver's tensors. Everything, when no side
+// connection is available, stays in the yamux stream: side connections
+// are an optimisation, never a new way to fail.
 
 const (
 	sessionSize = 40 // the session message
@@ -129,13 +133,12 @@ func parseAttach(b []byte) (attachMsg, error) {
 // sideConn is one side connection, on either end. It is idle (in a
 // client's pool, or a server's set and not named by a call) or held by one
 // call or message stream. An idle side connection has nothing to read (a
-// client's) or only the next body (a server's), so one the peer has closed
-// can be told, and is dropped from its pool or set: a client looks into
-// the socket (peek) before it reuses one; a node looks into its idle ones
-// when a new one would pass its limit. Where peek cannot tell (a node's
-// TLS connection, whose peer's close sends bytes first; systems without
-// it), a watcher goroutine reads the idle connection instead, and sees its
-// end at once.
+// client's) or only the next request or stream frame (a server's), so one
+// the peer has closed can be told, and is dropped from its pool or set: a
+// client looks into the socket (peek) before it reuses one, or, where peek
+// cannot tell (TLS, systems without it), a watcher goroutine reads it; a
+// node always has a goroutine reading its next request (sideSet.watch),
+// which sees its end at once.
 type sideConn struct {
 	id     uint32
 	conn   net.Conn      // TCP, or TLS over it
@@ -143,7 +146,8 @@ type sideConn struct {
 	raw    net.Conn      // what peek looks into; nil: watched by a goroutine instead
 	br     *bufio.Reader // a client's: the answers of the calls that hold it
 
-	// A byte the watcher read: the first of the next body (a server's).
+	// A byte the watcher read: the first of the next body or stream frame
+	// (a server's).
 	pend    byte
 	pending bool
 
@@ -153,6 +157,11 @@ type sideConn struct {
 	once   sync.Once
 	dead   atomic.Bool
 	onDead func(*sideConn) // drops it from its pool or set
+
+	// A node's: ends when the connection is closed; the parent of the
+	// contexts of the calls whose requests come on it.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // peekState is what peek finds on an idle connection.
@@ -180,6 +189,12 @@ func newSideConn(id uint32, conn net.Conn, client bool, onDead func(*sideConn)) 
 		if client {
 			raw = tc.NetConn()
 		}
+	}
+	if !client {
+		// A node's has a reader of the next request always running
+		// (sideSet.watch), which sees its end at once.
+		raw = nil
+		s.br = bufio.NewReaderSize(s, 32<<10)
 	}
 	if raw != nil && peek(raw) != peekUnknown {
 		s.raw = raw
@@ -215,7 +230,7 @@ func (s *sideConn) Read(p []byte) (int, error) {
 // watch starts the watcher of an idle side connection, where peek cannot
 // look into it.
 func (s *sideConn) watch() {
-	if s.raw != nil || s.watchDone != nil || s.dead.Load() || s.pending {
+	if s.raw != nil || s.watchDone != nil || s.dead.Load() || s.pending || !s.client {
 		return
 	}
 	done := make(chan struct{})
@@ -257,6 +272,9 @@ func (s *sideConn) kill() {
 	s.once.Do(func() {
 		s.dead.Store(true)
 		s.conn.Close()
+		if s.cancel != nil {
+			s.cancel()
+		}
 		if s.onDead != nil {
 			s.onDead(s)
 		}
@@ -397,6 +415,10 @@ func (p *sidePool) size() int {
 // sideSet is a server's side connections of one session.
 type sideSet struct {
 	max int
+	srv *Server         // serves the calls whose requests come on the side connections
+	log *slog.Logger    // the session's
+	ctx context.Context // ends with the session
+	end context.CancelFunc
 
 	mu      sync.Mutex
 	conns   map[uint32]*sideConn
@@ -405,8 +427,10 @@ type sideSet struct {
 	closed  bool
 }
 
-func newSideSet(max int) *sideSet {
-	return &sideSet{max: max, conns: map[uint32]*sideConn{}, busy: map[uint32]bool{}, changed: make(chan struct{})}
+func newSideSet(srv *Server, log *slog.Logger, max int) *sideSet {
+	s := &sideSet{max: max, srv: srv, log: log, conns: map[uint32]*sideConn{}, busy: map[uint32]bool{}, changed: make(chan struct{})}
+	s.ctx, s.end = context.WithCancel(srv.ctx)
+	return s
 }
 
 // signal wakes the takers waiting for a held side connection; s.mu is held.
@@ -416,8 +440,8 @@ func (s *sideSet) signal() {
 }
 
 // add attaches conn as side connection id, or returns the refusal.
+// An idle one the peer has closed is gone already: its reader saw the end.
 func (s *sideSet) add(id uint32, conn net.Conn) (*sideConn, error) {
-	s.sweep()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -429,28 +453,9 @@ func (s *sideSet) add(id uint32, conn net.Conn) (*sideConn, error) {
 		return nil, Errorf(ResourceExhausted, "the session has %d side connections, its limit", s.max)
 	}
 	sc := newSideConn(id, conn, false, s.drop)
+	sc.ctx, sc.cancel = context.WithCancel(s.ctx)
 	s.conns[id] = sc
 	return sc, nil
-}
-
-// sweep drops the idle side connections whose peer has closed them, when
-// the set is at its limit: they would hold the places of new ones.
-func (s *sideSet) sweep() {
-	s.mu.Lock()
-	var idle []*sideConn
-	if len(s.conns) >= s.max {
-		for id, sc := range s.conns {
-			if !s.busy[id] && sc.raw != nil {
-				idle = append(idle, sc)
-			}
-		}
-	}
-	s.mu.Unlock()
-	for _, sc := range idle {
-		if !sc.idleAlive() {
-			sc.kill()
-		}
-	}
 }
 
 // take checks out side connection id for a call or message stream that
@@ -493,6 +498,7 @@ func (s *sideSet) take(id uint32, deadline time.Time) *sideConn {
 		return nil
 	}
 	s.busy[id] = true
+	s.signal()
 	s.mu.Unlock()
 	if !sc.unwatch() {
 		s.mu.Lock()
@@ -512,17 +518,32 @@ func (s *sideSet) put(sc *sideConn, ok bool) {
 	}
 	sc.conn.SetDeadline(time.Time{})
 	s.mu.Lock()
-	sc.watch()
 	delete(s.busy, sc.id)
 	s.signal()
+	s.watch(sc)
 	s.mu.Unlock()
 }
 
-// start begins watching a side connection that has just attached.
+// start begins reading requests from a side connection that has just
+// attached.
 func (s *sideSet) start(sc *sideConn) {
 	s.mu.Lock()
-	sc.watch()
+	s.watch(sc)
 	s.mu.Unlock()
+}
+
+// watch starts the reader of an idle side connection's next request
+// (Server.serveSide), unless one runs; s.mu is held. A message stream that
+// takes the connection stops it (sideConn.unwatch).
+func (s *sideSet) watch(sc *sideConn) {
+	if sc.watchDone != nil || sc.dead.Load() || s.closed {
+		return
+	}
+	done := make(chan struct{})
+	sc.watchDone = done
+	sc.conn.SetReadDeadline(time.Now().Add(s.srv.o.limits.IdleTimeout))
+	s.srv.wg.Add(1) // the session's serveConn holds the group while the set is open
+	go s.srv.serveSide(s, sc, done)
 }
 
 func (s *sideSet) drop(sc *sideConn) {
@@ -539,6 +560,7 @@ func (s *sideSet) drop(sc *sideConn) {
 func (s *sideSet) close() {
 	s.mu.Lock()
 	s.closed = true
+	s.end()
 	all := make([]*sideConn, 0, len(s.conns))
 	for _, sc := range s.conns {
 		all = append(all, sc)
@@ -605,8 +627,26 @@ func (c *Client) dialSide(ctx context.Context, cc *clientConn, id uint32) (net.C
 // a side connection's conn, in one writev when its tensors are in Go
 // memory.
 func writeMessage(w io.Writer, hdr header, args []byte, b *outBody) error {
-	head := hdr.appendMsgpack(make([]byte, 4, 128))
-	binary.BigEndian.PutUint32(head, uint32(len(head)-4))
+	return writeTagged(w, false, hdr, args, b)
+}
+
+// sideCallTag is the first byte of a call's request on a side connection:
+// the frames of a message stream there begin with a header length, whose
+// first byte is never 0xff (a header is at most MaxHeaderBytes).
+const sideCallTag = 0xff
+
+// writeTagged is writeMessage, with sideCallTag first if tag is set.
+func writeTagged(w io.Writer, tag bool, hdr header, args []byte, b *outBody) error {
+	head := make([]byte, 4, 128)
+	if tag {
+		head = append(head[:0], sideCallTag, 0, 0, 0, 0)
+	}
+	head = hdr.appendMsgpack(head)
+	n := len(head) - 4
+	if tag {
+		n--
+	}
+	binary.BigEndian.PutUint32(head[len(head)-n-4:], uint32(n))
 	if b == nil {
 		bufs := net.Buffers{head, args}
 		_, err := bufs.WriteTo(w)

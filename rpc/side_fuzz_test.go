@@ -2,8 +2,13 @@ package rpc
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"io"
+	"log/slog"
+	"net"
 	"testing"
+	"time"
 )
 
 // FuzzAttach feeds a node's handshake a side connection's attach message
@@ -78,5 +83,62 @@ func FuzzAttach(f *testing.F) {
 				t.Fatalf("the session's secret: %v, %+v, wrote %x", herr, peer, rest)
 			}
 		}
+	})
+}
+
+// FuzzSideRequest feeds a node's side connection what a caller may send
+// on it: a call's request (tag, header, argument, body), a message stream's
+// frame, or garbage. The node never panics, never blocks past the
+// connection's end, and holds no side connection once the peer is gone; a
+// well-formed call is answered there.
+func FuzzSideRequest(f *testing.F) {
+	l := hostileLimits()
+	l.TransferGrace = 20 * time.Millisecond
+	s, err := NewServer(WithLimits(l), WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { s.Close() })
+	if err := Register(s, methodEcho, func(ctx context.Context, m echoMsg) (echoMsg, error) { return m, nil }); err != nil {
+		f.Fatal(err)
+	}
+	call := func(hdr requestHeader, args []byte, tail ...byte) []byte {
+		hdr.ArgLen = int64(len(args))
+		b := append([]byte{sideCallTag}, frameOf(f, &hdr)...)
+		return append(append(b, args...), tail...)
+	}
+	args, err := encodeMsgpack(echoMsg{S: "hi"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(call(requestHeader{Method: methodEcho}, args))
+	f.Add(call(requestHeader{Method: methodEcho, BodyLen: 3}, args, 1, 2, 3))
+	f.Add(call(requestHeader{Method: methodEcho, BodyLen: 3, RawLen: 9}, args, 1, 2, 3))
+	f.Add(call(requestHeader{Method: "tensorwire.describe"}, args))
+	f.Add(append(call(requestHeader{Method: methodEcho}, args), call(requestHeader{Method: methodEcho}, args)...))
+	f.Add(call(requestHeader{Method: methodEcho, Stream: true}, args))
+	f.Add(frameOf(f, &requestHeader{Method: methodEcho}))
+	f.Add([]byte{sideCallTag, 0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte{sideCallTag})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		set := newSideSet(s, s.o.log, 1)
+		a, b := net.Pipe()
+		sc, err := set.add(1, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		set.start(sc)
+		drained := make(chan struct{})
+		go func() {
+			defer close(drained)
+			io.Copy(io.Discard, b)
+		}()
+		b.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		b.Write(in)
+		b.Close()
+		<-drained
+		waitFor(t, "the side connection closed", func() bool { return set.len() == 0 })
+		set.close()
+		s.wg.Wait() // the connection's reader and its calls have returned
 	})
 }

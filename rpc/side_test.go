@@ -104,16 +104,17 @@ func TestSide_TLS(t *testing.T) {
 	}
 }
 
-// TestSide_SmallBodiesInBand: a request body under 256 KiB stays in the
-// stream, and a call whose types hold no TDs takes no side connection; the
-// answer of a call that holds one comes on it, whatever its size.
+// TestSide_SmallBodiesInBand: a call whose types hold no TDs takes no side
+// connection; a call that holds one (its response may bring a large body)
+// sends its whole request there, and gets its whole answer there, whatever
+// their sizes.
 func TestSide_SmallBodiesInBand(t *testing.T) {
 	n := startStreamNode(t)
 	c := dial(t, n.addr)
 	before := sideWritten.Load()
 	incCall(t, Uncompressed(testCtx(t)), c, 10, 10<<10, 3) // 100 KiB each way
-	if moved := sideWritten.Load() - before; moved != 100<<10 {
-		t.Fatalf("%d bytes went on side connections, want the answer's 100 KiB", moved)
+	if moved := sideWritten.Load() - before; moved != 200<<10 {
+		t.Fatalf("%d bytes went on side connections, want the request's and the answer's 200 KiB", moved)
 	}
 	before = sideWritten.Load()
 	for range 3 {
@@ -483,12 +484,7 @@ func TestSide_DeadIdleConns(t *testing.T) {
 	}
 
 	// The node closes it (as it would on a failure the client missed).
-	var pc *peerConn
-	n.s.mu.RLock()
-	for p := range n.s.conns {
-		pc = p
-	}
-	n.s.mu.RUnlock()
+	pc := peerOf(t, n.s)
 	pc.side.mu.Lock()
 	for _, sc := range pc.side.conns {
 		sc.conn.Close()
@@ -519,12 +515,7 @@ func TestSide_TakeWaitsForRelease(t *testing.T) {
 	c := dial(t, n.addr)
 	ctx := Uncompressed(testCtx(t))
 	incCall(t, ctx, c, 64, 16<<10, 1)
-	var pc *peerConn
-	n.s.mu.RLock()
-	for p := range n.s.conns {
-		pc = p
-	}
-	n.s.mu.RUnlock()
+	pc := peerOf(t, n.s)
 	held := pc.side.take(1, time.Now().Add(30*time.Second))
 	if held == nil {
 		t.Fatal("side connection 1 is not on the node")
@@ -553,32 +544,145 @@ func TestSide_TakeWaitsForRelease(t *testing.T) {
 	}
 }
 
-// TestSide_AnswerInBandWhenNotTaken names a side connection the node holds
-// for something else past TransferGrace: the node closes it and answers in
-// the stream, where the caller, seeing its side connection end, reads it.
-func TestSide_AnswerInBandWhenNotTaken(t *testing.T) {
-	n := startStreamNode(t) // TransferGrace 1 s
+// TestSide_RequestOnSideOnly: a bulk call that holds a side connection
+// sends its whole request there: neither end's main connection reads a
+// byte for it (a keep-alive may fall into one call, not into three).
+func TestSide_RequestOnSideOnly(t *testing.T) {
+	n := startStreamNode(t)
 	c := dial(t, n.addr)
 	ctx := Uncompressed(testCtx(t))
-	incCall(t, ctx, c, 64, 16<<10, 1)
+	incCall(t, ctx, c, 64, 16<<10, 1) // the side connection is open
+	cc := clientConnOf(t, c)
+	pc := peerOf(t, n.s)
+	quiet := false
+	for i := range 3 {
+		nodeReads, callerReads := pc.fc.reads.Load(), cc.fc.reads.Load()
+		before := sideWritten.Load()
+		incCall(t, ctx, c, 64, 16<<10, byte(i))
+		if moved := sideWritten.Load() - before; moved != 2<<20 {
+			t.Fatalf("%d bytes went on side connections, want 2 MiB", moved)
+		}
+		if pc.fc.reads.Load() == nodeReads && cc.fc.reads.Load() == callerReads {
+			quiet = true
+			break
+		}
+	}
+	if !quiet {
+		t.Fatal("every bulk call moved bytes on the main connection")
+	}
+}
+
+// TestSide_GarbageOnIdleConn writes bytes that are no request to an idle
+// side connection: the node closes it and logs that once; the session, and
+// bulk calls on a new side connection, go on.
+func TestSide_GarbageOnIdleConn(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		garbage []byte
+	}{
+		{"not msgpack", []byte{sideCallTag, 0, 0, 0, 4, 0xc1, 0xc1, 0xc1, 0xc1}},
+		{"a message stream's request", append([]byte{sideCallTag}, frameOf(t, &requestHeader{Method: "x", Stream: true})...)},
+		{"naming a side connection", append([]byte{sideCallTag}, frameOf(t, &requestHeader{Method: "x", Side: 1})...)},
+		{"header too long", []byte{sideCallTag, 0x7f, 0xff, 0xff, 0xff}},
+		{"no call's tag, and no stream takes it", frameOf(t, &requestHeader{Method: "x"})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &countingHandler{}
+			n := startStreamNode(t, WithLogger(slog.New(h)))
+			c := dial(t, n.addr)
+			ctx := Uncompressed(testCtx(t))
+			incCall(t, ctx, c, 64, 16<<10, 1)
+			cc := clientConnOf(t, c)
+			cc.side.mu.Lock()
+			sc := cc.side.idle[0]
+			cc.side.mu.Unlock()
+			if _, err := sc.conn.Write(tc.garbage); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the node closing the side connection", func() bool { return n.s.Stats().SideConns == 0 })
+			if got := h.count("rpc: closing side connection"); got != 1 {
+				t.Fatalf("%d log lines of the closed side connection, want 1", got)
+			}
+			echo(t, c)
+			incCall(t, ctx, c, 64, 16<<10, 2) // on a new side connection
+		})
+	}
+}
+
+// frameOf returns hdr as a frame: its length and its msgpack.
+func frameOf(t testing.TB, hdr header) []byte {
+	t.Helper()
+	b := hdr.appendMsgpack(make([]byte, 4))
+	b[0], b[1], b[2], b[3] = byte((len(b)-4)>>24), byte((len(b)-4)>>16), byte((len(b)-4)>>8), byte(len(b)-4)
+	return b
+}
+
+// count returns how many records have msg as their message.
+func (h *countingHandler) count(msg string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, r := range h.records {
+		if r.Message == msg {
+			n++
+		}
+	}
+	return n
+}
+
+// TestSide_CancelEndsHandler cancels a call whose request went on a side
+// connection while its handler runs: the caller's close of the side
+// connection ends the handler's context, and the node serves the next calls.
+func TestSide_CancelEndsHandler(t *testing.T) {
+	n := startStreamNode(t)
+	started, ended := make(chan struct{}, 1), make(chan struct{}, 1)
+	must(t, Register(n.s, "test.blocktd", func(ctx context.Context, req sinkReq) (genResp, error) {
+		started <- struct{}{}
+		<-ctx.Done()
+		ended <- struct{}{}
+		return genResp{}, ctx.Err()
+	}))
+	c := dial(t, n.addr)
+	ctx, cancel := context.WithCancel(Uncompressed(testCtx(t)))
+	done := make(chan error, 1)
+	before := sideWritten.Load()
+	go func() {
+		_, err := Call[genResp](ctx, c, "test.blocktd", sinkReq{X: Ref(byteTD(t, 64, 16<<10, 1))})
+		done <- err
+	}()
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler did not start")
+	}
+	if moved := sideWritten.Load() - before; moved != 1<<20 {
+		t.Fatalf("%d bytes went on side connections, want the request's 1 MiB", moved)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, ErrCanceled) {
+		t.Fatalf("the cancelled call: %v, want Canceled", err)
+	}
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler's context did not end within 30 s of the cancel")
+	}
+	waitFor(t, "the cancelled call's side connection closed", func() bool { return n.s.Stats().SideConns == 0 })
+	incCall(t, Uncompressed(testCtx(t)), c, 64, 16<<10, 2)
+}
+
+// peerOf returns s's one peer, once its main connection is counted: calls
+// on side connections can end before it is.
+func peerOf(t *testing.T, s *Server) *peerConn {
+	t.Helper()
 	var pc *peerConn
-	n.s.mu.RLock()
-	for p := range n.s.conns {
-		pc = p
-	}
-	n.s.mu.RUnlock()
-	held := pc.side.take(1, time.Now().Add(30*time.Second))
-	if held == nil {
-		t.Fatal("side connection 1 is not on the node")
-	}
-	defer pc.side.put(held, false)
-	got, err := Call[genResp](ctx, c, methodGenTD, sinkReq{N: 64, S: "random"})
-	must(t, err)
-	if x := firstLeaf(t, got.X.TensorDict); x.NumBytes() != 64*4096 {
-		t.Fatalf("test.gentd sent %d bytes", x.NumBytes())
-	}
-	if !held.dead.Load() {
-		t.Fatal("the node did not close the side connection it could not take")
-	}
-	incCall(t, ctx, c, 64, 16<<10, 2) // on a new side connection
+	waitFor(t, "the peer counted", func() bool {
+		s.mu.RLock()
+		defer s.mu.RUnlock()
+		for p := range s.conns {
+			pc = p
+		}
+		return pc != nil
+	})
+	return pc
 }

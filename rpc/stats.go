@@ -38,9 +38,11 @@ func (s *Server) Stats() Stats {
 	st.Peers = len(s.conns)
 	for pc := range s.conns {
 		st.Streams += int(pc.active.Load())
-		if pc.side != nil {
-			st.SideConns += pc.side.len()
-		}
+	}
+	// By session secret, not by peer: a session's side connections serve
+	// calls from the moment the handshake ends, before the peer is counted.
+	for _, set := range s.sides {
+		st.SideConns += set.len()
 	}
 	s.mu.RUnlock()
 	if s.res != nil {
