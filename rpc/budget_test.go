@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"runtime/metrics"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,15 +63,35 @@ func TestServer_BodiesClaimedAndNotSentAreBounded(t *testing.T) {
 }
 
 // TestServer_BodiesLargerTogetherThanTheBudget: calls of one client whose
-// bodies together pass MaxBodyBytes all succeed, one after another.
+// bodies together pass MaxBodyBytes all succeed, one after another (each
+// holds its body's share until its handler returns), whichever connection
+// their bodies come on (side connections or yamux).
 func TestServer_BodiesLargerTogetherThanTheBudget(t *testing.T) {
+	for _, side := range []bool{true, false} {
+		t.Run(map[bool]string{true: "side", false: "yamux"}[side], func(t *testing.T) { bodiesOverBudget(t, side) })
+	}
+}
+
+func bodiesOverBudget(t *testing.T, side bool) {
 	l := DefaultLimits()
 	l.MaxBodyBytes = 8 << 20
 	s, addr := startServer(t, WithLimits(l))
 	type sumReq struct {
 		X TD `codec:"x"`
 	}
+	var mu sync.Mutex
+	inside, most := 0, 0
 	must(t, Register(s, "test.sum", func(ctx context.Context, m sumReq) (int64, error) {
+		mu.Lock()
+		inside++
+		most = max(most, inside)
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			inside--
+			mu.Unlock()
+		}()
+		time.Sleep(time.Millisecond)
 		v, err := m.X.Get("x")
 		if err != nil {
 			return 0, err
@@ -85,7 +106,7 @@ func TestServer_BodiesLargerTogetherThanTheBudget(t *testing.T) {
 		}
 		return sum, nil
 	}))
-	c := dial(t, addr, WithLimits(l), WithCompression(false))
+	c := dial(t, addr, WithLimits(l), WithCompression(false), WithSideConnections(side))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const calls = 6
@@ -120,5 +141,8 @@ func TestServer_BodiesLargerTogetherThanTheBudget(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+	if most != 1 {
+		t.Errorf("%d handlers held 5 MiB bodies at once under a budget of 8 MiB, want 1", most)
 	}
 }

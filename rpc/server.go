@@ -450,7 +450,10 @@ func (s *Server) serveConn(conn net.Conn) {
 		rw.Close()
 		return
 	}
-	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid, side: set, room: make(chan struct{}, 1), bodies: newBudget(s.o.limits.MaxBodyBytes)}
+	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid, side: set, room: make(chan struct{}, 1)}
+	if pc.bodies = newBudget(s.o.limits.MaxBodyBytes); set != nil {
+		pc.bodies = set.bodies // one budget for the session, whichever connection a body comes on
+	}
 	defer dropSet()
 	var cancelPC context.CancelFunc
 	pc.ctx, cancelPC = context.WithCancel(s.ctx)
@@ -761,9 +764,24 @@ func (s *Server) sideCall(set *sideSet, sc *sideConn) chan struct{} {
 	if err != nil {
 		return fail(err)
 	}
+	// The body's share of the session's budget, as for a call on yamux.
+	var took int64
+	var refused error
+	if need := max(hdr.BodyLen, hdr.RawLen); need >= budgetMin {
+		wctx, wcancel := callContext(sc.ctx, hdr.TimeoutUS)
+		if set.bodies.take(need, wctx.Done()) {
+			took = need
+		} else {
+			refused = Errorf(ResourceExhausted, "%s: this peer's bodies being received would pass %d bytes (Limits.MaxBodyBytes)", hdr.Method, lim.MaxBodyBytes)
+		}
+		wcancel()
+	}
 	in := &incoming{method: hdr.Method, args: args, body: newBodyReader(sc.br, hdr.BodyLen, hdr.RawLen), res: s.res,
-		compress: !s.o.noLZ4 && !hdr.NoLZ4}
-	run, err := s.decode(in, false)
+		compress: !s.o.noLZ4 && !hdr.NoLZ4, bodies: set.bodies, took: took}
+	var run func(context.Context) (outgoing, error)
+	if err = refused; err == nil {
+		run, err = s.decode(in, false)
+	}
 	if derr := in.body.drain(); derr != nil {
 		in.release()
 		return fail(derr)

@@ -420,6 +420,8 @@ type sideSet struct {
 	ctx context.Context // ends with the session
 	end context.CancelFunc
 
+	bodies *budget // the session's budget for bodies, shared with its main connection (budget.go)
+
 	mu      sync.Mutex
 	conns   map[uint32]*sideConn
 	busy    map[uint32]bool
@@ -428,7 +430,7 @@ type sideSet struct {
 }
 
 func newSideSet(srv *Server, log *slog.Logger, max int) *sideSet {
-	s := &sideSet{max: max, srv: srv, log: log, conns: map[uint32]*sideConn{}, busy: map[uint32]bool{}, changed: make(chan struct{})}
+	s := &sideSet{max: max, srv: srv, log: log, bodies: newBudget(srv.o.limits.MaxBodyBytes), conns: map[uint32]*sideConn{}, busy: map[uint32]bool{}, changed: make(chan struct{})}
 	s.ctx, s.end = context.WithCancel(srv.ctx)
 	return s
 }
