@@ -22,11 +22,11 @@
 // Connections start with a handshake (magic, version, an HMAC-SHA256
 // challenge-response when a token is configured, each side's filesystem
 // identity), optionally inside TLS, then carry a yamux session whose
-// streams carry the calls. Large bodies (256 KiB or more) go around yamux
-// on side connections, further TCP connections that authenticate as the
-// first and that one call or message stream holds at a time
-// (WithSideConnections, Limits.MaxSideConns). docs/protocol.md specifies
-// the bytes.
+// streams carry the calls. A call that may move a large body (256 KiB or
+// more, either way) goes around yamux, whole, on a side connection: a
+// further TCP connection that authenticates as the first and that one call
+// or message stream holds at a time (WithSideConnections,
+// Limits.MaxSideConns). docs/protocol.md specifies the bytes.
 //
 // Every call has the caller's deadline, and the handler's context ends
 // when the caller cancels or goes away. Errors carry gRPC's codes (Code,
