@@ -261,7 +261,7 @@ func (s *session) receive(ctx context.Context) {
 	for {
 		m, err := s.stream.Recv(ctx)
 		if err != nil {
-			if err == io.EOF { // the handler returned nil, not an rpc error wrapping io.EOF
+			if err == io.EOF { // the handler returned nil
 				err = wrapf(ErrDropped, "the producer ended the consumer's stream")
 			}
 			s.mu.Lock()

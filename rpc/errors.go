@@ -239,7 +239,9 @@ func transportError(ctx context.Context, op string, err error) error {
 		return &Error{Code: DeadlineExceeded, Msg: op + ": " + err.Error(), err: err}
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-		return &Error{Code: Unavailable, Msg: op + ": connection closed by peer", err: err}
+		// Wrapping io.ErrUnexpectedEOF, never io.EOF: errors.Is(err, io.EOF)
+		// means a stream's clean end to its reader, never a broken connection.
+		return &Error{Code: Unavailable, Msg: op + ": connection closed by peer", err: io.ErrUnexpectedEOF}
 	}
 	return &Error{Code: Unavailable, Msg: op + ": " + err.Error(), err: err}
 }

@@ -292,16 +292,18 @@ func TestStream_NodeKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := node.Kill()
-	if _, err := waiting.Recv(ctx); !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("a waiting Recv after the kill: %v, want Unavailable", err)
+	// Unavailable, and not io.EOF, which a Recv loop takes for the
+	// handler's clean end.
+	if _, err := waiting.Recv(ctx); !errors.Is(err, ErrUnavailable) || errors.Is(err, io.EOF) {
+		t.Fatalf("a waiting Recv after the kill: %v (io.EOF: %v), want Unavailable, not io.EOF", err, errors.Is(err, io.EOF))
 	}
 	for {
 		_, err := ticking.Recv(ctx)
 		if err == nil {
 			continue // ticks read before the kill
 		}
-		if !errors.Is(err, ErrUnavailable) {
-			t.Fatalf("the ticking stream after the kill: %v, want Unavailable", err)
+		if !errors.Is(err, ErrUnavailable) || errors.Is(err, io.EOF) {
+			t.Fatalf("the ticking stream after the kill: %v (io.EOF: %v), want Unavailable, not io.EOF", err, errors.Is(err, io.EOF))
 		}
 		break
 	}

@@ -757,7 +757,8 @@ func (c *Client) openStream(ctx context.Context, method string, req any, decode 
 			return werr
 		}
 		if err == io.EOF {
-			return &Error{Code: Unavailable, Msg: method + ": the node closed the stream without ending it", err: err}
+			// Not io.EOF itself: a Recv loop takes that for the handler's end.
+			return &Error{Code: Unavailable, Msg: method + ": the node closed the stream without ending it", err: io.ErrUnexpectedEOF}
 		}
 		return transportError(ctx, method, err)
 	}
