@@ -57,7 +57,7 @@ const (
 	ldName      = "ld"
 	ldSamples   = 4096
 	ldRowBytes  = 64
-	ldHeartbeat = 2 * time.Second // 1 s once dropped a consumer starved that long in CI (heartbeats every 250 ms), not one cut off
+	ldHeartbeat = 2 * time.Second  // 1 s once dropped a consumer starved that long in CI (heartbeats every 250 ms), not one cut off
 	ldMaxWait   = 20 * time.Second // far beyond the heartbeat: a drop for silence is not one for slowness
 )
 
