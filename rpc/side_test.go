@@ -686,3 +686,39 @@ func peerOf(t *testing.T, s *Server) *peerConn {
 	})
 	return pc
 }
+
+// TestSide_StreamEndedByHandlerThenCloseSend: a caller that reads a
+// stream to its end (the handler returned) and then closes its side gives
+// its side connection back in step: the next stream that takes it is
+// served at once. Before, the caller's end was not written once the
+// handler's had come, and the node held the connection, waiting for it,
+// for TransferGrace (a minute here; the loader's FuzzConsumer saw 10 s).
+func TestSide_StreamEndedByHandlerThenCloseSend(t *testing.T) {
+	l := DefaultLimits()
+	l.TransferGrace = time.Minute
+	n := startStreamNode(t, WithLimits(l))
+	lc := DefaultLimits()
+	lc.MaxSideConns = 1 // every stream takes the same side connection
+	c := dial(t, n.addr, WithLimits(lc))
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		st, err := OpenStream[Empty, tick](ctx, c, streamTicks, tickReq{N: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(ctx); err != nil {
+			t.Fatalf("stream %d: %v (the node still held its side connection?)", i, err)
+		}
+		if _, err := st.Recv(ctx); err != io.EOF {
+			t.Fatalf("stream %d after its tick: %v, want io.EOF", i, err)
+		}
+		if err := st.CloseSend(ctx); err != nil {
+			t.Fatalf("stream %d: CloseSend after the handler's end: %v", i, err)
+		}
+		st.Close()
+		cancel()
+	}
+	if got := n.s.Stats().SideConns; got != 1 {
+		t.Fatalf("the node has %d side connections of the client, want its one: the streams did not use it", got)
+	}
+}

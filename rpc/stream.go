@@ -609,10 +609,17 @@ func (ms *msgStream) endSend(ctx context.Context, status error) error {
 	}
 	ms.sent = true
 	if err := ms.unsendable(); err != nil {
-		if err == io.EOF {
-			return nil // the handler has ended: nothing to tell it
+		// On a side connection the node reads the caller's frames until the
+		// caller's end even after the handler has ended (there is no FIN
+		// per stream there): the end is written then too, or the
+		// connection, given back as in step, would stay held by the node
+		// for TransferGrace.
+		if err != io.EOF || !ms.caller || !ms.sideFrames {
+			if err == io.EOF {
+				return nil // the handler has ended: nothing to tell it
+			}
+			return err
 		}
-		return err
 	}
 	h := endHeader(status)
 	err := ms.write(ctx, &h, nil, nil, false)
