@@ -560,6 +560,14 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slo
 		if hdr.Side != 0 && pc.side != nil {
 			side = pc.side.take(uint32(hdr.Side), lim.transferDeadline(time.Now(), 0))
 		}
+		if hdr.Side != 0 && side == nil && hdr.Stream {
+			// The caller sends and reads this stream's frames on a side
+			// connection the node does not have: served in-band, each side
+			// would wait for the other. Reset, so that it fails at once.
+			log.Debug("rpc: a message stream names a side connection the node cannot take", "side", hdr.Side)
+			pc.fc.reset(id)
+			return
+		}
 		putSide := func(ok bool) {
 			if side != nil {
 				pc.side.put(side, ok)
