@@ -538,7 +538,9 @@ func (s *sideSet) start(sc *sideConn) {
 // (Server.serveSide), unless one runs; s.mu is held. A message stream that
 // takes the connection stops it (sideConn.unwatch).
 func (s *sideSet) watch(sc *sideConn) {
-	if sc.watchDone != nil || sc.dead.Load() || s.closed {
+	// busy: a message stream took it between its attach and start, and
+	// is unwatching it outside s.mu; it starts a reader when given back.
+	if sc.watchDone != nil || sc.dead.Load() || s.closed || s.busy[sc.id] {
 		return
 	}
 	done := make(chan struct{})
