@@ -114,3 +114,41 @@ func TestBench_Serve(t *testing.T) {
 		t.Errorf("JSON %s (%v)\noutput:\n%s", data, err, out)
 	}
 }
+
+// TestBench_Collective runs "tensorwire bench collective" through the built
+// binary, briefly (one op, two ranks, one size): the ranks are processes
+// the binary starts of itself, and the table and JSON name both transports.
+func TestBench_Collective(t *testing.T) {
+	bin := cliBinary(t)
+	jsonFile := filepath.Join(t.TempDir(), "out.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "collective", "--ops", "allreduce", "--ranks", "2", "--sizes", "64KB", "--json", jsonFile)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "busbw / memcpy") {
+		t.Errorf("no table in the output:\n%s", out)
+	}
+	data, err := os.ReadFile(jsonFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Runs []struct {
+			Op        string  `json:"op"`
+			Transport string  `json:"transport"`
+			BusBW     float64 `json:"busbw_GBps"`
+		} `json:"runs"`
+		Memcpy float64 `json:"memcpy_GBps"`
+	}
+	if err := json.Unmarshal(data, &got); err != nil || len(got.Runs) != 2 || got.Memcpy <= 0 {
+		t.Fatalf("JSON %s (%v)", data, err)
+	}
+	for i, want := range []string{"shm", "tcp"} {
+		if r := got.Runs[i]; r.Op != "allreduce" || r.Transport != want || r.BusBW <= 0 {
+			t.Errorf("run %d: %+v, want allreduce over %s with a bandwidth", i, r, want)
+		}
+	}
+}

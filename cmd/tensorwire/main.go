@@ -7,7 +7,7 @@
 //	tensorwire import idx [--force] --images F --labels F [--images F --labels F ...] PREFIX
 //	tensorwire import npy [--force] key=FILE.npy ... PREFIX
 //	tensorwire node --listen ADDR --root DIR [--token-file F] [--tls-cert F --tls-key F] [--buffer ...] [--store ...] [--loader ...]
-//	tensorwire bench NAME [flags]          (NAME: gather, fill, rpc, replay, store, collective, loader; "tensorwire bench --help")
+//	tensorwire bench NAME [flags]          (NAME: gather, fill, rpc, replay, serve, collective, store, loader; "tensorwire bench --help")
 //
 // Run "tensorwire help" for details, and "tensorwire CMD -h" (or
 // "tensorwire help CMD") for a command's flags with their defaults. Progress and logs go to stderr, results
