@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"context"
 	"sync"
 )
 
@@ -60,4 +61,21 @@ func (b *budget) give(n int64) {
 	close(b.wake)
 	b.wake = make(chan struct{})
 	b.mu.Unlock()
+}
+
+// takeBody takes a request's body share (the larger of its sizes on the
+// wire and decompressed), waiting until the call's deadline (timeoutUS,
+// none when 0) or parent's end; the error, ResourceExhausted, is the
+// call's answer when the share never came free.
+func (b *budget) takeBody(parent context.Context, method string, bodyLen, rawLen, timeoutUS, limit int64) (took int64, err error) {
+	need := max(bodyLen, rawLen)
+	if need < budgetMin {
+		return 0, nil
+	}
+	ctx, cancel := callContext(parent, timeoutUS)
+	defer cancel()
+	if !b.take(need, ctx.Done()) {
+		return 0, Errorf(ResourceExhausted, "%s: this peer's bodies being received would pass %d bytes (Limits.MaxBodyBytes)", method, limit)
+	}
+	return need, nil
 }

@@ -605,14 +605,8 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slo
 		// its size from the peer's budget first, waiting for the peer's
 		// other calls to give theirs back (until this call's deadline).
 		var took int64
-		if need := max(bodyLen, rawLen); refused == nil && !over && need >= budgetMin {
-			wctx, wcancel := callContext(pc.ctx, hdr.TimeoutUS)
-			if pc.bodies.take(need, wctx.Done()) {
-				took = need
-			} else {
-				refused = Errorf(ResourceExhausted, "%s: this peer's bodies being received would pass %d bytes (Limits.MaxBodyBytes)", hdr.Method, lim.MaxBodyBytes)
-			}
-			wcancel()
+		if refused == nil && !over {
+			took, refused = pc.bodies.takeBody(pc.ctx, hdr.Method, bodyLen, rawLen, hdr.TimeoutUS, lim.MaxBodyBytes)
 		}
 		in := &incoming{method: hdr.Method, args: args, body: newBodyReader(src, bodyLen, rawLen), res: s.res,
 			compress: pc.version >= 2 && !s.o.noLZ4 && !hdr.NoLZ4, bodies: pc.bodies, took: took}
@@ -773,17 +767,7 @@ func (s *Server) sideCall(set *sideSet, sc *sideConn) chan struct{} {
 		return fail(err)
 	}
 	// The body's share of the session's budget, as for a call on yamux.
-	var took int64
-	var refused error
-	if need := max(hdr.BodyLen, hdr.RawLen); need >= budgetMin {
-		wctx, wcancel := callContext(sc.ctx, hdr.TimeoutUS)
-		if set.bodies.take(need, wctx.Done()) {
-			took = need
-		} else {
-			refused = Errorf(ResourceExhausted, "%s: this peer's bodies being received would pass %d bytes (Limits.MaxBodyBytes)", hdr.Method, lim.MaxBodyBytes)
-		}
-		wcancel()
-	}
+	took, refused := set.bodies.takeBody(sc.ctx, hdr.Method, hdr.BodyLen, hdr.RawLen, hdr.TimeoutUS, lim.MaxBodyBytes)
 	in := &incoming{method: hdr.Method, args: args, body: newBodyReader(sc.br, hdr.BodyLen, hdr.RawLen), res: s.res,
 		compress: !s.o.noLZ4 && !hdr.NoLZ4, bodies: set.bodies, took: took}
 	var run func(context.Context) (outgoing, error)
