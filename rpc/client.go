@@ -29,6 +29,7 @@ type Client struct {
 	addr string
 	o    options
 	fsid FSID   // this side's root identity; zero without a root
+	host hostID // this side's kernel and root mount
 	root string // this side's root, absolute
 
 	calls chan struct{} // a token per call in flight; MaxStreamsPerPeer of them
@@ -105,6 +106,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 			return nil, err
 		}
 	}
+	c.host = localHostID(c.root)
 	if _, err := c.conn(ctx); err != nil {
 		return nil, err
 	}
@@ -115,14 +117,28 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 func (c *Client) Addr() string { return c.addr }
 
 // SharedFS reports whether the current connection's node shares this
-// client's filesystem (equal root identities), so TensorDicts under the
-// root travel as references. It dials if there is no connection.
+// client's page cache (Sharing is Coherent), so that TensorDicts under the
+// root, and anything a service changes in place, travel as references. It
+// dials if there is no connection.
 func (c *Client) SharedFS(ctx context.Context) (bool, error) {
 	cc, err := c.conn(ctx)
 	if err != nil {
 		return false, err
 	}
 	return cc.link.shared, nil
+}
+
+// Sharing returns how much of the node's root the current connection
+// shares with this client (Coherent, Storage or None; see Sharing), as the
+// handshake decided it. Services send references to files changed in
+// place at Coherent only, and to write-once files at Storage too. It dials
+// if there is no connection; a reconnection decides again.
+func (c *Client) Sharing(ctx context.Context) (Sharing, error) {
+	cc, err := c.conn(ctx)
+	if err != nil {
+		return None, err
+	}
+	return cc.link.sharing, nil
 }
 
 // Close closes the connection; calls in flight fail with ErrUnavailable and
@@ -226,20 +242,25 @@ func (c *Client) dialVersion(ctx context.Context, version uint8) (*clientConn, e
 		}
 		rw = tc
 	}
-	peer, err := clientHandshakeVersion(rw, version, c.fsid, c.o.token)
+	peer, err := clientHandshakeVersion(rw, version, rootSide{fsid: c.fsid, root: c.root, host: c.host}, c.o.token)
 	if err != nil {
 		return fail(err)
 	}
+	sharing, why := peer.sharing, peer.why
 	rw.SetDeadline(time.Time{})
 	fc := newFrameConn(rw)
 	sess, err := yamux.Client(fc, c.o.yamuxConfig(true))
 	if err != nil {
 		return fail(err)
 	}
-	shared := !c.fsid.IsZero() && peer.fsid == c.fsid
-	c.o.log.Debug("rpc: connected", "addr", c.addr, "shared_fs", shared)
+	shared := sharing == Coherent
+	if c.root != "" && !shared {
+		c.o.log.Info("rpc: connected; references to files changed in place are off, bytes travel instead", "addr", c.addr, "sharing", sharing, "why", why)
+	} else {
+		c.o.log.Debug("rpc: connected", "addr", c.addr, "sharing", sharing, "why", why)
+	}
 	dog := watch(fc, sess, c.o.clientKeepAlive(), c.o.log, c.addr)
-	cc := &clientConn{sess: sess, fc: fc, version: peer.version, link: link{shared: shared, root: c.root}, dog: dog, session: peer.session}
+	cc := &clientConn{sess: sess, fc: fc, version: peer.version, link: link{shared: shared, sharing: sharing, root: c.root}, dog: dog, session: peer.session}
 	if peer.session.offers() && !c.o.noSide {
 		cc.side = newSidePool(min(c.o.limits.MaxSideConns, int(peer.session.max)), func(ctx context.Context, id uint32) (net.Conn, error) {
 			return c.dialSide(ctx, cc, id)

@@ -300,7 +300,7 @@ func newRawPeerVersion(addr string, token []byte, v uint8) (*rawPeer, error) {
 		return nil, err
 	}
 	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := clientHandshakeVersion(conn, v, FSID{}, token); err != nil {
+	if _, err := clientHandshakeVersion(conn, v, rootSide{}, token); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("handshake: %w", err)
 	}
@@ -864,7 +864,7 @@ func hostileCases() []hostileCase {
 			conn, err := net.Dial("tcp", addr)
 			must(t, err)
 			defer conn.Close()
-			if _, err := clientHandshake(conn, FSID{}, nil); err != nil {
+			if _, err := clientHandshake(conn, rootSide{}, nil); err != nil {
 				t.Fatal(err)
 			}
 			conn.Write(b)

@@ -96,7 +96,7 @@ func FuzzServerHandshake(f *testing.F) {
 			tok = token
 		}
 		c := &fakeConn{r: bytes.NewReader(in)}
-		peer, err := serverHandshake(c, fsid, tok)
+		peer, err := serverHandshake(c, rootSide{fsid: fsid}, tok)
 		out := c.w.Bytes()
 		theirs, perr := parseHello(in[:min(len(in), helloSize)])
 		if perr != nil {
@@ -123,7 +123,18 @@ func FuzzServerHandshake(f *testing.F) {
 				t.Fatalf("a refusal of %d bytes", len(out))
 			}
 			if len(out) > helloSize && readStatus(bytes.NewReader(out[helloSize:])) == nil {
-				t.Fatalf("refused with %v but wrote an OK status", err)
+				// Version 4 accepts, then exchanges where messages: a
+				// client that sends no valid one fails the handshake
+				// after the node's (which offers no probe: this node has
+				// no root).
+				want := []byte{0}
+				if theirs.version >= sideVersion {
+					want = append(want, make([]byte, sessionSize)...)
+				}
+				if theirs.version < sharingVersion || !bytes.HasPrefix(out[helloSize:], want) ||
+					len(out) != helloSize+len(want)+serverWhereSize || !bytes.Equal(out[len(out)-16:], make([]byte, 16)) {
+					t.Fatalf("refused with %v but wrote an OK status", err)
+				}
 			}
 			return
 		}
@@ -140,6 +151,11 @@ func FuzzServerHandshake(f *testing.F) {
 		want := []byte{0}
 		if theirs.version >= sideVersion {
 			want = append(want, make([]byte, sessionSize)...)
+		}
+		if theirs.version >= sharingVersion {
+			// The node's where message: no probe (it has no root).
+			w := serverWhere{host: localHostID("")}
+			want = append(want, w.marshal()...)
 		}
 		if !bytes.Equal(out[helloSize:], want) {
 			t.Fatalf("accepted, but wrote %x after the hello", out[helloSize:])
@@ -168,7 +184,7 @@ func FuzzClientHandshake(f *testing.F) {
 			tok = token
 		}
 		c := &fakeConn{r: bytes.NewReader(in)}
-		_, err := clientHandshake(c, FSID{0xbb}, tok)
+		_, err := clientHandshake(c, rootSide{fsid: FSID{0xbb}}, tok)
 		if err == nil && withToken {
 			t.Fatalf("trusted a server that sent %x", in)
 		}

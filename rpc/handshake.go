@@ -15,11 +15,12 @@ import (
 const (
 	magic = "TWRP"
 	// ProtocolVersion is the newest version of the protocol this package
-	// speaks: 3. Version 2 adds message streams and lz4-compressed bodies
+	// speaks: 4. Version 2 adds message streams and lz4-compressed bodies
 	// to version 1; version 3 adds side connections for bulk bodies
-	// (side.go). It still speaks the older versions with peers that speak
-	// only those (docs/protocol.md, "Versioning").
-	ProtocolVersion    = 3
+	// (side.go); version 4 adds the where messages that decide a
+	// connection's Sharing (sharing.go). It still speaks the older versions
+	// with peers that speak only those (docs/protocol.md, "Versioning").
+	ProtocolVersion    = 4
 	minProtocolVersion = 1 // the oldest version this package speaks
 	helloSize          = 64
 	proofSize          = sha256.Size
@@ -167,6 +168,8 @@ func readStatus(r io.Reader) error {
 type peerInfo struct {
 	fsid    FSID
 	version uint8 // the version the connection speaks
+	sharing Sharing
+	why     string // why sharing is what it is, for a person
 
 	session sessionMsg // a client's, of a version 3 main connection: how to attach side connections
 	attach  bool       // a server's: the connection attached as a side connection
@@ -183,15 +186,23 @@ type versionError struct {
 func (e *versionError) Error() string { return e.err.Error() }
 func (e *versionError) Unwrap() error { return e.err }
 
+// rootSide is what one side brings to a handshake of its root: its identity,
+// its path (absolute, resolved; "" without one) and where it lies.
+type rootSide struct {
+	fsid FSID
+	root string
+	host hostID
+}
+
 // clientHandshake runs the client's side on rw with the newest version.
-func clientHandshake(rw io.ReadWriter, fsid FSID, token []byte) (peerInfo, error) {
-	return clientHandshakeVersion(rw, ProtocolVersion, fsid, token)
+func clientHandshake(rw io.ReadWriter, me rootSide, token []byte) (peerInfo, error) {
+	return clientHandshakeVersion(rw, ProtocolVersion, me, token)
 }
 
 // clientHandshakeVersion runs the client's side of a main connection on rw,
 // offering version.
-func clientHandshakeVersion(rw io.ReadWriter, version uint8, fsid FSID, token []byte) (peerInfo, error) {
-	return clientHandshakeAttach(rw, version, fsid, token, nil)
+func clientHandshakeVersion(rw io.ReadWriter, version uint8, me rootSide, token []byte) (peerInfo, error) {
+	return clientHandshakeAttach(rw, version, me, token, nil)
 }
 
 // clientHandshakeAttach runs the client's side on rw, offering version;
@@ -200,8 +211,8 @@ func clientHandshakeVersion(rw io.ReadWriter, version uint8, fsid FSID, token []
 // when either side fails to authenticate the other (the node's refusal of
 // an attach is an *Error too), and a *versionError when the server refused
 // the version and speaks an older one this package speaks too.
-func clientHandshakeAttach(rw io.ReadWriter, version uint8, fsid FSID, token []byte, att *attachMsg) (peerInfo, error) {
-	mine, err := newHelloVersion(version, fsid, token)
+func clientHandshakeAttach(rw io.ReadWriter, version uint8, me rootSide, token []byte, att *attachMsg) (peerInfo, error) {
+	mine, err := newHelloVersion(version, me.fsid, token)
 	if err != nil {
 		return peerInfo{}, err
 	}
@@ -272,20 +283,26 @@ func clientHandshakeAttach(rw io.ReadWriter, version uint8, fsid FSID, token []b
 			return peerInfo{}, err
 		}
 	}
+	info.sharing, info.why = legacySharing(me.fsid, theirs.fsid), legacyWhy(mine.version)
+	if mine.version >= sharingVersion && att == nil {
+		if info.sharing, info.why, err = clientWhereExchange(rw, me.root, me.host); err != nil {
+			return peerInfo{}, err
+		}
+	}
 	return info, nil
 }
 
 // serverHandshake runs the server's side on rw, speaking every version
 // this package speaks, without side connections.
-func serverHandshake(rw io.ReadWriter, fsid FSID, token []byte) (peerInfo, error) {
-	return serverHandshakeUpTo(rw, ProtocolVersion, fsid, token)
+func serverHandshake(rw io.ReadWriter, me rootSide, token []byte) (peerInfo, error) {
+	return serverHandshakeUpTo(rw, ProtocolVersion, me, token)
 }
 
 // serverHandshakeUpTo runs the server's side on rw, speaking versions up to
 // newest (tests play older nodes with it), without side connections: a
 // version 3 session gets none, and a side connection is refused.
-func serverHandshakeUpTo(rw io.ReadWriter, newest uint8, fsid FSID, token []byte) (peerInfo, error) {
-	return serverHandshakeSide(rw, newest, fsid, token, nil)
+func serverHandshakeUpTo(rw io.ReadWriter, newest uint8, me rootSide, token []byte) (peerInfo, error) {
+	return serverHandshakeSide(rw, newest, me, token, nil)
 }
 
 // sideOffer is what a server's handshake offers of side connections
@@ -307,7 +324,7 @@ type sideOffer struct {
 // written after the hello. The server reads everything the client sends
 // before its verdict (a proof, an attach message) before refusing, so that
 // the client reads the refusal rather than a reset connection.
-func serverHandshakeSide(rw io.ReadWriter, newest uint8, fsid FSID, token []byte, offer *sideOffer) (peerInfo, error) {
+func serverHandshakeSide(rw io.ReadWriter, newest uint8, me rootSide, token []byte, offer *sideOffer) (peerInfo, error) {
 	cb := make([]byte, helloSize)
 	if _, err := io.ReadFull(rw, cb); err != nil {
 		return peerInfo{}, err
@@ -323,7 +340,7 @@ func serverHandshakeSide(rw io.ReadWriter, newest uint8, fsid FSID, token []byte
 	if spoken {
 		version = theirs.version
 	}
-	mine, err := newHelloVersion(version, fsid, token)
+	mine, err := newHelloVersion(version, me.fsid, token)
 	if err != nil {
 		return peerInfo{}, err
 	}
@@ -394,5 +411,12 @@ func serverHandshakeSide(rw io.ReadWriter, newest uint8, fsid FSID, token []byte
 			return peerInfo{}, err
 		}
 	}
-	return peerInfo{fsid: theirs.fsid, version: version, attach: attaching}, nil
+	info := peerInfo{fsid: theirs.fsid, version: version, attach: attaching}
+	info.sharing, info.why = legacySharing(me.fsid, theirs.fsid), legacyWhy(version)
+	if version >= sharingVersion && !attaching {
+		if info.sharing, info.why, err = serverWhereExchange(rw, me.root, me.host, me.fsid, theirs.fsid); err != nil {
+			return peerInfo{}, err
+		}
+	}
+	return info, nil
 }

@@ -34,6 +34,7 @@ import (
 type Server struct {
 	o    options
 	fsid FSID
+	host hostID    // this node's kernel and root mount
 	root string    // absolute, symlinks resolved; "" without a root
 	res  *resolver // nil without a root
 
@@ -104,10 +105,12 @@ func NewServer(opts ...Option) (*Server, error) {
 			return nil, err
 		}
 		s.fsid, s.root = fsid, dir
+		sweepProbes(dir)
 		if s.res, err = newResolver(dir, 1024); err != nil {
 			return nil, err
 		}
 	}
+	s.host = localHostID(s.root)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if s.res != nil {
 		s.wg.Add(1)
@@ -351,7 +354,7 @@ type peerConn struct {
 	fc      *frameConn
 	version uint8 // the protocol version the connection speaks
 	remote  string
-	shared  bool
+	sharing Sharing         // what the handshake decided
 	side    *sideSet        // version 3: the session's side connections; nil: none
 	ctx     context.Context // ends with the session (or the server)
 	active  atomic.Int32    // streams being served
@@ -425,7 +428,7 @@ func (s *Server) serveConn(conn net.Conn) {
 			set.close()
 		}
 	}
-	peer, err := serverHandshakeSide(rw, cmp.Or(s.o.version, ProtocolVersion), s.fsid, s.o.token, offer)
+	peer, err := serverHandshakeSide(rw, cmp.Or(s.o.version, ProtocolVersion), rootSide{fsid: s.fsid, root: s.root, host: s.host}, s.o.token, offer)
 	if err != nil {
 		s.refusals.refused(s.o.log, remote, "rpc: handshake refused", "err", err)
 		if attached != nil {
@@ -435,14 +438,16 @@ func (s *Server) serveConn(conn net.Conn) {
 		rw.Close()
 		return
 	}
-	rw.SetDeadline(time.Time{})
 	if peer.attach {
+		rw.SetDeadline(time.Time{})
 		// A side connection: it lives in its session's set from now on,
 		// and closes with the session.
 		log.Debug("rpc: side connection attached", "id", attached.id)
 		attachTo.start(attached)
 		return
 	}
+	sharing, why := peer.sharing, peer.why
+	rw.SetDeadline(time.Time{})
 	fc := newFrameConn(rw)
 	sess, err := yamux.Server(fc, s.o.yamuxConfig(false))
 	if err != nil {
@@ -450,13 +455,13 @@ func (s *Server) serveConn(conn net.Conn) {
 		rw.Close()
 		return
 	}
-	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, shared: !s.fsid.IsZero() && peer.fsid == s.fsid, side: set, room: make(chan struct{}, 1)}
+	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, sharing: sharing, side: set, room: make(chan struct{}, 1)}
 	if pc.bodies = newBudget(s.o.limits.MaxBodyBytes); set != nil {
 		pc.bodies = set.bodies // one budget for the session, whichever connection a body comes on
 	}
 	defer dropSet()
 	var cancelPC context.CancelFunc
-	pc.ctx, cancelPC = context.WithCancel(s.ctx)
+	pc.ctx, cancelPC = context.WithCancel(context.WithValue(s.ctx, peerSharingKey{}, sharing))
 	defer cancelPC()
 	go func() {
 		select {
@@ -475,7 +480,13 @@ func (s *Server) serveConn(conn net.Conn) {
 	s.mu.Unlock()
 	s.handshakes.Add(-1)
 	handshaking = false
-	log.Debug("rpc: peer connected", "shared_fs", pc.shared)
+	if sharing < Coherent && !peer.fsid.IsZero() && peer.fsid == s.fsid {
+		// A client that names this root but does not share its page cache:
+		// say once why its references are off.
+		log.Info("rpc: peer connected; it does not share this node's page cache, so what changes in place travels as bytes", "sharing", sharing, "why", why)
+	} else {
+		log.Debug("rpc: peer connected", "sharing", sharing, "why", why)
+	}
 	defer func() {
 		s.mu.Lock()
 		delete(s.conns, pc)

@@ -618,7 +618,7 @@ func (c *Client) dialSide(ctx context.Context, cc *clientConn, id uint32) (net.C
 		}
 		rw = tc
 	}
-	if _, err := clientHandshakeAttach(rw, cc.version, c.fsid, c.o.token, &attachMsg{id: id, secret: cc.session.secret}); err != nil {
+	if _, err := clientHandshakeAttach(rw, cc.version, rootSide{fsid: c.fsid}, c.o.token, &attachMsg{id: id, secret: cc.session.secret}); err != nil {
 		rw.Close()
 		c.o.log.Debug("rpc: side connection refused", "addr", c.addr, "err", err)
 		return nil, err

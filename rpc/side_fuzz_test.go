@@ -59,7 +59,7 @@ func FuzzAttach(f *testing.F) {
 			got = &m
 			return nil
 		}}
-		peer, herr := serverHandshakeSide(c, ProtocolVersion, FSID{}, nil, offer)
+		peer, herr := serverHandshakeSide(c, ProtocolVersion, rootSide{}, nil, offer)
 		out := c.w.Bytes()
 		if len(out) < helloSize {
 			t.Fatalf("wrote %d bytes, not a hello", len(out))

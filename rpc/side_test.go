@@ -218,7 +218,7 @@ func TestSide_AttachRefused(t *testing.T) {
 			must(t, err)
 			defer conn.Close()
 			conn.SetDeadline(time.Now().Add(30 * time.Second))
-			_, err = clientHandshakeAttach(conn, ProtocolVersion, FSID{}, tc.token, &attachMsg{id: 77, secret: tc.secret})
+			_, err = clientHandshakeAttach(conn, ProtocolVersion, rootSide{}, tc.token, &attachMsg{id: 77, secret: tc.secret})
 			if !errors.Is(err, ErrUnauthenticated) {
 				t.Fatalf("attach: %v, want Unauthenticated", err)
 			}

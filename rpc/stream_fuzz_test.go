@@ -212,7 +212,7 @@ func fakeStreamNode(ln net.Listener, replies chan []byte) {
 		}
 		go func() {
 			defer conn.Close()
-			if _, err := serverHandshake(conn, FSID{}, nil); err != nil {
+			if _, err := serverHandshake(conn, rootSide{}, nil); err != nil {
 				return
 			}
 			o := newOptions(nil)

@@ -171,8 +171,9 @@ func findTDs(v reflect.Value, out []*TD) []*TD {
 
 // link is what one side knows about sending TensorDicts to the other.
 type link struct {
-	shared bool   // equal, nonzero filesystem identities
-	root   string // this side's root, absolute; "" when it has none
+	shared  bool    // sharing is Coherent: TensorDicts under the root go as references
+	sharing Sharing // what the handshake decided
+	root    string  // this side's root, absolute; "" when it has none
 }
 
 // bodyPart is a tensor's data (all of it, or some of its rows) in a body.
