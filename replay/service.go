@@ -195,10 +195,18 @@ func (svc *Service) reserve(ctx context.Context, req reserveRequest) (reserveRes
 	return reserveResponse{ID: b.id, RID: r.rid, Slots: r.slots}, nil
 }
 
-func (svc *Service) commit(_ context.Context, req commitRequest) (commitResponse, error) {
+func (svc *Service) commit(ctx context.Context, req commitRequest) (commitResponse, error) {
 	sb, err := svc.lookup(req.Name)
 	if err != nil {
 		return commitResponse{}, err
+	}
+	if req.Batch == nil || req.Batch.TensorDict == nil {
+		// Rows the client wrote through its own mapping: only a client on
+		// the node's page cache can have written them where the node
+		// reads.
+		if err := rpc.RequireCoherent(ctx, "a commit of rows written"); err != nil {
+			return commitResponse{}, err
+		}
 	}
 	b := sb.b
 	if err := checkPriorities(req.Priorities, len(req.Slots)); err != nil {
@@ -254,6 +262,11 @@ func (svc *Service) sample(ctx context.Context, req sampleRequest) (sampleRespon
 	b := sb.b
 	if err := checkSampleSize(req.N); err != nil {
 		return sampleResponse{}, err
+	}
+	if !req.Bytes {
+		if err := rpc.RequireCoherent(ctx, "a sample read"); err != nil {
+			return sampleResponse{}, err
+		}
 	}
 	if req.Bytes {
 		td, info, err := b.Sample(ctx, req.N)

@@ -394,6 +394,7 @@ func (s *Server) serveConn(conn net.Conn) {
 		attached *sideConn // this connection, attached to another session
 		attachTo *sideSet  // that session's set
 	)
+	level := new(peerLevel)
 	offer := &sideOffer{}
 	if !s.o.noSide {
 		offer.session = func() (sessionMsg, error) {
@@ -402,6 +403,9 @@ func (s *Server) serveConn(conn net.Conn) {
 				return sessionMsg{}, err
 			}
 			set = newSideSet(s, log, s.o.limits.MaxSideConns)
+			// Calls on the session's side connections see its level, known
+			// only after the where messages: None until then.
+			set.ctx = context.WithValue(set.ctx, peerSharingKey{}, level)
 			s.mu.Lock()
 			s.sides[secret] = set
 			s.mu.Unlock()
@@ -461,7 +465,8 @@ func (s *Server) serveConn(conn net.Conn) {
 	}
 	defer dropSet()
 	var cancelPC context.CancelFunc
-	pc.ctx, cancelPC = context.WithCancel(context.WithValue(s.ctx, peerSharingKey{}, sharing))
+	level.set(sharing)
+	pc.ctx, cancelPC = context.WithCancel(context.WithValue(s.ctx, peerSharingKey{}, level))
 	defer cancelPC()
 	go func() {
 		select {

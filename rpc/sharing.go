@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -292,13 +293,38 @@ func sweepProbes(root string) {
 
 type peerSharingKey struct{}
 
+// peerLevel is a session's Sharing as its calls' contexts carry it: None
+// until the handshake has decided (a side connection may attach before the
+// node has read the client's where message).
+type peerLevel struct{ v atomic.Uint32 }
+
+func (l *peerLevel) set(s Sharing) { l.v.Store(uint32(s)) }
+func (l *peerLevel) get() Sharing  { return Sharing(l.v.Load()) }
+
 // PeerSharing returns the Sharing level of the peer whose call ctx serves
 // (a handler's context), and false outside a call. Services check it
 // before they accept a reference to something that changes in place: a
 // peer below Coherent must send bytes.
 func PeerSharing(ctx context.Context) (Sharing, bool) {
-	s, ok := ctx.Value(peerSharingKey{}).(Sharing)
-	return s, ok
+	l, ok := ctx.Value(peerSharingKey{}).(*peerLevel)
+	if !ok {
+		return None, false
+	}
+	return l.get(), true
+}
+
+// RequireCoherent returns nil when the peer whose call ctx serves shares
+// the node's page cache (or ctx is not a call's: an in-process caller), and
+// otherwise a FailedPrecondition *Error saying that what, a reference to
+// something changed in place, must come as bytes. A service checks it
+// before it trusts a peer's stores through a mapping (a client of protocol
+// version 4 sends bytes by itself; this stops any other from losing rows).
+func RequireCoherent(ctx context.Context, what string) error {
+	lv, ok := PeerSharing(ctx)
+	if !ok || lv == Coherent {
+		return nil
+	}
+	return Errorf(FailedPrecondition, "%s by reference needs one page cache, and this client shares the node's root at level %q: it must send bytes", what, lv)
 }
 
 // clientWhereExchange runs the client's side of the where messages on rw:
