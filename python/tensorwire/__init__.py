@@ -15,10 +15,10 @@ numpy arrays, or torch tensors with as_torch=True).
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from ._td import NonTensorData, DTYPES
-from .rpc import Client, TD, read_token
+from .rpc import Client, Sharing, TD, read_token
 from .dataset import load_memmap
 from . import loader, replay, serve, store
 
 __version__ = "0.1.0"
 
-__all__ = ["Client", "TD", "NonTensorData", "DTYPES", "read_token", "load_memmap", "loader", "replay", "serve", "store"] + list(_errors_all)
+__all__ = ["Client", "Sharing", "TD", "NonTensorData", "DTYPES", "read_token", "load_memmap", "loader", "replay", "serve", "store"] + list(_errors_all)

@@ -207,7 +207,8 @@ def dial(o):
                       prefetch=o.role == "trainer" and o.prefetch, timeout=DIAL_TIMEOUT)
     if b.mode != o.mode:
         b.close()
-        raise SystemExit(f"the client works in mode {b.mode!r}, not {o.mode!r}: is --root {o.root!r} the node's shared root?")
+        raise SystemExit(f"the client works in mode {b.mode!r} (sharing {b.sharing}), not {o.mode!r}: ref needs "
+                         f"--root {o.root!r} to be the node's own root on its kernel and mount (not a copy)")
     return b, Client(o.addr, token=token, timeout=DIAL_TIMEOUT)
 
 

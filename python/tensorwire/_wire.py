@@ -11,7 +11,14 @@ from .errors import from_wire, TensorwireError
 
 MAGIC = b"TWRP"
 PROTOCOL_VERSION = 1  # the golden examples' version
-NEWEST_VERSION = 2  # the newest this client speaks: message streams (it asks for uncompressed bodies)
+# The newest version this client speaks: 4, the where messages that decide
+# a connection's sharing. Version 2 brought message streams (it asks for
+# uncompressed bodies); version 3 side connections, which this client never
+# opens (docs/protocol.md: they are optional), so of version 3 it reads
+# only the session message.
+NEWEST_VERSION = 4
+SESSION_VERSION = 3  # the first version whose server sends a session message
+SHARING_VERSION = 4  # the first version with the where messages
 HELLO_SIZE = 64
 PROOF_SIZE = 32
 FLAG_TOKEN = 1
@@ -20,6 +27,16 @@ CLIENT_PROOF_LABEL = b"tensorwire client proof"
 SERVER_PROOF_LABEL = b"tensorwire server proof"
 FSID_FILE = ".tensorwire-fsid"
 ZERO_FSID = bytes(16)
+SESSION_MSG_SIZE = 40
+PROBE_DIR = ".tensorwire-probe"
+SERVER_WHERE_SIZE = 48
+CLIENT_WHERE_SIZE = 40
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
+# Sharing levels (docs/protocol.md, "Sharing"), in order: what a connection's
+# two sides share of the node's root.
+NONE, STORAGE, COHERENT = "none", "storage", "coherent"
+LEVELS = (NONE, STORAGE, COHERENT)  # index: the level's byte in the client's where message
 
 # What this client accepts in a response (the server's defaults).
 MAX_HEADER_BYTES = 64 << 10
@@ -98,6 +115,114 @@ def _read_fsid_file(path):
     if len(b) != 16 or len(s) != 32 or b == ZERO_FSID:
         raise ValueError(f"fsid: {path} does not hold a 16-byte hex id")
     return b
+
+
+def parse_session(b):
+    """Returns (secret, max side connections) of a version 3 session message;
+    ProtocolError on nonzero reserved bytes."""
+    if len(b) != SESSION_MSG_SIZE:
+        raise ProtocolError(f"session message of {len(b)} bytes")
+    if any(b[34:40]):
+        raise ProtocolError("reserved bytes set in the node's session message")
+    return bytes(b[:32]), struct.unpack(">H", b[32:34])[0]
+
+
+# Sharing (version 4): the where messages and the probe.
+
+def boot_id():
+    """The 16 bytes of this kernel's boot id (a UUID fresh at each boot, the
+    same in every container of that kernel); zero where there is none."""
+    try:
+        with open(BOOT_ID_FILE, "rb") as f:
+            s = f.read().strip().replace(b"-", b"")
+        b = bytes.fromhex(s.decode("ascii"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return bytes(16)
+    return b if len(b) == 16 else bytes(16)
+
+
+def host_id(root):
+    """(boot id, device, inode) of this side: its kernel's boot id and the
+    device and inode numbers of root's .tensorwire-fsid (zero without a
+    root, or where it cannot be read)."""
+    boot = boot_id()
+    if not root:
+        return boot, 0, 0
+    try:
+        st = os.stat(os.path.join(root, FSID_FILE))
+    except OSError:
+        return boot, 0, 0
+    return boot, st.st_dev & (1 << 64) - 1, st.st_ino & (1 << 64) - 1
+
+
+def server_where(boot, dev, ino, probe):
+    """A node's where message, 48 bytes: boot id, device, inode, probe name."""
+    if len(boot) != 16 or len(probe) != 16:
+        raise ValueError("a where message needs a 16-byte boot id and a 16-byte probe name")
+    return bytes(boot) + struct.pack(">QQ", dev, ino) + bytes(probe)
+
+
+def parse_server_where(b):
+    """Returns (boot id, device, inode, probe name) of a node's where message."""
+    if len(b) != SERVER_WHERE_SIZE:
+        raise ProtocolError(f"where message of {len(b)} bytes")
+    dev, ino = struct.unpack(">QQ", b[16:32])
+    return bytes(b[:16]), dev, ino, bytes(b[32:48])
+
+
+def client_where(boot, dev, ino, level):
+    """A client's where message, 40 bytes: boot id, device, inode, the level
+    decided ("none", "storage", "coherent") and 7 reserved bytes."""
+    if len(boot) != 16:
+        raise ValueError("a where message needs a 16-byte boot id")
+    return bytes(boot) + struct.pack(">QQ", dev, ino) + bytes((LEVELS.index(level),)) + bytes(7)
+
+
+def parse_client_where(b):
+    """Returns (boot id, device, inode, level) of a client's where message;
+    ProtocolError on a level above 2 or nonzero reserved bytes, as a node
+    closes the connection on them."""
+    if len(b) != CLIENT_WHERE_SIZE:
+        raise ProtocolError(f"where message of {len(b)} bytes")
+    if b[32] >= len(LEVELS) or any(b[33:40]):
+        raise ProtocolError("reserved bits set in the where message")
+    dev, ino = struct.unpack(">QQ", b[16:32])
+    return bytes(b[:16]), dev, ino, LEVELS[b[32]]
+
+
+def read_probe(root, name):
+    """Whether root holds the probe file name (16 bytes) as a node writes it:
+    .tensorwire-probe/<hex> holding the hex and a newline."""
+    if not root or name == bytes(16):
+        return False
+    h = name.hex()
+    try:
+        with open(os.path.join(root, PROBE_DIR, h), "rb") as f:
+            b = f.read(64)
+    except OSError:
+        return False
+    return b == (h + "\n").encode()
+
+
+def decide_sharing(probed, node, client):
+    """The level two sides share, and why, given whether the client read the
+    node's probe through its own root and the two sides' (boot id, device,
+    inode): docs/protocol.md's rule, as the node applies it too."""
+    if not probed:
+        return NONE, ("the client's root does not hold the node's probe file: not the node's root "
+                      "(another folder, or a copy of it)")
+    (nboot, ndev, nino), (cboot, cdev, cino) = node, client
+    if nboot == bytes(16) or cboot == bytes(16):
+        return STORAGE, ("the same files; a side cannot tell its kernel (no boot id), so mappings are "
+                         "not assumed coherent")
+    if nboot != cboot:
+        return STORAGE, ("the same files from another machine (boot ids differ): another page cache, so "
+                         "only write-once files go by reference")
+    if ndev == 0 or ndev != cdev or nino != cino:
+        return STORAGE, (f"the same files through another mount (device/inode {cdev}/{cino} here, "
+                         f"{ndev}/{nino} at the node): another page cache, so only write-once files go "
+                         "by reference")
+    return COHERENT, "one kernel and one mount: one page cache"
 
 
 # Message headers (docs/protocol.md, "Messages").

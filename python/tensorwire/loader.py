@@ -30,7 +30,7 @@ from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, FailedPreconditionError, InvalidArgumentError,
                      NotFoundError, register_reason)
 from .replay import _FENCE_OK, _fence
-from .rpc import Client, StreamEnd
+from .rpc import Client, Sharing, StreamEnd
 
 __all__ = ["Consumer", "ConfigError", "DatasetError", "ArgumentError", "NotFoundError", "DroppedError",
            "ClosedError", "FailedError", "InUseError", "ExistsError"]
@@ -179,6 +179,7 @@ class Consumer:
         self._closed = False
         self._epoch = 0
         self._info = None
+        self._sharing = Sharing.NONE
         try:
             self._session()
         except BaseException:
@@ -191,6 +192,13 @@ class Consumer:
         """"ref" when batches are read from the ring's shared files, "bytes" when
         they come with the messages."""
         return "bytes" if self._sess is None or self._sess.bytes else "ref"
+
+    @property
+    def sharing(self):
+        """How much of the node's root the connection shared when the
+        current session joined: "coherent", "storage" or "none"
+        (tensorwire.Sharing); ref mode needs coherent."""
+        return self._sharing
 
     @property
     def epoch(self):
@@ -228,7 +236,10 @@ class Consumer:
 
     def _join(self):
         c = self._client
-        shared = bool(c.root) and not self._bytes_mode and _FENCE_OK and c.shared_fs(self._timeout)
+        # The ring is rewritten in place: by reference only when the node's
+        # page cache is this side's (coherent).
+        self._sharing = c.sharing(self._timeout)
+        shared = bool(c.root) and not self._bytes_mode and _FENCE_OK and self._sharing == Sharing.COHERENT
         info = c.call("loader.join", {"name": self.name, "batch": self.batch_size, "bytes": not shared},
                       timeout=self._timeout)
         prefix = info.get("prefix") or ""

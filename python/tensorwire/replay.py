@@ -5,14 +5,17 @@
     batch, info = buf.sample(256)                # dict of numpy arrays, SampleInfo
     buf.update_priority(info, new_priorities)
 
-When the client shares the node's root (root=, the same .tensorwire-fsid)
-and the buffer lives under it, no transition bytes cross the network
-("ref" mode): extend reserves slots, writes the rows into its own
+When the client shares the node's root and page cache (root=, and the
+connection's sharing is coherent: one kernel and one mount, docs/protocol.md
+"Sharing") and the buffer lives under it, no transition bytes cross the
+network ("ref" mode): extend reserves slots, writes the rows into its own
 numpy.memmap of the storage and commits them; sample gets slots and
 generations from the node, gathers the rows from its own mapping and then
 checks every row's slot word, so a row a writer overwrote meanwhile is
 sampled again rather than returned torn. Otherwise ("bytes" mode) the rows
-travel with the calls.
+travel with the calls: so too with another machine on NFS or another mount
+of the root ("storage" sharing), since the storage is rewritten in place and
+another page cache would see stale rows, and with a copy of the root.
 
 Calls ride out the node restarting as the Go client does: a call that finds
 the node unreachable is tried again, with a backoff from 20 ms to 1 s,
@@ -34,7 +37,7 @@ from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, ClientClosedError, DataLossError,
                      FailedPreconditionError, InvalidArgumentError, NotFoundError,
                      ResourceExhaustedError, UnavailableError, register_reason)
-from .rpc import Client
+from .rpc import Client, Sharing
 
 __all__ = [
     "Buffer", "SampleInfo", "SchemaError", "ExpiredError", "FullError", "ClosedError", "ConfigError",
@@ -276,7 +279,8 @@ class Buffer:
 
     node: the node's address "HOST:PORT", or a tensorwire.Client to share.
     token, root: as tensorwire.Client takes them; root is this side's view
-    of the node's shared root, which makes ref mode possible. bytes_mode:
+    of the node's shared root, which makes ref mode possible when the
+    connection's sharing is coherent (see sharing). bytes_mode:
     rows travel with the calls even when the root is shared. prefetch: in
     ref mode, sample asks the node for the next sample's picks before it
     gathers this one's rows, so the round trip overlaps the copy (the picks
@@ -308,9 +312,12 @@ class Buffer:
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
             info = self._call("replay.info", {"name": name}, deadline)
+            # The storage is rewritten in place: by reference only when the
+            # node's page cache is this side's (coherent).
+            self._sharing = self._client.sharing(timeout)
             shared = False
             if self._client.root and not bytes_mode and info.get("prefix"):
-                shared = self._client.shared_fs(timeout)
+                shared = self._sharing == Sharing.COHERENT
             if shared and not _FENCE_OK:
                 shared = False  # see _fence
             self._bytes = not shared
@@ -325,6 +332,12 @@ class Buffer:
         """"ref" when rows stay in the shared storage, "bytes" when they travel
         with the calls."""
         return "bytes" if self._bytes else "ref"
+
+    @property
+    def sharing(self):
+        """How much of the node's root the connection shared when the mode
+        was picked: "coherent", "storage" or "none" (tensorwire.Sharing)."""
+        return self._sharing
 
     @property
     def schema(self):

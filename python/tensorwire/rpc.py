@@ -13,6 +13,7 @@ calls it can retry safely). A Client is safe for use from several threads;
 calls run in parallel on their own streams.
 """
 
+import logging
 import os
 import socket
 import struct
@@ -25,7 +26,9 @@ from .errors import (CanceledError, ClientClosedError, DeadlineExceededError, Fa
                      InternalError, InvalidArgumentError, TensorwireError, UnauthenticatedError,
                      UnavailableError)
 
-__all__ = ["Client", "TD", "MessageStream", "StreamEnd", "read_token"]
+__all__ = ["Client", "TD", "MessageStream", "StreamEnd", "Sharing", "read_token"]
+
+log = logging.getLogger("tensorwire")
 
 HANDSHAKE_TIMEOUT = 10.0
 _ALIVE_CHECK_AFTER = 1.0  # an idle stream older than this is checked before reuse
@@ -42,6 +45,30 @@ def read_token(path):
     return token
 
 
+class Sharing:
+    """How much of a node's root a connection's two sides share, decided at
+    the handshake (docs/protocol.md, "Sharing"): str constants, in order
+    NONE < STORAGE < COHERENT (compare them with Sharing.at_least).
+
+    A shared filesystem shares bytes, not mappings: files that someone
+    changes in place (a replay buffer's storage, a loader's ring, serve's
+    slots, fill and read's TDs) go by reference only at COHERENT (one kernel,
+    one mount: one page cache); write-once files (published store values)
+    at STORAGE too (the same files through another page cache: another
+    machine on NFS, another FUSE mount); at NONE (no root on a side, another
+    root, or a copy of the node's) everything travels as bytes."""
+
+    NONE = _wire.NONE
+    STORAGE = _wire.STORAGE
+    COHERENT = _wire.COHERENT
+    LEVELS = _wire.LEVELS
+
+    @staticmethod
+    def at_least(level, least):
+        """Whether level is least or above."""
+        return _wire.LEVELS.index(level) >= _wire.LEVELS.index(least)
+
+
 def _split_addr(addr):
     host, sep, port = addr.rpartition(":")
     if not sep or not port.isdigit():
@@ -50,12 +77,15 @@ def _split_addr(addr):
 
 
 class _Conn:
-    """One connection: its session, whether the node shares this side's
-    root, and its idle streams."""
+    """One connection: its session, how much of the node's root it shares
+    with this side (sharing; shared: coherent, so TDs under the root go by
+    reference), and its idle streams."""
 
-    def __init__(self, session, shared, version):
+    def __init__(self, session, sharing, why, version):
         self.session = session
-        self.shared = shared
+        self.sharing = sharing
+        self.why = why
+        self.shared = sharing == Sharing.COHERENT
         self.version = version
         self.idle = []
         self.mu = threading.Lock()
@@ -89,8 +119,10 @@ class Client:
     addr: "HOST:PORT". token: the node's shared secret (bytes or str; see
     read_token), or None for a node without one. root: this side's view of
     the node's shared root, if it has one: tensors under it travel as
-    references when the node shares it (equal filesystem identities,
-    .tensorwire-fsid). timeout: seconds the first dial may take (raises
+    references when the connection's sharing (decided at each dial,
+    docs/protocol.md "Sharing") is coherent: the node found this root to be
+    its own (the node's probe file read through it, so not a copy) on the
+    same kernel and mount. timeout: seconds the first dial may take (raises
     UnavailableError, or UnauthenticatedError for a token problem).
     keepalive: seconds of silence after which a node a call waits for is
     pinged; after 5 of them it is taken for gone (UnavailableError).
@@ -106,6 +138,8 @@ class Client:
         if self._root and not os.path.isdir(self._root):
             raise InvalidArgumentError(f"root {root!r} is not a folder")
         self._fsid = _wire.read_fsid(self._root) if self._root else _wire.ZERO_FSID
+        self._where = _wire.host_id(self._root)  # (boot id, device, inode) for the where messages
+        self._logged = None  # the (sharing, why) last logged at INFO
         self._keepalive = keepalive
         self._window = window
         self._mu = threading.Lock()
@@ -121,9 +155,18 @@ class Client:
         return self._root
 
     def shared_fs(self, timeout=None):
-        """Whether the current connection's node shares this client's root
-        (equal filesystem identities). Dials if there is no connection."""
+        """Whether the current connection's node shares this client's page
+        cache (sharing() is coherent), so that TDs under the root, and
+        anything a service changes in place, travel as references. Dials if
+        there is no connection."""
         return self._connection(_deadline(timeout)).shared
+
+    def sharing(self, timeout=None):
+        """How much of the node's root the current connection shares with
+        this client: Sharing.COHERENT ("coherent"), Sharing.STORAGE
+        ("storage") or Sharing.NONE ("none"), as its handshake decided (a
+        reconnection decides again). Dials if there is no connection."""
+        return self._connection(_deadline(timeout)).sharing
 
     def close(self):
         """Closes the connection; calls in flight fail with UnavailableError,
@@ -197,7 +240,7 @@ class Client:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock.settimeout(limit)
-                shared = self._handshake(sock, version)
+                sharing, why = self._handshake(sock, version)
                 sock.settimeout(None)
             except _OlderNode as e:
                 # A node that speaks an older version answers in it and
@@ -212,11 +255,23 @@ class Client:
             except (OSError, _wire.ProtocolError, EOFError) as e:
                 sock.close()
                 raise UnavailableError(f"handshake with {self.addr}: {e or type(e).__name__}") from None
-            return _Conn(_yamux.Session(sock, self._window, self._keepalive), shared, version)
+            self._log_sharing(sharing, why)
+            return _Conn(_yamux.Session(sock, self._window, self._keepalive), sharing, why, version)
+
+    def _log_sharing(self, sharing, why):
+        """Says why references are off, once (again only when the reason
+        changes), when this client has a root but is not coherent with the
+        node; else at DEBUG."""
+        if self._root and sharing != Sharing.COHERENT and self._logged != (sharing, why):
+            self._logged = (sharing, why)
+            log.info("tensorwire: connected to %s with sharing %s; references to files changed in place are "
+                     "off, bytes travel instead: %s", self.addr, sharing, why)
+        else:
+            log.debug("tensorwire: connected to %s with sharing %s: %s", self.addr, sharing, why)
 
     def _handshake(self, sock, version):
         """The client's side of the handshake (docs/protocol.md) in version;
-        returns whether the node shares this side's root."""
+        returns the connection's sharing and why."""
         flags = _wire.FLAG_TOKEN if self._token else 0
         mine = _wire.hello(flags, os.urandom(32), self._fsid, version)
         sock.sendall(mine)
@@ -240,7 +295,32 @@ class Client:
             want = _wire.proof(self._token, _wire.SERVER_PROOF_LABEL, mine, theirs)
             if not _hmac_equal(got, want):
                 raise UnauthenticatedError("server does not know the token")
-        return self._fsid != _wire.ZERO_FSID and their_fsid == self._fsid
+        if version >= _wire.SESSION_VERSION:
+            # How to attach side connections; this client opens none.
+            _wire.parse_session(_recv_exact(sock, _wire.SESSION_MSG_SIZE))
+        if version < _wire.SHARING_VERSION:
+            # Older nodes: equal identities were taken as shared, which is
+            # right on one host only.
+            if self._fsid != _wire.ZERO_FSID and their_fsid == self._fsid:
+                return Sharing.COHERENT, f"protocol version {version}: equal root identities are taken for one page cache"
+            return Sharing.NONE, f"protocol version {version}: the root identities differ, or a side has no root"
+        return self._where_exchange(sock)
+
+    def _where_exchange(self, sock):
+        """The client's side of the where messages (version 4): reads the
+        node's, looks for its probe under this client's root, and answers
+        with the level decided. Returns (level, why)."""
+        nboot, ndev, nino, probe = _wire.parse_server_where(_recv_exact(sock, _wire.SERVER_WHERE_SIZE))
+        if not self._root:
+            level, why = Sharing.NONE, "this client has no root"
+        elif probe == bytes(16):
+            level, why = Sharing.NONE, ("the node made no probe: it has no root, or its root's identity "
+                                        "(.tensorwire-fsid) is not this client's")
+        else:
+            level, why = _wire.decide_sharing(_wire.read_probe(self._root, probe), (nboot, ndev, nino), self._where)
+        boot, dev, ino = self._where
+        sock.sendall(_wire.client_where(boot, dev, ino, level))
+        return level, why
 
     # Calls.
 

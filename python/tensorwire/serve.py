@@ -48,7 +48,7 @@ from .errors import (AlreadyExistsError, ClientClosedError, DeadlineExceededErro
                      InternalError, InvalidArgumentError, NotFoundError, ResourceExhaustedError, UnavailableError,
                      register_reason)
 from .errors import NotFoundError as _CodeNotFound
-from .rpc import Client as _RPCClient
+from .rpc import Client as _RPCClient, Sharing
 
 try:
     import fcntl
@@ -268,6 +268,7 @@ class Client:
         self._in_mm = self._out_mm = None  # ref mode: the slots' tensors, in the schemas' order
         self._lease_ms = 0
         self._ref = False
+        self._sharing = Sharing.NONE
         self.registrations = 0  # registrations made (a new one after the node lost one)
         try:
             deadline = _deadline(timeout)
@@ -278,9 +279,12 @@ class Client:
             self.max_batch = int(info.get("max_batch", 0))
             if not 1 <= self.max_batch <= MAX_ROWS:
                 raise InternalError(f"serve: the node says the model's max batch is {self.max_batch}")
+            # The slots are rewritten in place: by reference only when the
+            # node's page cache is this side's (coherent).
+            self._sharing = self._client.sharing(timeout)
             shared = False
             if self._client.root and not bytes_mode and fcntl is not None:
-                shared = self._client.shared_fs(timeout)
+                shared = self._sharing == Sharing.COHERENT
             self._ref = shared
             if slots is None:
                 slots = max(self.max_batch, min(64 * self.max_batch, 4096))
@@ -307,6 +311,12 @@ class Client:
         """"ref" when the rows go through slots in files under the shared
         root, "bytes" when they travel with the calls."""
         return "ref" if self._ref else "bytes"
+
+    @property
+    def sharing(self):
+        """How much of the node's root the connection shared when the mode
+        was picked: "coherent", "storage" or "none" (tensorwire.Sharing)."""
+        return self._sharing
 
     @property
     def input_schema(self):

@@ -13,7 +13,10 @@ TensorDicts, watches, versioned parameters.
 Values are dicts of arrays (nested dicts allowed), numpy or torch, with no
 batch dimensions unless batch_size says so. They are sent as bytes; a client
 that shares the node's root reads large values (prefixes under the store's
-folder) by reference, mapping them read-only. Calls that find the node
+folder) by reference, mapping them read-only. Those files are written once
+(synced and renamed into place, never rewritten), so sharing the node's
+files is enough: "storage" sharing (another machine on NFS, another mount)
+as well as "coherent" (docs/protocol.md, "Sharing"). Calls that find the node
 unreachable are tried again until their timeout, and Put, Append, Delete and
 Publish carry a request id, so that a retried one is applied once.
 """
@@ -30,7 +33,7 @@ from .errors import (AbortedError, DataLossError, FailedPreconditionError, Inval
                      NotFoundError, OutOfRangeError, ResourceExhaustedError, UnavailableError,
                      ClientClosedError, register_reason)
 from ._td import TD
-from .rpc import Client, StreamEnd
+from .rpc import Client, Sharing, StreamEnd
 
 __all__ = ["Store", "Param", "Event", "Watch", "FROM_NOW", "OPS", "NameError_", "TooLargeError", "NotFoundError",
            "CompactedError", "ExpiredError", "LockedError", "ClosedError", "NotStagedError", "FormatError",
@@ -161,7 +164,8 @@ class Param:
 class Store:
     """The store served as name by a node. node: "HOST:PORT" or a
     tensorwire.Client to share; token, root: as tensorwire.Client takes them.
-    bytes_mode: read values as bytes even when the root is shared. Timeouts
+    bytes_mode: read values as bytes even when the root is shared (ref mode
+    needs sharing storage or coherent; see sharing). Timeouts
     are seconds; None waits and retries as long as it takes. Safe for use
     from several threads; close() when done."""
 
@@ -179,9 +183,12 @@ class Store:
         self._renewer = None
         try:
             self.info = self._call("store.info", {"store": name}, _deadline(timeout))
+            # Values are write-once files: the same files through another
+            # page cache (storage) are enough to read them by reference.
+            self._sharing = self._client.sharing(timeout)
             shared = False
             if self._client.root and not bytes_mode and self.info.get("dir"):
-                shared = self._client.shared_fs(timeout)
+                shared = Sharing.at_least(self._sharing, Sharing.STORAGE)
             self._ref = shared
         except BaseException:
             if self._own:
@@ -193,6 +200,12 @@ class Store:
         """"ref" when large values are read from the shared files, "bytes" when
         they travel with the calls."""
         return "ref" if self._ref else "bytes"
+
+    @property
+    def sharing(self):
+        """How much of the node's root the connection shared when the mode
+        was picked: "coherent", "storage" or "none" (tensorwire.Sharing)."""
+        return self._sharing
 
     def close(self):
         with self._mu:

@@ -172,6 +172,38 @@ class Node:
         self.close()
 
 
+def bindfs_view(src, test):
+    """Mounts a bindfs (FUSE) view of src in a new folder and returns it,
+    unmounted at test's cleanup: the same files through another mount (its
+    own device number, its own page cache), as another machine on one NFS
+    export sees them. Skips test where it cannot mount (not root, no
+    /dev/fuse, no bindfs or fusermount: apt-get install bindfs fuse3)."""
+    import unittest
+    bindfs = shutil.which("bindfs")
+    fusermount = shutil.which("fusermount3") or shutil.which("fusermount")
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse") or not bindfs or not fusermount:
+        raise unittest.SkipTest("a bindfs view needs root, /dev/fuse, bindfs and fusermount")
+    d = tempfile.mkdtemp(prefix="tensorwire-pytest-view-")
+    view = os.path.join(d, "view")
+    os.mkdir(view)
+    r = subprocess.run([bindfs, src, view], capture_output=True, timeout=60)
+    if r.returncode != 0 or not os.path.ismount(view):
+        shutil.rmtree(d, ignore_errors=True)
+        raise unittest.SkipTest(f"bindfs {src} {view}: {r.returncode} {r.stderr.decode(errors='replace')}")
+
+    def unmount():
+        for _ in range(50):
+            if subprocess.run([fusermount, "-u", view], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            subprocess.run([fusermount, "-u", "-z", view], capture_output=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+    test.addClassCleanup(unmount) if isinstance(test, type) else test.addCleanup(unmount)
+    return view
+
+
 def _drain(f):
     """Reads f (a node's stdout) to its end and closes it."""
     with f:

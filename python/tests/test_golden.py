@@ -16,6 +16,7 @@ from tensorwire._td import TD
 from nodes import REPO
 
 GO_GOLDEN = os.path.join(REPO, "rpc", "golden_test.go")
+GO_SHARING = os.path.join(REPO, "rpc", "sharing_test.go")
 
 
 def unhex(s):
@@ -122,6 +123,12 @@ STREAM_END_REASON = """00000032
     a7 6d657373616765 a7 65787069726564
     a6 726561736f6e ae 7265706c61792e65787069726564"""
 
+# Version 4 (rpc/sharing_test.go's TestGolden_Version4): the where messages.
+SERVER_WHERE = "000102030405060708090a0b0c0d0e0f 0000000000000031 0000000000001234 a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
+CLIENT_WHERE = "000102030405060708090a0b0c0d0e0f 000000000000002c 0000000000001234 01 00000000000000"
+# Version 3's session message, as docs/protocol.md shows it.
+SESSION = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f 0008 000000000000"
+
 CLIENT_PROOF = "306ff1061344549ca480bad7264e192ac43e4f4010a1ebd9d2957234ebfd01ee"
 SERVER_PROOF = "b7aa7ac2bd5d596e7244fe21d8bc6a2c29771c2f893bb67246b0c8e1927d592f"
 REFUSAL = "10 000b 77726f6e6720746f6b656e"
@@ -142,6 +149,10 @@ class TestGolden(unittest.TestCase):
                             ("stream open", STREAM_OPEN), ("stream message", STREAM_MESSAGE),
                             ("stream end", STREAM_END), ("stream end with a reason", STREAM_END_REASON)]:
             self.assertIn(norm(block), go, f"the {name} block is not rpc/golden_test.go's")
+        with open(GO_SHARING) as f:
+            go = norm(f.read())
+        for name, block in [("node's where", SERVER_WHERE), ("client's where", CLIENT_WHERE)]:
+            self.assertIn(norm(block), go, f"the {name} block is not rpc/sharing_test.go's")
 
     def test_hello(self):
         h = golden_hello()
@@ -228,6 +239,64 @@ class TestGolden(unittest.TestCase):
         h = _wire.hello(1, bytes(range(32)), bytes(0xA0 + i for i in range(16)), version=2)
         self.assertEqual(h, unhex(HELLO)[:4] + b"\x02" + unhex(HELLO)[5:])
 
+    def test_version4(self):
+        """The where messages, as rpc/sharing_test.go pins them."""
+        boot, probe = bytes(range(16)), bytes(0xA0 + i for i in range(16))
+        self.assertEqual(_wire.server_where(boot, 0x31, 0x1234, probe), unhex(SERVER_WHERE))
+        self.assertEqual(_wire.parse_server_where(unhex(SERVER_WHERE)), (boot, 0x31, 0x1234, probe))
+        self.assertEqual(_wire.client_where(boot, 0x2C, 0x1234, "storage"), unhex(CLIENT_WHERE))
+        self.assertEqual(_wire.parse_client_where(unhex(CLIENT_WHERE)), (boot, 0x2C, 0x1234, "storage"))
+        self.assertEqual([_wire.client_where(boot, 1, 2, lv)[32] for lv in ("none", "storage", "coherent")], [0, 1, 2])
+        # A level above 2 or reserved bytes set: refused, as the Go node refuses them.
+        for at, v in [(32, 3), (33, 1), (39, 1)]:
+            bad = bytearray(unhex(CLIENT_WHERE))
+            bad[at] = v
+            with self.assertRaises(_wire.ProtocolError):
+                _wire.parse_client_where(bytes(bad))
+        for size in (47, 49):
+            with self.assertRaises(_wire.ProtocolError):
+                _wire.parse_server_where(bytes(size))
+        self.assertEqual(_wire.hello(1, bytes(range(32)), bytes(0xA0 + i for i in range(16)), version=4),
+                         unhex(HELLO)[:4] + b"\x04" + unhex(HELLO)[5:])
+
+    def test_session_message(self):
+        self.assertEqual(_wire.parse_session(unhex(SESSION)), (bytes(range(32)), 8))
+        bad = bytearray(unhex(SESSION))
+        bad[39] = 1
+        with self.assertRaises(_wire.ProtocolError):
+            _wire.parse_session(bytes(bad))
+
+    def test_decide_sharing(self):
+        """rpc/sharing_test.go's decision table."""
+        a = (bytes([1]) + bytes(15), 10, 99)
+        for name, probed, node, client, want in [
+            ("one kernel, one mount", True, a, a, "coherent"),
+            ("another machine (boot ids differ)", True, a, (bytes([2]) + bytes(15), 10, 99), "storage"),
+            ("another mount on one kernel", True, a, (a[0], 11, 99), "storage"),
+            ("another inode on the same device", True, a, (a[0], 10, 98), "storage"),
+            ("a side that cannot tell its kernel", True, (bytes(16), 10, 99), (bytes(16), 10, 99), "storage"),
+            ("no file ids at all", True, (a[0], 0, 0), (a[0], 0, 0), "storage"),
+            ("not the node's root (a copy)", False, a, a, "none"),
+        ]:
+            got, why = _wire.decide_sharing(probed, node, client)
+            self.assertEqual(got, want, name)
+            self.assertTrue(why, name)
+
+    def test_probe(self):
+        """A probe is read only as a node writes it: its name in hex and a
+        newline, under .tensorwire-probe."""
+        name = bytes(range(16))
+        with tempfile.TemporaryDirectory() as root:
+            self.assertFalse(_wire.read_probe(root, name))
+            os.mkdir(os.path.join(root, _wire.PROBE_DIR))
+            path = os.path.join(root, _wire.PROBE_DIR, name.hex())
+            for text, ok in [(name.hex() + "\n", True), (name.hex(), False), ("x" + name.hex() + "\n", False)]:
+                with open(path, "w") as f:
+                    f.write(text)
+                self.assertEqual(_wire.read_probe(root, name), ok, text)
+            self.assertFalse(_wire.read_probe(root, bytes(16)))
+            self.assertFalse(_wire.read_probe(None, name))
+
     def test_ints(self):
         """Integers in their smallest signed form, as go-msgpack writes them."""
         for v, want in [(0, "00"), (127, "7f"), (128, "d10080"), (-1, "ff"), (-32, "e0"), (-33, "d0df"),
@@ -280,6 +349,8 @@ class TestGolden(unittest.TestCase):
             doc = f.read()
         blocks = re.findall(r"```\n(.*?)```", doc, re.S)
         self.assertIn(norm(HELLO), [norm(b) for b in blocks])
+        self.assertIn(norm(SESSION), [norm(b) for b in blocks])
+        self.assertIn(norm(SERVER_WHERE + CLIENT_WHERE), [norm(b) for b in blocks])
         self.assertIn(unhex(REQUEST), [unhex(b) for b in blocks if b.strip().startswith("0000003b")])
         self.assertIn(unhex(REASON_RESPONSE), [unhex(b) for b in blocks if b.strip().startswith("00000040")])
 

@@ -62,7 +62,7 @@ class TestLoader(unittest.TestCase):
         def run(mode, batch):
             try:
                 with self.dial(mode, batch) as c:
-                    self.assertEqual(c.mode, mode)
+                    self.assertEqual((c.mode, c.sharing), (mode, "coherent"))
                     self.assertEqual(len(c), math.ceil(N / batch))
                     for _ in range(2):
                         e = c.epoch

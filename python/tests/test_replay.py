@@ -3,8 +3,10 @@ wrong schema refused before anything is sent, the node killed and
 restarted under a writer and a sampler, and torn rows never returned."""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -51,6 +53,7 @@ class TestBuffer(unittest.TestCase):
         cls.node = Node(buffers=["ref,capacity=1000,min-size=1", "bytes,capacity=1000,min-size=1",
                                  "pri,capacity=1000,sampler=prioritized,alpha=0.6,beta=0.4,min-size=1",
                                  "schema,capacity=100,min-size=1", "both,capacity=100,min-size=1", "wide,capacity=1000,min-size=1", "fresh,capacity=100,min-size=1",
+                                 "copy,capacity=100,min-size=1",
                                  "empty,capacity=10"]).start()
 
     @classmethod
@@ -60,7 +63,7 @@ class TestBuffer(unittest.TestCase):
     def test_modes(self):
         for mode in MODES:
             with self.subTest(mode=mode), dial(self.node, mode, mode) as b:
-                self.assertEqual(b.mode, mode)
+                self.assertEqual((b.mode, b.sharing), (mode, "coherent"))
                 idx = b.extend(batch_of(range(1, 33)))
                 np.testing.assert_array_equal(idx, np.arange(32))
                 self.assertEqual(b.schema, [
@@ -87,9 +90,39 @@ class TestBuffer(unittest.TestCase):
 
     def test_modes_chosen(self):
         with replay.Buffer(self.node.addr, "ref", token=TOKEN) as b:
-            self.assertEqual(b.mode, "bytes")  # no root
+            self.assertEqual((b.mode, b.sharing), ("bytes", "none"))  # no root
         with replay.Buffer(self.node.addr, "ref", token=TOKEN, root=self.node.dir) as b:
-            self.assertEqual(b.mode, "bytes")  # another root: another identity
+            self.assertEqual((b.mode, b.sharing), ("bytes", "none"))  # another root: another identity
+
+    def test_copy_of_the_root(self):
+        """A client whose root is a copy of the node's (cp -a: the same
+        .tensorwire-fsid, the buffer's storage as it was) shares nothing
+        with the node: it works by bytes, and its batches land in the node's
+        buffer, where a client with the node's root samples them back
+        whole. (Taken for shared by the identity alone, it wrote its rows
+        into the copy's files, and the node's buffer held empty rows.)"""
+        copy = os.path.join(tempfile.mkdtemp(prefix="tensorwire-pytest-copy-"), "root")
+        try:
+            with dial(self.node, "copy", "ref") as r:
+                r.extend(batch_of(range(1, 9)))
+            shutil.copytree(self.node.root, copy, symlinks=True, ignore=shutil.ignore_patterns(".tensorwire-probe"))
+            with replay.Buffer(self.node.addr, "copy", token=TOKEN, root=copy) as b:
+                self.assertEqual((b.sharing, b.mode), ("none", "bytes"))
+                b.extend(batch_of(range(9, 25)))
+                td, info = b.sample(32)
+                check_rows(self, td)
+                self.assertLessEqual(set(td["action"].tolist()), set(range(1, 25)))
+            with dial(self.node, "copy", "ref") as r:
+                self.assertEqual((r.mode, r.stats()["size"]), ("ref", 24))
+                td = batch_of(range(1, 25))
+                info = r.sample_into(td)
+                check_rows(self, td)
+                self.assertEqual(len(info), 24)
+                td, info = r.sample(64)
+                check_rows(self, td)
+                self.assertLessEqual(set(td["action"].tolist()), set(range(1, 25)))
+        finally:
+            shutil.rmtree(os.path.dirname(copy))
 
     def test_ref_and_bytes_see_the_same_rows(self):
         with dial(self.node, "both", "ref") as r, dial(self.node, "both", "bytes") as y:

@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import unittest
@@ -91,6 +92,154 @@ class TestHandshake(unittest.TestCase):
             tensorwire.Client(addr, timeout=5)
 
 
+def copy_of_root(node):
+    """A folder holding a copy of the node's root identity, as cp -a of the
+    root makes one: the same .tensorwire-fsid, other files."""
+    d = tempfile.mkdtemp(prefix="tensorwire-pytest-copy-")
+    shutil.copy(os.path.join(node.root, ".tensorwire-fsid"), d)
+    return d
+
+
+class TestSharing(unittest.TestCase):
+    """Version 4's where messages with a real node: the level a client with
+    the node's root, a copy of it, another root or none decides."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.node = Node().start()
+        # The node's identity exists once a client with its root connected.
+        tensorwire.Client(cls.node.addr, token=TOKEN, root=cls.node.root).close()
+        cls.tmp = tempfile.mkdtemp(prefix="tensorwire-pytest-sharing-")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.node.close()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def level(self, root):
+        with tensorwire.Client(self.node.addr, token=TOKEN, root=root) as c:
+            return c.sharing(), c.shared_fs(), c._connection(None).why
+
+    def test_the_node_s_root(self):
+        self.assertEqual(self.level(self.node.root)[:2], (tensorwire.Sharing.COHERENT, True))
+        link = os.path.join(self.tmp, "link")
+        os.symlink(self.node.root, link)
+        self.assertEqual(self.level(link)[:2], ("coherent", True))
+
+    def test_a_copy_of_the_root(self):
+        """Equal identities, but the node's probe is not under the copy: none."""
+        d = copy_of_root(self.node)
+        try:
+            level, shared, why = self.level(d)
+            self.assertEqual((level, shared), (tensorwire.Sharing.NONE, False))
+            self.assertIn("probe", why)
+        finally:
+            shutil.rmtree(d)
+
+    def test_other_roots(self):
+        other = tempfile.mkdtemp(prefix="tensorwire-pytest-other-")
+        try:
+            self.assertEqual(self.level(other)[:2], ("none", False))
+        finally:
+            shutil.rmtree(other)
+        self.assertEqual(self.level(None)[:2], ("none", False))
+
+    def test_no_probe_left_behind(self):
+        self.level(self.node.root)
+        self.level(copy_of_root(self.node))
+        probes = os.path.join(self.node.root, ".tensorwire-probe")
+        self.assertEqual(os.listdir(probes) if os.path.isdir(probes) else [], [])
+
+    def test_logged_once(self):
+        """A client with a root that is not coherent says why, once per
+        reason (at INFO, logger "tensorwire"); a coherent one says nothing
+        at INFO."""
+        d = copy_of_root(self.node)
+        try:
+            with self.assertLogs("tensorwire", "INFO") as cm:
+                with tensorwire.Client(self.node.addr, token=TOKEN, root=d) as c:
+                    c._connection(None).session.close()
+                    c.stats()  # a second connection, the same reason
+                    self.assertEqual(c.connections, 2)
+            self.assertEqual(len(cm.records), 1, cm.output)
+            self.assertIn("sharing none", cm.output[0])
+            self.assertIn("probe", cm.output[0])
+        finally:
+            shutil.rmtree(d)
+        with self.assertLogs("tensorwire", "DEBUG") as cm:
+            self.level(self.node.root)
+        self.assertEqual([r.levelname for r in cm.records], ["DEBUG"])
+
+
+class OldNode:
+    """A node that speaks protocol versions up to newest, as a test plays
+    one: it refuses newer hellos as docs/protocol.md's "Versioning" says,
+    accepts its own (without a token), sends a session message from version
+    3, and then holds the connection open. hellos: the versions offered."""
+
+    def __init__(self, newest, fsid):
+        import socket
+        self.newest, self.fsid = newest, fsid
+        self.hellos = []
+        self.ls = socket.socket()
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(8)
+        self.addr = "127.0.0.1:%d" % self.ls.getsockname()[1]
+        self.conns = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        from tensorwire import _wire
+        while True:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            h = b""
+            while len(h) < 64:
+                h += c.recv(64 - len(h))
+            version = h[4]
+            self.hellos.append(version)
+            if version > self.newest:
+                c.sendall(_wire.hello(0, os.urandom(32), self.fsid, self.newest) + _wire.status(9, "unsupported version"))
+                c.close()
+                continue
+            c.sendall(_wire.hello(0, os.urandom(32), self.fsid, version) + _wire.status(0))
+            if version >= 3:
+                c.sendall(bytes(40))  # no side connections
+
+    def close(self):
+        self.ls.close()
+        for c in self.conns:
+            c.close()
+
+
+class TestOlderNodes(unittest.TestCase):
+    """A node of version 3 or 2 gets a second dial in its version, without
+    where messages: equal identities are taken as coherent, as those
+    versions did."""
+
+    def test_fallback(self):
+        root = tempfile.mkdtemp(prefix="tensorwire-pytest-old-")
+        try:
+            fsid = tensorwire._wire.read_fsid(root)
+            for newest in (3, 2):
+                with self.subTest(newest=newest):
+                    old = OldNode(newest, fsid)
+                    try:
+                        with tensorwire.Client(old.addr, root=root) as c:
+                            conn = c._connection(None)
+                            self.assertEqual((conn.version, c.sharing(), c.shared_fs()), (newest, "coherent", True))
+                        with tensorwire.Client(old.addr) as c:
+                            self.assertEqual(c.sharing(), "none")
+                        self.assertEqual(old.hellos, [4, newest, 4, newest])
+                    finally:
+                        old.close()
+        finally:
+            shutil.rmtree(root)
+
+
 class TestCalls(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -106,10 +255,10 @@ class TestCalls(unittest.TestCase):
     def test_shared(self):
         self.assertTrue(self.c.shared_fs())
 
-    def test_version2(self):
-        """The client speaks version 2 with a node that does (and asks for
+    def test_version4(self):
+        """The client speaks version 4 with a node that does (and asks for
         uncompressed bodies, which the bulk test reads)."""
-        self.assertEqual(self.c._connection(None).version, 2)
+        self.assertEqual(self.c._connection(None).version, 4)
 
     def test_describe_and_read(self):
         d = self.c.describe("ds")

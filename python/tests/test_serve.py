@@ -77,12 +77,12 @@ class TestServe(unittest.TestCase):
     def test_modes(self):
         for mode in MODES:
             with self.subTest(mode=mode), dial(self.node, mode) as c:
-                self.assertEqual(c.mode, mode)
+                self.assertEqual((c.mode, c.sharing), (mode, "coherent"))
                 self.assertEqual(c.max_batch, 16)
                 self.assertEqual(c.input_schema, [{"key": ["obs"], "dtype": "torch.float32", "shape": [64]}])
                 self.assertEqual(c.output_schema, [{"key": ["logits"], "dtype": "torch.float32", "shape": [16]}])
         with serve.Client(self.node.addr, "policy", token=TOKEN) as c:  # no root: bytes
-            self.assertEqual(c.mode, "bytes")
+            self.assertEqual((c.mode, c.sharing), ("bytes", "none"))
 
     def test_predict_matches_the_go_client(self):
         """The same inputs give the Go client's outputs (serve.Client, run by

@@ -35,7 +35,7 @@ class TestStore(unittest.TestCase):
     def test_bins(self):
         for mode in MODES:
             with self.subTest(mode=mode), dial(self.node, mode) as s:
-                self.assertEqual(s.mode, mode)
+                self.assertEqual((s.mode, s.sharing), (mode, "coherent"))
                 b = "bin-" + mode
                 r1 = s.put(b, item(1))
                 r2 = s.append(b, item(2))

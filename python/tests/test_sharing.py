@@ -1,0 +1,112 @@
+"""The sharing levels of docs/protocol.md ("Sharing") as each service
+client acts on them, against a real Go node: through a bindfs view of the
+node's root (the same files through another mount and page cache, as
+another machine on NFS: "storage") and through a copy of it ("none").
+Replay, the loader and serve, whose files are rewritten in place, work by
+bytes below "coherent"; the store, whose values are written once, reads
+them by reference at "storage" too."""
+
+import os
+import shutil
+import tempfile
+import unittest
+
+import numpy as np
+
+import tensorwire
+from tensorwire import loader, replay, serve, store
+
+import test_loader
+import test_serve
+from nodes import TOKEN, bindfs_view
+
+
+def ids_batch(ids):
+    ids = np.asarray(ids, dtype=np.int64)
+    return {"obs": np.repeat(ids[:, None], 4, axis=1).astype(np.float32), "id": ids}
+
+
+class TestLevels(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.node, _ = test_serve.model_node(settings=",max-batch=8")
+        cls.node.buffers = ["view,capacity=100,min-size=1", "copy,capacity=100,min-size=1"]
+        cls.node.extra += ["--store", "main",
+                           "--loader", "l,dataset=%s,batch=64,slots=8,seed=3,index=index,max-wait=10s"
+                           % test_loader.make_dataset(cls.node.dir)]
+        cls.node.start()
+        cls.addClassCleanup(cls.node.close)
+        # The node's identity exists once a client with its root connected.
+        with tensorwire.Client(cls.node.addr, token=TOKEN, root=cls.node.root) as c:
+            assert c.sharing() == "coherent", c.sharing()
+        cls.copy = os.path.join(tempfile.mkdtemp(prefix="tensorwire-pytest-copy-"), "root")
+        shutil.copytree(cls.node.root, cls.copy, symlinks=True)
+        cls.addClassCleanup(shutil.rmtree, os.path.dirname(cls.copy), True)
+
+    def view(self):
+        return bindfs_view(self.node.root, self)
+
+    def test_client(self):
+        with tensorwire.Client(self.node.addr, token=TOKEN, root=self.view()) as c:
+            self.assertEqual((c.sharing(), c.shared_fs()), (tensorwire.Sharing.STORAGE, False))
+            self.assertIn("mount", c._connection(None).why)
+        with tensorwire.Client(self.node.addr, token=TOKEN, root=self.copy) as c:
+            self.assertEqual((c.sharing(), c.shared_fs()), ("none", False))
+
+    def check_replay(self, root, name, level):
+        with replay.Buffer(self.node.addr, name, token=TOKEN, root=root) as b:
+            self.assertEqual((b.sharing, b.mode), (level, "bytes"))
+            b.extend(ids_batch(range(1, 17)))
+        with replay.Buffer(self.node.addr, name, token=TOKEN, root=self.node.root) as r:
+            self.assertEqual((r.sharing, r.mode), ("coherent", "ref"))
+            td, _ = r.sample(32)
+            self.assertTrue((td["id"] >= 1).all() and (td["id"] <= 16).all(), td["id"])
+            np.testing.assert_array_equal(td["obs"], np.repeat(td["id"][:, None], 4, axis=1).astype(np.float32))
+
+    def test_replay(self):
+        """Rows written through the view or the copy land in the node's
+        buffer: a client with the node's root samples them back whole."""
+        self.check_replay(self.view(), "view", "storage")
+        self.check_replay(self.copy, "copy", "none")
+
+    def test_store(self):
+        """Through the view the store reads a large value by reference (a
+        read-only mapping of the value's files through the view), and the
+        same value as bytes through the copy."""
+        big = {"x": np.arange(2 << 20, dtype=np.float32)}  # 8 MiB: a prefix, not inline
+        with store.Store(self.node.addr, "main", token=TOKEN, root=self.view()) as s:
+            self.assertEqual((s.sharing, s.mode), ("storage", "ref"))
+            v = s.publish("params", big)
+            with s.latest("params") as p:
+                self.assertEqual(p.version, v)
+                self.assertIsInstance(p.td["x"], np.memmap)
+                np.testing.assert_array_equal(p.td["x"], big["x"])
+        with store.Store(self.node.addr, "main", token=TOKEN, root=self.copy) as s:
+            self.assertEqual((s.sharing, s.mode), ("none", "bytes"))
+            with s.latest("params") as p:
+                self.assertNotIsInstance(p.td["x"], np.memmap)
+                np.testing.assert_array_equal(p.td["x"], big["x"])
+
+    def test_loader(self):
+        for root, level in ((self.view(), "storage"), (self.copy, "none")):
+            with self.subTest(level=level), loader.Consumer(self.node.addr, "l", 100, token=TOKEN, root=root) as c:
+                self.assertEqual((c.sharing, c.mode), (level, "bytes"))
+                seen = []
+                for b in c:
+                    np.testing.assert_array_equal(b["x"][:, 0], b["index"].astype(np.float32))
+                    seen.extend(b["index"].tolist())
+                self.assertEqual(sorted(seen), list(range(test_loader.N)))
+
+    def test_serve(self):
+        x = np.random.default_rng(1).normal(size=(3, test_serve.SIZES[0])).astype(np.float32)
+        with serve.Client(self.node.addr, "policy", token=TOKEN, root=self.node.root) as c:
+            self.assertEqual((c.sharing, c.mode), ("coherent", "ref"))
+            want = c.predict({"obs": x})["logits"]
+        for root, level in ((self.view(), "storage"), (self.copy, "none")):
+            with self.subTest(level=level), serve.Client(self.node.addr, "policy", token=TOKEN, root=root) as c:
+                self.assertEqual((c.sharing, c.mode), (level, "bytes"))
+                np.testing.assert_array_equal(c.predict({"obs": x})["logits"], want)
+
+
+if __name__ == "__main__":
+    unittest.main()
