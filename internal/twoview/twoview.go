@@ -25,6 +25,11 @@
 //     than NFS: it would fail correct fixes), so New does not use it.
 //     --multithreaded behaves as the defaults. -o direct_io makes mmap fail
 //     with ENODEV.
+//   - A file deleted through VIEW_A while mapped through VIEW_B stays
+//     readable through that mapping, untouched pages included: bindfs
+//     keeps the file it opened for B open until B's mapping goes
+//     (TestViews_DeleteWhileMapped logs it). On NFS the other client gets
+//     SIGBUS there; these views do not reproduce that.
 //
 // Each view is its own mount, with its own device number: a test that
 // checks "one mount" by device and inode tells the views apart, which is
