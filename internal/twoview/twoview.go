@@ -30,6 +30,13 @@
 //     keeps the file it opened for B open until B's mapping goes
 //     (TestViews_DeleteWhileMapped logs it). On NFS the other client gets
 //     SIGBUS there; these views do not reproduce that.
+//   - A file deleted through the view that has it open is renamed
+//     .fuse_hiddenNNN until its last close (as NFS renames it .nfsNNN), so
+//     removing its folder meanwhile fails with ENOTEMPTY: a node holding a
+//     client's file open through the same view makes the client's
+//     os.RemoveAll fail. -o hard_remove removes it at once, but then that
+//     view's own mappings of the file fault (SIGBUS) on untouched pages,
+//     which neither a local filesystem nor NFS does; New does not use it.
 //
 // Each view is its own mount, with its own device number: a test that
 // checks "one mount" by device and inode tells the views apart, which is
