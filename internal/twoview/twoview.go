@@ -29,7 +29,8 @@
 //     readable through that mapping, untouched pages included: bindfs
 //     keeps the file it opened for B open until B's mapping goes
 //     (TestViews_DeleteWhileMapped logs it). On NFS the other client gets
-//     SIGBUS there; these views do not reproduce that.
+//     SIGBUS there; these views do not reproduce that. Stateless mounts a
+//     view that does (TestStateless_DeleteFaults).
 //   - A file deleted through the view that has it open is renamed
 //     .fuse_hiddenNNN until its last close (as NFS renames it .nfsNNN), so
 //     removing its folder meanwhile fails with ENOTEMPTY: a node holding a
@@ -44,6 +45,7 @@
 package twoview
 
 import (
+	_ "embed"
 	"fmt"
 	"os"
 	"os/exec"
@@ -52,6 +54,54 @@ import (
 	"testing"
 	"time"
 )
+
+// pathfs is a FUSE view that holds no file open (pathfs.py).
+//
+//go:embed pathfs.py
+var pathfs []byte
+
+// Stateless mounts a third view of src that holds no file open: every read
+// and write opens the file by its path and closes it again (pathfs.py,
+// with python3-fusepy), so a page that a mapping through it has not read
+// yet cannot be read once the file was deleted through another view; the
+// mapping faults there (SIGBUS), as on a host whose NFS server lost the
+// file. bindfs views cannot show that (the package doc). It has a page
+// cache of its own, as the bindfs views do. It is unmounted when t ends,
+// and skips (fails where CI is set) as New does, also without
+// python3-fusepy.
+func Stateless(t testing.TB, src string) string {
+	t.Helper()
+	_, fusermount := Available(t)
+	python := "/usr/bin/python3" // Debian's, which python3-fusepy is for
+	if out, err := exec.Command(python, "-c", "import fusepy").CombinedOutput(); err != nil {
+		msg := fmt.Sprintf("twoview: %s cannot import fusepy (%v: %s); apt-get install python3-fusepy", python, err, strings.TrimSpace(string(out)))
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg + "; CI must run the two-page-cache tests")
+		}
+		t.Skip(msg)
+	}
+	dir := t.TempDir()
+	script, view := filepath.Join(dir, "pathfs.py"), filepath.Join(dir, "stateless")
+	if err := os.WriteFile(script, pathfs, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(view, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// pathfs.py returns once the mount is up (it daemonizes).
+	if out, err := exec.Command(python, script, src, view).CombinedOutput(); err != nil {
+		t.Fatalf("twoview: pathfs.py %s %s: %v\n%s", src, view, err, out)
+	}
+	t.Cleanup(func() {
+		if err := Unmount(fusermount, view); err != nil {
+			t.Errorf("twoview: %v", err)
+		}
+	})
+	if !isMount(view) {
+		t.Fatalf("twoview: pathfs.py returned but %s is not a mount point", view)
+	}
+	return view
+}
 
 // New mounts two bindfs views of a new, empty temporary folder and returns
 // the folder (src) and the two views (a, b). They are unmounted when the

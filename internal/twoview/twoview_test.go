@@ -170,3 +170,40 @@ func TestViews_DeleteWhileMapped(t *testing.T) {
 	}
 	t.Logf("view B's mapping reads its last page (%d) after the file was deleted through view A: no SIGBUS here", got)
 }
+
+// The premise of Stateless: a file deleted through view A while mapped
+// through the stateless view faults there at the first page not read
+// before, as on NFS when another host deletes it; pages read before still
+// read.
+func TestStateless_DeleteFaults(t *testing.T) {
+	src, a, _ := New(t)
+	c := Stateless(t, src)
+	const size = 64 << 12
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = 7
+	}
+	if err := os.WriteFile(filepath.Join(src, "g"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := mapFile(t, filepath.Join(c, "g"), size)
+	if m[0] != 7 {
+		t.Fatalf("the first page reads %d, want 7", m[0])
+	}
+	if err := os.Remove(filepath.Join(a, "g")); err != nil {
+		t.Fatal(err)
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	read := func(i int) (b byte, fault any) {
+		defer func() { fault = recover() }()
+		return m[i], nil
+	}
+	if b, fault := read(1); fault != nil || b != 7 {
+		t.Fatalf("the first page, read before the deletion: %d, %v", b, fault)
+	}
+	if b, fault := read(size - 1); fault == nil {
+		t.Fatalf("the last page, not read before the file was deleted through view A, reads %d: the stateless view holds the file", b)
+	} else {
+		t.Logf("the last page faults, as on NFS: %v", fault)
+	}
+}
