@@ -114,22 +114,25 @@ func TestViews_OtherDevices(t *testing.T) {
 	}
 }
 
-// The views are gone once the test that made them ends.
+// The views are gone once the test that made them ends, even one that a
+// file is still open through (fusermount -u finds it busy, and Unmount
+// falls back to a lazy unmount).
 func TestNew_Unmounts(t *testing.T) {
 	var a, b string
+	var f *os.File
 	t.Run("mount", func(t *testing.T) {
 		_, a, b = New(t)
 		if err := os.WriteFile(filepath.Join(a, "x"), []byte("x"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		// A file held open through a view: fusermount -u finds the mount
-		// busy, and Unmount falls back to a lazy unmount.
-		f, err := os.Open(filepath.Join(b, "x"))
-		if err != nil {
+		var err error
+		if f, err = os.Open(filepath.Join(b, "x")); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { f.Close() }) // runs after the unmount (registered later)
 	})
+	if f != nil {
+		defer f.Close() // after the subtest's cleanups: open while they unmount
+	}
 	if isMount(a) || isMount(b) {
 		t.Fatalf("still mounted after the test: %s %v, %s %v", a, isMount(a), b, isMount(b))
 	}
