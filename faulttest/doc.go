@@ -6,7 +6,11 @@
 //
 // The package holds tests only; docs/reliability.md says what each scenario
 // promises and quotes a run. It needs root for the namespaces; elsewhere its
-// tests say so and skip. Run it with
+// tests say so and skip. The two-page-cache scenarios (twocache_test.go,
+// issue 23) need no namespaces but FUSE views of one folder
+// (internal/twoview: bindfs, and python3-fusepy for one of them), and skip
+// without them, or fail where the environment variable CI is set. Run it
+// with
 //
 //	go test ./faulttest/              # the short mode CI runs
 //	go test -short ./faulttest/       # skips every scenario (the quick loop)
