@@ -174,11 +174,11 @@ func (c *Consumer) session(ctx context.Context, wait *backoff.Backoff) (*session
 		if s, err = c.join(ctx); err == nil {
 			break
 		}
+		if c.isClosed() {
+			return nil, ErrClosed // Close closed the connection under the join
+		}
 		if wait == nil || !unreachable(err) {
 			return nil, err
-		}
-		if c.isClosed() {
-			return nil, ErrClosed
 		}
 		if werr := wait.Wait(ctx); werr != nil {
 			return nil, fmt.Errorf("%w; the node was unreachable: %w", werr, err)

@@ -266,6 +266,38 @@ func TestProcess_ConsumerRidesOutRestart(t *testing.T) {
 	}
 }
 
+// TestProcess_CloseWhileWaitingForTheNode: a Batches waiting for a killed
+// node ends with ErrClosed, at once, when the consumer is closed.
+func TestProcess_CloseWhileWaitingForTheNode(t *testing.T) {
+	const n = 100
+	root := t.TempDir()
+	makeDataset(t, filepath.Join(root, "data"), n)
+	node, addr := proctest.StartServer(t, envHelper+"=node", envRoot+"="+root)
+	c, err := Dial(context.Background(), addr, "train", Options{Batch: helperConfig.Batch, Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	iterateEpochs(t, c, n, 1)
+	node.Kill()
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := consumerEpoch(context.Background(), c)
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	closed := time.Now()
+	c.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("closed while waiting for the node: %v, want ErrClosed", err)
+		}
+		t.Logf("ended %v after Close: %v", time.Since(closed).Round(time.Millisecond), err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Batches still waiting 10 s after Close")
+	}
+}
+
 // TestConsumer_NoBatchBytesByReference: a consumer on the shared
 // filesystem reads its batches from the ring: what crosses the network
 // per batch is a few announcement and ack bytes, nothing like the batch.
