@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/backoff"
 	"github.com/tensorwire/tensorwire/internal/slots"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -93,7 +94,7 @@ func Dial(ctx context.Context, addr, name string, opts Options) (*Consumer, erro
 		return nil, err
 	}
 	c := &Consumer{rc: rc, name: name, o: opts, prefetch: prefetchOf(opts)}
-	if _, err := c.session(ctx); err != nil {
+	if _, err := c.session(ctx, nil); err != nil {
 		rc.Close()
 		return nil, err
 	}
@@ -140,7 +141,13 @@ func (c *Consumer) Schema() tensordict.RowSchema {
 
 // session returns the current session, joining the producer if there is
 // none. A session that ended since the last call is its error, once.
-func (c *Consumer) session(ctx context.Context) (*session, error) {
+//
+// With wait (Batches), the node being unreachable is ridden out: a join
+// that finds it so is tried again after the backoff, until it succeeds,
+// fails otherwise, or ctx ends; and a session whose stream broke for that
+// reason while no loop ran is not an error (no batch of an epoch was
+// lost): the consumer joins again once the node is back.
+func (c *Consumer) session(ctx context.Context, wait *backoff.Backoff) (*session, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -157,11 +164,25 @@ func (c *Consumer) session(ctx context.Context) (*session, error) {
 		// The session ended while no loop ran (dropped between epochs, the
 		// producer restarted): say so once; the next call joins again.
 		old.end(ctx)
-		return nil, fmt.Errorf("loader: before epoch %d: %w", c.Epoch(), old.streamErr())
+		if err := old.streamErr(); wait == nil || !unreachable(err) {
+			return nil, fmt.Errorf("loader: before epoch %d: %w", c.Epoch(), err)
+		}
 	}
-	s, err := c.join(ctx)
-	if err != nil {
-		return nil, err
+	var s *session
+	for {
+		var err error
+		if s, err = c.join(ctx); err == nil {
+			break
+		}
+		if c.isClosed() {
+			return nil, ErrClosed // Close closed the connection under the join
+		}
+		if wait == nil || !unreachable(err) {
+			return nil, err
+		}
+		if werr := wait.Wait(ctx); werr != nil {
+			return nil, fmt.Errorf("%w; the node was unreachable: %w", werr, err)
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -171,6 +192,20 @@ func (c *Consumer) session(ctx context.Context) (*session, error) {
 	}
 	c.sess, c.epoch, c.last = s, s.info.Epoch, s.info
 	return s, nil
+}
+
+// unreachable reports whether err says the node could not be reached or
+// the connection to it broke (rpc's Unavailable), what a node restarting
+// looks like, rather than that the consumer's own client is closed.
+func unreachable(err error) bool {
+	return errors.Is(err, rpc.ErrUnavailable) && !errors.Is(err, rpc.ErrClosed)
+}
+
+// isClosed reports whether Close was called.
+func (c *Consumer) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }
 
 // join joins the producer, opens the session's stream and starts its
@@ -443,31 +478,65 @@ type assembled struct {
 // loop gives up the rest of the epoch; the next call iterates the next
 // epoch.
 //
+// The node restarting is ridden out, as replay's and store's clients
+// do: while the node is unreachable Batches waits for it, joining again
+// after a backoff with full jitter, its bound 20 ms doubling to 1 s
+// (internal/backoff), until ctx ends; then it iterates the epoch the
+// producer serves the consumer (a restarted producer begins at the epoch
+// after the last one it began; Epoch says which). Only an epoch of which
+// batches were yielded cannot be resumed: its loop ends with an error
+// matching rpc.ErrUnavailable, and the next call waits for the node.
+//
 // An error ends the epoch and is yielded once: ErrDropped (the producer
 // dropped the consumer, or restarted), an error matching
-// rpc.ErrUnavailable (the node is unreachable), ErrClosed, ErrFailed,
-// ctx's, or one matching no sentinel when the node sends what no producer
-// does (docs/loader.md, "The protocol"). The next call of Batches then
-// joins the producer again, at the start of its current epoch if that
-// epoch's window is open, else of the next one; Epoch says which.
+// rpc.ErrUnavailable (the node went away during the epoch), ErrClosed,
+// ErrFailed, ctx's (wrapping the last Unavailable error when the node was
+// unreachable until ctx ended), or one matching no sentinel when the node
+// sends what no producer does (docs/loader.md, "The protocol"). The next
+// call of Batches then joins the producer again, at the start of its
+// current epoch if that epoch's window is open, else of the next one;
+// Epoch says which.
 func (c *Consumer) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict, error] {
 	return func(yield func(*tensordict.TensorDict, error) bool) {
-		s, err := c.session(ctx)
-		if err != nil {
-			yield(nil, err)
+		wait := backoff.Backoff{Base: 20 * time.Millisecond, Max: time.Second}
+		for {
+			s, err := c.session(ctx, &wait)
+			if err != nil {
+				yield(nil, err)
+				return
+			}
+			c.mu.Lock()
+			epoch := c.epoch
+			c.epoch++
+			c.mu.Unlock()
+			c.bufs = ensureBufs(c.bufs, s.schema, c.o.Batch, c.prefetch)
+			// The node going away before the epoch's first batch is
+			// ridden out: nothing of the epoch was yielded.
+			yielded, rejoin := false, false
+			y := func(td *tensordict.TensorDict, err error) bool {
+				if err != nil && !yielded && unreachable(err) && ctx.Err() == nil && !c.isClosed() {
+					rejoin = true
+					return false
+				}
+				yielded = true
+				return yield(td, err)
+			}
+			complete, err := iterate(ctx, y, c.bufs, c.prefetch, c.o.Batch,
+				func(ctx context.Context, out chan<- assembled, pool <-chan *batchBuf) {
+					s.assemble(ctx, epoch, c.o.Batch, c.o.DropLast, out, pool)
+				})
+			if rejoin {
+				c.lost(s, err)
+				if werr := wait.Wait(ctx); werr != nil {
+					yield(nil, fmt.Errorf("%w; the node was unreachable: %w", werr, err))
+					return
+				}
+				continue
+			}
+			if !complete && (err == nil || !c.lost(s, err)) {
+				s.release(epoch+1, 0) // gives up the rest of the epoch
+			}
 			return
-		}
-		c.mu.Lock()
-		epoch := c.epoch
-		c.epoch++
-		c.mu.Unlock()
-		c.bufs = ensureBufs(c.bufs, s.schema, c.o.Batch, c.prefetch)
-		complete, err := iterate(ctx, yield, c.bufs, c.prefetch, c.o.Batch,
-			func(ctx context.Context, out chan<- assembled, pool <-chan *batchBuf) {
-				s.assemble(ctx, epoch, c.o.Batch, c.o.DropLast, out, pool)
-			})
-		if !complete && (err == nil || !c.lost(s, err)) {
-			s.release(epoch+1, 0) // gives up the rest of the epoch
 		}
 	}
 }

@@ -214,6 +214,14 @@ func (svc *Service) consume(ctx context.Context, req consumeRequest, st *rpc.Ser
 			if err == nil {
 				err = p.release(req.Consumer, a.Epoch, a.Index)
 			}
+			if errors.Is(err, io.EOF) {
+				// The consumer ended its side: it leaves. Counted now,
+				// before cancel stops a send that may be mid-message,
+				// which can end the stream other than with OK: the
+				// consumer, whose Close waits for the stream's end,
+				// must find itself counted as left whatever that end.
+				p.leave(req.Consumer, false)
+			}
 			if err != nil {
 				acks <- err
 				return
@@ -224,8 +232,7 @@ func (svc *Service) consume(ctx context.Context, req consumeRequest, st *rpc.Ser
 	cancel()
 	ackErr := <-acks
 	switch {
-	case errors.Is(ackErr, io.EOF): // the consumer ended its side: it leaves
-		p.leave(req.Consumer, false)
+	case errors.Is(ackErr, io.EOF): // the consumer ended its side: it has left (above)
 		return nil
 	case errors.Is(err, ErrDropped), errors.Is(err, ErrClosed), errors.Is(err, ErrFailed):
 		return err // the producer's decision: the consumer is gone already

@@ -2,6 +2,7 @@ package loader
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -91,8 +92,11 @@ func (a *Augment) Schema(in tensordict.RowSchema) (tensordict.RowSchema, error) 
 	if a.Pad < 0 {
 		return nil, fmt.Errorf("augment: negative padding %d", a.Pad)
 	}
-	if a.Std < 0 {
-		return nil, fmt.Errorf("augment: negative std %v", a.Std)
+	if !(a.Std >= 0) || math.IsInf(float64(a.Std), 0) {
+		return nil, fmt.Errorf("augment: std %v: want a positive finite number (or 0 for 1)", a.Std)
+	}
+	if math.IsNaN(float64(a.Mean)) || math.IsInf(float64(a.Mean), 0) {
+		return nil, fmt.Errorf("augment: mean %v: want a finite number", a.Mean)
 	}
 	out := in.Clone()
 	found := false

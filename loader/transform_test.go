@@ -46,6 +46,11 @@ func TestAugment_Schema(t *testing.T) {
 		{"not uint8", Augment{}, tensordict.RowSchema{{Key: []string{"images"}, DType: memmap.Float32, Shape: []int{28, 28}}}},
 		{"rank 1", Augment{}, tensordict.RowSchema{{Key: []string{"images"}, DType: memmap.Uint8, Shape: []int{784}}}},
 		{"negative pad", Augment{Pad: -1}, in},
+		{"negative std", Augment{Std: -1}, in},
+		{"infinite std", Augment{Std: float32(math.Inf(1))}, in},
+		{"NaN std", Augment{Std: float32(math.NaN())}, in},
+		{"infinite mean", Augment{Mean: float32(math.Inf(1))}, in},
+		{"NaN mean", Augment{Mean: float32(math.NaN())}, in},
 	} {
 		if _, err := tc.a.Schema(tc.in); err == nil {
 			t.Errorf("%s: no error", tc.name)

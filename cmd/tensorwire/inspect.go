@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/tensorwire/tensorwire/internal/progress"
+	"github.com/tensorwire/tensorwire/loader"
 	"github.com/tensorwire/tensorwire/replay"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -26,7 +27,7 @@ var inspectCmd = command{
 	usage: "tensorwire inspect [--json] [--stats] PREFIX",
 	help: "print the tree of keys with dtype, shape, batch size and bytes on disk; --stats adds min, max and sum " +
 		"of each real-valued tensor (read in full; exact for integers); --json prints one JSON object instead. " +
-		"A replay buffer's folder shows its storage",
+		"A replay buffer's folder shows its storage, a loader's folder its dataset and ring, a store's folder what it holds",
 	run: runInspect,
 }
 
@@ -46,6 +47,41 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
+	}
+	// A store's folder: say what it is and where its values are.
+	st, err := storeAt(prefix)
+	if err != nil {
+		return err
+	}
+	if st != nil {
+		if *asJSON {
+			return encode(&report{Fields: map[string]field{}, NonTensor: map[string]any{}, Store: st})
+		}
+		kept := fmt.Sprintf("%d values, each a TensorDict,", len(st.Values))
+		if len(st.Values) == 1 {
+			kept = "1 value, a TensorDict,"
+		}
+		fmt.Fprintf(stdout, "%s: a store (%s, docs/store.md): small values are in its log, and %s kept under %s "+
+			"(tensorwire inspect %s shows one)\n",
+			prefix, storeLog, kept, filepath.Join(prefix, storeValues), filepath.Join(prefix, storeValues, "ID"))
+		return nil
+	}
+	// A loader's folder: say so, and inspect its ring's storage if a
+	// producer has one.
+	ld, err := loaderAt(prefix)
+	if err != nil {
+		return err
+	}
+	if ld != nil {
+		if ld.Storage == "" {
+			if *asJSON {
+				return encode(&report{Fields: map[string]field{}, NonTensor: map[string]any{}, Loader: ld})
+			}
+			fmt.Fprintf(stdout, "%s: a loader's ring folder (%s, docs/loader.md) for the dataset %s, seed %d, %s; "+
+				"no ring: no producer runs on it (inspect the dataset instead)\n", prefix, loader.MetaFile, ld.Dataset, ld.Seed, ld.epochs())
+			return nil
+		}
+		prefix = ld.Storage
 	}
 	// A replay buffer's folder: inspect its storage, and say so.
 	rb, err := replayBufferAt(prefix)
@@ -71,9 +107,14 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	rep.Replay = rb
+	rep.Replay, rep.Loader = rb, ld
 	if *asJSON {
 		return encode(rep)
+	}
+	if ld != nil {
+		fmt.Fprintf(stdout, "%s: a loader's ring folder (%s, docs/loader.md) for the dataset %s, seed %d, %s; "+
+			"its producer's batches are the TensorDict at %s, one batch per slot of rows:\n",
+			ld.Prefix, loader.MetaFile, ld.Dataset, ld.Seed, ld.epochs(), ld.Storage)
 	}
 	if rb != nil {
 		fmt.Fprintf(stdout, "%s: a replay buffer (%s); its transitions are the TensorDict at %s, one row per slot "+
@@ -111,12 +152,103 @@ func replayBufferAt(prefix string) (*replayInfo, error) {
 	return rb, nil
 }
 
+// The files that make a folder a store's (docs/store.md, "Files").
+const (
+	storeLog    = "store.log"
+	storeValues = "values"
+)
+
+// storeInfo says, in inspect's output, that the folder inspected is a
+// store, and which values it keeps as prefixes.
+type storeInfo struct {
+	Prefix string   `json:"prefix"` // the store's folder, as given
+	Values []string `json:"values"` // the folders under values/, each a TensorDict
+}
+
+// storeAt returns nil unless prefix is a store's folder: one with a
+// store.log and no meta.json of its own.
+func storeAt(prefix string) (*storeInfo, error) {
+	if _, err := os.Stat(filepath.Join(prefix, "meta.json")); err == nil {
+		return nil, nil
+	}
+	if _, err := os.Stat(filepath.Join(prefix, storeLog)); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
+	}
+	st := &storeInfo{Prefix: prefix, Values: []string{}}
+	entries, err := os.ReadDir(filepath.Join(prefix, storeValues))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			st.Values = append(st.Values, e.Name())
+		}
+	}
+	return st, nil
+}
+
+// loaderInfo says, in inspect's output, that the folder inspected is a
+// loader's ring folder: what its loader.json says, and where the current
+// ring's storage is.
+type loaderInfo struct {
+	Prefix  string `json:"prefix"`  // the folder, as given
+	Dataset string `json:"dataset"` // loader.json's
+	Seed    uint64 `json:"seed"`
+	Epoch   int64  `json:"epoch"`   // the last epoch begun; -1 before any
+	Storage string `json:"storage"` // the ring's storage TensorDict; "" when there is no ring
+}
+
+// epochs says which epoch the loader began last.
+func (ld *loaderInfo) epochs() string {
+	if ld.Epoch < 0 {
+		return "no epoch begun yet"
+	}
+	return fmt.Sprintf("last epoch begun %d", ld.Epoch)
+}
+
+// loaderAt returns nil unless prefix is a loader's ring folder: one with a
+// loader.json and no meta.json of its own.
+func loaderAt(prefix string) (*loaderInfo, error) {
+	if _, err := os.Stat(filepath.Join(prefix, "meta.json")); err == nil {
+		return nil, nil
+	}
+	data, err := os.ReadFile(filepath.Join(prefix, loader.MetaFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
+	}
+	var meta struct {
+		Dataset string `json:"dataset"`
+		Seed    uint64 `json:"seed"`
+		Epoch   int64  `json:"epoch"`
+		Ring    string `json:"ring"`
+	}
+	if err := json.Unmarshal(data, &meta); err != nil {
+		return nil, fmt.Errorf("%s: a loader's folder whose %s is damaged: %w", prefix, loader.MetaFile, err)
+	}
+	ld := &loaderInfo{Prefix: prefix, Dataset: meta.Dataset, Seed: meta.Seed, Epoch: meta.Epoch}
+	if meta.Ring != "" && filepath.IsLocal(meta.Ring) {
+		storage := filepath.Join(prefix, meta.Ring, loader.StorageDir)
+		if _, err := os.Stat(filepath.Join(storage, "meta.json")); err == nil {
+			ld.Storage = storage
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+	}
+	return ld, nil
+}
+
 // report is inspect's JSON output.
 type report struct {
 	BatchSize []int            `json:"batch_size"`
 	Fields    map[string]field `json:"fields"`
 	NonTensor map[string]any   `json:"nontensor"`
 	Replay    *replayInfo      `json:"replay_buffer,omitempty"` // set for a replay buffer's folder
+	Loader    *loaderInfo      `json:"loader,omitempty"`        // set for a loader's ring folder
+	Store     *storeInfo       `json:"store,omitempty"`         // set for a store's folder
 }
 
 type field struct {

@@ -7,7 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tensorwire/tensorwire/loader"
+	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/replay"
+	"github.com/tensorwire/tensorwire/store"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -161,5 +164,79 @@ func TestInspect_ReplayBuffer(t *testing.T) {
 	code, out, errOut = runCLI(t, "inspect", empty)
 	if code != 0 || !strings.Contains(out, "replay buffer") || !strings.Contains(out, "no storage yet") {
 		t.Errorf("a buffer with no batch yet: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// TestInspect_LoaderAndStore: inspect on a loader's ring folder says so,
+// with its dataset, and shows the ring's storage while a producer runs;
+// on a store's folder it says so and where its values are. Both folders
+// hold no meta.json of their own: before, inspect said only that
+// meta.json was missing.
+func TestInspect_LoaderAndStore(t *testing.T) {
+	dir := t.TempDir()
+	dataset := filepath.Join(dir, "data")
+	td, err := tensordict.Create(dataset, []int{10},
+		tensordict.Field{Key: []string{"x"}, DType: memmap.Float32, Shape: []int{10, 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	td.Close()
+	ring := filepath.Join(dir, "ring")
+	p, err := loader.NewProducer(loader.Config{Dataset: dataset, Dir: ring, Batch: 4, Slots: 2, Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	code, out, errOut := runCLI(t, "inspect", ring)
+	if code != 0 {
+		t.Fatalf("a running loader's folder: exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"a loader's ring folder", dataset, "seed 5", "batch_size=[8]", "x"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("a running loader's folder: output lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, errOut = runCLI(t, "inspect", "--json", ring)
+	var rep struct {
+		Loader *struct {
+			Prefix, Dataset, Storage string
+			Seed                     uint64
+		} `json:"loader"`
+		Fields map[string]any
+	}
+	if err := json.Unmarshal([]byte(out), &rep); code != 0 || err != nil || rep.Loader == nil || rep.Loader.Dataset != dataset ||
+		rep.Loader.Seed != 5 || !strings.HasPrefix(rep.Loader.Storage, ring) || rep.Fields["x"] == nil {
+		t.Errorf("a running loader's folder, JSON: exit %d, %v\n%s%s", code, err, out, errOut)
+	}
+	p.Close()
+	code, out, errOut = runCLI(t, "inspect", ring)
+	if code != 0 || !strings.Contains(out, "a loader's ring folder") || !strings.Contains(out, "no ring") {
+		t.Errorf("a loader's folder without a producer: exit %d\n%s%s", code, out, errOut)
+	}
+
+	stDir := filepath.Join(dir, "st")
+	s, err := store.Open(stDir, store.Options{InlineBytes: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	value := must(tensordict.New(4))
+	value.Set("v", must(tensordict.FromSlice([]float32{1, 2, 3, 4}, 4)))
+	if _, err := s.Put(context.Background(), "b", value); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	code, out, errOut = runCLI(t, "inspect", stDir)
+	if code != 0 || !strings.Contains(out, "a store") || !strings.Contains(out, "1 value, a TensorDict") || !strings.Contains(out, filepath.Join(stDir, "values")) {
+		t.Errorf("a store's folder: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = runCLI(t, "inspect", "--json", stDir)
+	var srep struct {
+		Store *struct {
+			Prefix string
+			Values []string
+		} `json:"store"`
+	}
+	if err := json.Unmarshal([]byte(out), &srep); code != 0 || err != nil || srep.Store == nil || srep.Store.Prefix != stDir || len(srep.Store.Values) != 1 {
+		t.Errorf("a store's folder, JSON: exit %d, %v\n%s%s", code, err, out, errOut)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -60,8 +61,12 @@ func (f *loaderFlags) Set(v string) error {
 			}
 		case "batch", "slots", "window":
 			var n int
-			if n, err = strconv.Atoi(val); err == nil && (n < 1 && k != "window" || n < -1) {
-				err = errors.New("want at least 1 (window: -1 for none)")
+			n, err = strconv.Atoi(val)
+			switch {
+			case k == "window" && (err != nil || n < -1):
+				err = errors.New("want a number of batches, or -1 (or 0) for none")
+			case k != "window" && (err != nil || n < 1):
+				err = errors.New("want a whole number, at least 1")
 			}
 			switch k {
 			case "batch":
@@ -75,7 +80,9 @@ func (f *loaderFlags) Set(v string) error {
 				}
 			}
 		case "seed":
-			spec.cfg.Seed, err = strconv.ParseUint(val, 10, 64)
+			if spec.cfg.Seed, err = strconv.ParseUint(val, 10, 64); err != nil {
+				err = fmt.Errorf("want a whole number from 0 to %d", uint64(math.MaxUint64))
+			}
 		case "sequential", "flip":
 			if hasVal {
 				err = errors.New("takes no value")
@@ -104,13 +111,17 @@ func (f *loaderFlags) Set(v string) error {
 		case "image-key":
 			aug.Key = strings.Split(val, "/")
 		case "pad":
-			if aug.Pad, err = strconv.Atoi(val); err == nil && aug.Pad < 0 {
-				err = errors.New("want 0 or more")
+			if aug.Pad, err = strconv.Atoi(val); err != nil || aug.Pad < 0 {
+				err = errors.New("want a whole number, 0 or more")
 			}
 		case "mean", "std":
 			var x float64
-			if x, err = strconv.ParseFloat(val, 32); err == nil && k == "std" && !(x > 0) {
-				err = errors.New("want a positive number")
+			x, err = strconv.ParseFloat(val, 32) // out of float32's range is an error (and ±Inf)
+			switch {
+			case k == "std" && (err != nil || math.IsInf(x, 0) || !(x > 0)):
+				err = errors.New("want a positive finite number")
+			case err != nil || math.IsInf(x, 0) || math.IsNaN(x):
+				err = errors.New("want a finite number")
 			}
 			if k == "mean" {
 				aug.Mean = float32(x)

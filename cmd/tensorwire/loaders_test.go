@@ -89,14 +89,22 @@ func TestNode_LoaderFlagErrors(t *testing.T) {
 		{"../up,dataset=d,batch=4", "a folder under the root"},
 		{"l,batch=4", "no dataset=PREFIX"},
 		{"l,dataset=d", "no batch=N"},
-		{"l,dataset=d,batch=0", "batch=0: want at least 1"},
-		{"l,dataset=d,batch=x", "batch=x"},
-		{"l,dataset=d,batch=4,slots=0", "slots=0"},
-		{"l,dataset=d,batch=4,window=-2", "window=-2"},
+		{"l,dataset=d,batch=0", "batch=0: want a whole number, at least 1"},
+		{"l,dataset=d,batch=x", "batch=x: want a whole number, at least 1"},
+		{"l,dataset=d,batch=4,slots=0", "slots=0: want a whole number, at least 1"},
+		{"l,dataset=d,batch=4,window=-2", "window=-2: want a number of batches, or -1 (or 0) for none"},
+		{"l,dataset=d,batch=4,window=x", "window=x: want a number of batches, or -1 (or 0) for none"},
+		{"l,dataset=d,batch=4,seed=-1", "seed=-1: want a whole number from 0 to 18446744073709551615"},
+		{"l,dataset=d,batch=4,transform=augment,pad=-1", "pad=-1: want a whole number, 0 or more"},
+		{"l,dataset=d,batch=4,transform=augment,mean=Inf", "mean=Inf: want a finite number"},
+		{"l,dataset=d,batch=4,transform=augment,mean=-inf", "mean=-inf: want a finite number"},
+		{"l,dataset=d,batch=4,transform=augment,mean=NaN", "mean=NaN: want a finite number"},
+		{"l,dataset=d,batch=4,transform=augment,mean=1e39", "mean=1e39: want a finite number"},
+		{"l,dataset=d,batch=4,transform=augment,std=Inf", "std=Inf: want a positive finite number"},
 		{"l,dataset=d,batch=4,heartbeat=0s", "want a positive duration"},
 		{"l,dataset=d,batch=4,transform=blur", "want augment or none"},
 		{"l,dataset=d,batch=4,pad=2", "pad applies to transform=augment only"},
-		{"l,dataset=d,batch=4,transform=augment,std=0", "std=0: want a positive number"},
+		{"l,dataset=d,batch=4,transform=augment,std=0", "std=0: want a positive finite number"},
 		{"l,dataset=d,batch=4,flip=yes,transform=augment", "takes no value"},
 		{"l,dataset=d,batch=4,batch=8", "batch given twice"},
 		{"l,dataset=d,batch=4,colour=red", `unknown setting "colour"`},
@@ -104,6 +112,8 @@ func TestNode_LoaderFlagErrors(t *testing.T) {
 		var f loaderFlags
 		if err := f.Set(tc.value); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("--loader %q: %v, want an error about %q", tc.value, err, tc.want)
+		} else if strings.Contains(err.Error(), "strconv") || (strings.Contains(err.Error(), "(window") && !strings.Contains(tc.value, "window")) {
+			t.Errorf("--loader %q: %v: a raw parse error, or the window's hint for another setting", tc.value, err)
 		}
 	}
 	var f loaderFlags

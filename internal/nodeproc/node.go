@@ -98,9 +98,13 @@ func Run(ctx context.Context, cfg Config, ready func(addr string)) error {
 	}
 	log.Info("node stopping", "addr", addr)
 	err = srv.Close()
-	if serr := <-served; serr != nil && err == nil {
+	// A Close that came before Serve began makes Serve return
+	// ErrServerClosed at once, without the listener, which is then still
+	// open: the node is stopped all the same.
+	if serr := <-served; serr != nil && !errors.Is(serr, rpc.ErrServerClosed) && err == nil {
 		err = serr
 	}
+	ln.Close()
 	if err != nil {
 		return fmt.Errorf("closing the node: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -101,6 +102,32 @@ func TestRun_StopsOnCancel(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("Run after cancel: %v", err)
+	}
+}
+
+// TestRun_StopsAtOnce: a node whose context ends as soon as it listens
+// (before its accept loop starts, often) stops cleanly: nil, and its
+// port free again. Before, Close could come before Serve, which then
+// returned rpc.ErrServerClosed ("closing the node: rpc: server closed",
+// exit 1: TestNode_NonLoopbackNeedsTokenOrInsecure under load) and left
+// the listener open.
+func TestRun_StopsAtOnce(t *testing.T) {
+	for i := range 50 {
+		ctx, cancel := context.WithCancel(context.Background())
+		var addr string
+		err := Run(ctx, Config{Listen: "127.0.0.1:0", Log: slog.New(slog.DiscardHandler)}, func(a string) {
+			addr = a
+			cancel()
+		})
+		cancel()
+		if err != nil {
+			t.Fatalf("run %d: Run stopped at once: %v", i, err)
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatalf("run %d: the node's port after Run returned: %v", i, err)
+		}
+		ln.Close()
 	}
 }
 

@@ -15,10 +15,19 @@ read-only mapping of the producer's ring and checks the slot's word after
 the copy (a batch rewritten meanwhile is DroppedError, never torn data);
 otherwise the rows travel with the stream's messages. A heartbeat thread
 keeps the consumer joined while the loop's body trains.
+
+The node restarting is ridden out as the Go consumer does: an iteration
+begun while the node is unreachable joins again after a backoff with full
+jitter (its bound 20 ms doubling to 1 s) until the node answers, for up to
+the consumer's timeout, then yields the epoch the producer serves it (a
+restarted producer begins at the epoch after the last one it began). Only
+an epoch of which batches were yielded cannot be resumed: its loop raises
+UnavailableError, and the next iteration waits for the node.
 """
 
 import math
 import os
+import random
 import threading
 import time
 
@@ -218,7 +227,12 @@ class Consumer:
         n = self._info["samples"]
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
-    def _session(self):
+    def _session(self, wait=None):
+        """The current session, joining the producer if there is none. A
+        session that ended since the last call is its error, once. With wait
+        (a _Backoff: iterations), the node being unreachable is ridden out:
+        a join that finds it so is tried again after the backoff, and a
+        session whose stream broke so while no loop ran is no error."""
         if self._closed:
             raise ClosedError("loader: closed")
         s = self._sess
@@ -226,11 +240,23 @@ class Consumer:
             return s
         if s is not None:
             # The session ended while no loop ran: say so once; the next
-            # iteration joins again.
+            # iteration joins again. The node having gone away is no loss
+            # of an epoch: wait for it instead.
             self._sess = None
             s.end()
-            raise s.err
-        self._sess = s = self._join()
+            if wait is None or not _unreachable(s.err):
+                raise s.err
+        while True:
+            try:
+                s = self._join()
+                break
+            except _errors.UnavailableError as e:
+                if wait is None or not _unreachable(e):
+                    raise
+                if self._closed:
+                    raise ClosedError("loader: closed") from None
+                wait.wait(e)
+        self._sess = s
         self._epoch, self._info = s.info["epoch"], s.info
         return s
 
@@ -264,10 +290,36 @@ class Consumer:
             pass
 
     def __iter__(self):
-        s = self._session()
+        wait = _Backoff(self._timeout)
+        s = self._session(wait)
         epoch = self._epoch
         self._epoch += 1
-        return self._iterate(s, epoch)
+        return self._epochs(s, epoch, wait)
+
+    def _epochs(self, s, epoch, wait):
+        """Iterates epoch on session s; a break of the node before the
+        epoch's first batch is ridden out by joining again, once the node is
+        back, and iterating the epoch it serves."""
+        while True:
+            it = self._iterate(s, epoch)
+            try:
+                first = next(it)
+            except StopIteration:
+                return
+            except _errors.UnavailableError as e:
+                if not _unreachable(e) or self._closed:
+                    raise
+                wait.wait(e)
+                s = self._session(wait)
+                epoch = self._epoch
+                self._epoch += 1
+                continue
+            try:
+                yield first
+                yield from it
+            finally:
+                it.close()  # a loop given up: gives up the rest of the epoch
+            return
 
     def _iterate(self, s, epoch):
         B = self.batch_size
@@ -381,6 +433,34 @@ class Consumer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _unreachable(e):
+    """Whether e says the node could not be reached or the connection broke
+    (what a node restarting looks like), rather than that the client is
+    closed."""
+    return isinstance(e, _errors.UnavailableError) and not isinstance(e, _errors.ClientClosedError)
+
+
+class _Backoff:
+    """The waits of one iteration's retries: full jitter, each drawn
+    uniformly below a bound of 20 ms doubling to 1 s, for up to limit
+    seconds from the first (then the last error is raised)."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.bound = 0.02
+        self.give_up = None
+
+    def wait(self, err):
+        now = time.monotonic()
+        if self.give_up is None:
+            self.give_up = now + (self.limit if self.limit is not None else math.inf)
+        if now >= self.give_up:
+            raise _errors.UnavailableError(f"{err.message}; gave up after {self.limit:g}s, "
+                                           f"the node was unreachable") from None
+        time.sleep(min(random.uniform(0, self.bound), self.give_up - now))
+        self.bound = min(2 * self.bound, 1.0)
 
 
 def _flat(td, prefix=()):

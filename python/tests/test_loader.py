@@ -124,5 +124,59 @@ class TestLoader(unittest.TestCase):
             wait_until(lambda: rc.call("loader.stats", {"name": "l"})["left"] > before["left"], what="the consumer left")
 
 
+class TestLoaderRestart(unittest.TestCase):
+    """The node killed (SIGKILL) between two epochs and started again a
+    second later, on the same address, root and loader, while a training
+    loop goes on for three more epochs: the loop waits for the node rather
+    than failing every later epoch at once, loses at most the one epoch
+    whose batches already announced it had yielded (UnavailableError), and
+    every other epoch is whole."""
+
+    def test_rides_out_a_restart(self):
+        import threading
+        import time
+        with Node() as node:
+            node.extra = ["--loader", "l,dataset=%s,batch=64,slots=8,seed=3,index=index" % make_dataset(node.dir)]
+            node.stop()
+            node.start()
+            for mode in ("ref", "bytes"):
+                with self.subTest(mode=mode):
+                    c = loader.Consumer(node.addr, "l", 100, token=TOKEN, root=node.root, bytes_mode=mode == "bytes",
+                                        timeout=60)
+                    try:
+                        self.assertEqual(sorted(b for x in c for b in x["index"].tolist()), list(range(N)))
+                        node.kill()
+                        results = []
+
+                        def loop():
+                            for _ in range(3):
+                                got = []
+                                try:
+                                    for b in c:
+                                        got.extend(b["index"].tolist())
+                                    results.append((got, None))
+                                except Exception as e:  # noqa: BLE001
+                                    results.append((got, e))
+
+                        t = threading.Thread(target=loop)
+                        t.start()
+                        time.sleep(1)
+                        self.assertTrue(t.is_alive(), f"with the node down, the loop ended at once: {[(len(g), e) for g, e in results]}")
+                        node.start()
+                        t.join(120)
+                        self.assertFalse(t.is_alive())
+                        lost = 0
+                        for got, err in results:
+                            if err is None:
+                                self.assertEqual(sorted(got), list(range(N)))
+                            else:
+                                self.assertIsInstance(err, tensorwire.UnavailableError)
+                                self.assertGreater(len(got), 0, f"an epoch lost before its first batch: {err}")
+                                lost += 1
+                        self.assertLessEqual(lost, 1, results)
+                    finally:
+                        c.close()
+
+
 if __name__ == "__main__":
     unittest.main()

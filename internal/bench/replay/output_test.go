@@ -18,6 +18,8 @@ func TestSummary_GoalMarks(t *testing.T) {
 			modeBytes: {SampleVsMemcpy: 0.05, InsertVsSeed: 3.5, SampleVsSeed: 1.9, TornRows: 1},
 		},
 		memcpy: 594660,
+		cores:  2,
+		load:   "3.10",
 	}
 	var out bytes.Buffer
 	if err := s.print(&out); err != nil {
@@ -45,5 +47,27 @@ func TestSummary_GoalMarks(t *testing.T) {
 	}
 	if strings.Contains(lines["rows verified"], "met") {
 		t.Errorf("a row without a goal is marked")
+	}
+	// Goals not met: the run says why, with this machine's cores and load.
+	why := ""
+	for l := range strings.Lines(out.String()) {
+		if strings.HasPrefix(l, "why goals are NOT met:") {
+			why = l
+		}
+	}
+	for _, want := range []string{"2 cores", "load average 3.10", "--insert-rate", "docs/benchmarks.md"} {
+		if !strings.Contains(why, want) {
+			t.Errorf("the note on goals not met lacks %q: %q\n%s", want, why, out.String())
+		}
+	}
+	// Every goal met: no such note.
+	s.modes = []string{modeRef}
+	s.figs[modeRef].SampleVsMemcpy = 0.6
+	out.Reset()
+	if err := s.print(&out); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "NOT met") {
+		t.Errorf("every goal met, yet:\n%s", out.String())
 	}
 }

@@ -68,7 +68,7 @@ func runParent(ctx context.Context, o *options, stdout, stderr io.Writer, log *s
 	}
 	var py *pythonEnv
 	if o.pythonRun() {
-		if py, err = newPythonEnv(o.python); err != nil {
+		if py, err = newPythonEnv(o.python, root); err != nil {
 			return err
 		}
 		defer py.remove()
@@ -146,9 +146,28 @@ type pythonEnv struct {
 	path   string
 }
 
-// newPythonEnv finds the interpreter (interp, or the first of python3 and
-// /usr/bin/python3 that imports numpy and msgpack) and extracts the client.
-func newPythonEnv(interp string) (*pythonEnv, error) {
+// newPythonEnv finds the interpreter (findPython) and extracts the client
+// into root/python, a folder of the run's shared root, removed with it.
+func newPythonEnv(interp, root string) (*pythonEnv, error) {
+	c, err := findPython(interp)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(root, "python")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := python.Extract(dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return &pythonEnv{interp: c, path: dir}, nil
+}
+
+// findPython returns interp, or the first of python3 and /usr/bin/python3,
+// if it imports numpy and msgpack; a usage error saying what was tried
+// otherwise.
+func findPython(interp string) (string, error) {
 	candidates := []string{"python3", "/usr/bin/python3"}
 	if interp != "" {
 		candidates = []string{interp}
@@ -157,19 +176,11 @@ func newPythonEnv(interp string) (*pythonEnv, error) {
 	for _, c := range candidates {
 		out, err := exec.Command(c, "-c", "import numpy, msgpack").CombinedOutput()
 		if err == nil {
-			dir, err := os.MkdirTemp("", "tensorwire-python-")
-			if err != nil {
-				return nil, err
-			}
-			if err := python.Extract(dir); err != nil {
-				os.RemoveAll(dir)
-				return nil, err
-			}
-			return &pythonEnv{interp: c, path: dir}, nil
+			return c, nil
 		}
 		tried = append(tried, fmt.Sprintf("%s: %v %s", c, err, bytes.TrimSpace(out)))
 	}
-	return nil, usagef("Python roles need a python3 with numpy and msgpack (apt-get install python3-numpy python3-msgpack; "+
+	return "", usagef("Python roles need a python3 with numpy and msgpack (apt-get install python3-numpy python3-msgpack; "+
 		"--python chooses it): %s", strings.Join(tried, "; "))
 }
 

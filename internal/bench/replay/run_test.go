@@ -147,9 +147,21 @@ func TestRun_EndToEnd(t *testing.T) {
 // TestRun_Python runs the benchmark with the trainer and the writers in
 // Python (the client in python/), in ref mode with small settings: each
 // mode runs all in Go first, and the JSON has both, the Python run's under
-// the usual keys.
+// the usual keys. Nothing is left in the system's temporary folder (the
+// client's copy for PYTHONPATH was a tensorwire-python-* folder there).
 func TestRun_Python(t *testing.T) {
-	if _, err := newPythonEnv(""); err != nil {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	defer func() {
+		if left, err := os.ReadDir(tmp); err != nil || len(left) > 0 {
+			var names []string
+			for _, e := range left {
+				names = append(names, e.Name())
+			}
+			t.Errorf("left in $TMPDIR: %v %v", names, err)
+		}
+	}()
+	if _, err := findPython(""); err != nil {
 		t.Skipf("no Python roles here: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
