@@ -118,6 +118,32 @@ func (r *resolver) acquireTD(prefix string) (*mapping, error) {
 	})
 }
 
+// loadTDFresh is acquireTD without the cache: the TensorDict at prefix
+// opened anew, for a peer that writes through another page cache. A new
+// open is what makes another client's writes visible on NFS
+// (close-to-open) and FUSE; a mapping made before them may never see them.
+// The mapping is closed at its release.
+func (r *resolver) loadTDFresh(prefix string) (*mapping, error) {
+	name, err := local(prefix)
+	if err != nil {
+		return nil, err
+	}
+	statName := filepath.Join(name, "meta.json")
+	fi, err := r.root.Stat(statName)
+	if err == nil && !fi.Mode().IsRegular() {
+		err = &fs.PathError{Op: "stat", Path: statName, Err: errNotRegular}
+	}
+	if err != nil {
+		return nil, r.openError(name, err)
+	}
+	m, err := r.loadTD(name, prefix)
+	if err != nil {
+		return nil, err
+	}
+	m.refs, m.stale = 1, true
+	return m, nil
+}
+
 // get returns the cached entry for key if statName still names the same
 // file, or opens a new one with open.
 func (r *resolver) get(key mapKey, statName string, open func() (*mapping, error)) (*mapping, error) {

@@ -136,12 +136,19 @@ func fill(ctx context.Context, req FillRequest, maxBytes int64) (FillResponse, e
 }
 
 // stored returns the TensorDict at prefix under s's root, held until the
-// returned release is called.
-func (s *Server) stored(prefix string) (*tensordict.TensorDict, func(), error) {
+// returned release is called. A peer that does not share the node's page
+// cache (PeerSharing below Coherent) may have written it through its own:
+// for it the TensorDict is opened anew, not taken from the mapping cache,
+// whose pages may predate that write.
+func (s *Server) stored(ctx context.Context, prefix string) (*tensordict.TensorDict, func(), error) {
 	if s.res == nil {
 		return nil, nil, Errorf(FailedPrecondition, "this node has no root")
 	}
-	m, err := s.res.acquireTD(prefix)
+	acquire := s.res.acquireTD
+	if lv, ok := PeerSharing(ctx); ok && lv < Coherent {
+		acquire = s.res.loadTDFresh
+	}
+	m, err := acquire(prefix)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -149,7 +156,7 @@ func (s *Server) stored(prefix string) (*tensordict.TensorDict, func(), error) {
 }
 
 func (s *Server) read(ctx context.Context, req ReadRequest) (ReadResponse, error) {
-	td, release, err := s.stored(req.Prefix)
+	td, release, err := s.stored(ctx, req.Prefix)
 	if err != nil {
 		return ReadResponse{}, err
 	}
@@ -188,7 +195,7 @@ func (s *Server) read(ctx context.Context, req ReadRequest) (ReadResponse, error
 }
 
 func (s *Server) describe(ctx context.Context, req DescribeRequest) (DescribeResponse, error) {
-	td, release, err := s.stored(req.Prefix)
+	td, release, err := s.stored(ctx, req.Prefix)
 	if err != nil {
 		return DescribeResponse{}, err
 	}
