@@ -37,9 +37,10 @@ var (
 	// Code Aborted.
 	ErrExpired = errors.New("store: expired")
 
-	// ErrLocked: another process serves the store's folder (Open).
-	// Code FailedPrecondition.
-	ErrLocked = errors.New("store: another process has the store open")
+	// ErrLocked: another process serves the store's folder, or another
+	// Store of this process has it open (Open); the message says which, and
+	// names the other process. Code FailedPrecondition.
+	ErrLocked = errors.New("store: in use")
 
 	// ErrClosed: the store or client was closed. Code FailedPrecondition.
 	ErrClosed = errors.New("store: closed")

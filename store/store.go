@@ -135,7 +135,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		hist: history{max: o.History}, reqs: requests{clients: map[uint64]*clientReqs{}},
 	}
 	if err := s.recover(); err != nil {
-		lk.Release()
+		unlock(lk, filepath.Join(abs, lockName))
 		return nil, err
 	}
 	s.wg.Add(3)
@@ -273,7 +273,7 @@ func (s *Store) Close() error {
 	}
 	s.mu.Unlock()
 	err := s.log.f.Close()
-	if uerr := s.lk.Release(); err == nil {
+	if uerr := unlock(s.lk, filepath.Join(s.dir, lockName)); err == nil {
 		err = uerr
 	}
 	return err
