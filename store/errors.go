@@ -66,6 +66,22 @@ var (
 
 	// ErrConfig: Options that cannot make a store. Code InvalidArgument.
 	ErrConfig = errors.New("store: bad options")
+
+	// ErrExists: Open was given a folder that holds files but is not a
+	// store (no store.log), or a store's folder where one of the store's
+	// own files or folders (store.log, LOCK, values/, staging/, trash/) is
+	// a symbolic link or of the wrong kind. Open touches nothing then: a
+	// store never deletes what it did not make, nor follows a link out of
+	// its folder. Code AlreadyExists.
+	ErrExists = errors.New("store: folder holds something else")
+
+	// ErrLost: the store's log was removed (deleted, renamed or replaced),
+	// or one of its folders replaced, under a running store: it stops
+	// acknowledging, and every call fails with ErrLost until a person
+	// decides (Repair). Also Open of a folder holding a store's files but
+	// no log: it refuses to start a new store over them.
+	// Code FailedPrecondition.
+	ErrLost = errors.New("store: the store's log was removed")
 )
 
 // The code and reason each sentinel crosses the wire with. The reasons are
@@ -84,6 +100,8 @@ func init() {
 	rpc.RegisterReason(ErrCorrupt, rpc.DataLoss, "store.corrupt")
 	rpc.RegisterReason(ErrFailed, rpc.FailedPrecondition, "store.failed")
 	rpc.RegisterReason(ErrConfig, rpc.InvalidArgument, "store.config")
+	rpc.RegisterReason(ErrExists, rpc.AlreadyExists, "store.exists")
+	rpc.RegisterReason(ErrLost, rpc.FailedPrecondition, "store.lost")
 }
 
 // errorf returns an error matching sentinel, with a message.

@@ -75,6 +75,7 @@ func (o Options) withDefaults() (Options, error) {
 // it and make the same calls.
 type Store struct {
 	dir  string
+	root *os.Root // dir: every file and folder of the store is reached through it, never by a link out of it
 	opts Options
 	lk   *lockfile.Lock
 	log  *logWriter
@@ -112,21 +113,42 @@ func Open(dir string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, sub := range []string{"", valuesDir, stagingDir, trashDir} {
-		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
-			return nil, fmt.Errorf("store: %w", err)
-		}
-	}
 	abs, err := filepath.Abs(dir)
-	if err == nil {
-		abs, err = filepath.EvalSymlinks(abs)
-	}
 	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	// Check before making anything: a folder that is not a store's gets
+	// not even a LOCK file.
+	if _, err := checkLayout(abs); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(abs, 0o755); err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	if abs, err = filepath.EvalSymlinks(abs); err != nil { // the folder itself may be a link
 		return nil, fmt.Errorf("store: %w", err)
 	}
 	lk, err := lock(filepath.Join(abs, lockName))
 	if err != nil {
 		return nil, err
+	}
+	fail := func(err error) (*Store, error) {
+		unlock(lk, filepath.Join(abs, lockName))
+		return nil, err
+	}
+	hasLog, err := checkLayout(abs) // again, now that this process owns the folder
+	if err != nil {
+		return fail(err)
+	}
+	root, err := os.OpenRoot(abs)
+	if err != nil {
+		return fail(fmt.Errorf("store: %w", err))
+	}
+	for _, sub := range []string{valuesDir, stagingDir, trashDir} {
+		if err := root.Mkdir(sub, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			root.Close()
+			return fail(fmt.Errorf("store: %w", err))
+		}
 	}
 	s := &Store{
 		dir: abs, opts: o, lk: lk, done: make(chan struct{}), notify: make(chan struct{}),
@@ -134,9 +156,10 @@ func Open(dir string, opts Options) (*Store, error) {
 		leases: map[uint64]*lease{}, maps: map[uint64]*mapped{},
 		hist: history{max: o.History}, reqs: requests{clients: map[uint64]*clientReqs{}},
 	}
-	if err := s.recover(); err != nil {
-		unlock(lk, filepath.Join(abs, lockName))
-		return nil, err
+	s.root = root
+	if err := s.recover(hasLog); err != nil {
+		root.Close()
+		return fail(err)
 	}
 	s.wg.Add(3)
 	go s.writeLoop()
@@ -149,12 +172,14 @@ func Open(dir string, opts Options) (*Store, error) {
 }
 
 // recover opens or creates the log, replays it, and cleans the folder.
-func (s *Store) recover() error {
-	os.RemoveAll(filepath.Join(s.dir, trashDir))
-	os.MkdirAll(filepath.Join(s.dir, trashDir), 0o755)
+func (s *Store) recover(hasLog bool) error {
+	s.emptyTrash()
 	path := filepath.Join(s.dir, logName)
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if errors.Is(err, fs.ErrNotExist) {
+	var f *os.File
+	var err error
+	if hasLog {
+		f, err = s.root.OpenFile(logName, os.O_RDWR, 0)
+	} else {
 		f, err = s.createLog(path)
 	}
 	if err != nil {
@@ -216,7 +241,7 @@ func (s *Store) recover() error {
 			ver.keepUntil = grace // readers of the last run may renew their leases
 		}
 	}
-	ents, err := os.ReadDir(filepath.Join(s.dir, valuesDir))
+	ents, err := fs.ReadDir(s.root.FS(), valuesDir)
 	if err != nil {
 		f.Close()
 		return fmt.Errorf("store: %w", err)
@@ -273,6 +298,7 @@ func (s *Store) Close() error {
 	}
 	s.mu.Unlock()
 	err := s.log.f.Close()
+	s.root.Close()
 	if uerr := unlock(s.lk, filepath.Join(s.dir, lockName)); err == nil {
 		err = uerr
 	}

@@ -151,7 +151,11 @@ func writeLeafFile(path string, t *tensordict.Tensor, buf *[]byte, noSync bool) 
 // rename durable.
 func (s *Store) publishPrefix(from string, id uint64) error {
 	to := s.valuePath(id)
-	if err := os.Rename(from, to); err != nil {
+	rel, err := filepath.Rel(s.dir, from)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	if err := s.root.Rename(rel, filepath.Join(valuesDir, filepath.Base(to))); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
 	if s.opts.NoSync {
@@ -167,12 +171,26 @@ func (s *Store) publishPrefix(from string, id uint64) error {
 // so that a crash in the middle never leaves half a prefix under values/.
 func (s *Store) removeValue(id uint64) {
 	s.unmap(id)
-	p := s.valuePath(id)
-	t := filepath.Join(s.dir, trashDir, filepath.Base(p))
-	if err := os.Rename(p, t); err != nil {
+	name := fmt.Sprintf("%016x", id)
+	t := filepath.Join(trashDir, name)
+	if err := s.root.Rename(filepath.Join(valuesDir, name), t); err != nil {
 		return // gone already, or Open's sweep will find it
 	}
-	os.RemoveAll(t)
+	s.root.RemoveAll(t)
+}
+
+// emptyTrash removes what trash/ holds that the store put there (named as
+// values are); anything else is left alone.
+func (s *Store) emptyTrash() {
+	ents, err := fs.ReadDir(s.root.FS(), trashDir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if _, ok := parseValueName(e.Name()); ok {
+			s.root.RemoveAll(filepath.Join(trashDir, e.Name()))
+		}
+	}
 }
 
 // ingest is a value about to be stored: inline, or a prefix already at
@@ -243,12 +261,7 @@ func (s *Store) ingestStaged(rel string) (*ingest, error) {
 	if !fi.IsDir() {
 		return nil, errorf(ErrNotStaged, "%s is not a folder", rel)
 	}
-	root, err := os.OpenRoot(s.dir)
-	if err != nil {
-		return nil, fmt.Errorf("store: %w", err)
-	}
-	td, err := tensordict.LoadMemmap(dir, tensordict.InRoot(root), tensordict.ReadOnly())
-	root.Close()
+	td, err := tensordict.LoadMemmap(dir, tensordict.InRoot(s.root), tensordict.ReadOnly())
 	if err != nil {
 		return nil, errorf(ErrFormat, "the staged prefix %s: %v", rel, err)
 	}
@@ -267,13 +280,15 @@ func (s *Store) ingestStaged(rel string) (*ingest, error) {
 // sweepStaging removes staged prefixes older than ttl, and the node's own
 // unfinished ones (all of them when ttl is 0, at Open).
 func (s *Store) sweepStaging(ttl time.Duration) {
-	dir := filepath.Join(s.dir, stagingDir)
-	ents, err := os.ReadDir(dir)
+	ents, err := fs.ReadDir(s.root.FS(), stagingDir)
 	if err != nil {
 		return
 	}
 	for _, e := range ents {
-		node := strings.HasPrefix(e.Name(), "n-")
+		id, node := strings.CutPrefix(e.Name(), "n-")
+		if node {
+			_, node = parseValueName(id)
+		}
 		if !node && !validStagedName(e.Name()) {
 			continue // not ours: leave it
 		}
@@ -283,6 +298,6 @@ func (s *Store) sweepStaging(ttl time.Duration) {
 				continue
 			}
 		}
-		os.RemoveAll(filepath.Join(dir, e.Name()))
+		s.root.RemoveAll(filepath.Join(stagingDir, e.Name()))
 	}
 }
