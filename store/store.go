@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -51,6 +52,11 @@ type Options struct {
 	// CompactBytes: the log is rewritten as the state it describes once it
 	// is this long and more than twice that state. Default 64 MiB.
 	CompactBytes int64
+
+	// Logger receives what the store reports by itself: that it stopped
+	// (its log failed or was removed, at ERROR, once). Default
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -66,6 +72,9 @@ func (o Options) withDefaults() (Options, error) {
 	o.LeaseTTL = cmp.Or(o.LeaseTTL, 10*time.Second)
 	o.History = cmp.Or(o.History, 100_000)
 	o.CompactBytes = cmp.Or(o.CompactBytes, 64<<20)
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
 	return o, nil
 }
 
@@ -79,6 +88,8 @@ type Store struct {
 	opts Options
 	lk   *lockfile.Lock
 	log  *logWriter
+
+	folders folderIDs // values/, staging/, trash/ as Open found them
 
 	nextID atomic.Uint64 // the last value id handed out
 	done   chan struct{} // closed by Close
@@ -213,6 +224,14 @@ func (s *Store) recover(hasLog bool) error {
 	}
 	s.durable = s.rev
 	s.log = newLogWriter(f, end, s.rev, s.opts.NoSync)
+	s.log.check = s.checkLog
+	s.log.stopped = func(err error) {
+		s.opts.Logger.Error("store stopped: every call fails until it is reopened", "dir", s.dir, "err", err)
+	}
+	if s.folders, err = statFolders(s.root); err != nil {
+		f.Close()
+		return err
+	}
 	// Every value a record refers to must be there.
 	keep := map[uint64]bool{}
 	for name, b := range s.bins {
@@ -514,6 +533,9 @@ func (s *Store) sweepLoop() {
 		case <-s.done:
 			return
 		case now := <-t.C:
+			if s.health() != nil {
+				continue // stopped: nothing more to delete or expire
+			}
 			s.expire(now)
 			s.closeIdleMappings(now, mappingIdle)
 			if now.Sub(lastStaging) > StagingTTL/10 {

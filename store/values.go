@@ -155,6 +155,9 @@ func (s *Store) publishPrefix(from string, id uint64) error {
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
+	if err := s.health(); err != nil {
+		return err
+	}
 	if err := s.root.Rename(rel, filepath.Join(valuesDir, filepath.Base(to))); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}

@@ -118,6 +118,7 @@ type servedStores []*store.Store
 func (f storeFlags) open(root string, log *slog.Logger) (servedStores, func(*rpc.Server) error, error) {
 	var ss servedStores
 	for _, spec := range f {
+		spec.opts.Logger = log.With("store", spec.name)
 		s, err := store.Open(filepath.Join(root, spec.name), spec.opts)
 		if err != nil {
 			ss.close()
