@@ -23,6 +23,7 @@ type item struct {
 	size   int64  // the value's tensor bytes
 	inline []byte // nil: a prefix
 	take   uint64 // the remote Get holding it for its acknowledgement; 0: none
+	lost   bool   // its prefix's folder is missing (ErrMissing)
 }
 
 func (it *item) rec() recItem { return recItem{ID: it.id, Size: it.size, Inline: it.inline} }
@@ -262,6 +263,7 @@ func (s *Store) takeItemsAs(bin string, id uint64, remove bool, timeout time.Dur
 	if err := CheckName(bin); err != nil {
 		return taken{}, err
 	}
+	s.markMissing(bin)
 	s.mu.Lock()
 	if err := s.enterLocked(); err != nil {
 		s.mu.Unlock()
@@ -269,10 +271,18 @@ func (s *Store) takeItemsAs(bin string, id uint64, remove bool, timeout time.Dur
 	}
 	t := taken{rev: s.rev}
 	if b := s.bins[bin]; b != nil {
+		var lost []*item
 		for _, it := range b.items {
-			if !remove || it.take == 0 {
+			switch {
+			case it.lost:
+				lost = append(lost, it)
+			case !remove || it.take == 0:
 				t.items = append(t.items, it)
 			}
+		}
+		if len(lost) == len(b.items) {
+			s.mu.Unlock()
+			return taken{}, missingItems(bin, lost)
 		}
 	}
 	if remove && len(t.items) > 0 {

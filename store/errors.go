@@ -82,6 +82,14 @@ var (
 	// no log: it refuses to start a new store over them.
 	// Code FailedPrecondition.
 	ErrLost = errors.New("store: the store's log was removed")
+
+	// ErrMissing: a value's folder under values/ is missing (deleted under
+	// the store): the item or parameter version the message names is lost,
+	// and only it. Get and Peek return a bin's other items, and fail with
+	// ErrMissing for a bin that holds nothing else; Latest and WaitNewer
+	// fail with it until a newer version is published. Options.Repair
+	// drops lost items. Code DataLoss.
+	ErrMissing = errors.New("store: value missing")
 )
 
 // The code and reason each sentinel crosses the wire with. The reasons are
@@ -102,6 +110,7 @@ func init() {
 	rpc.RegisterReason(ErrConfig, rpc.InvalidArgument, "store.config")
 	rpc.RegisterReason(ErrExists, rpc.AlreadyExists, "store.exists")
 	rpc.RegisterReason(ErrLost, rpc.FailedPrecondition, "store.lost")
+	rpc.RegisterReason(ErrMissing, rpc.DataLoss, "store.missing")
 }
 
 // errorf returns an error matching sentinel, with a message.

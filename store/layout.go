@@ -81,7 +81,7 @@ func checkLayout(dir string) (hasLog bool, err error) {
 	}
 	if locked {
 		return false, fmt.Errorf("%w: %s is missing, but %s holds a store's files (%s): its log was removed; "+
-			"Open starts no new store over them (Repair says what it would drop)", ErrLost, filepath.Join(dir, logName), dir, list)
+			"Open starts no new store over them (Options.Repair, the node's --store NAME,repair=drop, starts one and drops them)", ErrLost, filepath.Join(dir, logName), dir, list)
 	}
 	return false, fmt.Errorf("%w: %s holds %s but no %s: it is not a store, and a store never deletes what it did not make; "+
 		"give the store a folder of its own", ErrExists, dir, list, logName)

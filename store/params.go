@@ -27,6 +27,7 @@ type version struct {
 	supersededAt uint64 // the revision that published the next one
 	leases       int
 	keepUntil    time.Time // after Open: kept this long for old leases to renew
+	lost         bool      // its folder is missing (ErrMissing)
 }
 
 // lease holds a version for a reader until it expires (zero: until
@@ -122,6 +123,10 @@ func (s *Store) readVersion(ctx context.Context, name string, after uint64, wait
 		ps := s.params[name]
 		if ps != nil && ps.latest > after {
 			ver := ps.versions[ps.latest]
+			if ver.lost {
+				s.mu.Unlock()
+				return verInfo{}, missingVersion(name, ps.latest, ver.id)
+			}
 			info := verInfo{name: name, v: ps.latest, id: ver.id, size: ver.size}
 			if ttl >= 0 {
 				info.lease = newLeaseID(s.leases)
@@ -136,6 +141,16 @@ func (s *Store) readVersion(ctx context.Context, name string, after uint64, wait
 			if err := s.waitRead(rev); err != nil {
 				s.release(info.lease)
 				return verInfo{}, err
+			}
+			if s.valueGone(info.id) {
+				s.mu.Lock()
+				if !ver.lost {
+					ver.lost = true
+					s.opts.Logger.Error(lostVersionMsg, "parameters", name, "version", info.v, "path", s.valuePath(info.id))
+				}
+				s.mu.Unlock()
+				s.release(info.lease)
+				return verInfo{}, missingVersion(name, info.v, info.id)
 			}
 			return info, nil
 		}
@@ -156,6 +171,13 @@ func (s *Store) readVersion(ctx context.Context, name string, after uint64, wait
 			return verInfo{}, ErrClosed
 		}
 	}
+}
+
+// missingVersion is ErrMissing for a parameter version whose folder is
+// missing.
+func missingVersion(name string, v, id uint64) error {
+	return errorf(ErrMissing, "parameters %q version %d: its folder %s is missing: it is lost; publish a newer version",
+		name, v, relValue(id))
 }
 
 // published returns a channel closed at the next publication; s.mu is

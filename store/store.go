@@ -53,6 +53,16 @@ type Options struct {
 	// is this long and more than twice that state. Default 64 MiB.
 	CompactBytes int64
 
+	// Repair lets Open drop what the log and the folder disagree on, which
+	// Open otherwise only reports (at ERROR and WARN, Logger): items and
+	// parameter versions whose folder under values/ is missing (lost items
+	// are removed from their bins by a get record; a lost latest version
+	// stays until a newer one is published), and folders under values/
+	// that no record names (deleted). On a folder whose store.log is
+	// missing it starts a new store (a new ID), dropping every value.
+	// Each thing dropped is logged at WARN.
+	Repair bool
+
 	// Logger receives what the store reports by itself: that it stopped
 	// (its log failed or was removed, at ERROR, once). Default
 	// slog.Default().
@@ -113,12 +123,19 @@ type Store struct {
 	pub     chan struct{}      // closed at the next publication
 }
 
-// Open opens the store in the folder dir, creating it (and dir) if there
-// is none, and locks it: a second Open of the same folder, in this process
-// or another, fails with ErrLocked until the first is closed or its process
-// has died. Opening replays the log, so every operation acknowledged before
-// a crash is there; values/ entries no record refers to (a crash between
-// writing a value and logging it) are deleted.
+// Open opens the store in the folder dir, creating it (and dir) if dir is
+// missing or empty, and locks it: a second Open of the same folder, in this
+// process or another, fails with ErrLocked until the first is closed or its
+// process has died. A folder that holds files but is not a store, or whose
+// store files are links, is refused (ErrExists), as is a store's folder
+// whose log was deleted (ErrLost); nothing in it is touched.
+//
+// Opening replays the log, so every operation acknowledged before a crash
+// is there. What the log and the folder disagree on is reported through
+// Options.Logger and left as it is: values/ entries no record names (a
+// crash between writing a value and logging it) stay, and items whose
+// folder is missing are lost (ErrMissing when read), alone. Options.Repair
+// drops both.
 func Open(dir string, opts Options) (*Store, error) {
 	o, err := opts.withDefaults()
 	if err != nil {
@@ -130,7 +147,7 @@ func Open(dir string, opts Options) (*Store, error) {
 	}
 	// Check before making anything: a folder that is not a store's gets
 	// not even a LOCK file.
-	if _, err := checkLayout(abs); err != nil {
+	if _, err := checkLayout(abs); err != nil && !(errors.Is(err, ErrLost) && o.Repair) {
 		return nil, err
 	}
 	if err := os.MkdirAll(abs, 0o755); err != nil {
@@ -148,6 +165,11 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	hasLog, err := checkLayout(abs) // again, now that this process owns the folder
+	if errors.Is(err, ErrLost) && o.Repair {
+		o.Logger.Warn("store repair: store.log is missing; starting a new store there, dropping the values no record names",
+			"path", filepath.Join(abs, logName), "was", err)
+		err = nil
+	}
 	if err != nil {
 		return fail(err)
 	}
@@ -179,6 +201,12 @@ func Open(dir string, opts Options) (*Store, error) {
 		s.log.syncLoop(s.advance)
 	}()
 	go s.sweepLoop()
+	if o.Repair {
+		if err := s.dropLost(); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -232,15 +260,17 @@ func (s *Store) recover(hasLog bool) error {
 		f.Close()
 		return err
 	}
-	// Every value a record refers to must be there.
+	// Every value a record names should be there; one that is not is
+	// lost, alone (ErrMissing when read). Values no record names are left
+	// alone unless Options.Repair.
 	keep := map[uint64]bool{}
 	for name, b := range s.bins {
 		for _, it := range b.items {
 			if it.inline == nil {
 				keep[it.id] = true
-				if _, err := os.Stat(s.valuePath(it.id)); err != nil {
-					f.Close()
-					return fmt.Errorf("%w: bin %q: value %016x: %v", ErrCorrupt, name, it.id, err)
+				if s.valueGone(it.id) {
+					it.lost = true
+					s.opts.Logger.Error(lostItemMsg, "bin", name, "path", s.valuePath(it.id))
 				}
 			}
 		}
@@ -248,16 +278,16 @@ func (s *Store) recover(hasLog bool) error {
 	grace := time.Now().Add(s.opts.LeaseTTL)
 	for name, ps := range s.params {
 		for v, ver := range ps.versions {
-			if _, err := os.Stat(s.valuePath(ver.id)); err != nil {
-				if v == ps.latest {
-					f.Close()
-					return fmt.Errorf("%w: parameters %q version %d: %v", ErrCorrupt, name, v, err)
-				}
-				delete(ps.versions, v) // deleted before the crash
-				continue
-			}
 			keep[ver.id] = true
 			ver.keepUntil = grace // readers of the last run may renew their leases
+			if s.valueGone(ver.id) {
+				if v != ps.latest {
+					delete(ps.versions, v) // deleted before the crash
+					continue
+				}
+				ver.lost = true
+				s.opts.Logger.Error(lostVersionMsg, "parameters", name, "version", v, "path", s.valuePath(ver.id))
+			}
 		}
 	}
 	ents, err := fs.ReadDir(s.root.FS(), valuesDir)
@@ -267,7 +297,13 @@ func (s *Store) recover(hasLog bool) error {
 	}
 	for _, e := range ents {
 		if id, ok := parseValueName(e.Name()); ok && !keep[id] {
-			s.removeValue(id)
+			if s.opts.Repair {
+				s.removeValue(id)
+				s.opts.Logger.Warn("store repair: dropped a value folder no record names", "path", s.valuePath(id))
+			} else {
+				s.opts.Logger.Warn("store: a value folder no record names is left alone (Options.Repair, the node's --store NAME,repair=drop, drops it)",
+					"path", s.valuePath(id))
+			}
 		}
 	}
 	s.sweepStaging(0)
@@ -787,6 +823,7 @@ type Stats struct {
 	Leases      int    `codec:"leases"`       // readers' leases on versions
 	Gets        int    `codec:"gets"`         // remote Gets waiting for their acknowledgement
 	LogBytes    int64  `codec:"log_bytes"`    // the log file's length
+	Missing     int    `codec:"missing"`      // items and versions whose folder is missing (ErrMissing), found so far
 }
 
 // Stats returns the store's figures.
@@ -796,9 +833,19 @@ func (s *Store) Stats() Stats {
 		Leases: len(s.leases), Gets: len(s.takes)}
 	for _, b := range s.bins {
 		st.Items += len(b.items)
+		for _, it := range b.items {
+			if it.lost {
+				st.Missing++
+			}
+		}
 	}
 	for _, ps := range s.params {
 		st.Versions += len(ps.versions)
+		for _, ver := range ps.versions {
+			if ver.lost {
+				st.Missing++
+			}
+		}
 	}
 	s.mu.Unlock()
 	s.log.mu.Lock()

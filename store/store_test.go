@@ -468,23 +468,6 @@ func TestStore_DamageBeforeGoodRecordsIsCorrupt(t *testing.T) {
 	}
 }
 
-func TestStore_StrayValuesAreRemoved(t *testing.T) {
-	dir := t.TempDir()
-	s, _ := Open(dir, Options{})
-	s.Close()
-	stray := filepath.Join(dir, valuesDir, "00000000000000ff")
-	os.MkdirAll(stray, 0o755)
-	notOurs := filepath.Join(dir, valuesDir, "README")
-	os.WriteFile(notOurs, []byte("x"), 0o644)
-	openT(t, dir, Options{})
-	if _, err := os.Stat(stray); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("a value no record names is still there: %v", err)
-	}
-	if _, err := os.Stat(notOurs); err != nil {
-		t.Fatalf("a file that is not a value was removed: %v", err)
-	}
-}
-
 // writeLog writes a log of the given records (revision 1, 2, ...) after a
 // base record.
 func writeLog(t *testing.T, dir string, recs ...*record) {

@@ -14,7 +14,7 @@ import (
 )
 
 // storeSpec is one --store flag of the node command:
-// NAME[,max-value=SIZE][,inline=SIZE][,sync=always|none][,lease=D][,get-timeout=D][,history=N].
+// NAME[,max-value=SIZE][,inline=SIZE][,sync=always|none][,lease=D][,get-timeout=D][,history=N][,repair=drop].
 type storeSpec struct {
 	name string
 	opts store.Options
@@ -65,13 +65,19 @@ func (f *storeFlags) Set(v string) error {
 			spec.opts.LeaseTTL, err = positiveDuration(val)
 		case "get-timeout":
 			spec.opts.GetTimeout, err = positiveDuration(val)
+		case "repair":
+			// Open reports what it would drop either way; this drops it.
+			if val != "drop" {
+				err = fmt.Errorf("%q is not drop (without repair, the node only reports what it would drop)", val)
+			}
+			spec.opts.Repair = true
 		case "history":
 			spec.opts.History, err = strconv.Atoi(val)
 			if err == nil && spec.opts.History <= 0 {
 				err = fmt.Errorf("%d is not a positive number of events", spec.opts.History)
 			}
 		default:
-			return fmt.Errorf("store %s: unknown setting %q (have max-value, inline, sync, lease, get-timeout, history)", spec.name, k)
+			return fmt.Errorf("store %s: unknown setting %q (have max-value, inline, sync, lease, get-timeout, history, repair)", spec.name, k)
 		}
 		if err != nil {
 			return fmt.Errorf("store %s: %s: %w", spec.name, k, err)

@@ -92,6 +92,7 @@ func TestNode_StoreFlagErrors(t *testing.T) {
 		{"s,lease=0s", "lease"},
 		{"s,get-timeout=x", "get-timeout"},
 		{"s,history=0", "history"},
+		{"s,repair=yes", "repair"},
 		{"s,colour=red", "unknown setting"},
 		{"s,max-value", "not key=value"},
 		{"s,lease=1s,lease=2s", "lease given twice"},
@@ -102,11 +103,11 @@ func TestNode_StoreFlagErrors(t *testing.T) {
 		}
 	}
 	var f storeFlags
-	if err := f.Set("s,max-value=64MiB,inline=512KiB,sync=none,lease=3s,get-timeout=1m,history=10"); err != nil {
+	if err := f.Set("s,max-value=64MiB,inline=512KiB,sync=none,lease=3s,get-timeout=1m,history=10,repair=drop"); err != nil {
 		t.Fatal(err)
 	}
 	want := store.Options{MaxValueBytes: 64 << 20, InlineBytes: 512 << 10, NoSync: true, LeaseTTL: 3 * time.Second,
-		GetTimeout: time.Minute, History: 10}
+		GetTimeout: time.Minute, History: 10, Repair: true}
 	if f[0].opts != want {
 		t.Fatalf("options %+v, want %+v", f[0].opts, want)
 	}
