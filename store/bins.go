@@ -397,8 +397,11 @@ func (s *Store) values(items []*item, clone bool) ([]*tensordict.TensorDict, err
 // Get returns the bin's items, oldest first, and removes them: the bin
 // then no longer exists (unless items were added meanwhile). An empty or
 // absent bin returns no items and no error. Items kept inline come in Go
-// memory; larger ones are read-only mappings of their prefixes, which stay
-// valid after the removal deletes their files: Close every item when done.
+// memory; larger ones are read-only mappings of their prefixes, whose
+// files the removal moves to trash/ and unlinks Options.TrashGrace later
+// (on this machine a mapping stays valid after that too; on another over
+// NFS it does not): Close every item when done. Items whose folder is
+// missing are left in the bin; a bin holding only such items is ErrMissing.
 func (s *Store) Get(ctx context.Context, bin string) ([]*tensordict.TensorDict, error) {
 	for {
 		if err := ctx.Err(); err != nil {
@@ -429,7 +432,8 @@ func (s *Store) Get(ctx context.Context, bin string) ([]*tensordict.TensorDict, 
 
 // Peek returns the bin's items, oldest first, and keeps them, including
 // those a Get holds for its acknowledgement. The items are copies, or
-// read-only mappings (Get): Close every item when done.
+// read-only mappings (Get): Close every item when done. Items whose folder
+// is missing are left out; a bin holding only such items is ErrMissing.
 func (s *Store) Peek(ctx context.Context, bin string) ([]*tensordict.TensorDict, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

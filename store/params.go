@@ -259,7 +259,7 @@ func (s *Store) collect() {
 	gone := s.collectLocked(time.Now())
 	s.mu.Unlock()
 	for _, id := range gone {
-		s.removeValue(id)
+		s.trashValue(id)
 	}
 }
 

@@ -63,6 +63,17 @@ type Options struct {
 	// Each thing dropped is logged at WARN.
 	Repair bool
 
+	// TrashGrace is how long a deleted value's folder (a Get's or a
+	// Delete's item, a parameter version no lease holds any more) stays in
+	// trash/ before it is unlinked: readers that still map it keep reading
+	// files that are there. On one machine an unlinked mapping stays
+	// readable anyway; a reader on another machine sharing the folder over
+	// NFS has its own page cache and faults (SIGBUS) on a deleted file, so
+	// this is how long it has to finish with a value it mapped once its
+	// lease is gone (or, for a Get's items, once the Get returned).
+	// Default 1 minute.
+	TrashGrace time.Duration
+
 	// Logger receives what the store reports by itself: that it stopped
 	// (its log failed or was removed, at ERROR, once). Default
 	// slog.Default().
@@ -70,7 +81,7 @@ type Options struct {
 }
 
 func (o Options) withDefaults() (Options, error) {
-	if o.MaxValueBytes < 0 || o.InlineBytes < 0 || o.GetTimeout < 0 || o.LeaseTTL < 0 || o.History < 0 || o.CompactBytes < 0 {
+	if o.MaxValueBytes < 0 || o.InlineBytes < 0 || o.GetTimeout < 0 || o.LeaseTTL < 0 || o.History < 0 || o.CompactBytes < 0 || o.TrashGrace < 0 {
 		return o, errorf(ErrConfig, "a negative option in %+v", o)
 	}
 	o.MaxValueBytes = cmp.Or(o.MaxValueBytes, 1<<30)
@@ -82,6 +93,7 @@ func (o Options) withDefaults() (Options, error) {
 	o.LeaseTTL = cmp.Or(o.LeaseTTL, 10*time.Second)
 	o.History = cmp.Or(o.History, 100_000)
 	o.CompactBytes = cmp.Or(o.CompactBytes, 64<<20)
+	o.TrashGrace = cmp.Or(o.TrashGrace, time.Minute)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -120,6 +132,7 @@ type Store struct {
 	hist    history
 	inline  int64              // bytes of inline values held
 	maps    map[uint64]*mapped // read-only mappings of prefixes, for bytes responses
+	trash   []trashed          // deleted values in trash/, waiting for Options.TrashGrace
 	pub     chan struct{}      // closed at the next publication
 }
 
@@ -212,7 +225,7 @@ func Open(dir string, opts Options) (*Store, error) {
 
 // recover opens or creates the log, replays it, and cleans the folder.
 func (s *Store) recover(hasLog bool) error {
-	s.emptyTrash()
+	s.scanTrash()
 	path := filepath.Join(s.dir, logName)
 	var f *os.File
 	var err error
@@ -385,7 +398,7 @@ func (s *Store) settle(rev uint64, dropped []uint64) error {
 		return err
 	}
 	for _, id := range dropped {
-		s.removeValue(id)
+		s.trashValue(id)
 	}
 	return nil
 }
@@ -573,6 +586,7 @@ func (s *Store) sweepLoop() {
 				continue // stopped: nothing more to delete or expire
 			}
 			s.expire(now)
+			s.sweepTrash(now)
 			s.closeIdleMappings(now, mappingIdle)
 			if now.Sub(lastStaging) > StagingTTL/10 {
 				s.sweepStaging(StagingTTL)
@@ -599,7 +613,7 @@ func (s *Store) expire(now time.Time) {
 	gone := s.collectLocked(now)
 	s.mu.Unlock()
 	for _, id := range gone {
-		s.removeValue(id)
+		s.trashValue(id)
 	}
 }
 

@@ -170,8 +170,10 @@ func (s *Store) publishPrefix(from string, id uint64) error {
 	return atomicfile.SyncDir(filepath.Dir(from))
 }
 
-// removeValue deletes the prefix of value id: renamed into trash/ first,
-// so that a crash in the middle never leaves half a prefix under values/.
+// removeValue deletes the prefix of value id at once: renamed into trash/
+// first, so that a crash in the middle never leaves half a prefix under
+// values/. For values nobody can have read: never logged (discard), or no
+// record names them (Options.Repair).
 func (s *Store) removeValue(id uint64) {
 	s.unmap(id)
 	name := fmt.Sprintf("%016x", id)
@@ -182,17 +184,85 @@ func (s *Store) removeValue(id uint64) {
 	s.root.RemoveAll(t)
 }
 
-// emptyTrash removes what trash/ holds that the store put there (named as
-// values are); anything else is left alone.
-func (s *Store) emptyTrash() {
+// trashed is a deleted value's folder in trash/, and when it went there.
+type trashed struct {
+	name string
+	at   time.Time
+}
+
+// trashValue deletes the prefix of value id, which readers may map: it is
+// renamed into trash/<id>-<unix ms> now (values/ never holds half a
+// prefix), and unlinked by the sweep once Options.TrashGrace has passed
+// (after a restart too: the time is in the name).
+func (s *Store) trashValue(id uint64) {
+	s.unmap(id)
+	now := time.Now()
+	name := fmt.Sprintf("%016x-%d", id, now.UnixMilli())
+	if err := s.root.Rename(relValue(id), filepath.Join(trashDir, name)); err != nil {
+		return // gone already
+	}
+	s.mu.Lock()
+	s.trash = append(s.trash, trashed{name, now})
+	s.mu.Unlock()
+}
+
+// parseTrashName returns when a trash/ entry went there: ok for names
+// trashValue makes; old for a bare value name (removeValue's, cut short).
+func parseTrashName(name string) (at time.Time, ok, old bool) {
+	if _, ok := parseValueName(name); ok {
+		return time.Time{}, false, true
+	}
+	id, ms, found := strings.Cut(name, "-")
+	if !found {
+		return time.Time{}, false, false
+	}
+	if _, ok := parseValueName(id); !ok {
+		return time.Time{}, false, false
+	}
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil || n < 0 || strconv.FormatInt(n, 10) != ms {
+		return time.Time{}, false, false
+	}
+	return time.UnixMilli(n), true, false
+}
+
+// scanTrash, at Open, takes up the deleted values in trash/: each is
+// unlinked once its grace has passed (the next sweep); what a deletion cut
+// short left there goes now; anything not named by the store is left
+// alone.
+func (s *Store) scanTrash() {
 	ents, err := fs.ReadDir(s.root.FS(), trashDir)
 	if err != nil {
 		return
 	}
 	for _, e := range ents {
-		if _, ok := parseValueName(e.Name()); ok {
+		at, ok, old := parseTrashName(e.Name())
+		switch {
+		case old:
 			s.root.RemoveAll(filepath.Join(trashDir, e.Name()))
+		case ok:
+			s.trash = append(s.trash, trashed{e.Name(), at})
 		}
+	}
+	s.sweepTrash(time.Now())
+}
+
+// sweepTrash unlinks the deleted values whose grace has passed.
+func (s *Store) sweepTrash(now time.Time) {
+	s.mu.Lock()
+	var due []string
+	keep := s.trash[:0]
+	for _, t := range s.trash {
+		if now.Sub(t.at) >= s.opts.TrashGrace {
+			due = append(due, t.name)
+		} else {
+			keep = append(keep, t)
+		}
+	}
+	s.trash = keep
+	s.mu.Unlock()
+	for _, name := range due {
+		s.root.RemoveAll(filepath.Join(trashDir, name))
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 )
 
 // storeSpec is one --store flag of the node command:
-// NAME[,max-value=SIZE][,inline=SIZE][,sync=always|none][,lease=D][,get-timeout=D][,history=N][,repair=drop].
+// NAME[,max-value=SIZE][,inline=SIZE][,sync=always|none][,lease=D][,get-timeout=D][,history=N][,trash-grace=D][,repair=drop].
 type storeSpec struct {
 	name string
 	opts store.Options
@@ -63,6 +63,8 @@ func (f *storeFlags) Set(v string) error {
 			}
 		case "lease":
 			spec.opts.LeaseTTL, err = positiveDuration(val)
+		case "trash-grace":
+			spec.opts.TrashGrace, err = positiveDuration(val)
 		case "get-timeout":
 			spec.opts.GetTimeout, err = positiveDuration(val)
 		case "repair":
@@ -77,7 +79,7 @@ func (f *storeFlags) Set(v string) error {
 				err = fmt.Errorf("%d is not a positive number of events", spec.opts.History)
 			}
 		default:
-			return fmt.Errorf("store %s: unknown setting %q (have max-value, inline, sync, lease, get-timeout, history, repair)", spec.name, k)
+			return fmt.Errorf("store %s: unknown setting %q (have max-value, inline, sync, lease, get-timeout, history, trash-grace, repair)", spec.name, k)
 		}
 		if err != nil {
 			return fmt.Errorf("store %s: %s: %w", spec.name, k, err)

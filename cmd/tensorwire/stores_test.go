@@ -93,6 +93,7 @@ func TestNode_StoreFlagErrors(t *testing.T) {
 		{"s,get-timeout=x", "get-timeout"},
 		{"s,history=0", "history"},
 		{"s,repair=yes", "repair"},
+		{"s,trash-grace=-1s", "trash-grace"},
 		{"s,colour=red", "unknown setting"},
 		{"s,max-value", "not key=value"},
 		{"s,lease=1s,lease=2s", "lease given twice"},
@@ -103,11 +104,11 @@ func TestNode_StoreFlagErrors(t *testing.T) {
 		}
 	}
 	var f storeFlags
-	if err := f.Set("s,max-value=64MiB,inline=512KiB,sync=none,lease=3s,get-timeout=1m,history=10,repair=drop"); err != nil {
+	if err := f.Set("s,max-value=64MiB,inline=512KiB,sync=none,lease=3s,get-timeout=1m,history=10,trash-grace=2m,repair=drop"); err != nil {
 		t.Fatal(err)
 	}
 	want := store.Options{MaxValueBytes: 64 << 20, InlineBytes: 512 << 10, NoSync: true, LeaseTTL: 3 * time.Second,
-		GetTimeout: time.Minute, History: 10, Repair: true}
+		GetTimeout: time.Minute, History: 10, Repair: true, TrashGrace: 2 * time.Minute}
 	if f[0].opts != want {
 		t.Fatalf("options %+v, want %+v", f[0].opts, want)
 	}
