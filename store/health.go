@@ -80,11 +80,22 @@ func (s *Store) health() error {
 		return err
 	}
 	err := s.checkFolders()
-	if err == nil {
+	for err == nil {
 		s.log.mu.Lock()
 		f := s.log.f
 		s.log.mu.Unlock()
-		err = s.checkLog(f)
+		if err = s.checkLog(f); err == nil {
+			break
+		}
+		// A compaction may have switched files meanwhile: check the
+		// current one before calling it a loss.
+		s.log.mu.Lock()
+		switched := s.log.f != f
+		s.log.mu.Unlock()
+		if !switched {
+			break
+		}
+		err = nil
 	}
 	if err != nil {
 		s.log.fail(err)

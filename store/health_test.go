@@ -99,3 +99,36 @@ func TestStore_FolderReplacedStops(t *testing.T) {
 		t.Errorf("the store wrote %d entries through the link", len(ents))
 	}
 }
+
+// TestStore_CompactionIsNoLoss: compactions replace store.log; checks of
+// the log running meanwhile never take one for a removal.
+func TestStore_CompactionIsNoLoss(t *testing.T) {
+	ctx := ctxT(t)
+	s := openT(t, t.TempDir(), Options{CompactBytes: 16 << 10, InlineBytes: 4096, Logger: slog.New(slog.DiscardHandler)})
+	stop := make(chan struct{})
+	done := make(chan error)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			if err := s.health(); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	for i := range 2000 {
+		if _, err := s.Put(ctx, "b", itemTD(t, int64(i), 100)); err != nil {
+			close(stop)
+			t.Fatalf("Put %d: %v", i, err)
+		}
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -480,15 +480,14 @@ func (s *Store) compact() (uint64, []queued, error) {
 	rev := s.rev
 	s.mu.Unlock()
 
-	path := filepath.Join(s.dir, logName)
-	tmp := path + ".compact"
-	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	tmp := logName + ".compact"
+	f, err := s.root.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return 0, rest, err
 	}
 	fail := func(err error) (uint64, []queued, error) {
 		f.Close()
-		os.Remove(tmp)
+		s.root.Remove(tmp)
 		return 0, rest, err
 	}
 	size := int64(len(logMagic))
@@ -509,15 +508,14 @@ func (s *Store) compact() (uint64, []queued, error) {
 	if err := f.Sync(); err != nil {
 		return fail(err)
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	// The rename and the switch of files are one step under the log's
+	// lock, so that health never sees store.log and the file it writes
+	// disagree when nothing was removed.
+	s.log.mu.Lock()
+	if err := s.root.Rename(tmp, logName); err != nil {
+		s.log.mu.Unlock()
 		return fail(err)
 	}
-	if err := atomicfile.SyncDir(s.dir); err != nil {
-		// The new log is in place; only the directory's durability is in
-		// doubt. Carry on with it: the next fsync of the file stands.
-		_ = err
-	}
-	s.log.mu.Lock()
 	old := s.log.f
 	s.log.f, s.log.size = f, size
 	s.log.written = max(s.log.written, rev)
@@ -525,6 +523,11 @@ func (s *Store) compact() (uint64, []queued, error) {
 	s.log.mu.Unlock()
 	s.log.cond.Broadcast()
 	old.Close()
+	if err := atomicfile.SyncDir(s.dir); err != nil {
+		// The new log is in place; only the directory's durability is in
+		// doubt. Carry on with it: the next fsync of the file stands.
+		_ = err
+	}
 	return rev, nil, nil
 }
 

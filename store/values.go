@@ -299,6 +299,9 @@ func (s *Store) ingestTD(td *tensordict.TensorDict, asPrefix bool) (*ingest, err
 		}
 		return &ingest{item: recItem{ID: id, Size: size, Inline: b}}, nil
 	}
+	if err := s.health(); err != nil { // staging/ must still be the store's before writing into it
+		return nil, err
+	}
 	tmp := filepath.Join(s.dir, stagingDir, fmt.Sprintf("n-%016x", id))
 	if err := writePrefix(td, tmp, s.opts.NoSync); err != nil {
 		os.RemoveAll(tmp)
