@@ -53,7 +53,7 @@ func TestStore_DeletedValueWaitsInTrash(t *testing.T) {
 		t.Fatalf("%d values under values/, want 1 (version 2)", len(ents))
 	}
 	s.Close()
-	s = openT(t, dir, o) // a restart keeps them for their grace too
+	openT(t, dir, o) // a restart keeps them for their grace too
 	if n := inTrash(t, dir); n != 3 {
 		t.Fatalf("%d values in trash/ after a restart within the grace, want 3", n)
 	}
