@@ -64,6 +64,9 @@ func TestStore_LogRemovedStopsAcknowledging(t *testing.T) {
 				if _, _, err := s.List(ctx); !errors.Is(err, ErrLost) {
 					t.Errorf("List after the log was %s = %v, want ErrLost", how, err)
 				}
+				if st := s.Stats(); !strings.Contains(st.Stopped, path) {
+					t.Errorf("Stats.Stopped = %q, want the loss of %s", st.Stopped, path)
+				}
 				if n := strings.Count(logs.String(), "level=ERROR"); n != 1 || !strings.Contains(logs.String(), path) {
 					t.Errorf("logged %d errors, want 1 naming %s:\n%s", n, path, logs.String())
 				}

@@ -267,7 +267,7 @@ func (s *Store) recover(hasLog bool) error {
 	s.log = newLogWriter(f, end, s.rev, s.opts.NoSync)
 	s.log.check = s.checkLog
 	s.log.stopped = func(err error) {
-		s.opts.Logger.Error("store stopped: every call fails until it is reopened", "dir", s.dir, "err", err)
+		s.opts.Logger.Error("store stopped: every call fails from now on", "dir", s.dir, "err", err)
 	}
 	if s.folders, err = statFolders(s.root); err != nil {
 		f.Close()
@@ -841,6 +841,7 @@ type Stats struct {
 	Gets        int    `codec:"gets"`         // remote Gets waiting for their acknowledgement
 	LogBytes    int64  `codec:"log_bytes"`    // the log file's length
 	Missing     int    `codec:"missing"`      // items and versions whose folder is missing (ErrMissing), found so far
+	Stopped     string `codec:"stopped"`      // why the store refuses every call (ErrFailed, ErrLost); "" while it works
 }
 
 // Stats returns the store's figures.
@@ -867,6 +868,9 @@ func (s *Store) Stats() Stats {
 	s.mu.Unlock()
 	s.log.mu.Lock()
 	st.LogBytes = s.log.size
+	if s.log.err != nil {
+		st.Stopped = s.log.err.Error()
+	}
 	s.log.mu.Unlock()
 	return st
 }
