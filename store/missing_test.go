@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tensorwire/tensorwire/rpc"
 )
 
 // prefixIDs returns the ids of the prefix items of bin, oldest first.
@@ -192,5 +194,35 @@ func TestStore_RepairOfALostLog(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "dropped") {
 		t.Errorf("Repair did not say what it dropped:\n%s", logs.String())
+	}
+}
+
+// TestClient_MissingValue: a remote Get of a bin with one item's folder
+// deleted returns the others, by reference and by bytes, and then
+// ErrMissing (DataLoss) naming the lost one.
+func TestClient_MissingValue(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			ctx := ctxT(t)
+			root := t.TempDir()
+			n := serveStore(t, root, "st", Options{InlineBytes: 64, Logger: slog.New(slog.DiscardHandler)})
+			c := dialT(t, n.addr, "st", root, mode)
+			for i := range 3 {
+				if _, err := c.Append(ctx, "b", itemTD(t, int64(i+1), 100)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			lost := relValue(prefixIDs(n.s, "b")[1])
+			os.RemoveAll(filepath.Join(n.s.Dir(), lost))
+			got, err := c.Get(ctx, "b")
+			if err != nil || !slices.Equal(ids(t, got), []int64{1, 3}) {
+				t.Fatalf("Get = %d items, %v; want 1 and 3", len(got), err)
+			}
+			closeAll(got)
+			_, err = c.Get(ctx, "b")
+			if !errors.Is(err, ErrMissing) || !errors.Is(err, rpc.ErrDataLoss) || !strings.Contains(err.Error(), lost) {
+				t.Fatalf("Get of the lost item = %v, want ErrMissing naming %s", err, lost)
+			}
+		})
 	}
 }
