@@ -368,7 +368,7 @@ func (s *Store) value(it *item) (*tensordict.TensorDict, error) {
 	if it.inline != nil {
 		return decodeValue(it.inline)
 	}
-	td, err := tensordict.LoadMemmap(s.valuePath(it.id), tensordict.ReadOnly())
+	td, err := tensordict.LoadMemmap(s.valuePath(it.id), tensordict.InRoot(s.root), tensordict.ReadOnly())
 	if err != nil {
 		return nil, fmt.Errorf("store: value %016x: %w", it.id, err)
 	}

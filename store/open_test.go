@@ -169,3 +169,27 @@ func TestStore_LogRemovedRefusesToOpen(t *testing.T) {
 		t.Fatalf("%d values before the refused Open, %d after", len(before), len(after))
 	}
 }
+
+// TestStore_ValueLinkIsNotFollowed: a value's folder replaced by a link to
+// a TensorDict elsewhere is not read through: the store reads its values
+// through its os.Root.
+func TestStore_ValueLinkIsNotFollowed(t *testing.T) {
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	s := openT(t, dir, Options{InlineBytes: 64})
+	if _, err := s.Append(ctx, "b", itemTD(t, 1, 100)); err != nil {
+		t.Fatal(err)
+	}
+	v := filepath.Join(dir, relValue(prefixIDs(s, "b")[0]))
+	outside := filepath.Join(t.TempDir(), "td")
+	if err := os.Rename(v, outside); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, v); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Peek(ctx, "b"); err == nil {
+		closeAll(got)
+		t.Fatal("Peek read a value through a link out of the store's folder")
+	}
+}

@@ -326,7 +326,7 @@ func (p *Param) setLost(err error) {
 
 // localParam maps a version leased in process.
 func (s *Store) localParam(info verInfo) (*Param, error) {
-	td, err := tensordict.LoadMemmap(s.valuePath(info.id), tensordict.ReadOnly())
+	td, err := tensordict.LoadMemmap(s.valuePath(info.id), tensordict.InRoot(s.root), tensordict.ReadOnly())
 	if err != nil {
 		s.release(info.lease)
 		return nil, fmt.Errorf("store: parameters %q version %d: %w", info.name, info.v, err)

@@ -771,7 +771,7 @@ func (s *Store) mapping(id uint64) (*tensordict.TensorDict, error) {
 		return m.td, nil
 	}
 	s.mu.Unlock()
-	td, err := tensordict.LoadMemmap(s.valuePath(id), tensordict.ReadOnly())
+	td, err := tensordict.LoadMemmap(s.valuePath(id), tensordict.InRoot(s.root), tensordict.ReadOnly())
 	if err != nil {
 		return nil, fmt.Errorf("store: value %016x: %w", id, err)
 	}
