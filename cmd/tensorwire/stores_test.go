@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -120,5 +121,33 @@ func TestNode_StoreFlagErrors(t *testing.T) {
 	big.Set("s,inline=100MiB")
 	if _, _, err := big.open(t.TempDir(), discardLog()); !errors.Is(err, store.ErrConfig) {
 		t.Fatalf("inline=100MiB: %v, want ErrConfig", err)
+	}
+}
+
+// TestNode_StoreRefusesOtherFolder: "--store NAME" on a folder of other
+// files exits with status 1, saying it is not a store, and deletes none of
+// them.
+func TestNode_StoreRefusesOtherFolder(t *testing.T) {
+	root := t.TempDir()
+	files := []string{"st/notes.txt", "st/trash/a.txt", "st/values/00000000000000ab/x", "st/staging/n-0000000000000001/x"}
+	for _, f := range files {
+		p := filepath.Join(root, f)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, []byte("mine"), 0o644)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cliBinary(t), "node", "--listen", "127.0.0.1:0", "--root", root, "--store", "st")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(stderr.String(), "it is not a store") {
+		t.Fatalf("node on a folder of other files: %v; want exit status 1 saying it is not a store\nstderr:\n%s", err, &stderr)
+	}
+	for _, f := range files {
+		if _, err := os.Stat(filepath.Join(root, f)); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
 	}
 }
