@@ -370,7 +370,7 @@ func (s *Store) value(it *item) (*tensordict.TensorDict, error) {
 	}
 	td, err := tensordict.LoadMemmap(s.valuePath(it.id), tensordict.InRoot(s.root), tensordict.ReadOnly())
 	if err != nil {
-		return nil, fmt.Errorf("store: value %016x: %w", it.id, err)
+		return nil, s.closedErr(fmt.Errorf("store: value %016x: %w", it.id, err))
 	}
 	return td, nil
 }

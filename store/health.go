@@ -76,6 +76,9 @@ func (s *Store) checkFolders() error {
 // health checks the log and the folders, and stops the store if they are
 // lost; it returns the store's error.
 func (s *Store) health() error {
+	if err := s.closedErr(nil); err != nil {
+		return err // its files are closed: nothing to check
+	}
 	if err := s.log.failed(); err != nil {
 		return err
 	}
@@ -98,9 +101,24 @@ func (s *Store) health() error {
 		err = nil
 	}
 	if err != nil {
+		if cerr := s.closedErr(nil); cerr != nil {
+			return cerr // closed meanwhile: the files checked were closed, not lost
+		}
 		s.log.fail(err)
 		s.advance(0) // wake watchers: the store has failed
 		return s.log.failed()
 	}
 	return nil
+}
+
+// closedErr returns ErrClosed once the store is closed, and err otherwise:
+// an operation that raced Close fails as closed, not with what the closed
+// files said.
+func (s *Store) closedErr(err error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	return err
 }

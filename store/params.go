@@ -329,7 +329,7 @@ func (s *Store) localParam(info verInfo) (*Param, error) {
 	td, err := tensordict.LoadMemmap(s.valuePath(info.id), tensordict.InRoot(s.root), tensordict.ReadOnly())
 	if err != nil {
 		s.release(info.lease)
-		return nil, fmt.Errorf("store: parameters %q version %d: %w", info.name, info.v, err)
+		return nil, s.closedErr(fmt.Errorf("store: parameters %q version %d: %w", info.name, info.v, err))
 	}
 	return &Param{Name: info.name, Version: info.v, TD: td, release: func() error {
 		err := td.Close()

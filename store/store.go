@@ -773,7 +773,7 @@ func (s *Store) mapping(id uint64) (*tensordict.TensorDict, error) {
 	s.mu.Unlock()
 	td, err := tensordict.LoadMemmap(s.valuePath(id), tensordict.InRoot(s.root), tensordict.ReadOnly())
 	if err != nil {
-		return nil, fmt.Errorf("store: value %016x: %w", id, err)
+		return nil, s.closedErr(fmt.Errorf("store: value %016x: %w", id, err))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

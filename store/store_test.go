@@ -545,8 +545,12 @@ func mustEncode(t *testing.T, td *tensordict.TensorDict) []byte {
 // returns, and so does every append: each was written and synced, or
 // refused with ErrClosed.
 func TestStore_CloseWithOperationsInFlight(t *testing.T) {
-	for range 20 {
-		s, err := Open(t.TempDir(), Options{})
+	for round := range 25 {
+		o := Options{}
+		if round >= 20 { // values written as prefixes, through the store's folder
+			o.InlineBytes, o.NoSync = 64, true
+		}
+		s, err := Open(t.TempDir(), o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -556,7 +560,7 @@ func TestStore_CloseWithOperationsInFlight(t *testing.T) {
 		for g := range 8 {
 			wg.Go(func() {
 				for i := 0; ; i++ {
-					if _, err := s.Append(ctx, "b", itemTD(t, int64(g*1000+i), 16)); err != nil {
+					if _, err := s.Append(ctx, "b", itemTD(t, int64(g*1000+i), 16+100*(round/20))); err != nil {
 						if !errors.Is(err, ErrClosed) {
 							errs <- err
 						}

@@ -159,7 +159,7 @@ func (s *Store) publishPrefix(from string, id uint64) error {
 		return err
 	}
 	if err := s.root.Rename(rel, filepath.Join(valuesDir, filepath.Base(to))); err != nil {
-		return fmt.Errorf("store: %w", err)
+		return s.closedErr(fmt.Errorf("store: %w", err))
 	}
 	if s.opts.NoSync {
 		return nil
