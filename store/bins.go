@@ -23,6 +23,7 @@ type item struct {
 	size   int64  // the value's tensor bytes
 	inline []byte // nil: a prefix
 	take   uint64 // the remote Get holding it for its acknowledgement; 0: none
+	lost   bool   // its prefix's folder is missing (ErrMissing)
 }
 
 func (it *item) rec() recItem { return recItem{ID: it.id, Size: it.size, Inline: it.inline} }
@@ -262,6 +263,7 @@ func (s *Store) takeItemsAs(bin string, id uint64, remove bool, timeout time.Dur
 	if err := CheckName(bin); err != nil {
 		return taken{}, err
 	}
+	s.markMissing(bin)
 	s.mu.Lock()
 	if err := s.enterLocked(); err != nil {
 		s.mu.Unlock()
@@ -269,10 +271,18 @@ func (s *Store) takeItemsAs(bin string, id uint64, remove bool, timeout time.Dur
 	}
 	t := taken{rev: s.rev}
 	if b := s.bins[bin]; b != nil {
+		var lost []*item
 		for _, it := range b.items {
-			if !remove || it.take == 0 {
+			switch {
+			case it.lost:
+				lost = append(lost, it)
+			case !remove || it.take == 0:
 				t.items = append(t.items, it)
 			}
+		}
+		if len(lost) == len(b.items) {
+			s.mu.Unlock()
+			return taken{}, missingItems(bin, lost)
 		}
 	}
 	if remove && len(t.items) > 0 {
@@ -358,9 +368,9 @@ func (s *Store) value(it *item) (*tensordict.TensorDict, error) {
 	if it.inline != nil {
 		return decodeValue(it.inline)
 	}
-	td, err := tensordict.LoadMemmap(s.valuePath(it.id), tensordict.ReadOnly())
+	td, err := tensordict.LoadMemmap(s.valuePath(it.id), tensordict.InRoot(s.root), tensordict.ReadOnly())
 	if err != nil {
-		return nil, fmt.Errorf("store: value %016x: %w", it.id, err)
+		return nil, s.closedErr(fmt.Errorf("store: value %016x: %w", it.id, err))
 	}
 	return td, nil
 }
@@ -387,8 +397,11 @@ func (s *Store) values(items []*item, clone bool) ([]*tensordict.TensorDict, err
 // Get returns the bin's items, oldest first, and removes them: the bin
 // then no longer exists (unless items were added meanwhile). An empty or
 // absent bin returns no items and no error. Items kept inline come in Go
-// memory; larger ones are read-only mappings of their prefixes, which stay
-// valid after the removal deletes their files: Close every item when done.
+// memory; larger ones are read-only mappings of their prefixes, whose
+// files the removal moves to trash/ and unlinks Options.TrashGrace later
+// (on this machine a mapping stays valid after that too; on another over
+// NFS it does not): Close every item when done. Items whose folder is
+// missing are left in the bin; a bin holding only such items is ErrMissing.
 func (s *Store) Get(ctx context.Context, bin string) ([]*tensordict.TensorDict, error) {
 	for {
 		if err := ctx.Err(); err != nil {
@@ -419,7 +432,8 @@ func (s *Store) Get(ctx context.Context, bin string) ([]*tensordict.TensorDict, 
 
 // Peek returns the bin's items, oldest first, and keeps them, including
 // those a Get holds for its acknowledgement. The items are copies, or
-// read-only mappings (Get): Close every item when done.
+// read-only mappings (Get): Close every item when done. Items whose folder
+// is missing are left out; a bin holding only such items is ErrMissing.
 func (s *Store) Peek(ctx context.Context, bin string) ([]*tensordict.TensorDict, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

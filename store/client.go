@@ -162,20 +162,28 @@ func (c *Client) nextReq() reqID { return reqID{Client: c.client, Seq: c.seq.Add
 // 1 s.
 func (c *Client) retry(ctx context.Context, call func() error) error {
 	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		if c.isClosed() {
+			return ErrClosed
+		}
 		err := call()
-		if err == nil || !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, rpc.ErrClosed) {
+		if err == nil || !errors.Is(err, rpc.ErrUnavailable) {
 			return err
 		}
-		c.mu.Lock()
-		closed := c.closed
-		c.mu.Unlock()
-		if closed {
+		if c.isClosed() || errors.Is(err, rpc.ErrClosed) {
 			return ErrClosed
 		}
 		if serr := sleep(ctx, wait); serr != nil {
 			return fmt.Errorf("%w; the node was unreachable: %w", serr, err)
 		}
 	}
+}
+
+// isClosed reports whether Close was called: every call fails with
+// ErrClosed from then on, as a closed Store's do.
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -564,9 +572,12 @@ func (c *Client) Watch(ctx context.Context, prefix string, after uint64) iter.Se
 			}
 			// FromNow is resolved by the node once: a stream that failed
 			// before telling where "now" was starts from now again.
-			if !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, rpc.ErrClosed) || ctx.Err() != nil {
-				if ctx.Err() != nil {
+			if !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, rpc.ErrClosed) || c.isClosed() || ctx.Err() != nil {
+				switch {
+				case ctx.Err() != nil:
 					err = ctx.Err()
+				case errors.Is(err, rpc.ErrUnavailable):
+					err = ErrClosed // the client was closed
 				}
 				yield(Event{}, err)
 				return
@@ -584,7 +595,8 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	return call[Stats](ctx, c, MethodStats, storeRequest{Store: c.name})
 }
 
-// Close closes the connection; calls in flight fail. Params still open
+// Close closes the connection; calls in flight and later ones fail with
+// ErrClosed (as a closed Store's do), watches end with it. Params still open
 // stop being renewed, and their versions may be deleted once their leases
 // run out.
 func (c *Client) Close() error {

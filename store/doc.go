@@ -49,7 +49,25 @@
 //
 // A parameter version is never deleted while a reader holds a lease on it;
 // a reader that dies stops renewing, its lease runs out, and the node
-// deletes the version once a newer one is durable.
+// deletes the version once a newer one is durable. A deleted value (a
+// version, a Get's or Delete's item) waits in the store's trash/ folder for
+// Options.TrashGrace before it is unlinked, for readers on other machines
+// that still map it.
+//
+// # Files removed or foreign
+//
+// A store deletes only what it made, inside its folder: Open refuses a
+// folder that holds files but is not a store (ErrExists), a store's folder
+// whose own files or folders are symbolic links (ErrExists, naming the
+// link), and a store's folder whose log was deleted (ErrLost), touching
+// nothing; it reaches its folders through an os.Root. A running store
+// whose log is deleted or replaced, or whose folder is removed, stops
+// acknowledging: every call fails with ErrLost, and it logs why once at
+// ERROR (Options.Logger). A value's folder deleted under the store costs
+// that value only: its item or version is lost (ErrMissing when read), the
+// rest is read as ever. What the log and the folder disagree on (lost
+// items, values no record names) Open reports and leaves; Options.Repair
+// drops it, saying what.
 //
 // docs/store.md in the repository describes the files, the protocol and
 // what happens when a process dies.

@@ -37,9 +37,10 @@ var (
 	// Code Aborted.
 	ErrExpired = errors.New("store: expired")
 
-	// ErrLocked: another process serves the store's folder (Open).
-	// Code FailedPrecondition.
-	ErrLocked = errors.New("store: another process has the store open")
+	// ErrLocked: another process serves the store's folder, or another
+	// Store of this process has it open (Open); the message says which, and
+	// names the other process. Code FailedPrecondition.
+	ErrLocked = errors.New("store: in use")
 
 	// ErrClosed: the store or client was closed. Code FailedPrecondition.
 	ErrClosed = errors.New("store: closed")
@@ -65,6 +66,30 @@ var (
 
 	// ErrConfig: Options that cannot make a store. Code InvalidArgument.
 	ErrConfig = errors.New("store: bad options")
+
+	// ErrExists: Open was given a folder that holds files but is not a
+	// store (no store.log), or a store's folder where one of the store's
+	// own files or folders (store.log, LOCK, values/, staging/, trash/) is
+	// a symbolic link or of the wrong kind. Open touches nothing then: a
+	// store never deletes what it did not make, nor follows a link out of
+	// its folder. Code AlreadyExists.
+	ErrExists = errors.New("store: folder holds something else")
+
+	// ErrLost: the store's log was removed (deleted, renamed or replaced),
+	// or one of its folders replaced, under a running store: it stops
+	// acknowledging, and every call fails with ErrLost until a person
+	// decides (Repair). Also Open of a folder holding a store's files but
+	// no log: it refuses to start a new store over them.
+	// Code FailedPrecondition.
+	ErrLost = errors.New("store: the store's log was removed")
+
+	// ErrMissing: a value's folder under values/ is missing (deleted under
+	// the store): the item or parameter version the message names is lost,
+	// and only it. Get and Peek return a bin's other items, and fail with
+	// ErrMissing for a bin that holds nothing else; Latest and WaitNewer
+	// fail with it until a newer version is published. Options.Repair
+	// drops lost items. Code DataLoss.
+	ErrMissing = errors.New("store: value missing")
 )
 
 // The code and reason each sentinel crosses the wire with. The reasons are
@@ -83,6 +108,9 @@ func init() {
 	rpc.RegisterReason(ErrCorrupt, rpc.DataLoss, "store.corrupt")
 	rpc.RegisterReason(ErrFailed, rpc.FailedPrecondition, "store.failed")
 	rpc.RegisterReason(ErrConfig, rpc.InvalidArgument, "store.config")
+	rpc.RegisterReason(ErrExists, rpc.AlreadyExists, "store.exists")
+	rpc.RegisterReason(ErrLost, rpc.FailedPrecondition, "store.lost")
+	rpc.RegisterReason(ErrMissing, rpc.DataLoss, "store.missing")
 }
 
 // errorf returns an error matching sentinel, with a message.

@@ -22,6 +22,9 @@ var wireErrors = []svctest.Sentinel{
 	{Err: ErrCorrupt, Code: rpc.ErrDataLoss, Reason: "store.corrupt"},
 	{Err: ErrFailed, Code: rpc.ErrFailedPrecondition, Reason: "store.failed"},
 	{Err: ErrConfig, Code: rpc.ErrInvalidArgument, Reason: "store.config"},
+	{Err: ErrExists, Code: rpc.ErrAlreadyExists, Reason: "store.exists"},
+	{Err: ErrLost, Code: rpc.ErrFailedPrecondition, Reason: "store.lost"},
+	{Err: ErrMissing, Code: rpc.ErrDataLoss, Reason: "store.missing"},
 }
 
 // TestErrors_CrossTheWire has a handler return each sentinel in a message

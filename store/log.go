@@ -231,6 +231,12 @@ func goodAfter(f *os.File, off int64) bool {
 // written before it started.
 type logWriter struct {
 	noSync bool
+	// check, if set, is called with the file after each sync (each write,
+	// with noSync) before what it covered counts as durable: an error
+	// stops the log (the store's files were removed, ErrLost).
+	check func(*os.File) error
+	// stopped, if set, is told once why the log stopped.
+	stopped func(error)
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -302,9 +308,14 @@ func (w *logWriter) write(batch []queued, buf *[]byte) error {
 	}
 	*buf = b
 	_, err := w.f.Write(b)
+	if err != nil {
+		err = fmt.Errorf("%w: %v", ErrFailed, err)
+	} else if w.noSync && w.check != nil {
+		err = w.check(w.f)
+	}
 	w.mu.Lock()
 	if err != nil {
-		w.err = fmt.Errorf("%w: %v", ErrFailed, err)
+		w.failLocked(err)
 	} else {
 		w.size += int64(len(b))
 		w.written = batch[len(batch)-1].rev
@@ -315,6 +326,27 @@ func (w *logWriter) write(batch []queued, buf *[]byte) error {
 	w.mu.Unlock()
 	w.cond.Broadcast()
 	return err
+}
+
+// failLocked stops the log with err unless it stopped already; w.mu is
+// held.
+func (w *logWriter) failLocked(err error) {
+	if w.err != nil {
+		return
+	}
+	w.err = err
+	if w.stopped != nil {
+		w.stopped(err)
+	}
+}
+
+// fail stops the log with err unless it stopped already, and wakes those
+// waiting.
+func (w *logWriter) fail(err error) {
+	w.mu.Lock()
+	w.failLocked(err)
+	w.mu.Unlock()
+	w.cond.Broadcast()
 }
 
 // syncLoop makes written records durable, calling advanced with each new
@@ -334,9 +366,14 @@ func (w *logWriter) syncLoop(advanced func(uint64)) {
 		target, f := w.written, w.f
 		w.mu.Unlock()
 		err := syncData(f)
+		if err != nil {
+			err = fmt.Errorf("%w: %v", ErrFailed, err)
+		} else if w.check != nil {
+			err = w.check(f) // the synced file must still be the log
+		}
 		w.mu.Lock()
 		if err != nil {
-			w.err = fmt.Errorf("%w: %v", ErrFailed, err)
+			w.failLocked(err)
 		} else {
 			w.durable = max(w.durable, target)
 		}

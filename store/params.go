@@ -27,6 +27,7 @@ type version struct {
 	supersededAt uint64 // the revision that published the next one
 	leases       int
 	keepUntil    time.Time // after Open: kept this long for old leases to renew
+	lost         bool      // its folder is missing (ErrMissing)
 }
 
 // lease holds a version for a reader until it expires (zero: until
@@ -122,6 +123,10 @@ func (s *Store) readVersion(ctx context.Context, name string, after uint64, wait
 		ps := s.params[name]
 		if ps != nil && ps.latest > after {
 			ver := ps.versions[ps.latest]
+			if ver.lost {
+				s.mu.Unlock()
+				return verInfo{}, missingVersion(name, ps.latest, ver.id)
+			}
 			info := verInfo{name: name, v: ps.latest, id: ver.id, size: ver.size}
 			if ttl >= 0 {
 				info.lease = newLeaseID(s.leases)
@@ -136,6 +141,16 @@ func (s *Store) readVersion(ctx context.Context, name string, after uint64, wait
 			if err := s.waitRead(rev); err != nil {
 				s.release(info.lease)
 				return verInfo{}, err
+			}
+			if s.valueGone(info.id) {
+				s.mu.Lock()
+				if !ver.lost {
+					ver.lost = true
+					s.opts.Logger.Error(lostVersionMsg, "parameters", name, "version", info.v, "path", s.valuePath(info.id))
+				}
+				s.mu.Unlock()
+				s.release(info.lease)
+				return verInfo{}, missingVersion(name, info.v, info.id)
 			}
 			return info, nil
 		}
@@ -156,6 +171,13 @@ func (s *Store) readVersion(ctx context.Context, name string, after uint64, wait
 			return verInfo{}, ErrClosed
 		}
 	}
+}
+
+// missingVersion is ErrMissing for a parameter version whose folder is
+// missing.
+func missingVersion(name string, v, id uint64) error {
+	return errorf(ErrMissing, "parameters %q version %d: its folder %s is missing: it is lost; publish a newer version",
+		name, v, relValue(id))
 }
 
 // published returns a channel closed at the next publication; s.mu is
@@ -237,7 +259,7 @@ func (s *Store) collect() {
 	gone := s.collectLocked(time.Now())
 	s.mu.Unlock()
 	for _, id := range gone {
-		s.removeValue(id)
+		s.trashValue(id)
 	}
 }
 
@@ -304,10 +326,10 @@ func (p *Param) setLost(err error) {
 
 // localParam maps a version leased in process.
 func (s *Store) localParam(info verInfo) (*Param, error) {
-	td, err := tensordict.LoadMemmap(s.valuePath(info.id), tensordict.ReadOnly())
+	td, err := tensordict.LoadMemmap(s.valuePath(info.id), tensordict.InRoot(s.root), tensordict.ReadOnly())
 	if err != nil {
 		s.release(info.lease)
-		return nil, fmt.Errorf("store: parameters %q version %d: %w", info.name, info.v, err)
+		return nil, s.closedErr(fmt.Errorf("store: parameters %q version %d: %w", info.name, info.v, err))
 	}
 	return &Param{Name: info.name, Version: info.v, TD: td, release: func() error {
 		err := td.Close()

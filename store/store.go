@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -51,10 +52,36 @@ type Options struct {
 	// CompactBytes: the log is rewritten as the state it describes once it
 	// is this long and more than twice that state. Default 64 MiB.
 	CompactBytes int64
+
+	// Repair lets Open drop what the log and the folder disagree on, which
+	// Open otherwise only reports (at ERROR and WARN, Logger): items and
+	// parameter versions whose folder under values/ is missing (lost items
+	// are removed from their bins by a get record; a lost latest version
+	// stays until a newer one is published), and folders under values/
+	// that no record names (deleted). On a folder whose store.log is
+	// missing it starts a new store (a new ID), dropping every value.
+	// Each thing dropped is logged at WARN.
+	Repair bool
+
+	// TrashGrace is how long a deleted value's folder (a Get's or a
+	// Delete's item, a parameter version no lease holds any more) stays in
+	// trash/ before it is unlinked: readers that still map it keep reading
+	// files that are there. On one machine an unlinked mapping stays
+	// readable anyway; a reader on another machine sharing the folder over
+	// NFS has its own page cache and faults (SIGBUS) on a deleted file, so
+	// this is how long it has to finish with a value it mapped once its
+	// lease is gone (or, for a Get's items, once the Get returned).
+	// Default 1 minute.
+	TrashGrace time.Duration
+
+	// Logger receives what the store reports by itself: that it stopped
+	// (its log failed or was removed, at ERROR, once). Default
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 func (o Options) withDefaults() (Options, error) {
-	if o.MaxValueBytes < 0 || o.InlineBytes < 0 || o.GetTimeout < 0 || o.LeaseTTL < 0 || o.History < 0 || o.CompactBytes < 0 {
+	if o.MaxValueBytes < 0 || o.InlineBytes < 0 || o.GetTimeout < 0 || o.LeaseTTL < 0 || o.History < 0 || o.CompactBytes < 0 || o.TrashGrace < 0 {
 		return o, errorf(ErrConfig, "a negative option in %+v", o)
 	}
 	o.MaxValueBytes = cmp.Or(o.MaxValueBytes, 1<<30)
@@ -66,6 +93,10 @@ func (o Options) withDefaults() (Options, error) {
 	o.LeaseTTL = cmp.Or(o.LeaseTTL, 10*time.Second)
 	o.History = cmp.Or(o.History, 100_000)
 	o.CompactBytes = cmp.Or(o.CompactBytes, 64<<20)
+	o.TrashGrace = cmp.Or(o.TrashGrace, time.Minute)
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
 	return o, nil
 }
 
@@ -75,9 +106,12 @@ func (o Options) withDefaults() (Options, error) {
 // it and make the same calls.
 type Store struct {
 	dir  string
+	root *os.Root // dir: every file and folder of the store is reached through it, never by a link out of it
 	opts Options
 	lk   *lockfile.Lock
 	log  *logWriter
+
+	folders folderIDs // values/, staging/, trash/ as Open found them
 
 	nextID atomic.Uint64 // the last value id handed out
 	done   chan struct{} // closed by Close
@@ -98,35 +132,69 @@ type Store struct {
 	hist    history
 	inline  int64              // bytes of inline values held
 	maps    map[uint64]*mapped // read-only mappings of prefixes, for bytes responses
+	trash   []trashed          // deleted values in trash/, waiting for Options.TrashGrace
 	pub     chan struct{}      // closed at the next publication
 }
 
-// Open opens the store in the folder dir, creating it (and dir) if there
-// is none, and locks it: a second Open of the same folder, in this process
-// or another, fails with ErrLocked until the first is closed or its process
-// has died. Opening replays the log, so every operation acknowledged before
-// a crash is there; values/ entries no record refers to (a crash between
-// writing a value and logging it) are deleted.
+// Open opens the store in the folder dir, creating it (and dir) if dir is
+// missing or empty, and locks it: a second Open of the same folder, in this
+// process or another, fails with ErrLocked until the first is closed or its
+// process has died. A folder that holds files but is not a store, or whose
+// store files are links, is refused (ErrExists), as is a store's folder
+// whose log was deleted (ErrLost); nothing in it is touched.
+//
+// Opening replays the log, so every operation acknowledged before a crash
+// is there. What the log and the folder disagree on is reported through
+// Options.Logger and left as it is: values/ entries no record names (a
+// crash between writing a value and logging it) stay, and items whose
+// folder is missing are lost (ErrMissing when read), alone. Options.Repair
+// drops both.
 func Open(dir string, opts Options) (*Store, error) {
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	for _, sub := range []string{"", valuesDir, stagingDir, trashDir} {
-		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
-			return nil, fmt.Errorf("store: %w", err)
-		}
-	}
 	abs, err := filepath.Abs(dir)
-	if err == nil {
-		abs, err = filepath.EvalSymlinks(abs)
-	}
 	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	// Check before making anything: a folder that is not a store's gets
+	// not even a LOCK file.
+	if _, err := checkLayout(abs); err != nil && !(errors.Is(err, ErrLost) && o.Repair) {
+		return nil, err
+	}
+	if err := os.MkdirAll(abs, 0o755); err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	if abs, err = filepath.EvalSymlinks(abs); err != nil { // the folder itself may be a link
 		return nil, fmt.Errorf("store: %w", err)
 	}
 	lk, err := lock(filepath.Join(abs, lockName))
 	if err != nil {
 		return nil, err
+	}
+	fail := func(err error) (*Store, error) {
+		unlock(lk, filepath.Join(abs, lockName))
+		return nil, err
+	}
+	hasLog, err := checkLayout(abs) // again, now that this process owns the folder
+	if errors.Is(err, ErrLost) && o.Repair {
+		o.Logger.Warn("store repair: store.log is missing; starting a new store there, dropping the values no record names",
+			"path", filepath.Join(abs, logName), "was", err)
+		err = nil
+	}
+	if err != nil {
+		return fail(err)
+	}
+	root, err := os.OpenRoot(abs)
+	if err != nil {
+		return fail(fmt.Errorf("store: %w", err))
+	}
+	for _, sub := range []string{valuesDir, stagingDir, trashDir} {
+		if err := root.Mkdir(sub, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			root.Close()
+			return fail(fmt.Errorf("store: %w", err))
+		}
 	}
 	s := &Store{
 		dir: abs, opts: o, lk: lk, done: make(chan struct{}), notify: make(chan struct{}),
@@ -134,9 +202,10 @@ func Open(dir string, opts Options) (*Store, error) {
 		leases: map[uint64]*lease{}, maps: map[uint64]*mapped{},
 		hist: history{max: o.History}, reqs: requests{clients: map[uint64]*clientReqs{}},
 	}
-	if err := s.recover(); err != nil {
-		lk.Release()
-		return nil, err
+	s.root = root
+	if err := s.recover(hasLog); err != nil {
+		root.Close()
+		return fail(err)
 	}
 	s.wg.Add(3)
 	go s.writeLoop()
@@ -145,16 +214,24 @@ func Open(dir string, opts Options) (*Store, error) {
 		s.log.syncLoop(s.advance)
 	}()
 	go s.sweepLoop()
+	if o.Repair {
+		if err := s.dropLost(); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
 // recover opens or creates the log, replays it, and cleans the folder.
-func (s *Store) recover() error {
-	os.RemoveAll(filepath.Join(s.dir, trashDir))
-	os.MkdirAll(filepath.Join(s.dir, trashDir), 0o755)
+func (s *Store) recover(hasLog bool) error {
+	s.scanTrash()
 	path := filepath.Join(s.dir, logName)
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if errors.Is(err, fs.ErrNotExist) {
+	var f *os.File
+	var err error
+	if hasLog {
+		f, err = s.root.OpenFile(logName, os.O_RDWR, 0)
+	} else {
 		f, err = s.createLog(path)
 	}
 	if err != nil {
@@ -188,15 +265,25 @@ func (s *Store) recover() error {
 	}
 	s.durable = s.rev
 	s.log = newLogWriter(f, end, s.rev, s.opts.NoSync)
-	// Every value a record refers to must be there.
+	s.log.check = s.checkLog
+	s.log.stopped = func(err error) {
+		s.opts.Logger.Error("store stopped: every call fails from now on", "dir", s.dir, "err", err)
+	}
+	if s.folders, err = statFolders(s.root); err != nil {
+		f.Close()
+		return err
+	}
+	// Every value a record names should be there; one that is not is
+	// lost, alone (ErrMissing when read). Values no record names are left
+	// alone unless Options.Repair.
 	keep := map[uint64]bool{}
 	for name, b := range s.bins {
 		for _, it := range b.items {
 			if it.inline == nil {
 				keep[it.id] = true
-				if _, err := os.Stat(s.valuePath(it.id)); err != nil {
-					f.Close()
-					return fmt.Errorf("%w: bin %q: value %016x: %v", ErrCorrupt, name, it.id, err)
+				if s.valueGone(it.id) {
+					it.lost = true
+					s.opts.Logger.Error(lostItemMsg, "bin", name, "path", s.valuePath(it.id))
 				}
 			}
 		}
@@ -204,26 +291,32 @@ func (s *Store) recover() error {
 	grace := time.Now().Add(s.opts.LeaseTTL)
 	for name, ps := range s.params {
 		for v, ver := range ps.versions {
-			if _, err := os.Stat(s.valuePath(ver.id)); err != nil {
-				if v == ps.latest {
-					f.Close()
-					return fmt.Errorf("%w: parameters %q version %d: %v", ErrCorrupt, name, v, err)
-				}
-				delete(ps.versions, v) // deleted before the crash
-				continue
-			}
 			keep[ver.id] = true
 			ver.keepUntil = grace // readers of the last run may renew their leases
+			if s.valueGone(ver.id) {
+				if v != ps.latest {
+					delete(ps.versions, v) // deleted before the crash
+					continue
+				}
+				ver.lost = true
+				s.opts.Logger.Error(lostVersionMsg, "parameters", name, "version", v, "path", s.valuePath(ver.id))
+			}
 		}
 	}
-	ents, err := os.ReadDir(filepath.Join(s.dir, valuesDir))
+	ents, err := fs.ReadDir(s.root.FS(), valuesDir)
 	if err != nil {
 		f.Close()
 		return fmt.Errorf("store: %w", err)
 	}
 	for _, e := range ents {
 		if id, ok := parseValueName(e.Name()); ok && !keep[id] {
-			s.removeValue(id)
+			if s.opts.Repair {
+				s.removeValue(id)
+				s.opts.Logger.Warn("store repair: dropped a value folder no record names", "path", s.valuePath(id))
+			} else {
+				s.opts.Logger.Warn("store: a value folder no record names is left alone (Options.Repair, the node's --store NAME,repair=drop, drops it)",
+					"path", s.valuePath(id))
+			}
 		}
 	}
 	s.sweepStaging(0)
@@ -273,7 +366,8 @@ func (s *Store) Close() error {
 	}
 	s.mu.Unlock()
 	err := s.log.f.Close()
-	if uerr := s.lk.Release(); err == nil {
+	s.root.Close()
+	if uerr := unlock(s.lk, filepath.Join(s.dir, lockName)); err == nil {
 		err = uerr
 	}
 	return err
@@ -304,7 +398,7 @@ func (s *Store) settle(rev uint64, dropped []uint64) error {
 		return err
 	}
 	for _, id := range dropped {
-		s.removeValue(id)
+		s.trashValue(id)
 	}
 	return nil
 }
@@ -386,15 +480,14 @@ func (s *Store) compact() (uint64, []queued, error) {
 	rev := s.rev
 	s.mu.Unlock()
 
-	path := filepath.Join(s.dir, logName)
-	tmp := path + ".compact"
-	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	tmp := logName + ".compact"
+	f, err := s.root.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return 0, rest, err
 	}
 	fail := func(err error) (uint64, []queued, error) {
 		f.Close()
-		os.Remove(tmp)
+		s.root.Remove(tmp)
 		return 0, rest, err
 	}
 	size := int64(len(logMagic))
@@ -415,15 +508,14 @@ func (s *Store) compact() (uint64, []queued, error) {
 	if err := f.Sync(); err != nil {
 		return fail(err)
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	// The rename and the switch of files are one step under the log's
+	// lock, so that health never sees store.log and the file it writes
+	// disagree when nothing was removed.
+	s.log.mu.Lock()
+	if err := s.root.Rename(tmp, logName); err != nil {
+		s.log.mu.Unlock()
 		return fail(err)
 	}
-	if err := atomicfile.SyncDir(s.dir); err != nil {
-		// The new log is in place; only the directory's durability is in
-		// doubt. Carry on with it: the next fsync of the file stands.
-		_ = err
-	}
-	s.log.mu.Lock()
 	old := s.log.f
 	s.log.f, s.log.size = f, size
 	s.log.written = max(s.log.written, rev)
@@ -431,6 +523,11 @@ func (s *Store) compact() (uint64, []queued, error) {
 	s.log.mu.Unlock()
 	s.log.cond.Broadcast()
 	old.Close()
+	if err := atomicfile.SyncDir(s.dir); err != nil {
+		// The new log is in place; only the directory's durability is in
+		// doubt. Carry on with it: the next fsync of the file stands.
+		_ = err
+	}
 	return rev, nil, nil
 }
 
@@ -488,7 +585,11 @@ func (s *Store) sweepLoop() {
 		case <-s.done:
 			return
 		case now := <-t.C:
+			if s.health() != nil {
+				continue // stopped: nothing more to delete or expire
+			}
 			s.expire(now)
+			s.sweepTrash(now)
 			s.closeIdleMappings(now, mappingIdle)
 			if now.Sub(lastStaging) > StagingTTL/10 {
 				s.sweepStaging(StagingTTL)
@@ -515,7 +616,7 @@ func (s *Store) expire(now time.Time) {
 	gone := s.collectLocked(now)
 	s.mu.Unlock()
 	for _, id := range gone {
-		s.removeValue(id)
+		s.trashValue(id)
 	}
 }
 
@@ -670,9 +771,9 @@ func (s *Store) mapping(id uint64) (*tensordict.TensorDict, error) {
 		return m.td, nil
 	}
 	s.mu.Unlock()
-	td, err := tensordict.LoadMemmap(s.valuePath(id), tensordict.ReadOnly())
+	td, err := tensordict.LoadMemmap(s.valuePath(id), tensordict.InRoot(s.root), tensordict.ReadOnly())
 	if err != nil {
-		return nil, fmt.Errorf("store: value %016x: %w", id, err)
+		return nil, s.closedErr(fmt.Errorf("store: value %016x: %w", id, err))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -739,6 +840,8 @@ type Stats struct {
 	Leases      int    `codec:"leases"`       // readers' leases on versions
 	Gets        int    `codec:"gets"`         // remote Gets waiting for their acknowledgement
 	LogBytes    int64  `codec:"log_bytes"`    // the log file's length
+	Missing     int    `codec:"missing"`      // items and versions whose folder is missing (ErrMissing), found so far
+	Stopped     string `codec:"stopped"`      // why the store refuses every call (ErrFailed, ErrLost); "" while it works
 }
 
 // Stats returns the store's figures.
@@ -748,13 +851,26 @@ func (s *Store) Stats() Stats {
 		Leases: len(s.leases), Gets: len(s.takes)}
 	for _, b := range s.bins {
 		st.Items += len(b.items)
+		for _, it := range b.items {
+			if it.lost {
+				st.Missing++
+			}
+		}
 	}
 	for _, ps := range s.params {
 		st.Versions += len(ps.versions)
+		for _, ver := range ps.versions {
+			if ver.lost {
+				st.Missing++
+			}
+		}
 	}
 	s.mu.Unlock()
 	s.log.mu.Lock()
 	st.LogBytes = s.log.size
+	if s.log.err != nil {
+		st.Stopped = s.log.err.Error()
+	}
 	s.log.mu.Unlock()
 	return st
 }

@@ -151,8 +151,15 @@ func writeLeafFile(path string, t *tensordict.Tensor, buf *[]byte, noSync bool) 
 // rename durable.
 func (s *Store) publishPrefix(from string, id uint64) error {
 	to := s.valuePath(id)
-	if err := os.Rename(from, to); err != nil {
+	rel, err := filepath.Rel(s.dir, from)
+	if err != nil {
 		return fmt.Errorf("store: %w", err)
+	}
+	if err := s.health(); err != nil {
+		return err
+	}
+	if err := s.root.Rename(rel, filepath.Join(valuesDir, filepath.Base(to))); err != nil {
+		return s.closedErr(fmt.Errorf("store: %w", err))
 	}
 	if s.opts.NoSync {
 		return nil
@@ -163,16 +170,100 @@ func (s *Store) publishPrefix(from string, id uint64) error {
 	return atomicfile.SyncDir(filepath.Dir(from))
 }
 
-// removeValue deletes the prefix of value id: renamed into trash/ first,
-// so that a crash in the middle never leaves half a prefix under values/.
+// removeValue deletes the prefix of value id at once: renamed into trash/
+// first, so that a crash in the middle never leaves half a prefix under
+// values/. For values nobody can have read: never logged (discard), or no
+// record names them (Options.Repair).
 func (s *Store) removeValue(id uint64) {
 	s.unmap(id)
-	p := s.valuePath(id)
-	t := filepath.Join(s.dir, trashDir, filepath.Base(p))
-	if err := os.Rename(p, t); err != nil {
+	name := fmt.Sprintf("%016x", id)
+	t := filepath.Join(trashDir, name)
+	if err := s.root.Rename(filepath.Join(valuesDir, name), t); err != nil {
 		return // gone already, or Open's sweep will find it
 	}
-	os.RemoveAll(t)
+	s.root.RemoveAll(t)
+}
+
+// trashed is a deleted value's folder in trash/, and when it went there.
+type trashed struct {
+	name string
+	at   time.Time
+}
+
+// trashValue deletes the prefix of value id, which readers may map: it is
+// renamed into trash/<id>-<unix ms> now (values/ never holds half a
+// prefix), and unlinked by the sweep once Options.TrashGrace has passed
+// (after a restart too: the time is in the name).
+func (s *Store) trashValue(id uint64) {
+	s.unmap(id)
+	now := time.Now()
+	name := fmt.Sprintf("%016x-%d", id, now.UnixMilli())
+	if err := s.root.Rename(relValue(id), filepath.Join(trashDir, name)); err != nil {
+		return // gone already
+	}
+	s.mu.Lock()
+	s.trash = append(s.trash, trashed{name, now})
+	s.mu.Unlock()
+}
+
+// parseTrashName returns when a trash/ entry went there: ok for names
+// trashValue makes; old for a bare value name (removeValue's, cut short).
+func parseTrashName(name string) (at time.Time, ok, old bool) {
+	if _, ok := parseValueName(name); ok {
+		return time.Time{}, false, true
+	}
+	id, ms, found := strings.Cut(name, "-")
+	if !found {
+		return time.Time{}, false, false
+	}
+	if _, ok := parseValueName(id); !ok {
+		return time.Time{}, false, false
+	}
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil || n < 0 || strconv.FormatInt(n, 10) != ms {
+		return time.Time{}, false, false
+	}
+	return time.UnixMilli(n), true, false
+}
+
+// scanTrash, at Open, takes up the deleted values in trash/: each is
+// unlinked once its grace has passed (the next sweep); what a deletion cut
+// short left there goes now; anything not named by the store is left
+// alone.
+func (s *Store) scanTrash() {
+	ents, err := fs.ReadDir(s.root.FS(), trashDir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		at, ok, old := parseTrashName(e.Name())
+		switch {
+		case old:
+			s.root.RemoveAll(filepath.Join(trashDir, e.Name()))
+		case ok:
+			s.trash = append(s.trash, trashed{e.Name(), at})
+		}
+	}
+	s.sweepTrash(time.Now())
+}
+
+// sweepTrash unlinks the deleted values whose grace has passed.
+func (s *Store) sweepTrash(now time.Time) {
+	s.mu.Lock()
+	var due []string
+	keep := s.trash[:0]
+	for _, t := range s.trash {
+		if now.Sub(t.at) >= s.opts.TrashGrace {
+			due = append(due, t.name)
+		} else {
+			keep = append(keep, t)
+		}
+	}
+	s.trash = keep
+	s.mu.Unlock()
+	for _, name := range due {
+		s.root.RemoveAll(filepath.Join(trashDir, name))
+	}
 }
 
 // ingest is a value about to be stored: inline, or a prefix already at
@@ -207,6 +298,9 @@ func (s *Store) ingestTD(td *tensordict.TensorDict, asPrefix bool) (*ingest, err
 			return nil, err
 		}
 		return &ingest{item: recItem{ID: id, Size: size, Inline: b}}, nil
+	}
+	if err := s.health(); err != nil { // staging/ must still be the store's before writing into it
+		return nil, err
 	}
 	tmp := filepath.Join(s.dir, stagingDir, fmt.Sprintf("n-%016x", id))
 	if err := writePrefix(td, tmp, s.opts.NoSync); err != nil {
@@ -243,12 +337,7 @@ func (s *Store) ingestStaged(rel string) (*ingest, error) {
 	if !fi.IsDir() {
 		return nil, errorf(ErrNotStaged, "%s is not a folder", rel)
 	}
-	root, err := os.OpenRoot(s.dir)
-	if err != nil {
-		return nil, fmt.Errorf("store: %w", err)
-	}
-	td, err := tensordict.LoadMemmap(dir, tensordict.InRoot(root), tensordict.ReadOnly())
-	root.Close()
+	td, err := tensordict.LoadMemmap(dir, tensordict.InRoot(s.root), tensordict.ReadOnly())
 	if err != nil {
 		return nil, errorf(ErrFormat, "the staged prefix %s: %v", rel, err)
 	}
@@ -267,13 +356,15 @@ func (s *Store) ingestStaged(rel string) (*ingest, error) {
 // sweepStaging removes staged prefixes older than ttl, and the node's own
 // unfinished ones (all of them when ttl is 0, at Open).
 func (s *Store) sweepStaging(ttl time.Duration) {
-	dir := filepath.Join(s.dir, stagingDir)
-	ents, err := os.ReadDir(dir)
+	ents, err := fs.ReadDir(s.root.FS(), stagingDir)
 	if err != nil {
 		return
 	}
 	for _, e := range ents {
-		node := strings.HasPrefix(e.Name(), "n-")
+		id, node := strings.CutPrefix(e.Name(), "n-")
+		if node {
+			_, node = parseValueName(id)
+		}
 		if !node && !validStagedName(e.Name()) {
 			continue // not ours: leave it
 		}
@@ -283,6 +374,6 @@ func (s *Store) sweepStaging(ttl time.Duration) {
 				continue
 			}
 		}
-		os.RemoveAll(filepath.Join(dir, e.Name()))
+		s.root.RemoveAll(filepath.Join(stagingDir, e.Name()))
 	}
 }

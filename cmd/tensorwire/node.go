@@ -27,8 +27,8 @@ var nodeCmd = command{
 		samplerHelp() + ", min-size=N, lease=D (how long a " +
 		"writer's reservation lasts, default 30s); buffers are " +
 		"checkpointed every --checkpoint-every and when the node stops; each --store serves the store of bins and " +
-		"parameters at DIR/NAME (store.Dial), created if missing, with settings max-value=SIZE, inline=SIZE, " +
-		"sync=always|none, lease=D, get-timeout=D, history=N (docs/store.md); each --loader serves a producer of the " +
+		"parameters at DIR/NAME (store.Dial), created if missing or empty, with settings max-value=SIZE, inline=SIZE, " +
+		"sync=always|none, lease=D, get-timeout=D, history=N, trash-grace=D (how long a deleted value stays in trash/ for readers still mapping it, default 1m), repair=drop (drop what the log and the folder disagree on, which the node otherwise only reports) (docs/store.md); each --loader serves a producer of the " +
 		"dataset at PREFIX (loader.Dial), its ring in DIR/NAME, with settings " + loaderHelp + "; each --serve serves as NAME the MLP whose PyTorch " +
 		"state_dict is the TensorDict at DIR/P (params=P), or the parameter set N of the node's store S, following its " +
 		"new versions (store=S,param=N) (serve.Dial), batching its clients' predictions, with settings replicas=N, " +
@@ -48,7 +48,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var buffers bufferFlags
 	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D] (repeatable), with "+samplerHelp())
 	var stores storeFlags
-	fs.Var(&stores, "store", "serve the store at ROOT/NAME (store.Dial), created if missing: NAME[,max-value=SIZE][,inline=SIZE][,sync=always|none][,lease=D][,get-timeout=D][,history=N] (repeatable)")
+	fs.Var(&stores, "store", "serve the store at ROOT/NAME (store.Dial), created if missing or empty: NAME[,max-value=SIZE][,inline=SIZE][,sync=always|none][,lease=D][,get-timeout=D][,history=N][,trash-grace=D][,repair=drop] (repeatable)")
 	var loaders loaderFlags
 	fs.Var(&loaders, "loader", "serve a producer of batches of the dataset at PREFIX, its ring in ROOT/NAME: "+loaderHelp+" (repeatable)")
 	var models serveFlags

@@ -14,7 +14,7 @@ import (
 )
 
 // storeSpec is one --store flag of the node command:
-// NAME[,max-value=SIZE][,inline=SIZE][,sync=always|none][,lease=D][,get-timeout=D][,history=N].
+// NAME[,max-value=SIZE][,inline=SIZE][,sync=always|none][,lease=D][,get-timeout=D][,history=N][,trash-grace=D][,repair=drop].
 type storeSpec struct {
 	name string
 	opts store.Options
@@ -63,15 +63,23 @@ func (f *storeFlags) Set(v string) error {
 			}
 		case "lease":
 			spec.opts.LeaseTTL, err = positiveDuration(val)
+		case "trash-grace":
+			spec.opts.TrashGrace, err = positiveDuration(val)
 		case "get-timeout":
 			spec.opts.GetTimeout, err = positiveDuration(val)
+		case "repair":
+			// Open reports what it would drop either way; this drops it.
+			if val != "drop" {
+				err = fmt.Errorf("%q is not drop (without repair, the node only reports what it would drop)", val)
+			}
+			spec.opts.Repair = true
 		case "history":
 			spec.opts.History, err = strconv.Atoi(val)
 			if err == nil && spec.opts.History <= 0 {
 				err = fmt.Errorf("%d is not a positive number of events", spec.opts.History)
 			}
 		default:
-			return fmt.Errorf("store %s: unknown setting %q (have max-value, inline, sync, lease, get-timeout, history)", spec.name, k)
+			return fmt.Errorf("store %s: unknown setting %q (have max-value, inline, sync, lease, get-timeout, history, trash-grace, repair)", spec.name, k)
 		}
 		if err != nil {
 			return fmt.Errorf("store %s: %s: %w", spec.name, k, err)
@@ -118,6 +126,7 @@ type servedStores []*store.Store
 func (f storeFlags) open(root string, log *slog.Logger) (servedStores, func(*rpc.Server) error, error) {
 	var ss servedStores
 	for _, spec := range f {
+		spec.opts.Logger = log.With("store", spec.name)
 		s, err := store.Open(filepath.Join(root, spec.name), spec.opts)
 		if err != nil {
 			ss.close()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -92,6 +93,8 @@ func TestNode_StoreFlagErrors(t *testing.T) {
 		{"s,lease=0s", "lease"},
 		{"s,get-timeout=x", "get-timeout"},
 		{"s,history=0", "history"},
+		{"s,repair=yes", "repair"},
+		{"s,trash-grace=-1s", "trash-grace"},
 		{"s,colour=red", "unknown setting"},
 		{"s,max-value", "not key=value"},
 		{"s,lease=1s,lease=2s", "lease given twice"},
@@ -102,11 +105,11 @@ func TestNode_StoreFlagErrors(t *testing.T) {
 		}
 	}
 	var f storeFlags
-	if err := f.Set("s,max-value=64MiB,inline=512KiB,sync=none,lease=3s,get-timeout=1m,history=10"); err != nil {
+	if err := f.Set("s,max-value=64MiB,inline=512KiB,sync=none,lease=3s,get-timeout=1m,history=10,trash-grace=2m,repair=drop"); err != nil {
 		t.Fatal(err)
 	}
 	want := store.Options{MaxValueBytes: 64 << 20, InlineBytes: 512 << 10, NoSync: true, LeaseTTL: 3 * time.Second,
-		GetTimeout: time.Minute, History: 10}
+		GetTimeout: time.Minute, History: 10, Repair: true, TrashGrace: 2 * time.Minute}
 	if f[0].opts != want {
 		t.Fatalf("options %+v, want %+v", f[0].opts, want)
 	}
@@ -118,5 +121,33 @@ func TestNode_StoreFlagErrors(t *testing.T) {
 	big.Set("s,inline=100MiB")
 	if _, _, err := big.open(t.TempDir(), discardLog()); !errors.Is(err, store.ErrConfig) {
 		t.Fatalf("inline=100MiB: %v, want ErrConfig", err)
+	}
+}
+
+// TestNode_StoreRefusesOtherFolder: "--store NAME" on a folder of other
+// files exits with status 1, saying it is not a store, and deletes none of
+// them.
+func TestNode_StoreRefusesOtherFolder(t *testing.T) {
+	root := t.TempDir()
+	files := []string{"st/notes.txt", "st/trash/a.txt", "st/values/00000000000000ab/x", "st/staging/n-0000000000000001/x"}
+	for _, f := range files {
+		p := filepath.Join(root, f)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, []byte("mine"), 0o644)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cliBinary(t), "node", "--listen", "127.0.0.1:0", "--root", root, "--store", "st")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(stderr.String(), "it is not a store") {
+		t.Fatalf("node on a folder of other files: %v; want exit status 1 saying it is not a store\nstderr:\n%s", err, &stderr)
+	}
+	for _, f := range files {
+		if _, err := os.Stat(filepath.Join(root, f)); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
 	}
 }

@@ -29,8 +29,8 @@ import time
 
 from . import errors as _errors
 from .dataset import load_memmap
-from .errors import (AbortedError, DataLossError, FailedPreconditionError, InvalidArgumentError,
-                     NotFoundError, OutOfRangeError, ResourceExhaustedError, UnavailableError,
+from .errors import (AbortedError, AlreadyExistsError, DataLossError, FailedPreconditionError,
+                     InvalidArgumentError, NotFoundError, OutOfRangeError, ResourceExhaustedError, UnavailableError,
                      ClientClosedError, register_reason)
 from ._td import TD
 from .rpc import Client, Sharing, StreamEnd
@@ -113,6 +113,26 @@ class FailedError(FailedPreconditionError):
 @register_reason
 class ConfigError(InvalidArgumentError):
     reason = "store.config"
+
+
+@register_reason
+class ExistsError(AlreadyExistsError):
+    """The node's store folder holds files that are not a store, or links."""
+    reason = "store.exists"
+
+
+@register_reason
+class LostError(FailedPreconditionError):
+    """The store's log (or folder) was removed under the node: it refuses
+    every call until a person reopens it."""
+    reason = "store.lost"
+
+
+@register_reason
+class MissingError(DataLossError):
+    """A value's folder is missing: the item or version the message names
+    is lost, the rest of the store whole."""
+    reason = "store.missing"
 
 
 Event = collections.namedtuple("Event", "rev op name items version")
