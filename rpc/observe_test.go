@@ -78,3 +78,48 @@ func TestObserver_Calls(t *testing.T) {
 		t.Errorf("an unknown method: %+v; want no method named, Unimplemented, no request", ob)
 	}
 }
+
+// TestObserver_Stream checks that a message stream is observed once, when
+// it ends, with its opening request and its whole life.
+func TestObserver_Stream(t *testing.T) {
+	obs := make(observations, 4)
+	s, addr := startServer(t, WithObserver(obs))
+	if err := RegisterStream(s, "test.count", func(ctx context.Context, req namedRequest, st *ServerStream[int, int]) error {
+		for {
+			n, err := st.Recv(ctx)
+			if err != nil {
+				return nil // io.EOF: the caller is done
+			}
+			if err := st.Send(ctx, n+1); err != nil {
+				return err
+			}
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, addr)
+	ctx := context.Background()
+	st, err := OpenStream[int, int](ctx, c, "test.count", namedRequest{Name: "counter"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := st.Send(ctx, i); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := st.Recv(ctx); err != nil || n != i+1 {
+			t.Fatalf("Recv = %d, %v", n, err)
+		}
+	}
+	if err := st.CloseSend(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(ctx); err == nil {
+		t.Fatal("Recv after the handler's end: no error")
+	}
+	st.Close()
+	ob := obs.next(t)
+	if r, ok := ob.Request.(*namedRequest); ob.Method != "test.count" || !ob.Stream || ob.Code != OK || !ok || r.Name != "counter" {
+		t.Errorf("stream: %+v; want test.count, a stream, OK, the request named counter", ob)
+	}
+}
