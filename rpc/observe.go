@@ -70,7 +70,9 @@ func (s *Server) observe(in *incoming, code Code, bytesOut int64, stream bool) {
 	}
 	if in.req != nil {
 		for _, td := range findTDs(reflect.ValueOf(in.req).Elem(), nil) {
-			o.RefBytesIn += td.wire.refBytes()
+			if td.TensorDict != nil { // built: its references were checked against their files
+				o.RefBytesIn += td.wire.refBytes()
+			}
 		}
 	}
 	obs.Observe(o)
