@@ -329,6 +329,15 @@ LOADER
 	if out != want {
 		t.Errorf("stats printed:\n%s\nwant:\n%s", out, want)
 	}
+	for addr, want := range map[string]string{
+		"127.0.0.1:9464":                "http://127.0.0.1:9464/metrics",
+		"127.0.0.1:9464/other":          "http://127.0.0.1:9464/other",
+		"https://node:9464/metrics?x=1": "https://node:9464/metrics?x=1",
+	} {
+		if got := metricsAddrURL(addr); got != want {
+			t.Errorf("ADDR %s: %s, want %s", addr, got, want)
+		}
+	}
 	if code, _, errOut := runCLI(t, "stats", "127.0.0.1:1"); code != 1 || !strings.Contains(errOut, "tensorwire stats:") {
 		t.Errorf("no node: exit %d, stderr %q; want 1", code, errOut)
 	}

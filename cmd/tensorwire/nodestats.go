@@ -60,10 +60,13 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 // metricsAddrURL returns the URL of the metrics at addr: addr itself when
-// it is a URL, else http://addr/metrics.
+// it is a URL, http://addr when it has a path, else http://addr/metrics.
 func metricsAddrURL(addr string) string {
-	if strings.Contains(addr, "://") {
+	switch {
+	case strings.Contains(addr, "://"):
 		return addr
+	case strings.Contains(addr, "/"):
+		return "http://" + addr
 	}
 	return "http://" + addr + "/metrics"
 }
