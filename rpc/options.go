@@ -137,6 +137,7 @@ type options struct {
 	noLZ4     bool          // WithCompression(false)
 	noSide    bool          // WithSideConnections(false)
 	version   uint8         // the newest protocol version to speak; 0: ProtocolVersion (tests set it)
+	observer  Observer      // WithObserver; nil: none
 }
 
 func newOptions(opts []Option) options {

@@ -72,6 +72,12 @@ type incoming struct {
 
 	bodies *budget // the peer's budget, and what this call took of it
 	took   int64
+
+	// For the server's Observer (observe.go).
+	start  time.Time // the request's header read
+	bodyIn int64     // the body's bytes on the wire
+	req    any       // the decoded request, a *Req
+	known  bool      // the method has a handler
 }
 
 // outgoing is a handler's result: the response value (a pointer) and the
@@ -192,6 +198,7 @@ func Register[Req, Resp any](s *Server, method string, fn func(ctx context.Conte
 		if err := decodeMsgpack(in.args, req); err != nil {
 			return nil, Errorf(InvalidArgument, "%s: %v", method, err)
 		}
+		in.req = req
 		tds := findTDs(reflect.ValueOf(req).Elem(), nil)
 		if err := in.buildTDs(tds); err != nil {
 			return nil, err
@@ -551,6 +558,7 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slo
 	for {
 		var hdr requestHeader
 		err := readHeader(br, lim.MaxHeaderBytes, &hdr)
+		start := time.Now()
 		if err == nil {
 			err = checkLens(hdr.ArgLen, hdr.BodyLen, lim)
 		}
@@ -625,7 +633,7 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slo
 			took, refused = pc.bodies.takeBody(pc.ctx, hdr.Method, bodyLen, rawLen, hdr.TimeoutUS, lim.MaxBodyBytes)
 		}
 		in := &incoming{method: hdr.Method, args: args, body: newBodyReader(src, bodyLen, rawLen), res: s.res,
-			compress: pc.version >= 2 && !s.o.noLZ4 && !hdr.NoLZ4, bodies: pc.bodies, took: took}
+			compress: pc.version >= 2 && !s.o.noLZ4 && !hdr.NoLZ4, bodies: pc.bodies, took: took, start: start, bodyIn: bodyLen}
 		if hdr.Stream {
 			// The stream carries this message stream and nothing after it.
 			s.serveMessageStream(pc, st, br, bw, &hdr, in, over, refused, side, log)
@@ -763,6 +771,7 @@ func (s *Server) sideCall(set *sideSet, sc *sideConn) chan struct{} {
 	sc.conn.SetReadDeadline(lim.transferDeadline(time.Now(), 0))
 	var hdr requestHeader
 	err := readHeader(sc.br, lim.MaxHeaderBytes, &hdr)
+	start := time.Now()
 	if err == nil {
 		err = checkLens(hdr.ArgLen, hdr.BodyLen, lim)
 	}
@@ -785,7 +794,7 @@ func (s *Server) sideCall(set *sideSet, sc *sideConn) chan struct{} {
 	// The body's share of the session's budget, as for a call on yamux.
 	took, refused := set.bodies.takeBody(sc.ctx, hdr.Method, hdr.BodyLen, hdr.RawLen, hdr.TimeoutUS, lim.MaxBodyBytes)
 	in := &incoming{method: hdr.Method, args: args, body: newBodyReader(sc.br, hdr.BodyLen, hdr.RawLen), res: s.res,
-		compress: !s.o.noLZ4 && !hdr.NoLZ4, bodies: set.bodies, took: took}
+		compress: !s.o.noLZ4 && !hdr.NoLZ4, bodies: set.bodies, took: took, start: start, bodyIn: hdr.BodyLen}
 	var run func(context.Context) (outgoing, error)
 	if err = refused; err == nil {
 		run, err = s.decode(in, false)
@@ -872,6 +881,7 @@ func (s *Server) decode(in *incoming, over bool) (run func(context.Context) (out
 			s.o.log.Error("rpc: decode panicked", "method", in.method, "panic", p, "stack", string(debug.Stack()))
 		}
 	}()
+	in.known = true
 	return h(in)
 }
 
@@ -912,6 +922,7 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	if err == nil {
 		hdr = responseHeader{ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen()}
 	}
+	defer s.observe(in, Code(hdr.Code), hdr.BodyLen, false) // once the answer is written
 	if side != nil {
 		// The caller holds the side connection for this call: the whole
 		// answer goes there, and it reads it from there.

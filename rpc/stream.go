@@ -63,6 +63,7 @@ func RegisterStream[Req, In, Out any](s *Server, method string, fn func(ctx cont
 		if err := decodeMsgpack(in.args, req); err != nil {
 			return nil, Errorf(InvalidArgument, "%s: %v", method, err)
 		}
+		in.req = req
 		if err := in.buildTDs(findTDs(reflect.ValueOf(req).Elem(), nil)); err != nil {
 			return nil, err
 		}
@@ -894,6 +895,7 @@ func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Re
 	wctx, wcancel := context.WithTimeout(context.Background(), lim.TransferGrace)
 	ms.endSend(wctx, err)
 	wcancel()
+	s.observe(in, CodeOf(err), 0, true)
 	ms.mu.Lock()
 	ms.discard = true
 	release := ms.dropQueue()
@@ -929,5 +931,6 @@ func (s *Server) decodeStream(in *incoming, ms *msgStream) (run func(context.Con
 			s.o.log.Error("rpc: decode panicked", "method", in.method, "panic", p, "stack", string(debug.Stack()))
 		}
 	}()
+	in.known = true
 	return h(in, ms)
 }

@@ -483,6 +483,12 @@ func (svc *Service) predict(ctx context.Context, req predictRequest) (predictRes
 	return predictResponse{Version: v}, err
 }
 
+// Stats returns the Stats of the model served as name, with its remote
+// clients (Clients), as Client.Stats gets them; ErrNotFound when none is.
+func (svc *Service) Stats(name string) (Stats, error) {
+	return svc.stats(context.Background(), infoRequest{Name: name})
+}
+
 func (svc *Service) stats(_ context.Context, req infoRequest) (Stats, error) {
 	s, err := svc.lookup(req.Name)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/metrics"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/store"
@@ -17,7 +18,7 @@ import (
 
 var nodeCmd = command{
 	name:  "node",
-	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...] [--store NAME[,max-value=SIZE]...] [--loader NAME,dataset=PREFIX,batch=N[,...]] [--serve NAME,params=P|store=S,param=N[,...]]",
+	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...] [--store NAME[,max-value=SIZE]...] [--loader NAME,dataset=PREFIX,batch=N[,...]] [--serve NAME,params=P|store=S,param=N[,...]] [--metrics ADDR]",
 	help: "serve other nodes' fill, read and describe calls on the TensorDicts under DIR, the shared root; " +
 		`prints "listening on HOST:PORT" once it listens (--listen 127.0.0.1:0 picks a free port) and stops ` +
 		"cleanly on SIGINT or SIGTERM; --token-file holds the shared secret clients must know (no access for " +
@@ -33,7 +34,8 @@ var nodeCmd = command{
 		"state_dict is the TensorDict at DIR/P (params=P), or the parameter set N of the node's store S, following its " +
 		"new versions (store=S,param=N) (serve.Dial), batching its clients' predictions, with settings replicas=N, " +
 		"max-batch=N (default 16), max-delay=D (default 0: greedy), queue=N (rows waiting, default 4096), lease=D " +
-		"(a client's registration, default 30s)",
+		"(a client's registration, default 30s); --metrics ADDR serves Prometheus metrics at http://ADDR/metrics " +
+		`and prints "metrics on URL" after the listening line (tensorwire stats ADDR prints them; docs/operations.md)`,
 	run: runNode,
 }
 
@@ -54,6 +56,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var models serveFlags
 	fs.Var(&models, "serve", "serve as NAME the MLP whose PyTorch state_dict is at ROOT/P (serve.Dial): "+serveUsage+" (repeatable)")
 	every := fs.Duration("checkpoint-every", time.Minute, "how often the buffers are checkpointed")
+	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics at http://ADDR/metrics, HOST:PORT (no token: keep it on a network you trust); tensorwire stats ADDR prints them")
 	insecure := fs.Bool("insecure", false, "serve without a token on a non-loopback address: anyone who reaches it reads and writes every file under the root")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -91,6 +94,18 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 				"anyone who reaches it can read and write every file under its root", "listen", cfg.Listen, "root", cfg.Root)
 		}
 	}
+	var (
+		mx         *metrics.Node
+		metricsURL string
+	)
+	stopMetrics := func() {}
+	if *metricsAddr != "" {
+		if mx, metricsURL, stopMetrics, err = serveMetrics(*metricsAddr, cfg.Log); err != nil {
+			return err
+		}
+		defer stopMetrics() // on the error paths; after the server, below
+		cfg.Options = append(cfg.Options, rpc.WithObserver(mx))
+	}
 	served, register, err := buffers.open(cfg.Root, cfg.Log)
 	if err != nil {
 		return err
@@ -118,7 +133,23 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	defer running.close() // after the server (deferred calls run after the return's)
 	cfg.Register = func(s *rpc.Server) error {
-		return errors.Join(register(s), registerStores(s), registerLoaders(s), serveHook(s))
+		err := errors.Join(register(s), registerStores(s), registerLoaders(s), serveHook(s))
+		if err == nil && mx != nil {
+			mx.SetServer(s)
+			for i, b := range served.bufs {
+				mx.AddBuffer(served.names[i], b)
+			}
+			for i, spec := range stores {
+				mx.AddStore(spec.name, openStores[i])
+			}
+			for i, p := range producers.producers {
+				mx.AddLoader(producers.names[i], p)
+			}
+			for i, spec := range models {
+				mx.AddModel(spec.name, running.stats(spec.name, i))
+			}
+		}
+		return err
 	}
 	if *every > 0 && len(buffers) > 0 {
 		cctx, stop := context.WithCancel(ctx)
@@ -127,7 +158,11 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	err = nodeproc.Run(ctx, cfg, func(addr string) {
 		fmt.Fprintln(stdout, nodeproc.ListeningPrefix+addr)
+		if *metricsAddr != "" {
+			fmt.Fprintln(stdout, metricsPrefix+metricsURL)
+		}
 	})
+	stopMetrics()                                              // before the objects it reads are closed
 	return errors.Join(err, served.close(), producers.close()) // after the server: no call uses them
 }
 

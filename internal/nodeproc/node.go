@@ -33,6 +33,8 @@ type Config struct {
 
 	// Register, when set, adds methods to the server before it serves.
 	Register func(*rpc.Server) error
+	// Options are more options of the server (rpc.WithObserver, say).
+	Options []rpc.Option
 }
 
 // Run serves a node configured by cfg until ctx ends, then closes it: the
@@ -67,7 +69,7 @@ func Run(ctx context.Context, cfg Config, ready func(addr string)) error {
 		}
 		opts = append(opts, rpc.WithTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}))
 	}
-	srv, err := rpc.NewServer(opts...)
+	srv, err := rpc.NewServer(append(opts, cfg.Options...)...)
 	if err != nil {
 		return err
 	}
