@@ -41,12 +41,13 @@ type Consumer struct {
 	o        Options
 	prefetch int
 
-	mu     sync.Mutex
-	closed bool
-	sess   *session // nil before a join, and after a drop until the next Batches
-	epoch  int64    // the epoch the next Batches iterates
-	last   joinResponse
-	bufs   []*batchBuf // the batch buffers, kept across epochs
+	mu      sync.Mutex
+	closed  bool
+	sess    *session    // nil before a join, and after a drop until the next Batches
+	epoch   int64       // the epoch the next Batches iterates
+	sharing rpc.Sharing // at the last join
+	last    joinResponse
+	bufs    []*batchBuf // the batch buffers, kept across epochs
 }
 
 // session is one membership of the producer: from a join until a drop,
@@ -132,6 +133,15 @@ func (c *Consumer) SharedFS() bool {
 	return c.sess != nil && !c.sess.bytes
 }
 
+// Sharing returns how much of the node's root the consumer shared at its
+// last join (rpc.None without a root or with Options.Bytes). Reading the
+// ring from its own mapping needs rpc.Coherent.
+func (c *Consumer) Sharing() rpc.Sharing {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sharing
+}
+
 // Schema returns the schema of the batches' rows.
 func (c *Consumer) Schema() tensordict.RowSchema {
 	c.mu.Lock()
@@ -213,10 +223,16 @@ func (c *Consumer) isClosed() bool {
 func (c *Consumer) join(ctx context.Context) (*session, error) {
 	shared := false
 	if c.o.Root != "" && !c.o.Bytes {
-		var err error
-		if shared, err = c.rc.SharedFS(ctx); err != nil {
+		// The ring is rewritten in place: references need one page cache
+		// (rpc.Coherent), not only the same files.
+		lv, err := c.rc.Sharing(ctx)
+		if err != nil {
 			return nil, err
 		}
+		c.mu.Lock()
+		c.sharing = lv
+		c.mu.Unlock()
+		shared = lv == rpc.Coherent
 	}
 	resp, err := rpc.Call[joinResponse](ctx, c.rc, MethodJoin, joinRequest{Name: c.name, Batch: c.o.Batch, Bytes: !shared})
 	if err != nil {

@@ -196,6 +196,14 @@ func (svc *Service) join(_ context.Context, req joinRequest) (joinResponse, erro
 // stream (it leaves), the stream breaks (it is dropped), or the producer
 // drops it.
 func (svc *Service) consume(ctx context.Context, req consumeRequest, st *rpc.ServerStream[ackMessage, batchMessage]) error {
+	if !req.Bytes {
+		// The consumer reads the batches from its own mapping of the ring,
+		// which the producer rewrites in place: only one page cache shows
+		// it those writes.
+		if err := rpc.RequireCoherent(ctx, "reading the ring"); err != nil {
+			return err
+		}
+	}
 	sp, err := svc.producer(req.Name, req.Ring)
 	if err != nil {
 		return err

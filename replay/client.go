@@ -30,10 +30,11 @@ import (
 // Extend never adds a batch twice (a commit retried after a lost reply is
 // recognised). A Client is safe for concurrent use; Close it when done.
 type Client struct {
-	rc    *rpc.Client
-	name  string
-	o     dialOptions
-	bytes bool // rows travel as bytes; set by Dial
+	rc      *rpc.Client
+	name    string
+	o       dialOptions
+	bytes   bool        // rows travel as bytes; set by Dial
+	sharing rpc.Sharing // the connection's at Dial
 
 	mu     sync.Mutex
 	closed bool  // set by Close: every call fails with ErrClosed from then on
@@ -141,11 +142,14 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 	}
 	shared := false
 	if o.root != "" && !o.bytes && info.Prefix != "" {
-		if shared, err = rc.SharedFS(ctx); err != nil {
+		// Rows are written in place: references need one page cache
+		// (rpc.Coherent), not only the same files.
+		if c.sharing, err = rc.Sharing(ctx); err != nil {
 			c.stop()
 			rc.Close()
 			return nil, err
 		}
+		shared = c.sharing == rpc.Coherent
 	}
 	c.bytes = !shared
 	if c.cur, err = c.newView(info); err != nil {
@@ -163,6 +167,12 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 // given), false when they travel with the calls. It is fixed at Dial, as
 // rpc.Client.SharedFS is for the connection.
 func (c *Client) SharedFS() bool { return !c.bytes }
+
+// Sharing returns how much of the node's root the client shared at Dial
+// (rpc.None without a root or with WithBytes). References need
+// rpc.Coherent: at rpc.Storage (another machine on the same files, another
+// page cache) the rows travel as bytes.
+func (c *Client) Sharing() rpc.Sharing { return c.sharing }
 
 func (c *Client) info(ctx context.Context) (infoResponse, error) {
 	return call[infoResponse](ctx, c, MethodInfo, infoRequest{Name: c.name})

@@ -362,6 +362,7 @@ type peerConn struct {
 	version uint8 // the protocol version the connection speaks
 	remote  string
 	sharing Sharing         // what the handshake decided
+	level   *peerLevel      // the same, as its calls' contexts carry it
 	side    *sideSet        // version 3: the session's side connections; nil: none
 	ctx     context.Context // ends with the session (or the server)
 	active  atomic.Int32    // streams being served
@@ -466,7 +467,7 @@ func (s *Server) serveConn(conn net.Conn) {
 		rw.Close()
 		return
 	}
-	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, sharing: sharing, side: set, room: make(chan struct{}, 1)}
+	pc := &peerConn{sess: sess, fc: fc, version: peer.version, remote: remote, sharing: sharing, level: level, side: set, room: make(chan struct{}, 1)}
 	if pc.bodies = newBudget(s.o.limits.MaxBodyBytes); set != nil {
 		pc.bodies = set.bodies // one budget for the session, whichever connection a body comes on
 	}

@@ -844,7 +844,7 @@ func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Re
 		ms.sideFrames, ms.br = true, bufio.NewReaderSize(side, 32<<10)
 	}
 
-	ctx, cancel := callContext(s.ctx, hdr.TimeoutUS)
+	ctx, cancel := callContext(context.WithValue(s.ctx, peerSharingKey{}, pc.level), hdr.TimeoutUS)
 	defer cancel()
 	gone := func() error {
 		return &Error{Code: Canceled, Msg: hdr.Method + ": the caller cancelled the stream or went away"}

@@ -38,14 +38,15 @@ import (
 // id the node remembers). A Client is safe for concurrent use; Close it
 // when done, after closing the Params it returned.
 type Client struct {
-	rc     *rpc.Client
-	name   string
-	o      dialOptions
-	client uint64 // this client's id in its requests' ids
-	seq    atomic.Uint64
-	info   infoResponse
-	ref    bool
-	dir    string // the store's folder on this side, in ref mode
+	rc      *rpc.Client
+	name    string
+	o       dialOptions
+	client  uint64 // this client's id in its requests' ids
+	seq     atomic.Uint64
+	info    infoResponse
+	ref     bool
+	sharing rpc.Sharing // at Dial
+	dir     string      // the store's folder on this side, in ref mode
 
 	bg   context.Context // ends at Close
 	stop context.CancelFunc
@@ -112,11 +113,15 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 		return fail(err)
 	}
 	if o.root != "" && !o.bytes && c.info.Dir != "" {
-		shared, err := rc.SharedFS(ctx)
+		// Values are written once (staged, synced, renamed into place,
+		// opened after, never rewritten): the same files suffice, one
+		// page cache is not needed (rpc.Storage).
+		lv, err := rc.Sharing(ctx)
 		if err != nil {
 			return fail(err)
 		}
-		if shared {
+		c.sharing = lv
+		if lv >= rpc.Storage {
 			abs, err := filepath.Abs(o.root)
 			if err != nil {
 				return fail(err)
@@ -139,10 +144,16 @@ func random64() uint64 {
 	}
 }
 
-// SharedFS reports whether large values stay in the shared folder (the
-// client shares the node's root, as rpc.Client.SharedFS says); false when
-// every value travels with the calls.
+// SharedFS reports whether large values stay in the shared folder; false
+// when every value travels with the calls. Values are written once, so a
+// client that sees the node's files through another page cache (two
+// machines on NFS: Sharing is rpc.Storage) keeps them there too.
 func (c *Client) SharedFS() bool { return c.ref }
+
+// Sharing returns how much of the node's root this client shares, as its
+// connection's handshake decided at Dial (rpc.None without a root or with
+// WithBytes).
+func (c *Client) Sharing() rpc.Sharing { return c.sharing }
 
 // StagingDir returns the folder, on this side, where the client writes the
 // values it sends by reference ("" in bytes mode). The node deletes what
