@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -196,9 +197,16 @@ func dial(ctx context.Context, o *options) (*replay.Client, *rpc.Client, error) 
 	if err != nil {
 		return nil, nil, fmt.Errorf("dialing buffer %q at %s: %w", o.name, o.addr, err)
 	}
+	if o.mode == modeRef && c.Sharing() == rpc.Storage {
+		// The node's files through another page cache (another machine on
+		// NFS, another FUSE mount): references would read stale rows, and
+		// the client went by bytes by itself. The run goes on so.
+		fmt.Fprintf(os.Stderr, "%s: --root %s holds the node's files but not its page cache (sharing: storage): rows travel as bytes\n", o.role, o.root)
+		o.mode = modeBytes
+	}
 	if modeOf(c) != o.mode {
 		c.Close()
-		return nil, nil, fmt.Errorf("the client works in mode %q, not %q: is --root %q the node's shared root?", modeOf(c), o.mode, o.root)
+		return nil, nil, fmt.Errorf("the client works in mode %q, not %q (sharing with the node: %s): is --root %q the node's shared root?", modeOf(c), o.mode, c.Sharing(), o.root)
 	}
 	rc, err := rpc.Dial(dctx, o.addr, ropts...)
 	if err != nil {
