@@ -3,8 +3,8 @@ package mlp
 import (
 	"context"
 	"errors"
-	"os"
 	"math"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
