@@ -22,7 +22,11 @@ import (
 //
 // An error or a panic fails the batch's requests with ErrForward and the
 // replica is replaced: its model is dropped (closed, if it is an
-// io.Closer) and New makes another.
+// io.Closer) and New makes another. So does a memory fault (SIGBUS on a
+// mapping whose file was truncated) on the goroutine that calls Forward,
+// which runs with debug.SetPanicOnFault. Goroutines the model starts are
+// not guarded: a model that reads mappings on them must copy what it needs
+// first, as serve/mlp does at Load.
 type Model interface {
 	Forward(ctx context.Context, in *tensordict.TensorDict) (*tensordict.TensorDict, error)
 }

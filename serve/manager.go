@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -573,10 +574,18 @@ func answerAsync(b *batch) {
 	}
 }
 
-// forward calls model.Forward, turning a panic into an error.
+// forward calls model.Forward, turning a panic into an error, and a memory
+// fault on its goroutine (a SIGBUS on a mapping whose file was truncated)
+// into a panic first (debug.SetPanicOnFault), so that it fails the batch
+// and not the process.
 func forward(ctx context.Context, model Model, in *tensordict.TensorDict) (out *tensordict.TensorDict, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if p := recover(); p != nil {
+			if f, ok := p.(interface{ Addr() uintptr }); ok {
+				out, err = nil, fmt.Errorf("%w: the model faulted at address %#x (%v): is a mapping it reads truncated?", ErrForward, f.Addr(), p)
+				return
+			}
 			out, err = nil, fmt.Errorf("%w: the model panicked: %v", ErrForward, p)
 		}
 	}()
