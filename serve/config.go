@@ -47,6 +47,20 @@ type Loader interface {
 	Load(ctx context.Context, params *tensordict.TensorDict) error
 }
 
+// ParamsNeeder is a Model that may have no parameters worth predicting
+// with until its first Load: serve/mlp's MLP, whose constructor's weights
+// are zero. When the models a manager builds say they need parameters
+// (NeedsParams of replica 0's model, when the manager starts), the manager
+// refuses predictions with ErrNoParams until Load, LoadVersion or Follow
+// has loaded a first version, instead of answering with the constructor's
+// weights; and a replica runs no batch with a model of version 0. Models
+// that are not ParamsNeeders serve their constructor's weights as
+// version 0.
+type ParamsNeeder interface {
+	Model
+	NeedsParams() bool
+}
+
 // Config describes what a Manager serves. Input, Output, MaxBatch and New
 // are required.
 type Config struct {

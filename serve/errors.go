@@ -39,6 +39,13 @@ var (
 	// them); no replica switched to them. Code InvalidArgument.
 	ErrParams = errors.New("serve: parameters do not fit the model")
 
+	// ErrNoParams: a prediction before the manager loaded any parameters,
+	// when its models need some (ParamsNeeder: serve/mlp's MLP, whose
+	// weights are zero until its first Load). Nothing was queued. Load
+	// parameters first (Manager.Load, LoadVersion, Follow). Code
+	// FailedPrecondition.
+	ErrNoParams = errors.New("serve: no parameters loaded")
+
 	// ErrVersion: LoadVersion of a version not newer than the manager's
 	// latest. Code FailedPrecondition.
 	ErrVersion = errors.New("serve: version not newer than the latest")
@@ -70,6 +77,7 @@ var (
 func init() {
 	rpc.RegisterReason(ErrConfig, rpc.InvalidArgument, "serve.config")
 	rpc.RegisterReason(ErrSchema, rpc.InvalidArgument, "serve.schema")
+	rpc.RegisterReason(ErrNoParams, rpc.FailedPrecondition, "serve.no_params")
 	rpc.RegisterReason(ErrQueueFull, rpc.ResourceExhausted, "serve.queue_full")
 	rpc.RegisterReason(ErrForward, rpc.Internal, "serve.forward")
 	rpc.RegisterReason(ErrParams, rpc.InvalidArgument, "serve.params")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/serve/mlp"
 )
 
 // TestManager_FaultInForwardIsErrForward serves a model that keeps a view
@@ -68,4 +69,42 @@ func TestManager_FaultInForwardIsErrForward(t *testing.T) {
 		t.Fatalf("predict with the model's mapping truncated: %v; want ErrForward saying it faulted", err)
 	}
 	t.Log(err, sink)
+}
+
+// TestManager_NoParamsBeforeLoad serves serve/mlp's MLP, whose weights are
+// zero until its first Load: a prediction before any Load is refused with
+// ErrNoParams (FailedPrecondition), where it used to answer zeros as
+// version 0; after Load it computes with the parameters, as version 1.
+func TestManager_NoParamsBeforeLoad(t *testing.T) {
+	sizes := []int{4, 8, 2}
+	shape, _ := mlp.New(mlp.Config{Sizes: sizes})
+	m := newManager(t, Config{
+		Input: shape.Input(), Output: shape.Output(), MaxBatch: 4, Replicas: 2,
+		New: func(int) (Model, error) { return mlp.New(mlp.Config{Sizes: sizes}) },
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	in, _ := shape.Input().Zeros(2)
+	x, _ := in.Tensor(mlp.DefaultIn)
+	x.Fill([]int{0, 1}, 1)
+	out, v, err := m.Predict(ctx, in)
+	if !errors.Is(err, ErrNoParams) {
+		t.Fatalf("predict before any Load: version %d, outputs %v, err %v; want ErrNoParams", v, out, err)
+	}
+	if !strings.Contains(err.Error(), "*mlp.MLP") {
+		t.Errorf("the error does not name the model: %v", err)
+	}
+	params := mlp.Random(sizes, 1)
+	if _, err := m.Load(ctx, params); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := mlp.New(mlp.Config{Sizes: sizes})
+	want.Load(ctx, params)
+	wantOut, _ := want.Forward(ctx, in)
+	for range 4 {
+		out, v, err = m.Predict(ctx, in)
+		if err != nil || v != 1 || !out.Equal(wantOut) {
+			t.Fatalf("after Load: version %d, err %v, outputs equal to the MLP's: %v", v, err, err == nil && out.Equal(wantOut))
+		}
+	}
 }
