@@ -195,8 +195,8 @@ func checkRows(td *tensordict.TensorDict, schema tensordict.RowSchema, limit int
 	if n > limit {
 		return 0, schemaErrorf("%s of %d rows; at most %d", what, n, limit)
 	}
-	if err := schema.Match(td.RowSchema()); err != nil {
-		return 0, schemaErrorf("%s: %v", what, err)
+	if d := schemaDiff(schema, td.RowSchema()); d != "" {
+		return 0, schemaErrorf("%s: %s", what, d)
 	}
 	return n, nil
 }
