@@ -95,6 +95,21 @@ func (c *Comm) Transport() Transport {
 // Addr returns the address this rank listens on for its peers.
 func (c *Comm) Addr() string { return c.addrs[c.rank] }
 
+// authLinger is how long rank 0 goes on answering join calls with the
+// authentication failure that ended its rendezvous, after Join returned.
+const authLinger = 2 * time.Second
+
+// rpcMsg returns err's message without the "rpc: Code: " prefix an
+// *rpc.Error adds, so that a message that quotes another says its code
+// once.
+func rpcMsg(err error) string {
+	var e *rpc.Error
+	if errors.As(err, &e) && e.Msg != "" {
+		return e.Msg
+	}
+	return fmt.Sprint(err)
+}
+
 // rpc methods.
 const (
 	methodJoin  = "collective.join"
@@ -151,13 +166,29 @@ type joinState struct {
 	allRdy  chan struct{}
 	rresp   readyResp
 	shmErr  string // why rank 0 could not make the session folder
+	failed  error         // why the rendezvous ended without forming (a peer failed to authenticate)
+	failCh  chan struct{} // closed with failed set
+}
+
+// fail ends the rendezvous with err: every join and ready call waiting,
+// and every later one, returns it. The first cause wins.
+func (j *joinState) fail(err error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.failed == nil {
+		j.failed = err
+		close(j.failCh)
+	}
 }
 
 // Join forms a communicator with the other ranks: every rank calls it with
 // the same Size and rendezvous and its own Rank, and it returns once all
 // have arrived, or fails when ctx ends first (ErrJoin). Rank 0 listens on
 // the rendezvous address; the others retry reaching it until ctx ends, so
-// the ranks may start in any order. A bad Config is ErrConfig.
+// the ranks may start in any order. A bad Config is ErrConfig. A token
+// refused between a rank and rank 0 is final: Join fails at once with
+// ErrUnauthenticated on that rank, on rank 0 and on the ranks waiting at
+// it, whatever ctx's deadline.
 //
 // The ranks use shared mappings when Config.Transport allows and every
 // rank is on this host (same kernel boot and host name) and sees the
@@ -186,6 +217,16 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 		return nil, err
 	}
 	if err := c.rendezvous(ctx); err != nil {
+		if c.join != nil && errors.Is(err, ErrUnauthenticated) {
+			// Rank 0 ended the rendezvous: answer the ranks that call
+			// it a while longer with why, rather than leave them retrying
+			// a closed port.
+			go func() {
+				time.Sleep(authLinger)
+				c.shutdown()
+			}()
+			return nil, err
+		}
 		c.shutdown()
 		return nil, err
 	}
@@ -221,13 +262,13 @@ func (c *Comm) listen() error {
 	if err != nil {
 		return err
 	}
-	srv, err := rpc.NewServer(c.rpcOpts()...)
+	srv, err := rpc.NewServer(append(c.rpcOpts(), rpc.WithAuthFailure(c.authFailed))...)
 	if err != nil {
 		return errorf(ErrConfig, "%v", err)
 	}
 	if c.rank == 0 {
 		c.join = &joinState{reqs: make([]*joinReq, c.size), all: make(chan struct{}),
-			readies: make([]*readyReq, c.size), allRdy: make(chan struct{})}
+			readies: make([]*readyReq, c.size), allRdy: make(chan struct{}), failCh: make(chan struct{})}
 		rpc.Register(srv, methodJoin, c.handleJoin)
 		rpc.Register(srv, methodReady, c.handleReady)
 	}
@@ -247,6 +288,29 @@ func (c *Comm) listen() error {
 	c.srv, c.ln = srv, l
 	go srv.Serve(l)
 	return nil
+}
+
+// authFailed is called by this rank's server for a peer it refused for
+// its token. At rank 0, before the communicator formed, it ends the
+// rendezvous on every rank: a rank that cannot authenticate will never
+// join, so waiting for it would only hang.
+func (c *Comm) authFailed(remote string, err error) {
+	c.log.Warn("collective: a peer failed to authenticate", "rank", c.rank, "peer", remote, "err", err)
+	if c.join == nil {
+		return
+	}
+	select {
+	case <-c.ready:
+		return // formed: a stranger; the ranks are all in
+	default:
+	}
+	msg := err.Error()
+	var e *rpc.Error
+	if errors.As(err, &e) {
+		msg = e.Msg
+	}
+	c.join.fail(errorf(ErrUnauthenticated, "rank 0 (%s) refused a peer at %s: %s; every rank must have the same Config.Token",
+		c.cfg.rendezvous(), remote, msg))
 }
 
 // hostID names this machine's kernel: ranks with the same id share memory.
@@ -331,14 +395,19 @@ func (c *Comm) callRoot(ctx context.Context, retry bool, call func(*rpc.Client) 
 	delay := 10 * time.Millisecond
 	for {
 		cl, err := c.client(ctx, 0)
+		if err != nil && errors.Is(err, rpc.ErrUnauthenticated) {
+			// Final: the tokens differ, and will on every try.
+			return errorf(ErrUnauthenticated, "rank %d could not authenticate with rank 0 at %s: %s; every rank must have the same Config.Token",
+				c.rank, c.cfg.rendezvous(), rpcMsg(err))
+		}
 		if err == nil {
 			err = call(cl)
 			if err == nil {
 				return nil
 			}
-			if !retry || !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, ErrJoin) {
-				if !errors.Is(err, ErrJoin) {
-					err = errorf(ErrJoin, "rank %d: rank 0 at %s: %v", c.rank, c.cfg.rendezvous(), err)
+			if !retry || !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, ErrJoin) || errors.Is(err, ErrUnauthenticated) {
+				if !errors.Is(err, ErrJoin) && !errors.Is(err, ErrUnauthenticated) {
+					err = errorf(ErrJoin, "rank %d: rank 0 at %s: %s", c.rank, c.cfg.rendezvous(), rpcMsg(err))
 				}
 				return err
 			}
@@ -349,7 +418,7 @@ func (c *Comm) callRoot(ctx context.Context, retry bool, call func(*rpc.Client) 
 			cl.Close()
 		}
 		if ctx.Err() != nil {
-			return errorf(ErrJoin, "rank %d: rank 0 at %s not reached: %v", c.rank, c.cfg.rendezvous(), err)
+			return errorf(ErrJoin, "rank %d: rank 0 at %s not reached before the context ended (%v): %s", c.rank, c.cfg.rendezvous(), ctx.Err(), rpcMsg(err))
 		}
 		select {
 		case <-ctx.Done():
@@ -377,6 +446,9 @@ func (c *Comm) handleJoin(ctx context.Context, r joinReq) (joinResp, error) {
 func (j *joinState) put(r *joinReq, c *Comm) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if j.failed != nil {
+		return j.failed
+	}
 	if j.n == c.size {
 		// This communicator formed already (and is perhaps closing, with
 		// a new one about to listen here): the caller tries again.
@@ -425,6 +497,8 @@ func (j *joinState) wait(ctx context.Context) (joinResp, error) {
 	select {
 	case <-j.all:
 		return j.resp, nil
+	case <-j.failCh:
+		return joinResp{}, j.failed
 	case <-ctx.Done():
 		j.mu.Lock()
 		missing := []int{}
@@ -468,6 +542,8 @@ func (j *joinState) ready(ctx context.Context, r *readyReq) (readyResp, error) {
 	select {
 	case <-j.allRdy:
 		return j.rresp, nil
+	case <-j.failCh:
+		return readyResp{}, j.failed
 	case <-ctx.Done():
 		return readyResp{}, errorf(ErrJoin, "the ranks did not all get ready: %v", ctx.Err())
 	}

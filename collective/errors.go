@@ -69,6 +69,14 @@ var (
 	// InvalidArgument.
 	ErrConfig = errors.New("collective: bad config")
 
+	// ErrUnauthenticated: a rank could not authenticate another during Join:
+	// their Config.Token (or TLS) differ, or one has none. It is final: Join
+	// does not retry it, and fails with it on the rank that was refused, on
+	// rank 0 (which refused it) and on every rank waiting at rank 0's
+	// rendezvous, without waiting for ctx to end. It also matches
+	// rpc.ErrUnauthenticated. Code Unauthenticated.
+	ErrUnauthenticated = errors.New("collective: authentication failed")
+
 	// ErrJoin: the ranks could not form a communicator: two ranks claimed
 	// the same rank, the sizes differ, or the ranks did not all arrive
 	// before the context ended. Code Unavailable.
@@ -89,6 +97,7 @@ func init() {
 	rpc.RegisterReason(ErrNoSpace, rpc.ResourceExhausted, "collective.no_space")
 	rpc.RegisterReason(ErrConfig, rpc.InvalidArgument, "collective.config")
 	rpc.RegisterReason(ErrJoin, rpc.Unavailable, "collective.join")
+	rpc.RegisterReason(ErrUnauthenticated, rpc.Unauthenticated, "collective.unauthenticated")
 }
 
 // errorf returns an *rpc.Error with the code registered for sentinel, a
