@@ -165,7 +165,7 @@ type joinState struct {
 	nready  int
 	allRdy  chan struct{}
 	rresp   readyResp
-	shmErr  string // why rank 0 could not make the session folder
+	shmErr  string        // why rank 0 could not make the session folder
 	failed  error         // why the rendezvous ended without forming (a peer failed to authenticate)
 	failCh  chan struct{} // closed with failed set
 }
