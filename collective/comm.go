@@ -212,7 +212,7 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 	c.inflight.Store(-1)
 	c.watchCtx, c.stopW = context.WithCancel(context.Background())
 	c.box = newMailbox(c)
-	if err := c.listen(); err != nil {
+	if err := c.listen(ctx); err != nil {
 		c.stopW()
 		return nil, err
 	}
@@ -257,7 +257,7 @@ func (c *Comm) rpcOpts() []rpc.Option {
 }
 
 // listen starts this rank's rpc server.
-func (c *Comm) listen() error {
+func (c *Comm) listen(ctx context.Context) error {
 	addr, err := c.cfg.listenAddr()
 	if err != nil {
 		return err
@@ -278,7 +278,7 @@ func (c *Comm) listen() error {
 	if c.rank == 0 || len(c.cfg.Peers) > 0 {
 		// A fixed address: the previous communicator's port may still be
 		// closing.
-		l, err = listenRetry(addr)
+		l, err = listenRetry(ctx, addr)
 	} else {
 		l, err = net.Listen("tcp", addr)
 	}
@@ -393,6 +393,7 @@ func (c *Comm) rendezvous(ctx context.Context) error {
 // rank 0 is not reachable yet.
 func (c *Comm) callRoot(ctx context.Context, retry bool, call func(*rpc.Client) error) error {
 	delay := 10 * time.Millisecond
+	var last error // the last failure not caused by ctx's end
 	for {
 		cl, err := c.client(ctx, 0)
 		if err != nil && errors.Is(err, rpc.ErrUnauthenticated) {
@@ -417,8 +418,12 @@ func (c *Comm) callRoot(ctx context.Context, retry bool, call func(*rpc.Client) 
 			c.cmu.Unlock()
 			cl.Close()
 		}
+		if ctx.Err() == nil || last == nil {
+			last = err
+		}
 		if ctx.Err() != nil {
-			return errorf(ErrJoin, "rank %d: rank 0 at %s not reached before the context ended (%v): %s", c.rank, c.cfg.rendezvous(), ctx.Err(), rpcMsg(err))
+			return errorf(ErrJoin, "rank %d: rank 0 at %s not reached before the context ended (%v); the last try: %s",
+				c.rank, c.cfg.rendezvous(), ctx.Err(), rpcMsg(last))
 		}
 		select {
 		case <-ctx.Done():
@@ -508,7 +513,8 @@ func (j *joinState) wait(ctx context.Context) (joinResp, error) {
 			}
 		}
 		j.mu.Unlock()
-		return joinResp{}, errorf(ErrJoin, "ranks %v did not join: %v", missing, ctx.Err())
+		return joinResp{}, errorf(ErrJoin, "%d of %d ranks did not join before the context ended (%v): ranks %s",
+			len(missing), len(j.reqs), ctx.Err(), rankList(missing))
 	}
 }
 
@@ -752,16 +758,20 @@ func (c *Comm) shutdown() {
 	c.wg.Wait()
 }
 
-// listenRetry listens on addr, retrying for up to 5 s while the address is
-// in use: the port of a communicator just closed may take a moment to be
-// free again.
-func listenRetry(addr string) (net.Listener, error) {
+// listenRetry listens on addr, retrying for up to 5 s (and no longer than
+// ctx lets it) while the address is in use: the port of a communicator
+// just closed may take a moment to be free again.
+func listenRetry(ctx context.Context, addr string) (net.Listener, error) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		l, err := net.Listen("tcp", addr)
 		if err == nil || time.Now().After(deadline) {
 			return l, err
 		}
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (%v)", err, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }

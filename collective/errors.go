@@ -3,6 +3,7 @@ package collective
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 
 	"github.com/tensorwire/tensorwire/rpc"
@@ -110,3 +111,43 @@ func errorf(sentinel error, format string, args ...any) error {
 
 func argumentf(format string, args ...any) error { return errorf(ErrArgument, format, args...) }
 func mismatchf(format string, args ...any) error { return errorf(ErrMismatch, format, args...) }
+
+// rankList formats a set of ranks (ascending) for a message, in runs
+// ("1-3, 7, 9-1023"), at most 16 runs then how many ranks more: an error
+// names a few ranks, never all of a large communicator.
+func rankList(ranks []int) string {
+	const most = 16
+	var b strings.Builder
+	runs := 0
+	for i := 0; i < len(ranks); {
+		j := i
+		for j+1 < len(ranks) && ranks[j+1] == ranks[j]+1 {
+			j++
+		}
+		if runs == most {
+			fmt.Fprintf(&b, " and %d more", len(ranks)-i)
+			break
+		}
+		if runs > 0 {
+			b.WriteString(", ")
+		}
+		if j > i {
+			fmt.Fprintf(&b, "%d-%d", ranks[i], ranks[j])
+		} else {
+			fmt.Fprintf(&b, "%d", ranks[i])
+		}
+		runs++
+		i = j + 1
+	}
+	return b.String()
+}
+
+// intList formats a list of ints (counts, per rank) for a message: all of
+// them up to 16, else the first 16 and how many there are.
+func intList(v []int) string {
+	const most = 16
+	if len(v) <= most {
+		return fmt.Sprint(v)
+	}
+	return strings.TrimSuffix(fmt.Sprint(v[:most]), "]") + fmt.Sprintf(" ... (%d in all)]", len(v))
+}
