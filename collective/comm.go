@@ -58,6 +58,8 @@ type Comm struct {
 	recvSeq map[p2pKey]uint64
 
 	broken    atomic.Pointer[error]
+	ownAbort  atomic.Pointer[error] // the ErrAborted this rank broke the communicator with (its context ended), as the others see it
+	ownCause  error                 // ... and as this rank says it: its context's error; set before ownAbort
 	brokenCh  chan struct{}
 	abandoned chan struct{}   // closed when this rank broke off a collective part-way
 	completed atomic.Uint64   // collectives completed
@@ -96,8 +98,9 @@ func (c *Comm) Transport() Transport {
 func (c *Comm) Addr() string { return c.addrs[c.rank] }
 
 // authLinger is how long rank 0 goes on answering join calls with the
-// authentication failure that ended its rendezvous, after Join returned.
-const authLinger = 2 * time.Second
+// authentication failure that ended its rendezvous, before its Join
+// returns it.
+const authLinger = time.Second
 
 // rpcMsg returns err's message without the "rpc: Code: " prefix an
 // *rpc.Error adds, so that a message that quotes another says its code
@@ -108,6 +111,13 @@ func rpcMsg(err error) string {
 		return e.Msg
 	}
 	return fmt.Sprint(err)
+}
+
+// detail returns err's message without the "rpc: Code: " prefix and
+// sentinel's text before it: what an error that wraps sentinel itself
+// adds, so that it says sentinel once.
+func detail(err, sentinel error) string {
+	return strings.TrimPrefix(rpcMsg(err), sentinel.Error()+": ")
 }
 
 // rpc methods.
@@ -186,9 +196,10 @@ func (j *joinState) fail(err error) {
 // have arrived, or fails when ctx ends first (ErrJoin). Rank 0 listens on
 // the rendezvous address; the others retry reaching it until ctx ends, so
 // the ranks may start in any order. A bad Config is ErrConfig. A token
-// refused between a rank and rank 0 is final: Join fails at once with
-// ErrUnauthenticated on that rank, on rank 0 and on the ranks waiting at
-// it, whatever ctx's deadline.
+// refused between a rank and rank 0 is final: Join fails with
+// ErrUnauthenticated at once on that rank and on the ranks waiting at
+// rank 0, and on rank 0 a second later (it answers late ranks meanwhile),
+// whatever ctx's deadline.
 //
 // The ranks use shared mappings when Config.Transport allows and every
 // rank is on this host (same kernel boot and host name) and sees the
@@ -220,12 +231,14 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 		if c.join != nil && errors.Is(err, ErrUnauthenticated) {
 			// Rank 0 ended the rendezvous: answer the ranks that call
 			// it a while longer with why, rather than leave them retrying
-			// a closed port.
-			go func() {
-				time.Sleep(authLinger)
-				c.shutdown()
-			}()
-			return nil, err
+			// a closed port (a program whose Join failed often exits at
+			// once, so this waits here, not in the background).
+			t := time.NewTimer(authLinger)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
 		}
 		c.shutdown()
 		return nil, err
@@ -608,9 +621,11 @@ func (c *Comm) watch(j int) {
 	case err == nil:
 		c.peerClosed(j, resp.Done)
 	case errors.Is(err, ErrAborted):
-		c.fail(errorf(ErrAborted, "rank %d broke off a collective: %v", j, err))
+		// j's own error says which rank broke off, which collective and
+		// why: hand it on once, not wrapped in another.
+		c.fail(errorf(ErrAborted, "%s", detail(err, ErrAborted)))
 	default:
-		c.fail(errorf(ErrPeerLost, "rank %d (%s) lost: %v", j, c.addrs[j], err))
+		c.fail(errorf(ErrPeerLost, "rank %d (%s) lost: %s", j, c.addrs[j], rpcMsg(err)))
 	}
 }
 
@@ -678,6 +693,9 @@ func (c *Comm) err() error {
 		return errorf(ErrClosed, "rank %d", c.rank)
 	}
 	if p := c.broken.Load(); p != nil {
+		if o := c.ownAbort.Load(); o == p {
+			return &brokenError{cause: c.ownCause}
+		}
 		return &brokenError{cause: *p}
 	}
 	return nil
@@ -697,7 +715,7 @@ func (c *Comm) cause() error {
 type brokenError struct{ cause error }
 
 func (e *brokenError) Error() string {
-	return "rpc: " + rpc.FailedPrecondition.String() + ": " + ErrBroken.Error() + ": " + e.cause.Error()
+	return "rpc: " + rpc.FailedPrecondition.String() + ": " + ErrBroken.Error() + ": " + rpcMsg(e.cause)
 }
 
 func (e *brokenError) Unwrap() []error {
