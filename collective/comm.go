@@ -313,17 +313,12 @@ func (c *Comm) authFailed(remote string, err error) {
 		return
 	}
 	select {
-	case <-c.ready:
-		return // formed: a stranger; the ranks are all in
+	case <-c.join.all:
+		return // every rank joined, so authenticated: a stranger
 	default:
 	}
-	msg := err.Error()
-	var e *rpc.Error
-	if errors.As(err, &e) {
-		msg = e.Msg
-	}
 	c.join.fail(errorf(ErrUnauthenticated, "rank 0 (%s) refused a peer at %s: %s; every rank must have the same Config.Token",
-		c.cfg.rendezvous(), remote, msg))
+		c.cfg.rendezvous(), remote, rpcMsg(err)))
 }
 
 // hostID names this machine's kernel: ranks with the same id share memory.
