@@ -195,9 +195,9 @@ func (m *Manager) MaxBatch() int { return m.cfg.MaxBatch }
 //
 // Errors: ErrSchema for an input that does not fit (nothing is queued),
 // ErrNoParams before the first Load of models that need one
-// (ParamsNeeder), ErrQueueFull, ErrForward, ErrStopped, or ctx's error. Once its rows are
-// in a batch, a call that ctx ends returns at once, and the batch runs
-// without it.
+// (ParamsNeeder), ErrQueueFull, ErrForward, ErrStopped, or ctx's error.
+// Once its rows are in a batch, a call that ctx ends returns at once, and
+// the batch runs without it.
 func (m *Manager) Predict(ctx context.Context, in *tensordict.TensorDict) (*tensordict.TensorDict, uint64, error) {
 	n, err := checkRows(in, m.cfg.Input, m.cfg.MaxBatch, "input")
 	if err != nil {
