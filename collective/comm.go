@@ -58,6 +58,8 @@ type Comm struct {
 	recvSeq map[p2pKey]uint64
 
 	broken    atomic.Pointer[error]
+	ownAbort  atomic.Pointer[error] // the ErrAborted this rank broke the communicator with (its context ended), as the others see it
+	ownCause  error                 // ... and as this rank says it: its context's error; set before ownAbort
 	brokenCh  chan struct{}
 	abandoned chan struct{}   // closed when this rank broke off a collective part-way
 	completed atomic.Uint64   // collectives completed
@@ -94,6 +96,29 @@ func (c *Comm) Transport() Transport {
 
 // Addr returns the address this rank listens on for its peers.
 func (c *Comm) Addr() string { return c.addrs[c.rank] }
+
+// authLinger is how long rank 0 goes on answering join calls with the
+// authentication failure that ended its rendezvous, before its Join
+// returns it.
+const authLinger = time.Second
+
+// rpcMsg returns err's message without the "rpc: Code: " prefix an
+// *rpc.Error adds, so that a message that quotes another says its code
+// once.
+func rpcMsg(err error) string {
+	var e *rpc.Error
+	if errors.As(err, &e) && e.Msg != "" {
+		return e.Msg
+	}
+	return fmt.Sprint(err)
+}
+
+// detail returns err's message without the "rpc: Code: " prefix and
+// sentinel's text before it: what an error that wraps sentinel itself
+// adds, so that it says sentinel once.
+func detail(err, sentinel error) string {
+	return strings.TrimPrefix(rpcMsg(err), sentinel.Error()+": ")
+}
 
 // rpc methods.
 const (
@@ -150,14 +175,31 @@ type joinState struct {
 	nready  int
 	allRdy  chan struct{}
 	rresp   readyResp
-	shmErr  string // why rank 0 could not make the session folder
+	shmErr  string        // why rank 0 could not make the session folder
+	failed  error         // why the rendezvous ended without forming (a peer failed to authenticate)
+	failCh  chan struct{} // closed with failed set
+}
+
+// fail ends the rendezvous with err: every join and ready call waiting,
+// and every later one, returns it. The first cause wins.
+func (j *joinState) fail(err error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.failed == nil {
+		j.failed = err
+		close(j.failCh)
+	}
 }
 
 // Join forms a communicator with the other ranks: every rank calls it with
 // the same Size and rendezvous and its own Rank, and it returns once all
 // have arrived, or fails when ctx ends first (ErrJoin). Rank 0 listens on
 // the rendezvous address; the others retry reaching it until ctx ends, so
-// the ranks may start in any order. A bad Config is ErrConfig.
+// the ranks may start in any order. A bad Config is ErrConfig. A token
+// refused between a rank and rank 0 is final: Join fails with
+// ErrUnauthenticated at once on that rank and on the ranks waiting at
+// rank 0, and on rank 0 a second later (it answers late ranks meanwhile),
+// whatever ctx's deadline.
 //
 // The ranks use shared mappings when Config.Transport allows and every
 // rank is on this host (same kernel boot and host name) and sees the
@@ -181,11 +223,23 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 	c.inflight.Store(-1)
 	c.watchCtx, c.stopW = context.WithCancel(context.Background())
 	c.box = newMailbox(c)
-	if err := c.listen(); err != nil {
+	if err := c.listen(ctx); err != nil {
 		c.stopW()
 		return nil, err
 	}
 	if err := c.rendezvous(ctx); err != nil {
+		if c.join != nil && errors.Is(err, ErrUnauthenticated) {
+			// Rank 0 ended the rendezvous: answer the ranks that call
+			// it a while longer with why, rather than leave them retrying
+			// a closed port (a program whose Join failed often exits at
+			// once, so this waits here, not in the background).
+			t := time.NewTimer(authLinger)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+		}
 		c.shutdown()
 		return nil, err
 	}
@@ -216,18 +270,18 @@ func (c *Comm) rpcOpts() []rpc.Option {
 }
 
 // listen starts this rank's rpc server.
-func (c *Comm) listen() error {
+func (c *Comm) listen(ctx context.Context) error {
 	addr, err := c.cfg.listenAddr()
 	if err != nil {
 		return err
 	}
-	srv, err := rpc.NewServer(c.rpcOpts()...)
+	srv, err := rpc.NewServer(append(c.rpcOpts(), rpc.WithAuthFailure(c.authFailed))...)
 	if err != nil {
 		return errorf(ErrConfig, "%v", err)
 	}
 	if c.rank == 0 {
 		c.join = &joinState{reqs: make([]*joinReq, c.size), all: make(chan struct{}),
-			readies: make([]*readyReq, c.size), allRdy: make(chan struct{})}
+			readies: make([]*readyReq, c.size), allRdy: make(chan struct{}), failCh: make(chan struct{})}
 		rpc.Register(srv, methodJoin, c.handleJoin)
 		rpc.Register(srv, methodReady, c.handleReady)
 	}
@@ -237,7 +291,7 @@ func (c *Comm) listen() error {
 	if c.rank == 0 || len(c.cfg.Peers) > 0 {
 		// A fixed address: the previous communicator's port may still be
 		// closing.
-		l, err = listenRetry(addr)
+		l, err = listenRetry(ctx, addr)
 	} else {
 		l, err = net.Listen("tcp", addr)
 	}
@@ -247,6 +301,24 @@ func (c *Comm) listen() error {
 	c.srv, c.ln = srv, l
 	go srv.Serve(l)
 	return nil
+}
+
+// authFailed is called by this rank's server for a peer it refused for
+// its token. At rank 0, before the communicator formed, it ends the
+// rendezvous on every rank: a rank that cannot authenticate will never
+// join, so waiting for it would only hang.
+func (c *Comm) authFailed(remote string, err error) {
+	c.log.Warn("collective: a peer failed to authenticate", "rank", c.rank, "peer", remote, "err", err)
+	if c.join == nil {
+		return
+	}
+	select {
+	case <-c.join.all:
+		return // every rank joined, so authenticated: a stranger
+	default:
+	}
+	c.join.fail(errorf(ErrUnauthenticated, "rank 0 (%s) refused a peer at %s: %s; every rank must have the same Config.Token",
+		c.cfg.rendezvous(), remote, rpcMsg(err)))
 }
 
 // hostID names this machine's kernel: ranks with the same id share memory.
@@ -329,16 +401,22 @@ func (c *Comm) rendezvous(ctx context.Context) error {
 // rank 0 is not reachable yet.
 func (c *Comm) callRoot(ctx context.Context, retry bool, call func(*rpc.Client) error) error {
 	delay := 10 * time.Millisecond
+	var last error // the last failure not caused by ctx's end
 	for {
 		cl, err := c.client(ctx, 0)
+		if err != nil && errors.Is(err, rpc.ErrUnauthenticated) {
+			// Final: the tokens differ, and will on every try.
+			return errorf(ErrUnauthenticated, "rank %d could not authenticate with rank 0 at %s: %s; every rank must have the same Config.Token",
+				c.rank, c.cfg.rendezvous(), rpcMsg(err))
+		}
 		if err == nil {
 			err = call(cl)
 			if err == nil {
 				return nil
 			}
-			if !retry || !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, ErrJoin) {
-				if !errors.Is(err, ErrJoin) {
-					err = errorf(ErrJoin, "rank %d: rank 0 at %s: %v", c.rank, c.cfg.rendezvous(), err)
+			if !retry || !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, ErrJoin) || errors.Is(err, ErrUnauthenticated) {
+				if !errors.Is(err, ErrJoin) && !errors.Is(err, ErrUnauthenticated) {
+					err = errorf(ErrJoin, "rank %d: rank 0 at %s: %s", c.rank, c.cfg.rendezvous(), rpcMsg(err))
 				}
 				return err
 			}
@@ -348,8 +426,12 @@ func (c *Comm) callRoot(ctx context.Context, retry bool, call func(*rpc.Client) 
 			c.cmu.Unlock()
 			cl.Close()
 		}
+		if ctx.Err() == nil || last == nil {
+			last = err
+		}
 		if ctx.Err() != nil {
-			return errorf(ErrJoin, "rank %d: rank 0 at %s not reached: %v", c.rank, c.cfg.rendezvous(), err)
+			return errorf(ErrJoin, "rank %d: rank 0 at %s not reached before the context ended (%v); the last try: %s",
+				c.rank, c.cfg.rendezvous(), ctx.Err(), rpcMsg(last))
 		}
 		select {
 		case <-ctx.Done():
@@ -377,6 +459,9 @@ func (c *Comm) handleJoin(ctx context.Context, r joinReq) (joinResp, error) {
 func (j *joinState) put(r *joinReq, c *Comm) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if j.failed != nil {
+		return j.failed
+	}
 	if j.n == c.size {
 		// This communicator formed already (and is perhaps closing, with
 		// a new one about to listen here): the caller tries again.
@@ -425,6 +510,8 @@ func (j *joinState) wait(ctx context.Context) (joinResp, error) {
 	select {
 	case <-j.all:
 		return j.resp, nil
+	case <-j.failCh:
+		return joinResp{}, j.failed
 	case <-ctx.Done():
 		j.mu.Lock()
 		missing := []int{}
@@ -434,7 +521,8 @@ func (j *joinState) wait(ctx context.Context) (joinResp, error) {
 			}
 		}
 		j.mu.Unlock()
-		return joinResp{}, errorf(ErrJoin, "ranks %v did not join: %v", missing, ctx.Err())
+		return joinResp{}, errorf(ErrJoin, "%d of %d ranks did not join before the context ended (%v): ranks %s",
+			len(missing), len(j.reqs), ctx.Err(), rankList(missing))
 	}
 }
 
@@ -468,6 +556,8 @@ func (j *joinState) ready(ctx context.Context, r *readyReq) (readyResp, error) {
 	select {
 	case <-j.allRdy:
 		return j.rresp, nil
+	case <-j.failCh:
+		return readyResp{}, j.failed
 	case <-ctx.Done():
 		return readyResp{}, errorf(ErrJoin, "the ranks did not all get ready: %v", ctx.Err())
 	}
@@ -526,9 +616,11 @@ func (c *Comm) watch(j int) {
 	case err == nil:
 		c.peerClosed(j, resp.Done)
 	case errors.Is(err, ErrAborted):
-		c.fail(errorf(ErrAborted, "rank %d broke off a collective: %v", j, err))
+		// j's own error says which rank broke off, which collective and
+		// why: hand it on once, not wrapped in another.
+		c.fail(errorf(ErrAborted, "%s", detail(err, ErrAborted)))
 	default:
-		c.fail(errorf(ErrPeerLost, "rank %d (%s) lost: %v", j, c.addrs[j], err))
+		c.fail(errorf(ErrPeerLost, "rank %d (%s) lost: %s", j, c.addrs[j], rpcMsg(err)))
 	}
 }
 
@@ -596,6 +688,9 @@ func (c *Comm) err() error {
 		return errorf(ErrClosed, "rank %d", c.rank)
 	}
 	if p := c.broken.Load(); p != nil {
+		if o := c.ownAbort.Load(); o == p {
+			return &brokenError{cause: c.ownCause}
+		}
 		return &brokenError{cause: *p}
 	}
 	return nil
@@ -615,7 +710,7 @@ func (c *Comm) cause() error {
 type brokenError struct{ cause error }
 
 func (e *brokenError) Error() string {
-	return "rpc: " + rpc.FailedPrecondition.String() + ": " + ErrBroken.Error() + ": " + e.cause.Error()
+	return "rpc: " + rpc.FailedPrecondition.String() + ": " + ErrBroken.Error() + ": " + rpcMsg(e.cause)
 }
 
 func (e *brokenError) Unwrap() []error {
@@ -676,16 +771,20 @@ func (c *Comm) shutdown() {
 	c.wg.Wait()
 }
 
-// listenRetry listens on addr, retrying for up to 5 s while the address is
-// in use: the port of a communicator just closed may take a moment to be
-// free again.
-func listenRetry(addr string) (net.Listener, error) {
+// listenRetry listens on addr, retrying for up to 5 s (and no longer than
+// ctx lets it) while the address is in use: the port of a communicator
+// just closed may take a moment to be free again.
+func listenRetry(ctx context.Context, addr string) (net.Listener, error) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		l, err := net.Listen("tcp", addr)
 		if err == nil || time.Now().After(deadline) {
 			return l, err
 		}
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (%v)", err, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }

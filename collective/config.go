@@ -70,6 +70,14 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// MaxSize is the most ranks a communicator may have. Every rank holds a
+// connection and a watch call to every other (2(Size-1) sockets and
+// goroutines per rank), rank 0 holds every rank's join call at once, and a
+// collective's description, with its per-rank counts (8 bytes a rank),
+// must fit the 64 KiB a rank has for it in its shared control file. A
+// Config with more ranks is ErrConfig, before anything is allocated.
+const MaxSize = 1024
+
 // rendezvous returns rank 0's address.
 func (c *Config) rendezvous() string {
 	if len(c.Peers) > 0 {
@@ -85,6 +93,8 @@ func (c *Config) validate() error {
 	switch {
 	case c.Size < 1:
 		return bad("size %d: at least one rank", c.Size)
+	case c.Size > MaxSize:
+		return bad("size %d: at most %d ranks (MaxSize)", c.Size, MaxSize)
 	case c.Rank < 0 || c.Rank >= c.Size:
 		return bad("rank %d is not in [0, %d)", c.Rank, c.Size)
 	case c.Addr == "" && len(c.Peers) == 0:

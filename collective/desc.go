@@ -360,7 +360,7 @@ func check(ds []desc) (*plan, error) {
 		split, counts = p.axis, ds[p.root].counts
 		for r, d := range ds {
 			if r != p.root && d.counts != nil && !slices.Equal(d.counts, counts) {
-				return nil, mismatchf("Scatter: rank %d gave counts %v, the root %v", r, d.counts, counts)
+				return nil, mismatchf("Scatter: rank %d gave counts %s, the root %s", r, intList(d.counts), intList(counts))
 			}
 		}
 	case kindReduceScatter, kindAlltoall:
@@ -370,7 +370,7 @@ func check(ds []desc) (*plan, error) {
 		}
 		for r, d := range ds {
 			if !slices.Equal(d.counts, counts) {
-				return nil, mismatchf("%v: rank %d gave counts %v, rank 0 %v", p.kind, r, d.counts, counts)
+				return nil, mismatchf("%v: rank %d gave counts %s, rank 0 %s", p.kind, r, intList(d.counts), intList(counts))
 			}
 		}
 	}
@@ -387,11 +387,11 @@ func check(ds []desc) (*plan, error) {
 		}
 		for _, c := range counts {
 			if c < 0 {
-				return nil, argumentf("%v: negative count in %v", p.kind, counts)
+				return nil, argumentf("%v: negative count in %s", p.kind, intList(counts))
 			}
 		}
 		if sum(counts) != length {
-			return nil, argumentf("%v: counts %v sum to %d, not to the length %d of axis %d", p.kind, counts, sum(counts), length, split)
+			return nil, argumentf("%v: counts %s sum to %d, not to the length %d of axis %d", p.kind, intList(counts), sum(counts), length, split)
 		}
 		p.counts = slices.Clone(counts)
 	}

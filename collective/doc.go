@@ -56,7 +56,13 @@
 // falls silent), and a rank whose context ends part-way tells the others
 // (ErrAborted). After such a failure the communicator is broken: later
 // calls fail with ErrBroken; Close it and Join again (a new communicator
-// forms on the same rendezvous).
+// forms on the same rendezvous). An error says once which rank failed and
+// why.
+//
+// Join honours its context's deadline throughout, refuses a Size above
+// MaxSize (ErrConfig), and fails at once on every rank with
+// ErrUnauthenticated when a rank's token is refused: an authentication
+// failure is never retried.
 //
 // docs/collective.md in the repository describes the protocol, the
 // algorithms and what happens when a rank dies.

@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -47,6 +48,10 @@ func (c *Comm) collective(ctx context.Context, cl *call) (*plan, []byte, error) 
 		p, out, err = c.tcpCollective(ctx, seq, cl)
 	}
 	if e := c.cause(); err != nil && e != nil {
+		if o := c.ownAbort.Load(); o != nil && *o == e {
+			// This rank broke off: its context ended, not another rank.
+			return nil, nil, c.ownCause
+		}
 		return nil, nil, e
 	}
 	// Done, or failed its checks on every rank: either way every rank
@@ -97,11 +102,17 @@ func (c *Comm) failData(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		// Our context ended: we break off, and tell the others (their
 		// watches of us end with ErrAborted).
-		err = errorf(ErrAborted, "rank %d broke off collective %d: %v", c.rank, c.seq-1, context.Cause(ctx))
+		cause := context.Cause(ctx)
+		err = errorf(ErrAborted, "rank %d broke off collective %d: %v", c.rank, c.seq-1, cause)
+		own := fmt.Errorf("collective: rank %d (this rank) broke off collective %d: %w", c.rank, c.seq-1, cause)
+		if c.broken.Load() == nil {
+			c.ownCause = own
+		}
 		if c.fail(err) {
+			c.ownAbort.Store(c.broken.Load())
 			close(c.abandoned)
 		}
-		return context.Cause(ctx)
+		return own
 	}
 	c.fail(err)
 	return err

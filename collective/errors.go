@@ -3,6 +3,7 @@ package collective
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 
 	"github.com/tensorwire/tensorwire/rpc"
@@ -69,6 +70,14 @@ var (
 	// InvalidArgument.
 	ErrConfig = errors.New("collective: bad config")
 
+	// ErrUnauthenticated: a rank could not authenticate another during Join:
+	// their Config.Token (or TLS) differ, or one has none. It is final: Join
+	// does not retry it, and fails with it on the rank that was refused, on
+	// rank 0 (which refused it) and on every rank waiting at rank 0's
+	// rendezvous, without waiting for ctx to end. It also matches
+	// rpc.ErrUnauthenticated. Code Unauthenticated.
+	ErrUnauthenticated = errors.New("collective: authentication failed")
+
 	// ErrJoin: the ranks could not form a communicator: two ranks claimed
 	// the same rank, the sizes differ, or the ranks did not all arrive
 	// before the context ended. Code Unavailable.
@@ -89,6 +98,7 @@ func init() {
 	rpc.RegisterReason(ErrNoSpace, rpc.ResourceExhausted, "collective.no_space")
 	rpc.RegisterReason(ErrConfig, rpc.InvalidArgument, "collective.config")
 	rpc.RegisterReason(ErrJoin, rpc.Unavailable, "collective.join")
+	rpc.RegisterReason(ErrUnauthenticated, rpc.Unauthenticated, "collective.unauthenticated")
 }
 
 // errorf returns an *rpc.Error with the code registered for sentinel, a
@@ -101,3 +111,43 @@ func errorf(sentinel error, format string, args ...any) error {
 
 func argumentf(format string, args ...any) error { return errorf(ErrArgument, format, args...) }
 func mismatchf(format string, args ...any) error { return errorf(ErrMismatch, format, args...) }
+
+// rankList formats a set of ranks (ascending) for a message, in runs
+// ("1-3, 7, 9-1023"), at most 16 runs then how many ranks more: an error
+// names a few ranks, never all of a large communicator.
+func rankList(ranks []int) string {
+	const most = 16
+	var b strings.Builder
+	runs := 0
+	for i := 0; i < len(ranks); {
+		j := i
+		for j+1 < len(ranks) && ranks[j+1] == ranks[j]+1 {
+			j++
+		}
+		if runs == most {
+			fmt.Fprintf(&b, " and %d more", len(ranks)-i)
+			break
+		}
+		if runs > 0 {
+			b.WriteString(", ")
+		}
+		if j > i {
+			fmt.Fprintf(&b, "%d-%d", ranks[i], ranks[j])
+		} else {
+			fmt.Fprintf(&b, "%d", ranks[i])
+		}
+		runs++
+		i = j + 1
+	}
+	return b.String()
+}
+
+// intList formats a list of ints (counts, per rank) for a message: all of
+// them up to 16, else the first 16 and how many there are.
+func intList(v []int) string {
+	const most = 16
+	if len(v) <= most {
+		return fmt.Sprint(v)
+	}
+	return strings.TrimSuffix(fmt.Sprint(v[:most]), "]") + fmt.Sprintf(" ... (%d in all)]", len(v))
+}

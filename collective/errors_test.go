@@ -3,7 +3,10 @@ package collective
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
@@ -197,4 +200,47 @@ func TestP2P_Order(t *testing.T) {
 		}
 		return 0, nil
 	})
+}
+
+// TestErrors_SayOnceWhichRankFailed: rank 2 of 3 breaks off a collective
+// (its context ends while it waits), on both transports. Rank 2's error is
+// its context's, saying it broke off (not "abandoned by another rank");
+// the others' later calls fail with ErrBroken (and ErrAborted) saying once
+// that rank 2 broke off, and why, with one "rpc: Code: " prefix. Before,
+// the others' messages held rank 2's twice, each behind its own prefixes,
+// and rank 2 was told another rank had abandoned the operation.
+func TestErrors_SayOnceWhichRankFailed(t *testing.T) {
+	x, _ := tensordict.FromSlice(make([]float64, 1<<10))
+	for _, tr := range transports() {
+		t.Run(string(tr), func(t *testing.T) {
+			comms := group(t, 3, tr)
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			_, err := comms[2].Allreduce(ctx, x, Sum)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrAborted) ||
+				!strings.Contains(err.Error(), "rank 2 (this rank) broke off") {
+				t.Errorf("rank 2, whose context ended: %v; want its context's error saying it broke off", err)
+			}
+			time.Sleep(100 * time.Millisecond) // the others' watches hear of it
+			for r, c := range comms {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_, err := c.Allreduce(ctx, x, Sum)
+				cancel()
+				msg := fmt.Sprint(err)
+				if !errors.Is(err, ErrBroken) || strings.Count(msg, "rpc: ") != 1 {
+					t.Errorf("rank %d's next call: %s; want ErrBroken with one rpc prefix", r, msg)
+				}
+				if r == 2 {
+					if strings.Contains(msg, "another rank") || !strings.Contains(msg, "rank 2 (this rank) broke off") {
+						t.Errorf("rank 2's next call: %s; want it to say that this rank broke off", msg)
+					}
+					continue
+				}
+				if !errors.Is(err, ErrAborted) || strings.Count(msg, "broke off") != 1 ||
+					strings.Count(msg, ErrAborted.Error()) != 1 || !strings.Contains(msg, "rank 2 broke off collective 0: context deadline exceeded") {
+					t.Errorf("rank %d's next call: %s; want ErrAborted saying once that rank 2 broke off, and why", r, msg)
+				}
+			}
+		})
+	}
 }

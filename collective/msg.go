@@ -235,7 +235,7 @@ func (c *Comm) lostErr(ctx context.Context, j int, err error) error {
 		return ctx.Err()
 	}
 	if errors.Is(err, rpc.ErrUnavailable) && !errors.Is(err, ErrPeerLost) {
-		return errorf(ErrPeerLost, "rank %d: %v", j, err)
+		return errorf(ErrPeerLost, "rank %d unreachable: %s", j, rpcMsg(err))
 	}
 	return err
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tensorwire/tensorwire/internal/proctest"
 	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -28,6 +29,7 @@ const (
 	envAddr      = "TENSORWIRE_COLLECTIVE_ADDR"
 	envTransport = "TENSORWIRE_COLLECTIVE_TRANSPORT"
 	envDir       = "TENSORWIRE_COLLECTIVE_DIR"
+	envToken     = "TENSORWIRE_COLLECTIVE_TOKEN" // Config.Token; unset: none
 )
 
 // TestHelperProcess is not a test: it is the body of the rank processes,
@@ -40,6 +42,22 @@ func TestHelperProcess(t *testing.T) {
 	rank, _ := strconv.Atoi(os.Getenv(envRank))
 	size, _ := strconv.Atoi(os.Getenv(envSize))
 	cfg := Config{Rank: rank, Size: size, Addr: os.Getenv(envAddr), Transport: Transport(os.Getenv(envTransport)), ShmDir: os.Getenv(envDir)}
+	if tok, ok := os.LookupEnv(envToken); ok {
+		cfg.Token = []byte(tok)
+	}
+	if role == "join" {
+		// Join without a deadline, and say how it ended.
+		start := time.Now()
+		c, err := Join(context.Background(), cfg)
+		if err == nil {
+			fmt.Println("JOINED", c.Transport())
+			c.Close()
+			os.Exit(0)
+		}
+		fmt.Printf("JOINERR unauthenticated=%v rpc=%v ms=%d len=%d %s\n", errors.Is(err, ErrUnauthenticated),
+			errors.Is(err, rpc.ErrUnauthenticated), time.Since(start).Milliseconds(), len(err.Error()), err)
+		os.Exit(0)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := Join(ctx, cfg)
@@ -317,6 +335,58 @@ func TestProcess_RankKilled(t *testing.T) {
 				if got := p.Expect(t, "REJOINED"); got != "4" {
 					t.Fatalf("rank %d: the new communicator's allreduce gave %s, want 4", i, got)
 				}
+			}
+		})
+	}
+}
+
+// TestProcess_WrongTokenFailsEveryRankFast starts ranks as processes whose
+// Config.Token differ, or that have none, with no deadline on Join: every
+// rank fails within seconds with ErrUnauthenticated (and
+// rpc.ErrUnauthenticated), saying so. Before, a rank refused for its token
+// retried it as a network error, for ever without a deadline ("i/o
+// timeout" with one), and the others waited for it.
+func TestProcess_WrongTokenFailsEveryRankFast(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tokens []string // per rank; "-": none
+	}{
+		{"a rank's token wrong", []string{"good", "good", "bad"}},
+		{"rank 0's token wrong", []string{"bad", "good"}},
+		{"a rank without a token", []string{"good", "-"}},
+		{"rank 0 without a token", []string{"-", "good"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := freeAddr(t)
+			size := len(tc.tokens)
+			ps := make([]*proctest.Proc, size)
+			start := time.Now()
+			for r, tok := range tc.tokens {
+				env := []string{envRole + "=join", envRank + "=" + strconv.Itoa(r), envSize + "=" + strconv.Itoa(size),
+					envAddr + "=" + addr, envTransport + "=tcp"}
+				if tok != "-" {
+					env = append(env, envToken+"="+tok)
+				}
+				ps[r] = proctest.Start(t, env...)
+				if r == 1 && size > 2 {
+					time.Sleep(200 * time.Millisecond) // the last rank comes after the others
+				}
+			}
+			for r, p := range ps {
+				line, err := p.Line("JOINERR", 15*time.Second)
+				if err != nil {
+					t.Fatalf("rank %d did not fail within 15 s of the start: %v", r, err)
+				}
+				t.Logf("rank %d: %s", r, line)
+				if !strings.HasPrefix(line, "unauthenticated=true rpc=true ") {
+					t.Errorf("rank %d: %s; want ErrUnauthenticated and rpc.ErrUnauthenticated", r, line)
+				}
+				if !strings.Contains(line, "Config.Token") || strings.Contains(line, "i/o timeout") {
+					t.Errorf("rank %d: %s; want it to say the tokens differ", r, line)
+				}
+			}
+			if d := time.Since(start); d > 10*time.Second {
+				t.Errorf("every rank failed only after %v", d)
 			}
 		})
 	}

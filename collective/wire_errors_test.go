@@ -21,6 +21,7 @@ var wireErrors = []svctest.Sentinel{
 	{Err: ErrNoSpace, Code: rpc.ErrResourceExhausted, Reason: "collective.no_space"},
 	{Err: ErrConfig, Code: rpc.ErrInvalidArgument, Reason: "collective.config"},
 	{Err: ErrJoin, Code: rpc.ErrUnavailable, Reason: "collective.join"},
+	{Err: ErrUnauthenticated, Code: rpc.ErrUnauthenticated, Reason: "collective.unauthenticated"},
 }
 
 // TestErrors_CrossTheWire has a handler return each sentinel in a message

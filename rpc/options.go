@@ -138,6 +138,8 @@ type options struct {
 	noSide    bool          // WithSideConnections(false)
 	version   uint8         // the newest protocol version to speak; 0: ProtocolVersion (tests set it)
 	observer  Observer      // WithObserver; nil: none
+
+	onAuthFailure func(remote string, err error) // WithAuthFailure
 }
 
 func newOptions(opts []Option) options {
@@ -164,6 +166,16 @@ func WithRoot(dir string) Option { return func(o *options) { o.root = dir } }
 // refuses servers that cannot prove it. Both sides.
 func WithToken(token []byte) Option {
 	return func(o *options) { o.token = append([]byte(nil), token...) }
+}
+
+// WithAuthFailure has a server call fn for each peer whose handshake it
+// refused because the peer did not authenticate: it sent no token, a
+// wrong one (a client whose token differs from the server's), or one to a
+// server without a token. fn gets the peer's address and the refusal (an
+// *Error, code Unauthenticated); it runs on the connection's goroutine
+// after the refusal was written, and must not block. Server only.
+func WithAuthFailure(fn func(remote string, err error)) Option {
+	return func(o *options) { o.onAuthFailure = fn }
 }
 
 // WithTLS runs each connection inside TLS with cfg (a server needs a

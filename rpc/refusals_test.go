@@ -125,3 +125,64 @@ func TestRefusalLog_SummaryAtIntervalEnd(t *testing.T) {
 		t.Errorf("flush added a line: %d", lines)
 	}
 }
+
+// TestWithAuthFailure: a server calls its WithAuthFailure hook for each
+// peer it refused for its token (wrong, missing, or one it cannot check),
+// with the refusal, and not for a peer that authenticated.
+func TestWithAuthFailure(t *testing.T) {
+	type failure struct {
+		remote string
+		err    error
+	}
+	for _, tc := range []struct {
+		name           string
+		server, client []byte
+		want           string // "" : no call
+	}{
+		{"wrong token", []byte("s3cret"), []byte("guess"), "wrong token"},
+		{"no token", []byte("s3cret"), nil, "requires a token"},
+		{"a token the server cannot check", nil, []byte("s3cret"), "has no token"},
+		{"the right token", []byte("s3cret"), []byte("s3cret"), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := make(chan failure, 4)
+			opts := []Option{WithAuthFailure(func(remote string, err error) { got <- failure{remote, err} })}
+			if tc.server != nil {
+				opts = append(opts, WithToken(tc.server))
+			}
+			_, addr := startServer(t, opts...)
+			var copts []Option
+			if tc.client != nil {
+				copts = append(copts, WithToken(tc.client))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := Dial(ctx, addr, copts...)
+			if err == nil {
+				c.Close()
+			}
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case f := <-got:
+					t.Fatalf("hook called for a peer that authenticated: %v", f.err)
+				case <-time.After(100 * time.Millisecond):
+				}
+				return
+			}
+			if !errors.Is(err, ErrUnauthenticated) {
+				t.Fatalf("Dial: %v; want Unauthenticated", err)
+			}
+			select {
+			case f := <-got:
+				if !errors.Is(f.err, ErrUnauthenticated) || !strings.Contains(f.err.Error(), tc.want) || f.remote == "" {
+					t.Errorf("hook got %q, %v; want an Unauthenticated refusal saying %q", f.remote, f.err, tc.want)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the hook was not called")
+			}
+		})
+	}
+}

@@ -397,10 +397,11 @@ func (s *Server) serveConn(conn net.Conn) {
 		rw = tc
 	}
 	var (
-		secret   [32]byte
-		set      *sideSet  // this session's, once its secret is given
-		attached *sideConn // this connection, attached to another session
-		attachTo *sideSet  // that session's set
+		attaching bool // the peer authenticated and asked to attach a side connection
+		secret    [32]byte
+		set       *sideSet  // this session's, once its secret is given
+		attached  *sideConn // this connection, attached to another session
+		attachTo  *sideSet  // that session's set
 	)
 	level := new(peerLevel)
 	offer := &sideOffer{}
@@ -420,6 +421,7 @@ func (s *Server) serveConn(conn net.Conn) {
 			return sessionMsg{secret: secret, max: uint16(min(s.o.limits.MaxSideConns, math.MaxUint16))}, nil
 		}
 		offer.attach = func(a attachMsg) error {
+			attaching = true
 			s.mu.RLock()
 			target := s.sides[a.secret]
 			s.mu.RUnlock()
@@ -443,6 +445,9 @@ func (s *Server) serveConn(conn net.Conn) {
 	peer, err := serverHandshakeSide(rw, cmp.Or(s.o.version, ProtocolVersion), rootSide{fsid: s.fsid, root: s.root, host: s.host}, s.o.token, offer)
 	if err != nil {
 		s.refusals.refused(s.o.log, remote, "rpc: handshake refused", "err", err)
+		if e, ok := err.(*Error); ok && e.Code == Unauthenticated && !attaching && s.o.onAuthFailure != nil {
+			s.o.onAuthFailure(remote, err)
+		}
 		if attached != nil {
 			attached.kill()
 		}

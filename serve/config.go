@@ -22,7 +22,11 @@ import (
 //
 // An error or a panic fails the batch's requests with ErrForward and the
 // replica is replaced: its model is dropped (closed, if it is an
-// io.Closer) and New makes another.
+// io.Closer) and New makes another. So does a memory fault (SIGBUS on a
+// mapping whose file was truncated) on the goroutine that calls Forward,
+// which runs with debug.SetPanicOnFault. Goroutines the model starts are
+// not guarded: a model that reads mappings on them must copy what it needs
+// first, as serve/mlp does at Load.
 type Model interface {
 	Forward(ctx context.Context, in *tensordict.TensorDict) (*tensordict.TensorDict, error)
 }
@@ -41,6 +45,20 @@ type Model interface {
 type Loader interface {
 	Model
 	Load(ctx context.Context, params *tensordict.TensorDict) error
+}
+
+// ParamsNeeder is a Model that may have no parameters worth predicting
+// with until its first Load: serve/mlp's MLP, whose constructor's weights
+// are zero. When the models a manager builds say they need parameters
+// (NeedsParams of replica 0's model, when the manager starts), the manager
+// refuses predictions with ErrNoParams until Load, LoadVersion or Follow
+// has loaded a first version, instead of answering with the constructor's
+// weights; and a replica runs no batch with a model of version 0. Models
+// that are not ParamsNeeders serve their constructor's weights as
+// version 0.
+type ParamsNeeder interface {
+	Model
+	NeedsParams() bool
 }
 
 // Config describes what a Manager serves. Input, Output, MaxBatch and New
@@ -177,8 +195,8 @@ func checkRows(td *tensordict.TensorDict, schema tensordict.RowSchema, limit int
 	if n > limit {
 		return 0, schemaErrorf("%s of %d rows; at most %d", what, n, limit)
 	}
-	if err := schema.Match(td.RowSchema()); err != nil {
-		return 0, schemaErrorf("%s: %v", what, err)
+	if d := schemaDiff(schema, td.RowSchema()); d != "" {
+		return 0, schemaErrorf("%s: %s", what, d)
 	}
 	return n, nil
 }

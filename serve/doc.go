@@ -28,10 +28,16 @@
 // LoadVersion, LoadParam, Follow) only between batches, through a spare
 // model loaded off the serving path, and Load returns once every model
 // has the new version. Bad input is refused before anything is queued
-// (ErrSchema), a full queue refuses at once (ErrQueueFull), and memory
-// never grows with the load (Config.MaxQueue). A Forward that fails or
-// panics fails its batch's requests with ErrForward and the replica gets a
-// new model; the others serve on.
+// (ErrSchema, saying which key, dtype or shape is wrong), a full queue
+// refuses at once (ErrQueueFull), and memory never grows with the load
+// (Config.MaxQueue). Models that need parameters (ParamsNeeder, as
+// serve/mlp's MLP) predict nothing before the first Load: ErrNoParams, not
+// zero weights. A Forward that fails, panics or faults on memory (a
+// mapping truncated under it, on the replica's goroutine) fails its
+// batch's requests with ErrForward and the replica gets a new model; the
+// others serve on. serve/mlp copies its weights at Load under memmap's
+// fault guard, so a truncated weights file is an error at Load, never a
+// SIGBUS in a batch.
 //
 // A client that dies is forgotten after Config.Lease: its registration
 // ends and the node removes its folder (a live client holds a lock on it);

@@ -3,8 +3,11 @@ package serve
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // Errors callers branch on, with errors.Is. A remote manager's errors match
@@ -20,9 +23,10 @@ var (
 	// ErrSchema: an input whose keys, dtypes or row shapes differ from the
 	// model's input schema, that is not a batch of rows, that holds more
 	// rows than the maximum batch or than the client's slots, or a client
-	// buffer that does not match the schemas. Nothing was queued. Code
-	// InvalidArgument.
-	ErrSchema = errors.New("serve: input does not match the model")
+	// buffer that does not match the schemas. Nothing was queued. The
+	// message says what is wrong: which input or slots, which key, its
+	// dtype or row shape and the model's. Code InvalidArgument.
+	ErrSchema = errors.New("serve: does not fit the model")
 
 	// ErrQueueFull: the manager holds Config.MaxQueue rows waiting for a
 	// replica already; nothing was queued. Back off and try again (Triton's
@@ -38,6 +42,13 @@ var (
 	// ErrParams: Load's parameters do not fit the model (its Load refused
 	// them); no replica switched to them. Code InvalidArgument.
 	ErrParams = errors.New("serve: parameters do not fit the model")
+
+	// ErrNoParams: a prediction before the manager loaded any parameters,
+	// when its models need some (ParamsNeeder: serve/mlp's MLP, whose
+	// weights are zero until its first Load). Nothing was queued. Load
+	// parameters first (Manager.Load, LoadVersion, Follow). Code
+	// FailedPrecondition.
+	ErrNoParams = errors.New("serve: no parameters loaded")
 
 	// ErrVersion: LoadVersion of a version not newer than the manager's
 	// latest. Code FailedPrecondition.
@@ -70,6 +81,7 @@ var (
 func init() {
 	rpc.RegisterReason(ErrConfig, rpc.InvalidArgument, "serve.config")
 	rpc.RegisterReason(ErrSchema, rpc.InvalidArgument, "serve.schema")
+	rpc.RegisterReason(ErrNoParams, rpc.FailedPrecondition, "serve.no_params")
 	rpc.RegisterReason(ErrQueueFull, rpc.ResourceExhausted, "serve.queue_full")
 	rpc.RegisterReason(ErrForward, rpc.Internal, "serve.forward")
 	rpc.RegisterReason(ErrParams, rpc.InvalidArgument, "serve.params")
@@ -89,4 +101,41 @@ func schemaErrorf(format string, args ...any) error {
 // configErrorf returns an error matching ErrConfig.
 func configErrorf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
+}
+
+// schemaDiff returns what differs between got, the fields of a batch of
+// rows (an input, a client's slots), and want, the model's schema: each
+// field missing, not in the schema, or of another dtype or row shape,
+// "" when none does. At most 8 differences are listed, then a count.
+func schemaDiff(want, got tensordict.RowSchema) string {
+	key := func(k []string) string { return strings.Join(k, "\x00") }
+	have := make(map[string]tensordict.RowField, len(got))
+	for _, g := range got {
+		have[key(g.Key)] = g
+	}
+	var diffs []string
+	for _, w := range want {
+		g, ok := have[key(w.Key)]
+		switch {
+		case !ok:
+			diffs = append(diffs, fmt.Sprintf("key %v is missing (want %v%v)", w.Key, w.DType, w.Shape))
+		case g.DType != w.DType && !slices.Equal(g.Shape, w.Shape):
+			diffs = append(diffs, fmt.Sprintf("key %v is %v%v per row, want %v%v", w.Key, g.DType, g.Shape, w.DType, w.Shape))
+		case g.DType != w.DType:
+			diffs = append(diffs, fmt.Sprintf("key %v has dtype %v, want %v", w.Key, g.DType, w.DType))
+		case !slices.Equal(g.Shape, w.Shape):
+			diffs = append(diffs, fmt.Sprintf("key %v has shape %v per row, want %v", w.Key, g.Shape, w.Shape))
+		}
+		delete(have, key(w.Key))
+	}
+	for _, g := range got {
+		if _, extra := have[key(g.Key)]; extra {
+			diffs = append(diffs, fmt.Sprintf("key %v (%v%v) is not in the model's schema", g.Key, g.DType, g.Shape))
+		}
+	}
+	const most = 8
+	if len(diffs) > most {
+		diffs = append(diffs[:most], fmt.Sprintf("and %d more", len(diffs)-most))
+	}
+	return strings.Join(diffs, "; ")
 }

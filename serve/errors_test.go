@@ -15,6 +15,7 @@ var wireErrors = []svctest.Sentinel{
 	{Err: ErrQueueFull, Code: rpc.ErrResourceExhausted, Reason: "serve.queue_full"},
 	{Err: ErrForward, Code: rpc.ErrInternal, Reason: "serve.forward"},
 	{Err: ErrParams, Code: rpc.ErrInvalidArgument, Reason: "serve.params"},
+	{Err: ErrNoParams, Code: rpc.ErrFailedPrecondition, Reason: "serve.no_params"},
 	{Err: ErrVersion, Code: rpc.ErrFailedPrecondition, Reason: "serve.version"},
 	{Err: ErrStopped, Code: rpc.ErrUnavailable, Reason: "serve.stopped"},
 	{Err: ErrClosed, Code: rpc.ErrFailedPrecondition, Reason: "serve.closed"},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -49,6 +50,7 @@ type Manager struct {
 	w        weights // guarded by mu
 	loadSem  chan struct{}
 	kept     []*store.Param // Follow's versions that models may use
+	needs    string         // the model type, when it needs parameters before it predicts (ParamsNeeder)
 	st       counters
 
 	wg sync.WaitGroup // the replicas' goroutines
@@ -144,6 +146,9 @@ func New(cfg Config) (*Manager, error) {
 		r.timer.Stop()
 		m.replicas = append(m.replicas, r)
 	}
+	if pn, ok := m.replicas[0].model.(ParamsNeeder); ok && pn.NeedsParams() {
+		m.needs = fmt.Sprintf("%T", pn)
+	}
 	m.st.hist = make([]uint64, cfg.MaxBatch+1)
 	for _, r := range m.replicas {
 		m.wg.Add(1)
@@ -189,9 +194,10 @@ func (m *Manager) MaxBatch() int { return m.cfg.MaxBatch }
 // before Predict returns and not kept.
 //
 // Errors: ErrSchema for an input that does not fit (nothing is queued),
-// ErrQueueFull, ErrForward, ErrStopped, or ctx's error. Once its rows are
-// in a batch, a call that ctx ends returns at once, and the batch runs
-// without it.
+// ErrNoParams before the first Load of models that need one
+// (ParamsNeeder), ErrQueueFull, ErrForward, ErrStopped, or ctx's error.
+// Once its rows are in a batch, a call that ctx ends returns at once, and
+// the batch runs without it.
 func (m *Manager) Predict(ctx context.Context, in *tensordict.TensorDict) (*tensordict.TensorDict, uint64, error) {
 	n, err := checkRows(in, m.cfg.Input, m.cfg.MaxBatch, "input")
 	if err != nil {
@@ -308,6 +314,10 @@ func (m *Manager) enqueue(ctx context.Context, n int) (*request, error) {
 		m.mu.Unlock()
 		return nil, ErrStopped
 	}
+	if err := m.noParamsLocked(); err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
 	if m.queued+n > m.cfg.MaxQueue {
 		m.st.queueFull++
 		q := m.queued
@@ -346,6 +356,16 @@ func (m *Manager) enqueue(ctx context.Context, n int) (*request, error) {
 	return r, nil
 }
 
+// noParamsLocked returns ErrNoParams while the models need parameters
+// and none were loaded.
+func (m *Manager) noParamsLocked() error {
+	if m.needs != "" && m.w.version == 0 {
+		return fmt.Errorf("%w: the model (%s) has none until the first Load (Manager.Load, LoadVersion or Follow); "+
+			"it would compute with its constructor's (zero) weights", ErrNoParams, m.needs)
+	}
+	return nil
+}
+
 // placeNowLocked places r in the open batch, opening one if there is
 // none, when nothing waits behind it and r fits; it reports whether it
 // did.
@@ -379,6 +399,10 @@ func (m *Manager) submit(n int, fill func(buf fields, row int) error,
 	if m.closed {
 		m.mu.Unlock()
 		return ErrStopped
+	}
+	if err := m.noParamsLocked(); err != nil {
+		m.mu.Unlock()
+		return err
 	}
 	if m.queued+n > m.cfg.MaxQueue {
 		m.st.queueFull++
@@ -480,6 +504,12 @@ func (m *Manager) take(r *replica) (*batch, bool) {
 			return nil, false
 		}
 		m.switchLocked(r)
+		if m.needs != "" && r.version == 0 {
+			// Its model has no parameters yet: it runs nothing until it
+			// switches to the first version a Load gives a spare.
+			m.cond.Wait()
+			continue
+		}
 		if m.open == nil {
 			m.openBatchLocked()
 		}
@@ -573,10 +603,18 @@ func answerAsync(b *batch) {
 	}
 }
 
-// forward calls model.Forward, turning a panic into an error.
+// forward calls model.Forward, turning a panic into an error, and a memory
+// fault on its goroutine (a SIGBUS on a mapping whose file was truncated)
+// into a panic first (debug.SetPanicOnFault), so that it fails the batch
+// and not the process.
 func forward(ctx context.Context, model Model, in *tensordict.TensorDict) (out *tensordict.TensorDict, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if p := recover(); p != nil {
+			if f, ok := p.(interface{ Addr() uintptr }); ok {
+				out, err = nil, fmt.Errorf("%w: the model faulted at address %#x (%v): is a mapping it reads truncated?", ErrForward, f.Addr(), p)
+				return
+			}
 			out, err = nil, fmt.Errorf("%w: the model panicked: %v", ErrForward, p)
 		}
 	}()

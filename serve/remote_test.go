@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -381,4 +383,72 @@ func TestRemote_CloseRemovesTheSlots(t *testing.T) {
 		defer s.mu.Unlock()
 		return len(s.clients) == 0
 	})
+}
+
+// TestRemote_RegisterRefusalsSayWhatIsWrong registers client folders whose
+// slots do not fit the model with a node: each refusal is ErrSchema
+// (InvalidArgument) and says what is wrong: which slots (input or output),
+// which key, its dtype or shape and the model's. Before, each began with
+// "input does not match the model", output slots' too, and a missing key
+// was only a count of fields.
+func TestRemote_RegisterRefusalsSayWhatIsWrong(t *testing.T) {
+	root := t.TempDir()
+	n := serveModel(t, root, testConfig(&behaviour{}, 4))
+	rc, err := rpc.Dial(ctxT(t), n.addr, rpc.WithRoot(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	field := func(key string, dt memmap.DType, shape ...int) tensordict.Field {
+		return tensordict.Field{Key: []string{key}, DType: dt, Shape: shape}
+	}
+	goodIn := []tensordict.Field{field("x", memmap.Float32, 2, 4)}
+	goodOut := []tensordict.Field{field("y", memmap.Float32, 2, 2)}
+	for i, tc := range []struct {
+		name    string
+		in, out []tensordict.Field
+		slots   int
+		want    []string // in the message
+		notWant string
+	}{
+		{"input dtype", []tensordict.Field{field("x", memmap.Float64, 2, 4)}, goodOut, 2,
+			[]string{"input slots", "[x]", "torch.float64", "torch.float32"}, ""},
+		{"output shape", goodIn, []tensordict.Field{field("y", memmap.Float32, 2, 3)}, 2,
+			[]string{"output slots", "[y]", "[3]", "[2]"}, "input"},
+		{"input key missing", []tensordict.Field{field("z", memmap.Float32, 2, 4)}, goodOut, 2,
+			[]string{"input slots", "[z]", "[x]"}, ""},
+		{"output key extra", goodIn, []tensordict.Field{field("y", memmap.Float32, 2, 2), field("w", memmap.Float32, 2, 1)}, 2,
+			[]string{"output slots", "[w]"}, "input"},
+		{"output key missing", goodIn, []tensordict.Field{field("v", memmap.Float32, 2, 2)}, 2,
+			[]string{"output slots", "[y] is missing", "[v]"}, "input"},
+		{"slots", goodIn, goodOut, 3,
+			[]string{"input slots", "batch size [2]", "[3]"}, ""},
+	} {
+		rel := fmt.Sprintf("%s/%016x", ClientsDir, i+1)
+		dir := filepath.Join(root, filepath.FromSlash(rel))
+		for _, part := range []struct {
+			name   string
+			fields []tensordict.Field
+		}{{"in", tc.in}, {"out", tc.out}} {
+			td, err := tensordict.Create(filepath.Join(dir, part.name), []int{2}, part.fields...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			td.Close()
+		}
+		_, err := rpc.Call[registerResponse](ctxT(t), rc, MethodRegister, registerRequest{Name: "model", Prefix: rel, Slots: tc.slots})
+		if !errors.Is(err, ErrSchema) || !errors.Is(err, rpc.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrSchema (InvalidArgument)", tc.name, err)
+			continue
+		}
+		msg := err.Error()
+		for _, w := range tc.want {
+			if !strings.Contains(msg, w) {
+				t.Errorf("%s: %q does not say %q", tc.name, msg, w)
+			}
+		}
+		if tc.notWant != "" && strings.Contains(msg, tc.notWant) {
+			t.Errorf("%s: %q speaks of %q", tc.name, msg, tc.notWant)
+		}
+	}
 }

@@ -321,11 +321,11 @@ func (svc *Service) mapClient(prefix string, schema tensordict.RowSchema, slots 
 	}
 	if b := td.BatchSize(); !slices.Equal(b, []int{slots}) {
 		td.Close()
-		return nil, schemaErrorf("the client's %s slots have batch size %v; want [%d]", what, b, slots)
+		return nil, schemaErrorf("the client's %s slots %s have batch size %v; the registration says %d slots ([%d])", what, prefix, b, slots, slots)
 	}
-	if err := schema.Match(td.RowSchema()); err != nil {
+	if d := schemaDiff(schema, td.RowSchema()); d != "" {
 		td.Close()
-		return nil, schemaErrorf("the client's %s slots: %v", what, err)
+		return nil, schemaErrorf("the client's %s slots %s do not fit the model's %s schema: %s", what, prefix, what, d)
 	}
 	return td, nil
 }

@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/serve"
 	"github.com/tensorwire/tensorwire/serve/mlp"
 	"github.com/tensorwire/tensorwire/store"
@@ -159,5 +161,66 @@ func TestNode_ServeFlagErrors(t *testing.T) {
 	code, _, stderr = runNodeInProcess(t, "--listen", "127.0.0.1:0", "--root", t.TempDir(), "--serve", "m,params=nothing")
 	if code == 0 || !strings.Contains(stderr, "model m: params") {
 		t.Errorf("missing parameters: exit %d, stderr:\n%s", code, stderr)
+	}
+}
+
+// TestNode_ServeSurvivesTruncatedWeights truncates the weights file of a
+// model a real "tensorwire node --serve" serves, under it: the node copied
+// its parameters out of the mapping when it loaded them, so predictions go
+// on with the weights it loaded, and the node (and every service on it)
+// lives. Before, the MLP kept views of the mapping, and the next forward
+// died of SIGBUS inside gonum's sgemm.
+func TestNode_ServeSurvivesTruncatedWeights(t *testing.T) {
+	root := t.TempDir()
+	sizes := []int{64, 256, 16}
+	params := mlp.Random(sizes, 5)
+	written, err := params.Memmap(filepath.Join(root, "policy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	written.Close()
+	n := startNode(t, "--root", root, "--serve", "policy,params=policy,max-batch=8")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	plain, _ := mlp.New(mlp.Config{Sizes: sizes})
+	if err := plain.Load(ctx, params); err != nil {
+		t.Fatal(err)
+	}
+	in, _ := plain.Input().Zeros(2)
+	x, _ := in.Tensor(mlp.DefaultIn)
+	x.Fill([]int{0, 1}, 0.5)
+	want, err := plain.Forward(ctx, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(root, "policy", "0.weight.memmap"), 0); err != nil {
+		t.Fatal(err)
+	}
+	c, err := serve.Dial(ctx, n.addr, "policy", serve.WithBytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for range 3 {
+		out, v, err := c.Predict(ctx, in)
+		if err != nil {
+			t.Fatalf("predict after the weights file was truncated: %v; node alive: %v; stderr:\n%s",
+				err, !exited(n.proc), n.stderr)
+		}
+		if v != 1 || !out.Equal(want) {
+			t.Fatalf("version %d; outputs equal to the loaded weights': %v", v, out.Equal(want))
+		}
+	}
+	n.stop(t)
+}
+
+// exited reports whether p has exited.
+func exited(p *nodeproc.Proc) bool {
+	select {
+	case <-p.Done():
+		return true
+	default:
+		return false
 	}
 }

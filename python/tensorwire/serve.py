@@ -55,7 +55,7 @@ try:
 except ImportError:  # not Unix: no process-owned locks, so no ref mode
     fcntl = None
 
-__all__ = ["Client", "SchemaError", "QueueFullError", "ForwardError", "ParamsError", "VersionError",
+__all__ = ["Client", "SchemaError", "QueueFullError", "ForwardError", "ParamsError", "NoParamsError", "VersionError",
            "StoppedError", "ClosedError", "NotFoundError", "ExistsError", "NotRegisteredError", "ConfigError",
            "CLIENTS_DIR", "MAX_ROWS"]
 
@@ -93,6 +93,13 @@ class ForwardError(InternalError):
 @register_reason
 class ParamsError(InvalidArgumentError):
     reason = "serve.params"
+
+
+@register_reason
+class NoParamsError(FailedPreconditionError):
+    """The node's model has no parameters loaded yet (its weights would be
+    its constructor's zeros); nothing was queued."""
+    reason = "serve.no_params"
 
 
 @register_reason

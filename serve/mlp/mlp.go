@@ -13,11 +13,16 @@
 //
 // writes them: keys "0.weight" (shape [out, in], as nn.Linear keeps it),
 // "0.bias" ([out]), "2.weight", "2.bias", ... the number being the layer's
-// index in the Sequential. Load keeps views of the tensors it is given
-// instead of copying them: loading a mapping read-only costs no copy, and
-// the mapping must outlive the model's use of it (serve.Loader's contract).
-// The matrix products go to gonum's BLAS, which reads a weight [out, in]
-// transposed in place.
+// index in the Sequential. Load copies the tensors it is given into the
+// model's own memory, under the memmap fault guard: a weights file
+// truncated under its mapping is an error at Load that names the file
+// (memmap.ErrFault), never a SIGBUS in a later Forward, and the parameters
+// need not outlive the Load. The matrix products go to gonum's BLAS, which
+// reads a weight [out, in] transposed in place.
+//
+// A new MLP has zero weights, which compute nothing useful: until its
+// first Load, NeedsParams reports true, and a serve.Manager of MLPs
+// refuses predictions (serve.ErrNoParams) until it has loaded parameters.
 package mlp
 
 import (
@@ -51,19 +56,20 @@ type Config struct {
 	In, Out []string
 }
 
-// MLP is the model. Its weights are zero until Load or Init. It is a
-// serve.Loader: Forward and Load must not be called concurrently.
+// MLP is the model. Its weights are zero until Load. It is a serve.Loader:
+// Forward and Load must not be called concurrently.
 type MLP struct {
 	cfg    Config
 	layers []layer
-	params *tensordict.TensorDict // what the layers view: kept reachable (gorgonia's views hold bare addresses)
-	hidden []*tensordict.Tensor   // reused activations of the hidden layers
+	loaded bool                 // Load has succeeded: the weights are not New's zeros
+	hidden []*tensordict.Tensor // reused activations of the hidden layers
 }
 
 type layer struct {
 	in, out int
-	w       *tensor.Dense // [out, in], viewed transposed: [in, out]
-	b       []float32     // [out]
+	w       *tensor.Dense      // [out, in], viewed transposed: [in, out]
+	wt      *tensordict.Tensor // w's memory: kept reachable (gorgonia's view holds a bare address)
+	b       []float32          // [out]
 }
 
 // New returns an MLP of cfg's shape with zero weights.
@@ -84,11 +90,15 @@ func New(cfg Config) (*MLP, error) {
 	}
 	cfg.Sizes, cfg.In, cfg.Out = slices.Clone(cfg.Sizes), slices.Clone(cfg.In), slices.Clone(cfg.Out)
 	m := &MLP{cfg: cfg}
-	if err := m.Load(context.Background(), Zeros(cfg.Sizes)); err != nil {
+	if err := m.load(Zeros(cfg.Sizes)); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
+
+// NeedsParams reports whether the model still has New's zero weights: no
+// Load has succeeded (serve.ParamsNeeder).
+func (m *MLP) NeedsParams() bool { return !m.loaded }
 
 // Input returns the schema of one input row: In, float32 [Sizes[0]].
 func (m *MLP) Input() tensordict.RowSchema {
@@ -103,10 +113,20 @@ func (m *MLP) Output() tensordict.RowSchema {
 // Load makes params the model's weights: a TensorDict with a float32
 // "K.weight" of shape [out, in] and "K.bias" of shape [out] for each layer,
 // K its index in PyTorch's Sequential (0, 2, 4, ... with ReLUs between),
-// the layers' shapes those of the model; other keys are ignored. It keeps
-// views of params' tensors, which must stay valid and unchanged while the
-// model uses them. A refused params leaves the weights as they were.
+// the layers' shapes those of the model; other keys are ignored. It copies
+// the tensors into the model's own memory (a mapping's bytes under the
+// memmap fault guard: a file truncated under it is an error wrapping
+// memmap.ErrFault that names it), so params may change or close once Load
+// returns. A refused params leaves the weights as they were.
 func (m *MLP) Load(_ context.Context, params *tensordict.TensorDict) error {
+	if err := m.load(params); err != nil {
+		return err
+	}
+	m.loaded = true
+	return nil
+}
+
+func (m *MLP) load(params *tensordict.TensorDict) error {
 	found, err := linearKeys(params)
 	if err != nil {
 		return err
@@ -125,6 +145,14 @@ func (m *MLP) Load(_ context.Context, params *tensordict.TensorDict) error {
 		if err != nil {
 			return err
 		}
+		// Copies in Go memory: a fault reading a mapping is an error
+		// here, and nothing of params is kept.
+		if w, err = w.Clone(); err != nil {
+			return fmt.Errorf("mlp: copying %s.weight: %w", k, err)
+		}
+		if b, err = b.Clone(); err != nil {
+			return fmt.Errorf("mlp: copying %s.bias: %w", k, err)
+		}
 		wd, err := w.Dense()
 		if err != nil {
 			return fmt.Errorf("mlp: %s.weight: %w", k, err)
@@ -140,9 +168,9 @@ func (m *MLP) Load(_ context.Context, params *tensordict.TensorDict) error {
 		if err != nil {
 			return fmt.Errorf("mlp: %s.bias: %w", k, err)
 		}
-		layers[i] = layer{in: in, out: out, w: wd, b: bias}
+		layers[i] = layer{in: in, out: out, w: wd, wt: w, b: bias}
 	}
-	m.layers, m.params = layers, params
+	m.layers = layers
 	return nil
 }
 

@@ -2,7 +2,9 @@ package mlp
 
 import (
 	"context"
+	"errors"
 	"math"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -115,8 +117,8 @@ func TestMLP_ForwardMatchesReference(t *testing.T) {
 }
 
 // TestMLP_LoadsAReadOnlyMapping loads weights from a read-only mapping:
-// nothing may write into it (a write would fault), and the forward pass
-// uses them as they are, transposed by BLAS and not in memory.
+// nothing may write into it (a write would fault); Load copies them, and
+// the forward pass uses the copy, transposed by BLAS and not in memory.
 func TestMLP_LoadsAReadOnlyMapping(t *testing.T) {
 	prefix := filepath.Join(t.TempDir(), "params")
 	params := Random(sizes, 3)
@@ -146,6 +148,67 @@ func TestMLP_LoadsAReadOnlyMapping(t *testing.T) {
 		}
 		closeTo(t, "forward", outputs(t, out), reference(t, params, xs, 5), 1e-5)
 	}
+}
+
+// TestMLP_TruncatedWeightsFailAtLoad truncates a weights file under its
+// read-only mapping before Load: Load copies the weights under the memmap
+// fault guard, so it fails with memmap.ErrFault naming the file, and the
+// model keeps the weights it had. Before, Load kept views of the mapping
+// and returned nil, and the next Forward died of SIGBUS inside BLAS. Then
+// a file truncated after Load changes nothing: the model computes with
+// its copy.
+func TestMLP_TruncatedWeightsFailAtLoad(t *testing.T) {
+	prefix := filepath.Join(t.TempDir(), "params")
+	params := Random(sizes, 3)
+	written, err := params.Memmap(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	written.Close()
+	mapped, err := tensordict.LoadMemmap(prefix, tensordict.ReadOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mapped.Close()
+	weight := filepath.Join(prefix, "2.weight.memmap")
+	if err := os.Truncate(weight, 0); err != nil {
+		t.Fatal(err)
+	}
+	m, _ := New(Config{Sizes: sizes})
+	err = m.Load(context.Background(), mapped)
+	if err == nil {
+		t.Fatal("Load of a truncated weights file returned nil (a Forward would die of SIGBUS)")
+	}
+	if !errors.Is(err, memmap.ErrFault) || !strings.Contains(err.Error(), weight) {
+		t.Errorf("Load: %v; want memmap.ErrFault naming %s", err, weight)
+	}
+	if !m.NeedsParams() {
+		t.Error("a refused Load counts as loaded")
+	}
+
+	// Loaded, then truncated: the model has its own copy.
+	written, err = params.Memmap(filepath.Join(t.TempDir(), "params"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer written.Close()
+	if err := m.Load(context.Background(), written); err != nil {
+		t.Fatal(err)
+	}
+	if m.NeedsParams() {
+		t.Error("NeedsParams after a Load")
+	}
+	for _, k := range params.Keys() {
+		if err := os.Truncate(filepath.Join(written.Prefix(), k+".memmap"), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in, xs := input(t, 3, 2)
+	out, err := m.Forward(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeTo(t, "forward after the files were truncated", outputs(t, out), reference(t, params, xs, 3), 1e-5)
 }
 
 func TestMLP_LoadRefuses(t *testing.T) {

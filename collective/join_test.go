@@ -1,0 +1,78 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestJoin_SizeAndDeadline: a Config of an absurd number of ranks is
+// ErrConfig at once, saying the maximum; a rank 0 of MaxSize ranks that
+// no other rank joins fails with ErrJoin when its context ends, not long
+// after, with a message of a few hundred bytes that does not list every
+// rank. Before, Size 100000000 ran 39 s past a 5 s deadline, took 9.2 GB
+// and returned an 889 MB message listing every missing rank.
+func TestJoin_SizeAndDeadline(t *testing.T) {
+	for _, size := range []int{1 << 20, 100_000_000} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		start := time.Now()
+		_, err := Join(ctx, Config{Rank: 0, Size: size, Addr: freeAddr(t)})
+		cancel()
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "at most 1024") {
+			t.Fatalf("Join of %d ranks: %.300v; want ErrConfig saying the maximum", size, err)
+		}
+		if d := time.Since(start); d > 500*time.Millisecond {
+			t.Errorf("Join of %d ranks took %v to refuse", size, d)
+		}
+		if _, err := Join(ctx, Config{Rank: 0, Size: MaxSize + 1, Addr: freeAddr(t)}); !errors.Is(err, ErrConfig) {
+			t.Errorf("Join of MaxSize+1 ranks: %v; want ErrConfig", err)
+		}
+	}
+
+	for _, rank := range []int{0, MaxSize - 1} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		start := time.Now()
+		_, err := Join(ctx, Config{Rank: rank, Size: MaxSize, Addr: freeAddr(t)})
+		cancel()
+		took := time.Since(start)
+		if !errors.Is(err, ErrJoin) {
+			t.Fatalf("rank %d of %d alone: %.300v; want ErrJoin", rank, MaxSize, err)
+		}
+		if took > 2*time.Second {
+			t.Errorf("rank %d of %d alone failed %v after its 1 s deadline", rank, MaxSize, took-time.Second)
+		}
+		if n := len(err.Error()); n > 1024 {
+			t.Errorf("rank %d of %d alone: a message of %d bytes: %.300s...", rank, MaxSize, n, err)
+		}
+		t.Logf("rank %d: %v (%v)", rank, err, took)
+	}
+}
+
+// TestRankList: ranks in runs, at most 16 runs then a count; counts at
+// most 16 then how many.
+func TestRankList(t *testing.T) {
+	var odd, all []int
+	for r := 1; r < 1024; r++ {
+		all = append(all, r)
+		if r%2 == 1 {
+			odd = append(odd, r)
+		}
+	}
+	for _, tc := range []struct {
+		in   []int
+		want string
+	}{
+		{all, "1-1023"},
+		{[]int{0, 2, 3, 4, 9}, "0, 2-4, 9"},
+		{odd, "1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31 and 496 more"},
+	} {
+		if got := rankList(tc.in); got != tc.want {
+			t.Errorf("rankList: %q, want %q", got, tc.want)
+		}
+	}
+	if got := intList(all); got != "[1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 ... (1023 in all)]" {
+		t.Errorf("intList: %q", got)
+	}
+}
