@@ -41,24 +41,25 @@ import (
 // out) registers again by itself. A Client is safe for concurrent use;
 // Close it when done.
 type Client struct {
-	rc    *rpc.Client
-	name  string
-	info  infoResponse
-	bytes bool
-	slots int
-	in    *tensordict.TensorDict // the slots: mappings of the files in dir, or Go memory
-	out   *tensordict.TensorDict
-	inF   fields // their tensors
-	outF  fields
-	dir   string // the slots' folder; "" in bytes mode
-	rel   string // dir relative to the root
-	root  string // this side's view of the root
-	lock  *lockfile.Lock
-	free  *slotRanges
-	ring  *clientRing   // requests by bell (bell.go); nil for calls only
-	use   sync.RWMutex  // requests by bell hold it shared; Close unmaps the ring under it
-	gen   atomic.Uint64 // registrations made: a request waiting by bell sends itself again when it changes
-	quiet time.Duration // waitQuiet's bound: quietWait
+	rc      *rpc.Client
+	name    string
+	info    infoResponse
+	bytes   bool
+	sharing rpc.Sharing // at Dial
+	slots   int
+	in      *tensordict.TensorDict // the slots: mappings of the files in dir, or Go memory
+	out     *tensordict.TensorDict
+	inF     fields // their tensors
+	outF    fields
+	dir     string // the slots' folder; "" in bytes mode
+	rel     string // dir relative to the root
+	root    string // this side's view of the root
+	lock    *lockfile.Lock
+	free    *slotRanges
+	ring    *clientRing   // requests by bell (bell.go); nil for calls only
+	use     sync.RWMutex  // requests by bell hold it shared; Close unmaps the ring under it
+	gen     atomic.Uint64 // registrations made: a request waiting by bell sends itself again when it changes
+	quiet   time.Duration // waitQuiet's bound: quietWait
 
 	bg   context.Context // ends at Close: the renewer's
 	stop context.CancelFunc
@@ -139,9 +140,12 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (_ *Client
 	c.free = newSlotRanges(c.slots)
 	shared := false
 	if o.root != "" && !o.bytes {
-		if shared, err = rc.SharedFS(ctx); err != nil {
+		// Slots, ring and bell are rewritten in place: references need
+		// one page cache (rpc.Coherent), not only the same files.
+		if c.sharing, err = rc.Sharing(ctx); err != nil {
 			return nil, err
 		}
+		shared = c.sharing == rpc.Coherent
 	}
 	c.bytes = !shared
 	if c.bytes {
@@ -292,6 +296,15 @@ func (c *Client) renewEvery(d time.Duration) {
 		cancel()
 	}
 }
+
+// Sharing returns how much of the node's root the client shared at Dial
+// (rpc.None without a root or with WithBytes); Mode is "ref" at
+// rpc.Coherent only.
+func (c *Client) Sharing() rpc.Sharing { return c.sharing }
+
+// SharedFS reports whether the client works by reference (Mode is "ref"),
+// as the other services' clients say it.
+func (c *Client) SharedFS() bool { return !c.bytes }
 
 // Mode returns "ref" when the rows stay in slots the node maps and "bytes"
 // when they travel with the calls.

@@ -241,9 +241,14 @@ func (svc *Service) info(_ context.Context, req infoRequest) (infoResponse, erro
 	}, nil
 }
 
-func (svc *Service) register(_ context.Context, req registerRequest) (registerResponse, error) {
+func (svc *Service) register(ctx context.Context, req registerRequest) (registerResponse, error) {
 	s, err := svc.lookup(req.Name)
 	if err != nil {
+		return registerResponse{}, err
+	}
+	// The client's slots, ring and bell are rewritten in place by both
+	// sides: only one page cache shows each side the other's writes.
+	if err := rpc.RequireCoherent(ctx, "serve: slots in a shared folder"); err != nil {
 		return registerResponse{}, err
 	}
 	switch {
