@@ -56,7 +56,7 @@ type coordinator struct {
 
 	mu       sync.Mutex
 	taken    map[string][]bool // per role: which indices are taken
-	mode     string            // the participants' mode, once one has joined
+	mode     string            // the participants' mode, once one has joined; modeMixed when they differ
 	gates    map[string]*gate
 	phase    string    // the last phase that opened; "" before the first
 	since    time.Time // when it opened
@@ -146,16 +146,20 @@ func (c *coordinator) joinLocked(req barrierRequest) (int, error) {
 	if !ok {
 		return 0, rpc.Errorf(rpc.InvalidArgument, "replaybench: unknown role %q", req.Role)
 	}
-	if c.mode != "" && req.Mode != c.mode {
-		return 0, rpc.Errorf(rpc.FailedPrecondition, "replaybench: a %s in mode %q, but the run's participants work in mode %q",
-			req.Role, req.Mode, c.mode)
-	}
 	i := slices.Index(taken, false)
 	if i < 0 {
 		return 0, rpc.Errorf(rpc.FailedPrecondition, "replaybench: the run already has its %d %s(s)", len(taken), req.Role)
 	}
 	taken[i] = true
-	c.mode = req.Mode
+	// Participants may work in different modes: one whose root is the
+	// node's files through another page cache (another machine) goes by
+	// bytes while those on the node's page cache go by reference. Each
+	// reports its own mode; the run's is "mixed" then.
+	if c.mode == "" || c.mode == req.Mode {
+		c.mode = req.Mode
+	} else {
+		c.mode = modeMixed
+	}
 	return i, nil
 }
 
@@ -178,3 +182,7 @@ func (c *coordinator) arrived(phase string) int {
 func callBarrier(ctx context.Context, rc *rpc.Client, req barrierRequest) (barrierResponse, error) {
 	return rpc.Call[barrierResponse](ctx, rc, methodBarrier, req)
 }
+
+// modeMixed is the run's mode when its participants work in different
+// modes.
+const modeMixed = "mixed"
