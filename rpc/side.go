@@ -446,6 +446,27 @@ func (s *sideSet) signal() {
 func (s *sideSet) add(id uint32, conn net.Conn) (*sideConn, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// A client attaches past the limit only when it holds fewer than the
+	// limit itself: one it closed is still counted here until this side's
+	// reader sees its end, a moment later. Wait for that drop, briefly,
+	// before refusing (TestSide_DeadIdleConns failed 1 run in 30 without).
+	if !s.closed && s.conns[id] == nil && len(s.conns) >= s.max {
+		timer := time.NewTimer(attachRoomWait)
+		for !s.closed && len(s.conns) >= s.max {
+			ch := s.changed
+			s.mu.Unlock()
+			select {
+			case <-ch:
+			case <-timer.C:
+			}
+			s.mu.Lock()
+			if !timer.Stop() {
+				break // waited long enough: refuse
+			}
+			timer.Reset(attachRoomWait)
+		}
+		timer.Stop()
+	}
 	switch {
 	case s.closed:
 		return nil, Errorf(Unavailable, "the session has ended")
@@ -459,6 +480,10 @@ func (s *sideSet) add(id uint32, conn net.Conn) (*sideConn, error) {
 	s.conns[id] = sc
 	return sc, nil
 }
+
+// attachRoomWait is how long an attach past a session's limit waits for
+// one of its side connections to be dropped.
+const attachRoomWait = time.Second
 
 // take checks out side connection id for a call or message stream that
 // names it: nil if there is none. One still held by the call before waits
