@@ -141,7 +141,7 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 		return nil, err
 	}
 	shared := false
-	if o.root != "" && !o.bytes && info.Prefix != "" {
+	if o.root != "" && info.Prefix != "" {
 		// Rows are written in place: references need one page cache
 		// (rpc.Coherent), not only the same files.
 		if c.sharing, err = rc.Sharing(ctx); err != nil {
@@ -149,7 +149,7 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 			rc.Close()
 			return nil, err
 		}
-		shared = c.sharing == rpc.Coherent
+		shared = c.sharing == rpc.Coherent && !o.bytes
 	}
 	c.bytes = !shared
 	if c.cur, err = c.newView(info); err != nil {
@@ -169,7 +169,7 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 func (c *Client) SharedFS() bool { return !c.bytes }
 
 // Sharing returns how much of the node's root the client shared at Dial
-// (rpc.None without a root or with WithBytes). References need
+// (rpc.None without a root; WithBytes does not change it). References need
 // rpc.Coherent: at rpc.Storage (another machine on the same files, another
 // page cache) the rows travel as bytes.
 func (c *Client) Sharing() rpc.Sharing { return c.sharing }

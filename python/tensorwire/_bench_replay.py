@@ -217,7 +217,7 @@ def run_writer(o, log):
     run = barrier(rc, "start", "writer", b.mode)
     index, writers, capacity, duration = run["index"], run["writers"], run["capacity"], run["duration_ns"] / 1e9
     log.attrs["writer"] = index
-    res = {"role": "writer", "mode": b.mode, "index": index, "fill_ns": 0, "warmup_ns": 0, "warmup_transitions": 0,
+    res = {"role": "writer", "mode": b.mode, "sharing": b.sharing, "index": index, "fill_ns": 0, "warmup_ns": 0, "warmup_transitions": 0,
            "elapsed_ns": 0, "transitions": 0, "extend_latency": ""}
     seq = 0
     share = (capacity + writers - 1) // writers
@@ -290,7 +290,7 @@ def run_trainer(o, log):
     n = o.sample_batch
     dst = {"obs": np.zeros((n,) + OBS_SHAPE, np.uint8), "action": np.zeros(n, np.int64),
            "reward": np.zeros(n, np.float32), "done": np.zeros(n, bool)}
-    res = {"role": "trainer", "mode": b.mode, "memcpy_gather_transitions_per_s": 0.0, "warmup_transitions": 0,
+    res = {"role": "trainer", "mode": b.mode, "sharing": b.sharing, "memcpy_gather_transitions_per_s": 0.0, "warmup_transitions": 0,
            "elapsed_ns": 0, "transitions": 0, "rows_verified": 0, "torn_rows": 0, "resampled": 0,
            "node_resampled": 0, "heap_max_bytes": 0, "heap_polls": 0, "sample_latency": ""}
     v = Verifier(log)

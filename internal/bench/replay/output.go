@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"math"
@@ -31,6 +32,7 @@ const (
 // are the HdrHistogram quantiles (report.Latency) of every call, merged
 // over the writers for Extend.
 type modeFigures struct {
+	Sharing      string  `json:"-"` // the trainer's and the writers' with the node (rpc.Sharing), "trainer/writers" when they differ; in Result.Sharing
 	InsertPerS   float64 `json:"insert_transitions_per_s"`
 	SamplePerS   float64 `json:"sample_transitions_per_s"`
 	ExtendP50    float64 `json:"extend_ms_p50"`
@@ -65,6 +67,7 @@ type modeFigures struct {
 // the run's memcpy gather limit.
 func (r *modeResult) figures(limit float64) *modeFigures {
 	f := &modeFigures{
+		Sharing:          r.sharing(),
 		BufferHeapMB:     float64(r.trainer.HeapMaxBytes) / 1e6,
 		TornRows:         r.trainer.TornRows,
 		RowsVerified:     r.trainer.RowsVerified,
@@ -217,6 +220,7 @@ func (s *summary) print(w io.Writer) error {
 		vs    func(f, goFigs *modeFigures) float64
 	}
 	rows := []row{
+		{label: "sharing with the node", cell: func(f *modeFigures) any { return cmp.Or(f.Sharing, "-") }},
 		{label: "inserted/s", cell: func(f *modeFigures) any { return rate(f.InsertPerS) }},
 		{label: "sampled/s", cell: func(f *modeFigures) any { return rate(f.SamplePerS) }},
 		{label: "insert MB/s", cell: func(f *modeFigures) any { return rate(f.InsertMBPerS) }},
@@ -339,6 +343,10 @@ type Result struct {
 	// modes' measurements. The ratios use it.
 	MemcpyGatherPerS float64 `json:"memcpy_gather_transitions_per_s"`
 	Config           Config  `json:"config"`
+	// Sharing is each mode's sharing level with the node, as its trainer
+	// and writers saw it at Dial (rpc.Sharing: "coherent", "storage",
+	// "none"; "trainer/writers" when they differ).
+	Sharing map[string]string `json:"sharing,omitempty"`
 	// Go holds, when the trainer or the writers are Python (Config.Trainer,
 	// Config.WritersLang), each mode's figures all in Go, run just before in
 	// the same invocation, for comparison: the keys above are the Python
@@ -381,7 +389,14 @@ func (s *summary) result() Result {
 	if len(s.goFigs) > 0 {
 		g = &GoResult{Ref: s.goFigs[modeRef], Bytes: s.goFigs[modeBytes]}
 	}
+	sharing := map[string]string{}
+	for m, f := range s.figs {
+		if f.Sharing != "" {
+			sharing[m] = f.Sharing
+		}
+	}
 	return Result{
+		Sharing:          sharing,
 		Go:               g,
 		Ref:              s.figs[modeRef],
 		Bytes:            s.figs[modeBytes],
@@ -407,4 +422,16 @@ func (s *summary) result() Result {
 			WritersLang:     o.writersLang,
 		},
 	}
+}
+
+// sharing returns the run's sharing level with the node as its roles saw
+// it at Dial: the trainer's, or "trainer/writers" when a writer's differs.
+func (r *modeResult) sharing() string {
+	t := r.trainer.Sharing
+	for _, w := range r.writers {
+		if w.Sharing != t {
+			return t + "/" + w.Sharing
+		}
+	}
+	return t
 }

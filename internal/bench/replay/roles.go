@@ -31,6 +31,7 @@ const (
 type writerResult struct {
 	Role              string `json:"role"`
 	Mode              string `json:"mode"`
+	Sharing           string `json:"sharing,omitempty"` // with the node, at Dial (rpc.Sharing)
 	Index             int    `json:"index"`
 	FillNS            int64  `json:"fill_ns"`            // to write its share of the capacity once
 	WarmupNS          int64  `json:"warmup_ns"`          // to write it warmLaps times
@@ -45,6 +46,7 @@ type writerResult struct {
 type trainerResult struct {
 	Role              string  `json:"role"`
 	Mode              string  `json:"mode"`
+	Sharing           string  `json:"sharing,omitempty"`               // with the node, at Dial (rpc.Sharing)
 	MemcpyGatherPerS  float64 `json:"memcpy_gather_transitions_per_s"` // 0: not measured (no --root)
 	WarmupTransitions int64   `json:"warmup_transitions"`              // sampled, untimed, during the warm-up
 	ElapsedNS         int64   `json:"elapsed_ns"`                      // of its timed phase
@@ -239,7 +241,7 @@ func runWriter(ctx context.Context, o *options, stdout io.Writer, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	res := writerResult{Role: roleWriter, Mode: modeOf(c), Index: run.Index}
+	res := writerResult{Role: roleWriter, Mode: modeOf(c), Sharing: c.Sharing().String(), Index: run.Index}
 	var seq uint64
 	next := func() { // makes bt the next bt.n transitions of this writer
 		for i := range bt.n {
@@ -336,7 +338,7 @@ func runTrainer(ctx context.Context, o *options, stdout io.Writer, log *slog.Log
 	if err != nil {
 		return err
 	}
-	res := trainerResult{Role: roleTrainer, Mode: modeOf(c)}
+	res := trainerResult{Role: roleTrainer, Mode: modeOf(c), Sharing: c.Sharing().String()}
 	v := &verifier{log: log}
 
 	if err := warmSample(ctx, c, rc, dst, v, &res); err != nil {

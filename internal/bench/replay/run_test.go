@@ -43,7 +43,9 @@ var jsonKeys = func() []string {
 		"config.seed_insert_transitions_per_s", "config.seed_sample_transitions_per_s", "config.trainers",
 		"config.transition_bytes", "config.warmup_laps", "config.writer", "config.writers",
 		// Added with the Python roles:
-		"config.trainer", "config.writers_lang"}
+		"config.trainer", "config.writers_lang",
+		// Added with the sharing levels (protocol version 4):
+		"sharing", "sharing.bytes", "sharing.ref"}
 	for _, mode := range []string{modeRef, modeBytes} {
 		keys = append(keys, mode)
 		for _, k := range []string{"buffer_heap_mb", "buffer_heap_polls", "checkpoint_s", "extend_calls", "extend_ms_p50",
