@@ -102,7 +102,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		c.o.tls.ServerName = host
 	}
 	if c.o.root != "" {
-		if c.root, c.fsid, err = openRoot(c.o.root); err != nil {
+		if c.root, c.fsid, err = peekRoot(c.o.root); err != nil {
 			return nil, err
 		}
 	}

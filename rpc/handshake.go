@@ -285,7 +285,7 @@ func clientHandshakeAttach(rw io.ReadWriter, version uint8, me rootSide, token [
 	}
 	info.sharing, info.why = legacySharing(me.fsid, theirs.fsid), legacyWhy(mine.version)
 	if mine.version >= sharingVersion && att == nil {
-		if info.sharing, info.why, err = clientWhereExchange(rw, me.root, me.host); err != nil {
+		if info.sharing, info.why, err = clientWhereExchange(rw, me.root, me.fsid, me.host); err != nil {
 			return peerInfo{}, err
 		}
 	}

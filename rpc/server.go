@@ -148,23 +148,49 @@ const (
 	mappingIdle = 5 * time.Minute
 )
 
+// peekRoot is openRoot for a client: a root without FSIDFile has the zero
+// FSID (no node has made it a root) and is left as it is, since a client
+// given any folder must not write into it.
+func peekRoot(dir string) (string, FSID, error) {
+	abs, _, err := absRoot(dir)
+	if err != nil {
+		return "", FSID{}, err
+	}
+	id, err := readFSIDFile(filepath.Join(abs, FSIDFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return abs, FSID{}, nil
+	}
+	return abs, id, err
+}
+
 // openRoot returns the shared root dir as an absolute path with symlinks
 // resolved, and its filesystem identity (created if it has none).
 func openRoot(dir string) (string, FSID, error) {
-	if fi, err := os.Stat(dir); err != nil {
-		return "", FSID{}, fmt.Errorf("rpc: root: %w", err) // names the whole path
+	abs, _, err := absRoot(dir)
+	if err != nil {
+		return "", FSID{}, err
+	}
+	id, err := ReadFSID(abs)
+	return abs, id, err
+}
+
+// absRoot checks that dir is a directory and returns it absolute, its
+// symlinks resolved.
+func absRoot(dir string) (string, os.FileInfo, error) {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return "", nil, fmt.Errorf("rpc: root: %w", err) // names the whole path
 	} else if !fi.IsDir() {
-		return "", FSID{}, fmt.Errorf("rpc: root %s is not a directory", dir)
+		return "", nil, fmt.Errorf("rpc: root %s is not a directory", dir)
 	}
 	abs, err := filepath.Abs(dir)
 	if err == nil {
 		abs, err = filepath.EvalSymlinks(abs)
 	}
 	if err != nil {
-		return "", FSID{}, fmt.Errorf("rpc: root %q: %w", dir, err)
+		return "", nil, fmt.Errorf("rpc: root %q: %w", dir, err)
 	}
-	id, err := ReadFSID(abs)
-	return abs, id, err
+	return abs, fi, nil
 }
 
 // FSID returns the identity of the server's root, or the zero FSID.

@@ -330,7 +330,7 @@ func RequireCoherent(ctx context.Context, what string) error {
 // clientWhereExchange runs the client's side of the where messages on rw:
 // it reads the node's, looks for the node's probe through root (this
 // client's, resolved; "" for none) and answers with what it decided.
-func clientWhereExchange(rw io.ReadWriter, root string, mine hostID) (Sharing, string, error) {
+func clientWhereExchange(rw io.ReadWriter, root string, fsid FSID, mine hostID) (Sharing, string, error) {
 	b := make([]byte, serverWhereSize)
 	if _, err := io.ReadFull(rw, b); err != nil {
 		return None, "", err
@@ -344,6 +344,8 @@ func clientWhereExchange(rw io.ReadWriter, root string, mine hostID) (Sharing, s
 	switch {
 	case root == "":
 		level, why = None, "this client has no root"
+	case fsid.IsZero():
+		level, why = None, "this client's root has no "+FSIDFile+": no node has made it a root"
 	case node.probe == [16]byte{}:
 		level, why = None, "the node made no probe: it has no root, or its root's identity (.tensorwire-fsid) is not this client's"
 	default:

@@ -209,6 +209,7 @@ func TestClient_Sharing(t *testing.T) {
 	if err := os.Symlink(root, link); err != nil {
 		t.Fatal(err)
 	}
+	plain := t.TempDir() // a folder no node has made a root
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
@@ -218,6 +219,7 @@ func TestClient_Sharing(t *testing.T) {
 		{"the node's root", []Option{WithRoot(root)}, Coherent},
 		{"the node's root through a symlink", []Option{WithRoot(link)}, Coherent},
 		{"a copy of the root", []Option{WithRoot(copied)}, None},
+		{"a folder no node has made a root", []Option{WithRoot(plain)}, None},
 		{"no root", nil, None},
 	} {
 		c := dial(t, addr, tc.opts...)
@@ -235,5 +237,9 @@ func TestClient_Sharing(t *testing.T) {
 		if got := <-seen; got != tc.want {
 			t.Errorf("%s: the node's handler saw %v, want %v", tc.name, got, tc.want)
 		}
+	}
+	// A client writes nothing into the folder it is given.
+	if ents, err := os.ReadDir(plain); err != nil || len(ents) != 0 {
+		t.Errorf("the client wrote into its root: %v, %v", ents, err)
 	}
 }

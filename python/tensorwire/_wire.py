@@ -79,16 +79,18 @@ def status(code, message=""):
     return bytes((code,)) + struct.pack(">H", len(msg)) + msg
 
 
-def read_fsid(root):
+def read_fsid(root, create=True):
     """The filesystem identity of a shared root: the 16 bytes in its
     .tensorwire-fsid (32 hex digits), created as the nodes create it if the
     root has none (a temporary file hard-linked into place: concurrent
-    creators agree on one id)."""
+    creators agree on one id); with create false, ZERO_FSID then (a
+    client's: it writes nothing into the folder it is given)."""
     path = os.path.join(root, FSID_FILE)
     try:
         return _read_fsid_file(path)
     except FileNotFoundError:
-        pass
+        if not create:
+            return ZERO_FSID
     new = os.urandom(16)
     fd, tmp = tempfile.mkstemp(prefix=FSID_FILE + ".tmp", dir=root)
     try:

@@ -137,7 +137,9 @@ class Client:
         self._root = os.path.realpath(root) if root else None
         if self._root and not os.path.isdir(self._root):
             raise InvalidArgumentError(f"root {root!r} is not a folder")
-        self._fsid = _wire.read_fsid(self._root) if self._root else _wire.ZERO_FSID
+        # A client reads its root's identity and never creates one: a folder
+        # no node has made a root is left as it is (its sharing is NONE).
+        self._fsid = _wire.read_fsid(self._root, create=False) if self._root else _wire.ZERO_FSID
         self._where = _wire.host_id(self._root)  # (boot id, device, inode) for the where messages
         self._logged = None  # the (sharing, why) last logged at INFO
         self._keepalive = keepalive
@@ -313,6 +315,8 @@ class Client:
         nboot, ndev, nino, probe = _wire.parse_server_where(_recv_exact(sock, _wire.SERVER_WHERE_SIZE))
         if not self._root:
             level, why = Sharing.NONE, "this client has no root"
+        elif self._fsid == _wire.ZERO_FSID:
+            level, why = Sharing.NONE, f"this client's root has no {_wire.FSID_FILE}: no node has made it a root"
         elif probe == bytes(16):
             level, why = Sharing.NONE, ("the node made no probe: it has no root, or its root's identity "
                                         "(.tensorwire-fsid) is not this client's")

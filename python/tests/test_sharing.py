@@ -36,7 +36,7 @@ class TestLevels(unittest.TestCase):
                            % test_loader.make_dataset(cls.node.dir)]
         cls.node.start()
         cls.addClassCleanup(cls.node.close)
-        # The node's identity exists once a client with its root connected.
+        # The node made its root's identity when it started.
         with tensorwire.Client(cls.node.addr, token=TOKEN, root=cls.node.root) as c:
             assert c.sharing() == "coherent", c.sharing()
         cls.copy = os.path.join(tempfile.mkdtemp(prefix="tensorwire-pytest-copy-"), "root")
@@ -52,6 +52,14 @@ class TestLevels(unittest.TestCase):
             self.assertIn("mount", c._connection(None).why)
         with tensorwire.Client(self.node.addr, token=TOKEN, root=self.copy) as c:
             self.assertEqual((c.sharing(), c.shared_fs()), ("none", False))
+        # A folder no node has made a root: none, and the client writes
+        # nothing into it (it used to create a .tensorwire-fsid there).
+        plain = tempfile.mkdtemp(prefix="tensorwire-pytest-plain-")
+        self.addCleanup(shutil.rmtree, plain, True)
+        with tensorwire.Client(self.node.addr, token=TOKEN, root=plain) as c:
+            self.assertEqual((c.sharing(), c.shared_fs()), ("none", False))
+            self.assertIn(".tensorwire-fsid", c._connection(None).why)
+        self.assertEqual(os.listdir(plain), [])
 
     def check_replay(self, root, name, level):
         with replay.Buffer(self.node.addr, name, token=TOKEN, root=root) as b:
