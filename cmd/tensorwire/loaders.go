@@ -160,21 +160,29 @@ type servedLoaders struct {
 	names     []string
 }
 
-// checkNames refuses a loader named as one of the node's replay buffers or
-// stores: both would live in ROOT/NAME. The node checks before it opens
-// anything.
+// checkNames refuses two services of the node that would live in one
+// folder, ROOT/NAME: a loader, a replay buffer or a store named as another
+// (a store opened on a buffer's folder refuses it, but only after the
+// buffer made its files there).
 func (f loaderFlags) checkNames(buffers bufferFlags, stores storeFlags) error {
+	type use struct{ flag, name string }
+	var uses []use
+	for _, b := range buffers {
+		uses = append(uses, use{"--buffer", b.name})
+	}
+	for _, st := range stores {
+		uses = append(uses, use{"--store", st.name})
+	}
 	for _, spec := range f {
-		for _, b := range buffers {
-			if filepath.Clean(b.name) == filepath.Clean(spec.name) {
-				return fmt.Errorf("%w: --loader %s: a --buffer has that name, and both would live in ROOT/%s", errUsage, spec.name, spec.name)
-			}
+		uses = append(uses, use{"--loader", spec.name})
+	}
+	seen := map[string]string{}
+	for _, u := range uses {
+		k := filepath.Clean(u.name)
+		if prev, ok := seen[k]; ok {
+			return fmt.Errorf("%w: %s %s: a %s has that name, and both would live in ROOT/%s", errUsage, u.flag, u.name, prev, u.name)
 		}
-		for _, st := range stores {
-			if filepath.Clean(st.name) == filepath.Clean(spec.name) {
-				return fmt.Errorf("%w: --loader %s: a --store has that name, and both would live in ROOT/%s", errUsage, spec.name, spec.name)
-			}
-		}
+		seen[k] = u.flag
 	}
 	return nil
 }

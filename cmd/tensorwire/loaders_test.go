@@ -130,6 +130,19 @@ func TestNode_LoaderFlagErrors(t *testing.T) {
 	if err := f.checkNames(b, nil); err == nil || !strings.Contains(err.Error(), "a --buffer has that name") {
 		t.Errorf("a loader named as a buffer: %v", err)
 	}
+	// A store named as a buffer (issue 24: --store x --buffer x made the
+	// buffer's files, then the store refused the folder).
+	var sx storeFlags
+	var bb bufferFlags
+	if err := bb.Set("x,capacity=4"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sx.Set("x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := (loaderFlags{}).checkNames(bb, sx); err == nil || !strings.Contains(err.Error(), "--store x: a --buffer has that name") {
+		t.Errorf("a store named as a buffer: %v", err)
+	}
 	var st storeFlags
 	if err := st.Set("s"); err != nil {
 		t.Fatal(err)
