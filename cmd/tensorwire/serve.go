@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tensorwire/tensorwire/rpc"
@@ -128,9 +129,12 @@ func (f *serveFlags) Set(v string) error {
 // servedModels are the managers a node runs, and their parameters'
 // mappings.
 type servedModels struct {
-	managers []*serve.Manager
+	mu       sync.Mutex
+	closed   bool
+	managers []*serve.Manager // nil: waiting for its store's first version
 	params   []*tensordict.TensorDict
 	svc      *serve.Service // once the server is registered
+	waiting  sync.WaitGroup // models waiting for their first version
 }
 
 // start maps each model's parameters read-only, starts its manager with
@@ -142,6 +146,15 @@ func (f serveFlags) start(ctx context.Context, root string, stores func(string) 
 	for _, spec := range f {
 		if spec.store != "" {
 			m, err := spec.follow(ctx, stores, log)
+			if errors.Is(err, store.ErrNotFound) && stores(spec.store) != nil {
+				// No version yet: the node starts, and the model is served
+				// from the first version published (awaitFirst). Said
+				// loudly: until then calls to it fail with NotFound.
+				log.Warn("model not served until a first version of its parameters is published to its store; until then its calls fail with NotFound",
+					"name", spec.name, "store", spec.store, "param", spec.param)
+				sm.managers, sm.params = append(sm.managers, nil), append(sm.params, nil)
+				continue
+			}
 			if err != nil {
 				sm.close()
 				return nil, nil, fmt.Errorf("model %s: %w", spec.name, err)
@@ -166,6 +179,11 @@ func (f serveFlags) start(ctx context.Context, root string, stores func(string) 
 		}
 		sm.svc = svc
 		for i, spec := range f {
+			if sm.managers[i] == nil {
+				sm.waiting.Add(1)
+				go sm.awaitFirst(ctx, i, spec, stores(spec.store), log)
+				continue
+			}
 			if err := svc.Add(spec.name, sm.managers[i]); err != nil {
 				return err
 			}
@@ -173,6 +191,36 @@ func (f serveFlags) start(ctx context.Context, root string, stores func(string) 
 		return nil
 	}
 	return sm, register, nil
+}
+
+// awaitFirst waits for the first version of spec's parameters in st, then
+// starts the model's manager with it, serves it under its name and follows
+// the store, as follow does for a version there at start; until ctx ends
+// or the models are closed.
+func (sm *servedModels) awaitFirst(ctx context.Context, i int, spec serveSpec, st *store.Store, log *slog.Logger) {
+	defer sm.waiting.Done()
+	p, err := st.WaitNewer(ctx, spec.param, 0)
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Error("model: waiting for the first version of its parameters failed: not served", "name", spec.name, "param", spec.param, "err", err)
+		}
+		return
+	}
+	m, err := spec.fromParam(ctx, st, p, log)
+	if err != nil {
+		log.Error("model: its parameters' first version cannot be served: not served", "name", spec.name, "param", spec.param, "err", err)
+		return
+	}
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	if sm.closed {
+		m.Close()
+		return
+	}
+	sm.managers[i] = m
+	if err := sm.svc.Add(spec.name, m); err != nil {
+		log.Error("model: cannot serve it", "name", spec.name, "err", err)
+	}
 }
 
 // follow starts a manager of the MLP whose parameters are the parameter
@@ -185,8 +233,15 @@ func (s serveSpec) follow(ctx context.Context, stores func(string) *store.Store,
 	}
 	p, err := st.Latest(ctx, s.param)
 	if err != nil {
-		return nil, fmt.Errorf("param=%s: %w (publish a first version before starting the node)", s.param, err)
+		return nil, fmt.Errorf("param=%s: %w", s.param, err)
 	}
+	return s.fromParam(ctx, st, p, log)
+}
+
+// fromParam starts the manager of an MLP loaded with version p of the
+// parameters s follows in st, then follows st for newer ones until ctx
+// ends; it takes p.
+func (s serveSpec) fromParam(ctx context.Context, st *store.Store, p *store.Param, log *slog.Logger) (*serve.Manager, error) {
 	sizes, err := mlp.SizesOf(p.TD)
 	if err == nil {
 		var m *serve.Manager
@@ -252,11 +307,16 @@ func (s serveSpec) start(ctx context.Context, root string, log *slog.Logger) (*s
 // close stops serving (the bells' pollers), stops the managers, then
 // unmaps their parameters.
 func (sm *servedModels) close() {
+	sm.mu.Lock()
+	sm.closed = true
+	sm.mu.Unlock()
 	if sm.svc != nil {
 		sm.svc.Close()
 	}
 	for _, m := range sm.managers {
-		m.Close()
+		if m != nil {
+			m.Close()
+		}
 	}
 	for _, p := range sm.params {
 		if p != nil {
