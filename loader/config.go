@@ -2,6 +2,7 @@ package loader
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -52,6 +53,10 @@ type Config struct {
 	// dataset index of each row.
 	IndexKey string
 
+	// Log receives the producer's failure (once, at ERROR, naming the file
+	// at fault when one was truncated); nil discards it.
+	Log *slog.Logger
+
 	// Heartbeat is how long a consumer may stay silent before it is
 	// dropped; 0 means 5s. Consumers send a heartbeat four times within it.
 	Heartbeat time.Duration
@@ -72,6 +77,9 @@ const (
 // withDefaults returns c with its zero fields set, checked: ErrConfig for
 // one that cannot make a producer.
 func (c Config) withDefaults() (Config, error) {
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
 	if c.Slots == 0 {
 		c.Slots = DefaultSlots
 	}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tensorwire/tensorwire/memmap"
+	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -214,10 +217,14 @@ func (p *Producer) run(ctx context.Context) {
 		}
 		if err := p.produceEpoch(ctx, e); err != nil {
 			if ctx.Err() == nil {
+				if errors.Is(err, memmap.ErrFault) {
+					err = fmt.Errorf("%w%s", err, truncatedFiles(p.pipe.src.td, p.ring.store))
+				}
 				p.mu.Lock()
 				p.err = fmt.Errorf("%w: epoch %d: %w", ErrFailed, e, err)
 				p.broadcastLocked()
 				p.mu.Unlock()
+				p.cfg.Log.Error("loader: the producer failed and stopped serving", "dir", p.cfg.Dir, "err", p.err)
 			}
 			return
 		}
@@ -241,6 +248,7 @@ func (p *Producer) beginEpoch(ctx context.Context) (int64, bool) {
 	if err := p.ring.writeMeta(); err != nil {
 		p.err = fmt.Errorf("%w: epoch %d: %w", ErrFailed, e, err)
 		p.broadcastLocked()
+		p.cfg.Log.Error("loader: the producer failed and stopped serving", "dir", p.cfg.Dir, "err", p.err)
 		return 0, false
 	}
 	p.epoch, p.running, p.window = e, true, p.cfg.Window > 0
@@ -621,4 +629,30 @@ func (p *Producer) Close() error {
 	p.stop()
 	<-p.done
 	return errors.Join(p.ring.close(true), p.pipe.close())
+}
+
+// truncatedFiles names the mapped files of tds shorter than their
+// mappings, as ": truncated: PATH (N of M bytes), ...", or "" when none
+// is: a fault's address does not say whose mapping it was in (a gather
+// faults on the dataset or on the ring slot it writes).
+func truncatedFiles(tds ...*tensordict.TensorDict) string {
+	var out []string
+	for _, td := range tds {
+		if td == nil {
+			continue
+		}
+		for _, t := range td.Leaves() {
+			mm, _ := t.Mapping()
+			if mm == nil {
+				continue
+			}
+			if fi, err := os.Stat(mm.Path()); err == nil && fi.Size() < int64(mm.NumBytes()) {
+				out = append(out, fmt.Sprintf("%s (%d of %d bytes)", mm.Path(), fi.Size(), mm.NumBytes()))
+			}
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return ": truncated: " + strings.Join(out, ", ")
 }

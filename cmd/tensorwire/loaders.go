@@ -194,6 +194,7 @@ func (f loaderFlags) open(root string, log *slog.Logger) (*servedLoaders, func(*
 	for _, spec := range f {
 		cfg := spec.cfg
 		cfg.Dir = filepath.Join(root, spec.name)
+		cfg.Log = log.With("loader", spec.name)
 		p, err := loader.NewProducer(cfg)
 		if err != nil {
 			sl.close()
