@@ -222,9 +222,11 @@ func (p *Producer) run(ctx context.Context) {
 				}
 				p.mu.Lock()
 				p.err = fmt.Errorf("%w: epoch %d: %w", ErrFailed, e, err)
+				// Logged before anyone is told: a consumer that sees the
+				// failure finds it in the log.
+				p.cfg.Log.Error("loader: the producer failed and stopped serving", "dir", p.cfg.Dir, "err", p.err)
 				p.broadcastLocked()
 				p.mu.Unlock()
-				p.cfg.Log.Error("loader: the producer failed and stopped serving", "dir", p.cfg.Dir, "err", p.err)
 			}
 			return
 		}
@@ -247,8 +249,8 @@ func (p *Producer) beginEpoch(ctx context.Context) (int64, bool) {
 	p.ring.meta.Epoch = e
 	if err := p.ring.writeMeta(); err != nil {
 		p.err = fmt.Errorf("%w: epoch %d: %w", ErrFailed, e, err)
-		p.broadcastLocked()
 		p.cfg.Log.Error("loader: the producer failed and stopped serving", "dir", p.cfg.Dir, "err", p.err)
+		p.broadcastLocked()
 		return 0, false
 	}
 	p.epoch, p.running, p.window = e, true, p.cfg.Window > 0
