@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -295,8 +297,17 @@ type peerSharingKey struct{}
 
 // peerLevel is a session's Sharing as its calls' contexts carry it: None
 // until the handshake has decided (a side connection may attach before the
-// node has read the client's where message).
-type peerLevel struct{ v atomic.Uint32 }
+// node has read the client's where message), Coherent after a coherence
+// probe the filesystem passed (coherence.go). It also holds that probe's
+// mapping between its two steps.
+type peerLevel struct {
+	v   atomic.Uint32
+	log *slog.Logger // the session's, naming the peer
+
+	mu    sync.Mutex
+	probe *heldProbe // step 1's mapping until step 2 or the session's end
+	ended bool       // the session has ended: no probe is held any more
+}
 
 func (l *peerLevel) set(s Sharing) { l.v.Store(uint32(s)) }
 func (l *peerLevel) get() Sharing  { return Sharing(l.v.Load()) }
