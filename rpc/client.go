@@ -79,12 +79,12 @@ func (cs *clientStream) setDeadline(t time.Time) {
 // it. Options: WithRoot (this side's view of the shared root, so TensorDicts
 // under it travel as references when the node shares it), WithToken,
 // WithTLS, WithLogger, WithWindow, WithKeepAlive, WithCompression,
-// WithSideConnections, WithCoherentStorage, WithLimits (the sizes this client accepts in
-// responses, how many side connections it opens; a negative one is
-// ErrInvalidArgument). Dial
-// fails if the node cannot be reached or refuses the handshake
-// (errors.Is(err, ErrUnauthenticated) for a token problem); ctx bounds the
-// dial.
+// WithSideConnections, WithCoherentStorage (probe a filesystem shared with
+// another machine for coherent mappings), WithLimits (the sizes this client
+// accepts in responses, how many side connections it opens; a negative one
+// is ErrInvalidArgument). Dial fails if the node cannot be reached or
+// refuses the handshake (errors.Is(err, ErrUnauthenticated) for a token
+// problem); ctx bounds the dial.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	c := &Client{addr: addr, o: newOptions(opts)}
 	var err error
@@ -133,7 +133,7 @@ func (c *Client) SharedFS(ctx context.Context) (bool, error) {
 
 // Sharing returns how much of the node's root the current connection
 // shares with this client (Coherent, Storage or None; see Sharing), as the
-// handshake decided it. Services send references to files changed in
+// handshake decided it (and the coherence probe, WithCoherentStorage). Services send references to files changed in
 // place at Coherent only, and to write-once files at Storage too. It dials
 // if there is no connection; a reconnection decides again.
 func (c *Client) Sharing(ctx context.Context) (Sharing, error) {

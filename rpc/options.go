@@ -233,8 +233,9 @@ func WithSideConnections(on bool) Option { return func(o *options) { o.noSide = 
 
 // WithCoherentStorage opts in to taking a filesystem for coherent when it
 // shows it is: one that keeps memory mappings coherent across the machines
-// (or mounts) that share it, as Lustre says it does. NFS, CephFS, GPFS and
-// FUSE filesystems do not, and fail the check.
+// (or mounts) that share it, as Lustre says it does. NFS, CephFS and GPFS
+// say they do not, and FUSE filesystems do not either (two bindfs views of
+// one folder fail the check in the tests).
 //
 // Without it a connection whose two sides see the same root through
 // different page caches (another machine, another mount) is at Storage

@@ -42,7 +42,8 @@ const (
 	Storage Sharing = 1
 	// Coherent: the sides run on one kernel and their roots are one mount,
 	// so they share one page cache and every mapping sees every store at
-	// once. Everything under the root may go by reference.
+	// once; or both opted in to WithCoherentStorage and their filesystem
+	// passed its probe. Everything under the root may go by reference.
 	Coherent Sharing = 2
 )
 
