@@ -79,12 +79,12 @@ func (cs *clientStream) setDeadline(t time.Time) {
 // it. Options: WithRoot (this side's view of the shared root, so TensorDicts
 // under it travel as references when the node shares it), WithToken,
 // WithTLS, WithLogger, WithWindow, WithKeepAlive, WithCompression,
-// WithSideConnections, WithLimits (the sizes this client accepts in
-// responses, how many side connections it opens; a negative one is
-// ErrInvalidArgument). Dial
-// fails if the node cannot be reached or refuses the handshake
-// (errors.Is(err, ErrUnauthenticated) for a token problem); ctx bounds the
-// dial.
+// WithSideConnections, WithCoherentStorage (probe a filesystem shared with
+// another machine for coherent mappings), WithLimits (the sizes this client
+// accepts in responses, how many side connections it opens; a negative one
+// is ErrInvalidArgument). Dial fails if the node cannot be reached or
+// refuses the handshake (errors.Is(err, ErrUnauthenticated) for a token
+// problem); ctx bounds the dial.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	c := &Client{addr: addr, o: newOptions(opts)}
 	var err error
@@ -107,6 +107,9 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		}
 	}
 	c.host = localHostID(c.root)
+	if c.o.bootID != [16]byte{} {
+		c.host.boot = c.o.bootID
+	}
 	if _, err := c.conn(ctx); err != nil {
 		return nil, err
 	}
@@ -130,7 +133,7 @@ func (c *Client) SharedFS(ctx context.Context) (bool, error) {
 
 // Sharing returns how much of the node's root the current connection
 // shares with this client (Coherent, Storage or None; see Sharing), as the
-// handshake decided it. Services send references to files changed in
+// handshake decided it (and the coherence probe, WithCoherentStorage). Services send references to files changed in
 // place at Coherent only, and to write-once files at Storage too. It dials
 // if there is no connection; a reconnection decides again.
 func (c *Client) Sharing(ctx context.Context) (Sharing, error) {
@@ -253,14 +256,23 @@ func (c *Client) dialVersion(ctx context.Context, version uint8) (*clientConn, e
 	if err != nil {
 		return fail(err)
 	}
+	dog := watch(fc, sess, c.o.clientKeepAlive(), c.o.log, c.addr)
+	cc := &clientConn{sess: sess, fc: fc, version: peer.version, dog: dog, session: peer.session}
+	if sharing == Storage && c.o.coherentStorage {
+		// Both sides may have opted in: the filesystem decides.
+		if ok, failed := c.probeCoherence(ctx, cc); ok {
+			sharing, why = Coherent, "the same files through another page cache, and the filesystem passed the coherence probe (WithCoherentStorage)"
+		} else {
+			why += "; the coherence probe (WithCoherentStorage) failed: " + failed
+		}
+	}
 	shared := sharing == Coherent
 	if c.root != "" && !shared {
 		c.o.log.Info("rpc: connected; references to files changed in place are off, bytes travel instead", "addr", c.addr, "sharing", sharing, "why", why)
 	} else {
 		c.o.log.Debug("rpc: connected", "addr", c.addr, "sharing", sharing, "why", why)
 	}
-	dog := watch(fc, sess, c.o.clientKeepAlive(), c.o.log, c.addr)
-	cc := &clientConn{sess: sess, fc: fc, version: peer.version, link: link{shared: shared, sharing: sharing, root: c.root}, dog: dog, session: peer.session}
+	cc.link = link{shared: shared, sharing: sharing, root: c.root}
 	if peer.session.offers() && !c.o.noSide {
 		cc.side = newSidePool(min(c.o.limits.MaxSideConns, int(peer.session.max)), func(ctx context.Context, id uint32) (net.Conn, error) {
 			return c.dialSide(ctx, cc, id)

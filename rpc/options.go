@@ -139,6 +139,9 @@ type options struct {
 	version   uint8         // the newest protocol version to speak; 0: ProtocolVersion (tests set it)
 	observer  Observer      // WithObserver; nil: none
 
+	coherentStorage bool     // WithCoherentStorage
+	bootID          [16]byte // tests: a client's boot id as its handshake tells it (withBootID); zero: the kernel's
+
 	onAuthFailure func(remote string, err error) // WithAuthFailure
 }
 
@@ -227,6 +230,29 @@ func WithCompression(on bool) Option { return func(o *options) { o.noLZ4 = !on }
 // Off, a server offers none and a client opens none: every body goes
 // through yamux. Both sides.
 func WithSideConnections(on bool) Option { return func(o *options) { o.noSide = !on } }
+
+// WithCoherentStorage opts in to taking a filesystem for coherent when it
+// shows it is: one that keeps memory mappings coherent across the machines
+// (or mounts) that share it, as Lustre says it does. NFS, CephFS and GPFS
+// say they do not, and FUSE filesystems do not either (two bindfs views of
+// one folder fail the check in the tests).
+//
+// Without it a connection whose two sides see the same root through
+// different page caches (another machine, another mount) is at Storage
+// level: references to what changes in place travel as bytes. With it on
+// both sides, the client probes such a connection at each Dial: a store
+// through one side's mapping of a probe file must show in the other side's
+// existing mapping within 50 ms, both ways (docs/protocol.md, "Coherence
+// probe"). When it does, both sides take the connection for Coherent; when
+// it does not, it stays at Storage and the client logs why, once, at
+// INFO. Both sides: a node with it answers the probe, a client with it
+// runs it.
+func WithCoherentStorage() Option { return func(o *options) { o.coherentStorage = true } }
+
+// withBootID has a client tell its handshake that it runs on the kernel
+// with boot id id: tests play a client on another machine over one page
+// cache with it.
+func withBootID(id [16]byte) Option { return func(o *options) { o.bootID = id } }
 
 // Keep-alive defaults (WithKeepAlive).
 const (

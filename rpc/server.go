@@ -89,7 +89,7 @@ type outgoing struct {
 
 // NewServer returns a Server configured by opts (WithRoot, WithToken,
 // WithTLS, WithLogger, WithLimits, WithWindow, WithKeepAlive,
-// WithCompression, WithSideConnections). With a root,
+// WithCompression, WithSideConnections, WithCoherentStorage). With a root,
 // the server reads or creates the root's FSID and resolves references
 // under it. Limits with a negative field are refused (ErrInvalidArgument).
 func NewServer(opts ...Option) (*Server, error) {
@@ -429,7 +429,10 @@ func (s *Server) serveConn(conn net.Conn) {
 		attached  *sideConn // this connection, attached to another session
 		attachTo  *sideSet  // that session's set
 	)
-	level := new(peerLevel)
+	level := &peerLevel{log: log}
+	// At the session's end: a coherence probe's step 1 still running then
+	// drops its mapping itself (peerLevel.setProbe).
+	defer level.dropProbe()
 	offer := &sideOffer{}
 	if !s.o.noSide {
 		offer.session = func() (sessionMsg, error) {

@@ -12,6 +12,10 @@ const (
 	MethodFill     = "tensorwire.fill"
 	MethodRead     = "tensorwire.read"
 	MethodDescribe = "tensorwire.describe"
+	// MethodCoherence is the coherence probe's (coherence.go): a client
+	// and a node that both opted in (WithCoherentStorage) check whether
+	// their filesystem keeps mappings coherent across page caches.
+	MethodCoherence = "tensorwire.coherence"
 )
 
 // FillRequest asks a node to fill rows of a TensorDict: TD at TD.Rows (all
@@ -82,6 +86,7 @@ func registerServices(s *Server) {
 	Register(s, MethodRead, s.read)
 	Register(s, MethodDescribe, s.describe)
 	Register(s, MethodStats, func(context.Context, StatsRequest) (Stats, error) { return s.Stats(), nil })
+	Register(s, MethodCoherence, s.coherence)
 }
 
 // checkGather refuses to gather n rows of td when they would take more than

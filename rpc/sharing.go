@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -40,7 +42,8 @@ const (
 	Storage Sharing = 1
 	// Coherent: the sides run on one kernel and their roots are one mount,
 	// so they share one page cache and every mapping sees every store at
-	// once. Everything under the root may go by reference.
+	// once; or both opted in to WithCoherentStorage and their filesystem
+	// passed its probe. Everything under the root may go by reference.
 	Coherent Sharing = 2
 )
 
@@ -295,8 +298,17 @@ type peerSharingKey struct{}
 
 // peerLevel is a session's Sharing as its calls' contexts carry it: None
 // until the handshake has decided (a side connection may attach before the
-// node has read the client's where message).
-type peerLevel struct{ v atomic.Uint32 }
+// node has read the client's where message), Coherent after a coherence
+// probe the filesystem passed (coherence.go). It also holds that probe's
+// mapping between its two steps.
+type peerLevel struct {
+	v   atomic.Uint32
+	log *slog.Logger // the session's, naming the peer
+
+	mu    sync.Mutex
+	probe *heldProbe // step 1's mapping until step 2 or the session's end
+	ended bool       // the session has ended: no probe is held any more
+}
 
 func (l *peerLevel) set(s Sharing) { l.v.Store(uint32(s)) }
 func (l *peerLevel) get() Sharing  { return Sharing(l.v.Load()) }

@@ -13,7 +13,7 @@ func TestRun_Help(t *testing.T) {
 		args []string
 		want []string // each in stdout
 	}{
-		{[]string{"node", "-h"}, []string{"tensorwire node --listen", "--checkpoint-every", "(default 1m0s)", "--listen", "--root", "--token-file", "--tls-cert", "--tls-key", "--buffer", "--insecure"}},
+		{[]string{"node", "-h"}, []string{"tensorwire node --listen", "--checkpoint-every", "(default 1m0s)", "--listen", "--root", "--token-file", "--tls-cert", "--tls-key", "--buffer", "--insecure", "--coherent-storage"}},
 		{[]string{"node", "--help"}, []string{"--checkpoint-every"}},
 		{[]string{"node", "--root", "/x", "-h"}, []string{"--checkpoint-every"}},
 		{[]string{"inspect", "-h"}, []string{"tensorwire inspect", "--json", "--stats"}},

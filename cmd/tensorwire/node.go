@@ -18,12 +18,15 @@ import (
 
 var nodeCmd = command{
 	name:  "node",
-	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--buffer NAME[,capacity=N][,sampler=S]...] [--store NAME[,max-value=SIZE]...] [--loader NAME,dataset=PREFIX,batch=N[,...]] [--serve NAME,params=P|store=S,param=N[,...]] [--metrics ADDR]",
+	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--coherent-storage] [--buffer NAME[,capacity=N][,sampler=S]...] [--store NAME[,max-value=SIZE]...] [--loader NAME,dataset=PREFIX,batch=N[,...]] [--serve NAME,params=P|store=S,param=N[,...]] [--metrics ADDR]",
 	help: "serve other nodes' fill, read and describe calls on the TensorDicts under DIR, the shared root; " +
 		`prints "listening on HOST:PORT" once it listens (--listen 127.0.0.1:0 picks a free port) and stops ` +
 		"cleanly on SIGINT or SIGTERM; --token-file holds the shared secret clients must know (no access for " +
 		"other users; make one with: umask 077; head -c 32 /dev/urandom | base64 > token), and a node listening " +
-		"on anything but loopback refuses to start without one unless --insecure is given; --tls-cert and --tls-key (PEM) add TLS; each --buffer serves the replay buffer at DIR/NAME " +
+		"on anything but loopback refuses to start without one unless --insecure is given; --tls-cert and --tls-key (PEM) add TLS; --coherent-storage lets a client on another machine or mount that opts in too " +
+		"(rpc.WithCoherentStorage) count as sharing the node's page cache when its filesystem passes a probe at each " +
+		"connection (a store through one side's mapping seen in the other's at once, both ways): for Lustre, which says " +
+		"it keeps mappings coherent across clients; NFS, CephFS, GPFS and FUSE fail it; each --buffer serves the replay buffer at DIR/NAME " +
 		"(replay.Dial), opened if it exists and created otherwise, with settings capacity=N, " +
 		samplerHelp() + ", min-size=N, lease=D (how long a " +
 		"writer's reservation lasts, default 30s); buffers are " +
@@ -47,6 +50,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&cfg.TokenFile, "token-file", "", "file holding the shared secret")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate file")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file")
+	fs.BoolVar(&cfg.CoherentStorage, "coherent-storage", false, "let a client on another machine or mount that opts in too (rpc.WithCoherentStorage) count as sharing this node's page cache when its filesystem passes the coherence probe: for Lustre; NFS, CephFS, GPFS and FUSE fail it")
 	var buffers bufferFlags
 	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D] (repeatable), with "+samplerHelp())
 	var stores storeFlags

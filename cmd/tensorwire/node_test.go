@@ -17,6 +17,7 @@ import (
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/internal/proctest"
 	"github.com/tensorwire/tensorwire/internal/testcert"
+	"github.com/tensorwire/tensorwire/internal/twoview"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -247,5 +248,33 @@ func TestNode_NonLoopbackNeedsTokenOrInsecure(t *testing.T) {
 				t.Errorf("warned of an insecure node: %v, want %v; stderr:\n%s", warned, tc.warns, errOut)
 			}
 		})
+	}
+}
+
+// TestNode_CoherentStorage runs "tensorwire node --coherent-storage" on one
+// bindfs view of a folder and dials it with a client that opts in too
+// through the other view: the node answers the coherence probe, which the
+// two page caches fail, and the client stays at storage. Without the flag
+// the node refuses the probe.
+func TestNode_CoherentStorage(t *testing.T) {
+	_, a, b := twoview.New(t)
+	for _, flag := range []bool{true, false} {
+		args := []string{"--root", a}
+		if flag {
+			args = append(args, "--coherent-storage")
+		}
+		n := startNode(t, args...)
+		c, err := dialNode(t, n.addr, rpc.WithRoot(b), rpc.WithCoherentStorage())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lv, err := c.Sharing(context.Background()); lv != rpc.Storage || err != nil {
+			t.Errorf("--coherent-storage %v: Sharing = %v, %v; want storage", flag, lv, err)
+		}
+		c.Close()
+		n.stop(t)
+		if got := strings.Contains(n.stderr.String(), "failed the coherence probe"); got != flag {
+			t.Errorf("--coherent-storage %v: the node logged a probe: %v; stderr:\n%s", flag, got, n.stderr)
+		}
 	}
 }

@@ -30,6 +30,9 @@ type Config struct {
 	TLSCert   string // PEM certificate and key files: both or neither
 	TLSKey    string
 	Log       *slog.Logger // where the node logs; nil: slog.Default()
+	// CoherentStorage has the node take a client whose filesystem passes
+	// the coherence probe for one page cache (rpc.WithCoherentStorage).
+	CoherentStorage bool
 
 	// Register, when set, adds methods to the server before it serves.
 	Register func(*rpc.Server) error
@@ -51,6 +54,9 @@ func Run(ctx context.Context, cfg Config, ready func(addr string)) error {
 	opts := []rpc.Option{rpc.WithLogger(log)}
 	if cfg.Root != "" {
 		opts = append(opts, rpc.WithRoot(cfg.Root))
+	}
+	if cfg.CoherentStorage {
+		opts = append(opts, rpc.WithCoherentStorage())
 	}
 	if cfg.TokenFile != "" {
 		token, err := ReadToken(cfg.TokenFile)
