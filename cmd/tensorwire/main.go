@@ -6,6 +6,7 @@
 //	tensorwire inspect [--json] [--stats] PREFIX
 //	tensorwire import idx [--force] --images F --labels F [--images F --labels F ...] PREFIX
 //	tensorwire import npy [--force] key=FILE.npy ... PREFIX
+//	tensorwire mlp [--sizes N,N,...] [--seed S] [--force] PREFIX   (random MLP weights in state_dict layout)
 //	tensorwire node --listen ADDR --root DIR [--token-file F] [--tls-cert F --tls-key F] [--buffer ...] [--store ...] [--loader ...] [--serve ...] [--metrics ADDR]
 //	tensorwire stats [--json] [--all] ADDR     (a node's --metrics, as a table)
 //	tensorwire bench NAME [flags]          (NAME: gather, fill, rpc, replay, serve, collective, store, loader; "tensorwire bench --help")
@@ -35,7 +36,7 @@ type command struct {
 	run               func(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
-var commands = []command{inspectCmd, importCmd, nodeCmd, statsCmd, benchCmd}
+var commands = []command{inspectCmd, importCmd, mlpCmd, nodeCmd, statsCmd, benchCmd}
 
 // errUsage marks an error whose fix is a different command line.
 var errUsage = errors.New("usage")

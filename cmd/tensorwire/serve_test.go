@@ -156,6 +156,39 @@ func TestNode_ServesAStoreParameterPublishedLater(t *testing.T) {
 	}
 }
 
+// TestMLP_WritesWeightsANodeServes: "tensorwire mlp" writes a state_dict
+// layout without PyTorch or tensordict (issue 24: the README's weights step
+// needed tensordict), which a node serves; it refuses to overwrite
+// without --force and refuses bad widths.
+func TestMLP_WritesWeightsANodeServes(t *testing.T) {
+	root := t.TempDir()
+	var out, errb strings.Builder
+	if code := run(context.Background(), []string{"mlp", "--sizes", "8,16,4", "--seed", "3", filepath.Join(root, "policy")}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if code := run(context.Background(), []string{"mlp", filepath.Join(root, "policy")}, &out, &errb); code == 0 {
+		t.Error("mlp over existing weights without --force: exit 0")
+	}
+	if code := run(context.Background(), []string{"mlp", "--sizes", "8", filepath.Join(root, "x")}, &out, &errb); code != 2 {
+		t.Errorf("mlp --sizes 8: exit %d, want 2", code)
+	}
+	n := startNode(t, "--root", root, "--serve", "policy,params=policy")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := serve.Dial(ctx, n.addr, "policy", serve.WithRoot(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if w := c.InputSchema()[0].Shape; len(w) != 1 || w[0] != 8 {
+		t.Fatalf("input row shape %v, want [8]", w)
+	}
+	in, _ := c.InputSchema().Zeros(2)
+	if _, _, err := c.Predict(ctx, in); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestNode_ServeFlagErrors(t *testing.T) {
 	for _, tc := range []struct{ value, want string }{
 		{"", "needs a name"},
