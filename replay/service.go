@@ -21,6 +21,26 @@ const (
 	MethodStats          = "replay.stats"
 )
 
+// repeatable marks the methods a client sends again when the connection
+// broke after their request may have reached the node (service.Methods):
+// every one, each for its reason.
+var repeatable = service.Methods{
+	MethodInfo:  true, // reads
+	MethodStats: true,
+	// A reservation whose reply was lost holds its slots until its lease
+	// runs out, as etcd's LeaseGrant does.
+	MethodReserve: true,
+	// A commit sent again finds its slots committed under its
+	// reservation and succeeds (docs/replay.md, "The buffer node").
+	MethodCommit: true,
+	// Picks whose reply was lost are picks the caller never saw: a
+	// sampler's odds are unchanged, and WithoutReplacement's epoch skips
+	// them, as it does the picks of a trainer that stops.
+	MethodSample:         true,
+	MethodUpdatePriority: true, // sets the same priorities again
+	MethodCheckpoint:     true, // writes the same state again
+}
+
 // Service is the replay service of an rpc.Server: the buffers it serves,
 // by name, to clients that Dial them. Buffers under the server's root
 // (rpc.WithRoot) are shared by reference with clients on the same

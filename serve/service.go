@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/lockfile"
+	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -27,6 +28,20 @@ const (
 	MethodPredict    = "serve.predict"
 	MethodStats      = "serve.stats"
 )
+
+// repeatable marks the methods a client sends again when the connection
+// broke after their request may have reached the node (service.Methods).
+// Renew, Unregister and Failure are not: a client sends them once, and
+// handles their failure itself.
+var repeatable = service.Methods{
+	MethodInfo:  true, // reads
+	MethodStats: true,
+	// A registration whose reply was lost expires with its lease, as
+	// etcd's LeaseGrant does.
+	MethodRegister: true,
+	// The model runs again on the same rows, into the same slots.
+	MethodPredict: true,
+}
 
 // ClientsDir is where, under the shared root, clients that share the
 // node's filesystem keep their slots: ClientsDir/ID/{in,out,lock}, a

@@ -28,6 +28,29 @@ const (
 	MethodStats   = "store.stats"
 )
 
+// repeatable marks the methods a client sends again when the connection
+// broke after their request may have reached the node (service.Methods).
+// Renew and Release are not: a client sends them once, best effort (a
+// lease it fails to renew or release runs out).
+var repeatable = service.Methods{
+	MethodInfo:  true, // reads
+	MethodList:  true,
+	MethodRead:  true,
+	MethodStats: true,
+	// Writes carry a request id the node remembers: sent again, they are
+	// answered as the first was, not applied twice.
+	MethodPut:     true,
+	MethodAppend:  true,
+	MethodDelete:  true,
+	MethodPublish: true,
+	// A Get's take carries the client's id (sent again, the same items);
+	// a Peek's is a read; the node remembers the takes it acknowledged.
+	MethodTake: true,
+	MethodAck:  true,
+	// A watch opened again resumes after the last revision it saw.
+	MethodWatch: true,
+}
+
 // Service is the store service of an rpc.Server: the stores it serves, by
 // name, to clients that Dial them. Stores under the server's root
 // (rpc.WithRoot) share their large values by reference with clients on the
