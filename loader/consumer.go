@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/backoff"
+	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/internal/slots"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -497,7 +498,7 @@ type assembled struct {
 // The node restarting is ridden out, as replay's and store's clients
 // do: while the node is unreachable Batches waits for it, joining again
 // after a backoff with full jitter, its bound 20 ms doubling to 1 s
-// (internal/backoff), until ctx ends; then it iterates the epoch the
+// (service.Backoff), until ctx ends; then it iterates the epoch the
 // producer serves the consumer (a restarted producer begins at the epoch
 // after the last one it began; Epoch says which). Only an epoch of which
 // batches were yielded cannot be resumed: its loop ends with an error
@@ -514,7 +515,7 @@ type assembled struct {
 // Epoch says which.
 func (c *Consumer) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict, error] {
 	return func(yield func(*tensordict.TensorDict, error) bool) {
-		wait := backoff.Backoff{Base: 20 * time.Millisecond, Max: time.Second}
+		wait := service.Backoff()
 		for {
 			s, err := c.session(ctx, &wait)
 			if err != nil {

@@ -54,7 +54,8 @@ var (
 	ErrInUse = errors.New("loader: ring folder in use")
 
 	// ErrExists: the ring folder holds files that are not a loader's ring:
-	// a producer never deletes what is not its own. Code AlreadyExists.
+	// a producer never deletes what is not its own; also Service.Add of a
+	// name already served. Code AlreadyExists.
 	ErrExists = errors.New("loader: ring folder holds something else")
 )
 

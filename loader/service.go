@@ -3,12 +3,9 @@ package loader
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"path/filepath"
-	"strings"
-	"sync"
 
+	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -33,20 +30,15 @@ const maxAnnounce = 1024
 // A Service is safe for concurrent use; producers can be added and
 // removed while it serves.
 type Service struct {
-	root      string
-	mu        sync.RWMutex
-	producers map[string]served
-}
-
-type served struct {
-	p   *Producer
-	rel string // the ring's folder relative to the server's root; "" if not under it
+	producers *service.Registry[*Producer]
 }
 
 // Register adds the loader service's methods to s and returns the
 // Service, empty: Add producers to it. Call it once per server.
 func Register(s *rpc.Server) (*Service, error) {
-	svc := &Service{root: s.Root(), producers: map[string]served{}}
+	svc := &Service{producers: service.NewRegistry(s, service.Spec{
+		Pkg: "loader", Kind: "loader", Config: ErrConfig, Exists: ErrExists, NotFound: ErrNotFound,
+	}, func(p *Producer) string { return p.ring.path })}
 	regs := []error{
 		rpc.Register(s, MethodJoin, svc.join),
 		rpc.RegisterStream(s, MethodConsume, svc.consume),
@@ -62,57 +54,12 @@ func Register(s *rpc.Server) (*Service, error) {
 }
 
 // Add serves p under name. p stays the caller's: Remove it (or close the
-// server) before closing it.
-func (svc *Service) Add(name string, p *Producer) error {
-	if name == "" {
-		return fmt.Errorf("%w: a loader needs a name", ErrConfig)
-	}
-	svc.mu.Lock()
-	defer svc.mu.Unlock()
-	if _, dup := svc.producers[name]; dup {
-		return fmt.Errorf("%w: a loader named %q is already served", ErrConfig, name)
-	}
-	svc.producers[name] = served{p: p, rel: relativeTo(svc.root, p.ring.path)}
-	return nil
-}
+// server) before closing it. A name already served is ErrExists.
+func (svc *Service) Add(name string, p *Producer) error { return svc.producers.Add(name, p) }
 
 // Remove stops serving the producer named name; calls for it fail with
 // ErrNotFound from then on.
-func (svc *Service) Remove(name string) {
-	svc.mu.Lock()
-	defer svc.mu.Unlock()
-	delete(svc.producers, name)
-}
-
-func (svc *Service) lookup(name string) (served, error) {
-	svc.mu.RLock()
-	defer svc.mu.RUnlock()
-	sp, ok := svc.producers[name]
-	if !ok {
-		return served{}, fmt.Errorf("%w named %q on this node", ErrNotFound, name)
-	}
-	return sp, nil
-}
-
-// relativeTo returns path relative to root, slash-separated, or "" if it is
-// not under root.
-func relativeTo(root, path string) string {
-	if root == "" {
-		return ""
-	}
-	abs, err := filepath.Abs(path)
-	if err == nil {
-		abs, err = filepath.EvalSymlinks(abs)
-	}
-	if err != nil {
-		return ""
-	}
-	r, err := filepath.Rel(root, abs)
-	if err != nil || r == ".." || strings.HasPrefix(r, "../") {
-		return ""
-	}
-	return filepath.ToSlash(r)
-}
+func (svc *Service) Remove(name string) { svc.producers.Remove(name) }
 
 // The messages. Field names on the wire are the codec tags.
 type (
@@ -163,13 +110,13 @@ type (
 
 // producer returns the producer named name, checking that ring is its
 // ring's id ("" skips the check).
-func (svc *Service) producer(name, ring string) (served, error) {
-	sp, err := svc.lookup(name)
+func (svc *Service) producer(name, ring string) (service.Entry[*Producer], error) {
+	sp, err := svc.producers.Lookup(name)
 	if err != nil {
 		return sp, err
 	}
-	if ring != "" && ring != sp.p.ring.id {
-		return sp, wrapf(ErrDropped, "the producer of %q restarted (ring %s, not %s)", name, sp.p.ring.id, ring)
+	if ring != "" && ring != sp.Item.ring.id {
+		return sp, wrapf(ErrDropped, "the producer of %q restarted (ring %s, not %s)", name, sp.Item.ring.id, ring)
 	}
 	return sp, nil
 }
@@ -179,13 +126,13 @@ func (svc *Service) join(_ context.Context, req joinRequest) (joinResponse, erro
 	if err != nil {
 		return joinResponse{}, err
 	}
-	p := sp.p
+	p := sp.Item
 	ji, err := p.join(req.Batch)
 	if err != nil {
 		return joinResponse{}, err
 	}
 	return joinResponse{
-		Ring: p.ring.id, Consumer: ji.id, Epoch: ji.epoch, Prefix: sp.rel, Schema: p.pipe.schema,
+		Ring: p.ring.id, Consumer: ji.id, Epoch: ji.epoch, Prefix: sp.Rel, Schema: p.pipe.schema,
 		Samples: p.n, Batch: p.cfg.Batch, Slots: p.cfg.Slots, HeartbeatMS: p.cfg.Heartbeat.Milliseconds(),
 	}, nil
 }
@@ -208,7 +155,7 @@ func (svc *Service) consume(ctx context.Context, req consumeRequest, st *rpc.Ser
 	if err != nil {
 		return err
 	}
-	p := sp.p
+	p := sp.Item
 	if err := p.release(req.Consumer, req.Epoch, req.Index); err != nil { // a heartbeat, and the consumer exists
 		return err
 	}
@@ -281,14 +228,14 @@ func (svc *Service) leave(_ context.Context, req leaveRequest) (rpc.Empty, error
 	if err != nil {
 		return rpc.Empty{}, nil // nothing to leave
 	}
-	sp.p.leave(req.Consumer, false)
+	sp.Item.leave(req.Consumer, false)
 	return rpc.Empty{}, nil
 }
 
 func (svc *Service) stats(_ context.Context, req statsRequest) (Stats, error) {
-	sp, err := svc.lookup(req.Name)
+	sp, err := svc.producers.Lookup(req.Name)
 	if err != nil {
 		return Stats{}, err
 	}
-	return sp.p.Stats(), nil
+	return sp.Item.Stats(), nil
 }

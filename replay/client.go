@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/backoff"
+	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -31,6 +32,7 @@ import (
 // recognised). A Client is safe for concurrent use; Close it when done.
 type Client struct {
 	rc      *rpc.Client
+	calls   service.Caller // rc's calls, tried again while the node is unreachable
 	name    string
 	o       dialOptions
 	bytes   bool        // rows travel as bytes; set by Dial
@@ -133,6 +135,7 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 		return nil, err
 	}
 	c := &Client{rc: rc, name: name, o: o}
+	c.calls = service.Caller{RPC: rc, Methods: repeatable, Closed: c.isClosed, ErrClosed: ErrClosed}
 	c.bg, c.stop = context.WithCancel(context.Background())
 	info, err := c.info(ctx)
 	if err != nil {
@@ -175,7 +178,7 @@ func (c *Client) SharedFS() bool { return !c.bytes }
 func (c *Client) Sharing() rpc.Sharing { return c.sharing }
 
 func (c *Client) info(ctx context.Context) (infoResponse, error) {
-	return call[infoResponse](ctx, c, MethodInfo, infoRequest{Name: c.name})
+	return service.Call[infoResponse](ctx, &c.calls, MethodInfo, infoRequest{Name: c.name})
 }
 
 // newView makes a view of the buffer info describes: by reference, once
@@ -349,7 +352,7 @@ func (c *Client) ExtendPriority(ctx context.Context, td *tensordict.TensorDict, 
 // was not added and can be extended again.
 func (c *Client) extendOnce(ctx context.Context, req reserveRequest, td *tensordict.TensorDict, priorities []float64) ([]int, error) {
 	sent := time.Now()
-	r, err := call[reserveResponse](ctx, c, MethodReserve, req)
+	r, err := service.Call[reserveResponse](ctx, &c.calls, MethodReserve, req)
 	if err != nil {
 		return nil, err
 	}
@@ -376,7 +379,7 @@ func (c *Client) extendOnce(ctx context.Context, req reserveRequest, td *tensord
 			return nil, err
 		}
 	}
-	resp, err := call[commitResponse](ctx, c, MethodCommit, commit)
+	resp, err := service.Call[commitResponse](ctx, &c.calls, MethodCommit, commit)
 	return resp.Indices, err
 }
 
@@ -561,27 +564,27 @@ func (c *Client) startPrefetch(n int) {
 }
 
 func (c *Client) sampleCall(ctx context.Context, n int, bytes bool) (sampleResponse, error) {
-	return call[sampleResponse](ctx, c, MethodSample, sampleRequest{Name: c.name, N: n, Bytes: bytes})
+	return service.Call[sampleResponse](ctx, &c.calls, MethodSample, sampleRequest{Name: c.name, N: n, Bytes: bytes})
 }
 
 // UpdatePriority sets the priorities of sampled transitions, as
 // Buffer.UpdatePriority does.
 func (c *Client) UpdatePriority(ctx context.Context, info SampleInfo, priorities []float64) (int, error) {
-	resp, err := call[updateResponse](ctx, c, MethodUpdatePriority,
+	resp, err := service.Call[updateResponse](ctx, &c.calls, MethodUpdatePriority,
 		updateRequest{Name: c.name, Info: info, Priorities: priorities})
 	return resp.Updated, err
 }
 
 // Checkpoint has the node checkpoint the buffer (Buffer.Checkpoint).
 func (c *Client) Checkpoint(ctx context.Context) error {
-	_, err := call[rpc.Empty](ctx, c, MethodCheckpoint, nameRequest{Name: c.name})
+	_, err := service.Call[rpc.Empty](ctx, &c.calls, MethodCheckpoint, nameRequest{Name: c.name})
 	return err
 }
 
 // Stats returns the buffer's counters, and the Go heap of the node serving
 // it (Stats.NodeHeap).
 func (c *Client) Stats(ctx context.Context) (Stats, error) {
-	return call[Stats](ctx, c, MethodStats, nameRequest{Name: c.name})
+	return service.Call[Stats](ctx, &c.calls, MethodStats, nameRequest{Name: c.name})
 }
 
 // Close closes the connection, waits for the calls using the mappings to
@@ -612,43 +615,4 @@ func (c *Client) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.closed
-}
-
-// call is rpc.Call of c's node, retried as retry says; ErrClosed once c is
-// closed.
-func call[Resp, Req any](ctx context.Context, c *Client, method string, req Req) (Resp, error) {
-	var resp Resp
-	if c.isClosed() {
-		return resp, ErrClosed
-	}
-	err := c.retry(ctx, func() (err error) {
-		resp, err = rpc.Call[Resp](ctx, c.rc, method, req)
-		return err
-	})
-	if err != nil && c.isClosed() {
-		return resp, ErrClosed // Close cut the call
-	}
-	return resp, err
-}
-
-// retry runs call until it succeeds, fails with an error other than
-// Unavailable, or ctx ends; Unavailable (the node unreachable, or the
-// connection broken) is tried again after a backoff with full jitter, its
-// bound 20 ms doubling to 1 s (internal/backoff): the writers of a node
-// that restarts come back spread out, not in lock-step. Errors match their
-// replay sentinels by their reasons (errors.go).
-func (c *Client) retry(ctx context.Context, call func() error) error {
-	wait := backoff.Backoff{Base: 20 * time.Millisecond, Max: time.Second}
-	for {
-		err := call()
-		if err == nil || !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, rpc.ErrClosed) {
-			return err
-		}
-		if c.isClosed() {
-			return ErrClosed
-		}
-		if werr := wait.Wait(ctx); werr != nil {
-			return fmt.Errorf("%w; the node was unreachable: %w", werr, err)
-		}
-	}
 }

@@ -120,16 +120,14 @@ func TestClient_CloseRacesRemap(t *testing.T) {
 	go func() {
 		defer swaps.Done()
 		// Replaced in one step, so that the name always serves one.
-		bufs := []served{n.svc.buffers["other"], n.svc.buffers["buf"]}
+		bufs := []*Buffer{other, n.b}
 		for i := 0; ; i++ {
 			select {
 			case <-stop:
 				return
 			default:
 			}
-			n.svc.mu.Lock()
-			n.svc.buffers["buf"] = bufs[i%2]
-			n.svc.mu.Unlock()
+			n.svc.buffers.Replace("buf", bufs[i%2])
 			time.Sleep(50 * time.Microsecond)
 		}
 	}()

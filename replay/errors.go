@@ -32,8 +32,8 @@ var (
 	// ErrConfig: a Config that cannot make a buffer. Code InvalidArgument.
 	ErrConfig = errors.New("replay: bad config")
 
-	// ErrExists: Create found a buffer already at the prefix; Open it.
-	// Code AlreadyExists.
+	// ErrExists: Create found a buffer already at the prefix (Open it), or
+	// Service.Add was given a name already served. Code AlreadyExists.
 	ErrExists = errors.New("replay: a buffer exists at the prefix")
 
 	// ErrNotFound: no buffer at the prefix (Open) or by that name on the

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/hashicorp/go-msgpack/v2/codec"
+
+	"github.com/tensorwire/tensorwire/rpc"
 )
 
 // The files under testdata/meta are replay.json files written by buffers
@@ -92,13 +94,37 @@ func encodeGolden(t *testing.T, v any) []byte {
 	return out
 }
 
+// serveAt returns a Service that serves b as "buf", its prefix moved to
+// rel under the server's root.
+func serveAt(t *testing.T, b *Buffer, rel string) *Service {
+	t.Helper()
+	root := t.TempDir()
+	b.prefix = filepath.Join(root, filepath.FromSlash(rel))
+	if err := os.MkdirAll(b.prefix, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := rpc.NewServer(rpc.WithRoot(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	svc, err := Register(srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Add("buf", b); err != nil {
+		t.Fatal(err)
+	}
+	return svc
+}
+
 // TestWire_GoldenInfoAndStats: the info response of a buffer (its sampler
 // and writer among its fields) and its stats keep their bytes on the wire.
 func TestWire_GoldenInfoAndStats(t *testing.T) {
 	for _, name := range goldenBuffers {
 		t.Run(name, func(t *testing.T) {
 			b, _ := goldenBuffer(t, name)
-			svc := &Service{buffers: map[string]served{"buf": {b: b, rel: "x/y"}}}
+			svc := serveAt(t, b, "x/y")
 			info, err := svc.info(context.Background(), infoRequest{Name: "buf"})
 			if err != nil {
 				t.Fatal(err)

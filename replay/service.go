@@ -2,10 +2,9 @@ package replay
 
 import (
 	"context"
-	"fmt"
 	"slices"
-	"sync"
 
+	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -22,6 +21,26 @@ const (
 	MethodStats          = "replay.stats"
 )
 
+// repeatable marks the methods a client sends again when the connection
+// broke after their request may have reached the node (service.Methods):
+// every one, each for its reason.
+var repeatable = service.Methods{
+	MethodInfo:  true, // reads
+	MethodStats: true,
+	// A reservation whose reply was lost holds its slots until its lease
+	// runs out, as etcd's LeaseGrant does.
+	MethodReserve: true,
+	// A commit sent again finds its slots committed under its
+	// reservation and succeeds (docs/replay.md, "The buffer node").
+	MethodCommit: true,
+	// Picks whose reply was lost are picks the caller never saw: a
+	// sampler's odds are unchanged, and WithoutReplacement's epoch skips
+	// them, as it does the picks of a trainer that stops.
+	MethodSample:         true,
+	MethodUpdatePriority: true, // sets the same priorities again
+	MethodCheckpoint:     true, // writes the same state again
+}
+
 // Service is the replay service of an rpc.Server: the buffers it serves,
 // by name, to clients that Dial them. Buffers under the server's root
 // (rpc.WithRoot) are shared by reference with clients on the same
@@ -30,20 +49,16 @@ const (
 // A Service is safe for concurrent use; buffers can be added and removed
 // while it serves.
 type Service struct {
-	srv     *rpc.Server // its Rel names prefixes; its Stats give NodeHeap
-	mu      sync.RWMutex
-	buffers map[string]served
-}
-
-type served struct {
-	b   *Buffer
-	rel string // the prefix relative to the server's root; "" if not under it
+	srv     *rpc.Server // its Stats give NodeHeap
+	buffers *service.Registry[*Buffer]
 }
 
 // Register adds the replay service's methods to s and returns the Service,
 // empty: Add buffers to it. Call it once per server.
 func Register(s *rpc.Server) (*Service, error) {
-	svc := &Service{srv: s, buffers: map[string]served{}}
+	svc := &Service{srv: s, buffers: service.NewRegistry(s, service.Spec{
+		Pkg: "replay", Kind: "buffer", Config: ErrConfig, Exists: ErrExists, NotFound: ErrNotFound,
+	}, (*Buffer).Prefix)}
 	if err := registerMethods(s, svc); err != nil {
 		return nil, err
 	}
@@ -51,38 +66,12 @@ func Register(s *rpc.Server) (*Service, error) {
 }
 
 // Add serves b under name. b stays the caller's: Remove it (or close the
-// server) before closing it.
-func (svc *Service) Add(name string, b *Buffer) error {
-	if name == "" {
-		return fmt.Errorf("%w: a buffer needs a name", ErrConfig)
-	}
-	svc.mu.Lock()
-	defer svc.mu.Unlock()
-	if _, dup := svc.buffers[name]; dup {
-		return fmt.Errorf("%w: a buffer named %q is already served", ErrExists, name)
-	}
-	rel, _ := svc.srv.Rel(b.Prefix())
-	svc.buffers[name] = served{b: b, rel: rel}
-	return nil
-}
+// server) before closing it. A name already served is ErrExists.
+func (svc *Service) Add(name string, b *Buffer) error { return svc.buffers.Add(name, b) }
 
 // Remove stops serving the buffer named name; calls for it fail with
 // ErrNotFound from then on.
-func (svc *Service) Remove(name string) {
-	svc.mu.Lock()
-	defer svc.mu.Unlock()
-	delete(svc.buffers, name)
-}
-
-func (svc *Service) lookup(name string) (served, error) {
-	svc.mu.RLock()
-	defer svc.mu.RUnlock()
-	sb, ok := svc.buffers[name]
-	if !ok {
-		return served{}, fmt.Errorf("%w named %q on this node", ErrNotFound, name)
-	}
-	return sb, nil
-}
+func (svc *Service) Remove(name string) { svc.buffers.Remove(name) }
 
 // The messages. Field names on the wire are the codec tags.
 type (
@@ -161,23 +150,23 @@ func registerMethods(s *rpc.Server, svc *Service) error {
 }
 
 func (svc *Service) info(_ context.Context, req infoRequest) (infoResponse, error) {
-	sb, err := svc.lookup(req.Name)
+	sb, err := svc.buffers.Lookup(req.Name)
 	if err != nil {
 		return infoResponse{}, err
 	}
-	b := sb.b
+	b := sb.Item
 	return infoResponse{
-		ID: b.id, Prefix: sb.rel, Capacity: b.cfg.Capacity, Schema: b.Schema(),
+		ID: b.id, Prefix: sb.Rel, Capacity: b.cfg.Capacity, Schema: b.Schema(),
 		Sampler: b.cfg.Sampler.String(), Writer: b.cfg.Writer.normal(), LeaseMS: b.cfg.Lease.Milliseconds(),
 	}, nil
 }
 
 func (svc *Service) reserve(ctx context.Context, req reserveRequest) (reserveResponse, error) {
-	sb, err := svc.lookup(req.Name)
+	sb, err := svc.buffers.Lookup(req.Name)
 	if err != nil {
 		return reserveResponse{}, err
 	}
-	b := sb.b
+	b := sb.Item
 	if err := req.Schema.Validate(); err != nil {
 		return reserveResponse{}, schemaErrorf("%v", err)
 	}
@@ -196,7 +185,7 @@ func (svc *Service) reserve(ctx context.Context, req reserveRequest) (reserveRes
 }
 
 func (svc *Service) commit(ctx context.Context, req commitRequest) (commitResponse, error) {
-	sb, err := svc.lookup(req.Name)
+	sb, err := svc.buffers.Lookup(req.Name)
 	if err != nil {
 		return commitResponse{}, err
 	}
@@ -208,7 +197,7 @@ func (svc *Service) commit(ctx context.Context, req commitRequest) (commitRespon
 			return commitResponse{}, err
 		}
 	}
-	b := sb.b
+	b := sb.Item
 	if err := checkPriorities(req.Priorities, len(req.Slots)); err != nil {
 		return commitResponse{}, err
 	}
@@ -255,11 +244,11 @@ func (b *Buffer) writeReserved(rid uint64, slots []int, td *tensordict.TensorDic
 }
 
 func (svc *Service) sample(ctx context.Context, req sampleRequest) (sampleResponse, error) {
-	sb, err := svc.lookup(req.Name)
+	sb, err := svc.buffers.Lookup(req.Name)
 	if err != nil {
 		return sampleResponse{}, err
 	}
-	b := sb.b
+	b := sb.Item
 	if err := checkSampleSize(req.N); err != nil {
 		return sampleResponse{}, err
 	}
@@ -287,28 +276,28 @@ func (svc *Service) sample(ctx context.Context, req sampleRequest) (sampleRespon
 }
 
 func (svc *Service) updatePriority(ctx context.Context, req updateRequest) (updateResponse, error) {
-	sb, err := svc.lookup(req.Name)
+	sb, err := svc.buffers.Lookup(req.Name)
 	if err != nil {
 		return updateResponse{}, err
 	}
-	n, err := sb.b.UpdatePriority(ctx, req.Info, req.Priorities)
+	n, err := sb.Item.UpdatePriority(ctx, req.Info, req.Priorities)
 	return updateResponse{Updated: n}, err
 }
 
 func (svc *Service) checkpoint(ctx context.Context, req nameRequest) (rpc.Empty, error) {
-	sb, err := svc.lookup(req.Name)
+	sb, err := svc.buffers.Lookup(req.Name)
 	if err != nil {
 		return rpc.Empty{}, err
 	}
-	return rpc.Empty{}, sb.b.Checkpoint(ctx)
+	return rpc.Empty{}, sb.Item.Checkpoint(ctx)
 }
 
 func (svc *Service) stats(_ context.Context, req nameRequest) (Stats, error) {
-	sb, err := svc.lookup(req.Name)
+	sb, err := svc.buffers.Lookup(req.Name)
 	if err != nil {
 		return Stats{}, err
 	}
-	st, err := sb.b.Stats()
+	st, err := sb.Item.Stats()
 	if err != nil {
 		return Stats{}, err
 	}

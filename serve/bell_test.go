@@ -100,9 +100,7 @@ func TestBell_TruncatedRing(t *testing.T) {
 		t.Fatal(err)
 	}
 	poll(t, "the node to drop the broken client", func() bool {
-		n.svc.mu.RLock()
-		s := n.svc.models["model"]
-		n.svc.mu.RUnlock()
+		s, _ := n.svc.lookup("model")
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		_, held := s.clients[broken.id]
@@ -195,11 +193,7 @@ func TestBell_EntryOutsideTheSlots(t *testing.T) {
 	if _, err := c.pushRaw(0, makeEntry(100, 1, 0)); err != nil {
 		t.Fatal(err)
 	}
-	s := func() *served {
-		n.svc.mu.RLock()
-		defer n.svc.mu.RUnlock()
-		return n.svc.models["model"]
-	}()
+	s, _ := n.svc.lookup("model")
 	poll(t, "the node to drop the client", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/lockfile"
+	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -42,6 +43,7 @@ import (
 // Close it when done.
 type Client struct {
 	rc      *rpc.Client
+	calls   service.Caller // rc's calls, tried again while the node is unreachable
 	name    string
 	info    infoResponse
 	bytes   bool
@@ -117,13 +119,14 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (_ *Client
 		return nil, err
 	}
 	c := &Client{rc: rc, name: name, root: o.root, quiet: quietWait}
+	c.calls = service.Caller{RPC: rc, Methods: repeatable, Closed: c.isClosed, ErrClosed: ErrClosed}
 	c.bg, c.stop = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
 			c.Close()
 		}
 	}()
-	if c.info, err = call[infoResponse](ctx, c, MethodInfo, infoRequest{Name: name}); err != nil {
+	if c.info, err = service.Call[infoResponse](ctx, &c.calls, MethodInfo, infoRequest{Name: name}); err != nil {
 		return nil, err
 	}
 	if c.info.MaxBatch < 1 || c.info.MaxBatch > maxRows || c.info.Input.Validate() != nil || c.info.Output.Validate() != nil {
@@ -255,7 +258,7 @@ func (c *Client) register(ctx context.Context, old uint64) error {
 	if id != old {
 		return nil // registered again meanwhile
 	}
-	resp, err := call[registerResponse](ctx, c, MethodRegister,
+	resp, err := service.Call[registerResponse](ctx, &c.calls, MethodRegister,
 		registerRequest{Name: c.name, Prefix: c.rel, Slots: c.slots, Ring: c.ring != nil})
 	if err != nil {
 		return err
@@ -471,7 +474,7 @@ func (c *Client) predictRows(ctx context.Context, start, n int) (uint64, uint32,
 }
 
 func (c *Client) predict(ctx context.Context, req predictRequest) (predictResponse, error) {
-	return call[predictResponse](ctx, c, MethodPredict, req)
+	return service.Call[predictResponse](ctx, &c.calls, MethodPredict, req)
 }
 
 // Call is a prediction in progress, started by Go.
@@ -505,7 +508,7 @@ func (p *Call) Wait() (*tensordict.TensorDict, uint64, error) {
 
 // Stats returns the manager's counters, with the clients registered.
 func (c *Client) Stats(ctx context.Context) (Stats, error) {
-	return call[Stats](ctx, c, MethodStats, infoRequest{Name: c.name})
+	return service.Call[Stats](ctx, &c.calls, MethodStats, infoRequest{Name: c.name})
 }
 
 // Close unregisters the client, closes the connection and removes its
@@ -543,33 +546,4 @@ func (c *Client) Close() error {
 		c.lock.Release()
 	}
 	return err
-}
-
-// call is rpc.Call of c's node, retried while the node is unreachable;
-// ErrClosed once c is closed.
-func call[Resp, Req any](ctx context.Context, c *Client, method string, req Req) (Resp, error) {
-	var resp Resp
-	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		c.mu.Lock()
-		closed := c.closed
-		c.mu.Unlock()
-		if closed {
-			return resp, ErrClosed
-		}
-		var err error
-		resp, err = rpc.Call[Resp](ctx, c.rc, method, req)
-		if err == nil || !errors.Is(err, rpc.ErrUnavailable) {
-			return resp, err
-		}
-		if errors.Is(err, rpc.ErrClosed) {
-			return resp, ErrClosed
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return resp, fmt.Errorf("%w; the node was unreachable: %w", ctx.Err(), err)
-		}
-	}
 }

@@ -376,9 +376,7 @@ func TestRemote_CloseRemovesTheSlots(t *testing.T) {
 		t.Errorf("Predict after Close: %v, want ErrClosed", err)
 	}
 	poll(t, "the node to drop the registration", func() bool {
-		n.svc.mu.RLock()
-		s := n.svc.models["model"]
-		n.svc.mu.RUnlock()
+		s, _ := n.svc.lookup("model")
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return len(s.clients) == 0

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/lockfile"
+	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -27,6 +28,20 @@ const (
 	MethodPredict    = "serve.predict"
 	MethodStats      = "serve.stats"
 )
+
+// repeatable marks the methods a client sends again when the connection
+// broke after their request may have reached the node (service.Methods).
+// Renew, Unregister and Failure are not: a client sends them once, and
+// handles their failure itself.
+var repeatable = service.Methods{
+	MethodInfo:  true, // reads
+	MethodStats: true,
+	// A registration whose reply was lost expires with its lease, as
+	// etcd's LeaseGrant does.
+	MethodRegister: true,
+	// The model runs again on the same rows, into the same slots.
+	MethodPredict: true,
+}
 
 // ClientsDir is where, under the shared root, clients that share the
 // node's filesystem keep their slots: ClientsDir/ID/{in,out,lock}, a
@@ -50,8 +65,7 @@ var bellDirRE = regexp.MustCompile(`^\.tensorwire-serve/nodes/[0-9a-f]{16}$`)
 type Service struct {
 	root   string   // the server's root; "" if none
 	rootFS *os.Root // opened on root: client files are mapped through it
-	mu     sync.RWMutex
-	models map[string]*served
+	models *service.Registry[*served]
 }
 
 // served is a manager and its clients' registrations.
@@ -91,7 +105,9 @@ type registration struct {
 // Register adds the serve service's methods to s and returns the Service,
 // empty: Add managers to it. Call it once per server.
 func Register(s *rpc.Server) (*Service, error) {
-	svc := &Service{root: s.Root(), models: map[string]*served{}}
+	svc := &Service{root: s.Root(), models: service.NewRegistry[*served](s, service.Spec{
+		Pkg: "serve", Kind: "model", Config: ErrConfig, Exists: ErrExists, NotFound: ErrNotFound,
+	}, nil)}
 	if svc.root != "" {
 		r, err := os.OpenRoot(svc.root)
 		if err != nil {
@@ -117,29 +133,17 @@ func Register(s *rpc.Server) (*Service, error) {
 }
 
 // Add serves m under name. m stays the caller's: Remove it (or close the
-// server) before closing it.
+// server) before closing it. A name already served is ErrExists.
 func (svc *Service) Add(name string, m *Manager) error {
-	if name == "" {
-		return configErrorf("a model needs a name")
-	}
-	svc.mu.Lock()
-	defer svc.mu.Unlock()
-	if _, dup := svc.models[name]; dup {
-		return fmt.Errorf("%w: %q", ErrExists, name)
-	}
-	svc.models[name] = &served{name: name, root: svc.root, m: m, lease: m.cfg.Lease, clients: map[uint64]*registration{}}
-	return nil
+	return svc.models.Add(name, &served{name: name, root: svc.root, m: m, lease: m.cfg.Lease, clients: map[uint64]*registration{}})
 }
 
 // Remove stops serving the model named name: calls for it fail with
 // ErrNotFound from then on, and its clients' mappings are dropped once
 // the requests using them end.
 func (svc *Service) Remove(name string) {
-	svc.mu.Lock()
-	s := svc.models[name]
-	delete(svc.models, name)
-	svc.mu.Unlock()
-	if s == nil {
+	s, ok := svc.models.Remove(name)
+	if !ok {
 		return
 	}
 	s.mu.Lock()
@@ -162,13 +166,7 @@ func (svc *Service) Remove(name string) {
 // bells' pollers and removes their folders. Call it after closing the
 // server, before closing the managers.
 func (svc *Service) Close() error {
-	svc.mu.RLock()
-	names := make([]string, 0, len(svc.models))
-	for name := range svc.models {
-		names = append(names, name)
-	}
-	svc.mu.RUnlock()
-	for _, name := range names {
+	for _, name := range svc.models.Names() {
 		svc.Remove(name)
 	}
 	if svc.rootFS != nil {
@@ -178,13 +176,8 @@ func (svc *Service) Close() error {
 }
 
 func (svc *Service) lookup(name string) (*served, error) {
-	svc.mu.RLock()
-	defer svc.mu.RUnlock()
-	s, ok := svc.models[name]
-	if !ok {
-		return nil, fmt.Errorf("%w named %q on this node", ErrNotFound, name)
-	}
-	return s, nil
+	e, err := svc.models.Lookup(name)
+	return e.Item, err
 }
 
 // The messages. Field names on the wire are the codec tags.

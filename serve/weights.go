@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/backoff"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -268,7 +269,8 @@ func loadModel(ctx context.Context, model Model, params *tensordict.TensorDict) 
 
 // replace gives replica r a new model after its Forward failed: New, then
 // the latest parameters. It tries again, backing off, until it succeeds
-// or the manager closes; r serves nothing meanwhile, and the other
+// or the manager closes, each wait drawn with full jitter below a bound
+// of 50 ms doubling to 5 s; r serves nothing meanwhile, and the other
 // replicas take its share.
 func (m *Manager) replace(r *replica, cause error) {
 	m.log.Error("serve: a replica's forward failed; replacing its model", "replica", r.index, "err", cause)
@@ -277,7 +279,8 @@ func (m *Manager) replace(r *replica, cause error) {
 	r.model, r.replacing = nil, true
 	m.mu.Unlock()
 	closeModel(old)
-	for wait := 50 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+	wait := backoff.Backoff{Base: 50 * time.Millisecond, Max: 5 * time.Second}
+	for {
 		m.mu.Lock()
 		v, params := m.w.version, m.w.params
 		m.mu.Unlock()
@@ -296,12 +299,8 @@ func (m *Manager) replace(r *replica, cause error) {
 			m.log.Info("serve: replica replaced", "replica", r.index, "version", v)
 			return
 		}
-		m.log.Error("serve: making a replica's new model failed; trying again", "replica", r.index, "err", err, "in", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-m.ctx.Done():
-			t.Stop()
+		m.log.Error("serve: making a replica's new model failed; trying again", "replica", r.index, "err", err, "within", wait.Bound())
+		if wait.Wait(m.ctx) != nil {
 			return
 		}
 	}

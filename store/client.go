@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -30,7 +31,7 @@ import (
 // folder and send its name, and the node renames it into place; Get, Peek,
 // Latest and WaitNewer send the prefix's path, which the client maps
 // read-only. Smaller values, and every value otherwise, travel as bytes.
-// Mode says which.
+// SharedFS says which.
 //
 // Calls ride out the node restarting: a call that finds the node
 // unreachable is tried again, with backoff, until its context ends, and
@@ -39,6 +40,7 @@ import (
 // when done, after closing the Params it returned.
 type Client struct {
 	rc      *rpc.Client
+	calls   service.Caller // rc's calls, tried again while the node is unreachable
 	name    string
 	o       dialOptions
 	client  uint64 // this client's id in its requests' ids
@@ -106,10 +108,8 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 		rc.Close()
 		return nil, err
 	}
-	if err := c.retry(ctx, func() (err error) {
-		c.info, err = rpc.Call[infoResponse](ctx, rc, MethodInfo, storeRequest{Store: name})
-		return err
-	}); err != nil {
+	c.calls = service.Caller{RPC: rc, Methods: repeatable, Closed: c.isClosed, ErrClosed: ErrClosed}
+	if c.info, err = service.Call[infoResponse](ctx, &c.calls, MethodInfo, storeRequest{Store: name}); err != nil {
 		return fail(err)
 	}
 	if o.root != "" && !o.bytes && c.info.Dir != "" {
@@ -167,28 +167,6 @@ func (c *Client) StagingDir() string {
 
 func (c *Client) nextReq() reqID { return reqID{Client: c.client, Seq: c.seq.Add(1)} }
 
-// retry runs call until it succeeds, fails with an error other than
-// Unavailable, or ctx ends; Unavailable (the node unreachable, or the
-// connection broken) is tried again after a backoff of 20 ms doubling to
-// 1 s.
-func (c *Client) retry(ctx context.Context, call func() error) error {
-	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		if c.isClosed() {
-			return ErrClosed
-		}
-		err := call()
-		if err == nil || !errors.Is(err, rpc.ErrUnavailable) {
-			return err
-		}
-		if c.isClosed() || errors.Is(err, rpc.ErrClosed) {
-			return ErrClosed
-		}
-		if serr := sleep(ctx, wait); serr != nil {
-			return fmt.Errorf("%w; the node was unreachable: %w", serr, err)
-		}
-	}
-}
-
 // isClosed reports whether Close was called: every call fails with
 // ErrClosed from then on, as a closed Store's do.
 func (c *Client) isClosed() bool {
@@ -197,31 +175,10 @@ func (c *Client) isClosed() bool {
 	return c.closed
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// call is rpc.Call retried as retry says.
-func call[Resp, Req any](ctx context.Context, c *Client, method string, req Req) (Resp, error) {
-	var resp Resp
-	err := c.retry(ctx, func() (err error) {
-		resp, err = rpc.Call[Resp](ctx, c.rc, method, req)
-		return err
-	})
-	return resp, err
-}
-
 // sendValue sets v to td, staged as a prefix when the value goes by
-// reference, and runs send (retried) with it. A staged prefix the node did
+// reference, and runs send, a call of method (retried), with it. A staged prefix the node did
 // not take is removed.
-func (c *Client) sendValue(ctx context.Context, td *tensordict.TensorDict, asPrefix bool, v *valueMsg, send func() error) error {
+func (c *Client) sendValue(ctx context.Context, method string, td *tensordict.TensorDict, asPrefix bool, v *valueMsg, send func() error) error {
 	if td == nil {
 		return errorf(ErrFormat, "no TensorDict")
 	}
@@ -256,7 +213,7 @@ func (c *Client) sendValue(ctx context.Context, td *tensordict.TensorDict, asPre
 		v.TD = &rpc.TD{TensorDict: td}
 	}
 	cut := false // an attempt was cut off: the node may have taken the prefix and lost it
-	err := c.retry(ctx, func() error {
+	err := c.calls.Retry(ctx, method, func() error {
 		err := send()
 		if staged && cut && errors.Is(err, ErrNotStaged) {
 			if err := stage(); err != nil {
@@ -293,7 +250,7 @@ func (c *Client) store(ctx context.Context, method, bin string, td *tensordict.T
 	}
 	req := putRequest{Store: c.name, Bin: bin, Req: c.nextReq()}
 	var resp revResponse
-	err := c.sendValue(ctx, td, false, &req.Value, func() (err error) {
+	err := c.sendValue(ctx, method, td, false, &req.Value, func() (err error) {
 		resp, err = rpc.Call[revResponse](ctx, c.rc, method, req)
 		return err
 	})
@@ -313,7 +270,7 @@ func (c *Client) Get(ctx context.Context, bin string) ([]*tensordict.TensorDict,
 	}
 	for {
 		id := random64()
-		resp, err := call[takeResponse](ctx, c, MethodTake, takeRequest{Store: c.name, Bin: bin, Take: id, Refs: c.ref})
+		resp, err := service.Call[takeResponse](ctx, &c.calls, MethodTake, takeRequest{Store: c.name, Bin: bin, Take: id, Refs: c.ref})
 		if err != nil || resp.Take == 0 {
 			return nil, err
 		}
@@ -322,7 +279,7 @@ func (c *Client) Get(ctx context.Context, bin string) ([]*tensordict.TensorDict,
 			c.giveBack(id)
 			return nil, err
 		}
-		_, err = call[revResponse](ctx, c, MethodAck, ackRequest{Store: c.name, Take: id})
+		_, err = service.Call[revResponse](ctx, &c.calls, MethodAck, ackRequest{Store: c.name, Take: id})
 		if err == nil {
 			return tds, nil
 		}
@@ -385,7 +342,7 @@ func (c *Client) Peek(ctx context.Context, bin string) ([]*tensordict.TensorDict
 		return nil, err
 	}
 	for {
-		resp, err := call[takeResponse](ctx, c, MethodTake, takeRequest{Store: c.name, Bin: bin, Refs: c.ref})
+		resp, err := service.Call[takeResponse](ctx, &c.calls, MethodTake, takeRequest{Store: c.name, Bin: bin, Refs: c.ref})
 		if err != nil {
 			return nil, err
 		}
@@ -400,7 +357,7 @@ func (c *Client) Peek(ctx context.Context, bin string) ([]*tensordict.TensorDict
 // List returns the number of items in each bin that has any, and the
 // revision the counts are at (Store.List).
 func (c *Client) List(ctx context.Context) (map[string]int, uint64, error) {
-	resp, err := call[listResponse](ctx, c, MethodList, storeRequest{Store: c.name})
+	resp, err := service.Call[listResponse](ctx, &c.calls, MethodList, storeRequest{Store: c.name})
 	if resp.Bins == nil && err == nil {
 		resp.Bins = map[string]int{}
 	}
@@ -412,7 +369,7 @@ func (c *Client) Delete(ctx context.Context, bin string) (uint64, error) {
 	if err := CheckName(bin); err != nil {
 		return 0, err
 	}
-	resp, err := call[revResponse](ctx, c, MethodDelete, deleteRequest{Store: c.name, Bin: bin, Req: c.nextReq()})
+	resp, err := service.Call[revResponse](ctx, &c.calls, MethodDelete, deleteRequest{Store: c.name, Bin: bin, Req: c.nextReq()})
 	return resp.Rev, err
 }
 
@@ -426,7 +383,7 @@ func (c *Client) Publish(ctx context.Context, name string, td *tensordict.Tensor
 	}
 	req := publishRequest{Store: c.name, Name: name, Req: c.nextReq()}
 	var resp publishResponse
-	err := c.sendValue(ctx, td, true, &req.Value, func() (err error) {
+	err := c.sendValue(ctx, MethodPublish, td, true, &req.Value, func() (err error) {
 		resp, err = rpc.Call[publishResponse](ctx, c.rc, MethodPublish, req)
 		return err
 	})
@@ -453,7 +410,7 @@ func (c *Client) read(ctx context.Context, name string, after uint64, wait bool)
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
-	resp, err := call[readResponse](ctx, c, MethodRead, readRequest{Store: c.name, Name: name, After: after, Wait: wait, Refs: c.ref})
+	resp, err := service.Call[readResponse](ctx, &c.calls, MethodRead, readRequest{Store: c.name, Name: name, After: after, Wait: wait, Refs: c.ref})
 	if err != nil {
 		return nil, err
 	}
@@ -561,7 +518,8 @@ func (c *Client) Watch(ctx context.Context, prefix string, after uint64) iter.Se
 		}
 		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		wait := service.Backoff()
+		for {
 			st, err := rpc.OpenStream[rpc.Empty, watchMessage](wctx, c.rc, MethodWatch,
 				watchRequest{Store: c.name, ID: c.info.ID, Prefix: prefix, After: after})
 			for err == nil {
@@ -569,7 +527,7 @@ func (c *Client) Watch(ctx context.Context, prefix string, after uint64) iter.Se
 				if m, err = st.Recv(wctx); err != nil {
 					break
 				}
-				wait = 20 * time.Millisecond // the stream works: back off afresh next time
+				wait.Reset() // the stream works: back off afresh next time
 				for _, e := range m.Events {
 					if !yield(e, nil) {
 						st.Close()
@@ -583,27 +541,25 @@ func (c *Client) Watch(ctx context.Context, prefix string, after uint64) iter.Se
 			}
 			// FromNow is resolved by the node once: a stream that failed
 			// before telling where "now" was starts from now again.
-			if !errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, rpc.ErrClosed) || c.isClosed() || ctx.Err() != nil {
-				switch {
-				case ctx.Err() != nil:
-					err = ctx.Err()
-				case errors.Is(err, rpc.ErrUnavailable):
-					err = ErrClosed // the client was closed
+			switch {
+			case ctx.Err() != nil:
+				err = ctx.Err()
+			case c.isClosed() || errors.Is(err, rpc.ErrClosed):
+				err = ErrClosed
+			case c.calls.Retryable(MethodWatch, err):
+				if err = wait.Wait(ctx); err == nil {
+					continue
 				}
-				yield(Event{}, err)
-				return
 			}
-			if serr := sleep(ctx, wait); serr != nil {
-				yield(Event{}, serr)
-				return
-			}
+			yield(Event{}, err)
+			return
 		}
 	}
 }
 
 // Stats returns the store's figures (Store.Stats).
 func (c *Client) Stats(ctx context.Context) (Stats, error) {
-	return call[Stats](ctx, c, MethodStats, storeRequest{Store: c.name})
+	return service.Call[Stats](ctx, &c.calls, MethodStats, storeRequest{Store: c.name})
 }
 
 // Close closes the connection; calls in flight and later ones fail with

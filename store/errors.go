@@ -72,7 +72,8 @@ var (
 	// own files or folders (store.log, LOCK, values/, staging/, trash/) is
 	// a symbolic link or of the wrong kind. Open touches nothing then: a
 	// store never deletes what it did not make, nor follows a link out of
-	// its folder. Code AlreadyExists.
+	// its folder. Also Service.Add of a name already served. Code
+	// AlreadyExists.
 	ErrExists = errors.New("store: folder holds something else")
 
 	// ErrLost: the store's log was removed (deleted, renamed or replaced),

@@ -4,9 +4,9 @@ import (
 	"context"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/rpc"
 )
 
@@ -28,6 +28,29 @@ const (
 	MethodStats   = "store.stats"
 )
 
+// repeatable marks the methods a client sends again when the connection
+// broke after their request may have reached the node (service.Methods).
+// Renew and Release are not: a client sends them once, best effort (a
+// lease it fails to renew or release runs out).
+var repeatable = service.Methods{
+	MethodInfo:  true, // reads
+	MethodList:  true,
+	MethodRead:  true,
+	MethodStats: true,
+	// Writes carry a request id the node remembers: sent again, they are
+	// answered as the first was, not applied twice.
+	MethodPut:     true,
+	MethodAppend:  true,
+	MethodDelete:  true,
+	MethodPublish: true,
+	// A Get's take carries the client's id (sent again, the same items);
+	// a Peek's is a read; the node remembers the takes it acknowledged.
+	MethodTake: true,
+	MethodAck:  true,
+	// A watch opened again resumes after the last revision it saw.
+	MethodWatch: true,
+}
+
 // Service is the store service of an rpc.Server: the stores it serves, by
 // name, to clients that Dial them. Stores under the server's root
 // (rpc.WithRoot) share their large values by reference with clients on the
@@ -36,20 +59,15 @@ const (
 // A Service is safe for concurrent use; stores can be added and removed
 // while it serves.
 type Service struct {
-	root   string
-	mu     sync.RWMutex
-	stores map[string]served
-}
-
-type served struct {
-	s   *Store
-	rel string // the store's folder relative to the server's root; "" if not under it
+	stores *service.Registry[*Store]
 }
 
 // Register adds the store service's methods to srv and returns the
 // Service, empty: Add stores to it. Call it once per server.
 func Register(srv *rpc.Server) (*Service, error) {
-	svc := &Service{root: srv.Root(), stores: map[string]served{}}
+	svc := &Service{stores: service.NewRegistry(srv, service.Spec{
+		Pkg: "store", Kind: "store", Exists: ErrExists, NotFound: ErrNotFound, Check: CheckName,
+	}, (*Store).Dir)}
 	regs := []error{
 		rpc.Register(srv, MethodInfo, svc.info),
 		rpc.Register(srv, MethodPut, svc.put),
@@ -74,50 +92,12 @@ func Register(srv *rpc.Server) (*Service, error) {
 }
 
 // Add serves s under name. s stays the caller's: Remove it (or close the
-// server) before closing it.
-func (svc *Service) Add(name string, s *Store) error {
-	if err := CheckName(name); err != nil {
-		return err
-	}
-	svc.mu.Lock()
-	defer svc.mu.Unlock()
-	if _, dup := svc.stores[name]; dup {
-		return errorf(ErrConfig, "a store named %q is already served", name)
-	}
-	svc.stores[name] = served{s: s, rel: relativeTo(svc.root, s.Dir())}
-	return nil
-}
+// server) before closing it. A name already served is ErrExists.
+func (svc *Service) Add(name string, s *Store) error { return svc.stores.Add(name, s) }
 
 // Remove stops serving the store named name; calls for it fail with
 // ErrNotFound from then on.
-func (svc *Service) Remove(name string) {
-	svc.mu.Lock()
-	defer svc.mu.Unlock()
-	delete(svc.stores, name)
-}
-
-// relativeTo returns path (absolute, symlinks resolved) relative to root,
-// slash-separated, or "" if it is not under root.
-func relativeTo(root, path string) string {
-	if root == "" {
-		return ""
-	}
-	r, err := filepath.Rel(root, path)
-	if err != nil || !filepath.IsLocal(r) {
-		return ""
-	}
-	return filepath.ToSlash(r)
-}
-
-func (svc *Service) lookup(name string) (served, error) {
-	svc.mu.RLock()
-	defer svc.mu.RUnlock()
-	st, ok := svc.stores[name]
-	if !ok {
-		return served{}, errorf(ErrNotFound, "no store named %q on this node", name)
-	}
-	return st, nil
-}
+func (svc *Service) Remove(name string) { svc.stores.Remove(name) }
 
 // The messages. Field names on the wire are the codec tags.
 type (
@@ -231,12 +211,12 @@ type (
 )
 
 func (svc *Service) info(_ context.Context, req storeRequest) (infoResponse, error) {
-	st, err := svc.lookup(req.Store)
+	st, err := svc.stores.Lookup(req.Store)
 	if err != nil {
 		return infoResponse{}, err
 	}
-	o := st.s.opts
-	return infoResponse{ID: st.s.ID(), Dir: st.rel, InlineBytes: o.InlineBytes, MaxValueBytes: o.MaxValueBytes,
+	o := st.Item.opts
+	return infoResponse{ID: st.Item.ID(), Dir: st.Rel, InlineBytes: o.InlineBytes, MaxValueBytes: o.MaxValueBytes,
 		LeaseMS: o.LeaseTTL.Milliseconds(), GetTimeoutMS: o.GetTimeout.Milliseconds(), NoSync: o.NoSync}, nil
 }
 
@@ -265,21 +245,21 @@ func (s *Store) answered(req reqID) (reqEntry, bool, error) {
 }
 
 func (svc *Service) store(req putRequest, op uint8) (revResponse, error) {
-	st, err := svc.lookup(req.Store)
+	st, err := svc.stores.Lookup(req.Store)
 	if err != nil {
 		return revResponse{}, err
 	}
 	if err := CheckName(req.Bin); err != nil {
 		return revResponse{}, err
 	}
-	if e, done, err := st.s.answered(req.Req); err != nil || done {
+	if e, done, err := st.Item.answered(req.Req); err != nil || done {
 		return revResponse{Rev: e.Rev}, err
 	}
-	in, err := st.s.ingestMsg(req.Value, false)
+	in, err := st.Item.ingestMsg(req.Value, false)
 	if err != nil {
 		return revResponse{}, err
 	}
-	rev, err := st.s.putValue(req.Bin, in, op, req.Req)
+	rev, err := st.Item.putValue(req.Bin, in, op, req.Req)
 	return revResponse{Rev: rev}, err
 }
 
@@ -292,11 +272,11 @@ func (svc *Service) append(_ context.Context, req putRequest) (revResponse, erro
 }
 
 func (svc *Service) take(_ context.Context, req takeRequest) (takeResponse, error) {
-	st, err := svc.lookup(req.Store)
+	st, err := svc.stores.Lookup(req.Store)
 	if err != nil {
 		return takeResponse{}, err
 	}
-	s := st.s
+	s := st.Item
 	var t taken
 	if req.Take != 0 {
 		t, err = s.takeAs(req.Bin, req.Take, s.opts.GetTimeout)
@@ -316,7 +296,7 @@ func (svc *Service) take(_ context.Context, req takeRequest) (takeResponse, erro
 				return takeResponse{}, err
 			}
 			m.TD = &rpc.TD{TensorDict: td}
-		case req.Refs && st.rel != "":
+		case req.Refs && st.Rel != "":
 			m.Path = valuesDir + "/" + filepath.Base(s.valuePath(it.id))
 		default:
 			td, err := s.mapping(it.id)
@@ -363,63 +343,63 @@ func (s *Store) takeAs(bin string, id uint64, timeout time.Duration) (taken, err
 }
 
 func (svc *Service) ack(_ context.Context, req ackRequest) (revResponse, error) {
-	st, err := svc.lookup(req.Store)
+	st, err := svc.stores.Lookup(req.Store)
 	if err != nil {
 		return revResponse{}, err
 	}
 	if req.Drop {
-		st.s.mu.Lock()
-		st.s.dropTakeLocked(req.Take)
-		st.s.mu.Unlock()
+		st.Item.mu.Lock()
+		st.Item.dropTakeLocked(req.Take)
+		st.Item.mu.Unlock()
 		return revResponse{}, nil
 	}
-	rev, err := st.s.ackTake(req.Take)
+	rev, err := st.Item.ackTake(req.Take)
 	return revResponse{Rev: rev}, err
 }
 
 func (svc *Service) list(ctx context.Context, req storeRequest) (listResponse, error) {
-	st, err := svc.lookup(req.Store)
+	st, err := svc.stores.Lookup(req.Store)
 	if err != nil {
 		return listResponse{}, err
 	}
-	bins, rev, err := st.s.List(ctx)
+	bins, rev, err := st.Item.List(ctx)
 	return listResponse{Bins: bins, Rev: rev}, err
 }
 
 func (svc *Service) delete(_ context.Context, req deleteRequest) (revResponse, error) {
-	st, err := svc.lookup(req.Store)
+	st, err := svc.stores.Lookup(req.Store)
 	if err != nil {
 		return revResponse{}, err
 	}
-	rev, err := st.s.deleteBin(req.Bin, req.Req)
+	rev, err := st.Item.deleteBin(req.Bin, req.Req)
 	return revResponse{Rev: rev}, err
 }
 
 func (svc *Service) publish(_ context.Context, req publishRequest) (publishResponse, error) {
-	st, err := svc.lookup(req.Store)
+	st, err := svc.stores.Lookup(req.Store)
 	if err != nil {
 		return publishResponse{}, err
 	}
 	if err := CheckName(req.Name); err != nil {
 		return publishResponse{}, err
 	}
-	if e, done, err := st.s.answered(req.Req); err != nil || done {
+	if e, done, err := st.Item.answered(req.Req); err != nil || done {
 		return publishResponse{Version: e.Version, Rev: e.Rev}, err
 	}
-	in, err := st.s.ingestMsg(req.Value, true)
+	in, err := st.Item.ingestMsg(req.Value, true)
 	if err != nil {
 		return publishResponse{}, err
 	}
-	v, rev, err := st.s.publishValue(req.Name, in, req.Req)
+	v, rev, err := st.Item.publishValue(req.Name, in, req.Req)
 	return publishResponse{Version: v, Rev: rev}, err
 }
 
 func (svc *Service) read(ctx context.Context, req readRequest) (readResponse, error) {
-	st, err := svc.lookup(req.Store)
+	st, err := svc.stores.Lookup(req.Store)
 	if err != nil {
 		return readResponse{}, err
 	}
-	s := st.s
+	s := st.Item
 	// Bytes are leased too, for the time the response takes to arrive: the
 	// client releases the lease once it has them.
 	info, err := s.readVersion(ctx, req.Name, req.After, req.Wait, s.opts.LeaseTTL)
@@ -427,7 +407,7 @@ func (svc *Service) read(ctx context.Context, req readRequest) (readResponse, er
 		return readResponse{}, err
 	}
 	resp := readResponse{Version: info.v, Lease: info.lease, LeaseMS: s.opts.LeaseTTL.Milliseconds()}
-	if req.Refs && st.rel != "" {
+	if req.Refs && st.Rel != "" {
 		resp.Path = valuesDir + "/" + filepath.Base(s.valuePath(info.id))
 		return resp, nil
 	}
@@ -441,26 +421,26 @@ func (svc *Service) read(ctx context.Context, req readRequest) (readResponse, er
 }
 
 func (svc *Service) renew(_ context.Context, req renewRequest) (renewResponse, error) {
-	st, err := svc.lookup(req.Store)
+	st, err := svc.stores.Lookup(req.Store)
 	if err != nil {
 		return renewResponse{}, err
 	}
-	return renewResponse{Lost: st.s.renew(req.Leases, st.s.opts.LeaseTTL)}, nil
+	return renewResponse{Lost: st.Item.renew(req.Leases, st.Item.opts.LeaseTTL)}, nil
 }
 
 func (svc *Service) release(_ context.Context, req releaseRequest) (rpc.Empty, error) {
-	st, err := svc.lookup(req.Store)
+	st, err := svc.stores.Lookup(req.Store)
 	if err != nil {
 		return rpc.Empty{}, err
 	}
 	for _, id := range req.Leases {
-		st.s.release(id)
+		st.Item.release(id)
 	}
 	return rpc.Empty{}, nil
 }
 
 func (svc *Service) watch(ctx context.Context, req watchRequest, st *rpc.ServerStream[rpc.Empty, watchMessage]) error {
-	sv, err := svc.lookup(req.Store)
+	sv, err := svc.stores.Lookup(req.Store)
 	if err != nil {
 		return err
 	}
@@ -469,7 +449,7 @@ func (svc *Service) watch(ctx context.Context, req watchRequest, st *rpc.ServerS
 		// Wait for events; when none come for a while, tell the watcher
 		// how far the node has looked, so that a watcher that reconnects
 		// resumes from there.
-		evs, seen, err := sv.s.watchEvents(ctx, req.ID, req.Prefix, after, watchMaxWait)
+		evs, seen, err := sv.Item.watchEvents(ctx, req.ID, req.Prefix, after, watchMaxWait)
 		if err != nil {
 			return err
 		}
@@ -486,11 +466,11 @@ func (svc *Service) watch(ctx context.Context, req watchRequest, st *rpc.ServerS
 }
 
 func (svc *Service) stats(_ context.Context, req storeRequest) (Stats, error) {
-	st, err := svc.lookup(req.Store)
+	st, err := svc.stores.Lookup(req.Store)
 	if err != nil {
 		return Stats{}, err
 	}
-	return st.s.Stats(), nil
+	return st.Item.Stats(), nil
 }
 
 // validValuePath reports whether p is a value's path as the node sends it.
