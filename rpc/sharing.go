@@ -230,8 +230,9 @@ type probeFile struct {
 	path string
 }
 
-// makeProbe creates a fresh probe file under root. The file holds its own
-// name in hex and a newline, so that a reader checks both.
+// makeProbe creates a fresh probe file under root. It is empty: its random
+// name is the proof, and an empty file can still be made on a full disk,
+// where a node's clients would otherwise all fall back to bytes.
 func makeProbe(root string) (*probeFile, error) {
 	var p probeFile
 	if _, err := rand.Read(p.name[:]); err != nil {
@@ -246,11 +247,7 @@ func makeProbe(root string) (*probeFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, err = f.WriteString(hex.EncodeToString(p.name[:]) + "\n")
-	if cerr := f.Close(); err == nil {
-		err = cerr // close is what makes it visible to other NFS clients
-	}
-	if err != nil {
+	if err := f.Close(); err != nil { // close is what makes it visible to other NFS clients
 		os.Remove(p.path)
 		return nil, err
 	}
@@ -264,19 +261,13 @@ func (p *probeFile) remove() {
 }
 
 // readProbe reports whether root holds the probe named name, as a node
-// wrote it.
+// made it: a regular file, empty.
 func readProbe(root string, name [16]byte) bool {
 	if root == "" || name == [16]byte{} {
 		return false
 	}
-	h := hex.EncodeToString(name[:])
-	f, err := os.Open(filepath.Join(root, ProbeDir, h))
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, 64))
-	return err == nil && string(b) == h+"\n"
+	fi, err := os.Lstat(filepath.Join(root, ProbeDir, hex.EncodeToString(name[:])))
+	return err == nil && fi.Mode().IsRegular() && fi.Size() == 0
 }
 
 // sweepProbes removes probe files older than a minute that a node killed

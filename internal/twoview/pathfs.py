@@ -1,12 +1,16 @@
 #!/usr/bin/python3
-"""pathfs SRC MNT: a FUSE view of SRC that holds no file open.
+"""pathfs SRC MNT: a FUSE view of SRC whose open files go stale when they
+are unlinked, as NFS files do.
 
-Every read and write opens the file by its path, does the one operation
-and closes it again, as an NFS client asks the server for a file by its
-handle on every page it reads: once the file is deleted (through another
-view), a page not yet read cannot be read any more (EIO), and a mapping
-faults there (SIGBUS), as on a host whose NFS server lost the file.
-Used by internal/twoview (Stateless); it needs python3-fusepy (Debian).
+An NFS client reads a file by its handle on the server, page by page: a
+rename on the server (by another client) leaves the handle valid, but once
+another client unlinks the file, the server has it no more, and a page not
+yet read cannot be read (ESTALE): a mapping faults there (SIGBUS). bindfs
+keeps the file open for its reader, which keeps an unlinked file readable;
+this view keeps it open too (so a rename does not matter) but fails every
+read of a file whose link count dropped to zero (EIO), as a host whose NFS
+server lost the file. Used by internal/twoview (Stateless); it needs
+python3-fusepy (Debian).
 """
 import errno
 import os
@@ -76,27 +80,23 @@ class PathFS(Operations):
         return self._call(os.utime, self._p(path), times)
 
     def open(self, path, flags):
-        fd = self._call(os.open, self._p(path), flags & ~(os.O_CREAT | os.O_EXCL | os.O_TRUNC))
-        os.close(fd)
-        return 0
+        return self._call(os.open, self._p(path), flags & ~(os.O_CREAT | os.O_EXCL | os.O_TRUNC))
 
     def create(self, path, mode, fi=None):
-        fd = self._call(os.open, self._p(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        os.close(fd)
-        return 0
+        return self._call(os.open, self._p(path), os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
 
-    def _with(self, path, flags, fn):
-        fd = self._call(os.open, self._p(path), flags)
-        try:
-            return self._call(fn, fd)
-        finally:
-            os.close(fd)
+    def _live(self, fh):
+        """Raises EIO when the open file fh was unlinked: stale, as NFS."""
+        if self._call(os.fstat, fh).st_nlink == 0:
+            raise FuseOSError(errno.EIO)
 
     def read(self, path, size, offset, fh):
-        return self._with(path, os.O_RDONLY, lambda fd: os.pread(fd, size, offset))
+        self._live(fh)
+        return self._call(os.pread, fh, size, offset)
 
     def write(self, path, data, offset, fh):
-        return self._with(path, os.O_WRONLY, lambda fd: os.pwrite(fd, data, offset))
+        self._live(fh)
+        return self._call(os.pwrite, fh, data, offset)
 
     def truncate(self, path, length, fh=None):
         return self._call(os.truncate, self._p(path), length)
@@ -105,10 +105,11 @@ class PathFS(Operations):
         return 0
 
     def release(self, path, fh):
+        os.close(fh)
         return 0
 
     def fsync(self, path, datasync, fh):
-        return self._with(path, os.O_RDONLY, os.fsync)
+        return self._call(os.fsync, fh)
 
 
 if __name__ == "__main__":

@@ -60,10 +60,13 @@ import (
 //go:embed pathfs.py
 var pathfs []byte
 
-// Stateless mounts a third view of src that holds no file open: every read
-// and write opens the file by its path and closes it again (pathfs.py,
-// with python3-fusepy), so a page that a mapping through it has not read
-// yet cannot be read once the file was deleted through another view; the
+// Stateless mounts a third view of src whose open files go stale when
+// they are unlinked, as NFS files do (pathfs.py, with python3-fusepy): it
+// reads and writes an open file through the descriptor it opened, so a
+// rename through another view does not matter (an NFS handle survives a
+// rename on the server), but it fails every read once the file's link
+// count is zero, so a page that a mapping through it has not read yet
+// cannot be read once the file was deleted through another view; the
 // mapping faults there (SIGBUS), as on a host whose NFS server lost the
 // file. bindfs views cannot show that (the package doc). It has a page
 // cache of its own, as the bindfs views do. It is unmounted when t ends,

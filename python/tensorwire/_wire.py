@@ -3,6 +3,7 @@
 import hashlib
 import hmac
 import os
+import stat
 import struct
 import tempfile
 
@@ -193,17 +194,15 @@ def parse_client_where(b):
 
 
 def read_probe(root, name):
-    """Whether root holds the probe file name (16 bytes) as a node writes it:
-    .tensorwire-probe/<hex> holding the hex and a newline."""
+    """Whether root holds the probe file name (16 bytes) as a node makes it:
+    .tensorwire-probe/<hex>, a regular file, empty."""
     if not root or name == bytes(16):
         return False
-    h = name.hex()
     try:
-        with open(os.path.join(root, PROBE_DIR, h), "rb") as f:
-            b = f.read(64)
+        st = os.lstat(os.path.join(root, PROBE_DIR, name.hex()))
     except OSError:
         return False
-    return b == (h + "\n").encode()
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0
 
 
 def decide_sharing(probed, node, client):

@@ -283,17 +283,20 @@ class TestGolden(unittest.TestCase):
             self.assertTrue(why, name)
 
     def test_probe(self):
-        """A probe is read only as a node writes it: its name in hex and a
-        newline, under .tensorwire-probe."""
+        """A probe is read only as a node makes it: a regular, empty file
+        named by its name in hex under .tensorwire-probe."""
         name = bytes(range(16))
         with tempfile.TemporaryDirectory() as root:
             self.assertFalse(_wire.read_probe(root, name))
             os.mkdir(os.path.join(root, _wire.PROBE_DIR))
             path = os.path.join(root, _wire.PROBE_DIR, name.hex())
-            for text, ok in [(name.hex() + "\n", True), (name.hex(), False), ("x" + name.hex() + "\n", False)]:
+            for text, ok in [("", True), (name.hex() + "\n", False)]:
                 with open(path, "w") as f:
                     f.write(text)
                 self.assertEqual(_wire.read_probe(root, name), ok, text)
+            os.remove(path)
+            os.mkdir(path)
+            self.assertFalse(_wire.read_probe(root, name), "a folder")
             self.assertFalse(_wire.read_probe(root, bytes(16)))
             self.assertFalse(_wire.read_probe(None, name))
 
