@@ -309,7 +309,14 @@ func (s *Store) recover(hasLog bool) error {
 		return fmt.Errorf("store: %w", err)
 	}
 	for _, e := range ents {
-		if id, ok := parseValueName(e.Name()); ok && !keep[id] {
+		id, ok := parseValueName(e.Name())
+		if ok && id > s.nextID.Load() {
+			// A value renamed into place that its record never followed (a
+			// kill -9 between the two): left alone, its id must not be
+			// handed out again.
+			s.nextID.Store(id)
+		}
+		if ok && !keep[id] {
 			if s.opts.Repair {
 				s.removeValue(id)
 				s.opts.Logger.Warn("store repair: dropped a value folder no record names", "path", s.valuePath(id))
