@@ -469,10 +469,25 @@ func TestGuard(t *testing.T) {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
 		}
 	}
-	defer func() {
-		if r := recover(); r != "other" {
-			t.Errorf("a panic that is no fault: recovered %v, want it to pass through", r)
-		}
-	}()
-	Guard(func() error { panic("other") })
+	for _, tc := range []struct {
+		name string
+		fn   func() error
+	}{
+		{"a panic", func() error { panic("other") }},
+		{"a nil dereference", func() error {
+			var p *[1 << 10]byte
+			p[0] = 1
+			return nil
+		}},
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r == nil {
+					t.Errorf("%s: recovered nothing, want the panic to pass through Guard", tc.name)
+				}
+			}()
+			err := Guard(tc.fn)
+			t.Errorf("%s: Guard returned %v", tc.name, err)
+		}()
+	}
 }
