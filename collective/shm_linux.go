@@ -9,13 +9,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync/atomic"
 	"time"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/tensorwire/tensorwire/internal/lockfile"
+	"github.com/tensorwire/tensorwire/internal/shm"
 )
 
 // The shared-mapping transport. Each rank owns three files in the
@@ -33,7 +30,7 @@ import (
 // owner writes and which only grows: every collective moves it three steps
 // (published, reduced, done). Waiting for a peer is reading its phase
 // until it is far enough: a short spin, then a futex wait on the word
-// (the owner wakes waiters when it moves it), rechecking the context, the
+// (internal/shm's Wait; the owner wakes waiters when it moves it), rechecking the context, the
 // peer's abort word and the communicator's health every few milliseconds.
 //
 // Two data files let a rank publish collective k+1 while slower ranks
@@ -62,9 +59,9 @@ type shmGroup struct {
 	me   int
 	n    int
 	lock *lockfile.Lock
-	ctl  [][]byte    // every rank's control file; ours writable
-	own  [2]*os.File // our data files
-	data [][2][]byte // every rank's data files as mapped here
+	ctl  []*shm.Map    // every rank's control file; ours writable
+	own  [2]*os.File   // our data files
+	data [][2]*shm.Map // every rank's data files as mapped here
 }
 
 // makeSessionDir makes rank 0's folder for a session under dir, with a
@@ -120,12 +117,15 @@ func openShm(c *Comm, dir string) (*shmGroup, error) {
 	if b, err := os.ReadFile(filepath.Join(dir, "session")); err != nil || string(b) != want {
 		return nil, fmt.Errorf("rank %d does not see rank 0's folder %s", c.rank, dir)
 	}
-	g := &shmGroup{c: c, dir: dir, me: c.rank, n: c.size, ctl: make([][]byte, c.size), data: make([][2][]byte, c.size)}
+	g := &shmGroup{c: c, dir: dir, me: c.rank, n: c.size, ctl: make([]*shm.Map, c.size), data: make([][2]*shm.Map, c.size)}
 	var err error
 	if g.lock, err = lockfile.Acquire(g.path("lock")); err != nil {
 		return nil, err
 	}
-	ctl, err := createMapped(g.path("ctl"), ctlSize)
+	// Create reserves the pages before we write through the mapping: on
+	// a full tmpfs a write into a hole is SIGBUS, a failed fallocate an
+	// error.
+	ctl, err := shm.Create(g.path("ctl"), ctlSize, 0o600)
 	if err != nil {
 		g.close()
 		return nil, err
@@ -139,7 +139,7 @@ func openShm(c *Comm, dir string) (*shmGroup, error) {
 		}
 		g.own[i] = f
 	}
-	atomic.StoreUint32(g.word(g.me, ctlMagic), shmMagic)
+	g.word(g.me, ctlMagic).Store(shmMagic)
 	return g, nil
 }
 
@@ -149,38 +149,6 @@ func (g *shmGroup) path(what string) string {
 
 func (g *shmGroup) peerPath(r int, what string) string {
 	return filepath.Join(g.dir, fmt.Sprintf("rank-%d.%s", r, what))
-}
-
-// createMapped creates a file of size bytes and maps it shared.
-func createMapped(path string, size int) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	// Reserve the pages before writing through the mapping: on a full
-	// tmpfs a write into a hole is SIGBUS, a failed fallocate an error.
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil && err != unix.EOPNOTSUPP {
-		return nil, fmt.Errorf("reserving %d bytes for %s: %w", size, path, err)
-	}
-	if err := f.Truncate(int64(size)); err != nil {
-		return nil, err
-	}
-	return unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-}
-
-// mapFile maps size bytes of path, shared; read-only unless write.
-func mapFile(path string, size int, write bool) ([]byte, error) {
-	flag, prot := os.O_RDONLY, unix.PROT_READ
-	if write {
-		flag, prot = os.O_RDWR, unix.PROT_READ|unix.PROT_WRITE
-	}
-	f, err := os.OpenFile(path, flag, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return unix.Mmap(int(f.Fd()), 0, size, prot, unix.MAP_SHARED)
 }
 
 // attach maps the other ranks' control files (every rank made its own
@@ -193,12 +161,12 @@ func (g *shmGroup) attach() error {
 		// The control words are written by their owner only; we map them
 		// writable all the same, as futex needs the word's page mapped
 		// the same way by waiter and waker on some kernels.
-		m, err := mapFile(g.peerPath(r, "ctl"), ctlSize, true)
+		m, err := shm.Open(g.peerPath(r, "ctl"), ctlSize, true)
 		if err != nil {
 			return err
 		}
 		g.ctl[r] = m
-		if atomic.LoadUint32(g.word(r, ctlMagic)) != shmMagic {
+		if g.word(r, ctlMagic).Load() != shmMagic {
 			return fmt.Errorf("rank %d's control file is not initialised", r)
 		}
 	}
@@ -207,15 +175,11 @@ func (g *shmGroup) attach() error {
 
 func (g *shmGroup) close() {
 	for r := range g.n {
-		if g.ctl[r] != nil {
-			unix.Munmap(g.ctl[r])
-			g.ctl[r] = nil
-		}
+		g.ctl[r].Close()
+		g.ctl[r] = nil
 		for i := range 2 {
-			if g.data[r][i] != nil {
-				unix.Munmap(g.data[r][i])
-				g.data[r][i] = nil
-			}
+			g.data[r][i].Close()
+			g.data[r][i] = nil
 		}
 	}
 	for i, f := range g.own {
@@ -236,29 +200,26 @@ func (g *shmGroup) close() {
 	}
 }
 
-// word returns a pointer to the uint32 at off in rank r's control file.
-func (g *shmGroup) word(r, off int) *uint32 {
-	return (*uint32)(unsafe.Pointer(&g.ctl[r][off]))
-}
+// word returns the 32-bit word at off in rank r's control file.
+func (g *shmGroup) word(r, off int) *shm.Uint32 { return g.ctl[r].Uint32(off) }
 
-func (g *shmGroup) word64(r, off int) *uint64 {
-	return (*uint64)(unsafe.Pointer(&g.ctl[r][off]))
-}
+// word64 returns the 64-bit word at off in rank r's control file.
+func (g *shmGroup) word64(r, off int) *shm.Uint64 { return g.ctl[r].Uint64(off) }
 
 // setPhase moves our phase to p and wakes the ranks waiting on it.
 func (g *shmGroup) setPhase(p uint32) {
 	w := g.word(g.me, ctlPhase)
-	atomic.StoreUint32(w, p)
-	if atomic.LoadUint32(g.word(g.me, ctlWaiters)) != 0 {
-		futexWake(w)
+	w.Store(p)
+	if g.word(g.me, ctlWaiters).Load() != 0 {
+		w.Wake()
 	}
 }
 
 // abort marks every phase past ours as never coming, and wakes waiters.
 func (g *shmGroup) abort() {
-	p := atomic.LoadUint32(g.word(g.me, ctlPhase)) + 1
-	atomic.StoreUint32(g.word(g.me, ctlAbort), p)
-	futexWake(g.word(g.me, ctlPhase))
+	p := g.word(g.me, ctlPhase).Load() + 1
+	g.word(g.me, ctlAbort).Store(p)
+	g.word(g.me, ctlPhase).Wake()
 }
 
 // reached reports whether phase v is at or past p (modulo wrap-around).
@@ -288,23 +249,23 @@ const (
 func (g *shmGroup) waitRank(ctx context.Context, r int, p uint32) error {
 	w := g.word(r, ctlPhase)
 	for i := 0; i < spins; i++ {
-		if reached(atomic.LoadUint32(w), p) {
+		if reached(w.Load(), p) {
 			return nil
 		}
 	}
 	for i := 0; i < yields; i++ {
 		runtime.Gosched()
-		if reached(atomic.LoadUint32(w), p) {
+		if reached(w.Load(), p) {
 			return nil
 		}
 	}
 	waiters := g.word(r, ctlWaiters)
 	for {
-		v := atomic.LoadUint32(w)
+		v := w.Load()
 		if reached(v, p) {
 			return nil
 		}
-		if a := atomic.LoadUint32(g.word(r, ctlAbort)); a != 0 && !reached(v, a) && reached(p, a) {
+		if a := g.word(r, ctlAbort).Load(); a != 0 && !reached(v, a) && reached(p, a) {
 			err := errorf(ErrAborted, "rank %d abandoned collective %d", r, g.c.seq)
 			g.c.fail(err)
 			return err
@@ -315,17 +276,17 @@ func (g *shmGroup) waitRank(ctx context.Context, r int, p uint32) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		atomic.AddUint32(waiters, 1)
-		if v == atomic.LoadUint32(w) {
-			futexWait(w, v, napTime)
+		waiters.Add(1)
+		if v == w.Load() {
+			w.Wait(v, napTime)
 		}
-		atomic.AddUint32(waiters, ^uint32(0))
+		waiters.Add(^uint32(0))
 	}
 }
 
 // publish makes our data file i at least n bytes and returns its mapping.
 func (g *shmGroup) publish(i, n int) ([]byte, error) {
-	cur := g.data[g.me][i]
+	cur := bytesOf(g.data[g.me][i])
 	if len(cur) >= n {
 		return cur[:n], nil
 	}
@@ -336,77 +297,63 @@ func (g *shmGroup) publish(i, n int) ([]byte, error) {
 	size = (size + 4095) &^ 4095
 	// Reserve the pages: a write into a hole of a full tmpfs through a
 	// mapping is SIGBUS, a failed fallocate a clear error.
-	if err := unix.Fallocate(int(g.own[i].Fd()), 0, 0, int64(size)); err != nil && err != unix.EOPNOTSUPP {
-		return nil, fmt.Errorf("reserving %d bytes in %s: %w", size, g.dir, err)
-	}
-	if err := g.own[i].Truncate(int64(size)); err != nil {
+	if err := shm.Grow(g.own[i], size); err != nil {
 		return nil, err
 	}
-	m, err := unix.Mmap(int(g.own[i].Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	m, err := shm.MapFile(g.own[i], size, true)
 	if err != nil {
 		return nil, err
 	}
-	if cur != nil {
-		unix.Munmap(cur)
-	}
+	g.data[g.me][i].Close()
 	g.data[g.me][i] = m
-	atomic.StoreUint64(g.word64(g.me, ctlCap+8*i), uint64(size))
-	return m[:n], nil
+	g.word64(g.me, ctlCap+8*i).Store(uint64(size))
+	return m.Bytes()[:n], nil
 }
 
 // peerData returns n bytes of rank r's data file i, mapping it again if it
 // grew.
 func (g *shmGroup) peerData(r, i, n int) ([]byte, error) {
 	if r == g.me {
-		return g.data[g.me][i][:n], nil
+		return bytesOf(g.data[g.me][i])[:n], nil
 	}
-	cur := g.data[r][i]
+	cur := bytesOf(g.data[r][i])
 	if len(cur) >= n {
 		return cur[:n], nil
 	}
-	size := int(atomic.LoadUint64(g.word64(r, ctlCap+8*i)))
+	size := int(g.word64(r, ctlCap+8*i).Load())
 	if size < n {
 		return nil, fmt.Errorf("rank %d published %d bytes, %d expected", r, size, n)
 	}
-	m, err := mapFile(g.peerPath(r, fmt.Sprintf("d%d", i)), size, false)
+	m, err := shm.Open(g.peerPath(r, fmt.Sprintf("d%d", i)), size, false)
 	if err != nil {
 		return nil, err
 	}
-	if cur != nil {
-		unix.Munmap(cur)
-	}
+	g.data[r][i].Close()
 	g.data[r][i] = m
-	return m[:n], nil
+	return m.Bytes()[:n], nil
+}
+
+// bytesOf returns m's bytes; none for nil, a file not mapped yet.
+func bytesOf(m *shm.Map) []byte {
+	if m == nil {
+		return nil
+	}
+	return m.Bytes()
 }
 
 // putDesc writes our description for file set i.
 func (g *shmGroup) putDesc(i int, b []byte) {
-	copy(g.ctl[g.me][ctlDesc+i*ctlDescRoom:], b)
-	atomic.StoreUint32(g.word(g.me, ctlDescLen+4*i), uint32(len(b)))
+	copy(g.ctl[g.me].Bytes()[ctlDesc+i*ctlDescRoom:], b)
+	g.word(g.me, ctlDescLen+4*i).Store(uint32(len(b)))
 }
 
 // desc reads rank r's description for file set i.
 func (g *shmGroup) desc(r, i int) (desc, error) {
-	n := int(atomic.LoadUint32(g.word(r, ctlDescLen+4*i)))
+	n := int(g.word(r, ctlDescLen+4*i).Load())
 	if n > ctlDescRoom {
 		return desc{}, fmt.Errorf("rank %d's description is %d bytes", r, n)
 	}
 	b := make([]byte, n)
-	copy(b, g.ctl[r][ctlDesc+i*ctlDescRoom:])
+	copy(b, g.ctl[r].Bytes()[ctlDesc+i*ctlDescRoom:])
 	return decodeDesc(b)
 }
-
-func futexWait(addr *uint32, val uint32, d time.Duration) {
-	ts := unix.NsecToTimespec(int64(d))
-	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexOpWait, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
-}
-
-func futexWake(addr *uint32) {
-	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexOpWake, uintptr(1<<30), 0, 0, 0)
-}
-
-// futex operations (linux/futex.h), on shared words: not FUTEX_PRIVATE.
-const (
-	futexOpWait = 0
-	futexOpWake = 1
-)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+
+	"github.com/tensorwire/tensorwire/memmap"
 )
 
 // Collectives through shared mappings (shm_linux.go has the mechanism).
@@ -22,8 +24,31 @@ const smallShm = 64 << 10
 // chunks returns the element offsets of an even split of n elements in k.
 func chunks(n, k int) []int { return prefix(evenCounts(n, k)) }
 
-// shmCollective runs cl through the shared mappings.
-func (c *Comm) shmCollective(ctx context.Context, seq uint64, cl *call) (*plan, []byte, error) {
+// shmCollective runs cl through the shared mappings, under a fault guard:
+// a file of the session truncated under its mapping (by hand, or by a rank
+// gone wrong) fails the collective and breaks the communicator, as any
+// error in a data phase does, instead of killing the process.
+func (c *Comm) shmCollective(ctx context.Context, seq uint64, cl *call) (p *plan, out []byte, err error) {
+	fault := memmap.Guard(func() error {
+		p, out, err = c.shmSteps(ctx, seq, cl)
+		return nil
+	})
+	if fault == nil {
+		return p, out, err
+	}
+	err = fmt.Errorf("collective %d through the shared mappings: %w", seq, fault)
+	// failData writes our control words (abort), which may be what
+	// faulted: then the communicator is failed without them.
+	cause := err
+	if memmap.Guard(func() error { err = c.failData(ctx, cause); return nil }) != nil {
+		c.fail(cause)
+		err = cause
+	}
+	return nil, nil, err
+}
+
+// shmSteps is shmCollective's work.
+func (c *Comm) shmSteps(ctx context.Context, seq uint64, cl *call) (*plan, []byte, error) {
 	g := c.shm
 	set := int(seq & 1)
 	base := uint32(3 * seq)

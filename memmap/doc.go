@@ -28,9 +28,10 @@
 // (fallocate, or written zeros), so a full disk is an error at creation, and Open refuses a file
 // shorter than its shape. Copies made by this package's methods turn a fault
 // into ErrFault instead of killing the process; access through the slice
-// from Bytes, or views built on it, is not guarded. On Linux, writes to a
-// sparse file (one opened with holes) reserve their rows' blocks first, so
-// a full disk is an error wrapping ENOSPC there (see Writes).
+// from Bytes, or views built on it, is not guarded: run it under Guard for
+// the same promise. On Linux, writes to a sparse file (one opened with
+// holes) reserve their rows' blocks first, so a full disk is an error
+// wrapping ENOSPC there (see Writes).
 //
 // # Writes
 //

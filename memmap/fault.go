@@ -5,13 +5,23 @@ import (
 	"runtime/debug"
 )
 
-// guarded runs fn, turning a memory fault inside it (SIGBUS or SIGSEGV on the
-// mapping, e.g. after the file was truncated by another process) into an
-// error wrapping ErrFault. Other panics pass through unchanged.
+// Guard runs fn, turning a memory fault inside it (SIGBUS or SIGSEGV on a
+// mapping, e.g. after its file was truncated by another process) into an
+// error wrapping ErrFault; otherwise it returns fn's error. Other panics,
+// a nil dereference among them, pass through unchanged.
 //
-// debug.SetPanicOnFault is per goroutine and cheap; guarded restores the
-// previous setting.
-func guarded(path string, fn func()) (err error) {
+// It is the guard this package's copies run under, for code that touches a
+// mapping through a slice (Bytes, or a mapping of its own): the fault ends
+// fn, not the process. debug.SetPanicOnFault is per goroutine and cheap;
+// Guard restores the previous setting, so guards nest.
+func Guard(fn func() error) error { return guard("", fn) }
+
+// guarded is Guard for this package's copies: the error names the file.
+func guarded(path string, fn func()) error {
+	return guard(path+" ", func() error { fn(); return nil })
+}
+
+func guard(what string, fn func() error) (err error) {
 	old := debug.SetPanicOnFault(true)
 	defer func() {
 		debug.SetPanicOnFault(old)
@@ -20,9 +30,8 @@ func guarded(path string, fn func()) (err error) {
 			if !ok {
 				panic(r)
 			}
-			err = fmt.Errorf("%w: %s at address %#x (was the file truncated?)", ErrFault, path, f.Addr())
+			err = fmt.Errorf("%w: %sat address %#x (was the file truncated?)", ErrFault, what, f.Addr())
 		}
 	}()
-	fn()
-	return nil
+	return fn()
 }

@@ -438,3 +438,56 @@ func TestParseDType(t *testing.T) {
 		t.Errorf("alias long = %v", got)
 	}
 }
+
+// TestGuard: a fault inside Guard is an error wrapping ErrFault, fn's own
+// error comes back as it is, and other panics pass through.
+func TestGuard(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "g")
+	m, err := Create(path, Uint8, 8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	b, err := m.Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	mine := errors.New("mine")
+	for _, tc := range []struct {
+		name string
+		fn   func() error
+		want error
+	}{
+		{"fault", func() error { b[4096] = 1; return nil }, ErrFault},
+		{"fn's error", func() error { return mine }, mine},
+		{"no error", func() error { return nil }, nil},
+	} {
+		if err := Guard(tc.fn); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		fn   func() error
+	}{
+		{"a panic", func() error { panic("other") }},
+		{"a nil dereference", func() error {
+			var p *[1 << 10]byte
+			p[0] = 1
+			return nil
+		}},
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r == nil {
+					t.Errorf("%s: recovered nothing, want the panic to pass through Guard", tc.name)
+				}
+			}()
+			err := Guard(tc.fn)
+			t.Errorf("%s: Guard returned %v", tc.name, err)
+		}()
+	}
+}

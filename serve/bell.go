@@ -1,9 +1,12 @@
 package serve
 
 import (
+	"errors"
 	"fmt"
-	"sync/atomic"
+	"os"
 	"unsafe"
+
+	"github.com/tensorwire/tensorwire/internal/shm"
 )
 
 // The bell: requests by reference without a network round trip.
@@ -39,6 +42,9 @@ import (
 //	      4 status (uint32): 0 ok, 1 failed (serve.failure says why)
 //	      8 waiters (uint32): clients sleeping on done
 //	      16 version (uint64): the parameter version that produced it
+//
+// The words are shm's (internal/shm): atomic, and the futex wait and wake
+// of its Uint32.
 //
 // Bell file layout: 0 ring (uint32): rung once per request; 64 sleeping
 // (uint32): 1 while the poller sleeps on ring. 4096 bytes.
@@ -85,31 +91,49 @@ func splitEntry(e uint64) (start, n int, seq uint32) {
 
 // ringView is a mapped ring file.
 type ringView struct {
-	b       []byte
+	b       *shm.Map // the ring's mapping (shm.Over memory in FuzzBellRing)
 	slots   int
 	records int
 }
 
-func newRingView(b []byte, slots int) (*ringView, error) {
+func newRingView(m *shm.Map, slots int) (*ringView, error) {
 	size, records := ringSize(slots)
-	if len(b) < size || uintptr(unsafe.Pointer(unsafe.SliceData(b)))%64 != 0 {
-		return nil, fmt.Errorf("a ring of %d bytes for %d slots; want %d", len(b), slots, size)
+	if m.Len() < size || uintptr(unsafe.Pointer(unsafe.SliceData(m.Bytes())))%64 != 0 {
+		return nil, fmt.Errorf("a ring of %d bytes for %d slots; want %d", m.Len(), slots, size)
 	}
-	return &ringView{b: b, slots: slots, records: records}, nil
+	return &ringView{b: m, slots: slots, records: records}, nil
 }
 
-func (r *ringView) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&r.b[off])) }
-func (r *ringView) u32(off int) *uint32 { return (*uint32)(unsafe.Pointer(&r.b[off])) }
-
-func (r *ringView) tail() *uint64 { return r.u64(ringTail) }
-func (r *ringView) head() *uint64 { return r.u64(ringHead) }
-func (r *ringView) entry(i uint64) *uint64 {
-	return r.u64(ringEntries + 8*int(i%uint64(r.slots)))
+func (r *ringView) tail() *shm.Uint64 { return r.b.Uint64(ringTail) }
+func (r *ringView) head() *shm.Uint64 { return r.b.Uint64(ringHead) }
+func (r *ringView) entry(i uint64) *shm.Uint64 {
+	return r.b.Uint64(ringEntries + 8*int(i%uint64(r.slots)))
 }
-func (r *ringView) done(s int) *uint32    { return r.u32(r.records + recordSize*s) }
-func (r *ringView) status(s int) *uint32  { return r.u32(r.records + recordSize*s + 4) }
-func (r *ringView) waiters(s int) *uint32 { return r.u32(r.records + recordSize*s + 8) }
-func (r *ringView) version(s int) *uint64 { return r.u64(r.records + recordSize*s + 16) }
-func bellWord(b []byte, off int) *uint32  { return (*uint32)(unsafe.Pointer(&b[off])) }
-func loadU32(p *uint32) uint32            { return atomic.LoadUint32(p) }
-func storeU32(p *uint32, v uint32)        { atomic.StoreUint32(p, v) }
+func (r *ringView) done(s int) *shm.Uint32    { return r.b.Uint32(r.records + recordSize*s) }
+func (r *ringView) status(s int) *shm.Uint32  { return r.b.Uint32(r.records + recordSize*s + 4) }
+func (r *ringView) waiters(s int) *shm.Uint32 { return r.b.Uint32(r.records + recordSize*s + 8) }
+func (r *ringView) version(s int) *shm.Uint64 { return r.b.Uint64(r.records + recordSize*s + 16) }
+
+// createShared makes the file at path of size bytes, its blocks reserved
+// (a write into a hole of a full tmpfs through a mapping is SIGBUS; a
+// failed fallocate, an error now), zero-filled, and maps it.
+func createShared(path string, size int) (*shm.Map, error) {
+	if !bellSupported {
+		return nil, errNoBell
+	}
+	return shm.Create(path, size, 0o644)
+}
+
+// openShared maps the file f, read-write and shared, checking it holds
+// size bytes. The caller opened f (through the node's os.Root).
+func openShared(f *os.File, size int) (*shm.Map, error) {
+	if !bellSupported {
+		return nil, errNoBell
+	}
+	return shm.MapFile(f, size, true)
+}
+
+// unmapShared unmaps m; nil does nothing.
+func unmapShared(m *shm.Map) { m.Close() }
+
+var errNoBell = errors.New("serve: shared-memory requests need Linux")

@@ -5,10 +5,11 @@ import (
 	"encoding/binary"
 	"math"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/tensorwire/tensorwire/internal/shm"
 )
 
 // The node reads its clients' rings: bytes another process writes, and
@@ -115,7 +116,7 @@ func FuzzBellRing(f *testing.F) {
 		for s := range slots { // records start empty: done 0, no waiters
 			clear(all[records+recordSize*s : records+recordSize*(s+1)])
 		}
-		v, err := newRingView(all[:size], slots)
+		v, err := newRingView(shm.Over(all[:size]), slots)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -159,7 +160,7 @@ func FuzzBellRing(f *testing.F) {
 			start, rows, seq := splitEntry(e)
 			taken = append(taken, [3]int{start, rows, int(seq)})
 		}
-		if got := atomic.LoadUint64(v.head()); got != head+uint64(n) {
+		if got := v.head().Load(); got != head+uint64(n) {
 			t.Fatalf("head %d after taking %d entries from %d", got, n, head)
 		}
 		switch {
@@ -196,7 +197,7 @@ func FuzzBellRing(f *testing.F) {
 		}
 		// Each record names an entry taken for its row, or none.
 		for slot := range slots {
-			done := loadU32(v.done(slot))
+			done := v.done(slot).Load()
 			if done == 0 {
 				continue
 			}

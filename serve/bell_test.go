@@ -5,7 +5,6 @@ import (
 	"github.com/tensorwire/tensorwire/internal/proctest"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 
 	"github.com/tensorwire/tensorwire/rpc"
@@ -80,11 +79,11 @@ func (c *Client) pushRaw(start int, e uint64) (uint32, error) {
 	defer r.mu.Unlock()
 	seq := r.seq[start] + 1
 	r.seq[start] = seq
-	t := atomic.LoadUint64(r.v.tail())
-	atomic.StoreUint64(r.v.entry(t), e&^entrySeqMask|uint64(seq))
-	atomic.StoreUint64(r.v.tail(), t+1)
-	atomic.AddUint32(bellWord(r.bell, bellRing), 1)
-	futexWake(bellWord(r.bell, bellRing))
+	t := r.v.tail().Load()
+	r.v.entry(t).Store(e&^entrySeqMask | uint64(seq))
+	r.v.tail().Store(t + 1)
+	r.bell.Uint32(bellRing).Add(1)
+	r.bell.Uint32(bellRing).Wake()
 	return seq, nil
 }
 
@@ -201,7 +200,7 @@ func TestBell_EntryOutsideTheSlots(t *testing.T) {
 		return !held
 	})
 	for i := records + recordSize*4; i < size; i++ {
-		if c.ring.v.b[i] != 0 {
+		if c.ring.v.b.Bytes()[i] != 0 {
 			t.Fatalf("the node wrote byte %d of the ring, past the records of its 4 slots (%d to %d)", i, records, records+recordSize*4)
 		}
 	}

@@ -7,12 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/lockfile"
+	"github.com/tensorwire/tensorwire/internal/shm"
 	"github.com/tensorwire/tensorwire/rpc"
 )
 
@@ -23,7 +22,7 @@ type clientRing struct {
 	v *ringView // the ring file's mapping: valid until Close
 
 	mu      sync.Mutex // appending; the bell and seq
-	bell    []byte     // the node's bell; nil until registered with one
+	bell    *shm.Map   // the node's bell; nil until registered with one
 	bellDir string     // the bell's folder, relative to the root; "" with none
 	seq     []uint32   // per first row: the last sequence number sent
 }
@@ -81,7 +80,7 @@ func (c *Client) useBell(rel string) error {
 	if c.ring == nil {
 		return nil
 	}
-	var b []byte
+	var b *shm.Map
 	if rel != "" {
 		if !bellDirRE.MatchString(rel) {
 			return fmt.Errorf("serve: the node named the bell %q", rel)
@@ -114,19 +113,19 @@ func (c *Client) push(ctx context.Context, start, n int) (uint32, error) {
 			r.mu.Unlock()
 			return 0, errNoBellYet
 		}
-		t := atomic.LoadUint64(r.v.tail())
-		if t-atomic.LoadUint64(r.v.head()) < uint64(r.v.slots) {
+		t := r.v.tail().Load()
+		if t-r.v.head().Load() < uint64(r.v.slots) {
 			seq := (r.seq[start] + 1) & entrySeqMask
 			if seq == 0 {
 				seq = 1 // 0 is a record's "nothing done"
 			}
 			r.seq[start] = seq
-			atomic.StoreUint64(r.v.entry(t), makeEntry(start, n, seq))
-			atomic.StoreUint64(r.v.tail(), t+1)
-			ring := bellWord(r.bell, bellRing)
-			atomic.AddUint32(ring, 1)
-			if loadU32(bellWord(r.bell, bellSleep)) != 0 {
-				futexWake(ring)
+			r.v.entry(t).Store(makeEntry(start, n, seq))
+			r.v.tail().Store(t + 1)
+			ring := r.bell.Uint32(bellRing)
+			ring.Add(1)
+			if r.bell.Uint32(bellSleep).Load() != 0 {
+				ring.Wake()
 			}
 			r.mu.Unlock()
 			return seq, nil
@@ -180,7 +179,7 @@ func (c *Client) waitBell(ctx context.Context, start int, seq uint32, gen uint64
 	v := c.ring.v
 	done := v.done(start)
 	for i := range bellSpins + bellYields {
-		if loadU32(done) == seq {
+		if done.Load() == seq {
 			return c.result(ctx, start, seq)
 		}
 		if i >= bellSpins {
@@ -188,10 +187,10 @@ func (c *Client) waitBell(ctx context.Context, start int, seq uint32, gen uint64
 		}
 	}
 	// Its context ending wakes it.
-	defer context.AfterFunc(ctx, func() { futexWake(done) })()
+	defer context.AfterFunc(ctx, done.Wake)()
 	probe := time.Now().Add(bellProbe)
 	for {
-		d := loadU32(done)
+		d := done.Load()
 		if d == seq {
 			return c.result(ctx, start, seq)
 		}
@@ -211,11 +210,11 @@ func (c *Client) waitBell(ctx context.Context, start int, seq uint32, gen uint64
 			probe = time.Now().Add(bellProbe)
 			continue
 		}
-		atomic.AddUint32(v.waiters(start), 1)
-		if loadU32(done) == d && ctx.Err() == nil && !c.isClosed() {
-			futexWait(done, d, min(bellNap, time.Until(probe)+time.Millisecond))
+		v.waiters(start).Add(1)
+		if done.Load() == d && ctx.Err() == nil && !c.isClosed() {
+			done.Wait(d, min(bellNap, time.Until(probe)+time.Millisecond))
 		}
-		atomic.AddUint32(v.waiters(start), ^uint32(0))
+		v.waiters(start).Add(^uint32(0))
 	}
 }
 
@@ -244,8 +243,8 @@ func (c *Client) probe(ctx context.Context) error {
 // result reads a record that says request seq is done.
 func (c *Client) result(ctx context.Context, start int, seq uint32) (uint64, error) {
 	v := c.ring.v
-	if loadU32(v.status(start)) == 0 {
-		return atomic.LoadUint64(v.version(start)), nil
+	if v.status(start).Load() == 0 {
+		return v.version(start).Load(), nil
 	}
 	c.mu.Lock()
 	id := c.id
@@ -272,7 +271,7 @@ func (c *Client) waitQuiet(start int, seq uint32) {
 	c.ring.mu.Unlock()
 	done := c.ring.v.done(start)
 	for deadline := time.Now().Add(c.quiet); time.Now().Before(deadline) && !c.isClosed(); {
-		if loadU32(done) == seq {
+		if done.Load() == seq {
 			return
 		}
 		c.ring.mu.Lock()
@@ -310,18 +309,15 @@ func (c *Client) closeRing() {
 	if c.ring == nil {
 		return
 	}
-	func() { // under a fault guard: a truncated ring must not crash Close
-		old := debug.SetPanicOnFault(true)
-		defer func() {
-			debug.SetPanicOnFault(old)
-			recover()
-		}()
+	// Under a fault guard: a truncated ring must not crash Close.
+	c.ring.v.b.Guard(func() error {
 		for s := range c.ring.v.slots {
-			if loadU32(c.ring.v.waiters(s)) > 0 {
-				futexWake(c.ring.v.done(s))
+			if c.ring.v.waiters(s).Load() > 0 {
+				c.ring.v.done(s).Wake()
 			}
 		}
-	}()
+		return nil
+	})
 	c.use.Lock()
 	defer c.use.Unlock()
 	c.ring.mu.Lock()

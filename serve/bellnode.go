@@ -4,14 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime/debug"
-	"sync/atomic"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/lockfile"
+	"github.com/tensorwire/tensorwire/internal/shm"
+	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -24,7 +25,7 @@ type nodeBell struct {
 	dir  string // BellsDir/ID under the root
 	rel  string // dir relative to the root, as clients are told it
 	lock *lockfile.Lock
-	b    []byte
+	b    *shm.Map
 	stop chan struct{} // closed by close: the poller returns
 	done chan struct{} // closed when it has
 }
@@ -95,7 +96,7 @@ func (nb *nodeBell) close() {
 // unmaps the rings of dropped registrations once no request uses them.
 func (s *served) poll(nb *nodeBell) {
 	defer close(nb.done)
-	ring, sleeping := bellWord(nb.b, bellRing), bellWord(nb.b, bellSleep)
+	ring, sleeping := nb.b.Uint32(bellRing), nb.b.Uint32(bellSleep)
 	for {
 		select {
 		case <-nb.stop:
@@ -106,14 +107,14 @@ func (s *served) poll(nb *nodeBell) {
 		if s.scanRings() {
 			continue
 		}
-		storeU32(sleeping, 1)
-		v := loadU32(ring)
+		sleeping.Store(1)
+		v := ring.Load()
 		if s.scanRings() {
-			storeU32(sleeping, 0)
+			sleeping.Store(0)
 			continue
 		}
-		futexWait(ring, v, pollNap)
-		storeU32(sleeping, 0)
+		ring.Wait(v, pollNap)
+		sleeping.Store(0)
 		s.reapRings(false)
 	}
 }
@@ -151,33 +152,31 @@ func (s *served) scanRings() bool {
 // not a slot (it has no record to be answered in); the caller drops the
 // client's registration.
 func (s *served) scanRing(r *registration) (n int, err error) {
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		if p := recover(); p != nil {
-			n, err = 0, fmt.Errorf("fault reading the ring: %v", p)
-		}
-	}()
 	v := r.ring
-	head, tail := atomic.LoadUint64(v.head()), atomic.LoadUint64(v.tail())
-	if tail-head > uint64(v.slots) {
-		return 0, fmt.Errorf("%d entries in a ring of %d", tail-head, v.slots)
-	}
-	for ; head != tail; head++ {
-		e := atomic.LoadUint64(v.entry(head))
-		start, rows, seq := splitEntry(e)
-		if start >= v.slots {
-			// No record to answer it in: the client is broken.
-			return n, fmt.Errorf("an entry for row %d of a client's %d slots", start, v.slots)
+	err = v.b.Guard(func() error {
+		head, tail := v.head().Load(), v.tail().Load()
+		if tail-head > uint64(v.slots) {
+			return fmt.Errorf("%d entries in a ring of %d", tail-head, v.slots)
 		}
-		atomic.StoreUint64(v.head(), head+1)
-		if !s.acquireRef(r) {
-			return n, nil // dropped meanwhile
+		for ; head != tail; head++ {
+			start, rows, seq := splitEntry(v.entry(head).Load())
+			if start >= v.slots {
+				// No record to answer it in: the client is broken.
+				return fmt.Errorf("an entry for row %d of a client's %d slots", start, v.slots)
+			}
+			v.head().Store(head + 1)
+			if !s.acquireRef(r) {
+				return nil // dropped meanwhile
+			}
+			n++
+			s.serveEntry(r, start, rows, seq)
 		}
-		n++
-		s.serveEntry(r, start, rows, seq)
+		return nil
+	})
+	if errors.Is(err, memmap.ErrFault) {
+		n, err = 0, fmt.Errorf("reading the ring: %w", err)
 	}
-	return n, nil
+	return n, err
 }
 
 // acquireRef takes a reference on r's mappings, unless it was dropped.
@@ -226,21 +225,19 @@ func (s *served) serveEntry(r *registration, start, n int, seq uint32) {
 // number done, and wakes the client if it sleeps on it. A fault (the ring
 // truncated) is ignored: the client is gone or broken.
 func answer(v *ringView, start int, seq uint32, version uint64, failed bool) {
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		recover()
-	}()
 	status := uint32(0)
 	if failed {
 		status = 1
 	}
-	storeU32(v.status(start), status)
-	atomic.StoreUint64(v.version(start), version)
-	storeU32(v.done(start), seq)
-	if loadU32(v.waiters(start)) > 0 {
-		futexWake(v.done(start))
-	}
+	v.b.Guard(func() error {
+		v.status(start).Store(status)
+		v.version(start).Store(version)
+		v.done(start).Store(seq)
+		if v.waiters(start).Load() > 0 {
+			v.done(start).Wake()
+		}
+		return nil
+	})
 }
 
 // reapRings unmaps the rings of dropped registrations that no request
@@ -290,20 +287,12 @@ func (svc *Service) mapRing(dir string, slots int) (*ringView, error) {
 		return nil, err
 	}
 	v, err := newRingView(b, slots)
-	if err != nil {
-		unmapShared(b)
-		return nil, err
+	if err == nil {
+		err = b.Guard(func() error {
+			v.head().Store(v.tail().Load())
+			return nil
+		})
 	}
-	old := debug.SetPanicOnFault(true)
-	defer debug.SetPanicOnFault(old)
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				err = fmt.Errorf("fault on the ring: %v", p)
-			}
-		}()
-		atomic.StoreUint64(v.head(), atomic.LoadUint64(v.tail()))
-	}()
 	if err != nil {
 		unmapShared(b)
 		return nil, err

@@ -11,17 +11,18 @@
 // calls Fence, and reads the word again: an unchanged word means the copy
 // is whole; a changed one means the slot was taken while it copied.
 //
-// Words are read and written with atomic operations (Word, SetWord); the
-// other fields of a record (Field, SetField) are plain memory, which
-// readers in other processes read only under the word's check.
+// Words are read and written with atomic operations (Word, SetWord:
+// internal/shm's words over the table's memmap mapping); the other fields
+// of a record (Field, SetField) are plain memory, which readers in other
+// processes read only under the word's check.
 package slots
 
 import (
 	"fmt"
 	"os"
-	"sync/atomic"
 	"unsafe"
 
+	"github.com/tensorwire/tensorwire/internal/shm"
 	"github.com/tensorwire/tensorwire/memmap"
 )
 
@@ -30,6 +31,7 @@ import (
 // atomic, the other fields are the caller's to guard.
 type Table struct {
 	mm     *memmap.Tensor
+	words  *shm.Map // the mapping's bytes, for the atomic words
 	rec    []uint64 // len = n * fields, aliases the mapping
 	fields int
 }
@@ -48,7 +50,7 @@ func Create(path string, n, fields int) (*Table, error) {
 }
 
 // Open maps the table at path read-write, shared. It first reserves the
-// file's blocks (on Linux; see reserve_other.go): the words are read and
+// file's blocks (on Linux; shm.Reserve does nothing elsewhere): the words are read and
 // written through the mapping without a fault guard, so a file left sparse
 // (a copy made with cp --sparse, rsync -S) on a full disk must be an error
 // here rather than a SIGBUS later.
@@ -60,9 +62,9 @@ func Open(path string, n, fields int) (*Table, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := reserveBlocks(f, int64(n)*int64(fields)*8); err != nil {
+	if err := shm.Reserve(f, int64(n)*int64(fields)*8); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("reserving the blocks of %s: %w", path, err)
+		return nil, err
 	}
 	mm, err := memmap.OpenFile(f, memmap.Uint64, []int{n, fields}, memmap.ReadWrite)
 	if err != nil {
@@ -105,14 +107,14 @@ func newTable(mm *memmap.Tensor, n, fields int) (*Table, error) {
 		mm.Close()
 		return nil, fmt.Errorf("slots: %d bytes mapped, want %d aligned", len(b), words*8)
 	}
-	return &Table{mm: mm, rec: unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(b))), words), fields: fields}, nil
+	return &Table{mm: mm, words: shm.Over(b[:words*8]), rec: unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(b))), words), fields: fields}, nil
 }
 
 // Word returns slot's word, generation<<2 | state, atomically.
-func (t *Table) Word(slot int) uint64 { return atomic.LoadUint64(&t.rec[slot*t.fields]) }
+func (t *Table) Word(slot int) uint64 { return t.words.Uint64(8 * slot * t.fields).Load() }
 
 // SetWord stores slot's word atomically.
-func (t *Table) SetWord(slot int, w uint64) { atomic.StoreUint64(&t.rec[slot*t.fields], w) }
+func (t *Table) SetWord(slot int, w uint64) { t.words.Uint64(8 * slot * t.fields).Store(w) }
 
 // Field returns word f (1 <= f < Fields) of slot's record, a plain load.
 func (t *Table) Field(slot, f int) uint64 { return t.rec[slot*t.fields+f] }
@@ -143,11 +145,6 @@ func Gen(w uint64) uint64 { return w >> 2 }
 // MakeWord joins a generation and a state (0 to 3).
 func MakeWord(gen, state uint64) uint64 { return gen<<2 | state&3 }
 
-// fenceVar is the target of Fence's read-modify-write.
-var fenceVar atomic.Uint32
-
 // Fence orders the plain loads before it (a reader's copies) before the
-// atomic loads after it (the words it checks). An atomic read-modify-write
-// is a full barrier on every architecture Go supports; a plain atomic load
-// is not on arm64, where earlier loads may complete after it.
-func Fence() { fenceVar.Add(1) }
+// atomic loads after it (the words it checks): shm.Fence.
+func Fence() { shm.Fence() }
