@@ -9,12 +9,21 @@ import (
 	"testing"
 )
 
-// pythonWithDeps returns an interpreter that imports numpy and msgpack
-// (Debian's python3-numpy and python3-msgpack install them for
-// /usr/bin/python3, which may not be the python3 first on PATH), or skips
-// t saying so.
+// pythonWithDeps returns the interpreter the suite runs with:
+// $TENSORWIRE_PYTHON when set (CI sets it to its venv's, with PyPI's torch
+// and tensordict; there a missing numpy or msgpack fails the test rather
+// than skipping it), else the first of /usr/bin/python3 and python3 that
+// imports numpy and msgpack (Debian's python3-numpy and python3-msgpack
+// install them for /usr/bin/python3, which may not be the python3 first on
+// PATH), or skips t saying so.
 func pythonWithDeps(t *testing.T) string {
 	t.Helper()
+	if p := os.Getenv("TENSORWIRE_PYTHON"); p != "" {
+		if out, err := exec.Command(p, "-c", "import numpy, msgpack").CombinedOutput(); err != nil {
+			t.Fatalf("TENSORWIRE_PYTHON=%s cannot import numpy and msgpack: %v\n%s", p, err, out)
+		}
+		return p
+	}
 	for _, p := range []string{"/usr/bin/python3", "python3"} {
 		if exec.Command(p, "-c", "import numpy, msgpack").Run() == nil {
 			return p
@@ -34,6 +43,9 @@ func TestPython_Suite(t *testing.T) {
 		t.Skip("builds the command and runs nodes")
 	}
 	py := pythonWithDeps(t)
+	if out, err := exec.Command(py, "-c", "import sys; print(sys.executable, sys.version.split()[0])").Output(); err == nil {
+		t.Logf("Python: %s", strings.TrimSpace(string(out)))
+	}
 	bin := filepath.Join(t.TempDir(), "tensorwire")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/tensorwire")
 	build.Dir = ".."

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -29,10 +30,18 @@ type Result struct {
 	Skipped   map[string]string `json:"skipped"`
 }
 
-// python returns an interpreter that can import torch: Debian's
-// python3-torch installs it for /usr/bin/python3, which may not be the
-// python3 first on PATH.
+// python returns an interpreter that can import torch: $TENSORWIRE_PYTHON
+// when set (CI's venv with PyPI's torch; an error if it cannot), else the
+// first of python3 and /usr/bin/python3 that can (Debian's python3-torch
+// installs it for /usr/bin/python3, which may not be the python3 first on
+// PATH).
 func python() (string, error) {
+	if p := os.Getenv("TENSORWIRE_PYTHON"); p != "" {
+		if out, err := exec.Command(p, "-c", "import torch").CombinedOutput(); err != nil {
+			return "", fmt.Errorf("TENSORWIRE_PYTHON=%s cannot import torch: %v\n%s", p, err, out)
+		}
+		return p, nil
+	}
 	for _, p := range []string{"python3", "/usr/bin/python3"} {
 		if exec.Command(p, "-c", "import torch").Run() == nil {
 			return p, nil
@@ -40,6 +49,10 @@ func python() (string, error) {
 	}
 	return "", fmt.Errorf("no python3 with torch (apt-get install python3-torch; .ci/run installs it)")
 }
+
+// Python returns the interpreter Load runs, one that can import torch
+// ($TENSORWIRE_PYTHON when set), or why there is none.
+func Python() (string, error) { return python() }
 
 // Available returns nil if torch can be run, or why not.
 func Available() error {

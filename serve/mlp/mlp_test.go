@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tensorwire/tensorwire/internal/torchcheck"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -245,17 +246,15 @@ func TestMLP_LoadRefuses(t *testing.T) {
 	}
 }
 
-// python returns an interpreter that can import torch (Debian's
-// python3-torch installs it for /usr/bin/python3), as internal/torchcheck
-// finds it.
+// python returns an interpreter that can import torch, the one
+// internal/torchcheck runs ($TENSORWIRE_PYTHON when set, else Debian's
+// python3-torch's /usr/bin/python3 or the python3 on PATH), or skips t.
 func python(t *testing.T) string {
-	for _, p := range []string{"python3", "/usr/bin/python3"} {
-		if exec.Command(p, "-c", "import torch").Run() == nil {
-			return p
-		}
+	p, err := torchcheck.Python()
+	if err != nil {
+		t.Skip(err)
 	}
-	t.Skip("no python3 with torch (apt-get install python3-torch)")
-	return ""
+	return p
 }
 
 // TestMLP_MatchesTorch has PyTorch build the MLP, write its state_dict as
