@@ -3,7 +3,6 @@ package store
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -150,7 +149,7 @@ var optionKeys = service.Keys[Options]{
 			case "none":
 				o.NoSync = true
 			default:
-				return fmt.Errorf("%q is not always or none", v)
+				return errors.New("want always or none")
 			}
 			return nil
 		}},
@@ -160,15 +159,7 @@ var optionKeys = service.Keys[Options]{
 		Set: func(o *Options, v string) error { return service.SetPositive(&o.GetTimeout, v) }},
 	{Setting: Setting{Key: "history", Value: "N", Help: "events kept for watchers to resume from (default 100000)"},
 		Set: func(o *Options, v string) error {
-			n, err := strconv.Atoi(v)
-			switch {
-			case err != nil:
-				return fmt.Errorf("%q is not a whole number of events", v)
-			case n <= 0:
-				return fmt.Errorf("%d is not a positive number of events", n)
-			}
-			o.History = n
-			return nil
+			return service.SetAtLeast(&o.History, v, 1)
 		}},
 	{Setting: Setting{Key: "trash-grace", Value: "D", Help: "how long a deleted value's folder stays in trash/ (default 1m)"},
 		Set: func(o *Options, v string) error { return service.SetPositive(&o.TrashGrace, v) }},
@@ -176,7 +167,7 @@ var optionKeys = service.Keys[Options]{
 		Set: func(o *Options, v string) error {
 			// Open reports what it would drop either way; this drops it.
 			if v != "drop" {
-				return fmt.Errorf("%q is not drop (without repair, the node only reports what it would drop)", v)
+				return errors.New("want drop (without repair, the node only reports what it would drop)")
 			}
 			o.Repair = true
 			return nil
