@@ -157,7 +157,7 @@ func (c *Config) Set(key, value string) error { return configKeys.Set(c, key, va
 // configKeys is Config's text form, a row a key.
 var configKeys = service.Keys[Config]{
 	{Setting: Setting{Key: "dataset", Value: "PREFIX", Help: "the TensorDict whose rows are the samples"},
-		Set: func(c *Config, v string) error { return setNonEmpty(&c.Dataset, v, "want a prefix") }},
+		Set: func(c *Config, v string) error { return service.SetNonEmpty(&c.Dataset, v, "want a prefix") }},
 	{Setting: Setting{Key: "batch", Value: "N", Help: "rows of a producer batch"},
 		Set: func(c *Config, v string) error { return setCount(&c.Batch, v) }},
 	{Setting: Setting{Key: "slots", Value: "N", Help: "batches the ring holds (default 8)"},
@@ -186,7 +186,7 @@ var configKeys = service.Keys[Config]{
 	{Setting: Setting{Key: "sequential", Help: "serve the rows in dataset order, unshuffled"},
 		Set: func(c *Config, _ string) error { c.Sequential = true; return nil }},
 	{Setting: Setting{Key: "index", Value: "KEY", Help: "add each row's dataset index under KEY"},
-		Set: func(c *Config, v string) error { return setNonEmpty(&c.IndexKey, v, "want a key") }},
+		Set: func(c *Config, v string) error { return service.SetNonEmpty(&c.IndexKey, v, "want a key") }},
 	{Setting: Setting{Key: "heartbeat", Value: "D", Help: "how long a consumer may stay silent (default 5s)"},
 		Set: func(c *Config, v string) error { return service.SetPositive(&c.Heartbeat, v) }},
 	{Setting: Setting{Key: "max-wait", Value: "D", Help: "how long the producer waits for a slot's release (default 1m)"},
@@ -253,15 +253,6 @@ func setCount(dst *int, v string) error {
 		return errors.New("want a whole number, at least 1")
 	}
 	*dst = n
-	return nil
-}
-
-// setNonEmpty sets *dst to v, refused with want when empty.
-func setNonEmpty(dst *string, v, want string) error {
-	if v == "" {
-		return errors.New(want)
-	}
-	*dst = v
 	return nil
 }
 

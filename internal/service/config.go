@@ -129,3 +129,12 @@ func SetPositive(dst *time.Duration, v string) error {
 	*dst = d
 	return nil
 }
+
+// SetNonEmpty sets *dst to v, refused with the error want when v is empty.
+func SetNonEmpty(dst *string, v, want string) error {
+	if v == "" {
+		return errors.New(want)
+	}
+	*dst = v
+	return nil
+}
