@@ -50,7 +50,9 @@ func TestConfig_Validate(t *testing.T) {
 		want   string // "": valid
 	}{
 		{"valid", nil, ""},
-		{"every field", func(c *Config) { c.Replicas, c.MaxQueue, c.Lease, c.Policy = 4, 8, time.Second, MaxDelay(time.Millisecond) }, ""},
+		{"every field", func(c *Config) {
+			c.Replicas, c.MaxQueue, c.Lease, c.Policy = 4, 8, time.Second, MaxDelay(time.Millisecond)
+		}, ""},
 		{"no New", func(c *Config) { c.New = nil }, "no model constructor (New)"},
 		{"no max batch", func(c *Config) { c.MaxBatch = 0 }, "max batch 0; want 1 to"},
 		{"max batch too large", func(c *Config) { c.MaxBatch = maxRows + 1 }, "want 1 to"},
