@@ -1,9 +1,9 @@
 package collective
 
 import (
-	"errors"
-	"strings"
 	"testing"
+
+	"github.com/tensorwire/tensorwire/internal/svctest"
 )
 
 // TestConfig_Validate: a Config that cannot form a communicator is
@@ -27,12 +27,7 @@ func TestConfig_Validate(t *testing.T) {
 		{"address", Config{Size: 1, Addr: "nowhere"}, `address "nowhere"`},
 	} {
 		err := tc.cfg.Validate()
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%s: %v", tc.name, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrConfig)):
-			t.Errorf("%s: %v; want ErrConfig saying %q", tc.name, err, tc.want)
-		}
+		svctest.WantConfigError(t, tc.name, err, tc.want, "", ErrConfig)
 	}
 	if d := DefaultConfig(); d.Logger == nil || d.Validate() == nil {
 		t.Errorf("DefaultConfig() = %+v: want a Logger, and no rendezvous refused", d)

@@ -1,11 +1,11 @@
 package loader
 
 import (
-	"errors"
 	"reflect"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/tensorwire/tensorwire/internal/svctest"
 )
 
 // TestConfig_Defaults: DefaultConfig is the zero Config with its
@@ -51,12 +51,7 @@ func TestConfig_Validate(t *testing.T) {
 		{"ring too large", Config{Dir: "r", Batch: 1 << 30, Slots: 4}, "a ring of 4 × 1073741824 rows"},
 	} {
 		err := tc.cfg.Validate()
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%s: %v", tc.name, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrConfig)):
-			t.Errorf("%s: %v; want ErrConfig saying %q", tc.name, err, tc.want)
-		}
+		svctest.WantConfigError(t, tc.name, err, tc.want, "", ErrConfig)
 	}
 }
 
@@ -117,12 +112,7 @@ func TestConfig_Set(t *testing.T) {
 		if tc.value == "" {
 			name = tc.key
 		}
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("Set %s: %v", name, err)
-		case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), name+": ") || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrConfig)):
-			t.Errorf("Set %s: %v; want ErrConfig saying %q after %q", name, err, tc.want, name)
-		}
+		svctest.WantConfigError(t, "Set "+name, err, tc.want, name+": ", ErrConfig)
 		if !reflect.DeepEqual(c, tc.got) {
 			t.Errorf("Set %s: %+v (transform %+v), want %+v", name, c, c.Transform, tc.got)
 		}

@@ -1,13 +1,13 @@
 package replay
 
 import (
-	"errors"
 	"math"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/svctest"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -55,12 +55,7 @@ func TestConfig_Validate(t *testing.T) {
 		{"bad schema", Config{Capacity: 4, Schema: tensordict.RowSchema{{DType: memmap.Float32}}}, "bad config"},
 	} {
 		err := tc.cfg.Validate()
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%s: %v", tc.name, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrConfig)):
-			t.Errorf("%s: %v; want ErrConfig saying %q", tc.name, err, tc.want)
-		}
+		svctest.WantConfigError(t, tc.name, err, tc.want, "", ErrConfig)
 	}
 }
 
@@ -100,12 +95,9 @@ func TestConfig_Set(t *testing.T) {
 		err := c.Set(tc.key, tc.value)
 		name := tc.key + "=" + tc.value
 		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("Set %s: %v", name, err)
+		case !svctest.WantConfigError(t, "Set "+name, err, tc.want, name+": ", ErrConfig):
 		case tc.want == "" && !tc.check(c):
 			t.Errorf("Set %s: %+v", name, c)
-		case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), name+": ") || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrConfig)):
-			t.Errorf("Set %s: %v; want ErrConfig saying %q after %q", name, err, tc.want, name)
 		case tc.want != "" && !reflect.DeepEqual(c, tc.from):
 			t.Errorf("Set %s, refused, changed the config: %+v", name, c)
 		}

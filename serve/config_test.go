@@ -3,10 +3,10 @@ package serve
 import (
 	"errors"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/svctest"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -64,12 +64,7 @@ func TestConfig_Validate(t *testing.T) {
 		{"bad output", func(c *Config) { c.Output = tensordict.RowSchema{{DType: memmap.Float32}} }, "output schema"},
 	} {
 		err := validConfig(tc.change).Validate()
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%s: %v", tc.name, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrConfig)):
-			t.Errorf("%s: %v; want ErrConfig saying %q", tc.name, err, tc.want)
-		}
+		svctest.WantConfigError(t, tc.name, err, tc.want, "", ErrConfig)
 	}
 }
 
@@ -99,12 +94,9 @@ func TestConfig_Set(t *testing.T) {
 		err := c.Set(tc.key, tc.value)
 		name := tc.key + "=" + tc.value
 		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("Set %s: %v", name, err)
+		case !svctest.WantConfigError(t, "Set "+name, err, tc.want, name+": ", ErrConfig):
 		case tc.want == "" && !tc.check(c):
 			t.Errorf("Set %s: %+v", name, c)
-		case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), name+": ") || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrConfig)):
-			t.Errorf("Set %s: %v; want ErrConfig saying %q after %q", name, err, tc.want, name)
 		case tc.want != "" && (c.Replicas != 0 || c.MaxBatch != 0 || c.MaxQueue != 0 || c.Lease != 0 || c.Policy != Greedy()):
 			t.Errorf("Set %s, refused, changed the config: %+v", name, c)
 		}

@@ -1,11 +1,11 @@
 package store
 
 import (
-	"errors"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/tensorwire/tensorwire/internal/svctest"
 )
 
 // TestOptions_Defaults: DefaultOptions is the zero Options with its
@@ -43,12 +43,7 @@ func TestOptions_Validate(t *testing.T) {
 		{"negative lease", Options{LeaseTTL: -time.Second}, "a negative option"},
 	} {
 		err := tc.o.Validate()
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%s: %v", tc.name, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrConfig)):
-			t.Errorf("%s: %v; want ErrConfig saying %q", tc.name, err, tc.want)
-		}
+		svctest.WantConfigError(t, tc.name, err, tc.want, "", ErrConfig)
 	}
 }
 
@@ -87,12 +82,7 @@ func TestOptions_Set(t *testing.T) {
 		var o Options
 		err := o.Set(tc.key, tc.value)
 		name := tc.key + "=" + tc.value
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("Set %s: %v", name, err)
-		case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), name+": ") || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrConfig)):
-			t.Errorf("Set %s: %v; want ErrConfig saying %q after %q", name, err, tc.want, name)
-		}
+		svctest.WantConfigError(t, "Set "+name, err, tc.want, name+": ", ErrConfig)
 		if o != tc.got {
 			t.Errorf("Set %s: %+v, want %+v", name, o, tc.got)
 		}
