@@ -1,7 +1,6 @@
 package collective
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -205,12 +204,13 @@ func (j *joinState) fail(err error) {
 // rank is on this host (same kernel boot and host name) and sees the
 // folder rank 0 made under ShmDir; otherwise TCP.
 func Join(ctx context.Context, cfg Config) (*Comm, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.WithDefaults()
 	c := &Comm{
 		cfg: cfg, rank: cfg.Rank, size: cfg.Size,
-		log:       cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		log:       cfg.Logger,
 		ready:     make(chan struct{}),
 		brokenCh:  make(chan struct{}),
 		abandoned: make(chan struct{}),

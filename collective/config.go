@@ -86,9 +86,27 @@ func (c *Config) rendezvous() string {
 	return c.Addr
 }
 
-// validate returns an error matching ErrConfig for a Config that cannot
-// form a communicator.
-func (c *Config) validate() error {
+// DefaultConfig returns the configuration every zero field of a Config
+// stands for: Config{}.WithDefaults(). Size, Rank and the rendezvous (Addr
+// or Peers) have no default: Validate refuses it until they are set.
+func DefaultConfig() Config { return Config{}.WithDefaults() }
+
+// WithDefaults returns a copy of c with its zero fields set to their
+// defaults where a default is a value: Logger one that discards. The
+// others are found when Join needs them: Listen from Addr, ShmDir from
+// the filesystem (/dev/shm, or os.TempDir where there is none), and a
+// zero KeepAlive leaves rpc's defaults. It checks nothing (Validate).
+func (c Config) WithDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate reports whether c can form a communicator: an error matching
+// ErrConfig naming the field and what it wants. It is pure: Join finds
+// out whether the addresses answer.
+func (c Config) Validate() error {
 	bad := func(format string, args ...any) error { return errorf(ErrConfig, format, args...) }
 	switch {
 	case c.Size < 1:

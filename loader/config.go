@@ -1,9 +1,15 @@
 package loader
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"strconv"
+	"strings"
 	"time"
+
+	"github.com/tensorwire/tensorwire/internal/service"
 )
 
 // Config says what a Producer serves and how.
@@ -74,9 +80,17 @@ const (
 	DefaultMaxWait   = time.Minute
 )
 
-// withDefaults returns c with its zero fields set, checked: ErrConfig for
-// one that cannot make a producer.
-func (c Config) withDefaults() (Config, error) {
+// DefaultConfig returns the configuration every zero field of a Config
+// stands for: Config{}.WithDefaults(). Dataset, Dir and Batch have no
+// default: Validate refuses it until they are set.
+func DefaultConfig() Config { return Config{}.WithDefaults() }
+
+// WithDefaults returns a copy of c with its zero fields set to their
+// defaults: Slots 8, Window Slots/2 (and a negative Window 0: nobody joins
+// an epoch begun), Heartbeat 5 s, MaxWait 1 minute, a Log that discards.
+// It checks nothing (Validate). Apply it once: the 0 it makes of a
+// negative Window would be Slots/2 the second time.
+func (c Config) WithDefaults() Config {
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
@@ -95,19 +109,164 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxWait == 0 {
 		c.MaxWait = DefaultMaxWait
 	}
+	return c
+}
+
+// Validate reports whether c, with its zero fields at their defaults
+// (WithDefaults), can make a producer: ErrConfig naming the field and what
+// it wants. It is pure: NewProducer finds out whether the dataset and the
+// folder are usable.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
 	switch {
 	case c.Dir == "":
-		return c, fmt.Errorf("%w: no ring folder (Dir)", ErrConfig)
+		return fmt.Errorf("%w: no ring folder (Dir)", ErrConfig)
 	case c.Batch <= 0:
-		return c, fmt.Errorf("%w: batch size %d: want at least 1", ErrConfig, c.Batch)
+		return fmt.Errorf("%w: batch size %d: want at least 1", ErrConfig, c.Batch)
 	case c.Slots < 1:
-		return c, fmt.Errorf("%w: %d slots: want at least 1", ErrConfig, c.Slots)
+		return fmt.Errorf("%w: %d slots: want at least 1", ErrConfig, c.Slots)
 	case c.Window > c.Slots:
-		return c, fmt.Errorf("%w: a window of %d batches is more than the ring's %d slots", ErrConfig, c.Window, c.Slots)
+		return fmt.Errorf("%w: a window of %d batches is more than the ring's %d slots", ErrConfig, c.Window, c.Slots)
 	case c.Heartbeat < 0 || c.MaxWait < 0:
-		return c, fmt.Errorf("%w: negative heartbeat or max wait", ErrConfig)
+		return fmt.Errorf("%w: negative heartbeat or max wait", ErrConfig)
 	case int64(c.Batch)*int64(c.Slots) > 1<<31:
-		return c, fmt.Errorf("%w: a ring of %d × %d rows", ErrConfig, c.Slots, c.Batch)
+		return fmt.Errorf("%w: a ring of %d × %d rows", ErrConfig, c.Slots, c.Batch)
 	}
-	return c, nil
+	return nil
+}
+
+// Setting is one key of a config's text form (Config.Set): its key, what
+// it takes, and a line of help.
+type Setting = service.Setting
+
+// Settings returns the keys Set takes, in the order a list of them is
+// applied: transform comes before the augment's settings (image-key, pad,
+// flip, mean, std), which apply to transform=augment only.
+func (Config) Settings() []Setting { return configKeys.Settings() }
+
+// Set sets the field key names from its text, as the command line's
+// --loader NAME,KEY=VALUE gives it (Settings lists the keys). A switch
+// (sequential, flip) takes no value: Set(key, "") sets it. transform=augment
+// makes Transform an *Augment, which image-key, pad, flip, mean and std
+// then set; transform=none makes it nil. An unknown key, or a value the
+// key does not take, is ErrConfig naming the key, the value and what it
+// wants; c is then unchanged (an *Augment it holds is copied, not
+// changed).
+func (c *Config) Set(key, value string) error { return configKeys.Set(c, key, value, ErrConfig) }
+
+// configKeys is Config's text form, a row a key.
+var configKeys = service.Keys[Config]{
+	{Setting: Setting{Key: "dataset", Value: "PREFIX", Help: "the TensorDict whose rows are the samples"},
+		Set: func(c *Config, v string) error { return service.SetNonEmpty(&c.Dataset, v, "want a prefix") }},
+	{Setting: Setting{Key: "batch", Value: "N", Help: "rows of a producer batch"},
+		Set: func(c *Config, v string) error { return setCount(&c.Batch, v) }},
+	{Setting: Setting{Key: "slots", Value: "N", Help: "batches the ring holds (default 8)"},
+		Set: func(c *Config, v string) error { return setCount(&c.Slots, v) }},
+	{Setting: Setting{Key: "window", Value: "N", Help: "batches into an epoch a consumer may join (default slots/2; -1 or 0: none)"},
+		Set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < -1 {
+				return errors.New("want a number of batches, or -1 (or 0) for none")
+			}
+			if n == 0 {
+				n = -1
+			}
+			c.Window = n
+			return nil
+		}},
+	{Setting: Setting{Key: "seed", Value: "S", Help: "seeds the shuffle and the transform"},
+		Set: func(c *Config, v string) error {
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				return fmt.Errorf("want a whole number from 0 to %d", uint64(math.MaxUint64))
+			}
+			c.Seed = n
+			return nil
+		}},
+	{Setting: Setting{Key: "sequential", Help: "serve the rows in dataset order, unshuffled"},
+		Set: func(c *Config, _ string) error { c.Sequential = true; return nil }},
+	{Setting: Setting{Key: "index", Value: "KEY", Help: "add each row's dataset index under KEY"},
+		Set: func(c *Config, v string) error { return service.SetNonEmpty(&c.IndexKey, v, "want a key") }},
+	{Setting: Setting{Key: "heartbeat", Value: "D", Help: "how long a consumer may stay silent (default 5s)"},
+		Set: func(c *Config, v string) error { return service.SetPositive(&c.Heartbeat, v) }},
+	{Setting: Setting{Key: "max-wait", Value: "D", Help: "how long the producer waits for a slot's release (default 1m)"},
+		Set: func(c *Config, v string) error { return service.SetPositive(&c.MaxWait, v) }},
+	{Setting: Setting{Key: "transform", Value: "augment|none", Help: "transform every sample once (default none)"},
+		Set: func(c *Config, v string) error {
+			switch v {
+			case "augment":
+				if _, ok := c.Transform.(*Augment); !ok {
+					c.Transform = &Augment{}
+				}
+			case "none":
+				c.Transform = nil
+			default:
+				return errors.New("want augment or none")
+			}
+			return nil
+		}},
+	{Setting: Setting{Key: "image-key", Value: "K", Help: "augment: the images' key, nested keys joined by / (default images)"},
+		Set: func(c *Config, v string) error {
+			return setAugment(c, "image-key", func(a *Augment) error { a.Key = strings.Split(v, "/"); return nil })
+		}},
+	{Setting: Setting{Key: "pad", Value: "P", Help: "augment: pixels of padding around a random crop"},
+		Set: func(c *Config, v string) error {
+			return setAugment(c, "pad", func(a *Augment) (err error) {
+				if a.Pad, err = strconv.Atoi(v); err != nil || a.Pad < 0 {
+					return errors.New("want a whole number, 0 or more")
+				}
+				return nil
+			})
+		}},
+	{Setting: Setting{Key: "flip", Help: "augment: flip half the images horizontally"},
+		Set: func(c *Config, _ string) error {
+			return setAugment(c, "flip", func(a *Augment) error { a.Flip = true; return nil })
+		}},
+	{Setting: Setting{Key: "mean", Value: "M", Help: "augment: subtracted from the scaled pixels"},
+		Set: func(c *Config, v string) error {
+			return setAugment(c, "mean", func(a *Augment) error {
+				x, err := strconv.ParseFloat(v, 32) // out of float32's range is an error (and ±Inf)
+				if err != nil || math.IsInf(x, 0) || math.IsNaN(x) {
+					return errors.New("want a finite number")
+				}
+				a.Mean = float32(x)
+				return nil
+			})
+		}},
+	{Setting: Setting{Key: "std", Value: "S", Help: "augment: divides the centred pixels (default 1)"},
+		Set: func(c *Config, v string) error {
+			return setAugment(c, "std", func(a *Augment) error {
+				x, err := strconv.ParseFloat(v, 32)
+				if err != nil || math.IsInf(x, 0) || !(x > 0) {
+					return errors.New("want a positive finite number")
+				}
+				a.Std = float32(x)
+				return nil
+			})
+		}},
+}
+
+// setCount sets *dst to v, a whole number of at least 1.
+func setCount(dst *int, v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return errors.New("want a whole number, at least 1")
+	}
+	*dst = n
+	return nil
+}
+
+// setAugment sets a copy of c's *Augment with set, and c's Transform to
+// it; an error naming key when c's Transform is not an *Augment.
+func setAugment(c *Config, key string, set func(*Augment) error) error {
+	cur, ok := c.Transform.(*Augment)
+	if !ok {
+		return fmt.Errorf("%s applies to transform=augment only", key)
+	}
+	a := *cur
+	if err := set(&a); err != nil {
+		return err
+	}
+	c.Transform = &a
+	return nil
 }

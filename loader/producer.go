@@ -112,10 +112,10 @@ type Stats struct {
 // nothing is left running and nothing but the folder (and its MetaFile and
 // LockFile) is left on disk.
 func NewProducer(cfg Config) (*Producer, error) {
-	cfg, err := cfg.withDefaults()
-	if err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.WithDefaults()
 	pipe, err := newPipeline(cfg, cfg.Batch)
 	if err != nil {
 		return nil, err

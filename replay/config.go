@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/progress"
+	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/replay/internal/selector"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -310,24 +311,46 @@ func cloneConfig(c Config) Config {
 	return c
 }
 
-// validate normalises c in place and checks it: its values, and that the
-// memory a buffer of its capacity needs (its sampler and writer) does not
-// exceed this machine's. It allocates nothing and touches no file.
-func (c *Config) validate() error {
+// Defaults of the zero Config fields.
+const (
+	defaultLease   = 30 * time.Second
+	defaultMinSize = 1
+)
+
+// DefaultConfig returns the configuration every zero field of a Config
+// stands for: Config{}.WithDefaults(). Its Capacity is 0: a buffer's
+// capacity has no default, and Validate refuses it until it is set.
+func DefaultConfig() Config { return Config{}.WithDefaults() }
+
+// WithDefaults returns a copy of c with its zero fields set to their
+// defaults: Lease 30 s, Limit.MinSize 1 (and a negative one), the Uniform
+// sampler and the RoundRobin writer. It checks nothing (Validate).
+func (c Config) WithDefaults() Config {
+	if c.Lease == 0 {
+		c.Lease = defaultLease
+	}
+	if c.Limit.MinSize <= 0 {
+		c.Limit.MinSize = defaultMinSize
+	}
+	c.Sampler = Sampler{c.Sampler.normal()}
+	c.Writer = Writer{c.Writer.normal()}
+	return c
+}
+
+// Validate reports whether c, with its zero fields at their defaults
+// (WithDefaults), can make a buffer: ErrConfig naming the field and what
+// it wants. It is pure: Create and Open also check that the memory a
+// buffer of c's capacity needs is there, and the disk.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
 	if c.Capacity <= 0 {
 		return fmt.Errorf("%w: capacity %d; want at least 1", ErrConfig, c.Capacity)
 	}
 	if c.Capacity > maxCapacity {
 		return fmt.Errorf("%w: capacity %d; at most %d", ErrConfig, c.Capacity, maxCapacity)
 	}
-	if c.Lease == 0 {
-		c.Lease = 30 * time.Second
-	}
 	if c.Lease < 0 {
 		return fmt.Errorf("%w: lease %v; want a positive duration", ErrConfig, c.Lease)
-	}
-	if c.Limit.MinSize <= 0 {
-		c.Limit.MinSize = 1
 	}
 	if c.Limit.MinSize > c.Capacity {
 		return fmt.Errorf("%w: min size %d is larger than the capacity %d: sampling could never start",
@@ -337,11 +360,9 @@ func (c *Config) validate() error {
 		math.IsNaN(l.ErrorBuffer) || math.IsInf(l.SamplesPerInsert, 0) {
 		return fmt.Errorf("%w: rate limit %+v", ErrConfig, l)
 	}
-	c.Sampler = Sampler{c.Sampler.normal()}
 	if err := c.Sampler.spec.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	c.Writer = Writer{c.Writer.normal()}
 	if err := c.Writer.spec.validate(); err != nil {
 		return err
 	}
@@ -352,6 +373,17 @@ func (c *Config) validate() error {
 		if _, err := c.Schema.NumBytes(c.Capacity); err != nil {
 			return fmt.Errorf("%w: the storage of %d transitions: %w", ErrConfig, c.Capacity, err)
 		}
+	}
+	return nil
+}
+
+// validate sets c's defaults in place and checks it: Validate, and that
+// the memory a buffer of its capacity needs (its sampler and writer) does
+// not exceed this machine's. It allocates nothing and touches no file.
+func (c *Config) validate() error {
+	*c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		return err
 	}
 	if need, have := c.memory(), memoryLimit(); need > have {
 		return fmt.Errorf("%w: capacity %d needs about %s of memory for the %s sampler and the %s writer; this machine has %s",
@@ -436,3 +468,69 @@ func storageWords(schema tensordict.RowSchema, n uint64) string {
 	}
 	return progress.Bytes(float64(n))
 }
+
+// Setting is one key of a config's text form (Config.Set): its key, what
+// it takes, and a line of help.
+type Setting = service.Setting
+
+// Settings returns the keys Set takes, in the order a list of them is
+// applied: capacity, sampler, the parameters of every kind of sampler
+// (alpha, beta, eps), min-size and lease.
+func (Config) Settings() []Setting { return configKeys.Settings() }
+
+// Set sets the field key names from its text, as the command line's
+// --buffer NAME,KEY=VALUE gives it: capacity=N, min-size=N, lease=D (a
+// time.ParseDuration), sampler=KIND (the kind alone: its parameters keep
+// their values when the kind is the sampler's already, and take the
+// kind's defaults otherwise), and a sampler parameter (alpha=X), which
+// the sampler set must take. An unknown key, or a value the key does not
+// take, is ErrConfig naming the key, the value and what it wants; c is
+// then unchanged.
+func (c *Config) Set(key, value string) error { return configKeys.Set(c, key, value, ErrConfig) }
+
+// configKeys is Config's text form, a row a key.
+var configKeys = func() service.Keys[Config] {
+	keys := service.Keys[Config]{
+		{Setting: Setting{Key: "capacity", Value: "N", Help: "transitions the buffer holds; fixed when it is created"},
+			Set: func(c *Config, v string) error { return service.SetAtLeast(&c.Capacity, v, 1) }},
+		{Setting: Setting{Key: "sampler", Value: strings.Join(SamplerKinds(), "|"), Help: "how samples are chosen (default uniform); its kind is fixed when the buffer is created"},
+			Set: func(c *Config, v string) error {
+				if strings.ContainsAny(v, "()") {
+					return errors.New("the kind alone; give its parameters as settings of their own (alpha=0.7)")
+				}
+				s, err := ParseSampler(v)
+				if err == nil && s.Kind() != c.Sampler.Kind() {
+					c.Sampler = s
+				}
+				return err
+			}},
+	}
+	var params []string
+	for _, kind := range selector.Kinds() {
+		for _, p := range kind.Params() {
+			if slices.Contains(params, p) {
+				continue
+			}
+			params = append(params, p)
+			keys = append(keys, service.Key[Config]{
+				Setting: Setting{Key: p, Value: strings.ToUpper(p[:1]), Help: "the " + string(kind) + " sampler's " + p},
+				Set: func(c *Config, v string) error {
+					x, err := strconv.ParseFloat(v, 64)
+					if err != nil {
+						return errors.New("want a number")
+					}
+					s, err := c.Sampler.WithParam(p, x)
+					if err == nil {
+						c.Sampler = s
+					}
+					return err
+				}})
+		}
+	}
+	return append(keys,
+		service.Key[Config]{Setting: Setting{Key: "min-size", Value: "N", Help: "transitions the buffer holds before sampling starts (default 1)"},
+			Set: func(c *Config, v string) error { return service.SetAtLeast(&c.Limit.MinSize, v, 1) }},
+		service.Key[Config]{Setting: Setting{Key: "lease", Value: "D", Help: "how long a reservation may stay uncommitted (default 30s)"},
+			Set: func(c *Config, v string) error { return service.SetPositive(&c.Lease, v) }},
+	)
+}()

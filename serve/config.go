@@ -2,10 +2,12 @@ package serve
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -141,8 +143,15 @@ const (
 	maxRows = 1 << 20
 )
 
-// normalize fills in c's defaults and checks it.
-func (c *Config) normalize() error {
+// DefaultConfig returns the configuration every zero field of a Config
+// stands for: Config{}.WithDefaults(). Input, Output, MaxBatch and New have
+// no default: Validate refuses it until they are set.
+func DefaultConfig() Config { return Config{}.WithDefaults() }
+
+// WithDefaults returns a copy of c with its zero fields set to their
+// defaults: Replicas 1, MaxQueue 4096, Lease 30 s, Log slog.Default(). It
+// checks nothing (Validate).
+func (c Config) WithDefaults() Config {
 	if c.Replicas == 0 {
 		c.Replicas = 1
 	}
@@ -155,6 +164,14 @@ func (c *Config) normalize() error {
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
+	return c
+}
+
+// Validate reports whether c, with its zero fields at their defaults
+// (WithDefaults), can make a Manager: ErrConfig naming the field and what
+// it wants. It is pure: it calls no constructor.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
 	switch {
 	case c.New == nil:
 		return configErrorf("no model constructor (New)")
@@ -173,8 +190,54 @@ func (c *Config) normalize() error {
 	if err := c.Output.Validate(); err != nil {
 		return configErrorf("output schema: %v", err)
 	}
+	return nil
+}
+
+// normalize sets c's defaults in place, checks it, and clones its schemas.
+func (c *Config) normalize() error {
+	*c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		return err
+	}
 	c.Input, c.Output = c.Input.Clone(), c.Output.Clone()
 	return nil
+}
+
+// Setting is one key of a config's text form (Config.Set): its key, what
+// it takes, and a line of help.
+type Setting = service.Setting
+
+// Settings returns the keys Set takes, in order: replicas, max-batch,
+// max-delay, queue and lease.
+func (Config) Settings() []Setting { return configKeys.Settings() }
+
+// Set sets the field key names from its text, as the command line's
+// --serve NAME,KEY=VALUE gives it: replicas=N, max-batch=N, queue=N
+// (MaxQueue), whole numbers of at least 1; max-delay=D (Policy:
+// MaxDelay(D), a duration >= 0); lease=D, a positive duration. An unknown
+// key, or a value the key does not take, is ErrConfig naming the key, the
+// value and what it wants; c is then unchanged.
+func (c *Config) Set(key, value string) error { return configKeys.Set(c, key, value, ErrConfig) }
+
+// configKeys is Config's text form, a row a key.
+var configKeys = service.Keys[Config]{
+	{Setting: Setting{Key: "replicas", Value: "N", Help: "models running batches at once (default 1)"},
+		Set: func(c *Config, v string) error { return service.SetAtLeast(&c.Replicas, v, 1) }},
+	{Setting: Setting{Key: "max-batch", Value: "N", Help: "the most rows a batch holds"},
+		Set: func(c *Config, v string) error { return service.SetAtLeast(&c.MaxBatch, v, 1) }},
+	{Setting: Setting{Key: "max-delay", Value: "D", Help: "how long a batch not full waits for more requests (default 0: greedy)"},
+		Set: func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				return errors.New("want a duration >= 0")
+			}
+			c.Policy = MaxDelay(d)
+			return nil
+		}},
+	{Setting: Setting{Key: "queue", Value: "N", Help: "the most rows waiting for a replica (default 4096)"},
+		Set: func(c *Config, v string) error { return service.SetAtLeast(&c.MaxQueue, v, 1) }},
+	{Setting: Setting{Key: "lease", Value: "D", Help: "how long a remote client's registration lasts without a call (default 30s)"},
+		Set: func(c *Config, v string) error { return service.SetPositive(&c.Lease, v) }},
 }
 
 // checkRows checks a batch of input rows against schema and limit: a

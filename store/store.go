@@ -1,13 +1,11 @@
 package store
 
 import (
-	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,86 +17,6 @@ import (
 	"github.com/tensorwire/tensorwire/internal/lockfile"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
-
-// Options configure a store (Open). The zero value takes every default.
-type Options struct {
-	// MaxValueBytes bounds one value's tensor bytes (a Put, an Append, a
-	// Publish); larger ones are refused with ErrTooLarge. Default 1 GiB.
-	MaxValueBytes int64
-
-	// InlineBytes: values with fewer tensor bytes are kept in the log and
-	// in the node's memory; others are written as prefixes under values/,
-	// which clients sharing the filesystem map instead of receiving their
-	// bytes. Default 1 MiB, at most 64 MiB.
-	InlineBytes int64
-
-	// NoSync acknowledges operations once the log's write(2) returns,
-	// without fsync: they survive the node's process dying (kill -9) but
-	// not the machine crashing. The default fsyncs before acknowledging.
-	NoSync bool
-
-	// GetTimeout is how long the items a remote Get returned wait for its
-	// acknowledgement before other Gets may take them again. Default 30 s.
-	GetTimeout time.Duration
-
-	// LeaseTTL is how long a reader's lease on a parameter version lasts
-	// unless renewed (clients renew at a third of it). Default 10 s.
-	LeaseTTL time.Duration
-
-	// History is how many events the store keeps at least for watchers to
-	// resume from; one older than those gets ErrCompacted. Default 100,000.
-	History int
-
-	// CompactBytes: the log is rewritten as the state it describes once it
-	// is this long and more than twice that state. Default 64 MiB.
-	CompactBytes int64
-
-	// Repair lets Open drop what the log and the folder disagree on, which
-	// Open otherwise only reports (at ERROR and WARN, Logger): items and
-	// parameter versions whose folder under values/ is missing (lost items
-	// are removed from their bins by a get record; a lost latest version
-	// stays until a newer one is published), and folders under values/
-	// that no record names (deleted). On a folder whose store.log is
-	// missing it starts a new store (a new ID), dropping every value.
-	// Each thing dropped is logged at WARN.
-	Repair bool
-
-	// TrashGrace is how long a deleted value's folder (a Get's or a
-	// Delete's item, a parameter version no lease holds any more) stays in
-	// trash/ before it is unlinked: readers that still map it keep reading
-	// files that are there. On one machine an unlinked mapping stays
-	// readable anyway; a reader on another machine sharing the folder over
-	// NFS has its own page cache and faults (SIGBUS) on a deleted file, so
-	// this is how long it has to finish with a value it mapped once its
-	// lease is gone (or, for a Get's items, once the Get returned).
-	// Default 1 minute.
-	TrashGrace time.Duration
-
-	// Logger receives what the store reports by itself: that it stopped
-	// (its log failed or was removed, at ERROR, once). Default
-	// slog.Default().
-	Logger *slog.Logger
-}
-
-func (o Options) withDefaults() (Options, error) {
-	if o.MaxValueBytes < 0 || o.InlineBytes < 0 || o.GetTimeout < 0 || o.LeaseTTL < 0 || o.History < 0 || o.CompactBytes < 0 || o.TrashGrace < 0 {
-		return o, errorf(ErrConfig, "a negative option in %+v", o)
-	}
-	o.MaxValueBytes = cmp.Or(o.MaxValueBytes, 1<<30)
-	o.InlineBytes = cmp.Or(o.InlineBytes, 1<<20)
-	if o.InlineBytes > 64<<20 {
-		return o, errorf(ErrConfig, "InlineBytes %d; at most %d", o.InlineBytes, 64<<20)
-	}
-	o.GetTimeout = cmp.Or(o.GetTimeout, 30*time.Second)
-	o.LeaseTTL = cmp.Or(o.LeaseTTL, 10*time.Second)
-	o.History = cmp.Or(o.History, 100_000)
-	o.CompactBytes = cmp.Or(o.CompactBytes, 64<<20)
-	o.TrashGrace = cmp.Or(o.TrashGrace, time.Minute)
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	return o, nil
-}
 
 // Store is a store of bins and parameter sets in a folder, served by one
 // process (Open locks the folder). Its methods are safe for concurrent use;
@@ -150,8 +68,8 @@ type Store struct {
 // folder is missing are lost (ErrMissing when read), alone. Options.Repair
 // drops both.
 func Open(dir string, opts Options) (*Store, error) {
-	o, err := opts.withDefaults()
-	if err != nil {
+	o := opts.WithDefaults()
+	if err := o.Validate(); err != nil {
 		return nil, err
 	}
 	abs, err := filepath.Abs(dir)

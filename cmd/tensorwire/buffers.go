@@ -8,7 +8,6 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,24 +17,10 @@ import (
 
 // bufferSpec is one --buffer flag of the node command:
 // NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D],
-// PARAM a parameter of the sampler (prioritized: alpha, beta, eps). Only
-// the settings given are kept: set says which, and the fields hold their
-// values.
-type bufferSpec struct {
-	name     string
-	set      map[string]bool // the settings given
-	capacity int
-	sampler  replay.Sampler // its kind, when set["sampler"]; parameters at their defaults
-	params   []samplerParam // in the order given
-	minSize  int
-	lease    time.Duration
-}
-
-// samplerParam is a sampler parameter given as NAME=X.
-type samplerParam struct {
-	name  string
-	value float64
-}
+// PARAM a parameter of the sampler (prioritized: alpha, beta, eps): the
+// settings of replay.Config.Set. Only the settings given are kept, to
+// create the buffer with (createConfig) or change the one there (change).
+type bufferSpec struct{ spec }
 
 // bufferFlags collects repeated --buffer flags.
 type bufferFlags []bufferSpec
@@ -72,95 +57,56 @@ func samplerHelp() string {
 	return "sampler=" + strings.Join(replay.SamplerKinds(), "|") + " (default uniform) and its parameters " + params
 }
 
+// bufferGrammar is what a --buffer value holds.
+var bufferGrammar = grammar{noun: "buffer", folder: true, twice: "given twice", keys: replay.Config{}.Settings()}
+
 // Set parses one --buffer value and checks every value in it, and that
 // they agree with each other, before any buffer is looked for.
 func (f *bufferFlags) Set(v string) error {
-	parts := strings.Split(v, ",")
-	spec := bufferSpec{name: parts[0], set: map[string]bool{}}
-	if spec.name == "" || strings.Contains(spec.name, "..") || filepath.IsAbs(spec.name) {
-		return fmt.Errorf("buffer name %q: a folder under the root", spec.name)
+	s, err := bufferGrammar.read(v, specNames(*f), func(s spec) error { return bufferSpec{s}.check() })
+	if err != nil {
+		return err
 	}
-	for _, other := range *f {
-		if filepath.Clean(other.name) == filepath.Clean(spec.name) {
-			return fmt.Errorf("buffer %s given twice", spec.name)
-		}
-	}
-	params, _ := samplerParams()
-	for _, p := range parts[1:] {
-		k, val, ok := strings.Cut(p, "=")
-		if !ok {
-			return fmt.Errorf("buffer %s: %q is not key=value", spec.name, p)
-		}
-		if spec.set[k] {
-			return fmt.Errorf("buffer %s: %s given twice", spec.name, k)
-		}
-		var err error
-		switch {
-		case k == "capacity":
-			if spec.capacity, err = strconv.Atoi(val); err == nil && spec.capacity < 1 {
-				err = errors.New("want at least 1")
-			}
-		case k == "min-size":
-			if spec.minSize, err = strconv.Atoi(val); err == nil && spec.minSize < 1 {
-				err = errors.New("want at least 1")
-			}
-		case k == "sampler":
-			if strings.ContainsAny(val, "()") {
-				err = errors.New("the kind alone; give its parameters as settings of their own (alpha=0.7)")
-			} else {
-				spec.sampler, err = replay.ParseSampler(val)
-			}
-		case slices.Contains(params, k):
-			var x float64
-			if x, err = strconv.ParseFloat(val, 64); err == nil {
-				spec.params = append(spec.params, samplerParam{k, x})
-			}
-		case k == "lease":
-			if spec.lease, err = time.ParseDuration(val); err == nil && spec.lease <= 0 {
-				err = errors.New("want a positive duration")
-			}
-		default:
-			return fmt.Errorf("buffer %s: unknown setting %q; the settings are capacity, sampler, %s, min-size and lease",
-				spec.name, k, strings.Join(params, ", "))
-		}
-		if err != nil {
-			return fmt.Errorf("buffer %s: %s=%s: %w", spec.name, k, val, err)
-		}
-		spec.set[k] = true
-	}
-	if spec.set["capacity"] && spec.set["min-size"] && spec.minSize > spec.capacity {
-		return fmt.Errorf("buffer %s: min-size=%d is larger than capacity=%d: sampling could never start",
-			spec.name, spec.minSize, spec.capacity)
-	}
-	if spec.set["sampler"] {
-		if _, err := spec.withParams(spec.sampler); err != nil {
-			return fmt.Errorf("buffer %s: %w", spec.name, err)
-		}
-	}
-	*f = append(*f, spec)
+	*f = append(*f, bufferSpec{s})
 	return nil
 }
 
-// withParams returns sampler with the parameters given set; an error
-// naming the one the sampler does not take, or whose value is out of
-// range.
-func (s bufferSpec) withParams(sampler replay.Sampler) (replay.Sampler, error) {
-	for _, p := range s.params {
-		var err error
-		if sampler, err = sampler.WithParam(p.name, p.value); err != nil {
-			return sampler, fmt.Errorf("%s=%g: %w", p.name, p.value, err)
+// check checks the spec's values: as the configuration of a new buffer,
+// or, when it gives sampler parameters but no sampler (the buffer may
+// exist, with a sampler that takes them), with a sampler of the first
+// kind that takes them all.
+func (s bufferSpec) check() error {
+	cfg, err := s.createConfig()
+	if err != nil && !s.has("sampler") {
+		params, _ := samplerParams()
+		for _, kind := range replay.SamplerKinds() {
+			try := replay.Config{}
+			try.Sampler, _ = replay.ParseSampler(kind)
+			takes := try.Sampler.Params()
+			if !slices.ContainsFunc(s.settings, func(st setting) bool {
+				_, ok := takes[st.key]
+				return slices.Contains(params, st.key) && !ok
+			}) {
+				cfg, err = try, s.apply(try.Set)
+				break
+			}
 		}
 	}
-	return sampler, nil
+	if err != nil {
+		return err
+	}
+	if s.has("capacity") && s.has("min-size") && cfg.Limit.MinSize > cfg.Capacity {
+		return fmt.Errorf("min-size=%d is larger than capacity=%d: sampling could never start",
+			cfg.Limit.MinSize, cfg.Capacity)
+	}
+	return nil
 }
 
 // createConfig is the configuration of a new buffer with the spec's
 // settings; an error if a parameter given does not apply to its sampler.
 func (s bufferSpec) createConfig() (replay.Config, error) {
-	cfg := replay.Config{Capacity: s.capacity, Lease: s.lease}
-	cfg.Limit.MinSize = s.minSize
-	var err error
-	cfg.Sampler, err = s.withParams(s.sampler) // the zero Sampler is uniform
+	var cfg replay.Config // the zero Sampler is uniform
+	err := s.apply(cfg.Set)
 	return cfg, err
 }
 
@@ -170,26 +116,21 @@ func (s bufferSpec) createConfig() (replay.Config, error) {
 // (capacity, the sampler's kind) or does not apply.
 func (s bufferSpec) change(cur replay.Config) (replay.Config, error) {
 	next := cur
-	switch {
-	case s.set["capacity"] && s.capacity != cur.Capacity:
-		return cur, fmt.Errorf("capacity=%d, but the buffer's capacity is %d: it is fixed when the buffer is created",
-			s.capacity, cur.Capacity)
-	case s.set["sampler"] && s.sampler.Kind() != cur.Sampler.Kind():
-		return cur, fmt.Errorf("sampler=%s, but the buffer's sampler is %s: its kind is fixed when the buffer is created",
-			s.sampler.Kind(), cur.Sampler)
-	case s.set["min-size"] && s.minSize > cur.Capacity:
-		return cur, fmt.Errorf("min-size=%d is larger than the buffer's capacity %d: sampling could never start",
-			s.minSize, cur.Capacity)
-	}
-	var err error
-	if next.Sampler, err = s.withParams(cur.Sampler); err != nil {
-		return cur, fmt.Errorf("%w (the buffer's sampler is %s)", err, cur.Sampler)
-	}
-	if s.set["min-size"] {
-		next.Limit.MinSize = s.minSize
-	}
-	if s.set["lease"] {
-		next.Lease = s.lease
+	for _, st := range s.settings {
+		if err := next.Set(st.key, st.value); err != nil {
+			return cur, fmt.Errorf("%w (the buffer's sampler is %s)", err, cur.Sampler)
+		}
+		switch {
+		case st.key == "capacity" && next.Capacity != cur.Capacity:
+			return cur, fmt.Errorf("capacity=%d, but the buffer's capacity is %d: it is fixed when the buffer is created",
+				next.Capacity, cur.Capacity)
+		case st.key == "sampler" && next.Sampler.Kind() != cur.Sampler.Kind():
+			return cur, fmt.Errorf("sampler=%s, but the buffer's sampler is %s: its kind is fixed when the buffer is created",
+				next.Sampler.Kind(), cur.Sampler)
+		case st.key == "min-size" && next.Limit.MinSize > cur.Capacity:
+			return cur, fmt.Errorf("min-size=%d is larger than the buffer's capacity %d: sampling could never start",
+				next.Limit.MinSize, cur.Capacity)
+		}
 	}
 	return next, nil
 }
@@ -313,7 +254,7 @@ func (s bufferSpec) open(root string, log *slog.Logger) (*replay.Buffer, error) 
 	if err != nil {
 		return nil, err
 	}
-	if !s.set["capacity"] {
+	if !s.has("capacity") {
 		return nil, fmt.Errorf("no buffer at %s to open, and no capacity= to create one", prefix)
 	}
 	if b, err = replay.Create(prefix, cfg); err != nil {

@@ -140,8 +140,11 @@ func TestNode_BufferFlagErrors(t *testing.T) {
 		}
 	}
 	var ok bufferFlags
-	if err := ok.Set("b,capacity=8,lease=250ms"); err != nil || ok[0].lease != 250*time.Millisecond || ok[0].capacity != 8 {
-		t.Fatalf("--buffer b,capacity=8,lease=250ms: %+v, %v", ok, err)
+	if err := ok.Set("b,capacity=8,lease=250ms"); err != nil {
+		t.Fatalf("--buffer b,capacity=8,lease=250ms: %v", err)
+	}
+	if cfg, err := ok[0].createConfig(); err != nil || cfg.Lease != 250*time.Millisecond || cfg.Capacity != 8 {
+		t.Fatalf("--buffer b,capacity=8,lease=250ms: %+v, %v", cfg, err)
 	}
 	// A buffer to open that does not exist, without a capacity to create it.
 	var f bufferFlags

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
-	"time"
 
+	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/serve"
 	"github.com/tensorwire/tensorwire/serve/mlp"
@@ -24,17 +24,14 @@ import (
 // parameters: the TensorDict at ROOT/P, as PyTorch writes a state_dict
 // with TensorDict(model.state_dict()).memmap_(P); or the parameter set N
 // of the node's store S (--store S), whose every new version the node
-// loads (serve.Manager.Follow).
+// loads (serve.Manager.Follow). The other settings are serve.Config's
+// (serve.Config.Set), max-batch 16 unless given.
 type serveSpec struct {
-	name     string
-	params   string
-	store    string
-	param    string
-	replicas int
-	maxBatch int
-	maxDelay time.Duration
-	queue    int
-	lease    time.Duration
+	spec
+	params string
+	store  string
+	param  string
+	cfg    serve.Config // its Input, Output, New and Log set by manager
 }
 
 // serveFlags collects repeated --serve flags.
@@ -44,85 +41,79 @@ func (f *serveFlags) String() string { return fmt.Sprint(len(*f), " models") }
 
 const serveUsage = "NAME,params=P|store=S,param=N[,replicas=N][,max-batch=N][,max-delay=D][,queue=N][,lease=D]"
 
+// sourceKeys are the settings of a --serve value that say where the
+// model's parameters come from; serve.Config's follow.
+var sourceKeys = service.Keys[serveSpec]{
+	{Setting: service.Setting{Key: "params", Value: "P", Help: "the folder under the root holding its parameters, a PyTorch state_dict memmap"},
+		Set: func(s *serveSpec, v string) error {
+			if v == "" || strings.Contains(v, "..") || filepath.IsAbs(v) {
+				return errors.New("a folder under the root")
+			}
+			s.params = v
+			return nil
+		}},
+	{Setting: service.Setting{Key: "store", Value: "S", Help: "a store this node serves (--store), whose parameter set param= it serves"},
+		Set: func(s *serveSpec, v string) error {
+			return service.SetNonEmpty(&s.store, v, "the name of a store this node serves (--store)")
+		}},
+	{Setting: service.Setting{Key: "param", Value: "N", Help: "the name of a parameter set of store="},
+		Set: func(s *serveSpec, v string) error {
+			return service.SetNonEmpty(&s.param, v, "the name of a parameter set")
+		}},
+}
+
+// serveGrammar is what a --serve value holds.
+var serveGrammar = grammar{
+	noun: "model",
+	checkName: func(name string) error {
+		if name == "" {
+			return fmt.Errorf("a served model needs a name: %s", serveUsage)
+		}
+		return nil
+	},
+	twice: "served twice",
+	keys:  append(sourceKeys.Settings(), serve.Config{}.Settings()...),
+}
+
 // Set parses one --serve value and checks every value in it.
 func (f *serveFlags) Set(v string) error {
-	parts := strings.Split(v, ",")
-	spec := serveSpec{name: parts[0], replicas: 1, maxBatch: 16}
-	if spec.name == "" {
-		return fmt.Errorf("a served model needs a name: %s", serveUsage)
+	m := serveSpec{cfg: serve.Config{Replicas: 1, MaxBatch: 16}}
+	s, err := serveGrammar.read(v, specNames(*f), func(s spec) error {
+		if err := s.apply(m.set); err != nil {
+			return err
+		}
+		return m.check()
+	})
+	if err != nil {
+		return err
 	}
-	for _, other := range *f {
-		if other.name == spec.name {
-			return fmt.Errorf("model %s served twice", spec.name)
-		}
+	m.spec = s
+	*f = append(*f, m)
+	return nil
+}
+
+// set sets one setting of a --serve value.
+func (s *serveSpec) set(key, value string) error {
+	if slices.ContainsFunc(sourceKeys, func(k service.Key[serveSpec]) bool { return k.Key == key }) {
+		return sourceKeys.Set(s, key, value, nil)
 	}
-	seen := map[string]bool{}
-	for _, p := range parts[1:] {
-		k, val, ok := strings.Cut(p, "=")
-		if !ok {
-			return fmt.Errorf("model %s: %q is not key=value", spec.name, p)
-		}
-		if seen[k] {
-			return fmt.Errorf("model %s: %s given twice", spec.name, k)
-		}
-		seen[k] = true
-		var err error
-		atLeast1 := func(dst *int) {
-			if *dst, err = strconv.Atoi(val); err == nil && *dst < 1 {
-				err = errors.New("want at least 1")
-			}
-		}
-		switch k {
-		case "params":
-			spec.params = val
-			if val == "" || strings.Contains(val, "..") || filepath.IsAbs(val) {
-				err = errors.New("a folder under the root")
-			}
-		case "store":
-			spec.store = val
-			if val == "" {
-				err = errors.New("the name of a store this node serves (--store)")
-			}
-		case "param":
-			spec.param = val
-			if val == "" {
-				err = errors.New("the name of a parameter set")
-			}
-		case "replicas":
-			atLeast1(&spec.replicas)
-		case "max-batch":
-			atLeast1(&spec.maxBatch)
-		case "queue":
-			atLeast1(&spec.queue)
-		case "max-delay":
-			if spec.maxDelay, err = time.ParseDuration(val); err == nil && spec.maxDelay < 0 {
-				err = errors.New("want a duration >= 0")
-			}
-		case "lease":
-			if spec.lease, err = time.ParseDuration(val); err == nil && spec.lease <= 0 {
-				err = errors.New("want a positive duration")
-			}
-		default:
-			return fmt.Errorf("model %s: unknown setting %q; the settings are params, store, param, replicas, max-batch, max-delay, queue and lease",
-				spec.name, k)
-		}
-		if err != nil {
-			return fmt.Errorf("model %s: %s=%s: %w", spec.name, k, val, err)
-		}
-	}
+	return s.cfg.Set(key, value)
+}
+
+// check checks what a --serve value's settings say together.
+func (s *serveSpec) check() error {
 	switch {
-	case spec.params != "" && (spec.store != "" || spec.param != ""):
-		return fmt.Errorf("model %s: params=P, or store=S and param=N, not both", spec.name)
-	case (spec.store == "") != (spec.param == ""):
-		return fmt.Errorf("model %s: store=S and param=N go together", spec.name)
-	case spec.params == "" && spec.store == "":
-		return fmt.Errorf("model %s: no params=P (the folder under the root holding its parameters, a PyTorch state_dict "+
-			"memmap), nor store=S,param=N (a parameter set of a store this node serves)", spec.name)
+	case s.params != "" && (s.store != "" || s.param != ""):
+		return errors.New("params=P, or store=S and param=N, not both")
+	case (s.store == "") != (s.param == ""):
+		return errors.New("store=S and param=N go together")
+	case s.params == "" && s.store == "":
+		return errors.New("no params=P (the folder under the root holding its parameters, a PyTorch state_dict " +
+			"memmap), nor store=S,param=N (a parameter set of a store this node serves)")
 	}
-	if spec.queue != 0 && spec.queue < spec.maxBatch {
-		return fmt.Errorf("model %s: queue=%d is smaller than max-batch=%d", spec.name, spec.queue, spec.maxBatch)
+	if s.cfg.MaxQueue != 0 && s.cfg.MaxQueue < s.cfg.MaxBatch {
+		return fmt.Errorf("queue=%d is smaller than max-batch=%d", s.cfg.MaxQueue, s.cfg.MaxBatch)
 	}
-	*f = append(*f, spec)
 	return nil
 }
 
@@ -248,7 +239,7 @@ func (s serveSpec) fromParam(ctx context.Context, st *store.Store, p *store.Para
 		if m, err = s.manager(sizes, log); err == nil {
 			if err = m.LoadParam(ctx, p); err == nil {
 				log.Info("model served", "name", s.name, "model", "mlp", "sizes", sizes, "store", s.store, "param", s.param,
-					"version", p.Version, "replicas", s.replicas, "max_batch", s.maxBatch, "policy", serve.MaxDelay(s.maxDelay))
+					"version", p.Version, "replicas", s.cfg.Replicas, "max_batch", s.cfg.MaxBatch, "policy", s.cfg.Policy)
 				go func() {
 					if err := m.Follow(ctx, st, s.param); err != nil && ctx.Err() == nil {
 						log.Error("following parameters stopped", "name", s.name, "param", s.param, "err", err)
@@ -269,12 +260,10 @@ func (s serveSpec) manager(sizes []int, log *slog.Logger) (*serve.Manager, error
 	if err != nil {
 		return nil, err
 	}
-	return serve.New(serve.Config{
-		Input: shape.Input(), Output: shape.Output(), MaxBatch: s.maxBatch, Replicas: s.replicas,
-		New:      func(int) (serve.Model, error) { return mlp.New(mlp.Config{Sizes: sizes}) },
-		Policy:   serve.MaxDelay(s.maxDelay),
-		MaxQueue: s.queue, Lease: s.lease, Log: log.With("model", s.name),
-	})
+	cfg := s.cfg
+	cfg.Input, cfg.Output, cfg.Log = shape.Input(), shape.Output(), log.With("model", s.name)
+	cfg.New = func(int) (serve.Model, error) { return mlp.New(mlp.Config{Sizes: sizes}) }
+	return serve.New(cfg)
 }
 
 func (s serveSpec) start(ctx context.Context, root string, log *slog.Logger) (*serve.Manager, *tensordict.TensorDict, error) {
@@ -300,7 +289,7 @@ func (s serveSpec) start(ctx context.Context, root string, log *slog.Logger) (*s
 		return nil, nil, fmt.Errorf("params %s: %w", prefix, err)
 	}
 	log.Info("model served", "name", s.name, "model", "mlp", "sizes", sizes, "params", prefix, "version", v,
-		"replicas", s.replicas, "max_batch", s.maxBatch, "policy", serve.MaxDelay(s.maxDelay))
+		"replicas", s.cfg.Replicas, "max_batch", s.cfg.MaxBatch, "policy", s.cfg.Policy)
 	return m, params, nil
 }
 

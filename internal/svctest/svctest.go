@@ -1,7 +1,8 @@
 // Package svctest is what the tests of the services on rpc (replay,
 // store, serve, loader) share: serving one object from a helper process
-// (ServeHelper) and the check that a package's sentinel errors cross the
-// wire by code and reason (CrossTheWire).
+// (ServeHelper), the check that a package's sentinel errors cross the
+// wire by code and reason (CrossTheWire), and the check of a config's
+// errors (WantConfigError).
 //
 // It is apart from internal/proctest because it imports rpc, whose own
 // tests use proctest.
