@@ -99,10 +99,20 @@ type Lock struct {
 // (matching ErrLocked) with the holder's pid, host and program as the
 // holder recorded them. Once it has the lock it records this process's in
 // the file.
+//
+// A symbolic link at path is never followed (ErrLink, naming it): the
+// lock file is truncated and written, and a link planted in a folder a
+// service manages must not make it write a file outside.
 func Acquire(path string) (*Lock, error) {
 	for attempt := 0; ; attempt++ {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+		if err := refuseLink(path); err != nil {
+			return nil, err
+		}
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|noFollow, 0o644)
 		if err != nil {
+			if err := refuseLink(path); err != nil {
+				return nil, err // swapped in since the check
+			}
 			return nil, fmt.Errorf("lockfile: %w", err)
 		}
 		if err := lock(f); err != nil {
@@ -121,7 +131,7 @@ func Acquire(path string) (*Lock, error) {
 			f.Close()
 			return nil, fmt.Errorf("lockfile: %w", err)
 		}
-		if now, err := os.Stat(path); err != nil || !os.SameFile(fi, now) {
+		if now, err := os.Lstat(path); err != nil || !os.SameFile(fi, now) {
 			f.Close()
 			if attempt < 10 {
 				continue
@@ -134,6 +144,21 @@ func Acquire(path string) (*Lock, error) {
 		}
 		return &Lock{path: path, fi: fi, f: f}, nil
 	}
+}
+
+// ErrLink: a lock file's path is a symbolic link, which Acquire does not
+// follow.
+var ErrLink = errors.New("is a symbolic link")
+
+// refuseLink returns an error wrapping ErrLink, naming path and its target,
+// when path is a symbolic link.
+func refuseLink(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		return nil
+	}
+	target, _ := os.Readlink(path)
+	return fmt.Errorf("lockfile: %s %w (to %s): a lock file is never followed through a link; remove the link", path, ErrLink, target)
 }
 
 // Path returns the lock file's path.

@@ -153,3 +153,27 @@ func TestHeldError_Holder(t *testing.T) {
 		}
 	}
 }
+
+// TestAcquire_RefusesLink: a lock file that is a symbolic link is not
+// followed: the file it points to is neither created nor truncated, and
+// the error names the link.
+func TestAcquire_RefusesLink(t *testing.T) {
+	outside := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(outside, []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "lock")
+	if err := os.Symlink(outside, link); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Acquire(link)
+	if err == nil {
+		l.Release()
+	}
+	if !errors.Is(err, ErrLink) || !strings.Contains(err.Error(), link) {
+		t.Fatalf("Acquire of a link = %v, want ErrLink naming %s", err, link)
+	}
+	if b, _ := os.ReadFile(outside); string(b) != "mine" {
+		t.Fatalf("the file the link points to holds %q, want it untouched", b)
+	}
+}
