@@ -177,3 +177,41 @@ func TestAcquire_RefusesLink(t *testing.T) {
 		t.Fatalf("the file the link points to holds %q, want it untouched", b)
 	}
 }
+
+// TestAcquireIn_RefusesLinks: AcquireIn opens the lock through the root:
+// a link at its name, or a folder on the way that links out of the root,
+// is not followed, and nothing is created where it points.
+func TestAcquireIn_RefusesLinks(t *testing.T) {
+	dir := t.TempDir()
+	outside := t.TempDir()
+	os.Symlink(outside, filepath.Join(dir, "sub"))
+	os.Symlink(filepath.Join(outside, "lock"), filepath.Join(dir, "lock"))
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	for _, name := range []string{"lock", "sub/lock"} {
+		if l, err := AcquireIn(root, name); err == nil {
+			l.Release()
+			t.Errorf("AcquireIn(%s) through a link: no error", name)
+		}
+	}
+	if l, err := AcquireIn(root, "lock"); !errors.Is(err, ErrLink) || !strings.Contains(err.Error(), filepath.Join(dir, "lock")) {
+		if err == nil {
+			l.Release()
+		}
+		t.Errorf("AcquireIn of a link: %v, want ErrLink naming it", err)
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Errorf("%d files made outside the root", len(entries))
+	}
+	l, err := AcquireIn(root, "mine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Check(); err != nil {
+		t.Error(err)
+	}
+	l.Release()
+}
