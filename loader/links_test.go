@@ -1,11 +1,13 @@
 package loader
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // plantVictims makes a folder outside the ring folder, holding files a
@@ -101,4 +103,36 @@ func TestNewProducer_OldRingLinksAreNotFollowed(t *testing.T) {
 		t.Errorf("the earlier ring is still there (%v)", err)
 	}
 	checkVictims(t, outside)
+}
+
+// TestConsumer_RingLinkIsNotFollowed: a consumer by reference maps the
+// producer's ring; a slot table or storage replaced by a link to a copy
+// elsewhere is not mapped: Dial (or the first batch) fails naming the link.
+func TestConsumer_RingLinkIsNotFollowed(t *testing.T) {
+	for _, name := range []string{SlotsFile, StorageDir} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, 20, Config{Batch: 2, Slots: 4})
+			link := filepath.Join(f.p.ring.path, name)
+			moved := filepath.Join(t.TempDir(), name)
+			if err := os.Rename(link, moved); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(moved, link); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, got := Dial(ctx, f.addr, "train", Options{Batch: 2, Root: f.root})
+			if got == nil {
+				for _, err := range c.Batches(ctx) {
+					got = err
+					break
+				}
+				c.Close()
+			}
+			if got == nil || !strings.Contains(got.Error(), link) || !strings.Contains(got.Error(), "symbolic link") {
+				t.Fatalf("batches through a ring whose %s is a link: %v, want an error naming %s", name, got, link)
+			}
+		})
+	}
 }

@@ -294,9 +294,23 @@ type memmapLeaf struct {
 }
 
 // openRingReader maps the ring at path (a ring-<id> folder) read-only and
-// checks it has fields for slots × batch rows.
+// checks it has fields for slots × batch rows. A link in the way is an
+// error naming it.
 func openRingReader(path string, schema tensordict.RowSchema, nslots, batch int) (*ringReader, error) {
-	store, err := tensordict.LoadMemmap(filepath.Join(path, StorageDir), tensordict.ReadOnly())
+	// No link is followed: neither the ring's folder, its storage or its
+	// slot table, nor a file in the storage that leads out of the ring.
+	for _, p := range []string{path, filepath.Join(path, StorageDir), filepath.Join(path, SlotsFile)} {
+		if fi, err := os.Lstat(p); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			target, _ := os.Readlink(p)
+			return nil, fmt.Errorf("loader: %s is a symbolic link (to %s): a consumer maps no ring through a link", p, target)
+		}
+	}
+	root, err := os.OpenRoot(path)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	store, err := tensordict.LoadMemmap(filepath.Join(path, StorageDir), tensordict.ReadOnly(), tensordict.InRoot(root))
 	if err != nil {
 		return nil, err
 	}
