@@ -144,7 +144,9 @@ func openRing(cfg Config, schema tensordict.RowSchema) (*ring, error) {
 // loader's files: MetaFile, LockFile, rings and MetaFile's temporary
 // files; or, without MetaFile, anything but LockFile (a producer that died
 // between taking the lock and writing MetaFile, which it writes before it
-// makes anything else).
+// makes anything else). A symbolic link among them is refused, naming it:
+// a producer follows no link in its folder (it removes rings, and writes
+// and maps its own).
 func checkRingDir(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -156,6 +158,12 @@ func checkRingDir(dir string) error {
 	ours := false
 	for _, e := range entries {
 		ours = ours || e.Name() == MetaFile
+		if e.Type()&fs.ModeSymlink != 0 {
+			p := filepath.Join(dir, e.Name())
+			target, _ := os.Readlink(p)
+			return fmt.Errorf("%w: %s is a symbolic link (to %s): a loader follows no link in its ring folder; "+
+				"remove it, or give the loader a folder of its own", ErrExists, p, target)
+		}
 	}
 	var others []string
 	for _, e := range entries {
@@ -173,21 +181,34 @@ func checkRingDir(dir string) error {
 	return nil
 }
 
-// removeRings removes the rings of earlier producers in dir. Consumers of
-// theirs that still map them keep their mappings (the files go when the
-// last is closed).
+// removeRings removes the rings of earlier producers in dir, through an
+// os.Root on it: an entry that is not a folder (a symbolic link named
+// ring-<id> among them) is left, and nothing is removed through a link,
+// however one is planted meanwhile. Consumers of theirs that still map
+// them keep their mappings (the files go when the last is closed).
 func removeRings(dir string) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("loader: %w", err)
+	}
+	defer root.Close()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("loader: %w", err)
 	}
 	for _, e := range entries {
-		if name := e.Name(); strings.HasPrefix(name, ringPrefix) && e.IsDir() {
-			if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+		name := e.Name()
+		fi, err := root.Lstat(name)
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(name, ringPrefix) && fi.IsDir():
+			if err := root.RemoveAll(name); err != nil {
 				return fmt.Errorf("loader: removing an old ring: %w", err)
 			}
-		} else if strings.HasPrefix(name, "."+MetaFile+".tmp-") {
-			os.Remove(filepath.Join(dir, name))
+		case strings.HasPrefix(name, "."+MetaFile+".tmp-") && fi.Mode().IsRegular():
+			root.Remove(name)
 		}
 	}
 	return nil
@@ -273,9 +294,23 @@ type memmapLeaf struct {
 }
 
 // openRingReader maps the ring at path (a ring-<id> folder) read-only and
-// checks it has fields for slots × batch rows.
+// checks it has fields for slots × batch rows. A link in the way is an
+// error naming it.
 func openRingReader(path string, schema tensordict.RowSchema, nslots, batch int) (*ringReader, error) {
-	store, err := tensordict.LoadMemmap(filepath.Join(path, StorageDir), tensordict.ReadOnly())
+	// No link is followed: neither the ring's folder, its storage or its
+	// slot table, nor a file in the storage that leads out of the ring.
+	for _, p := range []string{path, filepath.Join(path, StorageDir), filepath.Join(path, SlotsFile)} {
+		if fi, err := os.Lstat(p); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			target, _ := os.Readlink(p)
+			return nil, fmt.Errorf("loader: %s is a symbolic link (to %s): a consumer maps no ring through a link", p, target)
+		}
+	}
+	root, err := os.OpenRoot(path)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	store, err := tensordict.LoadMemmap(filepath.Join(path, StorageDir), tensordict.ReadOnly(), tensordict.InRoot(root))
 	if err != nil {
 		return nil, err
 	}

@@ -119,6 +119,9 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if err := refuseLinks(prefix, ErrExists); err != nil {
+		return nil, err
+	}
 	if _, err := os.Stat(filepath.Join(prefix, MetaFile)); err == nil {
 		return nil, fmt.Errorf("%w: %s", ErrExists, prefix)
 	}
@@ -142,6 +145,10 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 	if _, err := os.Stat(filepath.Join(prefix, MetaFile)); err == nil {
 		lock.Release()
 		return nil, fmt.Errorf("%w: %s", ErrExists, prefix)
+	}
+	if err := refuseLinks(prefix, ErrExists); err != nil { // planted while the lock was taken
+		lock.Release()
+		return nil, err
 	}
 	// undo gives back the space a failed Create took (a full disk is the
 	// usual cause): the folder if Create made it, else what it wrote; and

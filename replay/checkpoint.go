@@ -161,11 +161,18 @@ func Open(prefix string) (*Buffer, error) {
 // the buffer's value and the one asked for. When change or the check fails,
 // nothing at the prefix was modified.
 func OpenWith(prefix string, change func(Config) (Config, error)) (*Buffer, error) {
+	if err := refuseLinks(prefix, ErrConfig); err != nil {
+		return nil, err
+	}
 	if _, err := os.Stat(filepath.Join(prefix, MetaFile)); errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w at %s", ErrNotFound, prefix)
 	}
 	lock, err := acquire(prefix)
 	if err != nil {
+		return nil, err
+	}
+	if err := refuseLinks(prefix, ErrConfig); err != nil { // planted while the lock was taken
+		lock.Release()
 		return nil, err
 	}
 	b, err := open(prefix, change)
@@ -281,7 +288,7 @@ func parseMeta(data []byte) (meta, Config, error) {
 // that it is what MetaFile says.
 func (b *Buffer) loadStorage() error {
 	dir := filepath.Join(b.prefix, StorageDir)
-	td, err := tensordict.LoadMemmap(dir)
+	td, err := loadInFolder(b.prefix, dir)
 	if err != nil {
 		return fmt.Errorf("replay: %w", err)
 	}

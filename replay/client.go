@@ -199,7 +199,12 @@ func (c *Client) newView(info infoResponse) (*view, error) {
 	}
 	prefix := filepath.Join(c.o.root, filepath.FromSlash(info.Prefix))
 	var err error
-	if v.storage, err = tensordict.LoadMemmap(filepath.Join(prefix, StorageDir)); err != nil {
+	// The client writes rows into the storage and words into the slot
+	// table: neither is reached through a link out of the buffer's folder.
+	if err := refuseLinks(prefix, ErrConfig); err != nil {
+		return nil, fmt.Errorf("replay: mapping the shared storage: %w", err)
+	}
+	if v.storage, err = loadInFolder(prefix, filepath.Join(prefix, StorageDir)); err != nil {
 		return nil, fmt.Errorf("replay: mapping the shared storage: %w", err)
 	}
 	if v.slots, err = openSlots(filepath.Join(prefix, SlotsFile), info.Capacity); err != nil {

@@ -50,6 +50,9 @@ func (s *served) ensureBellLocked() (*nodeBell, error) {
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return nil, err
 	}
+	if err := checkFolders(s.root, BellsDir); err != nil { // no link on the way out of the root (links.go)
+		return nil, err
+	}
 	var id [8]byte
 	rand.Read(id[:])
 	name := hex.EncodeToString(id[:])
@@ -268,15 +271,11 @@ func (s *served) updateRingsLocked() {
 	s.rings.Store(&list)
 }
 
-// mapRing maps a client's ring file through the root, checks its size and
+// mapRing maps a client's ring file through cr, its folder, checks its size and
 // takes over its entries: those appended before are dropped (they were
 // for a node that is gone), head = tail.
-func (svc *Service) mapRing(dir string, slots int) (*ringView, error) {
-	rel, err := filepath.Rel(svc.root, filepath.Join(dir, "ring"))
-	if err != nil {
-		return nil, err
-	}
-	f, err := svc.rootFS.OpenFile(rel, os.O_RDWR, 0)
+func (svc *Service) mapRing(cr *os.Root, slots int) (*ringView, error) {
+	f, err := cr.OpenFile("ring", os.O_RDWR, 0) // cr: the client's folder (openPath)
 	if err != nil {
 		return nil, err
 	}

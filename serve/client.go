@@ -186,8 +186,11 @@ func (c *Client) makeSlots(root string) error {
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return fmt.Errorf("serve: making the client's slots: %w", err)
 	}
-	removeDead(parent, clientDirRE, ClientsDir)
-	removeDead(filepath.Join(root, filepath.FromSlash(BellsDir)), bellDirRE, BellsDir)
+	if err := checkFolders(root, ClientsDir); err != nil {
+		return fmt.Errorf("serve: making the client's slots: %w", err)
+	}
+	removeDead(root, ClientsDir, clientDirRE)
+	removeDead(root, BellsDir, bellDirRE)
 	var id [8]byte
 	rand.Read(id[:])
 	name := hex.EncodeToString(id[:])
@@ -232,17 +235,17 @@ func (c *Client) makeSlots(root string) error {
 	return nil
 }
 
-// removeDead removes the folders under parent (rel under the root) whose
-// lock is free: those of clients, or of nodes' bells, that died. Folders
-// not of the form re accepts, and those being made (".tmp-"), are left.
-func removeDead(parent string, re *regexp.Regexp, rel string) {
-	entries, err := os.ReadDir(parent)
+// removeDead removes the folders under rel, under root, whose lock is
+// free: those of clients, or of nodes' bells, that died. Folders not of
+// the form re accepts, those being made (".tmp-"), and links are left.
+func removeDead(root, rel string, re *regexp.Regexp) {
+	entries, err := os.ReadDir(filepath.Join(root, filepath.FromSlash(rel)))
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
 		if e.IsDir() && re.MatchString(rel+"/"+e.Name()) {
-			removeIfDead(filepath.Join(parent, e.Name()))
+			removeIfDead(root, rel+"/"+e.Name())
 		}
 	}
 }

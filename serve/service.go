@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/lockfile"
 	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -253,11 +252,18 @@ func (svc *Service) register(ctx context.Context, req registerRequest) (register
 		return registerResponse{}, schemaErrorf("%d slots; want 1 to %d", req.Slots, maxRows)
 	}
 	dir := filepath.Join(svc.root, filepath.FromSlash(req.Prefix))
-	in, err := svc.mapClient(filepath.Join(dir, "in"), s.m.cfg.Input, req.Slots, "input")
+	// The client's folder, reached without following a link, and the files
+	// in it through an os.Root on it: none is mapped from elsewhere.
+	cr, err := openPath(svc.rootFS, req.Prefix)
+	if err != nil {
+		return registerResponse{}, schemaErrorf("the client's folder: %v", err)
+	}
+	defer cr.Close()
+	in, err := svc.mapClient(cr, filepath.Join(dir, "in"), s.m.cfg.Input, req.Slots, "input")
 	if err != nil {
 		return registerResponse{}, err
 	}
-	out, err := svc.mapClient(filepath.Join(dir, "out"), s.m.cfg.Output, req.Slots, "output")
+	out, err := svc.mapClient(cr, filepath.Join(dir, "out"), s.m.cfg.Output, req.Slots, "output")
 	if err != nil {
 		in.Close()
 		return registerResponse{}, err
@@ -267,7 +273,7 @@ func (svc *Service) register(ctx context.Context, req registerRequest) (register
 		r.outF, err = fieldsOf(out, s.m.cfg.Output)
 	}
 	if err == nil && req.Ring && bellSupported {
-		if r.ring, err = svc.mapRing(dir, req.Slots); err != nil {
+		if r.ring, err = svc.mapRing(cr, req.Slots); err != nil {
 			err = schemaErrorf("the client's ring: %v", err)
 		}
 	}
@@ -311,9 +317,10 @@ func (svc *Service) register(ctx context.Context, req registerRequest) (register
 }
 
 // mapClient maps a client's input or output slots, read-write, through
-// the root, and checks them: batch size [slots], schema's fields.
-func (svc *Service) mapClient(prefix string, schema tensordict.RowSchema, slots int, what string) (*tensordict.TensorDict, error) {
-	td, err := tensordict.LoadMemmap(prefix, tensordict.InRoot(svc.rootFS))
+// cr, an os.Root on the client's folder, and checks them: batch size
+// [slots], schema's fields.
+func (svc *Service) mapClient(cr *os.Root, prefix string, schema tensordict.RowSchema, slots int, what string) (*tensordict.TensorDict, error) {
+	td, err := tensordict.LoadMemmap(prefix, tensordict.InRoot(cr))
 	if err != nil {
 		return nil, schemaErrorf("the client's %s slots: %v", what, err)
 	}
@@ -364,21 +371,9 @@ func (s *served) sweep() {
 	for _, p := range dead {
 		// A live client holds its lock for as long as it runs: only a dead
 		// client's folder is removed.
-		dir := filepath.Join(s.root, filepath.FromSlash(p))
-		removed := removeIfDead(dir)
+		removed := removeIfDead(s.root, p)
 		s.m.log.Info("serve: a client's lease ran out", "model", s.name, "client", p, "dead_and_removed", removed)
 	}
-}
-
-// removeIfDead removes dir, a client's folder, if its lock can be taken,
-// and reports whether it did.
-func removeIfDead(dir string) bool {
-	l, err := lockfile.Acquire(filepath.Join(dir, "lock"))
-	if err != nil {
-		return false
-	}
-	defer l.Release()
-	return os.RemoveAll(dir) == nil
 }
 
 // acquire returns the registration id for a request, renewing its lease.

@@ -28,3 +28,6 @@ func lock(f *os.File) error {
 }
 
 func unlock(f *os.File) error { return unix.Flock(int(f.Fd()), unix.LOCK_UN) }
+
+// noFollow makes OpenFile fail on a symbolic link where the system can.
+const noFollow = unix.O_NOFOLLOW

@@ -17,3 +17,6 @@ func lock(*os.File) error {
 }
 
 func unlock(*os.File) error { return nil }
+
+// noFollow makes OpenFile fail on a symbolic link where the system can.
+const noFollow = 0

@@ -31,3 +31,6 @@ func unlock(f *os.File) error {
 	ol := &windows.Overlapped{OffsetHigh: lockOffsetHigh}
 	return windows.UnlockFileEx(windows.Handle(f.Fd()), 0, 1, 0, ol)
 }
+
+// noFollow makes OpenFile fail on a symbolic link where the system can.
+const noFollow = 0

@@ -99,10 +99,46 @@ type Lock struct {
 // (matching ErrLocked) with the holder's pid, host and program as the
 // holder recorded them. Once it has the lock it records this process's in
 // the file.
-func Acquire(path string) (*Lock, error) {
+//
+// A symbolic link at path is never followed (ErrLink, naming it): the
+// lock file is truncated and written, and a link planted in a folder a
+// service manages must not make it write a file outside.
+func Acquire(path string) (*Lock, error) { return acquireIn(osDir{}, path, path) }
+
+// AcquireIn is Acquire of the lock file name in the folder root: it is
+// opened through root, so no link on the way to it is followed out of
+// root, and a link at name is refused as Acquire refuses one.
+func AcquireIn(root *os.Root, name string) (*Lock, error) {
+	return acquireIn(root, name, filepath.Join(root.Name(), name))
+}
+
+// dir opens files: the filesystem (osDir), or an os.Root.
+type dir interface {
+	OpenFile(name string, flag int, perm os.FileMode) (*os.File, error)
+	Lstat(name string) (os.FileInfo, error)
+	Readlink(name string) (string, error)
+}
+
+type osDir struct{}
+
+func (osDir) OpenFile(name string, flag int, perm os.FileMode) (*os.File, error) {
+	return os.OpenFile(name, flag, perm)
+}
+func (osDir) Lstat(name string) (os.FileInfo, error) { return os.Lstat(name) }
+func (osDir) Readlink(name string) (string, error)   { return os.Readlink(name) }
+
+// acquireIn takes the lock file name in d; path is its path, for messages
+// and Check.
+func acquireIn(d dir, name, path string) (*Lock, error) {
 	for attempt := 0; ; attempt++ {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+		if err := refuseLink(d, name, path); err != nil {
+			return nil, err
+		}
+		f, err := d.OpenFile(name, os.O_RDWR|os.O_CREATE|noFollow, 0o644)
 		if err != nil {
+			if err := refuseLink(d, name, path); err != nil {
+				return nil, err // swapped in since the check
+			}
 			return nil, fmt.Errorf("lockfile: %w", err)
 		}
 		if err := lock(f); err != nil {
@@ -121,7 +157,7 @@ func Acquire(path string) (*Lock, error) {
 			f.Close()
 			return nil, fmt.Errorf("lockfile: %w", err)
 		}
-		if now, err := os.Stat(path); err != nil || !os.SameFile(fi, now) {
+		if now, err := d.Lstat(name); err != nil || !os.SameFile(fi, now) {
 			f.Close()
 			if attempt < 10 {
 				continue
@@ -134,6 +170,21 @@ func Acquire(path string) (*Lock, error) {
 		}
 		return &Lock{path: path, fi: fi, f: f}, nil
 	}
+}
+
+// ErrLink: a lock file's path is a symbolic link, which Acquire does not
+// follow.
+var ErrLink = errors.New("is a symbolic link")
+
+// refuseLink returns an error wrapping ErrLink, naming path and its target,
+// when name in d is a symbolic link.
+func refuseLink(d dir, name, path string) error {
+	fi, err := d.Lstat(name)
+	if err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		return nil
+	}
+	target, _ := d.Readlink(name)
+	return fmt.Errorf("lockfile: %s %w (to %s): a lock file is never followed through a link; remove the link", path, ErrLink, target)
 }
 
 // Path returns the lock file's path.

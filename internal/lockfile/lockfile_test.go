@@ -153,3 +153,65 @@ func TestHeldError_Holder(t *testing.T) {
 		}
 	}
 }
+
+// TestAcquire_RefusesLink: a lock file that is a symbolic link is not
+// followed: the file it points to is neither created nor truncated, and
+// the error names the link.
+func TestAcquire_RefusesLink(t *testing.T) {
+	outside := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(outside, []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "lock")
+	if err := os.Symlink(outside, link); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Acquire(link)
+	if err == nil {
+		l.Release()
+	}
+	if !errors.Is(err, ErrLink) || !strings.Contains(err.Error(), link) {
+		t.Fatalf("Acquire of a link = %v, want ErrLink naming %s", err, link)
+	}
+	if b, _ := os.ReadFile(outside); string(b) != "mine" {
+		t.Fatalf("the file the link points to holds %q, want it untouched", b)
+	}
+}
+
+// TestAcquireIn_RefusesLinks: AcquireIn opens the lock through the root:
+// a link at its name, or a folder on the way that links out of the root,
+// is not followed, and nothing is created where it points.
+func TestAcquireIn_RefusesLinks(t *testing.T) {
+	dir := t.TempDir()
+	outside := t.TempDir()
+	os.Symlink(outside, filepath.Join(dir, "sub"))
+	os.Symlink(filepath.Join(outside, "lock"), filepath.Join(dir, "lock"))
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	for _, name := range []string{"lock", "sub/lock"} {
+		if l, err := AcquireIn(root, name); err == nil {
+			l.Release()
+			t.Errorf("AcquireIn(%s) through a link: no error", name)
+		}
+	}
+	if l, err := AcquireIn(root, "lock"); !errors.Is(err, ErrLink) || !strings.Contains(err.Error(), filepath.Join(dir, "lock")) {
+		if err == nil {
+			l.Release()
+		}
+		t.Errorf("AcquireIn of a link: %v, want ErrLink naming it", err)
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Errorf("%d files made outside the root", len(entries))
+	}
+	l, err := AcquireIn(root, "mine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Check(); err != nil {
+		t.Error(err)
+	}
+	l.Release()
+}

@@ -31,10 +31,12 @@ safe. A client whose registration the node lost registers again by itself.
 import asyncio
 import collections
 import concurrent.futures
+import errno
 import os
 import re
 import shutil
 import socket
+import stat
 import sys
 import threading
 import time
@@ -830,8 +832,9 @@ class Client:
         root = self._client.root
         parent = os.path.join(root, *CLIENTS_DIR.split("/"))
         os.makedirs(parent, exist_ok=True)
-        _remove_dead(parent)
-        _remove_dead(os.path.join(root, *_NODES_DIR.split("/")))
+        _check_no_link(root, CLIENTS_DIR)  # no slots made, nor folders removed, through a link
+        _remove_dead(root, CLIENTS_DIR)
+        _remove_dead(root, _NODES_DIR)
         name = os.urandom(8).hex()
         tmp = os.path.join(parent, ".tmp-" + name)
         os.mkdir(tmp)
@@ -931,7 +934,10 @@ def _lock(path):
     internal/lockfile takes, and the node tests): the open descriptor, or
     None when another holds it. The holder's pid, host and program go into
     the file, as lockfile writes them."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if os.path.islink(path):
+        raise OSError(errno.ELOOP, f"{path} is a symbolic link (to {os.readlink(path)}): a lock file is never "
+                      "followed through a link; remove the link", path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -947,25 +953,46 @@ def _lock(path):
     return fd
 
 
-def _remove_dead(parent):
-    """Removes the folders under parent (16 hex digits) whose lock is free:
-    those of processes that died."""
+def _check_no_link(root, rel):
+    """Raises OSError naming the first folder of rel (slash-separated) under
+    root that is a symbolic link, or not a folder: serve follows no link in
+    the folders its clients and nodes make, as the Go client and node do."""
+    p = root
+    for part in rel.split("/"):
+        p = os.path.join(p, part)
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode):
+            raise OSError(errno.ELOOP, f"{p} is a symbolic link (to {os.readlink(p)}): serve follows no link "
+                          "in the folders its clients and nodes make; remove it", p)
+        if not stat.S_ISDIR(st.st_mode):
+            raise OSError(errno.ENOTDIR, f"{p} is not a folder", p)
+
+
+def _remove_dead(root, rel):
+    """Removes the folders under rel, under root (16 hex digits), whose lock
+    is free: those of processes that died. Nothing is reached through a
+    link: a link on the way, or in a folder's place, is left."""
+    try:
+        _check_no_link(root, rel)
+    except OSError:
+        return
+    parent = os.path.join(root, *rel.split("/"))
     try:
         names = os.listdir(parent)
     except OSError:
         return
     for name in names:
         d = os.path.join(parent, name)
-        if not _ID_RE.match(name) or not os.path.isdir(d):
-            continue
         try:
+            if not _ID_RE.match(name) or not stat.S_ISDIR(os.lstat(d).st_mode):
+                continue
             fd = _lock(os.path.join(d, "lock"))
         except OSError:
             continue
         if fd is None:
             continue
         try:
-            shutil.rmtree(d, ignore_errors=True)
+            shutil.rmtree(d, ignore_errors=True)  # removes links inside, never follows them
         finally:
             os.close(fd)
 

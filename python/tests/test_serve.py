@@ -392,3 +392,55 @@ class TestNodeKilledAndRestarted(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestLinks(unittest.TestCase):
+    """A client removes the folders of dead clients and bells it finds
+    under the root, and makes its own there: a symbolic link planted on the
+    way (by a careless user, or another client) is never followed, and
+    nothing where it points is locked or removed."""
+
+    def plant(self, tmp, rel):
+        outside = os.path.join(tmp, "outside")
+        dead = os.path.join(outside, "00000000000000dd")
+        os.makedirs(dead)
+        with open(os.path.join(dead, "keep.txt"), "w") as f:
+            f.write("mine")
+        root = os.path.join(tmp, "root")
+        link = os.path.join(root, *rel.split("/"))
+        os.makedirs(os.path.dirname(link))
+        os.symlink(outside, link)
+        return root, link, dead
+
+    def check_kept(self, dead):
+        with open(os.path.join(dead, "keep.txt")) as f:
+            self.assertEqual(f.read(), "mine")
+        self.assertFalse(os.path.lexists(os.path.join(dead, "lock")), "a lock file made outside the root")
+
+    def test_remove_dead_follows_no_link(self):
+        for rel in (serve.CLIENTS_DIR, serve._NODES_DIR):
+            with self.subTest(rel=rel), tempfile.TemporaryDirectory() as tmp:
+                root, link, dead = self.plant(tmp, rel)
+                serve._remove_dead(root, rel)
+                self.check_kept(dead)
+
+    def test_dead_folder_link_is_left(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            outside = os.path.join(tmp, "outside")
+            os.makedirs(outside)
+            with open(os.path.join(outside, "keep.txt"), "w") as f:
+                f.write("mine")
+            parent = os.path.join(tmp, "root", *serve.CLIENTS_DIR.split("/"))
+            os.makedirs(parent)
+            os.symlink(outside, os.path.join(parent, "00000000000000ee"))
+            serve._remove_dead(os.path.join(tmp, "root"), serve.CLIENTS_DIR)
+            self.check_kept(outside)
+
+    def test_no_slots_through_a_link(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root, link, dead = self.plant(tmp, serve.CLIENTS_DIR)
+            with self.assertRaises(OSError) as cm:
+                serve._check_no_link(root, serve.CLIENTS_DIR)
+            self.assertIn(link, str(cm.exception))
+            self.assertIn("symbolic link", str(cm.exception))
+            self.check_kept(dead)
