@@ -87,7 +87,9 @@ func TestCall_Policy(t *testing.T) {
 		{"repeatable, unavailable 3 times", methodRead, fakeRequest{Fail: 3}, 0, 4, nil},
 		{"repeatable, unavailable then not found", methodRead, fakeRequest{Fail: 2, Code: "notfound"}, 0, 3, rpc.ErrNotFound},
 		{"repeatable, not found is final", methodRead, fakeRequest{Code: "notfound"}, 0, 1, rpc.ErrNotFound},
-		{"repeatable, until the context ends", methodRead, fakeRequest{Fail: 1 << 30}, 200 * time.Millisecond, 0, context.DeadlineExceeded},
+		// Long enough for a few attempts on a loaded machine (200 ms failed
+		// once with five packages testing on 2 cores).
+		{"repeatable, until the context ends", methodRead, fakeRequest{Fail: 1 << 30}, 2 * time.Second, 0, context.DeadlineExceeded},
 		{"not repeatable, answered at once", methodWrite, fakeRequest{}, 0, 1, nil},
 		{"not repeatable, sent and unavailable", methodWrite, fakeRequest{Fail: 3}, 0, 1, rpc.ErrUnavailable},
 		{"not marked at all", "fake.unknown", fakeRequest{}, 0, 0, rpc.ErrUnimplemented},
