@@ -831,7 +831,12 @@ class Client:
         clients found there."""
         root = self._client.root
         parent = os.path.join(root, *CLIENTS_DIR.split("/"))
-        os.makedirs(parent, exist_ok=True)
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise ResourceExhaustedError(f"serve: no space left under the root to make {parent}") from e
+            raise
         _check_no_link(root, CLIENTS_DIR)  # no slots made, nor folders removed, through a link
         _remove_dead(root, CLIENTS_DIR)
         _remove_dead(root, _NODES_DIR)
@@ -1000,6 +1005,24 @@ def _remove_dead(root, rel):
 _TD_TYPE = "<class 'tensordict._td.TensorDict'>"
 
 
+def _reserve(f, size, path):
+    """Reserves size bytes of disk for f, as the Go side does, so that a
+    full disk is a ResourceExhaustedError now rather than a SIGBUS at a
+    store through the mapping later (a sparse file on a full disk). Where
+    the filesystem cannot reserve, the file stays sparse."""
+    try:
+        os.posix_fallocate(f.fileno(), 0, size)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise ResourceExhaustedError(
+                f"serve: no space left to make this client's slots ({size} bytes for {path}): "
+                "free space under the root, or work by bytes (root=None)") from e
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    except AttributeError:  # no posix_fallocate (macOS)
+        pass
+
+
 def _create_td(prefix, schema, rows):
     """Creates a TensorDict memmap of batch size [rows] with schema's fields,
     zeros, in tensordict's format (docs/format.md): what the node maps as a
@@ -1021,8 +1044,10 @@ def _create_td(prefix, schema, rows):
             full = [rows] + list(shape)
             size = DTYPES[dt].itemsize * int(np.prod(full, dtype=np.int64))
             if size:
-                with open(os.path.join(d, escape_key(key) + ".memmap"), "wb") as f:
+                path = os.path.join(d, escape_key(key) + ".memmap")
+                with open(path, "wb") as f:
                     f.truncate(size)
+                    _reserve(f, size, path)
             meta[key] = {"device": "cpu", "shape": full, "dtype": dt, "is_nested": False}
         meta.update({"shape": [rows], "device": "cpu", "_type": _TD_TYPE})
         with open(os.path.join(d, "meta.json"), "w", encoding="utf-8") as f:
