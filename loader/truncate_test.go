@@ -1,36 +1,17 @@
 package loader
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/proctest"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
-
-// lockedBuffer is a log sink safe for the producer's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestProducer_TruncatedFileIsNamedAndLogged: a producer whose dataset, or
 // whose own ring, is truncated under it stops with ErrFailed naming the
@@ -40,7 +21,7 @@ func (l *lockedBuffer) String() string {
 func TestProducer_TruncatedFileIsNamedAndLogged(t *testing.T) {
 	for _, which := range []string{"dataset", "ring"} {
 		t.Run(which, func(t *testing.T) {
-			var log lockedBuffer
+			var log proctest.LockedBuffer
 			f := newFixture(t, 512, Config{Batch: 16, Slots: 4, Log: slog.New(slog.NewTextHandler(&log, nil))})
 			td := f.p.pipe.src.td
 			if which == "ring" {
