@@ -4,6 +4,7 @@ package collective
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -120,6 +121,12 @@ func openShm(c *Comm, dir string) (*shmGroup, error) {
 	g := &shmGroup{c: c, dir: dir, me: c.rank, n: c.size, ctl: make([]*shm.Map, c.size), data: make([][2]*shm.Map, c.size)}
 	var err error
 	if g.lock, err = lockfile.Acquire(g.path("lock")); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			// The folder went between the two: a rank that failed (a full
+			// folder, say) removed it. Said as above, not as a lock
+			// file's ENOENT (TestShm_JoinOnFullFolder saw that once).
+			return nil, fmt.Errorf("rank %d does not see rank 0's folder %s: it was removed meanwhile", c.rank, dir)
+		}
 		return nil, err
 	}
 	// Create reserves the pages before we write through the mapping: on
