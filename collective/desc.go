@@ -3,8 +3,6 @@ package collective
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
-	"slices"
 
 	"github.com/tensorwire/tensorwire/memmap"
 )
@@ -14,31 +12,6 @@ import (
 // checks all of them with the same function (check). So a bad argument
 // or a disagreement between ranks gives every rank the same error, not a
 // hang, and the data phase runs only when its pattern is agreed on.
-
-// kind names a collective.
-type kind uint8
-
-const (
-	kindAllreduce kind = iota + 1
-	kindBcast
-	kindReduce
-	kindGather
-	kindAllgather
-	kindScatter
-	kindAlltoall
-	kindReduceScatter
-	kindBarrier
-	numKinds
-)
-
-var kindNames = [numKinds]string{"invalid", "Allreduce", "Bcast", "Reduce", "Gather", "Allgather", "Scatter", "Alltoall", "ReduceScatter", "Barrier"}
-
-func (k kind) String() string {
-	if k == 0 || k >= numKinds {
-		return fmt.Sprintf("kind(%d)", uint8(k))
-	}
-	return kindNames[k]
-}
 
 // desc is one rank's description of its call.
 type desc struct {
@@ -157,6 +130,7 @@ func decodeDesc(b []byte) (desc, error) {
 
 // plan is a collective as every rank agreed on it.
 type plan struct {
+	o      *operation // kind's row
 	kind   kind
 	op     Op
 	dt     memmap.DType
@@ -167,33 +141,6 @@ type plan struct {
 	shapes [][]int // each rank's input shape; nil where it passed none
 	counts []int   // Scatter, ReduceScatter, Alltoall: the pieces' sizes along the split axis
 	sizes  []int   // Gather, Allgather, Alltoall: each rank's size along the gathered axis
-}
-
-// outShape returns rank r's output shape, or nil when it gets none (Gather
-// off the root).
-func (p *plan) outShape(r int) []int {
-	switch p.kind {
-	case kindAllreduce, kindReduce:
-		return p.shapes[r]
-	case kindBcast:
-		return p.shapes[p.root]
-	case kindGather:
-		if r != p.root {
-			return nil
-		}
-		return along(p.shapes[r], p.axis, sum(p.sizes))
-	case kindAllgather:
-		return along(p.shapes[r], p.axis, sum(p.sizes))
-	case kindScatter:
-		return along(p.shapes[p.root], p.axis, p.counts[r])
-	case kindReduceScatter:
-		return along(p.shapes[r], p.axis, p.counts[r])
-	case kindAlltoall:
-		s := along(p.shapes[r], p.axis2, p.counts[r])
-		s[p.axis] = sum(p.sizes)
-		return s
-	}
-	return nil
 }
 
 // bytes returns the size of rank r's input in bytes.
@@ -211,213 +158,3 @@ func sum(s []int) int {
 	}
 	return t
 }
-
-// check validates every rank's description of a collective, the same way
-// on every rank, and returns the plan they agree on.
-func check(ds []desc) (*plan, error) {
-	n := len(ds)
-	d0 := ds[0]
-	for r, d := range ds {
-		if d.kind != d0.kind {
-			return nil, mismatchf("rank %d called %v while rank 0 called %v", r, d.kind, d0.kind)
-		}
-	}
-	for r, d := range ds {
-		if d.bad != "" && d.noSpace {
-			return nil, errorf(ErrNoSpace, "%v on rank %d: %s", d.kind, r, d.bad)
-		}
-		if d.bad != "" {
-			return nil, argumentf("%v on rank %d: %s", d.kind, r, d.bad)
-		}
-	}
-	p := &plan{kind: d0.kind, op: d0.op, root: d0.root, axis: d0.axis, axis2: d0.axis2, shapes: make([][]int, n)}
-	for r, d := range ds {
-		if d.hasT {
-			p.shapes[r] = d.shape
-		}
-	}
-	same := func(what string, get func(desc) int) error {
-		for r, d := range ds {
-			if get(d) != get(d0) {
-				return mismatchf("%v: %s %d on rank %d, %d on rank 0", d0.kind, what, get(d), r, get(d0))
-			}
-		}
-		return nil
-	}
-	if p.kind == kindBarrier {
-		return p, nil
-	}
-	// The root.
-	switch p.kind {
-	case kindBcast, kindReduce, kindGather, kindScatter:
-		if err := same("root", func(d desc) int { return d.root }); err != nil {
-			return nil, err
-		}
-		if p.root < 0 || p.root >= n {
-			return nil, argumentf("%v: root %d is not a rank of %d", p.kind, p.root, n)
-		}
-	}
-	// The tensors: who must pass one, and their dtypes.
-	holders := []int{}
-	switch p.kind {
-	case kindBcast, kindScatter:
-		holders = []int{p.root}
-	default:
-		for r := range n {
-			holders = append(holders, r)
-		}
-	}
-	for _, r := range holders {
-		if !ds[r].hasT {
-			return nil, argumentf("%v: rank %d passed no tensor", p.kind, r)
-		}
-	}
-	ref := ds[holders[0]]
-	p.dt = ref.dtype
-	for r, d := range ds {
-		if d.hasT && d.dtype != ref.dtype {
-			return nil, mismatchf("%v: rank %d has a %v tensor, rank %d a %v one", p.kind, r, d.dtype.Name(), holders[0], ref.dtype.Name())
-		}
-	}
-	if !p.dt.Valid() || !Supported(p.dt) {
-		return nil, argumentf("%v: dtype %v is not supported", p.kind, p.dt)
-	}
-	p.esize = p.dt.Size()
-	// The reduction.
-	switch p.kind {
-	case kindAllreduce, kindReduce, kindReduceScatter:
-		if err := same("operation", func(d desc) int { return int(d.op) }); err != nil {
-			return nil, mismatchf("%v: rank %d reduces with %v, rank 0 with %v", p.kind, firstDiff(ds, func(d desc) int { return int(d.op) }), opOf(ds, func(d desc) int { return int(d.op) }), d0.op)
-		}
-		if !p.op.Valid() {
-			return nil, argumentf("%v: %v is not a reduction", p.kind, p.op)
-		}
-		if !p.op.Supports(p.dt) {
-			return nil, argumentf("%v: %v does not take %v elements", p.kind, p.op, p.dt.Name())
-		}
-	}
-	// The axes.
-	nd := len(ref.shape)
-	for r, d := range ds {
-		if d.hasT && len(d.shape) != nd {
-			return nil, mismatchf("%v: rank %d's tensor has %d dimensions, rank %d's %d", p.kind, r, len(d.shape), holders[0], nd)
-		}
-	}
-	axisOK := func(a int, what string) error {
-		if a < 0 || a >= nd {
-			return argumentf("%v: %s %d out of range for %d dimensions", p.kind, what, a, nd)
-		}
-		return nil
-	}
-	switch p.kind {
-	case kindGather, kindAllgather, kindScatter, kindReduceScatter, kindAlltoall:
-		if err := same("axis", func(d desc) int { return d.axis }); err != nil {
-			return nil, err
-		}
-		if err := axisOK(p.axis, "axis"); err != nil {
-			return nil, err
-		}
-	}
-	if p.kind == kindAlltoall {
-		if err := same("scatter axis", func(d desc) int { return d.axis2 }); err != nil {
-			return nil, err
-		}
-		if err := axisOK(p.axis2, "scatter axis"); err != nil {
-			return nil, err
-		}
-		if p.axis2 == p.axis {
-			return nil, argumentf("Alltoall: the gather and scatter axes are both %d; they must differ", p.axis)
-		}
-	}
-	// The shapes: equal, but along the gathered axis.
-	except := -1
-	switch p.kind {
-	case kindGather, kindAllgather, kindAlltoall:
-		except = p.axis
-	}
-	for r, d := range ds {
-		if !d.hasT {
-			continue
-		}
-		for k := range nd {
-			if k != except && d.shape[k] != ref.shape[k] {
-				return nil, mismatchf("%v: rank %d's tensor has shape %v, rank %d's %v", p.kind, r, d.shape, holders[0], ref.shape)
-			}
-		}
-	}
-	switch p.kind {
-	case kindGather, kindAllgather, kindAlltoall:
-		p.sizes = make([]int, n)
-		for r := range n {
-			p.sizes[r] = p.shapes[r][p.axis]
-		}
-	}
-	// The counts of a split.
-	split := -1
-	var counts []int
-	switch p.kind {
-	case kindScatter:
-		split, counts = p.axis, ds[p.root].counts
-		for r, d := range ds {
-			if r != p.root && d.counts != nil && !slices.Equal(d.counts, counts) {
-				return nil, mismatchf("Scatter: rank %d gave counts %s, the root %s", r, intList(d.counts), intList(counts))
-			}
-		}
-	case kindReduceScatter, kindAlltoall:
-		split, counts = p.axis, d0.counts
-		if p.kind == kindAlltoall {
-			split = p.axis2
-		}
-		for r, d := range ds {
-			if !slices.Equal(d.counts, counts) {
-				return nil, mismatchf("%v: rank %d gave counts %s, rank 0 %s", p.kind, r, intList(d.counts), intList(counts))
-			}
-		}
-	}
-	if split >= 0 {
-		length := ref.shape[split]
-		if counts == nil {
-			if length%n != 0 {
-				return nil, argumentf("%v: axis %d has length %d, which %d ranks cannot split evenly; give counts", p.kind, split, length, n)
-			}
-			counts = evenCounts(length, n)
-		}
-		if len(counts) != n {
-			return nil, argumentf("%v: %d counts for %d ranks", p.kind, len(counts), n)
-		}
-		for _, c := range counts {
-			if c < 0 {
-				return nil, argumentf("%v: negative count in %s", p.kind, intList(counts))
-			}
-		}
-		if sum(counts) != length {
-			return nil, argumentf("%v: counts %s sum to %d, not to the length %d of axis %d", p.kind, intList(counts), sum(counts), length, split)
-		}
-		p.counts = slices.Clone(counts)
-	}
-	// The output tensors given (the Into calls).
-	for r, d := range ds {
-		if !d.hasOut {
-			continue
-		}
-		want := p.outShape(r)
-		if want == nil {
-			continue // Gather off the root: nothing comes out
-		}
-		if d.outDT != p.dt || !slices.Equal(d.out, want) {
-			return nil, argumentf("%v: rank %d's output is %v %v, the result is %v %v", p.kind, r, d.outDT.Name(), d.out, p.dt.Name(), want)
-		}
-	}
-	return p, nil
-}
-
-func firstDiff(ds []desc, get func(desc) int) int {
-	for r, d := range ds {
-		if get(d) != get(ds[0]) {
-			return r
-		}
-	}
-	return 0
-}
-
-func opOf(ds []desc, get func(desc) int) Op { return Op(get(ds[firstDiff(ds, get)])) }

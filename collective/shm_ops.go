@@ -100,177 +100,88 @@ func (c *Comm) shmSteps(ctx context.Context, seq uint64, cl *call) (*plan, []byt
 }
 
 // shmPublish copies what others will read of this rank's input into its
-// data file.
+// data file, as the collective's publish says.
 func (c *Comm) shmPublish(set int, cl *call) error {
-	d, in := &cl.d, cl.in
+	d := &cl.d
 	if d.bad != "" || !d.hasT {
 		return nil
 	}
-	me, n := c.rank, c.size
-	switch d.kind {
-	case kindAllreduce, kindReduce:
-		if !Supported(d.dtype) {
-			return nil
-		}
-		buf, err := c.shm.publish(set, len(in))
-		if err != nil {
-			return err
-		}
-		if d.kind == kindAllreduce && len(in) <= smallShm {
-			copy(buf, in) // every rank reduces all of it
-			return nil
-		}
-		// All but our own chunk, which only we read, from in.
-		es := d.dtype.Size()
-		ch := chunks(len(in)/max(es, 1), n)
-		copy(buf[:ch[me]*es], in[:ch[me]*es])
-		copy(buf[ch[me+1]*es:], in[ch[me+1]*es:])
-	case kindBcast, kindScatter:
-		if me != d.root {
-			return nil
-		}
-		fallthrough
-	case kindGather:
-		if d.kind == kindGather && me == d.root {
-			return nil
-		}
-		fallthrough
-	case kindAllgather, kindAlltoall, kindReduceScatter:
-		buf, err := c.shm.publish(set, len(in))
-		if err != nil {
-			return err
-		}
-		copy(buf, in)
+	o := operationOf(d.kind)
+	if o == nil || o.publish == nil {
+		return nil
 	}
+	return o.publish(&shmPub{c: c, set: set, d: d, in: cl.in})
+}
+
+// shmPub is one rank publishing its input.
+type shmPub struct {
+	c   *Comm
+	set int
+	d   *desc
+	in  []byte
+}
+
+// all publishes the whole input.
+func (s *shmPub) all() error {
+	buf, err := s.c.shm.publish(s.set, len(s.in))
+	if err != nil {
+		return err
+	}
+	copy(buf, s.in)
 	return nil
 }
 
-// shmData moves the data of plan p.
-func (c *Comm) shmData(ctx context.Context, g *shmGroup, set int, base uint32, p *plan, in, out []byte) error {
-	me, n, es := c.rank, c.size, p.esize
-	// src returns rank r's input as this rank sees it.
-	src := func(r int) ([]byte, error) {
-		if r == me {
-			return in, nil
-		}
-		return g.peerData(r, set, p.bytes(r))
+// What more than one collective publishes.
+
+// publishAll publishes every rank's whole input.
+func publishAll(s *shmPub) error { return s.all() }
+
+// publishRoot publishes the root's whole input.
+func publishRoot(s *shmPub) error {
+	if s.c.rank != s.d.root {
+		return nil
 	}
-	switch p.kind {
-	case kindBarrier:
-	case kindAllreduce, kindReduce:
-		if p.kind == kindAllreduce && p.bytes(me) <= smallShm {
-			// Small: every rank reduces the whole tensor from every
-			// mapping, in rank order (the same bits everywhere), which
-			// saves the second wait.
-			srcs := make([][]byte, n)
-			for r := range n {
-				b, err := src(r)
-				if err != nil {
-					return err
-				}
-				srcs[r] = b
-			}
-			if sameMem(out, in) {
-				srcs[me], _ = g.peerData(me, set, p.bytes(me)) // our published copy
-			}
-			reduceN(p.op, p.dt, out, srcs)
-			return nil
-		}
-		ch := chunks(numel(p.shapes[me]), n)
-		lo, hi := ch[me]*es, ch[me+1]*es
-		srcs := make([][]byte, n)
-		for r := range n {
-			b, err := src(r)
-			if err != nil {
-				return err
-			}
-			srcs[r] = b[lo:hi]
-		}
-		mine, err := g.publish(set, p.bytes(me))
-		if err != nil {
-			return err
-		}
-		reduceN(p.op, p.dt, mine[lo:hi], srcs)
-		g.setPhase(base + 2)
-		if p.kind == kindReduce && me != p.root {
-			clear(out)
-			return nil
-		}
-		copy(out[lo:hi], mine[lo:hi])
-		if err := g.waitAll(ctx, base+2); err != nil {
-			return err
-		}
-		for r := range n {
-			if r == me {
-				continue
-			}
-			b, err := g.peerData(r, set, p.bytes(r))
-			if err != nil {
-				return err
-			}
-			copy(out[ch[r]*es:ch[r+1]*es], b[ch[r]*es:ch[r+1]*es])
-		}
-	case kindReduceScatter:
-		shape := p.shapes[me]
-		box := p.outShape(me)
-		off := at(len(shape), p.axis, prefix(p.counts)[me])
-		bufs := make([][]byte, n)
-		for r := range n {
-			b, err := src(r)
-			if err != nil {
-				return err
-			}
-			bufs[r] = b
-		}
-		srcs := make([][]byte, n)
-		boxRuns([][]int{box, shape}, [][]int{zeros(len(box)), off}, box, es, func(a []int, k int) {
-			for r := range n {
-				srcs[r] = bufs[r][a[1] : a[1]+k]
-			}
-			reduceN(p.op, p.dt, out[a[0]:a[0]+k], srcs)
-		})
-	case kindBcast:
-		b, err := src(p.root)
-		if err != nil {
-			return err
-		}
-		if !sameMem(out, b) {
-			copy(out, b)
-		}
-	case kindGather, kindAllgather:
-		if out == nil {
-			return nil
-		}
-		oshape := p.outShape(me)
-		pre := prefix(p.sizes)
-		for r := range n {
-			b, err := src(r)
-			if err != nil {
-				return err
-			}
-			boxCopy(out, oshape, at(len(oshape), p.axis, pre[r]), b, p.shapes[r], zeros(len(oshape)), p.shapes[r], es)
-		}
-	case kindScatter:
-		b, err := src(p.root)
-		if err != nil {
-			return err
-		}
-		oshape := p.outShape(me)
-		boxCopy(out, oshape, zeros(len(oshape)), b, p.shapes[p.root], at(len(oshape), p.axis, prefix(p.counts)[me]), oshape, es)
-	case kindAlltoall:
-		oshape := p.outShape(me)
-		pre, cpre := prefix(p.sizes), prefix(p.counts)
-		for r := range n {
-			b, err := src(r)
-			if err != nil {
-				return err
-			}
-			box := along(p.shapes[r], p.axis2, p.counts[me])
-			boxCopy(out, oshape, at(len(oshape), p.axis, pre[r]), b, p.shapes[r], at(len(oshape), p.axis2, cpre[me]), box, es)
-		}
-	}
-	return nil
+	return s.all()
 }
+
+// shmData moves the data of plan p, as the collective's shm says.
+func (c *Comm) shmData(ctx context.Context, g *shmGroup, set int, base uint32, p *plan, in, out []byte) error {
+	return p.o.shm(ctx, &shmRun{c: c, g: g, set: set, base: base, p: p, in: in, out: out})
+}
+
+// shmRun is the data phase of one collective through the shared mappings.
+type shmRun struct {
+	c       *Comm
+	g       *shmGroup
+	set     int
+	base    uint32
+	p       *plan
+	in, out []byte
+}
+
+// src returns rank r's input as this rank sees it.
+func (s *shmRun) src(r int) ([]byte, error) {
+	if r == s.c.rank {
+		return s.in, nil
+	}
+	return s.g.peerData(r, s.set, s.p.bytes(r))
+}
+
+// srcs returns every rank's input.
+func (s *shmRun) srcs() ([][]byte, error) {
+	bufs := make([][]byte, s.c.size)
+	for r := range bufs {
+		b, err := s.src(r)
+		if err != nil {
+			return nil, err
+		}
+		bufs[r] = b
+	}
+	return bufs, nil
+}
+
+// shmNothing moves no data (Barrier).
+func shmNothing(context.Context, *shmRun) error { return nil }
 
 // sameMem reports whether a and b start at the same byte.
 func sameMem(a, b []byte) bool {

@@ -2,7 +2,6 @@ package collective
 
 import (
 	"context"
-	"fmt"
 	"math/bits"
 	"sync"
 )
@@ -118,79 +117,13 @@ func into(dst []byte) func(off int, b []byte) error {
 	}
 }
 
+// run moves the data of plan p, as the collective's tcp says.
 func (x *xfer) run(p *plan, in, out []byte) error {
-	me, n, es := x.c.rank, x.c.size, p.esize
-	switch p.kind {
-	case kindBarrier:
-		return nil
-	case kindAllreduce:
-		if !sameMem(out, in) {
-			copy(out, in)
-		}
-		if len(out) <= smallAllreduce || numel(p.shapes[me]) < n {
-			return x.doubling(p, out)
-		}
-		blocks := scale(chunks(numel(p.shapes[me]), n), es)
-		if err := x.ringReduceScatter(p, out, blocks); err != nil {
-			return err
-		}
-		return x.ringAllgather(out, blocks)
-	case kindReduce:
-		acc := make([]byte, len(in))
-		copy(acc, in)
-		blocks := scale(chunks(numel(p.shapes[me]), n), es)
-		if err := x.ringReduceScatter(p, acc, blocks); err != nil {
-			return err
-		}
-		return x.gatherBlocks(p.root, acc, blocks, out)
-	case kindReduceScatter:
-		// Lay the pieces out one after the other, reduce-scatter them,
-		// and ours is the result.
-		shape := p.shapes[me]
-		acc := make([]byte, len(in))
-		pre := prefix(p.counts)
-		blocks := make([]int, n+1)
-		for r := range n {
-			box := along(shape, p.axis, p.counts[r])
-			boxCopy(acc[blocks[r]:], box, zeros(len(box)), in, shape, at(len(shape), p.axis, pre[r]), box, es)
-			blocks[r+1] = blocks[r] + numel(box)*es
-		}
-		if err := x.ringReduceScatter(p, acc, blocks); err != nil {
-			return err
-		}
-		copy(out, acc[blocks[me]:blocks[me+1]])
-		return nil
-	case kindBcast:
-		return x.bcast(p, in, out)
-	case kindGather, kindAllgather:
-		blocks := make([]int, n+1)
-		for r := range n {
-			blocks[r+1] = blocks[r] + p.bytes(r)
-		}
-		stage := make([]byte, blocks[n])
-		copy(stage[blocks[me]:], in)
-		var err error
-		if p.kind == kindAllgather {
-			err = x.ringAllgather(stage, blocks)
-		} else {
-			err = x.gatherBlocks(p.root, stage, blocks, stage)
-		}
-		if err != nil || out == nil {
-			return err
-		}
-		oshape := p.outShape(me)
-		pre := prefix(p.sizes)
-		for r := range n {
-			boxCopy(out, oshape, at(len(oshape), p.axis, pre[r]), stage[blocks[r]:blocks[r+1]], p.shapes[r], zeros(len(oshape)), p.shapes[r], es)
-		}
-		return nil
-	case kindScatter:
-		return x.scatter(p, in, out)
-	case kindAlltoall:
-		return x.alltoall(p, in, out)
-	}
-	return fmt.Errorf("collective: %v has no TCP algorithm", p.kind)
+	return p.o.tcp(x, p, in, out)
 }
+
+// tcpNothing moves no data (Barrier).
+func tcpNothing(*xfer, *plan, []byte, []byte) error { return nil }
 
 // scale returns offs times es.
 func scale(offs []int, es int) []int {

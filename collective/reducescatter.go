@@ -1,0 +1,51 @@
+package collective
+
+import "context"
+
+// ReduceScatter: rank r gets piece r (along the axis) of the reduction of
+// every rank's tensor.
+
+const kindReduceScatter kind = 8
+
+func reduceScatterShape(p *plan, r int) []int { return along(p.shapes[r], p.axis, p.counts[r]) }
+
+// shmReduceScatter reduces this rank's piece from every rank's mapping.
+func shmReduceScatter(_ context.Context, s *shmRun) error {
+	p, out := s.p, s.out
+	me, n, es := s.c.rank, s.c.size, p.esize
+	shape := p.shapes[me]
+	box := p.outShape(me)
+	off := at(len(shape), p.axis, prefix(p.counts)[me])
+	bufs, err := s.srcs()
+	if err != nil {
+		return err
+	}
+	srcs := make([][]byte, n)
+	boxRuns([][]int{box, shape}, [][]int{zeros(len(box)), off}, box, es, func(a []int, k int) {
+		for r := range n {
+			srcs[r] = bufs[r][a[1] : a[1]+k]
+		}
+		reduceN(p.op, p.dt, out[a[0]:a[0]+k], srcs)
+	})
+	return nil
+}
+
+// tcpReduceScatter lays the pieces out one after the other,
+// reduce-scatters them around the ring, and ours is the result.
+func tcpReduceScatter(x *xfer, p *plan, in, out []byte) error {
+	me, n, es := x.c.rank, x.c.size, p.esize
+	shape := p.shapes[me]
+	acc := make([]byte, len(in))
+	pre := prefix(p.counts)
+	blocks := make([]int, n+1)
+	for r := range n {
+		box := along(shape, p.axis, p.counts[r])
+		boxCopy(acc[blocks[r]:], box, zeros(len(box)), in, shape, at(len(shape), p.axis, pre[r]), box, es)
+		blocks[r+1] = blocks[r] + numel(box)*es
+	}
+	if err := x.ringReduceScatter(p, acc, blocks); err != nil {
+		return err
+	}
+	copy(out, acc[blocks[me]:blocks[me+1]])
+	return nil
+}
