@@ -1,6 +1,11 @@
 package collective
 
-import "context"
+import (
+	"context"
+	"math/bits"
+
+	"github.com/tensorwire/tensorwire/tensordict"
+)
 
 // Allreduce: every rank gets the reduction of every rank's tensor.
 
@@ -102,4 +107,104 @@ func tcpAllreduce(x *xfer, p *plan, in, out []byte) error {
 		return err
 	}
 	return x.ringAllgather(out, blocks)
+}
+
+func allreduceCall(t *tensordict.Tensor, op Op) *call {
+	d, in := describe(kindAllreduce, t)
+	d.op = op
+	return &call{d: d, in: in}
+}
+
+// Allreduce returns, on every rank, the reduction with op of every rank's
+// t (same dtype and shape on every rank), elementwise, in rank order.
+func (c *Comm) Allreduce(ctx context.Context, t *tensordict.Tensor, op Op) (*tensordict.Tensor, error) {
+	r, _, err := c.run(ctx, allreduceCall(t, op))
+	return r, err
+}
+
+// AllreduceInto is Allreduce writing the result into dst, which may be t
+// itself (in place).
+func (c *Comm) AllreduceInto(ctx context.Context, dst, t *tensordict.Tensor, op Op) error {
+	cl := allreduceCall(t, op)
+	withOut(cl, dst)
+	_, _, err := c.run(ctx, cl)
+	return err
+}
+
+// AllreduceAdjoint is the adjoint of Allreduce(op): Allreduce(Sum) of the
+// gradient, for op Sum.
+func (c *Comm) AllreduceAdjoint(ctx context.Context, grad *tensordict.Tensor, op Op) (*tensordict.Tensor, error) {
+	if op != Sum {
+		return nil, noAdjoint("Allreduce", op)
+	}
+	return c.Allreduce(ctx, grad, Sum)
+}
+
+// Allreduce is Comm.Allreduce on the tape.
+func (tp *Tape) Allreduce(ctx context.Context, x *Var, op Op) (*Var, error) {
+	return tp.collective(ctx, "Allreduce", x, allreduceCall(value(x), op), func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error) {
+		if op != Sum {
+			return nil, noAdjoint("Allreduce", op)
+		}
+		// g is the tape's own (the output's gradient, released after
+		// this): reduce it in place.
+		return g, tp.c.AllreduceInto(ctx, g, g, Sum)
+	})
+}
+
+// doubling is recursive-doubling allreduce of acc, after MPICH: with n not
+// a power of two, the first 2*rem ranks fold in pairs first and the odd
+// ones hand the result back at the end. A pair always combines the lower
+// ranks' value first, so every rank computes the same bits.
+func (x *xfer) doubling(p *plan, acc []byte) error {
+	me, n := x.c.rank, x.c.size
+	p2 := 1 << (bits.Len(uint(n)) - 1)
+	rem := n - p2
+	tmp := make([]byte, len(acc))
+	combine := func(partner int) {
+		if partner < me {
+			reduceN(p.op, p.dt, acc, [][]byte{tmp, acc})
+		} else {
+			reduceN(p.op, p.dt, acc, [][]byte{acc, tmp})
+		}
+	}
+	newrank := me - rem
+	if me < 2*rem {
+		if me%2 == 0 {
+			if err := x.exchange(me+1, acc, -1, 0, nil); err != nil {
+				return err
+			}
+			newrank = -1
+		} else {
+			if err := x.exchange(-1, nil, me-1, len(acc), into(tmp)); err != nil {
+				return err
+			}
+			combine(me - 1)
+			newrank = me / 2
+		}
+	} else {
+		x.step++ // keep the step numbers in line with the folding ranks
+	}
+	for mask := 1; mask < p2; mask <<= 1 {
+		if newrank < 0 {
+			x.step++
+			continue
+		}
+		pn := newrank ^ mask
+		partner := pn + rem
+		if pn < rem {
+			partner = pn*2 + 1
+		}
+		if err := x.exchange(partner, acc, partner, len(acc), into(tmp)); err != nil {
+			return err
+		}
+		combine(partner)
+	}
+	if me < 2*rem {
+		if me%2 == 1 {
+			return x.exchange(me-1, acc, -1, 0, nil)
+		}
+		return x.exchange(-1, nil, me+1, len(acc), into(acc))
+	}
+	return nil
 }

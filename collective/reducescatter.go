@@ -1,6 +1,10 @@
 package collective
 
-import "context"
+import (
+	"context"
+
+	"github.com/tensorwire/tensorwire/tensordict"
+)
 
 // ReduceScatter: rank r gets piece r (along the axis) of the reduction of
 // every rank's tensor.
@@ -48,4 +52,42 @@ func tcpReduceScatter(x *xfer, p *plan, in, out []byte) error {
 	}
 	copy(out, acc[blocks[me]:blocks[me+1]])
 	return nil
+}
+
+func reduceScatterCall(t *tensordict.Tensor, op Op, axis int, counts []int) *call {
+	d, in := describe(kindReduceScatter, t)
+	d.op, d.axis, d.counts = op, axis, counts
+	return &call{d: d, in: in}
+}
+
+// ReduceScatter reduces every rank's t (same dtype and shape) with op and
+// returns on rank r piece r of the result split along axis into pieces of
+// counts[r] (nil: equal pieces).
+func (c *Comm) ReduceScatter(ctx context.Context, t *tensordict.Tensor, op Op, axis int, counts []int) (*tensordict.Tensor, error) {
+	r, _, err := c.run(ctx, reduceScatterCall(t, op, axis, counts))
+	return r, err
+}
+
+// ReduceScatterInto is ReduceScatter writing into dst (not t).
+func (c *Comm) ReduceScatterInto(ctx context.Context, dst, t *tensordict.Tensor, op Op, axis int, counts []int) error {
+	cl := reduceScatterCall(t, op, axis, counts)
+	withOut(cl, dst)
+	_, _, err := c.run(ctx, cl)
+	return err
+}
+
+// ReduceScatterAdjoint is the adjoint of ReduceScatter(op, axis, counts),
+// for op Sum: Allgather of the gradient along axis.
+func (c *Comm) ReduceScatterAdjoint(ctx context.Context, grad *tensordict.Tensor, op Op, axis int) (*tensordict.Tensor, error) {
+	if op != Sum {
+		return nil, noAdjoint("ReduceScatter", op)
+	}
+	return c.Allgather(ctx, grad, axis)
+}
+
+// ReduceScatter is Comm.ReduceScatter on the tape.
+func (tp *Tape) ReduceScatter(ctx context.Context, x *Var, op Op, axis int, counts []int) (*Var, error) {
+	return tp.collective(ctx, "ReduceScatter", x, reduceScatterCall(value(x), op, axis, counts), func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error) {
+		return tp.c.ReduceScatterAdjoint(ctx, g, op, axis)
+	})
 }
