@@ -3,7 +3,6 @@ package serve
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -88,7 +87,7 @@ type Config struct {
 	New func(replica int) (Model, error)
 
 	// Policy says when a free replica closes the batch it takes: Greedy()
-	// (the zero value) or MaxDelay(d).
+	// (nil is Greedy), MaxDelay(d), or a Policy of the caller's own.
 	Policy Policy
 
 	// MaxQueue bounds the rows waiting for a replica (in the batch being
@@ -106,35 +105,6 @@ type Config struct {
 	Log *slog.Logger
 }
 
-// Policy is when a free replica closes the batch it takes. Build one with
-// Greedy or MaxDelay; the zero value is Greedy.
-type Policy struct {
-	maxDelay time.Duration
-}
-
-// Greedy is torch_spread's batching policy: a free replica blocks for a
-// first request, then takes every request queued that fits, in order,
-// without waiting for more. The request that would overflow the batch is
-// carried over to the next, whole, and so are those behind it.
-func Greedy() Policy { return Policy{} }
-
-// MaxDelay is Greedy, except that a free replica whose batch is not full
-// waits for more requests until d has passed since its first request was
-// queued (Triton's max_queue_delay, Ray Serve's batch_wait_timeout_s). It
-// trades latency at low load for larger batches. d <= 0 is Greedy.
-func MaxDelay(d time.Duration) Policy { return Policy{maxDelay: max(d, 0)} }
-
-// Delay returns the policy's maximum delay: 0 for Greedy.
-func (p Policy) Delay() time.Duration { return p.maxDelay }
-
-// String returns "greedy" or "max_delay=D".
-func (p Policy) String() string {
-	if p.maxDelay == 0 {
-		return "greedy"
-	}
-	return fmt.Sprintf("max_delay=%v", p.maxDelay)
-}
-
 const (
 	defaultMaxQueue = 4096
 	defaultLease    = 30 * time.Second
@@ -149,8 +119,8 @@ const (
 func DefaultConfig() Config { return Config{}.WithDefaults() }
 
 // WithDefaults returns a copy of c with its zero fields set to their
-// defaults: Replicas 1, MaxQueue 4096, Lease 30 s, Log slog.Default(). It
-// checks nothing (Validate).
+// defaults: Replicas 1, MaxQueue 4096, Lease 30 s, Log slog.Default(),
+// Policy Greedy(). It checks nothing (Validate).
 func (c Config) WithDefaults() Config {
 	if c.Replicas == 0 {
 		c.Replicas = 1
@@ -163,6 +133,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
+	}
+	if c.Policy == nil {
+		c.Policy = Greedy()
 	}
 	return c
 }

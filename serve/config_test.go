@@ -97,7 +97,7 @@ func TestConfig_Set(t *testing.T) {
 		case !svctest.WantConfigError(t, "Set "+name, err, tc.want, name+": ", ErrConfig):
 		case tc.want == "" && !tc.check(c):
 			t.Errorf("Set %s: %+v", name, c)
-		case tc.want != "" && (c.Replicas != 0 || c.MaxBatch != 0 || c.MaxQueue != 0 || c.Lease != 0 || c.Policy != Greedy()):
+		case tc.want != "" && (c.Replicas != 0 || c.MaxBatch != 0 || c.MaxQueue != 0 || c.Lease != 0 || c.Policy != nil):
 			t.Errorf("Set %s, refused, changed the config: %+v", name, c)
 		}
 	}

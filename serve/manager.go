@@ -64,7 +64,7 @@ type replica struct {
 	version   uint64
 	busy      bool // running a batch
 	replacing bool
-	timer     *time.Timer // wakes it at a MaxDelay deadline
+	timer     *time.Timer // wakes it when the policy's wait ends
 }
 
 // buffer is a batch's input buffer: MaxBatch rows in Go memory.
@@ -468,8 +468,8 @@ func (m *Manager) placeLocked(r *request) {
 	if b.reqs == 1 {
 		b.first = time.Now()
 		m.cond.Broadcast() // a free replica can take it
-	} else if b.rows == m.cfg.MaxBatch && m.cfg.Policy.maxDelay > 0 {
-		m.cond.Broadcast() // full: no need to wait longer
+	} else if b.rows == m.cfg.MaxBatch {
+		m.cond.Broadcast() // full: a replica the policy holds back need not wait longer
 	}
 }
 
@@ -518,8 +518,8 @@ func (m *Manager) take(r *replica) (*batch, bool) {
 			m.cond.Wait()
 			continue
 		}
-		if d := m.cfg.Policy.maxDelay; d > 0 && b.rows < m.cfg.MaxBatch {
-			if wait := time.Until(b.first.Add(d)); wait > 0 {
+		if b.rows < m.cfg.MaxBatch {
+			if wait := m.cfg.Policy.Wait(b.first, b.rows, m.cfg.MaxBatch); wait > 0 {
 				r.timer.Reset(wait)
 				m.cond.Wait()
 				r.timer.Stop()

@@ -229,7 +229,7 @@ func (svc *Service) info(_ context.Context, req infoRequest) (infoResponse, erro
 	c := s.m.cfg
 	return infoResponse{
 		Input: c.Input, Output: c.Output, MaxBatch: c.MaxBatch, Replicas: c.Replicas,
-		Policy: c.Policy.String(), LeaseMS: s.lease.Milliseconds(), Version: s.m.Version(),
+		Policy: policyName(c.Policy), LeaseMS: s.lease.Milliseconds(), Version: s.m.Version(),
 	}, nil
 }
 

@@ -77,7 +77,7 @@ var serveGrammar = grammar{
 
 // Set parses one --serve value and checks every value in it.
 func (f *serveFlags) Set(v string) error {
-	m := serveSpec{cfg: serve.Config{Replicas: 1, MaxBatch: 16}}
+	m := serveSpec{cfg: serve.Config{Replicas: 1, MaxBatch: 16, Policy: serve.Greedy()}}
 	s, err := serveGrammar.read(v, specNames(*f), func(s spec) error {
 		if err := s.apply(m.set); err != nil {
 			return err
