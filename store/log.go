@@ -42,16 +42,6 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// Record ops.
-const (
-	recBase    = 1 // a compacted log's first record: the revision and counters it starts from
-	recPut     = 2 // a bin's items replaced by Items
-	recAppend  = 3 // Items[0] added to a bin
-	recGet     = 4 // items IDs removed from a bin by the Get Take
-	recDelete  = 5 // a bin removed
-	recPublish = 6 // version Version of a parameter set, value Items[0]
-)
-
 // record is one entry of the log. Rev is the store's revision after it
 // (an event), or 0 in the records of a compacted log that restate the
 // state (they are no events).
@@ -421,41 +411,4 @@ func (w *logWriter) close() {
 	w.closed = true
 	w.mu.Unlock()
 	w.cond.Broadcast()
-}
-
-// checkRecord returns an error matching ErrCorrupt for a record apply
-// cannot take: one no version of this package writes, whatever its
-// checksum says.
-func checkRecord(rec *record) error {
-	bad := ""
-	switch rec.Op {
-	case recBase:
-		if rec.Name == "" || rec.Rev != 0 {
-			bad = "a base record without an id, or numbered"
-		}
-	case recPut, recAppend, recPublish:
-		if len(rec.Items) == 0 {
-			bad = "no value"
-		}
-		for _, it := range rec.Items {
-			if it.ID == 0 || (rec.Op == recPublish && it.Inline != nil) {
-				bad = "a value without an id, or a parameter version inline"
-			}
-		}
-		if rec.Op == recPublish && rec.Version == 0 {
-			bad = "version 0"
-		}
-	case recGet, recDelete:
-	default:
-		bad = fmt.Sprintf("op %d", rec.Op)
-	}
-	if bad == "" && rec.Op != recBase {
-		if err := CheckName(rec.Name); err != nil {
-			bad = err.Error()
-		}
-	}
-	if bad != "" {
-		return fmt.Errorf("%w: a record the store does not write: %s", ErrCorrupt, bad)
-	}
-	return nil
 }
