@@ -45,6 +45,7 @@ type Manager struct {
 	open     *batch
 	overflow []*request // FIFO behind the open batch
 	queued   int        // rows in the open batch and the overflow
+	held     int        // free replicas the policy holds back from the open batch
 	free     []*buffer
 	replicas []*replica
 	w        weights // guarded by mu
@@ -468,8 +469,8 @@ func (m *Manager) placeLocked(r *request) {
 	if b.reqs == 1 {
 		b.first = time.Now()
 		m.cond.Broadcast() // a free replica can take it
-	} else if b.rows == m.cfg.MaxBatch {
-		m.cond.Broadcast() // full: a replica the policy holds back need not wait longer
+	} else if m.held > 0 {
+		m.cond.Broadcast() // a replica the policy holds back asks it again (or takes the batch, full)
 	}
 }
 
@@ -521,7 +522,9 @@ func (m *Manager) take(r *replica) (*batch, bool) {
 		if b.rows < m.cfg.MaxBatch {
 			if wait := m.cfg.Policy.Wait(b.first, b.rows, m.cfg.MaxBatch); wait > 0 {
 				r.timer.Reset(wait)
+				m.held++
 				m.cond.Wait()
+				m.held--
 				r.timer.Stop()
 				continue
 			}

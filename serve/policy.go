@@ -6,10 +6,11 @@ import (
 )
 
 // Policy is when a free replica closes the batch it takes: the Manager
-// asks it each time a free replica finds an open batch with at least one
-// request that is not full, and waits as long as it says, or until the
-// batch fills, then asks again. Greedy and MaxDelay are the policies this
-// package has; a new one is a type with a Wait method (policy.go).
+// asks it when a free replica finds an open batch that holds a request
+// and is not full, and the replica waits as long as it says, or until a
+// request joins the batch, then asks again (a full batch is taken at
+// once). Greedy and MaxDelay are the policies this package has; a new one
+// is a type with a Wait method (policy.go).
 type Policy interface {
 	// Wait returns how much longer a free replica waits for more requests
 	// before it takes the open batch, whose first request was queued at
