@@ -24,27 +24,38 @@ const (
 // recordKind is what the store knows of one op.
 type recordKind struct {
 	op uint8
-	// event: a record of this op, numbered, is an event in the history
-	// and may answer a request; its Name is a bin's or a parameter set's
-	// (CheckName). The base record is the one that is not.
-	event bool
+	// event is the Op of the event a record of this op makes, numbered:
+	// it is in the history and may answer a request, and its Name is a
+	// bin's or a parameter set's (CheckName). 0 for the base record, the
+	// one that is no event. name is the Op's String.
+	event Op
+	name  string
 	// check returns what makes rec a record no version of this package
 	// writes, or "". nil: nothing beyond event's.
 	check func(rec *record) string
 	// apply changes the state as rec says, with s.mu held, and returns
-	// the ids of the values it dropped; it fills ev's Op and what else
-	// the event carries.
+	// the ids of the values it dropped; it fills what the event carries
+	// beyond its Op, revision and name.
 	apply func(s *Store, rec *record, ev *Event) (dropped []uint64)
 }
 
 // recordKinds lists every op.
 var recordKinds = []recordKind{
 	{op: recBase, check: checkBase, apply: (*Store).applyBase},
-	{op: recPut, event: true, check: checkValues, apply: (*Store).applyPut},
-	{op: recAppend, event: true, check: checkValues, apply: (*Store).applyAppend},
-	{op: recGet, event: true, apply: (*Store).applyGet},
-	{op: recDelete, event: true, apply: (*Store).applyDelete},
-	{op: recPublish, event: true, check: checkPublish, apply: (*Store).applyPublish},
+	{op: recPut, event: OpPut, name: "put", check: checkValues, apply: (*Store).applyPut},
+	{op: recAppend, event: OpAppend, name: "append", check: checkValues, apply: (*Store).applyAppend},
+	{op: recGet, event: OpGet, name: "get", apply: (*Store).applyGet},
+	{op: recDelete, event: OpDelete, name: "delete", apply: (*Store).applyDelete},
+	{op: recPublish, event: OpPublish, name: "publish", check: checkPublish, apply: (*Store).applyPublish},
+}
+
+func (o Op) String() string {
+	for _, k := range recordKinds {
+		if k.event == o && o != 0 {
+			return k.name
+		}
+	}
+	return fmt.Sprintf("Op(%d)", uint8(o))
 }
 
 // recordKindOf returns op's row, or nil for an op no version writes.
@@ -69,7 +80,7 @@ func checkRecord(rec *record) error {
 	case k.check != nil:
 		bad = k.check(rec)
 	}
-	if bad == "" && k.event {
+	if bad == "" && k.event != 0 {
 		if err := CheckName(rec.Name); err != nil {
 			bad = err.Error()
 		}
@@ -122,9 +133,9 @@ func (s *Store) apply(rec *record) (dropped []uint64) {
 	if k == nil {
 		return nil // checkRecord refuses it
 	}
-	ev := Event{Revision: rec.Rev, Name: rec.Name}
+	ev := Event{Revision: rec.Rev, Op: k.event, Name: rec.Name}
 	dropped = k.apply(s, rec, &ev)
-	if k.event && rec.Rev > 0 {
+	if k.event != 0 && rec.Rev > 0 {
 		s.rev = rec.Rev
 		s.hist.add(ev)
 		if rec.Req != (reqID{}) {
@@ -151,7 +162,6 @@ func (s *Store) applyBase(rec *record, _ *Event) []uint64 {
 }
 
 func (s *Store) applyPut(rec *record, ev *Event) (dropped []uint64) {
-	ev.Op = OpPut
 	if b := s.bins[rec.Name]; b != nil {
 		dropped = s.dropItemsLocked(b.items)
 	}
@@ -165,7 +175,6 @@ func (s *Store) applyPut(rec *record, ev *Event) (dropped []uint64) {
 }
 
 func (s *Store) applyAppend(rec *record, ev *Event) []uint64 {
-	ev.Op = OpAppend
 	b := s.bins[rec.Name]
 	if b == nil {
 		b = &bin{}
@@ -179,7 +188,6 @@ func (s *Store) applyAppend(rec *record, ev *Event) []uint64 {
 }
 
 func (s *Store) applyGet(rec *record, ev *Event) (dropped []uint64) {
-	ev.Op = OpGet
 	if b := s.bins[rec.Name]; b != nil {
 		gone := make(map[uint64]bool, len(rec.IDs))
 		for _, id := range rec.IDs {
@@ -205,8 +213,7 @@ func (s *Store) applyGet(rec *record, ev *Event) (dropped []uint64) {
 	return dropped
 }
 
-func (s *Store) applyDelete(rec *record, ev *Event) (dropped []uint64) {
-	ev.Op = OpDelete
+func (s *Store) applyDelete(rec *record, _ *Event) (dropped []uint64) {
 	if b := s.bins[rec.Name]; b != nil {
 		dropped = s.dropItemsLocked(b.items)
 		delete(s.bins, rec.Name)
@@ -215,7 +222,7 @@ func (s *Store) applyDelete(rec *record, ev *Event) (dropped []uint64) {
 }
 
 func (s *Store) applyPublish(rec *record, ev *Event) []uint64 {
-	ev.Op, ev.Version = OpPublish, rec.Version
+	ev.Version = rec.Version
 	ps := s.params[rec.Name]
 	if ps == nil {
 		ps = &paramSet{versions: map[uint64]*version{}}

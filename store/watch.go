@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"iter"
 	"math"
 	"sort"
@@ -13,6 +12,7 @@ import (
 type Op uint8
 
 // The ops. Their numbers are the protocol (docs/store.md): never change one.
+// Each is the event of a kind of log record, whose row (records.go) names it.
 const (
 	OpPut     Op = 1 // a bin's content replaced by one item
 	OpAppend  Op = 2 // an item added to a bin
@@ -20,22 +20,6 @@ const (
 	OpDelete  Op = 4 // a bin removed
 	OpPublish Op = 5 // a version of a parameter set published
 )
-
-func (o Op) String() string {
-	switch o {
-	case OpPut:
-		return "put"
-	case OpAppend:
-		return "append"
-	case OpGet:
-		return "get"
-	case OpDelete:
-		return "delete"
-	case OpPublish:
-		return "publish"
-	}
-	return fmt.Sprintf("Op(%d)", uint8(o))
-}
 
 // Event is one change of a store: every Put, Append, acknowledged Get,
 // Delete and Publish makes one (Peek and List make none). Revisions number
