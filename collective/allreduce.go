@@ -125,10 +125,7 @@ func (c *Comm) Allreduce(ctx context.Context, t *tensordict.Tensor, op Op) (*ten
 // AllreduceInto is Allreduce writing the result into dst, which may be t
 // itself (in place).
 func (c *Comm) AllreduceInto(ctx context.Context, dst, t *tensordict.Tensor, op Op) error {
-	cl := allreduceCall(t, op)
-	withOut(cl, dst)
-	_, _, err := c.run(ctx, cl)
-	return err
+	return c.runInto(ctx, allreduceCall(t, op), dst)
 }
 
 // AllreduceAdjoint is the adjoint of Allreduce(op): Allreduce(Sum) of the

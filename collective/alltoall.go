@@ -51,10 +51,7 @@ func (c *Comm) Alltoall(ctx context.Context, t *tensordict.Tensor, gatherAxis, s
 
 // AlltoallInto is Alltoall writing into dst.
 func (c *Comm) AlltoallInto(ctx context.Context, dst, t *tensordict.Tensor, gatherAxis, scatterAxis int, counts []int) error {
-	cl := alltoallCall(t, gatherAxis, scatterAxis, counts)
-	withOut(cl, dst)
-	_, _, err := c.run(ctx, cl)
-	return err
+	return c.runInto(ctx, alltoallCall(t, gatherAxis, scatterAxis, counts), dst)
 }
 
 // AlltoallAdjoint is the adjoint of Alltoall(gatherAxis, scatterAxis,

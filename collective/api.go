@@ -66,6 +66,13 @@ func result(p *plan, me int, out []byte) (*tensordict.Tensor, error) {
 	return tensordict.FromBytes(p.dt, shape, out)
 }
 
+// runInto runs cl writing this rank's result into dst (the Into calls).
+func (c *Comm) runInto(ctx context.Context, cl *call, dst *tensordict.Tensor) error {
+	withOut(cl, dst)
+	_, _, err := c.run(ctx, cl)
+	return err
+}
+
 func (c *Comm) run(ctx context.Context, cl *call) (*tensordict.Tensor, *plan, error) {
 	p, out, err := c.collective(ctx, cl)
 	if err != nil {

@@ -45,10 +45,7 @@ func (c *Comm) Bcast(ctx context.Context, t *tensordict.Tensor, root int) (*tens
 // BcastInto broadcasts in place, as MPI_Bcast: the root sends t, and every
 // other rank receives into its t (of the root's dtype and shape).
 func (c *Comm) BcastInto(ctx context.Context, t *tensordict.Tensor, root int) error {
-	cl := bcastCall(t, root, c.rank)
-	withOut(cl, t)
-	_, _, err := c.run(ctx, cl)
-	return err
+	return c.runInto(ctx, bcastCall(t, root, c.rank), t)
 }
 
 // BcastAdjoint is the adjoint of Bcast(root): Reduce(Sum, root) of the

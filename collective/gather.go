@@ -119,10 +119,7 @@ func (c *Comm) Allgather(ctx context.Context, t *tensordict.Tensor, axis int) (*
 
 // AllgatherInto is Allgather writing into dst.
 func (c *Comm) AllgatherInto(ctx context.Context, dst, t *tensordict.Tensor, axis int) error {
-	cl := allgatherCall(t, axis)
-	withOut(cl, dst)
-	_, _, err := c.run(ctx, cl)
-	return err
+	return c.runInto(ctx, allgatherCall(t, axis), dst)
 }
 
 // GatherAdjoint is the adjoint of Gather(axis, root): the root's gradient

@@ -41,10 +41,7 @@ func (c *Comm) Reduce(ctx context.Context, t *tensordict.Tensor, op Op, root int
 // ReduceInto is Reduce writing into dst (the root's result, zeros
 // elsewhere); dst may be t.
 func (c *Comm) ReduceInto(ctx context.Context, dst, t *tensordict.Tensor, op Op, root int) error {
-	cl := reduceCall(t, op, root)
-	withOut(cl, dst)
-	_, _, err := c.run(ctx, cl)
-	return err
+	return c.runInto(ctx, reduceCall(t, op, root), dst)
 }
 
 // ReduceAdjoint is the adjoint of Reduce(op, root), for op Sum: the root's

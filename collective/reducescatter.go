@@ -70,10 +70,7 @@ func (c *Comm) ReduceScatter(ctx context.Context, t *tensordict.Tensor, op Op, a
 
 // ReduceScatterInto is ReduceScatter writing into dst (not t).
 func (c *Comm) ReduceScatterInto(ctx context.Context, dst, t *tensordict.Tensor, op Op, axis int, counts []int) error {
-	cl := reduceScatterCall(t, op, axis, counts)
-	withOut(cl, dst)
-	_, _, err := c.run(ctx, cl)
-	return err
+	return c.runInto(ctx, reduceScatterCall(t, op, axis, counts), dst)
 }
 
 // ReduceScatterAdjoint is the adjoint of ReduceScatter(op, axis, counts),

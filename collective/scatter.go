@@ -43,10 +43,7 @@ func (c *Comm) Scatter(ctx context.Context, t *tensordict.Tensor, axis int, coun
 
 // ScatterInto is Scatter writing this rank's piece into dst.
 func (c *Comm) ScatterInto(ctx context.Context, dst, t *tensordict.Tensor, axis int, counts []int, root int) error {
-	cl := scatterCall(t, axis, counts, root, c.rank)
-	withOut(cl, dst)
-	_, _, err := c.run(ctx, cl)
-	return err
+	return c.runInto(ctx, scatterCall(t, axis, counts, root, c.rank), dst)
 }
 
 // ScatterAdjoint is the adjoint of Scatter(axis, counts, root): every
