@@ -23,8 +23,9 @@ type operation struct {
 	kind kind
 	name string
 	// rules are what check verifies of the ranks' descriptions, and fill
-	// the plan with, in order. The first rule that names tensors (tensors,
-	// rootTensor) must come before the ones that read their shapes.
+	// the plan with, in order (rules.go): rooted before rootTensor, and
+	// allTensors or rootTensor before the rules that read the tensors'
+	// dtype or shapes.
 	rules []rule
 	// outShape returns rank r's output shape under p, or nil when it gets
 	// none (Gather off the root).
