@@ -287,15 +287,6 @@ func (c *Client) dialVersion(ctx context.Context, version uint8) (*clientConn, e
 	return cc, nil
 }
 
-// getSide checks out a side connection for a call or stream that may move
-// a large body, or returns nil (the bodies then go in-band).
-func (cc *clientConn) getSide(ctx context.Context, want bool) *sideConn {
-	if !want || cc.side == nil {
-		return nil
-	}
-	return cc.side.get(ctx)
-}
-
 // stream returns an idle stream the node still serves, or opens one.
 func (cc *clientConn) stream() (*clientStream, error) {
 	for {
