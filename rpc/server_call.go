@@ -258,7 +258,8 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slo
 			compress: pc.version >= 2 && !s.o.noLZ4 && !hdr.NoLZ4, bodies: pc.bodies, took: took, start: start, bodyIn: bodyLen}
 		if hdr.Stream {
 			// The stream carries this message stream and nothing after it.
-			s.serveMessageStream(pc, st, br, bw, &hdr, in, over, refused, side, log)
+			s.serveMessageStream(&streamOpening{pc: pc, st: st, br: br, bw: bw, log: log,
+				hdr: &hdr, in: in, over: over, refused: refused, side: side})
 			return
 		}
 		var run func(context.Context) (outgoing, error)

@@ -106,18 +106,35 @@ func (s *ServerStream[In, Out]) Send(ctx context.Context, m Out) error {
 	return s.ms.send(ctx, &m)
 }
 
-// serveMessageStream serves the message stream that the request hdr opened
-// on st (its argument read, its body not yet), until the handler returns
-// and the caller has ended its side or TransferGrace has passed.
-func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Reader, bw *bufio.Writer, hdr *requestHeader, in *incoming, over bool, refused error, side *sideConn, log *slog.Logger) {
+// streamOpening is a request that opens a message stream, as serveStream
+// hands it to serveMessageStream: the stream of calls it came on, the
+// request read up to its body, and what serveStream decided about it.
+type streamOpening struct {
+	pc  *peerConn
+	st  *yamux.Stream // the stream of calls, which carries this message stream and nothing after it
+	br  *bufio.Reader // st's, buffered: the opening request's body follows in it (unless on side)
+	bw  *bufio.Writer // st's
+	log *slog.Logger  // the peer's
+
+	hdr     *requestHeader
+	in      *incoming // the opening request: its argument read, its body not yet
+	over    bool      // the peer has more than MaxStreamsPerPeer streams open: refused
+	refused error     // a refusal serveStream decided (a side body it cannot read, the body budget); nil: none
+	side    *sideConn // the side connection the caller holds for the stream; nil: none
+}
+
+// serveMessageStream serves the message stream that the request op.hdr
+// opened on op.st (its argument read, its body not yet), until the handler
+// returns and the caller has ended its side or TransferGrace has passed.
+func (s *Server) serveMessageStream(op *streamOpening) {
 	lim := &s.o.limits
-	defer in.release()
-	n := pc.msgs.Add(1)
-	defer pc.msgs.Add(-1)
-	ms := newMsgStream(hdr.Method, st, pc.fc, br, bw, lim)
-	ms.res, ms.compress, ms.badCode, ms.bodies = s.res, in.compress, InvalidArgument, pc.bodies
-	if side != nil {
-		ms.side, ms.putSide = side, pc.side.put
+	defer op.in.release()
+	n := op.pc.msgs.Add(1)
+	defer op.pc.msgs.Add(-1)
+	ms := newMsgStream(op.hdr.Method, op.st, op.pc.fc, op.br, op.bw, lim)
+	ms.res, ms.compress, ms.badCode, ms.bodies = s.res, op.in.compress, InvalidArgument, op.pc.bodies
+	if op.side != nil {
+		ms.side, ms.putSide = op.side, op.pc.side.put
 	}
 	// Whatever happens, the side connection is given back (closed unless
 	// the stream ended cleanly) when the stream is done.
@@ -130,58 +147,58 @@ func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Re
 	var run func(context.Context) error
 	var err error
 	switch {
-	case refused != nil:
-		err = refused
-	case over:
+	case op.refused != nil:
+		err = op.refused
+	case op.over:
 		err = Errorf(ResourceExhausted, "more than %d concurrent calls from this peer", lim.MaxStreamsPerPeer)
 	case n > int32(lim.MaxMessageStreams):
 		err = Errorf(ResourceExhausted, "more than %d message streams from this peer", lim.MaxMessageStreams)
 	default:
-		run, err = s.decodeStream(in, ms)
+		run, err = s.decodeStream(op.in, ms)
 	}
-	if derr := in.body.drain(); derr != nil {
+	if derr := op.in.body.drain(); derr != nil {
 		return
 	}
 	if _, broken := errors.AsType[*streamError](err); broken {
 		return
 	}
-	st.SetReadDeadline(time.Time{})
-	if side != nil {
+	op.st.SetReadDeadline(time.Time{})
+	if op.side != nil {
 		// The opening request's body is read: every frame from here on
 		// goes on the side connection, both ways.
-		side.conn.SetReadDeadline(time.Time{})
-		ms.sideFrames, ms.br = true, bufio.NewReaderSize(side, 32<<10)
+		op.side.conn.SetReadDeadline(time.Time{})
+		ms.sideFrames, ms.br = true, bufio.NewReaderSize(op.side, 32<<10)
 	}
 
-	ctx, cancel := callContext(context.WithValue(s.ctx, peerSharingKey{}, pc.level), hdr.TimeoutUS)
+	ctx, cancel := callContext(context.WithValue(s.ctx, peerSharingKey{}, op.pc.level), op.hdr.TimeoutUS)
 	defer cancel()
 	gone := func() error {
-		return &Error{Code: Canceled, Msg: hdr.Method + ": the caller cancelled the stream or went away"}
+		return &Error{Code: Canceled, Msg: op.hdr.Method + ": the caller cancelled the stream or went away"}
 	}
-	ms.ctxErr = func(opCtx context.Context, cause error) error { return transportError(opCtx, hdr.Method, cause) }
+	ms.ctxErr = func(opCtx context.Context, cause error) error { return transportError(opCtx, op.hdr.Method, cause) }
 	ms.readErr = func(error) error {
 		cancel()
 		return gone()
 	}
 	ms.protocolErr = func(err error) {
-		log.Warn("rpc: closing connection", "err", err)
-		pc.sess.Close()
+		op.log.Warn("rpc: closing connection", "err", err)
+		op.pc.sess.Close()
 	}
-	id := st.StreamID()
-	pc.fc.watch(id, func(flags uint16) {
+	id := op.st.StreamID()
+	op.pc.fc.watch(id, func(flags uint16) {
 		if flags&yamuxFlagRST != 0 {
 			ms.finish(gone())
 			cancel()
 		}
 	})
-	defer pc.fc.unwatch(id)
+	defer op.pc.fc.unwatch(id)
 	// The session's end ends the handler's context even while the reader
 	// waits for room rather than reading.
 	stopSess := make(chan struct{})
 	defer close(stopSess)
 	go func() {
 		select {
-		case <-pc.sess.CloseChan():
+		case <-op.pc.sess.CloseChan():
 			cancel()
 		case <-stopSess:
 		}
@@ -190,13 +207,13 @@ func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Re
 	if err != nil {
 		ms.discard = true
 	}
-	go ms.readLoop(pc.sess.CloseChan())
+	go ms.readLoop(op.pc.sess.CloseChan())
 	if err == nil {
 		err = run(ctx)
 	}
 	if err != nil {
 		if e := asError(err); e.Code == Unknown || e.Code == Internal {
-			log.Warn("rpc: stream failed", "method", hdr.Method, "err", err)
+			op.log.Warn("rpc: stream failed", "method", op.hdr.Method, "err", err)
 		}
 	}
 	// The handler's end: its status after its last message; then drop what
@@ -204,16 +221,16 @@ func (s *Server) serveMessageStream(pc *peerConn, st *yamux.Stream, br *bufio.Re
 	wctx, wcancel := context.WithTimeout(context.Background(), lim.TransferGrace)
 	ms.endSend(wctx, err)
 	wcancel()
-	s.observe(in, CodeOf(err), 0, true)
+	s.observe(op.in, CodeOf(err), 0, true)
 	ms.mu.Lock()
 	ms.discard = true
 	release := ms.dropQueue()
 	ms.signal()
 	ms.mu.Unlock()
 	release()
-	st.SetReadDeadline(lim.transferDeadline(time.Now(), 0))
+	op.st.SetReadDeadline(lim.transferDeadline(time.Now(), 0))
 	if ms.sideFrames {
-		side.conn.SetReadDeadline(lim.transferDeadline(time.Now(), 0))
+		op.side.conn.SetReadDeadline(lim.transferDeadline(time.Now(), 0))
 	}
 	<-ms.readerDone
 	ms.mu.Lock()
