@@ -12,6 +12,11 @@ import (
 	"github.com/hashicorp/yamux"
 )
 
+// The Client and its connection to one node: Dial, and the dial (TCP, TLS,
+// the handshake, yamux) a call makes when there is no live connection. The
+// call path is in client_call.go, message streams in client_stream.go,
+// side connections in client_side.go.
+
 // Client calls the handlers of one node. It keeps one connection (a yamux
 // session) to the node and a pool of streams on it, so a call costs no
 // round trip to set up; it dials again, transparently, when the connection
@@ -49,7 +54,7 @@ type clientConn struct {
 	link    link
 	dog     *watchdog
 	session sessionMsg // version 3: how side connections attach
-	side    *sidePool  // nil: no side connections (side.go)
+	side    *sidePool  // nil: no side connections (client_side.go)
 
 	mu   sync.Mutex
 	idle []*clientStream

@@ -13,6 +13,12 @@ import (
 	"time"
 )
 
+// The Server's life: NewServer, its root, Serve's accept loop and Close.
+// What it serves is in the files named by role: server_conn.go (a
+// connection from its handshake to its session's end), server_call.go
+// (Register, a stream of calls), server_stream.go (message streams),
+// server_side.go (side connections), services.go (the built-in methods).
+
 // Server serves registered handlers to the peers that connect to it. Build
 // one with NewServer, register handlers with Register, then call Serve with
 // one or more listeners. Every Server also serves the built-in TensorDict
@@ -29,7 +35,7 @@ type Server struct {
 
 	mu        sync.RWMutex
 	handlers  map[string]handler
-	streams   map[string]streamHandler // message streams (stream.go)
+	streams   map[string]streamHandler // message streams (server_stream.go)
 	listeners map[net.Listener]struct{}
 	conns     map[*peerConn]struct{}
 	sides     map[[32]byte]*sideSet // version 3 sessions' side connections, by their secret
