@@ -55,21 +55,27 @@ func TestWatchdog_PartitionedNode(t *testing.T) {
 // A node whose handler takes many keep-alive intervals is slow, not gone:
 // it answers pings, and the call gets its result.
 func TestWatchdog_SlowHandlerIsNotSilence(t *testing.T) {
+	// A keep-alive long enough that a loaded machine answers its pings in
+	// time (with 100 ms, the node was declared dead after 500 ms of
+	// silence while 2 cores ran 6 processes' worth of tests): what this
+	// test shows is a handler outliving the dead threshold, 5 intervals.
+	const ka = 400 * time.Millisecond
 	n := startTestNode(t)
-	c := dial(t, n.addr, WithKeepAlive(testKeepAlive))
+	c := dial(t, n.addr, WithKeepAlive(ka))
 	res := Go[echoMsg](context.Background(), c, methodBlock, echoMsg{N: 7})
 	<-n.started
-	time.Sleep(10 * testKeepAlive)
+	time.Sleep(deadAfter*ka/2 + 2*ka)
 	close(n.release)
 	if got, err := res.Wait(); err != nil || got.N != 7 {
 		t.Fatalf("slow call = %+v, %v", got, err)
 	}
 
-	// And a slow call whose deadline passes is DeadlineExceeded.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*testKeepAlive)
+	// And a slow call whose deadline passes (well before the dead
+	// threshold) is DeadlineExceeded.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*ka)
 	defer cancel()
 	n2 := startTestNode(t)
-	c2 := dial(t, n2.addr, WithKeepAlive(testKeepAlive))
+	c2 := dial(t, n2.addr, WithKeepAlive(ka))
 	if _, err := Call[echoMsg](ctx, c2, methodBlock, echoMsg{}); !errors.Is(err, ErrDeadlineExceeded) {
 		t.Fatalf("slow call past its deadline: %v, want DeadlineExceeded", err)
 	}
