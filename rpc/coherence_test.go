@@ -1,17 +1,16 @@
 package rpc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/proctest"
 	"github.com/tensorwire/tensorwire/internal/twoview"
 )
 
@@ -61,24 +60,6 @@ func noProbesLeft(t *testing.T, dir string) {
 	}
 }
 
-// logBuffer collects a logger's lines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestCoherence_Probe plays a client on another kernel over the node's own
 // folder: the handshake says Storage (the boot ids differ), and the probe,
 // over one page cache, passes. The connection is Coherent on both sides
@@ -102,7 +83,7 @@ func TestCoherence_Probe(t *testing.T) {
 			}
 			s, addr := startServer(t, sopts...)
 			levelSeen(t, s)
-			var logs logBuffer
+			var logs proctest.LockedBuffer
 			copts := []Option{WithRoot(root), withBootID(otherKernel), WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))}
 			if tc.client {
 				copts = append(copts, WithCoherentStorage())
@@ -143,7 +124,7 @@ func TestCoherence_TwoViews(t *testing.T) {
 	src, a, b := twoview.New(t)
 	s, addr := startServer(t, WithRoot(a), WithCoherentStorage())
 	levelSeen(t, s)
-	var logs logBuffer
+	var logs proctest.LockedBuffer
 	start := time.Now()
 	c := dial(t, addr, WithRoot(b), WithCoherentStorage(), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	t.Logf("dial with the probe: %v", time.Since(start))

@@ -1,35 +1,20 @@
 package store
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/tensorwire/tensorwire/internal/proctest"
 )
 
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
+// syncBuffer is a log sink safe for a logger's concurrent writes.
+type syncBuffer = proctest.LockedBuffer
 
 // TestStore_LogRemovedStopsAcknowledging: once store.log is deleted (or
 // replaced) under a running store, no operation is acknowledged any more:
