@@ -55,7 +55,7 @@ func (s *Server) serveConn(conn net.Conn) {
 	if !c.startTLS() {
 		return
 	}
-	c.level = &peerLevel{log: c.log}
+	c.level = newPeerLevel(c.log)
 	// At the session's end: a coherence probe's step 1 still running then
 	// drops its mapping itself (peerLevel.setProbe).
 	defer c.level.dropProbe()
@@ -167,6 +167,7 @@ func (c *serverConn) openSideSession() (sessionMsg, error) {
 	// Calls on the session's side connections see its level, known
 	// only after the where messages: None until then.
 	c.set.ctx = context.WithValue(c.set.ctx, peerSharingKey{}, c.level)
+	c.set.level = c.level
 	s.mu.Lock()
 	s.sides[c.secret] = c.set
 	s.mu.Unlock()
@@ -184,6 +185,22 @@ func (c *serverConn) attach(a attachMsg) error {
 	s.mu.RUnlock()
 	if target == nil {
 		return Errorf(Unauthenticated, "no session has this secret")
+	}
+	// The client attaches as soon as its side of the where messages is
+	// done, which may be before the node has read its answer: wait for
+	// the session's level, or a call on this connection would see None
+	// and be refused (a loaded CI machine showed it: a replay sample by
+	// reference refused after a node restart).
+	if target.level != nil {
+		t := time.NewTimer(s.o.limits.HandshakeTimeout)
+		defer t.Stop()
+		select {
+		case <-target.level.decided:
+		case <-target.ctx.Done():
+			return Errorf(Unavailable, "the session ended before its handshake did")
+		case <-t.C:
+			return Errorf(Unavailable, "the session's handshake did not finish")
+		}
 	}
 	var err error
 	c.attached, err = target.add(a.id, c.rw)
@@ -234,6 +251,9 @@ func (c *serverConn) serveSession(peer peerInfo) {
 	}
 	defer c.dropSideSet()
 	var cancelPC context.CancelFunc
+	if testHookBeforeLevel != nil {
+		testHookBeforeLevel()
+	}
 	c.level.set(sharing)
 	pc.ctx, cancelPC = context.WithCancel(context.WithValue(s.ctx, peerSharingKey{}, c.level))
 	defer cancelPC()
@@ -299,3 +319,7 @@ func (s *Server) acceptStreams(pc *peerConn, log *slog.Logger) {
 		}()
 	}
 }
+
+// testHookBeforeLevel, when a test sets it, runs just before a main
+// connection's level is set: a slow node, for TestSide_AttachWaitsForTheLevel.
+var testHookBeforeLevel func()

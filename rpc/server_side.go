@@ -20,11 +20,12 @@ import (
 
 // sideSet is a server's side connections of one session.
 type sideSet struct {
-	max int
-	srv *Server         // serves the calls whose requests come on the side connections
-	log *slog.Logger    // the session's
-	ctx context.Context // ends with the session
-	end context.CancelFunc
+	max   int
+	srv   *Server         // serves the calls whose requests come on the side connections
+	log   *slog.Logger    // the session's
+	ctx   context.Context // ends with the session
+	level *peerLevel      // the session's sharing level; attaches wait until it is decided
+	end   context.CancelFunc
 
 	bodies *budget // the session's budget for bodies, shared with its main connection (budget.go)
 

@@ -293,16 +293,26 @@ type peerSharingKey struct{}
 // probe the filesystem passed (coherence.go). It also holds that probe's
 // mapping between its two steps.
 type peerLevel struct {
-	v   atomic.Uint32
-	log *slog.Logger // the session's, naming the peer
+	v       atomic.Uint32
+	log     *slog.Logger  // the session's, naming the peer
+	decided chan struct{} // closed once the handshake has decided the level
+	once    sync.Once
 
 	mu    sync.Mutex
 	probe *heldProbe // step 1's mapping until step 2 or the session's end
 	ended bool       // the session has ended: no probe is held any more
 }
 
-func (l *peerLevel) set(s Sharing) { l.v.Store(uint32(s)) }
-func (l *peerLevel) get() Sharing  { return Sharing(l.v.Load()) }
+func newPeerLevel(log *slog.Logger) *peerLevel {
+	return &peerLevel{log: log, decided: make(chan struct{})}
+}
+
+// set sets the level; the first set marks it decided.
+func (l *peerLevel) set(s Sharing) {
+	l.v.Store(uint32(s))
+	l.once.Do(func() { close(l.decided) })
+}
+func (l *peerLevel) get() Sharing { return Sharing(l.v.Load()) }
 
 // PeerSharing returns the Sharing level of the peer whose call ctx serves
 // (a handler's context), and false outside a call. Services check it

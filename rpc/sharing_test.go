@@ -9,6 +9,9 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // TestGolden_Version4 pins the where messages as docs/protocol.md shows
@@ -241,5 +244,44 @@ func TestClient_Sharing(t *testing.T) {
 	// A client writes nothing into the folder it is given.
 	if ents, err := os.ReadDir(plain); err != nil || len(ents) != 0 {
 		t.Errorf("the client wrote into its root: %v, %v", ents, err)
+	}
+}
+
+// TestSide_AttachWaitsForTheLevel: a client attaches side connections as
+// soon as its side of the where messages is done, which may be before the
+// node has set the session's level. A call on such a connection must see
+// the level the handshake decided, not None (a replay sample by reference
+// was refused so on a loaded machine after a node restart).
+func TestSide_AttachWaitsForTheLevel(t *testing.T) {
+	root := t.TempDir()
+	s, addr := startServer(t, WithRoot(root))
+	seen := make(chan Sharing, 1)
+	type bulk struct {
+		TD TD `codec:"td"`
+	}
+	if err := Register(s, "t.bulk", func(ctx context.Context, req bulk) (struct{}, error) {
+		lv, _ := PeerSharing(ctx)
+		seen <- lv
+		return struct{}{}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	testHookBeforeLevel = func() { time.Sleep(300 * time.Millisecond) }
+	t.Cleanup(func() { testHookBeforeLevel = nil })
+	c := dial(t, addr, WithRoot(root))
+	td, err := tensordict.Create(filepath.Join(t.TempDir(), "x"), []int{1 << 10}, tensordict.Field{Key: []string{"x"}, DType: memmap.Uint8, Shape: []int{1 << 10, 1 << 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer td.Close()
+	before := sideWritten.Load()
+	if _, err := Call[struct{}](Uncompressed(testCtx(t)), c, "t.bulk", bulk{TD: TD{TensorDict: td}}); err != nil {
+		t.Fatal(err)
+	}
+	if sideWritten.Load() == before {
+		t.Fatal("the call's body did not go on a side connection")
+	}
+	if got := <-seen; got != Coherent {
+		t.Fatalf("a call on a side connection saw %v, want coherent", got)
 	}
 }
