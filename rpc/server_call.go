@@ -254,7 +254,7 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slo
 		if refused == nil && !over {
 			took, refused = pc.bodies.takeBody(pc.ctx, hdr.Method, bodyLen, rawLen, hdr.TimeoutUS, lim.MaxBodyBytes)
 		}
-		in := &incoming{method: hdr.Method, args: args, body: newBodyReader(src, bodyLen, rawLen), res: s.res,
+		in := &incoming{method: hdr.Method, args: args, body: newBodyReader(src, bodyLen, rawLen), res: s.resolverFor(pc.level),
 			compress: pc.version >= 2 && !s.o.noLZ4 && !hdr.NoLZ4, bodies: pc.bodies, took: took, start: start, bodyIn: bodyLen}
 		if hdr.Stream {
 			// The stream carries this message stream and nothing after it.

@@ -335,7 +335,7 @@ func (s *Server) sideCall(set *sideSet, sc *sideConn) chan struct{} {
 	}
 	// The body's share of the session's budget, as for a call on yamux.
 	took, refused := set.bodies.takeBody(sc.ctx, hdr.Method, hdr.BodyLen, hdr.RawLen, hdr.TimeoutUS, lim.MaxBodyBytes)
-	in := &incoming{method: hdr.Method, args: args, body: newBodyReader(sc.br, hdr.BodyLen, hdr.RawLen), res: s.res,
+	in := &incoming{method: hdr.Method, args: args, body: newBodyReader(sc.br, hdr.BodyLen, hdr.RawLen), res: s.resolverFor(set.level),
 		compress: !s.o.noLZ4 && !hdr.NoLZ4, bodies: set.bodies, took: took, start: start, bodyIn: hdr.BodyLen}
 	var run func(context.Context) (outgoing, error)
 	if err = refused; err == nil {

@@ -421,3 +421,16 @@ func serverWhereExchange(rw io.ReadWriter, root string, mine hostID, fsid, their
 	}
 	return most, why, nil
 }
+
+// resolverFor returns the resolver of references in the arguments of a
+// peer at level l: none below Coherent. A reference names a file both sides
+// map; the node would read or write it through its own page cache, which a
+// peer on another one does not see (a Fill by reference from another
+// machine left the rows unwritten there). A client of this version sends
+// bytes by itself; this refuses any other's references.
+func (s *Server) resolverFor(l *peerLevel) *resolver {
+	if l != nil && l.get() < Coherent {
+		return nil
+	}
+	return s.res
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -283,5 +284,45 @@ func TestSide_AttachWaitsForTheLevel(t *testing.T) {
 	}
 	if got := <-seen; got != Coherent {
 		t.Fatalf("a call on a side connection saw %v, want coherent", got)
+	}
+}
+
+// TestServer_RefusesReferencesBelowCoherent: a peer that does not share the
+// node's page cache may not send references in its arguments: the node
+// would fill its own view of the file, which the peer never sees. A client
+// of this version sends bytes by itself; one that sends a reference anyway
+// (played here by forcing its link) gets FailedPrecondition, and the
+// node's file is left as it was.
+func TestServer_RefusesReferencesBelowCoherent(t *testing.T) {
+	root := t.TempDir()
+	_, addr := startServer(t, WithRoot(root))
+	node := seedTD(t, filepath.Join(root, "d"), 4)
+	if err := node.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	copied := filepath.Join(t.TempDir(), "copy")
+	if out, err := exec.Command("cp", "-a", root, copied).CombinedOutput(); err != nil {
+		t.Fatalf("cp -a: %v: %s", err, out)
+	}
+	c := dial(t, addr, WithRoot(copied))
+	if lv, _ := c.Sharing(testCtx(t)); lv != None {
+		t.Fatalf("a copy of the root: %v, want none", lv)
+	}
+	clientConnOf(t, c).link.shared = true // as a client that ignores the level would
+	td, err := tensordict.LoadMemmap(filepath.Join(copied, "d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer td.Close()
+	if err := c.Fill(testCtx(t), td, nil, 7); !errors.Is(err, ErrFailedPrecondition) {
+		t.Fatalf("Fill by reference from a peer at none: %v, want FailedPrecondition", err)
+	}
+	x, err := node.Tensor("memmap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := x.Bytes()
+	if bytes.Count(b, []byte{7}) != 0 {
+		t.Fatal("the node filled its own file for a peer that cannot see it")
 	}
 }

@@ -376,7 +376,7 @@ func (t *TD) build(res *resolver, next func(*tensordict.Tensor) error, d *decode
 			var x *tensordict.Tensor
 			if e.Ref != nil {
 				if res == nil {
-					return Errorf(FailedPrecondition, "TD %s: a reference, but this side has no shared root", keyString(e.Key))
+					return Errorf(FailedPrecondition, "TD %s: a reference, but this side has no shared root, or the peer does not share its page cache (send bytes)", keyString(e.Key))
 				}
 				m, err := res.acquire(e.Ref, dt)
 				if err != nil {
