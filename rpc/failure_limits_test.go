@@ -149,7 +149,7 @@ func TestServer_GatherOverLimit(t *testing.T) {
 	if _, err := c.Read(ctx, "td", many[:1000]); err != nil {
 		t.Fatalf("Read of 1000 rows: %v", err)
 	}
-	p := dialRaw(t, n.addr, nil)
+	p := dialRawIn(t, n.addr, root)
 	shape := []int{10, 4, 4, 3}
 	dst := refTD("td/memmap.memmap", "uint8", shape, shape, 0, []int{10}, many)
 	src := refTD("td/memmap.memmap", "uint8", shape, shape, 0, []int{10}, many)

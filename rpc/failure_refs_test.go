@@ -63,7 +63,7 @@ func TestServer_RefOutsideRoot(t *testing.T) {
 	must(t, os.Symlink(FSIDFile, filepath.Join(root, "fsid.memmap")))
 	must(t, os.Link(fsidPath, filepath.Join(root, "fsid-hard.memmap")))
 	fsidBefore := readFile(t, fsidPath)
-	p := dialRaw(t, n.addr, nil)
+	p := dialRawIn(t, n.addr, root)
 
 	for _, tc := range []struct {
 		name, path string
@@ -155,7 +155,7 @@ func TestServer_BadReference(t *testing.T) {
 	file := filepath.Join(root, "td", "memmap.memmap")
 	must(t, td.Fill([]int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, 5))
 	before := readFile(t, file)
-	p := dialRaw(t, n.addr, nil)
+	p := dialRawIn(t, n.addr, root)
 	shape := []int{10, 4, 4, 3}
 	const path = "td/memmap.memmap"
 	for _, tc := range []struct {

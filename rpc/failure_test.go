@@ -119,6 +119,22 @@ func dialRaw(t *testing.T, addr string, token []byte) *rawPeer {
 	return p
 }
 
+// dialRawIn is dialRaw for a peer whose root is root, the node's (its
+// references are resolved: the sides share one page cache).
+func dialRawIn(t *testing.T, addr, root string) *rawPeer {
+	t.Helper()
+	dir, id, err := peekRoot(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := newRawPeerSide(addr, nil, ProtocolVersion, rootSide{fsid: id, root: dir, host: localHostID(dir)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.sess.Close(); p.conn.Close() })
+	return p
+}
+
 // newRawPeer connects to addr, runs the handshake and starts yamux.
 func newRawPeer(addr string, token []byte) (*rawPeer, error) {
 	return newRawPeerVersion(addr, token, ProtocolVersion)
@@ -126,12 +142,17 @@ func newRawPeer(addr string, token []byte) (*rawPeer, error) {
 
 // newRawPeerVersion is newRawPeer offering protocol version v.
 func newRawPeerVersion(addr string, token []byte, v uint8) (*rawPeer, error) {
+	return newRawPeerSide(addr, token, v, rootSide{})
+}
+
+// newRawPeerSide is newRawPeerVersion with this side's root as me says.
+func newRawPeerSide(addr string, token []byte, v uint8, me rootSide) (*rawPeer, error) {
 	conn, err := net.DialTimeout("tcp", addr, 30*time.Second)
 	if err != nil {
 		return nil, err
 	}
 	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := clientHandshakeVersion(conn, v, rootSide{}, token); err != nil {
+	if _, err := clientHandshakeVersion(conn, v, me, token); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("handshake: %w", err)
 	}
