@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/benchkit"
-	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 )
 
 // The benchmarks move benchBatch random rows of a uint8 tensor of shape

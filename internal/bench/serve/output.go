@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 )
 
 // torch_spread's figures, measured on this machine class on 2026-11-24
