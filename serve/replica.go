@@ -78,6 +78,16 @@ type attachedStream struct {
 	next    uint64
 }
 
+// gone is the error of a batch given to the replica after its stream was
+// stopped: stop's cause, or, when the stream ended without one (the
+// replica went away), errGone.
+func (a *attachedStream) gone() error {
+	if a.err != nil {
+		return a.err
+	}
+	return fmt.Errorf("%w: %w: its stream ended", ErrForward, errGone)
+}
+
 // stop ends the stream with err (the handler returns it).
 func (a *attachedStream) stop(err error) {
 	a.once.Do(func() {
@@ -199,7 +209,7 @@ func (a *attachedStream) exchange(ctx context.Context, in *tensordict.TensorDict
 	}
 	select {
 	case <-a.done:
-		return nil, 0, a.err
+		return nil, 0, a.gone()
 	default:
 	}
 	n := in.BatchSize()[0]
@@ -228,7 +238,7 @@ func (a *attachedStream) exchange(ctx context.Context, in *tensordict.TensorDict
 	select {
 	case ans = <-a.answers:
 	case <-a.done:
-		return nil, 0, a.err
+		return nil, 0, a.gone()
 	case <-ctx.Done():
 		return nil, 0, fmt.Errorf("%w: %w", ErrStopped, ctx.Err())
 	case <-deadline.C:

@@ -221,10 +221,10 @@ class Replica:
                 msg = st.recv()
                 self._switch()
                 ans = self._run_batch(msg)
-                st.send(ans)
                 if not ans["error"]:
                     self.batches += 1
                     served = True
+                st.send(ans)
         finally:
             with self._mu:
                 self._stream = None
