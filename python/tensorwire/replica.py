@@ -207,7 +207,7 @@ class Replica:
     def _attach_once(self):
         """Attaches, serves batches until the stream ends; True when at
         least one batch succeeded."""
-        st = self._client.open_stream("serve.replica", {"name": self.name, "prefix": self._rel if self._ref else ""},
+        st = self._client.open_stream("serve.replica", _request(self.name, self._rel if self._ref else ""),
                                       result_tds=("in",))
         with self._mu:
             if self._closed.is_set():
@@ -239,7 +239,7 @@ class Replica:
         bid = int(msg.get("batch", 0))
         n = int(msg.get("n", 0))
         if not 1 <= n <= self.max_batch:
-            return {"batch": bid, "version": self.version, "error": f"a batch of {n} rows; the max batch is {self.max_batch}", "out": None}
+            return _answer(bid, self.version, f"a batch of {n} rows; the max batch is {self.max_batch}")
         try:
             if self._ref:
                 arrays = [a[:n] for a in self._in_mm]
@@ -261,15 +261,15 @@ class Replica:
                 out = self.module(arg)
             outs = self._check(out, n)
         except Exception as e:  # the module's failure fails its batch, not this process
-            return {"batch": bid, "version": self.version, "error": f"{type(e).__name__}: {e}", "out": None}
+            return _answer(bid, self.version, f"{type(e).__name__}: {e}")
         if self._ref:
             for dst, a in zip(self._out_mm, outs):
                 dst[:n] = a
-            return {"batch": bid, "version": self.version, "error": "", "out": None}
+            return _answer(bid, self.version)
         data = {}
         for (k, _, _), a in zip(self._out, outs):
             _serve._set(data, k, a)
-        return {"batch": bid, "version": self.version, "error": "", "out": TD(data, batch=[n])}
+        return _answer(bid, self.version, out=TD(data, batch=[n]))
 
     def _to_device(self, t, key):
         if self.device.type == "cpu":
@@ -399,6 +399,18 @@ class Replica:
         self._rel = _serve.CLIENTS_DIR + "/" + name
         self._in_mm = _serve._map_td(os.path.join(final, "in"), self._in, self.max_batch)
         self._out_mm = _serve._map_td(os.path.join(final, "out"), self._out, self.max_batch)
+
+
+def _request(name, prefix):
+    """serve.replica's request: the model, and the replica's folder under the
+    root ("" for rows as bytes)."""
+    return {"name": name, "prefix": prefix}
+
+
+def _answer(batch, version, error="", out=None):
+    """An answer to a batch: its number, the parameter version, the error
+    ("" for none) and, by bytes, the outputs (a TD)."""
+    return {"batch": batch, "version": version, "error": error, "out": out}
 
 
 def _only(d):
