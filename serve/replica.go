@@ -269,4 +269,3 @@ func (a *attachedStream) exchange(ctx context.Context, in *tensordict.TensorDict
 	}
 	return out, ans.Version, nil
 }
-
