@@ -242,20 +242,18 @@ class Replica:
             return _answer(bid, self.version, f"a batch of {n} rows; the max batch is {self.max_batch}")
         try:
             if self._ref:
-                arrays = [a[:n] for a in self._in_mm]
+                tensors = [t[:n] for t in self._in_t]
             else:
                 src = msg.get("in") or {}
-                arrays = []
+                tensors = []
                 for k, dt, shape in self._in:
                     v = src
                     for p in k:
                         v = v[p]
-                    arrays.append(v)
+                    tensors.append(torch.from_numpy(v))
             inputs = {}
-            for (k, dt, shape), a in zip(self._in, arrays):
-                t = torch.from_numpy(a) if not isinstance(a, np.memmap) else torch.from_numpy(np.asarray(a))
-                t = self._to_device(t, k)
-                _serve._set(inputs, k, t)
+            for (k, dt, shape), t in zip(self._in, tensors):
+                _serve._set(inputs, k, self._to_device(t, k))
             arg = _only(inputs) if self._plain else inputs
             with torch.inference_mode():
                 out = self.module(arg)
@@ -263,12 +261,12 @@ class Replica:
         except Exception as e:  # the module's failure fails its batch, not this process
             return _answer(bid, self.version, f"{type(e).__name__}: {e}")
         if self._ref:
-            for dst, a in zip(self._out_mm, outs):
-                dst[:n] = a
+            for dst, t in zip(self._out_t, outs):
+                dst[:n].copy_(t)
             return _answer(bid, self.version)
         data = {}
-        for (k, _, _), a in zip(self._out, outs):
-            _serve._set(data, k, a)
+        for (k, _, _), t in zip(self._out, outs):
+            _serve._set(data, k, np.ascontiguousarray(t.numpy()))
         return _answer(bid, self.version, out=TD(data, batch=[n]))
 
     def _to_device(self, t, key):
@@ -287,7 +285,7 @@ class Replica:
         return t.to(self.device)
 
     def _check(self, out, n):
-        """The module's outputs as numpy arrays in the output schema's order,
+        """The module's outputs as CPU tensors in the output schema's order,
         or ValueError saying what does not fit."""
         torch = self._torch
         if isinstance(out, torch.Tensor):
@@ -315,7 +313,7 @@ class Replica:
                 raise ValueError(f"output {'/'.join(k)} has dtype {tn}, want {dt}")
             if tuple(t.shape) != (n,) + tuple(shape):
                 raise ValueError(f"output {'/'.join(k)} has shape {list(t.shape)}, want {[n] + list(shape)}")
-            res.append(np.ascontiguousarray(t.detach().to("cpu").numpy()))
+            res.append(t.detach().to("cpu"))
         return res
 
     # Weights.
@@ -399,6 +397,11 @@ class Replica:
         self._rel = _serve.CLIENTS_DIR + "/" + name
         self._in_mm = _serve._map_td(os.path.join(final, "in"), self._in, self.max_batch)
         self._out_mm = _serve._map_td(os.path.join(final, "out"), self._out, self.max_batch)
+        # Tensors over the mappings, made once: a batch's are views of their
+        # first rows (torch.from_numpy shares the mapping's memory).
+        torch = self._torch
+        self._in_t = [torch.from_numpy(np.asarray(a)) for a in self._in_mm]
+        self._out_t = [torch.from_numpy(np.asarray(a)) for a in self._out_mm]
 
 
 def _request(name, prefix):
