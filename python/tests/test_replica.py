@@ -304,5 +304,30 @@ class TestReplicaDicts(unittest.TestCase):
                     np.testing.assert_allclose(out["value"], vec.sum(-1), rtol=1e-6)
 
 
+
+@unittest.skipIf(torch is None or not torch.cuda.is_available(),
+                 "no CUDA device here (torch.cuda.is_available() is false): the CUDA replica test needs one")
+class TestReplicaCUDA(unittest.TestCase):
+    """Replicas on CUDA devices, one per device: inputs moved from pinned
+    host buffers, outputs equal to the module's on the same device."""
+
+    def test_cuda(self):
+        node = attached_node()
+        self.addCleanup(node.close)
+        for i in range(torch.cuda.device_count()):
+            dev = f"cuda:{i}"
+            module = mlp(6).to(dev)
+            with self.subTest(device=dev), \
+                    serve.Replica(node.addr, "policy", module, device=dev, token=node.token, root=node.root) as r, \
+                    serve.Client(node.addr, "policy", token=node.token, root=node.root) as c:
+                r.start()
+                x = obs(7, seed=i)
+                out = c.predict({"obs": x}, timeout=60)
+                with torch.inference_mode():
+                    want = module(torch.from_numpy(x).to(dev)).cpu().numpy()
+                np.testing.assert_array_equal(out["logits"], want)
+            wait_until(lambda: stats(node).get("attached_now", 0) == 0, what="the replica detached")
+
+
 if __name__ == "__main__":
     unittest.main()
