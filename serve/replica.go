@@ -180,7 +180,7 @@ func (a *attachedStream) read(ctx context.Context) {
 	for {
 		ans, err := a.st.Recv(ctx)
 		if err != nil {
-			a.stop(fmt.Errorf("%w: %w: its stream ended: %w", ErrForward, errGone, err))
+			a.stop(fmt.Errorf("%w: %w: its stream ended: %v", ErrForward, errGone, err)) // %v: not the stream's code
 			return
 		}
 		select {
@@ -221,7 +221,7 @@ func (a *attachedStream) exchange(ctx context.Context, in *tensordict.TensorDict
 			err = copyRows(a.inF, 0, src, 0, n)
 		}
 		if err != nil {
-			return nil, 0, fmt.Errorf("%w: %w: its input rows: %w", ErrForward, errGone, err)
+			return nil, 0, fmt.Errorf("%w: %w: its input rows: %v", ErrForward, errGone, err)
 		}
 	} else {
 		msg.In = &rpc.TD{TensorDict: in}
@@ -232,7 +232,7 @@ func (a *attachedStream) exchange(ctx context.Context, in *tensordict.TensorDict
 	err := a.st.Send(sctx, msg)
 	cancel()
 	if err != nil {
-		return nil, 0, fmt.Errorf("%w: %w: sending it a batch: %w", ErrForward, errGone, err)
+		return nil, 0, fmt.Errorf("%w: %w: sending it a batch: %v", ErrForward, errGone, err)
 	}
 	var ans replicaAnswer
 	select {
@@ -240,7 +240,7 @@ func (a *attachedStream) exchange(ctx context.Context, in *tensordict.TensorDict
 	case <-a.done:
 		return nil, 0, a.gone()
 	case <-ctx.Done():
-		return nil, 0, fmt.Errorf("%w: %w", ErrStopped, ctx.Err())
+		return nil, 0, fmt.Errorf("%w: %v", ErrStopped, ctx.Err())
 	case <-deadline.C:
 		return nil, 0, fmt.Errorf("%w: %w: no answer within %v (Config.ReplicaTimeout): detached", ErrForward, errGone, a.m.cfg.ReplicaTimeout)
 	}
