@@ -64,6 +64,14 @@ func runParent(ctx context.Context, o *options, stdout, stderr io.Writer, log *s
 	if root, err = filepath.EvalSymlinks(root); err != nil {
 		return err
 	}
+	if slices.ContainsFunc(o.models, isPython) {
+		if err := o.findPython(); err != nil {
+			return err
+		}
+		if err := o.extractPython(root); err != nil {
+			return err
+		}
+	}
 	rep := &Result{LimitRowsPerS: map[string]float64{}}
 	var runs []*runResult
 	for _, model := range o.models {

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/tensorwire/tensorwire/python"
 	"github.com/tensorwire/tensorwire/serve"
 )
 
@@ -18,8 +20,8 @@ import (
 // module: py-mlp the MLP 64 -> 256 -> 16 as torch.nn.Sequential, py-null a
 // module that returns zeros without computing (what the hand-off between
 // the node and a Python replica costs per batch). They need a Python with
-// torch, numpy and msgpack that imports tensorwire: --python, and
-// PYTHONPATH=python in a checkout (or pip install ./python).
+// torch, numpy and msgpack (--python); the run extracts this build's
+// Python client into its root for their PYTHONPATH (python.Extract).
 const (
 	modelPyMLP  = "py-mlp"
 	modelPyNull = "py-null"
@@ -76,15 +78,60 @@ elif cmd == "check":
 // output.
 func (o *options) python(ctx context.Context, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, o.pythonExe, append([]string{"-c", pyScript}, args...)...)
+	cmd.Env = o.pyEnv()
 	out, err := cmd.Output()
 	if err != nil {
 		if ee, ok := err.(*exec.ExitError); ok {
 			return "", fmt.Errorf("%s %s: %w: %s", o.pythonExe, args[0], err, lastLines(string(ee.Stderr), 10))
 		}
-		return "", fmt.Errorf("%s %s: %w (is --python a Python with torch that imports tensorwire? PYTHONPATH=python)", o.pythonExe, args[0], err)
+		return "", fmt.Errorf("%s %s: %w (is --python a Python with torch, numpy and msgpack?)", o.pythonExe, args[0], err)
 	}
 	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
 	return line, nil
+}
+
+// findPython sets o.pythonExe, when --python did not, to the first of
+// python3 and /usr/bin/python3 that imports torch, numpy and msgpack; a
+// usage error saying what was tried if none (or --python's) does.
+func (o *options) findPython() error {
+	candidates := []string{"python3", "/usr/bin/python3"}
+	if o.pythonExe != "" {
+		candidates = []string{o.pythonExe}
+	}
+	var tried []string
+	for _, c := range candidates {
+		out, err := exec.Command(c, "-c", "import torch, numpy, msgpack").CombinedOutput()
+		if err == nil {
+			o.pythonExe = c
+			return nil
+		}
+		tried = append(tried, fmt.Sprintf("%s: %v %s", c, err, lastLines(string(out), 1)))
+	}
+	return usagef("Python replicas need a python3 with torch, numpy and msgpack (--python chooses it): %s", strings.Join(tried, "; "))
+}
+
+// extractPython writes this build's Python client into root/python, for
+// the Python processes' PYTHONPATH.
+func (o *options) extractPython(root string) error {
+	dir := filepath.Join(root, "python")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return err
+	}
+	if err := python.Extract(dir); err != nil {
+		return err
+	}
+	o.pyPath = dir
+	return nil
+}
+
+// pyEnv is the Python processes' environment: PYTHONPATH starts with the
+// extracted client.
+func (o *options) pyEnv() []string {
+	pp := o.pyPath
+	if old := os.Getenv("PYTHONPATH"); old != "" {
+		pp += string(os.PathListSeparator) + old
+	}
+	return append(os.Environ(), "PYTHONPATH="+pp, "PYTHONDONTWRITEBYTECODE=1")
 }
 
 func lastLines(s string, n int) string {
@@ -124,7 +171,7 @@ func (o *options) startReplicas(ctx context.Context, sc *serve.Client, addr, roo
 	var rs pyReplicas
 	for range o.replicas {
 		cmd := exec.Command(o.pythonExe, "-c", pyScript, "replica", addr, root, model, modelName)
-		cmd.Stdout, cmd.Stderr = nil, os.Stderr
+		cmd.Stdout, cmd.Stderr, cmd.Env = nil, os.Stderr, o.pyEnv()
 		if err := cmd.Start(); err != nil {
 			rs.stop()
 			return nil, fmt.Errorf("starting a Python replica (%s): %w", o.pythonExe, err)

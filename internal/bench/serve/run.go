@@ -57,6 +57,7 @@ type options struct {
 	verbose     bool
 	pythonExe   string // the Python of Python replicas (python.go)
 	replicaKind string // --replica
+	pyPath      string // the extracted Python client (python.go)
 
 	role   string
 	child  bool
@@ -75,7 +76,7 @@ func newFlagSet(o *options, clients, models *string) *flag.FlagSet {
 	fs.StringVar(models, "model", modelMLP+","+modelFake, "the models to run: "+modelMLP+" (64 -> 256 -> 16), "+modelFake+" (sleeps 1 ms + 5 us per row), "+
 		modelPyMLP+" and "+modelPyNull+" (the MLP and a null module in torch, in Python replica processes)")
 	fs.StringVar(&o.replicaKind, "replica", "go", "go, or python: the same as --model "+modelMLP+","+modelPyMLP+","+modelPyNull+" (the Go MLP, side by side with Python replicas)")
-	fs.StringVar(&o.pythonExe, "python", "python3", "the Python of Python replicas: torch, numpy, msgpack, and tensorwire importable (PYTHONPATH=python)")
+	fs.StringVar(&o.pythonExe, "python", "", "the Python of Python replicas, with torch, numpy and msgpack (default: the first of python3 and /usr/bin/python3 that has them; this build's client is put on its PYTHONPATH)")
 	fs.IntVar(&o.maxBatch, "max-batch", 16, "the max batch of the batching runs (the others have 1)")
 	fs.IntVar(&o.replicas, "replicas", 1, "the model's replicas on the node")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "how long each run's timed phase lasts")
