@@ -358,7 +358,7 @@ func (m *Manager) enqueue(ctx context.Context, n int) (*request, error) {
 	case <-r.placed:
 	case <-ctx.Done():
 		m.mu.Lock()
-		if r.b == nil && !m.closed {
+		if r.b == nil && !m.closed && r.fail == nil { // failOrphans took it out of the queue already
 			if i := slices.Index(m.overflow, r); i >= 0 {
 				m.overflow = slices.Delete(m.overflow, i, i+1)
 			}
