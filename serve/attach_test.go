@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -201,4 +202,43 @@ func TestAttach_NoReplica(t *testing.T) {
 	if _, v, err := c.Predict(ctxT(t), rowsOf(t, 1, 1)); err != nil || v != 3 {
 		t.Fatalf("with a replica attached: version %d, %v", v, err)
 	}
+}
+
+// TestAttach_OutputsByReferenceRefused: a replica sharing the node's root
+// that sends its outputs as a TD by reference (valid only until the
+// node's next read) fails its batch with ErrForward and is detached; the
+// node reads no mapping after it.
+func TestAttach_OutputsByReferenceRefused(t *testing.T) {
+	root := t.TempDir()
+	n := serveModel(t, root, attachedConfig(8))
+	c, err := rpc.Dial(ctxT(t), n.addr, rpc.WithRoot(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st, err := rpc.OpenStream[replicaAnswer, replicaBatch](context.Background(), c, MethodReplica, replicaRequest{Name: "model"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	go func() {
+		b, err := st.Recv(context.Background())
+		if err != nil {
+			return
+		}
+		out, err := testOut.Create(filepath.Join(root, "outs"), b.N)
+		if err != nil {
+			return
+		}
+		defer out.Close()
+		st.Send(context.Background(), replicaAnswer{Batch: b.Batch, Version: 1, Out: &rpc.TD{TensorDict: out}})
+		st.Recv(context.Background()) // until the node ends the stream
+	}()
+	waitAttached(t, n.m, 1)
+	cl := dial(t, n.addr, "", "bytes")
+	_, _, err = cl.Predict(ctxT(t), rowsOf(t, 1, 2))
+	if !errors.Is(err, ErrForward) || !strings.Contains(err.Error(), "by reference") {
+		t.Fatalf("%v, want ErrForward about outputs by reference", err)
+	}
+	waitAttached(t, n.m, 0)
 }

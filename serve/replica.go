@@ -183,6 +183,12 @@ func (a *attachedStream) read(ctx context.Context) {
 			a.stop(fmt.Errorf("%w: %w: its stream ended: %v", ErrForward, errGone, err)) // %v: not the stream's code
 			return
 		}
+		if ans.Out != nil && ans.Out.TensorDict != nil && anyMapped(ans.Out.TensorDict) {
+			// A reference is valid only until the next Recv, and the
+			// batch's outputs outlive it.
+			a.stop(fmt.Errorf("%w: the replica sent its outputs by reference; send them as bytes, or write them into its folder's out rows", ErrForward))
+			return
+		}
 		select {
 		case a.answers <- ans:
 		default:
@@ -190,6 +196,16 @@ func (a *attachedStream) read(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// anyMapped reports whether a tensor of td is a mapping.
+func anyMapped(td *tensordict.TensorDict) bool {
+	for _, t := range td.Leaves() {
+		if t.Mapped() {
+			return true
+		}
+	}
+	return false
 }
 
 // forward runs the batch in on the replica: the manager's remote.
