@@ -41,6 +41,13 @@ type Config struct {
 	// transition is in and never blocks inserts.
 	Limit RateLimit
 
+	// MaxTimesSampled, when positive, takes a transition out of sampling
+	// once samples have returned it that many times (Reverb's
+	// max_times_sampled): with 1, every transition is returned once. The
+	// counts are kept in memory; a transition that reached it stays out
+	// after a restart, the others start counting again. 0: no limit.
+	MaxTimesSampled int
+
 	// Lease is how long a reservation may stay uncommitted before it expires
 	// and its slots go back to the writer; default 30 s. A writer that has
 	// not committed by then (it died, or stalled) gets ErrExpired.
@@ -96,7 +103,8 @@ func ParseSampler(text string) (Sampler, error) {
 }
 
 // SamplerKinds returns the kinds of sampler ParseSampler knows:
-// "uniform", "without_replacement", "prioritized" and "fifo".
+// "uniform", "without_replacement", "prioritized", "fifo", "lifo",
+// "max_heap" and "min_heap".
 func SamplerKinds() []string {
 	var out []string
 	for _, k := range selector.Kinds() {
@@ -360,6 +368,9 @@ func (c Config) Validate() error {
 		math.IsNaN(l.ErrorBuffer) || math.IsInf(l.SamplesPerInsert, 0) {
 		return fmt.Errorf("%w: rate limit %+v", ErrConfig, l)
 	}
+	if c.MaxTimesSampled < 0 || c.MaxTimesSampled > math.MaxInt32 {
+		return fmt.Errorf("%w: max times sampled %d; want 0 (no limit) or more", ErrConfig, c.MaxTimesSampled)
+	}
 	if err := c.Sampler.spec.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -402,6 +413,9 @@ const maxCapacity = math.MaxInt64 / (slotFields * 8)
 func (c *Config) memory() uint64 {
 	need := selector.Footprint(c.Sampler.spec, c.Capacity)
 	w := c.Writer.footprint(c.Capacity)
+	if c.MaxTimesSampled > 0 {
+		w += 4 * uint64(c.Capacity) // the counts; capacity is bounded by maxCapacity
+	}
 	if need > math.MaxUint64-w {
 		return math.MaxUint64
 	}
@@ -475,7 +489,8 @@ type Setting = service.Setting
 
 // Settings returns the keys Set takes, in the order a list of them is
 // applied: capacity, sampler, the parameters of every kind of sampler
-// (alpha, beta, eps), min-size and lease.
+// (alpha, beta, eps), min-size and lease, then Reverb's table controls:
+// samples-per-insert, error-buffer, max-times-sampled, writer and key.
 func (Config) Settings() []Setting { return configKeys.Settings() }
 
 // Set sets the field key names from its text, as the command line's
@@ -527,10 +542,11 @@ var configKeys = func() service.Keys[Config] {
 				}})
 		}
 	}
-	return append(keys,
+	keys = append(keys,
 		service.Key[Config]{Setting: Setting{Key: "min-size", Value: "N", Help: "transitions the buffer holds before sampling starts (default 1)"},
 			Set: func(c *Config, v string) error { return service.SetAtLeast(&c.Limit.MinSize, v, 1) }},
 		service.Key[Config]{Setting: Setting{Key: "lease", Value: "D", Help: "how long a reservation may stay uncommitted (default 30s)"},
 			Set: func(c *Config, v string) error { return service.SetPositive(&c.Lease, v) }},
 	)
+	return append(keys, controlKeys...)
 }()

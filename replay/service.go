@@ -19,6 +19,8 @@ const (
 	MethodUpdatePriority = "replay.update_priority"
 	MethodCheckpoint     = "replay.checkpoint"
 	MethodStats          = "replay.stats"
+	MethodDelete         = "replay.delete"
+	MethodReset          = "replay.reset"
 )
 
 // repeatable marks the methods a client sends again when the connection
@@ -39,6 +41,13 @@ var repeatable = service.Methods{
 	MethodSample:         true,
 	MethodUpdatePriority: true, // sets the same priorities again
 	MethodCheckpoint:     true, // writes the same state again
+	// A delete sent again skips the rows it deleted (their slots are
+	// empty, or written again in another generation when IDs are given);
+	// the count in its reply is then of the second try.
+	MethodDelete: true,
+	// A reset is not: sent again after its reply was lost, it could
+	// empty what writers added since. The client gets the error.
+	MethodReset: false,
 }
 
 // Service is the replay service of an rpc.Server: the buffers it serves,
@@ -140,6 +149,8 @@ func registerMethods(s *rpc.Server, svc *Service) error {
 		rpc.Register(s, MethodUpdatePriority, svc.updatePriority),
 		rpc.Register(s, MethodCheckpoint, svc.checkpoint),
 		rpc.Register(s, MethodStats, svc.stats),
+		rpc.Register(s, MethodDelete, svc.delete),
+		rpc.Register(s, MethodReset, svc.reset),
 	}
 	for _, err := range regs {
 		if err != nil {
