@@ -31,10 +31,10 @@ func MinHeap() Sampler { return Sampler{selector.Spec{Kind: selector.KindMinHeap
 func (b *Buffer) selInsert(slot int, seq uint64, priority float64) {
 	if b.times != nil {
 		if t := b.times[slot]; t >= 0 {
-			b.left -= int64(b.cfg.MaxTimesSampled) - int64(t)
+			b.left -= int64(b.budget() - t)
 		}
 		b.times[slot] = 0
-		b.left += int64(b.cfg.MaxTimesSampled)
+		b.left += int64(b.budget())
 	}
 	b.sel.Insert(slot, seq, priority)
 }
@@ -43,11 +43,20 @@ func (b *Buffer) selInsert(slot int, seq uint64, priority float64) {
 func (b *Buffer) selRemove(slot int) {
 	if b.times != nil {
 		if t := b.times[slot]; t >= 0 {
-			b.left -= int64(b.cfg.MaxTimesSampled) - int64(t)
+			b.left -= int64(b.budget() - t)
 			b.times[slot] = -1
 		}
 	}
 	b.sel.Remove(slot)
+}
+
+// budget is how many times a slot may be sampled: MaxTimesSampled, or
+// once for a sampler that consumes what it returns (FIFO).
+func (b *Buffer) budget() int32 {
+	if b.cfg.Sampler.spec.Kind.Consumes() {
+		return 1
+	}
+	return int32(b.cfg.MaxTimesSampled)
 }
 
 // canSelect reports whether the sampler can give n now; b.mu is held.
@@ -64,7 +73,7 @@ func (b *Buffer) canSelect(n int) bool {
 // the sampler and is marked consumed in the slot table, so that a
 // reopened buffer does not return it again. b.mu is held; canSelect(n).
 func (b *Buffer) selectCounted(n int, slots []int, weights []float64) ([]int, []float64, error) {
-	k := int32(b.cfg.MaxTimesSampled)
+	k := b.budget()
 	consumes := b.cfg.Sampler.spec.Kind.Consumes()
 	for range n {
 		var err error
@@ -76,7 +85,7 @@ func (b *Buffer) selectCounted(n int, slots []int, weights []float64) ([]int, []
 		s := slots[len(slots)-1]
 		b.times[s]++
 		b.left--
-		if b.times[s] >= k || consumes {
+		if b.times[s] >= k {
 			if !consumes {
 				b.sel.Remove(s)
 			}
@@ -91,7 +100,8 @@ func (b *Buffer) selectCounted(n int, slots []int, weights []float64) ([]int, []
 // Delete removes transitions from the buffer, row by row of info (Indices,
 // and IDs when set, as UpdatePriority reads them): a row whose slot is
 // committed, in the generation that is its ID, is emptied and never
-// sampled again; the others (overwritten since, deleted already) are
+// sampled again; the others (overwritten since, deleted already, or out of
+// sampling already: consumed by a FIFO sampler or MaxTimesSampled) are
 // skipped. It returns how many it deleted. A sample copying a row while
 // it is deleted finds the slot's word changed and samples again, as for
 // an overwritten row. The writer reuses the slots (top-k: as free slots).
@@ -121,7 +131,7 @@ func (b *Buffer) Delete(ctx context.Context, info SampleInfo) (int, error) {
 	n := 0
 	for i, s := range info.Indices {
 		w := b.slots.word(s)
-		if state(w) != stateCommitted || (info.IDs != nil && gen(w) != info.IDs[i]) {
+		if state(w) != stateCommitted || (info.IDs != nil && gen(w) != info.IDs[i]) || b.slots.priority(s) == consumed {
 			continue
 		}
 		b.emptyLocked(s, w)
