@@ -9,7 +9,6 @@ import (
 	"time"
 )
 
-
 // waitsShort reports whether a sample of n from b waits (until a short
 // deadline) instead of returning.
 func waitsShort(t *testing.T, sample func(context.Context, int) error, n int) bool {

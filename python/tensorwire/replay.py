@@ -649,6 +649,43 @@ class Buffer:
         pending, expired, resampled, sampler, node_heap, storage_lost."""
         return self._call("replay.stats", {"name": self.name}, _deadline(timeout))
 
+    # Reverb's table controls (docs/replay.md, "Table controls").
+
+    def delete(self, info, timeout=None):
+        """Removes transitions from the buffer: info is a SampleInfo (rows
+        whose slot was overwritten since they were sampled are skipped) or
+        a sequence of slot indices (whatever the slots hold). Rows already
+        out of sampling (consumed, or sampled max-times-sampled times) are
+        skipped too. Returns how many were removed. A sample never returns
+        a removed row afterwards."""
+        r = self._call("replay.delete", _delete_request(self.name, info, self.capacity), _deadline(timeout))
+        return int(r.get("deleted", 0))
+
+    def reset(self, timeout=None):
+        """Empties the buffer (Reverb's reset, torchrl's empty): every
+        transition is removed and the rate limiter's counts start again.
+        Unlike the other calls it is not retried when the node cannot be
+        reached: sent again, it could empty what writers added since. The
+        UnavailableError says so, and the caller decides."""
+        self._check_open()
+        self._client.call("replay.reset", {"name": self.name}, timeout=timeout)
+
+    empty = reset
+
+
+def _delete_request(name, info, capacity=None):
+    """replay.delete's request: info a SampleInfo, or slot indices (ids
+    nil: whatever the slots hold)."""
+    if isinstance(info, SampleInfo):
+        indices, ids = info.indices, info.ids
+        if len(ids) != len(indices):
+            raise SchemaError(f"{len(ids)} ids for {len(indices)} indices")
+    else:
+        indices, ids = np.asarray(info, dtype=np.int64).reshape(-1), None
+    if capacity is not None and len(indices) and (indices.min() < 0 or indices.max() >= capacity):
+        raise SchemaError(f"indices {indices.tolist()} outside the buffer's {capacity} slots")
+    return {"name": name, "info": {"indices": indices, "ids": ids, "weights": np.zeros(0, np.float64)}}
+
 
 def _map(prefix, view):
     """Maps a buffer's storage (read-write: writers write rows into it) and
