@@ -68,6 +68,7 @@ type Buffer struct {
 	maxPrio float64
 	times   []int32 // MaxTimesSampled: times each sampleable slot was sampled; -1 if not sampleable
 	left    int64   // MaxTimesSampled: samples the sampleable slots can still give
+	eps     *episodeIndex // TrajKey: the episodes; nil without one
 	nextRID uint64
 	resv    map[uint64]*reservation
 	pending int // slots held by reservations
@@ -227,7 +228,12 @@ func newBuffer(prefix string, cfg Config, id string) *Buffer {
 			times[i] = -1
 		}
 	}
+	var eps *episodeIndex
+	if cfg.TrajKey != nil {
+		eps = newEpisodeIndex(cfg.TrajKey, cfg.Capacity)
+	}
 	return &Buffer{
+		eps:     eps,
 		times:   times,
 		prefix:  prefix,
 		cfg:     cfg,

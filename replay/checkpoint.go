@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/atomicfile"
@@ -37,6 +38,7 @@ type meta struct {
 	Limit      RateLimit            `json:"limit"`
 	LeaseMS    int64                `json:"lease_ms"`
 	MaxTimes   int                  `json:"max_times_sampled,omitempty"`
+	TrajKey    []string             `json:"traj_key,omitempty"`
 	Checkpoint *checkpoint          `json:"checkpoint,omitempty"`
 }
 
@@ -62,7 +64,7 @@ func encodeMeta(id string, cfg Config, schema tensordict.RowSchema, cp *checkpoi
 	m := meta{
 		Format: metaFormat, Version: metaVersion, ID: id, Capacity: cfg.Capacity, Schema: schema,
 		Sampler: cfg.Sampler.spec, Writer: cfg.Writer.normal(), Limit: cfg.Limit,
-		LeaseMS: cfg.Lease.Milliseconds(), MaxTimes: cfg.MaxTimesSampled, Checkpoint: cp,
+		LeaseMS: cfg.Lease.Milliseconds(), MaxTimes: cfg.MaxTimesSampled, TrajKey: cfg.TrajKey, Checkpoint: cp,
 	}
 	return json.MarshalIndent(m, "", "  ")
 }
@@ -258,6 +260,9 @@ func changeable(have, want Config) error {
 	case !want.Writer.equal(have.Writer):
 		return fmt.Errorf("%w: writer %s asked for; the buffer's is %s, fixed when it was created",
 			ErrConfig, want.Writer, have.Writer)
+	case !slices.Equal(want.TrajKey, have.TrajKey):
+		return fmt.Errorf("%w: trajectory key %q asked for; the buffer's is %q, fixed when it was created",
+			ErrConfig, want.TrajKey, have.TrajKey)
 	case want.Schema != nil && have.Schema == nil:
 		return fmt.Errorf("%w: a schema asked for; the buffer's is set by its first batch", ErrConfig)
 	case want.Schema != nil:
@@ -280,7 +285,7 @@ func parseMeta(data []byte) (meta, Config, error) {
 	}
 	cfg := Config{
 		Capacity: m.Capacity, Schema: m.Schema.Clone(), Sampler: Sampler{m.Sampler}, Writer: Writer{m.Writer}, Limit: m.Limit,
-		Lease: time.Duration(m.LeaseMS) * time.Millisecond, MaxTimesSampled: m.MaxTimes,
+		Lease: time.Duration(m.LeaseMS) * time.Millisecond, MaxTimesSampled: m.MaxTimes, TrajKey: m.TrajKey,
 	}
 	if err := cfg.validate(); err != nil {
 		return m, Config{}, err
@@ -332,4 +337,5 @@ func (b *Buffer) recover() {
 	}
 	b.nextRID = newest>>rowBits + 1
 	b.writer = newSlotChooser(b.cfg.Writer, b.slots)
+	b.rebuildEpisodes()
 }

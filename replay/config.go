@@ -48,6 +48,13 @@ type Config struct {
 	// after a restart, the others start counting again. 0: no limit.
 	MaxTimesSampled int
 
+	// TrajKey, when set, names the field of the schema that holds each
+	// transition's trajectory (episode) key, an int64 (torchrl's
+	// traj_key): the buffer then knows its episodes and samples slices of
+	// them (SampleSlices). Keys must be unique per episode. Fixed when the
+	// buffer is created.
+	TrajKey []string
+
 	// Lease is how long a reservation may stay uncommitted before it expires
 	// and its slots go back to the writer; default 30 s. A writer that has
 	// not committed by then (it died, or stalled) gets ErrExpired.
@@ -316,6 +323,7 @@ type RateLimit struct {
 func cloneConfig(c Config) Config {
 	c.Schema = c.Schema.Clone()
 	c.Writer.spec.Key = slices.Clone(c.Writer.spec.Key)
+	c.TrajKey = slices.Clone(c.TrajKey)
 	return c
 }
 
@@ -377,9 +385,17 @@ func (c Config) Validate() error {
 	if err := c.Writer.spec.validate(); err != nil {
 		return err
 	}
+	if slices.Contains(c.TrajKey, "") || (c.TrajKey != nil && len(c.TrajKey) == 0) {
+		return fmt.Errorf("%w: trajectory key %q", ErrConfig, c.TrajKey)
+	}
 	if c.Schema != nil {
 		if err := c.Schema.Validate(); err != nil {
 			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		if c.TrajKey != nil {
+			if err := checkTrajKey(c.Schema, c.TrajKey); err != nil {
+				return fmt.Errorf("%w: %w", ErrConfig, err)
+			}
 		}
 		if _, err := c.Schema.NumBytes(c.Capacity); err != nil {
 			return fmt.Errorf("%w: the storage of %d transitions: %w", ErrConfig, c.Capacity, err)
@@ -415,6 +431,9 @@ func (c *Config) memory() uint64 {
 	w := c.Writer.footprint(c.Capacity)
 	if c.MaxTimesSampled > 0 {
 		w += 4 * uint64(c.Capacity) // the counts; capacity is bounded by maxCapacity
+	}
+	if c.TrajKey != nil {
+		w += 40 * uint64(c.Capacity) // the episode index: a pointer and a step a slot, and episodes
 	}
 	if need > math.MaxUint64-w {
 		return math.MaxUint64

@@ -146,6 +146,7 @@ func (b *Buffer) Delete(ctx context.Context, info SampleInfo) (int, error) {
 // emptyLocked empties committed slot s, whose word is w; b.mu is held.
 func (b *Buffer) emptyLocked(s int, w uint64) {
 	b.selRemove(s)
+	b.epRemove(s)
 	b.slots.setWord(s, makeWord(gen(w), stateEmpty))
 	b.writer.deleted(s)
 }

@@ -167,6 +167,11 @@ func (b *Buffer) reserve(ctx context.Context, schema tensordict.RowSchema, n int
 		if err := schema.Validate(); err != nil {
 			return nil, nil, schemaErrorf("%v", err)
 		}
+		if b.cfg.TrajKey != nil {
+			if err := checkTrajKey(schema, b.cfg.TrajKey); err != nil {
+				return nil, nil, schemaErrorf("%v", err)
+			}
+		}
 		if b.closed.Load() {
 			return nil, nil, ErrClosed
 		}
@@ -208,6 +213,7 @@ func (b *Buffer) reserve(ctx context.Context, schema tensordict.RowSchema, n int
 			continue
 		}
 		b.selRemove(s)
+		b.epRemove(s)
 		w := b.slots.word(s)
 		b.slots.setWord(s, makeWord(gen(w)+1, stateWriting))
 		b.slots.setSeq(s, r.rid, row)
@@ -267,6 +273,7 @@ func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, e
 		b.slots.setKey(s, key)
 		b.slots.setWord(s, makeWord(gen(b.slots.word(s)), stateCommitted))
 		b.selInsert(s, b.slots.seq(s), p)
+		b.epAdd(s)
 		b.writer.committed(s, key)
 		n++
 	}

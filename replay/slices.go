@@ -1,0 +1,308 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// SliceSpec is what SampleSlices samples, with torchrl's SliceSampler's
+// meaning: NumSlices slices of SliceLen consecutive steps of one episode
+// each, never crossing an episode's boundary.
+type SliceSpec struct {
+	SliceLen  int `codec:"slice_len"`  // steps in a slice, at least 1
+	NumSlices int `codec:"num_slices"` // slices in a sample, at least 1
+	// PadShort is torchrl's strict_length=False: an episode shorter than
+	// SliceLen may be sampled, whole, its slice padded at the end with
+	// zero rows whose Mask is false. Without it (strict_length=True, the
+	// default) only episodes of at least SliceLen steps are sampled.
+	PadShort bool `codec:"pad_short"`
+}
+
+// SliceInfo describes a sample of slices: row by row (slice after slice,
+// each in step order) its slots, generations and weights (SampleInfo; a
+// padded row's index is -1), whether each row holds a step (Mask), and
+// each slice's episode.
+type SliceInfo struct {
+	SampleInfo
+	Mask     []bool  // per row: false for padding
+	Episodes []int64 // per slice: its trajectory key
+}
+
+// errNoSlice is a pick that found no slice (never returned: the pick
+// waits).
+var errNoSlice = fmt.Errorf("replay: no episode holds a slice")
+
+func (s SliceSpec) check(b *Buffer) error {
+	if b.eps == nil {
+		return argumentErrorf("the buffer has no trajectory key (Config.TrajKey): it knows no episodes to slice")
+	}
+	if s.SliceLen <= 0 || s.NumSlices <= 0 {
+		return argumentErrorf("slice length %d and number of slices %d; both must be positive", s.SliceLen, s.NumSlices)
+	}
+	if s.SliceLen > b.cfg.Capacity || s.SliceLen*s.NumSlices > maxSample {
+		return argumentErrorf("%d slices of %d steps: at most %d steps in one call, slices of at most the capacity %d",
+			s.NumSlices, s.SliceLen, maxSample, b.cfg.Capacity)
+	}
+	return nil
+}
+
+// SampleSlices samples spec.NumSlices slices of spec.SliceLen consecutive
+// steps, each from one episode (torchrl's SliceSampler with slice_len, or
+// num_slices with batch_size = NumSlices*SliceLen): an episode is chosen
+// uniformly among those holding a slice, then the slice's start uniformly
+// within it. It returns a TensorDict of batch size [NumSlices*SliceLen],
+// slice after slice, and what it holds. No step is torn: every step is
+// checked as a sampled row is, and a slice with a step overwritten while it
+// was copied is sampled again, whole. It waits until the buffer holds a
+// slice (and the rate limiter allows NumSlices*SliceLen samples), until
+// ctx ends. The buffer needs a TrajKey.
+func (b *Buffer) SampleSlices(ctx context.Context, spec SliceSpec) (*tensordict.TensorDict, SliceInfo, error) {
+	if err := spec.check(b); err != nil {
+		return nil, SliceInfo{}, err
+	}
+	if err := b.waitSchema(ctx); err != nil {
+		return nil, SliceInfo{}, err
+	}
+	n := spec.SliceLen * spec.NumSlices
+	schema := b.Schema()
+	if bytes := int64(n) * int64(schema.RowBytes()); bytes > maxSampleBytes {
+		return nil, SliceInfo{}, argumentErrorf("a sample of %d steps is %d bytes; at most %d in one call", n, bytes, int64(maxSampleBytes))
+	}
+	dst, err := schema.Zeros(n)
+	if err != nil {
+		return nil, SliceInfo{}, err
+	}
+	if err := b.enter(); err != nil {
+		return nil, SliceInfo{}, err
+	}
+	defer b.leave()
+	var info SliceInfo
+	if err := b.pickSlices(ctx, spec, spec.NumSlices, &info); err != nil {
+		return nil, SliceInfo{}, err
+	}
+	b.mu.Lock()
+	storage := b.storage
+	b.mu.Unlock()
+	if err := b.gatherSlices(ctx, storage, spec, dst, &info); err != nil {
+		return nil, SliceInfo{}, b.noteFault(err)
+	}
+	return dst, info, nil
+}
+
+// pickSlices appends k slices to info, waiting until the buffer holds
+// them.
+func (b *Buffer) pickSlices(ctx context.Context, spec SliceSpec, k int, info *SliceInfo) error {
+	if err := b.health(false); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	steps := k * spec.SliceLen
+	for {
+		if b.closed.Load() {
+			return ErrClosed
+		}
+		if b.lost != nil {
+			return b.lost
+		}
+		if b.storage != nil && b.limit.canSample(steps, b.sel.Len()) {
+			if err := b.trySlices(spec, k, info); err == nil {
+				b.limit.sampled(steps)
+				b.broadcast()
+				return nil
+			}
+		}
+		if err := b.wait(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// trySlices picks k slices, or none (errNoSlice); b.mu is held.
+func (b *Buffer) trySlices(spec SliceSpec, k int, info *SliceInfo) error {
+	type pick struct {
+		ep    *episode
+		start int
+	}
+	picks := make([]pick, 0, k)
+	L := spec.SliceLen
+	for range k {
+		ep, start, ok := b.slicePick(L, spec.PadShort)
+		if !ok {
+			return errNoSlice
+		}
+		picks = append(picks, pick{ep, start})
+	}
+	for _, p := range picks {
+		steps := p.ep.steps[p.start:min(p.start+L, len(p.ep.steps))]
+		for _, st := range steps {
+			info.Indices = append(info.Indices, st.slot)
+			info.IDs = append(info.IDs, gen(b.slots.word(st.slot)))
+			info.Weights = append(info.Weights, 1)
+			info.Mask = append(info.Mask, true)
+		}
+		for range L - len(steps) {
+			info.Indices = append(info.Indices, -1)
+			info.IDs = append(info.IDs, 0)
+			info.Weights = append(info.Weights, 1)
+			info.Mask = append(info.Mask, false)
+		}
+		info.Episodes = append(info.Episodes, p.ep.id)
+	}
+	return nil
+}
+
+// slicePick chooses an episode uniformly, then a start uniformly, and
+// rejects a window that holds a hole or (strict) an episode too short;
+// after 64 rejections it chooses uniformly among every window there is.
+// b.mu is held.
+func (b *Buffer) slicePick(L int, pad bool) (*episode, int, bool) {
+	list := b.eps.list
+	if len(list) == 0 {
+		return nil, 0, false
+	}
+	fits := func(ep *episode, start int) bool {
+		end := min(start+L, len(ep.steps))
+		for _, st := range ep.steps[start:end] {
+			if st.slot < 0 {
+				return false
+			}
+		}
+		return true
+	}
+	for range 64 {
+		ep := list[b.rng.IntN(len(list))]
+		m := len(ep.steps)
+		if m < L {
+			if pad && fits(ep, 0) {
+				return ep, 0, true
+			}
+			continue
+		}
+		if start := b.rng.IntN(m - L + 1); fits(ep, start) {
+			return ep, start, true
+		}
+	}
+	// Few episodes hold a slice: count the windows, and take one.
+	total := 0
+	for _, ep := range list {
+		total += windows(ep, L, pad)
+	}
+	if total == 0 {
+		return nil, 0, false
+	}
+	w := b.rng.IntN(total)
+	for _, ep := range list {
+		c := windows(ep, L, pad)
+		if w >= c {
+			w -= c
+			continue
+		}
+		for start := 0; start <= max(len(ep.steps)-L, 0); start++ {
+			if fits(ep, start) {
+				if w == 0 {
+					return ep, start, true
+				}
+				w--
+			}
+		}
+	}
+	return nil, 0, false
+}
+
+// windows counts the starts of hole-free slices of L steps in ep (1 for a
+// whole short episode when padding).
+func windows(ep *episode, L int, pad bool) int {
+	m := len(ep.steps)
+	if m < L {
+		if pad && !slices.ContainsFunc(ep.steps, func(s epStep) bool { return s.slot < 0 }) {
+			return 1
+		}
+		return 0
+	}
+	run, n := 0, 0
+	for _, st := range ep.steps {
+		if st.slot < 0 {
+			run = 0
+			continue
+		}
+		if run++; run >= L {
+			n++
+		}
+	}
+	return n
+}
+
+// gatherSlices copies the slices info names into dst, zeroes the padding,
+// and checks every step's word; a slice with a torn step is replaced by a
+// new pick, copied and checked in turn, up to maxResamples rounds.
+func (b *Buffer) gatherSlices(ctx context.Context, storage *tensordict.TensorDict, spec SliceSpec, dst *tensordict.TensorDict, info *SliceInfo) error {
+	L := spec.SliceLen
+	todo := make([]int, spec.NumSlices) // the slices to copy and check
+	for i := range todo {
+		todo[i] = i
+	}
+	for range maxResamples {
+		rows, src, pad := sliceRows(info, todo, L)
+		if len(src) > 0 {
+			part, err := storage.Gather(src)
+			if err != nil {
+				return err
+			}
+			if err := dst.SetRows(rows, part); err != nil {
+				return err
+			}
+		}
+		if len(pad) > 0 {
+			if err := dst.Fill(pad, 0); err != nil {
+				return err
+			}
+		}
+		fence()
+		var torn []int
+		for _, sl := range todo {
+			for i := sl * L; i < (sl+1)*L; i++ {
+				if s := info.Indices[i]; s >= 0 && b.slots.word(s) != makeWord(info.IDs[i], stateCommitted) {
+					torn = append(torn, sl)
+					break
+				}
+			}
+		}
+		if len(torn) == 0 {
+			return nil
+		}
+		b.mu.Lock()
+		b.stats.Resampled += int64(len(torn))
+		b.mu.Unlock()
+		var again SliceInfo
+		if err := b.pickSlices(ctx, spec, len(torn), &again); err != nil {
+			return err
+		}
+		for j, sl := range torn {
+			copy(info.Indices[sl*L:(sl+1)*L], again.Indices[j*L:(j+1)*L])
+			copy(info.IDs[sl*L:(sl+1)*L], again.IDs[j*L:(j+1)*L])
+			copy(info.Mask[sl*L:(sl+1)*L], again.Mask[j*L:(j+1)*L])
+			info.Episodes[sl] = again.Episodes[j]
+		}
+		todo = torn
+	}
+	return fmt.Errorf("%w; %d attempts", ErrContended, maxResamples)
+}
+
+// sliceRows lists, for the slices todo, the rows of dst that hold steps and
+// their slots, and the rows that are padding.
+func sliceRows(info *SliceInfo, todo []int, L int) (rows, src, pad []int) {
+	for _, sl := range todo {
+		for i := sl * L; i < (sl+1)*L; i++ {
+			if s := info.Indices[i]; s >= 0 {
+				rows, src = append(rows, i), append(src, s)
+			} else {
+				pad = append(pad, i)
+			}
+		}
+	}
+	return rows, src, pad
+}
