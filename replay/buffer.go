@@ -66,8 +66,8 @@ type Buffer struct {
 	limit   *limiter
 	rng     *mrand.Rand
 	maxPrio float64
-	times   []int32 // MaxTimesSampled: times each sampleable slot was sampled; -1 if not sampleable
-	left    int64   // MaxTimesSampled: samples the sampleable slots can still give
+	times   []int32       // MaxTimesSampled: times each sampleable slot was sampled; -1 if not sampleable
+	left    int64         // MaxTimesSampled: samples the sampleable slots can still give
 	eps     *episodeIndex // TrajKey: the episodes; nil without one
 	nextRID uint64
 	resv    map[uint64]*reservation
