@@ -509,7 +509,8 @@ type Setting = service.Setting
 // Settings returns the keys Set takes, in the order a list of them is
 // applied: capacity, sampler, the parameters of every kind of sampler
 // (alpha, beta, eps), min-size and lease, then Reverb's table controls:
-// samples-per-insert, error-buffer, max-times-sampled, writer and key.
+// samples-per-insert, error-buffer, max-times-sampled, writer and key;
+// and traj-key.
 func (Config) Settings() []Setting { return configKeys.Settings() }
 
 // Set sets the field key names from its text, as the command line's
@@ -567,5 +568,5 @@ var configKeys = func() service.Keys[Config] {
 		service.Key[Config]{Setting: Setting{Key: "lease", Value: "D", Help: "how long a reservation may stay uncommitted (default 30s)"},
 			Set: func(c *Config, v string) error { return service.SetPositive(&c.Lease, v) }},
 	)
-	return append(keys, controlKeys...)
+	return append(append(keys, controlKeys...), trajKey)
 }()

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/replay/internal/selector"
@@ -237,3 +239,15 @@ func setRatio(dst *float64, v string) error {
 	*dst = x
 	return nil
 }
+
+// trajKey is the trajectory key's setting, after the others.
+var trajKey = service.Key[Config]{
+	Setting: Setting{Key: "traj-key", Value: "K", Help: "the int64 field holding each transition's episode (torchrl's traj_key; nested keys joined by /): the buffer knows its episodes and samples slices; fixed when it is created"},
+	Set: func(c *Config, v string) error {
+		key := strings.Split(v, "/")
+		if slices.Contains(key, "") {
+			return errors.New("want a key, nested keys joined by / (collector/traj_ids)")
+		}
+		c.TrajKey = key
+		return nil
+	}}

@@ -27,6 +27,11 @@ var controlsGolden = []struct {
 	{"replay.delete response", deleteResponse{Deleted: 1}},
 	{"replay.reset request", nameRequest{Name: "buf"}},
 	{"replay.reset response", rpc.Empty{}},
+	{"replay.sample_slices request", slicesRequest{Name: "buf", SliceLen: 2, NumSlices: 2, PadShort: true}},
+	{"replay.sample_slices response, rows left out", slicesResponse{ID: "9f3c0a7d12e4b5a6",
+		Info:     SampleInfo{Indices: []int{4, 5, 9, -1}, IDs: []uint64{1, 1, 2, 0}, Weights: []float64{1, 1, 1, 1}},
+		Mask:     []bool{true, true, true, false},
+		Episodes: []int64{7, 8}}},
 }
 
 // readGoldenFile reads a "# NAME" then hex file into {name: bytes}.
@@ -100,7 +105,7 @@ func TestWire_GoldenControls(t *testing.T) {
 // hands it to a buffer: a clear error or a count, never a panic, and the
 // buffer keeps serving whole rows.
 func FuzzDeleteRequest(f *testing.F) {
-	for _, g := range controlsGolden[:2] {
+	for _, g := range controlsGolden[:2] { // the delete requests
 		var out []byte
 		if err := codec.NewEncoderBytes(&out, msgpackHandle).Encode(g.msg); err != nil {
 			f.Fatal(err)
@@ -131,4 +136,9 @@ func FuzzDeleteRequest(f *testing.F) {
 		}
 		rowIDs(t, td)
 	})
+}
+
+// decodeMsgpack decodes data as rpc's handle does.
+func decodeMsgpack(data []byte, v any) error {
+	return codec.NewDecoderBytes(data, msgpackHandle).Decode(v)
 }

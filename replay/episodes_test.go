@@ -328,3 +328,78 @@ func TestSampleSlices_NeverTorn(t *testing.T) {
 	}
 	t.Logf("%d samples of slices, %d slices resampled", samples, stats(t, b).Resampled)
 }
+
+// TestRemote_SampleSlices: a client samples slices over the wire, in both
+// modes, while a writer appends episodes.
+func TestRemote_SampleSlices(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			root := t.TempDir()
+			n := serveBuffer(t, root, "buf", Config{Capacity: 40, TrajKey: []string{"episode"}})
+			c := dialBuffer(t, n.addr, "buf", root, mode)
+			ctx := ctxT(t)
+			for ep := int64(1); ep <= 6; ep++ {
+				if _, err := c.Extend(ctx, steps(t, ep, 0, int(ep)*2)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, spec := range []SliceSpec{{SliceLen: 5, NumSlices: 32}, {SliceLen: 5, NumSlices: 32, PadShort: true}} {
+				td, info, err := c.SampleSlices(ctx, spec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := checkSlices(info, td, spec); err != nil {
+					t.Fatal(err)
+				}
+				for _, ep := range info.Episodes {
+					if !spec.PadShort && ep < 3 {
+						t.Fatalf("strict slices of 5 from episode %d of %d steps", ep, ep*2)
+					}
+				}
+			}
+			if _, _, err := c.SampleSlices(ctx, SliceSpec{SliceLen: 0, NumSlices: 1}); !errors.Is(err, ErrArgument) {
+				t.Fatalf("slice length 0: %v", err)
+			}
+		})
+	}
+}
+
+// FuzzSlicesRequest decodes arbitrary bytes as a replay.sample_slices
+// request and serves it: a clear error or whole slices, never a panic.
+func FuzzSlicesRequest(f *testing.F) {
+	for _, g := range controlsGolden {
+		if r, ok := g.msg.(slicesRequest); ok {
+			f.Add(encodeGolden(&testing.T{}, r))
+		}
+	}
+	f.Add(encodeGolden(&testing.T{}, slicesRequest{SliceLen: 2, NumSlices: 1 << 62}))
+	f.Add([]byte{0x83, 0xa9, 's', 'l', 'i', 'c', 'e', '_', 'l', 'e', 'n', 0xd2, 0x7f, 0xff, 0xff, 0xff, 0xaa, 'n', 'u', 'm', '_', 's', 'l', 'i', 'c', 'e', 's', 0x02, 0xa4, 'n', 'a', 'm', 'e', 0xa0})
+	b := create(f, Config{Capacity: 32, Schema: stepSchema, TrajKey: []string{"episode"}})
+	for ep := int64(1); ep <= 4; ep++ {
+		if _, err := b.Extend(ctxT(f), steps(f, ep, 0, 6)); err != nil {
+			f.Fatal(err)
+		}
+	}
+	svc := serveAt(f, b, "x")
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var req slicesRequest
+		if err := decodeMsgpack(data, &req); err != nil {
+			return
+		}
+		req.Name = "buf"
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		resp, err := svc.sampleSlices(ctx, req)
+		if err != nil {
+			if !errors.Is(err, ErrArgument) && !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("%+v: %v", req, err)
+			}
+			return
+		}
+		spec := SliceSpec{SliceLen: req.SliceLen, NumSlices: req.NumSlices, PadShort: req.PadShort}
+		info := SliceInfo{SampleInfo: resp.Info, Mask: resp.Mask, Episodes: resp.Episodes}
+		if err := checkSlices(info, resp.Batch.TensorDict, spec); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -21,6 +21,7 @@ const (
 	MethodStats          = "replay.stats"
 	MethodDelete         = "replay.delete"
 	MethodReset          = "replay.reset"
+	MethodSampleSlices   = "replay.sample_slices"
 )
 
 // repeatable marks the methods a client sends again when the connection
@@ -48,6 +49,8 @@ var repeatable = service.Methods{
 	// A reset is not: sent again after its reply was lost, it could
 	// empty what writers added since. The client gets the error.
 	MethodReset: false,
+	// As replay.sample: picks whose reply was lost were never seen.
+	MethodSampleSlices: true,
 }
 
 // Service is the replay service of an rpc.Server: the buffers it serves,
@@ -151,6 +154,7 @@ func registerMethods(s *rpc.Server, svc *Service) error {
 		rpc.Register(s, MethodStats, svc.stats),
 		rpc.Register(s, MethodDelete, svc.delete),
 		rpc.Register(s, MethodReset, svc.reset),
+		rpc.Register(s, MethodSampleSlices, svc.sampleSlices),
 	}
 	for _, err := range regs {
 		if err != nil {

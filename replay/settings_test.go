@@ -3,6 +3,7 @@ package replay
 import (
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -89,7 +90,9 @@ func TestConfig_Set(t *testing.T) {
 		{prioritized, "alpha", "-1", "alpha=-1", nil},
 		{prioritized, "beta", "x", "want a number", nil},
 		{Config{}, "alpha", "0.5", "uniform takes no parameters (alpha given)", nil},
-		{Config{}, "colour", "red", "unknown setting; the settings are capacity, sampler, alpha, beta, eps, min-size, lease, samples-per-insert, error-buffer, max-times-sampled, writer and key", nil},
+		{Config{}, "colour", "red", "unknown setting; the settings are capacity, sampler, alpha, beta, eps, min-size, lease, samples-per-insert, error-buffer, max-times-sampled, writer, key and traj-key", nil},
+		{Config{}, "traj-key", "collector/traj_ids", "", func(c Config) bool { return slices.Equal(c.TrajKey, []string{"collector", "traj_ids"}) }},
+		{Config{}, "traj-key", "a//b", "want a key", nil},
 		{Config{}, "samples-per-insert", "4", "", func(c Config) bool { return c.Limit.SamplesPerInsert == 4 }},
 		{Config{}, "samples-per-insert", "-1", "want a finite number >= 0", nil},
 		{Config{}, "error-buffer", "NaN", "want a finite number >= 0", nil},
@@ -120,7 +123,7 @@ func TestConfig_Set(t *testing.T) {
 			t.Errorf("setting %+v: no value or no help", s)
 		}
 	}
-	if got := strings.Join(keys, ","); got != "capacity,sampler,alpha,beta,eps,min-size,lease,samples-per-insert,error-buffer,max-times-sampled,writer,key" {
+	if got := strings.Join(keys, ","); got != "capacity,sampler,alpha,beta,eps,min-size,lease,samples-per-insert,error-buffer,max-times-sampled,writer,key,traj-key" {
 		t.Errorf("Settings() keys %s", got)
 	}
 }

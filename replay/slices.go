@@ -42,7 +42,7 @@ func (s SliceSpec) check(b *Buffer) error {
 	if s.SliceLen <= 0 || s.NumSlices <= 0 {
 		return argumentErrorf("slice length %d and number of slices %d; both must be positive", s.SliceLen, s.NumSlices)
 	}
-	if s.SliceLen > b.cfg.Capacity || s.SliceLen*s.NumSlices > maxSample {
+	if s.NumSlices > maxSample || s.SliceLen > b.cfg.Capacity || s.SliceLen*s.NumSlices > maxSample {
 		return argumentErrorf("%d slices of %d steps: at most %d steps in one call, slices of at most the capacity %d",
 			s.NumSlices, s.SliceLen, maxSample, b.cfg.Capacity)
 	}

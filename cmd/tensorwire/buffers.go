@@ -18,7 +18,7 @@ import (
 // bufferSpec is one --buffer flag of the node command:
 // NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D]
 // [,samples-per-insert=X][,error-buffer=X][,max-times-sampled=N]
-// [,writer=round_robin|top_k][,key=K], PARAM a parameter of the sampler
+// [,writer=round_robin|top_k][,key=K][,traj-key=K], PARAM a parameter of the sampler
 // (prioritized: alpha, beta, eps): the settings of replay.Config.Set. Only the settings given are kept, to
 // create the buffer with (createConfig) or change the one there (change).
 type bufferSpec struct{ spec }
@@ -134,6 +134,9 @@ func (s bufferSpec) change(cur replay.Config) (replay.Config, error) {
 		case (st.key == "writer" || st.key == "key") && next.Writer.String() != cur.Writer.String():
 			return cur, fmt.Errorf("%s=%s, but the buffer's writer is %s: it is fixed when the buffer is created",
 				st.key, st.value, cur.Writer)
+		case st.key == "traj-key" && !slices.Equal(next.TrajKey, cur.TrajKey):
+			return cur, fmt.Errorf("traj-key=%s, but the buffer's trajectory key is %q: it is fixed when the buffer is created",
+				st.value, strings.Join(cur.TrajKey, "/"))
 		case st.key == "min-size" && next.Limit.MinSize > cur.Capacity:
 			return cur, fmt.Errorf("min-size=%d is larger than the buffer's capacity %d: sampling could never start",
 				next.Limit.MinSize, cur.Capacity)

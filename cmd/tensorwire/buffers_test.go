@@ -122,7 +122,7 @@ func TestNode_BufferFlagErrors(t *testing.T) {
 		{"b,samples-per-insert=-2", "samples-per-insert=-2: want a finite number >= 0"},
 		{"b,max-times-sampled=x", "max-times-sampled=x"},
 		{"b,sampler=prioritized(alpha=1)", "the kind alone"},
-		{"b,colour=red", `unknown setting "colour"; the settings are capacity, sampler, alpha, beta, eps, min-size, lease, samples-per-insert, error-buffer, max-times-sampled, writer and key`},
+		{"b,colour=red", `unknown setting "colour"; the settings are capacity, sampler, alpha, beta, eps, min-size, lease, samples-per-insert, error-buffer, max-times-sampled, writer, key and traj-key`},
 		{"b,capacity", "not key=value"},
 		{"b,lease=5", "lease"},
 		{"b,capacity=0", "capacity=0: want at least 1"},
