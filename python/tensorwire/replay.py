@@ -649,6 +649,45 @@ class Buffer:
         pending, expired, resampled, sampler, node_heap, storage_lost."""
         return self._call("replay.stats", {"name": self.name}, _deadline(timeout))
 
+    # Trajectories (docs/replay.md, "Trajectories and slices").
+
+    def sample_slices(self, batch_size=None, slice_len=None, num_slices=None, strict_length=True,
+                      timeout=None, as_torch=False):
+        """Slices of episodes, with torchrl's SliceSampler's meaning: give
+        slice_len or num_slices, and batch_size (steps in all) or both.
+        Each slice is slice_len consecutive steps of one episode, never
+        crossing its boundary: an episode is chosen uniformly among those
+        that hold a slice, then the start uniformly. With strict_length
+        False, episodes shorter than slice_len are sampled too, whole, and
+        padded at the end with zero rows (SliceInfo.mask False). Returns
+        (batch, SliceInfo), the batch of num_slices*slice_len rows, slice
+        after slice. No step is torn (the node samples a slice again, whole,
+        when a step of it was overwritten while copied). The buffer needs a
+        trajectory key (--buffer ...,traj-key=K). Rows always come as
+        bytes."""
+        slice_len, num_slices = _slice_shape(batch_size, slice_len, num_slices)
+        deadline = _deadline(timeout)
+        r = self._call("replay.sample_slices", _slices_request(self.name, slice_len, num_slices, strict_length),
+                       deadline, ("batch",))
+        n = slice_len * num_slices
+        if r.get("batch") is None:
+            raise _errors.InternalError("replay: the node sent no rows")
+        info = SliceInfo._from_wire(r, slice_len)
+        if len(info.indices) != n or len(info.mask) != n or len(info.episodes) != num_slices:
+            raise _errors.InternalError(f"replay: the node sent {len(info.indices)} rows for {num_slices} slices of {slice_len}")
+        batch = r["batch"]
+        return (_to_torch(batch) if as_torch else batch), info
+
+    def as_dataset(self, batch_size, slice_len=None, num_slices=None, strict_length=True, prefetch=2, timeout=None):
+        """A torch IterableDataset over this buffer (torchrl's as_dataset,
+        Reverb's dataset): tensordict-like dicts of torch tensors, samples
+        of batch_size transitions, or slices when slice_len or num_slices is
+        given, with `prefetch` samples fetched ahead by one thread. See
+        tensorwire.replay_seq.ReplayDataset."""
+        from tensorwire.replay_seq import ReplayDataset
+        return ReplayDataset(self, batch_size, slice_len=slice_len, num_slices=num_slices,
+                             strict_length=strict_length, prefetch=prefetch, timeout=timeout)
+
     # Reverb's table controls (docs/replay.md, "Table controls").
 
     def delete(self, info, timeout=None):
@@ -671,6 +710,61 @@ class Buffer:
         self._client.call("replay.reset", {"name": self.name}, timeout=timeout)
 
     empty = reset
+
+
+class SliceInfo(SampleInfo):
+    """What a sample of slices returned: row by row (slice after slice)
+    indices, ids and weights as SampleInfo (-1 and 0 for padding), mask
+    (bool: False for padding), and per slice its episode's key
+    (episodes, int64); slice_len."""
+
+    __slots__ = ("mask", "episodes", "slice_len")
+
+    def __init__(self, indices, ids, weights, mask, episodes, slice_len):
+        super().__init__(indices, ids, weights)
+        self.mask = np.asarray(mask, dtype=bool)
+        self.episodes = np.asarray(episodes, dtype=np.int64)
+        self.slice_len = int(slice_len)
+
+    @classmethod
+    def _from_wire(cls, r, slice_len):
+        i = SampleInfo._from_wire(r.get("info"))
+        return cls(i.indices, i.ids, i.weights, r.get("mask") or [], r.get("episodes") or [], slice_len)
+
+    def __repr__(self):
+        return (f"SliceInfo(episodes={self.episodes!r}, slice_len={self.slice_len}, indices={self.indices!r}, "
+                f"mask={self.mask!r})")
+
+
+def _slice_shape(batch_size, slice_len, num_slices):
+    """(slice_len, num_slices) from torchrl's arguments."""
+    def whole(name, v):
+        if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0):
+            raise ArgumentError(f"{name}={v!r}: want a positive int")
+    whole("batch_size", batch_size)
+    whole("slice_len", slice_len)
+    whole("num_slices", num_slices)
+    if (slice_len is None) == (num_slices is None) and batch_size is not None:
+        raise ArgumentError("give one of slice_len and num_slices with batch_size (torchrl's SliceSampler)")
+    if slice_len is None and num_slices is None:
+        raise ArgumentError("give slice_len or num_slices")
+    if batch_size is not None:
+        known = slice_len if slice_len is not None else num_slices
+        if batch_size % known:
+            raise ArgumentError(f"batch_size {batch_size} is not a multiple of {known}")
+        if slice_len is None:
+            slice_len = batch_size // known
+        else:
+            num_slices = batch_size // known
+    if num_slices is None or slice_len is None:
+        raise ArgumentError("give batch_size, or both slice_len and num_slices")
+    if slice_len * num_slices > MAX_SAMPLE:
+        raise ArgumentError(f"{num_slices} slices of {slice_len}: at most {MAX_SAMPLE} steps in one call")
+    return int(slice_len), int(num_slices)
+
+
+def _slices_request(name, slice_len, num_slices, strict_length):
+    return {"name": name, "num_slices": num_slices, "pad_short": not strict_length, "slice_len": slice_len}
 
 
 def _delete_request(name, info, capacity=None):
