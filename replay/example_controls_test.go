@@ -38,3 +38,43 @@ func ExampleLIFO() {
 	// 1 1
 	// 0
 }
+
+// Episodes written step by step, interleaved, and sampled as slices that
+// never cross an episode's end.
+func ExampleBuffer_SampleSlices() {
+	dir, _ := os.MkdirTemp("", "replay")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	b, err := replay.Create(filepath.Join(dir, "seq"), replay.Config{Capacity: 64, TrajKey: []string{"episode"}})
+	if err != nil {
+		panic(err)
+	}
+	defer b.Close()
+	step := func(episode int64, from, to int) *tensordict.TensorDict {
+		var eps, ts []int64
+		for t := from; t < to; t++ {
+			eps, ts = append(eps, episode), append(ts, int64(t))
+		}
+		td, _ := tensordict.New(len(ts))
+		e, _ := tensordict.FromSlice(eps, len(ts))
+		s, _ := tensordict.FromSlice(ts, len(ts))
+		td.Set("episode", e)
+		td.Set("t", s)
+		return td
+	}
+	b.Extend(ctx, step(1, 0, 3)) // two actors, interleaved
+	b.Extend(ctx, step(2, 0, 2))
+	b.Extend(ctx, step(1, 3, 5))
+	b.Extend(ctx, step(2, 2, 3))
+	td, info, _ := b.SampleSlices(ctx, replay.SliceSpec{SliceLen: 4, NumSlices: 2})
+	ts, _ := td.Tensor("t")
+	t, _ := tensordict.Values[int64](ts)
+	fmt.Println(info.Episodes, len(t)) // only episode 1 holds 4 steps
+	for _, e := range b.Episodes() {
+		fmt.Println(e.ID, len(e.Slots))
+	}
+	// Output:
+	// [1 1] 8
+	// 1 5
+	// 2 3
+}
