@@ -247,7 +247,11 @@ func (b *Buffer) gatherSlices(ctx context.Context, storage *tensordict.TensorDic
 	}
 	for range maxResamples {
 		rows, src, pad := sliceRows(info, todo, L)
-		if len(src) > 0 {
+		if len(src) == len(info.Indices) { // every row, in order: one copy
+			if err := storage.GatherInto(dst, src); err != nil {
+				return err
+			}
+		} else if len(src) > 0 {
 			part, err := storage.Gather(src)
 			if err != nil {
 				return err
