@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -402,4 +403,59 @@ func FuzzSlicesRequest(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestSampleSlices_Prioritized: starts are drawn in proportion to their
+// priority among the steps that can start a slice, with the start's
+// importance weight (torchrl's PrioritizedSliceSampler).
+func TestSampleSlices_Prioritized(t *testing.T) {
+	b := create(t, Config{Capacity: 64, Schema: stepSchema, TrajKey: []string{"episode"}, Sampler: Prioritized(1, 1)})
+	ctx := ctxT(t)
+	idx := map[int64][]int{}
+	for ep := int64(1); ep <= 2; ep++ {
+		s, err := b.ExtendPriority(ctx, steps(t, ep, 0, 10), slices.Repeat([]float64{1}, 10))
+		if err != nil {
+			t.Fatal(err)
+		}
+		idx[ep] = s
+	}
+	// Episode 1's step 3 weighs 100; steps 7 to 9 (which start no slice of
+	// 4) weigh 1000, and must never start one.
+	prio := slices.Repeat([]float64{1}, 10)
+	prio[3], prio[7], prio[8], prio[9] = 100, 1000, 1000, 1000
+	if _, err := b.UpdatePriority(ctx, SampleInfo{Indices: idx[1]}, prio); err != nil {
+		t.Fatal(err)
+	}
+	spec := SliceSpec{SliceLen: 4, NumSlices: 4000, Prioritized: true}
+	td, info, err := b.SampleSlices(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkSlices(info, td, spec); err != nil {
+		t.Fatal(err)
+	}
+	_, st, _ := stepsOf(td)
+	hot := 0
+	for sl := range spec.NumSlices {
+		start := st[sl*4]
+		if start > 6 {
+			t.Fatalf("slice %d starts at step %d of 10", sl, start)
+		}
+		w := info.Weights[sl*4]
+		if info.Episodes[sl] == 1 && start == 3 {
+			hot++
+			if math.Abs(w-0.01) > 1e-9 {
+				t.Fatalf("the hot start's weight %g, want 1/100", w)
+			}
+		} else if w != 1 {
+			t.Fatalf("a start of priority 1 has weight %g", w)
+		}
+	}
+	// 100 of 113 (14 starts: 13 of priority 1, one of 100): 3540 of 4000.
+	if hot < 3340 || hot > 3740 {
+		t.Fatalf("the hot start began %d of 4000 slices; about 3540 expected", hot)
+	}
+	if _, _, err := create(t, Config{Capacity: 8, TrajKey: []string{"episode"}}).SampleSlices(ctx, spec); !errors.Is(err, ErrArgument) {
+		t.Fatalf("prioritized slices of a uniform buffer: %v", err)
+	}
 }

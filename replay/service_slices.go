@@ -16,6 +16,9 @@ type (
 		SliceLen  int    `codec:"slice_len"`
 		NumSlices int    `codec:"num_slices"`
 		PadShort  bool   `codec:"pad_short"` // torchrl's strict_length=False
+		// Prioritized: torchrl's PrioritizedSliceSampler (the buffer's
+		// sampler must be prioritized).
+		Prioritized bool `codec:"prioritized"`
 	}
 	slicesResponse struct {
 		ID       string     `codec:"id"`
@@ -32,7 +35,7 @@ func (svc *Service) sampleSlices(ctx context.Context, req slicesRequest) (slices
 		return slicesResponse{}, err
 	}
 	b := sb.Item
-	td, info, err := b.SampleSlices(ctx, SliceSpec{SliceLen: req.SliceLen, NumSlices: req.NumSlices, PadShort: req.PadShort})
+	td, info, err := b.SampleSlices(ctx, SliceSpec{SliceLen: req.SliceLen, NumSlices: req.NumSlices, PadShort: req.PadShort, Prioritized: req.Prioritized})
 	if err != nil {
 		return slicesResponse{}, err
 	}
@@ -43,7 +46,7 @@ func (svc *Service) sampleSlices(ctx context.Context, req slicesRequest) (slices
 // the node sends the rows (in either mode).
 func (c *Client) SampleSlices(ctx context.Context, spec SliceSpec) (*tensordict.TensorDict, SliceInfo, error) {
 	resp, err := service.Call[slicesResponse](ctx, &c.calls, MethodSampleSlices, slicesRequest{
-		Name: c.name, SliceLen: spec.SliceLen, NumSlices: spec.NumSlices, PadShort: spec.PadShort,
+		Name: c.name, SliceLen: spec.SliceLen, NumSlices: spec.NumSlices, PadShort: spec.PadShort, Prioritized: spec.Prioritized,
 	})
 	if err != nil {
 		return nil, SliceInfo{}, err

@@ -3,8 +3,10 @@ package replay
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 
+	"github.com/tensorwire/tensorwire/replay/internal/selector"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -19,6 +21,13 @@ type SliceSpec struct {
 	// zero rows whose Mask is false. Without it (strict_length=True, the
 	// default) only episodes of at least SliceLen steps are sampled.
 	PadShort bool `codec:"pad_short"`
+	// Prioritized is torchrl's PrioritizedSliceSampler: a slice's start
+	// step is drawn in proportion to its priority, (p+eps)^alpha, among
+	// the steps that can start one, and its rows get the start's
+	// importance weight. The buffer's Sampler must be Prioritized (its
+	// alpha, beta and eps apply; UpdatePriority sets the steps'
+	// priorities).
+	Prioritized bool `codec:"prioritized"`
 }
 
 // SliceInfo describes a sample of slices: row by row (slice after slice,
@@ -38,6 +47,9 @@ var errNoSlice = fmt.Errorf("replay: no episode holds a slice")
 func (s SliceSpec) check(b *Buffer) error {
 	if b.eps == nil {
 		return argumentErrorf("the buffer has no trajectory key (Config.TrajKey): it knows no episodes to slice")
+	}
+	if s.Prioritized && b.cfg.Sampler.Kind() != string(selector.KindPrioritized) {
+		return argumentErrorf("prioritized slices need a prioritized sampler; the buffer's is %s", b.cfg.Sampler)
 	}
 	if s.SliceLen <= 0 || s.NumSlices <= 0 {
 		return argumentErrorf("slice length %d and number of slices %d; both must be positive", s.SliceLen, s.NumSlices)
@@ -124,30 +136,38 @@ func (b *Buffer) pickSlices(ctx context.Context, spec SliceSpec, k int, info *Sl
 // trySlices picks k slices, or none (errNoSlice); b.mu is held.
 func (b *Buffer) trySlices(spec SliceSpec, k int, info *SliceInfo) error {
 	type pick struct {
-		ep    *episode
-		start int
+		ep     *episode
+		start  int
+		weight float64
 	}
 	picks := make([]pick, 0, k)
 	L := spec.SliceLen
 	for range k {
-		ep, start, ok := b.slicePick(L, spec.PadShort)
+		var ep *episode
+		var start int
+		ok, w := false, 1.0
+		if spec.Prioritized {
+			ep, start, w, ok = b.slicePickPrioritized(L, spec.PadShort)
+		} else {
+			ep, start, ok = b.slicePick(L, spec.PadShort)
+		}
 		if !ok {
 			return errNoSlice
 		}
-		picks = append(picks, pick{ep, start})
+		picks = append(picks, pick{ep, start, w})
 	}
 	for _, p := range picks {
 		steps := p.ep.steps[p.start:min(p.start+L, len(p.ep.steps))]
 		for _, st := range steps {
 			info.Indices = append(info.Indices, st.slot)
 			info.IDs = append(info.IDs, gen(b.slots.word(st.slot)))
-			info.Weights = append(info.Weights, 1)
+			info.Weights = append(info.Weights, p.weight)
 			info.Mask = append(info.Mask, true)
 		}
 		for range L - len(steps) {
 			info.Indices = append(info.Indices, -1)
 			info.IDs = append(info.IDs, 0)
-			info.Weights = append(info.Weights, 1)
+			info.Weights = append(info.Weights, p.weight)
 			info.Mask = append(info.Mask, false)
 		}
 		info.Episodes = append(info.Episodes, p.ep.id)
@@ -211,6 +231,79 @@ func (b *Buffer) slicePick(L int, pad bool) (*episode, int, bool) {
 		}
 	}
 	return nil, 0, false
+}
+
+// canStart reports whether slot, a step of an episode, starts a slice of
+// L steps without a hole (or, padding, a whole short episode); b.mu is
+// held.
+func (b *Buffer) canStart(slot, L int, pad bool) (*episode, int, bool) {
+	ep := b.eps.of[slot]
+	if ep == nil {
+		return nil, 0, false
+	}
+	i, ok := slices.BinarySearchFunc(ep.steps, b.slots.seq(slot), func(e epStep, q uint64) int { return cmpU(e.seq, q) })
+	if !ok {
+		return nil, 0, false
+	}
+	m := len(ep.steps)
+	if m < L {
+		if !pad || i != 0 {
+			return nil, 0, false
+		}
+	} else if i > m-L {
+		return nil, 0, false
+	}
+	for _, st := range ep.steps[i:min(i+L, m)] {
+		if st.slot < 0 {
+			return nil, 0, false
+		}
+	}
+	return ep, i, true
+}
+
+// slicePickPrioritized draws a start step from the prioritized sampler,
+// rejecting steps that cannot start a slice: the draw is then in
+// proportion to priority among those that can. After 64 rejections it
+// draws among every step that can, by a scan. b.mu is held.
+func (b *Buffer) slicePickPrioritized(L int, pad bool) (*episode, int, float64, bool) {
+	var slot []int
+	var w []float64
+	for range 64 {
+		var err error
+		slot, w, err = b.sel.Select(b.rng, 1, slot[:0], w[:0])
+		if err != nil {
+			return nil, 0, 0, false
+		}
+		if ep, i, ok := b.canStart(slot[0], L, pad); ok {
+			return ep, i, w[0], true
+		}
+	}
+	spec := b.cfg.Sampler.spec
+	q := func(s int) float64 { return math.Pow(b.sel.Priority(s)+spec.Eps, spec.Alpha) }
+	total, qMin := 0.0, math.Inf(1)
+	var starts []int
+	for _, ep := range b.eps.list {
+		for _, st := range ep.steps {
+			if st.slot >= 0 && b.sel.Priority(st.slot) > 0 {
+				if _, _, ok := b.canStart(st.slot, L, pad); ok {
+					starts = append(starts, st.slot)
+					total += q(st.slot)
+					qMin = min(qMin, q(st.slot))
+				}
+			}
+		}
+	}
+	if len(starts) == 0 || !(total > 0) {
+		return nil, 0, 0, false
+	}
+	x := b.rng.Float64() * total
+	for _, s := range starts {
+		if x -= q(s); x < 0 || s == starts[len(starts)-1] {
+			ep, i, _ := b.canStart(s, L, pad)
+			return ep, i, math.Pow(qMin/q(s), spec.Beta), true
+		}
+	}
+	return nil, 0, 0, false
 }
 
 // windows counts the starts of hole-free slices of L steps in ep (1 for a
@@ -289,6 +382,7 @@ func (b *Buffer) gatherSlices(ctx context.Context, storage *tensordict.TensorDic
 			copy(info.Indices[sl*L:(sl+1)*L], again.Indices[j*L:(j+1)*L])
 			copy(info.IDs[sl*L:(sl+1)*L], again.IDs[j*L:(j+1)*L])
 			copy(info.Mask[sl*L:(sl+1)*L], again.Mask[j*L:(j+1)*L])
+			copy(info.Weights[sl*L:(sl+1)*L], again.Weights[j*L:(j+1)*L])
 			info.Episodes[sl] = again.Episodes[j]
 		}
 		todo = torn

@@ -81,7 +81,8 @@ class TestSlices(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.node = Node(buffers=[f"seq-{m},capacity=400,traj-key=episode" for m in MODES] +
-                        ["plain,capacity=10", "ds,capacity=200,traj-key=episode"]).start()
+                        ["plain,capacity=10", "ds,capacity=200,traj-key=episode",
+                         "pri,capacity=100,traj-key=episode,sampler=prioritized,alpha=1,beta=1"]).start()
 
     @classmethod
     def tearDownClass(cls):
@@ -148,6 +149,26 @@ class TestSlices(unittest.TestCase):
                 with self.assertRaises(replay.ArgumentError):
                     b.sample_slices(slice_len=8)
 
+    def test_prioritized(self):
+        """Start steps by priority among those that can start a slice, rows
+        weighted by their start (torchrl's PrioritizedSliceSampler)."""
+        with dial(self.node, "pri", "ref") as b:
+            idx = b.extend(steps(1, 0, 10, 10))
+            b.extend(steps(2, 0, 10, 10))
+            p = np.ones(10)
+            p[3], p[8] = 100.0, 1000.0  # step 8 starts no slice of 4
+            b.update_priority(replay.SampleInfo(idx, np.ones(10, np.uint64), np.ones(10)), p)
+            td, info = b.sample_slices(num_slices=2000, slice_len=4, prioritized=True)
+            check_slices(self, td, info, 4)
+            starts = td["step"][::4]
+            self.assertTrue((starts <= 6).all())
+            hot = (starts == 3) & (info.episodes == 1)
+            self.assertTrue(1620 < hot.sum() < 1920, hot.sum())  # 100/113 of 2000: 1770
+            np.testing.assert_allclose(info.weights[::4][hot], 0.01)
+            np.testing.assert_allclose(info.weights[::4][~hot], 1.0)
+        with dial(self.node, "ds", "bytes") as b, self.assertRaises(replay.ArgumentError):
+            b.sample_slices(num_slices=1, slice_len=1, prioritized=True)
+
     def test_no_trajectory_key(self):
         with dial(self.node, "plain", "bytes") as b:
             with self.assertRaises(replay.ArgumentError):
@@ -195,7 +216,7 @@ class TestSlicesGolden(unittest.TestCase):
     def test_bytes(self):
         with open(os.path.join(REPO, "replay", "testdata", "wire", "controls.hex")) as f:
             g = parse(f.read())[1]
-        self.assertEqual(_msgpack.packb(replay._slices_request("buf", 2, 2, False)), g["replay.sample_slices request"])
+        self.assertEqual(_msgpack.packb(replay._slices_request("buf", 2, 2, False, True)), g["replay.sample_slices request"])
         r = _msgpack.unpackb(g["replay.sample_slices response, rows left out"])
         info = replay.SliceInfo._from_wire(r, 2)
         np.testing.assert_array_equal(info.indices, [4, 5, 9, -1])
