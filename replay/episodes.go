@@ -42,6 +42,8 @@ type episodeIndex struct {
 	byID map[int64]*episode
 	list []*episode
 	of   []*episode // per slot; nil: in no episode
+
+	epoch sliceEpoch // slices without replacement
 }
 
 func newEpisodeIndex(key []string, capacity int) *episodeIndex {

@@ -459,3 +459,54 @@ func TestSampleSlices_Prioritized(t *testing.T) {
 		t.Fatalf("prioritized slices of a uniform buffer: %v", err)
 	}
 }
+
+// TestSampleSlices_WithoutReplacement: within an epoch no step is in two
+// slices, and every slice of the epoch comes once (torchrl's
+// SliceSamplerWithoutReplacement).
+func TestSampleSlices_WithoutReplacement(t *testing.T) {
+	b := create(t, Config{Capacity: 200, Schema: stepSchema, TrajKey: []string{"episode"}})
+	ctx := ctxT(t)
+	lens := map[int64]int{1: 10, 2: 7, 3: 2, 4: 12}
+	for ep := int64(1); ep <= 4; ep++ {
+		if _, err := b.Extend(ctx, steps(t, ep, 0, lens[ep])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Slices of 3: 3 + 2 + 0 + 4 = 9 an epoch, 27 steps; with padding,
+	// episode 3 too: 10, 29 steps.
+	for _, tc := range []struct {
+		pad          bool
+		epoch, steps int
+	}{{false, 9, 27}, {true, 10, 29}} {
+		spec := SliceSpec{SliceLen: 3, NumSlices: 1, WithoutReplacement: true, PadShort: tc.pad}
+		for range 3 { // three epochs
+			seen := map[[2]int64]bool{}
+			for range tc.epoch {
+				td, info, err := b.SampleSlices(ctx, spec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := checkSlices(info, td, spec); err != nil {
+					t.Fatal(err)
+				}
+				eps, st, _ := stepsOf(td)
+				for i, m := range info.Mask {
+					if !m {
+						continue
+					}
+					k := [2]int64{eps[i], st[i]}
+					if seen[k] {
+						t.Fatalf("pad %v: episode %d step %d twice in an epoch", tc.pad, k[0], k[1])
+					}
+					seen[k] = true
+				}
+			}
+			if len(seen) != tc.steps {
+				t.Fatalf("pad %v: an epoch covered %d steps, want %d", tc.pad, len(seen), tc.steps)
+			}
+		}
+	}
+	if _, _, err := b.SampleSlices(ctx, SliceSpec{SliceLen: 3, NumSlices: 1, WithoutReplacement: true, Prioritized: true}); !errors.Is(err, ErrArgument) {
+		t.Fatalf("both: %v", err)
+	}
+}

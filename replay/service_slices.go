@@ -19,6 +19,8 @@ type (
 		// Prioritized: torchrl's PrioritizedSliceSampler (the buffer's
 		// sampler must be prioritized).
 		Prioritized bool `codec:"prioritized"`
+		// WithoutReplacement: torchrl's SliceSamplerWithoutReplacement.
+		WithoutReplacement bool `codec:"without_replacement"`
 	}
 	slicesResponse struct {
 		ID       string     `codec:"id"`
@@ -35,7 +37,8 @@ func (svc *Service) sampleSlices(ctx context.Context, req slicesRequest) (slices
 		return slicesResponse{}, err
 	}
 	b := sb.Item
-	td, info, err := b.SampleSlices(ctx, SliceSpec{SliceLen: req.SliceLen, NumSlices: req.NumSlices, PadShort: req.PadShort, Prioritized: req.Prioritized})
+	td, info, err := b.SampleSlices(ctx, SliceSpec{SliceLen: req.SliceLen, NumSlices: req.NumSlices, PadShort: req.PadShort, Prioritized: req.Prioritized,
+		WithoutReplacement: req.WithoutReplacement})
 	if err != nil {
 		return slicesResponse{}, err
 	}
@@ -47,6 +50,7 @@ func (svc *Service) sampleSlices(ctx context.Context, req slicesRequest) (slices
 func (c *Client) SampleSlices(ctx context.Context, spec SliceSpec) (*tensordict.TensorDict, SliceInfo, error) {
 	resp, err := service.Call[slicesResponse](ctx, &c.calls, MethodSampleSlices, slicesRequest{
 		Name: c.name, SliceLen: spec.SliceLen, NumSlices: spec.NumSlices, PadShort: spec.PadShort, Prioritized: spec.Prioritized,
+		WithoutReplacement: spec.WithoutReplacement,
 	})
 	if err != nil {
 		return nil, SliceInfo{}, err

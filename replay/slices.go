@@ -28,6 +28,15 @@ type SliceSpec struct {
 	// alpha, beta and eps apply; UpdatePriority sets the steps'
 	// priorities).
 	Prioritized bool `codec:"prioritized"`
+	// WithoutReplacement is torchrl's SliceSamplerWithoutReplacement: in
+	// epochs, every step in at most one slice per epoch. An epoch cuts
+	// every episode into consecutive slices of SliceLen from its first
+	// step (the steps left over at its end in none; an episode shorter
+	// than SliceLen is one slice with PadShort) and returns them in a
+	// random order; steps written during an epoch join the next one, and
+	// a slice whose steps were overwritten since is skipped. A sample that
+	// spends an epoch takes the rest of its slices from the next.
+	WithoutReplacement bool `codec:"without_replacement"`
 }
 
 // SliceInfo describes a sample of slices: row by row (slice after slice,
@@ -47,6 +56,9 @@ var errNoSlice = fmt.Errorf("replay: no episode holds a slice")
 func (s SliceSpec) check(b *Buffer) error {
 	if b.eps == nil {
 		return argumentErrorf("the buffer has no trajectory key (Config.TrajKey): it knows no episodes to slice")
+	}
+	if s.Prioritized && s.WithoutReplacement {
+		return argumentErrorf("slices prioritized or without replacement, not both")
 	}
 	if s.Prioritized && b.cfg.Sampler.Kind() != string(selector.KindPrioritized) {
 		return argumentErrorf("prioritized slices need a prioritized sampler; the buffer's is %s", b.cfg.Sampler)
@@ -146,9 +158,12 @@ func (b *Buffer) trySlices(spec SliceSpec, k int, info *SliceInfo) error {
 		var ep *episode
 		var start int
 		ok, w := false, 1.0
-		if spec.Prioritized {
+		switch {
+		case spec.Prioritized:
 			ep, start, w, ok = b.slicePickPrioritized(L, spec.PadShort)
-		} else {
+		case spec.WithoutReplacement:
+			ep, start, ok = b.slicePickEpoch(L, spec.PadShort)
+		default:
 			ep, start, ok = b.slicePick(L, spec.PadShort)
 		}
 		if !ok {
@@ -231,6 +246,70 @@ func (b *Buffer) slicePick(L int, pad bool) (*episode, int, bool) {
 		}
 	}
 	return nil, 0, false
+}
+
+// sliceEpoch is the slices left in an epoch of slices without
+// replacement: each by its episode and its first step's seq.
+type sliceEpoch struct {
+	L     int
+	pad   bool
+	left  []epochSlice
+	begun bool
+}
+
+type epochSlice struct {
+	ep  *episode
+	seq uint64
+}
+
+// slicePickEpoch takes the next slice of the epoch, starting a new epoch
+// when this one is spent (or was cut for another slice length); b.mu is
+// held. A slice whose steps changed since the epoch began is skipped.
+func (b *Buffer) slicePickEpoch(L int, pad bool) (*episode, int, bool) {
+	e := &b.eps.epoch
+	renewed := false
+	for {
+		if len(e.left) == 0 || e.L != L || e.pad != pad {
+			if renewed {
+				return nil, 0, false // a new epoch had nothing in it
+			}
+			b.newEpoch(L, pad)
+			renewed = true
+		}
+		for len(e.left) > 0 {
+			c := e.left[len(e.left)-1]
+			e.left = e.left[:len(e.left)-1]
+			if b.eps.byID[c.ep.id] != c.ep {
+				continue // the episode is gone
+			}
+			i, ok := slices.BinarySearchFunc(c.ep.steps, c.seq, func(e epStep, q uint64) int { return cmpU(e.seq, q) })
+			if !ok || c.ep.steps[i].slot < 0 {
+				continue
+			}
+			if _, start, ok := b.canStart(c.ep.steps[i].slot, L, pad); ok && start == i {
+				return c.ep, i, true
+			}
+		}
+		if renewed {
+			return nil, 0, false
+		}
+	}
+}
+
+// newEpoch cuts every episode into slices of L and shuffles them.
+func (b *Buffer) newEpoch(L int, pad bool) {
+	e := &b.eps.epoch
+	e.L, e.pad, e.left = L, pad, e.left[:0]
+	for _, ep := range b.eps.list {
+		m := len(ep.steps)
+		for i := 0; i < m; i += L {
+			if i+L > m && !(pad && i == 0) {
+				break
+			}
+			e.left = append(e.left, epochSlice{ep: ep, seq: ep.steps[i].seq})
+		}
+	}
+	b.rng.Shuffle(len(e.left), func(i, j int) { e.left[i], e.left[j] = e.left[j], e.left[i] })
 }
 
 // canStart reports whether slot, a step of an episode, starts a slice of

@@ -652,7 +652,7 @@ class Buffer:
     # Trajectories (docs/replay.md, "Trajectories and slices").
 
     def sample_slices(self, batch_size=None, slice_len=None, num_slices=None, strict_length=True,
-                      prioritized=False, timeout=None, as_torch=False):
+                      prioritized=False, without_replacement=False, timeout=None, as_torch=False):
         """Slices of episodes, with torchrl's SliceSampler's meaning: give
         slice_len or num_slices, and batch_size (steps in all) or both.
         Each slice is slice_len consecutive steps of one episode, never
@@ -667,11 +667,14 @@ class Buffer:
         PrioritizedSliceSampler, start steps drawn by priority among those
         that can start a slice, each row weighted by its start's importance
         weight (the buffer's sampler must be prioritized; update_priority
-        with the unpadded rows sets priorities). Rows always come as
-        bytes."""
+        with the unpadded rows sets priorities). without_replacement:
+        torchrl's SliceSamplerWithoutReplacement, in epochs that cut every
+        episode into consecutive slices and return each once. Rows always
+        come as bytes."""
         slice_len, num_slices = _slice_shape(batch_size, slice_len, num_slices)
         deadline = _deadline(timeout)
-        r = self._call("replay.sample_slices", _slices_request(self.name, slice_len, num_slices, strict_length, prioritized),
+        r = self._call("replay.sample_slices", _slices_request(self.name, slice_len, num_slices, strict_length, prioritized,
+                                                              without_replacement),
                        deadline, ("batch",))
         n = slice_len * num_slices
         if r.get("batch") is None:
@@ -767,9 +770,9 @@ def _slice_shape(batch_size, slice_len, num_slices):
     return int(slice_len), int(num_slices)
 
 
-def _slices_request(name, slice_len, num_slices, strict_length, prioritized=False):
+def _slices_request(name, slice_len, num_slices, strict_length, prioritized=False, without_replacement=False):
     return {"name": name, "num_slices": num_slices, "pad_short": not strict_length,
-            "prioritized": bool(prioritized), "slice_len": slice_len}
+            "prioritized": bool(prioritized), "slice_len": slice_len, "without_replacement": bool(without_replacement)}
 
 
 def _delete_request(name, info, capacity=None):

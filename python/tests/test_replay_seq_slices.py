@@ -169,6 +169,18 @@ class TestSlices(unittest.TestCase):
         with dial(self.node, "ds", "bytes") as b, self.assertRaises(replay.ArgumentError):
             b.sample_slices(num_slices=1, slice_len=1, prioritized=True)
 
+    def test_without_replacement(self):
+        """An epoch cuts every episode into slices and returns each once:
+        no step twice."""
+        with Node(buffers=["wr,capacity=100,traj-key=episode"]) as node, dial(node, "wr", "bytes") as b:
+            for ep, n in ((1, 10), (2, 7), (3, 12)):
+                b.extend(steps(ep, 0, n, n))
+            for _ in range(2):  # two epochs of 3 + 2 + 4 slices of 3
+                td, info = b.sample_slices(num_slices=9, slice_len=3, without_replacement=True)
+                check_slices(self, td, info, 3)
+                keys = set(zip(td["episode"].tolist(), td["step"].tolist()))
+                self.assertEqual(len(keys), 27)
+
     def test_no_trajectory_key(self):
         with dial(self.node, "plain", "bytes") as b:
             with self.assertRaises(replay.ArgumentError):
