@@ -251,10 +251,9 @@ func (b *Buffer) slicePick(L int, pad bool) (*episode, int, bool) {
 // sliceEpoch is the slices left in an epoch of slices without
 // replacement: each by its episode and its first step's seq.
 type sliceEpoch struct {
-	L     int
-	pad   bool
-	left  []epochSlice
-	begun bool
+	L    int
+	pad  bool
+	left []epochSlice
 }
 
 type epochSlice struct {
