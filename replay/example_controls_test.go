@@ -78,3 +78,13 @@ func ExampleBuffer_SampleSlices() {
 	// 1 5
 	// 2 3
 }
+
+// Two slices of 3 steps; the first ends its episode at its second step.
+func ExampleNStep() {
+	reward := []float64{1, 1, 1, 1, 1, 1}
+	done := []bool{false, true, false, false, false, false}
+	r, _ := replay.NStep(reward, done, nil, 0.5, 2, 3)
+	fmt.Println(r.Return, r.Discount, r.Steps)
+	// Output:
+	// [1.5 1 1 1.5 1.5 1] [0 0 0.5 0.25 0.25 0.5] [2 1 1 2 2 1]
+}
