@@ -27,7 +27,7 @@ var controlsGolden = []struct {
 	{"replay.delete response", deleteResponse{Deleted: 1}},
 	{"replay.reset request", nameRequest{Name: "buf"}},
 	{"replay.reset response", rpc.Empty{}},
-	{"replay.sample_slices request", slicesRequest{Name: "buf", SliceLen: 2, NumSlices: 2, PadShort: true, Prioritized: true}},
+	{"replay.sample_slices request", slicesRequest{Name: "buf", Bytes: true, SliceLen: 2, NumSlices: 2, PadShort: true, Prioritized: true}},
 	{"replay.sample_slices response, rows left out", slicesResponse{ID: "9f3c0a7d12e4b5a6",
 		Info:     SampleInfo{Indices: []int{4, 5, 9, -1}, IDs: []uint64{1, 1, 2, 0}, Weights: []float64{1, 1, 1, 1}},
 		Mask:     []bool{true, true, true, false},

@@ -510,3 +510,48 @@ func TestSampleSlices_WithoutReplacement(t *testing.T) {
 		t.Fatalf("both: %v", err)
 	}
 }
+
+// TestRemote_SampleSlicesNeverTorn: a client by reference gathers slices
+// from its own mapping while writers overwrite a small buffer; every slice
+// is one episode's consecutive steps, none torn.
+func TestRemote_SampleSlicesNeverTorn(t *testing.T) {
+	root := t.TempDir()
+	n := serveBuffer(t, root, "buf", Config{Capacity: 48, Schema: stepSchema, TrajKey: []string{"episode"}})
+	c := dialBuffer(t, n.addr, "buf", root, "ref")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	end := time.Now().Add(2 * time.Second)
+	var wg sync.WaitGroup
+	for w := range 3 {
+		wg.Go(func() {
+			for ep := int64(w); ctx.Err() == nil; ep += 3 {
+				for s := 0; s < 12; s += 3 {
+					if _, err := n.b.Extend(ctx, steps(t, ep, s, s+3)); err != nil {
+						return
+					}
+					// Slower than in process: a round trip per resample.
+					time.Sleep(100 * time.Microsecond)
+				}
+			}
+		})
+	}
+	spec := SliceSpec{SliceLen: 6, NumSlices: 8}
+	samples := 0
+	for time.Now().Before(end) {
+		td, info, err := c.SampleSlices(ctx, spec)
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		if err := checkSlices(info, td, spec); err != nil {
+			t.Fatal(err)
+		}
+		samples++
+	}
+	cancel()
+	wg.Wait()
+	if samples == 0 {
+		t.Fatal("no sample")
+	}
+	t.Logf("%d samples of slices by reference", samples)
+}

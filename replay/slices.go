@@ -407,12 +407,31 @@ func windows(ep *episode, L int, pad bool) int {
 	return n
 }
 
-// gatherSlices copies the slices info names into dst, zeroes the padding,
-// and checks every step's word; a slice with a torn step is replaced by a
-// new pick, copied and checked in turn, up to maxResamples rounds.
+// gatherSlices copies the slices info names from the buffer's storage
+// into dst and checks them (gatherSlicesChecked), picking again from the
+// buffer the slices found torn.
 func (b *Buffer) gatherSlices(ctx context.Context, storage *tensordict.TensorDict, spec SliceSpec, dst *tensordict.TensorDict, info *SliceInfo) error {
-	L := spec.SliceLen
-	todo := make([]int, spec.NumSlices) // the slices to copy and check
+	resampled, err := gatherSlicesChecked(storage, b.slots, spec.SliceLen, dst, info, func(k int) (SliceInfo, error) {
+		var again SliceInfo
+		err := b.pickSlices(ctx, spec, k, &again)
+		return again, err
+	})
+	if resampled > 0 {
+		b.mu.Lock()
+		b.stats.Resampled += int64(resampled)
+		b.mu.Unlock()
+	}
+	return err
+}
+
+// gatherSlicesChecked copies the slices info names (of L rows each) from
+// storage into dst, zeroes the padding, and checks every step's word in
+// slots; a slice with a torn step is replaced by one from more, copied and
+// checked in turn, up to maxResamples rounds. It returns how many slices it
+// replaced.
+func gatherSlicesChecked(storage *tensordict.TensorDict, slots *slotTable, L int, dst *tensordict.TensorDict, info *SliceInfo,
+	more func(k int) (SliceInfo, error)) (resampled int, err error) {
+	todo := make([]int, len(info.Episodes)) // the slices to copy and check
 	for i := range todo {
 		todo[i] = i
 	}
@@ -420,41 +439,39 @@ func (b *Buffer) gatherSlices(ctx context.Context, storage *tensordict.TensorDic
 		rows, src, pad := sliceRows(info, todo, L)
 		if len(src) == len(info.Indices) { // every row, in order: one copy
 			if err := storage.GatherInto(dst, src); err != nil {
-				return err
+				return resampled, err
 			}
 		} else if len(src) > 0 {
 			part, err := storage.Gather(src)
 			if err != nil {
-				return err
+				return resampled, err
 			}
 			if err := dst.SetRows(rows, part); err != nil {
-				return err
+				return resampled, err
 			}
 		}
 		if len(pad) > 0 {
 			if err := dst.Fill(pad, 0); err != nil {
-				return err
+				return resampled, err
 			}
 		}
 		fence()
 		var torn []int
 		for _, sl := range todo {
 			for i := sl * L; i < (sl+1)*L; i++ {
-				if s := info.Indices[i]; s >= 0 && b.slots.word(s) != makeWord(info.IDs[i], stateCommitted) {
+				if s := info.Indices[i]; s >= 0 && slots.word(s) != makeWord(info.IDs[i], stateCommitted) {
 					torn = append(torn, sl)
 					break
 				}
 			}
 		}
 		if len(torn) == 0 {
-			return nil
+			return resampled, nil
 		}
-		b.mu.Lock()
-		b.stats.Resampled += int64(len(torn))
-		b.mu.Unlock()
-		var again SliceInfo
-		if err := b.pickSlices(ctx, spec, len(torn), &again); err != nil {
-			return err
+		resampled += len(torn)
+		again, err := more(len(torn))
+		if err != nil {
+			return resampled, err
 		}
 		for j, sl := range torn {
 			copy(info.Indices[sl*L:(sl+1)*L], again.Indices[j*L:(j+1)*L])
@@ -465,7 +482,7 @@ func (b *Buffer) gatherSlices(ctx context.Context, storage *tensordict.TensorDic
 		}
 		todo = torn
 	}
-	return fmt.Errorf("%w; %d attempts", ErrContended, maxResamples)
+	return resampled, fmt.Errorf("%w; %d attempts", ErrContended, maxResamples)
 }
 
 // sliceRows lists, for the slices todo, the rows of dst that hold steps and

@@ -663,27 +663,77 @@ class Buffer:
         (batch, SliceInfo), the batch of num_slices*slice_len rows, slice
         after slice. No step is torn (the node samples a slice again, whole,
         when a step of it was overwritten while copied). The buffer needs a
-        trajectory key (--buffer ...,traj-key=K). prioritized: torchrl's
+        trajectory key (--buffer ...,traj-key=K). In ref mode the node sends
+        the picks and this client gathers the rows from its mapping and
+        checks every step's word. prioritized: torchrl's
         PrioritizedSliceSampler, start steps drawn by priority among those
         that can start a slice, each row weighted by its start's importance
         weight (the buffer's sampler must be prioritized; update_priority
         with the unpadded rows sets priorities). without_replacement:
         torchrl's SliceSamplerWithoutReplacement, in epochs that cut every
-        episode into consecutive slices and return each once. Rows always
-        come as bytes."""
+        episode into consecutive slices and return each once."""
         slice_len, num_slices = _slice_shape(batch_size, slice_len, num_slices)
         deadline = _deadline(timeout)
-        r = self._call("replay.sample_slices", _slices_request(self.name, slice_len, num_slices, strict_length, prioritized,
-                                                              without_replacement),
-                       deadline, ("batch",))
-        n = slice_len * num_slices
-        if r.get("batch") is None:
-            raise _errors.InternalError("replay: the node sent no rows")
-        info = SliceInfo._from_wire(r, slice_len)
-        if len(info.indices) != n or len(info.mask) != n or len(info.episodes) != num_slices:
-            raise _errors.InternalError(f"replay: the node sent {len(info.indices)} rows for {num_slices} slices of {slice_len}")
-        batch = r["batch"]
+
+        def call(k, by_bytes):
+            req = _slices_request(self.name, slice_len, k, strict_length, prioritized, without_replacement, by_bytes)
+            r = self._call("replay.sample_slices", req, deadline, ("batch",) if by_bytes else ())
+            info = SliceInfo._from_wire(r, slice_len)
+            if len(info.indices) != k * slice_len or len(info.mask) != k * slice_len or len(info.episodes) != k:
+                raise _errors.InternalError(f"replay: the node sent {len(info.indices)} rows for {k} slices of {slice_len}")
+            return r, info
+
+        if self._bytes:
+            r, info = call(num_slices, True)
+            if r.get("batch") is None:
+                raise _errors.InternalError("replay: the node sent no rows")
+            batch = r["batch"]
+        else:
+            view = self._known_schema(deadline)
+            r, info = call(num_slices, False)
+            view = self._refresh(r.get("id"), deadline)
+            if view.storage is None:
+                raise _errors.InternalError("replay: no mapping of the buffer's storage")
+            batch = _zeros(view.schema, num_slices * slice_len)
+            self._gather_slices(view, batch, info, slice_len, lambda k: call(k, False), r.get("id"))
         return (_to_torch(batch) if as_torch else batch), info
+
+    def _gather_slices(self, view, dst, info, slice_len, more, buffer_id):
+        """Copies the slices info names from this side's mapping into dst,
+        zero rows for padding, then checks every step's word; slices with a
+        torn step are replaced by slices from more(k), copied and checked
+        again."""
+        arrays = {p: a for p, a in leaves(dst)}
+        _check_slice_picks(info, view.capacity)
+        todo = np.arange(len(info.episodes))
+        L = slice_len
+        for _ in range(MAX_RESAMPLES):
+            rows = (todo[:, None] * L + np.arange(L)[None, :]).reshape(-1)
+            idx = info.indices[rows]
+            for path, src in view.storage.items():
+                a = arrays[path]
+                a[rows] = src[np.maximum(idx, 0)]
+                a[rows[idx < 0]] = 0
+            _fence()
+            steps = rows[idx >= 0]
+            bad = _overwritten(view.slots, SampleInfo(info.indices[steps], info.ids[steps], info.weights[steps]), None)
+            if bad.size == 0:
+                return
+            torn = np.unique(steps[bad] // L)
+            with self._mu:
+                self.resampled += int(torn.size)
+            r, again = more(int(torn.size))
+            if r.get("id") != buffer_id:
+                raise ExpiredError("replay: the buffer was created anew while sampled")
+            _check_slice_picks(again, view.capacity)
+            for j, sl in enumerate(torn):
+                dst_rows = slice(sl * L, (sl + 1) * L)
+                src_rows = slice(j * L, (j + 1) * L)
+                info.indices[dst_rows], info.ids[dst_rows] = again.indices[src_rows], again.ids[src_rows]
+                info.weights[dst_rows], info.mask[dst_rows] = again.weights[src_rows], again.mask[src_rows]
+                info.episodes[sl] = again.episodes[j]
+            todo = torn
+        raise ContendedError(f"replay: slices kept being overwritten while sampled; {MAX_RESAMPLES} attempts")
 
     def as_dataset(self, batch_size, slice_len=None, num_slices=None, strict_length=True, prefetch=2, timeout=None):
         """A torch IterableDataset over this buffer (torchrl's as_dataset,
@@ -770,9 +820,18 @@ def _slice_shape(batch_size, slice_len, num_slices):
     return int(slice_len), int(num_slices)
 
 
-def _slices_request(name, slice_len, num_slices, strict_length, prioritized=False, without_replacement=False):
-    return {"name": name, "num_slices": num_slices, "pad_short": not strict_length,
+def _slices_request(name, slice_len, num_slices, strict_length, prioritized=False, without_replacement=False,
+                    by_bytes=True):
+    return {"bytes": bool(by_bytes), "name": name, "num_slices": num_slices, "pad_short": not strict_length,
             "prioritized": bool(prioritized), "slice_len": slice_len, "without_replacement": bool(without_replacement)}
+
+
+def _check_slice_picks(info, capacity):
+    """The node's picks of slices, checked before they index this side's
+    mappings: a slot in range for a step, -1 for padding."""
+    i = info.indices
+    if ((i < -1) | (i >= capacity)).any() or ((i >= 0) != info.mask).any():
+        raise _errors.InternalError(f"replay: the node sampled slots outside 0..{capacity - 1}")
 
 
 def _delete_request(name, info, capacity=None):

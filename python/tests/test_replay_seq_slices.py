@@ -8,6 +8,7 @@ bytes (replay/testdata/wire/controls.hex)."""
 
 import os
 import threading
+import time
 import unittest
 
 import numpy as np
@@ -82,7 +83,8 @@ class TestSlices(unittest.TestCase):
     def setUpClass(cls):
         cls.node = Node(buffers=[f"seq-{m},capacity=400,traj-key=episode" for m in MODES] +
                         ["plain,capacity=10", "ds,capacity=200,traj-key=episode",
-                         "pri,capacity=100,traj-key=episode,sampler=prioritized,alpha=1,beta=1"]).start()
+                         "pri,capacity=100,traj-key=episode,sampler=prioritized,alpha=1,beta=1",
+                         "hot,capacity=48,traj-key=episode"]).start()
 
     @classmethod
     def tearDownClass(cls):
@@ -180,6 +182,41 @@ class TestSlices(unittest.TestCase):
                 check_slices(self, td, info, 3)
                 keys = set(zip(td["episode"].tolist(), td["step"].tolist()))
                 self.assertEqual(len(keys), 27)
+
+    def test_never_torn_by_reference(self):
+        """Writers overwrite a 48-step buffer while this client gathers
+        slices from its own mapping: every slice whole, one episode."""
+        stop = threading.Event()
+        errs = []
+
+        def writer(a):
+            try:
+                with dial(self.node, "hot", "bytes") as w:
+                    ep = a
+                    while not stop.is_set():
+                        for t in range(0, 12, 3):
+                            w.extend(steps(ep, t, t + 3, 12), timeout=30)
+                        ep += 3
+            except Exception as e:  # reported below
+                errs.append(e)
+
+        ts = [threading.Thread(target=writer, args=(a,)) for a in range(1, 3)]
+        for t in ts:
+            t.start()
+        try:
+            with dial(self.node, "hot", "ref") as b:
+                end = time.monotonic() + 2
+                n = 0
+                while time.monotonic() < end:
+                    td, info = b.sample_slices(num_slices=4, slice_len=6, timeout=30)
+                    check_slices(self, td, info, 6)
+                    n += 1
+                self.assertGreater(n, 0)
+        finally:
+            stop.set()
+            for t in ts:
+                t.join(60)
+        self.assertEqual(errs, [])
 
     def test_no_trajectory_key(self):
         with dial(self.node, "plain", "bytes") as b:
