@@ -154,6 +154,11 @@ func (b *Buffer) trySlices(spec SliceSpec, k int, info *SliceInfo) error {
 	}
 	picks := make([]pick, 0, k)
 	L := spec.SliceLen
+	info.Indices = slices.Grow(info.Indices, k*L)
+	info.IDs = slices.Grow(info.IDs, k*L)
+	info.Weights = slices.Grow(info.Weights, k*L)
+	info.Mask = slices.Grow(info.Mask, k*L)
+	info.Episodes = slices.Grow(info.Episodes, k)
 	for range k {
 		var ep *episode
 		var start int
@@ -488,6 +493,7 @@ func gatherSlicesChecked(storage *tensordict.TensorDict, slots *slotTable, L int
 // sliceRows lists, for the slices todo, the rows of dst that hold steps and
 // their slots, and the rows that are padding.
 func sliceRows(info *SliceInfo, todo []int, L int) (rows, src, pad []int) {
+	rows, src = make([]int, 0, len(todo)*L), make([]int, 0, len(todo)*L)
 	for _, sl := range todo {
 		for i := sl * L; i < (sl+1)*L; i++ {
 			if s := info.Indices[i]; s >= 0 {

@@ -38,6 +38,7 @@ type sliceOptions struct {
 	minEp    int
 	maxEp    int
 	python   string
+	threads  int
 	json     string
 	root     string
 }
@@ -90,6 +91,7 @@ func runSlices(ctx context.Context, env bench.Env, args []string) error {
 	fs.IntVar(&o.minEp, "min-episode", 50, "shortest episode, steps")
 	fs.IntVar(&o.maxEp, "max-episode", 500, "longest episode, steps")
 	fs.StringVar(&o.python, "python", "python3", "the interpreter with torchrl (its row is skipped, saying why, if it does not import)")
+	fs.IntVar(&o.threads, "torch-threads", 1, "torch.set_num_threads for torchrl (0: torch's default); on a loaded machine more threads made it slower")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
 	fs.StringVar(&o.root, "root", "", "folder for the buffers (default: the system temporary directory)")
 	if err := bench.Parse(name, fs, args, env.Stdout); err != nil {
@@ -148,7 +150,7 @@ func runSlices(ctx context.Context, env bench.Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	run.Results = append(run.Results, remote)
+	run.Results = append(run.Results, remote...)
 
 	fmt.Fprintln(env.Stderr, "sampling slices: torchrl")
 	dataDir := filepath.Join(dir, "data")
@@ -292,34 +294,44 @@ func timeSlices(ctx context.Context, o sliceOptions, impl string,
 }
 
 // timeRemote serves buf on a loopback rpc server and samples slices through
-// a Client.
-func timeRemote(ctx context.Context, o sliceOptions, dir string, buf *rb.Buffer, spec rb.SliceSpec) (SliceResult, error) {
+// a Client, by reference (the client gathers from its own mapping) and by
+// bytes (the node sends the rows).
+func timeRemote(ctx context.Context, o sliceOptions, dir string, buf *rb.Buffer, spec rb.SliceSpec) ([]SliceResult, error) {
 	srv, err := rpc.NewServer(rpc.WithRoot(dir))
 	if err != nil {
-		return SliceResult{}, err
+		return nil, err
 	}
 	defer srv.Close()
 	svc, err := rb.Register(srv)
 	if err != nil {
-		return SliceResult{}, err
+		return nil, err
 	}
 	if err := svc.Add("buf", buf); err != nil {
-		return SliceResult{}, err
+		return nil, err
 	}
 	defer svc.Remove("buf")
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return SliceResult{}, err
+		return nil, err
 	}
 	go srv.Serve(l)
-	c, err := rb.Dial(ctx, l.Addr().String(), "buf", rb.WithRoot(dir))
-	if err != nil {
-		return SliceResult{}, err
+	var out []SliceResult
+	for _, mode := range []struct {
+		name string
+		opts []rb.DialOption
+	}{
+		{"by reference", []rb.DialOption{rb.WithRoot(dir)}},
+		{"rows as bytes", []rb.DialOption{rb.WithRoot(dir), rb.WithBytes()}},
+	} {
+		c, err := rb.Dial(ctx, l.Addr().String(), "buf", mode.opts...)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, timeSlices(ctx, o, "tensorwire Client.SampleSlices (loopback TCP, "+mode.name+")",
+			func(ctx context.Context) (*tensordict.TensorDict, rb.SliceInfo, error) { return c.SampleSlices(ctx, spec) }))
+		c.Close()
 	}
-	defer c.Close()
-	return timeSlices(ctx, o, "tensorwire Client.SampleSlices (loopback TCP, rows as bytes)", func(ctx context.Context) (*tensordict.TensorDict, rb.SliceInfo, error) {
-		return c.SampleSlices(ctx, spec)
-	}), nil
+	return out, nil
 }
 
 // torchrlScript loads the episodes (tensordict's memmap format, as Go wrote
@@ -330,6 +342,8 @@ import json, sys, time, torch, torchrl
 from tensordict import TensorDict
 from torchrl.data import TensorDictReplayBuffer, LazyMemmapStorage, SliceSampler
 path, scratch, L, B, D, dur, cache = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), sys.argv[7] == "1"
+if int(sys.argv[8]) > 0:
+    torch.set_num_threads(int(sys.argv[8]))
 data = TensorDict.load_memmap(path)
 n = data.batch_size[0]
 rb = TensorDictReplayBuffer(storage=LazyMemmapStorage(n, scratch_dir=scratch),
@@ -347,8 +361,8 @@ while time.perf_counter() - t0 < dur:
     b, k = check(rb.sample())
     bad += b; slices += k; samples += 1
 el = time.perf_counter() - t0
-print(json.dumps({"impl": "torchrl %s SliceSampler%s over LazyMemmapStorage (in process, torch %s)" % (
-    torchrl.__version__, "(cache_values=True)" if cache else "", torch.__version__),
+print(json.dumps({"impl": "torchrl %s SliceSampler%s over LazyMemmapStorage (in process, torch %s, %d threads)" % (
+    torchrl.__version__, "(cache_values=True)" if cache else "", torch.__version__, torch.get_num_threads()),
     "slices": slices, "samples": samples, "seconds": el, "slices_per_s": slices / el, "bad_slices": bad}))
 `
 
@@ -361,7 +375,7 @@ func timeTorchRL(ctx context.Context, o sliceOptions, data, scratch string, cach
 		c = "1"
 	}
 	cmd := exec.CommandContext(ctx, o.python, "-c", torchrlScript, data, scratch, fmt.Sprint(o.sliceLen),
-		fmt.Sprint(o.batch), fmt.Sprint(o.obs), fmt.Sprint(o.duration.Seconds()), c)
+		fmt.Sprint(o.batch), fmt.Sprint(o.obs), fmt.Sprint(o.duration.Seconds()), c, fmt.Sprint(o.threads))
 	out, err := cmd.Output()
 	r := SliceResult{Impl: "torchrl SliceSampler over LazyMemmapStorage"}
 	if err != nil {
