@@ -328,7 +328,9 @@ func timeRemote(ctx context.Context, o sliceOptions, dir string, buf *rb.Buffer,
 			return nil, err
 		}
 		out = append(out, timeSlices(ctx, o, "tensorwire Client.SampleSlices (loopback TCP, "+mode.name+")",
-			func(ctx context.Context) (*tensordict.TensorDict, rb.SliceInfo, error) { return c.SampleSlices(ctx, spec) }))
+			func(ctx context.Context) (*tensordict.TensorDict, rb.SliceInfo, error) {
+				return c.SampleSlices(ctx, spec)
+			}))
 		c.Close()
 	}
 	return out, nil
