@@ -66,6 +66,9 @@ type Buffer struct {
 	limit   *limiter
 	rng     *mrand.Rand
 	maxPrio float64
+	times   []int32       // MaxTimesSampled: times each sampleable slot was sampled; -1 if not sampleable
+	left    int64         // MaxTimesSampled: samples the sampleable slots can still give
+	eps     *episodeIndex // TrajKey: the episodes; nil without one
 	nextRID uint64
 	resv    map[uint64]*reservation
 	pending int // slots held by reservations
@@ -218,7 +221,20 @@ func newBuffer(prefix string, cfg Config, id string) *Buffer {
 	sel, _ := selector.New(cfg.Sampler.spec, cfg.Capacity) // validated
 	var seed [32]byte
 	rand.Read(seed[:])
+	var times []int32
+	if cfg.MaxTimesSampled > 0 {
+		times = make([]int32, cfg.Capacity)
+		for i := range times {
+			times[i] = -1
+		}
+	}
+	var eps *episodeIndex
+	if cfg.TrajKey != nil {
+		eps = newEpisodeIndex(cfg.TrajKey, cfg.Capacity)
+	}
 	return &Buffer{
+		eps:     eps,
+		times:   times,
 		prefix:  prefix,
 		cfg:     cfg,
 		id:      id,

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/atomicfile"
@@ -36,6 +37,8 @@ type meta struct {
 	Writer     writerSpec           `json:"writer"`
 	Limit      RateLimit            `json:"limit"`
 	LeaseMS    int64                `json:"lease_ms"`
+	MaxTimes   int                  `json:"max_times_sampled,omitempty"`
+	TrajKey    []string             `json:"traj_key,omitempty"`
 	Checkpoint *checkpoint          `json:"checkpoint,omitempty"`
 }
 
@@ -61,7 +64,7 @@ func encodeMeta(id string, cfg Config, schema tensordict.RowSchema, cp *checkpoi
 	m := meta{
 		Format: metaFormat, Version: metaVersion, ID: id, Capacity: cfg.Capacity, Schema: schema,
 		Sampler: cfg.Sampler.spec, Writer: cfg.Writer.normal(), Limit: cfg.Limit,
-		LeaseMS: cfg.Lease.Milliseconds(), Checkpoint: cp,
+		LeaseMS: cfg.Lease.Milliseconds(), MaxTimes: cfg.MaxTimesSampled, TrajKey: cfg.TrajKey, Checkpoint: cp,
 	}
 	return json.MarshalIndent(m, "", "  ")
 }
@@ -153,6 +156,7 @@ func Open(prefix string) (*Buffer, error) {
 //
 //   - Lease, for the reservations made from now on;
 //   - Limit (the counts so far are kept);
+//   - MaxTimesSampled (the counts start again);
 //   - the parameters of a Prioritized sampler (alpha, beta; the sampler is
 //     rebuilt from the priorities in the slot table).
 //
@@ -210,8 +214,10 @@ func open(prefix string, change func(Config) (Config, error)) (*Buffer, error) {
 		if err := changeable(cfg, want); err != nil {
 			return nil, fmt.Errorf("%w (%s)", err, metaPath)
 		}
-		changed = want.Lease != cfg.Lease || want.Limit != cfg.Limit || want.Sampler != cfg.Sampler
+		changed = want.Lease != cfg.Lease || want.Limit != cfg.Limit || want.Sampler != cfg.Sampler ||
+			want.MaxTimesSampled != cfg.MaxTimesSampled
 		cfg.Lease, cfg.Limit, cfg.Sampler = want.Lease, want.Limit, want.Sampler
+		cfg.MaxTimesSampled = want.MaxTimesSampled
 	}
 	// The slot table first: it fails on a file too short for the capacity
 	// before the sampler allocates for it.
@@ -254,6 +260,9 @@ func changeable(have, want Config) error {
 	case !want.Writer.equal(have.Writer):
 		return fmt.Errorf("%w: writer %s asked for; the buffer's is %s, fixed when it was created",
 			ErrConfig, want.Writer, have.Writer)
+	case !slices.Equal(want.TrajKey, have.TrajKey):
+		return fmt.Errorf("%w: trajectory key %q asked for; the buffer's is %q, fixed when it was created",
+			ErrConfig, want.TrajKey, have.TrajKey)
 	case want.Schema != nil && have.Schema == nil:
 		return fmt.Errorf("%w: a schema asked for; the buffer's is set by its first batch", ErrConfig)
 	case want.Schema != nil:
@@ -276,7 +285,7 @@ func parseMeta(data []byte) (meta, Config, error) {
 	}
 	cfg := Config{
 		Capacity: m.Capacity, Schema: m.Schema.Clone(), Sampler: Sampler{m.Sampler}, Writer: Writer{m.Writer}, Limit: m.Limit,
-		Lease: time.Duration(m.LeaseMS) * time.Millisecond,
+		Lease: time.Duration(m.LeaseMS) * time.Millisecond, MaxTimesSampled: m.MaxTimes, TrajKey: m.TrajKey,
 	}
 	if err := cfg.validate(); err != nil {
 		return m, Config{}, err
@@ -322,10 +331,11 @@ func (b *Buffer) recover() {
 			if p < 0 || math.IsNaN(p) || math.IsInf(p, 0) {
 				p = 1 // a corrupt priority: treat as new
 			}
-			b.sel.Insert(s, seq, p)
+			b.selInsert(s, seq, p)
 			b.maxPrio = max(b.maxPrio, p)
 		}
 	}
 	b.nextRID = newest>>rowBits + 1
 	b.writer = newSlotChooser(b.cfg.Writer, b.slots)
+	b.rebuildEpisodes()
 }

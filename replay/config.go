@@ -41,6 +41,20 @@ type Config struct {
 	// transition is in and never blocks inserts.
 	Limit RateLimit
 
+	// MaxTimesSampled, when positive, takes a transition out of sampling
+	// once samples have returned it that many times (Reverb's
+	// max_times_sampled): with 1, every transition is returned once. The
+	// counts are kept in memory; a transition that reached it stays out
+	// after a restart, the others start counting again. 0: no limit.
+	MaxTimesSampled int
+
+	// TrajKey, when set, names the field of the schema that holds each
+	// transition's trajectory (episode) key, an int64 (torchrl's
+	// traj_key): the buffer then knows its episodes and samples slices of
+	// them (SampleSlices). Keys must be unique per episode. Fixed when the
+	// buffer is created.
+	TrajKey []string
+
 	// Lease is how long a reservation may stay uncommitted before it expires
 	// and its slots go back to the writer; default 30 s. A writer that has
 	// not committed by then (it died, or stalled) gets ErrExpired.
@@ -96,7 +110,8 @@ func ParseSampler(text string) (Sampler, error) {
 }
 
 // SamplerKinds returns the kinds of sampler ParseSampler knows:
-// "uniform", "without_replacement", "prioritized" and "fifo".
+// "uniform", "without_replacement", "prioritized", "fifo", "lifo",
+// "max_heap" and "min_heap".
 func SamplerKinds() []string {
 	var out []string
 	for _, k := range selector.Kinds() {
@@ -308,6 +323,7 @@ type RateLimit struct {
 func cloneConfig(c Config) Config {
 	c.Schema = c.Schema.Clone()
 	c.Writer.spec.Key = slices.Clone(c.Writer.spec.Key)
+	c.TrajKey = slices.Clone(c.TrajKey)
 	return c
 }
 
@@ -360,15 +376,26 @@ func (c Config) Validate() error {
 		math.IsNaN(l.ErrorBuffer) || math.IsInf(l.SamplesPerInsert, 0) {
 		return fmt.Errorf("%w: rate limit %+v", ErrConfig, l)
 	}
+	if c.MaxTimesSampled < 0 || c.MaxTimesSampled > math.MaxInt32 {
+		return fmt.Errorf("%w: max times sampled %d; want 0 (no limit) or more", ErrConfig, c.MaxTimesSampled)
+	}
 	if err := c.Sampler.spec.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if err := c.Writer.spec.validate(); err != nil {
 		return err
 	}
+	if slices.Contains(c.TrajKey, "") || (c.TrajKey != nil && len(c.TrajKey) == 0) {
+		return fmt.Errorf("%w: trajectory key %q", ErrConfig, c.TrajKey)
+	}
 	if c.Schema != nil {
 		if err := c.Schema.Validate(); err != nil {
 			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		if c.TrajKey != nil {
+			if err := checkTrajKey(c.Schema, c.TrajKey); err != nil {
+				return fmt.Errorf("%w: %w", ErrConfig, err)
+			}
 		}
 		if _, err := c.Schema.NumBytes(c.Capacity); err != nil {
 			return fmt.Errorf("%w: the storage of %d transitions: %w", ErrConfig, c.Capacity, err)
@@ -402,6 +429,12 @@ const maxCapacity = math.MaxInt64 / (slotFields * 8)
 func (c *Config) memory() uint64 {
 	need := selector.Footprint(c.Sampler.spec, c.Capacity)
 	w := c.Writer.footprint(c.Capacity)
+	if c.MaxTimesSampled > 0 {
+		w += 4 * uint64(c.Capacity) // the counts; capacity is bounded by maxCapacity
+	}
+	if c.TrajKey != nil {
+		w += 40 * uint64(c.Capacity) // the episode index: a pointer and a step a slot, and episodes
+	}
 	if need > math.MaxUint64-w {
 		return math.MaxUint64
 	}
@@ -475,7 +508,9 @@ type Setting = service.Setting
 
 // Settings returns the keys Set takes, in the order a list of them is
 // applied: capacity, sampler, the parameters of every kind of sampler
-// (alpha, beta, eps), min-size and lease.
+// (alpha, beta, eps), min-size and lease, then Reverb's table controls:
+// samples-per-insert, error-buffer, max-times-sampled, writer and key;
+// and traj-key.
 func (Config) Settings() []Setting { return configKeys.Settings() }
 
 // Set sets the field key names from its text, as the command line's
@@ -527,10 +562,11 @@ var configKeys = func() service.Keys[Config] {
 				}})
 		}
 	}
-	return append(keys,
+	keys = append(keys,
 		service.Key[Config]{Setting: Setting{Key: "min-size", Value: "N", Help: "transitions the buffer holds before sampling starts (default 1)"},
 			Set: func(c *Config, v string) error { return service.SetAtLeast(&c.Limit.MinSize, v, 1) }},
 		service.Key[Config]{Setting: Setting{Key: "lease", Value: "D", Help: "how long a reservation may stay uncommitted (default 30s)"},
 			Set: func(c *Config, v string) error { return service.SetPositive(&c.Lease, v) }},
 	)
+	return append(append(keys, controlKeys...), trajKey)
 }()

@@ -167,6 +167,11 @@ func (b *Buffer) reserve(ctx context.Context, schema tensordict.RowSchema, n int
 		if err := schema.Validate(); err != nil {
 			return nil, nil, schemaErrorf("%v", err)
 		}
+		if b.cfg.TrajKey != nil {
+			if err := checkTrajKey(schema, b.cfg.TrajKey); err != nil {
+				return nil, nil, schemaErrorf("%v", err)
+			}
+		}
 		if b.closed.Load() {
 			return nil, nil, ErrClosed
 		}
@@ -207,7 +212,8 @@ func (b *Buffer) reserve(ctx context.Context, schema tensordict.RowSchema, n int
 		if s < 0 {
 			continue
 		}
-		b.sel.Remove(s)
+		b.selRemove(s)
+		b.epRemove(s)
 		w := b.slots.word(s)
 		b.slots.setWord(s, makeWord(gen(w)+1, stateWriting))
 		b.slots.setSeq(s, r.rid, row)
@@ -266,7 +272,8 @@ func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, e
 		b.slots.setPriority(s, p)
 		b.slots.setKey(s, key)
 		b.slots.setWord(s, makeWord(gen(b.slots.word(s)), stateCommitted))
-		b.sel.Insert(s, b.slots.seq(s), p)
+		b.selInsert(s, b.slots.seq(s), p)
+		b.epAdd(s)
 		b.writer.committed(s, key)
 		n++
 	}

@@ -96,7 +96,7 @@ func encodeGolden(t *testing.T, v any) []byte {
 
 // serveAt returns a Service that serves b as "buf", its prefix moved to
 // rel under the server's root.
-func serveAt(t *testing.T, b *Buffer, rel string) *Service {
+func serveAt(t testing.TB, b *Buffer, rel string) *Service {
 	t.Helper()
 	root := t.TempDir()
 	b.prefix = filepath.Join(root, filepath.FromSlash(rel))

@@ -38,12 +38,12 @@ func TestParseSampler_RoundTrip(t *testing.T) {
 	if got := (Sampler{}).String(); got != "uniform" {
 		t.Errorf("the zero Sampler is %q, want uniform", got)
 	}
-	for _, bad := range []string{"lifo", "", "uniform(alpha=1)", "prioritized(alpha=-1)", "prioritized(gamma=1)"} {
+	for _, bad := range []string{"stack", "", "uniform(alpha=1)", "prioritized(alpha=-1)", "prioritized(gamma=1)"} {
 		if _, err := ParseSampler(bad); !errors.Is(err, ErrConfig) {
 			t.Errorf("ParseSampler(%q): %v; want ErrConfig", bad, err)
 		}
 	}
-	if got := SamplerKinds(); !slices.Equal(got, []string{"uniform", "without_replacement", "prioritized", "fifo"}) {
+	if got := SamplerKinds(); !slices.Equal(got, []string{"uniform", "without_replacement", "prioritized", "fifo", "lifo", "max_heap", "min_heap"}) {
 		t.Errorf("SamplerKinds() = %v", got)
 	}
 	for _, k := range SamplerKinds() {
@@ -138,7 +138,7 @@ func TestMeta_UnknownKindsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct{ from, to, want string }{
-		{`"uniform"`, `"lifo"`, `unknown kind "lifo"`},
+		{`"uniform"`, `"stack"`, `unknown kind "stack"`},
 		{`"round_robin"`, `"newest"`, `writer "newest"`},
 	} {
 		_, _, err := parseMeta([]byte(strings.Replace(good, tc.from, tc.to, 1)))

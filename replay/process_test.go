@@ -34,6 +34,7 @@ func TestHelperProcess(t *testing.T) {
 		"node":         helperNode,
 		"stuck-writer": func() error { return helperStuckWriter(t) },
 		"holder":       helperHolder,
+		"episode-node": helperEpisodeNode,
 	})
 }
 

@@ -165,7 +165,7 @@ func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for !b.closed.Load() && b.lost == nil && !(b.storage != nil && b.limit.canSample(n, b.sel.Len()) && b.sel.CanSelect(n)) {
+	for !b.closed.Load() && b.lost == nil && !(b.storage != nil && b.limit.canSample(n, b.sel.Len()) && b.canSelect(n)) {
 		if err := b.wait(ctx); err != nil {
 			return err
 		}
@@ -178,7 +178,11 @@ func (b *Buffer) pick(ctx context.Context, n int, info *SampleInfo) error {
 	}
 	start := len(info.Indices)
 	var err error
-	info.Indices, info.Weights, err = b.sel.Select(b.rng, n, info.Indices, info.Weights)
+	if b.cfg.MaxTimesSampled > 0 {
+		info.Indices, info.Weights, err = b.selectCounted(n, info.Indices, info.Weights)
+	} else {
+		info.Indices, info.Weights, err = b.sel.Select(b.rng, n, info.Indices, info.Weights)
+	}
 	if err != nil {
 		return err
 	}

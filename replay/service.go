@@ -19,6 +19,9 @@ const (
 	MethodUpdatePriority = "replay.update_priority"
 	MethodCheckpoint     = "replay.checkpoint"
 	MethodStats          = "replay.stats"
+	MethodDelete         = "replay.delete"
+	MethodReset          = "replay.reset"
+	MethodSampleSlices   = "replay.sample_slices"
 )
 
 // repeatable marks the methods a client sends again when the connection
@@ -39,6 +42,15 @@ var repeatable = service.Methods{
 	MethodSample:         true,
 	MethodUpdatePriority: true, // sets the same priorities again
 	MethodCheckpoint:     true, // writes the same state again
+	// A delete sent again skips the rows it deleted (their slots are
+	// empty, or written again in another generation when IDs are given);
+	// the count in its reply is then of the second try.
+	MethodDelete: true,
+	// A reset is not: sent again after its reply was lost, it could
+	// empty what writers added since. The client gets the error.
+	MethodReset: false,
+	// As replay.sample: picks whose reply was lost were never seen.
+	MethodSampleSlices: true,
 }
 
 // Service is the replay service of an rpc.Server: the buffers it serves,
@@ -140,6 +152,9 @@ func registerMethods(s *rpc.Server, svc *Service) error {
 		rpc.Register(s, MethodUpdatePriority, svc.updatePriority),
 		rpc.Register(s, MethodCheckpoint, svc.checkpoint),
 		rpc.Register(s, MethodStats, svc.stats),
+		rpc.Register(s, MethodDelete, svc.delete),
+		rpc.Register(s, MethodReset, svc.reset),
+		rpc.Register(s, MethodSampleSlices, svc.sampleSlices),
 	}
 	for _, err := range regs {
 		if err != nil {

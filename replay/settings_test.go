@@ -3,6 +3,7 @@ package replay
 import (
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,14 +83,27 @@ func TestConfig_Set(t *testing.T) {
 		{Config{}, "sampler", "prioritized", "", func(c Config) bool { return c.Sampler == Prioritized(0.6, 0.4) }},
 		{prioritized, "sampler", "prioritized", "", func(c Config) bool { return c.Sampler == prioritized.Sampler }},
 		{prioritized, "sampler", "uniform", "", func(c Config) bool { return c.Sampler == Uniform() }},
-		{Config{}, "sampler", "lifo", `unknown kind "lifo"`, nil},
+		{Config{}, "sampler", "stack", `unknown kind "stack"`, nil},
 		{Config{}, "sampler", "prioritized(alpha=1)", "the kind alone", nil},
 		{prioritized, "alpha", "0.9", "", func(c Config) bool { return c.Sampler.Params()["alpha"] == 0.9 }},
 		{prioritized, "eps", "0.01", "", func(c Config) bool { return c.Sampler.Params()["eps"] == 0.01 }},
 		{prioritized, "alpha", "-1", "alpha=-1", nil},
 		{prioritized, "beta", "x", "want a number", nil},
 		{Config{}, "alpha", "0.5", "uniform takes no parameters (alpha given)", nil},
-		{Config{}, "colour", "red", "unknown setting; the settings are capacity, sampler, alpha, beta, eps, min-size and lease", nil},
+		{Config{}, "colour", "red", "unknown setting; the settings are capacity, sampler, alpha, beta, eps, min-size, lease, samples-per-insert, error-buffer, max-times-sampled, writer, key and traj-key", nil},
+		{Config{}, "traj-key", "collector/traj_ids", "", func(c Config) bool { return slices.Equal(c.TrajKey, []string{"collector", "traj_ids"}) }},
+		{Config{}, "traj-key", "a//b", "want a key", nil},
+		{Config{}, "samples-per-insert", "4", "", func(c Config) bool { return c.Limit.SamplesPerInsert == 4 }},
+		{Config{}, "samples-per-insert", "-1", "want a finite number >= 0", nil},
+		{Config{}, "error-buffer", "NaN", "want a finite number >= 0", nil},
+		{Config{}, "error-buffer", "10.5", "", func(c Config) bool { return c.Limit.ErrorBuffer == 10.5 }},
+		{Config{}, "max-times-sampled", "2", "", func(c Config) bool { return c.MaxTimesSampled == 2 }},
+		{Config{}, "max-times-sampled", "-1", "want a whole number, 0 (no limit) or more", nil},
+		{Config{}, "writer", "top_k", "", func(c Config) bool { return c.Writer.Kind() == "top_k" }},
+		{Config{}, "writer", "top_k(key=r)", "the kind alone", nil},
+		{Config{}, "key", "reward", "give writer=top_k too", nil},
+		{Config{Writer: TopK("a")}, "key", "next/reward", "", func(c Config) bool { return c.Writer.String() == "top_k(key=next/reward)" }},
+		{Config{Writer: TopK("a")}, "writer", "round_robin", "", func(c Config) bool { return c.Writer.String() == "round_robin" }},
 	} {
 		c := tc.from
 		err := c.Set(tc.key, tc.value)
@@ -109,7 +123,7 @@ func TestConfig_Set(t *testing.T) {
 			t.Errorf("setting %+v: no value or no help", s)
 		}
 	}
-	if got := strings.Join(keys, ","); got != "capacity,sampler,alpha,beta,eps,min-size,lease" {
+	if got := strings.Join(keys, ","); got != "capacity,sampler,alpha,beta,eps,min-size,lease,samples-per-insert,error-buffer,max-times-sampled,writer,key,traj-key" {
 		t.Errorf("Settings() keys %s", got)
 	}
 }

@@ -20,6 +20,8 @@ type slotChooser interface {
 	// already forgotten the slots it returned.
 	committed(slot int, key float64)
 	expired(slot int)
+	// deleted tells it a committed slot was emptied (Delete, Reset).
+	deleted(slot int)
 }
 
 // newSlotChooser returns the slot chooser of writer w for a buffer whose
@@ -77,6 +79,7 @@ func (w *roundRobin) choose(t *slotTable, n int, _ []float64) ([]int, error) {
 
 func (w *roundRobin) committed(int, float64) {}
 func (w *roundRobin) expired(int)            {}
+func (w *roundRobin) deleted(int)            {}
 
 // topK keeps the transitions with the largest keys: free slots first, then
 // the committed slot with the smallest key, if the new key is larger.
@@ -109,6 +112,15 @@ func (w *topK) choose(_ *slotTable, n int, keys []float64) ([]int, error) {
 func (w *topK) committed(slot int, key float64) { heap.Push(&w.heap, keyEntry{slot, key}) }
 
 func (w *topK) expired(slot int) { w.free = append(w.free, slot) }
+
+// deleted takes slot out of the heap (a linear search: deleting is rare)
+// and makes it free.
+func (w *topK) deleted(slot int) {
+	if i := slices.Index(w.heap.slots, slot); i >= 0 {
+		heap.Remove(&w.heap, i)
+		w.free = append(w.free, slot)
+	}
+}
 
 // keyHeap is a min-heap of slots by key.
 type keyHeap struct {

@@ -16,9 +16,10 @@ import (
 )
 
 // bufferSpec is one --buffer flag of the node command:
-// NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D],
-// PARAM a parameter of the sampler (prioritized: alpha, beta, eps): the
-// settings of replay.Config.Set. Only the settings given are kept, to
+// NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D]
+// [,samples-per-insert=X][,error-buffer=X][,max-times-sampled=N]
+// [,writer=round_robin|top_k][,key=K][,traj-key=K], PARAM a parameter of the sampler
+// (prioritized: alpha, beta, eps): the settings of replay.Config.Set. Only the settings given are kept, to
 // create the buffer with (createConfig) or change the one there (change).
 type bufferSpec struct{ spec }
 
@@ -95,6 +96,9 @@ func (s bufferSpec) check() error {
 	if err != nil {
 		return err
 	}
+	if cfg.Writer.Kind() == "top_k" && len(cfg.Writer.Key()) == 0 {
+		return errors.New("writer=top_k needs key=K, the transitions' ranking key")
+	}
 	if s.has("capacity") && s.has("min-size") && cfg.Limit.MinSize > cfg.Capacity {
 		return fmt.Errorf("min-size=%d is larger than capacity=%d: sampling could never start",
 			cfg.Limit.MinSize, cfg.Capacity)
@@ -127,6 +131,12 @@ func (s bufferSpec) change(cur replay.Config) (replay.Config, error) {
 		case st.key == "sampler" && next.Sampler.Kind() != cur.Sampler.Kind():
 			return cur, fmt.Errorf("sampler=%s, but the buffer's sampler is %s: its kind is fixed when the buffer is created",
 				next.Sampler.Kind(), cur.Sampler)
+		case (st.key == "writer" || st.key == "key") && next.Writer.String() != cur.Writer.String():
+			return cur, fmt.Errorf("%s=%s, but the buffer's writer is %s: it is fixed when the buffer is created",
+				st.key, st.value, cur.Writer)
+		case st.key == "traj-key" && !slices.Equal(next.TrajKey, cur.TrajKey):
+			return cur, fmt.Errorf("traj-key=%s, but the buffer's trajectory key is %q: it is fixed when the buffer is created",
+				st.value, strings.Join(cur.TrajKey, "/"))
 		case st.key == "min-size" && next.Limit.MinSize > cur.Capacity:
 			return cur, fmt.Errorf("min-size=%d is larger than the buffer's capacity %d: sampling could never start",
 				next.Limit.MinSize, cur.Capacity)
@@ -149,6 +159,9 @@ func changes(from, to replay.Config) (was, now []string) {
 	}
 	add("min-size", from.Limit.MinSize, to.Limit.MinSize)
 	add("lease", from.Lease, to.Lease)
+	add("samples-per-insert", from.Limit.SamplesPerInsert, to.Limit.SamplesPerInsert)
+	add("error-buffer", from.Limit.ErrorBuffer, to.Limit.ErrorBuffer)
+	add("max-times-sampled", from.MaxTimesSampled, to.MaxTimesSampled)
 	return was, now
 }
 

@@ -115,9 +115,14 @@ func TestNode_BufferFlagErrors(t *testing.T) {
 		{"", "a folder under the root"},
 		{"../up,capacity=4", "a folder under the root"},
 		{"b,capacity=x", "capacity"},
-		{"b,sampler=lifo", `sampler=lifo: replay: bad config: sampler: selector: unknown kind "lifo"; one of uniform, without_replacement, prioritized, fifo`},
+		{"b,sampler=stack", `sampler=stack: replay: bad config: sampler: selector: unknown kind "stack"; one of uniform, without_replacement, prioritized, fifo, lifo, max_heap, min_heap`},
+		{"b,writer=top_k", "writer=top_k needs key=K"},
+		{"b,key=reward", "give writer=top_k too"},
+		{"b,writer=fifo", "want round_robin or top_k"},
+		{"b,samples-per-insert=-2", "samples-per-insert=-2: want a finite number >= 0"},
+		{"b,max-times-sampled=x", "max-times-sampled=x"},
 		{"b,sampler=prioritized(alpha=1)", "the kind alone"},
-		{"b,colour=red", `unknown setting "colour"; the settings are capacity, sampler, alpha, beta, eps, min-size and lease`},
+		{"b,colour=red", `unknown setting "colour"; the settings are capacity, sampler, alpha, beta, eps, min-size, lease, samples-per-insert, error-buffer, max-times-sampled, writer, key and traj-key`},
 		{"b,capacity", "not key=value"},
 		{"b,lease=5", "lease"},
 		{"b,capacity=0", "capacity=0: want at least 1"},
@@ -145,6 +150,14 @@ func TestNode_BufferFlagErrors(t *testing.T) {
 	}
 	if cfg, err := ok[0].createConfig(); err != nil || cfg.Lease != 250*time.Millisecond || cfg.Capacity != 8 {
 		t.Fatalf("--buffer b,capacity=8,lease=250ms: %+v, %v", cfg, err)
+	}
+	var controls bufferFlags
+	if err := controls.Set("c,capacity=8,sampler=lifo,samples-per-insert=2,error-buffer=64,max-times-sampled=3,writer=top_k,key=next/reward"); err != nil {
+		t.Fatalf("--buffer with every table control: %v", err)
+	}
+	if cfg, err := controls[0].createConfig(); err != nil || cfg.Sampler.Kind() != "lifo" || cfg.Limit.SamplesPerInsert != 2 ||
+		cfg.Limit.ErrorBuffer != 64 || cfg.MaxTimesSampled != 3 || cfg.Writer.String() != "top_k(key=next/reward)" {
+		t.Fatalf("--buffer with every table control: %+v, %v", cfg, err)
 	}
 	// A buffer to open that does not exist, without a capacity to create it.
 	var f bufferFlags

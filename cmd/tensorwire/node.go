@@ -55,7 +55,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file")
 	fs.BoolVar(&cfg.CoherentStorage, "coherent-storage", false, "let a client on another machine or mount that opts in too (rpc.WithCoherentStorage) count as sharing this node's page cache when its filesystem passes the coherence probe: for Lustre; NFS, CephFS, GPFS and FUSE fail it")
 	var buffers bufferFlags
-	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D] (repeatable), with "+samplerHelp())
+	fs.Var(&buffers, "buffer", "serve the replay buffer at ROOT/NAME: NAME[,capacity=N][,sampler=KIND][,PARAM=X...][,min-size=N][,lease=D][,samples-per-insert=X][,error-buffer=X][,max-times-sampled=N][,writer=round_robin|top_k][,key=K][,traj-key=K] (repeatable), with "+samplerHelp())
 	var stores storeFlags
 	fs.Var(&stores, "store", "serve the store at ROOT/NAME (store.Dial), created if missing or empty: NAME[,max-value=SIZE][,inline=SIZE][,sync=always|none][,lease=D][,get-timeout=D][,history=N][,trash-grace=D][,repair=drop] (repeatable)")
 	var loaders loaderFlags

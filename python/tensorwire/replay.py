@@ -649,6 +649,204 @@ class Buffer:
         pending, expired, resampled, sampler, node_heap, storage_lost."""
         return self._call("replay.stats", {"name": self.name}, _deadline(timeout))
 
+    # Trajectories (docs/replay.md, "Trajectories and slices").
+
+    def sample_slices(self, batch_size=None, slice_len=None, num_slices=None, strict_length=True,
+                      prioritized=False, without_replacement=False, timeout=None, as_torch=False):
+        """Slices of episodes, with torchrl's SliceSampler's meaning: give
+        slice_len or num_slices, and batch_size (steps in all) or both.
+        Each slice is slice_len consecutive steps of one episode, never
+        crossing its boundary: an episode is chosen uniformly among those
+        that hold a slice, then the start uniformly. With strict_length
+        False, episodes shorter than slice_len are sampled too, whole, and
+        padded at the end with zero rows (SliceInfo.mask False). Returns
+        (batch, SliceInfo), the batch of num_slices*slice_len rows, slice
+        after slice. No step is torn (the node samples a slice again, whole,
+        when a step of it was overwritten while copied). The buffer needs a
+        trajectory key (--buffer ...,traj-key=K). In ref mode the node sends
+        the picks and this client gathers the rows from its mapping and
+        checks every step's word. prioritized: torchrl's
+        PrioritizedSliceSampler, start steps drawn by priority among those
+        that can start a slice, each row weighted by its start's importance
+        weight (the buffer's sampler must be prioritized; update_priority
+        with the unpadded rows sets priorities). without_replacement:
+        torchrl's SliceSamplerWithoutReplacement, in epochs that cut every
+        episode into consecutive slices and return each once."""
+        slice_len, num_slices = _slice_shape(batch_size, slice_len, num_slices)
+        deadline = _deadline(timeout)
+
+        def call(k, by_bytes):
+            req = _slices_request(self.name, slice_len, k, strict_length, prioritized, without_replacement, by_bytes)
+            r = self._call("replay.sample_slices", req, deadline, ("batch",) if by_bytes else ())
+            info = SliceInfo._from_wire(r, slice_len)
+            if len(info.indices) != k * slice_len or len(info.mask) != k * slice_len or len(info.episodes) != k:
+                raise _errors.InternalError(f"replay: the node sent {len(info.indices)} rows for {k} slices of {slice_len}")
+            return r, info
+
+        if self._bytes:
+            r, info = call(num_slices, True)
+            if r.get("batch") is None:
+                raise _errors.InternalError("replay: the node sent no rows")
+            batch = r["batch"]
+        else:
+            view = self._known_schema(deadline)
+            r, info = call(num_slices, False)
+            view = self._refresh(r.get("id"), deadline)
+            if view.storage is None:
+                raise _errors.InternalError("replay: no mapping of the buffer's storage")
+            batch = _zeros(view.schema, num_slices * slice_len)
+            self._gather_slices(view, batch, info, slice_len, lambda k: call(k, False), r.get("id"))
+        return (_to_torch(batch) if as_torch else batch), info
+
+    def _gather_slices(self, view, dst, info, slice_len, more, buffer_id):
+        """Copies the slices info names from this side's mapping into dst,
+        zero rows for padding, then checks every step's word; slices with a
+        torn step are replaced by slices from more(k), copied and checked
+        again."""
+        arrays = {p: a for p, a in leaves(dst)}
+        _check_slice_picks(info, view.capacity)
+        todo = np.arange(len(info.episodes))
+        L = slice_len
+        for _ in range(MAX_RESAMPLES):
+            rows = (todo[:, None] * L + np.arange(L)[None, :]).reshape(-1)
+            idx = info.indices[rows]
+            for path, src in view.storage.items():
+                a = arrays[path]
+                a[rows] = src[np.maximum(idx, 0)]
+                a[rows[idx < 0]] = 0
+            _fence()
+            steps = rows[idx >= 0]
+            bad = _overwritten(view.slots, SampleInfo(info.indices[steps], info.ids[steps], info.weights[steps]), None)
+            if bad.size == 0:
+                return
+            torn = np.unique(steps[bad] // L)
+            with self._mu:
+                self.resampled += int(torn.size)
+            r, again = more(int(torn.size))
+            if r.get("id") != buffer_id:
+                raise ExpiredError("replay: the buffer was created anew while sampled")
+            _check_slice_picks(again, view.capacity)
+            for j, sl in enumerate(torn):
+                dst_rows = slice(sl * L, (sl + 1) * L)
+                src_rows = slice(j * L, (j + 1) * L)
+                info.indices[dst_rows], info.ids[dst_rows] = again.indices[src_rows], again.ids[src_rows]
+                info.weights[dst_rows], info.mask[dst_rows] = again.weights[src_rows], again.mask[src_rows]
+                info.episodes[sl] = again.episodes[j]
+            todo = torn
+        raise ContendedError(f"replay: slices kept being overwritten while sampled; {MAX_RESAMPLES} attempts")
+
+    def as_dataset(self, batch_size, slice_len=None, num_slices=None, strict_length=True, prefetch=2, timeout=None):
+        """A torch IterableDataset over this buffer (torchrl's as_dataset,
+        Reverb's dataset): tensordict-like dicts of torch tensors, samples
+        of batch_size transitions, or slices when slice_len or num_slices is
+        given, with `prefetch` samples fetched ahead by one thread. See
+        tensorwire.replay_seq.ReplayDataset."""
+        from tensorwire.replay_seq import ReplayDataset
+        return ReplayDataset(self, batch_size, slice_len=slice_len, num_slices=num_slices,
+                             strict_length=strict_length, prefetch=prefetch, timeout=timeout)
+
+    # Reverb's table controls (docs/replay.md, "Table controls").
+
+    def delete(self, info, timeout=None):
+        """Removes transitions from the buffer: info is a SampleInfo (rows
+        whose slot was overwritten since they were sampled are skipped) or
+        a sequence of slot indices (whatever the slots hold). Rows already
+        out of sampling (consumed, or sampled max-times-sampled times) are
+        skipped too. Returns how many were removed. A sample never returns
+        a removed row afterwards."""
+        r = self._call("replay.delete", _delete_request(self.name, info, self.capacity), _deadline(timeout))
+        return int(r.get("deleted", 0))
+
+    def reset(self, timeout=None):
+        """Empties the buffer (Reverb's reset, torchrl's empty): every
+        transition is removed and the rate limiter's counts start again.
+        Unlike the other calls it is not retried when the node cannot be
+        reached: sent again, it could empty what writers added since. The
+        UnavailableError says so, and the caller decides."""
+        self._check_open()
+        self._client.call("replay.reset", {"name": self.name}, timeout=timeout)
+
+    empty = reset
+
+
+class SliceInfo(SampleInfo):
+    """What a sample of slices returned: row by row (slice after slice)
+    indices, ids and weights as SampleInfo (-1 and 0 for padding), mask
+    (bool: False for padding), and per slice its episode's key
+    (episodes, int64); slice_len."""
+
+    __slots__ = ("mask", "episodes", "slice_len")
+
+    def __init__(self, indices, ids, weights, mask, episodes, slice_len):
+        super().__init__(indices, ids, weights)
+        self.mask = np.asarray(mask, dtype=bool)
+        self.episodes = np.asarray(episodes, dtype=np.int64)
+        self.slice_len = int(slice_len)
+
+    @classmethod
+    def _from_wire(cls, r, slice_len):
+        i = SampleInfo._from_wire(r.get("info"))
+        return cls(i.indices, i.ids, i.weights, r.get("mask") or [], r.get("episodes") or [], slice_len)
+
+    def __repr__(self):
+        return (f"SliceInfo(episodes={self.episodes!r}, slice_len={self.slice_len}, indices={self.indices!r}, "
+                f"mask={self.mask!r})")
+
+
+def _slice_shape(batch_size, slice_len, num_slices):
+    """(slice_len, num_slices) from torchrl's arguments."""
+    def whole(name, v):
+        if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0):
+            raise ArgumentError(f"{name}={v!r}: want a positive int")
+    whole("batch_size", batch_size)
+    whole("slice_len", slice_len)
+    whole("num_slices", num_slices)
+    if (slice_len is None) == (num_slices is None) and batch_size is not None:
+        raise ArgumentError("give one of slice_len and num_slices with batch_size (torchrl's SliceSampler)")
+    if slice_len is None and num_slices is None:
+        raise ArgumentError("give slice_len or num_slices")
+    if batch_size is not None:
+        known = slice_len if slice_len is not None else num_slices
+        if batch_size % known:
+            raise ArgumentError(f"batch_size {batch_size} is not a multiple of {known}")
+        if slice_len is None:
+            slice_len = batch_size // known
+        else:
+            num_slices = batch_size // known
+    if num_slices is None or slice_len is None:
+        raise ArgumentError("give batch_size, or both slice_len and num_slices")
+    if slice_len * num_slices > MAX_SAMPLE:
+        raise ArgumentError(f"{num_slices} slices of {slice_len}: at most {MAX_SAMPLE} steps in one call")
+    return int(slice_len), int(num_slices)
+
+
+def _slices_request(name, slice_len, num_slices, strict_length, prioritized=False, without_replacement=False,
+                    by_bytes=True):
+    return {"bytes": bool(by_bytes), "name": name, "num_slices": num_slices, "pad_short": not strict_length,
+            "prioritized": bool(prioritized), "slice_len": slice_len, "without_replacement": bool(without_replacement)}
+
+
+def _check_slice_picks(info, capacity):
+    """The node's picks of slices, checked before they index this side's
+    mappings: a slot in range for a step, -1 for padding."""
+    i = info.indices
+    if ((i < -1) | (i >= capacity)).any() or ((i >= 0) != info.mask).any():
+        raise _errors.InternalError(f"replay: the node sampled slots outside 0..{capacity - 1}")
+
+
+def _delete_request(name, info, capacity=None):
+    """replay.delete's request: info a SampleInfo, or slot indices (ids
+    nil: whatever the slots hold)."""
+    if isinstance(info, SampleInfo):
+        indices, ids = info.indices, info.ids
+        if len(ids) != len(indices):
+            raise SchemaError(f"{len(ids)} ids for {len(indices)} indices")
+    else:
+        indices, ids = np.asarray(info, dtype=np.int64).reshape(-1), None
+    if capacity is not None and len(indices) and (indices.min() < 0 or indices.max() >= capacity):
+        raise SchemaError(f"indices {indices.tolist()} outside the buffer's {capacity} slots")
+    return {"name": name, "info": {"indices": indices, "ids": ids, "weights": np.zeros(0, np.float64)}}
+
 
 def _map(prefix, view):
     """Maps a buffer's storage (read-write: writers write rows into it) and

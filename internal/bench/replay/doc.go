@@ -12,6 +12,7 @@
 //	tensorwire bench replay [--duration 20s] [--writers 2] [--modes ref,bytes] [--json FILE] [-v]
 //	tensorwire bench replay --trainer python [--writers-lang python] ...   # Python roles, beside an all-Go run
 //	tensorwire bench replay --role buffer|writer|trainer ...   # one process, on its own host
+//	tensorwire bench replay --sampler slice [--python PY] [--duration 10s] [--json FILE]   # slices of episodes against torchrl's SliceSampler
 //
 // docs/benchmarks.md, "Replay buffer", says how it measures, how to read it
 // and what its JSON holds (Result).

@@ -123,6 +123,9 @@ func newFlagSet(o *options, modes *string) *flag.FlagSet {
 // bench.ErrUsage; "-h" prints the flags to env.Stdout and returns
 // flag.ErrHelp.
 func Run(ctx context.Context, env bench.Env, args []string) error {
+	if wantsSlices(args) { // --sampler slice: slices.go
+		return runSlices(ctx, env, args)
+	}
 	var o options
 	var modes string
 	fs := newFlagSet(&o, &modes)

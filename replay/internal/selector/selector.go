@@ -6,6 +6,8 @@
 //   - Prioritized: in proportion to a priority, with importance weights
 //     (prioritized experience replay, Schaul et al. 2016).
 //   - FIFO: the oldest slots, which the sample consumes (Reverb's Queue).
+//   - LIFO, MaxHeap, MinHeap: the newest slots, or those of the largest or
+//     smallest priority, left in (Reverb's Lifo, MaxHeap, MinHeap).
 //
 // A slot is an int in [0, capacity) naming a row of the buffer's storage. A
 // selector knows which slots are sampleable, in what order they were

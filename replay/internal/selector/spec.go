@@ -18,6 +18,9 @@ const (
 	KindWithoutReplacement Kind = "without_replacement"
 	KindPrioritized        Kind = "prioritized"
 	KindFIFO               Kind = "fifo"
+	KindLIFO               Kind = "lifo"
+	KindMaxHeap            Kind = "max_heap"
+	KindMinHeap            Kind = "min_heap"
 )
 
 // param is a parameter a kind takes: the value ParseSpec gives it when the
@@ -47,6 +50,9 @@ var kindTable = []kindInfo{
 	{kind: KindWithoutReplacement},
 	{kind: KindPrioritized, params: []param{{"alpha", 0.6, true}, {"beta", 0.4, true}, {"eps", 1e-8, false}}},
 	{kind: KindFIFO, consumes: true},
+	{kind: KindLIFO},
+	{kind: KindMaxHeap},
+	{kind: KindMinHeap},
 }
 
 func infoOf(k Kind) (kindInfo, bool) {
@@ -272,6 +278,8 @@ func New(spec Spec, capacity int) (Selector, error) {
 		return WithoutReplacement(capacity), nil
 	case KindPrioritized:
 		return Prioritized(capacity, spec.Alpha, spec.Beta, spec.Eps)
+	case KindLIFO, KindMaxHeap, KindMinHeap:
+		return newOrdered(spec.Kind, capacity), nil
 	}
 	return FIFO(capacity), nil
 }
@@ -290,6 +298,8 @@ func Footprint(spec Spec, capacity int) uint64 {
 		return addSat(overhead, mulSat(c, 40)) // denseSet, joined, mark, order
 	case KindFIFO:
 		return addSat(overhead, mulSat(c, 24)) // heap of (seq, slot), pos
+	case KindLIFO, KindMaxHeap, KindMinHeap:
+		return addSat(overhead, mulSat(c, 32)) // heap of (seq, prio, slot), pos
 	case KindPrioritized:
 		// prio and present per slot; a sum tree and a min tree of 2*leaves
 		// float64 each, leaves being c rounded up to a power of two.

@@ -28,7 +28,7 @@ func TestNew(t *testing.T) {
 		{Spec{Kind: KindPrioritized, Alpha: 1}, 0, false},
 		{Spec{Kind: ""}, 10, false},
 		{Spec{Kind: "Uniform"}, 10, false},
-		{Spec{Kind: "lifo"}, 10, false},
+		{Spec{Kind: "stack"}, 10, false},
 		{Spec{Kind: KindUniform, Alpha: 0.6}, 10, false},
 		{Spec{Kind: KindFIFO, Eps: 1e-6}, 10, false},
 		{Spec{Kind: KindWithoutReplacement, Beta: 1}, 10, false},
@@ -142,7 +142,7 @@ func TestSpec_StringParse(t *testing.T) {
 func TestParseSpec_Refusals(t *testing.T) {
 	for _, tc := range []struct{ text, want string }{
 		{"", `unknown kind ""`},
-		{"lifo", `unknown kind "lifo"; one of uniform, without_replacement, prioritized, fifo`},
+		{"stack", `unknown kind "stack"; one of uniform, without_replacement, prioritized, fifo, lifo, max_heap, min_heap`},
 		{"Uniform", "unknown kind"},
 		{"uniform(alpha=1)", "uniform takes no parameters (alpha given)"},
 		{"prioritized(gamma=1)", "prioritized takes no gamma; its parameters are alpha, beta, eps"},
@@ -166,7 +166,7 @@ func TestParseSpec_Refusals(t *testing.T) {
 // takes the parameters Params names and refuses others, and reports
 // whether it consumes what it samples.
 func TestKinds_Table(t *testing.T) {
-	if got := Kinds(); !slices.Equal(got, []Kind{KindUniform, KindWithoutReplacement, KindPrioritized, KindFIFO}) {
+	if got := Kinds(); !slices.Equal(got, []Kind{KindUniform, KindWithoutReplacement, KindPrioritized, KindFIFO, KindLIFO, KindMaxHeap, KindMinHeap}) {
 		t.Errorf("Kinds() = %v", got)
 	}
 	for _, k := range Kinds() {
@@ -190,10 +190,10 @@ func TestKinds_Table(t *testing.T) {
 			t.Errorf("%s.Consumes() = %v", k, k.Consumes())
 		}
 	}
-	if _, err := Defaults("lifo"); err == nil {
-		t.Error("Defaults(lifo) succeeded")
+	if _, err := Defaults("stack"); err == nil {
+		t.Error("Defaults(stack) succeeded")
 	}
-	if _, err := (Spec{Kind: "lifo"}).With("alpha", 1); err == nil {
+	if _, err := (Spec{Kind: "stack"}).With("alpha", 1); err == nil {
 		t.Error("With on an unknown kind succeeded")
 	}
 }

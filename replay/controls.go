@@ -1,0 +1,253 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/tensorwire/tensorwire/internal/service"
+	"github.com/tensorwire/tensorwire/replay/internal/selector"
+)
+
+// LIFO returns the newest transitions and leaves them in (Reverb's Lifo
+// selector): a sample of n is the n newest, newest first, all different,
+// and waits until the buffer holds n. With Config.MaxTimesSampled 1 it is
+// a stack (Reverb's Stack).
+func LIFO() Sampler { return Sampler{selector.Spec{Kind: selector.KindLIFO}} }
+
+// MaxHeap returns the transitions of the largest priority (ties: the
+// newest) and leaves them in (Reverb's MaxHeap): a sample of n is the n
+// first in that order, all different. Priorities come from ExtendPriority
+// and UpdatePriority, as for Prioritized; no weights (all 1).
+func MaxHeap() Sampler { return Sampler{selector.Spec{Kind: selector.KindMaxHeap}} }
+
+// MinHeap is MaxHeap by the smallest priority (Reverb's MinHeap).
+func MinHeap() Sampler { return Sampler{selector.Spec{Kind: selector.KindMinHeap}} }
+
+// selInsert makes slot sampleable; b.mu is held. With MaxTimesSampled its
+// count starts at 0.
+func (b *Buffer) selInsert(slot int, seq uint64, priority float64) {
+	if b.times != nil {
+		if t := b.times[slot]; t >= 0 {
+			b.left -= int64(b.budget() - t)
+		}
+		b.times[slot] = 0
+		b.left += int64(b.budget())
+	}
+	b.sel.Insert(slot, seq, priority)
+}
+
+// selRemove makes slot unsampleable; b.mu is held.
+func (b *Buffer) selRemove(slot int) {
+	if b.times != nil {
+		if t := b.times[slot]; t >= 0 {
+			b.left -= int64(b.budget() - t)
+			b.times[slot] = -1
+		}
+	}
+	b.sel.Remove(slot)
+}
+
+// budget is how many times a slot may be sampled: MaxTimesSampled, or
+// once for a sampler that consumes what it returns (FIFO).
+func (b *Buffer) budget() int32 {
+	if b.cfg.Sampler.spec.Kind.Consumes() {
+		return 1
+	}
+	return int32(b.cfg.MaxTimesSampled)
+}
+
+// canSelect reports whether the sampler can give n now; b.mu is held.
+// With MaxTimesSampled the slots must have n samples left between them.
+func (b *Buffer) canSelect(n int) bool {
+	if b.times == nil {
+		return b.sel.CanSelect(n)
+	}
+	return b.left >= int64(n) && b.sel.CanSelect(1)
+}
+
+// selectCounted picks n slots one at a time, as n samples of one (Reverb
+// samples so), counting each: a slot sampled MaxTimesSampled times leaves
+// the sampler and is marked consumed in the slot table, so that a
+// reopened buffer does not return it again. b.mu is held; canSelect(n).
+func (b *Buffer) selectCounted(n int, slots []int, weights []float64) ([]int, []float64, error) {
+	k := b.budget()
+	consumes := b.cfg.Sampler.spec.Kind.Consumes()
+	for range n {
+		var err error
+		if slots, weights, err = b.sel.Select(b.rng, 1, slots, weights); err != nil {
+			// Only a prioritized sampler whose slots left all have weight
+			// 0 (eps=0) gets here: the picks so far are counted.
+			return slots, weights, fmt.Errorf("%w: %w", ErrContended, err)
+		}
+		s := slots[len(slots)-1]
+		b.times[s]++
+		b.left--
+		if b.times[s] >= k {
+			if !consumes {
+				b.sel.Remove(s)
+			}
+			b.left -= int64(k - b.times[s])
+			b.times[s] = -1
+			b.slots.setPriority(s, consumed)
+		}
+	}
+	return slots, weights, nil
+}
+
+// Delete removes transitions from the buffer, row by row of info (Indices,
+// and IDs when set, as UpdatePriority reads them): a row whose slot is
+// committed, in the generation that is its ID, is emptied and never
+// sampled again; the others (overwritten since, deleted already, or out of
+// sampling already: consumed by a FIFO sampler or MaxTimesSampled) are
+// skipped. It returns how many it deleted. A sample copying a row while
+// it is deleted finds the slot's word changed and samples again, as for
+// an overwritten row. The writer reuses the slots (top-k: as free slots).
+func (b *Buffer) Delete(ctx context.Context, info SampleInfo) (int, error) {
+	if info.IDs != nil && len(info.IDs) != len(info.Indices) {
+		return 0, schemaErrorf("%d ids for %d indices", len(info.IDs), len(info.Indices))
+	}
+	for i, s := range info.Indices {
+		if s < 0 || s >= b.cfg.Capacity {
+			return 0, schemaErrorf("index %d is %d; the buffer holds %d", i, s, b.cfg.Capacity)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if err := b.health(false); err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return 0, ErrClosed
+	}
+	if b.lost != nil {
+		return 0, b.lost
+	}
+	n := 0
+	for i, s := range info.Indices {
+		w := b.slots.word(s)
+		if state(w) != stateCommitted || (info.IDs != nil && gen(w) != info.IDs[i]) || b.slots.priority(s) == consumed {
+			continue
+		}
+		b.emptyLocked(s, w)
+		n++
+	}
+	if n > 0 {
+		b.broadcast()
+	}
+	return n, nil
+}
+
+// emptyLocked empties committed slot s, whose word is w; b.mu is held.
+func (b *Buffer) emptyLocked(s int, w uint64) {
+	b.selRemove(s)
+	b.epRemove(s)
+	b.slots.setWord(s, makeWord(gen(w), stateEmpty))
+	b.writer.deleted(s)
+}
+
+// Reset empties the buffer (Reverb's reset, torchrl's empty): every
+// committed transition is deleted, as Delete does, and the rate limiter's
+// counts start again from 0 (saved in MetaFile at once). Reservations in
+// flight are kept: their commits land after the reset. Rows are not
+// zeroed on disk; their slots are empty and never sampled.
+func (b *Buffer) Reset(ctx context.Context) error {
+	if err := b.enter(); err != nil {
+		return err
+	}
+	defer b.leave()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := b.health(true); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.lost != nil {
+		return b.lost
+	}
+	for s := range b.cfg.Capacity {
+		if w := b.slots.word(s); state(w) == stateCommitted {
+			b.emptyLocked(s, w)
+		}
+	}
+	b.limit.inserts, b.limit.samples = 0, 0
+	b.maxPrio = 1
+	b.broadcast()
+	return b.writeMetaLocked()
+}
+
+// controlKeys are the settings of the table controls, after configKeys':
+// the rate limiter's ratio, MaxTimesSampled and the writer. writer comes
+// before key, which needs a top-k writer.
+var controlKeys = []service.Key[Config]{
+	{Setting: Setting{Key: "samples-per-insert", Value: "X", Help: "samples per inserted transition the rate limiter keeps (Reverb's SampleToInsertRatio; default 0: no ratio)"},
+		Set: func(c *Config, v string) error { return setRatio(&c.Limit.SamplesPerInsert, v) }},
+	{Setting: Setting{Key: "error-buffer", Value: "X", Help: "slack around samples-per-insert, in samples"},
+		Set: func(c *Config, v string) error { return setRatio(&c.Limit.ErrorBuffer, v) }},
+	{Setting: Setting{Key: "max-times-sampled", Value: "N", Help: "a transition leaves after N samples (default 0: never)"},
+		Set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > math.MaxInt32 {
+				return errors.New("want a whole number, 0 (no limit) or more")
+			}
+			c.MaxTimesSampled = n
+			return nil
+		}},
+	{Setting: Setting{Key: "writer", Value: "round_robin|top_k", Help: "where new transitions go (default round_robin); top_k needs key=; fixed when the buffer is created"},
+		Set: func(c *Config, v string) error {
+			switch writerKind(v) {
+			case writerRoundRobin:
+				c.Writer = RoundRobin()
+			case writerTopK:
+				if c.Writer.Kind() != string(writerTopK) {
+					c.Writer = Writer{writerSpec{Kind: writerTopK}} // key= gives its key
+				}
+			default:
+				return fmt.Errorf("want %s or %s (the kind alone; the top-k key as key=K)", writerRoundRobin, writerTopK)
+			}
+			return nil
+		}},
+	{Setting: Setting{Key: "key", Value: "K", Help: "the top-k writer's ranking key, one value per transition (nested keys joined by /)"},
+		Set: func(c *Config, v string) error {
+			if c.Writer.Kind() != string(writerTopK) {
+				return errors.New("the top-k writer's key; give writer=top_k too")
+			}
+			w, err := ParseWriter("top_k(key=" + v + ")")
+			if err != nil {
+				return errors.New("want a key, nested keys joined by / (next/reward)")
+			}
+			c.Writer = w
+			return nil
+		}},
+}
+
+// setRatio sets *dst to v, a finite number >= 0.
+func setRatio(dst *float64, v string) error {
+	x, err := strconv.ParseFloat(v, 64)
+	if err != nil || !(x >= 0) || math.IsInf(x, 1) {
+		return errors.New("want a finite number >= 0")
+	}
+	*dst = x
+	return nil
+}
+
+// trajKey is the trajectory key's setting, after the others.
+var trajKey = service.Key[Config]{
+	Setting: Setting{Key: "traj-key", Value: "K", Help: "the int64 field holding each transition's episode (torchrl's traj_key; nested keys joined by /): the buffer knows its episodes and samples slices; fixed when it is created"},
+	Set: func(c *Config, v string) error {
+		key := strings.Split(v, "/")
+		if slices.Contains(key, "") {
+			return errors.New("want a key, nested keys joined by / (collector/traj_ids)")
+		}
+		c.TrajKey = key
+		return nil
+	}}
