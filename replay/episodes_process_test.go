@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/proctest"
-	"github.com/tensorwire/tensorwire/internal/svctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
 )
 
 // helperEpisodeNode opens the buffer at $ROOT/buf, or creates it with

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tensorwire/tensorwire/internal/benchtest"
+	"github.com/tensorwire/tensorwire/internal/bench/benchtest"
 )
 
 // TestRunSlices_EndToEnd runs the slice benchmark small, with an
