@@ -79,7 +79,7 @@ func runCollective(ctx context.Context, args []string, stdout, stderr io.Writer)
 	} else if tok := os.Getenv("TENSORWIRE_TOKEN"); tok != "" {
 		cfg.Token = []byte(strings.TrimSpace(tok))
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	sc := &sidecar{frozenAfter: *frozen, ppid: os.Getppid()}
 	return sc.serve(ctx, cfg, *data, *joinTimeout, os.Stdin, stdout)
 }
@@ -283,7 +283,8 @@ var sidecarReasons = []struct {
 // errResp is err as a reply: its rpc code, its reason, its message.
 func errResp(err error) pyResp {
 	code := rpc.CodeOf(err)
-	r := pyResp{Code: int(code), Msg: err.Error()}
+	// The Python exception says its code: the message does not again.
+	r := pyResp{Code: int(code), Msg: strings.TrimPrefix(err.Error(), "rpc: "+code.String()+": ")}
 	for _, sr := range sidecarReasons {
 		if errors.Is(err, sr.err) && rpc.CodeOf(sr.err) == code {
 			r.Reason = sr.reason

@@ -75,15 +75,14 @@ var pyHandle = func() *codec.MsgpackHandle {
 
 // encodeFrame returns v as one frame: its length, then its msgpack map.
 func encodeFrame(v any) ([]byte, error) {
-	buf := []byte{0, 0, 0, 0}
-	if err := codec.NewEncoderBytes(&buf, pyHandle).Encode(v); err != nil {
+	var body []byte
+	if err := codec.NewEncoderBytes(&body, pyHandle).Encode(v); err != nil {
 		return nil, err
 	}
-	if len(buf)-4 > maxFrame {
-		return nil, fmt.Errorf("%w: %d bytes, at most %d", errFrame, len(buf)-4, maxFrame)
+	if len(body) > maxFrame {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d", errFrame, len(body), maxFrame)
 	}
-	binary.BigEndian.PutUint32(buf, uint32(len(buf)-4))
-	return buf, nil
+	return append(binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(body)), uint32(len(body))), body...), nil
 }
 
 // decodeReq decodes one request's msgpack map (a frame's body), which must
