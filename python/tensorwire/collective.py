@@ -320,8 +320,12 @@ def _is_torch(x):
 
 
 def _np(x):
-    """x as a contiguous little-endian numpy array (bfloat16 as bits)."""
-    return np.ascontiguousarray(as_array(x))
+    """x as a contiguous little-endian numpy array (bfloat16 as bits, its
+    _BF16 type kept)."""
+    a = as_array(x)
+    if not a.flags.c_contiguous:
+        a = type(a)(np.ascontiguousarray(a)) if type(a) is not np.ndarray else np.ascontiguousarray(a)
+    return a
 
 
 def _like(a, name, like):

@@ -1,0 +1,173 @@
+"""tensorwire.collective against real processes: each rank a Python
+process (tests/collective_worker.py) with its sidecar, a real Go rank
+(`tensorwire collective rank`), over shared mappings or TCP.
+
+One process set per (size, transport) runs every operation and root:
+results against a plain computation and the dot-product test of every
+adjoint (docs/collective.md, "From Python")."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+from nodes import HERE, binary, python_env
+
+WORKER = os.path.join(HERE, "collective_worker.py")
+
+try:
+    import torch  # noqa: F401
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(mode, size, transport="auto", extra=None, ranks=None, port=None):
+    port = port or free_port()
+    procs = []
+    for r in (range(size) if ranks is None else ranks):
+        env = python_env()
+        env.update({"RANK": str(r), "WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port), "TW_TRANSPORT": transport, "TENSORWIRE_BIN": binary()})
+        env.update(extra or {})
+        procs.append(subprocess.Popen([sys.executable, WORKER, mode], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return procs, port
+
+
+def finish(tc, procs, timeout=300, want_rc=0):
+    """Each rank's report (None for one that printed none)."""
+    reports = []
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            tc.fail(f"a rank did not finish within {timeout}s (a hang)")
+        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+        rep = json.loads(lines[-1]) if lines else None
+        if want_rc is not None:
+            tc.assertEqual(p.returncode, want_rc, err[-3000:])
+            tc.assertIsNotNone(rep, err[-3000:])
+        reports.append(rep)
+    return reports
+
+
+def run_ranks(tc, mode, size, transport="auto", extra=None, timeout=300):
+    procs, _ = start_ranks(mode, size, transport, extra)
+    reports = finish(tc, procs, timeout)
+    for r, rep in enumerate(reports):
+        tc.assertEqual(rep["rank"], r)
+        tc.assertEqual(rep["failures"], [], f"rank {r}")
+    return reports
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestCollectiveOps(unittest.TestCase):
+    """Every operation and root, forward (torch and numpy) and its adjoint's
+    dot-product test, at 2, 3 and 4 ranks on both transports."""
+
+
+def _ops_test(size, transport):
+    def test(self):
+        reports = run_ranks(self, "ops", size, transport)
+        self.assertEqual({rep["transport"] for rep in reports}, {transport})
+    return test
+
+
+for _size in (2, 3, 4):
+    for _tr in ("shm", "tcp"):
+        setattr(TestCollectiveOps, f"test_ops_{_size}_ranks_{_tr}", _ops_test(_size, _tr))
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestCollectiveExamples(unittest.TestCase):
+    def test_simple_linear_regression(self):
+        """mpi4torch's example: every rank's gradient is the single-process
+        one (1e-6), and LBFGS finds the generating parameters."""
+        reports = run_ranks(self, "regression", 3)
+        for rep in reports:
+            self.assertEqual(rep["params"], reports[0]["params"])
+
+    def test_isend_recv_wait_joindummies(self):
+        """mpi4torch's README idiom (examples/isend-recv-wait.py): a ring of
+        Isend, Recv and Wait with JoinDummies, forward and backward."""
+        for size in (2, 3):
+            reports = run_ranks(self, "isend", size, "tcp" if size == 3 else "shm")
+            for r, rep in enumerate(reports):
+                self.assertEqual(rep["res"], [2.0 + r + (r - 1) % size])
+                self.assertEqual(rep["grad"], [2.0])
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestCollectiveFailures(unittest.TestCase):
+    def test_errors_are_the_same_on_every_rank(self):
+        """Mismatched shapes and dtypes, a root out of range, the backward of
+        MPI_MAX: the same exception on every rank, and the communicator
+        goes on."""
+        reports = run_ranks(self, "errors", 3)
+        for rep in reports:
+            for what, msg in rep["messages"].items():
+                self.assertEqual(msg, reports[0]["messages"][what], what)
+        self.assertIn("root 3 is not a rank of 3", reports[0]["messages"]["root"])
+
+    def _killed(self, how, transport):
+        new_port = free_port()
+        procs, _ = start_ranks("kill", 3, transport, {"KILL_RANK": "2", "NEW_PORT": str(new_port),
+                                                       "KILL_HOW": how})
+        reports = finish(self, procs, timeout=120, want_rc=None)
+        self.assertEqual(procs[2].returncode, -9)
+        for r in (0, 1):
+            self.assertEqual(procs[r].returncode, 0)
+            rep = reports[r]
+            self.assertEqual(rep["failures"], [], f"rank {r}")
+            self.assertIn(rep["error"], ("PeerLostError", "RankAbortedError", "BrokenError"), rep["message"])
+            self.assertIn(rep["after"], ("BrokenError", "PeerLostError"))
+        return reports
+
+    def test_rank_killed_mid_collective(self):
+        """kill -9 of a Python rank in a loop of 4 MiB allreduces: the others
+        get the error (no hang), then form a new communicator."""
+        for transport in ("shm", "tcp"):
+            with self.subTest(transport=transport):
+                self._killed("kill", transport)
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestCollectiveMixed(unittest.TestCase):
+    def test_go_rank_and_python_ranks(self):
+        """A Go program's rank (tests/gorank, collective.Join) with Python
+        ranks in one communicator, on both transports."""
+        gorank = os.environ.get("TENSORWIRE_GORANK")
+        if not gorank:
+            import tempfile
+            d = tempfile.mkdtemp(prefix="tensorwire-pytest-gorank-")
+            gorank = os.path.join(d, "gorank")
+            subprocess.run(["go", "build", "-o", gorank, "./python/tests/gorank"],
+                           cwd=os.path.dirname(os.path.dirname(HERE)), check=True)
+        for transport in ("shm", "tcp"):
+            with self.subTest(transport=transport):
+                size = 3
+                procs, port = start_ranks("mixed", size, transport, ranks=[0, 2])
+                g = subprocess.run([gorank, "-addr", f"127.0.0.1:{port}", "-rank", "1", "-size", str(size),
+                                    "-transport", transport], capture_output=True, text=True, timeout=120)
+                self.assertEqual(g.returncode, 0, g.stderr)
+                reports = finish(self, procs, timeout=120)
+                for rep in reports:
+                    self.assertEqual(rep["failures"], [])
+                self.assertIn("ok", g.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
