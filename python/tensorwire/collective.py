@@ -607,7 +607,9 @@ def join(addr=None, rank=None, size=None, *, token=None, token_file=None, transp
     """Joins a communicator: rank of size, rank 0 listening at addr
     ("host:port"), the others reaching it there (they may start in any
     order within timeout seconds). Without arguments, torchrun's variables:
-    RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. token (or token_file's) is
+    RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (under torchrun, whose agent
+    listens on MASTER_PORT, rank 0 listens on MASTER_PORT+1;
+    $TENSORWIRE_COLLECTIVE_PORT, when set, is the port). token (or token_file's) is
     the secret every rank shares (default $TENSORWIRE_TOKEN); transport
     "auto" (shared mappings when every rank is on this host), "shm" or
     "tcp". The sidecar is the tensorwire binary: binary, $TENSORWIRE_BIN or
@@ -617,7 +619,12 @@ def join(addr=None, rank=None, size=None, *, token=None, token_file=None, transp
     if addr is None:
         if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
             raise ConfigError("join: no addr, and MASTER_ADDR and MASTER_PORT are not set")
-        addr = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+        port = int(env["MASTER_PORT"])
+        if env.get("TENSORWIRE_COLLECTIVE_PORT"):
+            port = int(env["TENSORWIRE_COLLECTIVE_PORT"])
+        elif env.get("TORCHELASTIC_RUN_ID"):
+            port += 1  # under torchrun, its agent's store holds MASTER_PORT
+        addr = f"{env['MASTER_ADDR']}:{port}"
     if rank is None:
         rank = int(env.get("RANK", "0"))
     if size is None:
