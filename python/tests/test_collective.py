@@ -182,3 +182,46 @@ class TestCollectiveMixed(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestCollectiveReadme(unittest.TestCase):
+    def _block(self):
+        import re
+        with open(os.path.join(os.path.dirname(os.path.dirname(HERE)), "README.md")) as f:
+            text = f.read()
+        m = re.search(r"<!-- begin from-python-collective -->\n```python\n(.*?)```\n<!-- end from-python-collective -->"
+                      r"\n\nprints `([^`]*)`", text, re.S)
+        self.assertIsNotNone(m, "README.md has no from-python-collective block followed by what it prints")
+        return m.group(1), m.group(2)
+
+    def test_training_loop_over_torchrun_variables(self):
+        """The README's data-parallel loop, 3 ranks from RANK, WORLD_SIZE,
+        MASTER_ADDR and MASTER_PORT; and under torchrun when it is there."""
+        code, printed = self._block()
+        port = free_port()
+        procs = []
+        for r in range(3):
+            env = python_env()
+            env.update({"RANK": str(r), "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                        "TENSORWIRE_BIN": binary()})
+            procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=180) for p in procs]
+        for p, (out, err) in zip(procs, outs):
+            self.assertEqual(p.returncode, 0, err[-3000:])
+        self.assertEqual(outs[0][0].strip(), printed)
+        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        if not os.path.exists(torchrun):
+            return  # no torchrun next to this Python
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".py") as f:
+            f.write(code)
+            f.flush()
+            env = python_env()
+            env["PATH"] = os.path.dirname(binary()) + os.pathsep + env.get("PATH", "")
+            env.pop("TENSORWIRE_BIN", None)
+            r = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", f.name], env=env,
+                               capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertEqual(r.stdout.strip(), printed)
