@@ -183,6 +183,7 @@ class _Sidecar:
         self._mm = None
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._rbuf = b""
         self.closed = False
         try:
             self._grow(1 << 20)
@@ -231,14 +232,15 @@ class _Sidecar:
         return decode_frame(self._read_exactly(n))
 
     def _read_exactly(self, n):
-        chunks = []
-        while n:
-            b = os.read(self._out, n)
+        # One read takes a whole reply (header and body) when it has come.
+        buf = self._rbuf
+        while len(buf) < n:
+            b = os.read(self._out, max(n - len(buf), 1 << 16))
             if not b:
                 self._dead()
-            chunks.append(b)
-            n -= len(b)
-        return b"".join(chunks)
+            buf += b
+        self._rbuf = buf[n:]
+        return buf[:n]
 
     def _dead(self):
         rc = self._p.wait()
