@@ -259,6 +259,16 @@ def mode_mixed(comm):
     check(x.grad.tolist() == [n * float(3 * r + i) for i in range(3)], f"Allgather backward {x.grad.tolist()}")
 
 
+def mode_cuda(comm):
+    """CUDA tensors in and out (through host memory), forward and backward."""
+    n = comm.size
+    x = torch.ones(4, device="cuda", requires_grad=True)
+    y = comm.Allreduce(x, mpi4torch.MPI_SUM)
+    check(y.device.type == "cuda" and y.tolist() == [float(n)] * 4, f"Allreduce on cuda: {y}")
+    y.sum().backward()
+    check(x.grad.device.type == "cuda" and x.grad.tolist() == [float(n)] * 4, f"grad on cuda: {x.grad}")
+
+
 def main():
     mode = sys.argv[1]
     try:

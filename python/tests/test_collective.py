@@ -91,6 +91,18 @@ for _size in (2, 3, 4):
         setattr(TestCollectiveOps, f"test_ops_{_size}_ranks_{_tr}", _ops_test(_size, _tr))
 
 
+def _cuda():
+    return HAVE_TORCH and torch.cuda.is_available()
+
+
+@unittest.skipUnless(_cuda(), "no GPU on this machine (or no torch): CUDA tensors untested")
+class TestCollectiveCUDA(unittest.TestCase):
+    def test_cuda_tensors(self):
+        """CUDA tensors go through host memory: results and gradients come
+        back on the GPU."""
+        run_ranks(self, "cuda", 2)
+
+
 @unittest.skipUnless(HAVE_TORCH, "needs torch")
 class TestCollectiveExamples(unittest.TestCase):
     def test_simple_linear_regression(self):
