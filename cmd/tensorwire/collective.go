@@ -118,27 +118,7 @@ func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath str
 	defer cancel(nil)
 	s.ctx = ctx
 
-	frames := make(chan []byte)
-	go func() {
-		defer close(frames)
-		r := bufio.NewReader(in)
-		for {
-			b, err := readFrame(r)
-			if err != nil {
-				if errors.Is(err, io.EOF) {
-					cancel(errParentGone)
-				} else {
-					cancel(err)
-				}
-				return
-			}
-			select {
-			case frames <- b:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+	next := s.frames(ctx, cancel, in)
 	if s.frozenAfter > 0 && s.ppid > 1 {
 		go s.watchParent(ctx, cancel)
 	}
@@ -170,11 +150,9 @@ func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath str
 		return err
 	}
 	for {
-		var b []byte
-		var ok bool
-		select {
-		case b, ok = <-frames:
-		case <-ctx.Done():
+		b, ok := next()
+		if ok && ctx.Err() != nil {
+			ok = false // broken off (the parent froze) while the frame came
 		}
 		if !ok {
 			// The parent is gone (or sent garbage, or froze): closing
@@ -202,6 +180,57 @@ func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath str
 		}
 		if stop {
 			return nil
+		}
+	}
+}
+
+// frames returns the function that gives the next frame from in, false
+// once there is none (in closed, or ctx ended). Where it can, it reads in
+// on the caller's goroutine, one wake-up fewer per call, and watches in
+// for its writer's end (POLLHUP) beside it, so that a call in flight
+// breaks off when the parent dies; elsewhere a goroutine reads in and
+// hands the frames over.
+func (s *sidecar) frames(ctx context.Context, cancel context.CancelCauseFunc, in io.Reader) func() ([]byte, bool) {
+	ended := func(err error) {
+		if errors.Is(err, io.EOF) {
+			cancel(errParentGone)
+		} else {
+			cancel(err)
+		}
+	}
+	r := bufio.NewReader(in)
+	if f, ok := in.(*os.File); ok && watchHangup(ctx, f, func() { cancel(errParentGone) }) {
+		return func() ([]byte, bool) {
+			b, err := readFrame(r)
+			if err != nil {
+				ended(err)
+				return nil, false
+			}
+			return b, true
+		}
+	}
+	ch := make(chan []byte)
+	go func() {
+		defer close(ch)
+		for {
+			b, err := readFrame(r)
+			if err != nil {
+				ended(err)
+				return
+			}
+			select {
+			case ch <- b:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return func() ([]byte, bool) {
+		select {
+		case b, ok := <-ch:
+			return b, ok
+		case <-ctx.Done():
+			return nil, false
 		}
 	}
 }

@@ -221,10 +221,19 @@ def mode_kill(comm):
     i = 0
     try:
         while True:
+            how = os.environ.get("KILL_HOW")
             if r == victim and i == 5:
-                if os.environ.get("KILL_HOW") == "stop":
+                if how == "stop":
                     os.kill(os.getpid(), signal.SIGSTOP)
-                os.kill(os.getpid(), signal.SIGKILL)
+                if how == "inflight":
+                    # Killed while its sidecar is inside the collective,
+                    # waiting for the others (who come a second later).
+                    import threading
+                    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                else:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            if r != victim and i == 5 and how == "inflight":
+                time.sleep(1)
             comm.Allreduce(x, mpi4torch.MPI_SUM)
             i += 1
     except Exception as e:  # noqa: BLE001

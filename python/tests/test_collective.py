@@ -161,6 +161,14 @@ class TestCollectiveFailures(unittest.TestCase):
             with self.subTest(transport=transport):
                 self._killed("kill", transport)
 
+    def test_rank_killed_inside_its_call(self):
+        """kill -9 of a Python rank whose sidecar is inside a collective,
+        waiting for the others: the sidecar breaks off (its stdin's writer
+        is gone), and the others fail when they come to it."""
+        for transport in ("shm", "tcp"):
+            with self.subTest(transport=transport):
+                self._killed("inflight", transport)
+
     def test_rank_stopped(self):
         """SIGSTOP of a Python rank: its sidecar sees its parent stopped for
         5 s (frozen_after) and leaves; the others get the error, no hang."""
