@@ -278,8 +278,27 @@ def mode_cuda(comm):
     check(x.grad.device.type == "cuda" and x.grad.tolist() == [float(n)] * 4, f"grad on cuda: {x.grad}")
 
 
+def token_join():
+    """Joins with $TW_TOKEN; reports the exception class every rank gets."""
+    t0 = time.monotonic()
+    try:
+        c = mpi4torch.join(transport="tcp", token=os.environ["TW_TOKEN"], timeout=30)
+        report["joined"] = True
+        c.close()
+    except Exception as e:  # noqa: BLE001
+        report["error"] = type(e).__name__
+        report["message"] = str(e)
+    report["seconds"] = time.monotonic() - t0
+    report["rank"] = int(os.environ["RANK"])
+
+
 def main():
     mode = sys.argv[1]
+    if mode == "token":
+        token_join()
+        report["failures"] = failures
+        print(json.dumps(report), flush=True)
+        return
     try:
         comm = join()
         report["rank"] = comm.rank

@@ -176,6 +176,37 @@ class TestCollectiveFailures(unittest.TestCase):
 
 
 @unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestCollectiveJoin(unittest.TestCase):
+    def test_wrong_token_fails_every_rank_fast(self):
+        """One rank's token differs: every rank's join fails at once with
+        JoinRefusedError (collective.unauthenticated), none waits out its
+        timeout; with the same token they join."""
+        procs = []
+        port = free_port()
+        for r in range(3):
+            procs += start_ranks("token", 3, "tcp", {"TW_TOKEN": "wrong" if r == 1 else "secret"}, ranks=[r],
+                                 port=port)[0]
+        reports = finish(self, procs, timeout=60)
+        for rep in reports:
+            self.assertEqual(rep.get("error"), "JoinRefusedError", rep)
+            self.assertLess(rep["seconds"], 25, rep)
+        reports = run_ranks(self, "token", 2, "tcp", {"TW_TOKEN": "secret"})
+        self.assertTrue(all(rep.get("joined") for rep in reports), reports)
+
+    def test_bad_config(self):
+        """A rank outside the size is ConfigError from join, at once."""
+        from tensorwire import collective
+        with self.assertRaises(collective.ConfigError) as cm:
+            collective.join(f"127.0.0.1:{free_port()}", 3, 2, binary=binary())
+        self.assertIn("rank 3", str(cm.exception))
+        from unittest import mock
+        env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+        with mock.patch.dict(os.environ, env, clear=True):
+            with self.assertRaises(collective.ConfigError):  # no addr, no MASTER_ADDR
+                collective.join(binary=binary())
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
 class TestCollectiveMixed(unittest.TestCase):
     def test_go_rank_and_python_ranks(self):
         """A Go program's rank (tests/gorank, collective.Join) with Python
