@@ -20,6 +20,7 @@ import (
 
 	"github.com/hashicorp/go-msgpack/v2/codec"
 	"github.com/tensorwire/tensorwire/collective"
+	"github.com/tensorwire/tensorwire/internal/svctest"
 )
 
 // goldenFrames reads testdata/collective_pipe.hex: "# NAME: ..." lines,
@@ -80,6 +81,29 @@ func TestCollectivePipe_Golden(t *testing.T) {
 			if err != nil || !reflect.DeepEqual(back, req) {
 				t.Errorf("%s: decodeReq = %+v, %v; want %+v", tc.name, back, err, req)
 			}
+		}
+	}
+}
+
+// TestCollectivePipe_ProtocolDoc: docs/protocol.md shows the golden bytes.
+func TestCollectivePipe_ProtocolDoc(t *testing.T) {
+	text, err := os.ReadFile("../../docs/protocol.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(text), "<!-- begin collective pipe frames -->\n```\n")
+	block, _, ok2 := strings.Cut(rest, "```\n<!-- end collective pipe frames -->")
+	if !ok || !ok2 {
+		t.Fatal("docs/protocol.md has no fenced block of collective pipe frames")
+	}
+	names, msgs := svctest.ParseGolden(t, block)
+	golden := goldenFrames(t)
+	if len(names) == 0 {
+		t.Fatal("no frames in the block")
+	}
+	for _, n := range names {
+		if !bytes.Equal(msgs[n], golden[n]) {
+			t.Errorf("docs/protocol.md shows %s as\n%x\ntestdata holds\n%x", n, msgs[n], golden[n])
 		}
 	}
 }
