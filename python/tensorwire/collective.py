@@ -185,6 +185,22 @@ class _Sidecar:
         self._ids = itertools.count(1)
         self._rbuf = b""
         self.closed = False
+        self._p = None
+        try:
+            self._start(binary, path, addr, rank, size, token, token_file, transport, shm_dir, timeout,
+                        frozen_after)
+        except BaseException:
+            if self._p is not None:
+                if self._p.poll() is None:
+                    self._p.kill()
+                    self._p.wait()
+                self._p.stdin.close()
+                self._p.stdout.close()
+            os.close(self._fd)
+            raise
+
+    def _start(self, binary, path, addr, rank, size, token, token_file, transport, shm_dir, timeout,
+               frozen_after):
         try:
             self._grow(1 << 20)
             env = dict(os.environ)
