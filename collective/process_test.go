@@ -2,7 +2,7 @@ package collective
 
 // Tests with every rank a process of its own: this test binary run again
 // with -test.run=^TestHelperProcess$ and the environment saying which rank
-// to be and what to do (internal/proctest).
+// to be and what to do (internal/testkit/proctest).
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"

@@ -3,7 +3,7 @@ package collective
 import (
 	"testing"
 
-	"github.com/tensorwire/tensorwire/internal/svctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
 	"github.com/tensorwire/tensorwire/rpc"
 )
 

@@ -2,7 +2,7 @@ package faulttest
 
 import (
 	"fmt"
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/netns"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
+	"github.com/tensorwire/tensorwire/internal/testkit/netns"
 )
 
 // nodePort is the port every node listens on, each at its own host's address.

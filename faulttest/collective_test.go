@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/collective"
-	"github.com/tensorwire/tensorwire/internal/netns"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/netns"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )

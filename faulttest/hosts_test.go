@@ -2,7 +2,7 @@ package faulttest
 
 import (
 	"encoding/json"
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"strings"
 	"testing"
 	"time"

@@ -2,12 +2,12 @@ package faulttest
 
 import (
 	"fmt"
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/netns"
+	"github.com/tensorwire/tensorwire/internal/testkit/netns"
 )
 
 // workload is a buffer node, two writers and a trainer, each on its own

@@ -2,7 +2,7 @@ package faulttest
 
 import (
 	"fmt"
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"strings"
 	"testing"
 	"time"

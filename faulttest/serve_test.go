@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/netns"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/netns"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/serve"
 	"github.com/tensorwire/tensorwire/serve/mlp"

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/store"
 	"github.com/tensorwire/tensorwire/tensordict"

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
-	"github.com/tensorwire/tensorwire/internal/proctest"
-	"github.com/tensorwire/tensorwire/internal/twoview"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/twoview"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/replay"
 	"github.com/tensorwire/tensorwire/rpc"
@@ -26,7 +26,7 @@ import (
 // Two page caches (issue 23). Two machines mounting one NFS export share
 // the files but not the page cache: a store through one machine's mapping
 // is not seen by the other's. Here two bindfs views of one folder on this
-// machine play the two machines (internal/twoview, whose own test checks
+// machine play the two machines (internal/testkit/twoview, whose own test checks
 // that premise on every run): each scenario runs "tensorwire node" with its
 // root on view A and clients with their root on view B, and checks the
 // rows the clients and the node get. A second run of each scenario gives
@@ -656,7 +656,7 @@ func runTwoCacheStoreReader(ctx context.Context, args []string) error {
 // "the reader died of SIGBUS reading the version the node deleted".
 // (view) PASSES ON TODAY'S CODE: bindfs keeps the file it opened for view
 // B open until the reader unmaps it, so a deletion cannot fault there
-// (internal/twoview's doc); it checks that write-once values read right
+// (internal/testkit/twoview's doc); it checks that write-once values read right
 // across page caches. (copy) fails on today's code: the reader cannot map
 // version 1, whose folder exists only under the node's root ("store:
 // mapping parameters \"p\" version 1: ... meta.json is missing"); a

@@ -15,7 +15,7 @@ import (
 	"testing"
 
 	"github.com/tensorwire/tensorwire/internal/npy"
-	"github.com/tensorwire/tensorwire/internal/torchcheck"
+	"github.com/tensorwire/tensorwire/internal/testkit/torchcheck"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/svctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
 )
 
 // TestConfig_Defaults: DefaultConfig is the zero Config with its

@@ -87,11 +87,7 @@ func Dial(ctx context.Context, addr, name string, opts Options) (*Consumer, erro
 	if opts.Batch <= 0 {
 		return nil, wrapf(ErrArgument, "batch size %d: want at least 1", opts.Batch)
 	}
-	ropts := opts.RPC
-	if opts.Root != "" {
-		ropts = append(ropts[:len(ropts):len(ropts)], rpc.WithRoot(opts.Root))
-	}
-	rc, err := rpc.Dial(ctx, addr, ropts...)
+	rc, err := opts.dialing().Dial(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +131,7 @@ func (c *Consumer) SharedFS() bool {
 }
 
 // Sharing returns how much of the node's root the consumer shared at its
-// last join (rpc.None without a root or with Options.Bytes). Reading the
+// last join (rpc.None without a root; Options.Bytes does not change it). Reading the
 // ring from its own mapping needs rpc.Coherent.
 func (c *Consumer) Sharing() rpc.Sharing {
 	c.mu.Lock()
@@ -222,19 +218,15 @@ func (c *Consumer) isClosed() bool {
 // join joins the producer, opens the session's stream and starts its
 // goroutines.
 func (c *Consumer) join(ctx context.Context) (*session, error) {
-	shared := false
-	if c.o.Root != "" && !c.o.Bytes {
-		// The ring is rewritten in place: references need one page cache
-		// (rpc.Coherent), not only the same files.
-		lv, err := c.rc.Sharing(ctx)
-		if err != nil {
-			return nil, err
-		}
-		c.mu.Lock()
-		c.sharing = lv
-		c.mu.Unlock()
-		shared = lv == rpc.Coherent
+	// The ring is rewritten in place: references need one page cache
+	// (rpc.Coherent), not only the same files.
+	lv, shared, err := c.o.dialing().Mode(ctx, c.rc, true, rpc.Coherent)
+	if err != nil {
+		return nil, err
 	}
+	c.mu.Lock()
+	c.sharing = lv
+	c.mu.Unlock()
 	resp, err := rpc.Call[joinResponse](ctx, c.rc, MethodJoin, joinRequest{Name: c.name, Batch: c.o.Batch, Bytes: !shared})
 	if err != nil {
 		return nil, err

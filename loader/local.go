@@ -6,6 +6,7 @@ import (
 	"iter"
 	"sync"
 
+	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -38,6 +39,12 @@ type Options struct {
 
 	// RPC passes options to rpc.Dial: a token, TLS, a logger. Dial only.
 	RPC []rpc.Option
+}
+
+// dialing is what Dial shares with every service's client: the root, bytes
+// and rpc's options (internal/service).
+func (o Options) dialing() service.Dialing {
+	return service.Dialing{Root: o.Root, Bytes: o.Bytes, RPC: o.RPC}
 }
 
 // batchLen returns how many batches of size b an epoch of n samples

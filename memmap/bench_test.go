@@ -1,4 +1,4 @@
-package memmap
+package memmap_test
 
 import (
 	"fmt"
@@ -11,8 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/benchkit"
-	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
+	"github.com/tensorwire/tensorwire/internal/bench/report"
+	"github.com/tensorwire/tensorwire/memmap"
 )
 
 // The benchmarks move benchBatch random rows of a uint8 tensor of shape
@@ -30,7 +31,7 @@ import (
 // machine whose cached memcpy is ~35 GB/s and DRAM copies ~20 GB/s);
 // anon-ratio near 1 says the mapping itself costs nothing. Run them with
 //
-//	go test -run '^$' -bench . -benchtime 20x ./memmap
+//	go test -run '^$' -bench . -benchtime 20x ./memmap.memmap
 //
 // warm: every page of the tensor was touched through this mapping before the
 // timer started (read for Gather, written for Scatter), so the rows are in
@@ -47,7 +48,7 @@ const benchBatch = 5
 var bench struct {
 	once sync.Once
 	dir  string
-	t    *Tensor
+	t    *memmap.Tensor
 	err  error
 	// warm is what the current state of the mapping allows without faults:
 	// 0 nothing is known to be mapped, 1 every page is mapped for reading,
@@ -76,7 +77,7 @@ func removeBenchTensor() {
 // benchTensor returns the shared 1.2 GB tensor, row r filled with byte
 // 1+r%251 so that every block is written (cold reads read real data, not
 // unwritten extents) and flushed.
-func benchTensor(b *testing.B) *Tensor {
+func benchTensor(b *testing.B) *memmap.Tensor {
 	b.Helper()
 	bench.once.Do(func() {
 		// Not b.TempDir: that is removed when the first benchmark ends, and
@@ -96,7 +97,7 @@ func benchTensor(b *testing.B) *Tensor {
 			os.Exit(1)
 		}()
 		start := time.Now()
-		t, err := Create(filepath.Join(dir, "bench.memmap"), Uint8, benchShape...)
+		t, err := memmap.Create(filepath.Join(dir, "bench.memmap"), memmap.Uint8, benchShape...)
 		if err != nil {
 			bench.err = err
 			return
@@ -124,7 +125,7 @@ func benchTensor(b *testing.B) *Tensor {
 
 // warmUp makes every page of m resident and mapped: for reading (level 1),
 // or writable and dirty (level 2, by writing every row back to itself).
-func warmUp(b *testing.B, m *Tensor, level int) {
+func warmUp(b *testing.B, m *memmap.Tensor, level int) {
 	b.Helper()
 	if bench.warm >= level {
 		return
@@ -149,7 +150,7 @@ func warmUp(b *testing.B, m *Tensor, level int) {
 }
 
 func BenchmarkMemcpy(b *testing.B) {
-	n := benchBatch * RowBytes(Uint8, benchShape)
+	n := benchBatch * memmap.RowBytes(memmap.Uint8, benchShape)
 	src, dst := benchkit.Touched(n), benchkit.Touched(n)
 	b.SetBytes(int64(n))
 	for b.Loop() {
@@ -197,7 +198,7 @@ func temp(cold bool) string {
 // and memcpy-MB/s (at its median). anon-ratio isolates
 // what the file mapping costs; memcpy-ratio also includes the cost of
 // reading rows from DRAM instead of the cache.
-func benchRows(b *testing.B, m *Tensor, cold, write bool, op func(buf []byte, rows []int) error) {
+func benchRows(b *testing.B, m *memmap.Tensor, cold, write bool, op func(buf []byte, rows []int) error) {
 	rs := m.RowBytes()
 	n := benchBatch * rs
 	buf := benchkit.Touched(n)

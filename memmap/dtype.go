@@ -38,24 +38,25 @@ const (
 var dtypeInfo = [numDTypes]struct {
 	name string // torch name without the "torch." prefix
 	size int
-	real bool // elements are real numbers (not complex)
+	real bool  // elements are real numbers (not complex)
+	bits DType // no Go or NumPy type holds an element: read and viewed as these raw bits
 }{
-	Invalid:    {"invalid", 0, false},
-	Bool:       {"bool", 1, true},
-	Uint8:      {"uint8", 1, true},
-	Int8:       {"int8", 1, true},
-	Int16:      {"int16", 2, true},
-	Int32:      {"int32", 4, true},
-	Int64:      {"int64", 8, true},
-	Uint16:     {"uint16", 2, true},
-	Uint32:     {"uint32", 4, true},
-	Uint64:     {"uint64", 8, true},
-	Float16:    {"float16", 2, true},
-	BFloat16:   {"bfloat16", 2, true},
-	Float32:    {"float32", 4, true},
-	Float64:    {"float64", 8, true},
-	Complex64:  {"complex64", 8, false},
-	Complex128: {"complex128", 16, false},
+	Invalid:    {"invalid", 0, false, Invalid},
+	Bool:       {"bool", 1, true, Invalid},
+	Uint8:      {"uint8", 1, true, Invalid},
+	Int8:       {"int8", 1, true, Invalid},
+	Int16:      {"int16", 2, true, Invalid},
+	Int32:      {"int32", 4, true, Invalid},
+	Int64:      {"int64", 8, true, Invalid},
+	Uint16:     {"uint16", 2, true, Invalid},
+	Uint32:     {"uint32", 4, true, Invalid},
+	Uint64:     {"uint64", 8, true, Invalid},
+	Float16:    {"float16", 2, true, Uint16},
+	BFloat16:   {"bfloat16", 2, true, Uint16},
+	Float32:    {"float32", 4, true, Invalid},
+	Float64:    {"float64", 8, true, Invalid},
+	Complex64:  {"complex64", 8, false, Invalid},
+	Complex128: {"complex128", 16, false, Invalid},
 }
 
 // aliases maps other spellings torch and NumPy use to a DType.
@@ -94,6 +95,18 @@ func (d DType) Size() int {
 // Real reports whether the elements are real numbers that convert to float64
 // (every dtype but the complex ones).
 func (d DType) Real() bool { return d.Valid() && dtypeInfo[d].real }
+
+// Bits returns the unsigned dtype whose values are d's raw bits when no Go
+// or NumPy type holds d's elements (Float16 and BFloat16: Uint16), and d
+// itself otherwise. Element access by Go type (tensordict.Values, the Dense
+// views) and the Python client's numpy arrays go through it; a new dtype
+// of that kind (float8, say) is one row of the dtype table.
+func (d DType) Bits() DType {
+	if d.Valid() && dtypeInfo[d].bits != Invalid {
+		return dtypeInfo[d].bits
+	}
+	return d
+}
 
 // ParseDType parses a dtype name as torch prints it ("torch.float32") or
 // without the prefix ("float32"), including torch's aliases such as "float"

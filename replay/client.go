@@ -90,20 +90,18 @@ type prefetched struct {
 type DialOption func(*dialOptions)
 
 type dialOptions struct {
-	root     string
-	bytes    bool
-	prefetch bool
-	rpcOpts  []rpc.Option
+	service.Dialing // root, bytes, rpc's options
+	prefetch        bool
 }
 
 // WithRoot sets this side's view of the shared root (rpc.WithRoot), which
 // lets the client work on the buffer's storage by reference when the node
 // shares it.
-func WithRoot(dir string) DialOption { return func(o *dialOptions) { o.root = dir } }
+func WithRoot(dir string) DialOption { return func(o *dialOptions) { o.Root = dir } }
 
 // WithBytes makes the rows travel as bytes even when the filesystem is
 // shared.
-func WithBytes() DialOption { return func(o *dialOptions) { o.bytes = true } }
+func WithBytes() DialOption { return func(o *dialOptions) { o.Bytes = true } }
 
 // WithPrefetch has a client working by reference ask the node for the
 // next sample's picks while it gathers the rows of this one, so the call's
@@ -116,7 +114,7 @@ func WithPrefetch() DialOption { return func(o *dialOptions) { o.prefetch = true
 
 // WithRPC passes options to rpc.Dial: a token, TLS, a logger, limits.
 func WithRPC(opts ...rpc.Option) DialOption {
-	return func(o *dialOptions) { o.rpcOpts = append(o.rpcOpts, opts...) }
+	return func(o *dialOptions) { o.RPC = append(o.RPC, opts...) }
 }
 
 // Dial connects to the buffer served as name by the node at addr.
@@ -126,11 +124,7 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 	for _, opt := range opts {
 		opt(&o)
 	}
-	ropts := o.rpcOpts
-	if o.root != "" {
-		ropts = append(ropts, rpc.WithRoot(o.root))
-	}
-	rc, err := rpc.Dial(ctx, addr, ropts...)
+	rc, err := o.Dial(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -143,16 +137,13 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 		rc.Close()
 		return nil, err
 	}
-	shared := false
-	if o.root != "" && info.Prefix != "" {
-		// Rows are written in place: references need one page cache
-		// (rpc.Coherent), not only the same files.
-		if c.sharing, err = rc.Sharing(ctx); err != nil {
-			c.stop()
-			rc.Close()
-			return nil, err
-		}
-		shared = c.sharing == rpc.Coherent && !o.bytes
+	// Rows are written in place: references need one page cache
+	// (rpc.Coherent), not only the same files.
+	var shared bool
+	if c.sharing, shared, err = o.Mode(ctx, rc, info.Prefix != "", rpc.Coherent); err != nil {
+		c.stop()
+		rc.Close()
+		return nil, err
 	}
 	c.bytes = !shared
 	if c.cur, err = c.newView(info); err != nil {
@@ -197,7 +188,7 @@ func (c *Client) newView(info infoResponse) (*view, error) {
 	if c.bytes || schema == nil {
 		return v, nil
 	}
-	prefix := filepath.Join(c.o.root, filepath.FromSlash(info.Prefix))
+	prefix := filepath.Join(c.o.Root, filepath.FromSlash(info.Prefix))
 	var err error
 	// The client writes rows into the storage and words into the slot
 	// table: neither is reached through a link out of the buffer's folder.

@@ -3,7 +3,7 @@ package replay
 import (
 	"testing"
 
-	"github.com/tensorwire/tensorwire/internal/svctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
 	"github.com/tensorwire/tensorwire/rpc"
 )
 

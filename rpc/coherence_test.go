@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/proctest"
-	"github.com/tensorwire/tensorwire/internal/twoview"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/twoview"
 )
 
 // otherKernel is the boot id a test client claims (withBootID) to play a

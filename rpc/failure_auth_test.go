@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/testcert"
+	"github.com/tensorwire/tensorwire/internal/testkit/testcert"
 )
 
 // ---- authentication ----

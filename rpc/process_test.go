@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -179,7 +179,7 @@ func helperFail(err error) {
 }
 
 // startHelper runs the helper process as role with env added
-// (internal/proctest).
+// (internal/testkit/proctest).
 func startHelper(t *testing.T, role string, env ...string) *proctest.Proc {
 	t.Helper()
 	return proctest.Start(t, append([]string{envHelper + "=" + role}, env...)...)

@@ -156,7 +156,9 @@ func (in *incoming) release() {
 // serveStream serves the calls that arrive on st, one after another, until
 // the peer closes it, it idles out, or the peer breaks the protocol (then
 // the whole connection is closed); over: the peer has more than
-// MaxStreamsPerPeer streams open, and st serves one refusal.
+// MaxStreamsPerPeer streams open, and st serves one refusal. Each call is
+// read (readRequest), then served (serveCall), or, when it opens a message
+// stream, st carries that stream and nothing after it.
 func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slog.Logger) {
 	defer st.Close()
 	defer func() {
@@ -169,7 +171,6 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slo
 	br := bufio.NewReaderSize(st, 32<<10)
 	bw := bufio.NewWriterSize(frameWriter{st}, 32<<10)
 	lim := &s.o.limits
-	id := st.StreamID()
 	if over {
 		// A stream over the limit serves one refusal: it may not wait long
 		// for it, or a peer could hold any number of them open.
@@ -178,129 +179,165 @@ func (s *Server) serveStream(pc *peerConn, st *yamux.Stream, over bool, log *slo
 		st.SetReadDeadline(time.Now().Add(lim.IdleTimeout))
 	}
 	for {
-		var hdr requestHeader
-		err := readHeader(br, lim.MaxHeaderBytes, &hdr)
-		start := time.Now()
-		if err == nil {
-			err = checkLens(hdr.ArgLen, hdr.BodyLen, lim)
-		}
-		if err == nil {
-			err = checkRaw(hdr.BodyLen, hdr.RawLen, lim, pc.version >= 2)
-		}
-		if err == nil && hdr.Stream && pc.version < 2 {
-			err = fmt.Errorf("%w: a message stream on a protocol version 1 connection", errProtocol)
-		}
-		if err == nil {
-			err = checkSide(hdr.Side, hdr.SideBody, pc.version)
-		}
-		if err != nil {
-			if errors.Is(err, errProtocol) {
-				log.Warn("rpc: closing connection", "err", err)
-				pc.sess.Close()
-			}
+		r, ok := s.readRequest(pc, st, br, over, log)
+		if !ok {
 			return
 		}
-		// The side connection the caller holds for this call, if any: the
-		// body may follow on it, and a large answer goes back on it.
-		var side *sideConn
-		if hdr.Side != 0 && pc.side != nil {
-			side = pc.side.take(uint32(hdr.Side), lim.transferDeadline(time.Now(), 0))
-		}
-		if hdr.Side != 0 && side == nil && hdr.Stream {
-			// The caller sends and reads this stream's frames on a side
-			// connection the node does not have: served in-band, each side
-			// would wait for the other. Reset, so that it fails at once.
-			log.Debug("rpc: a message stream names a side connection the node cannot take", "side", hdr.Side)
-			pc.fc.reset(id)
-			return
-		}
-		putSide := func(ok bool) {
-			if side != nil {
-				pc.side.put(side, ok)
-			}
-		}
-		inBand := hdr.BodyLen
-		if hdr.SideBody {
-			inBand = 0
-		}
-		// The rest of the request must arrive at MinTransferRate or better.
-		if rest := hdr.ArgLen + inBand; rest > int64(br.Buffered()) {
-			st.SetReadDeadline(lim.transferDeadline(time.Now(), rest))
-		}
-		args, err := readArgs(br, hdr.ArgLen)
-		if err != nil {
-			putSide(false)
-			return
-		}
-		var (
-			src     io.Reader = br
-			bodyLen           = hdr.BodyLen
-			rawLen            = hdr.RawLen
-			refused error     // of a body on a side connection this call cannot read
-		)
-		if hdr.SideBody {
-			if side == nil {
-				refused = Errorf(FailedPrecondition, "%s: the body is on side connection %d, which is not attached or is held by another call", hdr.Method, hdr.Side)
-				bodyLen, rawLen = 0, 0
-			} else {
-				side.conn.SetReadDeadline(lim.transferDeadline(time.Now(), hdr.BodyLen))
-				src = side
-			}
-		}
-		// The body's tensors are allocated before its bytes arrive: take
-		// its size from the peer's budget first, waiting for the peer's
-		// other calls to give theirs back (until this call's deadline).
-		var took int64
-		if refused == nil && !over {
-			took, refused = pc.bodies.takeBody(pc.ctx, hdr.Method, bodyLen, rawLen, hdr.TimeoutUS, lim.MaxBodyBytes)
-		}
-		in := &incoming{method: hdr.Method, args: args, body: newBodyReader(src, bodyLen, rawLen), res: s.resolverFor(pc.level),
-			compress: pc.version >= 2 && !s.o.noLZ4 && !hdr.NoLZ4, bodies: pc.bodies, took: took, start: start, bodyIn: bodyLen}
-		if hdr.Stream {
-			// The stream carries this message stream and nothing after it.
+		if r.hdr.Stream {
 			s.serveMessageStream(&streamOpening{pc: pc, st: st, br: br, bw: bw, log: log,
-				hdr: &hdr, in: in, over: over, refused: refused, side: side})
+				hdr: &r.hdr, in: r.in, over: over, refused: r.refused, side: r.side})
 			return
 		}
-		var run func(context.Context) (outgoing, error)
-		if err = refused; err == nil {
-			run, err = s.decode(in, over)
-		}
-		if derr := in.body.drain(); derr != nil {
-			in.release()
-			putSide(false)
-			return
-		}
-		if _, broken := errors.AsType[*streamError](err); broken {
-			in.release()
-			putSide(false)
-			return
-		}
-		// The handler runs here, on the stream's goroutine. The caller
-		// cancels by closing or resetting the stream, which the
-		// connection's reader sees as the frame arrives (frameConn.watch),
-		// whatever is buffered; the session's end ends pc.ctx.
-		ctx, cancel := callContext(pc.ctx, hdr.TimeoutUS)
-		st.SetReadDeadline(time.Time{})
-		var left atomic.Bool
-		pc.fc.watch(id, func(uint16) {
-			left.Store(true)
-			cancel()
-		})
-		ok := s.respond(ctx, st, bw, in, run, err, side, log)
-		pc.fc.unwatch(id)
-		gone := left.Load() || pc.ctx.Err() != nil
-		cancel()
-		in.release()
-		// The side connection goes back even if the caller has left: a caller
-		// that closes its stream right after the answer (its pool is full)
-		// leaves it in step; one that cancelled has closed it, which the
-		// next use or attach sees.
-		putSide(ok)
-		if !ok || over || gone {
+		if !s.serveCall(pc, st, bw, r, over, log) || over {
 			return // out of step, refused, or the caller has left
 		}
 		st.SetReadDeadline(time.Now().Add(lim.IdleTimeout))
+	}
+}
+
+// request is a call's request as readRequest leaves it: its header, its
+// argument read and its body not yet, the side connection the caller holds
+// for it, and a refusal decided before any handler runs.
+type request struct {
+	hdr     requestHeader
+	in      *incoming
+	side    *sideConn // nil: none
+	refused error     // a side body this call cannot read, the body budget; nil: none
+}
+
+// readRequest reads the next request on st: the header and its checks, the
+// side connection it names, the argument, where the body comes from, and
+// the body's share of the peer's budget. ok false: st is done, the peer
+// closed it, it idled out or the peer broke the protocol, which closes the
+// whole connection.
+func (s *Server) readRequest(pc *peerConn, st *yamux.Stream, br *bufio.Reader, over bool, log *slog.Logger) (r *request, ok bool) {
+	lim := &s.o.limits
+	r = &request{}
+	hdr := &r.hdr
+	err := readHeader(br, lim.MaxHeaderBytes, hdr)
+	start := time.Now()
+	if err == nil {
+		err = checkLens(hdr.ArgLen, hdr.BodyLen, lim)
+	}
+	if err == nil {
+		err = checkRaw(hdr.BodyLen, hdr.RawLen, lim, pc.version >= 2)
+	}
+	if err == nil && hdr.Stream && pc.version < 2 {
+		err = fmt.Errorf("%w: a message stream on a protocol version 1 connection", errProtocol)
+	}
+	if err == nil {
+		err = checkSide(hdr.Side, hdr.SideBody, pc.version)
+	}
+	if err != nil {
+		if errors.Is(err, errProtocol) {
+			log.Warn("rpc: closing connection", "err", err)
+			pc.sess.Close()
+		}
+		return nil, false
+	}
+	// The side connection the caller holds for this call, if any: the
+	// body may follow on it, and a large answer goes back on it.
+	if hdr.Side != 0 && pc.side != nil {
+		r.side = pc.side.take(uint32(hdr.Side), lim.transferDeadline(time.Now(), 0))
+	}
+	if hdr.Side != 0 && r.side == nil && hdr.Stream {
+		// The caller sends and reads this stream's frames on a side
+		// connection the node does not have: served in-band, each side
+		// would wait for the other. Reset, so that it fails at once.
+		log.Debug("rpc: a message stream names a side connection the node cannot take", "side", hdr.Side)
+		pc.fc.reset(st.StreamID())
+		return nil, false
+	}
+	inBand := hdr.BodyLen
+	if hdr.SideBody {
+		inBand = 0
+	}
+	// The rest of the request must arrive at MinTransferRate or better.
+	if rest := hdr.ArgLen + inBand; rest > int64(br.Buffered()) {
+		st.SetReadDeadline(lim.transferDeadline(time.Now(), rest))
+	}
+	args, err := readArgs(br, hdr.ArgLen)
+	if err != nil {
+		pc.putSide(r.side, false)
+		return nil, false
+	}
+	var (
+		src     io.Reader = br
+		bodyLen           = hdr.BodyLen
+		rawLen            = hdr.RawLen
+	)
+	if hdr.SideBody {
+		if r.side == nil {
+			r.refused = Errorf(FailedPrecondition, "%s: the body is on side connection %d, which is not attached or is held by another call", hdr.Method, hdr.Side)
+			bodyLen, rawLen = 0, 0
+		} else {
+			r.side.conn.SetReadDeadline(lim.transferDeadline(time.Now(), hdr.BodyLen))
+			src = r.side
+		}
+	}
+	// The body's tensors are allocated before its bytes arrive: take its
+	// size from the peer's budget first, waiting for the peer's other
+	// calls to give theirs back (until this call's deadline).
+	var took int64
+	if r.refused == nil && !over {
+		took, r.refused = pc.bodies.takeBody(pc.ctx, hdr.Method, bodyLen, rawLen, hdr.TimeoutUS, lim.MaxBodyBytes)
+	}
+	r.in = &incoming{method: hdr.Method, args: args, body: newBodyReader(src, bodyLen, rawLen), res: s.resolverFor(pc.level),
+		compress: pc.version >= 2 && !s.o.noLZ4 && !hdr.NoLZ4, bodies: pc.bodies, took: took, start: start, bodyIn: bodyLen}
+	return r, true
+}
+
+// serveCall runs r's handler on this goroutine and answers it, then gives
+// back what the call held (mappings, buffers, its body budget, the side
+// connection). It reports whether st may serve another call: false when the
+// stream is out of step, or the caller has left.
+func (s *Server) serveCall(pc *peerConn, st *yamux.Stream, bw *bufio.Writer, r *request, over bool, log *slog.Logger) bool {
+	in := r.in
+	var run func(context.Context) (outgoing, error)
+	err := r.refused
+	if err == nil {
+		run, err = s.decode(in, over)
+	}
+	if derr := in.body.drain(); derr != nil {
+		in.release()
+		pc.putSide(r.side, false)
+		return false
+	}
+	if _, broken := errors.AsType[*streamError](err); broken {
+		in.release()
+		pc.putSide(r.side, false)
+		return false
+	}
+	// The handler runs here, on the stream's goroutine. The caller cancels
+	// by closing or resetting the stream, which the connection's reader
+	// sees as the frame arrives (frameConn.watch), whatever is buffered;
+	// the session's end ends pc.ctx.
+	ctx, cancel := callContext(pc.ctx, r.hdr.TimeoutUS)
+	st.SetReadDeadline(time.Time{})
+	var left atomic.Bool
+	id := st.StreamID()
+	pc.fc.watch(id, func(uint16) {
+		left.Store(true)
+		cancel()
+	})
+	ok := s.respond(ctx, st, bw, in, run, err, r.side, log)
+	pc.fc.unwatch(id)
+	gone := left.Load() || pc.ctx.Err() != nil
+	cancel()
+	in.release()
+	// The side connection goes back even if the caller has left: a caller
+	// that closes its stream right after the answer (its pool is full)
+	// leaves it in step; one that cancelled has closed it, which the next
+	// use or attach sees.
+	pc.putSide(r.side, ok)
+	return ok && !gone
+}
+
+// putSide gives back the side connection a call held (nil: none); ok says
+// whether it is still in step.
+func (pc *peerConn) putSide(side *sideConn, ok bool) {
+	if side != nil {
+		pc.side.put(side, ok)
 	}
 }
 

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/testcert"
+	"github.com/tensorwire/tensorwire/internal/testkit/testcert"
 )
 
 // Tests of side connections (side.go): bulk bodies off yamux, and every

@@ -2,7 +2,7 @@ package serve
 
 import (
 	"errors"
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"os"
 	"path/filepath"
 	"testing"

@@ -77,20 +77,18 @@ type Client struct {
 type DialOption func(*dialOptions)
 
 type dialOptions struct {
-	root    string
-	bytes   bool
-	slots   int
-	rpcOpts []rpc.Option
+	service.Dialing // root, bytes, rpc's options
+	slots           int
 }
 
 // WithRoot sets this side's view of the shared root (rpc.WithRoot), which
 // lets the client keep its slots in files the node maps, when the node
 // shares it.
-func WithRoot(dir string) DialOption { return func(o *dialOptions) { o.root = dir } }
+func WithRoot(dir string) DialOption { return func(o *dialOptions) { o.Root = dir } }
 
 // WithBytes makes the rows travel as bytes even when the filesystem is
 // shared.
-func WithBytes() DialOption { return func(o *dialOptions) { o.bytes = true } }
+func WithBytes() DialOption { return func(o *dialOptions) { o.Bytes = true } }
 
 // WithSlots sets how many rows of slots the client has (default: the
 // model's max batch). Predict and Go of more rows than that fail with
@@ -99,7 +97,7 @@ func WithSlots(n int) DialOption { return func(o *dialOptions) { o.slots = n } }
 
 // WithRPC passes options to rpc.Dial: a token, TLS, a logger, limits.
 func WithRPC(opts ...rpc.Option) DialOption {
-	return func(o *dialOptions) { o.rpcOpts = append(o.rpcOpts, opts...) }
+	return func(o *dialOptions) { o.RPC = append(o.RPC, opts...) }
 }
 
 // Dial connects to the model served as name by the node at addr and, when
@@ -110,15 +108,11 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (_ *Client
 	for _, opt := range opts {
 		opt(&o)
 	}
-	ropts := o.rpcOpts
-	if o.root != "" {
-		ropts = append(ropts, rpc.WithRoot(o.root))
-	}
-	rc, err := rpc.Dial(ctx, addr, ropts...)
+	rc, err := o.Dial(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{rc: rc, name: name, root: o.root, quiet: quietWait}
+	c := &Client{rc: rc, name: name, root: o.Root, quiet: quietWait}
 	c.calls = service.Caller{RPC: rc, Methods: repeatable, Closed: c.isClosed, ErrClosed: ErrClosed}
 	c.bg, c.stop = context.WithCancel(context.Background())
 	defer func() {
@@ -141,14 +135,12 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (_ *Client
 		return nil, configErrorf("%d slots; want 1 to %d", c.slots, maxRows)
 	}
 	c.free = newSlotRanges(c.slots)
-	shared := false
-	if o.root != "" && !o.bytes {
-		// Slots, ring and bell are rewritten in place: references need
-		// one page cache (rpc.Coherent), not only the same files.
-		if c.sharing, err = rc.Sharing(ctx); err != nil {
-			return nil, err
-		}
-		shared = c.sharing == rpc.Coherent
+	// Slots, ring and bell are rewritten in place: references need one
+	// page cache (rpc.Coherent), not only the same files. The client's
+	// folder is under its own root, which the node maps through its own.
+	var shared bool
+	if c.sharing, shared, err = o.Mode(ctx, rc, true, rpc.Coherent); err != nil {
+		return nil, err
 	}
 	c.bytes = !shared
 	if c.bytes {
@@ -160,7 +152,7 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (_ *Client
 		}
 		return c, nil
 	}
-	if err := c.makeSlots(o.root); err != nil {
+	if err := c.makeSlots(o.Root); err != nil {
 		return nil, err
 	}
 	if c.inF, err = fieldsOf(c.in, c.info.Input); err != nil {
@@ -304,7 +296,7 @@ func (c *Client) renewEvery(d time.Duration) {
 }
 
 // Sharing returns how much of the node's root the client shared at Dial
-// (rpc.None without a root or with WithBytes); Mode is "ref" at
+// (rpc.None without a root; WithBytes does not change it); Mode is "ref" at
 // rpc.Coherent only.
 func (c *Client) Sharing() rpc.Sharing { return c.sharing }
 

@@ -100,14 +100,34 @@ type Config struct {
 	// every Lease/4. Default 30 s.
 	Lease time.Duration
 
+	// AttachedOnly: the manager runs no replica of its own. Every batch
+	// goes to replicas attached from other processes over the
+	// serve.replica stream (a Python process holding a torch.nn.Module,
+	// docs/serve.md "Replicas in other processes"); Replicas and New are
+	// ignored (New may be nil), and Load is ErrConfig (attached replicas
+	// load their own weights). The command line's replicas=0.
+	AttachedOnly bool
+
+	// AttachWait bounds how long requests wait while the model has no
+	// replica (none attached yet, or the last went away): then they fail
+	// with ErrNoReplica. Default 10 s.
+	AttachWait time.Duration
+
+	// ReplicaTimeout bounds how long an attached replica may take to
+	// answer a batch: one silent longer is detached, and its batch runs
+	// on another replica (or fails with ErrForward). Default 30 s.
+	ReplicaTimeout time.Duration
+
 	// Log is where the manager logs replacements and weight updates; nil:
 	// slog.Default().
 	Log *slog.Logger
 }
 
 const (
-	defaultMaxQueue = 4096
-	defaultLease    = 30 * time.Second
+	defaultMaxQueue       = 4096
+	defaultLease          = 30 * time.Second
+	defaultAttachWait     = 10 * time.Second
+	defaultReplicaTimeout = 30 * time.Second
 	// maxRows bounds MaxBatch and a client's slots: far above any batch a
 	// model would take, and small enough that no row count overflows.
 	maxRows = 1 << 20
@@ -122,8 +142,14 @@ func DefaultConfig() Config { return Config{}.WithDefaults() }
 // defaults: Replicas 1, MaxQueue 4096, Lease 30 s, Log slog.Default(),
 // Policy Greedy(). It checks nothing (Validate).
 func (c Config) WithDefaults() Config {
-	if c.Replicas == 0 {
+	if c.Replicas == 0 && !c.AttachedOnly {
 		c.Replicas = 1
+	}
+	if c.AttachWait == 0 {
+		c.AttachWait = defaultAttachWait
+	}
+	if c.ReplicaTimeout == 0 {
+		c.ReplicaTimeout = defaultReplicaTimeout
 	}
 	if c.MaxQueue == 0 {
 		c.MaxQueue = defaultMaxQueue
@@ -146,11 +172,13 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	c = c.WithDefaults()
 	switch {
-	case c.New == nil:
+	case c.New == nil && !c.AttachedOnly:
 		return configErrorf("no model constructor (New)")
 	case c.MaxBatch < 1 || c.MaxBatch > maxRows:
 		return configErrorf("max batch %d; want 1 to %d", c.MaxBatch, maxRows)
-	case c.Replicas < 1 || c.Replicas > 1024:
+	case c.AttachWait < 0 || c.ReplicaTimeout < 0:
+		return configErrorf("attach wait %v, replica timeout %v; want positive durations", c.AttachWait, c.ReplicaTimeout)
+	case !c.AttachedOnly && (c.Replicas < 1 || c.Replicas > 1024):
 		return configErrorf("%d replicas; want 1 to 1024", c.Replicas)
 	case c.MaxQueue < c.MaxBatch:
 		return configErrorf("max queue %d rows is smaller than the max batch %d", c.MaxQueue, c.MaxBatch)
@@ -194,8 +222,15 @@ func (c *Config) Set(key, value string) error { return configKeys.Set(c, key, va
 
 // configKeys is Config's text form, a row a key.
 var configKeys = service.Keys[Config]{
-	{Setting: Setting{Key: "replicas", Value: "N", Help: "models running batches at once (default 1)"},
-		Set: func(c *Config, v string) error { return service.SetAtLeast(&c.Replicas, v, 1) }},
+	{Setting: Setting{Key: "replicas", Value: "N", Help: "models running batches at once (default 1; 0: only replicas attached from other processes)"},
+		Set: func(c *Config, v string) error {
+			if v == "0" { // attached replicas only (attach.go)
+				c.Replicas, c.AttachedOnly = 0, true
+				return nil
+			}
+			c.AttachedOnly = false
+			return service.SetAtLeast(&c.Replicas, v, 1)
+		}},
 	{Setting: Setting{Key: "max-batch", Value: "N", Help: "the most rows a batch holds"},
 		Set: func(c *Config, v string) error { return service.SetAtLeast(&c.MaxBatch, v, 1) }},
 	{Setting: Setting{Key: "max-delay", Value: "D", Help: "how long a batch not full waits for more requests (default 0: greedy)"},
@@ -211,6 +246,10 @@ var configKeys = service.Keys[Config]{
 		Set: func(c *Config, v string) error { return service.SetAtLeast(&c.MaxQueue, v, 1) }},
 	{Setting: Setting{Key: "lease", Value: "D", Help: "how long a remote client's registration lasts without a call (default 30s)"},
 		Set: func(c *Config, v string) error { return service.SetPositive(&c.Lease, v) }},
+	{Setting: Setting{Key: "attach-wait", Value: "D", Help: "how long requests wait while no replica is attached (replicas=0; default 10s)"},
+		Set: func(c *Config, v string) error { return service.SetPositive(&c.AttachWait, v) }},
+	{Setting: Setting{Key: "replica-timeout", Value: "D", Help: "how long an attached replica may take to answer a batch (default 30s)"},
+		Set: func(c *Config, v string) error { return service.SetPositive(&c.ReplicaTimeout, v) }},
 }
 
 // checkRows checks a batch of input rows against schema and limit: a

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/svctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -78,7 +78,11 @@ func TestConfig_Set(t *testing.T) {
 		check      func(Config) bool
 	}{
 		{"replicas", "4", "", func(c Config) bool { return c.Replicas == 4 }},
-		{"replicas", "0", "want at least 1", nil},
+		{"replicas", "0", "", func(c Config) bool { return c.Replicas == 0 && c.AttachedOnly }},
+		{"replicas", "-1", "want at least 1", nil},
+		{"attach-wait", "2s", "", func(c Config) bool { return c.AttachWait == 2*time.Second }},
+		{"attach-wait", "0s", "want a positive duration", nil},
+		{"replica-timeout", "5s", "", func(c Config) bool { return c.ReplicaTimeout == 5*time.Second }},
 		{"max-batch", "32", "", func(c Config) bool { return c.MaxBatch == 32 }},
 		{"max-batch", "x", "want a whole number, at least 1", nil},
 		{"queue", "64", "", func(c Config) bool { return c.MaxQueue == 64 }},
@@ -88,7 +92,7 @@ func TestConfig_Set(t *testing.T) {
 		{"max-delay", "-1ms", "want a duration >= 0", nil},
 		{"lease", "10s", "", func(c Config) bool { return c.Lease == 10*time.Second }},
 		{"lease", "0s", "want a positive duration", nil},
-		{"colour", "red", "unknown setting; the settings are replicas, max-batch, max-delay, queue and lease", nil},
+		{"colour", "red", "unknown setting; the settings are replicas, max-batch, max-delay, queue, lease, attach-wait and replica-timeout", nil},
 	} {
 		var c Config
 		err := c.Set(tc.key, tc.value)

@@ -73,6 +73,12 @@ var (
 	// not hold: its lease ran out, or the node restarted. A Client
 	// registers again by itself. Code NotFound.
 	ErrNotRegistered = errors.New("serve: client not registered")
+
+	// ErrNoReplica: the request waited Config.AttachWait while the model
+	// had no replica (its replicas are all attached processes,
+	// Config.AttachedOnly, and none was attached, or the last went away).
+	// Code FailedPrecondition: a client does not retry it by itself.
+	ErrNoReplica = errors.New("serve: no replica attached")
 )
 
 // The code and reason each sentinel crosses the wire with. The reasons are
@@ -91,6 +97,7 @@ func init() {
 	rpc.RegisterReason(ErrNotFound, rpc.NotFound, "serve.not_found")
 	rpc.RegisterReason(ErrExists, rpc.AlreadyExists, "serve.exists")
 	rpc.RegisterReason(ErrNotRegistered, rpc.NotFound, "serve.not_registered")
+	rpc.RegisterReason(ErrNoReplica, rpc.FailedPrecondition, "serve.no_replica")
 }
 
 // schemaErrorf returns an error matching ErrSchema.

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/svctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -73,6 +73,16 @@ func goldenExamples(t *testing.T) []svctest.Example {
 			FailedRows: 4, Replaced: 1, Switches: 2, Forward: 1500 * time.Millisecond, Queued: 5, Version: 3,
 			Sizes: []uint64{0, 100, 150, 50}, Clients: 1}},
 		{Name: "serve.failure request", V: failureRequest{Name: "policy", Client: goldenClient, Start: 300, Seq: 70000}},
+		// serve.replica, the message stream of an attached replica
+		// (replica.go): the request, the node's batches, the replica's
+		// answers.
+		{Name: "serve.replica request, by reference", V: replicaRequest{Name: "policy", Prefix: ".tensorwire-serve/clients/00112233aabbccdd"}},
+		{Name: "serve.replica request, bytes", V: replicaRequest{Name: "policy"}},
+		{Name: "serve.replica batch, by reference", V: replicaBatch{Batch: 7, N: 2}},
+		{Name: "serve.replica batch, bytes", V: replicaBatch{Batch: 7, N: 2, In: svctest.WireTD(t, goldenIn)}},
+		{Name: "serve.replica answer, by reference", V: replicaAnswer{Batch: 7, Version: 3}},
+		{Name: "serve.replica answer, bytes", V: replicaAnswer{Batch: 7, Version: 3, Out: svctest.WireTD(t, goldenOut)}},
+		{Name: "serve.replica answer, error", V: replicaAnswer{Batch: 7, Version: 3, Error: "ValueError: boom"}},
 	}
 }
 

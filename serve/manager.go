@@ -54,6 +54,15 @@ type Manager struct {
 	needs    string         // the model type, when it needs parameters before it predicts (ParamsNeeder)
 	st       counters
 
+	// Attached replicas (attach.go): batches whose replica went away
+	// before answering, to run again on another; buffers to drop when
+	// they come back free (one per replica detached); the timer that
+	// fails what waits while no replica is there.
+	retry   []*batch
+	surplus int
+	orphan  *time.Timer
+	nextIdx int
+
 	wg sync.WaitGroup // the replicas' goroutines
 }
 
@@ -66,6 +75,9 @@ type replica struct {
 	busy      bool // running a batch
 	replacing bool
 	timer     *time.Timer // wakes it when the policy's wait ends
+
+	remote *remote // an attached replica (attach.go); nil: in this process
+	gone   bool    // an attached replica detached: its goroutine ends
 }
 
 // buffer is a batch's input buffer: MaxBatch rows in Go memory.
@@ -84,6 +96,7 @@ type batch struct {
 	first   time.Time // when its first request joined
 	copying int       // requests still copying their rows in
 	taken   bool      // a replica took it
+	tries   int       // replicas that went away while running it (attach.go)
 
 	async []*request // its requests without a waiting goroutine (submit)
 
@@ -110,6 +123,7 @@ type request struct {
 	done   func(version uint64, err error)
 	filled bool
 	err    error // fill's
+	fail   error // why a request that waited behind the open batch was never placed (attach.go); nil: stopped
 }
 
 // New starts a manager for cfg: it builds the replicas' models (cfg.New)
@@ -121,6 +135,9 @@ func New(cfg Config) (*Manager, error) {
 	m := &Manager{cfg: cfg, log: cfg.Log, loadSem: make(chan struct{}, 1)}
 	m.cond = sync.NewCond(&m.mu)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
+	if cfg.AttachedOnly {
+		return m.startAttachedOnly()
+	}
 	for i := range cfg.Replicas + 1 {
 		td, err := cfg.Input.Zeros(cfg.MaxBatch)
 		if err != nil {
@@ -151,6 +168,7 @@ func New(cfg Config) (*Manager, error) {
 		m.needs = fmt.Sprintf("%T", pn)
 	}
 	m.st.hist = make([]uint64, cfg.MaxBatch+1)
+	m.nextIdx = len(m.replicas)
 	for _, r := range m.replicas {
 		m.wg.Add(1)
 		go m.serve(r)
@@ -327,6 +345,7 @@ func (m *Manager) enqueue(ctx context.Context, n int) (*request, error) {
 	}
 	m.queued += n
 	m.st.requests++
+	m.armOrphanLocked()
 	r := &request{n: n}
 	if m.placeNowLocked(r) {
 		m.mu.Unlock()
@@ -339,7 +358,7 @@ func (m *Manager) enqueue(ctx context.Context, n int) (*request, error) {
 	case <-r.placed:
 	case <-ctx.Done():
 		m.mu.Lock()
-		if r.b == nil && !m.closed {
+		if r.b == nil && !m.closed && r.fail == nil { // failOrphans took it out of the queue already
 			if i := slices.Index(m.overflow, r); i >= 0 {
 				m.overflow = slices.Delete(m.overflow, i, i+1)
 			}
@@ -352,6 +371,9 @@ func (m *Manager) enqueue(ctx context.Context, n int) (*request, error) {
 		// then returns ctx's error), or stopped.
 	}
 	if r.b == nil {
+		if r.fail != nil {
+			return nil, r.fail
+		}
 		return nil, ErrStopped
 	}
 	return r, nil
@@ -413,6 +435,7 @@ func (m *Manager) submit(n int, fill func(buf fields, row int) error,
 	}
 	m.queued += n
 	m.st.requests++
+	m.armOrphanLocked()
 	r := &request{n: n, fill: fill, drain: drain, done: done}
 	if !m.placeNowLocked(r) {
 		m.overflow = append(m.overflow, r)
@@ -501,11 +524,18 @@ func (m *Manager) take(r *replica) (*batch, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for {
-		if m.closed {
+		if m.closed || r.gone {
 			return nil, false
 		}
+		if len(m.retry) > 0 {
+			// A batch whose attached replica went away before answering.
+			b := m.retry[0]
+			m.retry = m.retry[1:]
+			r.busy = true
+			return b, true
+		}
 		m.switchLocked(r)
-		if m.needs != "" && r.version == 0 {
+		if m.needs != "" && r.version == 0 && r.remote == nil {
 			// Its model has no parameters yet: it runs nothing until it
 			// switches to the first version a Load gives a spare.
 			m.cond.Wait()
@@ -553,7 +583,13 @@ func (m *Manager) runBatch(r *replica, b *batch) {
 	in, err := b.in.td.Slice(0, b.rows)
 	var out *tensordict.TensorDict
 	var outF fields
-	if err == nil {
+	version := r.version
+	if err == nil && r.remote != nil {
+		out, version, err = r.remote.forward(m.ctx, in)
+		if err != nil && m.retryElsewhere(r, b, err) {
+			return
+		}
+	} else if err == nil {
 		out, err = forward(m.ctx, r.model, in)
 	}
 	if err == nil {
@@ -564,11 +600,11 @@ func (m *Manager) runBatch(r *replica, b *batch) {
 	}
 	took := time.Since(start)
 	m.mu.Lock()
-	m.free = append(m.free, b.in) // the inputs are not needed any more
+	m.putBufferLocked(b.in) // the inputs are not needed any more
 	if m.open == nil {
 		m.openBatchLocked()
 	}
-	b.out, b.outF, b.version, b.err = out, outF, r.version, err
+	b.out, b.outF, b.version, b.err = out, outF, version, err
 	m.st.batches++
 	m.st.rows += uint64(b.rows)
 	m.st.hist[b.rows]++
@@ -582,7 +618,10 @@ func (m *Manager) runBatch(r *replica, b *batch) {
 	m.mu.Unlock()
 	close(b.done)
 	answerAsync(b)
-	if err != nil {
+	switch {
+	case err != nil && r.remote != nil:
+		m.detach(r, err)
+	case err != nil:
 		m.replace(r, err)
 	}
 }
@@ -694,10 +733,20 @@ func (m *Manager) Close() error {
 		}
 	}
 	m.overflow, m.queued = nil, 0
+	retry := m.retry
+	m.retry = nil
+	if m.orphan != nil {
+		m.orphan.Stop()
+	}
 	m.cond.Broadcast()
 	m.mu.Unlock()
 	for _, r := range stopped {
 		r.done(0, ErrStopped)
+	}
+	for _, b := range retry {
+		b.err = ErrStopped
+		close(b.done)
+		answerAsync(b)
 	}
 	m.cancel()
 	m.wg.Wait()

@@ -122,6 +122,7 @@ func Register(s *rpc.Server) (*Service, error) {
 		rpc.Register(s, MethodPredict, svc.predict),
 		rpc.Register(s, MethodStats, svc.stats),
 		rpc.Register(s, MethodFailure, svc.failure),
+		rpc.RegisterStream(s, MethodReplica, svc.replica),
 	}
 	for _, err := range regs {
 		if err != nil {

@@ -18,6 +18,9 @@ type counters struct {
 	replaced   uint64
 	switches   uint64
 	forward    time.Duration
+	attached   uint64 // replicas attached (attach.go)
+	detached   uint64
+	orphaned   uint64   // batches and requests failed for want of a replica
 	hist       []uint64 // batches by size, index = rows
 }
 
@@ -37,6 +40,14 @@ type Stats struct {
 	// Sizes counts the batches by their rows: Sizes[n] batches of n rows,
 	// n from 0 to the max batch (Sizes[0] is always 0).
 	Sizes []uint64 `codec:"sizes" json:"sizes"`
+	// Attached replicas (serve.replica): how many attached, how many
+	// were detached (left, failed a batch, went silent), how many are
+	// attached now, and the batches and requests failed with ErrNoReplica
+	// for want of any replica. Absent from the wire when 0.
+	Attached    uint64 `codec:"attached,omitempty" json:"attached,omitempty"`
+	Detached    uint64 `codec:"detached,omitempty" json:"detached,omitempty"`
+	AttachedNow int    `codec:"attached_now,omitempty" json:"attached_now,omitempty"`
+	Orphaned    uint64 `codec:"orphaned,omitempty" json:"orphaned,omitempty"`
 	// Clients is the number of remote clients registered (Service only).
 	Clients int `codec:"clients" json:"clients"`
 }
@@ -58,6 +69,7 @@ func (m *Manager) Stats() Stats {
 		Requests: c.requests, QueueFull: c.queueFull, Batches: c.batches, Rows: c.rows,
 		Failed: c.failed, FailedRows: c.failedRows, Replaced: c.replaced, Switches: c.switches,
 		Forward: c.forward, Queued: m.queued, Version: m.w.version, Sizes: append([]uint64(nil), c.hist...),
+		Attached: c.attached, Detached: c.detached, AttachedNow: m.attachedNowLocked(), Orphaned: c.orphaned,
 	}
 }
 

@@ -41,7 +41,7 @@ func (w *weights) closeSpares() {
 // switchLocked swaps r's model for a spare holding the latest version, if
 // r is behind and there is one. r is between batches.
 func (m *Manager) switchLocked(r *replica) {
-	if r.model == nil || r.version >= m.w.version {
+	if r.model == nil || r.remote != nil || r.version >= m.w.version {
 		return
 	}
 	for i, h := range m.w.spares {
@@ -103,6 +103,9 @@ func (m *Manager) LoadVersion(ctx context.Context, v uint64, params *tensordict.
 }
 
 func (m *Manager) acquireLoad(ctx context.Context) error {
+	if m.cfg.AttachedOnly {
+		return configErrorf("the model's replicas are all attached processes (Config.AttachedOnly), which load their own weights: publish them to a store they follow")
+	}
 	select {
 	case m.loadSem <- struct{}{}:
 		return nil
@@ -241,6 +244,9 @@ func (m *Manager) putSpareLocked(h *held, ok bool, v uint64) {
 // allAtLocked reports whether every model holds version v or later.
 func (m *Manager) allAtLocked(v uint64) bool {
 	for _, r := range m.replicas {
+		if r.remote != nil {
+			continue // it loads its own weights
+		}
 		if r.model == nil || r.version < v {
 			return false
 		}

@@ -68,22 +68,20 @@ type heldLease struct {
 type DialOption func(*dialOptions)
 
 type dialOptions struct {
-	root    string
-	bytes   bool
-	rpcOpts []rpc.Option
+	service.Dialing // root, bytes, rpc's options
 }
 
 // WithRoot sets this side's view of the shared root (rpc.WithRoot), which
 // lets the client move large values by reference when the node shares it.
-func WithRoot(dir string) DialOption { return func(o *dialOptions) { o.root = dir } }
+func WithRoot(dir string) DialOption { return func(o *dialOptions) { o.Root = dir } }
 
 // WithBytes makes values travel as bytes even when the filesystem is
 // shared.
-func WithBytes() DialOption { return func(o *dialOptions) { o.bytes = true } }
+func WithBytes() DialOption { return func(o *dialOptions) { o.Bytes = true } }
 
 // WithRPC passes options to rpc.Dial: a token, TLS, a logger, limits.
 func WithRPC(opts ...rpc.Option) DialOption {
-	return func(o *dialOptions) { o.rpcOpts = append(o.rpcOpts, opts...) }
+	return func(o *dialOptions) { o.RPC = append(o.RPC, opts...) }
 }
 
 // Dial connects to the store served as name by the node at addr.
@@ -93,11 +91,7 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 	for _, opt := range opts {
 		opt(&o)
 	}
-	ropts := o.rpcOpts
-	if o.root != "" {
-		ropts = append(ropts, rpc.WithRoot(o.root))
-	}
-	rc, err := rpc.Dial(ctx, addr, ropts...)
+	rc, err := o.Dial(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -112,22 +106,19 @@ func Dial(ctx context.Context, addr, name string, opts ...DialOption) (*Client, 
 	if c.info, err = service.Call[infoResponse](ctx, &c.calls, MethodInfo, storeRequest{Store: name}); err != nil {
 		return fail(err)
 	}
-	if o.root != "" && !o.bytes && c.info.Dir != "" {
-		// Values are written once (staged, synced, renamed into place,
-		// opened after, never rewritten): the same files suffice, one
-		// page cache is not needed (rpc.Storage).
-		lv, err := rc.Sharing(ctx)
+	// Values are written once (staged, synced, renamed into place, opened
+	// after, never rewritten): the same files suffice, one page cache is
+	// not needed (rpc.Storage).
+	var ref bool
+	if c.sharing, ref, err = o.Mode(ctx, rc, c.info.Dir != "", rpc.Storage); err != nil {
+		return fail(err)
+	}
+	if ref {
+		abs, err := filepath.Abs(o.Root)
 		if err != nil {
 			return fail(err)
 		}
-		c.sharing = lv
-		if lv >= rpc.Storage {
-			abs, err := filepath.Abs(o.root)
-			if err != nil {
-				return fail(err)
-			}
-			c.ref, c.dir = true, filepath.Join(abs, filepath.FromSlash(c.info.Dir))
-		}
+		c.ref, c.dir = true, filepath.Join(abs, filepath.FromSlash(c.info.Dir))
 	}
 	c.wg.Add(1)
 	go c.renewLoop()
@@ -151,8 +142,8 @@ func random64() uint64 {
 func (c *Client) SharedFS() bool { return c.ref }
 
 // Sharing returns how much of the node's root this client shares, as its
-// connection's handshake decided at Dial (rpc.None without a root or with
-// WithBytes).
+// connection's handshake decided at Dial (rpc.None without a root, or for
+// a store not under the node's root; WithBytes does not change it).
 func (c *Client) Sharing() rpc.Sharing { return c.sharing }
 
 // StagingDir returns the folder, on this side, where the client writes the

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 )
 
 // syncBuffer is a log sink safe for a logger's concurrent writes.

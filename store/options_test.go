@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/svctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
 )
 
 // TestOptions_Defaults: DefaultOptions is the zero Options with its

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/benchkit"
-	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"github.com/tensorwire/tensorwire/memmap"
 )
 

@@ -54,7 +54,7 @@ func DenseDType(dt memmap.DType) tensor.Dtype {
 // counterpart is an error wrapping memmap.ErrDType.
 func DTypeOf(dt tensor.Dtype) (memmap.DType, error) {
 	for _, p := range denseDTypes {
-		if p.dense == dt && p.dt != memmap.Float16 && p.dt != memmap.BFloat16 {
+		if p.dense == dt && p.dt.Bits() == p.dt {
 			return p.dt, nil
 		}
 	}

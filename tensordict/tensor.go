@@ -124,10 +124,7 @@ func (t *Tensor) WithDType(dt memmap.DType) (*Tensor, error) {
 // (float16 and bfloat16 read as uint16 bits).
 func Values[E Element](t *Tensor) ([]E, error) {
 	dt := dtypeFor[E]()
-	want := t.dtype
-	if want == memmap.Float16 || want == memmap.BFloat16 {
-		want = memmap.Uint16
-	}
+	want := t.dtype.Bits()
 	if dt != want {
 		return nil, fmt.Errorf("%w: %v tensor read as %T", memmap.ErrDType, t.dtype, *new(E))
 	}

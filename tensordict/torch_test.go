@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tensorwire/tensorwire/internal/torchcheck"
+	"github.com/tensorwire/tensorwire/internal/testkit/torchcheck"
 )
 
 // TestTorch_LoadsWhatMemmapWrites writes TensorDicts with Memmap and has

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"github.com/tensorwire/tensorwire/replay"
 	"github.com/tensorwire/tensorwire/tensordict"
 )

@@ -37,7 +37,10 @@ var nodeCmd = command{
 		"state_dict is the TensorDict at DIR/P (params=P), or the parameter set N of the node's store S, following its " +
 		"new versions (store=S,param=N) (serve.Dial), batching its clients' predictions, with settings replicas=N, " +
 		"max-batch=N (default 16), max-delay=D (default 0: greedy), queue=N (rows waiting, default 4096), lease=D " +
-		"(a client's registration, default 30s); --metrics ADDR serves Prometheus metrics at http://ADDR/metrics " +
+		"(a client's registration, default 30s); with replicas=0 it runs no model itself, and replicas attach from " +
+		"other processes (tensorwire.serve.Replica: a torch module in Python), the schemas given as input=F,output=F " +
+		"(KEY:DTYPE:SHAPE joined by +, e.g. input=obs:float32:64,output=logits:float32:16), attach-wait=D (default " +
+		"10s) bounding a request's wait for one and replica-timeout=D (default 30s) a batch's; --metrics ADDR serves Prometheus metrics at http://ADDR/metrics " +
 		`and prints "metrics on URL" after the listening line (tensorwire stats ADDR prints them; docs/operations.md)`,
 	run: runNode,
 }

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
-	"github.com/tensorwire/tensorwire/internal/proctest"
-	"github.com/tensorwire/tensorwire/internal/testcert"
-	"github.com/tensorwire/tensorwire/internal/twoview"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/testcert"
+	"github.com/tensorwire/tensorwire/internal/testkit/twoview"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"

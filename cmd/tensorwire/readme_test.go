@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 )
 
 const readme = "../../README.md"

@@ -31,6 +31,8 @@ type serveSpec struct {
 	params string
 	store  string
 	param  string
+	input  tensordict.RowSchema // replicas=0: the schemas (serve_attached.go)
+	output tensordict.RowSchema
 	cfg    serve.Config // its Input, Output, New and Log set by manager
 }
 
@@ -39,7 +41,7 @@ type serveFlags []serveSpec
 
 func (f *serveFlags) String() string { return fmt.Sprint(len(*f), " models") }
 
-const serveUsage = "NAME,params=P|store=S,param=N[,replicas=N][,max-batch=N][,max-delay=D][,queue=N][,lease=D]"
+const serveUsage = "NAME,params=P|store=S,param=N|replicas=0,input=F,output=F[,replicas=N][,max-batch=N][,max-delay=D][,queue=N][,lease=D]"
 
 // sourceKeys are the settings of a --serve value that say where the
 // model's parameters come from; serve.Config's follow.
@@ -72,7 +74,7 @@ var serveGrammar = grammar{
 		return nil
 	},
 	twice: "served twice",
-	keys:  append(sourceKeys.Settings(), serve.Config{}.Settings()...),
+	keys:  append(append(sourceKeys.Settings(), schemaKeys.Settings()...), serve.Config{}.Settings()...),
 }
 
 // Set parses one --serve value and checks every value in it.
@@ -97,12 +99,19 @@ func (s *serveSpec) set(key, value string) error {
 	if slices.ContainsFunc(sourceKeys, func(k service.Key[serveSpec]) bool { return k.Key == key }) {
 		return sourceKeys.Set(s, key, value, nil)
 	}
+	if slices.ContainsFunc(schemaKeys, func(k service.Key[serveSpec]) bool { return k.Key == key }) {
+		return schemaKeys.Set(s, key, value, nil)
+	}
 	return s.cfg.Set(key, value)
 }
 
 // check checks what a --serve value's settings say together.
 func (s *serveSpec) check() error {
+	if err := s.checkAttached(); err != nil {
+		return err
+	}
 	switch {
+	case s.input != nil:
 	case s.params != "" && (s.store != "" || s.param != ""):
 		return errors.New("params=P, or store=S and param=N, not both")
 	case (s.store == "") != (s.param == ""):
@@ -135,6 +144,15 @@ type servedModels struct {
 func (f serveFlags) start(ctx context.Context, root string, stores func(string) *store.Store, log *slog.Logger) (*servedModels, func(*rpc.Server) error, error) {
 	sm := &servedModels{}
 	for _, spec := range f {
+		if spec.input != nil {
+			m, err := spec.startAttached(spec.input, spec.output, log)
+			if err != nil {
+				sm.close()
+				return nil, nil, fmt.Errorf("model %s: %w", spec.name, err)
+			}
+			sm.managers, sm.params = append(sm.managers, m), append(sm.params, nil)
+			continue
+		}
 		if spec.store != "" {
 			m, err := spec.follow(ctx, stores, log)
 			if errors.Is(err, store.ErrNotFound) && stores(spec.store) != nil {
@@ -276,6 +294,15 @@ func (s serveSpec) start(ctx context.Context, root string, log *slog.Logger) (*s
 	if err != nil {
 		params.Close()
 		return nil, nil, fmt.Errorf("params %s: %w", prefix, err)
+	}
+	if s.cfg.AttachedOnly { // the MLP's schemas; its replicas load their own weights
+		params.Close()
+		shape, err := mlp.New(mlp.Config{Sizes: sizes})
+		if err != nil {
+			return nil, nil, err
+		}
+		m, err := s.startAttached(shape.Input(), shape.Output(), log)
+		return m, nil, err
 	}
 	m, err := s.manager(sizes, log)
 	if err != nil {

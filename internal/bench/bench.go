@@ -21,7 +21,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/tensorwire/tensorwire/internal/benchkit"
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 )
 
 // A Benchmark is one benchmark program.

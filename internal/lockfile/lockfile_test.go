@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 )
 
 const envHelper = "TENSORWIRE_LOCKFILE_HELPER" // the path to lock

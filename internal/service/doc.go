@@ -12,6 +12,12 @@
 //     ends, and a method whose request may have reached the node only if
 //     the service marked it repeatable (Methods), as etcd's client marks
 //     its calls repeatable or not.
+//   - Dialing: what every client's Dial takes alike (this side's root,
+//     WithBytes, rpc's options), the one Dial with them, and the one rule
+//     for working by reference (Mode): a root, an object under the node's
+//     root, the sharing level the service needs (rpc.Coherent for files
+//     rewritten in place, rpc.Storage for write-once files) and no
+//     WithBytes. Sharing reports the level whatever WithBytes says.
 //
 // It is internal: each service keeps its own public names (its Service,
 // its sentinels, its Client) and uses these underneath.

@@ -22,3 +22,7 @@ from . import loader, replay, serve, store
 __version__ = "0.1.0"
 
 __all__ = ["Client", "Sharing", "TD", "NonTensorData", "DTYPES", "read_token", "load_memmap", "loader", "replay", "serve", "store"] + list(_errors_all)
+
+# tensorwire.Node: a node started from Python (node.py).
+from .node import Node  # noqa: E402
+__all__ += ["Node"]

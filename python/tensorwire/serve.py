@@ -59,7 +59,7 @@ except ImportError:  # not Unix: no process-owned locks, so no ref mode
 
 __all__ = ["Client", "SchemaError", "QueueFullError", "ForwardError", "ParamsError", "NoParamsError", "VersionError",
            "StoppedError", "ClosedError", "NotFoundError", "ExistsError", "NotRegisteredError", "ConfigError",
-           "CLIENTS_DIR", "MAX_ROWS"]
+           "CLIENTS_DIR", "MAX_ROWS", "Replica", "NoReplicaError"]
 
 CLIENTS_DIR = ".tensorwire-serve/clients"
 _NODES_DIR = ".tensorwire-serve/nodes"
@@ -143,6 +143,14 @@ class NotRegisteredError(_CodeNotFound):
 @register_reason
 class ConfigError(InvalidArgumentError):
     reason = "serve.config"
+
+
+@register_reason
+class NoReplicaError(FailedPreconditionError):
+    """The model's replicas are all attached processes (tensorwire.serve.Replica,
+    a node's replicas=0), and none was attached within the node's attach-wait;
+    nothing was run."""
+    reason = "serve.no_replica"
 
 
 def _parse_schema(s, what):
@@ -1079,3 +1087,6 @@ def _deadline(timeout):
 
 def _left(deadline):
     return None if deadline is None else deadline - time.monotonic()
+
+
+from .replica import Replica  # noqa: E402 (replica.py uses this module's helpers)

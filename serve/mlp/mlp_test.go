@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tensorwire/tensorwire/internal/torchcheck"
+	"github.com/tensorwire/tensorwire/internal/testkit/torchcheck"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -247,7 +247,7 @@ func TestMLP_LoadRefuses(t *testing.T) {
 }
 
 // python returns an interpreter that can import torch, the one
-// internal/torchcheck runs ($TENSORWIRE_PYTHON when set, else Debian's
+// internal/testkit/torchcheck runs ($TENSORWIRE_PYTHON when set, else Debian's
 // python3-torch's /usr/bin/python3 or the python3 on PATH), or skips t.
 func python(t *testing.T) string {
 	p, err := torchcheck.Python()

@@ -11,7 +11,7 @@
 // of the running program, each a rank ("--role rank"), which form a
 // communicator (collective.Join) on a free loopback port. With --hosts
 // netns (root only; TCP only) each rank runs instead on a host of its own,
-// a Linux network namespace on a bridge (internal/netns), so the ranks
+// a Linux network namespace on a bridge (internal/testkit/netns), so the ranks
 // talk TCP between separate addresses through veth pairs and the bridge
 // rather than over loopback; rank 0 listens on its host's address. For each
 // operation and size, in that order, the ranks run a few untimed
@@ -59,7 +59,7 @@ import (
 
 	"github.com/tensorwire/tensorwire/collective"
 	"github.com/tensorwire/tensorwire/internal/bench"
-	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -539,7 +539,7 @@ func must(b []byte, err error) []byte {
 }
 
 // rankHost is where --hosts netns runs a rank: a network-namespace host
-// (internal/netns, Unix only).
+// (internal/testkit/netns, Unix only).
 type rankHost interface {
 	Addr() netip.Addr
 	Namespace() string

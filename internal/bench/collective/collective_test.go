@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
-	"github.com/tensorwire/tensorwire/internal/benchtest"
-	"github.com/tensorwire/tensorwire/internal/netns"
+	"github.com/tensorwire/tensorwire/internal/bench/benchtest"
+	"github.com/tensorwire/tensorwire/internal/testkit/netns"
 )
 
 // childArg makes the test binary run the benchmark (its ranks) instead of

@@ -5,7 +5,7 @@ package collective
 import (
 	"fmt"
 
-	"github.com/tensorwire/tensorwire/internal/netns"
+	"github.com/tensorwire/tensorwire/internal/testkit/netns"
 )
 
 // netnsHosts makes n network-namespace hosts for --hosts netns, and a

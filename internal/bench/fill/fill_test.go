@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
-	"github.com/tensorwire/tensorwire/internal/benchtest"
+	"github.com/tensorwire/tensorwire/internal/bench/benchtest"
 )
 
 // TestMain lets Run re-execute the test binary as node B: bench.Env.Self is

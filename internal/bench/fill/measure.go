@@ -8,9 +8,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/benchkit"
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"github.com/tensorwire/tensorwire/internal/progress"
-	"github.com/tensorwire/tensorwire/internal/report"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"

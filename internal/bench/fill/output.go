@@ -6,7 +6,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 )
 
 // The seed's PyTorch figures (p50, ms) and the goals.

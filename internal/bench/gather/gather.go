@@ -25,8 +25,8 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
-	"github.com/tensorwire/tensorwire/internal/benchkit"
-	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"github.com/tensorwire/tensorwire/memmap"
 )
 

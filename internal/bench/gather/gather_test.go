@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
-	"github.com/tensorwire/tensorwire/internal/benchtest"
+	"github.com/tensorwire/tensorwire/internal/bench/benchtest"
 )
 
 // jsonKeys are the keys of the --json file, as the benchmark wrote them

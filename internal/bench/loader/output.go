@@ -5,7 +5,7 @@ import (
 	"io"
 	"runtime"
 
-	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 )
 
 // Result is what --json writes.

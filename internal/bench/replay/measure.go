@@ -8,7 +8,7 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/benchkit"
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 	"github.com/tensorwire/tensorwire/replay"
 	"github.com/tensorwire/tensorwire/tensordict"
 )

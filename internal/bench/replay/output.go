@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 )
 
 // The seed stack's figures (torchrl's replay buffer over

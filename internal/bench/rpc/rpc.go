@@ -27,8 +27,8 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
-	"github.com/tensorwire/tensorwire/internal/report"
 )
 
 // Benchmark is "tensorwire bench rpc".

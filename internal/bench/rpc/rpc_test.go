@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
-	"github.com/tensorwire/tensorwire/internal/benchtest"
+	"github.com/tensorwire/tensorwire/internal/bench/benchtest"
 )
 
 // TestMain lets startChild re-execute the test binary as a server:

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 )
 
 // The workload drivers, each generic over the client interface.

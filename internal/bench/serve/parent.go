@@ -17,8 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
-	"github.com/tensorwire/tensorwire/internal/report"
 	"github.com/tensorwire/tensorwire/serve"
 )
 
@@ -46,6 +46,8 @@ type runResult struct {
 	batches   uint64
 	rows      uint64
 	nodeCPU   time.Duration // -1: unknown
+	replCPU   time.Duration // Python replicas' (python.go); -1: unknown
+	bitEqual  string        // py-mlp: "ok/n" batches bit-equal to the module called directly
 	clientCPU time.Duration // -1: unknown
 	versions  uint64        // parameter versions loaded in the window
 	forward   time.Duration
@@ -62,10 +64,24 @@ func runParent(ctx context.Context, o *options, stdout, stderr io.Writer, log *s
 	if root, err = filepath.EvalSymlinks(root); err != nil {
 		return err
 	}
+	if slices.ContainsFunc(o.models, isPython) {
+		if err := o.findPython(); err != nil {
+			return err
+		}
+		if err := o.extractPython(root); err != nil {
+			return err
+		}
+	}
 	rep := &Result{LimitRowsPerS: map[string]float64{}}
 	var runs []*runResult
 	for _, model := range o.models {
-		lim, per, err := limit(model, o.maxBatch, o.replicas, o.limitDur)
+		var lim float64
+		var per time.Duration
+		if isPython(model) {
+			lim, per, err = o.pyLimit(ctx, model)
+		} else {
+			lim, per, err = limit(model, o.maxBatch, o.replicas, o.limitDur)
+		}
 		if err != nil {
 			return fmt.Errorf("%s limit: %w", model, err)
 		}
@@ -140,6 +156,13 @@ func runOne(ctx context.Context, o *options, root, model string, clients, maxBat
 	}
 	defer sc.Close()
 
+	var repl pyReplicas
+	if isPython(model) {
+		if repl, err = o.startReplicas(ctx, sc, node.Addr, root, model); err != nil {
+			return nil, err
+		}
+		defer repl.stop()
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -182,9 +205,14 @@ func runOne(ctx context.Context, o *options, root, model string, clients, maxBat
 	if err != nil {
 		return nil, err
 	}
+	rcpu0 := repl.cpu()
 	st1, cpu1, err := snapshot(ctx, sc, node.Pid(), end)
 	if err != nil {
 		return nil, err
+	}
+	r.replCPU = -1
+	if rcpu1 := repl.cpu(); rcpu0 >= 0 && rcpu1 >= 0 {
+		r.replCPU = rcpu1 - rcpu0
 	}
 	r.batches, r.rows = st1.Batches-st0.Batches, st1.Rows-st0.Rows
 	r.versions, r.forward = st1.Version-st0.Version, st1.Forward-st0.Forward
@@ -209,6 +237,14 @@ func runOne(ctx context.Context, o *options, root, model string, clients, maxBat
 			r.clientCPU += time.Duration(cr.CPUNS)
 		}
 		r.latency.Merge(&cr.Latency)
+	}
+	if model == modelPyMLP {
+		const n = 64
+		ok, err := o.pyCheck(ctx, node.Addr, root, n)
+		if err != nil {
+			return nil, fmt.Errorf("checking the outputs: %w", err)
+		}
+		r.bitEqual = fmt.Sprintf("%d/%d", ok, n)
 	}
 	if err := node.Stop(); err != nil {
 		return nil, fmt.Errorf("the node: %w", err)

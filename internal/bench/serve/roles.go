@@ -14,8 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
-	"github.com/tensorwire/tensorwire/internal/report"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/serve"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -57,7 +57,7 @@ func runNode(ctx context.Context, o *options, stdout io.Writer, log *slog.Logger
 	}
 	m, err := serve.New(serve.Config{
 		Input: schemaIn(), Output: schemaOut(), MaxBatch: o.maxBatch, Replicas: o.replicas,
-		New: build, Log: log,
+		New: build, Log: log, AttachedOnly: isPython(o.model),
 	})
 	if err != nil {
 		return err

@@ -55,6 +55,9 @@ type options struct {
 	json        string
 	root        string
 	verbose     bool
+	pythonExe   string // the Python of Python replicas (python.go)
+	replicaKind string // --replica
+	pyPath      string // the extracted Python client (python.go)
 
 	role   string
 	child  bool
@@ -70,7 +73,10 @@ func newFlagSet(o *options, clients, models *string) *flag.FlagSet {
 	fs := flag.NewFlagSet("bench serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(clients, "clients", "1,8,32,128", "the client process counts to run, in order")
-	fs.StringVar(models, "model", modelMLP+","+modelFake, "the models to run: "+modelMLP+" (64 -> 256 -> 16), "+modelFake+" (sleeps 1 ms + 5 us per row)")
+	fs.StringVar(models, "model", modelMLP+","+modelFake, "the models to run: "+modelMLP+" (64 -> 256 -> 16), "+modelFake+" (sleeps 1 ms + 5 us per row), "+
+		modelPyMLP+" and "+modelPyNull+" (the MLP and a null module in torch, in Python replica processes)")
+	fs.StringVar(&o.replicaKind, "replica", "go", "go, or python: the same as --model "+modelMLP+","+modelPyMLP+","+modelPyNull+" (the Go MLP, side by side with Python replicas)")
+	fs.StringVar(&o.pythonExe, "python", "", "the Python of Python replicas, with torch, numpy and msgpack (default: the first of python3 and /usr/bin/python3 that has them; this build's client is put on its PYTHONPATH)")
 	fs.IntVar(&o.maxBatch, "max-batch", 16, "the max batch of the batching runs (the others have 1)")
 	fs.IntVar(&o.replicas, "replicas", 1, "the model's replicas on the node")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "how long each run's timed phase lasts")
@@ -111,6 +117,13 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 		return err
 	}
 	o.self = env.Self
+	switch o.replicaKind {
+	case "go":
+	case "python":
+		models = modelMLP + "," + modelPyMLP + "," + modelPyNull
+	default:
+		return usagef("--replica: %q; want go or python", o.replicaKind)
+	}
 	if err := o.parseLists(clients, models); err != nil {
 		return err
 	}
@@ -145,8 +158,8 @@ func (o *options) parseLists(clients, models string) error {
 	}
 	for _, m := range strings.Split(models, ",") {
 		m = strings.TrimSpace(m)
-		if m != modelMLP && m != modelFake {
-			return usagef("--model: unknown model %q (want %s or %s)", m, modelMLP, modelFake)
+		if m != modelMLP && m != modelFake && !isPython(m) {
+			return usagef("--model: unknown model %q (want %s, %s, %s or %s)", m, modelMLP, modelFake, modelPyMLP, modelPyNull)
 		}
 		if slices.Contains(o.models, m) {
 			return usagef("--model: %s given twice", m)

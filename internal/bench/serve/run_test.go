@@ -8,6 +8,7 @@ import (
 	"flag"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,7 +16,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
-	"github.com/tensorwire/tensorwire/internal/benchtest"
+	"github.com/tensorwire/tensorwire/internal/bench/benchtest"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -108,6 +109,7 @@ func TestRun_Usage(t *testing.T) {
 		{[]string{"--max-batch", "0"}, "--max-batch"},
 		{[]string{"--duration", "0s"}, "--duration"},
 		{[]string{"--mode", "carrier-pigeon"}, "--mode"},
+		{[]string{"--replica", "rust"}, "--replica"},
 		{[]string{"--role", "client"}, "--addr"},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
@@ -124,6 +126,61 @@ func TestRun_Usage(t *testing.T) {
 		if strings.Contains(out.String(), "--"+h+" ") || strings.Contains(out.String(), "--"+h+"\n") {
 			t.Errorf("usage shows the hidden flag --%s", h)
 		}
+	}
+}
+
+// TestRun_PythonReplicas runs --replica python briefly: the Go MLP, the
+// torch MLP and the null module in Python replica processes, and checks
+// that the torch replicas' outputs were bit-equal to the module's and that
+// the hand-off was measured. It needs a python3 with torch, numpy and
+// msgpack ($TENSORWIRE_PYTHON, /usr/bin/python3 or python3).
+func TestRun_PythonReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Python processes")
+	}
+	py := ""
+	for _, c := range []string{os.Getenv("TENSORWIRE_PYTHON"), "/usr/bin/python3", "python3"} {
+		if c != "" && exec.Command(c, "-c", "import torch, numpy, msgpack").Run() == nil {
+			py = c
+			break
+		}
+	}
+	if py == "" {
+		t.Skip("no python3 with torch, numpy and msgpack ($TENSORWIRE_PYTHON, /usr/bin/python3, python3): the Python replicas' run not tested")
+	}
+	out := filepath.Join(t.TempDir(), "serve.json")
+	root := t.TempDir()
+	run := benchtest.RunJSON(t, Run, testSelf, []string{"--replica", "python", "--clients", "2", "--python", py,
+		"--duration", "300ms", "--limit-duration", "100ms", "--update-mb", "0", "--root", root, "--json", out}, out)
+	t.Logf("stdout:\n%s", run.Stdout)
+	var res Result
+	if err := json.Unmarshal(run.Data, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Runs) != 6 {
+		t.Fatalf("%d runs, want 6 (mlp, py-mlp, py-null, batching on and off)", len(res.Runs))
+	}
+	for i, r := range res.Runs {
+		d := res.Details[i]
+		if r.RequestsPerS <= 0 {
+			t.Errorf("run %+v", r)
+		}
+		switch r.Model {
+		case modelPyMLP:
+			if d.BitEqual != "64/64" {
+				t.Errorf("py-mlp, max batch %d: %s batches bit-equal to the module, want 64/64", r.MaxBatch, d.BitEqual)
+			}
+		case modelPyNull:
+			if d.BatchesPerS <= 0 || d.CPUPerBatchMS <= 0 {
+				t.Errorf("py-null: %v batches/s, %v ms CPU per batch", d.BatchesPerS, d.CPUPerBatchMS)
+			}
+		}
+	}
+	if !strings.Contains(run.Stdout, "hand-off, py-null") {
+		t.Errorf("stdout lacks the hand-off's line")
+	}
+	if left, _ := os.ReadDir(root); len(left) != 0 {
+		t.Errorf("left under the root: %v", left)
 	}
 }
 

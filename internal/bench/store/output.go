@@ -5,7 +5,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/report"
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 )
 
 // results are the run's figures.

@@ -18,8 +18,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
-	"github.com/tensorwire/tensorwire/internal/report"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	storeapi "github.com/tensorwire/tensorwire/store"

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
-	"github.com/tensorwire/tensorwire/internal/benchtest"
+	"github.com/tensorwire/tensorwire/internal/bench/benchtest"
 )
 
 var testSelf = []string{"bench", "store"}

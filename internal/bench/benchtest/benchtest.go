@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 )
 
 // Run is a benchmark's Run (bench.Benchmark.Run).

@@ -9,7 +9,7 @@ yet read cannot be read (ESTALE): a mapping faults there (SIGBUS). bindfs
 keeps the file open for its reader, which keeps an unlinked file readable;
 this view keeps it open too (so a rename does not matter) but fails every
 read of a file whose link count dropped to zero (EIO), as a host whose NFS
-server lost the file. Used by internal/twoview (Stateless); it needs
+server lost the file. Used by internal/testkit/twoview (Stateless); it needs
 python3-fusepy (Debian).
 """
 import errno

@@ -63,7 +63,7 @@ func Available() error {
 // script is scripts/torch_load.py, found from this file's place in the module.
 func script() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "scripts", "torch_load.py")
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "scripts", "torch_load.py")
 }
 
 // Load runs the script on prefix, with every element's value if values is

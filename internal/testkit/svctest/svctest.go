@@ -4,7 +4,7 @@
 // wire by code and reason (CrossTheWire), and the check of a config's
 // errors (WantConfigError).
 //
-// It is apart from internal/proctest because it imports rpc, whose own
+// It is apart from internal/testkit/proctest because it imports rpc, whose own
 // tests use proctest.
 package svctest
 
@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorwire/tensorwire/internal/proctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"github.com/tensorwire/tensorwire/rpc"
 )
 

@@ -1,0 +1,241 @@
+package serve
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tensorwire/tensorwire/python"
+	"github.com/tensorwire/tensorwire/serve"
+)
+
+// Models in Python replicas (--replica python, or --model py-mlp,py-null):
+// the node runs no model (serve.Config.AttachedOnly) and --replicas Python
+// processes attach to it (tensorwire.serve.Replica), each holding a torch
+// module: py-mlp the MLP 64 -> 256 -> 16 as torch.nn.Sequential, py-null a
+// module that returns zeros without computing (what the hand-off between
+// the node and a Python replica costs per batch). They need a Python with
+// torch, numpy and msgpack (--python); the run extracts this build's
+// Python client into its root for their PYTHONPATH (python.Extract).
+const (
+	modelPyMLP  = "py-mlp"
+	modelPyNull = "py-null"
+)
+
+// isPython reports whether model runs in Python replicas.
+func isPython(model string) bool { return model == modelPyMLP || model == modelPyNull }
+
+// pyScript is the Python side: "replica ADDR ROOT MODEL NAME" attaches and serves
+// until killed; "limit MODEL MAX_BATCH SECONDS" prints the module's rows/s
+// and ms per forward called in-process on batches of MAX_BATCH rows;
+// "check ADDR ROOT N NAME" predicts N batches of 1..16 rows through the node and
+// prints how many came back bit-equal to the module called directly.
+const pyScript = `
+import sys, time, numpy as np, torch
+torch.set_num_threads(1)
+def module(kind):
+    torch.manual_seed(1)
+    if kind == "py-mlp":
+        return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 16))
+    class Null(torch.nn.Module):
+        def forward(self, x):
+            return torch.zeros(x.shape[0], 16)
+    return Null()
+cmd = sys.argv[1]
+if cmd == "replica":
+    import tensorwire
+    tensorwire.serve.Replica(sys.argv[2], sys.argv[5], module(sys.argv[4]), root=sys.argv[3]).run()
+elif cmd == "limit":
+    m, n, secs = module(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    x = torch.randn(n, 64)
+    k, t0 = 0, time.perf_counter()
+    with torch.inference_mode():
+        while time.perf_counter() - t0 < secs:
+            m(x); k += 1
+    took = time.perf_counter() - t0
+    print(f"{k * n / took} {took / k * 1e3}")
+elif cmd == "check":
+    import tensorwire
+    m = module("py-mlp")
+    ok, total = 0, int(sys.argv[4])
+    with tensorwire.serve.Client(sys.argv[2], sys.argv[5], root=sys.argv[3]) as c:
+        rng = np.random.default_rng(0)
+        for i in range(total):
+            x = rng.normal(size=(1 + i % c.max_batch, 64)).astype(np.float32)
+            out = c.predict({"obs": x}, timeout=60)["logits"]
+            with torch.inference_mode():
+                want = m(torch.from_numpy(x)).numpy()
+            ok += int(np.array_equal(out, want))
+    print(f"{ok} {total}")
+`
+
+// python runs the Python side with args and returns its first line of
+// output.
+func (o *options) python(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, o.pythonExe, append([]string{"-c", pyScript}, args...)...)
+	cmd.Env = o.pyEnv()
+	out, err := cmd.Output()
+	if err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return "", fmt.Errorf("%s %s: %w: %s", o.pythonExe, args[0], err, lastLines(string(ee.Stderr), 10))
+		}
+		return "", fmt.Errorf("%s %s: %w (is --python a Python with torch, numpy and msgpack?)", o.pythonExe, args[0], err)
+	}
+	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	return line, nil
+}
+
+// findPython sets o.pythonExe, when --python did not, to the first of
+// python3 and /usr/bin/python3 that imports torch, numpy and msgpack; a
+// usage error saying what was tried if none (or --python's) does.
+func (o *options) findPython() error {
+	candidates := []string{"python3", "/usr/bin/python3"}
+	if o.pythonExe != "" {
+		candidates = []string{o.pythonExe}
+	}
+	var tried []string
+	for _, c := range candidates {
+		out, err := exec.Command(c, "-c", "import torch, numpy, msgpack").CombinedOutput()
+		if err == nil {
+			o.pythonExe = c
+			return nil
+		}
+		tried = append(tried, fmt.Sprintf("%s: %v %s", c, err, lastLines(string(out), 1)))
+	}
+	return usagef("Python replicas need a python3 with torch, numpy and msgpack (--python chooses it): %s", strings.Join(tried, "; "))
+}
+
+// extractPython writes this build's Python client into root/python, for
+// the Python processes' PYTHONPATH.
+func (o *options) extractPython(root string) error {
+	dir := filepath.Join(root, "python")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return err
+	}
+	if err := python.Extract(dir); err != nil {
+		return err
+	}
+	o.pyPath = dir
+	return nil
+}
+
+// pyEnv is the Python processes' environment: PYTHONPATH starts with the
+// extracted client.
+func (o *options) pyEnv() []string {
+	pp := o.pyPath
+	if old := os.Getenv("PYTHONPATH"); old != "" {
+		pp += string(os.PathListSeparator) + old
+	}
+	return append(os.Environ(), "PYTHONPATH="+pp, "PYTHONDONTWRITEBYTECODE=1")
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// pyLimit is limit for a Python model: the module called in-process, on
+// one thread, in a Python process of its own.
+func (o *options) pyLimit(ctx context.Context, model string) (float64, time.Duration, error) {
+	line, err := o.python(ctx, "limit", model, strconv.Itoa(o.maxBatch), strconv.FormatFloat(o.limitDur.Seconds(), 'f', 3, 64))
+	if err != nil {
+		return 0, 0, err
+	}
+	var rows, ms float64
+	if _, err := fmt.Sscanf(line, "%g %g", &rows, &ms); err != nil {
+		return 0, 0, fmt.Errorf("the Python limit said %q", line)
+	}
+	return rows, time.Duration(ms * float64(time.Millisecond)), nil
+}
+
+// pyReplica is a replica process of a run; done is closed when it exits.
+type pyReplica struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// pyReplicas are the replica processes of a run.
+type pyReplicas []*pyReplica
+
+// startReplicas starts o.replicas Python replicas of model attached to the
+// node at addr, and waits until the node counts them attached.
+func (o *options) startReplicas(ctx context.Context, sc *serve.Client, addr, root, model string) (pyReplicas, error) {
+	var rs pyReplicas
+	for range o.replicas {
+		cmd := exec.Command(o.pythonExe, "-c", pyScript, "replica", addr, root, model, modelName)
+		cmd.Stdout, cmd.Stderr, cmd.Env = nil, os.Stderr, o.pyEnv()
+		if err := cmd.Start(); err != nil {
+			rs.stop()
+			return nil, fmt.Errorf("starting a Python replica (%s): %w", o.pythonExe, err)
+		}
+		r := &pyReplica{cmd: cmd, done: make(chan struct{})}
+		go func() { cmd.Wait(); close(r.done) }()
+		rs = append(rs, r)
+	}
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		st, err := sc.Stats(ctx)
+		if err != nil {
+			rs.stop()
+			return nil, err
+		}
+		if st.AttachedNow >= o.replicas {
+			return rs, nil
+		}
+		for _, r := range rs {
+			select {
+			case <-r.done:
+				rs.stop()
+				return nil, fmt.Errorf("a Python replica (%s) exited before it attached: %v", o.pythonExe, r.cmd.ProcessState)
+			default:
+			}
+		}
+		if time.Now().After(deadline) {
+			rs.stop()
+			return nil, fmt.Errorf("%d of %d Python replicas attached within %v", st.AttachedNow, o.replicas, readyTimeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// cpu returns the replicas' CPU time so far; -1 if unknown.
+func (rs pyReplicas) cpu() time.Duration {
+	var total time.Duration
+	for _, r := range rs {
+		t := procCPU(r.cmd.Process.Pid)
+		if t < 0 {
+			return -1
+		}
+		total += t
+	}
+	return total
+}
+
+func (rs pyReplicas) stop() {
+	for _, r := range rs {
+		r.cmd.Process.Kill()
+		<-r.done
+	}
+}
+
+// check predicts through the node's Python MLP replicas and returns how
+// many of n batches came back bit-equal to the module called directly.
+func (o *options) pyCheck(ctx context.Context, addr, root string, n int) (int, error) {
+	line, err := o.python(ctx, "check", addr, root, strconv.Itoa(n), modelName)
+	if err != nil {
+		return 0, err
+	}
+	var ok, total int
+	if _, err := fmt.Sscanf(line, "%d %d", &ok, &total); err != nil || total != n {
+		return 0, fmt.Errorf("the Python check said %q", line)
+	}
+	return ok, nil
+}

@@ -1,0 +1,186 @@
+"""A tensorwire node started from Python: torch_spread's
+`with NetworkManager(...)` in one statement (docs/serve.md, "Replicas in
+other processes").
+
+    with tensorwire.Node(root="/dev/shm/tw", serve=["policy,replicas=0,input=obs:float32:64,output=logits:float32:16"],
+                         store=["main"]) as node:
+        replica = tensorwire.serve.Replica(node, "policy", module).start()
+        client = tensorwire.serve.Client(node.address, "policy", token=node.token, root=node.root)
+
+Node runs the `tensorwire node` binary ($TENSORWIRE_BIN, else `tensorwire`
+on PATH; BinaryNotFoundError if neither), waits until it listens, and
+stops it on exit (SIGTERM, then SIGKILL after stop_timeout). On Linux the
+node also dies with the Python process that started it, however that
+process ends (kill -9 included): the child asks the kernel for SIGKILL
+when its parent goes (prctl(PR_SET_PDEATHSIG), through ctypes, before it
+runs the binary). The kernel sends it when the *thread* that started the
+node ends, so start a Node from a thread that lives as long as it (the
+main thread, typically). Elsewhere a node outlives a parent killed
+without running its exit.
+"""
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from .errors import TensorwireError
+
+__all__ = ["Node", "BinaryNotFoundError", "NodeStartError"]
+
+
+class BinaryNotFoundError(TensorwireError):
+    """No tensorwire binary: set $TENSORWIRE_BIN or put `tensorwire` on PATH
+    (go install github.com/tensorwire/tensorwire/cmd/tensorwire@latest)."""
+
+
+class NodeStartError(TensorwireError):
+    """The node exited, or did not listen in time; the message holds the end
+    of its log."""
+
+
+def _binary(path=None):
+    p = path or os.environ.get("TENSORWIRE_BIN") or shutil.which("tensorwire")
+    if not p or not os.path.isfile(p) or not os.access(p, os.X_OK):
+        raise BinaryNotFoundError(
+            "tensorwire.Node: no tensorwire binary" + (f" at {p!r}" if p else "") +
+            ": set $TENSORWIRE_BIN to it, or put it on PATH (go install "
+            "github.com/tensorwire/tensorwire/cmd/tensorwire@latest)")
+    return p
+
+
+def _die_with_parent():
+    """In the child, before exec: SIGKILL when the parent (thread) goes."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux: no such call
+        pass
+
+
+class Node:
+    """A `tensorwire node` process. root: the folder it serves (a temporary
+    one, removed at exit, when None); serve, store, buffer, loader: lists of
+    the --serve, --store, --buffer and --loader specs (the command's
+    NAME,k=v form, README); token: the shared secret (bytes or str; None on
+    loopback: no token); listen: HOST:PORT (127.0.0.1:0 picks a free port);
+    extra: more command-line arguments; binary: the binary's path.
+
+    start() (or `with`) runs it and returns once it listens; address is then
+    "HOST:PORT". stop() (or leaving the `with`) stops it."""
+
+    def __init__(self, root=None, serve=(), store=(), buffer=(), loader=(), token=None, listen="127.0.0.1:0",
+                 extra=(), binary=None, start_timeout=60.0, stop_timeout=30.0):
+        self._bin = _binary(binary)
+        self._tmp = None
+        if root is None:
+            self._tmp = tempfile.mkdtemp(prefix="tensorwire-node-")
+            root = os.path.join(self._tmp, "root")
+        os.makedirs(root, exist_ok=True)
+        self.root = os.path.abspath(root)
+        self.token = token.encode() if isinstance(token, str) else token
+        self.listen = listen
+        self.args = []
+        for flag, specs in (("--serve", serve), ("--store", store), ("--buffer", buffer), ("--loader", loader)):
+            if isinstance(specs, str):
+                specs = [specs]
+            for s in specs:
+                self.args += [flag, s]
+        self.args += list(extra)
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.address = None
+        self.proc = None
+        self._dir = None
+        self.log_path = None
+
+    def start(self):
+        """Runs the node and waits until it listens; returns self."""
+        if self.proc is not None:
+            return self
+        self._dir = tempfile.mkdtemp(prefix="tensorwire-node-run-")
+        args = [self._bin, "node", "--listen", self.listen, "--root", self.root]
+        if self.token is not None:
+            tf = os.path.join(self._dir, "token")
+            fd = os.open(tf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.write(fd, self.token + b"\n")
+            os.close(fd)
+            args += ["--token-file", tf]
+        args += self.args
+        self.log_path = os.path.join(self._dir, "node.log")
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL,
+                                         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        line = [None]
+
+        def first():
+            line[0] = self.proc.stdout.readline().decode(errors="replace")
+
+        t = threading.Thread(target=first, daemon=True)
+        t.start()
+        t.join(self.start_timeout)
+        got = line[0] or ""
+        if not got.startswith("listening on "):
+            log = self.log()
+            self.stop()
+            raise NodeStartError(f"tensorwire.Node: the node did not start ({got.strip() or 'no word'}); "
+                                 f"its log ends:\n{log[-4000:]}")
+        self.address = got.split()[-1]
+        threading.Thread(target=_drain, args=(self.proc.stdout,), daemon=True).start()
+        return self
+
+    def log(self):
+        """The node's log (its stderr) so far."""
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except (OSError, TypeError):
+            return ""
+
+    def stop(self):
+        """Stops the node (SIGTERM; SIGKILL after stop_timeout) and removes
+        the temporary folders it made."""
+        p, self.proc = self.proc, None
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if p is not None and p.stdout is not None:
+            p.stdout.close()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    close = stop
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def __del__(self):
+        try:
+            if self.proc is not None:
+                self.stop()
+        except Exception:
+            pass
+
+
+def _drain(f):
+    try:
+        while f.read(1 << 16):
+            pass
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,438 @@
+"""A replica of a served model in this process: any torch.nn.Module runs the
+batches a tensorwire node gathers from its clients (docs/serve.md, "Replicas
+in other processes").
+
+    module = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 16))
+    with tensorwire.serve.Replica("127.0.0.1:7070", "policy", module, token=token, root="/mnt/shared",
+                                  follow=(store, "policy")) as r:
+        r.run()        # until close() from another thread, or Ctrl-C; or r.start() for a thread
+
+The node keeps clients, queue, batching and leases; this process attaches to
+the model as one more replica over the serve.replica message stream, and
+runs each batch it is given: the module's forward under
+torch.inference_mode(), the inputs a dict of tensors of batch size [n]
+(nested keys as nested dicts; a model of one input field of a one-part key
+gets that tensor alone unless plain=False), the outputs a dict of tensors
+(or one tensor for a model of one output field), checked against the model's
+output schema. When this side shares the node's page cache (root=, the
+node's .tensorwire-fsid, "coherent") the rows go through two tensordict
+memmaps in a folder of the replica's under the root, which the module reads
+without a copy (torch.from_numpy over the mapping); otherwise they travel
+with the messages as bytes.
+
+A batch the module fails (it raised, or its outputs are not the model's)
+fails on the node with ForwardError carrying the message, and the node
+detaches the replica; the replica attaches again by itself, after a backoff
+(50 ms doubling to 5 s, reset by a batch that succeeds), as the node's own
+replicas are replaced. If the process dies mid-batch the node runs the batch
+on another replica.
+
+follow=(store, name), store a tensorwire.store.Store or its address: the
+replica loads every new version of the parameter set name that a trainer
+publishes (store.publish(name, module.state_dict())) into the module, only
+between two batches, and every answer says the version that computed it.
+"""
+
+import logging
+import os
+import shutil
+import threading
+import time
+
+import numpy as np
+
+from . import serve as _serve
+from .errors import InternalError, InvalidArgumentError, TensorwireError
+from .rpc import Client as _RPCClient, Sharing, StreamEnd
+from ._td import TD
+
+__all__ = ["Replica"]
+
+_log = logging.getLogger("tensorwire.serve")
+
+
+class Replica:
+    """A replica of the model served as name by node, running module.
+
+    node: the node's address "HOST:PORT", a tensorwire.Client, or a
+    tensorwire.Node. module: a torch.nn.Module (or any callable of tensors).
+    device: where the module runs ("cpu", "cuda:0"); inputs are moved there
+    (from pinned host memory on CUDA) and outputs back. token, root: as
+    tensorwire.Client takes them. follow: (store, name) to load new versions
+    of a parameter set between batches. bytes_mode: rows travel with the
+    messages even when the root is shared. plain: None (auto), True or
+    False: whether a model of one input field is called with the tensor
+    itself rather than a dict. reattach: attach again after the node
+    detached this replica or the connection broke (default True).
+
+    run() serves in the foreground until close() or KeyboardInterrupt;
+    start() on a thread. Use it as a context manager, or close() it.
+    batches counts the batches run; version is the parameter version the
+    module holds (0: its own until a first version is loaded)."""
+
+    def __init__(self, node, name, module, device="cpu", token=None, root=None, follow=None, bytes_mode=False,
+                 plain=None, reattach=True, timeout=30.0):
+        import torch
+        self._torch = torch
+        addr = getattr(node, "address", node)
+        if isinstance(addr, _RPCClient):
+            self._client, self._own = addr, False
+        else:
+            if root is None:
+                root = getattr(node, "root", None)
+            if token is None:
+                token = getattr(node, "token", None)
+            self._client, self._own = _RPCClient(addr, token=token, root=root, timeout=timeout), True
+        self.name = name
+        self.module = module
+        self.device = torch.device(device)
+        self.bytes_mode = bytes_mode
+        self.reattach = reattach
+        self.batches = 0
+        self.version = 0
+        self.attachments = 0  # streams opened (a new one after each detachment)
+        self._closed = threading.Event()
+        self._mu = threading.Lock()
+        self._stream = None
+        self._thread = None
+        self._dir = self._lock_fd = None
+        self._in_mm = self._out_mm = None
+        info = self._client.call("serve.info", {"name": name}, timeout=timeout)
+        self.info = info
+        self._in = _serve._parse_schema(info.get("input"), "input")
+        self._out = _serve._parse_schema(info.get("output"), "output")
+        self.max_batch = int(info.get("max_batch", 0))
+        self._plain = plain if plain is not None else (len(self._in) == 1 and len(self._in[0][0]) == 1)
+        self._plain_out = len(self._out) == 1
+        self._ref = bool(self._client.root) and not bytes_mode and _serve.fcntl is not None and \
+            self._client.sharing(timeout) == Sharing.COHERENT
+        self._pinned = None
+        # Weights: a thread waits for new versions; the serving loop loads
+        # the newest between two batches.
+        self._follow = None
+        self._pending = None  # the newest Param not yet loaded
+        self._held = None  # the Param the module was loaded from (its lease)
+        self._follower = None
+        if follow is not None:
+            st, pname = follow
+            if isinstance(st, str):
+                raise InvalidArgumentError("serve: follow=(store, name) wants a tensorwire.store.Store; "
+                                           f"got the address {st!r}: open the Store first")
+            self._follow = (st, pname)
+            self._load_latest()
+            self._follower = threading.Thread(target=self._follow_loop, name="tensorwire-replica-follow",
+                                              daemon=True)
+            self._follower.start()
+        if self._ref:
+            self._make_folder()
+
+    # The public methods.
+
+    @property
+    def mode(self):
+        """"ref" when the rows go through the replica's folder under the
+        shared root, else "bytes"."""
+        return "ref" if self._ref else "bytes"
+
+    def run(self):
+        """Serves batches until close() (or KeyboardInterrupt, which closes
+        the replica and returns)."""
+        wait = 0.05
+        try:
+            while not self._closed.is_set():
+                try:
+                    ok = self._attach_once()
+                except StreamEnd:
+                    ok = True
+                except TensorwireError as e:
+                    if self._closed.is_set():
+                        break
+                    if not self.reattach:
+                        raise
+                    _log.warning("serve replica %s: detached (%s); attaching again in %.2fs", self.name, e, wait)
+                    ok = False
+                if self._closed.is_set():
+                    break
+                if not self.reattach:
+                    break
+                if ok:
+                    wait = 0.05
+                self._closed.wait(wait)
+                wait = min(wait * 2, 5.0)
+        except KeyboardInterrupt:
+            self.close()
+
+    def start(self):
+        """Runs run() on a thread of its own, and returns self."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self.run, name="tensorwire-replica", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self):
+        """Detaches from the node and stops run(); removes the replica's
+        folder."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with self._mu:
+            st = self._stream
+        if st is not None:
+            try:
+                st.close()
+            except Exception:
+                pass
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(10)
+        for p in (self._pending, self._held):
+            if p is not None:
+                p.close()
+        if self._own:
+            self._client.close()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # Serving.
+
+    def _attach_once(self):
+        """Attaches, serves batches until the stream ends; True when at
+        least one batch succeeded."""
+        st = self._client.open_stream("serve.replica", _request(self.name, self._rel if self._ref else ""),
+                                      result_tds=("in",))
+        with self._mu:
+            if self._closed.is_set():
+                st.close()
+                return False
+            self._stream = st
+        self.attachments += 1
+        served = False
+        try:
+            while True:
+                msg = st.recv()
+                self._switch()
+                ans = self._run_batch(msg)
+                if not ans["error"]:
+                    self.batches += 1
+                    served = True
+                st.send(ans)
+        finally:
+            with self._mu:
+                self._stream = None
+            try:
+                st.close()
+            except Exception:
+                pass
+        return served
+
+    def _run_batch(self, msg):
+        torch = self._torch
+        bid = int(msg.get("batch", 0))
+        n = int(msg.get("n", 0))
+        if not 1 <= n <= self.max_batch:
+            return _answer(bid, self.version, f"a batch of {n} rows; the max batch is {self.max_batch}")
+        try:
+            if self._ref:
+                tensors = [t[:n] for t in self._in_t]
+            else:
+                src = msg.get("in") or {}
+                tensors = []
+                for k, dt, shape in self._in:
+                    v = src
+                    for p in k:
+                        v = v[p]
+                    tensors.append(torch.from_numpy(v))
+            inputs = {}
+            for (k, dt, shape), t in zip(self._in, tensors):
+                _serve._set(inputs, k, self._to_device(t, k))
+            arg = _only(inputs) if self._plain else inputs
+            with torch.inference_mode():
+                out = self.module(arg)
+            outs = self._check(out, n)
+        except Exception as e:  # the module's failure fails its batch, not this process
+            return _answer(bid, self.version, f"{type(e).__name__}: {e}")
+        if self._ref:
+            for dst, t in zip(self._out_t, outs):
+                dst[:n].copy_(t)
+            return _answer(bid, self.version)
+        data = {}
+        for (k, _, _), t in zip(self._out, outs):
+            _serve._set(data, k, np.ascontiguousarray(t.numpy()))
+        return _answer(bid, self.version, out=TD(data, batch=[n]))
+
+    def _to_device(self, t, key):
+        if self.device.type == "cpu":
+            return t
+        if self.device.type == "cuda":
+            if self._pinned is None:
+                self._pinned = {}
+            buf = self._pinned.get(key)
+            if buf is None or buf.shape[1:] != t.shape[1:] or buf.dtype != t.dtype:
+                buf = self._torch.empty((self.max_batch,) + tuple(t.shape[1:]), dtype=t.dtype).pin_memory()
+                self._pinned[key] = buf
+            b = buf[:t.shape[0]]
+            b.copy_(t)
+            return b.to(self.device, non_blocking=True)
+        return t.to(self.device)
+
+    def _check(self, out, n):
+        """The module's outputs as CPU tensors in the output schema's order,
+        or ValueError saying what does not fit."""
+        torch = self._torch
+        if isinstance(out, torch.Tensor):
+            if not self._plain_out:
+                raise ValueError(f"the module returned one tensor; the model's output has {len(self._out)} fields "
+                                 f"({', '.join('/'.join(k) for k, _, _ in self._out)}): return a dict")
+            got = {self._out[0][0]: out}
+        elif isinstance(out, dict) or hasattr(out, "items"):
+            got = {}
+            _flatten(out, (), got)
+        else:
+            raise ValueError(f"the module returned a {type(out).__name__}; want a dict of tensors or a tensor")
+        want = {k for k, _, _ in self._out}
+        missing = [("/".join(k)) for k in want if k not in got]
+        extra = [("/".join(k)) for k in got if k not in want]
+        if missing or extra:
+            raise ValueError(f"the module's outputs have keys missing {missing} and not in the schema {extra}")
+        res = []
+        for k, dt, shape in self._out:
+            t = got[k]
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"output {'/'.join(k)} is a {type(t).__name__}, not a tensor")
+            tn = str(t.dtype)
+            if tn != dt:
+                raise ValueError(f"output {'/'.join(k)} has dtype {tn}, want {dt}")
+            if tuple(t.shape) != (n,) + tuple(shape):
+                raise ValueError(f"output {'/'.join(k)} has shape {list(t.shape)}, want {[n] + list(shape)}")
+            res.append(t.detach().to("cpu"))
+        return res
+
+    # Weights.
+
+    def _load_latest(self):
+        from .store import NotFoundError as _NotFound
+        st, pname = self._follow
+        try:
+            p = st.latest(pname)
+        except _NotFound:
+            return
+        self._pending = p
+        self._switch()
+
+    def _follow_loop(self):
+        st, pname = self._follow
+        v = self.version
+        while not self._closed.is_set():
+            try:
+                p = st.wait_newer(pname, v, timeout=1.0)
+            except TensorwireError:
+                continue
+            if self._closed.is_set():
+                p.close()
+                return
+            with self._mu:
+                old, self._pending = self._pending, p
+            if old is not None:
+                old.close()
+            v = p.version
+
+    def _switch(self):
+        """Loads the newest version a trainer published, between batches."""
+        with self._mu:
+            p, self._pending = self._pending, None
+        if p is None or p.version <= self.version:
+            if p is not None:
+                p.close()
+            return
+        torch = self._torch
+        sd = {}
+        _flatten_sd(p.td, "", sd)
+        state = {k: torch.from_numpy(np.array(v)) for k, v in sd.items()}
+        try:
+            self.module.load_state_dict(state)
+        except Exception as e:
+            _log.error("serve replica %s: version %d of the parameters does not fit the module: %s", self.name,
+                       p.version, e)
+            p.close()
+            return
+        old, self._held = self._held, p
+        self.version = p.version
+        if old is not None:
+            old.close()
+
+    # The folder.
+
+    def _make_folder(self):
+        """Makes the replica's folder under the root, as a client's slots
+        (serve.Client): ClientsDir/ID/{in,out,lock}, max_batch rows each."""
+        root = self._client.root
+        parent = os.path.join(root, *_serve.CLIENTS_DIR.split("/"))
+        os.makedirs(parent, exist_ok=True)
+        _serve._check_no_link(root, _serve.CLIENTS_DIR)
+        _serve._remove_dead(root, _serve.CLIENTS_DIR)
+        name = os.urandom(8).hex()
+        tmp = os.path.join(parent, ".tmp-" + name)
+        os.mkdir(tmp)
+        try:
+            self._lock_fd = _serve._lock(os.path.join(tmp, "lock"))
+            if self._lock_fd is None:
+                raise InternalError(f"serve: the lock of {tmp}, a folder this replica just made, is held")
+            _serve._create_td(os.path.join(tmp, "in"), self._in, self.max_batch)
+            _serve._create_td(os.path.join(tmp, "out"), self._out, self.max_batch)
+            final = os.path.join(parent, name)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._dir = final
+        self._rel = _serve.CLIENTS_DIR + "/" + name
+        self._in_mm = _serve._map_td(os.path.join(final, "in"), self._in, self.max_batch)
+        self._out_mm = _serve._map_td(os.path.join(final, "out"), self._out, self.max_batch)
+        # Tensors over the mappings, made once: a batch's are views of their
+        # first rows (torch.from_numpy shares the mapping's memory).
+        torch = self._torch
+        self._in_t = [torch.from_numpy(np.asarray(a)) for a in self._in_mm]
+        self._out_t = [torch.from_numpy(np.asarray(a)) for a in self._out_mm]
+
+
+def _request(name, prefix):
+    """serve.replica's request: the model, and the replica's folder under the
+    root ("" for rows as bytes)."""
+    return {"name": name, "prefix": prefix}
+
+
+def _answer(batch, version, error="", out=None):
+    """An answer to a batch: its number, the parameter version, the error
+    ("" for none) and, by bytes, the outputs (a TD)."""
+    return {"batch": batch, "version": version, "error": error, "out": out}
+
+
+def _only(d):
+    """The one tensor of a dict of one key."""
+    (v,) = d.values()
+    return v
+
+
+def _flatten(d, prefix, out):
+    for k, v in d.items():
+        if isinstance(v, dict) or (hasattr(v, "items") and not hasattr(v, "shape")):
+            _flatten(v, prefix + (k,), out)
+        else:
+            out[prefix + (k,)] = v
+
+
+def _flatten_sd(d, prefix, out):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            _flatten_sd(v, prefix + k + ".", out)
+        else:
+            out[prefix + k] = v

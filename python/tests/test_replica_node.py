@@ -1,0 +1,93 @@
+"""tensorwire.Node: the `tensorwire node` binary started from Python, serving
+a model whose replica is a torch module in this process; the node stopped
+on exit, and killed with a Python parent killed by SIGKILL; a clear error
+without a binary or with a bad flag."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+import numpy as np
+
+import tensorwire
+from tensorwire import serve
+from tensorwire.node import BinaryNotFoundError, NodeStartError
+
+from nodes import binary, python_env, wait_until
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+SPEC = "policy,replicas=0,input=obs:float32:64,output=logits:float32:16,max-batch=16"
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead too.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class TestNode(unittest.TestCase):
+    @unittest.skipIf(torch is None, "torch is not installed in this interpreter")
+    def test_serves_and_stops(self):
+        torch.manual_seed(0)
+        module = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 16))
+        with tensorwire.Node(serve=[SPEC], token="secret", binary=binary()) as node:
+            pid = node.proc.pid
+            with serve.Replica(node, "policy", module) as r, \
+                    serve.Client(node.address, "policy", token=node.token, root=node.root) as c:
+                r.start()
+                self.assertEqual(r.mode, "ref")
+                x = np.ones((3, 64), np.float32)
+                with torch.inference_mode():
+                    want = module(torch.from_numpy(x)).numpy()
+                np.testing.assert_array_equal(c.predict({"obs": x}, timeout=60)["logits"], want)
+        self.assertFalse(alive(pid))
+
+    def test_dies_with_its_parent(self):
+        """A Python process that started a node is killed (SIGKILL): the node
+        goes too (PR_SET_PDEATHSIG)."""
+        code = ("import sys, time, tensorwire\n"
+                "n = tensorwire.Node(binary=sys.argv[1]).start()\n"
+                "print(n.proc.pid, flush=True)\n"
+                "time.sleep(600)\n")
+        p = subprocess.Popen([sys.executable, "-c", code, binary()], env=python_env(), stdout=subprocess.PIPE)
+        try:
+            pid = int(p.stdout.readline())
+            self.assertTrue(alive(pid))
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            wait_until(lambda: not alive(pid), limit=30, what="the node died with its parent")
+        finally:
+            p.kill()
+            p.stdout.close()
+
+    def test_errors(self):
+        old = os.environ.pop("TENSORWIRE_BIN", None)
+        path = os.environ.get("PATH", "")
+        os.environ["PATH"] = "/nonexistent"
+        try:
+            with self.assertRaisesRegex(BinaryNotFoundError, "TENSORWIRE_BIN"):
+                tensorwire.Node()
+        finally:
+            os.environ["PATH"] = path
+            if old is not None:
+                os.environ["TENSORWIRE_BIN"] = old
+        with self.assertRaisesRegex(NodeStartError, "replicas=0"):
+            tensorwire.Node(serve=["policy,input=obs:float32:4,output=a:float32:"], binary=binary()).start()
+
+
+if __name__ == "__main__":
+    unittest.main()

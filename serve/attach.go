@@ -1,0 +1,234 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Attached replicas: a replica of the manager whose model runs in another
+// process (a Python process holding a torch.nn.Module), attached over the
+// serve.replica message stream (replica.go). To the manager it is one more
+// replica: a goroutine that takes batches as the others do, and hands each
+// to its process instead of calling a Model. What differs is how it ends:
+//
+//   - it is never replaced: a batch it fails (an exception, outputs of the
+//     wrong schema, a deadline) fails with ErrForward and the replica is
+//     detached; its process may attach again;
+//   - when its process goes away before answering (the stream broke, it
+//     was killed), the batch it held is run again by another replica, up
+//     to maxTries replicas; with none left it fails with ErrForward;
+//   - when no replica is left at all, requests wait at most
+//     Config.AttachWait for one to attach, then fail with ErrNoReplica.
+
+// maxTries bounds the replicas a batch is handed to when each goes away
+// before answering.
+const maxTries = 3
+
+// errGone marks an attached replica's error that says its process went
+// away (or stopped answering) before it answered: the batch may run again
+// elsewhere, since nothing of its outputs was handed out.
+var errGone = errors.New("serve: the attached replica went away")
+
+// remote is the manager's view of an attached replica: forward sends it
+// a batch and returns its outputs and the parameter version that made
+// them.
+type remote struct {
+	forward func(ctx context.Context, in *tensordict.TensorDict) (*tensordict.TensorDict, uint64, error)
+}
+
+// startAttachedOnly finishes New for a manager without replicas of its
+// own: one buffer, for the open batch; attach adds one per replica.
+func (m *Manager) startAttachedOnly() (*Manager, error) {
+	if err := m.addBufferLocked(); err != nil {
+		return nil, err
+	}
+	m.st.hist = make([]uint64, m.cfg.MaxBatch+1)
+	return m, nil
+}
+
+// addBufferLocked adds a batch buffer to the free ones.
+func (m *Manager) addBufferLocked() error {
+	td, err := m.cfg.Input.Zeros(m.cfg.MaxBatch)
+	if err != nil {
+		return configErrorf("input buffer: %v", err)
+	}
+	f, err := fieldsOf(td, m.cfg.Input)
+	if err != nil {
+		return err
+	}
+	m.free = append(m.free, &buffer{td: td, f: f})
+	return nil
+}
+
+// putBufferLocked returns a batch's buffer to the free ones, or drops it
+// when a replica detached since (each replica brings one).
+func (m *Manager) putBufferLocked(b *buffer) {
+	if m.surplus > 0 {
+		m.surplus--
+		return
+	}
+	m.free = append(m.free, b)
+}
+
+// attach adds an attached replica that runs batches with fwd, and returns
+// it. It serves until detach, or the manager closes.
+func (m *Manager) attach(fwd *remote) (*replica, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrStopped
+	}
+	if err := m.addBufferLocked(); err != nil {
+		return nil, err
+	}
+	if m.open == nil {
+		m.openBatchLocked() // requests may wait behind a missing buffer
+	}
+	r := &replica{index: m.nextIdx, remote: fwd}
+	m.nextIdx++
+	r.timer = time.AfterFunc(time.Hour, m.wake)
+	r.timer.Stop()
+	m.replicas = append(m.replicas, r)
+	if m.orphan != nil {
+		m.orphan.Stop()
+		m.orphan = nil
+	}
+	m.st.attached++
+	m.wg.Add(1)
+	go m.serve(r)
+	m.cond.Broadcast()
+	return r, nil
+}
+
+// detach removes the attached replica r, for cause (nil: its process
+// left in good order). A batch it runs is its own to finish: runBatch
+// fails it or hands it to another (retryElsewhere).
+func (m *Manager) detach(r *replica, cause error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.detachLocked(r, cause)
+}
+
+func (m *Manager) detachLocked(r *replica, cause error) {
+	if r.gone {
+		return
+	}
+	r.gone = true
+	r.timer.Stop()
+	if i := slices.Index(m.replicas, r); i >= 0 {
+		m.replicas = slices.Delete(m.replicas, i, i+1)
+	}
+	m.surplus++
+	if len(m.free) > 0 && m.surplus > 0 {
+		m.free, m.surplus = m.free[:len(m.free)-1], m.surplus-1
+	}
+	m.st.detached++
+	if cause != nil {
+		m.log.Warn("serve: an attached replica was detached", "replica", r.index, "err", cause)
+	} else {
+		m.log.Info("serve: an attached replica left", "replica", r.index)
+	}
+	m.armOrphanLocked()
+	m.cond.Broadcast()
+}
+
+// retryElsewhere detaches r, whose forward of b failed with err, and,
+// when err says its process went away before answering (errGone) and
+// another replica is there, queues b for it and reports true: b's
+// requests wait on. Otherwise b fails as any failed batch does.
+func (m *Manager) retryElsewhere(r *replica, b *batch, err error) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !errors.Is(err, errGone) || m.closed {
+		return false
+	}
+	m.detachLocked(r, err)
+	if len(m.replicas) == 0 || b.tries+1 >= maxTries {
+		return false
+	}
+	b.tries++
+	r.busy = false
+	m.retry = append(m.retry, b)
+	m.cond.Broadcast()
+	return true
+}
+
+// armOrphanLocked starts the timer that fails the requests waiting while
+// no replica is there (Config.AttachWait), unless it runs, there is a
+// replica, or nothing waits.
+func (m *Manager) armOrphanLocked() {
+	if m.orphan != nil || m.closed || len(m.replicas) > 0 || m.cfg.AttachWait <= 0 {
+		return
+	}
+	if m.queued == 0 && len(m.retry) == 0 && !m.cfg.AttachedOnly {
+		return
+	}
+	m.orphan = time.AfterFunc(m.cfg.AttachWait, m.failOrphans)
+}
+
+// failOrphans fails every request waiting for a replica with
+// ErrNoReplica, if none attached since the timer started.
+func (m *Manager) failOrphans() {
+	m.mu.Lock()
+	m.orphan = nil
+	if m.closed || len(m.replicas) > 0 {
+		m.mu.Unlock()
+		return
+	}
+	err := fmt.Errorf("%w: none attached within %v (Config.AttachWait)", ErrNoReplica, m.cfg.AttachWait)
+	var failed []*batch
+	if b := m.open; b != nil && b.reqs > 0 {
+		m.open = nil
+		m.queued -= b.rows
+		b.taken = true
+		for b.copying > 0 {
+			m.cond.Wait()
+		}
+		b.err = err
+		m.putBufferLocked(b.in)
+		failed = append(failed, b)
+	}
+	for _, b := range m.retry {
+		b.err = fmt.Errorf("%w: its replica went away, and no other is attached", ErrForward)
+		m.putBufferLocked(b.in)
+		failed = append(failed, b)
+	}
+	m.retry = nil
+	var async []*request
+	for _, r := range m.overflow {
+		m.queued -= r.n
+		if r.done != nil {
+			async = append(async, r)
+		} else {
+			r.fail = err
+			close(r.placed)
+		}
+	}
+	m.overflow = nil
+	m.st.orphaned += uint64(len(failed) + len(async))
+	m.cond.Broadcast()
+	m.mu.Unlock()
+	for _, b := range failed {
+		close(b.done)
+		answerAsync(b)
+	}
+	for _, r := range async {
+		r.done(0, err)
+	}
+}
+
+// attachedNowLocked counts the attached replicas.
+func (m *Manager) attachedNowLocked() int {
+	n := 0
+	for _, r := range m.replicas {
+		if r.remote != nil {
+			n++
+		}
+	}
+	return n
+}
