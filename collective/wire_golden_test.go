@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/hashicorp/go-msgpack/v2/codec"
-	"github.com/tensorwire/tensorwire/internal/svctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
 	"github.com/tensorwire/tensorwire/memmap"
 )
 

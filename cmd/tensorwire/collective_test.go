@@ -20,7 +20,7 @@ import (
 
 	"github.com/hashicorp/go-msgpack/v2/codec"
 	"github.com/tensorwire/tensorwire/collective"
-	"github.com/tensorwire/tensorwire/internal/svctest"
+	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
 )
 
 // goldenFrames reads testdata/collective_pipe.hex: "# NAME: ..." lines,

@@ -1,20 +1,20 @@
-//go:build unix
-
 package main
 
 import (
 	"fmt"
 	"os"
-	"syscall"
+
+	"github.com/tensorwire/tensorwire/internal/shm"
 )
 
 // dataFile is the file a Python rank and its sidecar both map: inputs are
 // written at offset 0 by the Python rank, outputs by the sidecar. Either
-// side grows it (ftruncate, never shrinks); the other remaps when a frame
-// says the file is larger than its mapping.
+// side grows it (never shrinks); the other remaps when a frame says the
+// file is larger than its mapping.
 type dataFile struct {
 	f   *os.File
-	mem []byte
+	m   *shm.Map
+	mem []byte // m's bytes; nil while nothing is mapped
 }
 
 func openDataFile(path string) (*dataFile, error) {
@@ -40,20 +40,18 @@ func (d *dataFile) remap(size int64) error {
 	if int64(len(d.mem)) == size {
 		return nil
 	}
-	if d.mem != nil {
-		if err := syscall.Munmap(d.mem); err != nil {
-			return err
-		}
-		d.mem = nil
+	if err := d.m.Close(); err != nil {
+		return err
 	}
+	d.m, d.mem = nil, nil
 	if size == 0 {
 		return nil
 	}
-	m, err := syscall.Mmap(int(d.f.Fd()), 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	m, err := shm.MapFile(d.f, int(size), true)
 	if err != nil {
-		return fmt.Errorf("map the data file (%d bytes): %w", size, err)
+		return fmt.Errorf("map the data file: %w", err)
 	}
-	d.mem = m
+	d.m, d.mem = m, m.Bytes()
 	return nil
 }
 
@@ -72,7 +70,9 @@ func (d *dataFile) seen(size int64) error {
 	return d.remap(size)
 }
 
-// ensure grows the file to at least n bytes (rounded up to 1 MiB) and maps it.
+// ensure grows the file to at least n bytes (rounded up to 1 MiB; its
+// blocks reserved, so a full /dev/shm is an error here and not a SIGBUS
+// later) and maps it.
 func (d *dataFile) ensure(n int64) error {
 	if n <= int64(len(d.mem)) {
 		return nil
@@ -81,16 +81,14 @@ func (d *dataFile) ensure(n int64) error {
 	if fi, err := d.f.Stat(); err == nil && fi.Size() >= n {
 		return d.remap(fi.Size())
 	}
-	if err := d.f.Truncate(n); err != nil {
+	if err := shm.Grow(d.f, int(n)); err != nil {
 		return fmt.Errorf("grow the data file to %d bytes: %w", n, err)
 	}
 	return d.remap(n)
 }
 
 func (d *dataFile) close() {
-	if d.mem != nil {
-		syscall.Munmap(d.mem)
-		d.mem = nil
-	}
+	d.m.Close()
+	d.m, d.mem = nil, nil
 	d.f.Close()
 }
