@@ -214,8 +214,10 @@ class _Sidecar:
                 args += ["--token-file", token_file]
             elif token:
                 env["TENSORWIRE_TOKEN"] = token.decode() if isinstance(token, bytes) else str(token)
+            # A session of its own: the terminal's Ctrl-C goes to this
+            # process, which decides; the sidecar still ends with it (EOF).
             self._p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                       close_fds=True)
+                                       close_fds=True, start_new_session=True)
             self._in = self._p.stdin.fileno()
             self._out = self._p.stdout.fileno()
             hello = self._read()
@@ -258,6 +260,12 @@ class _Sidecar:
         self._rbuf = buf[n:]
         return buf[:n]
 
+    def _abandon(self):
+        self.closed = True
+        if self._p.poll() is None:
+            self._p.kill()
+        self._p.wait()
+
     def _dead(self):
         rc = self._p.wait()
         self.closed = True
@@ -283,12 +291,21 @@ class _Sidecar:
             req["size"] = self._size
             frame = encode_frame(req)
             try:
-                view = memoryview(frame)
-                while view:
-                    view = view[os.write(self._in, view):]
-            except (BrokenPipeError, OSError):
-                self._dead()
-            resp = self._read()
+                try:
+                    view = memoryview(frame)
+                    while view:
+                        view = view[os.write(self._in, view):]
+                except OSError:
+                    self._dead()
+                resp = self._read()
+            except TensorwireError:
+                raise
+            except BaseException:
+                # Interrupted (KeyboardInterrupt) between the request and
+                # its reply: the pipe is out of step. The sidecar goes (the
+                # other ranks see a lost rank) and so does this communicator.
+                self._abandon()
+                raise
             if resp.get("code"):
                 raise from_wire(resp["code"], resp.get("msg", ""), resp.get("reason", ""))
             if resp.get("size", 0) > self._size:

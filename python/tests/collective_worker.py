@@ -254,6 +254,31 @@ def mode_kill(comm):
     c2.close()
 
 
+def mode_interrupt(comm):
+    """Ctrl-C (SIGINT) on rank 0 while its Allreduce waits for rank 1: a
+    KeyboardInterrupt, then ClosedError on its next call; rank 1, which
+    comes later, gets a lost rank, not a hang."""
+    if comm.rank == 0:
+        import threading
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            comm.Allreduce(np.ones(4), mpi4torch.MPI_SUM)
+            failures.append("the Allreduce returned")
+        except KeyboardInterrupt:
+            report["interrupted"] = True
+        try:
+            comm.Allreduce(np.ones(4), mpi4torch.MPI_SUM)
+        except Exception as e:  # noqa: BLE001
+            report["after"] = type(e).__name__
+    else:
+        time.sleep(2)
+        try:
+            comm.Allreduce(np.ones(4), mpi4torch.MPI_SUM)
+            failures.append("rank 1's Allreduce returned")
+        except Exception as e:  # noqa: BLE001
+            report["error"] = type(e).__name__
+
+
 def mode_mixed(comm):
     """With a Go rank (tests/gorank) in the communicator: the same calls."""
     n, r = comm.size, comm.rank

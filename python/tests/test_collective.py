@@ -169,6 +169,15 @@ class TestCollectiveFailures(unittest.TestCase):
             with self.subTest(transport=transport):
                 self._killed("inflight", transport)
 
+    def test_interrupted_call(self):
+        """Ctrl-C in a rank's call: KeyboardInterrupt there, ClosedError on
+        its next call (its sidecar is gone: the pipe was out of step), and
+        the other rank gets a lost rank instead of waiting."""
+        reports = run_ranks(self, "interrupt", 2, "shm", timeout=120)
+        self.assertTrue(reports[0].get("interrupted"), reports[0])
+        self.assertEqual(reports[0].get("after"), "ClosedError")
+        self.assertIn(reports[1].get("error"), ("PeerLostError", "RankAbortedError", "BrokenError"), reports[1])
+
     def test_rank_stopped(self):
         """SIGSTOP of a Python rank: its sidecar sees its parent stopped for
         5 s (frozen_after) and leaves; the others get the error, no hang."""
