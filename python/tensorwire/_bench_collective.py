@@ -85,6 +85,12 @@ def main():
                                   "C++ compiler to build"}), flush=True)
             return
         comm = mpi4torch.COMM_WORLD
+        if comm.size != n:
+            if r == 0:
+                print(json.dumps({"system": "mpi4torch", "error": f"COMM_WORLD has {comm.size} ranks, not {n}: "
+                                  "mpi4torch's ranks must be started by mpirun, which this benchmark does not do"}),
+                      flush=True)
+            return
         transport = "mpi"
 
         def fwd(x):
