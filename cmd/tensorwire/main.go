@@ -36,7 +36,7 @@ type command struct {
 	run               func(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
-var commands = []command{inspectCmd, importCmd, mlpCmd, nodeCmd, statsCmd, benchCmd}
+var commands = []command{inspectCmd, importCmd, mlpCmd, nodeCmd, statsCmd, benchCmd, collectiveCmd}
 
 // errUsage marks an error whose fix is a different command line.
 var errUsage = errors.New("usage")

@@ -102,6 +102,11 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.StringVar(&transports, "transports", "shm,tcp", "transports: shm (shared mappings), tcp (loopback)")
 	fs.StringVar(&o.hosts, "hosts", "local", "where the ranks run: local (this host, loopback), netns (a network namespace each, joined by a bridge; root, tcp only)")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
+	lang := fs.String("lang", "go", "go: Go ranks; python: allreduce from Python (tensorwire.collective, gloo, mpi4torch) beside Go's, with the Python overhead per call (defaults then: --ops allreduce,allreduce-fwd-bwd --ranks 4 --sizes 1KB,16MB,64MB)")
+	var po pyOptions
+	fs.StringVar(&po.python, "python", "", "--lang python: the Python interpreter (with numpy, msgpack and torch; default python3)")
+	systems := fs.String("systems", strings.Join(allSystems, ","), "--lang python: what to run from Python: "+strings.Join(allSystems, ", "))
+	fs.StringVar(&po.sidecar, "tensorwire", "", "--lang python: the tensorwire binary for the sidecars (default this program, or PATH's)")
 	fs.StringVar(&o.role, "role", "", "internal: run as a rank")
 	fs.IntVar(&o.rank, "rank", 0, "internal: this rank")
 	fs.IntVar(&o.size, "size", 0, "internal: the number of ranks")
@@ -111,6 +116,24 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 		return err
 	}
 	var err error
+	if *lang == "python" && o.role == "" {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["ops"] {
+			ops = "allreduce,allreduce-fwd-bwd"
+		}
+		if !set["ranks"] {
+			ranks = "4"
+		}
+		if !set["sizes"] {
+			sizes = "1KB,16MB,64MB"
+		}
+		if po.systems, err = parseList(*systems, allSystems); err != nil {
+			return err
+		}
+	} else if *lang != "go" {
+		return bench.Usagef("--lang %q: want go or python", *lang)
+	}
 	if o.ops, err = parseList(ops, allOps); err != nil {
 		return err
 	}
@@ -147,6 +170,17 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	}
 	if o.role == "rank" {
 		return runRank(ctx, o, env.Stdout)
+	}
+	if *lang == "python" {
+		if o.hosts != "local" {
+			return bench.Usagef("--lang python runs on this host only")
+		}
+		for _, op := range o.ops {
+			if op != "allreduce" && op != "allreduce-fwd-bwd" {
+				return bench.Usagef("--lang python: --ops allreduce and allreduce-fwd-bwd only")
+			}
+		}
+		return runPython(ctx, o, po, env)
 	}
 	return runParent(ctx, o, env)
 }
@@ -193,6 +227,7 @@ type Line struct {
 	Bytes     int     `json:"bytes"`
 	Transport string  `json:"transport"`
 	Hosts     string  `json:"hosts,omitempty"`
+	System    string  `json:"system,omitempty"` // --lang python: go, tensorwire, gloo or mpi4torch
 	P50us     float64 `json:"p50_us"`
 	AlgBW     float64 `json:"algbw_GBps"`
 	BusBW     float64 `json:"busbw_GBps"`

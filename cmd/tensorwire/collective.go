@@ -1,0 +1,541 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/tensorwire/tensorwire/collective"
+	"github.com/tensorwire/tensorwire/internal/nodeproc"
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// "tensorwire collective rank" is a Python rank's sidecar: a real Go rank
+// (collective.Join with the rendezvous, rank, size, token and transport
+// given) that runs the calls its parent sends over its stdin, with the
+// tensors' bytes in a file both map (collective_frame.go has the frames;
+// docs/collective.md, "From Python", says why a sidecar).
+
+var collectiveCmd = command{
+	name:  "collective",
+	usage: "tensorwire collective rank --addr HOST:PORT --rank R --size N --data FILE [--transport auto|shm|tcp] [--shm-dir D] [--token-file F] [--join-timeout D] [--frozen-after D]",
+	help: "be one rank of a collective communicator for the process that started it (the Python client's " +
+		"tensorwire.collective starts one per rank): join the ranks at --addr (rank 0 listens there), then run " +
+		"the calls that arrive as frames on stdin, with the tensors in --data, a file both processes map, and " +
+		"answer each on stdout (docs/protocol.md, \"Collective sidecar pipe\"); the token is --token-file's, or " +
+		"$TENSORWIRE_TOKEN's; the rank ends when stdin closes (its parent died: the other ranks see a lost rank), " +
+		"and breaks off when its parent stays stopped (SIGSTOP) for --frozen-after",
+	run: runCollective,
+}
+
+func runCollective(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && isHelp(args[0]) {
+		return &helpRequest{}
+	}
+	if len(args) == 0 || args[0] != "rank" {
+		return fmt.Errorf("%w: want \"collective rank\"", errUsage)
+	}
+	fs := flag.NewFlagSet("collective rank", flag.ContinueOnError)
+	var cfg collective.Config
+	fs.StringVar(&cfg.Addr, "addr", "", "rank 0's address, HOST:PORT (the rendezvous)")
+	fs.IntVar(&cfg.Rank, "rank", -1, "this rank")
+	fs.IntVar(&cfg.Size, "size", 0, "the number of ranks")
+	transport := fs.String("transport", "auto", "auto, shm or tcp")
+	fs.StringVar(&cfg.ShmDir, "shm-dir", "", "the shared folder for shared mappings (default /dev/shm)")
+	tokenFile := fs.String("token-file", "", "file holding the shared secret (default $TENSORWIRE_TOKEN)")
+	data := fs.String("data", "", "the data file shared with the parent")
+	joinTimeout := fs.Duration("join-timeout", 60*time.Second, "how long to wait for the other ranks")
+	frozen := fs.Duration("frozen-after", 5*time.Second, "break off when the parent stays stopped this long (0: never)")
+	if _, err := parse(fs, args[1:]); err != nil {
+		return err
+	}
+	switch *transport {
+	case "auto", "":
+		cfg.Transport = collective.Auto
+	case "shm", "tcp":
+		cfg.Transport = collective.Transport(*transport)
+	default:
+		return fmt.Errorf("%w: --transport %q: want auto, shm or tcp", errUsage, *transport)
+	}
+	if *data == "" {
+		return fmt.Errorf("%w: --data is required", errUsage)
+	}
+	if *tokenFile != "" {
+		tok, err := nodeproc.ReadToken(*tokenFile)
+		if err != nil {
+			return err
+		}
+		cfg.Token = tok
+	} else if tok := os.Getenv("TENSORWIRE_TOKEN"); tok != "" {
+		cfg.Token = []byte(strings.TrimSpace(tok))
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	sc := &sidecar{frozenAfter: *frozen, ppid: os.Getppid()}
+	return sc.serve(ctx, cfg, *data, *joinTimeout, os.Stdin, stdout)
+}
+
+// sidecar is one Python rank's Go rank.
+type sidecar struct {
+	frozenAfter time.Duration
+	ppid        int // the parent watched for SIGSTOP (0: none)
+
+	c    *collective.Comm
+	d    *dataFile
+	out  *bufio.Writer
+	reqs map[int64]*pending
+	ctx  context.Context // ends when the parent is gone or frozen
+}
+
+// pending is an Isend or Irecv not waited for yet.
+type pending struct {
+	r    *collective.Request
+	recv bool
+}
+
+// errParentGone and errParentFrozen are why a sidecar stops.
+var (
+	errParentGone   = errors.New("its Python process is gone (the sidecar's stdin closed)")
+	errParentFrozen = errors.New("its Python process is stopped")
+)
+
+// serve joins, says hello, and answers frames from in on out until in
+// closes. Its error is the join's, or a broken pipe's; a call's error is a
+// reply.
+func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath string, joinTimeout time.Duration, in io.Reader, out io.Writer) error {
+	s.out = bufio.NewWriterSize(out, 4096)
+	s.reqs = map[int64]*pending{}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	s.ctx = ctx
+
+	next := s.frames(ctx, cancel, in)
+	if s.frozenAfter > 0 && s.ppid > 1 {
+		go s.watchParent(ctx, cancel)
+	}
+
+	d, err := openDataFile(dataPath)
+	if err != nil {
+		s.reply(pyResp{Code: int(rpc.InvalidArgument), Reason: "collective.config", Msg: err.Error()})
+		return err
+	}
+	s.d = d
+	defer d.close()
+	if err := cfg.Validate(); err != nil {
+		s.replyErr(0, err)
+		return err
+	}
+	jctx, jcancel := context.WithTimeout(ctx, joinTimeout)
+	c, err := collective.Join(jctx, cfg)
+	jcancel()
+	if err != nil {
+		if cause := context.Cause(ctx); cause != nil {
+			err = fmt.Errorf("%w (%v)", err, cause)
+		}
+		s.replyErr(0, err)
+		return err
+	}
+	s.c = c
+	defer c.Close()
+	if err := s.reply(pyResp{Rank: c.Rank(), World: c.Size(), Transport: transportName(c.Transport())}); err != nil {
+		return err
+	}
+	for {
+		b, ok := next()
+		if ok && ctx.Err() != nil {
+			ok = false // broken off (the parent froze) while the frame came
+		}
+		if !ok {
+			// The parent is gone (or sent garbage, or froze): closing
+			// tells the other ranks at once.
+			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, errParentGone) {
+				slog.Warn("collective sidecar stops", "rank", cfg.Rank, "why", cause)
+				if errors.Is(cause, errFrame) {
+					s.reply(pyResp{Code: int(rpc.InvalidArgument), Reason: "collective.sidecar", Msg: cause.Error()})
+				}
+			}
+			return nil
+		}
+		req, err := decodeReq(b)
+		if err != nil {
+			s.reply(pyResp{Code: int(rpc.InvalidArgument), Reason: "collective.sidecar", Msg: err.Error()})
+			return err
+		}
+		resp, stop := s.handle(req)
+		resp.ID = req.ID
+		if resp.Code == 0 {
+			resp.Size = int64(len(s.d.mem))
+		}
+		if err := s.reply(resp); err != nil {
+			return err
+		}
+		if stop {
+			return nil
+		}
+	}
+}
+
+// frames returns the function that gives the next frame from in, false
+// once there is none (in closed, or ctx ended). Where it can, it reads in
+// on the caller's goroutine, one wake-up fewer per call, and watches in
+// for its writer's end (POLLHUP) beside it, so that a call in flight
+// breaks off when the parent dies; elsewhere a goroutine reads in and
+// hands the frames over.
+func (s *sidecar) frames(ctx context.Context, cancel context.CancelCauseFunc, in io.Reader) func() ([]byte, bool) {
+	ended := func(err error) {
+		if errors.Is(err, io.EOF) {
+			cancel(errParentGone)
+		} else {
+			cancel(err)
+		}
+	}
+	r := bufio.NewReader(in)
+	if f, ok := in.(*os.File); ok && watchHangup(ctx, f, func() { cancel(errParentGone) }) {
+		return func() ([]byte, bool) {
+			b, err := readFrame(r)
+			if err != nil {
+				ended(err)
+				return nil, false
+			}
+			return b, true
+		}
+	}
+	ch := make(chan []byte)
+	go func() {
+		defer close(ch)
+		for {
+			b, err := readFrame(r)
+			if err != nil {
+				ended(err)
+				return
+			}
+			select {
+			case ch <- b:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return func() ([]byte, bool) {
+		select {
+		case b, ok := <-ch:
+			return b, ok
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
+}
+
+// watchParent breaks the rank off when its parent stays stopped for
+// frozenAfter: the other ranks then fail as they would with a frozen Go
+// rank, instead of waiting for its calls forever.
+func (s *sidecar) watchParent(ctx context.Context, cancel context.CancelCauseFunc) {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var since time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.ppid))
+		if err != nil {
+			return // no /proc: nothing to watch
+		}
+		stopped := false
+		if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) {
+			stopped = b[i+2] == 'T' || b[i+2] == 't'
+		}
+		switch {
+		case !stopped:
+			since = time.Time{}
+		case since.IsZero():
+			since = time.Now()
+		case time.Since(since) >= s.frozenAfter:
+			cancel(fmt.Errorf("%w for %v", errParentFrozen, s.frozenAfter))
+			if s.c != nil {
+				s.c.Close() // the others see the rank lost now, not at their next keep-alive
+			}
+			return
+		}
+	}
+}
+
+func transportName(t collective.Transport) string {
+	if t == collective.Auto {
+		return "auto"
+	}
+	return string(t)
+}
+
+func (s *sidecar) reply(r pyResp) error {
+	b, err := encodeFrame(r)
+	if err != nil {
+		return err
+	}
+	if _, err := s.out.Write(b); err != nil {
+		return err
+	}
+	return s.out.Flush()
+}
+
+// sidecarReasons are the reasons of collective's sentinels, for the
+// replies (Python raises the matching exception class).
+var sidecarReasons = []struct {
+	err    error
+	reason string
+}{
+	{collective.ErrBroken, "collective.broken"},
+	{collective.ErrClosed, "collective.closed"},
+	{collective.ErrAborted, "collective.aborted"},
+	{collective.ErrPeerLost, "collective.peer_lost"},
+	{collective.ErrMismatch, "collective.mismatch"},
+	{collective.ErrArgument, "collective.argument"},
+	{collective.ErrNoSpace, "collective.no_space"},
+	{collective.ErrWaited, "collective.waited"},
+	{collective.ErrNoAdjoint, "collective.no_adjoint"},
+	{collective.ErrConfig, "collective.config"},
+	{collective.ErrUnauthenticated, "collective.unauthenticated"},
+	{collective.ErrJoin, "collective.join"},
+}
+
+// errResp is err as a reply: its rpc code, its reason, its message.
+func errResp(err error) pyResp {
+	code := rpc.CodeOf(err)
+	// The Python exception says its code: the message does not again.
+	r := pyResp{Code: int(code), Msg: strings.TrimPrefix(err.Error(), "rpc: "+code.String()+": ")}
+	for _, sr := range sidecarReasons {
+		if errors.Is(err, sr.err) && rpc.CodeOf(sr.err) == code {
+			r.Reason = sr.reason
+			break
+		}
+	}
+	var re *rpc.Error
+	if r.Reason == "" && errors.As(err, &re) {
+		r.Reason = re.Reason
+	}
+	if r.Code == 0 {
+		r.Code = int(rpc.Unknown)
+	}
+	return r
+}
+
+func (s *sidecar) replyErr(id int64, err error) {
+	r := errResp(err)
+	r.ID = id
+	s.reply(r)
+}
+
+// argErr is a request the sidecar refuses before any rank is involved.
+func argErr(format string, args ...any) pyResp {
+	return pyResp{Code: int(rpc.InvalidArgument), Reason: "collective.argument", Msg: fmt.Sprintf(format, args...)}
+}
+
+// input is the request's tensor, over the data file's bytes (no copy).
+func (s *sidecar) input(req pyReq) (*tensordict.Tensor, error) {
+	if !req.Has {
+		return nil, nil
+	}
+	dt, err := memmap.ParseDType(req.DType)
+	if err != nil {
+		return nil, err
+	}
+	n, err := memmap.NumBytes(dt, req.Shape)
+	if err != nil {
+		return nil, err
+	}
+	if n > len(s.d.mem) {
+		return nil, fmt.Errorf("%w: the input's %d bytes are past the data file's %d", collective.ErrArgument, n, len(s.d.mem))
+	}
+	return tensordict.FromBytes(dt, req.Shape, s.d.mem[:n:n])
+}
+
+// inputBytes is where outputs may start: after the input, 64-byte aligned.
+func inputBytes(t *tensordict.Tensor) int64 {
+	if t == nil {
+		return 0
+	}
+	b, _ := t.Bytes()
+	return (int64(len(b)) + 63) &^ 63
+}
+
+// handle runs one request and returns its reply, and whether to stop.
+func (s *sidecar) handle(req pyReq) (pyResp, bool) {
+	if err := s.d.seen(req.Size); err != nil {
+		return argErr("%v", err), false
+	}
+	if req.Op == "close" {
+		return pyResp{}, true
+	}
+	ctx := s.ctx
+	if req.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.Timeout)*time.Millisecond)
+		defer cancel()
+	}
+	if req.Op == "wait" {
+		return s.wait(ctx, req), false
+	}
+	t, err := s.input(req)
+	if err != nil {
+		return errResp(err), false
+	}
+	op := collective.Op(req.Red)
+	c := s.c
+	var res *tensordict.Tensor // a result to copy out after the input
+	inPlace := false           // the result is the input, at offset 0
+	switch req.Op {
+	case "allreduce":
+		err, inPlace = c.AllreduceInto(ctx, t, t, op), true
+	case "reduce":
+		err, inPlace = c.ReduceInto(ctx, t, t, op, req.Root), true
+	case "bcast":
+		err, inPlace = c.BcastInto(ctx, t, req.Root), true
+	case "gather":
+		res, err = c.Gather(ctx, t, req.Axis, req.Root)
+	case "allgather":
+		res, err = c.Allgather(ctx, t, req.Axis)
+	case "scatter", "alltoall", "reducescatter":
+		var counts []int
+		if counts, err = s.counts(ctx, req); err != nil {
+			break
+		}
+		switch req.Op {
+		case "scatter":
+			res, err = c.Scatter(ctx, t, req.Axis, counts, req.Root)
+		case "alltoall":
+			res, err = c.Alltoall(ctx, t, req.Axis, req.Axis2, counts)
+		default:
+			res, err = c.ReduceScatter(ctx, t, op, req.Axis, counts)
+		}
+	case "barrier":
+		err = c.Barrier(ctx)
+		return s.done(err, nil, false, 0), false
+	case "send":
+		err = c.Send(ctx, t, req.Peer, req.Tag)
+		return s.done(err, nil, false, 0), false
+	case "recv":
+		err, inPlace = c.Recv(ctx, t, req.Peer, req.Tag), true
+	case "isend", "irecv":
+		return s.start(req, t), false
+	default:
+		return argErr("unknown op %q", req.Op), false
+	}
+	if err != nil {
+		return errResp(err), false
+	}
+	if inPlace {
+		return s.done(nil, t, true, 0), false
+	}
+	if res == nil {
+		return pyResp{None: true}, false
+	}
+	return s.place(res, inputBytes(t)), false
+}
+
+// counts resolves a split's counts: given, or from every rank's numelem
+// (an Allgather of one int64 each, as mpi4torch takes them), or nil.
+func (s *sidecar) counts(ctx context.Context, req pyReq) ([]int, error) {
+	if req.Numelem == nil {
+		return req.Counts, nil
+	}
+	one, err := tensordict.Zeros(memmap.Int64, 1)
+	if err != nil {
+		return nil, err
+	}
+	b, _ := one.Bytes()
+	binary.LittleEndian.PutUint64(b, uint64(int64(*req.Numelem)))
+	all, err := s.c.Allgather(ctx, one, 0)
+	if err != nil {
+		return nil, err
+	}
+	ab, _ := all.Bytes()
+	counts := make([]int, len(ab)/8)
+	for i := range counts {
+		counts[i] = int(int64(binary.LittleEndian.Uint64(ab[8*i:])))
+	}
+	return counts, nil
+}
+
+// place copies res into the data file at off (growing it) and describes it.
+func (s *sidecar) place(res *tensordict.Tensor, off int64) pyResp {
+	b, err := res.Bytes()
+	if err != nil {
+		return errResp(err)
+	}
+	if err := s.d.ensure(off + int64(len(b))); err != nil {
+		return errResp(err)
+	}
+	copy(s.d.mem[off:], b)
+	return s.done(nil, res, true, off)
+}
+
+func (s *sidecar) done(err error, t *tensordict.Tensor, out bool, off int64) pyResp {
+	if err != nil {
+		return errResp(err)
+	}
+	if !out || t == nil {
+		return pyResp{}
+	}
+	return pyResp{Out: true, Off: off, DType: t.DType().Name(), Shape: t.Shape()}
+}
+
+// start begins an Isend (of a copy of the input: the data file is the
+// next call's) or an Irecv (into Go memory until its Wait).
+func (s *sidecar) start(req pyReq, t *tensordict.Tensor) pyResp {
+	if req.ID == 0 {
+		return argErr("%s without an id", req.Op)
+	}
+	if _, dup := s.reqs[req.ID]; dup {
+		return argErr("%s: id %d is pending already", req.Op, req.ID)
+	}
+	if t == nil {
+		return argErr("%s without a tensor", req.Op)
+	}
+	var own *tensordict.Tensor
+	var err error
+	if req.Op == "isend" {
+		b, _ := t.Bytes()
+		own, err = tensordict.FromBytes(t.DType(), t.Shape(), append([]byte(nil), b...))
+	} else {
+		own, err = tensordict.Zeros(t.DType(), t.Shape()...)
+	}
+	if err != nil {
+		return errResp(err)
+	}
+	p := &pending{recv: req.Op == "irecv"}
+	if p.recv {
+		p.r = s.c.Irecv(s.ctx, own, req.Peer, req.Tag)
+	} else {
+		p.r = s.c.Isend(s.ctx, own, req.Peer, req.Tag)
+	}
+	s.reqs[req.ID] = p
+	return pyResp{}
+}
+
+// wait completes an Isend or Irecv; an Irecv's tensor comes back at offset 0.
+func (s *sidecar) wait(ctx context.Context, req pyReq) pyResp {
+	p, ok := s.reqs[req.Req]
+	if !ok {
+		return pyResp{Code: int(rpc.FailedPrecondition), Reason: "collective.waited",
+			Msg: fmt.Sprintf("wait: request %d is not pending (waited for already, or never started)", req.Req)}
+	}
+	delete(s.reqs, req.Req)
+	if err := p.r.Wait(ctx); err != nil {
+		return errResp(err)
+	}
+	if !p.recv {
+		return pyResp{}
+	}
+	return s.place(p.r.Tensor(), 0)
+}

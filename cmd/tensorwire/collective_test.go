@@ -1,0 +1,351 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"io"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-msgpack/v2/codec"
+	"github.com/tensorwire/tensorwire/collective"
+	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
+)
+
+// goldenFrames reads testdata/collective_pipe.hex: "# NAME: ..." lines,
+// each followed by its frame's hex.
+func goldenFrames(t *testing.T) map[string][]byte {
+	t.Helper()
+	text, err := os.ReadFile("testdata/collective_pipe.hex")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]byte{}
+	name := ""
+	for _, line := range strings.Split(string(text), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "# ") && strings.Contains(line, ":") && !strings.Contains(line[2:strings.Index(line, ":")], " "):
+			name = line[2:strings.Index(line, ":")]
+		case line == "" || strings.HasPrefix(line, "#"):
+		default:
+			b, err := hex.DecodeString(line)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[name] = b
+		}
+	}
+	return out
+}
+
+func TestCollectivePipe_Golden(t *testing.T) {
+	zero := 0
+	golden := goldenFrames(t)
+	for _, tc := range []struct {
+		name string
+		v    any
+	}{
+		{"req-allreduce", pyReq{ID: 7, Op: "allreduce", Red: 1, Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
+		{"req-scatter", pyReq{ID: 8, Op: "scatter", Has: true, DType: "float64", Shape: []int{6, 2}, Numelem: &zero, Root: 1, Size: 1 << 20, Timeout: 30000}},
+		{"req-wait", pyReq{ID: 9, Op: "wait", Req: 8, Size: 1 << 20}},
+		{"resp-out", pyResp{ID: 7, Out: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
+		{"resp-error", pyResp{ID: 8, Code: 3, Reason: "collective.mismatch", Msg: "collective: ranks disagree: Allreduce: shape [4] on rank 1, [3] on rank 0"}},
+		{"resp-hello", pyResp{Rank: 2, World: 4, Transport: "shm"}},
+	} {
+		want, ok := golden[tc.name]
+		if !ok {
+			t.Fatalf("no %s in testdata/collective_pipe.hex", tc.name)
+		}
+		got, err := encodeFrame(tc.v)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s:\n got %x, %v\nwant %x", tc.name, got, err, want)
+		}
+		body, err := readFrame(bytes.NewReader(want))
+		if err != nil {
+			t.Fatalf("%s: readFrame: %v", tc.name, err)
+		}
+		if req, ok := tc.v.(pyReq); ok {
+			back, err := decodeReq(body)
+			if err != nil || !reflect.DeepEqual(back, req) {
+				t.Errorf("%s: decodeReq = %+v, %v; want %+v", tc.name, back, err, req)
+			}
+		}
+	}
+}
+
+// TestCollectivePipe_ProtocolDoc: docs/protocol.md shows the golden bytes.
+func TestCollectivePipe_ProtocolDoc(t *testing.T) {
+	text, err := os.ReadFile("../../docs/protocol.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(text), "<!-- begin collective pipe frames -->\n```\n")
+	block, _, ok2 := strings.Cut(rest, "```\n<!-- end collective pipe frames -->")
+	if !ok || !ok2 {
+		t.Fatal("docs/protocol.md has no fenced block of collective pipe frames")
+	}
+	names, msgs := svctest.ParseGolden(t, block)
+	golden := goldenFrames(t)
+	if len(names) == 0 {
+		t.Fatal("no frames in the block")
+	}
+	for _, n := range names {
+		if !bytes.Equal(msgs[n], golden[n]) {
+			t.Errorf("docs/protocol.md shows %s as\n%x\ntestdata holds\n%x", n, msgs[n], golden[n])
+		}
+	}
+}
+
+func TestCollectivePipe_BadFrames(t *testing.T) {
+	for name, b := range map[string][]byte{
+		"too long":       {0x10, 0, 0, 0},
+		"short body":     {0, 0, 0, 5, 0x80},
+		"not a map":      {0, 0, 0, 1, 0xc3},
+		"trailing bytes": {0, 0, 0, 2, 0x80, 0x80},
+		"wrong type":     append([]byte{0, 0, 0, 8, 0x81, 0xa5}, "shape\xc3"...),
+	} {
+		body, err := readFrame(bytes.NewReader(b))
+		if err == nil {
+			_, err = decodeReq(body)
+		}
+		if !errors.Is(err, errFrame) {
+			t.Errorf("%s: %v, want errFrame", name, err)
+		}
+	}
+}
+
+// FuzzCollectiveFrame: no input makes the decoder panic, and what it
+// accepts encodes back to a request it decodes the same.
+func FuzzCollectiveFrame(f *testing.F) {
+	for _, b := range map[string][]byte{
+		"allreduce": mustHex("0000003d87a56474797065a7666c6f61743332a3686173c3a2696407a26f70a9616c6c726564756365a372656401a57368617065920203a473697a65d200100000"),
+		"wait":      mustHex("0000001c84a2696409a26f70a477616974a372657108a473697a65d200100000"),
+		"empty":     {0, 0, 0, 1, 0x80},
+		"garbage":   {0, 0, 0, 3, 0xde, 0xff, 0xff},
+	} {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		body, err := readFrame(bytes.NewReader(b))
+		if err != nil {
+			return
+		}
+		req, err := decodeReq(body)
+		if err != nil {
+			return
+		}
+		again, err := encodeFrame(req)
+		if err != nil {
+			t.Fatalf("encode %+v: %v", req, err)
+		}
+		body, err = readFrame(bytes.NewReader(again))
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := decodeReq(body)
+		if err != nil || !reflect.DeepEqual(back, req) {
+			t.Fatalf("round trip: %+v, %v; want %+v", back, err, req)
+		}
+	})
+}
+
+func mustHex(s string) []byte {
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// pyRank is the Python side of a sidecar, written in Go for the test: it
+// writes inputs into the data file and frames into the sidecar's stdin.
+type pyRank struct {
+	in   *io.PipeWriter
+	out  *bufio.Reader
+	f    *os.File
+	done chan error
+}
+
+func startSidecar(t *testing.T, addr, shmDir string, rank, size int, tr collective.Transport) *pyRank {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "data")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(1 << 20); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	p := &pyRank{in: inW, out: bufio.NewReader(outR), f: f, done: make(chan error, 1)}
+	sc := &sidecar{}
+	cfg := collective.Config{Addr: addr, Rank: rank, Size: size, Transport: tr, ShmDir: shmDir, KeepAlive: 200 * time.Millisecond}
+	go func() {
+		p.done <- sc.serve(context.Background(), cfg, path, 20*time.Second, inR, outW)
+		outW.Close()
+	}()
+	return p
+}
+
+func (p *pyRank) call(t *testing.T, req pyReq) map[string]any {
+	t.Helper()
+	req.Size = 1 << 20
+	b, err := encodeFrame(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.in.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	return p.read(t)
+}
+
+func (p *pyRank) read(t *testing.T) map[string]any {
+	t.Helper()
+	body, err := readFrame(p.out)
+	if err != nil {
+		t.Fatalf("read a reply: %v", err)
+	}
+	var m map[string]any
+	if err := decodeInto(body, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func decodeInto(b []byte, v any) error {
+	return codec.NewDecoderBytes(b, pyHandle).Decode(v)
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func f64bytes(vals ...float64) []byte {
+	b := make([]byte, 8*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
+	}
+	return b
+}
+
+func anyInt(v any) int64 {
+	switch x := v.(type) {
+	case int64:
+		return x
+	case uint64:
+		return int64(x)
+	}
+	return -1
+}
+
+// Two sidecars, driven as Python drives them: an Allreduce in place, a
+// mismatch reported on both with the same reason, the communicator going
+// on, and each sidecar ending cleanly when its stdin closes.
+func TestCollectiveSidecar_TwoRanks(t *testing.T) {
+	for _, tr := range []collective.Transport{collective.SHM, collective.TCP} {
+		t.Run(string(tr), func(t *testing.T) {
+			addr := freeAddr(t)
+			shm := t.TempDir()
+			ranks := []*pyRank{startSidecar(t, addr, shm, 0, 2, tr), startSidecar(t, addr, shm, 1, 2, tr)}
+			for r, p := range ranks {
+				hello := p.read(t)
+				if anyInt(hello["world"]) != 2 || anyInt(hello["rank"]) != int64(r) && r != 0 || hello["transport"] != string(tr) {
+					t.Fatalf("rank %d hello %v", r, hello)
+				}
+			}
+			parallel := func(f func(r int, p *pyRank)) {
+				var wg sync.WaitGroup
+				for r, p := range ranks {
+					wg.Add(1)
+					go func() { defer wg.Done(); f(r, p) }()
+				}
+				wg.Wait()
+			}
+			parallel(func(r int, p *pyRank) {
+				p.f.WriteAt(f64bytes(float64(r+1), 10*float64(r+1), -1), 0)
+				resp := p.call(t, pyReq{ID: 1, Op: "allreduce", Red: int(collective.Sum), Has: true, DType: "float64", Shape: []int{3}})
+				if resp["code"] != nil || resp["out"] != true || resp["off"] != nil {
+					t.Errorf("rank %d: %v", r, resp)
+					return
+				}
+				got := make([]byte, 24)
+				p.f.ReadAt(got, 0)
+				if !bytes.Equal(got, f64bytes(3, 30, -2)) {
+					t.Errorf("rank %d: allreduce gave %x", r, got)
+				}
+			})
+			parallel(func(r int, p *pyRank) {
+				resp := p.call(t, pyReq{ID: 2, Op: "allreduce", Red: 1, Has: true, DType: "float64", Shape: []int{2 + r}})
+				if anyInt(resp["code"]) != 3 || resp["reason"] != "collective.mismatch" || anyInt(resp["id"]) != 2 {
+					t.Errorf("rank %d: %v", r, resp)
+				}
+			})
+			parallel(func(r int, p *pyRank) {
+				p.f.WriteAt(f64bytes(float64(r), float64(r)), 0)
+				resp := p.call(t, pyReq{ID: 3, Op: "allgather", Has: true, DType: "float64", Shape: []int{1, 2}})
+				off := anyInt(resp["off"])
+				got := make([]byte, 32)
+				p.f.ReadAt(got, off)
+				if !reflect.DeepEqual(resp["shape"], []any{int64(2), int64(2)}) || off != 64 || !bytes.Equal(got, f64bytes(0, 0, 1, 1)) {
+					t.Errorf("rank %d: allgather %v %x", r, resp, got)
+				}
+			})
+			for r, p := range ranks {
+				p.in.Close()
+				select {
+				case err := <-p.done:
+					if err != nil {
+						t.Errorf("rank %d: serve: %v", r, err)
+					}
+				case <-time.After(20 * time.Second):
+					t.Fatalf("rank %d: the sidecar did not end when its stdin closed", r)
+				}
+			}
+		})
+	}
+}
+
+// A sidecar whose parent goes away mid-communicator: the other rank's call
+// fails (no hang) with a lost or aborted rank.
+func TestCollectiveSidecar_ParentGone(t *testing.T) {
+	addr := freeAddr(t)
+	ranks := []*pyRank{startSidecar(t, addr, "", 0, 2, collective.TCP), startSidecar(t, addr, "", 1, 2, collective.TCP)}
+	for _, p := range ranks {
+		p.read(t)
+	}
+	ranks[1].in.Close()
+	resp := ranks[0].call(t, pyReq{ID: 1, Op: "barrier", Timeout: 20000})
+	if r := resp["reason"]; r != "collective.peer_lost" && r != "collective.aborted" && r != "collective.broken" {
+		t.Fatalf("barrier after rank 1's parent left: %v", resp)
+	}
+}
+
+func TestCollectiveCmd_Usage(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"collective"}, &out, &errb); code != 2 {
+		t.Fatalf("collective without rank: exit %d, %s", code, errb.String())
+	}
+	if code := run(context.Background(), []string{"collective", "rank", "--addr", "127.0.0.1:1", "--rank", "0", "--size", "1"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--data") {
+		t.Fatalf("collective rank without --data: exit %d, %s", code, errb.String())
+	}
+}

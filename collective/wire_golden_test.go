@@ -1,0 +1,108 @@
+package collective
+
+import (
+	"bytes"
+	"encoding/hex"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/go-msgpack/v2/codec"
+	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
+	"github.com/tensorwire/tensorwire/memmap"
+)
+
+// The rank protocol's golden bytes (docs/protocol.md, "Collective ranks"):
+// the rendezvous and watch messages as rpc encodes them (go-msgpack, keys
+// sorted), a call's description and a point-to-point message's first
+// piece. A change here is a protocol change between ranks of different
+// builds. (Python ranks do not speak this: their sidecars, Go ranks, do;
+// docs/collective.md, "From Python".)
+
+var wireHandle = &codec.MsgpackHandle{WriteExt: true}
+
+func wireEncode(t *testing.T, v any) []byte {
+	t.Helper()
+	var b []byte
+	if err := codec.NewEncoderBytes(&b, wireHandle).Encode(v); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+const goldenSession = 0x1234567890abcdef
+
+var wireGolden = []struct {
+	name string
+	v    any    // a msgpack message, or
+	raw  []byte // a binary one
+	hex  string
+}{
+	{name: "collective.join request", v: joinReq{Rank: 1, Size: 4, Addr: "10.0.0.2:40001", Host: "b1c2", Dir: "/dev/shm"},
+		hex: `86 a4 "addr" ae "10.0.0.2:40001" a3 "dir" a8 "/dev/shm" a4 "host" a4 "b1c2" a4 "rank" 01 a4 "size" 04 a9 "transport" a0`},
+	{name: "collective.join response", v: joinResp{Session: goldenSession, Addrs: []string{"10.0.0.1:29500", "10.0.0.2:40001"}, Shm: "/dev/shm/tensorwire-collective-1234567890abcdef"},
+		hex: `83 a5 "addrs" 92 ae "10.0.0.1:29500" ae "10.0.0.2:40001" a7 "session" cf 1234567890abcdef a3 "shm" d9 2f "/dev/shm/tensorwire-collective-1234567890abcdef"`},
+	{name: "collective.ready request", v: readyReq{Session: goldenSession, Rank: 1},
+		hex: `83 a3 "err" a0 a4 "rank" 01 a7 "session" cf 1234567890abcdef`},
+	{name: "collective.ready response", v: readyResp{Shm: true},
+		hex: `82 a3 "shm" c3 a3 "why" a0`},
+	{name: "collective.watch request", v: watchReq{Session: goldenSession, Rank: 1},
+		hex: `82 a4 "rank" 01 a7 "session" cf 1234567890abcdef`},
+	{name: "collective.watch response", v: watchResp{Done: 5},
+		hex: `81 a4 "done" 05`},
+	{name: "collective.msg request, no bytes", v: msgReq{Session: goldenSession, Src: 2, Space: spaceData, Seq: 7, Step: 1},
+		hex: `88 a4 "data" c0 a5 "piece" 00 a3 "seq" 07 a7 "session" cf 1234567890abcdef a5 "space" 02 a3 "src" 02 a4 "step" 01 a3 "tag" 00`},
+	{name: "description, Allreduce(Sum) of float32 [2 3]",
+		raw: (&desc{kind: kindAllreduce, op: Sum, dtype: memmap.Float32, hasT: true, shape: []int{2, 3}}).encode(nil),
+		hex: `01 01 0c 01 00  00000000 00000000 00000000  0200 0200000000000000 0300000000000000  00000000  0000  0000`},
+	{name: "description, Scatter of float64 [6 2] from root 1 in counts 1 2 3",
+		raw: (&desc{kind: kindScatter, dtype: memmap.Float64, root: 1, hasT: true, shape: []int{6, 2}, counts: []int{1, 2, 3}}).encode(nil),
+		hex: `06 00 0d 03 00  01000000 00000000 00000000  0200 0600000000000000 0200000000000000  03000000 0100000000000000 0200000000000000 0300000000000000  0000  0000`},
+	{name: "point-to-point first piece, int64 [3]", raw: meta(memmap.Int64, []int{3}),
+		hex: `06 0300000000000000`},
+}
+
+func TestWire_Golden(t *testing.T) {
+	for _, g := range wireGolden {
+		got := g.raw
+		if g.v != nil {
+			got = wireEncode(t, g.v)
+		}
+		if want := svctest.Unhex(t, g.hex); !bytes.Equal(got, want) {
+			t.Errorf("%s:\n got %x\nwant %x", g.name, got, want)
+		}
+		if g.v != nil {
+			back := reflect.New(reflect.TypeOf(g.v))
+			if err := codec.NewDecoderBytes(got, wireHandle).Decode(back.Interface()); err != nil || !reflect.DeepEqual(back.Elem().Interface(), g.v) {
+				t.Errorf("%s: decodes to %+v, %v", g.name, back.Elem().Interface(), err)
+			}
+		}
+	}
+	d, err := decodeDesc(wireGolden[8].raw)
+	if err != nil || d.kind != kindScatter || d.root != 1 || !reflect.DeepEqual(d.counts, []int{1, 2, 3}) {
+		t.Errorf("decodeDesc = %+v, %v", d, err)
+	}
+}
+
+// TestWire_ProtocolDoc: docs/protocol.md shows these bytes.
+func TestWire_ProtocolDoc(t *testing.T) {
+	text, err := os.ReadFile("../docs/protocol.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(text), "<!-- begin collective rank messages -->\n```\n")
+	block, _, ok2 := strings.Cut(rest, "```\n<!-- end collective rank messages -->")
+	if !ok || !ok2 {
+		t.Fatal("docs/protocol.md has no fenced block of collective rank messages")
+	}
+	names, msgs := svctest.ParseGolden(t, block)
+	if len(names) != len(wireGolden) {
+		t.Fatalf("docs/protocol.md shows %d messages, want %d", len(names), len(wireGolden))
+	}
+	for i, g := range wireGolden {
+		if names[i] != g.name || !bytes.Equal(msgs[names[i]], svctest.Unhex(t, g.hex)) {
+			t.Errorf("docs/protocol.md shows %q as %s, want %q %s", names[i], hex.EncodeToString(msgs[names[i]]), g.name, g.hex)
+		}
+	}
+}

@@ -1,0 +1,207 @@
+package collective
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/bench/report"
+	"github.com/tensorwire/tensorwire/python"
+)
+
+// --lang python: allreduce from Python (forward, and forward+backward
+// through autograd) at each rank count, size and transport, by
+// tensorwire.collective (each rank a Python process with its sidecar,
+// docs/collective.md "From Python"), by torch.distributed's gloo backend
+// (dist.all_reduce; torch.distributed.nn.functional.all_reduce for
+// forward+backward) over loopback TCP, and by mpi4torch where it imports,
+// side by side with the same operations from Go ranks in the same run:
+// the "python - go" column is the Python overhead per call. Each Python
+// rank is python -m tensorwire._bench_collective (this build's client,
+// extracted to a temporary folder).
+
+// pyOptions are the flags of --lang python.
+type pyOptions struct {
+	python    string
+	systems   []string
+	sidecar   string
+	extracted string
+}
+
+var allSystems = []string{"tensorwire", "gloo", "mpi4torch"}
+
+func runPython(ctx context.Context, o options, po pyOptions, env bench.Env) error {
+	env.Stderr = &lockedWriter{w: env.Stderr}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "tensorwire-bench-collective-py-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if err := python.Extract(dir); err != nil {
+		return err
+	}
+	po.extracted = dir
+	candidates := []string{"python3", "/usr/bin/python3"}
+	if po.python != "" {
+		candidates = []string{po.python}
+	}
+	var tried []string
+	po.python = ""
+	for _, c := range candidates {
+		out, err := exec.Command(c, "-c", "import numpy, msgpack, torch").CombinedOutput()
+		if err == nil {
+			po.python = c
+			break
+		}
+		tried = append(tried, fmt.Sprintf("%s: %v %s", c, err, strings.TrimSpace(string(out))))
+	}
+	if po.python == "" {
+		return bench.Usagef("--lang python needs a Python with numpy, msgpack and torch (--python chooses it): %s",
+			strings.Join(tried, "; "))
+	}
+	if po.sidecar == "" {
+		if len(env.Self) > 0 && env.Self[0] == "bench" {
+			po.sidecar = exe // this program is tensorwire
+		} else if p, err := exec.LookPath("tensorwire"); err == nil {
+			po.sidecar = p
+		} else {
+			return bench.Usagef("--lang python needs the tensorwire binary for the sidecars: --tensorwire BIN")
+		}
+	}
+	res := Result{MemcpyGBps: memcpyGBps()}
+	var notes []string
+	// Go's figures first, for the overhead column.
+	goOps := o.ops
+	for _, tr := range o.transports {
+		for _, n := range o.ranks {
+			og := o
+			og.ops = goOps
+			runs, err := runGroup(ctx, og, env, exe, tr, n, nil)
+			if err != nil {
+				return fmt.Errorf("go, %s, %d ranks: %w", tr, n, err)
+			}
+			for i := range runs {
+				runs[i].System = "go"
+			}
+			res.Runs = append(res.Runs, runs...)
+		}
+	}
+	for _, sys := range po.systems {
+		trs := o.transports
+		if sys != "tensorwire" {
+			trs = []string{"tcp"} // gloo's and MPI's own
+		}
+		for _, tr := range trs {
+			for _, n := range o.ranks {
+				runs, note, err := runPyGroup(ctx, o, po, env, sys, tr, n)
+				if err != nil {
+					return fmt.Errorf("%s, %s, %d ranks: %w", sys, tr, n, err)
+				}
+				if note != "" {
+					notes = append(notes, note)
+					break
+				}
+				res.Runs = append(res.Runs, runs...)
+			}
+		}
+	}
+	goP50 := map[string]float64{}
+	key := func(r Line) string { return fmt.Sprint(r.Op, r.Ranks, r.Transport, r.Bytes) }
+	for _, r := range res.Runs {
+		if r.System == "go" {
+			goP50[key(r)] = r.P50us
+		}
+	}
+	t := report.NewTable("op", "ranks", "system", "transport", "bytes", "p50 us", "busbw GB/s", "python - go p50 us")
+	for _, r := range res.Runs {
+		over := ""
+		if g, ok := goP50[key(r)]; ok && r.System == "tensorwire" {
+			over = fmt.Sprintf("%.1f", r.P50us-g)
+		}
+		t.Row(r.Op, r.Ranks, r.System, r.Transport, r.Bytes, fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.3f", r.BusBW), over)
+	}
+	t.WriteTo(env.Stdout)
+	for _, n := range notes {
+		fmt.Fprintln(env.Stdout, n)
+	}
+	fmt.Fprintf(env.Stdout, "\nmemcpy (one core, 64 MiB, warm): %.2f GB/s\n", res.MemcpyGBps)
+	if o.json != "" {
+		return report.WriteJSON(o.json, res)
+	}
+	return nil
+}
+
+// runPyGroup runs n Python ranks of sys on transport tr and returns rank
+// 0's lines, or a note when sys cannot run here.
+func runPyGroup(ctx context.Context, o options, po pyOptions, env bench.Env, sys, tr string, n int) ([]Line, string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	addr := l.Addr().String()
+	l.Close()
+	sizes := make([]string, len(o.sizes))
+	for i, s := range o.sizes {
+		sizes[i] = strconv.Itoa(s) + "B"
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var cmds []*exec.Cmd
+	var out io.Reader
+	for r := range n {
+		cmd := exec.CommandContext(ctx, po.python, "-m", "tensorwire._bench_collective", "--system", sys,
+			"--rank", strconv.Itoa(r), "--size", strconv.Itoa(n), "--addr", addr, "--transport", tr,
+			"--sizes", strings.Join(sizes, ","), "--ops", strings.Join(o.ops, ","))
+		cmd.Env = append(os.Environ(), "PYTHONPATH="+po.extracted, "TENSORWIRE_BIN="+po.sidecar,
+			"OMP_NUM_THREADS=1", "PYTHONDONTWRITEBYTECODE=1")
+		cmd.Dir = filepath.Dir(po.extracted)
+		cmd.Stderr = env.Stderr
+		if r == 0 {
+			if out, err = cmd.StdoutPipe(); err != nil {
+				return nil, "", err
+			}
+		}
+		if err := cmd.Start(); err != nil {
+			return nil, "", err
+		}
+		cmds = append(cmds, cmd)
+	}
+	var runs []Line
+	note := ""
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		var r struct {
+			Line
+			Error string `json:"error"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			continue
+		}
+		if r.Error != "" {
+			note = fmt.Sprintf("%s: %s", sys, r.Error)
+			continue
+		}
+		fmt.Fprintf(env.Stderr, "python %s %s %d ranks %s %d B: p50 %.1f us, busbw %.3f GB/s\n", sys, r.Transport, r.Ranks, r.Op, r.Bytes, r.P50us, r.BusBW)
+		runs = append(runs, r.Line)
+	}
+	var first error
+	for r, cmd := range cmds {
+		if err := cmd.Wait(); err != nil && first == nil {
+			first = fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	return runs, note, first
+}

@@ -1,0 +1,141 @@
+"""One rank of `tensorwire bench collective --lang python`
+(internal/bench/collective): allreduce of float32 torch tensors from
+Python, forward alone and forward+backward, through tensorwire.collective,
+through torch.distributed with the gloo backend (dist.all_reduce, and
+torch.distributed.nn.functional.all_reduce for forward+backward), or
+through mpi4torch when it imports.
+
+    python -m tensorwire._bench_collective --system tensorwire|gloo|mpi4torch
+        --rank R --size N --addr HOST:PORT [--transport shm|tcp] --sizes B,B,... --ops OP,OP
+
+Each iteration is a barrier and then the operation; rank 0 times the
+operation alone and prints one JSON line per (op, size), the Go ranks'
+Line (p50_us, algbw_GBps, busbw_GBps) with "system". With a system that
+cannot run here, rank 0 prints {"system": S, "error": why} and exits 0.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+
+def iterations(nbytes):
+    return max(5, min(500, (256 << 20) // nbytes))
+
+
+def bus_factor(n):
+    return 2 * (n - 1) / n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--system", required=True)
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--size", type=int, required=True)
+    ap.add_argument("--addr", required=True)
+    ap.add_argument("--transport", default="shm")
+    ap.add_argument("--sizes", required=True)
+    ap.add_argument("--ops", default="allreduce,allreduce-fwd-bwd")
+    a = ap.parse_args()
+    try:
+        import torch
+    except ImportError as e:
+        if a.rank == 0:
+            print(json.dumps({"system": a.system, "error": f"no torch: {e}"}), flush=True)
+        return
+    torch.set_num_threads(1)
+    n, r = a.size, a.rank
+    if a.system == "tensorwire":
+        from tensorwire import collective as tw
+        comm = tw.join(a.addr, r, n, transport=a.transport)
+        transport = comm.transport
+
+        def fwd(x):
+            comm.Allreduce(x, tw.MPI_SUM)
+
+        def fwd_bwd(x):
+            y = comm.Allreduce(x, tw.MPI_SUM)
+            y.backward(torch.ones_like(y))
+
+        barrier = comm.Barrier
+        close = comm.close
+    elif a.system == "gloo":
+        import torch.distributed as dist
+        import torch.distributed.nn.functional as dnn
+        host, port = a.addr.rsplit(":", 1)
+        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=r, world_size=n)
+        transport = "tcp"
+
+        def fwd(x):
+            dist.all_reduce(x.detach())
+
+        def fwd_bwd(x):
+            y = dnn.all_reduce(x)
+            y.backward(torch.ones_like(y))
+
+        barrier = dist.barrier
+        close = dist.destroy_process_group
+    elif a.system == "mpi4torch":
+        try:
+            import mpi4torch  # noqa: F401
+        except ImportError as e:
+            if r == 0:
+                print(json.dumps({"system": "mpi4torch", "error": f"not installed ({e}): it needs MPI and a "
+                                  "C++ compiler to build"}), flush=True)
+            return
+        comm = mpi4torch.COMM_WORLD
+        if comm.size != n:
+            if r == 0:
+                print(json.dumps({"system": "mpi4torch", "error": f"COMM_WORLD has {comm.size} ranks, not {n}: "
+                                  "mpi4torch's ranks must be started by mpirun, which this benchmark does not do"}),
+                      flush=True)
+            return
+        transport = "mpi"
+
+        def fwd(x):
+            comm.Allreduce(x, mpi4torch.MPI_SUM)
+
+        def fwd_bwd(x):
+            y = comm.Allreduce(x, mpi4torch.MPI_SUM)
+            y.backward(torch.ones_like(y))
+
+        barrier = lambda: comm.Allreduce(torch.zeros(1), mpi4torch.MPI_SUM)  # noqa: E731
+        close = lambda: None  # noqa: E731
+    else:
+        sys.exit(f"unknown system {a.system}")
+
+    for op in a.ops.split(","):
+        for nbytes in (int(s.rstrip("B")) for s in a.sizes.split(",")):
+            elems = max(nbytes // 4 // n * n, n)
+            g = torch.Generator().manual_seed(r)
+            x = torch.rand(elems, generator=g, dtype=torch.float32)
+            if op == "allreduce-fwd-bwd":
+                x.requires_grad_()
+                run = fwd_bwd
+            else:
+                run = fwd
+            iters = iterations(nbytes)
+            for _ in range(min(iters, 20) // 4):
+                run(x)
+            times = []
+            for _ in range(iters):
+                barrier()
+                t0 = time.perf_counter()
+                run(x)
+                times.append(time.perf_counter() - t0)
+            if r != 0:
+                continue
+            times.sort()
+            p50 = times[len(times) // 2]
+            b = elems * 4
+            alg = b / p50 / 1e9
+            print(json.dumps({"op": op, "ranks": n, "bytes": b, "transport": transport, "system": a.system,
+                              "p50_us": p50 * 1e6, "algbw_GBps": alg, "busbw_GBps": alg * bus_factor(n)}),
+                  flush=True)
+    barrier()
+    close()
+
+
+if __name__ == "__main__":
+    main()

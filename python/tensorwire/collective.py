@@ -1,0 +1,686 @@
+"""Collectives from PyTorch, with mpi4torch's names and correct gradients
+(docs/collective.md, "From Python").
+
+    import tensorwire.collective as mpi4torch      # the one line that changes
+    comm = mpi4torch.COMM_WORLD                     # from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    y = comm.Allreduce(x, mpi4torch.MPI_SUM)        # a torch.autograd.Function: y.backward() works
+
+or ``comm = tensorwire.collective.join("10.0.0.1:29500", rank, size)``.
+
+Each rank is a Python process with a sidecar: ``tensorwire collective rank``,
+a real Go rank of package collective started by ``join``, that the process
+talks to over its pipes (small msgpack frames) while the tensors' bytes go
+through a file both map (docs/protocol.md, "Collective sidecar pipe"). Go
+ranks and Python ranks therefore form one communicator; the sidecar ends
+when its Python process does, which the other ranks see as a lost rank.
+
+Every differentiable call is a ``torch.autograd.Function`` whose backward is
+the adjoint under the sum-of-losses convention, as package collective's
+tape defines it (Allgather's is a ReduceScatter, not mpi4torch's scatter
+from rank 1); the backward of a reduction other than MPI_SUM raises
+NoAdjointError on every rank. numpy arrays work too (without autograd).
+As in mpi4torch, the backward of a collective runs only where its output
+reaches the loss: join an unused output in with JoinDummies, so that every
+rank runs every backward collective.
+
+Errors are the Go ranks' (same codes, reasons and messages): arguments that
+do not fit together on every rank (MismatchError), a root out of range
+(ArgumentError), a rank killed or stopped (PeerLostError, RankAbortedError),
+each on every rank, never a hang; after a lost rank the communicator is
+broken (BrokenError): close it and join again.
+"""
+
+import itertools
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import threading
+
+import numpy as np
+
+from . import _msgpack
+from ._td import as_array, dtype_name, numpy_dtype
+from .errors import (AbortedError, FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError,
+                     TensorwireError, UnauthenticatedError, UnavailableError, from_wire, register_reason)
+
+__all__ = [
+    "MPI_MAX", "MPI_MIN", "MPI_SUM", "MPI_PROD", "MPI_LAND", "MPI_BAND", "MPI_LOR", "MPI_BOR", "MPI_LXOR",
+    "MPI_BXOR", "MPI_MINLOC", "MPI_MAXLOC", "WaitHandle", "JoinDummies", "JoinDummiesHandle",
+    "MPI_Communicator", "COMM_WORLD", "join", "deactivate_cuda_aware_mpi_support",
+    "MismatchError", "ArgumentError", "NoSpaceError", "PeerLostError", "RankAbortedError", "BrokenError",
+    "ClosedError", "WaitedError", "NoAdjointError", "ConfigError", "JoinError", "JoinRefusedError",
+    "SidecarError",
+]
+
+# The reductions: package collective's Op values (the pipe carries them).
+MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX = 1, 2, 3, 4
+MPI_LAND, MPI_LOR, MPI_LXOR, MPI_BAND, MPI_BOR, MPI_BXOR = 5, 6, 7, 8, 9, 10
+# mpi4torch has these; package collective has no MINLOC/MAXLOC: ArgumentError.
+MPI_MINLOC, MPI_MAXLOC = 11, 12
+
+
+# One exception class per reason of package collective (docs/collective.md).
+
+@register_reason
+class MismatchError(InvalidArgumentError):
+    """The ranks called with arguments that do not fit together (dtypes,
+    shapes, roots, collectives); the communicator goes on."""
+    reason = "collective.mismatch"
+
+
+@register_reason
+class ArgumentError(InvalidArgumentError):
+    """A bad argument on some rank (a root out of range, an axis the tensor
+    lacks, counts that do not add up); the communicator goes on."""
+    reason = "collective.argument"
+
+
+@register_reason
+class NoSpaceError(ResourceExhaustedError):
+    """The shared folder is full."""
+    reason = "collective.no_space"
+
+
+@register_reason
+class PeerLostError(UnavailableError):
+    """A rank died, closed, stopped or became unreachable (or this rank's
+    sidecar exited)."""
+    reason = "collective.peer_lost"
+
+
+@register_reason
+class RankAbortedError(AbortedError):
+    """A rank broke off a collective part-way."""
+    reason = "collective.aborted"
+
+
+@register_reason
+class BrokenError(FailedPreconditionError):
+    """A call after a lost or aborted rank: close and join again."""
+    reason = "collective.broken"
+
+
+@register_reason
+class ClosedError(FailedPreconditionError):
+    """A call after close."""
+    reason = "collective.closed"
+
+
+@register_reason
+class WaitedError(FailedPreconditionError):
+    """A second Wait on a handle."""
+    reason = "collective.waited"
+
+
+@register_reason
+class NoAdjointError(FailedPreconditionError):
+    """The backward of a reduction other than MPI_SUM."""
+    reason = "collective.no_adjoint"
+
+
+@register_reason
+class ConfigError(InvalidArgumentError):
+    """Settings that cannot form a communicator."""
+    reason = "collective.config"
+
+
+@register_reason
+class JoinError(UnavailableError):
+    """The ranks could not form a communicator."""
+    reason = "collective.join"
+
+
+@register_reason
+class JoinRefusedError(UnauthenticatedError):
+    """A rank's token was refused (every rank's join fails at once)."""
+    reason = "collective.unauthenticated"
+
+
+@register_reason
+class SidecarError(InvalidArgumentError):
+    """The sidecar refused a frame (a bug on this side of the pipe)."""
+    reason = "collective.sidecar"
+
+
+_HDR = struct.Struct(">I")
+_MAX_FRAME = 1 << 20
+
+
+def encode_frame(req):
+    """One frame of the pipe: a 4-byte big-endian length and the msgpack map
+    of req, keys sorted, zero values left out (numelem is kept at 0)."""
+    m = {k: v for k, v in req.items() if v is not None and (k == "numelem" or (v != 0 and v != [] and v != ""))}
+    body = _msgpack.packb(m)
+    return _HDR.pack(len(body)) + body
+
+
+def decode_frame(body):
+    return _msgpack.unpackb(body)
+
+
+def _binary(binary):
+    b = binary or os.environ.get("TENSORWIRE_BIN") or shutil.which("tensorwire")
+    if not b:
+        raise ConfigError("no tensorwire binary: put it on PATH, set $TENSORWIRE_BIN or pass binary=")
+    return b
+
+
+def _shm_dir(shm_dir):
+    if shm_dir:
+        return shm_dir
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+class _Sidecar:
+    """The sidecar process, its pipes and the shared data file."""
+
+    def __init__(self, binary, addr, rank, size, token, token_file, transport, shm_dir, timeout, frozen_after):
+        fd, path = tempfile.mkstemp(prefix="tensorwire-pyrank-", dir=_shm_dir(shm_dir))
+        self._fd = fd
+        self._size = 0
+        self._mm = None
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._rbuf = b""
+        self.closed = False
+        self._p = None
+        try:
+            self._start(binary, path, addr, rank, size, token, token_file, transport, shm_dir, timeout,
+                        frozen_after)
+        except BaseException:
+            if self._p is not None:
+                if self._p.poll() is None:
+                    self._p.kill()
+                    self._p.wait()
+                self._p.stdin.close()
+                self._p.stdout.close()
+            os.close(self._fd)
+            raise
+
+    def _start(self, binary, path, addr, rank, size, token, token_file, transport, shm_dir, timeout,
+               frozen_after):
+        try:
+            self._grow(1 << 20)
+            env = dict(os.environ)
+            env.pop("TENSORWIRE_TOKEN", None)
+            args = [binary, "collective", "rank", "--addr", addr, "--rank", str(rank), "--size", str(size),
+                    "--data", path, "--transport", transport or "auto", "--join-timeout", f"{timeout}s",
+                    "--frozen-after", f"{frozen_after}s"]
+            if shm_dir:
+                args += ["--shm-dir", shm_dir]
+            if token_file:
+                args += ["--token-file", token_file]
+            elif token:
+                env["TENSORWIRE_TOKEN"] = token.decode() if isinstance(token, bytes) else str(token)
+            # A session of its own: the terminal's Ctrl-C goes to this
+            # process, which decides; the sidecar still ends with it (EOF).
+            self._p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                       close_fds=True, start_new_session=True)
+            self._in = self._p.stdin.fileno()
+            self._out = self._p.stdout.fileno()
+            hello = self._read()
+        finally:
+            os.unlink(path)  # both have it open: nothing is left behind
+        if hello.get("code"):
+            self._p.wait()
+            raise from_wire(hello["code"], hello.get("msg", ""), hello.get("reason", ""))
+        self.rank, self.size, self.transport = hello.get("rank", 0), hello["world"], hello["transport"]
+
+    def _grow(self, n):
+        n = max(n, 1 << 20)
+        n = (n + (1 << 20) - 1) & ~((1 << 20) - 1)
+        if os.fstat(self._fd).st_size < n:
+            os.ftruncate(self._fd, n)
+        self._remap(n)
+
+    def _remap(self, n):
+        import mmap
+        if n <= self._size:
+            return
+        self._mm = mmap.mmap(self._fd, n)  # views of the old mapping keep it alive
+        self._size = n
+
+    def _read(self):
+        hdr = self._read_exactly(4)
+        n = _HDR.unpack(hdr)[0]
+        if n > _MAX_FRAME:
+            raise SidecarError(f"a reply of {n} bytes from the sidecar")
+        return decode_frame(self._read_exactly(n))
+
+    def _read_exactly(self, n):
+        # One read takes a whole reply (header and body) when it has come.
+        buf = self._rbuf
+        while len(buf) < n:
+            b = os.read(self._out, max(n - len(buf), 1 << 16))
+            if not b:
+                self._dead()
+            buf += b
+        self._rbuf = buf[n:]
+        return buf[:n]
+
+    def _abandon(self):
+        self.closed = True
+        if self._p.poll() is None:
+            self._p.kill()
+        self._p.wait()
+
+    def _dead(self):
+        rc = self._p.wait()
+        self.closed = True
+        raise PeerLostError(f"this rank's sidecar (tensorwire collective rank, pid {self._p.pid}) exited "
+                            f"with status {rc}; its messages are on stderr")
+
+    def call(self, req, a=None, write=True):
+        """Runs req with input a (a contiguous numpy array, written at
+        offset 0 unless write is False: only its shape counts) and returns
+        the reply (raising its error)."""
+        with self._lock:
+            if self.closed:
+                raise ClosedError("the communicator is closed")
+            if a is not None:
+                req["has"] = True
+                req["dtype"] = dtype_name(a)[len("torch."):]
+                req["shape"] = list(a.shape)
+                if a.nbytes > self._size:
+                    self._grow(a.nbytes)
+                if write and a.nbytes:
+                    dst = np.frombuffer(self._mm, dtype=np.uint8, count=a.nbytes)
+                    dst[:] = a.reshape(-1).view(np.uint8)
+            req["size"] = self._size
+            frame = encode_frame(req)
+            try:
+                try:
+                    view = memoryview(frame)
+                    while view:
+                        view = view[os.write(self._in, view):]
+                except OSError:
+                    self._dead()
+                resp = self._read()
+            except TensorwireError:
+                raise
+            except BaseException:
+                # Interrupted (KeyboardInterrupt) between the request and
+                # its reply: the pipe is out of step. The sidecar goes (the
+                # other ranks see a lost rank) and so does this communicator.
+                self._abandon()
+                raise
+            if resp.get("code"):
+                raise from_wire(resp["code"], resp.get("msg", ""), resp.get("reason", ""))
+            if resp.get("size", 0) > self._size:
+                self._remap(resp["size"])
+            return resp
+
+    def output(self, resp):
+        """The reply's output tensor, copied out of the data file, as a
+        numpy array (bfloat16 as raw uint16 bits), with its dtype name."""
+        name = "torch." + resp["dtype"]
+        dt = numpy_dtype(name)
+        shape = tuple(resp.get("shape") or ())
+        n = int(np.prod(shape, dtype=np.int64))
+        a = np.frombuffer(self._mm, dtype=dt, count=n, offset=resp.get("off", 0)).reshape(shape).copy()
+        return a, name
+
+    def close(self):
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                frame = encode_frame({"id": next(self._ids), "op": "close"})
+                os.write(self._in, frame)
+                self._read()
+            except (OSError, TensorwireError):
+                pass
+            try:
+                self._p.stdin.close()
+                self._p.stdout.close()
+            except OSError:
+                pass
+            try:
+                self._p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._p.kill()
+                self._p.wait()
+            os.close(self._fd)
+            self._mm = None
+
+
+# Tensors in and out: numpy arrays stay numpy; torch tensors come back as
+# torch tensors on their device and dtype.
+
+def _is_torch(x):
+    return type(x).__module__.startswith("torch")
+
+
+def _np(x):
+    """x as a contiguous little-endian numpy array (bfloat16 as bits, its
+    _BF16 type kept)."""
+    a = as_array(x)
+    if not a.flags.c_contiguous:
+        a = type(a)(np.ascontiguousarray(a)) if type(a) is not np.ndarray else np.ascontiguousarray(a)
+    return a
+
+
+def _like(a, name, like):
+    """Array a (of dtype name) as like's kind: torch for torch."""
+    if not _is_torch(like):
+        return a
+    import torch
+    if name == "torch.bfloat16":
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(a)
+    if like.device.type != "cpu":
+        t = t.to(like.device)
+    return t
+
+
+def _axis(axis, x):
+    nd = len(x.shape) if x is not None else None
+    if axis < 0 and nd is not None:
+        return axis + nd
+    return axis
+
+
+def _counts(req, numelem):
+    """mpi4torch's numelem (this rank's count) or every rank's counts."""
+    if numelem is None:
+        return
+    if isinstance(numelem, (list, tuple)):
+        req["counts"] = [int(c) for c in numelem]
+    else:
+        req["numelem"] = int(numelem)
+
+
+class WaitHandle:
+    """What Isend and Irecv return, for Wait. ``dummy`` is a tensor to pass
+    to JoinDummies (as in mpi4torch)."""
+
+    def __init__(self, dummy, state):
+        self._dummy = dummy
+        self._state = state
+
+    @property
+    def dummy(self):
+        return self._dummy
+
+
+class _P2P:
+    """An Isend or Irecv: its forward request and its backward one."""
+
+    def __init__(self, comm, send, peer, tag, like):
+        self.comm, self.send, self.peer, self.tag, self.like = comm, send, peer, tag, like
+        self.id = None
+        self.back = None  # the backward's request
+        self.waited = False
+
+
+class MPI_Communicator:
+    """A communicator: every rank of it calls the same collectives in the
+    same order. Methods with a trailing underscore are mpi4torch's
+    in-place-named ones (they return a new tensor all the same)."""
+
+    def __init__(self, sidecar):
+        self._s = sidecar
+
+    @property
+    def rank(self):
+        return self._s.rank
+
+    @property
+    def size(self):
+        return self._s.size
+
+    @property
+    def transport(self):
+        """"shm" (shared mappings) or "tcp"."""
+        return self._s.transport
+
+    def close(self):
+        """Leaves the communicator (the sidecar exits)."""
+        self._s.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # The raw calls on numpy arrays; timeout in seconds (None: none).
+
+    def _run(self, op, x, write=True, timeout=None, like=None, **kw):
+        req = {"id": next(self._s._ids), "op": op, "timeout": int(timeout * 1000) if timeout else 0}
+        for k, v in kw.items():
+            if k == "numelem":
+                _counts(req, v)
+            else:
+                req[k] = v
+        a = None if x is None else _np(x)
+        resp = self._s.call(req, a, write)
+        if not resp.get("out"):
+            return None
+        out, name = self._s.output(resp)
+        like = x if like is None else like
+        return _like(out, name, like) if like is not None else out
+
+    def _allreduce(self, x, op):
+        return self._run("allreduce", x, red=op)
+
+    def _bcast(self, x, root):
+        return self._run("bcast", x, write=self.rank == root, root=root)
+
+    def _reduce(self, x, op, root):
+        return self._run("reduce", x, red=op, root=root)
+
+    def _gather(self, x, axis, root):
+        out = self._run("gather", x, axis=_axis(axis, x), root=root)
+        if out is None:  # off the root: an empty tensor (nothing along the axis)
+            shape = list(x.shape)
+            shape[_axis(axis, x)] = 0
+            out = x.new_zeros(shape) if _is_torch(x) else np.zeros(shape, dtype=_np(x).dtype)
+        return out
+
+    def _allgather(self, x, axis):
+        return self._run("allgather", x, axis=_axis(axis, x))
+
+    def _scatter(self, x, axis, numelem, root):
+        like = x
+        if self.rank != root:
+            x = None
+        return self._run("scatter", x, like=like, axis=_axis(axis, like), root=root, numelem=numelem)
+
+    def _alltoall(self, x, gatheraxis, scatteraxis, numelem):
+        return self._run("alltoall", x, axis=_axis(gatheraxis, x), axis2=_axis(scatteraxis, x), numelem=numelem)
+
+    def _reducescatter(self, x, op, axis, numelem):
+        return self._run("reducescatter", x, red=op, axis=_axis(axis, x), numelem=numelem)
+
+    def _start(self, st, x):
+        st.id = next(self._s._ids)
+        req = {"id": st.id, "op": "isend" if st.send else "irecv", "peer": st.peer, "tag": st.tag}
+        self._s.call(req, _np(x), st.send)
+        return st.id
+
+    def _wait(self, rid, like):
+        req = {"id": next(self._s._ids), "op": "wait", "req": rid}
+        resp = self._s.call(req)
+        if not resp.get("out"):
+            return None
+        out, name = self._s.output(resp)
+        return _like(out, name, like)
+
+    # mpi4torch's calls.
+
+    def Allreduce(self, tensor, op):
+        """Every rank gets the reduction with op of every rank's tensor."""
+        if _is_torch(tensor):
+            return _fn("Allreduce").apply(tensor, self, op)
+        return self._allreduce(tensor, op)
+
+    def Bcast_(self, tensor, root):
+        """Every rank gets root's tensor (the others' give only the shape)."""
+        if _is_torch(tensor):
+            return _fn("Bcast").apply(tensor, self, root)
+        return self._bcast(tensor, root)
+
+    def Reduce_(self, tensor, op, root):
+        """The root gets the reduction; the other ranks zeros."""
+        if _is_torch(tensor):
+            return _fn("Reduce").apply(tensor, self, op, root)
+        return self._reduce(tensor, op, root)
+
+    def Gather(self, tensor, gatheraxis, root):
+        """The root gets every rank's tensor joined along gatheraxis (sizes
+        along it may differ); the others an empty tensor."""
+        if _is_torch(tensor):
+            return _fn("Gather").apply(tensor, self, gatheraxis, root)
+        return self._gather(tensor, gatheraxis, root)
+
+    def Allgather(self, tensor, gatheraxis):
+        """Every rank gets every rank's tensor joined along gatheraxis."""
+        if _is_torch(tensor):
+            return _fn("Allgather").apply(tensor, self, gatheraxis)
+        return self._allgather(tensor, gatheraxis)
+
+    def Scatter(self, tensor, scatteraxis, numelem, root):
+        """Rank r gets piece r of root's tensor cut along scatteraxis, of
+        numelem elements there (this rank's count, as mpi4torch; or a list
+        of every rank's; or None: equal pieces). Off the root the tensor
+        only says the dtype (and, in backward, the gradient's shape)."""
+        if _is_torch(tensor):
+            return _fn("Scatter").apply(tensor, self, scatteraxis, numelem, root)
+        return self._scatter(tensor, scatteraxis, numelem, root)
+
+    def Alltoall(self, tensor, gatheraxis, scatteraxis, numelem):
+        """Rank r gets piece r (along scatteraxis, numelem elements there
+        on this rank) of every rank's tensor, joined along gatheraxis."""
+        if _is_torch(tensor):
+            return _fn("Alltoall").apply(tensor, self, gatheraxis, scatteraxis, numelem)
+        return self._alltoall(tensor, gatheraxis, scatteraxis, numelem)
+
+    def ReduceScatter(self, tensor, op, scatteraxis, numelem=None):
+        """Rank r gets piece r (numelem elements along scatteraxis; None:
+        equal pieces) of the reduction of every rank's tensor."""
+        if _is_torch(tensor):
+            return _fn("ReduceScatter").apply(tensor, self, op, scatteraxis, numelem)
+        return self._reducescatter(tensor, op, scatteraxis, numelem)
+
+    def Barrier(self):
+        """Returns once every rank has called it."""
+        self._run("barrier", None)
+
+    def Isend(self, tensor, dest, tag):
+        """Starts sending tensor to dest; Wait on the handle."""
+        st = _P2P(self, True, dest, tag, tensor)
+        if _is_torch(tensor):
+            return WaitHandle(_fn("Start").apply(tensor, st), st)
+        self._start(st, tensor)
+        return WaitHandle(None, st)
+
+    def Irecv(self, tensor, source, tag):
+        """Starts receiving a tensor of tensor's dtype and shape from source."""
+        st = _P2P(self, False, source, tag, tensor)
+        if _is_torch(tensor):
+            return WaitHandle(_fn("Start").apply(tensor, st), st)
+        self._start(st, tensor)
+        return WaitHandle(None, st)
+
+    def Wait(self, waithandle):
+        """Completes an Isend (returns its tensor) or an Irecv (returns what
+        arrived)."""
+        st = waithandle._state
+        if st.waited:
+            raise WaitedError("Wait: this handle was waited for already")
+        st.waited = True
+        if waithandle.dummy is not None:
+            return _fn("Wait").apply(waithandle.dummy, st, st.like)
+        out = self._wait(st.id, st.like)
+        return st.like if st.send else out
+
+    def Send(self, tensor, dest, tag):
+        return self.Wait(self.Isend(tensor, dest, tag))
+
+    def Recv(self, tensor, source, tag):
+        return self.Wait(self.Irecv(tensor, source, tag))
+
+
+def JoinDummies(loopthrough, dummies):
+    """loopthrough, on which autograd now also sees dummies depend: the
+    backward of each dummy runs when loopthrough's does (mpi4torch's)."""
+    if not _is_torch(loopthrough):
+        return loopthrough
+    ds = [d for d in dummies if d is not None]
+    return _fn("JoinDummies").apply(loopthrough, *ds)
+
+
+def JoinDummiesHandle(handle, dummies):
+    """JoinDummies on a WaitHandle's dummy."""
+    if handle.dummy is None:
+        return handle
+    return WaitHandle(JoinDummies(handle.dummy, dummies), handle._state)
+
+
+def deactivate_cuda_aware_mpi_support():
+    """mpi4torch's switch; a no-op here (tensors on a GPU go through host
+    memory)."""
+
+
+_FNS = {}
+
+
+def _fn(name):
+    if not _FNS:
+        from . import _collective_autograd
+        _FNS.update(_collective_autograd.functions())
+    return _FNS[name]
+
+
+def join(addr=None, rank=None, size=None, *, token=None, token_file=None, transport="auto", shm_dir=None,
+         timeout=60, frozen_after=5, binary=None):
+    """Joins a communicator: rank of size, rank 0 listening at addr
+    ("host:port"), the others reaching it there (they may start in any
+    order within timeout seconds). Without arguments, torchrun's variables:
+    RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (under torchrun, whose agent
+    listens on MASTER_PORT, rank 0 listens on MASTER_PORT+1;
+    $TENSORWIRE_COLLECTIVE_PORT, when set, is the port). token (or token_file's) is
+    the secret every rank shares (default $TENSORWIRE_TOKEN); transport
+    "auto" (shared mappings when every rank is on this host), "shm" or
+    "tcp". The sidecar is the tensorwire binary: binary, $TENSORWIRE_BIN or
+    PATH's. A rank stopped (SIGSTOP) frozen_after seconds is lost to the
+    others."""
+    env = os.environ
+    if addr is None:
+        if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+            raise ConfigError("join: no addr, and MASTER_ADDR and MASTER_PORT are not set")
+        port = int(env["MASTER_PORT"])
+        if env.get("TENSORWIRE_COLLECTIVE_PORT"):
+            port = int(env["TENSORWIRE_COLLECTIVE_PORT"])
+        elif env.get("TORCHELASTIC_RUN_ID"):
+            port += 1  # under torchrun, its agent's store holds MASTER_PORT
+        addr = f"{env['MASTER_ADDR']}:{port}"
+    if rank is None:
+        rank = int(env.get("RANK", "0"))
+    if size is None:
+        size = int(env.get("WORLD_SIZE", "1"))
+    if token is None and token_file is None:
+        token = env.get("TENSORWIRE_TOKEN") or None
+    s = _Sidecar(_binary(binary), addr, rank, size, token, token_file, transport, shm_dir, timeout,
+                 frozen_after)
+    return MPI_Communicator(s)
+
+
+_world = None
+_world_lock = threading.Lock()
+
+
+def __getattr__(name):
+    # COMM_WORLD is joined on first use, from torchrun's variables.
+    global _world
+    if name == "COMM_WORLD":
+        with _world_lock:
+            if _world is None:
+                _world = join()
+            return _world
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,340 @@
+"""One rank of the collective tests (tests/test_collective*.py start one
+process per rank): `python collective_worker.py MODE`, with RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TW_TRANSPORT set. It prints one
+JSON line, {"rank": r, "failures": [...], ...}; the test asserts on it."""
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import tensorwire.collective as mpi4torch  # noqa: E402
+
+torch.set_default_dtype(torch.float64)
+
+failures = []
+report = {}
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+def data(q, shape, seed=0, dtype=np.float64):
+    """Rank q's input: every rank can compute every rank's."""
+    rng = np.random.default_rng(1000 * seed + q)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def offsets(counts):
+    return np.concatenate([[0], np.cumsum(counts)]).astype(int)
+
+
+def join():
+    return mpi4torch.join(transport=os.environ.get("TW_TRANSPORT", "auto"), timeout=60)
+
+
+def cases(n, r):
+    """(name, forward on a torch tensor, this rank's input, the plain
+    computation of this rank's output) for every operation and root."""
+    counts = [q + 1 for q in range(n)]
+    off = offsets(counts)
+    tot = int(off[-1])
+    out = []
+    xs = [data(q, (3, 4), 1) for q in range(n)]
+    out.append(("Allreduce", lambda c, x: c.Allreduce(x, mpi4torch.MPI_SUM), xs[r], sum(xs)))
+    for root in range(n):
+        out.append((f"Bcast_ root {root}", lambda c, x, root=root: c.Bcast_(x, root), xs[r], xs[root]))
+        out.append((f"Reduce_ root {root}", lambda c, x, root=root: c.Reduce_(x, mpi4torch.MPI_SUM, root), xs[r],
+                    sum(xs) if r == root else np.zeros_like(xs[r])))
+        gs = [data(q, (2, q + 1), 2) for q in range(n)]
+        out.append((f"Gather root {root}", lambda c, x, root=root: c.Gather(x, 1, root), gs[r],
+                    np.concatenate(gs, axis=1) if r == root else np.zeros((2, 0))))
+        sx = data(root, (tot, 2), 3)
+        out.append((f"Scatter root {root}", lambda c, x, root=root: c.Scatter(x, 0, r + 1, root),
+                    sx if r == root else np.zeros((tot, 2)), sx[off[r]:off[r + 1]]))
+    ag = [data(q, (q + 1, 3), 4) for q in range(n)]
+    out.append(("Allgather", lambda c, x: c.Allgather(x, 0), ag[r], np.concatenate(ag, axis=0)))
+    aa = [data(q, (q + 1, tot), 5) for q in range(n)]
+    out.append(("Alltoall", lambda c, x: c.Alltoall(x, 0, 1, r + 1), aa[r],
+                np.concatenate([a[:, off[r]:off[r + 1]] for a in aa], axis=0)))
+    rs = [data(q, (tot, 2), 6) for q in range(n)]
+    out.append(("ReduceScatter", lambda c, x: c.ReduceScatter(x, mpi4torch.MPI_SUM, 0, r + 1), rs[r],
+                sum(rs)[off[r]:off[r + 1]]))
+    return out
+
+
+def mode_ops(comm):
+    n, r = comm.size, comm.rank
+    report["transport"] = comm.transport
+    for name, fn, x, want in cases(n, r):
+        # Forward, torch and numpy, against the plain computation.
+        got = fn(comm, torch.from_numpy(x.copy()))
+        check(isinstance(got, torch.Tensor), f"{name}: torch in, {type(got)} out")
+        check(tuple(got.shape) == want.shape and np.allclose(got.numpy(), want, atol=1e-12),
+              f"{name} (torch): got {got.shape}, want {want.shape}")
+        got = fn(comm, x.copy())
+        check(isinstance(got, np.ndarray) and got.shape == want.shape and np.allclose(got, want, atol=1e-12),
+              f"{name} (numpy)")
+        # The dot-product test of the adjoint: sum_r <A(x)_r, y_r> = sum_r <x_r, A*(y)_r>.
+        xt = torch.from_numpy(data(r, x.shape, 7)).requires_grad_()
+        y = fn(comm, xt)
+        w = torch.from_numpy(data(r, tuple(y.shape), 8))
+        lhs = (y * w).sum()
+        lhs.backward()
+        rhs = (xt.detach() * xt.grad).sum()
+        tot = comm.Allreduce(np.array([lhs.item(), rhs.item()]), mpi4torch.MPI_SUM)
+        check(abs(tot[0] - tot[1]) <= 1e-10 * max(1.0, abs(tot[0])), f"{name}: dot-product test {tot[0]} != {tot[1]}")
+    # Other dtypes and reductions, forward.
+    ints = [np.arange(6, dtype=np.int32).reshape(2, 3) * (q + 1) - 4 * q for q in range(n)]
+    got = comm.Allreduce(ints[r], mpi4torch.MPI_MAX)
+    check(got.dtype == np.int32 and (got == np.maximum.reduce(ints)).all(), "Allreduce MPI_MAX int32")
+    got = comm.Allreduce(torch.from_numpy(ints[r]), mpi4torch.MPI_MIN)
+    check(got.dtype == torch.int32 and (got.numpy() == np.minimum.reduce(ints)).all(), "Allreduce MPI_MIN int32")
+    bf = torch.full((2, 2), float(r), dtype=torch.bfloat16)
+    got = comm.Allgather(bf, 0)
+    check(got.dtype == torch.bfloat16 and got.shape == (2 * n, 2)
+          and got.float().tolist() == [[float(q)] * 2 for q in range(n) for _ in range(2)], "Allgather bfloat16")
+    comm.Barrier()
+    # Isend/Irecv on numpy, a ring.
+    h = comm.Isend(np.full(3, r, dtype=np.int64), (r + 1) % n, 5)
+    got = comm.Recv(np.zeros(3, dtype=np.int64), (r - 1) % n, 5)
+    comm.Wait(h)
+    check((got == (r - 1) % n).all(), f"Isend/Recv numpy ring: {got}")
+
+
+def mode_isend(comm):
+    """mpi4torch's examples/isend-recv-wait.py, forward and backward."""
+    n, r = comm.size, comm.rank
+    a = torch.tensor([1.0 + r]).requires_grad_()
+    handle = comm.Isend(a, (r + 1) % n, 0)
+    recvbuffer = mpi4torch.JoinDummies(torch.empty_like(a), [handle.dummy])
+    b = comm.Recv(recvbuffer, (r - 1 + n) % n, 0)
+    wait_ret = comm.Wait(mpi4torch.JoinDummiesHandle(handle, [b]))
+    res = mpi4torch.JoinDummies(a + b, [wait_ret])
+    res.backward()
+    report["res"] = res.tolist()
+    report["grad"] = a.grad.tolist()
+    check(res.tolist() == [1.0 + r + 1.0 + (r - 1) % n], f"res {res.tolist()}")
+    check(a.grad.tolist() == [2.0], f"a.grad {a.grad.tolist()}")
+
+
+def mode_regression(comm):
+    """mpi4torch's examples/simple_linear_regression.py, with every rank's
+    gradient checked against the single-process one."""
+    torch.manual_seed(42)
+    num_points = 10000
+    chunk_size = num_points // comm.size
+    rest = num_points % comm.size
+    if comm.rank < rest:
+        chunk_size += 1
+        offset = chunk_size * comm.rank
+    else:
+        offset = chunk_size * comm.rank + rest
+    allx = 2.0 * torch.rand([num_points], dtype=torch.double)
+    xinput = allx[offset:offset + chunk_size]
+
+    def some_parametrized_function(inp, params):
+        return (params[2] * inp + params[1]) * inp + params[0]
+
+    gen_params = torch.tensor([0.1, 1.0, -2.0])
+    youtput = some_parametrized_function(xinput, gen_params)
+    ally = some_parametrized_function(allx, gen_params)
+
+    def lossfunction(params):
+        params = comm.Allreduce(params, mpi4torch.MPI_SUM) / comm.size
+        localloss = torch.sum(torch.square(youtput - some_parametrized_function(xinput, params)))
+        return comm.Allreduce(localloss, mpi4torch.MPI_SUM)
+
+    def single(params):
+        return torch.sum(torch.square(ally - some_parametrized_function(allx, params)))
+
+    def run(loss_fn):
+        params = torch.arange(3, dtype=torch.double).requires_grad_()
+        first = []
+        optimizer = torch.optim.LBFGS([params], 1)
+
+        def closure():
+            loss = loss_fn(params)
+            optimizer.zero_grad()
+            loss.backward()
+            if not first:
+                first.append(params.grad.clone())
+            return loss
+        optimizer.step(closure)
+        return first[0], params.detach()
+
+    g_dist, p_dist = run(lossfunction)
+    # Single process: the distributed loss counts the averaged params once
+    # per rank (each rank's Allreduce(params)/size), so its gradient is the
+    # single-process one.
+    g_one, p_one = run(single)
+    report["grad"] = g_dist.tolist()
+    report["params"] = p_dist.tolist()
+    check(torch.allclose(g_dist, g_one, rtol=1e-6, atol=1e-6), f"grad {g_dist.tolist()} != {g_one.tolist()}")
+    check(torch.allclose(p_dist, p_one, rtol=1e-6, atol=1e-6), f"params {p_dist.tolist()} != {p_one.tolist()}")
+    check(torch.allclose(p_dist, gen_params, atol=1e-4), f"params {p_dist.tolist()} not the generating ones")
+
+
+def expect(cls, fn, what):
+    try:
+        fn()
+    except cls as e:
+        return str(e)
+    except Exception as e:  # noqa: BLE001
+        failures.append(f"{what}: {type(e).__name__}: {e}")
+        return None
+    failures.append(f"{what}: no error")
+    return None
+
+
+def mode_errors(comm):
+    n, r = comm.size, comm.rank
+    msgs = report.setdefault("messages", {})
+    msgs["shape"] = expect(mpi4torch.MismatchError, lambda: comm.Allreduce(np.zeros(3 + (r == 1)), mpi4torch.MPI_SUM),
+                           "mismatched shapes")
+    msgs["dtype"] = expect(mpi4torch.MismatchError, lambda: comm.Allreduce(
+        np.zeros(3, dtype=np.float32 if r == 0 else np.float64), mpi4torch.MPI_SUM), "mismatched dtypes")
+    msgs["root"] = expect(mpi4torch.ArgumentError, lambda: comm.Bcast_(np.zeros(3), n), "root out of range")
+    x = torch.ones(3, requires_grad=True)
+    y = comm.Allreduce(x, mpi4torch.MPI_MAX)
+    msgs["adjoint"] = expect(mpi4torch.NoAdjointError, lambda: y.sum().backward(), "MAX backward")
+    # The communicator goes on.
+    got = comm.Allreduce(np.ones(3), mpi4torch.MPI_SUM)
+    check((got == n).all(), "Allreduce after the errors")
+
+
+def mode_kill(comm):
+    """Rank KILL_RANK kills itself (SIGKILL) in the middle of a loop of
+    4 MiB allreduces; the others report their error and how long it took,
+    then join a new communicator of the survivors at NEW_PORT."""
+    n, r = comm.size, comm.rank
+    victim = int(os.environ["KILL_RANK"])
+    x = np.ones(1 << 19)
+    i = 0
+    try:
+        while True:
+            how = os.environ.get("KILL_HOW")
+            if r == victim and i == 5:
+                if how == "stop":
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                if how == "inflight":
+                    # Killed while its sidecar is inside the collective,
+                    # waiting for the others (who come a second later).
+                    import threading
+                    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                else:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            if r != victim and i == 5 and how == "inflight":
+                time.sleep(1)
+            comm.Allreduce(x, mpi4torch.MPI_SUM)
+            i += 1
+    except Exception as e:  # noqa: BLE001
+        report["error"] = type(e).__name__
+        report["message"] = str(e)
+        report["at"] = time.time()
+    try:
+        comm.Allreduce(x, mpi4torch.MPI_SUM)
+        failures.append("a call after the loss succeeded")
+    except Exception as e:  # noqa: BLE001
+        report["after"] = type(e).__name__
+    comm.close()
+    survivors = [q for q in range(n) if q != victim]
+    c2 = mpi4torch.join(f"127.0.0.1:{os.environ['NEW_PORT']}", survivors.index(r), len(survivors),
+                        transport=os.environ.get("TW_TRANSPORT", "auto"), timeout=60)
+    got = c2.Allreduce(np.ones(4), mpi4torch.MPI_SUM)
+    check((got == len(survivors)).all(), "Allreduce in the new communicator")
+    c2.close()
+
+
+def mode_interrupt(comm):
+    """Ctrl-C (SIGINT) on rank 0 while its Allreduce waits for rank 1: a
+    KeyboardInterrupt, then ClosedError on its next call; rank 1, which
+    comes later, gets a lost rank, not a hang."""
+    if comm.rank == 0:
+        import threading
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            comm.Allreduce(np.ones(4), mpi4torch.MPI_SUM)
+            failures.append("the Allreduce returned")
+        except KeyboardInterrupt:
+            report["interrupted"] = True
+        try:
+            comm.Allreduce(np.ones(4), mpi4torch.MPI_SUM)
+        except Exception as e:  # noqa: BLE001
+            report["after"] = type(e).__name__
+    else:
+        time.sleep(2)
+        try:
+            comm.Allreduce(np.ones(4), mpi4torch.MPI_SUM)
+            failures.append("rank 1's Allreduce returned")
+        except Exception as e:  # noqa: BLE001
+            report["error"] = type(e).__name__
+
+
+def mode_mixed(comm):
+    """With a Go rank (tests/gorank) in the communicator: the same calls."""
+    n, r = comm.size, comm.rank
+    got = comm.Allreduce(torch.full((4,), float(r + 1)), mpi4torch.MPI_SUM)
+    check(got.tolist() == [n * (n + 1) / 2] * 4, f"Allreduce {got.tolist()}")
+    got = comm.Allgather(np.full((1, 2), r, dtype=np.int64), 0)
+    check(got.tolist() == [[q, q] for q in range(n)], f"Allgather {got.tolist()}")
+    x = torch.full((3,), float(r), requires_grad=True)
+    y = comm.Allgather(x, 0)
+    (y * torch.arange(3.0 * n)).sum().backward()
+    # d/dx_r of sum over ranks of <Allgather(x), w>: n copies of w's piece r.
+    check(x.grad.tolist() == [n * float(3 * r + i) for i in range(3)], f"Allgather backward {x.grad.tolist()}")
+
+
+def mode_cuda(comm):
+    """CUDA tensors in and out (through host memory), forward and backward."""
+    n = comm.size
+    x = torch.ones(4, device="cuda", requires_grad=True)
+    y = comm.Allreduce(x, mpi4torch.MPI_SUM)
+    check(y.device.type == "cuda" and y.tolist() == [float(n)] * 4, f"Allreduce on cuda: {y}")
+    y.sum().backward()
+    check(x.grad.device.type == "cuda" and x.grad.tolist() == [float(n)] * 4, f"grad on cuda: {x.grad}")
+
+
+def token_join():
+    """Joins with $TW_TOKEN; reports the exception class every rank gets."""
+    t0 = time.monotonic()
+    try:
+        c = mpi4torch.join(transport="tcp", token=os.environ["TW_TOKEN"], timeout=30)
+        report["joined"] = True
+        c.close()
+    except Exception as e:  # noqa: BLE001
+        report["error"] = type(e).__name__
+        report["message"] = str(e)
+    report["seconds"] = time.monotonic() - t0
+    report["rank"] = int(os.environ["RANK"])
+
+
+def main():
+    mode = sys.argv[1]
+    if mode == "token":
+        token_join()
+        report["failures"] = failures
+        print(json.dumps(report), flush=True)
+        return
+    try:
+        comm = join()
+        report["rank"] = comm.rank
+        globals()["mode_" + mode](comm)
+        if mode not in ("kill",):
+            comm.close()
+    except Exception:  # noqa: BLE001
+        failures.append(traceback.format_exc())
+    report["failures"] = failures
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""tensorwire.collective against real processes: each rank a Python
+process (tests/collective_worker.py) with its sidecar, a real Go rank
+(`tensorwire collective rank`), over shared mappings or TCP.
+
+One process set per (size, transport) runs every operation and root:
+results against a plain computation and the dot-product test of every
+adjoint (docs/collective.md, "From Python")."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+from nodes import HERE, binary, python_env
+
+WORKER = os.path.join(HERE, "collective_worker.py")
+
+try:
+    import torch  # noqa: F401
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(mode, size, transport="auto", extra=None, ranks=None, port=None):
+    port = port or free_port()
+    procs = []
+    for r in (range(size) if ranks is None else ranks):
+        env = python_env()
+        env.update({"RANK": str(r), "WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port), "TW_TRANSPORT": transport, "TENSORWIRE_BIN": binary()})
+        env.update(extra or {})
+        procs.append(subprocess.Popen([sys.executable, WORKER, mode], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return procs, port
+
+
+def finish(tc, procs, timeout=300, want_rc=0):
+    """Each rank's report (None for one that printed none)."""
+    reports = []
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            tc.fail(f"a rank did not finish within {timeout}s (a hang)")
+        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+        rep = json.loads(lines[-1]) if lines else None
+        if want_rc is not None:
+            tc.assertEqual(p.returncode, want_rc, err[-3000:])
+            tc.assertIsNotNone(rep, err[-3000:])
+        reports.append(rep)
+    return reports
+
+
+def run_ranks(tc, mode, size, transport="auto", extra=None, timeout=300):
+    procs, _ = start_ranks(mode, size, transport, extra)
+    reports = finish(tc, procs, timeout)
+    for r, rep in enumerate(reports):
+        tc.assertEqual(rep["rank"], r)
+        tc.assertEqual(rep["failures"], [], f"rank {r}")
+    return reports
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestCollectiveOps(unittest.TestCase):
+    """Every operation and root, forward (torch and numpy) and its adjoint's
+    dot-product test, at 2, 3 and 4 ranks on both transports."""
+
+
+def _ops_test(size, transport):
+    def test(self):
+        reports = run_ranks(self, "ops", size, transport)
+        self.assertEqual({rep["transport"] for rep in reports}, {transport})
+    return test
+
+
+for _size in (2, 3, 4):
+    for _tr in ("shm", "tcp"):
+        setattr(TestCollectiveOps, f"test_ops_{_size}_ranks_{_tr}", _ops_test(_size, _tr))
+
+
+def _cuda():
+    return HAVE_TORCH and torch.cuda.is_available()
+
+
+@unittest.skipUnless(_cuda(), "no GPU on this machine (or no torch): CUDA tensors untested")
+class TestCollectiveCUDA(unittest.TestCase):
+    def test_cuda_tensors(self):
+        """CUDA tensors go through host memory: results and gradients come
+        back on the GPU."""
+        run_ranks(self, "cuda", 2)
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestCollectiveExamples(unittest.TestCase):
+    def test_simple_linear_regression(self):
+        """mpi4torch's example: every rank's gradient is the single-process
+        one (1e-6), and LBFGS finds the generating parameters."""
+        reports = run_ranks(self, "regression", 3)
+        for rep in reports:
+            self.assertEqual(rep["params"], reports[0]["params"])
+
+    def test_isend_recv_wait_joindummies(self):
+        """mpi4torch's README idiom (examples/isend-recv-wait.py): a ring of
+        Isend, Recv and Wait with JoinDummies, forward and backward."""
+        for size in (2, 3):
+            reports = run_ranks(self, "isend", size, "tcp" if size == 3 else "shm")
+            for r, rep in enumerate(reports):
+                self.assertEqual(rep["res"], [2.0 + r + (r - 1) % size])
+                self.assertEqual(rep["grad"], [2.0])
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestCollectiveFailures(unittest.TestCase):
+    def test_errors_are_the_same_on_every_rank(self):
+        """Mismatched shapes and dtypes, a root out of range, the backward of
+        MPI_MAX: the same exception on every rank, and the communicator
+        goes on."""
+        reports = run_ranks(self, "errors", 3)
+        for rep in reports:
+            for what, msg in rep["messages"].items():
+                self.assertEqual(msg, reports[0]["messages"][what], what)
+        self.assertIn("root 3 is not a rank of 3", reports[0]["messages"]["root"])
+
+    def _killed(self, how, transport):
+        new_port = free_port()
+        procs, _ = start_ranks("kill", 3, transport, {"KILL_RANK": "2", "NEW_PORT": str(new_port),
+                                                       "KILL_HOW": how})
+        t0 = time.monotonic()
+        reports = finish(self, procs[:2], timeout=120, want_rc=None)
+        took = time.monotonic() - t0
+        procs[2].kill()  # stopped ranks stay stopped
+        finish(self, procs[2:], timeout=30, want_rc=None)
+        self.assertEqual(procs[2].returncode, -9)
+        for r in (0, 1):
+            self.assertEqual(procs[r].returncode, 0)
+            rep = reports[r]
+            self.assertEqual(rep["failures"], [], f"rank {r}")
+            self.assertIn(rep["error"], ("PeerLostError", "RankAbortedError", "BrokenError"), rep["message"])
+            self.assertIn(rep["after"], ("BrokenError", "PeerLostError"))
+        print(f"\n{how} ({transport}): survivors failed with {reports[0]['error']}: {reports[0]['message'][:200]}; "
+              f"{took:.1f}s for the whole run")
+        return reports
+
+    def test_rank_killed_mid_collective(self):
+        """kill -9 of a Python rank in a loop of 4 MiB allreduces: the others
+        get the error (no hang), then form a new communicator."""
+        for transport in ("shm", "tcp"):
+            with self.subTest(transport=transport):
+                self._killed("kill", transport)
+
+    def test_rank_killed_inside_its_call(self):
+        """kill -9 of a Python rank whose sidecar is inside a collective,
+        waiting for the others: the sidecar breaks off (its stdin's writer
+        is gone), and the others fail when they come to it."""
+        for transport in ("shm", "tcp"):
+            with self.subTest(transport=transport):
+                self._killed("inflight", transport)
+
+    def test_interrupted_call(self):
+        """Ctrl-C in a rank's call: KeyboardInterrupt there, ClosedError on
+        its next call (its sidecar is gone: the pipe was out of step), and
+        the other rank gets a lost rank instead of waiting."""
+        reports = run_ranks(self, "interrupt", 2, "shm", timeout=120)
+        self.assertTrue(reports[0].get("interrupted"), reports[0])
+        self.assertEqual(reports[0].get("after"), "ClosedError")
+        self.assertIn(reports[1].get("error"), ("PeerLostError", "RankAbortedError", "BrokenError"), reports[1])
+
+    def test_rank_stopped(self):
+        """SIGSTOP of a Python rank: its sidecar sees its parent stopped for
+        5 s (frozen_after) and leaves; the others get the error, no hang."""
+        self._killed("stop", "shm")
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestCollectiveJoin(unittest.TestCase):
+    def test_wrong_token_fails_every_rank_fast(self):
+        """One rank's token differs: every rank's join fails at once with
+        JoinRefusedError (collective.unauthenticated), none waits out its
+        timeout; with the same token they join."""
+        procs = []
+        port = free_port()
+        for r in range(3):
+            procs += start_ranks("token", 3, "tcp", {"TW_TOKEN": "wrong" if r == 1 else "secret"}, ranks=[r],
+                                 port=port)[0]
+        reports = finish(self, procs, timeout=60)
+        for rep in reports:
+            self.assertEqual(rep.get("error"), "JoinRefusedError", rep)
+            self.assertLess(rep["seconds"], 25, rep)
+        reports = run_ranks(self, "token", 2, "tcp", {"TW_TOKEN": "secret"})
+        self.assertTrue(all(rep.get("joined") for rep in reports), reports)
+
+    def test_bad_config(self):
+        """A rank outside the size is ConfigError from join, at once."""
+        from tensorwire import collective
+        with self.assertRaises(collective.ConfigError) as cm:
+            collective.join(f"127.0.0.1:{free_port()}", 3, 2, binary=binary())
+        self.assertIn("rank 3", str(cm.exception))
+        from unittest import mock
+        env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+        with mock.patch.dict(os.environ, env, clear=True):
+            with self.assertRaises(collective.ConfigError):  # no addr, no MASTER_ADDR
+                collective.join(binary=binary())
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestCollectiveMixed(unittest.TestCase):
+    def test_go_rank_and_python_ranks(self):
+        """A Go program's rank (tests/gorank, collective.Join) with Python
+        ranks in one communicator, on both transports."""
+        gorank = os.environ.get("TENSORWIRE_GORANK")
+        if not gorank:
+            import tempfile
+            d = tempfile.mkdtemp(prefix="tensorwire-pytest-gorank-")
+            gorank = os.path.join(d, "gorank")
+            subprocess.run(["go", "build", "-o", gorank, "./python/tests/gorank"],
+                           cwd=os.path.dirname(os.path.dirname(HERE)), check=True)
+        for transport in ("shm", "tcp"):
+            with self.subTest(transport=transport):
+                size = 3
+                procs, port = start_ranks("mixed", size, transport, ranks=[0, 2])
+                g = subprocess.run([gorank, "-addr", f"127.0.0.1:{port}", "-rank", "1", "-size", str(size),
+                                    "-transport", transport], capture_output=True, text=True, timeout=120)
+                self.assertEqual(g.returncode, 0, g.stderr)
+                reports = finish(self, procs, timeout=120)
+                for rep in reports:
+                    self.assertEqual(rep["failures"], [])
+                self.assertIn("ok", g.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestCollectiveReadme(unittest.TestCase):
+    def _block(self):
+        import re
+        with open(os.path.join(os.path.dirname(os.path.dirname(HERE)), "README.md")) as f:
+            text = f.read()
+        m = re.search(r"<!-- begin from-python-collective -->\n```python\n(.*?)```\n<!-- end from-python-collective -->"
+                      r"\n\nprints `([^`]*)`", text, re.S)
+        self.assertIsNotNone(m, "README.md has no from-python-collective block followed by what it prints")
+        return m.group(1), m.group(2)
+
+    def test_training_loop_over_torchrun_variables(self):
+        """The README's data-parallel loop, 3 ranks from RANK, WORLD_SIZE,
+        MASTER_ADDR and MASTER_PORT; and under torchrun when it is there."""
+        code, printed = self._block()
+        port = free_port()
+        procs = []
+        for r in range(3):
+            env = python_env()
+            env.update({"RANK": str(r), "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                        "TENSORWIRE_BIN": binary()})
+            procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=180) for p in procs]
+        for p, (out, err) in zip(procs, outs):
+            self.assertEqual(p.returncode, 0, err[-3000:])
+        self.assertEqual(outs[0][0].strip(), printed)
+        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        import torch
+        if not os.path.exists(torchrun) or int(torch.__version__.split(".")[0]) < 2:
+            return  # no torchrun here (Debian's, of torch 1.13, fails on Python 3.11 before starting a worker)
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".py") as f:
+            f.write(code)
+            f.flush()
+            env = python_env()
+            env["PATH"] = os.path.dirname(binary()) + os.pathsep + env.get("PATH", "")
+            env.pop("TENSORWIRE_BIN", None)
+            r = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", f.name], env=env,
+                               capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertEqual(r.stdout.strip(), printed)

@@ -1,0 +1,56 @@
+"""The collective sidecar pipe's golden frames, from Python: this client's
+encode_frame writes the bytes of cmd/tensorwire/testdata/collective_pipe.hex
+(which cmd/tensorwire/collective_test.go pins from Go, and docs/protocol.md
+shows), and reads the replies there."""
+
+import os
+import struct
+import unittest
+
+from tensorwire import collective
+
+from nodes import REPO
+
+
+def golden():
+    out, name = {}, None
+    with open(os.path.join(REPO, "cmd", "tensorwire", "testdata", "collective_pipe.hex")) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("# ") and ":" in line and " " not in line[2:line.index(":")]:
+                name = line[2:line.index(":")]
+            elif line and not line.startswith("#"):
+                out[name] = bytes.fromhex(line)
+    return out
+
+
+class TestCollectiveGolden(unittest.TestCase):
+    def setUp(self):
+        self.g = golden()
+
+    def test_requests(self):
+        for name, req in [
+            ("req-allreduce", {"id": 7, "op": "allreduce", "red": collective.MPI_SUM, "has": True, "dtype": "float32",
+                               "shape": [2, 3], "size": 1 << 20, "timeout": 0}),
+            ("req-scatter", {"id": 8, "op": "scatter", "has": True, "dtype": "float64", "shape": [6, 2], "numelem": 0,
+                             "root": 1, "size": 1 << 20, "timeout": 30000, "axis": 0}),
+            ("req-wait", {"id": 9, "op": "wait", "req": 8, "size": 1 << 20}),
+        ]:
+            with self.subTest(name):
+                self.assertEqual(collective.encode_frame(req).hex(), self.g[name].hex())
+
+    def test_replies(self):
+        def body(name):
+            b = self.g[name]
+            self.assertEqual(struct.unpack(">I", b[:4])[0], len(b) - 4)
+            return collective.decode_frame(b[4:])
+        self.assertEqual(body("resp-out"), {"id": 7, "out": True, "dtype": "float32", "shape": [2, 3], "size": 1 << 20})
+        self.assertEqual(body("resp-hello"), {"rank": 2, "world": 4, "transport": "shm"})
+        err = body("resp-error")
+        e = collective.from_wire(err["code"], err["msg"], err["reason"])
+        self.assertIsInstance(e, collective.MismatchError)
+        self.assertIn("ranks disagree", str(e))
+
+
+if __name__ == "__main__":
+    unittest.main()
