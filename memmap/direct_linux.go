@@ -63,6 +63,25 @@ type direct struct {
 	// sparse: the file has holes (fewer blocks than bytes), so a write can
 	// meet a full disk. Writes reserve their rows' blocks first.
 	sparse bool
+	// inPlace: InPlace was called: every write goes through the mapping,
+	// whatever mincore would say (after the reservation of a sparse file).
+	inPlace bool
+}
+
+// InPlace marks t as a file rewritten in place for its whole life, whose
+// pages stay in the page cache: a replay buffer's storage, a ring of
+// slots. Its writes then go through the mapping always, never with pwrite
+// (see Writes): the first pass over cold pages faults them in as it would
+// without pwrite, and every pass after it costs what it did before pwrite
+// writes existed. Measured on the replay benchmark (docs/architecture.md,
+// "Cold rows are written with pwrite"): with pwrite in the first lap, the
+// buffer sampled 18% and inserted 5% slower for as long as it ran. Call it
+// before t is used by other goroutines. It does nothing elsewhere than
+// Linux, where every write goes through the mapping.
+func (t *Tensor) InPlace() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.direct.inPlace = true
 }
 
 // initDirect sets t.direct from the open file.
@@ -194,7 +213,7 @@ func (t *Tensor) reserveRange(off, n int64) error {
 func (w *directWrite) span(start, n int, src source) (int, error) {
 	t := w.t
 	end := start + n
-	if n < directMin {
+	if n < directMin || t.direct.inPlace {
 		return w.copy(start, start, end, src)
 	}
 	var vec [vecPages]byte

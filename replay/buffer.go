@@ -256,6 +256,7 @@ func (b *Buffer) createStorage(schema tensordict.RowSchema) error {
 	if err != nil {
 		return fmt.Errorf("replay: creating the storage: %w", err)
 	}
+	td.InPlace() // rewritten lap after lap: through the mapping (memmap.Tensor.InPlace)
 	b.storage, b.schema = td, schema
 	b.ownStorage()
 	return nil

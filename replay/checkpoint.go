@@ -301,6 +301,7 @@ func (b *Buffer) loadStorage() error {
 	if err != nil {
 		return fmt.Errorf("replay: %w", err)
 	}
+	td.InPlace() // rewritten lap after lap: through the mapping (memmap.Tensor.InPlace)
 	bs := td.BatchSize()
 	if err := b.schema.Match(td.RowSchema()); err != nil || len(bs) != 1 || bs[0] != b.cfg.Capacity {
 		td.Close()

@@ -198,6 +198,7 @@ func (c *Client) newView(info infoResponse) (*view, error) {
 	if v.storage, err = loadInFolder(prefix, filepath.Join(prefix, StorageDir)); err != nil {
 		return nil, fmt.Errorf("replay: mapping the shared storage: %w", err)
 	}
+	v.storage.InPlace() // a writer's rows, lap after lap: through the mapping
 	if v.slots, err = openSlots(filepath.Join(prefix, SlotsFile), info.Capacity); err != nil {
 		v.storage.Close()
 		return nil, fmt.Errorf("replay: mapping the slot table: %w", err)

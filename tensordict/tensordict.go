@@ -309,3 +309,15 @@ func (td *TensorDict) mapAt(prefix []string, batch []int, sub func([]int) []int,
 	}
 	return out, nil
 }
+
+// InPlace marks every file td maps (a TensorDict from LoadMemmap, Create,
+// or written with Memmap) as rewritten in place for its whole life, as a
+// replay buffer's storage is: its writes go through the mappings, never
+// with pwrite for pages not in the page cache (memmap.Tensor.InPlace says
+// why). A TensorDict in memory, or a view, maps no file: it does nothing
+// there. Call it before td is used by other goroutines.
+func (td *TensorDict) InPlace() {
+	for _, m := range td.maps {
+		m.InPlace()
+	}
+}
