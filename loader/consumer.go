@@ -82,7 +82,9 @@ type session struct {
 // joins it as a consumer of opts.Batch rows a batch. ErrArgument for a
 // batch size of 0 or less or larger than the producer's ring, ErrNotFound
 // when the node serves no loader by that name; an error (matching no
-// sentinel) when the node's answer is not one a producer gives.
+// sentinel) when the node's answer is not one a producer gives. A loader
+// whose producer process has not attached yet (ErrNoProducer) is waited
+// for, with backoff, until ctx ends.
 func Dial(ctx context.Context, addr, name string, opts Options) (*Consumer, error) {
 	if opts.Batch <= 0 {
 		return nil, wrapf(ErrArgument, "batch size %d: want at least 1", opts.Batch)
@@ -96,11 +98,20 @@ func Dial(ctx context.Context, addr, name string, opts Options) (*Consumer, erro
 		return nil, err
 	}
 	c := &Consumer{rc: rc, name: name, o: opts, prefetch: prefetchOf(opts)}
-	if _, err := c.session(ctx, nil); err != nil {
+	wait := service.Backoff()
+	for {
+		_, err := c.session(ctx, nil)
+		if err == nil {
+			return c, nil
+		}
+		if errors.Is(err, ErrNoProducer) { // a producer process yet to attach: wait for it, as Batches does
+			if werr := wait.Wait(ctx); werr == nil {
+				continue
+			}
+		}
 		rc.Close()
 		return nil, err
 	}
-	return c, nil
 }
 
 // Len returns the number of batches of an epoch: the producer's samples
