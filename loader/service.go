@@ -79,7 +79,7 @@ type (
 		Samples     int                  `codec:"samples"`  // per epoch
 		Batch       int                  `codec:"batch"`    // rows per producer batch
 		Slots       int                  `codec:"slots"`
-		HeartbeatMS int64                `codec:"heartbeat_ms"` // silent this long, it is dropped
+		HeartbeatMS int64                `codec:"heartbeat_ms"`     // silent this long, it is dropped
 		Layout      string               `codec:"layout,omitempty"` // a remote producer's batch structure (remote.go); "" for a dict
 	}
 	consumeRequest struct {
