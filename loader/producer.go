@@ -224,7 +224,7 @@ func (p *Producer) run(ctx context.Context) {
 			return
 		}
 		if err := p.produceEpoch(ctx, e); err != nil {
-			if ctx.Err() == nil && !errors.Is(err, ErrNoProducer) {
+			if ctx.Err() == nil && !errors.Is(err, ErrNoProducer) && (p.feed == nil || !p.feed.stopped()) {
 				if errors.Is(err, memmap.ErrFault) && p.pipe != nil {
 					err = fmt.Errorf("%w%s", err, truncatedFiles(p.pipe.src.td, p.ring.store))
 				}

@@ -159,7 +159,7 @@ func (r *Remote) Close() error {
 	p := r.cur
 	r.mu.Unlock()
 	if p != nil {
-		return r.detach(p, wrapf(ErrClosed, "loader %q is no longer served", r.name))
+		return r.detach(p, wrapf(ErrClosed, "loader %q is no longer served", r.name), false)
 	}
 	return nil
 }
@@ -212,7 +212,13 @@ func (svc *Service) produce(ctx context.Context, req produceRequest, st *rpc.Ser
 	}
 	f.send = func(ctx context.Context, g grant) error { return st.Send(ctx, produceMessage{Grant: &g}) }
 	why := wrapf(ErrNoProducer, "the producer process of loader %q went away", req.Name)
-	defer func() { r.detach(p, why) }()
+	done := false // the process ended its side: it is done, and its consumers may finish what it published
+	defer func() {
+		if done {
+			why = wrapf(ErrNoProducer, "the producer process of loader %q is done (it produced what it was asked)", req.Name)
+		}
+		r.detach(p, why, done)
+	}()
 	sp, err := svc.producers.Lookup(req.Name)
 	if err != nil || sp.Item != p {
 		return wrapf(ErrClosed, "loader %q is no longer served", req.Name)
@@ -224,7 +230,8 @@ func (svc *Service) produce(ctx context.Context, req produceRequest, st *rpc.Ser
 	for {
 		m, err := st.Recv(ctx)
 		if errors.Is(err, io.EOF) {
-			return nil // the process is done
+			done = true
+			return nil
 		}
 		if err != nil {
 			return err
@@ -295,16 +302,25 @@ func (r *Remote) attach(req produceRequest, f *feed) (*Producer, error) {
 	return p, nil
 }
 
-// detach ends p, the producer of a process that went away (why): its
-// consumers' streams end with why (or the process's own error), it stops
-// being served, and its ring is removed once no stream reads it.
-func (r *Remote) detach(p *Producer, why error) error {
-	p.feed.end(why)
+// detach ends p, the producer of a process that went away (why): no more
+// slots are granted; with drain (the process ended its stream: it is done)
+// the consumers may first finish the batches it published, for up to
+// MaxWait; then their streams end with why (or the process's own error),
+// p stops being served, and its ring is removed once no stream reads it.
+func (r *Remote) detach(p *Producer, why error, drain bool) error {
+	p.feed.stop(why)
 	p.mu.Lock()
+	deadline := time.Now().Add(p.cfg.MaxWait)
+	for drain && p.err == nil && time.Now().Before(deadline) && p.heldLocked() {
+		p.waitLocked(context.Background(), time.Until(deadline))
+	}
 	if p.gone == nil {
 		p.gone = why
 	}
 	p.broadcastLocked()
+	p.mu.Unlock()
+	p.feed.cancelStreams()
+	p.mu.Lock()
 	for p.active > 0 {
 		p.waitLocked(context.Background(), 100*time.Millisecond)
 	}
@@ -321,6 +337,16 @@ func (r *Remote) detach(p *Producer, why error) error {
 	st := p.Stats()
 	r.cfg.Log.Info("loader: the producer process detached", "name", r.name, "why", why, "published", st.Published, "epochs", st.Epochs)
 	return err
+}
+
+// heldLocked reports whether a consumer still needs a batch in the ring.
+func (p *Producer) heldLocked() bool {
+	for _, s := range p.slot {
+		if len(p.holdersLocked(s)) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // failWith stops p on err (ErrFailed: the process's data loader raised):
@@ -416,7 +442,12 @@ func (f *feed) fill(ctx context.Context, g grant) error {
 	case err := <-f.pub:
 		return err
 	case <-f.done:
-		return f.why
+		select {
+		case err := <-f.pub: // published before the process ended its side
+			return err
+		default:
+			return f.why
+		}
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -452,14 +483,27 @@ func (f *feed) take(p *Producer, m publishedMessage) error {
 	return nil
 }
 
-// end makes fill return why from now on and cancels the consume streams.
-func (f *feed) end(why error) {
+// stop makes fill return why from now on: no more grants.
+func (f *feed) stop(why error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.why == nil {
 		f.why = why
 		close(f.done)
 	}
+}
+
+// stopped reports whether stop was called.
+func (f *feed) stopped() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.why != nil
+}
+
+// cancelStreams ends the consume streams of the feed's producer.
+func (f *feed) cancelStreams() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	for _, c := range f.cancels {
 		c()
 	}

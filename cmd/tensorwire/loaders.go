@@ -55,7 +55,9 @@ func (f *loaderFlags) Set(v string) error {
 	}
 	s, cfg, err := readConfig(g, v, specNames(*f), (*loader.Config).Set)
 	if err == nil {
-		if verr := cfg.Validate(); verr != nil && cfg.Producer == loader.ProducerRemote {
+		c := cfg
+		c.Dir = s.name // the folder is the node's ROOT/NAME
+		if verr := c.Validate(); verr != nil && cfg.Producer == loader.ProducerRemote {
 			err = fmt.Errorf("loader %s: %w", s.name, verr)
 		}
 	}

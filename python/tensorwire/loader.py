@@ -37,12 +37,12 @@ from . import errors as _errors
 from ._td import DTYPES
 from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, FailedPreconditionError, InvalidArgumentError,
-                     NotFoundError, register_reason)
+                     NotFoundError, UnavailableError, register_reason)
 from .replay import _FENCE_OK, _fence
 from .rpc import Client, Sharing, StreamEnd
 
 __all__ = ["Consumer", "ConfigError", "DatasetError", "ArgumentError", "NotFoundError", "DroppedError",
-           "ClosedError", "FailedError", "InUseError", "ExistsError"]
+           "ClosedError", "FailedError", "InUseError", "ExistsError", "Producer", "NoProducerError"]
 
 
 @register_reason
@@ -91,6 +91,14 @@ class InUseError(FailedPreconditionError):
 @register_reason
 class ExistsError(AlreadyExistsError):
     reason = "loader.exists"
+
+
+@register_reason
+class NoProducerError(UnavailableError):
+    """The loader's producer is a process (a Producer) and none is attached:
+    not yet, or it went away; consumers wait for one, as for a node that
+    restarts."""
+    reason = "loader.no_producer"
 
 
 class _Session:
@@ -171,7 +179,7 @@ class Consumer:
     from one thread at a time; close() when done."""
 
     def __init__(self, node, name, batch_size, token=None, root=None, bytes_mode=False, drop_last=False,
-                 as_torch=False, timeout=30.0):
+                 as_torch=None, timeout=30.0):
         if not isinstance(batch_size, int) or batch_size <= 0:
             raise ArgumentError(f"batch size {batch_size!r}: want at least 1")
         if isinstance(node, Client):
@@ -190,7 +198,13 @@ class Consumer:
         self._info = None
         self._sharing = Sharing.NONE
         try:
-            self._session()
+            wait = _Backoff(timeout)
+            while True:
+                try:
+                    self._session()
+                    break
+                except NoProducerError as e:  # a producer process yet to attach: waited for
+                    wait.wait(e)
         except BaseException:
             if self._own:
                 self._client.close()
@@ -400,13 +414,26 @@ class Consumer:
             raise DroppedError(f"loader: batch {a['index']} of epoch {a['epoch']} was overwritten while it was read")
 
     def _out(self, flat, n):
+        td = self._nested(flat, n)
+        layout = self._info.get("layout") or "dict"
+        if layout == "dict":
+            return td
+        if layout == "tensor":
+            return td["0"]
+        items = [td[str(i)] for i in range(len(td))]
+        return tuple(items) if layout == "tuple" else items
+
+    def _nested(self, flat, n):
+        as_torch = self.as_torch
+        if as_torch is None:  # a producer process's batches come back as it gave them: tensors
+            as_torch = bool(self._info.get("layout"))
         td = {}
         for key, arr in flat.items():
             d = td
             for k in key[:-1]:
                 d = d.setdefault(k, {})
             v = arr if n == len(arr) else arr[:n]
-            if self.as_torch:
+            if as_torch:
                 import torch
                 v = torch.from_numpy(v)
             d[key[-1]] = v
@@ -490,3 +517,6 @@ def _map_ring(path, info):
         raise _errors.InternalError(f"loader: the slot table {table_path} is short")
     table = np.memmap(table_path, dtype="<u8", mode="r", shape=(info["slots"], 4))
     return leaves, table
+
+
+from .producer import Producer  # noqa: E402 (producer.py uses this module's errors)
