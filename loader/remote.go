@@ -241,7 +241,7 @@ func (svc *Service) produce(ctx context.Context, req produceRequest, st *rpc.Ser
 			return nil
 		}
 		if err := f.take(p, m); err != nil {
-			why = fmt.Errorf("%w (%w)", why, err)
+			why = wrapf(ErrNoProducer, "the producer process of loader %q was refused: %v", req.Name, err)
 			return err
 		}
 	}
