@@ -174,14 +174,6 @@ func (c *Config) Set(key, value string) error { return configKeys.Set(c, key, va
 
 // configKeys is Config's text form, a row a key.
 var configKeys = service.Keys[Config]{
-	{Setting: Setting{Key: "producer", Value: "remote", Help: "the batches come from a producer process that attaches (tensorwire.loader.Producer)"},
-		Set: func(c *Config, v string) error {
-			if v != ProducerRemote {
-				return errors.New("want remote")
-			}
-			c.Producer = v
-			return nil
-		}},
 	{Setting: Setting{Key: "dataset", Value: "PREFIX", Help: "the TensorDict whose rows are the samples"},
 		Set: func(c *Config, v string) error { return service.SetNonEmpty(&c.Dataset, v, "want a prefix") }},
 	{Setting: Setting{Key: "batch", Value: "N", Help: "rows of a producer batch"},
@@ -269,6 +261,14 @@ var configKeys = service.Keys[Config]{
 				a.Std = float32(x)
 				return nil
 			})
+		}},
+	{Setting: Setting{Key: "producer", Value: "remote", Help: "the batches come from a producer process that attaches (tensorwire.loader.Producer)"},
+		Set: func(c *Config, v string) error {
+			if v != ProducerRemote {
+				return errors.New("want remote")
+			}
+			c.Producer = v
+			return nil
 		}},
 }
 

@@ -107,9 +107,22 @@ type Remote struct {
 	name string
 	cfg  Config // defaults applied; Batch is the attached process's
 
-	mu     sync.Mutex
-	cur    *Producer // attached; nil when none
-	closed bool
+	mu       sync.Mutex
+	cur      *Producer // attached; nil when none
+	closed   bool
+	lastRing string // the ring of the last process detached, and its failure, if it failed:
+	lastErr  error  // a consumer of that ring whose stream opens after the detach is told it
+}
+
+// failedRing returns the failure of the last process, detached, if ring
+// was its ring.
+func (r *Remote) failedRing(ring string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ring != "" && ring == r.lastRing {
+		return r.lastErr
+	}
+	return nil
 }
 
 // AddRemote serves a loader named name whose batches come from a producer
@@ -329,10 +342,14 @@ func (r *Remote) detach(p *Producer, why error, drain bool) error {
 		r.svc.producers.Remove(r.name)
 	}
 	err := p.Close()
+	p.mu.Lock()
+	failed := p.err
+	p.mu.Unlock()
 	r.mu.Lock()
 	if r.cur == p {
 		r.cur = nil
 	}
+	r.lastRing, r.lastErr = p.ring.id, failed
 	r.mu.Unlock()
 	st := p.Stats()
 	r.cfg.Log.Info("loader: the producer process detached", "name", r.name, "why", why, "published", st.Published, "epochs", st.Epochs)

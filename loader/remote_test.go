@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -76,33 +77,41 @@ type goProducer struct {
 
 func startGoProducer(t *testing.T, addr string, n, batch int) *goProducer {
 	t.Helper()
+	gp, err := attachGoProducer(t, addr, n, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gp
+}
+
+// attachGoProducer is startGoProducer for any goroutine.
+func attachGoProducer(t *testing.T, addr string, n, batch int) (*goProducer, error) {
 	ctx := context.Background()
 	rc, err := rpc.Dial(ctx, addr)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	t.Cleanup(func() { rc.Close() })
 	st, err := rpc.OpenStream[publishedMessage, produceMessage](ctx, rc, MethodProduce, produceRequest{
 		Name: "train", Schema: remoteSchema, Layout: LayoutDict, Samples: n, Batch: batch, Bytes: true})
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	m, err := st.Recv(ctx)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if m.Attached == nil || m.Grant != nil {
-		t.Fatalf("first message %+v, want the attachment", m)
+		return nil, fmt.Errorf("first message %+v, want the attachment", m)
 	}
-	return &goProducer{rc: rc, st: st, att: *m.Attached, n: n}
+	return &goProducer{rc: rc, st: st, att: *m.Attached, n: n}, nil
 }
 
 // batchOf returns the rows of grant g's batch.
-func (gp *goProducer) batchOf(t *testing.T, g grant, batch int) *tensordict.TensorDict {
-	t.Helper()
+func (gp *goProducer) batchOf(g grant, batch int) *tensordict.TensorDict {
 	td, err := remoteSchema.Zeros(g.Rows)
 	if err != nil {
-		t.Fatal(err)
+		panic(err)
 	}
 	ib, _ := mustTensor(td, "images").Bytes()
 	lb, _ := mustTensor(td, "labels").Bytes()
@@ -132,10 +141,10 @@ func (gp *goProducer) serve(t *testing.T, count, batch int, spoil func(g grant, 
 			return gs, err
 		}
 		if m.Grant == nil {
-			t.Fatalf("message %+v, want a grant", m)
+			return gs, fmt.Errorf("message %+v, want a grant", m)
 		}
 		g := *m.Grant
-		td := gp.batchOf(t, g, batch)
+		td := gp.batchOf(g, batch)
 		if spoil != nil {
 			td = spoil(g, td)
 		}
@@ -298,8 +307,9 @@ func TestRemote_ProducerGoneMidEpoch(t *testing.T) {
 	}
 	go func() {
 		time.Sleep(200 * time.Millisecond) // the consumer waits meanwhile
-		gp2 := startGoProducer(t, f.addr, n, batch)
-		gp2.serve(t, 7, batch, nil)
+		if gp2, err := attachGoProducer(t, f.addr, n, batch); err == nil {
+			gp2.serve(t, 7, batch, nil)
+		}
 	}()
 	ids, sizes, err := consumerEpoch(context.Background(), c)
 	e := c.Epoch() - 1

@@ -116,7 +116,10 @@ type (
 func (svc *Service) producer(name, ring string) (service.Entry[*Producer], error) {
 	sp, err := svc.producers.Lookup(name)
 	if err != nil {
-		if svc.remotes.get(name) != nil {
+		if r := svc.remotes.get(name); r != nil {
+			if err := r.failedRing(ring); err != nil {
+				return sp, err // the process failed and detached before this consumer's stream opened
+			}
 			return sp, wrapf(ErrNoProducer, "no producer process is attached to loader %q", name)
 		}
 		return sp, err
