@@ -240,10 +240,13 @@ class Producer:
             # The epoch's end: the data loader must be at its end too.
             try:
                 next(it)
-                raise self._fail(st, ArgumentError(f"loader: the data loader yields more than {g['count']} batches "
-                                                   f"an epoch ({self.samples} samples of {B})"))
             except StopIteration:
                 pass
+            except Exception as x:
+                raise self._fail(st, x, f"{type(x).__name__}: {x}") from x
+            else:
+                raise self._fail(st, ArgumentError(f"loader: the data loader yields more than {g['count']} batches "
+                                                   f"an epoch ({self.samples} samples of {B})"))
             self.epochs_done += 1
             if self.epochs is not None and self.epochs_done >= self.epochs:
                 return
