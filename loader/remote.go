@@ -331,6 +331,13 @@ func (r *Remote) detach(p *Producer, why error, drain bool) error {
 		p.gone = why
 	}
 	p.broadcastLocked()
+	// The consume streams waiting for a batch end by themselves, with why
+	// or the process's error; those stuck sending to a slow consumer are
+	// cancelled after a second.
+	deadline = time.Now().Add(time.Second)
+	for p.active > 0 && time.Now().Before(deadline) {
+		p.waitLocked(context.Background(), time.Until(deadline))
+	}
 	p.mu.Unlock()
 	p.feed.cancelStreams()
 	p.mu.Lock()

@@ -26,6 +26,7 @@ lone tensor is "0"; consumers get back the same structure.
 
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -184,9 +185,15 @@ class Producer:
             self._serve(st, it, first, shared)
         finally:
             self._stream = None
+            # Ends its side, then reads what the node still sends (a grant
+            # already on its way) until the node ends the stream: closing
+            # before would reset it, and the node could lose this side's
+            # last message (an error for the consumers).
             try:
                 st.close_send()
-                st.recv(timeout=1)
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:
+                    st.recv(timeout=max(deadline - time.monotonic(), 0.001))
             except (StreamEnd, _errors.TensorwireError, OSError):
                 pass
             st.close()
