@@ -243,6 +243,70 @@ class TestProducer(unittest.TestCase):
             self.assertEqual(sorted(seen), list(range(N)))
         wait_until(lambda: c.stats()["dropped"] >= 1, 30, "the killed consumer dropped")
 
+    def test_ranks_share_each_epoch(self):
+        """Consumers of rank 0 and 1 of world size 2 over 151 samples: each
+        takes DistributedSampler's share of the producer's order (positions
+        rank, rank + 2, ..., padded to 76 from the epoch's first), len()
+        batches; together every sample, none twice within a rank."""
+        n = 151
+        dl = tud.DataLoader(Images(n=n), batch_size=32, shuffle=True)
+        p = self.producer(dl).start()
+        self.addCleanup(p.close)
+        full = self.consumer(64)  # the whole epoch, to compare with
+        shares, errs = {}, []
+
+        def run(rank):
+            try:
+                c = self.consumer(16, rank=rank, world_size=2)
+                self.assertEqual(len(c), math.ceil(76 / 16))
+                e = c.epoch
+                shares[rank] = (e, [i for b in c for i in ids_of(b)])
+            except Exception as x:  # noqa: BLE001
+                errs.append(x)
+
+        ts = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+        for t in ts:
+            t.start()
+        e = full.epoch
+        order = [i for b in full for i in ids_of(b)]
+        for t in ts:
+            t.join(120)
+        self.assertEqual(errs, [])
+        for rank, (re_, got) in shares.items():
+            self.assertEqual(re_, e, "both ranks and the full consumer iterate the same epoch")
+            padded = order + order[:1]
+            self.assertEqual(got, padded[rank::2])
+            self.assertEqual(len(got), 76)
+            self.assertEqual(len(set(got)), 76)
+        self.assertEqual(set(shares[0][1]) | set(shares[1][1]), set(range(n)))
+
+    def test_resume_mid_epoch(self):
+        """A rank's consumer closed after two batches, its state_dict given to
+        the consumer that replaces it (while another keeps the epoch going
+        and its window open): the new one yields the rest of the share, no
+        sample twice."""
+        dl = tud.DataLoader(Images(delay=0.002), batch_size=16)
+        p = self.producer(dl).start()
+        self.addCleanup(p.close)
+        keeper = self.consumer(16)  # keeps the epoch going
+        kit = iter(keeper)
+        next(kit)
+        c = self.consumer(8, rank=1, world_size=2)
+        it = iter(c)
+        first = ids_of(next(it)) + ids_of(next(it))
+        state = c.state_dict()
+        self.assertEqual(state["samples"], 16)
+        it.close()
+        c.close()
+        c2 = self.consumer(8, rank=1, world_size=2)
+        c2.load_state_dict(state)
+        self.assertEqual(c2.epoch, state["epoch"], "the window is still open: the same epoch")
+        rest = [i for b in c2 for i in ids_of(b)]
+        got = first + rest
+        self.assertEqual(len(got), len(set(got)))
+        self.assertEqual(len(got), 75)
+        kit.close()
+
     def start_producer_process(self, delay):
         code = ("import sys, time, torch, torch.utils.data as tud\nsys.path.insert(0, sys.argv[4])\n"
                 "from test_producer import Images\nfrom tensorwire import loader\n"
