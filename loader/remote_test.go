@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -366,4 +369,113 @@ func TestRemote_RefusesBadAttach(t *testing.T) {
 	if err := attach(good); !errors.Is(err, ErrInUse) {
 		t.Errorf("a second producer: %v, want ErrInUse", err)
 	}
+}
+
+// pythonProducer is a producer process of the Python client
+// (python/tensorwire): a tensorwire.loader.Producer over an iterable of
+// numpy batches of makeDataset's samples 0 to n-1 in order, batch 16, for
+// epochs epochs; by bytes when bytes.
+const pythonProducer = `
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from tensorwire import loader
+addr, root, n, epochs, bytes_mode = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "1"
+
+class Batches:
+    def __iter__(self):
+        for first in range(0, n, 16):
+            ids = np.arange(first, min(first + 16, n), dtype=np.int64)
+            img = np.empty((len(ids), 2, 4, 4), np.uint8)
+            flat = img.reshape(len(ids), -1)
+            flat[:] = ((7 * ids + 3) % 256)[:, None]
+            flat[:, :8] = ids.astype("<u8").view(np.uint8).reshape(len(ids), 8)
+            yield {"images": img, "labels": ids}
+
+p = loader.Producer(addr, "train", Batches(), root=root, samples=n, epochs=epochs, bytes_mode=bytes_mode)
+p.run()
+print(p.mode, p.epochs_done, flush=True)
+`
+
+// TestRemote_PythonProducerGoConsumers: the Python client's Producer, a
+// process of its own, serves Go consumers by reference and by bytes, with
+// the ring written in place (ref) or sent as bytes: two epochs each of
+// every sample once, a short last batch. Skipped without a python3 that
+// imports numpy and msgpack.
+func TestRemote_PythonProducerGoConsumers(t *testing.T) {
+	py := ""
+	for _, c := range []string{"python3", "/usr/bin/python3"} {
+		if exec.Command(c, "-c", "import numpy, msgpack").Run() == nil {
+			py = c
+			break
+		}
+	}
+	if py == "" {
+		t.Skip("needs a python3 (python3 or /usr/bin/python3) that imports numpy and msgpack")
+	}
+	pydir, err := filepath.Abs("../python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 100
+	for _, bytes := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bytes=%v", bytes), func(t *testing.T) {
+			f := newRemoteFixture(t, Config{Slots: 8, Window: 8})
+			b := "0"
+			if bytes {
+				b = "1"
+			}
+			cmd := exec.Command(py, "-c", pythonProducer, pydir, f.addr, f.root, strconv.Itoa(n), "2", b)
+			var out, errb strings.Builder
+			cmd.Stdout, cmd.Stderr = &out, &errb
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			cs := []*Consumer{dialRemote(t, f, 32, false), dialRemote(t, f, 48, true)}
+			errs := make(chan error, len(cs))
+			for i, c := range cs {
+				size := []int{32, 48}[i]
+				go func() {
+					for range 2 {
+						ids, sizes, err := consumerEpoch(context.Background(), c)
+						if err == nil && !slices.Equal(ids, seq(n)) {
+							err = fmt.Errorf("batch %d: samples %v..., want 0 to %d in order", size, ids[:min(8, len(ids))], n-1)
+						}
+						if err == nil && (len(sizes) != (n+size-1)/size || sizes[len(sizes)-1] != n-size*(len(sizes)-1)) {
+							err = fmt.Errorf("batch %d: batches of %v", size, sizes)
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+					}
+					errs <- nil
+				}()
+			}
+			for range cs {
+				if err := <-errs; err != nil {
+					t.Fatalf("%v; the producer's stderr:\n%s", err, errb.String())
+				}
+			}
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("the producer: %v\n%s", err, errb.String())
+			}
+			want := "ref 2"
+			if bytes {
+				want = "bytes 2"
+			}
+			if got := strings.TrimSpace(out.String()); got != want {
+				t.Fatalf("the producer printed %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+func seq(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
 }
