@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"iter"
 	"math"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -265,6 +267,11 @@ func (c *Consumer) join(ctx context.Context) (*session, error) {
 		path := filepath.Join(c.o.Root, filepath.FromSlash(resp.Prefix))
 		if s.reader, err = openRingReader(path, s.schema, resp.Slots, resp.Batch); err != nil {
 			s.leave()
+			if _, serr := os.Stat(path); resp.Layout != "" && errors.Is(serr, fs.ErrNotExist) {
+				// A producer process's ring removed under the join: it
+				// detached meanwhile; wait for the next, as for none.
+				return nil, wrapf(ErrNoProducer, "the ring %s went away as it was mapped: %v", resp.Prefix, err)
+			}
 			return nil, fmt.Errorf("loader: mapping the ring: %w", err)
 		}
 	}

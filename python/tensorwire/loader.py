@@ -319,8 +319,12 @@ class Consumer:
         if not bytes_mode:
             try:
                 ring = _map_ring(os.path.join(c.root, *prefix.split("/")), info)
-            except Exception:
+            except Exception as e:
                 self._leave(info)
+                if info.get("layout") and not os.path.isdir(os.path.join(c.root, *prefix.split("/"))):
+                    # A producer process's ring removed under the join: it
+                    # detached meanwhile; wait for the next, as for none.
+                    raise NoProducerError(f"loader: the ring {prefix} went away as it was mapped: {e}") from None
                 raise
         stream = c.open_stream("loader.consume", {"name": self.name, "ring": info["ring"], "consumer": info["consumer"],
                                                   "epoch": info["epoch"], "index": 0, "bytes": bytes_mode},
