@@ -333,8 +333,8 @@ func (r *Remote) detach(p *Producer, why error, drain bool) error {
 	p.broadcastLocked()
 	// The consume streams waiting for a batch end by themselves, with why
 	// or the process's error; those stuck sending to a slow consumer are
-	// cancelled after a second.
-	deadline = time.Now().Add(time.Second)
+	// cancelled after a heartbeat period.
+	deadline = time.Now().Add(p.cfg.Heartbeat)
 	for p.active > 0 && time.Now().Before(deadline) {
 		p.waitLocked(context.Background(), time.Until(deadline))
 	}

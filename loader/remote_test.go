@@ -231,11 +231,13 @@ func TestRemote_BadBatchNamesTheKey(t *testing.T) {
 	f := newRemoteFixture(t, Config{Slots: 4, Window: 4, MaxWait: 5 * time.Second})
 	gp := startGoProducer(t, f.addr, n, batch)
 	c := dialRemote(t, f, 16, false)
+	yielded := make(chan struct{}) // a loop that yielded nothing rides a producer's going away out
 	go func() {
 		gp.serve(t, 7, batch, func(g grant, td *tensordict.TensorDict) *tensordict.TensorDict {
 			if g.Index < 2 {
 				return td
 			}
+			<-yielded
 			bad, err := tensordict.RowSchema{remoteSchema[0], {Key: []string{"labels"}, DType: memmap.Int32, Shape: []int{}}}.Zeros(g.Rows)
 			if err != nil {
 				panic(err)
@@ -243,7 +245,7 @@ func TestRemote_BadBatchNamesTheKey(t *testing.T) {
 			return bad
 		})
 	}()
-	_, _, err := consumerEpoch(context.Background(), c)
+	err := firstEpochAfterYield(c, yielded)
 	if !errors.Is(err, rpc.ErrUnavailable) {
 		t.Fatalf("the consumer's epoch ended with %v, want an error matching rpc.ErrUnavailable (no producer)", err)
 	}
@@ -257,9 +259,19 @@ func TestRemote_BadBatchNamesTheKey(t *testing.T) {
 	}
 	// Another process attaches; the consumer iterates the next epoch whole.
 	gp2 := startGoProducer(t, f.addr, n, batch)
-	go gp2.serve(t, 7, batch, nil)
+	served := make(chan error, 1)
+	go func() { _, err := gp2.serve(t, 7, batch, nil); served <- err }()
 	e := c.Epoch()
-	ids, sizes, err := consumerEpoch(context.Background(), c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ids, sizes, err := consumerEpoch(ctx, c)
+	if err != nil {
+		select {
+		case serr := <-served:
+			t.Logf("the second producer's stream ended with %v", serr)
+		default:
+		}
+	}
 	if err == nil {
 		err = checkEpoch(ids, sizes, n, 7, e, 16)
 	}
@@ -285,7 +297,9 @@ func TestRemote_ProducerErrorReachesConsumers(t *testing.T) {
 		}
 		gp.st.Send(context.Background(), publishedMessage{Error: "ValueError: image 37 is corrupt"})
 	}()
-	_, _, err := consumerEpoch(context.Background(), c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, _, err := consumerEpoch(ctx, c)
 	if !errors.Is(err, ErrFailed) || !strings.Contains(err.Error(), "image 37 is corrupt") {
 		t.Fatalf("the epoch ended with %v, want ErrFailed with the producer's message", err)
 	}
@@ -300,11 +314,13 @@ func TestRemote_ProducerGoneMidEpoch(t *testing.T) {
 	f := newRemoteFixture(t, Config{Slots: 4, Window: 4})
 	gp := startGoProducer(t, f.addr, n, batch)
 	c := dialRemote(t, f, 16, false)
+	yielded := make(chan struct{})
 	go func() {
 		gp.serve(t, 3, batch, nil)
+		<-yielded // a loop that yielded nothing rides a producer's going away out
 		gp.rc.Close()
 	}()
-	_, _, err := consumerEpoch(context.Background(), c)
+	err := firstEpochAfterYield(c, yielded)
 	if !errors.Is(err, rpc.ErrUnavailable) || !errors.Is(err, ErrNoProducer) {
 		t.Fatalf("the epoch ended with %v, want ErrNoProducer (matching rpc.ErrUnavailable)", err)
 	}
@@ -478,4 +494,22 @@ func seq(n int) []int {
 		s[i] = i
 	}
 	return s
+}
+
+// firstEpochAfterYield iterates an epoch of c, closing yielded once it has
+// yielded a batch, and returns the error it ends with (within a minute).
+func firstEpochAfterYield(c *Consumer, yielded chan struct{}) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	once := false
+	for _, err := range c.Batches(ctx) {
+		if err != nil {
+			return err
+		}
+		if !once {
+			close(yielded)
+			once = true
+		}
+	}
+	return nil
 }
