@@ -19,6 +19,14 @@ type Config struct {
 	// rows are the samples. It is mapped read-only.
 	Dataset string
 
+	// Producer is "" for a producer that reads Dataset, or
+	// ProducerRemote ("remote") for a loader whose batches come from a
+	// producer process that attaches to the node (Service.AddRemote,
+	// docs/loader.md "A producer in another process"): then Dataset, Seed,
+	// Sequential, Transform and IndexKey are not set, and Batch is the
+	// process's (0 here).
+	Producer string
+
 	// Dir is the ring's folder: created if missing, and it must otherwise
 	// be a loader's ring folder or empty. Consumers that share the
 	// filesystem map the ring from it, so for them it must lie under the
@@ -121,6 +129,16 @@ func (c Config) Validate() error {
 	switch {
 	case c.Dir == "":
 		return fmt.Errorf("%w: no ring folder (Dir)", ErrConfig)
+	case c.Producer != "" && c.Producer != ProducerRemote:
+		return fmt.Errorf("%w: producer %q: want %q or none", ErrConfig, c.Producer, ProducerRemote)
+	case c.Producer == ProducerRemote && (c.Dataset != "" || c.Batch != 0 || c.Transform != nil || c.IndexKey != "" || c.Sequential || c.Seed != 0):
+		return fmt.Errorf("%w: producer=remote takes its batches from the producer process: no dataset, batch, seed, sequential, index or transform", ErrConfig)
+	case c.Producer == ProducerRemote:
+		if c.Slots < 1 || c.Window > c.Slots || c.Heartbeat < 0 || c.MaxWait < 0 {
+			c.Batch = 1
+			return c.Validate()
+		}
+		return nil
 	case c.Batch <= 0:
 		return fmt.Errorf("%w: batch size %d: want at least 1", ErrConfig, c.Batch)
 	case c.Slots < 1:
@@ -243,6 +261,14 @@ var configKeys = service.Keys[Config]{
 				a.Std = float32(x)
 				return nil
 			})
+		}},
+	{Setting: Setting{Key: "producer", Value: "remote", Help: "the batches come from a producer process that attaches (tensorwire.loader.Producer)"},
+		Set: func(c *Config, v string) error {
+			if v != ProducerRemote {
+				return errors.New("want remote")
+			}
+			c.Producer = v
+			return nil
 		}},
 }
 

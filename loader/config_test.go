@@ -100,7 +100,7 @@ func TestConfig_Set(t *testing.T) {
 		{augment(Augment{}), "std", "0", "want a positive finite number", augment(Augment{})},
 		{augment(Augment{}), "std", "Inf", "want a positive finite number", augment(Augment{})},
 		{Config{}, "colour", "red", "unknown setting; the settings are dataset, batch, slots, window, seed, sequential, " +
-			"index, heartbeat, max-wait, transform, image-key, pad, flip, mean and std", Config{}},
+			"index, heartbeat, max-wait, transform, image-key, pad, flip, mean, std and producer", Config{}},
 	} {
 		c := tc.from
 		var before Augment

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"iter"
 	"math"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -82,7 +84,9 @@ type session struct {
 // joins it as a consumer of opts.Batch rows a batch. ErrArgument for a
 // batch size of 0 or less or larger than the producer's ring, ErrNotFound
 // when the node serves no loader by that name; an error (matching no
-// sentinel) when the node's answer is not one a producer gives.
+// sentinel) when the node's answer is not one a producer gives. A loader
+// whose producer process has not attached yet (ErrNoProducer) is waited
+// for, with backoff, until ctx ends.
 func Dial(ctx context.Context, addr, name string, opts Options) (*Consumer, error) {
 	if opts.Batch <= 0 {
 		return nil, wrapf(ErrArgument, "batch size %d: want at least 1", opts.Batch)
@@ -92,11 +96,20 @@ func Dial(ctx context.Context, addr, name string, opts Options) (*Consumer, erro
 		return nil, err
 	}
 	c := &Consumer{rc: rc, name: name, o: opts, prefetch: prefetchOf(opts)}
-	if _, err := c.session(ctx, nil); err != nil {
+	wait := service.Backoff()
+	for {
+		_, err := c.session(ctx, nil)
+		if err == nil {
+			return c, nil
+		}
+		if errors.Is(err, ErrNoProducer) { // a producer process yet to attach: wait for it, as Batches does
+			if werr := wait.Wait(ctx); werr == nil {
+				continue
+			}
+		}
 		rc.Close()
 		return nil, err
 	}
-	return c, nil
 }
 
 // Len returns the number of batches of an epoch: the producer's samples
@@ -246,6 +259,11 @@ func (c *Consumer) join(ctx context.Context) (*session, error) {
 		path := filepath.Join(c.o.Root, filepath.FromSlash(resp.Prefix))
 		if s.reader, err = openRingReader(path, s.schema, resp.Slots, resp.Batch); err != nil {
 			s.leave()
+			if _, serr := os.Stat(path); resp.Layout != "" && errors.Is(serr, fs.ErrNotExist) {
+				// A producer process's ring removed under the join: it
+				// detached meanwhile; wait for the next, as for none.
+				return nil, wrapf(ErrNoProducer, "the ring %s went away as it was mapped: %v", resp.Prefix, err)
+			}
 			return nil, fmt.Errorf("loader: mapping the ring: %w", err)
 		}
 	}

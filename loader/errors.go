@@ -78,3 +78,13 @@ func init() {
 func wrapf(sentinel error, format string, args ...any) error {
 	return fmt.Errorf("%w: %s", sentinel, fmt.Sprintf(format, args...))
 }
+
+// ErrNoProducer: the loader's batches come from a producer process
+// (Config.Producer "remote") and none is attached: it has not attached
+// yet, or it went away (killed, closed) during the epoch. A consumer's
+// iteration waits for one to attach, as it waits for a node that restarts;
+// an epoch of which batches were yielded ends with it. Code Unavailable:
+// it matches rpc.ErrUnavailable.
+var ErrNoProducer = errors.New("loader: no producer attached")
+
+func init() { rpc.RegisterReason(ErrNoProducer, rpc.Unavailable, "loader.no_producer") }

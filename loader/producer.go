@@ -28,11 +28,14 @@ import (
 //
 // A Producer is safe for concurrent use. Close it when done.
 type Producer struct {
-	cfg  Config
-	pipe *pipeline
-	ring *ring
-	n    int // samples per epoch
-	nb   int // batches per epoch
+	cfg    Config
+	pipe   *pipeline // nil for a remote producer's (feed)
+	feed   *feed     // a producer process's batches (remote.go); nil for a dataset's
+	schema tensordict.RowSchema
+	layout string // the batches' structure, for a remote producer's (remote.go)
+	ring   *ring
+	n      int // samples per epoch
+	nb     int // batches per epoch
 
 	mu        sync.Mutex
 	changed   chan struct{} // closed and replaced when anything below changes
@@ -40,6 +43,8 @@ type Producer struct {
 	nextID    uint64
 	closed    bool
 	err       error // set when the producer failed (ErrFailed)
+	gone      error // set when a remote producer's process detached (ErrNoProducer)
+	active    int   // consume streams being served (a remote producer waits for them before unmapping)
 	epoch     int64 // the current epoch, or the last one if !running (-1: none yet)
 	running   bool
 	window    bool // the current epoch's window is open: joiners take part in it
@@ -115,6 +120,9 @@ func NewProducer(cfg Config) (*Producer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Producer == ProducerRemote {
+		return nil, wrapf(ErrConfig, "producer=remote: its producer is a process (Service.AddRemote)")
+	}
 	cfg = cfg.WithDefaults()
 	pipe, err := newPipeline(cfg, cfg.Batch)
 	if err != nil {
@@ -126,7 +134,7 @@ func NewProducer(cfg Config) (*Producer, error) {
 		return nil, err
 	}
 	p := &Producer{
-		cfg: cfg, pipe: pipe, ring: r, n: pipe.len(), nb: (pipe.len() + cfg.Batch - 1) / cfg.Batch,
+		cfg: cfg, pipe: pipe, schema: pipe.schema, ring: r, n: pipe.len(), nb: (pipe.len() + cfg.Batch - 1) / cfg.Batch,
 		changed: make(chan struct{}), members: map[uint64]*member{},
 		epoch: r.meta.Epoch, slot: make([]slotInfo, cfg.Slots), epochs: map[int64]epochInfo{},
 		done: make(chan struct{}),
@@ -145,7 +153,7 @@ func NewProducer(cfg Config) (*Producer, error) {
 func (p *Producer) Config() Config { return p.cfg }
 
 // Schema returns the schema of the batches' rows.
-func (p *Producer) Schema() tensordict.RowSchema { return p.pipe.schema.Clone() }
+func (p *Producer) Schema() tensordict.RowSchema { return p.schema.Clone() }
 
 // Len returns the number of samples in an epoch.
 func (p *Producer) Len() int { return p.n }
@@ -216,8 +224,8 @@ func (p *Producer) run(ctx context.Context) {
 			return
 		}
 		if err := p.produceEpoch(ctx, e); err != nil {
-			if ctx.Err() == nil {
-				if errors.Is(err, memmap.ErrFault) {
+			if ctx.Err() == nil && !errors.Is(err, ErrNoProducer) && (p.feed == nil || !p.feed.stopped()) {
+				if errors.Is(err, memmap.ErrFault) && p.pipe != nil {
 					err = fmt.Errorf("%w%s", err, truncatedFiles(p.pipe.src.td, p.ring.store))
 				}
 				p.mu.Lock()
@@ -273,22 +281,29 @@ func (p *Producer) pruneLocked() {
 // produceEpoch publishes the batches of epoch e, or fewer if every
 // consumer leaves it.
 func (p *Producer) produceEpoch(ctx context.Context, e int64) error {
-	order := p.pipe.order(e)
+	var order []int
+	if p.pipe != nil {
+		order = p.pipe.order(e)
+	}
 	for k := range p.nb {
 		s, gen, ok, err := p.takeSlot(ctx, e, k)
 		if err != nil || !ok {
 			return err
 		}
 		first := k * p.cfg.Batch
-		idx := order[first:min(first+p.cfg.Batch, p.n)]
-		dst, err := p.ring.slotView(s, len(idx))
+		rows := min(p.cfg.Batch, p.n-first)
+		dst, err := p.ring.slotView(s, rows)
 		if err == nil {
-			err = p.pipe.fill(dst, e, first, idx)
+			if p.feed != nil {
+				err = p.feed.fill(ctx, grant{Epoch: e, Index: k, Count: p.nb, Slot: s, Rows: rows})
+			} else {
+				err = p.pipe.fill(dst, e, first, order[first:first+rows])
+			}
 		}
 		if err != nil {
 			return err
 		}
-		p.publish(s, gen, e, k, len(idx))
+		p.publish(s, gen, e, k, rows)
 	}
 	p.mu.Lock()
 	info := p.epochs[e]
@@ -456,6 +471,12 @@ func (p *Producer) join(batch int) (joinInfo, error) {
 
 // usableLocked returns ErrClosed or the producer's failure.
 func (p *Producer) usableLocked() error {
+	if p.gone != nil {
+		if p.err != nil {
+			return p.err // the producer process's own error first: it says why
+		}
+		return p.gone
+	}
 	if p.closed {
 		return ErrClosed
 	}
@@ -630,7 +651,11 @@ func (p *Producer) Close() error {
 	p.mu.Unlock()
 	p.stop()
 	<-p.done
-	return errors.Join(p.ring.close(true), p.pipe.close())
+	var perr error
+	if p.pipe != nil {
+		perr = p.pipe.close()
+	}
+	return errors.Join(p.ring.close(true), perr)
 }
 
 // truncatedFiles names the mapped files of tds shorter than their

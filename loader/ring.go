@@ -87,9 +87,11 @@ func openRing(cfg Config, schema tensordict.RowSchema) (*ring, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: ring folder %s: %w", ErrConfig, cfg.Dir, err)
 	}
-	dataset, err := filepath.Abs(cfg.Dataset)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrDataset, err)
+	dataset := "producer=" + ProducerRemote // a producer process's: it resumes after the last epoch begun
+	if cfg.Producer != ProducerRemote {
+		if dataset, err = filepath.Abs(cfg.Dataset); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrDataset, err)
+		}
 	}
 	if err := checkRingDir(dir); err != nil {
 		return nil, err

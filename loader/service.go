@@ -31,6 +31,7 @@ const maxAnnounce = 1024
 // removed while it serves.
 type Service struct {
 	producers *service.Registry[*Producer]
+	remotes   remotes // the loaders whose producer is another process (remote.go)
 }
 
 // Register adds the loader service's methods to s and returns the
@@ -44,6 +45,7 @@ func Register(s *rpc.Server) (*Service, error) {
 		rpc.RegisterStream(s, MethodConsume, svc.consume),
 		rpc.Register(s, MethodLeave, svc.leave),
 		rpc.Register(s, MethodStats, svc.stats),
+		rpc.RegisterStream(s, MethodProduce, svc.produce),
 	}
 	for _, err := range regs {
 		if err != nil {
@@ -77,7 +79,8 @@ type (
 		Samples     int                  `codec:"samples"`  // per epoch
 		Batch       int                  `codec:"batch"`    // rows per producer batch
 		Slots       int                  `codec:"slots"`
-		HeartbeatMS int64                `codec:"heartbeat_ms"` // silent this long, it is dropped
+		HeartbeatMS int64                `codec:"heartbeat_ms"`     // silent this long, it is dropped
+		Layout      string               `codec:"layout,omitempty"` // a remote producer's batch structure (remote.go); "" for a dict
 	}
 	consumeRequest struct {
 		Name     string `codec:"name"`
@@ -113,6 +116,12 @@ type (
 func (svc *Service) producer(name, ring string) (service.Entry[*Producer], error) {
 	sp, err := svc.producers.Lookup(name)
 	if err != nil {
+		if r := svc.remotes.get(name); r != nil {
+			if err := r.failedRing(ring); err != nil {
+				return sp, err // the process failed and detached before this consumer's stream opened
+			}
+			return sp, wrapf(ErrNoProducer, "no producer process is attached to loader %q", name)
+		}
 		return sp, err
 	}
 	if ring != "" && ring != sp.Item.ring.id {
@@ -132,7 +141,7 @@ func (svc *Service) join(_ context.Context, req joinRequest) (joinResponse, erro
 		return joinResponse{}, err
 	}
 	return joinResponse{
-		Ring: p.ring.id, Consumer: ji.id, Epoch: ji.epoch, Prefix: sp.Rel, Schema: p.pipe.schema,
+		Ring: p.ring.id, Consumer: ji.id, Epoch: ji.epoch, Prefix: sp.Rel, Schema: p.schema, Layout: p.layout,
 		Samples: p.n, Batch: p.cfg.Batch, Slots: p.cfg.Slots, HeartbeatMS: p.cfg.Heartbeat.Milliseconds(),
 	}, nil
 }
@@ -161,6 +170,10 @@ func (svc *Service) consume(ctx context.Context, req consumeRequest, st *rpc.Ser
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if err := p.track(cancel); err != nil { // a remote producer's ring stays mapped until this returns
+		return err
+	}
+	defer p.untrack()
 	acks := make(chan error, 1) // the ack reader's end, exactly once
 	go func() {
 		defer cancel()
@@ -186,6 +199,9 @@ func (svc *Service) consume(ctx context.Context, req consumeRequest, st *rpc.Ser
 	err = svc.send(ctx, p, req, st)
 	cancel()
 	ackErr := <-acks
+	if gone := p.goneErr(); gone != nil {
+		return gone // the producer process detached (or failed): ErrNoProducer, or its error
+	}
 	switch {
 	case errors.Is(ackErr, io.EOF): // the consumer ended its side: it has left (above)
 		return nil
@@ -233,7 +249,7 @@ func (svc *Service) leave(_ context.Context, req leaveRequest) (rpc.Empty, error
 }
 
 func (svc *Service) stats(_ context.Context, req statsRequest) (Stats, error) {
-	sp, err := svc.producers.Lookup(req.Name)
+	sp, err := svc.producer(req.Name, "")
 	if err != nil {
 		return Stats{}, err
 	}

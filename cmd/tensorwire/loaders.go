@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/tensorwire/tensorwire/loader"
 	"github.com/tensorwire/tensorwire/rpc"
@@ -12,7 +14,8 @@ import (
 
 // loaderHelp says what a --loader value holds, for the node command's help.
 const loaderHelp = "NAME,dataset=PREFIX,batch=N[,slots=N][,window=N][,seed=S][,sequential][,index=KEY]" +
-	"[,heartbeat=D][,max-wait=D][,transform=augment[,image-key=K][,pad=P][,flip][,mean=M][,std=S]]"
+	"[,heartbeat=D][,max-wait=D][,transform=augment[,image-key=K][,pad=P][,flip][,mean=M][,std=S]]" +
+	" | NAME,producer=remote[,slots=N][,window=N][,heartbeat=D][,max-wait=D]"
 
 // loaderFlags collects repeated --loader flags: the producers a node
 // serves, each with its ring in ROOT/NAME.
@@ -36,9 +39,28 @@ var loaderGrammar = grammar{
 	required: []string{"dataset", "batch"},
 }
 
+// remoteLoaderGrammar is what a --loader NAME,producer=remote value holds:
+// the batches come from a producer process, which says their size.
+var remoteLoaderGrammar = func() grammar {
+	g := loaderGrammar
+	g.required = []string{"producer"}
+	return g
+}()
+
 // Set parses one --loader value and checks every setting in it.
 func (f *loaderFlags) Set(v string) error {
-	s, cfg, err := readConfig(loaderGrammar, v, specNames(*f), (*loader.Config).Set)
+	g := loaderGrammar
+	if slices.Contains(strings.Split(v, ",")[1:], "producer="+loader.ProducerRemote) {
+		g = remoteLoaderGrammar
+	}
+	s, cfg, err := readConfig(g, v, specNames(*f), (*loader.Config).Set)
+	if err == nil {
+		c := cfg
+		c.Dir = s.name // the folder is the node's ROOT/NAME
+		if verr := c.Validate(); verr != nil && cfg.Producer == loader.ProducerRemote {
+			err = fmt.Errorf("loader %s: %w", s.name, verr)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -50,6 +72,8 @@ func (f *loaderFlags) Set(v string) error {
 type servedLoaders struct {
 	producers []*loader.Producer
 	names     []string
+	remotes   []loaderSpec     // producer=remote: served once the server is made
+	attached  []*loader.Remote // those, served
 }
 
 // checkNames refuses two services of the node that would live in one
@@ -87,6 +111,12 @@ func (f loaderFlags) open(root string, log *slog.Logger) (*servedLoaders, func(*
 		cfg := spec.cfg
 		cfg.Dir = filepath.Join(root, spec.name)
 		cfg.Log = log.With("loader", spec.name)
+		if cfg.Producer == loader.ProducerRemote {
+			spec.cfg = cfg
+			sl.remotes = append(sl.remotes, spec)
+			log.Info("loader ready for a producer process", "name", spec.name, "ring", cfg.Dir)
+			continue
+		}
 		p, err := loader.NewProducer(cfg)
 		if err != nil {
 			sl.close()
@@ -98,7 +128,7 @@ func (f loaderFlags) open(root string, log *slog.Logger) (*servedLoaders, func(*
 		sl.producers, sl.names = append(sl.producers, p), append(sl.names, spec.name)
 	}
 	register := func(s *rpc.Server) error {
-		if len(sl.producers) == 0 {
+		if len(sl.producers) == 0 && len(sl.remotes) == 0 {
 			return nil
 		}
 		svc, err := loader.Register(s)
@@ -110,6 +140,13 @@ func (f loaderFlags) open(root string, log *slog.Logger) (*servedLoaders, func(*
 				return err
 			}
 		}
+		for _, spec := range sl.remotes {
+			r, err := svc.AddRemote(spec.name, spec.cfg)
+			if err != nil {
+				return fmt.Errorf("loader %s: %w", spec.name, err)
+			}
+			sl.attached = append(sl.attached, r)
+		}
 		return nil
 	}
 	return sl, register, nil
@@ -118,6 +155,9 @@ func (f loaderFlags) open(root string, log *slog.Logger) (*servedLoaders, func(*
 // close closes every producer.
 func (sl *servedLoaders) close() error {
 	var errs []error
+	for _, r := range sl.attached {
+		errs = append(errs, r.Close())
+	}
 	for _, p := range sl.producers {
 		errs = append(errs, p.Close())
 	}

@@ -37,12 +37,12 @@ from . import errors as _errors
 from ._td import DTYPES
 from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, FailedPreconditionError, InvalidArgumentError,
-                     NotFoundError, register_reason)
+                     NotFoundError, UnavailableError, register_reason)
 from .replay import _FENCE_OK, _fence
 from .rpc import Client, Sharing, StreamEnd
 
 __all__ = ["Consumer", "ConfigError", "DatasetError", "ArgumentError", "NotFoundError", "DroppedError",
-           "ClosedError", "FailedError", "InUseError", "ExistsError"]
+           "ClosedError", "FailedError", "InUseError", "ExistsError", "Producer", "NoProducerError"]
 
 
 @register_reason
@@ -91,6 +91,14 @@ class InUseError(FailedPreconditionError):
 @register_reason
 class ExistsError(AlreadyExistsError):
     reason = "loader.exists"
+
+
+@register_reason
+class NoProducerError(UnavailableError):
+    """The loader's producer is a process (a Producer) and none is attached:
+    not yet, or it went away; consumers wait for one, as for a node that
+    restarts."""
+    reason = "loader.no_producer"
 
 
 class _Session:
@@ -167,13 +175,27 @@ class Consumer:
     node: "HOST:PORT" or a tensorwire.Client; token, root as Client takes
     them (root: the node's root as this machine mounts it, for reading the
     ring by reference); bytes_mode: rows with the messages even so.
+    rank, world_size: a data-parallel job's share of each epoch, as
+    DistributedSampler splits it (positions rank, rank + world_size, ...
+    of the producer's order, padded to ceil(samples / world_size) from
+    the epoch's first); state_dict/load_state_dict resume a restarted
+    job's share mid-epoch without a sample twice. as_torch: tensors
+    rather than numpy arrays; None: tensors for a producer process's
+    batches (tensorwire.loader.Producer), which come back in its layout
+    (dict, tuple, list or tensor), numpy for a dataset's.
     ArgumentError for a batch size the producer's ring cannot hold. Use it
     from one thread at a time; close() when done."""
 
     def __init__(self, node, name, batch_size, token=None, root=None, bytes_mode=False, drop_last=False,
-                 as_torch=False, timeout=30.0):
+                 as_torch=None, timeout=30.0, rank=None, world_size=None):
         if not isinstance(batch_size, int) or batch_size <= 0:
             raise ArgumentError(f"batch size {batch_size!r}: want at least 1")
+        if (rank is None) != (world_size is None) or world_size is not None and not (
+                isinstance(world_size, int) and isinstance(rank, int) and 0 <= rank < world_size):
+            raise ArgumentError(f"rank {rank!r} of world size {world_size!r}: want 0 <= rank < world_size, or neither")
+        self.rank, self.world_size = rank or 0, world_size or 1
+        self._resume = None  # (epoch, samples of the share to skip in it): load_state_dict
+        self._state = {"epoch": 0, "samples": 0}
         if isinstance(node, Client):
             self._client, self._own = node, False
         else:
@@ -190,7 +212,13 @@ class Consumer:
         self._info = None
         self._sharing = Sharing.NONE
         try:
-            self._session()
+            wait = _Backoff(timeout)
+            while True:
+                try:
+                    self._session()
+                    break
+                except NoProducerError as e:  # a producer process yet to attach: waited for
+                    wait.wait(e)
         except BaseException:
             if self._own:
                 self._client.close()
@@ -223,9 +251,26 @@ class Consumer:
         """A row's schema: a list of {key, dtype, shape}."""
         return self._info["schema"]
 
+    def _share(self):
+        """The samples of this rank's share of an epoch: DistributedSampler's
+        ceil(samples / world_size), the last ones padded from the epoch's
+        first."""
+        return math.ceil(self._info["samples"] / self.world_size)
+
     def __len__(self):
-        n = self._info["samples"]
+        n = self._share()
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def state_dict(self):
+        """Where this consumer is: {"epoch": the epoch iterated, "samples":
+        the samples of its share of it yielded}. A consumer made again (a
+        restarted job) with load_state_dict(state) skips those samples if
+        it joins that epoch again; joining a later epoch it iterates that
+        one whole. Either way no sample of the saved epoch comes twice."""
+        return dict(self._state)
+
+    def load_state_dict(self, state):
+        self._resume = (int(state["epoch"]), int(state["samples"]))
 
     def _session(self, wait=None):
         """The current session, joining the producer if there is none. A
@@ -274,8 +319,12 @@ class Consumer:
         if not bytes_mode:
             try:
                 ring = _map_ring(os.path.join(c.root, *prefix.split("/")), info)
-            except Exception:
+            except Exception as e:
                 self._leave(info)
+                if info.get("layout") and not os.path.isdir(os.path.join(c.root, *prefix.split("/"))):
+                    # A producer process's ring removed under the join: it
+                    # detached meanwhile; wait for the next, as for none.
+                    raise NoProducerError(f"loader: the ring {prefix} went away as it was mapped: {e}") from None
                 raise
         stream = c.open_stream("loader.consume", {"name": self.name, "ring": info["ring"], "consumer": info["consumer"],
                                                   "epoch": info["epoch"], "index": 0, "bytes": bytes_mode},
@@ -322,9 +371,107 @@ class Consumer:
             return
 
     def _iterate(self, s, epoch):
+        skip = 0
+        if self._resume is not None:
+            if epoch == self._resume[0]:
+                skip = self._resume[1]
+            if epoch >= self._resume[0]:
+                self._resume = None
+        self._state = {"epoch": epoch, "samples": skip}
+        if self.world_size > 1 or skip:
+            yield from self._iterate_share(s, epoch, skip)
+            return
+        yield from self._iterate_all(s, epoch)
+
+    def _iterate_share(self, s, epoch, skip):
+        """_iterate_all for rank's share of the epoch (DistributedSampler's:
+        positions rank, rank + world_size, ..., padded to
+        ceil(samples / world_size) from the epoch's first positions), less
+        its first skip samples."""
+        B, ws, r = self.batch_size, self.world_size, self.rank
+        fields = [(tuple(f["key"]), DTYPES[f["dtype"]], tuple(f.get("shape") or ())) for f in s.info["schema"]]
+        N, Bp = s.info["samples"], s.info["batch"]
+        pad = math.ceil(N / ws) * ws - N
+        padded = [j for j in range(pad) if (N + j) % ws == r]  # epoch positions repeated at the end
+        stash = {k: np.empty((len(padded),) + shape, dt) for k, dt, shape in fields}
+        cur, pos, index, taken = None, 0, 0, 0
+        complete = False
+
+        def feed(src):  # (dict of rows) -> batches, skipping the first skip of the share
+            nonlocal cur, pos, taken
+            n = len(next(iter(src.values()))) if src else 0
+            off = 0
+            if taken < skip:
+                d = min(skip - taken, n)
+                taken += d
+                off = d
+            while off < n:
+                if cur is None:
+                    cur = {k: np.empty((B,) + shape, dt) for k, dt, shape in fields}
+                take = min(B - pos, n - off)
+                for k in cur:
+                    cur[k][pos:pos + take] = src[k][off:off + take]
+                pos += take
+                off += take
+                taken += take
+                if pos == B:
+                    out, cur, pos = cur, None, 0
+                    self._state = {"epoch": epoch, "samples": taken}
+                    yield self._out(out, B)
+
+        try:
+            while True:
+                a, rows = self._next(s, epoch, index)
+                first = a["index"] * Bp
+                sel = np.arange((r - first) % ws, a["rows"], ws)
+                got = self._copy_sel(s, a, rows, sel)
+                st = [o for o in range(min(a["rows"], max(pad - first, 0))) if first + o in padded]
+                if st:
+                    more = self._copy_sel(s, a, rows, np.asarray(st))
+                    for i, o in enumerate(st):
+                        for k in stash:
+                            stash[k][padded.index(first + o)] = more[k][i]
+                s.release(epoch, a["index"] + 1)
+                yield from feed(got)
+                index = a["index"] + 1
+                if index == a["count"]:
+                    complete = True
+                    if padded:
+                        yield from feed(stash)
+                    if pos > 0 and not self.drop_last:
+                        self._state = {"epoch": epoch, "samples": taken}
+                        yield self._out(cur, pos)
+                    self._state = {"epoch": epoch + 1, "samples": 0}
+                    return
+        except _errors.TensorwireError as e:
+            if isinstance(e, (DroppedError, _errors.UnavailableError)) or s.err is not None:
+                if s.err is None:
+                    s.err = e
+                if self._sess is s:
+                    self._sess = None
+                s.end()
+            raise
+        finally:
+            if not complete and s.err is None:
+                s.release(epoch + 1, 0)  # gives up the rest of the epoch
+
+    def _copy_sel(self, s, a, rows, sel):
+        """Rows sel (offsets in batch a) of batch a, as {key: new array}: from
+        the message's rows, or from the ring, then checking the slot's word."""
+        if rows is not None:
+            return {key: np.ascontiguousarray(arr[sel]) for key, arr in _flat(rows)}
+        leaves, table = s.ring
+        start = a["slot"] * s.info["batch"]
+        out = {key: src[start + sel] for key, src in leaves.items()}
+        _fence()
+        if int(table[a["slot"], 0]) != a["word"]:
+            raise DroppedError(f"loader: batch {a['index']} of epoch {a['epoch']} was overwritten while it was read")
+        return out
+
+    def _iterate_all(self, s, epoch):
         B = self.batch_size
         fields = [(tuple(f["key"]), DTYPES[f["dtype"]], tuple(f.get("shape") or ())) for f in s.info["schema"]]
-        cur, pos, index = None, 0, 0
+        cur, pos, index, yielded = None, 0, 0, 0
         complete = False
         try:
             while True:
@@ -339,13 +486,17 @@ class Consumer:
                     off += take
                     if pos == B:
                         out, cur, pos = cur, None, 0
+                        yielded += B
+                        self._state = {"epoch": epoch, "samples": yielded}
                         yield self._out(out, B)
                 s.release(epoch, a["index"] + 1)
                 index = a["index"] + 1
                 if index == a["count"]:
                     complete = True
                     if pos > 0 and not self.drop_last:
+                        self._state = {"epoch": epoch, "samples": yielded + pos}
                         yield self._out(cur, pos)
+                    self._state = {"epoch": epoch + 1, "samples": 0}
                     return
         except _errors.TensorwireError as e:
             if isinstance(e, (DroppedError, _errors.UnavailableError)) or s.err is not None:
@@ -400,13 +551,26 @@ class Consumer:
             raise DroppedError(f"loader: batch {a['index']} of epoch {a['epoch']} was overwritten while it was read")
 
     def _out(self, flat, n):
+        td = self._nested(flat, n)
+        layout = self._info.get("layout") or "dict"
+        if layout == "dict":
+            return td
+        if layout == "tensor":
+            return td["0"]
+        items = [td[str(i)] for i in range(len(td))]
+        return tuple(items) if layout == "tuple" else items
+
+    def _nested(self, flat, n):
+        as_torch = self.as_torch
+        if as_torch is None:  # a producer process's batches come back as it gave them: tensors
+            as_torch = bool(self._info.get("layout"))
         td = {}
         for key, arr in flat.items():
             d = td
             for k in key[:-1]:
                 d = d.setdefault(k, {})
             v = arr if n == len(arr) else arr[:n]
-            if self.as_torch:
+            if as_torch:
                 import torch
                 v = torch.from_numpy(v)
             d[key[-1]] = v
@@ -490,3 +654,6 @@ def _map_ring(path, info):
         raise _errors.InternalError(f"loader: the slot table {table_path} is short")
     table = np.memmap(table_path, dtype="<u8", mode="r", shape=(info["slots"], 4))
     return leaves, table
+
+
+from .producer import Producer  # noqa: E402 (producer.py uses this module's errors)

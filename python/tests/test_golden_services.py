@@ -380,6 +380,59 @@ class TestGoldenLoader(unittest.TestCase):
                               "failed": "source: read: EIO"})
 
 
+class TestGoldenProducer(unittest.TestCase):
+    """The Producer (a producer process of a remote loader) writes and reads
+    loader.produce's golden messages."""
+
+    def run_producer(self, batches, messages):
+        g = golden("loader")
+        fake = Fake({"loader.produce": [g[m] for m in messages]})
+        p = loader.Producer(fake, "mnist", batches, samples=2, epochs=1)
+        return g, fake, p
+
+    def test_produce_bytes(self):
+        g, fake, p = self.run_producer([{"images": np.zeros((2, 28, 28), np.uint8)}],
+                                       ["loader.produce message, attached", "loader.produce message, grant"])
+        p.run()
+        self.assertEqual(fake.last("loader.produce"), g["loader.produce request"])
+        self.assertEqual(fake.last("send"), g["loader.produce published, bytes"])
+        self.assertEqual((p.mode, p.layout, p.batch_size, p.samples, p.epochs_done), ("bytes", "dict", 2, 2, 1))
+
+    def test_produce_error(self):
+        def failing():
+            yield {"images": np.zeros((2, 28, 28), np.uint8)}
+            raise ValueError("sample 37 is corrupt")
+        g, fake, p = self.run_producer(_Reiterable(failing), ["loader.produce message, attached",
+                                                              "loader.produce message, grant"])
+        with self.assertRaises(ValueError):
+            p.run()
+        self.assertEqual(fake.last("send"), g["loader.produce error"])
+
+    def test_reads_by_reference_and_layout(self):
+        """The published message by reference, and a join response with a
+        layout, read back."""
+        g = golden("loader")
+        self.assertEqual(_msgpack.unpackb(g["loader.produce published, by reference"]),
+                         {"error": "", "published": {"count": 1, "epoch": 2, "index": 0, "rows": 2, "slot": 5},
+                          "rows": None})
+        fake = Fake({"loader.join": g["loader.join response, a producer process's"], "loader.consume": []})
+        c = loader.Consumer(fake, "mnist", 64)
+        try:
+            out = c._out({("0",): np.zeros((2, 28, 28), np.uint8)}, 2)
+            self.assertIsInstance(out, tuple)
+            self.assertEqual(len(out), 1)
+        finally:
+            c.close()
+
+
+class _Reiterable:
+    def __init__(self, gen):
+        self.gen = gen
+
+    def __iter__(self):
+        return self.gen()
+
+
 class TestGoldenDoc(unittest.TestCase):
     def test_protocol_doc(self):
         """docs/protocol.md shows each service's golden file, message for message."""

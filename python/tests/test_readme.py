@@ -37,6 +37,25 @@ class TestReadme(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout, printed_after("from-python"))
 
+    def test_from_python_producer(self):
+        """The producer block: a DataLoader's producer and three training
+        processes of batch 32, 64 and 128, against a node serving the
+        remote loader the text names."""
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            self.skipTest("needs torch")
+        code = readme_block("from-python-producer")
+        with open(os.path.join(REPO, "README.md")) as f:
+            self.assertIn("--loader train,producer=remote", f.read())
+        with Node(extra=["--loader", "train,producer=remote"]) as node:
+            code = code.replace("/tmp/tw/token", node.token_file).replace("/tmp/tw/root", node.root)
+            code = code.replace("localhost:7070", node.addr)
+            r = subprocess.run([sys.executable, "-c", code], env=python_env(), capture_output=True, text=True,
+                               timeout=300)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout, printed_after("from-python-producer"))
+
     def test_from_python_serve(self):
         """The serve block, against a node serving, as "policy", an MLP of
         64 -> 256 -> 16 whose state_dict is at ROOT/policy, as the text says."""

@@ -99,6 +99,9 @@ type options struct {
 	transform bool
 
 	self []string
+
+	producer string // "go" (a node's dataset producer) or "python" (runPython)
+	python   string // the interpreter for --producer python
 }
 
 func newFlagSet(o *options, datasets, consumers *string) *flag.FlagSet {
@@ -120,6 +123,8 @@ func newFlagSet(o *options, datasets, consumers *string) *flag.FlagSet {
 	fs.StringVar(&o.data, "data", "", "keep the datasets in this directory and use them again (default: made for the run and removed)")
 	fs.StringVar(&o.fashion, "fashion", "/usr/share/datasets/fashion-mnist", "Fashion-MNIST's IDX files")
 	fs.StringVar(&o.rootDir, "root-dir", defaultRootDir(), "directory for the nodes' roots, where the producer's ring lives (default: /dev/shm when it is a writable tmpfs, so that the kernel writes no ring pages back to disk; else --dir)")
+	fs.StringVar(&o.producer, "producer", "go", "go: the node's producer reads a TensorDict dataset with Go transforms; python: a tensorwire.loader.Producer over a torch DataLoader (tensorsocket's workload: 1,000 samples unless --samples, 4 consumers unless --consumers; python/tensorwire/_bench_loader.py)")
+	fs.StringVar(&o.python, "python", "", "with --producer python: the interpreter (default: python3, else /usr/bin/python3; it needs torch)")
 	fs.StringVar(&o.profile, "cpuprofile", "", "write each process's CPU profile of its epoch under this prefix: PREFIX-RUN-ROLE.pprof")
 	// The children's.
 	fs.StringVar(&o.role, "role", "", "")
@@ -179,6 +184,21 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 		return bench.Usagef("--step and --fashion-step must not be negative")
 	case o.batch > o.slots*o.pbatch || o.batch > o.slots*o.fpbatch || (o.mixed && 128 > o.slots*o.pbatch):
 		return bench.Usagef("a consumer batch is larger than the ring (--slots × the producer batch)")
+	}
+	switch o.producer {
+	case "go":
+	case "python":
+		samplesSet := false
+		fs.Visit(func(f *flag.Flag) { samplesSet = samplesSet || f.Name == "samples" })
+		bin := "tensorwire"
+		if len(env.Self) > 0 && env.Self[0] == "bench" { // this program is tensorwire: its node
+			if exe, err := os.Executable(); err == nil {
+				bin = exe
+			}
+		}
+		return runPython(ctx, &o, o.python, bin, samplesSet, env.Stdout, env.Stderr)
+	default:
+		return bench.Usagef("--producer %q: want go or python", o.producer)
 	}
 	return runParent(ctx, &o, env.Stdout, env.Stderr)
 }
