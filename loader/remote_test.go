@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -300,6 +301,66 @@ func TestRemote_ProducerErrorReachesConsumers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, _, err := consumerEpoch(ctx, c)
+	if !errors.Is(err, ErrFailed) || !strings.Contains(err.Error(), "image 37 is corrupt") {
+		t.Fatalf("the epoch ended with %v, want ErrFailed with the producer's message", err)
+	}
+}
+
+// TestRemote_ProducerErrorDoesNotCutASend: a consume stream's ack reader
+// that finds the producer failed (an ack after the process's error) leaves
+// the batch being sent whole. It cancelled the stream's context, which cut
+// a send under way short: the stream ended reset, and the consumer got
+// "the node reset the stream" (or "closed the stream without ending it")
+// instead of the producer's error. The hooks hold batch 1's send until the
+// ack reader has seen the failure, then look at the send's context.
+func TestRemote_ProducerErrorDoesNotCutASend(t *testing.T) {
+	const n, batch = 100, 16
+	f := newRemoteFixture(t, Config{Slots: 4, Window: 4, Heartbeat: 2 * time.Second})
+	ackFailed, holding := make(chan struct{}), make(chan struct{})
+	var onceAck, onceHold sync.Once
+	cut := make(chan error, 1)
+	testHookAckErr = func(err error) {
+		if errors.Is(err, ErrFailed) {
+			onceAck.Do(func() { close(ackFailed) })
+		}
+	}
+	testHookBeforeSend = func(ctx context.Context, a announcement) {
+		if a.Index != 1 {
+			return
+		}
+		onceHold.Do(func() {
+			close(holding)
+			select {
+			case <-ackFailed:
+			case <-time.After(10 * time.Second):
+			}
+			cut <- ctx.Err()
+		})
+	}
+	t.Cleanup(func() { testHookAckErr, testHookBeforeSend = nil, nil })
+	gp := startGoProducer(t, f.addr, n, batch)
+	c := dialRemote(t, f, 16, true)
+	go func() {
+		if _, err := gp.serve(t, 2, batch, nil); err != nil {
+			return
+		}
+		select { // fails while batch 1 is being sent
+		case <-holding:
+		case <-time.After(10 * time.Second):
+		}
+		gp.st.Send(context.Background(), publishedMessage{Error: "ValueError: image 37 is corrupt"})
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, _, err := consumerEpoch(ctx, c)
+	select {
+	case cerr := <-cut:
+		if cerr != nil {
+			t.Errorf("batch 1's send was cancelled (%v) once the ack reader saw the producer's failure: a send under way is cut short", cerr)
+		}
+	default:
+		t.Error("batch 1 was never sent")
+	}
 	if !errors.Is(err, ErrFailed) || !strings.Contains(err.Error(), "image 37 is corrupt") {
 		t.Fatalf("the epoch ended with %v, want ErrFailed with the producer's message", err)
 	}
