@@ -366,6 +366,35 @@ func TestRemote_ProducerErrorDoesNotCutASend(t *testing.T) {
 	}
 }
 
+// TestRemote_FailureToldBetweenDetachAndClose: a consume stream of a
+// failed process's ring that opens once the producer stops being served,
+// before detach has finished, is told the process's error. It was told
+// ErrNoProducer (the failure was recorded only after the producer's
+// Close), which a consumer waits out for the next process: an epoch that
+// ended after a minute with "no producer process is attached".
+func TestRemote_FailureToldBetweenDetachAndClose(t *testing.T) {
+	const n, batch = 100, 16
+	f := newRemoteFixture(t, Config{Slots: 4, Window: 4})
+	told := make(chan error, 1)
+	testHookDetached = func(p *Producer) {
+		_, err := f.r.svc.producer("train", p.ring.id)
+		told <- err
+	}
+	t.Cleanup(func() { testHookDetached = nil })
+	gp := startGoProducer(t, f.addr, n, batch)
+	if err := gp.st.Send(context.Background(), publishedMessage{Error: "ValueError: image 37 is corrupt"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-told:
+		if !errors.Is(err, ErrFailed) || !strings.Contains(err.Error(), "image 37 is corrupt") {
+			t.Fatalf("a consume stream of the ring opening then is told %v, want ErrFailed with the producer's message", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the producer was not detached")
+	}
+}
+
 // TestRemote_ProducerGoneMidEpoch: the producer process's connection
 // closes mid-epoch: the consumer's loop ends with an error matching
 // rpc.ErrUnavailable; its next loop waits for a producer and iterates the
