@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -179,16 +180,31 @@ func dialRemote(t *testing.T, f *remoteFixture, batch int, bytes bool) *Consumer
 // TestRemote_GoConsumers: a producer process's batches of 16 (the last of
 // an epoch 4) reach a consumer by reference of batch 32 and one by bytes
 // of batch 48, two epochs each, every sample once in the process's order.
+// The consumer by bytes joins once the first epoch is published whole, so
+// it takes part in epochs 1 and 2, the other in 0 and 1: the process
+// serves grants for as long as the node gives them, as a real one does.
+// (It served a fixed 14, two epochs' worth: a consumer that joined after
+// the first epoch's batches were all published, as it may on a busy
+// machine, waited for epoch 2 forever.)
 func TestRemote_GoConsumers(t *testing.T) {
 	const n, batch = 100, 16
 	f := newRemoteFixture(t, Config{Slots: 8, Window: 8})
 	gp := startGoProducer(t, f.addr, n, batch)
 	served := make(chan error, 1)
 	go func() {
-		_, err := gp.serve(t, 2*7, batch, nil)
+		_, err := gp.serve(t, math.MaxInt, batch, nil) // until the stream ends, at the test's end
 		served <- err
 	}()
-	cs := []*Consumer{dialRemote(t, f, 32, false), dialRemote(t, f, 48, true)}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs := []*Consumer{dialRemote(t, f, 32, false)}
+	for f.r.Producer().Stats().Epochs < 1 {
+		if ctx.Err() != nil {
+			t.Fatal("the first epoch was not published whole in a minute")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cs = append(cs, dialRemote(t, f, 48, true))
 	if !cs[0].SharedFS() || cs[1].SharedFS() {
 		t.Fatalf("SharedFS %v %v, want true false", cs[0].SharedFS(), cs[1].SharedFS())
 	}
@@ -202,12 +218,12 @@ func TestRemote_GoConsumers(t *testing.T) {
 					errs <- errors.New("wrong Len")
 					return
 				}
-				ids, sizes, err := consumerEpoch(context.Background(), c)
+				ids, sizes, err := consumerEpoch(ctx, c)
 				if err == nil {
 					err = checkEpoch(ids, sizes, n, 7, e, b)
 				}
 				if err != nil {
-					errs <- err
+					errs <- fmt.Errorf("consumer %d, epoch %d: %w", i, e, err)
 					return
 				}
 			}
@@ -219,8 +235,10 @@ func TestRemote_GoConsumers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := <-served; err != nil {
-		t.Fatal(err)
+	select {
+	case err := <-served:
+		t.Fatalf("the producer process's stream ended early: %v", err)
+	default:
 	}
 }
 
