@@ -469,6 +469,13 @@ func (p *Producer) join(batch int) (joinInfo, error) {
 	return joinInfo{id: m.id, epoch: m.epoch}, nil
 }
 
+// unusable is usableLocked under p.mu.
+func (p *Producer) unusable() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.usableLocked()
+}
+
 // usableLocked returns ErrClosed or the producer's failure.
 func (p *Producer) usableLocked() error {
 	if p.gone != nil {

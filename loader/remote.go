@@ -344,24 +344,34 @@ func (r *Remote) detach(p *Producer, why error, drain bool) error {
 	for p.active > 0 {
 		p.waitLocked(context.Background(), 100*time.Millisecond)
 	}
+	failed := p.err
 	p.mu.Unlock()
+	// The failure is recorded before p stops being served: a consumer of
+	// p's ring whose stream opens in between is told it, not ErrNoProducer
+	// (which it would wait out for the next process).
+	r.mu.Lock()
+	r.lastRing, r.lastErr = p.ring.id, failed
+	r.mu.Unlock()
 	if sp, err := r.svc.producers.Lookup(r.name); err == nil && sp.Item == p {
 		r.svc.producers.Remove(r.name)
 	}
+	if testHookDetached != nil {
+		testHookDetached(p)
+	}
 	err := p.Close()
-	p.mu.Lock()
-	failed := p.err
-	p.mu.Unlock()
 	r.mu.Lock()
 	if r.cur == p {
 		r.cur = nil
 	}
-	r.lastRing, r.lastErr = p.ring.id, failed
 	r.mu.Unlock()
 	st := p.Stats()
 	r.cfg.Log.Info("loader: the producer process detached", "name", r.name, "why", why, "published", st.Published, "epochs", st.Epochs)
 	return err
 }
+
+// testHookDetached, nil outside tests, runs in detach once p stops being
+// served, before it is closed.
+var testHookDetached func(p *Producer)
 
 // heldLocked reports whether a consumer still needs a batch in the ring.
 func (p *Producer) heldLocked() bool {

@@ -5,12 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -178,16 +180,31 @@ func dialRemote(t *testing.T, f *remoteFixture, batch int, bytes bool) *Consumer
 // TestRemote_GoConsumers: a producer process's batches of 16 (the last of
 // an epoch 4) reach a consumer by reference of batch 32 and one by bytes
 // of batch 48, two epochs each, every sample once in the process's order.
+// The consumer by bytes joins once the first epoch is published whole, so
+// it takes part in epochs 1 and 2, the other in 0 and 1: the process
+// serves grants for as long as the node gives them, as a real one does.
+// (It served a fixed 14, two epochs' worth: a consumer that joined after
+// the first epoch's batches were all published, as it may on a busy
+// machine, waited for epoch 2 forever.)
 func TestRemote_GoConsumers(t *testing.T) {
 	const n, batch = 100, 16
 	f := newRemoteFixture(t, Config{Slots: 8, Window: 8})
 	gp := startGoProducer(t, f.addr, n, batch)
 	served := make(chan error, 1)
 	go func() {
-		_, err := gp.serve(t, 2*7, batch, nil)
+		_, err := gp.serve(t, math.MaxInt, batch, nil) // until the stream ends, at the test's end
 		served <- err
 	}()
-	cs := []*Consumer{dialRemote(t, f, 32, false), dialRemote(t, f, 48, true)}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs := []*Consumer{dialRemote(t, f, 32, false)}
+	for f.r.Producer().Stats().Epochs < 1 {
+		if ctx.Err() != nil {
+			t.Fatal("the first epoch was not published whole in a minute")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cs = append(cs, dialRemote(t, f, 48, true))
 	if !cs[0].SharedFS() || cs[1].SharedFS() {
 		t.Fatalf("SharedFS %v %v, want true false", cs[0].SharedFS(), cs[1].SharedFS())
 	}
@@ -201,12 +218,12 @@ func TestRemote_GoConsumers(t *testing.T) {
 					errs <- errors.New("wrong Len")
 					return
 				}
-				ids, sizes, err := consumerEpoch(context.Background(), c)
+				ids, sizes, err := consumerEpoch(ctx, c)
 				if err == nil {
 					err = checkEpoch(ids, sizes, n, 7, e, b)
 				}
 				if err != nil {
-					errs <- err
+					errs <- fmt.Errorf("consumer %d, epoch %d: %w", i, e, err)
 					return
 				}
 			}
@@ -218,8 +235,10 @@ func TestRemote_GoConsumers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := <-served; err != nil {
-		t.Fatal(err)
+	select {
+	case err := <-served:
+		t.Fatalf("the producer process's stream ended early: %v", err)
+	default:
 	}
 }
 
@@ -302,6 +321,95 @@ func TestRemote_ProducerErrorReachesConsumers(t *testing.T) {
 	_, _, err := consumerEpoch(ctx, c)
 	if !errors.Is(err, ErrFailed) || !strings.Contains(err.Error(), "image 37 is corrupt") {
 		t.Fatalf("the epoch ended with %v, want ErrFailed with the producer's message", err)
+	}
+}
+
+// TestRemote_ProducerErrorDoesNotCutASend: a consume stream's ack reader
+// that finds the producer failed (an ack after the process's error) leaves
+// the batch being sent whole. It cancelled the stream's context, which cut
+// a send under way short: the stream ended reset, and the consumer got
+// "the node reset the stream" (or "closed the stream without ending it")
+// instead of the producer's error. The hooks hold batch 1's send until the
+// ack reader has seen the failure, then look at the send's context.
+func TestRemote_ProducerErrorDoesNotCutASend(t *testing.T) {
+	const n, batch = 100, 16
+	f := newRemoteFixture(t, Config{Slots: 4, Window: 4, Heartbeat: 2 * time.Second})
+	ackFailed, holding := make(chan struct{}), make(chan struct{})
+	var onceAck, onceHold sync.Once
+	cut := make(chan error, 1)
+	testHookAckErr = func(err error) {
+		if errors.Is(err, ErrFailed) {
+			onceAck.Do(func() { close(ackFailed) })
+		}
+	}
+	testHookBeforeSend = func(ctx context.Context, a announcement) {
+		if a.Index != 1 {
+			return
+		}
+		onceHold.Do(func() {
+			close(holding)
+			select {
+			case <-ackFailed:
+			case <-time.After(10 * time.Second):
+			}
+			cut <- ctx.Err()
+		})
+	}
+	t.Cleanup(func() { testHookAckErr, testHookBeforeSend = nil, nil })
+	gp := startGoProducer(t, f.addr, n, batch)
+	c := dialRemote(t, f, 16, true)
+	go func() {
+		if _, err := gp.serve(t, 2, batch, nil); err != nil {
+			return
+		}
+		select { // fails while batch 1 is being sent
+		case <-holding:
+		case <-time.After(10 * time.Second):
+		}
+		gp.st.Send(context.Background(), publishedMessage{Error: "ValueError: image 37 is corrupt"})
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, _, err := consumerEpoch(ctx, c)
+	select {
+	case cerr := <-cut:
+		if cerr != nil {
+			t.Errorf("batch 1's send was cancelled (%v) once the ack reader saw the producer's failure: a send under way is cut short", cerr)
+		}
+	default:
+		t.Error("batch 1 was never sent")
+	}
+	if !errors.Is(err, ErrFailed) || !strings.Contains(err.Error(), "image 37 is corrupt") {
+		t.Fatalf("the epoch ended with %v, want ErrFailed with the producer's message", err)
+	}
+}
+
+// TestRemote_FailureToldBetweenDetachAndClose: a consume stream of a
+// failed process's ring that opens once the producer stops being served,
+// before detach has finished, is told the process's error. It was told
+// ErrNoProducer (the failure was recorded only after the producer's
+// Close), which a consumer waits out for the next process: an epoch that
+// ended after a minute with "no producer process is attached".
+func TestRemote_FailureToldBetweenDetachAndClose(t *testing.T) {
+	const n, batch = 100, 16
+	f := newRemoteFixture(t, Config{Slots: 4, Window: 4})
+	told := make(chan error, 1)
+	testHookDetached = func(p *Producer) {
+		_, err := f.r.svc.producer("train", p.ring.id)
+		told <- err
+	}
+	t.Cleanup(func() { testHookDetached = nil })
+	gp := startGoProducer(t, f.addr, n, batch)
+	if err := gp.st.Send(context.Background(), publishedMessage{Error: "ValueError: image 37 is corrupt"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-told:
+		if !errors.Is(err, ErrFailed) || !strings.Contains(err.Error(), "image 37 is corrupt") {
+			t.Fatalf("a consume stream of the ring opening then is told %v, want ErrFailed with the producer's message", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the producer was not detached")
 	}
 }
 

@@ -176,11 +176,27 @@ func (svc *Service) consume(ctx context.Context, req consumeRequest, st *rpc.Ser
 	defer p.untrack()
 	acks := make(chan error, 1) // the ack reader's end, exactly once
 	go func() {
-		defer cancel()
+		cut := true // whether the reader's end stops the sends
+		defer func() {
+			if cut {
+				cancel()
+			}
+		}()
 		for {
 			a, err := st.Recv(ctx)
 			if err == nil {
 				err = p.release(req.Consumer, a.Epoch, a.Index)
+				if err != nil && p.unusable() != nil {
+					// The producer failed, closed or lost its process:
+					// push returns that too,
+					// once the batch being sent is whole. Cancelling now
+					// would cut that send short, and the stream would
+					// end reset, without the error the consumer is owed.
+					cut = false
+				}
+			}
+			if testHookAckErr != nil && err != nil {
+				testHookAckErr(err)
 			}
 			if errors.Is(err, io.EOF) {
 				// The consumer ended its side: it leaves. Counted now,
@@ -215,6 +231,14 @@ func (svc *Service) consume(ctx context.Context, req consumeRequest, st *rpc.Ser
 	}
 }
 
+// Test hooks, nil outside tests: testHookAckErr gets the error that ends
+// a consume stream's ack reader; testHookBeforeSend runs before a batch
+// is sent on a consume stream.
+var (
+	testHookAckErr     func(err error)
+	testHookBeforeSend func(ctx context.Context, a announcement)
+)
+
 // send sends the consumer's batches on st until an error.
 func (svc *Service) send(ctx context.Context, p *Producer, req consumeRequest, st *rpc.ServerStream[ackMessage, batchMessage]) error {
 	epoch, index := req.Epoch, req.Index
@@ -231,6 +255,9 @@ func (svc *Service) send(ctx context.Context, p *Producer, req consumeRequest, s
 					return err
 				}
 				msg.Rows = &rpc.TD{TensorDict: td}
+			}
+			if testHookBeforeSend != nil {
+				testHookBeforeSend(ctx, a)
 			}
 			if err := st.Send(ctx, msg); err != nil {
 				return err
