@@ -108,28 +108,10 @@ func (b *Buffer) selectCounted(n int, slots []int, weights []float64) ([]int, []
 // it is deleted finds the slot's word changed and samples again, as for
 // an overwritten row. The writer reuses the slots (top-k: as free slots).
 func (b *Buffer) Delete(ctx context.Context, info SampleInfo) (int, error) {
-	if info.IDs != nil && len(info.IDs) != len(info.Indices) {
-		return 0, schemaErrorf("%d ids for %d indices", len(info.IDs), len(info.Indices))
-	}
-	for i, s := range info.Indices {
-		if s < 0 || s >= b.cfg.Capacity {
-			return 0, schemaErrorf("index %d is %d; the buffer holds %d", i, s, b.cfg.Capacity)
-		}
-	}
-	if err := ctx.Err(); err != nil {
+	if err := b.lockRows(ctx, info); err != nil {
 		return 0, err
 	}
-	if err := b.health(false); err != nil {
-		return 0, err
-	}
-	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed.Load() {
-		return 0, ErrClosed
-	}
-	if b.lost != nil {
-		return 0, b.lost
-	}
 	n := 0
 	for i, s := range info.Indices {
 		w := b.slots.word(s)
@@ -251,3 +233,35 @@ var trajKey = service.Key[Config]{
 		c.TrajKey = key
 		return nil
 	}}
+
+// lockRows checks the rows info names against the buffer (IDs beside
+// Indices, every index in it) and the call's context and files, then
+// locks b.mu for a call that changes those rows: on nil the caller holds
+// b.mu and unlocks it. A closed buffer is ErrClosed, a lost one its
+// ErrStorageLost. Delete and UpdatePriority share it.
+func (b *Buffer) lockRows(ctx context.Context, info SampleInfo) error {
+	if info.IDs != nil && len(info.IDs) != len(info.Indices) {
+		return schemaErrorf("%d ids for %d indices", len(info.IDs), len(info.Indices))
+	}
+	for i, s := range info.Indices {
+		if s < 0 || s >= b.cfg.Capacity {
+			return schemaErrorf("index %d is %d; the buffer holds %d", i, s, b.cfg.Capacity)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := b.health(false); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	switch {
+	case b.closed.Load():
+		b.mu.Unlock()
+		return ErrClosed
+	case b.lost != nil:
+		b.mu.Unlock()
+		return b.lost
+	}
+	return nil
+}

@@ -224,25 +224,10 @@ func (b *Buffer) UpdatePriority(ctx context.Context, info SampleInfo, priorities
 	if priorities == nil && len(info.Indices) > 0 {
 		return 0, schemaErrorf("no priorities")
 	}
-	if info.IDs != nil && len(info.IDs) != len(info.Indices) {
-		return 0, schemaErrorf("%d ids for %d indices", len(info.IDs), len(info.Indices))
-	}
-	for i, s := range info.Indices {
-		if s < 0 || s >= b.cfg.Capacity {
-			return 0, schemaErrorf("index %d is %d; the buffer holds %d", i, s, b.cfg.Capacity)
-		}
-	}
-	if err := ctx.Err(); err != nil {
+	if err := b.lockRows(ctx, info); err != nil {
 		return 0, err
 	}
-	if err := b.health(false); err != nil {
-		return 0, err
-	}
-	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed.Load() {
-		return 0, ErrClosed
-	}
 	n := 0
 	for i, s := range info.Indices {
 		w := b.slots.word(s)
