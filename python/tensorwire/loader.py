@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 from . import errors as _errors
-from ._td import DTYPES
+from ._td import DTYPES, set_path
 from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, FailedPreconditionError, InvalidArgumentError,
                      NotFoundError, UnavailableError, register_reason)
@@ -444,16 +444,22 @@ class Consumer:
                     self._state = {"epoch": epoch + 1, "samples": 0}
                     return
         except _errors.TensorwireError as e:
-            if isinstance(e, (DroppedError, _errors.UnavailableError)) or s.err is not None:
-                if s.err is None:
-                    s.err = e
-                if self._sess is s:
-                    self._sess = None
-                s.end()
+            self._end_on(s, e)
             raise
         finally:
             if not complete and s.err is None:
                 s.release(epoch + 1, 0)  # gives up the rest of the epoch
+
+    def _end_on(self, s, e):
+        """Ends session s after error e if e ends it (dropped, the node or
+        producer gone, or the session failed already): the next iteration
+        joins again."""
+        if isinstance(e, (DroppedError, _errors.UnavailableError)) or s.err is not None:
+            if s.err is None:
+                s.err = e
+            if self._sess is s:
+                self._sess = None
+            s.end()
 
     def _copy_sel(self, s, a, rows, sel):
         """Rows sel (offsets in batch a) of batch a, as {key: new array}: from
@@ -499,12 +505,7 @@ class Consumer:
                     self._state = {"epoch": epoch + 1, "samples": 0}
                     return
         except _errors.TensorwireError as e:
-            if isinstance(e, (DroppedError, _errors.UnavailableError)) or s.err is not None:
-                if s.err is None:
-                    s.err = e
-                if self._sess is s:
-                    self._sess = None
-                s.end()
+            self._end_on(s, e)
             raise
         finally:
             if not complete and s.err is None:
@@ -566,14 +567,11 @@ class Consumer:
             as_torch = bool(self._info.get("layout"))
         td = {}
         for key, arr in flat.items():
-            d = td
-            for k in key[:-1]:
-                d = d.setdefault(k, {})
             v = arr if n == len(arr) else arr[:n]
             if as_torch:
                 import torch
                 v = torch.from_numpy(v)
-            d[key[-1]] = v
+            set_path(td, key, v)
         return td
 
     def stats(self, timeout=None):

@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from . import errors as _errors
-from ._td import TD, as_array, dtype_name
+from ._td import TD, as_array, dtype_name, set_path
 from .dataset import load_memmap
 from .loader import _FENCE_OK, ArgumentError, _flat
 from .rpc import Client, Sharing, StreamEnd
@@ -347,12 +347,9 @@ class Producer:
 
 
 def _nest(flat):
-    """{key path: array} as nested dicts."""
+    """{key path: array} as nested dicts of contiguous arrays."""
     out = {}
     for path, a in flat.items():
-        d = out
-        for k in path[:-1]:
-            d = d.setdefault(k, {})
-        d[path[-1]] = np.ascontiguousarray(a)
+        set_path(out, path, np.ascontiguousarray(a))
     return out
 
