@@ -5,16 +5,19 @@ import (
 	"slices"
 )
 
-// ordered returns the first slots of a fixed order without removing them:
-// the newest (LIFO), the largest priority (MaxHeap) or the smallest
-// (MinHeap). It keeps a binary heap of the present slots under that order,
-// ties broken by the newer seq then the smaller slot, and each slot's place
-// in it, so that Insert, Remove and Update are O(log n). A Select of n pops
-// n items and pushes them back: O(n log Len()).
+// ordered returns the first slots of a fixed order: the oldest (FIFO,
+// which removes them), the newest (LIFO), the largest priority (MaxHeap)
+// or the smallest (MinHeap), the last three leaving them in. It keeps a
+// binary heap of the present slots under that order, ties broken by seq
+// (the older first for FIFO, the newer for the others) then the smaller
+// slot, and each slot's place in it, so that Insert, Remove and Update are
+// O(log n). A Select of n pops n items (and pushes them back unless FIFO):
+// O(n log Len()).
 type ordered struct {
-	kind Kind
-	heap []orderItem
-	pos  []int // pos[slot] is 1 + slot's index in heap; 0 if absent
+	kind   Kind
+	heap   []orderItem
+	pos    []int       // pos[slot] is 1 + slot's index in heap; 0 if absent
+	popped []orderItem // Select's, reused
 }
 
 type orderItem struct {
@@ -47,6 +50,8 @@ func newOrdered(kind Kind, capacity int) *ordered {
 // less reports whether a comes before b in the selector's order.
 func (o *ordered) less(a, b orderItem) bool {
 	switch o.kind {
+	case KindFIFO:
+		return a.seq < b.seq || a.seq == b.seq && a.slot < b.slot
 	case KindMaxHeap:
 		if a.prio != b.prio {
 			return a.prio > b.prio
@@ -87,14 +92,17 @@ func (o *ordered) Select(_ *rand.Rand, n int, slots []int, weights []float64) ([
 		return slots, weights, short(n, o.Len())
 	}
 	slots, weights = slices.Grow(slots, n), slices.Grow(weights, n)
-	popped := make([]orderItem, 0, n)
+	o.popped = o.popped[:0]
 	for range n {
-		popped = append(popped, o.heap[0])
+		o.popped = append(o.popped, o.heap[0])
 		slots = append(slots, o.heap[0].slot)
 		weights = append(weights, 1)
 		o.removeAt(0)
 	}
-	for _, it := range popped {
+	if o.kind.Consumes() {
+		return slots, weights, nil // FIFO: each slot returned once
+	}
+	for _, it := range o.popped {
 		o.Insert(it.slot, it.seq, it.prio)
 	}
 	return slots, weights, nil
@@ -108,12 +116,13 @@ func (o *ordered) Update(slot int, priority float64) {
 	}
 }
 
-// Priority returns slot's raw priority for the heaps, presence for LIFO.
+// Priority returns slot's raw priority for the heaps, presence for FIFO
+// and LIFO.
 func (o *ordered) Priority(slot int) float64 {
 	if !o.has(slot) {
 		return 0
 	}
-	if o.kind == KindLIFO {
+	if o.kind == KindFIFO || o.kind == KindLIFO {
 		return 1
 	}
 	return o.heap[o.pos[slot]-1].prio

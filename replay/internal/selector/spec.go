@@ -296,9 +296,7 @@ func Footprint(spec Spec, capacity int) uint64 {
 		return addSat(overhead, mulSat(c, 16)) // denseSet: items and pos
 	case KindWithoutReplacement:
 		return addSat(overhead, mulSat(c, 40)) // denseSet, joined, mark, order
-	case KindFIFO:
-		return addSat(overhead, mulSat(c, 24)) // heap of (seq, slot), pos
-	case KindLIFO, KindMaxHeap, KindMinHeap:
+	case KindFIFO, KindLIFO, KindMaxHeap, KindMinHeap:
 		return addSat(overhead, mulSat(c, 32)) // heap of (seq, prio, slot), pos
 	case KindPrioritized:
 		// prio and present per slot; a sum tree and a min tree of 2*leaves
