@@ -319,17 +319,12 @@ func runGroup(ctx context.Context, o options, env bench.Env, exe, tr string, n i
 		// A fresh namespace: the port is free, and each group gets its own.
 		addr = fmt.Sprintf("%s:%d", hosts[0].Addr(), 29500+n)
 	} else {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
+		var err error
+		if addr, err = loopbackAddr(); err != nil {
 			return nil, err
 		}
-		addr = l.Addr().String()
-		l.Close()
 	}
-	sizes := make([]string, len(o.sizes))
-	for i, s := range o.sizes {
-		sizes[i] = strconv.Itoa(s) + "B"
-	}
+	sizes := sizeArgs(o.sizes)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var cmds []*exec.Cmd
@@ -543,4 +538,25 @@ func must(b []byte, err error) []byte {
 type rankHost interface {
 	Addr() netip.Addr
 	Namespace() string
+}
+
+// loopbackAddr returns a loopback address with a port free a moment ago:
+// rank 0's rendezvous.
+func loopbackAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// sizeArgs returns the sizes as the ranks' --sizes flag takes them (bytes,
+// "B" suffixed).
+func sizeArgs(sizes []int) []string {
+	out := make([]string, len(sizes))
+	for i, s := range sizes {
+		out[i] = strconv.Itoa(s) + "B"
+	}
+	return out
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -147,16 +146,11 @@ func runPython(ctx context.Context, o options, po pyOptions, env bench.Env) erro
 // runPyGroup runs n Python ranks of sys on transport tr and returns rank
 // 0's lines, or a note when sys cannot run here.
 func runPyGroup(ctx context.Context, o options, po pyOptions, env bench.Env, sys, tr string, n int) ([]Line, string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := loopbackAddr()
 	if err != nil {
 		return nil, "", err
 	}
-	addr := l.Addr().String()
-	l.Close()
-	sizes := make([]string, len(o.sizes))
-	for i, s := range o.sizes {
-		sizes[i] = strconv.Itoa(s) + "B"
-	}
+	sizes := sizeArgs(o.sizes)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var cmds []*exec.Cmd
