@@ -324,9 +324,11 @@ def main():
         report["failures"] = failures
         print(json.dumps(report), flush=True)
         return
+    # The rank is known before the join: a join that fails is then a
+    # failure the test prints, not a report without a rank.
+    report["rank"] = int(os.environ["RANK"])
     try:
         comm = join()
-        report["rank"] = comm.rank
         globals()["mode_" + mode](comm)
         if mode not in ("kill",):
             comm.close()
