@@ -47,7 +47,9 @@ type Comm struct {
 	cmu     sync.Mutex
 	clients []*rpc.Client
 
-	shm *shmGroup // nil: TCP
+	shm   *shmGroup  // nil: TCP, or a hierarchy
+	hier  *hierState // nil: not a hierarchy (hier_*.go)
+	hosts []int      // host index per rank (Topology)
 
 	opMu sync.Mutex // one collective at a time
 	seq  uint64     // collectives started, guarded by opMu
@@ -85,10 +87,15 @@ func (c *Comm) Rank() int { return c.rank }
 // Size returns the number of ranks.
 func (c *Comm) Size() int { return c.size }
 
-// Transport returns the transport the ranks agreed on: SHM or TCP.
+// Transport returns the transport the ranks agreed on: SHM, TCP, or Hier
+// (shared mappings within each host, TCP between hosts; Topology says
+// which ranks are where).
 func (c *Comm) Transport() Transport {
-	if c.shm != nil {
+	switch {
+	case c.shm != nil:
 		return SHM
+	case c.hier != nil:
+		return Hier
 	}
 	return TCP
 }
@@ -134,12 +141,19 @@ type joinReq struct {
 	Host      string `codec:"host"`
 	Dir       string `codec:"dir"`
 	Transport string `codec:"transport"`
+	// Hier: this rank's build can form a hierarchical communicator (rank
+	// 0 proposes one only if every rank can).
+	Hier bool `codec:"hier,omitempty"`
 }
 
 type joinResp struct {
 	Session uint64   `codec:"session"`
 	Addrs   []string `codec:"addrs"`
 	Shm     string   `codec:"shm"` // the session's folder when the ranks try shared mappings
+	// Hosts is every rank's host index (groupHosts); Hier: the ranks try a
+	// hierarchy over it.
+	Hosts []int `codec:"hosts,omitempty"`
+	Hier  bool  `codec:"hier,omitempty"`
 }
 
 type readyReq struct {
@@ -151,6 +165,9 @@ type readyReq struct {
 type readyResp struct {
 	Shm bool   `codec:"shm"`
 	Why string `codec:"why"`
+	// Hier: the communicator is hierarchical (every rank opened its
+	// host's mappings).
+	Hier bool `codec:"hier,omitempty"`
 }
 
 type watchReq struct {
@@ -335,7 +352,7 @@ func hostID() string {
 // transport.
 func (c *Comm) rendezvous(ctx context.Context) error {
 	me := &joinReq{Rank: c.rank, Size: c.size, Addr: c.cfg.advertise(c.ln), Host: hostID(),
-		Dir: c.cfg.shmDir(), Transport: string(c.cfg.Transport)}
+		Dir: c.cfg.shmDir(), Transport: string(c.cfg.Transport), Hier: true}
 	var resp joinResp
 	var err error
 	if c.rank == 0 {
@@ -349,17 +366,27 @@ func (c *Comm) rendezvous(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.session, c.addrs = resp.Session, resp.Addrs
+	c.session, c.addrs, c.hosts = resp.Session, resp.Addrs, resp.Hosts
+	if len(c.hosts) != c.size {
+		c.hosts = soloHosts(c.size)
+	}
 	// Shared mappings: each rank makes its segment and says whether it
 	// sees rank 0's folder; all use them or none do.
 	rr := &readyReq{Session: c.session, Rank: c.rank}
 	var g *shmGroup
-	if resp.Shm != "" {
+	var hg *hierState
+	switch {
+	case resp.Shm != "":
 		g, err = openShm(c, resp.Shm)
 		if err != nil {
 			rr.Err = err.Error()
 		}
-	} else {
+	case resp.Hier:
+		hg, err = c.hierOpen(c.hosts)
+		if err != nil {
+			rr.Err = err.Error()
+		}
+	default:
 		rr.Err = "not tried"
 	}
 	var ready readyResp
@@ -375,11 +402,18 @@ func (c *Comm) rendezvous(ctx context.Context) error {
 		if g != nil {
 			g.close()
 		}
+		hg.close()
 		return err
+	}
+	if resp.Hier {
+		return c.hierReady(hg, ready)
 	}
 	if !ready.Shm {
 		if g != nil {
 			g.close()
+		}
+		if c.cfg.Transport == Hier {
+			return errorf(ErrJoin, "a hierarchy required, but %s", ready.Why)
 		}
 		if c.cfg.Transport == SHM {
 			return errorf(ErrJoin, "shared mappings required, but %s", ready.Why)
@@ -486,13 +520,17 @@ func (j *joinState) put(r *joinReq, c *Comm) error {
 	rand.Read(sid[:])
 	j.resp.Session = binary.LittleEndian.Uint64(sid[:]) | 1
 	j.resp.Addrs = make([]string, c.size)
-	shm := c.cfg.Transport != TCP
+	shm := c.cfg.Transport == Auto || c.cfg.Transport == SHM
+	keys := make([]string, c.size)
 	for i, q := range j.reqs {
 		j.resp.Addrs[i] = q.Addr
+		keys[i] = hostKey(q)
 		if q.Host != j.reqs[0].Host || q.Dir != j.reqs[0].Dir {
 			shm = false
 		}
 	}
+	j.resp.Hosts = groupHosts(keys)
+	j.resp.Hier = !shm && j.hierOK(c.cfg.Transport)
 	if shm {
 		dir, err := makeSessionDir(j.reqs[0].Dir, j.resp.Session)
 		if err != nil {
@@ -536,10 +574,19 @@ func (j *joinState) ready(ctx context.Context, r *readyReq) (readyResp, error) {
 	j.nready++
 	if j.nready == len(j.readies) {
 		switch {
+		case j.resp.Hier:
+			j.rresp.Hier = true
+			for _, q := range j.readies {
+				if q.Err != "" {
+					j.rresp.Hier = false
+					j.rresp.Why = fmt.Sprintf("rank %d: %s", q.Rank, q.Err)
+					break
+				}
+			}
 		case j.resp.Shm == "" && j.shmErr != "":
 			j.rresp.Why = "rank 0 cannot make the shared folder: " + j.shmErr
 		case j.resp.Shm == "":
-			j.rresp.Why = "the ranks are not all on one host with one shared folder"
+			j.rresp.Why = j.noHierWhy()
 		default:
 			j.rresp.Shm = true
 			for _, q := range j.readies {
@@ -725,11 +772,15 @@ func (c *Comm) Close() error {
 	if c.closed.Load() {
 		return nil
 	}
-	if c.shm != nil && c.cause() == nil && c.inflight.Load() < 0 {
+	if (c.shm != nil || c.hier != nil) && c.cause() == nil && c.inflight.Load() < 0 {
 		// The others may still read what this rank published for the
 		// last collective: wait (a while) until they are done with it.
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		c.shm.waitAll(ctx, uint32(3*c.completed.Load()))
+		if c.shm != nil {
+			c.shm.waitAll(ctx, uint32(3*c.completed.Load()))
+		} else {
+			c.hier.waitDone(ctx)
+		}
 		cancel()
 	}
 	if !c.closed.CompareAndSwap(false, true) {
@@ -757,6 +808,7 @@ func (c *Comm) shutdown() {
 	if c.shm != nil {
 		c.shm.close()
 	}
+	c.hier.close()
 	c.opMu.Unlock()
 	c.cmu.Lock()
 	for _, cl := range c.clients {

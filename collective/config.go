@@ -21,6 +21,11 @@ const (
 	// TCP moves every byte over the ranks' rpc connections, even between
 	// processes of one host.
 	TCP Transport = "tcp"
+	// Hier requires a hierarchical communicator: the ranks of each host
+	// share mappings, and the hosts' leaders exchange over TCP (Auto forms
+	// one too, wherever some host has two ranks and there is more than one
+	// host); Join fails if the ranks cannot form one.
+	Hier Transport = "hier"
 )
 
 // Config says how to form a communicator. Every rank passes the same Size,
@@ -44,7 +49,7 @@ type Config struct {
 	// of the interface that reaches rank 0).
 	Listen string
 
-	// Transport: Auto (the default), SHM or TCP.
+	// Transport: Auto (the default), SHM, TCP or Hier.
 	Transport Transport
 	// ShmDir is the folder, on a memory filesystem, where ranks that share
 	// mappings keep them: default /dev/shm (os.TempDir where there is
@@ -121,8 +126,8 @@ func (c Config) Validate() error {
 		return bad("both Addr and Peers given; give one")
 	case len(c.Peers) > 0 && len(c.Peers) != c.Size:
 		return bad("%d peers for %d ranks", len(c.Peers), c.Size)
-	case c.Transport != Auto && c.Transport != SHM && c.Transport != TCP:
-		return bad("transport %q: want \"\", %q or %q", c.Transport, SHM, TCP)
+	case c.Transport != Auto && c.Transport != SHM && c.Transport != TCP && c.Transport != Hier:
+		return bad("transport %q: want \"\", %q, %q or %q", c.Transport, SHM, TCP, Hier)
 	}
 	for _, a := range append([]string{c.Addr}, c.Peers...) {
 		if a == "" {

@@ -42,9 +42,12 @@ func (c *Comm) collective(ctx context.Context, cl *call) (*plan, []byte, error) 
 	var p *plan
 	var out []byte
 	var err error
-	if c.shm != nil {
+	switch {
+	case c.shm != nil:
 		p, out, err = c.shmCollective(ctx, seq, cl)
-	} else {
+	case c.hier != nil:
+		p, out, err = c.hierCollective(ctx, seq, cl)
+	default:
 		p, out, err = c.tcpCollective(ctx, seq, cl)
 	}
 	if e := c.cause(); err != nil && e != nil {
@@ -95,6 +98,9 @@ func (cl *call) output(p *plan, me int) []byte {
 func (c *Comm) failData(ctx context.Context, err error) error {
 	if c.shm != nil {
 		c.shm.abort()
+	}
+	if c.hier != nil {
+		c.hier.abort()
 	}
 	if e := c.cause(); e != nil {
 		return e

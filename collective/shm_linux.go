@@ -113,12 +113,17 @@ func sweepSessions(dir string) {
 }
 
 // openShm makes this rank's files in the session folder dir.
-func openShm(c *Comm, dir string) (*shmGroup, error) {
+func openShm(c *Comm, dir string) (*shmGroup, error) { return openShmGroup(c, dir, c.rank, c.size) }
+
+// openShmGroup makes this rank's files in dir as member me of a group of n
+// ranks sharing mappings: the whole communicator (openShm), or the ranks
+// of one host of a hierarchical one (hier_join.go).
+func openShmGroup(c *Comm, dir string, me, n int) (*shmGroup, error) {
 	want := fmt.Sprintf("%016x\n", c.session)
 	if b, err := os.ReadFile(filepath.Join(dir, "session")); err != nil || string(b) != want {
 		return nil, fmt.Errorf("rank %d does not see rank 0's folder %s", c.rank, dir)
 	}
-	g := &shmGroup{c: c, dir: dir, me: c.rank, n: c.size, ctl: make([]*shm.Map, c.size), data: make([][2]*shm.Map, c.size)}
+	g := &shmGroup{c: c, dir: dir, me: me, n: n, ctl: make([]*shm.Map, n), data: make([][2]*shm.Map, n)}
 	var err error
 	if g.lock, err = lockfile.Acquire(g.path("lock")); err != nil {
 		if errors.Is(err, os.ErrNotExist) {

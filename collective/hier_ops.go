@@ -1,0 +1,314 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+
+	"github.com/tensorwire/tensorwire/memmap"
+)
+
+// Collectives of a hierarchical communicator. Allreduce goes by levels:
+//
+//  1. within each host, through its shared mappings: every rank publishes
+//     its input (all but its own 1/L share, L the host's ranks) and reduces
+//     its share from the host's L mappings into its data file;
+//  2. between hosts, over TCP: each host's leader collects the host's
+//     reduced shares into its data file and allreduces it with the other
+//     leaders (one direct exchange up to 64 KiB, a ring above);
+//  3. within each host: every rank copies the leader's result.
+//
+// The other collectives go over TCP between every pair of ranks, as in a
+// communicator that is TCP throughout (tcpCollective). Every collective's
+// descriptions go the TCP way, from every rank to every other, so a rank
+// that calls Allreduce and one that calls something else reach the same
+// check, and the same error.
+
+// hierCollective runs cl in a hierarchical communicator.
+func (c *Comm) hierCollective(ctx context.Context, seq uint64, cl *call) (*plan, []byte, error) {
+	if cl.d.kind != kindAllreduce {
+		return c.tcpCollective(ctx, seq, cl)
+	}
+	h := c.hier
+	d := &cl.d
+	if h.g != nil && d.bad == "" && d.hasT && Supported(d.dtype) {
+		// Reserve the room this rank publishes in now, so that a full
+		// folder is an error every rank reaches in the check
+		// (ErrNoSpace), not a failure part-way. Growing the file
+		// does not touch what the others may still read of it.
+		if _, err := h.g.publish(int(h.k.Load()&1), len(cl.in)); err != nil {
+			d.bad = fmt.Sprintf("publishing the tensor: %v", err)
+			d.noSpace = errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+		}
+	}
+	ds, err := c.exchangeDescs(ctx, seq, d)
+	if err != nil {
+		return nil, nil, c.failData(ctx, err)
+	}
+	p, err := check(ds)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := cl.output(p, c.rank)
+	k := h.k.Load()
+	var derr error
+	fault := memmap.Guard(func() error {
+		derr = h.allreduce(ctx, c, seq, k, p, cl.in, out)
+		return nil
+	})
+	h.k.Store(k + 1)
+	if fault != nil {
+		derr = fmt.Errorf("collective %d through the host's shared mappings: %w", seq, fault)
+		cause := derr
+		if memmap.Guard(func() error { derr = c.failData(ctx, cause); return nil }) != nil {
+			c.fail(cause)
+			derr = cause
+		}
+		return nil, nil, derr
+	}
+	if derr != nil {
+		return nil, nil, c.failData(ctx, derr)
+	}
+	return p, out, nil
+}
+
+// exchangeDescs sends this rank's description to every other rank and
+// returns every rank's: the same messages tcpCollective exchanges.
+func (c *Comm) exchangeDescs(ctx context.Context, seq uint64, d *desc) ([]desc, error) {
+	me, n := c.rank, c.size
+	enc := d.encode(nil)
+	ds := make([]desc, n)
+	ds[me] = *d
+	waits := make([]func(context.Context) error, n)
+	for r := range n {
+		if r == me {
+			continue
+		}
+		waits[r] = c.postBytes(r, msgKey{src: r, space: spaceDesc, seq: seq}, -1, func(_ int, b []byte) error {
+			var err error
+			ds[r], err = decodeDesc(b)
+			return err
+		})
+	}
+	errs := make(chan error, n)
+	for r := range n {
+		if r != me {
+			go func() { errs <- c.send(ctx, r, msgKey{src: me, space: spaceDesc, seq: seq}, enc) }()
+		}
+	}
+	var first error
+	for r := range n {
+		if r == me {
+			continue
+		}
+		if err := waits[r](ctx); err != nil && first == nil {
+			first = err
+		}
+	}
+	for r := 0; r < n-1; r++ {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return ds, first
+}
+
+// allreduce is the data phase of Allreduce number k through the host's
+// mappings (file set k&1, phases 3k+1 to 3k+3 of the host's group), seq
+// the communicator's.
+func (h *hierState) allreduce(ctx context.Context, c *Comm, seq, k uint64, p *plan, in, out []byte) error {
+	g := h.g
+	if g == nil {
+		// Alone on its host: the leader, with nothing to collect.
+		if !sameMem(out, in) {
+			copy(out, in)
+		}
+		return h.between(ctx, c, seq, p, out)
+	}
+	set, base := int(k&1), uint32(3*k)
+	L, li, es := len(h.ranks), h.local, p.esize
+	size := len(in)
+	if k >= 2 {
+		if err := g.waitAll(ctx, base-3); err != nil {
+			return err
+		}
+	}
+	mine, err := g.publish(set, size)
+	if err != nil {
+		return err
+	}
+	ch := byteOffsets(chunks(size/max(es, 1), L), es)
+	lo, hi := ch[li], ch[li+1]
+	copy(mine[:lo], in[:lo])
+	copy(mine[hi:], in[hi:])
+	g.setPhase(base + 1)
+	if err := g.waitAll(ctx, base+1); err != nil {
+		return err
+	}
+	srcs := make([][]byte, L)
+	for j := range L {
+		if j == li {
+			srcs[j] = in[lo:hi]
+			continue
+		}
+		b, err := g.peerData(j, set, size)
+		if err != nil {
+			return err
+		}
+		srcs[j] = b[lo:hi]
+	}
+	reduceN(p.op, p.dt, mine[lo:hi], srcs)
+	g.setPhase(base + 2)
+	if li != 0 {
+		// The leader's data file holds the result once it is done.
+		if err := g.waitRank(ctx, 0, base+3); err != nil {
+			return err
+		}
+		b, err := g.peerData(0, set, size)
+		if err != nil {
+			return err
+		}
+		copy(out, b)
+		g.setPhase(base + 3)
+		return nil
+	}
+	if err := g.waitAll(ctx, base+2); err != nil {
+		return err
+	}
+	for j := 1; j < L; j++ {
+		b, err := g.peerData(j, set, size)
+		if err != nil {
+			return err
+		}
+		copy(mine[ch[j]:ch[j+1]], b[ch[j]:ch[j+1]])
+	}
+	if err := h.between(ctx, c, seq, p, mine); err != nil {
+		return err
+	}
+	copy(out, mine)
+	g.setPhase(base + 3)
+	return nil
+}
+
+// between allreduces buf, this host's reduction, with the other hosts'
+// leaders (this rank is its host's): up to 64 KiB (or fewer elements than
+// hosts) every leader sends its whole buf to every other and reduces all
+// in host order; above, a ring over the leaders (a reduce-scatter then an
+// allgather, 2(H-1) steps of 1/H of buf). Either way every leader ends
+// with the same bits.
+func (h *hierState) between(ctx context.Context, c *Comm, seq uint64, p *plan, buf []byte) error {
+	H := len(h.leaders)
+	if H < 2 {
+		return nil
+	}
+	x := &hierX{c: c, ctx: ctx, seq: seq}
+	me := h.host
+	es := p.esize
+	if len(buf) <= smallAllreduce || len(buf)/max(es, 1) < H {
+		bufs := make([][]byte, H)
+		bufs[me] = append([]byte(nil), buf...)
+		var wg sync.WaitGroup
+		errs := make([]error, H)
+		for o := range H {
+			if o == me {
+				continue
+			}
+			bufs[o] = make([]byte, len(buf))
+			wg.Go(func() { errs[o] = x.exchangeAt(0, h.leaders[o], bufs[me], h.leaders[o], len(buf), copyInto(bufs[o])) })
+		}
+		wg.Wait()
+		if err := firstErr(errs); err != nil {
+			return err
+		}
+		reduceN(p.op, p.dt, buf, bufs)
+		return nil
+	}
+	blocks := byteOffsets(chunks(len(buf)/es, H), es)
+	blk := func(i int) []byte {
+		i = ((i % H) + H) % H
+		return buf[blocks[i]:blocks[i+1]]
+	}
+	right, left := h.leaders[(me+1)%H], h.leaders[(me-1+H)%H]
+	for s := 0; s < H-1; s++ {
+		sb, rb := blk(me-s-1), blk(me-s-2)
+		err := x.exchange(right, sb, left, len(rb), func(off int, b []byte) error {
+			dst := rb[off : off+len(b)]
+			reduceN(p.op, p.dt, dst, [][]byte{b, dst})
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	for s := 0; s < H-1; s++ {
+		sb, rb := blk(me-s), blk(me-s-1)
+		if err := x.exchange(right, sb, left, len(rb), copyInto(rb)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// firstErr returns the first non-nil error of errs.
+func firstErr(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// hierX moves the leaders' messages of one collective: data messages
+// (spaceData) of its number, by step, as the TCP collectives' are.
+type hierX struct {
+	c    *Comm
+	ctx  context.Context
+	seq  uint64
+	step uint32
+}
+
+// exchange, as the next step, sends sb to rank to and receives n bytes from
+// rank from, handing them to consume.
+func (x *hierX) exchange(to int, sb []byte, from, n int, consume func(off int, b []byte) error) error {
+	step := x.step
+	x.step++
+	return x.exchangeAt(step, to, sb, from, n, consume)
+}
+
+// exchangeAt is exchange at a given step (the direct exchange's sends to
+// every leader are all step 0).
+func (x *hierX) exchangeAt(step uint32, to int, sb []byte, from, n int, consume func(off int, b []byte) error) error {
+	c := x.c
+	wait := c.postBytes(from, msgKey{src: from, space: spaceData, seq: x.seq, step: step}, n, consume)
+	var serr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		serr = c.sendBytes(x.ctx, to, msgKey{src: c.rank, space: spaceData, seq: x.seq, step: step}, sb)
+	})
+	rerr := wait(x.ctx)
+	wg.Wait()
+	if serr != nil {
+		return serr
+	}
+	return rerr
+}
+
+// copyInto returns a consumer that copies a message into dst.
+func copyInto(dst []byte) func(off int, b []byte) error {
+	return func(off int, b []byte) error {
+		copy(dst[off:], b)
+		return nil
+	}
+}
+
+// byteOffsets returns element offsets times the element size es.
+func byteOffsets(offs []int, es int) []int {
+	s := make([]int, len(offs))
+	for i, o := range offs {
+		s[i] = o * es
+	}
+	return s
+}
