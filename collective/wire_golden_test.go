@@ -61,6 +61,15 @@ var wireGolden = []struct {
 		hex: `06 00 0d 03 00  01000000 00000000 00000000  0200 0600000000000000 0200000000000000  03000000 0100000000000000 0200000000000000 0300000000000000  0000  0000`},
 	{name: "point-to-point first piece, int64 [3]", raw: meta(memmap.Int64, []int{3}),
 		hex: `06 0300000000000000`},
+	// Hierarchical communicators (hier_*.go): the keys are left out when
+	// false or empty, so the messages above are what ranks of builds
+	// before them send.
+	{name: "collective.join request, from a rank that can form a hierarchy", v: joinReq{Rank: 3, Size: 4, Addr: "10.0.0.3:40002", Host: "b2c3", Dir: "/dev/shm", Hier: true},
+		hex: `87 a4 "addr" ae "10.0.0.3:40002" a3 "dir" a8 "/dev/shm" a4 "hier" c3 a4 "host" a4 "b2c3" a4 "rank" 03 a4 "size" 04 a9 "transport" a0`},
+	{name: "collective.join response, a hierarchy of two hosts proposed", v: joinResp{Session: goldenSession, Addrs: []string{"a:1", "a:2", "b:1", "b:2"}, Hosts: []int{0, 0, 1, 1}, Hier: true},
+		hex: `85 a5 "addrs" 94 a3 "a:1" a3 "a:2" a3 "b:1" a3 "b:2" a4 "hier" c3 a5 "hosts" 94 00 00 01 01 a7 "session" cf 1234567890abcdef a3 "shm" a0`},
+	{name: "collective.ready response, hierarchical", v: readyResp{Hier: true},
+		hex: `83 a4 "hier" c3 a3 "shm" c2 a3 "why" a0`},
 }
 
 func TestWire_Golden(t *testing.T) {

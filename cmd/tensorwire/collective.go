@@ -28,7 +28,7 @@ import (
 
 var collectiveCmd = command{
 	name:  "collective",
-	usage: "tensorwire collective rank --addr HOST:PORT --rank R --size N --data FILE [--transport auto|shm|tcp] [--shm-dir D] [--token-file F] [--join-timeout D] [--frozen-after D]",
+	usage: "tensorwire collective rank --addr HOST:PORT --rank R --size N --data FILE [--transport auto|shm|tcp|hier] [--shm-dir D] [--token-file F] [--join-timeout D] [--frozen-after D]",
 	help: "be one rank of a collective communicator for the process that started it (the Python client's " +
 		"tensorwire.collective starts one per rank): join the ranks at --addr (rank 0 listens there), then run " +
 		"the calls that arrive as frames on stdin, with the tensors in --data, a file both processes map, and " +
@@ -50,7 +50,7 @@ func runCollective(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.StringVar(&cfg.Addr, "addr", "", "rank 0's address, HOST:PORT (the rendezvous)")
 	fs.IntVar(&cfg.Rank, "rank", -1, "this rank")
 	fs.IntVar(&cfg.Size, "size", 0, "the number of ranks")
-	transport := fs.String("transport", "auto", "auto, shm or tcp")
+	transport := fs.String("transport", "auto", "auto, shm, tcp or hier")
 	fs.StringVar(&cfg.ShmDir, "shm-dir", "", "the shared folder for shared mappings (default /dev/shm)")
 	tokenFile := fs.String("token-file", "", "file holding the shared secret (default $TENSORWIRE_TOKEN)")
 	data := fs.String("data", "", "the data file shared with the parent")
@@ -62,10 +62,10 @@ func runCollective(ctx context.Context, args []string, stdout, stderr io.Writer)
 	switch *transport {
 	case "auto", "":
 		cfg.Transport = collective.Auto
-	case "shm", "tcp":
+	case "shm", "tcp", "hier":
 		cfg.Transport = collective.Transport(*transport)
 	default:
-		return fmt.Errorf("%w: --transport %q: want auto, shm or tcp", errUsage, *transport)
+		return fmt.Errorf("%w: --transport %q: want auto, shm, tcp or hier", errUsage, *transport)
 	}
 	if *data == "" {
 		return fmt.Errorf("%w: --data is required", errUsage)
