@@ -72,6 +72,8 @@ func TestHelperProcess(t *testing.T) {
 		helperLoop(ctx, c, cfg)
 	case "dot":
 		helperDot(t, ctx, c)
+	case "hier":
+		helperHier(ctx, c)
 	case "check-rejoin":
 		one, _ := tensordict.FromSlice([]float64{1})
 		y, err := c.Allreduce(ctx, one, Sum)

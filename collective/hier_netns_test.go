@@ -1,0 +1,175 @@
+package collective
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/tensorwire/tensorwire/internal/testkit/netns"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Hierarchical communicators with every rank a process, on two
+// network-namespace hosts of two ranks each (root only: the tests skip,
+// saying so, elsewhere). The hosts share a kernel, so each host's ranks
+// get a shared folder of their own (a host is a kernel and a folder), as
+// two machines' ranks have.
+
+// helperHier is the "hier" role: it prints its topology, runs the checks
+// of helperCheck (a 1 MiB Allreduce, an Allgather of uneven sizes), then
+// a Bcast and a 2 MiB Allreduce of random float64 whose result's hash it
+// prints, for the test to compare across ranks.
+func helperHier(ctx context.Context, c *Comm) {
+	top, _ := json.Marshal(c.Topology())
+	fmt.Println("TOPOLOGY", string(top))
+	helperCheck(ctx, c)
+	b, _ := tensordict.FromSlice([]float64{float64(c.Rank()), 7})
+	bb, err := c.Bcast(ctx, b, c.Size()-1)
+	if err != nil {
+		helperFail(err)
+	}
+	if v, _ := tensordict.Values[float64](bb); v[0] != float64(c.Size()-1) || v[1] != 7 {
+		helperFail(fmt.Errorf("bcast: %v", v))
+	}
+	rng := rand.New(rand.NewPCG(uint64(c.Rank()), 1))
+	v := make([]float64, 1<<18)
+	want := 0.0
+	for r := range c.Size() {
+		rr := rand.New(rand.NewPCG(uint64(r), 1))
+		want += rr.Float64()
+	}
+	for i := range v {
+		v[i] = rng.Float64()
+	}
+	x, _ := tensordict.FromSlice(v)
+	y, err := c.Allreduce(ctx, x, Sum)
+	if err != nil {
+		helperFail(err)
+	}
+	yv, _ := tensordict.Values[float64](y)
+	if d := yv[0] - want; d > 1e-12 || d < -1e-12 {
+		helperFail(fmt.Errorf("allreduce[0] = %v, want %v", yv[0], want))
+	}
+	fmt.Printf("HASH %x\n", sha256.Sum256(must1(y.Bytes())))
+	fmt.Println("HIER DONE")
+}
+
+// netnsRanks starts a rank process in role for every entry of layout, on a
+// network-namespace host of its own per host index: rank r on host
+// layout[r], with that host's shared folder. Rank 0 listens on port 29500
+// of its host, a namespace made for this test.
+func netnsRanks(t *testing.T, role string, tr Transport, layout []int) []*proctest.Proc {
+	t.Helper()
+	nw := netns.New(t)
+	var hosts []*netns.Host
+	for h := range topologyOf(layout).Hosts {
+		host, err := nw.Host(fmt.Sprintf("host%d", h))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hosts = append(hosts, host)
+	}
+	base := t.TempDir()
+	addr := net.JoinHostPort(hosts[layout[0]].Addr().String(), "29500")
+	ps := make([]*proctest.Proc, len(layout))
+	for r, h := range layout {
+		dir := filepath.Join(base, fmt.Sprintf("h%d", h))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		cmd := hosts[h].Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+		cmd.Env = append(os.Environ(), envRole+"="+role, envRank+"="+strconv.Itoa(r), envSize+"="+strconv.Itoa(len(layout)),
+			envAddr+"="+addr, envTransport+"="+string(tr), envDir+"="+dir)
+		ps[r] = proctest.StartCmd(t, fmt.Sprintf("rank %d on host %d", r, h), cmd)
+	}
+	return ps
+}
+
+// TestNetns_HierTwoByTwo: 2 hosts x 2 ranks form a hierarchy; every rank
+// shows the same topology; the collectives give the plain computation's
+// results, and an Allreduce the same bits on every rank.
+func TestNetns_HierTwoByTwo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes on network namespaces")
+	}
+	layout := []int{0, 0, 1, 1}
+	ps := netnsRanks(t, "hier", Auto, layout)
+	want := topologyOf(layout)
+	want.Local, want.Between = SHM, TCP
+	var hash string
+	for r, p := range ps {
+		if got := p.Expect(t, "JOINED"); got != string(Hier) {
+			t.Fatalf("rank %d joined with %s, want %s", r, got, Hier)
+		}
+		var top Topology
+		if err := json.Unmarshal([]byte(p.Expect(t, "TOPOLOGY")), &top); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(top, want) {
+			t.Fatalf("rank %d: topology %+v, want %+v", r, top, want)
+		}
+		p.Expect(t, "OK")
+		h := p.Expect(t, "HASH")
+		if r == 0 {
+			hash = h
+		} else if h != hash {
+			t.Fatalf("rank %d's allreduce hashes to %s, rank 0's to %s", r, h, hash)
+		}
+		p.Expect(t, "HIER DONE")
+	}
+	for _, p := range ps {
+		if err := p.WaitFor(30 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestNetns_HierRankKilled kills a rank (kill -9) in the middle of a loop
+// of 4 MiB Allreduces, a leader's host-mate and a leader: every other rank
+// fails with ErrPeerLost (or ErrAborted, where a rank broke off first),
+// within its 20 s deadline, none hangs.
+func TestNetns_HierRankKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes on network namespaces")
+	}
+	for _, victim := range []int{1, 2} {
+		t.Run(fmt.Sprintf("rank %d", victim), func(t *testing.T) {
+			ps := netnsRanks(t, "loop", Auto, []int{0, 0, 1, 1})
+			for _, p := range ps {
+				if got := p.Expect(t, "JOINED"); got != string(Hier) {
+					t.Fatalf("%s joined with %s, want %s", p.Name(), got, Hier)
+				}
+			}
+			for _, p := range ps {
+				p.Expect(t, "ITER 3")
+			}
+			ps[victim].Kill()
+			for i, p := range ps {
+				if i == victim {
+					continue
+				}
+				line, err := p.Line("ERR", 30*time.Second)
+				if err != nil {
+					t.Fatalf("rank %d: %v", i, err)
+				}
+				var what string
+				var ms int
+				fmt.Sscan(line, &what, &ms)
+				if what != "peer_lost" {
+					t.Fatalf("rank %d: %s, want peer_lost", i, line)
+				}
+				t.Logf("rank %d: failed after %d ms: %s", i, ms, line)
+			}
+		})
+	}
+}
