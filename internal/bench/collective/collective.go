@@ -5,7 +5,7 @@
 // ("tcp"), against memcpy bandwidth measured in the same run.
 //
 //	tensorwire bench collective [--ops allreduce,allgather,reduce-scatter,broadcast,alltoall,allreduce-fwd-bwd]
-//	    [--ranks 2,4] [--sizes 1KB,64KB,1MB,16MB,64MB] [--transports shm,tcp] [--hosts local|netns] [--json FILE]
+//	    [--ranks 2,4] [--sizes 1KB,64KB,1MB,16MB,64MB] [--transports shm,tcp] [--hosts local|netns [--layout HxR]] [--json FILE]
 //
 // For each transport and rank count the benchmark starts that many copies
 // of the running program, each a rank ("--role rank"), which form a
@@ -13,7 +13,12 @@
 // netns (root only; TCP only) each rank runs instead on a host of its own,
 // a Linux network namespace on a bridge (internal/testkit/netns), so the ranks
 // talk TCP between separate addresses through veth pairs and the bridge
-// rather than over loopback; rank 0 listens on its host's address. For each
+// rather than over loopback; rank 0 listens on its host's address. With
+// --layout HxR (netns only) the ranks are R on each of H hosts instead, and
+// --transports takes hier (the default there is tcp,hier): "tcp" runs every
+// rank over TCP, those of one host too, "hier" a hierarchical communicator
+// (shared mappings within a host, its leader over TCP between hosts; each
+// host's ranks share a folder of the host's under /dev/shm). For each
 // operation and size, in that order, the ranks run a few untimed
 // iterations and then timed ones (from 500 at 1 KiB down to 5 at 64 MiB):
 // each iteration is a Barrier and then the operation, and rank 0 times the
@@ -82,6 +87,7 @@ type options struct {
 	sizes      []int
 	transports []string
 	hosts      string
+	layout     [2]int // --layout: hosts and ranks per host; zero: a host per rank
 	json       string
 
 	role      string
@@ -89,6 +95,7 @@ type options struct {
 	size      int
 	addr      string
 	transport string
+	shmDir    string
 }
 
 // Run runs the benchmark.
@@ -101,6 +108,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.StringVar(&sizes, "sizes", "1KB,64KB,1MB,16MB,64MB", "tensor sizes (KB, MB: 1024 and 1024*1024 bytes)")
 	fs.StringVar(&transports, "transports", "shm,tcp", "transports: shm (shared mappings), tcp (loopback)")
 	fs.StringVar(&o.hosts, "hosts", "local", "where the ranks run: local (this host, loopback), netns (a network namespace each, joined by a bridge; root, tcp only)")
+	layout := fs.String("layout", "", "--hosts netns: HxR, R ranks on each of H hosts (--ranks is then H*R; --transports tcp,hier)")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
 	lang := fs.String("lang", "go", "go: Go ranks; python: allreduce from Python (tensorwire.collective, gloo, mpi4torch) beside Go's, with the Python overhead per call (defaults then: --ops allreduce,allreduce-fwd-bwd --ranks 4 --sizes 1KB,16MB,64MB)")
 	var po pyOptions
@@ -112,7 +120,8 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.IntVar(&o.size, "size", 0, "internal: the number of ranks")
 	fs.StringVar(&o.addr, "addr", "", "internal: rank 0's address")
 	fs.StringVar(&o.transport, "transport", "", "internal: the transport")
-	if err := bench.Parse("collective", fs, args, env.Stdout, "role", "rank", "size", "addr", "transport"); err != nil {
+	fs.StringVar(&o.shmDir, "shm-dir", "", "internal: the rank's shared folder")
+	if err := bench.Parse("collective", fs, args, env.Stdout, "role", "rank", "size", "addr", "transport", "shm-dir"); err != nil {
 		return err
 	}
 	var err error
@@ -137,19 +146,36 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	if o.ops, err = parseList(ops, allOps); err != nil {
 		return err
 	}
-	if o.transports, err = parseList(transports, []string{"shm", "tcp"}); err != nil {
+	if o.transports, err = parseList(transports, []string{"shm", "tcp", "hier"}); err != nil {
 		return err
+	}
+	if *layout != "" {
+		if o.layout, err = parseLayout(*layout); err != nil {
+			return err
+		}
+		if o.hosts != "netns" {
+			return bench.Usagef("--layout places ranks on network-namespace hosts: give --hosts netns")
+		}
 	}
 	switch o.hosts {
 	case "local":
+		if slices.Contains(o.transports, "hier") {
+			return bench.Usagef("--transports hier needs ranks on several hosts: --hosts netns --layout HxR")
+		}
 	case "netns":
 		set := false
 		fs.Visit(func(f *flag.Flag) { set = set || f.Name == "transports" })
 		if !set {
 			o.transports = []string{"tcp"}
+			if o.layout[0] > 0 {
+				o.transports = []string{"tcp", "hier"}
+			}
 		}
 		if slices.Contains(o.transports, "shm") {
-			return bench.Usagef("--hosts netns runs the ranks on separate hosts: --transports tcp only")
+			return bench.Usagef("--hosts netns runs the ranks on separate hosts: --transports tcp or hier only")
+		}
+		if slices.Contains(o.transports, "hier") && o.layout[0] == 0 {
+			return bench.Usagef("--transports hier: give --layout HxR (R ranks on each of H hosts)")
 		}
 	default:
 		return bench.Usagef("--hosts %q: want local or netns", o.hosts)
@@ -160,6 +186,9 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 			return bench.Usagef("--ranks: %q is not a rank count", r)
 		}
 		o.ranks = append(o.ranks, n)
+	}
+	if o.layout[0] > 0 && o.role == "" {
+		o.ranks = []int{o.layout[0] * o.layout[1]}
 	}
 	for _, s := range strings.Split(sizes, ",") {
 		n, err := parseSize(s)
@@ -197,6 +226,17 @@ func parseList(s string, allowed []string) ([]string, error) {
 	return out, nil
 }
 
+// parseLayout parses --layout HxR.
+func parseLayout(s string) ([2]int, error) {
+	h, r, ok := strings.Cut(strings.ToLower(strings.TrimSpace(s)), "x")
+	hn, err1 := strconv.Atoi(h)
+	rn, err2 := strconv.Atoi(r)
+	if !ok || err1 != nil || err2 != nil || hn < 1 || rn < 1 {
+		return [2]int{}, bench.Usagef("--layout %q: want HxR, R ranks on each of H hosts (2x2)", s)
+	}
+	return [2]int{hn, rn}, nil
+}
+
 func parseSize(s string) (int, error) {
 	s = strings.ToUpper(strings.TrimSpace(s))
 	mult := 1
@@ -220,13 +260,15 @@ func parseSize(s string) (int, error) {
 // operation on rank 0 in microseconds; AlgBW is Bytes over it and BusBW
 // NCCL's bus bandwidth, both in GB/s (1e9 bytes a second). Hosts is
 // "netns" when the ranks ran on network-namespace hosts (--hosts netns),
-// and absent when they ran on this one.
+// and absent when they ran on this one; Layout is --layout (HxR) when
+// given.
 type Line struct {
 	Op        string  `json:"op"`
 	Ranks     int     `json:"ranks"`
 	Bytes     int     `json:"bytes"`
 	Transport string  `json:"transport"`
 	Hosts     string  `json:"hosts,omitempty"`
+	Layout    string  `json:"layout,omitempty"`
 	System    string  `json:"system,omitempty"` // --lang python: go, tensorwire, gloo or mpi4torch
 	P50us     float64 `json:"p50_us"`
 	AlgBW     float64 `json:"algbw_GBps"`
@@ -260,7 +302,11 @@ func runParent(ctx context.Context, o options, env bench.Env) error {
 	}
 	var hosts []rankHost
 	if o.hosts == "netns" {
-		hs, closeHosts, err := netnsHosts(slices.Max(o.ranks))
+		nh := slices.Max(o.ranks)
+		if o.layout[0] > 0 {
+			nh = o.layout[0]
+		}
+		hs, closeHosts, err := netnsHosts(nh)
 		if err != nil {
 			return err
 		}
@@ -283,6 +329,9 @@ func runParent(ctx context.Context, o options, env bench.Env) error {
 		tr := r.Transport
 		if r.Hosts != "" {
 			tr += "/" + r.Hosts
+		}
+		if r.Layout != "" {
+			tr += " " + r.Layout
 		}
 		t.Row(r.Op, r.Ranks, tr, r.Bytes, fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.3f", r.AlgBW), fmt.Sprintf("%.3f", r.BusBW), fmt.Sprintf("%.3f", r.BusBW/res.MemcpyGBps))
 	}
@@ -325,6 +374,21 @@ func runGroup(ctx context.Context, o options, env bench.Env, exe, tr string, n i
 		}
 	}
 	sizes := sizeArgs(o.sizes)
+	hostOf := func(r int) int { return r }
+	var layout string
+	var shmBase string
+	if o.layout[0] > 0 {
+		hostOf = func(r int) int { return r / o.layout[1] }
+		layout = fmt.Sprintf("%dx%d", o.layout[0], o.layout[1])
+		// Each host's ranks share a folder, every host one of its own:
+		// the hosts share this machine's kernel, and a host is a kernel
+		// and a folder (collective.Topology).
+		var err error
+		if shmBase, err = os.MkdirTemp(shmRoot(), "tensorwire-bench-collective-"); err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(shmBase)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var cmds []*exec.Cmd
@@ -333,10 +397,17 @@ func runGroup(ctx context.Context, o options, env bench.Env, exe, tr string, n i
 	for r := range n {
 		args := append(slices.Clone(env.Self), "--role", "rank", "--rank", strconv.Itoa(r), "--size", strconv.Itoa(n),
 			"--addr", addr, "--transport", tr, "--ops", strings.Join(o.ops, ","), "--sizes", strings.Join(sizes, ","))
+		if shmBase != "" {
+			dir := fmt.Sprintf("%s/h%d", shmBase, hostOf(r))
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				return nil, err
+			}
+			args = append(args, "--shm-dir", dir)
+		}
 		cmd := exec.CommandContext(ctx, exe, args...)
 		if hosts != nil {
 			// ip netns exec enters the namespace and execs the program.
-			cmd = exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", hosts[r].Namespace(), exe}, args...)...)
+			cmd = exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", hosts[hostOf(r)].Namespace(), exe}, args...)...)
 		}
 		cmd.Stderr = env.Stderr
 		if r == 0 {
@@ -359,6 +430,7 @@ func runGroup(ctx context.Context, o options, env bench.Env, exe, tr string, n i
 		if hosts != nil {
 			r.Hosts = "netns"
 		}
+		r.Layout = layout
 		fmt.Fprintf(env.Stderr, "%s %d ranks %s %d B: p50 %.1f us, busbw %.3f GB/s\n", r.Transport, r.Ranks, r.Op, r.Bytes, r.P50us, r.BusBW)
 		runs = append(runs, r)
 	}
@@ -378,7 +450,7 @@ func iterations(bytes int) int { return max(5, min(500, (256<<20)/bytes)) }
 // 0, prints a JSON line for each.
 func runRank(ctx context.Context, o options, stdout io.Writer) error {
 	jctx, cancel := context.WithTimeout(ctx, time.Minute)
-	c, err := collective.Join(jctx, collective.Config{Rank: o.rank, Size: o.size, Addr: o.addr, Transport: collective.Transport(o.transport)})
+	c, err := collective.Join(jctx, collective.Config{Rank: o.rank, Size: o.size, Addr: o.addr, Transport: collective.Transport(o.transport), ShmDir: o.shmDir})
 	cancel()
 	if err != nil {
 		return err
@@ -559,4 +631,13 @@ func sizeArgs(sizes []int) []string {
 		out[i] = strconv.Itoa(s) + "B"
 	}
 	return out
+}
+
+// shmRoot is where --layout makes the hosts' shared folders: /dev/shm, or
+// the temporary folder where there is none.
+func shmRoot() string {
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		return "/dev/shm"
+	}
+	return os.TempDir()
 }
