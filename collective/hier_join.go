@@ -18,7 +18,11 @@ type hierState struct {
 	ranks   []int // its host's ranks, ascending
 	local   int   // this rank's index in ranks; 0 is the leader
 	leaders []int // every host's leader, by host index
-	g       *shmGroup
+	// peers, when every host has as many ranks as this one, is the rank
+	// of each host (by host index) at this rank's index in its host: the
+	// ranks a large Allreduce's share goes between (hier_ops.go).
+	peers []int
+	g     *shmGroup
 	// k counts the collectives that went through g, guarded by Comm.opMu:
 	// collective k uses g's file set k&1 and phases 3k+1 to 3k+3 (the
 	// communicator's own numbers count the others too, which g never
@@ -38,6 +42,13 @@ func newHier(rank int, hosts []int) *hierState {
 	}
 	for _, th := range t.Hosts {
 		h.leaders = append(h.leaders, th.Leader)
+	}
+	for _, th := range t.Hosts {
+		if len(th.Ranks) != len(h.ranks) {
+			h.peers = nil
+			break
+		}
+		h.peers = append(h.peers, th.Ranks[h.local])
 	}
 	return h
 }

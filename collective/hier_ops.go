@@ -15,10 +15,15 @@ import (
 //  1. within each host, through its shared mappings: every rank publishes
 //     its input (all but its own 1/L share, L the host's ranks) and reduces
 //     its share from the host's L mappings into its data file;
-//  2. between hosts, over TCP: each host's leader collects the host's
-//     reduced shares into its data file and allreduces it with the other
-//     leaders (one direct exchange up to 64 KiB, a ring above);
-//  3. within each host: every rank copies the leader's result.
+//  2. between hosts, over TCP: when every host has L ranks and the tensor
+//     is over 64 KiB, every rank allreduces its share with the ranks at
+//     its index on the other hosts (L exchanges between hosts at once,
+//     each of 1/L of the tensor); otherwise each host's leader collects
+//     the host's reduced shares into its data file and allreduces the
+//     whole with the other leaders. Between H ranks: one direct exchange
+//     up to 64 KiB (or fewer elements than H), a ring above;
+//  3. within each host: every rank copies the others' shares (or the
+//     leader's whole result).
 //
 // The other collectives go over TCP between every pair of ranks, as in a
 // communicator that is TCP throughout (tcpCollective). Every collective's
@@ -125,7 +130,7 @@ func (h *hierState) allreduce(ctx context.Context, c *Comm, seq, k uint64, p *pl
 		if !sameMem(out, in) {
 			copy(out, in)
 		}
-		return h.between(ctx, c, seq, p, out)
+		return between(ctx, c, seq, p, h.leaders, h.host, out)
 	}
 	set, base := int(k&1), uint32(3*k)
 	L, li, es := len(h.ranks), h.local, p.esize
@@ -160,6 +165,29 @@ func (h *hierState) allreduce(ctx context.Context, c *Comm, seq, k uint64, p *pl
 		srcs[j] = b[lo:hi]
 	}
 	reduceN(p.op, p.dt, mine[lo:hi], srcs)
+	if h.peers != nil && size > smallAllreduce {
+		// Every rank its share, with its peers on the other hosts.
+		if err := between(ctx, c, seq, p, h.peers, h.host, mine[lo:hi]); err != nil {
+			return err
+		}
+		g.setPhase(base + 2)
+		copy(out[lo:hi], mine[lo:hi])
+		if err := g.waitAll(ctx, base+2); err != nil {
+			return err
+		}
+		for j := range L {
+			if j == li {
+				continue
+			}
+			b, err := g.peerData(j, set, size)
+			if err != nil {
+				return err
+			}
+			copy(out[ch[j]:ch[j+1]], b[ch[j]:ch[j+1]])
+		}
+		g.setPhase(base + 3)
+		return nil
+	}
 	g.setPhase(base + 2)
 	if li != 0 {
 		// The leader's data file holds the result once it is done.
@@ -184,7 +212,7 @@ func (h *hierState) allreduce(ctx context.Context, c *Comm, seq, k uint64, p *pl
 		}
 		copy(mine[ch[j]:ch[j+1]], b[ch[j]:ch[j+1]])
 	}
-	if err := h.between(ctx, c, seq, p, mine); err != nil {
+	if err := between(ctx, c, seq, p, h.leaders, h.host, mine); err != nil {
 		return err
 	}
 	copy(out, mine)
@@ -192,19 +220,18 @@ func (h *hierState) allreduce(ctx context.Context, c *Comm, seq, k uint64, p *pl
 	return nil
 }
 
-// between allreduces buf, this host's reduction, with the other hosts'
-// leaders (this rank is its host's): up to 64 KiB (or fewer elements than
-// hosts) every leader sends its whole buf to every other and reduces all
-// in host order; above, a ring over the leaders (a reduce-scatter then an
-// allgather, 2(H-1) steps of 1/H of buf). Either way every leader ends
-// with the same bits.
-func (h *hierState) between(ctx context.Context, c *Comm, seq uint64, p *plan, buf []byte) error {
-	H := len(h.leaders)
+// between allreduces buf, this host's reduction (of the whole tensor or of
+// a share), with ranks, one per host by host index, of which this rank is
+// ranks[me]: up to 64 KiB (or fewer elements than hosts) every one sends
+// its whole buf to every other and reduces all in host order; above, a
+// ring (a reduce-scatter then an allgather, 2(H-1) steps of 1/H of buf).
+// Either way all of them end with the same bits.
+func between(ctx context.Context, c *Comm, seq uint64, p *plan, ranks []int, me int, buf []byte) error {
+	H := len(ranks)
 	if H < 2 {
 		return nil
 	}
 	x := &hierX{c: c, ctx: ctx, seq: seq}
-	me := h.host
 	es := p.esize
 	if len(buf) <= smallAllreduce || len(buf)/max(es, 1) < H {
 		bufs := make([][]byte, H)
@@ -216,7 +243,7 @@ func (h *hierState) between(ctx context.Context, c *Comm, seq uint64, p *plan, b
 				continue
 			}
 			bufs[o] = make([]byte, len(buf))
-			wg.Go(func() { errs[o] = x.exchangeAt(0, h.leaders[o], bufs[me], h.leaders[o], len(buf), copyInto(bufs[o])) })
+			wg.Go(func() { errs[o] = x.exchangeAt(0, ranks[o], bufs[me], ranks[o], len(buf), copyInto(bufs[o])) })
 		}
 		wg.Wait()
 		if err := firstErr(errs); err != nil {
@@ -230,7 +257,7 @@ func (h *hierState) between(ctx context.Context, c *Comm, seq uint64, p *plan, b
 		i = ((i % H) + H) % H
 		return buf[blocks[i]:blocks[i+1]]
 	}
-	right, left := h.leaders[(me+1)%H], h.leaders[(me-1+H)%H]
+	right, left := ranks[(me+1)%H], ranks[(me-1+H)%H]
 	for s := 0; s < H-1; s++ {
 		sb, rb := blk(me-s-1), blk(me-s-2)
 		err := x.exchange(right, sb, left, len(rb), func(off int, b []byte) error {

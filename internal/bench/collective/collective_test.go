@@ -95,7 +95,9 @@ func TestRun_Small(t *testing.T) {
 
 func TestRun_BadFlags(t *testing.T) {
 	for _, args := range [][]string{{"--ops", "allfoo"}, {"--ranks", "x"}, {"--sizes", "12QB"}, {"--transports", "udp"}, {"extra"},
-		{"--hosts", "mars"}, {"--hosts", "netns", "--transports", "shm,tcp"}} {
+		{"--hosts", "mars"}, {"--hosts", "netns", "--transports", "shm,tcp"},
+		{"--transports", "hier"}, {"--hosts", "netns", "--transports", "hier"}, {"--layout", "2x2"},
+		{"--hosts", "netns", "--layout", "2by2"}, {"--hosts", "netns", "--layout", "0x2"}} {
 		err := Run(context.Background(), bench.Env{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}, args)
 		if !errors.Is(err, bench.ErrUsage) {
 			t.Errorf("%v: %v, want a usage error", args, err)
@@ -135,5 +137,44 @@ func TestRun_NetnsHosts(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "tcp/netns") {
 		t.Fatalf("the table does not say tcp/netns:\n%s", out.String())
+	}
+}
+
+// TestRun_NetnsLayout runs 2 hosts x 2 ranks (--layout 2x2), every rank
+// over TCP and as a hierarchy, side by side. It needs root and iproute2,
+// and skips without them.
+func TestRun_NetnsLayout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	if err := netns.Available(); err != nil {
+		t.Skipf("network namespaces unavailable: %v", err)
+	}
+	var out, errb bytes.Buffer
+	jf := filepath.Join(t.TempDir(), "c.json")
+	err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &errb, Self: []string{childArg}},
+		[]string{"--hosts", "netns", "--layout", "2x2", "--ops", "allreduce,broadcast", "--sizes", "1KB,1MB", "--json", jf})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	var res Result
+	b, _ := os.ReadFile(jf)
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Runs) != 8 {
+		t.Fatalf("%d runs, want 8:\n%s", len(res.Runs), out.String())
+	}
+	for i, r := range res.Runs {
+		want := "tcp"
+		if i >= 4 {
+			want = "hier"
+		}
+		if r.Transport != want || r.Hosts != "netns" || r.Layout != "2x2" || r.Ranks != 4 || r.P50us <= 0 {
+			t.Fatalf("run %d %+v, want %s on 2x2 netns hosts", i, r, want)
+		}
+	}
+	if !strings.Contains(out.String(), "hier/netns 2x2") {
+		t.Fatalf("the table does not say hier/netns 2x2:\n%s", out.String())
 	}
 }
