@@ -219,7 +219,9 @@ func (j *joinState) fail(err error) {
 //
 // The ranks use shared mappings when Config.Transport allows and every
 // rank is on this host (same kernel boot and host name) and sees the
-// folder rank 0 made under ShmDir; otherwise TCP.
+// folder rank 0 made under ShmDir; a hierarchy (Hier: shared mappings
+// within each host, TCP between hosts) when they are on several hosts and
+// some host has two or more; otherwise TCP. Comm.Topology says which.
 func Join(ctx context.Context, cfg Config) (*Comm, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

@@ -14,7 +14,8 @@ type Transport string
 // The transports.
 const (
 	// Auto uses shared mappings when every rank runs on this host and sees
-	// the same Config.ShmDir, and TCP otherwise.
+	// the same Config.ShmDir; a hierarchy (Hier) when the ranks are on
+	// several hosts and some host has two or more; TCP otherwise.
 	Auto Transport = ""
 	// SHM requires shared mappings; Join fails if some rank cannot use them.
 	SHM Transport = "shm"

@@ -24,8 +24,12 @@
 // the mapping (a short spin, then a futex). Ranks on several hosts
 // exchange over their rpc connections (package rpc): recursive doubling
 // for small Allreduce, rings for large Allreduce, ReduceScatter and
-// Allgather, a binomial tree for Bcast, direct sends for the rest.
-// Point-to-point calls go over rpc on both.
+// Allgather, a binomial tree for Bcast, direct sends for the rest. Where
+// some of several hosts hold two or more ranks, the communicator is
+// hierarchical (Transport Hier, Comm.Topology): an Allreduce goes through
+// each host's mappings and between hosts over TCP, the other collectives
+// over TCP between every pair of ranks. Point-to-point calls go over rpc
+// on every transport.
 //
 // # Adjoints
 //

@@ -28,5 +28,6 @@ func (g *shmGroup) desc(int, int) (desc, error)            { return desc{}, errN
 func (g *shmGroup) publish(int, int) ([]byte, error)       { return nil, errNoShm }
 func (g *shmGroup) peerData(int, int, int) ([]byte, error) { return nil, errNoShm }
 
-func openShmGroup(*Comm, string, int, int) (*shmGroup, error) { return nil, errNoShm }
-func sweepSessions(string)                                    {}
+func openShmGroup(*Comm, string, int, int) (*shmGroup, error)   { return nil, errNoShm }
+func sweepSessions(string)                                      {}
+func (g *shmGroup) waitRank(context.Context, int, uint32) error { return errNoShm }
