@@ -136,8 +136,7 @@ func TestNetns_HierTwoByTwo(t *testing.T) {
 
 // TestNetns_HierRankKilled kills a rank (kill -9) in the middle of a loop
 // of 4 MiB Allreduces, a leader's host-mate and a leader: every other rank
-// fails with ErrPeerLost (or ErrAborted, where a rank broke off first),
-// within its 20 s deadline, none hangs.
+// fails with ErrPeerLost within its 20 s deadline, none hangs.
 func TestNetns_HierRankKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes on network namespaces")

@@ -337,3 +337,49 @@ func TestHier_ErrorsSameOnEveryRank(t *testing.T) {
 		t.Fatalf("after the errors: %v, want 4", v)
 	}
 }
+
+// TestHier_RankGoneFailsEveryRank: in the middle of a hierarchy's
+// Allreduce, a rank that closes instead of calling it fails every other
+// with ErrPeerLost, and one whose context has ended breaks it off for all
+// (its own call fails with its context's error, the others' with
+// ErrAborted); none waits for its deadline.
+func TestHier_RankGoneFailsEveryRank(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		odd  func(ctx context.Context, c *Comm, x *tensordict.Tensor) error
+		own  error // what the odd rank's call returns
+		is   error // what the others' do
+	}{
+		{"closed", func(ctx context.Context, c *Comm, x *tensordict.Tensor) error { return c.Close() }, nil, ErrPeerLost},
+		{"context ended", func(ctx context.Context, c *Comm, x *tensordict.Tensor) error {
+			ctx, cancel := context.WithCancel(ctx)
+			cancel()
+			return c.AllreduceInto(ctx, x, x, Sum)
+		}, context.Canceled, ErrAborted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			comms := hierGroup(t, []int{0, 0, 1, 1}, Hier)
+			start := time.Now()
+			_, errs := onAll(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+				x, _ := tensordict.Zeros(memmap.Float32, 1<<20)
+				if c.Rank() == 3 {
+					return 0, tc.odd(ctx, c, x)
+				}
+				return 0, c.AllreduceInto(ctx, x, x, Sum)
+			})
+			for r, err := range errs {
+				want := tc.is
+				if r == 3 {
+					want = tc.own
+				}
+				if want == nil && err != nil || want != nil && !errors.Is(err, want) {
+					t.Fatalf("rank %d: %v, want %v", r, err, want)
+				}
+			}
+			if d := time.Since(start); d > 30*time.Second {
+				t.Fatalf("the ranks took %v to fail", d)
+			}
+			t.Logf("rank 0: %v", errs[0])
+		})
+	}
+}
