@@ -31,6 +31,11 @@ import (
 // that calls Allreduce and one that calls something else reach the same
 // check, and the same error.
 
+// hierSmall is the size up to which an Allreduce goes between hosts
+// through the leaders, by one direct exchange (latency: one round trip);
+// above it, share by share, by a ring.
+const hierSmall = 64 << 10
+
 // hierCollective runs cl in a hierarchical communicator.
 func (c *Comm) hierCollective(ctx context.Context, seq uint64, cl *call) (*plan, []byte, error) {
 	if cl.d.kind != kindAllreduce {
@@ -165,7 +170,7 @@ func (h *hierState) allreduce(ctx context.Context, c *Comm, seq, k uint64, p *pl
 		srcs[j] = b[lo:hi]
 	}
 	reduceN(p.op, p.dt, mine[lo:hi], srcs)
-	if h.peers != nil && size > smallAllreduce {
+	if h.peers != nil && size > hierSmall {
 		// Every rank its share, with its peers on the other hosts.
 		if err := between(ctx, c, seq, p, h.peers, h.host, mine[lo:hi]); err != nil {
 			return err
@@ -233,7 +238,7 @@ func between(ctx context.Context, c *Comm, seq uint64, p *plan, ranks []int, me 
 	}
 	x := &hierX{c: c, ctx: ctx, seq: seq}
 	es := p.esize
-	if len(buf) <= smallAllreduce || len(buf)/max(es, 1) < H {
+	if len(buf) <= hierSmall || len(buf)/max(es, 1) < H {
 		bufs := make([][]byte, H)
 		bufs[me] = append([]byte(nil), buf...)
 		var wg sync.WaitGroup
