@@ -96,6 +96,7 @@ func (c *Comm) hierOpen(hosts []int) (*hierState, error) {
 	if h.g, err = openShmGroup(c, d, h.local, len(h.ranks)); err != nil {
 		return nil, err
 	}
+	h.g.ranks = h.ranks
 	return h, nil
 }
 

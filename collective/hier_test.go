@@ -243,6 +243,7 @@ func TestHier_MatchPlainComputation(t *testing.T) {
 				op    Op
 				elems int
 			}{
+				{memmap.Float64, Sum, 0},
 				{memmap.Float64, Sum, 7},
 				{memmap.Float64, Sum, 3},
 				{memmap.Float32, Sum, 20_000},

@@ -63,6 +63,9 @@ type shmGroup struct {
 	ctl  []*shm.Map    // every rank's control file; ours writable
 	own  [2]*os.File   // our data files
 	data [][2]*shm.Map // every rank's data files as mapped here
+	// ranks are the communicator's ranks of the group's members, for
+	// messages; nil: the group is the communicator (member r is rank r).
+	ranks []int
 }
 
 // makeSessionDir makes rank 0's folder for a session under dir, with a
@@ -278,7 +281,11 @@ func (g *shmGroup) waitRank(ctx context.Context, r int, p uint32) error {
 			return nil
 		}
 		if a := g.word(r, ctlAbort).Load(); a != 0 && !reached(v, a) && reached(p, a) {
-			err := errorf(ErrAborted, "rank %d abandoned collective %d", r, g.c.seq)
+			who := r
+			if g.ranks != nil {
+				who = g.ranks[r]
+			}
+			err := errorf(ErrAborted, "rank %d abandoned collective %d", who, g.c.seq)
 			g.c.fail(err)
 			return err
 		}

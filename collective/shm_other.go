@@ -14,7 +14,7 @@ var errNoShm = errors.New("shared mappings need Linux")
 
 const ctlDescRoom = 64 << 10
 
-type shmGroup struct{}
+type shmGroup struct{ ranks []int }
 
 func makeSessionDir(string, uint64) (string, error)        { return "", errNoShm }
 func openShm(*Comm, string) (*shmGroup, error)             { return nil, errNoShm }
