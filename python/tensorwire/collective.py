@@ -435,7 +435,7 @@ class MPI_Communicator:
 
     @property
     def transport(self):
-        """"shm" (shared mappings) or "tcp"."""
+        """"shm" (shared mappings), "tcp" or "hier" (shared mappings within each host, TCP between hosts)."""
         return self._s.transport
 
     def close(self):
@@ -646,8 +646,10 @@ def join(addr=None, rank=None, size=None, *, token=None, token_file=None, transp
     listens on MASTER_PORT, rank 0 listens on MASTER_PORT+1;
     $TENSORWIRE_COLLECTIVE_PORT, when set, is the port). token (or token_file's) is
     the secret every rank shares (default $TENSORWIRE_TOKEN); transport
-    "auto" (shared mappings when every rank is on this host), "shm" or
-    "tcp". The sidecar is the tensorwire binary: binary, $TENSORWIRE_BIN or
+    "auto" (shared mappings when every rank is on this host; a hierarchy
+    when the ranks are on several hosts, some with two or more), "shm",
+    "tcp" or "hier" (shared mappings within each host, TCP between hosts;
+    a host is a kernel and a shm_dir). The sidecar is the tensorwire binary: binary, $TENSORWIRE_BIN or
     PATH's. A rank stopped (SIGSTOP) frozen_after seconds is lost to the
     others."""
     env = os.environ

@@ -38,7 +38,14 @@ def offsets(counts):
 
 
 def join():
-    return mpi4torch.join(transport=os.environ.get("TW_TRANSPORT", "auto"), timeout=60)
+    shm_dir = None
+    if os.environ.get("TW_HOST_DIRS"):
+        # Hosts told apart by their shared folders (a host is a kernel and
+        # a folder): TW_PER_HOST ranks on each, in rank order.
+        host = int(os.environ["RANK"]) // int(os.environ["TW_PER_HOST"])
+        shm_dir = os.path.join(os.environ["TW_HOST_DIRS"], f"h{host}")
+        os.makedirs(shm_dir, exist_ok=True)
+    return mpi4torch.join(transport=os.environ.get("TW_TRANSPORT", "auto"), shm_dir=shm_dir, timeout=60)
 
 
 def cases(n, r):

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -89,6 +90,17 @@ def _ops_test(size, transport):
 for _size in (2, 3, 4):
     for _tr in ("shm", "tcp"):
         setattr(TestCollectiveOps, f"test_ops_{_size}_ranks_{_tr}", _ops_test(_size, _tr))
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestCollectiveHier(unittest.TestCase):
+    """Every operation and root, and its adjoint, on a hierarchical
+    communicator: 2 hosts of 2 ranks, told apart by their shared folders."""
+
+    def test_ops_2x2_hier(self):
+        with tempfile.TemporaryDirectory() as d:
+            reports = run_ranks(self, "ops", 4, "hier", extra={"TW_HOST_DIRS": d, "TW_PER_HOST": "2"})
+        self.assertEqual({rep["transport"] for rep in reports}, {"hier"})
 
 
 def _cuda():
