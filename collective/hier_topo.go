@@ -19,10 +19,12 @@ type Topology struct {
 	// TCP ("" when no host has two ranks).
 	Local Transport
 	// Between is how hosts move tensors between them: TCP ("" with one
-	// host). In a hierarchical communicator (Comm.Transport is Hier) only
-	// the hosts' leaders move Allreduce's data between hosts; the other
-	// collectives go between every pair of ranks over TCP
-	// (docs/collective.md).
+	// host). In a hierarchical communicator (Comm.Transport is Hier) an
+	// Allreduce crosses between hosts once per host's share: through
+	// the hosts' leaders for small tensors and hosts of different rank
+	// counts, else every rank with the ranks at its index on the other
+	// hosts. The other collectives go between every pair of ranks over
+	// TCP (docs/collective.md, "Across hosts").
 	Between Transport
 }
 
@@ -31,7 +33,8 @@ type TopologyHost struct {
 	// Ranks are its ranks, ascending.
 	Ranks []int
 	// Leader is the rank that speaks for the host between hosts in a
-	// hierarchical communicator: its lowest, Ranks[0].
+	// hierarchical communicator's small Allreduces (and all of them when
+	// hosts have different rank counts): its lowest, Ranks[0].
 	Leader int
 }
 
