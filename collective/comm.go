@@ -577,14 +577,7 @@ func (j *joinState) ready(ctx context.Context, r *readyReq) (readyResp, error) {
 	if j.nready == len(j.readies) {
 		switch {
 		case j.resp.Hier:
-			j.rresp.Hier = true
-			for _, q := range j.readies {
-				if q.Err != "" {
-					j.rresp.Hier = false
-					j.rresp.Why = fmt.Sprintf("rank %d: %s", q.Rank, q.Err)
-					break
-				}
-			}
+			j.rresp = j.hierVerdict()
 		case j.resp.Shm == "" && j.shmErr != "":
 			j.rresp.Why = "rank 0 cannot make the shared folder: " + j.shmErr
 		case j.resp.Shm == "":

@@ -91,7 +91,7 @@ func (c *Comm) hierOpen(hosts []int) (*hierState, error) {
 	}
 	d, err := makeHostDir(c, h)
 	if err != nil {
-		return nil, fmt.Errorf("rank %d: the host's shared folder: %w", c.rank, err)
+		return nil, fmt.Errorf("the host's shared folder: %w", err)
 	}
 	if h.g, err = openShmGroup(c, d, h.local, len(h.ranks)); err != nil {
 		return nil, err
@@ -143,6 +143,18 @@ func (j *joinState) hierOK(tr Transport) bool {
 		}
 	}
 	return hierWorth(j.resp.Hosts)
+}
+
+// hierVerdict is rank 0's answer to collective.ready when it proposed a
+// hierarchy: every rank opened its host's files, or why one could not.
+// Called with j.mu held, once every rank said.
+func (j *joinState) hierVerdict() readyResp {
+	for _, q := range j.readies {
+		if q.Err != "" {
+			return readyResp{Why: fmt.Sprintf("rank %d: %s", q.Rank, q.Err)}
+		}
+	}
+	return readyResp{Hier: true}
 }
 
 // noHierWhy says why the ranks formed neither shared mappings nor a

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -381,6 +382,60 @@ func TestHier_RankGoneFailsEveryRank(t *testing.T) {
 				t.Fatalf("the ranks took %v to fail", d)
 			}
 			t.Logf("rank 0: %v", errs[0])
+		})
+	}
+}
+
+// TestHier_FolderMissingFallsBack: a host whose shared folder cannot be
+// made (its ShmDir does not exist) makes every rank fall back to TCP
+// (Auto), or fail to join with ErrJoin saying which rank and why (Hier).
+func TestHier_FolderMissingFallsBack(t *testing.T) {
+	for _, tr := range []Transport{Auto, Hier} {
+		t.Run(fmt.Sprintf("%q", tr), func(t *testing.T) {
+			addr, base := freeAddr(t), t.TempDir()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			comms := make([]*Comm, 4)
+			errs := make([]error, 4)
+			var wg sync.WaitGroup
+			for r := range 4 {
+				dir := filepath.Join(base, fmt.Sprint("h", r/2))
+				if r < 2 {
+					os.MkdirAll(dir, 0o700)
+				}
+				wg.Go(func() {
+					comms[r], errs[r] = Join(ctx, Config{Rank: r, Size: 4, Addr: addr, Transport: tr, ShmDir: dir})
+				})
+			}
+			wg.Wait()
+			for _, c := range comms {
+				if c != nil {
+					defer c.Close()
+				}
+			}
+			for r := range 4 {
+				if tr == Hier {
+					if !errors.Is(errs[r], ErrJoin) || !strings.Contains(errs[r].Error(), "host's shared folder") {
+						t.Fatalf("rank %d: %v, want ErrJoin saying the host's folder failed", r, errs[r])
+					}
+					continue
+				}
+				if errs[r] != nil {
+					t.Fatalf("rank %d: %v", r, errs[r])
+				}
+				if got := comms[r].Transport(); got != TCP {
+					t.Fatalf("rank %d: transport %v, want tcp", r, got)
+				}
+			}
+			if tr == Hier {
+				t.Logf("rank 0: %v", errs[0])
+				return
+			}
+			one, _ := tensordict.FromSlice([]float64{1})
+			got := all(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) { return c.Allreduce(ctx, one, Sum) })
+			if v, _ := tensordict.Values[float64](got[2]); v[0] != 4 {
+				t.Fatalf("allreduce: %v, want 4", v)
+			}
 		})
 	}
 }
