@@ -303,6 +303,65 @@ func TestRemote_BadBatchNamesTheKey(t *testing.T) {
 	}
 }
 
+// TestRemote_DetachDoesNotCutAGrant: a producer process whose batch is
+// refused is told why (ErrArgument naming the key) even when the node is
+// sending it a grant at that moment. detach closed the producer, which
+// cancelled the context the grant was sent under: a Send under way that
+// its context cuts short resets the stream, and the process got "the
+// node reset the stream" instead (TestRemote_BadBatchNamesTheKey failed
+// so about once in 50 runs on a loaded machine). The hook holds grant 2
+// while the process publishes a bad batch for it; detach then stops the
+// feed, and for the next 2 s (the heartbeat is a minute) nothing may
+// cancel the grant's send.
+func TestRemote_DetachDoesNotCutAGrant(t *testing.T) {
+	const n, batch = 100, 16
+	f := newRemoteFixture(t, Config{Slots: 4, Window: 4, Heartbeat: time.Minute})
+	holding, cut := make(chan struct{}), make(chan error, 1)
+	var once sync.Once
+	var feedDone <-chan struct{}
+	testHookGrant = func(ctx context.Context, g grant) {
+		if g.Index != 2 {
+			return
+		}
+		once.Do(func() {
+			close(holding)
+			<-feedDone // detach has begun: the bad batch was refused
+			select {
+			case <-ctx.Done():
+				cut <- ctx.Err()
+			case <-time.After(2 * time.Second):
+				cut <- nil
+			}
+		})
+	}
+	t.Cleanup(func() { testHookGrant = nil })
+	gp := startGoProducer(t, f.addr, n, batch)
+	feedDone = f.r.Producer().feed.done
+	dialRemote(t, f, 16, true)
+	if _, err := gp.serve(t, 2, batch, nil); err != nil {
+		t.Fatal(err)
+	}
+	<-holding
+	g := grant{Epoch: gp.att.Epoch, Index: 2, Count: (n + batch - 1) / batch, Slot: 2, Rows: batch}
+	bad, err := tensordict.RowSchema{remoteSchema[0], {Key: []string{"labels"}, DType: memmap.Int32, Shape: []int{}}}.Zeros(batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gp.st.Send(context.Background(), publishedMessage{Published: &g, Rows: &rpc.TD{TensorDict: bad}}); err != nil {
+		t.Fatal(err)
+	}
+	var perr error
+	for perr == nil {
+		_, perr = gp.st.Recv(context.Background())
+	}
+	if err := <-cut; err != nil {
+		t.Errorf("the grant's send was cancelled (%v) while under way: the stream is reset, and the process is not told why", err)
+	}
+	if !errors.Is(perr, ErrArgument) || !strings.Contains(perr.Error(), "labels") {
+		t.Fatalf("the producer's stream ended with %v, want ErrArgument naming labels", perr)
+	}
+}
+
 // TestRemote_ProducerErrorReachesConsumers: the producer process's error
 // (its data loader raised) ends the consumers' epoch with ErrFailed and
 // its message.
