@@ -336,7 +336,7 @@ func (r *Remote) detach(p *Producer, why error, drain bool) error {
 	p.feed.endGrants(p.cfg.Heartbeat)
 	p.mu.Lock()
 	deadline := time.Now().Add(p.cfg.MaxWait)
-	for drain && p.err == nil && time.Now().Before(deadline) && p.heldLocked() {
+	for drain && p.err == nil && time.Now().Before(deadline) && (p.unpublishedLocked() || p.heldLocked()) {
 		p.waitLocked(context.Background(), time.Until(deadline))
 	}
 	if p.gone == nil {
@@ -388,6 +388,16 @@ var (
 	testHookDetached func(p *Producer)
 	testHookGrant    func(ctx context.Context, g grant)
 )
+
+// unpublishedLocked reports whether the process has filled a batch that p
+// has not published yet: its published message was taken (the process may
+// have ended its stream just after it), and p's run publishes it next.
+// Until then no consumer holds it, and heldLocked cannot see it.
+func (p *Producer) unpublishedLocked() bool {
+	p.feed.mu.Lock()
+	defer p.feed.mu.Unlock()
+	return p.st.Published < p.feed.taken
+}
 
 // heldLocked reports whether a consumer still needs a batch in the ring.
 func (p *Producer) heldLocked() bool {
@@ -474,6 +484,7 @@ type feed struct {
 	sendCtx     context.Context                    // the grants' sends', the stream's own
 	cancelSend  func()                             // cuts a send short (endGrants)
 	outstanding *grant                             // granted, not yet published
+	taken       uint64                             // published messages taken: batches filled
 	done        chan struct{}
 	why         error // set before done is closed
 	cancels     []context.CancelFunc
@@ -539,6 +550,9 @@ func (f *feed) take(p *Producer, m publishedMessage) error {
 			return err
 		}
 	}
+	f.mu.Lock()
+	f.taken++
+	f.mu.Unlock()
 	f.pub <- nil
 	return nil
 }

@@ -362,6 +362,48 @@ func TestRemote_DetachDoesNotCutAGrant(t *testing.T) {
 	}
 }
 
+// TestRemote_CleanEndServesTheLastEpochWhole: a producer process that
+// ends its stream after two epochs (epochs=2) is done, and its consumers
+// get every sample of both epochs exactly once before they are told so.
+// A consumer of 48 rows on a ring of 4 slots of 16 takes three of the
+// producer's batches per batch of its own. It was told the producer was
+// done waiting for epoch 1's batch 6, the last: detach saw no consumer
+// hold a batch in the ring before the node had published that batch,
+// whose grant the process had answered just before it ended its stream.
+func TestRemote_CleanEndServesTheLastEpochWhole(t *testing.T) {
+	const n, batch, epochs = 100, 16, 2
+	for _, bytes := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bytes=%v", bytes), func(t *testing.T) {
+			f := newRemoteFixture(t, Config{Slots: 4, Window: 4})
+			gp := startGoProducer(t, f.addr, n, batch)
+			c := dialRemote(t, f, 48, bytes)
+			served := make(chan error, 1)
+			go func() {
+				_, err := gp.serve(t, epochs*((n+batch-1)/batch), batch, nil)
+				if err == nil {
+					err = gp.st.CloseSend(context.Background()) // done: a clean end
+				}
+				served <- err
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			for range epochs {
+				e := c.Epoch()
+				ids, sizes, err := consumerEpoch(ctx, c)
+				if err == nil {
+					err = checkEpoch(ids, sizes, n, 7, e, 48)
+				}
+				if err != nil {
+					t.Fatalf("epoch %d: %v", e, err)
+				}
+			}
+			if err := <-served; err != nil {
+				t.Fatalf("the producer process: %v", err)
+			}
+		})
+	}
+}
+
 // TestRemote_ProducerErrorReachesConsumers: the producer process's error
 // (its data loader raised) ends the consumers' epoch with ErrFailed and
 // its message.
