@@ -231,9 +231,13 @@ func (svc *Service) produce(ctx context.Context, req produceRequest, st *rpc.Ser
 	// way (endGrants) before it closes the producer.
 	sctx, cancelSend := context.WithCancel(ctx)
 	defer cancelSend()
+	// A process that fills no slot within GrantWait is detached (fill):
+	// its messages' wait ends then.
+	rctx, cancelRecv := context.WithCancel(ctx)
+	defer cancelRecv()
 	f.mu.Lock()
 	f.send = func(ctx context.Context, g grant) error { return st.Send(ctx, produceMessage{Grant: &g}) }
-	f.sendCtx, f.cancelSend = sctx, cancelSend
+	f.sendCtx, f.cancelSend, f.cancelRecv = sctx, cancelSend, cancelRecv
 	f.mu.Unlock()
 	why := wrapf(ErrNoProducer, "the producer process of loader %q went away", req.Name)
 	done := false // the process ended its side: it is done, and its consumers may finish what it published
@@ -252,7 +256,11 @@ func (svc *Service) produce(ctx context.Context, req produceRequest, st *rpc.Ser
 	}
 	close(f.ready)
 	for {
-		m, err := st.Recv(ctx)
+		m, err := st.Recv(rctx)
+		if late := f.lateErr(); late != nil {
+			why = late
+			return late
+		}
 		if errors.Is(err, io.EOF) {
 			done = true
 			return nil
@@ -286,7 +294,7 @@ func (r *Remote) attach(req produceRequest, f *feed) (*Producer, error) {
 	if cfg.Window > cfg.Slots {
 		cfg.Window = cfg.Slots
 	}
-	f.ready = make(chan struct{})
+	f.ready, f.grantWait = make(chan struct{}), cfg.GrantWait
 	rg, err := openRing(cfg, req.Schema)
 	if err != nil {
 		return nil, err
@@ -478,11 +486,16 @@ type feed struct {
 	ready   chan struct{}  // closed once the attachment is sent
 	pub     chan error     // the outstanding grant's outcome
 	sending sync.WaitGroup // the grant being sent, if one is (endGrants waits for it)
+	// grantWait bounds the wait for the process to publish a grant:
+	// Config.GrantWait.
+	grantWait time.Duration
 
 	mu          sync.Mutex
 	send        func(context.Context, grant) error // sends a grant on the process's stream
 	sendCtx     context.Context                    // the grants' sends', the stream's own
 	cancelSend  func()                             // cuts a send short (endGrants)
+	cancelRecv  func()                             // ends the handler's wait for the process's messages
+	late        error                              // set when the process filled no slot within grantWait
 	outstanding *grant                             // granted, not yet published
 	taken       uint64                             // published messages taken: batches filled
 	done        chan struct{}
@@ -509,8 +522,26 @@ func (f *feed) fill(ctx context.Context, g grant) error {
 	if err != nil {
 		return fmt.Errorf("%w: granting slot %d: %w", ErrNoProducer, g.Slot, err)
 	}
+	timer := time.NewTimer(f.grantWait)
+	defer timer.Stop()
 	select {
 	case err := <-f.pub:
+		return err
+	case <-timer.C:
+		select {
+		case err := <-f.pub: // published just in time
+			return err
+		default:
+		}
+		err := wrapf(ErrNoProducer, "the producer process filled no slot for %v (batch %d of epoch %d was granted): "+
+			"it was detached", f.grantWait, g.Index, g.Epoch)
+		f.mu.Lock()
+		if f.late == nil {
+			f.late = err
+		}
+		cancel := f.cancelRecv
+		f.mu.Unlock()
+		cancel()
 		return err
 	case <-f.done:
 		select {
@@ -555,6 +586,14 @@ func (f *feed) take(p *Producer, m publishedMessage) error {
 	f.mu.Unlock()
 	f.pub <- nil
 	return nil
+}
+
+// lateErr returns why the process was detached for filling no slot in
+// time, or nil.
+func (f *feed) lateErr() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.late
 }
 
 // stop makes fill return why from now on: no more grants.

@@ -404,6 +404,44 @@ func TestRemote_CleanEndServesTheLastEpochWhole(t *testing.T) {
 	}
 }
 
+// TestRemote_SilentProducerIsDetached: a producer process that stays
+// attached but fills no slot it was granted (its data loader hung) is
+// detached after GrantWait: the consumer's loop, which yielded batches,
+// ends with ErrNoProducer (matching rpc.ErrUnavailable) instead of
+// waiting for ever, the process's stream ends saying why, and the next
+// process to attach serves the consumer's next epoch whole.
+func TestRemote_SilentProducerIsDetached(t *testing.T) {
+	const n, batch = 100, 16
+	f := newRemoteFixture(t, Config{Slots: 4, Window: 4, GrantWait: 200 * time.Millisecond})
+	gp := startGoProducer(t, f.addr, n, batch)
+	c := dialRemote(t, f, 16, false)
+	go gp.serve(t, 2, batch, nil) // then silent, its connection open
+	yielded := make(chan struct{})
+	err := firstEpochAfterYield(c, yielded)
+	if !errors.Is(err, ErrNoProducer) || !errors.Is(err, rpc.ErrUnavailable) || !strings.Contains(err.Error(), "filled no slot") {
+		t.Fatalf("the epoch ended with %v, want ErrNoProducer (matching rpc.ErrUnavailable) saying the process filled no slot", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var perr error
+	for perr == nil {
+		_, perr = gp.st.Recv(ctx)
+	}
+	if !errors.Is(perr, ErrNoProducer) || !strings.Contains(perr.Error(), "filled no slot") {
+		t.Fatalf("the silent process's stream ended with %v, want ErrNoProducer saying it filled no slot", perr)
+	}
+	gp2 := startGoProducer(t, f.addr, n, batch)
+	go gp2.serve(t, math.MaxInt, batch, nil)
+	ids, sizes, err := consumerEpoch(ctx, c)
+	e := c.Epoch() - 1
+	if err == nil {
+		err = checkEpoch(ids, sizes, n, 7, e, 16)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestRemote_ProducerErrorReachesConsumers: the producer process's error
 // (its data loader raised) ends the consumers' epoch with ErrFailed and
 // its message.
