@@ -747,7 +747,8 @@ func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast
 				first := a.Index * s.info.Batch
 				for i, e := range sh.pad {
 					if e >= first && e < first+a.Rows {
-						if err := stash.alloc(); err == nil {
+						err := stash.alloc()
+						if err == nil {
 							err = s.copySel(stash, i, a, rows, []int{e - first})
 						}
 						if err != nil {
