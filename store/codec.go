@@ -61,9 +61,36 @@ var mh = func() *codec.MsgpackHandle {
 
 var decoders = sync.Pool{New: func() any { return codec.NewDecoderBytes(nil, mh) }}
 
-func encodeMsgpack(v any) ([]byte, error) {
-	var buf []byte
-	if err := codec.NewEncoderBytes(&buf, mh).Encode(v); err != nil {
+// pooledEncoder is an encoder and the empty buffer it is left with
+// between uses, so that the pool holds no reference to what it encoded.
+type pooledEncoder struct {
+	enc   *codec.Encoder
+	empty []byte
+}
+
+var encoders = sync.Pool{New: func() any {
+	e := &pooledEncoder{empty: []byte{}}
+	e.enc = codec.NewEncoderBytes(&e.empty, mh)
+	return e
+}}
+
+func encodeMsgpack(v any) ([]byte, error) { return encodeMsgpackInto(nil, v) }
+
+// encodeMsgpackInto encodes v into dst's capacity, from dst[0], and
+// returns the encoding: in dst's array when it fits, else in a new one.
+// A nil dst starts with a small buffer that grows.
+func encodeMsgpackInto(dst []byte, v any) ([]byte, error) {
+	e := encoders.Get().(*pooledEncoder)
+	buf := dst[:0:cap(dst)]
+	if buf == nil {
+		buf = make([]byte, 0, 256)
+	}
+	e.enc.ResetBytes(&buf)
+	err := e.enc.Encode(v)
+	e.empty = e.empty[:0]
+	e.enc.ResetBytes(&e.empty)
+	encoders.Put(e)
+	if err != nil {
 		return nil, err
 	}
 	return buf, nil
