@@ -423,6 +423,13 @@ func (w *logWriter) waitSynced() error {
 	return w.err
 }
 
+// durableRev returns the revision up to which every record is durable.
+func (w *logWriter) durableRev() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.durable
+}
+
 // failed returns the error that stopped the log, or nil.
 func (w *logWriter) failed() error {
 	w.mu.Lock()
