@@ -105,7 +105,7 @@ func prepare(rec *record) (prepared, error) {
 	if len(p) > maxRecord {
 		return prepared{}, fmt.Errorf("store: a log record of %d bytes", len(p))
 	}
-	if len(p) <= est && &p[:1][0] == &out[frameHeader] {
+	if len(p) > 0 && len(p) <= est && &p[0] == &out[frameHeader] {
 		out = out[:frameHeader+len(p)+frameTrailer] // encoded in place
 	} else {
 		out = make([]byte, frameHeader+len(p)+frameTrailer)

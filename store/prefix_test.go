@@ -125,3 +125,33 @@ func TestLogWriter_BatchOverIOVMax(t *testing.T) {
 		}
 	}
 }
+
+// TestPrepare_LargerThanItsEstimate: a record whose encoding outgrows the
+// buffer prepare sizes for it (a base record restating many requests with
+// large numbers) is framed whole all the same, and reads back as it was.
+func TestPrepare_LargerThanItsEstimate(t *testing.T) {
+	rec := &record{Op: recBase, Name: "0123456789abcdef", NextID: 1 << 60}
+	for i := range 3000 {
+		rec.Reqs = append(rec.Reqs, reqEntry{ID: reqID{Client: 1<<63 + uint64(i), Seq: 1<<40 + uint64(i)}, Rev: 1<<50 + uint64(i), Version: 1 << 45})
+	}
+	p, err := prepare(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(t.TempDir(), logName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(append([]byte(logMagic), p.seal(0)...)); err != nil {
+		t.Fatal(err)
+	}
+	f.Seek(0, 0)
+	var got []*record
+	if _, err := readLog(f, func(r *record) error { got = append(got, r); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || len(got[0].Reqs) != len(rec.Reqs) || got[0].Reqs[2999] != rec.Reqs[2999] || got[0].NextID != rec.NextID {
+		t.Fatalf("read back %d records, not the one written", len(got))
+	}
+}

@@ -108,9 +108,9 @@ func writePrefix(td *tensordict.TensorDict, dir string, noSync bool) error {
 // writebackChunk is how many bytes of a prefix's file writeLeafFile writes
 // before it asks the kernel to start writing them to the disk
 // (startWriteback): the disk works on one chunk while the next is copied,
-// and the final sync waits for the last ones only (10 MB: about 5.5 ms
-// from the first write to the end of the sync instead of 8, on the
-// benchmark machine; docs/benchmarks.md).
+// and the final sync waits for the last ones only (10 MB written and
+// synced: p50 6.0 ms instead of 9.8 on the benchmark machine, less clear
+// when its disk is congested; docs/benchmarks.md, 2026-11-29).
 const writebackChunk = 1 << 20
 
 // writeLeafFile writes t's bytes into the existing file at path, in
