@@ -147,10 +147,10 @@ func writeLeafFile(path string, t *tensordict.Tensor, buf *[]byte, noSync bool) 
 			f.Close()
 			return fmt.Errorf("store: writing %s: %w", path, err)
 		}
-		if !noSync {
-			startWriteback(f, int64(off), int64(len(b)))
-		}
 		off += len(b)
+		if !noSync && off < n { // the last chunk goes with the sync below
+			startWriteback(f, int64(off-len(b)), int64(len(b)))
+		}
 	}
 	if !noSync {
 		if err := syncData(f); err != nil {
