@@ -104,6 +104,9 @@ func (svc *Service) sampleSlices(ctx context.Context, req slicesRequest) (slices
 		return slicesResponse{}, err
 	}
 	b := sb.Item
+	if svc.unpacked {
+		req.Packed = false
+	}
 	spec := SliceSpec{SliceLen: req.SliceLen, NumSlices: req.NumSlices, PadShort: req.PadShort, Prioritized: req.Prioritized,
 		WithoutReplacement: req.WithoutReplacement}
 	if req.Bytes {

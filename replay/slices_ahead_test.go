@@ -94,3 +94,35 @@ func TestClient_SlicesAheadOverwritten(t *testing.T) {
 		}
 	}
 }
+
+// TestClient_SlicesFromANodeBeforePackedPicks: a node that ignores
+// "packed" (as one from before it did) answers with info and mask; the
+// client reads them, by reference and by bytes.
+func TestClient_SlicesFromANodeBeforePackedPicks(t *testing.T) {
+	for _, unpacked := range []bool{false, true} {
+		root := t.TempDir()
+		n := serveBuffer(t, root, "buf", Config{Capacity: 512, Schema: stepSchema, TrajKey: []string{"episode"}})
+		n.svc.unpacked = unpacked
+		for ep := int64(1); ep <= 6; ep++ {
+			if _, err := n.b.Extend(ctxT(t), steps(t, ep, 0, 20)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, mode := range modes {
+			c := dialBuffer(t, n.addr, "buf", root, mode)
+			spec := SliceSpec{SliceLen: 30, NumSlices: 4, PadShort: true}
+			td, info, err := c.SampleSlices(ctxT(t), spec)
+			if err != nil {
+				t.Fatalf("unpacked %v, %s: %v", unpacked, mode, err)
+			}
+			if err := checkSlices(info, td, spec); err != nil {
+				t.Fatalf("unpacked %v, %s: %v", unpacked, mode, err)
+			}
+			for i, m := range info.Mask {
+				if m != (i%30 < 20) || (info.Indices[i] >= 0) != m {
+					t.Fatalf("unpacked %v, %s: row %d mask %v index %d", unpacked, mode, i, m, info.Indices[i])
+				}
+			}
+		}
+	}
+}
