@@ -125,9 +125,11 @@ func WithPrefetch() DialOption { return func(o *dialOptions) { o.prefetch = true
 // between are picked from the next call to the node on, and a priority
 // updated in between applies from then; a slice with a step overwritten
 // or deleted since is caught by the word check and sampled again, as
-// always. A call with another SliceSpec drops the slices left. k is cut
-// so that the k samples' steps fit one call (maxSample); by bytes it does
-// nothing.
+// always. A call with another SliceSpec drops the slices left, as Close
+// does: they were counted as sampled all the same (and, without
+// replacement, spent from their epoch). Two calls that find none left at
+// once both ask the node; the later one's are kept. k is cut so that the
+// k samples' steps fit one call (maxSample); by bytes it does nothing.
 func WithSlicesAhead(k int) DialOption { return func(o *dialOptions) { o.slicesAhead = k } }
 
 // WithRPC passes options to rpc.Dial: a token, TLS, a logger, limits.
