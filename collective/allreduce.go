@@ -96,17 +96,16 @@ func shmReduce(ctx context.Context, s *shmRun) error {
 // reduce-scatter and allgather for a large one.
 func tcpAllreduce(x *xfer, p *plan, in, out []byte) error {
 	me, n, es := x.c.rank, x.c.size, p.esize
-	if !sameMem(out, in) {
-		copy(out, in)
-	}
 	if len(out) <= smallAllreduce || numel(p.shapes[me]) < n {
+		if !sameMem(out, in) {
+			copy(out, in)
+		}
 		return x.doubling(p, out)
 	}
+	// The ring reads this rank's input where it is: out of place, no
+	// copy into out first.
 	blocks := scale(chunks(numel(p.shapes[me]), n), es)
-	if err := x.ringReduceScatter(p, out, blocks); err != nil {
-		return err
-	}
-	return x.ringAllgather(out, blocks)
+	return x.ring(p, in, out, blocks, true, true)
 }
 
 func allreduceCall(t *tensordict.Tensor, op Op) *call {
