@@ -105,6 +105,9 @@ func tcpAllreduce(x *xfer, p *plan, in, out []byte) error {
 	// The ring reads this rank's input where it is: out of place, no
 	// copy into out first.
 	blocks := scale(chunks(numel(p.shapes[me]), n), es)
+	if n <= directMax {
+		return x.direct(p, in, out, blocks)
+	}
 	return x.ring(p, in, out, blocks, true, true)
 }
 

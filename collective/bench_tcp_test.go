@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -27,6 +29,7 @@ func BenchmarkAllreduceTCP4(b *testing.B) {
 				xs[r], _ = tensordict.FromSlice(v)
 			}
 			b.SetBytes(int64(size))
+			cpu0 := cpuTime()
 			b.ResetTimer()
 			var wg sync.WaitGroup
 			for r, c := range comms {
@@ -40,6 +43,16 @@ func BenchmarkAllreduceTCP4(b *testing.B) {
 				})
 			}
 			wg.Wait()
+			b.StopTimer()
+			// CPU time is steadier than wall time on a loaded machine.
+			b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/op")
 		})
 	}
+}
+
+// cpuTime returns the user and system time this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
