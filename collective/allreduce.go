@@ -141,9 +141,14 @@ func (c *Comm) AllreduceAdjoint(ctx context.Context, grad *tensordict.Tensor, op
 
 // Allreduce is Comm.Allreduce on the tape.
 func (tp *Tape) Allreduce(ctx context.Context, x *Var, op Op) (*Var, error) {
-	return tp.collective(ctx, "Allreduce", x, allreduceCall(value(x), op), func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error) {
+	return tp.collectiveOwned(ctx, "Allreduce", x, allreduceCall(value(x), op), func(ctx context.Context, p *plan, g *tensordict.Tensor, owned bool) (*tensordict.Tensor, error) {
 		if op != Sum {
 			return nil, noAdjoint("Allreduce", op)
+		}
+		if !owned {
+			// The caller's seed, or a Func's gradient: not ours to
+			// write. Out of place, into a new tensor (no copy first).
+			return tp.c.Allreduce(ctx, g, Sum)
 		}
 		// g is the tape's own (the output's gradient, released after
 		// this): reduce it in place.
