@@ -81,7 +81,7 @@ func (x *xfer) direct(p *plan, in, out []byte, blocks []int) error {
 				select {
 				case <-turn[j][t]:
 				case <-ctx.Done():
-					return ctx.Err()
+					return x.c.gaveUp()
 				}
 				reduceN(p.op, p.dt, dst, [][]byte{acc, b})
 				close(turn[j][t+1])
@@ -165,4 +165,16 @@ func (x *xfer) direct(p *plan, in, out []byte, blocks []int) error {
 	mu.Lock()
 	defer mu.Unlock()
 	return firstErr
+}
+
+// gaveUp is what a consumer that waited for its turn answers its sender
+// when this rank breaks off the collective first: why it broke off (a
+// rank lost, say) when the communicator is broken, else what the mailbox
+// answers a message no one waits for any more (ErrAborted). Never the
+// bare context error, which the sender could not tell from its own.
+func (c *Comm) gaveUp() error {
+	if e := c.cause(); e != nil {
+		return e
+	}
+	return errorf(ErrAborted, "rank %d gave up on the message", c.rank)
 }
