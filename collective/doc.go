@@ -23,8 +23,11 @@
 // byte crosses a socket; the ranks synchronise through a word per rank in
 // the mapping (a short spin, then a futex). Ranks on several hosts
 // exchange over their rpc connections (package rpc): recursive doubling
-// for small Allreduce, rings for large Allreduce, ReduceScatter and
-// Allgather, a binomial tree for Bcast, direct sends for the rest.
+// for small Allreduce; for large Allreduce with up to 8 ranks, each rank
+// reducing its block of every rank's tensor and sending it to every other
+// (two steps), and pipelined rings with more; pipelined rings for
+// ReduceScatter and Allgather, a binomial tree for Bcast, direct sends for
+// the rest.
 // Point-to-point calls go over rpc on both.
 //
 // # Adjoints
