@@ -96,17 +96,19 @@ func shmReduce(ctx context.Context, s *shmRun) error {
 // reduce-scatter and allgather for a large one.
 func tcpAllreduce(x *xfer, p *plan, in, out []byte) error {
 	me, n, es := x.c.rank, x.c.size, p.esize
-	if !sameMem(out, in) {
-		copy(out, in)
-	}
 	if len(out) <= smallAllreduce || numel(p.shapes[me]) < n {
+		if !sameMem(out, in) {
+			copy(out, in)
+		}
 		return x.doubling(p, out)
 	}
+	// The ring reads this rank's input where it is: out of place, no
+	// copy into out first.
 	blocks := scale(chunks(numel(p.shapes[me]), n), es)
-	if err := x.ringReduceScatter(p, out, blocks); err != nil {
-		return err
+	if n <= directMax {
+		return x.direct(p, in, out, blocks)
 	}
-	return x.ringAllgather(out, blocks)
+	return x.ring(p, in, out, blocks, true, true)
 }
 
 func allreduceCall(t *tensordict.Tensor, op Op) *call {
@@ -139,9 +141,14 @@ func (c *Comm) AllreduceAdjoint(ctx context.Context, grad *tensordict.Tensor, op
 
 // Allreduce is Comm.Allreduce on the tape.
 func (tp *Tape) Allreduce(ctx context.Context, x *Var, op Op) (*Var, error) {
-	return tp.collective(ctx, "Allreduce", x, allreduceCall(value(x), op), func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error) {
+	return tp.collectiveOwned(ctx, "Allreduce", x, allreduceCall(value(x), op), func(ctx context.Context, p *plan, g *tensordict.Tensor, owned bool) (*tensordict.Tensor, error) {
 		if op != Sum {
 			return nil, noAdjoint("Allreduce", op)
+		}
+		if !owned {
+			// The caller's seed, or a Func's gradient: not ours to
+			// write. Out of place, into a new tensor (no copy first).
+			return tp.c.Allreduce(ctx, g, Sum)
 		}
 		// g is the tape's own (the output's gradient, released after
 		// this): reduce it in place.

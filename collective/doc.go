@@ -23,13 +23,15 @@
 // byte crosses a socket; the ranks synchronise through a word per rank in
 // the mapping (a short spin, then a futex). Ranks on several hosts
 // exchange over their rpc connections (package rpc): recursive doubling
-// for small Allreduce, rings for large Allreduce, ReduceScatter and
-// Allgather, a binomial tree for Bcast, direct sends for the rest. Where
-// some of several hosts hold two or more ranks, the communicator is
-// hierarchical (Transport Hier, Comm.Topology): an Allreduce goes through
-// each host's mappings and between hosts over TCP, the other collectives
-// over TCP between every pair of ranks. Point-to-point calls go over rpc
-// on every transport.
+// for small Allreduce; for large Allreduce with up to 8 ranks, each rank
+// reducing its block of every rank's tensor and sending it to every other
+// (two steps), and pipelined rings with more; pipelined rings for
+// ReduceScatter and Allgather, a binomial tree for Bcast, direct sends for
+// the rest. Where some of several hosts hold two or more ranks, the
+// communicator is hierarchical (Transport Hier, Comm.Topology): an
+// Allreduce goes through each host's mappings and between hosts over TCP,
+// the other collectives over TCP between every pair of ranks.
+// Point-to-point calls go over rpc on every transport.
 //
 // # Adjoints
 //

@@ -41,6 +41,11 @@ type Var struct {
 	t    *tensordict.Tensor
 	grad *tensordict.Tensor
 	leaf bool
+	// borrowed: grad is not the tape's to write: the caller's seed, or
+	// what a Func's adjoint returned. The tape never copies it; an
+	// adjoint that would write its gradient in place (Allreduce's) writes
+	// a new tensor instead, and a second gradient adds up into a new one.
+	borrowed bool
 }
 
 // Value returns the tensor (nil for an output a rank does not get, such as
@@ -53,14 +58,15 @@ func (v *Var) Value() *tensordict.Tensor { return v.t }
 func (v *Var) Grad() *tensordict.Tensor { return v.grad }
 
 // tapeOp is one recorded operation: the gradients of its outputs to the
-// gradients of its inputs.
+// gradients of its inputs. owned[j] says whether gouts[j] is the tape's
+// (back may write it in place) or borrowed (back must not write it).
 type tapeOp struct {
 	name string
 	ins  []*Var
 	outs []*Var
-	back func(ctx context.Context, gouts []*tensordict.Tensor) ([]*tensordict.Tensor, error)
-	// fresh: the gradients back returns are new tensors (a collective's
-	// results), which the tape may keep without copying.
+	back func(ctx context.Context, gouts []*tensordict.Tensor, owned []bool) ([]*tensordict.Tensor, error)
+	// fresh: the gradients back returns are the tape's (a collective's
+	// results, or gradients of its outputs that were the tape's).
 	fresh bool
 }
 
@@ -117,19 +123,31 @@ func value(v *Var) *tensordict.Tensor {
 // for a nil output) to the gradients of ins (nil for none).
 func (tp *Tape) Func(name string, ins []*Var, outs []*tensordict.Tensor, back func(ctx context.Context, gouts []*tensordict.Tensor) ([]*tensordict.Tensor, error)) []*Var {
 	vs := tp.vars(outs...)
-	tp.record(tapeOp{name: name, ins: ins, outs: vs, back: back})
+	tp.record(tapeOp{name: name, ins: ins, outs: vs, back: func(ctx context.Context, g []*tensordict.Tensor, _ []bool) ([]*tensordict.Tensor, error) {
+		return back(ctx, g)
+	}})
 	return vs
 }
 
-// collective records a one-in, one-out collective.
+// collective records a one-in, one-out collective whose adjoint returns
+// a new tensor.
 func (tp *Tape) collective(ctx context.Context, name string, x *Var, cl *call, back func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error)) (*Var, error) {
+	return tp.collectiveOwned(ctx, name, x, cl, func(ctx context.Context, p *plan, g *tensordict.Tensor, _ bool) (*tensordict.Tensor, error) {
+		return back(ctx, p, g)
+	})
+}
+
+// collectiveOwned records a one-in, one-out collective whose adjoint may
+// write the gradient of its output in place when owned says it is the
+// tape's, and returns either that or a new tensor.
+func (tp *Tape) collectiveOwned(ctx context.Context, name string, x *Var, cl *call, back func(ctx context.Context, p *plan, g *tensordict.Tensor, owned bool) (*tensordict.Tensor, error)) (*Var, error) {
 	y, p, err := tp.c.run(ctx, cl)
 	if err != nil {
 		return nil, err
 	}
 	out := tp.vars(y)
-	tp.record(tapeOp{name: name, ins: []*Var{x}, outs: out, fresh: true, back: func(ctx context.Context, g []*tensordict.Tensor) ([]*tensordict.Tensor, error) {
-		gi, err := back(ctx, p, g[0])
+	tp.record(tapeOp{name: name, ins: []*Var{x}, outs: out, fresh: true, back: func(ctx context.Context, g []*tensordict.Tensor, owned []bool) ([]*tensordict.Tensor, error) {
+		gi, err := back(ctx, p, g[0], owned[0])
 		return []*tensordict.Tensor{gi}, err
 	}})
 	return out[0], nil
@@ -141,7 +159,7 @@ func (tp *Tape) Send(ctx context.Context, x *Var, dest, tag int) error {
 	if err := tp.c.Send(ctx, value(x), dest, tag); err != nil {
 		return err
 	}
-	tp.record(tapeOp{name: "Send", ins: []*Var{x}, back: func(ctx context.Context, _ []*tensordict.Tensor) ([]*tensordict.Tensor, error) {
+	tp.record(tapeOp{name: "Send", ins: []*Var{x}, back: func(ctx context.Context, _ []*tensordict.Tensor, _ []bool) ([]*tensordict.Tensor, error) {
 		g, err := tp.c.SendAdjoint(ctx, x.t, dest, tag)
 		return []*tensordict.Tensor{g}, err
 	}})
@@ -156,7 +174,7 @@ func (tp *Tape) Recv(ctx context.Context, buf *Var, src, tag int) (*Var, error) 
 		return nil, err
 	}
 	out := tp.vars(buf.t)
-	tp.record(tapeOp{name: "Recv", ins: []*Var{buf}, outs: out, back: func(ctx context.Context, g []*tensordict.Tensor) ([]*tensordict.Tensor, error) {
+	tp.record(tapeOp{name: "Recv", ins: []*Var{buf}, outs: out, back: func(ctx context.Context, g []*tensordict.Tensor, _ []bool) ([]*tensordict.Tensor, error) {
 		return []*tensordict.Tensor{nil}, tp.c.RecvAdjoint(ctx, g[0], src, tag)
 	}})
 	return out[0], nil
@@ -188,7 +206,7 @@ func (tp *Tape) Irecv(ctx context.Context, buf *Var, src, tag int) *TapeRequest 
 
 func (tp *Tape) start(ctx context.Context, x *Var, r *Request) *TapeRequest {
 	tr := &TapeRequest{tp: tp, r: r, x: x, backed: make(chan struct{})}
-	tp.record(tapeOp{name: r.what(), ins: []*Var{x}, back: func(ctx context.Context, _ []*tensordict.Tensor) ([]*tensordict.Tensor, error) {
+	tp.record(tapeOp{name: r.what(), ins: []*Var{x}, back: func(ctx context.Context, _ []*tensordict.Tensor, _ []bool) ([]*tensordict.Tensor, error) {
 		select {
 		case <-tr.backed:
 		default:
@@ -217,7 +235,7 @@ func (tr *TapeRequest) Wait(ctx context.Context) (*Var, error) {
 	if !r.send {
 		outs = tp.vars(tr.x.t)
 	}
-	tp.record(tapeOp{name: "Wait", outs: outs, back: func(ctx context.Context, g []*tensordict.Tensor) ([]*tensordict.Tensor, error) {
+	tp.record(tapeOp{name: "Wait", outs: outs, back: func(ctx context.Context, g []*tensordict.Tensor, _ []bool) ([]*tensordict.Tensor, error) {
 		if r.send {
 			buf, err := tensordict.Zeros(tr.x.t.DType(), tr.x.t.Shape()...)
 			if err != nil {
@@ -242,7 +260,7 @@ func (tr *TapeRequest) Wait(ctx context.Context) (*Var, error) {
 // reverse order anyway, so it only marks the dependency.
 func (tp *Tape) JoinDummies(x *Var, dummies ...*Var) *Var {
 	out := tp.vars(x.t)
-	tp.record(tapeOp{name: "JoinDummies", ins: append([]*Var{x}, dummies...), outs: out, back: func(ctx context.Context, g []*tensordict.Tensor) ([]*tensordict.Tensor, error) {
+	tp.record(tapeOp{name: "JoinDummies", ins: append([]*Var{x}, dummies...), outs: out, back: func(ctx context.Context, g []*tensordict.Tensor, _ []bool) ([]*tensordict.Tensor, error) {
 		gi := make([]*tensordict.Tensor, 1+len(dummies))
 		gi[0] = g[0]
 		return gi, nil
@@ -264,7 +282,7 @@ func (tp *Tape) Backward(ctx context.Context, y *Var, seed *tensordict.Tensor) e
 	ops := tp.ops
 	tp.mu.Unlock()
 	if y != nil && y.t != nil {
-		owned := seed == nil
+		owned := seed == nil // the caller's seed is borrowed: never copied, never written
 		if seed == nil {
 			var err error
 			if seed, err = ones(y.t); err != nil {
@@ -275,23 +293,25 @@ func (tp *Tape) Backward(ctx context.Context, y *Var, seed *tensordict.Tensor) e
 			return err
 		}
 	}
+	var leaves []*Var
 	for i := len(ops) - 1; i >= 0; i-- {
 		op := ops[i]
 		gouts := make([]*tensordict.Tensor, len(op.outs))
+		gowned := make([]bool, len(op.outs))
 		for j, o := range op.outs {
 			switch {
 			case o.t == nil:
 			case o.grad != nil:
-				gouts[j] = o.grad
+				gouts[j], gowned[j] = o.grad, !o.borrowed && !o.leaf
 			default:
 				z, err := tensordict.Zeros(o.t.DType(), o.t.Shape()...)
 				if err != nil {
 					return err
 				}
-				gouts[j] = z
+				gouts[j], gowned[j] = z, true
 			}
 		}
-		gins, err := op.back(ctx, gouts)
+		gins, err := op.back(ctx, gouts, gowned)
 		if err != nil {
 			return fmt.Errorf("backward through %s (operation %d on the tape): %w", op.name, i, err)
 		}
@@ -304,17 +324,51 @@ func (tp *Tape) Backward(ctx context.Context, y *Var, seed *tensordict.Tensor) e
 		}
 		for j, g := range gins {
 			if g != nil && j < len(op.ins) && op.ins[j] != nil {
-				// The tape may keep a gradient that is new (a collective's
-				// result) or that was an output's (released above), once;
-				// any other (a Func's) it copies.
-				owned := (op.fresh || aliases(g, gouts)) && !aliases(g, gins[:j]) && !leafGrad(g, op.outs)
+				// The tape owns a gradient that is new (a collective's
+				// result) or that was an output's it owned (released
+				// above), once; any other (a Func's, the caller's seed
+				// passed on) it borrows: no copy either way.
+				// A tensor handed to two inputs is borrowed by both, so
+				// that neither writes the other's.
+				owned := ownedGrad(g, op, gouts, gowned) && !aliases(g, gins[:j]) && !aliases(g, gins[j+1:]) && !leafGrad(g, op.outs)
 				if err := accumulate(op.ins[j], g, owned); err != nil {
 					return fmt.Errorf("backward through %s: %w", op.name, err)
+				}
+				if op.ins[j].leaf {
+					leaves = append(leaves, op.ins[j])
 				}
 			}
 		}
 	}
+	if y != nil && y.leaf {
+		leaves = append(leaves, y)
+	}
+	for _, v := range leaves {
+		if v.borrowed {
+			// A leaf's Grad is the caller's to keep and change: not the
+			// caller's seed, nor a tensor a Func's adjoint holds, handed
+			// back. The one copy the tape makes, and only when no
+			// operation between made a new gradient.
+			c, err := v.grad.Clone()
+			if err != nil {
+				return err
+			}
+			v.grad, v.borrowed = c, false
+		}
+	}
 	return nil
+}
+
+// ownedGrad reports whether g, an input gradient op's adjoint returned,
+// is the tape's: new (an adjoint that returns new tensors), or an output
+// gradient the tape owned.
+func ownedGrad(g *tensordict.Tensor, op tapeOp, gouts []*tensordict.Tensor, gowned []bool) bool {
+	for k, h := range gouts {
+		if h == g {
+			return gowned[k]
+		}
+	}
+	return op.fresh
 }
 
 // ones returns a tensor of ones like t.
@@ -345,18 +399,12 @@ func fill[T any](s []T, v T) {
 }
 
 // accumulate adds g to v's gradient. With owned, g is the tape's to keep
-// (a new tensor no one else holds) and may become the gradient itself.
+// (a new tensor no one else holds) and may be written in place; else it
+// is borrowed, and the gradient is g itself until a second one adds up
+// (into a new tensor then).
 func accumulate(v *Var, g *tensordict.Tensor, owned bool) error {
 	if v.grad == nil {
-		if owned {
-			v.grad = g
-			return nil
-		}
-		c, err := g.Clone()
-		if err != nil {
-			return err
-		}
-		v.grad = c
+		v.grad, v.borrowed = g, !owned
 		return nil
 	}
 	if v.grad.DType() != g.DType() || v.grad.NumElements() != g.NumElements() {
@@ -369,6 +417,17 @@ func accumulate(v *Var, g *tensordict.Tensor, owned bool) error {
 	b, err := g.Bytes()
 	if err != nil {
 		return err
+	}
+	if v.borrowed {
+		// Not ours to write: the sum goes into a new tensor.
+		sum, err := tensordict.Zeros(g.DType(), v.grad.Shape()...)
+		if err != nil {
+			return err
+		}
+		sb, _ := sum.Bytes()
+		reduceN(Sum, g.DType(), sb, [][]byte{a, b})
+		v.grad, v.borrowed = sum, false
+		return nil
 	}
 	reduceN(Sum, g.DType(), a, [][]byte{a, b})
 	return nil

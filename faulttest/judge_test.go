@@ -1,6 +1,10 @@
 package faulttest
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/tensorwire/tensorwire/replay"
+)
 
 // The checker must catch what it is there to catch.
 func TestJudge(t *testing.T) {
@@ -48,5 +52,81 @@ func TestTornRows(t *testing.T) {
 	b[2*obsWidth*8+5] ^= 1 // one byte of row 2
 	if n, err := tornRows(td); err != nil || n != 1 {
 		t.Fatalf("one row changed: %d torn, %v", n, err)
+	}
+}
+
+// The episode checker must catch what it is there to catch, and the slice
+// checker a slice that crosses an episode or skips a step.
+func TestJudgeEpisodes(t *testing.T) {
+	log := func() *episodeLog {
+		l := &episodeLog{begun: map[int64]map[int]int{}, acked: map[int64]map[int]bool{}}
+		l.begun[1] = map[int]int{0: 2, 2: 3, 5: 1} // acked [0, 5), [5, 6) in flight
+		l.acked[1] = map[int]bool{0: true, 2: true}
+		l.begun[2] = map[int]int{0: 4}
+		l.acked[2] = map[int]bool{0: true}
+		return l
+	}
+	held := func(steps ...[]int64) map[int64]heldEpisode {
+		return map[int64]heldEpisode{1: {steps: steps[0]}, 2: {steps: steps[1]}}
+	}
+	for _, tc := range []struct {
+		name        string
+		held        map[int64]heldEpisode
+		overwritten bool
+		want        episodeVerdict
+		ok          bool
+	}{
+		{"exactly the acked", held([]int64{0, 1, 2, 3, 4}, []int64{0, 1, 2, 3}), false,
+			episodeVerdict{Episodes: 2, Acked: 9, Held: 9}, true},
+		{"and a call in flight, whole", held([]int64{0, 1, 2, 3, 4, 5}, []int64{0, 1, 2, 3}), false,
+			episodeVerdict{Episodes: 2, Acked: 9, Held: 10, InFlight: 1}, true},
+		{"an acked step lost at the end", held([]int64{0, 1, 2, 3}, []int64{0, 1, 2, 3}), false,
+			episodeVerdict{Episodes: 2, Acked: 9, Held: 8, Lost: 1}, false},
+		{"an episode lost", map[int64]heldEpisode{1: {steps: []int64{0, 1, 2, 3, 4}}}, false,
+			episodeVerdict{Episodes: 2, Acked: 9, Held: 5, Lost: 4}, false},
+		{"steps out of order", held([]int64{0, 2, 1, 3, 4}, []int64{0, 1, 2, 3}), false,
+			episodeVerdict{Episodes: 2, Acked: 9, Held: 9, Misplaced: 1}, false},
+		{"a hole", held([]int64{0, 1, -1, 3, 4}, []int64{0, 1, 2, 3}), false,
+			episodeVerdict{Episodes: 2, Acked: 9, Held: 9, Misplaced: 1}, false},
+		{"a step twice", held([]int64{0, 1, 2, 2, 3, 4}, []int64{0, 1, 2, 3}), false,
+			episodeVerdict{Episodes: 2, Acked: 9, Held: 10, Misplaced: 1}, false},
+		{"the start missing", held([]int64{1, 2, 3, 4}, []int64{0, 1, 2, 3}), false,
+			episodeVerdict{Episodes: 2, Acked: 9, Held: 8, Misplaced: 1}, false},
+		{"the start overwritten, allowed", held([]int64{1, 2, 3, 4}, []int64{0, 1, 2, 3}), true,
+			episodeVerdict{Episodes: 2, Acked: 9, Held: 8, Overwrites: 1}, true},
+		{"an episode nobody began", map[int64]heldEpisode{1: {steps: []int64{0, 1, 2, 3, 4}}, 2: {steps: []int64{0, 1, 2, 3}},
+			7: {steps: []int64{0}}}, false, episodeVerdict{Episodes: 2, Acked: 9, Held: 9, Unknown: 1}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := judgeEpisodes(log(), tc.held, tc.overwritten)
+			if got != tc.want || got.ok() != tc.ok {
+				t.Fatalf("judgeEpisodes = %+v (ok %v), want %+v (ok %v)", got, got.ok(), tc.want, tc.ok)
+			}
+		})
+	}
+	l := log()
+	l.begun[2][4] = 4
+	if got := judgeEpisodes(l, held([]int64{0, 1, 2, 3, 4}, []int64{0, 1, 2, 3, 4, 5}), false); got.Partial != 1 || got.ok() {
+		t.Fatalf("an episode ending inside a call: %+v", got)
+	}
+}
+
+func TestCheckSliceSample(t *testing.T) {
+	td := episodeSteps(7, 0, 4)
+	info := replay.SliceInfo{Episodes: []int64{7, 7}}
+	if err := checkSliceSample(td, info, 2); err != nil {
+		t.Fatalf("two slices of episode 7: %v", err)
+	}
+	if err := checkSliceSample(td, replay.SliceInfo{Episodes: []int64{7, 8}}, 2); err == nil {
+		t.Fatal("a slice of episode 8 holding steps of 7 passed")
+	}
+	if err := checkSliceSample(episodeSteps(7, 0, 4), info, 4); err == nil {
+		t.Fatal("4 rows taken for 2 slices of 4 passed")
+	}
+	st, _ := td.Tensor("step")
+	b, _ := st.Bytes()
+	b[8] = 5 // row 1 says step 5
+	if err := checkSliceSample(td, replay.SliceInfo{Episodes: []int64{7}}, 4); err == nil {
+		t.Fatal("a torn row, or a step skipped, passed")
 	}
 }

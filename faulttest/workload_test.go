@@ -151,13 +151,21 @@ func (f *clientFlags) connect(ctx context.Context) (_ *replay.Client, _ *callSta
 
 // callStats counts a helper's calls and how each ended, and is printed as
 // a "stat" line: "stat calls=N ok=N unavailable=N other=N rows=N torn=N
-// max_over_ms=F last_err=...".
+// max_over_ms=F ep=E t=T last_err=...".
 type callStats struct {
 	mu                            sync.Mutex
 	calls, ok, unavailable, other int
 	rows, torn                    int
 	maxOver                       time.Duration // longest a failed call ran past its deadline
 	lastErr                       string
+	ep, t                         int64 // an actor's episode and step in progress (episodes_test.go)
+}
+
+// setProgress notes the episode and step an actor's next call appends.
+func (s *callStats) setProgress(ep int64, t int) {
+	s.mu.Lock()
+	s.ep, s.t = ep, int64(t)
+	s.mu.Unlock()
 }
 
 // record counts one call that started at start and took took, with its
@@ -193,8 +201,8 @@ func (s *callStats) record(err error, start time.Time, took, d time.Duration) {
 func (s *callStats) line() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return fmt.Sprintf("stat calls=%d ok=%d unavailable=%d other=%d rows=%d torn=%d max_over_ms=%.1f last_err=%s",
-		s.calls, s.ok, s.unavailable, s.other, s.rows, s.torn, float64(s.maxOver)/1e6, s.lastErr)
+	return fmt.Sprintf("stat calls=%d ok=%d unavailable=%d other=%d rows=%d torn=%d max_over_ms=%.1f ep=%d t=%d last_err=%s",
+		s.calls, s.ok, s.unavailable, s.other, s.rows, s.torn, float64(s.maxOver)/1e6, s.ep, s.t, s.lastErr)
 }
 
 // report prints a stat line every 100 ms until ctx ends, and once more.

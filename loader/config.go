@@ -79,6 +79,14 @@ type Config struct {
 	// release one ring slot; those still holding it then are dropped (a
 	// consumer that never acks stalls nobody for longer). 0 means 1 minute.
 	MaxWait time.Duration
+
+	// GrantWait, for a producer process (ProducerRemote), bounds how long
+	// the node waits for the process to fill a slot it was granted: a
+	// process attached but silent (its data loader hung, the process
+	// frozen) is detached then, and its consumers get ErrNoProducer as if
+	// it had gone away, instead of waiting for it for ever. 0 means 1
+	// minute. A dataset's producer ignores it.
+	GrantWait time.Duration
 }
 
 // Defaults of the zero Config fields.
@@ -86,6 +94,7 @@ const (
 	DefaultSlots     = 8
 	DefaultHeartbeat = 5 * time.Second
 	DefaultMaxWait   = time.Minute
+	DefaultGrantWait = time.Minute
 )
 
 // DefaultConfig returns the configuration every zero field of a Config
@@ -95,7 +104,8 @@ func DefaultConfig() Config { return Config{}.WithDefaults() }
 
 // WithDefaults returns a copy of c with its zero fields set to their
 // defaults: Slots 8, Window Slots/2 (and a negative Window 0: nobody joins
-// an epoch begun), Heartbeat 5 s, MaxWait 1 minute, a Log that discards.
+// an epoch begun), Heartbeat 5 s, MaxWait and GrantWait 1 minute, a Log
+// that discards.
 // It checks nothing (Validate). Apply it once: the 0 it makes of a
 // negative Window would be Slots/2 the second time.
 func (c Config) WithDefaults() Config {
@@ -117,6 +127,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxWait == 0 {
 		c.MaxWait = DefaultMaxWait
 	}
+	if c.GrantWait == 0 {
+		c.GrantWait = DefaultGrantWait
+	}
 	return c
 }
 
@@ -134,8 +147,10 @@ func (c Config) Validate() error {
 	case c.Producer == ProducerRemote && (c.Dataset != "" || c.Batch != 0 || c.Transform != nil || c.IndexKey != "" || c.Sequential || c.Seed != 0):
 		return fmt.Errorf("%w: producer=remote takes its batches from the producer process: no dataset, batch, seed, sequential, index or transform", ErrConfig)
 	case c.Producer == ProducerRemote:
-		if c.Slots < 1 || c.Window > c.Slots || c.Heartbeat < 0 || c.MaxWait < 0 {
-			c.Batch = 1
+		if c.Slots < 1 || c.Window > c.Slots || c.Heartbeat < 0 || c.MaxWait < 0 || c.GrantWait < 0 {
+			// The dataset producer's checks of these, with a batch of 1
+			// (the process's, unknown here) that passes.
+			c.Producer, c.Batch = "", 1
 			return c.Validate()
 		}
 		return nil
@@ -145,8 +160,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: %d slots: want at least 1", ErrConfig, c.Slots)
 	case c.Window > c.Slots:
 		return fmt.Errorf("%w: a window of %d batches is more than the ring's %d slots", ErrConfig, c.Window, c.Slots)
-	case c.Heartbeat < 0 || c.MaxWait < 0:
-		return fmt.Errorf("%w: negative heartbeat or max wait", ErrConfig)
+	case c.Heartbeat < 0 || c.MaxWait < 0 || c.GrantWait < 0:
+		return fmt.Errorf("%w: negative heartbeat, max wait or grant wait", ErrConfig)
 	case int64(c.Batch)*int64(c.Slots) > 1<<31:
 		return fmt.Errorf("%w: a ring of %d × %d rows", ErrConfig, c.Slots, c.Batch)
 	}
@@ -262,6 +277,8 @@ var configKeys = service.Keys[Config]{
 				return nil
 			})
 		}},
+	{Setting: Setting{Key: "grant-wait", Value: "D", Help: "producer=remote: how long the process may take to fill a granted slot before it is detached (default 1m)"},
+		Set: func(c *Config, v string) error { return service.SetPositive(&c.GrantWait, v) }},
 	{Setting: Setting{Key: "producer", Value: "remote", Help: "the batches come from a producer process that attaches (tensorwire.loader.Producer)"},
 		Set: func(c *Config, v string) error {
 			if v != ProducerRemote {

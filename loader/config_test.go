@@ -46,8 +46,9 @@ func TestConfig_Validate(t *testing.T) {
 		{"no batch", Config{Dir: "r"}, "batch size 0: want at least 1"},
 		{"negative slots", Config{Dir: "r", Batch: 4, Slots: -1}, "-1 slots: want at least 1"},
 		{"window past the ring", Config{Dir: "r", Batch: 4, Slots: 2, Window: 3}, "a window of 3 batches is more than the ring's 2 slots"},
-		{"negative heartbeat", Config{Dir: "r", Batch: 4, Heartbeat: -time.Second}, "negative heartbeat or max wait"},
-		{"negative max wait", Config{Dir: "r", Batch: 4, MaxWait: -time.Second}, "negative heartbeat or max wait"},
+		{"negative heartbeat", Config{Dir: "r", Batch: 4, Heartbeat: -time.Second}, "negative heartbeat, max wait or grant wait"},
+		{"negative max wait", Config{Dir: "r", Batch: 4, MaxWait: -time.Second}, "negative heartbeat, max wait or grant wait"},
+		{"negative grant wait", Config{Dir: "r", Producer: ProducerRemote, GrantWait: -time.Second}, "negative heartbeat, max wait or grant wait"},
 		{"ring too large", Config{Dir: "r", Batch: 1 << 30, Slots: 4}, "a ring of 4 × 1073741824 rows"},
 	} {
 		err := tc.cfg.Validate()
@@ -83,6 +84,8 @@ func TestConfig_Set(t *testing.T) {
 		{Config{}, "index", "", "want a key", Config{}},
 		{Config{}, "heartbeat", "2s", "", Config{Heartbeat: 2 * time.Second}},
 		{Config{}, "max-wait", "0s", "want a positive duration", Config{}},
+		{Config{}, "grant-wait", "30s", "", Config{GrantWait: 30 * time.Second}},
+		{Config{}, "grant-wait", "0s", "want a positive duration", Config{}},
 		{Config{}, "transform", "augment", "", augment(Augment{})},
 		{augment(Augment{Pad: 2}), "transform", "augment", "", augment(Augment{Pad: 2})},
 		{augment(Augment{Pad: 2}), "transform", "none", "", Config{}},
@@ -100,7 +103,7 @@ func TestConfig_Set(t *testing.T) {
 		{augment(Augment{}), "std", "0", "want a positive finite number", augment(Augment{})},
 		{augment(Augment{}), "std", "Inf", "want a positive finite number", augment(Augment{})},
 		{Config{}, "colour", "red", "unknown setting; the settings are dataset, batch, slots, window, seed, sequential, " +
-			"index, heartbeat, max-wait, transform, image-key, pad, flip, mean, std and producer", Config{}},
+			"index, heartbeat, max-wait, transform, image-key, pad, flip, mean, std, grant-wait and producer", Config{}},
 	} {
 		c := tc.from
 		var before Augment

@@ -91,6 +91,9 @@ func Dial(ctx context.Context, addr, name string, opts Options) (*Consumer, erro
 	if opts.Batch <= 0 {
 		return nil, wrapf(ErrArgument, "batch size %d: want at least 1", opts.Batch)
 	}
+	if err := opts.checkShare(); err != nil {
+		return nil, err
+	}
 	rc, err := opts.dialing().Dial(ctx, addr)
 	if err != nil {
 		return nil, err
@@ -113,14 +116,20 @@ func Dial(ctx context.Context, addr, name string, opts Options) (*Consumer, erro
 }
 
 // Len returns the number of batches of an epoch: the producer's samples
-// cut into batches of Options.Batch rows.
+// (a rank's share of them, with Options.WorldSize) cut into batches of
+// Options.Batch rows.
 func (c *Consumer) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return batchLen(c.last.Samples, c.o.Batch, c.o.DropLast)
+	n := c.last.Samples
+	if sh := newShare(c.o.Rank, c.o.WorldSize, n); sh != nil {
+		n = sh.samples()
+	}
+	return batchLen(n, c.o.Batch, c.o.DropLast)
 }
 
-// Samples returns the number of samples in an epoch.
+// Samples returns the number of samples in an epoch: the producer's, all
+// ranks' (a rank's share is ceil(Samples / WorldSize)).
 func (c *Consumer) Samples() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -675,6 +684,51 @@ func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast
 			return false
 		}
 	}
+	// take cuts n rows of the batch a announces into batches: those at
+	// offsets sel, or its first n when sel is nil.
+	take := func(a announcement, rows *tensordict.TensorDict, sel []int, n int) bool {
+		for off := 0; off < n; {
+			if cur == nil {
+				select {
+				case cur = <-pool:
+				case <-ctx.Done():
+					return false
+				}
+				// Rows of the schema have come (checked in next), or
+				// the ring that holds them is mapped: only now is
+				// the batch's memory more than a node's word.
+				if err := cur.alloc(); err != nil {
+					fail(err)
+					return false
+				}
+			}
+			k := min(batch-pos, n-off)
+			var err error
+			if sel == nil {
+				err = s.copyRows(cur, pos, a, rows, off, k)
+			} else {
+				err = s.copySel(cur, pos, a, rows, sel[off:off+k])
+			}
+			if err != nil {
+				fail(err)
+				return false
+			}
+			pos += k
+			off += k
+			if pos == batch && !send(batch) {
+				return false
+			}
+		}
+		return true
+	}
+	// A rank's share (Options.WorldSize): its rows of each batch, and the
+	// padding, kept aside until the epoch's end, where it ends the share.
+	sh := newShare(s.c.o.Rank, s.c.o.WorldSize, s.info.Samples)
+	var stash *batchBuf
+	var sel []int
+	if sh != nil && len(sh.pad) > 0 {
+		stash = newBatchBuf(s.schema, len(sh.pad))
+	}
 	for {
 		anns, rows, err := s.next(ctx, epoch, index)
 		if err != nil {
@@ -685,35 +739,35 @@ func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast
 			return
 		}
 		for _, a := range anns {
-			for off := 0; off < a.Rows; {
-				if cur == nil {
-					select {
-					case cur = <-pool:
-					case <-ctx.Done():
-						return
-					}
-					// Rows of the schema have come (checked in next), or
-					// the ring that holds them is mapped: only now is
-					// the batch's memory more than a node's word.
-					if err := cur.alloc(); err != nil {
-						fail(err)
-						return
-					}
-				}
-				take := min(batch-pos, a.Rows-off)
-				if err := s.copyRows(cur, pos, a, rows, off, take); err != nil {
-					fail(err)
+			if sh == nil {
+				if !take(a, rows, nil, a.Rows) {
 					return
 				}
-				pos += take
-				off += take
-				if pos == batch && !send(batch) {
+			} else {
+				first := a.Index * s.info.Batch
+				for i, e := range sh.pad {
+					if e >= first && e < first+a.Rows {
+						err := stash.alloc()
+						if err == nil {
+							err = s.copySel(stash, i, a, rows, []int{e - first})
+						}
+						if err != nil {
+							fail(err)
+							return
+						}
+					}
+				}
+				sel = sh.own(sel[:0], first, a.Rows)
+				if !take(a, rows, sel, len(sel)) {
 					return
 				}
 			}
 			s.release(epoch, a.Index+1)
 			index = a.Index + 1
 			if index == a.Count {
+				if stash != nil && !take(announcement{}, stash.td, nil, len(sh.pad)) {
+					return
+				}
 				if pos > 0 && !dropLast && !send(pos) {
 					return
 				}

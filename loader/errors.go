@@ -81,7 +81,8 @@ func wrapf(sentinel error, format string, args ...any) error {
 
 // ErrNoProducer: the loader's batches come from a producer process
 // (Config.Producer "remote") and none is attached: it has not attached
-// yet, or it went away (killed, closed) during the epoch. A consumer's
+// yet, or it went away (killed, closed, or silent: it filled no granted
+// slot within Config.GrantWait) during the epoch. A consumer's
 // iteration waits for one to attach, as it waits for a node that restarts;
 // an epoch of which batches were yielded ends with it. Code Unavailable:
 // it matches rpc.ErrUnavailable.

@@ -110,6 +110,12 @@ func newFakeNode(t testing.TB) *fakeNode {
 				}
 			}()
 			for _, m := range s.msgs {
+				if m.Rows != nil {
+					// A TD of its own per Send: rpc keeps what it sends of a
+					// TD in it, and a consumer's next session may be sent
+					// the same messages while this stream still sends.
+					m.Rows = &rpc.TD{TensorDict: m.Rows.TensorDict, Rows: m.Rows.Rows}
+				}
 				if err := st.Send(ctx, m); err != nil {
 					return err
 				}

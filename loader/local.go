@@ -39,6 +39,26 @@ type Options struct {
 
 	// RPC passes options to rpc.Dial: a token, TLS, a logger. Dial only.
 	RPC []rpc.Option
+
+	// Rank and WorldSize make the consumer take a data-parallel rank's
+	// share of each epoch, as PyTorch's DistributedSampler (without its
+	// own shuffle) splits the producer's order: positions Rank, Rank +
+	// WorldSize, Rank + 2 × WorldSize..., the epoch padded with its first
+	// positions to a multiple of WorldSize, so that every rank has
+	// ceil(samples / WorldSize) samples and Len batches alike. The ranks
+	// together see every sample of an epoch once (the padding's twice).
+	// WorldSize 0 or 1 is the whole epoch; otherwise 0 <= Rank <
+	// WorldSize. Dial only (NewLocal refuses a WorldSize above 1).
+	Rank, WorldSize int
+}
+
+// checkShare checks Rank and WorldSize: ErrArgument unless 0 <= Rank <
+// WorldSize, or WorldSize is 0 or 1 with Rank 0.
+func (o Options) checkShare() error {
+	if o.WorldSize < 0 || o.Rank < 0 || (o.WorldSize <= 1 && o.Rank != 0) || (o.WorldSize > 1 && o.Rank >= o.WorldSize) {
+		return wrapf(ErrArgument, "rank %d of world size %d: want 0 <= rank < world size, or a world size of 0 or 1", o.Rank, o.WorldSize)
+	}
+	return nil
 }
 
 // dialing is what Dial shares with every service's client: the root, bytes
@@ -90,6 +110,9 @@ type Local struct {
 func NewLocal(cfg Config, opts Options) (*Local, error) {
 	if opts.Batch <= 0 {
 		return nil, wrapf(ErrArgument, "batch size %d: want at least 1", opts.Batch)
+	}
+	if opts.WorldSize > 1 || opts.checkShare() != nil {
+		return nil, wrapf(ErrArgument, "rank %d of world size %d: a Local loader serves whole epochs (Rank and WorldSize are Dial's)", opts.Rank, opts.WorldSize)
 	}
 	p, err := newPipeline(cfg, opts.Batch)
 	if err != nil {

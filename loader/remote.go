@@ -223,7 +223,22 @@ func (svc *Service) produce(ctx context.Context, req produceRequest, st *rpc.Ser
 	if err != nil {
 		return err
 	}
+	// Grants are sent under the stream's own context, not the producer's:
+	// detach closes the producer, and a Send that a cancelled context cuts
+	// short resets the stream, so that the process would get "the node
+	// reset the stream" instead of the status the handler ends it with
+	// (the key its batch got wrong, say). detach waits for a grant under
+	// way (endGrants) before it closes the producer.
+	sctx, cancelSend := context.WithCancel(ctx)
+	defer cancelSend()
+	// A process that fills no slot within GrantWait is detached (fill):
+	// its messages' wait ends then.
+	rctx, cancelRecv := context.WithCancel(ctx)
+	defer cancelRecv()
+	f.mu.Lock()
 	f.send = func(ctx context.Context, g grant) error { return st.Send(ctx, produceMessage{Grant: &g}) }
+	f.sendCtx, f.cancelSend, f.cancelRecv = sctx, cancelSend, cancelRecv
+	f.mu.Unlock()
 	why := wrapf(ErrNoProducer, "the producer process of loader %q went away", req.Name)
 	done := false // the process ended its side: it is done, and its consumers may finish what it published
 	defer func() {
@@ -241,7 +256,11 @@ func (svc *Service) produce(ctx context.Context, req produceRequest, st *rpc.Ser
 	}
 	close(f.ready)
 	for {
-		m, err := st.Recv(ctx)
+		m, err := st.Recv(rctx)
+		if late := f.lateErr(); late != nil {
+			why = late
+			return late
+		}
 		if errors.Is(err, io.EOF) {
 			done = true
 			return nil
@@ -275,7 +294,7 @@ func (r *Remote) attach(req produceRequest, f *feed) (*Producer, error) {
 	if cfg.Window > cfg.Slots {
 		cfg.Window = cfg.Slots
 	}
-	f.ready = make(chan struct{})
+	f.ready, f.grantWait = make(chan struct{}), cfg.GrantWait
 	rg, err := openRing(cfg, req.Schema)
 	if err != nil {
 		return nil, err
@@ -322,9 +341,10 @@ func (r *Remote) attach(req produceRequest, f *feed) (*Producer, error) {
 // p stops being served, and its ring is removed once no stream reads it.
 func (r *Remote) detach(p *Producer, why error, drain bool) error {
 	p.feed.stop(why)
+	p.feed.endGrants(p.cfg.Heartbeat)
 	p.mu.Lock()
 	deadline := time.Now().Add(p.cfg.MaxWait)
-	for drain && p.err == nil && time.Now().Before(deadline) && p.heldLocked() {
+	for drain && p.err == nil && time.Now().Before(deadline) && (p.unpublishedLocked() || p.heldLocked()) {
 		p.waitLocked(context.Background(), time.Until(deadline))
 	}
 	if p.gone == nil {
@@ -369,9 +389,23 @@ func (r *Remote) detach(p *Producer, why error, drain bool) error {
 	return err
 }
 
-// testHookDetached, nil outside tests, runs in detach once p stops being
-// served, before it is closed.
-var testHookDetached func(p *Producer)
+// Test hooks, nil outside tests: testHookDetached runs in detach once p
+// stops being served, before it is closed; testHookGrant runs before a
+// grant is sent to the process, with the context it is sent under.
+var (
+	testHookDetached func(p *Producer)
+	testHookGrant    func(ctx context.Context, g grant)
+)
+
+// unpublishedLocked reports whether the process has filled a batch that p
+// has not published yet: its published message was taken (the process may
+// have ended its stream just after it), and p's run publishes it next.
+// Until then no consumer holds it, and heldLocked cannot see it.
+func (p *Producer) unpublishedLocked() bool {
+	p.feed.mu.Lock()
+	defer p.feed.mu.Unlock()
+	return p.st.Published < p.feed.taken
+}
 
 // heldLocked reports whether a consumer still needs a batch in the ring.
 func (p *Producer) heldLocked() bool {
@@ -447,14 +481,23 @@ func (p *Producer) goneLocked() error {
 // for the process to publish it; the stream's handler takes the
 // process's messages (take).
 type feed struct {
-	send   func(context.Context, grant) error
-	schema tensordict.RowSchema
-	ring   *ring
-	ready  chan struct{} // closed once the attachment is sent
-	pub    chan error    // the outstanding grant's outcome
+	schema  tensordict.RowSchema
+	ring    *ring
+	ready   chan struct{}  // closed once the attachment is sent
+	pub     chan error     // the outstanding grant's outcome
+	sending sync.WaitGroup // the grant being sent, if one is (endGrants waits for it)
+	// grantWait bounds the wait for the process to publish a grant:
+	// Config.GrantWait.
+	grantWait time.Duration
 
 	mu          sync.Mutex
-	outstanding *grant // granted, not yet published
+	send        func(context.Context, grant) error // sends a grant on the process's stream
+	sendCtx     context.Context                    // the grants' sends', the stream's own
+	cancelSend  func()                             // cuts a send short (endGrants)
+	cancelRecv  func()                             // ends the handler's wait for the process's messages
+	late        error                              // set when the process filled no slot within grantWait
+	outstanding *grant                             // granted, not yet published
+	taken       uint64                             // published messages taken: batches filled
 	done        chan struct{}
 	why         error // set before done is closed
 	cancels     []context.CancelFunc
@@ -468,12 +511,37 @@ func (f *feed) fill(ctx context.Context, g grant) error {
 		return f.why
 	}
 	f.outstanding = &g
+	f.sending.Add(1) // under f.mu, before stop: endGrants waits for it
+	send, sctx := f.send, f.sendCtx
 	f.mu.Unlock()
-	if err := f.send(ctx, g); err != nil {
+	if testHookGrant != nil {
+		testHookGrant(sctx, g)
+	}
+	err := send(sctx, g)
+	f.sending.Done()
+	if err != nil {
 		return fmt.Errorf("%w: granting slot %d: %w", ErrNoProducer, g.Slot, err)
 	}
+	timer := time.NewTimer(f.grantWait)
+	defer timer.Stop()
 	select {
 	case err := <-f.pub:
+		return err
+	case <-timer.C:
+		select {
+		case err := <-f.pub: // published just in time
+			return err
+		default:
+		}
+		err := wrapf(ErrNoProducer, "the producer process filled no slot for %v (batch %d of epoch %d was granted): "+
+			"it was detached", f.grantWait, g.Index, g.Epoch)
+		f.mu.Lock()
+		if f.late == nil {
+			f.late = err
+		}
+		cancel := f.cancelRecv
+		f.mu.Unlock()
+		cancel()
 		return err
 	case <-f.done:
 		select {
@@ -513,8 +581,19 @@ func (f *feed) take(p *Producer, m publishedMessage) error {
 			return err
 		}
 	}
+	f.mu.Lock()
+	f.taken++
+	f.mu.Unlock()
 	f.pub <- nil
 	return nil
+}
+
+// lateErr returns why the process was detached for filling no slot in
+// time, or nil.
+func (f *feed) lateErr() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.late
 }
 
 // stop makes fill return why from now on: no more grants.
@@ -524,6 +603,27 @@ func (f *feed) stop(why error) {
 	if f.why == nil {
 		f.why = why
 		close(f.done)
+	}
+}
+
+// endGrants waits, after stop, for a grant being sent to be sent whole,
+// for at most d (a process that does not read its stream holds nobody up
+// for longer); then it cuts the send short.
+func (f *feed) endGrants(d time.Duration) {
+	sent := make(chan struct{})
+	go func() { f.sending.Wait(); close(sent) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-sent:
+	case <-t.C:
+		f.mu.Lock()
+		cancel := f.cancelSend
+		f.mu.Unlock()
+		if cancel != nil {
+			cancel()
+		}
+		<-sent
 	}
 }
 

@@ -303,6 +303,145 @@ func TestRemote_BadBatchNamesTheKey(t *testing.T) {
 	}
 }
 
+// TestRemote_DetachDoesNotCutAGrant: a producer process whose batch is
+// refused is told why (ErrArgument naming the key) even when the node is
+// sending it a grant at that moment. detach closed the producer, which
+// cancelled the context the grant was sent under: a Send under way that
+// its context cuts short resets the stream, and the process got "the
+// node reset the stream" instead (TestRemote_BadBatchNamesTheKey failed
+// so about once in 50 runs on a loaded machine). The hook holds grant 2
+// while the process publishes a bad batch for it; detach then stops the
+// feed, and for the next 2 s (the heartbeat is a minute) nothing may
+// cancel the grant's send.
+func TestRemote_DetachDoesNotCutAGrant(t *testing.T) {
+	const n, batch = 100, 16
+	f := newRemoteFixture(t, Config{Slots: 4, Window: 4, Heartbeat: time.Minute})
+	holding, cut := make(chan struct{}), make(chan error, 1)
+	var once sync.Once
+	var feedDone <-chan struct{}
+	testHookGrant = func(ctx context.Context, g grant) {
+		if g.Index != 2 {
+			return
+		}
+		once.Do(func() {
+			close(holding)
+			<-feedDone // detach has begun: the bad batch was refused
+			select {
+			case <-ctx.Done():
+				cut <- ctx.Err()
+			case <-time.After(2 * time.Second):
+				cut <- nil
+			}
+		})
+	}
+	t.Cleanup(func() { testHookGrant = nil })
+	gp := startGoProducer(t, f.addr, n, batch)
+	feedDone = f.r.Producer().feed.done
+	dialRemote(t, f, 16, true)
+	if _, err := gp.serve(t, 2, batch, nil); err != nil {
+		t.Fatal(err)
+	}
+	<-holding
+	g := grant{Epoch: gp.att.Epoch, Index: 2, Count: (n + batch - 1) / batch, Slot: 2, Rows: batch}
+	bad, err := tensordict.RowSchema{remoteSchema[0], {Key: []string{"labels"}, DType: memmap.Int32, Shape: []int{}}}.Zeros(batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gp.st.Send(context.Background(), publishedMessage{Published: &g, Rows: &rpc.TD{TensorDict: bad}}); err != nil {
+		t.Fatal(err)
+	}
+	var perr error
+	for perr == nil {
+		_, perr = gp.st.Recv(context.Background())
+	}
+	if err := <-cut; err != nil {
+		t.Errorf("the grant's send was cancelled (%v) while under way: the stream is reset, and the process is not told why", err)
+	}
+	if !errors.Is(perr, ErrArgument) || !strings.Contains(perr.Error(), "labels") {
+		t.Fatalf("the producer's stream ended with %v, want ErrArgument naming labels", perr)
+	}
+}
+
+// TestRemote_CleanEndServesTheLastEpochWhole: a producer process that
+// ends its stream after two epochs (epochs=2) is done, and its consumers
+// get every sample of both epochs exactly once before they are told so.
+// A consumer of 48 rows on a ring of 4 slots of 16 takes three of the
+// producer's batches per batch of its own. It was told the producer was
+// done waiting for epoch 1's batch 6, the last: detach saw no consumer
+// hold a batch in the ring before the node had published that batch,
+// whose grant the process had answered just before it ended its stream.
+func TestRemote_CleanEndServesTheLastEpochWhole(t *testing.T) {
+	const n, batch, epochs = 100, 16, 2
+	for _, bytes := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bytes=%v", bytes), func(t *testing.T) {
+			f := newRemoteFixture(t, Config{Slots: 4, Window: 4})
+			gp := startGoProducer(t, f.addr, n, batch)
+			c := dialRemote(t, f, 48, bytes)
+			served := make(chan error, 1)
+			go func() {
+				_, err := gp.serve(t, epochs*((n+batch-1)/batch), batch, nil)
+				if err == nil {
+					err = gp.st.CloseSend(context.Background()) // done: a clean end
+				}
+				served <- err
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			for range epochs {
+				e := c.Epoch()
+				ids, sizes, err := consumerEpoch(ctx, c)
+				if err == nil {
+					err = checkEpoch(ids, sizes, n, 7, e, 48)
+				}
+				if err != nil {
+					t.Fatalf("epoch %d: %v", e, err)
+				}
+			}
+			if err := <-served; err != nil {
+				t.Fatalf("the producer process: %v", err)
+			}
+		})
+	}
+}
+
+// TestRemote_SilentProducerIsDetached: a producer process that stays
+// attached but fills no slot it was granted (its data loader hung) is
+// detached after GrantWait: the consumer's loop, which yielded batches,
+// ends with ErrNoProducer (matching rpc.ErrUnavailable) instead of
+// waiting for ever, the process's stream ends saying why, and the next
+// process to attach serves the consumer's next epoch whole.
+func TestRemote_SilentProducerIsDetached(t *testing.T) {
+	const n, batch = 100, 16
+	f := newRemoteFixture(t, Config{Slots: 4, Window: 4, GrantWait: 200 * time.Millisecond})
+	gp := startGoProducer(t, f.addr, n, batch)
+	c := dialRemote(t, f, 16, false)
+	go gp.serve(t, 2, batch, nil) // then silent, its connection open
+	yielded := make(chan struct{})
+	err := firstEpochAfterYield(c, yielded)
+	if !errors.Is(err, ErrNoProducer) || !errors.Is(err, rpc.ErrUnavailable) || !strings.Contains(err.Error(), "filled no slot") {
+		t.Fatalf("the epoch ended with %v, want ErrNoProducer (matching rpc.ErrUnavailable) saying the process filled no slot", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var perr error
+	for perr == nil {
+		_, perr = gp.st.Recv(ctx)
+	}
+	if !errors.Is(perr, ErrNoProducer) || !strings.Contains(perr.Error(), "filled no slot") {
+		t.Fatalf("the silent process's stream ended with %v, want ErrNoProducer saying it filled no slot", perr)
+	}
+	gp2 := startGoProducer(t, f.addr, n, batch)
+	go gp2.serve(t, math.MaxInt, batch, nil)
+	ids, sizes, err := consumerEpoch(ctx, c)
+	e := c.Epoch() - 1
+	if err == nil {
+		err = checkEpoch(ids, sizes, n, 7, e, 16)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestRemote_ProducerErrorReachesConsumers: the producer process's error
 // (its data loader raised) ends the consumers' epoch with ErrFailed and
 // its message.

@@ -50,6 +50,9 @@ type Client struct {
 	stop     context.CancelFunc
 	pfMu     sync.Mutex
 	prefetch *prefetched // the next sample's picks, asked for ahead (WithPrefetch)
+
+	slMu   sync.Mutex
+	slLeft slicesLeft // slices asked for ahead (WithSlicesAhead)
 }
 
 // view is the buffer as the node described it (replay.info) and, by
@@ -92,6 +95,7 @@ type DialOption func(*dialOptions)
 type dialOptions struct {
 	service.Dialing // root, bytes, rpc's options
 	prefetch        bool
+	slicesAhead     int // WithSlicesAhead; 0 or 1: none
 }
 
 // WithRoot sets this side's view of the shared root (rpc.WithRoot), which
@@ -111,6 +115,22 @@ func WithBytes() DialOption { return func(o *dialOptions) { o.Bytes = true } }
 // again, as always. It helps a trainer that samples batches of one size in
 // a loop; calls of another size discard the prefetched picks.
 func WithPrefetch() DialOption { return func(o *dialOptions) { o.prefetch = true } }
+
+// WithSlicesAhead has a client working by reference ask the node, in one
+// SampleSlices call, for the slices of k samples (Reverb's samples in
+// flight per worker), and serve the next k-1 calls with the same
+// SliceSpec from them: k round trips become one. The picks of all k are
+// made, and counted by the rate limiter (and max_times_sampled, and an
+// epoch without replacement), when they are asked for; steps written in
+// between are picked from the next call to the node on, and a priority
+// updated in between applies from then; a slice with a step overwritten
+// or deleted since is caught by the word check and sampled again, as
+// always. A call with another SliceSpec drops the slices left, as Close
+// does: they were counted as sampled all the same (and, without
+// replacement, spent from their epoch). Two calls that find none left at
+// once both ask the node; the later one's are kept. k is cut so that the
+// k samples' steps fit one call (maxSample); by bytes it does nothing.
+func WithSlicesAhead(k int) DialOption { return func(o *dialOptions) { o.slicesAhead = k } }
 
 // WithRPC passes options to rpc.Dial: a token, TLS, a logger, limits.
 func WithRPC(opts ...rpc.Option) DialOption {

@@ -32,6 +32,12 @@ var controlsGolden = []struct {
 		Info:     SampleInfo{Indices: []int{4, 5, 9, -1}, IDs: []uint64{1, 1, 2, 0}, Weights: []float64{1, 1, 1, 1}},
 		Mask:     []bool{true, true, true, false},
 		Episodes: []int64{7, 8}}},
+	{"replay.sample_slices request, packed", slicesRequest{Name: "buf", SliceLen: 2, NumSlices: 2, PadShort: true, Prioritized: true, Packed: true}},
+	{"replay.sample_slices response, packed picks", slicesResponse{ID: "9f3c0a7d12e4b5a6",
+		Picks: []byte{4, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
+			9, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0},
+		PickWeights: []byte{0, 0, 0, 0, 0, 0, 0xf0, 0x3f, 0, 0, 0, 0, 0, 0, 0xe0, 0x3f, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f},
+		Episodes:    []int64{7, 8}}},
 }
 
 // readGoldenFile reads a "# NAME" then hex file into {name: bytes}.

@@ -63,6 +63,8 @@ var repeatable = service.Methods{
 type Service struct {
 	srv     *rpc.Server // its Stats give NodeHeap
 	buffers *service.Registry[*Buffer]
+
+	unpacked bool // answers replay.sample_slices as a node from before packed picks did (tests)
 }
 
 // Register adds the replay service's methods to s and returns the Service,

@@ -2,7 +2,9 @@ package replay
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/tensorwire/tensorwire/internal/service"
 	"github.com/tensorwire/tensorwire/rpc"
@@ -24,6 +26,10 @@ type (
 		Prioritized bool `codec:"prioritized"`
 		// WithoutReplacement: torchrl's SliceSamplerWithoutReplacement.
 		WithoutReplacement bool `codec:"without_replacement"`
+		// Packed asks for the picks as Picks and PickWeights instead of
+		// Info and Mask (left out when false: a node that does not know it
+		// ignores it and answers with Info and Mask).
+		Packed bool `codec:"packed,omitempty"`
 	}
 	slicesResponse struct {
 		ID       string     `codec:"id"`
@@ -31,8 +37,66 @@ type (
 		Mask     []bool     `codec:"mask"`     // row by row: false for padding
 		Episodes []int64    `codec:"episodes"` // slice by slice: its trajectory key
 		Batch    *rpc.TD    `codec:"batch"`    // [num_slices*slice_len] rows, slice after slice
+		// Picks, when the request was Packed: row by row, the slot (int64)
+		// and its generation (uint64), little-endian, 16 bytes a row; -1 and
+		// 0 for padding, whose Mask is false (every other row's is true).
+		// Info and Mask are then empty. A msgpack array decodes element by
+		// element (by reflection, in go-msgpack); a bin is one copy.
+		Picks []byte `codec:"picks,omitempty"`
+		// PickWeights, with Picks: each row's weight, float64 little-endian;
+		// empty when every weight is 1 (slices not prioritized).
+		PickWeights []byte `codec:"pick_weights,omitempty"`
 	}
 )
+
+// packPicks writes info's rows as a slicesResponse's Picks and PickWeights.
+func packPicks(info SliceInfo, weighted bool) (picks, weights []byte) {
+	picks = make([]byte, 16*len(info.Indices))
+	for i, s := range info.Indices {
+		binary.LittleEndian.PutUint64(picks[16*i:], uint64(int64(s)))
+		binary.LittleEndian.PutUint64(picks[16*i+8:], info.IDs[i])
+	}
+	if weighted {
+		weights = make([]byte, 8*len(info.Weights))
+		for i, w := range info.Weights {
+			binary.LittleEndian.PutUint64(weights[8*i:], math.Float64bits(w))
+		}
+	}
+	return picks, weights
+}
+
+// unpackPicks reads n rows of Picks and PickWeights into a SliceInfo (its
+// Episodes not set).
+func unpackPicks(picks, weights []byte, n int) (SliceInfo, error) {
+	if len(picks) != 16*n || (len(weights) != 0 && len(weights) != 8*n) {
+		return SliceInfo{}, fmt.Errorf("replay: the node sent %d bytes of picks and %d of weights for %d rows", len(picks), len(weights), n)
+	}
+	info := SliceInfo{SampleInfo: SampleInfo{Indices: make([]int, n), IDs: make([]uint64, n), Weights: make([]float64, n)},
+		Mask: make([]bool, n)}
+	for i := range n {
+		s := int64(binary.LittleEndian.Uint64(picks[16*i:]))
+		if s < -1 || s > math.MaxInt32 {
+			return SliceInfo{}, fmt.Errorf("replay: the node sampled slot %d", s)
+		}
+		info.Indices[i], info.IDs[i], info.Mask[i] = int(s), binary.LittleEndian.Uint64(picks[16*i+8:]), s >= 0
+		info.Weights[i] = 1
+		if len(weights) > 0 {
+			info.Weights[i] = math.Float64frombits(binary.LittleEndian.Uint64(weights[8*i:]))
+		}
+	}
+	return info, nil
+}
+
+// slicesReply is the response for info: packed if asked.
+func slicesReply(id string, req slicesRequest, info SliceInfo, batch *rpc.TD) slicesResponse {
+	r := slicesResponse{ID: id, Episodes: info.Episodes, Batch: batch}
+	if req.Packed {
+		r.Picks, r.PickWeights = packPicks(info, req.Prioritized)
+	} else {
+		r.Info, r.Mask = info.SampleInfo, info.Mask
+	}
+	return r
+}
 
 func (svc *Service) sampleSlices(ctx context.Context, req slicesRequest) (slicesResponse, error) {
 	sb, err := svc.buffers.Lookup(req.Name)
@@ -40,6 +104,9 @@ func (svc *Service) sampleSlices(ctx context.Context, req slicesRequest) (slices
 		return slicesResponse{}, err
 	}
 	b := sb.Item
+	if svc.unpacked {
+		req.Packed = false
+	}
 	spec := SliceSpec{SliceLen: req.SliceLen, NumSlices: req.NumSlices, PadShort: req.PadShort, Prioritized: req.Prioritized,
 		WithoutReplacement: req.WithoutReplacement}
 	if req.Bytes {
@@ -47,7 +114,7 @@ func (svc *Service) sampleSlices(ctx context.Context, req slicesRequest) (slices
 		if err != nil {
 			return slicesResponse{}, err
 		}
-		return slicesResponse{ID: b.id, Info: info.SampleInfo, Mask: info.Mask, Episodes: info.Episodes, Batch: &rpc.TD{TensorDict: td}}, nil
+		return slicesReply(b.id, req, info, &rpc.TD{TensorDict: td}), nil
 	}
 	if err := spec.check(b); err != nil {
 		return slicesResponse{}, err
@@ -63,7 +130,7 @@ func (svc *Service) sampleSlices(ctx context.Context, req slicesRequest) (slices
 	if err := b.pickSlices(ctx, spec, spec.NumSlices, &info); err != nil {
 		return slicesResponse{}, err
 	}
-	return slicesResponse{ID: b.id, Info: info.SampleInfo, Mask: info.Mask, Episodes: info.Episodes}, nil
+	return slicesReply(b.id, req, info, nil), nil
 }
 
 // SampleSlices samples slices of episodes, as Buffer.SampleSlices does.
@@ -75,14 +142,22 @@ func (c *Client) SampleSlices(ctx context.Context, spec SliceSpec) (*tensordict.
 	call := func(k int, bytes bool) (slicesResponse, SliceInfo, error) {
 		resp, err := service.Call[slicesResponse](ctx, &c.calls, MethodSampleSlices, slicesRequest{
 			Name: c.name, Bytes: bytes, SliceLen: spec.SliceLen, NumSlices: k, PadShort: spec.PadShort, Prioritized: spec.Prioritized,
-			WithoutReplacement: spec.WithoutReplacement,
+			WithoutReplacement: spec.WithoutReplacement, Packed: true,
 		})
 		if err != nil {
 			return resp, SliceInfo{}, err
 		}
 		n := spec.SliceLen * k
-		if len(resp.Info.Indices) != n || len(resp.Info.IDs) != n || len(resp.Info.Weights) != n || len(resp.Mask) != n ||
-			len(resp.Episodes) != k {
+		if len(resp.Episodes) != k {
+			return resp, SliceInfo{}, fmt.Errorf("replay: the node sent a sample of %d slices for %d", len(resp.Episodes), k)
+		}
+		if resp.Picks != nil { // packed
+			info, err := unpackPicks(resp.Picks, resp.PickWeights, n)
+			info.Episodes = resp.Episodes
+			return resp, info, err
+		}
+		// A node from before packed picks.
+		if len(resp.Info.Indices) != n || len(resp.Info.IDs) != n || len(resp.Info.Weights) != n || len(resp.Mask) != n {
 			return resp, SliceInfo{}, fmt.Errorf("replay: the node sent a sample of slices that is not %d slices of %d", k, spec.SliceLen)
 		}
 		return resp, SliceInfo{SampleInfo: resp.Info, Mask: resp.Mask, Episodes: resp.Episodes}, nil
@@ -108,11 +183,11 @@ func (c *Client) SampleSlices(ctx context.Context, spec SliceSpec) (*tensordict.
 	if err != nil {
 		return nil, SliceInfo{}, err
 	}
-	resp, info, err := call(spec.NumSlices, false)
+	id, info, err := c.slicePicks(spec, call)
 	if err != nil {
 		return nil, SliceInfo{}, err
 	}
-	v, err := c.viewOf(ctx, resp.ID)
+	v, err := c.viewOf(ctx, id)
 	if err != nil {
 		return nil, SliceInfo{}, err
 	}
@@ -126,7 +201,7 @@ func (c *Client) SampleSlices(ctx context.Context, spec SliceSpec) (*tensordict.
 	}
 	_, err = gatherSlicesChecked(v.storage, v.slots, spec.SliceLen, dst, &info, func(k int) (SliceInfo, error) {
 		more, again, err := call(k, false)
-		if err == nil && more.ID != resp.ID {
+		if err == nil && more.ID != id {
 			err = fmt.Errorf("%w: the buffer was created anew while sampled", ErrExpired)
 		}
 		if err == nil {
@@ -138,6 +213,60 @@ func (c *Client) SampleSlices(ctx context.Context, spec SliceSpec) (*tensordict.
 		return nil, SliceInfo{}, err
 	}
 	return dst, info, nil
+}
+
+// slicePicks returns the node's picks for a sample of slices by reference,
+// and the buffer they are of: from the slices asked for ahead
+// (WithSlicesAhead) if some are left for spec, else from a call now, which
+// asks for the next samples' too.
+func (c *Client) slicePicks(spec SliceSpec, call func(k int, bytes bool) (slicesResponse, SliceInfo, error)) (string, SliceInfo, error) {
+	ahead := min(c.o.slicesAhead, maxSample/(spec.SliceLen*spec.NumSlices))
+	if ahead <= 1 {
+		resp, info, err := call(spec.NumSlices, false)
+		return resp.ID, info, err
+	}
+	c.slMu.Lock()
+	id, info, ok := c.slLeft.take(spec)
+	c.slMu.Unlock()
+	if ok {
+		return id, info, nil
+	}
+	resp, all, err := call(spec.NumSlices*ahead, false)
+	if err != nil {
+		return "", SliceInfo{}, err
+	}
+	c.slMu.Lock()
+	defer c.slMu.Unlock()
+	c.slLeft = slicesLeft{spec: spec, id: resp.ID, info: all}
+	id, info, _ = c.slLeft.take(spec)
+	return id, info, nil
+}
+
+// slicesLeft are picks of slices asked for ahead (WithSlicesAhead) and not
+// yet used: whole slices of spec, of the buffer id, from slice next on.
+type slicesLeft struct {
+	spec SliceSpec
+	id   string
+	info SliceInfo
+	next int
+}
+
+// take returns the next spec.NumSlices slices, or false if fewer are left
+// or they were asked for another spec. What it returns shares no element
+// with what it keeps.
+func (l *slicesLeft) take(spec SliceSpec) (string, SliceInfo, bool) {
+	k := spec.NumSlices
+	if l.spec != spec || l.next+k > len(l.info.Episodes) {
+		return "", SliceInfo{}, false
+	}
+	a, b := l.next*spec.SliceLen, (l.next+k)*spec.SliceLen
+	out := SliceInfo{
+		SampleInfo: SampleInfo{Indices: l.info.Indices[a:b:b], IDs: l.info.IDs[a:b:b], Weights: l.info.Weights[a:b:b]},
+		Mask:       l.info.Mask[a:b:b],
+		Episodes:   l.info.Episodes[l.next : l.next+k : l.next+k],
+	}
+	l.next += k
+	return l.id, out, true
 }
 
 // checkSlicePicks checks the node's picks of slices before they index this

@@ -183,6 +183,14 @@ func (s *Store) putValue(bin string, in *ingest, op uint8, req reqID) (uint64, e
 		s.discard(in)
 		return 0, err
 	}
+	if b := in.item.Inline; b != nil {
+		// Keep the value in the frame, which holds its bytes anyway, and
+		// let the next value reuse the buffer it was encoded into.
+		if a := aliasInline(p.frame, b); a != nil {
+			rec.Items[0].Inline, in.item.Inline = a, a
+			recycleValueBuf(b)
+		}
+	}
 	s.mu.Lock()
 	if err := s.enterLocked(); err != nil {
 		s.mu.Unlock()

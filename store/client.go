@@ -255,6 +255,14 @@ func (c *Client) store(ctx context.Context, method, bin string, td *tensordict.T
 // (this process died, the connection stayed down) go back to the bin
 // after the node's GetTimeout, so a failed Get loses nothing; a Get that
 // returns them removed them exactly once. Close every item when done.
+//
+// ctx bounds the wait for items. Once this side has them, their removal is
+// acknowledged even if ctx ends meanwhile (for at most ackWait), and Get
+// returns them: an item removed is an item the caller holds. A Get that
+// fails after the node may have held items for it (ctx ended during the
+// first call, the acknowledgement failed) gives them back at once rather
+// than after GetTimeout, best effort, so a caller that Gets again sees
+// them.
 func (c *Client) Get(ctx context.Context, bin string) ([]*tensordict.TensorDict, error) {
 	if err := CheckName(bin); err != nil {
 		return nil, err
@@ -262,25 +270,49 @@ func (c *Client) Get(ctx context.Context, bin string) ([]*tensordict.TensorDict,
 	for {
 		id := random64()
 		resp, err := service.Call[takeResponse](ctx, &c.calls, MethodTake, takeRequest{Store: c.name, Bin: bin, Take: id, Refs: c.ref})
-		if err != nil || resp.Take == 0 {
+		if err != nil {
+			if ctx.Err() != nil {
+				// The node may have held items for this take before ctx
+				// ended the wait for its reply.
+				c.giveBack(id)
+			}
 			return nil, err
+		}
+		if resp.Take == 0 {
+			return nil, nil
 		}
 		tds, err := c.items(resp.Items)
 		if err != nil {
 			c.giveBack(id)
 			return nil, err
 		}
-		_, err = service.Call[revResponse](ctx, &c.calls, MethodAck, ackRequest{Store: c.name, Take: id})
+		if testAfterTake != nil {
+			testAfterTake()
+		}
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackWait)
+		_, err = service.Call[revResponse](actx, &c.calls, MethodAck, ackRequest{Store: c.name, Take: id})
+		cancel()
 		if err == nil {
 			return tds, nil
 		}
 		closeAll(tds)
-		if !errors.Is(err, ErrExpired) || ctx.Err() != nil {
+		if !errors.Is(err, ErrExpired) {
+			c.giveBack(id)
 			return nil, err
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
 		// The bin changed under the Get, or it was held too long: again.
 	}
 }
+
+// ackWait bounds a Get's acknowledgement of items it already has, which
+// does not end with the caller's context.
+const ackWait = 30 * time.Second
+
+// testAfterTake, when set by a test, runs between a Get's two calls.
+var testAfterTake func()
 
 // giveBack tells the node to give a Get's items back at once, without
 // waiting for the Get to expire; best effort.

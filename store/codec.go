@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -61,9 +62,36 @@ var mh = func() *codec.MsgpackHandle {
 
 var decoders = sync.Pool{New: func() any { return codec.NewDecoderBytes(nil, mh) }}
 
-func encodeMsgpack(v any) ([]byte, error) {
-	var buf []byte
-	if err := codec.NewEncoderBytes(&buf, mh).Encode(v); err != nil {
+// pooledEncoder is an encoder and the empty buffer it is left with
+// between uses, so that the pool holds no reference to what it encoded.
+type pooledEncoder struct {
+	enc   *codec.Encoder
+	empty []byte
+}
+
+var encoders = sync.Pool{New: func() any {
+	e := &pooledEncoder{empty: []byte{}}
+	e.enc = codec.NewEncoderBytes(&e.empty, mh)
+	return e
+}}
+
+func encodeMsgpack(v any) ([]byte, error) { return encodeMsgpackInto(nil, v) }
+
+// encodeMsgpackInto encodes v into dst's capacity, from dst[0], and
+// returns the encoding: in dst's array when it fits, else in a new one.
+// A nil dst starts with a small buffer that grows.
+func encodeMsgpackInto(dst []byte, v any) ([]byte, error) {
+	e := encoders.Get().(*pooledEncoder)
+	buf := dst[:0:cap(dst)]
+	if buf == nil {
+		buf = make([]byte, 0, 256)
+	}
+	e.enc.ResetBytes(&buf)
+	err := e.enc.Encode(v)
+	e.empty = e.empty[:0]
+	e.enc.ResetBytes(&e.empty)
+	encoders.Put(e)
+	if err != nil {
 		return nil, err
 	}
 	return buf, nil
@@ -124,10 +152,11 @@ func encodeValue(td *tensordict.TensorDict) ([]byte, error) {
 		return nil, errorf(ErrFormat, "a header of %d bytes; at most %d", len(hb), maxValueHeader)
 	}
 	off := pad8(8 + len(hb))
-	out := make([]byte, off+size)
+	out := valueBuf(off + size) // not zeroed: every byte is written below
 	copy(out, valueMagic)
 	binary.LittleEndian.PutUint32(out[4:], uint32(len(hb)))
 	copy(out[8:], hb)
+	clear(out[8+len(hb) : off])
 	for _, t := range leaves {
 		n := t.NumBytes()
 		if n > 0 {
@@ -135,9 +164,66 @@ func encodeValue(td *tensordict.TensorDict) ([]byte, error) {
 				return nil, fmt.Errorf("store: reading a tensor: %w", err)
 			}
 		}
+		clear(out[off+n : off+pad8(n)])
 		off += pad8(n)
 	}
 	return out, nil
+}
+
+// valueBufs holds buffers of inline values that are no longer used:
+// putValue keeps an appended value in its log record's frame instead
+// (aliasInline) and hands the buffer encodeValue filled back, so that a
+// stream of appends does not allocate one per item.
+var valueBufs sync.Pool // of *[]byte
+
+// maxRecycled bounds the buffers valueBufs keeps.
+const maxRecycled = 4 << 20
+
+// valueBuf returns a buffer of n bytes, recycled if one is at hand; its
+// bytes are not zeroed.
+func valueBuf(n int) []byte {
+	if p, _ := valueBufs.Get().(*[]byte); p != nil && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]byte, n)
+}
+
+// recycleValueBuf gives back a buffer from valueBuf that nothing refers
+// to any more.
+func recycleValueBuf(b []byte) {
+	if cap(b) <= maxRecycled {
+		valueBufs.Put(&b)
+	}
+}
+
+// aliasInline returns the bytes of frame, a prepared record's, that hold
+// the inline value v (msgpack bin), or nil if they cannot be found. They
+// are v's bytes, and stay as they are: a frame is never changed but for
+// its revision and checksum, outside the payload.
+func aliasInline(frame, v []byte) []byte {
+	if len(frame) < frameHeader+frameTrailer || len(v) < 8 {
+		return nil
+	}
+	payload := frame[frameHeader : len(frame)-frameTrailer]
+	n := len(v)
+	var h []byte
+	switch {
+	case n <= 0xff:
+		h = []byte{0xc4, byte(n)}
+	case n <= 0xffff:
+		h = []byte{0xc5, byte(n >> 8), byte(n)}
+	default:
+		h = []byte{0xc6, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}
+	}
+	i := bytes.Index(payload, append(h, v[:min(n, 32)]...))
+	if i < 0 || i+len(h)+n > len(payload) {
+		return nil
+	}
+	a := payload[i+len(h) : i+len(h)+n : i+len(h)+n]
+	if !bytes.Equal(a, v) {
+		return nil
+	}
+	return a
 }
 
 // valueBytes returns the size of td's tensors, the figure the value limit

@@ -89,20 +89,32 @@ type prepared struct {
 	crc   uint32 // of the payload
 }
 
-// prepare encodes rec (all but its revision) as a frame.
+// prepare encodes rec (all but its revision) as a frame. The payload is
+// encoded in place, in a buffer sized from the values the record carries:
+// a record holding a 28 KB item costs one allocation and one copy of it.
 func prepare(rec *record) (prepared, error) {
-	p, err := encodeMsgpack(rec)
+	est := 256 + len(rec.Name) + 10*(len(rec.IDs)+len(rec.Takes)) + 32*len(rec.Reqs)
+	for _, it := range rec.Items {
+		est += 64 + len(it.Inline)
+	}
+	out := make([]byte, frameHeader+est+frameTrailer)
+	p, err := encodeMsgpackInto(out[frameHeader:frameHeader], rec)
 	if err != nil {
 		return prepared{}, fmt.Errorf("store: encoding a log record: %w", err)
 	}
 	if len(p) > maxRecord {
 		return prepared{}, fmt.Errorf("store: a log record of %d bytes", len(p))
 	}
-	out := make([]byte, frameHeader+len(p)+frameTrailer)
+	if len(p) > 0 && len(p) <= est && &p[0] == &out[frameHeader] {
+		out = out[:frameHeader+len(p)+frameTrailer] // encoded in place
+	} else {
+		out = make([]byte, frameHeader+len(p)+frameTrailer)
+		copy(out[frameHeader:], p)
+	}
+	clear(out[frameHeader+len(p):]) // the trailer: seal writes it
 	copy(out, recordMagic)
 	binary.LittleEndian.PutUint32(out[4:], uint32(len(p)))
-	copy(out[frameHeader:], p)
-	return prepared{frame: out, crc: crc32.Checksum(p, castagnoli)}, nil
+	return prepared{frame: out, crc: crc32.Checksum(out[frameHeader:frameHeader+len(p)], castagnoli)}, nil
 }
 
 // seal numbers a prepared frame with rev and returns it.
@@ -228,8 +240,13 @@ type logWriter struct {
 	// stopped, if set, is told once why the log stopped.
 	stopped func(error)
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// cond wakes those waiting for durability (wait, waitSynced): it is
+	// broadcast when durable advances or the log stops, and only then, so
+	// that a waiter is not woken by every record queued behind it. work
+	// wakes the writer and the syncer: records queued, written, the end.
 	cond    *sync.Cond
+	work    *sync.Cond
 	f       *os.File
 	size    int64
 	queue   []queued
@@ -248,6 +265,7 @@ type queued struct {
 func newLogWriter(f *os.File, size int64, rev uint64, noSync bool) *logWriter {
 	w := &logWriter{f: f, size: size, written: rev, durable: rev, noSync: noSync}
 	w.cond = sync.NewCond(&w.mu)
+	w.work = sync.NewCond(&w.mu)
 	return w
 }
 
@@ -256,7 +274,7 @@ func (w *logWriter) enqueue(frame []byte, rev uint64) {
 	w.mu.Lock()
 	w.queue = append(w.queue, queued{frame, rev})
 	w.mu.Unlock()
-	w.cond.Broadcast()
+	w.work.Broadcast() // the writer (the syncer, waiting on the same, goes back to sleep)
 }
 
 // wait blocks until revision rev is durable, and returns nil, or returns
@@ -279,7 +297,7 @@ func (w *logWriter) next() (batch []queued, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for len(w.queue) == 0 && !w.closed && w.err == nil {
-		w.cond.Wait()
+		w.work.Wait()
 	}
 	if w.err != nil || len(w.queue) == 0 {
 		return nil, false
@@ -288,16 +306,18 @@ func (w *logWriter) next() (batch []queued, ok bool) {
 	return batch, true
 }
 
-// write writes a batch with one write(2). Without sync it is durable as
+// write writes a batch with one writev(2) (one write, through buf, where
+// there is no writev). Without sync it is durable as
 // far as the log promises (Options.NoSync) at once; otherwise the syncer
 // makes it so.
 func (w *logWriter) write(batch []queued, buf *[]byte) error {
-	b := (*buf)[:0]
-	for _, q := range batch {
-		b = append(b, q.frame...)
+	frames := make([][]byte, len(batch))
+	size := 0
+	for i, q := range batch {
+		frames[i] = q.frame
+		size += len(q.frame)
 	}
-	*buf = b
-	_, err := w.f.Write(b)
+	_, err := writeFrames(w.f, frames, buf)
 	if err != nil {
 		err = fmt.Errorf("%w: %v", ErrFailed, err)
 	} else if w.noSync && w.check != nil {
@@ -307,14 +327,17 @@ func (w *logWriter) write(batch []queued, buf *[]byte) error {
 	if err != nil {
 		w.failLocked(err)
 	} else {
-		w.size += int64(len(b))
+		w.size += int64(size)
 		w.written = batch[len(batch)-1].rev
 		if w.noSync {
 			w.durable = w.written
 		}
 	}
 	w.mu.Unlock()
-	w.cond.Broadcast()
+	w.work.Broadcast() // the syncer
+	if err != nil || w.noSync {
+		w.cond.Broadcast()
+	}
 	return err
 }
 
@@ -336,6 +359,14 @@ func (w *logWriter) fail(err error) {
 	w.mu.Lock()
 	w.failLocked(err)
 	w.mu.Unlock()
+	w.wake()
+}
+
+// wake wakes everyone waiting on the writer: the writer, the syncer and
+// those waiting for durability, for changes all of them must see (the
+// log stopped, closed, compacted).
+func (w *logWriter) wake() {
+	w.work.Broadcast()
 	w.cond.Broadcast()
 }
 
@@ -346,7 +377,7 @@ func (w *logWriter) syncLoop(advanced func(uint64)) {
 	for {
 		w.mu.Lock()
 		for w.written == w.durable && !w.done && w.err == nil {
-			w.cond.Wait()
+			w.work.Wait()
 		}
 		if w.err != nil || w.written == w.durable {
 			w.mu.Unlock()
@@ -368,7 +399,11 @@ func (w *logWriter) syncLoop(advanced func(uint64)) {
 			w.durable = max(w.durable, target)
 		}
 		w.mu.Unlock()
-		w.cond.Broadcast()
+		if err != nil {
+			w.wake()
+		} else {
+			w.cond.Broadcast()
+		}
 		if err != nil {
 			advanced(0)
 			return
@@ -388,6 +423,13 @@ func (w *logWriter) waitSynced() error {
 	return w.err
 }
 
+// durableRev returns the revision up to which every record is durable.
+func (w *logWriter) durableRev() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.durable
+}
+
 // failed returns the error that stopped the log, or nil.
 func (w *logWriter) failed() error {
 	w.mu.Lock()
@@ -401,7 +443,7 @@ func (w *logWriter) writerDone() {
 	w.mu.Lock()
 	w.done = true
 	w.mu.Unlock()
-	w.cond.Broadcast()
+	w.wake()
 }
 
 // close stops the writer once the queue is empty, and so the syncer once
@@ -410,5 +452,5 @@ func (w *logWriter) close() {
 	w.mu.Lock()
 	w.closed = true
 	w.mu.Unlock()
-	w.cond.Broadcast()
+	w.wake()
 }

@@ -83,14 +83,19 @@ func TestStore_LeaseExpiryFreesVersion(t *testing.T) {
 	dir := t.TempDir()
 	s := openT(t, dir, Options{LeaseTTL: 40 * time.Millisecond})
 	s.Publish(ctx, "p", itemTD(t, 1, 10))
-	// A remote reader's lease, never renewed: its reader died.
-	info, err := s.readVersion(ctx, "p", 0, false, s.opts.LeaseTTL)
+	// A remote reader's lease, taken for longer than a Publish can take
+	// on a loaded machine, so that it is live when checked ...
+	info, err := s.readVersion(ctx, "p", 0, false, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Publish(ctx, "p", itemTD(t, 2, 10))
 	if n := valueDirs(t, dir); n != 2 {
 		t.Fatalf("%d versions on disk under a live lease, want 2", n)
+	}
+	// ... then renewed once for a moment and never again: its reader died.
+	if lost := s.renew([]leaseRef{{ID: info.lease, Name: "p", Version: 1}}, time.Millisecond); len(lost) != 0 {
+		t.Fatalf("renewing a live lease: lost %v", lost)
 	}
 	for deadline := time.Now().Add(30 * time.Second); valueDirs(t, dir) != 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {

@@ -446,7 +446,7 @@ func (s *Store) compact() (uint64, []queued, error) {
 	s.log.written = max(s.log.written, rev)
 	s.log.durable = max(s.log.durable, rev)
 	s.log.mu.Unlock()
-	s.log.cond.Broadcast()
+	s.log.wake()
 	old.Close()
 	if err := atomicfile.SyncDir(s.dir); err != nil {
 		// The new log is in place; only the directory's durability is in

@@ -392,7 +392,10 @@ class Consumer:
         fields = [(tuple(f["key"]), DTYPES[f["dtype"]], tuple(f.get("shape") or ())) for f in s.info["schema"]]
         N, Bp = s.info["samples"], s.info["batch"]
         pad = math.ceil(N / ws) * ws - N
-        padded = [j for j in range(pad) if (N + j) % ws == r]  # epoch positions repeated at the end
+        # The epoch positions repeated at the end: position N + j is j's,
+        # wrapping round (DistributedSampler repeats the epoch as often as a
+        # world larger than it needs).
+        padded = [j % N for j in range(pad) if (N + j) % ws == r]
         stash = {k: np.empty((len(padded),) + shape, dt) for k, dt, shape in fields}
         cur, pos, index, taken = None, 0, 0, 0
         complete = False

@@ -33,7 +33,7 @@ import numpy as np
 from . import errors as _errors
 from ._td import TD, as_array, dtype_name, set_path
 from .dataset import load_memmap
-from .loader import _FENCE_OK, ArgumentError, _flat
+from .loader import _FENCE_OK, ArgumentError, InUseError, NoProducerError, _Backoff, _flat, _unreachable
 from .rpc import Client, Sharing, StreamEnd
 
 __all__ = ["Producer"]
@@ -99,10 +99,18 @@ class Producer:
     len; a DataLoader says it). epochs: how many epochs to produce before
     run returns (None: until close). run() produces in this thread, start()
     in a thread of its own; close() detaches (consumers wait for the next
-    producer, or get UnavailableError mid-epoch)."""
+    producer, or get UnavailableError mid-epoch).
+
+    The node going away (restarted, or the connection broken) is ridden
+    out as consumers ride it out: the producer attaches again, waiting for
+    the node with backoff for up to timeout seconds (then run raises the
+    UnavailableError), and serves the epochs the node grants from then on
+    with a fresh iterator of the data loader; the epoch it was serving is
+    lost (its consumers' loop raises NoProducerError), and only whole
+    epochs count toward `epochs`. reattach=False raises at once instead."""
 
     def __init__(self, node, name, data_loader, token=None, root=None, epochs=None, samples=None,
-                 bytes_mode=False, timeout=30.0):
+                 bytes_mode=False, timeout=30.0, reattach=True):
         if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
             raise ArgumentError(f"loader: epochs {epochs!r}: want at least 1, or None")
         if isinstance(node, Client):
@@ -115,6 +123,8 @@ class Producer:
         self._samples = samples
         self._bytes_mode = bytes_mode
         self._timeout = timeout
+        self._reattach = reattach
+        self._failed = False  # this side told the node it failed (_fail): never attach again
         self._stream = None
         self._closed = False
         self._thread = None
@@ -126,6 +136,7 @@ class Producer:
         self.samples = None
         self.epochs_done = 0  # epochs whose every batch was published
         self.published = 0  # batches published
+        self.attached = 0  # times it attached to the node
 
     def start(self):
         """Runs the producer in a thread of its own; wait() for it, or close()."""
@@ -175,11 +186,34 @@ class Producer:
             raise ArgumentError("loader: the data loader does not say how many samples an epoch holds: pass samples=")
         self.layout, self.batch_size, self.samples = layout, batch, samples
         self.schema = [{"dtype": dtype_name(a), "key": list(path), "shape": list(a.shape[1:])} for path, a in flat.items()]
+        wait = None  # the backoff of an outage: from the first failure to the next attachment
+        while True:
+            try:
+                self._attach_and_serve(it, first)
+                return
+            except _errors.TensorwireError as e:
+                # Attaching again, the node may not yet have seen this
+                # process's last stream break: it counts it attached still
+                # (InUseError), which is waited out too.
+                again = wait is not None and isinstance(e, InUseError)
+                if not self._reattach or self._closed or self._failed or isinstance(e, NoProducerError) or \
+                        not (_unreachable(e) or again):
+                    raise
+                if wait is None or self.mode is not None:  # it had attached since the last failure
+                    wait = _Backoff(self._timeout)
+                wait.wait(e)
+                # The epoch under way is lost: the node begins another,
+                # which a fresh iterator serves.
+                it, first = iter(self.data_loader), None
+
+    def _attach_and_serve(self, it, first):
+        """One attachment: opens the loader.produce stream and serves it."""
         c = self._client
+        self.mode = None
         shared = bool(c.root) and not self._bytes_mode and _FENCE_OK and \
             c.sharing(self._timeout) == Sharing.COHERENT
-        st = c.open_stream("loader.produce", {"batch": batch, "bytes": not shared, "layout": layout, "name": self.name,
-                                              "samples": samples, "schema": self.schema})
+        st = c.open_stream("loader.produce", {"batch": self.batch_size, "bytes": not shared, "layout": self.layout,
+                                              "name": self.name, "samples": self.samples, "schema": self.schema})
         self._stream = st
         try:
             self._serve(st, it, first, shared)
@@ -200,6 +234,7 @@ class Producer:
 
     def _serve(self, st, it, pending, shared):
         att = self._recv(st)["attached"]
+        self.attached += 1
         prefix = att.get("prefix") or ""
         leaves = None
         if shared and prefix and not prefix.startswith("/") and ".." not in prefix.split("/"):
@@ -291,6 +326,7 @@ class Producer:
     def _fail(self, st, exc, msg=None):
         """Tells the node the producer failed (its consumers get FailedError
         with msg) and returns exc to raise."""
+        self._failed = True
         try:
             st.send({"error": msg or str(exc), "published": None, "rows": None})
         except (_errors.TensorwireError, OSError):

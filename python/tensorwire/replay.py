@@ -676,7 +676,8 @@ class Buffer:
         deadline = _deadline(timeout)
 
         def call(k, by_bytes):
-            req = _slices_request(self.name, slice_len, k, strict_length, prioritized, without_replacement, by_bytes)
+            req = _slices_request(self.name, slice_len, k, strict_length, prioritized, without_replacement, by_bytes,
+                                  packed=True)
             r = self._call("replay.sample_slices", req, deadline, ("batch",) if by_bytes else ())
             info = SliceInfo._from_wire(r, slice_len)
             if len(info.indices) != k * slice_len or len(info.mask) != k * slice_len or len(info.episodes) != k:
@@ -785,6 +786,15 @@ class SliceInfo(SampleInfo):
 
     @classmethod
     def _from_wire(cls, r, slice_len):
+        picks = r.get("picks")
+        if picks is not None:  # packed: 16 bytes a row, slot and generation; weights 1 unless sent
+            w = r.get("pick_weights")
+            if len(picks) % 16 or (w and len(w) != len(picks) // 2):
+                raise _errors.InternalError(f"replay: the node sent {len(picks)} bytes of picks, {len(w or b'')} of weights")
+            rows = np.frombuffer(picks, dtype=[("slot", "<i8"), ("id", "<u8")])
+            indices = rows["slot"].astype(np.int64)
+            weights = np.frombuffer(w, "<f8").astype(np.float64) if w else np.ones(len(rows))
+            return cls(indices, rows["id"].astype(np.uint64), weights, indices >= 0, r.get("episodes") or [], slice_len)
         i = SampleInfo._from_wire(r.get("info"))
         return cls(i.indices, i.ids, i.weights, r.get("mask") or [], r.get("episodes") or [], slice_len)
 
@@ -821,9 +831,16 @@ def _slice_shape(batch_size, slice_len, num_slices):
 
 
 def _slices_request(name, slice_len, num_slices, strict_length, prioritized=False, without_replacement=False,
-                    by_bytes=True):
-    return {"bytes": bool(by_bytes), "name": name, "num_slices": num_slices, "pad_short": not strict_length,
-            "prioritized": bool(prioritized), "slice_len": slice_len, "without_replacement": bool(without_replacement)}
+                    by_bytes=True, packed=False):
+    """replay.sample_slices's request, its keys in Go's order; "packed" (the
+    picks as bin values, docs/protocol.md) only when asked, as Go leaves it
+    out when false."""
+    r = {"bytes": bool(by_bytes), "name": name, "num_slices": num_slices}
+    if packed:
+        r["packed"] = True
+    r.update({"pad_short": not strict_length, "prioritized": bool(prioritized), "slice_len": slice_len,
+              "without_replacement": bool(without_replacement)})
+    return r
 
 
 def _check_slice_picks(info, capacity):

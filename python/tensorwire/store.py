@@ -40,6 +40,9 @@ __all__ = ["Store", "Param", "Event", "Watch", "FROM_NOW", "OPS", "NameError_", 
            "CorruptError", "FailedError", "ConfigError"]
 
 FROM_NOW = (1 << 64) - 1  # Watch's after: only events from now on
+ACK_WAIT = 30.0  # seconds a get's acknowledgement of items it has may outlast its timeout
+_test_after_take = None  # a test's hook, run between a get's two calls
+
 OPS = {1: "put", 2: "append", 3: "get", 4: "delete", 5: "publish"}
 
 
@@ -312,13 +315,26 @@ class Store:
     def get(self, bin, timeout=None):
         """The bin's items, removed from the store once this side has them
         (a take, then an acknowledgement: docs/store.md, "Get in two
-        phases"); [] for no such bin."""
+        phases"); [] for no such bin.
+
+        ``timeout`` bounds the wait for items. Once this side has them, their
+        removal is acknowledged even if the timeout passes meanwhile (for at
+        most ``ACK_WAIT`` seconds more), and they are returned: an item
+        removed is an item the caller holds. A get that fails after the node
+        may have held items for it gives them back at once, best effort,
+        rather than after the node's get-timeout."""
         check_name(bin)
         deadline = _deadline(timeout)
         while True:
             take = random.getrandbits(64) or 1
-            r = self._call("store.take", {"store": self.name, "bin": bin, "take": take, "refs": self._ref},
-                           deadline, result_tds=(("items", "*", "td"),))
+            try:
+                r = self._call("store.take", {"store": self.name, "bin": bin, "take": take, "refs": self._ref},
+                               deadline, result_tds=(("items", "*", "td"),))
+            except (TimeoutError, KeyboardInterrupt):
+                # The node may have held items for this take before the
+                # wait for its reply ended.
+                self._give_back(take)
+                raise
             if not r.get("take"):
                 return []
             try:
@@ -326,13 +342,19 @@ class Store:
             except Exception:
                 self._give_back(take)
                 raise
+            if _test_after_take is not None:
+                _test_after_take()
             try:
-                self._call("store.ack", {"store": self.name, "take": take, "drop": False}, deadline)
+                self._call("store.ack", {"store": self.name, "take": take, "drop": False},
+                           _deadline(ACK_WAIT))
                 return items
             except ExpiredError:
                 if _left(deadline) is not None and _left(deadline) <= 0:
                     raise
                 # The bin changed under the Get, or it was held too long: again.
+            except BaseException:
+                self._give_back(take)
+                raise
 
     def _give_back(self, take):
         try:

@@ -222,6 +222,39 @@ class TestProducer(unittest.TestCase):
         proc2.kill()
         proc2.wait()
 
+    def test_node_restarted_producer_attaches_again(self):
+        """The node killed (kill -9) and started again on the same root and
+        address between epochs: the producer, left running, attaches again
+        by itself (reattach, the default), and the consumer's next loop,
+        which had yielded nothing when the node went away, waits for it and
+        iterates a later epoch whole."""
+        dl = tud.DataLoader(Images(), batch_size=32)
+        p = self.producer(dl, timeout=60).start()
+        self.addCleanup(p.close)
+        c = self.consumer(16)
+        seen = [i for b in c for i in ids_of(b)]
+        self.assertEqual(sorted(seen), list(range(N)))
+        e0 = c.epoch
+        self.node.kill()
+        self.node.start()
+        wait_until(lambda: p.attached >= 2 or p.error is not None, 60, "the producer attached again")
+        self.assertIsNone(p.error)
+        seen = [i for b in c for i in ids_of(b)]
+        self.assertEqual(sorted(seen), list(range(N)))
+        self.assertGreater(c.epoch, e0)
+        self.assertEqual(p.attached, 2)
+
+    def test_reattach_off_raises(self):
+        """reattach=False: the node going away ends run with UnavailableError."""
+        dl = tud.DataLoader(Images(), batch_size=32)
+        p = self.producer(dl, reattach=False).start()
+        self.addCleanup(p.close)
+        c = self.consumer(16)
+        self.assertEqual(sorted(i for b in c for i in ids_of(b)), list(range(N)))
+        self.node.kill()
+        with self.assertRaises(loader.UnavailableError):
+            p.wait(30)
+
     def test_consumer_killed_others_go_on(self):
         """A consumer's process killed (kill -9) while it holds batches: the
         node drops it and the other consumer's epochs go on, each sample once."""
@@ -277,6 +310,20 @@ class TestProducer(unittest.TestCase):
                 self.assertEqual(got, order[rank::2])
                 self.assertEqual(len(set(got)), 76)
         self.assertEqual(set(shares[0][0]) | set(shares[1][0]), set(range(n)))
+
+    def test_ranks_of_a_world_larger_than_the_epoch(self):
+        """A world of 5 over an epoch of 2 samples: DistributedSampler pads
+        with the epoch repeated (positions 0, 1, 0, 1, 0), and every rank
+        gets its one sample. Rank 4's padding was position 2, which no
+        epoch of 2 has: it got an uninitialized row."""
+        dl = tud.DataLoader(Images(n=2), batch_size=2)
+        p = self.producer(dl).start()
+        self.addCleanup(p.close)
+        for rank, want in enumerate([0, 1, 0, 1, 0]):
+            c = self.consumer(1, rank=rank, world_size=5)
+            self.assertEqual(len(c), 1)
+            self.assertEqual([i for b in c for i in ids_of(b)], [want], f"rank {rank}")
+            c.close()
 
     def test_resume_mid_epoch(self):
         """A rank's consumer closed after two batches, its state_dict given to

@@ -55,6 +55,24 @@ class TestStore(unittest.TestCase):
                 s.delete(b)
                 self.assertEqual(s.peek(b), [])
 
+    def test_get_past_its_timeout_after_the_reply_loses_nothing(self):
+        """A get whose timeout passes between the node's reply and the
+        acknowledgement still returns its items (they were removed for it);
+        before, it raised and the node held them for its get-timeout."""
+        import time
+        for mode in MODES:
+            with self.subTest(mode=mode), dial(self.node, mode) as s:
+                b = "late-" + mode
+                for i in range(3):
+                    s.append(b, item(i))
+                store._test_after_take = lambda: time.sleep(0.6)
+                try:
+                    got = s.get(b, timeout=0.5)
+                finally:
+                    store._test_after_take = None
+                self.assertEqual([int(x["id"]) for x in got], [0, 1, 2])
+                self.assertEqual(s.get(b), [])
+
     def test_large_values_by_reference(self):
         big = {"x": np.arange(2 << 20, dtype=np.float32)}  # 8 MiB: a prefix, not inline
         with dial(self.node, "ref") as s, dial(self.node, "bytes") as y:

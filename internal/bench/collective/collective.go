@@ -5,7 +5,7 @@
 // ("tcp"), against memcpy bandwidth measured in the same run.
 //
 //	tensorwire bench collective [--ops allreduce,allgather,reduce-scatter,broadcast,alltoall,allreduce-fwd-bwd]
-//	    [--ranks 2,4] [--sizes 1KB,64KB,1MB,16MB,64MB] [--transports shm,tcp] [--hosts local|netns [--layout HxR]] [--json FILE]
+//	    [--ranks 2,4] [--sizes 1KB,64KB,1MB,16MB,64MB] [--transports shm,tcp] [--hosts local|netns [--layout HxR]] [--gloo auto|off] [--json FILE]
 //
 // For each transport and rank count the benchmark starts that many copies
 // of the running program, each a rank ("--role rank"), which form a
@@ -41,6 +41,16 @@
 // The table's memcpy line is copy() of 64 MiB between two touched Go
 // buffers in the parent process, best of 5: the bandwidth of one core
 // moving bytes in memory, which every shm figure should be read against.
+//
+// With shm in the run, it measures B, the aggregate memory bandwidth of p
+// processes each copying 64 MiB of its own at once (bytes read plus
+// written), for every rank count p, before the ranks run; the shm
+// allreduce lines get the bound 2B/p on their busbw (each rank reads each
+// input byte of its share once and the result is read in place, issue 29)
+// and the fraction of it reached. With --gloo auto (the default) and a
+// Python with torch at hand, gloo's allreduce and forward+backward run
+// beside, from Python at the same rank counts and sizes (the --lang python
+// path), and each line of those operations gets gloo's p50 over its own.
 package collective
 
 import (
@@ -89,6 +99,7 @@ type options struct {
 	hosts      string
 	layout     [2]int // --layout: hosts and ranks per host; zero: a host per rank
 	json       string
+	gloo       string
 
 	role      string
 	rank      int
@@ -110,6 +121,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.StringVar(&o.hosts, "hosts", "local", "where the ranks run: local (this host, loopback), netns (a network namespace each, joined by a bridge; root, tcp only)")
 	layout := fs.String("layout", "", "--hosts netns: HxR, R ranks on each of H hosts (--ranks is then H*R; --transports tcp,hier)")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
+	fs.StringVar(&o.gloo, "gloo", "auto", "auto: run torch.distributed's gloo allreduce beside (allreduce and allreduce-fwd-bwd, over loopback TCP) when a Python with torch is at hand (--python); off: not")
 	lang := fs.String("lang", "go", "go: Go ranks; python: allreduce from Python (tensorwire.collective, gloo, mpi4torch) beside Go's, with the Python overhead per call (defaults then: --ops allreduce,allreduce-fwd-bwd --ranks 4 --sizes 1KB,16MB,64MB)")
 	var po pyOptions
 	fs.StringVar(&po.python, "python", "", "--lang python: the Python interpreter (with numpy, msgpack and torch; default python3)")
@@ -123,6 +135,12 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.StringVar(&o.shmDir, "shm-dir", "", "internal: the rank's shared folder")
 	if err := bench.Parse("collective", fs, args, env.Stdout, "role", "rank", "size", "addr", "transport", "shm-dir"); err != nil {
 		return err
+	}
+	if o.role == "membw" {
+		return runMemBW(os.Stdin, env.Stdout)
+	}
+	if o.gloo != "auto" && o.gloo != "off" {
+		return bench.Usagef("--gloo %q: want auto or off", o.gloo)
 	}
 	var err error
 	if *lang == "python" && o.role == "" {
@@ -211,7 +229,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 		}
 		return runPython(ctx, o, po, env)
 	}
-	return runParent(ctx, o, env)
+	return runParent(ctx, o, po, env)
 }
 
 func parseList(s string, allowed []string) ([]string, error) {
@@ -273,13 +291,25 @@ type Line struct {
 	P50us     float64 `json:"p50_us"`
 	AlgBW     float64 `json:"algbw_GBps"`
 	BusBW     float64 `json:"busbw_GBps"`
+	// Bound is, for shm, the bound 2B/p on the busbw of p ranks, with B
+	// the aggregate memory bandwidth of p processes measured in the same
+	// run (Result.MemBW); OfBound is BusBW over it.
+	Bound   float64 `json:"bound_GBps,omitempty"`
+	OfBound float64 `json:"busbw_of_bound,omitempty"`
+	// VsGloo is gloo's p50 over this line's for the same operation, rank
+	// count and size, measured in the same run: above 1, faster than gloo.
+	VsGloo float64 `json:"gloo_p50_over_p50,omitempty"`
 }
 
-// Result is what --json writes: every measured line, and the memcpy
-// bandwidth of the same run (GB/s: 1e9 bytes a second).
+// Result is what --json writes: every measured line (gloo's with System
+// "gloo"), the memcpy bandwidth of the same run (GB/s: 1e9 bytes a
+// second), the aggregate memory bandwidth of p processes for each rank
+// count p run through shared mappings, and notes (why gloo did not run).
 type Result struct {
-	Runs       []Line  `json:"runs"`
-	MemcpyGBps float64 `json:"memcpy_GBps"`
+	Runs       []Line   `json:"runs"`
+	MemcpyGBps float64  `json:"memcpy_GBps"`
+	MemBW      []MemBW  `json:"membw,omitempty"`
+	Notes      []string `json:"notes,omitempty"`
 }
 
 // lockedWriter serializes the writes of the ranks' stderr copiers.
@@ -294,7 +324,7 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-func runParent(ctx context.Context, o options, env bench.Env) error {
+func runParent(ctx context.Context, o options, po pyOptions, env bench.Env) error {
 	env.Stderr = &lockedWriter{w: env.Stderr}
 	exe, err := os.Executable()
 	if err != nil {
@@ -315,6 +345,11 @@ func runParent(ctx context.Context, o options, env bench.Env) error {
 	}
 	res := Result{MemcpyGBps: memcpyGBps()}
 	fmt.Fprintf(env.Stderr, "memcpy: %.2f GB/s\n", res.MemcpyGBps)
+	if slices.Contains(o.transports, "shm") {
+		if res.MemBW, err = runMemBWs(ctx, env, exe, o.ranks); err != nil {
+			return err
+		}
+	}
 	for _, tr := range o.transports {
 		for _, n := range o.ranks {
 			runs, err := runGroup(ctx, o, env, exe, tr, n, hosts)
@@ -324,7 +359,22 @@ func runParent(ctx context.Context, o options, env bench.Env) error {
 			res.Runs = append(res.Runs, runs...)
 		}
 	}
-	t := report.NewTable("op", "ranks", "transport", "bytes", "p50 us", "algbw GB/s", "busbw GB/s", "busbw / memcpy")
+	gloo, note, err := runGloo(ctx, o, po, env, exe)
+	if err != nil {
+		return err
+	}
+	if note != "" {
+		res.Notes = append(res.Notes, note)
+	}
+	figures(&res, gloo)
+	res.Runs = append(res.Runs, gloo...)
+	t := report.NewTable("op", "ranks", "transport", "bytes", "p50 us", "algbw GB/s", "busbw GB/s", "busbw / memcpy", "bound 2B/p GB/s", "busbw / bound", "gloo p50 / p50")
+	opt := func(v float64, f string) string {
+		if v == 0 {
+			return ""
+		}
+		return fmt.Sprintf(f, v)
+	}
 	for _, r := range res.Runs {
 		tr := r.Transport
 		if r.Hosts != "" {
@@ -333,10 +383,20 @@ func runParent(ctx context.Context, o options, env bench.Env) error {
 		if r.Layout != "" {
 			tr += " " + r.Layout
 		}
-		t.Row(r.Op, r.Ranks, tr, r.Bytes, fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.3f", r.AlgBW), fmt.Sprintf("%.3f", r.BusBW), fmt.Sprintf("%.3f", r.BusBW/res.MemcpyGBps))
+		if r.System == "gloo" {
+			tr = "gloo"
+		}
+		t.Row(r.Op, r.Ranks, tr, r.Bytes, fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.3f", r.AlgBW), fmt.Sprintf("%.3f", r.BusBW), fmt.Sprintf("%.3f", r.BusBW/res.MemcpyGBps),
+			opt(r.Bound, "%.3f"), opt(r.OfBound, "%.3f"), opt(r.VsGloo, "%.2f"))
 	}
 	t.WriteTo(env.Stdout)
 	fmt.Fprintf(env.Stdout, "\nmemcpy (one core, 64 MiB, warm): %.2f GB/s\n", res.MemcpyGBps)
+	for _, b := range res.MemBW {
+		fmt.Fprintf(env.Stdout, "memory bandwidth B, %d processes each copying 64 MiB of its own at once (read plus written): %.2f GB/s\n", b.Procs, b.GBps)
+	}
+	for _, n := range res.Notes {
+		fmt.Fprintln(env.Stdout, n)
+	}
 	if o.json != "" {
 		return report.WriteJSON(o.json, res)
 	}

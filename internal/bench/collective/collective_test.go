@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,6 +45,23 @@ func TestResult_JSONKeys(t *testing.T) {
 	if _, ok := top["memcpy_GBps"]; !ok || len(top) != 2 {
 		t.Fatalf("top-level keys %v", top)
 	}
+	// The columns of issue 29, where they apply.
+	b, _ = json.Marshal(Result{Runs: []Line{{Bound: 1, OfBound: 1, VsGloo: 1}}, MemBW: []MemBW{{2, 1}}, Notes: []string{"n"}})
+	m.Runs, top = nil, nil
+	json.Unmarshal(b, &m)
+	json.Unmarshal(b, &top)
+	keys = keys[:0]
+	for k := range m.Runs[0] {
+		keys = append(keys, k)
+	}
+	if want := append(want, "bound_GBps", "busbw_of_bound", "gloo_p50_over_p50"); !sameSet(keys, want) {
+		t.Fatalf("run keys %v, want %v", keys, want)
+	}
+	for _, k := range []string{"memcpy_GBps", "membw", "notes", "runs"} {
+		if _, ok := top[k]; !ok || len(top) != 4 {
+			t.Fatalf("top-level keys %v", top)
+		}
+	}
 }
 
 func sameSet(a, b []string) bool {
@@ -71,7 +89,7 @@ func TestRun_Small(t *testing.T) {
 	var out, errb bytes.Buffer
 	jf := filepath.Join(t.TempDir(), "c.json")
 	err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &errb, Self: []string{childArg}},
-		[]string{"--ranks", "2", "--sizes", "1KB", "--json", jf})
+		[]string{"--ranks", "2", "--sizes", "1KB", "--gloo", "off", "--json", jf})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errb.String())
 	}
@@ -90,6 +108,40 @@ func TestRun_Small(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "memcpy") || res.MemcpyGBps <= 0 {
 		t.Fatalf("no memcpy figure:\n%s", out.String())
+	}
+	// The bound of the shm allreduce lines, from B measured in this run.
+	if len(res.MemBW) != 1 || res.MemBW[0].Procs != 2 || res.MemBW[0].GBps <= 0 {
+		t.Fatalf("memory bandwidth %+v, want one figure for 2 processes", res.MemBW)
+	}
+	for _, r := range res.Runs {
+		withBound := r.Transport == "shm" && (r.Op == "allreduce" || r.Op == "allreduce-fwd-bwd")
+		if withBound != (r.Bound > 0) {
+			t.Fatalf("run %+v: a bound only on shm allreduce", r)
+		}
+		if withBound && (r.Bound != res.MemBW[0].GBps || math.Abs(r.OfBound-r.BusBW/r.Bound) > 1e-12) {
+			t.Fatalf("run %+v: the bound is 2B/p = %v", r, res.MemBW[0].GBps)
+		}
+	}
+	if !strings.Contains(out.String(), "busbw / bound") || !strings.Contains(out.String(), "2 processes") {
+		t.Fatalf("no bound in the table:\n%s", out.String())
+	}
+}
+
+// TestFigures_GlooBeside: each line gets gloo's p50 over its own for the
+// same operation, rank count and size (whatever the transport), and only
+// then.
+func TestFigures_GlooBeside(t *testing.T) {
+	res := Result{Runs: []Line{
+		{Op: "allreduce", Ranks: 4, Bytes: 1 << 20, Transport: "tcp", P50us: 100},
+		{Op: "allreduce", Ranks: 4, Bytes: 1 << 20, Transport: "shm", P50us: 50},
+		{Op: "allreduce", Ranks: 2, Bytes: 1 << 20, Transport: "tcp", P50us: 100},
+		{Op: "allgather", Ranks: 4, Bytes: 1 << 20, Transport: "tcp", P50us: 100},
+	}}
+	figures(&res, []Line{{Op: "allreduce", Ranks: 4, Bytes: 1 << 20, Transport: "tcp", System: "gloo", P50us: 150}})
+	for i, want := range []float64{1.5, 3, 0, 0} {
+		if got := res.Runs[i].VsGloo; got != want {
+			t.Fatalf("line %d: gloo p50 / p50 %v, want %v", i, got, want)
+		}
 	}
 }
 
@@ -118,7 +170,7 @@ func TestRun_NetnsHosts(t *testing.T) {
 	var out, errb bytes.Buffer
 	jf := filepath.Join(t.TempDir(), "c.json")
 	err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &errb, Self: []string{childArg}},
-		[]string{"--hosts", "netns", "--ranks", "2", "--ops", "allreduce,alltoall", "--sizes", "1KB,1MB", "--json", jf})
+		[]string{"--hosts", "netns", "--ranks", "2", "--ops", "allreduce,alltoall", "--sizes", "1KB,1MB", "--gloo", "off", "--json", jf})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errb.String())
 	}

@@ -44,42 +44,11 @@ func runPython(ctx context.Context, o options, po pyOptions, env bench.Env) erro
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "tensorwire-bench-collective-py-")
+	po, cleanup, err := setupPython(po, env, exe, true)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	if err := python.Extract(dir); err != nil {
-		return err
-	}
-	po.extracted = dir
-	candidates := []string{"python3", "/usr/bin/python3"}
-	if po.python != "" {
-		candidates = []string{po.python}
-	}
-	var tried []string
-	po.python = ""
-	for _, c := range candidates {
-		out, err := exec.Command(c, "-c", "import numpy, msgpack, torch").CombinedOutput()
-		if err == nil {
-			po.python = c
-			break
-		}
-		tried = append(tried, fmt.Sprintf("%s: %v %s", c, err, strings.TrimSpace(string(out))))
-	}
-	if po.python == "" {
-		return bench.Usagef("--lang python needs a Python with numpy, msgpack and torch (--python chooses it): %s",
-			strings.Join(tried, "; "))
-	}
-	if po.sidecar == "" {
-		if len(env.Self) > 0 && env.Self[0] == "bench" {
-			po.sidecar = exe // this program is tensorwire
-		} else if p, err := exec.LookPath("tensorwire"); err == nil {
-			po.sidecar = p
-		} else {
-			return bench.Usagef("--lang python needs the tensorwire binary for the sidecars: --tensorwire BIN")
-		}
-	}
+	defer cleanup()
 	res := Result{MemcpyGBps: memcpyGBps()}
 	var notes []string
 	// Go's figures first, for the overhead column.
@@ -141,6 +110,51 @@ func runPython(ctx context.Context, o options, po pyOptions, env bench.Env) erro
 		return report.WriteJSON(o.json, res)
 	}
 	return nil
+}
+
+// setupPython extracts this build's Python client to a temporary folder
+// and finds a Python with numpy, msgpack and torch (po.python, or python3)
+// and, with sidecar, the tensorwire binary for tensorwire's sidecars. It
+// returns po with them set and a function that removes the folder; a
+// missing Python or torch is ErrUsage.
+func setupPython(po pyOptions, env bench.Env, exe string, sidecar bool) (pyOptions, func(), error) {
+	candidates := []string{"python3", "/usr/bin/python3"}
+	if po.python != "" {
+		candidates = []string{po.python}
+	}
+	var tried []string
+	po.python = ""
+	for _, c := range candidates {
+		out, err := exec.Command(c, "-c", "import numpy, msgpack, torch").CombinedOutput()
+		if err == nil {
+			po.python = c
+			break
+		}
+		tried = append(tried, fmt.Sprintf("%s: %v %s", c, err, strings.TrimSpace(string(out))))
+	}
+	if po.python == "" {
+		return po, nil, bench.Usagef("--lang python needs a Python with numpy, msgpack and torch (--python chooses it): %s",
+			strings.Join(tried, "; "))
+	}
+	if sidecar && po.sidecar == "" {
+		if len(env.Self) > 0 && env.Self[0] == "bench" {
+			po.sidecar = exe // this program is tensorwire
+		} else if p, err := exec.LookPath("tensorwire"); err == nil {
+			po.sidecar = p
+		} else {
+			return po, nil, bench.Usagef("--lang python needs the tensorwire binary for the sidecars: --tensorwire BIN")
+		}
+	}
+	dir, err := os.MkdirTemp("", "tensorwire-bench-collective-py-")
+	if err != nil {
+		return po, nil, err
+	}
+	if err := python.Extract(dir); err != nil {
+		os.RemoveAll(dir)
+		return po, nil, err
+	}
+	po.extracted = dir
+	return po, func() { os.RemoveAll(dir) }, nil
 }
 
 // runPyGroup runs n Python ranks of sys on transport tr and returns rank

@@ -294,8 +294,9 @@ func timeSlices(ctx context.Context, o sliceOptions, impl string,
 }
 
 // timeRemote serves buf on a loopback rpc server and samples slices through
-// a Client, by reference (the client gathers from its own mapping) and by
-// bytes (the node sends the rows).
+// a Client, by reference (the client gathers from its own mapping; one call
+// a sample, or one for eight, WithSlicesAhead) and by bytes (the node sends
+// the rows).
 func timeRemote(ctx context.Context, o sliceOptions, dir string, buf *rb.Buffer, spec rb.SliceSpec) ([]SliceResult, error) {
 	srv, err := rpc.NewServer(rpc.WithRoot(dir))
 	if err != nil {
@@ -321,6 +322,7 @@ func timeRemote(ctx context.Context, o sliceOptions, dir string, buf *rb.Buffer,
 		opts []rb.DialOption
 	}{
 		{"by reference", []rb.DialOption{rb.WithRoot(dir)}},
+		{"by reference, 8 samples a call", []rb.DialOption{rb.WithRoot(dir), rb.WithSlicesAhead(8)}},
 		{"rows as bytes", []rb.DialOption{rb.WithRoot(dir), rb.WithBytes()}},
 	} {
 		c, err := rb.Dial(ctx, l.Addr().String(), "buf", mode.opts...)

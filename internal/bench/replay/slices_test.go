@@ -22,7 +22,7 @@ func TestRunSlices_EndToEnd(t *testing.T) {
 	if err := json.Unmarshal(out.Data, &run); err != nil {
 		t.Fatal(err)
 	}
-	if run.Capacity != 3000 || run.SliceLen != 32 || run.Batch != 256 || len(run.Results) != 5 {
+	if run.Capacity != 3000 || run.SliceLen != 32 || run.Batch != 256 || len(run.Results) != 6 {
 		t.Fatalf("%+v", run)
 	}
 	for _, r := range run.Results {
