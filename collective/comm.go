@@ -144,7 +144,19 @@ type joinReq struct {
 	// Hier: this rank's build can form a hierarchical communicator (rank
 	// 0 proposes one only if every rank can).
 	Hier bool `codec:"hier,omitempty"`
+	// Proto is the data protocol this rank's build speaks (protoVersion;
+	// left out, 0, by builds before it was sent). Rank 0 refuses a rank
+	// whose Proto differs from its own, failing every rank's Join.
+	Proto int `codec:"proto,omitempty"`
 }
+
+// protoVersion numbers the algorithms, and so the data messages, of this
+// build's collectives: ranks of one communicator must run the same ones
+// (docs/protocol.md, "collective.join"). 0: the ring Allreduce over TCP
+// (builds before 2026-11-29); 1: the direct Allreduce up to 8 ranks, the
+// hierarchy's messages. Raise it with any change to what a data message
+// carries at a step.
+const protoVersion = 1
 
 type joinResp struct {
 	Session uint64   `codec:"session"`
@@ -354,7 +366,7 @@ func hostID() string {
 // transport.
 func (c *Comm) rendezvous(ctx context.Context) error {
 	me := &joinReq{Rank: c.rank, Size: c.size, Addr: c.cfg.advertise(c.ln), Host: hostID(),
-		Dir: c.cfg.shmDir(), Transport: string(c.cfg.Transport), Hier: true}
+		Dir: c.cfg.shmDir(), Transport: string(c.cfg.Transport), Hier: true, Proto: protoVersion}
 	var resp joinResp
 	var err error
 	if c.rank == 0 {
@@ -512,6 +524,15 @@ func (j *joinState) put(r *joinReq, c *Comm) error {
 		return errorf(ErrJoin, "rank %d asks for transport %q, rank 0 %q", r.Rank, r.Transport, c.cfg.Transport)
 	case j.reqs[r.Rank] != nil:
 		return errorf(ErrJoin, "rank %d joined twice (from %s and %s)", r.Rank, j.reqs[r.Rank].Addr, r.Addr)
+	case r.Proto != protoVersion:
+		// Ranks of two builds would exchange data messages neither
+		// expects: every rank's Join fails now rather than a collective
+		// later.
+		err := errorf(ErrJoin, "rank %d (%s) speaks collective protocol %d, rank 0 %d: every rank must run the same tensorwire release",
+			r.Rank, r.Addr, r.Proto, protoVersion)
+		j.failed = err
+		close(j.failCh)
+		return err
 	}
 	j.reqs[r.Rank] = r
 	j.n++

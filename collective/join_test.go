@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tensorwire/tensorwire/rpc"
 )
 
 // TestJoin_SizeAndDeadline: a Config of an absurd number of ranks is
@@ -74,5 +76,52 @@ func TestRankList(t *testing.T) {
 	}
 	if got := intList(all); got != "[1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 ... (1023 in all)]" {
 		t.Errorf("intList: %q", got)
+	}
+}
+
+// TestJoin_OtherProtocolFailsEveryRank: a rank of another build (another
+// protocolVersion, or none: a build from before it was sent) fails every
+// rank's Join with ErrJoin saying so, at once, rather than joining and
+// exchanging data messages the others do not expect.
+func TestJoin_OtherProtocolFailsEveryRank(t *testing.T) {
+	for _, proto := range []int{0, protoVersion + 1} {
+		addr := freeAddr(t)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		// Rank 2 of this build waits at rank 0 too; it must fail as well.
+		errs := make(chan error, 2)
+		for _, rank := range []int{0, 2} {
+			go func() {
+				c, err := Join(ctx, Config{Rank: rank, Size: 3, Addr: addr})
+				if err == nil {
+					c.Close()
+				}
+				errs <- err
+			}()
+		}
+		var cl *rpc.Client
+		for cl == nil {
+			var err error
+			if cl, err = rpc.Dial(ctx, addr); err != nil {
+				if ctx.Err() != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		start := time.Now()
+		_, err := rpc.Call[joinResp](ctx, cl, methodJoin, joinReq{Rank: 1, Size: 3, Addr: "127.0.0.1:1", Host: hostID(), Proto: proto})
+		cl.Close()
+		if !errors.Is(err, ErrJoin) || !strings.Contains(err.Error(), "protocol") {
+			t.Fatalf("proto %d: the old rank's join: %v; want ErrJoin naming the protocol", proto, err)
+		}
+		for range 2 {
+			if err := <-errs; !errors.Is(err, ErrJoin) || !strings.Contains(err.Error(), "protocol") {
+				t.Errorf("proto %d: a rank of this build: %v; want ErrJoin naming the protocol", proto, err)
+			}
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("proto %d: the ranks failed %v after the join, not at once", proto, d)
+		}
+		cancel()
 	}
 }
