@@ -104,8 +104,8 @@ func (c *Comm) Transport() Transport {
 func (c *Comm) Addr() string { return c.addrs[c.rank] }
 
 // authLinger is how long rank 0 goes on answering join calls with the
-// authentication failure that ended its rendezvous, before its Join
-// returns it.
+// failure that ended its rendezvous (a token refused, a rank of another
+// protocol), before its Join returns it.
 const authLinger = time.Second
 
 // rpcMsg returns err's message without the "rpc: Code: " prefix an
@@ -259,8 +259,9 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 		return nil, err
 	}
 	if err := c.rendezvous(ctx); err != nil {
-		if c.join != nil && errors.Is(err, ErrUnauthenticated) {
-			// Rank 0 ended the rendezvous: answer the ranks that call
+		if c.join != nil && c.join.ended() {
+			// Rank 0 ended the rendezvous (a token refused, a rank of
+			// another protocol): answer the ranks that call
 			// it a while longer with why, rather than leave them retrying
 			// a closed port (a program whose Join failed often exits at
 			// once, so this waits here, not in the background).
@@ -565,6 +566,14 @@ func (j *joinState) put(r *joinReq, c *Comm) error {
 	}
 	close(j.all)
 	return nil
+}
+
+// ended reports whether the rendezvous failed for every rank (fail, or a
+// join of another protocol), as opposed to timing out here.
+func (j *joinState) ended() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.failed != nil
 }
 
 func (j *joinState) wait(ctx context.Context) (joinResp, error) {
