@@ -286,13 +286,7 @@ func (c *Client) renewEvery(d time.Duration) {
 		c.mu.Lock()
 		id := c.id
 		c.mu.Unlock()
-		// A renewal may take until the lease would run out (3 periods
-		// after the last one that landed), not one period: under load a
-		// round trip can take longer than a quarter of the lease, and one
-		// given up after a period lost a lease that had three quarters left
-		// (and a registration given up that way is one the node made but
-		// the client never learned: the next renewal registers again).
-		ctx, cancel := context.WithTimeout(c.bg, 3*d)
+		ctx, cancel := context.WithTimeout(c.bg, d)
 		_, err := rpc.Call[rpc.Empty](ctx, c.rc, MethodRenew, clientRequest{Name: c.name, Client: id})
 		if errors.Is(err, ErrNotRegistered) {
 			c.register(ctx, id)
