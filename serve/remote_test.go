@@ -319,10 +319,15 @@ func TestRemote_LeaseRunsOut(t *testing.T) {
 	if st := n.m.Stats(); st.Requests != 1 {
 		t.Errorf("stats %+v", st)
 	}
-	st, _ := live.Stats(ctxT(t))
-	if st.Clients != 1 {
-		t.Errorf("%d clients registered, want the live one", st.Clients)
-	}
+	// The live client is registered: the dead one's registration is gone,
+	// and the live one's is there, or comes back at its next renewal. A
+	// 200 ms lease can run out under load between two statements here (a
+	// process not run for 150 ms misses three renewals): what a client
+	// relies on is that it registers again, not that it never lapses.
+	poll(t, "the live client, and only it, to be registered", func() bool {
+		st, err := live.Stats(ctxT(t))
+		return err == nil && st.Clients == 1
+	})
 }
 
 // TestRemote_RegistersAgain: a node that lost the client's registration

@@ -8,7 +8,10 @@
 // measures what loading 50 MB of parameters every half second costs the
 // clients' p99.
 //
-//	tensorwire bench serve [--clients 1,8,32,128] [--model mlp,fake] [--max-batch 16] [--duration 5s] [--json FILE]
+//	tensorwire bench serve [--clients 1,8,32,128] [--model mlp,fake] [--max-batch 16] [--duration 5s] [--json FILE] [--profile PREFIX]
+//
+// --profile writes a CPU profile of each run's node and first client
+// (PREFIX-MODEL-CLIENTS-MAXBATCH-{node,client}.pprof), for go tool pprof.
 //
 // docs/benchmarks.md, "Serving", says how it measures, how to read it and
 // what its JSON holds (Result).

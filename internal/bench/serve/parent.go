@@ -144,6 +144,13 @@ func runOne(ctx context.Context, o *options, root, model string, clients, maxBat
 	if update {
 		args = append(args, "--update", "--update-mb", itoa(o.updateMB), "--update-every", o.updateEvery.String())
 	}
+	profile := func(role string) []string {
+		if o.nodeProfile == "" || update {
+			return nil
+		}
+		return []string{"--profile-to", fmt.Sprintf("%s-%s-%d-%d-%s.pprof", o.nodeProfile, model, clients, maxBatch, role)}
+	}
+	args = append(args, profile(roleNode)...)
 	node, err := nodeproc.Spawn(ctx, nodeproc.Child{Name: "the node", Args: args, Stderr: stderr})
 	if err != nil {
 		return nil, err
@@ -175,7 +182,7 @@ func runOne(ctx context.Context, o *options, root, model string, clients, maxBat
 	}()
 	for i := range clients {
 		p, err := startClient(ctx, exe, slices.Concat(o.self, []string{"--role", roleClient, "--child", "--addr", node.Addr,
-			"--root", root, "--mode", o.mode, "--seed", itoa(i + 1), "--client-procs", itoa(o.clientProcs)}, verbose), stderr)
+			"--root", root, "--mode", o.mode, "--seed", itoa(i + 1), "--client-procs", itoa(o.clientProcs)}, verbose, firstOnly(i, profile(roleClient))), stderr)
 		if err != nil {
 			return nil, err
 		}
@@ -401,4 +408,12 @@ func (r *runResult) meanBatch() float64 {
 		return 0
 	}
 	return float64(r.rows) / float64(r.batches)
+}
+
+// firstOnly returns args for client 0 and nothing for the others.
+func firstOnly(i int, args []string) []string {
+	if i == 0 {
+		return args
+	}
+	return nil
 }

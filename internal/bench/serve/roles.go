@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -51,6 +52,11 @@ func runNode(ctx context.Context, o *options, stdout io.Writer, log *slog.Logger
 		defer context.AfterFunc(ctx, stop)()
 		ctx = cctx
 	}
+	stopProfile, err := startProfile(o.profileTo)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	build, params, err := newModel(o.model)
 	if err != nil {
 		return usagef("--run-model: %v", err)
@@ -124,6 +130,11 @@ func updateEvery(ctx context.Context, m *serve.Manager, sets [2]*tensordict.Tens
 // SIGTERM or when stdin closes.
 func runClient(ctx context.Context, o *options, stdout io.Writer, log *slog.Logger) error {
 	signal.Ignore(os.Interrupt)
+	stopProfile, err := startProfile(o.profileTo)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	if o.clientProcs > 0 {
 		runtime.GOMAXPROCS(o.clientProcs)
 	}
@@ -218,4 +229,24 @@ func readStart(r io.Reader, window chan<- [2]time.Time, stop func()) {
 			window <- [2]time.Time{time.Unix(0, s), time.Unix(0, e)}
 		}
 	}
+}
+
+// startProfile starts a CPU profile to path (none when path is empty) and
+// returns what stops it.
+func startProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }

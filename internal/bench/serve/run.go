@@ -58,6 +58,8 @@ type options struct {
 	pythonExe   string // the Python of Python replicas (python.go)
 	replicaKind string // --replica
 	pyPath      string // the extracted Python client (python.go)
+	nodeProfile string // --profile: CPU profiles of each run's node and first client, to this prefix
+	profileTo   string // --profile-to: a role's CPU profile
 
 	role   string
 	child  bool
@@ -87,6 +89,9 @@ func newFlagSet(o *options, clients, models *string) *flag.FlagSet {
 	fs.IntVar(&o.updateMB, "update-mb", 50, "the weight-update run: MiB of parameters the fake model loads (0: no such run)")
 	fs.DurationVar(&o.updateEvery, "update-every", 500*time.Millisecond, "the weight-update run: how often the node loads them")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
+	fs.StringVar(&o.nodeProfile, "profile", "", "write CPU profiles (pprof) of each run's node and of its first client to\n"+
+		"PREFIX-MODEL-CLIENTS-MAXBATCH-{node,client}.pprof (their whole lives: start, warm-up and the timed window)")
+	fs.StringVar(&o.profileTo, "profile-to", "", "internal: node and client roles: write a CPU profile to this file")
 	fs.StringVar(&o.root, "root", "", "the shared root: the run makes its folder under it (default: the system temporary directory); "+
 		"roles: this host's view of it")
 	fs.BoolVar(&o.verbose, "v", false, "print every process's logs on stderr (default: warnings and errors only)")
@@ -100,7 +105,7 @@ func newFlagSet(o *options, clients, models *string) *flag.FlagSet {
 }
 
 // hidden are the flags of the roles, which usage leaves out.
-var hidden = []string{"role", "child", "addr", "run-model", "seed", "update"}
+var hidden = []string{"role", "child", "addr", "run-model", "seed", "update", "profile-to"}
 
 // Run runs the benchmark as args say (its flags), with results on
 // env.Stdout and progress and logs on env.Stderr; the package documentation

@@ -98,6 +98,29 @@ func TestRun_Short(t *testing.T) {
 	}
 }
 
+// TestRun_Profile: --profile leaves a CPU profile (pprof's gzipped
+// format) of the node and of the first client of each run.
+func TestRun_Profile(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	dir := t.TempDir()
+	out := filepath.Join(dir, "serve.json")
+	benchtest.RunJSON(t, Run, testSelf, []string{"--clients", "1", "--model", "mlp",
+		"--duration", "200ms", "--limit-duration", "50ms", "--update-mb", "0",
+		"--root", t.TempDir(), "--json", out, "--profile", filepath.Join(dir, "p")}, out)
+	for _, name := range []string{"p-mlp-1-16-node.pprof", "p-mlp-1-16-client.pprof", "p-mlp-1-1-node.pprof", "p-mlp-1-1-client.pprof"} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Errorf("%s: %d bytes, not a gzipped profile", name, len(b))
+		}
+	}
+}
+
 func TestRun_Usage(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
