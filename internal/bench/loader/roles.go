@@ -128,7 +128,7 @@ func runConsumer(o options) error {
 	res := consumerResult{Role: "consumer", Batch: o.batch}
 	switch o.mode {
 	case shared:
-		c, err := loader.Dial(ctx, o.addr, loaderName, loader.Options{Batch: o.batch, Root: o.root})
+		c, err := loader.Dial(ctx, o.addr, loaderName, loader.Options{Batch: o.batch, Root: o.root, Views: o.views})
 		if err != nil {
 			return err
 		}

@@ -81,6 +81,7 @@ type options struct {
 	pbatch    int // synthetic
 	fpbatch   int // fashion-mnist
 	mixed     bool
+	views     bool
 	seed      uint64
 	json      string
 	dir       string
@@ -116,6 +117,7 @@ func newFlagSet(o *options, datasets, consumers *string) *flag.FlagSet {
 	fs.IntVar(&o.slots, "slots", 16, "the producer's ring slots")
 	fs.IntVar(&o.pbatch, "producer-batch", 64, "the producer's batch size for "+synthetic)
 	fs.IntVar(&o.fpbatch, "fashion-producer-batch", 512, "the producer's batch size for "+fashion)
+	fs.BoolVar(&o.views, "views", true, "shared consumers read their batches as views of the ring (loader.Options.Views) where a batch lies within a slot, instead of copying them")
 	fs.BoolVar(&o.mixed, "mixed", true, "also run "+synthetic+" with three consumers at batch 32, 64 and 128")
 	fs.Uint64Var(&o.seed, "seed", 1, "the shuffle's and the transform's seed")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
