@@ -63,6 +63,11 @@ type session struct {
 	schema tensordict.RowSchema
 	reader *ringReader // nil in bytes mode
 	bytes  bool
+	// views are the views of the ring handed out (Options.Views), by their
+	// first row and rows, made once: a batch that lies where an earlier
+	// one did is the same TensorDict, as a copied batch is the same
+	// buffer. Used by the session's assemble goroutine only.
+	views map[[2]int]*tensordict.TensorDict
 
 	stream   *rpc.Stream[ackMessage, batchMessage]
 	msgs     chan batchMessage // from the stream, in order; closed when it ends
@@ -972,6 +977,10 @@ func (s *session) copyRows(dst *batchBuf, pos int, a announcement, rows *tensord
 	return nil
 }
 
+// maxViews bounds the views a session keeps (a small consumer batch of a
+// large ring has many places); the others are made each time.
+const maxViews = 1024
+
 // view returns rows [off, off+n) of the batch a announces without copying
 // them (Options.Views): a view of the ring's mapping, or of rows, the
 // batch's bytes. done(used) is called once the loop is done with it: the
@@ -996,7 +1005,18 @@ func (s *session) view(a announcement, rows *tensordict.TensorDict, off, n int) 
 		return nil
 	}
 	start := a.Slot*r.batch + off
-	if td, err = r.store.Slice(start, start+n); err == nil {
+	key := [2]int{start, n}
+	if td = s.views[key]; td == nil {
+		if td, err = r.store.Slice(start, start+n); err == nil {
+			if s.views == nil {
+				s.views = map[[2]int]*tensordict.TensorDict{}
+			}
+			if len(s.views) < maxViews {
+				s.views[key] = td
+			}
+		}
+	}
+	if err == nil {
 		err = check()
 	}
 	if err != nil {
