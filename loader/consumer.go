@@ -29,7 +29,10 @@ import (
 // node root's identity) and the ring lies under it, it maps the ring and
 // copies each batch's rows out of it, checking the slot's generation after
 // the copy: no batch bytes cross the network, only the announcements and
-// the acks. Otherwise the rows travel as bytes. SharedFS says which.
+// the acks. Otherwise the rows travel as bytes. SharedFS says which. With
+// Options.Views it copies nothing where a batch lies within one slot: the
+// batch is a read-only view of the slot, held until the loop's body
+// returns, and the generation is checked then.
 //
 // A consumer heartbeats from a goroutine of its own while it is joined, so
 // a loop's body may train for as long as it likes on a batch without being
@@ -522,7 +525,10 @@ type assembled struct {
 // Batches returns an iterator over the next epoch's batches, which ends
 // with the epoch: the first call iterates the epoch the consumer joined,
 // each later call the one after. A batch is valid until the loop's body
-// returns (its memory is reused): Clone it to keep it. Breaking out of the
+// returns (its memory is reused): Clone it to keep it. With Options.Views
+// a batch may be a read-only view of the ring, valid as long and no
+// longer (writing into it faults), and a view whose slot was rewritten
+// while the body read it makes the next item ErrDropped. Breaking out of the
 // loop gives up the rest of the epoch; the next call iterates the next
 // epoch.
 //
