@@ -63,6 +63,14 @@ type Config struct {
 	// consumers (Augment, say). nil serves the rows as stored.
 	Transform Transform
 
+	// Workers is how many goroutines run the transform on a batch, each on
+	// a share of its rows, when the Transform allows it
+	// (ConcurrentTransform; Augment does): a producer that keeps several
+	// cores busy where one would be its consumers' bottleneck. 0 or 1:
+	// one, the producer's own. A sample is transformed alike whatever the
+	// split (its random source is its own). Local loaders take it too.
+	Workers int
+
 	// IndexKey, if set, adds a field of that key to every batch: int64, the
 	// dataset index of each row.
 	IndexKey string
@@ -162,6 +170,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: a window of %d batches is more than the ring's %d slots", ErrConfig, c.Window, c.Slots)
 	case c.Heartbeat < 0 || c.MaxWait < 0 || c.GrantWait < 0:
 		return fmt.Errorf("%w: negative heartbeat, max wait or grant wait", ErrConfig)
+	case c.Workers < 0:
+		return fmt.Errorf("%w: %d transform workers: want 0 or more", ErrConfig, c.Workers)
 	case int64(c.Batch)*int64(c.Slots) > 1<<31:
 		return fmt.Errorf("%w: a ring of %d × %d rows", ErrConfig, c.Slots, c.Batch)
 	}
@@ -207,6 +217,8 @@ var configKeys = service.Keys[Config]{
 			c.Window = n
 			return nil
 		}},
+	{Setting: Setting{Key: "workers", Value: "N", Help: "goroutines the transform runs on, each on a share of a batch (default 1)"},
+		Set: func(c *Config, v string) error { return setCount(&c.Workers, v) }},
 	{Setting: Setting{Key: "seed", Value: "S", Help: "seeds the shuffle and the transform"},
 		Set: func(c *Config, v string) error {
 			n, err := strconv.ParseUint(v, 10, 64)

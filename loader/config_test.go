@@ -49,6 +49,7 @@ func TestConfig_Validate(t *testing.T) {
 		{"negative heartbeat", Config{Dir: "r", Batch: 4, Heartbeat: -time.Second}, "negative heartbeat, max wait or grant wait"},
 		{"negative max wait", Config{Dir: "r", Batch: 4, MaxWait: -time.Second}, "negative heartbeat, max wait or grant wait"},
 		{"negative grant wait", Config{Dir: "r", Producer: ProducerRemote, GrantWait: -time.Second}, "negative heartbeat, max wait or grant wait"},
+		{"negative workers", Config{Dir: "r", Batch: 4, Workers: -1}, "-1 transform workers: want 0 or more"},
 		{"ring too large", Config{Dir: "r", Batch: 1 << 30, Slots: 4}, "a ring of 4 × 1073741824 rows"},
 	} {
 		err := tc.cfg.Validate()
@@ -76,6 +77,8 @@ func TestConfig_Set(t *testing.T) {
 		{Config{}, "window", "0", "", Config{Window: -1}},
 		{Config{}, "window", "-1", "", Config{Window: -1}},
 		{Config{}, "window", "-2", "want a number of batches, or -1 (or 0) for none", Config{}},
+		{Config{}, "workers", "4", "", Config{Workers: 4}},
+		{Config{}, "workers", "0", "want a whole number, at least 1", Config{}},
 		{Config{}, "seed", "7", "", Config{Seed: 7}},
 		{Config{}, "seed", "-1", "want a whole number from 0 to 18446744073709551615", Config{}},
 		{Config{}, "sequential", "", "", Config{Sequential: true}},
@@ -102,7 +105,7 @@ func TestConfig_Set(t *testing.T) {
 		{augment(Augment{}), "std", "0.25", "", augment(Augment{Std: 0.25})},
 		{augment(Augment{}), "std", "0", "want a positive finite number", augment(Augment{})},
 		{augment(Augment{}), "std", "Inf", "want a positive finite number", augment(Augment{})},
-		{Config{}, "colour", "red", "unknown setting; the settings are dataset, batch, slots, window, seed, sequential, " +
+		{Config{}, "colour", "red", "unknown setting; the settings are dataset, batch, slots, window, workers, seed, sequential, " +
 			"index, heartbeat, max-wait, transform, image-key, pad, flip, mean, std, grant-wait and producer", Config{}},
 	} {
 		c := tc.from

@@ -29,7 +29,10 @@ import (
 // node root's identity) and the ring lies under it, it maps the ring and
 // copies each batch's rows out of it, checking the slot's generation after
 // the copy: no batch bytes cross the network, only the announcements and
-// the acks. Otherwise the rows travel as bytes. SharedFS says which.
+// the acks. Otherwise the rows travel as bytes. SharedFS says which. With
+// Options.Views it copies nothing where a batch lies within one slot: the
+// batch is a read-only view of the slot, held until the loop's body
+// returns, and the generation is checked then.
 //
 // A consumer heartbeats from a goroutine of its own while it is joined, so
 // a loop's body may train for as long as it likes on a batch without being
@@ -63,6 +66,11 @@ type session struct {
 	schema tensordict.RowSchema
 	reader *ringReader // nil in bytes mode
 	bytes  bool
+	// views are the views of the ring handed out (Options.Views), by their
+	// first row and rows, made once: a batch that lies where an earlier
+	// one did is the same TensorDict, as a copied batch is the same
+	// buffer. Used by the session's assemble goroutine only.
+	views map[[2]int]*tensordict.TensorDict
 
 	stream   *rpc.Stream[ackMessage, batchMessage]
 	msgs     chan batchMessage // from the stream, in order; closed when it ends
@@ -502,15 +510,25 @@ func (b *batchBuf) alloc() error {
 // the epoch's end.
 type assembled struct {
 	buf *batchBuf
+	td  *tensordict.TensorDict // a view (Options.Views), yielded as it is; buf is nil
 	n   int
 	err error
 	end bool
+	// done, when set, is called once iterate is done with the item: used
+	// after the loop's body returned for it (or at the epoch's end),
+	// !used when it was never yielded. With used it releases what the
+	// item held and checks a view's slot, returning ErrDropped if it was
+	// rewritten meanwhile.
+	done func(used bool) error
 }
 
 // Batches returns an iterator over the next epoch's batches, which ends
 // with the epoch: the first call iterates the epoch the consumer joined,
 // each later call the one after. A batch is valid until the loop's body
-// returns (its memory is reused): Clone it to keep it. Breaking out of the
+// returns (its memory is reused): Clone it to keep it. With Options.Views
+// a batch may be a read-only view of the ring, valid as long and no
+// longer (writing into it faults), and a view whose slot was rewritten
+// while the body read it makes the next item ErrDropped. Breaking out of the
 // loop gives up the rest of the epoch; the next call iterates the next
 // epoch.
 //
@@ -600,24 +618,46 @@ func iterate(ctx context.Context, yield func(*tensordict.TensorDict, error) bool
 	defer func() {
 		cancel()
 		<-finished
+		for a := range out { // assembled ahead, never yielded
+			if a.done != nil {
+				a.done(false)
+			}
+		}
 	}()
 	for a := range out {
 		if a.end {
+			if a.done != nil {
+				if err := a.done(true); err != nil {
+					yield(nil, err)
+					return false, err
+				}
+			}
 			return true, nil
 		}
 		if a.err != nil {
 			yield(nil, a.err)
 			return false, a.err
 		}
-		td := a.buf.td
-		if a.n < batch {
-			if td, err = td.Slice(0, a.n); err != nil {
+		td := a.td
+		if td == nil {
+			td = a.buf.td
+			if a.n < batch {
+				if td, err = td.Slice(0, a.n); err != nil {
+					yield(nil, err)
+					return false, err
+				}
+			}
+		}
+		ok := yield(td, nil)
+		if a.buf != nil {
+			pool <- a.buf
+		}
+		if a.done != nil {
+			if err := a.done(ok); err != nil && ok {
 				yield(nil, err)
 				return false, err
 			}
 		}
-		ok := yield(td, nil)
-		pool <- a.buf
 		if !ok {
 			return false, nil
 		}
@@ -673,14 +713,61 @@ func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast
 		case <-ctx.Done():
 		}
 	}
+	// A rank's share (Options.WorldSize): its rows of each batch, and the
+	// padding, kept aside until the epoch's end, where it ends the share.
+	sh := newShare(s.c.o.Rank, s.c.o.WorldSize, s.info.Samples)
+	// With views (Options.Views), the producer's batches are released as
+	// the loop is done with the items that hold them (item.done), not as
+	// they are copied: relTo is where the item being assembled takes the
+	// release position once done with.
+	views := s.c.o.Views && sh == nil
+	relTo := 0
+	releaser := func(to int) func(bool) error {
+		return func(used bool) error {
+			if used {
+				s.release(epoch, to)
+			}
+			return nil
+		}
+	}
 	var cur *batchBuf
 	pos, index := 0, 0
 	send := func(n int) bool {
+		a := assembled{buf: cur, n: n}
+		if views {
+			a.done = releaser(relTo)
+		}
 		select {
-		case out <- assembled{buf: cur, n: n}:
+		case out <- a:
 			cur, pos = nil, 0
 			return true
 		case <-ctx.Done():
+			if a.done != nil {
+				a.done(false)
+			}
+			return false
+		}
+	}
+	// sendView sends rows [off, off+n) of the batch a announces as a view.
+	sendView := func(a announcement, rows *tensordict.TensorDict, off, n int) bool {
+		td, check, err := s.view(a, rows, off, n)
+		if err != nil {
+			fail(err)
+			return false
+		}
+		rel := releaser(relTo)
+		item := assembled{td: td, n: n, done: func(used bool) error {
+			err := check(used)
+			if err == nil {
+				err = rel(used)
+			}
+			return err
+		}}
+		select {
+		case out <- item:
+			return true
+		case <-ctx.Done():
+			item.done(false)
 			return false
 		}
 	}
@@ -688,6 +775,26 @@ func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast
 	// offsets sel, or its first n when sel is nil.
 	take := func(a announcement, rows *tensordict.TensorDict, sel []int, n int) bool {
 		for off := 0; off < n; {
+			if views && cur == nil && sel == nil {
+				// A batch within this one is a view of it; the epoch's
+				// last, short batch too (unless dropped).
+				k := min(batch, n-off)
+				last := a.Index+1 == a.Count && off+k == n
+				if k == batch || last {
+					if relTo = a.Index; off+k == n {
+						relTo = a.Index + 1
+					}
+					if k < batch && dropLast {
+						off += k
+						continue
+					}
+					if !sendView(a, rows, off, k) {
+						return false
+					}
+					off += k
+					continue
+				}
+			}
 			if cur == nil {
 				select {
 				case cur = <-pool:
@@ -715,15 +822,15 @@ func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast
 			}
 			pos += k
 			off += k
+			if relTo = a.Index; off == n {
+				relTo = a.Index + 1
+			}
 			if pos == batch && !send(batch) {
 				return false
 			}
 		}
 		return true
 	}
-	// A rank's share (Options.WorldSize): its rows of each batch, and the
-	// padding, kept aside until the epoch's end, where it ends the share.
-	sh := newShare(s.c.o.Rank, s.c.o.WorldSize, s.info.Samples)
 	var stash *batchBuf
 	var sel []int
 	if sh != nil && len(sh.pad) > 0 {
@@ -762,7 +869,9 @@ func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast
 					return
 				}
 			}
-			s.release(epoch, a.Index+1)
+			if !views {
+				s.release(epoch, a.Index+1)
+			}
 			index = a.Index + 1
 			if index == a.Count {
 				if stash != nil && !take(announcement{}, stash.td, nil, len(sh.pad)) {
@@ -771,8 +880,12 @@ func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast
 				if pos > 0 && !dropLast && !send(pos) {
 					return
 				}
+				end := assembled{end: true}
+				if views {
+					end.done = releaser(a.Count)
+				}
 				select {
-				case out <- assembled{end: true}:
+				case out <- end:
 				case <-ctx.Done():
 				}
 				return
@@ -868,6 +981,61 @@ func (s *session) copyRows(dst *batchBuf, pos int, a announcement, rows *tensord
 			a.Index, a.Epoch, w, a.Word)
 	}
 	return nil
+}
+
+// maxViews bounds the views a session keeps (a small consumer batch of a
+// large ring has many places); the others are made each time.
+const maxViews = 1024
+
+// view returns rows [off, off+n) of the batch a announces without copying
+// them (Options.Views): a view of the ring's mapping, or of rows, the
+// batch's bytes. done(used) is called once the loop is done with it: the
+// mapping is kept until then (Close waits for it to unmap), and with used
+// it checks the slot's word, ErrDropped if the slot was rewritten while
+// the view was read.
+func (s *session) view(a announcement, rows *tensordict.TensorDict, off, n int) (td *tensordict.TensorDict, done func(used bool) error, err error) {
+	if rows != nil {
+		td, err := rows.Slice(off, off+n)
+		return td, func(bool) error { return nil }, err
+	}
+	r := s.reader
+	if !r.acquire() {
+		return nil, nil, wrapf(ErrClosed, "the ring was unmapped")
+	}
+	check := func() error {
+		slots.Fence()
+		if w := r.table.Word(a.Slot); w != a.Word {
+			return wrapf(ErrDropped, "batch %d of epoch %d was overwritten while the loop read it (word %#x, announced %#x)",
+				a.Index, a.Epoch, w, a.Word)
+		}
+		return nil
+	}
+	start := a.Slot*r.batch + off
+	key := [2]int{start, n}
+	if td = s.views[key]; td == nil {
+		if td, err = r.store.Slice(start, start+n); err == nil {
+			if s.views == nil {
+				s.views = map[[2]int]*tensordict.TensorDict{}
+			}
+			if len(s.views) < maxViews {
+				s.views[key] = td
+			}
+		}
+	}
+	if err == nil {
+		err = check()
+	}
+	if err != nil {
+		r.done()
+		return nil, nil, err
+	}
+	return td, func(used bool) error {
+		defer r.done()
+		if used {
+			return check()
+		}
+		return nil
+	}, nil
 }
 
 // gatherFrom copies src's tensors into dst's of the same keys (same row

@@ -32,7 +32,10 @@
 // of its mapping of the ring and checks the slot's word (internal/slots)
 // afterwards, so a batch it hands out is never torn: a slot rewritten
 // while it copied (possible only once the producer dropped it) is
-// ErrDropped, not data.
+// ErrDropped, not data. With Options.Views it hands out a read-only view
+// of the slot instead, holds the slot until the loop's body returns, and
+// checks the word then: a slot rewritten while the body read it is
+// ErrDropped, the loop's next item.
 //
 // The producer waits for the slowest consumer for at most Config.MaxWait
 // per slot, then drops the consumers still holding it; a consumer that

@@ -27,7 +27,8 @@ import (
 // caught, and cannot be.)
 //
 // mode: bit 0 bytes (no root), bit 1 DropLast, bit 2 the stream ends with
-// ErrDropped (else the node just ends it), bit 3 no prefetch. join:
+// ErrDropped (else the node just ends it), bit 3 no prefetch, bit 4
+// Views. join:
 // varints for slots, batch, samples, heartbeat_ms, epoch, the prefix
 // (0 the ring's, 1 none, 2 "../x", 3 absolute, 4 the ring's storage
 // folder, 5 a missing folder), the schema (fakeNode.schemaVariant) and
@@ -60,7 +61,7 @@ func FuzzConsumer(f *testing.F) {
 	f.Add(uint8(0), realJoin, realMsgs, []byte(nil), bytes.Replace(meta, []byte("[8,2,4,4]"), []byte("[8,32]"), 1))
 	f.Add(uint8(0), realJoin, realMsgs, []byte(nil), bytes.Replace(meta, []byte("[8,2,4,4]"), []byte("[16,2,4,4]"), 1))
 	f.Add(uint8(0), realJoin, realMsgs, []byte(nil), bytes.Replace(meta, []byte("torch.int64"), []byte("torch.float64"), 1))
-	for mode := range uint8(16) {
+	for mode := range uint8(32) {
 		f.Add(mode, realJoin, realMsgs, []byte(nil), []byte(nil))
 	}
 	f.Add(uint8(0), realJoin, realMsgs, table[:20], []byte(nil))
@@ -137,6 +138,9 @@ func FuzzConsumer(f *testing.F) {
 		}
 		if mode&8 != 0 {
 			opts.Prefetch = -1
+		}
+		if mode&16 != 0 {
+			opts.Views = true
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()

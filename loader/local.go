@@ -37,6 +37,21 @@ type Options struct {
 	// memory.
 	Prefetch int
 
+	// Views makes a consumer yield its batches as read-only views of the
+	// ring, where a batch lies within one producer batch (a slot), instead
+	// of copying them into Go memory: no copy, and the slot stays held
+	// (not released to the producer) until the loop's body returns. A view
+	// is valid until the loop's body returns, as any batch; it is
+	// read-only (the mapping is: writing into it faults and kills the
+	// process), and Clone copies it. After the body returns, the consumer
+	// checks the slot's word: a slot rewritten while the body read it
+	// (possible only once the producer dropped the consumer, after
+	// Config.MaxWait) ends the epoch with ErrDropped, yielded as the next
+	// item. Batches that straddle two producer batches, and a rank's share
+	// (WorldSize), are copied as without Views; in bytes mode a view is of
+	// the message's rows. Dial only.
+	Views bool
+
 	// RPC passes options to rpc.Dial: a token, TLS, a logger. Dial only.
 	RPC []rpc.Option
 

@@ -2,9 +2,11 @@ package loader
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"strings"
+	"sync"
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -23,6 +25,7 @@ type pipeline struct {
 
 	scratch *tensordict.TensorDict // the gathered input rows, before the transform; nil without one
 	rows    Rows
+	workers []Rows // each transform worker's (Config.Workers, a ConcurrentTransform); nil: one, rows
 }
 
 // newPipeline opens the dataset of cfg and works out the output fields;
@@ -33,6 +36,9 @@ func newPipeline(cfg Config, maxRows int) (*pipeline, error) {
 		return nil, err
 	}
 	p := &pipeline{src: src, seed: cfg.Seed, sequential: cfg.Sequential, transform: cfg.Transform, indexKey: cfg.IndexKey}
+	if ct, ok := cfg.Transform.(ConcurrentTransform); ok && cfg.Workers > 1 && ct.Concurrent() {
+		p.workers = make([]Rows, cfg.Workers)
+	}
 	fail := func(err error) (*pipeline, error) {
 		src.close()
 		return nil, err
@@ -88,8 +94,7 @@ func (p *pipeline) fill(dst *tensordict.TensorDict, epoch int64, first int, idx 
 		if err := gatherRows(in, p.src.td, idx); err != nil {
 			return err
 		}
-		p.rows = Rows{Epoch: epoch, First: first, Index: idx, seed: p.seed, rng: p.rows.rng}
-		if err := guard(func() error { return p.transform.Apply(dst, in, &p.rows) }); err != nil {
+		if err := p.apply(dst, in, epoch, first, idx); err != nil {
 			return fmt.Errorf("loader: transform: %w", err)
 		}
 	}
@@ -113,6 +118,45 @@ func (p *pipeline) fill(dst *tensordict.TensorDict, epoch int64, first int, idx 
 		})
 	}
 	return nil
+}
+
+// apply runs the transform on in's rows into dst: on this goroutine, or
+// split among the workers, each on a share of the rows (contiguous, in
+// order), waiting for all. The first error is returned.
+func (p *pipeline) apply(dst, in *tensordict.TensorDict, epoch int64, first int, idx []int) error {
+	n := len(idx)
+	w := min(len(p.workers), n)
+	if w <= 1 {
+		p.rows = Rows{Epoch: epoch, First: first, Index: idx, seed: p.seed, rng: p.rows.rng}
+		return guard(func() error { return p.transform.Apply(dst, in, &p.rows) })
+	}
+	type share struct{ dst, src *tensordict.TensorDict }
+	shares := make([]share, w)
+	for k := range w {
+		lo, hi := k*n/w, (k+1)*n/w
+		d, err := dst.Slice(lo, hi)
+		if err != nil {
+			return err
+		}
+		s, err := in.Slice(lo, hi)
+		if err != nil {
+			return err
+		}
+		shares[k] = share{d, s}
+		r := &p.workers[k]
+		*r = Rows{Epoch: epoch, First: first + lo, Index: idx[lo:hi], seed: p.seed, rng: r.rng}
+	}
+	errs := make([]error, w)
+	var wg sync.WaitGroup
+	for k, sh := range shares {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[k] = guard(func() error { return p.transform.Apply(sh.dst, sh.src, &p.workers[k]) })
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // gatherRows copies rows idx of src, a mapped TensorDict, into the first

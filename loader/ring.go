@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/tensorwire/tensorwire/internal/atomicfile"
 	"github.com/tensorwire/tensorwire/internal/lockfile"
@@ -287,6 +288,11 @@ type ringReader struct {
 	leaves []*memmapLeaf // in the schema's order
 	table  *slots.Table
 	batch  int
+
+	mu      sync.Mutex
+	views   int  // views of the mapping handed out and not yet done with (Options.Views)
+	closing bool // close was called: the last view unmaps
+	closed  bool
 }
 
 // memmapLeaf is a ring tensor's mapping and its offset in it.
@@ -341,7 +347,51 @@ func openRingReader(path string, schema tensordict.RowSchema, nslots, batch int)
 	return r, nil
 }
 
+// acquire counts a view of the mapping handed out: the mapping stays until
+// it is done with (done). False once close was called.
+func (r *ringReader) acquire() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closing {
+		return false
+	}
+	r.views++
+	return true
+}
+
+// done says a view acquire counted is no longer read; the last one after
+// close unmaps.
+func (r *ringReader) done() {
+	r.mu.Lock()
+	r.views--
+	last := r.closing && r.views == 0 && !r.closed
+	if last {
+		r.closed = true
+	}
+	r.mu.Unlock()
+	if last {
+		r.unmap()
+	}
+}
+
+// close unmaps the ring, or, while views of it are out (a loop's body
+// reading one while Close is called from another goroutine), leaves that
+// to the last view's done.
 func (r *ringReader) close() error {
+	r.mu.Lock()
+	r.closing = true
+	now := r.views == 0 && !r.closed
+	if now {
+		r.closed = true
+	}
+	r.mu.Unlock()
+	if !now {
+		return nil
+	}
+	return r.unmap()
+}
+
+func (r *ringReader) unmap() error {
 	var errs []error
 	if r.table != nil {
 		errs = append(errs, r.table.Close())

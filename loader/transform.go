@@ -33,6 +33,15 @@ type Transform interface {
 	Apply(dst, src *tensordict.TensorDict, rows *Rows) error
 }
 
+// ConcurrentTransform is a Transform whose Apply may run on several
+// goroutines at once, each on rows of its own (Config.Workers): it keeps
+// no state between calls, or guards it.
+type ConcurrentTransform interface {
+	Transform
+	// Concurrent reports whether Apply may run concurrently.
+	Concurrent() bool
+}
+
 // Rows describes the samples a Transform works on.
 type Rows struct {
 	// Epoch is the epoch the samples are served in.
@@ -86,6 +95,9 @@ func (a *Augment) key() []string {
 	}
 	return a.Key
 }
+
+// Concurrent implements ConcurrentTransform: Apply only reads a.
+func (a *Augment) Concurrent() bool { return true }
 
 // Schema implements Transform.
 func (a *Augment) Schema(in tensordict.RowSchema) (tensordict.RowSchema, error) {

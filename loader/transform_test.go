@@ -126,7 +126,9 @@ func TestAugment_Apply(t *testing.T) {
 func TestConsumer_SameAsLocal(t *testing.T) {
 	const n, seed = 90, 21
 	aug := &Augment{Pad: 1, Flip: true, Mean: 0.3, Std: 0.2}
-	f := newFixture(t, n, Config{Batch: 16, Slots: 3, Seed: seed, Transform: aug, IndexKey: "index"})
+	// The producer runs the transform on 3 goroutines, the Local loader on
+	// one: a sample is transformed alike whatever the split.
+	f := newFixture(t, n, Config{Batch: 16, Slots: 3, Seed: seed, Transform: aug, IndexKey: "index", Workers: 3})
 	for _, bytes := range []bool{false, true} {
 		for _, b := range []int{5, 16, 48} {
 			c := f.dial(t, b, bytes)

@@ -45,7 +45,7 @@ func (o *options) config() loader.Config {
 	cfg := loader.Config{Dataset: o.prefix, Dir: filepath.Join(o.root, "loader"), Batch: o.pbatch, Slots: o.slots,
 		Window: o.slots, Seed: o.seed}
 	if o.transform {
-		cfg.Transform, cfg.IndexKey = augment(), indexKey
+		cfg.Transform, cfg.IndexKey, cfg.Workers = augment(), indexKey, o.workers
 	}
 	return cfg
 }
@@ -128,7 +128,7 @@ func runConsumer(o options) error {
 	res := consumerResult{Role: "consumer", Batch: o.batch}
 	switch o.mode {
 	case shared:
-		c, err := loader.Dial(ctx, o.addr, loaderName, loader.Options{Batch: o.batch, Root: o.root})
+		c, err := loader.Dial(ctx, o.addr, loaderName, loader.Options{Batch: o.batch, Root: o.root, Views: o.views})
 		if err != nil {
 			return err
 		}

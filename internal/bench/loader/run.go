@@ -81,6 +81,8 @@ type options struct {
 	pbatch    int // synthetic
 	fpbatch   int // fashion-mnist
 	mixed     bool
+	views     bool
+	workers   int
 	seed      uint64
 	json      string
 	dir       string
@@ -116,6 +118,8 @@ func newFlagSet(o *options, datasets, consumers *string) *flag.FlagSet {
 	fs.IntVar(&o.slots, "slots", 16, "the producer's ring slots")
 	fs.IntVar(&o.pbatch, "producer-batch", 64, "the producer's batch size for "+synthetic)
 	fs.IntVar(&o.fpbatch, "fashion-producer-batch", 512, "the producer's batch size for "+fashion)
+	fs.BoolVar(&o.views, "views", true, "shared consumers read their batches as views of the ring (loader.Options.Views) where a batch lies within a slot, instead of copying them")
+	fs.IntVar(&o.workers, "workers", 1, "goroutines the "+fashion+" transform runs on (loader.Config.Workers), in the producer and in each independent loader")
 	fs.BoolVar(&o.mixed, "mixed", true, "also run "+synthetic+" with three consumers at batch 32, 64 and 128")
 	fs.Uint64Var(&o.seed, "seed", 1, "the shuffle's and the transform's seed")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
@@ -178,8 +182,8 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 		}
 	}
 	switch {
-	case o.samples < 1 || o.epochs < 1 || o.batch < 1 || o.slots < 1 || o.pbatch < 1 || o.fpbatch < 1:
-		return bench.Usagef("--samples, --batch, --slots and the producer batches must be at least 1")
+	case o.samples < 1 || o.epochs < 1 || o.batch < 1 || o.slots < 1 || o.pbatch < 1 || o.fpbatch < 1 || o.workers < 1:
+		return bench.Usagef("--samples, --batch, --slots, --workers and the producer batches must be at least 1")
 	case o.step < 0 || o.fstep < 0:
 		return bench.Usagef("--step and --fashion-step must not be negative")
 	case o.batch > o.slots*o.pbatch || o.batch > o.slots*o.fpbatch || (o.mixed && 128 > o.slots*o.pbatch):
