@@ -14,7 +14,7 @@ import (
 
 // loaderHelp says what a --loader value holds, for the node command's help.
 const loaderHelp = "NAME,dataset=PREFIX,batch=N[,slots=N][,window=N][,seed=S][,sequential][,index=KEY]" +
-	"[,heartbeat=D][,max-wait=D][,transform=augment[,image-key=K][,pad=P][,flip][,mean=M][,std=S]]" +
+	"[,heartbeat=D][,max-wait=D][,workers=N][,transform=augment[,image-key=K][,pad=P][,flip][,mean=M][,std=S]]" +
 	" | NAME,producer=remote[,slots=N][,window=N][,heartbeat=D][,max-wait=D][,grant-wait=D]"
 
 // loaderFlags collects repeated --loader flags: the producers a node
