@@ -341,11 +341,11 @@ func (g *shmGroup) peerData(r, i, n int) ([]byte, error) {
 	}
 	size := int(g.word64(r, ctlCap+8*i).Load())
 	if size < n {
-		return nil, fmt.Errorf("rank %d published %d bytes, %d expected", r, size, n)
+		return nil, ownErr(fmt.Errorf("rank %d published %d bytes, %d expected", r, size, n))
 	}
 	m, err := shm.Open(g.peerPath(r, fmt.Sprintf("d%d", i)), size, false)
 	if err != nil {
-		return nil, err
+		return nil, ownErr(err)
 	}
 	g.data[r][i].Close()
 	g.data[r][i] = m
