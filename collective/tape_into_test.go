@@ -21,7 +21,16 @@ func TestTape_IntoAndInPlace(t *testing.T) {
 		t.Run(string(tr), func(t *testing.T) {
 			const n = 3
 			comms := group(t, n, tr)
-			for _, elems := range []int{1000, 70_000} { // the small and the large algorithms
+			sizes := []int{1000, 70_000} // the small and the large algorithms
+			if raceEnabled && tr == TCP {
+				// In place over TCP with ranks in one process, a rank's
+				// send of a block and its receive of the reduced block
+				// into the same memory are ordered through the sockets
+				// only, which the race detector does not see: it
+				// reports a race that is not there.
+				sizes = sizes[:1]
+			}
+			for _, elems := range sizes {
 				all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
 					r := c.Rank()
 					out := filled(t, elems, -1)
