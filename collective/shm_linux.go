@@ -285,7 +285,12 @@ func (g *shmGroup) waitRank(ctx context.Context, r int, p uint32) error {
 			if g.ranks != nil {
 				who = g.ranks[r]
 			}
-			err := errorf(ErrAborted, "rank %d abandoned collective %d", who, g.c.seq)
+			// The collective in flight (c.seq is already the next one's
+			// number); none when Close waits for the others.
+			err := errorf(ErrAborted, "rank %d abandoned collective %d", who, g.c.inflight.Load())
+			if f := g.c.inflight.Load(); f < 0 {
+				err = errorf(ErrAborted, "rank %d abandoned a collective", who)
+			}
 			g.c.fail(err)
 			return err
 		}
