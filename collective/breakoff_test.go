@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -101,5 +103,45 @@ func TestOwnFaultFailsEveryRank(t *testing.T) {
 				t.Errorf("rank %d after the fault: %v, want its own cause (memmap.ErrFault)", bad, err)
 			}
 		})
+	}
+}
+
+// TestTCP_MalformedMessageBreaksOff: a data message whose length is not
+// the one the ranks agreed on is an error of the receiving rank's own: its
+// handler answers the sender with ErrAborted naming the receiver, and the
+// receiver breaks off at once (not when its collective comes to wait for
+// that message), so another rank's next call fails with ErrAborted naming
+// it instead of waiting for its deadline. The message is handed to the
+// handler directly, as a sender that lost count would send it.
+func TestTCP_MalformedMessageBreaksOff(t *testing.T) {
+	comms := group(t, 3, TCP)
+	c := comms[1]
+	k := msgKey{src: 0, space: spaceData, seq: 0}
+	buf := make([]byte, 100)
+	wait := c.postBytes(0, k, len(buf), into(buf))
+	short, _ := tensordict.FromBytes(memmap.Uint8, []int{60}, make([]byte, 60))
+	td, _ := tensordict.New()
+	if err := td.Set("b", short); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err := c.box.handle(ctx, msgReq{Session: c.session, Src: 0, Space: spaceData, Seq: 0, Data: rpc.Ref(td)})
+	if !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "rank 1 broke off collective 0") || !strings.Contains(err.Error(), "sent 60 bytes") {
+		t.Errorf("the sender's answer: %v, want ErrAborted naming rank 1 and why", err)
+	}
+	// Its own wait sees the mismatch, or the breaking off it caused
+	// (a collective's call then returns its own cause: engine.go).
+	if err := wait(ctx); err == nil || !strings.Contains(err.Error(), "sent 60 bytes") {
+		t.Errorf("rank 1's wait: %v, want the mismatch", err)
+	}
+	if err := c.err(); !errors.Is(err, ErrBroken) || !errors.Is(err, ErrMismatch) {
+		t.Errorf("rank 1 afterwards: %v, want ErrBroken with its own cause", err)
+	}
+	// Rank 2 hears of it through its watch of rank 1.
+	x, _ := tensordict.Zeros(memmap.Float32, 4)
+	_, err = comms[2].Allreduce(ctx, x, Sum)
+	if !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "rank 1 broke off") {
+		t.Errorf("rank 2's next call: %v, want ErrAborted naming rank 1", err)
 	}
 }
