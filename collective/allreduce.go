@@ -141,7 +141,21 @@ func (c *Comm) AllreduceAdjoint(ctx context.Context, grad *tensordict.Tensor, op
 
 // Allreduce is Comm.Allreduce on the tape.
 func (tp *Tape) Allreduce(ctx context.Context, x *Var, op Op) (*Var, error) {
-	return tp.collectiveOwned(ctx, "Allreduce", x, allreduceCall(value(x), op), func(ctx context.Context, p *plan, g *tensordict.Tensor, owned bool) (*tensordict.Tensor, error) {
+	return tp.allreduce(ctx, x, op, false, nil)
+}
+
+// AllreduceInto is Comm.AllreduceInto on the tape: the forward writes the
+// result into dst, a tensor the caller keeps (a training loop's buffer,
+// reused from step to step, so that the forward allocates nothing), and
+// the returned Var's value is dst. dst may be x's own tensor (in place:
+// Allreduce's adjoint does not need x's value). The tape neither copies
+// nor writes dst after the forward.
+func (tp *Tape) AllreduceInto(ctx context.Context, dst *tensordict.Tensor, x *Var, op Op) (*Var, error) {
+	return tp.allreduce(ctx, x, op, true, dst)
+}
+
+func (tp *Tape) allreduce(ctx context.Context, x *Var, op Op, into bool, dst *tensordict.Tensor) (*Var, error) {
+	return tp.collectiveOwned(ctx, "Allreduce", x, allreduceCall(value(x), op), into, dst, func(ctx context.Context, p *plan, g *tensordict.Tensor, owned bool) (*tensordict.Tensor, error) {
 		if op != Sum {
 			return nil, noAdjoint("Allreduce", op)
 		}

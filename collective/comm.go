@@ -59,8 +59,8 @@ type Comm struct {
 	recvSeq map[p2pKey]uint64
 
 	broken    atomic.Pointer[error]
-	ownAbort  atomic.Pointer[error] // the ErrAborted this rank broke the communicator with (its context ended), as the others see it
-	ownCause  error                 // ... and as this rank says it: its context's error; set before ownAbort
+	ownAbort  atomic.Pointer[error] // the ErrAborted this rank broke the communicator with (its context ended, or an error of its own), as the others see it
+	ownCause  error                 // ... and as this rank says it; written once, by failOwn, before ownAbort
 	brokenCh  chan struct{}
 	abandoned chan struct{}   // closed when this rank broke off a collective part-way
 	completed atomic.Uint64   // collectives completed
@@ -744,14 +744,27 @@ func (c *Comm) handleWatch(ctx context.Context, r watchReq) (watchResp, error) {
 
 // fail breaks the communicator with err (the first cause wins) and wakes
 // everything waiting.
-func (c *Comm) fail(err error) bool {
-	if c.broken.CompareAndSwap(nil, &err) {
-		c.log.Warn("collective: broken", "rank", c.rank, "err", err)
-		close(c.brokenCh)
-		c.box.fail(err)
-		return true
+func (c *Comm) fail(err error) bool { return c.failOwn(err, nil) }
+
+// failOwn is fail; with own not nil, this rank breaks off: err is the
+// ErrAborted the others see (its watches end with it) and own what this
+// rank's calls say. Both are in place before anything waiting wakes.
+func (c *Comm) failOwn(err, own error) bool {
+	p := &err
+	if !c.broken.CompareAndSwap(nil, p) {
+		return false
 	}
-	return false
+	if own != nil {
+		c.ownCause = own
+		c.ownAbort.Store(p)
+	}
+	c.log.Warn("collective: broken", "rank", c.rank, "err", err)
+	close(c.brokenCh)
+	c.box.fail(err)
+	if own != nil {
+		close(c.abandoned)
+	}
+	return true
 }
 
 // err returns why the communicator cannot start an operation, or nil.

@@ -59,8 +59,10 @@
 // A rank that dies fails every pending operation on the others with
 // ErrPeerLost (an rpc Unavailable) as soon as its sockets close (at once
 // for a killed process; after Config.KeepAlive times five for a host that
-// falls silent), and a rank whose context ends part-way tells the others
-// (ErrAborted). After such a failure the communicator is broken: later
+// falls silent), and a rank whose context ends part-way, or that fails for
+// a reason of its own (a fault on a tensor that is a mapping whose file
+// was truncated, a malformed message), tells the others at once
+// (ErrAborted naming it), on every transport. After such a failure the communicator is broken: later
 // calls fail with ErrBroken; Close it and Join again (a new communicator
 // forms on the same rendezvous). An error says once which rank failed and
 // why.

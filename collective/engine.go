@@ -2,8 +2,11 @@ package collective
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/tensorwire/tensorwire/memmap"
 )
 
 // A collective runs in three parts on every transport: each rank
@@ -94,7 +97,20 @@ func (cl *call) output(p *plan, me int) []byte {
 }
 
 // failData breaks the communicator after an error in a data phase: the
-// ranks no longer agree on where they are.
+// ranks no longer agree on where they are. How the others learn of it
+// depends on whose the error is:
+//
+//   - this rank's context ended: it breaks off and tells the others
+//     (their watches of it end with ErrAborted), and returns its
+//     context's cause;
+//   - an error of this rank's own (an ownError: a fault on a buffer, a
+//     malformed message it received): it breaks off the same way, so that
+//     ranks waiting for its messages, with nothing else to tell them,
+//     fail at once rather than at their deadlines; it returns err;
+//   - anything else (ErrPeerLost, ErrAborted, a peer's answer): another
+//     rank's failure, which the others hear of from that rank; this rank
+//     only breaks locally, so that those errors keep their meaning on
+//     every survivor.
 func (c *Comm) failData(ctx context.Context, err error) error {
 	if c.shm != nil {
 		c.shm.abort()
@@ -111,15 +127,63 @@ func (c *Comm) failData(ctx context.Context, err error) error {
 		cause := context.Cause(ctx)
 		err = errorf(ErrAborted, "rank %d broke off collective %d: %v", c.rank, c.seq-1, cause)
 		own := fmt.Errorf("collective: rank %d (this rank) broke off collective %d: %w", c.rank, c.seq-1, cause)
-		if c.broken.Load() == nil {
-			c.ownCause = own
-		}
-		if c.fail(err) {
-			c.ownAbort.Store(c.broken.Load())
-			close(c.abandoned)
-		}
+		c.failOwn(err, own)
 		return own
+	}
+	if isOwn(err) {
+		return c.breakOff(c.seq-1, err)
 	}
 	c.fail(err)
 	return err
+}
+
+// breakOff breaks the communicator for err, an error of this rank's own in
+// the data phase of collective seq, as a rank whose context ended does:
+// its watches end with ErrAborted naming it and why, so every other rank
+// fails at once. Its own call returns err (or, when another cause broke
+// the communicator first, that cause).
+func (c *Comm) breakOff(seq uint64, err error) error {
+	ab := errorf(ErrAborted, "rank %d broke off collective %d: %v", c.rank, seq, err)
+	if c.failOwn(ab, err) {
+		return err
+	}
+	return c.cause()
+}
+
+// ownError marks an error this rank found itself in a collective's data
+// phase, as opposed to one caused by another rank (ErrPeerLost, ErrAborted)
+// or its context: a fault on a buffer it reads or writes (a mapping whose
+// file was truncated), a message whose length is not the one agreed. It
+// changes nothing but how failData tells the others (see there): it
+// unwraps to the error, and only ever wraps errors on this rank (a
+// message's sender gets the plain error back).
+type ownError struct{ err error }
+
+func (e *ownError) Error() string { return e.err.Error() }
+func (e *ownError) Unwrap() error { return e.err }
+
+// ownErr marks err (when not nil) as this rank's own.
+func ownErr(err error) error {
+	if err == nil || isOwn(err) {
+		return err
+	}
+	return &ownError{err}
+}
+
+// guardOwn runs fn under memmap's fault guard: a fault on a mapping inside
+// it (a buffer whose file was truncated) ends fn with an error of this
+// rank's own wrapping memmap.ErrFault, not the process; fn's own error
+// passes through unchanged.
+func guardOwn(fn func() error) error {
+	var err error
+	if fault := memmap.Guard(func() error { err = fn(); return nil }); fault != nil {
+		return ownErr(fault)
+	}
+	return err
+}
+
+// isOwn reports whether err is marked as this rank's own.
+func isOwn(err error) bool {
+	var o *ownError
+	return errors.As(err, &o)
 }

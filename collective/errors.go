@@ -34,7 +34,8 @@ var (
 	ErrPeerLost = errors.New("collective: a rank is gone")
 
 	// ErrAborted: another rank abandoned the operation part-way (its
-	// context ended), so this one cannot complete. The communicator is
+	// context ended, or it failed for a reason of its own, such as a
+	// fault on one of its tensors), so this one cannot complete. The communicator is
 	// broken, as after ErrPeerLost. Code Aborted.
 	ErrAborted = errors.New("collective: operation abandoned by another rank")
 

@@ -70,41 +70,19 @@ func (c *Comm) hierCollective(ctx context.Context, seq uint64, cl *call) (*plan,
 	})
 	h.k.Store(k + 1)
 	if fault != nil {
-		derr = fmt.Errorf("collective %d through the host's shared mappings: %w", seq, fault)
+		derr = ownErr(fmt.Errorf("collective %d through the host's shared mappings: %w", seq, fault))
 	}
 	if derr != nil {
+		// failData writes our control words (abort), which may be what
+		// faulted: then the communicator is failed without them.
 		cause := derr
-		if memmap.Guard(func() error { derr = c.hierFail(ctx, seq, cause); return nil }) != nil {
+		if memmap.Guard(func() error { derr = c.failData(ctx, cause); return nil }) != nil {
 			c.fail(cause)
 			derr = cause
 		}
 		return nil, nil, derr
 	}
 	return p, out, nil
-}
-
-// hierFail breaks the communicator after an error in the data phase of
-// collective seq, as failData does. An error of this rank's own (a fault
-// on a mapping: not its context, not another rank) it treats as breaking
-// off, as a rank whose context ended does: its watches end with
-// ErrAborted naming it and why, so that ranks of other hosts, which may be
-// waiting for its messages with nothing else to tell them, fail at once
-// rather than at their deadlines. Its own call returns err.
-func (c *Comm) hierFail(ctx context.Context, seq uint64, err error) error {
-	if ctx.Err() != nil || c.cause() != nil {
-		return c.failData(ctx, err)
-	}
-	c.hier.abort()
-	ab := errorf(ErrAborted, "rank %d broke off collective %d: %v", c.rank, seq, err)
-	if c.broken.Load() == nil {
-		c.ownCause = err
-	}
-	if c.fail(ab) {
-		c.ownAbort.Store(c.broken.Load())
-		close(c.abandoned)
-		return err
-	}
-	return c.cause()
 }
 
 // exchangeDescs sends this rank's description to every other rank and
@@ -342,7 +320,7 @@ func (x *hierX) exchangeAt(step uint32, to int, sb []byte, from, n int, consume 
 	// handler that consumes a message or the goroutine that sends one as
 	// in the collective's own.
 	guarded := func(off int, b []byte) error {
-		return memmap.Guard(func() error { return consume(off, b) })
+		return guardOwn(func() error { return consume(off, b) })
 	}
 	wait := c.postBytes(from, msgKey{src: from, space: spaceData, seq: x.seq, step: step}, n, guarded)
 	// A send that fails (the receiver broke) ends the wait for the
@@ -352,7 +330,7 @@ func (x *hierX) exchangeAt(step uint32, to int, sb []byte, from, n int, consume 
 	var serr error
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		serr = memmap.Guard(func() error {
+		serr = guardOwn(func() error {
 			return c.sendBytes(x.ctx, to, msgKey{src: c.rank, space: spaceData, seq: x.seq, step: step}, sb)
 		})
 		if serr != nil {

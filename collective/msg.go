@@ -176,8 +176,20 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 	delete(m.slots, k)
 	s.taken = true
 	m.mu.Unlock()
-	s.err = s.consume(b)
+	// The consumer writes into the receiver's buffers, which may be a
+	// mapping: a fault there fails the message (and, through its waiter,
+	// the collective), not the process.
+	s.err = guardOwn(func() error { return s.consume(b) })
 	close(s.done)
+	if isOwn(s.err) && r.Space != spaceP2P {
+		// This rank cannot complete collective r.Seq. It breaks off now,
+		// not when its collective comes to wait for this message: it may
+		// be waiting for another that will never come (its sender fails
+		// with this answer), and the others need to hear of it. The
+		// sender hears the ErrAborted naming this rank.
+		c.breakOff(r.Seq, s.err)
+		return rpc.Empty{}, c.cause()
+	}
 	return rpc.Empty{}, s.err
 }
 
@@ -287,7 +299,7 @@ func (c *Comm) postBytes(src int, k msgKey, n int, consume func(off int, b []byt
 		off, want := p*pieceBytes, min(n, (p+1)*pieceBytes)-p*pieceBytes
 		ps[p] = posted{kp, c.box.post(kp, func(b []byte) error {
 			if !any && len(b) != want {
-				return errorf(ErrMismatch, "rank %d sent %d bytes, rank %d expected %d", src, len(b), c.rank, want)
+				return ownErr(errorf(ErrMismatch, "rank %d sent %d bytes, rank %d expected %d", src, len(b), c.rank, want))
 			}
 			return consume(off, b)
 		})}

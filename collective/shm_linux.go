@@ -285,7 +285,12 @@ func (g *shmGroup) waitRank(ctx context.Context, r int, p uint32) error {
 			if g.ranks != nil {
 				who = g.ranks[r]
 			}
-			err := errorf(ErrAborted, "rank %d abandoned collective %d", who, g.c.seq)
+			// The collective in flight (c.seq is already the next one's
+			// number); none when Close waits for the others.
+			err := errorf(ErrAborted, "rank %d abandoned collective %d", who, g.c.inflight.Load())
+			if f := g.c.inflight.Load(); f < 0 {
+				err = errorf(ErrAborted, "rank %d abandoned a collective", who)
+			}
 			g.c.fail(err)
 			return err
 		}
@@ -341,11 +346,11 @@ func (g *shmGroup) peerData(r, i, n int) ([]byte, error) {
 	}
 	size := int(g.word64(r, ctlCap+8*i).Load())
 	if size < n {
-		return nil, fmt.Errorf("rank %d published %d bytes, %d expected", r, size, n)
+		return nil, ownErr(fmt.Errorf("rank %d published %d bytes, %d expected", r, size, n))
 	}
 	m, err := shm.Open(g.peerPath(r, fmt.Sprintf("d%d", i)), size, false)
 	if err != nil {
-		return nil, err
+		return nil, ownErr(err)
 	}
 	g.data[r][i].Close()
 	g.data[r][i] = m

@@ -36,7 +36,7 @@ func (c *Comm) shmCollective(ctx context.Context, seq uint64, cl *call) (p *plan
 	if fault == nil {
 		return p, out, err
 	}
-	err = fmt.Errorf("collective %d through the shared mappings: %w", seq, fault)
+	err = ownErr(fmt.Errorf("collective %d through the shared mappings: %w", seq, fault))
 	// failData writes our control words (abort), which may be what
 	// faulted: then the communicator is failed without them.
 	cause := err

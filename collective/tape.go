@@ -132,7 +132,7 @@ func (tp *Tape) Func(name string, ins []*Var, outs []*tensordict.Tensor, back fu
 // collective records a one-in, one-out collective whose adjoint returns
 // a new tensor.
 func (tp *Tape) collective(ctx context.Context, name string, x *Var, cl *call, back func(ctx context.Context, p *plan, g *tensordict.Tensor) (*tensordict.Tensor, error)) (*Var, error) {
-	return tp.collectiveOwned(ctx, name, x, cl, func(ctx context.Context, p *plan, g *tensordict.Tensor, _ bool) (*tensordict.Tensor, error) {
+	return tp.collectiveOwned(ctx, name, x, cl, false, nil, func(ctx context.Context, p *plan, g *tensordict.Tensor, _ bool) (*tensordict.Tensor, error) {
 		return back(ctx, p, g)
 	})
 }
@@ -140,10 +140,18 @@ func (tp *Tape) collective(ctx context.Context, name string, x *Var, cl *call, b
 // collectiveOwned records a one-in, one-out collective whose adjoint may
 // write the gradient of its output in place when owned says it is the
 // tape's, and returns either that or a new tensor.
-func (tp *Tape) collectiveOwned(ctx context.Context, name string, x *Var, cl *call, back func(ctx context.Context, p *plan, g *tensordict.Tensor, owned bool) (*tensordict.Tensor, error)) (*Var, error) {
+// With into, the forward writes into dst (the Into form; a nil dst fails
+// on every rank, as in the Comm's calls), which is the output's value.
+func (tp *Tape) collectiveOwned(ctx context.Context, name string, x *Var, cl *call, into bool, dst *tensordict.Tensor, back func(ctx context.Context, p *plan, g *tensordict.Tensor, owned bool) (*tensordict.Tensor, error)) (*Var, error) {
+	if into {
+		withOut(cl, dst)
+	}
 	y, p, err := tp.c.run(ctx, cl)
 	if err != nil {
 		return nil, err
+	}
+	if into {
+		y = dst
 	}
 	out := tp.vars(y)
 	tp.record(tapeOp{name: name, ins: []*Var{x}, outs: out, fresh: true, back: func(ctx context.Context, g []*tensordict.Tensor, owned []bool) ([]*tensordict.Tensor, error) {
@@ -273,6 +281,27 @@ func (tp *Tape) JoinDummies(x *Var, dummies ...*Var) *Var {
 // input's gradient (Var.Grad). Every rank calls it, as a collective. A
 // tape replays once; a second Backward fails with ErrNoAdjoint.
 func (tp *Tape) Backward(ctx context.Context, y *Var, seed *tensordict.Tensor) error {
+	// The caller's seed is borrowed: never copied, never written.
+	return tp.backward(ctx, y, seed, seed == nil)
+}
+
+// BackwardInPlace is Backward with seed handed to the tape, as
+// the ones Backward makes when given none: the gradient of y, the tape's
+// to write. Adjoints that work in place (Allreduce's) reduce it where it
+// is, and it may become a leaf's gradient itself (Var.Grad returns seed
+// then). A training loop that keeps one seed buffer from step to step
+// thus allocates nothing for a backward pass of Allreduces, where Backward
+// allocates each step a new tensor per gradient it must not write. The
+// caller must not read or write seed until it is done with the gradients
+// (its contents are then what the adjoints left in it). A nil seed is
+// ones, as in Backward.
+func (tp *Tape) BackwardInPlace(ctx context.Context, y *Var, seed *tensordict.Tensor) error {
+	return tp.backward(ctx, y, seed, true)
+}
+
+// backward is Backward; owned says whether seed is the tape's to write
+// (nil: ones the tape makes, which are).
+func (tp *Tape) backward(ctx context.Context, y *Var, seed *tensordict.Tensor, owned bool) error {
 	tp.mu.Lock()
 	if tp.done {
 		tp.mu.Unlock()
@@ -282,7 +311,6 @@ func (tp *Tape) Backward(ctx context.Context, y *Var, seed *tensordict.Tensor) e
 	ops := tp.ops
 	tp.mu.Unlock()
 	if y != nil && y.t != nil {
-		owned := seed == nil // the caller's seed is borrowed: never copied, never written
 		if seed == nil {
 			var err error
 			if seed, err = ones(y.t); err != nil {

@@ -76,7 +76,7 @@ func (x *xfer) direct(p *plan, in, out []byte, blocks []int) error {
 			k.piece = uint32(j)
 			recvs = append(recvs, posted{k, x.c.box.post(k, func(b []byte) error {
 				if len(b) != len(dst) {
-					return errorf(ErrMismatch, "rank %d sent %d bytes, rank %d expected %d", r, len(b), me, len(dst))
+					return ownErr(errorf(ErrMismatch, "rank %d sent %d bytes, rank %d expected %d", r, len(b), me, len(dst)))
 				}
 				select {
 				case <-turn[j][t]:
@@ -101,7 +101,7 @@ func (x *xfer) direct(p *plan, in, out []byte, blocks []int) error {
 			dst := b[j*ps : min(len(b), (j+1)*ps)]
 			recvs = append(recvs, posted{k, x.c.box.post(k, func(m []byte) error {
 				if len(m) != len(dst) {
-					return errorf(ErrMismatch, "rank %d sent %d bytes, rank %d expected %d", r, len(m), me, len(dst))
+					return ownErr(errorf(ErrMismatch, "rank %d sent %d bytes, rank %d expected %d", r, len(m), me, len(dst)))
 				}
 				copy(dst, m)
 				return nil

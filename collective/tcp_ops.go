@@ -71,7 +71,10 @@ func (c *Comm) tcpCollective(ctx context.Context, seq uint64, cl *call) (*plan, 
 	// the links collectives run over (on loopback its sample and
 	// compression took a fifth of a 1 MiB Allreduce's CPU time).
 	x := &xfer{c: c, ctx: rpc.Uncompressed(ctx), seq: seq}
-	if err := x.run(p, cl.in, out); err != nil {
+	// The caller's tensors may be mappings: a fault on one (its file
+	// truncated) fails the collective on every rank, not the process
+	// (the messages' consumers run under the same guard: mailbox.handle).
+	if err := guardOwn(func() error { return x.run(p, cl.in, out) }); err != nil {
 		return nil, nil, c.failData(ctx, err)
 	}
 	return p, out, nil
@@ -236,7 +239,7 @@ func (x *xfer) ring(p *plan, src, acc []byte, blocks []int, rs, ag bool) error {
 			k.piece = uint32(j)
 			recvs[i][j] = posted{k, x.c.box.post(k, func(b []byte) error {
 				if len(b) != len(dst) {
-					return errorf(ErrMismatch, "rank %d sent %d bytes, rank %d expected %d", left, len(b), me, len(dst))
+					return ownErr(errorf(ErrMismatch, "rank %d sent %d bytes, rank %d expected %d", left, len(b), me, len(dst)))
 				}
 				if own != nil {
 					reduceN(p.op, p.dt, dst, [][]byte{b, own})

@@ -4,7 +4,7 @@
 // processes, through shared mappings ("shm") and over loopback TCP
 // ("tcp"), against memcpy bandwidth measured in the same run.
 //
-//	tensorwire bench collective [--ops allreduce,allgather,reduce-scatter,broadcast,alltoall,allreduce-fwd-bwd]
+//	tensorwire bench collective [--ops allreduce,allgather,reduce-scatter,broadcast,alltoall,allreduce-fwd-bwd,allreduce-fwd-bwd-alloc]
 //	    [--ranks 2,4] [--sizes 1KB,64KB,1MB,16MB,64MB] [--transports shm,tcp] [--hosts local|netns [--layout HxR]] [--gloo auto|off] [--json FILE]
 //
 // For each transport and rank count the benchmark starts that many copies
@@ -35,8 +35,13 @@
 // correction of it to what each link carries: allreduce algbw * 2(n-1)/n;
 // allgather, reduce-scatter and alltoall algbw * (n-1)/n; broadcast algbw.
 // allreduce-fwd-bwd is an allreduce on a collective.Tape and its backward
-// pass (a second allreduce, of a gradient of ones), timed together, with
+// pass (a second allreduce, of the gradient seed), timed together, with
 // allreduce's formula over the two: mpi4torch's "forward+backward" figure.
+// It keeps its buffers from step to step as a training loop does
+// (Tape.AllreduceInto into an output it holds, Tape.BackwardInPlace of a
+// seed it holds, reduced in place and not refilled, as allreduce's tensor
+// is); allreduce-fwd-bwd-alloc is the same with the tape's defaults, a new
+// output and a new seed of ones each step, to show what allocating costs.
 //
 // The table's memcpy line is copy() of 64 MiB between two touched Go
 // buffers in the parent process, best of 5: the bandwidth of one core
@@ -89,7 +94,7 @@ var Benchmark = bench.Benchmark{
 // ErrUsage matches the errors a different command line fixes.
 var ErrUsage = bench.ErrUsage
 
-var allOps = []string{"allreduce", "allgather", "reduce-scatter", "broadcast", "alltoall", "allreduce-fwd-bwd"}
+var allOps = []string{"allreduce", "allgather", "reduce-scatter", "broadcast", "alltoall", "allreduce-fwd-bwd", "allreduce-fwd-bwd-alloc"}
 
 type options struct {
 	ops        []string
@@ -564,7 +569,7 @@ func runRank(ctx context.Context, o options, stdout io.Writer) error {
 // busFactor is NCCL's bus bandwidth correction.
 func busFactor(op string, n int) float64 {
 	switch op {
-	case "allreduce", "allreduce-fwd-bwd":
+	case "allreduce", "allreduce-fwd-bwd", "allreduce-fwd-bwd-alloc":
 		return 2 * float64(n-1) / float64(n)
 	case "broadcast":
 		return 1
@@ -598,6 +603,32 @@ func prepare(c *collective.Comm, op string, elems int) (func(context.Context) er
 		}
 		return func(ctx context.Context) error { return c.AllreduceInto(ctx, x, x, collective.Sum) }, nil
 	case "allreduce-fwd-bwd":
+		// A training loop's buffers, kept from step to step: the
+		// forward's output and the backward's seed (reduced in place, as
+		// allreduce's tensor is, not refilled), so no step allocates.
+		x, err := touched(elems, 1)
+		if err != nil {
+			return nil, err
+		}
+		y, err := touched(elems, 0)
+		if err != nil {
+			return nil, err
+		}
+		seed, err := touched(elems, 1)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error {
+			tp := collective.NewTape(c)
+			yv, err := tp.AllreduceInto(ctx, y, tp.Leaf(x), collective.Sum)
+			if err != nil {
+				return err
+			}
+			return tp.BackwardInPlace(ctx, yv, seed)
+		}, nil
+	case "allreduce-fwd-bwd-alloc":
+		// The same with the tape's defaults: each step a new output and
+		// a new seed of ones (the backward reduces it in place).
 		x, err := touched(elems, 1)
 		if err != nil {
 			return nil, err

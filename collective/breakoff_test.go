@@ -1,0 +1,147 @@
+//go:build linux
+
+package collective
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// TestOwnFaultFailsEveryRank: a data-phase error of a rank's own (on a
+// TCP communicator, and through shared mappings) (here its output tensor is a mapping whose file was
+// truncated, so writing the result faults) fails its call with that error
+// (memmap.ErrFault), kills no process, and fails every other rank's call
+// at once with ErrAborted naming it, not at their deadlines: the others
+// wait for its messages and have nothing else to tell them (through the
+// mappings, the others may complete the call if they needed nothing more
+// of it). Then the communicator is broken on every rank: the next call
+// fails at once everywhere. Over TCP for each of the
+// Allreduce's algorithms: recursive doubling (small), direct, ring.
+// (Before, the others waited for their deadlines over TCP, and the process
+// died of SIGBUS when the fault was in a message's handler.)
+func TestOwnFaultFailsEveryRank(t *testing.T) {
+	cases := []struct {
+		name  string
+		tr    Transport
+		elems int
+		ring  bool
+	}{
+		{"tcp/doubling", TCP, 1 << 10, false},
+		{"tcp/direct", TCP, 1 << 20, false},
+		{"tcp/ring", TCP, 1 << 20, true},
+		{"shm", SHM, 1 << 20, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.ring {
+				saved := directMax
+				directMax = 1
+				t.Cleanup(func() { directMax = saved })
+			}
+			const n, bad = 4, 1
+			comms := group(t, n, tc.tr)
+			path := filepath.Join(t.TempDir(), "out")
+			mm, err := memmap.Create(path, memmap.Float32, tc.elems)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { mm.Close() })
+			badOut, err := tensordict.View(mm, 0, tc.elems)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(path, 0); err != nil {
+				t.Fatal(err)
+			}
+			// onAll's context ends after 60 s: a rank failing only then
+			// says context.DeadlineExceeded.
+			_, errs := onAll(t, comms, func(ctx context.Context, c *Comm) (struct{}, error) {
+				x, _ := tensordict.Zeros(memmap.Float32, tc.elems)
+				out := x
+				if c.Rank() == bad {
+					out = badOut
+				}
+				return struct{}{}, c.AllreduceInto(ctx, out, x, Sum)
+			})
+			for r, err := range errs {
+				t.Logf("rank %d: %v", r, err)
+				switch {
+				case err == nil && (r == bad || tc.tr == TCP):
+					// Over TCP every rank needs rank 1's messages; through
+					// the mappings the others may have had all they
+					// needed before rank 1 faulted writing its result.
+					t.Errorf("rank %d: no error", r)
+				case err == nil:
+				case errors.Is(err, context.DeadlineExceeded):
+					t.Errorf("rank %d waited for its deadline: %v", r, err)
+				case r == bad && !errors.Is(err, memmap.ErrFault):
+					t.Errorf("rank %d (faulted): %v, want memmap.ErrFault", r, err)
+				case r != bad && (!errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "rank 1 ")):
+					t.Errorf("rank %d: %v, want ErrAborted naming rank 1", r, err)
+				}
+			}
+			_, errs = onAll(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
+				x, _ := tensordict.Zeros(memmap.Float32, 4)
+				return c.Allreduce(ctx, x, Sum)
+			})
+			for r, err := range errs {
+				t.Logf("rank %d, next call: %v", r, err)
+				if !errors.Is(err, ErrBroken) && !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "rank 1 ") && r != bad {
+					t.Errorf("rank %d after the fault: %v, want ErrBroken or ErrAborted naming rank 1", r, err)
+				}
+			}
+			if err := errs[bad]; !errors.Is(err, memmap.ErrFault) {
+				t.Errorf("rank %d after the fault: %v, want its own cause (memmap.ErrFault)", bad, err)
+			}
+		})
+	}
+}
+
+// TestTCP_MalformedMessageBreaksOff: a data message whose length is not
+// the one the ranks agreed on is an error of the receiving rank's own: its
+// handler answers the sender with ErrAborted naming the receiver, and the
+// receiver breaks off at once (not when its collective comes to wait for
+// that message), so another rank's next call fails with ErrAborted naming
+// it instead of waiting for its deadline. The message is handed to the
+// handler directly, as a sender that lost count would send it.
+func TestTCP_MalformedMessageBreaksOff(t *testing.T) {
+	comms := group(t, 3, TCP)
+	c := comms[1]
+	k := msgKey{src: 0, space: spaceData, seq: 0}
+	buf := make([]byte, 100)
+	wait := c.postBytes(0, k, len(buf), into(buf))
+	short, _ := tensordict.FromBytes(memmap.Uint8, []int{60}, make([]byte, 60))
+	td, _ := tensordict.New()
+	if err := td.Set("b", short); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err := c.box.handle(ctx, msgReq{Session: c.session, Src: 0, Space: spaceData, Seq: 0, Data: rpc.Ref(td)})
+	if !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "rank 1 broke off collective 0") || !strings.Contains(err.Error(), "sent 60 bytes") {
+		t.Errorf("the sender's answer: %v, want ErrAborted naming rank 1 and why", err)
+	}
+	// Its own wait sees the mismatch, or the breaking off it caused
+	// (a collective's call then returns its own cause: engine.go).
+	if err := wait(ctx); err == nil || !strings.Contains(err.Error(), "sent 60 bytes") {
+		t.Errorf("rank 1's wait: %v, want the mismatch", err)
+	}
+	if err := c.err(); !errors.Is(err, ErrBroken) || !errors.Is(err, ErrMismatch) {
+		t.Errorf("rank 1 afterwards: %v, want ErrBroken with its own cause", err)
+	}
+	// Rank 2 hears of it through its watch of rank 1.
+	x, _ := tensordict.Zeros(memmap.Float32, 4)
+	_, err = comms[2].Allreduce(ctx, x, Sum)
+	if !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "rank 1 broke off") {
+		t.Errorf("rank 2's next call: %v, want ErrAborted naming rank 1", err)
+	}
+}
