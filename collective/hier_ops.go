@@ -85,47 +85,6 @@ func (c *Comm) hierCollective(ctx context.Context, seq uint64, cl *call) (*plan,
 	return p, out, nil
 }
 
-// exchangeDescs sends this rank's description to every other rank and
-// returns every rank's: the same messages tcpCollective exchanges.
-func (c *Comm) exchangeDescs(ctx context.Context, seq uint64, d *desc) ([]desc, error) {
-	me, n := c.rank, c.size
-	enc := d.encode(nil)
-	ds := make([]desc, n)
-	ds[me] = *d
-	waits := make([]func(context.Context) error, n)
-	for r := range n {
-		if r == me {
-			continue
-		}
-		waits[r] = c.postBytes(r, msgKey{src: r, space: spaceDesc, seq: seq}, -1, func(_ int, b []byte) error {
-			var err error
-			ds[r], err = decodeDesc(b)
-			return err
-		})
-	}
-	errs := make(chan error, n)
-	for r := range n {
-		if r != me {
-			go func() { errs <- c.send(ctx, r, msgKey{src: me, space: spaceDesc, seq: seq}, enc) }()
-		}
-	}
-	var first error
-	for r := range n {
-		if r == me {
-			continue
-		}
-		if err := waits[r](ctx); err != nil && first == nil {
-			first = err
-		}
-	}
-	for r := 0; r < n-1; r++ {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-	}
-	return ds, first
-}
-
 // allreduce is the data phase of Allreduce number k through the host's
 // mappings (file set k&1, phases 3k+1 to 3k+3 of the host's group), seq
 // the communicator's.

@@ -20,19 +20,46 @@ import (
 const smallAllreduce = 64 << 10
 
 func (c *Comm) tcpCollective(ctx context.Context, seq uint64, cl *call) (*plan, []byte, error) {
+	me := c.rank
+	ds, first := c.exchangeDescs(ctx, seq, &cl.d)
+	if first != nil {
+		return nil, nil, c.failData(ctx, first)
+	}
+	p, err := check(ds)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := cl.output(p, me)
+	// The data goes uncompressed: tensors of floats rarely shrink by more
+	// than a tenth under lz4, and lz4 runs at a fraction of the speed of
+	// the links collectives run over (on loopback its sample and
+	// compression took a fifth of a 1 MiB Allreduce's CPU time).
+	x := &xfer{c: c, ctx: rpc.Uncompressed(ctx), seq: seq}
+	// The caller's tensors may be mappings: a fault on one (its file
+	// truncated) fails the collective on every rank, not the process
+	// (the messages' consumers run under the same guard: mailbox.handle).
+	if err := guardOwn(func() error { return x.run(p, cl.in, out) }); err != nil {
+		return nil, nil, c.failData(ctx, err)
+	}
+	return p, out, nil
+}
+
+// exchangeDescs sends this rank's description d of collective seq to every
+// other rank over TCP (message space 1) and returns every rank's, with the
+// first error of a send or a receive. tcpCollective and the hierarchy both
+// check a call this way, so a mismatch between ranks on different paths
+// fails alike everywhere.
+func (c *Comm) exchangeDescs(ctx context.Context, seq uint64, d *desc) ([]desc, error) {
 	me, n := c.rank, c.size
-	d := &cl.d
 	enc := d.encode(nil)
 	ds := make([]desc, n)
 	ds[me] = *d
-	// Post the others' descriptions, then send ours to each.
 	waits := make([]func(context.Context) error, n)
 	for r := range n {
 		if r == me {
 			continue
 		}
-		k := msgKey{src: r, space: spaceDesc, seq: seq}
-		waits[r] = c.postBytes(r, k, -1, func(_ int, b []byte) error {
+		waits[r] = c.postBytes(r, msgKey{src: r, space: spaceDesc, seq: seq}, -1, func(_ int, b []byte) error {
 			var err error
 			ds[r], err = decodeDesc(b)
 			return err
@@ -58,26 +85,7 @@ func (c *Comm) tcpCollective(ctx context.Context, seq uint64, cl *call) (*plan, 
 			first = err
 		}
 	}
-	if first != nil {
-		return nil, nil, c.failData(ctx, first)
-	}
-	p, err := check(ds)
-	if err != nil {
-		return nil, nil, err
-	}
-	out := cl.output(p, me)
-	// The data goes uncompressed: tensors of floats rarely shrink by more
-	// than a tenth under lz4, and lz4 runs at a fraction of the speed of
-	// the links collectives run over (on loopback its sample and
-	// compression took a fifth of a 1 MiB Allreduce's CPU time).
-	x := &xfer{c: c, ctx: rpc.Uncompressed(ctx), seq: seq}
-	// The caller's tensors may be mappings: a fault on one (its file
-	// truncated) fails the collective on every rank, not the process
-	// (the messages' consumers run under the same guard: mailbox.handle).
-	if err := guardOwn(func() error { return x.run(p, cl.in, out) }); err != nil {
-		return nil, nil, c.failData(ctx, err)
-	}
-	return p, out, nil
+	return ds, first
 }
 
 // xfer is the data phase of one collective over TCP.
