@@ -975,12 +975,7 @@ func (s *session) copyRows(dst *batchBuf, pos int, a announcement, rows *tensord
 			return err
 		}
 	}
-	slots.Fence()
-	if w := r.table.Word(a.Slot); w != a.Word {
-		return wrapf(ErrDropped, "batch %d of epoch %d was overwritten while it was read (word %#x, announced %#x)",
-			a.Index, a.Epoch, w, a.Word)
-	}
-	return nil
+	return r.unchanged(a, "it was read")
 }
 
 // maxViews bounds the views a session keeps (a small consumer batch of a
@@ -1002,14 +997,7 @@ func (s *session) view(a announcement, rows *tensordict.TensorDict, off, n int) 
 	if !r.acquire() {
 		return nil, nil, wrapf(ErrClosed, "the ring was unmapped")
 	}
-	check := func() error {
-		slots.Fence()
-		if w := r.table.Word(a.Slot); w != a.Word {
-			return wrapf(ErrDropped, "batch %d of epoch %d was overwritten while the loop read it (word %#x, announced %#x)",
-				a.Index, a.Epoch, w, a.Word)
-		}
-		return nil
-	}
+	check := func() error { return r.unchanged(a, "the loop read it") }
 	start := a.Slot*r.batch + off
 	key := [2]int{start, n}
 	if td = s.views[key]; td == nil {

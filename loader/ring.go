@@ -295,6 +295,18 @@ type ringReader struct {
 	closed  bool
 }
 
+// unchanged reports whether a's slot still holds the batch a announced,
+// after the reads before it (a fence, then the slot's word): ErrDropped,
+// saying the batch was overwritten while what, if the producer rewrote it.
+func (r *ringReader) unchanged(a announcement, while string) error {
+	slots.Fence()
+	if w := r.table.Word(a.Slot); w != a.Word {
+		return wrapf(ErrDropped, "batch %d of epoch %d was overwritten while %s (word %#x, announced %#x)",
+			a.Index, a.Epoch, while, w, a.Word)
+	}
+	return nil
+}
+
 // memmapLeaf is a ring tensor's mapping and its offset in it.
 type memmapLeaf struct {
 	mm  *memmap.Tensor

@@ -1,7 +1,6 @@
 package loader
 
 import (
-	"github.com/tensorwire/tensorwire/internal/slots"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -82,10 +81,5 @@ func (s *session) copySel(dst *batchBuf, pos int, a announcement, rows *tensordi
 			}
 		}
 	}
-	slots.Fence()
-	if w := r.table.Word(a.Slot); w != a.Word {
-		return wrapf(ErrDropped, "batch %d of epoch %d was overwritten while it was read (word %#x, announced %#x)",
-			a.Index, a.Epoch, w, a.Word)
-	}
-	return nil
+	return r.unchanged(a, "it was read")
 }
