@@ -1,6 +1,7 @@
 package faulttest
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/tensorwire/tensorwire/replay"
@@ -126,7 +127,19 @@ func TestCheckSliceSample(t *testing.T) {
 	st, _ := td.Tensor("step")
 	b, _ := st.Bytes()
 	b[8] = 5 // row 1 says step 5
-	if err := checkSliceSample(td, replay.SliceInfo{Episodes: []int64{7}}, 4); err == nil {
-		t.Fatal("a torn row, or a step skipped, passed")
+	if err := checkSliceSample(td, replay.SliceInfo{Episodes: []int64{7}}, 4); err == nil || !strings.Contains(err.Error(), "torn") {
+		t.Fatalf("a torn row: %v", err)
+	}
+	// Whole rows, but a step skipped: steps 0, 1, 3, 4.
+	gap := episodeSteps(7, 0, 4)
+	for _, k := range []string{"step", "obs"} {
+		from, _ := episodeSteps(7, 3, 5).Tensor(k)
+		to, _ := gap.Tensor(k)
+		fb, _ := from.Bytes()
+		tb, _ := to.Bytes()
+		copy(tb[len(tb)/2:], fb)
+	}
+	if err := checkSliceSample(gap, replay.SliceInfo{Episodes: []int64{7}}, 4); err == nil || !strings.Contains(err.Error(), "step 3 after step 1") {
+		t.Fatalf("a step skipped: %v", err)
 	}
 }
