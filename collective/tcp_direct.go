@@ -13,7 +13,7 @@ import (
 // 2(n-1), and both steps overlap piece by piece: a piece of the reduced
 // block leaves as soon as the last rank's piece is folded in. With many
 // ranks the blocks get small and a rank holds connections to every other,
-// so from directMax ranks on Allreduce takes the ring.
+// so above directMax ranks Allreduce takes the ring.
 
 // directMax is the most ranks the direct Allreduce is used for.
 var directMax = 8 // a variable for the tests, which run the ring with few ranks

@@ -92,15 +92,15 @@ func (o *ordered) Select(_ *rand.Rand, n int, slots []int, weights []float64) ([
 		return slots, weights, short(n, o.Len())
 	}
 	slots, weights = slices.Grow(slots, n), slices.Grow(weights, n)
+	keep := !o.kind.Consumes() // FIFO returns each slot once; the others put theirs back
 	o.popped = o.popped[:0]
 	for range n {
-		o.popped = append(o.popped, o.heap[0])
+		if keep {
+			o.popped = append(o.popped, o.heap[0])
+		}
 		slots = append(slots, o.heap[0].slot)
 		weights = append(weights, 1)
 		o.removeAt(0)
-	}
-	if o.kind.Consumes() {
-		return slots, weights, nil // FIFO: each slot returned once
 	}
 	for _, it := range o.popped {
 		o.Insert(it.slot, it.seq, it.prio)
