@@ -137,21 +137,20 @@ class ReplayDataset:
                     raise
 
     def _fetch(self, buf, ahead):
-        try:
-            while ahead.reserve():
-                try:
-                    item = self._sample_until(buf, ahead)
-                except _Stopped:
-                    return
-                except (ClosedError, ClientClosedError):
-                    ahead.put(_END)
-                    return
-                except BaseException as e:  # handed to the consumer
-                    ahead.put(e)
-                    return
-                ahead.put(item)
-        finally:
-            ahead.finish()
+        # Every way out but a stopped iteration (which reads no more) puts
+        # an item, so the consumer's get never waits for a thread gone.
+        while ahead.reserve():
+            try:
+                item = self._sample_until(buf, ahead)
+            except _Stopped:
+                return
+            except (ClosedError, ClientClosedError):
+                ahead.put(_END)
+                return
+            except BaseException as e:  # handed to the consumer
+                ahead.put(e)
+                return
+            ahead.put(item)
 
     def __iter__(self):
         owned = callable(self.source)
@@ -192,7 +191,6 @@ class _Ahead:
         self._taken = 0  # places reserved: items waiting, and the one being sampled
         self._cv = threading.Condition()
         self.stopped = False
-        self._finished = False
 
     def reserve(self):
         """Waits for a place; False once the iteration has stopped."""
@@ -212,17 +210,10 @@ class _Ahead:
     def get(self):
         with self._cv:
             while not self._items:
-                if self._finished:
-                    raise RuntimeError("the prefetch thread ended without an item")  # not reached: it puts one
                 self._cv.wait()
             self._taken -= 1
             self._cv.notify_all()
             return self._items.popleft()
-
-    def finish(self):
-        with self._cv:
-            self._finished = True
-            self._cv.notify_all()
 
     def stop(self):
         with self._cv:

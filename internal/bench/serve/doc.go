@@ -11,7 +11,8 @@
 //	tensorwire bench serve [--clients 1,8,32,128] [--model mlp,fake] [--max-batch 16] [--duration 5s] [--json FILE] [--profile PREFIX]
 //
 // --profile writes a CPU profile of each run's node and first client
-// (PREFIX-MODEL-CLIENTS-MAXBATCH-{node,client}.pprof), for go tool pprof.
+// (PREFIX-MODEL-CLIENTS-MAXBATCH-{node,client}.pprof), for go tool pprof;
+// the weight-update run is not profiled.
 //
 // docs/benchmarks.md, "Serving", says how it measures, how to read it and
 // what its JSON holds (Result).
