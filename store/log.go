@@ -309,15 +309,18 @@ func (w *logWriter) next() (batch []queued, ok bool) {
 // write writes a batch with one writev(2) (one write, through buf, where
 // there is no writev). Without sync it is durable as
 // far as the log promises (Options.NoSync) at once; otherwise the syncer
-// makes it so.
-func (w *logWriter) write(batch []queued, buf *[]byte) error {
-	frames := make([][]byte, len(batch))
+// makes it so. frames and buf are the caller's scratch, reused from batch
+// to batch (the writer goroutine's own).
+func (w *logWriter) write(batch []queued, frames *[][]byte, buf *[]byte) error {
+	fs := (*frames)[:0]
 	size := 0
-	for i, q := range batch {
-		frames[i] = q.frame
+	for _, q := range batch {
+		fs = append(fs, q.frame)
 		size += len(q.frame)
 	}
-	_, err := writeFrames(w.f, frames, buf)
+	_, err := writeFrames(w.f, fs, buf)
+	clear(fs) // no frame kept alive by the scratch
+	*frames = fs
 	if err != nil {
 		err = fmt.Errorf("%w: %v", ErrFailed, err)
 	} else if w.noSync && w.check != nil {
@@ -401,13 +404,10 @@ func (w *logWriter) syncLoop(advanced func(uint64)) {
 		w.mu.Unlock()
 		if err != nil {
 			w.wake()
-		} else {
-			w.cond.Broadcast()
-		}
-		if err != nil {
 			advanced(0)
 			return
 		}
+		w.cond.Broadcast()
 		advanced(target)
 	}
 }

@@ -40,8 +40,9 @@ func TestLogWriter_SyncerOutlivesWriter(t *testing.T) {
 	if !ok {
 		t.Fatal("next after close with a record queued: nothing")
 	}
+	var frames [][]byte
 	var buf []byte
-	if err := w.write(batch, &buf); err != nil {
+	if err := w.write(batch, &frames, &buf); err != nil {
 		t.Fatal(err)
 	}
 	w.writerDone()

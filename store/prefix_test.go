@@ -98,8 +98,9 @@ func TestLogWriter_BatchOverIOVMax(t *testing.T) {
 		}
 		batch = append(batch, queued{p.seal(rev), rev})
 	}
+	var frames [][]byte
 	var buf []byte
-	if err := w.write(batch, &buf); err != nil {
+	if err := w.write(batch, &frames, &buf); err != nil {
 		t.Fatal(err)
 	}
 	var got []uint64

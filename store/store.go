@@ -339,6 +339,7 @@ func (s *Store) writeLoop() {
 	defer s.wg.Done()
 	defer s.log.writerDone()
 	var buf []byte
+	var frames [][]byte
 	for {
 		batch, ok := s.log.next()
 		if !ok {
@@ -352,7 +353,7 @@ func (s *Store) writeLoop() {
 			}
 			batch = append(batch, rest...) // write them the ordinary way
 		}
-		if err := s.log.write(batch, &buf); err != nil {
+		if err := s.log.write(batch, &frames, &buf); err != nil {
 			s.advance(0) // wake watchers: the store has failed
 			return
 		}
