@@ -130,8 +130,8 @@ func (p *pipeline) apply(dst, in *tensordict.TensorDict, epoch int64, first int,
 		p.rows = Rows{Epoch: epoch, First: first, Index: idx, seed: p.seed, rng: p.rows.rng}
 		return guard(func() error { return p.transform.Apply(dst, in, &p.rows) })
 	}
-	type share struct{ dst, src *tensordict.TensorDict }
-	shares := make([]share, w)
+	type part struct{ dst, src *tensordict.TensorDict }
+	parts := make([]part, w)
 	for k := range w {
 		lo, hi := k*n/w, (k+1)*n/w
 		d, err := dst.Slice(lo, hi)
@@ -142,13 +142,13 @@ func (p *pipeline) apply(dst, in *tensordict.TensorDict, epoch int64, first int,
 		if err != nil {
 			return err
 		}
-		shares[k] = share{d, s}
+		parts[k] = part{d, s}
 		r := &p.workers[k]
 		*r = Rows{Epoch: epoch, First: first + lo, Index: idx[lo:hi], seed: p.seed, rng: r.rng}
 	}
 	errs := make([]error, w)
 	var wg sync.WaitGroup
-	for k, sh := range shares {
+	for k, sh := range parts {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -257,9 +257,13 @@ func (svc *Service) produce(ctx context.Context, req produceRequest, st *rpc.Ser
 	close(f.ready)
 	for {
 		m, err := st.Recv(rctx)
-		if late := f.lateErr(); late != nil {
-			why = late
-			return late
+		if err != nil {
+			// A fill past its deadline cancels the receive (fill sets
+			// late first): its error, not the cancellation, says why.
+			if late := f.lateErr(); late != nil {
+				why = late
+				return late
+			}
 		}
 		if errors.Is(err, io.EOF) {
 			done = true
