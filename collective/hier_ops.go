@@ -63,15 +63,8 @@ func (c *Comm) hierCollective(ctx context.Context, seq uint64, cl *call) (*plan,
 	}
 	out := cl.output(p, c.rank)
 	k := h.k.Load()
-	var derr error
-	fault := memmap.Guard(func() error {
-		derr = h.allreduce(ctx, c, seq, k, p, cl.in, out)
-		return nil
-	})
+	derr := guardOwn(func() error { return h.allreduce(ctx, c, seq, k, p, cl.in, out) })
 	h.k.Store(k + 1)
-	if fault != nil {
-		derr = ownErr(fmt.Errorf("collective %d through the host's shared mappings: %w", seq, fault))
-	}
 	if derr != nil {
 		// failData writes our control words (abort), which may be what
 		// faulted: then the communicator is failed without them.
