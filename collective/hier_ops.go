@@ -102,7 +102,7 @@ func (h *hierState) allreduce(ctx context.Context, c *Comm, seq, k uint64, p *pl
 	if err != nil {
 		return err
 	}
-	ch := byteOffsets(chunks(size/max(es, 1), L), es)
+	ch := scale(chunks(size/max(es, 1), L), es)
 	lo, hi := ch[li], ch[li+1]
 	copy(mine[:lo], in[:lo])
 	copy(mine[hi:], in[hi:])
@@ -189,7 +189,7 @@ func between(ctx context.Context, c *Comm, seq uint64, p *plan, ranks []int, me 
 	if H < 2 {
 		return nil
 	}
-	x := &hierX{c: c, ctx: ctx, seq: seq}
+	x := &xfer{c: c, ctx: ctx, seq: seq}
 	es := p.esize
 	if len(buf) <= hierSmall || len(buf)/max(es, 1) < H {
 		bufs := make([][]byte, H)
@@ -201,7 +201,7 @@ func between(ctx context.Context, c *Comm, seq uint64, p *plan, ranks []int, me 
 				continue
 			}
 			bufs[o] = make([]byte, len(buf))
-			wg.Go(func() { errs[o] = x.exchangeAt(0, ranks[o], bufs[me], ranks[o], len(buf), copyInto(bufs[o])) })
+			wg.Go(func() { errs[o] = x.exchangeAt(0, ranks[o], bufs[me], ranks[o], len(buf), into(bufs[o])) })
 		}
 		wg.Wait()
 		if err := firstErr(errs); err != nil {
@@ -210,7 +210,7 @@ func between(ctx context.Context, c *Comm, seq uint64, p *plan, ranks []int, me 
 		reduceN(p.op, p.dt, buf, bufs)
 		return nil
 	}
-	blocks := byteOffsets(chunks(len(buf)/es, H), es)
+	blocks := scale(chunks(len(buf)/es, H), es)
 	blk := func(i int) []byte {
 		i = ((i % H) + H) % H
 		return buf[blocks[i]:blocks[i+1]]
@@ -229,7 +229,7 @@ func between(ctx context.Context, c *Comm, seq uint64, p *plan, ranks []int, me 
 	}
 	for s := 0; s < H-1; s++ {
 		sb, rb := blk(me-s), blk(me-s-1)
-		if err := x.exchange(right, sb, left, len(rb), copyInto(rb)); err != nil {
+		if err := x.exchange(right, sb, left, len(rb), into(rb)); err != nil {
 			return err
 		}
 	}
@@ -244,72 +244,4 @@ func firstErr(errs []error) error {
 		}
 	}
 	return nil
-}
-
-// hierX moves the leaders' messages of one collective: data messages
-// (spaceData) of its number, by step, as the TCP collectives' are.
-type hierX struct {
-	c    *Comm
-	ctx  context.Context
-	seq  uint64
-	step uint32
-}
-
-// exchange, as the next step, sends sb to rank to and receives n bytes from
-// rank from, handing them to consume.
-func (x *hierX) exchange(to int, sb []byte, from, n int, consume func(off int, b []byte) error) error {
-	step := x.step
-	x.step++
-	return x.exchangeAt(step, to, sb, from, n, consume)
-}
-
-// exchangeAt is exchange at a given step (the direct exchange's sends to
-// every leader are all step 0).
-func (x *hierX) exchangeAt(step uint32, to int, sb []byte, from, n int, consume func(off int, b []byte) error) error {
-	c := x.c
-	// The buffers may be a mapping (a host's data file): a fault on it
-	// (the file truncated by hand) fails the collective, in the rpc
-	// handler that consumes a message or the goroutine that sends one as
-	// in the collective's own.
-	guarded := func(off int, b []byte) error {
-		return guardOwn(func() error { return consume(off, b) })
-	}
-	wait := c.postBytes(from, msgKey{src: from, space: spaceData, seq: x.seq, step: step}, n, guarded)
-	// A send that fails (the receiver broke) ends the wait for the
-	// receive too: the message may never come.
-	rctx, cancel := context.WithCancel(x.ctx)
-	defer cancel()
-	var serr error
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		serr = guardOwn(func() error {
-			return c.sendBytes(x.ctx, to, msgKey{src: c.rank, space: spaceData, seq: x.seq, step: step}, sb)
-		})
-		if serr != nil {
-			cancel()
-		}
-	})
-	rerr := wait(rctx)
-	wg.Wait()
-	if serr != nil {
-		return serr
-	}
-	return rerr
-}
-
-// copyInto returns a consumer that copies a message into dst.
-func copyInto(dst []byte) func(off int, b []byte) error {
-	return func(off int, b []byte) error {
-		copy(dst[off:], b)
-		return nil
-	}
-}
-
-// byteOffsets returns element offsets times the element size es.
-func byteOffsets(offs []int, es int) []int {
-	s := make([]int, len(offs))
-	for i, o := range offs {
-		s[i] = o * es
-	}
-	return s
 }

@@ -100,23 +100,43 @@ func (x *xfer) key(src int, step uint32) msgKey {
 	return msgKey{src: src, space: spaceData, seq: x.seq, step: step}
 }
 
-// exchange, in one step, sends sb to rank to (unless to < 0) and receives
-// n bytes from rank from (unless from < 0), handing them to consume.
+// exchange, as the next step, sends sb to rank to (unless to < 0) and
+// receives n bytes from rank from (unless from < 0), handing them to
+// consume.
 func (x *xfer) exchange(to int, sb []byte, from, n int, consume func(off int, b []byte) error) error {
 	step := x.step
 	x.step++
+	return x.exchangeAt(step, to, sb, from, n, consume)
+}
+
+// exchangeAt is exchange at a given step, leaving the step counter alone,
+// so that several may run at once (the hierarchy's direct exchange). The
+// buffers may be mappings: a fault on one, in the handler that consumes a
+// message or the goroutine that sends one, is this rank's own error
+// (guardOwn). A send that fails (the receiver broke) ends the wait for the
+// receive too: that message may never come.
+func (x *xfer) exchangeAt(step uint32, to int, sb []byte, from, n int, consume func(off int, b []byte) error) error {
 	var wait func(context.Context) error
 	if from >= 0 {
-		wait = x.c.postBytes(from, x.key(from, step), n, consume)
+		wait = x.c.postBytes(from, x.key(from, step), n, func(off int, b []byte) error {
+			return guardOwn(func() error { return consume(off, b) })
+		})
 	}
+	rctx, cancel := context.WithCancel(x.ctx)
+	defer cancel()
 	var serr error
 	var wg sync.WaitGroup
 	if to >= 0 {
-		wg.Go(func() { serr = x.c.sendBytes(x.ctx, to, x.key(x.c.rank, step), sb) })
+		wg.Go(func() {
+			serr = guardOwn(func() error { return x.c.sendBytes(x.ctx, to, x.key(x.c.rank, step), sb) })
+			if serr != nil {
+				cancel()
+			}
+		})
 	}
 	var rerr error
 	if wait != nil {
-		rerr = wait(x.ctx)
+		rerr = wait(rctx)
 	}
 	wg.Wait()
 	if serr != nil {
@@ -342,13 +362,4 @@ func (x *xfer) gatherBlocks(root int, buf []byte, blocks []int, out []byte) erro
 		}
 	}
 	return first
-}
-
-// exchangeAt is exchange at a given step, leaving the step counter alone.
-func (x *xfer) exchangeAt(step uint32, to int, sb []byte, from, n int, consume func(off int, b []byte) error) error {
-	saved := x.step
-	x.step = step
-	err := x.exchange(to, sb, from, n, consume)
-	x.step = saved
-	return err
 }
