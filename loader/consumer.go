@@ -1001,7 +1001,7 @@ func (s *session) view(a announcement, rows *tensordict.TensorDict, off, n int) 
 	start := a.Slot*r.batch + off
 	key := [2]int{start, n}
 	if td = s.views[key]; td == nil {
-		if td, err = r.store.Slice(start, start+n); err == nil {
+		if td, err = r.joined.Slice(start, start+n); err == nil {
 			if s.views == nil {
 				s.views = map[[2]int]*tensordict.TensorDict{}
 			}

@@ -284,7 +284,8 @@ func (e *inUseError) Unwrap() []error { return []error{ErrInUse, e.held} }
 
 // ringReader is a consumer's read-only mapping of a producer's ring.
 type ringReader struct {
-	store  *tensordict.TensorDict
+	store  *tensordict.TensorDict // the ring's storage, mapped
+	joined *tensordict.TensorDict // store's tensors of the joined schema only: what views show
 	leaves []*memmapLeaf // in the schema's order
 	table  *slots.Table
 	batch  int
@@ -335,6 +336,10 @@ func openRingReader(path string, schema tensordict.RowSchema, nslots, batch int)
 		return nil, err
 	}
 	r := &ringReader{store: store, batch: batch}
+	if r.joined, err = tensordict.New(store.BatchSize()...); err != nil {
+		r.close()
+		return nil, err
+	}
 	if store.Len() != nslots*batch {
 		r.close()
 		return nil, fmt.Errorf("loader: the ring at %s has %d rows, want %d", path, store.Len(), nslots*batch)
@@ -351,6 +356,12 @@ func openRingReader(path string, schema tensordict.RowSchema, nslots, batch int)
 			return nil, fmt.Errorf("loader: the ring's %s is %v %v, want %v", strings.Join(f.Key, "/"), t.DType(), t.Shape(), f)
 		}
 		r.leaves = append(r.leaves, &memmapLeaf{mm: mm, off: off})
+		// A field the storage has beyond the schema is not the consumer's:
+		// the copying path never reads it, and neither does a view.
+		if err := r.joined.SetPath(f.Key, t); err != nil {
+			r.close()
+			return nil, err
+		}
 	}
 	if r.table, err = slots.OpenReadOnly(filepath.Join(path, SlotsFile), nslots, numFields); err != nil {
 		r.close()
