@@ -286,7 +286,7 @@ func (e *inUseError) Unwrap() []error { return []error{ErrInUse, e.held} }
 type ringReader struct {
 	store  *tensordict.TensorDict // the ring's storage, mapped
 	joined *tensordict.TensorDict // store's tensors of the joined schema only: what views show
-	leaves []*memmapLeaf // in the schema's order
+	leaves []*memmapLeaf          // in the schema's order
 	table  *slots.Table
 	batch  int
 
