@@ -239,6 +239,11 @@ type logWriter struct {
 	check func(*os.File) error
 	// stopped, if set, is told once why the log stopped.
 	stopped func(error)
+	// advanced, if set, is called (outside mu) with each new durable
+	// revision before those waiting for it are woken, so that a caller
+	// whose operation returned finds the store's own record of what is
+	// durable at least as new; and with 0 when the syncer stops.
+	advanced func(uint64)
 
 	mu sync.Mutex
 	// cond wakes those waiting for durability (wait, waitSynced): it is
@@ -326,22 +331,42 @@ func (w *logWriter) write(batch []queued, frames *[][]byte, buf *[]byte) error {
 	} else if w.noSync && w.check != nil {
 		err = w.check(w.f)
 	}
+	rev := batch[len(batch)-1].rev
 	w.mu.Lock()
 	if err != nil {
 		w.failLocked(err)
 	} else {
 		w.size += int64(size)
-		w.written = batch[len(batch)-1].rev
-		if w.noSync {
-			w.durable = w.written
-		}
+		w.written = rev
 	}
 	w.mu.Unlock()
 	w.work.Broadcast() // the syncer
-	if err != nil || w.noSync {
+	switch {
+	case err != nil:
 		w.cond.Broadcast()
+	case w.noSync:
+		w.madeDurable(rev)
 	}
 	return err
+}
+
+// testHookDurable, if set, is called in madeDurable between telling the
+// store and waking the waiters (tests of that order).
+var testHookDurable func(rev uint64)
+
+// madeDurable records that every record up to rev is durable, tells
+// advanced, and only then wakes those waiting for it.
+func (w *logWriter) madeDurable(rev uint64) {
+	w.mu.Lock()
+	w.durable = max(w.durable, rev)
+	w.mu.Unlock()
+	if w.advanced != nil {
+		w.advanced(rev)
+	}
+	if testHookDurable != nil {
+		testHookDurable(rev)
+	}
+	w.cond.Broadcast()
 }
 
 // failLocked stops the log with err unless it stopped already; w.mu is
@@ -373,10 +398,15 @@ func (w *logWriter) wake() {
 	w.cond.Broadcast()
 }
 
-// syncLoop makes written records durable, calling advanced with each new
-// durable revision, until the writer is closed and everything written is
-// durable, or a sync fails.
-func (w *logWriter) syncLoop(advanced func(uint64)) {
+// syncLoop makes written records durable (madeDurable with each new
+// durable revision), until the writer is closed and everything written is
+// durable, or a sync fails; then it calls advanced with 0.
+func (w *logWriter) syncLoop() {
+	stop := func() {
+		if w.advanced != nil {
+			w.advanced(0)
+		}
+	}
 	for {
 		w.mu.Lock()
 		for w.written == w.durable && !w.done && w.err == nil {
@@ -384,7 +414,7 @@ func (w *logWriter) syncLoop(advanced func(uint64)) {
 		}
 		if w.err != nil || w.written == w.durable {
 			w.mu.Unlock()
-			advanced(0)
+			stop()
 			return
 		}
 		target, f := w.written, w.f
@@ -395,20 +425,12 @@ func (w *logWriter) syncLoop(advanced func(uint64)) {
 		} else if w.check != nil {
 			err = w.check(f) // the synced file must still be the log
 		}
-		w.mu.Lock()
 		if err != nil {
-			w.failLocked(err)
-		} else {
-			w.durable = max(w.durable, target)
-		}
-		w.mu.Unlock()
-		if err != nil {
-			w.wake()
-			advanced(0)
+			w.fail(err)
+			stop()
 			return
 		}
-		w.cond.Broadcast()
-		advanced(target)
+		w.madeDurable(target)
 	}
 }
 
@@ -421,13 +443,6 @@ func (w *logWriter) waitSynced() error {
 		w.cond.Wait()
 	}
 	return w.err
-}
-
-// durableRev returns the revision up to which every record is durable.
-func (w *logWriter) durableRev() uint64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.durable
 }
 
 // failed returns the error that stopped the log, or nil.

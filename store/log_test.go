@@ -21,7 +21,7 @@ func TestLogWriter_SyncerOutlivesWriter(t *testing.T) {
 	synced := make(chan struct{})
 	go func() {
 		defer close(synced)
-		w.syncLoop(func(uint64) {})
+		w.syncLoop()
 	}()
 	p, err := prepare(&record{Op: recDelete, Name: "b"})
 	if err != nil {

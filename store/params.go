@@ -268,10 +268,10 @@ func (s *Store) collect() {
 // after Open, and returns their values.
 func (s *Store) collectLocked(now time.Time) []uint64 {
 	var gone []uint64
-	// The log's durable revision, not only s.durable: the syncer wakes a
-	// Publish waiting for its record before it advances s.durable, and
-	// the version that Publish superseded is to go at once.
-	durable := max(s.durable, s.log.durableRev())
+	// s.durable is advanced before a Publish waiting for its record is
+	// woken (logWriter.madeDurable), so the version that Publish
+	// superseded goes at once.
+	durable := s.durable
 	for _, ps := range s.params {
 		for v, ver := range ps.versions {
 			if v != ps.latest && ver.leases <= 0 && durable >= ver.supersededAt && !now.Before(ver.keepUntil) {

@@ -129,7 +129,7 @@ func Open(dir string, opts Options) (*Store, error) {
 	go s.writeLoop()
 	go func() {
 		defer s.wg.Done()
-		s.log.syncLoop(s.advance)
+		s.log.syncLoop()
 	}()
 	go s.sweepLoop()
 	if o.Repair {
@@ -184,6 +184,7 @@ func (s *Store) recover(hasLog bool) error {
 	s.durable = s.rev
 	s.log = newLogWriter(f, end, s.rev, s.opts.NoSync)
 	s.log.check = s.checkLog
+	s.log.advanced = s.advance
 	s.log.stopped = func(err error) {
 		s.opts.Logger.Error("store stopped: every call fails from now on", "dir", s.dir, "err", err)
 	}
@@ -346,9 +347,8 @@ func (s *Store) writeLoop() {
 			return
 		}
 		if s.shouldCompact() && s.log.waitSynced() == nil {
-			rev, rest, err := s.compact()
+			_, rest, err := s.compact()
 			if err == nil {
-				s.advance(rev)
 				continue
 			}
 			batch = append(batch, rest...) // write them the ordinary way
@@ -356,9 +356,6 @@ func (s *Store) writeLoop() {
 		if err := s.log.write(batch, &frames, &buf); err != nil {
 			s.advance(0) // wake watchers: the store has failed
 			return
-		}
-		if s.opts.NoSync {
-			s.advance(batch[len(batch)-1].rev)
 		}
 		if cap(buf) > 64<<20 {
 			buf = nil
@@ -445,8 +442,8 @@ func (s *Store) compact() (uint64, []queued, error) {
 	old := s.log.f
 	s.log.f, s.log.size = f, size
 	s.log.written = max(s.log.written, rev)
-	s.log.durable = max(s.log.durable, rev)
 	s.log.mu.Unlock()
+	s.log.madeDurable(rev)
 	s.log.wake()
 	old.Close()
 	if err := atomicfile.SyncDir(s.dir); err != nil {
