@@ -24,8 +24,9 @@ func TestStore_DurableBeforeReturn(t *testing.T) {
 			ctx := ctxT(t)
 			s := openT(t, t.TempDir(), tc.opts)
 			var once sync.Once
-			testHookDurable = func(uint64) { once.Do(func() { time.Sleep(200 * time.Millisecond) }) }
-			t.Cleanup(func() { testHookDurable = nil })
+			hook := func(uint64) { once.Do(func() { time.Sleep(200 * time.Millisecond) }) }
+			testHookDurable.Store(&hook)
+			t.Cleanup(func() { testHookDurable.Store(nil) })
 			for i := range 3 {
 				rev, err := s.Append(ctx, "b", itemTD(t, int64(i), 1))
 				if err != nil {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 )
 
 // The log (docs/store.md, "The log") is the store's one source of truth:
@@ -351,21 +352,24 @@ func (w *logWriter) write(batch []queued, frames *[][]byte, buf *[]byte) error {
 }
 
 // testHookDurable, if set, is called in madeDurable between telling the
-// store and waking the waiters (tests of that order).
-var testHookDurable func(rev uint64)
+// store and recording the revision for those waiting (tests of that
+// order). An atomic, so that tests set it while a store runs.
+var testHookDurable atomic.Pointer[func(rev uint64)]
 
-// madeDurable records that every record up to rev is durable, tells
-// advanced, and only then wakes those waiting for it.
+// madeDurable records that every record up to rev is durable. It tells
+// advanced first, and only then moves w.durable and wakes those waiting:
+// whoever sees w.durable >= rev, woken by this call or by any other, finds
+// the store told.
 func (w *logWriter) madeDurable(rev uint64) {
-	w.mu.Lock()
-	w.durable = max(w.durable, rev)
-	w.mu.Unlock()
 	if w.advanced != nil {
 		w.advanced(rev)
 	}
-	if testHookDurable != nil {
-		testHookDurable(rev)
+	if h := testHookDurable.Load(); h != nil {
+		(*h)(rev)
 	}
+	w.mu.Lock()
+	w.durable = max(w.durable, rev)
+	w.mu.Unlock()
 	w.cond.Broadcast()
 }
 
@@ -409,10 +413,11 @@ func (w *logWriter) syncLoop() {
 	}
 	for {
 		w.mu.Lock()
-		for w.written == w.durable && !w.done && w.err == nil {
+		// With noSync the writer makes its records durable itself.
+		for (w.noSync || w.written == w.durable) && !w.done && w.err == nil {
 			w.work.Wait()
 		}
-		if w.err != nil || w.written == w.durable {
+		if w.err != nil || w.noSync || w.written == w.durable {
 			w.mu.Unlock()
 			stop()
 			return
