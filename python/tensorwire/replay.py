@@ -288,15 +288,27 @@ class Buffer:
     catches rows overwritten meanwhile); with a uniform or prioritized
     sampler the prefetch also asks for a few spare picks (n/32, at least 4),
     which replace rows found overwritten without another round trip, and
-    which the node counts as sampled like the others. timeout: seconds the
-    first connection may take.
+    which the node counts as sampled like the others. slices_ahead: in ref
+    mode, sample_slices asks the node in one call for the slices of k
+    samples (Reverb's samples in flight) and serves the next k-1 calls with
+    the same arguments from them, as Go's replay.WithSlicesAhead does: all
+    k samples' picks are made, and counted (rate limiter,
+    max_times_sampled, an epoch without replacement), when asked for; a
+    slice with a step overwritten since is caught by the word check and
+    sampled again; a call with other arguments, and close, drop those left
+    (counted as sampled all the same). k is cut so that the k samples fit
+    one call; in bytes mode it does nothing. timeout: seconds the first
+    connection may take.
 
     Timeouts of calls are in seconds; None (the default) waits and retries
     as long as it takes, as a Go call with context.Background() does. A
     Buffer is safe for use from several threads. Close it when done.
     """
 
-    def __init__(self, node, name, token=None, root=None, bytes_mode=False, prefetch=False, timeout=30.0):
+    def __init__(self, node, name, token=None, root=None, bytes_mode=False, prefetch=False, timeout=30.0,
+                 slices_ahead=0):
+        if not isinstance(slices_ahead, (int, np.integer)) or isinstance(slices_ahead, bool) or slices_ahead < 0:
+            raise ArgumentError(f"slices_ahead={slices_ahead!r}: want an int >= 0")
         if isinstance(node, Client):
             self._client, self._own = node, False
         else:
@@ -306,6 +318,8 @@ class Buffer:
         self._mu = threading.Lock()
         self._closed = False
         self._pending = None  # (n, Pending) of a prefetched sample
+        self._slices_ahead = int(slices_ahead)
+        self._sl_left = None  # (spec, buffer id, SliceInfo, next slice) asked for ahead
         self._connections = -1  # the client's connection count when the view was taken
         self._view = None
         self.resampled = 0  # rows this client found overwritten while it copied them, and sampled again
@@ -358,6 +372,7 @@ class Buffer:
                 return
             self._closed = True
             p, self._pending = self._pending, None
+            self._sl_left = None
         if p is not None:
             p[1].cancel()
         if self._own:
@@ -691,13 +706,49 @@ class Buffer:
             batch = r["batch"]
         else:
             view = self._known_schema(deadline)
-            r, info = call(num_slices, False)
+            spec = (slice_len, num_slices, bool(strict_length), bool(prioritized), bool(without_replacement))
+            r, info = self._slice_picks(spec, lambda k: call(k, False))
             view = self._refresh(r.get("id"), deadline)
             if view.storage is None:
                 raise _errors.InternalError("replay: no mapping of the buffer's storage")
             batch = _zeros(view.schema, num_slices * slice_len)
             self._gather_slices(view, batch, info, slice_len, lambda k: call(k, False), r.get("id"))
         return (_to_torch(batch) if as_torch else batch), info
+
+    def _slice_picks(self, spec, call):
+        """The node's picks for a sample of slices of spec (slice_len,
+        num_slices, strict, prioritized, without replacement) and the
+        response they came in (its "id" the buffer's): from those asked for
+        ahead (slices_ahead) if enough are left for spec, else from a call
+        now, which asks for the next samples' too."""
+        slice_len, num_slices = spec[0], spec[1]
+        ahead = min(self._slices_ahead, MAX_SAMPLE // (slice_len * num_slices))
+        if ahead <= 1:
+            return call(num_slices)
+        with self._mu:
+            got = self._take_slices(spec)
+        if got is not None:
+            return got
+        r, all_info = call(num_slices * ahead)
+        with self._mu:
+            self._sl_left = (spec, r.get("id"), all_info, 0)
+            return self._take_slices(spec)
+
+    def _take_slices(self, spec):
+        """The next num_slices slices asked for ahead, as ({"id": ...},
+        SliceInfo) sharing no array with what is kept, or None if fewer are
+        left or they were asked for another spec; self._mu is held."""
+        if self._sl_left is None:
+            return None
+        left_spec, buffer_id, info, nxt = self._sl_left
+        k, L = spec[1], spec[0]
+        if left_spec != spec or nxt + k > len(info.episodes):
+            return None
+        a, b = nxt * L, (nxt + k) * L
+        out = SliceInfo(info.indices[a:b].copy(), info.ids[a:b].copy(), info.weights[a:b].copy(),
+                        info.mask[a:b].copy(), info.episodes[nxt:nxt + k].copy(), L)
+        self._sl_left = (left_spec, buffer_id, info, nxt + k)
+        return {"id": buffer_id}, out
 
     def _gather_slices(self, view, dst, info, slice_len, more, buffer_id):
         """Copies the slices info names from this side's mapping into dst,

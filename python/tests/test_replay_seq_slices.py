@@ -218,6 +218,40 @@ class TestSlices(unittest.TestCase):
                 t.join(60)
         self.assertEqual(errs, [])
 
+    def test_slices_ahead(self):
+        """slices_ahead=4 by reference: the first call asks the node for
+        four samples' slices (the node counts them at once) and the next
+        three are served from them; the fifth asks again; another spec asks
+        the node; slices all overwritten before use are sampled again, from
+        the new episodes only. As Go's TestClient_SlicesAhead*."""
+        with Node(buffers=["ahead,capacity=4096,traj-key=episode", "ahead-hot,capacity=64,traj-key=episode"]) as node:
+            with dial(node, "ahead", "ref", slices_ahead=4) as b:
+                for ep in range(1, 21):
+                    b.extend(steps(ep, 0, 40, 40))
+                base = b.stats()["sampled"]
+                per = 8 * 3
+                for call in range(1, 6):
+                    td, info = b.sample_slices(num_slices=3, slice_len=8)
+                    check_slices(self, td, info, 8)
+                    want = 8 * per if call == 5 else 4 * per
+                    self.assertEqual(b.stats()["sampled"] - base, want, f"after call {call}")
+                td, info = b.sample_slices(num_slices=2, slice_len=4)
+                check_slices(self, td, info, 4)
+                self.assertEqual(b.stats()["sampled"] - base, 8 * per + 4 * (4 * 2))
+            with dial(node, "ahead-hot", "ref", slices_ahead=8) as b:
+                for ep in range(1, 5):
+                    b.extend(steps(ep, 0, 16, 16))
+                b.sample_slices(num_slices=2, slice_len=8)  # seven samples' slices left
+                for ep in range(11, 15):  # every slot rewritten
+                    b.extend(steps(ep, 0, 16, 16))
+                for _ in range(7):
+                    td, info = b.sample_slices(num_slices=2, slice_len=8)
+                    check_slices(self, td, info, 8)
+                    self.assertTrue(all(11 <= e <= 14 for e in info.episodes), info.episodes)
+                self.assertGreater(b.resampled, 0)
+        with self.assertRaises(replay.ArgumentError):
+            dial(self.node, "plain", "ref", slices_ahead=-1)
+
     def test_no_trajectory_key(self):
         with dial(self.node, "plain", "bytes") as b:
             with self.assertRaises(replay.ArgumentError):
