@@ -335,7 +335,82 @@ func timeRemote(ctx context.Context, o sliceOptions, dir string, buf *rb.Buffer,
 			}))
 		c.Close()
 	}
+	// The Python client's rows: torchrl's interpreter if it has msgpack,
+	// else python3's.
+	py, err := newPythonEnv(o.python, dir)
+	if err != nil {
+		py, err = newPythonEnv("", dir)
+	}
+	for _, ahead := range []int{0, 8} {
+		if err != nil {
+			out = append(out, SliceResult{Impl: pythonImpl(ahead), Skipped: err.Error()})
+			continue
+		}
+		out = append(out, timePythonClient(ctx, o, py, dir, l.Addr().String(), ahead))
+	}
+	if err == nil {
+		py.remove()
+	}
 	return out, nil
+}
+
+// pyClientScript samples slices through the Python client by reference
+// (Buffer(root=...), slices_ahead as given), checking every slice as Go
+// does; it prints its figures as JSON.
+const pyClientScript = `
+import json, sys, time
+import numpy as np
+from tensorwire import replay
+addr, root, L, B, D, dur, ahead = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), int(sys.argv[7])
+def check(td):
+    ep, st, obs = td["episode"].reshape(-1, L), td["step"].reshape(-1, L), td["obs"].reshape(-1, L, D)
+    ok = (ep == ep[:, :1]).all(1) & (np.diff(st, axis=1) == 1).all(1)
+    ok &= (obs == (ep * 1000 + st).astype(np.float32)[..., None]).all(-1).all(-1)
+    return int((~ok).sum()), ep.shape[0]
+with replay.Buffer(addr, "buf", root=root, slices_ahead=ahead) as b:
+    if b.mode != "ref":
+        sys.exit("the Python client did not map the buffer (sharing %s)" % b.sharing)
+    check(b.sample_slices(batch_size=B, slice_len=L)[0])
+    t0 = time.perf_counter(); slices = samples = bad = 0
+    while time.perf_counter() - t0 < dur:
+        k, n = check(b.sample_slices(batch_size=B, slice_len=L)[0])
+        bad += k; slices += n; samples += 1
+    el = time.perf_counter() - t0
+print(json.dumps({"slices": slices, "samples": samples, "seconds": el, "slices_per_s": slices / el, "bad_slices": bad,
+                  "resampled": b.resampled}))
+`
+
+// pythonImpl names the Python client's row.
+func pythonImpl(ahead int) string {
+	if ahead > 1 {
+		return fmt.Sprintf("tensorwire Python Buffer.sample_slices (loopback TCP, by reference, slices_ahead=%d)", ahead)
+	}
+	return "tensorwire Python Buffer.sample_slices (loopback TCP, by reference)"
+}
+
+// timePythonClient samples slices for the duration through the Python
+// client (this build's, in py), by reference, one call a sample (ahead 0)
+// or one for ahead samples (slices_ahead).
+func timePythonClient(ctx context.Context, o sliceOptions, py *pythonEnv, dir, addr string, ahead int) SliceResult {
+	r := SliceResult{Impl: pythonImpl(ahead)}
+	cmd := exec.CommandContext(ctx, py.interp, "-c", pyClientScript, addr, dir, fmt.Sprint(o.sliceLen),
+		fmt.Sprint(o.batch), fmt.Sprint(o.obs), fmt.Sprint(o.duration.Seconds()), fmt.Sprint(ahead))
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+py.path, "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.Output()
+	if err != nil {
+		why := err.Error()
+		if ee, ok := err.(*exec.ExitError); ok {
+			lines := strings.Split(strings.TrimSpace(string(ee.Stderr)), "\n")
+			why = lines[len(lines)-1]
+		}
+		r.Skipped = why
+		return r
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+		r.Skipped = fmt.Sprintf("the Python client's output: %v", err)
+	}
+	return r
 }
 
 // torchrlScript loads the episodes (tensordict's memmap format, as Go wrote
