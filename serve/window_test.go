@@ -179,3 +179,71 @@ func TestWindow_GoneWithTwoInFlight(t *testing.T) {
 		t.Fatalf("%d lanes left, want B's 1", got)
 	}
 }
+
+// TestWindow_ErrorSendsTheOtherElsewhere: a replica holding two batches
+// fails the first (its module raised): that batch fails, the replica is
+// detached, and the second, which it never answered, runs on another.
+func TestWindow_ErrorSendsTheOtherElsewhere(t *testing.T) {
+	n := serveModel(t, "", attachedConfig(8))
+	rc, err := rpc.Dial(ctxT(t), n.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rc.Close() })
+	st, err := rpc.OpenStream[replicaAnswer, replicaBatch](ctxT(t), rc, MethodReplica, replicaRequest{Name: "model", Window: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	waitAttached(t, n.m, 1)
+	c := dial(t, n.addr, "", "bytes")
+	call1 := c.Go(ctxT(t), rowsOf(t, 5, 3))
+	b1, err := st.Recv(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	call2 := c.Go(ctxT(t), rowsOf(t, 2, 7))
+	if _, err := st.Recv(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	attachReplica(t, n.addr, 2, nil)
+	waitAttached(t, n.m, 2)
+	if err := st.Send(ctxT(t), replicaAnswer{Batch: b1.Batch, Error: "ValueError: boom"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := call1.Wait(); !errors.Is(err, ErrForward) || !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("the failed batch: %v, want ErrForward with the replica's message", err)
+	}
+	out, v, err := call2.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkOutputs(out, 2, 7, 0); err != nil || v != 2 {
+		t.Fatalf("the other batch: version %d (want B's, 2), %v", v, err)
+	}
+	waitAttached(t, n.m, 1)
+}
+
+// TestWindow_LeavesTogether: a replica of 4 lanes that closes its stream
+// while idle leaves no lane behind, which would take a batch only to fail
+// it on a stream that is gone.
+func TestWindow_LeavesTogether(t *testing.T) {
+	n := serveModel(t, "", attachedConfig(8))
+	a := attachReplicaWindow(t, n.addr, 1, 4, nil)
+	waitAttached(t, n.m, 1)
+	if got := lanes(n.m); got != 4 {
+		t.Fatalf("%d lanes, want 4", got)
+	}
+	a.st.Close()
+	waitAttached(t, n.m, 0)
+	deadline := time.Now().Add(30 * time.Second)
+	for lanes(n.m) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d lanes left after the replica went away, want 0", lanes(n.m))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if st := n.m.Stats(); st.Attached != 1 || st.Detached != 1 {
+		t.Fatalf("attached %d, detached %d; want 1 and 1 (a replica, not its lanes)", st.Attached, st.Detached)
+	}
+}
