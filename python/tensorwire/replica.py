@@ -23,7 +23,9 @@ with the messages as bytes.
 The node keeps up to window batches (default 2) in flight to the replica,
 so that the next batch waits in the stream while this process answers the
 last, rather than behind a round trip; the replica still runs them one at a
-time, in order. A node older than windows sends one at a time.
+time, in order. A node older than windows sends one at a time by bytes,
+but refuses the folder of window*max_batch rows by reference: pass window=1
+to such a node.
 
 A batch the module fails (it raised, or its outputs are not the model's)
 fails on the node with ForwardError carrying the message, and the node
