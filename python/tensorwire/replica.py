@@ -20,12 +20,15 @@ memmaps in a folder of the replica's under the root, which the module reads
 without a copy (torch.from_numpy over the mapping); otherwise they travel
 with the messages as bytes.
 
-The node keeps up to window batches (default 2) in flight to the replica,
-so that the next batch waits in the stream while this process answers the
-last, rather than behind a round trip; the replica still runs them one at a
-time, in order. A node older than windows sends one at a time by bytes,
-but refuses the folder of window*max_batch rows by reference: pass window=1
-to such a node.
+window=2 (to 4) lets the node keep that many batches in flight to the
+replica, so that the next batch waits in the stream while this process
+answers the last, rather than behind a round trip; the replica still runs
+them one at a time, in order. The default is 1: on 2 busy cores (CPU-bound,
+docs/benchmarks.md, 2026-11-29) a window of 2 made batches smaller (mean 2.9
+rows against 4.4 at 8 clients) and requests/s no higher; it is for a replica
+whose process waits on the node rather than on its CPU. A node older than
+windows sends one at a time by bytes, but refuses the folder of
+window*max_batch rows by reference: leave window=1 with such a node.
 
 A batch the module fails (it raised, or its outputs are not the model's)
 fails on the node with ForwardError carrying the message, and the node
@@ -84,7 +87,7 @@ class Replica:
     module holds (0: its own until a first version is loaded)."""
 
     def __init__(self, node, name, module, device="cpu", token=None, root=None, follow=None, bytes_mode=False,
-                 plain=None, reattach=True, timeout=30.0, window=2):
+                 plain=None, reattach=True, timeout=30.0, window=1):
         import torch
         if not 1 <= int(window) <= MAX_WINDOW:
             raise InvalidArgumentError(f"serve: window={window}; want 1 to {MAX_WINDOW}")
