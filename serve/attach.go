@@ -34,12 +34,25 @@ const maxTries = 3
 // elsewhere, since nothing of its outputs was handed out.
 var errGone = errors.New("serve: the attached replica went away")
 
-// remote is the manager's view of an attached replica: forward sends it
-// a batch and returns its outputs and the parameter version that made
-// them.
+// remote is the manager's view of one lane of an attached replica:
+// forward sends it a batch and returns its outputs and the parameter
+// version that made them. A replica that takes W batches in flight
+// (replicaRequest.Window) is W lanes, each a replica of the manager with
+// a goroutine of its own, all of one group: they attach and detach
+// together, so that a batch of a lane whose process went away is never
+// handed to another lane of the same process.
 type remote struct {
 	forward func(ctx context.Context, in *tensordict.TensorDict) (*tensordict.TensorDict, uint64, error)
+	group   *remoteGroup
 }
+
+// remoteGroup is the lanes of one attached replica.
+type remoteGroup struct {
+	index int // its first lane's replica index, for the logs
+}
+
+// forwardFunc is a lane's forward.
+type forwardFunc = func(ctx context.Context, in *tensordict.TensorDict) (*tensordict.TensorDict, uint64, error)
 
 // startAttachedOnly finishes New for a manager without replicas of its
 // own: one buffer, for the open batch; attach adds one per replica.
@@ -75,39 +88,53 @@ func (m *Manager) putBufferLocked(b *buffer) {
 	m.free = append(m.free, b)
 }
 
-// attach adds an attached replica that runs batches with fwd, and returns
-// it. It serves until detach, or the manager closes.
-func (m *Manager) attach(fwd *remote) (*replica, error) {
+// attach adds an attached replica whose lanes run batches with lanes
+// (one forward per batch it takes in flight; at least one), and returns
+// its first lane. It serves until detach, or the manager closes.
+func (m *Manager) attach(lanes []forwardFunc) (*replica, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
 		return nil, ErrStopped
 	}
-	if err := m.addBufferLocked(); err != nil {
-		return nil, err
+	if len(lanes) == 0 {
+		return nil, fmt.Errorf("serve: an attached replica of no lanes")
+	}
+	for range lanes { // a buffer per batch it may hold
+		if err := m.addBufferLocked(); err != nil {
+			return nil, err
+		}
 	}
 	if m.open == nil {
 		m.openBatchLocked() // requests may wait behind a missing buffer
 	}
-	r := &replica{index: m.nextIdx, remote: fwd}
-	m.nextIdx++
-	r.timer = time.AfterFunc(time.Hour, m.wake)
-	r.timer.Stop()
-	m.replicas = append(m.replicas, r)
+	g := &remoteGroup{index: m.nextIdx}
+	var first *replica
+	for _, fwd := range lanes {
+		r := &replica{index: m.nextIdx, remote: &remote{forward: fwd, group: g}}
+		m.nextIdx++
+		r.timer = time.AfterFunc(time.Hour, m.wake)
+		r.timer.Stop()
+		m.replicas = append(m.replicas, r)
+		if first == nil {
+			first = r
+		}
+		m.wg.Add(1)
+		go m.serve(r)
+	}
 	if m.orphan != nil {
 		m.orphan.Stop()
 		m.orphan = nil
 	}
 	m.st.attached++
-	m.wg.Add(1)
-	go m.serve(r)
 	m.cond.Broadcast()
-	return r, nil
+	return first, nil
 }
 
-// detach removes the attached replica r, for cause (nil: its process
-// left in good order). A batch it runs is its own to finish: runBatch
-// fails it or hands it to another (retryElsewhere).
+// detach removes the attached replica of lane r, all its lanes, for cause
+// (nil: its process left in good order). A batch a lane runs is its own
+// to finish: runBatch fails it or hands it to another replica
+// (retryElsewhere).
 func (m *Manager) detach(r *replica, cause error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -118,29 +145,37 @@ func (m *Manager) detachLocked(r *replica, cause error) {
 	if r.gone {
 		return
 	}
-	r.gone = true
-	r.timer.Stop()
-	if i := slices.Index(m.replicas, r); i >= 0 {
-		m.replicas = slices.Delete(m.replicas, i, i+1)
-	}
-	m.surplus++
-	if len(m.free) > 0 && m.surplus > 0 {
+	g := r.remote.group
+	lanes := 0
+	m.replicas = slices.DeleteFunc(m.replicas, func(x *replica) bool {
+		if x.remote == nil || x.remote.group != g {
+			return false
+		}
+		x.gone = true
+		x.timer.Stop()
+		lanes++
+		return true
+	})
+	m.surplus += lanes // each lane brought a buffer
+	for len(m.free) > 0 && m.surplus > 0 {
 		m.free, m.surplus = m.free[:len(m.free)-1], m.surplus-1
 	}
 	m.st.detached++
 	if cause != nil {
-		m.log.Warn("serve: an attached replica was detached", "replica", r.index, "err", cause)
+		m.log.Warn("serve: an attached replica was detached", "replica", g.index, "lanes", lanes, "err", cause)
 	} else {
-		m.log.Info("serve: an attached replica left", "replica", r.index)
+		m.log.Info("serve: an attached replica left", "replica", g.index, "lanes", lanes)
 	}
 	m.armOrphanLocked()
 	m.cond.Broadcast()
 }
 
-// retryElsewhere detaches r, whose forward of b failed with err, and,
-// when err says its process went away before answering (errGone) and
-// another replica is there, queues b for it and reports true: b's
-// requests wait on. Otherwise b fails as any failed batch does.
+// retryElsewhere detaches r (all its lanes), whose forward of b failed
+// with err, and, when err says its process went away before answering
+// (errGone) and another replica is there, queues b for it and reports
+// true: b's requests wait on. Otherwise b fails as any failed batch does.
+// Each lane of a replica that went away comes here with its own batch:
+// every batch it held goes elsewhere, none to one of its lanes.
 func (m *Manager) retryElsewhere(r *replica, b *batch, err error) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -222,11 +257,11 @@ func (m *Manager) failOrphans() {
 	}
 }
 
-// attachedNowLocked counts the attached replicas.
+// attachedNowLocked counts the attached replicas (not their lanes).
 func (m *Manager) attachedNowLocked() int {
 	n := 0
 	for _, r := range m.replicas {
-		if r.remote != nil {
+		if r.remote != nil && r.remote.group.index == r.index {
 			n++
 		}
 	}

@@ -28,12 +28,19 @@ type goReplica struct {
 
 func attachReplica(t *testing.T, addr string, version uint64, act func(n int) bool) *goReplica {
 	t.Helper()
+	return attachReplicaWindow(t, addr, version, 0, act)
+}
+
+// attachReplicaWindow is attachReplica asking for window batches in
+// flight (0: a replica from before windows, which sends none).
+func attachReplicaWindow(t *testing.T, addr string, version uint64, window int, act func(n int) bool) *goReplica {
+	t.Helper()
 	c, err := rpc.Dial(ctxT(t), addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	st, err := rpc.OpenStream[replicaAnswer, replicaBatch](context.Background(), c, MethodReplica, replicaRequest{Name: "model"})
+	st, err := rpc.OpenStream[replicaAnswer, replicaBatch](context.Background(), c, MethodReplica, replicaRequest{Name: "model", Window: window})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,25 +16,37 @@ import (
 // torch.nn.Module, say (python/tensorwire/replica.py). docs/serve.md,
 // "Replicas in other processes", describes the messages.
 //
-// The replica opens the stream with a replicaRequest naming the model and,
-// when it shares the node's page cache (rpc.Coherent), the folder under
-// the root holding its input and output rows: a client's folder
-// (ClientsDir/ID: in, out, lock), MaxBatch rows each. The node then sends
-// a replicaBatch per batch, one at a time, and the replica answers each
-// with a replicaAnswer:
+// The replica opens the stream with a replicaRequest naming the model,
+// the batches it takes in flight (Window: 0 or 1, one at a time, as
+// replicas before it did; the node keeps min(Window, maxWindow) in
+// flight) and, when it shares the node's page cache (rpc.Coherent), the
+// folder under the root holding its input and output rows: a client's
+// folder (ClientsDir/ID: in, out, lock), Window*MaxBatch rows each (the
+// rows of lane k are [k*MaxBatch, (k+1)*MaxBatch)). The node then sends a
+// replicaBatch per batch, up to Window before the first is answered, and
+// the replica answers each, in the order it was sent, with a
+// replicaAnswer:
 //
 //   - by reference (a folder), the node copies the batch's rows into the
-//     folder's in rows [0, n) before it sends (batch, n), and the replica
-//     writes its outputs into out rows [0, n) before it answers: no row
-//     travels on the stream;
+//     folder's in rows [row, row+n) before it sends (batch, n, row), and
+//     the replica writes its outputs into out rows [row, row+n) before it
+//     answers: no row travels on the stream;
 //   - by bytes (no folder), the rows travel as TDs after the messages'
-//     headers (rpc's bytes mode), in the batch's In and the answer's Out.
+//     headers (rpc's bytes mode), in the batch's In and the answer's Out;
+//     row is 0.
+//
+// A window lets the replica read its next batch while the node takes its
+// answer to the last: the batch waits in the stream rather than behind a
+// round trip. On the node the replica is Window lanes (attach.go), each
+// taking batches as a replica does.
 //
 // An answer with an error (the module raised, its outputs did not fit
 // the output schema) fails the batch with ErrForward carrying the
 // message, and the node ends the stream with that error; an answer later
-// than Config.ReplicaTimeout ends it too, and the batch runs elsewhere, as
-// it does when the stream breaks. The process may open another.
+// than Config.ReplicaTimeout after its batch was sent ends it too, and the
+// batch runs elsewhere, as it does when the stream breaks. Every other
+// batch the replica held then runs elsewhere too. The process may open
+// another stream.
 
 // MethodReplica is the message stream a replica in another process attaches
 // by.
@@ -45,12 +57,14 @@ type (
 	replicaRequest struct {
 		Name   string `codec:"name"`
 		Prefix string `codec:"prefix"` // the replica's folder under the root (by reference); "": rows as bytes
+		Window int    `codec:"window"` // batches it takes in flight; 0 (a replica before windows) or 1: one at a time
 	}
 	// replicaBatch is a batch for the replica (node to replica).
 	replicaBatch struct {
 		Batch uint64  `codec:"batch"` // 1, 2, ... on this stream
+		In    *rpc.TD `codec:"in"`    // bytes mode: the rows; by reference: nil, they are in the folder's in rows [row, row+n)
 		N     int     `codec:"n"`     // rows
-		In    *rpc.TD `codec:"in"`    // bytes mode: the rows; by reference: nil, they are in the folder's in rows [0, n)
+		Row   int     `codec:"row"`   // by reference: its first row in the folder's in and out (a multiple of MaxBatch); bytes: 0
 	}
 	// replicaAnswer is the replica's answer to a batch (replica to node).
 	replicaAnswer struct {
@@ -61,37 +75,57 @@ type (
 	}
 )
 
+// maxWindow bounds the batches the node keeps in flight to one attached
+// replica (replicaRequest.Window).
+const maxWindow = 4
+
 // attachedStream is the node's end of one serve.replica stream.
 type attachedStream struct {
-	m       *Manager
-	st      *rpc.ServerStream[replicaAnswer, replicaBatch]
-	answers chan replicaAnswer // the reader's, one at a time
-	done    chan struct{}      // closed by stop
-	once    sync.Once
-	err     error // stop's cause
+	m      *Manager
+	st     *rpc.ServerStream[replicaAnswer, replicaBatch]
+	window int           // its lanes
+	done   chan struct{} // closed by stop
+	once   sync.Once
+	err    error // stop's cause
+	lost   bool  // stopped because one of its batches failed: the others go elsewhere
 
-	mu      sync.Mutex // the mappings, while a batch uses them
+	pmu     sync.Mutex     // pending
+	pending []pendingBatch // the batches sent and not answered, in the order sent
+
+	mu      sync.Mutex // the mappings while a batch uses them, and the sending of batches
 	closed  bool
-	in, out *tensordict.TensorDict // by reference: the replica's rows; nil: bytes
+	in, out *tensordict.TensorDict // by reference: the replica's rows (window*MaxBatch); nil: bytes
 	inF     fields
 	outF    fields
 	next    uint64
 }
 
-// gone is the error of a batch given to the replica after its stream was
-// stopped: stop's cause, or, when the stream ended without one (the
-// replica went away), errGone.
+// pendingBatch is a batch sent to the replica, waiting for its answer.
+type pendingBatch struct {
+	batch  uint64
+	answer chan replicaAnswer // 1: the reader's
+}
+
+// gone is the error of a batch given to the replica, or waiting for its
+// answer, after its stream was stopped: stop's cause when the manager
+// closed or for a failure of the replica's own (it answered out of turn),
+// else errGone (its process went away, or another of its batches failed
+// and it was detached): the batch runs elsewhere.
 func (a *attachedStream) gone() error {
-	if a.err != nil {
+	if a.err != nil && !a.lost {
 		return a.err
+	}
+	if a.err != nil {
+		return fmt.Errorf("%w: %w: it was detached for another batch: %v", ErrForward, errGone, a.err)
 	}
 	return fmt.Errorf("%w: %w: its stream ended", ErrForward, errGone)
 }
 
-// stop ends the stream with err (the handler returns it).
-func (a *attachedStream) stop(err error) {
+// stop ends the stream with err (the handler returns it); lost: err is a
+// batch's, and the replica's other batches go elsewhere.
+func (a *attachedStream) stop(err error, lost bool) {
 	a.once.Do(func() {
-		a.err = err
+		a.err, a.lost = err, lost
 		close(a.done)
 	})
 }
@@ -101,7 +135,7 @@ func (svc *Service) replica(ctx context.Context, req replicaRequest, st *rpc.Ser
 	if err != nil {
 		return err
 	}
-	a := &attachedStream{m: s.m, st: st, answers: make(chan replicaAnswer, 1), done: make(chan struct{})}
+	a := &attachedStream{m: s.m, st: st, window: min(max(req.Window, 1), maxWindow), done: make(chan struct{})}
 	if req.Prefix != "" {
 		if err := svc.mapReplica(ctx, s.m, req.Prefix, a); err != nil {
 			return err
@@ -117,16 +151,23 @@ func (svc *Service) replica(ctx context.Context, req replicaRequest, st *rpc.Ser
 		}
 	}()
 	go a.read(ctx)
-	r, err := s.m.attach(&remote{forward: a.forward})
+	lanes := make([]forwardFunc, a.window)
+	for k := range lanes {
+		row := k * s.m.cfg.MaxBatch
+		lanes[k] = func(ctx context.Context, in *tensordict.TensorDict) (*tensordict.TensorDict, uint64, error) {
+			return a.forward(ctx, row, in)
+		}
+	}
+	r, err := s.m.attach(lanes)
 	if err != nil {
 		return err
 	}
 	select {
 	case <-a.done:
 	case <-ctx.Done():
-		a.stop(nil)
+		a.stop(nil, false)
 	case <-s.m.ctx.Done(): // the manager closed
-		a.stop(ErrStopped)
+		a.stop(ErrStopped, false)
 	}
 	s.m.detach(r, a.err)
 	if a.err != nil && ctx.Err() == nil {
@@ -135,8 +176,9 @@ func (svc *Service) replica(ctx context.Context, req replicaRequest, st *rpc.Ser
 	return nil
 }
 
-// mapReplica maps the replica's rows: its folder's in and out, MaxBatch
-// rows of the model's schemas, as a client's slots are mapped.
+// mapReplica maps the replica's rows: its folder's in and out,
+// a.window*MaxBatch rows of the model's schemas, as a client's slots are
+// mapped.
 func (svc *Service) mapReplica(ctx context.Context, m *Manager, prefix string, a *attachedStream) error {
 	if err := rpc.RequireCoherent(ctx, "serve: a replica's rows in a shared folder"); err != nil {
 		return err
@@ -153,11 +195,12 @@ func (svc *Service) mapReplica(ctx context.Context, m *Manager, prefix string, a
 	}
 	defer cr.Close()
 	dir := filepath.Join(svc.root, filepath.FromSlash(prefix))
-	in, err := svc.mapClient(cr, filepath.Join(dir, "in"), m.cfg.Input, m.cfg.MaxBatch, "input")
+	rows := a.window * m.cfg.MaxBatch
+	in, err := svc.mapClient(cr, filepath.Join(dir, "in"), m.cfg.Input, rows, "input")
 	if err != nil {
 		return err
 	}
-	out, err := svc.mapClient(cr, filepath.Join(dir, "out"), m.cfg.Output, m.cfg.MaxBatch, "output")
+	out, err := svc.mapClient(cr, filepath.Join(dir, "out"), m.cfg.Output, rows, "output")
 	if err != nil {
 		in.Close()
 		return err
@@ -175,26 +218,33 @@ func (svc *Service) mapReplica(ctx context.Context, m *Manager, prefix string, a
 }
 
 // read receives the replica's answers until the stream ends, and stops it
-// then (the replica went away, or closed its side).
+// then (the replica went away, or closed its side). Each answers the
+// oldest batch pending.
 func (a *attachedStream) read(ctx context.Context) {
 	for {
 		ans, err := a.st.Recv(ctx)
 		if err != nil {
-			a.stop(fmt.Errorf("%w: %w: its stream ended: %v", ErrForward, errGone, err)) // %v: not the stream's code
+			a.stop(fmt.Errorf("%w: %w: its stream ended: %v", ErrForward, errGone, err), false) // %v: not the stream's code
 			return
 		}
 		if ans.Out != nil && ans.Out.TensorDict != nil && anyMapped(ans.Out.TensorDict) {
 			// A reference is valid only until the next Recv, and the
 			// batch's outputs outlive it.
-			a.stop(fmt.Errorf("%w: the replica sent its outputs by reference; send them as bytes, or write them into its folder's out rows", ErrForward))
+			a.stop(fmt.Errorf("%w: the replica sent its outputs by reference; send them as bytes, or write them into its folder's out rows", ErrForward), false)
 			return
 		}
-		select {
-		case a.answers <- ans:
-		default:
-			a.stop(fmt.Errorf("%w: the replica answered batch %d, which it was not given (serve.replica is one batch at a time)", ErrForward, ans.Batch))
+		a.pmu.Lock()
+		var p pendingBatch
+		ok := len(a.pending) > 0 && a.pending[0].batch == ans.Batch
+		if ok {
+			p, a.pending = a.pending[0], a.pending[1:]
+		}
+		a.pmu.Unlock()
+		if !ok {
+			a.stop(fmt.Errorf("%w: the replica answered batch %d, which it was not given or not next (serve.replica answers in the order sent)", ErrForward, ans.Batch), false)
 			return
 		}
+		p.answer <- ans // its only send: never blocks
 	}
 }
 
@@ -208,51 +258,27 @@ func anyMapped(td *tensordict.TensorDict) bool {
 	return false
 }
 
-// forward runs the batch in on the replica: the manager's remote.
-func (a *attachedStream) forward(ctx context.Context, in *tensordict.TensorDict) (*tensordict.TensorDict, uint64, error) {
-	out, v, err := a.exchange(ctx, in)
+// forward runs the batch in on the replica, in its rows from row (by
+// reference): a lane's forward.
+func (a *attachedStream) forward(ctx context.Context, row int, in *tensordict.TensorDict) (*tensordict.TensorDict, uint64, error) {
+	out, v, err := a.exchange(ctx, row, in)
 	if err != nil {
-		a.stop(err)
+		a.stop(err, true) // the manager detaches it: its other batches go elsewhere
 	}
 	return out, v, err
 }
 
-func (a *attachedStream) exchange(ctx context.Context, in *tensordict.TensorDict) (*tensordict.TensorDict, uint64, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nil, 0, fmt.Errorf("%w: %w: its stream ended", ErrForward, errGone)
-	}
-	select {
-	case <-a.done:
-		return nil, 0, a.gone()
-	default:
-	}
+func (a *attachedStream) exchange(ctx context.Context, row int, in *tensordict.TensorDict) (*tensordict.TensorDict, uint64, error) {
 	n := in.BatchSize()[0]
-	a.next++
-	msg := replicaBatch{Batch: a.next, N: n}
-	if a.in != nil {
-		src, err := fieldsOf(in, a.m.cfg.Input)
-		if err == nil {
-			err = copyRows(a.inF, 0, src, 0, n)
-		}
-		if err != nil {
-			return nil, 0, fmt.Errorf("%w: %w: its input rows: %v", ErrForward, errGone, err)
-		}
-	} else {
-		msg.In = &rpc.TD{TensorDict: in}
+	p, err := a.send(ctx, row, n, in)
+	if err != nil {
+		return nil, 0, err
 	}
 	deadline := time.NewTimer(a.m.cfg.ReplicaTimeout)
 	defer deadline.Stop()
-	sctx, cancel := context.WithTimeout(ctx, a.m.cfg.ReplicaTimeout)
-	err := a.st.Send(sctx, msg)
-	cancel()
-	if err != nil {
-		return nil, 0, fmt.Errorf("%w: %w: sending it a batch: %v", ErrForward, errGone, err)
-	}
 	var ans replicaAnswer
 	select {
-	case ans = <-a.answers:
+	case ans = <-p.answer:
 	case <-a.done:
 		return nil, 0, a.gone()
 	case <-ctx.Done():
@@ -260,10 +286,7 @@ func (a *attachedStream) exchange(ctx context.Context, in *tensordict.TensorDict
 	case <-deadline.C:
 		return nil, 0, fmt.Errorf("%w: %w: no answer within %v (Config.ReplicaTimeout): detached", ErrForward, errGone, a.m.cfg.ReplicaTimeout)
 	}
-	switch {
-	case ans.Batch != msg.Batch:
-		return nil, 0, fmt.Errorf("%w: the replica answered batch %d to batch %d", ErrForward, ans.Batch, msg.Batch)
-	case ans.Error != "":
+	if ans.Error != "" {
 		return nil, 0, fmt.Errorf("%w: the attached replica failed: %s", ErrForward, ans.Error)
 	}
 	if a.out == nil {
@@ -276,12 +299,58 @@ func (a *attachedStream) exchange(ctx context.Context, in *tensordict.TensorDict
 	if err != nil {
 		return nil, 0, err
 	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil, 0, fmt.Errorf("%w: %w: its stream ended", ErrForward, errGone)
+	}
 	dst, err := fieldsOf(out, a.m.cfg.Output)
 	if err == nil {
-		err = copyRows(dst, 0, a.outF, 0, n)
+		err = copyRows(dst, 0, a.outF, row, n)
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: the replica's output rows: %w", ErrForward, err)
 	}
 	return out, ans.Version, nil
+}
+
+// send puts the batch's rows in the replica's rows from row (by
+// reference), and sends it the batch, pending its answer. Batches are
+// sent one at a time, in the order of their numbers.
+func (a *attachedStream) send(ctx context.Context, row, n int, in *tensordict.TensorDict) (pendingBatch, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return pendingBatch{}, fmt.Errorf("%w: %w: its stream ended", ErrForward, errGone)
+	}
+	select {
+	case <-a.done:
+		return pendingBatch{}, a.gone()
+	default:
+	}
+	a.next++
+	msg := replicaBatch{Batch: a.next, N: n}
+	if a.in != nil {
+		msg.Row = row
+		src, err := fieldsOf(in, a.m.cfg.Input)
+		if err == nil {
+			err = copyRows(a.inF, row, src, 0, n)
+		}
+		if err != nil {
+			return pendingBatch{}, fmt.Errorf("%w: %w: its input rows: %v", ErrForward, errGone, err)
+		}
+	} else {
+		msg.In = &rpc.TD{TensorDict: in}
+	}
+	p := pendingBatch{batch: msg.Batch, answer: make(chan replicaAnswer, 1)}
+	a.pmu.Lock()
+	a.pending = append(a.pending, p)
+	a.pmu.Unlock()
+	sctx, cancel := context.WithTimeout(ctx, a.m.cfg.ReplicaTimeout)
+	err := a.st.Send(sctx, msg)
+	cancel()
+	if err != nil {
+		return pendingBatch{}, fmt.Errorf("%w: %w: sending it a batch: %v", ErrForward, errGone, err)
+	}
+	return p, nil
 }

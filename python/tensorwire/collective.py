@@ -32,7 +32,6 @@ broken (BrokenError): close it and join again.
 
 import itertools
 import os
-import shutil
 import struct
 import subprocess
 import tempfile
@@ -41,6 +40,7 @@ import threading
 import numpy as np
 
 from . import _msgpack
+from ._binary import find_binary
 from ._td import as_array, dtype_name, numpy_dtype
 from .errors import (AbortedError, FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError,
                      TensorwireError, UnauthenticatedError, UnavailableError, from_wire, register_reason)
@@ -161,10 +161,7 @@ def decode_frame(body):
 
 
 def _binary(binary):
-    b = binary or os.environ.get("TENSORWIRE_BIN") or shutil.which("tensorwire")
-    if not b:
-        raise ConfigError("no tensorwire binary: put it on PATH, set $TENSORWIRE_BIN or pass binary=")
-    return b
+    return find_binary(binary, "tensorwire.collective.join", ConfigError)  # node.py's order (_binary.py)
 
 
 def _shm_dir(shm_dir):
@@ -649,8 +646,8 @@ def join(addr=None, rank=None, size=None, *, token=None, token_file=None, transp
     "auto" (shared mappings when every rank is on this host; a hierarchy
     when the ranks are on several hosts, some with two or more), "shm",
     "tcp" or "hier" (shared mappings within each host, TCP between hosts;
-    a host is a kernel and a shm_dir). The sidecar is the tensorwire binary: binary, $TENSORWIRE_BIN or
-    PATH's. A rank stopped (SIGSTOP) frozen_after seconds is lost to the
+    a host is a kernel and a shm_dir). The sidecar is the tensorwire binary: binary, $TENSORWIRE_BIN, the
+    one bundled by a wheel built with Go, or PATH's. A rank stopped (SIGSTOP) frozen_after seconds is lost to the
     others."""
     env = os.environ
     if addr is None:

@@ -7,8 +7,9 @@ other processes").
         replica = tensorwire.serve.Replica(node, "policy", module).start()
         client = tensorwire.serve.Client(node.address, "policy", token=node.token, root=node.root)
 
-Node runs the `tensorwire node` binary ($TENSORWIRE_BIN, else `tensorwire`
-on PATH; BinaryNotFoundError if neither), waits until it listens, and
+Node runs the `tensorwire node` binary (binary=, else $TENSORWIRE_BIN, else
+the one bundled in this package by a wheel built with Go, else `tensorwire`
+on PATH: _binary.find_binary; BinaryNotFoundError if none), waits until it listens, and
 stops it on exit (SIGTERM, then SIGKILL after stop_timeout). On Linux the
 node also dies with the Python process that started it, however that
 process ends (kill -9 included): the child asks the kernel for SIGKILL
@@ -29,29 +30,15 @@ import tempfile
 import threading
 import time
 
+from ._binary import BinaryNotFoundError, find_binary
 from .errors import TensorwireError
 
 __all__ = ["Node", "BinaryNotFoundError", "NodeStartError"]
 
 
-class BinaryNotFoundError(TensorwireError):
-    """No tensorwire binary: set $TENSORWIRE_BIN or put `tensorwire` on PATH
-    (go install github.com/tensorwire/tensorwire/cmd/tensorwire@latest)."""
-
-
 class NodeStartError(TensorwireError):
     """The node exited, or did not listen in time; the message holds the end
     of its log."""
-
-
-def _binary(path=None):
-    p = path or os.environ.get("TENSORWIRE_BIN") or shutil.which("tensorwire")
-    if not p or not os.path.isfile(p) or not os.access(p, os.X_OK):
-        raise BinaryNotFoundError(
-            "tensorwire.Node: no tensorwire binary" + (f" at {p!r}" if p else "") +
-            ": set $TENSORWIRE_BIN to it, or put it on PATH (go install "
-            "github.com/tensorwire/tensorwire/cmd/tensorwire@latest)")
-    return p
 
 
 def _die_with_parent():
@@ -69,14 +56,15 @@ class Node:
     the --serve, --store, --buffer and --loader specs (the command's
     NAME,k=v form, README); token: the shared secret (bytes or str; None on
     loopback: no token); listen: HOST:PORT (127.0.0.1:0 picks a free port);
-    extra: more command-line arguments; binary: the binary's path.
+    extra: more command-line arguments; binary: the binary's path (default:
+    $TENSORWIRE_BIN, the bundled one, PATH's; BinaryNotFoundError if none).
 
     start() (or `with`) runs it and returns once it listens; address is then
     "HOST:PORT". stop() (or leaving the `with`) stops it."""
 
     def __init__(self, root=None, serve=(), store=(), buffer=(), loader=(), token=None, listen="127.0.0.1:0",
                  extra=(), binary=None, start_timeout=60.0, stop_timeout=30.0):
-        self._bin = _binary(binary)
+        self._bin = find_binary(binary, "tensorwire.Node")
         self._tmp = None
         if root is None:
             self._tmp = tempfile.mkdtemp(prefix="tensorwire-node-")

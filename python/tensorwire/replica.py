@@ -20,12 +20,22 @@ memmaps in a folder of the replica's under the root, which the module reads
 without a copy (torch.from_numpy over the mapping); otherwise they travel
 with the messages as bytes.
 
+window=2 (to 4) lets the node keep that many batches in flight to the
+replica, so that the next batch waits in the stream while this process
+answers the last, rather than behind a round trip; the replica still runs
+them one at a time, in order. The default is 1: on 2 busy cores (CPU-bound,
+docs/benchmarks.md, 2026-11-29) a window of 2 made batches smaller (mean 2.9
+rows against 4.4 at 8 clients) and requests/s no higher; it is for a replica
+whose process waits on the node rather than on its CPU. A node older than
+windows sends one at a time by bytes, but refuses the folder of
+window*max_batch rows by reference: leave window=1 with such a node.
+
 A batch the module fails (it raised, or its outputs are not the model's)
 fails on the node with ForwardError carrying the message, and the node
 detaches the replica; the replica attaches again by itself, after a backoff
 (50 ms doubling to 5 s, reset by a batch that succeeds), as the node's own
-replicas are replaced. If the process dies mid-batch the node runs the batch
-on another replica.
+replicas are replaced. If the process dies mid-batch the node runs the
+batches it held on another replica.
 
 follow=(store, name), store a tensorwire.store.Store or its address: the
 replica loads every new version of the parameter set name that a trainer
@@ -48,6 +58,10 @@ from ._td import TD
 
 __all__ = ["Replica"]
 
+# The most batches a node keeps in flight to a replica (serve/replica.go's
+# maxWindow): a larger window would only ask for rows the node leaves unused.
+MAX_WINDOW = 4
+
 _log = logging.getLogger("tensorwire.serve")
 
 
@@ -63,7 +77,9 @@ class Replica:
     messages even when the root is shared. plain: None (auto), True or
     False: whether a model of one input field is called with the tensor
     itself rather than a dict. reattach: attach again after the node
-    detached this replica or the connection broke (default True).
+    detached this replica or the connection broke (default True). window:
+    the batches the node may keep in flight to it (1 to 4; 1: one at a
+    time, each after the last was answered).
 
     run() serves in the foreground until close() or KeyboardInterrupt;
     start() on a thread. Use it as a context manager, or close() it.
@@ -71,8 +87,11 @@ class Replica:
     module holds (0: its own until a first version is loaded)."""
 
     def __init__(self, node, name, module, device="cpu", token=None, root=None, follow=None, bytes_mode=False,
-                 plain=None, reattach=True, timeout=30.0):
+                 plain=None, reattach=True, timeout=30.0, window=1):
         import torch
+        if not 1 <= int(window) <= MAX_WINDOW:
+            raise InvalidArgumentError(f"serve: window={window}; want 1 to {MAX_WINDOW}")
+        self.window = int(window)
         self._torch = torch
         addr = getattr(node, "address", node)
         if isinstance(addr, _RPCClient):
@@ -207,8 +226,8 @@ class Replica:
     def _attach_once(self):
         """Attaches, serves batches until the stream ends; True when at
         least one batch succeeded."""
-        st = self._client.open_stream("serve.replica", _request(self.name, self._rel if self._ref else ""),
-                                      result_tds=("in",))
+        st = self._client.open_stream("serve.replica", _request(self.name, self._rel if self._ref else "",
+                                                                self.window), result_tds=("in",))
         with self._mu:
             if self._closed.is_set():
                 st.close()
@@ -238,11 +257,15 @@ class Replica:
         torch = self._torch
         bid = int(msg.get("batch", 0))
         n = int(msg.get("n", 0))
+        row = int(msg.get("row") or 0)  # by reference: its rows in the folder are [row, row+n)
         if not 1 <= n <= self.max_batch:
             return _answer(bid, self.version, f"a batch of {n} rows; the max batch is {self.max_batch}")
+        if self._ref and not (0 <= row and row + n <= self.window * self.max_batch):
+            return _answer(bid, self.version, f"a batch of rows [{row}, {row + n}); the folder has "
+                                              f"{self.window * self.max_batch}")
         try:
             if self._ref:
-                tensors = [t[:n] for t in self._in_t]
+                tensors = [t[row:row + n] for t in self._in_t]
             else:
                 src = msg.get("in") or {}
                 tensors = []
@@ -262,7 +285,7 @@ class Replica:
             return _answer(bid, self.version, f"{type(e).__name__}: {e}")
         if self._ref:
             for dst, t in zip(self._out_t, outs):
-                dst[:n].copy_(t)
+                dst[row:row + n].copy_(t)
             return _answer(bid, self.version)
         data = {}
         for (k, _, _), t in zip(self._out, outs):
@@ -373,7 +396,9 @@ class Replica:
 
     def _make_folder(self):
         """Makes the replica's folder under the root, as a client's slots
-        (serve.Client): ClientsDir/ID/{in,out,lock}, max_batch rows each."""
+        (serve.Client): ClientsDir/ID/{in,out,lock}, window*max_batch rows
+        each (a batch in flight's rows are [k*max_batch, (k+1)*max_batch)
+        for some k, the node's "row")."""
         root = self._client.root
         parent = os.path.join(root, *_serve.CLIENTS_DIR.split("/"))
         os.makedirs(parent, exist_ok=True)
@@ -386,8 +411,9 @@ class Replica:
             self._lock_fd = _serve._lock(os.path.join(tmp, "lock"))
             if self._lock_fd is None:
                 raise InternalError(f"serve: the lock of {tmp}, a folder this replica just made, is held")
-            _serve._create_td(os.path.join(tmp, "in"), self._in, self.max_batch)
-            _serve._create_td(os.path.join(tmp, "out"), self._out, self.max_batch)
+            rows = self.window * self.max_batch
+            _serve._create_td(os.path.join(tmp, "in"), self._in, rows)
+            _serve._create_td(os.path.join(tmp, "out"), self._out, rows)
             final = os.path.join(parent, name)
             os.rename(tmp, final)
         except BaseException:
@@ -395,19 +421,19 @@ class Replica:
             raise
         self._dir = final
         self._rel = _serve.CLIENTS_DIR + "/" + name
-        self._in_mm = _serve._map_td(os.path.join(final, "in"), self._in, self.max_batch)
-        self._out_mm = _serve._map_td(os.path.join(final, "out"), self._out, self.max_batch)
-        # Tensors over the mappings, made once: a batch's are views of their
-        # first rows (torch.from_numpy shares the mapping's memory).
+        self._in_mm = _serve._map_td(os.path.join(final, "in"), self._in, rows)
+        self._out_mm = _serve._map_td(os.path.join(final, "out"), self._out, rows)
+        # Tensors over the mappings, made once: a batch's are views of its
+        # rows (torch.from_numpy shares the mapping's memory).
         torch = self._torch
         self._in_t = [torch.from_numpy(np.asarray(a)) for a in self._in_mm]
         self._out_t = [torch.from_numpy(np.asarray(a)) for a in self._out_mm]
 
 
-def _request(name, prefix):
-    """serve.replica's request: the model, and the replica's folder under the
-    root ("" for rows as bytes)."""
-    return {"name": name, "prefix": prefix}
+def _request(name, prefix, window):
+    """serve.replica's request: the model, the replica's folder under the
+    root ("" for rows as bytes) and the batches it takes in flight."""
+    return {"name": name, "prefix": prefix, "window": window}
 
 
 def _answer(batch, version, error="", out=None):

@@ -23,16 +23,16 @@ class TestGoldenReplica(unittest.TestCase):
 
     def test_requests(self):
         g = self.g
-        self.assertEqual(self.pack(replica._request("policy", "")), g["serve.replica request, bytes"])
-        self.assertEqual(self.pack(replica._request("policy", ".tensorwire-serve/clients/00112233aabbccdd")),
+        self.assertEqual(self.pack(replica._request("policy", "", 2)), g["serve.replica request, bytes"])
+        self.assertEqual(self.pack(replica._request("policy", ".tensorwire-serve/clients/00112233aabbccdd", 2)),
                          g["serve.replica request, by reference"])
 
     def test_batches(self):
         b = decode(self.g["serve.replica batch, bytes"], ("in",))
-        self.assertEqual((b["batch"], b["n"]), (7, 2))
+        self.assertEqual((b["batch"], b["n"], b["row"]), (7, 2, 0))
         self.assertEqual((b["in"]["obs"].dtype, b["in"]["obs"].shape), (np.float32, (2, 3)))
         b = decode(self.g["serve.replica batch, by reference"], ("in",))
-        self.assertEqual((b["batch"], b["n"], b["in"]), (7, 2, None))
+        self.assertEqual((b["batch"], b["n"], b["row"], b["in"]), (7, 2, 16, None))
 
     def test_answers(self):
         g = self.g
