@@ -176,9 +176,16 @@ type pyRank struct {
 	out  *bufio.Reader
 	f    *os.File
 	done chan error
+	sc   *sidecar
 }
 
 func startSidecar(t *testing.T, addr, shmDir string, rank, size int, tr collective.Transport) *pyRank {
+	t.Helper()
+	return startSidecarWith(t, addr, shmDir, rank, size, tr, &sidecar{})
+}
+
+// startSidecarWith serves sc (its options set) as rank of size.
+func startSidecarWith(t *testing.T, addr, shmDir string, rank, size int, tr collective.Transport, sc *sidecar) *pyRank {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "data")
 	f, err := os.Create(path)
@@ -191,8 +198,7 @@ func startSidecar(t *testing.T, addr, shmDir string, rank, size int, tr collecti
 	t.Cleanup(func() { f.Close() })
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
-	p := &pyRank{in: inW, out: bufio.NewReader(outR), f: f, done: make(chan error, 1)}
-	sc := &sidecar{}
+	p := &pyRank{in: inW, out: bufio.NewReader(outR), f: f, done: make(chan error, 1), sc: sc}
 	cfg := collective.Config{Addr: addr, Rank: rank, Size: size, Transport: tr, ShmDir: shmDir, KeepAlive: 200 * time.Millisecond}
 	go func() {
 		p.done <- sc.serve(context.Background(), cfg, path, 20*time.Second, inR, outW)
