@@ -354,4 +354,8 @@ func TestCollectiveCmd_Usage(t *testing.T) {
 	if code := run(context.Background(), []string{"collective", "rank", "--addr", "127.0.0.1:1", "--rank", "0", "--size", "1"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--data") {
 		t.Fatalf("collective rank without --data: exit %d, %s", code, errb.String())
 	}
+	errb.Reset()
+	if code := run(context.Background(), []string{"collective", "rank", "--addr", "127.0.0.1:1", "--rank", "0", "--size", "1", "--data", "x", "--spin", "2s"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--spin") {
+		t.Fatalf("collective rank --spin 2s: exit %d, %s", code, errb.String())
+	}
 }
