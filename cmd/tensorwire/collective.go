@@ -28,11 +28,13 @@ import (
 
 var collectiveCmd = command{
 	name:  "collective",
-	usage: "tensorwire collective rank --addr HOST:PORT --rank R --size N --data FILE [--transport auto|shm|tcp|hier] [--shm-dir D] [--token-file F] [--join-timeout D] [--frozen-after D]",
+	usage: "tensorwire collective rank --addr HOST:PORT --rank R --size N --data FILE [--bell FILE] [--spin D] [--transport auto|shm|tcp|hier] [--shm-dir D] [--token-file F] [--join-timeout D] [--frozen-after D]",
 	help: "be one rank of a collective communicator for the process that started it (the Python client's " +
 		"tensorwire.collective starts one per rank): join the ranks at --addr (rank 0 listens there), then run " +
 		"the calls that arrive as frames on stdin, with the tensors in --data, a file both processes map, and " +
-		"answer each on stdout (docs/protocol.md, \"Collective sidecar pipe\"); the token is --token-file's, or " +
+		"answer each on stdout (docs/protocol.md, \"Collective sidecar pipe\"); with --bell, a second shared file whose " +
+		"words say which frame each side wrote last, it watches for the next request for --spin before sleeping in " +
+		"read, and says its replies there too; the token is --token-file's, or " +
 		"$TENSORWIRE_TOKEN's; the rank ends when stdin closes (its parent died: the other ranks see a lost rank), " +
 		"and breaks off when its parent stays stopped (SIGSTOP) for --frozen-after",
 	run: runCollective,
@@ -54,6 +56,8 @@ func runCollective(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.StringVar(&cfg.ShmDir, "shm-dir", "", "the shared folder for shared mappings (default /dev/shm)")
 	tokenFile := fs.String("token-file", "", "file holding the shared secret (default $TENSORWIRE_TOKEN)")
 	data := fs.String("data", "", "the data file shared with the parent")
+	bellPath := fs.String("bell", "", "the bell file shared with the parent (none: the pipe alone)")
+	spin := fs.Duration("spin", 50*time.Microsecond, "with --bell: how long to watch for the next request before sleeping (0: not at all)")
 	joinTimeout := fs.Duration("join-timeout", 60*time.Second, "how long to wait for the other ranks")
 	frozen := fs.Duration("frozen-after", 5*time.Second, "break off when the parent stays stopped this long (0: never)")
 	if _, err := parse(fs, args[1:]); err != nil {
@@ -80,7 +84,10 @@ func runCollective(ctx context.Context, args []string, stdout, stderr io.Writer)
 		cfg.Token = []byte(strings.TrimSpace(tok))
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	sc := &sidecar{frozenAfter: *frozen, ppid: os.Getppid()}
+	if *spin < 0 || *spin > time.Second {
+		return fmt.Errorf("%w: --spin %v: want 0 to 1s", errUsage, *spin)
+	}
+	sc := &sidecar{frozenAfter: *frozen, ppid: os.Getppid(), bellPath: *bellPath, spin: *spin}
 	return sc.serve(ctx, cfg, *data, *joinTimeout, os.Stdin, stdout)
 }
 
@@ -88,6 +95,10 @@ func runCollective(ctx context.Context, args []string, stdout, stderr io.Writer)
 type sidecar struct {
 	frozenAfter time.Duration
 	ppid        int // the parent watched for SIGSTOP (0: none)
+	bellPath    string
+	spin        time.Duration
+
+	bell *bell // nil: the pipe alone
 
 	c    *collective.Comm
 	d    *dataFile
@@ -130,6 +141,15 @@ func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath str
 	}
 	s.d = d
 	defer d.close()
+	if s.bellPath != "" {
+		b, err := openBell(s.bellPath, s.spin)
+		if err != nil {
+			s.reply(pyResp{Code: int(rpc.InvalidArgument), Reason: "collective.config", Msg: err.Error()})
+			return err
+		}
+		s.bell = b
+		defer b.close()
+	}
 	if err := cfg.Validate(); err != nil {
 		s.replyErr(0, err)
 		return err
@@ -149,7 +169,9 @@ func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath str
 	if err := s.reply(pyResp{Rank: c.Rank(), World: c.Size(), Transport: transportName(c.Transport())}); err != nil {
 		return err
 	}
+	var last int64 // the last request's id
 	for {
+		s.bell.await(uint32(last))
 		b, ok := next()
 		if ok && ctx.Err() != nil {
 			ok = false // broken off (the parent froze) while the frame came
@@ -170,6 +192,7 @@ func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath str
 			s.reply(pyResp{Code: int(rpc.InvalidArgument), Reason: "collective.sidecar", Msg: err.Error()})
 			return err
 		}
+		last = req.ID
 		resp, stop := s.handle(req)
 		resp.ID = req.ID
 		if resp.Code == 0 {
@@ -178,6 +201,7 @@ func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath str
 		if err := s.reply(resp); err != nil {
 			return err
 		}
+		s.bell.rung(resp.ID)
 		if stop {
 			return nil
 		}

@@ -176,9 +176,16 @@ type pyRank struct {
 	out  *bufio.Reader
 	f    *os.File
 	done chan error
+	sc   *sidecar
 }
 
 func startSidecar(t *testing.T, addr, shmDir string, rank, size int, tr collective.Transport) *pyRank {
+	t.Helper()
+	return startSidecarWith(t, addr, shmDir, rank, size, tr, &sidecar{})
+}
+
+// startSidecarWith serves sc (its options set) as rank of size.
+func startSidecarWith(t *testing.T, addr, shmDir string, rank, size int, tr collective.Transport, sc *sidecar) *pyRank {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "data")
 	f, err := os.Create(path)
@@ -191,8 +198,7 @@ func startSidecar(t *testing.T, addr, shmDir string, rank, size int, tr collecti
 	t.Cleanup(func() { f.Close() })
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
-	p := &pyRank{in: inW, out: bufio.NewReader(outR), f: f, done: make(chan error, 1)}
-	sc := &sidecar{}
+	p := &pyRank{in: inW, out: bufio.NewReader(outR), f: f, done: make(chan error, 1), sc: sc}
 	cfg := collective.Config{Addr: addr, Rank: rank, Size: size, Transport: tr, ShmDir: shmDir, KeepAlive: 200 * time.Millisecond}
 	go func() {
 		p.done <- sc.serve(context.Background(), cfg, path, 20*time.Second, inR, outW)
@@ -347,5 +353,9 @@ func TestCollectiveCmd_Usage(t *testing.T) {
 	}
 	if code := run(context.Background(), []string{"collective", "rank", "--addr", "127.0.0.1:1", "--rank", "0", "--size", "1"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--data") {
 		t.Fatalf("collective rank without --data: exit %d, %s", code, errb.String())
+	}
+	errb.Reset()
+	if code := run(context.Background(), []string{"collective", "rank", "--addr", "127.0.0.1:1", "--rank", "0", "--size", "1", "--data", "x", "--spin", "2s"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--spin") {
+		t.Fatalf("collective rank --spin 2s: exit %d, %s", code, errb.String())
 	}
 }

@@ -31,11 +31,14 @@ broken (BrokenError): close it and join again.
 """
 
 import itertools
+import math
+import mmap
 import os
 import struct
 import subprocess
 import tempfile
 import threading
+import time
 
 import numpy as np
 
@@ -148,12 +151,50 @@ _HDR = struct.Struct(">I")
 _MAX_FRAME = 1 << 20
 
 
+def _keep(k, v):
+    """Whether a request's key k with value v goes on the wire: zero values
+    are left out, numelem is kept at 0."""
+    return v is not None and (k == "numelem" or (v != 0 and v != [] and v != ""))
+
+
 def encode_frame(req):
     """One frame of the pipe: a 4-byte big-endian length and the msgpack map
     of req, keys sorted, zero values left out (numelem is kept at 0)."""
-    m = {k: v for k, v in req.items() if v is not None and (k == "numelem" or (v != 0 and v != [] and v != ""))}
-    body = _msgpack.packb(m)
-    return _HDR.pack(len(body)) + body
+    rid, size = req.get("id", 0), req.get("size", 0)
+    return _Template({k: v for k, v in req.items() if k not in ("id", "size")}, bool(rid), bool(size)).frame(rid, size)
+
+
+class _Template:
+    """A request's frame with its id and size still to fill in: a loop's
+    calls differ only there, so each call encodes two integers and joins
+    three byte strings (docs/protocol.md's bytes, as encode_frame's)."""
+
+    __slots__ = ("parts", "has_id", "has_size")
+
+    def __init__(self, req, has_id=True, has_size=True):
+        m = {k: v for k, v in req.items() if _keep(k, v)}
+        self.has_id, self.has_size = has_id, has_size
+        keys = sorted(list(m) + ["id"] * has_id + ["size"] * has_size)
+        parts, cur = [], [_msgpack._map_header(len(keys))]
+        for k in keys:
+            cur.append(_msgpack.pack_str(k))
+            if k in ("id", "size") and k not in m:
+                parts.append(b"".join(cur))
+                cur = []
+            else:
+                _msgpack._pack_into(m[k], cur)
+        parts.append(b"".join(cur))
+        self.parts = parts
+
+    def frame(self, rid, size):
+        p = self.parts
+        if self.has_id and self.has_size:
+            body = b"".join((p[0], _msgpack.pack_int(rid), p[1], _msgpack.pack_int(size), p[2]))
+        elif self.has_id or self.has_size:
+            body = b"".join((p[0], _msgpack.pack_int(rid if self.has_id else size), p[1]))
+        else:
+            body = p[0]
+        return _HDR.pack(len(body)) + body
 
 
 def decode_frame(body):
@@ -170,22 +211,55 @@ def _shm_dir(shm_dir):
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
-class _Sidecar:
-    """The sidecar process, its pipes and the shared data file."""
+# The bell file (docs/protocol.md, "Collective sidecar pipe"): the words
+# saying which request this side and which reply the sidecar wrote last,
+# as 32-bit word indexes of its mapping.
+_BELL_SIZE = 4096
+_BELL_REQ = 0
+_BELL_RESP = 64 // 4
 
-    def __init__(self, binary, addr, rank, size, token, token_file, transport, shm_dir, timeout, frozen_after):
+
+def _spin_seconds(spin):
+    if spin is None:
+        v = os.environ.get("TENSORWIRE_COLLECTIVE_SPIN_US")
+        spin = float(v) * 1e-6 if v else 0.0
+    spin = float(spin)
+    if not 0 <= spin <= 1:
+        raise ConfigError(f"spin {spin!r}: want 0 to 1 second")
+    return spin
+
+
+class _Sidecar:
+    """The sidecar process, its pipes, the shared data file and the bell."""
+
+    def __init__(self, binary, addr, rank, size, token, token_file, transport, shm_dir, timeout, frozen_after,
+                 spin):
         fd, path = tempfile.mkstemp(prefix="tensorwire-pyrank-", dir=_shm_dir(shm_dir))
         self._fd = fd
         self._size = 0
         self._mm = None
+        self._u8 = None
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._rbuf = b""
+        self._templates = {}
+        self._spin_ns = int(spin * 1e9)
+        self._bell = None
+        self._bell_mm = None
         self.closed = False
         self._p = None
+        bell_path = None
         try:
-            self._start(binary, path, addr, rank, size, token, token_file, transport, shm_dir, timeout,
-                        frozen_after)
+            if self._spin_ns:
+                bfd, bell_path = tempfile.mkstemp(prefix="tensorwire-pyrank-bell-", dir=_shm_dir(shm_dir))
+                try:
+                    os.ftruncate(bfd, _BELL_SIZE)
+                    self._bell_mm = mmap.mmap(bfd, _BELL_SIZE)
+                finally:
+                    os.close(bfd)
+                self._bell = memoryview(self._bell_mm).cast("I")
+            self._start(binary, path, bell_path, addr, rank, size, token, token_file, transport, shm_dir, timeout,
+                        frozen_after, spin)
         except BaseException:
             if self._p is not None:
                 if self._p.poll() is None:
@@ -194,10 +268,20 @@ class _Sidecar:
                 self._p.stdin.close()
                 self._p.stdout.close()
             os.close(self._fd)
+            self._close_bell()
             raise
+        finally:
+            if bell_path:
+                os.unlink(bell_path)
 
-    def _start(self, binary, path, addr, rank, size, token, token_file, transport, shm_dir, timeout,
-               frozen_after):
+    def _close_bell(self):
+        if self._bell is not None:
+            self._bell.release()
+            self._bell = None
+            self._bell_mm.close()
+
+    def _start(self, binary, path, bell_path, addr, rank, size, token, token_file, transport, shm_dir, timeout,
+               frozen_after, spin):
         try:
             self._grow(1 << 20)
             env = dict(os.environ)
@@ -205,6 +289,8 @@ class _Sidecar:
             args = [binary, "collective", "rank", "--addr", addr, "--rank", str(rank), "--size", str(size),
                     "--data", path, "--transport", transport or "auto", "--join-timeout", f"{timeout}s",
                     "--frozen-after", f"{frozen_after}s"]
+            if bell_path:
+                args += ["--bell", bell_path, "--spin", f"{round(spin * 1e6)}us"]
             if shm_dir:
                 args += ["--shm-dir", shm_dir]
             if token_file:
@@ -233,10 +319,10 @@ class _Sidecar:
         self._remap(n)
 
     def _remap(self, n):
-        import mmap
         if n <= self._size:
             return
         self._mm = mmap.mmap(self._fd, n)  # views of the old mapping keep it alive
+        self._u8 = np.frombuffer(self._mm, dtype=np.uint8)
         self._size = n
 
     def _read(self):
@@ -269,31 +355,66 @@ class _Sidecar:
         raise PeerLostError(f"this rank's sidecar (tensorwire collective rank, pid {self._p.pid}) exited "
                             f"with status {rc}; its messages are on stderr")
 
+    def _template(self, req, a):
+        """The frame template of req (without id and size) with input a."""
+        key = (tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in req.items() if k != "id"),
+               None if a is None else (a.dtype, type(a), a.shape))
+        t = self._templates.get(key)
+        if t is None:
+            m = {k: v for k, v in req.items() if k != "id"}
+            if a is not None:
+                m["has"] = True
+                m["dtype"] = dtype_name(a)[len("torch."):]
+                m["shape"] = list(a.shape)
+            t = _Template(m)
+            if len(self._templates) >= 256:
+                self._templates.clear()
+            self._templates[key] = t
+        return t
+
+    def _await(self, rid):
+        """Watches the bell for reply rid for the bounded spin (yielding the
+        processor between looks), so that the read after it finds the
+        reply there instead of sleeping until the sidecar writes it."""
+        bell = self._bell
+        want = rid & 0xFFFFFFFF
+        if bell is None or self._rbuf or bell[_BELL_RESP] == want:
+            return
+        now = time.perf_counter_ns
+        end = now() + self._spin_ns
+        yield_ = os.sched_yield
+        while bell[_BELL_RESP] != want:
+            if now() > end:
+                return
+            yield_()
+
     def call(self, req, a=None, write=True):
-        """Runs req with input a (a contiguous numpy array, written at
-        offset 0 unless write is False: only its shape counts) and returns
-        the reply (raising its error)."""
+        """Runs req (its id set) with input a (a contiguous numpy array,
+        written at offset 0 unless write is False: only its shape counts)
+        and returns the reply (raising its error)."""
         with self._lock:
             if self.closed:
                 raise ClosedError("the communicator is closed")
             if a is not None:
-                req["has"] = True
-                req["dtype"] = dtype_name(a)[len("torch."):]
-                req["shape"] = list(a.shape)
-                if a.nbytes > self._size:
-                    self._grow(a.nbytes)
-                if write and a.nbytes:
-                    dst = np.frombuffer(self._mm, dtype=np.uint8, count=a.nbytes)
-                    dst[:] = a.reshape(-1).view(np.uint8)
-            req["size"] = self._size
-            frame = encode_frame(req)
+                nb = a.nbytes
+                if nb > self._size:
+                    self._grow(nb)
+                if write and nb:
+                    self._u8[:nb] = a.reshape(-1).view(np.uint8)
+            rid = req["id"]
+            frame = self._template(req, a).frame(rid, self._size)
             try:
                 try:
-                    view = memoryview(frame)
-                    while view:
-                        view = view[os.write(self._in, view):]
+                    n = os.write(self._in, frame)
+                    if n < len(frame):
+                        view = memoryview(frame)[n:]
+                        while view:
+                            view = view[os.write(self._in, view):]
                 except OSError:
                     self._dead()
+                if self._bell is not None:
+                    self._bell[_BELL_REQ] = rid & 0xFFFFFFFF
+                    self._await(rid)
                 resp = self._read()
             except TensorwireError:
                 raise
@@ -315,8 +436,9 @@ class _Sidecar:
         name = "torch." + resp["dtype"]
         dt = numpy_dtype(name)
         shape = tuple(resp.get("shape") or ())
-        n = int(np.prod(shape, dtype=np.int64))
-        a = np.frombuffer(self._mm, dtype=dt, count=n, offset=resp.get("off", 0)).reshape(shape).copy()
+        n = math.prod(shape)
+        off = resp.get("off", 0)
+        a = self._u8[off:off + n * dt.itemsize].view(dt).reshape(shape).copy()
         return a, name
 
     def close(self):
@@ -325,8 +447,10 @@ class _Sidecar:
                 return
             self.closed = True
             try:
-                frame = encode_frame({"id": next(self._ids), "op": "close"})
-                os.write(self._in, frame)
+                rid = next(self._ids)
+                os.write(self._in, encode_frame({"id": rid, "op": "close"}))
+                if self._bell is not None:
+                    self._bell[_BELL_REQ] = rid & 0xFFFFFFFF
                 self._read()
             except (OSError, TensorwireError):
                 pass
@@ -341,7 +465,8 @@ class _Sidecar:
                 self._p.kill()
                 self._p.wait()
             os.close(self._fd)
-            self._mm = None
+            self._mm = self._u8 = None
+            self._close_bell()
 
 
 # Tensors in and out: numpy arrays stay numpy; torch tensors come back as
@@ -489,7 +614,39 @@ class MPI_Communicator:
         return self._run("scatter", x, like=like, axis=_axis(axis, like), root=root, numelem=numelem)
 
     def _alltoall(self, x, gatheraxis, scatteraxis, numelem):
-        return self._run("alltoall", x, axis=_axis(gatheraxis, x), axis2=_axis(scatteraxis, x), numelem=numelem)
+        g, s = _axis(gatheraxis, x), _axis(scatteraxis, x)
+        if g == s and 0 <= g < len(x.shape):
+            return self._redistribute(x, g, numelem)
+        return self._run("alltoall", x, axis=g, axis2=s, numelem=numelem)
+
+    def _redistribute(self, x, axis, numelem):
+        """mpi4torch's Alltoall with gatheraxis == scatteraxis: the ranks'
+        tensors joined along axis (rank order) are cut again, rank r
+        getting the r-th piece of numelem elements (this rank's count, as
+        mpi4torch; a list of every rank's; None: equal pieces). Done as an
+        Allgather of the counts and one of the tensors, each rank keeping
+        its piece: every rank receives the whole, so this is for the small
+        and medium tensors such a redistribution is used on."""
+        n = self.size
+        if isinstance(numelem, (list, tuple)):
+            counts = [int(c) for c in numelem]
+            if len(counts) != n:
+                raise ArgumentError(f"Alltoall: {len(counts)} counts for {n} ranks")
+        else:
+            mine = -1 if numelem is None else int(numelem)
+            counts = [int(c) for c in self._allgather(np.array([mine], dtype=np.int64), 0)]
+        whole = self._allgather(x, axis)
+        total = whole.shape[axis]
+        if all(c == -1 for c in counts):
+            if total % n:
+                raise ArgumentError(f"Alltoall: {total} elements along axis {axis} do not split in {n} equal pieces")
+            counts = [total // n] * n
+        if any(c < 0 for c in counts) or sum(counts) != total:
+            raise ArgumentError(f"Alltoall: the ranks' counts {counts} do not add up to the {total} elements "
+                                f"along axis {axis} of their tensors")
+        lo = sum(counts[:self.rank])
+        piece = whole[(slice(None),) * axis + (slice(lo, lo + counts[self.rank]),)]
+        return piece.contiguous() if _is_torch(piece) else np.ascontiguousarray(piece)
 
     def _reducescatter(self, x, op, axis, numelem):
         return self._run("reducescatter", x, red=op, axis=_axis(axis, x), numelem=numelem)
@@ -552,7 +709,11 @@ class MPI_Communicator:
 
     def Alltoall(self, tensor, gatheraxis, scatteraxis, numelem):
         """Rank r gets piece r (along scatteraxis, numelem elements there
-        on this rank) of every rank's tensor, joined along gatheraxis."""
+        on this rank) of every rank's tensor, joined along gatheraxis. With
+        gatheraxis == scatteraxis (mpi4torch's redistribution): the ranks'
+        tensors joined along the axis, cut again in pieces of every rank's
+        numelem, rank r getting piece r (its backward the redistribution
+        back)."""
         if _is_torch(tensor):
             return _fn("Alltoall").apply(tensor, self, gatheraxis, scatteraxis, numelem)
         return self._alltoall(tensor, gatheraxis, scatteraxis, numelem)
@@ -635,7 +796,7 @@ def _fn(name):
 
 
 def join(addr=None, rank=None, size=None, *, token=None, token_file=None, transport="auto", shm_dir=None,
-         timeout=60, frozen_after=5, binary=None):
+         timeout=60, frozen_after=5, binary=None, spin=None):
     """Joins a communicator: rank of size, rank 0 listening at addr
     ("host:port"), the others reaching it there (they may start in any
     order within timeout seconds). Without arguments, torchrun's variables:
@@ -648,7 +809,13 @@ def join(addr=None, rank=None, size=None, *, token=None, token_file=None, transp
     "tcp" or "hier" (shared mappings within each host, TCP between hosts;
     a host is a kernel and a shm_dir). The sidecar is the tensorwire binary: binary, $TENSORWIRE_BIN, the
     one bundled by a wheel built with Go, or PATH's. A rank stopped (SIGSTOP) frozen_after seconds is lost to the
-    others."""
+    others. spin is how long (seconds, at most 1; default
+    $TENSORWIRE_COLLECTIVE_SPIN_US microseconds, else 0) this process and
+    its sidecar each watch for the other's next frame before sleeping in
+    read, yielding the processor between looks: it saves the wake-ups of a
+    call where every rank's two processes have a core of their own, and
+    costs more than it saves where they do not (docs/collective.md, "Why a
+    sidecar"); 0 sleeps at once (the pipe alone)."""
     env = os.environ
     if addr is None:
         if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
@@ -666,7 +833,7 @@ def join(addr=None, rank=None, size=None, *, token=None, token_file=None, transp
     if token is None and token_file is None:
         token = env.get("TENSORWIRE_TOKEN") or None
     s = _Sidecar(_binary(binary), addr, rank, size, token, token_file, transport, shm_dir, timeout,
-                 frozen_after)
+                 frozen_after, _spin_seconds(spin))
     return MPI_Communicator(s)
 
 

@@ -72,6 +72,24 @@ def cases(n, r):
     aa = [data(q, (q + 1, tot), 5) for q in range(n)]
     out.append(("Alltoall", lambda c, x: c.Alltoall(x, 0, 1, r + 1), aa[r],
                 np.concatenate([a[:, off[r]:off[r + 1]] for a in aa], axis=0)))
+    # mpi4torch's redistribution (gatheraxis == scatteraxis): rank q holds
+    # q+1 rows, and gets n-q of the joined ones; then back, and equal pieces.
+    rd = [data(q, (2, q + 1, 3), 9) for q in range(n)]
+    joined = np.concatenate(rd, axis=1)
+    new = offsets([n - q for q in range(n)])
+    out.append(("Alltoall redistribution", lambda c, x: c.Alltoall(x, 1, 1, n - r), rd[r],
+                joined[:, new[r]:new[r + 1]]))
+    out.append(("Alltoall redistribution, negative axis, counts list",
+                lambda c, x: c.Alltoall(x, -2, 1, [n - q for q in range(n)]), rd[r], joined[:, new[r]:new[r + 1]]))
+    eq = [data(q, (n, 2), 10) for q in range(n)] if n > 1 else [data(0, (1, 2), 10)]
+    eqj = np.concatenate(eq, axis=0)
+    out.append(("Alltoall redistribution, equal pieces", lambda c, x: c.Alltoall(x, 0, 0, None), eq[r],
+                eqj[eqj.shape[0] // n * r:eqj.shape[0] // n * (r + 1)]))
+    # mpi4torch's tests: Scatter of a Gather is an Alltoall, and two Alltoalls are the identity.
+    mt = data(r, (3, 1, n, 2), 11)
+    mts = [data(q, (3, 1, n, 2), 11) for q in range(n)]
+    out.append(("Alltoall as Scatter(Gather)", lambda c, x: c.Alltoall(x, 1, 2, 1), mt,
+                np.concatenate([m[:, :, r:r + 1] for m in mts], axis=1)))
     rs = [data(q, (tot, 2), 6) for q in range(n)]
     out.append(("ReduceScatter", lambda c, x: c.ReduceScatter(x, mpi4torch.MPI_SUM, 0, r + 1), rs[r],
                 sum(rs)[off[r]:off[r + 1]]))
@@ -81,6 +99,7 @@ def cases(n, r):
 def mode_ops(comm):
     n, r = comm.size, comm.rank
     report["transport"] = comm.transport
+    report["bell"] = comm._s._bell is not None
     for name, fn, x, want in cases(n, r):
         # Forward, torch and numpy, against the plain computation.
         got = fn(comm, torch.from_numpy(x.copy()))
@@ -210,6 +229,8 @@ def mode_errors(comm):
     msgs["dtype"] = expect(mpi4torch.MismatchError, lambda: comm.Allreduce(
         np.zeros(3, dtype=np.float32 if r == 0 else np.float64), mpi4torch.MPI_SUM), "mismatched dtypes")
     msgs["root"] = expect(mpi4torch.ArgumentError, lambda: comm.Bcast_(np.zeros(3), n), "root out of range")
+    msgs["redistribution"] = expect(mpi4torch.ArgumentError, lambda: comm.Alltoall(np.zeros((2, 3)), 0, 0, 3),
+                                    "redistribution counts that do not add up")
     x = torch.ones(3, requires_grad=True)
     y = comm.Allreduce(x, mpi4torch.MPI_MAX)
     msgs["adjoint"] = expect(mpi4torch.NoAdjointError, lambda: y.sum().backward(), "MAX backward")

@@ -79,6 +79,12 @@ class TestCollectiveOps(unittest.TestCase):
     """Every operation and root, forward (torch and numpy) and its adjoint's
     dot-product test, at 2, 3 and 4 ranks on both transports."""
 
+    def test_ops_with_the_bell(self):
+        """The same with the bell's bounded spin (join(spin=...)) on each
+        side of every rank's pipe."""
+        reports = run_ranks(self, "ops", 3, "shm", extra={"TENSORWIRE_COLLECTIVE_SPIN_US": "50"})
+        self.assertEqual([rep["bell"] for rep in reports], [True] * 3)
+
 
 def _ops_test(size, transport):
     def test(self):

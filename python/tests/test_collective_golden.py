@@ -39,6 +39,17 @@ class TestCollectiveGolden(unittest.TestCase):
             with self.subTest(name):
                 self.assertEqual(collective.encode_frame(req).hex(), self.g[name].hex())
 
+    def test_bell(self):
+        """The bell file's words (join(spin=...)): the request's id at
+        offset 0, the reply's at 64, as the sidecar reads and writes them."""
+        page = bytearray(collective._BELL_SIZE)
+        words = memoryview(page).cast("I")
+        words[collective._BELL_REQ] = 7
+        words[collective._BELL_RESP] = 7
+        words.release()
+        self.assertEqual(bytes(page[:68]).hex(), self.g["bell-7"].hex())
+        self.assertFalse(any(page[68:]))
+
     def test_replies(self):
         def body(name):
             b = self.g[name]
