@@ -108,7 +108,8 @@ class Device:
         raise NotImplementedError
 
     def staging(self, shape, dtype):
-        """A host buffer device copies are made from (pinned for CUDA)."""
+        """A host buffer device copies are made from (pinned for CUDA), or
+        None to copy from the batch itself."""
         import torch
         return torch.empty(shape, dtype=dtype)
 
@@ -207,7 +208,10 @@ class ShmDevice(Device):
         import torch
         t = torch.empty(shape, dtype=dtype)
         _storage(t)._share_filename_cpu_()  # moved into a shared-memory file, in place
-        return t
+        return t.zero_()  # its pages touched now rather than at the first batches
+
+    def staging(self, shape, dtype):
+        return None  # host memory already: batches are copied in directly
 
     def copy_in(self, dst, src):
         dst.copy_(src)
@@ -235,16 +239,21 @@ class Ring:
         self.stage = {k: dev.staging(shape, dt) for k, dt, shape in self.fields}
 
     def fill(self, slot, flat, rows):
-        """Copies a batch ({key path: numpy array of rows rows}) into slot and
-        waits until the device holds it."""
+        """Starts copying a batch ({key path: numpy array of rows rows}) into
+        slot; returns the event to wait() for before the batch is published."""
         import torch
         for k, dt, _ in self.fields:
             a = flat[k]
             src = torch.from_numpy(a) if dt != torch.bfloat16 else torch.from_numpy(a).view(torch.bfloat16)
-            st = self.stage[k][:rows]
-            st.copy_(src)
-            self.dev.copy_in(self.slots[slot][k][:rows], st)
-        self.dev.wait(self.dev.record())
+            if self.stage[k] is not None:
+                st = self.stage[k][:rows]
+                st.copy_(src)
+                src = st
+            self.dev.copy_in(self.slots[slot][k][:rows], src)
+        return self.dev.record()
+
+    def wait(self, ev):
+        self.dev.wait(ev)
 
     def blob(self, ring_id):
         """The slots' storages shared: what device.msgpack holds."""

@@ -279,10 +279,13 @@ class Producer:
             flat = self._check(st, b, g)
             if leaves is not None:
                 start = g["slot"] * B
+                ev = None
+                if dring is not None:  # copied to the device while the host ring is written
+                    ev = dring.fill(g["slot"], flat, g["rows"])
                 for path, a in flat.items():
                     leaves[path][start:start + g["rows"]] = a
                 if dring is not None:
-                    dring.fill(g["slot"], flat, g["rows"])  # on the device before it is published
+                    dring.wait(ev)  # on the device before it is published
                 st.send({"error": "", "published": g, "rows": None})
             else:
                 st.send({"error": "", "published": g, "rows": TD(_nest(flat))})
