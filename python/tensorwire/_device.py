@@ -244,7 +244,8 @@ class Ring:
         import torch
         for k, dt, _ in self.fields:
             a = flat[k]
-            src = torch.from_numpy(a) if dt != torch.bfloat16 else torch.from_numpy(a).view(torch.bfloat16)
+            # numpy has no bfloat16: its arrays hold the raw bits (_td.DTYPES)
+            src = torch.from_numpy(a) if dt != torch.bfloat16 else torch.from_numpy(a.view("<i2")).view(dt)
             if self.stage[k] is not None:
                 st = self.stage[k][:rows]
                 st.copy_(src)
@@ -265,9 +266,10 @@ class Ring:
         """Writes the blob into the ring's folder, atomically."""
         path = os.path.join(folder, BLOB)
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)  # as the ring's files
+        with os.fdopen(fd, "wb") as f:
             f.write(msgpack.packb(self.blob(ring_id), use_bin_type=True))
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # replaces a link of that name, never follows it
         return path
 
 
@@ -275,10 +277,11 @@ def read_blob(folder):
     """The blob of the ring at folder, or None when it has none (a producer
     without a device, or by bytes)."""
     try:
-        with open(os.path.join(folder, BLOB), "rb") as f:
-            return msgpack.unpackb(f.read(), raw=False)
+        fd = os.open(os.path.join(folder, BLOB), os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
+    with os.fdopen(fd, "rb") as f:
+        return msgpack.unpackb(f.read(), raw=False)
 
 
 def views(dev, blob, schema):

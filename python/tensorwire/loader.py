@@ -767,11 +767,18 @@ class Consumer:
             v = arr if n == len(arr) else arr[:n]
             if as_torch or self._dev is not None:
                 import torch
-                v = torch.from_numpy(v)
+                if key in self._bf16():  # numpy holds bfloat16 as its raw bits
+                    v = torch.from_numpy(v.view("<i2")).view(torch.bfloat16)
+                else:
+                    v = torch.from_numpy(v)
                 if self._dev is not None:
                     v = self._to_device(v)
             set_path(td, key, v)
         return td
+
+    def _bf16(self):
+        """The keys of the schema's bfloat16 tensors."""
+        return {tuple(f["key"]) for f in self._info["schema"] if f["dtype"] == "torch.bfloat16"}
 
     def stats(self, timeout=None):
         """The producer's figures (loader.stats)."""

@@ -32,7 +32,7 @@ import numpy as np
 
 from . import _device
 from . import errors as _errors
-from ._td import TD, as_array, dtype_name, set_path
+from ._td import DTYPES, TD, as_array, dtype_name, set_path
 from .dataset import load_memmap
 from .loader import _FENCE_OK, ArgumentError, InUseError, NoProducerError, _Backoff, _flat, _unreachable
 from .rpc import Client, Sharing, StreamEnd
@@ -388,7 +388,8 @@ class Producer:
         for f in self.schema:
             key = tuple(f["key"])
             a = flat.get(key)
-            if a is None or dtype_name(a) != f["dtype"] or a.shape != (rows,) + tuple(f["shape"]):
+            # By the numpy dtype (DTYPES): a bfloat16 leaf maps as its raw bits.
+            if a is None or a.dtype != DTYPES[f["dtype"]] or a.shape != (rows,) + tuple(f["shape"]):
                 raise _errors.InternalError(f"loader: the ring at {path} does not hold {'/'.join(key)} "
                                             f"{f['dtype']} {[rows] + f['shape']}")
             leaves[key] = a

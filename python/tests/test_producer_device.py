@@ -11,7 +11,6 @@ their own. The CUDA tests at the end run the same checks on "cuda:0" and
 skip without a GPU (scripts/device.sh runs them on one)."""
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -24,6 +23,8 @@ try:
     import torch.utils.data as tud
 except ImportError:  # pragma: no cover
     torch = None
+
+import numpy as np
 
 from tensorwire import Client, InvalidArgumentError, loader
 
@@ -239,12 +240,67 @@ class TestDeviceStandIn(DeviceCase, unittest.TestCase):
         self.assertEqual((r["delivery"], p.delivery), ("host", "host"))
         self.assertEqual(sorted(r["ids"]), list(range(N)))
 
+    def test_bfloat16_on_both_paths(self):
+        """bfloat16 tensors (numpy has no such dtype: the host ring holds
+        their bits) come out as bfloat16 with their values, as views and by
+        the host path."""
+        x = (torch.arange(N, dtype=torch.float32) / 4).to(torch.bfloat16)
+        dl = tud.DataLoader(tud.TensorDataset(x.reshape(N, 1), torch.arange(N)), batch_size=32)
+        self.producer(dl)
+        for dev, delivery in ((self.device, "device"), (self.other, "host")):
+            c = loader.Consumer(self.node.addr, "train", 32, token=TOKEN, root=self.node.root, device=dev,
+                                timeout=60)
+            self.addCleanup(c.close)
+            got = {}
+            for v, i in c:
+                self.assertEqual(v.dtype, torch.bfloat16)
+                got.update(zip(i.tolist(), v[:, 0].float().tolist()))
+            self.assertEqual(c.delivery, delivery)
+            self.assertEqual(got, dict(zip(range(N), x.float().tolist())))
+
     def test_bad_device_is_an_argument_error(self):
         for bad in ("tpu:0", "cuda:x", "shm:-1"):
             with self.assertRaises(InvalidArgumentError):
                 loader.Producer(self.node.addr, "train", [], token=TOKEN, device=bad)
             with self.assertRaises(InvalidArgumentError):
                 loader.Consumer(self.node.addr, "train", 8, token=TOKEN, device=bad)
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class TestDeviceBlob(unittest.TestCase):
+    def test_blob_format_and_views(self):
+        """device.msgpack as docs/loader.md's Files table says, written
+        without following a link: a consumer's views of it alias the
+        producer's slots (a write there shows through them)."""
+        import tempfile
+        import msgpack
+        from tensorwire import _device
+        schema = [{"key": ["a", "x"], "dtype": "torch.int32", "shape": [2]},
+                  {"key": ["y"], "dtype": "torch.bfloat16", "shape": []}]
+        dev = _device.parse("shm:3")
+        ring = _device.Ring(dev, schema, 4, 2)
+        with tempfile.TemporaryDirectory() as d:
+            os.symlink(os.path.join(d, "elsewhere"), os.path.join(d, _device.BLOB + ".link"))
+            ring.write_blob(d, "r1")
+            with open(os.path.join(d, _device.BLOB), "rb") as f:
+                blob = msgpack.unpackb(f.read(), raw=False)
+            self.assertEqual(set(blob), {"version", "ring", "kind", "device", "identity", "batch", "slots"})
+            self.assertEqual((blob["version"], blob["ring"], blob["kind"], blob["device"], blob["batch"]),
+                             (1, "r1", "shm", "shm:3", 4))
+            self.assertEqual(len(blob["slots"]), 2)
+            self.assertEqual([e["key"] for e in blob["slots"][1]], [["a", "x"], ["y"]])
+            self.assertEqual(set(blob["slots"][0][0]["share"]), {"manager", "handle", "size"})
+            views = _device.views(dev, _device.read_blob(d), schema)
+            ev = ring.fill(1, {("a", "x"): np.arange(8, dtype=np.int32).reshape(4, 2),
+                               ("y",): np.full(4, 0x3F80, np.uint16)}, 4)  # bfloat16 1.0
+            ring.wait(ev)
+            self.assertEqual(views[1][("a", "x")].tolist(), [[0, 1], [2, 3], [4, 5], [6, 7]])
+            self.assertEqual(views[1][("y",)].dtype, torch.bfloat16)
+            self.assertEqual(views[1][("y",)].tolist(), [1.0] * 4)
+            self.assertEqual(views[0][("a", "x")].tolist(), [[0, 0]] * 4)
+            os.replace(os.path.join(d, _device.BLOB + ".link"), os.path.join(d, _device.BLOB))
+            with self.assertRaises(OSError):
+                _device.read_blob(d)  # a link is not followed
 
 
 @unittest.skipUnless(CUDA, "no CUDA device here (torch.cuda.is_available() is false): "
