@@ -591,8 +591,8 @@ class Consumer:
         the work queued meanwhile (an event): the node grants no slot a
         consumer holds (Producer.takeSlot, loader/producer.go), so the
         producer cannot rewrite it under the body. A batch straddling
-        producer batches is copied on the device (torch.cat) and the
-        slots released once the copy is done. Releases wait for the
+        producer batches is copied on the device piece by piece, each
+        producer batch released once its piece is copied. Releases wait for the
         device's events only when the consumer would otherwise hold more
         than half the ring while it waits for the next batch."""
         try:
@@ -604,12 +604,11 @@ class Consumer:
         if not views:
             yield from self._iterate_all(s, epoch, first)
             return
-        import torch
         dev = self._dev
-        B, Bp = self.batch_size, s.info["batch"]
+        B = self.batch_size
         hold = max(1, s.info["slots"] // 2)
-        pieces, pos, yielded = [], 0, 0
-        pend = []  # (event, release through, announcement to check): bodies returned, their work maybe queued
+        cur, pos, yielded = None, 0, 0  # a batch straddling producer batches, copied on the device so far
+        pend = []  # (event, release through, announcement to check): work maybe still queued on a slot
         released = 0  # batches of the epoch before this one released
         complete = False
 
@@ -619,7 +618,7 @@ class Consumer:
                                    f"its device slot was read")
 
         def flush(next_index):
-            # Releases the batches whose holders' device work is done; waits
+            # Releases the batches whose readers' device work is done; waits
             # for it while the consumer would hold more than half the ring.
             nonlocal released
             while pend:
@@ -635,54 +634,56 @@ class Consumer:
                     released = through
                     s.release(epoch, through)
 
-        def batch_of(pieces, n):
-            if len(pieces) == 1:
-                a, off, take = pieces[0]
-                return {k: t[off:off + take] for k, t in views[a["slot"]].items()}, True
-            out = {}
-            for k in views[0]:
-                out[k] = torch.cat([views[a["slot"]][k][off:off + take] for a, off, take in pieces])
-            return out, False
-
         try:
             a, index = first[0], 0
             while True:
-                off = 0
+                slot, off = views[a["slot"]], 0
                 while off < a["rows"]:
                     take = min(B - pos, a["rows"] - off)
-                    pieces.append((a, off, take))
-                    pos += take
-                    off += take
-                    last = index + 1 == a["count"] and off == a["rows"]
-                    if pos < B and not last:
-                        continue
-                    if pos < B and self.drop_last:
-                        break
-                    through = a["index"] + (1 if off == a["rows"] else 0)
-                    out, is_view = batch_of(pieces, pos)
-                    if is_view:
+                    last = index + 1 == a["count"] and off + take == a["rows"]
+                    if pos == 0 and (take == B or last):
+                        # Within this producer batch: a view of its slot,
+                        # held until the body returns and its work is done.
+                        off += take
+                        if take < B and self.drop_last:
+                            break
+                        out = {k: t[off - take:off] for k, t in slot.items()}
                         _fence()
                         check(a)  # not rewritten before the body begins
-                    else:
-                        dev.wait(dev.record())  # the copy is done: the slots are free again
-                        _fence()
-                        for p in pieces:
-                            check(p[0])
-                    n, done_pieces = pos, pieces
-                    pieces, pos = [], 0
+                        yielded += take
+                        self._state = {"epoch": epoch, "samples": yielded}
+                        yield self._out_flat(out)
+                        pend.append((dev.record(), a["index"] + (1 if off == a["rows"] else 0), a))
+                        flush(index + 1)
+                        continue
+                    # Straddling producer batches: copied on the device piece
+                    # by piece, each producer batch released once its copy
+                    # is done.
+                    if cur is None:
+                        import torch
+                        cur = {k: torch.empty((B,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+                               for k, t in slot.items()}
+                    for k, t in slot.items():
+                        cur[k][pos:pos + take].copy_(t[off:off + take])
+                    pos += take
+                    off += take
+                    if pos < B and not last:
+                        continue
+                    n, out, cur, pos = pos, cur, None, 0
+                    if n < B and self.drop_last:
+                        break
+                    pend.append((dev.record(), a["index"] + (1 if off == a["rows"] else 0), a))
+                    dev.wait(pend[-1][0])
+                    flush(index + 1)  # checks the slot's word after the copy: it was whole
                     yielded += n
                     self._state = {"epoch": epoch, "samples": yielded}
-                    if not is_view:
-                        pend.append((None, through, done_pieces[-1][0]))
-                        flush(index + 1)
-                    yield self._out_flat(out)
-                    if is_view:
-                        pend.append((dev.record(), through, a))  # the body has returned
-                        flush(index + 1)
+                    yield self._out_flat({k: v[:n] for k, v in out.items()})
+                if cur is not None:  # this producer batch is copied into the batch under way
+                    pend.append((dev.record(), a["index"] + 1, a))
                 index += 1
                 if index == a["count"]:
                     complete = True
-                    flush(1 << 62)  # waits for every holder
+                    flush(1 << 62)  # waits for every reader
                     s.release(epoch, index)
                     self._state = {"epoch": epoch + 1, "samples": 0}
                     return

@@ -212,6 +212,31 @@ class DeviceCase:
         self.assertEqual(sorted(r["ids"]), list(range(N)))
         self.assertEqual(r["devices"], [str(torch.empty(0, device=self.other_torch_device()).device)])
 
+    def test_batches_straddling_three_slots_of_a_ring_of_two(self):
+        """A ring of 2 slots of 32 and consumer batches of 60, the second of
+        which spans producer batches 1, 2 and 3: copied on the device piece
+        by piece, each slot released once copied, so the ring of 2 serves
+        it (holding the pieces until the batch is whole would wait for a
+        third slot until the node dropped the consumer). Two epochs, every
+        sample once, nobody dropped."""
+        self.node.close()
+        self.slots = 2
+        self.setUp()
+        dl = tud.DataLoader(Images(), batch_size=32)
+        self.producer(dl)
+        c = loader.Consumer(self.node.addr, "train", 60, token=TOKEN, root=self.node.root, device=self.device,
+                            timeout=60)
+        self.addCleanup(c.close)
+        for _ in range(2):
+            sizes, ids = [], []
+            for b in c:
+                sizes.append(len(b["label"]))
+                ids += ids_of({k: v.cpu() for k, v in b.items()})
+            self.assertEqual((sizes, sorted(ids)), ([60, 60, 30], list(range(N))))
+            self.assertEqual(c.delivery, "device")
+        st = self.stats()
+        self.assertEqual((st["dropped"], st["dropped_slow"]), (0, 0))
+
     def stats(self):
         with Client(self.node.addr, token=TOKEN) as cl:
             return cl.call("loader.stats", {"name": "train"}, timeout=30)
