@@ -16,6 +16,10 @@ the copy (a batch rewritten meanwhile is DroppedError, never torn data);
 otherwise the rows travel with the stream's messages. A heartbeat thread
 keeps the consumer joined while the loop's body trains.
 
+With device="cuda:N" batches come as tensors on that GPU: views of the
+producer's device slots when it put them there (docs/loader.md, "GPU
+delivery"), held until the loop's body returns, else copied there.
+
 The node restarting is ridden out as the Go consumer does: an iteration
 begun while the node is unreachable joins again after a backoff with full
 jitter (its bound 20 ms doubling to 1 s) until the node answers, for up to

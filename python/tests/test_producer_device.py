@@ -212,6 +212,24 @@ class DeviceCase:
         self.assertEqual(sorted(r["ids"]), list(range(N)))
         self.assertEqual(r["devices"], [str(torch.empty(0, device=self.other_torch_device()).device)])
 
+    def test_bfloat16_on_both_paths(self):
+        """bfloat16 tensors (numpy has no such dtype: the host ring holds
+        their bits) come out as bfloat16 with their values, as views and by
+        the host path."""
+        x = (torch.arange(N, dtype=torch.float32) / 4).to(torch.bfloat16)
+        dl = tud.DataLoader(tud.TensorDataset(x.reshape(N, 1), torch.arange(N)), batch_size=32)
+        self.producer(dl)
+        for dev, delivery in ((self.device, "device"), (self.other, "host")):
+            c = loader.Consumer(self.node.addr, "train", 32, token=TOKEN, root=self.node.root, device=dev,
+                                timeout=60)
+            self.addCleanup(c.close)
+            got = {}
+            for v, i in c:
+                self.assertEqual(v.dtype, torch.bfloat16)
+                got.update(zip(i.tolist(), v[:, 0].float().tolist()))
+            self.assertEqual(c.delivery, delivery)
+            self.assertEqual(got, dict(zip(range(N), x.float().tolist())))
+
     def test_batches_straddling_three_slots_of_a_ring_of_two(self):
         """A ring of 2 slots of 32 and consumer batches of 60, the second of
         which spans producer batches 1, 2 and 3: copied on the device piece
@@ -264,24 +282,6 @@ class TestDeviceStandIn(DeviceCase, unittest.TestCase):
         r = self.lines(self.spawn(CONSUMER, 32, self.device, 1), 1)[0]
         self.assertEqual((r["delivery"], p.delivery), ("host", "host"))
         self.assertEqual(sorted(r["ids"]), list(range(N)))
-
-    def test_bfloat16_on_both_paths(self):
-        """bfloat16 tensors (numpy has no such dtype: the host ring holds
-        their bits) come out as bfloat16 with their values, as views and by
-        the host path."""
-        x = (torch.arange(N, dtype=torch.float32) / 4).to(torch.bfloat16)
-        dl = tud.DataLoader(tud.TensorDataset(x.reshape(N, 1), torch.arange(N)), batch_size=32)
-        self.producer(dl)
-        for dev, delivery in ((self.device, "device"), (self.other, "host")):
-            c = loader.Consumer(self.node.addr, "train", 32, token=TOKEN, root=self.node.root, device=dev,
-                                timeout=60)
-            self.addCleanup(c.close)
-            got = {}
-            for v, i in c:
-                self.assertEqual(v.dtype, torch.bfloat16)
-                got.update(zip(i.tolist(), v[:, 0].float().tolist()))
-            self.assertEqual(c.delivery, delivery)
-            self.assertEqual(got, dict(zip(range(N), x.float().tolist())))
 
     def test_bad_device_is_an_argument_error(self):
         for bad in ("tpu:0", "cuda:x", "shm:-1"):
