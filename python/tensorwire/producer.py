@@ -252,7 +252,10 @@ class Producer:
         if shared and prefix and not prefix.startswith("/") and ".." not in prefix.split("/"):
             folder = os.path.join(self._client.root, *prefix.split("/"))
             leaves = self._map(folder, att["slots"])
-            dring = self._device_ring(folder, att)
+            try:
+                dring = self._device_ring(folder, att)
+            except Exception as x:  # the device's memory, say: the consumers are told, as for the data loader's
+                raise self._fail(st, x, f"{type(x).__name__}: {x}") from x
         self.mode = "bytes" if leaves is None else "ref"
         self.delivery = "host" if dring is None else "device"
         B = self.batch_size
@@ -279,13 +282,18 @@ class Producer:
             flat = self._check(st, b, g)
             if leaves is not None:
                 start = g["slot"] * B
-                ev = None
-                if dring is not None:  # copied to the device while the host ring is written
-                    ev = dring.fill(g["slot"], flat, g["rows"])
-                for path, a in flat.items():
-                    leaves[path][start:start + g["rows"]] = a
-                if dring is not None:
-                    dring.wait(ev)  # on the device before it is published
+                try:
+                    ev = None
+                    if dring is not None:  # copied to the device while the host ring is written
+                        ev = dring.fill(g["slot"], flat, g["rows"])
+                    for path, a in flat.items():
+                        leaves[path][start:start + g["rows"]] = a
+                    if dring is not None:
+                        dring.wait(ev)  # on the device before it is published
+                except _errors.TensorwireError:
+                    raise
+                except Exception as x:  # a device error
+                    raise self._fail(st, x, f"{type(x).__name__}: {x}") from x
                 st.send({"error": "", "published": g, "rows": None})
             else:
                 st.send({"error": "", "published": g, "rows": TD(_nest(flat))})

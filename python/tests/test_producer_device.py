@@ -283,6 +283,31 @@ class TestDeviceStandIn(DeviceCase, unittest.TestCase):
         self.assertEqual((r["delivery"], p.delivery), ("host", "host"))
         self.assertEqual(sorted(r["ids"]), list(range(N)))
 
+    def test_a_device_error_reaches_the_consumers(self):
+        """The device failing under the producer (its copy of batch 2
+        raises) is the producer's failure, as a raising DataLoader's: the
+        consumers' loop raises FailedError with it, and run raises it."""
+        from unittest import mock
+        from tensorwire import _device
+        real, calls = _device.Ring.fill, []
+
+        def fill(ring, slot, flat, rows):
+            calls.append(slot)
+            if len(calls) == 3:
+                raise RuntimeError("the device fell over")
+            return real(ring, slot, flat, rows)
+
+        with mock.patch.object(_device.Ring, "fill", fill):
+            p = self.producer(tud.DataLoader(Images(), batch_size=32))
+            c = loader.Consumer(self.node.addr, "train", 32, token=TOKEN, root=self.node.root, device=self.device,
+                                timeout=60)
+            self.addCleanup(c.close)
+            with self.assertRaisesRegex(loader.FailedError, "RuntimeError: the device fell over"):
+                for _ in c:
+                    pass
+            with self.assertRaisesRegex(RuntimeError, "the device fell over"):
+                p.wait(60)
+
     def test_bad_device_is_an_argument_error(self):
         for bad in ("tpu:0", "cuda:x", "shm:-1"):
             with self.assertRaises(InvalidArgumentError):
