@@ -6,7 +6,8 @@
 # prebuilt in the ignored folder .devbin/, carried to it.
 #
 # Here, from the repository root:
-#   go build -o .devbin/tensorwire ./cmd/tensorwire
+#   go build -ldflags='-s -w' -o .devbin/tensorwire ./cmd/tensorwire   (about 27 MB of the 64 MiB that travel;
+#   build it after the last change to python/: the binary embeds the Python client the benchmark runs)
 # then the device tool's run, with carry [".devbin"] and timeout_s 540:
 #   bash scripts/device.sh
 # It takes about 3 to 5 minutes (each step has its own time limit, 8 minutes
