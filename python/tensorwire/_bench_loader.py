@@ -8,6 +8,13 @@ per consumer, the CPU seconds of every process over the epoch, and whether
 each consumer saw every sample exactly once, by content.
 
     python3 -m tensorwire._bench_loader --bin tensorwire [--samples 2000] [--consumers 4] [--json FILE]
+        [--device cuda:0] [--plain]
+
+--device D: GPU delivery (docs/loader.md, "GPU delivery"): the producer
+puts each batch on D once and the shared consumers get views of it, while
+each independent job copies its own batches there (pinned, non_blocking).
+--plain: samples made without the transform (a fill), so that the figures
+are the delivery's rather than the DataLoader's.
 """
 
 import argparse
@@ -25,9 +32,21 @@ import numpy as np
 H = W = 224
 
 
-def _dataset(n):
+def _dataset(n, plain=False):
     import torch
     import torch.utils.data as tud
+
+    class Plain(tud.Dataset):
+        """Sample i without a transform: every byte (7i + 3) mod 256, with
+        the id in channel 0's rows 0 and 1, as Synthetic's."""
+
+        def __len__(self):
+            return n
+
+        def __getitem__(self, i):
+            out = torch.full((3, H, W), (7 * i + 3) % 256, dtype=torch.uint8)
+            out[0, 0], out[0, 1] = i % 256, i // 256 % 256
+            return out
 
     class Synthetic(tud.Dataset):
         """Sample i, as a torchvision pipeline makes it: a "decoded" uint8
@@ -55,10 +74,12 @@ def _dataset(n):
             out[0, 0], out[0, 1] = i % 256, i // 256 % 256
             return out
 
-    return Synthetic()
+    return Plain() if plain else Synthetic()
 
 
 def _ids(batch):
+    if hasattr(batch, "device") and batch.device.type != "cpu":
+        batch = batch[:, :1, :2, :1].cpu()  # the ids' bytes only; waits for the batch's copy
     b = batch.numpy() if hasattr(batch, "numpy") else batch
     return (b[:, 0, 0, 0].astype(np.int64) + 256 * b[:, 0, 1, 0].astype(np.int64)).tolist()
 
@@ -74,7 +95,7 @@ def _proc_cpu(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _consume(batches, n, step, out):
+def _consume(batches, n, step, out, extra=None):
     """Iterates one epoch of batches (after "go" on stdin), a step per batch;
     prints a JSON line: samples/s, CPU seconds, exactly once."""
     seen = np.zeros(n, np.int64)
@@ -89,6 +110,8 @@ def _consume(batches, n, step, out):
         count += len(ids)
         time.sleep(step)
     dt = time.monotonic() - t0
+    if extra is not None:
+        out.update(extra())
     out.update({"samples": count, "seconds": dt, "samples_per_s": count / dt, "cpu_s": _cpu_self() - cpu0,
                 "exactly_once": bool((seen == 1).all())})
     sys.stdout.write(json.dumps(out) + "\n")
@@ -99,27 +122,35 @@ def role_consumer(a):
     import torch  # noqa: F401 (a training job has it; the batches come as tensors)
     from . import loader
     c = loader.Consumer(a.addr, "train", a.batch, token=open(a.token, "rb").read().strip(), root=a.root,
-                        timeout=120)
-    _consume(lambda: iter(c), a.samples, a.step, {"role": "consumer"})
+                        timeout=120, device=a.device or None)
+    _consume(lambda: iter(c), a.samples, a.step, {"role": "consumer"}, lambda: {"delivery": c.delivery})
     c.close()
 
 
 def role_independent(a):
+    import torch
     import torch.utils.data as tud
-    dl = tud.DataLoader(_dataset(a.samples), batch_size=a.batch, shuffle=True, num_workers=a.workers)
-    _consume(lambda: iter(dl), a.samples, a.step, {"role": "independent"})
+    cuda = a.device.startswith("cuda")
+    dl = tud.DataLoader(_dataset(a.samples, a.plain), batch_size=a.batch, shuffle=True, num_workers=a.workers,
+                        pin_memory=cuda)
+    if not a.device:
+        _consume(lambda: iter(dl), a.samples, a.step, {"role": "independent"})
+        return
+    dev = torch.device(a.device if cuda else "cpu")
+    _consume(lambda: (b.to(dev, non_blocking=True) for b in dl), a.samples, a.step, {"role": "independent"})
 
 
 def role_producer(a):
     import torch.utils.data as tud
     from . import loader
-    dl = tud.DataLoader(_dataset(a.samples), batch_size=a.batch, shuffle=True, num_workers=a.workers)
+    dl = tud.DataLoader(_dataset(a.samples, a.plain), batch_size=a.batch, shuffle=True, num_workers=a.workers)
     cpu0 = _cpu_self()
     with loader.Producer(a.addr, "train", dl, token=open(a.token, "rb").read().strip(), root=a.root,
-                         epochs=1) as p:
+                         epochs=1, device=a.device or None) as p:
         p.run()
-        mode = p.mode
-    sys.stdout.write(json.dumps({"role": "producer", "cpu_s": _cpu_self() - cpu0, "mode": mode}) + "\n")
+        mode, delivery = p.mode, p.delivery
+    sys.stdout.write(json.dumps({"role": "producer", "cpu_s": _cpu_self() - cpu0, "mode": mode,
+                                 "delivery": delivery}) + "\n")
     sys.stdout.flush()
 
 
@@ -130,7 +161,7 @@ def _start(args, **kw):
 def _run_side(a, shared, d):
     """One side: N consumers of a producer (shared) or N independent jobs."""
     me = [sys.executable, "-m", "tensorwire._bench_loader", "--samples", str(a.samples), "--batch", str(a.batch),
-          "--step", str(a.step), "--workers", str(a.workers)]
+          "--step", str(a.step), "--workers", str(a.workers), "--device", a.device] + (["--plain"] if a.plain else [])
     node = prod = None
     procs = []
     try:
@@ -192,6 +223,8 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=0, help="each DataLoader's num_workers")
     p.add_argument("--slots", type=int, default=16)
     p.add_argument("--json", default="")
+    p.add_argument("--device", default="", help="GPU delivery on this device (cuda:N; shm:N, the CPU stand-in)")
+    p.add_argument("--plain", action="store_true", help="samples without the transform: the delivery's figures")
     p.add_argument("--role", default="parent")
     p.add_argument("--addr")
     p.add_argument("--root")
@@ -206,6 +239,7 @@ def main(argv=None):
     d = tempfile.mkdtemp(prefix="tensorwire-bench-loader-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     try:
         res = {"samples": a.samples, "batch": a.batch, "step_s": a.step, "workers": a.workers,
+               "device": a.device, "plain": a.plain,
                "consumers": a.consumers, "date": time.strftime("%Y-%m-%d", time.gmtime())}
         res["independent"] = _run_side(a, False, d)
         res["shared"] = _run_side(a, True, d)
@@ -213,9 +247,12 @@ def main(argv=None):
         shutil.rmtree(d, ignore_errors=True)
     ind, sh = res["independent"], res["shared"]
     print(f"loader, Python producer: {a.samples} samples of uint8 [3, 224, 224], batch {a.batch}, "
-          f"{a.step * 1000:g} ms step, {a.consumers} consumers, DataLoader num_workers={a.workers}")
+          f"{a.step * 1000:g} ms step, {a.consumers} consumers, DataLoader num_workers={a.workers}"
+          + (f", on {a.device}" if a.device else "") + (", no transform (--plain)" if a.plain else ""))
     print(f"{'':22} {'samples/s per consumer':>24} {'CPU s per epoch':>16} {'each sample once':>17}")
-    for name, r in (("independent jobs", ind), ("shared (producer " + sh["producer"]["mode"] + ")", sh)):
+    shared_name = "shared (producer " + sh["producer"]["mode"] + \
+        (", " + str(sh["producer"].get("delivery")) if a.device else "") + ")"
+    for name, r in (("independent jobs", ind), (shared_name, sh)):
         rates = [c["samples_per_s"] for c in r["consumers"]]
         once = all(c["exactly_once"] and c["samples"] == a.samples for c in r["consumers"])
         print(f"{name:22} {min(rates):>11.0f} to {max(rates):<10.0f} {r['cpu_s']:>16.1f} {str(once):>17}")

@@ -16,6 +16,10 @@ the copy (a batch rewritten meanwhile is DroppedError, never torn data);
 otherwise the rows travel with the stream's messages. A heartbeat thread
 keeps the consumer joined while the loop's body trains.
 
+With device="cuda:N" batches come as tensors on that GPU: views of the
+producer's device slots when it put them there (docs/loader.md, "GPU
+delivery"), held until the loop's body returns, else copied there.
+
 The node restarting is ridden out as the Go consumer does: an iteration
 begun while the node is unreachable joins again after a backoff with full
 jitter (its bound 20 ms doubling to 1 s) until the node answers, for up to
@@ -33,6 +37,7 @@ import time
 
 import numpy as np
 
+from . import _device
 from . import errors as _errors
 from ._td import DTYPES, set_path
 from .dataset import load_memmap
@@ -111,6 +116,8 @@ class _Session:
         self.ring = ring  # (storage leaves by path, slot table) by reference; None by bytes
         self.stream = stream
         self.bytes = bytes_mode
+        self.folder = None  # the ring's folder, by reference
+        self.views = None  # the device slots' views, once resolved (_resolve): [] for the host path
         self.err = None  # why the stream ended
         self.mu = threading.Lock()
         self.rel = (info["epoch"], 0)  # done with every batch before this (epoch, index)
@@ -183,17 +190,27 @@ class Consumer:
     rather than numpy arrays; None: tensors for a producer process's
     batches (tensorwire.loader.Producer), which come back in its layout
     (dict, tuple, list or tensor), numpy for a dataset's.
+    device: "cuda:N" (or "shm:N", the CPU stand-in) delivers batches as
+    tensors on that device: views of the producer's device slots when the
+    producer put them on this very device and this consumer maps the ring
+    (delivery "device"; a view is valid until the loop's body returns, and
+    read-only by contract), else copies through host memory and
+    .to(device) (delivery "host"). See docs/loader.md, "GPU delivery".
     ArgumentError for a batch size the producer's ring cannot hold. Use it
     from one thread at a time; close() when done."""
 
     def __init__(self, node, name, batch_size, token=None, root=None, bytes_mode=False, drop_last=False,
-                 as_torch=None, timeout=30.0, rank=None, world_size=None):
+                 as_torch=None, timeout=30.0, rank=None, world_size=None, device=None):
         if not isinstance(batch_size, int) or batch_size <= 0:
             raise ArgumentError(f"batch size {batch_size!r}: want at least 1")
         if (rank is None) != (world_size is None) or world_size is not None and not (
                 isinstance(world_size, int) and isinstance(rank, int) and 0 <= rank < world_size):
             raise ArgumentError(f"rank {rank!r} of world size {world_size!r}: want 0 <= rank < world_size, or neither")
         self.rank, self.world_size = rank or 0, world_size or 1
+        self._dev = _device.parse(device)
+        self._dev_cache = (None, None)  # (ring id, its device views): the blob is read once per ring
+        self.blob_reads = 0  # device blobs read and rebuilt (one per ring)
+        self.device_error = None  # why a device blob found could not be rebuilt (then the host path serves)
         self._resume = None  # (epoch, samples of the share to skip in it): load_state_dict
         self._state = {"epoch": 0, "samples": 0}
         if isinstance(node, Client):
@@ -229,6 +246,18 @@ class Consumer:
         """"ref" when batches are read from the ring's shared files, "bytes" when
         they come with the messages."""
         return "bytes" if self._sess is None or self._sess.bytes else "ref"
+
+    @property
+    def delivery(self):
+        """"device" when batches are views of the producer's device slots,
+        "host" when they come through host memory (and .to(device) when a
+        device was asked for); None before the first batch of a session."""
+        s = self._sess
+        if s is None:
+            return None
+        if self._dev is None:
+            return "host"
+        return None if s.views is None else "device" if s.views else "host"
 
     @property
     def sharing(self):
@@ -326,10 +355,13 @@ class Consumer:
                     # detached meanwhile; wait for the next, as for none.
                     raise NoProducerError(f"loader: the ring {prefix} went away as it was mapped: {e}") from None
                 raise
+        folder = None if bytes_mode else os.path.join(c.root, *prefix.split("/"))
         stream = c.open_stream("loader.consume", {"name": self.name, "ring": info["ring"], "consumer": info["consumer"],
                                                   "epoch": info["epoch"], "index": 0, "bytes": bytes_mode},
                                result_tds=("rows",))
-        return _Session(self, info, ring, stream, bytes_mode)
+        s = _Session(self, info, ring, stream, bytes_mode)
+        s.folder = folder
+        return s
 
     def _leave(self, info):
         try:
@@ -380,6 +412,9 @@ class Consumer:
         self._state = {"epoch": epoch, "samples": skip}
         if self.world_size > 1 or skip:
             yield from self._iterate_share(s, epoch, skip)
+            return
+        if self._dev is not None:
+            yield from self._iterate_device(s, epoch)
             return
         yield from self._iterate_all(s, epoch)
 
@@ -477,14 +512,15 @@ class Consumer:
             raise DroppedError(f"loader: batch {a['index']} of epoch {a['epoch']} was overwritten while it was read")
         return out
 
-    def _iterate_all(self, s, epoch):
+    def _iterate_all(self, s, epoch, first=None):
         B = self.batch_size
         fields = [(tuple(f["key"]), DTYPES[f["dtype"]], tuple(f.get("shape") or ())) for f in s.info["schema"]]
         cur, pos, index, yielded = None, 0, 0, 0
         complete = False
         try:
             while True:
-                a, rows = self._next(s, epoch, index)
+                a, rows = first if first is not None else self._next(s, epoch, index)
+                first = None
                 off = 0
                 while off < a["rows"]:
                     if cur is None:
@@ -513,6 +549,169 @@ class Consumer:
         finally:
             if not complete and s.err is None:
                 s.release(epoch + 1, 0)  # gives up the rest of the epoch
+
+    def _to_device(self, v):
+        """The host path's last step: host tensor v on the consumer's device,
+        through pinned memory for CUDA (the copy is asynchronous; torch's
+        pinned allocator keeps the buffer until it is done)."""
+        if self._dev.kind == "cuda":
+            return v.pin_memory().to(self._dev.torch_device, non_blocking=True)
+        return v.to(self._dev.torch_device)
+
+    def _resolve(self, s):
+        """Decides, at the session's first batch, how it is delivered: the
+        device slots' views when the producer wrote a device blob for this
+        very ring (it does so before it publishes any batch) on this very
+        device, else [] (the host path). The blob is read and rebuilt once
+        per ring, and cached across sessions of that ring."""
+        if s.views is not None:
+            return s.views
+        s.views = []
+        ring = s.info["ring"]
+        if self._dev_cache[0] == ring:
+            s.views = self._dev_cache[1]
+            return s.views
+        if s.bytes or s.folder is None:
+            return s.views
+        blob = _device.read_blob(s.folder)
+        if blob is None or blob.get("version") != _device.VERSION or blob.get("ring") != ring or \
+                blob.get("kind") != self._dev.kind or blob.get("identity") != self._dev.identity() or \
+                blob.get("batch") != s.info["batch"] or len(blob.get("slots") or ()) != s.info["slots"]:
+            return s.views
+        try:
+            s.views = _device.views(self._dev, blob, s.info["schema"])
+        except Exception as e:  # noqa: BLE001 (the handles did not open here: the host path serves)
+            self.device_error = f"{type(e).__name__}: {e}"
+            s.views = []
+            return s.views
+        self.blob_reads += 1
+        self._dev_cache = (ring, s.views)
+        return s.views
+
+    def _iterate_device(self, s, epoch):
+        """_iterate_all on a consumer with a device. A batch that lies within
+        one producer batch is a view of its device slot, held (not
+        released) until the loop's body returns and the device has done
+        the work queued meanwhile (an event): the node grants no slot a
+        consumer holds (Producer.takeSlot, loader/producer.go), so the
+        producer cannot rewrite it under the body. A batch straddling
+        producer batches is copied on the device piece by piece, each
+        producer batch released once its piece is copied. Releases wait for the
+        device's events only when the consumer would otherwise hold more
+        than half the ring while it waits for the next batch."""
+        try:
+            first = self._next(s, epoch, 0)
+            views = self._resolve(s)
+        except _errors.TensorwireError as e:
+            self._end_on(s, e)
+            raise
+        if not views:
+            yield from self._iterate_all(s, epoch, first)
+            return
+        dev = self._dev
+        B = self.batch_size
+        hold = max(1, s.info["slots"] // 2)
+        cur, pos, yielded = None, 0, 0  # a batch straddling producer batches, copied on the device so far
+        pend = []  # (event, release through, announcement to check): work maybe still queued on a slot
+        released = 0  # batches of the epoch before this one released
+        complete = False
+
+        def check(a):
+            if int(s.ring[1][a["slot"], 0]) != a["word"]:
+                raise DroppedError(f"loader: batch {a['index']} of epoch {a['epoch']} was overwritten while "
+                                   f"its device slot was read")
+
+        def flush(next_index):
+            # Releases the batches whose readers' device work is done; waits
+            # for it while the consumer would hold more than half the ring.
+            nonlocal released
+            while pend:
+                ev, through, a = pend[0]
+                if not dev.done(ev):
+                    if next_index - released <= hold:
+                        return
+                    dev.wait(ev)
+                pend.pop(0)
+                _fence()
+                check(a)
+                if through > released:
+                    released = through
+                    s.release(epoch, through)
+
+        try:
+            a, index = first[0], 0
+            while True:
+                slot, off = views[a["slot"]], 0
+                while off < a["rows"]:
+                    take = min(B - pos, a["rows"] - off)
+                    last = index + 1 == a["count"] and off + take == a["rows"]
+                    if pos == 0 and (take == B or last):
+                        # Within this producer batch: a view of its slot,
+                        # held until the body returns and its work is done.
+                        off += take
+                        if take < B and self.drop_last:
+                            break
+                        out = {k: t[off - take:off] for k, t in slot.items()}
+                        _fence()
+                        check(a)  # not rewritten before the body begins
+                        yielded += take
+                        self._state = {"epoch": epoch, "samples": yielded}
+                        yield self._out_flat(out)
+                        pend.append((dev.record(), a["index"] + (1 if off == a["rows"] else 0), a))
+                        flush(index + 1)
+                        continue
+                    # Straddling producer batches: copied on the device piece
+                    # by piece, each producer batch released once its copy
+                    # is done.
+                    if cur is None:
+                        import torch
+                        cur = {k: torch.empty((B,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+                               for k, t in slot.items()}
+                    for k, t in slot.items():
+                        cur[k][pos:pos + take].copy_(t[off:off + take])
+                    pos += take
+                    off += take
+                    if pos < B and not last:
+                        continue
+                    n, out, cur, pos = pos, cur, None, 0
+                    if n < B and self.drop_last:
+                        break
+                    pend.append((dev.record(), a["index"] + (1 if off == a["rows"] else 0), a))
+                    dev.wait(pend[-1][0])
+                    flush(index + 1)  # checks the slot's word after the copy: it was whole
+                    yielded += n
+                    self._state = {"epoch": epoch, "samples": yielded}
+                    yield self._out_flat({k: v[:n] for k, v in out.items()})
+                if cur is not None:  # this producer batch is copied into the batch under way
+                    pend.append((dev.record(), a["index"] + 1, a))
+                index += 1
+                if index == a["count"]:
+                    complete = True
+                    flush(1 << 62)  # waits for every reader
+                    s.release(epoch, index)
+                    self._state = {"epoch": epoch + 1, "samples": 0}
+                    return
+                flush(index)
+                a, _ = self._next(s, epoch, index)
+        except _errors.TensorwireError as e:
+            self._end_on(s, e)
+            raise
+        finally:
+            if not complete and s.err is None:
+                dev.wait(dev.record())  # a loop given up: its body's work on the view it held
+                s.release(epoch + 1, 0)  # gives up the rest of the epoch
+
+    def _out_flat(self, flat):
+        td = {}
+        for key, v in flat.items():
+            set_path(td, key, v)
+        layout = self._info.get("layout") or "dict"
+        if layout == "dict":
+            return td
+        if layout == "tensor":
+            return td["0"]
+        items = [td[str(i)] for i in range(len(td))]
+        return tuple(items) if layout == "tuple" else items
 
     def _next(self, s, epoch, index):
         """The announcement of batch index of epoch and, by bytes, its rows;
@@ -571,11 +770,20 @@ class Consumer:
         td = {}
         for key, arr in flat.items():
             v = arr if n == len(arr) else arr[:n]
-            if as_torch:
+            if as_torch or self._dev is not None:
                 import torch
-                v = torch.from_numpy(v)
+                if key in self._bf16():  # numpy holds bfloat16 as its raw bits
+                    v = torch.from_numpy(v.view("<i2")).view(torch.bfloat16)
+                else:
+                    v = torch.from_numpy(v)
+                if self._dev is not None:
+                    v = self._to_device(v)
             set_path(td, key, v)
         return td
+
+    def _bf16(self):
+        """The keys of the schema's bfloat16 tensors."""
+        return {tuple(f["key"]) for f in self._info["schema"] if f["dtype"] == "torch.bfloat16"}
 
     def stats(self, timeout=None):
         """The producer's figures (loader.stats)."""

@@ -30,8 +30,9 @@ import time
 
 import numpy as np
 
+from . import _device
 from . import errors as _errors
-from ._td import TD, as_array, dtype_name, set_path
+from ._td import DTYPES, TD, as_array, dtype_name, set_path
 from .dataset import load_memmap
 from .loader import _FENCE_OK, ArgumentError, InUseError, NoProducerError, _Backoff, _flat, _unreachable
 from .rpc import Client, Sharing, StreamEnd
@@ -107,12 +108,20 @@ class Producer:
     UnavailableError), and serves the epochs the node grants from then on
     with a fresh iterator of the data loader; the epoch it was serving is
     lost (its consumers' loop raises NoProducerError), and only whole
-    epochs count toward `epochs`. reattach=False raises at once instead."""
+    epochs count toward `epochs`. reattach=False raises at once instead.
+
+    device: "cuda:N" puts each batch on that GPU once, into a ring of device
+    slots beside the node's host ring, which consumers on the same GPU
+    receive views of (docs/loader.md, "GPU delivery"); "shm:N" is the CPU
+    stand-in that goes through the same code. It needs the ring by
+    reference (root, coherent): by bytes the producer has no device ring
+    (delivery is "host") and every consumer takes the host path."""
 
     def __init__(self, node, name, data_loader, token=None, root=None, epochs=None, samples=None,
-                 bytes_mode=False, timeout=30.0, reattach=True):
+                 bytes_mode=False, timeout=30.0, reattach=True, device=None):
         if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
             raise ArgumentError(f"loader: epochs {epochs!r}: want at least 1, or None")
+        dev = _device.parse(device)
         if isinstance(node, Client):
             self._client, self._own = node, False
         else:
@@ -124,6 +133,9 @@ class Producer:
         self._bytes_mode = bytes_mode
         self._timeout = timeout
         self._reattach = reattach
+        self._dev = dev
+        self._dring = self._dring_old = None  # the device slots (_device.Ring) of this attachment and the last
+        self.delivery = None  # "device" when this attachment has device slots, else "host"
         self._failed = False  # this side told the node it failed (_fail): never attach again
         self._stream = None
         self._closed = False
@@ -236,10 +248,16 @@ class Producer:
         att = self._recv(st)["attached"]
         self.attached += 1
         prefix = att.get("prefix") or ""
-        leaves = None
+        leaves, dring = None, None
         if shared and prefix and not prefix.startswith("/") and ".." not in prefix.split("/"):
-            leaves = self._map(os.path.join(self._client.root, *prefix.split("/")), att["slots"])
+            folder = os.path.join(self._client.root, *prefix.split("/"))
+            leaves = self._map(folder, att["slots"])
+            try:
+                dring = self._device_ring(folder, att)
+            except Exception as x:  # the device's memory, say: the consumers are told, as for the data loader's
+                raise self._fail(st, x, f"{type(x).__name__}: {x}") from x
         self.mode = "bytes" if leaves is None else "ref"
+        self.delivery = "host" if dring is None else "device"
         B = self.batch_size
         cur, want = None, 0  # the epoch it iterates (None: a fresh iterator, for the next one), its next batch
         while True:
@@ -264,8 +282,18 @@ class Producer:
             flat = self._check(st, b, g)
             if leaves is not None:
                 start = g["slot"] * B
-                for path, a in flat.items():
-                    leaves[path][start:start + g["rows"]] = a
+                try:
+                    ev = None
+                    if dring is not None:  # copied to the device while the host ring is written
+                        ev = dring.fill(g["slot"], flat, g["rows"])
+                    for path, a in flat.items():
+                        leaves[path][start:start + g["rows"]] = a
+                    if dring is not None:
+                        dring.wait(ev)  # on the device before it is published
+                except _errors.TensorwireError:
+                    raise
+                except Exception as x:  # a device error
+                    raise self._fail(st, x, f"{type(x).__name__}: {x}") from x
                 st.send({"error": "", "published": g, "rows": None})
             else:
                 st.send({"error": "", "published": g, "rows": TD(_nest(flat))})
@@ -293,6 +321,22 @@ class Producer:
             if self.epochs is not None and self.epochs_done >= self.epochs:
                 return
             it, pending, cur = iter(self.data_loader), None, None
+
+    def _device_ring(self, folder, att):
+        """The device slots for the ring at folder, their blob written there
+        before any batch is published (consumers read it at their first
+        batch); None without a device. Each attachment gets slots of its
+        own, as it gets a host ring of its own: the node guards a ring's
+        slots by that ring's consumers' acks only. The previous
+        attachment's slots are kept until the next one: a consumer of the
+        earlier ring may still be reading a view of them when it learns
+        that the producer went away."""
+        if self._dev is None:
+            return None
+        self._dring_old = self._dring
+        self._dring = _device.Ring(self._dev, self.schema, self.batch_size, att["slots"])
+        self._dring.write_blob(folder, att["ring"])
+        return self._dring
 
     def _check(self, st, b, g):
         """The batch's tensors, checked against the schema and the grant's rows."""
@@ -352,7 +396,8 @@ class Producer:
         for f in self.schema:
             key = tuple(f["key"])
             a = flat.get(key)
-            if a is None or dtype_name(a) != f["dtype"] or a.shape != (rows,) + tuple(f["shape"]):
+            # By the numpy dtype (DTYPES): a bfloat16 leaf maps as its raw bits.
+            if a is None or a.dtype != DTYPES[f["dtype"]] or a.shape != (rows,) + tuple(f["shape"]):
                 raise _errors.InternalError(f"loader: the ring at {path} does not hold {'/'.join(key)} "
                                             f"{f['dtype']} {[rows] + f['shape']}")
             leaves[key] = a

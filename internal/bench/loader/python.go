@@ -58,6 +58,9 @@ func runPython(ctx context.Context, o *options, interp, bin string, samplesSet b
 	args := []string{"-m", "tensorwire._bench_loader", "--bin", bin, "--samples", strconv.Itoa(samples),
 		"--consumers", strconv.Itoa(consumers), "--batch", strconv.Itoa(o.batch),
 		"--step", strconv.FormatFloat(o.step.Seconds(), 'f', -1, 64), "--slots", strconv.Itoa(o.slots)}
+	if o.device != "" {
+		args = append(args, "--device", o.device)
+	}
 	if o.json != "" {
 		j, err := filepath.Abs(o.json)
 		if err != nil {

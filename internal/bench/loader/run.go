@@ -104,6 +104,7 @@ type options struct {
 
 	producer string // "go" (a node's dataset producer) or "python" (runPython)
 	python   string // the interpreter for --producer python
+	device   string // --device: the Python run's GPU delivery ("" for none)
 }
 
 func newFlagSet(o *options, datasets, consumers *string) *flag.FlagSet {
@@ -128,6 +129,7 @@ func newFlagSet(o *options, datasets, consumers *string) *flag.FlagSet {
 	fs.StringVar(&o.fashion, "fashion", "/usr/share/datasets/fashion-mnist", "Fashion-MNIST's IDX files")
 	fs.StringVar(&o.rootDir, "root-dir", defaultRootDir(), "directory for the nodes' roots, where the producer's ring lives (default: /dev/shm when it is a writable tmpfs, so that the kernel writes no ring pages back to disk; else --dir)")
 	fs.StringVar(&o.producer, "producer", "go", "go: the node's producer reads a TensorDict dataset with Go transforms; python: a tensorwire.loader.Producer over a torch DataLoader (tensorsocket's workload: 1,000 samples unless --samples, 4 consumers unless --consumers; python/tensorwire/_bench_loader.py)")
+	fs.StringVar(&o.device, "device", "", "with --producer python: deliver the batches on this device (cuda:N; shm:N is the CPU stand-in): the producer puts each batch there once and the shared consumers get views of it, while each independent job copies its own batches there (docs/loader.md, \"GPU delivery\")")
 	fs.StringVar(&o.python, "python", "", "with --producer python: the interpreter (default: python3, else /usr/bin/python3; it needs torch)")
 	fs.StringVar(&o.profile, "cpuprofile", "", "write each process's CPU profile of its epoch under this prefix: PREFIX-RUN-ROLE.pprof")
 	// The children's.
@@ -188,6 +190,9 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 		return bench.Usagef("--step and --fashion-step must not be negative")
 	case o.batch > o.slots*o.pbatch || o.batch > o.slots*o.fpbatch || (o.mixed && 128 > o.slots*o.pbatch):
 		return bench.Usagef("a consumer batch is larger than the ring (--slots × the producer batch)")
+	}
+	if o.device != "" && o.producer != "python" {
+		return bench.Usagef("--device needs --producer python")
 	}
 	switch o.producer {
 	case "go":

@@ -87,6 +87,7 @@ func TestRun_Usage(t *testing.T) {
 		{"--batch", "0"},
 		{"--batch", "100", "--slots", "1", "--producer-batch", "64"},
 		{"--step", "-1s"},
+		{"--device", "cuda:0"}, // without --producer python
 		{"extra"},
 	} {
 		err := Run(context.Background(), testEnv(io.Discard, io.Discard), args)
