@@ -81,7 +81,7 @@ func newModel(kind string) (func(int) (serve.Model, error), *tensordict.TensorDi
 		return func(int) (serve.Model, error) { return mlp.New(mlp.Config{Sizes: sizes}) }, mlp.Random(sizes, 1), nil
 	case modelFake:
 		return func(int) (serve.Model, error) { return &fakeModel{}, nil }, nil, nil
-	case modelPyMLP, modelPyNull: // Python replicas attach to the node
+	case modelPyMLP, modelPyNull, modelPyBig: // Python replicas attach to the node
 		return nil, nil, nil
 	}
 	return nil, nil, fmt.Errorf("unknown model %q", kind)

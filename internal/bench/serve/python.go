@@ -14,54 +14,74 @@ import (
 	"github.com/tensorwire/tensorwire/serve"
 )
 
-// Models in Python replicas (--replica python, or --model py-mlp,py-null):
-// the node runs no model (serve.Config.AttachedOnly) and --replicas Python
-// processes attach to it (tensorwire.serve.Replica), each holding a torch
-// module: py-mlp the MLP 64 -> 256 -> 16 as torch.nn.Sequential, py-null a
-// module that returns zeros without computing (what the hand-off between
-// the node and a Python replica costs per batch). They need a Python with
-// torch, numpy and msgpack (--python); the run extracts this build's
-// Python client into its root for their PYTHONPATH (python.Extract).
+// Models in Python replicas (--replica python, or --model
+// py-mlp,py-null,py-big): the node runs no model (serve.Config.AttachedOnly)
+// and --replicas Python processes attach to it (tensorwire.serve.Replica),
+// each holding a torch module on --device: py-mlp the MLP 64 -> 256 -> 16
+// as torch.nn.Sequential, py-null a module that returns zeros without
+// computing (what the hand-off between the node and a Python replica costs
+// per batch), py-big the MLP 64 -> 1024 -> 1024 -> 1024 -> 16 (a model
+// worth a GPU: issue 26's figures are for 1024-wide layers). They need a
+// Python with torch, numpy and msgpack (--python); the run extracts this
+// build's Python client into its root for their PYTHONPATH
+// (python.Extract).
 const (
 	modelPyMLP  = "py-mlp"
 	modelPyNull = "py-null"
+	modelPyBig  = "py-big"
 )
 
 // isPython reports whether model runs in Python replicas.
-func isPython(model string) bool { return model == modelPyMLP || model == modelPyNull }
+func isPython(model string) bool {
+	return model == modelPyMLP || model == modelPyNull || model == modelPyBig
+}
 
-// pyScript is the Python side: "replica ADDR ROOT MODEL NAME" attaches and serves
-// until killed; "limit MODEL MAX_BATCH SECONDS" prints the module's rows/s
-// and ms per forward called in-process on batches of MAX_BATCH rows;
-// "check ADDR ROOT N NAME" predicts N batches of 1..16 rows through the node and
-// prints how many came back bit-equal to the module called directly.
+// pyScript is the Python side, its module on DEVICE (cpu, cuda:N):
+// "replica ADDR ROOT MODEL NAME DEVICE" attaches and serves until killed;
+// "limit MODEL MAX_BATCH SECONDS DEVICE" prints the module's rows/s and ms
+// per forward called in-process on batches of MAX_BATCH rows (on CUDA, the
+// input on the device and the output brought back to the host, as a
+// replica's are); "check ADDR ROOT N NAME DEVICE" predicts N batches of
+// 1..16 rows through the node and prints how many came back bit-equal to
+// the module called directly on the same device.
 const pyScript = `
 import sys, time, numpy as np, torch
 torch.set_num_threads(1)
-def module(kind):
+def module(kind, dev):
     torch.manual_seed(1)
     if kind == "py-mlp":
-        return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 16))
-    class Null(torch.nn.Module):
-        def forward(self, x):
-            return torch.zeros(x.shape[0], 16)
-    return Null()
+        m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 16))
+    elif kind == "py-big":
+        m = torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 16))
+    else:
+        class Null(torch.nn.Module):
+            def forward(self, x):
+                return torch.zeros(x.shape[0], 16, device=x.device)
+        m = Null()
+    return m.to(dev).eval()
 cmd = sys.argv[1]
 if cmd == "replica":
     import tensorwire
-    tensorwire.serve.Replica(sys.argv[2], sys.argv[5], module(sys.argv[4]), root=sys.argv[3]).run()
+    dev = sys.argv[6]
+    tensorwire.serve.Replica(sys.argv[2], sys.argv[5], module(sys.argv[4], dev), root=sys.argv[3], device=dev).run()
 elif cmd == "limit":
-    m, n, secs = module(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    dev = sys.argv[5]
+    m, n, secs = module(sys.argv[2], dev), int(sys.argv[3]), float(sys.argv[4])
+    pin = dev.startswith("cuda")
     x = torch.randn(n, 64)
+    if pin:
+        x = x.pin_memory()
     k, t0 = 0, time.perf_counter()
     with torch.inference_mode():
         while time.perf_counter() - t0 < secs:
-            m(x); k += 1
+            m(x.to(dev, non_blocking=True)).cpu(); k += 1
     took = time.perf_counter() - t0
     print(f"{k * n / took} {took / k * 1e3}")
 elif cmd == "check":
     import tensorwire
-    m = module("py-mlp")
+    dev = sys.argv[6]
+    m = module("py-mlp", dev)
     ok, total = 0, int(sys.argv[4])
     with tensorwire.serve.Client(sys.argv[2], sys.argv[5], root=sys.argv[3]) as c:
         rng = np.random.default_rng(0)
@@ -69,7 +89,7 @@ elif cmd == "check":
             x = rng.normal(size=(1 + i % c.max_batch, 64)).astype(np.float32)
             out = c.predict({"obs": x}, timeout=60)["logits"]
             with torch.inference_mode():
-                want = m(torch.from_numpy(x)).numpy()
+                want = m(torch.from_numpy(x).to(dev)).cpu().numpy()
             ok += int(np.array_equal(out, want))
     print(f"{ok} {total}")
 `
@@ -145,7 +165,7 @@ func lastLines(s string, n int) string {
 // pyLimit is limit for a Python model: the module called in-process, on
 // one thread, in a Python process of its own.
 func (o *options) pyLimit(ctx context.Context, model string) (float64, time.Duration, error) {
-	line, err := o.python(ctx, "limit", model, strconv.Itoa(o.maxBatch), strconv.FormatFloat(o.limitDur.Seconds(), 'f', 3, 64))
+	line, err := o.python(ctx, "limit", model, strconv.Itoa(o.maxBatch), strconv.FormatFloat(o.limitDur.Seconds(), 'f', 3, 64), o.device)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -170,7 +190,7 @@ type pyReplicas []*pyReplica
 func (o *options) startReplicas(ctx context.Context, sc *serve.Client, addr, root, model string) (pyReplicas, error) {
 	var rs pyReplicas
 	for range o.replicas {
-		cmd := exec.Command(o.pythonExe, "-c", pyScript, "replica", addr, root, model, modelName)
+		cmd := exec.Command(o.pythonExe, "-c", pyScript, "replica", addr, root, model, modelName, o.device)
 		cmd.Stdout, cmd.Stderr, cmd.Env = nil, os.Stderr, o.pyEnv()
 		if err := cmd.Start(); err != nil {
 			rs.stop()
@@ -229,7 +249,7 @@ func (rs pyReplicas) stop() {
 // check predicts through the node's Python MLP replicas and returns how
 // many of n batches came back bit-equal to the module called directly.
 func (o *options) pyCheck(ctx context.Context, addr, root string, n int) (int, error) {
-	line, err := o.python(ctx, "check", addr, root, strconv.Itoa(n), modelName)
+	line, err := o.python(ctx, "check", addr, root, strconv.Itoa(n), modelName, o.device)
 	if err != nil {
 		return 0, err
 	}

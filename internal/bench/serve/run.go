@@ -56,6 +56,7 @@ type options struct {
 	root        string
 	verbose     bool
 	pythonExe   string // the Python of Python replicas (python.go)
+	device      string // the torch device of Python replicas' modules (python.go)
 	replicaKind string // --replica
 	pyPath      string // the extracted Python client (python.go)
 	nodeProfile string // --profile: CPU profiles of each run's node and first client, to this prefix
@@ -76,8 +77,9 @@ func newFlagSet(o *options, clients, models *string) *flag.FlagSet {
 	fs.SetOutput(io.Discard)
 	fs.StringVar(clients, "clients", "1,8,32,128", "the client process counts to run, in order")
 	fs.StringVar(models, "model", modelMLP+","+modelFake, "the models to run: "+modelMLP+" (64 -> 256 -> 16), "+modelFake+" (sleeps 1 ms + 5 us per row), "+
-		modelPyMLP+" and "+modelPyNull+" (the MLP and a null module in torch, in Python replica processes)")
+		modelPyMLP+", "+modelPyNull+" and "+modelPyBig+" (the MLP, a null module and an MLP 64 -> 1024 x3 -> 16 in torch, in Python replica processes on --device)")
 	fs.StringVar(&o.replicaKind, "replica", "go", "go, or python: the same as --model "+modelMLP+","+modelPyMLP+","+modelPyNull+" (the Go MLP, side by side with Python replicas)")
+	fs.StringVar(&o.device, "device", "cpu", "the torch device of the Python replicas' modules and of their in-process limit: cpu or cuda:N")
 	fs.StringVar(&o.pythonExe, "python", "", "the Python of Python replicas, with torch, numpy and msgpack (default: the first of python3 and /usr/bin/python3 that has them; this build's client is put on its PYTHONPATH)")
 	fs.IntVar(&o.maxBatch, "max-batch", 16, "the max batch of the batching runs (the others have 1)")
 	fs.IntVar(&o.replicas, "replicas", 1, "the model's replicas on the node")
@@ -164,7 +166,7 @@ func (o *options) parseLists(clients, models string) error {
 	for _, m := range strings.Split(models, ",") {
 		m = strings.TrimSpace(m)
 		if m != modelMLP && m != modelFake && !isPython(m) {
-			return usagef("--model: unknown model %q (want %s, %s, %s or %s)", m, modelMLP, modelFake, modelPyMLP, modelPyNull)
+			return usagef("--model: unknown model %q (want %s, %s, %s, %s or %s)", m, modelMLP, modelFake, modelPyMLP, modelPyNull, modelPyBig)
 		}
 		if slices.Contains(o.models, m) {
 			return usagef("--model: %s given twice", m)
@@ -193,6 +195,8 @@ func (o *options) check() error {
 		return usagef("--update-mb must be at least 0")
 	case o.updateEvery <= 0:
 		return usagef("--update-every must be positive")
+	case o.device != "cpu" && o.device != "cuda" && !strings.HasPrefix(o.device, "cuda:"):
+		return usagef("--device: %q; want cpu or cuda:N", o.device)
 	}
 	switch o.role {
 	case "", roleNode:

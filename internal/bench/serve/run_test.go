@@ -133,6 +133,7 @@ func TestRun_Usage(t *testing.T) {
 		{[]string{"--duration", "0s"}, "--duration"},
 		{[]string{"--mode", "carrier-pigeon"}, "--mode"},
 		{[]string{"--replica", "rust"}, "--replica"},
+		{[]string{"--device", "tpu"}, "--device"},
 		{[]string{"--role", "client"}, "--addr"},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
