@@ -30,7 +30,8 @@ import (
 //     a deadline fail with Unavailable too, and the next call dials again.
 //
 // If the watchdog itself was not scheduled for a while (this process was
-// stopped or starved), it does not count that time as the node's silence.
+// stopped or starved), it does not count that time as the node's silence,
+// and counts the silence before and after it.
 type watchdog struct {
 	fc       *frameConn
 	sess     *yamux.Session
@@ -70,14 +71,8 @@ func (w *watchdog) run(log *slog.Logger, addr string) {
 		case <-w.sess.CloseChan():
 			return
 		case now := <-t.C:
-			reads := w.fc.reads.Load()
-			if reads != w.seen.Load() || now.Sub(last) > 3*tick {
-				// Heard from the node, or we were not running to hear it.
-				w.seen.Store(reads)
-				w.silent.Store(now.UnixNano())
-			}
+			quiet := w.tick(now, last, tick)
 			last = now
-			quiet := now.Sub(time.Unix(0, w.silent.Load()))
 			switch {
 			case quiet >= deadAfter*w.interval/2:
 				log.Warn("rpc: node silent, closing the connection", "addr", addr, "silent", quiet.Round(time.Millisecond))
@@ -92,6 +87,25 @@ func (w *watchdog) run(log *slog.Logger, addr string) {
 			}
 		}
 	}
+}
+
+// tick counts the node's silence at now, the watchdog's previous tick
+// having been at last (tick apart when it runs on time), and returns it.
+func (w *watchdog) tick(now, last time.Time, tick time.Duration) time.Duration {
+	reads := w.fc.reads.Load()
+	switch gap := now.Sub(last); {
+	case reads != w.seen.Load(): // heard from the node
+		w.seen.Store(reads)
+		w.silent.Store(now.UnixNano())
+	case gap > 3*tick:
+		// We were not running to hear it for gap (this process starved or
+		// stopped): that time is not the node's silence, but the silence
+		// before it still is. (Starting the count again here lost it: on
+		// a loaded machine a call across a partition then ended
+		// DeadlineExceeded, not Unavailable.)
+		w.silent.Add(int64(gap - tick))
+	}
+	return now.Sub(time.Unix(0, w.silent.Load()))
 }
 
 // err returns the error of a call that failed with err on the watched

@@ -94,3 +94,28 @@ func TestDial_UnreachableBeforeDeadline(t *testing.T) {
 		t.Fatalf("dial through a partition: %v, want Unavailable and DeadlineExceeded", err)
 	}
 }
+
+// TestWatchdog_StarvedTickKeepsEarlierSilence: a tick late by more than
+// three ticks (this process starved) does not count the gap as the
+// node's silence, and keeps the silence counted before it. Starting the
+// count again lost it, and a call across a partition on a loaded machine
+// then ended DeadlineExceeded instead of Unavailable.
+func TestWatchdog_StarvedTickKeepsEarlierSilence(t *testing.T) {
+	const tick = 25 * time.Millisecond
+	w := &watchdog{fc: &frameConn{}, interval: 4 * tick}
+	t0 := time.Unix(1000, 0)
+	w.silent.Store(t0.UnixNano())
+	now := t0
+	for range 4 { // 100 ms of silence, on time
+		now = now.Add(tick)
+		w.tick(now, now.Add(-tick), tick)
+	}
+	late := now.Add(300 * time.Millisecond) // starved for 300 ms
+	if q := w.tick(late, now, tick); q != 4*tick+tick {
+		t.Fatalf("after a starved tick the node counts silent for %v, want %v (the silence before the gap and one tick)", q, 5*tick)
+	}
+	w.fc.reads.Add(1) // then it speaks
+	if q := w.tick(late.Add(tick), late, tick); q != 0 {
+		t.Fatalf("after a read the node counts silent for %v, want 0", q)
+	}
+}
