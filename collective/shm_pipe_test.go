@@ -5,9 +5,12 @@ package collective
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -96,4 +99,56 @@ func foldRef(op Op, dt memmap.DType, dst []byte, srcs [][]byte) {
 	for _, s := range srcs[1:] {
 		reduceN(op, dt, dst, [][]byte{dst, s})
 	}
+}
+
+// TestShm_PipelineBreakOff: a rank whose context ends in the middle of a
+// pipelined Allreduce (waiting for the others' chunks) breaks off with its
+// context's error, and the others return at once, with ErrAborted or (when
+// they already had every chunk) the result; none waits for its deadline.
+func TestShm_PipelineBreakOff(t *testing.T) {
+	comms := group(t, 3, SHM)
+	const elems = 4 << 20 // 16 MiB of float32: 16 chunks of 3 shares
+	xs := make([]*tensordict.Tensor, 3)
+	for r := range xs {
+		xs[r], _ = tensordict.Zeros(memmap.Float32, elems)
+	}
+	for i := range 50 {
+		errs := make([]error, 3)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, errs = onAll(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+				if c.Rank() == 2 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, time.Duration(1+i%8)*time.Millisecond)
+					defer cancel()
+				}
+				return 0, c.AllreduceInto(ctx, xs[c.Rank()], xs[c.Rank()], Sum)
+			})
+		}()
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Fatalf("iteration %d: a rank is still in the Allreduce after a minute", i)
+		}
+		if errs[2] == nil {
+			for r, err := range errs {
+				if err != nil {
+					t.Fatalf("iteration %d: rank %d failed (%v) where rank 2 did not", i, r, err)
+				}
+			}
+			continue
+		}
+		if !errors.Is(errs[2], context.DeadlineExceeded) || !strings.Contains(errs[2].Error(), "rank 2 (this rank) broke off") {
+			t.Fatalf("rank 2, whose context ended: %v; want its context's error saying it broke off", errs[2])
+		}
+		for r, err := range errs[:2] {
+			if err != nil && !errors.Is(err, ErrAborted) {
+				t.Fatalf("rank %d: %v, want ErrAborted or no error", r, err)
+			}
+		}
+		t.Logf("rank 2 broke off in iteration %d; the others: %v", i, errs[:2])
+		return
+	}
+	t.Skip("rank 2 never had to wait long enough for its context to end (a fast machine)")
 }
