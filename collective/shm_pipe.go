@@ -8,7 +8,9 @@ import "context"
 // a move of its progress word (ctlProg, shm_linux.go):
 //
 //	in(c)   the rank has copied chunk c of its input, all but its own
-//	        share, into slot c mod pipeSlots of its data file
+//	        share, into slot c mod pipeSlots of its data file (the first
+//	        pipeSlots-1 chunks with the publish, before the published
+//	        phase, which then stands for their in events)
 //	red(c)  it has reduced its share of chunk c, reading the others'
 //	        slots in place and its own share from its input, into that
 //	        share of its own slot (which no other rank reads as input)
@@ -93,12 +95,30 @@ func (l *pipeLayout) evOut(c int) uint32 { return uint32(pipeSlots - 1 + 3*c + 3
 // events is how far the collective moves every rank's progress word.
 func (l *pipeLayout) events() uint32 { return uint32(pipeSlots - 1 + 3*l.k) }
 
-// publishPipe sizes this rank's data file for a pipelined reduction; the
-// data moves in the data phase, chunk by chunk.
+// publishPipe sizes this rank's data file for a pipelined reduction and
+// copies in its first pipeSlots-1 chunks (the published phase stands for
+// their in events: a rank waits for no in(c) of those); the rest moves in
+// the data phase, chunk by chunk.
 func publishPipe(s *shmPub) error {
-	l := newPipeLayout(len(s.in)/max(s.d.dtype.Size(), 1), s.c.size, max(s.d.dtype.Size(), 1))
-	_, err := s.c.shm.publish(s.set, l.area())
-	return err
+	es := max(s.d.dtype.Size(), 1)
+	l := newPipeLayout(len(s.in)/es, s.c.size, es)
+	area, err := s.c.shm.publish(s.set, l.area())
+	if err != nil {
+		return err
+	}
+	for c := range min(pipeSlots-1, l.k) {
+		l.copyIn(area, s.in, s.c.rank, c)
+	}
+	return nil
+}
+
+// copyIn copies chunk c of rank me's input in, all but its own share, into
+// the chunk's slot of its area.
+func (l *pipeLayout) copyIn(area, in []byte, me, c int) {
+	lo, sh := l.chunk(c)
+	slot := l.slot(area, c)
+	copy(slot[:sh[me]], in[lo:lo+sh[me]])
+	copy(slot[sh[me+1]:sh[l.n]], in[lo+sh[me+1]:lo+sh[l.n]])
 }
 
 // shmPipeReduce is the data phase of a pipelined reduction (above).
@@ -126,17 +146,7 @@ func shmPipeReduce(ctx context.Context, s *shmRun) error {
 	}
 	mine := areas[me]
 	wait := func(ev uint32) error { return g.waitProgAll(ctx, base+ev, s.base+3) }
-	copyIn := func(c int) {
-		lo, sh := l.chunk(c)
-		slot := l.slot(mine, c)
-		copy(slot[:sh[me]], in[lo:lo+sh[me]])
-		copy(slot[sh[me+1]:sh[n]], in[lo+sh[me+1]:lo+sh[n]])
-		g.setProg(base + l.evIn(c))
-	}
 	srcs := make([][]byte, n)
-	for c := range min(pipeSlots-1, l.k) {
-		copyIn(c)
-	}
 	for c := range l.k {
 		if j := c + pipeSlots - 1; j < l.k {
 			if c >= 1 {
@@ -145,10 +155,13 @@ func shmPipeReduce(ctx context.Context, s *shmRun) error {
 					return err
 				}
 			}
-			copyIn(j)
+			l.copyIn(mine, in, me, j)
+			g.setProg(base + l.evIn(j))
 		}
-		if err := wait(l.evIn(c)); err != nil {
-			return err
+		if c >= pipeSlots-1 { // the first ones came with the publish
+			if err := wait(l.evIn(c)); err != nil {
+				return err
+			}
 		}
 		lo, sh := l.chunk(c)
 		a, b := sh[me], sh[me+1]
