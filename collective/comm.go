@@ -399,7 +399,7 @@ func (c *Comm) rendezvous(ctx context.Context) error {
 			rr.Err = err.Error()
 		}
 	case resp.Hier:
-		hg, err = c.hierOpen(c.hosts)
+		hg, err = c.hierOpen(ctx, c.hosts)
 		if err != nil {
 			rr.Err = err.Error()
 		}
