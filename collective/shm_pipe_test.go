@@ -152,3 +152,49 @@ func TestShm_PipelineBreakOff(t *testing.T) {
 	}
 	t.Skip("rank 2 never had to wait long enough for its context to end (a fast machine)")
 }
+
+// TestShm_PipelinedReduceScatter: ReduceScatter of tensors whose blocks
+// span several chunks, along the first axis (contiguous blocks) and the
+// last (a run per row), with uneven counts, over 2 to 4 ranks: rank r
+// gets exactly block r of the rank-order reduction.
+func TestShm_PipelinedReduceScatter(t *testing.T) {
+	for _, n := range []int{2, 3, 4} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			comms := group(t, n, SHM)
+			for _, tc := range []struct {
+				dt    memmap.DType
+				shape []int
+				axis  int
+			}{
+				{memmap.Float32, []int{300, 3001}, 0},
+				{memmap.Float32, []int{300, 3001}, 1},
+				{memmap.Int64, []int{7, 50, 1003}, 2},
+			} {
+				length := tc.shape[tc.axis]
+				counts := evenCounts(length, n)
+				counts[0] += 5
+				counts[n-1] -= 5
+				t.Run(fmt.Sprintf("%v/%v/axis %d", tc.dt, tc.shape, tc.axis), func(t *testing.T) {
+					rng := rand.New(rand.NewPCG(uint64(n), uint64(tc.axis)))
+					xs := make([]*tensordict.Tensor, n)
+					srcs := make([][]byte, n)
+					for r := range n {
+						xs[r] = randTensor(t, rng, tc.dt, tc.shape...)
+						srcs[r] = bytes.Clone(must1(xs[r].Bytes()))
+					}
+					sum := make([]byte, len(srcs[0]))
+					foldRef(Sum, tc.dt, sum, srcs)
+					want := split(toND(t, must1(tensordict.FromBytes(tc.dt, tc.shape, sum))), tc.axis, counts)
+					got := all(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
+						return c.ReduceScatter(ctx, xs[c.Rank()], Sum, tc.axis, counts)
+					})
+					for r := range n {
+						if !closeND(toND(t, got[r]), want[r], 0) {
+							t.Fatalf("rank %d: block differs from the rank-order reduction's", r)
+						}
+					}
+				})
+			}
+		})
+	}
+}
