@@ -32,13 +32,9 @@ func publishGather(s *shmPub) error {
 	return s.all()
 }
 
-// shmGather copies every rank's mapping into place; Allgather is
-// pipelined (shm_agpipe.go).
-func shmGather(ctx context.Context, s *shmRun) error {
+// shmGather copies every rank's mapping into place.
+func shmGather(_ context.Context, s *shmRun) error {
 	p, out := s.p, s.out
-	if p.kind == kindAllgather {
-		return shmAGPipe(ctx, s)
-	}
 	if out == nil {
 		return nil
 	}

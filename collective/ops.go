@@ -51,7 +51,7 @@ var operations = []operation{
 	{kind: kindGather, name: "Gather", rules: []rule{rooted, allTensors, onAxis, gathered},
 		outShape: gatherShape, publish: publishGather, shm: shmGather, tcp: tcpGather},
 	{kind: kindAllgather, name: "Allgather", rules: []rule{allTensors, onAxis, gathered},
-		outShape: allgatherShape, publish: publishAGPipe, shm: shmGather, tcp: tcpGather},
+		outShape: allgatherShape, publish: publishAll, shm: shmGather, tcp: tcpGather},
 	{kind: kindScatter, name: "Scatter", rules: []rule{rooted, rootTensor, onAxis, sameShapes, splitByRoot},
 		outShape: scatterShape, publish: publishRoot, shm: shmScatter, tcp: (*xfer).scatter},
 	{kind: kindAlltoall, name: "Alltoall", rules: []rule{allTensors, onAxis, onAxis2, gathered, splitAxis2},

@@ -198,37 +198,3 @@ func TestShm_PipelinedReduceScatter(t *testing.T) {
 		})
 	}
 }
-
-// TestShm_PipelinedAllgather: Allgather of inputs of several chunks whose
-// lengths along the axis differ from rank to rank (so chunks run past the
-// end of some), along the first axis and the last, over 2 to 4 ranks:
-// every rank gets exactly the concatenation.
-func TestShm_PipelinedAllgather(t *testing.T) {
-	for _, n := range []int{2, 3, 4} {
-		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			comms := group(t, n, SHM)
-			for _, axis := range []int{0, 1} {
-				t.Run(fmt.Sprintf("axis %d", axis), func(t *testing.T) {
-					rng := rand.New(rand.NewPCG(uint64(n), uint64(axis)))
-					xs := make([]*tensordict.Tensor, n)
-					in := make([]nd, n)
-					for r := range n {
-						shape := []int{300, 1001}
-						shape[axis] += 37 * r
-						xs[r] = randTensor(t, rng, memmap.Float32, shape...)
-						in[r] = toND(t, xs[r])
-					}
-					want := concat(in, axis)
-					got := all(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
-						return c.Allgather(ctx, xs[c.Rank()], axis)
-					})
-					for r := range n {
-						if !closeND(toND(t, got[r]), want, 0) {
-							t.Fatalf("rank %d: not the concatenation", r)
-						}
-					}
-				})
-			}
-		})
-	}
-}

@@ -101,10 +101,9 @@ func joinIn(t *testing.T, n int, tr Transport, dir string) ([]*Comm, []error) {
 // communicator goes on working with tensors that fit.
 func TestShm_FullFolderIsResourceExhausted(t *testing.T) {
 	// Two ranks: control files 2 x 132 KiB, then each data file at least
-	// 1 MiB: two small allreduces (one per file set) fit in 6 MiB, a
-	// broadcast of 4 MiB (the root publishes all of it) does not. (An
-	// Allreduce, ReduceScatter or Allgather of any size would: they go in
-	// chunks, TestShm_AllreduceInSmallFolder.)
+	// 1 MiB: two small allreduces (one per file set) fit in 6 MiB, an
+	// allgather of 4 MiB a rank (each publishes all of its input) does
+	// not. (An allreduce of any size would: TestShm_AllreduceInSmallFolder.)
 	dir := mountShm(t, 6<<20)
 	comms, errs := joinIn(t, 2, SHM, dir)
 	for r, err := range errs {
@@ -119,12 +118,12 @@ func TestShm_FullFolderIsResourceExhausted(t *testing.T) {
 	all(t, comms, small)
 	_, errs = onAll(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
 		x, _ := tensordict.Zeros(memmap.Float32, 1<<20)
-		return c.Bcast(ctx, x, 0)
+		return c.Allgather(ctx, x, 0)
 	})
 	for r, err := range errs {
 		switch {
 		case err == nil:
-			t.Fatalf("rank %d: a 4 MiB broadcast in a 6 MiB folder shared by 2 ranks succeeded", r)
+			t.Fatalf("rank %d: a 4 MiB allgather in a 6 MiB folder shared by 2 ranks succeeded", r)
 		case !errors.Is(err, ErrNoSpace), !errors.Is(err, syscall.ENOSPC), rpc.CodeOf(err) != rpc.ResourceExhausted,
 			errors.Is(err, ErrArgument), errors.Is(err, ErrBroken):
 			t.Errorf("rank %d: %v (code %v), want ErrNoSpace, ENOSPC, ResourceExhausted", r, err, rpc.CodeOf(err))
