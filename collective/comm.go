@@ -156,8 +156,9 @@ type joinReq struct {
 // (builds before 2026-11-29); 1: the direct Allreduce up to 8 ranks, the
 // hierarchy's messages; 2: the pipelined Allreduce, Reduce and
 // ReduceScatter through shared mappings (shm_pipe.go, shm_rspipe.go: data
-// files of a few chunks, progress words). Raise it with any change to what a data message carries at a
-// step, or to how the ranks use the shared mappings.
+// files of a few chunks, progress words). Raise it with any change to
+// what a data message carries at a step, or to how the ranks use the
+// shared mappings.
 const protoVersion = 2
 
 type joinResp struct {
