@@ -44,8 +44,11 @@ func BenchmarkAllreduce(b *testing.B) {
 
 // BenchmarkShmAllreduce is Allreduce in place through shared mappings in
 // /dev/shm (as the bench's ranks use), at 2 and 4 ranks and 1, 16 and 64
-// MiB: the profile to read before changing shmReduce (-cpuprofile covers
-// every rank, goroutines of this process).
+// MiB: a profile of where the bytes go (-cpuprofile covers every rank,
+// goroutines of this process). Not a timing of the waits: a goroutine
+// asleep in the futex holds its P until the runtime's monitor retakes it,
+// which ranks that are processes do not pay; time those with "tensorwire
+// bench collective".
 func BenchmarkShmAllreduce(b *testing.B) {
 	for _, n := range []int{2, 4} {
 		for _, size := range []int{1 << 20, 16 << 20, 64 << 20} {
