@@ -154,9 +154,12 @@ type joinReq struct {
 // build's collectives: ranks of one communicator must run the same ones
 // (docs/protocol.md, "collective.join"). 0: the ring Allreduce over TCP
 // (builds before 2026-11-29); 1: the direct Allreduce up to 8 ranks, the
-// hierarchy's messages. Raise it with any change to what a data message
-// carries at a step.
-const protoVersion = 1
+// hierarchy's messages; 2: the pipelined Allreduce, Reduce and
+// ReduceScatter through shared mappings (shm_pipe.go, shm_rspipe.go: data
+// files of a few chunks, progress words). Raise it with any change to
+// what a data message carries at a step, or to how the ranks use the
+// shared mappings.
+const protoVersion = 2
 
 type joinResp struct {
 	Session uint64   `codec:"session"`
@@ -397,7 +400,7 @@ func (c *Comm) rendezvous(ctx context.Context) error {
 			rr.Err = err.Error()
 		}
 	case resp.Hier:
-		hg, err = c.hierOpen(c.hosts)
+		hg, err = c.hierOpen(ctx, c.hosts)
 		if err != nil {
 			rr.Err = err.Error()
 		}

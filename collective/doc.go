@@ -16,12 +16,16 @@
 // # Transports
 //
 // Ranks on one host exchange through shared mappings: each rank publishes
-// its input once into a file of its own under Config.ShmDir (/dev/shm),
-// every rank maps the others' files, and each reads what it needs from
-// them directly: an Allreduce is each rank reducing its 1/n of the tensor
-// from every rank's mapping, then copying the others' reduced parts. No
-// byte crosses a socket; the ranks synchronise through a word per rank in
-// the mapping (a short spin, then a futex). Ranks on several hosts
+// its input into a file of its own under Config.ShmDir (/dev/shm), every
+// rank maps the others' files, and each reads what it needs from them
+// directly. An Allreduce, a Reduce and a ReduceScatter go in chunks of
+// 256 KiB a rank through a few slots of those files: each rank copies a
+// chunk in, reduces its share of it from every rank's slot, and (Allreduce)
+// copies the others' reduced shares out, while the next chunk is copied
+// in, so what the ranks read of each other is still in the caches. No
+// byte crosses a socket; the ranks synchronise through words of their own
+// in the mapping, a phase per collective and a progress word per chunk
+// (a short spin, then a futex). Ranks on several hosts
 // exchange over their rpc connections (package rpc): recursive doubling
 // for small Allreduce; for large Allreduce with up to 8 ranks, each rank
 // reducing its block of every rank's tensor and sending it to every other

@@ -28,13 +28,18 @@ func freeAddr(t testing.TB) string {
 // its own with its own sockets (and mappings), closed when the test ends.
 func group(t testing.TB, n int, tr Transport) []*Comm {
 	t.Helper()
+	return groupIn(t, n, tr, t.TempDir())
+}
+
+// groupIn is group with the shared mappings' folder dir.
+func groupIn(t testing.TB, n int, tr Transport, dir string) []*Comm {
+	t.Helper()
 	addr := freeAddr(t)
 	comms := make([]*Comm, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	dir := t.TempDir()
 	for r := range n {
 		wg.Go(func() {
 			comms[r], errs[r] = Join(ctx, Config{Rank: r, Size: n, Addr: addr, Transport: tr, ShmDir: dir})

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 )
 
 // hierState is this rank's part of a hierarchical communicator: its host's
@@ -58,38 +59,61 @@ func hostDir(shmDir string, session uint64, h int) string {
 	return filepath.Join(shmDir, fmt.Sprintf("tensorwire-collective-%016x-h%d", session, h))
 }
 
-// makeHostDir makes (or finds, made by another rank of the host) the
-// folder of this rank's host, with the session's marker file: every rank of
-// the host writes the same marker, through a rename so that none reads a
-// part-written one.
-func makeHostDir(c *Comm, h *hierState) (string, error) {
-	if h.local == 0 {
-		sweepSessions(c.cfg.shmDir())
-	}
+// makeHostDir returns the folder of this rank's host, with the session's
+// marker file. The host's leader makes both (the marker through a rename,
+// so that none reads a part-written one); every other rank of the host
+// only reads the leader's marker, waiting for it up to hostDirWait (or
+// ctx): that proves the ranks that claim one host share the folder (two
+// containers of one kernel, with one host name and each a /dev/shm of its
+// own, claim one host but do not). Before, every rank wrote the marker it
+// then read, which proved nothing.
+func makeHostDir(ctx context.Context, c *Comm, h *hierState) (string, error) {
 	d := hostDir(c.cfg.shmDir(), c.session, h.host)
+	marker := filepath.Join(d, "session")
+	want := fmt.Sprintf("%016x\n", c.session)
+	if h.local != 0 {
+		ctx, cancel := context.WithTimeout(ctx, hostDirWait)
+		defer cancel()
+		for pause := time.Millisecond; ; pause = min(2*pause, 20*time.Millisecond) {
+			if b, err := os.ReadFile(marker); err == nil && string(b) == want {
+				return d, nil
+			}
+			select {
+			case <-ctx.Done():
+				return "", fmt.Errorf("rank %d does not see the marker of its host's leader, rank %d, in %s (waited %v): the ranks that claim one host do not share the folder",
+					c.rank, h.ranks[0], d, hostDirWait)
+			case <-time.After(pause):
+			}
+		}
+	}
+	sweepSessions(c.cfg.shmDir())
 	if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return "", err
 	}
 	tmp := filepath.Join(d, fmt.Sprintf("session.%d", c.rank))
-	if err := os.WriteFile(tmp, []byte(fmt.Sprintf("%016x\n", c.session)), 0o600); err != nil {
+	if err := os.WriteFile(tmp, []byte(want), 0o600); err != nil {
 		return "", err
 	}
-	if err := os.Rename(tmp, filepath.Join(d, "session")); err != nil {
+	if err := os.Rename(tmp, marker); err != nil {
 		os.Remove(tmp)
 		return "", err
 	}
 	return d, nil
 }
 
+// hostDirWait is how long a rank waits for its host's leader's marker:
+// the ranks come to it together, once rank 0 answered every Join.
+var hostDirWait = 10 * time.Second
+
 // hierOpen is this rank's first step into a hierarchy rank 0 proposed:
 // its files in its host's folder (none when it is alone on its host). The
 // error says why it cannot, for collective.ready.
-func (c *Comm) hierOpen(hosts []int) (*hierState, error) {
+func (c *Comm) hierOpen(ctx context.Context, hosts []int) (*hierState, error) {
 	h := newHier(c.rank, hosts)
 	if len(h.ranks) == 1 {
 		return h, nil
 	}
-	d, err := makeHostDir(c, h)
+	d, err := makeHostDir(ctx, c, h)
 	if err != nil {
 		return nil, fmt.Errorf("the host's shared folder: %w", err)
 	}

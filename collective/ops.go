@@ -57,7 +57,7 @@ var operations = []operation{
 	{kind: kindAlltoall, name: "Alltoall", rules: []rule{allTensors, onAxis, onAxis2, gathered, splitAxis2},
 		outShape: alltoallShape, publish: publishAll, shm: shmAlltoall, tcp: (*xfer).alltoall},
 	{kind: kindReduceScatter, name: "ReduceScatter", rules: []rule{allTensors, reduction, onAxis, sameShapes, splitAxis},
-		outShape: reduceScatterShape, publish: publishAll, shm: shmReduceScatter, tcp: tcpReduceScatter},
+		outShape: reduceScatterShape, publish: publishRSPipe, shm: shmReduceScatter, tcp: tcpReduceScatter},
 	{kind: kindBarrier, name: "Barrier",
 		outShape: noShape, shm: shmNothing, tcp: tcpNothing},
 }

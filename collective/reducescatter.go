@@ -13,10 +13,15 @@ const kindReduceScatter kind = 8
 
 func reduceScatterShape(p *plan, r int) []int { return along(p.shapes[r], p.axis, p.counts[r]) }
 
-// shmReduceScatter reduces this rank's piece from every rank's mapping.
-func shmReduceScatter(_ context.Context, s *shmRun) error {
+// shmReduceScatter reduces this rank's piece from every rank's mapping:
+// pipelined in chunks (shm_rspipe.go) above smallShm bytes a rank, from
+// the whole published inputs at or below.
+func shmReduceScatter(ctx context.Context, s *shmRun) error {
 	p, out := s.p, s.out
 	me, n, es := s.c.rank, s.c.size, p.esize
+	if pipelinedRS(p.bytes(me)) {
+		return shmRSPipe(ctx, s)
+	}
 	shape := p.shapes[me]
 	box := p.outShape(me)
 	off := at(len(shape), p.axis, prefix(p.counts)[me])

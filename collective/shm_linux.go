@@ -40,15 +40,20 @@ import (
 
 // Control file layout: one word per cache line.
 const (
-	ctlMagic    = 0
-	ctlPhase    = 64
-	ctlWaiters  = 128
-	ctlAbort    = 192
-	ctlCap      = 256 // two uint64: the data files' sizes
-	ctlDescLen  = 320 // two uint32: the descriptions' lengths
-	ctlDesc     = 4096
-	ctlDescRoom = 64 << 10
-	ctlSize     = ctlDesc + 2*ctlDescRoom
+	ctlMagic   = 0
+	ctlPhase   = 64
+	ctlWaiters = 128
+	ctlAbort   = 192
+	ctlCap     = 256 // two uint64: the data files' sizes
+	ctlDescLen = 320 // two uint32: the descriptions' lengths
+	// The progress word of a pipelined reduction (shm_pipe.go) and the
+	// count of its waiters: like the phase, written by its owner only and
+	// only growing, a step per chunk event.
+	ctlProg        = 384
+	ctlProgWaiters = 448
+	ctlDesc        = 4096
+	ctlDescRoom    = 64 << 10
+	ctlSize        = ctlDesc + 2*ctlDescRoom
 
 	shmMagic = 0x7477636f // "twco"
 )
@@ -66,6 +71,10 @@ type shmGroup struct {
 	// ranks are the communicator's ranks of the group's members, for
 	// messages; nil: the group is the communicator (member r is rank r).
 	ranks []int
+	// prog is every member's progress word as the last pipelined
+	// reduction left it (the same on every member: each such collective
+	// moves them all by the same steps; shm_pipe.go).
+	prog uint32
 }
 
 // makeSessionDir makes rank 0's folder for a session under dir, with a
@@ -230,11 +239,22 @@ func (g *shmGroup) setPhase(p uint32) {
 	}
 }
 
-// abort marks every phase past ours as never coming, and wakes waiters.
+// setProg moves our progress word to v and wakes the ranks waiting on it.
+func (g *shmGroup) setProg(v uint32) {
+	w := g.word(g.me, ctlProg)
+	w.Store(v)
+	if g.word(g.me, ctlProgWaiters).Load() != 0 {
+		w.Wake()
+	}
+}
+
+// abort marks every phase past ours as never coming, and wakes waiters
+// (of the phase and of the progress word).
 func (g *shmGroup) abort() {
 	p := g.word(g.me, ctlPhase).Load() + 1
 	g.word(g.me, ctlAbort).Store(p)
 	g.word(g.me, ctlPhase).Wake()
+	g.word(g.me, ctlProg).Wake()
 }
 
 // reached reports whether phase v is at or past p (modulo wrap-around).
@@ -261,8 +281,31 @@ const (
 	napTime = 5 * time.Millisecond
 )
 
+// waitProgAll waits until every other rank's progress word has reached v,
+// in the collective whose done phase is phase (a rank that aborted before
+// it fails the wait).
+func (g *shmGroup) waitProgAll(ctx context.Context, v, phase uint32) error {
+	for r := range g.n {
+		if r == g.me {
+			continue
+		}
+		if err := g.waitWord(ctx, r, ctlProg, v, phase); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (g *shmGroup) waitRank(ctx context.Context, r int, p uint32) error {
-	w := g.word(r, ctlPhase)
+	return g.waitWord(ctx, r, ctlPhase, p, p)
+}
+
+// waitWord waits until rank r's word at off (the phase or the progress
+// word; its waiters' count is the next cache line) has reached v, failing
+// when r aborted before reaching phase.
+func (g *shmGroup) waitWord(ctx context.Context, r, off int, v, phase uint32) error {
+	p := v
+	w := g.word(r, off)
 	for i := 0; i < spins; i++ {
 		if reached(w.Load(), p) {
 			return nil
@@ -274,13 +317,13 @@ func (g *shmGroup) waitRank(ctx context.Context, r int, p uint32) error {
 			return nil
 		}
 	}
-	waiters := g.word(r, ctlWaiters)
+	waiters := g.word(r, off+64)
 	for {
 		v := w.Load()
 		if reached(v, p) {
 			return nil
 		}
-		if a := g.word(r, ctlAbort).Load(); a != 0 && !reached(v, a) && reached(p, a) {
+		if a := g.word(r, ctlAbort).Load(); a != 0 && !reached(g.word(r, ctlPhase).Load(), a) && reached(phase, a) {
 			who := r
 			if g.ranks != nil {
 				who = g.ranks[r]

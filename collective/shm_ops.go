@@ -14,7 +14,8 @@ import (
 // from 3*seq to 3*seq+3:
 //
 //	3seq+1  published: the description and the data are in place
-//	3seq+2  reduced: the rank's share of a reduction is in place
+//	3seq+2  (unused here: the pipelined reduction counts its chunks on the
+//	        progress word, shm_pipe.go; the hierarchy's host groups use it)
 //	3seq+3  done: the rank no longer reads the others' files of this set
 
 // smallShm is the size up to which every rank reduces a whole Allreduce

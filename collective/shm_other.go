@@ -14,19 +14,24 @@ var errNoShm = errors.New("shared mappings need Linux")
 
 const ctlDescRoom = 64 << 10
 
-type shmGroup struct{ ranks []int }
+type shmGroup struct {
+	ranks []int
+	prog  uint32
+}
 
-func makeSessionDir(string, uint64) (string, error)        { return "", errNoShm }
-func openShm(*Comm, string) (*shmGroup, error)             { return nil, errNoShm }
-func (g *shmGroup) attach() error                          { return errNoShm }
-func (g *shmGroup) close()                                 {}
-func (g *shmGroup) abort()                                 {}
-func (g *shmGroup) setPhase(uint32)                        {}
-func (g *shmGroup) waitAll(context.Context, uint32) error  { return errNoShm }
-func (g *shmGroup) putDesc(int, []byte)                    {}
-func (g *shmGroup) desc(int, int) (desc, error)            { return desc{}, errNoShm }
-func (g *shmGroup) publish(int, int) ([]byte, error)       { return nil, errNoShm }
-func (g *shmGroup) peerData(int, int, int) ([]byte, error) { return nil, errNoShm }
+func makeSessionDir(string, uint64) (string, error)                   { return "", errNoShm }
+func openShm(*Comm, string) (*shmGroup, error)                        { return nil, errNoShm }
+func (g *shmGroup) attach() error                                     { return errNoShm }
+func (g *shmGroup) close()                                            {}
+func (g *shmGroup) abort()                                            {}
+func (g *shmGroup) setPhase(uint32)                                   {}
+func (g *shmGroup) setProg(uint32)                                    {}
+func (g *shmGroup) waitProgAll(context.Context, uint32, uint32) error { return errNoShm }
+func (g *shmGroup) waitAll(context.Context, uint32) error             { return errNoShm }
+func (g *shmGroup) putDesc(int, []byte)                               {}
+func (g *shmGroup) desc(int, int) (desc, error)                       { return desc{}, errNoShm }
+func (g *shmGroup) publish(int, int) ([]byte, error)                  { return nil, errNoShm }
+func (g *shmGroup) peerData(int, int, int) ([]byte, error)            { return nil, errNoShm }
 
 func openShmGroup(*Comm, string, int, int) (*shmGroup, error)   { return nil, errNoShm }
 func sweepSessions(string)                                      {}

@@ -101,8 +101,9 @@ func joinIn(t *testing.T, n int, tr Transport, dir string) ([]*Comm, []error) {
 // communicator goes on working with tensors that fit.
 func TestShm_FullFolderIsResourceExhausted(t *testing.T) {
 	// Two ranks: control files 2 x 132 KiB, then each data file at least
-	// 1 MiB: two small allreduces (one per file set) fit in 6 MiB, a
-	// 4 MiB one per rank does not.
+	// 1 MiB: two small allreduces (one per file set) fit in 6 MiB, an
+	// allgather of 4 MiB a rank (each publishes all of its input) does
+	// not. (An allreduce of any size would: TestShm_AllreduceInSmallFolder.)
 	dir := mountShm(t, 6<<20)
 	comms, errs := joinIn(t, 2, SHM, dir)
 	for r, err := range errs {
@@ -117,12 +118,12 @@ func TestShm_FullFolderIsResourceExhausted(t *testing.T) {
 	all(t, comms, small)
 	_, errs = onAll(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
 		x, _ := tensordict.Zeros(memmap.Float32, 1<<20)
-		return c.Allreduce(ctx, x, Sum)
+		return c.Allgather(ctx, x, 0)
 	})
 	for r, err := range errs {
 		switch {
 		case err == nil:
-			t.Fatalf("rank %d: a 4 MiB allreduce in a 6 MiB folder shared by 2 ranks succeeded", r)
+			t.Fatalf("rank %d: a 4 MiB allgather in a 6 MiB folder shared by 2 ranks succeeded", r)
 		case !errors.Is(err, ErrNoSpace), !errors.Is(err, syscall.ENOSPC), rpc.CodeOf(err) != rpc.ResourceExhausted,
 			errors.Is(err, ErrArgument), errors.Is(err, ErrBroken):
 			t.Errorf("rank %d: %v (code %v), want ErrNoSpace, ENOSPC, ResourceExhausted", r, err, rpc.CodeOf(err))
@@ -131,6 +132,39 @@ func TestShm_FullFolderIsResourceExhausted(t *testing.T) {
 	// Both file sets again, with tensors that fit.
 	all(t, comms, small)
 	all(t, comms, small)
+}
+
+// TestShm_AllreduceInSmallFolder: an Allreduce (and a Reduce) needs room
+// in the shared folder for a few chunks a rank, not for the tensor: 16 MiB
+// a rank through a 6 MiB folder, with the right sums, on every rank.
+func TestShm_AllreduceInSmallFolder(t *testing.T) {
+	dir := mountShm(t, 6<<20)
+	comms, errs := joinIn(t, 2, SHM, dir)
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: Join: %v", r, err)
+		}
+	}
+	const n = 4 << 20 // float32s: 16 MiB
+	outs := all(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
+		x, _ := tensordict.Zeros(memmap.Float32, n)
+		v := as[float32](must1(x.Bytes()))
+		for i := range v {
+			v[i] = float32(i%1000) + float32(c.Rank())
+		}
+		if _, err := c.Reduce(ctx, x, Sum, 1); err != nil {
+			return nil, err
+		}
+		return c.Allreduce(ctx, x, Sum)
+	})
+	for r, o := range outs {
+		v := as[float32](must1(o.Bytes()))
+		for i := range v {
+			if want := 2*float32(i%1000) + 1; v[i] != want {
+				t.Fatalf("rank %d: element %d is %v, want %v", r, i, v[i], want)
+			}
+		}
+	}
 }
 
 // TestShm_JoinOnFullFolder: Join with a shared folder that has no room

@@ -66,8 +66,10 @@ var wireGolden = []struct {
 	// before them send.
 	{name: "collective.join request, from a rank that can form a hierarchy", v: joinReq{Rank: 3, Size: 4, Addr: "10.0.0.3:40002", Host: "b2c3", Dir: "/dev/shm", Hier: true},
 		hex: `87 a4 "addr" ae "10.0.0.3:40002" a3 "dir" a8 "/dev/shm" a4 "hier" c3 a4 "host" a4 "b2c3" a4 "rank" 03 a4 "size" 04 a9 "transport" a0`},
-	{name: "collective.join request, this build's (protocol 1)", v: joinReq{Rank: 3, Size: 4, Addr: "10.0.0.3:40002", Host: "b2c3", Dir: "/dev/shm", Hier: true, Proto: 1},
+	{name: "collective.join request, protocol 1", v: joinReq{Rank: 3, Size: 4, Addr: "10.0.0.3:40002", Host: "b2c3", Dir: "/dev/shm", Hier: true, Proto: 1},
 		hex: `88 a4 "addr" ae "10.0.0.3:40002" a3 "dir" a8 "/dev/shm" a4 "hier" c3 a4 "host" a4 "b2c3" a5 "proto" 01 a4 "rank" 03 a4 "size" 04 a9 "transport" a0`},
+	{name: "collective.join request, this build's (protocol 2: the pipelined shared-mapping reduction)", v: joinReq{Rank: 3, Size: 4, Addr: "10.0.0.3:40002", Host: "b2c3", Dir: "/dev/shm", Hier: true, Proto: protoVersion},
+		hex: `88 a4 "addr" ae "10.0.0.3:40002" a3 "dir" a8 "/dev/shm" a4 "hier" c3 a4 "host" a4 "b2c3" a5 "proto" 02 a4 "rank" 03 a4 "size" 04 a9 "transport" a0`},
 	{name: "collective.join response, a hierarchy of two hosts proposed", v: joinResp{Session: goldenSession, Addrs: []string{"a:1", "a:2", "b:1", "b:2"}, Hosts: []int{0, 0, 1, 1}, Hier: true},
 		hex: `85 a5 "addrs" 94 a3 "a:1" a3 "a:2" a3 "b:1" a3 "b:2" a4 "hier" c3 a5 "hosts" 94 00 00 01 01 a7 "session" cf 1234567890abcdef a3 "shm" a0`},
 	{name: "collective.ready response, hierarchical", v: readyResp{Hier: true},

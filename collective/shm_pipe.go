@@ -1,0 +1,188 @@
+package collective
+
+import "context"
+
+// The pipelined reduction through shared mappings: Allreduce (above
+// smallShm) and Reduce. The tensor is cut into chunks of pipeShare bytes
+// a rank, n shares each; a chunk moves in three steps on every rank, each
+// a move of its progress word (ctlProg, shm_linux.go):
+//
+//	in(c)   the rank has copied chunk c of its input, all but its own
+//	        share, into slot c mod pipeSlots of its data file (the first
+//	        pipeSlots-1 chunks with the publish, before the published
+//	        phase, which then stands for their in events)
+//	red(c)  it has reduced its share of chunk c, reading the others'
+//	        slots in place and its own share from its input, into that
+//	        share of its own slot (which no other rank reads as input)
+//	out(c)  it has copied every rank's reduced share of chunk c from their
+//	        slots into its output (Reduce: the root only; the others move
+//	        the word all the same)
+//
+// Before red(c) a rank waits for every rank's in(c); before out(c) for
+// every rank's red(c); before in(c) into a slot that chunk c-pipeSlots
+// used, for every rank's out(c-pipeSlots), the last read of it. A rank's
+// data file holds pipeSlots chunks, not the tensor: what the ranks copy
+// in is read back by the others while it is still in the caches, and only
+// the input and the output go to memory. Every element is reduced by one
+// rank, in rank order, so every rank gets the same bits, those of the
+// small path (every rank reducing the whole tensor in rank order).
+//
+// The events of a rank follow one order, in(0) .. in(pipeSlots-2), then
+// for each chunk c: in(c+pipeSlots-1) (if there is such a chunk), red(c),
+// out(c); its progress word counts them, from where the previous
+// pipelined collective left it (shmGroup.prog: every rank moves it by the
+// same steps in each). A peer waiting for an event waits for the word to
+// reach that event's number (reached: modulo wrap-around).
+
+// pipeShare is the bytes of a chunk each rank reduces: a chunk of n ranks
+// is n times that, and a rank's data file holds pipeSlots chunks.
+const pipeShare = 256 << 10
+
+// pipeSlots is how many chunks a rank's data file holds: a rank copies
+// chunk c+1 in while slower ranks still read chunk c.
+const pipeSlots = 2
+
+// pipelined reports whether the collective of kind k on bytes of input
+// per rank is the pipelined reduction (its publish only sizes the file).
+func pipelined(k kind, bytes int) bool {
+	return k == kindReduce || k == kindAllreduce && bytes > smallShm
+}
+
+// pipeLayout is how a pipelined reduction of numel elements of esize
+// bytes on n ranks is cut.
+type pipeLayout struct {
+	n, es   int
+	numel   int // elements of the tensor
+	per     int // elements of a chunk (the last may have fewer)
+	k       int // chunks
+	slotLen int // bytes of a slot: a whole chunk
+	slots   int // slots in use: pipeSlots, or k when fewer
+}
+
+func newPipeLayout(numel, n, es int) pipeLayout {
+	per := n * max(pipeShare/es, 1)
+	k := (numel + per - 1) / per
+	return pipeLayout{n: n, es: es, numel: numel, per: per, k: k, slotLen: per * es, slots: min(pipeSlots, k)}
+}
+
+// area is the bytes of a rank's data file the reduction uses.
+func (l *pipeLayout) area() int { return l.slots * l.slotLen }
+
+// chunk returns chunk c's first byte in the tensor and the byte offsets,
+// within the chunk, of the ranks' shares (n+1 of them).
+func (l *pipeLayout) chunk(c int) (int, []int) {
+	lo := c * l.per
+	sh := scale(chunks(min(l.per, l.numel-lo), l.n), l.es)
+	return lo * l.es, sh
+}
+
+// slot returns the slot of chunk c in a rank's area.
+func (l *pipeLayout) slot(area []byte, c int) []byte {
+	i := c % pipeSlots
+	return area[i*l.slotLen : (i+1)*l.slotLen]
+}
+
+// The events' numbers, counted from the collective's base.
+func (l *pipeLayout) evIn(c int) uint32 {
+	if c < pipeSlots-1 {
+		return uint32(c + 1)
+	}
+	return uint32(pipeSlots - 1 + 3*(c-pipeSlots+1) + 1)
+}
+func (l *pipeLayout) evRed(c int) uint32 { return uint32(pipeSlots - 1 + 3*c + 2) }
+func (l *pipeLayout) evOut(c int) uint32 { return uint32(pipeSlots - 1 + 3*c + 3) }
+
+// events is how far the collective moves every rank's progress word.
+func (l *pipeLayout) events() uint32 { return uint32(pipeSlots - 1 + 3*l.k) }
+
+// publishPipe sizes this rank's data file for a pipelined reduction and
+// copies in its first pipeSlots-1 chunks (the published phase stands for
+// their in events: a rank waits for no in(c) of those); the rest moves in
+// the data phase, chunk by chunk.
+func publishPipe(s *shmPub) error {
+	es := max(s.d.dtype.Size(), 1)
+	l := newPipeLayout(len(s.in)/es, s.c.size, es)
+	area, err := s.c.shm.publish(s.set, l.area())
+	if err != nil {
+		return err
+	}
+	for c := range min(pipeSlots-1, l.k) {
+		l.copyIn(area, s.in, s.c.rank, c)
+	}
+	return nil
+}
+
+// copyIn copies chunk c of rank me's input in, all but its own share, into
+// the chunk's slot of its area.
+func (l *pipeLayout) copyIn(area, in []byte, me, c int) {
+	lo, sh := l.chunk(c)
+	slot := l.slot(area, c)
+	copy(slot[:sh[me]], in[lo:lo+sh[me]])
+	copy(slot[sh[me+1]:sh[l.n]], in[lo+sh[me+1]:lo+sh[l.n]])
+}
+
+// shmPipeReduce is the data phase of a pipelined reduction (above).
+func shmPipeReduce(ctx context.Context, s *shmRun) error {
+	g, p, in, out := s.g, s.p, s.in, s.out
+	me, n := s.c.rank, s.c.size
+	l := newPipeLayout(numel(p.shapes[me]), n, p.esize)
+	base := g.prog
+	g.prog += l.events()
+	copies := p.kind == kindAllreduce || me == p.root
+	if !copies {
+		// Reduce's zeros off the root, once the input (which may be
+		// out) is no longer read.
+		defer clear(out)
+	}
+	if l.k == 0 {
+		return nil
+	}
+	areas := make([][]byte, n)
+	for r := range n {
+		var err error
+		if areas[r], err = g.peerData(r, s.set, l.area()); err != nil {
+			return err
+		}
+	}
+	mine := areas[me]
+	wait := func(ev uint32) error { return g.waitProgAll(ctx, base+ev, s.base+3) }
+	srcs := make([][]byte, n)
+	for c := range l.k {
+		if j := c + pipeSlots - 1; j < l.k {
+			if c >= 1 {
+				// Slot j's last chunk was c-1.
+				if err := wait(l.evOut(c - 1)); err != nil {
+					return err
+				}
+			}
+			l.copyIn(mine, in, me, j)
+			g.setProg(base + l.evIn(j))
+		}
+		if c >= pipeSlots-1 { // the first ones came with the publish
+			if err := wait(l.evIn(c)); err != nil {
+				return err
+			}
+		}
+		lo, sh := l.chunk(c)
+		a, b := sh[me], sh[me+1]
+		for r := range n {
+			if r == me {
+				srcs[r] = in[lo+a : lo+b]
+			} else {
+				srcs[r] = l.slot(areas[r], c)[a:b]
+			}
+		}
+		reduceN(p.op, p.dt, l.slot(mine, c)[a:b], srcs)
+		g.setProg(base + l.evRed(c))
+		if err := wait(l.evRed(c)); err != nil {
+			return err
+		}
+		if copies {
+			for r := range n {
+				copy(out[lo+sh[r]:lo+sh[r+1]], l.slot(areas[r], c)[sh[r]:sh[r+1]])
+			}
+		}
+		g.setProg(base + l.evOut(c))
+	}
+	return nil
+}
