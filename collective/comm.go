@@ -61,11 +61,12 @@ type Comm struct {
 	broken    atomic.Pointer[error]
 	ownAbort  atomic.Pointer[error] // the ErrAborted this rank broke the communicator with (its context ended, or an error of its own), as the others see it
 	ownCause  error                 // ... and as this rank says it; written once, by failOwn, before ownAbort
-	brokenCh  chan struct{}
-	abandoned chan struct{}   // closed when this rank broke off a collective part-way
-	completed atomic.Uint64   // collectives completed
-	inflight  atomic.Int64    // the collective running, or -1
-	goneAt    []atomic.Uint64 // rank j closed after goneAt[j]-1 collectives; 0: it has not
+	broke     context.Context       // ends when the communicator breaks (failOwn); a cancel context, so that context.AfterFunc on it starts no goroutine
+	markBroke context.CancelFunc    // ends broke
+	abandoned chan struct{}         // closed when this rank broke off a collective part-way
+	completed atomic.Uint64         // collectives completed
+	inflight  atomic.Int64          // the collective running, or -1
+	goneAt    []atomic.Uint64       // rank j closed after goneAt[j]-1 collectives; 0: it has not
 	closed    atomic.Bool
 	closing   chan struct{} // closed by Close: the watch handlers return
 	watchers  atomic.Int32  // watch handlers running
@@ -246,7 +247,6 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 		cfg: cfg, rank: cfg.Rank, size: cfg.Size,
 		log:       cfg.Logger,
 		ready:     make(chan struct{}),
-		brokenCh:  make(chan struct{}),
 		abandoned: make(chan struct{}),
 		goneAt:    make([]atomic.Uint64, cfg.Size),
 		closing:   make(chan struct{}),
@@ -255,6 +255,7 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 		clients:   make([]*rpc.Client, cfg.Size),
 	}
 	c.inflight.Store(-1)
+	c.broke, c.markBroke = context.WithCancel(context.Background())
 	c.watchCtx, c.stopW = context.WithCancel(context.Background())
 	c.box = newMailbox(c)
 	if err := c.listen(ctx); err != nil {
@@ -762,7 +763,7 @@ func (c *Comm) failOwn(err, own error) bool {
 		c.ownAbort.Store(p)
 	}
 	c.log.Warn("collective: broken", "rank", c.rank, "err", err)
-	close(c.brokenCh)
+	c.markBroke()
 	c.box.fail(err)
 	if own != nil {
 		close(c.abandoned)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/tensorwire/tensorwire/memmap"
 )
@@ -39,7 +38,7 @@ func (c *Comm) collective(ctx context.Context, cl *call) (*plan, []byte, error) 
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stop := context.AfterFunc(c.brokenCtx(), func() { cancel(c.err()) })
+	stop := context.AfterFunc(c.broke, func() { cancel(c.err()) })
 	defer stop()
 
 	var p *plan
@@ -65,23 +64,6 @@ func (c *Comm) collective(ctx context.Context, cl *call) (*plan, []byte, error) 
 	c.completed.Store(seq + 1)
 	return p, out, err
 }
-
-// brokenCtx returns a context that ends when the communicator breaks.
-func (c *Comm) brokenCtx() context.Context { return brokenContext{c} }
-
-type brokenContext struct{ c *Comm }
-
-func (b brokenContext) Deadline() (deadline time.Time, ok bool) { return }
-func (b brokenContext) Done() <-chan struct{}                   { return b.c.brokenCh }
-func (b brokenContext) Err() error {
-	select {
-	case <-b.c.brokenCh:
-		return context.Canceled
-	default:
-		return nil
-	}
-}
-func (b brokenContext) Value(any) any { return nil }
 
 // output returns the output buffer for rank me under p: cl.out, or a new
 // one.
