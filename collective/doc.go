@@ -18,14 +18,16 @@
 // Ranks on one host exchange through shared mappings: each rank publishes
 // its input into a file of its own under Config.ShmDir (/dev/shm), every
 // rank maps the others' files, and each reads what it needs from them
-// directly. An Allreduce, a Reduce and a ReduceScatter go in chunks of
-// 256 KiB a rank through a few slots of those files: each rank copies a
-// chunk in, reduces its share of it from every rank's slot, and (Allreduce)
-// copies the others' reduced shares out, while the next chunk is copied
-// in, so what the ranks read of each other is still in the caches. No
-// byte crosses a socket; the ranks synchronise through words of their own
-// in the mapping, a phase per collective and a progress word per chunk
-// (a short spin, then a futex). Ranks on several hosts
+// directly. An Allreduce or ReduceScatter above 64 KiB a rank, and every
+// Reduce, goes in chunks through two slots of those files, each rank's
+// share of a chunk 256 KiB (a ReduceScatter's, its block's if smaller):
+// each rank copies a chunk in, reduces its share of it from every rank's
+// slot, and copies the reduced shares out (Allreduce; Reduce: the root), while the
+// next chunk is copied in, so what the ranks read of each other is still
+// in the caches. No byte crosses a socket; the ranks synchronise through
+// words of their own in the mapping: a phase per collective, and a
+// progress word per rank that moves once per chunk step (a short spin,
+// then a futex). Ranks on several hosts
 // exchange over their rpc connections (package rpc): recursive doubling
 // for small Allreduce; for large Allreduce with up to 8 ranks, each rank
 // reducing its block of every rank's tensor and sending it to every other

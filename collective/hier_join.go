@@ -72,6 +72,7 @@ func makeHostDir(ctx context.Context, c *Comm, h *hierState) (string, error) {
 	marker := filepath.Join(d, "session")
 	want := fmt.Sprintf("%016x\n", c.session)
 	if h.local != 0 {
+		start := time.Now()
 		ctx, cancel := context.WithTimeout(ctx, hostDirWait)
 		defer cancel()
 		for pause := time.Millisecond; ; pause = min(2*pause, 20*time.Millisecond) {
@@ -80,8 +81,8 @@ func makeHostDir(ctx context.Context, c *Comm, h *hierState) (string, error) {
 			}
 			select {
 			case <-ctx.Done():
-				return "", fmt.Errorf("rank %d does not see the marker of its host's leader, rank %d, in %s (waited %v): the ranks that claim one host do not share the folder",
-					c.rank, h.ranks[0], d, hostDirWait)
+				return "", fmt.Errorf("rank %d does not see the marker of its host's leader, rank %d, in %s (waited %v: %v): the ranks that claim one host do not share the folder",
+					c.rank, h.ranks[0], d, time.Since(start).Round(time.Millisecond), context.Cause(ctx))
 			case <-time.After(pause):
 			}
 		}
@@ -103,7 +104,7 @@ func makeHostDir(ctx context.Context, c *Comm, h *hierState) (string, error) {
 
 // hostDirWait is how long a rank waits for its host's leader's marker:
 // the ranks come to it together, once rank 0 answered every Join.
-var hostDirWait = 10 * time.Second
+const hostDirWait = 10 * time.Second
 
 // hierOpen is this rank's first step into a hierarchy rank 0 proposed:
 // its files in its host's folder (none when it is alone on its host). The

@@ -304,23 +304,22 @@ func (g *shmGroup) waitRank(ctx context.Context, r int, p uint32) error {
 // word; its waiters' count is the next cache line) has reached v, failing
 // when r aborted before reaching phase.
 func (g *shmGroup) waitWord(ctx context.Context, r, off int, v, phase uint32) error {
-	p := v
 	w := g.word(r, off)
 	for i := 0; i < spins; i++ {
-		if reached(w.Load(), p) {
+		if reached(w.Load(), v) {
 			return nil
 		}
 	}
 	for i := 0; i < yields; i++ {
 		runtime.Gosched()
-		if reached(w.Load(), p) {
+		if reached(w.Load(), v) {
 			return nil
 		}
 	}
-	waiters := g.word(r, off+64)
+	waiters := g.word(r, off+64) // ctlWaiters or ctlProgWaiters: the next cache line
 	for {
-		v := w.Load()
-		if reached(v, p) {
+		cur := w.Load()
+		if reached(cur, v) {
 			return nil
 		}
 		if a := g.word(r, ctlAbort).Load(); a != 0 && !reached(g.word(r, ctlPhase).Load(), a) && reached(phase, a) {
@@ -344,8 +343,8 @@ func (g *shmGroup) waitWord(ctx context.Context, r, off int, v, phase uint32) er
 			return err
 		}
 		waiters.Add(1)
-		if v == w.Load() {
-			w.Wait(v, napTime)
+		if cur == w.Load() {
+			w.Wait(cur, napTime)
 		}
 		waiters.Add(^uint32(0))
 	}

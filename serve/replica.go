@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -92,7 +93,8 @@ type attachedStream struct {
 	pmu     sync.Mutex     // pending
 	pending []pendingBatch // the batches sent and not answered, in the order sent
 
-	mu      sync.Mutex // the mappings while a batch uses them, and the sending of batches
+	mu      sync.Mutex // the mappings, while a batch's rows are copied in or out
+	smu     sync.Mutex // the sending of batches: their numbers and pending, in the order sent
 	closed  bool
 	in, out *tensordict.TensorDict // by reference: the replica's rows (window*MaxBatch); nil: bytes
 	inF     fields
@@ -258,12 +260,37 @@ func anyMapped(td *tensordict.TensorDict) bool {
 	return false
 }
 
+// putRows puts the batch's rows where the replica reads them: its in rows
+// from row (by reference), or msg's In.
+func (a *attachedStream) putRows(row, n int, in *tensordict.TensorDict, msg *replicaBatch) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return fmt.Errorf("%w: %w: its stream ended", ErrForward, errGone)
+	}
+	if a.in == nil {
+		msg.In = &rpc.TD{TensorDict: in}
+		return nil
+	}
+	msg.Row = row
+	src, err := fieldsOf(in, a.m.cfg.Input)
+	if err == nil {
+		err = copyRows(a.inF, row, src, 0, n)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %w: its input rows: %v", ErrForward, errGone, err)
+	}
+	return nil
+}
+
 // forward runs the batch in on the replica, in its rows from row (by
 // reference): a lane's forward.
 func (a *attachedStream) forward(ctx context.Context, row int, in *tensordict.TensorDict) (*tensordict.TensorDict, uint64, error) {
 	out, v, err := a.exchange(ctx, row, in)
 	if err != nil {
-		a.stop(err, true) // the manager detaches it: its other batches go elsewhere
+		// The manager detaches it, its other batches going elsewhere;
+		// unless the manager is closing, when they end with it.
+		a.stop(err, !errors.Is(err, ErrStopped))
 	}
 	return out, v, err
 }
@@ -316,32 +343,22 @@ func (a *attachedStream) exchange(ctx context.Context, row int, in *tensordict.T
 
 // send puts the batch's rows in the replica's rows from row (by
 // reference), and sends it the batch, pending its answer. Batches are
-// sent one at a time, in the order of their numbers.
+// sent one at a time, in the order of their numbers; a send that blocks
+// (the stream's flow control) holds no lane's output copy up (a.mu).
 func (a *attachedStream) send(ctx context.Context, row, n int, in *tensordict.TensorDict) (pendingBatch, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return pendingBatch{}, fmt.Errorf("%w: %w: its stream ended", ErrForward, errGone)
+	msg := replicaBatch{N: n}
+	if err := a.putRows(row, n, in, &msg); err != nil {
+		return pendingBatch{}, err
 	}
+	a.smu.Lock()
+	defer a.smu.Unlock()
 	select {
 	case <-a.done:
 		return pendingBatch{}, a.gone()
 	default:
 	}
 	a.next++
-	msg := replicaBatch{Batch: a.next, N: n}
-	if a.in != nil {
-		msg.Row = row
-		src, err := fieldsOf(in, a.m.cfg.Input)
-		if err == nil {
-			err = copyRows(a.inF, row, src, 0, n)
-		}
-		if err != nil {
-			return pendingBatch{}, fmt.Errorf("%w: %w: its input rows: %v", ErrForward, errGone, err)
-		}
-	} else {
-		msg.In = &rpc.TD{TensorDict: in}
-	}
+	msg.Batch = a.next
 	p := pendingBatch{batch: msg.Batch, answer: make(chan replicaAnswer, 1)}
 	a.pmu.Lock()
 	a.pending = append(a.pending, p)

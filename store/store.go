@@ -347,7 +347,7 @@ func (s *Store) writeLoop() {
 			return
 		}
 		if s.shouldCompact() && s.log.waitSynced() == nil {
-			_, rest, err := s.compact()
+			rest, err := s.compact()
 			if err == nil {
 				continue
 			}
@@ -391,9 +391,9 @@ func (s *Store) shouldCompact() bool {
 // restate every bin and parameter version, written to a new file that
 // replaces the log. The records queued meanwhile are part of that state,
 // so they are dropped from the queue; if compaction fails they are
-// returned, to be written the ordinary way. It returns the revision the
-// new log is at.
-func (s *Store) compact() (uint64, []queued, error) {
+// returned, to be written the ordinary way. The new log's revision is
+// made durable (logWriter.madeDurable) before it returns.
+func (s *Store) compact() ([]queued, error) {
 	s.mu.Lock()
 	s.log.mu.Lock()
 	rest := s.log.queue
@@ -406,12 +406,12 @@ func (s *Store) compact() (uint64, []queued, error) {
 	tmp := logName + ".compact"
 	f, err := s.root.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
-		return 0, rest, err
+		return rest, err
 	}
-	fail := func(err error) (uint64, []queued, error) {
+	fail := func(err error) ([]queued, error) {
 		f.Close()
 		s.root.Remove(tmp)
-		return 0, rest, err
+		return rest, err
 	}
 	size := int64(len(logMagic))
 	if _, err := f.Write([]byte(logMagic)); err != nil {
@@ -451,7 +451,7 @@ func (s *Store) compact() (uint64, []queued, error) {
 		// doubt. Carry on with it: the next fsync of the file stands.
 		_ = err
 	}
-	return rev, nil, nil
+	return nil, nil
 }
 
 // stateRecords returns records that rebuild the current state; s.mu is

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/shm"
@@ -42,19 +41,7 @@ type bell struct {
 // openBell maps the bell file at path (bellSize bytes at least, made by
 // the parent). spin is the bounded spin of await.
 func openBell(path string, spin time.Duration) (*bell, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return nil, fmt.Errorf("open the bell file: %w", err)
-	}
-	defer f.Close() // the mapping stays
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if fi.Size() < bellSize {
-		return nil, fmt.Errorf("the bell file is %d bytes, want %d", fi.Size(), bellSize)
-	}
-	m, err := shm.MapFile(f, bellSize, true)
+	m, err := shm.Open(path, bellSize, true) // checks the file's size
 	if err != nil {
 		return nil, fmt.Errorf("map the bell file: %w", err)
 	}
