@@ -182,7 +182,10 @@ class CudaDevice(Device):
     def rebuild(self, s, dtype, shape):
         import torch
         torch.cuda._lazy_init()
-        st = torch.UntypedStorage._new_shared_cuda(s["device"], s["handle"], s["size"], s["offset"], s["ref"],
+        # This process's index of the GPU, not the producer's: the two may
+        # number the GPUs differently (CUDA_VISIBLE_DEVICES); identity()
+        # matched them by UUID.
+        st = torch.UntypedStorage._new_shared_cuda(self.index, s["handle"], s["size"], s["offset"], s["ref"],
                                                    s["ref_offset"], s["event"], s["sync"])
         return _view(st, dtype, shape, self.torch_device)
 

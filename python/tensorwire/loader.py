@@ -227,6 +227,7 @@ class Consumer:
         self._closed = False
         self._epoch = 0
         self._info = None
+        self._bf16_of = None  # (schema, its bfloat16 keys)
         self._sharing = Sharing.NONE
         try:
             wait = _Backoff(timeout)
@@ -768,11 +769,12 @@ class Consumer:
         if as_torch is None:  # a producer process's batches come back as it gave them: tensors
             as_torch = bool(self._info.get("layout"))
         td = {}
+        bf16 = self._bf16() if as_torch or self._dev is not None else ()
         for key, arr in flat.items():
             v = arr if n == len(arr) else arr[:n]
             if as_torch or self._dev is not None:
                 import torch
-                if key in self._bf16():  # numpy holds bfloat16 as its raw bits
+                if key in bf16:  # numpy holds bfloat16 as its raw bits
                     v = torch.from_numpy(v.view("<i2")).view(torch.bfloat16)
                 else:
                     v = torch.from_numpy(v)
@@ -782,8 +784,11 @@ class Consumer:
         return td
 
     def _bf16(self):
-        """The keys of the schema's bfloat16 tensors."""
-        return {tuple(f["key"]) for f in self._info["schema"] if f["dtype"] == "torch.bfloat16"}
+        """The keys of the schema's bfloat16 tensors (kept per schema)."""
+        schema = self._info["schema"]
+        if self._bf16_of is None or self._bf16_of[0] is not schema:
+            self._bf16_of = (schema, {tuple(f["key"]) for f in schema if f["dtype"] == "torch.bfloat16"})
+        return self._bf16_of[1]
 
     def stats(self, timeout=None):
         """The producer's figures (loader.stats)."""

@@ -196,12 +196,17 @@ func (p *pythonEnv) command(o *options, lang string, args []string) (argv, env [
 		}
 		return slices.Concat([]string{exe}, o.self, args), nil, nil
 	}
+	return slices.Concat([]string{p.interp, "-m", "tensorwire._bench_replay"}, args), p.env(), nil
+}
+
+// env is a Python process's environment: PYTHONPATH starts with the
+// extracted client.
+func (p *pythonEnv) env() []string {
 	pp := p.path
 	if old := os.Getenv("PYTHONPATH"); old != "" {
 		pp += string(os.PathListSeparator) + old
 	}
-	return slices.Concat([]string{p.interp, "-m", "tensorwire._bench_replay"}, args),
-		append(os.Environ(), "PYTHONPATH="+pp, "PYTHONDONTWRITEBYTECODE=1"), nil
+	return append(os.Environ(), "PYTHONPATH="+pp, "PYTHONDONTWRITEBYTECODE=1")
 }
 
 // runMode runs one mode with the trainer and writers in langs (py runs the

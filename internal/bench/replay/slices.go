@@ -395,7 +395,7 @@ func timePythonClient(ctx context.Context, o sliceOptions, py *pythonEnv, dir, a
 	r := SliceResult{Impl: pythonImpl(ahead)}
 	cmd := exec.CommandContext(ctx, py.interp, "-c", pyClientScript, addr, dir, fmt.Sprint(o.sliceLen),
 		fmt.Sprint(o.batch), fmt.Sprint(o.obs), fmt.Sprint(o.duration.Seconds()), fmt.Sprint(ahead))
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+py.path, "PYTHONDONTWRITEBYTECODE=1")
+	cmd.Env = py.env()
 	out, err := cmd.Output()
 	if err != nil {
 		why := err.Error()
