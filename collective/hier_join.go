@@ -72,6 +72,11 @@ func makeHostDir(ctx context.Context, c *Comm, h *hierState) (string, error) {
 	marker := filepath.Join(d, "session")
 	want := fmt.Sprintf("%016x\n", c.session)
 	if h.local != 0 {
+		// A rank without the folder at all cannot share it: say so now,
+		// not after waiting for a marker that cannot come.
+		if _, err := os.Stat(c.cfg.shmDir()); err != nil {
+			return "", err
+		}
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(ctx, hostDirWait)
 		defer cancel()
