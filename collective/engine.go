@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tensorwire/tensorwire/memmap"
 )
@@ -168,4 +169,28 @@ func guardOwn(fn func() error) error {
 func isOwn(err error) bool {
 	var o *ownError
 	return errors.As(err, &o)
+}
+
+// abortCauseWait is how long a rank that sees another give up a
+// collective waits for the communicator's own news of why (causeWithin).
+const abortCauseWait = 50 * time.Millisecond
+
+// causeWithin returns the communicator's error once it has one, waiting
+// for it up to d (or ctx's end): nil if none came. A rank that sees
+// another abandon a collective (its abort word) prefers the reason, when
+// its watches learn it at once (ErrPeerLost of the rank that died, not
+// ErrAborted of the rank that gave up because of it).
+func (c *Comm) causeWithin(ctx context.Context, d time.Duration) error {
+	if err := c.err(); err != nil {
+		return err
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-c.broke.Done():
+		return c.err()
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return nil
 }

@@ -323,6 +323,12 @@ func (g *shmGroup) waitWord(ctx context.Context, r, off int, v, phase uint32) er
 			return nil
 		}
 		if a := g.word(r, ctlAbort).Load(); a != 0 && !reached(g.word(r, ctlPhase).Load(), a) && reached(phase, a) {
+			// Rank r gave up. Why (a rank lost, say) reaches this
+			// rank's own watches within milliseconds, and is the
+			// error to report: wait that long for it first.
+			if err := g.c.causeWithin(ctx, abortCauseWait); err != nil {
+				return err
+			}
 			who := r
 			if g.ranks != nil {
 				who = g.ranks[r]
