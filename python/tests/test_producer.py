@@ -88,9 +88,14 @@ class TestProducer(unittest.TestCase):
         self.addCleanup(p.close)
         results, errs = {}, []
 
+        # Both join before either reads, so that they share epochs: a
+        # consumer that joins once the other has read its three (a thread
+        # started late on a loaded machine) rightly gets later epochs.
+        consumers = {batch: self.consumer(batch, mode) for batch, mode in ((20, "ref"), (64, "bytes"))}
+
         def run(batch, mode):
             try:
-                c = self.consumer(batch, mode)
+                c = consumers[batch]
                 self.assertEqual(len(c), math.ceil(N / batch))
                 for _ in range(3):
                     e = c.epoch
