@@ -54,6 +54,8 @@ type Consumer struct {
 	sharing rpc.Sharing // at the last join
 	last    joinResponse
 	bufs    []*batchBuf // the batch buffers, kept across epochs
+	state   State       // where the loop is (State)
+	resume  *State      // Resume's, until an epoch at or past it begins
 }
 
 // session is one membership of the producer: from a join until a drop,
@@ -562,6 +564,8 @@ func (c *Consumer) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict
 			c.mu.Lock()
 			epoch := c.epoch
 			c.epoch++
+			resumed := c.resume // back if the loop yields nothing (rejoin)
+			skip := c.skipOf(epoch)
 			c.mu.Unlock()
 			c.bufs = ensureBufs(c.bufs, s.schema, c.o.Batch, c.prefetch)
 			// The node going away before the epoch's first batch is
@@ -573,13 +577,21 @@ func (c *Consumer) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict
 					return false
 				}
 				yielded = true
+				if td != nil {
+					c.mu.Lock()
+					c.state.Samples += td.Len()
+					c.mu.Unlock()
+				}
 				return yield(td, err)
 			}
 			complete, err := iterate(ctx, y, c.bufs, c.prefetch, c.o.Batch,
 				func(ctx context.Context, out chan<- assembled, pool <-chan *batchBuf) {
-					s.assemble(ctx, epoch, c.o.Batch, c.o.DropLast, out, pool)
+					s.assemble(ctx, epoch, skip, c.o.Batch, c.o.DropLast, out, pool)
 				})
 			if rejoin {
+				c.mu.Lock()
+				c.resume = resumed
+				c.mu.Unlock()
 				c.lost(s, err)
 				if werr := wait.Wait(ctx); werr != nil {
 					yield(nil, fmt.Errorf("%w; the node was unreachable: %w", werr, err))
@@ -593,6 +605,62 @@ func (c *Consumer) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict
 			return
 		}
 	}
+}
+
+// State is where a consumer is in its epochs, for a restarted job to
+// resume mid-epoch (Consumer.State, Consumer.Resume): the epoch iterated
+// and the samples of the consumer's share of it (the whole epoch, or a
+// rank's share with Options.WorldSize) yielded so far. Its JSON is the
+// Python client's state_dict ({"epoch": E, "samples": S}), so either
+// language may save it and the other resume from it.
+type State struct {
+	Epoch   int64 `json:"epoch"`
+	Samples int   `json:"samples"`
+}
+
+// State returns where the consumer is: the epoch of the current or last
+// loop of Batches and the samples of its share that loop has yielded (a
+// batch counts once yielded, whether or not the loop's body finished
+// with it). Save it where the job saves its checkpoint; give it to the
+// consumer of the restarted job with Resume. Before any loop it is the
+// zero State. Safe to call from any goroutine.
+func (c *Consumer) State() State {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.state
+}
+
+// Resume makes the consumer skip what a consumer of the same share had
+// yielded when s was its State (that of a job that was stopped or
+// killed), as the Python client's load_state_dict does: when the
+// epoch the next loop of Batches iterates is s.Epoch, that loop yields
+// the share less its first s.Samples samples (rows that travel or are
+// copied all the same: nothing else of the epoch changes); when it is a
+// later epoch, the loop yields that epoch whole and s is forgotten.
+// Either way no sample of s's epoch comes twice. A consumer of the same
+// producer, Batch size aside, with the same Rank and WorldSize, joins
+// s's epoch again only while its window is open (Config.Window): the
+// producer does not replay an epoch. Call it before Batches.
+func (c *Consumer) Resume(s State) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.resume = &s
+}
+
+// skipOf returns the samples of epoch's share that Resume skips, and
+// makes the epoch's State. c.mu is held.
+func (c *Consumer) skipOf(epoch int64) int {
+	skip := 0
+	if r := c.resume; r != nil {
+		if epoch == r.Epoch {
+			skip = max(r.Samples, 0)
+		}
+		if epoch >= r.Epoch {
+			c.resume = nil
+		}
+	}
+	c.state = State{Epoch: epoch, Samples: skip}
+	return skip
 }
 
 // iterate yields the batches produce sends on out, taking buffers from a
@@ -704,9 +772,10 @@ func (c *Consumer) lost(s *session, err error) bool {
 }
 
 // assemble fills batches of size batch from the producer's batches of
-// epoch, in order, and sends them on out (closed at the epoch's end); it
-// takes buffers from pool. An error is sent as the last item.
-func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast bool, out chan<- assembled, pool <-chan *batchBuf) {
+// epoch, in order, less the first skip samples of the consumer's share
+// (Resume), and sends them on out (closed at the epoch's end); it takes
+// buffers from pool. An error is sent as the last item.
+func (s *session) assemble(ctx context.Context, epoch int64, skip, batch int, dropLast bool, out chan<- assembled, pool <-chan *batchBuf) {
 	fail := func(err error) {
 		select {
 		case out <- assembled{err: err}:
@@ -846,7 +915,18 @@ func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast
 			return
 		}
 		for _, a := range anns {
-			if sh == nil {
+			if sh == nil && skip > 0 {
+				// Resumed: the batch's rows past those skipped.
+				k := min(skip, a.Rows)
+				skip -= k
+				sel = sel[:0]
+				for o := k; o < a.Rows; o++ {
+					sel = append(sel, o)
+				}
+				if !take(a, rows, sel, len(sel)) {
+					return
+				}
+			} else if sh == nil {
 				if !take(a, rows, nil, a.Rows) {
 					return
 				}
@@ -865,7 +945,9 @@ func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast
 					}
 				}
 				sel = sh.own(sel[:0], first, a.Rows)
-				if !take(a, rows, sel, len(sel)) {
+				k := min(skip, len(sel))
+				skip -= k
+				if !take(a, rows, sel[k:], len(sel)-k) {
 					return
 				}
 			}
@@ -874,8 +956,15 @@ func (s *session) assemble(ctx context.Context, epoch int64, batch int, dropLast
 			}
 			index = a.Index + 1
 			if index == a.Count {
-				if stash != nil && !take(announcement{}, stash.td, nil, len(sh.pad)) {
-					return
+				if stash != nil && skip < len(sh.pad) {
+					// The padding ends the share (less what Resume skips).
+					sel = sel[:0]
+					for o := skip; o < len(sh.pad); o++ {
+						sel = append(sel, o)
+					}
+					if !take(announcement{}, stash.td, sel, len(sel)) {
+						return
+					}
 				}
 				if pos > 0 && !dropLast && !send(pos) {
 					return

@@ -25,7 +25,10 @@
 // Every consumer gets every sample of an epoch exactly once, in the
 // producer's order, cut into batches of its own size; an epoch's last
 // batch is short unless Options.DropLast. Each call of Batches ends with
-// its epoch, and Len is the number of batches it yields.
+// its epoch, and Len is the number of batches it yields. A data-parallel
+// rank (Options.Rank, Options.WorldSize) gets its DistributedSampler
+// share of each epoch instead. A restarted job resumes an epoch where its
+// saved State left it (Consumer.Resume), without a sample twice.
 //
 // A ring slot is written again only when every consumer taking part in
 // its epoch has released the batch it holds. A consumer copies a batch out

@@ -2,6 +2,7 @@ package loader_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log"
 	"net"
@@ -105,4 +106,37 @@ func ExampleNewLocal() {
 	// Output:
 	// [0 1]
 	// [2 3]
+}
+
+// A training job saves its consumer's State with each checkpoint of its
+// model; the job restarted from a checkpoint resumes the epoch where that
+// checkpoint left it: no sample of the epoch twice. (The epoch is resumed
+// while its window is open, another rank keeping it going; a consumer
+// that joins a later epoch iterates that one whole.) The State's JSON is
+// the Python client's state_dict.
+func ExampleConsumer_Resume() {
+	ctx := context.Background()
+	c, err := loader.Dial(ctx, "node0:7070", "train", loader.Options{Batch: 64, Rank: 1, WorldSize: 4})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	const checkpoint = "checkpoint/loader.json"
+	if b, err := os.ReadFile(checkpoint); err == nil {
+		var st loader.State
+		if err := json.Unmarshal(b, &st); err != nil {
+			log.Fatal(err)
+		}
+		c.Resume(st)
+	}
+	for batch, err := range c.Batches(ctx) {
+		if err != nil {
+			log.Fatal(err)
+		}
+		_ = batch // a training step
+		b, _ := json.Marshal(c.State())
+		if err := os.WriteFile(checkpoint, b, 0o644); err != nil { // with the model's checkpoint
+			log.Fatal(err)
+		}
+	}
 }

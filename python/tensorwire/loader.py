@@ -383,6 +383,7 @@ class Consumer:
         epoch's first batch is ridden out by joining again, once the node is
         back, and iterating the epoch it serves."""
         while True:
+            resume = self._resume  # back if nothing of the epoch is yielded
             it = self._iterate(s, epoch)
             try:
                 first = next(it)
@@ -391,6 +392,7 @@ class Consumer:
             except _errors.UnavailableError as e:
                 if not _unreachable(e) or self._closed:
                     raise
+                self._resume = resume
                 wait.wait(e)
                 s = self._session(wait)
                 epoch = self._epoch
