@@ -159,8 +159,8 @@ func (r *Remote) Producer() *Producer {
 	return r.cur
 }
 
-// Close stops serving the loader: an attached process is detached, its
-// ring removed.
+// Close stops serving the loader: an attached process is detached (its
+// stream ends with ErrClosed), its ring removed.
 func (r *Remote) Close() error {
 	r.svc.remotes.mu.Lock()
 	if r.svc.remotes.m[r.name] == r {
@@ -172,7 +172,9 @@ func (r *Remote) Close() error {
 	p := r.cur
 	r.mu.Unlock()
 	if p != nil {
-		return r.detach(p, wrapf(ErrClosed, "loader %q is no longer served", r.name), false)
+		why := wrapf(ErrClosed, "loader %q is no longer served", r.name)
+		p.feed.cut(why) // the process's stream ends with why, not when the process gives up
+		return r.detach(p, why, false)
 	}
 	return nil
 }
@@ -238,6 +240,9 @@ func (svc *Service) produce(ctx context.Context, req produceRequest, st *rpc.Ser
 	f.mu.Lock()
 	f.send = func(ctx context.Context, g grant) error { return st.Send(ctx, produceMessage{Grant: &g}) }
 	f.sendCtx, f.cancelSend, f.cancelRecv = sctx, cancelSend, cancelRecv
+	if f.cutBy != nil { // cut (Remote.Close) before it could cancel this
+		cancelRecv()
+	}
 	f.mu.Unlock()
 	why := wrapf(ErrNoProducer, "the producer process of loader %q went away", req.Name)
 	done := false // the process ended its side: it is done, and its consumers may finish what it published
@@ -258,11 +263,11 @@ func (svc *Service) produce(ctx context.Context, req produceRequest, st *rpc.Ser
 	for {
 		m, err := st.Recv(rctx)
 		if err != nil {
-			// A fill past its deadline cancels the receive (fill sets
-			// late first): its error, not the cancellation, says why.
-			if late := f.lateErr(); late != nil {
-				why = late
-				return late
+			// A fill past its deadline, or Remote.Close, cancels the
+			// receive (cut): its error, not the cancellation, says why.
+			if cut := f.cutErr(); cut != nil {
+				why = cut
+				return cut
 			}
 		}
 		if errors.Is(err, io.EOF) {
@@ -499,7 +504,7 @@ type feed struct {
 	sendCtx     context.Context                    // the grants' sends', the stream's own
 	cancelSend  func()                             // cuts a send short (endGrants)
 	cancelRecv  func()                             // ends the handler's wait for the process's messages
-	late        error                              // set when the process filled no slot within grantWait
+	cutBy       error                              // why the handler's wait was ended (cut): no slot filled in grantWait, the loader closed
 	outstanding *grant                             // granted, not yet published
 	taken       uint64                             // published messages taken: batches filled
 	done        chan struct{}
@@ -539,13 +544,7 @@ func (f *feed) fill(ctx context.Context, g grant) error {
 		}
 		err := wrapf(ErrNoProducer, "the producer process filled no slot for %v (batch %d of epoch %d was granted): "+
 			"it was detached", f.grantWait, g.Index, g.Epoch)
-		f.mu.Lock()
-		if f.late == nil {
-			f.late = err
-		}
-		cancel := f.cancelRecv
-		f.mu.Unlock()
-		cancel()
+		f.cut(err)
 		return err
 	case <-f.done:
 		select {
@@ -592,12 +591,27 @@ func (f *feed) take(p *Producer, m publishedMessage) error {
 	return nil
 }
 
-// lateErr returns why the process was detached for filling no slot in
-// time, or nil.
-func (f *feed) lateErr() error {
+// cut ends the stream's handler's wait for the process's next message:
+// the handler ends the stream with why (the first cut's, if cut twice).
+// Before the handler set its receive up, the cut is kept and the handler
+// ends the stream as soon as it has.
+func (f *feed) cut(why error) {
+	f.mu.Lock()
+	if f.cutBy == nil {
+		f.cutBy = why
+	}
+	cancel := f.cancelRecv
+	f.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// cutErr returns why the handler's wait was cut (cut), or nil.
+func (f *feed) cutErr() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.late
+	return f.cutBy
 }
 
 // stop makes fill return why from now on: no more grants.

@@ -774,3 +774,26 @@ func firstEpochAfterYield(c *Consumer, yielded chan struct{}) error {
 	}
 	return nil
 }
+
+// TestRemote_CloseEndsTheProcessStream: Remote.Close (the node no longer
+// serving the loader) ends the attached process's stream with ErrClosed
+// at once; before, the process waited for a grant that could not come
+// until it gave up by itself.
+func TestRemote_CloseEndsTheProcessStream(t *testing.T) {
+	const n, batch = 100, 4
+	f := newRemoteFixture(t, Config{Slots: 2, Window: 2})
+	gp := startGoProducer(t, f.addr, n, batch)
+	dialRemote(t, f, batch, false) // an epoch begins with a consumer; this one reads nothing
+	if _, err := gp.serve(t, 2, batch, nil); err != nil { // the ring is full: no grant until the consumer frees a slot
+		t.Fatal(err)
+	}
+	if err := f.r.Close(); err != nil {
+		t.Fatalf("Remote.Close: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := gp.st.Recv(ctx)
+	if !errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), "no longer served") {
+		t.Fatalf("after Remote.Close the process's stream gave %+v, %v; want ErrClosed saying the loader is no longer served", m, err)
+	}
+}
