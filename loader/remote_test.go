@@ -783,8 +783,10 @@ func TestRemote_CloseEndsTheProcessStream(t *testing.T) {
 	const n, batch = 100, 4
 	f := newRemoteFixture(t, Config{Slots: 2, Window: 2})
 	gp := startGoProducer(t, f.addr, n, batch)
-	dialRemote(t, f, batch, false) // an epoch begins with a consumer; this one reads nothing
-	if _, err := gp.serve(t, 2, batch, nil); err != nil { // the ring is full: no grant until the consumer frees a slot
+	// An epoch begins with a consumer; this one reads nothing, so once
+	// the two slots are filled no grant comes until the loader closes.
+	dialRemote(t, f, batch, false)
+	if _, err := gp.serve(t, 2, batch, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.r.Close(); err != nil {
