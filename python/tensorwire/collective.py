@@ -44,7 +44,7 @@ import numpy as np
 
 from . import _msgpack
 from ._binary import find_binary
-from ._td import as_array, dtype_name, numpy_dtype
+from ._td import as_array, dtype_name, numpy_dtype, to_torch
 from .errors import (AbortedError, FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError,
                      TensorwireError, UnauthenticatedError, UnavailableError, from_wire, register_reason)
 
@@ -484,11 +484,7 @@ def _like(a, name, like):
     """Array a (of dtype name) as like's kind: torch for torch."""
     if not _is_torch(like):
         return a
-    import torch
-    if name == "torch.bfloat16":
-        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(a)
+    t = to_torch(a, name == "torch.bfloat16")
     if like.device.type != "cpu":
         t = t.to(like.device)
     return t
