@@ -343,7 +343,7 @@ class TestDeviceBlob(unittest.TestCase):
             views = _device.views(dev, _device.read_blob(d), schema)
             ev = ring.fill(1, {("a", "x"): np.arange(8, dtype=np.int32).reshape(4, 2),
                                ("y",): np.full(4, 0x3F80, np.uint16)}, 4)  # bfloat16 1.0
-            ring.wait(ev)
+            dev.wait(ev)
             self.assertEqual(views[1][("a", "x")].tolist(), [[0, 1], [2, 3], [4, 5], [6, 7]])
             self.assertEqual(views[1][("y",)].dtype, torch.bfloat16)
             self.assertEqual(views[1][("y",)].tolist(), [1.0] * 4)
