@@ -250,9 +250,24 @@ class Consumer:
 
     @property
     def delivery(self):
-        """"device" when batches are views of the producer's device slots,
-        "host" when they come through host memory (and .to(device) when a
-        device was asked for); None before the first batch of a session."""
+        """How the current session's batches come, one of:
+
+        - "device": views of the producer's device slots. Only with a
+          device, once the session's first batch found the producer's
+          device blob for this very ring and device and rebuilt it here.
+        - "host": copies through host memory (then .to(device) when a
+          device was asked for). Without a device, from the join on; with
+          one, once the session's first batch found no blob to use (by
+          bytes, a producer without a device or on another one, a blob
+          that did not rebuild here: device_error says why).
+        - None: no session (closed, or the last one ended with an error and
+          no iteration has joined again yet); or, with a device, the
+          session's first batch not yet taken. An epoch iterated as a
+          share (world_size > 1) or resumed mid-epoch (load_state_dict)
+          takes the host path without deciding: it leaves None as it is.
+
+        A new session (a join after a drop or the node's restart) decides
+        again, at its first batch."""
         s = self._sess
         if s is None:
             return None
