@@ -32,6 +32,7 @@ import os
 
 import msgpack
 
+from ._td import to_torch
 from .errors import InvalidArgumentError
 
 BLOB = "device.msgpack"  # in the ring's folder, written once by the producer
@@ -75,6 +76,13 @@ def torch_dtype(name):
     return getattr(torch, name.split(".", 1)[1])
 
 
+def fields(schema, batch):
+    """The schema's fields as the device slots hold them: [(key path, torch
+    dtype, [batch, *row shape])]. A field's shape may be left out (a
+    scalar row): the join's schema leaves an empty one out."""
+    return [(tuple(f["key"]), torch_dtype(f["dtype"]), [batch] + list(f.get("shape") or ())) for f in schema]
+
+
 def _storage(t):
     return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage().untyped()
 
@@ -90,15 +98,22 @@ def _view(storage, dtype, shape, device):
 
 
 class Device:
-    """What differs between devices: allocation, the copy in and its
-    event, and how a slot's storage is shared and rebuilt."""
+    """A device of index: what differs between devices is allocation, the
+    copy in and its event, and how a slot's storage is shared and rebuilt."""
 
-    kind = None
-    name = None
+    kind = None  # the spec's and the blob's name of the kind: "cuda", "shm"
+    torch_type = None  # the torch device type of the slots' tensors
+
+    def __init__(self, index):
+        self.index = index
+        self.name = f"{self.kind}:{index}"
 
     @property
     def torch_device(self):
-        raise NotImplementedError
+        """The torch device of the slots' tensors: for "cuda", the GPU of
+        index as this process numbers them; for "shm", the CPU (unnumbered)."""
+        import torch
+        return torch.device(self.torch_type, None if self.torch_type == "cpu" else self.index)
 
     def identity(self):
         """A string equal in two processes exactly when they use one device."""
@@ -110,8 +125,7 @@ class Device:
     def staging(self, shape, dtype):
         """A host buffer device copies are made from (pinned for CUDA), or
         None to copy from the batch itself."""
-        import torch
-        return torch.empty(shape, dtype=dtype)
+        return None
 
     def copy_in(self, dst, src):
         """Starts copying host tensor src into device tensor dst."""
@@ -137,15 +151,7 @@ class Device:
 
 class CudaDevice(Device):
     kind = "cuda"
-
-    def __init__(self, index):
-        self.index = index
-        self.name = f"cuda:{index}"
-
-    @property
-    def torch_device(self):
-        import torch
-        return torch.device("cuda", self.index)
+    torch_type = "cuda"
 
     def identity(self):
         import torch
@@ -194,15 +200,7 @@ class ShmDevice(Device):
     """The CPU stand-in: a "device" in the host's shared memory."""
 
     kind = "shm"
-
-    def __init__(self, index):
-        self.index = index
-        self.name = f"shm:{index}"
-
-    @property
-    def torch_device(self):
-        import torch
-        return torch.device("cpu")
+    torch_type = "cpu"
 
     def identity(self):
         return f"{_boot_id()}/shm/{self.index}"
@@ -212,9 +210,6 @@ class ShmDevice(Device):
         t = torch.empty(shape, dtype=dtype)
         _storage(t)._share_filename_cpu_()  # moved into a shared-memory file, in place
         return t.zero_()  # its pages touched now rather than at the first batches
-
-    def staging(self, shape, dtype):
-        return None  # host memory already: batches are copied in directly
 
     def copy_in(self, dst, src):
         dst.copy_(src)
@@ -226,7 +221,7 @@ class ShmDevice(Device):
     def rebuild(self, s, dtype, shape):
         import torch
         st = torch.UntypedStorage._new_shared_filename_cpu(s["manager"], s["handle"], s["size"])
-        return _view(st, dtype, shape, torch.device("cpu"))
+        return _view(st, dtype, shape, self.torch_device)
 
 
 class Ring:
@@ -235,29 +230,24 @@ class Ring:
 
     def __init__(self, dev, schema, batch, nslots):
         self.dev = dev
-        self.schema = schema
         self.batch = batch
-        self.fields = [(tuple(f["key"]), torch_dtype(f["dtype"]), [batch] + list(f["shape"])) for f in schema]
+        self.fields = fields(schema, batch)
         self.slots = [{k: dev.alloc(shape, dt) for k, dt, shape in self.fields} for _ in range(nslots)]
         self.stage = {k: dev.staging(shape, dt) for k, dt, shape in self.fields}
 
     def fill(self, slot, flat, rows):
         """Starts copying a batch ({key path: numpy array of rows rows}) into
-        slot; returns the event to wait() for before the batch is published."""
+        slot; returns the event to dev.wait() for before the batch is
+        published."""
         import torch
         for k, dt, _ in self.fields:
-            a = flat[k]
-            # numpy has no bfloat16: its arrays hold the raw bits (_td.DTYPES)
-            src = torch.from_numpy(a) if dt != torch.bfloat16 else torch.from_numpy(a.view("<i2")).view(dt)
+            src = to_torch(flat[k], dt == torch.bfloat16)
             if self.stage[k] is not None:
                 st = self.stage[k][:rows]
                 st.copy_(src)
                 src = st
             self.dev.copy_in(self.slots[slot][k][:rows], src)
         return self.dev.record()
-
-    def wait(self, ev):
-        self.dev.wait(ev)
 
     def blob(self, ring_id):
         """The slots' storages shared: what device.msgpack holds."""
@@ -290,14 +280,5 @@ def read_blob(folder):
 def views(dev, blob, schema):
     """The device slots of blob as this process's tensors: [{key path:
     tensor [batch, *row shape]}], one dict per slot (rebuilt once)."""
-    batch = blob["batch"]
-    fields = {tuple(f["key"]): (torch_dtype(f["dtype"]), [batch] + list(f.get("shape") or [])) for f in schema}
-    out = []
-    for s in blob["slots"]:
-        d = {}
-        for e in s:
-            k = tuple(e["key"])
-            dt, shape = fields[k]
-            d[k] = dev.rebuild(e["share"], dt, shape)
-        out.append(d)
-    return out
+    of = {k: (dt, shape) for k, dt, shape in fields(schema, blob["batch"])}
+    return [{tuple(e["key"]): dev.rebuild(e["share"], *of[tuple(e["key"])]) for e in s} for s in blob["slots"]]

@@ -93,6 +93,16 @@ class _BF16(np.ndarray):
         return a.view(cls)
 
 
+def to_torch(a, bfloat16=False):
+    """Numpy array a as a torch tensor sharing its memory (torch.from_numpy);
+    bfloat16: a holds bfloat16 elements as their raw bits (numpy has no
+    bfloat16: DTYPES, as_array), read back as torch.bfloat16."""
+    import torch
+    if bfloat16:
+        return torch.from_numpy(a.view("<i2")).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def dtype_name(a):
     """The torch name of array a's elements."""
     if isinstance(a, _BF16):

@@ -44,7 +44,7 @@ import numpy as np
 
 from . import _msgpack
 from ._binary import find_binary
-from ._td import as_array, dtype_name, numpy_dtype
+from ._td import as_array, dtype_name, numpy_dtype, to_torch
 from .errors import (AbortedError, FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError,
                      TensorwireError, UnauthenticatedError, UnavailableError, from_wire, register_reason)
 
@@ -160,40 +160,35 @@ def _keep(k, v):
 def encode_frame(req):
     """One frame of the pipe: a 4-byte big-endian length and the msgpack map
     of req, keys sorted, zero values left out (numelem is kept at 0)."""
-    rid, size = req.get("id", 0), req.get("size", 0)
-    return _Template({k: v for k, v in req.items() if k not in ("id", "size")}, bool(rid), bool(size)).frame(rid, size)
+    body = _msgpack.packb({k: v for k, v in req.items() if _keep(k, v)})
+    return _HDR.pack(len(body)) + body
 
 
 class _Template:
     """A request's frame with its id and size still to fill in: a loop's
     calls differ only there, so each call encodes two integers and joins
-    three byte strings (docs/protocol.md's bytes, as encode_frame's)."""
+    three byte strings. Its frames are encode_frame's bytes for the request
+    with that id and size (docs/protocol.md), but for a size of 0, which a
+    template writes where encode_frame leaves it out."""
 
-    __slots__ = ("parts", "has_id", "has_size")
+    __slots__ = ("parts",)
 
-    def __init__(self, req, has_id=True, has_size=True):
-        m = {k: v for k, v in req.items() if _keep(k, v)}
-        self.has_id, self.has_size = has_id, has_size
-        keys = sorted(list(m) + ["id"] * has_id + ["size"] * has_size)
-        parts, cur = [], [_msgpack._map_header(len(keys))]
-        for k in keys:
+    def __init__(self, req):
+        m = {k: v for k, v in req.items() if k not in ("id", "size") and _keep(k, v)}
+        parts, cur = [], [_msgpack._map_header(len(m) + 2)]
+        for k in sorted(list(m) + ["id", "size"]):
             cur.append(_msgpack.pack_str(k))
-            if k in ("id", "size") and k not in m:
+            if k in m:
+                _msgpack._pack_into(m[k], cur)
+            else:  # a hole: the parts before and after it are joined around its value
                 parts.append(b"".join(cur))
                 cur = []
-            else:
-                _msgpack._pack_into(m[k], cur)
         parts.append(b"".join(cur))
         self.parts = parts
 
     def frame(self, rid, size):
         p = self.parts
-        if self.has_id and self.has_size:
-            body = b"".join((p[0], _msgpack.pack_int(rid), p[1], _msgpack.pack_int(size), p[2]))
-        elif self.has_id or self.has_size:
-            body = b"".join((p[0], _msgpack.pack_int(rid if self.has_id else size), p[1]))
-        else:
-            body = p[0]
+        body = b"".join((p[0], _msgpack.pack_int(rid), p[1], _msgpack.pack_int(size), p[2]))
         return _HDR.pack(len(body)) + body
 
 
@@ -489,11 +484,7 @@ def _like(a, name, like):
     """Array a (of dtype name) as like's kind: torch for torch."""
     if not _is_torch(like):
         return a
-    import torch
-    if name == "torch.bfloat16":
-        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(a)
+    t = to_torch(a, name == "torch.bfloat16")
     if like.device.type != "cpu":
         t = t.to(like.device)
     return t

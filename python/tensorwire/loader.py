@@ -39,7 +39,7 @@ import numpy as np
 
 from . import _device
 from . import errors as _errors
-from ._td import DTYPES, set_path
+from ._td import DTYPES, set_path, to_torch
 from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, FailedPreconditionError, InvalidArgumentError,
                      NotFoundError, UnavailableError, register_reason)
@@ -250,9 +250,24 @@ class Consumer:
 
     @property
     def delivery(self):
-        """"device" when batches are views of the producer's device slots,
-        "host" when they come through host memory (and .to(device) when a
-        device was asked for); None before the first batch of a session."""
+        """How the current session's batches come, one of:
+
+        - "device": views of the producer's device slots. Only with a
+          device, once the session's first batch found the producer's
+          device blob for this very ring and device and rebuilt it here.
+        - "host": copies through host memory (then .to(device) when a
+          device was asked for). Without a device, from the join on; with
+          one, once the session's first batch found no blob to use (by
+          bytes, a producer without a device or on another one, a blob
+          that did not rebuild here: device_error says why).
+        - None: no session (closed, or the last one ended with an error and
+          no iteration has joined again yet); or, with a device, the
+          session's first batch not yet taken. An epoch iterated as a
+          share (world_size > 1) or resumed mid-epoch (load_state_dict)
+          takes the host path without deciding: it leaves None as it is.
+
+        A new session (a join after a drop or the node's restart) decides
+        again, at its first batch."""
         s = self._sess
         if s is None:
             return None
@@ -659,7 +674,7 @@ class Consumer:
                         check(a)  # not rewritten before the body begins
                         yielded += take
                         self._state = {"epoch": epoch, "samples": yielded}
-                        yield self._out_flat(out)
+                        yield self._shape(out)
                         pend.append((dev.record(), a["index"] + (1 if off == a["rows"] else 0), a))
                         flush(index + 1)
                         continue
@@ -684,7 +699,7 @@ class Consumer:
                     flush(index + 1)  # checks the slot's word after the copy: it was whole
                     yielded += n
                     self._state = {"epoch": epoch, "samples": yielded}
-                    yield self._out_flat({k: v[:n] for k, v in out.items()})
+                    yield self._shape({k: v[:n] for k, v in out.items()})
                 if cur is not None:  # this producer batch is copied into the batch under way
                     pend.append((dev.record(), a["index"] + 1, a))
                 index += 1
@@ -703,18 +718,6 @@ class Consumer:
             if not complete and s.err is None:
                 dev.wait(dev.record())  # a loop given up: its body's work on the view it held
                 s.release(epoch + 1, 0)  # gives up the rest of the epoch
-
-    def _out_flat(self, flat):
-        td = {}
-        for key, v in flat.items():
-            set_path(td, key, v)
-        layout = self._info.get("layout") or "dict"
-        if layout == "dict":
-            return td
-        if layout == "tensor":
-            return td["0"]
-        items = [td[str(i)] for i in range(len(td))]
-        return tuple(items) if layout == "tuple" else items
 
     def _next(self, s, epoch, index):
         """The announcement of batch index of epoch and, by bytes, its rows;
@@ -756,8 +759,13 @@ class Consumer:
         if int(table[a["slot"], 0]) != a["word"]:
             raise DroppedError(f"loader: batch {a['index']} of epoch {a['epoch']} was overwritten while it was read")
 
-    def _out(self, flat, n):
-        td = self._nested(flat, n)
+    def _shape(self, flat):
+        """A batch ({key path: array or tensor}) in the producer's layout:
+        nested dicts ("dict", and a dataset's batches), its one tensor
+        ("tensor"), or its tensors by position ("tuple", "list")."""
+        td = {}
+        for key, v in flat.items():
+            set_path(td, key, v)
         layout = self._info.get("layout") or "dict"
         if layout == "dict":
             return td
@@ -766,24 +774,24 @@ class Consumer:
         items = [td[str(i)] for i in range(len(td))]
         return tuple(items) if layout == "tuple" else items
 
-    def _nested(self, flat, n):
+    def _out(self, flat, n):
+        """The batch of the first n rows of flat ({key path: numpy array}),
+        copied through host memory: numpy arrays, or tensors with as_torch
+        (None: for a producer process's batches, which come back as it gave
+        them) or a device (then .to(device))."""
         as_torch = self.as_torch
-        if as_torch is None:  # a producer process's batches come back as it gave them: tensors
+        if as_torch is None:
             as_torch = bool(self._info.get("layout"))
-        td = {}
         bf16 = self._bf16() if as_torch or self._dev is not None else ()
+        out = {}
         for key, arr in flat.items():
             v = arr if n == len(arr) else arr[:n]
             if as_torch or self._dev is not None:
-                import torch
-                if key in bf16:  # numpy holds bfloat16 as its raw bits
-                    v = torch.from_numpy(v.view("<i2")).view(torch.bfloat16)
-                else:
-                    v = torch.from_numpy(v)
+                v = to_torch(v, key in bf16)
                 if self._dev is not None:
                     v = self._to_device(v)
-            set_path(td, key, v)
-        return td
+            out[key] = v
+        return self._shape(out)
 
     def _bf16(self):
         """The keys of the schema's bfloat16 tensors (kept per schema)."""

@@ -289,7 +289,7 @@ class Producer:
                     for path, a in flat.items():
                         leaves[path][start:start + g["rows"]] = a
                     if dring is not None:
-                        dring.wait(ev)  # on the device before it is published
+                        dring.dev.wait(ev)  # on the device before it is published
                 except _errors.TensorwireError:
                     raise
                 except Exception as x:  # a device error

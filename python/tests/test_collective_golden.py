@@ -5,11 +5,24 @@ shows), and reads the replies there."""
 
 import os
 import struct
+import types
 import unittest
+
+import numpy as np
 
 from tensorwire import collective
 
 from nodes import REPO
+
+# The golden requests (cmd/tensorwire/testdata/collective_pipe.hex) as the
+# pipe's maps.
+REQUESTS = [
+    ("req-allreduce", {"id": 7, "op": "allreduce", "red": collective.MPI_SUM, "has": True, "dtype": "float32",
+                       "shape": [2, 3], "size": 1 << 20, "timeout": 0}),
+    ("req-scatter", {"id": 8, "op": "scatter", "has": True, "dtype": "float64", "shape": [6, 2], "numelem": 0,
+                     "root": 1, "size": 1 << 20, "timeout": 30000, "axis": 0}),
+    ("req-wait", {"id": 9, "op": "wait", "req": 8, "size": 1 << 20}),
+]
 
 
 def golden():
@@ -29,15 +42,22 @@ class TestCollectiveGolden(unittest.TestCase):
         self.g = golden()
 
     def test_requests(self):
-        for name, req in [
-            ("req-allreduce", {"id": 7, "op": "allreduce", "red": collective.MPI_SUM, "has": True, "dtype": "float32",
-                               "shape": [2, 3], "size": 1 << 20, "timeout": 0}),
-            ("req-scatter", {"id": 8, "op": "scatter", "has": True, "dtype": "float64", "shape": [6, 2], "numelem": 0,
-                             "root": 1, "size": 1 << 20, "timeout": 30000, "axis": 0}),
-            ("req-wait", {"id": 9, "op": "wait", "req": 8, "size": 1 << 20}),
-        ]:
+        for name, req in REQUESTS:
             with self.subTest(name):
                 self.assertEqual(collective.encode_frame(req).hex(), self.g[name].hex())
+
+    def test_templates(self):
+        """A communicator's calls encode their requests from cached templates
+        (the request without its id, the input's dtype and shape added),
+        filling in the id and the data file's size: the same bytes."""
+        for name, req in REQUESTS:
+            with self.subTest(name):
+                call = {k: v for k, v in req.items() if k not in ("size", "has", "dtype", "shape")}
+                a = np.zeros(req["shape"], req["dtype"]) if req.get("has") else None
+                sidecar = types.SimpleNamespace(_templates={})
+                t = collective._Sidecar._template(sidecar, call, a)
+                self.assertEqual(t.frame(req["id"], req["size"]).hex(), self.g[name].hex())
+                self.assertIs(collective._Sidecar._template(sidecar, dict(call, id=99), a), t)  # cached
 
     def test_bell(self):
         """The bell file's words (join(spin=...)): the request's id at

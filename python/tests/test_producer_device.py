@@ -308,6 +308,44 @@ class TestDeviceStandIn(DeviceCase, unittest.TestCase):
             with self.assertRaisesRegex(RuntimeError, "the device fell over"):
                 p.wait(60)
 
+    def test_every_layout_by_every_delivery(self):
+        """A producer's tuple, list and lone-tensor batches come back in that
+        layout by each delivery: views of the device slots, copies through
+        host memory moved to another device, and host tensors (no device).
+        Each consumer gets every sample of its epoch once."""
+        x = torch.arange(N * 3, dtype=torch.float32).reshape(N, 3)
+        y = torch.arange(N)
+        loaders = [
+            ("tuple", tud.DataLoader(tud.TensorDataset(x, y), batch_size=32,
+                                     collate_fn=lambda s: tuple(tud.default_collate(s)))),
+            ("list", tud.DataLoader(tud.TensorDataset(x, y), batch_size=32)),
+            ("tensor", tud.DataLoader(x, batch_size=32)),
+        ]
+        for layout, dl in loaders:
+            self.node.close()
+            self.setUp()
+            p = self.producer(dl)
+            for dev, delivery in ((self.device, "device"), (self.other, "host"), (None, "host")):
+                with self.subTest(layout=layout, device=dev):
+                    # Closed after its epoch: a consumer still joined but
+                    # not reading would hold the producer up (max-wait).
+                    with loader.Consumer(self.node.addr, "train", 20, token=TOKEN, root=self.node.root,
+                                         device=dev, timeout=60) as c:
+                        seen = []
+                        for b in c:
+                            if layout == "tensor":
+                                self.assertIsInstance(b, torch.Tensor)
+                                bx, by = b, (b[:, 0] / 3).long()
+                            else:
+                                self.assertIs(type(b), tuple if layout == "tuple" else list)
+                                bx, by = b
+                            self.assertEqual(str(bx.device), "cpu")  # shm's tensors are CPU tensors
+                            torch.testing.assert_close(bx, x[by])
+                            seen += by.tolist()
+                        self.assertEqual(sorted(seen), list(range(N)))
+                        self.assertEqual(c.delivery, delivery)
+            self.assertEqual(p.layout, layout)
+
     def test_bad_device_is_an_argument_error(self):
         for bad in ("tpu:0", "cuda:x", "shm:-1"):
             with self.assertRaises(InvalidArgumentError):
@@ -343,7 +381,7 @@ class TestDeviceBlob(unittest.TestCase):
             views = _device.views(dev, _device.read_blob(d), schema)
             ev = ring.fill(1, {("a", "x"): np.arange(8, dtype=np.int32).reshape(4, 2),
                                ("y",): np.full(4, 0x3F80, np.uint16)}, 4)  # bfloat16 1.0
-            ring.wait(ev)
+            dev.wait(ev)
             self.assertEqual(views[1][("a", "x")].tolist(), [[0, 1], [2, 3], [4, 5], [6, 7]])
             self.assertEqual(views[1][("y",)].dtype, torch.bfloat16)
             self.assertEqual(views[1][("y",)].tolist(), [1.0] * 4)

@@ -72,8 +72,11 @@ def child_replica(node, what, marker=""):
                             stderr=subprocess.DEVNULL)
 
 
-@unittest.skipIf(torch is None, "torch is not installed in this interpreter")
-class TestReplica(unittest.TestCase):
+class AttachedNodeCase:
+    """For a unittest.TestCase: one node for the class's tests
+    (attached_node), and replicas and clients of its "policy", closed at
+    the test's cleanup."""
+
     @classmethod
     def setUpClass(cls):
         cls.node = attached_node()
@@ -82,11 +85,13 @@ class TestReplica(unittest.TestCase):
     def tearDownClass(cls):
         cls.node.close()
 
-    def replica(self, module, mode="ref", **kw):
+    def replica(self, module, mode="ref", start=True, **kw):
+        """A replica of module by mode ("ref" or "bytes"), started unless
+        start is False; kw as serve.Replica takes them."""
         r = serve.Replica(self.node.addr, "policy", module, token=self.node.token, root=self.node.root,
                           bytes_mode=mode == "bytes", **kw)
         self.addCleanup(r.close)
-        return r.start()
+        return r.start() if start else r
 
     def client(self, mode="ref"):
         c = serve.Client(self.node.addr, "policy", token=self.node.token, root=self.node.root,
@@ -94,6 +99,9 @@ class TestReplica(unittest.TestCase):
         self.addCleanup(c.close)
         return c
 
+
+@unittest.skipIf(torch is None, "torch is not installed in this interpreter")
+class TestReplica(AttachedNodeCase, unittest.TestCase):
     def test_outputs_are_the_modules(self):
         """Every pair of modes, replica's and client's: the outputs are
         module(input), bit for bit, and the version is the replica's."""

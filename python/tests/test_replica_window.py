@@ -9,7 +9,7 @@ import numpy as np
 
 from tensorwire import InvalidArgumentError, serve
 from nodes import wait_until
-from test_replica import attached_node, mlp, obs, stats
+from test_replica import AttachedNodeCase, mlp, obs, stats
 
 try:
     import torch
@@ -18,15 +18,7 @@ except ImportError:
 
 
 @unittest.skipIf(torch is None, "torch is not installed in this interpreter")
-class TestReplicaWindow(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.node = attached_node()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.node.close()
-
+class TestReplicaWindow(AttachedNodeCase, unittest.TestCase):
     def run_two(self, mode, window):
         """Two batches: the module holds the first until the node has taken
         the second (queued 0). Returns the rows the replica was told."""
@@ -39,9 +31,7 @@ class TestReplicaWindow(unittest.TestCase):
                 release.wait(60)
             return net(x)
 
-        r = serve.Replica(self.node.addr, "policy", module, token=self.node.token, root=self.node.root,
-                          bytes_mode=mode == "bytes", window=window)
-        self.addCleanup(r.close)
+        r = self.replica(module, mode, start=False, window=window)
         self.assertEqual(r.mode, mode)
         rows = []
         run = r._run_batch
@@ -53,9 +43,7 @@ class TestReplicaWindow(unittest.TestCase):
         r._run_batch = record
         r.start()
         wait_until(lambda: stats(self.node).get("attached_now", 0) == 1, what="the replica attached")
-        c = serve.Client(self.node.addr, "policy", token=self.node.token, root=self.node.root,
-                         bytes_mode=mode == "bytes")
-        self.addCleanup(c.close)
+        c = self.client(mode)
         x1, x2 = obs(3, seed=1), obs(5, seed=2)
         f1 = c.predict_async({"obs": x1}, timeout=60)
         wait_until(entered.is_set, what="the first forward started")
