@@ -31,19 +31,31 @@ func attachReplica(t *testing.T, addr string, version uint64, act func(n int) bo
 	return attachReplicaWindow(t, addr, version, 0, act)
 }
 
-// attachReplicaWindow is attachReplica asking for window batches in
-// flight (0: a replica from before windows, which sends none).
-func attachReplicaWindow(t *testing.T, addr string, version uint64, window int, act func(n int) bool) *goReplica {
+// openReplica opens a serve.replica stream to the node at addr under ctx,
+// asking for window batches in flight (0: a replica from before windows,
+// which sends none), over a client of opts: the test answers on it as an
+// attached replica would, or does not. The client and the stream close
+// when the test ends.
+func openReplica(ctx context.Context, t *testing.T, addr string, window int, opts ...rpc.Option) *rpc.Stream[replicaAnswer, replicaBatch] {
 	t.Helper()
-	c, err := rpc.Dial(ctxT(t), addr)
+	c, err := rpc.Dial(ctxT(t), addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	st, err := rpc.OpenStream[replicaAnswer, replicaBatch](context.Background(), c, MethodReplica, replicaRequest{Name: "model", Window: window})
+	st, err := rpc.OpenStream[replicaAnswer, replicaBatch](ctx, c, MethodReplica, replicaRequest{Name: "model", Window: window})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// attachReplicaWindow is attachReplica asking for window batches in
+// flight (openReplica).
+func attachReplicaWindow(t *testing.T, addr string, version uint64, window int, act func(n int) bool) *goReplica {
+	t.Helper()
+	st := openReplica(context.Background(), t, addr, window)
 	r := &goReplica{st: st, got: make(chan int, 16), done: make(chan error, 1)}
 	model := &testModel{b: &behaviour{}}
 	go func() {
@@ -75,7 +87,6 @@ func attachReplicaWindow(t *testing.T, addr string, version uint64, window int, 
 			}
 		}
 	}()
-	t.Cleanup(func() { st.Close() })
 	return r
 }
 
@@ -218,16 +229,7 @@ func TestAttach_NoReplica(t *testing.T) {
 func TestAttach_OutputsByReferenceRefused(t *testing.T) {
 	root := t.TempDir()
 	n := serveModel(t, root, attachedConfig(8))
-	c, err := rpc.Dial(ctxT(t), n.addr, rpc.WithRoot(root))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	st, err := rpc.OpenStream[replicaAnswer, replicaBatch](context.Background(), c, MethodReplica, replicaRequest{Name: "model"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openReplica(context.Background(), t, n.addr, 0, rpc.WithRoot(root))
 	go func() {
 		b, err := st.Recv(context.Background())
 		if err != nil {
@@ -243,7 +245,7 @@ func TestAttach_OutputsByReferenceRefused(t *testing.T) {
 	}()
 	waitAttached(t, n.m, 1)
 	cl := dial(t, n.addr, "", "bytes")
-	_, _, err = cl.Predict(ctxT(t), rowsOf(t, 1, 2))
+	_, _, err := cl.Predict(ctxT(t), rowsOf(t, 1, 2))
 	if !errors.Is(err, ErrForward) || !strings.Contains(err.Error(), "by reference") {
 		t.Fatalf("%v, want ErrForward about outputs by reference", err)
 	}
