@@ -90,6 +90,20 @@ func attachReplicaWindow(t *testing.T, addr string, version uint64, window int, 
 	return r
 }
 
+// wantAnswer waits for call, of rowsOf(t, id, n), and fails t (what
+// naming the call) unless its answer is those rows' outputs by parameter
+// version v: the replica of that version ran it.
+func wantAnswer(t *testing.T, what string, call *Call, id, n int, v uint64) {
+	t.Helper()
+	out, got, err := call.Wait()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if _, err := checkOutputs(out, id, n, 0); err != nil || got != v {
+		t.Fatalf("%s: version %d (want %d), %v", what, got, v, err)
+	}
+}
+
 func attachedConfig(maxBatch int) Config {
 	cfg := testConfig(&behaviour{}, maxBatch)
 	cfg.New, cfg.AttachedOnly = nil, true
@@ -137,13 +151,7 @@ func TestAttach_GoneMidBatch(t *testing.T) {
 		attachReplica(t, n.addr, 2, nil)
 		waitAttached(t, n.m, 2)
 		close(release) // A closes its stream without answering
-		out, v, err := call.Wait()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := checkOutputs(out, 5, 3, 0); err != nil || v != 2 {
-			t.Fatalf("version %d (want B's, 2), %v", v, err)
-		}
+		wantAnswer(t, "the batch A held, run by B", call, 5, 3, 2)
 	})
 	t.Run("none left", func(t *testing.T) {
 		n := serveModel(t, "", attachedConfig(8))
@@ -169,13 +177,7 @@ func TestAttach_SilentReplicaIsDetached(t *testing.T) {
 	call := c.Go(ctxT(t), rowsOf(t, 1, 2))
 	<-a.got
 	attachReplica(t, n.addr, 2, nil)
-	out, v, err := call.Wait()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := checkOutputs(out, 1, 2, 0); err != nil || v != 2 {
-		t.Fatalf("version %d, %v", v, err)
-	}
+	wantAnswer(t, "the batch A held, run by B", call, 1, 2, 2)
 	waitAttached(t, n.m, 1)
 	if st := n.m.Stats(); st.Detached != 1 {
 		t.Fatalf("detached %d, want 1", st.Detached)

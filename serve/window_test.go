@@ -83,18 +83,8 @@ func TestWindow_TwoInFlight(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for i, w := range []struct {
-		call  *Call
-		id, n int
-	}{{call1, 5, 3}, {call2, 2, 7}} {
-		out, v, err := w.call.Wait()
-		if err != nil {
-			t.Fatalf("call %d: %v", i+1, err)
-		}
-		if _, err := checkOutputs(out, w.id, w.n, 0); err != nil || v != 3 {
-			t.Fatalf("call %d: version %d, %v", i+1, v, err)
-		}
-	}
+	wantAnswer(t, "call 1", call1, 5, 3, 3)
+	wantAnswer(t, "call 2", call2, 2, 7, 3)
 }
 
 // TestWindow_OutOfOrder: an answer to the second batch before the first
@@ -148,18 +138,8 @@ func TestWindow_GoneWithTwoInFlight(t *testing.T) {
 	attachReplica(t, n.addr, 2, nil)
 	waitAttached(t, n.m, 2)
 	close(release) // A closes its stream, answering neither
-	for i, w := range []struct {
-		call  *Call
-		id, n int
-	}{{call1, 5, 3}, {call2, 2, 7}} {
-		out, v, err := w.call.Wait()
-		if err != nil {
-			t.Fatalf("call %d: %v", i+1, err)
-		}
-		if _, err := checkOutputs(out, w.id, w.n, 0); err != nil || v != 2 {
-			t.Fatalf("call %d: version %d (want B's, 2), %v", i+1, v, err)
-		}
-	}
+	wantAnswer(t, "call 1, run by B", call1, 5, 3, 2)
+	wantAnswer(t, "call 2, run by B", call2, 2, 7, 2)
 	waitAttached(t, n.m, 1)
 	if got := lanes(n.m); got != 1 {
 		t.Fatalf("%d lanes left, want B's 1", got)
@@ -188,13 +168,7 @@ func TestWindow_ErrorSendsTheOtherElsewhere(t *testing.T) {
 	if _, _, err := call1.Wait(); !errors.Is(err, ErrForward) || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("the failed batch: %v, want ErrForward with the replica's message", err)
 	}
-	out, v, err := call2.Wait()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := checkOutputs(out, 2, 7, 0); err != nil || v != 2 {
-		t.Fatalf("the other batch: version %d (want B's, 2), %v", v, err)
-	}
+	wantAnswer(t, "the other batch, run by B", call2, 2, 7, 2)
 	waitAttached(t, n.m, 1)
 }
 
