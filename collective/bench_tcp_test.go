@@ -3,10 +3,8 @@
 package collective
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,21 +28,8 @@ func BenchmarkAllreduceTCP4(b *testing.B) {
 				}
 				xs[r], _ = tensordict.FromSlice(v)
 			}
-			b.SetBytes(int64(size))
 			cpu0 := cpuTime()
-			b.ResetTimer()
-			var wg sync.WaitGroup
-			for r, c := range comms {
-				wg.Go(func() {
-					for range b.N {
-						if err := c.AllreduceInto(context.Background(), xs[r], xs[r], Sum); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
+			allreduceEach(b, comms, xs)
 			b.StopTimer()
 			// CPU time is steadier than wall time on a loaded machine.
 			b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/op")

@@ -48,21 +48,94 @@ func pipelined(k kind, bytes int) bool {
 	return k == kindReduce || k == kindAllreduce && bytes > smallShm
 }
 
+// pipeSched is what the pipelined collectives share (the reduction here,
+// the ReduceScatter in shm_rspipe.go): k chunks through pipeSlots slots
+// of slotLen bytes, and the numbers of the events that move the progress
+// word. A chunk takes step events: in, red and, for the reduction, out.
+type pipeSched struct {
+	step    int // events a chunk: 3 (in, red, out) or 2 (in, red)
+	k       int // chunks
+	slotLen int // bytes of a slot
+}
+
+// slot returns the slot of chunk c in a rank's area.
+func (l *pipeSched) slot(area []byte, c int) []byte {
+	i := c % pipeSlots
+	return area[i*l.slotLen : (i+1)*l.slotLen]
+}
+
+// The events' numbers, counted from the collective's base: after the
+// first pipeSlots-1 in events, the i-th event (from 1) of round c is
+// pipeSlots-1 + step*c + i, its events being in(c+pipeSlots-1), red(c)
+// and out(c) (out: a step of 3 only).
+func (l *pipeSched) ev(c, i int) uint32 { return uint32(pipeSlots - 1 + l.step*c + i) }
+func (l *pipeSched) evIn(c int) uint32 {
+	if c < pipeSlots-1 {
+		return uint32(c + 1)
+	}
+	return l.ev(c-pipeSlots+1, 1)
+}
+func (l *pipeSched) evRed(c int) uint32 { return l.ev(c, 2) }
+func (l *pipeSched) evOut(c int) uint32 { return l.ev(c, 3) }
+
+// events is how far the collective moves every rank's progress word.
+func (l *pipeSched) events() uint32 { return uint32(pipeSlots - 1 + l.step*l.k) }
+
+// pipeProg is where a pipelined collective moves this rank's progress
+// word and waits for the others'.
+type pipeProg struct {
+	g     *shmGroup
+	base  uint32 // the word before the collective's first event
+	phase uint32 // the data phase: a wait fails on a peer that aborted before it
+}
+
+// startPipe counts the events of the pipelined collective of schedule l
+// (the group's word moves by as many in every collective on every rank,
+// whether this rank has data or not) and returns where they go.
+func (s *shmRun) startPipe(l *pipeSched) pipeProg {
+	p := pipeProg{g: s.g, base: s.g.prog, phase: s.base + 3}
+	s.g.prog += l.events()
+	return p
+}
+
+// set moves this rank's progress word to event ev.
+func (p pipeProg) set(ev uint32) { p.g.setProg(p.base + ev) }
+
+// wait waits for every other rank's progress word to reach event ev.
+func (p pipeProg) wait(ctx context.Context, ev uint32) error {
+	return p.g.waitProgAll(ctx, p.base+ev, p.phase)
+}
+
+// areas returns the first size bytes of every rank's data file of this
+// collective's set (this rank's own among them).
+func (s *shmRun) areas(size int) ([][]byte, error) {
+	areas := make([][]byte, s.c.size)
+	for r := range areas {
+		var err error
+		if areas[r], err = s.g.peerData(r, s.set, size); err != nil {
+			return nil, err
+		}
+	}
+	return areas, nil
+}
+
 // pipeLayout is how a pipelined reduction of numel elements of esize
 // bytes on n ranks is cut.
 type pipeLayout struct {
-	n, es   int
-	numel   int // elements of the tensor
-	per     int // elements of a chunk (the last may have fewer)
-	k       int // chunks
-	slotLen int // bytes of a slot: a whole chunk
-	slots   int // slots in use: pipeSlots, or k when fewer
+	pipeSched
+	n, es int
+	numel int // elements of the tensor
+	per   int // elements of a chunk (the last may have fewer)
+	slots int // slots in use: pipeSlots, or k when fewer
 }
 
 func newPipeLayout(numel, n, es int) pipeLayout {
 	per := n * max(pipeShare/es, 1)
 	k := (numel + per - 1) / per
-	return pipeLayout{n: n, es: es, numel: numel, per: per, k: k, slotLen: per * es, slots: min(pipeSlots, k)}
+	return pipeLayout{
+		pipeSched: pipeSched{step: 3, k: k, slotLen: per * es},
+		n:         n, es: es, numel: numel, per: per, slots: min(pipeSlots, k),
+	}
 }
 
 // area is the bytes of a rank's data file the reduction uses.
@@ -75,25 +148,6 @@ func (l *pipeLayout) chunk(c int) (int, []int) {
 	sh := scale(chunks(min(l.per, l.numel-lo), l.n), l.es)
 	return lo * l.es, sh
 }
-
-// slot returns the slot of chunk c in a rank's area.
-func (l *pipeLayout) slot(area []byte, c int) []byte {
-	i := c % pipeSlots
-	return area[i*l.slotLen : (i+1)*l.slotLen]
-}
-
-// The events' numbers, counted from the collective's base.
-func (l *pipeLayout) evIn(c int) uint32 {
-	if c < pipeSlots-1 {
-		return uint32(c + 1)
-	}
-	return uint32(pipeSlots - 1 + 3*(c-pipeSlots+1) + 1)
-}
-func (l *pipeLayout) evRed(c int) uint32 { return uint32(pipeSlots - 1 + 3*c + 2) }
-func (l *pipeLayout) evOut(c int) uint32 { return uint32(pipeSlots - 1 + 3*c + 3) }
-
-// events is how far the collective moves every rank's progress word.
-func (l *pipeLayout) events() uint32 { return uint32(pipeSlots - 1 + 3*l.k) }
 
 // publishPipe sizes this rank's data file for a pipelined reduction and
 // copies in its first pipeSlots-1 chunks (the published phase stands for
@@ -123,11 +177,10 @@ func (l *pipeLayout) copyIn(area, in []byte, me, c int) {
 
 // shmPipeReduce is the data phase of a pipelined reduction (above).
 func shmPipeReduce(ctx context.Context, s *shmRun) error {
-	g, p, in, out := s.g, s.p, s.in, s.out
+	p, in, out := s.p, s.in, s.out
 	me, n := s.c.rank, s.c.size
 	l := newPipeLayout(numel(p.shapes[me]), n, p.esize)
-	base := g.prog
-	g.prog += l.events()
+	prog := s.startPipe(&l.pipeSched)
 	copies := p.kind == kindAllreduce || me == p.root
 	if !copies {
 		// Reduce's zeros off the root, once the input (which may be
@@ -137,29 +190,25 @@ func shmPipeReduce(ctx context.Context, s *shmRun) error {
 	if l.k == 0 {
 		return nil
 	}
-	areas := make([][]byte, n)
-	for r := range n {
-		var err error
-		if areas[r], err = g.peerData(r, s.set, l.area()); err != nil {
-			return err
-		}
+	areas, err := s.areas(l.area())
+	if err != nil {
+		return err
 	}
 	mine := areas[me]
-	wait := func(ev uint32) error { return g.waitProgAll(ctx, base+ev, s.base+3) }
 	srcs := make([][]byte, n)
 	for c := range l.k {
 		if j := c + pipeSlots - 1; j < l.k {
 			if c >= 1 {
 				// Slot j's last chunk was c-1.
-				if err := wait(l.evOut(c - 1)); err != nil {
+				if err := prog.wait(ctx, l.evOut(c-1)); err != nil {
 					return err
 				}
 			}
 			l.copyIn(mine, in, me, j)
-			g.setProg(base + l.evIn(j))
+			prog.set(l.evIn(j))
 		}
 		if c >= pipeSlots-1 { // the first ones came with the publish
-			if err := wait(l.evIn(c)); err != nil {
+			if err := prog.wait(ctx, l.evIn(c)); err != nil {
 				return err
 			}
 		}
@@ -173,8 +222,8 @@ func shmPipeReduce(ctx context.Context, s *shmRun) error {
 			}
 		}
 		reduceN(p.op, p.dt, l.slot(mine, c)[a:b], srcs)
-		g.setProg(base + l.evRed(c))
-		if err := wait(l.evRed(c)); err != nil {
+		prog.set(l.evRed(c))
+		if err := prog.wait(ctx, l.evRed(c)); err != nil {
 			return err
 		}
 		if copies {
@@ -182,7 +231,7 @@ func shmPipeReduce(ctx context.Context, s *shmRun) error {
 				copy(out[lo+sh[r]:lo+sh[r+1]], l.slot(areas[r], c)[sh[r]:sh[r+1]])
 			}
 		}
-		g.setProg(base + l.evOut(c))
+		prog.set(l.evOut(c))
 	}
 	return nil
 }

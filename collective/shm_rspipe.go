@@ -23,9 +23,9 @@ import (
 // waits for every rank's red(c-1), the last read of it. Its events go in
 // one order, in(0) .. in(pipeSlots-2), then for each chunk c:
 // in(c+pipeSlots-1) (if there is such a chunk) and red(c), numbered on the
-// progress word as the reduction's are. The data file holds pipeSlots x n
-// x S bytes, not the tensor; what is copied in is read back while still
-// in the caches.
+// progress word as the reduction's are (pipeSched, a step of 2). The data
+// file holds pipeSlots x n x S bytes, not the tensor; what is copied in is
+// read back while still in the caches.
 
 // pipelinedRS reports whether a ReduceScatter of bytes of input per rank
 // is pipelined.
@@ -60,12 +60,11 @@ type rsRun struct{ out, in, n int }
 
 // shmRSPipe is the data phase of a pipelined ReduceScatter (above).
 func shmRSPipe(ctx context.Context, s *shmRun) error {
-	g, p, in, out := s.g, s.p, s.in, s.out
+	p, in, out := s.p, s.in, s.out
 	me, n, es := s.c.rank, s.c.size, p.esize
 	shape := p.shapes[me]
 	bytes := p.bytes(me)
 	S := rsShare(bytes, n, es)
-	area := rsArea(bytes, n, es)
 	pre := prefix(p.counts)
 	runs := make([][]rsRun, n)
 	blk := make([]int, n)
@@ -79,29 +78,14 @@ func shmRSPipe(ctx context.Context, s *shmRun) error {
 		blk[r] = numel(box) * es
 		k = max(k, (blk[r]+S-1)/S)
 	}
-	events := uint32(pipeSlots - 1 + 2*k)
-	base := g.prog
-	g.prog += events
+	l := pipeSched{step: 2, k: k, slotLen: n * S}
+	prog := s.startPipe(&l)
 	if k == 0 {
 		return nil
 	}
-	evIn := func(c int) uint32 {
-		if c < pipeSlots-1 {
-			return uint32(c + 1)
-		}
-		return uint32(pipeSlots - 1 + 2*(c-pipeSlots+1) + 1)
-	}
-	evRed := func(c int) uint32 { return uint32(pipeSlots - 1 + 2*c + 2) }
-	areas := make([][]byte, n)
-	for r := range n {
-		var err error
-		if areas[r], err = g.peerData(r, s.set, area); err != nil {
-			return err
-		}
-	}
-	slot := func(r, c int) []byte {
-		i := c % pipeSlots
-		return areas[r][i*n*S : (i+1)*n*S]
+	areas, err := s.areas(rsArea(bytes, n, es))
+	if err != nil {
+		return err
 	}
 	// pieces calls fn for each part of block r's runs within its bytes
 	// [lo, hi): its offset in the block, in the input, and its bytes.
@@ -114,7 +98,7 @@ func shmRSPipe(ctx context.Context, s *shmRun) error {
 		}
 	}
 	copyIn := func(c int) {
-		sl := slot(me, c)
+		sl := l.slot(areas[me], c)
 		for r := range n {
 			if r == me {
 				continue
@@ -123,9 +107,8 @@ func shmRSPipe(ctx context.Context, s *shmRun) error {
 			dst := sl[r*S:]
 			pieces(r, lo, hi, func(o, i, m int) { copy(dst[o-lo:o-lo+m], in[i:i+m]) })
 		}
-		g.setProg(base + evIn(c))
+		prog.set(l.evIn(c))
 	}
-	wait := func(ev uint32) error { return g.waitProgAll(ctx, base+ev, s.base+3) }
 	for c := range min(pipeSlots-1, k) {
 		copyIn(c)
 	}
@@ -134,13 +117,13 @@ func shmRSPipe(ctx context.Context, s *shmRun) error {
 		if j := c + pipeSlots - 1; j < k {
 			if c >= 1 {
 				// Slot j's last chunk was c-1.
-				if err := wait(evRed(c - 1)); err != nil {
+				if err := prog.wait(ctx, l.evRed(c-1)); err != nil {
 					return err
 				}
 			}
 			copyIn(j)
 		}
-		if err := wait(evIn(c)); err != nil {
+		if err := prog.wait(ctx, l.evIn(c)); err != nil {
 			return err
 		}
 		lo, hi := c*S, min((c+1)*S, blk[me])
@@ -149,12 +132,12 @@ func shmRSPipe(ctx context.Context, s *shmRun) error {
 				if r == me {
 					srcs[r] = in[i : i+m]
 				} else {
-					srcs[r] = slot(r, c)[me*S+o-lo : me*S+o-lo+m]
+					srcs[r] = l.slot(areas[r], c)[me*S+o-lo : me*S+o-lo+m]
 				}
 			}
 			reduceN(p.op, p.dt, out[o:o+m], srcs)
 		})
-		g.setProg(base + evRed(c))
+		prog.set(l.evRed(c))
 	}
 	return nil
 }

@@ -46,9 +46,11 @@ type remote struct {
 	group   *remoteGroup
 }
 
-// remoteGroup is the lanes of one attached replica.
+// remoteGroup is one attached replica: its lanes, in the order attach
+// made them (the first one's index names it in the logs). Fixed once
+// attach returns; guarded by Manager.mu as the lanes are.
 type remoteGroup struct {
-	index int // its first lane's replica index, for the logs
+	lanes []*replica
 }
 
 // forwardFunc is a lane's forward.
@@ -108,17 +110,14 @@ func (m *Manager) attach(lanes []forwardFunc) (*replica, error) {
 	if m.open == nil {
 		m.openBatchLocked() // requests may wait behind a missing buffer
 	}
-	g := &remoteGroup{index: m.nextIdx}
-	var first *replica
+	g := &remoteGroup{lanes: make([]*replica, 0, len(lanes))}
 	for _, fwd := range lanes {
 		r := &replica{index: m.nextIdx, remote: &remote{forward: fwd, group: g}}
 		m.nextIdx++
 		r.timer = time.AfterFunc(time.Hour, m.wake)
 		r.timer.Stop()
 		m.replicas = append(m.replicas, r)
-		if first == nil {
-			first = r
-		}
+		g.lanes = append(g.lanes, r)
 		m.wg.Add(1)
 		go m.serve(r)
 	}
@@ -128,7 +127,7 @@ func (m *Manager) attach(lanes []forwardFunc) (*replica, error) {
 	}
 	m.st.attached++
 	m.cond.Broadcast()
-	return first, nil
+	return g.lanes[0], nil
 }
 
 // detach removes the attached replica of lane r, all its lanes, for cause
@@ -146,25 +145,21 @@ func (m *Manager) detachLocked(r *replica, cause error) {
 		return
 	}
 	g := r.remote.group
-	lanes := 0
-	m.replicas = slices.DeleteFunc(m.replicas, func(x *replica) bool {
-		if x.remote == nil || x.remote.group != g {
-			return false
-		}
+	for _, x := range g.lanes {
 		x.gone = true
 		x.timer.Stop()
-		lanes++
-		return true
-	})
+	}
+	m.replicas = slices.DeleteFunc(m.replicas, func(x *replica) bool { return x.remote != nil && x.remote.group == g })
+	lanes := len(g.lanes)
 	m.surplus += lanes // each lane brought a buffer
 	for len(m.free) > 0 && m.surplus > 0 {
 		m.free, m.surplus = m.free[:len(m.free)-1], m.surplus-1
 	}
 	m.st.detached++
 	if cause != nil {
-		m.log.Warn("serve: an attached replica was detached", "replica", g.index, "lanes", lanes, "err", cause)
+		m.log.Warn("serve: an attached replica was detached", "replica", g.lanes[0].index, "lanes", lanes, "err", cause)
 	} else {
-		m.log.Info("serve: an attached replica left", "replica", g.index, "lanes", lanes)
+		m.log.Info("serve: an attached replica left", "replica", g.lanes[0].index, "lanes", lanes)
 	}
 	m.armOrphanLocked()
 	m.cond.Broadcast()
@@ -261,7 +256,7 @@ func (m *Manager) failOrphans() {
 func (m *Manager) attachedNowLocked() int {
 	n := 0
 	for _, r := range m.replicas {
-		if r.remote != nil && r.remote.group.index == r.index {
+		if r.remote != nil && r.remote.group.lanes[0] == r {
 			n++
 		}
 	}

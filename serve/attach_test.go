@@ -31,19 +31,31 @@ func attachReplica(t *testing.T, addr string, version uint64, act func(n int) bo
 	return attachReplicaWindow(t, addr, version, 0, act)
 }
 
-// attachReplicaWindow is attachReplica asking for window batches in
-// flight (0: a replica from before windows, which sends none).
-func attachReplicaWindow(t *testing.T, addr string, version uint64, window int, act func(n int) bool) *goReplica {
+// openReplica opens a serve.replica stream to the node at addr under ctx,
+// asking for window batches in flight (0: a replica from before windows,
+// which sends none), over a client of opts: the test answers on it as an
+// attached replica would, or does not. The client and the stream close
+// when the test ends.
+func openReplica(ctx context.Context, t *testing.T, addr string, window int, opts ...rpc.Option) *rpc.Stream[replicaAnswer, replicaBatch] {
 	t.Helper()
-	c, err := rpc.Dial(ctxT(t), addr)
+	c, err := rpc.Dial(ctxT(t), addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	st, err := rpc.OpenStream[replicaAnswer, replicaBatch](context.Background(), c, MethodReplica, replicaRequest{Name: "model", Window: window})
+	st, err := rpc.OpenStream[replicaAnswer, replicaBatch](ctx, c, MethodReplica, replicaRequest{Name: "model", Window: window})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// attachReplicaWindow is attachReplica asking for window batches in
+// flight (openReplica).
+func attachReplicaWindow(t *testing.T, addr string, version uint64, window int, act func(n int) bool) *goReplica {
+	t.Helper()
+	st := openReplica(context.Background(), t, addr, window)
 	r := &goReplica{st: st, got: make(chan int, 16), done: make(chan error, 1)}
 	model := &testModel{b: &behaviour{}}
 	go func() {
@@ -75,8 +87,21 @@ func attachReplicaWindow(t *testing.T, addr string, version uint64, window int, 
 			}
 		}
 	}()
-	t.Cleanup(func() { st.Close() })
 	return r
+}
+
+// wantAnswer waits for call, of rowsOf(t, id, n), and fails t (what
+// naming the call) unless its answer is those rows' outputs by parameter
+// version v: the replica of that version ran it.
+func wantAnswer(t *testing.T, what string, call *Call, id, n int, v uint64) {
+	t.Helper()
+	out, got, err := call.Wait()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if _, err := checkOutputs(out, id, n, 0); err != nil || got != v {
+		t.Fatalf("%s: version %d (want %d), %v", what, got, v, err)
+	}
 }
 
 func attachedConfig(maxBatch int) Config {
@@ -126,13 +151,7 @@ func TestAttach_GoneMidBatch(t *testing.T) {
 		attachReplica(t, n.addr, 2, nil)
 		waitAttached(t, n.m, 2)
 		close(release) // A closes its stream without answering
-		out, v, err := call.Wait()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := checkOutputs(out, 5, 3, 0); err != nil || v != 2 {
-			t.Fatalf("version %d (want B's, 2), %v", v, err)
-		}
+		wantAnswer(t, "the batch A held, run by B", call, 5, 3, 2)
 	})
 	t.Run("none left", func(t *testing.T) {
 		n := serveModel(t, "", attachedConfig(8))
@@ -158,13 +177,7 @@ func TestAttach_SilentReplicaIsDetached(t *testing.T) {
 	call := c.Go(ctxT(t), rowsOf(t, 1, 2))
 	<-a.got
 	attachReplica(t, n.addr, 2, nil)
-	out, v, err := call.Wait()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := checkOutputs(out, 1, 2, 0); err != nil || v != 2 {
-		t.Fatalf("version %d, %v", v, err)
-	}
+	wantAnswer(t, "the batch A held, run by B", call, 1, 2, 2)
 	waitAttached(t, n.m, 1)
 	if st := n.m.Stats(); st.Detached != 1 {
 		t.Fatalf("detached %d, want 1", st.Detached)
@@ -218,16 +231,7 @@ func TestAttach_NoReplica(t *testing.T) {
 func TestAttach_OutputsByReferenceRefused(t *testing.T) {
 	root := t.TempDir()
 	n := serveModel(t, root, attachedConfig(8))
-	c, err := rpc.Dial(ctxT(t), n.addr, rpc.WithRoot(root))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	st, err := rpc.OpenStream[replicaAnswer, replicaBatch](context.Background(), c, MethodReplica, replicaRequest{Name: "model"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openReplica(context.Background(), t, n.addr, 0, rpc.WithRoot(root))
 	go func() {
 		b, err := st.Recv(context.Background())
 		if err != nil {
@@ -243,7 +247,7 @@ func TestAttach_OutputsByReferenceRefused(t *testing.T) {
 	}()
 	waitAttached(t, n.m, 1)
 	cl := dial(t, n.addr, "", "bytes")
-	_, _, err = cl.Predict(ctxT(t), rowsOf(t, 1, 2))
+	_, _, err := cl.Predict(ctxT(t), rowsOf(t, 1, 2))
 	if !errors.Is(err, ErrForward) || !strings.Contains(err.Error(), "by reference") {
 		t.Fatalf("%v, want ErrForward about outputs by reference", err)
 	}

@@ -31,16 +31,7 @@ func FuzzReplicaAnswer(f *testing.F) {
 			return
 		}
 		n := serveModel(t, "", attachedConfig(4))
-		c, err := rpc.Dial(ctxT(t), n.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		st, err := rpc.OpenStream[replicaAnswer, replicaBatch](context.Background(), c, MethodReplica, replicaRequest{Name: "model"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer st.Close()
+		st := openReplica(context.Background(), t, n.addr, 0)
 		dt := memmap.DType(dtype)
 		if !dt.Valid() || key == "" { // no TD of them: the model's dtype and key
 			dt, key = memmap.Float32, "y"
@@ -68,7 +59,7 @@ func FuzzReplicaAnswer(f *testing.F) {
 		cl := dial(t, n.addr, "", "bytes")
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _, err = cl.Predict(ctx, rowsOf(t, 1, 2))
+		_, _, err := cl.Predict(ctx, rowsOf(t, 1, 2))
 		fits := delta == 0 && msg == "" && withOut && rows == 2 && width == 2 && key == "y" && dt == memmap.Float32
 		switch {
 		case fits && err != nil:

@@ -34,6 +34,16 @@ func gotWithin(t *testing.T, r *goReplica, what string) int {
 	}
 }
 
+// windowOf2 serves a model of attached replicas only, attaches one of
+// window 2 whose stream the test answers on (or not), and dials a client.
+func windowOf2(t *testing.T) (*node, *rpc.Stream[replicaAnswer, replicaBatch], *Client) {
+	t.Helper()
+	n := serveModel(t, "", attachedConfig(8))
+	st := openReplica(ctxT(t), t, n.addr, 2)
+	waitAttached(t, n.m, 1)
+	return n, st, dial(t, n.addr, "", "bytes")
+}
+
 func TestWindow_Lanes(t *testing.T) {
 	for _, c := range []struct{ window, lanes int }{{0, 1}, {1, 1}, {2, 2}, {99, maxWindow}} {
 		n := serveModel(t, "", attachedConfig(8))
@@ -49,19 +59,7 @@ func TestWindow_Lanes(t *testing.T) {
 // it answers either (with a window of 1 the second would wait for the
 // first's answer: the test would hang), then answers both in order.
 func TestWindow_TwoInFlight(t *testing.T) {
-	n := serveModel(t, "", attachedConfig(8))
-	rc, err := rpc.Dial(ctxT(t), n.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rc.Close() })
-	st, err := rpc.OpenStream[replicaAnswer, replicaBatch](ctxT(t), rc, MethodReplica, replicaRequest{Name: "model", Window: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	waitAttached(t, n.m, 1)
-	c := dial(t, n.addr, "", "bytes")
+	_, st, c := windowOf2(t)
 	call1 := c.Go(ctxT(t), rowsOf(t, 5, 3))
 	b1, err := st.Recv(ctxT(t))
 	if err != nil {
@@ -85,36 +83,14 @@ func TestWindow_TwoInFlight(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for i, w := range []struct {
-		call  *Call
-		id, n int
-	}{{call1, 5, 3}, {call2, 2, 7}} {
-		out, v, err := w.call.Wait()
-		if err != nil {
-			t.Fatalf("call %d: %v", i+1, err)
-		}
-		if _, err := checkOutputs(out, w.id, w.n, 0); err != nil || v != 3 {
-			t.Fatalf("call %d: version %d, %v", i+1, v, err)
-		}
-	}
+	wantAnswer(t, "call 1", call1, 5, 3, 3)
+	wantAnswer(t, "call 2", call2, 2, 7, 3)
 }
 
 // TestWindow_OutOfOrder: an answer to the second batch before the first
 // ends the stream, and both batches fail: the replica broke the protocol.
 func TestWindow_OutOfOrder(t *testing.T) {
-	n := serveModel(t, "", attachedConfig(8))
-	rc, err := rpc.Dial(ctxT(t), n.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rc.Close() })
-	st, err := rpc.OpenStream[replicaAnswer, replicaBatch](ctxT(t), rc, MethodReplica, replicaRequest{Name: "model", Window: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	waitAttached(t, n.m, 1)
-	c := dial(t, n.addr, "", "bytes")
+	n, st, c := windowOf2(t)
 	call1 := c.Go(ctxT(t), rowsOf(t, 5, 3))
 	if _, err := st.Recv(ctxT(t)); err != nil {
 		t.Fatal(err)
@@ -162,18 +138,8 @@ func TestWindow_GoneWithTwoInFlight(t *testing.T) {
 	attachReplica(t, n.addr, 2, nil)
 	waitAttached(t, n.m, 2)
 	close(release) // A closes its stream, answering neither
-	for i, w := range []struct {
-		call  *Call
-		id, n int
-	}{{call1, 5, 3}, {call2, 2, 7}} {
-		out, v, err := w.call.Wait()
-		if err != nil {
-			t.Fatalf("call %d: %v", i+1, err)
-		}
-		if _, err := checkOutputs(out, w.id, w.n, 0); err != nil || v != 2 {
-			t.Fatalf("call %d: version %d (want B's, 2), %v", i+1, v, err)
-		}
-	}
+	wantAnswer(t, "call 1, run by B", call1, 5, 3, 2)
+	wantAnswer(t, "call 2, run by B", call2, 2, 7, 2)
 	waitAttached(t, n.m, 1)
 	if got := lanes(n.m); got != 1 {
 		t.Fatalf("%d lanes left, want B's 1", got)
@@ -184,19 +150,7 @@ func TestWindow_GoneWithTwoInFlight(t *testing.T) {
 // fails the first (its module raised): that batch fails, the replica is
 // detached, and the second, which it never answered, runs on another.
 func TestWindow_ErrorSendsTheOtherElsewhere(t *testing.T) {
-	n := serveModel(t, "", attachedConfig(8))
-	rc, err := rpc.Dial(ctxT(t), n.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rc.Close() })
-	st, err := rpc.OpenStream[replicaAnswer, replicaBatch](ctxT(t), rc, MethodReplica, replicaRequest{Name: "model", Window: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	waitAttached(t, n.m, 1)
-	c := dial(t, n.addr, "", "bytes")
+	n, st, c := windowOf2(t)
 	call1 := c.Go(ctxT(t), rowsOf(t, 5, 3))
 	b1, err := st.Recv(ctxT(t))
 	if err != nil {
@@ -214,13 +168,7 @@ func TestWindow_ErrorSendsTheOtherElsewhere(t *testing.T) {
 	if _, _, err := call1.Wait(); !errors.Is(err, ErrForward) || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("the failed batch: %v, want ErrForward with the replica's message", err)
 	}
-	out, v, err := call2.Wait()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := checkOutputs(out, 2, 7, 0); err != nil || v != 2 {
-		t.Fatalf("the other batch: version %d (want B's, 2), %v", v, err)
-	}
+	wantAnswer(t, "the other batch, run by B", call2, 2, 7, 2)
 	waitAttached(t, n.m, 1)
 }
 

@@ -64,6 +64,37 @@ func TestResult_JSONKeys(t *testing.T) {
 	}
 }
 
+// runJSON runs the benchmark with args (its ranks processes of this test
+// binary) and returns what it wrote to --json, and its table.
+func runJSON(t *testing.T, args ...string) (Result, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	jf := filepath.Join(t.TempDir(), "c.json")
+	err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &errb, Self: []string{childArg}},
+		append(args, "--json", jf))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	var res Result
+	b, _ := os.ReadFile(jf)
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	return res, out.String()
+}
+
+// needNetns skips t where network-namespace hosts cannot be made (root
+// and iproute2), or under -short.
+func needNetns(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	if err := netns.Available(); err != nil {
+		t.Skipf("network namespaces unavailable: %v", err)
+	}
+}
+
 func sameSet(a, b []string) bool {
 	if len(a) != len(b) {
 		return false
@@ -86,28 +117,17 @@ func TestRun_Small(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	var out, errb bytes.Buffer
-	jf := filepath.Join(t.TempDir(), "c.json")
-	err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &errb, Self: []string{childArg}},
-		[]string{"--ranks", "2", "--sizes", "1KB", "--gloo", "off", "--json", jf})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, errb.String())
-	}
-	var res Result
-	b, _ := os.ReadFile(jf)
-	if err := json.Unmarshal(b, &res); err != nil {
-		t.Fatal(err)
-	}
+	res, out := runJSON(t, "--ranks", "2", "--sizes", "1KB", "--gloo", "off")
 	if got, want := len(res.Runs), 2*len(allOps); got != want {
-		t.Fatalf("%d runs, want %d:\n%s", got, want, out.String())
+		t.Fatalf("%d runs, want %d:\n%s", got, want, out)
 	}
 	for _, r := range res.Runs {
 		if r.P50us <= 0 || r.BusBW <= 0 || r.Ranks != 2 || r.Bytes != 1024 {
 			t.Fatalf("run %+v", r)
 		}
 	}
-	if !strings.Contains(out.String(), "memcpy") || res.MemcpyGBps <= 0 {
-		t.Fatalf("no memcpy figure:\n%s", out.String())
+	if !strings.Contains(out, "memcpy") || res.MemcpyGBps <= 0 {
+		t.Fatalf("no memcpy figure:\n%s", out)
 	}
 	// The bound of the shm allreduce lines, from B measured in this run.
 	if len(res.MemBW) != 1 || res.MemBW[0].Procs != 2 || res.MemBW[0].GBps <= 0 {
@@ -122,8 +142,8 @@ func TestRun_Small(t *testing.T) {
 			t.Fatalf("run %+v: the bound is 2B/p = %v", r, res.MemBW[0].GBps)
 		}
 	}
-	if !strings.Contains(out.String(), "busbw / bound") || !strings.Contains(out.String(), "2 processes") {
-		t.Fatalf("no bound in the table:\n%s", out.String())
+	if !strings.Contains(out, "busbw / bound") || !strings.Contains(out, "2 processes") {
+		t.Fatalf("no bound in the table:\n%s", out)
 	}
 }
 
@@ -161,34 +181,18 @@ func TestRun_BadFlags(t *testing.T) {
 // own (--hosts netns), over TCP between their addresses. It needs root and
 // iproute2, and skips without them.
 func TestRun_NetnsHosts(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
-	if err := netns.Available(); err != nil {
-		t.Skipf("network namespaces unavailable: %v", err)
-	}
-	var out, errb bytes.Buffer
-	jf := filepath.Join(t.TempDir(), "c.json")
-	err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &errb, Self: []string{childArg}},
-		[]string{"--hosts", "netns", "--ranks", "2", "--ops", "allreduce,alltoall", "--sizes", "1KB,1MB", "--gloo", "off", "--json", jf})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, errb.String())
-	}
-	var res Result
-	b, _ := os.ReadFile(jf)
-	if err := json.Unmarshal(b, &res); err != nil {
-		t.Fatal(err)
-	}
+	needNetns(t)
+	res, out := runJSON(t, "--hosts", "netns", "--ranks", "2", "--ops", "allreduce,alltoall", "--sizes", "1KB,1MB", "--gloo", "off")
 	if len(res.Runs) != 4 {
-		t.Fatalf("%d runs, want 4:\n%s", len(res.Runs), out.String())
+		t.Fatalf("%d runs, want 4:\n%s", len(res.Runs), out)
 	}
 	for _, r := range res.Runs {
 		if r.Transport != "tcp" || r.Hosts != "netns" || r.P50us <= 0 {
 			t.Fatalf("run %+v, want tcp between netns hosts", r)
 		}
 	}
-	if !strings.Contains(out.String(), "tcp/netns") {
-		t.Fatalf("the table does not say tcp/netns:\n%s", out.String())
+	if !strings.Contains(out, "tcp/netns") {
+		t.Fatalf("the table does not say tcp/netns:\n%s", out)
 	}
 }
 
@@ -196,26 +200,10 @@ func TestRun_NetnsHosts(t *testing.T) {
 // over TCP and as a hierarchy, side by side. It needs root and iproute2,
 // and skips without them.
 func TestRun_NetnsLayout(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
-	if err := netns.Available(); err != nil {
-		t.Skipf("network namespaces unavailable: %v", err)
-	}
-	var out, errb bytes.Buffer
-	jf := filepath.Join(t.TempDir(), "c.json")
-	err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &errb, Self: []string{childArg}},
-		[]string{"--hosts", "netns", "--layout", "2x2", "--ops", "allreduce,broadcast", "--sizes", "1KB,1MB", "--json", jf})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, errb.String())
-	}
-	var res Result
-	b, _ := os.ReadFile(jf)
-	if err := json.Unmarshal(b, &res); err != nil {
-		t.Fatal(err)
-	}
+	needNetns(t)
+	res, out := runJSON(t, "--hosts", "netns", "--layout", "2x2", "--ops", "allreduce,broadcast", "--sizes", "1KB,1MB")
 	if len(res.Runs) != 8 {
-		t.Fatalf("%d runs, want 8:\n%s", len(res.Runs), out.String())
+		t.Fatalf("%d runs, want 8:\n%s", len(res.Runs), out)
 	}
 	for i, r := range res.Runs {
 		want := "tcp"
@@ -226,7 +214,7 @@ func TestRun_NetnsLayout(t *testing.T) {
 			t.Fatalf("run %d %+v, want %s on 2x2 netns hosts", i, r, want)
 		}
 	}
-	if !strings.Contains(out.String(), "hier/netns 2x2") {
-		t.Fatalf("the table does not say hier/netns 2x2:\n%s", out.String())
+	if !strings.Contains(out, "hier/netns 2x2") {
+		t.Fatalf("the table does not say hier/netns 2x2:\n%s", out)
 	}
 }

@@ -1,12 +1,9 @@
 package collective
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -56,19 +53,8 @@ func TestRun_Python(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	var out, errb bytes.Buffer
-	jf := filepath.Join(t.TempDir(), "c.json")
-	err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &errb, Self: []string{childArg}},
-		[]string{"--lang", "python", "--python", py, "--tensorwire", bin, "--ranks", "2", "--sizes", "1KB",
-			"--transports", "shm", "--systems", "tensorwire,gloo,mpi4torch", "--json", jf})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, errb.String())
-	}
-	var res Result
-	b, _ := os.ReadFile(jf)
-	if err := json.Unmarshal(b, &res); err != nil {
-		t.Fatal(err)
-	}
+	res, out := runJSON(t, "--lang", "python", "--python", py, "--tensorwire", bin, "--ranks", "2", "--sizes", "1KB",
+		"--transports", "shm", "--systems", "tensorwire,gloo,mpi4torch")
 	systems := map[string]int{}
 	for _, r := range res.Runs {
 		if r.P50us <= 0 || r.Ranks != 2 || r.Bytes != 1024 {
@@ -78,9 +64,9 @@ func TestRun_Python(t *testing.T) {
 	}
 	// go and tensorwire on shm, gloo on tcp: forward and forward+backward each.
 	if systems["go"] != 2 || systems["tensorwire"] != 2 || systems["gloo"] != 2 {
-		t.Fatalf("runs by system %v:\n%s", systems, out.String())
+		t.Fatalf("runs by system %v:\n%s", systems, out)
 	}
-	if !strings.Contains(out.String(), "python - go") || !strings.Contains(out.String(), "mpi4torch") {
-		t.Fatalf("the table lacks the overhead column or mpi4torch's line:\n%s", out.String())
+	if !strings.Contains(out, "python - go") || !strings.Contains(out, "mpi4torch") {
+		t.Fatalf("the table lacks the overhead column or mpi4torch's line:\n%s", out)
 	}
 }

@@ -3,6 +3,7 @@ package replay
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -396,21 +397,36 @@ func timePythonClient(ctx context.Context, o sliceOptions, py *pythonEnv, dir, a
 	cmd := exec.CommandContext(ctx, py.interp, "-c", pyClientScript, addr, dir, fmt.Sprint(o.sliceLen),
 		fmt.Sprint(o.batch), fmt.Sprint(o.obs), fmt.Sprint(o.duration.Seconds()), fmt.Sprint(ahead))
 	cmd.Env = py.env()
-	out, err := cmd.Output()
-	if err != nil {
-		why := err.Error()
-		if ee, ok := err.(*exec.ExitError); ok {
-			lines := strings.Split(strings.TrimSpace(string(ee.Stderr)), "\n")
-			why = lines[len(lines)-1]
-		}
-		r.Skipped = why
-		return r
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+	if failed, err := runPyJSON(cmd, &r); failed != "" {
+		r.Skipped = failed
+	} else if err != nil {
 		r.Skipped = fmt.Sprintf("the Python client's output: %v", err)
 	}
 	return r
+}
+
+// runPyJSON runs cmd, a Python script that prints JSON on the last line
+// of its output, and decodes that line into v. failed says why the script
+// failed (the last line of its stderr, else the failure itself), empty
+// when it ran; err, that its last line was not v's JSON.
+func runPyJSON(cmd *exec.Cmd, v any) (failed string, err error) {
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			if why := lastLine(ee.Stderr); why != "" {
+				return why, nil
+			}
+		}
+		return err.Error(), nil
+	}
+	return "", json.Unmarshal([]byte(lastLine(out)), v)
+}
+
+// lastLine returns the last line of b that is not blank, trimmed.
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
 }
 
 // torchrlScript loads the episodes (tensordict's memmap format, as Go wrote
@@ -455,19 +471,10 @@ func timeTorchRL(ctx context.Context, o sliceOptions, data, scratch string, cach
 	}
 	cmd := exec.CommandContext(ctx, o.python, "-c", torchrlScript, data, scratch, fmt.Sprint(o.sliceLen),
 		fmt.Sprint(o.batch), fmt.Sprint(o.obs), fmt.Sprint(o.duration.Seconds()), c, fmt.Sprint(o.threads))
-	out, err := cmd.Output()
 	r := SliceResult{Impl: "torchrl SliceSampler over LazyMemmapStorage"}
-	if err != nil {
-		why := err.Error()
-		if ee, ok := err.(*exec.ExitError); ok {
-			lines := strings.Split(strings.TrimSpace(string(ee.Stderr)), "\n")
-			why = lines[len(lines)-1]
-		}
-		r.Skipped = fmt.Sprintf("%s: %s (--python chooses an interpreter with torchrl)", o.python, why)
-		return r
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+	if failed, err := runPyJSON(cmd, &r); failed != "" {
+		r.Skipped = fmt.Sprintf("%s: %s (--python chooses an interpreter with torchrl)", o.python, failed)
+	} else if err != nil {
 		r.Skipped = fmt.Sprintf("torchrl's output: %v", err)
 	}
 	return r
