@@ -93,11 +93,26 @@ class _BF16(np.ndarray):
         return a.view(cls)
 
 
-def to_torch(a, bfloat16=False):
+class _BF16Memmap(np.memmap, _BF16):
+    """A mapped file of bfloat16 bits (load_memmap): a memmap (its file
+    name, for references) that to_torch and dtype_name know as bfloat16."""
+
+
+def marked(a, name):
+    """Array a holding elements of dtype name, marked as bfloat16's raw bits
+    (_BF16) when name is torch.bfloat16, so that to_torch and dtype_name
+    know them for what they are; other arrays as they are."""
+    return _BF16(a) if name == "torch.bfloat16" and not isinstance(a, _BF16) else a
+
+
+def to_torch(a, bfloat16=None):
     """Numpy array a as a torch tensor sharing its memory (torch.from_numpy);
     bfloat16: a holds bfloat16 elements as their raw bits (numpy has no
-    bfloat16: DTYPES, as_array), read back as torch.bfloat16."""
+    bfloat16: DTYPES, as_array), read back as torch.bfloat16. None: when a
+    is marked so (marked, as_array)."""
     import torch
+    if bfloat16 is None:
+        bfloat16 = isinstance(a, _BF16)
     if bfloat16:
         return torch.from_numpy(a.view("<i2")).view(torch.bfloat16)
     return torch.from_numpy(a)
@@ -296,7 +311,7 @@ def build(w, read_into):
             a = np.empty(tuple(e["shape"]), dtype=numpy_dtype(e["dtype"]))
             if a.nbytes:
                 read_into(memoryview(a.reshape(-1).view(np.uint8)))
-            set_path(td, key, a)
+            set_path(td, key, marked(a, e["dtype"]))
         elif kind == "data":
             try:
                 set_path(td, key, NonTensorData(json.loads(e.get("data") or b"null")))

@@ -14,7 +14,7 @@ import stat
 
 import numpy as np
 
-from ._td import DTYPES, NonTensorData
+from ._td import DTYPES, NonTensorData, _BF16Memmap, marked
 
 __all__ = ["load_memmap", "escape_key", "FormatError", "UnsupportedError", "NonTensorData"]
 
@@ -181,7 +181,7 @@ def _load_leaf(d, key, e, mode, batch):
         raise FormatError(f"{meta}: batch size mismatch: tensor {key!r} of shape {shape} "
                           f"does not start with batch size {batch}")
     if nbytes == 0:
-        return np.zeros(shape, dt)  # tensordict writes no file for these
+        return marked(np.zeros(shape, dt), name)  # tensordict writes no file for these
     path = _find(d, key, LEAF_SUFFIX)
     try:
         st = os.stat(path)
@@ -192,7 +192,10 @@ def _load_leaf(d, key, e, mode, batch):
     if st.st_size < nbytes:
         raise FormatError(f"leaf {key!r}: {path}: file shorter than its shape: "
                           f"{st.st_size} bytes, {shape} {name} needs {nbytes}")
-    return np.memmap(path, dtype=dt, mode=mode, shape=tuple(shape))
+    # bfloat16's bits (numpy has no bfloat16) marked so, as the client's
+    # other arrays of them are (_td.marked).
+    cls = _BF16Memmap if name == "torch.bfloat16" else np.memmap
+    return cls(path, dtype=dt, mode=mode, shape=tuple(shape))
 
 
 def _load_collection(d, key, mode, depth, batch):

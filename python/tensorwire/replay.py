@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from . import errors as _errors
-from ._td import TD, DTYPES, NonTensorData, as_array, dtype_name, flatten, leaves
+from ._td import TD, DTYPES, NonTensorData, as_array, dtype_name, flatten, leaves, marked, to_torch
 from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, ClientClosedError, DataLossError,
                      FailedPreconditionError, InvalidArgumentError, NotFoundError,
@@ -1000,16 +1000,14 @@ def _zeros(schema, n):
         d = td
         for k in key[:-1]:
             d = d.setdefault(k, {})
-        d[key[-1]] = np.zeros((n,) + shape, dtype=DTYPES[dt])
+        d[key[-1]] = marked(np.zeros((n,) + shape, dtype=DTYPES[dt]), dt)
     return td
 
 
 def _to_torch(td):
-    import torch
-    out = {}
-    for k, v in td.items():
-        out[k] = _to_torch(v) if isinstance(v, dict) else torch.from_numpy(v)
-    return out
+    """A batch's arrays as torch tensors sharing their memory (bfloat16's
+    marked bits as torch.bfloat16)."""
+    return {k: _to_torch(v) if isinstance(v, dict) else to_torch(v) for k, v in td.items()}
 
 
 def _deadline(timeout):

@@ -54,7 +54,7 @@ import numpy as np
 from . import serve as _serve
 from .errors import InternalError, InvalidArgumentError, TensorwireError
 from .rpc import Client as _RPCClient, Sharing, StreamEnd
-from ._td import TD
+from ._td import TD, _BF16, as_array, marked, to_torch
 
 __all__ = ["Replica"]
 
@@ -273,7 +273,7 @@ class Replica:
                     v = src
                     for p in k:
                         v = v[p]
-                    tensors.append(torch.from_numpy(v))
+                    tensors.append(to_torch(marked(v, dt)))
             inputs = {}
             for (k, dt, shape), t in zip(self._in, tensors):
                 _serve._set(inputs, k, self._to_device(t, k))
@@ -288,8 +288,8 @@ class Replica:
                 dst[row:row + n].copy_(t)
             return _answer(bid, self.version)
         data = {}
-        for (k, _, _), t in zip(self._out, outs):
-            _serve._set(data, k, np.ascontiguousarray(t.numpy()))
+        for (k, dt, _), t in zip(self._out, outs):
+            _serve._set(data, k, marked(np.ascontiguousarray(as_array(t)), dt))
         return _answer(bid, self.version, out=TD(data, batch=[n]))
 
     def _to_device(self, t, key):
@@ -379,7 +379,7 @@ class Replica:
         torch = self._torch
         sd = {}
         _flatten_sd(p.td, "", sd)
-        state = {k: torch.from_numpy(np.array(v)) for k, v in sd.items()}
+        state = {k: to_torch(np.array(v), isinstance(v, _BF16)) for k, v in sd.items()}
         try:
             self.module.load_state_dict(state)
         except Exception as e:
@@ -426,8 +426,8 @@ class Replica:
         # Tensors over the mappings, made once: a batch's are views of its
         # rows (torch.from_numpy shares the mapping's memory).
         torch = self._torch
-        self._in_t = [torch.from_numpy(np.asarray(a)) for a in self._in_mm]
-        self._out_t = [torch.from_numpy(np.asarray(a)) for a in self._out_mm]
+        self._in_t = [to_torch(np.asarray(a), dt == "torch.bfloat16") for (_, dt, _), a in zip(self._in, self._in_mm)]
+        self._out_t = [to_torch(np.asarray(a), dt == "torch.bfloat16") for (_, dt, _), a in zip(self._out, self._out_mm)]
 
 
 def _request(name, prefix, window):

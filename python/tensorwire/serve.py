@@ -44,7 +44,7 @@ import time
 import numpy as np
 
 from . import errors as _errors
-from ._td import DTYPES, TD, NonTensorData, as_array, dtype_name, flatten
+from ._td import DTYPES, TD, NonTensorData, as_array, dtype_name, flatten, marked, to_torch
 from .dataset import escape_key
 from .errors import (AlreadyExistsError, ClientClosedError, DeadlineExceededError, FailedPreconditionError,
                      InternalError, InvalidArgumentError, NotFoundError, ResourceExhaustedError, UnavailableError,
@@ -546,8 +546,8 @@ class Client:
         version = int(resp.get("version") or 0)
         if self._ref:
             out = {}
-            for (k, _, _), mm in zip(self._out, self._out_mm):
-                _set(out, k, np.array(mm[req.start:req.start + req.n]))
+            for (k, dt, _), mm in zip(self._out, self._out_mm):
+                _set(out, k, marked(np.array(mm[req.start:req.start + req.n]), dt))
         else:
             out = resp.get("out")
             if not isinstance(out, dict):
@@ -938,8 +938,9 @@ def _set(td, key, value):
 
 
 def _to_torch(td):
-    import torch
-    return {k: _to_torch(v) if isinstance(v, dict) else torch.from_numpy(v) for k, v in td.items()}
+    """Outputs as torch tensors sharing their memory (bfloat16's marked bits
+    as torch.bfloat16)."""
+    return {k: _to_torch(v) if isinstance(v, dict) else to_torch(v) for k, v in td.items()}
 
 
 def _lock(path):

@@ -53,7 +53,8 @@ class TestBuffer(unittest.TestCase):
         cls.node = Node(buffers=["ref,capacity=1000,min-size=1", "bytes,capacity=1000,min-size=1",
                                  "pri,capacity=1000,sampler=prioritized,alpha=0.6,beta=0.4,min-size=1",
                                  "schema,capacity=100,min-size=1", "both,capacity=100,min-size=1", "wide,capacity=1000,min-size=1", "fresh,capacity=100,min-size=1",
-                                 "copy,capacity=100,min-size=1",
+                                 "copy,capacity=100,min-size=1", "bf16-ref,capacity=100,min-size=1",
+                                 "bf16-bytes,capacity=100,min-size=1",
                                  "empty,capacity=10"]).start()
 
     @classmethod
@@ -168,6 +169,25 @@ class TestBuffer(unittest.TestCase):
             self.assertIsInstance(td["obs"], torch.Tensor)
             self.assertEqual(td["obs"].dtype, torch.uint8)
             self.assertEqual(tuple(td["next"]["reward"].shape), (4,))
+
+    def test_bfloat16_comes_back_as_bfloat16(self):
+        """A bfloat16 field (numpy has none: its bits travel as uint16)
+        samples back as a torch.bfloat16 tensor with as_torch, its values
+        whole, by reference and by bytes; numpy gets the raw bits."""
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        for mode in MODES:
+            with self.subTest(mode=mode), dial(self.node, "bf16-" + mode, mode) as b:
+                vals = torch.tensor([1.5, -2.25, 3.0, 0.125], dtype=torch.bfloat16)
+                b.extend({"w": vals.reshape(4, 1).repeat(1, 3), "id": torch.arange(4)})
+                td, _ = b.sample(8, as_torch=True)
+                self.assertEqual(td["w"].dtype, torch.bfloat16)
+                self.assertTrue(torch.equal(td["w"][:, 0], vals[td["id"]]))
+                td, _ = b.sample(8)
+                self.assertEqual(td["w"].dtype, np.uint16)
+                b.extend(td)  # numpy's bits go back as bfloat16: the buffer's schema
 
     def test_wrong_schema_refused_before_sending(self):
         """A batch that does not fit the buffer's schema raises SchemaError

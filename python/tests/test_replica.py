@@ -101,6 +101,39 @@ class AttachedNodeCase:
 
 
 @unittest.skipIf(torch is None, "torch is not installed in this interpreter")
+class TestReplicaBFloat16(unittest.TestCase):
+    """A model whose output is bfloat16 (numpy has none: its bits travel as
+    uint16): predict(as_torch=True) gives torch.bfloat16 tensors equal to the
+    module's, in both of the client's modes."""
+
+    def test_bfloat16_output(self):
+        node = attached_node(schema="input=obs:float32:8,output=logits:bfloat16:4")
+        self.addCleanup(node.close)
+        torch.manual_seed(5)
+        module = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Tanh()).to(torch.bfloat16)
+
+        class Cast(torch.nn.Module):
+            def forward(self, x):
+                return module(x.to(torch.bfloat16))
+
+        x = obs(3, seed=9)[:, :8].copy()
+        with torch.inference_mode():
+            want = Cast()(torch.from_numpy(x))
+        for rmode in ("ref", "bytes"):
+            with serve.Replica(node.addr, "policy", Cast(), token=node.token, root=node.root,
+                               bytes_mode=rmode == "bytes") as r:
+                r.start()
+                for cmode in ("ref", "bytes"):
+                    with self.subTest(replica=rmode, client=cmode), serve.Client(
+                            node.addr, "policy", token=node.token, root=node.root, bytes_mode=cmode == "bytes") as c:
+                        out = c.predict({"obs": x}, timeout=60, as_torch=True)
+                        self.assertEqual(out["logits"].dtype, torch.bfloat16)
+                        self.assertTrue(torch.equal(out["logits"], want))
+                        self.assertEqual(c.predict({"obs": x}, timeout=60)["logits"].dtype, np.uint16)  # numpy: the bits
+            wait_until(lambda: stats(node).get("attached_now", 0) == 0, what="the replica detached")
+
+
+@unittest.skipIf(torch is None, "torch is not installed in this interpreter")
 class TestReplica(AttachedNodeCase, unittest.TestCase):
     def test_outputs_are_the_modules(self):
         """Every pair of modes, replica's and client's: the outputs are

@@ -70,6 +70,43 @@ class TestReplicaWeights(unittest.TestCase):
                 st.close()
             node.close()
 
+    def test_follow_bfloat16(self):
+        """A bfloat16 module's state_dict, published as torch tensors
+        (stored as torch.bfloat16), loads into a following replica as
+        bfloat16 values, not as their bits cast: its answers are the
+        module's."""
+        node = Node(extra=["--store", "main",
+                           "--serve", "policy,replicas=0,input=obs:float32:64,output=logits:float32:16,max-batch=16"])
+        self.addCleanup(node.close)
+        node.start()
+        st = store.Store(node.addr, "main", token=node.token, root=node.root)
+        self.addCleanup(st.close)
+        class Cast(torch.nn.Module):
+            def __init__(self, dtype):
+                super().__init__()
+                self.dtype = dtype
+
+            def forward(self, x):
+                return x.to(self.dtype)
+
+        def bmlp(seed):  # float32 in and out, bfloat16 inside
+            torch.manual_seed(seed)
+            return torch.nn.Sequential(Cast(torch.bfloat16), torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                       torch.nn.Linear(256, 16), Cast(torch.float32)).to(torch.bfloat16)
+
+        a = bmlp(3)
+        self.assertEqual(st.publish("policy", dict(a.state_dict())), 1)
+        x = np.random.default_rng(1).normal(size=(4, 64)).astype(np.float32)
+        with torch.inference_mode():
+            want = a(torch.from_numpy(x)).numpy()
+        with serve.Replica(node.addr, "policy", bmlp(8), token=node.token, root=node.root,
+                           follow=(st, "policy")) as r, \
+                serve.Client(node.addr, "policy", token=node.token, root=node.root) as c:
+            r.start()
+            out, v = c.predict({"obs": x}, timeout=60, return_version=True)
+            self.assertEqual(v, 1)
+            np.testing.assert_array_equal(out["logits"], want)
+
 
 if __name__ == "__main__":
     unittest.main()
