@@ -285,21 +285,29 @@ def mode_kill(comm):
 def mode_interrupt(comm):
     """Ctrl-C (SIGINT) on rank 0 while its Allreduce waits for rank 1: a
     KeyboardInterrupt, then ClosedError on its next call; rank 1, which
-    comes later, gets a lost rank, not a hang."""
+    comes later (once rank 0's file TW_INTERRUPTED exists: no sleep orders
+    them, so that a loaded machine cannot let rank 1 in first), gets a lost
+    rank, not a hang."""
+    marker = os.environ["TW_INTERRUPTED"]
     if comm.rank == 0:
         import threading
-        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
         try:
+            # Rank 1 waits for the marker: the call cannot complete, and
+            # the signal finds it waiting.
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
             comm.Allreduce(np.ones(4), mpi4torch.MPI_SUM)
             failures.append("the Allreduce returned")
         except KeyboardInterrupt:
             report["interrupted"] = True
+        open(marker, "w").close()
         try:
             comm.Allreduce(np.ones(4), mpi4torch.MPI_SUM)
         except Exception as e:  # noqa: BLE001
             report["after"] = type(e).__name__
     else:
-        time.sleep(2)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.01)
         try:
             comm.Allreduce(np.ones(4), mpi4torch.MPI_SUM)
             failures.append("rank 1's Allreduce returned")

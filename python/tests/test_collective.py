@@ -191,7 +191,9 @@ class TestCollectiveFailures(unittest.TestCase):
         """Ctrl-C in a rank's call: KeyboardInterrupt there, ClosedError on
         its next call (its sidecar is gone: the pipe was out of step), and
         the other rank gets a lost rank instead of waiting."""
-        reports = run_ranks(self, "interrupt", 2, "shm", timeout=120)
+        with tempfile.TemporaryDirectory() as d:
+            reports = run_ranks(self, "interrupt", 2, "shm", {"TW_INTERRUPTED": os.path.join(d, "interrupted")},
+                                timeout=120)
         self.assertTrue(reports[0].get("interrupted"), reports[0])
         self.assertEqual(reports[0].get("after"), "ClosedError")
         self.assertIn(reports[1].get("error"), ("PeerLostError", "RankAbortedError", "BrokenError"), reports[1])
