@@ -91,7 +91,7 @@ func TestHier_BcastAllgatherSameBitsAsFlat(t *testing.T) {
 				{memmap.Int32, 2, func(r int) []int { return []int{2, 3, (r*5 + 1) % 4} }, false},
 				{memmap.Uint8, 1, func(r int) []int { return []int{3, r + 1} }, true},
 				{memmap.Float32, 0, func(r int) []int { return []int{100 + 1000*r, 300} }, false}, // pieces of 1 MiB
-				{memmap.Float64, 1, func(r int) []int { return []int{64, 1000 * (n - r)} }, true},  // boxes of every rank in every row
+				{memmap.Float64, 1, func(r int) []int { return []int{64, 1000 * (n - r)} }, true}, // boxes of every rank in every row
 			} {
 				xs := make([]*tensordict.Tensor, n)
 				in := make([]nd, n)
