@@ -108,25 +108,40 @@ func (h *hierState) bcast(ctx context.Context, c *Comm, seq, k uint64, p *plan, 
 		}
 	}
 	x := &xfer{c: c, ctx: ctx, seq: seq}
-	share := func() error {
-		if g == nil {
-			return nil
-		}
-		copy(mine, out)
-		g.setPhase(base + 1)
-		return nil
-	}
 	if me == p.root {
-		if !sameMem(out, in) {
-			copy(out, in)
-		}
-		// The host-mates copy while the tensor travels between hosts.
-		share()
-		if err := x.tree(reps, h.host, h.hosts[p.root], out, nil); err != nil {
+		// The root sends from its tensor, and publishes it for its
+		// host-mates while the sends go.
+		err := x.tree(reps, h.host, h.hosts[p.root], in, func() error {
+			if g != nil {
+				copy(mine, in)
+				g.setPhase(base + 1)
+			}
+			if !sameMem(out, in) {
+				copy(out, in)
+			}
+			return nil
+		})
+		if err != nil {
 			return err
 		}
-	} else if err := x.tree(reps, h.host, h.hosts[p.root], out, share); err != nil {
-		return err
+	} else {
+		// Another host's: the tensor arrives in its data file (or, alone
+		// on its host, its output), goes on down the tree from there,
+		// and to its host-mates and its output at once.
+		buf := out
+		if g != nil {
+			buf = mine
+		}
+		err := x.tree(reps, h.host, h.hosts[p.root], buf, func() error {
+			if g != nil {
+				g.setPhase(base + 1)
+				copy(out, mine)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
 	}
 	if g != nil {
 		g.setPhase(base + 3)
