@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"slices"
 	"sync"
 )
 
@@ -89,10 +90,7 @@ func (h *hierState) bcast(ctx context.Context, c *Comm, seq, k uint64, p *plan, 
 		return nil
 	}
 	// One rank per host, by host index; this host's is this rank.
-	reps := make([]int, len(h.leaders))
-	for hh, l := range h.leaders {
-		reps[hh] = l
-	}
+	reps := slices.Clone(h.leaders)
 	reps[h.hosts[p.root]] = p.root
 	var mine []byte
 	if g != nil {
