@@ -69,15 +69,29 @@ func (tp *Tape) Bcast(ctx context.Context, x *Var, root int) (*Var, error) {
 // bcast sends the root's tensor down a binomial tree.
 func (x *xfer) bcast(p *plan, in, out []byte) error {
 	me, n := x.c.rank, x.c.size
-	vr := (me - p.root + n) % n
 	if me == p.root && !sameMem(out, in) {
 		copy(out, in)
 	}
+	ranks := make([]int, n)
+	for r := range ranks {
+		ranks[r] = r
+	}
+	return x.tree(ranks, me, p.root, out, nil)
+}
+
+// tree sends buf from ranks[root] down a binomial tree of ranks, of
+// which this rank is ranks[me] (message step 0, from each sender): the
+// root sends its buf, every other rank receives into its buf and passes
+// it on. got, when not nil, runs once buf has arrived, beside the sends
+// down the tree (the hierarchy shares buf with the host's ranks then).
+func (x *xfer) tree(ranks []int, me, root int, buf []byte, got func() error) error {
+	n := len(ranks)
+	vr := (me - root + n) % n
 	mask := 1
 	for mask < n {
 		if vr&mask != 0 {
-			from := (vr - mask + p.root) % n
-			if err := x.exchangeAt(0, -1, nil, from, len(out), into(out)); err != nil {
+			from := ranks[(vr-mask+root)%n]
+			if err := x.exchangeAt(0, -1, nil, from, len(buf), into(buf)); err != nil {
 				return err
 			}
 			break
@@ -86,12 +100,15 @@ func (x *xfer) bcast(p *plan, in, out []byte) error {
 	}
 	mask >>= 1
 	var wg sync.WaitGroup
-	errs := make(chan error, bits.Len(uint(n))+1)
+	errs := make(chan error, bits.Len(uint(n))+2)
 	for ; mask > 0; mask >>= 1 {
 		if vr+mask < n {
-			to := (vr + mask + p.root) % n
-			wg.Go(func() { errs <- x.c.sendBytes(x.ctx, to, x.key(me, 0), out) })
+			to := ranks[(vr+mask+root)%n]
+			wg.Go(func() { errs <- x.c.sendBytes(x.ctx, to, x.key(x.c.rank, 0), buf) })
 		}
+	}
+	if got != nil {
+		errs <- got()
 	}
 	wg.Wait()
 	close(errs)

@@ -157,10 +157,12 @@ type joinReq struct {
 // (builds before 2026-11-29); 1: the direct Allreduce up to 8 ranks, the
 // hierarchy's messages; 2: the pipelined Allreduce, Reduce and
 // ReduceScatter through shared mappings (shm_pipe.go, shm_rspipe.go: data
-// files of a few chunks, progress words). Raise it with any change to
+// files of a few chunks, progress words); 3: a hierarchy's Bcast and
+// Allgather by levels (hier_move.go: between hosts only, through the
+// hosts' mappings within them). Raise it with any change to
 // what a data message carries at a step, or to how the ranks use the
 // shared mappings.
-const protoVersion = 2
+const protoVersion = 3
 
 type joinResp struct {
 	Session uint64   `codec:"session"`

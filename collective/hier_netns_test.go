@@ -27,7 +27,7 @@ import (
 // network-namespace host of its own per host index: rank r on host
 // layout[r], with that host's shared folder. Rank 0 listens on port 29500
 // of its host, a namespace made for this test.
-func netnsRanks(t *testing.T, role string, tr Transport, layout []int) []*proctest.Proc {
+func netnsRanks(t *testing.T, role string, tr Transport, layout []int, env ...string) []*proctest.Proc {
 	t.Helper()
 	nw := netns.New(t)
 	var hosts []*netns.Host
@@ -49,6 +49,7 @@ func netnsRanks(t *testing.T, role string, tr Transport, layout []int) []*procte
 		cmd := hosts[h].Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 		cmd.Env = append(os.Environ(), envRole+"="+role, envRank+"="+strconv.Itoa(r), envSize+"="+strconv.Itoa(len(layout)),
 			envAddr+"="+addr, envTransport+"="+string(tr), envDir+"="+dir)
+		cmd.Env = append(cmd.Env, env...)
 		ps[r] = proctest.StartCmd(t, fmt.Sprintf("rank %d on host %d", r, h), cmd)
 	}
 	return ps
@@ -94,15 +95,21 @@ func TestNetns_HierTwoByTwo(t *testing.T) {
 }
 
 // TestNetns_HierRankKilled kills a rank (kill -9) in the middle of a loop
-// of 4 MiB Allreduces, a leader's host-mate and a leader: every other rank
-// fails with ErrPeerLost within its 20 s deadline, none hangs.
+// of 4 MiB Allreduces, a leader's host-mate and a leader, and of Bcasts
+// (4 MiB from rank 0) and Allgathers (1 MiB a rank), which go by levels
+// too: every other rank fails with ErrPeerLost within its 20 s deadline,
+// none hangs.
 func TestNetns_HierRankKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes on network namespaces")
 	}
-	for _, victim := range []int{1, 2} {
-		t.Run(fmt.Sprintf("rank %d", victim), func(t *testing.T) {
-			ps := netnsRanks(t, "loop", Auto, []int{0, 0, 1, 1})
+	for _, tc := range []struct {
+		op     string
+		victim int
+	}{{"allreduce", 1}, {"allreduce", 2}, {"bcast", 1}, {"bcast", 2}, {"allgather", 3}, {"allgather", 2}} {
+		t.Run(fmt.Sprintf("%s rank %d", tc.op, tc.victim), func(t *testing.T) {
+			victim := tc.victim
+			ps := netnsRanks(t, "loop", Auto, []int{0, 0, 1, 1}, envOp+"="+tc.op)
 			for _, p := range ps {
 				if got := p.Expect(t, "JOINED"); got != string(Hier) {
 					t.Fatalf("%s joined with %s, want %s", p.Name(), got, Hier)

@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/rpc"
 )
 
 // Collectives of a hierarchical communicator. Allreduce goes by levels:
@@ -25,7 +26,8 @@ import (
 //  3. within each host: every rank copies the others' shares (or the
 //     leader's whole result).
 //
-// The other collectives go over TCP between every pair of ranks, as in a
+// Bcast and Allgather go by levels too (hier_move.go). The other
+// collectives go over TCP between every pair of ranks, as in a
 // communicator that is TCP throughout (tcpCollective). Every collective's
 // descriptions go the TCP way, from every rank to every other, so a rank
 // that calls Allreduce and one that calls something else reach the same
@@ -38,7 +40,7 @@ const hierSmall = 64 << 10
 
 // hierCollective runs cl in a hierarchical communicator.
 func (c *Comm) hierCollective(ctx context.Context, seq uint64, cl *call) (*plan, []byte, error) {
-	if cl.d.kind != kindAllreduce {
+	if !hierMoves(cl.d.kind) {
 		return c.tcpCollective(ctx, seq, cl)
 	}
 	h := c.hier
@@ -48,7 +50,7 @@ func (c *Comm) hierCollective(ctx context.Context, seq uint64, cl *call) (*plan,
 		// folder is an error every rank reaches in the check
 		// (ErrNoSpace), not a failure part-way. Growing the file
 		// does not touch what the others may still read of it.
-		if _, err := h.g.publish(int(h.k.Load()&1), len(cl.in)); err != nil {
+		if _, err := h.g.publish(int(h.k.Load()&1), h.hierReserve(c, d, cl.in)); err != nil {
 			d.bad = fmt.Sprintf("publishing the tensor: %v", err)
 			d.noSpace = errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 		}
@@ -63,7 +65,17 @@ func (c *Comm) hierCollective(ctx context.Context, seq uint64, cl *call) (*plan,
 	}
 	out := cl.output(p, c.rank)
 	k := h.k.Load()
-	derr := guardOwn(func() error { return h.allreduce(ctx, c, seq, k, p, cl.in, out) })
+	// The data goes uncompressed between hosts, as on TCP (tcpCollective).
+	dctx := rpc.Uncompressed(ctx)
+	derr := guardOwn(func() error {
+		switch p.kind {
+		case kindBcast:
+			return h.bcast(dctx, c, seq, k, p, cl.in, out)
+		case kindAllgather:
+			return h.allgather(dctx, c, seq, k, p, cl.in, out)
+		}
+		return h.allreduce(dctx, c, seq, k, p, cl.in, out)
+	})
 	h.k.Store(k + 1)
 	if derr != nil {
 		// failData writes our control words (abort), which may be what

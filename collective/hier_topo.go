@@ -23,8 +23,10 @@ type Topology struct {
 	// Allreduce crosses between hosts once per host's share: through
 	// the hosts' leaders for small tensors and hosts of different rank
 	// counts, else every rank with the ranks at its index on the other
-	// hosts. The other collectives go between every pair of ranks over
-	// TCP (docs/collective.md, "Across hosts").
+	// hosts; a Bcast once per host, down a tree of the root and the
+	// other hosts' leaders; an Allgather as each host's block, between
+	// the leaders. The other collectives go between every pair of ranks
+	// over TCP (docs/collective.md, "Across hosts").
 	Between Transport
 }
 
@@ -34,7 +36,8 @@ type TopologyHost struct {
 	Ranks []int
 	// Leader is the rank that speaks for the host between hosts in a
 	// hierarchical communicator's small Allreduces (and all of them when
-	// hosts have different rank counts): its lowest, Ranks[0].
+	// hosts have different rank counts), its Allgathers, and its Bcasts
+	// from another host: its lowest, Ranks[0].
 	Leader int
 }
 

@@ -80,11 +80,12 @@ func TestRankList(t *testing.T) {
 }
 
 // TestJoin_OtherProtocolFailsEveryRank: a rank of another build (another
-// protocolVersion, or none: a build from before it was sent) fails every
-// rank's Join with ErrJoin saying so, at once, rather than joining and
-// exchanging data messages the others do not expect.
+// protocolVersion: the last build's, a later one, or none: a build from
+// before it was sent) fails every rank's Join with ErrJoin saying so, at
+// once, rather than joining and exchanging data messages the others do
+// not expect.
 func TestJoin_OtherProtocolFailsEveryRank(t *testing.T) {
-	for _, proto := range []int{0, protoVersion + 1} {
+	for _, proto := range []int{0, protoVersion - 1, protoVersion + 1} {
 		addr := freeAddr(t)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		// Rank 2 of this build waits at rank 0 too; it must fail as well.

@@ -30,6 +30,7 @@ const (
 	envTransport = "TENSORWIRE_COLLECTIVE_TRANSPORT"
 	envDir       = "TENSORWIRE_COLLECTIVE_DIR"
 	envToken     = "TENSORWIRE_COLLECTIVE_TOKEN" // Config.Token; unset: none
+	envOp        = "TENSORWIRE_COLLECTIVE_OP"    // the "loop" role's collective: allreduce (unset), bcast or allgather
 )
 
 // TestHelperProcess is not a test: it is the body of the rank processes,
@@ -173,16 +174,28 @@ func must1[T any](v T, err error) T {
 	return v
 }
 
-// helperLoop allreduces 4 MiB again and again, printing "ITER i", until
-// an error, which it prints as "ERR sentinel after": then it joins again
-// (a new communicator, same rendezvous), allreduces once and prints
-// "REJOINED".
+// helperLoop allreduces 4 MiB again and again (or, as $envOp says,
+// broadcasts it from rank 0, or allgathers 1 MiB a rank), printing "ITER
+// i", until an error, which it prints as "ERR sentinel after": then it
+// joins again (a new communicator, same rendezvous), allreduces once and
+// prints "REJOINED".
 func helperLoop(ctx context.Context, c *Comm, cfg Config) {
 	x, _ := tensordict.Zeros(memmap.Float32, 1<<20)
+	piece, _ := tensordict.Zeros(memmap.Float32, 1<<18)
+	all, _ := tensordict.Zeros(memmap.Float32, c.Size()<<18)
+	op := os.Getenv(envOp)
 	for i := 0; ; i++ {
 		start := time.Now()
 		opCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		err := c.AllreduceInto(opCtx, x, x, Sum)
+		var err error
+		switch op {
+		case "bcast":
+			err = c.BcastInto(opCtx, x, 0)
+		case "allgather":
+			err = c.AllgatherInto(opCtx, all, piece, 0)
+		default:
+			err = c.AllreduceInto(opCtx, x, x, Sum)
+		}
 		cancel()
 		if err != nil {
 			what := "other"

@@ -1,0 +1,142 @@
+//go:build linux
+
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// hierSmallFolder forms a 2x2 hierarchy (ranks 0, 1 on host 0; 2, 3 on
+// host 1) whose host 0 has a 12 MiB tmpfs as its shared folder.
+func hierSmallFolder(t *testing.T) []*Comm {
+	t.Helper()
+	dirs := []string{mountShm(t, 12<<20), t.TempDir()}
+	addr := freeAddr(t)
+	comms := make([]*Comm, 4)
+	errs := make([]error, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for r := range 4 {
+		wg.Go(func() {
+			comms[r], errs[r] = Join(ctx, Config{Rank: r, Size: 4, Addr: addr, Transport: Hier, ShmDir: dirs[r/2]})
+		})
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, c := range comms {
+			if c != nil {
+				c.Close()
+			}
+		}
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: Join: %v", r, err)
+		}
+	}
+	return comms
+}
+
+// TestHier_MovesFullFolderIsNoSpace: a hierarchy's Bcast or Allgather
+// whose data does not fit in a host's shared folder fails on every rank,
+// on both hosts, with ErrNoSpace (the room reserved before the
+// descriptions go out), and the communicator goes on with tensors that
+// fit; a Bcast whose carrier on the full host passed no tensor (its room
+// known only after the check) breaks it instead: the carrier fails with
+// the folder's error, the ranks that needed it with ErrAborted naming it
+// (the other host's host-mate, which needs nothing of it, may complete),
+// at once, and the next call fails on every rank.
+func TestHier_MovesFullFolderIsNoSpace(t *testing.T) {
+	comms := hierSmallFolder(t)
+	// A host's files keep the size they grew to (rank 1's first data file
+	// 4 MiB after the Allgather): 16 MiB never fits.
+	big := func() *tensordict.Tensor { x, _ := tensordict.Zeros(memmap.Float32, 4<<20); return x } // 16 MiB
+	for _, tc := range []struct {
+		name string
+		fn   func(ctx context.Context, c *Comm) error
+	}{
+		// Rank 0, host 0's leader, stages every rank's 4 MiB: 16 MiB.
+		{"Allgather", func(ctx context.Context, c *Comm) error {
+			x, _ := tensordict.Zeros(memmap.Float32, 1<<20)
+			_, err := c.Allgather(ctx, x, 0)
+			return err
+		}},
+		// Rank 0 carries rank 2's 16 MiB to host 0.
+		{"BcastInto", func(ctx context.Context, c *Comm) error { return c.BcastInto(ctx, big(), 2) }},
+		// Rank 1, the root, publishes its 16 MiB for rank 0.
+		{"Bcast from host 0", func(ctx context.Context, c *Comm) error {
+			_, err := c.Bcast(ctx, big(), 1)
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, errs := onAll(t, comms, func(ctx context.Context, c *Comm) (int, error) { return 0, tc.fn(ctx, c) })
+			for r, err := range errs {
+				if !errors.Is(err, ErrNoSpace) || !errors.Is(err, syscall.ENOSPC) || err.Error() != errs[0].Error() {
+					t.Fatalf("rank %d: %v; rank 0: %v; want the same ErrNoSpace", r, err, errs[0])
+				}
+			}
+			t.Logf("%v", errs[0])
+			// Tensors that fit, through both file sets.
+			for i := range 2 {
+				got := all(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
+					x, _ := tensordict.FromSlice([]float64{float64(c.Rank())})
+					y, err := c.Allgather(ctx, x, 0)
+					if err != nil {
+						return nil, err
+					}
+					return c.Bcast(ctx, y, i)
+				})
+				for r, g := range got {
+					if v, _ := tensordict.Values[float64](g); fmt.Sprint(v) != "[0 1 2 3]" {
+						t.Fatalf("rank %d, then: %v, want [0 1 2 3]", r, v)
+					}
+				}
+			}
+		})
+	}
+	t.Run("Bcast, the carrier without a tensor", func(t *testing.T) {
+		start := time.Now()
+		_, errs := onAll(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+			x := big()
+			if c.Rank() == 0 {
+				x = nil
+			}
+			_, err := c.Bcast(ctx, x, 2)
+			return 0, err
+		})
+		for r, err := range errs {
+			want := ErrAborted
+			if r == 0 {
+				want = syscall.ENOSPC
+			}
+			if r == 3 && err == nil {
+				continue
+			}
+			if !errors.Is(err, want) || r != 0 && !strings.Contains(err.Error(), "rank 0 broke off") {
+				t.Fatalf("rank %d: %v, want %v (naming rank 0)", r, err, want)
+			}
+		}
+		if d := time.Since(start); d > 30*time.Second {
+			t.Fatalf("the ranks took %v to fail", d)
+		}
+		t.Logf("rank 0: %v; rank 2: %v", errs[0], errs[2])
+		_, errs = onAll(t, comms, func(ctx context.Context, c *Comm) (int, error) { return 0, c.Barrier(ctx) })
+		for r, err := range errs {
+			if !errors.Is(err, ErrBroken) {
+				t.Fatalf("rank %d, the next call: %v, want ErrBroken", r, err)
+			}
+		}
+	})
+}

@@ -1,0 +1,286 @@
+package collective
+
+import (
+	"context"
+	"slices"
+	"sync"
+)
+
+// Bcast and Allgather of a hierarchical communicator, by levels, as
+// Allreduce (hier_ops.go): through each host's shared mappings within it,
+// over TCP between hosts only, one rank per host. Both run in the host's
+// phases 3k+1 to 3k+3 and file set k&1 (k: the host's count of
+// collectives that went through its mappings, hierState.k).
+//
+// Bcast: a binomial tree over the hosts, of one rank each (the root on
+// its host, the leader on every other), carries the tensor between
+// hosts; that rank writes it once into its data file (phase 3k+1) and its
+// host's other ranks copy it from there. The root publishes before it
+// sends, so its host-mates copy while the tensor travels.
+//
+// Allgather: every rank publishes its input in its data file (3k+1); the
+// leader stages the host's inputs as one block in its data file, which
+// holds every rank's input in host order (host 0's ranks, ascending, then
+// host 1's ...), exchanges blocks with every other leader, receiving
+// theirs into place (3k+2), and every rank of the host copies each rank's
+// input from the leader's file into its place in the result, in rank
+// order whatever the layout. A host-mate copies its own host's inputs
+// from their files while the leaders exchange.
+
+// hierReserve returns how many bytes this rank will write into its data
+// file for cl, when it knows before the check: the room reserved before
+// the descriptions go out, so that a full folder is ErrNoSpace on every
+// rank. 0: nothing, or not known yet (a Bcast's host rank that passed no
+// tensor: its room is reserved after the check, and a failure then breaks
+// the communicator; an Allgather's leader reserves for every rank's input
+// as large as its own, and grows after the check when they are larger).
+func (h *hierState) hierReserve(c *Comm, d *desc, in []byte) int {
+	switch d.kind {
+	case kindAllreduce:
+		return len(in)
+	case kindBcast:
+		if d.root < 0 || d.root >= c.size || h.bcastRep(d.root) != c.rank {
+			return 0
+		}
+		return numel(d.shape) * d.dtype.Size()
+	case kindAllgather:
+		if h.local == 0 {
+			return len(in) * c.size
+		}
+		return len(in)
+	}
+	return 0
+}
+
+// hierMoves reports whether collective k goes by the hierarchy's levels
+// (the others go between every pair of ranks over TCP). It depends on the
+// kind only, so every rank takes the same path for the same call.
+func hierMoves(k kind) bool {
+	return k == kindAllreduce || k == kindBcast || k == kindAllgather
+}
+
+// bcastRep returns the rank of this rank's host that receives a Bcast
+// from root between hosts: root on root's host, the leader elsewhere.
+func (h *hierState) bcastRep(root int) int {
+	if h.hosts[root] == h.host {
+		return root
+	}
+	return h.ranks[0]
+}
+
+// bcast is the data phase of Bcast number k through the host's mappings
+// (file set k&1, phases 3k+1 to 3k+3), seq the communicator's.
+func (h *hierState) bcast(ctx context.Context, c *Comm, seq, k uint64, p *plan, in, out []byte) error {
+	g, me := h.g, c.rank
+	set, base := int(k&1), uint32(3*k)
+	rep := h.bcastRep(p.root)
+	size := p.bytes(p.root)
+	if me != rep {
+		// A host-mate: the host's rank that has the tensor publishes it.
+		li := h.index(rep)
+		if err := g.waitRank(ctx, li, base+1); err != nil {
+			return err
+		}
+		b, err := g.peerData(li, set, size)
+		if err != nil {
+			return err
+		}
+		copy(out, b)
+		g.setPhase(base + 3)
+		return nil
+	}
+	// One rank per host, by host index; this host's is this rank.
+	reps := slices.Clone(h.leaders)
+	reps[h.hosts[p.root]] = p.root
+	var mine []byte
+	if g != nil {
+		if k >= 2 {
+			// Our file of this set was last read in collective k-2.
+			if err := g.waitAll(ctx, base-3); err != nil {
+				return err
+			}
+		}
+		var err error
+		if mine, err = g.publish(set, size); err != nil {
+			return ownErr(err)
+		}
+	}
+	x := &xfer{c: c, ctx: ctx, seq: seq}
+	if me == p.root {
+		// The root sends from its tensor, and publishes it for its
+		// host-mates while the sends go.
+		err := x.tree(reps, h.host, h.hosts[p.root], in, func() error {
+			if g != nil {
+				copy(mine, in)
+				g.setPhase(base + 1)
+			}
+			if !sameMem(out, in) {
+				copy(out, in)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	} else {
+		// Another host's: the tensor arrives in its data file (or, alone
+		// on its host, its output), goes on down the tree from there,
+		// and to its host-mates and its output at once.
+		buf := out
+		if g != nil {
+			buf = mine
+		}
+		err := x.tree(reps, h.host, h.hosts[p.root], buf, func() error {
+			if g != nil {
+				g.setPhase(base + 1)
+				copy(out, mine)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if g != nil {
+		g.setPhase(base + 3)
+	}
+	return nil
+}
+
+// index returns rank r's index among this host's ranks.
+func (h *hierState) index(r int) int {
+	for i, q := range h.ranks {
+		if q == r {
+			return i
+		}
+	}
+	return -1
+}
+
+// allgather is the data phase of Allgather number k through the host's
+// mappings (file set k&1, phases 3k+1 to 3k+3), seq the communicator's.
+func (h *hierState) allgather(ctx context.Context, c *Comm, seq, k uint64, p *plan, in, out []byte) error {
+	g, me, n := h.g, c.rank, c.size
+	set, base := int(k&1), uint32(3*k)
+	// Every rank's input in host order: off[r] in the stage, host hh's
+	// block [hoff[hh], hoff[hh+1]).
+	H := len(h.leaders)
+	off, hoff := make([]int, n), make([]int, H+1)
+	for hh := range H {
+		hoff[hh+1] = hoff[hh]
+		for r := range n {
+			if h.hosts[r] == hh {
+				off[r] = hoff[hh+1]
+				hoff[hh+1] += p.bytes(r)
+			}
+		}
+	}
+	total := hoff[H]
+	leader := h.local == 0
+	var stage []byte
+	if g == nil {
+		// Alone on its host: the stage is this rank's own.
+		stage = make([]byte, total)
+		copy(stage[off[me]:], in)
+	} else {
+		if k >= 2 {
+			if err := g.waitAll(ctx, base-3); err != nil {
+				return err
+			}
+		}
+		want := len(in)
+		if leader {
+			want = total
+		}
+		b, err := g.publish(set, want)
+		if err != nil {
+			return ownErr(err)
+		}
+		if leader {
+			stage = b
+			copy(stage[off[me]:], in)
+		} else {
+			copy(b, in)
+		}
+		g.setPhase(base + 1)
+		if err := g.waitAll(ctx, base+1); err != nil {
+			return err
+		}
+		if leader {
+			for j := 1; j < len(h.ranks); j++ {
+				r := h.ranks[j]
+				b, err := g.peerData(j, set, p.bytes(r))
+				if err != nil {
+					return err
+				}
+				copy(stage[off[r]:], b)
+			}
+		}
+	}
+	place := func(r int, b []byte) {
+		oshape := p.outShape(me)
+		boxCopy(out, oshape, at(len(oshape), p.axis, prefix(p.sizes)[r]), b, p.shapes[r], zeros(len(oshape)), p.shapes[r], p.esize)
+	}
+	if !leader {
+		// The host's inputs from their files while the leaders exchange,
+		// then the others' from the leader's.
+		for j, r := range h.ranks {
+			var b []byte
+			var err error
+			switch {
+			case r == me:
+				b = in
+			case j == 0:
+				b, err = g.peerData(0, set, off[r]+p.bytes(r))
+				b = b[off[r]:]
+			default:
+				b, err = g.peerData(j, set, p.bytes(r))
+			}
+			if err != nil {
+				return err
+			}
+			place(r, b)
+		}
+		if err := g.waitRank(ctx, 0, base+2); err != nil {
+			return err
+		}
+		stage, err := g.peerData(0, set, total)
+		if err != nil {
+			return err
+		}
+		for r := range n {
+			if h.hosts[r] != h.host {
+				place(r, stage[off[r]:off[r]+p.bytes(r)])
+			}
+		}
+		g.setPhase(base + 3)
+		return nil
+	}
+	// The leaders: each sends its host's block to every other, and
+	// receives theirs into place.
+	x := &xfer{c: c, ctx: ctx, seq: seq}
+	var wg sync.WaitGroup
+	errs := make([]error, H)
+	mine := stage[hoff[h.host]:hoff[h.host+1]]
+	for o := range H {
+		if o == h.host {
+			continue
+		}
+		theirs := stage[hoff[o]:hoff[o+1]]
+		wg.Go(func() { errs[o] = x.exchangeAt(0, h.leaders[o], mine, h.leaders[o], len(theirs), into(theirs)) })
+	}
+	wg.Wait()
+	if err := firstErr(errs); err != nil {
+		return err
+	}
+	if g != nil {
+		g.setPhase(base + 2)
+	}
+	for r := range n {
+		place(r, stage[off[r]:off[r]+p.bytes(r)])
+	}
+	if g != nil {
+		g.setPhase(base + 3)
+	}
+	return nil
+}

@@ -1,0 +1,322 @@
+package collective
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// Bcast and Allgather of a hierarchical communicator (hier_move.go),
+// against the same calls on a communicator that is TCP throughout (the
+// flat algorithms) and the plain computation.
+
+// hierLayouts are the layouts the hierarchy's tests run: two hosts of two,
+// interleaved hosts, three ranks and one, and a rank alone beside two
+// hosts of two.
+var hierLayouts = [][]int{{0, 0, 1, 1}, {0, 1, 0, 1}, {0, 0, 0, 1}, {0, 1, 1, 2, 2}}
+
+// tbytes returns x's bytes (nil for nil).
+func tbytes(t testing.TB, x *tensordict.Tensor) []byte {
+	t.Helper()
+	if x == nil {
+		return nil
+	}
+	b, err := x.Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestHier_BcastAllgatherSameBitsAsFlat runs Bcast from every root and
+// Allgather (uneven sizes, several axes and dtypes, small and in 1 MiB
+// pieces, into a given output), three rounds with an Allreduce between
+// (the host's file sets and phases in both parities), on every layout:
+// every rank's result has the bits the flat algorithms give (a TCP
+// communicator of as many ranks, same inputs) and the plain computation's.
+func TestHier_BcastAllgatherSameBitsAsFlat(t *testing.T) {
+	for _, hosts := range hierLayouts {
+		n := len(hosts)
+		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
+			hier := hierGroup(t, hosts, Hier)
+			flat := group(t, n, TCP)
+			type opCase struct {
+				name string
+				xs   []*tensordict.Tensor
+				run  func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error)
+				want []byte // every rank's result
+			}
+			var cases []opCase
+			rng := rand.New(rand.NewPCG(uint64(n), 29))
+			for _, sz := range []struct {
+				dt    memmap.DType
+				shape []int
+			}{{memmap.Float64, []int{3, 5}}, {memmap.BFloat16, []int{0, 4}}, {memmap.Float64, []int{300_001}}} {
+				for root := range n {
+					xs := make([]*tensordict.Tensor, n)
+					for r := range n {
+						xs[r] = randTensor(t, rng, sz.dt, sz.shape...)
+					}
+					want := tbytes(t, xs[root])
+					cases = append(cases, opCase{fmt.Sprintf("Bcast %s %v root %d", sz.dt.Name(), sz.shape, root), xs,
+						func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
+							if c.Rank() != root && c.Rank()%2 == 1 {
+								x = nil // the root's shape comes to those without a tensor
+							}
+							return c.Bcast(ctx, x, root)
+						}, want})
+					cases = append(cases, opCase{fmt.Sprintf("BcastInto %s %v root %d", sz.dt.Name(), sz.shape, root), xs,
+						func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
+							y, _ := tensordict.Zeros(x.DType(), x.Shape()...)
+							copy(tbytes(t, y), tbytes(t, x))
+							return y, c.BcastInto(ctx, y, root)
+						}, want})
+				}
+			}
+			for _, ag := range []struct {
+				dt    memmap.DType
+				axis  int
+				shape func(r int) []int
+				into  bool
+			}{
+				{memmap.Float16, 0, func(r int) []int { return []int{r % 3, 4} }, false},
+				{memmap.Int32, 2, func(r int) []int { return []int{2, 3, (r*5 + 1) % 4} }, false},
+				{memmap.Uint8, 1, func(r int) []int { return []int{3, r + 1} }, true},
+				{memmap.Float32, 0, func(r int) []int { return []int{100 + 1000*r, 300} }, false}, // pieces of 1 MiB
+				{memmap.Float64, 1, func(r int) []int { return []int{64, 1000 * (n - r)} }, true}, // boxes of every rank in every row
+			} {
+				xs := make([]*tensordict.Tensor, n)
+				in := make([]nd, n)
+				for r := range n {
+					xs[r] = randTensor(t, rng, ag.dt, ag.shape(r)...)
+					in[r] = toND(t, xs[r])
+				}
+				ref := concat(in, ag.axis)
+				wantT, _ := tensordict.Zeros(ag.dt, ref.shape...)
+				wb := tbytes(t, wantT)
+				for i, v := range ref.v {
+					ag.dt.PutFloat64(wb[i*ag.dt.Size():], v)
+				}
+				cases = append(cases, opCase{fmt.Sprintf("Allgather %s axis %d into %v", ag.dt.Name(), ag.axis, ag.into), xs,
+					func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
+						if !ag.into {
+							return c.Allgather(ctx, x, ag.axis)
+						}
+						y, _ := tensordict.Zeros(ag.dt, ref.shape...)
+						return y, c.AllgatherInto(ctx, y, x, ag.axis)
+					}, wb})
+			}
+			one, _ := tensordict.FromSlice([]float64{1})
+			for round := range 3 {
+				for _, oc := range cases {
+					for _, comms := range [][]*Comm{hier, flat} {
+						got := all(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
+							return oc.run(ctx, c, oc.xs[c.Rank()])
+						})
+						for r, g := range got {
+							if !bytes.Equal(tbytes(t, g), oc.want) {
+								t.Fatalf("round %d, %s, %v: rank %d's result differs from the plain computation's", round, oc.name, comms[0].Transport(), r)
+							}
+						}
+					}
+				}
+				if round == 1 {
+					// One more collective through the hosts' mappings: the
+					// next round's calls use the other file sets.
+					all(t, hier, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) { return c.Allreduce(ctx, one, Sum) })
+				}
+			}
+		})
+	}
+}
+
+// TestHier_MovesErrorsSameOnEveryRank: a Bcast or Allgather that the
+// ranks disagree on fails on every rank with the same error, whichever
+// host a rank is on, and the communicator goes on (the hosts' mappings
+// too: no rank moved a phase).
+func TestHier_MovesErrorsSameOnEveryRank(t *testing.T) {
+	comms := hierGroup(t, []int{0, 1, 0, 1}, Hier)
+	f64 := func(shape ...int) *tensordict.Tensor {
+		x, _ := tensordict.Zeros(memmap.Float64, shape...)
+		return x
+	}
+	for _, tc := range []struct {
+		name string
+		fn   func(ctx context.Context, c *Comm) error
+		is   error
+	}{
+		{"Bcast roots", func(ctx context.Context, c *Comm) error {
+			_, err := c.Bcast(ctx, f64(4), c.Rank()/3)
+			return err
+		}, ErrMismatch},
+		{"Bcast root out of range", func(ctx context.Context, c *Comm) error {
+			_, err := c.Bcast(ctx, f64(4), 4)
+			return err
+		}, ErrArgument},
+		{"BcastInto shapes", func(ctx context.Context, c *Comm) error {
+			return c.BcastInto(ctx, f64(4+c.Rank()/3), 1)
+		}, ErrMismatch},
+		{"Allgather dtypes", func(ctx context.Context, c *Comm) error {
+			x := f64(2, 3)
+			if c.Rank() == 2 {
+				x, _ = tensordict.Zeros(memmap.Float32, 2, 3)
+			}
+			_, err := c.Allgather(ctx, x, 0)
+			return err
+		}, ErrMismatch},
+		{"Allgather shapes off the axis", func(ctx context.Context, c *Comm) error {
+			_, err := c.Allgather(ctx, f64(2, 3+c.Rank()%2), 0)
+			return err
+		}, ErrMismatch},
+		{"Allgather axis", func(ctx context.Context, c *Comm) error {
+			_, err := c.Allgather(ctx, f64(2, 3), 2)
+			return err
+		}, ErrArgument},
+		{"Bcast beside Allgather", func(ctx context.Context, c *Comm) error {
+			if c.Rank() == 1 {
+				_, err := c.Bcast(ctx, f64(2, 3), 0)
+				return err
+			}
+			_, err := c.Allgather(ctx, f64(2, 3), 0)
+			return err
+		}, ErrMismatch},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, errs := onAll(t, comms, func(ctx context.Context, c *Comm) (int, error) { return 0, tc.fn(ctx, c) })
+			for r, err := range errs {
+				if !errors.Is(err, tc.is) || err.Error() != errs[0].Error() {
+					t.Fatalf("rank %d: %v; rank 0: %v; want the same %v", r, err, errs[0], tc.is)
+				}
+			}
+			t.Logf("%v", errs[0])
+		})
+	}
+	got := all(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
+		x, _ := tensordict.FromSlice([]float64{float64(c.Rank())})
+		y, err := c.Allgather(ctx, x, 0)
+		if err != nil {
+			return nil, err
+		}
+		return c.Bcast(ctx, y, 3)
+	})
+	for r, g := range got {
+		if v, _ := tensordict.Values[float64](g); fmt.Sprint(v) != "[0 1 2 3]" {
+			t.Fatalf("rank %d after the errors: %v, want [0 1 2 3]", r, v)
+		}
+	}
+}
+
+// TestHier_MovesRankGoneFailsEveryRank: in the middle of a hierarchy's
+// Bcast or Allgather, a rank that closes instead of calling it fails every
+// other with ErrPeerLost, and one whose context has ended breaks it off
+// for all (its own call fails with its context's error, the others' with
+// ErrAborted): the root, a leader, a host-mate; none waits for its
+// deadline.
+func TestHier_MovesRankGoneFailsEveryRank(t *testing.T) {
+	bcast := func(ctx context.Context, c *Comm, x *tensordict.Tensor) error { return c.BcastInto(ctx, x, 1) }
+	allgather := func(ctx context.Context, c *Comm, x *tensordict.Tensor) error {
+		_, err := c.Allgather(ctx, x, 0)
+		return err
+	}
+	for _, tc := range []struct {
+		op     string
+		fn     func(ctx context.Context, c *Comm, x *tensordict.Tensor) error
+		victim int
+	}{{"Bcast", bcast, 1}, {"Bcast", bcast, 2}, {"Bcast", bcast, 3}, {"Allgather", allgather, 0}, {"Allgather", allgather, 3}} {
+		for _, closed := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s rank %d closed %v", tc.op, tc.victim, closed), func(t *testing.T) {
+				comms := hierGroup(t, []int{0, 1, 0, 1}, Hier)
+				start := time.Now()
+				_, errs := onAll(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+					x, _ := tensordict.Zeros(memmap.Float32, 1<<20)
+					if c.Rank() == tc.victim {
+						if closed {
+							return 0, c.Close()
+						}
+						ctx, cancel := context.WithCancel(ctx)
+						cancel()
+						return 0, tc.fn(ctx, c, x)
+					}
+					return 0, tc.fn(ctx, c, x)
+				})
+				for r, err := range errs {
+					var want error
+					switch {
+					case r == tc.victim && !closed:
+						want = context.Canceled
+					case r != tc.victim && closed:
+						want = ErrPeerLost
+					case r != tc.victim:
+						want = ErrAborted
+					}
+					if want == nil && err != nil || want != nil && !errors.Is(err, want) {
+						t.Fatalf("rank %d: %v, want %v", r, err, want)
+					}
+				}
+				if d := time.Since(start); d > 30*time.Second {
+					t.Fatalf("the ranks took %v to fail", d)
+				}
+				t.Logf("rank %d: %v", (tc.victim+1)%4, errs[(tc.victim+1)%4])
+			})
+		}
+	}
+}
+
+// TestHier_MovesAdjointDotProduct: the dot-product test of every adjoint
+// (adjoint_test.go's cases) on hierarchical communicators, where Bcast,
+// Allgather and Allreduce go by levels: sum over r of <A(x)_r, y_r> equals
+// sum over r of <x_r, A*(y)_r>.
+func TestHier_MovesAdjointDotProduct(t *testing.T) {
+	for _, hosts := range [][]int{{0, 1, 0, 1}, {0, 1, 1, 2, 2}} {
+		n := len(hosts)
+		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
+			comms := hierGroup(t, hosts, Hier)
+			for i, ac := range adjCases(n) {
+				t.Run(ac.name, func(t *testing.T) {
+					rng := rand.New(rand.NewPCG(uint64(n)*7919, uint64(i)))
+					xs := make([]*tensordict.Tensor, n)
+					for r := range n {
+						xs[r] = randTensor(t, rng, memmap.Float64, ac.shape(r, n)...)
+					}
+					type side struct{ lhs, rhs float64 }
+					res := all(t, comms, func(ctx context.Context, c *Comm) (side, error) {
+						tp := NewTape(c)
+						x := tp.Leaf(xs[c.Rank()])
+						y, err := ac.fwd(ctx, tp, x)
+						if err != nil {
+							return side{}, err
+						}
+						var seed *tensordict.Tensor
+						var s side
+						if y != nil && y.Value() != nil {
+							rr := rand.New(rand.NewPCG(uint64(c.Rank())+1, uint64(i)+99))
+							seed = randTensor(t, rr, memmap.Float64, y.Value().Shape()...)
+							s.lhs = dotT(t, y.Value(), seed)
+						}
+						if err := tp.Backward(ctx, y, seed); err != nil {
+							return side{}, err
+						}
+						s.rhs = dotT(t, x.Value(), x.Grad())
+						return s, nil
+					})
+					var lhs, rhs float64
+					for _, s := range res {
+						lhs += s.lhs
+						rhs += s.rhs
+					}
+					if math.Abs(lhs-rhs) > 1e-10*max(1, math.Abs(lhs)) {
+						t.Fatalf("sum <A(x), y> = %.15g, sum <x, A*(y)> = %.15g", lhs, rhs)
+					}
+				})
+			}
+		})
+	}
+}
