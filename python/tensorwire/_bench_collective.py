@@ -85,10 +85,11 @@ def main():
                                   "C++ compiler to build"}), flush=True)
             return
         comm = mpi4torch.COMM_WORLD
+        r = comm.rank  # mpirun started every rank with the same arguments
         if comm.size != n:
             if r == 0:
                 print(json.dumps({"system": "mpi4torch", "error": f"COMM_WORLD has {comm.size} ranks, not {n}: "
-                                  "mpi4torch's ranks must be started by mpirun, which this benchmark does not do"}),
+                                  "mpi4torch's ranks are started by mpirun, which gave this"}),
                       flush=True)
             return
         transport = "mpi"

@@ -179,14 +179,51 @@ func runPyGroup(ctx context.Context, o options, po pyOptions, env bench.Env, sys
 	sizes := sizeArgs(o.sizes)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The extracted client first; the caller's PYTHONPATH after it, where
+	// an mpi4torch built outside site-packages may be.
+	pythonPath := po.extracted
+	if pp := os.Getenv("PYTHONPATH"); pp != "" {
+		pythonPath += string(os.PathListSeparator) + pp
+	}
+	env0 := append(os.Environ(), "PYTHONPATH="+pythonPath, "TENSORWIRE_BIN="+po.sidecar,
+		"OMP_NUM_THREADS=1", "PYTHONDONTWRITEBYTECODE=1")
+	rankArgs := func(r int) []string {
+		return []string{"-m", "tensorwire._bench_collective", "--system", sys,
+			"--rank", strconv.Itoa(r), "--size", strconv.Itoa(n), "--addr", addr, "--transport", tr,
+			"--sizes", strings.Join(sizes, ","), "--ops", strings.Join(o.ops, ",")}
+	}
+	if sys == "mpi4torch" {
+		// MPI's ranks are started by mpirun (one command, every rank).
+		if mpirun, err := exec.LookPath("mpirun"); err == nil {
+			cmd := exec.CommandContext(ctx, mpirun, append([]string{"-n", strconv.Itoa(n), "--oversubscribe",
+				"--bind-to", "none", po.python}, rankArgs(0)...)...)
+			// Open MPI refuses root without these (CI and containers run as root).
+			cmd.Env = append(env0, "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+			cmd.Dir = filepath.Dir(po.extracted)
+			cmd.Stderr = env.Stderr
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				return nil, "", err
+			}
+			if err := cmd.Start(); err != nil {
+				return nil, "", err
+			}
+			runs, note := readPyLines(out, env, sys)
+			if err := cmd.Wait(); err != nil && note == "" {
+				return runs, "", fmt.Errorf("mpirun: %w", err)
+			}
+			return runs, note, nil
+		}
+	}
+	procs := n
+	if sys == "mpi4torch" {
+		procs = 1 // without mpirun: rank 0 says why it cannot run (COMM_WORLD's size, or no mpi4torch)
+	}
 	var cmds []*exec.Cmd
 	var out io.Reader
-	for r := range n {
-		cmd := exec.CommandContext(ctx, po.python, "-m", "tensorwire._bench_collective", "--system", sys,
-			"--rank", strconv.Itoa(r), "--size", strconv.Itoa(n), "--addr", addr, "--transport", tr,
-			"--sizes", strings.Join(sizes, ","), "--ops", strings.Join(o.ops, ","))
-		cmd.Env = append(os.Environ(), "PYTHONPATH="+po.extracted, "TENSORWIRE_BIN="+po.sidecar,
-			"OMP_NUM_THREADS=1", "PYTHONDONTWRITEBYTECODE=1")
+	for r := range procs {
+		cmd := exec.CommandContext(ctx, po.python, rankArgs(r)...)
+		cmd.Env = env0
 		cmd.Dir = filepath.Dir(po.extracted)
 		cmd.Stderr = env.Stderr
 		if r == 0 {
@@ -199,6 +236,19 @@ func runPyGroup(ctx context.Context, o options, po pyOptions, env bench.Env, sys
 		}
 		cmds = append(cmds, cmd)
 	}
+	runs, note := readPyLines(out, env, sys)
+	var first error
+	for r, cmd := range cmds {
+		if err := cmd.Wait(); err != nil && first == nil {
+			first = fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	return runs, note, first
+}
+
+// readPyLines reads rank 0's JSON lines of sys from out: its figures, or
+// the note of a line with an error (sys cannot run here).
+func readPyLines(out io.Reader, env bench.Env, sys string) ([]Line, string) {
 	var runs []Line
 	note := ""
 	sc := bufio.NewScanner(out)
@@ -217,11 +267,5 @@ func runPyGroup(ctx context.Context, o options, po pyOptions, env bench.Env, sys
 		fmt.Fprintf(env.Stderr, "python %s %s %d ranks %s %d B: p50 %.1f us, busbw %.3f GB/s\n", sys, r.Transport, r.Ranks, r.Op, r.Bytes, r.P50us, r.BusBW)
 		runs = append(runs, r.Line)
 	}
-	var first error
-	for r, cmd := range cmds {
-		if err := cmd.Wait(); err != nil && first == nil {
-			first = fmt.Errorf("rank %d: %w", r, err)
-		}
-	}
-	return runs, note, first
+	return runs, note
 }
