@@ -159,10 +159,11 @@ type joinReq struct {
 // ReduceScatter through shared mappings (shm_pipe.go, shm_rspipe.go: data
 // files of a few chunks, progress words); 3: a hierarchy's Bcast and
 // Allgather by levels (hier_move.go: between hosts only, through the
-// hosts' mappings within them). Raise it with any change to
+// hosts' mappings within them); 4: a hierarchy's Reduce and ReduceScatter
+// by levels (hier_reduce.go). Raise it with any change to
 // what a data message carries at a step, or to how the ranks use the
 // shared mappings.
-const protoVersion = 3
+const protoVersion = 4
 
 type joinResp struct {
 	Session uint64   `codec:"session"`

@@ -14,11 +14,12 @@ import (
 // ranks, which share mappings (a shmGroup of their own, in a folder of the
 // host's), and the hosts' leaders, which exchange over TCP.
 type hierState struct {
-	hosts   []int // host index per rank (joinResp.Hosts)
-	host    int   // this rank's host
-	ranks   []int // its host's ranks, ascending
-	local   int   // this rank's index in ranks; 0 is the leader
-	leaders []int // every host's leader, by host index
+	hosts   []int   // host index per rank (joinResp.Hosts)
+	host    int     // this rank's host
+	ranks   []int   // its host's ranks, ascending
+	local   int     // this rank's index in ranks; 0 is the leader
+	leaders []int   // every host's leader, by host index
+	byHost  [][]int // every host's ranks, ascending, by host index
 	// peers, when every host has as many ranks as this one, is the rank
 	// of each host (by host index) at this rank's index in its host: the
 	// ranks a large Allreduce's share goes between (hier_ops.go).
@@ -43,6 +44,7 @@ func newHier(rank int, hosts []int) *hierState {
 	}
 	for _, th := range t.Hosts {
 		h.leaders = append(h.leaders, th.Leader)
+		h.byHost = append(h.byHost, th.Ranks)
 	}
 	for _, th := range t.Hosts {
 		if len(th.Ranks) != len(h.ranks) {

@@ -36,7 +36,7 @@ import (
 // as large as its own, and grows after the check when they are larger).
 func (h *hierState) hierReserve(c *Comm, d *desc, in []byte) int {
 	switch d.kind {
-	case kindAllreduce:
+	case kindAllreduce, kindReduce, kindReduceScatter:
 		return len(in)
 	case kindBcast:
 		if d.root < 0 || d.root >= c.size || h.bcastRep(d.root) != c.rank {
@@ -56,7 +56,11 @@ func (h *hierState) hierReserve(c *Comm, d *desc, in []byte) int {
 // (the others go between every pair of ranks over TCP). It depends on the
 // kind only, so every rank takes the same path for the same call.
 func hierMoves(k kind) bool {
-	return k == kindAllreduce || k == kindBcast || k == kindAllgather
+	switch k {
+	case kindAllreduce, kindBcast, kindAllgather, kindReduce, kindReduceScatter:
+		return true
+	}
+	return false
 }
 
 // bcastRep returns the rank of this rank's host that receives a Bcast

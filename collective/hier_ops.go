@@ -73,6 +73,10 @@ func (c *Comm) hierCollective(ctx context.Context, seq uint64, cl *call) (*plan,
 			return h.bcast(dctx, c, seq, k, p, cl.in, out)
 		case kindAllgather:
 			return h.allgather(dctx, c, seq, k, p, cl.in, out)
+		case kindReduce:
+			return h.reduce(dctx, c, seq, k, p, cl.in, out)
+		case kindReduceScatter:
+			return h.reduceScatter(dctx, c, seq, k, p, cl.in, out)
 		}
 		return h.allreduce(dctx, c, seq, k, p, cl.in, out)
 	})
