@@ -48,8 +48,8 @@ func hierSmallFolder(t *testing.T) []*Comm {
 	return comms
 }
 
-// TestHier_MovesFullFolderIsNoSpace: a hierarchy's Bcast or Allgather
-// whose data does not fit in a host's shared folder fails on every rank,
+// TestHier_MovesFullFolderIsNoSpace: a hierarchy's Bcast, Allgather,
+// Reduce or ReduceScatter whose data does not fit in a host's shared folder fails on every rank,
 // on both hosts, with ErrNoSpace (the room reserved before the
 // descriptions go out), and the communicator goes on with tensors that
 // fit; a Bcast whose carrier on the full host passed no tensor (its room
@@ -77,6 +77,12 @@ func TestHier_MovesFullFolderIsNoSpace(t *testing.T) {
 		// Rank 1, the root, publishes its 16 MiB for rank 0.
 		{"Bcast from host 0", func(ctx context.Context, c *Comm) error {
 			_, err := c.Bcast(ctx, big(), 1)
+			return err
+		}},
+		// Every rank publishes its 16 MiB input, host 0's ranks too.
+		{"Reduce", func(ctx context.Context, c *Comm) error { return c.ReduceInto(ctx, big(), big(), Sum, 3) }},
+		{"ReduceScatter", func(ctx context.Context, c *Comm) error {
+			_, err := c.ReduceScatter(ctx, big(), Max, 0, nil)
 			return err
 		}},
 	} {

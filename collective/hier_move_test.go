@@ -180,6 +180,42 @@ func TestHier_MovesErrorsSameOnEveryRank(t *testing.T) {
 			_, err := c.Allgather(ctx, f64(2, 3), 2)
 			return err
 		}, ErrArgument},
+		{"Reduce roots", func(ctx context.Context, c *Comm) error {
+			_, err := c.Reduce(ctx, f64(4), Sum, c.Rank()%2)
+			return err
+		}, ErrMismatch},
+		{"Reduce ops", func(ctx context.Context, c *Comm) error {
+			op := Sum
+			if c.Rank() == 3 {
+				op = Max
+			}
+			_, err := c.Reduce(ctx, f64(4), op, 0)
+			return err
+		}, ErrMismatch},
+		{"ReduceInto shapes", func(ctx context.Context, c *Comm) error {
+			x := f64(4 + c.Rank()/3)
+			return c.ReduceInto(ctx, x, x, Sum, 1)
+		}, ErrMismatch},
+		{"ReduceScatter counts", func(ctx context.Context, c *Comm) error {
+			counts := []int{1, 1, 1, 1}
+			if c.Rank() == 1 {
+				counts = []int{2, 0, 1, 1}
+			}
+			_, err := c.ReduceScatter(ctx, f64(4, 3), Sum, 0, counts)
+			return err
+		}, ErrMismatch},
+		{"ReduceScatter uneven without counts", func(ctx context.Context, c *Comm) error {
+			_, err := c.ReduceScatter(ctx, f64(2, 5), Sum, 1, nil)
+			return err
+		}, ErrArgument},
+		{"ReduceScatter beside Reduce", func(ctx context.Context, c *Comm) error {
+			if c.Rank() == 2 {
+				_, err := c.Reduce(ctx, f64(4), Sum, 0)
+				return err
+			}
+			_, err := c.ReduceScatter(ctx, f64(4), Sum, 0, nil)
+			return err
+		}, ErrMismatch},
 		{"Bcast beside Allgather", func(ctx context.Context, c *Comm) error {
 			if c.Rank() == 1 {
 				_, err := c.Bcast(ctx, f64(2, 3), 0)
@@ -199,38 +235,59 @@ func TestHier_MovesErrorsSameOnEveryRank(t *testing.T) {
 			t.Logf("%v", errs[0])
 		})
 	}
-	got := all(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
+	got := all(t, comms, func(ctx context.Context, c *Comm) ([]float64, error) {
 		x, _ := tensordict.FromSlice([]float64{float64(c.Rank())})
 		y, err := c.Allgather(ctx, x, 0)
 		if err != nil {
 			return nil, err
 		}
-		return c.Bcast(ctx, y, 3)
+		// [0 1 2 3] * 4 reduce-scattered: rank r has 4r; its sum at
+		// rank 2, broadcast from there.
+		z, err := c.ReduceScatter(ctx, y, Sum, 0, nil)
+		if err != nil {
+			return nil, err
+		}
+		w, err := c.Reduce(ctx, z, Sum, 2)
+		if err != nil {
+			return nil, err
+		}
+		if err := c.BcastInto(ctx, w, 2); err != nil {
+			return nil, err
+		}
+		yv, _ := tensordict.Values[float64](y)
+		wv, _ := tensordict.Values[float64](w)
+		return append(yv, wv...), nil
 	})
-	for r, g := range got {
-		if v, _ := tensordict.Values[float64](g); fmt.Sprint(v) != "[0 1 2 3]" {
-			t.Fatalf("rank %d after the errors: %v, want [0 1 2 3]", r, v)
+	for r, v := range got {
+		if fmt.Sprint(v) != "[0 1 2 3 24]" {
+			t.Fatalf("rank %d after the errors: %v, want [0 1 2 3 24]", r, v)
 		}
 	}
 }
 
 // TestHier_MovesRankGoneFailsEveryRank: in the middle of a hierarchy's
-// Bcast or Allgather, a rank that closes instead of calling it fails every
-// other with ErrPeerLost, and one whose context has ended breaks it off
-// for all (its own call fails with its context's error, the others' with
-// ErrAborted): the root, a leader, a host-mate; none waits for its
-// deadline.
+// Bcast, Allgather, Reduce or ReduceScatter, a rank that closes instead
+// of calling it fails every other with ErrPeerLost, and one whose context
+// has ended breaks it off for all (its own call fails with its context's
+// error, the others' with ErrAborted): the root, a leader, a host-mate;
+// none waits for its deadline.
 func TestHier_MovesRankGoneFailsEveryRank(t *testing.T) {
 	bcast := func(ctx context.Context, c *Comm, x *tensordict.Tensor) error { return c.BcastInto(ctx, x, 1) }
 	allgather := func(ctx context.Context, c *Comm, x *tensordict.Tensor) error {
 		_, err := c.Allgather(ctx, x, 0)
 		return err
 	}
+	reduce := func(ctx context.Context, c *Comm, x *tensordict.Tensor) error { return c.ReduceInto(ctx, x, x, Sum, 1) }
+	reduceScatter := func(ctx context.Context, c *Comm, x *tensordict.Tensor) error {
+		_, err := c.ReduceScatter(ctx, x, Sum, 0, nil)
+		return err
+	}
 	for _, tc := range []struct {
 		op     string
 		fn     func(ctx context.Context, c *Comm, x *tensordict.Tensor) error
 		victim int
-	}{{"Bcast", bcast, 1}, {"Bcast", bcast, 2}, {"Bcast", bcast, 3}, {"Allgather", allgather, 0}, {"Allgather", allgather, 3}} {
+	}{{"Bcast", bcast, 1}, {"Bcast", bcast, 2}, {"Bcast", bcast, 3}, {"Allgather", allgather, 0}, {"Allgather", allgather, 3},
+		{"Reduce", reduce, 1}, {"Reduce", reduce, 2}, {"Reduce", reduce, 3}, {"ReduceScatter", reduceScatter, 0}, {"ReduceScatter", reduceScatter, 3}} {
 		for _, closed := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s rank %d closed %v", tc.op, tc.victim, closed), func(t *testing.T) {
 				comms := hierGroup(t, []int{0, 1, 0, 1}, Hier)

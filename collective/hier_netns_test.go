@@ -96,8 +96,9 @@ func TestNetns_HierTwoByTwo(t *testing.T) {
 
 // TestNetns_HierRankKilled kills a rank (kill -9) in the middle of a loop
 // of 4 MiB Allreduces, a leader's host-mate and a leader, and of Bcasts
-// (4 MiB from rank 0) and Allgathers (1 MiB a rank), which go by levels
-// too: every other rank fails with ErrPeerLost within its 20 s deadline,
+// (4 MiB from rank 0), Allgathers (1 MiB a rank), Reduces (4 MiB to rank
+// 0: its host-mate, the other host's leader) and ReduceScatters (4 MiB),
+// which go by levels too: every other rank fails with ErrPeerLost within its 20 s deadline,
 // none hangs.
 func TestNetns_HierRankKilled(t *testing.T) {
 	if testing.Short() {
@@ -106,7 +107,8 @@ func TestNetns_HierRankKilled(t *testing.T) {
 	for _, tc := range []struct {
 		op     string
 		victim int
-	}{{"allreduce", 1}, {"allreduce", 2}, {"bcast", 1}, {"bcast", 2}, {"allgather", 3}, {"allgather", 2}} {
+	}{{"allreduce", 1}, {"allreduce", 2}, {"bcast", 1}, {"bcast", 2}, {"allgather", 3}, {"allgather", 2},
+		{"reduce", 1}, {"reduce", 2}, {"reduce-scatter", 3}, {"reduce-scatter", 0}} {
 		t.Run(fmt.Sprintf("%s rank %d", tc.op, tc.victim), func(t *testing.T) {
 			victim := tc.victim
 			ps := netnsRanks(t, "loop", Auto, []int{0, 0, 1, 1}, envOp+"="+tc.op)

@@ -175,7 +175,8 @@ func must1[T any](v T, err error) T {
 }
 
 // helperLoop allreduces 4 MiB again and again (or, as $envOp says,
-// broadcasts it from rank 0, or allgathers 1 MiB a rank), printing "ITER
+// broadcasts it from rank 0, reduces it to rank 0, reduce-scatters it, or
+// allgathers 1 MiB a rank), printing "ITER
 // i", until an error, which it prints as "ERR sentinel after": then it
 // joins again (a new communicator, same rendezvous), allreduces once and
 // prints "REJOINED".
@@ -183,6 +184,7 @@ func helperLoop(ctx context.Context, c *Comm, cfg Config) {
 	x, _ := tensordict.Zeros(memmap.Float32, 1<<20)
 	piece, _ := tensordict.Zeros(memmap.Float32, 1<<18)
 	all, _ := tensordict.Zeros(memmap.Float32, c.Size()<<18)
+	rs, _ := tensordict.Zeros(memmap.Float32, (1<<20)/c.Size())
 	op := os.Getenv(envOp)
 	for i := 0; ; i++ {
 		start := time.Now()
@@ -193,6 +195,10 @@ func helperLoop(ctx context.Context, c *Comm, cfg Config) {
 			err = c.BcastInto(opCtx, x, 0)
 		case "allgather":
 			err = c.AllgatherInto(opCtx, all, piece, 0)
+		case "reduce":
+			err = c.ReduceInto(opCtx, x, x, Sum, 0)
+		case "reduce-scatter":
+			err = c.ReduceScatterInto(opCtx, rs, x, Sum, 0, nil)
 		default:
 			err = c.AllreduceInto(opCtx, x, x, Sum)
 		}
