@@ -36,10 +36,12 @@ type hierPieces struct {
 	dest []int // the rank each piece is finished on
 	size []int // each piece's bytes
 	// flat, when not nil, is each piece's range of the tensor's bytes:
-	// piece i is [flat[i], flat[i+1]). Then a rank does not publish the
-	// pieces it reduces itself (it reads them from its tensor), and the
-	// pieces' ranges of a dest's data file on its own host are free for
-	// its result.
+	// piece i is [flat[i], flat[i+1]) (Reduce; ReduceScatter when the
+	// axis has only dimensions of 1 before it). Then a rank does not
+	// publish the pieces it reduces itself (it reads them from its
+	// tensor), and those ranges of its data file are free: it reduces the
+	// partials it sends there (alone on its host, it sends its tensor's
+	// range), and a dest of Reduce its result.
 	flat []int
 	// reduce sets dst (size[i] bytes, in C order) to piece i of the
 	// reduction of srcs (the host's inputs, in its ranks' order).
@@ -164,10 +166,22 @@ func (h *hierState) reduceLevels(ctx context.Context, c *Comm, seq, k uint64, p 
 		if w != me || h.hosts[pc.dest[i]] == h.host || pc.size[i] == 0 {
 			continue
 		}
-		buf := make([]byte, pc.size[i])
-		if err := guardOwn(func() error { pc.reduce(i, buf, srcs); return nil }); err != nil {
-			setErr(err)
-			break
+		var buf []byte
+		switch {
+		case pc.flat != nil && len(srcs) == 1:
+			// Alone on its host: the host's partial is the input.
+			buf = in[pc.flat[i]:pc.flat[i+1]]
+		case pc.flat != nil:
+			// The piece's range of our data file, not published.
+			buf = mine[pc.flat[i]:pc.flat[i+1]]
+		default:
+			buf = make([]byte, pc.size[i])
+		}
+		if len(srcs) > 1 || pc.flat == nil {
+			if err := guardOwn(func() error { pc.reduce(i, buf, srcs); return nil }); err != nil {
+				setErr(err)
+				break
+			}
 		}
 		to := pc.dest[i]
 		sends.Go(func() {
@@ -181,12 +195,18 @@ func (h *hierState) reduceLevels(ctx context.Context, c *Comm, seq, k uint64, p 
 		// Our host's partial, straight into the result when it comes
 		// first (reduceN's dst may be its first source) and does not
 		// overlap the input.
-		if h.host == 0 && !overlaps(dst, in) {
+		var err error
+		switch {
+		case pc.flat != nil && len(srcs) == 1 && !overlaps(dst, in):
+			// Alone on its host: the host's partial is the input.
+			parts[h.host] = in[pc.flat[own]:pc.flat[own+1]]
+		case h.host == 0 && !overlaps(dst, in):
 			parts[0] = dst
-		} else {
+			err = guardOwn(func() error { pc.reduce(own, dst, srcs); return nil })
+		default:
 			parts[h.host] = make([]byte, pc.size[own])
+			err = guardOwn(func() error { pc.reduce(own, parts[h.host], srcs); return nil })
 		}
-		err := guardOwn(func() error { pc.reduce(own, parts[h.host], srcs); return nil })
 		if err != nil {
 			setErr(err)
 		} else {
@@ -221,6 +241,14 @@ func (h *hierState) reduceScatter(ctx context.Context, c *Comm, seq, k uint64, p
 	for r := range n {
 		pc.dest[r] = r
 		pc.size[r] = numel(along(shape, p.axis, p.counts[r])) * es
+	}
+	if numel(shape[:p.axis]) == 1 {
+		// Every piece is a range of the tensor's bytes.
+		row := numel(shape[p.axis+1:]) * es
+		pc.flat = make([]int, n+1)
+		for r := range n {
+			pc.flat[r+1] = pre[r+1] * row
+		}
 	}
 	var run [][]byte
 	pc.reduce = func(i int, dst []byte, srcs [][]byte) {
