@@ -35,9 +35,9 @@
 // ReduceScatter and Allgather, a binomial tree for Bcast, direct sends for
 // the rest. Where some of several hosts hold two or more ranks, the
 // communicator is hierarchical (Transport Hier, Comm.Topology): an
-// Allreduce, a Bcast and an Allgather go through each host's mappings and
-// between hosts over TCP, the other collectives over TCP between every
-// pair of ranks.
+// Allreduce, a Bcast, an Allgather, a Reduce and a ReduceScatter go
+// through each host's mappings and between hosts over TCP, the other
+// collectives over TCP between every pair of ranks.
 // Point-to-point calls go over rpc on every transport.
 //
 // # Adjoints

@@ -26,8 +26,8 @@ import (
 //  3. within each host: every rank copies the others' shares (or the
 //     leader's whole result).
 //
-// Bcast and Allgather go by levels too (hier_move.go). The other
-// collectives go over TCP between every pair of ranks, as in a
+// Bcast and Allgather go by levels too (hier_move.go), and Reduce and
+// ReduceScatter (hier_reduce.go). The other collectives go over TCP between every pair of ranks, as in a
 // communicator that is TCP throughout (tcpCollective). Every collective's
 // descriptions go the TCP way, from every rank to every other, so a rank
 // that calls Allreduce and one that calls something else reach the same

@@ -25,7 +25,9 @@ type Topology struct {
 	// counts, else every rank with the ranks at its index on the other
 	// hosts; a Bcast once per host, down a tree of the root and the
 	// other hosts' leaders; an Allgather as each host's block, between
-	// the leaders. The other collectives go between every pair of ranks
+	// the leaders; a Reduce or ReduceScatter as each host's partial of
+	// each piece, from one of the host's ranks to the rank that finishes
+	// the piece. The other collectives go between every pair of ranks
 	// over TCP (docs/collective.md, "Across hosts").
 	Between Transport
 }
