@@ -291,10 +291,26 @@ def mode_interrupt(comm):
     marker = os.environ["TW_INTERRUPTED"]
     if comm.rank == 0:
         import threading
+        main = threading.main_thread().ident
+
+        def interrupt_when_waiting():
+            # SIGINT once the main thread waits for the reply (its request
+            # sent): not on a timer, which a loaded machine can let fire
+            # before the call has begun.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                f = sys._current_frames().get(main)
+                while f is not None:
+                    if f.f_code.co_name == "_read_exactly":
+                        os.kill(os.getpid(), signal.SIGINT)
+                        return
+                    f = f.f_back
+                time.sleep(0.005)
+
         try:
             # Rank 1 waits for the marker: the call cannot complete, and
             # the signal finds it waiting.
-            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+            threading.Thread(target=interrupt_when_waiting, daemon=True).start()
             comm.Allreduce(np.ones(4), mpi4torch.MPI_SUM)
             failures.append("the Allreduce returned")
         except KeyboardInterrupt:
