@@ -12,7 +12,9 @@ import (
 // shared mappings and over TCP. Each has a file of its own (allreduce.go,
 // bcast.go, ...) with the kind, those functions, its calls on Comm and on
 // a Tape, and its adjoint; adding a collective is that file and a row
-// here. Nothing outside these files names a kind.
+// here. Outside these files only the algorithms that treat some kinds
+// apart name them: a hierarchy's levels (hier_ops.go, hier_move.go:
+// hierMoves, hierReserve) and the shm pipeline (shm_pipe.go).
 
 // kind is a collective's wire id: the first byte of a desc. A kind is
 // never reused.
