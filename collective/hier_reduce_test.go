@@ -58,7 +58,7 @@ func sumInts(xs []int) int {
 // the other ranks of a Reduce get zeros, and a Max (whose order does not
 // matter) has the bits a TCP communicator gives.
 func TestHier_ReductionsInHierarchyOrder(t *testing.T) {
-	for _, hosts := range hierLayouts {
+	for _, hosts := range testLayouts() {
 		n := len(hosts)
 		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
 			hier := hierGroup(t, hosts, Hier)
