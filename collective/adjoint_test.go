@@ -95,51 +95,57 @@ func TestAdjoint_DotProduct(t *testing.T) {
 	for _, tr := range transports() {
 		for _, n := range []int{2, 3, 4} {
 			t.Run(name(tr, n), func(t *testing.T) {
-				comms := group(t, n, tr)
-				for i, ac := range adjCases(n) {
-					t.Run(ac.name, func(t *testing.T) {
-						rng := rand.New(rand.NewPCG(uint64(n)*7919, uint64(i)))
-						xs := make([]*tensordict.Tensor, n)
-						for r := range n {
-							xs[r] = randTensor(t, rng, memmap.Float64, ac.shape(r, n)...)
-						}
-						type side struct{ lhs, rhs float64 }
-						res := all(t, comms, func(ctx context.Context, c *Comm) (side, error) {
-							tp := NewTape(c)
-							x := tp.Leaf(xs[c.Rank()])
-							y, err := ac.fwd(ctx, tp, x)
-							if err != nil {
-								return side{}, err
-							}
-							// y_r: random, from a generator of this rank's own.
-							var seed *tensordict.Tensor
-							var s side
-							if y != nil && y.Value() != nil {
-								rr := rand.New(rand.NewPCG(uint64(c.Rank())+1, uint64(i)+99))
-								seed = randTensor(t, rr, memmap.Float64, y.Value().Shape()...)
-								s.lhs = dotT(t, y.Value(), seed)
-							}
-							if err := tp.Backward(ctx, y, seed); err != nil {
-								return side{}, err
-							}
-							s.rhs = dotT(t, x.Value(), x.Grad())
-							return s, nil
-						})
-						var lhs, rhs float64
-						for _, s := range res {
-							lhs += s.lhs
-							rhs += s.rhs
-						}
-						if math.Abs(lhs-rhs) > 1e-10*max(1, math.Abs(lhs)) {
-							t.Fatalf("sum <A(x), y> = %.15g, sum <x, A*(y)> = %.15g", lhs, rhs)
-						}
-						if lhs == 0 {
-							t.Fatal("the test is vacuous: <A(x), y> is 0")
-						}
-					})
-				}
+				dotProductTest(t, group(t, n, tr))
 			})
 		}
+	}
+}
+
+// dotProductTest runs the dot-product test of every adjoint (adjCases) on
+// comms: sum over r of <A(x)_r, y_r> equals sum over r of <x_r, A*(y)_r>,
+// x and y random (y_r from a generator of rank r's own), and is not 0.
+func dotProductTest(t *testing.T, comms []*Comm) {
+	n := len(comms)
+	for i, ac := range adjCases(n) {
+		t.Run(ac.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(n)*7919, uint64(i)))
+			xs := make([]*tensordict.Tensor, n)
+			for r := range n {
+				xs[r] = randTensor(t, rng, memmap.Float64, ac.shape(r, n)...)
+			}
+			type side struct{ lhs, rhs float64 }
+			res := all(t, comms, func(ctx context.Context, c *Comm) (side, error) {
+				tp := NewTape(c)
+				x := tp.Leaf(xs[c.Rank()])
+				y, err := ac.fwd(ctx, tp, x)
+				if err != nil {
+					return side{}, err
+				}
+				var seed *tensordict.Tensor
+				var s side
+				if y != nil && y.Value() != nil {
+					rr := rand.New(rand.NewPCG(uint64(c.Rank())+1, uint64(i)+99))
+					seed = randTensor(t, rr, memmap.Float64, y.Value().Shape()...)
+					s.lhs = dotT(t, y.Value(), seed)
+				}
+				if err := tp.Backward(ctx, y, seed); err != nil {
+					return side{}, err
+				}
+				s.rhs = dotT(t, x.Value(), x.Grad())
+				return s, nil
+			})
+			var lhs, rhs float64
+			for _, s := range res {
+				lhs += s.lhs
+				rhs += s.rhs
+			}
+			if math.Abs(lhs-rhs) > 1e-10*max(1, math.Abs(lhs)) {
+				t.Fatalf("sum <A(x), y> = %.15g, sum <x, A*(y)> = %.15g", lhs, rhs)
+			}
+			if lhs == 0 {
+				t.Fatal("the test is vacuous: <A(x), y> is 0")
+			}
+		})
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -344,47 +343,8 @@ func TestHier_MovesRankGoneFailsEveryRank(t *testing.T) {
 // sum over r of <x_r, A*(y)_r>.
 func TestHier_MovesAdjointDotProduct(t *testing.T) {
 	for _, hosts := range [][]int{{0, 1, 0, 1}, {0, 1, 1, 2, 2}} {
-		n := len(hosts)
 		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
-			comms := hierGroup(t, hosts, Hier)
-			for i, ac := range adjCases(n) {
-				t.Run(ac.name, func(t *testing.T) {
-					rng := rand.New(rand.NewPCG(uint64(n)*7919, uint64(i)))
-					xs := make([]*tensordict.Tensor, n)
-					for r := range n {
-						xs[r] = randTensor(t, rng, memmap.Float64, ac.shape(r, n)...)
-					}
-					type side struct{ lhs, rhs float64 }
-					res := all(t, comms, func(ctx context.Context, c *Comm) (side, error) {
-						tp := NewTape(c)
-						x := tp.Leaf(xs[c.Rank()])
-						y, err := ac.fwd(ctx, tp, x)
-						if err != nil {
-							return side{}, err
-						}
-						var seed *tensordict.Tensor
-						var s side
-						if y != nil && y.Value() != nil {
-							rr := rand.New(rand.NewPCG(uint64(c.Rank())+1, uint64(i)+99))
-							seed = randTensor(t, rr, memmap.Float64, y.Value().Shape()...)
-							s.lhs = dotT(t, y.Value(), seed)
-						}
-						if err := tp.Backward(ctx, y, seed); err != nil {
-							return side{}, err
-						}
-						s.rhs = dotT(t, x.Value(), x.Grad())
-						return s, nil
-					})
-					var lhs, rhs float64
-					for _, s := range res {
-						lhs += s.lhs
-						rhs += s.rhs
-					}
-					if math.Abs(lhs-rhs) > 1e-10*max(1, math.Abs(lhs)) {
-						t.Fatalf("sum <A(x), y> = %.15g, sum <x, A*(y)> = %.15g", lhs, rhs)
-					}
-				})
-			}
+			dotProductTest(t, hierGroup(t, hosts, Hier))
 		})
 	}
 }
