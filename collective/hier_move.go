@@ -98,15 +98,9 @@ func (h *hierState) bcast(ctx context.Context, c *Comm, seq, k uint64, p *plan, 
 	reps[h.hosts[p.root]] = p.root
 	var mine []byte
 	if g != nil {
-		if k >= 2 {
-			// Our file of this set was last read in collective k-2.
-			if err := g.waitAll(ctx, base-3); err != nil {
-				return err
-			}
-		}
 		var err error
-		if mine, err = g.publish(set, size); err != nil {
-			return ownErr(err)
+		if mine, err = publishIn(ctx, g, k, size); err != nil {
+			return err
 		}
 	}
 	x := &xfer{c: c, ctx: ctx, seq: seq}
@@ -187,18 +181,13 @@ func (h *hierState) allgather(ctx context.Context, c *Comm, seq, k uint64, p *pl
 		stage = make([]byte, total)
 		copy(stage[off[me]:], in)
 	} else {
-		if k >= 2 {
-			if err := g.waitAll(ctx, base-3); err != nil {
-				return err
-			}
-		}
 		want := len(in)
 		if leader {
 			want = total
 		}
-		b, err := g.publish(set, want)
+		b, err := publishIn(ctx, g, k, want)
 		if err != nil {
-			return ownErr(err)
+			return err
 		}
 		if leader {
 			stage = b
@@ -287,4 +276,21 @@ func (h *hierState) allgather(ctx context.Context, c *Comm, seq, k uint64, p *pl
 		g.setPhase(base + 3)
 	}
 	return nil
+}
+
+// publishIn publishes size bytes in this rank's data file of collective
+// k's file set (shmGroup.publish) once the host's ranks are done with it:
+// they last read it in collective k-2 (phase 3(k-2)+3). A failure to
+// publish is the rank's own (ownErr); the wait's error is as it comes.
+func publishIn(ctx context.Context, g *shmGroup, k uint64, size int) ([]byte, error) {
+	if k >= 2 {
+		if err := g.waitAll(ctx, uint32(3*k)-3); err != nil {
+			return nil, err
+		}
+	}
+	b, err := g.publish(int(k&1), size)
+	if err != nil {
+		return nil, ownErr(err)
+	}
+	return b, nil
 }

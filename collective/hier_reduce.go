@@ -82,15 +82,9 @@ func (h *hierState) reduceLevels(ctx context.Context, c *Comm, seq, k uint64, p 
 	srcs := [][]byte{in}
 	var mine []byte
 	if g != nil {
-		if k >= 2 {
-			// Our file of this set was last read in collective k-2.
-			if err := g.waitAll(ctx, base-3); err != nil {
-				return err
-			}
-		}
 		var err error
-		if mine, err = g.publish(set, len(in)); err != nil {
-			return ownErr(err)
+		if mine, err = publishIn(ctx, g, k, len(in)); err != nil {
+			return err
 		}
 		if pc.flat == nil {
 			copy(mine, in)
