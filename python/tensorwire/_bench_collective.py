@@ -89,7 +89,7 @@ def main():
         if comm.size != n:
             if r == 0:
                 print(json.dumps({"system": "mpi4torch", "error": f"COMM_WORLD has {comm.size} ranks, not {n}: "
-                                  "mpi4torch's ranks are started by mpirun, which gave this"}),
+                                  "start mpi4torch's ranks with mpirun (the benchmark does where it is on PATH)"}),
                       flush=True)
             return
         transport = "mpi"
