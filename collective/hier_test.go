@@ -199,7 +199,7 @@ func TestHier_RequiredOnOneHost(t *testing.T) {
 // single-process computation; then Allreduces large enough for the
 // leaders' ring and pieces, whose bits must be the same on every rank.
 func TestHier_MatchPlainComputation(t *testing.T) {
-	for _, hosts := range [][]int{{0, 0, 1, 1}, {0, 1, 0, 1}, {0, 0, 0, 1}, {0, 1, 1, 2, 2}} {
+	for _, hosts := range testLayouts() {
 		n := len(hosts)
 		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
 			comms := hierGroup(t, hosts, Hier)
