@@ -292,7 +292,12 @@ func TestEpisodes_ActorsKilled(t *testing.T) {
 		e.startActor(t, a)
 	}
 	for _, a := range e.actors {
-		a.proc.Expect(t, "ready")
+		// A restarted actor's last incarnation is ready too. One the
+		// random kills never picked (CI saw it) said "ready" at the
+		// start, and will not again.
+		if a.inc > 0 {
+			a.proc.Expect(t, "ready")
+		}
 	}
 	e.progress(t, "progress of the last incarnations")
 	v, rows, slices := e.finish(t, false, false)
