@@ -46,10 +46,22 @@ func groupIn(t testing.TB, n int, tr Transport, dir string) []*Comm {
 		})
 	}
 	wg.Wait()
+	failed := false
 	for r, err := range errs {
 		if err != nil {
-			t.Fatalf("rank %d: Join: %v", r, err)
+			// Every rank's error: rank 0's (the others did not join) says
+			// nothing of why they did not.
+			t.Errorf("rank %d: Join: %v", r, err)
+			failed = true
 		}
+	}
+	if failed {
+		for _, c := range comms {
+			if c != nil {
+				c.Close()
+			}
+		}
+		t.FailNow()
 	}
 	t.Cleanup(func() {
 		for _, c := range comms {

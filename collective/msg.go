@@ -171,7 +171,10 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 	m.mu.Lock()
 	if m.slots[k] != s {
 		m.mu.Unlock()
-		return rpc.Empty{}, errorf(ErrAborted, "rank %d gave up on the message", c.rank)
+		// The receiver stopped waiting: when another rank's failure broke
+		// the communicator, the sender hears that cause, not this rank's
+		// name (every rank reports the rank that failed first).
+		return rpc.Empty{}, c.gaveUp()
 	}
 	delete(m.slots, k)
 	s.taken = true
