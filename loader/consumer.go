@@ -919,10 +919,7 @@ func (s *session) assemble(ctx context.Context, epoch int64, skip, batch int, dr
 				// Resumed: the batch's rows past those skipped.
 				k := min(skip, a.Rows)
 				skip -= k
-				sel = sel[:0]
-				for o := k; o < a.Rows; o++ {
-					sel = append(sel, o)
-				}
+				sel = span(sel[:0], k, a.Rows)
 				if !take(a, rows, sel, len(sel)) {
 					return
 				}
@@ -958,10 +955,7 @@ func (s *session) assemble(ctx context.Context, epoch int64, skip, batch int, dr
 			if index == a.Count {
 				if stash != nil && skip < len(sh.pad) {
 					// The padding ends the share (less what Resume skips).
-					sel = sel[:0]
-					for o := skip; o < len(sh.pad); o++ {
-						sel = append(sel, o)
-					}
+					sel = span(sel[:0], skip, len(sh.pad))
 					if !take(announcement{}, stash.td, sel, len(sel)) {
 						return
 					}
@@ -1147,4 +1141,12 @@ func (c *Consumer) Close() error {
 		s.end(context.Background())
 	}
 	return c.rc.Close()
+}
+
+// span appends the rows from, from+1, ..., to-1 to sel.
+func span(sel []int, from, to int) []int {
+	for o := from; o < to; o++ {
+		sel = append(sel, o)
+	}
+	return sel
 }
