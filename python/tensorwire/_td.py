@@ -118,6 +118,13 @@ def to_torch(a, bfloat16=None):
     return torch.from_numpy(a)
 
 
+def tree_to_torch(td):
+    """Nested dicts of arrays as the same dicts of torch tensors sharing
+    the arrays' memory (to_torch: bfloat16's marked bits as
+    torch.bfloat16)."""
+    return {k: tree_to_torch(v) if isinstance(v, dict) else to_torch(v) for k, v in td.items()}
+
+
 def dtype_name(a):
     """The torch name of array a's elements."""
     if isinstance(a, _BF16):

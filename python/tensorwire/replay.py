@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from . import errors as _errors
-from ._td import TD, DTYPES, NonTensorData, as_array, dtype_name, flatten, leaves, marked, to_torch
+from ._td import TD, DTYPES, NonTensorData, as_array, dtype_name, flatten, leaves, marked, tree_to_torch
 from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, ClientClosedError, DataLossError,
                      FailedPreconditionError, InvalidArgumentError, NotFoundError,
@@ -528,7 +528,7 @@ class Buffer:
             view = self._known_schema(deadline)
             batch = _zeros(view.schema, n)
             info = self._sample_ref(batch, n, deadline)
-        return (_to_torch(batch) if as_torch else batch), info
+        return (tree_to_torch(batch) if as_torch else batch), info
 
     def sample_into(self, dst, timeout=None):
         """Sample into dst, a dict of arrays with the buffer's schema and a
@@ -713,7 +713,7 @@ class Buffer:
                 raise _errors.InternalError("replay: no mapping of the buffer's storage")
             batch = _zeros(view.schema, num_slices * slice_len)
             self._gather_slices(view, batch, info, slice_len, lambda k: call(k, False), r.get("id"))
-        return (_to_torch(batch) if as_torch else batch), info
+        return (tree_to_torch(batch) if as_torch else batch), info
 
     def _slice_picks(self, spec, call):
         """The node's picks for a sample of slices of spec (slice_len,
@@ -1002,12 +1002,6 @@ def _zeros(schema, n):
             d = d.setdefault(k, {})
         d[key[-1]] = marked(np.zeros((n,) + shape, dtype=DTYPES[dt]), dt)
     return td
-
-
-def _to_torch(td):
-    """A batch's arrays as torch tensors sharing their memory (bfloat16's
-    marked bits as torch.bfloat16)."""
-    return {k: _to_torch(v) if isinstance(v, dict) else to_torch(v) for k, v in td.items()}
 
 
 def _deadline(timeout):

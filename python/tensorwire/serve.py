@@ -44,7 +44,7 @@ import time
 import numpy as np
 
 from . import errors as _errors
-from ._td import DTYPES, TD, NonTensorData, as_array, dtype_name, flatten, marked, to_torch
+from ._td import DTYPES, TD, NonTensorData, as_array, dtype_name, flatten, marked, tree_to_torch
 from .dataset import escape_key
 from .errors import (AlreadyExistsError, ClientClosedError, DeadlineExceededError, FailedPreconditionError,
                      InternalError, InvalidArgumentError, NotFoundError, ResourceExhaustedError, UnavailableError,
@@ -559,7 +559,7 @@ class Client:
                     raise InternalError(f"serve: the node's output {'.'.join(k)!r} is not {dt} "
                                         f"{[req.n] + list(shape)}")
         if req.as_torch:
-            out = _to_torch(out)
+            out = tree_to_torch(out)
         return (out, version) if req.with_version else out
 
     def _run(self, req):
@@ -935,12 +935,6 @@ def _set(td, key, value):
     for p in key[:-1]:
         d = d.setdefault(p, {})
     d[key[-1]] = value
-
-
-def _to_torch(td):
-    """Outputs as torch tensors sharing their memory (bfloat16's marked bits
-    as torch.bfloat16)."""
-    return {k: _to_torch(v) if isinstance(v, dict) else to_torch(v) for k, v in td.items()}
 
 
 def _lock(path):
