@@ -610,24 +610,32 @@ func (c *Consumer) Batches(ctx context.Context) iter.Seq2[*tensordict.TensorDict
 // State is where a consumer is in its epochs, for a restarted job to
 // resume mid-epoch (Consumer.State, Consumer.Resume): the epoch iterated
 // and the samples of the consumer's share of it (the whole epoch, or a
-// rank's share with Options.WorldSize) yielded so far. Its JSON is the
-// Python client's state_dict ({"epoch": E, "samples": S}), so either
-// language may save it and the other resume from it.
+// rank's share with Options.WorldSize) yielded so far, and whose share
+// that is. Its JSON is the Python client's state_dict ({"epoch": E,
+// "samples": S, "rank": R, "world_size": W}), so either language may save
+// it and the other resume from it.
 type State struct {
 	Epoch   int64 `json:"epoch"`
 	Samples int   `json:"samples"`
+	// Rank and WorldSize are the share's (Options.Rank, and
+	// Options.WorldSize or 1 for the whole epoch). A WorldSize of 0 (a
+	// State saved without them) is not checked.
+	Rank      int `json:"rank"`
+	WorldSize int `json:"world_size"`
 }
 
 // State returns where the consumer is: the epoch of the current or last
 // loop of Batches and the samples of its share that loop has yielded (a
 // batch counts once yielded, whether or not the loop's body finished
 // with it). Save it where the job saves its checkpoint; give it to the
-// consumer of the restarted job with Resume. Before any loop it is the
-// zero State. Safe to call from any goroutine.
+// consumer of the restarted job with Resume. Before any loop its epoch
+// and samples are 0. Safe to call from any goroutine.
 func (c *Consumer) State() State {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.state
+	st := c.state
+	st.Rank, st.WorldSize = c.o.Rank, max(c.o.WorldSize, 1)
+	return st
 }
 
 // Resume makes the consumer skip what a consumer of the same share had
@@ -638,13 +646,25 @@ func (c *Consumer) State() State {
 // copied all the same: nothing else of the epoch changes); when it is a
 // later epoch, the loop yields that epoch whole and s is forgotten.
 // Either way no sample of s's epoch comes twice. A consumer of the same
-// producer, Batch size aside, with the same Rank and WorldSize, joins
-// s's epoch again only while its window is open (Config.Window): the
-// producer does not replay an epoch. Call it before Batches.
-func (c *Consumer) Resume(s State) {
+// producer, Batch size aside, joins s's epoch again only while its window
+// is open (Config.Window): the producer does not replay an epoch.
+//
+// s must be the State of the same share: another Rank or WorldSize (the
+// State of another rank, say) is ErrArgument and changes nothing, since
+// skipping another share's count would drop samples of this one. Call it
+// before Batches.
+func (c *Consumer) Resume(s State) error {
+	if s.WorldSize != 0 && (s.Rank != c.o.Rank || s.WorldSize != max(c.o.WorldSize, 1)) {
+		return wrapf(ErrArgument, "resume: the state is rank %d of %d's share, this consumer is rank %d of %d",
+			s.Rank, s.WorldSize, c.o.Rank, max(c.o.WorldSize, 1))
+	}
+	if s.Samples < 0 {
+		return wrapf(ErrArgument, "resume: %d samples yielded: want 0 or more", s.Samples)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.resume = &s
+	return nil
 }
 
 // skipOf returns the samples of epoch's share that Resume skips, and

@@ -127,7 +127,9 @@ func ExampleConsumer_Resume() {
 		if err := json.Unmarshal(b, &st); err != nil {
 			log.Fatal(err)
 		}
-		c.Resume(st)
+		if err := c.Resume(st); err != nil { // another rank's State, say
+			log.Fatal(err)
+		}
 	}
 	for batch, err := range c.Batches(ctx) {
 		if err != nil {

@@ -3,6 +3,7 @@ package loader
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"iter"
 	"slices"
 	"testing"
@@ -67,7 +68,9 @@ func TestConsumer_ResumeSkipsTheShareYielded(t *testing.T) {
 			if tc.earlier {
 				st.Epoch = e - 1
 			}
-			c.Resume(st)
+			if err := c.Resume(st); err != nil {
+				t.Fatal(err)
+			}
 			ids, _, err := consumerEpoch(context.Background(), c)
 			if err != nil {
 				t.Fatal(err)
@@ -80,7 +83,7 @@ func TestConsumer_ResumeSkipsTheShareYielded(t *testing.T) {
 			if !slices.Equal(ids, want) {
 				t.Errorf("epoch %d resumed at %+v: got %d samples %v, want %d: %v", e, st, len(ids), ids, len(want), want)
 			}
-			if got, want := c.State(), (State{Epoch: e, Samples: len(share)}); got != want {
+			if got, want := c.State(), (State{Epoch: e, Samples: len(share), Rank: tc.rank, WorldSize: max(tc.world, 1)}); got != want {
 				t.Errorf("State after the epoch: %+v, want %+v", got, want)
 			}
 			// The next epoch is whole: Resume is forgotten.
@@ -136,7 +139,7 @@ func TestConsumer_ResumeInTheRestartedJob(t *testing.T) {
 		}
 	}
 	a.Close()
-	if want := `{"epoch":` + itoa64(a.State().Epoch) + `,"samples":6}`; string(saved) != want {
+	if want := `{"epoch":` + itoa64(a.State().Epoch) + `,"samples":6,"rank":1,"world_size":2}`; string(saved) != want {
 		t.Fatalf("the saved State %s, want %s (the Python client's state_dict)", saved, want)
 	}
 
@@ -152,7 +155,9 @@ func TestConsumer_ResumeInTheRestartedJob(t *testing.T) {
 	if b.Epoch() != st.Epoch {
 		t.Fatalf("the restarted consumer joined epoch %d, want %d (its window held open)", b.Epoch(), st.Epoch)
 	}
-	b.Resume(st)
+	if err := b.Resume(st); err != nil {
+		t.Fatal(err)
+	}
 	stop() // the keeper lets the epoch go on
 	keeper.Close()
 	rest, _, err := consumerEpoch(context.Background(), b)
@@ -176,4 +181,52 @@ func mustIDs(t *testing.T, b *tensordict.TensorDict) []int {
 func itoa64(v int64) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// TestConsumer_ResumeRefusesAnotherShare: a State saved by another rank
+// (or for another world size) is ErrArgument, and the consumer then
+// yields its share whole: skipping another share's count would silently
+// drop samples of its own. A State without rank and world size (JSON
+// {"epoch", "samples"} only) is taken as it is.
+func TestConsumer_ResumeRefusesAnotherShare(t *testing.T) {
+	const n, seed = 40, 5
+	f := newFixture(t, n, Config{Batch: 4, Slots: 4, Seed: seed, IndexKey: "index"})
+	c, err := Dial(context.Background(), f.addr, "train", Options{Batch: 4, Root: f.root, Rank: 1, WorldSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	e := c.Epoch()
+	for _, bad := range []State{
+		{Epoch: e, Samples: 8, Rank: 0, WorldSize: 2},
+		{Epoch: e, Samples: 8, Rank: 1, WorldSize: 4},
+		{Epoch: e, Samples: 8, Rank: 0, WorldSize: 1},
+		{Epoch: e, Samples: -1, Rank: 1, WorldSize: 2},
+	} {
+		if err := c.Resume(bad); !errors.Is(err, ErrArgument) {
+			t.Errorf("Resume(%+v) = %v, want ErrArgument", bad, err)
+		}
+	}
+	ids, _, err := consumerEpoch(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := shareOf(n, seed, e, 1, 2); !slices.Equal(ids, want) {
+		t.Fatalf("after refused Resumes: %v, want the whole share %v", ids, want)
+	}
+
+	var old State
+	if err := json.Unmarshal([]byte(`{"epoch":`+itoa64(e+1)+`,"samples":4}`), &old); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Resume(old); err != nil {
+		t.Fatalf("Resume of a State without rank and world size: %v", err)
+	}
+	ids, _, err = consumerEpoch(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := shareOf(n, seed, e+1, 1, 2)[4:]; !slices.Equal(ids, want) {
+		t.Fatalf("resumed from %+v: %v, want %v", old, ids, want)
+	}
 }

@@ -308,14 +308,27 @@ class Consumer:
 
     def state_dict(self):
         """Where this consumer is: {"epoch": the epoch iterated, "samples":
-        the samples of its share of it yielded}. A consumer made again (a
-        restarted job) with load_state_dict(state) skips those samples if
-        it joins that epoch again; joining a later epoch it iterates that
-        one whole. Either way no sample of the saved epoch comes twice."""
-        return dict(self._state)
+        the samples of its share of it yielded, "rank", "world_size": whose
+        share that is}. A consumer made again (a restarted job) with
+        load_state_dict(state) skips those samples if it joins that epoch
+        again; joining a later epoch it iterates that one whole. Either way
+        no sample of the saved epoch comes twice. The Go client's
+        loader.State has the same JSON."""
+        return dict(self._state, rank=self.rank, world_size=self.world_size)
 
     def load_state_dict(self, state):
-        self._resume = (int(state["epoch"]), int(state["samples"]))
+        """Resumes from state_dict()'s state (see there). The state of
+        another share (another rank or world size) raises ArgumentError and
+        changes nothing: skipping another share's count would drop samples
+        of this one. A state without rank and world size is taken as it is."""
+        epoch, samples = int(state["epoch"]), int(state["samples"])
+        if state.get("world_size") is not None and (int(state.get("rank") or 0), int(state["world_size"])) != (
+                self.rank, self.world_size):
+            raise ArgumentError(f"loader: the state is rank {state.get('rank')} of {state['world_size']}'s share, "
+                                f"this consumer is rank {self.rank} of {self.world_size}")
+        if samples < 0:
+            raise ArgumentError(f"loader: {samples} samples yielded: want 0 or more")
+        self._resume = (epoch, samples)
 
     def _session(self, wait=None):
         """The current session, joining the producer if there is none. A

@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover
     torch = None
 
 from tensorwire import loader
+from tensorwire.loader import ArgumentError
 
 from nodes import TOKEN, Node, python_env, wait_until
 
@@ -353,9 +354,13 @@ class TestProducer(unittest.TestCase):
         it = iter(c)
         first = ids_of(next(it)) + ids_of(next(it))
         state = c.state_dict()
-        self.assertEqual(state["samples"], 16)
+        self.assertEqual((state["samples"], state["rank"], state["world_size"]), (16, 1, 2))
         it.close()
         c.close()
+        other = self.consumer(8, rank=0, world_size=2)
+        with self.assertRaisesRegex(ArgumentError, "rank 1 of 2's share"):
+            other.load_state_dict(state)  # another rank's: it would drop samples of rank 0's share
+        other.close()
         c2 = self.consumer(8, rank=1, world_size=2)
         c2.load_state_dict(state)
         self.assertEqual(c2.epoch, state["epoch"], "the window is still open: the same epoch")
