@@ -119,6 +119,12 @@ func check(ds []desc) (*plan, error) {
 	for r, d := range ds {
 		if d.hasT {
 			p.shapes[r] = d.shape
+			if d.shape == nil {
+				// A 0-d tensor (FromBytes with a nil shape, or one off the
+				// wire): a shape all the same, not "no tensor", which
+				// outShape's nil means.
+				p.shapes[r] = []int{}
+			}
 		}
 	}
 	ck := &checking{ds: ds, p: p}
