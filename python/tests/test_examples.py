@@ -1,5 +1,5 @@
 """The examples run briefly against Go nodes: python/examples/dqn.py,
-train_loader.py and serve_policy.py."""
+train_loader.py and serve_policy.py; regression.py starts its own ranks."""
 
 import os
 import subprocess
@@ -73,6 +73,23 @@ class TestExamples(unittest.TestCase):
             self.assertIn("320 steps in", r.stdout)
         finally:
             node.close()
+
+    def test_regression(self):
+        """mpi4torch's data-parallel regression: every rank's gradient through
+        two Allreduce calls is the single-process one, on both transports."""
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            self.skipTest("no torch (apt-get install python3-torch): the regression example not run")
+        for ranks, transport in ((3, "shm"), (2, "tcp")):
+            with self.subTest(transport=transport):
+                r = subprocess.run([sys.executable, os.path.join(PYDIR, "examples", "regression.py"), "--ranks",
+                                    str(ranks), "--points", "3001", "--transport", transport],
+                                   env=dict(python_env(), TENSORWIRE_BIN=binary()), capture_output=True, text=True,
+                                   timeout=300)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                self.assertIn(f"{ranks} ranks ({transport}), 3001 points", r.stdout)
+                self.assertEqual(r.stdout.count("  ok"), ranks, r.stdout)
 
 
 if __name__ == "__main__":
