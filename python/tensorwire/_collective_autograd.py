@@ -67,8 +67,10 @@ class Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, comm, axis, root):
         axis = _c._axis(axis, x)
-        ctx.comm, ctx.axis, ctx.root, ctx.n = comm, axis, root, x.shape[axis]
-        return comm._gather(x.detach(), axis, root)
+        ctx.comm, ctx.axis, ctx.root = comm, axis, root
+        y = comm._gather(x.detach(), axis, root)
+        ctx.n = x.shape[axis]  # after the call: a bad axis is its error, on every rank
+        return y
 
     @staticmethod
     def backward(ctx, g):
@@ -79,8 +81,10 @@ class Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, comm, axis):
         axis = _c._axis(axis, x)
-        ctx.comm, ctx.axis, ctx.n = comm, axis, x.shape[axis]
-        return comm._allgather(x.detach(), axis)
+        ctx.comm, ctx.axis = comm, axis
+        y = comm._allgather(x.detach(), axis)
+        ctx.n = x.shape[axis]  # after the call: a bad axis is its error, on every rank
+        return y
 
     @staticmethod
     def backward(ctx, g):
@@ -108,8 +112,10 @@ class Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, comm, gatheraxis, scatteraxis, numelem):
         g, s = _c._axis(gatheraxis, x), _c._axis(scatteraxis, x)
-        ctx.comm, ctx.g, ctx.s, ctx.n = comm, g, s, x.shape[g]
-        return comm._alltoall(x.detach(), g, s, numelem)
+        ctx.comm, ctx.g, ctx.s = comm, g, s
+        y = comm._alltoall(x.detach(), g, s, numelem)
+        ctx.n = x.shape[g]  # after the call: a bad axis is its error, on every rank
+        return y
 
     @staticmethod
     def backward(ctx, g):

@@ -231,6 +231,15 @@ def mode_errors(comm):
     msgs["root"] = expect(mpi4torch.ArgumentError, lambda: comm.Bcast_(np.zeros(3), n), "root out of range")
     msgs["redistribution"] = expect(mpi4torch.ArgumentError, lambda: comm.Alltoall(np.zeros((2, 3)), 0, 0, 3),
                                     "redistribution counts that do not add up")
+    # An axis out of range, through the autograd path (torch tensors): the
+    # same error on every rank, not an IndexError raised by one rank before
+    # the call (the others would wait for it).
+    msgs["axis"] = expect(mpi4torch.ArgumentError, lambda: comm.Allgather(
+        torch.ones(2, 3, requires_grad=True), 2), "axis out of range")
+    msgs["axis1"] = expect(mpi4torch.MismatchError, lambda: comm.Alltoall(
+        torch.ones(2, 3, requires_grad=True), 2 if r == 1 else 0, 0, None), "one rank's axis out of range")
+    msgs["axis0d"] = expect(mpi4torch.ArgumentError, lambda: comm.Gather(torch.tensor(1.0 + r), 0, 0),
+                            "a 0-d tensor has no axis 0")
     x = torch.ones(3, requires_grad=True)
     y = comm.Allreduce(x, mpi4torch.MPI_MAX)
     msgs["adjoint"] = expect(mpi4torch.NoAdjointError, lambda: y.sum().backward(), "MAX backward")
