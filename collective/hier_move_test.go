@@ -226,6 +226,38 @@ func TestHier_MovesErrorsSameOnEveryRank(t *testing.T) {
 			_, err := c.ReduceScatter(ctx, f64(4), Sum, 0, nil)
 			return err
 		}, ErrMismatch},
+		{"Gather roots", func(ctx context.Context, c *Comm) error {
+			_, err := c.Gather(ctx, f64(2, 3), 0, c.Rank()/2)
+			return err
+		}, ErrMismatch},
+		{"Gather shapes off the axis", func(ctx context.Context, c *Comm) error {
+			_, err := c.Gather(ctx, f64(2, 3+c.Rank()%2), 0, 1)
+			return err
+		}, ErrMismatch},
+		{"Scatter counts", func(ctx context.Context, c *Comm) error {
+			counts := []int{1, 1, 1, 1}
+			if c.Rank() == 3 {
+				counts = []int{1, 2, 0, 1}
+			}
+			_, err := c.Scatter(ctx, f64(4, 3), 0, counts, 2)
+			return err
+		}, ErrMismatch},
+		{"Scatter uneven without counts", func(ctx context.Context, c *Comm) error {
+			_, err := c.Scatter(ctx, f64(5, 3), 0, nil, 1)
+			return err
+		}, ErrArgument},
+		{"Alltoall axes", func(ctx context.Context, c *Comm) error {
+			_, err := c.Alltoall(ctx, f64(4, 3), c.Rank()%2, 1-c.Rank()%2, nil)
+			return err
+		}, ErrMismatch},
+		{"Alltoall beside Scatter", func(ctx context.Context, c *Comm) error {
+			if c.Rank() == 2 {
+				_, err := c.Scatter(ctx, f64(4, 3), 0, nil, 2)
+				return err
+			}
+			_, err := c.Alltoall(ctx, f64(4, 3), 1, 0, nil)
+			return err
+		}, ErrMismatch},
 		{"Bcast beside Allgather", func(ctx context.Context, c *Comm) error {
 			if c.Rank() == 1 {
 				_, err := c.Bcast(ctx, f64(2, 3), 0)
@@ -292,12 +324,28 @@ func TestHier_MovesRankGoneFailsEveryRank(t *testing.T) {
 		_, err := c.ReduceScatter(ctx, x, Sum, 0, nil)
 		return err
 	}
+	gather := func(ctx context.Context, c *Comm, x *tensordict.Tensor) error {
+		_, err := c.Gather(ctx, x, 0, 1)
+		return err
+	}
+	scatter := func(ctx context.Context, c *Comm, x *tensordict.Tensor) error {
+		_, err := c.Scatter(ctx, x, 0, nil, 1)
+		return err
+	}
+	alltoall := func(ctx context.Context, c *Comm, x *tensordict.Tensor) error {
+		b, _ := x.Bytes()
+		x, _ = tensordict.FromBytes(memmap.Float32, []int{4, len(b) / 16}, b)
+		_, err := c.Alltoall(ctx, x, 1, 0, nil)
+		return err
+	}
 	for _, tc := range []struct {
 		op     string
 		fn     func(ctx context.Context, c *Comm, x *tensordict.Tensor) error
 		victim int
 	}{{"Bcast", bcast, 1}, {"Bcast", bcast, 2}, {"Bcast", bcast, 3}, {"Allgather", allgather, 0}, {"Allgather", allgather, 3},
-		{"Reduce", reduce, 1}, {"Reduce", reduce, 2}, {"Reduce", reduce, 3}, {"ReduceScatter", reduceScatter, 0}, {"ReduceScatter", reduceScatter, 3}} {
+		{"Reduce", reduce, 1}, {"Reduce", reduce, 2}, {"Reduce", reduce, 3}, {"ReduceScatter", reduceScatter, 0}, {"ReduceScatter", reduceScatter, 3},
+		{"Gather", gather, 1}, {"Gather", gather, 2}, {"Gather", gather, 3}, {"Scatter", scatter, 1}, {"Scatter", scatter, 2}, {"Scatter", scatter, 3},
+		{"Alltoall", alltoall, 0}, {"Alltoall", alltoall, 3}} {
 		for _, closed := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s rank %d closed %v", tc.op, tc.victim, closed), func(t *testing.T) {
 				comms := hierGroup(t, []int{0, 1, 0, 1}, Hier)
