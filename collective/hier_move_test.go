@@ -148,8 +148,9 @@ func TestHier_BcastAllgatherSameBitsAsFlat(t *testing.T) {
 	}
 }
 
-// TestHier_MovesErrorsSameOnEveryRank: a Bcast or Allgather that the
-// ranks disagree on fails on every rank with the same error, whichever
+// TestHier_MovesErrorsSameOnEveryRank: a Bcast, Allgather, Reduce,
+// ReduceScatter, Gather, Scatter or Alltoall that the ranks disagree on
+// fails on every rank with the same error, whichever
 // host a rank is on, and the communicator goes on (the hosts' mappings
 // too: no rank moved a phase).
 func TestHier_MovesErrorsSameOnEveryRank(t *testing.T) {
@@ -308,7 +309,8 @@ func TestHier_MovesErrorsSameOnEveryRank(t *testing.T) {
 }
 
 // TestHier_MovesRankGoneFailsEveryRank: in the middle of a hierarchy's
-// Bcast, Allgather, Reduce or ReduceScatter, a rank that closes instead
+// Bcast, Allgather, Reduce, ReduceScatter, Gather, Scatter or Alltoall, a
+// rank that closes instead
 // of calling it fails every other with ErrPeerLost, and one whose context
 // has ended breaks it off for all (its own call fails with its context's
 // error, the others' with ErrAborted): the root, a leader, a host-mate;
@@ -386,8 +388,8 @@ func TestHier_MovesRankGoneFailsEveryRank(t *testing.T) {
 }
 
 // TestHier_MovesAdjointDotProduct: the dot-product test of every adjoint
-// (adjoint_test.go's cases) on hierarchical communicators, where Bcast,
-// Allgather and Allreduce go by levels: sum over r of <A(x)_r, y_r> equals
+// (adjoint_test.go's cases) on hierarchical communicators, where every
+// collective but Barrier goes by levels: sum over r of <A(x)_r, y_r> equals
 // sum over r of <x_r, A*(y)_r>.
 func TestHier_MovesAdjointDotProduct(t *testing.T) {
 	for _, hosts := range [][]int{{0, 1, 0, 1}, {0, 1, 1, 2, 2}} {
