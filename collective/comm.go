@@ -160,10 +160,12 @@ type joinReq struct {
 // files of a few chunks, progress words); 3: a hierarchy's Bcast and
 // Allgather by levels (hier_move.go: between hosts only, through the
 // hosts' mappings within them); 4: a hierarchy's Reduce and ReduceScatter
-// by levels (hier_reduce.go). Raise it with any change to
+// by levels (hier_reduce.go); 5: a hierarchy's Gather, Scatter and
+// Alltoall by levels (hier_gather.go, hier_alltoall.go). Raise it with any
+// change to
 // what a data message carries at a step, or to how the ranks use the
 // shared mappings.
-const protoVersion = 4
+const protoVersion = 5
 
 type joinResp struct {
 	Session uint64   `codec:"session"`

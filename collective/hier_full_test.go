@@ -49,14 +49,17 @@ func hierSmallFolder(t *testing.T) []*Comm {
 }
 
 // TestHier_MovesFullFolderIsNoSpace: a hierarchy's Bcast, Allgather,
-// Reduce or ReduceScatter whose data does not fit in a host's shared folder fails on every rank,
+// Reduce, ReduceScatter, Gather, Scatter or Alltoall whose data does not
+// fit in a host's shared folder fails on every rank,
 // on both hosts, with ErrNoSpace (the room reserved before the
 // descriptions go out), and the communicator goes on with tensors that
 // fit; a Bcast whose carrier on the full host passed no tensor (its room
 // known only after the check) breaks it instead: the carrier fails with
 // the folder's error, the ranks that needed it with ErrAborted naming it
 // (the other host's host-mate, which needs nothing of it, may complete),
-// at once, and the next call fails on every rank.
+// at once, and the next call fails on every rank; so does a Scatter
+// whose pieces for the full host do not fit in its leader's file (known
+// only after the check: the leader passed no tensor).
 func TestHier_MovesFullFolderIsNoSpace(t *testing.T) {
 	comms := hierSmallFolder(t)
 	// A host's files keep the size they grew to (rank 1's first data file
@@ -83,6 +86,34 @@ func TestHier_MovesFullFolderIsNoSpace(t *testing.T) {
 		{"Reduce", func(ctx context.Context, c *Comm) error { return c.ReduceInto(ctx, big(), big(), Sum, 3) }},
 		{"ReduceScatter", func(ctx context.Context, c *Comm) error {
 			_, err := c.ReduceScatter(ctx, big(), Max, 0, nil)
+			return err
+		}},
+		// Rank 1 publishes its 16 MiB for rank 0, the root.
+		{"Gather to host 0", func(ctx context.Context, c *Comm) error {
+			_, err := c.Gather(ctx, big(), 0, 0)
+			return err
+		}},
+		// Rank 0, host 0's leader, stages its host's 32 MiB for rank 2.
+		{"GatherInto host 1", func(ctx context.Context, c *Comm) error {
+			var y *tensordict.Tensor
+			if c.Rank() == 2 {
+				y, _ = tensordict.Zeros(memmap.Float32, 16<<20)
+			}
+			return c.GatherInto(ctx, y, big(), 0, 2)
+		}},
+		// Rank 1, the root, publishes rank 0's 16 MiB piece of 64 MiB.
+		{"Scatter from host 0", func(ctx context.Context, c *Comm) error {
+			var x *tensordict.Tensor
+			if c.Rank() == 1 {
+				x, _ = tensordict.Zeros(memmap.Float32, 16<<20)
+			}
+			_, err := c.Scatter(ctx, x, 0, nil, 1)
+			return err
+		}},
+		// Every rank publishes its 16 MiB input.
+		{"Alltoall", func(ctx context.Context, c *Comm) error {
+			x, _ := tensordict.Zeros(memmap.Float32, 4, 1<<20)
+			_, err := c.Alltoall(ctx, x, 1, 0, nil)
 			return err
 		}},
 	} {
@@ -112,6 +143,44 @@ func TestHier_MovesFullFolderIsNoSpace(t *testing.T) {
 			}
 		})
 	}
+	t.Run("Scatter to the full host", func(t *testing.T) {
+		// Host 0's leader receives its host's 32 MiB of rank 2's
+		// tensor: known only after the check, so the failure breaks the
+		// communicator, as a Bcast carrier's without a tensor, on a
+		// communicator of its own.
+		comms := hierSmallFolder(t)
+		start := time.Now()
+		_, errs := onAll(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+			var x *tensordict.Tensor
+			if c.Rank() == 2 {
+				x, _ = tensordict.Zeros(memmap.Float32, 16<<20)
+			}
+			_, err := c.Scatter(ctx, x, 0, nil, 2)
+			return 0, err
+		})
+		for r, err := range errs {
+			if r >= 2 && err == nil {
+				continue // the other host needs nothing of rank 0
+			}
+			want := ErrAborted
+			if r == 0 {
+				want = syscall.ENOSPC
+			}
+			if !errors.Is(err, want) || r != 0 && !strings.Contains(err.Error(), "rank 0 broke off") {
+				t.Fatalf("rank %d: %v, want %v (naming rank 0)", r, err, want)
+			}
+		}
+		if d := time.Since(start); d > 30*time.Second {
+			t.Fatalf("the ranks took %v to fail", d)
+		}
+		t.Logf("rank 0: %v; rank 1: %v; rank 2: %v", errs[0], errs[1], errs[2])
+		_, errs = onAll(t, comms, func(ctx context.Context, c *Comm) (int, error) { return 0, c.Barrier(ctx) })
+		for r, err := range errs {
+			if !errors.Is(err, ErrBroken) {
+				t.Fatalf("rank %d, the next call: %v, want ErrBroken", r, err)
+			}
+		}
+	})
 	t.Run("Bcast, the carrier without a tensor", func(t *testing.T) {
 		start := time.Now()
 		_, errs := onAll(t, comms, func(ctx context.Context, c *Comm) (int, error) {

@@ -48,8 +48,53 @@ func (h *hierState) hierReserve(c *Comm, d *desc, in []byte) int {
 			return len(in) * c.size
 		}
 		return len(in)
+	case kindGather:
+		// The root publishes nothing; another host's leader stages its
+		// host's inputs, each guessed as large as its own.
+		switch {
+		case d.root < 0 || d.root >= c.size || d.root == c.rank:
+			return 0
+		case h.bcastRep(d.root) == c.rank:
+			return len(in) * len(h.ranks)
+		}
+		return len(in)
+	case kindScatter:
+		// The root publishes its host-mates' pieces (the others know
+		// theirs only after the check).
+		if d.root == c.rank && len(h.ranks) > 1 {
+			return h.scatterHostBytes(c, d)
+		}
+	case kindAlltoall:
+		return h.alltoallReserve(c, d, len(in))
 	}
 	return 0
+}
+
+// scatterHostBytes returns the bytes of the pieces of Scatter d (from this
+// rank, the root) that go to this rank's host-mates, 0 when d is not a
+// valid Scatter (the check fails it).
+func (h *hierState) scatterHostBytes(c *Comm, d *desc) int {
+	if d.axis < 0 || d.axis >= len(d.shape) {
+		return 0
+	}
+	counts := d.counts
+	if counts == nil {
+		if d.shape[d.axis]%c.size != 0 {
+			return 0
+		}
+		counts = evenCounts(d.shape[d.axis], c.size)
+	}
+	if len(counts) != c.size || d.shape[d.axis] == 0 {
+		return 0
+	}
+	row := numel(d.shape) / d.shape[d.axis] * d.dtype.Size()
+	n := 0
+	for _, r := range h.ranks {
+		if r != c.rank && counts[r] > 0 {
+			n += counts[r] * row
+		}
+	}
+	return n
 }
 
 // hierMoves reports whether collective k goes by the hierarchy's levels
@@ -57,7 +102,7 @@ func (h *hierState) hierReserve(c *Comm, d *desc, in []byte) int {
 // kind only, so every rank takes the same path for the same call.
 func hierMoves(k kind) bool {
 	switch k {
-	case kindAllreduce, kindBcast, kindAllgather, kindReduce, kindReduceScatter:
+	case kindAllreduce, kindBcast, kindAllgather, kindReduce, kindReduceScatter, kindGather, kindScatter, kindAlltoall:
 		return true
 	}
 	return false
@@ -145,6 +190,32 @@ func (h *hierState) bcast(ctx context.Context, c *Comm, seq, k uint64, p *plan, 
 	return nil
 }
 
+// hostOrder lays out one block per rank in host order (host 0's ranks,
+// ascending, then host 1's ...), rank r's of size(r) bytes: off[r] is its
+// offset, host hh's block is [hoff[hh], hoff[hh+1]).
+func (h *hierState) hostOrder(size func(r int) int) (off, hoff []int) {
+	off, hoff = make([]int, len(h.hosts)), make([]int, len(h.byHost)+1)
+	for hh, rs := range h.byHost {
+		hoff[hh+1] = hoff[hh]
+		for _, r := range rs {
+			off[r] = hoff[hh+1]
+			hoff[hh+1] += size(r)
+		}
+	}
+	return off, hoff
+}
+
+// placeGathered returns what puts rank r's input b (in C order) in its
+// place along the axis of rank me's result out, of a Gather or an
+// Allgather.
+func placeGathered(p *plan, me int, out []byte) func(r int, b []byte) {
+	oshape := p.outShape(me)
+	pre := prefix(p.sizes)
+	return func(r int, b []byte) {
+		boxCopy(out, oshape, at(len(oshape), p.axis, pre[r]), b, p.shapes[r], zeros(len(oshape)), p.shapes[r], p.esize)
+	}
+}
+
 // index returns rank r's index among this host's ranks.
 func (h *hierState) index(r int) int {
 	for i, q := range h.ranks {
@@ -160,19 +231,9 @@ func (h *hierState) index(r int) int {
 func (h *hierState) allgather(ctx context.Context, c *Comm, seq, k uint64, p *plan, in, out []byte) error {
 	g, me, n := h.g, c.rank, c.size
 	set, base := int(k&1), uint32(3*k)
-	// Every rank's input in host order: off[r] in the stage, host hh's
-	// block [hoff[hh], hoff[hh+1]).
+	// Every rank's input in host order.
 	H := len(h.leaders)
-	off, hoff := make([]int, n), make([]int, H+1)
-	for hh := range H {
-		hoff[hh+1] = hoff[hh]
-		for r := range n {
-			if h.hosts[r] == hh {
-				off[r] = hoff[hh+1]
-				hoff[hh+1] += p.bytes(r)
-			}
-		}
-	}
+	off, hoff := h.hostOrder(p.bytes)
 	total := hoff[H]
 	leader := h.local == 0
 	var stage []byte
@@ -210,10 +271,7 @@ func (h *hierState) allgather(ctx context.Context, c *Comm, seq, k uint64, p *pl
 			}
 		}
 	}
-	place := func(r int, b []byte) {
-		oshape := p.outShape(me)
-		boxCopy(out, oshape, at(len(oshape), p.axis, prefix(p.sizes)[r]), b, p.shapes[r], zeros(len(oshape)), p.shapes[r], p.esize)
-	}
+	place := placeGathered(p, me, out)
 	if !leader {
 		// The host's inputs from their files while the leaders exchange,
 		// then the others' from the leader's.

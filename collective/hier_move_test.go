@@ -148,8 +148,9 @@ func TestHier_BcastAllgatherSameBitsAsFlat(t *testing.T) {
 	}
 }
 
-// TestHier_MovesErrorsSameOnEveryRank: a Bcast or Allgather that the
-// ranks disagree on fails on every rank with the same error, whichever
+// TestHier_MovesErrorsSameOnEveryRank: a Bcast, Allgather, Reduce,
+// ReduceScatter, Gather, Scatter or Alltoall that the ranks disagree on
+// fails on every rank with the same error, whichever
 // host a rank is on, and the communicator goes on (the hosts' mappings
 // too: no rank moved a phase).
 func TestHier_MovesErrorsSameOnEveryRank(t *testing.T) {
@@ -226,6 +227,38 @@ func TestHier_MovesErrorsSameOnEveryRank(t *testing.T) {
 			_, err := c.ReduceScatter(ctx, f64(4), Sum, 0, nil)
 			return err
 		}, ErrMismatch},
+		{"Gather roots", func(ctx context.Context, c *Comm) error {
+			_, err := c.Gather(ctx, f64(2, 3), 0, c.Rank()/2)
+			return err
+		}, ErrMismatch},
+		{"Gather shapes off the axis", func(ctx context.Context, c *Comm) error {
+			_, err := c.Gather(ctx, f64(2, 3+c.Rank()%2), 0, 1)
+			return err
+		}, ErrMismatch},
+		{"Scatter counts", func(ctx context.Context, c *Comm) error {
+			counts := []int{1, 1, 1, 1}
+			if c.Rank() == 3 {
+				counts = []int{1, 2, 0, 1}
+			}
+			_, err := c.Scatter(ctx, f64(4, 3), 0, counts, 2)
+			return err
+		}, ErrMismatch},
+		{"Scatter uneven without counts", func(ctx context.Context, c *Comm) error {
+			_, err := c.Scatter(ctx, f64(5, 3), 0, nil, 1)
+			return err
+		}, ErrArgument},
+		{"Alltoall axes", func(ctx context.Context, c *Comm) error {
+			_, err := c.Alltoall(ctx, f64(4, 3), c.Rank()%2, 1-c.Rank()%2, nil)
+			return err
+		}, ErrMismatch},
+		{"Alltoall beside Scatter", func(ctx context.Context, c *Comm) error {
+			if c.Rank() == 2 {
+				_, err := c.Scatter(ctx, f64(4, 3), 0, nil, 2)
+				return err
+			}
+			_, err := c.Alltoall(ctx, f64(4, 3), 1, 0, nil)
+			return err
+		}, ErrMismatch},
 		{"Bcast beside Allgather", func(ctx context.Context, c *Comm) error {
 			if c.Rank() == 1 {
 				_, err := c.Bcast(ctx, f64(2, 3), 0)
@@ -276,7 +309,8 @@ func TestHier_MovesErrorsSameOnEveryRank(t *testing.T) {
 }
 
 // TestHier_MovesRankGoneFailsEveryRank: in the middle of a hierarchy's
-// Bcast, Allgather, Reduce or ReduceScatter, a rank that closes instead
+// Bcast, Allgather, Reduce, ReduceScatter, Gather, Scatter or Alltoall, a
+// rank that closes instead
 // of calling it fails every other with ErrPeerLost, and one whose context
 // has ended breaks it off for all (its own call fails with its context's
 // error, the others' with ErrAborted): the root, a leader, a host-mate;
@@ -292,12 +326,28 @@ func TestHier_MovesRankGoneFailsEveryRank(t *testing.T) {
 		_, err := c.ReduceScatter(ctx, x, Sum, 0, nil)
 		return err
 	}
+	gather := func(ctx context.Context, c *Comm, x *tensordict.Tensor) error {
+		_, err := c.Gather(ctx, x, 0, 1)
+		return err
+	}
+	scatter := func(ctx context.Context, c *Comm, x *tensordict.Tensor) error {
+		_, err := c.Scatter(ctx, x, 0, nil, 1)
+		return err
+	}
+	alltoall := func(ctx context.Context, c *Comm, x *tensordict.Tensor) error {
+		b, _ := x.Bytes()
+		x, _ = tensordict.FromBytes(memmap.Float32, []int{4, len(b) / 16}, b)
+		_, err := c.Alltoall(ctx, x, 1, 0, nil)
+		return err
+	}
 	for _, tc := range []struct {
 		op     string
 		fn     func(ctx context.Context, c *Comm, x *tensordict.Tensor) error
 		victim int
 	}{{"Bcast", bcast, 1}, {"Bcast", bcast, 2}, {"Bcast", bcast, 3}, {"Allgather", allgather, 0}, {"Allgather", allgather, 3},
-		{"Reduce", reduce, 1}, {"Reduce", reduce, 2}, {"Reduce", reduce, 3}, {"ReduceScatter", reduceScatter, 0}, {"ReduceScatter", reduceScatter, 3}} {
+		{"Reduce", reduce, 1}, {"Reduce", reduce, 2}, {"Reduce", reduce, 3}, {"ReduceScatter", reduceScatter, 0}, {"ReduceScatter", reduceScatter, 3},
+		{"Gather", gather, 1}, {"Gather", gather, 2}, {"Gather", gather, 3}, {"Scatter", scatter, 1}, {"Scatter", scatter, 2}, {"Scatter", scatter, 3},
+		{"Alltoall", alltoall, 0}, {"Alltoall", alltoall, 3}} {
 		for _, closed := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s rank %d closed %v", tc.op, tc.victim, closed), func(t *testing.T) {
 				comms := hierGroup(t, []int{0, 1, 0, 1}, Hier)
@@ -338,8 +388,8 @@ func TestHier_MovesRankGoneFailsEveryRank(t *testing.T) {
 }
 
 // TestHier_MovesAdjointDotProduct: the dot-product test of every adjoint
-// (adjoint_test.go's cases) on hierarchical communicators, where Bcast,
-// Allgather and Allreduce go by levels: sum over r of <A(x)_r, y_r> equals
+// (adjoint_test.go's cases) on hierarchical communicators, where every
+// collective but Barrier goes by levels: sum over r of <A(x)_r, y_r> equals
 // sum over r of <x_r, A*(y)_r>.
 func TestHier_MovesAdjointDotProduct(t *testing.T) {
 	for _, hosts := range [][]int{{0, 1, 0, 1}, {0, 1, 1, 2, 2}} {

@@ -97,9 +97,11 @@ func TestNetns_HierTwoByTwo(t *testing.T) {
 // TestNetns_HierRankKilled kills a rank (kill -9) in the middle of a loop
 // of 4 MiB Allreduces, a leader's host-mate and a leader, and of Bcasts
 // (4 MiB from rank 0), Allgathers (1 MiB a rank), Reduces (4 MiB to rank
-// 0: its host-mate, the other host's leader) and ReduceScatters (4 MiB),
-// which go by levels too: every other rank fails with ErrPeerLost within its 20 s deadline,
-// none hangs.
+// 0: its host-mate, the other host's leader), ReduceScatters (4 MiB),
+// Gathers and Scatters (1 MiB a rank, to and from rank 0: its host-mate,
+// the other host's leader and host-mate) and Alltoalls (4 MiB: a host-mate,
+// a leader), which go by levels too: every other rank fails with
+// ErrPeerLost within its 20 s deadline, none hangs.
 func TestNetns_HierRankKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes on network namespaces")
@@ -108,7 +110,8 @@ func TestNetns_HierRankKilled(t *testing.T) {
 		op     string
 		victim int
 	}{{"allreduce", 1}, {"allreduce", 2}, {"bcast", 1}, {"bcast", 2}, {"allgather", 3}, {"allgather", 2},
-		{"reduce", 1}, {"reduce", 2}, {"reduce-scatter", 3}, {"reduce-scatter", 0}} {
+		{"reduce", 1}, {"reduce", 2}, {"reduce-scatter", 3}, {"reduce-scatter", 0},
+		{"gather", 1}, {"gather", 2}, {"scatter", 3}, {"scatter", 2}, {"alltoall", 3}, {"alltoall", 0}} {
 		t.Run(fmt.Sprintf("%s rank %d", tc.op, tc.victim), func(t *testing.T) {
 			victim := tc.victim
 			ps := netnsRanks(t, "loop", Auto, []int{0, 0, 1, 1}, envOp+"="+tc.op)

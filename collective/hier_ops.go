@@ -26,9 +26,10 @@ import (
 //  3. within each host: every rank copies the others' shares (or the
 //     leader's whole result).
 //
-// Bcast and Allgather go by levels too (hier_move.go), and Reduce and
-// ReduceScatter (hier_reduce.go). The other collectives go over TCP between every pair of ranks, as in a
-// communicator that is TCP throughout (tcpCollective). Every collective's
+// Bcast and Allgather go by levels too (hier_move.go), Reduce and
+// ReduceScatter (hier_reduce.go), Gather and Scatter (hier_gather.go) and
+// Alltoall (hier_alltoall.go). Barrier goes over TCP between every pair of
+// ranks, as in a communicator that is TCP throughout (tcpCollective). Every collective's
 // descriptions go the TCP way, from every rank to every other, so a rank
 // that calls Allreduce and one that calls something else reach the same
 // check, and the same error.
@@ -77,6 +78,12 @@ func (c *Comm) hierCollective(ctx context.Context, seq uint64, cl *call) (*plan,
 			return h.reduce(dctx, c, seq, k, p, cl.in, out)
 		case kindReduceScatter:
 			return h.reduceScatter(dctx, c, seq, k, p, cl.in, out)
+		case kindGather:
+			return h.gather(dctx, c, seq, k, p, cl.in, out)
+		case kindScatter:
+			return h.scatter(dctx, c, seq, k, p, cl.in, out)
+		case kindAlltoall:
+			return h.alltoall(dctx, c, seq, k, p, cl.in, out)
 		}
 		return h.allreduce(dctx, c, seq, k, p, cl.in, out)
 	})

@@ -27,8 +27,11 @@ type Topology struct {
 	// other hosts' leaders; an Allgather as each host's block, between
 	// the leaders; a Reduce or ReduceScatter as each host's partial of
 	// each piece, from one of the host's ranks to the rank that finishes
-	// the piece. The other collectives go between every pair of ranks
-	// over TCP (docs/collective.md, "Across hosts").
+	// the piece; a Gather (Scatter) as each other host's block, from its
+	// leader to the root (from the root to its leader); an Alltoall as
+	// one block each way between every pair of hosts' leaders. Barrier
+	// and point-to-point go between the ranks concerned over TCP
+	// (docs/collective.md, "Across hosts").
 	Between Transport
 }
 
@@ -38,8 +41,9 @@ type TopologyHost struct {
 	Ranks []int
 	// Leader is the rank that speaks for the host between hosts in a
 	// hierarchical communicator's small Allreduces (and all of them when
-	// hosts have different rank counts), its Allgathers, and its Bcasts
-	// from another host: its lowest, Ranks[0].
+	// hosts have different rank counts), its Allgathers and Alltoalls,
+	// and its Bcasts, Gathers and Scatters of a root on another host: its
+	// lowest, Ranks[0].
 	Leader int
 }
 

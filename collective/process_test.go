@@ -30,7 +30,7 @@ const (
 	envTransport = "TENSORWIRE_COLLECTIVE_TRANSPORT"
 	envDir       = "TENSORWIRE_COLLECTIVE_DIR"
 	envToken     = "TENSORWIRE_COLLECTIVE_TOKEN" // Config.Token; unset: none
-	envOp        = "TENSORWIRE_COLLECTIVE_OP"    // the "loop" role's collective: allreduce (unset), bcast or allgather
+	envOp        = "TENSORWIRE_COLLECTIVE_OP"    // the "loop" role's collective: allreduce (unset) or helperLoop's others
 )
 
 // TestHelperProcess is not a test: it is the body of the rank processes,
@@ -175,8 +175,9 @@ func must1[T any](v T, err error) T {
 }
 
 // helperLoop allreduces 4 MiB again and again (or, as $envOp says,
-// broadcasts it from rank 0, reduces it to rank 0, reduce-scatters it, or
-// allgathers 1 MiB a rank), printing "ITER
+// broadcasts it from rank 0, reduces it to rank 0, reduce-scatters it,
+// alltoalls it, allgathers 1 MiB a rank, gathers 1 MiB a rank to rank 0,
+// or scatters 1 MiB a rank from rank 0), printing "ITER
 // i", until an error, which it prints as "ERR sentinel after": then it
 // joins again (a new communicator, same rendezvous), allreduces once and
 // prints "REJOINED".
@@ -185,6 +186,8 @@ func helperLoop(ctx context.Context, c *Comm, cfg Config) {
 	piece, _ := tensordict.Zeros(memmap.Float32, 1<<18)
 	all, _ := tensordict.Zeros(memmap.Float32, c.Size()<<18)
 	rs, _ := tensordict.Zeros(memmap.Float32, (1<<20)/c.Size())
+	a2aIn := must1(tensordict.FromBytes(memmap.Float32, []int{c.Size(), (1 << 20) / c.Size()}, must1(x.Bytes())))
+	a2aOut := must1(tensordict.FromBytes(memmap.Float32, []int{1, 1 << 20}, make([]byte, 4<<20)))
 	op := os.Getenv(envOp)
 	for i := 0; ; i++ {
 		start := time.Now()
@@ -199,6 +202,12 @@ func helperLoop(ctx context.Context, c *Comm, cfg Config) {
 			err = c.ReduceInto(opCtx, x, x, Sum, 0)
 		case "reduce-scatter":
 			err = c.ReduceScatterInto(opCtx, rs, x, Sum, 0, nil)
+		case "gather":
+			err = c.GatherInto(opCtx, all, piece, 0, 0)
+		case "scatter":
+			err = c.ScatterInto(opCtx, piece, all, 0, nil, 0)
+		case "alltoall":
+			err = c.AlltoallInto(opCtx, a2aOut, a2aIn, 1, 0, nil)
 		default:
 			err = c.AllreduceInto(opCtx, x, x, Sum)
 		}

@@ -1,10 +1,10 @@
 // Package collective is the collectives benchmark, "tensorwire bench
-// collective": allreduce, allgather, reduce-scatter, reduce, broadcast
-// and alltoall of float32 tensors at 1 KiB to 64 MiB, with 2 and 4 ranks as
+// collective": allreduce, allgather, reduce-scatter, reduce, broadcast,
+// gather, scatter and alltoall of float32 tensors at 1 KiB to 64 MiB, with 2 and 4 ranks as
 // processes, through shared mappings ("shm") and over loopback TCP
 // ("tcp"), against memcpy bandwidth measured in the same run.
 //
-//	tensorwire bench collective [--ops allreduce,allgather,reduce-scatter,reduce,broadcast,alltoall,allreduce-fwd-bwd,allreduce-fwd-bwd-alloc]
+//	tensorwire bench collective [--ops allreduce,allgather,reduce-scatter,reduce,broadcast,gather,scatter,alltoall,allreduce-fwd-bwd,allreduce-fwd-bwd-alloc]
 //	    [--ranks 2,4] [--sizes 1KB,64KB,1MB,16MB,64MB] [--transports shm,tcp] [--hosts local|netns [--layout HxR]] [--gloo auto|off] [--json FILE]
 //
 // For each transport and rank count the benchmark starts that many copies
@@ -29,12 +29,14 @@
 //
 // What "bytes" means follows NCCL's tests: the size of the whole tensor
 // each rank holds for allreduce, reduce (to rank 0, into an output of its
-// own) and broadcast; the size of the gathered result for allgather (each
-// rank contributes bytes/n); of each rank's input for reduce-scatter (each
-// gets bytes/n) and alltoall. The algorithm bandwidth is bytes over the
+// own) and broadcast; the size of the gathered result for allgather and
+// gather (to rank 0; each rank contributes bytes/n); of each rank's input
+// for reduce-scatter (each gets bytes/n) and alltoall, and of the root's
+// for scatter (from rank 0; each gets bytes/n). The algorithm bandwidth is bytes over the
 // p50 time; the bus bandwidth is NCCL's correction of it to what each
 // link carries: allreduce algbw * 2(n-1)/n; allgather, reduce-scatter and
-// alltoall algbw * (n-1)/n; reduce and broadcast algbw.
+// gather, scatter and alltoall algbw * (n-1)/n; reduce and broadcast
+// algbw.
 // allreduce-fwd-bwd is an allreduce on a collective.Tape and its backward
 // pass (a second allreduce, of the gradient seed), timed together, with
 // allreduce's formula over the two: mpi4torch's "forward+backward" figure.
@@ -88,14 +90,14 @@ import (
 // Benchmark is "tensorwire bench collective".
 var Benchmark = bench.Benchmark{
 	Name:    "collective",
-	Summary: "allreduce, allgather, reduce-scatter, reduce, broadcast and alltoall between ranks as processes, by shared mapping and over TCP, against memcpy",
+	Summary: "allreduce, allgather, reduce-scatter, reduce, broadcast, gather, scatter and alltoall between ranks as processes, by shared mapping and over TCP, against memcpy",
 	Run:     Run,
 }
 
 // ErrUsage matches the errors a different command line fixes.
 var ErrUsage = bench.ErrUsage
 
-var allOps = []string{"allreduce", "allgather", "reduce-scatter", "reduce", "broadcast", "alltoall", "allreduce-fwd-bwd", "allreduce-fwd-bwd-alloc"}
+var allOps = []string{"allreduce", "allgather", "reduce-scatter", "reduce", "broadcast", "gather", "scatter", "alltoall", "allreduce-fwd-bwd", "allreduce-fwd-bwd-alloc"}
 
 type options struct {
 	ops        []string
@@ -678,6 +680,26 @@ func prepare(c *collective.Comm, op string, elems int) (func(context.Context) er
 			return nil, err
 		}
 		return func(ctx context.Context) error { return c.ReduceInto(ctx, y, x, collective.Sum, 0) }, nil
+	case "gather":
+		x, err := touched(elems/n, 1)
+		if err != nil {
+			return nil, err
+		}
+		y, err := touched(elems, 0)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error { return c.GatherInto(ctx, y, x, 0, 0) }, nil
+	case "scatter":
+		x, err := touched(elems, 1)
+		if err != nil {
+			return nil, err
+		}
+		y, err := touched(elems/n, 0)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error { return c.ScatterInto(ctx, y, x, 0, nil, 0) }, nil
 	case "alltoall":
 		xs, err := touched(elems, 1)
 		if err != nil {
