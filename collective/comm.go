@@ -57,6 +57,9 @@ type Comm struct {
 	p2pMu   sync.Mutex
 	sendSeq map[p2pKey]uint64
 	recvSeq map[p2pKey]uint64
+	p2pOut  p2pOut   // this rank's arenas for messages by reference (p2p_shm.go)
+	p2pIn   p2pIn    // its mappings of the others'
+	p2pStat p2pStats // messages by reference sent and received
 
 	broken    atomic.Pointer[error]
 	ownAbort  atomic.Pointer[error] // the ErrAborted this rank broke the communicator with (its context ended, or an error of its own), as the others see it
@@ -850,6 +853,10 @@ func (c *Comm) shutdown() {
 		time.Sleep(0)
 	}
 	c.opMu.Lock() // wait for a collective in flight to see the failure
+	// The p2p files go first: the last rank out removes the folder when
+	// only its marker is left.
+	c.p2pOut.close()
+	c.p2pIn.close()
 	if c.shm != nil {
 		c.shm.close()
 	}
