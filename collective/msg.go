@@ -61,11 +61,11 @@ type slot struct {
 	// ref, when set, consumes the message when it comes with a reference
 	// (a point-to-point message's first piece): b as consume's, and the
 	// reader of the bytes referred to.
-	ref     func(b []byte, rd refReader) error
-	taken   bool          // a handler is consuming it
-	posted  chan struct{} // closed once consume is set
-	done    chan struct{} // closed once consumed
-	err     error
+	ref    func(b []byte, rd refReader) error
+	taken  bool          // a handler is consuming it
+	posted chan struct{} // closed once consume is set
+	done   chan struct{} // closed once consumed
+	err    error
 }
 
 type mailbox struct {
