@@ -163,10 +163,13 @@ type joinReq struct {
 // files of a few chunks, progress words); 3: a hierarchy's Bcast and
 // Allgather by levels (hier_move.go: between hosts only, through the
 // hosts' mappings within them); 4: a hierarchy's Reduce and ReduceScatter
-// by levels (hier_reduce.go). Raise it with any change to
+// by levels (hier_reduce.go); 5: point-to-point messages by reference
+// between ranks that share a folder (p2p_shm.go: one message with the
+// dtype, shape and a reference into the sender's p2p file, instead of the
+// bytes). Raise it with any change to
 // what a data message carries at a step, or to how the ranks use the
 // shared mappings.
-const protoVersion = 4
+const protoVersion = 5
 
 type joinResp struct {
 	Session uint64   `codec:"session"`
