@@ -35,6 +35,14 @@
 // p50 time; the bus bandwidth is NCCL's correction of it to what each
 // link carries: allreduce algbw * 2(n-1)/n; allgather, reduce-scatter and
 // alltoall algbw * (n-1)/n; reduce and broadcast algbw.
+// sendrecv (not in the default --ops) is a point-to-point ping-pong
+// between ranks 2i and 2i+1 (a rank left over idles): the even rank Sends
+// bytes and Recvs them back, the odd rank the other way round; the p50 is
+// the round trip, and its busbw is 2·bytes over it, the bytes one way per
+// half round trip. The transport shm-inline (local only) is shm with
+// collective.Config.ShmSendMin -1: every point-to-point message inline over
+// rpc, as before messages went by reference, for a side-by-side figure;
+// --p2p-ref-min sets ShmSendMin for the other transports.
 // allreduce-fwd-bwd is an allreduce on a collective.Tape and its backward
 // pass (a second allreduce, of the gradient seed), timed together, with
 // allreduce's formula over the two: mpi4torch's "forward+backward" figure.
@@ -97,6 +105,9 @@ var ErrUsage = bench.ErrUsage
 
 var allOps = []string{"allreduce", "allgather", "reduce-scatter", "reduce", "broadcast", "alltoall", "allreduce-fwd-bwd", "allreduce-fwd-bwd-alloc"}
 
+// moreOps are the operations --ops takes beyond the default ones.
+var moreOps = []string{"sendrecv"}
+
 type options struct {
 	ops        []string
 	ranks      []int
@@ -113,6 +124,7 @@ type options struct {
 	addr      string
 	transport string
 	shmDir    string
+	p2pRefMin int
 }
 
 // Run runs the benchmark.
@@ -120,10 +132,11 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	var o options
 	var ops, ranks, sizes, transports string
 	fs := flag.NewFlagSet("bench collective", flag.ContinueOnError)
-	fs.StringVar(&ops, "ops", strings.Join(allOps, ","), "operations to run: "+strings.Join(allOps, ", "))
+	fs.StringVar(&ops, "ops", strings.Join(allOps, ","), "operations to run: "+strings.Join(append(slices.Clone(allOps), moreOps...), ", "))
 	fs.StringVar(&ranks, "ranks", "2,4", "rank counts to run with")
 	fs.StringVar(&sizes, "sizes", "1KB,64KB,1MB,16MB,64MB", "tensor sizes (KB, MB: 1024 and 1024*1024 bytes)")
-	fs.StringVar(&transports, "transports", "shm,tcp", "transports: shm (shared mappings), tcp (loopback)")
+	fs.StringVar(&transports, "transports", "shm,tcp", "transports: shm (shared mappings), tcp (loopback), shm-inline (shm with every point-to-point message inline over rpc)")
+	fs.IntVar(&o.p2pRefMin, "p2p-ref-min", 0, "collective.Config.ShmSendMin: the smallest point-to-point message sent by reference through the shared folder (0: the default, 64 KiB; -1: none)")
 	fs.StringVar(&o.hosts, "hosts", "local", "where the ranks run: local (this host, loopback), netns (a network namespace each, joined by a bridge; root, tcp only)")
 	layout := fs.String("layout", "", "--hosts netns: HxR, R ranks on each of H hosts (--ranks is then H*R; --transports tcp,hier)")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
@@ -167,10 +180,10 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	} else if *lang != "go" {
 		return bench.Usagef("--lang %q: want go or python", *lang)
 	}
-	if o.ops, err = parseList(ops, allOps); err != nil {
+	if o.ops, err = parseList(ops, append(slices.Clone(allOps), moreOps...)); err != nil {
 		return err
 	}
-	if o.transports, err = parseList(transports, []string{"shm", "tcp", "hier"}); err != nil {
+	if o.transports, err = parseList(transports, []string{"shm", "tcp", "hier", "shm-inline"}); err != nil {
 		return err
 	}
 	if *layout != "" {
@@ -195,7 +208,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 				o.transports = []string{"tcp", "hier"}
 			}
 		}
-		if slices.Contains(o.transports, "shm") {
+		if slices.Contains(o.transports, "shm") || slices.Contains(o.transports, "shm-inline") {
 			return bench.Usagef("--hosts netns runs the ranks on separate hosts: --transports tcp or hier only")
 		}
 		if slices.Contains(o.transports, "hier") && o.layout[0] == 0 {
@@ -462,7 +475,8 @@ func runGroup(ctx context.Context, o options, env bench.Env, exe, tr string, n i
 	var err error
 	for r := range n {
 		args := append(slices.Clone(env.Self), "--role", "rank", "--rank", strconv.Itoa(r), "--size", strconv.Itoa(n),
-			"--addr", addr, "--transport", tr, "--ops", strings.Join(o.ops, ","), "--sizes", strings.Join(sizes, ","))
+			"--addr", addr, "--transport", tr, "--ops", strings.Join(o.ops, ","), "--sizes", strings.Join(sizes, ","),
+			"--p2p-ref-min", strconv.Itoa(o.p2pRefMin))
 		if shmBase != "" {
 			dir := fmt.Sprintf("%s/h%d", shmBase, hostOf(r))
 			if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -516,14 +530,18 @@ func iterations(bytes int) int { return max(5, min(500, (256<<20)/bytes)) }
 // 0, prints a JSON line for each.
 func runRank(ctx context.Context, o options, stdout io.Writer) error {
 	jctx, cancel := context.WithTimeout(ctx, time.Minute)
-	c, err := collective.Join(jctx, collective.Config{Rank: o.rank, Size: o.size, Addr: o.addr, Transport: collective.Transport(o.transport), ShmDir: o.shmDir})
+	tr, refMin := o.transport, o.p2pRefMin
+	if tr == "shm-inline" {
+		tr, refMin = "shm", -1
+	}
+	c, err := collective.Join(jctx, collective.Config{Rank: o.rank, Size: o.size, Addr: o.addr, Transport: collective.Transport(tr), ShmDir: o.shmDir, ShmSendMin: refMin})
 	cancel()
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if string(c.Transport()) != o.transport {
-		return fmt.Errorf("transport %s, asked for %s", c.Transport(), o.transport)
+	if string(c.Transport()) != tr {
+		return fmt.Errorf("transport %s, asked for %s", c.Transport(), tr)
 	}
 	n := c.Size()
 	enc := json.NewEncoder(stdout)
@@ -574,6 +592,8 @@ func busFactor(op string, n int) float64 {
 		return 2 * float64(n-1) / float64(n)
 	case "broadcast", "reduce":
 		return 1
+	case "sendrecv":
+		return 2 // the round trip's bytes one way per half of it
 	}
 	return float64(n-1) / float64(n)
 }
@@ -678,6 +698,28 @@ func prepare(c *collective.Comm, op string, elems int) (func(context.Context) er
 			return nil, err
 		}
 		return func(ctx context.Context) error { return c.ReduceInto(ctx, y, x, collective.Sum, 0) }, nil
+	case "sendrecv":
+		x, err := touched(elems, 1)
+		if err != nil {
+			return nil, err
+		}
+		me := c.Rank()
+		peer := me ^ 1
+		if peer >= n {
+			return func(context.Context) error { return nil }, nil
+		}
+		return func(ctx context.Context) error {
+			if me%2 == 0 {
+				if err := c.Send(ctx, x, peer, 0); err != nil {
+					return err
+				}
+				return c.Recv(ctx, x, peer, 0)
+			}
+			if err := c.Recv(ctx, x, peer, 0); err != nil {
+				return err
+			}
+			return c.Send(ctx, x, peer, 0)
+		}, nil
 	case "alltoall":
 		xs, err := touched(elems, 1)
 		if err != nil {
