@@ -221,7 +221,7 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 	default:
 		// The bytes are read from the sender's mapping, under the guard:
 		// a file truncated under it fails the message, not the process.
-		s.err = guardOwn(func() error { return s.ref(b, c.refReaderFor(r.Src, r.Ref)) })
+		s.err = guardOwn(func() error { return s.ref(b, c.refReaderFor(ctx, r.Src, r.Ref)) })
 	}
 	close(s.done)
 	if isOwn(s.err) && r.Space != spaceP2P {

@@ -166,14 +166,15 @@ func (c *Comm) Irecv(ctx context.Context, t *tensordict.Tensor, src, tag int) *R
 		if err := check(m); err != nil {
 			return err
 		}
-		return rd(func(data []byte) error {
-			if len(data) != len(b) {
-				return mismatchf("rank %d sent %d bytes to rank %d (tag %d), which receives %d", src, len(data), c.rank, tag, len(b))
+		err := rd(func(off int, data []byte) error {
+			if off+len(data) > len(b) {
+				return mismatchf("rank %d sent more than %d bytes to rank %d (tag %d)", src, len(b), c.rank, tag)
 			}
-			copy(b, data)
-			byRef = true
+			copy(b[off:], data)
 			return nil
 		})
+		byRef = err == nil
+		return err
 	})
 	go func() {
 		defer close(r.done)

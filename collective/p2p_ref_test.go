@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -224,7 +225,9 @@ func TestP2P_ManyInFlight(t *testing.T) {
 }
 
 // TestP2P_TruncatedReference: the sender's p2p file truncated (by hand)
-// after the bytes are in it and before the receiver reads them: an error
+// as the reference goes: after the bytes are in it (1 MiB, one chunk: the
+// receiver faults) or before the first chunk of a pipelined message (3
+// MiB: the sender faults copying in, the receiver on the file). An error
 // on both sides, never a SIGBUS, whether the receiver had mapped the file
 // (a fault: memmap.ErrFault) or maps it then (too short). The
 // communicator goes on: the next message goes through a new file, and
@@ -233,12 +236,16 @@ func TestP2P_TruncatedReference(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("shared mappings need Linux")
 	}
-	for _, mapped := range []bool{true, false} {
-		t.Run(fmt.Sprintf("mapped=%v", mapped), func(t *testing.T) {
+	for _, tc := range []struct {
+		mapped bool
+		elems  int
+	}{{true, 1 << 17}, {false, 1 << 17}, {true, 3 << 17}, {false, 3 << 17}} {
+		mapped := tc.mapped
+		t.Run(fmt.Sprintf("mapped=%v/%dMiB", mapped, tc.elems>>17), func(t *testing.T) {
 			dir := t.TempDir()
 			comms := groupWith(t, 2, SHM, dir, nil)
 			x := func(v float64) *tensordict.Tensor {
-				s := make([]float64, 1<<17) // 1 MiB
+				s := make([]float64, tc.elems)
 				for i := range s {
 					s[i] = v + float64(i)
 				}
@@ -250,7 +257,7 @@ func TestP2P_TruncatedReference(t *testing.T) {
 					if c.Rank() == 0 {
 						return 0, c.Send(ctx, x(v), 1, 0)
 					}
-					buf := f64(t, 1<<17)
+					buf := f64(t, tc.elems)
 					if err := c.Recv(ctx, buf, 0, 0); err != nil {
 						return 0, err
 					}
@@ -284,9 +291,10 @@ func TestP2P_TruncatedReference(t *testing.T) {
 			if !mapped && !errors.Is(errs[1], memmap.ErrShortFile) {
 				t.Errorf("receiver: %v, want memmap.ErrShortFile", errs[1])
 			}
-			if !strings.Contains(errs[0].Error(), "rank 1") && !strings.Contains(errs[0].Error(), "fault") && !strings.Contains(errs[0].Error(), "short") {
-				t.Logf("sender: %v", errs[0])
+			if tc.elems > refChunk && !errors.Is(errs[0], memmap.ErrFault) {
+				t.Errorf("sender of a pipelined message: %v, want memmap.ErrFault", errs[0])
 			}
+			t.Logf("sender: %v; receiver: %v", errs[0], errs[1])
 			if errs := pass(3); errs[0] != nil || errs[1] != nil {
 				t.Fatalf("the message after: %v", errs)
 			}
@@ -415,5 +423,62 @@ func TestP2P_AdjointByReference(t *testing.T) {
 				t.Errorf("no message went by reference")
 			}
 		})
+	}
+}
+
+// TestP2P_FaultOnTensors: a sender's tensor or a receiver's that is a
+// mapping whose file was truncated, sent by reference (one chunk, and
+// pipelined): the rank whose tensor faulted fails with memmap.ErrFault,
+// the other with an error too, never a SIGBUS; the communicator goes on
+// and no region stays in use.
+func TestP2P_FaultOnTensors(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared mappings need Linux")
+	}
+	comms := group(t, 2, SHM)
+	for _, elems := range []int{1 << 17, 3 << 17} {
+		for _, bad := range []int{0, 1} { // the sender's tensor, the receiver's
+			t.Run(fmt.Sprintf("%dMiB/rank%d", elems>>17, bad), func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "t")
+				mm, err := memmap.Create(path, memmap.Float64, elems)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { mm.Close() })
+				badT, err := tensordict.View(mm, 0, elems)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Truncate(path, 0); err != nil {
+					t.Fatal(err)
+				}
+				_, errs := onAll(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+					x := f64(t, elems)
+					if c.Rank() == bad {
+						x = badT
+					}
+					if c.Rank() == 0 {
+						return 0, c.Send(ctx, x, 1, 0)
+					}
+					return 0, c.Recv(ctx, x, 0, 0)
+				})
+				t.Logf("errors: %v", errs)
+				if !errors.Is(errs[bad], memmap.ErrFault) {
+					t.Errorf("rank %d, whose tensor faulted: %v, want memmap.ErrFault", bad, errs[bad])
+				}
+				if errs[1-bad] == nil {
+					t.Errorf("rank %d: no error", 1-bad)
+				}
+				all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+					if c.Rank() == 0 {
+						return 0, c.Send(ctx, f64(t, elems), 1, 0)
+					}
+					return 0, c.Recv(ctx, f64(t, elems), 0, 0)
+				})
+				if regions, _ := liveRegions(comms[0]); regions != 0 {
+					t.Errorf("rank 0: %d regions in use", regions)
+				}
+			})
+		}
 	}
 }

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/shm"
+	"github.com/tensorwire/tensorwire/memmap"
 )
 
 // Point-to-point by reference (docs/collective.md, "Point-to-point
@@ -33,7 +35,12 @@ import (
 // once and unmaps an older one when it is idle. A region starts with a
 // 64-byte header whose first word is the message's state: id<<2 | state,
 // state 0 ready, 1 the receiver reading, 2 read, 3 withdrawn by the
-// sender. The receiver claims it (0 to 1) before reading and marks it read
+// sender; its second, the fill word, counts the chunks (refChunk bytes)
+// the sender has copied in. A message of several chunks is pipelined: its
+// reference goes before the sender copies, and the receiver copies chunk
+// i out once the fill word passes i (waiting on it as on a phase: a spin,
+// then a futex), while the sender copies chunk i+1 in, so the two copies
+// overlap rather than follow each other. The receiver claims it (0 to 1) before reading and marks it read
 // after; a sender whose call failed (its context ended, the receiver is
 // lost) withdraws it (0 to 3) before freeing it, or, when the receiver is
 // reading, frees it once the receiver is done, so a region is never
@@ -53,6 +60,9 @@ const (
 	ShmSendMinDefault = 64 << 10
 
 	refHeader   = 64      // a region's header, before its bytes
+	refFill     = 8       // the fill word's offset in the header
+	refChunk    = 1 << 20 // the pipeline's step
+	fillFailed  = ^uint32(0)
 	refAlign    = 4096    // regions are whole pages
 	arenaMin    = 4 << 20 // the smallest arena
 	arenaMax    = 1 << 30 // the largest: a message that needs more goes inline
@@ -283,6 +293,12 @@ func (o *p2pOut) close() {
 // word is the region's header word.
 func (r *p2pRegion) word() *shm.Uint64 { return r.a.m.Uint64(r.off) }
 
+// fill is the region's fill word.
+func (r *p2pRegion) fill() *shm.Uint32 { return r.a.m.Uint32(r.off + refFill) }
+
+// refChunks is how many pipeline steps n bytes take.
+func refChunks(n int) int { return max(1, (n+refChunk-1)/refChunk) }
+
 func (r *p2pRegion) ref() *p2pRef {
 	return &p2pRef{Gen: r.a.gen, ID: r.id, Len: uint64(len(r.b)), Off: uint64(r.off), Size: uint64(r.a.size)}
 }
@@ -414,12 +430,14 @@ type p2pStats struct {
 
 // refReader reads a message by reference: it claims the region, calls fn
 // with its bytes (valid only during the call) and marks it read.
-type refReader func(fn func(data []byte) error) error
+type refReader func(fn func(off int, data []byte) error) error
 
 // refReaderFor returns the reader of ref, a message from rank src. It
-// runs in the message's handler, under its fault guard.
-func (c *Comm) refReaderFor(src int, ref *p2pRef) refReader {
-	return func(fn func(data []byte) error) error {
+// runs in the message's handler, under its fault guard; ctx is the
+// handler's. fn gets the message's bytes chunk by chunk (refChunk each,
+// the last shorter), as the sender fills them in, with their offset.
+func (c *Comm) refReaderFor(ctx context.Context, src int, ref *p2pRef) refReader {
+	return func(fn func(off int, data []byte) error) error {
 		dir := c.p2pDir(src)
 		if dir == "" {
 			return fmt.Errorf("rank %d sent rank %d a message by reference, but they share no folder", src, c.rank)
@@ -438,14 +456,60 @@ func (c *Comm) refReaderFor(src int, ref *p2pRef) refReader {
 			return fmt.Errorf("rank %d withdrew its message (its call ended before rank %d read it)", src, c.rank)
 		}
 		defer w.Store(ref.ID<<2 | refRead)
-		off := int(ref.Off) + refHeader
-		err = fn(p.m.Bytes()[off : off+int(ref.Len)])
-		if err == nil {
-			c.p2pStat.received.Add(1)
+		fill := p.m.Uint32(int(ref.Off) + refFill)
+		data := p.m.Bytes()[int(ref.Off)+refHeader : int(ref.Off)+refHeader+int(ref.Len)]
+		for i := range refChunks(len(data)) {
+			if err := c.waitFill(ctx, src, fill, uint32(i+1)); err != nil {
+				return err
+			}
+			part := data[i*refChunk : min(len(data), (i+1)*refChunk)]
+			if err := fn(i*refChunk, part); err != nil {
+				return err
+			}
 		}
-		return err
+		c.p2pStat.received.Add(1)
+		return nil
 	}
 }
+
+// waitFill waits until the fill word w (of a message from rank src) has
+// reached v: a short spin, then futex waits rechecking ctx and the
+// communicator's health every few milliseconds (a sender that died never
+// fills it; the communicator breaks).
+func (c *Comm) waitFill(ctx context.Context, src int, w *shm.Uint32, v uint32) error {
+	ok := func(cur uint32) (bool, error) {
+		if cur == fillFailed {
+			return false, fmt.Errorf("rank %d could not copy its message in (a fault on its tensor)", src)
+		}
+		return cur >= v, nil
+	}
+	for i := 0; i < spinsFill; i++ {
+		if done, err := ok(w.Load()); done || err != nil {
+			return err
+		}
+		if i >= spinsFill-yieldsFill {
+			runtime.Gosched()
+		}
+	}
+	for {
+		cur := w.Load()
+		if done, err := ok(cur); done || err != nil {
+			return err
+		}
+		if err := c.err(); err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		w.Wait(cur, 5*time.Millisecond)
+	}
+}
+
+const (
+	spinsFill  = 208 // reads of a fill word before the futex, the last ...
+	yieldsFill = 8   // ... of them after yielding the processor
+)
 
 // p2pDir returns the folder this rank shares with rank peer, where
 // messages to it may go by reference: "" when they share none.
@@ -461,8 +525,9 @@ func (c *Comm) p2pDir(peer int) string {
 	return ""
 }
 
-// p2pRefHook, when set (by tests), runs once a message's bytes are in its
-// region, before the reference goes: with the arena's path.
+// p2pRefHook, when set (by tests), runs before a message's reference
+// goes, with the arena's path: once its bytes are in the region (a
+// message of one chunk), or before the first (a pipelined one).
 var p2pRefHook func(path string)
 
 // sendByRef sends message k (its first piece m, the dtype and shape) with
@@ -470,12 +535,12 @@ var p2pRefHook func(path string)
 // b is large enough. sent false: the message is to go inline (nothing was
 // sent).
 func (c *Comm) sendByRef(ctx context.Context, dest int, k msgKey, m, b []byte) (sent bool, err error) {
-	min := c.cfg.ShmSendMin
-	if min == 0 {
-		min = ShmSendMinDefault
+	least := c.cfg.ShmSendMin
+	if least == 0 {
+		least = ShmSendMinDefault
 	}
 	dir := c.p2pDir(dest)
-	if min < 0 || len(b) < min || dir == "" {
+	if least < 0 || len(b) < least || dir == "" {
 		return false, nil
 	}
 	r, err := c.p2pOut.alloc(dir, c.rank, len(b))
@@ -485,9 +550,10 @@ func (c *Comm) sendByRef(ctx context.Context, dest int, k msgKey, m, b []byte) (
 		c.log.Debug("collective: a message inline", "rank", c.rank, "to", dest, "bytes", len(b), "why", err)
 		return false, nil
 	}
+	n := refChunks(len(b))
 	if err := guardOwn(func() error {
 		r.word().Store(r.id<<2 | refReady)
-		copy(r.b, b)
+		r.fill().Store(0)
 		return nil
 	}); err != nil {
 		// The arena's file was truncated under us: it is dropped, and this
@@ -495,13 +561,65 @@ func (c *Comm) sendByRef(ctx context.Context, dest int, k msgKey, m, b []byte) (
 		c.p2pOut.free(r, true)
 		return false, nil
 	}
-	if h := p2pRefHook; h != nil {
-		h(r.a.path)
+	hook := func() {
+		if h := p2pRefHook; h != nil {
+			h(r.a.path)
+		}
 	}
-	err = c.sendReq(ctx, dest, k, m, r.ref())
+	// fillIn copies the bytes in chunk by chunk, each announced in the
+	// fill word; a fault (the arena truncated, or the caller's tensor, a
+	// mapping) ends it and is announced too, when the word is still there.
+	fillIn := func(wake bool) error {
+		fault := guardOwn(func() error {
+			f := r.fill()
+			for i := range n {
+				copy(r.b[i*refChunk:min(len(b), (i+1)*refChunk)], b[i*refChunk:])
+				f.Store(uint32(i + 1))
+				if wake {
+					f.Wake()
+				}
+			}
+			return nil
+		})
+		if fault != nil {
+			guardOwn(func() error { r.fill().Store(fillFailed); r.fill().Wake(); return nil })
+		}
+		return fault
+	}
+	var fault error
+	if n == 1 {
+		fault = fillIn(false)
+		hook()
+		err = c.sendReq(ctx, dest, k, m, r.ref())
+	} else {
+		// Pipelined: the reference goes first, and the bytes follow
+		// whatever becomes of the call (a receiver reading waits for
+		// every chunk).
+		hook()
+		done := make(chan error, 1)
+		go func() { done <- c.sendReq(ctx, dest, k, m, r.ref()) }()
+		fault = fillIn(true)
+		err = <-done
+	}
+	if fault != nil {
+		// The receiver was told (or faulted on the arena itself): this
+		// rank's error is its fault. An arena whose header faults is
+		// dropped; otherwise the region is settled as for a failed call.
+		if guardOwn(func() error { r.word().Load(); return nil }) != nil {
+			c.p2pOut.free(r, true)
+		} else {
+			c.settle(r, fault)
+		}
+		return true, fault
+	}
 	c.settle(r, err)
 	if err == nil {
 		c.p2pStat.sent.Add(1)
+	}
+	if errors.Is(err, memmap.ErrFault) {
+		// The receiver's fault (its tensor, or this rank's file
+		// truncated), said as the receiver's, not as one of this rank.
+		err = fmt.Errorf("rank %d faulted taking the message: %w", dest, err)
 	}
 	return true, err
 }
