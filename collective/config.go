@@ -62,7 +62,7 @@ type Config struct {
 	// shared-mapping transport, or a host-mate in a hierarchy): the sender
 	// copies the tensor there and sends a reference, the receiver copies
 	// it out. Smaller messages, and every message to a rank that shares
-	// no folder, go inline over rpc. 0 means ShmSendMinDefault (64 KiB);
+	// no folder, go inline over rpc. 0 means ShmSendMinDefault (4 KiB);
 	// a negative value sends every message inline. It is the sender's
 	// choice: ranks need not agree on it.
 	ShmSendMin int

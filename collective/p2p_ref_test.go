@@ -62,7 +62,8 @@ func liveRegions(c *Comm) (regions, arenas int) {
 }
 
 // TestP2P_ByReference: every rank sends every other a message of each
-// size, and receives them bit for bit. Messages of 64 KiB or more between
+// size, and receives them bit for bit. Messages of ShmSendMinDefault (4
+// KiB) or more between
 // ranks that share a folder (all on SHM, host-mates in a hierarchy) go by
 // reference, counted on both sides; the others, and every message with
 // ShmSendMin -1 or over TCP, go inline. No region stays in use.

@@ -56,8 +56,13 @@ const (
 )
 
 const (
-	// ShmSendMinDefault is Config.ShmSendMin's default.
-	ShmSendMinDefault = 64 << 10
+	// ShmSendMinDefault is Config.ShmSendMin's default: a page. A message
+	// by reference was faster than inline at every size measured, 64 B
+	// up (docs/benchmarks.md), mostly because an inline message is two
+	// rpc round trips (its dtype and shape, then its bytes) and one by
+	// reference one; messages under a page stay inline all the same, off
+	// the shared folder (a region is at least two pages).
+	ShmSendMinDefault = 4 << 10
 
 	refHeader   = 64      // a region's header, before its bytes
 	refFill     = 8       // the fill word's offset in the header

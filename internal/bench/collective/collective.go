@@ -136,7 +136,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.StringVar(&ranks, "ranks", "2,4", "rank counts to run with")
 	fs.StringVar(&sizes, "sizes", "1KB,64KB,1MB,16MB,64MB", "tensor sizes (KB, MB: 1024 and 1024*1024 bytes)")
 	fs.StringVar(&transports, "transports", "shm,tcp", "transports: shm (shared mappings), tcp (loopback), shm-inline (shm with every point-to-point message inline over rpc)")
-	fs.IntVar(&o.p2pRefMin, "p2p-ref-min", 0, "collective.Config.ShmSendMin: the smallest point-to-point message sent by reference through the shared folder (0: the default, 64 KiB; -1: none)")
+	fs.IntVar(&o.p2pRefMin, "p2p-ref-min", 0, "collective.Config.ShmSendMin: the smallest point-to-point message sent by reference through the shared folder (0: the default, 4 KiB; -1: none)")
 	fs.StringVar(&o.hosts, "hosts", "local", "where the ranks run: local (this host, loopback), netns (a network namespace each, joined by a bridge; root, tcp only)")
 	layout := fs.String("layout", "", "--hosts netns: HxR, R ranks on each of H hosts (--ranks is then H*R; --transports tcp,hier)")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
