@@ -63,10 +63,10 @@ func liveRegions(c *Comm) (regions, arenas int) {
 
 // TestP2P_ByReference: every rank sends every other a message of each
 // size, and receives them bit for bit. Messages of ShmSendMinDefault (4
-// KiB) or more between
-// ranks that share a folder (all on SHM, host-mates in a hierarchy) go by
-// reference, counted on both sides; the others, and every message with
-// ShmSendMin -1 or over TCP, go inline. No region stays in use.
+// KiB) or more between ranks that share a folder (all on SHM, host-mates
+// in a hierarchy) go by reference, counted on both sides; the others, and
+// every message with ShmSendMin -1 or over TCP, go inline. No region
+// stays in use.
 func TestP2P_ByReference(t *testing.T) {
 	sizes := []int{100, ShmSendMinDefault - 8, ShmSendMinDefault, 1<<20 + 24, 3 << 20}
 	for _, l := range p2pLayouts {
