@@ -74,6 +74,9 @@ const (
 	refMaxBytes = 1 << 40 // a reference larger than this is malformed
 )
 
+// stateWord is a region's header word for message id in state st.
+func stateWord(id uint64, st uint64) uint64 { return id<<2 | st }
+
 // p2pRef is a message's reference: the region at Off of the sender's
 // arena Gen (of Size bytes), holding Len bytes after its header, for the
 // message numbered ID.
@@ -319,7 +322,7 @@ func (c *Comm) settle(r *p2pRegion, err error) {
 	var state uint64
 	fault := guardOwn(func() error {
 		w := r.word()
-		if w.CompareAndSwap(r.id<<2|refReady, r.id<<2|refWithdrawn) {
+		if w.CompareAndSwap(stateWord(r.id, refReady), stateWord(r.id, refWithdrawn)) {
 			state = refWithdrawn
 		} else {
 			state = w.Load() & 3
@@ -457,10 +460,10 @@ func (c *Comm) refReaderFor(ctx context.Context, src int, ref *p2pRef) refReader
 		}
 		defer c.p2pIn.put(p)
 		w := p.m.Uint64(int(ref.Off))
-		if !w.CompareAndSwap(ref.ID<<2|refReady, ref.ID<<2|refReading) {
+		if !w.CompareAndSwap(stateWord(ref.ID, refReady), stateWord(ref.ID, refReading)) {
 			return fmt.Errorf("rank %d withdrew its message (its call ended before rank %d read it)", src, c.rank)
 		}
-		defer w.Store(ref.ID<<2 | refRead)
+		defer w.Store(stateWord(ref.ID, refRead))
 		fill := p.m.Uint32(int(ref.Off) + refFill)
 		data := p.m.Bytes()[int(ref.Off)+refHeader : int(ref.Off)+refHeader+int(ref.Len)]
 		for i := range refChunks(len(data)) {
@@ -557,7 +560,7 @@ func (c *Comm) sendByRef(ctx context.Context, dest int, k msgKey, m, b []byte) (
 	}
 	n := refChunks(len(b))
 	if err := guardOwn(func() error {
-		r.word().Store(r.id<<2 | refReady)
+		r.word().Store(stateWord(r.id, refReady))
 		r.fill().Store(0)
 		return nil
 	}); err != nil {
