@@ -166,13 +166,17 @@ func (c *Comm) Irecv(ctx context.Context, t *tensordict.Tensor, src, tag int) *R
 		if err := check(m); err != nil {
 			return err
 		}
+		got := 0
 		err := rd(func(off int, data []byte) error {
 			if off+len(data) > len(b) {
 				return mismatchf("rank %d sent more than %d bytes to rank %d (tag %d)", src, len(b), c.rank, tag)
 			}
-			copy(b[off:], data)
+			got += copy(b[off:], data)
 			return nil
 		})
+		if err == nil && got != len(b) {
+			err = mismatchf("rank %d sent %d bytes to rank %d (tag %d), which receives %d", src, got, c.rank, tag, len(b))
+		}
 		byRef = err == nil
 		return err
 	})
