@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -482,4 +483,59 @@ func TestP2P_FaultOnTensors(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestP2P_MalformedReference: references a sender that lost count, or a
+// stranger, could send, handed to a receiver's handler directly: each
+// fails the receive and the sender's call with an error (never a fault or
+// a panic), and the communicator goes on.
+func TestP2P_MalformedReference(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared mappings need Linux")
+	}
+	comms := group(t, 2, SHM)
+	// A real arena of rank 0's, so that only the reference is wrong.
+	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+		if c.Rank() == 0 {
+			return 0, c.Send(ctx, f64(t, 1<<10), 1, 0)
+		}
+		return 0, c.Recv(ctx, f64(t, 1<<10), 0, 0)
+	})
+	c := comms[1]
+	size := uint64(arenaMin)
+	for i, ref := range []p2pRef{
+		{Gen: 1, ID: 99, Len: 8 << 10, Off: 0, Size: size},            // another message's id
+		{Gen: 1, ID: 1, Len: size, Off: 0, Size: size},                // past the arena
+		{Gen: 1, ID: 1, Len: 8, Off: 100, Size: size},                 // not a region's offset
+		{Gen: 1, ID: 1, Len: 8, Off: size, Size: size},                // at the end
+		{Gen: 7, ID: 1, Len: 8 << 10, Off: 0, Size: size},             // no such arena
+		{Gen: 1, ID: 1, Len: 8 << 10, Off: 0, Size: 2 * size},         // larger than the file
+		{Gen: 1, ID: 1, Len: 8 << 10, Off: 0, Size: refHeader - 1},    // smaller than a header
+		{Gen: 1, ID: 1, Len: 8 << 10, Off: 0, Size: refMaxBytes << 1}, // absurd
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		r := c.Irecv(ctx, f64(t, 1<<10), 0, 100+i)
+		m := meta(memmap.Float64, []int{1 << 10})
+		td, _ := tensordict.New()
+		mt, _ := tensordict.FromBytes(memmap.Uint8, []int{len(m)}, m)
+		if err := td.Set("b", mt); err != nil {
+			t.Fatal(err)
+		}
+		seq := c.recvSeq[p2pKey{0, 100 + i}] - 1
+		_, herr := c.box.handle(ctx, msgReq{Session: c.session, Src: 0, Space: spaceP2P, Seq: seq, Tag: int64(100 + i), Data: rpc.Ref(td), Ref: &ref})
+		rerr := r.Wait(ctx)
+		cancel()
+		if herr == nil || rerr == nil {
+			t.Errorf("reference %+v: the sender's answer %v, the receive's %v; want errors", ref, herr, rerr)
+		}
+		if errors.Is(rerr, memmap.ErrFault) {
+			t.Errorf("reference %+v: %v, a fault", ref, rerr)
+		}
+	}
+	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+		if c.Rank() == 0 {
+			return 0, c.Send(ctx, f64(t, 1<<10), 1, 1)
+		}
+		return 0, c.Recv(ctx, f64(t, 1<<10), 0, 1)
+	})
 }
