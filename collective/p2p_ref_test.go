@@ -539,3 +539,58 @@ func TestP2P_MalformedReference(t *testing.T) {
 		return 0, c.Recv(ctx, f64(t, 1<<10), 0, 1)
 	})
 }
+
+// TestP2P_ArenasGrowAndGo: messages larger than the sender's arena, and
+// more in flight than it holds, make new arenas (larger ones); the old
+// are removed from the folder once their messages are done, and the
+// receiver unmaps them.
+func TestP2P_ArenasGrowAndGo(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared mappings need Linux")
+	}
+	comms := group(t, 2, SHM)
+	dir := comms[0].shm.folder()
+	pass := func(sizes ...int) {
+		all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+			var rs []*Request
+			for i, n := range sizes {
+				if c.Rank() == 0 {
+					rs = append(rs, c.Isend(ctx, f64(t, n), 1, i))
+				} else {
+					rs = append(rs, c.Irecv(ctx, f64(t, n), 0, i))
+				}
+			}
+			for _, r := range rs {
+				if err := r.Wait(ctx); err != nil {
+					return 0, err
+				}
+			}
+			return 0, nil
+		})
+	}
+	arenas := func() []string {
+		m, _ := filepath.Glob(filepath.Join(dir, "p2p-0-*"))
+		return m
+	}
+	pass(1 << 10) // 8 KiB: the first arena, 4 MiB
+	if a := arenas(); len(a) != 1 || comms[0].p2pOut.cur.size != arenaMin {
+		t.Fatalf("after a small message: %v", a)
+	}
+	pass(1 << 20) // 8 MiB: a new arena of 17 MiB, the first removed
+	if a := arenas(); len(a) != 1 || !strings.HasSuffix(a[0], "-2") || comms[0].p2pOut.cur.size != 17<<20 {
+		t.Fatalf("after an 8 MiB message: %v (%d bytes)", a, comms[0].p2pOut.cur.size)
+	}
+	pass(1<<20, 1<<20, 1<<20) // three in flight: at least one more arena
+	if a := arenas(); len(a) != 1 {
+		t.Fatalf("after three 8 MiB messages: %v, want one arena left", a)
+	}
+	if regions, _ := liveRegions(comms[0]); regions != 0 {
+		t.Errorf("%d regions in use", regions)
+	}
+	comms[1].p2pIn.mu.Lock()
+	mapped := len(comms[1].p2pIn.maps)
+	comms[1].p2pIn.mu.Unlock()
+	if mapped != 1 {
+		t.Errorf("the receiver maps %d of rank 0's arenas, want 1", mapped)
+	}
+}

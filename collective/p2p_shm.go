@@ -198,10 +198,10 @@ func (o *p2pOut) alloc(dir string, rank, n int) (*p2pRegion, error) {
 		off, ok = a.take(need)
 	}
 	if !ok {
-		size := arenaMin
-		for size < 2*need {
-			size *= 2
-		}
+		// Room for two such messages (a sender streaming one at a time
+		// keeps one arena), in whole MiB; twice the old one's when it
+		// was full of others in flight.
+		size := max(arenaMin, (2*need+1<<20-1)&^(1<<20-1))
 		if a != nil && !a.dead {
 			size = max(size, 2*a.size)
 		}
@@ -400,6 +400,14 @@ func (in *p2pIn) get(dir string, src int, gen uint32, size int) (*peerArena, err
 	}
 	if g, ok := in.latest[src]; !ok || int32(gen-g) > 0 {
 		in.latest[src] = gen
+		// The sender retired its older arenas: unmap those idle here
+		// (a busy one goes with its last use, put).
+		for k, q := range in.maps {
+			if k.rank == src && k.gen != gen && q.users == 0 {
+				q.m.Close()
+				delete(in.maps, k)
+			}
+		}
 	}
 	p.users++
 	return p, nil
