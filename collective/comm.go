@@ -57,6 +57,9 @@ type Comm struct {
 	p2pMu   sync.Mutex
 	sendSeq map[p2pKey]uint64
 	recvSeq map[p2pKey]uint64
+	p2pOut  p2pOut   // this rank's arenas for messages by reference (p2p_shm.go)
+	p2pIn   p2pIn    // its mappings of the others'
+	p2pStat p2pStats // messages by reference sent and received
 
 	broken    atomic.Pointer[error]
 	ownAbort  atomic.Pointer[error] // the ErrAborted this rank broke the communicator with (its context ended, or an error of its own), as the others see it
@@ -161,11 +164,13 @@ type joinReq struct {
 // Allgather by levels (hier_move.go: between hosts only, through the
 // hosts' mappings within them); 4: a hierarchy's Reduce and ReduceScatter
 // by levels (hier_reduce.go); 5: a hierarchy's Gather, Scatter and
-// Alltoall by levels (hier_gather.go, hier_alltoall.go). Raise it with any
-// change to
+// Alltoall by levels (hier_gather.go, hier_alltoall.go); 6: point-to-point
+// messages by reference between ranks that share a folder (p2p_shm.go: one
+// message with the dtype, shape and a reference into the sender's p2p
+// file, instead of the bytes). Raise it with any change to
 // what a data message carries at a step, or to how the ranks use the
 // shared mappings.
-const protoVersion = 5
+const protoVersion = 6
 
 type joinResp struct {
 	Session uint64   `codec:"session"`
@@ -852,6 +857,10 @@ func (c *Comm) shutdown() {
 		time.Sleep(0)
 	}
 	c.opMu.Lock() // wait for a collective in flight to see the failure
+	// The p2p files go first: the last rank out removes the folder when
+	// only its marker is left.
+	c.p2pOut.close()
+	c.p2pIn.close()
 	if c.shm != nil {
 		c.shm.close()
 	}

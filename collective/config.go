@@ -57,6 +57,16 @@ type Config struct {
 	// none).
 	ShmDir string
 
+	// ShmSendMin is the smallest point-to-point message, in bytes, that
+	// goes through the shared folder to a rank that shares it (the
+	// shared-mapping transport, or a host-mate in a hierarchy): the sender
+	// copies the tensor there and sends a reference, the receiver copies
+	// it out. Smaller messages, and every message to a rank that shares
+	// no folder, go inline over rpc. 0 means ShmSendMinDefault (4 KiB);
+	// a negative value sends every message inline. It is the sender's
+	// choice: ranks need not agree on it.
+	ShmSendMin int
+
 	// Token, when set, is the shared secret every rank proves it knows
 	// before any other rank talks to it (rpc.WithToken).
 	Token []byte

@@ -135,71 +135,99 @@ func TestCollectives_BadInputFailsEveryRank(t *testing.T) {
 // TestRequest_WaitTwice: a second Wait is ErrWaited; the first one's
 // result stands.
 func TestRequest_WaitTwice(t *testing.T) {
-	comms := group(t, 2, TCP)
-	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
-		x, _ := tensordict.FromSlice([]float64{1, 2, 3})
-		var r *Request
-		if c.Rank() == 0 {
-			r = c.Isend(ctx, x, 1, 5)
-		} else {
-			r = c.Irecv(ctx, x, 0, 5)
-		}
-		if err := r.Wait(ctx); err != nil {
-			return 0, err
-		}
-		if err := r.Wait(ctx); !errors.Is(err, ErrWaited) {
-			t.Errorf("rank %d: second Wait: %v, want ErrWaited", c.Rank(), err)
-		}
-		return 0, nil
-	})
-}
-
-// TestRecv_Mismatch: a receive into a tensor of another shape fails on
-// both sides with ErrMismatch.
-func TestRecv_Mismatch(t *testing.T) {
-	comms := group(t, 2, SHM)
-	_, errs := onAll(t, comms, func(ctx context.Context, c *Comm) (int, error) {
-		if c.Rank() == 0 {
-			return 0, c.Send(ctx, f64(t, 3), 1, 0)
-		}
-		return 0, c.Recv(ctx, f64(t, 4), 0, 0)
-	})
-	for r, err := range errs {
-		if !errors.Is(err, ErrMismatch) {
-			t.Fatalf("rank %d: %v, want ErrMismatch", r, err)
+	for _, tr := range transports() {
+		for _, n := range []int{3, 1 << 14} { // inline; by reference through shared mappings
+			t.Run(fmt.Sprintf("%s/%d", tr, n), func(t *testing.T) {
+				comms := group(t, 2, tr)
+				all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+					x := f64(t, n)
+					var r *Request
+					if c.Rank() == 0 {
+						r = c.Isend(ctx, x, 1, 5)
+					} else {
+						r = c.Irecv(ctx, x, 0, 5)
+					}
+					if err := r.Wait(ctx); err != nil {
+						return 0, err
+					}
+					if err := r.Wait(ctx); !errors.Is(err, ErrWaited) {
+						t.Errorf("rank %d: second Wait: %v, want ErrWaited", c.Rank(), err)
+					}
+					return 0, nil
+				})
+			})
 		}
 	}
 }
 
-// TestP2P_Order: messages with one tag arrive in the order sent.
-func TestP2P_Order(t *testing.T) {
-	comms := group(t, 2, TCP)
-	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
-		const k = 20
-		if c.Rank() == 0 {
-			var rs []*Request
-			for i := range k {
-				x, _ := tensordict.FromSlice([]int64{int64(i)})
-				rs = append(rs, c.Isend(ctx, x, 1, 9))
-			}
-			for _, r := range rs {
-				if err := r.Wait(ctx); err != nil {
-					return 0, err
+// TestRecv_Mismatch: a receive into a tensor of another shape fails on
+// both sides with ErrMismatch, and the next message goes through.
+func TestRecv_Mismatch(t *testing.T) {
+	for _, tr := range transports() {
+		for _, n := range []int{3, 1 << 14} { // inline; by reference through shared mappings
+			t.Run(fmt.Sprintf("%s/%d", tr, n), func(t *testing.T) {
+				comms := group(t, 2, tr)
+				_, errs := onAll(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+					if c.Rank() == 0 {
+						return 0, c.Send(ctx, f64(t, n), 1, 0)
+					}
+					return 0, c.Recv(ctx, f64(t, n+1), 0, 0)
+				})
+				for r, err := range errs {
+					if !errors.Is(err, ErrMismatch) {
+						t.Fatalf("rank %d: %v, want ErrMismatch", r, err)
+					}
 				}
-			}
-			return 0, nil
+				all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+					if c.Rank() == 0 {
+						return 0, c.Send(ctx, f64(t, n), 1, 0)
+					}
+					return 0, c.Recv(ctx, f64(t, n), 0, 0)
+				})
+			})
 		}
-		for i := range k {
-			x, _ := tensordict.FromSlice([]int64{-1})
-			if err := c.Recv(ctx, x, 0, 9); err != nil {
-				return 0, err
-			}
-			if v, _ := tensordict.Values[int64](x); v[0] != int64(i) {
-				t.Errorf("message %d carries %d", i, v[0])
-			}
-		}
-		return 0, nil
-	})
+	}
+}
+
+// TestP2P_Order: messages with one tag arrive in the order sent, inline
+// or by reference (every other message over 64 KiB).
+func TestP2P_Order(t *testing.T) {
+	for _, tr := range transports() {
+		t.Run(string(tr), func(t *testing.T) {
+			comms := group(t, 2, tr)
+			size := func(i int) int { return 1 + (i%2)*(1<<14) }
+			all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+				const k = 20
+				if c.Rank() == 0 {
+					var rs []*Request
+					for i := range k {
+						v := make([]int64, size(i))
+						for j := range v {
+							v[j] = int64(i)
+						}
+						x, _ := tensordict.FromSlice(v)
+						rs = append(rs, c.Isend(ctx, x, 1, 9))
+					}
+					for _, r := range rs {
+						if err := r.Wait(ctx); err != nil {
+							return 0, err
+						}
+					}
+					return 0, nil
+				}
+				for i := range k {
+					x, _ := tensordict.FromSlice(make([]int64, size(i)))
+					if err := c.Recv(ctx, x, 0, 9); err != nil {
+						return 0, err
+					}
+					if v, _ := tensordict.Values[int64](x); v[0] != int64(i) || v[len(v)-1] != int64(i) {
+						t.Errorf("message %d carries %d", i, v[0])
+					}
+				}
+				return 0, nil
+			})
+		})
+	}
 }
 
 // TestErrors_SayOnceWhichRankFailed: rank 2 of 3 breaks off a collective

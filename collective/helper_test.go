@@ -34,6 +34,12 @@ func group(t testing.TB, n int, tr Transport) []*Comm {
 // groupIn is group with the shared mappings' folder dir.
 func groupIn(t testing.TB, n int, tr Transport, dir string) []*Comm {
 	t.Helper()
+	return groupWith(t, n, tr, dir, nil)
+}
+
+// groupWith is groupIn with each rank's Config changed by opt (nil: none).
+func groupWith(t testing.TB, n int, tr Transport, dir string, opt func(*Config)) []*Comm {
+	t.Helper()
 	addr := freeAddr(t)
 	comms := make([]*Comm, n)
 	errs := make([]error, n)
@@ -42,7 +48,11 @@ func groupIn(t testing.TB, n int, tr Transport, dir string) []*Comm {
 	defer cancel()
 	for r := range n {
 		wg.Go(func() {
-			comms[r], errs[r] = Join(ctx, Config{Rank: r, Size: n, Addr: addr, Transport: tr, ShmDir: dir})
+			cfg := Config{Rank: r, Size: n, Addr: addr, Transport: tr, ShmDir: dir}
+			if opt != nil {
+				opt(&cfg)
+			}
+			comms[r], errs[r] = Join(ctx, cfg)
 		})
 	}
 	wg.Wait()

@@ -28,6 +28,13 @@ import (
 // hierGroup forms a communicator whose rank r is on host hosts[r].
 func hierGroup(t testing.TB, hosts []int, tr Transport) []*Comm {
 	t.Helper()
+	return hierGroupWith(t, hosts, tr, nil)
+}
+
+// hierGroupWith is hierGroup with each rank's Config changed by opt (nil:
+// none).
+func hierGroupWith(t testing.TB, hosts []int, tr Transport, opt func(*Config)) []*Comm {
+	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("shared mappings need Linux")
 	}
@@ -45,7 +52,11 @@ func hierGroup(t testing.TB, hosts []int, tr Transport) []*Comm {
 			t.Fatal(err)
 		}
 		wg.Go(func() {
-			comms[r], errs[r] = Join(ctx, Config{Rank: r, Size: n, Addr: addr, Transport: tr, ShmDir: dir})
+			cfg := Config{Rank: r, Size: n, Addr: addr, Transport: tr, ShmDir: dir}
+			if opt != nil {
+				opt(&cfg)
+			}
+			comms[r], errs[r] = Join(ctx, cfg)
 		})
 	}
 	wg.Wait()

@@ -3,6 +3,7 @@ package collective
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -48,15 +49,23 @@ type msgReq struct {
 	Step    uint32 `codec:"step"`
 	Piece   uint32 `codec:"piece"`
 	Data    rpc.TD `codec:"data"`
+	// Ref, in a point-to-point message's first piece: its bytes are in
+	// the sender's p2p file (p2p_shm.go), not in a second message. Left
+	// out when nil (every other message).
+	Ref *p2pRef `codec:"ref,omitempty"`
 }
 
 // slot is a message expected or arrived.
 type slot struct {
 	consume func(b []byte) error
-	taken   bool          // a handler is consuming it
-	posted  chan struct{} // closed once consume is set
-	done    chan struct{} // closed once consumed
-	err     error
+	// ref, when set, consumes the message when it comes with a reference
+	// (a point-to-point message's first piece): b as consume's, and the
+	// reader of the bytes referred to.
+	ref    func(b []byte, rd refReader) error
+	taken  bool          // a handler is consuming it
+	posted chan struct{} // closed once consume is set
+	done   chan struct{} // closed once consumed
+	err    error
 }
 
 type mailbox struct {
@@ -100,6 +109,17 @@ func (m *mailbox) post(k msgKey, consume func(b []byte) error) *slot {
 	return s
 }
 
+// postRef is post for a message that may come with a reference: consume
+// takes it without one, ref with one.
+func (m *mailbox) postRef(k msgKey, consume func(b []byte) error, ref func(b []byte, rd refReader) error) *slot {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.slot(k)
+	s.consume, s.ref = consume, ref
+	close(s.posted)
+	return s
+}
+
 // wait waits for a posted message to be consumed.
 func (m *mailbox) wait(ctx context.Context, k msgKey, s *slot) error {
 	select {
@@ -128,6 +148,17 @@ func (m *mailbox) wait(ctx context.Context, k msgKey, s *slot) error {
 	return ctx.Err()
 }
 
+// failedErr is the answer to message r when this rank's mailbox failed:
+// why. A point-to-point sender whose receiver closed hears ErrPeerLost
+// saying so, as for a rank that died, not ErrClosed, which it could not
+// tell from its own.
+func (m *mailbox) failedErr(r msgReq) error {
+	if r.Space == spaceP2P && errors.Is(m.err, ErrClosed) {
+		return errorf(ErrPeerLost, "rank %d closed its communicator before receiving the message", m.c.rank)
+	}
+	return m.err
+}
+
 // handle is collective.msg: it hands the message to its consumer, waiting
 // for the receiver to post it.
 func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
@@ -137,7 +168,7 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 	case <-ctx.Done():
 		return rpc.Empty{}, ctx.Err()
 	case <-m.failed:
-		return rpc.Empty{}, m.err
+		return rpc.Empty{}, m.failedErr(r)
 	}
 	if r.Session != c.session {
 		return rpc.Empty{}, errorf(ErrPeerLost, "a message for session %x reached session %x", r.Session, c.session)
@@ -156,7 +187,7 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 		m.mu.Unlock()
 		return rpc.Empty{}, ctx.Err()
 	case <-m.failed:
-		return rpc.Empty{}, m.err
+		return rpc.Empty{}, m.failedErr(r)
 	}
 	var b []byte
 	if r.Data.TensorDict != nil {
@@ -182,7 +213,16 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 	// The consumer writes into the receiver's buffers, which may be a
 	// mapping: a fault there fails the message (and, through its waiter,
 	// the collective), not the process.
-	s.err = guardOwn(func() error { return s.consume(b) })
+	switch {
+	case r.Ref == nil:
+		s.err = guardOwn(func() error { return s.consume(b) })
+	case s.ref == nil:
+		s.err = ownErr(fmt.Errorf("rank %d sent a reference in a message (space %d, step %d) that takes none", r.Src, r.Space, r.Step))
+	default:
+		// The bytes are read from the sender's mapping, under the guard:
+		// a file truncated under it fails the message, not the process.
+		s.err = guardOwn(func() error { return s.ref(b, c.refReaderFor(ctx, r.Src, r.Ref)) })
+	}
 	close(s.done)
 	if isOwn(s.err) && r.Space != spaceP2P {
 		// This rank cannot complete collective r.Seq. It breaks off now,
@@ -198,11 +238,16 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 
 // send sends b as message k to rank dst and returns once dst consumed it.
 func (c *Comm) send(ctx context.Context, dst int, k msgKey, b []byte) error {
+	return c.sendReq(ctx, dst, k, b, nil)
+}
+
+// sendReq is send with a reference (nil: none).
+func (c *Comm) sendReq(ctx context.Context, dst int, k msgKey, b []byte, ref *p2pRef) error {
 	cl, err := c.client(ctx, dst)
 	if err != nil {
 		return c.lostErr(ctx, dst, err)
 	}
-	req := msgReq{Session: c.session, Src: c.rank, Space: k.space, Seq: k.seq, Tag: k.tag, Step: k.step, Piece: k.piece}
+	req := msgReq{Session: c.session, Src: c.rank, Space: k.space, Seq: k.seq, Tag: k.tag, Step: k.step, Piece: k.piece, Ref: ref}
 	if len(b) > 0 {
 		td, _ := tensordict.New()
 		t, err := tensordict.FromBytes(memmap.Uint8, []int{len(b)}, b)

@@ -15,10 +15,14 @@ import (
 // the pair of ranks and a tag, in the order they were sent (MPI's
 // non-overtaking rule). They travel over the ranks' rpc connections on
 // every transport, with their dtype and shape, so a receive into a tensor
-// of another dtype or shape fails on both sides (ErrMismatch). A send
-// completes when the receiver has the bytes (MPI's synchronous mode):
-// pair every Send with a Recv, or use Isend and Irecv to run both at once.
-// They do not break the communicator when they fail.
+// of another dtype or shape fails on both sides (ErrMismatch). Between
+// ranks that share a folder (shared mappings, or host-mates of a
+// hierarchy) a message of Config.ShmSendMin bytes or more carries a
+// reference instead of its bytes, which the receiver copies out of the
+// sender's mapping (p2p_shm.go). A send completes when the receiver has
+// the bytes (MPI's synchronous mode): pair every Send with a Recv, or use
+// Isend and Irecv to run both at once. They do not break the
+// communicator when they fail.
 
 // Request is a point-to-point operation in flight (Isend, Irecv). Its
 // methods are safe for concurrent use.
@@ -113,6 +117,12 @@ func (c *Comm) Isend(ctx context.Context, t *tensordict.Tensor, dest, tag int) *
 	go func() {
 		defer close(r.done)
 		k := msgKey{src: c.rank, space: spaceP2P, seq: seq, tag: int64(tag)}
+		// To a rank that shares a folder, a large message is one piece:
+		// the dtype and shape with a reference to the bytes (p2p_shm.go).
+		if sent, err := c.sendByRef(ctx, dest, k, m, b); sent {
+			r.err = err
+			return
+		}
 		if r.err = c.send(ctx, dest, k, m); r.err != nil {
 			return
 		}
@@ -143,15 +153,36 @@ func (c *Comm) Irecv(ctx context.Context, t *tensordict.Tensor, src, tag int) *R
 	c.p2pMu.Unlock()
 	k := msgKey{src: src, space: spaceP2P, seq: seq, tag: int64(tag)}
 	want := meta(t.DType(), t.Shape())
-	wait := c.postBytes(src, k, -1, func(_ int, m []byte) error {
+	check := func(m []byte) error {
 		if !slices.Equal(m, want) {
 			return mismatchf("rank %d sent %s to rank %d (tag %d), which receives %s", src, describeMeta(m), c.rank, tag, describeMeta(want))
 		}
 		return nil
+	}
+	// The first piece: the dtype and shape, and the bytes with it when
+	// they come by reference (then byRef is set before the slot is done).
+	byRef := false
+	s := c.box.postRef(k, check, func(m []byte, rd refReader) error {
+		if err := check(m); err != nil {
+			return err
+		}
+		got := 0
+		err := rd(func(off int, data []byte) error {
+			if off+len(data) > len(b) {
+				return mismatchf("rank %d sent more than %d bytes to rank %d (tag %d)", src, len(b), c.rank, tag)
+			}
+			got += copy(b[off:], data)
+			return nil
+		})
+		if err == nil && got != len(b) {
+			err = mismatchf("rank %d sent %d bytes to rank %d (tag %d), which receives %d", src, got, c.rank, tag, len(b))
+		}
+		byRef = err == nil
+		return err
 	})
 	go func() {
 		defer close(r.done)
-		if r.err = wait(ctx); r.err != nil {
+		if r.err = c.box.wait(ctx, k, s); r.err != nil || byRef {
 			return
 		}
 		k.step = 1

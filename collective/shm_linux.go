@@ -167,6 +167,9 @@ func openShmGroup(c *Comm, dir string, me, n int) (*shmGroup, error) {
 	return g, nil
 }
 
+// folder returns the group's folder.
+func (g *shmGroup) folder() string { return g.dir }
+
 func (g *shmGroup) path(what string) string {
 	return filepath.Join(g.dir, fmt.Sprintf("rank-%d.%s", g.me, what))
 }

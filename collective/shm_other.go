@@ -23,6 +23,7 @@ func makeSessionDir(string, uint64) (string, error)                   { return "
 func openShm(*Comm, string) (*shmGroup, error)                        { return nil, errNoShm }
 func (g *shmGroup) attach() error                                     { return errNoShm }
 func (g *shmGroup) close()                                            {}
+func (g *shmGroup) folder() string                                    { return "" }
 func (g *shmGroup) abort()                                            {}
 func (g *shmGroup) setPhase(uint32)                                   {}
 func (g *shmGroup) setProg(uint32)                                    {}

@@ -37,6 +37,14 @@
 // link carries: allreduce algbw * 2(n-1)/n; allgather, reduce-scatter and
 // gather, scatter and alltoall algbw * (n-1)/n; reduce and broadcast
 // algbw.
+// sendrecv (not in the default --ops) is a point-to-point ping-pong
+// between ranks 2i and 2i+1 (a rank left over idles): the even rank Sends
+// bytes and Recvs them back, the odd rank the other way round; the p50 is
+// the round trip, and its busbw is 2·bytes over it, the bytes one way per
+// half round trip. The transport shm-inline (local only) is shm with
+// collective.Config.ShmSendMin -1: every point-to-point message inline over
+// rpc, as before messages went by reference, for a side-by-side figure;
+// --p2p-ref-min sets ShmSendMin for the other transports.
 // allreduce-fwd-bwd is an allreduce on a collective.Tape and its backward
 // pass (a second allreduce, of the gradient seed), timed together, with
 // allreduce's formula over the two: mpi4torch's "forward+backward" figure.
@@ -99,6 +107,9 @@ var ErrUsage = bench.ErrUsage
 
 var allOps = []string{"allreduce", "allgather", "reduce-scatter", "reduce", "broadcast", "gather", "scatter", "alltoall", "allreduce-fwd-bwd", "allreduce-fwd-bwd-alloc"}
 
+// moreOps are the operations --ops takes beyond the default ones.
+var moreOps = []string{"sendrecv"}
+
 type options struct {
 	ops        []string
 	ranks      []int
@@ -115,6 +126,7 @@ type options struct {
 	addr      string
 	transport string
 	shmDir    string
+	p2pRefMin int
 }
 
 // Run runs the benchmark.
@@ -122,10 +134,11 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	var o options
 	var ops, ranks, sizes, transports string
 	fs := flag.NewFlagSet("bench collective", flag.ContinueOnError)
-	fs.StringVar(&ops, "ops", strings.Join(allOps, ","), "operations to run: "+strings.Join(allOps, ", "))
+	fs.StringVar(&ops, "ops", strings.Join(allOps, ","), "operations to run: "+strings.Join(append(slices.Clone(allOps), moreOps...), ", "))
 	fs.StringVar(&ranks, "ranks", "2,4", "rank counts to run with")
 	fs.StringVar(&sizes, "sizes", "1KB,64KB,1MB,16MB,64MB", "tensor sizes (KB, MB: 1024 and 1024*1024 bytes)")
-	fs.StringVar(&transports, "transports", "shm,tcp", "transports: shm (shared mappings), tcp (loopback)")
+	fs.StringVar(&transports, "transports", "shm,tcp", "transports: shm (shared mappings), tcp (loopback), shm-inline (shm with every point-to-point message inline over rpc)")
+	fs.IntVar(&o.p2pRefMin, "p2p-ref-min", 0, "collective.Config.ShmSendMin: the smallest point-to-point message sent by reference through the shared folder (0: the default, 4 KiB; -1: none)")
 	fs.StringVar(&o.hosts, "hosts", "local", "where the ranks run: local (this host, loopback), netns (a network namespace each, joined by a bridge; root, tcp only)")
 	layout := fs.String("layout", "", "--hosts netns: HxR, R ranks on each of H hosts (--ranks is then H*R; --transports tcp,hier)")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
@@ -169,10 +182,10 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	} else if *lang != "go" {
 		return bench.Usagef("--lang %q: want go or python", *lang)
 	}
-	if o.ops, err = parseList(ops, allOps); err != nil {
+	if o.ops, err = parseList(ops, append(slices.Clone(allOps), moreOps...)); err != nil {
 		return err
 	}
-	if o.transports, err = parseList(transports, []string{"shm", "tcp", "hier"}); err != nil {
+	if o.transports, err = parseList(transports, []string{"shm", "tcp", "hier", "shm-inline"}); err != nil {
 		return err
 	}
 	if *layout != "" {
@@ -197,7 +210,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 				o.transports = []string{"tcp", "hier"}
 			}
 		}
-		if slices.Contains(o.transports, "shm") {
+		if slices.Contains(o.transports, "shm") || slices.Contains(o.transports, "shm-inline") {
 			return bench.Usagef("--hosts netns runs the ranks on separate hosts: --transports tcp or hier only")
 		}
 		if slices.Contains(o.transports, "hier") && o.layout[0] == 0 {
@@ -464,7 +477,8 @@ func runGroup(ctx context.Context, o options, env bench.Env, exe, tr string, n i
 	var err error
 	for r := range n {
 		args := append(slices.Clone(env.Self), "--role", "rank", "--rank", strconv.Itoa(r), "--size", strconv.Itoa(n),
-			"--addr", addr, "--transport", tr, "--ops", strings.Join(o.ops, ","), "--sizes", strings.Join(sizes, ","))
+			"--addr", addr, "--transport", tr, "--ops", strings.Join(o.ops, ","), "--sizes", strings.Join(sizes, ","),
+			"--p2p-ref-min", strconv.Itoa(o.p2pRefMin))
 		if shmBase != "" {
 			dir := fmt.Sprintf("%s/h%d", shmBase, hostOf(r))
 			if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -518,14 +532,18 @@ func iterations(bytes int) int { return max(5, min(500, (256<<20)/bytes)) }
 // 0, prints a JSON line for each.
 func runRank(ctx context.Context, o options, stdout io.Writer) error {
 	jctx, cancel := context.WithTimeout(ctx, time.Minute)
-	c, err := collective.Join(jctx, collective.Config{Rank: o.rank, Size: o.size, Addr: o.addr, Transport: collective.Transport(o.transport), ShmDir: o.shmDir})
+	tr, refMin := o.transport, o.p2pRefMin
+	if tr == "shm-inline" {
+		tr, refMin = "shm", -1
+	}
+	c, err := collective.Join(jctx, collective.Config{Rank: o.rank, Size: o.size, Addr: o.addr, Transport: collective.Transport(tr), ShmDir: o.shmDir, ShmSendMin: refMin})
 	cancel()
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if string(c.Transport()) != o.transport {
-		return fmt.Errorf("transport %s, asked for %s", c.Transport(), o.transport)
+	if string(c.Transport()) != tr {
+		return fmt.Errorf("transport %s, asked for %s", c.Transport(), tr)
 	}
 	n := c.Size()
 	enc := json.NewEncoder(stdout)
@@ -576,6 +594,8 @@ func busFactor(op string, n int) float64 {
 		return 2 * float64(n-1) / float64(n)
 	case "broadcast", "reduce":
 		return 1
+	case "sendrecv":
+		return 2 // the round trip's bytes one way per half of it
 	}
 	return float64(n-1) / float64(n)
 }
@@ -598,25 +618,41 @@ func touched(elems int, v float32) (*tensordict.Tensor, error) {
 // tensor, as "bytes" counts it) and returns one iteration.
 func prepare(c *collective.Comm, op string, elems int) (func(context.Context) error, error) {
 	n := c.Size()
+	// in and out: an input of ones (scaled) and an output of zeros, at
+	// the sizes op's row gives; out 0 gives none.
+	inOut := func(in, out int) (x, y *tensordict.Tensor, err error) {
+		if x, err = touched(in, 1); err != nil || out == 0 {
+			return x, nil, err
+		}
+		y, err = touched(out, 0)
+		return x, y, err
+	}
+	var x, y *tensordict.Tensor
+	var err error
+	switch op {
+	case "allreduce", "broadcast", "allreduce-fwd-bwd-alloc":
+		x, y, err = inOut(elems, 0)
+	case "allreduce-fwd-bwd", "reduce", "alltoall":
+		x, y, err = inOut(elems, elems)
+	case "allgather", "gather":
+		x, y, err = inOut(elems/n, elems)
+	case "reduce-scatter", "scatter":
+		x, y, err = inOut(elems, elems/n)
+	case "sendrecv":
+		return sendRecv(c, elems)
+	default:
+		return nil, errors.New("unknown op " + op)
+	}
+	if err != nil {
+		return nil, err
+	}
 	switch op {
 	case "allreduce":
-		x, err := touched(elems, 1)
-		if err != nil {
-			return nil, err
-		}
 		return func(ctx context.Context) error { return c.AllreduceInto(ctx, x, x, collective.Sum) }, nil
 	case "allreduce-fwd-bwd":
 		// A training loop's buffers, kept from step to step: the
-		// forward's output and the backward's seed (reduced in place, as
-		// allreduce's tensor is, not refilled), so no step allocates.
-		x, err := touched(elems, 1)
-		if err != nil {
-			return nil, err
-		}
-		y, err := touched(elems, 0)
-		if err != nil {
-			return nil, err
-		}
+		// forward's output y and the backward's seed (reduced in place,
+		// as allreduce's tensor is, not refilled), so no step allocates.
 		seed, err := touched(elems, 1)
 		if err != nil {
 			return nil, err
@@ -632,10 +668,6 @@ func prepare(c *collective.Comm, op string, elems int) (func(context.Context) er
 	case "allreduce-fwd-bwd-alloc":
 		// The same with the tape's defaults: each step a new output and
 		// a new seed of ones (the backward reduces it in place).
-		x, err := touched(elems, 1)
-		if err != nil {
-			return nil, err
-		}
 		return func(ctx context.Context) error {
 			tp := collective.NewTape(c)
 			y, err := tp.Allreduce(ctx, tp.Leaf(x), collective.Sum)
@@ -645,81 +677,54 @@ func prepare(c *collective.Comm, op string, elems int) (func(context.Context) er
 			return tp.Backward(ctx, y, nil)
 		}, nil
 	case "broadcast":
-		x, err := touched(elems, 1)
-		if err != nil {
-			return nil, err
-		}
 		return func(ctx context.Context) error { return c.BcastInto(ctx, x, 0) }, nil
 	case "allgather":
-		x, err := touched(elems/n, 1)
-		if err != nil {
-			return nil, err
-		}
-		y, err := touched(elems, 0)
-		if err != nil {
-			return nil, err
-		}
 		return func(ctx context.Context) error { return c.AllgatherInto(ctx, y, x, 0) }, nil
-	case "reduce-scatter":
-		x, err := touched(elems, 1)
-		if err != nil {
-			return nil, err
-		}
-		y, err := touched(elems/n, 0)
-		if err != nil {
-			return nil, err
-		}
-		return func(ctx context.Context) error { return c.ReduceScatterInto(ctx, y, x, collective.Sum, 0, nil) }, nil
-	case "reduce":
-		x, err := touched(elems, 1)
-		if err != nil {
-			return nil, err
-		}
-		y, err := touched(elems, 0)
-		if err != nil {
-			return nil, err
-		}
-		return func(ctx context.Context) error { return c.ReduceInto(ctx, y, x, collective.Sum, 0) }, nil
 	case "gather":
-		x, err := touched(elems/n, 1)
-		if err != nil {
-			return nil, err
-		}
-		y, err := touched(elems, 0)
-		if err != nil {
-			return nil, err
-		}
 		return func(ctx context.Context) error { return c.GatherInto(ctx, y, x, 0, 0) }, nil
+	case "reduce-scatter":
+		return func(ctx context.Context) error { return c.ReduceScatterInto(ctx, y, x, collective.Sum, 0, nil) }, nil
 	case "scatter":
-		x, err := touched(elems, 1)
-		if err != nil {
-			return nil, err
-		}
-		y, err := touched(elems/n, 0)
-		if err != nil {
-			return nil, err
-		}
 		return func(ctx context.Context) error { return c.ScatterInto(ctx, y, x, 0, nil, 0) }, nil
-	case "alltoall":
-		xs, err := touched(elems, 1)
+	case "reduce":
+		return func(ctx context.Context) error { return c.ReduceInto(ctx, y, x, collective.Sum, 0) }, nil
+	default: // alltoall: n pieces of each rank's input along axis 0, gathered along axis 1
+		xa, err := tensordict.FromBytes(memmap.Float32, []int{n, elems / n}, must(x.Bytes()))
 		if err != nil {
 			return nil, err
 		}
-		ys, err := touched(elems, 0)
+		ya, err := tensordict.FromBytes(memmap.Float32, []int{1, elems}, must(y.Bytes()))
 		if err != nil {
 			return nil, err
 		}
-		x, err := tensordict.FromBytes(memmap.Float32, []int{n, elems / n}, must(xs.Bytes()))
-		if err != nil {
-			return nil, err
-		}
-		y, err := tensordict.FromBytes(memmap.Float32, []int{1, elems}, must(ys.Bytes()))
-		if err != nil {
-			return nil, err
-		}
-		return func(ctx context.Context) error { return c.AlltoallInto(ctx, y, x, 1, 0, nil) }, nil
+		return func(ctx context.Context) error { return c.AlltoallInto(ctx, ya, xa, 1, 0, nil) }, nil
 	}
-	return nil, errors.New("unknown op " + op)
+}
+
+// sendRecv is the sendrecv op's iteration: a ping-pong of elems elements
+// between ranks 2i and 2i+1 (a rank left over idles).
+func sendRecv(c *collective.Comm, elems int) (func(context.Context) error, error) {
+	x, err := touched(elems, 1)
+	if err != nil {
+		return nil, err
+	}
+	me := c.Rank()
+	peer := me ^ 1
+	if peer >= c.Size() {
+		return func(context.Context) error { return nil }, nil
+	}
+	return func(ctx context.Context) error {
+		if me%2 == 0 {
+			if err := c.Send(ctx, x, peer, 0); err != nil {
+				return err
+			}
+			return c.Recv(ctx, x, peer, 0)
+		}
+		if err := c.Recv(ctx, x, peer, 0); err != nil {
+			return err
+		}
+		return c.Send(ctx, x, peer, 0)
+	}, nil
 }
 
 func must(b []byte, err error) []byte {

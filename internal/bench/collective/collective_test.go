@@ -150,6 +150,24 @@ func TestRun_Small(t *testing.T) {
 // TestFigures_GlooBeside: each line gets gloo's p50 over its own for the
 // same operation, rank count and size (whatever the transport), and only
 // then.
+// TestRun_SendRecv runs the sendrecv ping-pong on 3 ranks (rank 2 has no
+// partner) by reference, inline and over TCP: a line each, its busbw
+// twice its algbw.
+func TestRun_SendRecv(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	res, out := runJSON(t, "--ops", "sendrecv", "--ranks", "3", "--sizes", "64KB", "--transports", "shm,shm-inline,tcp", "--gloo", "off")
+	if len(res.Runs) != 3 {
+		t.Fatalf("%d runs, want 3:\n%s", len(res.Runs), out)
+	}
+	for i, r := range res.Runs {
+		if r.Op != "sendrecv" || r.Transport != []string{"shm", "shm-inline", "tcp"}[i] || r.P50us <= 0 || r.BusBW != 2*r.AlgBW {
+			t.Errorf("run %+v", r)
+		}
+	}
+}
+
 func TestFigures_GlooBeside(t *testing.T) {
 	res := Result{Runs: []Line{
 		{Op: "allreduce", Ranks: 4, Bytes: 1 << 20, Transport: "tcp", P50us: 100},
@@ -167,7 +185,7 @@ func TestFigures_GlooBeside(t *testing.T) {
 
 func TestRun_BadFlags(t *testing.T) {
 	for _, args := range [][]string{{"--ops", "allfoo"}, {"--ranks", "x"}, {"--sizes", "12QB"}, {"--transports", "udp"}, {"extra"},
-		{"--hosts", "mars"}, {"--hosts", "netns", "--transports", "shm,tcp"},
+		{"--hosts", "mars"}, {"--hosts", "netns", "--transports", "shm,tcp"}, {"--hosts", "netns", "--transports", "shm-inline"},
 		{"--transports", "hier"}, {"--hosts", "netns", "--transports", "hier"}, {"--layout", "2x2"},
 		{"--hosts", "netns", "--layout", "2by2"}, {"--hosts", "netns", "--layout", "0x2"}} {
 		err := Run(context.Background(), bench.Env{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}, args)
