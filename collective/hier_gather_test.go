@@ -1,7 +1,6 @@
 package collective
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -50,13 +49,7 @@ func TestHier_GatherScatterAlltoallSameBitsAsFlat(t *testing.T) {
 		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
 			hier := hierGroup(t, hosts, Hier)
 			flat := group(t, n, TCP)
-			type opCase struct {
-				name string
-				xs   []*tensordict.Tensor
-				run  func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error)
-				want [][]byte // each rank's result (nil: none)
-			}
-			var cases []opCase
+			var cases []hierCase
 			rng := rand.New(rand.NewPCG(uint64(n), 30))
 			inputs := func(dt memmap.DType, shape func(r int) []int) ([]*tensordict.Tensor, []nd) {
 				xs, in := make([]*tensordict.Tensor, n), make([]nd, n)
@@ -83,7 +76,7 @@ func TestHier_GatherScatterAlltoallSameBitsAsFlat(t *testing.T) {
 				for root := range n {
 					want := make([][]byte, n)
 					want[root] = wb
-					cases = append(cases, opCase{fmt.Sprintf("Gather %s axis %d root %d into %v", gc.dt.Name(), gc.axis, root, gc.into), xs,
+					cases = append(cases, hierCase{fmt.Sprintf("Gather %s axis %d root %d into %v", gc.dt.Name(), gc.axis, root, gc.into), xs,
 						func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
 							if !gc.into {
 								return c.Gather(ctx, x, gc.axis, root)
@@ -93,7 +86,7 @@ func TestHier_GatherScatterAlltoallSameBitsAsFlat(t *testing.T) {
 								y = into0(gc.dt, ref.shape)
 							}
 							return y, c.GatherInto(ctx, y, x, gc.axis, root)
-						}, want})
+						}, want, true})
 				}
 			}
 			for _, sc := range []struct {
@@ -116,7 +109,7 @@ func TestHier_GatherScatterAlltoallSameBitsAsFlat(t *testing.T) {
 					for r := range n {
 						want[r] = ndBytes(t, sc.dt, pieces[r])
 					}
-					cases = append(cases, opCase{fmt.Sprintf("Scatter %s %v axis %d counts %v root %d into %v", sc.dt.Name(), sc.shape, sc.axis, counts, root, sc.into), xs,
+					cases = append(cases, hierCase{fmt.Sprintf("Scatter %s %v axis %d counts %v root %d into %v", sc.dt.Name(), sc.shape, sc.axis, counts, root, sc.into), xs,
 						func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
 							cs := counts
 							if c.Rank() != root {
@@ -130,7 +123,7 @@ func TestHier_GatherScatterAlltoallSameBitsAsFlat(t *testing.T) {
 							}
 							y := into0(sc.dt, pieces[c.Rank()].shape)
 							return y, c.ScatterInto(ctx, y, x, sc.axis, cs, root)
-						}, want})
+						}, want, true})
 				}
 			}
 			for _, ac := range []struct {
@@ -161,35 +154,16 @@ func TestHier_GatherScatterAlltoallSameBitsAsFlat(t *testing.T) {
 					ref := concat(ps, ac.g)
 					want[d], shapes[d] = ndBytes(t, ac.dt, ref), ref.shape
 				}
-				cases = append(cases, opCase{fmt.Sprintf("Alltoall %s gather %d scatter %d counts %v into %v", ac.dt.Name(), ac.g, ac.s, ac.counts, ac.into), xs,
+				cases = append(cases, hierCase{fmt.Sprintf("Alltoall %s gather %d scatter %d counts %v into %v", ac.dt.Name(), ac.g, ac.s, ac.counts, ac.into), xs,
 					func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
 						if !ac.into {
 							return c.Alltoall(ctx, x, ac.g, ac.s, ac.counts)
 						}
 						y := into0(ac.dt, shapes[c.Rank()])
 						return y, c.AlltoallInto(ctx, y, x, ac.g, ac.s, ac.counts)
-					}, want})
+					}, want, true})
 			}
-			one, _ := tensordict.FromSlice([]float64{1})
-			for round := range 3 {
-				for _, oc := range cases {
-					for _, comms := range [][]*Comm{hier, flat} {
-						got := all(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
-							return oc.run(ctx, c, oc.xs[c.Rank()])
-						})
-						for r, g := range got {
-							if (g == nil) != (oc.want[r] == nil) || !bytes.Equal(tbytes(t, g), oc.want[r]) {
-								t.Fatalf("round %d, %s, %v: rank %d's result differs from the plain computation's", round, oc.name, comms[0].Transport(), r)
-							}
-						}
-					}
-				}
-				if round == 1 {
-					// One more collective through the hosts' mappings: the
-					// next round's calls use the other file sets.
-					all(t, hier, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) { return c.Allreduce(ctx, one, Sum) })
-				}
-			}
+			runHierCases(t, hier, flat, cases)
 		})
 	}
 }

@@ -58,13 +58,7 @@ func TestHier_BcastAllgatherSameBitsAsFlat(t *testing.T) {
 		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
 			hier := hierGroup(t, hosts, Hier)
 			flat := group(t, n, TCP)
-			type opCase struct {
-				name string
-				xs   []*tensordict.Tensor
-				run  func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error)
-				want []byte // every rank's result
-			}
-			var cases []opCase
+			var cases []hierCase
 			rng := rand.New(rand.NewPCG(uint64(n), 29))
 			for _, sz := range []struct {
 				dt    memmap.DType
@@ -76,19 +70,19 @@ func TestHier_BcastAllgatherSameBitsAsFlat(t *testing.T) {
 						xs[r] = randTensor(t, rng, sz.dt, sz.shape...)
 					}
 					want := tbytes(t, xs[root])
-					cases = append(cases, opCase{fmt.Sprintf("Bcast %s %v root %d", sz.dt.Name(), sz.shape, root), xs,
+					cases = append(cases, hierCase{fmt.Sprintf("Bcast %s %v root %d", sz.dt.Name(), sz.shape, root), xs,
 						func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
 							if c.Rank() != root && c.Rank()%2 == 1 {
 								x = nil // the root's shape comes to those without a tensor
 							}
 							return c.Bcast(ctx, x, root)
-						}, want})
-					cases = append(cases, opCase{fmt.Sprintf("BcastInto %s %v root %d", sz.dt.Name(), sz.shape, root), xs,
+						}, sameFor(n, want), true})
+					cases = append(cases, hierCase{fmt.Sprintf("BcastInto %s %v root %d", sz.dt.Name(), sz.shape, root), xs,
 						func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
 							y, _ := tensordict.Zeros(x.DType(), x.Shape()...)
 							copy(tbytes(t, y), tbytes(t, x))
 							return y, c.BcastInto(ctx, y, root)
-						}, want})
+						}, sameFor(n, want), true})
 				}
 			}
 			for _, ag := range []struct {
@@ -115,36 +109,70 @@ func TestHier_BcastAllgatherSameBitsAsFlat(t *testing.T) {
 				for i, v := range ref.v {
 					ag.dt.PutFloat64(wb[i*ag.dt.Size():], v)
 				}
-				cases = append(cases, opCase{fmt.Sprintf("Allgather %s axis %d into %v", ag.dt.Name(), ag.axis, ag.into), xs,
+				cases = append(cases, hierCase{fmt.Sprintf("Allgather %s axis %d into %v", ag.dt.Name(), ag.axis, ag.into), xs,
 					func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
 						if !ag.into {
 							return c.Allgather(ctx, x, ag.axis)
 						}
 						y, _ := tensordict.Zeros(ag.dt, ref.shape...)
 						return y, c.AllgatherInto(ctx, y, x, ag.axis)
-					}, wb})
+					}, sameFor(n, wb), true})
 			}
-			one, _ := tensordict.FromSlice([]float64{1})
-			for round := range 3 {
-				for _, oc := range cases {
-					for _, comms := range [][]*Comm{hier, flat} {
-						got := all(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
-							return oc.run(ctx, c, oc.xs[c.Rank()])
-						})
-						for r, g := range got {
-							if !bytes.Equal(tbytes(t, g), oc.want) {
-								t.Fatalf("round %d, %s, %v: rank %d's result differs from the plain computation's", round, oc.name, comms[0].Transport(), r)
-							}
-						}
+			runHierCases(t, hier, flat, cases)
+		})
+	}
+}
+
+// hierCase is a row of the hierarchy's bit-for-bit tables: a call, each
+// rank's input and each rank's expected result (nil: no result), and
+// whether a TCP communicator of as many ranks must give those bits too
+// (flat).
+type hierCase struct {
+	name string
+	xs   []*tensordict.Tensor
+	run  func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error)
+	want [][]byte
+	flat bool
+}
+
+// sameFor is want for each of n ranks.
+func sameFor(n int, want []byte) [][]byte {
+	ws := make([][]byte, n)
+	for r := range ws {
+		ws[r] = want
+	}
+	return ws
+}
+
+// runHierCases runs every case three rounds on hier (and on flat where
+// the case says so), with an Allreduce through the hosts' mappings after
+// the second, so that the calls use both file sets and phases of both
+// parities, and fails the test at the first rank whose result differs.
+func runHierCases(t *testing.T, hier, flat []*Comm, cases []hierCase) {
+	t.Helper()
+	one, _ := tensordict.FromSlice([]float64{1})
+	for round := range 3 {
+		for _, oc := range cases {
+			comms := [][]*Comm{hier}
+			if oc.flat {
+				comms = append(comms, flat)
+			}
+			for _, cs := range comms {
+				got := all(t, cs, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
+					return oc.run(ctx, c, oc.xs[c.Rank()])
+				})
+				for r, g := range got {
+					if (g == nil) != (oc.want[r] == nil) || !bytes.Equal(tbytes(t, g), oc.want[r]) {
+						t.Fatalf("round %d, %s, %v: rank %d's result differs from the plain computation's", round, oc.name, cs[0].Transport(), r)
 					}
 				}
-				if round == 1 {
-					// One more collective through the hosts' mappings: the
-					// next round's calls use the other file sets.
-					all(t, hier, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) { return c.Allreduce(ctx, one, Sum) })
-				}
 			}
-		})
+		}
+		if round == 1 {
+			// One more collective through the hosts' mappings: the next
+			// round's calls use the other file sets.
+			all(t, hier, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) { return c.Allreduce(ctx, one, Sum) })
+		}
 	}
 }
 

@@ -63,14 +63,7 @@ func TestHier_ReductionsInHierarchyOrder(t *testing.T) {
 		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
 			hier := hierGroup(t, hosts, Hier)
 			flat := group(t, n, TCP)
-			type opCase struct {
-				name string
-				xs   []*tensordict.Tensor
-				run  func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error)
-				want [][]byte // each rank's result
-				flat bool     // the flat algorithm's bits too
-			}
-			var cases []opCase
+			var cases []hierCase
 			rng := rand.New(rand.NewPCG(uint64(n), 30))
 			inputs := func(dt memmap.DType, shape []int) ([]*tensordict.Tensor, [][]byte) {
 				xs := make([]*tensordict.Tensor, n)
@@ -101,10 +94,10 @@ func TestHier_ReductionsInHierarchyOrder(t *testing.T) {
 					}
 					want[root] = sum
 					name := fmt.Sprintf("Reduce %v %s %v root %d", rc.op, rc.dt.Name(), rc.shape, root)
-					cases = append(cases, opCase{name, xs, func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
+					cases = append(cases, hierCase{name, xs, func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
 						return c.Reduce(ctx, x, rc.op, root)
 					}, want, rc.op == Max})
-					cases = append(cases, opCase{name + " in place", xs, func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
+					cases = append(cases, hierCase{name + " in place", xs, func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
 						y, _ := tensordict.Zeros(x.DType(), x.Shape()...)
 						copy(tbytes(t, y), tbytes(t, x))
 						return y, c.ReduceInto(ctx, y, y, rc.op, root)
@@ -139,7 +132,7 @@ func TestHier_ReductionsInHierarchyOrder(t *testing.T) {
 					want[r] = make([]byte, numel(box)*es)
 					boxCopy(want[r], box, zeros(len(box)), sum, rc.shape, at(len(box), rc.axis, pre[r]), box, es)
 				}
-				cases = append(cases, opCase{fmt.Sprintf("ReduceScatter %v %s %v axis %d counts %v into %v", rc.op, rc.dt.Name(), rc.shape, rc.axis, counts, rc.into), xs,
+				cases = append(cases, hierCase{fmt.Sprintf("ReduceScatter %v %s %v axis %d counts %v into %v", rc.op, rc.dt.Name(), rc.shape, rc.axis, counts, rc.into), xs,
 					func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
 						cs := counts
 						if rc.counts == nil {
@@ -152,30 +145,7 @@ func TestHier_ReductionsInHierarchyOrder(t *testing.T) {
 						return y, c.ReduceScatterInto(ctx, y, x, rc.op, rc.axis, cs)
 					}, want, rc.op == Max})
 			}
-			one, _ := tensordict.FromSlice([]float64{1})
-			for round := range 3 {
-				for _, oc := range cases {
-					comms := [][]*Comm{hier}
-					if oc.flat {
-						comms = append(comms, flat)
-					}
-					for _, cs := range comms {
-						got := all(t, cs, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
-							return oc.run(ctx, c, oc.xs[c.Rank()])
-						})
-						for r, g := range got {
-							if !bytes.Equal(tbytes(t, g), oc.want[r]) {
-								t.Fatalf("round %d, %s, %v: rank %d's result differs from the plain computation's", round, oc.name, cs[0].Transport(), r)
-							}
-						}
-					}
-				}
-				if round == 1 {
-					// One more collective through the hosts' mappings: the
-					// next round's calls use the other file sets.
-					all(t, hier, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) { return c.Allreduce(ctx, one, Sum) })
-				}
-			}
+			runHierCases(t, hier, flat, cases)
 		})
 	}
 }
