@@ -268,3 +268,30 @@ func firstErr(errs []error) error {
 	}
 	return nil
 }
+
+// firstError keeps the first error of a collective's concurrent sends and
+// receives and cancels their context when it comes: the errors that
+// cancellation causes after it are not the cause. Safe for concurrent
+// use; the zero value with cancel set is ready.
+type firstError struct {
+	mu     sync.Mutex
+	err    error
+	cancel context.CancelFunc
+}
+
+// set records err if it is the first, and cancels.
+func (f *firstError) set(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err == nil {
+		f.err = err
+		f.cancel()
+	}
+}
+
+// get returns the first error set, or nil.
+func (f *firstError) get() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
+}

@@ -115,21 +115,7 @@ func (h *hierState) reduceLevels(ctx context.Context, c *Comm, seq, k uint64, p 
 	defer cancel()
 	x := &xfer{c: c, ctx: xctx, seq: seq}
 	var recvs, sends sync.WaitGroup
-	var mu sync.Mutex
-	var first error
-	setErr := func(err error) {
-		mu.Lock()
-		if first == nil {
-			first = err
-			cancel()
-		}
-		mu.Unlock()
-	}
-	failed := func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		return first
-	}
+	fe := &firstError{cancel: cancel}
 	// The other hosts' partials of our piece: posted first, as they may
 	// come at once.
 	own := -1
@@ -149,7 +135,7 @@ func (h *hierState) reduceLevels(ctx context.Context, c *Comm, seq, k uint64, p 
 			parts[hh] = make([]byte, pc.size[own])
 			recvs.Go(func() {
 				if err := x.exchangeAt(0, -1, nil, from, pc.size[own], into(parts[hh])); err != nil {
-					setErr(err)
+					fe.set(err)
 				}
 			})
 		}
@@ -173,18 +159,18 @@ func (h *hierState) reduceLevels(ctx context.Context, c *Comm, seq, k uint64, p 
 		}
 		if len(srcs) > 1 || pc.flat == nil {
 			if err := guardOwn(func() error { pc.reduce(i, buf, srcs); return nil }); err != nil {
-				setErr(err)
+				fe.set(err)
 				break
 			}
 		}
 		to := pc.dest[i]
 		sends.Go(func() {
 			if err := x.exchangeAt(0, to, buf, -1, 0, nil); err != nil {
-				setErr(err)
+				fe.set(err)
 			}
 		})
 	}
-	if own >= 0 && pc.size[own] > 0 && failed() == nil {
+	if own >= 0 && pc.size[own] > 0 && fe.get() == nil {
 		dst := final(own, mine)
 		// Our host's partial, straight into the result when it comes
 		// first (reduceN's dst may be its first source) and does not
@@ -202,17 +188,17 @@ func (h *hierState) reduceLevels(ctx context.Context, c *Comm, seq, k uint64, p 
 			err = guardOwn(func() error { pc.reduce(own, parts[h.host], srcs); return nil })
 		}
 		if err != nil {
-			setErr(err)
+			fe.set(err)
 		} else {
 			recvs.Wait()
-			if failed() == nil {
+			if fe.get() == nil {
 				reduceN(p.op, p.dt, dst, parts)
 			}
 		}
 	}
 	recvs.Wait()
 	sends.Wait()
-	return failed()
+	return fe.get()
 }
 
 // overlaps reports whether a and b share memory.

@@ -109,16 +109,7 @@ func (x *xfer) direct(p *plan, in, out []byte, blocks []int) error {
 		}
 	}
 
-	var mu sync.Mutex
-	var firstErr error
-	setErr := func(err error) {
-		mu.Lock()
-		if firstErr == nil {
-			firstErr = err
-			cancel()
-		}
-		mu.Unlock()
-	}
+	fe := &firstError{cancel: cancel}
 	var wg sync.WaitGroup
 	// sendAll sends the pieces of b to rank to, at most directInflight at
 	// once, each once ready(j) says so.
@@ -144,7 +135,7 @@ func (x *xfer) direct(p *plan, in, out []byte, blocks []int) error {
 			wg.Go(func() {
 				defer func() { <-sem }()
 				if err := x.c.send(ctx, to, k, part); err != nil {
-					setErr(err)
+					fe.set(err)
 				}
 			})
 		}
@@ -158,13 +149,11 @@ func (x *xfer) direct(p *plan, in, out []byte, blocks []int) error {
 	}
 	for _, r := range recvs {
 		if err := x.c.box.wait(ctx, r.k, r.s); err != nil {
-			setErr(err)
+			fe.set(err)
 		}
 	}
 	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
-	return firstErr
+	return fe.get()
 }
 
 // gaveUp is what a consumer that waited for its turn answers its sender

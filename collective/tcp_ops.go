@@ -279,16 +279,7 @@ func (x *xfer) ring(p *plan, src, acc []byte, blocks []int, rs, ag bool) error {
 		}
 	}
 
-	var mu sync.Mutex
-	var firstErr error
-	setErr := func(err error) {
-		mu.Lock()
-		if firstErr == nil {
-			firstErr = err
-			cancel()
-		}
-		mu.Unlock()
-	}
+	fe := &firstError{cancel: cancel}
 	sem := make(chan struct{}, ringInflight)
 	var wg sync.WaitGroup
 send:
@@ -301,14 +292,14 @@ send:
 				// arrived.
 				r := recvs[i-1][j]
 				if err := x.c.box.wait(ctx, r.k, r.s); err != nil {
-					setErr(err)
+					fe.set(err)
 					break send
 				}
 			}
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
-				setErr(ctx.Err())
+				fe.set(ctx.Err())
 				break send
 			}
 			k := x.key(me, first+uint32(i))
@@ -317,7 +308,7 @@ send:
 			wg.Go(func() {
 				defer func() { <-sem }()
 				if err := x.c.send(ctx, right, k, b); err != nil {
-					setErr(err)
+					fe.set(err)
 				}
 			})
 		}
@@ -328,13 +319,11 @@ send:
 	for _, rs := range recvs {
 		for _, r := range rs {
 			if err := x.c.box.wait(ctx, r.k, r.s); err != nil {
-				setErr(err)
+				fe.set(err)
 			}
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	return firstErr // the first: the ones our cancel caused came after it
+	return fe.get() // the first: the ones our cancel caused came after it
 }
 
 // gatherBlocks sends this rank's block of buf to root, which puts every
