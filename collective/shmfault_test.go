@@ -7,7 +7,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -93,5 +95,29 @@ func TestHier_TruncatedDataIsAnError(t *testing.T) {
 	}
 	if _, errs := onAll(t, comms, big); errs[0] == nil || errs[3] == nil {
 		t.Errorf("after the fault: %v, want the communicator broken", errs)
+	}
+}
+
+// TestShm_AbandonReportsTheCause: a rank that sees another give up a
+// collective through the mappings (its abort word) reports why that rank
+// gave up (the communicator's own news: here a rank lost) even when the
+// news comes a good while after the abort word, as it does under load
+// (the race detector on two busy cores), not "rank 1 abandoned
+// collective N", which names the rank that gave up but not the cause. CI
+// saw the second (TestHier_MovesFullFolderIsNoSpace and
+// TestNetns_HierRankKilled) when the news took more than the 50 ms the
+// rank used to wait for it.
+func TestShm_AbandonReportsTheCause(t *testing.T) {
+	comms := group(t, 2, SHM)
+	g0, g1 := comms[0].shm, comms[1].shm
+	p := g1.word(g1.me, ctlPhase).Load() + 1
+	g1.abort() // rank 1 gives up phase p; rank 0 has no word of why yet
+	cause := errorf(ErrPeerLost, "rank 1 lost rank 7 (the cause)")
+	time.AfterFunc(300*time.Millisecond, func() { comms[0].fail(cause) })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err := g0.waitRank(ctx, 1, p)
+	if !errors.Is(err, ErrPeerLost) || !strings.Contains(err.Error(), "the cause") {
+		t.Fatalf("waiting for rank 1's phase: %v, want the cause (ErrPeerLost)", err)
 	}
 }
