@@ -37,6 +37,8 @@ def _refs(bufs, i):
 
 
 def _calibrate():
+    if not hasattr(sys, "getrefcount"):  # an interpreter without reference counts: no pool
+        return None
     bufs = [np.empty(1, np.uint8)]
     return _refs(bufs, 0)
 
@@ -64,7 +66,7 @@ class OutputPool:
         """A uint8 array of nbytes that no other array, tensor or view
         refers to: the caller may overwrite it. Its contents are
         undefined."""
-        if nbytes < self.min_bytes or 2 * nbytes > self.max_bytes:
+        if nbytes < self.min_bytes or 2 * nbytes > self.max_bytes or _FREE is None:
             return np.empty(nbytes, np.uint8)
         with self._lock:
             bufs = self._bufs
