@@ -410,6 +410,14 @@ def mode_pool(comm):
         check(y.shape == (k,) and bool((y == n).all()), f"size {k}")
         bufs, nbytes = pool.stats()
         most = (max(most[0], bufs), max(most[1], nbytes))
+    # Other outputs of the pool's sizes: placed ones (Allgather), bfloat16 (Bcast_), int64.
+    g = comm.Allgather(torch.full((m,), float(r)), 0)
+    check(g.tolist() == [float(q) for q in range(n) for _ in range(m)], "Allgather from the pool")
+    b = comm.Bcast_(torch.full((m,), 1.5 + r, dtype=torch.bfloat16), 0)  # no sum of bfloat16
+    check(b.dtype == torch.bfloat16 and bool((b == 1.5).all()), f"bfloat16 {b[:3]}")
+    i = comm.Allreduce(np.full((m,), r, dtype=np.int64), mpi4torch.MPI_SUM)
+    check(i.dtype == np.int64 and bool((i == n * (n - 1) // 2).all()), f"int64 {i[:3]}")
+    check(bool((g[:m] == 0).all()) and bool((b == 1.5).all()), "kept outputs overwritten")
     report["pool_most"] = most
     report["pool_bounds"] = (pool.max_bufs, pool.max_bytes)
     check(most[0] <= pool.max_bufs and most[1] <= pool.max_bytes, f"pool grew to {most}")
