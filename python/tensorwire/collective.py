@@ -44,6 +44,7 @@ import numpy as np
 
 from . import _msgpack
 from ._binary import find_binary
+from ._outpool import OutputPool
 from ._td import as_array, dtype_name, numpy_dtype, to_torch
 from .errors import (AbortedError, FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError,
                      TensorwireError, UnauthenticatedError, UnavailableError, from_wire, register_reason)
@@ -238,6 +239,7 @@ class _Sidecar:
         self._ids = itertools.count(1)
         self._rbuf = b""
         self._templates = {}
+        self._pool = OutputPool()
         self._spin_ns = int(spin * 1e9)
         self._bell = None
         self._bell_mm = None
@@ -427,14 +429,19 @@ class _Sidecar:
 
     def output(self, resp):
         """The reply's output tensor, copied out of the data file, as a
-        numpy array (bfloat16 as raw uint16 bits), with its dtype name."""
+        numpy array (bfloat16 as raw uint16 bits), with its dtype name.
+        The array is the caller's alone: a large one is a buffer of the
+        pool that nothing refers to any more (_outpool.py)."""
         name = "torch." + resp["dtype"]
         dt = numpy_dtype(name)
         shape = tuple(resp.get("shape") or ())
-        n = math.prod(shape)
+        nb = math.prod(shape) * dt.itemsize
         off = resp.get("off", 0)
-        a = self._u8[off:off + n * dt.itemsize].view(dt).reshape(shape).copy()
-        return a, name
+        if nb < self._pool.min_bytes:  # a plain copy: the 1 KB path as it was
+            return self._u8[off:off + nb].view(dt).reshape(shape).copy(), name
+        b = self._pool.take(nb)
+        b[:] = self._u8[off:off + nb]
+        return b.view(dt).reshape(shape), name
 
     def close(self):
         with self._lock:

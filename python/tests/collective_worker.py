@@ -354,6 +354,75 @@ def mode_mixed(comm):
     check(x.grad.tolist() == [n * float(3 * r + i) for i in range(3)], f"Allgather backward {x.grad.tolist()}")
 
 
+def mode_pool(comm):
+    """Large outputs come from the reused buffers of the communicator's
+    pool (tensorwire/_outpool.py): every result is right, and a result
+    still referenced (itself, a view, a slice, a .numpy() of it, a
+    gradient) keeps its values across later calls; in a loop of varying
+    sizes the pool stays within its bounds."""
+    n, r = comm.size, comm.rank
+    pool = comm._s._pool
+    m = 1 << 15  # float64: 256 KiB, above the pool's smallest size
+    tot = n * (n + 1) / 2
+
+    def val(step):
+        return torch.full((m,), float((r + 1) * (step + 1)))
+
+    def want(step):
+        return tot * (step + 1)
+
+    held = {}
+    for step in range(12):
+        y = comm.Allreduce(val(step), mpi4torch.MPI_SUM)
+        check(bool((y == want(step)).all()), f"step {step}: {y[:3].tolist()}")
+        if step == 1:
+            held["tensor"] = y
+        elif step == 2:
+            held["view"] = y[10:20]
+        elif step == 3:
+            held["numpy"] = y.numpy()
+        elif step == 4:
+            held["reshaped numpy"] = y.numpy().reshape(2, -1)[1]
+        elif step == 5:
+            held["memoryview"] = memoryview(y.numpy())
+        elif step == 6:
+            a = comm.Allreduce(val(step).numpy(), mpi4torch.MPI_SUM)  # numpy in, numpy out
+            held["numpy call"] = a[5:]
+    steps = {"tensor": 1, "view": 2, "numpy": 3, "reshaped numpy": 4, "memoryview": 5, "numpy call": 6}
+    for k, v in held.items():
+        got = np.asarray(v) if not isinstance(v, torch.Tensor) else v.numpy()
+        check(bool((got == want(steps[k])).all()), f"held {k} overwritten: {got[:3].tolist()}")
+    # A loop of one size reuses its buffers: no new buffer after the first steps.
+    x = torch.full((m,), 1.0, requires_grad=True)
+    for step in range(10):
+        if step == 3:
+            made = pool.made
+        y = comm.Allreduce(x, mpi4torch.MPI_SUM)
+        y.backward(torch.ones_like(y))
+        check(bool((y == n).all()), f"fwd-bwd step {step}: {y[:3].tolist()}")
+        check(bool((x.grad == n * (step + 1)).all()), f"grad at step {step}: {x.grad[:3].tolist()}")
+    report["fwd_bwd_made"] = pool.made - made
+    # Varying sizes: the pool stays within its bounds.
+    most = (0, 0)
+    for step in range(40):
+        k = m + 512 * (step % 13)
+        y = comm.Allreduce(torch.full((k,), 1.0), mpi4torch.MPI_SUM)
+        check(y.shape == (k,) and bool((y == n).all()), f"size {k}")
+        bufs, nbytes = pool.stats()
+        most = (max(most[0], bufs), max(most[1], nbytes))
+    # Other outputs of the pool's sizes: placed ones (Allgather), bfloat16 (Bcast_), int64.
+    g = comm.Allgather(torch.full((m,), float(r)), 0)
+    check(g.tolist() == [float(q) for q in range(n) for _ in range(m)], "Allgather from the pool")
+    b = comm.Bcast_(torch.full((m,), 1.5 + r, dtype=torch.bfloat16), 0)  # no sum of bfloat16
+    check(b.dtype == torch.bfloat16 and bool((b == 1.5).all()), f"bfloat16 {b[:3]}")
+    i = comm.Allreduce(np.full((m,), r, dtype=np.int64), mpi4torch.MPI_SUM)
+    check(i.dtype == np.int64 and bool((i == n * (n - 1) // 2).all()), f"int64 {i[:3]}")
+    check(bool((g[:m] == 0).all()) and bool((b == 1.5).all()), "kept outputs overwritten")
+    report["pool_most"] = most
+    report["pool_bounds"] = (pool.max_bufs, pool.max_bytes)
+    check(most[0] <= pool.max_bufs and most[1] <= pool.max_bytes, f"pool grew to {most}")
+
+
 def mode_cuda(comm):
     """CUDA tensors in and out (through host memory), forward and backward."""
     n = comm.size

@@ -99,6 +99,20 @@ for _size in (2, 3, 4):
 
 
 @unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestCollectivePool(unittest.TestCase):
+    """Large outputs in the reused buffers of the output pool: results
+    right, a result still referenced never overwritten by a later call, a
+    loop of one size on a few buffers, the pool bounded in a loop of
+    varying sizes (collective_worker.py, mode_pool)."""
+
+    def test_pooled_outputs_3_ranks(self):
+        reports = run_ranks(self, "pool", 3, "shm")
+        for rep in reports:
+            self.assertEqual(rep["fwd_bwd_made"], 0, "a loop of one size made new buffers after its first steps")
+            self.assertLessEqual(rep["pool_most"][0], rep["pool_bounds"][0])
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
 class TestCollectiveHier(unittest.TestCase):
     """Every operation and root, and its adjoint, on a hierarchical
     communicator: 2 hosts of 2 ranks, told apart by their shared folders."""
