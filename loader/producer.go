@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/tensorwire/tensorwire/memmap"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/slots"
+	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -40,7 +41,6 @@ type Producer struct {
 	mu        sync.Mutex
 	changed   chan struct{} // closed and replaced when anything below changes
 	members   map[uint64]*member
-	nextID    uint64
 	closed    bool
 	err       error // set when the producer failed (ErrFailed)
 	gone      error // set when a remote producer's process detached (ErrNoProducer)
@@ -458,8 +458,7 @@ func (p *Producer) join(batch int) (joinInfo, error) {
 	if err := p.usableLocked(); err != nil {
 		return joinInfo{}, err
 	}
-	p.nextID++
-	m := &member{id: p.nextID, epoch: p.epoch + 1, seen: time.Now()}
+	m := &member{id: p.newIDLocked(), epoch: p.epoch + 1, seen: time.Now()}
 	if p.running && p.window {
 		m.epoch, m.released = p.epoch, p.epochs[p.epoch].first
 	}
@@ -467,6 +466,21 @@ func (p *Producer) join(batch int) (joinInfo, error) {
 	p.st.Joined++
 	p.broadcastLocked()
 	return joinInfo{id: m.id, epoch: m.epoch}, nil
+}
+
+// newIDLocked returns a consumer id no member has: drawn at random (from
+// 1 to 2^53-1, exact in every client's numbers), so that a call naming a
+// consumer acts on that consumer only if its caller was told the id. With
+// ids counted 1, 2, ..., a peer's stream or leave for a consumer that did
+// not exist yet, handled after the next join, took that consumer and
+// dropped it when it ended (FuzzService, once in CI). p.mu is held.
+func (p *Producer) newIDLocked() uint64 {
+	for {
+		id := rand.Uint64N(1<<53-1) + 1
+		if _, taken := p.members[id]; !taken {
+			return id
+		}
+	}
 }
 
 // unusable is usableLocked under p.mu.
