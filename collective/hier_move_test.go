@@ -53,74 +53,69 @@ func tbytes(t testing.TB, x *tensordict.Tensor) []byte {
 // every rank's result has the bits the flat algorithms give (a TCP
 // communicator of as many ranks, same inputs) and the plain computation's.
 func TestHier_BcastAllgatherSameBitsAsFlat(t *testing.T) {
-	for _, hosts := range testLayouts() {
+	runHierTable(t, 29, func(t *testing.T, hosts []int, rng *rand.Rand) []hierCase {
 		n := len(hosts)
-		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
-			hier := hierGroup(t, hosts, Hier)
-			flat := group(t, n, TCP)
-			var cases []hierCase
-			rng := rand.New(rand.NewPCG(uint64(n), 29))
-			for _, sz := range []struct {
-				dt    memmap.DType
-				shape []int
-			}{{memmap.Float64, []int{3, 5}}, {memmap.BFloat16, []int{0, 4}}, {memmap.Float64, []int{300_001}}} {
-				for root := range n {
-					xs := make([]*tensordict.Tensor, n)
-					for r := range n {
-						xs[r] = randTensor(t, rng, sz.dt, sz.shape...)
-					}
-					want := tbytes(t, xs[root])
-					cases = append(cases, hierCase{fmt.Sprintf("Bcast %s %v root %d", sz.dt.Name(), sz.shape, root), xs,
-						func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
-							if c.Rank() != root && c.Rank()%2 == 1 {
-								x = nil // the root's shape comes to those without a tensor
-							}
-							return c.Bcast(ctx, x, root)
-						}, sameFor(n, want), true})
-					cases = append(cases, hierCase{fmt.Sprintf("BcastInto %s %v root %d", sz.dt.Name(), sz.shape, root), xs,
-						func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
-							y, _ := tensordict.Zeros(x.DType(), x.Shape()...)
-							copy(tbytes(t, y), tbytes(t, x))
-							return y, c.BcastInto(ctx, y, root)
-						}, sameFor(n, want), true})
-				}
-			}
-			for _, ag := range []struct {
-				dt    memmap.DType
-				axis  int
-				shape func(r int) []int
-				into  bool
-			}{
-				{memmap.Float16, 0, func(r int) []int { return []int{r % 3, 4} }, false},
-				{memmap.Int32, 2, func(r int) []int { return []int{2, 3, (r*5 + 1) % 4} }, false},
-				{memmap.Uint8, 1, func(r int) []int { return []int{3, r + 1} }, true},
-				{memmap.Float32, 0, func(r int) []int { return []int{100 + 1000*r, 300} }, false}, // pieces of 1 MiB
-				{memmap.Float64, 1, func(r int) []int { return []int{64, 1000 * (n - r)} }, true}, // boxes of every rank in every row
-			} {
+		var cases []hierCase
+		for _, sz := range []struct {
+			dt    memmap.DType
+			shape []int
+		}{{memmap.Float64, []int{3, 5}}, {memmap.BFloat16, []int{0, 4}}, {memmap.Float64, []int{300_001}}} {
+			for root := range n {
 				xs := make([]*tensordict.Tensor, n)
-				in := make([]nd, n)
 				for r := range n {
-					xs[r] = randTensor(t, rng, ag.dt, ag.shape(r)...)
-					in[r] = toND(t, xs[r])
+					xs[r] = randTensor(t, rng, sz.dt, sz.shape...)
 				}
-				ref := concat(in, ag.axis)
-				wantT, _ := tensordict.Zeros(ag.dt, ref.shape...)
-				wb := tbytes(t, wantT)
-				for i, v := range ref.v {
-					ag.dt.PutFloat64(wb[i*ag.dt.Size():], v)
-				}
-				cases = append(cases, hierCase{fmt.Sprintf("Allgather %s axis %d into %v", ag.dt.Name(), ag.axis, ag.into), xs,
+				want := tbytes(t, xs[root])
+				cases = append(cases, hierCase{fmt.Sprintf("Bcast %s %v root %d", sz.dt.Name(), sz.shape, root), xs,
 					func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
-						if !ag.into {
-							return c.Allgather(ctx, x, ag.axis)
+						if c.Rank() != root && c.Rank()%2 == 1 {
+							x = nil // the root's shape comes to those without a tensor
 						}
-						y, _ := tensordict.Zeros(ag.dt, ref.shape...)
-						return y, c.AllgatherInto(ctx, y, x, ag.axis)
-					}, sameFor(n, wb), true})
+						return c.Bcast(ctx, x, root)
+					}, sameFor(n, want), true})
+				cases = append(cases, hierCase{fmt.Sprintf("BcastInto %s %v root %d", sz.dt.Name(), sz.shape, root), xs,
+					func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
+						y, _ := tensordict.Zeros(x.DType(), x.Shape()...)
+						copy(tbytes(t, y), tbytes(t, x))
+						return y, c.BcastInto(ctx, y, root)
+					}, sameFor(n, want), true})
 			}
-			runHierCases(t, hier, flat, cases)
-		})
-	}
+		}
+		for _, ag := range []struct {
+			dt    memmap.DType
+			axis  int
+			shape func(r int) []int
+			into  bool
+		}{
+			{memmap.Float16, 0, func(r int) []int { return []int{r % 3, 4} }, false},
+			{memmap.Int32, 2, func(r int) []int { return []int{2, 3, (r*5 + 1) % 4} }, false},
+			{memmap.Uint8, 1, func(r int) []int { return []int{3, r + 1} }, true},
+			{memmap.Float32, 0, func(r int) []int { return []int{100 + 1000*r, 300} }, false}, // pieces of 1 MiB
+			{memmap.Float64, 1, func(r int) []int { return []int{64, 1000 * (n - r)} }, true}, // boxes of every rank in every row
+		} {
+			xs := make([]*tensordict.Tensor, n)
+			in := make([]nd, n)
+			for r := range n {
+				xs[r] = randTensor(t, rng, ag.dt, ag.shape(r)...)
+				in[r] = toND(t, xs[r])
+			}
+			ref := concat(in, ag.axis)
+			wantT, _ := tensordict.Zeros(ag.dt, ref.shape...)
+			wb := tbytes(t, wantT)
+			for i, v := range ref.v {
+				ag.dt.PutFloat64(wb[i*ag.dt.Size():], v)
+			}
+			cases = append(cases, hierCase{fmt.Sprintf("Allgather %s axis %d into %v", ag.dt.Name(), ag.axis, ag.into), xs,
+				func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
+					if !ag.into {
+						return c.Allgather(ctx, x, ag.axis)
+					}
+					y, _ := tensordict.Zeros(ag.dt, ref.shape...)
+					return y, c.AllgatherInto(ctx, y, x, ag.axis)
+				}, sameFor(n, wb), true})
+		}
+		return cases
+	})
 }
 
 // hierCase is a row of the hierarchy's bit-for-bit tables: a call, each
@@ -142,6 +137,21 @@ func sameFor(n int, want []byte) [][]byte {
 		ws[r] = want
 	}
 	return ws
+}
+
+// runHierTable runs a bit-for-bit table on every test layout: cases
+// builds the rows for the layout's hosts (a host index per rank) from rng
+// (seeded with seed and the rank count), which run on a hierarchy of that
+// layout and a TCP communicator of as many ranks (runHierCases).
+func runHierTable(t *testing.T, seed uint64, cases func(t *testing.T, hosts []int, rng *rand.Rand) []hierCase) {
+	for _, hosts := range testLayouts() {
+		n := len(hosts)
+		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
+			hier := hierGroup(t, hosts, Hier)
+			flat := group(t, n, TCP)
+			runHierCases(t, hier, flat, cases(t, hosts, rand.New(rand.NewPCG(uint64(n), seed))))
+		})
+	}
 }
 
 // runHierCases runs every case three rounds on hier (and on flat where
