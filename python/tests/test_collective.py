@@ -316,6 +316,11 @@ class TestCollectiveReadme(unittest.TestCase):
             env = python_env()
             env["PATH"] = os.path.dirname(binary()) + os.pathsep + env.get("PATH", "")
             env.pop("TENSORWIRE_BIN", None)
+            # Rank 0 would listen on torchrun's MASTER_PORT+1, a port nobody
+            # checked was free: with the suite's other processes' sockets
+            # about, CI once found it taken ("bind: address already in
+            # use"). A port found free, as the run above uses.
+            env["TENSORWIRE_COLLECTIVE_PORT"] = str(free_port())
             r = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", f.name], env=env,
                                capture_output=True, text=True, timeout=300)
         self.assertEqual(r.returncode, 0, r.stderr[-3000:])
