@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -351,7 +352,10 @@ func openRingReader(path string, schema tensordict.RowSchema, nslots, batch int)
 			return nil, err
 		}
 		mm, off := t.Mapping()
-		if mm == nil || t.DType() != f.DType || t.RowBytes() != rowBytes(f) {
+		if mm == nil || t.DType() != f.DType || t.RowBytes() != rowBytes(f) || !slices.Equal(t.Shape()[1:], f.Shape) {
+			// The row shape too, not only its bytes: a view of a ring laid
+			// out [32] for a schema of [2 4 4] would be a batch not of the
+			// schema joined (FuzzConsumer).
 			r.close()
 			return nil, fmt.Errorf("loader: the ring's %s is %v %v, want %v", strings.Join(f.Key, "/"), t.DType(), t.Shape(), f)
 		}
