@@ -68,25 +68,11 @@ func (c *Comm) hierCollective(ctx context.Context, seq uint64, cl *call) (*plan,
 	k := h.k.Load()
 	// The data goes uncompressed between hosts, as on TCP (tcpCollective).
 	dctx := rpc.Uncompressed(ctx)
-	derr := guardOwn(func() error {
-		switch p.kind {
-		case kindBcast:
-			return h.bcast(dctx, c, seq, k, p, cl.in, out)
-		case kindAllgather:
-			return h.allgather(dctx, c, seq, k, p, cl.in, out)
-		case kindReduce:
-			return h.reduce(dctx, c, seq, k, p, cl.in, out)
-		case kindReduceScatter:
-			return h.reduceScatter(dctx, c, seq, k, p, cl.in, out)
-		case kindGather:
-			return h.gather(dctx, c, seq, k, p, cl.in, out)
-		case kindScatter:
-			return h.scatter(dctx, c, seq, k, p, cl.in, out)
-		case kindAlltoall:
-			return h.alltoall(dctx, c, seq, k, p, cl.in, out)
-		}
-		return h.allreduce(dctx, c, seq, k, p, cl.in, out)
-	})
+	run, ok := hierRuns[p.kind]
+	if !ok {
+		run = (*hierState).allreduce
+	}
+	derr := guardOwn(func() error { return run(h, dctx, c, seq, k, p, cl.in, out) })
 	h.k.Store(k + 1)
 	if derr != nil {
 		// failData writes our control words (abort), which may be what
@@ -294,4 +280,16 @@ func (f *firstError) get() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.err
+}
+
+// hierRuns is each collective's data phase by levels, a row per kind
+// (Allreduce's is the default).
+var hierRuns = map[kind]func(h *hierState, ctx context.Context, c *Comm, seq, k uint64, p *plan, in, out []byte) error{
+	kindBcast:         (*hierState).bcast,
+	kindAllgather:     (*hierState).allgather,
+	kindReduce:        (*hierState).reduce,
+	kindReduceScatter: (*hierState).reduceScatter,
+	kindGather:        (*hierState).gather,
+	kindScatter:       (*hierState).scatter,
+	kindAlltoall:      (*hierState).alltoall,
 }
