@@ -233,6 +233,33 @@ func (c *Consumer) session(ctx context.Context, wait *backoff.Backoff) (*session
 	return s, nil
 }
 
+// ringGone says why the ring of a join (resp) went away as it was mapped
+// (err): the failure of the producer process that wrote it, which the node
+// records before it removes the ring and tells a consume stream of that
+// ring (ErrFailed: the consumer's loop ends with it, as it would have a
+// moment later), or else ErrNoProducer, waited out for the next process.
+// It was ErrNoProducer always: a consumer that joined a process failing
+// on its third batch waited a minute for a producer no one would start.
+func (c *Consumer) ringGone(ctx context.Context, resp joinResponse, err error) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, serr := rpc.OpenStream[ackMessage, batchMessage](ctx, c.rc, MethodConsume, consumeRequest{
+		Name: c.name, Ring: resp.Ring, Consumer: resp.Consumer, Epoch: resp.Epoch, Bytes: true,
+	})
+	if serr == nil {
+		_, serr = st.Recv(ctx)
+		st.Close()
+	}
+	if errors.Is(serr, ErrFailed) {
+		return serr
+	}
+	return wrapf(ErrNoProducer, "the ring %s went away as it was mapped: %v", resp.Prefix, err)
+}
+
+// testHookJoined, nil outside tests, runs once a join is answered, before
+// the consumer maps the ring.
+var testHookJoined func(resp joinResponse)
+
 // unreachable reports whether err says the node could not be reached or
 // the connection to it broke (rpc's Unavailable), what a node restarting
 // looks like, rather than that the consumer's own client is closed.
@@ -274,14 +301,17 @@ func (c *Consumer) join(ctx context.Context) (*session, error) {
 		return nil, fmt.Errorf("loader: the node describes the batches badly: %w", err)
 	}
 	s.bytes = !shared || resp.Prefix == "" || !filepath.IsLocal(filepath.FromSlash(resp.Prefix))
+	if testHookJoined != nil {
+		testHookJoined(resp)
+	}
 	if !s.bytes {
 		path := filepath.Join(c.o.Root, filepath.FromSlash(resp.Prefix))
 		if s.reader, err = openRingReader(path, s.schema, resp.Slots, resp.Batch); err != nil {
 			s.leave()
 			if _, serr := os.Stat(path); resp.Layout != "" && errors.Is(serr, fs.ErrNotExist) {
 				// A producer process's ring removed under the join: it
-				// detached meanwhile; wait for the next, as for none.
-				return nil, wrapf(ErrNoProducer, "the ring %s went away as it was mapped: %v", resp.Prefix, err)
+				// detached meanwhile.
+				return nil, c.ringGone(ctx, resp, err)
 			}
 			return nil, fmt.Errorf("loader: mapping the ring: %w", err)
 		}

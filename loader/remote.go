@@ -125,6 +125,14 @@ func (r *Remote) failedRing(ring string) error {
 	return nil
 }
 
+// lastFailure returns the failure of the last process detached, nil if it
+// did not fail (or none has detached).
+func (r *Remote) lastFailure() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastErr
+}
+
 // AddRemote serves a loader named name whose batches come from a producer
 // process, with its ring in cfg.Dir (cfg.Producer must be ProducerRemote;
 // Batch is the process's). ErrConfig for a bad cfg, ErrExists for a name

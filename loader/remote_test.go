@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -550,6 +552,54 @@ func TestRemote_FailureToldBetweenDetachAndClose(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("the producer was not detached")
+	}
+}
+
+// TestRemote_FailureToldToAJoinWhoseRingWentAway: a consumer whose join
+// was answered by a process that then failed, its ring removed before the
+// consumer mapped it, gets the process's error (ErrFailed). It got
+// ErrNoProducer, which Dial waits out for the next process: a consumer
+// that joined a producer failing on its third batch waited a minute
+// (CI, test_producer's test_schema_change_names_the_key).
+func TestRemote_FailureToldToAJoinWhoseRingWentAway(t *testing.T) {
+	const n, batch = 100, 16
+	f := newRemoteFixture(t, Config{Slots: 4, Window: 4})
+	gp := startGoProducer(t, f.addr, n, batch)
+	var once sync.Once
+	gone := make(chan error, 1)
+	testHookJoined = func(resp joinResponse) {
+		once.Do(func() {
+			if err := gp.st.Send(context.Background(), publishedMessage{Error: "ValueError: image 37 is corrupt"}); err != nil {
+				gone <- err
+				return
+			}
+			ring := filepath.Join(f.root, filepath.FromSlash(resp.Prefix))
+			for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				if _, err := os.Stat(ring); errors.Is(err, fs.ErrNotExist) {
+					gone <- nil
+					return
+				}
+			}
+			gone <- fmt.Errorf("the failed process's ring %s is still there", ring)
+		})
+	}
+	t.Cleanup(func() { testHookJoined = nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, f.addr, "train", Options{Batch: batch, Root: f.root})
+	if err == nil {
+		c.Close()
+	}
+	if herr := <-gone; herr != nil {
+		t.Fatal(herr)
+	}
+	if !errors.Is(err, ErrFailed) || !strings.Contains(err.Error(), "image 37 is corrupt") {
+		t.Fatalf("Dial ended with %v, want ErrFailed with the producer's message", err)
+	}
+	// A consumer joining now waits for the next process; its error says
+	// why the last one went.
+	if _, err := f.r.svc.producer("train", ""); !errors.Is(err, ErrNoProducer) || !strings.Contains(err.Error(), "image 37 is corrupt") {
+		t.Fatalf("a join after the failure is told %v, want ErrNoProducer naming the last process's failure", err)
 	}
 }
 

@@ -120,6 +120,11 @@ func (svc *Service) producer(name, ring string) (service.Entry[*Producer], error
 			if err := r.failedRing(ring); err != nil {
 				return sp, err // the process failed and detached before this consumer's stream opened
 			}
+			if last := r.lastFailure(); last != nil {
+				// A consumer joining after a failure waits for the next
+				// process; what it is told at its deadline says why.
+				return sp, wrapf(ErrNoProducer, "no producer process is attached to loader %q (the last one failed: %v)", name, last)
+			}
 			return sp, wrapf(ErrNoProducer, "no producer process is attached to loader %q", name)
 		}
 		return sp, err

@@ -381,8 +381,8 @@ class Consumer:
                 self._leave(info)
                 if info.get("layout") and not os.path.isdir(os.path.join(c.root, *prefix.split("/"))):
                     # A producer process's ring removed under the join: it
-                    # detached meanwhile; wait for the next, as for none.
-                    raise NoProducerError(f"loader: the ring {prefix} went away as it was mapped: {e}") from None
+                    # detached meanwhile.
+                    self._ring_gone(info, e)
                 raise
         folder = None if bytes_mode else os.path.join(c.root, *prefix.split("/"))
         stream = c.open_stream("loader.consume", {"name": self.name, "ring": info["ring"], "consumer": info["consumer"],
@@ -391,6 +391,26 @@ class Consumer:
         s = _Session(self, info, ring, stream, bytes_mode)
         s.folder = folder
         return s
+
+    def _ring_gone(self, info, err):
+        """Raises why the ring of a join (info) went away as it was mapped:
+        the failure of the producer process that wrote it (FailedError),
+        which the node records before it removes the ring and tells a
+        consume stream of that ring, or else NoProducerError, waited out for
+        the next process (as Go's Consumer does)."""
+        try:
+            st = self._client.open_stream("loader.consume", {"name": self.name, "ring": info["ring"],
+                                                             "consumer": info["consumer"], "epoch": info["epoch"],
+                                                             "index": 0, "bytes": True}, timeout=10)
+            try:
+                st.recv()
+            finally:
+                st.close()
+        except FailedError:
+            raise
+        except _errors.TensorwireError:
+            pass
+        raise NoProducerError(f"loader: the ring {info.get('prefix')} went away as it was mapped: {err}") from None
 
     def _leave(self, info):
         try:

@@ -35,16 +35,21 @@ if torch is not None:
         """Sample i: an image uint8 [3, 8, 8] of all (i % 251) with pixel
         [0, 0, 0] i // 251 and [0, 0, 1] i % 251, its label i, and a
         transform (a horizontal flip of a gradient row, then scaled to
-        float32) done in the DataLoader's workers. fail_at raises there."""
+        float32) done in the DataLoader's workers. fail_at raises there,
+        once the file gate exists if one is named (a worker is a process of
+        its own: the test lets it fail only once its consumer has joined)."""
 
-        def __init__(self, n=N, fail_at=None, delay=0.0):
-            self.n, self.fail_at, self.delay = n, fail_at, delay
+        def __init__(self, n=N, fail_at=None, delay=0.0, gate=None):
+            self.n, self.fail_at, self.delay, self.gate = n, fail_at, delay, gate
 
         def __len__(self):
             return self.n
 
         def __getitem__(self, i):
             if i == self.fail_at:
+                deadline = time.monotonic() + 60
+                while self.gate and not os.path.exists(self.gate) and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 raise ValueError(f"sample {i} is corrupt")
             if self.delay:
                 time.sleep(self.delay)
@@ -160,9 +165,21 @@ class TestProducer(unittest.TestCase):
         the node serves on: the next producer's epoch reaches them whole."""
         good = tud.DataLoader(Images(), batch_size=32)
         batches = list(good)
-        bad = list(batches)
-        bad[2] = dict(bad[2], label=bad[2]["label"].int())
-        p = self.producer(bad, samples=N)
+        joined = threading.Event()
+
+        class Bad:
+            """The batches, label int32 in the third, which waits for the
+            consumer to have joined: a producer that failed before any
+            consumer joined leaves it waiting for the next producer."""
+
+            def __iter__(self):
+                for i, b in enumerate(batches):
+                    if i == 2:
+                        joined.wait(60)
+                        b = dict(b, label=b["label"].int())
+                    yield b
+
+        p = self.producer(Bad(), samples=N)
         done = threading.Event()
         perr = []
 
@@ -175,6 +192,7 @@ class TestProducer(unittest.TestCase):
 
         threading.Thread(target=run, daemon=True).start()
         c = self.consumer(32)
+        joined.set()
         with self.assertRaises(loader.FailedError) as cm:
             for _ in c:
                 pass
@@ -189,13 +207,44 @@ class TestProducer(unittest.TestCase):
         seen = [i for b in c for i in ids_of(b)]
         self.assertEqual(sorted(seen), list(range(N)))
 
+    def test_failure_reaches_a_consumer_joining_as_it_fails(self):
+        """A consumer whose join was answered by a producer that then failed,
+        its ring removed before the consumer mapped it, raises the
+        producer's failure (FailedError). It waited for the next producer
+        (NoProducerError), a minute in CI, as if the first had only gone."""
+        from unittest import mock
+        batches, joined = list(tud.DataLoader(Images(), batch_size=32)), threading.Event()
+
+        class Failing:
+            def __iter__(self):
+                yield batches[0]
+                joined.wait(60)
+                raise ValueError("sample 40 is corrupt")
+
+        p = self.producer(Failing(), samples=N).start()
+        self.addCleanup(p.close)
+        real = loader._map_ring
+
+        def map_ring(folder, info):
+            joined.set()
+            wait_until(lambda: not os.path.isdir(folder), 30, "the failed producer's ring removed")
+            return real(folder, info)
+
+        with mock.patch.object(loader, "_map_ring", map_ring), self.assertRaises(loader.FailedError) as cm:
+            loader.Consumer(self.node.addr, "train", 32, token=TOKEN, root=self.node.root, timeout=10).close()
+        self.assertIn("sample 40 is corrupt", str(cm.exception))
+
     def test_dataloader_raises(self):
         """A DataLoader whose dataset raises in a worker: its message reaches
-        the consumers (FailedError), and the producer raises it."""
-        dl = tud.DataLoader(Images(fail_at=100), batch_size=32, num_workers=1)
+        the consumers (FailedError), and the producer raises it. It fails
+        once the consumer has joined: one that joins after the producer is
+        gone waits for the next producer (NoProducerError at its timeout)."""
+        gate = os.path.join(self.node.root, "joined")
+        dl = tud.DataLoader(Images(fail_at=100, gate=gate), batch_size=32, num_workers=1)
         p = self.producer(dl).start()
         self.addCleanup(p.close)
         c = self.consumer(32, mode="bytes")
+        open(gate, "w").close()
         with self.assertRaises(loader.FailedError) as cm:
             for _ in c:
                 pass

@@ -286,14 +286,18 @@ class TestDeviceStandIn(DeviceCase, unittest.TestCase):
     def test_a_device_error_reaches_the_consumers(self):
         """The device failing under the producer (its copy of batch 2
         raises) is the producer's failure, as a raising DataLoader's: the
-        consumers' loop raises FailedError with it, and run raises it."""
+        consumers' loop raises FailedError with it, and run raises it. It
+        fails once the consumer has joined: one that joins after the
+        producer is gone waits for the next producer instead."""
+        import threading
         from unittest import mock
         from tensorwire import _device
-        real, calls = _device.Ring.fill, []
+        real, calls, joined = _device.Ring.fill, [], threading.Event()
 
         def fill(ring, slot, flat, rows):
             calls.append(slot)
             if len(calls) == 3:
+                joined.wait(60)
                 raise RuntimeError("the device fell over")
             return real(ring, slot, flat, rows)
 
@@ -302,6 +306,7 @@ class TestDeviceStandIn(DeviceCase, unittest.TestCase):
             c = loader.Consumer(self.node.addr, "train", 32, token=TOKEN, root=self.node.root, device=self.device,
                                 timeout=60)
             self.addCleanup(c.close)
+            joined.set()
             with self.assertRaisesRegex(loader.FailedError, "RuntimeError: the device fell over"):
                 for _ in c:
                     pass
