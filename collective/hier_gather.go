@@ -117,14 +117,7 @@ func (h *hierState) gather(ctx context.Context, c *Comm, seq, k uint64, p *plan,
 		}
 		return nil
 	}()
-	if err != nil {
-		cancel()
-	}
-	wg.Wait()
-	if err == nil {
-		err = firstErr(errs)
-	}
-	if err != nil {
+	if err := settle(err, cancel, &wg, errs); err != nil {
 		return err
 	}
 	for r, hh := range h.hosts {
@@ -229,13 +222,7 @@ func (h *hierState) scatter(ctx context.Context, c *Comm, seq, k uint64, p *plan
 		cut(out, me)
 		return nil
 	}()
-	if err != nil {
-		cancel()
-	}
-	wg.Wait()
-	if err == nil {
-		err = firstErr(errs)
-	}
+	err = settle(err, cancel, &wg, errs)
 	if err == nil && g != nil {
 		g.setPhase(base + 3)
 	}

@@ -255,6 +255,21 @@ func firstErr(errs []error) error {
 	return nil
 }
 
+// settle ends a step whose own part, run on the calling goroutine and
+// ending with err, ran beside exchanges in goroutines of wg that end with
+// errs: err cancels them (cancel), and is the step's error over theirs,
+// which that cancellation may have caused. It returns once wg is done.
+func settle(err error, cancel context.CancelFunc, wg *sync.WaitGroup, errs []error) error {
+	if err != nil {
+		cancel()
+	}
+	wg.Wait()
+	if err == nil {
+		err = firstErr(errs)
+	}
+	return err
+}
+
 // firstError keeps the first error of a collective's concurrent sends and
 // receives and cancels their context when it comes: the errors that
 // cancellation causes after it are not the cause. Safe for concurrent
