@@ -7,6 +7,7 @@ temporary folder, once per test process.
 
 import atexit
 import os
+import random
 import shutil
 import signal
 import socket
@@ -94,6 +95,41 @@ def wait_until(pred, limit=60.0, what="condition"):
         time.sleep(0.01)
 
 
+def _stable_range():
+    """[lo, hi): up to 10,000 ports, from 10,000 up, below the kernel's
+    first ephemeral port (Go's proctest.StablePort uses the same)."""
+    first = 32768  # Linux's default
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            first = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return max(10000, first - 10000), max(10000, first)
+
+
+def stable_port():
+    """A loopback port free a moment ago, below the kernel's ephemeral range:
+    the kernel gives none of those to a listener on port 0 or to an
+    outgoing connection, so a node killed and restarted on it finds it
+    free, where a port from :0 may be another test's node by then (CI saw a
+    restarted node's clients reach another test's node, "this node has no
+    token"). Only a process that names the port can take it; callers pick
+    at random among thousands. The kernel's own (:0) where there is no
+    room below the range."""
+    lo, hi = _stable_range()
+    for _ in range(200 if hi > lo else 0):
+        port = random.randrange(lo, hi)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Node:
     """A `tensorwire node` on 127.0.0.1 with a root, a token file (unless
     token is None) and the given --buffer flags. start() runs it;
@@ -113,19 +149,25 @@ class Node:
             os.close(fd)
         self.buffers = list(buffers)
         self.extra = list(extra)
-        self.addr = "127.0.0.1:0"
+        self.addr = None  # a stable_port() at the first start, kept for restarts
         self.proc = None
         self.log = os.path.join(self.dir, "node.log")
 
     def start(self):
-        args = [binary(), "node", "--listen", self.addr, "--root", self.root]
-        if self.token_file:
-            args += ["--token-file", self.token_file]
-        for b in self.buffers:
-            args += ["--buffer", b]
-        args += self.extra
-        deadline = time.monotonic() + 60
+        """Runs the node: on a stable_port() the first time (another if that
+        one was taken meanwhile), on the same address after that (waiting
+        while a killed process's port is still held)."""
+        first = self.addr is None
+        deadline, tries = time.monotonic() + 60, 0
         while True:
+            if first:
+                self.addr = f"127.0.0.1:{stable_port()}"
+            args = [binary(), "node", "--listen", self.addr, "--root", self.root]
+            if self.token_file:
+                args += ["--token-file", self.token_file]
+            for b in self.buffers:
+                args += ["--buffer", b]
+            args += self.extra
             logf = open(self.log, "ab")
             self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL)
             logf.close()
@@ -136,8 +178,10 @@ class Node:
                 return self
             self.proc.wait()
             self.proc.stdout.close()
-            # The old address may still be held briefly after a kill.
-            if time.monotonic() > deadline or self.addr.endswith(":0"):
+            tries += 1
+            if time.monotonic() > deadline or (first and tries >= 5):
+                if first:
+                    self.addr = None
                 raise RuntimeError(f"the node did not start: {line!r}; log:\n{self.read_log()}")
             time.sleep(0.1)
 

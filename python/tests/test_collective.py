@@ -8,14 +8,13 @@ adjoint (docs/collective.md, "From Python")."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
 
-from nodes import HERE, binary, python_env
+from nodes import HERE, binary, python_env, stable_port
 
 WORKER = os.path.join(HERE, "collective_worker.py")
 
@@ -27,9 +26,10 @@ except ImportError:
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for rank 0 to listen on, chosen before it starts: below the
+    ephemeral range (nodes.stable_port), which no outgoing connection or
+    listener on :0 takes in between."""
+    return stable_port()
 
 
 def start_ranks(mode, size, transport="auto", extra=None, ranks=None, port=None):

@@ -1,17 +1,27 @@
 package proctest
 
 import (
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// Listen listens on addr ("host:port"; port 0 for any), retrying for up
-// to 10 s: the port of a process just killed may take a moment to be free
-// again, and a restarted node wants the same address.
+// Listen listens on addr ("host:port"), retrying for up to 10 s: the port
+// of a process just killed may take a moment to be free again, and a
+// restarted node wants the same address. Port 0 is a free port below the
+// kernel's ephemeral range (StablePort), which no other process is given
+// for a listener on port 0 or an outgoing connection while this one's
+// process is down between a kill and its restart.
 func Listen(addr string) (net.Listener, error) {
+	if host, port, err := net.SplitHostPort(addr); err == nil && port == "0" {
+		return listenStable(host)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		l, err := net.Listen("tcp", addr)
@@ -149,4 +159,52 @@ func StartProxy(t testing.TB, target string) *Proxy {
 		}
 	})
 	return p
+}
+
+// StablePort returns a loopback port that was free a moment ago, below the
+// kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range): the
+// kernel gives none of those to a listener on port 0 or to an outgoing
+// connection, so a node killed and restarted on it finds it free, where a
+// port from :0 may be another test's node (or a client's end) by then.
+// CI saw a restarted node's clients reach another test's node on its old
+// port. Only a process that names the port itself can take it; the
+// callers here pick at random among thousands. Where the range is
+// unknown or leaves no room below it, the port is the kernel's (:0).
+func StablePort() (int, error) {
+	l, err := listenStable("127.0.0.1")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// listenStable listens on host at a free port below the ephemeral range
+// (StablePort), else at :0.
+func listenStable(host string) (net.Listener, error) {
+	lo, hi := stableRange()
+	for range 200 {
+		if hi <= lo {
+			break
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(lo+rand.IntN(hi-lo))))
+		if err == nil {
+			return l, nil
+		}
+	}
+	return net.Listen("tcp", net.JoinHostPort(host, "0"))
+}
+
+// stableRange returns [lo, hi): up to 10,000 ports, from 10,000 up, below
+// the first ephemeral port; lo == hi where there is no such room.
+func stableRange() (lo, hi int) {
+	first := 32768 // Linux's default
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				first = v
+			}
+		}
+	}
+	return max(10000, first-10000), max(10000, first)
 }
