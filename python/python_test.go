@@ -2,10 +2,13 @@ package python
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -37,7 +40,9 @@ func pythonWithDeps(t *testing.T) string {
 // standard library's unittest) against real Go nodes: the command built
 // from this tree, started as `tensorwire node` processes by the suite, and
 // the Go serve client of tests/goclient, which the serve tests compare
-// the Python client with.
+// the Python client with. Its modules run in suiteProcs unittest processes
+// at once (suiteShards); a module runs alone as
+// `cd python/tests && PYTHONPATH=.. python3 -m unittest -v test_NAME`.
 func TestPython_Suite(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the command and runs nodes")
@@ -58,21 +63,83 @@ func TestPython_Suite(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./python/tests/goclient: %v\n%s", err, out)
 	}
-	cmd := exec.Command(py, "-m", "unittest", "discover", "-s", "tests", "-v")
-	cmd.Env = append(os.Environ(), "TENSORWIRE_BIN="+bin, "TENSORWIRE_GOCLIENT="+goclient, "PYTHONDONTWRITEBYTECODE=1", "PYTHONPATH=.")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
+	shards, err := suiteShards(suiteProcs)
 	if err != nil {
-		t.Fatalf("the Python suite failed: %v\n%s", err, out.String())
+		t.Fatal(err)
 	}
-	// unittest ends with "OK" or "OK (skipped=N)"; say which were skipped.
-	for _, line := range strings.Split(out.String(), "\n") {
-		if strings.Contains(line, "skipped") {
-			t.Log(line)
+	outs := make([]bytes.Buffer, len(shards))
+	errs := make([]error, len(shards))
+	var wg sync.WaitGroup
+	for i, mods := range shards {
+		wg.Go(func() {
+			cmd := exec.Command(py, append([]string{"-m", "unittest", "-v"}, mods...)...)
+			cmd.Dir = "tests"
+			cmd.Env = append(os.Environ(), "TENSORWIRE_BIN="+bin, "TENSORWIRE_GOCLIENT="+goclient, "PYTHONDONTWRITEBYTECODE=1", "PYTHONPATH=..")
+			cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
+			errs[i] = cmd.Run()
+		})
+	}
+	wg.Wait()
+	for i, mods := range shards {
+		out := outs[i].String()
+		if errs[i] != nil {
+			t.Errorf("the Python suite's shard %d (%s) failed: %v\n%s", i, strings.Join(mods, " "), errs[i], out)
+			continue
 		}
+		// unittest ends with "OK" or "OK (skipped=N)"; say which were skipped.
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, "skipped") {
+				t.Log(line)
+			}
+		}
+		t.Logf("shard %d (%s):\n%s", i, strings.Join(mods, " "), lastLines(out, 3))
 	}
-	t.Logf("%s", lastLines(out.String(), 3))
+}
+
+// suiteProcs is how many unittest processes run the suite at once, each
+// its share of the modules (suiteShards). Most of a module's time is its
+// nodes and rank processes waiting on each other and on the kernel, so
+// two at once take about half the time of one on CI's two cores.
+const suiteProcs = 2
+
+// suiteWeights are the seconds the slowest modules took alone (2026-11-29,
+// /usr/bin/python3, the 2-core machine); every other took about 2.
+var suiteWeights = map[string]float64{
+	"test_producer_device": 71, "test_collective": 51, "test_producer": 48, "test_examples": 11,
+	"test_pip": 9, "test_replica": 8, "test_serve": 6,
+}
+
+// suiteShards deals the modules of tests/test_*.py into n shards of about
+// equal weight (the heaviest first, each to the lightest shard so far).
+func suiteShards(n int) ([][]string, error) {
+	files, err := filepath.Glob("tests/test_*.py")
+	if err != nil || len(files) == 0 {
+		return nil, fmt.Errorf("no tests/test_*.py: %v", err)
+	}
+	mods := make([]string, len(files))
+	for i, f := range files {
+		mods[i] = strings.TrimSuffix(filepath.Base(f), ".py")
+	}
+	weight := func(m string) float64 {
+		if w, ok := suiteWeights[m]; ok {
+			return w
+		}
+		return 2
+	}
+	sort.SliceStable(mods, func(i, j int) bool { return weight(mods[i]) > weight(mods[j]) })
+	shards := make([][]string, n)
+	load := make([]float64, n)
+	for _, m := range mods {
+		k := 0
+		for i := range load {
+			if load[i] < load[k] {
+				k = i
+			}
+		}
+		shards[k] = append(shards[k], m)
+		load[k] += weight(m)
+	}
+	return shards, nil
 }
 
 func lastLines(s string, n int) string {
