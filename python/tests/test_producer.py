@@ -413,11 +413,16 @@ class TestProducer(unittest.TestCase):
         c2 = self.consumer(8, rank=1, world_size=2)
         c2.load_state_dict(state)
         self.assertEqual(c2.epoch, state["epoch"], "the window is still open: the same epoch")
+        # The keeper reads on, or the ring would fill under it and c2 wait
+        # until the node dropped it (max-wait, 20 s of this test's time).
+        keeping = threading.Thread(target=lambda: sum(1 for _ in kit))
+        keeping.start()
         rest = [i for b in c2 for i in ids_of(b)]
+        keeping.join(60)
+        self.assertFalse(keeping.is_alive())
         got = first + rest
         self.assertEqual(len(got), len(set(got)))
         self.assertEqual(len(got), 75)
-        kit.close()
 
     def start_producer_process(self, delay):
         code = ("import sys, time, torch, torch.utils.data as tud\nsys.path.insert(0, sys.argv[4])\n"

@@ -229,6 +229,9 @@ class DeviceCase:
                 got.update(zip(i.tolist(), v[:, 0].float().tolist()))
             self.assertEqual(c.delivery, delivery)
             self.assertEqual(got, dict(zip(range(N), x.float().tolist())))
+            # Left open, it would hold the next consumer's epoch until the
+            # node dropped it as silent (a minute of this test's time).
+            c.close()
 
     def test_batches_straddling_three_slots_of_a_ring_of_two(self):
         """A ring of 2 slots of 32 and consumer batches of 60, the second of
