@@ -374,6 +374,37 @@ class TestProducer(unittest.TestCase):
                 self.assertEqual(len(set(got)), 76)
         self.assertEqual(set(shares[0][0]) | set(shares[1][0]), set(range(n)))
 
+    def test_a_failed_copy_of_a_padding_row_yields_no_wrong_row(self):
+        """Rank 1 of 2 over 151 samples takes position 0 again as its padding
+        row, copied from batch 0 beside its share's rows. That copy failing
+        (DroppedError, as when the slot is rewritten under the read) ends the
+        loop with the error before it yields a batch of that epoch, and the
+        next loop yields the whole share of a later epoch, padding row
+        included: never a batch with the padding row missing or stale."""
+        from unittest import mock
+        n = 151
+        p = self.producer(tud.DataLoader(Images(n=n), batch_size=32)).start()
+        self.addCleanup(p.close)
+        c = self.consumer(16, rank=1, world_size=2)
+        real, failed = loader.Consumer._copy_sel, []
+
+        def copy_sel(self_, s, a, rows, sel):
+            if a["index"] == 0 and len(sel) == 1 and not failed:  # the padding row's copy
+                failed.append(a["epoch"])
+                raise loader.DroppedError("loader: batch 0 was overwritten while it was read (planted)")
+            return real(self_, s, a, rows, sel)
+
+        order = (list(range(n)) + [0])[1::2]
+        with mock.patch.object(loader.Consumer, "_copy_sel", copy_sel):
+            got = []
+            with self.assertRaises(loader.DroppedError):
+                for b in c:
+                    got += ids_of(b)
+            self.assertEqual(got, [], "a batch of the epoch whose padding copy failed was yielded")
+            self.assertEqual(len(failed), 1)
+            self.assertEqual([i for b in c for i in ids_of(b)], order)
+            self.assertGreater(c.epoch, failed[0])
+
     def test_ranks_of_a_world_larger_than_the_epoch(self):
         """A world of 5 over an epoch of 2 samples: DistributedSampler pads
         with the epoch repeated (positions 0, 1, 0, 1, 0), and every rank
