@@ -59,6 +59,19 @@
 // a producer started again for the folder begins at the epoch after the
 // last one begun, where the consumers join it.
 //
+// A loader whose batches come from a producer process instead
+// (Service.AddRemote, "--loader NAME,producer=remote"; Python's
+// tensorwire.loader.Producer over a torch DataLoader) is joined the same
+// way. Dial, and a Batches loop that has yielded nothing yet, wait with
+// backoff until ctx ends while no process is attached (ErrNoProducer); a
+// process gone mid-epoch ends the loop with ErrNoProducer (it matches
+// rpc.ErrUnavailable), and the next loop waits. The process's own failure (its
+// data loader raised, a batch not of its schema) ends its consumers'
+// epoch with ErrFailed and its message, also for a consumer whose join it
+// answered just before it failed; a consumer that joins after it is gone
+// waits for the next process, and the ErrNoProducer it gets when ctx ends
+// names the failure.
+//
 // docs/loader.md in the repository describes the files, the protocol and
 // what happens when a process dies.
 package loader
