@@ -114,23 +114,20 @@ type Remote struct {
 	lastErr  error  // a consumer of that ring whose stream opens after the detach is told it
 }
 
-// failedRing returns the failure of the last process, detached, if ring
-// was its ring.
-func (r *Remote) failedRing(ring string) error {
+// unattached says why no process of r is attached, to a consume stream of
+// ring (a join: ""): the last process's failure itself if ring was its
+// ring (the consumer took part in it); else ErrNoProducer, waited out for
+// the next process, naming that failure if there was one.
+func (r *Remote) unattached(ring string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if ring != "" && ring == r.lastRing {
+	switch {
+	case r.lastErr != nil && ring != "" && ring == r.lastRing:
 		return r.lastErr
+	case r.lastErr != nil:
+		return wrapf(ErrNoProducer, "no producer process is attached to loader %q (the last one failed: %v)", r.name, r.lastErr)
 	}
-	return nil
-}
-
-// lastFailure returns the failure of the last process detached, nil if it
-// did not fail (or none has detached).
-func (r *Remote) lastFailure() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.lastErr
+	return wrapf(ErrNoProducer, "no producer process is attached to loader %q", r.name)
 }
 
 // AddRemote serves a loader named name whose batches come from a producer

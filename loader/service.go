@@ -117,15 +117,7 @@ func (svc *Service) producer(name, ring string) (service.Entry[*Producer], error
 	sp, err := svc.producers.Lookup(name)
 	if err != nil {
 		if r := svc.remotes.get(name); r != nil {
-			if err := r.failedRing(ring); err != nil {
-				return sp, err // the process failed and detached before this consumer's stream opened
-			}
-			if last := r.lastFailure(); last != nil {
-				// A consumer joining after a failure waits for the next
-				// process; what it is told at its deadline says why.
-				return sp, wrapf(ErrNoProducer, "no producer process is attached to loader %q (the last one failed: %v)", name, last)
-			}
-			return sp, wrapf(ErrNoProducer, "no producer process is attached to loader %q", name)
+			return sp, r.unattached(ring)
 		}
 		return sp, err
 	}
