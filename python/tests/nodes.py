@@ -97,7 +97,7 @@ def wait_until(pred, limit=60.0, what="condition"):
 
 def _stable_range():
     """[lo, hi): up to 10,000 ports, from 10,000 up, below the kernel's
-    first ephemeral port (Go's proctest.StablePort uses the same)."""
+    first ephemeral port (Go's proctest.Listen of port 0 uses the same)."""
     first = 32768  # Linux's default
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:

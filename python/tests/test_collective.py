@@ -25,15 +25,8 @@ except ImportError:
     HAVE_TORCH = False
 
 
-def free_port():
-    """A port for rank 0 to listen on, chosen before it starts: below the
-    ephemeral range (nodes.stable_port), which no outgoing connection or
-    listener on :0 takes in between."""
-    return stable_port()
-
-
 def start_ranks(mode, size, transport="auto", extra=None, ranks=None, port=None):
-    port = port or free_port()
+    port = port or stable_port()
     procs = []
     for r in (range(size) if ranks is None else ranks):
         env = python_env()
@@ -167,7 +160,7 @@ class TestCollectiveFailures(unittest.TestCase):
         self.assertIn("root 3 is not a rank of 3", reports[0]["messages"]["root"])
 
     def _killed(self, how, transport):
-        new_port = free_port()
+        new_port = stable_port()
         procs, _ = start_ranks("kill", 3, transport, {"KILL_RANK": "2", "NEW_PORT": str(new_port),
                                                        "KILL_HOW": how})
         t0 = time.monotonic()
@@ -225,7 +218,7 @@ class TestCollectiveJoin(unittest.TestCase):
         JoinRefusedError (collective.unauthenticated), none waits out its
         timeout; with the same token they join."""
         procs = []
-        port = free_port()
+        port = stable_port()
         for r in range(3):
             procs += start_ranks("token", 3, "tcp", {"TW_TOKEN": "wrong" if r == 1 else "secret"}, ranks=[r],
                                  port=port)[0]
@@ -240,7 +233,7 @@ class TestCollectiveJoin(unittest.TestCase):
         """A rank outside the size is ConfigError from join, at once."""
         from tensorwire import collective
         with self.assertRaises(collective.ConfigError) as cm:
-            collective.join(f"127.0.0.1:{free_port()}", 3, 2, binary=binary())
+            collective.join(f"127.0.0.1:{stable_port()}", 3, 2, binary=binary())
         self.assertIn("rank 3", str(cm.exception))
         from unittest import mock
         env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
@@ -293,7 +286,7 @@ class TestCollectiveReadme(unittest.TestCase):
         """The README's data-parallel loop, 3 ranks from RANK, WORLD_SIZE,
         MASTER_ADDR and MASTER_PORT; and under torchrun when it is there."""
         code, printed = self._block()
-        port = free_port()
+        port = stable_port()
         procs = []
         for r in range(3):
             env = python_env()
@@ -320,7 +313,7 @@ class TestCollectiveReadme(unittest.TestCase):
             # checked was free: with the suite's other processes' sockets
             # about, CI once found it taken ("bind: address already in
             # use"). A port found free, as the run above uses.
-            env["TENSORWIRE_COLLECTIVE_PORT"] = str(free_port())
+            env["TENSORWIRE_COLLECTIVE_PORT"] = str(stable_port())
             r = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", f.name], env=env,
                                capture_output=True, text=True, timeout=300)
         self.assertEqual(r.returncode, 0, r.stderr[-3000:])

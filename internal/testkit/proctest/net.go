@@ -15,7 +15,7 @@ import (
 // Listen listens on addr ("host:port"), retrying for up to 10 s: the port
 // of a process just killed may take a moment to be free again, and a
 // restarted node wants the same address. Port 0 is a free port below the
-// kernel's ephemeral range (StablePort), which no other process is given
+// kernel's ephemeral range (listenStable), which no other process is given
 // for a listener on port 0 or an outgoing connection while this one's
 // process is down between a kill and its restart.
 func Listen(addr string) (net.Listener, error) {
@@ -161,26 +161,15 @@ func StartProxy(t testing.TB, target string) *Proxy {
 	return p
 }
 
-// StablePort returns a loopback port that was free a moment ago, below the
-// kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range): the
-// kernel gives none of those to a listener on port 0 or to an outgoing
+// listenStable listens on host at a free port below the kernel's
+// ephemeral range (/proc/sys/net/ipv4/ip_local_port_range): the kernel
+// gives none of those to a listener on port 0 or to an outgoing
 // connection, so a node killed and restarted on it finds it free, where a
-// port from :0 may be another test's node (or a client's end) by then.
-// CI saw a restarted node's clients reach another test's node on its old
-// port. Only a process that names the port itself can take it; the
-// callers here pick at random among thousands. Where the range is
-// unknown or leaves no room below it, the port is the kernel's (:0).
-func StablePort() (int, error) {
-	l, err := listenStable("127.0.0.1")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// listenStable listens on host at a free port below the ephemeral range
-// (StablePort), else at :0.
+// port from :0 may be another test's node (or a client's end) by then (CI
+// saw a restarted node's clients reach another test's node on its old
+// port). Only a process that names the port itself can take it, and the
+// callers pick at random among thousands. Where the range is unknown or
+// leaves no room below it, the port is the kernel's (:0).
 func listenStable(host string) (net.Listener, error) {
 	lo, hi := stableRange()
 	for range 200 {

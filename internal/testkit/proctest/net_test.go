@@ -25,8 +25,4 @@ func TestListen_PortZeroIsBelowTheEphemeralRange(t *testing.T) {
 			t.Fatalf("Listen(127.0.0.1:0) listened on %d, want [%d, %d): below the ephemeral range", port, lo, hi)
 		}
 	}
-	port, err := StablePort()
-	if err != nil || port < lo || port >= hi {
-		t.Fatalf("StablePort: %d, %v; want a port in [%d, %d)", port, err, lo, hi)
-	}
 }
