@@ -108,7 +108,8 @@ class TestSharing(unittest.TestCase):
     def setUpClass(cls):
         cls.node = Node().start()
         # The node's identity exists once a client with its root connected.
-        tensorwire.Client(cls.node.addr, token=TOKEN, root=cls.node.root).close()
+        with tensorwire.Client(cls.node.addr, token=TOKEN, root=cls.node.root) as c:
+            c.stats()
         cls.tmp = tempfile.mkdtemp(prefix="tensorwire-pytest-sharing-")
 
     @classmethod
@@ -117,7 +118,12 @@ class TestSharing(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def level(self, root):
+        """The sharing a client with root gets. It makes a call, whose
+        answer comes once the node is done with the where messages and has
+        removed its probe: the client's side ends a step before the node's,
+        so a client closed at once may leave the node still holding it."""
         with tensorwire.Client(self.node.addr, token=TOKEN, root=root) as c:
+            c.stats()
             return c.sharing(), c.shared_fs(), c._connection(None).why
 
     def test_the_node_s_root(self):
@@ -145,8 +151,14 @@ class TestSharing(unittest.TestCase):
         self.assertEqual(self.level(None)[:2], ("none", False))
 
     def test_no_probe_left_behind(self):
+        """Once a connection is up (its first answer), the node's probe for
+        it is gone, whatever level the client decided."""
         self.level(self.node.root)
-        self.level(copy_of_root(self.node))
+        d = copy_of_root(self.node)
+        try:
+            self.level(d)
+        finally:
+            shutil.rmtree(d)
         probes = os.path.join(self.node.root, ".tensorwire-probe")
         self.assertEqual(os.listdir(probes) if os.path.isdir(probes) else [], [])
 
@@ -158,6 +170,7 @@ class TestSharing(unittest.TestCase):
         try:
             with self.assertLogs("tensorwire", "INFO") as cm:
                 with tensorwire.Client(self.node.addr, token=TOKEN, root=d) as c:
+                    c.stats()  # answered: the node is done with this connection's probe
                     c._connection(None).session.close()
                     c.stats()  # a second connection, the same reason
                     self.assertEqual(c.connections, 2)
