@@ -592,4 +592,30 @@ func TestP2P_ArenasGrowAndGo(t *testing.T) {
 	if mapped != 1 {
 		t.Errorf("the receiver maps %d of rank 0's arenas, want 1", mapped)
 	}
+	// Small messages only from now on: the large arena serves shrinkAfter
+	// of them, then goes for one of the smallest size, and the receiver
+	// drops its mapping of the old one.
+	big := arenas()[0]
+	for range shrinkAfter - 1 {
+		pass(1 << 10)
+	}
+	if a := arenas(); len(a) != 1 || a[0] != big {
+		t.Fatalf("after %d small messages: %v, want %s still", shrinkAfter-1, a, big)
+	}
+	pass(1 << 10)
+	pass(1 << 10) // the receiver sees the new generation, and the old one idle
+	if a := arenas(); len(a) != 1 || a[0] == big || comms[0].p2pOut.cur.size != arenaMin {
+		t.Fatalf("after %d small messages: %v (%d bytes), want one arena of %d in place of %s", shrinkAfter+1, a, comms[0].p2pOut.cur.size, arenaMin, big)
+	}
+	comms[1].p2pIn.mu.Lock()
+	mapped = len(comms[1].p2pIn.maps)
+	comms[1].p2pIn.mu.Unlock()
+	if mapped != 1 {
+		t.Errorf("after the shrink the receiver maps %d of rank 0's arenas, want 1", mapped)
+	}
+	// A large message again: the arena grows back.
+	pass(1 << 20)
+	if comms[0].p2pOut.cur.size != 17<<20 {
+		t.Errorf("an 8 MiB message after the shrink: arena of %d bytes, want %d", comms[0].p2pOut.cur.size, 17<<20)
+	}
 }

@@ -31,8 +31,11 @@ import (
 // side, every time). Regions are handed out first-fit and freed in any
 // order, so many messages may be in flight. When none fits, the sender
 // makes a larger arena (the next generation) and retires the old one,
-// removed once its last region is freed; a receiver maps each generation
-// once and unmaps an older one when it is idle. A region starts with a
+// removed once its last region is freed; an arena at least shrinkRatio
+// times larger than each of the last shrinkAfter messages is replaced,
+// once idle, by one sized for them, so that one large tensor sent does not
+// hold its pages (tmpfs: memory) until Close. A receiver maps each
+// generation once and unmaps an older one when it is idle. A region starts with a
 // 64-byte header whose first word is the message's state: id<<2 | state,
 // state 0 ready, 1 the receiver reading, 2 read, 3 withdrawn by the
 // sender; its second, the fill word, counts the chunks (refChunk bytes)
@@ -71,6 +74,8 @@ const (
 	refAlign    = 4096    // regions are whole pages
 	arenaMin    = 4 << 20 // the smallest arena
 	arenaMax    = 1 << 30 // the largest: a message that needs more goes inline
+	shrinkAfter = 128     // messages in a row an oversized arena serves before it goes
+	shrinkRatio = 8       // an arena this many times a message's region is oversized for it
 	refMaxBytes = 1 << 40 // a reference larger than this is malformed
 )
 
@@ -164,6 +169,7 @@ type p2pOut struct {
 	cur    *p2pArena
 	gens   uint32
 	ids    uint64
+	small  int // messages in a row for which cur is oversized (shrinkRatio)
 	all    map[*p2pArena]bool
 	closed bool
 }
@@ -193,6 +199,19 @@ func (o *p2pOut) alloc(dir string, rank, n int) (*p2pRegion, error) {
 		return nil, errNoRoom
 	}
 	a := o.cur
+	if a != nil && !a.dead && a.size > arenaMin {
+		if need*shrinkRatio <= a.size {
+			o.small++
+		} else {
+			o.small = 0
+		}
+		if o.small >= shrinkAfter && a.live == 0 {
+			// Oversized for the messages of late: retired (and, idle,
+			// removed at once); the next arena is sized for this one.
+			o.retire(a)
+			a = nil
+		}
+	}
 	off, ok := 0, false
 	if a != nil && !a.dead {
 		off, ok = a.take(need)
@@ -214,6 +233,7 @@ func (o *p2pOut) alloc(dir string, rank, n int) (*p2pRegion, error) {
 			o.retire(a)
 		}
 		o.cur, a = na, na
+		o.small = 0
 		off, _ = a.take(need)
 	}
 	o.ids++
