@@ -12,6 +12,7 @@ import (
 type Result struct {
 	Date    string            `json:"date"`
 	CPUs    int               `json:"cpus"`
+	Procs   int               `json:"procs"`   // --procs: GOMAXPROCS of every process of a run; 0: Go's default
 	Samples map[string]int    `json:"samples"` // per workload, per epoch
 	Source  map[string]string `json:"source"`  // where each workload's dataset came from
 	Runs    []Figures         `json:"runs"`
@@ -45,15 +46,19 @@ const (
 )
 
 func printResult(w io.Writer, o *options, res *Result) {
-	res.CPUs = runtime.NumCPU()
+	res.CPUs, res.Procs = runtime.NumCPU(), o.procs
 	t := report.NewTable("dataset", "consumers", "batches", "mode", "samples/s/consumer", "slowest", "cpu s", "producer cpu s", "net B/batch", "exactly once")
 	for _, r := range res.Runs {
 		t.Row(r.Dataset, r.Consumers, fmt.Sprint(r.BatchSizes), r.Mode, r.SamplesPerSPerConsumer, r.MinSamplesPerS, r.CPUS,
 			r.ProducerCPUS, r.NetBytesPerBatch, fmt.Sprint(r.ExactlyOnce))
 	}
 	t.WriteTo(w)
-	fmt.Fprintf(w, "\n%d CPUs; %d epoch(s) per run, figures per epoch; training step %v (%s), %v (%s); datasets: ",
-		res.CPUs, o.epochs, o.step, synthetic, o.fstep, fashion)
+	procs := "Go's default GOMAXPROCS"
+	if o.procs > 0 {
+		procs = fmt.Sprintf("GOMAXPROCS %d in every process", o.procs)
+	}
+	fmt.Fprintf(w, "\n%d CPUs, %s; %d epoch(s) per run, figures per epoch; training step %v (%s), %v (%s); datasets: ",
+		res.CPUs, procs, o.epochs, o.step, synthetic, o.fstep, fashion)
 	for d, s := range res.Source {
 		fmt.Fprintf(w, "%s: %s (%d samples); ", d, s, res.Samples[d])
 	}

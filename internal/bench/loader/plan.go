@@ -32,7 +32,7 @@ const (
 func runPlan(ctx context.Context, o *options, p plan, prefix string, n int, root string, stderr io.Writer) (Figures, error) {
 	run := Figures{Dataset: p.dataset, Consumers: len(p.batches), Mode: p.mode, BatchSizes: p.batches, Samples: n}
 	common := []string{"--prefix", prefix, "--root", root, "--samples", strconv.Itoa(n), "--seed", strconv.FormatUint(o.seed, 10), "--epochs", strconv.Itoa(o.epochs),
-		"--slots", strconv.Itoa(o.slots), "--views=" + strconv.FormatBool(o.views), "--workers", strconv.Itoa(o.workers)}
+		"--slots", strconv.Itoa(o.slots), "--views=" + strconv.FormatBool(o.views), "--workers", strconv.Itoa(o.workers), "--procs", strconv.Itoa(o.procs)}
 	if p.dataset == fashion {
 		common = append(common, "--transform", "--check", "index", "--producer-batch", strconv.Itoa(o.fpbatch), "--step", o.fstep.String())
 	} else {

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -53,6 +54,9 @@ func (o *options) config() loader.Config {
 // runNode is the node role: a producer of the dataset at --prefix served
 // with --root as its root, until SIGTERM or the parent's end.
 func runNode(o options) error {
+	if o.procs > 0 {
+		runtime.GOMAXPROCS(o.procs)
+	}
 	ctx, stop := nodeproc.ChildContext()
 	defer stop()
 	p, err := loader.NewProducer(o.config())
@@ -114,6 +118,9 @@ func runConsumer(o options) error {
 	// Not nodeproc.ChildContext, which reads stdin to its end: the first
 	// line is "go", the end of the input the parent's end.
 	signal.Ignore(os.Interrupt)
+	if o.procs > 0 {
+		runtime.GOMAXPROCS(o.procs)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	in := bufio.NewReader(os.Stdin)

@@ -83,6 +83,7 @@ type options struct {
 	mixed     bool
 	views     bool
 	workers   int
+	procs     int // GOMAXPROCS of each process of a run; 0: Go's default
 	seed      uint64
 	json      string
 	dir       string
@@ -120,6 +121,7 @@ func newFlagSet(o *options, datasets, consumers *string) *flag.FlagSet {
 	fs.IntVar(&o.pbatch, "producer-batch", 64, "the producer's batch size for "+synthetic)
 	fs.IntVar(&o.fpbatch, "fashion-producer-batch", 512, "the producer's batch size for "+fashion)
 	fs.BoolVar(&o.views, "views", true, "shared consumers read their batches as views of the ring (loader.Options.Views) where a batch lies within a slot, instead of copying them")
+	fs.IntVar(&o.procs, "procs", 0, "GOMAXPROCS of every process a run starts: the producer node, its consumers and the independent loaders alike (0: Go's default, the cores)")
 	fs.IntVar(&o.workers, "workers", 1, "goroutines the "+fashion+" transform runs on (loader.Config.Workers), in the producer and in each independent loader")
 	fs.BoolVar(&o.mixed, "mixed", true, "also run "+synthetic+" with three consumers at batch 32, 64 and 128")
 	fs.Uint64Var(&o.seed, "seed", 1, "the shuffle's and the transform's seed")
@@ -184,6 +186,8 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 		}
 	}
 	switch {
+	case o.procs < 0:
+		return bench.Usagef("--procs must be at least 0")
 	case o.samples < 1 || o.epochs < 1 || o.batch < 1 || o.slots < 1 || o.pbatch < 1 || o.fpbatch < 1 || o.workers < 1:
 		return bench.Usagef("--samples, --batch, --slots, --workers and the producer batches must be at least 1")
 	case o.step < 0 || o.fstep < 0:

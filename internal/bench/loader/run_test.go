@@ -33,26 +33,31 @@ var runKeys = []string{"dataset", "consumers", "mode", "samples_per_s_per_consum
 
 // TestRun_Small runs both workloads small (200 synthetic samples, the
 // stand-in for Fashion-MNIST), shared and independent, and the mixed
-// batch sizes, and checks the table, the JSON keys and that every
-// consumer saw every sample exactly once.
+// batch sizes, every process at GOMAXPROCS 1 (--procs), and checks the
+// table, the JSON keys and that every consumer saw every sample exactly
+// once.
 func TestRun_Small(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "out.json")
 	run := benchtest.RunJSON(t, Run, testSelf, []string{
-		"--samples", "200", "--consumers", "1,3", "--step", "0", "--slots", "4",
+		"--samples", "200", "--consumers", "1,3", "--step", "0", "--slots", "4", "--procs", "1",
 		"--fashion", filepath.Join(dir, "none"), "--dir", dir, "--json", out,
 	}, out)
-	for _, want := range []string{"samples/s/consumer", "exactly once", "goal (a), 3 consumers", "mixed batch sizes [32 64 128]"} {
+	for _, want := range []string{"samples/s/consumer", "exactly once", "goal (a), 3 consumers", "mixed batch sizes [32 64 128]", "GOMAXPROCS 1 in every process"} {
 		if !strings.Contains(run.Stdout, want) {
 			t.Errorf("the output lacks %q:\n%s", want, run.Stdout)
 		}
 	}
 	b := run.Data
 	var res struct {
-		Runs []map[string]any `json:"runs"`
+		Procs int              `json:"procs"`
+		Runs  []map[string]any `json:"runs"`
 	}
 	if err := json.Unmarshal(b, &res); err != nil {
 		t.Fatal(err)
+	}
+	if res.Procs != 1 {
+		t.Errorf("procs %d in the JSON, want 1", res.Procs)
 	}
 	// synthetic 1 and 3, shared and independent, mixed; fashion-mnist the same less mixed.
 	if len(res.Runs) != 9 {
@@ -87,6 +92,7 @@ func TestRun_Usage(t *testing.T) {
 		{"--batch", "0"},
 		{"--batch", "100", "--slots", "1", "--producer-batch", "64"},
 		{"--step", "-1s"},
+		{"--procs", "-1"},
 		{"--device", "cuda:0"}, // without --producer python
 		{"extra"},
 	} {
