@@ -198,6 +198,9 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	if o.device != "" && o.producer != "python" {
 		return bench.Usagef("--device needs --producer python")
 	}
+	if o.procs > 0 && o.producer != "go" {
+		return bench.Usagef("--procs is for Go runs (--producer go)")
+	}
 	switch o.producer {
 	case "go":
 	case "python":

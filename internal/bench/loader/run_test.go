@@ -93,6 +93,7 @@ func TestRun_Usage(t *testing.T) {
 		{"--batch", "100", "--slots", "1", "--producer-batch", "64"},
 		{"--step", "-1s"},
 		{"--procs", "-1"},
+		{"--procs", "1", "--producer", "python"},
 		{"--device", "cuda:0"}, // without --producer python
 		{"extra"},
 	} {
