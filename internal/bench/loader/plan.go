@@ -98,6 +98,9 @@ func runPlan(ctx context.Context, o *options, p plan, prefix string, n int, root
 		if !bytes.HasPrefix([]byte(line), resultPrefix) || json.Unmarshal([]byte(line), &r) != nil {
 			return run, fmt.Errorf("%s printed %q, not its result", c.name, line)
 		}
+		if o.procs > 0 && r.Procs != o.procs {
+			return run, fmt.Errorf("%s ran at GOMAXPROCS %d, not --procs %d", c.name, r.Procs, o.procs)
+		}
 		results = append(results, r)
 	}
 	if node != nil {

@@ -51,12 +51,17 @@ func (o *options) config() loader.Config {
 	return cfg
 }
 
-// runNode is the node role: a producer of the dataset at --prefix served
-// with --root as its root, until SIGTERM or the parent's end.
-func runNode(o options) error {
+// setProcs sets this process's GOMAXPROCS to --procs, where given.
+func (o options) setProcs() {
 	if o.procs > 0 {
 		runtime.GOMAXPROCS(o.procs)
 	}
+}
+
+// runNode is the node role: a producer of the dataset at --prefix served
+// with --root as its root, until SIGTERM or the parent's end.
+func runNode(o options) error {
+	o.setProcs()
 	ctx, stop := nodeproc.ChildContext()
 	defer stop()
 	p, err := loader.NewProducer(o.config())
@@ -99,6 +104,7 @@ type consumerResult struct {
 	CPUNS     int64  `json:"cpu_ns"`   // user + system, over the same time
 	IOBytes   int64  `json:"io_bytes"` // read and written by syscalls (sockets: mappings are not counted)
 	Shared    bool   `json:"shared"`   // read the ring from its own mapping
+	Procs     int    `json:"procs"`    // its GOMAXPROCS
 	Problem   string `json:"problem,omitempty"`
 }
 
@@ -118,9 +124,7 @@ func runConsumer(o options) error {
 	// Not nodeproc.ChildContext, which reads stdin to its end: the first
 	// line is "go", the end of the input the parent's end.
 	signal.Ignore(os.Interrupt)
-	if o.procs > 0 {
-		runtime.GOMAXPROCS(o.procs)
-	}
+	o.setProcs()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	in := bufio.NewReader(os.Stdin)
@@ -132,7 +136,7 @@ func runConsumer(o options) error {
 		stop()
 	}()
 	var it epochs
-	res := consumerResult{Role: "consumer", Batch: o.batch}
+	res := consumerResult{Role: "consumer", Batch: o.batch, Procs: runtime.GOMAXPROCS(0)}
 	switch o.mode {
 	case shared:
 		c, err := loader.Dial(ctx, o.addr, loaderName, loader.Options{Batch: o.batch, Root: o.root, Views: o.views})

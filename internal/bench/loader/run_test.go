@@ -33,9 +33,9 @@ var runKeys = []string{"dataset", "consumers", "mode", "samples_per_s_per_consum
 
 // TestRun_Small runs both workloads small (200 synthetic samples, the
 // stand-in for Fashion-MNIST), shared and independent, and the mixed
-// batch sizes, every process at GOMAXPROCS 1 (--procs), and checks the
-// table, the JSON keys and that every consumer saw every sample exactly
-// once.
+// batch sizes, every process at GOMAXPROCS 1 (--procs; the run fails if a
+// consumer reports another), and checks the table, the JSON keys and that
+// every consumer saw every sample exactly once.
 func TestRun_Small(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "out.json")
