@@ -33,8 +33,9 @@ import (
 // makes a larger arena (the next generation) and retires the old one,
 // removed once its last region is freed; an arena at least shrinkRatio
 // times larger than each of the last shrinkAfter messages is replaced,
-// once idle, by one sized for them, so that one large tensor sent does not
-// hold its pages (tmpfs: memory) until Close. A receiver maps each
+// by the first message that finds it idle, with one sized for that
+// message, so that one large tensor sent does not hold its pages (tmpfs:
+// memory) until Close. A receiver maps each
 // generation once and unmaps an older one when it is idle. A region starts with a
 // 64-byte header whose first word is the message's state: id<<2 | state,
 // state 0 ready, 1 the receiver reading, 2 read, 3 withdrawn by the
