@@ -83,7 +83,10 @@ func TestPython_Suite(t *testing.T) {
 	for i, mods := range shards {
 		out := outs[i].String()
 		if errs[i] != nil {
-			t.Errorf("the Python suite's shard %d (%s) failed: %v\n%s", i, strings.Join(mods, " "), errs[i], out)
+			// The failures' tracebacks first: a log cut in its middle
+			// (CI's summaries keep a head and a tail) still shows them.
+			t.Errorf("the Python suite's shard %d (%s) failed: %v\n%s\n--- the shard's whole output:\n%s",
+				i, strings.Join(mods, " "), errs[i], failures(out), out)
 			continue
 		}
 		// unittest ends with "OK" or "OK (skipped=N)"; say which were skipped.
@@ -145,6 +148,16 @@ func suiteShards(n int) ([][]string, error) {
 	return shards, nil
 }
 
+// failures returns unittest's report of its failures and errors: from its
+// first "=====" line (each failed test's traceback under one) to the end,
+// or the last 40 lines when there is none (a crash before the report).
+func failures(out string) string {
+	if i := strings.Index(out, "\n======"); i >= 0 {
+		return out[i+1:]
+	}
+	return lastLines(out, 40)
+}
+
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	if len(lines) > n {
@@ -172,6 +185,23 @@ func TestExtract_WritesThePackage(t *testing.T) {
 		b, err := os.ReadFile(filepath.Join(dir, p))
 		if err != nil || !bytes.Equal(a, b) {
 			t.Errorf("%s: extracted copy differs (%v)", p, err)
+		}
+	}
+}
+
+// TestFailures checks that a failed shard's report leads with unittest's
+// tracebacks, and falls back to the output's end without them.
+func TestFailures(t *testing.T) {
+	verbose := "test_a (m.T.test_a) ... ok\ntest_b (m.T.test_b) ... FAIL\n"
+	report := "======================================================================\nFAIL: test_b (m.T.test_b)\n" +
+		"AssertionError: 1 != 2\n\nFAILED (failures=1)\n"
+	long := strings.Repeat("line\n", 50) + "Segmentation fault\n"
+	for _, tc := range []struct{ name, out, want string }{
+		{"report", verbose + "\n" + report, report},
+		{"no report", long, lastLines(long, 40)},
+	} {
+		if got := failures(tc.out); got != tc.want {
+			t.Errorf("%s: failures() = %q, want %q", tc.name, got, tc.want)
 		}
 	}
 }
