@@ -203,7 +203,18 @@ func (s *Server) Serve(l net.Listener) error {
 			return err
 		}
 		delay = 0
+		// Counted under the lock that Close sets closed under: a
+		// connection accepted as the server closes is closed here, not
+		// served by a goroutine that Close's Wait has not counted (an Add
+		// after that Wait, which the race detector reported).
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			conn.Close()
+			return nil
+		}
 		s.wg.Add(1)
+		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
 			s.serveConn(conn)
