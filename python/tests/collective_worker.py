@@ -340,7 +340,7 @@ def mode_interrupt(comm):
         # arrival): then rank 1's call can complete, with the right sum,
         # before its sidecar has seen the loss (seen once). Its next call
         # cannot: the loss is an error by then, never a hang.
-        for call in range(2):
+        for _ in range(2):
             try:
                 got = comm.Allreduce(np.ones(4), mpi4torch.MPI_SUM)
             except Exception as e:  # noqa: BLE001
