@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"runtime/debug"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -424,7 +425,7 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 		// answer goes there, and it reads it from there.
 		side.conn.SetWriteDeadline(s.o.limits.transferDeadline(time.Now(), hdr.ArgLen+hdr.BodyLen))
 		if err := writeMessage(side.conn, &hdr, args, &body); err != nil {
-			log.Warn("rpc: response", "method", in.method, "err", err)
+			sideWriteFailed(log, side, in.method, err)
 			return false
 		}
 		return true
@@ -462,4 +463,17 @@ func truncate(s string, n int) string {
 		cut--
 	}
 	return s[:cut] + mark
+}
+
+// sideWriteFailed logs a response that could not be written to its side
+// connection: at Debug when nobody was reading it (the connection was
+// killed, because its caller closed or reset it, it idled out or the
+// server is closing, or the write found the peer gone), a caller's normal
+// way to abandon a call; else at Warn.
+func sideWriteFailed(log *slog.Logger, side *sideConn, method string, err error) {
+	if side.dead.Load() || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
+		log.Debug("rpc: response not written: the caller left", "method", method, "err", err)
+		return
+	}
+	log.Warn("rpc: response", "method", method, "err", err)
 }
