@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -633,8 +634,15 @@ func (h *countingHandler) count(msg string) int {
 // TestSide_CancelEndsHandler cancels a call whose request went on a side
 // connection while its handler runs: the caller's close of the side
 // connection ends the handler's context, and the node serves the next calls.
+//
+// The handler's response then cannot be written (its side connection is
+// gone): the node logs that at Debug, a caller's normal way to leave, not
+// at Warn, as it did ("rpc: response ... use of closed network
+// connection", which the README's main job printed when its trainer left
+// a sample call behind).
 func TestSide_CancelEndsHandler(t *testing.T) {
-	n := startStreamNode(t)
+	h := &countingHandler{}
+	n := startStreamNode(t, WithLogger(slog.New(h)))
 	started, ended := make(chan struct{}, 1), make(chan struct{}, 1)
 	must(t, Register(n.s, "test.blocktd", func(ctx context.Context, req sinkReq) (genResp, error) {
 		started <- struct{}{}
@@ -669,6 +677,21 @@ func TestSide_CancelEndsHandler(t *testing.T) {
 	}
 	waitFor(t, "the cancelled call's side connection closed", func() bool { return n.s.Stats().SideConns == 0 })
 	incCall(t, Uncompressed(testCtx(t)), c, 64, 16<<10, 2)
+	var level slog.Level
+	waitFor(t, "the unwritten response logged", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, r := range h.records {
+			if strings.HasPrefix(r.Message, "rpc: response") {
+				level = r.Level
+				return true
+			}
+		}
+		return false
+	})
+	if level >= slog.LevelWarn {
+		t.Errorf("a response its caller abandoned was logged at %v, want below Warn", level)
+	}
 }
 
 // peerOf returns s's one peer, once its main connection is counted: calls
