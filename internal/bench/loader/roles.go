@@ -52,7 +52,7 @@ func (o *options) config() loader.Config {
 }
 
 // setProcs sets this process's GOMAXPROCS to --procs, where given.
-func (o options) setProcs() {
+func (o *options) setProcs() {
 	if o.procs > 0 {
 		runtime.GOMAXPROCS(o.procs)
 	}
