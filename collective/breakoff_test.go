@@ -145,3 +145,59 @@ func TestTCP_MalformedMessageBreaksOff(t *testing.T) {
 		t.Errorf("rank 2's next call: %v, want ErrAborted naming rank 1", err)
 	}
 }
+
+// TestGaveUp_NamesTheFirstFailure: a rank that stops waiting for a message
+// because another rank broke off answers the message's sender with that
+// rank's failure, not its own name, before it has broken itself: the
+// sender, which may not have heard from the rank that failed yet, then
+// reports the right rank. (Under load, TestOwnFaultFailsEveryRank's ranks
+// 0 and 3 reported "rank 0 gave up on the message" instead of rank 1's
+// fault, 3 runs in 60 under the race detector and two busy loops.)
+func TestGaveUp_NamesTheFirstFailure(t *testing.T) {
+	comms := group(t, 3, TCP)
+	c := comms[0]
+	peer := errorf(ErrAborted, "rank 1 broke off collective 0: a fault")
+
+	// A consumer waiting for its turn under the data phase's context,
+	// which the first error cancelled (tcp_direct.go).
+	ctx, cancel := context.WithCancelCause(context.Background())
+	fe := &firstError{cancel: cancel}
+	fe.set(peer)
+	fe.set(errors.New("an error the cancellation caused"))
+	for _, tc := range []struct {
+		name string
+		why  error
+		want string
+	}{
+		{"another rank's failure", context.Cause(ctx), "rank 1 broke off collective 0"},
+		{"a rank lost", errorf(ErrPeerLost, "rank 2 unreachable"), "rank 2 unreachable"},
+		{"its own fault", ownErr(errors.New("a fault")), "rank 0 gave up on the message"},
+		{"its own context", context.Canceled, "rank 0 gave up on the message"},
+		{"nothing known", nil, "rank 0 gave up on the message"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := c.gaveUp(tc.why); !errors.Is(err, ErrAborted) && !errors.Is(err, ErrPeerLost) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("gaveUp: %v, want an error saying %q", err, tc.want)
+			}
+		})
+	}
+
+	// A handler that found its slot abandoned by a point-to-point receiver
+	// answers at once; in a collective it waits for the receiver's cause.
+	hctx, hcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer hcancel()
+	if err := c.box.abandoned(hctx, msgReq{Src: 1, Space: spaceP2P}); !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "rank 0 gave up") {
+		t.Errorf("a point-to-point message: %v, want ErrAborted naming rank 0", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.box.abandoned(hctx, msgReq{Src: 2, Space: spaceData}) }()
+	select {
+	case err := <-done:
+		t.Fatalf("a collective's message answered before the receiver broke: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	c.fail(peer)
+	if err := <-done; !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "rank 1 broke off collective 0") {
+		t.Errorf("a collective's message: %v, want rank 1's break-off", err)
+	}
+}

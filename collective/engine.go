@@ -133,6 +133,33 @@ func (c *Comm) breakOff(seq uint64, err error) error {
 	return c.cause()
 }
 
+// gaveUp is what this rank answers a message's sender when it stopped
+// waiting for the message because it is breaking off the collective, so
+// that every rank reports the rank that failed first:
+//
+//   - the communicator's cause, once it is broken;
+//   - else why, the error that ended this rank's data phase (its
+//     firstError, the cause of the context its consumers wait under),
+//     when that is another rank's failure (ErrAborted, ErrPeerLost): a
+//     rank that stops because rank 1 broke off says that rank 1 broke
+//     off. It has heard but not yet broken (failData runs once its sends
+//     and receives have ended), and an answer naming itself would be the
+//     first error of a rank that had not heard from rank 1 yet, which
+//     then reports the wrong rank;
+//   - else ErrAborted naming this rank.
+//
+// Never the bare context error, which the sender could not tell from its
+// own.
+func (c *Comm) gaveUp(why error) error {
+	if e := c.cause(); e != nil {
+		return e
+	}
+	if why != nil && !isOwn(why) && (errors.Is(why, ErrAborted) || errors.Is(why, ErrPeerLost)) {
+		return why
+	}
+	return errorf(ErrAborted, "rank %d gave up on the message", c.rank)
+}
+
 // ownError marks an error this rank found itself in a collective's data
 // phase, as opposed to one caused by another rank (ErrPeerLost, ErrAborted)
 // or its context: a fault on a buffer it reads or writes (a mapping whose

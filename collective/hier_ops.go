@@ -271,22 +271,23 @@ func settle(err error, cancel context.CancelFunc, wg *sync.WaitGroup, errs []err
 }
 
 // firstError keeps the first error of a collective's concurrent sends and
-// receives and cancels their context when it comes: the errors that
-// cancellation causes after it are not the cause. Safe for concurrent
-// use; the zero value with cancel set is ready.
+// receives and cancels their context with it as the cause when it comes:
+// the errors that cancellation causes after it are not the cause, and a
+// consumer that stops waiting answers its sender with it (Comm.gaveUp).
+// Safe for concurrent use; the zero value with cancel set is ready.
 type firstError struct {
 	mu     sync.Mutex
 	err    error
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
 }
 
-// set records err if it is the first, and cancels.
+// set records err if it is the first, and cancels with it.
 func (f *firstError) set(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err == nil {
 		f.err = err
-		f.cancel()
+		f.cancel(err)
 	}
 }
 

@@ -111,8 +111,8 @@ func (h *hierState) reduceLevels(ctx context.Context, c *Comm, seq, k uint64, p 
 		}
 	}
 
-	xctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	xctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	x := &xfer{c: c, ctx: xctx, seq: seq}
 	var recvs, sends sync.WaitGroup
 	fe := &firstError{cancel: cancel}

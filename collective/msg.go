@@ -159,6 +159,28 @@ func (m *mailbox) failedErr(r msgReq) error {
 	return m.err
 }
 
+// abandoned is the answer to message r whose receiver stopped waiting for
+// it (mailbox.wait) between the handler finding its slot and taking it.
+// In a collective that means the receiver is breaking off: its mailbox
+// fails with why within moments (failData), and the sender hears that
+// cause, not this rank's name, so that every rank reports the rank that
+// failed first. The wait is bounded (abortCauseWait) against news that
+// never comes; a point-to-point receiver whose Recv ended breaks nothing,
+// and its sender hears at once that it gave up.
+func (m *mailbox) abandoned(ctx context.Context, r msgReq) error {
+	if r.Space != spaceP2P {
+		t := time.NewTimer(abortCauseWait)
+		defer t.Stop()
+		select {
+		case <-m.failed:
+			return m.failedErr(r)
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
+	return m.c.gaveUp(nil)
+}
+
 // handle is collective.msg: it hands the message to its consumer, waiting
 // for the receiver to post it.
 func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
@@ -202,10 +224,8 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 	m.mu.Lock()
 	if m.slots[k] != s {
 		m.mu.Unlock()
-		// The receiver stopped waiting: when another rank's failure broke
-		// the communicator, the sender hears that cause, not this rank's
-		// name (every rank reports the rank that failed first).
-		return rpc.Empty{}, c.gaveUp()
+		// The receiver stopped waiting since this handler found the slot.
+		return rpc.Empty{}, m.abandoned(ctx, r)
 	}
 	delete(m.slots, k)
 	s.taken = true

@@ -40,8 +40,8 @@ func (x *xfer) direct(p *plan, in, out []byte, blocks []int) error {
 	}
 	stepRS, stepAG := x.step, x.step+1
 	x.step += 2
-	ctx, cancel := context.WithCancel(x.ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(x.ctx)
+	defer cancel(nil)
 
 	// turn[j][t] is closed once piece j of our block holds the fold of
 	// t ranks (ours first): rank (me+t)%n folds its piece j in then.
@@ -81,7 +81,7 @@ func (x *xfer) direct(p *plan, in, out []byte, blocks []int) error {
 				select {
 				case <-turn[j][t]:
 				case <-ctx.Done():
-					return x.c.gaveUp()
+					return x.c.gaveUp(context.Cause(ctx))
 				}
 				reduceN(p.op, p.dt, dst, [][]byte{acc, b})
 				close(turn[j][t+1])
@@ -154,16 +154,4 @@ func (x *xfer) direct(p *plan, in, out []byte, blocks []int) error {
 	}
 	wg.Wait()
 	return fe.get()
-}
-
-// gaveUp is what a consumer that waited for its turn answers its sender
-// when this rank breaks off the collective first: why it broke off (a
-// rank lost, say) when the communicator is broken, else what the mailbox
-// answers a message no one waits for any more (ErrAborted). Never the
-// bare context error, which the sender could not tell from its own.
-func (c *Comm) gaveUp() error {
-	if e := c.cause(); e != nil {
-		return e
-	}
-	return errorf(ErrAborted, "rank %d gave up on the message", c.rank)
 }

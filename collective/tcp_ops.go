@@ -242,8 +242,8 @@ func (x *xfer) ring(p *plan, src, acc []byte, blocks []int, rs, ag bool) error {
 	}
 	first := x.step
 	x.step += uint32(len(steps))
-	ctx, cancel := context.WithCancel(x.ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(x.ctx)
+	defer cancel(nil)
 
 	// Post every piece of every step first: the left neighbour may run
 	// ahead.
