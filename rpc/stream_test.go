@@ -26,8 +26,9 @@ const (
 )
 
 type tickReq struct {
-	N int    `codec:"n"`
-	S string `codec:"s"`
+	N   int    `codec:"n"`
+	S   string `codec:"s"`
+	Pad int    `codec:"pad"` // bytes each tick carries in X (none when 0)
 }
 
 type tick struct {
@@ -92,8 +93,27 @@ func registerTestStreams(t testing.TB, s *Server, n *streamNode) {
 		if n == nil {
 			fmt.Println("TICKING")
 		}
+		var pad TD
+		if req.Pad > 0 {
+			x, err := tensordict.Zeros(memmap.Uint8, req.Pad)
+			if err != nil {
+				return err
+			}
+			// Bytes that do not compress: zeros would cross in a few
+			// hundred bytes each.
+			b, _ := x.Bytes()
+			for i, v := 0, uint32(1); i < len(b); i++ {
+				v = v*1664525 + 1013904223
+				b[i] = byte(v >> 24)
+			}
+			td, _ := tensordict.New()
+			if err := td.Set("b", x); err != nil {
+				return err
+			}
+			pad = Ref(td)
+		}
 		for i := 0; req.N == 0 || i < req.N; i++ {
-			if err := st.Send(ctx, tick{I: i}); err != nil {
+			if err := st.Send(ctx, tick{I: i, X: pad}); err != nil {
 				if n != nil {
 					n.sendErr <- err
 				}
@@ -324,7 +344,12 @@ func TestStream_CallerCancels(t *testing.T) {
 	})
 	t.Run("handler blocked in Send", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
-		st, err := OpenStream[Empty, tick](ctx, c, streamTicks, tickReq{})
+		// Ticks of 64 KiB: the stream may run on a side connection,
+		// whose window is the kernels' socket buffers (megabytes on
+		// loopback), which ticks with no payload took 140,000 Sends to
+		// fill: over 10 s under the race detector on two busy cores.
+		// (Their bytes do not compress: see the handler.)
+		st, err := OpenStream[Empty, tick](ctx, c, streamTicks, tickReq{Pad: 64 << 10})
 		must(t, err)
 		defer st.Close()
 		if _, err := st.Recv(ctx); err != nil {
