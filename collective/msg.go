@@ -161,22 +161,15 @@ func (m *mailbox) failedErr(r msgReq) error {
 
 // abandoned is the answer to message r whose receiver stopped waiting for
 // it (mailbox.wait) between the handler finding its slot and taking it.
-// In a collective that means the receiver is breaking off: its mailbox
-// fails with why within moments (failData), and the sender hears that
-// cause, not this rank's name, so that every rank reports the rank that
-// failed first. The wait is bounded (abortCauseWait) against news that
-// never comes; a point-to-point receiver whose Recv ended breaks nothing,
-// and its sender hears at once that it gave up.
+// In a collective that means the receiver is breaking off: its
+// communicator breaks with why within moments (failData), and the sender
+// hears that cause (gaveUp), not this rank's name, so that every rank
+// reports the rank that failed first. The wait (causeWithin) is bounded
+// against news that never comes; a point-to-point receiver whose Recv
+// ended breaks nothing, and its sender hears at once that it gave up.
 func (m *mailbox) abandoned(ctx context.Context, r msgReq) error {
 	if r.Space != spaceP2P {
-		t := time.NewTimer(abortCauseWait)
-		defer t.Stop()
-		select {
-		case <-m.failed:
-			return m.failedErr(r)
-		case <-t.C:
-		case <-ctx.Done():
-		}
+		m.c.causeWithin(ctx, abortCauseWait) // only to wait: gaveUp gives the cause
 	}
 	return m.c.gaveUp(nil)
 }
