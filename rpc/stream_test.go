@@ -28,7 +28,7 @@ const (
 type tickReq struct {
 	N   int    `codec:"n"`
 	S   string `codec:"s"`
-	Pad int    `codec:"pad"` // bytes each tick carries in X (none when 0)
+	Pad int    `codec:"pad"` // rows of randomFloatTD each tick carries in X (none when 0)
 }
 
 type tick struct {
@@ -95,22 +95,9 @@ func registerTestStreams(t testing.TB, s *Server, n *streamNode) {
 		}
 		var pad TD
 		if req.Pad > 0 {
-			x, err := tensordict.Zeros(memmap.Uint8, req.Pad)
-			if err != nil {
-				return err
-			}
-			// Bytes that do not compress: zeros would cross in a few
-			// hundred bytes each.
-			b, _ := x.Bytes()
-			for i, v := 0, uint32(1); i < len(b); i++ {
-				v = v*1664525 + 1013904223
-				b[i] = byte(v >> 24)
-			}
-			td, _ := tensordict.New()
-			if err := td.Set("b", x); err != nil {
-				return err
-			}
-			pad = Ref(td)
+			// Random floats, which do not compress: zeros would cross
+			// in a few hundred bytes each.
+			pad = Ref(randomFloatTD(req.Pad))
 		}
 		for i := 0; req.N == 0 || i < req.N; i++ {
 			if err := st.Send(ctx, tick{I: i, X: pad}); err != nil {
@@ -349,7 +336,7 @@ func TestStream_CallerCancels(t *testing.T) {
 		// loopback), which ticks with no payload took 140,000 Sends to
 		// fill: over 10 s under the race detector on two busy cores.
 		// (Their bytes do not compress: see the handler.)
-		st, err := OpenStream[Empty, tick](ctx, c, streamTicks, tickReq{Pad: 64 << 10})
+		st, err := OpenStream[Empty, tick](ctx, c, streamTicks, tickReq{Pad: 16})
 		must(t, err)
 		defer st.Close()
 		if _, err := st.Recv(ctx); err != nil {
