@@ -29,6 +29,8 @@ The blob holds no pickle: plain integers, strings and bytes.
 """
 
 import os
+import secrets
+import weakref
 
 import msgpack
 
@@ -37,6 +39,14 @@ from .errors import InvalidArgumentError
 
 BLOB = "device.msgpack"  # in the ring's folder, written once by the producer
 VERSION = 1
+
+# This process's rings by their blob's "local" name, a random string no
+# other process's blob carries: a consumer in the producer's own process
+# takes the producer's slots themselves, since CUDA opens no IPC handle in
+# the process that made it (cudaIpcOpenMemHandle fails there). Weak: a ring
+# lives as long as its producer keeps it (and, through the views they
+# hold, its consumers).
+_local = weakref.WeakValueDictionary()
 
 
 def _boot_id():
@@ -234,6 +244,8 @@ class Ring:
         self.fields = fields(schema, batch)
         self.slots = [{k: dev.alloc(shape, dt) for k, dt, shape in self.fields} for _ in range(nslots)]
         self.stage = {k: dev.staging(shape, dt) for k, dt, shape in self.fields}
+        self.local = secrets.token_hex(16)
+        _local[self.local] = self
 
     def fill(self, slot, flat, rows):
         """Starts copying a batch ({key path: numpy array of rows rows}) into
@@ -253,7 +265,7 @@ class Ring:
         """The slots' storages shared: what device.msgpack holds."""
         slots = [[{"key": list(k), "share": self.dev.share(t)} for k, t in s.items()] for s in self.slots]
         return {"version": VERSION, "ring": ring_id, "kind": self.dev.kind, "device": self.dev.name,
-                "identity": self.dev.identity(), "batch": self.batch, "slots": slots}
+                "identity": self.dev.identity(), "batch": self.batch, "slots": slots, "local": self.local}
 
     def write_blob(self, folder, ring_id):
         """Writes the blob into the ring's folder, atomically."""
@@ -279,6 +291,10 @@ def read_blob(folder):
 
 def views(dev, blob, schema):
     """The device slots of blob as this process's tensors: [{key path:
-    tensor [batch, *row shape]}], one dict per slot (rebuilt once)."""
+    tensor [batch, *row shape]}], one dict per slot (rebuilt once). In
+    the producer's own process they are the producer's slots themselves."""
+    mine = _local.get(blob.get("local"))
+    if mine is not None:
+        return mine.slots
     of = {k: (dt, shape) for k, dt, shape in fields(schema, blob["batch"])}
     return [{tuple(e["key"]): dev.rebuild(e["share"], *of[tuple(e["key"])]) for e in s} for s in blob["slots"]]

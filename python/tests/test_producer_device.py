@@ -366,8 +366,12 @@ class TestDeviceStandIn(DeviceCase, unittest.TestCase):
 class TestDeviceBlob(unittest.TestCase):
     def test_blob_format_and_views(self):
         """device.msgpack as docs/loader.md's Files table says, written
-        without following a link: a consumer's views of it alias the
-        producer's slots (a write there shows through them)."""
+        without following a link: a consumer's views rebuilt from it alias
+        the producer's slots (a write there shows through them); in the
+        producer's own process, found by the blob's "local" name, they are
+        the producer's slots themselves (CUDA opens no IPC handle in the
+        process that made it: the device run of 2026-11-30 took the host
+        path there)."""
         import tempfile
         import msgpack
         from tensorwire import _device
@@ -380,20 +384,27 @@ class TestDeviceBlob(unittest.TestCase):
             ring.write_blob(d, "r1")
             with open(os.path.join(d, _device.BLOB), "rb") as f:
                 blob = msgpack.unpackb(f.read(), raw=False)
-            self.assertEqual(set(blob), {"version", "ring", "kind", "device", "identity", "batch", "slots"})
+            self.assertEqual(set(blob), {"version", "ring", "kind", "device", "identity", "batch", "slots", "local"})
             self.assertEqual((blob["version"], blob["ring"], blob["kind"], blob["device"], blob["batch"]),
                              (1, "r1", "shm", "shm:3", 4))
             self.assertEqual(len(blob["slots"]), 2)
             self.assertEqual([e["key"] for e in blob["slots"][1]], [["a", "x"], ["y"]])
             self.assertEqual(set(blob["slots"][0][0]["share"]), {"manager", "handle", "size"})
-            views = _device.views(dev, _device.read_blob(d), schema)
-            ev = ring.fill(1, {("a", "x"): np.arange(8, dtype=np.int32).reshape(4, 2),
-                               ("y",): np.full(4, 0x3F80, np.uint16)}, 4)  # bfloat16 1.0
-            dev.wait(ev)
-            self.assertEqual(views[1][("a", "x")].tolist(), [[0, 1], [2, 3], [4, 5], [6, 7]])
-            self.assertEqual(views[1][("y",)].dtype, torch.bfloat16)
-            self.assertEqual(views[1][("y",)].tolist(), [1.0] * 4)
-            self.assertEqual(views[0][("a", "x")].tolist(), [[0, 0]] * 4)
+            self.assertRegex(blob["local"], "^[0-9a-f]{32}$")
+            mine = _device.views(dev, _device.read_blob(d), schema)
+            self.assertIs(mine[1][("a", "x")], ring.slots[1][("a", "x")])
+            self.assertIs(mine[0][("y",)], ring.slots[0][("y",)])
+            other = dict(blob, local="0" * 32)  # as another process sees it: no ring of that name
+            for views in (mine, _device.views(dev, other, schema)):
+                ev = ring.fill(1, {("a", "x"): np.arange(8, dtype=np.int32).reshape(4, 2),
+                                   ("y",): np.full(4, 0x3F80, np.uint16)}, 4)  # bfloat16 1.0
+                dev.wait(ev)
+                self.assertEqual(views[1][("a", "x")].tolist(), [[0, 1], [2, 3], [4, 5], [6, 7]])
+                self.assertEqual(views[1][("y",)].dtype, torch.bfloat16)
+                self.assertEqual(views[1][("y",)].tolist(), [1.0] * 4)
+                self.assertEqual(views[0][("a", "x")].tolist(), [[0, 0]] * 4)
+                ring.slots[1][("a", "x")].zero_()
+            self.assertIsNot(_device.views(dev, other, schema)[1][("a", "x")], ring.slots[1][("a", "x")])
             os.replace(os.path.join(d, _device.BLOB + ".link"), os.path.join(d, _device.BLOB))
             with self.assertRaises(OSError):
                 _device.read_blob(d)  # a link is not followed
