@@ -42,7 +42,7 @@ OUT=${OUT:-$(mktemp -d)}
 DEV=${DEVICE:-cuda:0}  # DEVICE=shm:0 tries the script on a machine without a GPU (the CPU stand-in)
 BIN=${TENSORWIRE_BIN:-$PWD/.devbin/tensorwire}
 BUDGET=${BUDGET:-570}
-ONLY=${ONLY:-gpu,cpu}  # ONLY=cpu: the 16-core figures alone (a second, shorter lease)
+ONLY=${ONLY:-tests,serve,loader,cpu}  # the parts to run; ONLY=tests,loader: those alone (a second, shorter lease)
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 if [ ! -x "$BIN" ]; then
 	echo "device.sh: no tensorwire binary at $BIN (go build -o .devbin/tensorwire ./cmd/tensorwire, and carry .devbin)" >&2
@@ -81,11 +81,15 @@ step() {
 } >"$OUT/tests.log" 2>&1
 cat "$OUT/tests.log"
 
-case ",$ONLY," in *,gpu,*)
+case ",$ONLY," in *,tests,*)
 	# The CUDA tests: every class of the suite that skips without CUDA.
 	step 170 "$OUT/tests.log" "CUDA tests" env TENSORWIRE_BIN="$BIN" PYTHONPATH="$PWD/python" bash -c \
 		'cd python/tests && exec python3 -m unittest -v test_producer_device.TestDeviceCUDA test_collective.TestCollectiveCUDA test_replica.TestReplicaCUDA'
 
+	;;
+esac
+
+case ",$ONLY," in *,serve,*)
 	# Serve: torch modules in a Python replica on the device (issue 26),
 	# against the same module called in-process with batches of --max-batch rows.
 	if [ "${DEV#cuda}" != "$DEV" ]; then
@@ -96,13 +100,17 @@ case ",$ONLY," in *,gpu,*)
 		echo "device.sh: $DEV is no CUDA device: the serve run needs one" | tee -a "$OUT/gpu.log"
 	fi
 
+	;;
+esac
+
+case ",$ONLY," in *,loader,*)
 	# The loader: tensorsocket's workload with GPU delivery, then the delivery
 	# alone (no transform, no step).
 	step 120 "$OUT/gpu.log" "tensorwire bench loader --producer python --device $DEV" \
 		"$BIN" bench loader --producer python --device "$DEV" --samples 2048 --consumers 4 --json "$OUT/loader.json"
-	step 45 "$OUT/gpu.log" "_bench_loader --device $DEV --plain --step 0" env PYTHONPATH="$PWD/python" \
+	step 90 "$OUT/gpu.log" "_bench_loader --device $DEV --plain --step 0" env PYTHONPATH="$PWD/python" \
 		python3 -m tensorwire._bench_loader --bin "$BIN" --device "$DEV" --plain --step 0 \
-		--samples 8192 --consumers 4 --json "$OUT/plain.json"
+		--samples 4096 --consumers 4 --json "$OUT/plain.json"
 	;;
 esac
 

@@ -15,6 +15,13 @@ puts each batch on D once and the shared consumers get views of it, while
 each independent job copies its own batches there (pinned, non_blocking).
 --plain: samples made without the transform (a fill), so that the figures
 are the delivery's rather than the DataLoader's.
+
+Each process runs torch with one intra-op thread (--threads), as torch sets
+it in a DataLoader's worker processes: with torch's default (a thread per
+core) N processes each transforming small tensors spin N x cores threads
+on the cores, and torch 2.11 on 16 cores ran the independent jobs 6-7x
+slower than with one (the device run of 2026-11-30; the same here, 24-32
+samples/s against 184-212, torch 2.15 on 2 cores).
 """
 
 import argparse
@@ -161,7 +168,7 @@ def _start(args, **kw):
 def _run_side(a, shared, d):
     """One side: N consumers of a producer (shared) or N independent jobs."""
     me = [sys.executable, "-m", "tensorwire._bench_loader", "--samples", str(a.samples), "--batch", str(a.batch),
-          "--step", str(a.step), "--workers", str(a.workers), "--device", a.device] + (["--plain"] if a.plain else [])
+          "--step", str(a.step), "--workers", str(a.workers), "--threads", str(a.threads), "--device", a.device] + (["--plain"] if a.plain else [])
     node = prod = None
     procs = []
     try:
@@ -225,11 +232,15 @@ def main(argv=None):
     p.add_argument("--json", default="")
     p.add_argument("--device", default="", help="GPU delivery on this device (cuda:N; shm:N, the CPU stand-in)")
     p.add_argument("--plain", action="store_true", help="samples without the transform: the delivery's figures")
+    p.add_argument("--threads", type=int, default=1, help="torch's intra-op threads in each process (0: torch's default)")
     p.add_argument("--role", default="parent")
     p.add_argument("--addr")
     p.add_argument("--root")
     p.add_argument("--token")
     a = p.parse_args(argv)
+    if a.role != "parent" and a.threads > 0:
+        import torch
+        torch.set_num_threads(a.threads)
     if a.role == "consumer":
         return role_consumer(a)
     if a.role == "producer":
