@@ -165,7 +165,7 @@ func runOne(ctx context.Context, o *options, root, model string, clients, maxBat
 
 	var repl pyReplicas
 	if isPython(model) {
-		if repl, err = o.startReplicas(ctx, sc, node.Addr, root, model); err != nil {
+		if repl, err = o.startReplicas(ctx, sc, node.Addr, root, model, stderr); err != nil {
 			return nil, err
 		}
 		defer repl.stop()
@@ -253,6 +253,10 @@ func runOne(ctx context.Context, o *options, root, model string, clients, maxBat
 		}
 		r.bitEqual = fmt.Sprintf("%d/%d", ok, n)
 	}
+	// The replicas go first: a replica whose node stops under it warns
+	// that it was detached and tries to attach again, which is nothing a
+	// run's reader should see.
+	repl.stop()
 	if err := node.Stop(); err != nil {
 		return nil, fmt.Errorf("the node: %w", err)
 	}

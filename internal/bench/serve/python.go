@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -186,12 +187,13 @@ type pyReplica struct {
 type pyReplicas []*pyReplica
 
 // startReplicas starts o.replicas Python replicas of model attached to the
-// node at addr, and waits until the node counts them attached.
-func (o *options) startReplicas(ctx context.Context, sc *serve.Client, addr, root, model string) (pyReplicas, error) {
+// node at addr, their output going to stderr (the run's, as the node's),
+// and waits until the node counts them attached.
+func (o *options) startReplicas(ctx context.Context, sc *serve.Client, addr, root, model string, stderr io.Writer) (pyReplicas, error) {
 	var rs pyReplicas
 	for range o.replicas {
 		cmd := exec.Command(o.pythonExe, "-c", pyScript, "replica", addr, root, model, modelName, o.device)
-		cmd.Stdout, cmd.Stderr, cmd.Env = nil, os.Stderr, o.pyEnv()
+		cmd.Stdout, cmd.Stderr, cmd.Env = nil, stderr, o.pyEnv()
 		if err := cmd.Start(); err != nil {
 			rs.stop()
 			return nil, fmt.Errorf("starting a Python replica (%s): %w", o.pythonExe, err)
@@ -239,6 +241,8 @@ func (rs pyReplicas) cpu() time.Duration {
 	return total
 }
 
+// stop kills the replicas and waits for them; stopping them again does
+// nothing.
 func (rs pyReplicas) stop() {
 	for _, r := range rs {
 		r.cmd.Process.Kill()

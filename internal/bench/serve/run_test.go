@@ -203,6 +203,9 @@ func TestRun_PythonReplicas(t *testing.T) {
 	if !strings.Contains(run.Stdout, "hand-off, py-null") {
 		t.Errorf("stdout lacks the hand-off's line")
 	}
+	if strings.Contains(run.Stderr, "detached") {
+		t.Errorf("a replica was detached during the runs (its node stopped before it):\n%s", run.Stderr)
+	}
 	if left, _ := os.ReadDir(root); len(left) != 0 {
 		t.Errorf("left under the root: %v", left)
 	}
