@@ -24,7 +24,8 @@
 #                    test_collective.TestCollectiveCUDA, test_replica.TestReplicaCUDA
 #   gpu.log          the GPU benchmarks' tables: bench serve --model
 #                    py-big,py-mlp --device cuda:0 (issue 26: >= 0.5 of the
-#                    module called in-process for py-big at 32+ clients);
+#                    module called in-process for py-big at 32+ clients),
+#                    and py-big again with --window 2;
 #                    bench loader --producer python --device cuda:0
 #                    (tensorsocket's workload, 4 shared consumers with views
 #                    on the GPU against 4 jobs copying their own batches
@@ -96,6 +97,11 @@ case ",$ONLY," in *,serve,*)
 		step 110 "$OUT/gpu.log" "tensorwire bench serve --model py-big,py-mlp --device $DEV" \
 			"$BIN" bench serve --model py-big,py-mlp --device "$DEV" --clients 32,128 --max-batch 64 \
 			--duration 2s --limit-duration 1s --update-mb 0 --json "$OUT/serve.json"
+		# The same with a window of 2 batches in flight (the node sends the next
+		# while the replica runs one): the table only, in gpu.log.
+		step 60 "$OUT/gpu.log" "tensorwire bench serve --model py-big --device $DEV --window 2" \
+			"$BIN" bench serve --model py-big --device "$DEV" --clients 32,128 --max-batch 64 --window 2 \
+			--duration 2s --limit-duration 1s --update-mb 0
 	else
 		echo "device.sh: $DEV is no CUDA device: the serve run needs one" | tee -a "$OUT/gpu.log"
 	fi

@@ -38,7 +38,8 @@ func isPython(model string) bool {
 }
 
 // pyScript is the Python side, its module on DEVICE (cpu, cuda:N):
-// "replica ADDR ROOT MODEL NAME DEVICE" attaches and serves until killed;
+// "replica ADDR ROOT MODEL NAME DEVICE WINDOW" attaches and serves until
+// killed;
 // "limit MODEL MAX_BATCH SECONDS DEVICE" prints the module's rows/s and ms
 // per forward called in-process on batches of MAX_BATCH rows (on CUDA, the
 // input on the device and the output brought back to the host, as a
@@ -65,7 +66,8 @@ cmd = sys.argv[1]
 if cmd == "replica":
     import tensorwire
     dev = sys.argv[6]
-    tensorwire.serve.Replica(sys.argv[2], sys.argv[5], module(sys.argv[4], dev), root=sys.argv[3], device=dev).run()
+    tensorwire.serve.Replica(sys.argv[2], sys.argv[5], module(sys.argv[4], dev), root=sys.argv[3], device=dev,
+                             window=int(sys.argv[7])).run()
 elif cmd == "limit":
     dev = sys.argv[5]
     m, n, secs = module(sys.argv[2], dev), int(sys.argv[3]), float(sys.argv[4])
@@ -192,7 +194,7 @@ type pyReplicas []*pyReplica
 func (o *options) startReplicas(ctx context.Context, sc *serve.Client, addr, root, model string, stderr io.Writer) (pyReplicas, error) {
 	var rs pyReplicas
 	for range o.replicas {
-		cmd := exec.Command(o.pythonExe, "-c", pyScript, "replica", addr, root, model, modelName, o.device)
+		cmd := exec.Command(o.pythonExe, "-c", pyScript, "replica", addr, root, model, modelName, o.device, strconv.Itoa(o.window))
 		cmd.Stdout, cmd.Stderr, cmd.Env = nil, stderr, o.pyEnv()
 		if err := cmd.Start(); err != nil {
 			rs.stop()

@@ -57,6 +57,7 @@ type options struct {
 	verbose     bool
 	pythonExe   string // the Python of Python replicas (python.go)
 	device      string // the torch device of Python replicas' modules (python.go)
+	window      int    // the batches each Python replica takes in flight (Replica's window)
 	replicaKind string // --replica
 	pyPath      string // the extracted Python client (python.go)
 	nodeProfile string // --profile: CPU profiles of each run's node and first client, to this prefix
@@ -81,6 +82,8 @@ func newFlagSet(o *options, clients, models *string) *flag.FlagSet {
 	fs.StringVar(&o.replicaKind, "replica", "go", "go, or python: the same as --model "+modelMLP+","+modelPyMLP+","+modelPyNull+" (the Go MLP, side by side with Python replicas)")
 	fs.StringVar(&o.device, "device", "cpu", "the torch device of the Python replicas' modules and of their in-process limit: cpu or cuda:N")
 	fs.StringVar(&o.pythonExe, "python", "", "the Python of Python replicas, with torch, numpy and msgpack (default: the first of python3 and /usr/bin/python3 that has them; this build's client is put on its PYTHONPATH)")
+	fs.IntVar(&o.window, "window", 1, "the batches each Python replica takes in flight, 1 to 4 (tensorwire.serve.Replica's window: the node\n"+
+		"sends the next while the replica runs one)")
 	fs.IntVar(&o.maxBatch, "max-batch", 16, "the max batch of the batching runs (the others have 1)")
 	fs.IntVar(&o.replicas, "replicas", 1, "the model's replicas on the node")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "how long each run's timed phase lasts")
@@ -197,6 +200,8 @@ func (o *options) check() error {
 		return usagef("--update-every must be positive")
 	case o.device != "cpu" && o.device != "cuda" && !strings.HasPrefix(o.device, "cuda:"):
 		return usagef("--device: %q; want cpu or cuda:N", o.device)
+	case o.window < 1 || o.window > 4:
+		return usagef("--window: %d; want 1 to 4", o.window)
 	}
 	switch o.role {
 	case "", roleNode:

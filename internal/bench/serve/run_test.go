@@ -134,6 +134,8 @@ func TestRun_Usage(t *testing.T) {
 		{[]string{"--mode", "carrier-pigeon"}, "--mode"},
 		{[]string{"--replica", "rust"}, "--replica"},
 		{[]string{"--device", "tpu"}, "--device"},
+		{[]string{"--window", "5"}, "--window"},
+		{[]string{"--window", "0"}, "--window"},
 		{[]string{"--role", "client"}, "--addr"},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
@@ -154,9 +156,10 @@ func TestRun_Usage(t *testing.T) {
 }
 
 // TestRun_PythonReplicas runs --replica python briefly: the Go MLP, the
-// torch MLP and the null module in Python replica processes, and checks
-// that the torch replicas' outputs were bit-equal to the module's and that
-// the hand-off was measured. It needs a python3 with torch, numpy and
+// torch MLP and the null module in Python replica processes, each with a
+// window of 2, and checks that the torch replicas' outputs were bit-equal
+// to the module's, that the hand-off was measured and that every replica
+// took two lanes. It needs a python3 with torch, numpy and
 // msgpack ($TENSORWIRE_PYTHON, /usr/bin/python3 or python3).
 func TestRun_PythonReplicas(t *testing.T) {
 	if testing.Short() {
@@ -175,7 +178,7 @@ func TestRun_PythonReplicas(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "serve.json")
 	root := t.TempDir()
 	run := benchtest.RunJSON(t, Run, testSelf, []string{"--replica", "python", "--clients", "2", "--python", py,
-		"--duration", "300ms", "--limit-duration", "100ms", "--update-mb", "0", "--root", root, "--json", out}, out)
+		"--duration", "300ms", "--limit-duration", "100ms", "--update-mb", "0", "--window", "2", "-v", "--root", root, "--json", out}, out)
 	t.Logf("stdout:\n%s", run.Stdout)
 	var res Result
 	if err := json.Unmarshal(run.Data, &res); err != nil {
@@ -202,6 +205,11 @@ func TestRun_PythonReplicas(t *testing.T) {
 	}
 	if !strings.Contains(run.Stdout, "hand-off, py-null") {
 		t.Errorf("stdout lacks the hand-off's line")
+	}
+	// --window 2: each replica took two lanes (the node says so as a
+	// replica leaves).
+	if res.Config.Window != 2 || !strings.Contains(run.Stderr, "lanes=2") || strings.Contains(run.Stderr, "lanes=1") {
+		t.Errorf("window %d in the JSON; the node's logs should say lanes=2 and never lanes=1:\n%s", res.Config.Window, run.Stderr)
 	}
 	if strings.Contains(run.Stderr, "detached") {
 		t.Errorf("a replica was detached during the runs (its node stopped before it):\n%s", run.Stderr)
