@@ -1,6 +1,7 @@
 """One rank of the collective tests (tests/test_collective*.py start one
 process per rank): `python collective_worker.py MODE`, with RANK,
-WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TW_TRANSPORT set. It prints one
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TW_TRANSPORT set (and TW_THEN
+to run the mode again in a second communicator). It prints one
 JSON line, {"rank": r, "failures": [...], ...}; the test asserts on it."""
 
 import json
@@ -11,12 +12,16 @@ import time
 import traceback
 
 import numpy as np
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorwire.collective as mpi4torch  # noqa: E402
 
-torch.set_default_dtype(torch.float64)
+# torch is imported by main() for the modes that use it: a rank of the
+# others (kill, interrupt, token) is numpy alone, as a user's may be, and
+# spares the suite an import of torch per process (4-8 s of a core with
+# PyPI's torch: 22 of test_collective's 69 rank processes).
+torch = None
+NUMPY_ONLY = ("kill", "interrupt", "token")
 
 failures = []
 report = {}
@@ -98,7 +103,8 @@ def cases(n, r):
 
 def mode_ops(comm):
     n, r = comm.size, comm.rank
-    report["transport"] = comm.transport
+    report.setdefault("transport", comm.transport)
+    report.setdefault("transports", []).append(comm.transport)
     report["bell"] = comm._s._bell is not None
     for name, fn, x, want in cases(n, r):
         # Forward, torch and numpy, against the plain computation.
@@ -460,7 +466,13 @@ def token_join():
 
 
 def main():
+    global torch
     mode = sys.argv[1]
+    if mode not in NUMPY_ONLY:
+        import torch
+        torch.set_default_dtype(torch.float64)
+    else:
+        check("torch" not in sys.modules, f"mode {mode}: torch imported by the collective client")
     if mode == "token":
         token_join()
         report["failures"] = failures
@@ -473,6 +485,15 @@ def main():
         comm = join()
         globals()["mode_" + mode](comm)
         if mode not in ("kill",):
+            comm.close()
+        if os.environ.get("TW_THEN"):
+            # The same mode again in a second communicator of this process,
+            # TW_THEN = "TRANSPORT@PORT": one process set runs both
+            # transports (and a process joins again after a close).
+            transport, _, port = os.environ["TW_THEN"].partition("@")
+            comm = mpi4torch.join(f"127.0.0.1:{port}", int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                                  transport=transport, timeout=60)
+            globals()["mode_" + mode](comm)
             comm.close()
     except Exception:  # noqa: BLE001
         failures.append(traceback.format_exc())
