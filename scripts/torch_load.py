@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Load a memory-mapped TensorDict folder with PyTorch alone and print it as JSON.
 
-    python3 scripts/torch_load.py PREFIX [--values]
+    python3 scripts/torch_load.py PREFIX... [--values]
 
 It follows tensordict's TensorDict.load_memmap (tensordict/_td.py, 0.14):
 meta.json keys in order, each leaf file found under its %XX-escaped name or,
@@ -12,7 +12,8 @@ tensordict's _STR_DTYPE_TO_DTYPE does. tensordict itself cannot be installed
 where tensorwire's CI runs (no PyPI); this script checks the part that
 matters for compatibility, the bytes and dtype names, with real torch.
 
-Output: {"batch_size": [...], "fields": {"a/b": {"dtype", "shape", "sum",
+Output, one line per PREFIX in order (torch is imported once for all of
+them): {"batch_size": [...], "fields": {"a/b": {"dtype", "shape", "sum",
 "values"?}}, "nontensor": {"k": data}, "skipped": {"k": "reason"}}. sum is
 float64 (complex: [re, im]); --values adds the flat element list (float16
 and bfloat16 as raw uint16 bits, complex as [re, im] pairs). Leaves whose
@@ -89,11 +90,13 @@ def load(prefix, path, out, values):
 
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    if len(args) != 1:
+    if not args:
         sys.exit(__doc__)
-    out = {"batch_size": [], "fields": {}, "nontensor": {}, "skipped": {}}
-    load(args[0], [], out, "--values" in sys.argv)
-    json.dump(out, sys.stdout)
+    for prefix in args:
+        out = {"batch_size": [], "fields": {}, "nontensor": {}, "skipped": {}}
+        load(prefix, [], out, "--values" in sys.argv)
+        json.dump(out, sys.stdout)
+        sys.stdout.write("\n")
 
 
 if __name__ == "__main__":

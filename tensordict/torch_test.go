@@ -17,19 +17,27 @@ func TestTorch_LoadsWhatMemmapWrites(t *testing.T) {
 	if err := torchcheck.Available(); err != nil {
 		t.Skip(err)
 	}
-	for _, name := range []string{"dtypes", "escaped_keys", "basic_orjson", "empty_leaf", "special_keys"} {
+	// Every case's folder is written first, then read by one Python
+	// process (an import of torch costs seconds).
+	names := []string{"dtypes", "escaped_keys", "basic_orjson", "empty_leaf", "special_keys"}
+	prefixes := make([]string, len(names))
+	tds := make([]*TensorDict, len(names))
+	for i, name := range names {
+		prefixes[i] = filepath.Join(t.TempDir(), "out")
+		td, err := build(t, readExpected(t, name)).Memmap(prefixes[i])
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		td.Close() // torch reads what a closed TensorDict left
+		tds[i] = td
+	}
+	loaded, err := torchcheck.LoadAll(prefixes, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, name := range names {
 		t.Run(name, func(t *testing.T) {
-			e := readExpected(t, name)
-			prefix := filepath.Join(t.TempDir(), "out")
-			td, err := build(t, e).Memmap(prefix)
-			if err != nil {
-				t.Fatal(err)
-			}
-			td.Close()
-			got, err := torchcheck.Load(prefix, true)
-			if err != nil {
-				t.Fatal(err)
-			}
+			e, td, got := readExpected(t, name), tds[i], loaded[i]
 			if !slices.Equal(got.BatchSize, e.TensorDicts[0].BatchSize) {
 				t.Errorf("torch batch size %v, want %v", got.BatchSize, e.TensorDicts[0].BatchSize)
 			}

@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
+	"sync"
 )
 
 // Field is what torch read for one tensor. Values, when asked for, is in the
@@ -35,7 +37,9 @@ type Result struct {
 // first of python3 and /usr/bin/python3 that can (Debian's python3-torch
 // installs it for /usr/bin/python3, which may not be the python3 first on
 // PATH).
-func python() (string, error) {
+// The answer is found once per process: each try imports torch, seconds of
+// a core with PyPI's.
+var python = sync.OnceValues(func() (string, error) {
 	if p := os.Getenv("TENSORWIRE_PYTHON"); p != "" {
 		if out, err := exec.Command(p, "-c", "import torch").CombinedOutput(); err != nil {
 			return "", fmt.Errorf("TENSORWIRE_PYTHON=%s cannot import torch: %v\n%s", p, err, out)
@@ -48,7 +52,7 @@ func python() (string, error) {
 		}
 	}
 	return "", fmt.Errorf("no python3 with torch (apt-get install python3-torch; .ci/run installs it)")
-}
+})
 
 // Python returns the interpreter Load runs, one that can import torch
 // ($TENSORWIRE_PYTHON when set), or why there is none.
@@ -69,11 +73,21 @@ func script() string {
 // Load runs the script on prefix, with every element's value if values is
 // set.
 func Load(prefix string, values bool) (*Result, error) {
+	rs, err := LoadAll([]string{prefix}, values)
+	if err != nil {
+		return nil, err
+	}
+	return rs[0], nil
+}
+
+// LoadAll is Load for several prefixes in one Python process (one import
+// of torch): their results in order.
+func LoadAll(prefixes []string, values bool) ([]*Result, error) {
 	py, err := python()
 	if err != nil {
 		return nil, err
 	}
-	args := []string{script(), prefix}
+	args := append([]string{script()}, prefixes...)
 	if values {
 		args = append(args, "--values")
 	}
@@ -82,11 +96,15 @@ func Load(prefix string, values bool) (*Result, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("torch_load.py %s: %w\n%s", prefix, err, stderr.Bytes())
+		return nil, fmt.Errorf("torch_load.py %s: %w\n%s", strings.Join(prefixes, " "), err, stderr.Bytes())
 	}
-	var r Result
-	if err := json.Unmarshal(out, &r); err != nil {
-		return nil, fmt.Errorf("torch_load.py output: %w", err)
+	dec := json.NewDecoder(bytes.NewReader(out))
+	rs := make([]*Result, len(prefixes))
+	for i := range rs {
+		rs[i] = new(Result)
+		if err := dec.Decode(rs[i]); err != nil {
+			return nil, fmt.Errorf("torch_load.py output for %s: %w", prefixes[i], err)
+		}
 	}
-	return &r, nil
+	return rs, nil
 }
