@@ -253,10 +253,15 @@ func runOne(ctx context.Context, o *options, root, model string, clients, maxBat
 		}
 		r.bitEqual = fmt.Sprintf("%d/%d", ok, n)
 	}
-	// The replicas go first: a replica whose node stops under it warns
-	// that it was detached and tries to attach again, which is nothing a
-	// run's reader should see.
-	repl.stop()
+	// The replicas go first, and the node is stopped once it has seen them
+	// leave: a replica whose node stops under it warns that it was
+	// detached and tries to attach again, and a node stopped while it
+	// still counts a replica warns that one was detached; neither is
+	// anything a run's reader should see.
+	if repl != nil {
+		repl.stop()
+		waitDetached(ctx, sc)
+	}
 	if err := node.Stop(); err != nil {
 		return nil, fmt.Errorf("the node: %w", err)
 	}

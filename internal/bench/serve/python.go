@@ -243,6 +243,18 @@ func (rs pyReplicas) cpu() time.Duration {
 	return total
 }
 
+// waitDetached waits, up to 10 s, until the node counts no attached
+// replica (it notices a killed one's connection close on its own time).
+func waitDetached(ctx context.Context, sc *serve.Client) {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if st, err := sc.Stats(ctx); err != nil || st.AttachedNow == 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // stop kills the replicas and waits for them; stopping them again does
 // nothing.
 func (rs pyReplicas) stop() {
