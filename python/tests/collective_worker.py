@@ -103,7 +103,6 @@ def cases(n, r):
 
 def mode_ops(comm):
     n, r = comm.size, comm.rank
-    report.setdefault("transport", comm.transport)
     report.setdefault("transports", []).append(comm.transport)
     report["bell"] = comm._s._bell is not None
     for name, fn, x, want in cases(n, r):

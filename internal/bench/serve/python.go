@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -204,29 +205,59 @@ func (o *options) startReplicas(ctx context.Context, sc *serve.Client, addr, roo
 		go func() { cmd.Wait(); close(r.done) }()
 		rs = append(rs, r)
 	}
-	deadline := time.Now().Add(readyTimeout)
-	for {
-		st, err := sc.Stats(ctx)
-		if err != nil {
-			rs.stop()
-			return nil, err
-		}
-		if st.AttachedNow >= o.replicas {
-			return rs, nil
-		}
+	exited := func() error {
 		for _, r := range rs {
 			select {
 			case <-r.done:
-				rs.stop()
-				return nil, fmt.Errorf("a Python replica (%s) exited before it attached: %v", o.pythonExe, r.cmd.ProcessState)
+				return fmt.Errorf("a Python replica (%s) exited before it attached: %v", o.pythonExe, r.cmd.ProcessState)
 			default:
 			}
 		}
-		if time.Now().After(deadline) {
-			rs.stop()
-			return nil, fmt.Errorf("%d of %d Python replicas attached within %v", st.AttachedNow, o.replicas, readyTimeout)
+		return nil
+	}
+	n, err := pollAttached(ctx, sc, readyTimeout, 50*time.Millisecond, func(n int) bool { return n >= o.replicas }, exited)
+	if errors.Is(err, errPollTimeout) {
+		err = fmt.Errorf("%d of %d Python replicas attached within %v", n, o.replicas, readyTimeout)
+	}
+	if err != nil {
+		rs.stop()
+		return nil, err
+	}
+	return rs, nil
+}
+
+// errPollTimeout is pollAttached's error when its condition did not come
+// to hold in time.
+var errPollTimeout = errors.New("timed out")
+
+// pollAttached polls the node's count of attached replicas every interval
+// until done holds for it, then returns it. It gives up with the Stats
+// call's error, failed's (checked after each count that does not satisfy
+// done; nil never fails), ctx's, or errPollTimeout after timeout, each
+// beside the last count seen.
+func pollAttached(ctx context.Context, sc *serve.Client, timeout, interval time.Duration, done func(n int) bool, failed func() error) (int, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		st, err := sc.Stats(ctx)
+		if err != nil {
+			return 0, err
 		}
-		time.Sleep(50 * time.Millisecond)
+		if done(st.AttachedNow) {
+			return st.AttachedNow, nil
+		}
+		if failed != nil {
+			if err := failed(); err != nil {
+				return st.AttachedNow, err
+			}
+		}
+		if time.Now().After(deadline) {
+			return st.AttachedNow, errPollTimeout
+		}
+		select {
+		case <-ctx.Done():
+			return st.AttachedNow, ctx.Err()
+		case <-time.After(interval):
+		}
 	}
 }
 
@@ -245,14 +276,9 @@ func (rs pyReplicas) cpu() time.Duration {
 
 // waitDetached waits, up to 10 s, until the node counts no attached
 // replica (it notices a killed one's connection close on its own time).
+// It reports nothing: a run goes on to stop the node either way.
 func waitDetached(ctx context.Context, sc *serve.Client) {
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if st, err := sc.Stats(ctx); err != nil || st.AttachedNow == 0 {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	pollAttached(ctx, sc, 10*time.Second, 10*time.Millisecond, func(n int) bool { return n == 0 }, nil)
 }
 
 // stop kills the replicas and waits for them; stopping them again does
