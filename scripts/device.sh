@@ -29,8 +29,15 @@
 #                    bench loader --producer python --device cuda:0
 #                    (tensorsocket's workload, 4 shared consumers with views
 #                    on the GPU against 4 jobs copying their own batches
-#                    there); the delivery alone (--plain, step 0)
-#   serve.json loader.json plain.json   the same as JSON
+#                    there); the delivery alone (--source premade, step
+#                    0), with tensorsocket's own producer and consumers
+#                    beside when its wheels are carried in .whl:
+#                      python3 -m pip download --no-deps --only-binary=:all: \
+#                        --python-version 3.12 --implementation cp \
+#                        --platform manylinux_2_28_x86_64 --platform manylinux1_x86_64 \
+#                        -d .whl tensorsocket==0.0.5 pyzmq==27.3.0 tornado==6.6.1
+#                    (echo /.whl/ >> .git/info/exclude; carry [".devbin", ".whl"])
+#   serve.json loader.json premade.json   the same as JSON
 #   cpu.log          the 16-core tables: bench collective (allreduce, 4 and
 #                    16 ranks, shm and tcp, 1 KB / 1 MB / 64 MB, gloo beside,
 #                    the bound 2B/p), bench replay --modes ref, bench serve
@@ -51,6 +58,13 @@ if [ ! -x "$BIN" ]; then
 fi
 start=$(date +%s)
 rc=0
+# tensorsocket (and pyzmq, tornado) for the loader's side-by-side, from
+# wheels carried in .whl when there are some (the device has none of them).
+TS_PATH=
+if ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+	--upgrade --target /tmp/site .whl/*.whl; then
+	TS_PATH=:/tmp/site
+fi
 
 # step CAP LOG TITLE CMD...: run CMD under min(CAP, what is left of BUDGET)
 # seconds, appending its output to LOG; a failure sets rc and goes on.
@@ -114,9 +128,11 @@ case ",$ONLY," in *,loader,*)
 	# alone (no transform, no step).
 	step 120 "$OUT/gpu.log" "tensorwire bench loader --producer python --device $DEV" \
 		"$BIN" bench loader --producer python --device "$DEV" --samples 2048 --consumers 4 --json "$OUT/loader.json"
-	step 90 "$OUT/gpu.log" "_bench_loader --device $DEV --plain --step 0" env PYTHONPATH="$PWD/python" \
-		python3 -m tensorwire._bench_loader --bin "$BIN" --device "$DEV" --plain --step 0 \
-		--samples 4096 --consumers 4 --json "$OUT/plain.json"
+	# The delivery alone: batches made once, no step, and tensorsocket's
+	# producer and consumers beside when its wheels came in .whl (see the top).
+	step 150 "$OUT/gpu.log" "_bench_loader --device $DEV --source premade --step 0" env PYTHONPATH="$PWD/python$TS_PATH" \
+		python3 -m tensorwire._bench_loader --bin "$BIN" --device "$DEV" --source premade --step 0 \
+		--samples 4096 --consumers 4 --timeout 100 --json "$OUT/premade.json"
 	;;
 esac
 

@@ -61,6 +61,7 @@ func runPython(ctx context.Context, o *options, interp, bin string, samplesSet b
 	if o.device != "" {
 		args = append(args, "--device", o.device)
 	}
+	args = append(args, "--source", o.source, "--tensorsocket", o.tsocket)
 	if o.json != "" {
 		j, err := filepath.Abs(o.json)
 		if err != nil {

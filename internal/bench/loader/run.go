@@ -106,6 +106,8 @@ type options struct {
 	producer string // "go" (a node's dataset producer) or "python" (runPython)
 	python   string // the interpreter for --producer python
 	device   string // --device: the Python run's GPU delivery ("" for none)
+	source   string // --source: what makes the Python run's batches
+	tsocket  string // --tensorsocket: auto, on or off
 }
 
 func newFlagSet(o *options, datasets, consumers *string) *flag.FlagSet {
@@ -132,6 +134,8 @@ func newFlagSet(o *options, datasets, consumers *string) *flag.FlagSet {
 	fs.StringVar(&o.rootDir, "root-dir", defaultRootDir(), "directory for the nodes' roots, where the producer's ring lives (default: /dev/shm when it is a writable tmpfs, so that the kernel writes no ring pages back to disk; else --dir)")
 	fs.StringVar(&o.producer, "producer", "go", "go: the node's producer reads a TensorDict dataset with Go transforms; python: a tensorwire.loader.Producer over a torch DataLoader (tensorsocket's workload: 1,000 samples unless --samples, 4 consumers unless --consumers; python/tensorwire/_bench_loader.py)")
 	fs.StringVar(&o.device, "device", "", "with --producer python: deliver the batches on this device (cuda:N; shm:N is the CPU stand-in): the producer puts each batch there once and the shared consumers get views of it, while each independent job copies its own batches there (docs/loader.md, \"GPU delivery\")")
+	fs.StringVar(&o.source, "source", "transform", "with --producer python: what makes the batches: transform (a DataLoader with tensorsocket's transform), plain (the DataLoader without it) or premade (batches made once and handed out again: the delivery's figures alone)")
+	fs.StringVar(&o.tsocket, "tensorsocket", "auto", "with --producer python: also run tensorsocket's TensorProducer and TensorConsumers over the same source, side by side: auto (when the interpreter imports tensorsocket), on or off")
 	fs.StringVar(&o.python, "python", "", "with --producer python: the interpreter (default: python3, else /usr/bin/python3; it needs torch)")
 	fs.StringVar(&o.profile, "cpuprofile", "", "write each process's CPU profile of its epoch under this prefix: PREFIX-RUN-ROLE.pprof")
 	// The children's.
@@ -195,8 +199,22 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	case o.batch > o.slots*o.pbatch || o.batch > o.slots*o.fpbatch || (o.mixed && 128 > o.slots*o.pbatch):
 		return bench.Usagef("a consumer batch is larger than the ring (--slots × the producer batch)")
 	}
-	if o.device != "" && o.producer != "python" {
-		return bench.Usagef("--device needs --producer python")
+	if o.producer != "python" {
+		var set []string
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "device" || f.Name == "source" || f.Name == "tensorsocket" {
+				set = append(set, "--"+f.Name)
+			}
+		})
+		if len(set) > 0 {
+			return bench.Usagef("%s: for --producer python only", strings.Join(set, ", "))
+		}
+	}
+	if !slices.Contains([]string{"transform", "plain", "premade"}, o.source) {
+		return bench.Usagef("--source %q: want transform, plain or premade", o.source)
+	}
+	if !slices.Contains([]string{"auto", "on", "off"}, o.tsocket) {
+		return bench.Usagef("--tensorsocket %q: want auto, on or off", o.tsocket)
 	}
 	if o.procs > 0 && o.producer != "go" {
 		return bench.Usagef("--procs is for Go runs (--producer go)")

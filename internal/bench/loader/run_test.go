@@ -95,6 +95,10 @@ func TestRun_Usage(t *testing.T) {
 		{"--procs", "-1"},
 		{"--procs", "1", "--producer", "python"},
 		{"--device", "cuda:0"}, // without --producer python
+		{"--source", "premade"},
+		{"--tensorsocket", "on"},
+		{"--producer", "python", "--source", "imagenet"},
+		{"--producer", "python", "--tensorsocket", "yes"},
 		{"extra"},
 	} {
 		err := Run(context.Background(), testEnv(io.Discard, io.Discard), args)
