@@ -25,7 +25,8 @@
 #   gpu.log          the GPU benchmarks' tables: bench serve --model
 #                    py-big,py-mlp --device cuda:0 (issue 26: >= 0.5 of the
 #                    module called in-process for py-big at 32+ clients),
-#                    and py-big again with --window 2;
+#                    py-big again with --window 2, and at 32 clients with
+#                    its replica's cProfile report (--profile);
 #                    bench loader --producer python --device cuda:0
 #                    (tensorsocket's workload, 4 shared consumers with views
 #                    on the GPU against 4 jobs copying their own batches
@@ -116,6 +117,15 @@ case ",$ONLY," in *,serve,*)
 		step 60 "$OUT/gpu.log" "tensorwire bench serve --model py-big --device $DEV --window 2" \
 			"$BIN" bench serve --model py-big --device "$DEV" --clients 32,128 --max-batch 64 --window 2 \
 			--duration 2s --limit-duration 1s --update-mb 0
+		# Where a replica's batch goes beyond the forward (about 1 ms on the
+		# first H200 run): py-big at 32 clients with its replica under cProfile
+		# (wall time by function), the report appended to gpu.log.
+		prof=$(mktemp -d)
+		step 45 "$OUT/gpu.log" "tensorwire bench serve --model py-big --device $DEV --clients 32 --profile" \
+			"$BIN" bench serve --model py-big --device "$DEV" --clients 32 --max-batch 64 \
+			--duration 2s --limit-duration 1s --update-mb 0 --profile "$prof/p"
+		cat "$prof"/p-py-big-32-64-replica.txt >>"$OUT/gpu.log" 2>/dev/null
+		rm -rf "$prof"
 	else
 		echo "device.sh: $DEV is no CUDA device: the serve run needs one" | tee -a "$OUT/gpu.log"
 	fi

@@ -11,8 +11,11 @@
 //	tensorwire bench serve [--clients 1,8,32,128] [--model mlp,fake] [--max-batch 16] [--duration 5s] [--json FILE] [--profile PREFIX]
 //
 // --profile writes a CPU profile of each run's node and first client
-// (PREFIX-MODEL-CLIENTS-MAXBATCH-{node,client}.pprof), for go tool pprof;
-// the weight-update run is not profiled.
+// (PREFIX-MODEL-CLIENTS-MAXBATCH-{node,client}.pprof), for go tool pprof,
+// and for a Python model its first replica's cProfile report
+// (PREFIX-MODEL-CLIENTS-MAXBATCH-replica.txt: wall time by function, so
+// waits on the socket and on the device show); the weight-update run is
+// not profiled.
 //
 // docs/benchmarks.md, "Serving", says how it measures, how to read it and
 // what its JSON holds (Result).

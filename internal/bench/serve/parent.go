@@ -165,7 +165,11 @@ func runOne(ctx context.Context, o *options, root, model string, clients, maxBat
 
 	var repl pyReplicas
 	if isPython(model) {
-		if repl, err = o.startReplicas(ctx, sc, node.Addr, root, model, stderr); err != nil {
+		replProfile := ""
+		if o.nodeProfile != "" && !update {
+			replProfile = fmt.Sprintf("%s-%s-%d-%d-%s.txt", o.nodeProfile, model, clients, maxBatch, "replica")
+		}
+		if repl, err = o.startReplicas(ctx, sc, node.Addr, root, model, replProfile, stderr); err != nil {
 			return nil, err
 		}
 		defer repl.stop()

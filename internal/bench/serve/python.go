@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/tensorwire/tensorwire/python"
@@ -39,8 +40,11 @@ func isPython(model string) bool {
 }
 
 // pyScript is the Python side, its module on DEVICE (cpu, cuda:N):
-// "replica ADDR ROOT MODEL NAME DEVICE WINDOW" attaches and serves until
-// killed;
+// "replica ADDR ROOT MODEL NAME DEVICE WINDOW [PROFILE]" attaches and
+// serves until killed; with PROFILE, under cProfile until SIGTERM, which
+// writes the profile's report there (the functions by cumulative and by
+// own time, wall clock: waits on the socket and the device count) and
+// exits;
 // "limit MODEL MAX_BATCH SECONDS DEVICE" prints the module's rows/s and ms
 // per forward called in-process on batches of MAX_BATCH rows (on CUDA, the
 // input on the device and the output brought back to the host, as a
@@ -67,8 +71,23 @@ cmd = sys.argv[1]
 if cmd == "replica":
     import tensorwire
     dev = sys.argv[6]
-    tensorwire.serve.Replica(sys.argv[2], sys.argv[5], module(sys.argv[4], dev), root=sys.argv[3], device=dev,
-                             window=int(sys.argv[7])).run()
+    r = tensorwire.serve.Replica(sys.argv[2], sys.argv[5], module(sys.argv[4], dev), root=sys.argv[3], device=dev,
+                                 window=int(sys.argv[7]))
+    if len(sys.argv) > 8:
+        import cProfile, io, os, pstats, signal
+        pr = cProfile.Profile()
+        def report(*_):
+            pr.disable()
+            buf = io.StringIO()
+            buf.write(f"cProfile of a {sys.argv[4]} replica on {dev} (window {sys.argv[7]}): {r.batches} batches\n")
+            for key in ("cumulative", "tottime"):
+                pstats.Stats(pr, stream=buf).sort_stats(key).print_stats(25)
+            with open(sys.argv[8], "w") as f:
+                f.write(buf.getvalue())
+            os._exit(0)
+        signal.signal(signal.SIGTERM, report)
+        pr.enable()
+    r.run()
 elif cmd == "limit":
     dev = sys.argv[5]
     m, n, secs = module(sys.argv[2], dev), int(sys.argv[3]), float(sys.argv[4])
@@ -181,9 +200,11 @@ func (o *options) pyLimit(ctx context.Context, model string) (float64, time.Dura
 }
 
 // pyReplica is a replica process of a run; done is closed when it exits.
+// A profiled one writes its report when stopped with SIGTERM.
 type pyReplica struct {
-	cmd  *exec.Cmd
-	done chan struct{}
+	cmd      *exec.Cmd
+	done     chan struct{}
+	profiled bool
 }
 
 // pyReplicas are the replica processes of a run.
@@ -192,16 +213,20 @@ type pyReplicas []*pyReplica
 // startReplicas starts o.replicas Python replicas of model attached to the
 // node at addr, their output going to stderr (the run's, as the node's),
 // and waits until the node counts them attached.
-func (o *options) startReplicas(ctx context.Context, sc *serve.Client, addr, root, model string, stderr io.Writer) (pyReplicas, error) {
+func (o *options) startReplicas(ctx context.Context, sc *serve.Client, addr, root, model, profile string, stderr io.Writer) (pyReplicas, error) {
 	var rs pyReplicas
-	for range o.replicas {
-		cmd := exec.Command(o.pythonExe, "-c", pyScript, "replica", addr, root, model, modelName, o.device, strconv.Itoa(o.window))
+	for i := range o.replicas {
+		args := []string{"-c", pyScript, "replica", addr, root, model, modelName, o.device, strconv.Itoa(o.window)}
+		if profile != "" && i == 0 {
+			args = append(args, profile)
+		}
+		cmd := exec.Command(o.pythonExe, args...)
 		cmd.Stdout, cmd.Stderr, cmd.Env = nil, stderr, o.pyEnv()
 		if err := cmd.Start(); err != nil {
 			rs.stop()
 			return nil, fmt.Errorf("starting a Python replica (%s): %w", o.pythonExe, err)
 		}
-		r := &pyReplica{cmd: cmd, done: make(chan struct{})}
+		r := &pyReplica{cmd: cmd, done: make(chan struct{}), profiled: profile != "" && i == 0}
 		go func() { cmd.Wait(); close(r.done) }()
 		rs = append(rs, r)
 	}
@@ -282,9 +307,17 @@ func waitDetached(ctx context.Context, sc *serve.Client) {
 }
 
 // stop kills the replicas and waits for them; stopping them again does
-// nothing.
+// nothing. A profiled replica gets SIGTERM first and 10 s to write its
+// report.
 func (rs pyReplicas) stop() {
 	for _, r := range rs {
+		if r.profiled {
+			r.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-r.done:
+			case <-time.After(10 * time.Second):
+			}
+		}
 		r.cmd.Process.Kill()
 		<-r.done
 	}

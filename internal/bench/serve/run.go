@@ -95,7 +95,8 @@ func newFlagSet(o *options, clients, models *string) *flag.FlagSet {
 	fs.DurationVar(&o.updateEvery, "update-every", 500*time.Millisecond, "the weight-update run: how often the node loads them")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
 	fs.StringVar(&o.nodeProfile, "profile", "", "write CPU profiles (pprof) of each run's node and of its first client to\n"+
-		"PREFIX-MODEL-CLIENTS-MAXBATCH-{node,client}.pprof (their whole lives: start, warm-up and the timed window; not the weight-update run)")
+		"PREFIX-MODEL-CLIENTS-MAXBATCH-{node,client}.pprof (their whole lives: start, warm-up and the timed window; not the weight-update run);\n"+
+		"with a Python model, also its first replica's cProfile report to PREFIX-MODEL-CLIENTS-MAXBATCH-replica.txt")
 	fs.StringVar(&o.profileTo, "profile-to", "", "internal: node and client roles: write a CPU profile to this file")
 	fs.StringVar(&o.root, "root", "", "the shared root: the run makes its folder under it (default: the system temporary directory); "+
 		"roles: this host's view of it")

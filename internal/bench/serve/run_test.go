@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -176,9 +177,10 @@ func TestRun_PythonReplicas(t *testing.T) {
 		t.Skip("no python3 with torch, numpy and msgpack ($TENSORWIRE_PYTHON, /usr/bin/python3, python3): the Python replicas' run not tested")
 	}
 	out := filepath.Join(t.TempDir(), "serve.json")
-	root := t.TempDir()
+	root, profiles := t.TempDir(), t.TempDir()
 	run := benchtest.RunJSON(t, Run, testSelf, []string{"--replica", "python", "--clients", "2", "--python", py,
-		"--duration", "300ms", "--limit-duration", "100ms", "--update-mb", "0", "--window", "2", "-v", "--root", root, "--json", out}, out)
+		"--duration", "300ms", "--limit-duration", "100ms", "--update-mb", "0", "--window", "2", "-v", "--root", root,
+		"--profile", filepath.Join(profiles, "p"), "--json", out}, out)
 	t.Logf("stdout:\n%s", run.Stdout)
 	var res Result
 	if err := json.Unmarshal(run.Data, &res); err != nil {
@@ -216,6 +218,22 @@ func TestRun_PythonReplicas(t *testing.T) {
 	}
 	if left, _ := os.ReadDir(root); len(left) != 0 {
 		t.Errorf("left under the root: %v", left)
+	}
+	// --profile: each Python run's first replica wrote its cProfile
+	// report when stopped, with the batches it served.
+	for _, model := range []string{modelPyMLP, modelPyNull} {
+		for _, mb := range []int{1, 16} {
+			b, err := os.ReadFile(filepath.Join(profiles, fmt.Sprintf("p-%s-2-%d-replica.txt", model, mb)))
+			if err != nil {
+				t.Error(err)
+				continue
+			}
+			if txt := string(b); !strings.HasPrefix(txt, "cProfile of a "+model+" replica on cpu (window 2): ") ||
+				strings.HasPrefix(txt, "cProfile of a "+model+" replica on cpu (window 2): 0 batches") ||
+				!strings.Contains(txt, "(_run_batch)") {
+				t.Errorf("%s, max batch %d: the replica's report:\n%s", model, mb, txt)
+			}
+		}
 	}
 }
 
