@@ -262,7 +262,7 @@ def role_producer(a):
         p.run()
         mode, delivery = p.mode, p.delivery
     _out.write(json.dumps({"role": "producer", "cpu_s": _cpu_self() - cpu0, "mode": mode,
-                                 "delivery": delivery}) + "\n")
+                           "delivery": delivery}) + "\n")
     _out.flush()
 
 
@@ -299,8 +299,8 @@ def role_ts_producer(a):
     for _ in p:
         pass
     cpu = _cpu_self() - cpu0
-    _out.write(json.dumps({"role": "tensorsocket producer", "cpu_s": cpu,
-                                 "cuda": bool(__import__("torch").cuda.is_available())}) + "\n")
+    import torch
+    _out.write(json.dumps({"role": "tensorsocket producer", "cpu_s": cpu, "cuda": torch.cuda.is_available()}) + "\n")
     _out.flush()
     time.sleep(1)  # the consumers take the epoch's end before the sockets go
     p.join()
