@@ -138,6 +138,12 @@ func openRing(cfg Config, schema tensordict.RowSchema) (*ring, error) {
 	if r.table, err = slots.Create(filepath.Join(r.path, SlotsFile), cfg.Slots, numFields); err != nil {
 		return fail(fmt.Errorf("loader: creating the slot table: %w", err))
 	}
+	// The ring's pages into the page tables now, not one fault at a time in
+	// the first lap of writes (96 against 24 ms for 154 MB on /dev/shm). A
+	// hint: where it cannot, the first lap pays as before.
+	if err := r.store.Prefault(); err != nil && !errors.Is(err, errors.ErrUnsupported) {
+		cfg.Log.Debug("loader: prefaulting the ring", "err", err)
+	}
 	if err := r.writeMeta(); err != nil {
 		return fail(err)
 	}
@@ -371,6 +377,9 @@ func openRingReader(path string, schema tensordict.RowSchema, nslots, batch int)
 		r.close()
 		return nil, err
 	}
+	// The mapping's pages into this process's page tables now, not in the
+	// first epoch's reads (a hint, as the producer's: see openRing).
+	_ = store.Prefault()
 	return r, nil
 }
 

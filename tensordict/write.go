@@ -223,6 +223,21 @@ func (td *TensorDict) Flush() error {
 	return nil
 }
 
+// Prefault maps every page of a memory-mapped TensorDict's files into this
+// process's page tables now (memmap.Tensor.Prefault: by reading, no byte
+// changed), so that a loop's first touch of each page does not fault. It
+// does nothing for one in Go memory, or for a view: prefault the TensorDict
+// that Memmap or LoadMemmap returned. Errors wrap errors.ErrUnsupported
+// where the system cannot.
+func (td *TensorDict) Prefault() error {
+	for _, m := range td.maps {
+		if err := m.Prefault(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Close unmaps the files of a TensorDict returned by Memmap, MemmapLike or
 // LoadMemmap, after the calls in flight on them return. Views and tensors
 // taken from it stop working (their methods return memmap.ErrClosed). It
