@@ -40,7 +40,7 @@ import numpy as np
 from . import _device
 from . import errors as _errors
 from ._td import DTYPES, set_path, to_torch
-from .dataset import load_memmap
+from .dataset import _prefault, load_memmap
 from .errors import (AbortedError, AlreadyExistsError, FailedPreconditionError, InvalidArgumentError,
                      NotFoundError, UnavailableError, register_reason)
 from .replay import _FENCE_OK, _fence
@@ -910,6 +910,7 @@ def _map_ring(path, info):
     if os.path.getsize(table_path) < info["slots"] * 32:
         raise _errors.InternalError(f"loader: the slot table {table_path} is short")
     table = np.memmap(table_path, dtype="<u8", mode="r", shape=(info["slots"], 4))
+    _prefault(leaves.values())  # the ring's pages now, not in the first epoch's reads
     return leaves, table
 
 

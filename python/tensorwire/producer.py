@@ -33,7 +33,7 @@ import numpy as np
 from . import _device
 from . import errors as _errors
 from ._td import DTYPES, TD, as_array, dtype_name, set_path
-from .dataset import load_memmap
+from .dataset import _prefault, load_memmap
 from .loader import _FENCE_OK, ArgumentError, InUseError, NoProducerError, _Backoff, _flat, _unreachable
 from .rpc import Client, Sharing, StreamEnd
 
@@ -401,6 +401,7 @@ class Producer:
                 raise _errors.InternalError(f"loader: the ring at {path} does not hold {'/'.join(key)} "
                                             f"{f['dtype']} {[rows] + f['shape']}")
             leaves[key] = a
+        _prefault(leaves.values())  # the ring's pages now, not in the first lap of writes
         return leaves
 
     def close(self):
