@@ -3,7 +3,6 @@ package memmap
 import (
 	"bufio"
 	"errors"
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -25,7 +24,8 @@ func rssKB(t *testing.T, addr uintptr) int {
 	for sc.Scan() {
 		line := sc.Text()
 		if !found {
-			start, _, ok := strings.Cut(strings.Fields(line + " ")[0], "-")
+			rng, _, _ := strings.Cut(line, " ")
+			start, _, ok := strings.Cut(rng, "-")
 			if a, err := strconv.ParseUint(start, 16, 64); ok && err == nil && uintptr(a) == addr {
 				found = true
 			}
@@ -85,7 +85,7 @@ func TestPrefault_MapsEveryPage(t *testing.T) {
 				t.Errorf("after Prefault %d kB of the mapping are in the page tables, want all %d", kb, all)
 			}
 			if got := b[cols*(rows-1):]; string(got) != string(want) {
-				t.Errorf("the last row changed: %v", fmt.Sprint(got[:8]))
+				t.Errorf("the last row changed: %v", got[:8])
 			}
 			o.Close()
 			if err := o.Prefault(); !errors.Is(err, ErrClosed) {

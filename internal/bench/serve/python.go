@@ -216,8 +216,9 @@ type pyReplicas []*pyReplica
 func (o *options) startReplicas(ctx context.Context, sc *serve.Client, addr, root, model, profile string, stderr io.Writer) (pyReplicas, error) {
 	var rs pyReplicas
 	for i := range o.replicas {
+		profiled := profile != "" && i == 0
 		args := []string{"-c", pyScript, "replica", addr, root, model, modelName, o.device, strconv.Itoa(o.window)}
-		if profile != "" && i == 0 {
+		if profiled {
 			args = append(args, profile)
 		}
 		cmd := exec.Command(o.pythonExe, args...)
@@ -226,7 +227,7 @@ func (o *options) startReplicas(ctx context.Context, sc *serve.Client, addr, roo
 			rs.stop()
 			return nil, fmt.Errorf("starting a Python replica (%s): %w", o.pythonExe, err)
 		}
-		r := &pyReplica{cmd: cmd, done: make(chan struct{}), profiled: profile != "" && i == 0}
+		r := &pyReplica{cmd: cmd, done: make(chan struct{}), profiled: profiled}
 		go func() { cmd.Wait(); close(r.done) }()
 		rs = append(rs, r)
 	}
