@@ -56,6 +56,7 @@ func Call[Resp, Req any](ctx context.Context, c *Caller, method string, req Req)
 // node was unreachable.
 func (c *Caller) Retry(ctx context.Context, method string, attempt func() error) error {
 	wait := Backoff()
+	var unreachable error // the last attempt's error when it found the node unreachable
 	for {
 		if c.Closed() {
 			return c.ErrClosed
@@ -68,8 +69,14 @@ func (c *Caller) Retry(ctx context.Context, method string, attempt func() error)
 			return c.ErrClosed
 		}
 		if !c.Retryable(method, err) {
+			if unreachable != nil && ctx.Err() != nil {
+				// ctx ended during an attempt rather than between two:
+				// the node was unreachable all the same.
+				return fmt.Errorf("%w; the node was unreachable: %w", err, unreachable)
+			}
 			return err
 		}
+		unreachable = err
 		if werr := wait.Wait(ctx); werr != nil {
 			return fmt.Errorf("%w; the node was unreachable: %w", werr, err)
 		}

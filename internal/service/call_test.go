@@ -3,8 +3,10 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -182,5 +184,27 @@ func TestCall_Closed(t *testing.T) {
 	closed.Store(false)
 	if _, err := Call[rpc.Empty](context.Background(), c, methodRead, fakeRequest{}); err != errClosed {
 		t.Errorf("rpc client closed: err = %v, want %v", err, errClosed)
+	}
+}
+
+// TestRetry_DeadlineDuringAnAttempt: when ctx ends during an attempt that
+// follows attempts which found the node unreachable, Retry's error is the
+// deadline wrapping Unavailable, as when it ends between two attempts (a
+// loaded machine ran TestCall_NotSent's last attempt into its deadline).
+func TestRetry_DeadlineDuringAnAttempt(t *testing.T) {
+	c := &Caller{Methods: Methods{}, Closed: func() bool { return false }, ErrClosed: errors.New("closed")}
+	refused := fmt.Errorf("%w: %w", rpc.ErrUnavailable, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	attempts := 0
+	err := c.Retry(ctx, "m", func() error {
+		if attempts++; attempts == 1 {
+			return refused
+		}
+		<-ctx.Done() // the deadline comes while the call is out
+		return fmt.Errorf("rpc: %w", ctx.Err())
+	})
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, rpc.ErrUnavailable) {
+		t.Fatalf("err = %v after %d attempts, want the deadline, wrapping Unavailable", err, attempts)
 	}
 }
