@@ -339,7 +339,7 @@ func (c *Comm) listen(ctx context.Context) error {
 		// closing.
 		l, err = listenRetry(ctx, addr)
 	} else {
-		l, err = net.Listen("tcp", addr)
+		l, err = listenBeside(addr, c.cfg.rendezvous())
 	}
 	if err != nil {
 		return errorf(ErrJoin, "rank %d: listen on %s: %v", c.rank, addr, err)
@@ -882,6 +882,38 @@ func (c *Comm) shutdown() {
 // listenRetry listens on addr, retrying for up to 5 s (and no longer than
 // ctx lets it) while the address is in use: the port of a communicator
 // just closed may take a moment to be free again.
+// listenTCP is net.Listen; a test makes it pick the port the kernel could.
+var listenTCP = net.Listen
+
+// listenBeside listens on addr for a rank other than 0. Where addr's port
+// is 0, the kernel may pick the rendezvous port itself while rank 0 has
+// not bound it yet (a rank started first, or rank 0's port just freed):
+// this rank would then dial its own server for the rendezvous and fail,
+// and a rank after it would reach this one instead of rank 0. So a
+// listener on the rendezvous port is kept only until another is open,
+// then closed, leaving the port to rank 0.
+func listenBeside(addr, rendezvous string) (net.Listener, error) {
+	_, rport, _ := net.SplitHostPort(rendezvous)
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			l.Close()
+		}
+	}()
+	for range 8 {
+		l, err := listenTCP("tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		_, port, _ := net.SplitHostPort(l.Addr().String())
+		if _, want, _ := net.SplitHostPort(addr); want != "0" || port != rport {
+			return l, nil
+		}
+		held = append(held, l)
+	}
+	return nil, fmt.Errorf("every port the kernel offered was the rendezvous port %s", rport)
+}
+
 func listenRetry(ctx context.Context, addr string) (net.Listener, error) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
