@@ -69,7 +69,7 @@ func TestHier_GatherScatterAlltoallSameBitsAsFlat(t *testing.T) {
 			xs, in := inputs(gc.dt, gc.shape)
 			ref := concat(in, gc.axis)
 			wb := ndBytes(t, gc.dt, ref)
-			for root := range n {
+			for _, root := range testRoots(hosts) {
 				want := make([][]byte, n)
 				want[root] = wb
 				cases = append(cases, hierCase{fmt.Sprintf("Gather %s axis %d root %d into %v", gc.dt.Name(), gc.axis, root, gc.into), xs,
@@ -98,7 +98,7 @@ func TestHier_GatherScatterAlltoallSameBitsAsFlat(t *testing.T) {
 			{memmap.Float32, []int{400 * tri(n), 300}, 0, scaled(unevenCounts(n), 400), true}, // host blocks in 1 MiB pieces
 		} {
 			counts := sc.counts
-			for root := range n {
+			for _, root := range testRoots(hosts) {
 				xs, in := inputs(sc.dt, func(int) []int { return sc.shape })
 				pieces := split(in[root], sc.axis, cnt(counts, sc.shape[sc.axis], n))
 				want := make([][]byte, n)
