@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 )
 
 // binDir holds the programs the scenarios run, built once per test binary.
@@ -46,6 +48,7 @@ func skipShort(t testing.TB) {
 // the go command that runs this test.
 func program(t testing.TB, pkg string) string {
 	t.Helper()
+	proctest.DependOnModule(t) // the program is not in this test's binary
 	binMu.Lock()
 	once, ok := binOnce[pkg]
 	if !ok {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 )
 
 // pythonWithDeps returns the interpreter the suite runs with:
@@ -48,6 +50,9 @@ func TestPython_Suite(t *testing.T) {
 		t.Skip("builds the command and runs nodes")
 	}
 	py := pythonWithDeps(t)
+	// The suite runs a tensorwire built here from the module's Go and
+	// tests/*.py: neither is in this test's binary.
+	proctest.DependOnModule(t)
 	if out, err := exec.Command(py, "-c", "import sys; print(sys.executable, sys.version.split()[0])").Output(); err == nil {
 		t.Logf("Python: %s", strings.TrimSpace(string(out)))
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 )
 
 // The flags of --lang python: what it cannot run is a usage error, before
@@ -47,6 +48,7 @@ func TestRun_Python(t *testing.T) {
 	if py == "" {
 		t.Skip("no python3 with numpy, msgpack and torch")
 	}
+	proctest.DependOnModule(t) // the binary built below is not in this test's
 	bin := filepath.Join(t.TempDir(), "tensorwire")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/tensorwire")
 	build.Dir = "../../.."

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -66,5 +68,91 @@ func TestRunHelper_Exits(t *testing.T) {
 				t.Errorf("stderr %q, want it to say %q", p.Stderr(), tc.want)
 			}
 		})
+	}
+}
+
+// TestDependOnModule: the root it returns is the module's (it has go.mod
+// and this package's folder under it).
+func TestDependOnModule(t *testing.T) {
+	root := DependOnModule(t)
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("root %s: %v", root, err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "internal", "testkit", "proctest", "deps.go")); err != nil {
+		t.Fatalf("root %s is not this module's: %v", root, err)
+	}
+}
+
+// TestDependOnModule_ChangeRunsAgain: in a scratch module whose test calls
+// DependOnModule, a second go test is answered from the cache, and a
+// change to a file no test binary holds (as a Python test module is) makes
+// the third run the test again. Without DependOnModule the third is
+// "(cached)" too.
+func TestDependOnModule_ChangeRunsAgain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go test")
+	}
+	root := DependOnModule(t)
+	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	files := map[string]string{
+		"go.mod": "module github.com/tensorwire/tensorwire/scratch\n\ngo 1.24\n\nrequire github.com/tensorwire/tensorwire v0.0.0\n\nreplace github.com/tensorwire/tensorwire => " + root + "\n",
+		"go.sum": string(sum),
+		"scratch_test.go": `package scratch
+
+import (
+	"testing"
+
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
+)
+
+func TestScratch(t *testing.T) { proctest.DependOnModule(t) }
+`,
+		"data/script.py": "print(1)\n",
+	}
+	for name, text := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func() string {
+		t.Helper()
+		cmd := exec.Command("go", "test", ".")
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("go test in the scratch module: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	// go test does not cache a run whose inputs changed in the last
+	// seconds: the files are made old.
+	old := time.Now().Add(-time.Hour)
+	age := func() {
+		filepath.WalkDir(dir, func(p string, _ os.DirEntry, _ error) error { return os.Chtimes(p, old, old) })
+	}
+	age()
+	run()
+	if out := run(); !strings.Contains(out, "(cached)") {
+		t.Fatalf("the second run was not answered from the cache: %s", out)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "data", "script.py"), []byte("print(2)\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Only the script's time and size change, as an edit's would (an
+	// hour ago, so the run may be cached).
+	if err := os.Chtimes(filepath.Join(dir, "data", "script.py"), old.Add(time.Minute), old.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if out := run(); strings.Contains(out, "(cached)") {
+		t.Fatalf("a changed file outside the test binary left the cached result: %s", out)
 	}
 }
