@@ -7,10 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"github.com/tensorwire/tensorwire/internal/testkit/torchcheck"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -263,8 +263,10 @@ func python(t *testing.T) string {
 // state_dict read-only and must compute the same outputs to 1e-5.
 func TestMLP_MatchesTorch(t *testing.T) {
 	py := python(t)
-	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "torch_mlp.py")
+	// The script is run, not compiled in: the test depends on it (and
+	// finds it) through the module's folder, not its source file's path,
+	// which -trimpath hides.
+	script := filepath.Join(proctest.DependOnModule(t), "scripts", "torch_mlp.py")
 	dir := t.TempDir()
 	cmd := exec.Command(py, script, dir, "--sizes", "64,256,16", "--rows", "48", "--seed", "11")
 	if out, err := cmd.CombinedOutput(); err != nil {
