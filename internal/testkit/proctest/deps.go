@@ -1,6 +1,7 @@
 package proctest
 
 import (
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -20,23 +21,12 @@ import (
 // reusing a result, compares its entries' names, sizes, modes and times,
 // so an edit anywhere in the module runs the test again. Directories whose
 // names start with a dot (.git, ignored build folders) and __pycache__
-// are left out. It fails the test where no go.mod is found above the
-// working directory.
+// are left out. It fails the test where ModuleRoot finds no module.
 func DependOnModule(t testing.TB) string {
 	t.Helper()
-	dir, err := os.Getwd()
+	dir, err := ModuleRoot()
 	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		up := filepath.Dir(dir)
-		if up == dir {
-			t.Fatal("proctest.DependOnModule: no go.mod above the working directory")
-		}
-		dir = up
+		t.Fatalf("proctest.DependOnModule: %v", err)
 	}
 	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -51,4 +41,25 @@ func DependOnModule(t testing.TB) string {
 		t.Fatalf("proctest.DependOnModule: %v", err)
 	}
 	return dir
+}
+
+// ModuleRoot returns the folder of the go.mod at or above the working
+// directory (a test's is its package's folder). Tests find the module's
+// scripts from it, not from their source file's path (runtime.Caller),
+// which -trimpath makes a module path.
+func ModuleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		up := filepath.Dir(dir)
+		if up == dir {
+			return "", errors.New("no go.mod at or above the working directory")
+		}
+		dir = up
+	}
 }

@@ -10,9 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
+
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 )
 
 // Field is what torch read for one tensor. Values, when asked for, is in the
@@ -64,10 +65,20 @@ func Available() error {
 	return err
 }
 
-// script is scripts/torch_load.py, found from this file's place in the module.
-func script() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "..", "scripts", "torch_load.py")
+// script is scripts/torch_load.py under the module's root (from the
+// working directory: a test's is its package's folder). It is stat'ed here,
+// in the test's process, so that go test's cache counts it as an input of
+// the test: it runs in a child process, outside the test binary.
+func script() (string, error) {
+	root, err := proctest.ModuleRoot()
+	if err != nil {
+		return "", fmt.Errorf("torchcheck: finding scripts/torch_load.py: %w", err)
+	}
+	p := filepath.Join(root, "scripts", "torch_load.py")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("torchcheck: %w", err)
+	}
+	return p, nil
 }
 
 // Load runs the script on prefix, with every element's value if values is
@@ -87,7 +98,11 @@ func LoadAll(prefixes []string, values bool) ([]*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{script()}, prefixes...)
+	sc, err := script()
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{sc}, prefixes...)
 	if values {
 		args = append(args, "--values")
 	}
