@@ -171,8 +171,10 @@ func (s *sideSet) start(sc *sideConn) {
 // takes the connection stops it (sideConn.unwatch).
 func (s *sideSet) watch(sc *sideConn) {
 	// busy: a message stream took it between its attach and start, and
-	// is unwatching it outside s.mu; it starts a reader when given back.
-	if sc.watchDone != nil || sc.dead.Load() || s.closed || s.busy[sc.id] {
+	// is unwatching it outside s.mu (sideConn.unwatch writes watchDone
+	// there): it starts a reader when given back. So busy is asked first,
+	// and watchDone only of a connection no taker holds.
+	if s.closed || s.busy[sc.id] || sc.dead.Load() || sc.watchDone != nil {
 		return
 	}
 	done := make(chan struct{})

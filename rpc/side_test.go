@@ -745,3 +745,42 @@ func TestSide_StreamEndedByHandlerThenCloseSend(t *testing.T) {
 		t.Fatalf("the node has %d side connections of the client, want its one: the streams did not use it", got)
 	}
 }
+
+// TestSideSet_StartWhileTaken: a message stream takes a side connection
+// whose reader runs (take marks it busy, then stops the reader outside the
+// set's lock) while the session starts it (start, under the lock): start
+// must leave a busy connection alone, its watchDone included. Before, it
+// read watchDone first, as unwatch wrote it: a data race the race detector
+// reported in CI (2026-11-30, TestSide_StreamEndedByHandlerThenCloseSend).
+// Run under -race, as CI does, this fails without the fix.
+func TestSideSet_StartWhileTaken(t *testing.T) {
+	srv, err := NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	for range 20 {
+		s := newSideSet(srv, slog.New(slog.DiscardHandler), 4)
+		a, b := net.Pipe()
+		sc := &sideConn{id: 1, conn: a}
+		s.conns[1] = sc
+		s.start(sc) // a reader runs, blocked on the pipe
+		var wg sync.WaitGroup
+		var got *sideConn
+		wg.Go(func() { got = s.take(1, time.Now().Add(5*time.Second)) })
+		wg.Go(func() { s.start(sc) })
+		wg.Wait()
+		if got != sc {
+			t.Fatalf("take: %v, want the connection", got)
+		}
+		s.mu.Lock()
+		busy := s.busy[1]
+		s.mu.Unlock()
+		if !busy {
+			t.Fatal("the taken connection is not busy")
+		}
+		a.Close()
+		b.Close()
+		s.close()
+	}
+}
