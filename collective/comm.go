@@ -894,6 +894,9 @@ var listenTCP = net.Listen
 // then closed, leaving the port to rank 0.
 func listenBeside(addr, rendezvous string) (net.Listener, error) {
 	_, rport, _ := net.SplitHostPort(rendezvous)
+	if _, port, _ := net.SplitHostPort(addr); port != "0" {
+		return listenTCP("tcp", addr) // a port of its own choosing
+	}
 	var held []net.Listener
 	defer func() {
 		for _, l := range held {
@@ -905,8 +908,7 @@ func listenBeside(addr, rendezvous string) (net.Listener, error) {
 		if err != nil {
 			return nil, err
 		}
-		_, port, _ := net.SplitHostPort(l.Addr().String())
-		if _, want, _ := net.SplitHostPort(addr); want != "0" || port != rport {
+		if _, port, _ := net.SplitHostPort(l.Addr().String()); port != rport {
 			return l, nil
 		}
 		held = append(held, l)

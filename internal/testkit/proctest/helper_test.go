@@ -71,18 +71,6 @@ func TestRunHelper_Exits(t *testing.T) {
 	}
 }
 
-// TestDependOnModule: the root it returns is the module's (it has go.mod
-// and this package's folder under it).
-func TestDependOnModule(t *testing.T) {
-	root := DependOnModule(t)
-	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
-		t.Fatalf("root %s: %v", root, err)
-	}
-	if _, err := os.Stat(filepath.Join(root, "internal", "testkit", "proctest", "deps.go")); err != nil {
-		t.Fatalf("root %s is not this module's: %v", root, err)
-	}
-}
-
 // TestDependOnModule_ChangeRunsAgain: in a scratch module whose test calls
 // DependOnModule, a second go test is answered from the cache, and a
 // change to a file no test binary holds (as a Python test module is) makes
