@@ -153,7 +153,18 @@ def _pack_into(v, out):
         raise TypeError(f"cannot encode {type(v).__name__} as msgpack")
 
 
+class DecodeError(ValueError):
+    """Bytes that are not exactly one msgpack value: malformed, cut short,
+    followed by more bytes, nested too deep, invalid UTF-8 in a str, or a
+    map key that cannot be a dict key (a map or a list)."""
+
+
 def unpackb(b):
     """Decodes exactly one msgpack value: str as str, bin as bytes, maps as
-    dicts. Trailing bytes are an error (msgpack.ExtraData)."""
-    return msgpack.unpackb(b, raw=False, strict_map_key=False, use_list=True)
+    dicts. Anything else is DecodeError, whatever the msgpack package
+    raised (its errors have no common base: an unhashable key is its
+    TypeError)."""
+    try:
+        return msgpack.unpackb(b, raw=False, strict_map_key=False, use_list=True)
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise DecodeError(f"msgpack: {e}") from None

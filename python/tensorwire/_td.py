@@ -284,32 +284,77 @@ def _set_refs(arrays, root):
     return True
 
 
+def _entries(w):
+    """The entries of a wire TD received from a peer, each checked to be
+    one this side can build (the entry, its key and kind; a tensor's dtype
+    and shape; data's bytes), as (key list, entry dict); InternalError
+    naming what is wrong otherwise. A peer that sends anything else is not
+    speaking the protocol: nothing it sent is used."""
+    if not isinstance(w, dict):
+        raise InternalError(f"TD: a {type(w).__name__}, not a map")
+    entries = w.get("entries")
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise InternalError(f"TD entries: a {type(entries).__name__}, not a list")
+    out = []
+    for e in entries:
+        if not isinstance(e, dict):
+            raise InternalError(f"TD entry: a {type(e).__name__}, not a map")
+        key = e.get("key")
+        if not isinstance(key, list) or not key or not all(isinstance(k, (str, bytes)) for k in key):
+            raise InternalError(f"TD entry with key {key!r}: want a non-empty list of strings")
+        try:
+            key = [k if isinstance(k, str) else k.decode() for k in key]
+        except UnicodeDecodeError:
+            raise InternalError(f"TD entry with key {key!r}: not UTF-8") from None
+        kind = e.get("kind")
+        if kind == "tensor":
+            numpy_dtype_of(e.get("dtype"), key)
+            shape = e.get("shape")
+            if shape is None:
+                shape = e["shape"] = []
+            if (not isinstance(shape, list)
+                    or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+                raise InternalError(f"TD {key}: shape {shape!r}")
+        elif kind == "data":
+            if not isinstance(e.get("data"), (bytes, str, type(None))):
+                raise InternalError(f"TD {key}: non-tensor data of type {type(e.get('data')).__name__}")
+        elif kind != "dict":
+            raise InternalError(f"TD {key}: unknown entry kind {kind!r}")
+        out.append((key, e))
+    return out
+
+
+def numpy_dtype_of(name, key):
+    """numpy_dtype for a received TD's entry at key: InternalError (the
+    peer's fault) for a name that is not a dtype's."""
+    try:
+        return numpy_dtype(name)
+    except InvalidArgumentError:
+        raise InternalError(f"TD {key}: dtype {name!r} is not a tensordict dtype name") from None
+
+
 def wire_bytes(w):
-    """The body bytes a wire TD's bytes-mode tensors take; InternalError for
-    a description no tensor can have."""
+    """The body bytes a received wire TD's bytes-mode tensors take;
+    InternalError for a description no TensorDict can have (_entries)."""
     n = 0
-    for e in w.get("entries") or ():
+    for _, e in _entries(w):
         if e.get("kind") != "tensor" or e.get("ref") is not None:
             continue
-        dt = numpy_dtype(e.get("dtype"))
-        shape = e.get("shape") or []
-        if any(not isinstance(d, int) or d < 0 for d in shape):
-            raise InternalError(f"TD {e.get('key')}: shape {shape}")
-        n += math.prod(shape) * dt.itemsize
+        n += math.prod(e["shape"]) * numpy_dtype(e["dtype"]).itemsize
     return n
 
 
 def build(w, read_into):
     """The dict of a wire TD received by bytes: each tensor is allocated and
-    filled by read_into(memoryview), in entry order."""
+    filled by read_into(memoryview), in entry order. The caller has checked
+    that the body holds wire_bytes(w) bytes."""
     if w is None:
         return None
     td = {}
-    for e in w.get("entries") or ():
-        key = [k if isinstance(k, str) else k.decode() for k in e.get("key") or ()]
-        if not key:
-            raise InternalError("TD entry without a key")
-        kind = e.get("kind")
+    for key, e in _entries(w):
+        kind = e["kind"]
         if kind == "dict":
             set_path(td, key, {})
         elif kind == "tensor":
@@ -319,11 +364,9 @@ def build(w, read_into):
             if a.nbytes:
                 read_into(memoryview(a.reshape(-1).view(np.uint8)))
             set_path(td, key, marked(a, e["dtype"]))
-        elif kind == "data":
+        else:
             try:
                 set_path(td, key, NonTensorData(json.loads(e.get("data") or b"null")))
-            except ValueError as err:
+            except (ValueError, RecursionError) as err:
                 raise InternalError(f"TD {key}: non-tensor data: {err}") from None
-        else:
-            raise InternalError(f"TD {key}: unknown entry kind {kind!r}")
     return td

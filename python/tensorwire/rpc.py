@@ -495,24 +495,19 @@ class Pending:
             raw = st.read_exact(r.arg_len, d)
             try:
                 value = _msgpack.unpackb(raw) if raw else None
-            except Exception as e:
-                st_left = r.body_len
-                _skip(st, st_left, d)
+                if r.raw_len:
+                    raise InternalError("the node sent an lz4-compressed body; this client asks "
+                                        "for uncompressed ones and does not decode lz4")
+                wires = [td for td in self._tds if td.comes_back()]
+                rtds = _result_tds(value, self._result_tds)
+                need = sum(wire_bytes(td.wire) for td in wires) + sum(wire_bytes(w) for _, _, w in rtds)
+                if need != r.body_len:
+                    raise InternalError(f"the TensorDicts need {need} body bytes, the body has {r.body_len}")
+            except (_msgpack.DecodeError, InternalError) as e:
+                # The body is skipped whole: the stream stays in step.
+                _skip(st, r.body_len, d)
                 ok = True
                 raise InternalError(f"{self.method}: response: {e}") from None
-            if r.raw_len:
-                _skip(st, r.body_len, d)
-                ok = True
-                raise InternalError(f"{self.method}: the node sent an lz4-compressed body; this client asks "
-                                    "for uncompressed ones and does not decode lz4")
-            wires = [td for td in self._tds if td.comes_back()]
-            rtds = _result_tds(value, self._result_tds)
-            need = sum(wire_bytes(td.wire) for td in wires) + sum(wire_bytes(w) for _, _, w in rtds)
-            if need != r.body_len:
-                _skip(st, r.body_len, d)
-                ok = True
-                raise InternalError(f"{self.method}: response: the TensorDicts need {need} body bytes, "
-                                    f"the body has {r.body_len}")
 
             def fill(mv):
                 st.read_into(mv, d)
@@ -600,15 +595,19 @@ class MessageStream:
             self._ended = StreamEnd(self.method) if r.code == 0 else r.error()
             raise self._ended
         raw = st.read_exact(r.arg_len, d)
-        value = _msgpack.unpackb(raw) if raw else None
-        if r.raw_len:
+        try:
+            value = _msgpack.unpackb(raw) if raw else None
+            if r.raw_len:
+                raise InternalError("an lz4-compressed message; this client asks for uncompressed ones")
+            rtds = _result_tds(value, self._result_tds)
+            need = sum(wire_bytes(w) for _, _, w in rtds)
+            if need != r.body_len:
+                raise InternalError(f"a message's TensorDicts need {need} body bytes, the body has {r.body_len}")
+        except (_msgpack.DecodeError, InternalError) as e:
+            # The message's body is skipped whole: the next recv reads the
+            # next frame.
             _skip(st, r.body_len, d)
-            raise InternalError(f"{self.method}: an lz4-compressed message; this client asks for uncompressed ones")
-        rtds = _result_tds(value, self._result_tds)
-        need = sum(wire_bytes(w) for _, _, w in rtds)
-        if need != r.body_len:
-            _skip(st, r.body_len, d)
-            raise InternalError(f"{self.method}: a message's TensorDicts need {need} body bytes, the body has {r.body_len}")
+            raise InternalError(f"{self.method}: {e}") from None
         for parent, k, w in rtds:
             parent[k] = build(w, lambda mv: st.read_into(mv, d))
         return value

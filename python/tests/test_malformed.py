@@ -1,0 +1,333 @@
+"""What a node sends that is not the protocol: the client's decoders raise
+its own errors (InternalError for a response it cannot use, ProtocolError
+inside the handshake and framing, DecodeError from msgpack), never
+KeyError, TypeError or AttributeError from their insides, and a bad
+response leaves the connection in step for the next call.
+
+The decoders are fuzzed here as Go's are (rpc/fuzz_test.go), with seeded
+mutations so that a failure repeats: bytes changed, cut and inserted in
+valid messages, and values of a valid response replaced by others of any
+type. A node that lies is played by a socket server speaking protocol
+version 3 and yamux (docs/protocol.md)."""
+
+import copy
+import os
+import random
+import socket
+import struct
+import threading
+import unittest
+
+import numpy as np
+
+import tensorwire
+from tensorwire import _msgpack, _wire
+from tensorwire._td import TD, NonTensorData, build, wire_bytes
+from tensorwire.errors import InternalError, TensorwireError
+from tensorwire.rpc import _result_tds
+
+CASES = 3000  # per fuzzed decoder: about a second in all
+
+
+def mutate(rng, b):
+    """b with 1 to 4 random edits: a byte set or flipped, a cut, an insert."""
+    b = bytearray(b)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.random()
+        if op < 0.35 and b:
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        elif op < 0.5 and b:
+            del b[rng.randrange(len(b)):]
+        elif op < 0.7:
+            i = rng.randrange(len(b) + 1)
+            b[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        elif op < 0.85 and b:
+            i = rng.randrange(len(b))
+            del b[i:rng.randrange(i, len(b) + 1)]
+        elif b:
+            b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+    return bytes(b)
+
+
+def valid_response():
+    """A response's value with a TensorDict at "td" (nested, non-tensor data
+    too) and its body, as a node sends them by bytes."""
+    t = TD({"obs": np.arange(6, dtype=np.float32).reshape(2, 3), "x": {"y": np.ones(2, np.int64)},
+            "meta": NonTensorData({"a": [1, 2]})})
+    t.prepare(None)
+    return {"td": t.wire, "n": 3}, b"".join(p.tobytes() for p in t.parts)
+
+
+def decode_response(raw, body):
+    """What Pending._read does with a response's argument and body bytes."""
+    value = _msgpack.unpackb(raw)
+    rtds = _result_tds(value, ["td"])
+    need = sum(wire_bytes(w) for _, _, w in rtds)
+    if need != len(body):
+        raise InternalError(f"the TensorDicts need {need} body bytes, the body has {len(body)}")
+    pos = 0
+
+    def fill(mv):
+        nonlocal pos
+        mv[:] = body[pos:pos + len(mv)]
+        pos += len(mv)
+
+    for parent, k, w in rtds:
+        parent[k] = build(w, fill)
+    return value
+
+
+# Values a peer might put anywhere: every msgpack kind, names the decoder
+# knows, and JSON nested deeper than Python's recursion limit.
+JUNK = [None, True, 0, -1, 1 << 62, -(1 << 63), 2.5, "", "x", b"\xff\xfe", [], [1, -2], [True], {}, {"a": 1},
+        ["a"], "torch.float32", "torch.nope", "tensor", "data", "dict", [[1]], [1 << 40, 1 << 40],
+        b"[" * 100000, b"{\"a\":", "\ud7ff"]
+
+
+def paths(v, path=()):
+    yield path
+    if isinstance(v, dict):
+        for k in v:
+            yield from paths(v[k], path + (k,))
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            yield from paths(x, path + (i,))
+
+
+def replaced(v, path, x):
+    if not path:
+        return x
+    c = v
+    for k in path[:-1]:
+        c = c[k]
+    c[path[-1]] = x
+    return v
+
+
+class TestDecoders(unittest.TestCase):
+    def assertOnly(self, errors, fn, arg):
+        try:
+            fn(arg)
+        except errors:
+            pass
+        except Exception as e:  # noqa: BLE001 - the point of the test
+            self.fail(f"{fn.__name__}({arg!r:.300}) raised {type(e).__name__}: {e}")
+
+    def test_response_values_replaced(self):
+        """A response's value with 1 to 3 of its parts replaced by junk:
+        decoded, or InternalError / DecodeError."""
+        rng = random.Random(1)
+        value, body = valid_response()
+        where = list(paths(value))
+        for _ in range(CASES):
+            v = copy.deepcopy(value)
+            try:
+                for _ in range(rng.randint(1, 3)):
+                    v = replaced(v, rng.choice(where), copy.deepcopy(rng.choice(JUNK)))
+                raw = _msgpack.packb(v)
+            except (KeyError, IndexError, TypeError):
+                continue  # a path under a part replaced already, made a key of another type
+            self.assertOnly((TensorwireError, _msgpack.DecodeError), lambda r: decode_response(r, body), raw)
+
+    def test_response_bytes_mutated(self):
+        rng = random.Random(2)
+        value, body = valid_response()
+        raw = _msgpack.packb(value)
+        for _ in range(CASES):
+            self.assertOnly((TensorwireError, _msgpack.DecodeError), lambda r: decode_response(r, body),
+                            mutate(rng, raw))
+
+    def test_cases_found(self):
+        """The cases the fuzzing found, each with the error it gets now."""
+        cases = [
+            ({"entries": "junk"}, "TD entries: a str"),
+            ({"entries": [7]}, "TD entry: a int"),
+            ({"entries": [{"key": 5, "kind": "tensor"}]}, "key 5"),
+            ({"entries": [{"key": [], "kind": "dict"}]}, "key []"),
+            ({"entries": [{"key": ["a"], "kind": "tensor", "dtype": "torch.float32", "shape": 4}]}, "shape 4"),
+            ({"entries": [{"key": ["a"], "kind": "tensor", "dtype": "torch.float32", "shape": [-1]}]}, "shape [-1]"),
+            ({"entries": [{"key": ["a"], "kind": "tensor", "dtype": "torch.float32", "shape": [True]}]},
+             "shape [True]"),
+            ({"entries": [{"key": ["a"], "kind": "tensor", "dtype": 3, "shape": [1]}]}, "dtype 3"),
+            ({"entries": [{"key": ["a"], "kind": "data", "data": 7}]}, "non-tensor data of type int"),
+            ({"entries": [{"key": ["a"], "kind": "data", "data": b"[" * 100000}]}, "non-tensor data"),
+            ({"entries": [{"key": ["a"], "kind": "set"}]}, "unknown entry kind"),
+            ({"entries": [{"key": ["a"], "kind": "data", "data": b"1"},
+                          {"key": ["a", "b"], "kind": "dict"}]}, "is not a dict"),
+        ]
+        for w, want in cases:
+            with self.subTest(w=w):
+                with self.assertRaises(InternalError) as cm:
+                    decode_response(_msgpack.packb({"td": w}), b"")
+                self.assertIn(want, str(cm.exception))
+        with self.assertRaises(_msgpack.DecodeError):  # a map as a map's key: msgpack's TypeError
+            _msgpack.unpackb(b"\x81\x80\x01")
+        with self.assertRaises(_msgpack.DecodeError):
+            _msgpack.unpackb(b"\x01\x02")
+        # A tensor without a shape is a scalar, as Go writes a nil shape.
+        got = decode_response(_msgpack.packb({"td": {"entries": [
+            {"key": ["s"], "kind": "tensor", "dtype": "torch.int32"}]}}), struct.pack("<i", 7))
+        self.assertEqual(got["td"]["s"].shape, ())
+        self.assertEqual(int(got["td"]["s"]), 7)
+
+    def test_headers_and_handshake(self):
+        """The framing's parsers: ProtocolError for anything not valid."""
+        rng = random.Random(3)
+        headers = [_wire.response_header(0, "", "", 10, 20)[4:], _wire.response_header(5, "no", "r")[4:],
+                   _wire.stream_end_header(3, "m", "r")[4:], _wire.stream_message_header(3, 4)[4:]]
+        hello = _wire.hello(0, os.urandom(32), os.urandom(16))
+        session = bytes(40)
+        where = _wire.server_where(os.urandom(16), 1, 2, os.urandom(16))
+        for fn, seeds in ((_wire.parse_response_header, headers), (_wire.parse_stream_header, headers),
+                          (_wire.parse_hello, [hello]), (_wire.parse_session, [session]),
+                          (_wire.parse_server_where, [where])):
+            for _ in range(CASES // 3):
+                self.assertOnly(_wire.ProtocolError, fn, mutate(rng, rng.choice(seeds)))
+
+
+class LyingNode:
+    """A node that answers every call with the next of its scripted
+    responses (argument bytes, body bytes), and a message stream with all
+    of its scripted messages and an end, in protocol version 3 without a
+    token: the handshake, yamux, and the calls' frames on the client's
+    streams, which it reuses. It refuses version 4 hellos, as a version 3
+    node does."""
+
+    def __init__(self, responses, messages=()):
+        self.responses = list(responses)
+        self.messages = list(messages)  # a message stream's, then its end
+        self.ls = socket.socket()
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(8)
+        self.addr = "127.0.0.1:%d" % self.ls.getsockname()[1]
+        self.conns = []
+        self.fsid = os.urandom(16)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def close(self):
+        self.ls.close()
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    def _serve(self):
+        while True:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._conn, args=(c,), daemon=True).start()
+
+    @staticmethod
+    def _read(c, n):
+        b = b""
+        while len(b) < n:
+            k = c.recv(n - len(b))
+            if not k:
+                raise EOFError
+            b += k
+        return b
+
+    def _conn(self, c):
+        try:
+            h = self._read(c, 64)
+            if h[4] > 3:
+                c.sendall(_wire.hello(0, os.urandom(32), self.fsid, 3) + _wire.status(9, "unsupported version"))
+                c.close()
+                return
+            c.sendall(_wire.hello(0, os.urandom(32), self.fsid, h[4]) + _wire.status(0) + bytes(40))
+            pending = {}  # stream id: bytes of requests so far
+            while True:
+                _, typ, flags, sid, length = struct.unpack(">BBHII", self._read(c, 12))
+                if typ == 2:  # ping
+                    if flags & 1:
+                        c.sendall(struct.pack(">BBHII", 0, 2, 2, 0, length))
+                    continue
+                if typ != 0 or not length:
+                    continue
+                buf = pending.get(sid, b"") + self._read(c, length)
+                while len(buf) >= 4:
+                    (n,) = struct.unpack(">I", buf[:4])
+                    if len(buf) < 4 + n:
+                        break
+                    hdr = _wire.parse_request_header(buf[4:4 + n])
+                    end = 4 + n + hdr.get("arg_len", 0) + hdr.get("body_len", 0)
+                    if len(buf) < end:
+                        break
+                    buf = buf[end:]
+                    if hdr.get("stream"):
+                        out = b"".join(_wire.stream_message_header(len(arg), len(body)) + arg + body
+                                       for arg, body in self.messages) + _wire.stream_end_header(0)
+                        self.messages = []
+                    else:
+                        arg, body = self.responses.pop(0)
+                        out = _wire.response_header(0, "", "", len(arg), len(body)) + arg + body
+                    c.sendall(struct.pack(">BBHII", 0, 0, 2, sid, len(out)) + out)
+                pending[sid] = buf
+        except (EOFError, OSError):
+            return
+
+
+class TestLyingNode(unittest.TestCase):
+    def test_bad_responses_then_a_good_one(self):
+        """Each bad response is the call's InternalError; the stream stays in
+        step (its body skipped), so the next call on the same connection
+        gets its own response."""
+        value, body = valid_response()
+        good = (_msgpack.packb(value), body)
+        bad = [
+            (_msgpack.packb({"td": {"entries": "junk"}}), b"12345678"),
+            (_msgpack.packb({"td": {"entries": [{"key": ["a"], "kind": "tensor", "dtype": "torch.int8",
+                                                 "shape": [3]}]}}), b"1234"),  # 3 bytes described, 4 sent
+            (b"\x81\x80\x01", b"abc"),  # not msgpack a dict can hold
+            (b"\xc1", b""),  # not msgpack at all
+        ]
+        node = LyingNode([x for b in bad for x in (b, good)])
+        try:
+            with tensorwire.Client(node.addr, timeout=10) as c:
+                for arg, _ in bad:
+                    with self.assertRaises(InternalError) as cm:
+                        c.call("liar.get", {}, timeout=10, result_tds=("td",))
+                    self.assertIn("liar.get: response", str(cm.exception))
+                    got = c.call("liar.get", {}, timeout=10, result_tds=("td",))
+                    np.testing.assert_array_equal(got["td"]["obs"], np.arange(6, dtype=np.float32).reshape(2, 3))
+                    np.testing.assert_array_equal(got["td"]["x"]["y"], np.ones(2, np.int64))
+                    self.assertEqual(got["td"]["meta"], NonTensorData({"a": [1, 2]}))
+                    self.assertEqual(got["n"], 3)
+            self.assertEqual(node.responses, [])
+        finally:
+            node.close()
+
+    def test_bad_message_in_a_stream(self):
+        """A message the client cannot decode is that recv's InternalError;
+        the stream goes on with the next message, and to its end."""
+        value, body = valid_response()
+        good = (_msgpack.packb(value), body)
+        bad = [(_msgpack.packb({"td": {"entries": [{"key": ["a"], "kind": "tensor", "dtype": "torch.nope",
+                                                    "shape": [2]}]}}), b"12345678"),
+               (b"\x81\x80\x01", b"abc")]
+        node = LyingNode([], [good, bad[0], good, bad[1], good])
+        try:
+            with tensorwire.Client(node.addr, timeout=10) as c:
+                ms = c.open_stream("liar.watch", {}, timeout=10, result_tds=("td",))
+                for want_good in (True, False, True, False, True):
+                    if want_good:
+                        got = ms.recv()
+                        np.testing.assert_array_equal(got["td"]["x"]["y"], np.ones(2, np.int64))
+                    else:
+                        with self.assertRaises(InternalError) as cm:
+                            ms.recv()
+                        self.assertIn("liar.watch", str(cm.exception))
+                with self.assertRaises(tensorwire.rpc.StreamEnd):
+                    ms.recv()
+                ms.close()
+        finally:
+            node.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
