@@ -371,6 +371,7 @@ class Consumer:
         shared = bool(c.root) and not self._bytes_mode and _FENCE_OK and self._sharing == Sharing.COHERENT
         info = c.call("loader.join", {"name": self.name, "batch": self.batch_size, "bytes": not shared},
                       timeout=self._timeout)
+        _check_join(info, self.batch_size)
         prefix = info.get("prefix") or ""
         bytes_mode = not shared or not prefix or prefix.startswith("/") or ".." in prefix.split("/")
         ring = None
@@ -764,17 +765,21 @@ class Consumer:
             except _errors.TensorwireError as e:
                 s.err = e
                 raise
-            a = m["batch"]
+            a = m.get("batch") if isinstance(m, dict) else None
+            if not isinstance(a, dict) or not all(_is_int(a.get(k)) for k in ("epoch", "index")):
+                raise _errors.InternalError(f"loader: waiting for batch {index} of epoch {epoch}, got {m!r:.200}")
             if (a["epoch"], a["index"]) < (epoch, index):
                 continue
             if (a["epoch"], a["index"]) != (epoch, index):
                 raise _errors.InternalError(f"loader: waiting for batch {index} of epoch {epoch}, "
                                             f"got {a['index']} of {a['epoch']}")
+            _check_announcement(s.info, a)
             rows = None
             if s.bytes:
                 rows = m.get("rows")
                 if rows is None:
                     raise _errors.InternalError(f"loader: batch {index} of epoch {epoch} came without its rows")
+                _check_rows(s.info, a, rows)
             return a, rows
 
     def _copy(self, s, dst, pos, a, rows, off, n):
@@ -890,6 +895,99 @@ def _flat(td, prefix=()):
             yield from _flat(v, prefix + (k,))
         else:
             yield prefix + (k,), v
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_INT64_MAX = (1 << 63) - 1
+_MAX_HEARTBEAT_MS = 1 << 40  # as Go's maxHeartbeatMS
+_STATE_PUBLISHED = 2  # a slot word's state (its low 2 bits): holds a whole batch, announced
+
+
+def _check_join(info, batch):
+    """Checks that the node's answer to join is one a producer gives a
+    consumer of batch rows a batch, as Go's checkJoin: a ring of 1 to 2^31
+    rows that holds a consumer batch, samples whose batches can be counted,
+    a first epoch of 0 or more, a heartbeat period that is not negative, and
+    a schema of rows (each field a key, a dtype name and a row shape).
+    InternalError otherwise: nothing of it is used."""
+    def bad(what):
+        return _errors.InternalError(f"loader: the node's answer to join is no producer's: {what}")
+
+    if not isinstance(info, dict):
+        raise bad(f"{info!r:.200}")
+    for k in ("slots", "batch", "samples", "epoch", "heartbeat_ms", "consumer"):
+        if not _is_int(info.get(k)):
+            raise bad(f"{k} {info.get(k)!r:.100}")
+    slots, rbatch, samples = info["slots"], info["batch"], info["samples"]
+    if not (1 <= slots <= 1 << 31 and 1 <= rbatch <= 1 << 31 and slots * rbatch <= 1 << 31):
+        raise bad(f"a ring of {slots} slots of {rbatch} rows")
+    if batch > slots * rbatch:
+        raise bad(f"a ring of {slots * rbatch} rows for a consumer of batch {batch}")
+    if not 1 <= samples <= _INT64_MAX - max(rbatch, batch):
+        raise bad(f"{samples} samples")
+    if not 0 <= info["epoch"] < _INT64_MAX:
+        raise bad(f"epoch {info['epoch']}")
+    if not 0 <= info["heartbeat_ms"] <= _MAX_HEARTBEAT_MS:
+        raise bad(f"a heartbeat of {info['heartbeat_ms']} ms")
+    if not isinstance(info.get("ring"), str) or not isinstance(info.get("prefix") or "", str) \
+            or not isinstance(info.get("layout") or "", str):
+        raise bad(f"ring {info.get('ring')!r:.100}, prefix {info.get('prefix')!r:.100}, "
+                  f"layout {info.get('layout')!r:.100}")
+    schema = info.get("schema")
+    if not isinstance(schema, list):
+        raise bad(f"schema {schema!r:.200}")
+    keys = set()
+    for f in schema:
+        key = f.get("key") if isinstance(f, dict) else None
+        shape = (f.get("shape") or []) if isinstance(f, dict) else None
+        if (not isinstance(key, list) or not key or not all(isinstance(k, str) for k in key)
+                or f.get("dtype") not in DTYPES or not isinstance(shape, list)
+                or not all(_is_int(d) and d >= 0 for d in shape) or tuple(key) in keys):
+            raise bad(f"schema field {f!r:.200}")
+        keys.add(tuple(key))
+
+
+def _check_announcement(info, a):
+    """Checks that a announces batch a["index"] of an epoch as the producer
+    the consumer joined does, as Go's checkAnnouncement: the epoch's count
+    of batches, the batch's rows, a slot of the ring and a published slot
+    word. InternalError otherwise (a slot out of range would index another
+    slot's rows)."""
+    count = -(-info["samples"] // info["batch"])
+    idx = a["index"]
+    rows = min(info["batch"], info["samples"] - idx * info["batch"]) if 0 <= idx < count else 0
+    slot, word = a.get("slot"), a.get("word")
+    if (a.get("count") != count or a.get("rows") != rows or not _is_int(slot) or not 0 <= slot < info["slots"]
+            or not _is_int(word) or word & 3 != _STATE_PUBLISHED):
+        raise _errors.InternalError(
+            f"loader: the node announced batch {idx} of epoch {a['epoch']} as {a!r:.200}; a producer of "
+            f"{info['samples']} samples in batches of {info['batch']}, with {info['slots']} slots, announces "
+            f"{count} batches, this one of {rows} rows, in a published slot")
+
+
+def _check_rows(info, a, rows):
+    """Checks that rows sent in bytes mode are the batch's, in the joined
+    schema: every field, its dtype, a["rows"] rows of its row shape, and no
+    other (Go's schema.Match). A batch copied from other rows would hold
+    what an earlier batch left in the fields it lacks."""
+    got = {key: arr for key, arr in _flat(rows)} if isinstance(rows, dict) else None
+    want = {tuple(f["key"]): f for f in info["schema"]}
+    ok = got is not None and set(got) == set(want)
+    if ok:
+        for key, f in want.items():
+            arr = got[key]
+            if (not isinstance(arr, np.ndarray) or arr.dtype != DTYPES[f["dtype"]]
+                    or arr.shape != (a["rows"],) + tuple(f.get("shape") or ())):
+                ok = False
+                break
+    if not ok:
+        have = None if got is None else {"/".join(k): (str(v.dtype), v.shape) for k, v in got.items()
+                                         if isinstance(v, np.ndarray)}
+        raise _errors.InternalError(f"loader: the rows of batch {a['index']} of epoch {a['epoch']} are not the "
+                                    f"joined schema's: {have!r:.300}")
 
 
 def _map_ring(path, info):

@@ -241,6 +241,7 @@ class LyingNode:
                 return
             c.sendall(_wire.hello(0, os.urandom(32), self.fsid, h[4]) + _wire.status(0) + bytes(40))
             pending = {}  # stream id: bytes of requests so far
+            streams = set()  # message streams' ids: what the client sends on them is read and dropped
             while True:
                 _, typ, flags, sid, length = struct.unpack(">BBHII", self._read(c, 12))
                 if typ == 2:  # ping
@@ -250,6 +251,8 @@ class LyingNode:
                 if typ != 0 or not length:
                     continue
                 buf = pending.get(sid, b"") + self._read(c, length)
+                if sid in streams:
+                    continue
                 while len(buf) >= 4:
                     (n,) = struct.unpack(">I", buf[:4])
                     if len(buf) < 4 + n:
@@ -263,8 +266,11 @@ class LyingNode:
                         out = b"".join(_wire.stream_message_header(len(arg), len(body)) + arg + body
                                        for arg, body in self.messages) + _wire.stream_end_header(0)
                         self.messages = []
+                        streams.add(sid)
+                        buf = b""
                     else:
-                        arg, body = self.responses.pop(0)
+                        # Calls past the script (a consumer's leave, say) get an empty map.
+                        arg, body = self.responses.pop(0) if self.responses else (b"\x80", b"")
                         out = _wire.response_header(0, "", "", len(arg), len(body)) + arg + body
                     c.sendall(struct.pack(">BBHII", 0, 0, 2, sid, len(out)) + out)
                 pending[sid] = buf
@@ -327,6 +333,73 @@ class TestLyingNode(unittest.TestCase):
                 ms.close()
         finally:
             node.close()
+
+
+def loader_join(**change):
+    """A producer's answer to join: 4 samples of float32 rows of 3 in
+    batches of 4, a ring of 2 slots."""
+    info = {"ring": "r1", "consumer": 1, "epoch": 0, "prefix": "", "samples": 4, "batch": 4, "slots": 2,
+            "heartbeat_ms": 5000, "schema": [{"key": ["x"], "dtype": "torch.float32", "shape": [3]}]}
+    info.update(change)
+    return _msgpack.packb(info), b""
+
+
+def loader_batch(data=None, **change):
+    """Batch 0 of epoch 0 announced, with its rows, data (bytes mode)."""
+    a = {"epoch": 0, "index": 0, "count": 1, "slot": 1, "word": 5 << 2 | 2, "rows": 4}
+    a.update(change)
+    t = TD(data if data is not None else {"x": np.arange(12, dtype=np.float32).reshape(4, 3)})
+    t.prepare(None)
+    return _msgpack.packb({"batch": a, "rows": t.wire}), b"".join(p.tobytes() for p in t.parts)
+
+
+class TestLyingLoaderNode(unittest.TestCase):
+    """A loader consumer (bytes mode) given a join answer, announcements or
+    rows no producer sends: InternalError naming what is wrong, never a
+    batch of other rows (as Go's TestConsumer_BadJoinResponse,
+    _BadAnnouncement and _BadRows)."""
+
+    def consume(self, join, batch=None):
+        node = LyingNode([join], [] if batch is None else [batch])
+        try:
+            with tensorwire.loader.Consumer(node.addr, "liar", 4, timeout=10, as_torch=False) as c:
+                return next(iter(c))
+        finally:
+            node.close()
+
+    def test_a_good_batch(self):
+        got = self.consume(loader_join(), loader_batch())
+        np.testing.assert_array_equal(got["x"], np.arange(12, dtype=np.float32).reshape(4, 3))
+
+    def test_bad_join(self):
+        for change, want in [({"slots": -3}, "a ring of -3 slots"), ({"slots": 1 << 40}, "slots of 4 rows"),
+                             ({"batch": 0}, "slots of 0 rows"), ({"slots": 1, "batch": 2}, "for a consumer of batch 4"),
+                             ({"samples": 0}, "0 samples"), ({"epoch": -1}, "epoch -1"),
+                             ({"heartbeat_ms": -5}, "heartbeat of -5"), ({"slots": "2"}, "slots '2'"),
+                             ({"schema": [{"key": ["x"], "dtype": "torch.nope"}]}, "schema field"),
+                             ({"schema": [{"key": ["x"], "dtype": "torch.int8", "shape": [-1]}]}, "schema field"),
+                             ({"schema": "x"}, "schema 'x'"), ({"ring": 7}, "ring 7")]:
+            with self.subTest(change=change):
+                with self.assertRaises(InternalError) as cm:
+                    self.consume(loader_join(**change))
+                self.assertIn(want, str(cm.exception))
+
+    def test_bad_announcement(self):
+        for change in [{"slot": -2}, {"slot": 2}, {"slot": 1 << 62}, {"count": 2}, {"rows": 3},
+                       {"word": 5 << 2 | 1}, {"word": "w"}]:
+            with self.subTest(change=change):
+                with self.assertRaises(InternalError) as cm:
+                    self.consume(loader_join(), loader_batch(**change))
+                self.assertIn("loader: the node announced batch 0 of epoch 0", str(cm.exception))
+
+    def test_bad_rows(self):
+        x = np.arange(12, dtype=np.float32).reshape(4, 3)
+        for rows in [{"y": x}, {"x": x, "y": x}, {"x": x[:, :1]}, {"x": x[:3]}, {"x": x.astype(np.float64)},
+                     {"x": {"z": x}}]:
+            with self.subTest(rows=list(rows)):
+                with self.assertRaises(InternalError) as cm:
+                    self.consume(loader_join(), loader_batch(rows))
+                self.assertIn("are not the joined schema's", str(cm.exception))
 
 
 if __name__ == "__main__":
