@@ -245,7 +245,8 @@ class Producer:
             st.close()
 
     def _serve(self, st, it, pending, shared):
-        att = self._recv(st)["attached"]
+        att = self._recv(st).get("attached")
+        _check_attached(att)
         self.attached += 1
         prefix = att.get("prefix") or ""
         leaves, dring = None, None
@@ -261,7 +262,10 @@ class Producer:
         B = self.batch_size
         cur, want = None, 0  # the epoch it iterates (None: a fresh iterator, for the next one), its next batch
         while True:
-            g = self._recv(st)["grant"]
+            g = self._recv(st).get("grant")
+            bad = _bad_grant(g, att["slots"], B)
+            if bad:
+                raise self._fail(st, _errors.InternalError(f"loader: the node granted {g!r:.200}: {bad}"))
             e, k = g["epoch"], g["index"]
             if cur is not None and e != cur:
                 # The node cut the epoch short (every consumer left it): a
@@ -426,6 +430,33 @@ class Producer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_attached(att):
+    """Checks the node's first message on the produce stream: a ring of 1 to
+    2^31 slots, its id and folder as strings. InternalError otherwise."""
+    if (not isinstance(att, dict) or not _is_int(att.get("slots")) or not 1 <= att["slots"] <= 1 << 31
+            or not isinstance(att.get("ring"), str) or not isinstance(att.get("prefix") or "", str)):
+        raise _errors.InternalError(f"loader: the node attached the producer as {att!r:.200}")
+
+
+def _bad_grant(g, slots, batch):
+    """What is wrong with a grant for a producer of batches of batch rows
+    into a ring of slots (a slot outside it would write over another
+    slot's batch, which its consumers may be reading), or ""."""
+    if not isinstance(g, dict) or not all(_is_int(g.get(k)) for k in ("epoch", "index", "count", "slot", "rows")):
+        return "not a grant"
+    if g["epoch"] < 0 or not 0 <= g["index"] < g["count"]:
+        return f"batch {g['index']} of {g['count']} in epoch {g['epoch']}"
+    if not 0 <= g["slot"] < slots:
+        return f"slot {g['slot']} of a ring of {slots}"
+    if not 1 <= g["rows"] <= batch:
+        return f"{g['rows']} rows for batches of {batch}"
+    return ""
 
 
 def _nest(flat):

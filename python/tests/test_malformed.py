@@ -402,5 +402,58 @@ class TestLyingLoaderNode(unittest.TestCase):
                 self.assertIn("are not the joined schema's", str(cm.exception))
 
 
+class TestLyingProducerNode(unittest.TestCase):
+    """A Python Producer (bytes mode) attached or granted what no node sends:
+    InternalError, told to the node, before a batch is written (by
+    reference a slot outside the ring would write over another slot's
+    batch)."""
+
+    def produce(self, attached, grant):
+        msgs = [(_msgpack.packb({"attached": attached}), b"")]
+        if grant is not None:
+            msgs.append((_msgpack.packb({"grant": grant}), b""))
+        node = LyingNode([], msgs)
+        try:
+            p = tensorwire.loader.Producer(node.addr, "liar", [{"x": np.zeros((4, 3), np.float32)}], samples=4,
+                                           reattach=False, timeout=10)
+            try:
+                p.run()
+            except Exception as e:  # noqa: BLE001 - returned for the test to judge
+                return p, e
+            finally:
+                p.close()
+            return p, None
+        finally:
+            node.close()
+
+    ATTACHED = {"ring": "r1", "prefix": "", "slots": 2, "epoch": 0}
+    GRANT = {"epoch": 0, "index": 0, "count": 1, "slot": 1, "rows": 4}
+
+    def test_a_good_grant(self):
+        p, err = self.produce(self.ATTACHED, self.GRANT)
+        self.assertEqual(p.published, 1)
+        # The script's end: the node ends the stream.
+        self.assertIsInstance(err, tensorwire.errors.UnavailableError)
+        self.assertIn("ended the producer's stream", str(err))
+
+    def test_bad_attachment(self):
+        for change in [{"slots": 0}, {"slots": -1}, {"slots": 1 << 40}, {"slots": "2"}, {"ring": 3}]:
+            with self.subTest(change=change):
+                p, err = self.produce({**self.ATTACHED, **change}, None)
+                self.assertIsInstance(err, InternalError)
+                self.assertIn("the node attached the producer as", str(err))
+
+    def test_bad_grant(self):
+        for change, want in [({"slot": -1}, "slot -1 of a ring of 2"), ({"slot": 2}, "slot 2 of a ring of 2"),
+                             ({"rows": 5}, "5 rows for batches of 4"), ({"rows": 0}, "0 rows"),
+                             ({"index": 1}, "batch 1 of 1"), ({"epoch": -1}, "epoch -1"),
+                             ({"slot": None}, "not a grant")]:
+            with self.subTest(change=change):
+                p, err = self.produce(self.ATTACHED, {**self.GRANT, **change})
+                self.assertIsInstance(err, InternalError)
+                self.assertIn(want, str(err))
+                self.assertEqual(p.published, 0)
+
+
 if __name__ == "__main__":
     unittest.main()
