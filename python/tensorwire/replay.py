@@ -136,8 +136,14 @@ class SampleInfo:
     @classmethod
     def _from_wire(cls, m):
         if not isinstance(m, dict):
-            raise _errors.InternalError(f"replay: the node sent sample info {m!r}")
-        return cls(m.get("indices") or [], m.get("ids") or [], m.get("weights") or [])
+            raise _errors.InternalError(f"replay: the node sent sample info {m!r:.200}")
+        try:
+            info = cls(m.get("indices") or [], m.get("ids") or [], m.get("weights") or [])
+        except (ValueError, TypeError, OverflowError) as e:  # not lists of numbers
+            raise _errors.InternalError(f"replay: the node sent sample info {m!r:.200}: {e}") from None
+        if info.indices.ndim != 1 or info.ids.ndim != 1 or info.weights.ndim != 1:
+            raise _errors.InternalError(f"replay: the node sent sample info {m!r:.200}")
+        return info
 
     def _wire(self):
         return {"indices": self.indices, "ids": self.ids, "weights": self.weights}

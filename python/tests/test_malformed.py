@@ -184,6 +184,18 @@ class TestDecoders(unittest.TestCase):
             for _ in range(CASES // 3):
                 self.assertOnly(_wire.ProtocolError, fn, mutate(rng, rng.choice(seeds)))
 
+    def test_sample_info(self):
+        """replay's picks from a node: lists of numbers, or InternalError
+        (they index this side's mapping after _check_info)."""
+        from tensorwire.replay import SampleInfo
+        good = SampleInfo._from_wire({"indices": [1, 2], "ids": [3, 4], "weights": [1.0, 0.5]})
+        self.assertEqual(good.indices.tolist(), [1, 2])
+        for m in [[1], {"indices": ["a"]}, {"indices": [[1, 2]]}, {"ids": [1 << 70]},
+                  {"weights": [{}]}, {"indices": [1.5e300]}]:
+            with self.subTest(m=m):
+                with self.assertRaises(InternalError):
+                    SampleInfo._from_wire(m)
+
 
 class LyingNode:
     """A node that answers every call with the next of its scripted
