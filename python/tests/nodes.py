@@ -11,6 +11,7 @@ import random
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -317,3 +318,103 @@ def run_python(code, *args, timeout=120):
     this tensorwire; returns the CompletedProcess."""
     return subprocess.run([sys.executable, "-c", code, *args], env=python_env(), capture_output=True,
                           timeout=timeout)
+
+
+class ScriptedNode:
+    """A node played from a script, in protocol version newest (2 or 3)
+    without a token: the handshake (a newer hello is refused, as
+    docs/protocol.md's "Versioning" says; from version 3 a session message
+    says there are no side connections), then yamux. It answers every call
+    with the next of its scripted responses (argument bytes, body bytes; an
+    empty map past the script), and a message stream with all of its
+    scripted messages and an end. hellos: the versions offered to it."""
+
+    def __init__(self, responses=(), messages=(), newest=3, fsid=None):
+        self.responses = list(responses)
+        self.messages = list(messages)  # a message stream's, then its end
+        self.newest = newest
+        self.hellos = []
+        self.ls = socket.socket()
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(8)
+        self.addr = "127.0.0.1:%d" % self.ls.getsockname()[1]
+        self.conns = []
+        self.fsid = fsid or os.urandom(16)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def close(self):
+        self.ls.close()
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    def _serve(self):
+        while True:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._conn, args=(c,), daemon=True).start()
+
+    @staticmethod
+    def _read(c, n):
+        b = b""
+        while len(b) < n:
+            k = c.recv(n - len(b))
+            if not k:
+                raise EOFError
+            b += k
+        return b
+
+    def _conn(self, c):
+        from tensorwire import _wire
+        try:
+            h = self._read(c, 64)
+            version = h[4]
+            self.hellos.append(version)
+            if version > self.newest:
+                c.sendall(_wire.hello(0, os.urandom(32), self.fsid, self.newest) + _wire.status(9, "unsupported version"))
+                c.close()
+                return
+            c.sendall(_wire.hello(0, os.urandom(32), self.fsid, version) + _wire.status(0)
+                      + (bytes(40) if version >= 3 else b""))
+            pending = {}  # stream id: bytes of requests so far
+            streams = set()  # message streams' ids: what the client sends on them is read and dropped
+            while True:
+                _, typ, flags, sid, length = struct.unpack(">BBHII", self._read(c, 12))
+                if typ == 2:  # ping
+                    if flags & 1:
+                        c.sendall(struct.pack(">BBHII", 0, 2, 2, 0, length))
+                    continue
+                if typ != 0 or not length:
+                    continue
+                buf = pending.get(sid, b"") + self._read(c, length)
+                if sid in streams:
+                    continue
+                while len(buf) >= 4:
+                    (n,) = struct.unpack(">I", buf[:4])
+                    if len(buf) < 4 + n:
+                        break
+                    hdr = _wire.parse_request_header(buf[4:4 + n])
+                    end = 4 + n + hdr.get("arg_len", 0) + hdr.get("body_len", 0)
+                    if len(buf) < end:
+                        break
+                    buf = buf[end:]
+                    if hdr.get("stream"):
+                        out = b"".join(_wire.stream_message_header(len(arg), len(body)) + arg + body
+                                       for arg, body in self.messages) + _wire.stream_end_header(0)
+                        self.messages = []
+                        streams.add(sid)
+                        buf = b""
+                    else:
+                        # Calls past the script (a consumer's leave, say) get an empty map.
+                        arg, body = self.responses.pop(0) if self.responses else (b"\x80", b"")
+                        out = _wire.response_header(0, "", "", len(arg), len(body)) + arg + body
+                    c.sendall(struct.pack(">BBHII", 0, 0, 2, sid, len(out)) + out)
+                pending[sid] = buf
+        except (EOFError, OSError):
+            return

@@ -7,15 +7,13 @@ response leaves the connection in step for the next call.
 The decoders are fuzzed here as Go's are (rpc/fuzz_test.go), with seeded
 mutations so that a failure repeats: bytes changed, cut and inserted in
 valid messages, and values of a valid response replaced by others of any
-type. A node that lies is played by a socket server speaking protocol
-version 3 and yamux (docs/protocol.md)."""
+type. A node that lies is played by nodes.ScriptedNode, a socket server
+speaking protocol version 3 and yamux (docs/protocol.md)."""
 
 import copy
 import os
 import random
-import socket
 import struct
-import threading
 import unittest
 
 import numpy as np
@@ -25,6 +23,8 @@ from tensorwire import _msgpack, _wire
 from tensorwire._td import TD, NonTensorData, build, wire_bytes
 from tensorwire.errors import InternalError, TensorwireError
 from tensorwire.rpc import _result_tds
+
+from nodes import ScriptedNode
 
 CASES = 3000  # per fuzzed decoder: about a second in all
 
@@ -197,100 +197,7 @@ class TestDecoders(unittest.TestCase):
                     SampleInfo._from_wire(m)
 
 
-class LyingNode:
-    """A node that answers every call with the next of its scripted
-    responses (argument bytes, body bytes), and a message stream with all
-    of its scripted messages and an end, in protocol version 3 without a
-    token: the handshake, yamux, and the calls' frames on the client's
-    streams, which it reuses. It refuses version 4 hellos, as a version 3
-    node does."""
-
-    def __init__(self, responses, messages=()):
-        self.responses = list(responses)
-        self.messages = list(messages)  # a message stream's, then its end
-        self.ls = socket.socket()
-        self.ls.bind(("127.0.0.1", 0))
-        self.ls.listen(8)
-        self.addr = "127.0.0.1:%d" % self.ls.getsockname()[1]
-        self.conns = []
-        self.fsid = os.urandom(16)
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def close(self):
-        self.ls.close()
-        for c in self.conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            c.close()
-
-    def _serve(self):
-        while True:
-            try:
-                c, _ = self.ls.accept()
-            except OSError:
-                return
-            self.conns.append(c)
-            threading.Thread(target=self._conn, args=(c,), daemon=True).start()
-
-    @staticmethod
-    def _read(c, n):
-        b = b""
-        while len(b) < n:
-            k = c.recv(n - len(b))
-            if not k:
-                raise EOFError
-            b += k
-        return b
-
-    def _conn(self, c):
-        try:
-            h = self._read(c, 64)
-            if h[4] > 3:
-                c.sendall(_wire.hello(0, os.urandom(32), self.fsid, 3) + _wire.status(9, "unsupported version"))
-                c.close()
-                return
-            c.sendall(_wire.hello(0, os.urandom(32), self.fsid, h[4]) + _wire.status(0) + bytes(40))
-            pending = {}  # stream id: bytes of requests so far
-            streams = set()  # message streams' ids: what the client sends on them is read and dropped
-            while True:
-                _, typ, flags, sid, length = struct.unpack(">BBHII", self._read(c, 12))
-                if typ == 2:  # ping
-                    if flags & 1:
-                        c.sendall(struct.pack(">BBHII", 0, 2, 2, 0, length))
-                    continue
-                if typ != 0 or not length:
-                    continue
-                buf = pending.get(sid, b"") + self._read(c, length)
-                if sid in streams:
-                    continue
-                while len(buf) >= 4:
-                    (n,) = struct.unpack(">I", buf[:4])
-                    if len(buf) < 4 + n:
-                        break
-                    hdr = _wire.parse_request_header(buf[4:4 + n])
-                    end = 4 + n + hdr.get("arg_len", 0) + hdr.get("body_len", 0)
-                    if len(buf) < end:
-                        break
-                    buf = buf[end:]
-                    if hdr.get("stream"):
-                        out = b"".join(_wire.stream_message_header(len(arg), len(body)) + arg + body
-                                       for arg, body in self.messages) + _wire.stream_end_header(0)
-                        self.messages = []
-                        streams.add(sid)
-                        buf = b""
-                    else:
-                        # Calls past the script (a consumer's leave, say) get an empty map.
-                        arg, body = self.responses.pop(0) if self.responses else (b"\x80", b"")
-                        out = _wire.response_header(0, "", "", len(arg), len(body)) + arg + body
-                    c.sendall(struct.pack(">BBHII", 0, 0, 2, sid, len(out)) + out)
-                pending[sid] = buf
-        except (EOFError, OSError):
-            return
-
-
-class TestLyingNode(unittest.TestCase):
+class TestScriptedNode(unittest.TestCase):
     def test_bad_responses_then_a_good_one(self):
         """Each bad response is the call's InternalError; the stream stays in
         step (its body skipped), so the next call on the same connection
@@ -304,7 +211,7 @@ class TestLyingNode(unittest.TestCase):
             (b"\x81\x80\x01", b"abc"),  # not msgpack a dict can hold
             (b"\xc1", b""),  # not msgpack at all
         ]
-        node = LyingNode([x for b in bad for x in (b, good)])
+        node = ScriptedNode([x for b in bad for x in (b, good)])
         try:
             with tensorwire.Client(node.addr, timeout=10) as c:
                 for arg, _ in bad:
@@ -328,7 +235,7 @@ class TestLyingNode(unittest.TestCase):
         bad = [(_msgpack.packb({"td": {"entries": [{"key": ["a"], "kind": "tensor", "dtype": "torch.nope",
                                                     "shape": [2]}]}}), b"12345678"),
                (b"\x81\x80\x01", b"abc")]
-        node = LyingNode([], [good, bad[0], good, bad[1], good])
+        node = ScriptedNode([], [good, bad[0], good, bad[1], good])
         try:
             with tensorwire.Client(node.addr, timeout=10) as c:
                 ms = c.open_stream("liar.watch", {}, timeout=10, result_tds=("td",))
@@ -372,7 +279,7 @@ class TestLyingLoaderNode(unittest.TestCase):
     _BadAnnouncement and _BadRows)."""
 
     def consume(self, join, batch=None):
-        node = LyingNode([join], [] if batch is None else [batch])
+        node = ScriptedNode([join], [] if batch is None else [batch])
         try:
             with tensorwire.loader.Consumer(node.addr, "liar", 4, timeout=10, as_torch=False) as c:
                 return next(iter(c))
@@ -424,7 +331,7 @@ class TestLyingProducerNode(unittest.TestCase):
         msgs = [(_msgpack.packb({"attached": attached}), b"")]
         if grant is not None:
             msgs.append((_msgpack.packb({"grant": grant}), b""))
-        node = LyingNode([], msgs)
+        node = ScriptedNode([], msgs)
         try:
             p = tensorwire.loader.Producer(node.addr, "liar", [{"x": np.zeros((4, 3), np.float32)}], samples=4,
                                            reattach=False, timeout=10)

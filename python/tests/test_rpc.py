@@ -14,7 +14,7 @@ import numpy as np
 
 import tensorwire
 
-from nodes import REPO, TOKEN, Node, binary, wait_until
+from nodes import REPO, TOKEN, Node, ScriptedNode, binary, wait_until
 
 GOLDEN = os.path.join(REPO, "tensordict", "testdata", "golden")
 
@@ -184,50 +184,6 @@ class TestSharing(unittest.TestCase):
         self.assertEqual([r.levelname for r in cm.records], ["DEBUG"])
 
 
-class OldNode:
-    """A node that speaks protocol versions up to newest, as a test plays
-    one: it refuses newer hellos as docs/protocol.md's "Versioning" says,
-    accepts its own (without a token), sends a session message from version
-    3, and then holds the connection open. hellos: the versions offered."""
-
-    def __init__(self, newest, fsid):
-        import socket
-        self.newest, self.fsid = newest, fsid
-        self.hellos = []
-        self.ls = socket.socket()
-        self.ls.bind(("127.0.0.1", 0))
-        self.ls.listen(8)
-        self.addr = "127.0.0.1:%d" % self.ls.getsockname()[1]
-        self.conns = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        from tensorwire import _wire
-        while True:
-            try:
-                c, _ = self.ls.accept()
-            except OSError:
-                return
-            self.conns.append(c)
-            h = b""
-            while len(h) < 64:
-                h += c.recv(64 - len(h))
-            version = h[4]
-            self.hellos.append(version)
-            if version > self.newest:
-                c.sendall(_wire.hello(0, os.urandom(32), self.fsid, self.newest) + _wire.status(9, "unsupported version"))
-                c.close()
-                continue
-            c.sendall(_wire.hello(0, os.urandom(32), self.fsid, version) + _wire.status(0))
-            if version >= 3:
-                c.sendall(bytes(40))  # no side connections
-
-    def close(self):
-        self.ls.close()
-        for c in self.conns:
-            c.close()
-
-
 class TestOlderNodes(unittest.TestCase):
     """A node of version 3 or 2 gets a second dial in its version, without
     where messages: equal identities are taken as coherent, as those
@@ -239,7 +195,7 @@ class TestOlderNodes(unittest.TestCase):
             fsid = tensorwire._wire.read_fsid(root)
             for newest in (3, 2):
                 with self.subTest(newest=newest):
-                    old = OldNode(newest, fsid)
+                    old = ScriptedNode(newest=newest, fsid=fsid)
                     try:
                         with tensorwire.Client(old.addr, root=root) as c:
                             conn = c._connection(None)
