@@ -25,7 +25,7 @@ from unittest import mock
 
 import numpy as np
 
-from tensorwire import _msgpack, loader, rpc, serve, store
+from tensorwire import _msgpack, errors, loader, rpc, serve, store
 from tensorwire._td import build, wire_bytes
 
 from nodes import REPO
@@ -353,7 +353,14 @@ class TestGoldenLoader(unittest.TestCase):
         self.assertEqual((s.info["ring"], s.info["consumer"], s.info["prefix"], s.info["batch"], s.info["slots"],
                           s.info["heartbeat_ms"]),
                          ("0123456789abcdef0123456789abcdef", 3, "loaders/mnist", 256, 8, 5000))
-        a, rows = self.c._next(s, 2, 5)
+        # The bytes message's announcement is kept small (2 rows) and is not
+        # one the joined producer sends (batch 5 of batches of 256 has 256):
+        # the consumer refuses it (_check_announcement); its bytes decode so.
+        with self.assertRaises(errors.InternalError) as cm:
+            self.c._next(s, 2, 5)
+        self.assertIn("this one of 256 rows", str(cm.exception))
+        m = decode(g["loader.consume message, bytes"], ("rows",))
+        a, rows = m["batch"], m["rows"]
         self.assertEqual(a, {"epoch": 2, "index": 5, "count": 235, "slot": 5, "word": 1000 << 2 | 2, "rows": 2})
         self.assertEqual((set(rows), rows["images"].dtype, rows["images"].shape), ({"images"}, np.uint8, (2, 28, 28)))
         s.bytes = False  # by reference: the rows are in the ring
@@ -416,7 +423,7 @@ class TestGoldenProducer(unittest.TestCase):
                          {"error": "", "published": {"count": 1, "epoch": 2, "index": 0, "rows": 2, "slot": 5},
                           "rows": None})
         fake = Fake({"loader.join": g["loader.join response, a producer process's"], "loader.consume": []})
-        c = loader.Consumer(fake, "mnist", 64)
+        c = loader.Consumer(fake, "mnist", 2)  # its ring holds 16 rows
         try:
             out = c._out({("0",): np.zeros((2, 28, 28), np.uint8)}, 2)
             self.assertIsInstance(out, tuple)
