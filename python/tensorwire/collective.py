@@ -323,11 +323,25 @@ class _Sidecar:
         self._size = n
 
     def _read(self):
-        hdr = self._read_exactly(4)
-        n = _HDR.unpack(hdr)[0]
+        """The sidecar's next reply, a map. Anything else (too long, not
+        msgpack, not a map: another program as TENSORWIRE_BIN, say) leaves
+        the pipe out of step: the sidecar is stopped, this communicator
+        closed, and the call raises PeerLostError saying what came."""
+        n = _HDR.unpack(self._read_exactly(4))[0]
         if n > _MAX_FRAME:
-            raise SidecarError(f"a reply of {n} bytes from the sidecar")
-        return decode_frame(self._read_exactly(n))
+            why = f"a reply of {n} bytes"
+        else:
+            try:
+                m = decode_frame(self._read_exactly(n))
+            except _msgpack.DecodeError as e:
+                why = f"a reply that is not msgpack ({e})"
+            else:
+                if isinstance(m, dict):
+                    return m
+                why = f"a reply that is not a map ({m!r:.100})"
+        self._abandon()
+        raise PeerLostError(f"this rank's sidecar ({self._p.args[0]}, pid {self._p.pid}) sent {why}; it is "
+                            "stopped and this communicator closed")
 
     def _read_exactly(self, n):
         # One read takes a whole reply (header and body) when it has come.

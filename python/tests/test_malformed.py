@@ -374,5 +374,36 @@ class TestLyingProducerNode(unittest.TestCase):
                 self.assertEqual(p.published, 0)
 
 
+class TestLyingSidecar(unittest.TestCase):
+    """A "sidecar" that is another program (a TENSORWIRE_BIN of the wrong
+    kind, say) answering the join with what is not a frame: PeerLostError
+    saying what came, its process stopped, never a ValueError from msgpack
+    or a pipe left out of step."""
+
+    def test_not_a_frame(self):
+        import sys
+        import tempfile
+        import time
+        from tensorwire import collective
+        for reply, want in [(struct.pack(">I", 5) + b"\xc1" * 5, "not msgpack"),
+                            (struct.pack(">I", 1) + b"\x01", "not a map"),
+                            (struct.pack(">I", 1 << 24), "a reply of 16777216 bytes")]:
+            with self.subTest(want=want), tempfile.TemporaryDirectory() as d:
+                fake = os.path.join(d, "tensorwire")
+                with open(fake, "w") as f:
+                    f.write(f"#!{sys.executable}\nimport os, sys, time\n"
+                            "open(os.path.join(os.path.dirname(sys.argv[0]), 'pid'), 'w').write(str(os.getpid()))\n"
+                            f"os.write(1, {reply!r})\ntime.sleep(60)\n")
+                os.chmod(fake, 0o755)
+                t0 = time.monotonic()
+                with self.assertRaises(collective.PeerLostError) as cm:
+                    collective.join("127.0.0.1:1", 0, 1, binary=fake, timeout=30)
+                self.assertIn(want, str(cm.exception))
+                self.assertLess(time.monotonic() - t0, 20)  # not the fake's 60 s sleep
+                pid = int(open(os.path.join(d, "pid")).read())
+                with self.assertRaises(ProcessLookupError):  # stopped and reaped
+                    os.kill(pid, 0)
+
+
 if __name__ == "__main__":
     unittest.main()
