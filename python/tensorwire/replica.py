@@ -117,10 +117,14 @@ class Replica:
         self._dir = self._lock_fd = None
         self._in_mm = self._out_mm = None
         info = self._client.call("serve.info", {"name": name}, timeout=timeout)
+        if not isinstance(info, dict):
+            raise InternalError(f"serve: the node described the model as {info!r:.200}")
         self.info = info
         self._in = _serve._parse_schema(info.get("input"), "input")
         self._out = _serve._parse_schema(info.get("output"), "output")
-        self.max_batch = int(info.get("max_batch", 0))
+        self.max_batch = info.get("max_batch", 0)
+        if not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) or self.max_batch < 1:
+            raise InternalError(f"serve: the node says the model's max batch is {self.max_batch!r}")
         self._plain = plain if plain is not None else (len(self._in) == 1 and len(self._in[0][0]) == 1)
         self._plain_out = len(self._out) == 1
         self._ref = bool(self._client.root) and not bytes_mode and _serve.fcntl is not None and \
@@ -238,6 +242,10 @@ class Replica:
         try:
             while True:
                 msg = st.recv()
+                if not _is_request(msg):
+                    # Not a batch: the node is not speaking the protocol. The
+                    # stream is given up (run attaches again, or raises).
+                    raise InternalError(f"serve: the node sent {msg!r:.200} for a batch")
                 self._switch()
                 ans = self._run_batch(msg)
                 if not ans["error"]:
@@ -255,9 +263,9 @@ class Replica:
 
     def _run_batch(self, msg):
         torch = self._torch
-        bid = int(msg.get("batch", 0))
-        n = int(msg.get("n", 0))
-        row = int(msg.get("row") or 0)  # by reference: its rows in the folder are [row, row+n)
+        bid = msg.get("batch", 0)
+        n = msg.get("n", 0)
+        row = msg.get("row") or 0  # by reference: its rows in the folder are [row, row+n)
         if not 1 <= n <= self.max_batch:
             return _answer(bid, self.version, f"a batch of {n} rows; the max batch is {self.max_batch}")
         if self._ref and not (0 <= row and row + n <= self.window * self.max_batch):
@@ -434,6 +442,14 @@ def _request(name, prefix, window):
     """serve.replica's request: the model, the replica's folder under the
     root ("" for rows as bytes) and the batches it takes in flight."""
     return {"name": name, "prefix": prefix, "window": window}
+
+
+def _is_request(msg):
+    """Whether msg is a batch as the node sends one: a map whose batch, n and
+    row (absent or None: 0) are integers."""
+    return isinstance(msg, dict) and all(
+        isinstance(v, int) and not isinstance(v, bool)
+        for v in (msg.get("batch", 0), msg.get("n", 0), msg.get("row") or 0))
 
 
 def _answer(batch, version, error="", out=None):

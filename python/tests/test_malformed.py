@@ -405,5 +405,58 @@ class TestLyingSidecar(unittest.TestCase):
                     os.kill(pid, 0)
 
 
+def _have_torch():
+    try:
+        import torch  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+@unittest.skipUnless(_have_torch(), "needs torch (a replica runs a torch module)")
+class TestLyingReplicaNode(unittest.TestCase):
+    """A Python serve replica (bytes mode) given a model description or a
+    batch no node sends: InternalError (a bad batch: the stream given up,
+    as a detachment), never a ValueError from inside the replica."""
+
+    INFO = {"name": "m", "input": [{"key": ["x"], "dtype": "torch.float32", "shape": [2]}],
+            "output": [{"key": ["y"], "dtype": "torch.float32", "shape": [2]}], "max_batch": 4}
+
+    def replica(self, info, messages=()):
+        import torch
+        from tensorwire import replica as _replica
+        node = ScriptedNode([(_msgpack.packb(info), b"")],
+                            [m if isinstance(m, tuple) else (_msgpack.packb(m), b"") for m in messages])
+        try:
+            r = _replica.Replica(node.addr, "m", torch.nn.Identity(), reattach=False, timeout=10)
+            try:
+                r.run()
+            finally:
+                r.close()
+            return r
+        finally:
+            node.close()
+
+    def test_a_good_batch(self):
+        t = TD({"x": np.ones((1, 2), np.float32)})
+        t.prepare(None)
+        msg = (_msgpack.packb({"batch": 7, "n": 1, "row": None, "in": t.wire}), t.parts[0].tobytes())
+        r = self.replica(self.INFO, [msg])  # the script's end: the stream ends, run returns
+        self.assertEqual(r.batches, 1)
+
+    def test_bad_description(self):
+        for change in [{"max_batch": "4"}, {"max_batch": 0}, {"input": [{"key": "x"}]}]:
+            with self.subTest(change=change):
+                with self.assertRaises(InternalError):
+                    self.replica({**self.INFO, **change})
+
+    def test_bad_batch(self):
+        for msg in [{"batch": "7", "n": 1}, {"batch": 7, "n": 1.5}, {"batch": 7, "n": 1, "row": "0"}, [1, 2]]:
+            with self.subTest(msg=msg):
+                with self.assertRaises(InternalError) as cm:
+                    self.replica(self.INFO, [msg])
+                self.assertIn("for a batch", str(cm.exception))
+
+
 if __name__ == "__main__":
     unittest.main()
