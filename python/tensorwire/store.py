@@ -184,6 +184,15 @@ class Param:
         self.close()
 
 
+def _num(r, key, default=None):
+    """Field key of the node's answer r, an integer of 0 or more (default
+    when absent, if one is given); InternalError otherwise."""
+    v = r.get(key, default)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise _errors.InternalError(f"store: the node's answer has {key} {v!r:.100}")
+    return v
+
+
 class Store:
     """The store served as name by a node. node: "HOST:PORT" or a
     tensorwire.Client to share; token, root: as tensorwire.Client takes them.
@@ -255,7 +264,10 @@ class Store:
         wait = 0.02
         while True:
             try:
-                return self._client.call(method, arg, timeout=_left(deadline), result_tds=result_tds)
+                r = self._client.call(method, arg, timeout=_left(deadline), result_tds=result_tds)
+                if not isinstance(r, dict):
+                    raise _errors.InternalError(f"store: the node answered {method} with {r!r:.200}")
+                return r
             except ClientClosedError:
                 raise ClosedError("store: closed") from None
             except UnavailableError as e:
@@ -282,23 +294,27 @@ class Store:
         check_name(bin)
         r = self._call("store.put", {"store": self.name, "bin": bin, "value": self._value(td, batch_size),
                                      "req": self._req()}, _deadline(timeout))
-        return r["rev"]
+        return _num(r, "rev")
 
     def append(self, bin, td, batch_size=(), timeout=None):
         """Adds td to the bin as an item; returns the revision."""
         check_name(bin)
         r = self._call("store.append", {"store": self.name, "bin": bin, "value": self._value(td, batch_size),
                                         "req": self._req()}, _deadline(timeout))
-        return r["rev"]
+        return _num(r, "rev")
 
     def _items(self, msgs):
+        if msgs is not None and not isinstance(msgs, list):
+            raise _errors.InternalError(f"store: the node sent items {msgs!r:.200}")
         out = []
         for m in msgs or ():
+            if not isinstance(m, dict):
+                raise _errors.InternalError(f"store: the node sent the item {m!r:.200}")
             if m.get("td") is not None:
                 out.append(m["td"])
             elif m.get("path"):
                 path = m["path"]
-                if not path.startswith("values/") or "/" in path[len("values/"):]:
+                if not isinstance(path, str) or not path.startswith("values/") or "/" in path[len("values/"):]:
                     raise _errors.InternalError(f"store: the node sent the path {path!r}")
                 out.append(load_memmap(os.path.join(self._client.root, *self.info["dir"].split("/"), path)))
             else:
@@ -365,13 +381,16 @@ class Store:
     def list(self, timeout=None):
         """({bin: items}, revision): the bins that hold items."""
         r = self._call("store.list", {"store": self.name}, _deadline(timeout))
-        return dict(r.get("bins") or {}), r.get("rev", 0)
+        bins = r.get("bins") or {}
+        if not isinstance(bins, dict):
+            raise _errors.InternalError(f"store: the node listed the bins as {bins!r:.200}")
+        return dict(bins), _num(r, "rev", 0)
 
     def delete(self, bin, timeout=None):
         """Removes the bin; returns the revision."""
         check_name(bin)
-        return self._call("store.delete", {"store": self.name, "bin": bin, "req": self._req()},
-                          _deadline(timeout))["rev"]
+        return _num(self._call("store.delete", {"store": self.name, "bin": bin, "req": self._req()},
+                               _deadline(timeout)), "rev")
 
     def publish(self, name, td, batch_size=(), timeout=None):
         """Publishes td as the next version of parameter set name; returns the
@@ -379,7 +398,7 @@ class Store:
         check_name(name)
         r = self._call("store.publish", {"store": self.name, "name": name, "value": self._value(td, batch_size),
                                          "req": self._req()}, _deadline(timeout))
-        return r["version"]
+        return _num(r, "version")
 
     def latest(self, name, timeout=None):
         """The latest version of parameter set name (a Param); NotFoundError if
@@ -395,20 +414,24 @@ class Store:
         check_name(name)
         r = self._call("store.read", {"store": self.name, "name": name, "after": after, "wait": wait,
                                       "refs": self._ref}, _deadline(timeout), result_tds=("td",))
+        version = _num(r, "version")
         if r.get("td") is not None:
             # Bytes: the lease covered the response on its way; it has arrived.
-            p = Param(self, name, r["version"], r["td"], r.get("lease", 0))
+            p = Param(self, name, version, r["td"], _num(r, "lease", 0))
             p.close()
             return p
+        if not self._ref:
+            raise _errors.InternalError(f"store: the node sent {name} version {version} as a path to a client "
+                                        "that reads by bytes")
         path = r.get("path") or ""
-        if not path.startswith("values/"):
+        if not isinstance(path, str) or not path.startswith("values/") or "/" in path[len("values/"):]:
             raise _errors.InternalError(f"store: the node sent the path {path!r}")
         td = load_memmap(os.path.join(self._client.root, *self.info["dir"].split("/"), path))
-        p = Param(self, name, r["version"], td, r.get("lease", 0))
+        p = Param(self, name, version, td, _num(r, "lease", 0))
         with self._mu:
             self._params.add(p)
             if self._renewer is None:
-                self._renewer = threading.Thread(target=self._renew, args=(max(r.get("lease_ms", 10000), 300),),
+                self._renewer = threading.Thread(target=self._renew, args=(max(_num(r, "lease_ms", 10000), 300),),
                                                  name="tensorwire-store-leases", daemon=True)
                 self._renewer.start()
         return p

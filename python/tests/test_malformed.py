@@ -405,6 +405,39 @@ class TestLyingSidecar(unittest.TestCase):
                     os.kill(pid, 0)
 
 
+class TestLyingStoreNode(unittest.TestCase):
+    """A store client given answers no node sends: InternalError, never a
+    KeyError or AttributeError from inside it, and no file opened outside
+    the store's values."""
+
+    def call(self, answer, fn):
+        from tensorwire import store
+        node = ScriptedNode([(_msgpack.packb({"dir": "stores/s"}), b""), (_msgpack.packb(answer), b"")])
+        try:
+            with store.Store(node.addr, "s", timeout=10) as st:
+                return fn(st)
+        finally:
+            node.close()
+
+    def test_a_good_answer(self):
+        self.assertEqual(self.call({"rev": 3}, lambda st: st.put("b", {"x": np.ones(2)})), 3)
+
+    def test_bad_answers(self):
+        put = lambda st: st.put("b", {"x": np.ones(2)})  # noqa: E731
+        peek = lambda st: st.peek("b")  # noqa: E731
+        for answer, fn in [({"rev": "3"}, put), ({"rev": -1}, put), ({}, put), ([3], put), (7, put),
+                           ({"take": 0, "items": "x"}, peek), ({"take": 0, "items": [5]}, peek),
+                           ({"take": 0, "items": [{"path": "../../etc/passwd"}]}, peek),
+                           ({"take": 0, "items": [{"path": 5}]}, peek),
+                           ({"bins": [1, 2], "rev": 1}, lambda st: st.list()),
+                           ({"rev": None}, lambda st: st.delete("b")),
+                           ({"version": "1", "td": None, "path": "values/v1"}, lambda st: st.latest("p")),
+                           ({"version": 1, "td": None, "path": "values/v1"}, lambda st: st.latest("p"))]:
+            with self.subTest(answer=answer):
+                with self.assertRaises(InternalError):
+                    self.call(answer, fn)
+
+
 def _have_torch():
     try:
         import torch  # noqa: F401
