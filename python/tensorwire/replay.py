@@ -162,15 +162,24 @@ class _View:
     when the last user drops it."""
 
     def __init__(self, info, storage=None, slots=None):
+        if not isinstance(info, dict):
+            raise _errors.InternalError(f"replay: the node describes the buffer as {info!r:.200}")
         self.id = info.get("id", "")
         self.prefix = info.get("prefix", "")
-        self.capacity = int(info.get("capacity", 0))
-        self.schema = _parse_schema(info.get("schema"))
-        self.lease = (info.get("lease_ms") or 0) / 1000.0
+        self.capacity = info.get("capacity", 0)
+        lease_ms = info.get("lease_ms") or 0
         w = info.get("writer") or {}
+        self.sampler = info.get("sampler", "")
+        if (not isinstance(self.id, str) or not isinstance(self.prefix, str) or not isinstance(self.sampler, str)
+                or not _is_int(self.capacity) or self.capacity < 0
+                or not isinstance(lease_ms, (int, float)) or isinstance(lease_ms, bool) or not lease_ms >= 0
+                or not isinstance(w, dict) or not isinstance(w.get("kind") or "", str)
+                or not isinstance(w.get("key") or [], list)):
+            raise _errors.InternalError(f"replay: the node describes the buffer as {info!r:.300}")
+        self.schema = _parse_schema(info.get("schema"))
+        self.lease = lease_ms / 1000.0
         self.writer_kind = w.get("kind") or "round_robin"
         self.writer_key = tuple(w.get("key") or ())
-        self.sampler = info.get("sampler", "")
         self.storage = storage  # {path tuple: np.memmap [capacity, ...]}, ref mode
         self.slots = slots  # np.memmap uint64 [capacity, 4], ref mode
 
@@ -402,7 +411,10 @@ class Buffer:
         wait = 0.02
         while True:
             try:
-                return self._client.call(method, arg, timeout=_left(deadline), result_tds=result_tds)
+                r = self._client.call(method, arg, timeout=_left(deadline), result_tds=result_tds)
+                if not isinstance(r, dict):
+                    raise _errors.InternalError(f"replay: the node answered {method} with {r!r:.200}")
+                return r
             except ClientClosedError:
                 if self._closed:
                     raise ClosedError("replay: closed") from None
@@ -488,10 +500,12 @@ class Buffer:
     def _extend_once(self, req, batch, arrays, n, prios, deadline):
         sent = time.monotonic()
         r = self._call("replay.reserve", req, deadline)
-        slots = r.get("slots") or []
-        if len(slots) != n:
-            raise _errors.InternalError(f"replay: the node reserved {len(slots)} slots for {n} transitions")
-        commit = {"name": self.name, "rid": r["rid"], "slots": slots,
+        slots, rid = r.get("slots") or [], r.get("rid")
+        if not isinstance(slots, list) or len(slots) != n or not all(_is_int(x) and x >= -1 for x in slots):
+            raise _errors.InternalError(f"replay: the node reserved {slots!r:.200} for {n} transitions")
+        if not _is_int(rid):
+            raise _errors.InternalError(f"replay: the node's reservation has the id {rid!r:.100}")
+        commit = {"name": self.name, "rid": rid, "slots": slots,
                   "priorities": prios, "batch": None}
         if self._bytes:
             commit["batch"] = TD(batch, batch=[n])
@@ -946,6 +960,10 @@ def _map(prefix, view):
     except OSError as e:
         raise _errors.InternalError(f"replay: mapping the slot table: {e}") from None
     return out, slots
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _write_rows(view, slots, arrays):

@@ -438,6 +438,45 @@ class TestLyingStoreNode(unittest.TestCase):
                     self.call(answer, fn)
 
 
+class TestLyingReplayNode(unittest.TestCase):
+    """A replay client (bytes mode) given a description, a reservation or a
+    commit's answer no node sends: InternalError, and no row written."""
+
+    INFO = {"id": "b1", "prefix": "", "capacity": 8, "lease_ms": 5000, "sampler": "uniform",
+            "writer": {"kind": "round_robin"},
+            "schema": [{"key": ["x"], "dtype": "torch.float32", "shape": [2]}]}
+
+    def extend(self, info, *answers):
+        from tensorwire import replay
+        node = ScriptedNode([(_msgpack.packb(a), b"") for a in (info,) + answers])
+        try:
+            with replay.Buffer(node.addr, "b", timeout=10) as buf:
+                return buf.extend({"x": np.ones((2, 2), np.float32)}, timeout=10)
+        finally:
+            node.close()
+
+    def test_a_good_extend(self):
+        got = self.extend(self.INFO, {"id": "b1", "rid": 9, "slots": [3, 4]}, {"indices": [3, 4]})
+        self.assertEqual(got.tolist(), [3, 4])
+
+    def test_bad_description(self):
+        for change in [{"capacity": "8"}, {"capacity": -1}, {"writer": "top_k"}, {"lease_ms": "5"},
+                       {"id": 3}, {"schema": [{"key": ["x"], "dtype": "torch.nope"}]}]:
+            with self.subTest(change=change):
+                with self.assertRaises(InternalError):
+                    self.extend({**self.INFO, **change})
+        with self.assertRaises(InternalError):
+            self.extend([1, 2])
+
+    def test_bad_reservation(self):
+        for reserve in [{"id": "b1", "rid": "9", "slots": [3, 4]}, {"id": "b1", "rid": 9, "slots": "ab"},
+                        {"id": "b1", "rid": 9, "slots": [3]}, {"id": "b1", "rid": 9, "slots": [3, 1.5]},
+                        {"id": "b1", "rid": 9, "slots": [3, -3]}, [3, 4]]:
+            with self.subTest(reserve=reserve):
+                with self.assertRaises(InternalError):
+                    self.extend(self.INFO, reserve, {"indices": [3, 4]})
+
+
 def _have_torch():
     try:
         import torch  # noqa: F401
