@@ -293,7 +293,7 @@ class Client:
             self.info = info
             self._in = _parse_schema(info.get("input"), "input")
             self._out = _parse_schema(info.get("output"), "output")
-            self.max_batch = int(info.get("max_batch", 0))
+            self.max_batch = _uint(info, "max_batch")
             if not 1 <= self.max_batch <= MAX_ROWS:
                 raise InternalError(f"serve: the node says the model's max batch is {self.max_batch}")
             # The slots are rewritten in place: by reference only when the
@@ -313,7 +313,7 @@ class Client:
                 self._free = _Slots(slots)
                 self._make_slots()
                 self._register(0, deadline)
-                lease = (self._lease_ms or info.get("lease_ms") or 30000) / 1000.0
+                lease = (self._lease_ms or _uint(info, "lease_ms") or 30000) / 1000.0
                 self._renewer = threading.Thread(target=self._renew_every, args=(max(lease / 4, 0.05),),
                                                  name="tensorwire-serve-lease", daemon=True)
                 self._renewer.start()
@@ -543,7 +543,7 @@ class Client:
         """The outputs of req from its response."""
         if not isinstance(resp, dict):
             raise InternalError(f"serve: the node answered {resp!r}")
-        version = int(resp.get("version") or 0)
+        version = _uint(resp, "version")
         if self._ref:
             out = {}
             for (k, dt, _), mm in zip(self._out, self._out_mm):
@@ -875,10 +875,10 @@ class Client:
                 return
             r = self._call("serve.register", {"name": self.name, "prefix": self._rel, "slots": self.slots,
                                               "ring": False}, deadline)
-            cid = int(r.get("client") or 0)
+            cid = _uint(r, "client")
             if cid == 0:
                 raise InternalError("serve: the node registered the client as 0")
-            self._lease_ms = int(r.get("lease_ms") or 0)
+            self._lease_ms = _uint(r, "lease_ms")
             self._id = cid
             self.registrations += 1
 
@@ -904,7 +904,10 @@ class Client:
             if self._closed:
                 raise ClosedError("serve: closed")
             try:
-                return self._client.call(method, arg, timeout=_left(deadline))
+                r = self._client.call(method, arg, timeout=_left(deadline))
+                if not isinstance(r, dict):
+                    raise InternalError(f"serve: the node answered {method} with {r!r:.200}")
+                return r
             except ClientClosedError:
                 raise ClosedError("serve: closed") from None
             except UnavailableError as e:
@@ -915,6 +918,15 @@ class Client:
                     raise UnavailableError(f"{e.message}; gave up at the deadline, the node was unreachable") from None
                 time.sleep(wait)
                 wait = min(2 * wait, 1.0)
+
+
+def _uint(r, key):
+    """Field key of the node's answer r: an integer of 0 or more (0 when
+    absent or nil); InternalError otherwise."""
+    v = r.get(key) or 0
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise InternalError(f"serve: the node's answer has {key} {v!r:.100}")
+    return v
 
 
 def _fail(req, err):

@@ -477,6 +477,45 @@ class TestLyingReplayNode(unittest.TestCase):
                     self.extend(self.INFO, reserve, {"indices": [3, 4]})
 
 
+class TestLyingServeNode(unittest.TestCase):
+    """A serve client (bytes mode) given a model description or a prediction
+    no node sends: InternalError."""
+
+    INFO = {"name": "m", "input": [{"key": ["x"], "dtype": "torch.float32", "shape": [2]}],
+            "output": [{"key": ["y"], "dtype": "torch.float32", "shape": [2]}], "max_batch": 4}
+
+    def predict(self, info, answer=None):
+        from tensorwire import serve
+        answers = [(_msgpack.packb(info), b"")]
+        if answer is not None:
+            answers.append(answer)
+        node = ScriptedNode(answers)
+        try:
+            with serve.Client(node.addr, "m", timeout=10) as c:
+                return c.predict({"x": np.ones((1, 2), np.float32)}, timeout=10, return_version=True)
+        finally:
+            node.close()
+
+    @staticmethod
+    def answer(version):
+        t = TD({"y": np.full((1, 2), 3, np.float32)})
+        t.prepare(None)
+        return _msgpack.packb({"version": version, "out": t.wire}), t.parts[0].tobytes()
+
+    def test_a_good_prediction(self):
+        out, version = self.predict(self.INFO, self.answer(5))
+        self.assertEqual(version, 5)
+        np.testing.assert_array_equal(out["y"], np.full((1, 2), 3, np.float32))
+
+    def test_bad_answers(self):
+        for info, answer in [({**self.INFO, "max_batch": "4"}, None), ([1], None),
+                             (self.INFO, self.answer("5")), (self.INFO, self.answer(-1)),
+                             (self.INFO, (_msgpack.packb([1]), b""))]:
+            with self.subTest(info=info, answer=answer):
+                with self.assertRaises(InternalError):
+                    self.predict(info, answer)
+
+
 def _have_torch():
     try:
         import torch  # noqa: F401
