@@ -193,6 +193,18 @@ def _num(r, key, default=None):
     return v
 
 
+def _watch_message(m):
+    """The events and seen revision of a store.watch message; InternalError
+    for one no node sends."""
+    events = m.get("events") if isinstance(m, dict) else None
+    if not isinstance(m, dict) or not isinstance(events or [], list) or not all(
+            isinstance(e, dict) and isinstance(e.get("name", ""), str) for e in events or ()):
+        raise _errors.InternalError(f"store: the node sent the watch message {m!r:.200}")
+    evs = [Event(_num(e, "rev", 0), OPS.get(e.get("op"), e.get("op")), e.get("name", ""), _num(e, "items", 0),
+                 _num(e, "version", 0)) for e in events or ()]
+    return evs, _num(m, "seen", 0)
+
+
 class Store:
     """The store served as name by a node. node: "HOST:PORT" or a
     tensorwire.Client to share; token, root: as tensorwire.Client takes them.
@@ -525,12 +537,14 @@ class Watch:
             except BaseException:
                 self.close()
                 raise
-            for e in m.get("events") or ():
-                ev = Event(e.get("rev", 0), OPS.get(e.get("op"), e.get("op")), e.get("name", ""),
-                           e.get("items", 0), e.get("version", 0))
+            try:
+                evs, seen = _watch_message(m)
+            except _errors.InternalError:
+                self.close()
+                raise
+            for ev in evs:
                 self._queue.append(ev)
                 self.after = ev.rev
-            seen = m.get("seen", 0)
             if seen and (self.after == FROM_NOW or seen > self.after):
                 self.after = seen
         return self._queue.popleft()

@@ -422,6 +422,25 @@ class TestLyingStoreNode(unittest.TestCase):
     def test_a_good_answer(self):
         self.assertEqual(self.call({"rev": 3}, lambda st: st.put("b", {"x": np.ones(2)})), 3)
 
+    def watch(self, *messages):
+        from tensorwire import store
+        node = ScriptedNode([(_msgpack.packb({"dir": "stores/s"}), b"")],
+                            [(_msgpack.packb(m), b"") for m in messages])
+        try:
+            with store.Store(node.addr, "s", timeout=10) as st, st.watch(timeout=10) as w:
+                return [next(w) for _ in messages]
+        finally:
+            node.close()
+
+    def test_watch(self):
+        ev = {"rev": 4, "op": 1, "name": "b", "items": 1, "version": 0}
+        self.assertEqual([tuple(e) for e in self.watch({"events": [ev], "seen": 4})], [(4, "put", "b", 1, 0)])
+        for m in [{"events": [{**ev, "rev": "4"}]}, {"events": [{**ev, "name": 5}]}, {"events": "x"},
+                  {"events": [ev], "seen": -1}, {"events": [7]}, [ev]]:
+            with self.subTest(m=m):
+                with self.assertRaises(InternalError):
+                    self.watch(m)
+
     def test_bad_answers(self):
         put = lambda st: st.put("b", {"x": np.ones(2)})  # noqa: E731
         peek = lambda st: st.peek("b")  # noqa: E731
