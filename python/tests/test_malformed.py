@@ -197,7 +197,56 @@ class TestDecoders(unittest.TestCase):
                     SampleInfo._from_wire(m)
 
 
-class TestScriptedNode(unittest.TestCase):
+class TestDatasetMeta(unittest.TestCase):
+    """load_memmap of a folder whose meta.json files had 1 to 3 values
+    replaced by junk of any JSON type: loaded, or FormatError /
+    UnsupportedError naming the file (Go's FuzzLoadMemmap, as a seeded
+    mutation test; nothing escaped it when it was written)."""
+
+    META = {"a": {"device": "cpu", "shape": [2, 3], "dtype": "torch.float32", "is_nested": False},
+            "sub": {"type": "TensorDict"}, "shape": [2], "device": None,
+            "_type": "<class 'tensordict._td.TensorDict'>"}
+    SUB = {"b": {"device": "cpu", "shape": [2, 2], "dtype": "torch.int64", "is_nested": False}, "shape": [2],
+           "device": None, "_type": "<class 'tensordict._td.TensorDict'>"}
+    JUNK = [None, True, 0, -1, 1 << 70, 2.5, "", "x", [], [1, -2], {}, {"a": 1}, ["a"], "torch.float32", [[1]],
+            [2, 3], [1 << 40], "TensorDict", "<class 'tensordict._td.TensorDict'>", "NonTensorData"]
+
+    def test_meta_values_replaced(self):
+        import json
+        import shutil
+        import tempfile
+        from tensorwire.dataset import FormatError, UnsupportedError, load_memmap
+        rng = random.Random(4)
+        root = tempfile.mkdtemp(prefix="tensorwire-pytest-meta-")
+        try:
+            for i in range(500):
+                metas = [copy.deepcopy(self.META), copy.deepcopy(self.SUB)]
+                k = rng.randrange(2)
+                try:
+                    for _ in range(rng.randint(1, 3) if i else 0):  # case 0: as written, loaded
+                        metas[k] = replaced(metas[k], rng.choice(list(paths(metas[k]))),
+                                            copy.deepcopy(rng.choice(self.JUNK)))
+                    texts = [json.dumps(m) for m in metas]
+                except (KeyError, IndexError, TypeError):
+                    continue
+                d = os.path.join(root, str(i))
+                os.makedirs(os.path.join(d, "sub"))
+                np.arange(6, dtype=np.float32).tofile(os.path.join(d, "a.memmap"))
+                np.arange(4, dtype=np.int64).tofile(os.path.join(d, "sub", "b.memmap"))
+                for sub, text in zip(("", "sub"), texts):
+                    with open(os.path.join(d, sub, "meta.json"), "w") as f:
+                        f.write(text)
+                if i == 0:
+                    np.testing.assert_array_equal(load_memmap(d)["sub"]["b"], np.arange(4).reshape(2, 2))
+                self.assertOnly((FormatError, UnsupportedError), load_memmap, d)
+                shutil.rmtree(d)
+        finally:
+            shutil.rmtree(root)
+
+    assertOnly = TestDecoders.assertOnly
+
+
+class TestLyingRPCNode(unittest.TestCase):
     def test_bad_responses_then_a_good_one(self):
         """Each bad response is the call's InternalError; the stream stays in
         step (its body skipped), so the next call on the same connection
