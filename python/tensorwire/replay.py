@@ -858,16 +858,25 @@ class SliceInfo(SampleInfo):
     @classmethod
     def _from_wire(cls, r, slice_len):
         picks = r.get("picks")
-        if picks is not None:  # packed: 16 bytes a row, slot and generation; weights 1 unless sent
-            w = r.get("pick_weights")
-            if len(picks) % 16 or (w and len(w) != len(picks) // 2):
-                raise _errors.InternalError(f"replay: the node sent {len(picks)} bytes of picks, {len(w or b'')} of weights")
-            rows = np.frombuffer(picks, dtype=[("slot", "<i8"), ("id", "<u8")])
-            indices = rows["slot"].astype(np.int64)
-            weights = np.frombuffer(w, "<f8").astype(np.float64) if w else np.ones(len(rows))
-            return cls(indices, rows["id"].astype(np.uint64), weights, indices >= 0, r.get("episodes") or [], slice_len)
-        i = SampleInfo._from_wire(r.get("info"))
-        return cls(i.indices, i.ids, i.weights, r.get("mask") or [], r.get("episodes") or [], slice_len)
+        try:
+            if picks is not None:  # packed: 16 bytes a row, slot and generation; weights 1 unless sent
+                w = r.get("pick_weights")
+                if (not isinstance(picks, bytes) or not isinstance(w or b"", bytes) or len(picks) % 16
+                        or (w and len(w) != len(picks) // 2)):
+                    raise _errors.InternalError(f"replay: the node sent picks {picks!r:.100} and weights {w!r:.100}")
+                rows = np.frombuffer(picks, dtype=[("slot", "<i8"), ("id", "<u8")])
+                indices = rows["slot"].astype(np.int64)
+                weights = np.frombuffer(w, "<f8").astype(np.float64) if w else np.ones(len(rows))
+                info = cls(indices, rows["id"].astype(np.uint64), weights, indices >= 0, r.get("episodes") or [],
+                           slice_len)
+            else:
+                i = SampleInfo._from_wire(r.get("info"))
+                info = cls(i.indices, i.ids, i.weights, r.get("mask") or [], r.get("episodes") or [], slice_len)
+        except (ValueError, TypeError, OverflowError) as e:  # not lists of numbers
+            raise _errors.InternalError(f"replay: the node sent slices {r!r:.200}: {e}") from None
+        if info.mask.ndim != 1 or info.episodes.ndim != 1:
+            raise _errors.InternalError(f"replay: the node sent slices {r!r:.200}")
+        return info
 
     def __repr__(self):
         return (f"SliceInfo(episodes={self.episodes!r}, slice_len={self.slice_len}, indices={self.indices!r}, "

@@ -196,6 +196,19 @@ class TestDecoders(unittest.TestCase):
                 with self.assertRaises(InternalError):
                     SampleInfo._from_wire(m)
 
+    def test_slice_info(self):
+        """replay's slices from a node, packed or not: arrays, or
+        InternalError (_check_slice_picks then checks their slots)."""
+        from tensorwire.replay import SliceInfo
+        good = SliceInfo._from_wire({"picks": struct.pack("<qQqQ", 1, 7, -1, 0), "episodes": [3]}, 2)
+        self.assertEqual((good.indices.tolist(), good.mask.tolist()), ([1, -1], [True, False]))
+        for r in [{"picks": 5}, {"picks": "abcd" * 4}, {"picks": b"x" * 15}, {"picks": b"x" * 16, "pick_weights": 3},
+                  {"picks": b"x" * 16, "episodes": ["a"]}, {"info": {"indices": [1]}, "mask": [[True]]},
+                  {"info": {"indices": [1]}, "episodes": [[1]]}]:
+            with self.subTest(r=r):
+                with self.assertRaises(InternalError):
+                    SliceInfo._from_wire(r, 1)
+
 
 class TestDatasetMeta(unittest.TestCase):
     """load_memmap of a folder whose meta.json files had 1 to 3 values
