@@ -38,6 +38,7 @@ import time
 import numpy as np
 
 from . import _device
+from ._fields import is_int
 from . import errors as _errors
 from ._td import DTYPES, set_path, to_torch
 from .dataset import _prefault, load_memmap
@@ -766,7 +767,7 @@ class Consumer:
                 s.err = e
                 raise
             a = m.get("batch") if isinstance(m, dict) else None
-            if not isinstance(a, dict) or not all(_is_int(a.get(k)) for k in ("epoch", "index")):
+            if not isinstance(a, dict) or not all(is_int(a.get(k)) for k in ("epoch", "index")):
                 raise _errors.InternalError(f"loader: waiting for batch {index} of epoch {epoch}, got {m!r:.200}")
             if (a["epoch"], a["index"]) < (epoch, index):
                 continue
@@ -897,10 +898,6 @@ def _flat(td, prefix=()):
             yield prefix + (k,), v
 
 
-def _is_int(v):
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 _INT64_MAX = (1 << 63) - 1
 _MAX_HEARTBEAT_MS = 1 << 40  # as Go's maxHeartbeatMS
 _STATE_PUBLISHED = 2  # a slot word's state (its low 2 bits): holds a whole batch, announced
@@ -919,7 +916,7 @@ def _check_join(info, batch):
     if not isinstance(info, dict):
         raise bad(f"{info!r:.200}")
     for k in ("slots", "batch", "samples", "epoch", "heartbeat_ms", "consumer"):
-        if not _is_int(info.get(k)):
+        if not is_int(info.get(k)):
             raise bad(f"{k} {info.get(k)!r:.100}")
     slots, rbatch, samples = info["slots"], info["batch"], info["samples"]
     if not (1 <= slots <= 1 << 31 and 1 <= rbatch <= 1 << 31 and slots * rbatch <= 1 << 31):
@@ -945,7 +942,7 @@ def _check_join(info, batch):
         shape = (f.get("shape") or []) if isinstance(f, dict) else None
         if (not isinstance(key, list) or not key or not all(isinstance(k, str) for k in key)
                 or f.get("dtype") not in DTYPES or not isinstance(shape, list)
-                or not all(_is_int(d) and d >= 0 for d in shape) or tuple(key) in keys):
+                or not all(is_int(d) and d >= 0 for d in shape) or tuple(key) in keys):
             raise bad(f"schema field {f!r:.200}")
         keys.add(tuple(key))
 
@@ -960,8 +957,8 @@ def _check_announcement(info, a):
     idx = a["index"]
     rows = min(info["batch"], info["samples"] - idx * info["batch"]) if 0 <= idx < count else 0
     slot, word = a.get("slot"), a.get("word")
-    if (a.get("count") != count or a.get("rows") != rows or not _is_int(slot) or not 0 <= slot < info["slots"]
-            or not _is_int(word) or word & 3 != _STATE_PUBLISHED):
+    if (a.get("count") != count or a.get("rows") != rows or not is_int(slot) or not 0 <= slot < info["slots"]
+            or not is_int(word) or word & 3 != _STATE_PUBLISHED):
         raise _errors.InternalError(
             f"loader: the node announced batch {idx} of epoch {a['epoch']} as {a!r:.200}; a producer of "
             f"{info['samples']} samples in batches of {info['batch']}, with {info['slots']} slots, announces "

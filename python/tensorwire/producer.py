@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 from . import _device
+from ._fields import is_int
 from . import errors as _errors
 from ._td import DTYPES, TD, as_array, dtype_name, set_path
 from .dataset import _prefault, load_memmap
@@ -432,14 +433,10 @@ class Producer:
         self.close()
 
 
-def _is_int(v):
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _check_attached(att):
     """Checks the node's first message on the produce stream: a ring of 1 to
     2^31 slots, its id and folder as strings. InternalError otherwise."""
-    if (not isinstance(att, dict) or not _is_int(att.get("slots")) or not 1 <= att["slots"] <= 1 << 31
+    if (not isinstance(att, dict) or not is_int(att.get("slots")) or not 1 <= att["slots"] <= 1 << 31
             or not isinstance(att.get("ring"), str) or not isinstance(att.get("prefix") or "", str)):
         raise _errors.InternalError(f"loader: the node attached the producer as {att!r:.200}")
 
@@ -448,7 +445,7 @@ def _bad_grant(g, slots, batch):
     """What is wrong with a grant for a producer of batches of batch rows
     into a ring of slots (a slot outside it would write over another
     slot's batch, which its consumers may be reading), or ""."""
-    if not isinstance(g, dict) or not all(_is_int(g.get(k)) for k in ("epoch", "index", "count", "slot", "rows")):
+    if not isinstance(g, dict) or not all(is_int(g.get(k)) for k in ("epoch", "index", "count", "slot", "rows")):
         return "not a grant"
     if g["epoch"] < 0 or not 0 <= g["index"] < g["count"]:
         return f"batch {g['index']} of {g['count']} in epoch {g['epoch']}"

@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from . import errors as _errors
+from ._fields import is_int
 from ._td import TD, DTYPES, NonTensorData, as_array, dtype_name, flatten, leaves, marked, tree_to_torch
 from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, ClientClosedError, DataLossError,
@@ -171,7 +172,7 @@ class _View:
         w = info.get("writer") or {}
         self.sampler = info.get("sampler", "")
         if (not isinstance(self.id, str) or not isinstance(self.prefix, str) or not isinstance(self.sampler, str)
-                or not _is_int(self.capacity) or self.capacity < 0
+                or not is_int(self.capacity) or self.capacity < 0
                 or not isinstance(lease_ms, (int, float)) or isinstance(lease_ms, bool) or not lease_ms >= 0
                 or not isinstance(w, dict) or not isinstance(w.get("kind") or "", str)
                 or not isinstance(w.get("key") or [], list)):
@@ -501,9 +502,9 @@ class Buffer:
         sent = time.monotonic()
         r = self._call("replay.reserve", req, deadline)
         slots, rid = r.get("slots") or [], r.get("rid")
-        if not isinstance(slots, list) or len(slots) != n or not all(_is_int(x) and x >= -1 for x in slots):
+        if not isinstance(slots, list) or len(slots) != n or not all(is_int(x) and x >= -1 for x in slots):
             raise _errors.InternalError(f"replay: the node reserved {slots!r:.200} for {n} transitions")
-        if not _is_int(rid):
+        if not is_int(rid):
             raise _errors.InternalError(f"replay: the node's reservation has the id {rid!r:.100}")
         commit = {"name": self.name, "rid": rid, "slots": slots,
                   "priorities": prios, "batch": None}
@@ -969,10 +970,6 @@ def _map(prefix, view):
     except OSError as e:
         raise _errors.InternalError(f"replay: mapping the slot table: {e}") from None
     return out, slots
-
-
-def _is_int(v):
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _write_rows(view, slots, arrays):

@@ -52,6 +52,7 @@ import time
 import numpy as np
 
 from . import serve as _serve
+from ._fields import is_int
 from .errors import InternalError, InvalidArgumentError, TensorwireError
 from .rpc import Client as _RPCClient, Sharing, StreamEnd
 from ._td import TD, _BF16, as_array, marked, to_torch
@@ -447,9 +448,7 @@ def _request(name, prefix, window):
 def _is_request(msg):
     """Whether msg is a batch as the node sends one: a map whose batch, n and
     row (absent or None: 0) are integers."""
-    return isinstance(msg, dict) and all(
-        isinstance(v, int) and not isinstance(v, bool)
-        for v in (msg.get("batch", 0), msg.get("n", 0), msg.get("row") or 0))
+    return isinstance(msg, dict) and all(is_int(v) for v in (msg.get("batch", 0), msg.get("n", 0), msg.get("row") or 0))
 
 
 def _answer(batch, version, error="", out=None):

@@ -44,6 +44,7 @@ import time
 import numpy as np
 
 from . import errors as _errors
+from ._fields import uint
 from ._td import DTYPES, TD, NonTensorData, as_array, dtype_name, flatten, marked, tree_to_torch
 from .dataset import escape_key
 from .errors import (AlreadyExistsError, ClientClosedError, DeadlineExceededError, FailedPreconditionError,
@@ -921,12 +922,7 @@ class Client:
 
 
 def _uint(r, key):
-    """Field key of the node's answer r: an integer of 0 or more (0 when
-    absent or nil); InternalError otherwise."""
-    v = r.get(key) or 0
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise InternalError(f"serve: the node's answer has {key} {v!r:.100}")
-    return v
+    return uint(r, key, "serve", 0)
 
 
 def _fail(req, err):

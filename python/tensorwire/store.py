@@ -28,6 +28,7 @@ import threading
 import time
 
 from . import errors as _errors
+from ._fields import uint
 from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, DataLossError, FailedPreconditionError,
                      InvalidArgumentError, NotFoundError, OutOfRangeError, ResourceExhaustedError, UnavailableError,
@@ -185,12 +186,7 @@ class Param:
 
 
 def _num(r, key, default=None):
-    """Field key of the node's answer r, an integer of 0 or more (default
-    when absent, if one is given); InternalError otherwise."""
-    v = r.get(key, default)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise _errors.InternalError(f"store: the node's answer has {key} {v!r:.100}")
-    return v
+    return uint(r, key, "store", default)
 
 
 def _watch_message(m):
