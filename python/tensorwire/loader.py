@@ -38,8 +38,8 @@ import time
 import numpy as np
 
 from . import _device
-from ._fields import is_int
 from . import errors as _errors
+from ._fields import is_int
 from ._td import DTYPES, set_path, to_torch
 from .dataset import _prefault, load_memmap
 from .errors import (AbortedError, AlreadyExistsError, FailedPreconditionError, InvalidArgumentError,
@@ -968,8 +968,8 @@ def _check_announcement(info, a):
 def _check_rows(info, a, rows):
     """Checks that rows sent in bytes mode are the batch's, in the joined
     schema: every field, its dtype, a["rows"] rows of its row shape, and no
-    other (Go's schema.Match). A batch copied from other rows would hold
-    what an earlier batch left in the fields it lacks."""
+    other (Go's schema.Match). numpy would broadcast rows of another shape
+    into the batch, and convert another dtype, without a word."""
     got = {key: arr for key, arr in _flat(rows)} if isinstance(rows, dict) else None
     want = {tuple(f["key"]): f for f in info["schema"]}
     ok = got is not None and set(got) == set(want)

@@ -31,8 +31,8 @@ import time
 import numpy as np
 
 from . import _device
-from ._fields import is_int
 from . import errors as _errors
+from ._fields import is_int
 from ._td import DTYPES, TD, as_array, dtype_name, set_path
 from .dataset import _prefault, load_memmap
 from .loader import _FENCE_OK, ArgumentError, InUseError, NoProducerError, _Backoff, _flat, _unreachable
@@ -246,7 +246,7 @@ class Producer:
             st.close()
 
     def _serve(self, st, it, pending, shared):
-        att = self._recv(st).get("attached")
+        att = _field(self._recv(st), "attached")
         _check_attached(att)
         self.attached += 1
         prefix = att.get("prefix") or ""
@@ -263,7 +263,7 @@ class Producer:
         B = self.batch_size
         cur, want = None, 0  # the epoch it iterates (None: a fresh iterator, for the next one), its next batch
         while True:
-            g = self._recv(st).get("grant")
+            g = _field(self._recv(st), "grant")
             bad = _bad_grant(g, att["slots"], B)
             if bad:
                 raise self._fail(st, _errors.InternalError(f"loader: the node granted {g!r:.200}: {bad}"))
@@ -431,6 +431,11 @@ class Producer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _field(m, key):
+    """Field key of a message of the node's, None when m is not a map."""
+    return m.get(key) if isinstance(m, dict) else None
 
 
 def _check_attached(att):

@@ -124,7 +124,7 @@ class Replica:
         self._in = _serve._parse_schema(info.get("input"), "input")
         self._out = _serve._parse_schema(info.get("output"), "output")
         self.max_batch = info.get("max_batch", 0)
-        if not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) or self.max_batch < 1:
+        if not is_int(self.max_batch) or self.max_batch < 1:
             raise InternalError(f"serve: the node says the model's max batch is {self.max_batch!r}")
         self._plain = plain if plain is not None else (len(self._in) == 1 and len(self._in[0][0]) == 1)
         self._plain_out = len(self._out) == 1
@@ -448,7 +448,8 @@ def _request(name, prefix, window):
 def _is_request(msg):
     """Whether msg is a batch as the node sends one: a map whose batch, n and
     row (absent or None: 0) are integers."""
-    return isinstance(msg, dict) and all(is_int(v) for v in (msg.get("batch", 0), msg.get("n", 0), msg.get("row") or 0))
+    return isinstance(msg, dict) and all(is_int(v) for v in (msg.get("batch", 0), msg.get("n", 0),
+                                                             msg.get("row") or 0))
 
 
 def _answer(batch, version, error="", out=None):
