@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from . import errors as _errors
-from ._fields import is_int
+from ._fields import is_int, uint
 from ._td import TD, DTYPES, NonTensorData, as_array, dtype_name, flatten, leaves, marked, tree_to_torch
 from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, ClientClosedError, DataLossError,
@@ -526,7 +526,10 @@ class Buffer:
             if time.monotonic() > limit:
                 raise ExpiredError("replay: the lease ran out while the rows were written")
         resp = self._call("replay.commit", commit, deadline)
-        return np.asarray(resp.get("indices") or [], dtype=np.int64)
+        indices = resp.get("indices") or []
+        if not isinstance(indices, list) or len(indices) != n or not all(is_int(x) and x >= -1 for x in indices):
+            raise _errors.InternalError(f"replay: the node committed {n} transitions to {indices!r:.200}")
+        return np.asarray(indices, dtype=np.int64)
 
     # Sample.
 
@@ -674,7 +677,7 @@ class Buffer:
             raise SchemaError("no priorities")
         r = self._call("replay.update_priority", {"name": self.name, "info": info._wire(), "priorities": p},
                        _deadline(timeout))
-        return int(r.get("updated", 0))
+        return uint(r, "updated", "replay", 0)
 
     def checkpoint(self, timeout=None):
         """Has the node checkpoint the buffer."""
@@ -828,7 +831,7 @@ class Buffer:
         skipped too. Returns how many were removed. A sample never returns
         a removed row afterwards."""
         r = self._call("replay.delete", _delete_request(self.name, info, self.capacity), _deadline(timeout))
-        return int(r.get("deleted", 0))
+        return uint(r, "deleted", "replay", 0)
 
     def reset(self, timeout=None):
         """Empties the buffer (Reverb's reset, torchrl's empty): every

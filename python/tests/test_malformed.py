@@ -556,6 +556,10 @@ class TestLyingReplayNode(unittest.TestCase):
             with self.subTest(reserve=reserve):
                 with self.assertRaises(InternalError):
                     self.extend(self.INFO, reserve, {"indices": [3, 4]})
+        for commit in [{"indices": [3]}, {"indices": ["3", 4]}, {"indices": 3}, {"indices": [3, -2]}]:
+            with self.subTest(commit=commit):
+                with self.assertRaises(InternalError):
+                    self.extend(self.INFO, {"id": "b1", "rid": 9, "slots": [3, 4]}, commit)
 
 
 class TestLyingServeNode(unittest.TestCase):
