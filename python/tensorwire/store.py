@@ -28,7 +28,7 @@ import threading
 import time
 
 from . import errors as _errors
-from ._fields import uint
+from ._fields import is_int, uint
 from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, DataLossError, FailedPreconditionError,
                      InvalidArgumentError, NotFoundError, OutOfRangeError, ResourceExhaustedError, UnavailableError,
@@ -467,7 +467,12 @@ class Store:
                     {"id": p.lease, "name": p.name, "version": p.version} for p in params]}, timeout=lease_ms / 3000)
             except _errors.TensorwireError:
                 continue
-            lost = set(r.get("lost") or ())
+            lost = r.get("lost") if isinstance(r, dict) else None
+            if not isinstance(lost or [], list) or not all(is_int(x) for x in lost or ()):
+                # An answer no node sends: as an error, the leases are
+                # renewed again next time (a lost one is said lost then).
+                continue
+            lost = set(lost or ())
             for p in params:
                 if p.lease in lost:
                     p.err = ExpiredError(f"store: the lease on {p.name} version {p.version} was lost")

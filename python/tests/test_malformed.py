@@ -503,6 +503,29 @@ class TestLyingStoreNode(unittest.TestCase):
                 with self.assertRaises(InternalError):
                     self.watch(m)
 
+    def test_lease_renewal_goes_on(self):
+        """A renewal answered with what no node sends is skipped like a
+        failed one: the renewals go on, and a lease the node later says
+        lost is marked lost (the thread used to die on it, silently)."""
+        import threading
+        import time
+        from tensorwire import store
+        node = ScriptedNode([(_msgpack.packb({"dir": "stores/s"}), b"")])
+        try:
+            with store.Store(node.addr, "s", timeout=10) as st:
+                answers = [[1], {"lost": "x"}, {"lost": [{}]}, {"lost": [5]}]
+                st._client.call = lambda method, arg, timeout=None, result_tds=(): answers.pop(0) if answers else {}
+                p = store.Param(st, "p", 1, {}, 5)
+                st._params.add(p)
+                threading.Thread(target=st._renew, args=(30,), daemon=True).start()
+                deadline = time.monotonic() + 10
+                while p.err is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                self.assertIsInstance(p.err, store.ExpiredError)
+                st._params.discard(p)
+        finally:
+            node.close()
+
     def test_bad_answers(self):
         put = lambda st: st.put("b", {"x": np.ones(2)})  # noqa: E731
         peek = lambda st: st.peek("b")  # noqa: E731
