@@ -53,7 +53,7 @@ import numpy as np
 
 from . import serve as _serve
 from ._fields import is_int
-from .errors import InternalError, InvalidArgumentError, TensorwireError
+from .errors import DeadlineExceededError, InternalError, InvalidArgumentError, TensorwireError
 from .rpc import Client as _RPCClient, Sharing, StreamEnd
 from ._td import TD, _BF16, as_array, marked, to_torch
 
@@ -366,7 +366,13 @@ class Replica:
         while not self._closed.is_set():
             try:
                 p = st.wait_newer(pname, v, timeout=1.0)
+            except DeadlineExceededError:
+                continue  # no newer version within the second: ask again
             except TensorwireError:
+                # The store failed at once (its node unreachable past the
+                # call's retries, or an answer it could not use): not again
+                # at once, which would spin this thread on the node.
+                self._closed.wait(_FOLLOW_RETRY)
                 continue
             if self._closed.is_set():
                 p.close()
@@ -443,6 +449,10 @@ def _request(name, prefix, window):
     """serve.replica's request: the model, the replica's folder under the
     root ("" for rows as bytes) and the batches it takes in flight."""
     return {"name": name, "prefix": prefix, "window": window}
+
+
+# How long the weights' follower waits after a store call failed at once.
+_FOLLOW_RETRY = 0.5
 
 
 def _is_request(msg):

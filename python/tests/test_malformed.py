@@ -663,6 +663,38 @@ class TestLyingReplicaNode(unittest.TestCase):
         r = self.replica(self.INFO, [msg])  # the script's end: the stream ends, run returns
         self.assertEqual(r.batches, 1)
 
+    def test_follower_does_not_spin(self):
+        """Weights followed from a store that fails at once (its node sends
+        what no node sends): the follower asks again after a pause, not in
+        a loop that spins on the node."""
+        import time
+        import torch
+        from tensorwire import replica as _replica
+        from tensorwire import store
+
+        class FailingStore:
+            calls = 0
+
+            def latest(self, name):
+                raise store.NotFoundError("none yet")
+
+            def wait_newer(self, name, version, timeout=None):
+                FailingStore.calls += 1
+                raise InternalError("store: the node's answer has version '1'")
+
+        node = ScriptedNode([(_msgpack.packb(self.INFO), b"")])
+        try:
+            r = _replica.Replica(node.addr, "m", torch.nn.Identity(), reattach=False, timeout=10,
+                                 follow=(FailingStore(), "w"))
+            try:
+                time.sleep(1.0)
+                self.assertLessEqual(FailingStore.calls, 10)
+                self.assertGreaterEqual(FailingStore.calls, 1)
+            finally:
+                r.close()
+        finally:
+            node.close()
+
     def test_bad_description(self):
         for change in [{"max_batch": "4"}, {"max_batch": 0}, {"input": [{"key": "x"}]}]:
             with self.subTest(change=change):
