@@ -21,3 +21,11 @@ def uint(r, key, what, default=None):
     if not is_int(v) or v < 0:
         raise InternalError(f"{what}: the node's answer has {key} {v!r:.100}")
     return v
+
+
+def answer(r, what, method):
+    """The node's answer r to method, which every service method gives as a
+    map; InternalError, starting with what ("store"), otherwise."""
+    if not isinstance(r, dict):
+        raise InternalError(f"{what}: the node answered {method} with {r!r:.200}")
+    return r

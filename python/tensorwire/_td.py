@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from ._fields import is_int
 from .errors import InternalError, InvalidArgumentError
 
 # meta.json's and the wire's dtype names, and the numpy dtypes of their
@@ -315,7 +316,7 @@ def _entries(w):
             if shape is None:
                 shape = e["shape"] = []
             if (not isinstance(shape, list)
-                    or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+                    or not all(is_int(d) and d >= 0 for d in shape)):
                 raise InternalError(f"TD {key}: shape {shape!r}")
         elif kind == "data":
             if not isinstance(e.get("data"), (bytes, str, type(None))):

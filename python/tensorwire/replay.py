@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from . import errors as _errors
-from ._fields import is_int, uint
+from ._fields import answer, is_int, uint
 from ._td import TD, DTYPES, NonTensorData, as_array, dtype_name, flatten, leaves, marked, tree_to_torch
 from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, ClientClosedError, DataLossError,
@@ -412,10 +412,7 @@ class Buffer:
         wait = 0.02
         while True:
             try:
-                r = self._client.call(method, arg, timeout=_left(deadline), result_tds=result_tds)
-                if not isinstance(r, dict):
-                    raise _errors.InternalError(f"replay: the node answered {method} with {r!r:.200}")
-                return r
+                return answer(self._client.call(method, arg, timeout=_left(deadline), result_tds=result_tds), "replay", method)
             except ClientClosedError:
                 if self._closed:
                     raise ClosedError("replay: closed") from None

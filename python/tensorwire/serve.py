@@ -44,7 +44,7 @@ import time
 import numpy as np
 
 from . import errors as _errors
-from ._fields import uint
+from ._fields import answer, uint
 from ._td import DTYPES, TD, NonTensorData, as_array, dtype_name, flatten, marked, tree_to_torch
 from .dataset import escape_key
 from .errors import (AlreadyExistsError, ClientClosedError, DeadlineExceededError, FailedPreconditionError,
@@ -905,10 +905,7 @@ class Client:
             if self._closed:
                 raise ClosedError("serve: closed")
             try:
-                r = self._client.call(method, arg, timeout=_left(deadline))
-                if not isinstance(r, dict):
-                    raise InternalError(f"serve: the node answered {method} with {r!r:.200}")
-                return r
+                return answer(self._client.call(method, arg, timeout=_left(deadline)), "serve", method)
             except ClientClosedError:
                 raise ClosedError("serve: closed") from None
             except UnavailableError as e:

@@ -28,7 +28,7 @@ import threading
 import time
 
 from . import errors as _errors
-from ._fields import is_int, uint
+from ._fields import answer, is_int, uint
 from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, DataLossError, FailedPreconditionError,
                      InvalidArgumentError, NotFoundError, OutOfRangeError, ResourceExhaustedError, UnavailableError,
@@ -272,10 +272,7 @@ class Store:
         wait = 0.02
         while True:
             try:
-                r = self._client.call(method, arg, timeout=_left(deadline), result_tds=result_tds)
-                if not isinstance(r, dict):
-                    raise _errors.InternalError(f"store: the node answered {method} with {r!r:.200}")
-                return r
+                return answer(self._client.call(method, arg, timeout=_left(deadline), result_tds=result_tds), "store", method)
             except ClientClosedError:
                 raise ClosedError("store: closed") from None
             except UnavailableError as e:
