@@ -167,7 +167,7 @@ func (svc *Service) replica(ctx context.Context, req replicaRequest, st *rpc.Ser
 	select {
 	case <-a.done:
 	case <-ctx.Done():
-		a.stop(nil, false)
+		a.stop(a.endCause(ctx, ctx.Err()), false)
 	case <-s.m.ctx.Done(): // the manager closed
 		a.stop(ErrStopped, false)
 	}
@@ -226,7 +226,7 @@ func (a *attachedStream) read(ctx context.Context) {
 	for {
 		ans, err := a.st.Recv(ctx)
 		if err != nil {
-			a.stop(fmt.Errorf("%w: %w: its stream ended: %v", ErrForward, errGone, err), false) // %v: not the stream's code
+			a.stop(a.endCause(ctx, err), false)
 			return
 		}
 		if ans.Out != nil && ans.Out.TensorDict != nil && anyMapped(ans.Out.TensorDict) {
@@ -248,6 +248,25 @@ func (a *attachedStream) read(ctx context.Context) {
 		}
 		p.answer <- ans // its only send: never blocks
 	}
+}
+
+// endCause is what the end of the replica's stream (Recv's err) says of
+// it: nil when the replica left in good order (it cancelled its stream or
+// went away, the handler's ctx ended: the same thing the handler sees)
+// with no batch pending; else the fault the manager logs it detached for.
+// The handler's wait and read race on a replica's leaving, and must agree.
+func (a *attachedStream) endCause(ctx context.Context, err error) error {
+	a.pmu.Lock()
+	pending := len(a.pending)
+	a.pmu.Unlock()
+	left := ctx.Err() != nil || errors.Is(err, rpc.ErrCanceled)
+	switch {
+	case left && pending == 0:
+		return nil
+	case left:
+		return fmt.Errorf("%w: %w with %d batch(es) unanswered", ErrForward, errGone, pending)
+	}
+	return fmt.Errorf("%w: %w: its stream ended: %v", ErrForward, errGone, err) // %v: not the stream's code
 }
 
 // anyMapped reports whether a tensor of td is a mapping.
