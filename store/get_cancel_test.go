@@ -40,3 +40,45 @@ func TestClient_GetCancelledAfterTakeLosesNothing(t *testing.T) {
 		})
 	}
 }
+
+// A Get whose context ends while its take is still on its way to the node
+// gives it back (ack Drop), and the Drop may reach the node first: the take
+// that comes after it must not hold the items. Before, it held them for
+// GetTimeout, and a drain that stopped at the empty Get that followed lost
+// them (faulttest's TestStoreAcrossHosts: "489 acknowledged appends lost").
+func TestClient_GetGivenBackBeforeItsTakeLosesNothing(t *testing.T) {
+	root := t.TempDir()
+	n := serveStore(t, root, "st", Options{GetTimeout: time.Hour})
+	c := dialT(t, n.addr, "st", root, "bytes")
+	for i := range 3 {
+		if _, err := c.Append(ctxT(t), "b", itemTD(t, int64(i), 8)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(ctxT(t))
+	dropped := make(chan uint64, 1)
+	testAfterDrop = func(id uint64) { dropped <- id }
+	testBeforeTake = func(id uint64) {
+		testBeforeTake = nil
+		cancel() // the caller gives up; its Get gives the take back
+		select {
+		case d := <-dropped:
+			if d != id {
+				t.Errorf("the node was given back take %x, want %x", d, id)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("the Get never gave its take back")
+		}
+	}
+	t.Cleanup(func() { testBeforeTake, testAfterDrop = nil, nil })
+	if _, err := c.Get(ctx, "b"); err == nil {
+		t.Fatal("a Get whose context ended before the node's reply succeeded")
+	}
+	got, err := c.Get(ctxT(t), "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := ids(t, got); !slices.Equal(g, []int64{0, 1, 2}) {
+		t.Fatalf("the Get after = %v, want [0 1 2]: the take given back holds the items", g)
+	}
+}

@@ -271,10 +271,17 @@ func (svc *Service) append(_ context.Context, req putRequest) (revResponse, erro
 	return svc.store(req, recAppend)
 }
 
+// Hooks for tests: testBeforeTake runs as the node starts a Get's take,
+// testAfterDrop once it has given a take back.
+var testBeforeTake, testAfterDrop func(take uint64)
+
 func (svc *Service) take(_ context.Context, req takeRequest) (takeResponse, error) {
 	st, err := svc.stores.Lookup(req.Store)
 	if err != nil {
 		return takeResponse{}, err
+	}
+	if testBeforeTake != nil && req.Take != 0 {
+		testBeforeTake(req.Take)
 	}
 	s := st.Item
 	var t taken
@@ -338,6 +345,10 @@ func (s *Store) takeAs(bin string, id uint64, timeout time.Duration) (taken, err
 		s.mu.Unlock()
 		return taken{}, errorf(ErrExpired, "Get %x was acknowledged already", id)
 	}
+	if s.dropped.has(id) {
+		s.mu.Unlock()
+		return taken{}, errorf(ErrExpired, "Get %x was given back already", id)
+	}
 	s.mu.Unlock()
 	return s.takeItemsAs(bin, id, true, timeout)
 }
@@ -348,9 +359,16 @@ func (svc *Service) ack(_ context.Context, req ackRequest) (revResponse, error) 
 		return revResponse{}, err
 	}
 	if req.Drop {
-		st.Item.mu.Lock()
-		st.Item.dropTakeLocked(req.Take)
-		st.Item.mu.Unlock()
+		s := st.Item
+		s.mu.Lock()
+		s.dropTakeLocked(req.Take)
+		// The take itself may still be on its way (its caller gave up
+		// waiting for the reply): it must not hold the items after this.
+		s.dropped.add(req.Take)
+		s.mu.Unlock()
+		if testAfterDrop != nil {
+			testAfterDrop(req.Take)
+		}
 		return revResponse{}, nil
 	}
 	rev, err := st.Item.ackTake(req.Take)

@@ -45,6 +45,7 @@ type Store struct {
 	params  map[string]*paramSet
 	takes   map[uint64]*take
 	acked   recentTakes
+	dropped recentTakes // takes given back (ack Drop), made or not: never made after
 	reqs    requests
 	leases  map[uint64]*lease
 	hist    history
