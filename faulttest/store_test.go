@@ -5,6 +5,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -174,6 +177,7 @@ func runStoreTrainer(ctx context.Context, args []string) error {
 	last := time.Now()
 	for ctx.Err() == nil {
 		if _, err := get(ctx); err != nil && ctx.Err() == nil {
+			describeValues(f.root, err)
 			return err
 		}
 		if time.Since(last) > 200*time.Millisecond {
@@ -194,6 +198,31 @@ func runStoreTrainer(ctx context.Context, args []string) error {
 		if n == 0 {
 			fmt.Println("drained")
 			return nil
+		}
+	}
+}
+
+// describeValues prints to stderr, for a failed run's reader, what the
+// store's folder holds of the value err names (a path under values/):
+// its files, and any trash/ entry of the same id.
+func describeValues(root string, err error) {
+	m := regexp.MustCompile(`values/([0-9a-f]{16})`).FindStringSubmatch(err.Error())
+	if root == "" || m == nil {
+		return
+	}
+	dir := filepath.Join(root, "st")
+	ents, lerr := os.ReadDir(filepath.Join(dir, "values", m[1]))
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	fmt.Fprintf(os.Stderr, "values/%s now: %v (%v)\n", m[1], names, lerr)
+	for _, sub := range []string{"trash", "staging"} {
+		ents, _ := os.ReadDir(filepath.Join(dir, sub))
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), m[1]) || strings.HasPrefix(e.Name(), "n-"+m[1]) {
+				fmt.Fprintf(os.Stderr, "%s/%s is there\n", sub, e.Name())
+			}
 		}
 	}
 }
