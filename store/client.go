@@ -181,7 +181,7 @@ func (c *Client) sendValue(ctx context.Context, method string, td *tensordict.Te
 	var dir string
 	stage := func() error {
 		if dir != "" {
-			os.RemoveAll(dir)
+			discardStaged(dir)
 		}
 		name := newStagedName()
 		dir = filepath.Join(c.dir, stagingDir, name)
@@ -218,9 +218,28 @@ func (c *Client) sendValue(ctx context.Context, method string, td *tensordict.Te
 		return err
 	})
 	if err != nil && dir != "" {
-		os.RemoveAll(dir) // gone already if the node took it
+		discardStaged(dir) // the node may be taking it still
 	}
 	return err
+}
+
+// discardStaged removes this side's staged prefix at dir, which the node
+// may be taking at that very moment (a call given up on: its context
+// ended, the connection broke). It claims the folder first by renaming it
+// to a fresh staged name: the rename fails when the node took it (the
+// value is the node's, whole), or leaves it to this side alone. A client
+// that dies between the two leaves a staged prefix the node's sweep
+// removes after StagingTTL. os.RemoveAll alone deletes the files through
+// the folder's descriptor, and a rename by the node in the middle moved
+// a folder whose files it went on deleting: the bin held a value without
+// its meta.json, and every Get of it failed (faulttest's
+// TestStoreAcrossHosts, 1 run in 60 here, once in CI).
+func discardStaged(dir string) {
+	claimed := filepath.Join(filepath.Dir(dir), newStagedName())
+	if err := os.Rename(dir, claimed); err != nil {
+		return // taken by the node, or never there
+	}
+	os.RemoveAll(claimed)
 }
 
 // Put replaces the bin's content with td, as its one item, and returns the
