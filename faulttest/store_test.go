@@ -193,6 +193,7 @@ func runStoreTrainer(ctx context.Context, args []string) error {
 	for {
 		n, err := get(dctx)
 		if err != nil {
+			describeValues(f.root, err)
 			return err
 		}
 		if n == 0 {
