@@ -20,6 +20,7 @@ main thread, typically). Elsewhere a node outlives a parent killed
 without running its exit.
 """
 
+import atexit
 import ctypes
 import os
 import shutil
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 
 from ._binary import BinaryNotFoundError, find_binary
 from .errors import TensorwireError
@@ -66,9 +68,10 @@ class Node:
                  extra=(), binary=None, start_timeout=60.0, stop_timeout=30.0):
         self._bin = find_binary(binary, "tensorwire.Node")
         self._tmp = None
+        _alive.add(self)
         if root is None:
-            self._tmp = tempfile.mkdtemp(prefix="tensorwire-node-")
-            root = os.path.join(self._tmp, "root")
+            self._tmp = _TempDir("tensorwire-node-", self)
+            root = os.path.join(self._tmp.path, "root")
         os.makedirs(root, exist_ok=True)
         self.root = os.path.abspath(root)
         self.token = token.encode() if isinstance(token, str) else token
@@ -91,16 +94,16 @@ class Node:
         """Runs the node and waits until it listens; returns self."""
         if self.proc is not None:
             return self
-        self._dir = tempfile.mkdtemp(prefix="tensorwire-node-run-")
+        self._dir = _TempDir("tensorwire-node-run-", self)
         args = [self._bin, "node", "--listen", self.listen, "--root", self.root]
         if self.token is not None:
-            tf = os.path.join(self._dir, "token")
+            tf = os.path.join(self._dir.path, "token")
             fd = os.open(tf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             os.write(fd, self.token + b"\n")
             os.close(fd)
             args += ["--token-file", tf]
         args += self.args
-        self.log_path = os.path.join(self._dir, "node.log")
+        self.log_path = os.path.join(self._dir.path, "node.log")
         with open(self.log_path, "ab") as logf:
             self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL,
                                          preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
@@ -144,10 +147,10 @@ class Node:
         if p is not None and p.stdout is not None:
             p.stdout.close()
         if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir.remove()
             self._dir = None
         if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp.remove()
             self._tmp = None
 
     close = stop
@@ -162,6 +165,40 @@ class Node:
         try:
             if self.proc is not None:
                 self.stop()
+        except Exception:
+            pass
+
+
+class _TempDir:
+    """A temporary folder a Node made: removed by remove() (its Node's
+    stop), or when its Node is collected unstopped (weakref.finalize).
+    Nodes alive at the interpreter's exit are stopped by _stop_alive."""
+
+    def __init__(self, prefix, owner):
+        self.path = tempfile.mkdtemp(prefix=prefix)
+        self._collected = weakref.finalize(owner, shutil.rmtree, self.path, ignore_errors=True)
+        self._collected.atexit = False  # _stop_alive's, after the node stopped
+
+    def remove(self):
+        # Not self._collected(): a finalizer called once weakref's own exit
+        # hook ran (before _stop_alive, registered earlier) does nothing.
+        self._collected.detach()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+# The Nodes not collected yet. At exit, those never stopped are: their
+# processes end, and their temporary folders go, before the interpreter
+# finalizes. Left to finalization, a node's output thread (a daemon,
+# reading its stdout) aborted the interpreter ("Fatal Python error:
+# _enter_buffered_busy") and the folders stayed.
+_alive = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_alive():
+    for node in list(_alive):
+        try:
+            node.stop()
         except Exception:
             pass
 

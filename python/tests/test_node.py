@@ -1,0 +1,74 @@
+"""tensorwire.Node's temporary folders (its root when none is given, and
+each run's log and token) go with it: at stop(), when a Node never
+stopped is collected, and when the Python process that made it exits
+without stopping it. Before, a Node never started, or one alive at exit,
+left them in the temporary folder, one or two per Node, and a process
+that exited with a Node running aborted ("Fatal Python error:
+_enter_buffered_busy": the node's output thread at finalization)."""
+
+import gc
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+
+import tensorwire
+
+
+def _ours(before):
+    return sorted(set(glob.glob(os.path.join(tempfile.gettempdir(), "tensorwire-node-*"))) - before)
+
+
+def _now():
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "tensorwire-node-*")))
+
+
+class TestNodeTempFolders(unittest.TestCase):
+    def test_never_started_and_dropped(self):
+        before = _now()
+        node = tensorwire.Node()
+        self.assertTrue(os.path.isdir(node.root))
+        self.assertEqual(len(_ours(before)), 1)
+        del node
+        gc.collect()
+        self.assertEqual(_ours(before), [], "a Node never started and dropped left its temporary root")
+
+    def test_stopped(self):
+        before = _now()
+        with tensorwire.Node() as node:
+            self.assertTrue(node.address)
+            self.assertEqual(len(_ours(before)), 2, "a temporary root and the run's folder")
+        self.assertEqual(_ours(before), [])
+
+    def test_process_exits_without_stopping_it(self):
+        """A script that starts a Node and exits: it exits cleanly, and
+        nothing of the Node is left, its process included."""
+        tmp = tempfile.mkdtemp(prefix="tw-node-test-")
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        script = textwrap.dedent("""
+            import tensorwire
+            node = tensorwire.Node(store=["st"]).start()
+            print(node.proc.pid, flush=True)
+        """)
+        env = dict(os.environ, TMPDIR=tmp)
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr.decode(errors="replace"))
+        self.assertEqual(os.listdir(tmp), [], "the Node's temporary folders outlived its process")
+        pid = int(out.stdout.split()[0])
+        for _ in range(200):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            self.fail(f"the node (pid {pid}) outlived the process that started it")
+
+
+if __name__ == "__main__":
+    unittest.main()
