@@ -330,8 +330,9 @@ func (c *Client) Get(ctx context.Context, bin string) ([]*tensordict.TensorDict,
 // does not end with the caller's context.
 const ackWait = 30 * time.Second
 
-// testAfterTake, when set by a test, runs between a Get's two calls.
-var testAfterTake func()
+// testAfterTake, when set by a test, runs between a Get's two calls;
+// testBeforeMap before an item by reference is mapped.
+var testAfterTake, testBeforeMap func()
 
 // giveBack tells the node to give a Get's items back at once, without
 // waiting for the Get to expire; best effort.
@@ -360,10 +361,18 @@ func (c *Client) items(msgs []itemMsg) ([]*tensordict.TensorDict, error) {
 				closeAll(out)
 				return nil, fmt.Errorf("store: the node sent the path %q", m.Path)
 			}
+			if testBeforeMap != nil {
+				testBeforeMap()
+			}
+			dir := filepath.Join(c.dir, filepath.FromSlash(m.Path))
 			var err error
-			td, err = tensordict.LoadMemmap(filepath.Join(c.dir, filepath.FromSlash(m.Path)), tensordict.ReadOnly())
+			td, err = tensordict.LoadMemmap(dir, tensordict.ReadOnly())
 			if err != nil {
 				closeAll(out)
+				if _, serr := os.Lstat(dir); errors.Is(serr, fs.ErrNotExist) {
+					// LoadMemmap says only that meta.json is missing.
+					return nil, fmt.Errorf("store: mapping a value: %s is gone: %w", m.Path, fs.ErrNotExist)
+				}
 				return nil, fmt.Errorf("store: mapping a value: %w", err)
 			}
 		case m.TD != nil && m.TD.TensorDict != nil:

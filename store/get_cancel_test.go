@@ -82,3 +82,34 @@ func TestClient_GetGivenBackBeforeItsTakeLosesNothing(t *testing.T) {
 		t.Fatalf("the Get after = %v, want [0 1 2]: the take given back holds the items", g)
 	}
 }
+
+// A Peek by reference whose item a Get removes between the node's answer
+// and its mapping peeks again, as documented, rather than failing: the
+// item's folder is gone (renamed into trash/), and LoadMemmap alone
+// reported only "meta.json is missing" (ErrFormat), which Peek did not
+// take for a removal.
+func TestClient_PeekOfAnItemRemovedMeanwhile(t *testing.T) {
+	root := t.TempDir()
+	n := serveStore(t, root, "st", Options{InlineBytes: 512})
+	c := dialT(t, n.addr, "st", root, "ref")
+	other := dialT(t, n.addr, "st", root, "ref")
+	if _, err := c.Append(ctxT(t), "b", itemTD(t, 7, 2000)); err != nil {
+		t.Fatal(err)
+	}
+	testBeforeMap = func() {
+		testBeforeMap = nil
+		got, err := other.Get(ctxT(t), "b")
+		if err != nil || len(got) != 1 {
+			t.Errorf("the Get in the middle: %d items, %v", len(got), err)
+		}
+		closeAll(got)
+	}
+	t.Cleanup(func() { testBeforeMap = nil })
+	got, err := c.Peek(ctxT(t), "b")
+	if err != nil {
+		t.Fatalf("Peek whose item a Get removed meanwhile: %v, want it to peek again", err)
+	}
+	if len(got) != 0 {
+		t.Fatalf("Peek = %d items, want the bin's content after the Get (none)", len(got))
+	}
+}
