@@ -29,7 +29,7 @@ import time
 
 from . import errors as _errors
 from ._fields import answer, is_int, uint
-from .dataset import load_memmap
+from .dataset import FormatError as _MemmapFormatError, load_memmap
 from .errors import (AbortedError, AlreadyExistsError, DataLossError, FailedPreconditionError,
                      InvalidArgumentError, NotFoundError, OutOfRangeError, ResourceExhaustedError, UnavailableError,
                      ClientClosedError, register_reason)
@@ -43,6 +43,14 @@ __all__ = ["Store", "Param", "Event", "Watch", "FROM_NOW", "OPS", "NameError_", 
 FROM_NOW = (1 << 64) - 1  # Watch's after: only events from now on
 ACK_WAIT = 30.0  # seconds a get's acknowledgement of items it has may outlast its timeout
 _test_after_take = None  # a test's hook, run between a get's two calls
+_test_before_map = None  # a test's hook, run before an item by reference is mapped
+
+
+class _Gone(_MemmapFormatError):
+    """An item's folder that is gone: a get removed it after the node
+    answered a peek (which peeks again). A get's items are held for it:
+    for a get, one gone is the dataset.FormatError it always was."""
+
 
 OPS = {1: "put", 2: "append", 3: "get", 4: "delete", 5: "publish"}
 
@@ -321,7 +329,15 @@ class Store:
                 path = m["path"]
                 if not isinstance(path, str) or not path.startswith("values/") or "/" in path[len("values/"):]:
                     raise _errors.InternalError(f"store: the node sent the path {path!r}")
-                out.append(load_memmap(os.path.join(self._client.root, *self.info["dir"].split("/"), path)))
+                if _test_before_map is not None:
+                    _test_before_map()
+                d = os.path.join(self._client.root, *self.info["dir"].split("/"), path)
+                try:
+                    out.append(load_memmap(d))
+                except _MemmapFormatError:
+                    if not os.path.lexists(d):
+                        raise _Gone(f"store: the item at {path} is gone (removed after the node answered)") from None
+                    raise
             else:
                 out.append({})
         return out
@@ -329,9 +345,14 @@ class Store:
     def peek(self, bin, timeout=None):
         """The bin's items (dicts), which the bin keeps; [] for no such bin."""
         check_name(bin)
-        r = self._call("store.take", {"store": self.name, "bin": bin, "take": 0, "refs": self._ref},
-                       _deadline(timeout), result_tds=(("items", "*", "td"),))
-        return self._items(r.get("items"))
+        deadline = _deadline(timeout)
+        while True:
+            r = self._call("store.take", {"store": self.name, "bin": bin, "take": 0, "refs": self._ref},
+                           deadline, result_tds=(("items", "*", "td"),))
+            try:
+                return self._items(r.get("items"))
+            except _Gone:
+                continue  # a get removed an item meanwhile: peek again
 
     def get(self, bin, timeout=None):
         """The bin's items, removed from the store once this side has them

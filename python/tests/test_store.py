@@ -73,6 +73,24 @@ class TestStore(unittest.TestCase):
                 self.assertEqual([int(x["id"]) for x in got], [0, 1, 2])
                 self.assertEqual(s.get(b), [])
 
+    def test_peek_of_an_item_removed_meanwhile(self):
+        """A peek by reference whose item a get removes between the node's
+        answer and its mapping peeks again (as Go's Client.Peek does);
+        before, it raised FormatError ("meta.json is missing")."""
+        big = {"x": np.arange(2 << 20, dtype=np.float32)}  # a prefix, not inline
+        with dial(self.node, "ref") as s, dial(self.node, "ref") as other:
+            s.put("gone", big)
+
+            def get_it():
+                store._test_before_map = None
+                self.assertEqual(len(other.get("gone")), 1)
+
+            store._test_before_map = get_it
+            try:
+                self.assertEqual(s.peek("gone"), [])
+            finally:
+                store._test_before_map = None
+
     def test_large_values_by_reference(self):
         big = {"x": np.arange(2 << 20, dtype=np.float32)}  # 8 MiB: a prefix, not inline
         with dial(self.node, "ref") as s, dial(self.node, "bytes") as y:
