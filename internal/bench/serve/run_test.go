@@ -214,7 +214,7 @@ func TestRun_PythonReplicas(t *testing.T) {
 		t.Errorf("window %d in the JSON; the node's logs should say lanes=2 and never lanes=1:\n%s", res.Config.Window, run.Stderr)
 	}
 	if strings.Contains(run.Stderr, "detached") {
-		t.Errorf("a replica was detached during the runs (its node stopped before it):\n%s", run.Stderr)
+		t.Errorf("a replica was logged as detached for a fault during the runs (stopped with batches in flight, or its node stopped before it):\n%s", run.Stderr)
 	}
 	if left, _ := os.ReadDir(root); len(left) != 0 {
 		t.Errorf("left under the root: %v", left)
