@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -88,4 +89,30 @@ func TestDiscardStaged_RacesTheNodesRename(t *testing.T) {
 		t.Errorf("%d folders left in staging/, want none", len(ents))
 	}
 	t.Logf("the node took %d of 400 prefixes whole; the client discarded the rest", taken)
+}
+
+// A staged prefix that goes away between the node's check and its rename
+// (its client gave up on the call and claimed it back) is ErrNotStaged,
+// not an internal error, and nothing is stored.
+func TestIngestStaged_PrefixClaimedBackMeanwhile(t *testing.T) {
+	root := t.TempDir()
+	n := serveStore(t, root, "st", Options{InlineBytes: 512})
+	c := dialT(t, n.addr, "st", root, "ref")
+	testBeforeTakeStaged = func(dir string) {
+		testBeforeTakeStaged = nil
+		discardStaged(dir)
+	}
+	t.Cleanup(func() { testBeforeTakeStaged = nil })
+	_, err := c.Append(ctxT(t), "b", itemTD(t, 1, 2000))
+	if !errors.Is(err, ErrNotStaged) {
+		t.Fatalf("Append whose prefix went away before the node took it: %v, want ErrNotStaged", err)
+	}
+	if got, err := c.Peek(ctxT(t), "b"); err != nil || len(got) != 0 {
+		t.Fatalf("the bin after: %d items, %v; want none", len(got), err)
+	}
+	for _, sub := range []string{valuesDir, stagingDir} {
+		if ents, _ := os.ReadDir(filepath.Join(root, "st", sub)); len(ents) != 0 {
+			t.Errorf("%s/ holds %d entries, want none", sub, len(ents))
+		}
+	}
 }

@@ -360,12 +360,24 @@ func (s *Store) ingestStaged(rel string) (*ingest, error) {
 	if size > s.opts.MaxValueBytes {
 		return nil, errorf(ErrTooLarge, "a value of %d bytes; this store takes at most %d", size, s.opts.MaxValueBytes)
 	}
+	if testBeforeTakeStaged != nil {
+		testBeforeTakeStaged(dir)
+	}
 	id := s.nextID.Add(1)
 	if err := s.publishPrefix(dir, id); err != nil {
+		if errors.Is(err, fs.ErrNotExist) && s.health() == nil {
+			// Its client gave up on the call and claimed it back
+			// (Client's discardStaged) after the check above.
+			return nil, errorf(ErrNotStaged, "the staged prefix %s went away before the node took it", rel)
+		}
 		return nil, err
 	}
 	return &ingest{item: recItem{ID: id, Size: size}, prefix: true}, nil
 }
+
+// testBeforeTakeStaged, when set by a test, runs between ingestStaged's
+// check of a staged prefix and its rename.
+var testBeforeTakeStaged func(dir string)
 
 // sweepStaging removes staged prefixes older than ttl, and the node's own
 // unfinished ones (all of them when ttl is 0, at Open).
