@@ -68,7 +68,6 @@ class Node:
                  extra=(), binary=None, start_timeout=60.0, stop_timeout=30.0):
         self._bin = find_binary(binary, "tensorwire.Node")
         self._tmp = None
-        _alive.add(self)
         if root is None:
             self._tmp = _TempDir("tensorwire-node-", self)
             root = os.path.join(self._tmp.path, "root")
@@ -89,6 +88,7 @@ class Node:
         self.proc = None
         self._dir = None
         self.log_path = None
+        _alive.add(self)  # whole: _stop_alive may stop it
 
     def start(self):
         """Runs the node and waits until it listens; returns self."""
