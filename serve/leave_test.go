@@ -31,6 +31,23 @@ func (h *levelLog) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
+// attachOnOwnConn attaches a replica with a window of 2 to n's model on a
+// connection of its own, which the test closes as the replica's process
+// exiting would, and waits until the node counts it.
+func attachOnOwnConn(t *testing.T, n *node) (*rpc.Client, *rpc.Stream[replicaAnswer, replicaBatch]) {
+	t.Helper()
+	c, err := rpc.Dial(ctxT(t), n.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := rpc.OpenStream[replicaAnswer, replicaBatch](ctxT(t), c, MethodReplica, replicaRequest{Name: "model", Window: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitAttached(t, n.m, 1)
+	return c, st
+}
+
 // TestAttach_LeavingIsNotAFault: a replica that goes away with no batch
 // in flight, closing its stream or its whole connection (its process
 // exits), left in good order: the node logs it at INFO, never the WARN of
@@ -47,15 +64,7 @@ func TestAttach_LeavingIsNotAFault(t *testing.T) {
 			n := serveModel(t, "", cfg)
 			const rounds = 60
 			for i := range rounds {
-				c, err := rpc.Dial(ctxT(t), n.addr)
-				if err != nil {
-					t.Fatal(err)
-				}
-				st, err := rpc.OpenStream[replicaAnswer, replicaBatch](ctxT(t), c, MethodReplica, replicaRequest{Name: "model", Window: 2})
-				if err != nil {
-					t.Fatal(err)
-				}
-				waitAttached(t, n.m, 1)
+				c, st := attachOnOwnConn(t, n)
 				if how == "closes its stream" {
 					st.Close()
 				}
@@ -88,15 +97,7 @@ func TestAttach_GoneHoldingABatchIsAFault(t *testing.T) {
 	cl := dial(t, n.addr, "", "bytes")
 	const rounds = 20
 	for i := range rounds {
-		c, err := rpc.Dial(ctxT(t), n.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		st, err := rpc.OpenStream[replicaAnswer, replicaBatch](ctxT(t), c, MethodReplica, replicaRequest{Name: "model", Window: 2})
-		if err != nil {
-			t.Fatal(err)
-		}
-		waitAttached(t, n.m, 1)
+		c, st := attachOnOwnConn(t, n)
 		call := cl.Go(ctxT(t), rowsOf(t, 1, 2))
 		if _, err := st.Recv(ctxT(t)); err != nil {
 			t.Fatal(err)
