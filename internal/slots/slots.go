@@ -62,7 +62,19 @@ func Open(path string, n, fields int) (*Table, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := shm.Reserve(f, int64(n)*int64(fields)*8); err != nil {
+	// A file shorter than the table is refused before anything is
+	// reserved: Reserve grows a short file, and a capacity read from a
+	// damaged or hostile description (FuzzOpen: 100,000,000) would take
+	// gigabytes of disk before the mapping's check.
+	size := int64(n) * int64(fields) * 8
+	if fi, err := f.Stat(); err != nil || fi.Size() < size {
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("slots: %s holds %d bytes, want %d (%d records of %d words)", path, fi.Size(), size, n, fields)
+	}
+	if err := shm.Reserve(f, size); err != nil {
 		f.Close()
 		return nil, err
 	}
