@@ -20,7 +20,6 @@ main thread, typically). Elsewhere a node outlives a parent killed
 without running its exit.
 """
 
-import atexit
 import ctypes
 import os
 import shutil
@@ -32,6 +31,7 @@ import threading
 import time
 import weakref
 
+from . import _exit
 from ._binary import BinaryNotFoundError, find_binary
 from .errors import TensorwireError
 
@@ -88,7 +88,7 @@ class Node:
         self.proc = None
         self._dir = None
         self.log_path = None
-        _alive.add(self)  # whole: _stop_alive may stop it
+        _exit.close_at_exit(self, _exit.NODES)  # whole: it may be stopped at exit
 
     def start(self):
         """Runs the node and waits until it listens; returns self."""
@@ -171,36 +171,19 @@ class Node:
 
 class _TempDir:
     """A temporary folder a Node made: removed by remove() (its Node's
-    stop), or when its Node is collected unstopped (weakref.finalize).
-    Nodes alive at the interpreter's exit are stopped by _stop_alive."""
+    stop, at exit too: _exit), or when its Node is collected unstopped
+    (weakref.finalize)."""
 
     def __init__(self, prefix, owner):
         self.path = tempfile.mkdtemp(prefix=prefix)
         self._collected = weakref.finalize(owner, shutil.rmtree, self.path, ignore_errors=True)
-        self._collected.atexit = False  # _stop_alive's, after the node stopped
+        self._collected.atexit = False  # _exit's, after the node stopped
 
     def remove(self):
         # Not self._collected(): a finalizer called once weakref's own exit
-        # hook ran (before _stop_alive, registered earlier) does nothing.
+        # hook ran (before _exit's, registered earlier) does nothing.
         self._collected.detach()
         shutil.rmtree(self.path, ignore_errors=True)
-
-
-# The Nodes not collected yet. At exit, those never stopped are: their
-# processes end, and their temporary folders go, before the interpreter
-# finalizes. Left to finalization, a node's output thread (a daemon,
-# reading its stdout) aborted the interpreter ("Fatal Python error:
-# _enter_buffered_busy") and the folders stayed.
-_alive = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_alive():
-    for node in list(_alive):
-        try:
-            node.stop()
-        except Exception:
-            pass
 
 
 def _drain(f):

@@ -43,17 +43,15 @@ publishes (store.publish(name, module.state_dict())) into the module, only
 between two batches, and every answer says the version that computed it.
 """
 
-import atexit
 import logging
 import os
 import shutil
 import threading
 import time
-import weakref
 
 import numpy as np
 
-from . import serve as _serve
+from . import _exit, serve as _serve
 from ._fields import is_int
 from .errors import DeadlineExceededError, InternalError, InvalidArgumentError, TensorwireError
 from .rpc import Client as _RPCClient, Sharing, StreamEnd
@@ -193,7 +191,7 @@ class Replica:
         started so and still running when the interpreter exits is closed
         then, before a tensorwire.Node of the same process stops."""
         if self._thread is None:
-            _close_at_exit(self)
+            _exit.close_at_exit(self, _exit.REPLICAS)
             self._thread = threading.Thread(target=self.run, name="tensorwire-replica", daemon=True)
             self._thread.start()
         return self
@@ -494,26 +492,3 @@ def _flatten_sd(d, prefix, out):
         else:
             out[prefix + k] = v
 
-
-# Replicas started on their own thread, closed at exit: registered at the
-# first start(), after node.py's hook, so that it runs first (atexit is
-# last in, first out) and a replica leaves before its Node stops; else it
-# saw the node go, said it was detached and tried to attach again, and
-# left its folder in the root.
-_started = weakref.WeakSet()
-_hooked = []
-
-
-def _close_at_exit(r):
-    if not _hooked:
-        atexit.register(_close_started)
-        _hooked.append(True)
-    _started.add(r)
-
-
-def _close_started():
-    for r in list(_started):
-        try:
-            r.close()
-        except Exception:
-            pass

@@ -1,0 +1,30 @@
+"""What the package closes when the interpreter exits, in order: replicas
+started on their own thread first, then Nodes, so that a replica leaves
+before its node stops (else it saw the node go, said it was detached and
+tried to attach again, and left its folder in the root). Closing them in
+an atexit hook, before finalization, also keeps a Node's output thread (a
+daemon reading its stdout) from aborting the interpreter there ("Fatal
+Python error: _enter_buffered_busy") and removes its temporary folders."""
+
+import atexit
+import weakref
+
+REPLICAS, NODES = 0, 1
+
+_open = (weakref.WeakSet(), weakref.WeakSet())
+
+
+def close_at_exit(obj, stage):
+    """Has obj.close() called at exit, in stage's turn, unless obj was
+    collected first. Closing twice must do nothing."""
+    _open[stage].add(obj)
+
+
+@atexit.register
+def _close_all():
+    for objs in _open:
+        for obj in list(objs):
+            try:
+                obj.close()
+            except Exception:
+                pass
