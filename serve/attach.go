@@ -21,7 +21,8 @@ import (
 //     detached; its process may attach again;
 //   - when its process goes away before answering (the stream broke, it
 //     was killed), the batch it held is run again by another replica, up
-//     to maxTries replicas; with none left it fails with ErrForward;
+//     to maxTries replicas; with none left it waits Config.AttachWait for
+//     one to attach, as requests do, then fails with ErrForward;
 //   - when no replica is left at all, requests wait at most
 //     Config.AttachWait for one to attach, then fail with ErrNoReplica.
 
@@ -167,8 +168,11 @@ func (m *Manager) detachLocked(r *replica, cause error) {
 
 // retryElsewhere detaches r (all its lanes), whose forward of b failed
 // with err, and, when err says its process went away before answering
-// (errGone) and another replica is there, queues b for it and reports
-// true: b's requests wait on. Otherwise b fails as any failed batch does.
+// (errGone) and b has not been to maxTries replicas yet, queues b for
+// another and reports true: b's requests wait on. With no replica left, b
+// waits Config.AttachWait for one to attach, as a request does (a replica
+// restarting, or one attaching as the last leaves), then fails with
+// ErrForward (failOrphans). Otherwise b fails as any failed batch does.
 // Each lane of a replica that went away comes here with its own batch:
 // every batch it held goes elsewhere, none to one of its lanes.
 func (m *Manager) retryElsewhere(r *replica, b *batch, err error) bool {
@@ -178,12 +182,13 @@ func (m *Manager) retryElsewhere(r *replica, b *batch, err error) bool {
 		return false
 	}
 	m.detachLocked(r, err)
-	if len(m.replicas) == 0 || b.tries+1 >= maxTries {
+	if b.tries+1 >= maxTries {
 		return false
 	}
 	b.tries++
 	r.busy = false
 	m.retry = append(m.retry, b)
+	m.armOrphanLocked()
 	m.cond.Broadcast()
 	return true
 }
@@ -224,7 +229,7 @@ func (m *Manager) failOrphans() {
 		failed = append(failed, b)
 	}
 	for _, b := range m.retry {
-		b.err = fmt.Errorf("%w: its replica went away, and no other is attached", ErrForward)
+		b.err = fmt.Errorf("%w: its replica went away, and none attached within %v (Config.AttachWait)", ErrForward, m.cfg.AttachWait)
 		m.putBufferLocked(b.in)
 		failed = append(failed, b)
 	}

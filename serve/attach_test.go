@@ -153,14 +153,36 @@ func TestAttach_GoneMidBatch(t *testing.T) {
 		close(release) // A closes its stream without answering
 		wantAnswer(t, "the batch A held, run by B", call, 5, 3, 2)
 	})
-	t.Run("none left", func(t *testing.T) {
+	t.Run("one attaching meanwhile runs it", func(t *testing.T) {
+		// The only replica goes away holding the batch, and another
+		// attaches only after it was detached (a replica restarting):
+		// the batch waits for it, as a request waits Config.AttachWait.
 		n := serveModel(t, "", attachedConfig(8))
+		release := make(chan struct{})
+		a := attachReplica(t, n.addr, 1, func(int) bool { <-release; return false })
+		waitAttached(t, n.m, 1)
+		c := dial(t, n.addr, "", "bytes")
+		call := c.Go(ctxT(t), rowsOf(t, 5, 3))
+		<-a.got
+		close(release)
+		waitAttached(t, n.m, 0)
+		attachReplica(t, n.addr, 2, nil)
+		wantAnswer(t, "the batch A held, run by B attached after A left", call, 5, 3, 2)
+	})
+	t.Run("none left", func(t *testing.T) {
+		cfg := attachedConfig(8)
+		cfg.AttachWait = 300 * time.Millisecond
+		n := serveModel(t, "", cfg)
 		attachReplica(t, n.addr, 1, func(int) bool { return false })
 		waitAttached(t, n.m, 1)
 		c := dial(t, n.addr, "", "bytes")
+		start := time.Now()
 		_, _, err := c.Predict(ctxT(t), rowsOf(t, 5, 3))
 		if !errors.Is(err, ErrForward) || !strings.Contains(err.Error(), "went away") {
 			t.Fatalf("%v, want ErrForward saying the replica went away", err)
+		}
+		if took := time.Since(start); took < cfg.AttachWait {
+			t.Fatalf("failed after %v, before AttachWait (%v) passed", took, cfg.AttachWait)
 		}
 	})
 }

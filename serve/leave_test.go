@@ -93,6 +93,7 @@ func TestAttach_GoneHoldingABatchIsAFault(t *testing.T) {
 	h := &levelLog{}
 	cfg := attachedConfig(8)
 	cfg.Log = slog.New(h)
+	cfg.AttachWait = 50 * time.Millisecond // each batch waits this long for another replica, in vain
 	n := serveModel(t, "", cfg)
 	cl := dial(t, n.addr, "", "bytes")
 	const rounds = 20

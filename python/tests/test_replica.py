@@ -245,21 +245,52 @@ class TestReplica(AttachedNodeCase, unittest.TestCase):
         self.killed_or_stopped(signal.SIGKILL)
 
     def test_killed_mid_batch_none_left(self):
-        """The only replica killed mid-batch: its caller gets ForwardError,
-        at once, not a hang."""
+        """The only replica killed mid-batch, and none attaches: its caller
+        gets ForwardError once attach-wait (1 s here) has passed, not a
+        hang."""
+        node = attached_node(",attach-wait=1s")
+        self.addCleanup(node.close)
         with tempfile.TemporaryDirectory() as d:
             marker = os.path.join(d, "started")
-            p = child_replica(self.node, "hang", marker)
+            p = child_replica(node, "hang", marker)
+            self.addCleanup(p.wait)
             self.addCleanup(p.kill)
-            wait_until(lambda: stats(self.node).get("attached_now", 0) == 1, what="the child attached")
-            c = self.client()
+            wait_until(lambda: stats(node).get("attached_now", 0) == 1, what="the child attached")
+            c = serve.Client(node.addr, "policy", token=node.token, root=node.root)
+            self.addCleanup(c.close)
             fut = c.predict_async({"obs": obs(3)}, timeout=60)
             wait_until(lambda: os.path.exists(marker), what="the child's forward started")
             t0 = time.monotonic()
             p.kill()
-            with self.assertRaisesRegex(serve.ForwardError, "went away"):
+            with self.assertRaisesRegex(serve.ForwardError, "went away, and none attached within 1s"):
                 fut.result(60)
+            self.assertGreaterEqual(time.monotonic() - t0, 0.9)
             self.assertLess(time.monotonic() - t0, 30)
+
+    def test_killed_mid_batch_restarted_runs_it(self):
+        """The only replica killed mid-batch, and a replica started after it
+        was detached (a supervisor restarting it): the batch waits for it,
+        and its caller gets the new replica's outputs."""
+        with tempfile.TemporaryDirectory() as d:
+            marker = os.path.join(d, "started")
+            p = child_replica(self.node, "hang", marker)
+            self.addCleanup(p.wait)
+            self.addCleanup(p.kill)
+            wait_until(lambda: stats(self.node).get("attached_now", 0) == 1, what="the child attached")
+            c = self.client()
+            x = obs(3, seed=11)
+            fut = c.predict_async({"obs": x}, timeout=60)
+            wait_until(lambda: os.path.exists(marker), what="the child's forward started")
+            p.kill()
+            wait_until(lambda: stats(self.node).get("attached_now", 0) == 0, what="the killed child detached")
+            module = mlp(5)
+            r = serve.Replica(self.node.addr, "policy", module, token=self.node.token, root=self.node.root)
+            self.addCleanup(r.close)
+            r.start()
+            out = fut.result(60)
+            with torch.inference_mode():
+                want = module(torch.from_numpy(x)).numpy()
+            np.testing.assert_array_equal(out["logits"], want)
 
     def killed_or_stopped(self, sig, node=None):
         node = node or self.node
