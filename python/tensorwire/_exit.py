@@ -1,7 +1,9 @@
 """What the package closes when the interpreter exits, in order: replicas
-started on their own thread first, then Nodes, so that a replica leaves
-before its node stops (else it saw the node go, said it was detached and
-tried to attach again, and left its folder in the root). Closing them in
+started on their own thread first, then serve clients by reference, then
+Nodes, so that a replica leaves before its node stops (else it saw the node
+go, said it was detached and tried to attach again, and left its folder in
+the root), and a client unregisters and removes its slots' folder while its
+node still answers (else the folder stayed for the next client to sweep). Closing them in
 an atexit hook, before finalization, also keeps a Node's output thread (a
 daemon reading its stdout) from aborting the interpreter there ("Fatal
 Python error: _enter_buffered_busy") and removes its temporary folders."""
@@ -9,9 +11,9 @@ Python error: _enter_buffered_busy") and removes its temporary folders."""
 import atexit
 import weakref
 
-REPLICAS, NODES = 0, 1
+REPLICAS, CLIENTS, NODES = 0, 1, 2
 
-_open = (weakref.WeakSet(), weakref.WeakSet())
+_open = (weakref.WeakSet(), weakref.WeakSet(), weakref.WeakSet())
 
 
 def close_at_exit(obj, stage):

@@ -43,7 +43,7 @@ import time
 
 import numpy as np
 
-from . import errors as _errors
+from . import _exit, errors as _errors
 from ._fields import answer, uint
 from ._td import DTYPES, TD, NonTensorData, as_array, dtype_name, flatten, marked, tree_to_torch
 from .dataset import escape_key
@@ -318,6 +318,7 @@ class Client:
                 self._renewer = threading.Thread(target=self._renew_every, args=(max(lease / 4, 0.05),),
                                                  name="tensorwire-serve-lease", daemon=True)
                 self._renewer.start()
+                _exit.close_at_exit(self, _exit.CLIENTS)  # its folder goes at exit, if not closed before
         except BaseException:
             self._teardown()
             raise

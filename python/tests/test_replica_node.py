@@ -57,12 +57,13 @@ class TestNode(unittest.TestCase):
         self.assertFalse(alive(pid))
 
     def test_script_exits_with_a_replica_running(self):
-        """A script that starts a Node and a Replica and exits without
-        closing either: the replica leaves first (it does not report itself
-        detached and try to attach again), its folder goes from the root,
-        the process exits cleanly. Before, the node stopped under the
-        replica, and the script aborted at shutdown (the Node's output
-        thread)."""
+        """A script that starts a Node, a Replica and a Client by reference
+        and exits without closing any: the replica leaves first (it does
+        not report itself detached and try to attach again), the replica's
+        and the client's folders go from the root, the process exits
+        cleanly. Before, the node stopped under the replica, the script
+        aborted at shutdown (the Node's output thread), and the client's
+        folder stayed for the next client to sweep."""
         import tempfile
         root = tempfile.mkdtemp(prefix="tw-replica-exit-")
         self.addCleanup(__import__("shutil").rmtree, root, True)
@@ -71,6 +72,7 @@ class TestNode(unittest.TestCase):
                 "r = tensorwire.serve.Replica(node, 'policy', torch.nn.Linear(64, 16)).start()\n"
                 "c = tensorwire.serve.Client(node.address, 'policy', root=node.root)\n"
                 "print(c.predict({'obs': torch.zeros(2, 64)}, timeout=60)['logits'].shape, flush=True)\n"
+                "print(c.mode, c._dir, flush=True)\n"
                 "print(r._dir, flush=True)\n")
         p = subprocess.run([sys.executable, "-c", code, binary(), root, SPEC], env=python_env(),
                            capture_output=True, timeout=120)
@@ -78,9 +80,11 @@ class TestNode(unittest.TestCase):
         self.assertEqual(p.returncode, 0, err)
         self.assertIn(b"(2, 16)", p.stdout)
         self.assertNotIn("detached", err)
-        folder = p.stdout.decode().split()[-1]
-        self.assertTrue(folder.startswith(os.path.join(root, serve.CLIENTS_DIR)), folder)
-        self.assertFalse(os.path.exists(folder), "the replica's folder stayed in the root")
+        words = p.stdout.decode().split()
+        self.assertEqual(words[-3], "ref")
+        for who, folder in (("client", words[-2]), ("replica", words[-1])):
+            self.assertTrue(folder.startswith(os.path.join(root, serve.CLIENTS_DIR)), folder)
+            self.assertFalse(os.path.exists(folder), f"the {who}'s folder stayed in the root")
 
     def test_dies_with_its_parent(self):
         """A Python process that started a node is killed (SIGKILL): the node
