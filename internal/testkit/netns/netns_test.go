@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -179,6 +180,25 @@ func (p *helper) expect(t *testing.T, prefix string) string {
 // killed fails the test unless the helper is gone, killed by SIGKILL. It
 // waits up to patience for the kill to be seen: a loaded machine may take
 // more than a second to reap a process.
+// waitInNS waits until ip netns pids lists pid in namespace ns.
+func waitInNS(t *testing.T, ns string, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(patience)
+	for {
+		out, err := run("ip", "netns", "pids", ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(strings.Fields(out), strconv.Itoa(pid)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d not in namespace %s after %v (its processes: %q)", pid, ns, patience, out)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func (p *helper) killed(t *testing.T, what string) {
 	t.Helper()
 	select {
@@ -490,6 +510,11 @@ func TestSweep(t *testing.T) {
 	unlock := lockSweeps()
 	ofDead, ofAlive, ofSelf := mk(dead, 1), mk(alive, 1), mk(pid, 9999)
 	orphan := start(t, exec.Command("ip", "netns", "exec", ofDead.ns, os.Args[0], "-test.run=^TestHelperProcess$"), "block", true)
+	// Only once the orphan is in the namespace (ip netns exec has entered
+	// it and exec'd the helper) is it a leftover's process: a sweep that
+	// lists the namespace's processes before then finds none, and the
+	// orphan entering just after survives it (seen under load in CI).
+	waitInNS(t, ofDead.ns, orphan.cmd.Process.Pid)
 	unlock()
 
 	n := New(t)
