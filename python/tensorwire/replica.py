@@ -35,7 +35,9 @@ fails on the node with ForwardError carrying the message, and the node
 detaches the replica; the replica attaches again by itself, after a backoff
 (50 ms doubling to 5 s, reset by a batch that succeeds), as the node's own
 replicas are replaced. If the process dies mid-batch the node runs the
-batches it held on another replica.
+batches it held on another replica; with none left, on the next one to
+attach within the node's attach-wait (a replica restarted), else they fail
+with ForwardError.
 
 follow=(store, name), store a tensorwire.store.Store or its address: the
 replica loads every new version of the parameter set name that a trainer
