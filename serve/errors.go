@@ -36,7 +36,9 @@ var (
 	// ErrForward: the model's Forward returned an error or panicked on the
 	// batch the request was in, or returned outputs that do not match the
 	// output schema; the message says which. The replica that ran it is
-	// replaced. Code Internal.
+	// replaced (an attached replica: detached). Also a batch whose attached
+	// replicas went away before answering, maxTries of them, or the last
+	// with none attaching within Config.AttachWait. Code Internal.
 	ErrForward = errors.New("serve: forward failed")
 
 	// ErrParams: Load's parameters do not fit the model (its Load refused
