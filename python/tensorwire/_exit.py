@@ -3,10 +3,11 @@ started on their own thread first, then serve clients by reference, then
 Nodes, so that a replica leaves before its node stops (else it saw the node
 go, said it was detached and tried to attach again, and left its folder in
 the root), and a client unregisters and removes its slots' folder while its
-node still answers (else the folder stayed for the next client to sweep). Closing them in
-an atexit hook, before finalization, also keeps a Node's output thread (a
-daemon reading its stdout) from aborting the interpreter there ("Fatal
-Python error: _enter_buffered_busy") and removes its temporary folders."""
+node still answers (else the folder stayed for the next client to sweep).
+Closing them in an atexit hook, before finalization, also keeps a Node's
+output thread (a daemon reading its stdout) from aborting the interpreter
+there ("Fatal Python error: _enter_buffered_busy") and removes its
+temporary folders."""
 
 import atexit
 import weakref
