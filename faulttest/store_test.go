@@ -188,6 +188,11 @@ func runStoreTrainer(ctx context.Context, args []string) error {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+	// Drain: Get until the bin is empty. An empty Get is not an empty bin
+	// when another Get holds items (one whose give-back, best effort,
+	// did not reach the node): they come back after the node's
+	// get-timeout, so an empty Get is followed by a Peek, and the drain
+	// goes on, printing "held N", while the bin still has items.
 	dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for {
@@ -196,10 +201,26 @@ func runStoreTrainer(ctx context.Context, args []string) error {
 			describeValues(f.root, err)
 			return err
 		}
-		if n == 0 {
+		if n > 0 {
+			continue
+		}
+		tds, err := c.Peek(dctx, "b")
+		if err != nil {
+			return err
+		}
+		closeAll(tds)
+		if len(tds) == 0 {
 			fmt.Println("drained")
 			return nil
 		}
+		fmt.Println("held", len(tds))
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func closeAll(tds []*tensordict.TensorDict) {
+	for _, td := range tds {
+		td.Close()
 	}
 }
 
@@ -356,9 +377,11 @@ func TestStoreAcrossHosts(t *testing.T) {
 		got[id]++
 	}
 	lost, dups := 0, 0
+	var lostIDs []int
 	for _, id := range acked {
 		if got[id] == 0 {
 			lost++
+			lostIDs = append(lostIDs, id)
 		}
 	}
 	for _, n := range got {
@@ -368,6 +391,8 @@ func TestStoreAcrossHosts(t *testing.T) {
 	}
 	if lost > 0 || dups > 0 {
 		t.Errorf("%d acknowledged appends lost, %d items drained twice", lost, dups)
+		defer whereLost(t, filepath.Join(c.shared, "st"), lostIDs) // once the node has stopped
+
 	}
 	// The watcher saw every revision once, in order.
 	time.Sleep(500 * time.Millisecond)
@@ -379,9 +404,48 @@ func TestStoreAcrossHosts(t *testing.T) {
 		}
 	}
 	params := len(linesAfter(w1.Output(), "param ")) + len(linesAfter(w0.Output(), "param "))
+	held := linesAfter(trainer.Output(), "held ")
+	if len(held) > 0 {
+		// Not a failure (the items came back, as the node promises), but
+		// a give-back that did not reach the node: worth a look.
+		t.Logf("the drain found %d items held by another Get after an empty Get, and waited for them", held[0])
+	}
 	figures(t, "acked", len(acked), "drained", len(got), "lost", lost, "duplicated", dups, "events_watched", len(revs),
-		"param_reads", params)
+		"param_reads", params, "drain_held_waits", len(held))
 	node.Stop(30 * time.Second)
+}
+
+// whereLost tells a failed run's reader where the acknowledged items the
+// trainer never drained are: still in the bin (the drain stopped early)
+// or not (the store lost them). It opens the store's folder itself, so
+// the node must have stopped.
+func whereLost(t *testing.T, dir string, lost []int) {
+	s, err := store.Open(dir, store.Options{})
+	if err != nil {
+		t.Logf("whereLost: %v", err)
+		return
+	}
+	defer s.Close()
+	tds, err := s.Peek(context.Background(), "b")
+	if err != nil {
+		t.Logf("whereLost: peek: %v", err)
+		return
+	}
+	in := map[int]bool{}
+	for _, td := range tds {
+		if id, err := storeItemID(td); err == nil {
+			in[id] = true
+		}
+		td.Close()
+	}
+	still := 0
+	for _, id := range lost {
+		if in[id] {
+			still++
+		}
+	}
+	t.Logf("of the %d acknowledged items never drained, %d are still in the bin (%d items there in all); the first: %v",
+		len(lost), still, len(tds), lost[:min(len(lost), 10)])
 }
 
 // storeMode names c's mode as the scenario's lines do: "ref" or "bytes".
