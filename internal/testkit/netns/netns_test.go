@@ -180,20 +180,20 @@ func (p *helper) expect(t *testing.T, prefix string) string {
 // killed fails the test unless the helper is gone, killed by SIGKILL. It
 // waits up to patience for the kill to be seen: a loaded machine may take
 // more than a second to reap a process.
-// waitInNS waits until ip netns pids lists pid in namespace ns.
-func waitInNS(t *testing.T, ns string, pid int) {
+// waitInNS waits until process want is in namespace ns.
+func waitInNS(t *testing.T, ns string, want int) {
 	t.Helper()
 	deadline := time.Now().Add(patience)
 	for {
-		out, err := run("ip", "netns", "pids", ns)
+		pids, err := pidsIn(ns)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if slices.Contains(strings.Fields(out), strconv.Itoa(pid)) {
+		if slices.Contains(pids, want) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pid %d not in namespace %s after %v (its processes: %q)", pid, ns, patience, out)
+			t.Fatalf("pid %d not in namespace %s after %v (its processes: %v)", want, ns, patience, pids)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

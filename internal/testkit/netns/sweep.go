@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -63,25 +64,35 @@ func deleteNS(name string) error {
 	return nil
 }
 
+// pidsIn returns the processes in namespace ns (ip netns pids).
+func pidsIn(ns string) ([]int, error) {
+	out, err := run("ip", "netns", "pids", ns)
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, f := range strings.Fields(out) {
+		if p, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, p)
+		}
+	}
+	return pids, nil
+}
+
 // killAll SIGKILLs every process in a namespace, again and again, until
 // none is left (a zombie has left its namespaces). This process is spared:
 // its main thread is only ever there while Host.in runs on it.
 func killAll(ns string) error {
 	deadline := time.Now().Add(killTimeout)
 	for {
-		out, err := run("ip", "netns", "pids", ns)
+		pids, err := pidsIn(ns)
 		if err != nil {
 			if !nsExists(ns) {
 				return nil
 			}
 			return err
 		}
-		var pids []int
-		for _, f := range strings.Fields(out) {
-			if p, err := strconv.Atoi(f); err == nil && p != pid {
-				pids = append(pids, p)
-			}
-		}
+		pids = slices.DeleteFunc(pids, func(p int) bool { return p == pid })
 		if len(pids) == 0 {
 			return nil
 		}
