@@ -187,8 +187,10 @@ func (m *Manager) retryElsewhere(r *replica, b *batch, err error) bool {
 	}
 	b.tries++
 	r.busy = false
+	// With no replica left, detachLocked has armed the timer that fails b
+	// after AttachWait (a manager with no replicas of its own is
+	// AttachedOnly, whose timer arms whatever waits).
 	m.retry = append(m.retry, b)
-	m.armOrphanLocked()
 	m.cond.Broadcast()
 	return true
 }
