@@ -316,11 +316,27 @@ func (b *Buffer) loadStorage() error {
 // recover rebuilds the in-memory state from the slot table: committed slots
 // go to the sampler (FIFO slots already handed out excepted), slots a
 // writer held are emptied, and the writer resumes (newSlotChooser).
+//
+// A commit cut short by the node dying (kill -9 while commit marked its
+// slots one by one) leaves some of its reservation's slots committed and
+// the rest writing. Its writer had no reply: it retries the commit, which
+// finds the reservation gone and not whole (ErrExpired), and extends the
+// batch again. So such a commit is undone whole, its committed slots
+// emptied too: kept, they would hold the batch's first rows twice.
 func (b *Buffer) recover() {
+	cut := map[uint64]bool{} // reservations with a slot still writing
+	for s := range b.cfg.Capacity {
+		if state(b.slots.word(s)) == stateWriting {
+			cut[b.slots.rid(s)] = true
+		}
+	}
 	var newest uint64 // the largest seq
 	for s := b.cfg.Capacity - 1; s >= 0; s-- {
 		w, seq := b.slots.word(s), b.slots.seq(s)
 		newest = max(newest, seq)
+		if state(w) == stateCommitted && cut[seq>>rowBits] {
+			w = makeWord(gen(w), stateWriting) // emptied below
+		}
 		switch state(w) {
 		case stateWriting:
 			b.slots.setWord(s, makeWord(gen(w), stateEmpty))
