@@ -317,25 +317,42 @@ func (b *Buffer) loadStorage() error {
 // go to the sampler (FIFO slots already handed out excepted), slots a
 // writer held are emptied, and the writer resumes (newSlotChooser).
 //
-// A commit cut short by the node dying (kill -9 while commit marked its
-// slots one by one) leaves some of its reservation's slots committed and
-// the rest writing. Its writer had no reply: it retries the commit, which
-// finds the reservation gone and not whole (ErrExpired), and extends the
-// batch again. So such a commit is undone whole, its committed slots
-// emptied too: kept, they would hold the batch's first rows twice.
+// A writing slot of a reservation some of whose slots are committed is
+// committed too. Two ways leave one, and both want it:
+//   - a commit cut short by the node dying (kill -9 while commit marked
+//     its slots one by one; their priorities and keys were all written
+//     first). Every row of its batch was written before the commit
+//     began. Its writer had no reply and retries the commit, which finds
+//     the slots committed and succeeds: the batch is in once. Emptied,
+//     the slots left would have the retry fail with ErrExpired, the
+//     writer extend the batch again, and the slots already marked hold
+//     its first rows twice (the fault suite saw an episode's step twice).
+//   - a reserve cut short between turning a committed slot writing and
+//     giving it the new seq (reserve's order): the slot still holds, whole,
+//     the row of the reservation its seq names, as before the reserve.
 func (b *Buffer) recover() {
-	cut := map[uint64]bool{} // reservations with a slot still writing
+	finish := map[uint64]bool{} // reservations with a slot writing: true if one is committed
 	for s := range b.cfg.Capacity {
 		if state(b.slots.word(s)) == stateWriting {
-			cut[b.slots.rid(s)] = true
+			finish[b.slots.rid(s)] = false
+		}
+	}
+	if len(finish) > 0 {
+		for s := range b.cfg.Capacity {
+			if rid := b.slots.rid(s); state(b.slots.word(s)) == stateCommitted {
+				if _, ok := finish[rid]; ok {
+					finish[rid] = true
+				}
+			}
 		}
 	}
 	var newest uint64 // the largest seq
 	for s := b.cfg.Capacity - 1; s >= 0; s-- {
 		w, seq := b.slots.word(s), b.slots.seq(s)
 		newest = max(newest, seq)
-		if state(w) == stateCommitted && cut[seq>>rowBits] {
-			w = makeWord(gen(w), stateWriting) // emptied below
+		if state(w) == stateWriting && finish[seq>>rowBits] {
+			w = makeWord(gen(w), stateCommitted)
+			b.slots.setWord(s, w)
 		}
 		switch state(w) {
 		case stateWriting:

@@ -214,9 +214,20 @@ func (b *Buffer) reserve(ctx context.Context, schema tensordict.RowSchema, n int
 		}
 		b.selRemove(s)
 		b.epRemove(s)
+		// The order of the two writes is what a node killed between them
+		// leaves for Open (recover). A committed slot turns writing
+		// first, keeping the seq of the reservation that wrote its row,
+		// which recover then keeps whole; an empty one (expired,
+		// deleted) takes the new seq first, so that it never looks like
+		// a writing slot of the reservation that once filled it.
 		w := b.slots.word(s)
-		b.slots.setWord(s, makeWord(gen(w)+1, stateWriting))
-		b.slots.setSeq(s, r.rid, row)
+		if state(w) == stateCommitted {
+			b.slots.setWord(s, makeWord(gen(w)+1, stateWriting))
+			b.slots.setSeq(s, r.rid, row)
+		} else {
+			b.slots.setSeq(s, r.rid, row)
+			b.slots.setWord(s, makeWord(gen(w)+1, stateWriting))
+		}
 		b.pending++
 	}
 	b.resv[r.rid] = r
@@ -255,7 +266,9 @@ func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, e
 	}
 	r.timer.Stop()
 	delete(b.resv, rid)
-	n := 0
+	// Every slot's priority and key first, then the words: a node killed
+	// between two words leaves a commit that Open finishes (recover), each
+	// slot with what this commit gave it.
 	for i, s := range r.slots {
 		if s < 0 {
 			continue
@@ -271,10 +284,16 @@ func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, e
 		}
 		b.slots.setPriority(s, p)
 		b.slots.setKey(s, key)
+	}
+	n := 0
+	for _, s := range r.slots {
+		if s < 0 {
+			continue
+		}
 		b.slots.setWord(s, makeWord(gen(b.slots.word(s)), stateCommitted))
-		b.selInsert(s, b.slots.seq(s), p)
+		b.selInsert(s, b.slots.seq(s), b.slots.priority(s))
 		b.epAdd(s)
-		b.writer.committed(s, key)
+		b.writer.committed(s, b.slots.key(s))
 		n++
 	}
 	b.pending -= n
