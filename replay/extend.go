@@ -223,16 +223,30 @@ func (b *Buffer) reserve(ctx context.Context, schema tensordict.RowSchema, n int
 		w := b.slots.word(s)
 		if state(w) == stateCommitted {
 			b.slots.setWord(s, makeWord(gen(w)+1, stateWriting))
+			slotWritten()
 			b.slots.setSeq(s, r.rid, row)
 		} else {
 			b.slots.setSeq(s, r.rid, row)
+			slotWritten()
 			b.slots.setWord(s, makeWord(gen(w)+1, stateWriting))
 		}
+		slotWritten()
 		b.pending++
 	}
 	b.resv[r.rid] = r
 	r.timer = time.AfterFunc(b.cfg.Lease, func() { b.expire(r.rid) })
 	return r, b.storage, nil
+}
+
+// testSlotWritten, when a test sets it, runs after each write of reserve
+// and commit to the slot table, with the buffer's lock held: a copy of the
+// files made there is what a node killed at that point leaves.
+var testSlotWritten func()
+
+func slotWritten() {
+	if testSlotWritten != nil {
+		testSlotWritten()
+	}
 }
 
 // commit makes a reservation's slots sampleable, with priorities (nil: the
@@ -284,6 +298,7 @@ func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, e
 		}
 		b.slots.setPriority(s, p)
 		b.slots.setKey(s, key)
+		slotWritten()
 	}
 	n := 0
 	for _, s := range r.slots {
@@ -291,6 +306,7 @@ func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, e
 			continue
 		}
 		b.slots.setWord(s, makeWord(gen(b.slots.word(s)), stateCommitted))
+		slotWritten()
 		b.selInsert(s, b.slots.seq(s), b.slots.priority(s))
 		b.epAdd(s)
 		b.writer.committed(s, b.slots.key(s))
