@@ -331,21 +331,7 @@ func (b *Buffer) loadStorage() error {
 //     giving it the new seq (reserve's order): the slot still holds, whole,
 //     the row of the reservation its seq names, as before the reserve.
 func (b *Buffer) recover() {
-	finish := map[uint64]bool{} // reservations with a slot writing: true if one is committed
-	for s := range b.cfg.Capacity {
-		if state(b.slots.word(s)) == stateWriting {
-			finish[b.slots.rid(s)] = false
-		}
-	}
-	if len(finish) > 0 {
-		for s := range b.cfg.Capacity {
-			if rid := b.slots.rid(s); state(b.slots.word(s)) == stateCommitted {
-				if _, ok := finish[rid]; ok {
-					finish[rid] = true
-				}
-			}
-		}
-	}
+	finish := b.cutShort()
 	var newest uint64 // the largest seq
 	for s := b.cfg.Capacity - 1; s >= 0; s-- {
 		w, seq := b.slots.word(s), b.slots.seq(s)
@@ -372,4 +358,27 @@ func (b *Buffer) recover() {
 	b.nextRID = newest>>rowBits + 1
 	b.writer = newSlotChooser(b.cfg.Writer, b.slots)
 	b.rebuildEpisodes()
+}
+
+// cutShort returns the reservations recover finishes: those with a slot
+// writing and one committed. The second pass over the table runs only if
+// some slot is writing (a node that closed with no reservation in flight
+// left none).
+func (b *Buffer) cutShort() map[uint64]bool {
+	writing := map[uint64]bool{}
+	for s := range b.cfg.Capacity {
+		if state(b.slots.word(s)) == stateWriting {
+			writing[b.slots.rid(s)] = true
+		}
+	}
+	finish := map[uint64]bool{}
+	if len(writing) == 0 {
+		return finish
+	}
+	for s := range b.cfg.Capacity {
+		if rid := b.slots.rid(s); state(b.slots.word(s)) == stateCommitted && writing[rid] {
+			finish[rid] = true
+		}
+	}
+	return finish
 }
