@@ -106,19 +106,28 @@ func checkSlices(info SliceInfo, td *tensordict.TensorDict, spec SliceSpec) erro
 	return nil
 }
 
-// wantEpisodes checks b's episode index against the rows it holds: each
-// episode's slots hold its steps in order, consecutive, and every
-// committed row is in its episode.
-func wantEpisodes(t *testing.T, b *Buffer, lens map[int64]int) {
+// rowsOf returns the (episode, step) of every slot's row, committed or
+// not, failing on a torn row.
+func rowsOf(t *testing.T, b *Buffer) (eps, st []int64) {
 	t.Helper()
 	all, err := b.storage.Gather(seq(0, b.cfg.Capacity))
 	if err != nil {
 		t.Fatal(err)
 	}
-	eps, st, err := stepsOf(all)
+	eps, st, err = stepsOf(all)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return eps, st
+}
+
+// wantEpisodes checks b's episode index against the rows it holds: each
+// episode's slots hold its steps in order, consecutive, and every
+// committed row is in its episode. It returns each episode's steps.
+func wantEpisodes(t *testing.T, b *Buffer, lens map[int64]int) map[int64][]int64 {
+	t.Helper()
+	held := map[int64][]int64{}
+	eps, st := rowsOf(t, b)
 	seen := 0
 	for _, e := range b.Episodes() {
 		if lens != nil && len(e.Slots) != lens[e.ID] {
@@ -131,12 +140,14 @@ func wantEpisodes(t *testing.T, b *Buffer, lens map[int64]int) {
 			if eps[s] != e.ID || (i > 0 && st[s] != st[e.Slots[i-1]]+1) {
 				t.Fatalf("episode %d step %d: slot %d holds episode %d step %d", e.ID, i, s, eps[s], st[s])
 			}
+			held[e.ID] = append(held[e.ID], st[s])
 			seen++
 		}
 	}
 	if seen != b.Len() {
 		t.Fatalf("%d steps in episodes, %d committed", seen, b.Len())
 	}
+	return held
 }
 
 // TestEpisodes_InterleavedWrapAroundReopen: three actors append steps of

@@ -111,77 +111,96 @@ func TestRecover_ReserveCutShort(t *testing.T) {
 
 // The node killed after every single write of a reserve and a commit to
 // the slot table, in the order the code writes (testSlotWritten copies
-// the files there), while a batch of 3 takes two empty slots and one that
-// holds an acknowledged step. Each copy is reopened and the writer does
-// what it would: retries the commit, and extends the batch again if that
-// fails with ErrExpired (a kill during reserve ends there too). Every
-// time, the new episode is in once, steps 0-2 in order, and the older one
-// holds every acknowledged step that no batch overwrote.
+// the files there), while a batch of 3 of episode 2 goes over slots of
+// episode 1: two empty ones and one holding an acknowledged step, or one
+// whose step was deleted and two holding acknowledged steps. Each copy is
+// reopened and the writer does what it would: retries the commit, and
+// extends the batch again if that fails with ErrExpired (a kill during
+// reserve ends there too). Every time, episode 2 is in once, steps 0-2 in
+// order; episode 1 is a run ending at its last step, holding every
+// acknowledged step that no batch overwrote; the deleted step does not
+// come back, at the reopening or after.
 func TestRecover_KilledAtEveryWrite(t *testing.T) {
-	ctx := ctxT(t)
-	dir := t.TempDir()
-	b, err := Create(filepath.Join(dir, "buf"), Config{Capacity: 8, Schema: stepSchema, TrajKey: []string{"episode"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	if _, err := b.Extend(ctx, steps(t, 1, 0, 6)); err != nil {
-		t.Fatal(err)
-	}
-	var kills []string
-	testSlotWritten = func() {
-		k := filepath.Join(dir, fmt.Sprintf("kill%02d", len(kills)))
-		copyDir(t, filepath.Join(dir, "buf"), k)
-		kills = append(kills, k)
-	}
-	slots, err := b.Extend(ctx, steps(t, 2, 0, 3)) // slots 6, 7 and 0 (episode 1's step 0)
-	testSlotWritten = nil
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := []int{6, 7, 0}; !slices.Equal(slots, want) {
-		t.Fatalf("the batch went to slots %v, want %v", slots, want)
-	}
-	rid := b.slots.rid(slots[0])
-	if len(kills) != 12 {
-		t.Fatalf("%d writes to the slot table, want 12 (2 a slot in reserve, 2 in commit)", len(kills))
-	}
-	for i, k := range kills {
-		rb, err := Open(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = rb.commit(rid, slots, nil)
-		if errors.Is(err, ErrExpired) {
-			_, err = rb.Extend(ctx, steps(t, 2, 0, 3))
-		}
-		if err != nil {
-			t.Fatalf("killed after write %d: %v", i, err)
-		}
-		wantEpisodes(t, rb, nil) // each episode's steps consecutive, every committed step in one
-		got := map[int64][]int64{}
-		all, _ := rb.storage.Gather(seq(0, rb.cfg.Capacity))
-		eps, st, _ := stepsOf(all)
-		for _, e := range rb.Episodes() {
-			for _, s := range e.Slots {
-				if eps[s] != e.ID {
-					t.Fatalf("killed after write %d: episode %d lists slot %d of episode %d", i, e.ID, s, eps[s])
+	for _, tc := range []struct {
+		name    string
+		steps   int   // episode 1's, in slots 0, 1, ... of 8
+		deleted int   // episode 1's step deleted before the batch; -1: none
+		slots   []int // where the batch goes
+	}{
+		{"two empty slots and an acknowledged one", 6, -1, []int{6, 7, 0}},
+		{"a deleted step's slot and two acknowledged", 8, 0, []int{0, 1, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxT(t)
+			dir := t.TempDir()
+			b, err := Create(filepath.Join(dir, "buf"), Config{Capacity: 8, Schema: stepSchema, TrajKey: []string{"episode"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			ack, err := b.Extend(ctx, steps(t, 1, 0, tc.steps))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.deleted >= 0 {
+				if n, err := b.Delete(ctx, SampleInfo{Indices: ack[tc.deleted : tc.deleted+1]}); n != 1 || err != nil {
+					t.Fatalf("delete: %d, %v", n, err)
 				}
-				got[e.ID] = append(got[e.ID], st[s])
 			}
-		}
-		if ep1, ep2 := got[1], got[2]; !slices.Equal(ep2, []int64{0, 1, 2}) || len(ep1) == 0 || ep1[len(ep1)-1] != 5 {
-			t.Errorf("killed after write %d and retried: episode 1 steps %v (want a run ending at 5), episode 2 %v (want 0-2)",
-				i, ep1, ep2)
-		}
-		// The retried batch may overwrite more of episode 1, and the cut
-		// one had taken slot 0; no other slot that still holds its
-		// acknowledged step is dropped.
-		for s := 1; s < 6; s++ {
-			if eps[s] == 1 && st[s] == int64(s) && state(rb.slots.word(s)) != stateCommitted {
-				t.Errorf("killed after write %d: slot %d holds episode 1's acknowledged step %d, not in the buffer", i, s, s)
+			var kills []string
+			testSlotWritten = func() {
+				k := filepath.Join(dir, fmt.Sprintf("kill%02d", len(kills)))
+				copyDir(t, filepath.Join(dir, "buf"), k)
+				kills = append(kills, k)
 			}
-		}
-		rb.Close()
+			slots, err := b.Extend(ctx, steps(t, 2, 0, 3))
+			testSlotWritten = nil
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(slots, tc.slots) {
+				t.Fatalf("the batch went to slots %v, want %v", slots, tc.slots)
+			}
+			rid := b.slots.rid(slots[0])
+			if len(kills) != 12 {
+				t.Fatalf("%d writes to the slot table, want 12 (2 a slot in reserve, 2 in commit)", len(kills))
+			}
+			for i, k := range kills {
+				rb, err := Open(k)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tc.deleted >= 0 { // before the retry, which may overwrite it
+					eps, st := rowsOf(t, rb)
+					if s := ack[tc.deleted]; eps[s] == 1 && st[s] == int64(tc.deleted) && state(rb.slots.word(s)) == stateCommitted {
+						t.Errorf("killed after write %d: episode 1's deleted step %d is back in slot %d", i, tc.deleted, s)
+					}
+				}
+				_, err = rb.commit(rid, slots, nil)
+				if errors.Is(err, ErrExpired) {
+					_, err = rb.Extend(ctx, steps(t, 2, 0, 3))
+				}
+				if err != nil {
+					t.Fatalf("killed after write %d: %v", i, err)
+				}
+				held := wantEpisodes(t, rb, nil) // each episode's steps consecutive, every committed step in one
+				ep1, ep2 := held[1], held[2]
+				if !slices.Equal(ep2, []int64{0, 1, 2}) || len(ep1) == 0 || ep1[len(ep1)-1] != int64(tc.steps-1) ||
+					slices.Contains(ep1, int64(tc.deleted)) {
+					t.Errorf("killed after write %d and retried: episode 1 steps %v (want a run ending at %d, without %d), "+
+						"episode 2 %v (want 0-2)", i, ep1, tc.steps-1, tc.deleted, ep2)
+				}
+				// The retried batch may overwrite more of episode 1; no slot
+				// outside the cut batch that still holds its acknowledged
+				// step is dropped.
+				eps, st := rowsOf(t, rb)
+				for s := range tc.steps {
+					if !slices.Contains(slots, s) && eps[s] == 1 && st[s] == int64(s) && state(rb.slots.word(s)) != stateCommitted {
+						t.Errorf("killed after write %d: slot %d holds episode 1's acknowledged step %d, not in the buffer", i, s, s)
+					}
+				}
+				rb.Close()
+			}
+		})
 	}
 }
