@@ -166,7 +166,7 @@ func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath str
 	}
 	s.c = c
 	defer c.Close()
-	if err := s.reply(pyResp{Rank: c.Rank(), World: c.Size(), Transport: transportName(c.Transport())}); err != nil {
+	if err := s.reply(pyResp{Rank: c.Rank(), World: c.Size(), Transport: transportName(c.Transport()), Pipe: pipeVersion}); err != nil {
 		return err
 	}
 	var last int64 // the last request's id
@@ -365,7 +365,17 @@ func argErr(format string, args ...any) pyResp {
 	return pyResp{Code: int(rpc.InvalidArgument), Reason: "collective.argument", Msg: fmt.Sprintf(format, args...)}
 }
 
-// input is the request's tensor, over the data file's bytes (no copy).
+// checkAt refuses a request's At that is not a place in the data file to
+// start a tensor at: negative, not a multiple of 64, or past the file.
+func (s *sidecar) checkAt(at int64) error {
+	if at < 0 || at%64 != 0 || at > int64(len(s.d.mem)) {
+		return fmt.Errorf("%w: at %d: want a multiple of 64 within the data file's %d bytes", collective.ErrArgument, at, len(s.d.mem))
+	}
+	return nil
+}
+
+// input is the request's tensor, over the data file's bytes from req.At
+// (no copy).
 func (s *sidecar) input(req pyReq) (*tensordict.Tensor, error) {
 	if !req.Has {
 		return nil, nil
@@ -378,19 +388,19 @@ func (s *sidecar) input(req pyReq) (*tensordict.Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n > len(s.d.mem) {
-		return nil, fmt.Errorf("%w: the input's %d bytes are past the data file's %d", collective.ErrArgument, n, len(s.d.mem))
+	if int64(n) > int64(len(s.d.mem))-req.At {
+		return nil, fmt.Errorf("%w: the input's %d bytes at %d are past the data file's %d", collective.ErrArgument, n, req.At, len(s.d.mem))
 	}
-	return tensordict.FromBytes(dt, req.Shape, s.d.mem[:n:n])
+	return tensordict.FromBytes(dt, req.Shape, s.d.mem[req.At:req.At+int64(n):req.At+int64(n)])
 }
 
-// inputBytes is where outputs may start: after the input, 64-byte aligned.
-func inputBytes(t *tensordict.Tensor) int64 {
+// after is where outputs may start: after the input at at, 64-byte aligned.
+func after(at int64, t *tensordict.Tensor) int64 {
 	if t == nil {
-		return 0
+		return at
 	}
 	b, _ := t.Bytes()
-	return (int64(len(b)) + 63) &^ 63
+	return at + (int64(len(b))+63)&^63
 }
 
 // handle runs one request and returns its reply, and whether to stop.
@@ -400,6 +410,9 @@ func (s *sidecar) handle(req pyReq) (pyResp, bool) {
 	}
 	if req.Op == "close" {
 		return pyResp{}, true
+	}
+	if err := s.checkAt(req.At); err != nil {
+		return errResp(err), false
 	}
 	ctx := s.ctx
 	if req.Timeout > 0 {
@@ -417,7 +430,7 @@ func (s *sidecar) handle(req pyReq) (pyResp, bool) {
 	op := collective.Op(req.Red)
 	c := s.c
 	var res *tensordict.Tensor // a result to copy out after the input
-	inPlace := false           // the result is the input, at offset 0
+	inPlace := false           // the result is the input, at req.At
 	switch req.Op {
 	case "allreduce":
 		err, inPlace = c.AllreduceInto(ctx, t, t, op), true
@@ -459,12 +472,12 @@ func (s *sidecar) handle(req pyReq) (pyResp, bool) {
 		return errResp(err), false
 	}
 	if inPlace {
-		return s.done(nil, t, true, 0), false
+		return s.done(nil, t, true, req.At), false
 	}
 	if res == nil {
 		return pyResp{None: true}, false
 	}
-	return s.place(res, inputBytes(t)), false
+	return s.place(res, after(req.At, t)), false
 }
 
 // counts resolves a split's counts: given, or from every rank's numelem
@@ -547,7 +560,7 @@ func (s *sidecar) start(req pyReq, t *tensordict.Tensor) pyResp {
 	return pyResp{}
 }
 
-// wait completes an Isend or Irecv; an Irecv's tensor comes back at offset 0.
+// wait completes an Isend or Irecv; an Irecv's tensor comes back at req.At.
 func (s *sidecar) wait(ctx context.Context, req pyReq) pyResp {
 	p, ok := s.reqs[req.Req]
 	if !ok {
@@ -561,5 +574,5 @@ func (s *sidecar) wait(ctx context.Context, req pyReq) pyResp {
 	if !p.recv {
 		return pyResp{}
 	}
-	return s.place(p.r.Tensor(), 0)
+	return s.place(p.r.Tensor(), req.At)
 }

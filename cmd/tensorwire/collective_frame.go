@@ -16,8 +16,14 @@ import (
 // big-endian length and that many bytes of one msgpack map. The map keys
 // are the fields' names below, in that (sorted) order, zero values left
 // out; tensors' bytes never cross the pipe: they are in the data file
-// both processes map (the request's input from offset 0, the reply's
+// both processes map (the request's input from offset At, the reply's
 // output at Off).
+
+// pipeVersion is the pipe protocol this sidecar speaks, told in its hello
+// (pyResp.Pipe): 2 takes a request's At; a hello without it is version 1,
+// whose sidecar reads every input at offset 0 and ignores At, so a Python
+// rank sends At only to a sidecar that says 2.
+const pipeVersion = 2
 
 // maxFrame bounds a frame: a description with every rank's counts
 // (collective.MaxSize of them) fits many times.
@@ -29,6 +35,7 @@ var errFrame = errors.New("collective sidecar: bad frame")
 
 // pyReq is one request from the Python rank.
 type pyReq struct {
+	At      int64  `codec:"at,omitempty"`      // where the input is in the data file (a multiple of 64); outputs at or after it
 	Axis    int    `codec:"axis,omitempty"`    // Gather, Allgather, Scatter, ReduceScatter; Alltoall's gather axis
 	Axis2   int    `codec:"axis2,omitempty"`   // Alltoall's scatter axis
 	Counts  []int  `codec:"counts,omitempty"`  // every rank's count along the split axis
@@ -57,6 +64,7 @@ type pyResp struct {
 	None      bool   `codec:"none,omitempty"` // no output on this rank (Gather off the root)
 	Off       int64  `codec:"off,omitempty"`  // where the output starts in the data file
 	Out       bool   `codec:"out,omitempty"`  // an output tensor is at Off
+	Pipe      int    `codec:"pipe,omitempty"` // the pipe protocol's version (hello; pipeVersion)
 	Rank      int    `codec:"rank,omitempty"`
 	Reason    string `codec:"reason,omitempty"` // the error's reason (collective.mismatch, ...)
 	Shape     []int  `codec:"shape,omitempty"`

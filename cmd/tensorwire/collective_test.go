@@ -59,10 +59,12 @@ func TestCollectivePipe_Golden(t *testing.T) {
 	}{
 		{"req-allreduce", pyReq{ID: 7, Op: "allreduce", Red: 1, Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"req-scatter", pyReq{ID: 8, Op: "scatter", Has: true, DType: "float64", Shape: []int{6, 2}, Numelem: &zero, Root: 1, Size: 1 << 20, Timeout: 30000}},
+		{"req-allreduce-at", pyReq{At: 4096, ID: 10, Op: "allreduce", Red: 1, Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"req-wait", pyReq{ID: 9, Op: "wait", Req: 8, Size: 1 << 20}},
 		{"resp-out", pyResp{ID: 7, Out: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
+		{"resp-out-at", pyResp{ID: 10, Off: 4096, Out: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"resp-error", pyResp{ID: 8, Code: 3, Reason: "collective.mismatch", Msg: "collective: ranks disagree: Allreduce: shape [4] on rank 1, [3] on rank 0"}},
-		{"resp-hello", pyResp{Rank: 2, World: 4, Transport: "shm"}},
+		{"resp-hello", pyResp{Rank: 2, World: 4, Transport: "shm", Pipe: pipeVersion}},
 	} {
 		want, ok := golden[tc.name]
 		if !ok {
@@ -358,4 +360,82 @@ func TestCollectiveCmd_Usage(t *testing.T) {
 	if code := run(context.Background(), []string{"collective", "rank", "--addr", "127.0.0.1:1", "--rank", "0", "--size", "1", "--data", "x", "--spin", "2s"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--spin") {
 		t.Fatalf("collective rank --spin 2s: exit %d, %s", code, errb.String())
 	}
+}
+
+// Requests with an input elsewhere than offset 0 (pipe version 2's at): an
+// Allreduce leaves its output there and nothing else of the file changes
+// (where the parent keeps outputs that stay); an Allgather's output
+// follows its input; an Irecv's Wait puts what arrived at the wait's at;
+// an at the sidecar cannot use is an argument error and it goes on.
+func TestCollectiveSidecar_At(t *testing.T) {
+	addr := freeAddr(t)
+	shm := t.TempDir()
+	ranks := []*pyRank{startSidecar(t, addr, shm, 0, 2, collective.SHM), startSidecar(t, addr, shm, 1, 2, collective.SHM)}
+	for _, p := range ranks {
+		if hello := p.read(t); anyInt(hello["pipe"]) != pipeVersion {
+			t.Fatalf("hello %v: want pipe %d", hello, pipeVersion)
+		}
+	}
+	parallel := func(f func(r int, p *pyRank)) {
+		var wg sync.WaitGroup
+		for r, p := range ranks {
+			wg.Add(1)
+			go func() { defer wg.Done(); f(r, p) }()
+		}
+		wg.Wait()
+	}
+	kept := f64bytes(7, 7, 7) // an earlier output at offset 0 that must stay
+	parallel(func(r int, p *pyRank) {
+		p.f.WriteAt(kept, 0)
+		p.f.WriteAt(f64bytes(float64(r+1), -1), 4096)
+		resp := p.call(t, pyReq{ID: 1, At: 4096, Op: "allreduce", Red: int(collective.Sum), Has: true, DType: "float64", Shape: []int{2}})
+		got := make([]byte, 16)
+		p.f.ReadAt(got, 4096)
+		if resp["code"] != nil || anyInt(resp["off"]) != 4096 || !bytes.Equal(got, f64bytes(3, -2)) {
+			t.Errorf("rank %d: allreduce at 4096: %v, %x", r, resp, got)
+		}
+		resp = p.call(t, pyReq{ID: 2, At: 4096, Op: "allgather", Has: true, DType: "float64", Shape: []int{1}})
+		got = make([]byte, 16)
+		p.f.ReadAt(got, 4096+64)
+		if resp["code"] != nil || anyInt(resp["off"]) != 4096+64 || !bytes.Equal(got, f64bytes(3, 3)) {
+			t.Errorf("rank %d: allgather at 4096: %v, %x", r, resp, got)
+		}
+		// Rank 0 sends rank 1 its row at 8192; rank 1's wait puts it at 12288.
+		if r == 0 {
+			p.f.WriteAt(f64bytes(5, 6), 8192)
+			if resp := p.call(t, pyReq{ID: 3, At: 8192, Op: "isend", Peer: 1, Has: true, DType: "float64", Shape: []int{2}}); resp["code"] != nil {
+				t.Errorf("isend: %v", resp)
+			}
+			if resp := p.call(t, pyReq{ID: 4, At: 4096, Op: "wait", Req: 3}); resp["code"] != nil {
+				t.Errorf("wait isend: %v", resp)
+			}
+		} else {
+			if resp := p.call(t, pyReq{ID: 3, At: 8192, Op: "irecv", Peer: 0, Has: true, DType: "float64", Shape: []int{2}}); resp["code"] != nil {
+				t.Errorf("irecv: %v", resp)
+			}
+			resp := p.call(t, pyReq{ID: 4, At: 12288, Op: "wait", Req: 3})
+			got := make([]byte, 16)
+			p.f.ReadAt(got, 12288)
+			if resp["code"] != nil || anyInt(resp["off"]) != 12288 || !bytes.Equal(got, f64bytes(5, 6)) {
+				t.Errorf("wait irecv at 12288: %v, %x", resp, got)
+			}
+		}
+		for _, at := range []int64{-64, 100, 2 << 20} {
+			resp := p.call(t, pyReq{ID: 5, At: at, Op: "allreduce", Red: 1, Has: true, DType: "float64", Shape: []int{1}})
+			if anyInt(resp["code"]) != 3 || resp["reason"] != "collective.argument" || !strings.Contains(resp["msg"].(string), "at ") {
+				t.Errorf("rank %d: at %d: %v", r, at, resp)
+			}
+		}
+		got = make([]byte, 24)
+		p.f.ReadAt(got, 0)
+		if !bytes.Equal(got, kept) {
+			t.Errorf("rank %d: the bytes at offset 0 changed: %x", r, got)
+		}
+	})
+	// Both go on.
+	parallel(func(r int, p *pyRank) {
+		if resp := p.call(t, pyReq{ID: 6, Op: "barrier"}); resp["code"] != nil {
+			t.Errorf("rank %d: barrier after the bad ats: %v", r, resp)
+		}
+	})
 }

@@ -21,6 +21,8 @@ REQUESTS = [
                        "shape": [2, 3], "size": 1 << 20, "timeout": 0}),
     ("req-scatter", {"id": 8, "op": "scatter", "has": True, "dtype": "float64", "shape": [6, 2], "numelem": 0,
                      "root": 1, "size": 1 << 20, "timeout": 30000, "axis": 0}),
+    ("req-allreduce-at", {"at": 4096, "id": 10, "op": "allreduce", "red": collective.MPI_SUM, "has": True,
+                          "dtype": "float32", "shape": [2, 3], "size": 1 << 20, "timeout": 0}),
     ("req-wait", {"id": 9, "op": "wait", "req": 8, "size": 1 << 20}),
 ]
 
@@ -76,7 +78,9 @@ class TestCollectiveGolden(unittest.TestCase):
             self.assertEqual(struct.unpack(">I", b[:4])[0], len(b) - 4)
             return collective.decode_frame(b[4:])
         self.assertEqual(body("resp-out"), {"id": 7, "out": True, "dtype": "float32", "shape": [2, 3], "size": 1 << 20})
-        self.assertEqual(body("resp-hello"), {"rank": 2, "world": 4, "transport": "shm"})
+        self.assertEqual(body("resp-out-at"), {"id": 10, "off": 4096, "out": True, "dtype": "float32", "shape": [2, 3],
+                                               "size": 1 << 20})
+        self.assertEqual(body("resp-hello"), {"pipe": 2, "rank": 2, "world": 4, "transport": "shm"})
         err = body("resp-error")
         e = collective.from_wire(err["code"], err["msg"], err["reason"])
         self.assertIsInstance(e, collective.MismatchError)
