@@ -45,6 +45,7 @@ import numpy as np
 from . import _msgpack
 from ._binary import find_binary
 from ._outpool import OutputPool
+from ._regions import Regions, address
 from ._td import as_array, dtype_name, numpy_dtype, to_torch
 from .errors import (AbortedError, FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError,
                      TensorwireError, UnauthenticatedError, UnavailableError, from_wire, register_reason)
@@ -235,6 +236,9 @@ class _Sidecar:
         self._size = 0
         self._mm = None
         self._u8 = None
+        self._ptr = 0
+        self._pipe = 1  # the sidecar's pipe protocol (its hello's "pipe")
+        self._regions = Regions()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._rbuf = b""
@@ -262,10 +266,10 @@ class _Sidecar:
                 if self._p.poll() is None:
                     self._p.kill()
                     self._p.wait()
-                self._p.stdin.close()
-                self._p.stdout.close()
-            os.close(self._fd)
-            self._close_bell()
+                self._release()
+            else:
+                os.close(self._fd)
+                self._close_bell()
             raise
         finally:
             if bell_path:
@@ -307,19 +311,54 @@ class _Sidecar:
             self._p.wait()
             raise from_wire(hello["code"], hello.get("msg", ""), hello.get("reason", ""))
         self.rank, self.size, self.transport = hello.get("rank", 0), hello["world"], hello["transport"]
+        self._pipe = hello.get("pipe", 1)
 
     def _grow(self, n):
+        """Grows the data file to at least n bytes (whole MiB) and maps it.
+        Its blocks are reserved, as the sidecar reserves those it adds, so
+        a full /dev/shm is NoSpaceError here and not a SIGBUS at the first
+        write into the mapping."""
         n = max(n, 1 << 20)
         n = (n + (1 << 20) - 1) & ~((1 << 20) - 1)
         if os.fstat(self._fd).st_size < n:
-            os.ftruncate(self._fd, n)
+            try:
+                if hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(self._fd, 0, n)
+                else:
+                    os.ftruncate(self._fd, n)
+            except OSError as e:
+                raise NoSpaceError(f"the collective's data file cannot grow to {n} bytes: {e.strerror} "
+                                   "(its folder is join's shm_dir, /dev/shm by default)") from e
         self._remap(n)
+
+    def _place(self, nbytes, stay):
+        """Where a call's input of nbytes goes, and whether its output of
+        stay bytes stays there as a region (_regions.py); the file grown
+        to hold them. Where the file cannot grow for a region, the scratch;
+        where it cannot for that either, NoSpaceError."""
+        if self._pipe < 2:  # an old sidecar: every input at offset 0
+            if max(stay, nbytes) > self._size:
+                self._grow(max(stay, nbytes))
+            return 0, False
+        at = self._regions.place(stay) if stay else None
+        if at is not None:
+            try:
+                if at + max(stay, nbytes) > self._size:
+                    self._grow(at + max(stay, nbytes))
+                return at, True
+            except NoSpaceError:
+                pass
+        at = self._regions.scratch()
+        if at + max(stay, nbytes) > self._size:
+            self._grow(at + max(stay, nbytes))
+        return at, False
 
     def _remap(self, n):
         if n <= self._size:
             return
-        self._mm = mmap.mmap(self._fd, n)  # views of the old mapping keep it alive
+        self._mm = mmap.mmap(self._fd, n)  # views and regions of the old mapping keep it alive
         self._u8 = np.frombuffer(self._mm, dtype=np.uint8)
+        self._ptr = address(self._mm)
         self._size = n
 
     def _read(self):
@@ -359,10 +398,27 @@ class _Sidecar:
         if self._p.poll() is None:
             self._p.kill()
         self._p.wait()
+        self._release()
+
+    def _release(self):
+        """Closes the pipes, the data file and the bell (once). The
+        mappings stay while outputs in them live (_regions.py)."""
+        if self._fd is None:
+            return
+        for f in (self._p.stdin, self._p.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        os.close(self._fd)
+        self._fd = None
+        self._mm = self._u8 = None
+        self._close_bell()
 
     def _dead(self):
         rc = self._p.wait()
         self.closed = True
+        self._release()
         raise PeerLostError(f"this rank's sidecar (tensorwire collective rank, pid {self._p.pid}) exited "
                             f"with status {rc}; its messages are on stderr")
 
@@ -399,19 +455,28 @@ class _Sidecar:
                 return
             yield_()
 
-    def call(self, req, a=None, write=True):
+    def call(self, req, a=None, write=True, stay=0):
         """Runs req (its id set) with input a (a contiguous numpy array,
-        written at offset 0 unless write is False: only its shape counts)
-        and returns the reply (raising its error)."""
+        written into the data file unless write is False: only its shape
+        counts) and returns the reply (raising its error) and its output
+        (a numpy array, or None) with its dtype's name. stay: the bytes of
+        the output a call done in place leaves where its input was (or an
+        Irecv's Wait puts there), which may then stay in the file as a
+        region (_regions.py) instead of being copied out; 0: copied."""
         with self._lock:
             if self.closed:
                 raise ClosedError("the communicator is closed")
-            if a is not None:
-                nb = a.nbytes
-                if nb > self._size:
-                    self._grow(nb)
-                if write and nb:
-                    self._u8[:nb] = a.reshape(-1).view(np.uint8)
+            try:
+                at, region = self._place(0 if a is None else a.nbytes, stay)
+            except NoSpaceError as e:
+                # This rank cannot take part: its sidecar goes, so that the
+                # other ranks get a lost rank instead of waiting for it.
+                self._abandon()
+                raise NoSpaceError(f"{e}; this rank left the communicator (the others see it lost)") from e
+            if self._pipe >= 2:
+                req["at"] = at
+            if a is not None and write and a.nbytes:
+                self._u8[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
             rid = req["id"]
             frame = self._template(req, a).frame(rid, self._size)
             try:
@@ -439,18 +504,26 @@ class _Sidecar:
                 raise from_wire(resp["code"], resp.get("msg", ""), resp.get("reason", ""))
             if resp.get("size", 0) > self._size:
                 self._remap(resp["size"])
-            return resp
+            if not resp.get("out"):
+                return resp, None, None
+            return (resp,) + self._output(resp, at if region else None, stay)
 
-    def output(self, resp):
-        """The reply's output tensor, copied out of the data file, as a
-        numpy array (bfloat16 as raw uint16 bits), with its dtype name.
-        The array is the caller's alone: a large one is a buffer of the
-        pool that nothing refers to any more (_outpool.py)."""
+    def _output(self, resp, region, stay):
+        """The reply's output tensor as a numpy array (bfloat16 as raw
+        uint16 bits), with its dtype name: over its region when it is at
+        region (an offset place gave) and fits in stay bytes, else copied
+        out of the data file. Either way the array is the caller's alone:
+        a large copy is a buffer of the pool that nothing refers to any
+        more (_outpool.py), a region is written again only once nothing
+        refers to it (_regions.py)."""
         name = "torch." + resp["dtype"]
         dt = numpy_dtype(name)
         shape = tuple(resp.get("shape") or ())
         nb = math.prod(shape) * dt.itemsize
         off = resp.get("off", 0)
+        if off == region and nb <= stay:
+            r = self._regions.claim(self._mm, self._ptr, off, nb)
+            return np.asarray(r).view(dt).reshape(shape), name
         if nb < self._pool.min_bytes:  # a plain copy: the 1 KB path as it was
             return self._u8[off:off + nb].view(dt).reshape(shape).copy(), name
         b = self._pool.take(nb)
@@ -480,9 +553,7 @@ class _Sidecar:
             except subprocess.TimeoutExpired:
                 self._p.kill()
                 self._p.wait()
-            os.close(self._fd)
-            self._mm = self._u8 = None
-            self._close_bell()
+            self._release()
 
 
 # Tensors in and out: numpy arrays stay numpy; torch tensors come back as
@@ -499,6 +570,14 @@ def _np(x):
     if not a.flags.c_contiguous:
         a = type(a)(np.ascontiguousarray(a)) if type(a) is not np.ndarray else np.ascontiguousarray(a)
     return a
+
+
+def _nbytes(x):
+    """The bytes of tensor or array x's elements (a torch tensor's, on any
+    device, without a copy)."""
+    if _is_torch(x):
+        return x.numel() * x.element_size()
+    return np.asarray(x).nbytes
 
 
 def _like(a, name, like):
@@ -558,6 +637,7 @@ class MPI_Communicator:
 
     def __init__(self, sidecar):
         self._s = sidecar
+        self._irecvs = set()  # the ids of the Irecvs not waited for yet
 
     @property
     def rank(self):
@@ -584,7 +664,7 @@ class MPI_Communicator:
 
     # The raw calls on numpy arrays; timeout in seconds (None: none).
 
-    def _run(self, op, x, write=True, timeout=None, like=None, **kw):
+    def _run(self, op, x, write=True, timeout=None, like=None, stays=False, **kw):
         req = {"id": next(self._s._ids), "op": op, "timeout": int(timeout * 1000) if timeout else 0}
         for k, v in kw.items():
             if k == "numelem":
@@ -592,21 +672,20 @@ class MPI_Communicator:
             else:
                 req[k] = v
         a = None if x is None else _np(x)
-        resp = self._s.call(req, a, write)
-        if not resp.get("out"):
+        _, out, name = self._s.call(req, a, write, a.nbytes if stays and a is not None else 0)
+        if out is None:
             return None
-        out, name = self._s.output(resp)
         like = x if like is None else like
         return _like(out, name, like) if like is not None else out
 
     def _allreduce(self, x, op):
-        return self._run("allreduce", x, red=op)
+        return self._run("allreduce", x, stays=True, red=op)
 
     def _bcast(self, x, root):
-        return self._run("bcast", x, write=self.rank == root, root=root)
+        return self._run("bcast", x, write=self.rank == root, stays=True, root=root)
 
     def _reduce(self, x, op, root):
-        return self._run("reduce", x, red=op, root=root)
+        return self._run("reduce", x, stays=True, red=op, root=root)
 
     def _gather(self, x, axis, root):
         out = self._run("gather", x, axis=_axis(axis, x), root=root)
@@ -667,14 +746,19 @@ class MPI_Communicator:
         st.id = next(self._s._ids)
         req = {"id": st.id, "op": "isend" if st.send else "irecv", "peer": st.peer, "tag": st.tag}
         self._s.call(req, _np(x), st.send)
+        if not st.send:
+            self._irecvs.add(st.id)
         return st.id
 
     def _wait(self, rid, like):
         req = {"id": next(self._s._ids), "op": "wait", "req": rid}
-        resp = self._s.call(req)
-        if not resp.get("out"):
+        stay = 0
+        if rid in self._irecvs:  # what arrived may stay where the sidecar puts it
+            self._irecvs.discard(rid)
+            stay = _nbytes(like)
+        _, out, name = self._s.call(req, stay=stay)
+        if out is None:
             return None
-        out, name = self._s.output(resp)
         return _like(out, name, like)
 
     # mpi4torch's calls.

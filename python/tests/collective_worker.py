@@ -21,7 +21,7 @@ import tensorwire.collective as mpi4torch  # noqa: E402
 # spares the suite an import of torch per process (4-8 s of a core with
 # PyPI's torch: 22 of test_collective's 69 rank processes).
 torch = None
-NUMPY_ONLY = ("kill", "interrupt", "token")
+NUMPY_ONLY = ("kill", "interrupt", "token", "nospace")
 
 failures = []
 report = {}
@@ -50,6 +50,7 @@ def join():
         host = int(os.environ["RANK"]) // int(os.environ["TW_PER_HOST"])
         shm_dir = os.path.join(os.environ["TW_HOST_DIRS"], f"h{host}")
         os.makedirs(shm_dir, exist_ok=True)
+    shm_dir = os.environ.get("TW_SHM_DIR_" + os.environ["RANK"]) or shm_dir  # this rank's own folder
     return mpi4torch.join(transport=os.environ.get("TW_TRANSPORT", "auto"), shm_dir=shm_dir, timeout=60)
 
 
@@ -372,14 +373,19 @@ def mode_mixed(comm):
 
 
 def mode_pool(comm):
-    """Large outputs come from the reused buffers of the communicator's
-    pool (tensorwire/_outpool.py): every result is right, and a result
-    still referenced (itself, a view, a slice, a .numpy() of it, a
-    gradient) keeps its values across later calls; in a loop of varying
-    sizes the pool stays within its bounds."""
+    """Large outputs are not copied into fresh memory: an in-place call's
+    (Allreduce, Bcast_, Reduce_, an Irecv's Wait) stays in the data file
+    as a region (tensorwire/_regions.py), the others' come from the reused
+    buffers of the pool (tensorwire/_outpool.py). Every result is right;
+    a result still referenced (itself, a view, a slice, a .numpy() of it,
+    a gradient), in a region or a pooled buffer, keeps its values across
+    later calls; a loop of one size reuses its regions and the file does
+    not grow; in a loop of varying sizes regions and pool stay within
+    their bounds."""
     n, r = comm.size, comm.rank
-    pool = comm._s._pool
-    m = 1 << 15  # float64: 256 KiB, above the pool's smallest size
+    s = comm._s
+    pool, regions = s._pool, s._regions
+    m = 1 << 15  # float64: 256 KiB, above the pool's and the regions' smallest size
     tot = n * (n + 1) / 2
 
     def val(step):
@@ -388,56 +394,93 @@ def mode_pool(comm):
     def want(step):
         return tot * (step + 1)
 
+    def in_file(t):
+        p = t.data_ptr() if isinstance(t, torch.Tensor) else t.ctypes.data
+        return s._ptr <= p < s._ptr + s._size
+
     held = {}
-    for step in range(12):
-        y = comm.Allreduce(val(step), mpi4torch.MPI_SUM)
+    kinds = ["tensor", "view", "numpy", "reshaped numpy", "memoryview", "numpy call"]
+    # More held than there may be regions: the last ones are copied out.
+    kinds += [f"more {i}" for i in range(regions.max_regions + 2 - len(kinds))]
+    y0 = comm.Allreduce(val(0), mpi4torch.MPI_SUM)
+    check(in_file(y0), "a large Allreduce's output was copied out of the data file")
+    del y0
+    check(regions.stats()[0] == 0, f"a dropped output's region still live: {regions.stats()}")
+    for step, kind in enumerate(kinds, 1):
+        x = val(step)
+        y = comm.Allreduce(x.numpy() if kind == "numpy call" else x, mpi4torch.MPI_SUM)
         check(bool((y == want(step)).all()), f"step {step}: {y[:3].tolist()}")
-        if step == 1:
-            held["tensor"] = y
-        elif step == 2:
-            held["view"] = y[10:20]
-        elif step == 3:
-            held["numpy"] = y.numpy()
-        elif step == 4:
-            held["reshaped numpy"] = y.numpy().reshape(2, -1)[1]
-        elif step == 5:
-            held["memoryview"] = memoryview(y.numpy())
-        elif step == 6:
-            a = comm.Allreduce(val(step).numpy(), mpi4torch.MPI_SUM)  # numpy in, numpy out
-            held["numpy call"] = a[5:]
-    steps = {"tensor": 1, "view": 2, "numpy": 3, "reshaped numpy": 4, "memoryview": 5, "numpy call": 6}
-    for k, v in held.items():
+        held[kind] = {"view": lambda: y[10:20], "numpy": lambda: y.numpy(),
+                      "reshaped numpy": lambda: y.numpy().reshape(2, -1)[1],
+                      "memoryview": lambda: memoryview(y.numpy()), "numpy call": lambda: y[5:]}.get(kind, lambda: y)()
+        report.setdefault("copied", 0)
+        report["copied"] += not in_file(y)
+        del y
+    check(regions.stats()[0] == regions.max_regions, f"{regions.stats()} regions live, want {regions.max_regions}")
+    for step, (k, v) in enumerate(held.items(), 1):
         got = np.asarray(v) if not isinstance(v, torch.Tensor) else v.numpy()
-        check(bool((got == want(steps[k])).all()), f"held {k} overwritten: {got[:3].tolist()}")
-    # A loop of one size reuses its buffers: no new buffer after the first steps.
+        check(bool((got == want(step)).all()), f"held {k} overwritten: {got[:3].tolist()}")
+    held.clear()
+    check(regions.stats()[0] == 0, f"regions live after every output was dropped: {regions.stats()}")
+    # A loop of one size reuses its regions (the gradient keeps one): the
+    # file does not grow after the first steps.
     x = torch.full((m,), 1.0, requires_grad=True)
     for step in range(10):
         if step == 3:
-            made = pool.made
+            size = s._size
         y = comm.Allreduce(x, mpi4torch.MPI_SUM)
         y.backward(torch.ones_like(y))
         check(bool((y == n).all()), f"fwd-bwd step {step}: {y[:3].tolist()}")
         check(bool((x.grad == n * (step + 1)).all()), f"grad at step {step}: {x.grad[:3].tolist()}")
-    report["fwd_bwd_made"] = pool.made - made
-    # Varying sizes: the pool stays within its bounds.
+    report["fwd_bwd_grew"] = s._size - size
+    report["fwd_bwd_regions"] = regions.stats()[0]
+    del y, x
+    # Varying sizes: regions and pool stay within their bounds.
     most = (0, 0)
     for step in range(40):
         k = m + 512 * (step % 13)
         y = comm.Allreduce(torch.full((k,), 1.0), mpi4torch.MPI_SUM)
         check(y.shape == (k,) and bool((y == n).all()), f"size {k}")
-        bufs, nbytes = pool.stats()
-        most = (max(most[0], bufs), max(most[1], nbytes))
-    # Other outputs of the pool's sizes: placed ones (Allgather), bfloat16 (Bcast_), int64.
+        g = comm.Allgather(torch.full((k,), float(r)), 0)
+        check(g.shape == (n * k,) and float(g[-1]) == n - 1, f"Allgather size {k}")
+        got, bufs = regions.stats(), pool.stats()
+        most = (max(most[0], got[0], bufs[0]), max(most[1], got[1], bufs[1]))
+    report["most"] = most
+    check(most[0] <= max(pool.max_bufs, regions.max_regions) and most[1] <= min(pool.max_bytes, regions.max_bytes),
+          f"regions or pool grew to {most}")
+    # Other outputs: placed ones (Allgather, pooled), bfloat16 (Bcast_), int64, an Irecv's.
     g = comm.Allgather(torch.full((m,), float(r)), 0)
     check(g.tolist() == [float(q) for q in range(n) for _ in range(m)], "Allgather from the pool")
     b = comm.Bcast_(torch.full((m,), 1.5 + r, dtype=torch.bfloat16), 0)  # no sum of bfloat16
     check(b.dtype == torch.bfloat16 and bool((b == 1.5).all()), f"bfloat16 {b[:3]}")
     i = comm.Allreduce(np.full((m,), r, dtype=np.int64), mpi4torch.MPI_SUM)
     check(i.dtype == np.int64 and bool((i == n * (n - 1) // 2).all()), f"int64 {i[:3]}")
-    check(bool((g[:m] == 0).all()) and bool((b == 1.5).all()), "kept outputs overwritten")
-    report["pool_most"] = most
-    report["pool_bounds"] = (pool.max_bufs, pool.max_bytes)
-    check(most[0] <= pool.max_bufs and most[1] <= pool.max_bytes, f"pool grew to {most}")
+    got = None
+    if r == 0:
+        comm.Send(torch.arange(m, dtype=torch.float64), 1, 5)
+    elif r == 1:
+        got = comm.Recv(torch.zeros(m, dtype=torch.float64), 0, 5)
+        check(in_file(got), "an Irecv's large tensor was copied out of the data file")
+    y = comm.Allreduce(val(1), mpi4torch.MPI_SUM)  # after the Recv: it must not land on its region
+    check(bool((y == want(1)).all()), "Allreduce after the Recv")
+    if got is not None:
+        check(got.tolist() == list(range(m)), f"the received tensor was overwritten: {got[:3].tolist()}")
+    check(bool((g[:m] == 0).all()) and bool((b == 1.5).all()) and bool((i == n * (n - 1) // 2).all()),
+          "kept outputs overwritten")
+
+
+def mode_nospace(comm):
+    """Rank 0's data file is in a small folder that a large input does not
+    fit in: rank 0 gets NoSpaceError (not a SIGBUS at its write into the
+    mapping), the other ranks a lost rank (not a wait for rank 0)."""
+    small = comm.Allreduce(np.ones(128), mpi4torch.MPI_SUM)
+    check(float(small[0]) == comm.size, f"a small Allreduce: {small[:3]}")
+    try:
+        comm.Allreduce(np.ones(4 << 20), mpi4torch.MPI_SUM)  # 32 MiB of float64
+        report["error"] = None
+    except Exception as e:  # noqa: BLE001
+        report["error"] = type(e).__name__
+        report["msg"] = str(e)
 
 
 def mode_cuda(comm):

@@ -97,16 +97,48 @@ for _size in (2, 3, 4):
 
 @unittest.skipUnless(HAVE_TORCH, "needs torch")
 class TestCollectivePool(unittest.TestCase):
-    """Large outputs in the reused buffers of the output pool: results
-    right, a result still referenced never overwritten by a later call, a
-    loop of one size on a few buffers, the pool bounded in a loop of
-    varying sizes (collective_worker.py, mode_pool)."""
+    """Large outputs without a fresh allocation: an in-place call's stays in
+    the data file (a region), the others' come from the output pool's
+    reused buffers. Results right, a result still referenced never
+    overwritten by a later call, a loop of one size on the same regions,
+    regions and pool bounded in a loop of varying sizes
+    (collective_worker.py, mode_pool)."""
 
-    def test_pooled_outputs_3_ranks(self):
+    def test_outputs_in_regions_and_pool_3_ranks(self):
         reports = run_ranks(self, "pool", 3, "shm")
         for rep in reports:
-            self.assertEqual(rep["fwd_bwd_made"], 0, "a loop of one size made new buffers after its first steps")
-            self.assertLessEqual(rep["pool_most"][0], rep["pool_bounds"][0])
+            self.assertEqual(rep["copied"], 2, "want every held output in a region but the 2 past max_regions")
+            self.assertEqual(rep["fwd_bwd_grew"], 0, "a loop of one size grew the data file after its first steps")
+            self.assertLessEqual(rep["fwd_bwd_regions"], 3)
+
+
+class TestCollectiveNoSpace(unittest.TestCase):
+    """A full folder for the data file: rank 0's is a 4 MiB tmpfs (mounted
+    here: root only), an input of 32 MiB does not fit. Rank 0 gets
+    NoSpaceError and leaves; rank 1 gets a lost rank, no hang."""
+
+    def setUp(self):
+        if not hasattr(os, "geteuid") or os.geteuid() != 0:
+            self.skipTest("needs root to mount a small tmpfs")
+        self.dir = tempfile.mkdtemp()
+        out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", self.dir], capture_output=True,
+                             text=True)
+        if out.returncode:
+            os.rmdir(self.dir)
+            self.skipTest(f"cannot mount a tmpfs: {out.stderr.strip()}")
+
+    def tearDown(self):
+        subprocess.run(["umount", self.dir], check=False)
+        os.rmdir(self.dir)
+
+    def test_full_folder(self):
+        procs, _ = start_ranks("nospace", 2, "tcp", extra={"TW_SHM_DIR_0": self.dir})
+        reports = finish(self, procs, 120)
+        for r, rep in enumerate(reports):
+            self.assertEqual(rep["failures"], [], f"rank {r}")
+        self.assertEqual(reports[0]["error"], "NoSpaceError", reports[0])
+        self.assertIn("cannot grow", reports[0]["msg"])
+        self.assertIn(reports[1]["error"], ("PeerLostError", "RankAbortedError", "BrokenError"), reports[1])
 
 
 @unittest.skipUnless(HAVE_TORCH, "needs torch")
