@@ -256,6 +256,17 @@ func f64bytes(vals ...float64) []byte {
 	return b
 }
 
+// eachRank runs f for every rank at once, as the ranks' Python processes
+// would call, and returns when all have.
+func eachRank(ranks []*pyRank, f func(r int, p *pyRank)) {
+	var wg sync.WaitGroup
+	for r, p := range ranks {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(r, p) }()
+	}
+	wg.Wait()
+}
+
 func anyInt(v any) int64 {
 	switch x := v.(type) {
 	case int64:
@@ -281,14 +292,7 @@ func TestCollectiveSidecar_TwoRanks(t *testing.T) {
 					t.Fatalf("rank %d hello %v", r, hello)
 				}
 			}
-			parallel := func(f func(r int, p *pyRank)) {
-				var wg sync.WaitGroup
-				for r, p := range ranks {
-					wg.Add(1)
-					go func() { defer wg.Done(); f(r, p) }()
-				}
-				wg.Wait()
-			}
+			parallel := func(f func(r int, p *pyRank)) { eachRank(ranks, f) }
 			parallel(func(r int, p *pyRank) {
 				p.f.WriteAt(f64bytes(float64(r+1), 10*float64(r+1), -1), 0)
 				resp := p.call(t, pyReq{ID: 1, Op: "allreduce", Red: int(collective.Sum), Has: true, DType: "float64", Shape: []int{3}})
@@ -376,14 +380,7 @@ func TestCollectiveSidecar_At(t *testing.T) {
 			t.Fatalf("hello %v: want pipe %d", hello, pipeVersion)
 		}
 	}
-	parallel := func(f func(r int, p *pyRank)) {
-		var wg sync.WaitGroup
-		for r, p := range ranks {
-			wg.Add(1)
-			go func() { defer wg.Done(); f(r, p) }()
-		}
-		wg.Wait()
-	}
+	parallel := func(f func(r int, p *pyRank)) { eachRank(ranks, f) }
 	kept := f64bytes(7, 7, 7) // an earlier output at offset 0 that must stay
 	parallel(func(r int, p *pyRank) {
 		p.f.WriteAt(kept, 0)
