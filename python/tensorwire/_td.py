@@ -336,25 +336,35 @@ def numpy_dtype_of(name, key):
         raise InternalError(f"TD {key}: dtype {name!r} is not a tensordict dtype name") from None
 
 
-def wire_bytes(w):
-    """The body bytes a received wire TD's bytes-mode tensors take;
-    InternalError for a description no TensorDict can have (_entries)."""
+def wire_entries(w):
+    """A received wire TD's entries, each checked (_entries), and the body
+    bytes its bytes-mode tensors take: (entries, nbytes). InternalError for
+    a description no TensorDict can have. The entries go to build, which
+    then does not check them again."""
+    entries = _entries(w)
     n = 0
-    for _, e in _entries(w):
+    for _, e in entries:
         if e.get("kind") != "tensor" or e.get("ref") is not None:
             continue
         n += math.prod(e["shape"]) * numpy_dtype(e["dtype"]).itemsize
-    return n
+    return entries, n
 
 
-def build(w, read_into):
+def wire_bytes(w):
+    """The body bytes a received wire TD's bytes-mode tensors take
+    (wire_entries)."""
+    return wire_entries(w)[1]
+
+
+def build(w, read_into, entries=None):
     """The dict of a wire TD received by bytes: each tensor is allocated and
     filled by read_into(memoryview), in entry order. The caller has checked
-    that the body holds wire_bytes(w) bytes."""
+    that the body holds wire_bytes(w) bytes; entries are wire_entries(w)'s
+    when it has them (None: checked here)."""
     if w is None:
         return None
     td = {}
-    for key, e in _entries(w):
+    for key, e in (_entries(w) if entries is None else entries):
         kind = e["kind"]
         if kind == "dict":
             set_path(td, key, {})

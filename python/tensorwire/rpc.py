@@ -21,7 +21,7 @@ import threading
 import time
 
 from . import _msgpack, _wire, _yamux
-from ._td import TD, build, wire_bytes
+from ._td import TD, build, wire_entries
 from .errors import (CanceledError, ClientClosedError, DeadlineExceededError, FailedPreconditionError,
                      InternalError, InvalidArgumentError, TensorwireError, UnauthenticatedError,
                      UnavailableError)
@@ -500,7 +500,9 @@ class Pending:
                                         "for uncompressed ones and does not decode lz4")
                 wires = [td for td in self._tds if td.comes_back()]
                 rtds = _result_tds(value, self._result_tds)
-                need = sum(wire_bytes(td.wire) for td in wires) + sum(wire_bytes(w) for _, _, w in rtds)
+                wchecked = [wire_entries(td.wire) for td in wires]
+                rchecked = [wire_entries(w) for _, _, w in rtds]
+                need = sum(n for _, n in wchecked) + sum(n for _, n in rchecked)
                 if need != r.body_len:
                     raise InternalError(f"the TensorDicts need {need} body bytes, the body has {r.body_len}")
             except (_msgpack.DecodeError, InternalError) as e:
@@ -512,10 +514,10 @@ class Pending:
             def fill(mv):
                 st.read_into(mv, d)
 
-            for td in wires:
-                td.write_back(build(td.wire, fill))
-            for parent, k, w in rtds:
-                parent[k] = build(w, fill)
+            for td, (entries, _) in zip(wires, wchecked):
+                td.write_back(build(td.wire, fill, entries))
+            for (parent, k, w), (entries, _) in zip(rtds, rchecked):
+                parent[k] = build(w, fill, entries)
             ok = True
             return value
         finally:
@@ -600,7 +602,8 @@ class MessageStream:
             if r.raw_len:
                 raise InternalError("an lz4-compressed message; this client asks for uncompressed ones")
             rtds = _result_tds(value, self._result_tds)
-            need = sum(wire_bytes(w) for _, _, w in rtds)
+            checked = [wire_entries(w) for _, _, w in rtds]
+            need = sum(n for _, n in checked)
             if need != r.body_len:
                 raise InternalError(f"a message's TensorDicts need {need} body bytes, the body has {r.body_len}")
         except (_msgpack.DecodeError, InternalError) as e:
@@ -608,8 +611,8 @@ class MessageStream:
             # next frame.
             _skip(st, r.body_len, d)
             raise InternalError(f"{self.method}: {e}") from None
-        for parent, k, w in rtds:
-            parent[k] = build(w, lambda mv: st.read_into(mv, d))
+        for (parent, k, w), (entries, _) in zip(rtds, checked):
+            parent[k] = build(w, lambda mv: st.read_into(mv, d), entries)
         return value
 
     def send(self, arg, timeout=None):
