@@ -3,6 +3,7 @@ only where no live output is, whatever was made of the outputs there; a
 dropped output's place is taken again; the table stays within its bounds.
 Real ranks: test_collective.py, TestCollectivePool."""
 
+import gc
 import mmap
 import os
 import sys
@@ -90,6 +91,17 @@ class TestRegions(unittest.TestCase):
         self._held(lambda a: torch.from_numpy(a)[1, 2:5])
         self._held(lambda a: torch.from_numpy(a).view(torch.int64).view(torch.float64))
         self._held(lambda a: torch.from_numpy(a).numpy()[1:])
+
+    def test_outlives_the_file(self):
+        """An output stays readable after the communicator lets go of the
+        mapping (close drops it): the region keeps the mapping alive."""
+        f = File()
+        a = f.output(4)
+        del f
+        gc.collect()
+        self.assertTrue((a == 4).all())
+        a[:] = 5  # still writable, still mapped
+        self.assertTrue((a == 5).all())
 
     def test_first_fit_between_live_ones(self):
         f = File()
