@@ -256,28 +256,36 @@ def mode_errors(comm):
 
 def mode_kill(comm):
     """Rank KILL_RANK kills itself (SIGKILL) in the middle of a loop of
-    4 MiB allreduces; the others report their error and how long it took,
-    then join a new communicator of the survivors at NEW_PORT."""
+    4 MiB allreduces (KILL_HOW "sidecar": kills its sidecar); the others
+    report their error and how long it took, then join a new communicator
+    of the survivors at NEW_PORT (with "sidecar", of every rank: the
+    victim's process lives, and so does an output it kept from before)."""
     n, r = comm.size, comm.rank
     victim = int(os.environ["KILL_RANK"])
+    how = os.environ.get("KILL_HOW")
     x = np.ones(1 << 19)
+    held = None
     i = 0
     try:
         while True:
-            how = os.environ.get("KILL_HOW")
             if r == victim and i == 5:
-                if how == "stop":
-                    os.kill(os.getpid(), signal.SIGSTOP)
-                if how == "inflight":
+                if how == "sidecar":
+                    os.kill(comm._s._p.pid, signal.SIGKILL)
+                    comm._s._p.wait()  # dead before the next call
+                elif how == "inflight":
                     # Killed while its sidecar is inside the collective,
                     # waiting for the others (who come a second later).
                     import threading
                     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
                 else:
+                    if how == "stop":
+                        os.kill(os.getpid(), signal.SIGSTOP)
                     os.kill(os.getpid(), signal.SIGKILL)
             if r != victim and i == 5 and how == "inflight":
                 time.sleep(1)
-            comm.Allreduce(x, mpi4torch.MPI_SUM)
+            y = comm.Allreduce(x, mpi4torch.MPI_SUM)
+            if i == 4:
+                held = y  # in a region of the data file (4 MiB)
             i += 1
     except Exception as e:  # noqa: BLE001
         report["error"] = type(e).__name__
@@ -289,7 +297,9 @@ def mode_kill(comm):
     except Exception as e:  # noqa: BLE001
         report["after"] = type(e).__name__
     comm.close()
-    survivors = [q for q in range(n) if q != victim]
+    if held is not None:
+        check(bool((held == n).all()), "an output kept from before the loss changed")
+    survivors = list(range(n)) if how == "sidecar" else [q for q in range(n) if q != victim]
     c2 = mpi4torch.join(f"127.0.0.1:{os.environ['NEW_PORT']}", survivors.index(r), len(survivors),
                         transport=os.environ.get("TW_TRANSPORT", "auto"), timeout=60)
     got = c2.Allreduce(np.ones(4), mpi4torch.MPI_SUM)

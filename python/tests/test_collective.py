@@ -230,6 +230,22 @@ class TestCollectiveFailures(unittest.TestCase):
             with self.subTest(transport=transport):
                 self._killed("inflight", transport)
 
+    def test_sidecar_killed(self):
+        """kill -9 of a Python rank's sidecar mid-loop: that rank gets
+        PeerLostError naming its sidecar, then ClosedError; an output it
+        kept from before stays right; the others get a lost rank; then all
+        three, the victim too, form a new communicator."""
+        for transport in ("shm", "tcp"):
+            with self.subTest(transport=transport):
+                reports = run_ranks(self, "kill", 3, transport, {"KILL_RANK": "2", "NEW_PORT": str(stable_port()),
+                                                                 "KILL_HOW": "sidecar"}, timeout=120)
+                self.assertEqual(reports[2]["error"], "PeerLostError", reports[2])
+                self.assertIn("sidecar", reports[2]["message"])
+                self.assertEqual(reports[2]["after"], "ClosedError")
+                for rep in reports[:2]:
+                    self.assertIn(rep["error"], ("PeerLostError", "RankAbortedError", "BrokenError"), rep["message"])
+                    self.assertIn(rep["after"], ("BrokenError", "PeerLostError"))
+
     def test_interrupted_call(self):
         """Ctrl-C in a rank's call: KeyboardInterrupt there, ClosedError on
         its next call (its sidecar is gone: the pipe was out of step), and
