@@ -366,10 +366,14 @@ func argErr(format string, args ...any) pyResp {
 }
 
 // checkAt refuses a request's At that is not a place in the data file to
-// start a tensor at: negative, not a multiple of 64, or past the file.
-func (s *sidecar) checkAt(at int64) error {
-	if at < 0 || at%64 != 0 || at > int64(len(s.d.mem)) {
+// start a tensor at (negative, not a multiple of 64, or past the file),
+// and a negative Room.
+func (s *sidecar) checkAt(req pyReq) error {
+	if at := req.At; at < 0 || at%64 != 0 || at > int64(len(s.d.mem)) {
 		return fmt.Errorf("%w: at %d: want a multiple of 64 within the data file's %d bytes", collective.ErrArgument, at, len(s.d.mem))
+	}
+	if req.Room < 0 {
+		return fmt.Errorf("%w: room %d", collective.ErrArgument, req.Room)
 	}
 	return nil
 }
@@ -411,7 +415,7 @@ func (s *sidecar) handle(req pyReq) (pyResp, bool) {
 	if req.Op == "close" {
 		return pyResp{}, true
 	}
-	if err := s.checkAt(req.At); err != nil {
+	if err := s.checkAt(req); err != nil {
 		return errResp(err), false
 	}
 	ctx := s.ctx
@@ -477,7 +481,7 @@ func (s *sidecar) handle(req pyReq) (pyResp, bool) {
 	if res == nil {
 		return pyResp{None: true}, false
 	}
-	return s.place(res, after(req.At, t)), false
+	return s.place(res, after(req.At, t), req), false
 }
 
 // counts resolves a split's counts: given, or from every rank's numelem
@@ -505,10 +509,16 @@ func (s *sidecar) counts(ctx context.Context, req pyReq) ([]int, error) {
 }
 
 // place copies res into the data file at off (growing it) and describes it.
-func (s *sidecar) place(res *tensordict.Tensor, off int64) pyResp {
+// Where res does not fit in req's Room (the bytes from req.At the parent
+// lets the call write), it goes at the file's end instead, past anything
+// the parent keeps in the file.
+func (s *sidecar) place(res *tensordict.Tensor, off int64, req pyReq) pyResp {
 	b, err := res.Bytes()
 	if err != nil {
 		return errResp(err)
+	}
+	if req.Room > 0 && off+int64(len(b)) > req.At+req.Room {
+		off = (int64(len(s.d.mem)) + 63) &^ 63
 	}
 	if err := s.d.ensure(off + int64(len(b))); err != nil {
 		return errResp(err)
@@ -574,5 +584,5 @@ func (s *sidecar) wait(ctx context.Context, req pyReq) pyResp {
 	if !p.recv {
 		return pyResp{}
 	}
-	return s.place(p.r.Tensor(), req.At)
+	return s.place(p.r.Tensor(), req.At, req)
 }

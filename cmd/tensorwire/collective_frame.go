@@ -20,9 +20,9 @@ import (
 // output at Off).
 
 // pipeVersion is the pipe protocol this sidecar speaks, told in its hello
-// (pyResp.Pipe): 2 takes a request's At; a hello without it is version 1,
-// whose sidecar reads every input at offset 0 and ignores At, so a Python
-// rank sends At only to a sidecar that says 2.
+// (pyResp.Pipe): 2 takes a request's At and Room; a hello without it is
+// version 1, whose sidecar reads every input at offset 0 and ignores both,
+// so a Python rank sends them only to a sidecar that says 2.
 const pipeVersion = 2
 
 // maxFrame bounds a frame: a description with every rank's counts
@@ -47,6 +47,7 @@ type pyReq struct {
 	Peer    int    `codec:"peer,omitempty"`    // Send/Recv: the other rank
 	Red     int    `codec:"red,omitempty"`     // the reduction, collective.Op's value (1 Sum ... 10 BXor)
 	Req     int64  `codec:"req,omitempty"`     // wait: the ID of the Isend or Irecv
+	Room    int64  `codec:"room,omitempty"`    // the bytes from At the call may write (0: to the file's end and past it)
 	Root    int    `codec:"root,omitempty"`
 	Shape   []int  `codec:"shape,omitempty"`   // the input's shape (nil: a scalar)
 	Size    int64  `codec:"size,omitempty"`    // the data file's size as the Python rank has made it

@@ -60,6 +60,7 @@ func TestCollectivePipe_Golden(t *testing.T) {
 		{"req-allreduce", pyReq{ID: 7, Op: "allreduce", Red: 1, Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"req-scatter", pyReq{ID: 8, Op: "scatter", Has: true, DType: "float64", Shape: []int{6, 2}, Numelem: &zero, Root: 1, Size: 1 << 20, Timeout: 30000}},
 		{"req-allreduce-at", pyReq{At: 4096, ID: 10, Op: "allreduce", Red: 1, Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
+		{"req-allgather-room", pyReq{At: 4096, Room: 8192, ID: 11, Op: "allgather", Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"req-wait", pyReq{ID: 9, Op: "wait", Req: 8, Size: 1 << 20}},
 		{"resp-out", pyResp{ID: 7, Out: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"resp-out-at", pyResp{ID: 10, Off: 4096, Out: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
@@ -369,8 +370,9 @@ func TestCollectiveCmd_Usage(t *testing.T) {
 // Requests with an input elsewhere than offset 0 (pipe version 2's at): an
 // Allreduce leaves its output there and nothing else of the file changes
 // (where the parent keeps outputs that stay); an Allgather's output
-// follows its input; an Irecv's Wait puts what arrived at the wait's at;
-// an at the sidecar cannot use is an argument error and it goes on.
+// follows its input, or goes to the file's end when it does not fit in
+// the request's room; an Irecv's Wait puts what arrived at the wait's at;
+// an at or room the sidecar cannot use is an argument error and it goes on.
 func TestCollectiveSidecar_At(t *testing.T) {
 	addr := freeAddr(t)
 	shm := t.TempDir()
@@ -397,6 +399,20 @@ func TestCollectiveSidecar_At(t *testing.T) {
 		if resp["code"] != nil || anyInt(resp["off"]) != 4096+64 || !bytes.Equal(got, f64bytes(3, 3)) {
 			t.Errorf("rank %d: allgather at 4096: %v, %x", r, resp, got)
 		}
+		// The same with room for the input alone: the output goes to the
+		// file's end, not over what follows the room.
+		p.f.WriteAt(kept, 4096+64)
+		resp = p.call(t, pyReq{ID: 2, At: 4096, Room: 64, Op: "allgather", Has: true, DType: "float64", Shape: []int{1}})
+		got = make([]byte, 16)
+		p.f.ReadAt(got, 1<<20)
+		if resp["code"] != nil || anyInt(resp["off"]) != 1<<20 || !bytes.Equal(got, f64bytes(3, 3)) {
+			t.Errorf("rank %d: allgather at 4096 in 64 bytes of room: %v, %x", r, resp, got)
+		}
+		got = make([]byte, 24)
+		p.f.ReadAt(got, 4096+64)
+		if !bytes.Equal(got, kept) {
+			t.Errorf("rank %d: the allgather wrote past its room: %x", r, got)
+		}
 		// Rank 0 sends rank 1 its row at 8192; rank 1's wait puts it at 12288.
 		if r == 0 {
 			p.f.WriteAt(f64bytes(5, 6), 8192)
@@ -417,10 +433,10 @@ func TestCollectiveSidecar_At(t *testing.T) {
 				t.Errorf("wait irecv at 12288: %v, %x", resp, got)
 			}
 		}
-		for _, at := range []int64{-64, 100, 2 << 20} {
-			resp := p.call(t, pyReq{ID: 5, At: at, Op: "allreduce", Red: 1, Has: true, DType: "float64", Shape: []int{1}})
-			if anyInt(resp["code"]) != 3 || resp["reason"] != "collective.argument" || !strings.Contains(resp["msg"].(string), "at ") {
-				t.Errorf("rank %d: at %d: %v", r, at, resp)
+		for _, bad := range []pyReq{{At: -64}, {At: 100}, {At: 2 << 20}, {Room: -1}} {
+			resp := p.call(t, pyReq{ID: 5, At: bad.At, Room: bad.Room, Op: "allreduce", Red: 1, Has: true, DType: "float64", Shape: []int{1}})
+			if anyInt(resp["code"]) != 3 || resp["reason"] != "collective.argument" {
+				t.Errorf("rank %d: at %d, room %d: %v", r, bad.At, bad.Room, resp)
 			}
 		}
 		got = make([]byte, 24)

@@ -331,26 +331,27 @@ class _Sidecar:
                                    "(its folder is join's shm_dir, /dev/shm by default)") from e
         self._remap(n)
 
-    def _place(self, nbytes, stay):
-        """Where a call's input of nbytes goes, and whether its output of
-        stay bytes stays there as a region (_regions.py); the file grown
-        to hold them. Where the file cannot grow for a region, the scratch;
-        where it cannot for that either, NoSpaceError."""
+    def _place(self, nbytes, room):
+        """Where a call's input of nbytes goes, and whether it goes to a
+        hole of room bytes (_regions.py) whose output may then stay there
+        (room 0: the scratch); the file grown to hold them. Where the file
+        cannot grow for a hole, the scratch; where it cannot for that
+        either, NoSpaceError."""
         if self._pipe < 2:  # an old sidecar: every input at offset 0
-            if max(stay, nbytes) > self._size:
-                self._grow(max(stay, nbytes))
+            if max(room, nbytes) > self._size:
+                self._grow(max(room, nbytes))
             return 0, False
-        at = self._regions.place(stay) if stay else None
+        at = self._regions.place(room) if room else None
         if at is not None:
             try:
-                if at + max(stay, nbytes) > self._size:
-                    self._grow(at + max(stay, nbytes))
+                if at + room > self._size:
+                    self._grow(at + room)
                 return at, True
             except NoSpaceError:
                 pass
         at = self._regions.scratch()
-        if at + max(stay, nbytes) > self._size:
-            self._grow(at + max(stay, nbytes))
+        if at + max(room, nbytes) > self._size:
+            self._grow(at + max(room, nbytes))
         return at, False
 
     def _remap(self, n):
@@ -455,19 +456,27 @@ class _Sidecar:
                 return
             yield_()
 
-    def call(self, req, a=None, write=True, stay=0):
+    def call(self, req, a=None, write=True, stay=0, inplace=True):
         """Runs req (its id set) with input a (a contiguous numpy array,
         written into the data file unless write is False: only its shape
         counts) and returns the reply (raising its error) and its output
         (a numpy array, or None) with its dtype's name. stay: the bytes of
-        the output a call done in place leaves where its input was (or an
-        Irecv's Wait puts there), which may then stay in the file as a
-        region (_regions.py) instead of being copied out; 0: copied."""
+        an output that may then stay in the file as a region (_regions.py)
+        instead of being copied out (0: copied): with inplace, the output a
+        call done in place leaves where its input was (or an Irecv's Wait
+        puts there); without, at most that many bytes after the input, the
+        room the request then gives it (a larger output comes at the
+        file's end, and is copied)."""
         with self._lock:
             if self.closed:
                 raise ClosedError("the communicator is closed")
+            nbytes = 0 if a is None else a.nbytes
+            lead = 0 if inplace or a is None else _up64(nbytes)  # where the output starts, from the input
+            room = 0
+            if stay >= self._regions.min_bytes:
+                room = max(stay, nbytes) if inplace else lead + stay
             try:
-                at, region = self._place(0 if a is None else a.nbytes, stay)
+                at, region = self._place(nbytes, room)
             except NoSpaceError as e:
                 # This rank cannot take part: its sidecar goes, so that the
                 # other ranks get a lost rank instead of waiting for it.
@@ -475,6 +484,7 @@ class _Sidecar:
                 raise NoSpaceError(f"{e}; this rank left the communicator (the others see it lost)") from e
             if self._pipe >= 2:
                 req["at"] = at
+                req["room"] = room if region else 0
             if a is not None and write and a.nbytes:
                 self._u8[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
             rid = req["id"]
@@ -506,12 +516,13 @@ class _Sidecar:
                 self._remap(resp["size"])
             if not resp.get("out"):
                 return resp, None, None
-            return (resp,) + self._output(resp, at if region else None, stay)
+            return (resp,) + self._output(resp, at + lead if region else None, stay)
 
     def _output(self, resp, region, stay):
         """The reply's output tensor as a numpy array (bfloat16 as raw
         uint16 bits), with its dtype name: over its region when it is at
-        region (an offset place gave) and fits in stay bytes, else copied
+        region (where a hole place gave wants it) and fits in stay bytes,
+        else copied
         out of the data file. Either way the array is the caller's alone:
         a large copy is a buffer of the pool that nothing refers to any
         more (_outpool.py), a region is written again only once nothing
@@ -570,6 +581,10 @@ def _np(x):
     if not a.flags.c_contiguous:
         a = type(a)(np.ascontiguousarray(a)) if type(a) is not np.ndarray else np.ascontiguousarray(a)
     return a
+
+
+def _up64(n):
+    return (n + 63) & ~63
 
 
 def _nbytes(x):
@@ -664,7 +679,7 @@ class MPI_Communicator:
 
     # The raw calls on numpy arrays; timeout in seconds (None: none).
 
-    def _run(self, op, x, write=True, timeout=None, like=None, stays=False, **kw):
+    def _run(self, op, x, write=True, timeout=None, like=None, stay=0, inplace=False, **kw):
         req = {"id": next(self._s._ids), "op": op, "timeout": int(timeout * 1000) if timeout else 0}
         for k, v in kw.items():
             if k == "numelem":
@@ -672,23 +687,27 @@ class MPI_Communicator:
             else:
                 req[k] = v
         a = None if x is None else _np(x)
-        _, out, name = self._s.call(req, a, write, a.nbytes if stays and a is not None else 0)
+        _, out, name = self._s.call(req, a, write, stay, inplace)
         if out is None:
             return None
         like = x if like is None else like
         return _like(out, name, like) if like is not None else out
 
     def _allreduce(self, x, op):
-        return self._run("allreduce", x, stays=True, red=op)
+        return self._run("allreduce", x, stay=_nbytes(x), inplace=True, red=op)
 
     def _bcast(self, x, root):
-        return self._run("bcast", x, write=self.rank == root, stays=True, root=root)
+        return self._run("bcast", x, write=self.rank == root, stay=_nbytes(x), inplace=True, root=root)
 
     def _reduce(self, x, op, root):
-        return self._run("reduce", x, stays=True, red=op, root=root)
+        return self._run("reduce", x, stay=_nbytes(x), inplace=True, red=op, root=root)
+
+    # The outputs of the others stay where they fit in the room their
+    # sizes with equal pieces give (or an upper bound of them).
 
     def _gather(self, x, axis, root):
-        out = self._run("gather", x, axis=_axis(axis, x), root=root)
+        stay = self.size * _nbytes(x) if self.rank == root else 0
+        out = self._run("gather", x, stay=stay, axis=_axis(axis, x), root=root)
         if out is None:  # off the root: an empty tensor (nothing along the axis)
             shape = list(x.shape)
             shape[_axis(axis, x)] = 0
@@ -696,19 +715,20 @@ class MPI_Communicator:
         return out
 
     def _allgather(self, x, axis):
-        return self._run("allgather", x, axis=_axis(axis, x))
+        return self._run("allgather", x, stay=self.size * _nbytes(x), axis=_axis(axis, x))
 
     def _scatter(self, x, axis, numelem, root):
         like = x
         if self.rank != root:
             x = None
-        return self._run("scatter", x, like=like, axis=_axis(axis, like), root=root, numelem=numelem)
+        return self._run("scatter", x, like=like, stay=_nbytes(like), axis=_axis(axis, like), root=root,
+                         numelem=numelem)
 
     def _alltoall(self, x, gatheraxis, scatteraxis, numelem):
         g, s = _axis(gatheraxis, x), _axis(scatteraxis, x)
         if g == s and 0 <= g < len(x.shape):
             return self._redistribute(x, g, numelem)
-        return self._run("alltoall", x, axis=g, axis2=s, numelem=numelem)
+        return self._run("alltoall", x, stay=_nbytes(x), axis=g, axis2=s, numelem=numelem)
 
     def _redistribute(self, x, axis, numelem):
         """mpi4torch's Alltoall with gatheraxis == scatteraxis: the ranks'
@@ -740,7 +760,7 @@ class MPI_Communicator:
         return piece.contiguous() if _is_torch(piece) else np.ascontiguousarray(piece)
 
     def _reducescatter(self, x, op, axis, numelem):
-        return self._run("reducescatter", x, red=op, axis=_axis(axis, x), numelem=numelem)
+        return self._run("reducescatter", x, stay=_nbytes(x), red=op, axis=_axis(axis, x), numelem=numelem)
 
     def _start(self, st, x):
         st.id = next(self._s._ids)
@@ -756,7 +776,7 @@ class MPI_Communicator:
         if rid in self._irecvs:  # what arrived may stay where the sidecar puts it
             self._irecvs.discard(rid)
             stay = _nbytes(like)
-        _, out, name = self._s.call(req, stay=stay)
+        _, out, name = self._s.call(req, stay=stay, inplace=True)
         if out is None:
             return None
         return _like(out, name, like)

@@ -405,8 +405,7 @@ def mode_pool(comm):
         return tot * (step + 1)
 
     def in_file(t):
-        p = t.data_ptr() if isinstance(t, torch.Tensor) else t.ctypes.data
-        return s._ptr <= p < s._ptr + s._size
+        return in_data_file(comm, t)
 
     held = {}
     kinds = ["tensor", "view", "numpy", "reshaped numpy", "memoryview", "numpy call"]
@@ -491,6 +490,64 @@ def mode_nospace(comm):
     except Exception as e:  # noqa: BLE001
         report["error"] = type(e).__name__
         report["msg"] = str(e)
+
+
+def in_data_file(comm, t):
+    """Whether tensor or array t's memory is a live region of comm's data
+    file (an output that stayed there, not a copy), in whichever mapping
+    of the file the region was made."""
+    p = t.data_ptr() if isinstance(t, torch.Tensor) else t.ctypes.data
+    for r in comm._s._regions._live:
+        start = r.__array_interface__["data"][0]
+        if start <= p < start + (r.end - r.off):
+            return True
+    return False
+
+
+def mode_room(comm):
+    """The collectives that are not in place, at sizes whose outputs stay in
+    the data file: each result right and in the file. Then an Allgather
+    whose output outgrows the room its call gave it (rank 0's guess, from
+    its own smaller input): right, copied, and not written over the kept
+    output that follows its hole."""
+    n, r = comm.size, comm.rank
+    m = 1 << 15  # float64: 256 KiB
+    cat = torch.cat
+    full = torch.full
+    got = {
+        "Allgather": (comm.Allgather(full((m,), float(r)), 0), cat([full((m,), float(q)) for q in range(n)])),
+        "ReduceScatter": (comm.ReduceScatter(torch.arange(n * m, dtype=torch.float64) + r, mpi4torch.MPI_SUM, 0),
+                          n * torch.arange(r * m, (r + 1) * m, dtype=torch.float64) + sum(range(n))),
+        "Scatter": (comm.Scatter(torch.arange(n * m, dtype=torch.float64) if r == 0 else torch.zeros(n * m), 0, m, 0),
+                    torch.arange(r * m, (r + 1) * m, dtype=torch.float64)),
+        "Alltoall": (comm.Alltoall(cat([full((1, m), float(10 * r + q)) for q in range(n)]), 1, 0, 1),
+                     cat([full((1, m), float(10 * q + r)) for q in range(n)], 1)),
+    }
+    g = comm.Gather(full((m,), float(r)), 0, 0)
+    if r == 0:
+        got["Gather"] = (g, got["Allgather"][1])
+    for name, (y, want) in got.items():
+        check(y.shape == want.shape and bool((y == want).all()), f"{name}: {y.shape} {y.reshape(-1)[:3].tolist()}")
+        check(in_data_file(comm, y), f"{name}'s output was copied out of the data file")
+    got.clear()
+    del g, y
+    regions = comm._s._regions
+    check(regions.stats()[0] == 0, f"regions live after every output was dropped: {regions.stats()}")
+    # A hole of exactly the room rank 0's Allgather asks (its input, then n
+    # times it), and a kept output right after it.
+    k = m // 4
+    y1 = comm.Allreduce(full((k + n * k,), 1.0), mpi4torch.MPI_SUM)
+    y2 = comm.Allreduce(full((m,), 2.0), mpi4torch.MPI_SUM)
+    s = comm._s
+    check((y1.data_ptr() - s._ptr, y2.data_ptr() - s._ptr) == (0, 8 * (k + n * k)),
+          f"the layout: {y1.data_ptr() - s._ptr}, {y2.data_ptr() - s._ptr}")
+    del y1
+    mine = k if r == 0 else 3 * k  # rank 0's guess (n times its own) is short
+    g = comm.Allgather(full((mine,), float(r)), 0)
+    want = cat([full((k if q == 0 else 3 * k,), float(q)) for q in range(n)])
+    check(g.shape == want.shape and bool((g == want).all()), f"the outgrown Allgather: {g.shape}")
+    check(bool((y2 == 2 * n).all()), "the outgrown Allgather wrote over the output kept after its hole")
+    report["outgrown_in_file"] = in_data_file(comm, g)
 
 
 def mode_cuda(comm):

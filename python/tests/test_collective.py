@@ -111,6 +111,11 @@ class TestCollectivePool(unittest.TestCase):
             self.assertEqual(rep["fwd_bwd_grew"], 0, "a loop of one size grew the data file after its first steps")
             self.assertLessEqual(rep["fwd_bwd_regions"], 3)
 
+    def test_outputs_that_are_not_in_place_3_ranks(self):
+        reports = run_ranks(self, "room", 3, "shm")
+        self.assertEqual([rep["outgrown_in_file"] for rep in reports], [False, True, True],
+                         "rank 0's outgrown output should be copied, the others' stay")
+
 
 class TestCollectiveNoSpace(unittest.TestCase):
     """A full folder for the data file: rank 0's is a 4 MiB tmpfs (mounted

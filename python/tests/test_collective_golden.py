@@ -23,6 +23,8 @@ REQUESTS = [
                      "root": 1, "size": 1 << 20, "timeout": 30000, "axis": 0}),
     ("req-allreduce-at", {"at": 4096, "id": 10, "op": "allreduce", "red": collective.MPI_SUM, "has": True,
                           "dtype": "float32", "shape": [2, 3], "size": 1 << 20, "timeout": 0}),
+    ("req-allgather-room", {"at": 4096, "id": 11, "op": "allgather", "has": True, "dtype": "float32",
+                            "shape": [2, 3], "room": 8192, "size": 1 << 20, "timeout": 0}),
     ("req-wait", {"id": 9, "op": "wait", "req": 8, "size": 1 << 20}),
 ]
 
