@@ -13,6 +13,9 @@ talks to over its pipes (small msgpack frames) while the tensors' bytes go
 through a file both map (docs/protocol.md, "Collective sidecar pipe"). Go
 ranks and Python ranks therefore form one communicator; the sidecar ends
 when its Python process does, which the other ranks see as a lost rank.
+A large output (64 KiB or more) is returned without a copy, as a tensor
+over that file, which no later call writes while anything refers to it;
+so it is shared memory: a process forked while it lives shares its pages.
 
 Every differentiable call is a ``torch.autograd.Function`` whose backward is
 the adjoint under the sum-of-losses convention, as package collective's
