@@ -586,6 +586,18 @@ def _np(x):
     return a
 
 
+_DTYPES_OK = set()  # (array type, dtype) pairs dtype_name takes
+
+
+def _check_dtype(a):
+    """InvalidArgumentError unless array a's elements have a tensordict
+    dtype (checked once per array type and dtype)."""
+    k = (type(a), a.dtype)
+    if k not in _DTYPES_OK:
+        dtype_name(a)
+        _DTYPES_OK.add(k)
+
+
 def _up64(n):
     return (n + 63) & ~63
 
@@ -689,7 +701,21 @@ class MPI_Communicator:
                 _counts(req, v)
             else:
                 req[k] = v
-        a = None if x is None else _np(x)
+        a = None
+        if x is not None:
+            try:
+                a = _np(x)
+                _check_dtype(a)
+            except (InvalidArgumentError, TypeError, ValueError) as e:
+                # Raised here alone, it would leave the other ranks waiting
+                # for this one. The call goes on without a tensor, which
+                # fails on every rank with the same ArgumentError ("rank R
+                # passed no tensor"); here it is raised from e.
+                try:
+                    self._s.call(req)
+                except TensorwireError as err:
+                    raise err from e
+                raise ArgumentError(f"{op}: this rank's tensor: {e}") from e
         _, out, name = self._s.call(req, a, write, stay, inplace)
         if out is None:
             return None

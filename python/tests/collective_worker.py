@@ -246,6 +246,19 @@ def mode_errors(comm):
         torch.ones(2, 3, requires_grad=True), 2 if r == 1 else 0, 0, None), "one rank's axis out of range")
     msgs["axis0d"] = expect(mpi4torch.ArgumentError, lambda: comm.Gather(torch.tensor(1.0 + r), 0, 0),
                             "a 0-d tensor has no axis 0")
+    # A tensor rank 0 cannot send (a dtype with no tensordict name): the
+    # same ArgumentError on every rank, raised on rank 0 from its own
+    # cause, not an error there alone while the others wait for it.
+    causes = []
+
+    def unsendable():
+        try:
+            comm.Allreduce(np.array(["a", "b"]) if r == 0 else np.zeros(2), mpi4torch.MPI_SUM)
+        except mpi4torch.ArgumentError as e:
+            causes.append(type(e.__cause__).__name__)
+            raise
+    msgs["unsendable"] = expect(mpi4torch.ArgumentError, unsendable, "a dtype with no tensordict name on rank 0")
+    check(causes == (["InvalidArgumentError"] if r == 0 else ["NoneType"]), f"the unsendable tensor's cause: {causes}")
     x = torch.ones(3, requires_grad=True)
     y = comm.Allreduce(x, mpi4torch.MPI_MAX)
     msgs["adjoint"] = expect(mpi4torch.NoAdjointError, lambda: y.sum().backward(), "MAX backward")

@@ -191,9 +191,9 @@ class TestCollectiveExamples(unittest.TestCase):
 @unittest.skipUnless(HAVE_TORCH, "needs torch")
 class TestCollectiveFailures(unittest.TestCase):
     def test_errors_are_the_same_on_every_rank(self):
-        """Mismatched shapes and dtypes, a root out of range, the backward of
-        MPI_MAX: the same exception on every rank, and the communicator
-        goes on."""
+        """Mismatched shapes and dtypes, a root out of range, a tensor one
+        rank cannot send, the backward of MPI_MAX: the same exception on
+        every rank, and the communicator goes on."""
         reports = run_ranks(self, "errors", 3)
         for rep in reports:
             for what, msg in rep["messages"].items():
