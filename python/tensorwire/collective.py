@@ -709,8 +709,8 @@ class MPI_Communicator:
             except (InvalidArgumentError, TypeError, ValueError) as e:
                 # Raised here alone, it would leave the other ranks waiting
                 # for this one. The call goes on without a tensor, which
-                # fails on every rank with the same ArgumentError ("rank R
-                # passed no tensor"); here it is raised from e.
+                # fails on every rank with the same ArgumentError (this
+                # rank's tensor missing); here it is raised from e.
                 try:
                     self._s.call(req)
                 except TensorwireError as err:
