@@ -395,6 +395,11 @@ func (s *sidecar) input(req pyReq) (*tensordict.Tensor, error) {
 	if int64(n) > int64(len(s.d.mem))-req.At {
 		return nil, fmt.Errorf("%w: the input's %d bytes at %d are past the data file's %d", collective.ErrArgument, n, req.At, len(s.d.mem))
 	}
+	if req.Room > 0 && int64(n) > req.Room {
+		// An in-place call writes its output over its input: past the
+		// room it would write where the parent keeps other outputs.
+		return nil, fmt.Errorf("%w: the input's %d bytes are more than its room's %d", collective.ErrArgument, n, req.Room)
+	}
 	return tensordict.FromBytes(dt, req.Shape, s.d.mem[req.At:req.At+int64(n):req.At+int64(n)])
 }
 

@@ -433,7 +433,7 @@ func TestCollectiveSidecar_At(t *testing.T) {
 				t.Errorf("wait irecv at 12288: %v, %x", resp, got)
 			}
 		}
-		for _, bad := range []pyReq{{At: -64}, {At: 100}, {At: 2 << 20}, {Room: -1}} {
+		for _, bad := range []pyReq{{At: -64}, {At: 100}, {At: 2 << 20}, {Room: -1}, {Room: 4}} { // the input is 8 bytes
 			resp := p.call(t, pyReq{ID: 5, At: bad.At, Room: bad.Room, Op: "allreduce", Red: 1, Has: true, DType: "float64", Shape: []int{1}})
 			if anyInt(resp["code"]) != 3 || resp["reason"] != "collective.argument" {
 				t.Errorf("rank %d: at %d, room %d: %v", r, bad.At, bad.Room, resp)
