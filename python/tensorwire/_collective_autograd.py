@@ -155,7 +155,7 @@ class Start(torch.autograd.Function):
                                "the Wait's result must reach the loss (JoinDummies)")
         shape, dtype, device = ctx.meta
         like = torch.zeros(shape, dtype=dtype, device=device)
-        got = st.comm._wait(st.back, like)
+        got = st.comm._wait(st.back, like, st.send)  # Wait's backward received for an Isend
         st.back = None
         if st.send:
             return got, None
@@ -171,7 +171,7 @@ class Wait(torch.autograd.Function):
     def forward(ctx, dummy, st, like):
         ctx.st, ctx.ddt = st, dummy.dtype
         ctx.meta = (like.shape, like.dtype, like.device)
-        out = st.comm._wait(st.id, like.detach())
+        out = st.comm._wait(st.id, like.detach(), not st.send)
         if st.send:
             return like.detach().clone()
         return out

@@ -32,21 +32,31 @@ MAX_BUFS = 4
 MAX_BYTES = 1 << 30
 
 
-def _refs(bufs, i):
-    return sys.getrefcount(bufs[i])
+def _refs(items, i):
+    return sys.getrefcount(items[i])
 
 
 def _calibrate():
     if not hasattr(sys, "getrefcount"):  # an interpreter without reference counts: no pool
         return None
-    bufs = [np.empty(1, np.uint8)]
-    return _refs(bufs, 0)
+    items = [np.empty(1, np.uint8)]
+    return _refs(items, 0)
 
 
-# The count of a buffer only the pool refers to, as _refs sees it (the
+# The count of an object only its list refers to, as _refs sees it (the
 # same call, so the interpreter's own references on its stack are the
 # same too).
 _FREE = _calibrate()
+
+# Whether this interpreter counts references (no pool, no regions without).
+COUNTED = _FREE is not None
+
+
+def unreferenced(items, i):
+    """Whether nothing but the list items refers to items[i] (COUNTED
+    interpreters only): the rule of the pool here and of the data file's
+    regions (_regions.py)."""
+    return _refs(items, i) <= _FREE
 
 
 class OutputPool:
@@ -66,12 +76,12 @@ class OutputPool:
         """A uint8 array of nbytes that no other array, tensor or view
         refers to: the caller may overwrite it. Its contents are
         undefined."""
-        if nbytes < self.min_bytes or 2 * nbytes > self.max_bytes or _FREE is None:
+        if nbytes < self.min_bytes or 2 * nbytes > self.max_bytes or not COUNTED:
             return np.empty(nbytes, np.uint8)
         with self._lock:
             bufs = self._bufs
             for i in range(len(bufs) - 1, -1, -1):
-                if bufs[i].nbytes == nbytes and _refs(bufs, i) <= _FREE:
+                if bufs[i].nbytes == nbytes and unreferenced(bufs, i):
                     b = bufs.pop(i)
                     bufs.append(b)
                     return b

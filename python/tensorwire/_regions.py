@@ -10,8 +10,8 @@ no live tensor uses, and the output comes back as an array over that
 region: no copy. The region is the output's until nothing refers to it
 any more; only then does a later call write there.
 
-"Nothing refers to it" is the region's reference count, as _outpool.py
-counts a buffer's: a region is an object exposing its bytes through
+"Nothing refers to it" is the region's reference count, by the rule the
+output pool uses (_outpool.unreferenced): a region is an object exposing its bytes through
 ``__array_interface__``, so every numpy array over it (and every view,
 reshape and dtype view of those) has it as its base, torch.from_numpy
 keeps the array in the tensor's storage (and its views share that
@@ -31,9 +31,8 @@ output copied out would have been copy-on-write.
 """
 
 import ctypes
-import sys
 
-import numpy as np
+from ._outpool import COUNTED, unreferenced
 
 # Outputs below this size are copied out of the scratch: the copy is cheap
 # and the 1 KB path stays as it was.
@@ -65,22 +64,8 @@ def address(mm):
         del c  # its export would keep mm from closing
 
 
-def _refs(live, i):
-    return sys.getrefcount(live[i])
-
-
-def _calibrate():
-    if not hasattr(sys, "getrefcount"):  # an interpreter without reference counts: no regions
-        return None
-    live = [Region(None, 0, 0, 0)]
-    return _refs(live, 0)
-
-
-# The count of a region only the table refers to, as _refs sees it.
-_FREE = _calibrate()
-
-
-def _up(n, a):
+def align(n, a):
+    """n rounded up to a multiple of a."""
     return (n + a - 1) // a * a
 
 
@@ -91,28 +76,27 @@ class Regions:
     def __init__(self, min_bytes=MIN_BYTES, max_regions=MAX_REGIONS, max_bytes=MAX_BYTES):
         self.min_bytes, self.max_regions, self.max_bytes = min_bytes, max_regions, max_bytes
         self._live = []  # Regions some array may still use, by offset
-        self.made = 0  # regions handed out so far
 
     def _prune(self):
         live = self._live
-        self._live = [live[i] for i in range(len(live)) if _refs(live, i) > _FREE]
+        self._live = [live[i] for i in range(len(live)) if not unreferenced(live, i)]
 
     def place(self, nbytes):
         """Where an input of nbytes goes so that its output stays: the
         offset of a hole no live region overlaps, or None (too small, an
         interpreter without reference counts, or the bounds reached): then
         the scratch, at scratch()."""
-        if nbytes < self.min_bytes or _FREE is None:
+        if nbytes < self.min_bytes or not COUNTED:
             return None
         self._prune()
         if len(self._live) >= self.max_regions:
             return None
-        need = _up(nbytes, ALIGN)
+        need = align(nbytes, ALIGN)
         at = 0
         for r in self._live:  # first fit, in offset order
             if r.off - at >= need:
                 break
-            at = max(at, _up(r.end, ALIGN))
+            at = max(at, align(r.end, ALIGN))
         if at + need > self.max_bytes:
             return None
         return at
@@ -126,14 +110,13 @@ class Regions:
         while i < len(live) and live[i].off < off:
             i += 1
         live.insert(i, r)
-        self.made += 1
         return r
 
     def scratch(self):
         """Where the scratch starts: after every live region, 64-byte
         aligned."""
         self._prune()
-        return max((_up(r.end, 64) for r in self._live), default=0)
+        return max((align(r.end, 64) for r in self._live), default=0)
 
     def stats(self):
         """(regions, bytes) live now."""

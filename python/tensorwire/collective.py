@@ -48,7 +48,7 @@ import numpy as np
 from . import _msgpack
 from ._binary import find_binary
 from ._outpool import OutputPool
-from ._regions import Regions, address
+from ._regions import Regions, address, align
 from ._td import as_array, dtype_name, numpy_dtype, to_torch
 from .errors import (AbortedError, FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError,
                      TensorwireError, UnauthenticatedError, UnavailableError, from_wire, register_reason)
@@ -474,7 +474,7 @@ class _Sidecar:
             if self.closed:
                 raise ClosedError("the communicator is closed")
             nbytes = 0 if a is None else a.nbytes
-            lead = 0 if inplace or a is None else _up64(nbytes)  # where the output starts, from the input
+            lead = 0 if inplace or a is None else align(nbytes, 64)  # where the output starts, from the input
             room = 0
             if stay >= self._regions.min_bytes:
                 room = max(stay, nbytes) if inplace else lead + stay
@@ -525,8 +525,7 @@ class _Sidecar:
         """The reply's output tensor as a numpy array (bfloat16 as raw
         uint16 bits), with its dtype name: over its region when it is at
         region (where a hole place gave wants it) and fits in stay bytes,
-        else copied
-        out of the data file. Either way the array is the caller's alone:
+        else copied out of the data file. Either way the array is the caller's alone:
         a large copy is a buffer of the pool that nothing refers to any
         more (_outpool.py), a region is written again only once nothing
         refers to it (_regions.py)."""
@@ -598,10 +597,6 @@ def _check_dtype(a):
         _DTYPES_OK.add(k)
 
 
-def _up64(n):
-    return (n + 63) & ~63
-
-
 def _nbytes(x):
     """The bytes of tensor or array x's elements (a torch tensor's, on any
     device, without a copy)."""
@@ -667,7 +662,6 @@ class MPI_Communicator:
 
     def __init__(self, sidecar):
         self._s = sidecar
-        self._irecvs = set()  # the ids of the Irecvs not waited for yet
 
     @property
     def rank(self):
@@ -695,6 +689,10 @@ class MPI_Communicator:
     # The raw calls on numpy arrays; timeout in seconds (None: none).
 
     def _run(self, op, x, write=True, timeout=None, like=None, stay=0, inplace=False, **kw):
+        """Runs op on x (None: no input) and returns its output as like's
+        kind (x's by default), or None. inplace: the output is where the
+        input was (Allreduce, Reduce, Bcast), and may stay there; stay: the
+        bytes an output after the input may take and stay (the others)."""
         req = {"id": next(self._s._ids), "op": op, "timeout": int(timeout * 1000) if timeout else 0}
         for k, v in kw.items():
             if k == "numelem":
@@ -716,6 +714,8 @@ class MPI_Communicator:
                 except TensorwireError as err:
                     raise err from e
                 raise ArgumentError(f"{op}: this rank's tensor: {e}") from e
+        if inplace and a is not None:
+            stay = a.nbytes
         _, out, name = self._s.call(req, a, write, stay, inplace)
         if out is None:
             return None
@@ -723,13 +723,13 @@ class MPI_Communicator:
         return _like(out, name, like) if like is not None else out
 
     def _allreduce(self, x, op):
-        return self._run("allreduce", x, stay=_nbytes(x), inplace=True, red=op)
+        return self._run("allreduce", x, inplace=True, red=op)
 
     def _bcast(self, x, root):
-        return self._run("bcast", x, write=self.rank == root, stay=_nbytes(x), inplace=True, root=root)
+        return self._run("bcast", x, write=self.rank == root, inplace=True, root=root)
 
     def _reduce(self, x, op, root):
-        return self._run("reduce", x, stay=_nbytes(x), inplace=True, red=op, root=root)
+        return self._run("reduce", x, inplace=True, red=op, root=root)
 
     # The outputs of the others stay where they fit in the room their
     # sizes with equal pieces give (or an upper bound of them).
@@ -795,17 +795,13 @@ class MPI_Communicator:
         st.id = next(self._s._ids)
         req = {"id": st.id, "op": "isend" if st.send else "irecv", "peer": st.peer, "tag": st.tag}
         self._s.call(req, _np(x), st.send)
-        if not st.send:
-            self._irecvs.add(st.id)
         return st.id
 
-    def _wait(self, rid, like):
+    def _wait(self, rid, like, recv):
+        """Completes request rid; recv: an Irecv, whose tensor (of like's
+        dtype and shape) may stay where the sidecar puts it."""
         req = {"id": next(self._s._ids), "op": "wait", "req": rid}
-        stay = 0
-        if rid in self._irecvs:  # what arrived may stay where the sidecar puts it
-            self._irecvs.discard(rid)
-            stay = _nbytes(like)
-        _, out, name = self._s.call(req, stay=stay, inplace=True)
+        _, out, name = self._s.call(req, stay=_nbytes(like) if recv else 0, inplace=True)
         if out is None:
             return None
         return _like(out, name, like)
@@ -899,7 +895,7 @@ class MPI_Communicator:
         st.waited = True
         if waithandle.dummy is not None:
             return _fn("Wait").apply(waithandle.dummy, st, st.like)
-        out = self._wait(st.id, st.like)
+        out = self._wait(st.id, st.like, not st.send)
         return st.like if st.send else out
 
     def Send(self, tensor, dest, tag):
