@@ -338,23 +338,23 @@ class _Sidecar:
         """Where a call's input of nbytes goes, and whether it goes to a
         hole of room bytes (_regions.py) whose output may then stay there
         (room 0: the scratch); the file grown to hold them. Where the file
-        cannot grow for a hole, the scratch; where it cannot for that
-        either, NoSpaceError."""
-        if self._pipe < 2:  # an old sidecar: every input at offset 0
-            if max(room, nbytes) > self._size:
-                self._grow(max(room, nbytes))
-            return 0, False
-        at = self._regions.place(room) if room else None
-        if at is not None:
-            try:
-                if at + room > self._size:
-                    self._grow(at + room)
-                return at, True
-            except NoSpaceError:
-                pass
-        at = self._regions.scratch()
-        if at + max(room, nbytes) > self._size:
-            self._grow(at + max(room, nbytes))
+        cannot grow for a hole (room guesses an output after the input,
+        which may be smaller), the scratch, grown for the input alone as
+        before the regions (the sidecar grows it for an output); where it
+        cannot for that either, NoSpaceError."""
+        at = 0  # an old sidecar's (pipe 1): every input at offset 0
+        if self._pipe >= 2:
+            hole = self._regions.place(room) if room else None
+            if hole is not None:
+                try:
+                    if hole + room > self._size:
+                        self._grow(hole + room)
+                    return hole, True
+                except NoSpaceError:
+                    pass
+            at = self._regions.scratch()
+        if at + nbytes > self._size:
+            self._grow(at + nbytes)
         return at, False
 
     def _remap(self, n):

@@ -492,11 +492,19 @@ def mode_pool(comm):
 
 
 def mode_nospace(comm):
-    """Rank 0's data file is in a small folder that a large input does not
-    fit in: rank 0 gets NoSpaceError (not a SIGBUS at its write into the
-    mapping), the other ranks a lost rank (not a wait for rank 0)."""
+    """Rank 0's data file is in a small folder (8 MiB). An Allgather whose
+    room (3 MiB of input and the 6 MiB its output would take with equal
+    pieces) does not fit there, but whose input and real output (rank 1
+    sends 64 KiB) do, goes through the scratch and is right. Then an
+    input that does not fit: rank 0 gets NoSpaceError (not a SIGBUS at
+    its write into the mapping), the other ranks a lost rank (not a wait
+    for rank 0)."""
     small = comm.Allreduce(np.ones(128), mpi4torch.MPI_SUM)
     check(float(small[0]) == comm.size, f"a small Allreduce: {small[:3]}")
+    counts = [(3 << 20) // 8] + [8192] * (comm.size - 1)
+    got = comm.Allgather(np.full(counts[comm.rank], float(comm.rank)), 0)
+    want = np.concatenate([np.full(c, float(q)) for q, c in enumerate(counts)])
+    check(got.shape == want.shape and bool((got == want).all()), "an Allgather whose room does not fit rank 0's folder")
     try:
         comm.Allreduce(np.ones(4 << 20), mpi4torch.MPI_SUM)  # 32 MiB of float64
         report["error"] = None
@@ -527,8 +535,9 @@ def mode_room(comm):
     m = 1 << 15  # float64: 256 KiB
     cat = torch.cat
     full = torch.full
+    got_all = cat([full((m,), float(q)) for q in range(n)])
     got = {
-        "Allgather": (comm.Allgather(full((m,), float(r)), 0), cat([full((m,), float(q)) for q in range(n)])),
+        "Allgather": (comm.Allgather(full((m,), float(r)), 0), got_all),
         "ReduceScatter": (comm.ReduceScatter(torch.arange(n * m, dtype=torch.float64) + r, mpi4torch.MPI_SUM, 0),
                           n * torch.arange(r * m, (r + 1) * m, dtype=torch.float64) + sum(range(n))),
         "Scatter": (comm.Scatter(torch.arange(n * m, dtype=torch.float64) if r == 0 else torch.zeros(n * m), 0, m, 0),
@@ -561,6 +570,17 @@ def mode_room(comm):
     check(g.shape == want.shape and bool((g == want).all()), f"the outgrown Allgather: {g.shape}")
     check(bool((y2 == 2 * n).all()), "the outgrown Allgather wrote over the output kept after its hole")
     report["outgrown_in_file"] = in_data_file(comm, g)
+    # The client's path for a sidecar of pipe version 1 (no at, no room;
+    # such a client never made a region): every input at offset 0, outputs
+    # copied, a held one kept across a later call.
+    del y2, g
+    check(regions.stats()[0] == 0, f"regions live before version 1: {regions.stats()}")
+    comm._s._pipe = 1
+    a = comm.Allreduce(full((m,), 1.0), mpi4torch.MPI_SUM)
+    b = comm.Allgather(full((m,), float(r)), 0)
+    check(bool((a == n).all()) and not in_data_file(comm, a), "version 1: Allreduce")
+    check(bool((b == got_all).all()) and not in_data_file(comm, b), "version 1: Allgather")
+    check(bool((a == n).all()) and regions.stats()[0] == 0, "version 1: a held output overwritten, or a region made")
 
 
 def mode_cuda(comm):

@@ -118,15 +118,16 @@ class TestCollectivePool(unittest.TestCase):
 
 
 class TestCollectiveNoSpace(unittest.TestCase):
-    """A full folder for the data file: rank 0's is a 4 MiB tmpfs (mounted
-    here: root only), an input of 32 MiB does not fit. Rank 0 gets
-    NoSpaceError and leaves; rank 1 gets a lost rank, no hang."""
+    """A full folder for the data file: rank 0's is an 8 MiB tmpfs (mounted
+    here: root only). An Allgather whose room does not fit there but whose
+    input and output do goes through; an input of 32 MiB does not fit:
+    rank 0 gets NoSpaceError and leaves, rank 1 a lost rank, no hang."""
 
     def setUp(self):
         if not hasattr(os, "geteuid") or os.geteuid() != 0:
             self.skipTest("needs root to mount a small tmpfs")
         self.dir = tempfile.mkdtemp()
-        out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", self.dir], capture_output=True,
+        out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", self.dir], capture_output=True,
                              text=True)
         if out.returncode:
             os.rmdir(self.dir)
