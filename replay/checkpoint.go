@@ -336,7 +336,7 @@ func (b *Buffer) recover() {
 	for s := b.cfg.Capacity - 1; s >= 0; s-- {
 		w, seq := b.slots.word(s), b.slots.seq(s)
 		newest = max(newest, seq)
-		if state(w) == stateWriting && finish[seq>>rowBits] {
+		if state(w) == stateWriting && finish[b.slots.rid(s)] {
 			w = makeWord(gen(w), stateCommitted)
 			b.slots.setWord(s, w)
 		}
