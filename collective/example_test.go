@@ -2,12 +2,15 @@ package collective_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"net"
 	"sync"
 	"time"
 
 	"github.com/tensorwire/tensorwire/collective"
+	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -85,4 +88,52 @@ func ExampleTape() {
 	wg.Wait()
 	fmt.Println(grads)
 	// Output: [[2 2] [2 2]]
+}
+
+// A training loop's gradient buffer from Alloc, reduced in place each step:
+// on a shared-mapping communicator the ranks read each other's buffers
+// where they are, without copies through the communicator's files (on
+// the other transports Alloc is an ordinary tensor and the call the same).
+func ExampleComm_Alloc() {
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	const size = 2
+	sums := make([][]float32, size)
+	var wg sync.WaitGroup
+	for rank := range size {
+		wg.Go(func() {
+			c, err := collective.Join(ctx, collective.Config{Rank: rank, Size: size, Addr: addr})
+			if err != nil {
+				fmt.Println(err)
+				return
+			}
+			defer c.Close()
+			grad, err := c.Alloc(memmap.Float32, 1<<16)
+			if err != nil {
+				fmt.Println(err)
+				return
+			}
+			defer c.Free(grad)
+			b, _ := grad.Bytes() // the buffer itself
+			for step := range 3 {
+				// The step's gradient, written into the buffer.
+				for i := 0; i < len(b); i += 4 {
+					binary.LittleEndian.PutUint32(b[i:], math.Float32bits(float32(rank+step)))
+				}
+				if err := c.AllreduceInto(ctx, grad, grad, collective.Sum); err != nil {
+					fmt.Println(err)
+					return
+				}
+			}
+			v, _ := tensordict.Values[float32](grad)
+			sums[rank] = v[:2]
+		})
+	}
+	wg.Wait()
+	fmt.Println(sums)
+	// Output: [[5 5] [5 5]]
 }

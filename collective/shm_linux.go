@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/lockfile"
@@ -75,6 +76,12 @@ type shmGroup struct {
 	// reduction left it (the same on every member: each such collective
 	// moves them all by the same steps; shm_pipe.go).
 	prog uint32
+	// sh is this rank's shared buffers and its mappings of the others'
+	// (shm_shared_linux.go); sbuf the partial results of sharedReduce.
+	sh   sharedSet
+	sbuf []byte
+	// shared counts the Allreduces sharedReduce ran (tests, the bench).
+	shared atomic.Uint64
 }
 
 // makeSessionDir makes rank 0's folder for a session under dir, with a
@@ -209,6 +216,7 @@ func (g *shmGroup) close() {
 			g.data[r][i] = nil
 		}
 	}
+	g.closeShared()
 	for i, f := range g.own {
 		if f != nil {
 			f.Close()

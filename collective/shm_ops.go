@@ -75,6 +75,11 @@ func (c *Comm) shmSteps(ctx context.Context, seq uint64, cl *call) (*plan, []byt
 		d.noSpace = errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 		g.putDesc(set, d.encode(nil))
 	}
+	if d.kind == kindAllreduce && d.bad == "" {
+		g.putRef(set, cl.in, cl.out)
+	} else {
+		g.putRef(set, nil, nil)
+	}
 	g.setPhase(base + 1)
 	if err := g.waitAll(ctx, base+1); err != nil {
 		return nil, nil, c.failData(ctx, err)
@@ -145,9 +150,17 @@ func publishRoot(s *shmPub) error {
 	return s.all()
 }
 
-// shmData moves the data of plan p, as the collective's shm says.
+// shmData moves the data of plan p, as the collective's shm says, or, for
+// an Allreduce above smallShm whose tensors are shared buffers on every
+// rank, where they are (shm_shared_linux.go).
 func (c *Comm) shmData(ctx context.Context, g *shmGroup, set int, base uint32, p *plan, in, out []byte) error {
-	return p.o.shm(ctx, &shmRun{c: c, g: g, set: set, base: base, p: p, in: in, out: out})
+	s := &shmRun{c: c, g: g, set: set, base: base, p: p, in: in, out: out}
+	if p.kind == kindAllreduce && p.bytes(c.rank) > smallShm {
+		if rs, ok := g.refs(set); ok {
+			return s.sharedReduce(ctx, rs)
+		}
+	}
+	return p.o.shm(ctx, s)
 }
 
 // shmRun is the data phase of one collective through the shared mappings.

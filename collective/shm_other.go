@@ -37,3 +37,13 @@ func (g *shmGroup) peerData(int, int, int) ([]byte, error)            { return n
 func openShmGroup(*Comm, string, int, int) (*shmGroup, error)   { return nil, errNoShm }
 func sweepSessions(string)                                      {}
 func (g *shmGroup) waitRank(context.Context, int, uint32) error { return errNoShm }
+
+type sharedRef struct{}
+
+func (g *shmGroup) alloc(int) ([]byte, error)                     { return nil, errNoShm }
+func (g *shmGroup) free([]byte) error                             { return errNoShm }
+func (g *shmGroup) register(string, []byte) error                 { return errNoShm }
+func (g *shmGroup) deregister(string) error                       { return errNoShm }
+func (g *shmGroup) putRef(int, []byte, []byte)                    {}
+func (g *shmGroup) refs(int) ([]sharedRef, bool)                  { return nil, false }
+func (s *shmRun) sharedReduce(context.Context, []sharedRef) error { return errNoShm }

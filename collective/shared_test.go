@@ -1,0 +1,317 @@
+//go:build linux
+
+package collective
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/tensorwire/tensorwire/internal/shm"
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// sharedCase is one Allreduce of TestShared_Allreduce.
+type sharedCase struct {
+	dt    memmap.DType
+	op    Op
+	elems int
+}
+
+// wantReduce is the rank-order reduction of the ranks' bytes srcs.
+func wantReduce(op Op, dt memmap.DType, srcs [][]byte) []byte {
+	want := make([]byte, len(srcs[0]))
+	foldRef(op, dt, want, srcs)
+	return want
+}
+
+// fillBytes copies src into t's bytes.
+func fillBytes(t testing.TB, dst *tensordict.Tensor, src []byte) {
+	t.Helper()
+	b, err := dst.Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(b, src)
+}
+
+// TestShared_Allreduce: AllreduceInto of tensors from Alloc, in place and
+// into a second such tensor, over 2 to 4 ranks and sizes whose shares are
+// not even: every rank gets the bits of the rank-order reduction, and the
+// call went through sharedReduce on every rank (reading the inputs where
+// they are), not the data files.
+func TestShared_Allreduce(t *testing.T) {
+	ranks, cases := []int{2, 3, 4}, []sharedCase{
+		{memmap.Float32, Sum, 3*sharedChunk + 4097},
+		{memmap.Float64, Sum, 50_001},
+		{memmap.Int64, Sum, 20_003},
+		{memmap.Uint8, Max, 300_001},
+	}
+	if raceEnabled {
+		ranks, cases = []int{2, 4}, cases[:2]
+	}
+	for _, n := range ranks {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			comms := group(t, n, SHM)
+			for _, tc := range cases {
+				for _, inPlace := range []bool{true, false} {
+					t.Run(fmt.Sprintf("%v/%v/%d/in place %v", tc.dt, tc.op, tc.elems, inPlace), func(t *testing.T) {
+						rng := rand.New(rand.NewPCG(uint64(n), uint64(tc.elems)))
+						srcs := make([][]byte, n)
+						for r := range n {
+							srcs[r] = must1(randTensor(t, rng, tc.dt, tc.elems).Bytes())
+						}
+						want := wantReduce(tc.op, tc.dt, srcs)
+						before := make([]uint64, n)
+						for r, c := range comms {
+							before[r] = c.shm.shared.Load()
+						}
+						got := all(t, comms, func(ctx context.Context, c *Comm) ([]byte, error) {
+							x, err := c.Alloc(tc.dt, tc.elems)
+							if err != nil {
+								return nil, err
+							}
+							defer c.Free(x)
+							fillBytes(t, x, srcs[c.Rank()])
+							y := x
+							if !inPlace {
+								if y, err = c.Alloc(tc.dt, tc.elems); err != nil {
+									return nil, err
+								}
+								defer c.Free(y)
+							}
+							if err := c.AllreduceInto(ctx, y, x, tc.op); err != nil {
+								return nil, err
+							}
+							if !inPlace && !bytes.Equal(must1(x.Bytes()), srcs[c.Rank()]) {
+								return nil, errors.New("the input changed")
+							}
+							return bytes.Clone(must1(y.Bytes())), nil
+						})
+						for r := range n {
+							if !bytes.Equal(got[r], want) {
+								t.Fatalf("rank %d: not the rank-order reduction", r)
+							}
+							if d := comms[r].shm.shared.Load() - before[r]; d != 1 {
+								t.Fatalf("rank %d: %d calls through the shared buffers, want 1", r, d)
+							}
+						}
+					})
+				}
+			}
+		})
+	}
+}
+
+// TestShared_Mixed: when one rank's tensor is not a shared buffer (an
+// ordinary tensor, or a partly overlapping output), every rank takes the
+// data files' path, and the result is the same.
+func TestShared_Mixed(t *testing.T) {
+	const n, elems = 3, 100_000
+	comms := group(t, n, SHM)
+	for _, odd := range []string{"heap", "overlap"} {
+		t.Run(odd, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(7, 7))
+			srcs := make([][]byte, n)
+			for r := range n {
+				srcs[r] = must1(randTensor(t, rng, memmap.Float32, elems).Bytes())
+			}
+			want := wantReduce(Sum, memmap.Float32, srcs)
+			got := all(t, comms, func(ctx context.Context, c *Comm) ([]byte, error) {
+				x, err := c.Alloc(memmap.Float32, 2*elems)
+				if err != nil {
+					return nil, err
+				}
+				defer c.Free(x)
+				b := must1(x.Bytes())
+				in := must1(tensordict.FromBytes(memmap.Float32, []int{elems}, b[:4*elems]))
+				out := in
+				if c.Rank() == 1 {
+					if odd == "heap" {
+						in = must1(tensordict.Zeros(memmap.Float32, elems))
+						out = in
+					} else {
+						out = must1(tensordict.FromBytes(memmap.Float32, []int{elems}, b[64:64+4*elems]))
+					}
+				}
+				fillBytes(t, in, srcs[c.Rank()])
+				if err := c.AllreduceInto(ctx, out, in, Sum); err != nil {
+					return nil, err
+				}
+				return bytes.Clone(must1(out.Bytes())), nil
+			})
+			for r := range n {
+				if !bytes.Equal(got[r], want) {
+					t.Fatalf("rank %d: not the rank-order reduction", r)
+				}
+				if comms[r].shm.shared.Load() != 0 {
+					t.Fatalf("rank %d: went through the shared buffers", r)
+				}
+			}
+		})
+	}
+}
+
+// TestShared_Register: a file of the caller's, mapped by it, registered
+// and then unlinked (as a Python rank does its data file), is read and
+// written in place, at an offset; after it grows and is registered with
+// its new mapping, a tensor past its old end is too (the others map it
+// again); after Deregister the data files' path runs.
+func TestShared_Register(t *testing.T) {
+	const n, elems = 2, 70_000
+	comms := group(t, n, SHM)
+	dir, err := os.MkdirTemp(filepath.Dir(comms[0].shm.folder()), "register-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	files := make([]*os.File, n)
+	maps := make([]*shm.Map, n)
+	for r := range n {
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("data-%d", r)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		if err := shm.Grow(f, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		if maps[r], err = shm.MapFile(f, 1<<20, true); err != nil {
+			t.Fatal(err)
+		}
+		files[r] = f
+		if err := comms[r].Register(f.Name(), maps[r].Bytes()); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(f.Name()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, m := range maps {
+			m.Close()
+		}
+	})
+	run := func(t *testing.T, at int, wantShared uint64) {
+		rng := rand.New(rand.NewPCG(uint64(at), 1))
+		srcs := make([][]byte, n)
+		for r := range n {
+			srcs[r] = must1(randTensor(t, rng, memmap.Float32, elems).Bytes())
+		}
+		want := wantReduce(Sum, memmap.Float32, srcs)
+		got := all(t, comms, func(ctx context.Context, c *Comm) ([]byte, error) {
+			b := maps[c.Rank()].Bytes()[at : at+4*elems]
+			x := must1(tensordict.FromBytes(memmap.Float32, []int{elems}, b))
+			copy(b, srcs[c.Rank()])
+			if err := c.AllreduceInto(ctx, x, x, Sum); err != nil {
+				return nil, err
+			}
+			return bytes.Clone(b), nil
+		})
+		for r := range n {
+			if !bytes.Equal(got[r], want) {
+				t.Fatalf("rank %d: not the rank-order reduction", r)
+			}
+			if s := comms[r].shm.shared.Load(); s != wantShared {
+				t.Fatalf("rank %d: %d calls through the shared buffers, want %d", r, s, wantShared)
+			}
+		}
+	}
+	run(t, 4096, 1)
+	for r := range n {
+		if err := shm.Grow(files[r], 4<<20); err != nil {
+			t.Fatal(err)
+		}
+		m, err := shm.MapFile(files[r], 4<<20, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		maps[r].Close()
+		maps[r] = m
+		if err := comms[r].Register(files[r].Name(), m.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(t, 3<<20, 2)
+	for r := range n {
+		if err := comms[r].Deregister(files[r].Name()); err != nil {
+			t.Fatal(err)
+		}
+		if err := comms[r].Deregister(files[r].Name()); !errors.Is(err, ErrNotShared) {
+			t.Fatalf("a second Deregister: %v, want ErrNotShared", err)
+		}
+	}
+	run(t, 0, 2) // through the data files
+}
+
+// TestShared_AllocFree: Alloc's tensors are files of the folder until
+// Free; Free refuses a tensor Alloc did not make; on TCP Alloc is an
+// ordinary tensor.
+func TestShared_AllocFree(t *testing.T) {
+	comms := group(t, 2, SHM)
+	c := comms[0]
+	x, err := c.Alloc(memmap.Float32, 3, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := x.Shape(); len(s) != 2 || s[0] != 3 || s[1] != 5 {
+		t.Fatalf("shape %v", s)
+	}
+	if !bytes.Equal(must1(x.Bytes()), make([]byte, 60)) {
+		t.Fatal("not zeroed")
+	}
+	files, _ := filepath.Glob(filepath.Join(c.shm.folder(), "rank-0.s*"))
+	if len(files) != 1 {
+		t.Fatalf("files %v, want one", files)
+	}
+	if err := c.Free(must1(tensordict.Zeros(memmap.Float32, 3))); !errors.Is(err, ErrNotShared) {
+		t.Fatalf("Free of an ordinary tensor: %v, want ErrNotShared", err)
+	}
+	if err := c.Free(x); err != nil {
+		t.Fatal(err)
+	}
+	if files, _ := filepath.Glob(filepath.Join(c.shm.folder(), "rank-0.s*")); len(files) != 0 {
+		t.Fatalf("files %v after Free", files)
+	}
+	if err := c.Free(x); !errors.Is(err, ErrNotShared) {
+		t.Fatalf("a second Free: %v, want ErrNotShared", err)
+	}
+	tc := group(t, 2, TCP)[0]
+	y, err := tc.Alloc(memmap.Int64, 4)
+	if err != nil || len(must1(y.Bytes())) != 32 {
+		t.Fatalf("Alloc on TCP: %v", err)
+	}
+	if err := tc.Free(y); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestShared_Truncated: a rank's shared buffer truncated under the others
+// (by hand, or a rank gone wrong) fails the Allreduce on every rank with an
+// error, not a fault that kills the process, and nothing hangs.
+func TestShared_Truncated(t *testing.T) {
+	const n, elems = 3, 100_000
+	comms := group(t, n, SHM)
+	xs := make([]*tensordict.Tensor, n)
+	for r, c := range comms {
+		xs[r] = must1(c.Alloc(memmap.Float32, elems))
+	}
+	path := filepath.Join(comms[2].shm.folder(), "rank-2.s0")
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, errs := onAll(t, comms, func(ctx context.Context, c *Comm) (struct{}, error) {
+		return struct{}{}, c.AllreduceInto(ctx, xs[c.Rank()], xs[c.Rank()], Sum)
+	})
+	for r, err := range errs {
+		if err == nil {
+			t.Fatalf("rank %d: no error", r)
+		}
+	}
+}

@@ -1,0 +1,316 @@
+//go:build linux
+
+package collective
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"unsafe"
+
+	"github.com/tensorwire/tensorwire/internal/shm"
+)
+
+// Shared buffers through the session's folder (shared.go has the API).
+// A rank's shared buffers are files rank-R.s<i> of the folder, i counting
+// from 0 and never reused: a file Alloc made, or a hard link to a file
+// Register was given. For each file set, the rank's control file says
+// where its input and output are when both are in shared buffers (the
+// reference words, ctlRef), written before the published phase and read
+// by the others after it: the words of set i are next written by
+// collective seq+2, which starts only once every rank is done with seq.
+
+// The reference words of file set i, at ctlRef + 64*i: five uint64.
+const (
+	ctlRef    = 512
+	refValid  = 0  // 1: the four words below say where this rank's tensors are
+	refInIdx  = 8  // the input's file, s<idx>
+	refInOff  = 16 // its first byte in the file
+	refOutIdx = 24 // the output's file
+	refOutOff = 32 // its first byte
+)
+
+// sharedFile is one of this rank's shared buffers.
+type sharedFile struct {
+	idx  uint32
+	path string   // Register's path; "" for Alloc's
+	m    *shm.Map // Alloc's mapping; nil for Register's
+	mem  []byte   // the bytes the file is mapped at here
+}
+
+// sharedSet is a rank's shared buffers and its mappings of the others'.
+type sharedSet struct {
+	mu    sync.Mutex
+	next  uint32
+	own   []*sharedFile
+	peers []map[uint32]*shm.Map // guarded by the communicator's opMu (collectives only)
+}
+
+// sharedRef is where a rank's tensors of a collective are.
+type sharedRef struct {
+	inIdx, outIdx uint32
+	inOff, outOff int
+}
+
+func (g *shmGroup) sharedName(idx uint32) string { return fmt.Sprintf("s%d", idx) }
+
+// alloc makes a shared buffer of n bytes and returns its bytes.
+func (g *shmGroup) alloc(n int) ([]byte, error) {
+	g.sh.mu.Lock()
+	defer g.sh.mu.Unlock()
+	idx := g.sh.next
+	size := (max(n, 1) + 4095) &^ 4095
+	m, err := shm.Create(g.path(g.sharedName(idx)), size, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	g.sh.next++
+	f := &sharedFile{idx: idx, m: m, mem: m.Bytes()[:n:n]}
+	g.sh.own = append(g.sh.own, f)
+	return f.mem, nil
+}
+
+// free releases Alloc's buffer starting at b.
+func (g *shmGroup) free(b []byte) error {
+	g.sh.mu.Lock()
+	defer g.sh.mu.Unlock()
+	for i, f := range g.sh.own {
+		if f.m != nil && sameMem(f.mem, b) {
+			g.sh.own = append(g.sh.own[:i], g.sh.own[i+1:]...)
+			os.Remove(g.path(g.sharedName(f.idx)))
+			return f.m.Close()
+		}
+	}
+	return ErrNotShared
+}
+
+// register makes path, mapped at mem, a shared buffer (or maps it anew).
+func (g *shmGroup) register(path string, mem []byte) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	if len(mem) == 0 {
+		return fmt.Errorf("%w: register %s: no bytes mapped", ErrArgument, path)
+	}
+	g.sh.mu.Lock()
+	defer g.sh.mu.Unlock()
+	for _, f := range g.sh.own {
+		if f.path == abs {
+			f.mem = mem
+			return nil
+		}
+	}
+	idx := g.sh.next
+	// A hard link: the file stays reachable when its owner unlinks it, as
+	// a Python rank does its data file.
+	if err := os.Link(abs, g.path(g.sharedName(idx))); err != nil {
+		return fmt.Errorf("collective: register %s: it must be on the file system of the shared folder %s: %w", path, g.dir, err)
+	}
+	g.sh.next++
+	g.sh.own = append(g.sh.own, &sharedFile{idx: idx, path: abs, mem: mem})
+	return nil
+}
+
+// deregister undoes register.
+func (g *shmGroup) deregister(path string) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	g.sh.mu.Lock()
+	defer g.sh.mu.Unlock()
+	for i, f := range g.sh.own {
+		if f.m == nil && f.path == abs {
+			g.sh.own = append(g.sh.own[:i], g.sh.own[i+1:]...)
+			os.Remove(g.path(g.sharedName(f.idx)))
+			return nil
+		}
+	}
+	return ErrNotShared
+}
+
+// locate returns the shared buffer b lies within, and b's offset there.
+func (g *shmGroup) locate(b []byte) (uint32, int, bool) {
+	if len(b) == 0 {
+		return 0, 0, false
+	}
+	p := uintptr(unsafe.Pointer(&b[0]))
+	g.sh.mu.Lock()
+	defer g.sh.mu.Unlock()
+	for _, f := range g.sh.own {
+		if len(f.mem) == 0 {
+			continue
+		}
+		lo := uintptr(unsafe.Pointer(&f.mem[0]))
+		if p >= lo && p-lo+uintptr(len(b)) <= uintptr(len(f.mem)) {
+			return f.idx, int(p - lo), true
+		}
+	}
+	return 0, 0, false
+}
+
+// putRef writes the reference words of set for a collective of input in
+// and output out: valid when both are in shared buffers and are the same
+// bytes or do not overlap (a reduction in place reads each element before
+// it writes it; partly overlapping ones it could not).
+func (g *shmGroup) putRef(set int, in, out []byte) {
+	base := ctlRef + 64*set
+	valid := uint64(0)
+	if len(in) > 0 && len(in) == len(out) && (sameMem(in, out) || !overlap(in, out)) {
+		ii, io, ok1 := g.locate(in)
+		oi, oo, ok2 := g.locate(out)
+		if ok1 && ok2 {
+			g.word64(g.me, base+refInIdx).Store(uint64(ii))
+			g.word64(g.me, base+refInOff).Store(uint64(io))
+			g.word64(g.me, base+refOutIdx).Store(uint64(oi))
+			g.word64(g.me, base+refOutOff).Store(uint64(oo))
+			valid = 1
+		}
+	}
+	g.word64(g.me, base+refValid).Store(valid)
+}
+
+// refs reads every rank's reference words of set: ok when all are valid.
+func (g *shmGroup) refs(set int) ([]sharedRef, bool) {
+	base := ctlRef + 64*set
+	rs := make([]sharedRef, g.n)
+	for r := range g.n {
+		if g.word64(r, base+refValid).Load() != 1 {
+			return nil, false
+		}
+		rs[r] = sharedRef{
+			inIdx: uint32(g.word64(r, base+refInIdx).Load()), inOff: int(g.word64(r, base+refInOff).Load()),
+			outIdx: uint32(g.word64(r, base+refOutIdx).Load()), outOff: int(g.word64(r, base+refOutOff).Load()),
+		}
+	}
+	return rs, true
+}
+
+// peerShared returns n bytes at off of rank r's shared buffer idx, mapping
+// it (again, when it grew) as needed.
+func (g *shmGroup) peerShared(r int, idx uint32, off, n int) ([]byte, error) {
+	if off < 0 || n < 0 || off > 1<<50 || n > 1<<50 {
+		return nil, ownErr(fmt.Errorf("rank %d's shared buffer s%d: %d bytes at %d", r, idx, n, off))
+	}
+	if g.sh.peers == nil {
+		g.sh.peers = make([]map[uint32]*shm.Map, g.n)
+	}
+	if g.sh.peers[r] == nil {
+		g.sh.peers[r] = map[uint32]*shm.Map{}
+	}
+	m := g.sh.peers[r][idx]
+	if m == nil {
+		// A file of r's not mapped yet: let go of the mappings of those r
+		// has freed since (their pages stay while a mapping holds them).
+		for i, pm := range g.sh.peers[r] {
+			if _, err := os.Stat(g.peerPath(r, g.sharedName(i))); err != nil {
+				pm.Close()
+				delete(g.sh.peers[r], i)
+			}
+		}
+	}
+	if m == nil || m.Len() < off+n {
+		path := g.peerPath(r, g.sharedName(idx))
+		fi, err := os.Stat(path)
+		if err != nil {
+			return nil, ownErr(fmt.Errorf("rank %d's shared buffer: %w", r, err))
+		}
+		if fi.Size() < int64(off+n) {
+			return nil, ownErr(fmt.Errorf("rank %d's shared buffer s%d is %d bytes, %d needed", r, idx, fi.Size(), off+n))
+		}
+		nm, err := shm.Open(path, int(fi.Size()), true)
+		if err != nil {
+			return nil, ownErr(fmt.Errorf("rank %d's shared buffer: %w", r, err))
+		}
+		m.Close()
+		m = nm
+		g.sh.peers[r][idx] = m
+	}
+	return m.Bytes()[off : off+n : off+n], nil
+}
+
+// closeShared unmaps the others' buffers and removes this rank's files
+// from the folder (Alloc's mappings stay: their tensors may outlive the
+// communicator, until Free).
+func (g *shmGroup) closeShared() {
+	g.sh.mu.Lock()
+	defer g.sh.mu.Unlock()
+	for _, ms := range g.sh.peers {
+		for _, m := range ms {
+			m.Close()
+		}
+	}
+	g.sh.peers = nil
+	for _, f := range g.sh.own {
+		os.Remove(g.path(g.sharedName(f.idx)))
+	}
+}
+
+// overlap reports whether a and b share a byte.
+func overlap(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	pa, pb := uintptr(unsafe.Pointer(&a[0])), uintptr(unsafe.Pointer(&b[0]))
+	return pa < pb+uintptr(len(b)) && pb < pa+uintptr(len(a))
+}
+
+// sharedChunk is the bytes a rank reduces at a time in sharedReduce: the
+// partial result stays in the core's first-level cache between the reads
+// of the inputs and the writes of the outputs.
+const sharedChunk = 32 << 10
+
+// sharedReduce is the data phase of an Allreduce whose input and output
+// are shared buffers on every rank (rs: where they are). Each rank reduces
+// its share of the elements (the even split chunks gives) reading every
+// rank's input in place, in rank order as every other path does (the same
+// bits), and writes the result into every rank's output; then it moves its
+// phase to reduced and waits for every rank's. A rank's share of an input
+// is read only by that rank, and its share of an output written only by
+// it, after it read the inputs: so an output may be its rank's input (in
+// place), and no other synchronisation is needed. The bytes cross memory
+// once read and once written; nothing goes through the data files.
+func (s *shmRun) sharedReduce(ctx context.Context, rs []sharedRef) error {
+	p, g := s.p, s.g
+	me, n := s.c.rank, s.c.size
+	nb := p.bytes(me)
+	srcs := make([][]byte, n)
+	dsts := make([][]byte, n)
+	for r := range n {
+		if r == me {
+			srcs[r], dsts[r] = s.in[:nb], s.out[:nb]
+			continue
+		}
+		var err error
+		if srcs[r], err = g.peerShared(r, rs[r].inIdx, rs[r].inOff, nb); err != nil {
+			return err
+		}
+		if dsts[r], err = g.peerShared(r, rs[r].outIdx, rs[r].outOff, nb); err != nil {
+			return err
+		}
+	}
+	es := p.esize
+	sh := scale(chunks(nb/es, n), es)
+	if len(g.sbuf) < sharedChunk {
+		g.sbuf = make([]byte, sharedChunk)
+	}
+	step := sharedChunk / es * es
+	sub := make([][]byte, n)
+	for a := sh[me]; a < sh[me+1]; a += step {
+		b := min(a+step, sh[me+1])
+		for r := range n {
+			sub[r] = srcs[r][a:b]
+		}
+		acc := g.sbuf[:b-a]
+		reduceN(p.op, p.dt, acc, sub)
+		for r := range n {
+			copy(dsts[r][a:b], acc)
+		}
+	}
+	g.shared.Add(1)
+	g.setPhase(s.base + 2)
+	return g.waitAll(ctx, s.base+2)
+}
