@@ -166,6 +166,17 @@ func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath str
 	}
 	s.c = c
 	defer c.Close()
+	// The data file is a shared buffer of the communicator: an Allreduce
+	// of tensors in it on every rank reads and writes them where they are
+	// (collective.Comm.Register), without copies through its own files.
+	d.mapped = func(mem []byte) {
+		if err := c.Register(dataPath, mem); err != nil {
+			slog.Debug("collective sidecar: the data file is not a shared buffer", "err", err)
+		}
+	}
+	if len(d.mem) > 0 {
+		d.mapped(d.mem)
+	}
 	if err := s.reply(pyResp{Rank: c.Rank(), World: c.Size(), Transport: transportName(c.Transport()), Pipe: pipeVersion}); err != nil {
 		return err
 	}

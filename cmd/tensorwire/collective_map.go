@@ -15,6 +15,9 @@ type dataFile struct {
 	f   *os.File
 	m   *shm.Map
 	mem []byte // m's bytes; nil while nothing is mapped
+	// mapped, when set, is told of every new mapping (the sidecar
+	// registers it with its communicator: collective.Comm.Register).
+	mapped func(mem []byte)
 }
 
 func openDataFile(path string) (*dataFile, error) {
@@ -52,6 +55,9 @@ func (d *dataFile) remap(size int64) error {
 		return fmt.Errorf("map the data file: %w", err)
 	}
 	d.m, d.mem = m, m.Bytes()
+	if d.mapped != nil {
+		d.mapped(d.mem)
+	}
 	return nil
 }
 

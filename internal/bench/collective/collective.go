@@ -44,7 +44,11 @@
 // half round trip. The transport shm-inline (local only) is shm with
 // collective.Config.ShmSendMin -1: every point-to-point message inline over
 // rpc, as before messages went by reference, for a side-by-side figure;
-// --p2p-ref-min sets ShmSendMin for the other transports.
+// --p2p-ref-min sets ShmSendMin for the other transports. The transport
+// shm-alloc (local only) is shm with every tensor from Comm.Alloc, a
+// shared buffer the other ranks map: the Allreduce (and forward+backward's
+// two) reads the inputs where they are instead of copying them through
+// the data files; the other operations run as on shm.
 // allreduce-fwd-bwd is an allreduce on a collective.Tape and its backward
 // pass (a second allreduce, of the gradient seed), timed together, with
 // allreduce's formula over the two: mpi4torch's "forward+backward" figure.
@@ -137,7 +141,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.StringVar(&ops, "ops", strings.Join(allOps, ","), "operations to run: "+strings.Join(append(slices.Clone(allOps), moreOps...), ", "))
 	fs.StringVar(&ranks, "ranks", "2,4", "rank counts to run with")
 	fs.StringVar(&sizes, "sizes", "1KB,64KB,1MB,16MB,64MB", "tensor sizes (KB, MB: 1024 and 1024*1024 bytes)")
-	fs.StringVar(&transports, "transports", "shm,tcp", "transports: shm (shared mappings), tcp (loopback), shm-inline (shm with every point-to-point message inline over rpc)")
+	fs.StringVar(&transports, "transports", "shm,tcp", "transports: shm (shared mappings), tcp (loopback), shm-inline (shm with every point-to-point message inline over rpc), shm-alloc (shm with every tensor from Comm.Alloc: the Allreduce in place)")
 	fs.IntVar(&o.p2pRefMin, "p2p-ref-min", 0, "collective.Config.ShmSendMin: the smallest point-to-point message sent by reference through the shared folder (0: the default, 4 KiB; -1: none)")
 	fs.StringVar(&o.hosts, "hosts", "local", "where the ranks run: local (this host, loopback), netns (a network namespace each, joined by a bridge; root, tcp only)")
 	layout := fs.String("layout", "", "--hosts netns: HxR, R ranks on each of H hosts (--ranks is then H*R; --transports tcp,hier)")
@@ -185,7 +189,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	if o.ops, err = parseList(ops, append(slices.Clone(allOps), moreOps...)); err != nil {
 		return err
 	}
-	if o.transports, err = parseList(transports, []string{"shm", "tcp", "hier", "shm-inline"}); err != nil {
+	if o.transports, err = parseList(transports, []string{"shm", "tcp", "hier", "shm-inline", "shm-alloc"}); err != nil {
 		return err
 	}
 	if *layout != "" {
@@ -210,7 +214,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 				o.transports = []string{"tcp", "hier"}
 			}
 		}
-		if slices.Contains(o.transports, "shm") || slices.Contains(o.transports, "shm-inline") {
+		if slices.ContainsFunc(o.transports, isShm) {
 			return bench.Usagef("--hosts netns runs the ranks on separate hosts: --transports tcp or hier only")
 		}
 		if slices.Contains(o.transports, "hier") && o.layout[0] == 0 {
@@ -366,7 +370,7 @@ func runParent(ctx context.Context, o options, po pyOptions, env bench.Env) erro
 	}
 	res := Result{MemcpyGBps: memcpyGBps()}
 	fmt.Fprintf(env.Stderr, "memcpy: %.2f GB/s\n", res.MemcpyGBps)
-	if slices.Contains(o.transports, "shm") {
+	if slices.ContainsFunc(o.transports, isShm) {
 		if res.MemBW, err = runMemBWs(ctx, env, exe, o.ranks); err != nil {
 			return err
 		}
@@ -533,8 +537,11 @@ func iterations(bytes int) int { return max(5, min(500, (256<<20)/bytes)) }
 func runRank(ctx context.Context, o options, stdout io.Writer) error {
 	jctx, cancel := context.WithTimeout(ctx, time.Minute)
 	tr, refMin := o.transport, o.p2pRefMin
-	if tr == "shm-inline" {
+	switch tr {
+	case "shm-inline":
 		tr, refMin = "shm", -1
+	case "shm-alloc":
+		tr = "shm"
 	}
 	c, err := collective.Join(jctx, collective.Config{Rank: o.rank, Size: o.size, Addr: o.addr, Transport: collective.Transport(tr), ShmDir: o.shmDir, ShmSendMin: refMin})
 	cancel()
@@ -550,7 +557,11 @@ func runRank(ctx context.Context, o options, stdout io.Writer) error {
 	for _, op := range o.ops {
 		for _, bytes := range o.sizes {
 			elems := max(bytes/4/n*n, n) // a multiple of n
-			run, err := prepare(c, op, elems)
+			var held *[]*tensordict.Tensor
+			if o.transport == "shm-alloc" {
+				held = new([]*tensordict.Tensor)
+			}
+			run, err := prepare(c, op, elems, held)
 			if err != nil {
 				return fmt.Errorf("%s: %w", op, err)
 			}
@@ -570,6 +581,13 @@ func runRank(ctx context.Context, o options, stdout io.Writer) error {
 					return fmt.Errorf("%s %d B: %w", op, bytes, err)
 				}
 				times = append(times, time.Since(start))
+			}
+			if held != nil {
+				// Every rank is done with them: the last call returned
+				// once all had read and written them.
+				for _, t := range *held {
+					c.Free(t)
+				}
 			}
 			if c.Rank() != 0 {
 				continue
@@ -614,10 +632,27 @@ func touched(elems int, v float32) (*tensordict.Tensor, error) {
 	return tensordict.FromSlice(x)
 }
 
+// isShm reports whether the transport tr is one of shared mappings.
+func isShm(tr string) bool { return strings.HasPrefix(tr, "shm") }
+
 // prepare allocates the tensors of op at elems elements (the whole
-// tensor, as "bytes" counts it) and returns one iteration.
-func prepare(c *collective.Comm, op string, elems int) (func(context.Context) error, error) {
+// tensor, as "bytes" counts it) and returns one iteration. With held not
+// nil every tensor is from c.Alloc, and added to *held (for Free).
+func prepare(c *collective.Comm, op string, elems int, held *[]*tensordict.Tensor) (func(context.Context) error, error) {
 	n := c.Size()
+	touched := func(elems int, v float32) (*tensordict.Tensor, error) {
+		t, err := touched(elems, v)
+		if err != nil || held == nil {
+			return t, err
+		}
+		s, err := c.Alloc(memmap.Float32, elems)
+		if err != nil {
+			return nil, err
+		}
+		*held = append(*held, s)
+		copy(must(s.Bytes()), must(t.Bytes()))
+		return s, nil
+	}
 	// in and out: an input of ones (scaled) and an output of zeros, at
 	// the sizes op's row gives; out 0 gives none.
 	inOut := func(in, out int) (x, y *tensordict.Tensor, err error) {

@@ -191,7 +191,7 @@ func figures(res *Result, gloo []Line) {
 	}
 	for i := range res.Runs {
 		r := &res.Runs[i]
-		if r.Transport == "shm" && (r.Op == "allreduce" || r.Op == "allreduce-fwd-bwd") {
+		if isShm(r.Transport) && (r.Op == "allreduce" || r.Op == "allreduce-fwd-bwd") {
 			if b := boundGBps(res.MemBW, r.Ranks); b > 0 {
 				r.Bound, r.OfBound = b, r.BusBW/b
 			}
