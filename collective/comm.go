@@ -167,10 +167,12 @@ type joinReq struct {
 // Alltoall by levels (hier_gather.go, hier_alltoall.go); 6: point-to-point
 // messages by reference between ranks that share a folder (p2p_shm.go: one
 // message with the dtype, shape and a reference into the sender's p2p
-// file, instead of the bytes). Raise it with any change to
+// file, instead of the bytes); 7: an Allreduce of shared buffers read and
+// written in place (shm_shared_linux.go: reference words in the control
+// file, the buffers' files in the folder, the reduced phase). Raise it with any change to
 // what a data message carries at a step, or to how the ranks use the
 // shared mappings.
-const protoVersion = 6
+const protoVersion = 7
 
 type joinResp struct {
 	Session uint64   `codec:"session"`

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -449,6 +450,55 @@ func TestCollectiveSidecar_At(t *testing.T) {
 	parallel(func(r int, p *pyRank) {
 		if resp := p.call(t, pyReq{ID: 6, Op: "barrier"}); resp["code"] != nil {
 			t.Errorf("rank %d: barrier after the bad ats: %v", r, resp)
+		}
+	})
+}
+
+// TestCollectiveSidecar_SharedDataFile: the sidecar links its data file
+// into the session folder as a shared buffer before its hello, so that the
+// parent's unlink after the hello (as the Python rank does) leaves it
+// there for the other ranks; an Allreduce above 64 KiB in the files (the
+// path that reads them in place) then gives every rank the sum.
+func TestCollectiveSidecar_SharedDataFile(t *testing.T) {
+	addr := freeAddr(t)
+	shm := t.TempDir()
+	ranks := []*pyRank{startSidecar(t, addr, shm, 0, 2, collective.SHM), startSidecar(t, addr, shm, 1, 2, collective.SHM)}
+	for r, p := range ranks {
+		p.read(t) // the hello
+		links, _ := filepath.Glob(filepath.Join(shm, "tensorwire-collective-*", fmt.Sprintf("rank-%d.s0", r)))
+		if len(links) != 1 {
+			t.Fatalf("rank %d: links %v, want one", r, links)
+		}
+		fi, err := os.Stat(links[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		di, err := p.f.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !os.SameFile(fi, di) {
+			t.Fatalf("rank %d: %s is not the data file", r, links[0])
+		}
+		if err := os.Remove(p.f.Name()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 20_000 // float64: 160,000 bytes
+	eachRank(ranks, func(r int, p *pyRank) {
+		vals := make([]float64, n)
+		for i := range vals {
+			vals[i] = float64(i*(r+1)) + 0.5
+		}
+		p.f.WriteAt(f64bytes(vals...), 4096)
+		resp := p.call(t, pyReq{ID: 1, At: 4096, Op: "allreduce", Red: int(collective.Sum), Has: true, DType: "float64", Shape: []int{n}})
+		for i := range vals {
+			vals[i] = float64(3*i) + 1
+		}
+		got := make([]byte, 8*n)
+		p.f.ReadAt(got, 4096)
+		if resp["code"] != nil || !bytes.Equal(got, f64bytes(vals...)) {
+			t.Errorf("rank %d: allreduce of %d float64 at 4096: %v", r, n, resp)
 		}
 	})
 }
