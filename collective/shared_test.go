@@ -10,7 +10,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tensorwire/tensorwire/internal/shm"
 	"github.com/tensorwire/tensorwire/memmap"
@@ -313,5 +315,99 @@ func TestShared_Truncated(t *testing.T) {
 		if err == nil {
 			t.Fatalf("rank %d: no error", r)
 		}
+	}
+}
+
+// TestShared_Exposed: Bcast (in place on the root, and not), Gather,
+// Allgather, Scatter and Alltoall of inputs from Alloc read them where
+// they are (no publish), give what the same calls of ordinary tensors
+// give, and the rank whose input was read in place returns only once every
+// reader is done: each rank overwrites its input as soon as its call
+// returns, while rank 2 reads late, and still gets the right bytes.
+func TestShared_Exposed(t *testing.T) {
+	const n = 3
+	comms := group(t, n, SHM)
+	var reads atomic.Int64
+	testExposedRead = func(rank int) {
+		reads.Add(1)
+		if rank == n-1 {
+			time.Sleep(30 * time.Millisecond)
+		}
+	}
+	t.Cleanup(func() { testExposedRead = nil })
+	type opCase struct {
+		name  string
+		shape []int
+		run   func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error)
+	}
+	cases := []opCase{
+		{"bcast", []int{6, 500}, func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
+			return c.Bcast(ctx, x, 1)
+		}},
+		{"bcast in place", []int{6, 500}, func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
+			y := must1(tensordict.Zeros(memmap.Float32, 6, 500))
+			if c.Rank() == 1 {
+				y = x
+			}
+			if err := c.BcastInto(ctx, y, 1); err != nil {
+				return nil, err
+			}
+			return y.Clone()
+		}},
+		{"gather", []int{4, 300}, func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
+			return c.Gather(ctx, x, 0, 0)
+		}},
+		{"allgather", []int{4, 300}, func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
+			return c.Allgather(ctx, x, 1)
+		}},
+		{"scatter", []int{6, 400}, func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
+			return c.Scatter(ctx, x, 0, nil, 2)
+		}},
+		{"alltoall", []int{6, 400}, func(ctx context.Context, c *Comm, x *tensordict.Tensor) (*tensordict.Tensor, error) {
+			return c.Alltoall(ctx, x, 1, 0, nil)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(3, uint64(len(tc.name))))
+			srcs := make([][]byte, n)
+			for r := range n {
+				srcs[r] = must1(randTensor(t, rng, memmap.Float32, tc.shape...).Bytes())
+			}
+			want := all(t, comms, func(ctx context.Context, c *Comm) ([]byte, error) {
+				x := must1(tensordict.FromBytes(memmap.Float32, tc.shape, bytes.Clone(srcs[c.Rank()])))
+				y, err := tc.run(ctx, c, x)
+				if err != nil || y == nil {
+					return nil, err
+				}
+				return bytes.Clone(must1(y.Bytes())), nil
+			})
+			reads.Store(0)
+			got := all(t, comms, func(ctx context.Context, c *Comm) ([]byte, error) {
+				x, err := c.Alloc(memmap.Float32, tc.shape...)
+				if err != nil {
+					return nil, err
+				}
+				defer c.Free(x)
+				fillBytes(t, x, srcs[c.Rank()])
+				y, err := tc.run(ctx, c, x)
+				// The caller's next step writes its input at once.
+				for i, b := 0, must1(x.Bytes()); i < len(b); i++ {
+					b[i] = 0xff
+				}
+				if err != nil || y == nil {
+					return nil, err
+				}
+				return bytes.Clone(must1(y.Bytes())), nil
+			})
+			for r := range n {
+				if !bytes.Equal(got[r], want[r]) {
+					t.Fatalf("rank %d: not what ordinary tensors give", r)
+				}
+			}
+			if reads.Load() == 0 {
+				t.Fatal("no input was read in its shared buffer")
+			}
+		})
 	}
 }

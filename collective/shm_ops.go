@@ -69,16 +69,12 @@ func (c *Comm) shmSteps(ctx context.Context, seq uint64, cl *call) (*plan, []byt
 		enc = d.encode(nil)
 	}
 	g.putDesc(set, enc)
-	if err := c.shmPublish(set, cl); err != nil {
+	exposed := g.putRef(set, cl)
+	if err := c.shmPublish(set, cl, exposed); err != nil {
 		// Still take part, so the others learn of it.
 		d.bad = fmt.Sprintf("publishing the tensor: %v", err)
 		d.noSpace = errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 		g.putDesc(set, d.encode(nil))
-	}
-	if d.kind == kindAllreduce && d.bad == "" {
-		g.putRef(set, cl.in, cl.out)
-	} else {
-		g.putRef(set, nil, nil)
 	}
 	g.setPhase(base + 1)
 	if err := g.waitAll(ctx, base+1); err != nil {
@@ -101,13 +97,22 @@ func (c *Comm) shmSteps(ctx context.Context, seq uint64, cl *call) (*plan, []byt
 	if err := c.shmData(ctx, g, set, base, p, cl.in, out); err != nil {
 		return nil, nil, c.failData(ctx, err)
 	}
+	// Reduced: this rank no longer reads the others' inputs. One whose
+	// input the others read in place (exposed) waits for them all, so
+	// that the caller may write it once the call returns.
+	g.setPhase(base + 2)
+	if exposed {
+		if err := g.waitAll(ctx, base+2); err != nil {
+			return nil, nil, c.failData(ctx, err)
+		}
+	}
 	g.setPhase(base + 3)
 	return p, out, nil
 }
 
 // shmPublish copies what others will read of this rank's input into its
 // data file, as the collective's publish says.
-func (c *Comm) shmPublish(set int, cl *call) error {
+func (c *Comm) shmPublish(set int, cl *call, exposed bool) error {
 	d := &cl.d
 	if d.bad != "" || !d.hasT {
 		return nil
@@ -116,7 +121,7 @@ func (c *Comm) shmPublish(set int, cl *call) error {
 	if o == nil || o.publish == nil {
 		return nil
 	}
-	return o.publish(&shmPub{c: c, set: set, d: d, in: cl.in})
+	return o.publish(&shmPub{c: c, set: set, d: d, in: cl.in, exposed: exposed})
 }
 
 // shmPub is one rank publishing its input.
@@ -125,10 +130,16 @@ type shmPub struct {
 	set int
 	d   *desc
 	in  []byte
+	// exposed: the others read the input in its shared buffer (putRef),
+	// and all publishes nothing.
+	exposed bool
 }
 
 // all publishes the whole input.
 func (s *shmPub) all() error {
+	if s.exposed {
+		return nil
+	}
 	buf, err := s.c.shm.publish(s.set, len(s.in))
 	if err != nil {
 		return err
@@ -178,6 +189,12 @@ func (s *shmRun) src(r int) ([]byte, error) {
 	if r == s.c.rank {
 		return s.in, nil
 	}
+	if b, ok, err := s.g.exposedInput(r, s.set, s.p.bytes(r)); ok {
+		if testExposedRead != nil {
+			testExposedRead(s.c.rank)
+		}
+		return b, err
+	}
 	return s.g.peerData(r, s.set, s.p.bytes(r))
 }
 
@@ -193,6 +210,10 @@ func (s *shmRun) srcs() ([][]byte, error) {
 	}
 	return bufs, nil
 }
+
+// testExposedRead, when set (tests), runs before a rank reads another's
+// exposed input: a slow reader, on demand.
+var testExposedRead func(rank int)
 
 // shmNothing moves no data (Barrier).
 func shmNothing(context.Context, *shmRun) error { return nil }

@@ -25,11 +25,18 @@ import (
 // The reference words of file set i, at ctlRef + 64*i: five uint64.
 const (
 	ctlRef    = 512
-	refValid  = 0  // 1: the four words below say where this rank's tensors are
+	refBits   = 0  // what the words below say (refIn, refOut, refExposed)
 	refInIdx  = 8  // the input's file, s<idx>
 	refInOff  = 16 // its first byte in the file
 	refOutIdx = 24 // the output's file
 	refOutOff = 32 // its first byte
+)
+
+// The bits of the reference word refBits.
+const (
+	refIn      = 1 << iota // the input is in a shared buffer, where refInIdx and refInOff say
+	refOut                 // so is the output (refOutIdx, refOutOff), and it is the input or does not overlap it
+	refExposed             // the rank did not publish its input: the others read it in its buffer
 )
 
 // sharedFile is one of this rank's shared buffers.
@@ -152,33 +159,49 @@ func (g *shmGroup) locate(b []byte) (uint32, int, bool) {
 	return 0, 0, false
 }
 
-// putRef writes the reference words of set for a collective of input in
-// and output out: valid when both are in shared buffers and are the same
-// bytes or do not overlap (a reduction in place reads each element before
-// it writes it; partly overlapping ones it could not).
-func (g *shmGroup) putRef(set int, in, out []byte) {
+// putRef writes the reference words of set for this rank's call cl and
+// returns whether its input is exposed: read by the others in its shared
+// buffer instead of its data file, which the publish then skips. An input
+// is exposed for the collectives whose others read it whole from the
+// published tensor (Bcast, Gather, Allgather, Scatter, Alltoall) when
+// nothing this rank writes overlaps it (its output does not, or is it
+// unchanged: Bcast's root in place); an exposed rank then waits, before
+// its call returns, for every rank to be done reading (shmSteps).
+func (g *shmGroup) putRef(set int, cl *call) bool {
 	base := ctlRef + 64*set
-	valid := uint64(0)
-	if len(in) > 0 && len(in) == len(out) && (sameMem(in, out) || !overlap(in, out)) {
-		ii, io, ok1 := g.locate(in)
-		oi, oo, ok2 := g.locate(out)
-		if ok1 && ok2 {
-			g.word64(g.me, base+refInIdx).Store(uint64(ii))
-			g.word64(g.me, base+refInOff).Store(uint64(io))
-			g.word64(g.me, base+refOutIdx).Store(uint64(oi))
-			g.word64(g.me, base+refOutOff).Store(uint64(oo))
-			valid = 1
+	d, in, out := &cl.d, cl.in, cl.out
+	bits := uint64(0)
+	if d.bad == "" && len(in) > 0 {
+		if idx, off, ok := g.locate(in); ok {
+			bits |= refIn
+			g.word64(g.me, base+refInIdx).Store(uint64(idx))
+			g.word64(g.me, base+refInOff).Store(uint64(off))
+			if len(out) > 0 && (sameMem(in, out) || !overlap(in, out)) {
+				if idx, off, ok := g.locate(out); ok {
+					bits |= refOut
+					g.word64(g.me, base+refOutIdx).Store(uint64(idx))
+					g.word64(g.me, base+refOutOff).Store(uint64(off))
+				}
+			}
+			switch d.kind {
+			case kindBcast, kindGather, kindAllgather, kindScatter, kindAlltoall:
+				if !overlap(in, out) || d.kind == kindBcast && sameMem(in, out) && len(out) == len(in) {
+					bits |= refExposed
+				}
+			}
 		}
 	}
-	g.word64(g.me, base+refValid).Store(valid)
+	g.word64(g.me, base+refBits).Store(bits)
+	return bits&refExposed != 0
 }
 
-// refs reads every rank's reference words of set: ok when all are valid.
+// refs reads every rank's reference words of set for an Allreduce in
+// place: ok when every rank's input and output are shared buffers.
 func (g *shmGroup) refs(set int) ([]sharedRef, bool) {
 	base := ctlRef + 64*set
 	rs := make([]sharedRef, g.n)
 	for r := range g.n {
-		if g.word64(r, base+refValid).Load() != 1 {
+		if g.word64(r, base+refBits).Load()&(refIn|refOut) != refIn|refOut {
 			return nil, false
 		}
 		rs[r] = sharedRef{
@@ -187,6 +210,17 @@ func (g *shmGroup) refs(set int) ([]sharedRef, bool) {
 		}
 	}
 	return rs, true
+}
+
+// exposedInput returns n bytes of rank r's input in its shared buffer when
+// r exposed it for set (putRef), else ok false: read its data file.
+func (g *shmGroup) exposedInput(r, set, n int) ([]byte, bool, error) {
+	base := ctlRef + 64*set
+	if g.word64(r, base+refBits).Load()&refExposed == 0 {
+		return nil, false, nil
+	}
+	b, err := g.peerShared(r, uint32(g.word64(r, base+refInIdx).Load()), int(g.word64(r, base+refInOff).Load()), n)
+	return b, true, err
 }
 
 // peerShared returns n bytes at off of rank r's shared buffer idx, mapping
