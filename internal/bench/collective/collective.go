@@ -70,7 +70,10 @@
 // and the fraction of it reached. With --gloo auto (the default) and a
 // Python with torch at hand, gloo's allreduce and forward+backward run
 // beside, from Python at the same rank counts and sizes (the --lang python
-// path), and each line of those operations gets gloo's p50 over its own.
+// path), and each line of those operations gets gloo's p50 over its own;
+// with --mpi auto (the default) and mpicc and mpirun on PATH, Open MPI's
+// MPI_Allreduce (a C program the run builds, openmpi/allreduce.c) the
+// same way, each allreduce line getting Open MPI's p50 over its own.
 package collective
 
 import (
@@ -123,6 +126,7 @@ type options struct {
 	layout     [2]int // --layout: hosts and ranks per host; zero: a host per rank
 	json       string
 	gloo       string
+	mpi        string // --mpi: auto or off
 
 	role      string
 	rank      int
@@ -146,6 +150,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.StringVar(&o.hosts, "hosts", "local", "where the ranks run: local (this host, loopback), netns (a network namespace each, joined by a bridge; root, tcp only)")
 	layout := fs.String("layout", "", "--hosts netns: HxR, R ranks on each of H hosts (--ranks is then H*R; --transports tcp,hier)")
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
+	fs.StringVar(&o.mpi, "mpi", "auto", "auto: run Open MPI's MPI_Allreduce beside (allreduce; built with mpicc, started with mpirun) when both are on PATH; off: not")
 	fs.StringVar(&o.gloo, "gloo", "auto", "auto: run torch.distributed's gloo allreduce beside (allreduce and allreduce-fwd-bwd, over loopback TCP) when a Python with torch is at hand (--python); off: not")
 	lang := fs.String("lang", "go", "go: Go ranks; python: allreduce from Python (tensorwire.collective, gloo, mpi4torch) beside Go's, with the Python overhead per call (defaults then: --ops allreduce,allreduce-fwd-bwd --ranks 4 --sizes 1KB,16MB,64MB)")
 	var po pyOptions
@@ -163,6 +168,9 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	}
 	if o.role == "membw" {
 		return runMemBW(os.Stdin, env.Stdout)
+	}
+	if o.mpi != "auto" && o.mpi != "off" {
+		return bench.Usagef("--mpi %q: want auto or off", o.mpi)
 	}
 	if o.gloo != "auto" && o.gloo != "off" {
 		return bench.Usagef("--gloo %q: want auto or off", o.gloo)
@@ -324,6 +332,8 @@ type Line struct {
 	// VsGloo is gloo's p50 over this line's for the same operation, rank
 	// count and size, measured in the same run: above 1, faster than gloo.
 	VsGloo float64 `json:"gloo_p50_over_p50,omitempty"`
+	// VsMPI is Open MPI's p50 over this line's, the same way (--mpi).
+	VsMPI float64 `json:"openmpi_p50_over_p50,omitempty"`
 }
 
 // Result is what --json writes: every measured line (gloo's with System
@@ -391,9 +401,17 @@ func runParent(ctx context.Context, o options, po pyOptions, env bench.Env) erro
 	if note != "" {
 		res.Notes = append(res.Notes, note)
 	}
-	figures(&res, gloo)
+	mpi, note, err := runOpenMPI(ctx, o, env)
+	if err != nil {
+		return err
+	}
+	if note != "" {
+		res.Notes = append(res.Notes, note)
+	}
+	figures(&res, gloo, mpi)
 	res.Runs = append(res.Runs, gloo...)
-	t := report.NewTable("op", "ranks", "transport", "bytes", "p50 us", "algbw GB/s", "busbw GB/s", "busbw / memcpy", "bound 2B/p GB/s", "busbw / bound", "gloo p50 / p50")
+	res.Runs = append(res.Runs, mpi...)
+	t := report.NewTable("op", "ranks", "transport", "bytes", "p50 us", "algbw GB/s", "busbw GB/s", "busbw / memcpy", "bound 2B/p GB/s", "busbw / bound", "gloo p50 / p50", "openmpi p50 / p50")
 	opt := func(v float64, f string) string {
 		if v == 0 {
 			return ""
@@ -408,11 +426,11 @@ func runParent(ctx context.Context, o options, po pyOptions, env bench.Env) erro
 		if r.Layout != "" {
 			tr += " " + r.Layout
 		}
-		if r.System == "gloo" {
-			tr = "gloo"
+		if r.System == "gloo" || r.System == "openmpi" {
+			tr = r.System
 		}
 		t.Row(r.Op, r.Ranks, tr, r.Bytes, fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.3f", r.AlgBW), fmt.Sprintf("%.3f", r.BusBW), fmt.Sprintf("%.3f", r.BusBW/res.MemcpyGBps),
-			opt(r.Bound, "%.3f"), opt(r.OfBound, "%.3f"), opt(r.VsGloo, "%.2f"))
+			opt(r.Bound, "%.3f"), opt(r.OfBound, "%.3f"), opt(r.VsGloo, "%.2f"), opt(r.VsMPI, "%.2f"))
 	}
 	t.WriteTo(env.Stdout)
 	fmt.Fprintf(env.Stdout, "\nmemcpy (one core, 64 MiB, warm): %.2f GB/s\n", res.MemcpyGBps)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -46,7 +47,7 @@ func TestResult_JSONKeys(t *testing.T) {
 		t.Fatalf("top-level keys %v", top)
 	}
 	// The columns of issue 29, where they apply.
-	b, _ = json.Marshal(Result{Runs: []Line{{Bound: 1, OfBound: 1, VsGloo: 1}}, MemBW: []MemBW{{2, 1}}, Notes: []string{"n"}})
+	b, _ = json.Marshal(Result{Runs: []Line{{Bound: 1, OfBound: 1, VsGloo: 1, VsMPI: 1}}, MemBW: []MemBW{{2, 1}}, Notes: []string{"n"}})
 	m.Runs, top = nil, nil
 	json.Unmarshal(b, &m)
 	json.Unmarshal(b, &top)
@@ -54,7 +55,7 @@ func TestResult_JSONKeys(t *testing.T) {
 	for k := range m.Runs[0] {
 		keys = append(keys, k)
 	}
-	if want := append(want, "bound_GBps", "busbw_of_bound", "gloo_p50_over_p50"); !sameSet(keys, want) {
+	if want := append(want, "bound_GBps", "busbw_of_bound", "gloo_p50_over_p50", "openmpi_p50_over_p50"); !sameSet(keys, want) {
 		t.Fatalf("run keys %v, want %v", keys, want)
 	}
 	for _, k := range []string{"memcpy_GBps", "membw", "notes", "runs"} {
@@ -112,13 +113,14 @@ func sameSet(a, b []string) bool {
 }
 
 // TestRun_Small runs the benchmark at its smallest: two ranks as
-// processes, both transports, every operation at 1 KiB.
+// processes, every transport of one host (shm-alloc: the tensors from
+// Comm.Alloc), every operation at 1 KiB.
 func TestRun_Small(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	res, out := runJSON(t, "--ranks", "2", "--sizes", "1KB", "--gloo", "off")
-	if got, want := len(res.Runs), 2*len(allOps); got != want {
+	res, out := runJSON(t, "--ranks", "2", "--sizes", "1KB", "--transports", "shm,shm-alloc,tcp", "--gloo", "off", "--mpi", "off")
+	if got, want := len(res.Runs), 3*len(allOps); got != want {
 		t.Fatalf("%d runs, want %d:\n%s", got, want, out)
 	}
 	for _, r := range res.Runs {
@@ -134,7 +136,7 @@ func TestRun_Small(t *testing.T) {
 		t.Fatalf("memory bandwidth %+v, want one figure for 2 processes", res.MemBW)
 	}
 	for _, r := range res.Runs {
-		withBound := r.Transport == "shm" && (r.Op == "allreduce" || r.Op == "allreduce-fwd-bwd")
+		withBound := (r.Transport == "shm" || r.Transport == "shm-alloc") && (r.Op == "allreduce" || r.Op == "allreduce-fwd-bwd")
 		if withBound != (r.Bound > 0) {
 			t.Fatalf("run %+v: a bound only on shm allreduce", r)
 		}
@@ -175,16 +177,61 @@ func TestFigures_GlooBeside(t *testing.T) {
 		{Op: "allreduce", Ranks: 2, Bytes: 1 << 20, Transport: "tcp", P50us: 100},
 		{Op: "allgather", Ranks: 4, Bytes: 1 << 20, Transport: "tcp", P50us: 100},
 	}}
-	figures(&res, []Line{{Op: "allreduce", Ranks: 4, Bytes: 1 << 20, Transport: "tcp", System: "gloo", P50us: 150}})
+	figures(&res, []Line{{Op: "allreduce", Ranks: 4, Bytes: 1 << 20, Transport: "tcp", System: "gloo", P50us: 150}},
+		[]Line{{Op: "allreduce", Ranks: 2, Bytes: 1 << 20, Transport: "mpi", System: "openmpi", P50us: 80}})
 	for i, want := range []float64{1.5, 3, 0, 0} {
 		if got := res.Runs[i].VsGloo; got != want {
 			t.Fatalf("line %d: gloo p50 / p50 %v, want %v", i, got, want)
 		}
 	}
+	for i, want := range []float64{0, 0, 0.8, 0} {
+		if got := res.Runs[i].VsMPI; got != want {
+			t.Fatalf("line %d: openmpi p50 / p50 %v, want %v", i, got, want)
+		}
+	}
+}
+
+// TestRun_OpenMPIBeside: with mpicc and mpirun at hand (Debian's
+// openmpi-bin and libopenmpi-dev), --mpi auto builds the C program and
+// puts Open MPI's allreduce lines beside ours, each of ours with its
+// ratio; it skips without them.
+func TestRun_OpenMPIBeside(t *testing.T) {
+	if _, err := exec.LookPath("mpicc"); err != nil {
+		t.Skip("no mpicc on PATH (Debian: libopenmpi-dev)")
+	}
+	if _, err := exec.LookPath("mpirun"); err != nil {
+		t.Skip("no mpirun on PATH (Debian: openmpi-bin)")
+	}
+	var out, log bytes.Buffer
+	j := filepath.Join(t.TempDir(), "out.json")
+	err := Run(context.Background(), bench.Env{Stdout: &out, Stderr: &log, Self: []string{childArg}},
+		[]string{"--ops", "allreduce", "--ranks", "2", "--sizes", "64KB", "--transports", "tcp", "--gloo", "off", "--json", j})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	var res Result
+	if err := json.Unmarshal(must(os.ReadFile(j)), &res); err != nil {
+		t.Fatal(err)
+	}
+	var mpi, ours *Line
+	for i, r := range res.Runs {
+		switch r.System {
+		case "openmpi":
+			mpi = &res.Runs[i]
+		case "":
+			ours = &res.Runs[i]
+		}
+	}
+	if mpi == nil || ours == nil || mpi.P50us <= 0 || mpi.Bytes != 64<<10 || ours.VsMPI != mpi.P50us/ours.P50us {
+		t.Fatalf("lines %+v\n%s", res.Runs, log.String())
+	}
+	if !strings.Contains(out.String(), "openmpi p50 / p50") {
+		t.Fatalf("table without the openmpi column:\n%s", out.String())
+	}
 }
 
 func TestRun_BadFlags(t *testing.T) {
-	for _, args := range [][]string{{"--ops", "allfoo"}, {"--ranks", "x"}, {"--sizes", "12QB"}, {"--transports", "udp"}, {"extra"},
+	for _, args := range [][]string{{"--ops", "allfoo"}, {"--mpi", "maybe"}, {"--ranks", "x"}, {"--sizes", "12QB"}, {"--transports", "udp"}, {"extra"},
 		{"--hosts", "mars"}, {"--hosts", "netns", "--transports", "shm,tcp"}, {"--hosts", "netns", "--transports", "shm-inline"},
 		{"--transports", "hier"}, {"--hosts", "netns", "--transports", "hier"}, {"--layout", "2x2"},
 		{"--hosts", "netns", "--layout", "2by2"}, {"--hosts", "netns", "--layout", "0x2"}} {

@@ -182,12 +182,16 @@ func runGloo(ctx context.Context, o options, po pyOptions, env bench.Env, exe st
 }
 
 // figures fills in the bound columns of the shm lines and the ratio to
-// gloo's p50 of every line gloo has a figure for.
-func figures(res *Result, gloo []Line) {
+// gloo's (and Open MPI's) p50 of every line they have a figure for.
+func figures(res *Result, gloo, mpi []Line) {
 	key := func(r Line) string { return fmt.Sprint(r.Op, "/", r.Ranks, "/", r.Bytes) }
 	g := map[string]float64{}
 	for _, r := range gloo {
 		g[key(r)] = r.P50us
+	}
+	m := map[string]float64{}
+	for _, r := range mpi {
+		m[key(r)] = r.P50us
 	}
 	for i := range res.Runs {
 		r := &res.Runs[i]
@@ -198,6 +202,9 @@ func figures(res *Result, gloo []Line) {
 		}
 		if p, ok := g[key(*r)]; ok && r.P50us > 0 {
 			r.VsGloo = p / r.P50us
+		}
+		if p, ok := m[key(*r)]; ok && r.P50us > 0 {
+			r.VsMPI = p / r.P50us
 		}
 	}
 }
