@@ -14,8 +14,11 @@ import (
 // from 3*seq to 3*seq+3:
 //
 //	3seq+1  published: the description and the data are in place
-//	3seq+2  (unused here: the pipelined reduction counts its chunks on the
-//	        progress word, shm_pipe.go; the hierarchy's host groups use it)
+//	3seq+2  reduced: the rank's data phase is over, it reads no other
+//	        rank's input any more (a rank whose input others read in its
+//	        shared buffer waits for every rank's before it returns:
+//	        shm_shared_linux.go; the pipelined reduction counts its chunks
+//	        on the progress word, shm_pipe.go)
 //	3seq+3  done: the rank no longer reads the others' files of this set
 
 // smallShm is the size up to which every rank reduces a whole Allreduce
