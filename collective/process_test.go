@@ -189,6 +189,12 @@ func helperLoop(ctx context.Context, c *Comm, cfg Config) {
 	a2aIn := must1(tensordict.FromBytes(memmap.Float32, []int{c.Size(), (1 << 20) / c.Size()}, must1(x.Bytes())))
 	a2aOut := must1(tensordict.FromBytes(memmap.Float32, []int{1, 1 << 20}, make([]byte, 4<<20)))
 	op := os.Getenv(envOp)
+	if op == "alloc-allreduce" || op == "alloc-allgather" {
+		// Shared buffers: the Allreduce in place, the Allgather's inputs
+		// exposed.
+		x = must1(c.Alloc(memmap.Float32, 1<<20))
+		piece = must1(c.Alloc(memmap.Float32, 1<<18))
+	}
 	for i := 0; ; i++ {
 		start := time.Now()
 		opCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -196,7 +202,7 @@ func helperLoop(ctx context.Context, c *Comm, cfg Config) {
 		switch op {
 		case "bcast":
 			err = c.BcastInto(opCtx, x, 0)
-		case "allgather":
+		case "allgather", "alloc-allgather":
 			err = c.AllgatherInto(opCtx, all, piece, 0)
 		case "reduce":
 			err = c.ReduceInto(opCtx, x, x, Sum, 0)
@@ -356,6 +362,59 @@ func TestProcess_RankKilled(t *testing.T) {
 			}
 			// A new rank 2 joins the survivors' new communicator.
 			ps[2] = startRanks(t, "check-rejoin", tr, addr, dir, 4, 2)[0]
+			for i, p := range ps {
+				if i == 2 {
+					p.Expect(t, "JOINED")
+					p.Expect(t, "REJOINED 4")
+					continue
+				}
+				if got := p.Expect(t, "REJOINED"); got != "4" {
+					t.Fatalf("rank %d: the new communicator's allreduce gave %s, want 4", i, got)
+				}
+			}
+		})
+	}
+}
+
+// TestProcess_SharedRankKilled: the same with shared buffers (Comm.Alloc),
+// whose Allreduce runs in place in the ranks' buffers and whose Allgather
+// reads exposed inputs: a rank killed mid-run fails every other rank's
+// call with ErrPeerLost or ErrAborted, none waits on the dead rank's
+// phase, and the survivors and a new rank form a new communicator.
+func TestProcess_SharedRankKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	for _, op := range []string{"alloc-allreduce", "alloc-allgather"} {
+		t.Run(op, func(t *testing.T) {
+			addr, dir := freeAddr(t), t.TempDir()
+			ps := make([]*proctest.Proc, 4)
+			for r := range ps {
+				ps[r] = proctest.Start(t, envRole+"=loop", envRank+"="+strconv.Itoa(r), envSize+"=4",
+					envAddr+"="+addr, envTransport+"="+string(SHM), envDir+"="+dir, envOp+"="+op)
+			}
+			for _, p := range ps {
+				p.Expect(t, "JOINED")
+			}
+			for _, p := range ps {
+				p.Expect(t, "ITER 3")
+			}
+			ps[2].Kill()
+			for i, p := range ps {
+				if i == 2 {
+					continue
+				}
+				line, err := p.Line("ERR", 30*time.Second)
+				if err != nil {
+					t.Fatalf("rank %d: %v", i, err)
+				}
+				var what string
+				fmt.Sscan(line, &what)
+				if what != "peer_lost" && what != "aborted" {
+					t.Fatalf("rank %d: %s, want peer_lost or aborted", i, line)
+				}
+			}
+			ps[2] = startRanks(t, "check-rejoin", SHM, addr, dir, 4, 2)[0]
 			for i, p := range ps {
 				if i == 2 {
 					p.Expect(t, "JOINED")
