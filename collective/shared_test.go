@@ -43,9 +43,10 @@ func fillBytes(t testing.TB, dst *tensordict.Tensor, src []byte) {
 	copy(b, src)
 }
 
-// TestShared_Allreduce: AllreduceInto of tensors from Alloc, in place and
-// into a second such tensor, over 2 to 4 ranks and sizes whose shares are
-// not even: every rank gets the bits of the rank-order reduction, and the
+// TestShared_Allreduce: AllreduceInto (and ReduceInto to the last rank)
+// of tensors from Alloc, in place and into a second such tensor, over 2 to
+// 4 ranks and sizes whose shares are not even: every rank gets the bits of
+// the rank-order reduction (Reduce: the root; the others zeros), and the
 // call went through sharedReduce on every rank (reading the inputs where
 // they are), not the data files.
 func TestShared_Allreduce(t *testing.T) {
@@ -63,51 +64,68 @@ func TestShared_Allreduce(t *testing.T) {
 			comms := group(t, n, SHM)
 			for _, tc := range cases {
 				for _, inPlace := range []bool{true, false} {
-					t.Run(fmt.Sprintf("%v/%v/%d/in place %v", tc.dt, tc.op, tc.elems, inPlace), func(t *testing.T) {
-						rng := rand.New(rand.NewPCG(uint64(n), uint64(tc.elems)))
-						srcs := make([][]byte, n)
-						for r := range n {
-							srcs[r] = must1(randTensor(t, rng, tc.dt, tc.elems).Bytes())
-						}
-						want := wantReduce(tc.op, tc.dt, srcs)
-						before := make([]uint64, n)
-						for r, c := range comms {
-							before[r] = c.shm.shared.Load()
-						}
-						got := all(t, comms, func(ctx context.Context, c *Comm) ([]byte, error) {
-							x, err := c.Alloc(tc.dt, tc.elems)
-							if err != nil {
-								return nil, err
-							}
-							defer c.Free(x)
-							fillBytes(t, x, srcs[c.Rank()])
-							y := x
-							if !inPlace {
-								if y, err = c.Alloc(tc.dt, tc.elems); err != nil {
-									return nil, err
-								}
-								defer c.Free(y)
-							}
-							if err := c.AllreduceInto(ctx, y, x, tc.op); err != nil {
-								return nil, err
-							}
-							if !inPlace && !bytes.Equal(must1(x.Bytes()), srcs[c.Rank()]) {
-								return nil, errors.New("the input changed")
-							}
-							return bytes.Clone(must1(y.Bytes())), nil
+					for _, root := range []int{-1, n - 1} { // -1: Allreduce
+						t.Run(fmt.Sprintf("%v/%v/%d/in place %v/root %d", tc.dt, tc.op, tc.elems, inPlace, root), func(t *testing.T) {
+							sharedCall(t, comms, tc, inPlace, root)
 						})
-						for r := range n {
-							if !bytes.Equal(got[r], want) {
-								t.Fatalf("rank %d: not the rank-order reduction", r)
-							}
-							if d := comms[r].shm.shared.Load() - before[r]; d != 1 {
-								t.Fatalf("rank %d: %d calls through the shared buffers, want 1", r, d)
-							}
-						}
-					})
+					}
 				}
 			}
 		})
+	}
+}
+
+// sharedCall runs one case of TestShared_Allreduce.
+func sharedCall(t *testing.T, comms []*Comm, tc sharedCase, inPlace bool, root int) {
+	n := len(comms)
+	rng := rand.New(rand.NewPCG(uint64(n), uint64(tc.elems)))
+	srcs := make([][]byte, n)
+	for r := range n {
+		srcs[r] = must1(randTensor(t, rng, tc.dt, tc.elems).Bytes())
+	}
+	want := wantReduce(tc.op, tc.dt, srcs)
+	before := make([]uint64, n)
+	for r, c := range comms {
+		before[r] = c.shm.shared.Load()
+	}
+	got := all(t, comms, func(ctx context.Context, c *Comm) ([]byte, error) {
+		x, err := c.Alloc(tc.dt, tc.elems)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Free(x)
+		fillBytes(t, x, srcs[c.Rank()])
+		y := x
+		if !inPlace {
+			if y, err = c.Alloc(tc.dt, tc.elems); err != nil {
+				return nil, err
+			}
+			defer c.Free(y)
+		}
+		if root < 0 {
+			err = c.AllreduceInto(ctx, y, x, tc.op)
+		} else {
+			err = c.ReduceInto(ctx, y, x, tc.op, root)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if !inPlace && !bytes.Equal(must1(x.Bytes()), srcs[c.Rank()]) {
+			return nil, errors.New("the input changed")
+		}
+		return bytes.Clone(must1(y.Bytes())), nil
+	})
+	for r := range n {
+		w := want
+		if root >= 0 && r != root {
+			w = make([]byte, len(want))
+		}
+		if !bytes.Equal(got[r], w) {
+			t.Fatalf("rank %d: not the rank-order reduction (or zeros off the root)", r)
+		}
+		if d := comms[r].shm.shared.Load() - before[r]; d != 1 {
+			t.Fatalf("rank %d: %d calls through the shared buffers, want 1", r, d)
+		}
 	}
 }
 

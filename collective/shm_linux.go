@@ -80,7 +80,7 @@ type shmGroup struct {
 	// (shm_shared_linux.go); sbuf the partial results of sharedReduce.
 	sh   sharedSet
 	sbuf []byte
-	// shared counts the Allreduces sharedReduce ran (tests, the bench).
+	// shared counts the calls sharedReduce ran (tests).
 	shared atomic.Uint64
 }
 

@@ -165,13 +165,17 @@ func publishRoot(s *shmPub) error {
 }
 
 // shmData moves the data of plan p, as the collective's shm says, or, for
-// an Allreduce above smallShm whose tensors are shared buffers on every
-// rank, where they are (shm_shared_linux.go).
+// an Allreduce or Reduce above smallShm whose tensors are shared buffers
+// on every rank, where they are (shm_shared_linux.go).
 func (c *Comm) shmData(ctx context.Context, g *shmGroup, set int, base uint32, p *plan, in, out []byte) error {
 	s := &shmRun{c: c, g: g, set: set, base: base, p: p, in: in, out: out}
-	if p.kind == kindAllreduce && p.bytes(c.rank) > smallShm {
-		if rs, ok := g.refs(set); ok {
-			return s.sharedReduce(ctx, rs)
+	if (p.kind == kindAllreduce || p.kind == kindReduce) && p.bytes(c.rank) > smallShm {
+		root := -1
+		if p.kind == kindReduce {
+			root = p.root
+		}
+		if rs, ok := g.refs(set, root); ok {
+			return s.sharedReduce(ctx, rs, root)
 		}
 	}
 	return p.o.shm(ctx, s)

@@ -195,13 +195,18 @@ func (g *shmGroup) putRef(set int, cl *call) bool {
 	return bits&refExposed != 0
 }
 
-// refs reads every rank's reference words of set for an Allreduce in
-// place: ok when every rank's input and output are shared buffers.
-func (g *shmGroup) refs(set int) ([]sharedRef, bool) {
+// refs reads every rank's reference words of set for an Allreduce (root
+// -1) or a Reduce to root in place: ok when every rank's input is a shared
+// buffer, and every rank's output (Reduce: the root's).
+func (g *shmGroup) refs(set, root int) ([]sharedRef, bool) {
 	base := ctlRef + 64*set
 	rs := make([]sharedRef, g.n)
 	for r := range g.n {
-		if g.word64(r, base+refBits).Load()&(refIn|refOut) != refIn|refOut {
+		want := uint64(refIn | refOut)
+		if root >= 0 && r != root {
+			want = refIn
+		}
+		if g.word64(r, base+refBits).Load()&want != want {
 			return nil, false
 		}
 		rs[r] = sharedRef{
@@ -297,34 +302,44 @@ func overlap(a, b []byte) bool {
 // of the inputs and the writes of the outputs.
 const sharedChunk = 32 << 10
 
-// sharedReduce is the data phase of an Allreduce whose input and output
-// are shared buffers on every rank (rs: where they are). Each rank reduces
-// its share of the elements (the even split chunks gives) reading every
-// rank's input in place, in rank order as every other path does (the same
-// bits), and writes the result into every rank's output; then it moves its
-// phase to reduced and waits for every rank's. A rank's share of an input
-// is read only by that rank, and its share of an output written only by
-// it, after it read the inputs: so an output may be its rank's input (in
-// place), and no other synchronisation is needed. The bytes cross memory
-// once read and once written; nothing goes through the data files.
-func (s *shmRun) sharedReduce(ctx context.Context, rs []sharedRef) error {
+// sharedReduce is the data phase of an Allreduce (root -1) whose input
+// and output are shared buffers on every rank, or of a Reduce whose inputs
+// and root's output are (rs: where they are). Each rank reduces its share
+// of the elements (the even split chunks gives) reading every rank's input
+// in place, in rank order as every other path does (the same bits), and
+// writes the result into every rank's output (Reduce: the root's); then it
+// moves its phase to reduced and waits for every rank's. A rank's share of
+// an input is read only by that rank, and its share of an output written
+// only by it, after it read the inputs: so an output may be its rank's
+// input (in place), and no other synchronisation is needed. The bytes
+// cross memory once read and once written; nothing goes through the data
+// files. A Reduce's other ranks then zero their outputs, as on the other
+// paths, once no rank reads their inputs.
+func (s *shmRun) sharedReduce(ctx context.Context, rs []sharedRef, root int) error {
 	p, g := s.p, s.g
 	me, n := s.c.rank, s.c.size
 	nb := p.bytes(me)
 	srcs := make([][]byte, n)
-	dsts := make([][]byte, n)
+	var dsts [][]byte
 	for r := range n {
-		if r == me {
-			srcs[r], dsts[r] = s.in[:nb], s.out[:nb]
-			continue
-		}
 		var err error
-		if srcs[r], err = g.peerShared(r, rs[r].inIdx, rs[r].inOff, nb); err != nil {
+		if r == me {
+			srcs[r] = s.in[:nb]
+		} else if srcs[r], err = g.peerShared(r, rs[r].inIdx, rs[r].inOff, nb); err != nil {
 			return err
 		}
-		if dsts[r], err = g.peerShared(r, rs[r].outIdx, rs[r].outOff, nb); err != nil {
-			return err
+		var dst []byte
+		switch {
+		case root >= 0 && r != root:
+			continue
+		case r == me:
+			dst = s.out[:nb]
+		default:
+			if dst, err = g.peerShared(r, rs[r].outIdx, rs[r].outOff, nb); err != nil {
+				return err
+			}
 		}
+		dsts = append(dsts, dst)
 	}
 	es := p.esize
 	sh := scale(chunks(nb/es, n), es)
@@ -340,11 +355,17 @@ func (s *shmRun) sharedReduce(ctx context.Context, rs []sharedRef) error {
 		}
 		acc := g.sbuf[:b-a]
 		reduceN(p.op, p.dt, acc, sub)
-		for r := range n {
-			copy(dsts[r][a:b], acc)
+		for _, d := range dsts {
+			copy(d[a:b], acc)
 		}
 	}
 	g.shared.Add(1)
 	g.setPhase(s.base + 2)
-	return g.waitAll(ctx, s.base+2)
+	if err := g.waitAll(ctx, s.base+2); err != nil {
+		return err
+	}
+	if root >= 0 && me != root {
+		clear(s.out)
+	}
+	return nil
 }

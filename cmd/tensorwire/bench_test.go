@@ -123,7 +123,7 @@ func TestBench_Collective(t *testing.T) {
 	jsonFile := filepath.Join(t.TempDir(), "out.json")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "bench", "collective", "--ops", "allreduce", "--ranks", "2", "--sizes", "64KB", "--gloo", "off", "--json", jsonFile)
+	cmd := exec.CommandContext(ctx, bin, "bench", "collective", "--ops", "allreduce", "--ranks", "2", "--sizes", "64KB", "--gloo", "off", "--mpi", "off", "--json", jsonFile)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
