@@ -52,6 +52,9 @@ func (c *Comm) Alloc(dt memmap.DType, shape ...int) (*tensordict.Tensor, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrArgument, err)
 	}
+	if n == 0 {
+		return tensordict.Zeros(dt, shape...) // nothing to share
+	}
 	b, err := c.shm.alloc(n)
 	if err != nil {
 		return nil, noSpace(fmt.Errorf("collective: alloc %d bytes: %w", n, err))
@@ -62,8 +65,8 @@ func (c *Comm) Alloc(dt memmap.DType, shape ...int) (*tensordict.Tensor, error) 
 // Free releases a tensor from Alloc: its mapping and its file. The tensor,
 // and every view of its bytes, must not be used after. A tensor that is
 // not from Alloc on this communicator is ErrNotShared (and an ordinary
-// tensor from Alloc on a communicator without shared mappings is left to
-// the garbage collector: Free returns nil).
+// tensor from Alloc on a communicator without shared mappings, or one of
+// no elements, is left to the garbage collector: Free returns nil).
 func (c *Comm) Free(t *tensordict.Tensor) error {
 	if c.shm == nil {
 		return nil
@@ -71,6 +74,9 @@ func (c *Comm) Free(t *tensordict.Tensor) error {
 	b, err := t.Bytes()
 	if err != nil {
 		return err
+	}
+	if len(b) == 0 {
+		return nil
 	}
 	return c.shm.free(b)
 }

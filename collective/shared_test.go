@@ -302,6 +302,15 @@ func TestShared_AllocFree(t *testing.T) {
 	if err := c.Free(x); !errors.Is(err, ErrNotShared) {
 		t.Fatalf("a second Free: %v, want ErrNotShared", err)
 	}
+	// A tensor of no elements has nothing to share: an ordinary one, and
+	// Free of it is nil.
+	z, err := c.Alloc(memmap.Float32, 0, 3)
+	if err != nil || len(z.Shape()) != 2 || z.Shape()[0] != 0 {
+		t.Fatalf("Alloc of no elements: %v, %v", z, err)
+	}
+	if err := c.Free(z); err != nil {
+		t.Fatalf("Free of no elements: %v", err)
+	}
 	tc := group(t, 2, TCP)[0]
 	y, err := tc.Alloc(memmap.Int64, 4)
 	if err != nil || len(must1(y.Bytes())) != 32 {
