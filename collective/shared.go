@@ -25,6 +25,13 @@ import (
 // on the others Alloc returns an ordinary tensor and Register does
 // nothing, so a program may use them whatever the transport.
 
+// The bits of a rank's reference word (refBits, shm_shared_linux.go).
+const (
+	refIn      = 1 << iota // the input is in a shared buffer, where refInIdx and refInOff say
+	refOut                 // so is the output (refOutIdx, refOutOff), and it is the input or does not overlap it
+	refExposed             // the rank did not publish its input: the others read it in its buffer
+)
+
 // ErrNotShared is what Free returns for a tensor that Alloc did not make
 // (on this communicator), and Deregister for a path never registered.
 var ErrNotShared = errors.New("collective: not a shared buffer of this communicator")

@@ -355,13 +355,13 @@ func TestShared_Exposed(t *testing.T) {
 	const n = 3
 	comms := group(t, n, SHM)
 	var reads atomic.Int64
-	testExposedRead = func(rank int) {
+	testSharedRead = func(rank int) {
 		reads.Add(1)
 		if rank == n-1 {
 			time.Sleep(30 * time.Millisecond)
 		}
 	}
-	t.Cleanup(func() { testExposedRead = nil })
+	t.Cleanup(func() { testSharedRead = nil })
 	type opCase struct {
 		name  string
 		shape []int
@@ -437,4 +437,116 @@ func TestShared_Exposed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestShared_ReduceScatter: a ReduceScatter of inputs from Alloc (pieces
+// along the first and the last axis, equal and uneven) reduces each
+// rank's piece from every rank's input in place: what ordinary tensors
+// give, bit for bit, through sharedReduceScatter on every rank, though
+// rank 1 reads late and every rank overwrites its input as soon as its
+// call returns. An output over its rank's own input is not read in place
+// (the data files' path), with the same result.
+func TestShared_ReduceScatter(t *testing.T) {
+	ranks := []int{2, 3, 4}
+	if raceEnabled {
+		ranks = []int{3}
+	}
+	// The last rank reads late; every rank overwrites its input as soon as
+	// its call returns.
+	testSharedRead = func(rank int) {
+		if rank == 1 {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	t.Cleanup(func() { testSharedRead = nil })
+	for _, n := range ranks {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			comms := group(t, n, SHM)
+			rows, cols := 6*n+1, 3000 // above smallShm
+			for _, tc := range []struct {
+				axis   int
+				counts []int
+			}{{0, nil}, {1, nil}, {0, splitUneven(rows, n)}, {1, splitUneven(cols, n)}} {
+				if tc.counts == nil && (tc.axis == 0 && rows%n != 0 || tc.axis == 1 && cols%n != 0) {
+					continue // nil counts need an even split
+				}
+				for _, into := range []string{"new", "alloc", "over input"} {
+					t.Run(fmt.Sprintf("axis %d/counts %v/%s", tc.axis, tc.counts, into), func(t *testing.T) {
+						rng := rand.New(rand.NewPCG(uint64(n), uint64(tc.axis)))
+						srcs := make([][]byte, n)
+						for r := range n {
+							srcs[r] = must1(randTensor(t, rng, memmap.Float32, rows, cols).Bytes())
+						}
+						want := all(t, comms, func(ctx context.Context, c *Comm) ([]byte, error) {
+							x := must1(tensordict.FromBytes(memmap.Float32, []int{rows, cols}, bytes.Clone(srcs[c.Rank()])))
+							y, err := c.ReduceScatter(ctx, x, Sum, tc.axis, tc.counts)
+							if err != nil {
+								return nil, err
+							}
+							return bytes.Clone(must1(y.Bytes())), nil
+						})
+						before := make([]uint64, n)
+						for r, c := range comms {
+							before[r] = c.shm.shared.Load()
+						}
+						got := all(t, comms, func(ctx context.Context, c *Comm) ([]byte, error) {
+							x, err := c.Alloc(memmap.Float32, rows, cols)
+							if err != nil {
+								return nil, err
+							}
+							defer c.Free(x)
+							fillBytes(t, x, srcs[c.Rank()])
+							var y *tensordict.Tensor
+							switch into {
+							case "new":
+								y, err = c.ReduceScatter(ctx, x, Sum, tc.axis, tc.counts)
+							default:
+								shape := []int{rows, cols}
+								shape[tc.axis] = len(want[c.Rank()]) / 4 / (rows * cols / shape[tc.axis])
+								if into == "alloc" {
+									y = must1(c.Alloc(memmap.Float32, shape...))
+									defer c.Free(y)
+								} else {
+									y = must1(tensordict.FromBytes(memmap.Float32, shape, must1(x.Bytes())[:len(want[c.Rank()])]))
+								}
+								err = c.ReduceScatterInto(ctx, y, x, Sum, tc.axis, tc.counts)
+							}
+							if err != nil {
+								return nil, err
+							}
+							res := bytes.Clone(must1(y.Bytes()))
+							for i, b := 0, must1(x.Bytes()); i < len(b); i++ {
+								b[i] = 0xff
+							}
+							return res, nil
+						})
+						for r := range n {
+							if !bytes.Equal(got[r], want[r]) {
+								t.Fatalf("rank %d: not what ordinary tensors give", r)
+							}
+							wantShared := uint64(1)
+							if into == "over input" {
+								wantShared = 0
+							}
+							if d := comms[r].shm.shared.Load() - before[r]; d != wantShared {
+								t.Fatalf("rank %d: %d calls in place, want %d", r, d, wantShared)
+							}
+						}
+					})
+				}
+			}
+		})
+	}
+}
+
+// splitUneven returns counts of n pieces of total, the first ones larger.
+func splitUneven(total, n int) []int {
+	c := make([]int, n)
+	base, left := (total-n*(n-1)/2)/n, total
+	for i := range n - 1 {
+		c[i] = base + (n - 1 - i)
+		left -= c[i]
+	}
+	c[n-1] = left
+	return c
 }

@@ -165,17 +165,29 @@ func publishRoot(s *shmPub) error {
 }
 
 // shmData moves the data of plan p, as the collective's shm says, or, for
-// an Allreduce or Reduce above smallShm whose tensors are shared buffers
-// on every rank, where they are (shm_shared_linux.go).
+// an Allreduce, Reduce or ReduceScatter above smallShm whose tensors are
+// shared buffers on every rank, where they are (shm_shared_linux.go).
 func (c *Comm) shmData(ctx context.Context, g *shmGroup, set int, base uint32, p *plan, in, out []byte) error {
 	s := &shmRun{c: c, g: g, set: set, base: base, p: p, in: in, out: out}
-	if (p.kind == kindAllreduce || p.kind == kindReduce) && p.bytes(c.rank) > smallShm {
-		root := -1
-		if p.kind == kindReduce {
-			root = p.root
-		}
-		if rs, ok := g.refs(set, root); ok {
-			return s.sharedReduce(ctx, rs, root)
+	if p.bytes(c.rank) > smallShm {
+		switch p.kind {
+		case kindAllreduce:
+			if rs, ok := g.refs(set, func(int) uint64 { return refIn | refOut }); ok {
+				return s.sharedReduce(ctx, rs, -1)
+			}
+		case kindReduce:
+			if rs, ok := g.refs(set, func(r int) uint64 {
+				if r == p.root {
+					return refIn | refOut
+				}
+				return refIn
+			}); ok {
+				return s.sharedReduce(ctx, rs, p.root)
+			}
+		case kindReduceScatter:
+			if rs, ok := g.refs(set, func(int) uint64 { return refIn }); ok {
+				return s.sharedReduceScatter(ctx, rs)
+			}
 		}
 	}
 	return p.o.shm(ctx, s)
@@ -197,8 +209,8 @@ func (s *shmRun) src(r int) ([]byte, error) {
 		return s.in, nil
 	}
 	if b, ok, err := s.g.exposedInput(r, s.set, s.p.bytes(r)); ok {
-		if testExposedRead != nil {
-			testExposedRead(s.c.rank)
+		if testSharedRead != nil {
+			testSharedRead(s.c.rank)
 		}
 		return b, err
 	}
@@ -218,9 +230,10 @@ func (s *shmRun) srcs() ([][]byte, error) {
 	return bufs, nil
 }
 
-// testExposedRead, when set (tests), runs before a rank reads another's
-// exposed input: a slow reader, on demand.
-var testExposedRead func(rank int)
+// testSharedRead, when set (tests), runs before a rank reads another's
+// input in its shared buffer (exposed, or a reduction in place): a slow
+// reader, on demand.
+var testSharedRead func(rank int)
 
 // shmNothing moves no data (Barrier).
 func shmNothing(context.Context, *shmRun) error { return nil }

@@ -32,13 +32,6 @@ const (
 	refOutOff = 32 // its first byte
 )
 
-// The bits of the reference word refBits.
-const (
-	refIn      = 1 << iota // the input is in a shared buffer, where refInIdx and refInOff say
-	refOut                 // so is the output (refOutIdx, refOutOff), and it is the input or does not overlap it
-	refExposed             // the rank did not publish its input: the others read it in its buffer
-)
-
 // sharedFile is one of this rank's shared buffers.
 type sharedFile struct {
 	idx  uint32
@@ -171,7 +164,10 @@ func (g *shmGroup) putRef(set int, cl *call) bool {
 	base := ctlRef + 64*set
 	d, in, out := &cl.d, cl.in, cl.out
 	bits := uint64(0)
-	if d.bad == "" && len(in) > 0 {
+	// A ReduceScatter in place reads every rank's input while each writes
+	// its output: an output over its own input is not read in place.
+	apart := d.kind != kindReduceScatter || !overlap(in, out)
+	if d.bad == "" && len(in) > 0 && apart {
 		if idx, off, ok := g.locate(in); ok {
 			bits |= refIn
 			g.word64(g.me, base+refInIdx).Store(uint64(idx))
@@ -195,18 +191,14 @@ func (g *shmGroup) putRef(set int, cl *call) bool {
 	return bits&refExposed != 0
 }
 
-// refs reads every rank's reference words of set for an Allreduce (root
-// -1) or a Reduce to root in place: ok when every rank's input is a shared
-// buffer, and every rank's output (Reduce: the root's).
-func (g *shmGroup) refs(set, root int) ([]sharedRef, bool) {
+// refs reads every rank's reference words of set for a reduction in
+// place: ok when every rank's input is a shared buffer and, as want says,
+// its output.
+func (g *shmGroup) refs(set int, want func(r int) uint64) ([]sharedRef, bool) {
 	base := ctlRef + 64*set
 	rs := make([]sharedRef, g.n)
 	for r := range g.n {
-		want := uint64(refIn | refOut)
-		if root >= 0 && r != root {
-			want = refIn
-		}
-		if g.word64(r, base+refBits).Load()&want != want {
+		if w := want(r); g.word64(r, base+refBits).Load()&w != w {
 			return nil, false
 		}
 		rs[r] = sharedRef{
@@ -341,6 +333,9 @@ func (s *shmRun) sharedReduce(ctx context.Context, rs []sharedRef, root int) err
 		}
 		dsts = append(dsts, dst)
 	}
+	if testSharedRead != nil {
+		testSharedRead(me)
+	}
 	es := p.esize
 	sh := scale(chunks(nb/es, n), es)
 	if len(g.sbuf) < sharedChunk {
@@ -368,4 +363,40 @@ func (s *shmRun) sharedReduce(ctx context.Context, rs []sharedRef, root int) err
 		clear(s.out)
 	}
 	return nil
+}
+
+// sharedReduceScatter is the data phase of a ReduceScatter whose inputs
+// are shared buffers on every rank (none under its own output): each rank
+// reduces its piece from every rank's input in place, in rank order (the
+// same bits as the other paths), straight into its output; then the
+// reduced phase and a wait for every rank's, as sharedReduce.
+func (s *shmRun) sharedReduceScatter(ctx context.Context, rs []sharedRef) error {
+	p, g, out := s.p, s.g, s.out
+	me, n, es := s.c.rank, s.c.size, p.esize
+	nb := p.bytes(me)
+	bufs := make([][]byte, n)
+	for r := range n {
+		var err error
+		if r == me {
+			bufs[r] = s.in[:nb]
+		} else if bufs[r], err = g.peerShared(r, rs[r].inIdx, rs[r].inOff, nb); err != nil {
+			return err
+		}
+	}
+	if testSharedRead != nil {
+		testSharedRead(me)
+	}
+	shape := p.shapes[me]
+	box := p.outShape(me)
+	off := at(len(shape), p.axis, prefix(p.counts)[me])
+	srcs := make([][]byte, n)
+	boxRuns([][]int{box, shape}, [][]int{zeros(len(box)), off}, box, es, func(a []int, k int) {
+		for r := range n {
+			srcs[r] = bufs[r][a[1] : a[1]+k]
+		}
+		reduceN(p.op, p.dt, out[a[0]:a[0]+k], srcs)
+	})
+	g.shared.Add(1)
+	g.setPhase(s.base + 2)
+	return g.waitAll(ctx, s.base+2)
 }
