@@ -16,6 +16,10 @@ when its Python process does, which the other ranks see as a lost rank.
 A large output (64 KiB or more) is returned without a copy, as a tensor
 over that file, which no later call writes while anything refers to it;
 so it is shared memory: a process forked while it lives shares its pages.
+The sidecar offers the file to its communicator as a shared buffer, so an
+Allreduce, Reduce or ReduceScatter of ranks that share a host is reduced
+where the inputs are in the ranks' files, and the other collectives read
+them there (docs/collective.md, "Shared buffers").
 
 Every differentiable call is a ``torch.autograd.Function`` whose backward is
 the adjoint under the sum-of-losses convention, as package collective's
