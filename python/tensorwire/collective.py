@@ -313,7 +313,7 @@ class _Sidecar:
             self._out = self._p.stdout.fileno()
             hello = self._read()
         finally:
-            os.unlink(path)  # both have it open: nothing is left behind
+            os.unlink(path)  # both have it open (the sidecar's link in the session folder goes with it)
         if hello.get("code"):
             self._p.wait()
             raise from_wire(hello["code"], hello.get("msg", ""), hello.get("reason", ""))
