@@ -343,36 +343,45 @@ func TestProcess_RankKilled(t *testing.T) {
 			for _, p := range ps {
 				p.Expect(t, "ITER 3")
 			}
-			ps[2].Kill()
-			for i, p := range ps {
-				if i == 2 {
-					continue
-				}
-				line, err := p.Line("ERR", 30*time.Second)
-				if err != nil {
-					t.Fatalf("rank %d: %v", i, err)
-				}
-				var what string
-				var ms int
-				fmt.Sscan(line, &what, &ms)
-				if what != "peer_lost" && what != "aborted" {
-					t.Fatalf("rank %d: %s, want peer_lost or aborted", i, line)
-				}
-				t.Logf("rank %d: failed after %d ms: %s", i, ms, what)
-			}
-			// A new rank 2 joins the survivors' new communicator.
-			ps[2] = startRanks(t, "check-rejoin", tr, addr, dir, 4, 2)[0]
-			for i, p := range ps {
-				if i == 2 {
-					p.Expect(t, "JOINED")
-					p.Expect(t, "REJOINED 4")
-					continue
-				}
-				if got := p.Expect(t, "REJOINED"); got != "4" {
-					t.Fatalf("rank %d: the new communicator's allreduce gave %s, want 4", i, got)
-				}
-			}
+			killAndRejoin(t, ps, tr, addr, dir)
 		})
+	}
+}
+
+// killAndRejoin kills rank 2 of the "loop" ranks ps with SIGKILL: every
+// other rank's call must fail with ErrPeerLost (or ErrAborted) well within
+// its 20 s deadline, none hanging; then the survivors and a new rank 2
+// form a new communicator on the same rendezvous, whose allreduce works.
+func killAndRejoin(t *testing.T, ps []*proctest.Proc, tr Transport, addr, dir string) {
+	t.Helper()
+	ps[2].Kill()
+	for i, p := range ps {
+		if i == 2 {
+			continue
+		}
+		line, err := p.Line("ERR", 30*time.Second)
+		if err != nil {
+			t.Fatalf("rank %d: %v", i, err)
+		}
+		var what string
+		var ms int
+		fmt.Sscan(line, &what, &ms)
+		if what != "peer_lost" && what != "aborted" {
+			t.Fatalf("rank %d: %s, want peer_lost or aborted", i, line)
+		}
+		t.Logf("rank %d: failed after %d ms: %s", i, ms, what)
+	}
+	// A new rank 2 joins the survivors' new communicator.
+	ps[2] = startRanks(t, "check-rejoin", tr, addr, dir, 4, 2)[0]
+	for i, p := range ps {
+		if i == 2 {
+			p.Expect(t, "JOINED")
+			p.Expect(t, "REJOINED 4")
+			continue
+		}
+		if got := p.Expect(t, "REJOINED"); got != "4" {
+			t.Fatalf("rank %d: the new communicator's allreduce gave %s, want 4", i, got)
+		}
 	}
 }
 
@@ -399,32 +408,7 @@ func TestProcess_SharedRankKilled(t *testing.T) {
 			for _, p := range ps {
 				p.Expect(t, "ITER 3")
 			}
-			ps[2].Kill()
-			for i, p := range ps {
-				if i == 2 {
-					continue
-				}
-				line, err := p.Line("ERR", 30*time.Second)
-				if err != nil {
-					t.Fatalf("rank %d: %v", i, err)
-				}
-				var what string
-				fmt.Sscan(line, &what)
-				if what != "peer_lost" && what != "aborted" {
-					t.Fatalf("rank %d: %s, want peer_lost or aborted", i, line)
-				}
-			}
-			ps[2] = startRanks(t, "check-rejoin", SHM, addr, dir, 4, 2)[0]
-			for i, p := range ps {
-				if i == 2 {
-					p.Expect(t, "JOINED")
-					p.Expect(t, "REJOINED 4")
-					continue
-				}
-				if got := p.Expect(t, "REJOINED"); got != "4" {
-					t.Fatalf("rank %d: the new communicator's allreduce gave %s, want 4", i, got)
-				}
-			}
+			killAndRejoin(t, ps, SHM, addr, dir)
 		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,19 +53,12 @@ func runOpenMPI(ctx context.Context, o options, env bench.Env) ([]Line, string, 
 	}
 	var lines []Line
 	for _, n := range o.ranks {
-		args := []string{"-n", strconv.Itoa(n), "--oversubscribe", "--bind-to", "none", bin}
+		var args []string
 		for _, s := range o.sizes {
 			args = append(args, strconv.Itoa(s))
 		}
-		cmd := exec.CommandContext(ctx, mpirun, args...)
-		// Open MPI refuses root without these (CI and containers run as root).
-		cmd.Env = append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
-		cmd.Stderr = env.Stderr
-		out, err := cmd.StdoutPipe()
+		cmd, out, err := startMPI(ctx, mpirun, n, os.Environ(), "", env, bin, args...)
 		if err != nil {
-			return nil, "", err
-		}
-		if err := cmd.Start(); err != nil {
 			return nil, "", err
 		}
 		sc := bufio.NewScanner(out)
@@ -80,4 +74,22 @@ func runOpenMPI(ctx context.Context, o options, env bench.Env) ([]Line, string, 
 		}
 	}
 	return lines, "", nil
+}
+
+// startMPI starts prog with args as n ranks under mpirun (with env, in dir
+// when not empty; stderr to the run's), and returns it with its stdout.
+func startMPI(ctx context.Context, mpirun string, n int, env []string, dir string, benv bench.Env, prog string, args ...string) (*exec.Cmd, io.Reader, error) {
+	cmd := exec.CommandContext(ctx, mpirun, append([]string{"-n", strconv.Itoa(n), "--oversubscribe", "--bind-to", "none", prog}, args...)...)
+	// Open MPI refuses root without these (CI and containers run as root).
+	cmd.Env = append(env, "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+	cmd.Dir = dir
+	cmd.Stderr = benv.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	return cmd, out, nil
 }

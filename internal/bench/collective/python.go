@@ -195,17 +195,8 @@ func runPyGroup(ctx context.Context, o options, po pyOptions, env bench.Env, sys
 	if sys == "mpi4torch" {
 		// MPI's ranks are started by mpirun (one command, every rank).
 		if mpirun, err := exec.LookPath("mpirun"); err == nil {
-			cmd := exec.CommandContext(ctx, mpirun, append([]string{"-n", strconv.Itoa(n), "--oversubscribe",
-				"--bind-to", "none", po.python}, rankArgs(0)...)...)
-			// Open MPI refuses root without these (CI and containers run as root).
-			cmd.Env = append(env0, "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
-			cmd.Dir = filepath.Dir(po.extracted)
-			cmd.Stderr = env.Stderr
-			out, err := cmd.StdoutPipe()
+			cmd, out, err := startMPI(ctx, mpirun, n, env0, filepath.Dir(po.extracted), env, po.python, rankArgs(0)...)
 			if err != nil {
-				return nil, "", err
-			}
-			if err := cmd.Start(); err != nil {
 				return nil, "", err
 			}
 			runs, note := readPyLines(out, env, sys)
