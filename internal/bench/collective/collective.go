@@ -46,9 +46,10 @@
 // rpc, as before messages went by reference, for a side-by-side figure;
 // --p2p-ref-min sets ShmSendMin for the other transports. The transport
 // shm-alloc (local only) is shm with every tensor from Comm.Alloc, a
-// shared buffer the other ranks map: the Allreduce (and forward+backward's
-// two) reads the inputs where they are instead of copying them through
-// the data files; the other operations run as on shm.
+// shared buffer the other ranks map: Allreduce (and forward+backward's
+// two), Reduce and ReduceScatter run in place, and the other operations
+// read the inputs where they are instead of copying them through the data
+// files (docs/collective.md, "Shared buffers").
 // allreduce-fwd-bwd is an allreduce on a collective.Tape and its backward
 // pass (a second allreduce, of the gradient seed), timed together, with
 // allreduce's formula over the two: mpi4torch's "forward+backward" figure.
@@ -145,7 +146,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.StringVar(&ops, "ops", strings.Join(allOps, ","), "operations to run: "+strings.Join(append(slices.Clone(allOps), moreOps...), ", "))
 	fs.StringVar(&ranks, "ranks", "2,4", "rank counts to run with")
 	fs.StringVar(&sizes, "sizes", "1KB,64KB,1MB,16MB,64MB", "tensor sizes (KB, MB: 1024 and 1024*1024 bytes)")
-	fs.StringVar(&transports, "transports", "shm,tcp", "transports: shm (shared mappings), tcp (loopback), shm-inline (shm with every point-to-point message inline over rpc), shm-alloc (shm with every tensor from Comm.Alloc: the Allreduce in place)")
+	fs.StringVar(&transports, "transports", "shm,tcp", "transports: shm (shared mappings), tcp (loopback), shm-inline (shm with every point-to-point message inline over rpc), shm-alloc (shm with every tensor from Comm.Alloc: shared buffers, read in place)")
 	fs.IntVar(&o.p2pRefMin, "p2p-ref-min", 0, "collective.Config.ShmSendMin: the smallest point-to-point message sent by reference through the shared folder (0: the default, 4 KiB; -1: none)")
 	fs.StringVar(&o.hosts, "hosts", "local", "where the ranks run: local (this host, loopback), netns (a network namespace each, joined by a bridge; root, tcp only)")
 	layout := fs.String("layout", "", "--hosts netns: HxR, R ranks on each of H hosts (--ranks is then H*R; --transports tcp,hier)")
