@@ -82,6 +82,9 @@ type shmGroup struct {
 	sbuf []byte
 	// shared counts the calls sharedReduce ran (tests).
 	shared atomic.Uint64
+	// spin: waits read a peer's word for up to spinFor before yielding
+	// (the group has no more ranks than this process has CPUs).
+	spin bool
 }
 
 // makeSessionDir makes rank 0's folder for a session under dir, with a
@@ -142,7 +145,7 @@ func openShmGroup(c *Comm, dir string, me, n int) (*shmGroup, error) {
 	if b, err := os.ReadFile(filepath.Join(dir, "session")); err != nil || string(b) != want {
 		return nil, fmt.Errorf("rank %d does not see rank 0's folder %s", c.rank, dir)
 	}
-	g := &shmGroup{c: c, dir: dir, me: me, n: n, ctl: make([]*shm.Map, n), data: make([][2]*shm.Map, n)}
+	g := &shmGroup{c: c, dir: dir, me: me, n: n, ctl: make([]*shm.Map, n), data: make([][2]*shm.Map, n), spin: n <= runtime.NumCPU()}
 	var err error
 	if g.lock, err = lockfile.Acquire(g.path("lock")); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -285,9 +288,14 @@ func (g *shmGroup) waitAll(ctx context.Context, p uint32) error {
 }
 
 // spins is how many times a waiter reads a peer's phase before it yields
-// and then sleeps on the futex.
+// and then sleeps on the futex; a group with no more ranks than this
+// process has CPUs (each rank can have a core) reads for up to spinFor
+// more first, since a futex sleep and wake cost tens of microseconds where
+// a small collective takes one or two (docs/benchmarks.md, "Waits that
+// spin while each rank has a core").
 const (
 	spins   = 200
+	spinFor = 20 * time.Microsecond
 	yields  = 8
 	napTime = 5 * time.Millisecond
 )
@@ -319,6 +327,15 @@ func (g *shmGroup) waitWord(ctx context.Context, r, off int, v, phase uint32) er
 	for i := 0; i < spins; i++ {
 		if reached(w.Load(), v) {
 			return nil
+		}
+	}
+	if g.spin {
+		for start := time.Now(); time.Since(start) < spinFor; {
+			for range 64 {
+				if reached(w.Load(), v) {
+					return nil
+				}
+			}
 		}
 	}
 	for i := 0; i < yields; i++ {
