@@ -83,7 +83,7 @@ type shmGroup struct {
 	// shared counts the calls sharedReduce ran (tests).
 	shared atomic.Uint64
 	// spin: waits read a peer's word for up to spinFor before yielding
-	// (the group has no more ranks than this process has CPUs).
+	// (the group has no more ranks than usableCPUs).
 	spin bool
 }
 
@@ -145,7 +145,7 @@ func openShmGroup(c *Comm, dir string, me, n int) (*shmGroup, error) {
 	if b, err := os.ReadFile(filepath.Join(dir, "session")); err != nil || string(b) != want {
 		return nil, fmt.Errorf("rank %d does not see rank 0's folder %s", c.rank, dir)
 	}
-	g := &shmGroup{c: c, dir: dir, me: me, n: n, ctl: make([]*shm.Map, n), data: make([][2]*shm.Map, n), spin: n <= runtime.NumCPU()}
+	g := &shmGroup{c: c, dir: dir, me: me, n: n, ctl: make([]*shm.Map, n), data: make([][2]*shm.Map, n), spin: n <= usableCPUs()}
 	var err error
 	if g.lock, err = lockfile.Acquire(g.path("lock")); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -287,12 +287,17 @@ func (g *shmGroup) waitAll(ctx context.Context, p uint32) error {
 	return nil
 }
 
+// usableCPUs is how many CPUs this process may run on: the fewer of
+// runtime.NumCPU (its affinity) and GOMAXPROCS (which follows a
+// container's CPU limit unless set by hand).
+func usableCPUs() int { return min(runtime.NumCPU(), runtime.GOMAXPROCS(0)) }
+
 // spins is how many times a waiter reads a peer's phase before it yields
 // and then sleeps on the futex; a group with no more ranks than this
-// process has CPUs (each rank can have a core) reads for up to spinFor
-// more first, since a futex sleep and wake cost tens of microseconds where
-// a small collective takes one or two (docs/benchmarks.md, "Waits that
-// spin while each rank has a core").
+// process may use CPUs (each rank can have a core) reads for up to
+// spinFor more first, since a futex sleep and wake cost tens of
+// microseconds where a small collective takes one or two
+// (docs/benchmarks.md, "Waits that spin while each rank has a core").
 const (
 	spins   = 200
 	spinFor = 20 * time.Microsecond
