@@ -123,23 +123,7 @@ func TestNetns_HierRankKilled(t *testing.T) {
 			for _, p := range ps {
 				p.Expect(t, "ITER 3")
 			}
-			ps[victim].Kill()
-			for i, p := range ps {
-				if i == victim {
-					continue
-				}
-				line, err := p.Line("ERR", 30*time.Second)
-				if err != nil {
-					t.Fatalf("rank %d: %v", i, err)
-				}
-				var what string
-				var ms int
-				fmt.Sscan(line, &what, &ms)
-				if what != "peer_lost" {
-					t.Fatalf("rank %d: %s, want peer_lost", i, line)
-				}
-				t.Logf("rank %d: failed after %d ms: %s", i, ms, line)
-			}
+			killRank(t, ps, victim, "peer_lost")
 		})
 	}
 }
