@@ -97,17 +97,22 @@ func (c *Comm) shmSteps(ctx context.Context, seq uint64, cl *call) (*plan, []byt
 		return nil, nil, err
 	}
 	out := cl.output(p, me)
-	if err := c.shmData(ctx, g, set, base, p, cl.in, out); err != nil {
+	inPlace, err := c.shmData(ctx, g, set, base, p, cl.in, out)
+	if err != nil {
 		return nil, nil, c.failData(ctx, err)
 	}
-	// Reduced: this rank no longer reads the others' inputs. One whose
-	// input the others read in place (exposed) waits for them all, so
-	// that the caller may write it once the call returns.
+	// Reduced: this rank no longer reads or writes the others' tensors. A
+	// rank whose tensors the others read or write where they are (its
+	// input exposed, or a reduction in place) waits for them all, so that
+	// its caller may use them once the call returns.
 	g.setPhase(base + 2)
-	if exposed {
+	if exposed || inPlace {
 		if err := g.waitAll(ctx, base+2); err != nil {
 			return nil, nil, c.failData(ctx, err)
 		}
+	}
+	if inPlace && p.kind == kindReduce && me != p.root {
+		clear(out) // a Reduce's zeros off the root, as on the other paths, once no rank reads its input
 	}
 	g.setPhase(base + 3)
 	return p, out, nil
@@ -166,14 +171,15 @@ func publishRoot(s *shmPub) error {
 
 // shmData moves the data of plan p, as the collective's shm says, or, for
 // an Allreduce, Reduce or ReduceScatter above smallShm whose tensors are
-// shared buffers on every rank, where they are (shm_shared_linux.go).
-func (c *Comm) shmData(ctx context.Context, g *shmGroup, set int, base uint32, p *plan, in, out []byte) error {
+// shared buffers on every rank, where they are (shm_shared_linux.go):
+// inPlace then, and the caller waits for every rank's reduced phase.
+func (c *Comm) shmData(ctx context.Context, g *shmGroup, set int, base uint32, p *plan, in, out []byte) (inPlace bool, err error) {
 	s := &shmRun{c: c, g: g, set: set, base: base, p: p, in: in, out: out}
 	if p.bytes(c.rank) > smallShm {
 		switch p.kind {
 		case kindAllreduce:
 			if rs, ok := g.refs(set, func(int) uint64 { return refIn | refOut }); ok {
-				return s.sharedReduce(ctx, rs, -1)
+				return true, s.sharedReduce(rs, -1)
 			}
 		case kindReduce:
 			if rs, ok := g.refs(set, func(r int) uint64 {
@@ -182,15 +188,15 @@ func (c *Comm) shmData(ctx context.Context, g *shmGroup, set int, base uint32, p
 				}
 				return refIn
 			}); ok {
-				return s.sharedReduce(ctx, rs, p.root)
+				return true, s.sharedReduce(rs, p.root)
 			}
 		case kindReduceScatter:
 			if rs, ok := g.refs(set, func(int) uint64 { return refIn }); ok {
-				return s.sharedReduceScatter(ctx, rs)
+				return true, s.sharedReduceScatter(rs)
 			}
 		}
 	}
-	return p.o.shm(ctx, s)
+	return false, p.o.shm(ctx, s)
 }
 
 // shmRun is the data phase of one collective through the shared mappings.

@@ -40,12 +40,12 @@ func (g *shmGroup) waitRank(context.Context, int, uint32) error { return errNoSh
 
 type sharedRef struct{}
 
-func (g *shmGroup) alloc(int) ([]byte, error)                            { return nil, errNoShm }
-func (g *shmGroup) free([]byte) error                                    { return errNoShm }
-func (g *shmGroup) register(string, []byte) error                        { return errNoShm }
-func (g *shmGroup) deregister(string) error                              { return errNoShm }
-func (g *shmGroup) putRef(int, *call) bool                               { return false }
-func (g *shmGroup) exposedInput(int, int, int) ([]byte, bool, error)     { return nil, false, nil }
-func (g *shmGroup) refs(int, func(int) uint64) ([]sharedRef, bool)       { return nil, false }
-func (s *shmRun) sharedReduce(context.Context, []sharedRef, int) error   { return errNoShm }
-func (s *shmRun) sharedReduceScatter(context.Context, []sharedRef) error { return errNoShm }
+func (g *shmGroup) alloc(int) ([]byte, error)                        { return nil, errNoShm }
+func (g *shmGroup) free([]byte) error                                { return errNoShm }
+func (g *shmGroup) register(string, []byte) error                    { return errNoShm }
+func (g *shmGroup) deregister(string) error                          { return errNoShm }
+func (g *shmGroup) putRef(int, *call) bool                           { return false }
+func (g *shmGroup) exposedInput(int, int, int) ([]byte, bool, error) { return nil, false, nil }
+func (g *shmGroup) refs(int, func(int) uint64) ([]sharedRef, bool)   { return nil, false }
+func (s *shmRun) sharedReduce([]sharedRef, int) error                { return errNoShm }
+func (s *shmRun) sharedReduceScatter([]sharedRef) error              { return errNoShm }

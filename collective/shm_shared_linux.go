@@ -3,7 +3,6 @@
 package collective
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -299,15 +298,14 @@ const sharedChunk = 32 << 10
 // and root's output are (rs: where they are). Each rank reduces its share
 // of the elements (the even split chunks gives) reading every rank's input
 // in place, in rank order as every other path does (the same bits), and
-// writes the result into every rank's output (Reduce: the root's); then it
-// moves its phase to reduced and waits for every rank's. A rank's share of
-// an input is read only by that rank, and its share of an output written
-// only by it, after it read the inputs: so an output may be its rank's
-// input (in place), and no other synchronisation is needed. The bytes
-// cross memory once read and once written; nothing goes through the data
-// files. A Reduce's other ranks then zero their outputs, as on the other
-// paths, once no rank reads their inputs.
-func (s *shmRun) sharedReduce(ctx context.Context, rs []sharedRef, root int) error {
+// writes the result into every rank's output (Reduce: the root's). A
+// rank's share of an input is read only by that rank, and its share of an
+// output written only by it, after it read the inputs: so an output may be
+// its rank's input (in place), and the only other synchronisation is the
+// wait for every rank's reduced phase that shmSteps makes after it (and
+// after which a Reduce's other ranks zero their outputs). Nothing goes
+// through the data files.
+func (s *shmRun) sharedReduce(rs []sharedRef, root int) error {
 	p, g := s.p, s.g
 	me, n := s.c.rank, s.c.size
 	nb := p.bytes(me)
@@ -355,22 +353,15 @@ func (s *shmRun) sharedReduce(ctx context.Context, rs []sharedRef, root int) err
 		}
 	}
 	g.shared.Add(1)
-	g.setPhase(s.base + 2)
-	if err := g.waitAll(ctx, s.base+2); err != nil {
-		return err
-	}
-	if root >= 0 && me != root {
-		clear(s.out)
-	}
 	return nil
 }
 
 // sharedReduceScatter is the data phase of a ReduceScatter whose inputs
 // are shared buffers on every rank (none under its own output): each rank
 // reduces its piece from every rank's input in place, in rank order (the
-// same bits as the other paths), straight into its output; then the
-// reduced phase and a wait for every rank's, as sharedReduce.
-func (s *shmRun) sharedReduceScatter(ctx context.Context, rs []sharedRef) error {
+// same bits as the other paths), straight into its output; shmSteps then
+// waits for every rank's reduced phase, as after sharedReduce.
+func (s *shmRun) sharedReduceScatter(rs []sharedRef) error {
 	p, g, out := s.p, s.g, s.out
 	me, n, es := s.c.rank, s.c.size, p.esize
 	nb := p.bytes(me)
@@ -397,6 +388,5 @@ func (s *shmRun) sharedReduceScatter(ctx context.Context, rs []sharedRef) error 
 		reduceN(p.op, p.dt, out[a[0]:a[0]+k], srcs)
 	})
 	g.shared.Add(1)
-	g.setPhase(s.base + 2)
-	return g.waitAll(ctx, s.base+2)
+	return nil
 }
