@@ -218,7 +218,9 @@ func TestShared_Register(t *testing.T) {
 			m.Close()
 		}
 	})
-	run := func(t *testing.T, at int, wantShared uint64) {
+	// run reduces each rank's input at at into its output at outAt (in
+	// place when they are the same) and checks the result.
+	run := func(t *testing.T, at, outAt int, wantShared uint64) {
 		rng := rand.New(rand.NewPCG(uint64(at), 1))
 		srcs := make([][]byte, n)
 		for r := range n {
@@ -228,11 +230,16 @@ func TestShared_Register(t *testing.T) {
 		got := all(t, comms, func(ctx context.Context, c *Comm) ([]byte, error) {
 			b := maps[c.Rank()].Bytes()[at : at+4*elems]
 			x := must1(tensordict.FromBytes(memmap.Float32, []int{elems}, b))
+			ob := maps[c.Rank()].Bytes()[outAt : outAt+4*elems]
+			y := must1(tensordict.FromBytes(memmap.Float32, []int{elems}, ob))
 			copy(b, srcs[c.Rank()])
-			if err := c.AllreduceInto(ctx, x, x, Sum); err != nil {
+			if err := c.AllreduceInto(ctx, y, x, Sum); err != nil {
 				return nil, err
 			}
-			return bytes.Clone(b), nil
+			if outAt != at && !bytes.Equal(b, srcs[c.Rank()]) {
+				return nil, fmt.Errorf("rank %d: the input changed", c.Rank())
+			}
+			return bytes.Clone(ob), nil
 		})
 		for r := range n {
 			if !bytes.Equal(got[r], want) {
@@ -243,7 +250,7 @@ func TestShared_Register(t *testing.T) {
 			}
 		}
 	}
-	run(t, 4096, 1)
+	run(t, 4096, 4096, 1)
 	for r := range n {
 		if err := shm.Grow(files[r], 4<<20); err != nil {
 			t.Fatal(err)
@@ -258,7 +265,11 @@ func TestShared_Register(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	run(t, 3<<20, 2)
+	// The input where the others mapped the file before it grew, the
+	// output past that: their mapping of each file grows within the call
+	// (and the one the input was read through stays until it is done).
+	run(t, 4096, 3<<20, 2)
+	run(t, 3<<20, 3<<20, 3)
 	for r := range n {
 		if err := comms[r].Deregister(files[r].Name()); err != nil {
 			t.Fatal(err)
@@ -267,7 +278,7 @@ func TestShared_Register(t *testing.T) {
 			t.Fatalf("a second Deregister: %v, want ErrNotShared", err)
 		}
 	}
-	run(t, 0, 2) // through the data files
+	run(t, 0, 0, 3) // through the data files
 }
 
 // TestShared_AllocFree: Alloc's tensors are files of the folder until

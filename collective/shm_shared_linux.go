@@ -45,6 +45,11 @@ type sharedSet struct {
 	next  uint32
 	own   []*sharedFile
 	peers []map[uint32]*shm.Map // guarded by the communicator's opMu (collectives only)
+	// retired are mappings of the others' files replaced (a file grew)
+	// or let go of (a file freed) during a collective, which may still
+	// read through them: unmapped when the next collective starts
+	// (putRef). Guarded by opMu as peers.
+	retired []*shm.Map
 }
 
 // sharedRef is where a rank's tensors of a collective are.
@@ -160,6 +165,10 @@ func (g *shmGroup) locate(b []byte) (uint32, int, bool) {
 // unchanged: Bcast's root in place); an exposed rank then waits, before
 // its call returns, for every rank to be done reading (shmSteps).
 func (g *shmGroup) putRef(set int, cl *call) bool {
+	for _, m := range g.sh.retired {
+		m.Close()
+	}
+	g.sh.retired = g.sh.retired[:0]
 	base := ctlRef + 64*set
 	d, in, out := &cl.d, cl.in, cl.out
 	bits := uint64(0)
@@ -237,7 +246,7 @@ func (g *shmGroup) peerShared(r int, idx uint32, off, n int) ([]byte, error) {
 		// has freed since (their pages stay while a mapping holds them).
 		for i, pm := range g.sh.peers[r] {
 			if _, err := os.Stat(g.peerPath(r, g.sharedName(i))); err != nil {
-				pm.Close()
+				g.sh.retired = append(g.sh.retired, pm)
 				delete(g.sh.peers[r], i)
 			}
 		}
@@ -255,7 +264,11 @@ func (g *shmGroup) peerShared(r int, idx uint32, off, n int) ([]byte, error) {
 		if err != nil {
 			return nil, ownErr(fmt.Errorf("rank %d's shared buffer: %w", r, err))
 		}
-		m.Close()
+		if m != nil {
+			// Bytes of this call may have come through m (the same
+			// file's input, read before its output past m's end).
+			g.sh.retired = append(g.sh.retired, m)
+		}
 		m = nm
 		g.sh.peers[r][idx] = m
 	}
@@ -274,6 +287,10 @@ func (g *shmGroup) closeShared() {
 		}
 	}
 	g.sh.peers = nil
+	for _, m := range g.sh.retired {
+		m.Close()
+	}
+	g.sh.retired = nil
 	for _, f := range g.sh.own {
 		os.Remove(g.path(g.sharedName(f.idx)))
 	}
