@@ -414,6 +414,32 @@ func (s *sidecar) input(req pyReq) (*tensordict.Tensor, error) {
 	return tensordict.FromBytes(dt, req.Shape, s.d.mem[req.At:req.At+int64(n):req.At+int64(n)])
 }
 
+// outputAt is the output of an Allreduce, Reduce or Bcast at req.OutAt
+// (pipe 3): of the input's dtype and shape, a multiple of 64 within the
+// data file, and the input itself or clear of it.
+func (s *sidecar) outputAt(req pyReq, t *tensordict.Tensor) (*tensordict.Tensor, error) {
+	switch req.Op {
+	case "allreduce", "reduce", "bcast":
+	default:
+		return nil, fmt.Errorf("%w: out_at with %s (only allreduce, reduce and bcast take it)", collective.ErrArgument, req.Op)
+	}
+	if t == nil {
+		return nil, fmt.Errorf("%w: out_at without an input", collective.ErrArgument)
+	}
+	b, _ := t.Bytes()
+	at, n := *req.OutAt, int64(len(b))
+	if at < 0 || at%64 != 0 || at > int64(len(s.d.mem))-n {
+		return nil, fmt.Errorf("%w: out_at %d: want a multiple of 64 with the output's %d bytes within the data file's %d", collective.ErrArgument, at, n, len(s.d.mem))
+	}
+	if at == req.At {
+		return t, nil
+	}
+	if at < req.At+n && req.At < at+n {
+		return nil, fmt.Errorf("%w: out_at %d: the output's %d bytes overlap the input's at %d", collective.ErrArgument, at, n, req.At)
+	}
+	return tensordict.FromBytes(t.DType(), t.Shape(), s.d.mem[at:at+n:at+n])
+}
+
 // after is where outputs may start: after the input at at, 64-byte aligned.
 func after(at int64, t *tensordict.Tensor) int64 {
 	if t == nil {
@@ -451,13 +477,25 @@ func (s *sidecar) handle(req pyReq) (pyResp, bool) {
 	c := s.c
 	var res *tensordict.Tensor // a result to copy out after the input
 	inPlace := false           // the result is the input, at req.At
+	out, outAt := t, req.At    // where allreduce, reduce and bcast write
+	if req.OutAt != nil {
+		if out, err = s.outputAt(req, t); err != nil {
+			return errResp(err), false
+		}
+		outAt = *req.OutAt
+	}
 	switch req.Op {
 	case "allreduce":
-		err, inPlace = c.AllreduceInto(ctx, t, t, op), true
+		err = c.AllreduceInto(ctx, out, t, op)
 	case "reduce":
-		err, inPlace = c.ReduceInto(ctx, t, t, op, req.Root), true
+		err = c.ReduceInto(ctx, out, t, op, req.Root)
 	case "bcast":
-		err, inPlace = c.BcastInto(ctx, t, req.Root), true
+		if out != t && c.Rank() == req.Root {
+			ob, _ := out.Bytes()
+			ib, _ := t.Bytes()
+			copy(ob, ib)
+		}
+		err = c.BcastInto(ctx, out, req.Root)
 	case "gather":
 		res, err = c.Gather(ctx, t, req.Axis, req.Root)
 	case "allgather":
@@ -490,6 +528,10 @@ func (s *sidecar) handle(req pyReq) (pyResp, bool) {
 	}
 	if err != nil {
 		return errResp(err), false
+	}
+	switch req.Op {
+	case "allreduce", "reduce", "bcast":
+		return s.done(nil, out, true, outAt), false
 	}
 	if inPlace {
 		return s.done(nil, t, true, req.At), false

@@ -22,8 +22,11 @@ import (
 // pipeVersion is the pipe protocol this sidecar speaks, told in its hello
 // (pyResp.Pipe): 2 takes a request's At and Room; a hello without it is
 // version 1, whose sidecar reads every input at offset 0 and ignores both,
-// so a Python rank sends them only to a sidecar that says 2.
-const pipeVersion = 2
+// so a Python rank sends them only to a sidecar that says 2. 3 takes a
+// request's OutAt: an Allreduce, Reduce or Bcast whose input the Python
+// rank keeps (a tensor of comm.alloc, or an earlier output still in the
+// file) writes its output there instead of over the input.
+const pipeVersion = 3
 
 // maxFrame bounds a frame: a description with every rank's counts
 // (collective.MaxSize of them) fits many times.
@@ -44,6 +47,7 @@ type pyReq struct {
 	ID      int64  `codec:"id,omitempty"`      // the request's number, echoed in its reply; Isend and Irecv's handle
 	Numelem *int   `codec:"numelem,omitempty"` // instead of Counts, this rank's count (mpi4torch's numelem)
 	Op      string `codec:"op,omitempty"`      // the call: allreduce, bcast, ..., isend, irecv, wait, close
+	OutAt   *int64 `codec:"out_at,omitempty"`  // pipe 3, allreduce, reduce and bcast: the output here, not over the input at At
 	Peer    int    `codec:"peer,omitempty"`    // Send/Recv: the other rank
 	Red     int    `codec:"red,omitempty"`     // the reduction, collective.Op's value (1 Sum ... 10 BXor)
 	Req     int64  `codec:"req,omitempty"`     // wait: the ID of the Isend or Irecv

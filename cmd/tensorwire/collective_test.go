@@ -52,7 +52,7 @@ func goldenFrames(t *testing.T) map[string][]byte {
 }
 
 func TestCollectivePipe_Golden(t *testing.T) {
-	zero := 0
+	zero, outAt := 0, int64(0)
 	golden := goldenFrames(t)
 	for _, tc := range []struct {
 		name string
@@ -62,6 +62,7 @@ func TestCollectivePipe_Golden(t *testing.T) {
 		{"req-scatter", pyReq{ID: 8, Op: "scatter", Has: true, DType: "float64", Shape: []int{6, 2}, Numelem: &zero, Root: 1, Size: 1 << 20, Timeout: 30000}},
 		{"req-allreduce-at", pyReq{At: 4096, ID: 10, Op: "allreduce", Red: 1, Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"req-allgather-room", pyReq{At: 4096, Room: 8192, ID: 11, Op: "allgather", Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
+		{"req-allreduce-out-at", pyReq{At: 4096, ID: 12, Op: "allreduce", OutAt: &outAt, Red: 1, Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"req-wait", pyReq{ID: 9, Op: "wait", Req: 8, Size: 1 << 20}},
 		{"resp-out", pyResp{ID: 7, Out: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"resp-out-at", pyResp{ID: 10, Off: 4096, Out: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
@@ -499,6 +500,91 @@ func TestCollectiveSidecar_SharedDataFile(t *testing.T) {
 		p.f.ReadAt(got, 4096)
 		if resp["code"] != nil || !bytes.Equal(got, f64bytes(vals...)) {
 			t.Errorf("rank %d: allreduce of %d float64 at 4096: %v", r, n, resp)
+		}
+	})
+}
+
+// TestCollectiveSidecar_OutAt: pipe 3's out_at puts an Allreduce's,
+// Reduce's and Bcast's output there and leaves the input as it was (the
+// Python rank's tensor of alloc, read where it is, through the shared
+// path above 64 KiB and the data files' below); out_at that is not a
+// place for the output, or with another call, is refused on that rank
+// before any rank is involved.
+func TestCollectiveSidecar_OutAt(t *testing.T) {
+	addr := freeAddr(t)
+	shm := t.TempDir()
+	ranks := []*pyRank{startSidecar(t, addr, shm, 0, 2, collective.SHM), startSidecar(t, addr, shm, 1, 2, collective.SHM)}
+	for _, p := range ranks {
+		p.read(t) // the hello
+	}
+	at := func(v int64) *int64 { return &v }
+	for _, n := range []int{20_000, 100} { // float64: 160,000 bytes (shared), 800 (the data files)
+		const in, out = 4096, 512 << 10
+		inputs := func(r int) []float64 {
+			vals := make([]float64, n)
+			for i := range vals {
+				vals[i] = float64(i*(r+1)) + 0.5
+			}
+			return vals
+		}
+		sum, root := make([]float64, n), make([]float64, n)
+		for i := range sum {
+			sum[i] = float64(3*i) + 1
+			root[i] = float64(2*i) + 0.5 // rank 1's
+		}
+		for _, tc := range []struct {
+			op   string
+			want func(r int) []float64
+		}{
+			{"allreduce", func(int) []float64 { return sum }},
+			{"reduce", func(r int) []float64 {
+				if r == 1 {
+					return sum
+				}
+				return make([]float64, n)
+			}},
+			{"bcast", func(int) []float64 { return root }},
+		} {
+			eachRank(ranks, func(r int, p *pyRank) {
+				p.f.WriteAt(f64bytes(inputs(r)...), in)
+				p.f.WriteAt(make([]byte, 8*n), out)
+				resp := p.call(t, pyReq{ID: 1, At: in, OutAt: at(out), Op: tc.op, Red: int(collective.Sum), Root: 1,
+					Has: true, DType: "float64", Shape: []int{n}})
+				got, kept := make([]byte, 8*n), make([]byte, 8*n)
+				p.f.ReadAt(got, out)
+				p.f.ReadAt(kept, in)
+				switch {
+				case resp["code"] != nil || anyInt(resp["off"]) != out:
+					t.Errorf("%d float64, %s, rank %d: %v", n, tc.op, r, resp)
+				case !bytes.Equal(got, f64bytes(tc.want(r)...)):
+					t.Errorf("%d float64, %s, rank %d: not the result at out_at", n, tc.op, r)
+				case !bytes.Equal(kept, f64bytes(inputs(r)...)):
+					t.Errorf("%d float64, %s, rank %d: the input changed", n, tc.op, r)
+				}
+			})
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		req  pyReq
+	}{
+		{"unaligned", pyReq{At: 4096, OutAt: at(8192 + 8), Op: "allreduce"}},
+		{"overlapping", pyReq{At: 4096, OutAt: at(4096 + 64), Op: "allreduce"}},
+		{"past the file", pyReq{At: 4096, OutAt: at(1<<20 - 64), Op: "allreduce"}},
+		{"negative", pyReq{At: 4096, OutAt: at(-64), Op: "allreduce"}},
+		{"another call", pyReq{At: 4096, OutAt: at(8192), Op: "allgather"}},
+	} {
+		req := tc.req
+		req.ID, req.Has, req.DType, req.Shape = 2, true, "float64", []int{100}
+		resp := ranks[0].call(t, req)
+		if resp["code"] == nil || resp["reason"] != "collective.argument" {
+			t.Errorf("%s: %v, want an argument error", tc.name, resp)
+		}
+	}
+	// The refusals involved no other rank: the pair still works.
+	eachRank(ranks, func(r int, p *pyRank) {
+		if resp := p.call(t, pyReq{ID: 3, Op: "barrier"}); resp["code"] != nil {
+			t.Errorf("rank %d: barrier after the refusals: %v", r, resp)
 		}
 	})
 }

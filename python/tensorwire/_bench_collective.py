@@ -6,9 +6,11 @@ torch.distributed.nn.functional.all_reduce for forward+backward), or
 through mpi4torch when it imports.
 
     python -m tensorwire._bench_collective --system tensorwire|gloo|mpi4torch
-        --rank R --size N --addr HOST:PORT [--transport shm|tcp] --sizes B,B,... --ops OP,OP
+        --rank R --size N --addr HOST:PORT [--transport shm|tcp|shm-alloc] --sizes B,B,... --ops OP,OP
 
-Each iteration is a barrier and then the operation; rank 0 times the
+--transport shm-alloc is shm with each input a tensor of comm.alloc (read
+where it is: no copy into the data file). Each iteration is a barrier and
+then the operation; rank 0 times the
 operation alone and prints one JSON line per (op, size), the Go ranks'
 Line (p50_us, algbw_GBps, busbw_GBps) with "system". With a system that
 cannot run here, rank 0 prints {"system": S, "error": why} and exits 0.
@@ -46,10 +48,15 @@ def main():
         return
     torch.set_num_threads(1)
     n, r = a.size, a.rank
+    place = None  # makes each input a tensor of comm.alloc (--transport shm-alloc)
     if a.system == "tensorwire":
         from tensorwire import collective as tw
-        comm = tw.join(a.addr, r, n, transport=a.transport)
+        alloc = a.transport == "shm-alloc"
+        comm = tw.join(a.addr, r, n, transport="shm" if alloc else a.transport)
         transport = comm.transport
+        if alloc:
+            transport = "shm-alloc"
+            place = lambda t: comm.alloc(t.shape, dtype=t.dtype).copy_(t)  # noqa: E731
 
         def fwd(x):
             comm.Allreduce(x, tw.MPI_SUM)
@@ -111,6 +118,8 @@ def main():
             elems = max(nbytes // 4 // n * n, n)
             g = torch.Generator().manual_seed(r)
             x = torch.rand(elems, generator=g, dtype=torch.float32)
+            if place is not None:
+                x = place(x)
             if op == "allreduce-fwd-bwd":
                 x.requires_grad_()
                 run = fwd_bwd

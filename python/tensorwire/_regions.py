@@ -112,6 +112,15 @@ class Regions:
         live.insert(i, r)
         return r
 
+    def find(self, ptr, nbytes):
+        """The file offset of the nbytes at address ptr when they lie within
+        one live region (an output kept, or a tensor of alloc), else None."""
+        for r in self._live:
+            base = r.__array_interface__["data"][0]
+            if base <= ptr and ptr + nbytes <= base + (r.end - r.off):
+                return r.off + (ptr - base)
+        return None
+
     def scratch(self):
         """Where the scratch starts: after every live region, 64-byte
         aligned."""

@@ -158,17 +158,21 @@ class SidecarError(InvalidArgumentError):
 
 _HDR = struct.Struct(">I")
 _MAX_FRAME = 1 << 20
+# The calls whose output may go elsewhere than over an input kept in the
+# data file (pipe 3's out_at).
+_OUT_AT_OPS = ("allreduce", "reduce", "bcast")
 
 
 def _keep(k, v):
     """Whether a request's key k with value v goes on the wire: zero values
-    are left out, numelem is kept at 0."""
-    return v is not None and (k == "numelem" or (v != 0 and v != [] and v != ""))
+    are left out, numelem and out_at are kept at 0."""
+    return v is not None and (k in ("numelem", "out_at") or (v != 0 and v != [] and v != ""))
 
 
 def encode_frame(req):
     """One frame of the pipe: a 4-byte big-endian length and the msgpack map
-    of req, keys sorted, zero values left out (numelem is kept at 0)."""
+    of req, keys sorted, zero values left out (numelem and out_at are kept
+    at 0)."""
     body = _msgpack.packb({k: v for k, v in req.items() if _keep(k, v)})
     return _HDR.pack(len(body)) + body
 
@@ -338,6 +342,47 @@ class _Sidecar:
                                    "(its folder is join's shm_dir, /dev/shm by default)") from e
         self._remap(n)
 
+    def _kept(self, req, a, inplace):
+        """For an Allreduce, Reduce or Bcast of a large input that lies in
+        the data file already (a tensor of alloc, or an output kept there),
+        (its offset, a hole for the output); else None."""
+        if (not inplace or a is None or self._pipe < 3 or req["op"] not in _OUT_AT_OPS
+                or a.nbytes < self._regions.min_bytes or not a.flags.c_contiguous):
+            return None
+        off = self._regions.find(a.ctypes.data, a.nbytes)
+        if off is None or off % 64:
+            return None
+        hole = self._regions.place(a.nbytes)  # clear of the input's region, which a keeps live
+        if hole is None:
+            return None
+        try:
+            if hole + a.nbytes > self._size:
+                self._grow(hole + a.nbytes)
+        except NoSpaceError:
+            return None
+        return off, hole
+
+    def alloc(self, nbytes):
+        """A zeroed uint8 array of nbytes over a region of the data file,
+        live while it (or a view of it) is; None where there is none
+        (too small, an old sidecar, the regions' bounds reached, no room)."""
+        with self._lock:
+            if self.closed:
+                raise ClosedError("the communicator is closed")
+            if self._pipe < 3:
+                return None
+            hole = self._regions.place(nbytes)
+            if hole is None:
+                return None
+            try:
+                if hole + nbytes > self._size:
+                    self._grow(hole + nbytes)
+            except NoSpaceError:
+                return None
+            b = np.asarray(self._regions.claim(self._mm, self._ptr, hole, nbytes))
+            b[:] = 0
+            return b
+
     def _place(self, nbytes, room):
         """Where a call's input of nbytes goes, and whether it goes to a
         hole of room bytes (_regions.py) whose output may then stay there
@@ -482,8 +527,17 @@ class _Sidecar:
             room = 0
             if stay >= self._regions.min_bytes:
                 room = max(stay, nbytes) if inplace else lead + stay
+            kept = self._kept(req, a, inplace)
+            if kept is not None:
+                # The input is where the caller keeps it (a tensor of
+                # alloc, an earlier output): no copy in, and the output
+                # to a hole of its own (pipe 3).
+                at, out_at = kept
+                req["out_at"] = out_at
+                region, write, lead = True, False, out_at - at
             try:
-                at, region = self._place(nbytes, room)
+                if kept is None:
+                    at, region = self._place(nbytes, room)
             except NoSpaceError as e:
                 # This rank cannot take part: its sidecar goes, so that the
                 # other ranks get a lost rank instead of waiting for it.
@@ -689,6 +743,41 @@ class MPI_Communicator:
 
     def __exit__(self, *exc):
         self.close()
+
+    def alloc(self, *shape, dtype=None):
+        """A zeroed tensor of shape (ints, or one tuple) and dtype (a torch
+        dtype, default torch.float32; a numpy dtype gives a numpy array)
+        whose memory is this rank's data file, which its sidecar and, by
+        shared mappings, the other ranks read where it is: an Allreduce,
+        Reduce or Bcast of it (or of a contiguous view starting at a
+        multiple of 64 bytes) copies nothing in, and its output comes back
+        in the file too (package collective's Comm.Alloc, from Python).
+        Fill it in place (``buf.copy_(grads)``, ``torch.cat(..., out=buf)``).
+        The memory is the tensor's while it or any view of it lives, like
+        the outputs of the calls (docs/collective.md, "Outputs in the data
+        file"); there is no free. Below 64 KiB, past the 8 tensors the file
+        keeps at once (these and the calls' outputs together) or 1 GiB, or
+        with an older sidecar, it is a plain zeroed tensor, which works the
+        same with one copy in per call."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise ArgumentError(f"alloc: negative dimension in {shape}")
+        as_numpy = dtype is not None and not type(dtype).__module__.startswith("torch")
+        if as_numpy:
+            dt = np.dtype(dtype)
+            name = dtype_name(np.empty(0, dtype=dt))
+        else:
+            import torch
+            name = str(dtype if dtype is not None else torch.float32)
+            dt = numpy_dtype(name)
+        n = math.prod(shape) * dt.itemsize
+        b = self._s.alloc(n)
+        a = np.zeros(shape, dtype=dt) if b is None else b.view(dt).reshape(shape)
+        if as_numpy:
+            return a
+        return to_torch(a, name == "torch.bfloat16")
 
     # The raw calls on numpy arrays; timeout in seconds (None: none).
 

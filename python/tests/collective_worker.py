@@ -583,6 +583,87 @@ def mode_room(comm):
     check(bool((a == n).all()) and regions.stats()[0] == 0, "version 1: a held output overwritten, or a region made")
 
 
+def mode_alloc(comm):
+    """comm.alloc: tensors in the data file, which an Allreduce, Reduce_ or
+    Bcast_ reads where they are (out_at: no copy in) and leaves as they
+    were, its output in the file too; an output passed on the same way,
+    including to offset 0; a view at a 64-byte multiple too, an unaligned
+    one copied; gradients through an allocated leaf; and the plain tensors
+    alloc gives below 64 KiB, past the regions' bound and to a sidecar of
+    pipe 2."""
+    n, r = comm.size, comm.rank
+    s = comm._s
+    regions = s._regions
+    sent = []
+    call = s.call
+
+    def spy(req, *a, **k):
+        sent.append(req)  # as call leaves it: with at and out_at
+        return call(req, *a, **k)
+
+    s.call = spy
+
+    def no_copy():
+        return "out_at" in sent[-1]
+
+    m = 1 << 15  # float64: 256 KiB
+    buf = comm.alloc(m)
+    check(buf.dtype == torch.float32 and buf.shape == (m,) and bool((buf == 0).all()), f"alloc: {buf.dtype} {buf.shape}")
+    check(in_data_file(comm, buf), "alloc's tensor is not in the data file")
+    buf.copy_(torch.arange(m, dtype=torch.float32) * (r + 1))
+    mine = buf.clone()
+    total = torch.arange(m, dtype=torch.float32) * sum(range(1, n + 1))
+    y = comm.Allreduce(buf, mpi4torch.MPI_SUM)
+    check(bool((y == total).all()), "Allreduce of an allocated tensor")
+    check(no_copy() and sent[-1]["at"] == 0 and sent[-1]["out_at"] != 0, f"Allreduce copied its input in: {sent[-1]}")
+    check(bool((buf == mine).all()), "Allreduce changed its allocated input")
+    check(in_data_file(comm, y) and y.data_ptr() != buf.data_ptr(), "Allreduce's output")
+    # buf's region (offset 0) freed: the next output kept there, out_at 0.
+    del buf
+    y2 = comm.Allreduce(y, mpi4torch.MPI_SUM)
+    check(no_copy() and sent[-1]["out_at"] == 0, f"an output passed on: {sent[-1]}")
+    check(bool((y2 == n * total).all()) and bool((y == total).all()), "Allreduce of an output kept in the file")
+    del y, y2
+    buf = comm.alloc(2, m // 2, dtype=torch.float64)
+    buf.copy_(torch.full((2, m // 2), float(r)))
+    b = comm.Bcast_(buf, n - 1)
+    check(no_copy() and bool((b == n - 1).all()) and bool((buf == r).all()), "Bcast_ of an allocated tensor")
+    rd = comm.Reduce_(buf, mpi4torch.MPI_SUM, 0)
+    want = sum(range(n)) if r == 0 else 0
+    check(no_copy() and bool((rd == want).all()) and bool((buf == r).all()), "Reduce_ of an allocated tensor")
+    v = comm.Allreduce(buf[1], mpi4torch.MPI_SUM)  # a row: 128 KiB in, at a 64-byte multiple
+    check(no_copy() and bool((v == sum(range(n))).all()), "Allreduce of a view of an allocated tensor")
+    u = comm.Allreduce(buf.view(-1)[1:], mpi4torch.MPI_SUM)  # 8 bytes in: copied
+    check(not no_copy() and bool((u == sum(range(n))).all()), "Allreduce of an unaligned view")
+    del b, rd, v, u
+    leaf = comm.alloc(m).requires_grad_()
+    out = comm.Allreduce(leaf, mpi4torch.MPI_SUM)
+    (out * (r + 1)).sum().backward()
+    check(bool((leaf.grad == sum(range(1, n + 1))).all()), "the gradient through an allocated leaf")
+    del leaf, out
+    small = comm.alloc(3, 4)
+    check(not in_data_file(comm, small) and bool((small == 0).all()), "alloc below 64 KiB")
+    arr = comm.alloc((4, m), dtype=np.int32)
+    check(isinstance(arr, np.ndarray) and arr.dtype == np.int32 and arr.shape == (4, m), "alloc with a numpy dtype")
+    del arr
+    many = [comm.alloc(m) for _ in range(regions.max_regions + 1)]
+    kept = [in_data_file(comm, t) for t in many]
+    check(kept == [True] * (regions.max_regions - 1) + [False, False],
+          f"allocs past the regions' bound ({regions.max_regions} with buf's): {kept}")
+    for t in many:
+        t.fill_(1.0)
+    ys = [comm.Allreduce(t, mpi4torch.MPI_SUM) for t in many[-2:]]
+    check(all(bool((y == n).all()) for y in ys), "Allreduce of a plain tensor alloc gave")
+    del many, ys, buf
+    s._pipe = 2  # a sidecar without out_at
+    old = comm.alloc(m)
+    check(not in_data_file(comm, old), "alloc with a sidecar of pipe 2")
+    z = comm.Allreduce(comm.Allreduce(torch.ones(m), mpi4torch.MPI_SUM), mpi4torch.MPI_SUM)
+    check(not no_copy() and bool((z == n * n).all()), "pipe 2: an output passed on")
+    s._pipe = 3
+    s.call = call
+
+
 def mode_cuda(comm):
     """CUDA tensors in and out (through host memory), forward and backward."""
     n = comm.size

@@ -111,6 +111,11 @@ class TestCollectivePool(unittest.TestCase):
             self.assertEqual(rep["fwd_bwd_grew"], 0, "a loop of one size grew the data file after its first steps")
             self.assertLessEqual(rep["fwd_bwd_regions"], 3)
 
+    def test_alloc_3_ranks(self):
+        """comm.alloc's tensors are read where they are (collective_worker.py,
+        mode_alloc)."""
+        run_ranks(self, "alloc", 3, "shm")
+
     def test_outputs_that_are_not_in_place_3_ranks(self):
         reports = run_ranks(self, "room", 3, "shm")
         self.assertEqual([rep["outgrown_in_file"] for rep in reports], [False, True, True],
