@@ -104,6 +104,7 @@ type sidecar struct {
 	d    *dataFile
 	out  *bufio.Writer
 	reqs map[int64]*pending
+	bufs p2pBufs         // the pending requests' buffers, for reuse
 	ctx  context.Context // ends when the parent is gone or frozen
 }
 
@@ -111,6 +112,7 @@ type sidecar struct {
 type pending struct {
 	r    *collective.Request
 	recv bool
+	buf  []byte // the request's tensor's bytes (s.bufs)
 }
 
 // errParentGone and errParentFrozen are why a sidecar stops.
@@ -607,18 +609,16 @@ func (s *sidecar) start(req pyReq, t *tensordict.Tensor) pyResp {
 	if t == nil {
 		return argErr("%s without a tensor", req.Op)
 	}
-	var own *tensordict.Tensor
-	var err error
+	b, _ := t.Bytes()
+	buf := s.bufs.take(len(b))
 	if req.Op == "isend" {
-		b, _ := t.Bytes()
-		own, err = tensordict.FromBytes(t.DType(), t.Shape(), append([]byte(nil), b...))
-	} else {
-		own, err = tensordict.Zeros(t.DType(), t.Shape()...)
+		copy(buf, b)
 	}
+	own, err := tensordict.FromBytes(t.DType(), t.Shape(), buf)
 	if err != nil {
 		return errResp(err)
 	}
-	p := &pending{recv: req.Op == "irecv"}
+	p := &pending{recv: req.Op == "irecv", buf: buf}
 	if p.recv {
 		p.r = s.c.Irecv(s.ctx, own, req.Peer, req.Tag)
 	} else {
@@ -637,8 +637,10 @@ func (s *sidecar) wait(ctx context.Context, req pyReq) pyResp {
 	}
 	delete(s.reqs, req.Req)
 	if err := p.r.Wait(ctx); err != nil {
+		// Its buffer is dropped: the request may still be using it.
 		return errResp(err)
 	}
+	defer s.bufs.put(p.buf) // done with it once placed
 	if !p.recv {
 		return pyResp{}
 	}

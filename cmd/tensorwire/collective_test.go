@@ -588,3 +588,58 @@ func TestCollectiveSidecar_OutAt(t *testing.T) {
 		}
 	})
 }
+
+// TestCollectiveSidecar_P2PBuffersReused: rounds of Isend and Irecv of
+// the same large size, each with other values, reuse the sidecar's
+// buffers (p2pBufs) and still deliver each round's values whole, nothing
+// of the round before.
+func TestCollectiveSidecar_P2PBuffersReused(t *testing.T) {
+	addr := freeAddr(t)
+	shm := t.TempDir()
+	scs := []*sidecar{{}, {}}
+	ranks := []*pyRank{startSidecarWith(t, addr, shm, 0, 2, collective.SHM, scs[0]), startSidecarWith(t, addr, shm, 1, 2, collective.SHM, scs[1])}
+	for _, p := range ranks {
+		p.read(t) // the hello
+	}
+	const n = 20_000 // float64: 160,000 bytes, pooled
+	for round := range 4 {
+		vals := make([]float64, n)
+		for i := range vals {
+			vals[i] = float64(round*n + i)
+		}
+		if round == 3 {
+			vals = vals[:n/2] // a smaller message: a kept buffer of twice it may serve it
+		}
+		want := f64bytes(vals...)
+		eachRank(ranks, func(r int, p *pyRank) {
+			id := int64(10 * (round + 1))
+			if r == 0 {
+				p.f.WriteAt(want, 8192)
+				if resp := p.call(t, pyReq{ID: id, At: 8192, Op: "isend", Peer: 1, Has: true, DType: "float64", Shape: []int{len(vals)}}); resp["code"] != nil {
+					t.Errorf("round %d: isend: %v", round, resp)
+				}
+				p.f.WriteAt(make([]byte, len(want)), 8192) // the file is the next call's: the send has its own copy
+				if resp := p.call(t, pyReq{ID: id + 1, Op: "wait", Req: id}); resp["code"] != nil {
+					t.Errorf("round %d: wait isend: %v", round, resp)
+				}
+				return
+			}
+			if resp := p.call(t, pyReq{ID: id, At: 8192, Op: "irecv", Peer: 0, Has: true, DType: "float64", Shape: []int{len(vals)}}); resp["code"] != nil {
+				t.Errorf("round %d: irecv: %v", round, resp)
+			}
+			resp := p.call(t, pyReq{ID: id + 1, At: 8192, Op: "wait", Req: id})
+			got := make([]byte, len(want))
+			p.f.ReadAt(got, 8192)
+			if resp["code"] != nil || !bytes.Equal(got, want) {
+				t.Errorf("round %d: wait irecv: %v; the values differ: %v", round, resp, !bytes.Equal(got, want))
+			}
+		})
+	}
+	// Each sidecar kept the one buffer its rounds took in turn (read after
+	// its last reply: the pipe orders it).
+	for r, sc := range scs {
+		if len(sc.bufs.free) != 1 || cap(sc.bufs.free[0]) != 8*n {
+			t.Errorf("rank %d kept %d buffers, want the one of %d bytes", r, len(sc.bufs.free), 8*n)
+		}
+	}
+}
