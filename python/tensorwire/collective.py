@@ -655,6 +655,15 @@ def _check_dtype(a):
         _DTYPES_OK.add(k)
 
 
+def _needs_grad(x):
+    """Whether a call on x must go through autograd: a torch tensor that
+    requires a gradient, with gradients on."""
+    if not _is_torch(x) or not x.requires_grad:
+        return False
+    import torch
+    return torch.is_grad_enabled()
+
+
 def _nbytes(x):
     """The bytes of tensor or array x's elements (a torch tensor's, on any
     device, without a copy)."""
@@ -992,9 +1001,21 @@ class MPI_Communicator:
         return st.like if st.send else out
 
     def Send(self, tensor, dest, tag):
+        """Sends tensor to dest and returns it once dest has it. Without a
+        gradient to carry (numpy, or no autograd), one call of the sidecar
+        (its blocking send, from where the call put the tensor), else
+        Wait(Isend(...)), whose backward receives the gradient."""
+        if not _needs_grad(tensor):
+            self._run("send", tensor, peer=dest, tag=tag)
+            return tensor
         return self.Wait(self.Isend(tensor, dest, tag))
 
     def Recv(self, tensor, source, tag):
+        """Receives a tensor of tensor's dtype and shape from source. Without
+        a gradient to carry, one call of the sidecar (its blocking receive,
+        into where the output stays), else Wait(Irecv(...))."""
+        if not _needs_grad(tensor):
+            return self._run("recv", tensor, write=False, inplace=True, peer=source, tag=tag)
         return self.Wait(self.Irecv(tensor, source, tag))
 
 

@@ -664,6 +664,67 @@ def mode_alloc(comm):
     s.call = call
 
 
+def mode_sendrecv(comm):
+    """Send and Recv without a gradient to carry (numpy; torch without
+    requires_grad; torch under no_grad) take the sidecar's blocking send
+    and recv, one call each: values right, large and small, the received
+    tensor kept in the data file; with a gradient, Isend/Irecv and Wait,
+    whose backward carries it (as mpi4torch's)."""
+    r = comm.rank
+    peer = r ^ 1
+    s = comm._s
+    sent = []
+    call = s.call
+
+    def spy(req, *a, **k):
+        sent.append(req["op"])
+        return call(req, *a, **k)
+
+    s.call = spy
+    for k, n in enumerate((3, 1 << 16)):  # 24 bytes; 512 KiB of float64
+        xs = [data(q, (n,), 20 + k) for q in (0, 1)]
+        for kind in ("numpy", "torch", "no_grad"):
+            x = xs[r] if kind == "numpy" else torch.from_numpy(xs[r]).requires_grad_(kind == "no_grad")
+            del sent[:]
+            if kind == "no_grad":
+                with torch.no_grad():
+                    got = pingpong(comm, x, peer)
+            else:
+                got = pingpong(comm, x, peer)
+            got = got if isinstance(got, np.ndarray) else got.detach().numpy()
+            check(np.array_equal(got, xs[peer]), f"{kind}, {n} elements: not the peer's values")
+            check(sent == ["send", "recv"] or sent == ["recv", "send"], f"{kind}, {n} elements: calls {sent}")
+            if n > 3 and kind != "numpy":
+                check(in_data_file(comm, pingpong_last[0]), f"{kind}: the received tensor was copied out")
+    # With a gradient: Isend/Irecv and their Waits, and the backward.
+    x = torch.from_numpy(data(r, (4,), 30)).requires_grad_()
+    del sent[:]
+    if r % 2 == 0:
+        comm.Send(x, peer, 0)
+        y = comm.Recv(torch.zeros(4, requires_grad=True), peer, 1)
+    else:
+        y = comm.Recv(torch.zeros(4, requires_grad=True), peer, 0)
+        comm.Send(x, peer, 1)
+    check("isend" in sent and "irecv" in sent and "send" not in sent, f"with a gradient: calls {sent}")
+    check(np.array_equal(y.detach().numpy(), data(peer, (4,), 30)), "with a gradient: not the peer's values")
+    s.call = call
+
+
+pingpong_last = [None]
+
+
+def pingpong(comm, x, peer):
+    """Rank 2i sends x to 2i+1 and receives its x; 2i+1 the reverse."""
+    if comm.rank % 2 == 0:
+        comm.Send(x, peer, 0)
+        got = comm.Recv(x, peer, 1)
+    else:
+        got = comm.Recv(x, peer, 0)
+        comm.Send(x, peer, 1)
+    pingpong_last[0] = got
+    return got
+
+
 def mode_cuda(comm):
     """CUDA tensors in and out (through host memory), forward and backward."""
     n = comm.size

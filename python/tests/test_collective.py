@@ -184,6 +184,11 @@ class TestCollectiveExamples(unittest.TestCase):
         for rep in reports:
             self.assertEqual(rep["params"], reports[0]["params"])
 
+    def test_send_recv_blocking_2_ranks(self):
+        """Send and Recv without a gradient in one sidecar call each, with one
+        through Isend/Irecv (collective_worker.py, mode_sendrecv)."""
+        run_ranks(self, "sendrecv", 2, "shm")
+
     def test_isend_recv_wait_joindummies(self):
         """mpi4torch's README idiom (examples/isend-recv-wait.py): a ring of
         Isend, Recv and Wait with JoinDummies, forward and backward."""
