@@ -261,6 +261,21 @@ func f64bytes(vals ...float64) []byte {
 
 // eachRank runs f for every rank at once, as the ranks' Python processes
 // would call, and returns when all have.
+// shmPair starts two sidecars (scs, when given, serve them) of one
+// shared-mapping communicator and reads their hellos.
+func shmPair(t *testing.T, scs ...*sidecar) []*pyRank {
+	t.Helper()
+	if scs == nil {
+		scs = []*sidecar{{}, {}}
+	}
+	addr, shm := freeAddr(t), t.TempDir()
+	ranks := []*pyRank{startSidecarWith(t, addr, shm, 0, 2, collective.SHM, scs[0]), startSidecarWith(t, addr, shm, 1, 2, collective.SHM, scs[1])}
+	for _, p := range ranks {
+		p.read(t) // the hello
+	}
+	return ranks
+}
+
 func eachRank(ranks []*pyRank, f func(r int, p *pyRank)) {
 	var wg sync.WaitGroup
 	for r, p := range ranks {
@@ -511,12 +526,7 @@ func TestCollectiveSidecar_SharedDataFile(t *testing.T) {
 // place for the output, or with another call, is refused on that rank
 // before any rank is involved.
 func TestCollectiveSidecar_OutAt(t *testing.T) {
-	addr := freeAddr(t)
-	shm := t.TempDir()
-	ranks := []*pyRank{startSidecar(t, addr, shm, 0, 2, collective.SHM), startSidecar(t, addr, shm, 1, 2, collective.SHM)}
-	for _, p := range ranks {
-		p.read(t) // the hello
-	}
+	ranks := shmPair(t)
 	at := func(v int64) *int64 { return &v }
 	for _, n := range []int{20_000, 100} { // float64: 160,000 bytes (shared), 800 (the data files)
 		const in, out = 4096, 512 << 10
@@ -594,13 +604,8 @@ func TestCollectiveSidecar_OutAt(t *testing.T) {
 // buffers (p2pBufs) and still deliver each round's values whole, nothing
 // of the round before.
 func TestCollectiveSidecar_P2PBuffersReused(t *testing.T) {
-	addr := freeAddr(t)
-	shm := t.TempDir()
 	scs := []*sidecar{{}, {}}
-	ranks := []*pyRank{startSidecarWith(t, addr, shm, 0, 2, collective.SHM, scs[0]), startSidecarWith(t, addr, shm, 1, 2, collective.SHM, scs[1])}
-	for _, p := range ranks {
-		p.read(t) // the hello
-	}
+	ranks := shmPair(t, scs...)
 	const n = 20_000 // float64: 160,000 bytes, pooled
 	for round := range 4 {
 		vals := make([]float64, n)
