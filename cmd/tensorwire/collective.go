@@ -112,7 +112,11 @@ type sidecar struct {
 type pending struct {
 	r    *collective.Request
 	recv bool
-	buf  []byte // the request's tensor's bytes (s.bufs)
+	buf  []byte // the request's tensor's bytes (s.bufs); nil when kept
+	// kept: the tensor is the data file's bytes at at (pyReq.Keep), held
+	// (dataFile.holds) until the request is done.
+	kept bool
+	at   int64
 }
 
 // errParentGone and errParentFrozen are why a sidecar stops.
@@ -598,7 +602,9 @@ func (s *sidecar) done(err error, t *tensordict.Tensor, out bool, off int64) pyR
 }
 
 // start begins an Isend (of a copy of the input: the data file is the
-// next call's) or an Irecv (into Go memory until its Wait).
+// next call's) or an Irecv (into Go memory until its Wait); with req.Keep,
+// of the input where it is in the data file, or into the file at req.At,
+// which the Python rank leaves alone until the Wait.
 func (s *sidecar) start(req pyReq, t *tensordict.Tensor) pyResp {
 	if req.ID == 0 {
 		return argErr("%s without an id", req.Op)
@@ -609,16 +615,21 @@ func (s *sidecar) start(req pyReq, t *tensordict.Tensor) pyResp {
 	if t == nil {
 		return argErr("%s without a tensor", req.Op)
 	}
-	b, _ := t.Bytes()
-	buf := s.bufs.take(len(b))
-	if req.Op == "isend" {
-		copy(buf, b)
+	p := &pending{recv: req.Op == "irecv", kept: req.Keep, at: req.At}
+	own := t
+	if req.Keep {
+		s.d.holds++
+	} else {
+		b, _ := t.Bytes()
+		p.buf = s.bufs.take(len(b))
+		if req.Op == "isend" {
+			copy(p.buf, b)
+		}
+		var err error
+		if own, err = tensordict.FromBytes(t.DType(), t.Shape(), p.buf); err != nil {
+			return errResp(err)
+		}
 	}
-	own, err := tensordict.FromBytes(t.DType(), t.Shape(), buf)
-	if err != nil {
-		return errResp(err)
-	}
-	p := &pending{recv: req.Op == "irecv", buf: buf}
 	if p.recv {
 		p.r = s.c.Irecv(s.ctx, own, req.Peer, req.Tag)
 	} else {
@@ -637,8 +648,17 @@ func (s *sidecar) wait(ctx context.Context, req pyReq) pyResp {
 	}
 	delete(s.reqs, req.Req)
 	if err := p.r.Wait(ctx); err != nil {
-		// Its buffer is dropped: the request may still be using it.
+		// Its buffer is dropped, and a kept request's hold stays (its old
+		// mappings with it): the request may still be using them, and the
+		// Python rank keeps its bytes in the file from reuse.
 		return errResp(err)
+	}
+	if p.kept {
+		s.d.release()
+		if p.recv {
+			return s.done(nil, p.r.Tensor(), true, p.at) // where it arrived
+		}
+		return pyResp{}
 	}
 	defer s.bufs.put(p.buf) // done with it once placed
 	if !p.recv {

@@ -25,8 +25,10 @@ import (
 // so a Python rank sends them only to a sidecar that says 2. 3 takes a
 // request's OutAt: an Allreduce, Reduce or Bcast whose input the Python
 // rank keeps (a tensor of comm.alloc, or an earlier output still in the
-// file) writes its output there instead of over the input.
-const pipeVersion = 3
+// file) writes its output there instead of over the input. 4 takes an
+// Isend's and Irecv's Keep: the tensor where it is in the data file, which
+// the Python rank leaves alone until the Wait (no copy on either side).
+const pipeVersion = 4
 
 // maxFrame bounds a frame: a description with every rank's counts
 // (collective.MaxSize of them) fits many times.
@@ -45,6 +47,7 @@ type pyReq struct {
 	DType   string `codec:"dtype,omitempty"`   // the input's dtype, torch's name without "torch."
 	Has     bool   `codec:"has,omitempty"`     // an input tensor is at offset 0 of the data file
 	ID      int64  `codec:"id,omitempty"`      // the request's number, echoed in its reply; Isend and Irecv's handle
+	Keep    bool   `codec:"keep,omitempty"`    // pipe 4, isend and irecv: the tensor is the data file's bytes at At until the Wait
 	Numelem *int   `codec:"numelem,omitempty"` // instead of Counts, this rank's count (mpi4torch's numelem)
 	Op      string `codec:"op,omitempty"`      // the call: allreduce, bcast, ..., isend, irecv, wait, close
 	OutAt   *int64 `codec:"out_at,omitempty"`  // pipe 3, allreduce, reduce and bcast: the output here, not over the input at At

@@ -18,6 +18,12 @@ type dataFile struct {
 	// mapped, when set, is told of every new mapping (the sidecar
 	// registers it with its communicator: collective.Comm.Register).
 	mapped func(mem []byte)
+	// holds counts the Isends and Irecvs that use the file's bytes where
+	// they are (pyReq.Keep) and may still read or write them: while it is
+	// above 0 a remap keeps the old mapping (in old), which their tensors
+	// point into, until it falls to 0 (release).
+	holds int
+	old   []*shm.Map
 }
 
 func openDataFile(path string) (*dataFile, error) {
@@ -43,7 +49,9 @@ func (d *dataFile) remap(size int64) error {
 	if int64(len(d.mem)) == size {
 		return nil
 	}
-	if err := d.m.Close(); err != nil {
+	if d.holds > 0 {
+		d.old = append(d.old, d.m)
+	} else if err := d.m.Close(); err != nil {
 		return err
 	}
 	d.m, d.mem = nil, nil
@@ -93,7 +101,22 @@ func (d *dataFile) ensure(n int64) error {
 	return d.remap(n)
 }
 
+// release ends one hold; the last unmaps the mappings kept for them.
+func (d *dataFile) release() {
+	if d.holds--; d.holds > 0 {
+		return
+	}
+	for _, m := range d.old {
+		m.Close()
+	}
+	d.old = nil
+}
+
 func (d *dataFile) close() {
+	for _, m := range d.old {
+		m.Close()
+	}
+	d.old = nil
 	d.m.Close()
 	d.m, d.mem = nil, nil
 	d.f.Close()

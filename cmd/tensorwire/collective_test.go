@@ -63,6 +63,7 @@ func TestCollectivePipe_Golden(t *testing.T) {
 		{"req-allreduce-at", pyReq{At: 4096, ID: 10, Op: "allreduce", Red: 1, Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"req-allgather-room", pyReq{At: 4096, Room: 8192, ID: 11, Op: "allgather", Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"req-allreduce-out-at", pyReq{At: 4096, ID: 12, Op: "allreduce", OutAt: &outAt, Red: 1, Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
+		{"req-irecv-keep", pyReq{At: 8192, ID: 13, Keep: true, Op: "irecv", Peer: 1, Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"req-wait", pyReq{ID: 9, Op: "wait", Req: 8, Size: 1 << 20}},
 		{"resp-out", pyResp{ID: 7, Out: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"resp-out-at", pyResp{ID: 10, Off: 4096, Out: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
@@ -214,7 +215,9 @@ func startSidecarWith(t *testing.T, addr, shmDir string, rank, size int, tr coll
 
 func (p *pyRank) call(t *testing.T, req pyReq) map[string]any {
 	t.Helper()
-	req.Size = 1 << 20
+	if req.Size == 0 {
+		req.Size = 1 << 20
+	}
 	b, err := encodeFrame(req)
 	if err != nil {
 		t.Fatal(err)
@@ -647,4 +650,56 @@ func TestCollectiveSidecar_P2PBuffersReused(t *testing.T) {
 			t.Errorf("rank %d kept %d buffers, want the one of %d bytes", r, len(sc.bufs.free), 8*n)
 		}
 	}
+}
+
+// TestCollectiveSidecar_KeptP2P: an Isend and an Irecv with keep (pipe 4)
+// use the data file's bytes where they are: the Irecv's tensor arrives at
+// its at, and the Wait says so; a remap while they run (the file grown by
+// a call between) keeps the old mapping their tensors point into until
+// their Waits, then lets it go.
+func TestCollectiveSidecar_KeptP2P(t *testing.T) {
+	scs := []*sidecar{{}, {}}
+	ranks := shmPair(t, scs...)
+	const n = 20_000 // float64: 160,000 bytes
+	vals := make([]float64, n)
+	for i := range vals {
+		vals[i] = float64(i) + 0.25
+	}
+	want := f64bytes(vals...)
+	const sendAt, recvAt = 8192, 512 << 10
+	eachRank(ranks, func(r int, p *pyRank) {
+		start := pyReq{ID: 1, Keep: true, Peer: 1 - r, Has: true, DType: "float64", Shape: []int{n}}
+		if r == 0 {
+			p.f.WriteAt(want, sendAt)
+			start.Op, start.At = "isend", sendAt
+		} else {
+			start.Op, start.At = "irecv", recvAt
+		}
+		if resp := p.call(t, start); resp["code"] != nil {
+			t.Errorf("rank %d: %s: %v", r, start.Op, resp)
+		}
+		if err := p.f.Truncate(2 << 20); err != nil {
+			t.Error(err)
+		}
+		if resp := p.call(t, pyReq{ID: 2, Op: "barrier", Size: 2 << 20}); resp["code"] != nil {
+			t.Errorf("rank %d: barrier: %v", r, resp)
+		}
+		if got := len(scs[r].d.old); got != 1 {
+			t.Errorf("rank %d: %d old mappings kept while its request runs, want 1", r, got)
+		}
+		resp := p.call(t, pyReq{ID: 3, Op: "wait", Req: 1, Size: 2 << 20})
+		if resp["code"] != nil {
+			t.Errorf("rank %d: wait: %v", r, resp)
+		}
+		if len(scs[r].d.old) != 0 || scs[r].d.holds != 0 {
+			t.Errorf("rank %d: after the wait, %d old mappings and %d holds", r, len(scs[r].d.old), scs[r].d.holds)
+		}
+		if r == 1 {
+			got := make([]byte, len(want))
+			p.f.ReadAt(got, recvAt)
+			if anyInt(resp["off"]) != recvAt || !bytes.Equal(got, want) {
+				t.Errorf("the Irecv's tensor: off %v, the values right: %v", resp["off"], bytes.Equal(got, want))
+			}
+		}
+	})
 }

@@ -250,6 +250,8 @@ class _Sidecar:
         self._ptr = 0
         self._pipe = 1  # the sidecar's pipe protocol (its hello's "pipe")
         self._regions = Regions()
+        self._held = {}  # request id -> the Region an Isend's or Irecv's tensor is in until its Wait (pipe 4)
+        self._orphans = []  # the Regions of requests whose Wait failed: they may still be in use
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._rbuf = b""
@@ -361,6 +363,21 @@ class _Sidecar:
         except NoSpaceError:
             return None
         return off, hole
+
+    def _hold(self, nbytes):
+        """A live region of nbytes for an Isend's or Irecv's tensor (pipe
+        4), or None (small, an old sidecar, the bounds reached, no room)."""
+        if self._pipe < 4:
+            return None
+        hole = self._regions.place(nbytes)
+        if hole is None:
+            return None
+        try:
+            if hole + nbytes > self._size:
+                self._grow(hole + nbytes)
+        except NoSpaceError:
+            return None
+        return self._regions.claim(self._mm, self._ptr, hole, nbytes)
 
     def alloc(self, nbytes):
         """A zeroed uint8 array of nbytes over a region of the data file,
@@ -508,7 +525,7 @@ class _Sidecar:
                 return
             yield_()
 
-    def call(self, req, a=None, write=True, stay=0, inplace=True):
+    def call(self, req, a=None, write=True, stay=0, inplace=True, hold=None, into=None):
         """Runs req (its id set) with input a (a contiguous numpy array,
         written into the data file unless write is False: only its shape
         counts) and returns the reply (raising its error) and its output
@@ -518,7 +535,11 @@ class _Sidecar:
         call done in place leaves where its input was (or an Irecv's Wait
         puts there); without, at most that many bytes after the input, the
         room the request then gives it (a larger output comes at the
-        file's end, and is copied)."""
+        file's end, and is copied). hold, a list, for an Isend or Irecv:
+        its tensor goes to a region of its own, appended to hold, which the
+        sidecar uses where it is until the Wait (pipe 4's keep); where none
+        is free, the scratch as before. into: the region a held Irecv's
+        Wait finds its tensor in."""
         with self._lock:
             if self.closed:
                 raise ClosedError("the communicator is closed")
@@ -535,8 +556,14 @@ class _Sidecar:
                 at, out_at = kept
                 req["out_at"] = out_at
                 region, write, lead = True, False, out_at - at
+            held = None
+            if kept is None and hold is not None:
+                held = self._hold(nbytes)
+                if held is not None:
+                    at, region = held.off, False
+                    req["keep"] = True
             try:
-                if kept is None:
+                if kept is None and held is None:
                     at, region = self._place(nbytes, room)
             except NoSpaceError as e:
                 # This rank cannot take part: its sidecar goes, so that the
@@ -575,8 +602,15 @@ class _Sidecar:
                 raise from_wire(resp["code"], resp.get("msg", ""), resp.get("reason", ""))
             if resp.get("size", 0) > self._size:
                 self._remap(resp["size"])
+            if held is not None:
+                hold.append(held)  # the request started: its bytes stay until its Wait
             if not resp.get("out"):
                 return resp, None, None
+            if into is not None and resp.get("off", 0) == into.off:
+                name = "torch." + resp["dtype"]
+                dt = numpy_dtype(name)
+                shape = tuple(resp.get("shape") or ())
+                return resp, np.asarray(into)[:math.prod(shape) * dt.itemsize].view(dt).reshape(shape), name
             return (resp,) + self._output(resp, at + lead if region else None, stay)
 
     def _output(self, resp, region, stay):
@@ -896,14 +930,27 @@ class MPI_Communicator:
     def _start(self, st, x):
         st.id = next(self._s._ids)
         req = {"id": st.id, "op": "isend" if st.send else "irecv", "peer": st.peer, "tag": st.tag}
-        self._s.call(req, _np(x), st.send)
+        held = []
+        self._s.call(req, _np(x), st.send, hold=held)
+        if held:
+            self._s._held[st.id] = held[0]  # the tensor's bytes in the file, until the Wait
         return st.id
 
     def _wait(self, rid, like, recv):
         """Completes request rid; recv: an Irecv, whose tensor (of like's
-        dtype and shape) may stay where the sidecar puts it."""
+        dtype and shape) may stay where the sidecar puts it (or put it:
+        the region its start held)."""
         req = {"id": next(self._s._ids), "op": "wait", "req": rid}
-        _, out, name = self._s.call(req, stay=_nbytes(like) if recv else 0, inplace=True)
+        held = self._s._held.pop(rid, None)
+        try:
+            _, out, name = self._s.call(req, stay=_nbytes(like) if recv and held is None else 0, inplace=True,
+                                        into=held)
+        except BaseException:
+            if held is not None:
+                # The request may still read or write its region (a Wait
+                # that timed out leaves it running): never reused.
+                self._s._orphans.append(held)
+            raise
         if out is None:
             return None
         return _like(out, name, like)

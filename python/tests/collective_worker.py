@@ -708,6 +708,25 @@ def mode_sendrecv(comm):
     check("isend" in sent and "irecv" in sent and "send" not in sent, f"with a gradient: calls {sent}")
     check(np.array_equal(y.detach().numpy(), data(peer, (4,), 30)), "with a gradient: not the peer's values")
     s.call = call
+    # Isend and Irecv of 512 KiB keep their tensors in regions of the data
+    # file until their Waits (pipe 4's keep), across a call that grows the
+    # file in between; the Irecv's output is its region.
+    n = 1 << 16
+    mine, theirs = data(r, (n,), 40), data(peer, (n,), 40)
+    x = torch.from_numpy(mine.copy())
+    size0 = s._size
+    hs = comm.Isend(x, peer, 5)
+    hr = comm.Irecv(torch.zeros(n), peer, 5)
+    check(len(s._held) == 2, f"regions held by the running Isend and Irecv: {len(s._held)}, want 2")
+    x.fill_(-1.0)  # the Isend's bytes are its own copy in the file: changing x changes nothing
+    big = comm.Allreduce(torch.ones(4 << 20 >> 3), mpi4torch.MPI_SUM)  # 4 MiB: the file grows
+    check(s._size > size0, f"the file did not grow ({size0} -> {s._size})")
+    got = comm.Wait(hr)
+    comm.Wait(hs)
+    check(np.array_equal(got.numpy(), theirs), "a kept Irecv: not the peer's values")
+    check(in_data_file(comm, got), "a kept Irecv's tensor was copied out")
+    check(len(s._held) == 0 and not s._orphans, f"held after the Waits: {len(s._held)}, orphans {len(s._orphans)}")
+    check(bool((big == comm.size).all()), "the Allreduce between")
 
 
 pingpong_last = [None]
