@@ -169,10 +169,12 @@ type joinReq struct {
 // message with the dtype, shape and a reference into the sender's p2p
 // file, instead of the bytes); 7: an Allreduce of shared buffers read and
 // written in place (shm_shared_linux.go: reference words in the control
-// file, the buffers' files in the folder, the reduced phase). Raise it with any change to
+// file, the buffers' files in the folder, the reduced phase); 8: a
+// point-to-point message of a shared buffer by a reference to the buffer
+// (p2pRef.Buf). Raise it with any change to
 // what a data message carries at a step, or to how the ranks use the
 // shared mappings.
-const protoVersion = 7
+const protoVersion = 8
 
 type joinResp struct {
 	Session uint64   `codec:"session"`

@@ -203,11 +203,26 @@ func describeMeta(m []byte) string {
 }
 
 // Send sends t to rank dest with tag and returns once dest has it.
+//
+// When ctx ends first, Send returns once the send has let go of t (it
+// ends with ctx), not before: the caller may change t as soon as Send
+// returns, which Isend(ctx).Wait(ctx) would not promise (its Wait ends
+// with ctx at once).
 func (c *Comm) Send(ctx context.Context, t *tensordict.Tensor, dest, tag int) error {
-	return c.Isend(ctx, t, dest, tag).Wait(ctx)
+	return c.Isend(ctx, t, dest, tag).finish()
 }
 
-// Recv receives into t from rank src with tag.
+// finish waits for the operation itself, which ends with its context.
+func (r *Request) finish() error {
+	r.mu.Lock()
+	r.waited = true
+	r.mu.Unlock()
+	<-r.done
+	return r.err
+}
+
+// Recv receives into t from rank src with tag. When ctx ends first, Recv
+// returns once nothing writes t any more, as Send.
 func (c *Comm) Recv(ctx context.Context, t *tensordict.Tensor, src, tag int) error {
-	return c.Irecv(ctx, t, src, tag).Wait(ctx)
+	return c.Irecv(ctx, t, src, tag).finish()
 }

@@ -85,13 +85,26 @@ func stateWord(id uint64, st uint64) uint64 { return id<<2 | st }
 
 // p2pRef is a message's reference: the region at Off of the sender's
 // arena Gen (of Size bytes), holding Len bytes after its header, for the
-// message numbered ID.
+// message numbered ID. With Buf (protocol 8), the bytes are in the
+// sender's shared buffer instead, and the region is its header alone
+// (Len 0): the state word as for any message, the fill word set once
+// (withdrawn as fillFailed when the sender gives up while the receiver
+// reads, which the receiver checks after its copy).
 type p2pRef struct {
-	Gen  uint32 `codec:"gen"`
-	ID   uint64 `codec:"id"`
-	Len  uint64 `codec:"len"`
-	Off  uint64 `codec:"off"`
-	Size uint64 `codec:"size"`
+	Buf  *p2pBuf `codec:"buf,omitempty"`
+	Gen  uint32  `codec:"gen"`
+	ID   uint64  `codec:"id"`
+	Len  uint64  `codec:"len"`
+	Off  uint64  `codec:"off"`
+	Size uint64  `codec:"size"`
+}
+
+// p2pBuf is where a message's bytes are in the sender's shared buffer:
+// Len bytes at Off of its file rank-<src>.s<Idx> (shared.go).
+type p2pBuf struct {
+	Idx uint32 `codec:"idx"`
+	Len uint64 `codec:"len"`
+	Off uint64 `codec:"off"`
 }
 
 // arenaName is the file of rank's arena gen.
@@ -377,6 +390,7 @@ func (c *Comm) settle(r *p2pRegion, err error) {
 // p2pIn is this rank's mappings of the other ranks' arenas.
 type p2pIn struct {
 	mu     sync.Mutex
+	bufs   map[peerBufKey]*peerBuf // the others' shared buffers, for messages by a reference to them
 	maps   map[peerGen]*peerArena
 	latest map[int]uint32 // the newest generation seen of each rank
 	closed bool
@@ -458,11 +472,18 @@ func (in *p2pIn) close() {
 			delete(in.maps, k)
 		}
 	}
+	for k, p := range in.bufs {
+		if p.users == 0 {
+			p.m.Close()
+			delete(in.bufs, k)
+		}
+	}
 }
 
-// p2pStats counts the messages by reference, for tests and benchmarks.
+// p2pStats counts the messages by reference, for tests and benchmarks;
+// shared, those received from a shared buffer (readShared).
 type p2pStats struct {
-	sent, received atomic.Uint64
+	sent, received, shared atomic.Uint64
 }
 
 // refReader reads a message by reference: it claims the region, calls fn
@@ -483,6 +504,9 @@ func (c *Comm) refReaderFor(ctx context.Context, src int, ref *p2pRef) refReader
 			ref.Off > ref.Size-refHeader || ref.Len > ref.Size-refHeader-ref.Off {
 			return fmt.Errorf("rank %d sent a malformed reference: %d bytes at %d of %d", src, ref.Len, ref.Off, ref.Size)
 		}
+		if ref.Buf != nil && (ref.Len != 0 || ref.Buf.Len > refMaxBytes || ref.Buf.Off > refMaxBytes) {
+			return fmt.Errorf("rank %d sent a malformed reference: %d bytes at %d of its shared buffer s%d", src, ref.Buf.Len, ref.Buf.Off, ref.Buf.Idx)
+		}
 		p, err := c.p2pIn.get(dir, src, ref.Gen, int(ref.Size))
 		if err != nil {
 			return fmt.Errorf("rank %d's message by reference: %w", src, err)
@@ -494,6 +518,9 @@ func (c *Comm) refReaderFor(ctx context.Context, src int, ref *p2pRef) refReader
 		}
 		defer w.Store(stateWord(ref.ID, refRead))
 		fill := p.m.Uint32(int(ref.Off) + refFill)
+		if ref.Buf != nil {
+			return c.readShared(dir, src, ref.Buf, fill, fn)
+		}
 		data := p.m.Bytes()[int(ref.Off)+refHeader : int(ref.Off)+refHeader+int(ref.Len)]
 		for i := range refChunks(len(data)) {
 			if err := c.waitFill(ctx, src, fill, uint32(i+1)); err != nil {
@@ -507,6 +534,37 @@ func (c *Comm) refReaderFor(ctx context.Context, src int, ref *p2pRef) refReader
 		c.p2pStat.received.Add(1)
 		return nil
 	}
+}
+
+// testSharedP2PRead, when set (by tests), runs in readShared after the
+// copy, before the check of the fill word.
+var testSharedP2PRead func()
+
+// readShared is refReaderFor's reading of a message whose bytes are in
+// rank src's shared buffer b: fn gets them chunk by chunk, where they
+// are; then the fill word says whether the sender gave up meanwhile
+// (fillFailed), when what fn got may be torn and the message fails.
+func (c *Comm) readShared(dir string, src int, b *p2pBuf, fill *shm.Uint32, fn func(off int, data []byte) error) error {
+	pm, err := c.p2pIn.shared(dir, src, b.Idx, int(b.Off+b.Len))
+	if err != nil {
+		return fmt.Errorf("rank %d's shared buffer: %w", src, err)
+	}
+	defer c.p2pIn.putShared(pm)
+	data := pm.m.Bytes()[b.Off : b.Off+b.Len]
+	for i := range refChunks(len(data)) {
+		if err := fn(i*refChunk, data[i*refChunk:min(len(data), (i+1)*refChunk)]); err != nil {
+			return err
+		}
+	}
+	if testSharedP2PRead != nil {
+		testSharedP2PRead()
+	}
+	if fill.Load() == fillFailed {
+		return fmt.Errorf("rank %d gave up sending its message while rank %d read it", src, c.rank)
+	}
+	c.p2pStat.received.Add(1)
+	c.p2pStat.shared.Add(1)
+	return nil
 }
 
 // waitFill waits until the fill word w (of a message from rank src) has
@@ -579,6 +637,11 @@ func (c *Comm) sendByRef(ctx context.Context, dest int, k msgKey, m, b []byte) (
 	dir := c.p2pDir(dest)
 	if least < 0 || len(b) < least || dir == "" {
 		return false, nil
+	}
+	if c.shm != nil {
+		if idx, off, ok := c.shm.locate(b); ok {
+			return c.sendShared(ctx, dir, dest, k, m, len(b), &p2pBuf{Idx: idx, Off: uint64(off), Len: uint64(len(b))})
+		}
 	}
 	r, err := c.p2pOut.alloc(dir, c.rank, len(b))
 	if err != nil {
@@ -659,4 +722,140 @@ func (c *Comm) sendByRef(ctx context.Context, dest int, k msgKey, m, b []byte) (
 		err = fmt.Errorf("rank %d faulted taking the message: %w", dest, err)
 	}
 	return true, err
+}
+
+// sendShared is sendByRef for n bytes in one of this rank's shared
+// buffers, at buf (a flat shared-mapping communicator: its folder's
+// files are rank-R.s<i>): the reference names them where they are, with a
+// region of the arena for its header alone. The call returns once the
+// receiver has copied them (or failed); a sender that gives up first
+// withdraws the message, or, when the receiver is reading, marks it
+// failed before returning, so that the receiver, which checks the mark
+// after its copy, never takes bytes its caller may have changed since.
+func (c *Comm) sendShared(ctx context.Context, dir string, dest int, k msgKey, m []byte, n int, buf *p2pBuf) (bool, error) {
+	r, err := c.p2pOut.alloc(dir, c.rank, 0)
+	if err != nil {
+		return false, nil
+	}
+	if err := guardOwn(func() error {
+		r.word().Store(stateWord(r.id, refReady))
+		r.fill().Store(uint32(refChunks(n)))
+		return nil
+	}); err != nil {
+		c.p2pOut.free(r, true)
+		return false, nil
+	}
+	if h := p2pRefHook; h != nil {
+		h(r.a.path)
+	}
+	ref := r.ref()
+	ref.Buf = buf
+	err = c.sendReq(ctx, dest, k, m, ref)
+	if err != nil {
+		guardOwn(func() error {
+			if !r.word().CompareAndSwap(stateWord(r.id, refReady), stateWord(r.id, refWithdrawn)) {
+				r.fill().Store(fillFailed)
+			}
+			return nil
+		})
+	}
+	c.settle(r, err)
+	if err == nil {
+		c.p2pStat.sent.Add(1)
+	}
+	if errors.Is(err, memmap.ErrFault) {
+		err = fmt.Errorf("rank %d faulted taking the message: %w", dest, err)
+	}
+	return true, err
+}
+
+// peerBuf is a mapping of another rank's shared buffer for messages that
+// refer to it (p2pIn.shared).
+type peerBuf struct {
+	key   peerBufKey
+	m     *shm.Map
+	users int
+	stale bool // replaced (the file grew) or its file gone: unmapped with its last use
+}
+
+type peerBufKey struct {
+	rank int
+	idx  uint32
+}
+
+// shared maps rank src's shared buffer idx in dir (once; again when it
+// grew past need) for a message's read.
+func (in *p2pIn) shared(dir string, src int, idx uint32, need int) (*peerBuf, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.closed {
+		return nil, errorf(ErrClosed, "a message by reference from rank %d", src)
+	}
+	if in.bufs == nil {
+		in.bufs = map[peerBufKey]*peerBuf{}
+	}
+	k := peerBufKey{src, idx}
+	p := in.bufs[k]
+	if p != nil && p.m.Len() >= need {
+		p.users++
+		return p, nil
+	}
+	if p == nil {
+		// A buffer of src's not mapped yet: let go of those src has freed
+		// since (their pages stay while a mapping holds them).
+		for ok, q := range in.bufs {
+			if ok.rank == src {
+				if _, err := os.Stat(sharedPath(dir, src, ok.idx)); err != nil {
+					in.dropBuf(q)
+				}
+			}
+		}
+	}
+	path := sharedPath(dir, src, idx)
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if fi.Size() < int64(need) {
+		return nil, fmt.Errorf("s%d is %d bytes, %d needed", idx, fi.Size(), need)
+	}
+	m, err := shm.Open(path, int(fi.Size()), false)
+	if err != nil {
+		return nil, err
+	}
+	if p != nil {
+		in.dropBuf(p)
+	}
+	p = &peerBuf{key: k, m: m, users: 1}
+	in.bufs[k] = p
+	return p, nil
+}
+
+// dropBuf takes p out of the table, unmapping it now or with its last use.
+func (in *p2pIn) dropBuf(p *peerBuf) {
+	if in.bufs[p.key] == p {
+		delete(in.bufs, p.key)
+	}
+	p.stale = true
+	if p.users == 0 {
+		p.m.Close()
+	}
+}
+
+// putShared ends a use of p.
+func (in *p2pIn) putShared(p *peerBuf) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	p.users--
+	if p.users == 0 && (p.stale || in.closed) {
+		p.m.Close()
+		if in.bufs[p.key] == p {
+			delete(in.bufs, p.key)
+		}
+	}
+}
+
+// sharedPath is rank src's shared buffer idx in folder dir.
+func sharedPath(dir string, src int, idx uint32) string {
+	return filepath.Join(dir, fmt.Sprintf("rank-%d.s%d", src, idx))
 }

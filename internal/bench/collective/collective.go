@@ -49,7 +49,8 @@
 // shared buffer the other ranks map: Allreduce (and forward+backward's
 // two), Reduce and ReduceScatter run in place, and the other operations
 // read the inputs where they are instead of copying them through the data
-// files (docs/collective.md, "Shared buffers").
+// files (docs/collective.md, "Shared buffers"); sendrecv's messages go by a
+// reference to the buffer, not through the sender's p2p arena.
 // allreduce-fwd-bwd is an allreduce on a collective.Tape and its backward
 // pass (a second allreduce, of the gradient seed), timed together, with
 // allreduce's formula over the two: mpi4torch's "forward+backward" figure.
@@ -693,7 +694,10 @@ func prepare(c *collective.Comm, op string, elems int, held *[]*tensordict.Tenso
 	case "reduce-scatter", "scatter":
 		x, y, err = inOut(elems, elems/n)
 	case "sendrecv":
-		return sendRecv(c, elems)
+		if x, err = touched(elems, 1); err != nil {
+			return nil, err
+		}
+		return sendRecv(c, x), nil
 	default:
 		return nil, errors.New("unknown op " + op)
 	}
@@ -755,17 +759,13 @@ func prepare(c *collective.Comm, op string, elems int, held *[]*tensordict.Tenso
 	}
 }
 
-// sendRecv is the sendrecv op's iteration: a ping-pong of elems elements
-// between ranks 2i and 2i+1 (a rank left over idles).
-func sendRecv(c *collective.Comm, elems int) (func(context.Context) error, error) {
-	x, err := touched(elems, 1)
-	if err != nil {
-		return nil, err
-	}
+// sendRecv is the sendrecv op's iteration: a ping-pong of x between ranks
+// 2i and 2i+1 (a rank left over idles).
+func sendRecv(c *collective.Comm, x *tensordict.Tensor) func(context.Context) error {
 	me := c.Rank()
 	peer := me ^ 1
 	if peer >= c.Size() {
-		return func(context.Context) error { return nil }, nil
+		return func(context.Context) error { return nil }
 	}
 	return func(ctx context.Context) error {
 		if me%2 == 0 {
@@ -778,7 +778,7 @@ func sendRecv(c *collective.Comm, elems int) (func(context.Context) error, error
 			return err
 		}
 		return c.Send(ctx, x, peer, 0)
-	}, nil
+	}
 }
 
 func must(b []byte, err error) []byte {
