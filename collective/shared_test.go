@@ -133,10 +133,17 @@ func sharedCall(t *testing.T, comms []*Comm, tc sharedCase, inPlace bool, root i
 // ordinary tensor, or a partly overlapping output), every rank takes the
 // data files' path, and the result is the same.
 func TestShared_Mixed(t *testing.T) {
-	const n, elems = 3, 100_000
+	const n = 3
 	comms := group(t, n, SHM)
-	for _, odd := range []string{"heap", "overlap"} {
-		t.Run(odd, func(t *testing.T) {
+	// 100,000 float32 are one chunk of the pipelined path, 700,000 four:
+	// the ranks whose tensors are shared copy their first chunks in only
+	// when its data phase starts (deferredPipe).
+	for _, tc := range []struct {
+		odd   string
+		elems int
+	}{{"heap", 100_000}, {"overlap", 100_000}, {"heap", 700_000}} {
+		odd, elems := tc.odd, tc.elems
+		t.Run(fmt.Sprintf("%s-%d", odd, elems), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(7, 7))
 			srcs := make([][]byte, n)
 			for r := range n {

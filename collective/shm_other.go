@@ -46,6 +46,7 @@ func (g *shmGroup) register(string, []byte) error                    { return er
 func (g *shmGroup) deregister(string) error                          { return errNoShm }
 func (g *shmGroup) putRef(int, *call) bool                           { return false }
 func (g *shmGroup) locate([]byte) (uint32, int, bool)                { return 0, 0, false }
+func (g *shmGroup) deferredPipe(int, kind, int) bool                 { return false }
 func (g *shmGroup) exposedInput(int, int, int) ([]byte, bool, error) { return nil, false, nil }
 func (g *shmGroup) refs(int, func(int) uint64) ([]sharedRef, bool)   { return nil, false }
 func (s *shmRun) sharedReduce([]sharedRef, int) error                { return errNoShm }

@@ -10,7 +10,8 @@ import "context"
 //	in(c)   the rank has copied chunk c of its input, all but its own
 //	        share, into slot c mod pipeSlots of its data file (the first
 //	        pipeSlots-1 chunks with the publish, before the published
-//	        phase, which then stands for their in events)
+//	        phase, and their in events at the data phase's start; a rank
+//	        whose tensors are shared buffers copies them in only then)
 //	red(c)  it has reduced its share of chunk c, reading the others'
 //	        slots in place and its own share from its input, into that
 //	        share of its own slot (which no other rank reads as input)
@@ -150,15 +151,24 @@ func (l *pipeLayout) chunk(c int) (int, []int) {
 }
 
 // publishPipe sizes this rank's data file for a pipelined reduction and
-// copies in its first pipeSlots-1 chunks (the published phase stands for
-// their in events: a rank waits for no in(c) of those); the rest moves in
-// the data phase, chunk by chunk.
+// copies in its first pipeSlots-1 chunks; the rest moves in the data
+// phase, chunk by chunk. A rank whose tensors are shared buffers as the
+// in-place path wants them (deferredPipe) copies none: every rank's may be,
+// and then that path runs and no chunk is read; if not, it copies them in
+// when the data phase starts (shmPipeReduce).
 func publishPipe(s *shmPub) error {
 	es := max(s.d.dtype.Size(), 1)
 	l := newPipeLayout(len(s.in)/es, s.c.size, es)
 	area, err := s.c.shm.publish(s.set, l.area())
 	if err != nil {
 		return err
+	}
+	root := -1
+	if s.d.kind == kindReduce {
+		root = s.d.root
+	}
+	if s.c.shm.deferredPipe(s.set, s.d.kind, root) {
+		return nil
 	}
 	for c := range min(pipeSlots-1, l.k) {
 		l.copyIn(area, s.in, s.c.rank, c)
@@ -195,6 +205,22 @@ func shmPipeReduce(ctx context.Context, s *shmRun) error {
 		return err
 	}
 	mine := areas[me]
+	// The first pipeSlots-1 chunks: in with the publish, or now for a
+	// rank that deferred them; each rank says so, and every rank waits
+	// for every rank's before it reads them (in the loop).
+	root := -1
+	if p.kind == kindReduce {
+		root = p.root
+	}
+	first := min(pipeSlots-1, l.k)
+	if s.g.deferredPipe(s.set, p.kind, root) {
+		for c := range first {
+			l.copyIn(mine, in, me, c)
+		}
+	}
+	for c := range first {
+		prog.set(l.evIn(c))
+	}
 	srcs := make([][]byte, n)
 	for c := range l.k {
 		if j := c + pipeSlots - 1; j < l.k {
@@ -207,10 +233,8 @@ func shmPipeReduce(ctx context.Context, s *shmRun) error {
 			l.copyIn(mine, in, me, j)
 			prog.set(l.evIn(j))
 		}
-		if c >= pipeSlots-1 { // the first ones came with the publish
-			if err := prog.wait(ctx, l.evIn(c)); err != nil {
-				return err
-			}
+		if err := prog.wait(ctx, l.evIn(c)); err != nil {
+			return err
 		}
 		lo, sh := l.chunk(c)
 		a, b := sh[me], sh[me+1]

@@ -199,6 +199,19 @@ func (g *shmGroup) putRef(set int, cl *call) bool {
 	return bits&refExposed != 0
 }
 
+// deferredPipe reports whether this rank's tensors of the reduction of
+// kind k (root: Reduce's, else -1) in set are shared buffers as the
+// in-place path wants them (its input, and its output on every rank of an
+// Allreduce and on Reduce's root: putRef's words): its pipelined publish
+// then leaves its first chunks for the data phase (publishPipe).
+func (g *shmGroup) deferredPipe(set int, k kind, root int) bool {
+	want := uint64(refIn)
+	if k == kindAllreduce || g.me == root {
+		want |= refOut
+	}
+	return g.word64(g.me, ctlRef+64*set+refBits).Load()&want == want
+}
+
 // refs reads every rank's reference words of set for a reduction in
 // place: ok when every rank's input is a shared buffer and, as want says,
 // its output.
