@@ -354,21 +354,15 @@ class _Sidecar:
         off = self._regions.find(a.ctypes.data, a.nbytes)
         if off is None or off % 64:
             return None
-        hole = self._regions.place(a.nbytes)  # clear of the input's region, which a keeps live
+        hole = self._hole(a.nbytes)  # clear of the input's region, which a keeps live
         if hole is None:
-            return None
-        try:
-            if hole + a.nbytes > self._size:
-                self._grow(hole + a.nbytes)
-        except NoSpaceError:
             return None
         return off, hole
 
-    def _hold(self, nbytes):
-        """A live region of nbytes for an Isend's or Irecv's tensor (pipe
-        4), or None (small, an old sidecar, the bounds reached, no room)."""
-        if self._pipe < 4:
-            return None
+    def _hole(self, nbytes):
+        """The offset of a hole for a region of nbytes (_regions.place), the
+        file grown to hold it; None where there is none (too small, the
+        bounds reached, no room in the folder)."""
         hole = self._regions.place(nbytes)
         if hole is None:
             return None
@@ -376,6 +370,14 @@ class _Sidecar:
             if hole + nbytes > self._size:
                 self._grow(hole + nbytes)
         except NoSpaceError:
+            return None
+        return hole
+
+    def _hold(self, nbytes):
+        """A live region of nbytes for an Isend's or Irecv's tensor (pipe
+        4), or None (small, an old sidecar, the bounds reached, no room)."""
+        hole = self._hole(nbytes) if self._pipe >= 4 else None
+        if hole is None:
             return None
         return self._regions.claim(self._mm, self._ptr, hole, nbytes)
 
@@ -386,15 +388,8 @@ class _Sidecar:
         with self._lock:
             if self.closed:
                 raise ClosedError("the communicator is closed")
-            if self._pipe < 3:
-                return None
-            hole = self._regions.place(nbytes)
+            hole = self._hole(nbytes) if self._pipe >= 3 else None
             if hole is None:
-                return None
-            try:
-                if hole + nbytes > self._size:
-                    self._grow(hole + nbytes)
-            except NoSpaceError:
                 return None
             b = np.asarray(self._regions.claim(self._mm, self._ptr, hole, nbytes))
             b[:] = 0
