@@ -193,6 +193,18 @@ func runPyGroup(ctx context.Context, o options, po pyOptions, env bench.Env, sys
 			"--sizes", strings.Join(sizes, ","), "--ops", strings.Join(o.ops, ",")}
 	}
 	if sys == "mpi4torch" {
+		// Whether it imports is asked first, here: under mpirun a rank's
+		// line saying it does not could be lost (mpirun forwarding the
+		// output of ranks that exit at once; seen here with Open MPI 4.1).
+		imp := exec.CommandContext(ctx, po.python, "-c", "import mpi4torch")
+		imp.Env, imp.Dir = env0, filepath.Dir(po.extracted)
+		if out, err := imp.CombinedOutput(); err != nil {
+			why := strings.TrimSpace(string(out))
+			if i := strings.LastIndex(why, "\n"); i >= 0 {
+				why = why[i+1:] // the exception's line
+			}
+			return nil, fmt.Sprintf("mpi4torch: not installed (%s): it needs MPI and a C++ compiler to build", why), nil
+		}
 		// MPI's ranks are started by mpirun (one command, every rank).
 		if mpirun, err := exec.LookPath("mpirun"); err == nil {
 			cmd, out, err := startMPI(ctx, mpirun, n, env0, filepath.Dir(po.extracted), env, po.python, rankArgs(0)...)
