@@ -26,8 +26,28 @@ def iterations(nbytes):
     return max(5, min(500, (256 << 20) // nbytes))
 
 
-def bus_factor(n):
+def bus_factor(op, n):
+    if op == "sendrecv":
+        return 2  # the round trip's bytes one way per half of it, as the Go ranks' line
     return 2 * (n - 1) / n
+
+
+def pingpong(send, recv, r, n):
+    """The sendrecv op, as the Go ranks run it: ranks 2i and 2i+1 send
+    the tensor back and forth (2i first), a rank left over idles; rank 0
+    times the round trip."""
+    peer = r ^ 1
+    if peer >= n:
+        return lambda x: None
+
+    def run(x):
+        if r % 2 == 0:
+            send(x, peer, 0)
+            recv(x, peer, 0)
+        else:
+            recv(x, peer, 0)
+            send(x, peer, 0)
+    return run
 
 
 def main():
@@ -38,7 +58,7 @@ def main():
     ap.add_argument("--addr", required=True)
     ap.add_argument("--transport", default="shm")
     ap.add_argument("--sizes", required=True)
-    ap.add_argument("--ops", default="allreduce,allreduce-fwd-bwd")
+    ap.add_argument("--ops", default="allreduce,allreduce-fwd-bwd")  # and sendrecv
     a = ap.parse_args()
     try:
         import torch
@@ -65,6 +85,7 @@ def main():
             y = comm.Allreduce(x, tw.MPI_SUM)
             y.backward(torch.ones_like(y))
 
+        send, recv = comm.Send, comm.Recv
         barrier = comm.Barrier
         close = comm.close
     elif a.system == "gloo":
@@ -80,6 +101,13 @@ def main():
         def fwd_bwd(x):
             y = dnn.all_reduce(x)
             y.backward(torch.ones_like(y))
+
+        def send(x, peer, tag):
+            dist.send(x, peer, tag=tag)
+
+        def recv(x, peer, tag):
+            dist.recv(x, peer, tag=tag)
+            return x
 
         barrier = dist.barrier
         close = dist.destroy_process_group
@@ -108,6 +136,7 @@ def main():
             y = comm.Allreduce(x, mpi4torch.MPI_SUM)
             y.backward(torch.ones_like(y))
 
+        send, recv = comm.Send, comm.Recv
         barrier = lambda: comm.Allreduce(torch.zeros(1), mpi4torch.MPI_SUM)  # noqa: E731
         close = lambda: None  # noqa: E731
     else:
@@ -123,6 +152,8 @@ def main():
             if op == "allreduce-fwd-bwd":
                 x.requires_grad_()
                 run = fwd_bwd
+            elif op == "sendrecv":
+                run = pingpong(send, recv, r, n)
             else:
                 run = fwd
             iters = iterations(nbytes)
@@ -141,7 +172,7 @@ def main():
             b = elems * 4
             alg = b / p50 / 1e9
             print(json.dumps({"op": op, "ranks": n, "bytes": b, "transport": transport, "system": a.system,
-                              "p50_us": p50 * 1e6, "algbw_GBps": alg, "busbw_GBps": alg * bus_factor(n)}),
+                              "p50_us": p50 * 1e6, "algbw_GBps": alg, "busbw_GBps": alg * bus_factor(op, n)}),
                   flush=True)
     barrier()
     close()

@@ -349,15 +349,25 @@ class _Sidecar:
         the data file already (a tensor of alloc, or an output kept there),
         (its offset, a hole for the output); else None."""
         if (not inplace or a is None or self._pipe < 3 or req["op"] not in _OUT_AT_OPS
-                or a.nbytes < self._regions.min_bytes or not a.flags.c_contiguous):
+                or a.nbytes < self._regions.min_bytes):
             return None
-        off = self._regions.find(a.ctypes.data, a.nbytes)
-        if off is None or off % 64:
+        off = self._in_file(a)
+        if off is None:
             return None
         hole = self._hole(a.nbytes)  # clear of the input's region, which a keeps live
         if hole is None:
             return None
         return off, hole
+
+    def _in_file(self, a):
+        """The offset of array a's bytes in the data file when they lie in
+        a live region there, contiguous from a multiple of 64; else None."""
+        if not a.flags.c_contiguous:
+            return None
+        off = self._regions.find(a.ctypes.data, a.nbytes)
+        if off is None or off % 64:
+            return None
+        return off
 
     def _hole(self, nbytes):
         """The offset of a hole for a region of nbytes (_regions.place), the
@@ -551,14 +561,21 @@ class _Sidecar:
                 at, out_at = kept
                 req["out_at"] = out_at
                 region, write, lead = True, False, out_at - at
+            # A blocking send of a tensor already in the file (alloc's, an
+            # output kept there) reads it where it is.
+            sent_from = None
+            if kept is None and req["op"] == "send" and self._pipe >= 2 and a is not None:
+                sent_from = self._in_file(a)
+                if sent_from is not None:
+                    at, region, write = sent_from, False, False
             held = None
-            if kept is None and hold is not None:
+            if kept is None and sent_from is None and hold is not None:
                 held = self._hold(nbytes)
                 if held is not None:
                     at, region = held.off, False
                     req["keep"] = True
             try:
-                if kept is None and held is None:
+                if kept is None and sent_from is None and held is None:
                     at, region = self._place(nbytes, room)
             except NoSpaceError as e:
                 # This rank cannot take part: its sidecar goes, so that the

@@ -727,6 +727,24 @@ def mode_sendrecv(comm):
     check(in_data_file(comm, got), "a kept Irecv's tensor was copied out")
     check(len(s._held) == 0 and not s._orphans, f"held after the Waits: {len(s._held)}, orphans {len(s._orphans)}")
     check(bool((big == comm.size).all()), "the Allreduce between")
+    # A Send of a tensor of alloc reads it where it is: the request's at is
+    # the tensor's place in the file.
+    buf = comm.alloc(n, dtype=torch.float64)
+    buf.copy_(torch.from_numpy(mine))
+    reqs = []
+
+    def spy_req(req, *a, **k):
+        reqs.append(req)
+        return call(req, *a, **k)
+
+    s.call = spy_req
+    got = pingpong(comm, buf, peer)
+    s.call = call
+    sends = [q for q in reqs if q["op"] == "send"]
+    where = s._regions.find(buf.data_ptr(), n * 8)
+    check(len(sends) == 1 and where is not None and sends[0].get("at") == where,
+          f"the Send of an allocated tensor: at {sends[0].get('at') if sends else None}, the tensor at {where}")
+    check(np.array_equal(got.numpy(), theirs), "an allocated tensor's Send: not the peer's values")
 
 
 pingpong_last = [None]

@@ -154,7 +154,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.StringVar(&o.json, "json", "", "also write the figures as JSON to this file")
 	fs.StringVar(&o.mpi, "mpi", "auto", "auto: run Open MPI's MPI_Allreduce beside (allreduce; built with mpicc, started with mpirun) when both are on PATH; off: not")
 	fs.StringVar(&o.gloo, "gloo", "auto", "auto: run torch.distributed's gloo allreduce beside (allreduce and allreduce-fwd-bwd, over loopback TCP) when a Python with torch is at hand (--python); off: not")
-	lang := fs.String("lang", "go", "go: Go ranks; python: allreduce from Python (tensorwire.collective, gloo, mpi4torch) beside Go's, with the Python overhead per call (defaults then: --ops allreduce,allreduce-fwd-bwd --ranks 4 --sizes 1KB,16MB,64MB)")
+	lang := fs.String("lang", "go", "go: Go ranks; python: allreduce (and sendrecv: Send and Recv) from Python (tensorwire.collective, gloo, mpi4torch) beside Go's, with the Python overhead per call (defaults then: --ops allreduce,allreduce-fwd-bwd --ranks 4 --sizes 1KB,16MB,64MB)")
 	var po pyOptions
 	fs.StringVar(&po.python, "python", "", "--lang python: the Python interpreter (with numpy, msgpack and torch; default python3)")
 	systems := fs.String("systems", strings.Join(allSystems, ","), "--lang python: what to run from Python: "+strings.Join(allSystems, ", "))
@@ -258,8 +258,8 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 			return bench.Usagef("--lang python runs on this host only")
 		}
 		for _, op := range o.ops {
-			if op != "allreduce" && op != "allreduce-fwd-bwd" {
-				return bench.Usagef("--lang python: --ops allreduce and allreduce-fwd-bwd only")
+			if op != "allreduce" && op != "allreduce-fwd-bwd" && op != "sendrecv" {
+				return bench.Usagef("--lang python: --ops allreduce, allreduce-fwd-bwd and sendrecv only")
 			}
 		}
 		return runPython(ctx, o, po, env)
