@@ -511,6 +511,11 @@ func TestP2P_MalformedReference(t *testing.T) {
 		{Gen: 1, ID: 1, Len: 8 << 10, Off: 0, Size: 2 * size},         // larger than the file
 		{Gen: 1, ID: 1, Len: 8 << 10, Off: 0, Size: refHeader - 1},    // smaller than a header
 		{Gen: 1, ID: 1, Len: 8 << 10, Off: 0, Size: refMaxBytes << 1}, // absurd
+		// A shared buffer's (protocol 8): a region with bytes of its own,
+		// an absurd length or offset in the buffer.
+		{Buf: &p2pBuf{Idx: 0, Len: 8 << 10}, Gen: 1, ID: 1, Len: 8 << 10, Off: 0, Size: size},
+		{Buf: &p2pBuf{Idx: 0, Len: refMaxBytes << 1}, Gen: 1, ID: 1, Off: 0, Size: size},
+		{Buf: &p2pBuf{Idx: 0, Len: 8 << 10, Off: refMaxBytes << 1}, Gen: 1, ID: 1, Off: 0, Size: size},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		r := c.Irecv(ctx, f64(t, 1<<10), 0, 100+i)
@@ -525,10 +530,13 @@ func TestP2P_MalformedReference(t *testing.T) {
 		rerr := r.Wait(ctx)
 		cancel()
 		if herr == nil || rerr == nil {
-			t.Errorf("reference %+v: the sender's answer %v, the receive's %v; want errors", ref, herr, rerr)
+			t.Errorf("reference %+v (buf %+v): the sender's answer %v, the receive's %v; want errors", ref, ref.Buf, herr, rerr)
 		}
 		if errors.Is(rerr, memmap.ErrFault) {
 			t.Errorf("reference %+v: %v, a fault", ref, rerr)
+		}
+		if ref.Buf != nil && !strings.Contains(fmt.Sprint(herr), "malformed") {
+			t.Errorf("reference %+v (buf %+v): %v, want it refused as malformed", ref, ref.Buf, herr)
 		}
 	}
 	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
