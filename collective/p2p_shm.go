@@ -712,16 +712,22 @@ func (c *Comm) sendByRef(ctx context.Context, dest int, k msgKey, m, b []byte) (
 		}
 		return true, fault
 	}
+	return true, c.sentRef(r, dest, err)
+}
+
+// sentRef settles region r of a message by reference to dest whose call
+// returned err, counts it when it went, and returns err, a fault said as
+// the receiver's (its tensor, or this rank's file truncated), not as one
+// of this rank.
+func (c *Comm) sentRef(r *p2pRegion, dest int, err error) error {
 	c.settle(r, err)
 	if err == nil {
 		c.p2pStat.sent.Add(1)
 	}
 	if errors.Is(err, memmap.ErrFault) {
-		// The receiver's fault (its tensor, or this rank's file
-		// truncated), said as the receiver's, not as one of this rank.
 		err = fmt.Errorf("rank %d faulted taking the message: %w", dest, err)
 	}
-	return true, err
+	return err
 }
 
 // sendShared is sendByRef for n bytes in one of this rank's shared
@@ -759,14 +765,7 @@ func (c *Comm) sendShared(ctx context.Context, dir string, dest int, k msgKey, m
 			return nil
 		})
 	}
-	c.settle(r, err)
-	if err == nil {
-		c.p2pStat.sent.Add(1)
-	}
-	if errors.Is(err, memmap.ErrFault) {
-		err = fmt.Errorf("rank %d faulted taking the message: %w", dest, err)
-	}
-	return true, err
+	return true, c.sentRef(r, dest, err)
 }
 
 // peerBuf is a mapping of another rank's shared buffer for messages that
