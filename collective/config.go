@@ -62,9 +62,11 @@ type Config struct {
 	// shared-mapping transport, or a host-mate in a hierarchy): the sender
 	// copies the tensor there and sends a reference, the receiver copies
 	// it out. Smaller messages, and every message to a rank that shares
-	// no folder, go inline over rpc. 0 means ShmSendMinDefault (4 KiB);
-	// a negative value sends every message inline. It is the sender's
-	// choice: ranks need not agree on it.
+	// no folder, go inline over rpc. 0 means every message, of any size,
+	// where the ranks have bells (the note that a message is there goes
+	// through the folder too, docs/collective.md), else ShmSendMinDefault
+	// (4 KiB); a negative value sends every message inline. It is the
+	// sender's choice: ranks need not agree on it.
 	ShmSendMin int
 
 	// Token, when set, is the shared secret every rank proves it knows

@@ -109,6 +109,22 @@ func (m *mailbox) post(k msgKey, consume func(b []byte) error) *slot {
 	return s
 }
 
+// posted reports whether message k's receiver has posted it.
+func (m *mailbox) posted(k msgKey) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.slots[k]
+	if s == nil {
+		return false
+	}
+	select {
+	case <-s.posted:
+		return true
+	default:
+		return false
+	}
+}
+
 // postRef is post for a message that may come with a reference: consume
 // takes it without one, ref with one.
 func (m *mailbox) postRef(k msgKey, consume func(b []byte) error, ref func(b []byte, rd refReader) error) *slot {
@@ -188,6 +204,24 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 	if r.Session != c.session {
 		return rpc.Empty{}, errorf(ErrPeerLost, "a message for session %x reached session %x", r.Session, c.session)
 	}
+	var b []byte
+	if r.Data.TensorDict != nil {
+		t, err := r.Data.Tensor("b")
+		if err != nil {
+			return rpc.Empty{}, err
+		}
+		if b, err = t.Bytes(); err != nil {
+			return rpc.Empty{}, err
+		}
+	}
+	return rpc.Empty{}, m.deliver(ctx, r, b)
+}
+
+// deliver hands message r, whose bytes (or first piece) are b, to its
+// consumer once the receiver posts it: collective.msg's work, and a
+// bell's (p2p_bell.go). ctx ends with the sender's call.
+func (m *mailbox) deliver(ctx context.Context, r msgReq, b []byte) error {
+	c := m.c
 	k := msgKey{src: r.Src, space: r.Space, seq: r.Seq, tag: r.Tag, step: r.Step, piece: r.Piece}
 	m.mu.Lock()
 	s := m.slot(k)
@@ -200,25 +234,15 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 			delete(m.slots, k)
 		}
 		m.mu.Unlock()
-		return rpc.Empty{}, ctx.Err()
+		return ctx.Err()
 	case <-m.failed:
-		return rpc.Empty{}, m.failedErr(r)
-	}
-	var b []byte
-	if r.Data.TensorDict != nil {
-		t, err := r.Data.Tensor("b")
-		if err != nil {
-			return rpc.Empty{}, err
-		}
-		if b, err = t.Bytes(); err != nil {
-			return rpc.Empty{}, err
-		}
+		return m.failedErr(r)
 	}
 	m.mu.Lock()
 	if m.slots[k] != s {
 		m.mu.Unlock()
 		// The receiver stopped waiting since this handler found the slot.
-		return rpc.Empty{}, m.abandoned(ctx, r)
+		return m.abandoned(ctx, r)
 	}
 	delete(m.slots, k)
 	s.taken = true
@@ -244,9 +268,9 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 		// with this answer), and the others need to hear of it. The
 		// sender hears the ErrAborted naming this rank.
 		c.breakOff(r.Seq, s.err)
-		return rpc.Empty{}, c.cause()
+		return c.cause()
 	}
-	return rpc.Empty{}, s.err
+	return s.err
 }
 
 // send sends b as message k to rank dst and returns once dst consumed it.

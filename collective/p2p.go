@@ -33,6 +33,7 @@ type Request struct {
 	t      *tensordict.Tensor
 	mu     sync.Mutex
 	waited bool
+	run    func() // the operation, until started (start, finish)
 
 	// what the adjoint needs
 	send bool
@@ -95,6 +96,11 @@ func (c *Comm) p2pArgs(t *tensordict.Tensor, peer int, what string) error {
 // Isend starts sending t to rank dest with tag; t must not change until
 // the request completes. ctx bounds the send.
 func (c *Comm) Isend(ctx context.Context, t *tensordict.Tensor, dest, tag int) *Request {
+	return c.isend(ctx, t, dest, tag).start()
+}
+
+// isend is Isend with its operation not started (Request.run).
+func (c *Comm) isend(ctx context.Context, t *tensordict.Tensor, dest, tag int) *Request {
 	r := &Request{c: c, done: make(chan struct{}), t: t, send: true, peer: dest, tag: tag}
 	if r.err = c.p2pArgs(t, dest, "Isend"); r.err != nil {
 		close(r.done)
@@ -114,7 +120,7 @@ func (c *Comm) Isend(ctx context.Context, t *tensordict.Tensor, dest, tag int) *
 	// The message's first piece is the dtype and shape; the bytes follow
 	// as a second message, so that a mismatch is found before they move.
 	m := meta(t.DType(), t.Shape())
-	go func() {
+	r.run = func() {
 		defer close(r.done)
 		k := msgKey{src: c.rank, space: spaceP2P, seq: seq, tag: int64(tag)}
 		// To a rank that shares a folder, a large message is one piece:
@@ -128,13 +134,28 @@ func (c *Comm) Isend(ctx context.Context, t *tensordict.Tensor, dest, tag int) *
 		}
 		k.step = 1
 		r.err = c.sendBytes(ctx, dest, k, b)
-	}()
+	}
+	return r
+}
+
+// start runs the request's operation in a goroutine of its own (Isend,
+// Irecv); Send and Recv run it in theirs (finish).
+func (r *Request) start() *Request {
+	if run := r.run; run != nil {
+		r.run = nil
+		go run()
+	}
 	return r
 }
 
 // Irecv starts receiving into t (of the sender's dtype and shape) from
 // rank src with tag. ctx bounds the receive.
 func (c *Comm) Irecv(ctx context.Context, t *tensordict.Tensor, src, tag int) *Request {
+	return c.irecv(ctx, t, src, tag).start()
+}
+
+// irecv is Irecv with its operation not started (Request.run).
+func (c *Comm) irecv(ctx context.Context, t *tensordict.Tensor, src, tag int) *Request {
 	r := &Request{c: c, done: make(chan struct{}), t: t, peer: src, tag: tag}
 	if r.err = c.p2pArgs(t, src, "Irecv"); r.err != nil {
 		close(r.done)
@@ -180,14 +201,14 @@ func (c *Comm) Irecv(ctx context.Context, t *tensordict.Tensor, src, tag int) *R
 		byRef = err == nil
 		return err
 	})
-	go func() {
+	r.run = func() {
 		defer close(r.done)
 		if r.err = c.box.wait(ctx, k, s); r.err != nil || byRef {
 			return
 		}
 		k.step = 1
 		r.err = c.postBytes(src, k, len(b), into(b))(ctx)
-	}()
+	}
 	return r
 }
 
@@ -209,14 +230,19 @@ func describeMeta(m []byte) string {
 // returns, which Isend(ctx).Wait(ctx) would not promise (its Wait ends
 // with ctx at once).
 func (c *Comm) Send(ctx context.Context, t *tensordict.Tensor, dest, tag int) error {
-	return c.Isend(ctx, t, dest, tag).finish()
+	return c.isend(ctx, t, dest, tag).finish()
 }
 
-// finish waits for the operation itself, which ends with its context.
+// finish runs the operation in this goroutine when it has not started,
+// or waits for it, which ends with its context.
 func (r *Request) finish() error {
 	r.mu.Lock()
 	r.waited = true
 	r.mu.Unlock()
+	if run := r.run; run != nil {
+		r.run = nil
+		run()
+	}
 	<-r.done
 	return r.err
 }
@@ -224,5 +250,5 @@ func (r *Request) finish() error {
 // Recv receives into t from rank src with tag. When ctx ends first, Recv
 // returns once nothing writes t any more, as Send.
 func (c *Comm) Recv(ctx context.Context, t *tensordict.Tensor, src, tag int) error {
-	return c.Irecv(ctx, t, src, tag).finish()
+	return c.irecv(ctx, t, src, tag).finish()
 }

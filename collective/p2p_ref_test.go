@@ -63,24 +63,22 @@ func liveRegions(c *Comm) (regions, arenas int) {
 }
 
 // TestP2P_ByReference: every rank sends every other a message of each
-// size, and receives them bit for bit. Messages of ShmSendMinDefault (4
-// KiB) or more between ranks that share a folder (all on SHM, host-mates
-// in a hierarchy) go by reference, counted on both sides; the others, and
-// every message with ShmSendMin -1 or over TCP, go inline. No region
-// stays in use.
+// size, and receives them bit for bit. Between ranks that share a folder
+// (all on SHM, host-mates in a hierarchy) every message goes by reference
+// with its note through the receiver's bell (Config.ShmSendMin 0), or
+// those of at least ShmSendMin (min 4 KiB), counted on both sides; the
+// others, and every message with ShmSendMin -1 or over TCP, go inline. No
+// region stays in use.
 func TestP2P_ByReference(t *testing.T) {
-	sizes := []int{100, ShmSendMinDefault - 8, ShmSendMinDefault, 1<<20 + 24, 3 << 20}
+	sizes := []int{0, 100, ShmSendMinDefault - 8, ShmSendMinDefault, 1<<20 + 24, 3 << 20}
 	for _, l := range p2pLayouts {
-		for _, off := range []bool{false, true} {
-			if off && l.tr == TCP {
+		for _, least := range []int{0, -1, ShmSendMinDefault} {
+			if least != 0 && l.tr == TCP {
 				continue
 			}
-			t.Run(fmt.Sprintf("%s/inline=%v", l.name, off), func(t *testing.T) {
-				comms := l.form(t, func(c *Config) {
-					if off {
-						c.ShmSendMin = -1
-					}
-				})
+			off := least < 0
+			t.Run(fmt.Sprintf("%s/min=%d", l.name, least), func(t *testing.T) {
+				comms := l.form(t, func(c *Config) { c.ShmSendMin = least })
 				n := len(comms)
 				// msg returns the bytes rank src sends rank dst at size i.
 				msg := func(src, dst, i int) *tensordict.Tensor {
@@ -129,13 +127,16 @@ func TestP2P_ByReference(t *testing.T) {
 							continue
 						}
 						for _, s := range sizes {
-							if s >= ShmSendMinDefault {
+							if s >= least {
 								want++
 							}
 						}
 					}
 					if s, g := int(c.p2pStat.sent.Load()), int(c.p2pStat.received.Load()); s != want || g != want {
 						t.Errorf("rank %d: %d messages sent and %d received by reference, want %d each", r, s, g, want)
+					}
+					if rung := int(c.p2pStat.rung.Load()); rung != want {
+						t.Errorf("rank %d: %d messages announced through a bell, want %d (every one by reference)", r, rung, want)
 					}
 					if regions, _ := liveRegions(c); regions != 0 {
 						t.Errorf("rank %d: %d regions still in use", r, regions)

@@ -60,12 +60,14 @@ const (
 )
 
 const (
-	// ShmSendMinDefault is Config.ShmSendMin's default: a page. A message
-	// by reference was faster than inline at every size measured, 64 B
-	// up (docs/benchmarks.md), mostly because an inline message is two
-	// rpc round trips (its dtype and shape, then its bytes) and one by
-	// reference one; messages under a page stay inline all the same, off
-	// the shared folder (a region is at least two pages).
+	// ShmSendMinDefault is Config.ShmSendMin's default where this rank
+	// has no bell (p2p_bell.go): a page. A message by reference was
+	// faster than inline at every size measured, 64 B up
+	// (docs/benchmarks.md), mostly because an inline message is two rpc
+	// round trips (its dtype and shape, then its bytes) and one by
+	// reference one; without a bell, messages under a page stay inline
+	// all the same, off the shared folder (a region is at least two
+	// pages). With bells every message goes by reference.
 	ShmSendMinDefault = 4 << 10
 
 	refHeader   = 64      // a region's header, before its bytes
@@ -481,9 +483,10 @@ func (in *p2pIn) close() {
 }
 
 // p2pStats counts the messages by reference, for tests and benchmarks;
-// shared, those received from a shared buffer (readShared).
+// shared, those received from a shared buffer (readShared); rung, those
+// sent whose note went through the receiver's bell (p2p_bell.go).
 type p2pStats struct {
-	sent, received, shared atomic.Uint64
+	sent, received, shared, rung atomic.Uint64
 }
 
 // refReader reads a message by reference: it claims the region, calls fn
@@ -631,7 +634,9 @@ var p2pRefHook func(path string)
 // sent).
 func (c *Comm) sendByRef(ctx context.Context, dest int, k msgKey, m, b []byte) (sent bool, err error) {
 	least := c.cfg.ShmSendMin
-	if least == 0 {
+	if least == 0 && c.ownBell() == nil {
+		// Without bells a message by reference is still an rpc round
+		// trip, and under a page not worth a region.
 		least = ShmSendMinDefault
 	}
 	dir := c.p2pDir(dest)
@@ -690,14 +695,14 @@ func (c *Comm) sendByRef(ctx context.Context, dest int, k msgKey, m, b []byte) (
 	if n == 1 {
 		fault = fillIn(false)
 		hook()
-		err = c.sendReq(ctx, dest, k, m, r.ref())
+		err = c.notify(ctx, dest, k, m, r.ref())
 	} else {
 		// Pipelined: the reference goes first, and the bytes follow
 		// whatever becomes of the call (a receiver reading waits for
 		// every chunk).
 		hook()
 		done := make(chan error, 1)
-		go func() { done <- c.sendReq(ctx, dest, k, m, r.ref()) }()
+		go func() { done <- c.notify(ctx, dest, k, m, r.ref()) }()
 		fault = fillIn(true)
 		err = <-done
 	}
@@ -713,6 +718,15 @@ func (c *Comm) sendByRef(ctx context.Context, dest int, k msgKey, m, b []byte) (
 		return true, fault
 	}
 	return true, c.sentRef(r, dest, err)
+}
+
+// notify sends the reference ref of message k (first piece m) to dest:
+// through dest's bell when it can (p2p_bell.go), else over rpc.
+func (c *Comm) notify(ctx context.Context, dest int, k msgKey, m []byte, ref *p2pRef) error {
+	if err, posted := c.ring(ctx, dest, k, m, ref); posted {
+		return err
+	}
+	return c.sendReq(ctx, dest, k, m, ref)
 }
 
 // sentRef settles region r of a message by reference to dest whose call
@@ -756,7 +770,7 @@ func (c *Comm) sendShared(ctx context.Context, dir string, dest int, k msgKey, m
 	}
 	ref := r.ref()
 	ref.Buf = buf
-	err = c.sendReq(ctx, dest, k, m, ref)
+	err = c.notify(ctx, dest, k, m, ref)
 	if err != nil {
 		guardOwn(func() error {
 			if !r.word().CompareAndSwap(stateWord(r.id, refReady), stateWord(r.id, refWithdrawn)) {
