@@ -57,10 +57,10 @@ type Comm struct {
 	p2pMu   sync.Mutex
 	sendSeq map[p2pKey]uint64
 	recvSeq map[p2pKey]uint64
-	p2pOut  p2pOut   // this rank's arenas for messages by reference (p2p_shm.go)
-	p2pIn   p2pIn    // its mappings of the others'
-	p2pStat p2pStats // messages by reference sent and received
-	bells   bellOut  // the others' bells, where its messages by reference are announced (p2p_bell.go)
+	p2pOut  p2pOut      // this rank's arenas for messages by reference (p2p_shm.go)
+	p2pIn   p2pIn       // its mappings of the others'
+	p2pStat p2pStats    // messages by reference sent and received
+	inboxes peerInboxes // the others' inboxes, where its messages by reference are announced (p2p_inbox.go)
 
 	broken    atomic.Pointer[error]
 	ownAbort  atomic.Pointer[error] // the ErrAborted this rank broke the communicator with (its context ended, or an error of its own), as the others see it
@@ -173,7 +173,7 @@ type joinReq struct {
 // file, the buffers' files in the folder, the reduced phase); 8: a
 // point-to-point message of a shared buffer by a reference to the buffer
 // (p2pRef.Buf); 9: point-to-point messages by reference announced and
-// answered through the receiver's bell file (p2p_bell.go), not rpc. Raise
+// answered through the receiver's inbox file (p2p_inbox.go), not rpc. Raise
 // it with any change to
 // what a data message carries at a step, or to how the ranks use the
 // shared mappings.
@@ -297,7 +297,7 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 		return nil, err
 	}
 	close(c.ready)
-	if b := c.ownBell(); b != nil {
+	if b := c.ownInbox(); b != nil {
 		b.start(c)
 	}
 	for j := range c.size {
@@ -869,7 +869,7 @@ func (c *Comm) shutdown() {
 	c.opMu.Lock() // wait for a collective in flight to see the failure
 	// The p2p files go first: the last rank out removes the folder when
 	// only its marker is left.
-	c.bells.close()
+	c.inboxes.close()
 	c.p2pOut.close()
 	c.p2pIn.close()
 	if c.shm != nil {

@@ -63,7 +63,7 @@ type Config struct {
 	// copies the tensor there and sends a reference, the receiver copies
 	// it out. Smaller messages, and every message to a rank that shares
 	// no folder, go inline over rpc. 0 means every message, of any size,
-	// where the ranks have bells (the note that a message is there goes
+	// where the ranks have inboxes (the note that a message is there goes
 	// through the folder too, docs/collective.md), else ShmSendMinDefault
 	// (4 KiB); a negative value sends every message inline. It is the
 	// sender's choice: ranks need not agree on it.

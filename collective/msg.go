@@ -219,7 +219,7 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 
 // deliver hands message r, whose bytes (or first piece) are b, to its
 // consumer once the receiver posts it: collective.msg's work, and a
-// bell's (p2p_bell.go). ctx ends with the sender's call.
+// an inbox's (p2p_inbox.go). ctx ends with the sender's call.
 func (m *mailbox) deliver(ctx context.Context, r msgReq, b []byte) error {
 	c := m.c
 	k := msgKey{src: r.Src, space: r.Space, seq: r.Seq, tag: r.Tag, step: r.Step, piece: r.Piece}

@@ -65,7 +65,7 @@ func liveRegions(c *Comm) (regions, arenas int) {
 // TestP2P_ByReference: every rank sends every other a message of each
 // size, and receives them bit for bit. Between ranks that share a folder
 // (all on SHM, host-mates in a hierarchy) every message goes by reference
-// with its note through the receiver's bell (Config.ShmSendMin 0), or
+// with its note through the receiver's inbox (Config.ShmSendMin 0), or
 // those of at least ShmSendMin (min 4 KiB), counted on both sides; the
 // others, and every message with ShmSendMin -1 or over TCP, go inline. No
 // region stays in use.
@@ -136,7 +136,7 @@ func TestP2P_ByReference(t *testing.T) {
 						t.Errorf("rank %d: %d messages sent and %d received by reference, want %d each", r, s, g, want)
 					}
 					if rung := int(c.p2pStat.rung.Load()); rung != want {
-						t.Errorf("rank %d: %d messages announced through a bell, want %d (every one by reference)", r, rung, want)
+						t.Errorf("rank %d: %d messages announced through an inbox, want %d (every one by reference)", r, rung, want)
 					}
 					if regions, _ := liveRegions(c); regions != 0 {
 						t.Errorf("rank %d: %d regions still in use", r, regions)

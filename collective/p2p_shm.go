@@ -61,13 +61,13 @@ const (
 
 const (
 	// ShmSendMinDefault is Config.ShmSendMin's default where this rank
-	// has no bell (p2p_bell.go): a page. A message by reference was
+	// has no inbox (p2p_inbox.go): a page. A message by reference was
 	// faster than inline at every size measured, 64 B up
 	// (docs/benchmarks.md), mostly because an inline message is two rpc
 	// round trips (its dtype and shape, then its bytes) and one by
-	// reference one; without a bell, messages under a page stay inline
+	// reference one; without an inbox, messages under a page stay inline
 	// all the same, off the shared folder (a region is at least two
-	// pages). With bells every message goes by reference.
+	// pages). With inboxes every message goes by reference.
 	ShmSendMinDefault = 4 << 10
 
 	refHeader   = 64      // a region's header, before its bytes
@@ -484,7 +484,7 @@ func (in *p2pIn) close() {
 
 // p2pStats counts the messages by reference, for tests and benchmarks;
 // shared, those received from a shared buffer (readShared); rung, those
-// sent whose note went through the receiver's bell (p2p_bell.go).
+// sent whose note went through the receiver's inbox (p2p_inbox.go).
 type p2pStats struct {
 	sent, received, shared, rung atomic.Uint64
 }
@@ -634,8 +634,8 @@ var p2pRefHook func(path string)
 // sent).
 func (c *Comm) sendByRef(ctx context.Context, dest int, k msgKey, m, b []byte) (sent bool, err error) {
 	least := c.cfg.ShmSendMin
-	if least == 0 && c.ownBell() == nil {
-		// Without bells a message by reference is still an rpc round
+	if least == 0 && c.ownInbox() == nil {
+		// Without inboxes a message by reference is still an rpc round
 		// trip, and under a page not worth a region.
 		least = ShmSendMinDefault
 	}
@@ -699,12 +699,24 @@ func (c *Comm) sendByRef(ctx context.Context, dest int, k msgKey, m, b []byte) (
 	} else {
 		// Pipelined: the reference goes first, and the bytes follow
 		// whatever becomes of the call (a receiver reading waits for
-		// every chunk).
+		// every chunk). Through dest's inbox the note is posted before
+		// the copy and its answer awaited after, all in this goroutine:
+		// one of its own, waiting in a futex, kept this process's other
+		// processor from running it promptly, and the note went late.
 		hook()
-		done := make(chan error, 1)
-		go func() { done <- c.notify(ctx, dest, k, m, r.ref()) }()
-		fault = fillIn(true)
-		err = <-done
+		switch h, perr, posted := c.post(dest, k, m, r.ref()); {
+		case h != nil:
+			fault = fillIn(true)
+			err = c.await(ctx, h)
+		case posted:
+			fault = fillIn(true)
+			err = perr
+		default:
+			done := make(chan error, 1)
+			go func() { done <- c.sendReq(ctx, dest, k, m, r.ref()) }()
+			fault = fillIn(true)
+			err = <-done
+		}
 	}
 	if fault != nil {
 		// The receiver was told (or faulted on the arena itself): this
@@ -721,9 +733,9 @@ func (c *Comm) sendByRef(ctx context.Context, dest int, k msgKey, m, b []byte) (
 }
 
 // notify sends the reference ref of message k (first piece m) to dest:
-// through dest's bell when it can (p2p_bell.go), else over rpc.
+// through dest's inbox when it can (p2p_inbox.go), else over rpc.
 func (c *Comm) notify(ctx context.Context, dest int, k msgKey, m []byte, ref *p2pRef) error {
-	if err, posted := c.ring(ctx, dest, k, m, ref); posted {
+	if err, posted := c.postNote(ctx, dest, k, m, ref); posted {
 		return err
 	}
 	return c.sendReq(ctx, dest, k, m, ref)

@@ -85,9 +85,9 @@ type shmGroup struct {
 	// spin: waits read a peer's word for up to spinFor before yielding
 	// (the group has no more ranks than usableCPUs).
 	spin bool
-	// bell is this rank's bell in the folder (p2p_bell.go), nil when it
+	// inbox is this rank's inbox in the folder (p2p_inbox.go), nil when it
 	// could not be made.
-	bell *bellIn
+	inbox *inbox
 }
 
 // makeSessionDir makes rank 0's folder for a session under dir, with a
@@ -179,7 +179,7 @@ func openShmGroup(c *Comm, dir string, me, n int) (*shmGroup, error) {
 	g.word(g.me, ctlMagic).Store(shmMagic)
 	// Made before the rendezvous' second round, so that no rank can send
 	// to this one before it is there.
-	g.bell = openBell(dir, c.rank, c.size, g.spin)
+	g.inbox = openInbox(dir, c.rank, c.size, g.spin)
 	return g, nil
 }
 
@@ -217,7 +217,7 @@ func (g *shmGroup) attach() error {
 }
 
 func (g *shmGroup) close() {
-	g.bell.close()
+	g.inbox.close()
 	for r := range g.n {
 		g.ctl[r].Close()
 		g.ctl[r] = nil

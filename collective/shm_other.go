@@ -17,7 +17,7 @@ const ctlDescRoom = 64 << 10
 type shmGroup struct {
 	ranks []int
 	prog  uint32
-	bell  *bellIn
+	inbox *inbox
 }
 
 func makeSessionDir(string, uint64) (string, error)                   { return "", errNoShm }

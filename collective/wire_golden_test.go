@@ -85,7 +85,7 @@ var wireGolden = []struct {
 		hex: `88 a4 "addr" ae "10.0.0.3:40002" a3 "dir" a8 "/dev/shm" a4 "hier" c3 a4 "host" a4 "b2c3" a5 "proto" 07 a4 "rank" 03 a4 "size" 04 a9 "transport" a0`},
 	{name: "collective.join request, protocol 8 (point-to-point of a shared buffer by a reference to it)", v: joinReq{Rank: 3, Size: 4, Addr: "10.0.0.3:40002", Host: "b2c3", Dir: "/dev/shm", Hier: true, Proto: 8},
 		hex: `88 a4 "addr" ae "10.0.0.3:40002" a3 "dir" a8 "/dev/shm" a4 "hier" c3 a4 "host" a4 "b2c3" a5 "proto" 08 a4 "rank" 03 a4 "size" 04 a9 "transport" a0`},
-	{name: "collective.join request, this build's (protocol 9: point-to-point notes through the receiver's bell)", v: joinReq{Rank: 3, Size: 4, Addr: "10.0.0.3:40002", Host: "b2c3", Dir: "/dev/shm", Hier: true, Proto: protoVersion},
+	{name: "collective.join request, this build's (protocol 9: point-to-point notes through the receiver's inbox)", v: joinReq{Rank: 3, Size: 4, Addr: "10.0.0.3:40002", Host: "b2c3", Dir: "/dev/shm", Hier: true, Proto: protoVersion},
 		hex: `88 a4 "addr" ae "10.0.0.3:40002" a3 "dir" a8 "/dev/shm" a4 "hier" c3 a4 "host" a4 "b2c3" a5 "proto" 09 a4 "rank" 03 a4 "size" 04 a9 "transport" a0`},
 	{name: "collective.msg request, point-to-point by reference (its header; the dtype and shape go as its data)", v: msgReq{Session: goldenSession, Src: 1, Space: spaceP2P, Seq: 2, Tag: 9,
 		Ref: &p2pRef{Gen: 1, ID: 7, Len: 1 << 20, Off: 4096, Size: 4 << 20}},
@@ -97,36 +97,36 @@ var wireGolden = []struct {
 		hex: `85 a5 "addrs" 94 a3 "a:1" a3 "a:2" a3 "b:1" a3 "b:2" a4 "hier" c3 a5 "hosts" 94 00 00 01 01 a7 "session" cf 1234567890abcdef a3 "shm" a0`},
 	{name: "collective.ready response, hierarchical", v: readyResp{Hier: true},
 		hex: `83 a4 "hier" c3 a3 "shm" c2 a3 "why" a0`},
-	// Bells (protocol 9, p2p_bell.go): an entry of a sender's ring in the
-	// receiver's bell file, to the end of its first piece, and an
+	// Inboxes (protocol 9, p2p_inbox.go): an entry of a sender's ring in the
+	// receiver's inbox file, to the end of its first piece, and an
 	// answer's fields.
-	{name: "bell entry, posted (2nd use): message 2 with tag 9 by reference, float32 [2 3]",
-		raw: bellGoldenEntry(msgKey{seq: 2, tag: 9}, meta(memmap.Float32, []int{2, 3}), &p2pRef{Gen: 1, ID: 7, Len: 24, Off: 4096, Size: 4 << 20}, 2<<3|bellPosted),
+	{name: "inbox entry, posted (2nd use): message 2 with tag 9 by reference, float32 [2 3]",
+		raw: inboxGoldenEntry(msgKey{seq: 2, tag: 9}, meta(memmap.Float32, []int{2, 3}), &p2pRef{Gen: 1, ID: 7, Len: 24, Off: 4096, Size: 4 << 20}, 2<<3|entryPosted),
 		hex: `11000000 00000000  0200000000000000  0900000000000000  01000000 00000000  0700000000000000  1800000000000000  0010000000000000  0000400000000000  00000000 11000000  0000000000000000  0000000000000000  0c 0200000000000000 0300000000000000`},
-	{name: "bell entry, posted: a shared buffer's message, its bytes at 8192 of the sender's s2, int64 [3]",
-		raw: bellGoldenEntry(msgKey{seq: 3, tag: 9}, meta(memmap.Int64, []int{3}), &p2pRef{Buf: &p2pBuf{Idx: 2, Len: 24, Off: 8192}, Gen: 1, ID: 8, Off: 8192, Size: 4 << 20}, 1<<3|bellPosted),
+	{name: "inbox entry, posted: a shared buffer's message, its bytes at 8192 of the sender's s2, int64 [3]",
+		raw: inboxGoldenEntry(msgKey{seq: 3, tag: 9}, meta(memmap.Int64, []int{3}), &p2pRef{Buf: &p2pBuf{Idx: 2, Len: 24, Off: 8192}, Gen: 1, ID: 8, Off: 8192, Size: 4 << 20}, 1<<3|entryPosted),
 		hex: `09000000 00000000  0300000000000000  0900000000000000  01000000 01000000  0800000000000000  0000000000000000  0020000000000000  0000400000000000  02000000 09000000  1800000000000000  0020000000000000  06 0300000000000000`},
-	{name: "bell answer: ErrMismatch",
-		raw: bellGoldenAnswer(&rpc.Error{Code: rpc.InvalidArgument, Reason: "collective.mismatch", Msg: "collective: ranks disagree: float32 [4] to float32 [8]"}),
+	{name: "inbox answer: ErrMismatch",
+		raw: inboxGoldenAnswer(&rpc.Error{Code: rpc.InvalidArgument, Reason: "collective.mismatch", Msg: "collective: ranks disagree: float32 [4] to float32 [8]"}),
 		hex: `03000000 1300 3600 "collective.mismatch" "collective: ranks disagree: float32 [4] to float32 [8]"`},
-	{name: "bell answer: none (the message was taken)", raw: bellGoldenAnswer(nil),
+	{name: "inbox answer: none (the message was taken)", raw: inboxGoldenAnswer(nil),
 		hex: `00000000 0000 0000`},
 }
 
-// bellGoldenEntry is an entry of the golden bell, in state st, up to the
+// inboxGoldenEntry is an entry of the golden inbox, in state st, up to the
 // end of its first piece m.
-func bellGoldenEntry(k msgKey, m []byte, ref *p2pRef, st uint32) []byte {
-	e := make([]byte, bellEntry)
-	bellEncode(e, k, m, ref)
+func inboxGoldenEntry(k msgKey, m []byte, ref *p2pRef, st uint32) []byte {
+	e := make([]byte, inboxEntry)
+	encodeEntry(e, k, m, ref)
 	binary.LittleEndian.PutUint32(e[beState:], st)
 	return e[:beMeta+len(m)]
 }
 
-// bellGoldenAnswer is the answer fields of an entry answered with err.
-func bellGoldenAnswer(err error) []byte {
-	b := make([]byte, bellEntry)
+// inboxGoldenAnswer is the answer fields of an entry answered with err.
+func inboxGoldenAnswer(err error) []byte {
+	b := make([]byte, inboxEntry)
 	m := shm.Over(b)
-	bellAnswer(m, 0, 1<<3, err)
+	answerEntry(m, 0, 1<<3, err)
 	rl, ml := int(binary.LittleEndian.Uint16(b[beReason:])), int(binary.LittleEndian.Uint16(b[beMsg:]))
 	return b[beCode : beText+rl+ml]
 }

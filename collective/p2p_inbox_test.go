@@ -15,8 +15,8 @@ import (
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
-// bellMsg is message i of the bell tests: 100+i bytes of value i+1.
-func bellMsg(t *testing.T, i int) *tensordict.Tensor {
+// inboxMsg is message i of the inbox tests: 100+i bytes of value i+1.
+func inboxMsg(t *testing.T, i int) *tensordict.Tensor {
 	t.Helper()
 	x, err := tensordict.FromBytes(memmap.Uint8, []int{100 + i}, bytes.Repeat([]byte{byte(i + 1)}, 100+i))
 	if err != nil {
@@ -41,20 +41,20 @@ func linuxOnly(t *testing.T) {
 	}
 }
 
-// TestBell_RingFullGoesOverRPC: a sender with more messages in flight to
+// TestInbox_RingFullGoesOverRPC: a sender with more messages in flight to
 // one rank than its ring there has entries sends the rest over rpc; the
 // receiver takes them all, in any order, bit for bit.
-func TestBell_RingFullGoesOverRPC(t *testing.T) {
+func TestInbox_RingFullGoesOverRPC(t *testing.T) {
 	linuxOnly(t)
 	comms := group(t, 2, SHM)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	const n = 3 * bellSlots
+	const n = 3 * inboxSlots
 	var reqs []*Request
 	for i := range n {
-		reqs = append(reqs, comms[0].Isend(ctx, bellMsg(t, i), 1, i))
+		reqs = append(reqs, comms[0].Isend(ctx, inboxMsg(t, i), 1, i))
 	}
-	// Every message waits at rank 1 (its bell's handlers, or rpc's),
+	// Every message waits at rank 1 (its inbox's handlers, or rpc's),
 	// none received yet.
 	box := comms[1].box
 	within(t, "every message at the receiver", func() bool {
@@ -68,7 +68,7 @@ func TestBell_RingFullGoesOverRPC(t *testing.T) {
 			t.Fatalf("message %d: %v", i, err)
 		}
 		got, _ := y.Bytes()
-		if want, _ := bellMsg(t, i).Bytes(); !bytes.Equal(got, want) {
+		if want, _ := inboxMsg(t, i).Bytes(); !bytes.Equal(got, want) {
 			t.Errorf("message %d differs", i)
 		}
 	}
@@ -77,27 +77,27 @@ func TestBell_RingFullGoesOverRPC(t *testing.T) {
 			t.Errorf("send %d: %v", i, err)
 		}
 	}
-	if rung, sent := comms[0].p2pStat.rung.Load(), comms[0].p2pStat.sent.Load(); rung != bellSlots || sent != n {
-		t.Errorf("%d messages through the bell of %d by reference, want %d (the ring's entries) of %d", rung, sent, bellSlots, n)
+	if rung, sent := comms[0].p2pStat.rung.Load(), comms[0].p2pStat.sent.Load(); rung != inboxSlots || sent != n {
+		t.Errorf("%d messages through the inbox of %d by reference, want %d (the ring's entries) of %d", rung, sent, inboxSlots, n)
 	}
 }
 
-// TestBell_GivenUpEntriesReclaimed: sends whose context ends while the
+// TestInbox_GivenUpEntriesReclaimed: sends whose context ends while the
 // receiver's handler waits for a receive that never comes end that wait
 // (cancel), and their entries are the sender's again: after three rings'
-// worth of them, a message still goes through the bell.
-func TestBell_GivenUpEntriesReclaimed(t *testing.T) {
+// worth of them, a message still goes through the inbox.
+func TestInbox_GivenUpEntriesReclaimed(t *testing.T) {
 	linuxOnly(t)
 	comms := group(t, 2, SHM)
-	for i := range 3 * bellSlots {
+	for i := range 3 * inboxSlots {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-		err := comms[0].Send(ctx, bellMsg(t, i), 1, 1000+i)
+		err := comms[0].Send(ctx, inboxMsg(t, i), 1, 1000+i)
 		cancel()
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("send %d: %v, want its deadline", i, err)
 		}
 	}
-	b := comms[1].ownBell()
+	b := comms[1].ownInbox()
 	within(t, "the receiver's handlers ended", func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -106,13 +106,13 @@ func TestBell_GivenUpEntriesReclaimed(t *testing.T) {
 	before := comms[0].p2pStat.rung.Load()
 	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
 		if c.Rank() == 0 {
-			return 0, c.Send(ctx, bellMsg(t, 5), 1, 5)
+			return 0, c.Send(ctx, inboxMsg(t, 5), 1, 5)
 		}
 		y, _ := tensordict.Zeros(memmap.Uint8, 105)
 		return 0, c.Recv(ctx, y, 0, 5)
 	})
 	if got := comms[0].p2pStat.rung.Load() - before; got != 1 {
-		t.Errorf("the message after went %d times through the bell, want 1: the entries given up on were not reclaimed", got)
+		t.Errorf("the message after went %d times through the inbox, want 1: the entries given up on were not reclaimed", got)
 	}
 	box := comms[1].box
 	box.mu.Lock()
@@ -122,67 +122,67 @@ func TestBell_GivenUpEntriesReclaimed(t *testing.T) {
 	}
 }
 
-// TestBell_MalformedEntry: an entry whose first piece is longer than an
-// entry holds is answered with an error saying so, and the bell goes on
+// TestInbox_MalformedEntry: an entry whose first piece is longer than an
+// entry holds is answered with an error saying so, and the inbox goes on
 // working.
-func TestBell_MalformedEntry(t *testing.T) {
+func TestInbox_MalformedEntry(t *testing.T) {
 	linuxOnly(t)
 	comms := group(t, 2, SHM)
 	c := comms[0]
-	p, i, ok := c.bells.acquire(c.p2pDir(1), 0, 1, 2)
+	p, i, ok := c.inboxes.acquire(c.p2pDir(1), 0, 1, 2)
 	if !ok {
-		t.Fatal("no entry in rank 1's bell")
+		t.Fatal("no entry in rank 1's inbox")
 	}
-	base := bellHeader + 0*bellRing + i*bellEntry
-	e := p.m.Bytes()[base : base+bellEntry]
-	bellEncode(e, msgKey{seq: 0, tag: 77}, meta(memmap.Float64, []int{4}), &p2pRef{Gen: 1, ID: 1, Len: 32, Size: arenaMin})
+	base := inboxHeader + 0*inboxRing + i*inboxEntry
+	e := p.m.Bytes()[base : base+inboxEntry]
+	encodeEntry(e, msgKey{seq: 0, tag: 77}, meta(memmap.Float64, []int{4}), &p2pRef{Gen: 1, ID: 1, Len: 32, Size: arenaMin})
 	binary.LittleEndian.PutUint32(e[beMetaLen:], 999)
 	use := p.uses[i] << 3
 	st := p.m.Uint32(base + beState)
-	st.Store(use | bellPosted)
-	c.bellRing1(p.m)
-	within(t, "an answer", func() bool { return st.Load() == use|bellAnswered })
-	if err := bellAnswerOf(e, 1); err == nil || !strings.Contains(err.Error(), "malformed") {
+	st.Store(use | entryPosted)
+	c.ring(p.m)
+	within(t, "an answer", func() bool { return st.Load() == use|entryAnswered })
+	if err := entryAnswer(e, 1); err == nil || !strings.Contains(err.Error(), "malformed") {
 		t.Errorf("answer %v, want it refused as malformed", err)
 	}
-	c.bells.release(p, i, false)
+	c.inboxes.release(p, i, false)
 	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
 		if c.Rank() == 0 {
-			return 0, c.Send(ctx, bellMsg(t, 1), 1, 1)
+			return 0, c.Send(ctx, inboxMsg(t, 1), 1, 1)
 		}
 		y, _ := tensordict.Zeros(memmap.Uint8, 101)
 		return 0, c.Recv(ctx, y, 0, 1)
 	})
 	if c.p2pStat.rung.Load() != 1 {
-		t.Errorf("%d messages through the bell, want 1", c.p2pStat.rung.Load())
+		t.Errorf("%d messages through the inbox, want 1", c.p2pStat.rung.Load())
 	}
 }
 
-// FuzzBellEntry: an entry of a bell, written by another process, is any
-// bytes here. bellDecode returns an error or a message whose first piece
-// fits an entry and which encodes back to the same message; bellAnswerOf
+// FuzzInboxEntry: an entry of an inbox, written by another process, is any
+// bytes here. decodeEntry returns an error or a message whose first piece
+// fits an entry and which encodes back to the same message; entryAnswer
 // returns nil or an error; neither panics.
-func FuzzBellEntry(f *testing.F) {
+func FuzzInboxEntry(f *testing.F) {
 	for _, g := range wireGolden {
-		if strings.HasPrefix(g.name, "bell ") {
+		if strings.HasPrefix(g.name, "inbox ") {
 			f.Add(g.raw)
 		}
 	}
-	f.Add(make([]byte, bellEntry))
+	f.Add(make([]byte, inboxEntry))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		e := make([]byte, bellEntry)
+		e := make([]byte, inboxEntry)
 		copy(e, b)
-		_ = bellAnswerOf(e, 1)
-		req, m, err := bellDecode(e, 1)
+		_ = entryAnswer(e, 1)
+		req, m, err := decodeEntry(e, 1)
 		if err != nil {
 			return
 		}
-		if len(m) > bellMetaMax || req.Ref == nil || req.Space != spaceP2P || req.Src != 1 {
+		if len(m) > inboxMetaMax || req.Ref == nil || req.Space != spaceP2P || req.Src != 1 {
 			t.Fatalf("decoded %+v with a first piece of %d bytes", req, len(m))
 		}
-		again := make([]byte, bellEntry)
-		bellEncode(again, msgKey{seq: req.Seq, tag: req.Tag}, m, req.Ref)
-		req2, m2, err := bellDecode(again, 1)
+		again := make([]byte, inboxEntry)
+		encodeEntry(again, msgKey{seq: req.Seq, tag: req.Tag}, m, req.Ref)
+		req2, m2, err := decodeEntry(again, 1)
 		if err != nil || !reflect.DeepEqual(req, req2) || !bytes.Equal(m, m2) {
 			t.Fatalf("round trip: %+v %x, then %+v %x, %v", req, m, req2, m2, err)
 		}

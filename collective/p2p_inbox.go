@@ -16,7 +16,7 @@ import (
 	"github.com/tensorwire/tensorwire/rpc"
 )
 
-// Bells (protocol 9; docs/collective.md, "Point-to-point through the
+// Inboxes (protocol 9; docs/collective.md, "Point-to-point through the
 // mapping"). A point-to-point message by reference (p2p_shm.go) to a rank
 // that shares the folder is announced through that folder, not over rpc:
 // its bytes were in the mapping already, and now the note that they are
@@ -24,9 +24,9 @@ import (
 // small message falls from two rpc calls' worth of loopback TCP and
 // wake-ups to two futex wakes.
 //
-// Each rank of a shared folder makes bell-<rank> there while it joins,
-// before any rank can send: a header page, then one ring of bellSlots
-// entries (bellEntry bytes each, one page in all) for each rank of the
+// Each rank of a shared folder makes inbox-<rank> there while it joins,
+// before any rank can send: a header page, then one ring of inboxSlots
+// entries (inboxEntry bytes each, one page in all) for each rank of the
 // communicator, which only that sender posts into. The header holds the
 // bell word, which a sender adds one to (and wakes) after each posting,
 // the closed word (1 once the owner closed), and a bitmap with a bit per
@@ -44,26 +44,28 @@ import (
 // the sender, compare-and-swap from taken: it gave up while the owner
 // handles it, which ends the handler's wait; the entry is the sender's
 // again once answered). The owner's handler is collective.msg's
-// (mailbox.deliver), run in a goroutine per message as the rpc server
-// runs one per call; its answer goes in the entry, then the state word,
-// then a wake.
+// (mailbox.deliver): run by the loop itself when the message's receive is
+// posted and its bytes are one chunk, else in a goroutine per message as
+// the rpc server runs one per call; its answer goes in the entry, then the
+// state word, then a wake when the sender's sleep flag is set (the
+// owner's loop has one too, in the header).
 //
-// A message goes over rpc as before when the receiver has no bell (it
-// could not make one), the sender's ring there is full (bellSlots
+// A message goes over rpc as before when the receiver has no inbox (it
+// could not make one), the sender's ring there is full (inboxSlots
 // messages in flight to one rank), its dtype and shape do not fit an
-// entry, or the bell's file faults.
+// entry, or the inbox's file faults.
 
 const (
-	bellMagic    = 0x6c627774 // "twbl"
-	bellHeader   = 4096
-	bellWordOff  = 64  // uint32: one added after each posting and cancel; futex
-	bellSleeps   = 96  // uint32: 1 while the owner's loop sleeps (or is about to) on the bell word
-	bellClosed   = 128 // uint32: 1 once the owner closed
-	bellNews     = 192 // uint64 words: bit s set by sender s after a posting
-	bellSlots    = 8
-	bellEntry    = 512
-	bellRing     = bellSlots * bellEntry
-	bellMaxRanks = (bellHeader - bellNews) * 8
+	inboxMagic    = 0x62697774 // "twib"
+	inboxHeader   = 4096
+	inboxBell     = 64  // uint32: one added after each posting and cancel; futex
+	inboxSleeps   = 96  // uint32: 1 while the owner's loop sleeps (or is about to) on the bell word
+	inboxClosed   = 128 // uint32: 1 once the owner closed
+	inboxNews     = 192 // uint64 words: bit s set by sender s after a posting
+	inboxSlots    = 8
+	inboxEntry    = 512
+	inboxRing     = inboxSlots * inboxEntry
+	inboxMaxRanks = (inboxHeader - inboxNews) * 8
 
 	// An entry's fields, little-endian: the message's key and reference
 	// (p2pRef; flags 1 when it has Buf), the dtype and shape (the
@@ -82,43 +84,43 @@ const (
 	beMetaLen = 68 // uint32
 	beBufLen  = 72 // uint64
 	beBufOff  = 80 // uint64
-	beMeta    = 88 // the first piece, up to bellMetaMax bytes
+	beMeta    = 88 // the first piece, up to inboxMetaMax bytes
 	beCode    = 256
 	beReason  = 260 // uint16: the reason's length
 	beMsg     = 262 // uint16: the message's length
 	beText    = 264 // the reason, then the message
 
-	bellMetaMax = beCode - beMeta
-	bellTextMax = bellEntry - beText
+	inboxMetaMax = beCode - beMeta
+	inboxTextMax = inboxEntry - beText
 
-	// A wait on a bell's word or an entry's state reads it bellSpins
-	// times, yielding the processor between the last bellYields reads,
-	// then sleeps on its futex, bellNap at a time between rechecks of the
+	// A wait on an inbox's bell word or an entry's state reads it inboxSpins
+	// times, yielding the processor between the last inboxYields reads,
+	// then sleeps on its futex, inboxNap at a time between rechecks of the
 	// context and the communicator (the owner's loop: 100 ms, for Close).
-	bellSpins  = 200
-	bellYields = 8
-	bellNap    = 5 * time.Millisecond
+	inboxSpins  = 200
+	inboxYields = 8
+	inboxNap    = 5 * time.Millisecond
 )
 
 // Entry states.
 const (
-	bellFree = iota
-	bellPosted
-	bellTaken
-	bellAnswered
-	bellWithdrawn
-	bellCancel
+	entryFree = iota
+	entryPosted
+	entryTaken
+	entryAnswered
+	entryWithdrawn
+	entryCancel
 )
 
-// bellName is rank's bell file.
-func bellName(rank int) string { return fmt.Sprintf("bell-%d", rank) }
+// inboxName is rank's inbox file.
+func inboxName(rank int) string { return fmt.Sprintf("inbox-%d", rank) }
 
-// bellSize is the size of a bell file of a communicator of n ranks.
-func bellSize(n int) int { return bellHeader + n*bellRing }
+// inboxSize is the size of an inbox file of a communicator of n ranks.
+func inboxSize(n int) int { return inboxHeader + n*inboxRing }
 
-// bellIn is this rank's own bell: the file the others post into, and
+// inbox is this rank's own inbox: the file the others post into, and
 // the loop that takes their messages.
-type bellIn struct {
+type inbox struct {
 	m        *shm.Map
 	path     string
 	n        int
@@ -128,17 +130,17 @@ type bellIn struct {
 	started  bool
 	handlers sync.WaitGroup
 	mu       sync.Mutex
-	cancels  map[int]context.CancelFunc // a taken entry's handler (ring*bellSlots+slot)
+	cancels  map[int]context.CancelFunc // a taken entry's handler (ring*inboxSlots+slot)
 	once     sync.Once
 }
 
-// openBell makes rank's bell in dir for a communicator of n ranks; nil
+// openInbox makes rank's inbox in dir for a communicator of n ranks; nil
 // (and point-to-point over rpc) when it cannot.
-func openBell(dir string, rank, n int, spin bool) *bellIn {
-	if n > bellMaxRanks {
+func openInbox(dir string, rank, n int, spin bool) *inbox {
+	if n > inboxMaxRanks {
 		return nil
 	}
-	path := filepath.Join(dir, bellName(rank))
+	path := filepath.Join(dir, inboxName(rank))
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil
@@ -148,35 +150,35 @@ func openBell(dir string, rank, n int, spin bool) *bellIn {
 	// never written), and a sender's posting that faults on a full
 	// folder goes over rpc instead.
 	var m *shm.Map
-	if err = shm.Reserve(f, bellHeader); err == nil {
-		if err = f.Truncate(int64(bellSize(n))); err == nil {
-			m, err = shm.MapFile(f, bellSize(n), true)
+	if err = shm.Reserve(f, inboxHeader); err == nil {
+		if err = f.Truncate(int64(inboxSize(n))); err == nil {
+			m, err = shm.MapFile(f, inboxSize(n), true)
 		}
 	}
 	if err != nil {
 		os.Remove(path)
 		return nil
 	}
-	m.Uint32(0).Store(bellMagic)
-	return &bellIn{m: m, path: path, n: n, spin: spin, stopping: make(chan struct{}), done: make(chan struct{}), cancels: map[int]context.CancelFunc{}}
+	m.Uint32(0).Store(inboxMagic)
+	return &inbox{m: m, path: path, n: n, spin: spin, stopping: make(chan struct{}), done: make(chan struct{}), cancels: map[int]context.CancelFunc{}}
 }
 
 // start runs c's loop on b once the communicator has formed.
-func (b *bellIn) start(c *Comm) {
+func (b *inbox) start(c *Comm) {
 	b.started = true
-	go c.bellLoop(b)
+	go c.inboxLoop(b)
 }
 
 // close stops the loop (the messages posted by then are answered
 // ErrPeerLost), waits for the handlers, and unmaps and removes the file.
-func (b *bellIn) close() {
+func (b *inbox) close() {
 	if b == nil {
 		return
 	}
 	b.once.Do(func() {
-		b.m.Uint32(bellClosed).Store(1)
+		b.m.Uint32(inboxClosed).Store(1)
 		close(b.stopping)
-		w := b.m.Uint32(bellWordOff)
+		w := b.m.Uint32(inboxBell)
 		w.Add(1)
 		w.Wake()
 		if b.started {
@@ -188,24 +190,24 @@ func (b *bellIn) close() {
 	})
 }
 
-// bellLoop takes the messages posted to b until b closes.
-func (c *Comm) bellLoop(b *bellIn) {
+// inboxLoop takes the messages posted to b until b closes.
+func (c *Comm) inboxLoop(b *inbox) {
 	defer close(b.done)
-	w := b.m.Uint32(bellWordOff)
+	w := b.m.Uint32(inboxBell)
 	for {
 		v := w.Load()
 		select {
 		case <-b.stopping:
-			c.bellSweep(b, true)
+			c.inboxSweep(b, true)
 			return
 		default:
 		}
-		if c.bellSweep(b, false) {
+		if c.inboxSweep(b, false) {
 			continue
 		}
 		if b.spin {
-			for i := 0; i < bellSpins && w.Load() == v; i++ {
-				if i >= bellSpins-bellYields {
+			for i := 0; i < inboxSpins && w.Load() == v; i++ {
+				if i >= inboxSpins-inboxYields {
 					runtime.Gosched()
 				}
 			}
@@ -213,7 +215,7 @@ func (c *Comm) bellLoop(b *bellIn) {
 				continue
 			}
 		}
-		sleeps := b.m.Uint32(bellSleeps)
+		sleeps := b.m.Uint32(inboxSleeps)
 		sleeps.Store(1)
 		if w.Load() == v {
 			w.Wait(v, 100*time.Millisecond)
@@ -222,17 +224,17 @@ func (c *Comm) bellLoop(b *bellIn) {
 	}
 }
 
-// spinUntil reads done a while before its caller sleeps: bellSpins
-// times, then after each of bellYields yields of the processor. It reports whether
+// spinUntil reads done a while before its caller sleeps: inboxSpins
+// times, then after each of inboxYields yields of the processor. It reports whether
 // done came true. (Spinning longer, as waitWord does where each rank has
 // a core, made a ping-pong slower here: two such loops per process.)
 func spinUntil(done func() bool) bool {
-	for range bellSpins {
+	for range inboxSpins {
 		if done() {
 			return true
 		}
 	}
-	for range bellYields {
+	for range inboxYields {
 		runtime.Gosched()
 		if done() {
 			return true
@@ -241,13 +243,13 @@ func spinUntil(done func() bool) bool {
 	return false
 }
 
-// bellSweep takes what the senders whose bits are set posted (closing:
+// inboxSweep takes what the senders whose bits are set posted (closing:
 // answers it ErrPeerLost), and passes on their cancels; it reports
 // whether any bit was set.
-func (c *Comm) bellSweep(b *bellIn, closing bool) bool {
+func (c *Comm) inboxSweep(b *inbox, closing bool) bool {
 	any := false
 	for wi := 0; wi < (b.n+63)/64; wi++ {
-		word := b.m.Uint64(bellNews + 8*wi)
+		word := b.m.Uint64(inboxNews + 8*wi)
 		var x uint64
 		for {
 			x = word.Load()
@@ -259,40 +261,40 @@ func (c *Comm) bellSweep(b *bellIn, closing bool) bool {
 			s := wi*64 + bits.TrailingZeros64(x)
 			if s < b.n {
 				any = true
-				c.bellRing(b, s, closing)
+				c.inboxRing(b, s, closing)
 			}
 		}
 	}
 	return any
 }
 
-// bellRing looks at sender s's ring.
-func (c *Comm) bellRing(b *bellIn, s int, closing bool) {
-	for i := range bellSlots {
-		base := bellHeader + s*bellRing + i*bellEntry
-		key := s*bellSlots + i
+// inboxRing looks at sender s's ring.
+func (c *Comm) inboxRing(b *inbox, s int, closing bool) {
+	for i := range inboxSlots {
+		base := inboxHeader + s*inboxRing + i*inboxEntry
+		key := s*inboxSlots + i
 		// A ring's page the sender could not write faults here too: such a
 		// ring has nothing in it.
 		guardOwn(func() error {
 			st := b.m.Uint32(base + beState)
 			cur := st.Load()
 			switch cur & 7 {
-			case bellPosted:
-				if !st.CompareAndSwap(cur, cur&^7|bellTaken) {
+			case entryPosted:
+				if !st.CompareAndSwap(cur, cur&^7|entryTaken) {
 					return nil
 				}
 				use := cur &^ 7
 				if closing {
-					bellAnswer(b.m, base, use, errorf(ErrPeerLost, "rank %d closed its communicator before receiving the message", c.rank))
+					answerEntry(b.m, base, use, errorf(ErrPeerLost, "rank %d closed its communicator before receiving the message", c.rank))
 					return nil
 				}
-				req, meta, err := bellDecode(b.m.Bytes()[base:base+bellEntry], s)
-				if err == nil && bellInline(req) && c.box.posted(msgKey{src: s, space: spaceP2P, seq: req.Seq, tag: req.Tag}) {
+				req, meta, err := decodeEntry(b.m.Bytes()[base:base+inboxEntry], s)
+				if err == nil && takenInline(req) && c.box.posted(msgKey{src: s, space: spaceP2P, seq: req.Seq, tag: req.Tag}) {
 					// Its receive is waiting and its bytes are there whole:
 					// copied here (at most a chunk), saving a goroutine's
 					// start and wake-up on the way.
 					err = c.box.deliver(context.Background(), req, meta)
-					bellAnswer(b.m, base, use, err)
+					answerEntry(b.m, base, use, err)
 					return nil
 				}
 				ctx, cancel := context.WithCancel(context.Background())
@@ -309,9 +311,9 @@ func (c *Comm) bellRing(b *bellIn, s int, closing bool) {
 					delete(b.cancels, key)
 					b.mu.Unlock()
 					cancel()
-					guardOwn(func() error { bellAnswer(b.m, base, use, err); return nil })
+					guardOwn(func() error { answerEntry(b.m, base, use, err); return nil })
 				}()
-			case bellCancel:
+			case entryCancel:
 				b.mu.Lock()
 				if cancel := b.cancels[key]; cancel != nil {
 					cancel()
@@ -323,22 +325,22 @@ func (c *Comm) bellRing(b *bellIn, s int, closing bool) {
 	}
 }
 
-// bellInline reports whether message r is delivered by the loop itself
+// takenInline reports whether message r is delivered by the loop itself
 // when its receive is posted: its bytes (one chunk at most) need no wait
 // for the sender's fill.
-func bellInline(r msgReq) bool {
+func takenInline(r msgReq) bool {
 	if r.Ref.Buf != nil {
 		return r.Ref.Buf.Len <= refChunk
 	}
 	return r.Ref.Len <= refChunk
 }
 
-// bellDecode reads a taken entry e of sender s: the message's key and
+// decodeEntry reads a taken entry e of sender s: the message's key and
 // reference, and its first piece.
-func bellDecode(e []byte, s int) (msgReq, []byte, error) {
+func decodeEntry(e []byte, s int) (msgReq, []byte, error) {
 	le := binary.LittleEndian
 	n := le.Uint32(e[beMetaLen:])
-	if n > bellMetaMax {
+	if n > inboxMetaMax {
 		return msgReq{}, nil, fmt.Errorf("rank %d posted a malformed message: a first piece of %d bytes", s, n)
 	}
 	ref := &p2pRef{Gen: le.Uint32(e[beGen:]), ID: le.Uint64(e[beID:]), Len: le.Uint64(e[beLen:]), Off: le.Uint64(e[beOff:]), Size: le.Uint64(e[beSize:])}
@@ -349,9 +351,9 @@ func bellDecode(e []byte, s int) (msgReq, []byte, error) {
 	return req, append([]byte(nil), e[beMeta:beMeta+int(n)]...), nil
 }
 
-// bellEncode writes message k's first piece m and reference ref into
+// encodeEntry writes message k's first piece m and reference ref into
 // entry e (its state word aside).
-func bellEncode(e []byte, k msgKey, m []byte, ref *p2pRef) {
+func encodeEntry(e []byte, k msgKey, m []byte, ref *p2pRef) {
 	le := binary.LittleEndian
 	le.PutUint64(e[beSeq:], k.seq)
 	le.PutUint64(e[beTag:], uint64(k.tag))
@@ -373,10 +375,10 @@ func bellEncode(e []byte, k msgKey, m []byte, ref *p2pRef) {
 	copy(e[beMeta:], m)
 }
 
-// bellAnswer answers the entry at base (of its use) with err, then wakes
+// answerEntry answers the entry at base (of its use) with err, then wakes
 // its sender.
-func bellAnswer(m *shm.Map, base int, use uint32, err error) {
-	e := m.Bytes()[base : base+bellEntry]
+func answerEntry(m *shm.Map, base int, use uint32, err error) {
+	e := m.Bytes()[base : base+inboxEntry]
 	le := binary.LittleEndian
 	var code rpc.Code
 	var reason, msg string
@@ -390,8 +392,8 @@ func bellAnswer(m *shm.Map, base int, use uint32, err error) {
 		if code == rpc.OK {
 			code = rpc.Unknown
 		}
-		reason = reason[:min(len(reason), bellTextMax/2)]
-		msg = msg[:min(len(msg), bellTextMax-len(reason))]
+		reason = reason[:min(len(reason), inboxTextMax/2)]
+		msg = msg[:min(len(msg), inboxTextMax-len(reason))]
 	}
 	le.PutUint32(e[beCode:], uint32(code))
 	le.PutUint16(e[beReason:], uint16(len(reason)))
@@ -399,61 +401,61 @@ func bellAnswer(m *shm.Map, base int, use uint32, err error) {
 	copy(e[beText:], reason)
 	copy(e[beText+len(reason):], msg)
 	st := m.Uint32(base + beState)
-	st.Store(use | bellAnswered)
+	st.Store(use | entryAnswered)
 	if m.Uint32(base+beSleeps).Load() != 0 {
 		st.Wake()
 	}
 }
 
-// bellAnswerOf is the error an answered entry e holds (nil for none).
-func bellAnswerOf(e []byte, dest int) error {
+// entryAnswer is the error an answered entry e holds (nil for none).
+func entryAnswer(e []byte, dest int) error {
 	le := binary.LittleEndian
 	code := le.Uint32(e[beCode:])
 	if code == 0 {
 		return nil
 	}
 	rl, ml := int(le.Uint16(e[beReason:])), int(le.Uint16(e[beMsg:]))
-	if code > 255 || rl+ml > bellTextMax {
+	if code > 255 || rl+ml > inboxTextMax {
 		return errorf(ErrPeerLost, "rank %d answered a message with a malformed error", dest)
 	}
 	return &rpc.Error{Code: rpc.Code(code), Reason: string(e[beText : beText+rl]), Msg: string(e[beText+rl : beText+rl+ml])}
 }
 
-// bellOut is this rank's use of the others' bells.
-type bellOut struct {
+// peerInboxes is this rank's use of the others' inboxes.
+type peerInboxes struct {
 	mu     sync.Mutex
-	peers  map[int]*bellPeer
+	peers  map[int]*peerInbox
 	closed bool
 }
 
-// bellPeer is another rank's bell, mapped on the first message to it, and
+// peerInbox is another rank's inbox, mapped on the first message to it, and
 // the entries of this rank's ring there that are in use.
-type bellPeer struct {
-	m     *shm.Map // nil: the rank has no bell
+type peerInbox struct {
+	m     *shm.Map // nil: the rank has no inbox
 	users int
-	busy  [bellSlots]bool   // in use by a call, or left to reclaim
-	left  [bellSlots]bool   // given up on while taken: free once answered
-	uses  [bellSlots]uint32 // postings, for the state word
+	busy  [inboxSlots]bool   // in use by a call, or left to reclaim
+	left  [inboxSlots]bool   // given up on while taken: free once answered
+	uses  [inboxSlots]uint32 // postings, for the state word
 }
 
-// acquire returns dest's bell (in dir, of a communicator of n ranks) and a
+// acquire returns dest's inbox (in dir, of a communicator of n ranks) and a
 // free entry of this rank's ring there; ok false when there is none.
-func (o *bellOut) acquire(dir string, me, dest, n int) (p *bellPeer, slot int, ok bool) {
+func (o *peerInboxes) acquire(dir string, me, dest, n int) (p *peerInbox, slot int, ok bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
 		return nil, 0, false
 	}
 	if o.peers == nil {
-		o.peers = map[int]*bellPeer{}
+		o.peers = map[int]*peerInbox{}
 	}
 	p = o.peers[dest]
 	if p == nil {
-		p = &bellPeer{}
-		if m, err := shm.Open(filepath.Join(dir, bellName(dest)), bellSize(n), true); err == nil {
+		p = &peerInbox{}
+		if m, err := shm.Open(filepath.Join(dir, inboxName(dest)), inboxSize(n), true); err == nil {
 			if guardOwn(func() error {
-				if m.Uint32(0).Load() != bellMagic {
-					return errors.New("not a bell")
+				if m.Uint32(0).Load() != inboxMagic {
+					return errors.New("not an inbox")
 				}
 				return nil
 			}) == nil {
@@ -467,11 +469,11 @@ func (o *bellOut) acquire(dir string, me, dest, n int) (p *bellPeer, slot int, o
 	if p.m == nil {
 		return nil, 0, false
 	}
-	for i := range bellSlots {
+	for i := range inboxSlots {
 		if p.left[i] {
-			base := bellHeader + me*bellRing + i*bellEntry
+			base := inboxHeader + me*inboxRing + i*inboxEntry
 			var st uint32
-			if guardOwn(func() error { st = p.m.Uint32(base).Load(); return nil }) == nil && st&7 == bellAnswered {
+			if guardOwn(func() error { st = p.m.Uint32(base).Load(); return nil }) == nil && st&7 == entryAnswered {
 				p.left[i], p.busy[i] = false, false
 			}
 		}
@@ -487,7 +489,7 @@ func (o *bellOut) acquire(dir string, me, dest, n int) (p *bellPeer, slot int, o
 
 // release ends a call's use of entry i of p: free, or (left) free once
 // its owner answers.
-func (o *bellOut) release(p *bellPeer, i int, left bool) {
+func (o *peerInboxes) release(p *peerInbox, i int, left bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if left {
@@ -502,19 +504,19 @@ func (o *bellOut) release(p *bellPeer, i int, left bool) {
 	}
 }
 
-// drop forgets dest's bell after a fault on it: later messages go over
+// drop forgets dest's inbox after a fault on it: later messages go over
 // rpc.
-func (o *bellOut) drop(p *bellPeer) {
+func (o *peerInboxes) drop(p *peerInbox) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for d, q := range o.peers {
 		if q == p {
-			o.peers[d] = &bellPeer{}
+			o.peers[d] = &peerInbox{}
 		}
 	}
 }
 
-func (o *bellOut) close() {
+func (o *peerInboxes) close() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.closed = true
@@ -526,66 +528,91 @@ func (o *bellOut) close() {
 	}
 }
 
-// ownBell is this rank's bell, or nil.
-func (c *Comm) ownBell() *bellIn {
+// ownInbox is this rank's inbox, or nil.
+func (c *Comm) ownInbox() *inbox {
 	switch {
 	case c.shm != nil:
-		return c.shm.bell
+		return c.shm.inbox
 	case c.hier != nil && c.hier.g != nil:
-		return c.hier.g.bell
+		return c.hier.g.inbox
 	}
 	return nil
 }
 
-// ring sends message k (first piece m, bytes by ref) to dest through its
-// bell and returns the answer; posted false: it was not posted (no bell,
-// no free entry, a first piece too large), and the message is to go
-// over rpc.
-func (c *Comm) ring(ctx context.Context, dest int, k msgKey, m []byte, ref *p2pRef) (err error, posted bool) {
+// posting is a note posted in dest's inbox: entry i of this rank's ring
+// there, at base, in its use.
+type posting struct {
+	p    *peerInbox
+	i    int
+	base int
+	use  uint32
+	dest int
+}
+
+// postNote sends message k (first piece m, bytes by ref) to dest through
+// its inbox and returns the answer; posted false: it was not posted (no
+// inbox, no free entry, a first piece too large), and the message is to
+// go over rpc.
+func (c *Comm) postNote(ctx context.Context, dest int, k msgKey, m []byte, ref *p2pRef) (err error, posted bool) {
+	h, err, posted := c.post(dest, k, m, ref)
+	if h == nil {
+		return err, posted
+	}
+	return c.await(ctx, h), true
+}
+
+// post posts message k's note in dest's inbox, without waiting: h, to
+// await, when it did; else posted says whether it is to go over rpc
+// (false) or failed with err (the receiver closed, a fault after the
+// posting).
+func (c *Comm) post(dest int, k msgKey, m []byte, ref *p2pRef) (h *posting, err error, posted bool) {
 	dir := c.p2pDir(dest)
-	if dir == "" || len(m) > bellMetaMax || c.ownBell() == nil {
-		return nil, false
+	if dir == "" || len(m) > inboxMetaMax || c.ownInbox() == nil {
+		return nil, nil, false
 	}
-	p, i, ok := c.bells.acquire(dir, c.rank, dest, c.size)
+	p, i, ok := c.inboxes.acquire(dir, c.rank, dest, c.size)
 	if !ok {
-		return nil, false
+		return nil, nil, false
 	}
-	base := bellHeader + c.rank*bellRing + i*bellEntry
-	use := p.uses[i] << 3
-	left := false
-	defer func() { c.bells.release(p, i, left) }()
+	h = &posting{p: p, i: i, base: inboxHeader + c.rank*inboxRing + i*inboxEntry, use: p.uses[i] << 3, dest: dest}
 	fault := guardOwn(func() error {
-		if p.m.Uint32(bellClosed).Load() != 0 {
+		if p.m.Uint32(inboxClosed).Load() != 0 {
 			err = errorf(ErrPeerLost, "rank %d closed its communicator before receiving the message", dest)
-			posted = true
 			return nil
 		}
-		bellEncode(p.m.Bytes()[base:base+bellEntry], k, m, ref)
-		p.m.Uint32(base + beState).Store(use | bellPosted)
+		encodeEntry(p.m.Bytes()[h.base:h.base+inboxEntry], k, m, ref)
+		p.m.Uint32(h.base + beState).Store(h.use | entryPosted)
 		posted = true
-		c.bellRing1(p.m)
+		c.ring(p.m)
 		return nil
 	})
-	if fault != nil {
-		c.bells.drop(p)
-		if !posted {
-			return nil, false
-		}
-		return fault, true
+	switch {
+	case fault != nil:
+		c.inboxes.drop(p)
+		c.inboxes.release(p, i, posted) // a posted entry is never reused
+		return nil, fault, posted
+	case err != nil:
+		c.inboxes.release(p, i, false)
+		return nil, err, true
 	}
-	if err != nil {
-		return err, true
-	}
+	return h, nil, true
+}
+
+// await waits for the answer to posting h and lets go of its entry.
+func (c *Comm) await(ctx context.Context, h *posting) (err error) {
+	p, base, use, dest := h.p, h.base, h.use, h.dest
+	left := false
+	defer func() { c.inboxes.release(p, h.i, left) }()
 	var giveUp error
-	fault = guardOwn(func() error {
+	fault := guardOwn(func() error {
 		st := p.m.Uint32(base + beState)
 		sleeps := p.m.Uint32(base + beSleeps)
-		e := p.m.Bytes()[base : base+bellEntry]
-		spinUntil(func() bool { return st.Load() == use|bellAnswered })
+		e := p.m.Bytes()[base : base+inboxEntry]
+		spinUntil(func() bool { return st.Load() == use|entryAnswered })
 		for {
 			cur := st.Load()
-			if cur == use|bellAnswered {
-				err = bellAnswerOf(e, dest)
+			if cur == use|entryAnswered {
+				err = entryAnswer(e, dest)
 				return nil
 			}
 			switch {
@@ -593,53 +620,53 @@ func (c *Comm) ring(ctx context.Context, dest int, k msgKey, m []byte, ref *p2pR
 				giveUp = c.err()
 			case ctx.Err() != nil:
 				giveUp = ctx.Err()
-			case p.m.Uint32(bellClosed).Load() != 0:
+			case p.m.Uint32(inboxClosed).Load() != 0:
 				giveUp = errorf(ErrPeerLost, "rank %d closed its communicator before receiving the message", dest)
 			}
 			if giveUp == nil {
 				sleeps.Store(1)
 				if st.Load() == cur {
-					st.Wait(cur, bellNap)
+					st.Wait(cur, inboxNap)
 				}
 				sleeps.Store(0)
 				continue
 			}
 			// Withdrawn before the receiver took it, or the receiver asked
 			// to end its handler; the entry is reclaimed once answered.
-			if st.CompareAndSwap(use|bellPosted, use|bellWithdrawn) {
+			if st.CompareAndSwap(use|entryPosted, use|entryWithdrawn) {
 				return nil
 			}
-			if st.CompareAndSwap(use|bellTaken, use|bellCancel) {
+			if st.CompareAndSwap(use|entryTaken, use|entryCancel) {
 				left = true
-				c.bellRing1(p.m)
+				c.ring(p.m)
 				return nil
 			}
-			if st.Load() == use|bellAnswered {
+			if st.Load() == use|entryAnswered {
 				giveUp = nil
-				err = bellAnswerOf(e, dest)
+				err = entryAnswer(e, dest)
 			}
 			return nil
 		}
 	})
 	if fault != nil {
-		c.bells.drop(p)
+		c.inboxes.drop(p)
 		left = true // never reused
-		return fault, true
+		return fault
 	}
 	if giveUp != nil {
-		return giveUp, true
+		return giveUp
 	}
 	if err != nil {
-		return c.lostErr(ctx, dest, err), true
+		return c.lostErr(ctx, dest, err)
 	}
 	c.p2pStat.rung.Add(1)
-	return nil, true
+	return nil
 }
 
-// bellRing1 announces a posting (or a cancel) in bell m: this rank's bit,
+// ring announces a posting (or a cancel) in inbox m: this rank's bit,
 // then the word and a wake.
-func (c *Comm) bellRing1(m *shm.Map) {
-	word := m.Uint64(bellNews + 8*(c.rank/64))
+func (c *Comm) ring(m *shm.Map) {
+	word := m.Uint64(inboxNews + 8*(c.rank/64))
 	bit := uint64(1) << (c.rank % 64)
 	for {
 		x := word.Load()
@@ -647,9 +674,9 @@ func (c *Comm) bellRing1(m *shm.Map) {
 			break
 		}
 	}
-	w := m.Uint32(bellWordOff)
+	w := m.Uint32(inboxBell)
 	w.Add(1)
-	if m.Uint32(bellSleeps).Load() != 0 {
+	if m.Uint32(inboxSleeps).Load() != 0 {
 		w.Wake()
 	}
 }
