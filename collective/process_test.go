@@ -215,6 +215,23 @@ func helperLoop(ctx context.Context, c *Comm, cfg Config) {
 			err = c.ScatterInto(opCtx, piece, all, 0, nil, 0)
 		case "alltoall":
 			err = c.AlltoallInto(opCtx, a2aOut, a2aIn, 1, 0, nil)
+		case "p2p-ring":
+			// Point-to-point around the ring, 1 KiB (one chunk, which an
+			// inbox's loop delivers itself) and 4 MiB (pipelined) in
+			// turns: an Isend to the next rank, a Recv from the one before.
+			n := 1 << 8
+			if i%2 == 1 {
+				n = 1 << 20
+			}
+			out, in := must1(x.Slice(0, n)), must1(piece.Slice(0, min(n, 1<<18)))
+			if n > 1<<18 {
+				in = must1(all.Slice(0, n))
+			}
+			r := c.Isend(opCtx, out, (c.Rank()+1)%c.Size(), i)
+			err = c.Recv(opCtx, in, (c.Rank()+c.Size()-1)%c.Size(), i)
+			if werr := r.Wait(opCtx); err == nil {
+				err = werr
+			}
 		default:
 			err = c.AllreduceInto(opCtx, x, x, Sum)
 		}
@@ -394,6 +411,34 @@ func TestProcess_SharedRankKilled(t *testing.T) {
 				p.Expect(t, "ITER 3")
 			}
 			killAndRejoin(t, ps, SHM, addr, dir)
+		})
+	}
+}
+
+// TestProcess_P2PRankKilled: ranks passing messages around a ring with
+// Isend and Recv (through the inboxes on SHM: small ones and pipelined
+// ones), one of them killed with SIGKILL: every other rank's call fails
+// with ErrPeerLost or ErrAborted, none waits for the dead rank's answer or
+// message, and the survivors and a new rank form a new communicator.
+func TestProcess_P2PRankKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	for _, tr := range transports() {
+		t.Run(string(tr), func(t *testing.T) {
+			addr, dir := freeAddr(t), t.TempDir()
+			ps := make([]*proctest.Proc, 4)
+			for r := range ps {
+				ps[r] = proctest.Start(t, envRole+"=loop", envRank+"="+strconv.Itoa(r), envSize+"=4",
+					envAddr+"="+addr, envTransport+"="+string(tr), envDir+"="+dir, envOp+"=p2p-ring")
+			}
+			for _, p := range ps {
+				p.Expect(t, "JOINED")
+			}
+			for _, p := range ps {
+				p.Expect(t, "ITER 5")
+			}
+			killAndRejoin(t, ps, tr, addr, dir)
 		})
 	}
 }
