@@ -176,11 +176,14 @@ func (b *inbox) close() {
 		return
 	}
 	b.once.Do(func() {
-		b.m.Uint32(inboxClosed).Store(1)
 		close(b.stopping)
-		w := b.m.Uint32(inboxBell)
-		w.Add(1)
-		w.Wake()
+		guardOwn(func() error {
+			b.m.Uint32(inboxClosed).Store(1)
+			w := b.m.Uint32(inboxBell)
+			w.Add(1)
+			w.Wake()
+			return nil
+		})
 		if b.started {
 			<-b.done
 		}
@@ -190,9 +193,18 @@ func (b *inbox) close() {
 	})
 }
 
-// inboxLoop takes the messages posted to b until b closes.
+// inboxLoop takes the messages posted to b until b closes. A fault on
+// b's file (truncated by hand) breaks this rank off: it can no longer
+// hear its messages, and the others hear so through their watches rather
+// than wait for answers that cannot come.
 func (c *Comm) inboxLoop(b *inbox) {
 	defer close(b.done)
+	if fault := guardOwn(func() error { c.inboxWatch(b); return nil }); fault != nil {
+		c.failOwn(errorf(ErrAborted, "rank %d's inbox faulted (its file truncated?): %v", c.rank, fault), fault)
+	}
+}
+
+func (c *Comm) inboxWatch(b *inbox) {
 	w := b.m.Uint32(inboxBell)
 	for {
 		v := w.Load()
@@ -431,8 +443,9 @@ type peerInboxes struct {
 // peerInbox is another rank's inbox, mapped on the first message to it, and
 // the entries of this rank's ring there that are in use.
 type peerInbox struct {
-	m     *shm.Map // nil: the rank has no inbox
-	users int
+	m       *shm.Map // nil: the rank has no inbox
+	users   int
+	dropped bool // faulted: unmapped with its last use
 	busy  [inboxSlots]bool   // in use by a call, or left to reclaim
 	left  [inboxSlots]bool   // given up on while taken: free once answered
 	uses  [inboxSlots]uint32 // postings, for the state word
@@ -498,7 +511,7 @@ func (o *peerInboxes) release(p *peerInbox, i int, left bool) {
 		p.busy[i] = false
 	}
 	p.users--
-	if o.closed && p.users == 0 && p.m != nil {
+	if (o.closed || p.dropped) && p.users == 0 && p.m != nil {
 		p.m.Close()
 		p.m = nil
 	}
@@ -513,6 +526,11 @@ func (o *peerInboxes) drop(p *peerInbox) {
 		if q == p {
 			o.peers[d] = &peerInbox{}
 		}
+	}
+	p.dropped = true
+	if p.users == 0 && p.m != nil {
+		p.m.Close()
+		p.m = nil
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"os"
 	"reflect"
 	"runtime"
 	"strings"
@@ -187,4 +188,28 @@ func FuzzInboxEntry(f *testing.F) {
 			t.Fatalf("round trip: %+v %x, then %+v %x, %v", req, m, req2, m2, err)
 		}
 	})
+}
+
+// TestInbox_Truncated: a rank's inbox truncated by hand is a fault of
+// that rank's own (its loop breaks it off, never the process), which the
+// other ranks hear as ErrAborted naming it rather than wait for answers;
+// messages to it that find the file short go over rpc.
+func TestInbox_Truncated(t *testing.T) {
+	linuxOnly(t)
+	comms := group(t, 2, SHM)
+	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+		if c.Rank() == 0 {
+			return 0, c.Send(ctx, inboxMsg(t, 1), 1, 1)
+		}
+		y, _ := tensordict.Zeros(memmap.Uint8, 101)
+		return 0, c.Recv(ctx, y, 0, 1)
+	})
+	if err := os.Truncate(comms[1].ownInbox().path, 0); err != nil {
+		t.Fatal(err)
+	}
+	within(t, "rank 1 broken off with its fault", func() bool { return errors.Is(comms[1].err(), memmap.ErrFault) })
+	within(t, "rank 0 told", func() bool { return errors.Is(comms[0].err(), ErrAborted) })
+	if err := comms[0].err(); !strings.Contains(err.Error(), "rank 1's inbox faulted") {
+		t.Errorf("rank 0: %v, want rank 1's inbox named", err)
+	}
 }
