@@ -445,10 +445,10 @@ type peerInboxes struct {
 type peerInbox struct {
 	m       *shm.Map // nil: the rank has no inbox
 	users   int
-	dropped bool // faulted: unmapped with its last use
-	busy  [inboxSlots]bool   // in use by a call, or left to reclaim
-	left  [inboxSlots]bool   // given up on while taken: free once answered
-	uses  [inboxSlots]uint32 // postings, for the state word
+	dropped bool               // faulted: unmapped with its last use
+	busy    [inboxSlots]bool   // in use by a call, or left to reclaim
+	left    [inboxSlots]bool   // given up on while taken: free once answered
+	uses    [inboxSlots]uint32 // postings, for the state word
 }
 
 // acquire returns dest's inbox (in dir, of a communicator of n ranks) and a
