@@ -109,16 +109,10 @@ func (m *mailbox) post(k msgKey, consume func(b []byte) error) *slot {
 	return s
 }
 
-// posted reports whether message k's receiver has posted it.
-func (m *mailbox) posted(k msgKey) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	s := m.slots[k]
-	if s == nil {
-		return false
-	}
+// isClosed reports whether ch is closed.
+func isClosed(ch chan struct{}) bool {
 	select {
-	case <-s.posted:
+	case <-ch:
 		return true
 	default:
 		return false
@@ -221,10 +215,27 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 // consumer once the receiver posts it: collective.msg's work, and a
 // an inbox's (p2p_inbox.go). ctx ends with the sender's call.
 func (m *mailbox) deliver(ctx context.Context, r msgReq, b []byte) error {
+	return m.deliverIf(ctx, r, b, false)
+}
+
+// errNotPosted: deliverIf found the message's receive not posted.
+var errNotPosted = errors.New("collective: the receive is not posted")
+
+// deliverIf is deliver; with posted, only when the message's receive is
+// posted now (else errNotPosted, and nothing changed), so that a caller
+// that must not wait (an inbox's loop) never waits for one.
+func (m *mailbox) deliverIf(ctx context.Context, r msgReq, b []byte, posted bool) error {
 	c := m.c
 	k := msgKey{src: r.Src, space: r.Space, seq: r.Seq, tag: r.Tag, step: r.Step, piece: r.Piece}
 	m.mu.Lock()
-	s := m.slot(k)
+	s := m.slots[k]
+	if posted && (s == nil || !isClosed(s.posted)) {
+		m.mu.Unlock()
+		return errNotPosted
+	}
+	if s == nil {
+		s = m.slot(k)
+	}
 	m.mu.Unlock()
 	select {
 	case <-s.posted:

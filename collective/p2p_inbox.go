@@ -301,13 +301,14 @@ func (c *Comm) inboxRing(b *inbox, s int, closing bool) {
 					return nil
 				}
 				req, meta, err := decodeEntry(b.m.Bytes()[base:base+inboxEntry], s)
-				if err == nil && takenInline(req) && c.box.posted(msgKey{src: s, space: spaceP2P, seq: req.Seq, tag: req.Tag}) {
+				if err == nil && takenInline(req) {
 					// Its receive is waiting and its bytes are there whole:
 					// copied here (at most a chunk), saving a goroutine's
 					// start and wake-up on the way.
-					err = c.box.deliver(context.Background(), req, meta)
-					answerEntry(b.m, base, use, err)
-					return nil
+					if err := c.box.deliverIf(context.Background(), req, meta, true); err != errNotPosted {
+						answerEntry(b.m, base, use, err)
+						return nil
+					}
 				}
 				ctx, cancel := context.WithCancel(context.Background())
 				b.mu.Lock()
