@@ -204,6 +204,9 @@ func (c *Comm) inboxLoop(b *inbox) {
 	}
 }
 
+// inboxWatch is inboxLoop's work: a sweep whenever the bell word moves,
+// a short spin (where each rank has a core) and a futex sleep, with the
+// sleep flag set, when it does not; after b closes, a last sweep.
 func (c *Comm) inboxWatch(b *inbox) {
 	w := b.m.Uint32(inboxBell)
 	for {
@@ -237,8 +240,8 @@ func (c *Comm) inboxWatch(b *inbox) {
 }
 
 // spinUntil reads done a while before its caller sleeps: inboxSpins
-// times, then after each of inboxYields yields of the processor. It reports whether
-// done came true. (Spinning longer, as waitWord does where each rank has
+// times, then after each of inboxYields yields of the processor. It
+// reports whether done came true. (Spinning longer, as waitWord does where each rank has
 // a core, made a ping-pong slower here: two such loops per process.)
 func spinUntil(done func() bool) bool {
 	for range inboxSpins {
