@@ -211,6 +211,9 @@ func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath str
 		}
 		last = req.ID
 		resp, stop := s.handle(req)
+		if req.Quiet && resp.Code == 0 && !stop {
+			continue // started: the Python rank is not waiting for a reply
+		}
 		resp.ID = req.ID
 		if resp.Code == 0 {
 			resp.Size = int64(len(s.d.mem))
@@ -462,6 +465,12 @@ func (s *sidecar) handle(req pyReq) (pyResp, bool) {
 	}
 	if req.Op == "close" {
 		return pyResp{}, true
+	}
+	// Quiet: an Isend's input must be where the Python rank keeps it
+	// (Keep), since the rank's next call may fill the file's scratch
+	// before this one has copied it.
+	if req.Quiet && req.Op != "irecv" && (req.Op != "isend" || !req.Keep) {
+		return argErr("%s: quiet is for irecv and a kept isend only", req.Op), false
 	}
 	if err := s.checkAt(req); err != nil {
 		return errResp(err), false

@@ -27,8 +27,10 @@ import (
 // rank keeps (a tensor of comm.alloc, or an earlier output still in the
 // file) writes its output there instead of over the input. 4 takes an
 // Isend's and Irecv's Keep: the tensor where it is in the data file, which
-// the Python rank leaves alone until the Wait (no copy on either side).
-const pipeVersion = 4
+// the Python rank leaves alone until the Wait (no copy on either side). 5
+// takes an Isend's and Irecv's Quiet: no reply unless it fails, so that
+// the Python rank goes on at once (its Wait's reply says the rest).
+const pipeVersion = 5
 
 // maxFrame bounds a frame: a description with every rank's counts
 // (collective.MaxSize of them) fits many times.
@@ -52,6 +54,7 @@ type pyReq struct {
 	Op      string `codec:"op,omitempty"`      // the call: allreduce, bcast, ..., isend, irecv, wait, close
 	OutAt   *int64 `codec:"out_at,omitempty"`  // pipe 3, allreduce, reduce and bcast: the output here, not over the input at At
 	Peer    int    `codec:"peer,omitempty"`    // Send/Recv: the other rank
+	Quiet   bool   `codec:"quiet,omitempty"`   // pipe 5, isend and irecv: no reply unless the start fails
 	Red     int    `codec:"red,omitempty"`     // the reduction, collective.Op's value (1 Sum ... 10 BXor)
 	Req     int64  `codec:"req,omitempty"`     // wait: the ID of the Isend or Irecv
 	Room    int64  `codec:"room,omitempty"`    // the bytes from At the call may write (0: to the file's end and past it)

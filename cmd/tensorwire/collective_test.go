@@ -22,6 +22,7 @@ import (
 	"github.com/hashicorp/go-msgpack/v2/codec"
 	"github.com/tensorwire/tensorwire/collective"
 	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
+	"github.com/tensorwire/tensorwire/rpc"
 )
 
 // goldenFrames reads testdata/collective_pipe.hex: "# NAME: ..." lines,
@@ -64,6 +65,7 @@ func TestCollectivePipe_Golden(t *testing.T) {
 		{"req-allgather-room", pyReq{At: 4096, Room: 8192, ID: 11, Op: "allgather", Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"req-allreduce-out-at", pyReq{At: 4096, ID: 12, Op: "allreduce", OutAt: &outAt, Red: 1, Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"req-irecv-keep", pyReq{At: 8192, ID: 13, Keep: true, Op: "irecv", Peer: 1, Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
+		{"req-isend-quiet", pyReq{At: 8192, ID: 14, Keep: true, Op: "isend", Peer: 1, Quiet: true, Has: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"req-wait", pyReq{ID: 9, Op: "wait", Req: 8, Size: 1 << 20}},
 		{"resp-out", pyResp{ID: 7, Out: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
 		{"resp-out-at", pyResp{ID: 10, Off: 4096, Out: true, DType: "float32", Shape: []int{2, 3}, Size: 1 << 20}},
@@ -700,6 +702,60 @@ func TestCollectiveSidecar_KeptP2P(t *testing.T) {
 			if anyInt(resp["off"]) != recvAt || !bytes.Equal(got, want) {
 				t.Errorf("the Irecv's tensor: off %v, the values right: %v", resp["off"], bytes.Equal(got, want))
 			}
+		}
+	})
+}
+
+// TestCollectiveSidecar_QuietP2P: an Irecv and a kept Isend marked quiet
+// (pipe 5) get no reply, and their Waits complete them; a quiet request
+// that is refused (quiet on an Allreduce, or on an Isend of the scratch,
+// whose input the next call may overwrite) gets its error reply, with its
+// id, before the reply of the next request.
+func TestCollectiveSidecar_QuietP2P(t *testing.T) {
+	scs := []*sidecar{{}, {}}
+	ranks := shmPair(t, scs...)
+	want := f64bytes(1.5, 2.5, 3.5, 4.5)
+	eachRank(ranks, func(r int, p *pyRank) {
+		send := func(req pyReq) {
+			req.Size = 1 << 20
+			b, err := encodeFrame(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.in.Write(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if r == 0 {
+			// The replies are read as they come (the test's pipe holds
+			// nothing: a reply not read holds the sidecar back).
+			replies := make(chan map[string]any, 3)
+			go func() {
+				for range 3 {
+					replies <- p.read(t)
+				}
+			}()
+			p.f.WriteAt(want, 8192)
+			send(pyReq{ID: 1, Op: "isend", Keep: true, Quiet: true, At: 8192, Peer: 1, Has: true, DType: "float64", Shape: []int{4}})
+			send(pyReq{ID: 2, Op: "allreduce", Quiet: true, Red: 1, Has: true, DType: "float64", Shape: []int{4}})
+			send(pyReq{ID: 3, Op: "isend", Quiet: true, Peer: 1, Tag: 1, Has: true, DType: "float64", Shape: []int{4}})
+			send(pyReq{ID: 4, Op: "wait", Req: 1})
+			for _, id := range []int64{2, 3} {
+				if resp := <-replies; anyInt(resp["id"]) != id || anyInt(resp["code"]) != int64(rpc.InvalidArgument) {
+					t.Errorf("quiet request %d refused: reply %v, want InvalidArgument with its id", id, resp)
+				}
+			}
+			if resp := <-replies; anyInt(resp["id"]) != 4 || resp["code"] != nil {
+				t.Errorf("the Isend's wait: %v", resp)
+			}
+			return
+		}
+		send(pyReq{ID: 1, Op: "irecv", Quiet: true, At: 65536, Peer: 0, Has: true, DType: "float64", Shape: []int{4}})
+		resp := p.call(t, pyReq{ID: 2, Op: "wait", Req: 1, At: 65536})
+		got := make([]byte, len(want))
+		p.f.ReadAt(got, anyInt(resp["off"]))
+		if anyInt(resp["id"]) != 2 || resp["code"] != nil || !bytes.Equal(got, want) {
+			t.Errorf("the Irecv's wait: %v, the values right: %v", resp, bytes.Equal(got, want))
 		}
 	})
 }

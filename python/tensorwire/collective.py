@@ -252,6 +252,8 @@ class _Sidecar:
         self._regions = Regions()
         self._held = {}  # request id -> the Region an Isend's or Irecv's tensor is in until its Wait (pipe 4)
         self._orphans = []  # the Regions of requests whose Wait failed: they may still be in use
+        self._quiet = set()  # ids of quiet requests (pipe 5) not waited for yet
+        self._quiet_err = {}  # id -> the error of a quiet request whose start failed, for its Wait
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._rbuf = b""
@@ -457,6 +459,19 @@ class _Sidecar:
         raise PeerLostError(f"this rank's sidecar ({self._p.args[0]}, pid {self._p.pid}) sent {why}; it is "
                             "stopped and this communicator closed")
 
+    def _reply(self, rid):
+        """The reply to request rid: the next one but the error replies of
+        quiet requests before it (pipe 5: an Isend or Irecv whose start
+        failed), which are kept for their Wait to raise."""
+        while True:
+            resp = self._read()
+            got = resp.get("id", 0)
+            if got == rid or got not in self._quiet:
+                return resp
+            self._quiet.discard(got)
+            if resp.get("code"):
+                self._quiet_err[got] = from_wire(resp["code"], resp.get("msg", ""), resp.get("reason", ""))
+
     def _read_exactly(self, n):
         # One read takes a whole reply (header and body) when it has come.
         buf = self._rbuf
@@ -574,6 +589,13 @@ class _Sidecar:
                 if held is not None:
                     at, region = held.off, False
                     req["keep"] = True
+            # An Irecv, or an Isend of a tensor held in the file, needs no
+            # reply to go on (pipe 5's quiet): its Wait says how it went. An
+            # Isend of the scratch waits for its reply, which comes once
+            # the sidecar has copied it out of the way of the next call.
+            quiet = self._pipe >= 5 and (req["op"] == "irecv" or (req["op"] == "isend" and held is not None))
+            if quiet:
+                req["quiet"] = True
             try:
                 if kept is None and sent_from is None and held is None:
                     at, region = self._place(nbytes, room)
@@ -600,8 +622,14 @@ class _Sidecar:
                     self._dead()
                 if self._bell is not None:
                     self._bell[_BELL_REQ] = rid & 0xFFFFFFFF
+                if quiet:
+                    self._quiet.add(rid)
+                    if held is not None:
+                        hold.append(held)
+                    return {}, None, None
+                if self._bell is not None:
                     self._await(rid)
-                resp = self._read()
+                resp = self._reply(rid)
             except TensorwireError:
                 raise
             except BaseException:
@@ -954,15 +982,23 @@ class MPI_Communicator:
         the region its start held)."""
         req = {"id": next(self._s._ids), "op": "wait", "req": rid}
         held = self._s._held.pop(rid, None)
+        s = self._s
         try:
-            _, out, name = self._s.call(req, stay=_nbytes(like) if recv and held is None else 0, inplace=True,
-                                        into=held)
+            _, out, name = s.call(req, stay=_nbytes(like) if recv and held is None else 0, inplace=True,
+                                  into=held)
         except BaseException:
+            s._quiet.discard(rid)
+            failed = s._quiet_err.pop(rid, None)
+            if failed is not None:
+                # Its start failed (a quiet request's error reply): the
+                # sidecar never used its region, and this is its error.
+                raise failed from None
             if held is not None:
                 # The request may still read or write its region (a Wait
                 # that timed out leaves it running): never reused.
-                self._s._orphans.append(held)
+                s._orphans.append(held)
             raise
+        s._quiet.discard(rid)
         if out is None:
             return None
         return _like(out, name, like)

@@ -389,3 +389,35 @@ class TestCollectiveReadme(unittest.TestCase):
                                capture_output=True, text=True, timeout=300)
         self.assertEqual(r.returncode, 0, r.stderr[-3000:])
         self.assertEqual(r.stdout.strip(), printed)
+
+
+class TestQuietStarts(unittest.TestCase):
+    """Pipe 5's quiet Isend and Irecv: the client does not wait for their
+    starts' replies; one whose start failed gets an error reply, which the
+    client reads past (keeping it) while it waits for a later call's reply,
+    and raises from that request's Wait instead of the sidecar's "not
+    pending". (The sidecar's side: cmd/tensorwire's
+    TestCollectiveSidecar_QuietP2P; the quiet path itself runs in every
+    Isend/Irecv test above.)"""
+
+    def test_failed_start_raised_by_its_wait(self):
+        import numpy as np
+        from tensorwire import collective as c
+
+        s = c._Sidecar.__new__(c._Sidecar)
+        s._quiet, s._quiet_err = {5}, {}
+        replies = [{"id": 5, "code": 3, "reason": "collective.argument", "msg": "collective: invalid argument: bad"},
+                   {"id": 6}]
+        s._read = lambda: replies.pop(0)
+        self.assertEqual(s._reply(6), {"id": 6})
+        self.assertEqual(s._quiet, set())
+        self.assertIsInstance(s._quiet_err[5], c.ArgumentError)
+
+        def call(req, *a, **kw):
+            raise c.WaitedError(f"wait: request {req['req']} is not pending")
+
+        s.call, s._ids, s._held, s._orphans = call, iter(range(7, 100)), {}, []
+        comm = c.MPI_Communicator(s)
+        with self.assertRaisesRegex(c.ArgumentError, "bad"):
+            comm._wait(5, np.zeros(4), recv=False)
+        self.assertEqual(s._quiet_err, {})

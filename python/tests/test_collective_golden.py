@@ -29,6 +29,8 @@ REQUESTS = [
                               "has": True, "dtype": "float32", "shape": [2, 3], "size": 1 << 20, "timeout": 0}),
     ("req-irecv-keep", {"at": 8192, "id": 13, "keep": True, "op": "irecv", "peer": 1, "has": True, "dtype": "float32",
                         "shape": [2, 3], "size": 1 << 20, "timeout": 0}),
+    ("req-isend-quiet", {"at": 8192, "id": 14, "keep": True, "op": "isend", "peer": 1, "quiet": True, "has": True,
+                         "dtype": "float32", "shape": [2, 3], "size": 1 << 20, "timeout": 0}),
     ("req-wait", {"id": 9, "op": "wait", "req": 8, "size": 1 << 20}),
 ]
 
@@ -86,7 +88,7 @@ class TestCollectiveGolden(unittest.TestCase):
         self.assertEqual(body("resp-out"), {"id": 7, "out": True, "dtype": "float32", "shape": [2, 3], "size": 1 << 20})
         self.assertEqual(body("resp-out-at"), {"id": 10, "off": 4096, "out": True, "dtype": "float32", "shape": [2, 3],
                                                "size": 1 << 20})
-        self.assertEqual(body("resp-hello"), {"pipe": 4, "rank": 2, "world": 4, "transport": "shm"})
+        self.assertEqual(body("resp-hello"), {"pipe": 5, "rank": 2, "world": 4, "transport": "shm"})
         err = body("resp-error")
         e = collective.from_wire(err["code"], err["msg"], err["reason"])
         self.assertIsInstance(e, collective.MismatchError)
