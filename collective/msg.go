@@ -212,8 +212,8 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 }
 
 // deliver hands message r, whose bytes (or first piece) are b, to its
-// consumer once the receiver posts it: collective.msg's work, and a
-// an inbox's (p2p_inbox.go). ctx ends with the sender's call.
+// consumer once the receiver posts it: collective.msg's work, and an
+// inbox's (p2p_inbox.go). ctx ends with the sender's call.
 func (m *mailbox) deliver(ctx context.Context, r msgReq, b []byte) error {
 	return m.deliverIf(ctx, r, b, false)
 }
