@@ -57,8 +57,8 @@ func printResult(w io.Writer, o *options, res *Result) {
 	if o.procs > 0 {
 		procs = fmt.Sprintf("GOMAXPROCS %d in every process", o.procs)
 	}
-	fmt.Fprintf(w, "\n%d CPUs, %s; %d epoch(s) per run, figures per epoch; training step %v (%s), %v (%s); datasets: ",
-		res.CPUs, procs, o.epochs, o.step, synthetic, o.fstep, fashion)
+	fmt.Fprintf(w, "\n%d CPUs, %s; %d epoch(s) per run (%s), %d (%s), figures per epoch; training step %v (%s), %v (%s); datasets: ",
+		res.CPUs, procs, o.epochs, synthetic, o.fepochs, fashion, o.step, synthetic, o.fstep, fashion)
 	for d, s := range res.Source {
 		fmt.Fprintf(w, "%s: %s (%d samples); ", d, s, res.Samples[d])
 	}

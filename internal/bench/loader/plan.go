@@ -31,7 +31,11 @@ const (
 // go, and collects their results and the CPU time the node spent meanwhile.
 func runPlan(ctx context.Context, o *options, p plan, prefix string, n int, root string, stderr io.Writer) (Figures, error) {
 	run := Figures{Dataset: p.dataset, Consumers: len(p.batches), Mode: p.mode, BatchSizes: p.batches, Samples: n}
-	common := []string{"--prefix", prefix, "--root", root, "--samples", strconv.Itoa(n), "--seed", strconv.FormatUint(o.seed, 10), "--epochs", strconv.Itoa(o.epochs),
+	epochs := o.epochs
+	if p.dataset == fashion {
+		epochs = o.fepochs
+	}
+	common := []string{"--prefix", prefix, "--root", root, "--samples", strconv.Itoa(n), "--seed", strconv.FormatUint(o.seed, 10), "--epochs", strconv.Itoa(epochs),
 		"--slots", strconv.Itoa(o.slots), "--views=" + strconv.FormatBool(o.views), "--workers", strconv.Itoa(o.workers), "--procs", strconv.Itoa(o.procs)}
 	if p.dataset == fashion {
 		common = append(common, "--transform", "--check", "index", "--producer-batch", strconv.Itoa(o.fpbatch), "--step", o.fstep.String())
