@@ -7,13 +7,16 @@ import (
 	"fmt"
 	"math/rand/v2"
 
+	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // helperHier is the "hier" role: it prints its topology, runs the checks
 // of helperCheck (a 1 MiB Allreduce, an Allgather of uneven sizes), then
 // a Bcast and a 2 MiB Allreduce of random float64 whose result's hash it
-// prints, for the test to compare across ranks.
+// prints, for the test to compare across ranks, and passes 1 KiB and 3
+// MiB messages around the ring of ranks (to a host-mate through its inbox,
+// to the other host over TCP), each checked.
 func helperHier(ctx context.Context, c *Comm) {
 	top, _ := json.Marshal(c.Topology())
 	fmt.Println("TOPOLOGY", string(top))
@@ -46,5 +49,26 @@ func helperHier(ctx context.Context, c *Comm) {
 		helperFail(fmt.Errorf("allreduce[0] = %v, want %v", yv[0], want))
 	}
 	fmt.Printf("HASH %x\n", sha256.Sum256(must1(y.Bytes())))
+	next, prev := (c.Rank()+1)%c.Size(), (c.Rank()+c.Size()-1)%c.Size()
+	for i, n := range []int{1 << 10, 3 << 20} {
+		out := make([]byte, n)
+		for j := range out {
+			out[j] = byte(c.Rank()*31 + j*7 + i)
+		}
+		x := must1(tensordict.FromBytes(memmap.Uint8, []int{n}, out))
+		in := must1(tensordict.Zeros(memmap.Uint8, n))
+		r := c.Isend(ctx, x, next, i)
+		if err := c.Recv(ctx, in, prev, i); err != nil {
+			helperFail(fmt.Errorf("recv %d bytes from rank %d: %w", n, prev, err))
+		}
+		if err := r.Wait(ctx); err != nil {
+			helperFail(fmt.Errorf("send %d bytes to rank %d: %w", n, next, err))
+		}
+		for j, b := range must1(in.Bytes()) {
+			if b != byte(prev*31+j*7+i) {
+				helperFail(fmt.Errorf("the %d bytes from rank %d differ at %d", n, prev, j))
+			}
+		}
+	}
 	fmt.Println("HIER DONE")
 }

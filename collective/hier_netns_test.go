@@ -100,8 +100,10 @@ func TestNetns_HierTwoByTwo(t *testing.T) {
 // 0: its host-mate, the other host's leader), ReduceScatters (4 MiB),
 // Gathers and Scatters (1 MiB a rank, to and from rank 0: its host-mate,
 // the other host's leader and host-mate) and Alltoalls (4 MiB: a host-mate,
-// a leader), which go by levels too: every other rank fails with
-// ErrPeerLost within its 20 s deadline, none hangs.
+// a leader), which go by levels too, and of messages passed around the
+// ring of ranks (to a host-mate through its inbox, to the other host over
+// TCP): every other rank fails with ErrPeerLost within its 20 s deadline,
+// none hangs.
 func TestNetns_HierRankKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes on network namespaces")
@@ -111,7 +113,8 @@ func TestNetns_HierRankKilled(t *testing.T) {
 		victim int
 	}{{"allreduce", 1}, {"allreduce", 2}, {"bcast", 1}, {"bcast", 2}, {"allgather", 3}, {"allgather", 2},
 		{"reduce", 1}, {"reduce", 2}, {"reduce-scatter", 3}, {"reduce-scatter", 0},
-		{"gather", 1}, {"gather", 2}, {"scatter", 3}, {"scatter", 2}, {"alltoall", 3}, {"alltoall", 0}} {
+		{"gather", 1}, {"gather", 2}, {"scatter", 3}, {"scatter", 2}, {"alltoall", 3}, {"alltoall", 0},
+		{"p2p-ring", 1}, {"p2p-ring", 2}} {
 		t.Run(fmt.Sprintf("%s rank %d", tc.op, tc.victim), func(t *testing.T) {
 			victim := tc.victim
 			ps := netnsRanks(t, "loop", Auto, []int{0, 0, 1, 1}, envOp+"="+tc.op)
