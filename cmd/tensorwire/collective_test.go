@@ -217,6 +217,13 @@ func startSidecarWith(t *testing.T, addr, shmDir string, rank, size int, tr coll
 
 func (p *pyRank) call(t *testing.T, req pyReq) map[string]any {
 	t.Helper()
+	p.send(t, req)
+	return p.read(t)
+}
+
+// send writes req (its Size 1 MiB when not set) without reading a reply.
+func (p *pyRank) send(t *testing.T, req pyReq) {
+	t.Helper()
 	if req.Size == 0 {
 		req.Size = 1 << 20
 	}
@@ -227,7 +234,6 @@ func (p *pyRank) call(t *testing.T, req pyReq) map[string]any {
 	if _, err := p.in.Write(b); err != nil {
 		t.Fatal(err)
 	}
-	return p.read(t)
 }
 
 func (p *pyRank) read(t *testing.T) map[string]any {
@@ -716,16 +722,7 @@ func TestCollectiveSidecar_QuietP2P(t *testing.T) {
 	ranks := shmPair(t, scs...)
 	want := f64bytes(1.5, 2.5, 3.5, 4.5)
 	eachRank(ranks, func(r int, p *pyRank) {
-		send := func(req pyReq) {
-			req.Size = 1 << 20
-			b, err := encodeFrame(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := p.in.Write(b); err != nil {
-				t.Fatal(err)
-			}
-		}
+		send := func(req pyReq) { p.send(t, req) }
 		if r == 0 {
 			// The replies are read as they come (the test's pipe holds
 			// nothing: a reply not read holds the sidecar back).
