@@ -38,7 +38,11 @@
 // Allreduce, a Bcast, an Allgather, a Reduce and a ReduceScatter go
 // through each host's mappings and between hosts over TCP, the other
 // collectives over TCP between every pair of ranks.
-// Point-to-point calls go over rpc on every transport.
+// Point-to-point calls between ranks that share a folder (shared
+// mappings, host-mates in a hierarchy) go through it: the bytes by
+// reference to a file of the sender's, the note and its answer through
+// the receiver's inbox (a ring per sender and a futex word); between
+// other ranks, over rpc.
 //
 // # Adjoints
 //
