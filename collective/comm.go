@@ -173,11 +173,13 @@ type joinReq struct {
 // file, the buffers' files in the folder, the reduced phase); 8: a
 // point-to-point message of a shared buffer by a reference to the buffer
 // (p2pRef.Buf); 9: point-to-point messages by reference announced and
-// answered through the receiver's inbox file (p2p_inbox.go), not rpc. Raise
-// it with any change to
+// answered through the receiver's inbox file (p2p_inbox.go), not rpc; 10: a
+// point-to-point message of at most wholeMax bytes not by reference sent
+// whole, its bytes beside its dtype and shape in one call. Raise it with
+// any change to
 // what a data message carries at a step, or to how the ranks use the
 // shared mappings.
-const protoVersion = 9
+const protoVersion = 10
 
 type joinResp struct {
 	Session uint64   `codec:"session"`

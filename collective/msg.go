@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -61,7 +62,11 @@ type slot struct {
 	// ref, when set, consumes the message when it comes with a reference
 	// (a point-to-point message's first piece): b as consume's, and the
 	// reader of the bytes referred to.
-	ref    func(b []byte, rd refReader) error
+	ref func(b []byte, rd refReader) error
+	// whole, when set, consumes the message when its first piece carries
+	// its bytes too (protocol 10: a small point-to-point message in one
+	// call): b as consume's, and the bytes.
+	whole  func(b, data []byte) error
 	taken  bool          // a handler is consuming it
 	posted chan struct{} // closed once consume is set
 	done   chan struct{} // closed once consumed
@@ -119,13 +124,14 @@ func isClosed(ch chan struct{}) bool {
 	}
 }
 
-// postRef is post for a message that may come with a reference: consume
-// takes it without one, ref with one.
-func (m *mailbox) postRef(k msgKey, consume func(b []byte) error, ref func(b []byte, rd refReader) error) *slot {
+// postRef is post for a message that may come with a reference or whole:
+// consume takes it without either, ref with a reference, whole with its
+// bytes in its first piece.
+func (m *mailbox) postRef(k msgKey, consume func(b []byte) error, ref func(b []byte, rd refReader) error, whole func(b, data []byte) error) *slot {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.slot(k)
-	s.consume, s.ref = consume, ref
+	s.consume, s.ref, s.whole = consume, ref, whole
 	close(s.posted)
 	return s
 }
@@ -198,7 +204,7 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 	if r.Session != c.session {
 		return rpc.Empty{}, errorf(ErrPeerLost, "a message for session %x reached session %x", r.Session, c.session)
 	}
-	var b []byte
+	var b, data []byte
 	if r.Data.TensorDict != nil {
 		t, err := r.Data.Tensor("b")
 		if err != nil {
@@ -207,15 +213,29 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 		if b, err = t.Bytes(); err != nil {
 			return rpc.Empty{}, err
 		}
+		if slices.Contains(r.Data.Keys(), "d") {
+			// A whole point-to-point message (protocol 10): its bytes
+			// after its dtype and shape.
+			t, err := r.Data.Tensor("d")
+			if err != nil {
+				return rpc.Empty{}, err
+			}
+			if data, err = t.Bytes(); err != nil {
+				return rpc.Empty{}, err
+			}
+			if data == nil {
+				data = []byte{}
+			}
+		}
 	}
-	return rpc.Empty{}, m.deliver(ctx, r, b)
+	return rpc.Empty{}, m.deliverIf(ctx, r, b, data, false)
 }
 
 // deliver hands message r, whose bytes (or first piece) are b, to its
 // consumer once the receiver posts it: collective.msg's work, and an
 // inbox's (p2p_inbox.go). ctx ends with the sender's call.
 func (m *mailbox) deliver(ctx context.Context, r msgReq, b []byte) error {
-	return m.deliverIf(ctx, r, b, false)
+	return m.deliverIf(ctx, r, b, nil, false)
 }
 
 // errNotPosted: deliverIf found the message's receive not posted.
@@ -223,8 +243,9 @@ var errNotPosted = errors.New("collective: the receive is not posted")
 
 // deliverIf is deliver; with posted, only when the message's receive is
 // posted now (else errNotPosted, and nothing changed), so that a caller
-// that must not wait (an inbox's loop) never waits for one.
-func (m *mailbox) deliverIf(ctx context.Context, r msgReq, b []byte, posted bool) error {
+// that must not wait (an inbox's loop) never waits for one. data, not
+// nil, is the bytes of a whole message (protocol 10), b its first piece.
+func (m *mailbox) deliverIf(ctx context.Context, r msgReq, b, data []byte, posted bool) error {
 	c := m.c
 	k := msgKey{src: r.Src, space: r.Space, seq: r.Seq, tag: r.Tag, step: r.Step, piece: r.Piece}
 	m.mu.Lock()
@@ -262,6 +283,10 @@ func (m *mailbox) deliverIf(ctx context.Context, r msgReq, b []byte, posted bool
 	// mapping: a fault there fails the message (and, through its waiter,
 	// the collective), not the process.
 	switch {
+	case data != nil && s.whole == nil:
+		s.err = ownErr(fmt.Errorf("rank %d sent its bytes in a message's first piece (space %d, step %d), which takes none", r.Src, r.Space, r.Step))
+	case data != nil:
+		s.err = guardOwn(func() error { return s.whole(b, data) })
 	case r.Ref == nil:
 		s.err = guardOwn(func() error { return s.consume(b) })
 	case s.ref == nil:
@@ -291,6 +316,23 @@ func (c *Comm) send(ctx context.Context, dst int, k msgKey, b []byte) error {
 
 // sendReq is send with a reference (nil: none).
 func (c *Comm) sendReq(ctx context.Context, dst int, k msgKey, b []byte, ref *p2pRef) error {
+	return c.sendMsg(ctx, dst, k, b, nil, ref)
+}
+
+// wholeMax is the largest point-to-point message sent whole, its bytes
+// beside its dtype and shape in one call (protocol 10), where it does not
+// go by reference: above it, a receiver whose tensor does not fit learns
+// so before the bytes travel.
+const wholeMax = 64 << 10
+
+// sendWhole sends point-to-point message k whole: its first piece m and
+// its bytes data (key "d" of the message's TensorDict) in one call.
+func (c *Comm) sendWhole(ctx context.Context, dst int, k msgKey, m, data []byte) error {
+	return c.sendMsg(ctx, dst, k, m, data, nil)
+}
+
+// sendMsg is sendReq, with data (not nil) the bytes of a whole message.
+func (c *Comm) sendMsg(ctx context.Context, dst int, k msgKey, b, data []byte, ref *p2pRef) error {
 	cl, err := c.client(ctx, dst)
 	if err != nil {
 		return c.lostErr(ctx, dst, err)
@@ -298,12 +340,20 @@ func (c *Comm) sendReq(ctx context.Context, dst int, k msgKey, b []byte, ref *p2
 	req := msgReq{Session: c.session, Src: c.rank, Space: k.space, Seq: k.seq, Tag: k.tag, Step: k.step, Piece: k.piece, Ref: ref}
 	if len(b) > 0 {
 		td, _ := tensordict.New()
-		t, err := tensordict.FromBytes(memmap.Uint8, []int{len(b)}, b)
-		if err != nil {
-			return err
-		}
-		if err := td.Set("b", t); err != nil {
-			return err
+		for _, kv := range []struct {
+			key string
+			b   []byte
+		}{{"b", b}, {"d", data}} {
+			if kv.b == nil {
+				continue
+			}
+			t, err := tensordict.FromBytes(memmap.Uint8, []int{len(kv.b)}, kv.b)
+			if err != nil {
+				return err
+			}
+			if err := td.Set(kv.key, t); err != nil {
+				return err
+			}
 		}
 		req.Data = rpc.Ref(td)
 	}

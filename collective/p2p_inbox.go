@@ -308,7 +308,7 @@ func (c *Comm) inboxRing(b *inbox, s int, closing bool) {
 					// Its receive is waiting and its bytes are there whole:
 					// copied here (at most a chunk), saving a goroutine's
 					// start and wake-up on the way.
-					if err := c.box.deliverIf(context.Background(), req, meta, true); err != errNotPosted {
+					if err := c.box.deliverIf(context.Background(), req, meta, nil, true); err != errNotPosted {
 						answerEntry(b.m, base, use, err)
 						return nil
 					}

@@ -67,8 +67,9 @@ func liveRegions(c *Comm) (regions, arenas int) {
 // (all on SHM, host-mates in a hierarchy) every message goes by reference
 // with its note through the receiver's inbox (Config.ShmSendMin 0), or
 // those of at least ShmSendMin (min 4 KiB), counted on both sides; the
-// others, and every message with ShmSendMin -1 or over TCP, go inline. No
-// region stays in use.
+// others, and every message with ShmSendMin -1 or over TCP, go inline,
+// those of 1 byte to 64 KiB whole (one call), counted. No region stays in
+// use.
 func TestP2P_ByReference(t *testing.T) {
 	sizes := []int{0, 100, ShmSendMinDefault - 8, ShmSendMinDefault, 1<<20 + 24, 3 << 20}
 	for _, l := range p2pLayouts {
@@ -121,16 +122,22 @@ func TestP2P_ByReference(t *testing.T) {
 					return 0, nil
 				})
 				for r, c := range comms {
-					want := 0
+					want, whole := 0, 0
 					for peer := range n {
-						if peer == r || off || !l.shares(r, peer) {
+						if peer == r {
 							continue
 						}
 						for _, s := range sizes {
-							if s >= least {
+							switch {
+							case !off && l.shares(r, peer) && s >= least:
 								want++
+							case s > 0 && s <= wholeMax:
+								whole++ // inline, in one call (protocol 10)
 							}
 						}
+					}
+					if got := int(c.p2pStat.whole.Load()); got != whole {
+						t.Errorf("rank %d: %d messages sent whole, want %d", r, got, whole)
 					}
 					if s, g := int(c.p2pStat.sent.Load()), int(c.p2pStat.received.Load()); s != want || g != want {
 						t.Errorf("rank %d: %d messages sent and %d received by reference, want %d each", r, s, g, want)

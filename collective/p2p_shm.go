@@ -484,9 +484,11 @@ func (in *p2pIn) close() {
 
 // p2pStats counts the messages by reference, for tests and benchmarks;
 // shared, those received from a shared buffer (readShared); rung, those
-// sent whose note went through the receiver's inbox (p2p_inbox.go).
+// sent whose note went through the receiver's inbox (p2p_inbox.go); whole,
+// those sent inline in one call, their bytes beside their dtype and shape
+// (wholeMax).
 type p2pStats struct {
-	sent, received, shared, rung atomic.Uint64
+	sent, received, shared, rung, whole atomic.Uint64
 }
 
 // refReader reads a message by reference: it claims the region, calls fn
