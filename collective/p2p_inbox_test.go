@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -29,11 +30,7 @@ func inboxMsg(t *testing.T, i int) *tensordict.Tensor {
 // within polls cond for up to 10 s.
 func within(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 10 s: %s", what)
-		}
-	}
+	svctest.Poll(t, 10*time.Second, what, cond)
 }
 
 func linuxOnly(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -200,11 +201,7 @@ func ctxT(t *testing.T) context.Context {
 // poll waits up to 30 s for cond.
 func poll(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
+	svctest.Poll(t, 30*time.Second, what, cond)
 }
 
 func TestManager_Predict(t *testing.T) {

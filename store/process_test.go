@@ -206,14 +206,10 @@ func drainAll(t *testing.T, ctx context.Context, c *Client, d *drained) {
 	}
 }
 
-// waitFor polls cond every 10 ms for up to 30 s.
+// waitFor polls cond for up to 30 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after 30 s", what)
-		}
-	}
+	svctest.Poll(t, 30*time.Second, what, cond)
 }
 
 // TestProcess_NodeKilledAndRestarted kills the node with SIGKILL while

@@ -113,3 +113,14 @@ func CrossTheWire(t *testing.T, sentinels []Sentinel) {
 		})
 	}
 }
+
+// Poll calls cond every millisecond until it is true, failing t (with
+// what) when it is not within d.
+func Poll(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", d, what)
+		}
+	}
+}
