@@ -352,18 +352,28 @@ func TestProcess_RankKilled(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	for _, tr := range transports() {
-		t.Run(string(tr), func(t *testing.T) {
-			addr, dir := freeAddr(t), t.TempDir()
-			ps := startRanks(t, "loop", tr, addr, dir, 4, seq(4)...)
-			for _, p := range ps {
-				p.Expect(t, "JOINED")
-			}
-			for _, p := range ps {
-				p.Expect(t, "ITER 3")
-			}
-			killAndRejoin(t, ps, tr, addr, dir)
-		})
+		t.Run(string(tr), func(t *testing.T) { killMidLoop(t, tr, "", 3) })
 	}
+}
+
+// killMidLoop starts 4 ranks in the "loop" role on tr running op (helperLoop's;
+// "": allreduce), waits until each has done iters iterations, then
+// kills one and has the others rejoin (killAndRejoin).
+func killMidLoop(t *testing.T, tr Transport, op string, iters int) {
+	t.Helper()
+	addr, dir := freeAddr(t), t.TempDir()
+	ps := make([]*proctest.Proc, 4)
+	for r := range ps {
+		ps[r] = proctest.Start(t, envRole+"=loop", envRank+"="+strconv.Itoa(r), envSize+"=4",
+			envAddr+"="+addr, envTransport+"="+string(tr), envDir+"="+dir, envOp+"="+op)
+	}
+	for _, p := range ps {
+		p.Expect(t, "JOINED")
+	}
+	for _, p := range ps {
+		p.Expect(t, fmt.Sprintf("ITER %d", iters))
+	}
+	killAndRejoin(t, ps, tr, addr, dir)
 }
 
 // killAndRejoin kills rank 2 of the "loop" ranks ps with SIGKILL: every
@@ -397,21 +407,7 @@ func TestProcess_SharedRankKilled(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	for _, op := range []string{"alloc-allreduce", "alloc-allgather"} {
-		t.Run(op, func(t *testing.T) {
-			addr, dir := freeAddr(t), t.TempDir()
-			ps := make([]*proctest.Proc, 4)
-			for r := range ps {
-				ps[r] = proctest.Start(t, envRole+"=loop", envRank+"="+strconv.Itoa(r), envSize+"=4",
-					envAddr+"="+addr, envTransport+"="+string(SHM), envDir+"="+dir, envOp+"="+op)
-			}
-			for _, p := range ps {
-				p.Expect(t, "JOINED")
-			}
-			for _, p := range ps {
-				p.Expect(t, "ITER 3")
-			}
-			killAndRejoin(t, ps, SHM, addr, dir)
-		})
+		t.Run(op, func(t *testing.T) { killMidLoop(t, SHM, op, 3) })
 	}
 }
 
@@ -425,21 +421,7 @@ func TestProcess_P2PRankKilled(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	for _, tr := range transports() {
-		t.Run(string(tr), func(t *testing.T) {
-			addr, dir := freeAddr(t), t.TempDir()
-			ps := make([]*proctest.Proc, 4)
-			for r := range ps {
-				ps[r] = proctest.Start(t, envRole+"=loop", envRank+"="+strconv.Itoa(r), envSize+"=4",
-					envAddr+"="+addr, envTransport+"="+string(tr), envDir+"="+dir, envOp+"=p2p-ring")
-			}
-			for _, p := range ps {
-				p.Expect(t, "JOINED")
-			}
-			for _, p := range ps {
-				p.Expect(t, "ITER 5")
-			}
-			killAndRejoin(t, ps, tr, addr, dir)
-		})
+		t.Run(string(tr), func(t *testing.T) { killMidLoop(t, tr, "p2p-ring", 5) })
 	}
 }
 
