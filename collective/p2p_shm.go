@@ -882,7 +882,9 @@ func (in *p2pIn) putShared(p *peerBuf) {
 	}
 }
 
-// sharedPath is rank src's shared buffer idx in folder dir.
+// sharedPath is the file of shared buffer idx of rank (a group member)
+// src in folder dir: the one name its owner makes and the others map
+// (shm_shared_linux.go, and p2pIn.shared for messages that refer to it).
 func sharedPath(dir string, src int, idx uint32) string {
 	return filepath.Join(dir, fmt.Sprintf("rank-%d.s%d", src, idx))
 }

@@ -58,15 +58,13 @@ type sharedRef struct {
 	inOff, outOff int
 }
 
-func (g *shmGroup) sharedName(idx uint32) string { return fmt.Sprintf("s%d", idx) }
-
 // alloc makes a shared buffer of n bytes and returns its bytes.
 func (g *shmGroup) alloc(n int) ([]byte, error) {
 	g.sh.mu.Lock()
 	defer g.sh.mu.Unlock()
 	idx := g.sh.next
 	size := (max(n, 1) + 4095) &^ 4095
-	m, err := shm.Create(g.path(g.sharedName(idx)), size, 0o600)
+	m, err := shm.Create(sharedPath(g.dir, g.me, idx), size, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +81,7 @@ func (g *shmGroup) free(b []byte) error {
 	for i, f := range g.sh.own {
 		if f.m != nil && sameMem(f.mem, b) {
 			g.sh.own = append(g.sh.own[:i], g.sh.own[i+1:]...)
-			os.Remove(g.path(g.sharedName(f.idx)))
+			os.Remove(sharedPath(g.dir, g.me, f.idx))
 			return f.m.Close()
 		}
 	}
@@ -110,7 +108,7 @@ func (g *shmGroup) register(path string, mem []byte) error {
 	idx := g.sh.next
 	// A hard link: the file stays reachable when its owner unlinks it, as
 	// a Python rank does its data file.
-	if err := os.Link(abs, g.path(g.sharedName(idx))); err != nil {
+	if err := os.Link(abs, sharedPath(g.dir, g.me, idx)); err != nil {
 		return fmt.Errorf("collective: register %s: it must be on the file system of the shared folder %s: %w", path, g.dir, err)
 	}
 	g.sh.next++
@@ -129,7 +127,7 @@ func (g *shmGroup) deregister(path string) error {
 	for i, f := range g.sh.own {
 		if f.m == nil && f.path == abs {
 			g.sh.own = append(g.sh.own[:i], g.sh.own[i+1:]...)
-			os.Remove(g.path(g.sharedName(f.idx)))
+			os.Remove(sharedPath(g.dir, g.me, f.idx))
 			return nil
 		}
 	}
@@ -258,14 +256,14 @@ func (g *shmGroup) peerShared(r int, idx uint32, off, n int) ([]byte, error) {
 		// A file of r's not mapped yet: let go of the mappings of those r
 		// has freed since (their pages stay while a mapping holds them).
 		for i, pm := range g.sh.peers[r] {
-			if _, err := os.Stat(g.peerPath(r, g.sharedName(i))); err != nil {
+			if _, err := os.Stat(sharedPath(g.dir, r, i)); err != nil {
 				g.sh.retired = append(g.sh.retired, pm)
 				delete(g.sh.peers[r], i)
 			}
 		}
 	}
 	if m == nil || m.Len() < off+n {
-		path := g.peerPath(r, g.sharedName(idx))
+		path := sharedPath(g.dir, r, idx)
 		fi, err := os.Stat(path)
 		if err != nil {
 			return nil, ownErr(fmt.Errorf("rank %d's shared buffer: %w", r, err))
@@ -305,7 +303,7 @@ func (g *shmGroup) closeShared() {
 	}
 	g.sh.retired = nil
 	for _, f := range g.sh.own {
-		os.Remove(g.path(g.sharedName(f.idx)))
+		os.Remove(sharedPath(g.dir, g.me, f.idx))
 	}
 }
 
