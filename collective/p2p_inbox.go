@@ -449,11 +449,19 @@ type peerInboxes struct {
 type peerInbox struct {
 	m       *shm.Map // nil: the rank has no inbox
 	users   int
-	dropped bool               // faulted: unmapped with its last use
-	busy    [inboxSlots]bool   // in use by a call, or left to reclaim
-	left    [inboxSlots]bool   // given up on while taken: free once answered
-	uses    [inboxSlots]uint32 // postings, for the state word
+	dropped bool                  // faulted: unmapped with its last use
+	slots   [inboxSlots]entryHold // this rank's hold on each entry of its ring
+	uses    [inboxSlots]uint32    // postings, for the state word
 }
+
+// entryHold is a sender's hold on an entry of its ring.
+type entryHold uint8
+
+const (
+	entryOurs  entryHold = iota // free for a posting
+	entryInUse                  // a call's
+	entryLeft                   // given up on while taken: ours again once answered
+)
 
 // acquire returns dest's inbox (in dir, of a communicator of n ranks) and a
 // free entry of this rank's ring there; ok false when there is none.
@@ -487,15 +495,15 @@ func (o *peerInboxes) acquire(dir string, me, dest, n int) (p *peerInbox, slot i
 		return nil, 0, false
 	}
 	for i := range inboxSlots {
-		if p.left[i] {
+		if p.slots[i] == entryLeft {
 			base := inboxHeader + me*inboxRing + i*inboxEntry
 			var st uint32
 			if guardOwn(func() error { st = p.m.Uint32(base).Load(); return nil }) == nil && st&7 == entryAnswered {
-				p.left[i], p.busy[i] = false, false
+				p.slots[i] = entryOurs
 			}
 		}
-		if !p.busy[i] {
-			p.busy[i] = true
+		if p.slots[i] == entryOurs {
+			p.slots[i] = entryInUse
 			p.users++
 			p.uses[i]++
 			return p, i, true
@@ -509,10 +517,9 @@ func (o *peerInboxes) acquire(dir string, me, dest, n int) (p *peerInbox, slot i
 func (o *peerInboxes) release(p *peerInbox, i int, left bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	p.slots[i] = entryOurs
 	if left {
-		p.left[i] = true
-	} else {
-		p.busy[i] = false
+		p.slots[i] = entryLeft
 	}
 	p.users--
 	if (o.closed || p.dropped) && p.users == 0 && p.m != nil {
