@@ -163,11 +163,7 @@ func publishPipe(s *shmPub) error {
 	if err != nil {
 		return err
 	}
-	root := -1
-	if s.d.kind == kindReduce {
-		root = s.d.root
-	}
-	if s.c.shm.deferredPipe(s.set, s.d.kind, root) {
+	if s.c.shm.deferredPipe(s.set, s.d.kind, s.d.root) {
 		return nil
 	}
 	for c := range min(pipeSlots-1, l.k) {
@@ -208,12 +204,8 @@ func shmPipeReduce(ctx context.Context, s *shmRun) error {
 	// The first pipeSlots-1 chunks: in with the publish, or now for a
 	// rank that deferred them; each rank says so, and every rank waits
 	// for every rank's before it reads them (in the loop).
-	root := -1
-	if p.kind == kindReduce {
-		root = p.root
-	}
 	first := min(pipeSlots-1, l.k)
-	if s.g.deferredPipe(s.set, p.kind, root) {
+	if s.g.deferredPipe(s.set, p.kind, p.root) {
 		for c := range first {
 			l.copyIn(mine, in, me, c)
 		}

@@ -198,13 +198,13 @@ func (g *shmGroup) putRef(set int, cl *call) bool {
 }
 
 // deferredPipe reports whether this rank's tensors of the reduction of
-// kind k (root: Reduce's, else -1) in set are shared buffers as the
+// kind k (root: Reduce's; the others' is not looked at) in set are shared buffers as the
 // in-place path wants them (its input, and its output on every rank of an
 // Allreduce and on Reduce's root: putRef's words): its pipelined publish
 // then leaves its first chunks for the data phase (publishPipe).
 func (g *shmGroup) deferredPipe(set int, k kind, root int) bool {
 	want := uint64(refIn)
-	if k == kindAllreduce || g.me == root {
+	if k == kindAllreduce || (k == kindReduce && g.me == root) {
 		want |= refOut
 	}
 	return g.word64(g.me, ctlRef+64*set+refBits).Load()&want == want
