@@ -726,10 +726,18 @@ func TestCollectiveSidecar_QuietP2P(t *testing.T) {
 		if r == 0 {
 			// The replies are read as they come (the test's pipe holds
 			// nothing: a reply not read holds the sidecar back).
+			// (Not p.read, whose t.Fatal must not run off the test's
+			// goroutine: a reply that does not come is a nil map here.)
 			replies := make(chan map[string]any, 3)
 			go func() {
+				defer close(replies)
 				for range 3 {
-					replies <- p.read(t)
+					body, err := readFrame(p.out)
+					var m map[string]any
+					if err != nil || decodeInto(body, &m) != nil {
+						return
+					}
+					replies <- m
 				}
 			}()
 			p.f.WriteAt(want, 8192)
