@@ -555,6 +555,67 @@ func TestP2P_MalformedReference(t *testing.T) {
 	})
 }
 
+// TestP2P_SenderGaveUpIsAborted: a message whose sender gave up on it
+// (withdrew it before the receiver claimed it, or failed part-way through
+// its pipeline) fails its receive with ErrAborted naming the sender, as
+// the communicator's failures do, so that a receiver learns the peer
+// abandoned the exchange, not of an unclassified error. A kill test
+// (TestProcess_P2PRankKilled) found a survivor failing with the plain
+// error when its sender withdrew on its own communicator failing.
+func TestP2P_SenderGaveUpIsAborted(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared mappings need Linux")
+	}
+	comms := group(t, 2, SHM)
+	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+		if c.Rank() == 0 {
+			return 0, c.Send(ctx, f64(t, 1<<10), 1, 0)
+		}
+		return 0, c.Recv(ctx, f64(t, 1<<10), 0, 0)
+	})
+	c, a := comms[1], comms[0].p2pOut.cur
+	for i, tc := range []struct {
+		name  string
+		state uint64
+		fill  uint32
+		want  string
+	}{
+		{"withdrawn", stateWord(1000, refWithdrawn), 0, "rank 0 withdrew its message"},
+		{"failed part-way", stateWord(1001, refReady), fillFailed, "rank 0 gave up on its message part-way"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a.m.Uint64(0).Store(tc.state)
+			a.m.Uint32(refFill).Store(tc.fill)
+			ref := p2pRef{Gen: a.gen, ID: tc.state >> 2, Len: 8 << 10, Off: 0, Size: uint64(a.size)}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			tag := 200 + i
+			r := c.Irecv(ctx, f64(t, 1<<10), 0, tag)
+			m := meta(memmap.Float64, []int{1 << 10})
+			td, _ := tensordict.New()
+			mt, _ := tensordict.FromBytes(memmap.Uint8, []int{len(m)}, m)
+			if err := td.Set("b", mt); err != nil {
+				t.Fatal(err)
+			}
+			seq := c.recvSeq[p2pKey{0, tag}] - 1
+			_, herr := c.box.handle(ctx, msgReq{Session: c.session, Src: 0, Space: spaceP2P, Seq: seq, Tag: int64(tag), Data: rpc.Ref(td), Ref: &ref})
+			if err := r.Wait(ctx); !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("the receive: %v, want ErrAborted saying %q", err, tc.want)
+			}
+			if herr == nil {
+				t.Errorf("the sender's answer: nil, want the receive's error")
+			}
+		})
+	}
+	// The pair still exchanges messages.
+	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+		if c.Rank() == 0 {
+			return 0, c.Send(ctx, f64(t, 1<<10), 1, 1)
+		}
+		return 0, c.Recv(ctx, f64(t, 1<<10), 0, 1)
+	})
+}
+
 // TestP2P_ArenasGrowAndGo: messages larger than the sender's arena, and
 // more in flight than it holds, make new arenas (larger ones); the old
 // are removed from the folder once their messages are done, and the

@@ -519,7 +519,7 @@ func (c *Comm) refReaderFor(ctx context.Context, src int, ref *p2pRef) refReader
 		defer c.p2pIn.put(p)
 		w := p.m.Uint64(int(ref.Off))
 		if !w.CompareAndSwap(stateWord(ref.ID, refReady), stateWord(ref.ID, refReading)) {
-			return fmt.Errorf("rank %d withdrew its message (its call ended before rank %d read it)", src, c.rank)
+			return fmt.Errorf("rank %d withdrew its message (its call ended before rank %d read it): %w", src, c.rank, ErrAborted)
 		}
 		defer w.Store(stateWord(ref.ID, refRead))
 		fill := p.m.Uint32(int(ref.Off) + refFill)
@@ -565,7 +565,7 @@ func (c *Comm) readShared(dir string, src int, b *p2pBuf, fill *shm.Uint32, fn f
 		testSharedP2PRead()
 	}
 	if fill.Load() == fillFailed {
-		return fmt.Errorf("rank %d gave up sending its message while rank %d read it", src, c.rank)
+		return fmt.Errorf("rank %d gave up sending its message while rank %d read it: %w", src, c.rank, ErrAborted)
 	}
 	c.p2pStat.received.Add(1)
 	c.p2pStat.shared.Add(1)
@@ -579,7 +579,7 @@ func (c *Comm) readShared(dir string, src int, b *p2pBuf, fill *shm.Uint32, fn f
 func (c *Comm) waitFill(ctx context.Context, src int, w *shm.Uint32, v uint32) error {
 	ok := func(cur uint32) (bool, error) {
 		if cur == fillFailed {
-			return false, fmt.Errorf("rank %d could not copy its message in (a fault on its tensor)", src)
+			return false, fmt.Errorf("rank %d gave up on its message part-way (its call ended, or a fault on its tensor): %w", src, ErrAborted)
 		}
 		return cur >= v, nil
 	}
