@@ -243,7 +243,11 @@ func TestProcess_FailuresReachTheClient(t *testing.T) {
 		return st
 	}
 	base := stats().Batches
-	poll(t, "the gated batch to start", func() bool { return stats().Queued == 0 && stats().Requests >= 5 })
+	// One snapshot: the gated request queued (Requests) and taken (Queued
+	// 0) at once. Two calls could see Queued 0 before it came and
+	// Requests 5 after, with it still in the open batch, where the next
+	// request would join it and the queue never reach 4 rows.
+	poll(t, "the gated batch to start", func() bool { st := stats(); return st.Queued == 0 && st.Requests >= 5 })
 	var queued []*Call
 	for i := range 2 {
 		queued = append(queued, c.Go(ctx, rowsOf(t, 10*i, 2)))
