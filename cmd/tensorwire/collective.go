@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorwire/tensorwire/collective"
@@ -94,13 +95,14 @@ func runCollective(ctx context.Context, args []string, stdout, stderr io.Writer)
 // sidecar is one Python rank's Go rank.
 type sidecar struct {
 	frozenAfter time.Duration
-	ppid        int // the parent watched for SIGSTOP (0: none)
+	ppid        int // the parent watched for SIGSTOP and its exit (0: none)
 	bellPath    string
 	spin        time.Duration
 
 	bell *bell // nil: the pipe alone
 
 	c    *collective.Comm
+	cm   atomic.Pointer[collective.Comm] // c, for the watchers' goroutines
 	d    *dataFile
 	out  *bufio.Writer
 	reqs map[int64]*pending
@@ -121,7 +123,7 @@ type pending struct {
 
 // errParentGone and errParentFrozen are why a sidecar stops.
 var (
-	errParentGone   = errors.New("its Python process is gone (the sidecar's stdin closed)")
+	errParentGone   = errors.New("its Python process is gone (it exited, or the sidecar's stdin closed)")
 	errParentFrozen = errors.New("its Python process is stopped")
 )
 
@@ -171,6 +173,7 @@ func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath str
 		return err
 	}
 	s.c = c
+	s.cm.Store(c)
 	defer c.Close()
 	// The data file is a shared buffer of the communicator: an Allreduce
 	// of tensors in it on every rank reads and writes them where they are
@@ -231,9 +234,11 @@ func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath str
 // frames returns the function that gives the next frame from in, false
 // once there is none (in closed, or ctx ended). Where it can, it reads in
 // on the caller's goroutine, one wake-up fewer per call, and watches in
-// for its writer's end (POLLHUP) beside it, so that a call in flight
-// breaks off when the parent dies; elsewhere a goroutine reads in and
-// hands the frames over.
+// for its writer's end (POLLHUP), and the parent for its exit, beside it
+// (watchGone), so that a call in flight breaks off when the parent dies,
+// and the sidecar goes when the parent died leaving a child that holds
+// in's write end; elsewhere a goroutine reads in and hands the frames
+// over.
 func (s *sidecar) frames(ctx context.Context, cancel context.CancelCauseFunc, in io.Reader) func() ([]byte, bool) {
 	ended := func(err error) {
 		if errors.Is(err, io.EOF) {
@@ -243,7 +248,15 @@ func (s *sidecar) frames(ctx context.Context, cancel context.CancelCauseFunc, in
 		}
 	}
 	r := bufio.NewReader(in)
-	if f, ok := in.(*os.File); ok && watchHangup(ctx, f, func() { cancel(errParentGone) }) {
+	exited := func() {
+		// The pipe's writer lives on in a child of the parent's, so the
+		// frame read would wait for it: the rank breaks off, and the
+		// process goes, since nobody is left to answer.
+		s.breakOff(cancel, errParentGone)
+		slog.Warn("collective sidecar stops", "why", errParentGone)
+		os.Exit(1)
+	}
+	if f, ok := in.(*os.File); ok && watchGone(ctx, f, s.ppid, func() { cancel(errParentGone) }, exited) {
 		return func() ([]byte, bool) {
 			b, err := readFrame(r)
 			if err != nil {
@@ -279,6 +292,16 @@ func (s *sidecar) frames(ctx context.Context, cancel context.CancelCauseFunc, in
 	}
 }
 
+// breakOff ends the sidecar's calls with why (ctx's cause) and closes its
+// communicator, if it joined one, so that the others see this rank lost
+// at once, not at their next keep-alive. Any goroutine may call it.
+func (s *sidecar) breakOff(cancel context.CancelCauseFunc, why error) {
+	cancel(why)
+	if c := s.cm.Load(); c != nil {
+		c.Close()
+	}
+}
+
 // watchParent breaks the rank off when its parent stays stopped for
 // frozenAfter: the other ranks then fail as they would with a frozen Go
 // rank, instead of waiting for its calls forever.
@@ -306,10 +329,7 @@ func (s *sidecar) watchParent(ctx context.Context, cancel context.CancelCauseFun
 		case since.IsZero():
 			since = time.Now()
 		case time.Since(since) >= s.frozenAfter:
-			cancel(fmt.Errorf("%w for %v", errParentFrozen, s.frozenAfter))
-			if s.c != nil {
-				s.c.Close() // the others see the rank lost now, not at their next keep-alive
-			}
+			s.breakOff(cancel, fmt.Errorf("%w for %v", errParentFrozen, s.frozenAfter))
 			return
 		}
 	}

@@ -290,6 +290,21 @@ def mode_kill(comm):
                     # waiting for the others (who come a second later).
                     import threading
                     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                elif how == "forked":
+                    # A child forked as a DataLoader worker is (it holds
+                    # every fd the rank had, the write end of its
+                    # sidecar's pipe too) outlives the rank, killed
+                    # between calls.
+                    child = os.fork()
+                    if child == 0:
+                        devnull = os.open(os.devnull, os.O_RDWR)
+                        os.dup2(devnull, 1)
+                        os.dup2(devnull, 2)
+                        time.sleep(120)
+                        os._exit(0)
+                    with open(os.environ["TW_CHILD"], "w") as f:
+                        json.dump({"pid": child, "killed_at": time.time()}, f)
+                    os.kill(os.getpid(), signal.SIGKILL)
                 else:
                     if how == "stop":
                         os.kill(os.getpid(), signal.SIGSTOP)

@@ -9,6 +9,7 @@ plain computation and the dot-product test of every adjoint
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -211,10 +212,10 @@ class TestCollectiveFailures(unittest.TestCase):
                 self.assertEqual(msg, reports[0]["messages"][what], what)
         self.assertIn("root 3 is not a rank of 3", reports[0]["messages"]["root"])
 
-    def _killed(self, how, transport):
+    def _killed(self, how, transport, extra=None):
         new_port = stable_port()
         procs, _ = start_ranks("kill", 3, transport, {"KILL_RANK": "2", "NEW_PORT": str(new_port),
-                                                       "KILL_HOW": how})
+                                                       "KILL_HOW": how, **(extra or {})})
         t0 = time.monotonic()
         reports = finish(self, procs[:2], timeout=120, want_rc=None)
         took = time.monotonic() - t0
@@ -245,6 +246,28 @@ class TestCollectiveFailures(unittest.TestCase):
         for transport in ("shm", "tcp"):
             with self.subTest(transport=transport):
                 self._killed("inflight", transport)
+
+    def test_rank_killed_with_a_forked_child(self):
+        """kill -9 of a Python rank whose forked child (a DataLoader
+        worker, say) lives on, holding the write end of the sidecar's
+        pipe: the sidecar sees its parent gone all the same and leaves, so
+        the others fail within seconds, not when the child exits."""
+        for transport in ("shm", "tcp"):
+            with self.subTest(transport=transport), tempfile.TemporaryDirectory() as d:
+                child = os.path.join(d, "child")
+                try:
+                    reports = self._killed("forked", transport, {"TW_CHILD": child})
+                    with open(child) as f:
+                        killed_at = json.load(f)["killed_at"]
+                    for r in (0, 1):
+                        self.assertLess(reports[r]["at"] - killed_at, 20, f"rank {r}")
+                finally:
+                    if os.path.exists(child):
+                        with open(child) as f:
+                            try:
+                                os.kill(json.load(f)["pid"], signal.SIGKILL)
+                            except ProcessLookupError:
+                                pass
 
     def test_sidecar_killed(self):
         """kill -9 of a Python rank's sidecar mid-loop: that rank gets

@@ -1,0 +1,60 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// watchGone calls hangup once f, the read end of the pipe from the Python
+// process, has no writer left (POLLHUP), or exited once process ppid,
+// that Python process (when over 1), has exited, whichever comes first
+// (one call, on a goroutine of its own); it reports whether it watches. The second matters where the process forked
+// children before it died (DataLoader workers, multiprocessing): they
+// hold the pipe's write end, so the hang-up comes only when the last of
+// them goes, and the other ranks would wait for this one meanwhile. ppid
+// is watched through a pidfd (Linux 5.3 on); where none can be had, the
+// pipe alone. poll with no events asked for the pipe still reports its
+// hang-up, and never its data, which the caller reads meanwhile.
+func watchGone(ctx context.Context, f *os.File, ppid int, hangup, exited func()) bool {
+	fi, err := f.Stat()
+	if err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+		return false
+	}
+	fds := []unix.PollFd{{Fd: int32(f.Fd()), Events: 0}}
+	if ppid > 1 {
+		if pfd, err := unix.PidfdOpen(ppid, 0); err == nil {
+			if os.Getppid() != ppid {
+				// It exited before the pidfd was opened (this process has
+				// another parent now): the pidfd may be another process's.
+				unix.Close(pfd)
+				go exited()
+				return true
+			}
+			fds = append(fds, unix.PollFd{Fd: int32(pfd), Events: unix.POLLIN})
+		}
+	}
+	go func() {
+		if len(fds) > 1 {
+			defer unix.Close(int(fds[1].Fd))
+		}
+		for ctx.Err() == nil {
+			n, err := unix.Poll(fds, 1000)
+			if err == unix.EINTR || n == 0 {
+				continue
+			}
+			switch {
+			case err != nil || fds[0].Revents != 0:
+				hangup()
+				return
+			case len(fds) > 1 && fds[1].Revents != 0:
+				exited()
+				return
+			}
+		}
+	}()
+	return true
+}
