@@ -26,14 +26,12 @@ func watchGone(ctx context.Context, f *os.File, ppid int, hangup, exited func())
 	}
 	fds := []unix.PollFd{{Fd: int32(f.Fd()), Events: 0}}
 	if ppid > 1 {
-		if pfd, err := unix.PidfdOpen(ppid, 0); err == nil {
-			if os.Getppid() != ppid {
-				// It exited before the pidfd was opened (this process has
-				// another parent now): the pidfd may be another process's.
-				unix.Close(pfd)
-				go exited()
-				return true
-			}
+		pfd, gone, err := pidFD(ppid)
+		switch {
+		case gone:
+			go exited()
+			return true
+		case err == nil:
 			fds = append(fds, unix.PollFd{Fd: int32(pfd), Events: unix.POLLIN})
 		}
 	}

@@ -18,7 +18,7 @@ import (
 
 var nodeCmd = command{
 	name:  "node",
-	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--coherent-storage] [--buffer NAME[,capacity=N][,sampler=S]...] [--store NAME[,max-value=SIZE]...] [--loader NAME,dataset=PREFIX,batch=N[,...]] [--serve NAME,params=P|store=S,param=N[,...]] [--metrics ADDR]",
+	usage: "tensorwire node --listen ADDR --root DIR [--token-file F | --insecure] [--tls-cert F --tls-key F] [--coherent-storage] [--buffer NAME[,capacity=N][,sampler=S]...] [--store NAME[,max-value=SIZE]...] [--loader NAME,dataset=PREFIX,batch=N[,...]] [--serve NAME,params=P|store=S,param=N[,...]] [--metrics ADDR] [--parent PID]",
 	help: "serve other nodes' fill, read and describe calls on the TensorDicts under DIR, the shared root; " +
 		`prints "listening on HOST:PORT" once it listens (--listen 127.0.0.1:0 picks a free port) and stops ` +
 		"cleanly on SIGINT or SIGTERM; --token-file holds the shared secret clients must know (no access for " +
@@ -41,7 +41,8 @@ var nodeCmd = command{
 		"other processes (tensorwire.serve.Replica: a torch module in Python), the schemas given as input=F,output=F " +
 		"(KEY:DTYPE:SHAPE joined by +, e.g. input=obs:float32:64,output=logits:float32:16), attach-wait=D (default " +
 		"10s) bounding a request's wait for one and replica-timeout=D (default 30s) a batch's; --metrics ADDR serves Prometheus metrics at http://ADDR/metrics " +
-		`and prints "metrics on URL" after the listening line (tensorwire stats ADDR prints them; docs/operations.md)`,
+		`and prints "metrics on URL" after the listening line (tensorwire stats ADDR prints them; docs/operations.md); ` +
+		"--parent PID stops the node cleanly, as SIGTERM does, once process PID exits, however it exits",
 	run: runNode,
 }
 
@@ -64,6 +65,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Var(&models, "serve", "serve as NAME the MLP whose PyTorch state_dict is at ROOT/P (serve.Dial): "+serveUsage+" (repeatable)")
 	every := fs.Duration("checkpoint-every", time.Minute, "how often the buffers are checkpointed")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics at http://ADDR/metrics, HOST:PORT (no token: keep it on a network you trust); tensorwire stats ADDR prints them")
+	parent := fs.Int("parent", 0, "stop cleanly, as on SIGTERM, once process PID exits, however it exits: for a node that must not outlive the program that started it (Python's tensorwire.Node passes its own pid)")
 	insecure := fs.Bool("insecure", false, "serve without a token on a non-loopback address: anyone who reaches it reads and writes every file under the root")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -83,6 +85,18 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(stderr, nil))
+	if *parent != 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		pid := *parent
+		if err := watchExit(ctx, pid, func() {
+			cfg.Log.Info("node: stopping, its parent process exited (--parent)", "pid", pid)
+			cancel()
+		}); err != nil {
+			return fmt.Errorf("%w: --parent %d: %v", errUsage, pid, err)
+		}
+	}
 	if cfg.TokenFile == "" {
 		open, err := reachableFromOthers(cfg.Listen)
 		switch {

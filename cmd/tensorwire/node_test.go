@@ -6,11 +6,15 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -277,4 +281,59 @@ func TestNode_CoherentStorage(t *testing.T) {
 			t.Errorf("--coherent-storage %v: the node logged a probe: %v; stderr:\n%s", flag, got, n.stderr)
 		}
 	}
+}
+
+// TestNode_StopsWithItsParent: with --parent PID the node stops cleanly
+// (status 0, its stop logged) once that process exits, killed or not, and
+// keeps serving while it lives; a PID that has exited already stops it at
+// once. Python's tensorwire.Node passes its own pid: before, it had the
+// kernel SIGKILL the node when the thread that started it ended
+// (PR_SET_PDEATHSIG), so a Node started from a thread that then finished
+// was killed under its clients.
+func TestNode_StopsWithItsParent(t *testing.T) {
+	for _, kill := range []bool{false, true} {
+		t.Run(fmt.Sprintf("killed=%v", kill), func(t *testing.T) {
+			parent := exec.Command("sleep", "60")
+			if err := parent.Start(); err != nil {
+				t.Skip("no sleep:", err)
+			}
+			n := startNode(t, "--root", t.TempDir(), "--parent", strconv.Itoa(parent.Process.Pid))
+			c, err := dialNode(t, n.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond)
+			if _, err := c.Describe(context.Background(), "none"); !errors.Is(err, rpc.ErrNotFound) {
+				t.Fatalf("while its parent lives: %v, want the node's NotFound", err)
+			}
+			if kill {
+				parent.Process.Kill()
+			} else {
+				parent.Process.Signal(syscall.SIGTERM)
+			}
+			parent.Wait()
+			select {
+			case <-n.proc.Done():
+			case <-time.After(20 * time.Second):
+				t.Fatal("the node outlived its parent by 20 s")
+			}
+			n.stop(t)
+			if !strings.Contains(n.stderr.String(), "its parent process exited") {
+				t.Errorf("stderr does not say why it stopped:\n%s", n.stderr)
+			}
+		})
+	}
+	t.Run("gone already", func(t *testing.T) {
+		parent := exec.Command("true")
+		if err := parent.Run(); err != nil {
+			t.Skip("no true:", err)
+		}
+		n := startNode(t, "--root", t.TempDir(), "--parent", strconv.Itoa(parent.Process.Pid))
+		select {
+		case <-n.proc.Done():
+		case <-time.After(20 * time.Second):
+			t.Fatal("the node runs on, its --parent gone before it started")
+		}
+		n.stop(t)
+	})
 }

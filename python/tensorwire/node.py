@@ -10,22 +10,20 @@ other processes").
 Node runs the `tensorwire node` binary (binary=, else $TENSORWIRE_BIN, else
 the one bundled in this package by a wheel built with Go, else `tensorwire`
 on PATH: _binary.find_binary; BinaryNotFoundError if none), waits until it listens, and
-stops it on exit (SIGTERM, then SIGKILL after stop_timeout). On Linux the
-node also dies with the Python process that started it, however that
-process ends (kill -9 included): the child asks the kernel for SIGKILL
-when its parent goes (prctl(PR_SET_PDEATHSIG), through ctypes, before it
-runs the binary). The kernel sends it when the *thread* that started the
-node ends, so start a Node from a thread that lives as long as it (the
-main thread, typically). Elsewhere a node outlives a parent killed
-without running its exit.
+stops it on exit (SIGTERM, then SIGKILL after stop_timeout). The node also
+stops with the Python process that started it, however that process ends
+(kill -9 included): it is given this process's pid (`tensorwire node
+--parent PID`) and stops cleanly, as on SIGTERM, once that process exits
+(a pidfd on Linux 5.3 on; elsewhere it looks every 250 ms whether its
+parent changed). Until 2026-12-01 the kernel SIGKILLed it instead
+(prctl(PR_SET_PDEATHSIG)), when the *thread* that started it ended, so a
+Node started from a thread that then finished died under its clients.
 """
 
-import ctypes
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -41,15 +39,6 @@ __all__ = ["Node", "BinaryNotFoundError", "NodeStartError"]
 class NodeStartError(TensorwireError):
     """The node exited, or did not listen in time; the message holds the end
     of its log."""
-
-
-def _die_with_parent():
-    """In the child, before exec: SIGKILL when the parent (thread) goes."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:  # not Linux: no such call
-        pass
 
 
 class Node:
@@ -95,7 +84,11 @@ class Node:
         if self.proc is not None:
             return self
         self._dir = _TempDir("tensorwire-node-run-", self)
-        args = [self._bin, "node", "--listen", self.listen, "--root", self.root]
+        # --parent: the node stops cleanly once this process exits, however
+        # it exits (killed too). Before, PR_SET_PDEATHSIG had the kernel
+        # SIGKILL it when the *thread* that started it ended, so a Node
+        # started from a thread that then finished died under its clients.
+        args = [self._bin, "node", "--listen", self.listen, "--root", self.root, "--parent", str(os.getpid())]
         if self.token is not None:
             tf = os.path.join(self._dir.path, "token")
             fd = os.open(tf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -105,8 +98,7 @@ class Node:
         args += self.args
         self.log_path = os.path.join(self._dir.path, "node.log")
         with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL,
-                                         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+            self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL)
         line = [None]
 
         def first():

@@ -9,10 +9,12 @@ _enter_buffered_busy": the node's output thread at finalization)."""
 import gc
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import unittest
 
@@ -58,6 +60,23 @@ class TestNodeTempFolders(unittest.TestCase):
             time.sleep(0.05)
         else:
             self.fail(f"the node (pid {pid}) outlived the process that started it")
+
+
+class TestNodeLifetime(unittest.TestCase):
+    def test_started_from_a_thread_that_ends(self):
+        """A Node started from a thread that then finishes keeps running
+        and serving (before 2026-12-01 the kernel killed it as the thread
+        ended: PR_SET_PDEATHSIG is per thread)."""
+        nodes = []
+        t = threading.Thread(target=lambda: nodes.append(tensorwire.Node().start()))
+        t.start()
+        t.join()
+        node = nodes[0]
+        self.addCleanup(node.stop)
+        time.sleep(1)
+        self.assertIsNone(node.proc.poll(), f"the node exited ({node.proc.poll()}) when its starting thread ended")
+        host, port = node.address.rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=10).close()
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ class TestNode(unittest.TestCase):
 
     def test_dies_with_its_parent(self):
         """A Python process that started a node is killed (SIGKILL): the node
-        goes too (PR_SET_PDEATHSIG)."""
+        stops too (it watches that process: --parent)."""
         code = ("import sys, time, tensorwire\n"
                 "n = tensorwire.Node(binary=sys.argv[1]).start()\n"
                 "print(n.proc.pid, flush=True)\n"

@@ -1,0 +1,61 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// pidFD opens a pidfd of process pid (Linux 5.3 on), or reports that the
+// process has exited already (gone). Where pid is this process's parent,
+// the parent still being pid once the pidfd is open rules out a pid
+// reused since the parent exited.
+func pidFD(pid int) (fd int, gone bool, err error) {
+	parent := os.Getppid() == pid
+	fd, err = unix.PidfdOpen(pid, 0)
+	switch {
+	case errors.Is(err, unix.ESRCH):
+		return -1, true, nil
+	case err != nil:
+		return -1, false, err
+	case parent && os.Getppid() != pid:
+		unix.Close(fd)
+		return -1, true, nil
+	}
+	return fd, false, nil
+}
+
+// watchExit calls exited, once, on a goroutine of its own, when process
+// pid exits, unless ctx ends first; it fails where it cannot watch pid.
+// It waits on a pidfd of pid; where none can be had (before Linux 5.3)
+// it watches for this process's parent to change instead, which does
+// only when pid is that parent.
+func watchExit(ctx context.Context, pid int, exited func()) error {
+	fd, gone, err := pidFD(pid)
+	if err != nil {
+		return watchParentChange(ctx, pid, exited, err)
+	}
+	if gone {
+		go exited()
+		return nil
+	}
+	go func() {
+		defer unix.Close(fd)
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for ctx.Err() == nil {
+			n, err := unix.Poll(fds, 1000)
+			if err == unix.EINTR || n == 0 {
+				continue
+			}
+			if err == nil && ctx.Err() == nil {
+				exited()
+			}
+			return
+		}
+	}()
+	return nil
+}
