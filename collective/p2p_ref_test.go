@@ -502,12 +502,7 @@ func TestP2P_MalformedReference(t *testing.T) {
 	}
 	comms := group(t, 2, SHM)
 	// A real arena of rank 0's, so that only the reference is wrong.
-	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
-		if c.Rank() == 0 {
-			return 0, c.Send(ctx, f64(t, 1<<10), 1, 0)
-		}
-		return 0, c.Recv(ctx, f64(t, 1<<10), 0, 0)
-	})
+	sendOne(t, comms, 0)
 	c := comms[1]
 	size := uint64(arenaMin)
 	for i, ref := range []p2pRef{
@@ -525,18 +520,7 @@ func TestP2P_MalformedReference(t *testing.T) {
 		{Buf: &p2pBuf{Idx: 0, Len: refMaxBytes << 1}, Gen: 1, ID: 1, Off: 0, Size: size},
 		{Buf: &p2pBuf{Idx: 0, Len: 8 << 10, Off: refMaxBytes << 1}, Gen: 1, ID: 1, Off: 0, Size: size},
 	} {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		r := c.Irecv(ctx, f64(t, 1<<10), 0, 100+i)
-		m := meta(memmap.Float64, []int{1 << 10})
-		td, _ := tensordict.New()
-		mt, _ := tensordict.FromBytes(memmap.Uint8, []int{len(m)}, m)
-		if err := td.Set("b", mt); err != nil {
-			t.Fatal(err)
-		}
-		seq := c.recvSeq[p2pKey{0, 100 + i}] - 1
-		_, herr := c.box.handle(ctx, msgReq{Session: c.session, Src: 0, Space: spaceP2P, Seq: seq, Tag: int64(100 + i), Data: rpc.Ref(td), Ref: &ref})
-		rerr := r.Wait(ctx)
-		cancel()
+		herr, rerr := forgeRef(t, c, 100+i, ref)
 		if herr == nil || rerr == nil {
 			t.Errorf("reference %+v (buf %+v): the sender's answer %v, the receive's %v; want errors", ref, ref.Buf, herr, rerr)
 		}
@@ -547,12 +531,7 @@ func TestP2P_MalformedReference(t *testing.T) {
 			t.Errorf("reference %+v (buf %+v): %v, want it refused as malformed", ref, ref.Buf, herr)
 		}
 	}
-	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
-		if c.Rank() == 0 {
-			return 0, c.Send(ctx, f64(t, 1<<10), 1, 1)
-		}
-		return 0, c.Recv(ctx, f64(t, 1<<10), 0, 1)
-	})
+	sendOne(t, comms, 1)
 }
 
 // TestP2P_SenderGaveUpIsAborted: a message whose sender gave up on it
@@ -567,12 +546,7 @@ func TestP2P_SenderGaveUpIsAborted(t *testing.T) {
 		t.Skip("shared mappings need Linux")
 	}
 	comms := group(t, 2, SHM)
-	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
-		if c.Rank() == 0 {
-			return 0, c.Send(ctx, f64(t, 1<<10), 1, 0)
-		}
-		return 0, c.Recv(ctx, f64(t, 1<<10), 0, 0)
-	})
+	sendOne(t, comms, 0)
 	c, a := comms[1], comms[0].p2pOut.cur
 	for i, tc := range []struct {
 		name  string
@@ -587,19 +561,8 @@ func TestP2P_SenderGaveUpIsAborted(t *testing.T) {
 			a.m.Uint64(0).Store(tc.state)
 			a.m.Uint32(refFill).Store(tc.fill)
 			ref := p2pRef{Gen: a.gen, ID: tc.state >> 2, Len: 8 << 10, Off: 0, Size: uint64(a.size)}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			tag := 200 + i
-			r := c.Irecv(ctx, f64(t, 1<<10), 0, tag)
-			m := meta(memmap.Float64, []int{1 << 10})
-			td, _ := tensordict.New()
-			mt, _ := tensordict.FromBytes(memmap.Uint8, []int{len(m)}, m)
-			if err := td.Set("b", mt); err != nil {
-				t.Fatal(err)
-			}
-			seq := c.recvSeq[p2pKey{0, tag}] - 1
-			_, herr := c.box.handle(ctx, msgReq{Session: c.session, Src: 0, Space: spaceP2P, Seq: seq, Tag: int64(tag), Data: rpc.Ref(td), Ref: &ref})
-			if err := r.Wait(ctx); !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), tc.want) {
+			herr, err := forgeRef(t, c, 200+i, ref)
+			if !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("the receive: %v, want ErrAborted saying %q", err, tc.want)
 			}
 			if herr == nil {
@@ -608,12 +571,38 @@ func TestP2P_SenderGaveUpIsAborted(t *testing.T) {
 		})
 	}
 	// The pair still exchanges messages.
+	sendOne(t, comms, 1)
+}
+
+// sendOne has rank 0 of comms send rank 1 a message of 1 KiB with tag.
+func sendOne(t *testing.T, comms []*Comm, tag int) {
+	t.Helper()
 	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
 		if c.Rank() == 0 {
-			return 0, c.Send(ctx, f64(t, 1<<10), 1, 1)
+			return 0, c.Send(ctx, f64(t, 1<<10), 1, tag)
 		}
-		return 0, c.Recv(ctx, f64(t, 1<<10), 0, 1)
+		return 0, c.Recv(ctx, f64(t, 1<<10), 0, tag)
 	})
+}
+
+// forgeRef delivers to c, as its handler would, a message from rank 0
+// with tag whose bytes are said to be at ref, c having posted a receive
+// of 1 KiB of float64 for it: the handler's answer to the sender, and
+// the receive's error.
+func forgeRef(t *testing.T, c *Comm, tag int, ref p2pRef) (answer, recv error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := c.Irecv(ctx, f64(t, 1<<10), 0, tag)
+	m := meta(memmap.Float64, []int{1 << 10})
+	td, _ := tensordict.New()
+	mt, _ := tensordict.FromBytes(memmap.Uint8, []int{len(m)}, m)
+	if err := td.Set("b", mt); err != nil {
+		t.Fatal(err)
+	}
+	seq := c.recvSeq[p2pKey{0, tag}] - 1
+	_, answer = c.box.handle(ctx, msgReq{Session: c.session, Src: 0, Space: spaceP2P, Seq: seq, Tag: int64(tag), Data: rpc.Ref(td), Ref: &ref})
+	return answer, r.Wait(ctx)
 }
 
 // TestP2P_ArenasGrowAndGo: messages larger than the sender's arena, and
