@@ -7,9 +7,16 @@ node still answers (else the folder stayed for the next client to sweep).
 Closing them in an atexit hook, before finalization, also keeps a Node's
 output thread (a daemon reading its stdout) from aborting the interpreter
 there ("Fatal Python error: _enter_buffered_busy") and removes its
-temporary folders."""
+temporary folders.
+
+A child forked from the process (os.fork, multiprocessing's fork) inherits
+these objects but owns none of them: it forgets them as it starts, so its
+exit closes nothing of its parent's (before, a child that exited the
+normal way stopped its parent's Nodes and removed their temporary roots,
+or hung on a lock a thread of the parent held at the fork)."""
 
 import atexit
+import os
 import weakref
 
 REPLICAS, CLIENTS, NODES = 0, 1, 2
@@ -31,3 +38,12 @@ def _close_all():
                 obj.close()
             except Exception:
                 pass
+
+
+def _forget():
+    for objs in _open:
+        objs.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget)

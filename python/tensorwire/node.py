@@ -56,6 +56,7 @@ class Node:
     def __init__(self, root=None, serve=(), store=(), buffer=(), loader=(), token=None, listen="127.0.0.1:0",
                  extra=(), binary=None, start_timeout=60.0, stop_timeout=30.0):
         self._bin = find_binary(binary, "tensorwire.Node")
+        self._pid = os.getpid()  # the process that owns the node and its folders
         self._tmp = None
         if root is None:
             self._tmp = _TempDir("tensorwire-node-", self)
@@ -127,7 +128,12 @@ class Node:
 
     def stop(self):
         """Stops the node (SIGTERM; SIGKILL after stop_timeout) and removes
-        the temporary folders it made."""
+        the temporary folders it made. In a child forked from the process
+        that started the node it only lets go of them: the node and its
+        folders are the parent's."""
+        if os.getpid() != self._pid:
+            self.proc = self._dir = self._tmp = None
+            return
         p, self.proc = self.proc, None
         if p is not None and p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -168,7 +174,7 @@ class _TempDir:
 
     def __init__(self, prefix, owner):
         self.path = tempfile.mkdtemp(prefix=prefix)
-        self._collected = weakref.finalize(owner, shutil.rmtree, self.path, ignore_errors=True)
+        self._collected = weakref.finalize(owner, _remove_in, os.getpid(), self.path)
         self._collected.atexit = False  # _exit's, after the node stopped
 
     def remove(self):
@@ -176,6 +182,13 @@ class _TempDir:
         # hook ran (before _exit's, registered earlier) does nothing.
         self._collected.detach()
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _remove_in(pid, path):
+    """Removes the folder at path, in process pid only (not in a child
+    forked from it, where the Node was collected too)."""
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _drain(f):

@@ -7,6 +7,7 @@ that exited with a Node running aborted ("Fatal Python error:
 _enter_buffered_busy": the node's output thread at finalization)."""
 
 import gc
+import json
 import os
 import shutil
 import socket
@@ -77,6 +78,49 @@ class TestNodeLifetime(unittest.TestCase):
         self.assertIsNone(node.proc.poll(), f"the node exited ({node.proc.poll()}) when its starting thread ended")
         host, port = node.address.rsplit(":", 1)
         socket.create_connection((host, int(port)), timeout=10).close()
+
+    def test_forked_child_exits(self):
+        """A child forked after the Node started (os.fork, then a normal
+        exit, atexit hooks and all) leaves the parent's node running, its
+        temporary root in place and its clients working. Before, the
+        child's exit hooks stopped the parent's Node (SIGTERM, then the
+        temporary root removed) and hung on a lock the node's output
+        thread held at the fork, so the child never exited."""
+        script = textwrap.dedent("""
+            import json, os, sys, time
+            import numpy as np
+            import tensorwire
+            node = tensorwire.Node(store=["main"]).start()
+            store = tensorwire.store.Store(node.address, "main", root=node.root)
+            store.publish("w", {"a": np.ones(4, np.float32)})
+            pid = os.fork()
+            if pid == 0:
+                sys.exit(0)
+            for _ in range(400):
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    exited = True
+                    break
+                time.sleep(0.05)
+            else:
+                exited = False
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            time.sleep(0.3)
+            rep = {"child_exited": exited, "node_alive": node.proc.poll() is None,
+                   "root": os.path.isdir(node.root)}
+            try:
+                store.publish("w", {"a": np.full(4, 2, np.float32)})
+                rep["publish"] = "ok"
+            except Exception as e:
+                rep["publish"] = repr(e)
+            store.close()
+            node.stop()
+            print(json.dumps(rep), flush=True)
+        """)
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr.decode(errors="replace")[-3000:])
+        rep = json.loads(out.stdout.decode().splitlines()[-1])
+        self.assertEqual(rep, {"child_exited": True, "node_alive": True, "root": True, "publish": "ok"})
 
 
 if __name__ == "__main__":
