@@ -255,6 +255,7 @@ class _Sidecar:
         self._quiet = set()  # ids of quiet requests (pipe 5) not waited for yet
         self._quiet_err = {}  # id -> the error of a quiet request whose start failed, for its Wait
         self._lock = threading.Lock()
+        self._pid = os.getpid()  # the process whose communicator this is (_own)
         self._ids = itertools.count(1)
         self._rbuf = b""
         self._templates = {}
@@ -393,10 +394,20 @@ class _Sidecar:
             return None
         return self._regions.claim(self._mm, self._ptr, hole, nbytes)
 
+    def _own(self):
+        """Raises ClosedError in a child forked from the process that
+        joined: the pipe is the parent's (a frame written here would put
+        the parent's calls out of step), and so may be the lock, held by
+        a thread of the parent's at the fork. Checked before the lock."""
+        if os.getpid() != self._pid:
+            raise ClosedError(f"the communicator belongs to process {self._pid}, this is {os.getpid()}, a child "
+                              "forked from it: join a communicator of its own")
+
     def alloc(self, nbytes):
         """A zeroed uint8 array of nbytes over a region of the data file,
         live while it (or a view of it) is; None where there is none
         (too small, an old sidecar, the regions' bounds reached, no room)."""
+        self._own()
         with self._lock:
             if self.closed:
                 raise ClosedError("the communicator is closed")
@@ -560,6 +571,7 @@ class _Sidecar:
         sidecar uses where it is until the Wait (pipe 4's keep); where none
         is free, the scratch as before. into: the region a held Irecv's
         Wait finds its tensor in."""
+        self._own()
         with self._lock:
             if self.closed:
                 raise ClosedError("the communicator is closed")
@@ -676,6 +688,11 @@ class _Sidecar:
         return b.view(dt).reshape(shape), name
 
     def close(self):
+        if os.getpid() != self._pid:
+            # A forked child's copy: the sidecar and its pipe are the
+            # parent's. Nothing to say to them.
+            self.closed = True
+            return
         with self._lock:
             if self.closed:
                 return

@@ -21,7 +21,7 @@ import tensorwire.collective as mpi4torch  # noqa: E402
 # spares the suite an import of torch per process (4-8 s of a core with
 # PyPI's torch: 22 of test_collective's 69 rank processes).
 torch = None
-NUMPY_ONLY = ("kill", "interrupt", "token", "nospace")
+NUMPY_ONLY = ("kill", "interrupt", "token", "nospace", "fork")
 
 failures = []
 report = {}
@@ -333,6 +333,42 @@ def mode_kill(comm):
     got = c2.Allreduce(np.ones(4), mpi4torch.MPI_SUM)
     check((got == len(survivors)).all(), "Allreduce in the new communicator")
     c2.close()
+
+
+def mode_fork(comm):
+    """Rank 0 forks a child (as a user's worker pool may) that tries the
+    inherited communicator: ClosedError saying it is the parent's, from
+    a call and from alloc; its close and its normal exit leave the
+    parent's alone. Then every rank's Allreduce still sums right."""
+    n, r = comm.size, comm.rank
+    check((comm.Allreduce(np.ones(4), mpi4torch.MPI_SUM) == n).all(), "the Allreduce before the fork")
+    if r == 0:
+        rd, wr = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(rd)
+            got = []
+            for what, fn in (("Allreduce", lambda: comm.Allreduce(np.ones(4), mpi4torch.MPI_SUM)),
+                             ("alloc", lambda: comm.alloc(16))):
+                try:
+                    fn()
+                    got.append(f"{what}: no error")
+                except mpi4torch.ClosedError as e:
+                    got.append(f"{what}: ClosedError" + (" naming the fork" if "forked" in str(e) else f": {e}"))
+                except Exception as e:  # noqa: BLE001
+                    got.append(f"{what}: {type(e).__name__}: {e}")
+            comm.close()
+            os.write(wr, json.dumps(got).encode())
+            os.close(wr)
+            sys.exit(0)  # atexit hooks and all
+        os.close(wr)
+        with os.fdopen(rd) as f:
+            report["child"] = json.loads(f.read() or "[]")
+        _, status = os.waitpid(pid, 0)
+        check(status == 0, f"the child's exit status {status}")
+    for step in range(3):
+        got = comm.Allreduce(np.full(4, float(step)), mpi4torch.MPI_SUM)
+        check((got == n * step).all(), f"the Allreduce after the fork, step {step}: {got}")
 
 
 def mode_interrupt(comm):

@@ -269,6 +269,15 @@ class TestCollectiveFailures(unittest.TestCase):
                             except ProcessLookupError:
                                 pass
 
+    def test_forked_child_cannot_use_the_parents(self):
+        """A child forked from a rank gets ClosedError (naming the fork) from
+        the inherited communicator, and its close and exit leave the
+        parent's communicator working (before, its frames went down the
+        parent's pipe and put the parent's calls out of step)."""
+        reports = run_ranks(self, "fork", 2, "shm")
+        self.assertEqual(reports[0]["child"], ["Allreduce: ClosedError naming the fork",
+                                               "alloc: ClosedError naming the fork"])
+
     def test_sidecar_killed(self):
         """kill -9 of a Python rank's sidecar mid-loop: that rank gets
         PeerLostError naming its sidecar, then ClosedError; an output it
