@@ -293,6 +293,19 @@ class Session:
         except OSError:
             pass
 
+    def abandon(self):
+        """In a child forked from the process: the session is the parent's.
+        Fails it here and closes this process's descriptor of the socket,
+        nothing sent and no shutdown (which would end the parent's
+        connection too); its locks may be held by a parent's thread, so
+        none is taken."""
+        if self.err is None:
+            self.err = UnavailableError("the connection is the parent process's (this is a forked child)")
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
     def close(self):
         if self.err is None:
             try:

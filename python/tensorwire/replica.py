@@ -115,6 +115,7 @@ class Replica:
         self.attachments = 0  # streams opened (a new one after each detachment)
         self._closed = threading.Event()
         self._mu = threading.Lock()
+        self._pid = os.getpid()  # the process whose attachment and folder these are
         self._stream = None
         self._thread = None
         self._dir = self._lock_fd = None
@@ -200,7 +201,11 @@ class Replica:
 
     def close(self):
         """Detaches from the node and stops run(); removes the replica's
-        folder."""
+        folder. In a child forked from the process that started it, does
+        nothing: the attachment, its thread and the folder are the
+        parent's (and so may be the locks, held at the fork)."""
+        if os.getpid() != self._pid:
+            return
         if self._closed.is_set():
             return
         self._closed.set()

@@ -19,6 +19,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 
 from . import _msgpack, _wire, _yamux
 from ._td import TD, build, wire_entries
@@ -113,8 +114,26 @@ class _Conn:
         st.close()
 
 
+# Every Client, for a forked child to let go of its parent's connections
+# (Client._forked): os.fork and multiprocessing's fork copy them, and a
+# child's calls on the parent's socket put both out of step (or hang on
+# a lock a parent's thread held at the fork).
+_clients = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for c in list(_clients):
+        c._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Client:
-    """A connection to one node.
+    """A connection to one node. A child forked from the process dials
+    its own connection at its first call (the parent's stays the
+    parent's).
 
     addr: "HOST:PORT". token: the node's shared secret (bytes or str; see
     read_token), or None for a node without one. root: this side's view of
@@ -150,6 +169,7 @@ class Client:
         self._conn = None
         self._closed = False
         self.connections = 0  # connections made so far (a new one after each failure)
+        _clients.add(self)
         self._connection(time.monotonic() + timeout if timeout else None)
 
     @property
@@ -169,6 +189,19 @@ class Client:
         ("storage") or Sharing.NONE ("none"), as its handshake decided (a
         reconnection decides again). Dials if there is no connection."""
         return self._connection(_deadline(timeout)).sharing
+
+    def _forked(self):
+        """In a child just forked: the connection is the parent's (a socket
+        both processes hold, its stream ids and its locks the parent's, a
+        lock perhaps held at the fork by a thread that is not here). Let
+        go of it, saying nothing to the node, and dial one of this
+        process's own at the next call."""
+        self._mu = threading.Lock()
+        self._dialing = threading.Condition(self._mu)
+        self._is_dialing = False
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.session.abandon()
 
     def close(self):
         """Closes the connection; calls in flight fail with UnavailableError,

@@ -260,6 +260,7 @@ class Client:
 
     def __init__(self, node, name, token=None, root=None, bytes_mode=False, slots=None, max_in_flight=128,
                  timeout=30.0):
+        self._pid = os.getpid()  # the process whose registration, slots and threads these are (_mine)
         if isinstance(node, _RPCClient):
             self._client, self._own = node, False
         else:
@@ -364,6 +365,7 @@ class Client:
         QueueFullError (back off), ForwardError, ClosedError,
         DeadlineExceededError when timeout passed, UnavailableError when the
         node stayed unreachable until then."""
+        self._mine()
         req = self._request(inputs, timeout, as_torch, return_version)
         try:
             self._acquire(req)
@@ -382,6 +384,7 @@ class Client:
         Raises SchemaError at once, before anything is sent; the other
         errors are the future's. Callbacks added to the future run on the
         collector thread: keep them short."""
+        self._mine()
         req = self._request(inputs, timeout, as_torch, return_version)
         req.future = concurrent.futures.Future()
         req.future.set_running_or_notify_cancel()
@@ -404,13 +407,29 @@ class Client:
     def stats(self, timeout=None):
         """The model's counters on the node (a dict: requests, batches, rows,
         sizes, queue_full, failed, version, clients, ...)."""
+        self._mine()
         return self._call("serve.stats", {"name": self.name}, _deadline(timeout))
+
+    def _mine(self):
+        """Raises ClosedError in a child forked from the process that made
+        the Client: its registration, slots and threads are the parent's
+        (a child's rows in the parent's slots would give either the
+        other's outputs). Checked before any lock, which a parent's
+        thread may have held at the fork."""
+        if os.getpid() != self._pid:
+            raise ClosedError(f"serve: the Client belongs to process {self._pid}, this is {os.getpid()}, a child "
+                              "forked from it: make a Client of its own")
 
     # Closing.
 
     def close(self):
         """Unregisters the client and removes its slots; closes the connection
-        when the Client made it. Predictions in flight fail with ClosedError."""
+        when the Client made it. Predictions in flight fail with ClosedError.
+        In a child forked from the process that made it, only marks it
+        closed: the registration and the slots stay the parent's."""
+        if os.getpid() != self._pid:
+            self._closed = True
+            return
         with self._mu:
             if self._closed:
                 return

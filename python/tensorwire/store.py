@@ -26,6 +26,7 @@ import os
 import random
 import threading
 import time
+import weakref
 
 from . import errors as _errors
 from ._fields import answer, is_int, uint
@@ -175,6 +176,7 @@ class Param:
 
     def __init__(self, store, name, version, td, lease):
         self._store = store
+        self._pid = os.getpid()  # the lease is this process's
         self.name = name
         self.version = version
         self.td = td
@@ -182,9 +184,11 @@ class Param:
         self.err = None
 
     def close(self):
-        if self.lease:
+        # In a child forked from the process that holds the lease, the
+        # lease stays the parent's: let go of it here, nothing released.
+        if self.lease and os.getpid() == self._pid:
             self._store._release(self)
-            self.lease = 0
+        self.lease = 0
 
     def __enter__(self):
         return self
@@ -209,6 +213,20 @@ def _watch_message(m):
     return evs, _num(m, "seen", 0)
 
 
+# Every Store, for a forked child to take an identity of its own
+# (Store._forked).
+_stores = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for st in list(_stores):
+        st._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Store:
     """The store served as name by a node. node: "HOST:PORT" or a
     tensorwire.Client to share; token, root: as tensorwire.Client takes them.
@@ -229,6 +247,7 @@ class Store:
         self._seq = 0
         self._params = set()
         self._renewer = None
+        _stores.add(self)
         try:
             self.info = self._call("store.info", {"store": name}, _deadline(timeout))
             # Values are write-once files: the same files through another
@@ -254,6 +273,21 @@ class Store:
         """How much of the node's root the connection shared when the mode
         was picked: "coherent", "storage" or "none" (tensorwire.Sharing)."""
         return self._sharing
+
+    def _forked(self):
+        """In a child just forked: the requests it makes are its own. A
+        write is applied once per (client, sequence number), so a child
+        that went on with its parent's would have had one of two appends
+        answered with the other's revision and dropped (found
+        2026-12-01). A new client id, a new lock (a parent's thread may
+        have held the old one at the fork), and none of the parent's
+        leases (its Params stay the parent's; their close here releases
+        nothing)."""
+        self._mu = threading.Lock()
+        self._req_client = random.getrandbits(64) or 1
+        self._seq = 0
+        self._params = set()
+        self._renewer = None
 
     def close(self):
         with self._mu:
