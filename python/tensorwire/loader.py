@@ -843,6 +843,11 @@ class Consumer:
         """The producer's figures (loader.stats)."""
         return self._client.call("loader.stats", {"name": self.name}, timeout=timeout)
 
+    def __reduce__(self):
+        raise TypeError("a loader.Consumer cannot be pickled: its membership and its place in the epoch are this "
+                        "process's; make a Consumer in the other process (state_dict and load_state_dict carry a "
+                        "place from one to another)")
+
     def close(self):
         """Leaves the producer and closes the connection (when this Consumer
         made it)."""

@@ -38,7 +38,7 @@ from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, ClientClosedError, DataLossError,
                      FailedPreconditionError, InvalidArgumentError, NotFoundError,
                      ResourceExhaustedError, UnavailableError, register_reason)
-from .rpc import Client, Sharing
+from .rpc import Client, Sharing, _rebuild
 
 __all__ = [
     "Buffer", "SampleInfo", "SchemaError", "ExpiredError", "FullError", "ClosedError", "ConfigError",
@@ -323,6 +323,8 @@ class Buffer:
 
     def __init__(self, node, name, token=None, root=None, bytes_mode=False, prefetch=False, timeout=30.0,
                  slices_ahead=0):
+        self._made = ((node, name), {"token": token, "root": root, "bytes_mode": bytes_mode, "prefetch": prefetch,
+                                     "timeout": timeout, "slices_ahead": slices_ahead})
         if not isinstance(slices_ahead, (int, np.integer)) or isinstance(slices_ahead, bool) or slices_ahead < 0:
             raise ArgumentError(f"slices_ahead={slices_ahead!r}: want an int >= 0")
         if isinstance(node, Client):
@@ -379,6 +381,12 @@ class Buffer:
     @property
     def capacity(self):
         return self._view.capacity
+
+    def __reduce__(self):
+        """Pickled, a new Buffer of the same buffer, node, token, root and
+        options, made where it is unpickled (its own connection), as
+        Reverb's Client pickles."""
+        return _rebuild, (type(self),) + self._made
 
     def close(self):
         """Closes the connection (when this Buffer made it) and drops the

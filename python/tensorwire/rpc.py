@@ -130,10 +130,19 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _rebuild(cls, args, kwargs):
+    """Unpickles a client (Client, and the services' clients over it): a
+    new one made as the pickled one was, with a connection of its own,
+    dialled in the process that unpickles it (Reverb's Client pickles so)."""
+    return cls(*args, **kwargs)
+
+
 class Client:
     """A connection to one node. A child forked from the process dials
     its own connection at its first call (the parent's stays the
-    parent's).
+    parent's). Pickled (to a spawned worker, say), a Client becomes a new
+    one to the same node with the same token and root, dialled where it
+    is unpickled; the pickle holds the token.
 
     addr: "HOST:PORT". token: the node's shared secret (bytes or str; see
     read_token), or None for a node without one. root: this side's view of
@@ -148,6 +157,8 @@ class Client:
     """
 
     def __init__(self, addr, token=None, root=None, timeout=30.0, keepalive=1.0, window=16 << 20):
+        self._made = ((addr,), {"token": token, "root": root, "timeout": timeout, "keepalive": keepalive,
+                                "window": window})
         self.addr = addr
         self._host, self._port = _split_addr(addr)
         if isinstance(token, str):
@@ -189,6 +200,9 @@ class Client:
         ("storage") or Sharing.NONE ("none"), as its handshake decided (a
         reconnection decides again). Dials if there is no connection."""
         return self._connection(_deadline(timeout)).sharing
+
+    def __reduce__(self):
+        return _rebuild, (type(self),) + self._made
 
     def _forked(self):
         """In a child just forked: the connection is the parent's (a socket

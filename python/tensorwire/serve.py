@@ -51,7 +51,7 @@ from .errors import (AlreadyExistsError, ClientClosedError, DeadlineExceededErro
                      InternalError, InvalidArgumentError, NotFoundError, ResourceExhaustedError, UnavailableError,
                      register_reason)
 from .errors import NotFoundError as _CodeNotFound
-from .rpc import Client as _RPCClient, Sharing
+from .rpc import Client as _RPCClient, Sharing, _rebuild
 
 try:
     import fcntl
@@ -261,6 +261,8 @@ class Client:
     def __init__(self, node, name, token=None, root=None, bytes_mode=False, slots=None, max_in_flight=128,
                  timeout=30.0):
         self._pid = os.getpid()  # the process whose registration, slots and threads these are (_mine)
+        self._made = ((node, name), {"token": token, "root": root, "bytes_mode": bytes_mode, "slots": slots,
+                                     "max_in_flight": max_in_flight, "timeout": timeout})
         if isinstance(node, _RPCClient):
             self._client, self._own = node, False
         else:
@@ -409,6 +411,12 @@ class Client:
         sizes, queue_full, failed, version, clients, ...)."""
         self._mine()
         return self._call("serve.stats", {"name": self.name}, _deadline(timeout))
+
+    def __reduce__(self):
+        """Pickled, a new Client of the same model and node, with the same
+        options, made where it is unpickled (by reference: its own
+        registration and slots)."""
+        return _rebuild, (type(self),) + self._made
 
     def _mine(self):
         """Raises ClosedError in a child forked from the process that made

@@ -35,7 +35,7 @@ from .errors import (AbortedError, AlreadyExistsError, DataLossError, FailedPrec
                      InvalidArgumentError, NotFoundError, OutOfRangeError, ResourceExhaustedError, UnavailableError,
                      ClientClosedError, register_reason)
 from ._td import TD
-from .rpc import Client, Sharing, StreamEnd
+from .rpc import Client, Sharing, StreamEnd, _rebuild
 
 __all__ = ["Store", "Param", "Event", "Watch", "FROM_NOW", "OPS", "NameError_", "TooLargeError", "NotFoundError",
            "CompactedError", "ExpiredError", "LockedError", "ClosedError", "NotStagedError", "FormatError",
@@ -236,6 +236,7 @@ class Store:
     from several threads; close() when done."""
 
     def __init__(self, node, name, token=None, root=None, bytes_mode=False, timeout=30.0):
+        self._made = ((node, name), {"token": token, "root": root, "bytes_mode": bytes_mode, "timeout": timeout})
         if isinstance(node, Client):
             self._client, self._own = node, False
         else:
@@ -273,6 +274,11 @@ class Store:
         """How much of the node's root the connection shared when the mode
         was picked: "coherent", "storage" or "none" (tensorwire.Sharing)."""
         return self._sharing
+
+    def __reduce__(self):
+        """Pickled, a new Store of the same store, node, token and root,
+        made where it is unpickled (its own connection and client id)."""
+        return _rebuild, (type(self),) + self._made
 
     def _forked(self):
         """In a child just forked: the requests it makes are its own. A
