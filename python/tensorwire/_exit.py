@@ -11,7 +11,8 @@ temporary folders.
 
 A child forked from the process (os.fork, multiprocessing's fork) inherits
 these objects but owns none of them: it forgets them as it starts, so its
-exit closes nothing of its parent's (before, a child that exited the
+exit closes nothing of its parent's, and the clients that asked
+(reset_at_fork) make their calls their own there (before, a child that exited the
 normal way stopped its parent's Nodes and removed their temporary roots,
 or hung on a lock a thread of the parent held at the fork)."""
 
@@ -40,9 +41,21 @@ def _close_all():
                 pass
 
 
+_at_fork = weakref.WeakSet()
+
+
+def reset_at_fork(obj):
+    """Has obj._forked() called in a child forked from this process, as
+    the child starts, unless obj was collected first: what a client must
+    do so that the child's calls are its own (a connection, an identity)."""
+    _at_fork.add(obj)
+
+
 def _forget():
     for objs in _open:
         objs.clear()
+    for obj in list(_at_fork):
+        obj._forked()
 
 
 if hasattr(os, "register_at_fork"):

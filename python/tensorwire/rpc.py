@@ -19,9 +19,8 @@ import socket
 import struct
 import threading
 import time
-import weakref
 
-from . import _msgpack, _wire, _yamux
+from . import _exit, _msgpack, _wire, _yamux
 from ._td import TD, build, wire_entries
 from .errors import (CanceledError, ClientClosedError, DeadlineExceededError, FailedPreconditionError,
                      InternalError, InvalidArgumentError, TensorwireError, UnauthenticatedError,
@@ -114,22 +113,6 @@ class _Conn:
         st.close()
 
 
-# Every Client, for a forked child to let go of its parent's connections
-# (Client._forked): os.fork and multiprocessing's fork copy them, and a
-# child's calls on the parent's socket put both out of step (or hang on
-# a lock a parent's thread held at the fork).
-_clients = weakref.WeakSet()
-
-
-def _after_fork_in_child():
-    for c in list(_clients):
-        c._forked()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 def _rebuild(cls, args, kwargs):
     """Unpickles a client (Client, and the services' clients over it): a
     new one made as the pickled one was, with a connection of its own,
@@ -180,7 +163,10 @@ class Client:
         self._conn = None
         self._closed = False
         self.connections = 0  # connections made so far (a new one after each failure)
-        _clients.add(self)
+        # os.fork and multiprocessing's fork copy the Client, and a child's
+        # calls on the parent's socket would put both out of step (or hang
+        # on a lock a parent's thread held at the fork): _forked.
+        _exit.reset_at_fork(self)
         self._connection(time.monotonic() + timeout if timeout else None)
 
     @property

@@ -26,9 +26,8 @@ import os
 import random
 import threading
 import time
-import weakref
 
-from . import errors as _errors
+from . import _exit, errors as _errors
 from ._fields import answer, is_int, uint
 from .dataset import FormatError as _MemmapFormatError, load_memmap
 from .errors import (AbortedError, AlreadyExistsError, DataLossError, FailedPreconditionError,
@@ -213,20 +212,6 @@ def _watch_message(m):
     return evs, _num(m, "seen", 0)
 
 
-# Every Store, for a forked child to take an identity of its own
-# (Store._forked).
-_stores = weakref.WeakSet()
-
-
-def _after_fork_in_child():
-    for st in list(_stores):
-        st._forked()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 class Store:
     """The store served as name by a node. node: "HOST:PORT" or a
     tensorwire.Client to share; token, root: as tensorwire.Client takes them.
@@ -248,7 +233,7 @@ class Store:
         self._seq = 0
         self._params = set()
         self._renewer = None
-        _stores.add(self)
+        _exit.reset_at_fork(self)  # a forked child's writes are its own: _forked
         try:
             self.info = self._call("store.info", {"store": name}, _deadline(timeout))
             # Values are write-once files: the same files through another
