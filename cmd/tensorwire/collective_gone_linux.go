@@ -12,13 +12,14 @@ import (
 // watchGone calls hangup once f, the read end of the pipe from the Python
 // process, has no writer left (POLLHUP), or exited once process ppid,
 // that Python process (when over 1), has exited, whichever comes first
-// (one call, on a goroutine of its own); it reports whether it watches. The second matters where the process forked
-// children before it died (DataLoader workers, multiprocessing): they
-// hold the pipe's write end, so the hang-up comes only when the last of
-// them goes, and the other ranks would wait for this one meanwhile. ppid
-// is watched through a pidfd (Linux 5.3 on); where none can be had, the
-// pipe alone. poll with no events asked for the pipe still reports its
-// hang-up, and never its data, which the caller reads meanwhile.
+// (one call, on a goroutine of its own); it reports whether it watches.
+// The second matters where the process forked children before it died
+// (DataLoader workers, multiprocessing): they hold the pipe's write end,
+// so the hang-up comes only when the last of them goes, and the other
+// ranks would wait for this one meanwhile. ppid is watched through a
+// pidfd (pidFD: Linux 5.3 on); where none can be had, the pipe alone.
+// poll with no events asked for the pipe still reports its hang-up, and
+// never its data, which the caller reads meanwhile.
 func watchGone(ctx context.Context, f *os.File, ppid int, hangup, exited func()) bool {
 	fi, err := f.Stat()
 	if err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
