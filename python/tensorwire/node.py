@@ -33,7 +33,7 @@ from . import _exit
 from ._binary import BinaryNotFoundError, find_binary
 from .errors import TensorwireError
 
-__all__ = ["Node", "BinaryNotFoundError", "NodeStartError"]
+__all__ = ["Node", "NodeHandle", "BinaryNotFoundError", "NodeStartError"]
 
 
 class NodeStartError(TensorwireError):
@@ -51,7 +51,10 @@ class Node:
     $TENSORWIRE_BIN, the bundled one, PATH's; BinaryNotFoundError if none).
 
     start() (or `with`) runs it and returns once it listens; address is then
-    "HOST:PORT". stop() (or leaving the `with`) stops it."""
+    "HOST:PORT". stop() (or leaving the `with`) stops it. Pickled (a
+    spawned worker's argument), a started Node becomes a NodeHandle: its
+    address, root and token, which the clients and Replica take as they
+    take the Node, while the node stays this process's."""
 
     def __init__(self, root=None, serve=(), store=(), buffer=(), loader=(), token=None, listen="127.0.0.1:0",
                  extra=(), binary=None, start_timeout=60.0, stop_timeout=30.0):
@@ -153,6 +156,11 @@ class Node:
 
     close = stop
 
+    def __reduce__(self):
+        if self.address is None:
+            raise TypeError("tensorwire.Node: start it before handing it to another process")
+        return NodeHandle, (self.address, self.root, self.token)
+
     def __enter__(self):
         return self.start()
 
@@ -165,6 +173,31 @@ class Node:
                 self.stop()
         except Exception:
             pass
+
+
+class NodeHandle:
+    """A running Node as another process sees it: what a Node pickles to (a
+    spawned worker's argument, say). address, root and token are the
+    Node's, and the clients and Replica take a handle as they take the
+    Node; the node stays its starter's, so stop() and close() here do
+    nothing."""
+
+    def __init__(self, address, root, token):
+        self.address, self.root, self.token = address, root, token
+
+    def stop(self):
+        pass
+
+    close = stop
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def __repr__(self):
+        return f"NodeHandle({self.address!r}, root={self.root!r})"
 
 
 class _TempDir:

@@ -2,7 +2,8 @@
 method, torch.multiprocessing, a pool's workers): each becomes a new
 client of the same node and object, with the same token, root and
 options, dialled where it is unpickled, as Reverb's Client pickles; a
-loader Consumer refuses, saying why. Against a real node, workers
+started Node becomes a NodeHandle of it; a loader Consumer refuses,
+saying why. Against a real node, workers
 spawned."""
 
 import multiprocessing as mp
@@ -30,6 +31,19 @@ def _writer(store, buf, rc, q):
         store.close()
         buf.close()
         rc.close()
+    except Exception as e:  # noqa: BLE001
+        q.put({"error": repr(e)})
+
+
+def _node_user(node, q):
+    """A spawned worker handed the Node: a store client from it, and its
+    stop(), which must leave the node running."""
+    try:
+        st = tensorwire.store.Store(node.address, "main", token=node.token, root=node.root)
+        st.append("w", {"x": np.full(2, 7, np.float32)})
+        st.close()
+        node.stop()
+        q.put({"type": type(node).__name__, "mode": st.mode})
     except Exception as e:  # noqa: BLE001
         q.put({"error": repr(e)})
 
@@ -89,6 +103,24 @@ class TestPickle(unittest.TestCase):
             np.testing.assert_allclose(np.array(rep["logits"], np.float32), want, rtol=1e-6)
             client.close()
             replica.close()
+
+    def test_node_to_a_spawned_worker(self):
+        """A started Node pickles to a NodeHandle (address, root, token);
+        the worker's clients reach the node through it, and its stop()
+        there leaves the node running. An unstarted Node refuses."""
+        with tensorwire.Node(store=["main"], token="s3cret") as node:
+            q = self.ctx.Queue()
+            p = self.ctx.Process(target=_node_user, args=(node, q))
+            p.start()
+            rep = q.get(timeout=120)
+            p.join(60)
+            self.assertEqual(rep, {"type": "NodeHandle", "mode": "ref"})
+            self.assertIsNone(node.proc.poll(), "the worker's stop() stopped the node")
+            st = tensorwire.store.Store(node.address, "main", token=node.token, root=node.root)
+            self.assertEqual([i["x"].tolist() for i in st.get("w")], [[7.0, 7.0]])
+            st.close()
+        with self.assertRaisesRegex(TypeError, "start it"):
+            pickle.dumps(tensorwire.Node())
 
     def test_loader_consumer_refuses(self):
         c = tensorwire.loader.Consumer.__new__(tensorwire.loader.Consumer)
