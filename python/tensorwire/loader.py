@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from . import _device
+from . import _device, _exit
 from . import errors as _errors
 from ._fields import is_int
 from ._td import DTYPES, set_path, to_torch
@@ -225,6 +225,7 @@ class Consumer:
         self._bytes_mode = bytes_mode
         self._timeout = timeout
         self._sess = None
+        _exit.reset_at_fork(self)  # a forked child's loops are its own: _forked
         self._closed = False
         self._epoch = 0
         self._info = None
@@ -842,6 +843,12 @@ class Consumer:
     def stats(self, timeout=None):
         """The producer's figures (loader.stats)."""
         return self._client.call("loader.stats", {"name": self.name}, timeout=timeout)
+
+    def _forked(self):
+        """In a child just forked: the membership (the session, its stream
+        and heartbeat) is the parent's. Forget it, saying nothing to the
+        node; the child's next loop joins as a consumer of its own."""
+        self._sess = None
 
     def __reduce__(self):
         raise TypeError("a loader.Consumer cannot be pickled: its membership and its place in the epoch are this "

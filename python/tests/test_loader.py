@@ -2,6 +2,7 @@
 len(), every sample once per epoch, in both modes and batch sizes side by
 side, a loop given up, and the consumer that leaves."""
 
+import json
 import math
 import os
 import subprocess
@@ -82,6 +83,38 @@ class TestLoader(unittest.TestCase):
         shared = {e for m, e in results if m == "ref"} & {e for m, e in results if m == "bytes"}
         for e in shared:
             self.assertEqual(results[("ref", e)], results[("bytes", e)])
+
+    def test_forked_child_loops_on_its_own(self):
+        """A child forked with a joined Consumer in hand iterates an epoch
+        as a consumer of its own, every sample once, and the parent's
+        membership is untouched: its epoch too has every sample once.
+        Before, the child's loop found the parent's session and failed
+        (UnavailableError: the connection is the parent process's)."""
+        c = self.dial("ref", 100)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(r)
+                seen = sorted(i for b in c for i in b["index"].tolist())
+                c.close()
+                os.write(w, json.dumps(seen == list(range(N))).encode())
+                code = 0
+            except BaseException as e:  # noqa: BLE001
+                os.write(w, json.dumps(repr(e)).encode())
+            finally:
+                os._exit(code)
+        os.close(w)
+        try:
+            self.check_epoch(list(c), 100)
+        finally:
+            c.close()  # leaves: the producer waits for no idle member (MaxWait) in the child's epochs
+        with os.fdopen(r) as f:
+            child = json.loads(f.read() or "null")
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(child, True)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
 
     def test_drop_last_and_torch(self):
         with self.dial("ref", 300, drop_last=True) as c:
