@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from . import errors as _errors
+from . import _exit, errors as _errors
 from ._fields import answer, is_int, uint
 from ._td import TD, DTYPES, NonTensorData, as_array, dtype_name, flatten, leaves, marked, tree_to_torch
 from .dataset import load_memmap
@@ -341,6 +341,7 @@ class Buffer:
         self._connections = -1  # the client's connection count when the view was taken
         self._view = None
         self.resampled = 0  # rows this client found overwritten while it copied them, and sampled again
+        _exit.reset_at_fork(self)  # a forked child's calls are its own: _forked
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
             info = self._call("replay.info", {"name": name}, deadline)
@@ -381,6 +382,15 @@ class Buffer:
     @property
     def capacity(self):
         return self._view.capacity
+
+    def _forked(self):
+        """In a child just forked: a fresh lock (a parent's thread may have
+        held this one at the fork), and none of the parent's calls in
+        flight (a prefetched sample, slices asked for ahead), which went
+        over the parent's connection."""
+        self._mu = threading.Lock()
+        self._pending = None
+        self._sl_left = None
 
     def __reduce__(self):
         """Pickled, a new Buffer of the same buffer, node, token, root and

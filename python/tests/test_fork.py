@@ -117,6 +117,50 @@ class TestFork(unittest.TestCase):
         """)
         self.assertEqual(rep, {"child": 0, "parent_errors": [], "child_versions": 30})
 
+    def test_replay_buffer_in_a_child_while_a_parent_thread_samples(self):
+        """A child forked while a thread of the parent samples from a
+        replay Buffer with prefetch (a sample in flight, the lock taken and
+        let go in a loop) extends and samples through the Buffer it
+        inherited: every call answers, and the child exits."""
+        rep = run(self, """
+            import threading
+            import numpy as np, tensorwire
+            node = tensorwire.Node(buffer=["rb,capacity=256"]).start()
+            buf = tensorwire.replay.Buffer(node.address, "rb", root=node.root, prefetch=True)
+            buf.extend({"obs": np.zeros((64, 4), np.float32)})
+            errs, stop = [], threading.Event()
+            def loop():
+                while not stop.is_set():
+                    try:
+                        buf.sample(8, timeout=30)
+                    except Exception as e:
+                        errs.append(repr(e))
+            t = threading.Thread(target=loop)
+            t.start()
+            time.sleep(0.2)
+            pid = os.fork()
+            if pid == 0:
+                bad = 0
+                for _ in range(20):
+                    try:
+                        buf.extend({"obs": np.ones((4, 4), np.float32)}, timeout=30)
+                        batch, info = buf.sample(8, timeout=30)
+                        if batch["obs"].shape != (8, 4):
+                            bad += 1
+                    except Exception:
+                        bad += 1
+                buf.close()
+                os._exit(min(bad, 100))
+            code = wait_child(pid)
+            stop.set()
+            t.join()
+            rep = {"child": code, "parent_errors": errs[:3], "size": buf.stats()["size"]}
+            buf.close()
+            node.stop()
+            print(json.dumps(rep))
+        """)
+        self.assertEqual(rep, {"child": 0, "parent_errors": [], "size": 64 + 80})
+
     @unittest.skipUnless(HAVE_TORCH, "needs torch")
     def test_serve_client_refuses_in_a_child(self):
         """A child's predict with the serve Client it inherited (by
