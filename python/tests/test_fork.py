@@ -22,7 +22,25 @@ except ImportError:
 # Shared by the scripts: wait for the child (20 s at most, then kill it
 # and say it hung), and print the report.
 WAIT = textwrap.dedent("""
-    import json, os, time
+    import json, os, threading, time
+    def busy(call):
+        \"\"\"A thread of the parent making call in a loop until stop() is
+        called, which returns the errors it met.\"\"\"
+        errs, done = [], threading.Event()
+        def loop():
+            while not done.is_set():
+                try:
+                    call()
+                except Exception as e:
+                    errs.append(repr(e))
+        t = threading.Thread(target=loop)
+        t.start()
+        time.sleep(0.2)  # calling by the fork
+        def stop():
+            done.set()
+            t.join()
+            return errs[:3]
+        return stop
     def wait_child(pid):
         for _ in range(400):
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -80,21 +98,11 @@ class TestFork(unittest.TestCase):
         fails on either side and the child exits. Before, the child took
         the parent's connection (its stream ids, its locks) and hung."""
         rep = run(self, """
-            import threading
             import numpy as np, tensorwire
             node = tensorwire.Node(store=["main"]).start()
             st = tensorwire.store.Store(node.address, "main", root=node.root)
             st.publish("w", {"a": np.ones(4, np.float32)})
-            errs, stop = [], threading.Event()
-            def loop():
-                while not stop.is_set():
-                    try:
-                        st.publish("p", {"a": np.full(4, 2, np.float32)})
-                    except Exception as e:
-                        errs.append(repr(e))
-            t = threading.Thread(target=loop)
-            t.start()
-            time.sleep(0.2)
+            stop = busy(lambda: st.publish("p", {"a": np.full(4, 2, np.float32)}))
             pid = os.fork()
             if pid == 0:
                 bad = 0
@@ -107,10 +115,9 @@ class TestFork(unittest.TestCase):
                 os._exit(min(bad, 100))
             code = wait_child(pid)
             time.sleep(0.3)
-            stop.set()
-            t.join()
+            errs = stop()
             latest = st.latest("c").version
-            rep = {"child": code, "parent_errors": errs[:3], "child_versions": latest}
+            rep = {"child": code, "parent_errors": errs, "child_versions": latest}
             st.close()
             node.stop()
             print(json.dumps(rep))
@@ -123,21 +130,11 @@ class TestFork(unittest.TestCase):
         let go in a loop) extends and samples through the Buffer it
         inherited: every call answers, and the child exits."""
         rep = run(self, """
-            import threading
             import numpy as np, tensorwire
             node = tensorwire.Node(buffer=["rb,capacity=256"]).start()
             buf = tensorwire.replay.Buffer(node.address, "rb", root=node.root, prefetch=True)
             buf.extend({"obs": np.zeros((64, 4), np.float32)})
-            errs, stop = [], threading.Event()
-            def loop():
-                while not stop.is_set():
-                    try:
-                        buf.sample(8, timeout=30)
-                    except Exception as e:
-                        errs.append(repr(e))
-            t = threading.Thread(target=loop)
-            t.start()
-            time.sleep(0.2)
+            stop = busy(lambda: buf.sample(8, timeout=30))
             pid = os.fork()
             if pid == 0:
                 bad = 0
@@ -152,9 +149,7 @@ class TestFork(unittest.TestCase):
                 buf.close()
                 os._exit(min(bad, 100))
             code = wait_child(pid)
-            stop.set()
-            t.join()
-            rep = {"child": code, "parent_errors": errs[:3], "size": buf.stats()["size"]}
+            rep = {"child": code, "parent_errors": stop(), "size": buf.stats()["size"]}
             buf.close()
             node.stop()
             print(json.dumps(rep))
