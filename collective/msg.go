@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -213,7 +212,7 @@ func (m *mailbox) handle(ctx context.Context, r msgReq) (rpc.Empty, error) {
 		if b, err = t.Bytes(); err != nil {
 			return rpc.Empty{}, err
 		}
-		if slices.Contains(r.Data.Keys(), "d") {
+		if r.Data.Has("d") {
 			// A whole point-to-point message (protocol 10): its bytes
 			// after its dtype and shape.
 			t, err := r.Data.Tensor("d")
@@ -331,6 +330,15 @@ func (c *Comm) sendWhole(ctx context.Context, dst int, k msgKey, m, data []byte)
 	return c.sendMsg(ctx, dst, k, m, data, nil)
 }
 
+// setBytes sets key of td to a uint8 tensor over b.
+func setBytes(td *tensordict.TensorDict, key string, b []byte) error {
+	t, err := tensordict.FromBytes(memmap.Uint8, []int{len(b)}, b)
+	if err != nil {
+		return err
+	}
+	return td.Set(key, t)
+}
+
 // sendMsg is sendReq, with data (not nil) the bytes of a whole message.
 func (c *Comm) sendMsg(ctx context.Context, dst int, k msgKey, b, data []byte, ref *p2pRef) error {
 	cl, err := c.client(ctx, dst)
@@ -340,18 +348,11 @@ func (c *Comm) sendMsg(ctx context.Context, dst int, k msgKey, b, data []byte, r
 	req := msgReq{Session: c.session, Src: c.rank, Space: k.space, Seq: k.seq, Tag: k.tag, Step: k.step, Piece: k.piece, Ref: ref}
 	if len(b) > 0 {
 		td, _ := tensordict.New()
-		for _, kv := range []struct {
-			key string
-			b   []byte
-		}{{"b", b}, {"d", data}} {
-			if kv.b == nil {
-				continue
-			}
-			t, err := tensordict.FromBytes(memmap.Uint8, []int{len(kv.b)}, kv.b)
-			if err != nil {
-				return err
-			}
-			if err := td.Set(kv.key, t); err != nil {
+		if err := setBytes(td, "b", b); err != nil {
+			return err
+		}
+		if data != nil {
+			if err := setBytes(td, "d", data); err != nil {
 				return err
 			}
 		}

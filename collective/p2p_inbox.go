@@ -519,7 +519,7 @@ func (o *peerInboxes) release(p *peerInbox, i int, left bool) {
 	defer o.mu.Unlock()
 	p.slots[i] = entryOurs
 	if left {
-		p.slots[i] = entryLeft
+		p.slots[i] = entryLeft // ours again once answered (acquire)
 	}
 	p.users--
 	if (o.closed || p.dropped) && p.users == 0 && p.m != nil {

@@ -69,6 +69,13 @@ func (td *TensorDict) Len() int {
 // Keys returns the top-level keys in insertion order.
 func (td *TensorDict) Keys() []string { return slices.Clone(td.keys) }
 
+// Has reports whether td has a top-level key key (Python's "key in td"),
+// without the copy Keys makes.
+func (td *TensorDict) Has(key string) bool {
+	_, ok := td.vals[key]
+	return ok
+}
+
 // Prefix returns the folder a memory-mapped TensorDict lives in, or "".
 func (td *TensorDict) Prefix() string { return td.prefix }
 

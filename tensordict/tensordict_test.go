@@ -71,6 +71,11 @@ func TestTensorDict_SetAndGet(t *testing.T) {
 	if got := td.Keys(); !slices.Equal(got, []string{"obs", "action", "next", "info"}) {
 		t.Errorf("keys %q", got)
 	}
+	for key, want := range map[string]bool{"obs": true, "next": true, "nope": false, "next/obs": false} {
+		if td.Has(key) != want {
+			t.Errorf("Has(%q) = %v, want %v", key, !want, want)
+		}
+	}
 	bad := must[*Tensor](t)(Zeros(memmap.Uint8, 5, 2))
 	if err := td.Set("bad", bad); !errors.Is(err, ErrBatchSize) {
 		t.Errorf("Set of a [5 2] tensor in batch [4]: err = %v, want ErrBatchSize", err)
