@@ -40,19 +40,13 @@ func watchGone(ctx context.Context, f *os.File, ppid int, hangup, exited func())
 		if len(fds) > 1 {
 			defer unix.Close(int(fds[1].Fd))
 		}
-		for ctx.Err() == nil {
-			n, err := unix.Poll(fds, 1000)
-			if err == unix.EINTR || n == 0 {
-				continue
-			}
-			switch {
-			case err != nil || fds[0].Revents != 0:
-				hangup()
-				return
-			case len(fds) > 1 && fds[1].Revents != 0:
-				exited()
-				return
-			}
+		// The pipe first: a parent that died with nobody else holding
+		// it ends both at once, and the hang-up is the plain case.
+		switch i, err := pollFirst(ctx, fds); {
+		case err != nil || i == 0:
+			hangup()
+		case i == 1:
+			exited()
 		}
 	}()
 	return true

@@ -45,17 +45,30 @@ func watchExit(ctx context.Context, pid int, exited func()) error {
 	}
 	go func() {
 		defer unix.Close(fd)
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		for ctx.Err() == nil {
-			n, err := unix.Poll(fds, 1000)
-			if err == unix.EINTR || n == 0 {
-				continue
-			}
-			if err == nil && ctx.Err() == nil {
-				exited()
-			}
-			return
+		if i, err := pollFirst(ctx, []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}); i == 0 && err == nil {
+			exited()
 		}
 	}()
 	return nil
+}
+
+// pollFirst waits, in poll(2), until one of fds reports an event, and
+// returns its index; -1 once ctx has ended (looked at every second), or
+// with poll's error.
+func pollFirst(ctx context.Context, fds []unix.PollFd) (int, error) {
+	for ctx.Err() == nil {
+		n, err := unix.Poll(fds, 1000)
+		if err == unix.EINTR || (err == nil && n == 0) {
+			continue
+		}
+		if err != nil {
+			return -1, err
+		}
+		for i, p := range fds {
+			if p.Revents != 0 {
+				return i, nil
+			}
+		}
+	}
+	return -1, nil
 }
