@@ -49,7 +49,7 @@ import time
 
 import numpy as np
 
-from . import _msgpack
+from . import _exit, _msgpack
 from ._binary import find_binary
 from ._outpool import OutputPool
 from ._regions import Regions, address, align
@@ -255,7 +255,8 @@ class _Sidecar:
         self._quiet = set()  # ids of quiet requests (pipe 5) not waited for yet
         self._quiet_err = {}  # id -> the error of a quiet request whose start failed, for its Wait
         self._lock = threading.Lock()
-        self._pid = os.getpid()  # the process whose communicator this is (_own)
+        self._inherited = False  # a forked child's copy (_forked): the sidecar is the parent's
+        _exit.reset_at_fork(self)
         self._ids = itertools.count(1)
         self._rbuf = b""
         self._templates = {}
@@ -394,14 +395,19 @@ class _Sidecar:
             return None
         return self._regions.claim(self._mm, self._ptr, hole, nbytes)
 
+    def _forked(self):
+        """In a child just forked (_exit.reset_at_fork): the sidecar, its
+        pipe and the lock (held by a thread of the parent's at the fork,
+        maybe) are the parent's."""
+        self._inherited = True
+
     def _own(self):
         """Raises ClosedError in a child forked from the process that
-        joined: the pipe is the parent's (a frame written here would put
-        the parent's calls out of step), and so may be the lock, held by
-        a thread of the parent's at the fork. Checked before the lock."""
-        if os.getpid() != self._pid:
-            raise ClosedError(f"the communicator belongs to process {self._pid}, this is {os.getpid()}, a child "
-                              "forked from it: join a communicator of its own")
+        joined: a frame written there would put the parent's calls out of
+        step. Checked before the lock."""
+        if self._inherited:
+            raise ClosedError("the communicator belongs to the process this one was forked from: join a "
+                              "communicator of its own")
 
     def alloc(self, nbytes):
         """A zeroed uint8 array of nbytes over a region of the data file,
@@ -688,9 +694,8 @@ class _Sidecar:
         return b.view(dt).reshape(shape), name
 
     def close(self):
-        if os.getpid() != self._pid:
-            # A forked child's copy: the sidecar and its pipe are the
-            # parent's. Nothing to say to them.
+        if self._inherited:
+            # A forked child's copy: nothing to say to the parent's sidecar.
             self.closed = True
             return
         with self._lock:

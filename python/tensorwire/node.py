@@ -59,7 +59,6 @@ class Node:
     def __init__(self, root=None, serve=(), store=(), buffer=(), loader=(), token=None, listen="127.0.0.1:0",
                  extra=(), binary=None, start_timeout=60.0, stop_timeout=30.0):
         self._bin = find_binary(binary, "tensorwire.Node")
-        self._pid = os.getpid()  # the process that owns the node and its folders
         self._tmp = None
         if root is None:
             self._tmp = _TempDir("tensorwire-node-", self)
@@ -82,6 +81,7 @@ class Node:
         self._dir = None
         self.log_path = None
         _exit.close_at_exit(self, _exit.NODES)  # whole: it may be stopped at exit
+        _exit.reset_at_fork(self)  # a forked child lets go of it: _forked
 
     def start(self):
         """Runs the node and waits until it listens; returns self."""
@@ -132,11 +132,7 @@ class Node:
     def stop(self):
         """Stops the node (SIGTERM; SIGKILL after stop_timeout) and removes
         the temporary folders it made. In a child forked from the process
-        that started the node it only lets go of them: the node and its
-        folders are the parent's."""
-        if os.getpid() != self._pid:
-            self.proc = self._dir = self._tmp = None
-            return
+        that started the node it does nothing (_forked let go of them)."""
         p, self.proc = self.proc, None
         if p is not None and p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -153,6 +149,15 @@ class Node:
         if self._tmp is not None:
             self._tmp.remove()
             self._tmp = None
+
+    def _forked(self):
+        """In a child just forked (_exit.reset_at_fork): the node and its
+        folders are the parent's. Let go of them, and of the folders'
+        removal when this copy is collected."""
+        for d in (self._dir, self._tmp):
+            if d is not None:
+                d.forget()
+        self.proc = self._dir = self._tmp = None
 
     close = stop
 
@@ -207,21 +212,18 @@ class _TempDir:
 
     def __init__(self, prefix, owner):
         self.path = tempfile.mkdtemp(prefix=prefix)
-        self._collected = weakref.finalize(owner, _remove_in, os.getpid(), self.path)
+        self._collected = weakref.finalize(owner, shutil.rmtree, self.path, ignore_errors=True)
         self._collected.atexit = False  # _exit's, after the node stopped
+
+    def forget(self):
+        """Lets go of the folder without removing it (a forked child's)."""
+        self._collected.detach()
 
     def remove(self):
         # Not self._collected(): a finalizer called once weakref's own exit
         # hook ran (before _exit's, registered earlier) does nothing.
         self._collected.detach()
         shutil.rmtree(self.path, ignore_errors=True)
-
-
-def _remove_in(pid, path):
-    """Removes the folder at path, in process pid only (not in a child
-    forked from it, where the Node was collected too)."""
-    if os.getpid() == pid:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _drain(f):

@@ -115,7 +115,8 @@ class Replica:
         self.attachments = 0  # streams opened (a new one after each detachment)
         self._closed = threading.Event()
         self._mu = threading.Lock()
-        self._pid = os.getpid()  # the process whose attachment and folder these are
+        self._inherited = False  # a forked child's copy (_forked): the attachment is the parent's
+        _exit.reset_at_fork(self)
         self._stream = None
         self._thread = None
         self._dir = self._lock_fd = None
@@ -199,12 +200,17 @@ class Replica:
             self._thread.start()
         return self
 
+    def _forked(self):
+        """In a child just forked (_exit.reset_at_fork): the attachment,
+        its thread, its folder and its locks are the parent's."""
+        self._inherited = True
+
     def close(self):
         """Detaches from the node and stops run(); removes the replica's
         folder. In a child forked from the process that started it, does
         nothing: the attachment, its thread and the folder are the
         parent's (and so may be the locks, held at the fork)."""
-        if os.getpid() != self._pid:
+        if self._inherited:
             return
         if self._closed.is_set():
             return

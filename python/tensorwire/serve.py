@@ -260,7 +260,8 @@ class Client:
 
     def __init__(self, node, name, token=None, root=None, bytes_mode=False, slots=None, max_in_flight=128,
                  timeout=30.0):
-        self._pid = os.getpid()  # the process whose registration, slots and threads these are (_mine)
+        self._inherited = False  # a forked child's copy (_forked): the registration is the parent's
+        _exit.reset_at_fork(self)
         self._made = ((node, name), {"token": token, "root": root, "bytes_mode": bytes_mode, "slots": slots,
                                      "max_in_flight": max_in_flight, "timeout": timeout})
         if isinstance(node, _RPCClient):
@@ -418,15 +419,19 @@ class Client:
         registration and slots)."""
         return _rebuild, (type(self),) + self._made
 
+    def _forked(self):
+        """In a child just forked (_exit.reset_at_fork): the registration,
+        slots, threads and locks (a parent's thread may have held one at
+        the fork) are the parent's."""
+        self._inherited = True
+
     def _mine(self):
         """Raises ClosedError in a child forked from the process that made
-        the Client: its registration, slots and threads are the parent's
-        (a child's rows in the parent's slots would give either the
-        other's outputs). Checked before any lock, which a parent's
-        thread may have held at the fork."""
-        if os.getpid() != self._pid:
-            raise ClosedError(f"serve: the Client belongs to process {self._pid}, this is {os.getpid()}, a child "
-                              "forked from it: make a Client of its own")
+        the Client: a child's rows in the parent's slots would give either
+        the other's outputs. Checked before any lock."""
+        if self._inherited:
+            raise ClosedError("serve: the Client belongs to the process this one was forked from: make a Client "
+                              "of its own")
 
     # Closing.
 
@@ -435,7 +440,7 @@ class Client:
         when the Client made it. Predictions in flight fail with ClosedError.
         In a child forked from the process that made it, only marks it
         closed: the registration and the slots stay the parent's."""
-        if os.getpid() != self._pid:
+        if self._inherited:
             self._closed = True
             return
         with self._mu:

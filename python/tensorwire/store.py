@@ -175,7 +175,6 @@ class Param:
 
     def __init__(self, store, name, version, td, lease):
         self._store = store
-        self._pid = os.getpid()  # the lease is this process's
         self.name = name
         self.version = version
         self.td = td
@@ -183,11 +182,9 @@ class Param:
         self.err = None
 
     def close(self):
-        # In a child forked from the process that holds the lease, the
-        # lease stays the parent's: let go of it here, nothing released.
-        if self.lease and os.getpid() == self._pid:
+        if self.lease:
             self._store._release(self)
-        self.lease = 0
+            self.lease = 0
 
     def __enter__(self):
         return self
@@ -277,6 +274,8 @@ class Store:
         self._mu = threading.Lock()
         self._req_client = random.getrandbits(64) or 1
         self._seq = 0
+        for p in self._params:
+            p.lease = 0  # the child's copy lets go: closing it releases nothing
         self._params = set()
         self._renewer = None
 
