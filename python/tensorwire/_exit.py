@@ -12,9 +12,8 @@ temporary folders.
 A child forked from the process (os.fork, multiprocessing's fork) inherits
 these objects but owns none of them: it forgets them as it starts, so its
 exit closes nothing of its parent's, and the clients that asked
-(reset_at_fork) make their calls their own there (before, a child that exited the
-normal way stopped its parent's Nodes and removed their temporary roots,
-or hung on a lock a thread of the parent held at the fork)."""
+(reset_at_fork) let go of the parent's state there (before, a child that
+exited the normal way ran its parent's Nodes' stop() and hung in it)."""
 
 import atexit
 import os

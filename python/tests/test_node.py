@@ -83,9 +83,8 @@ class TestNodeLifetime(unittest.TestCase):
         """A child forked after the Node started (os.fork, then a normal
         exit, atexit hooks and all) leaves the parent's node running, its
         temporary root in place and its clients working. Before, the
-        child's exit hooks stopped the parent's Node (SIGTERM, then the
-        temporary root removed) and hung on a lock the node's output
-        thread held at the fork, so the child never exited."""
+        child's exit hook ran the parent's Node's stop() and hung in it,
+        so the child never exited (child_exited False)."""
         script = textwrap.dedent("""
             import json, os, sys, time
             import numpy as np
