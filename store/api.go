@@ -12,6 +12,7 @@ import (
 type API interface {
 	Put(ctx context.Context, bin string, td *tensordict.TensorDict) (uint64, error)
 	Append(ctx context.Context, bin string, td *tensordict.TensorDict) (uint64, error)
+	Extend(ctx context.Context, bin string, tds []*tensordict.TensorDict) (uint64, error)
 	Get(ctx context.Context, bin string) ([]*tensordict.TensorDict, error)
 	Peek(ctx context.Context, bin string) ([]*tensordict.TensorDict, error)
 	List(ctx context.Context) (map[string]int, uint64, error)

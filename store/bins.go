@@ -177,29 +177,45 @@ func (s *Store) seenLocked(id reqID) (reqEntry, bool, error) {
 // putValue replaces (put) or extends (append) bin with a value ingested
 // already, and returns the revision once it is durable.
 func (s *Store) putValue(bin string, in *ingest, op uint8, req reqID) (uint64, error) {
-	rec := &record{Op: op, Name: bin, Items: []recItem{in.item}, Req: req}
+	return s.putValues(bin, []*ingest{in}, op, req)
+}
+
+// putValues is putValue with the values ins, in order, as one record: one
+// revision, one event, all or none of them. It discards ins on failure.
+func (s *Store) putValues(bin string, ins []*ingest, op uint8, req reqID) (uint64, error) {
+	discard := func() {
+		for _, in := range ins {
+			s.discard(in)
+		}
+	}
+	rec := &record{Op: op, Name: bin, Items: make([]recItem, len(ins)), Req: req}
+	for i, in := range ins {
+		rec.Items[i] = in.item
+	}
 	p, err := prepare(rec)
 	if err != nil {
-		s.discard(in)
+		discard()
 		return 0, err
 	}
-	if b := in.item.Inline; b != nil {
-		// Keep the value in the frame, which holds its bytes anyway, and
-		// let the next value reuse the buffer it was encoded into.
-		if a := aliasInline(p.frame, b); a != nil {
-			rec.Items[0].Inline, in.item.Inline = a, a
-			recycleValueBuf(b)
+	for i, in := range ins {
+		if b := in.item.Inline; b != nil {
+			// Keep the value in the frame, which holds its bytes anyway, and
+			// let the next value reuse the buffer it was encoded into.
+			if a := aliasInline(p.frame, b); a != nil {
+				rec.Items[i].Inline, in.item.Inline = a, a
+				recycleValueBuf(b)
+			}
 		}
 	}
 	s.mu.Lock()
 	if err := s.enterLocked(); err != nil {
 		s.mu.Unlock()
-		s.discard(in)
+		discard()
 		return 0, err
 	}
 	if e, done, err := s.seenLocked(req); err != nil || done {
 		s.mu.Unlock()
-		s.discard(in)
+		discard()
 		if err != nil {
 			return 0, err
 		}
@@ -234,6 +250,39 @@ func (s *Store) Put(ctx context.Context, bin string, td *tensordict.TensorDict) 
 // one item) and returns the store's revision after it, as Put does.
 func (s *Store) Append(ctx context.Context, bin string, td *tensordict.TensorDict) (uint64, error) {
 	return s.store(ctx, bin, td, recAppend)
+}
+
+// Extend adds tds to the bin, in order, as its last items, in one
+// operation: one revision (returned once durable), one event, and all of
+// them or, on error, none. ErrFormat for no values or more than 4096;
+// ErrTooLarge for values that make a log record over 1 GiB together (those
+// of InlineBytes or more are prefixes, and count little). The values are
+// copied.
+func (s *Store) Extend(ctx context.Context, bin string, tds []*tensordict.TensorDict) (uint64, error) {
+	if err := CheckName(bin); err != nil {
+		return 0, err
+	}
+	switch {
+	case len(tds) == 0:
+		return 0, errorf(ErrFormat, "no values to extend %q with", bin)
+	case len(tds) > maxExtend:
+		return 0, errorf(ErrFormat, "%d values in one Extend; at most %d", len(tds), maxExtend)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	ins := make([]*ingest, 0, len(tds))
+	for _, td := range tds {
+		in, err := s.ingestTD(td, false)
+		if err != nil {
+			for _, in := range ins {
+				s.discard(in)
+			}
+			return 0, err
+		}
+		ins = append(ins, in)
+	}
+	return s.putValues(bin, ins, recAppend, reqID{})
 }
 
 func (s *Store) store(ctx context.Context, bin string, td *tensordict.TensorDict, op uint8) (uint64, error) {

@@ -167,46 +167,77 @@ func (c *Client) isClosed() bool {
 }
 
 // sendValue sets v to td, staged as a prefix when the value goes by
-// reference, and runs send, a call of method (retried), with it. A staged prefix the node did
-// not take is removed.
+// reference, and runs send, a call of method (retried), with it. A staged
+// prefix the node did not take is removed.
 func (c *Client) sendValue(ctx context.Context, method string, td *tensordict.TensorDict, asPrefix bool, v *valueMsg, send func() error) error {
-	if td == nil {
-		return errorf(ErrFormat, "no TensorDict")
-	}
-	size := valueBytes(td)
-	if size > c.info.MaxValueBytes {
-		return errorf(ErrTooLarge, "a value of %d bytes; the store takes at most %d", size, c.info.MaxValueBytes)
-	}
-	staged := c.ref && (asPrefix || size >= c.info.InlineBytes)
-	var dir string
-	stage := func() error {
-		if dir != "" {
-			discardStaged(dir)
+	vs := []valueMsg{{}}
+	return c.sendValues(ctx, method, []*tensordict.TensorDict{td}, asPrefix, vs, func() error {
+		*v = vs[0]
+		return send()
+	})
+}
+
+// sendValues is sendValue for several values: vs[i] is set to tds[i]
+// before send runs, and every staged prefix is staged anew when an attempt
+// was cut off and the node no longer finds one of them.
+func (c *Client) sendValues(ctx context.Context, method string, tds []*tensordict.TensorDict, asPrefix bool, vs []valueMsg, send func() error) error {
+	staged := make([]bool, len(tds))
+	anyStaged := false
+	for i, td := range tds {
+		if td == nil {
+			return errorf(ErrFormat, "no TensorDict")
 		}
-		name := newStagedName()
-		dir = filepath.Join(c.dir, stagingDir, name)
-		if err := writePrefix(td, dir, c.info.NoSync); err != nil {
-			os.RemoveAll(dir)
-			dir = ""
-			if errors.Is(err, tensordict.ErrKey) {
-				return errorf(ErrFormat, "%v", err)
+		size := valueBytes(td)
+		if size > c.info.MaxValueBytes {
+			return errorf(ErrTooLarge, "a value of %d bytes; the store takes at most %d", size, c.info.MaxValueBytes)
+		}
+		staged[i] = c.ref && (asPrefix || size >= c.info.InlineBytes)
+		anyStaged = anyStaged || staged[i]
+	}
+	dirs := make([]string, len(tds))
+	discard := func() {
+		for i, dir := range dirs {
+			if dir != "" {
+				discardStaged(dir) // the node may be taking it still
+				dirs[i] = ""
 			}
-			return fmt.Errorf("store: staging a value: %w", err)
 		}
-		v.Staged = stagingDir + "/" + name
+	}
+	stage := func() error {
+		discard()
+		for i, td := range tds {
+			if !staged[i] {
+				continue
+			}
+			name := newStagedName()
+			dir := filepath.Join(c.dir, stagingDir, name)
+			if err := writePrefix(td, dir, c.info.NoSync); err != nil {
+				os.RemoveAll(dir)
+				discard()
+				if errors.Is(err, tensordict.ErrKey) {
+					return errorf(ErrFormat, "%v", err)
+				}
+				return fmt.Errorf("store: staging a value: %w", err)
+			}
+			dirs[i] = dir
+			vs[i] = valueMsg{Staged: stagingDir + "/" + name}
+		}
 		return nil
 	}
-	if staged {
+	for i, td := range tds {
+		if !staged[i] {
+			vs[i] = valueMsg{TD: &rpc.TD{TensorDict: td}}
+		}
+	}
+	if anyStaged {
 		if err := stage(); err != nil {
 			return err
 		}
-	} else {
-		v.TD = &rpc.TD{TensorDict: td}
 	}
-	cut := false // an attempt was cut off: the node may have taken the prefix and lost it
+	cut := false // an attempt was cut off: the node may have taken a prefix and lost it
 	err := c.calls.Retry(ctx, method, func() error {
 		err := send()
-		if staged && cut && errors.Is(err, ErrNotStaged) {
+		if anyStaged && cut && errors.Is(err, ErrNotStaged) {
 			if err := stage(); err != nil {
 				return err
 			}
@@ -217,8 +248,8 @@ func (c *Client) sendValue(ctx context.Context, method string, td *tensordict.Te
 		}
 		return err
 	})
-	if err != nil && dir != "" {
-		discardStaged(dir) // the node may be taking it still
+	if err != nil {
+		discard()
 	}
 	return err
 }

@@ -17,7 +17,8 @@ var (
 	// another control character. Nothing was done. Code InvalidArgument.
 	ErrName = errors.New("store: bad name")
 
-	// ErrTooLarge: a value larger than the store's Options.MaxValueBytes.
+	// ErrTooLarge: a value larger than the store's Options.MaxValueBytes,
+	// or an Extend whose values kept in the log pass 1 GiB together.
 	// Nothing was stored. Code ResourceExhausted.
 	ErrTooLarge = errors.New("store: value too large")
 

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"net"
@@ -53,6 +54,32 @@ func Example() {
 	// got reward 2
 	// got reward 3
 	// list after get: map[]
+}
+
+// Several items as one operation (torchrl's extend): one revision, all
+// of them or none.
+func ExampleStore_Extend() {
+	dir, _ := os.MkdirTemp("", "store-example-")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	s, err := store.Open(filepath.Join(dir, "st"), store.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+
+	s.Append(ctx, "rollouts", rollout(1))
+	rev, err := s.Extend(ctx, "rollouts", []*tensordict.TensorDict{rollout(2), rollout(3), rollout(4)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	counts, _, _ := s.List(ctx)
+	fmt.Println("revision", rev, "items", counts["rollouts"])
+	_, err = s.Extend(ctx, "rollouts", nil)
+	fmt.Println(errors.Is(err, store.ErrFormat))
+	// Output:
+	// revision 2 items 4
+	// true
 }
 
 // Parameters and rollouts: tensorshare's RLTrainer and RLWorker.

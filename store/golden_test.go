@@ -46,6 +46,9 @@ func goldenExamples(t *testing.T) []svctest.Example {
 		{Name: "store.put request, staged", V: putRequest{Store: "main", Bin: "data",
 			Value: valueMsg{Staged: "staging/0123456789abcdef0123456789abcdef"}, Req: goldenReq}},
 		{Name: "store.put response", V: revResponse{Rev: 42}},
+		// store.extend's response is store.put's.
+		{Name: "store.extend request", V: extendRequest{Store: "main", Bin: "data",
+			Values: []valueMsg{{TD: td()}, {TD: td()}}, Req: goldenReq}},
 		{Name: "store.take request", V: takeRequest{Store: "main", Bin: "data", Take: 0xfedcba9876543210, Refs: true}},
 		{Name: "store.take response", V: takeResponse{Take: 0xfedcba9876543210, Rev: 43, Items: []itemMsg{
 			{TD: td()}, {Path: "values/0123456789abcdef"}}}},
@@ -90,7 +93,7 @@ func TestGolden_ProtocolDoc(t *testing.T) {
 // unsigned form, the Python client every integer in its signed one; the
 // node reads the Python client's request ids the same.
 func TestGolden_PythonIntegers(t *testing.T) {
-	for _, name := range []string{"store.put request", "store.put request, staged", "store.delete request", "store.publish request"} {
+	for _, name := range []string{"store.put request", "store.put request, staged", "store.delete request", "store.publish request", "store.extend request"} {
 		svctest.CheckGoldenSigned(t, goldenExamples(t), name, goldenReq.Client)
 	}
 }

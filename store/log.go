@@ -104,7 +104,7 @@ func prepare(rec *record) (prepared, error) {
 		return prepared{}, fmt.Errorf("store: encoding a log record: %w", err)
 	}
 	if len(p) > maxRecord {
-		return prepared{}, fmt.Errorf("store: a log record of %d bytes", len(p))
+		return prepared{}, errorf(ErrTooLarge, "a log record of %d bytes, over %d: the values of one Extend are too many or too large", len(p), maxRecord)
 	}
 	if len(p) > 0 && len(p) <= est && &p[0] == &out[frameHeader] {
 		out = out[:frameHeader+len(p)+frameTrailer] // encoded in place

@@ -15,7 +15,7 @@ import "fmt"
 const (
 	recBase    = 1 // a compacted log's first record: the revision and counters it starts from
 	recPut     = 2 // a bin's items replaced by Items
-	recAppend  = 3 // Items[0] added to a bin
+	recAppend  = 3 // Items added to a bin, in order (Append: one; Extend: several)
 	recGet     = 4 // items IDs removed from a bin by the Get Take
 	recDelete  = 5 // a bin removed
 	recPublish = 6 // version Version of a parameter set, value Items[0]

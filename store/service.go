@@ -16,8 +16,9 @@ const (
 	MethodInfo    = "store.info"
 	MethodPut     = "store.put"
 	MethodAppend  = "store.append"
-	MethodTake    = "store.take" // a Get's first phase, and Peek
-	MethodAck     = "store.ack"  // a Get's second phase
+	MethodExtend  = "store.extend" // several appends as one: Extend, and a Client's concurrent Appends
+	MethodTake    = "store.take"   // a Get's first phase, and Peek
+	MethodAck     = "store.ack"    // a Get's second phase
 	MethodList    = "store.list"
 	MethodDelete  = "store.delete"
 	MethodPublish = "store.publish"
@@ -41,6 +42,7 @@ var repeatable = service.Methods{
 	// answered as the first was, not applied twice.
 	MethodPut:     true,
 	MethodAppend:  true,
+	MethodExtend:  true,
 	MethodDelete:  true,
 	MethodPublish: true,
 	// A Get's take carries the client's id (sent again, the same items);
@@ -72,6 +74,7 @@ func Register(srv *rpc.Server) (*Service, error) {
 		rpc.Register(srv, MethodInfo, svc.info),
 		rpc.Register(srv, MethodPut, svc.put),
 		rpc.Register(srv, MethodAppend, svc.append),
+		rpc.Register(srv, MethodExtend, svc.extend),
 		rpc.Register(srv, MethodTake, svc.take),
 		rpc.Register(srv, MethodAck, svc.ack),
 		rpc.Register(srv, MethodList, svc.list),
@@ -125,6 +128,13 @@ type (
 		Bin   string   `codec:"bin"`
 		Value valueMsg `codec:"value"`
 		Req   reqID    `codec:"req"`
+	}
+	// extendRequest appends Values to Bin, in order, as one operation.
+	extendRequest struct {
+		Store  string     `codec:"store"`
+		Bin    string     `codec:"bin"`
+		Values []valueMsg `codec:"values"`
+		Req    reqID      `codec:"req"`
 	}
 	revResponse struct {
 		Rev uint64 `codec:"rev"`
@@ -270,6 +280,41 @@ func (svc *Service) put(_ context.Context, req putRequest) (revResponse, error) 
 func (svc *Service) append(_ context.Context, req putRequest) (revResponse, error) {
 	return svc.store(req, recAppend)
 }
+
+func (svc *Service) extend(_ context.Context, req extendRequest) (revResponse, error) {
+	st, err := svc.stores.Lookup(req.Store)
+	if err != nil {
+		return revResponse{}, err
+	}
+	if err := CheckName(req.Bin); err != nil {
+		return revResponse{}, err
+	}
+	if len(req.Values) == 0 {
+		return revResponse{}, errorf(ErrFormat, "no values to extend %q with", req.Bin)
+	}
+	if len(req.Values) > maxExtend {
+		return revResponse{}, errorf(ErrFormat, "%d values in one extend; at most %d", len(req.Values), maxExtend)
+	}
+	if e, done, err := st.Item.answered(req.Req); err != nil || done {
+		return revResponse{Rev: e.Rev}, err
+	}
+	ins := make([]*ingest, 0, len(req.Values))
+	for _, v := range req.Values {
+		in, err := st.Item.ingestMsg(v, false)
+		if err != nil {
+			for _, in := range ins {
+				st.Item.discard(in)
+			}
+			return revResponse{}, err
+		}
+		ins = append(ins, in)
+	}
+	rev, err := st.Item.putValues(req.Bin, ins, recAppend, req.Req)
+	return revResponse{Rev: rev}, err
+}
+
+// maxExtend bounds the values of one extend call.
+const maxExtend = 4096
 
 // Hooks for tests: testBeforeTake runs as the node starts a Get's take,
 // testAfterDrop once it has given a take back.
