@@ -3,6 +3,7 @@ TensorDicts, watches, versioned parameters.
 
     st = tensorwire.store.Store("127.0.0.1:7070", "main", token=token, root="/mnt/shared")
     rev = st.append("data", {"obs": obs, "reward": reward})
+    rev = st.extend("data", [step0, step1, step2])  # several items, one call and one operation
     items = st.get("data")                      # the bin's items, removed once this side has them
     v = st.publish("parameters", {"w": w})      # version 1, 2, ...
     with st.latest("parameters") as p:          # p.version, p.td (read-only np.memmap by reference)
@@ -42,6 +43,7 @@ __all__ = ["Store", "Param", "Event", "Watch", "FROM_NOW", "OPS", "NameError_", 
 
 FROM_NOW = (1 << 64) - 1  # Watch's after: only events from now on
 ACK_WAIT = 30.0  # seconds a get's acknowledgement of items it has may outlast its timeout
+_MAX_EXTEND = 4096  # values in one extend (the node refuses more)
 _test_after_take = None  # a test's hook, run between a get's two calls
 _test_before_map = None  # a test's hook, run before an item by reference is mapped
 
@@ -338,6 +340,20 @@ class Store:
         check_name(bin)
         r = self._call("store.append", {"store": self.name, "bin": bin, "value": self._value(td, batch_size),
                                         "req": self._req()}, _deadline(timeout))
+        return _num(r, "rev")
+
+    def extend(self, bin, tds, batch_size=(), timeout=None):
+        """Adds the values tds, in order, to the bin as one operation
+        (torchrl's extend): one call, one revision (returned), one event;
+        all of them or, on an error, none. batch_size is each value's.
+        FormatError for no values or more than 4096."""
+        check_name(bin)
+        tds = list(tds)
+        if not tds or len(tds) > _MAX_EXTEND:
+            raise FormatError(f"store: {len(tds)} values to extend {bin!r} with; 1 to {_MAX_EXTEND}")
+        values = [self._value(td, batch_size) for td in tds]
+        r = self._call("store.extend", {"store": self.name, "bin": bin, "values": values, "req": self._req()},
+                       _deadline(timeout))
         return _num(r, "rev")
 
     def _items(self, msgs):

@@ -168,7 +168,8 @@ class TestGoldenStore(unittest.TestCase):
         g = self.g
         self.fake = Fake({
             "store.info": g["store.info response"], "store.put": g["store.put response"],
-            "store.append": g["store.put response"], "store.take": g["store.take response"],
+            "store.append": g["store.put response"], "store.extend": g["store.put response"],
+            "store.take": g["store.take response"],
             "store.ack": g["store.ack response"], "store.list": g["store.list response"],
             "store.delete": g["store.delete response"], "store.publish": g["store.publish response"],
             "store.read": g["store.read response"], "store.renew": g["store.renew response"],
@@ -196,6 +197,9 @@ class TestGoldenStore(unittest.TestCase):
         self.st._seq = 6
         self.assertEqual(self.st.append("data", obs(), batch_size=(2,)), 42)
         self.assertEqual(self.fake.last("store.append"), signed(g["store.put request"], REQ_CLIENT))
+        self.st._seq = 6
+        self.assertEqual(self.st.extend("data", [obs(), obs()], batch_size=(2,)), 42)
+        self.assertEqual(self.fake.last("store.extend"), signed(g["store.extend request"], REQ_CLIENT))
         self.st._seq = 6
         self.assertEqual(self.st.delete("data"), 45)
         self.assertEqual(self.fake.last("store.delete"), signed(g["store.delete request"], REQ_CLIENT))

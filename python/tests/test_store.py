@@ -55,6 +55,25 @@ class TestStore(unittest.TestCase):
                 s.delete(b)
                 self.assertEqual(s.peek(b), [])
 
+    def test_extend(self):
+        """extend adds its values in order as one operation: one revision,
+        one event; a refused extend adds none of them."""
+        for mode in MODES:
+            with self.subTest(mode=mode), dial(self.node, mode) as s:
+                b = "extend-" + mode
+                r0 = s.append(b, item(0))
+                r = s.extend(b, [item(1), item(2, n=1 << 17), item(3)])  # 2: 2.5 MiB, a prefix on the node
+                self.assertEqual(r, r0 + 1)
+                self.assertEqual([int(x["id"]) for x in s.peek(b)], [0, 1, 2, 3])
+                with s.watch(b, after=r0, timeout=30) as w:
+                    e = next(iter(w))
+                self.assertEqual((e.rev, e.op, e.name, e.items), (r, "append", b, 4))
+                for bad in ([], [item(4), "not a dict"], [item(4)] * 4097):
+                    with self.assertRaises(store.FormatError):
+                        s.extend(b, bad)
+                self.assertEqual(s.list()[0][b], 4)
+                self.assertEqual([int(x["id"]) for x in s.get(b)], [0, 1, 2, 3])
+
     def test_get_past_its_timeout_after_the_reply_loses_nothing(self):
         """A get whose timeout passes between the node's reply and the
         acknowledgement still returns its items (they were removed for it);
