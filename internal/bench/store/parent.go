@@ -177,7 +177,7 @@ func runParent(ctx context.Context, o *options, env bench.Env) error {
 	}
 	defer node.stop(context.Background())
 	addr := node.ready
-	r := &results{started: time.Now()}
+	r := &results{started: time.Now(), extend: o.extend}
 	if o.has("broadcast") {
 		for _, mode := range o.modes {
 			for _, mb := range o.mbs {
@@ -362,7 +362,7 @@ func runRollouts(ctx context.Context, o *options, env bench.Env, outs, root, add
 	var apps []*proc
 	for i := range appenders {
 		p, err := start(ctx, o, env, outs, fmt.Sprintf("appender %d", i), "--role", "appender", "--addr", addr,
-			"--root", root, "--n", strconv.Itoa(i), "--inflight", strconv.Itoa(o.inflight))
+			"--root", root, "--n", strconv.Itoa(i), "--inflight", strconv.Itoa(o.inflight), "--extend", strconv.Itoa(o.extend))
 		if err != nil {
 			stopAll(ctx, apps)
 			return res, err

@@ -488,21 +488,31 @@ func roleAppender(ctx context.Context, o *options) (*appendResult, error) {
 	errs := make(chan error, o.inflight)
 	for g := range o.inflight {
 		wg.Go(func() {
-			for i := 0; ctx.Err() == nil; i++ {
-				td, err := rolloutItem(pattern, o.n, g, i)
-				if err != nil {
-					errs <- err
-					return
+			tds := make([]*tensordict.TensorDict, o.extend)
+			for i := 0; ctx.Err() == nil; i += o.extend {
+				for k := range tds {
+					td, err := rolloutItem(pattern, o.n, g, i+k)
+					if err != nil {
+						errs <- err
+						return
+					}
+					tds[k] = td
 				}
 				start := time.Now()
-				if _, err := c.Append(ctx, rolloutBin, td); err != nil {
+				var err error
+				if o.extend == 1 {
+					_, err = c.Append(ctx, rolloutBin, tds[0])
+				} else {
+					_, err = c.Extend(ctx, rolloutBin, tds)
+				}
+				if err != nil {
 					if ctx.Err() == nil {
 						errs <- err
 					}
 					return
 				}
 				lats[g].Record(time.Since(start))
-				res.Acked[g] = i + 1
+				res.Acked[g] = i + o.extend
 			}
 		})
 	}

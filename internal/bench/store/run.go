@@ -70,6 +70,7 @@ type options struct {
 	n        int
 	period   time.Duration
 	inflight int
+	extend   int // items per call in the rollouts: 1 Append, more Extend
 	out      string
 
 	self []string
@@ -100,6 +101,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.IntVar(&o.n, "n", 0, "")
 	fs.DurationVar(&o.period, "period", 0, "")
 	fs.IntVar(&o.inflight, "inflight", 8, "")
+	fs.IntVar(&o.extend, "extend", 1, "rollout items per call: 1 appends each alone (Append), more sends them together (Extend)")
 	fs.StringVar(&o.out, "out", "", "")
 	if err := bench.Parse(name, fs, args, env.Stdout, hidden...); err != nil {
 		return err
@@ -111,6 +113,9 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 		o.noSync = true
 	default:
 		return bench.Usagef("--sync %q: want always or none", *sync)
+	}
+	if o.extend < 1 || o.extend > 4096 {
+		return bench.Usagef("--extend %d: want 1 to 4096", o.extend)
 	}
 	if o.role != "" {
 		return runRole(ctx, &o)

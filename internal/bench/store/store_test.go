@@ -87,3 +87,25 @@ func TestRun_Usage(t *testing.T) {
 		}
 	}
 }
+
+// TestRun_Extend: the rollouts by Extend lose and duplicate nothing, and
+// say how many items a call carried.
+func TestRun_Extend(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 6 processes")
+	}
+	jsonFile := filepath.Join(t.TempDir(), "out.json")
+	out := benchtest.RunJSON(t, Run, testSelf, []string{"--parts", "rollouts", "--extend", "3",
+		"--duration", "600ms", "--json", jsonFile, "--root", t.TempDir()}, jsonFile)
+	t.Logf("\n%s", out.Stdout)
+	ro := out.JSON["rollouts"].(map[string]any)
+	if ro["lost"].(float64) != 0 || ro["duplicated"].(float64) != 0 || ro["items_per_s"].(float64) <= 0 {
+		t.Errorf("rollouts by Extend: lost %v, duplicated %v, %v items/s", ro["lost"], ro["duplicated"], ro["items_per_s"])
+	}
+	if ro["items_per_call"] != 3.0 {
+		t.Errorf("items_per_call %v, want 3", ro["items_per_call"])
+	}
+	if !strings.Contains(out.Stdout, "extending by 3 items") {
+		t.Errorf("the table does not say the items went by Extend")
+	}
+}
