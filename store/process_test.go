@@ -21,6 +21,7 @@ import (
 	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"github.com/tensorwire/tensorwire/internal/testkit/svctest"
 	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 const (
@@ -41,6 +42,7 @@ func TestHelperProcess(t *testing.T) {
 	proctest.RunHelper(t, envHelper, map[string]func() error{
 		"node":     helperNode,
 		"appender": func() error { return helperAppender(t) },
+		"extender": func() error { return helperExtender(t) },
 		"taker":    helperTaker,
 		"reader":   helperReader,
 		"watcher":  helperWatcher,
@@ -79,6 +81,24 @@ func helperAppender(t *testing.T) error {
 			return err
 		}
 		fmt.Println("ACK", id)
+	}
+}
+
+// helperExtender extends bin b by items $FIRST, $FIRST+1, ... three at a
+// time (every third large: staged in ref mode), flat out, printing "ACK
+// id" for each item of every Extend acknowledged.
+func helperExtender(t *testing.T) error {
+	c, err := helperDial()
+	if err != nil {
+		return err
+	}
+	first, _ := strconv.Atoi(os.Getenv(envFirst))
+	for id := first; ; id += 3 {
+		tds := []*tensordict.TensorDict{itemTD(t, int64(id), sizeOf(id)), itemTD(t, int64(id+1), sizeOf(id+1)), itemTD(t, int64(id+2), sizeOf(id+2))}
+		if _, err := c.Extend(context.Background(), "b", tds); err != nil {
+			return err
+		}
+		fmt.Printf("ACK %d\nACK %d\nACK %d\n", id, id+1, id+2)
 	}
 }
 
@@ -356,6 +376,45 @@ func TestProcess_WriterKilledMidAppend(t *testing.T) {
 			drainAll(t, ctx, c, &d)
 			d.check(t, acked)
 			t.Logf("%s: %d appends acknowledged by the killed writer", mode, len(acked)-50)
+		})
+	}
+}
+
+// TestProcess_WriterKilledMidExtend kills a writer process extending the
+// bin three items at a time: every item of its acknowledged Extends is
+// drained exactly once, and of the Extend it was killed in, all three
+// items or none.
+func TestProcess_WriterKilledMidExtend(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			root := t.TempDir()
+			_, addr := startNode(t, root, "")
+			c := dialT(t, addr, "st", root, mode)
+			ctx := ctxT(t)
+			const first = 1000000
+			wp := proctest.Start(t, envHelper+"=extender", envAddr+"="+addr, envRoot+"="+root, envMode+"="+mode, envFirst+"="+strconv.Itoa(first))
+			waitFor(t, "the writer's first acknowledgements", func() bool { return strings.Count(wp.Output(), "ACK") > 60 })
+			wp.Kill()
+			var acked []int64
+			for _, line := range strings.Split(wp.Output(), "\n") {
+				if id, ok := strings.CutPrefix(line, "ACK "); ok {
+					n, _ := strconv.Atoi(id)
+					acked = append(acked, int64(n))
+				}
+			}
+			var d drained
+			drainAll(t, ctx, c, &d)
+			d.check(t, acked)
+			groups := map[int64]int{}
+			for id := range d.seen {
+				groups[(id-first)/3]++
+			}
+			for g, n := range groups {
+				if n != 3 {
+					t.Errorf("%d of the 3 items of the Extend of %d..%d drained", n, first+3*g, first+3*g+2)
+				}
+			}
+			t.Logf("%s: %d items acknowledged by the killed writer, %d drained", mode, len(acked), len(d.seen))
 		})
 	}
 }
