@@ -259,14 +259,8 @@ func (s *Store) Append(ctx context.Context, bin string, td *tensordict.TensorDic
 // of InlineBytes or more are prefixes, and count little). The values are
 // copied.
 func (s *Store) Extend(ctx context.Context, bin string, tds []*tensordict.TensorDict) (uint64, error) {
-	if err := CheckName(bin); err != nil {
+	if err := checkExtend(bin, len(tds)); err != nil {
 		return 0, err
-	}
-	switch {
-	case len(tds) == 0:
-		return 0, errorf(ErrFormat, "no values to extend %q with", bin)
-	case len(tds) > maxExtend:
-		return 0, errorf(ErrFormat, "%d values in one Extend; at most %d", len(tds), maxExtend)
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, err

@@ -12,14 +12,8 @@ import (
 // event, and all of the values or, on error, none. It is torchrl's
 // ReplayBuffer.extend. ErrFormat for no values or more than 4096.
 func (c *Client) Extend(ctx context.Context, bin string, tds []*tensordict.TensorDict) (uint64, error) {
-	if err := CheckName(bin); err != nil {
+	if err := checkExtend(bin, len(tds)); err != nil {
 		return 0, err
-	}
-	switch {
-	case len(tds) == 0:
-		return 0, errorf(ErrFormat, "no values to extend %q with", bin)
-	case len(tds) > maxExtend:
-		return 0, errorf(ErrFormat, "%d values in one Extend; at most %d", len(tds), maxExtend)
 	}
 	req := extendRequest{Store: c.name, Bin: bin, Values: make([]valueMsg, len(tds)), Req: c.nextReq()}
 	var resp revResponse
@@ -28,4 +22,22 @@ func (c *Client) Extend(ctx context.Context, bin string, tds []*tensordict.Tenso
 		return err
 	})
 	return resp.Rev, err
+}
+
+// maxExtend bounds the values of one Extend (and store.extend call).
+const maxExtend = 4096
+
+// checkExtend refuses an Extend of n values to bin before anything is
+// done: ErrName, or ErrFormat for none or more than maxExtend.
+func checkExtend(bin string, n int) error {
+	if err := CheckName(bin); err != nil {
+		return err
+	}
+	switch {
+	case n == 0:
+		return errorf(ErrFormat, "no values to extend %q with", bin)
+	case n > maxExtend:
+		return errorf(ErrFormat, "%d values in one Extend; at most %d", n, maxExtend)
+	}
+	return nil
 }

@@ -286,14 +286,8 @@ func (svc *Service) extend(_ context.Context, req extendRequest) (revResponse, e
 	if err != nil {
 		return revResponse{}, err
 	}
-	if err := CheckName(req.Bin); err != nil {
+	if err := checkExtend(req.Bin, len(req.Values)); err != nil {
 		return revResponse{}, err
-	}
-	if len(req.Values) == 0 {
-		return revResponse{}, errorf(ErrFormat, "no values to extend %q with", req.Bin)
-	}
-	if len(req.Values) > maxExtend {
-		return revResponse{}, errorf(ErrFormat, "%d values in one extend; at most %d", len(req.Values), maxExtend)
 	}
 	if e, done, err := st.Item.answered(req.Req); err != nil || done {
 		return revResponse{Rev: e.Rev}, err
@@ -312,9 +306,6 @@ func (svc *Service) extend(_ context.Context, req extendRequest) (revResponse, e
 	rev, err := st.Item.putValues(req.Bin, ins, recAppend, req.Req)
 	return revResponse{Rev: rev}, err
 }
-
-// maxExtend bounds the values of one extend call.
-const maxExtend = 4096
 
 // Hooks for tests: testBeforeTake runs as the node starts a Get's take,
 // testAfterDrop once it has given a take back.
