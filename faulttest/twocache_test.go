@@ -783,3 +783,86 @@ func tail(s string, n int) string {
 	}
 	return s
 }
+
+// A Get's items across page caches: a writer on view A appends two 8 MiB
+// items (prefixes: inline=4KiB) to bin "b"; a trainer on the clients' root
+// Gets them, reads only their first element, and keeps them; the node,
+// with a trash grace of 200 ms, unlinks their folders once the Get is
+// acknowledged and the grace has passed; then the trainer reads every
+// element. A trainer keeping its items longer than the grace is ordinary
+// (a local buffer filled from the store): it must read them right, and
+// must not fault.
+//
+// (stateless) failed before Get copied items it cannot keep mapped
+// (sharing rpc.Storage): "reading item 0 after the node unlinked it:
+// tensordict: ... fault" (the view reads by path, as an NFS client on
+// another host whose file was deleted: its next page faults). (view)
+// passes either way: bindfs keeps the file it opened for view B open.
+func TestTwoCache_StoreGetKept(t *testing.T) {
+	for _, kind := range []string{"view", "stateless"} {
+		t.Run(kind, func(t *testing.T) {
+			tc := newTwoCache(t, kind)
+			tc.startNode("--store", "st,inline=4KiB,trash-grace=200ms")
+			token, err := nodeproc.ReadToken(tc.token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			w, err := store.Dial(ctx, tc.addr, "st", store.WithRoot(tc.a), store.WithRPC(rpc.WithToken(token)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Close()
+			for id := range 2 {
+				if _, err := w.Append(ctx, "b", twoCacheValue(id+1)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c, err := store.Dial(ctx, tc.addr, "st", store.WithRoot(tc.client), store.WithRPC(rpc.WithToken(token)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			t.Logf("the trainer on %s: sharing %v, by reference %v", tc.where(tc.client), c.Sharing(), c.SharedFS())
+			items, err := c.Get(ctx, "b")
+			if err != nil || len(items) != 2 {
+				t.Fatalf("Get: %d items, %v", len(items), err)
+			}
+			for i, td := range items {
+				x, err := td.Tensor("id")
+				if err != nil {
+					t.Fatal(err)
+				}
+				var first [8]byte
+				if _, err := x.ReadAt(first[:], 0); err != nil || binary.LittleEndian.Uint64(first[:]) != uint64(i+1) {
+					t.Fatalf("item %d's first element: %d, %v", i, binary.LittleEndian.Uint64(first[:]), err)
+				}
+			}
+			trash := filepath.Join(tc.a, "st", "trash")
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				left, _ := os.ReadDir(trash)
+				vals, _ := os.ReadDir(filepath.Join(tc.a, "st", "values"))
+				if len(left) == 0 && len(vals) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the node kept %d values and %d trashed folders 20 s after the Get", len(vals), len(left))
+				}
+			}
+			for i, td := range items {
+				x, _ := td.Tensor("id")
+				xs, err := tensordict.Values[int64](x)
+				if err != nil {
+					t.Fatalf("reading item %d after the node unlinked it: %v", i, err)
+				}
+				for j, v := range xs {
+					if v != int64(i+1) {
+						t.Fatalf("item %d, element %d: %d", i, j, v)
+					}
+				}
+				td.Close()
+			}
+		})
+	}
+}

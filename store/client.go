@@ -31,7 +31,11 @@ import (
 // folder and send its name, and the node renames it into place; Get, Peek,
 // Latest and WaitNewer send the prefix's path, which the client maps
 // read-only. Smaller values, and every value otherwise, travel as bytes.
-// SharedFS says which.
+// SharedFS says which. Through another page cache (Sharing is rpc.Storage:
+// another host on NFS) Get and Peek copy each value out of its prefix
+// before they return, since the node unlinks a prefix Options.TrashGrace
+// after its item leaves the bin and a mapping on another host faults from
+// then on; parameters stay mapped, under their leases.
 //
 // Calls ride out the node restarting: a call that finds the node
 // unreachable is tried again, with backoff, until its context ends, and
@@ -405,6 +409,19 @@ func (c *Client) items(msgs []itemMsg) ([]*tensordict.TensorDict, error) {
 					return nil, fmt.Errorf("store: mapping a value: %s is gone: %w", m.Path, fs.ErrNotExist)
 				}
 				return nil, fmt.Errorf("store: mapping a value: %w", err)
+			}
+			if c.sharing < rpc.Coherent {
+				// Another page cache (another host, over NFS): the node
+				// unlinks the prefix TrashGrace after the item leaves the
+				// bin, and a mapping here faults at its next page then.
+				// The caller keeps the items as long as it likes: copy.
+				mapped := td
+				td, err = mapped.Clone()
+				mapped.Close()
+				if err != nil {
+					closeAll(out)
+					return nil, fmt.Errorf("store: reading a value at %s: %w", m.Path, err)
+				}
 			}
 		case m.TD != nil && m.TD.TensorDict != nil:
 			td = m.TD.TensorDict

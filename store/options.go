@@ -60,9 +60,9 @@ type Options struct {
 	// files that are there. On one machine an unlinked mapping stays
 	// readable anyway; a reader on another machine sharing the folder over
 	// NFS has its own page cache and faults (SIGBUS) on a deleted file, so
-	// this is how long it has to finish with a value it mapped once its
-	// lease is gone (or, for a Get's items, once the Get returned).
-	// Default 1 minute.
+	// this is how long it has to finish with a parameter version it mapped
+	// once its lease is gone (a Client there copies Get's and Peek's items
+	// instead of mapping them). Default 1 minute.
 	TrashGrace time.Duration
 
 	// Logger receives what the store reports by itself: that it stopped

@@ -17,9 +17,12 @@ that shares the node's root reads large values (prefixes under the store's
 folder) by reference, mapping them read-only. Those files are written once
 (synced and renamed into place, never rewritten), so sharing the node's
 files is enough: "storage" sharing (another machine on NFS, another mount)
-as well as "coherent" (docs/protocol.md, "Sharing"). Calls that find the node
-unreachable are tried again until their timeout, and Put, Append, Delete and
-Publish carry a request id, so that a retried one is applied once.
+as well as "coherent" (docs/protocol.md, "Sharing"). At "storage", get and
+peek copy each large value into memory before they return: the node deletes
+a value's files its trash grace after the item leaves the bin, and a mapping
+on another host faults then. Calls that find the node unreachable are tried
+again until their timeout, and Put, Append, Extend, Delete and Publish carry
+a request id, so that a retried one is applied once.
 """
 
 import collections
@@ -27,6 +30,8 @@ import os
 import random
 import threading
 import time
+
+import numpy as np
 
 from . import _exit, errors as _errors
 from ._fields import answer, is_int, uint
@@ -193,6 +198,15 @@ class Param:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _copied(td):
+    """td with every array copied into memory (a value's mapping let go)."""
+    if isinstance(td, dict):
+        return {k: _copied(v) for k, v in td.items()}
+    if isinstance(td, np.ndarray):
+        return np.array(td)
+    return td
 
 
 def _num(r, key, default=None):
@@ -373,11 +387,19 @@ class Store:
                     _test_before_map()
                 d = os.path.join(self._client.root, *self.info["dir"].split("/"), path)
                 try:
-                    out.append(load_memmap(d))
+                    td = load_memmap(d)
                 except _MemmapFormatError:
                     if not os.path.lexists(d):
                         raise _Gone(f"store: the item at {path} is gone (removed after the node answered)") from None
                     raise
+                if self._sharing != Sharing.COHERENT:
+                    # Another page cache (another host, over NFS): the node
+                    # unlinks the value's files its trash grace after the
+                    # item leaves the bin, and a mapping here dies of SIGBUS
+                    # at its next page then. The caller keeps items as long
+                    # as it likes: copy them.
+                    td = _copied(td)
+                out.append(td)
             else:
                 out.append({})
         return out

@@ -217,6 +217,41 @@ class Node:
         self.close()
 
 
+def stateless_view(src, test):
+    """Mounts internal/testkit/twoview's pathfs.py view of src (Debian's
+    python3 with python3-fusepy) and returns it, unmounted at test's
+    cleanup: another page cache whose open files go stale once unlinked
+    through another view, as an NFS client's do when the server deletes
+    them (a mapping through it faults at its next unread page). Skips as
+    bindfs_view does, and without fusepy or the script."""
+    import unittest
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "internal", "testkit", "twoview", "pathfs.py")
+    fusermount = shutil.which("fusermount3") or shutil.which("fusermount")
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse") or not fusermount or not os.path.exists(script):
+        raise unittest.SkipTest("the stateless view needs root, /dev/fuse, fusermount and the repository's pathfs.py")
+    if subprocess.run(["/usr/bin/python3", "-c", "import fusepy"], capture_output=True).returncode != 0:
+        raise unittest.SkipTest("the stateless view needs Debian's python3-fusepy")
+    d = tempfile.mkdtemp(prefix="tensorwire-pytest-stateless-")
+    view = os.path.join(d, "view")
+    os.mkdir(view)
+    r = subprocess.run(["/usr/bin/python3", script, src, view], capture_output=True, timeout=60)
+    if r.returncode != 0 or not os.path.ismount(view):
+        shutil.rmtree(d, ignore_errors=True)
+        raise unittest.SkipTest(f"pathfs.py {src} {view}: {r.returncode} {r.stderr.decode(errors='replace')}")
+    test.addCleanup(_unmount, fusermount, view, d)
+    return view
+
+
+def _unmount(fusermount, view, d):
+    for _ in range(50):
+        if subprocess.run([fusermount, "-u", view], capture_output=True).returncode == 0:
+            break
+        time.sleep(0.1)
+    else:
+        subprocess.run([fusermount, "-u", "-z", view], capture_output=True)
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def bindfs_view(src, test):
     """Mounts a bindfs (FUSE) view of src in a new folder and returns it,
     unmounted at test's cleanup: the same files through another mount (its
@@ -236,16 +271,10 @@ def bindfs_view(src, test):
         shutil.rmtree(d, ignore_errors=True)
         raise unittest.SkipTest(f"bindfs {src} {view}: {r.returncode} {r.stderr.decode(errors='replace')}")
 
-    def unmount():
-        for _ in range(50):
-            if subprocess.run([fusermount, "-u", view], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
-        else:
-            subprocess.run([fusermount, "-u", "-z", view], capture_output=True)
-        shutil.rmtree(d, ignore_errors=True)
-
-    test.addClassCleanup(unmount) if isinstance(test, type) else test.addCleanup(unmount)
+    if isinstance(test, type):
+        test.addClassCleanup(_unmount, fusermount, view, d)
+    else:
+        test.addCleanup(_unmount, fusermount, view, d)
     return view
 
 

@@ -9,6 +9,7 @@ them by reference at "storage" too."""
 import os
 import shutil
 import tempfile
+import time
 import unittest
 
 import numpy as np
@@ -18,7 +19,7 @@ from tensorwire import loader, replay, serve, store
 
 import test_loader
 import test_serve
-from nodes import TOKEN, bindfs_view
+from nodes import TOKEN, bindfs_view, stateless_view
 
 
 def ids_batch(ids):
@@ -31,7 +32,7 @@ class TestLevels(unittest.TestCase):
     def setUpClass(cls):
         cls.node, _ = test_serve.model_node(settings=",max-batch=8")
         cls.node.buffers = ["view,capacity=100,min-size=1", "copy,capacity=100,min-size=1"]
-        cls.node.extra += ["--store", "main",
+        cls.node.extra += ["--store", "main", "--store", "kept,inline=4KiB,trash-grace=200ms",
                            "--loader", "l,dataset=%s,batch=64,slots=8,seed=3,index=index,max-wait=10s"
                            % test_loader.make_dataset(cls.node.dir)]
         cls.node.start()
@@ -97,6 +98,35 @@ class TestLevels(unittest.TestCase):
             with s.latest("params") as p:
                 self.assertNotIsInstance(p.td["x"], np.memmap)
                 np.testing.assert_array_equal(p.td["x"], big["x"])
+
+    def test_store_get_kept_past_the_grace(self):
+        """Items a get returned through another page cache stay readable
+        after the node deleted their files (its trash grace, here 200 ms,
+        after the get): they are copies, not mappings. Through the
+        stateless view, as on an NFS client whose server deleted the files,
+        a mapping died of SIGBUS at its first unread page (before get
+        copied at "storage")."""
+        view = stateless_view(self.node.root, self)
+        big = lambda i: {"x": np.full(2 << 20, i, dtype=np.float32)}  # noqa: E731 (8 MiB: a prefix)
+        with store.Store(self.node.addr, "kept", token=TOKEN, root=self.node.root) as w:
+            w.extend("b", [big(1), big(2)])
+        with store.Store(self.node.addr, "kept", token=TOKEN, root=view) as s:
+            self.assertEqual((s.sharing, s.mode), ("storage", "ref"))
+            items = s.get("b")
+            self.assertEqual([float(it["x"][0]) for it in items], [1.0, 2.0])
+            self.assertNotIsInstance(items[0]["x"], np.memmap)
+        st = os.path.join(self.node.root, "kept")
+        deadline = time.monotonic() + 20
+        while os.listdir(os.path.join(st, "values")) or os.listdir(os.path.join(st, "trash")):
+            self.assertLess(time.monotonic(), deadline, "the node kept the values 20 s after the get")
+            time.sleep(0.05)
+        pid = os.fork()  # a SIGBUS kills the child, not the suite
+        if pid == 0:
+            ok = all((it["x"] == i + 1).all() for i, it in enumerate(items))
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        self.assertFalse(os.WIFSIGNALED(status), f"reading the items killed the reader: signal {os.WTERMSIG(status)}")
+        self.assertEqual(os.WEXITSTATUS(status), 0, "the items read wrong after the node deleted their files")
 
     def test_loader(self):
         for root, level in ((self.view(), "storage"), (self.copy, "none")):
