@@ -262,6 +262,9 @@ func (s *Store) Extend(ctx context.Context, bin string, tds []*tensordict.Tensor
 	if err := checkExtend(bin, len(tds)); err != nil {
 		return 0, err
 	}
+	if err := checkExtendValues(tds, s.opts.InlineBytes); err != nil {
+		return 0, err
+	}
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}

@@ -15,6 +15,9 @@ func (c *Client) Extend(ctx context.Context, bin string, tds []*tensordict.Tenso
 	if err := checkExtend(bin, len(tds)); err != nil {
 		return 0, err
 	}
+	if err := checkExtendValues(tds, c.info.InlineBytes); err != nil {
+		return 0, err
+	}
 	req := extendRequest{Store: c.name, Bin: bin, Values: make([]valueMsg, len(tds)), Req: c.nextReq()}
 	var resp revResponse
 	err := c.sendValues(ctx, MethodExtend, tds, false, req.Values, func() (err error) {
@@ -27,6 +30,10 @@ func (c *Client) Extend(ctx context.Context, bin string, tds []*tensordict.Tenso
 // maxExtend bounds the values of one Extend (and store.extend call).
 const maxExtend = 4096
 
+// maxLogged bounds the bytes of an Extend's values kept in the log: a log
+// record's size (a variable for tests).
+var maxLogged int64 = maxRecord
+
 // checkExtend refuses an Extend of n values to bin before anything is
 // done: ErrName, or ErrFormat for none or more than maxExtend.
 func checkExtend(bin string, n int) error {
@@ -38,6 +45,25 @@ func checkExtend(bin string, n int) error {
 		return errorf(ErrFormat, "no values to extend %q with", bin)
 	case n > maxExtend:
 		return errorf(ErrFormat, "%d values in one Extend; at most %d", n, maxExtend)
+	}
+	return nil
+}
+
+// checkExtendValues refuses the values of an Extend before any is sent or
+// staged: ErrFormat for a nil one, ErrTooLarge when those to be kept in
+// the log (smaller than inline bytes) pass a log record's size together.
+func checkExtendValues(tds []*tensordict.TensorDict, inline int64) error {
+	var logged int64
+	for _, td := range tds {
+		if td == nil {
+			return errorf(ErrFormat, "no TensorDict")
+		}
+		if size := valueBytes(td); size < inline {
+			logged += size
+		}
+	}
+	if logged > maxLogged {
+		return errorf(ErrTooLarge, "values of %d bytes to keep in the log in one Extend; at most %d together", logged, maxLogged)
 	}
 	return nil
 }

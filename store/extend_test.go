@@ -189,3 +189,26 @@ func TestExtend_RetriedOnce(t *testing.T) {
 		t.Fatalf("the bin after one extend sent twice = %v", ids)
 	}
 }
+
+// TestExtend_LoggedTooLarge: values that would make one log record too
+// large together are refused before any is sent or staged.
+func TestExtend_LoggedTooLarge(t *testing.T) {
+	defer func(m int64) { maxLogged = m }(maxLogged)
+	maxLogged = 1000
+	for name, open := range extendTargets(t, Options{InlineBytes: 4096}) {
+		t.Run(name, func(t *testing.T) {
+			ctx := ctxT(t)
+			api, s := open()
+			sizes := map[int64]int{1: 100, 2: 100, 3: 1000} // 800 bytes each in the log; 3: a prefix
+			if _, err := api.Extend(ctx, "b", itemTDs(t, sizes, 1, 2)); !errors.Is(err, ErrTooLarge) {
+				t.Errorf("Extend of 1,600 bytes to log = %v, want ErrTooLarge", err)
+			}
+			if st := s.Stats(); st.Revision != 0 {
+				t.Errorf("revision %d after a refused Extend", st.Revision)
+			}
+			if _, err := api.Extend(ctx, "b", itemTDs(t, sizes, 1, 3)); err != nil {
+				t.Errorf("Extend of 800 bytes to log and a prefix: %v", err)
+			}
+		})
+	}
+}
