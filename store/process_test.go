@@ -359,13 +359,7 @@ func TestProcess_WriterKilledMidAppend(t *testing.T) {
 			var d drained
 			waitFor(t, "the writer's first acknowledgements", func() bool { return strings.Count(wp.Output(), "ACK") > 30 })
 			wp.Kill()
-			var acked []int64
-			for _, line := range strings.Split(wp.Output(), "\n") {
-				if id, ok := strings.CutPrefix(line, "ACK "); ok {
-					n, _ := strconv.Atoi(id)
-					acked = append(acked, int64(n))
-				}
-			}
+			acked := ackedIDs(wp.Output())
 			// This process's appends and Gets carry on.
 			for id := range 50 {
 				if _, err := c.Append(ctx, "b", itemTD(t, int64(id), sizeOf(id))); err != nil {
@@ -378,6 +372,18 @@ func TestProcess_WriterKilledMidAppend(t *testing.T) {
 			t.Logf("%s: %d appends acknowledged by the killed writer", mode, len(acked)-50)
 		})
 	}
+}
+
+// ackedIDs returns the ids of a writer helper's "ACK id" lines.
+func ackedIDs(out string) []int64 {
+	var acked []int64
+	for _, line := range strings.Split(out, "\n") {
+		if id, ok := strings.CutPrefix(line, "ACK "); ok {
+			n, _ := strconv.Atoi(id)
+			acked = append(acked, int64(n))
+		}
+	}
+	return acked
 }
 
 // TestProcess_WriterKilledMidExtend kills a writer process extending the
@@ -395,13 +401,7 @@ func TestProcess_WriterKilledMidExtend(t *testing.T) {
 			wp := proctest.Start(t, envHelper+"=extender", envAddr+"="+addr, envRoot+"="+root, envMode+"="+mode, envFirst+"="+strconv.Itoa(first))
 			waitFor(t, "the writer's first acknowledgements", func() bool { return strings.Count(wp.Output(), "ACK") > 60 })
 			wp.Kill()
-			var acked []int64
-			for _, line := range strings.Split(wp.Output(), "\n") {
-				if id, ok := strings.CutPrefix(line, "ACK "); ok {
-					n, _ := strconv.Atoi(id)
-					acked = append(acked, int64(n))
-				}
-			}
+			acked := ackedIDs(wp.Output())
 			var d drained
 			drainAll(t, ctx, c, &d)
 			d.check(t, acked)
