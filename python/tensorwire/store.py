@@ -49,6 +49,7 @@ __all__ = ["Store", "Param", "Event", "Watch", "FROM_NOW", "OPS", "NameError_", 
 FROM_NOW = (1 << 64) - 1  # Watch's after: only events from now on
 ACK_WAIT = 30.0  # seconds a get's acknowledgement of items it has may outlast its timeout
 _MAX_EXTEND = 4096  # values in one extend (the node refuses more)
+_MAX_LOGGED = 1 << 30  # bytes of an extend's values the node keeps in its log (smaller than inline_bytes)
 _test_after_take = None  # a test's hook, run between a get's two calls
 _test_before_map = None  # a test's hook, run before an item by reference is mapped
 
@@ -198,6 +199,13 @@ class Param:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _nbytes(td):
+    """The tensor bytes of a value (a dict of arrays, nested dicts)."""
+    if isinstance(td, dict):
+        return sum(_nbytes(v) for v in td.values())
+    return int(getattr(td, "nbytes", 0))
 
 
 def _copied(td):
@@ -360,12 +368,19 @@ class Store:
         """Adds the values tds, in order, to the bin as one operation
         (torchrl's extend): one call, one revision (returned), one event;
         all of them or, on an error, none. batch_size is each value's.
-        FormatError for no values or more than 4096."""
+        FormatError for no values or more than 4096; TooLargeError, before
+        anything is sent, for values the node would keep in its log
+        (smaller than its inline_bytes) of more than 1 GiB together."""
         check_name(bin)
         tds = list(tds)
         if not tds or len(tds) > _MAX_EXTEND:
             raise FormatError(f"store: {len(tds)} values to extend {bin!r} with; 1 to {_MAX_EXTEND}")
         values = [self._value(td, batch_size) for td in tds]
+        inline = self.info.get("inline_bytes") or 0
+        logged = sum(n for n in (_nbytes(td) for td in tds) if n < inline)
+        if logged > _MAX_LOGGED:
+            raise TooLargeError(f"store: values of {logged} bytes to keep in the log in one extend; "
+                                f"at most {_MAX_LOGGED} together")
         r = self._call("store.extend", {"store": self.name, "bin": bin, "values": values, "req": self._req()},
                        _deadline(timeout))
         return _num(r, "rev")

@@ -71,6 +71,12 @@ class TestStore(unittest.TestCase):
                 for bad in ([], [item(4), "not a dict"], [item(4)] * 4097):
                     with self.assertRaises(store.FormatError):
                         s.extend(b, bad)
+                saved, store._MAX_LOGGED = store._MAX_LOGGED, 1000
+                try:
+                    with self.assertRaises(store.TooLargeError):
+                        s.extend(b, [item(4, n=100), item(5, n=100)])  # 1,200 + 800 bytes each: to the log
+                finally:
+                    store._MAX_LOGGED = saved
                 self.assertEqual(s.list()[0][b], 4)
                 self.assertEqual([int(x["id"]) for x in s.get(b)], [0, 1, 2, 3])
 
