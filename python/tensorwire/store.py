@@ -179,7 +179,14 @@ class Param:
     and td, a dict of arrays. By reference td maps the version read-only and
     the Param holds a lease on it, renewed in the background, until close();
     err is set once the lease was found lost. By bytes td is a copy and
-    there is no lease."""
+    there is no lease.
+
+    By reference, td's arrays (and torch.from_numpy of them) are valid until
+    close(): keep a copy of what outlives it (load_state_dict copies). On
+    the node's host a closed version's mapping stays readable; on another
+    host (sharing "storage", NFS) it faults, killing the process with
+    SIGBUS, once a newer version replaced it and the node's trash grace
+    (one minute) has passed."""
 
     def __init__(self, store, name, version, td, lease):
         self._store = store
