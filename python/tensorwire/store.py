@@ -39,7 +39,7 @@ from .dataset import FormatError as _MemmapFormatError, load_memmap
 from .errors import (AbortedError, AlreadyExistsError, DataLossError, FailedPreconditionError,
                      InvalidArgumentError, NotFoundError, OutOfRangeError, ResourceExhaustedError, UnavailableError,
                      ClientClosedError, register_reason)
-from ._td import TD
+from ._td import TD, _BF16
 from .rpc import Client, Sharing, StreamEnd, _rebuild
 
 __all__ = ["Store", "Param", "Event", "Watch", "FROM_NOW", "OPS", "NameError_", "TooLargeError", "NotFoundError",
@@ -220,7 +220,8 @@ def _copied(td):
     if isinstance(td, dict):
         return {k: _copied(v) for k, v in td.items()}
     if isinstance(td, np.ndarray):
-        return np.array(td)
+        c = np.array(td)  # a plain array in memory: the mapping is let go
+        return _BF16(c) if isinstance(td, _BF16) else c  # bfloat16's bits stay marked as such
     return td
 
 

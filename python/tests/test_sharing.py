@@ -13,6 +13,7 @@ import time
 import unittest
 
 import numpy as np
+import torch
 
 import tensorwire
 from tensorwire import loader, replay, serve, store
@@ -127,6 +128,17 @@ class TestLevels(unittest.TestCase):
         _, status = os.waitpid(pid, 0)
         self.assertFalse(os.WIFSIGNALED(status), f"reading the items killed the reader: signal {os.WTERMSIG(status)}")
         self.assertEqual(os.WEXITSTATUS(status), 0, "the items read wrong after the node deleted their files")
+        # A copied value keeps its dtype: put back, it is bfloat16 still.
+        with store.Store(self.node.addr, "kept", token=TOKEN, root=self.node.root) as w:
+            w.append("bf16", {"w": torch.ones(4096, dtype=torch.bfloat16)})  # 8 KiB: a prefix
+        with store.Store(self.node.addr, "kept", token=TOKEN, root=view) as s:
+            (got,) = s.get("bf16")
+            s.append("bf16-again", got)
+        with store.Store(self.node.addr, "kept", token=TOKEN, root=self.node.root) as r:
+            (again,) = r.peek("bf16-again")
+            self.assertEqual(again["w"].dtype, np.dtype("<u2"))  # numpy has no bfloat16: its bits
+            with open(os.path.join(os.path.dirname(again["w"].filename), "meta.json")) as f:
+                self.assertIn("torch.bfloat16", f.read())
 
     def test_loader(self):
         for root, level in ((self.view(), "storage"), (self.copy, "none")):
