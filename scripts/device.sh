@@ -165,6 +165,9 @@ case ",$ONLY," in *,cpu,*)
 	# ... and the store.
 	step 60 "$OUT/cpu.log" "tensorwire bench store --mb 10 --workers 4 --duration 2s" \
 		"$BIN" bench store --mb 10 --workers 4 --duration 2s
+	# ... and its appends by Extend, 8 items a call, 2 calls in flight a worker.
+	step 30 "$OUT/cpu.log" "tensorwire bench store --parts rollouts --extend 8 --inflight 2 --duration 2s" \
+		"$BIN" bench store --parts rollouts --extend 8 --inflight 2 --duration 2s
 	;;
 esac
 

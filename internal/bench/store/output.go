@@ -14,6 +14,7 @@ type results struct {
 	broadcast []broadcastResult
 	rollouts  rolloutsResult
 	extend    int // items per call in the rollouts
+	inflight  int // calls in flight in each rollout worker
 	watch     watchResultAll
 }
 
@@ -114,7 +115,7 @@ func (r *results) print(w io.Writer) error {
 		if ro.PerCall > 1 {
 			how = fmt.Sprintf("extending by %d items of 28 KB a call", ro.PerCall)
 		}
-		fmt.Fprintf(w, "\nRollouts: %d workers %s, %d calls in flight each, while a trainer drains with Get\n", appenders, how, 8)
+		fmt.Fprintf(w, "\nRollouts: %d workers %s, %d calls in flight each, while a trainer drains with Get\n", appenders, how, r.inflight)
 		t := report.NewTable("items/s", "call p50 ms", "call p99 ms", "acknowledged", "drained", "Gets", "Get p50 ms", "lost", "duplicated", "bad CRC")
 		t.Row(ro.ItemsPerS, ro.P50, ro.P99, r.rollouts.acked, r.rollouts.drained, r.rollouts.gets, report.Ms(r.rollouts.getP50),
 			ro.Lost, ro.Dups, r.rollouts.badCRC)

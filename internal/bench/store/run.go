@@ -76,7 +76,7 @@ type options struct {
 	self []string
 }
 
-var hidden = []string{"role", "addr", "mode", "param", "size", "n", "period", "inflight", "out"}
+var hidden = []string{"role", "addr", "mode", "param", "size", "n", "period", "out"}
 
 // Run runs the benchmark as args say; see the package doc. ctx ending
 // stops it.
@@ -100,7 +100,7 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.IntVar(&o.mb, "size", 0, "")
 	fs.IntVar(&o.n, "n", 0, "")
 	fs.DurationVar(&o.period, "period", 0, "")
-	fs.IntVar(&o.inflight, "inflight", 8, "")
+	fs.IntVar(&o.inflight, "inflight", 8, "rollout calls in flight at once in each of the 4 workers")
 	fs.IntVar(&o.extend, "extend", 1, "rollout items per call: 1 appends each alone (Append), more sends them together (Extend)")
 	fs.StringVar(&o.out, "out", "", "")
 	if err := bench.Parse(name, fs, args, env.Stdout, hidden...); err != nil {
@@ -113,6 +113,9 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 		o.noSync = true
 	default:
 		return bench.Usagef("--sync %q: want always or none", *sync)
+	}
+	if o.inflight < 1 {
+		return bench.Usagef("--inflight %d: want 1 or more", o.inflight)
 	}
 	if o.extend < 1 || o.extend > 4096 {
 		return bench.Usagef("--extend %d: want 1 to 4096", o.extend)
