@@ -43,7 +43,7 @@
 #                    16 ranks, shm and tcp, 1 KB / 1 MB / 64 MB, gloo beside,
 #                    the bound 2B/p), bench replay --modes ref, bench serve
 #                    (the Go MLP, 8-128 clients), bench loader (synthetic), bench
-#                    store (10 MB, 4 workers)
+#                    store (10 MB, 4 workers; and its rollouts by Extend)
 #   collective.json replay.json        the first two as JSON
 set -u
 cd "$(dirname "$0")/.."
