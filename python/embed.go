@@ -3,7 +3,8 @@
 // speaks docs/protocol.md to Go nodes. Go code uses this package to start
 // Python processes that import it, wherever the binary runs: the replay
 // benchmark's Python trainer and writers (tensorwire bench replay
-// --trainer python).
+// --trainer python), the store benchmark's workers (tensorwire bench store
+// --writers-lang python), and the other benchmarks' Python roles.
 //
 // python_test.go runs the Python test suite (tests/, against real Go nodes)
 // as part of go test ./..., and skips, saying why, where no python3 has

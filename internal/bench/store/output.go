@@ -13,8 +13,9 @@ type results struct {
 	started   time.Time
 	broadcast []broadcastResult
 	rollouts  rolloutsResult
-	extend    int // items per call in the rollouts
-	inflight  int // calls in flight in each rollout worker
+	extend    int    // items per call in the rollouts
+	inflight  int    // calls in flight in each rollout worker
+	lang      string // the rollout workers' language when not Go
 	watch     watchResultAll
 }
 
@@ -56,6 +57,7 @@ type BroadcastResult struct {
 type RolloutsResult struct {
 	Workers   int     `json:"workers"`
 	PerCall   int     `json:"items_per_call,omitempty"` // 0: Append (the issue's keys); more: Extend
+	Lang      string  `json:"writers_lang,omitempty"`   // "python" for Python workers; "": Go (the issue's keys)
 	ItemsPerS float64 `json:"items_per_s"`
 	P50       float64 `json:"append_p50_ms"`
 	P99       float64 `json:"append_p99_ms"`
@@ -86,7 +88,7 @@ func (r *results) json() Result {
 			P50: report.Ms(b.quantile(50)), P99: report.Ms(b.quantile(99))})
 	}
 	if ro := r.rollouts; ro.seconds > 0 {
-		out.Rollouts = &RolloutsResult{Workers: appenders, PerCall: perCall(r.extend), ItemsPerS: float64(ro.acked) / ro.seconds,
+		out.Rollouts = &RolloutsResult{Workers: appenders, PerCall: perCall(r.extend), Lang: r.lang, ItemsPerS: float64(ro.acked) / ro.seconds,
 			P50: report.Ms(ro.latency.Quantile(50)), P99: report.Ms(ro.latency.Quantile(99)), Lost: ro.lost, Dups: ro.dups}
 	}
 	if len(r.watch.latency) > 0 {
@@ -115,7 +117,11 @@ func (r *results) print(w io.Writer) error {
 		if ro.PerCall > 1 {
 			how = fmt.Sprintf("extending by %d items of 28 KB a call", ro.PerCall)
 		}
-		fmt.Fprintf(w, "\nRollouts: %d workers %s, %d calls in flight each, while a trainer drains with Get\n", appenders, how, r.inflight)
+		who := "workers"
+		if ro.Lang == langPython {
+			who = "Python workers (threads)"
+		}
+		fmt.Fprintf(w, "\nRollouts: %d %s %s, %d calls in flight each, while a trainer drains with Get\n", appenders, who, how, r.inflight)
 		t := report.NewTable("items/s", "call p50 ms", "call p99 ms", "acknowledged", "drained", "Gets", "Get p50 ms", "lost", "duplicated", "bad CRC")
 		t.Row(ro.ItemsPerS, ro.P50, ro.P99, r.rollouts.acked, r.rollouts.drained, r.rollouts.gets, report.Ms(r.rollouts.getP50),
 			ro.Lost, ro.Dups, r.rollouts.badCRC)
@@ -149,8 +155,11 @@ func (r *results) print(w io.Writer) error {
 	}
 	if ro := j.Rollouts; ro != nil {
 		by := ""
+		if ro.Lang == langPython {
+			by = " in Python"
+		}
 		if ro.PerCall > 1 {
-			by = fmt.Sprintf(" (by Extend, %d a call)", ro.PerCall)
+			by += fmt.Sprintf(" (by Extend, %d a call)", ro.PerCall)
 		}
 		fmt.Fprintf(w, "  appends from 4 workers%s, %.0f items/s: %.0fx tensorshare's %d, goal at least %dx: %s; lost %d, duplicated %d: %s\n",
 			by, ro.ItemsPerS, ro.ItemsPerS/seedAppendsPerS, seedAppendsPerS, goalAppendsFactor,

@@ -48,12 +48,19 @@ func start(ctx context.Context, o *options, env bench.Env, dir, name string, arg
 	if err != nil {
 		return nil, err
 	}
+	return startArgv(ctx, env, dir, name, slices.Concat([]string{exe}, o.self, args), nil)
+}
+
+// startArgv runs the role argv (with "--out FILE" added) in environ (nil:
+// this process's) and waits until it prints "ready".
+func startArgv(ctx context.Context, env bench.Env, dir, name string, argv, environ []string) (*proc, error) {
 	out := filepath.Join(dir, strings.NewReplacer(" ", "-", "/", "-").Replace(name)+".json")
-	all := append(slices.Clone(o.self), args...)
-	all = append(all, "--out", out)
-	cmd := exec.Command(exe, all...)
+	argv = append(slices.Clone(argv), "--out", out)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = environ
 	cmd.Stderr = env.Stderr
 	p := &proc{name: name, cmd: cmd, out: out, done: make(chan struct{})}
+	var err error
 	if p.stdin, err = cmd.StdinPipe(); err != nil {
 		return nil, err
 	}
@@ -178,6 +185,9 @@ func runParent(ctx context.Context, o *options, env bench.Env) error {
 	defer node.stop(context.Background())
 	addr := node.ready
 	r := &results{started: time.Now(), extend: o.extend, inflight: o.inflight}
+	if o.writersLang == langPython {
+		r.lang = langPython
+	}
 	if o.has("broadcast") {
 		for _, mode := range o.modes {
 			for _, mb := range o.mbs {
@@ -359,10 +369,23 @@ func runRollouts(ctx context.Context, o *options, env bench.Env, outs, root, add
 		return res, err
 	}
 	defer drainer.stdin.Close()
+	var py *pythonRoles
+	if o.writersLang == langPython {
+		if py, err = newPythonRoles(o.python, outs); err != nil {
+			drainer.stop(ctx)
+			return res, err
+		}
+	}
 	var apps []*proc
 	for i := range appenders {
-		p, err := start(ctx, o, env, outs, fmt.Sprintf("appender %d", i), "--role", "appender", "--addr", addr,
-			"--root", root, "--n", strconv.Itoa(i), "--inflight", strconv.Itoa(o.inflight), "--extend", strconv.Itoa(o.extend))
+		var p *proc
+		var err error
+		if py != nil {
+			p, err = py.appender(ctx, o, env, outs, root, addr, i)
+		} else {
+			p, err = start(ctx, o, env, outs, fmt.Sprintf("appender %d", i), "--role", "appender", "--addr", addr,
+				"--root", root, "--n", strconv.Itoa(i), "--inflight", strconv.Itoa(o.inflight), "--extend", strconv.Itoa(o.extend))
+		}
 		if err != nil {
 			stopAll(ctx, apps)
 			return res, err

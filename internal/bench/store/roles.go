@@ -613,12 +613,20 @@ func (r *drainResult) check(td *tensordict.TensorDict) error {
 	if err != nil {
 		return err
 	}
-	crc, err := td.NonTensor("crc")
-	if err != nil {
-		return err
-	}
-	if want, ok := number(crc.Data); !ok || want != uint64(crc32.Checksum(b, castagnoli)) {
-		r.BadCRC++
+	// Go workers seal "crc", CRC-32C; Python ones "crc32", zlib's CRC-32
+	// (numpy has no CRC-32C).
+	if crc, err := td.NonTensor("crc32"); err == nil {
+		if want, ok := number(crc.Data); !ok || want != uint64(crc32.ChecksumIEEE(b)) {
+			r.BadCRC++
+		}
+	} else {
+		crc, err := td.NonTensor("crc")
+		if err != nil {
+			return err
+		}
+		if want, ok := number(crc.Data); !ok || want != uint64(crc32.Checksum(b, castagnoli)) {
+			r.BadCRC++
+		}
 	}
 	key, err := td.NonTensor("key")
 	if err != nil {

@@ -71,7 +71,11 @@ type options struct {
 	period   time.Duration
 	inflight int
 	extend   int // items per call in the rollouts: 1 Append, more Extend
-	out      string
+	// writersLang is the rollouts' workers' language (langGo, langPython);
+	// python is the interpreter to try first for Python ones.
+	writersLang string
+	python      string
+	out         string
 
 	self []string
 }
@@ -102,6 +106,8 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	fs.DurationVar(&o.period, "period", 0, "")
 	fs.IntVar(&o.inflight, "inflight", 8, "rollout calls in flight at once in each of the 4 workers")
 	fs.IntVar(&o.extend, "extend", 1, "rollout items per call: 1 appends each alone (Append), more sends them together (Extend)")
+	fs.StringVar(&o.writersLang, "writers-lang", langGo, "the rollouts' workers' language: go, or python (this build's Python client, tensorwire._bench_store)")
+	fs.StringVar(&o.python, "python", "", "the Python interpreter for --writers-lang python (default: the first of python3 and /usr/bin/python3 with numpy and msgpack)")
 	fs.StringVar(&o.out, "out", "", "")
 	if err := bench.Parse(name, fs, args, env.Stdout, hidden...); err != nil {
 		return err
@@ -116,6 +122,9 @@ func Run(ctx context.Context, env bench.Env, args []string) error {
 	}
 	if o.inflight < 1 {
 		return bench.Usagef("--inflight %d: want 1 or more", o.inflight)
+	}
+	if o.writersLang != langGo && o.writersLang != langPython {
+		return bench.Usagef("--writers-lang %q: want go or python", o.writersLang)
 	}
 	if o.extend < 1 || o.extend > 4096 {
 		return bench.Usagef("--extend %d: want 1 to 4096", o.extend)

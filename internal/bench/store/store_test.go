@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -107,5 +109,42 @@ func TestRun_Extend(t *testing.T) {
 	}
 	if !strings.Contains(out.Stdout, "extending by 3 items") {
 		t.Errorf("the table does not say the items went by Extend")
+	}
+}
+
+// TestRun_PythonWriters: the rollouts with Python workers (this build's
+// client, by Append and by Extend) lose, duplicate and damage nothing, as
+// the Go drainer checks every item; the JSON says the workers' language.
+func TestRun_PythonWriters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 6 processes, 4 of them Python")
+	}
+	if exec.Command("python3", "-c", "import numpy, msgpack").Run() != nil &&
+		exec.Command("/usr/bin/python3", "-c", "import numpy, msgpack").Run() != nil {
+		t.Skip("no python3 with numpy and msgpack (apt-get install python3-numpy python3-msgpack)")
+	}
+	for _, extend := range []string{"1", "3"} {
+		t.Run("extend="+extend, func(t *testing.T) {
+			jsonFile := filepath.Join(t.TempDir(), "out.json")
+			out := benchtest.RunJSON(t, Run, testSelf, []string{"--parts", "rollouts", "--writers-lang", "python", "--extend", extend,
+				"--duration", "1s", "--json", jsonFile, "--root", t.TempDir()}, jsonFile)
+			t.Logf("\n%s", out.Stdout)
+			ro := out.JSON["rollouts"].(map[string]any)
+			if ro["lost"].(float64) != 0 || ro["duplicated"].(float64) != 0 || ro["items_per_s"].(float64) <= 0 {
+				t.Errorf("rollouts from Python: lost %v, duplicated %v, %v items/s", ro["lost"], ro["duplicated"], ro["items_per_s"])
+			}
+			if ro["writers_lang"] != "python" {
+				t.Errorf("writers_lang %v, want python", ro["writers_lang"])
+			}
+			for _, line := range strings.Split(out.Stdout, "\n") {
+				f := strings.Fields(line)
+				if len(f) != 10 {
+					continue
+				}
+				if _, err := strconv.ParseFloat(f[0], 64); err == nil && f[9] != "0" {
+					t.Errorf("bad CRCs: %s", line)
+				}
+			}
+		})
 	}
 }
