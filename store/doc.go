@@ -6,7 +6,8 @@
 //
 // A bin holds a list of items, each a TensorDict (with NonTensor values,
 // such as a version number). Put replaces a bin's content with one item;
-// Append adds one (an empty bin takes it as its only item); Get returns
+// Append adds one (an empty bin takes it as its only item), Extend several
+// as one operation (torchrl's extend: one revision, all or none); Get returns
 // every item and removes them; Peek returns them and keeps them; List
 // counts the items of each bin; Delete removes a bin. A parameter set is a
 // sequence of versions: Publish adds version v+1, Latest returns the
@@ -25,7 +26,7 @@
 //
 // # Guarantees
 //
-// Every Put, Append, acknowledged Get, Delete and Publish is a record in the
+// Every Put, Append, Extend, acknowledged Get, Delete and Publish is a record in the
 // store's log, written (and fsynced, unless Options.NoSync) before the call
 // returns; many calls share one fsync. A node killed at any moment reopens
 // with every operation it acknowledged, in their order, and nothing it did
@@ -52,7 +53,9 @@
 // deletes the version once a newer one is durable. A deleted value (a
 // version, a Get's or Delete's item) waits in the store's trash/ folder for
 // Options.TrashGrace before it is unlinked, for readers on other machines
-// that still map it.
+// that still map it; a client on another machine (rpc.Storage sharing) has
+// Get and Peek copy large items instead of mapping them, since a Get's
+// items are the caller's to keep.
 //
 // # Files removed or foreign
 //
