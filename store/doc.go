@@ -26,9 +26,9 @@
 //
 // # Guarantees
 //
-// Every Put, Append, Extend, acknowledged Get, Delete and Publish is a record in the
-// store's log, written (and fsynced, unless Options.NoSync) before the call
-// returns; many calls share one fsync. A node killed at any moment reopens
+// Every Put, Append, Extend, acknowledged Get, Delete and Publish is a
+// record in the store's log, written (and fsynced, unless Options.NoSync)
+// before the call returns; many calls share one fsync. A node killed at any moment reopens
 // with every operation it acknowledged, in their order, and nothing it did
 // not finish: a torn record at the log's end is cut off, damage before good
 // records refuses to open (ErrCorrupt). Values too large to keep inline
