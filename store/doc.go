@@ -28,12 +28,13 @@
 //
 // Every Put, Append, Extend, acknowledged Get, Delete and Publish is a
 // record in the store's log, written (and fsynced, unless Options.NoSync)
-// before the call returns; many calls share one fsync. A node killed at any moment reopens
-// with every operation it acknowledged, in their order, and nothing it did
-// not finish: a torn record at the log's end is cut off, damage before good
-// records refuses to open (ErrCorrupt). Values too large to keep inline
-// are written into a prefix, flushed and renamed into place before the
-// record naming them, so a crash leaves a value whole or absent.
+// before the call returns; many calls share one fsync. A node killed at
+// any moment reopens with every operation it acknowledged, in their order,
+// and nothing it did not finish: a torn record at the log's end is cut
+// off, damage before good records refuses to open (ErrCorrupt). Values too
+// large to keep inline are written into a prefix, flushed and renamed into
+// place before the record naming them, so a crash leaves a value whole or
+// absent.
 //
 // A remote Get removes its items only once the caller has them: the node
 // holds them for the caller, who acknowledges them once received or
