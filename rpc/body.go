@@ -143,8 +143,11 @@ func (e *streamError) Unwrap() error { return e.err }
 // allocation, zeroed, and the garbage collector's time, on every call.
 var bufPools [41]sync.Pool
 
-// minPooled is the smallest buffer worth pooling.
-const minPooled = 64 << 10
+// minPooled is the smallest buffer worth pooling. 16 KiB, not 64: a
+// store's 28 KB appends, each a fresh buffer, made the node collect
+// garbage every few dozen items (2026-12-01, bench store: 3% to 11% more
+// items/s, 110 KB allocated an item in process down to 81).
+const minPooled = 16 << 10
 
 // getBuf returns a buffer of at least n bytes (contents undefined).
 func getBuf(n int) *[]byte {
