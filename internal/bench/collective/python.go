@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"github.com/tensorwire/tensorwire/python"
 )
@@ -130,24 +131,11 @@ func runPython(ctx context.Context, o options, po pyOptions, env bench.Env) erro
 // returns po with them set and a function that removes the folder; a
 // missing Python or torch is ErrUsage.
 func setupPython(po pyOptions, env bench.Env, exe string, sidecar bool) (pyOptions, func(), error) {
-	candidates := []string{"python3", "/usr/bin/python3"}
-	if po.python != "" {
-		candidates = []string{po.python}
+	c, err := benchkit.FindPython(po.python, "numpy, msgpack, torch")
+	if err != nil {
+		return po, nil, bench.Usagef("--lang python needs a Python with numpy, msgpack and torch (--python chooses it): %v", err)
 	}
-	var tried []string
-	po.python = ""
-	for _, c := range candidates {
-		out, err := exec.Command(c, "-c", "import numpy, msgpack, torch").CombinedOutput()
-		if err == nil {
-			po.python = c
-			break
-		}
-		tried = append(tried, fmt.Sprintf("%s: %v %s", c, err, strings.TrimSpace(string(out))))
-	}
-	if po.python == "" {
-		return po, nil, bench.Usagef("--lang python needs a Python with numpy, msgpack and torch (--python chooses it): %s",
-			strings.Join(tried, "; "))
-	}
+	po.python = c
 	if sidecar && po.sidecar == "" {
 		if len(env.Self) > 0 && env.Self[0] == "bench" {
 			po.sidecar = exe // this program is tensorwire

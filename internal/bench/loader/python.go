@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 	"github.com/tensorwire/tensorwire/python"
 )
 
@@ -25,19 +26,9 @@ const pythonSamples = 1000
 // /usr/bin/python3 that imports torch. It starts this program's node for
 // the shared side (bin). Its table goes to stdout, its progress to stderr.
 func runPython(ctx context.Context, o *options, interp, bin string, samplesSet bool, stdout, stderr io.Writer) error {
-	candidates := []string{"python3", "/usr/bin/python3"}
-	if interp != "" {
-		candidates = []string{interp}
-	}
-	py := ""
-	for _, c := range candidates {
-		if exec.Command(c, "-c", "import torch, numpy, msgpack").Run() == nil {
-			py = c
-			break
-		}
-	}
-	if py == "" {
-		return bench.Usagef("--producer python needs a python3 with torch, numpy and msgpack (tried %v; --python chooses it)", candidates)
+	py, err := benchkit.FindPython(interp, "torch, numpy, msgpack")
+	if err != nil {
+		return bench.Usagef("--producer python needs a python3 with torch, numpy and msgpack (--python chooses it): %v", err)
 	}
 	dir, err := os.MkdirTemp(o.dir, "tensorwire-bench-loader-python-")
 	if err != nil {
@@ -70,7 +61,7 @@ func runPython(ctx context.Context, o *options, interp, bin string, samplesSet b
 		args = append(args, "--json", j)
 	}
 	cmd := exec.CommandContext(ctx, py, args...)
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+dir, "PYTHONDONTWRITEBYTECODE=1")
+	cmd.Env = benchkit.PythonEnv(dir)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.WaitDelay = 10 * time.Second
 	fmt.Fprintf(stderr, "loader: the Python producer's run (%s, %d samples, %d consumers)\n", py, samples, consumers)

@@ -12,11 +12,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/python"
@@ -168,20 +168,12 @@ func newPythonEnv(interp, root string) (*pythonEnv, error) {
 // if it imports numpy and msgpack; a usage error saying what was tried
 // otherwise.
 func findPython(interp string) (string, error) {
-	candidates := []string{"python3", "/usr/bin/python3"}
-	if interp != "" {
-		candidates = []string{interp}
+	c, err := benchkit.FindPython(interp, "numpy, msgpack")
+	if err != nil {
+		return "", usagef("Python roles need a python3 with numpy and msgpack (apt-get install python3-numpy python3-msgpack; "+
+			"--python chooses it): %v", err)
 	}
-	var tried []string
-	for _, c := range candidates {
-		out, err := exec.Command(c, "-c", "import numpy, msgpack").CombinedOutput()
-		if err == nil {
-			return c, nil
-		}
-		tried = append(tried, fmt.Sprintf("%s: %v %s", c, err, bytes.TrimSpace(out)))
-	}
-	return "", usagef("Python roles need a python3 with numpy and msgpack (apt-get install python3-numpy python3-msgpack; "+
-		"--python chooses it): %s", strings.Join(tried, "; "))
+	return c, nil
 }
 
 func (p *pythonEnv) remove() { os.RemoveAll(p.path) }
@@ -201,13 +193,7 @@ func (p *pythonEnv) command(o *options, lang string, args []string) (argv, env [
 
 // env is a Python process's environment: PYTHONPATH starts with the
 // extracted client.
-func (p *pythonEnv) env() []string {
-	pp := p.path
-	if old := os.Getenv("PYTHONPATH"); old != "" {
-		pp += string(os.PathListSeparator) + old
-	}
-	return append(os.Environ(), "PYTHONPATH="+pp, "PYTHONDONTWRITEBYTECODE=1")
-}
+func (p *pythonEnv) env() []string { return benchkit.PythonEnv(p.path) }
 
 // runMode runs one mode with the trainer and writers in langs (py runs the
 // Python ones): a new buffer node serving a new buffer at ROOT/bench-MODE,

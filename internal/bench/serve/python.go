@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 	"github.com/tensorwire/tensorwire/python"
 	"github.com/tensorwire/tensorwire/serve"
 )
@@ -137,20 +138,12 @@ func (o *options) python(ctx context.Context, args ...string) (string, error) {
 // python3 and /usr/bin/python3 that imports torch, numpy and msgpack; a
 // usage error saying what was tried if none (or --python's) does.
 func (o *options) findPython() error {
-	candidates := []string{"python3", "/usr/bin/python3"}
-	if o.pythonExe != "" {
-		candidates = []string{o.pythonExe}
+	c, err := benchkit.FindPython(o.pythonExe, "torch, numpy, msgpack")
+	if err != nil {
+		return usagef("Python replicas need a python3 with torch, numpy and msgpack (--python chooses it): %v", err)
 	}
-	var tried []string
-	for _, c := range candidates {
-		out, err := exec.Command(c, "-c", "import torch, numpy, msgpack").CombinedOutput()
-		if err == nil {
-			o.pythonExe = c
-			return nil
-		}
-		tried = append(tried, fmt.Sprintf("%s: %v %s", c, err, lastLines(string(out), 1)))
-	}
-	return usagef("Python replicas need a python3 with torch, numpy and msgpack (--python chooses it): %s", strings.Join(tried, "; "))
+	o.pythonExe = c
+	return nil
 }
 
 // extractPython writes this build's Python client into root/python, for
@@ -170,11 +163,7 @@ func (o *options) extractPython(root string) error {
 // pyEnv is the Python processes' environment: PYTHONPATH starts with the
 // extracted client.
 func (o *options) pyEnv() []string {
-	pp := o.pyPath
-	if old := os.Getenv("PYTHONPATH"); old != "" {
-		pp += string(os.PathListSeparator) + old
-	}
-	return append(os.Environ(), "PYTHONPATH="+pp, "PYTHONDONTWRITEBYTECODE=1")
+	return benchkit.PythonEnv(o.pyPath)
 }
 
 func lastLines(s string, n int) string {

@@ -3,10 +3,10 @@ package store
 import (
 	"context"
 	"os"
-	"os/exec"
 	"strconv"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 	"github.com/tensorwire/tensorwire/python"
 )
 
@@ -30,19 +30,9 @@ type pythonRoles struct {
 
 // newPythonRoles finds an interpreter and extracts the client under dir.
 func newPythonRoles(interp, dir string) (*pythonRoles, error) {
-	candidates := []string{"python3", "/usr/bin/python3"}
-	if interp != "" {
-		candidates = []string{interp}
-	}
-	py := ""
-	for _, c := range candidates {
-		if exec.Command(c, "-c", "import numpy, msgpack").Run() == nil {
-			py = c
-			break
-		}
-	}
-	if py == "" {
-		return nil, bench.Usagef("--writers-lang python needs a python3 with numpy and msgpack (tried %v; --python chooses it)", candidates)
+	py, err := benchkit.FindPython(interp, "numpy, msgpack")
+	if err != nil {
+		return nil, bench.Usagef("--writers-lang python needs a python3 with numpy and msgpack (--python chooses it): %v", err)
 	}
 	path, err := os.MkdirTemp(dir, "python-")
 	if err != nil {
@@ -58,10 +48,5 @@ func newPythonRoles(interp, dir string) (*pythonRoles, error) {
 func (p *pythonRoles) appender(ctx context.Context, o *options, env bench.Env, outs, root, addr string, n int) (*proc, error) {
 	argv := []string{p.interp, "-m", "tensorwire._bench_store", "--role", "appender", "--addr", addr, "--root", root,
 		"--n", strconv.Itoa(n), "--inflight", strconv.Itoa(o.inflight), "--extend", strconv.Itoa(o.extend)}
-	pp := p.path
-	if old := os.Getenv("PYTHONPATH"); old != "" {
-		pp += string(os.PathListSeparator) + old
-	}
-	return startArgv(ctx, env, outs, "python appender "+strconv.Itoa(n), argv,
-		append(os.Environ(), "PYTHONPATH="+pp, "PYTHONDONTWRITEBYTECODE=1"))
+	return startArgv(ctx, env, outs, "python appender "+strconv.Itoa(n), argv, benchkit.PythonEnv(p.path))
 }
