@@ -183,18 +183,13 @@ func (s *Store) putValue(bin string, in *ingest, op uint8, req reqID) (uint64, e
 // putValues is putValue with the values ins, in order, as one record: one
 // revision, one event, all or none of them. It discards ins on failure.
 func (s *Store) putValues(bin string, ins []*ingest, op uint8, req reqID) (uint64, error) {
-	discard := func() {
-		for _, in := range ins {
-			s.discard(in)
-		}
-	}
 	rec := &record{Op: op, Name: bin, Items: make([]recItem, len(ins)), Req: req}
 	for i, in := range ins {
 		rec.Items[i] = in.item
 	}
 	p, err := prepare(rec)
 	if err != nil {
-		discard()
+		s.discardAll(ins)
 		return 0, err
 	}
 	for i, in := range ins {
@@ -210,12 +205,12 @@ func (s *Store) putValues(bin string, ins []*ingest, op uint8, req reqID) (uint6
 	s.mu.Lock()
 	if err := s.enterLocked(); err != nil {
 		s.mu.Unlock()
-		discard()
+		s.discardAll(ins)
 		return 0, err
 	}
 	if e, done, err := s.seenLocked(req); err != nil || done {
 		s.mu.Unlock()
-		discard()
+		s.discardAll(ins)
 		if err != nil {
 			return 0, err
 		}
@@ -268,16 +263,9 @@ func (s *Store) Extend(ctx context.Context, bin string, tds []*tensordict.Tensor
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	ins := make([]*ingest, 0, len(tds))
-	for _, td := range tds {
-		in, err := s.ingestTD(td, false)
-		if err != nil {
-			for _, in := range ins {
-				s.discard(in)
-			}
-			return 0, err
-		}
-		ins = append(ins, in)
+	ins, err := s.ingestAll(len(tds), func(i int) (*ingest, error) { return s.ingestTD(tds[i], false) })
+	if err != nil {
+		return 0, err
 	}
 	return s.putValues(bin, ins, recAppend, reqID{})
 }

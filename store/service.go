@@ -16,7 +16,7 @@ const (
 	MethodInfo    = "store.info"
 	MethodPut     = "store.put"
 	MethodAppend  = "store.append"
-	MethodExtend  = "store.extend" // several appends as one: Extend, and a Client's concurrent Appends
+	MethodExtend  = "store.extend" // several appends as one (Extend)
 	MethodTake    = "store.take"   // a Get's first phase, and Peek
 	MethodAck     = "store.ack"    // a Get's second phase
 	MethodList    = "store.list"
@@ -292,16 +292,9 @@ func (svc *Service) extend(_ context.Context, req extendRequest) (revResponse, e
 	if e, done, err := st.Item.answered(req.Req); err != nil || done {
 		return revResponse{Rev: e.Rev}, err
 	}
-	ins := make([]*ingest, 0, len(req.Values))
-	for _, v := range req.Values {
-		in, err := st.Item.ingestMsg(v, false)
-		if err != nil {
-			for _, in := range ins {
-				st.Item.discard(in)
-			}
-			return revResponse{}, err
-		}
-		ins = append(ins, in)
+	ins, err := st.Item.ingestAll(len(req.Values), func(i int) (*ingest, error) { return st.Item.ingestMsg(req.Values[i], false) })
+	if err != nil {
+		return revResponse{}, err
 	}
 	rev, err := st.Item.putValues(req.Bin, ins, recAppend, req.Req)
 	return revResponse{Rev: rev}, err

@@ -294,6 +294,28 @@ func (s *Store) discard(in *ingest) {
 	}
 }
 
+// discardAll discards ins.
+func (s *Store) discardAll(ins []*ingest) {
+	for _, in := range ins {
+		s.discard(in)
+	}
+}
+
+// ingestAll ingests n values, the i-th by one(i), in order; on the
+// first error it discards those ingested and returns it.
+func (s *Store) ingestAll(n int, one func(i int) (*ingest, error)) ([]*ingest, error) {
+	ins := make([]*ingest, 0, n)
+	for i := range n {
+		in, err := one(i)
+		if err != nil {
+			s.discardAll(ins)
+			return nil, err
+		}
+		ins = append(ins, in)
+	}
+	return ins, nil
+}
+
 // ingestTD makes td a value of the store: inline when it is smaller than
 // Options.InlineBytes and asPrefix is false, else written into a prefix
 // under values/.
