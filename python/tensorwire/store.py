@@ -39,7 +39,7 @@ from .dataset import FormatError as _MemmapFormatError, load_memmap
 from .errors import (AbortedError, AlreadyExistsError, DataLossError, FailedPreconditionError,
                      InvalidArgumentError, NotFoundError, OutOfRangeError, ResourceExhaustedError, UnavailableError,
                      ClientClosedError, register_reason)
-from ._td import TD, _BF16
+from ._td import TD, dtype_name, leaves, marked
 from .rpc import Client, Sharing, StreamEnd, _rebuild
 
 __all__ = ["Store", "Param", "Event", "Watch", "FROM_NOW", "OPS", "NameError_", "TooLargeError", "NotFoundError",
@@ -208,20 +208,13 @@ class Param:
         self.close()
 
 
-def _nbytes(td):
-    """The tensor bytes of a value (a dict of arrays, nested dicts)."""
-    if isinstance(td, dict):
-        return sum(_nbytes(v) for v in td.values())
-    return int(getattr(td, "nbytes", 0))
-
-
 def _copied(td):
-    """td with every array copied into memory (a value's mapping let go)."""
+    """td with every array copied into memory (a value's mapping let go),
+    bfloat16's bits marked as such still."""
     if isinstance(td, dict):
         return {k: _copied(v) for k, v in td.items()}
     if isinstance(td, np.ndarray):
-        c = np.array(td)  # a plain array in memory: the mapping is let go
-        return _BF16(c) if isinstance(td, _BF16) else c  # bfloat16's bits stay marked as such
+        return marked(np.array(td), dtype_name(td))
     return td
 
 
@@ -385,7 +378,7 @@ class Store:
             raise FormatError(f"store: {len(tds)} values to extend {bin!r} with; 1 to {_MAX_EXTEND}")
         values = [self._value(td, batch_size) for td in tds]
         inline = self.info.get("inline_bytes") or 0
-        logged = sum(n for n in (_nbytes(td) for td in tds) if n < inline)
+        logged = sum(n for n in (sum(a.nbytes for _, a in leaves(td)) for td in tds) if n < inline)
         if logged > _MAX_LOGGED:
             raise TooLargeError(f"store: values of {logged} bytes to keep in the log in one extend; "
                                 f"at most {_MAX_LOGGED} together")
