@@ -13,9 +13,7 @@ type results struct {
 	started   time.Time
 	broadcast []broadcastResult
 	rollouts  rolloutsResult
-	extend    int    // items per call in the rollouts
-	inflight  int    // calls in flight in each rollout worker
-	lang      string // the rollout workers' language when not Go
+	o         *options // the run's: the rollouts' items per call, calls in flight, language
 	watch     watchResultAll
 }
 
@@ -88,7 +86,7 @@ func (r *results) json() Result {
 			P50: report.Ms(b.quantile(50)), P99: report.Ms(b.quantile(99))})
 	}
 	if ro := r.rollouts; ro.seconds > 0 {
-		out.Rollouts = &RolloutsResult{Workers: appenders, PerCall: perCall(r.extend), Lang: r.lang, ItemsPerS: float64(ro.acked) / ro.seconds,
+		out.Rollouts = &RolloutsResult{Workers: appenders, PerCall: perCall(r.o.extend), Lang: lang(r.o.writersLang), ItemsPerS: float64(ro.acked) / ro.seconds,
 			P50: report.Ms(ro.latency.Quantile(50)), P99: report.Ms(ro.latency.Quantile(99)), Lost: ro.lost, Dups: ro.dups}
 	}
 	if len(r.watch.latency) > 0 {
@@ -121,7 +119,7 @@ func (r *results) print(w io.Writer) error {
 		if ro.Lang == langPython {
 			who = "Python workers (threads)"
 		}
-		fmt.Fprintf(w, "\nRollouts: %d %s %s, %d calls in flight each, while a trainer drains with Get\n", appenders, who, how, r.inflight)
+		fmt.Fprintf(w, "\nRollouts: %d %s %s, %d calls in flight each, while a trainer drains with Get\n", appenders, who, how, r.o.inflight)
 		t := report.NewTable("items/s", "call p50 ms", "call p99 ms", "acknowledged", "drained", "Gets", "Get p50 ms", "lost", "duplicated", "bad CRC")
 		t.Row(ro.ItemsPerS, ro.P50, ro.P99, r.rollouts.acked, r.rollouts.drained, r.rollouts.gets, report.Ms(r.rollouts.getP50),
 			ro.Lost, ro.Dups, r.rollouts.badCRC)
@@ -176,6 +174,14 @@ func met(ok bool) string {
 		return "met"
 	}
 	return "NOT met"
+}
+
+// lang is RolloutsResult.Lang for the workers' language: "" for Go.
+func lang(l string) string {
+	if l == langGo {
+		return ""
+	}
+	return l
 }
 
 // perCall is RolloutsResult.PerCall for extend items per call.

@@ -184,10 +184,7 @@ func runParent(ctx context.Context, o *options, env bench.Env) error {
 	}
 	defer node.stop(context.Background())
 	addr := node.ready
-	r := &results{started: time.Now(), extend: o.extend, inflight: o.inflight}
-	if o.writersLang == langPython {
-		r.lang = langPython
-	}
+	r := &results{started: time.Now(), o: o}
 	if o.has("broadcast") {
 		for _, mode := range o.modes {
 			for _, mb := range o.mbs {

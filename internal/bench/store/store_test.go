@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -12,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 	"github.com/tensorwire/tensorwire/internal/bench/benchtest"
 )
 
@@ -90,24 +90,51 @@ func TestRun_Usage(t *testing.T) {
 	}
 }
 
+// checkRollouts runs the rollouts part with args added and checks what every
+// run must hold: items acknowledged, none lost or duplicated, no bad CRC
+// in the drainer's row of the table. It returns the JSON's rollouts and
+// the table.
+func checkRollouts(t *testing.T, args ...string) (map[string]any, string) {
+	t.Helper()
+	jsonFile := filepath.Join(t.TempDir(), "out.json")
+	out := benchtest.RunJSON(t, Run, testSelf, append([]string{"--parts", "rollouts", "--duration", "1s",
+		"--json", jsonFile, "--root", t.TempDir()}, args...), jsonFile)
+	t.Logf("\n%s", out.Stdout)
+	ro := out.JSON["rollouts"].(map[string]any)
+	if ro["lost"].(float64) != 0 || ro["duplicated"].(float64) != 0 || ro["items_per_s"].(float64) <= 0 {
+		t.Errorf("rollouts: lost %v, duplicated %v, %v items/s", ro["lost"], ro["duplicated"], ro["items_per_s"])
+	}
+	rows := 0
+	for _, line := range strings.Split(out.Stdout, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 10 {
+			continue
+		}
+		if _, err := strconv.ParseFloat(f[0], 64); err != nil {
+			continue // the header or the rule, not the row: items/s ... bad CRC
+		}
+		rows++
+		if f[9] != "0" {
+			t.Errorf("bad CRCs: %s", line)
+		}
+	}
+	if rows != 1 {
+		t.Errorf("%d rows of the rollouts' table found, want 1", rows)
+	}
+	return ro, out.Stdout
+}
+
 // TestRun_Extend: the rollouts by Extend lose and duplicate nothing, and
 // say how many items a call carried.
 func TestRun_Extend(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts 6 processes")
 	}
-	jsonFile := filepath.Join(t.TempDir(), "out.json")
-	out := benchtest.RunJSON(t, Run, testSelf, []string{"--parts", "rollouts", "--extend", "3",
-		"--duration", "600ms", "--json", jsonFile, "--root", t.TempDir()}, jsonFile)
-	t.Logf("\n%s", out.Stdout)
-	ro := out.JSON["rollouts"].(map[string]any)
-	if ro["lost"].(float64) != 0 || ro["duplicated"].(float64) != 0 || ro["items_per_s"].(float64) <= 0 {
-		t.Errorf("rollouts by Extend: lost %v, duplicated %v, %v items/s", ro["lost"], ro["duplicated"], ro["items_per_s"])
-	}
+	ro, table := checkRollouts(t, "--extend", "3")
 	if ro["items_per_call"] != 3.0 {
 		t.Errorf("items_per_call %v, want 3", ro["items_per_call"])
 	}
-	if !strings.Contains(out.Stdout, "extending by 3 items") {
+	if !strings.Contains(table, "extending by 3 items") {
 		t.Errorf("the table does not say the items went by Extend")
 	}
 }
@@ -119,31 +146,14 @@ func TestRun_PythonWriters(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts 6 processes, 4 of them Python")
 	}
-	if exec.Command("python3", "-c", "import numpy, msgpack").Run() != nil &&
-		exec.Command("/usr/bin/python3", "-c", "import numpy, msgpack").Run() != nil {
-		t.Skip("no python3 with numpy and msgpack (apt-get install python3-numpy python3-msgpack)")
+	if _, err := benchkit.FindPython("", "numpy, msgpack"); err != nil {
+		t.Skipf("no python3 with numpy and msgpack (apt-get install python3-numpy python3-msgpack): %v", err)
 	}
 	for _, extend := range []string{"1", "3"} {
 		t.Run("extend="+extend, func(t *testing.T) {
-			jsonFile := filepath.Join(t.TempDir(), "out.json")
-			out := benchtest.RunJSON(t, Run, testSelf, []string{"--parts", "rollouts", "--writers-lang", "python", "--extend", extend,
-				"--duration", "1s", "--json", jsonFile, "--root", t.TempDir()}, jsonFile)
-			t.Logf("\n%s", out.Stdout)
-			ro := out.JSON["rollouts"].(map[string]any)
-			if ro["lost"].(float64) != 0 || ro["duplicated"].(float64) != 0 || ro["items_per_s"].(float64) <= 0 {
-				t.Errorf("rollouts from Python: lost %v, duplicated %v, %v items/s", ro["lost"], ro["duplicated"], ro["items_per_s"])
-			}
+			ro, _ := checkRollouts(t, "--writers-lang", "python", "--extend", extend)
 			if ro["writers_lang"] != "python" {
 				t.Errorf("writers_lang %v, want python", ro["writers_lang"])
-			}
-			for _, line := range strings.Split(out.Stdout, "\n") {
-				f := strings.Fields(line)
-				if len(f) != 10 {
-					continue
-				}
-				if _, err := strconv.ParseFloat(f[0], 64); err == nil && f[9] != "0" {
-					t.Errorf("bad CRCs: %s", line)
-				}
 			}
 		})
 	}
