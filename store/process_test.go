@@ -351,15 +351,9 @@ func TestProcess_NodeKilledAndRestarted(t *testing.T) {
 func TestProcess_WriterKilledMidAppend(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
-			root := t.TempDir()
-			_, addr := startNode(t, root, "")
-			c := dialT(t, addr, "st", root, mode)
+			c, acked := killedWriter(t, mode, "appender", 1000000, 30)
 			ctx := ctxT(t)
-			wp := proctest.Start(t, envHelper+"=appender", envAddr+"="+addr, envRoot+"="+root, envMode+"="+mode, envFirst+"=1000000")
 			var d drained
-			waitFor(t, "the writer's first acknowledgements", func() bool { return strings.Count(wp.Output(), "ACK") > 30 })
-			wp.Kill()
-			acked := ackedIDs(wp.Output())
 			// This process's appends and Gets carry on.
 			for id := range 50 {
 				if _, err := c.Append(ctx, "b", itemTD(t, int64(id), sizeOf(id))); err != nil {
@@ -374,16 +368,27 @@ func TestProcess_WriterKilledMidAppend(t *testing.T) {
 	}
 }
 
-// ackedIDs returns the ids of a writer helper's "ACK id" lines.
-func ackedIDs(out string) []int64 {
+// killedWriter serves a store, starts the writer helper role (appender,
+// extender) writing items first, first+1, ... in mode, kills it with
+// SIGKILL once it has acknowledged more than acks items, and returns a
+// client of the store in mode and the ids the writer printed as
+// acknowledged.
+func killedWriter(t *testing.T, mode, role string, first, acks int) (*Client, []int64) {
+	t.Helper()
+	root := t.TempDir()
+	_, addr := startNode(t, root, "")
+	c := dialT(t, addr, "st", root, mode)
+	wp := proctest.Start(t, envHelper+"="+role, envAddr+"="+addr, envRoot+"="+root, envMode+"="+mode, envFirst+"="+strconv.Itoa(first))
+	waitFor(t, "the writer's first acknowledgements", func() bool { return strings.Count(wp.Output(), "ACK") > acks })
+	wp.Kill()
 	var acked []int64
-	for _, line := range strings.Split(out, "\n") {
+	for _, line := range strings.Split(wp.Output(), "\n") {
 		if id, ok := strings.CutPrefix(line, "ACK "); ok {
 			n, _ := strconv.Atoi(id)
 			acked = append(acked, int64(n))
 		}
 	}
-	return acked
+	return c, acked
 }
 
 // TestProcess_WriterKilledMidExtend kills a writer process extending the
@@ -393,17 +398,10 @@ func ackedIDs(out string) []int64 {
 func TestProcess_WriterKilledMidExtend(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
-			root := t.TempDir()
-			_, addr := startNode(t, root, "")
-			c := dialT(t, addr, "st", root, mode)
-			ctx := ctxT(t)
 			const first = 1000000
-			wp := proctest.Start(t, envHelper+"=extender", envAddr+"="+addr, envRoot+"="+root, envMode+"="+mode, envFirst+"="+strconv.Itoa(first))
-			waitFor(t, "the writer's first acknowledgements", func() bool { return strings.Count(wp.Output(), "ACK") > 60 })
-			wp.Kill()
-			acked := ackedIDs(wp.Output())
+			c, acked := killedWriter(t, mode, "extender", first, 60)
 			var d drained
-			drainAll(t, ctx, c, &d)
+			drainAll(t, ctxT(t), c, &d)
 			d.check(t, acked)
 			groups := map[int64]int{}
 			for id := range d.seen {
