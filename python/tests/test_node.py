@@ -7,7 +7,6 @@ that exited with a Node running aborted ("Fatal Python error:
 _enter_buffered_busy": the node's output thread at finalization)."""
 
 import gc
-import json
 import os
 import shutil
 import socket
@@ -20,6 +19,8 @@ import time
 import unittest
 
 import tensorwire
+
+import test_fork
 
 
 class TestNodeTempFolders(unittest.TestCase):
@@ -85,8 +86,8 @@ class TestNodeLifetime(unittest.TestCase):
         temporary root in place and its clients working. Before, the
         child's exit hook ran the parent's Node's stop() and hung in it,
         so the child never exited (child_exited False)."""
-        script = textwrap.dedent("""
-            import json, os, sys, time
+        rep = test_fork.run(self, """
+            import sys
             import numpy as np
             import tensorwire
             node = tensorwire.Node(store=["main"]).start()
@@ -95,15 +96,7 @@ class TestNodeLifetime(unittest.TestCase):
             pid = os.fork()
             if pid == 0:
                 sys.exit(0)
-            for _ in range(400):
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    exited = True
-                    break
-                time.sleep(0.05)
-            else:
-                exited = False
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
+            exited = wait_child(pid) == 0
             time.sleep(0.3)
             rep = {"child_exited": exited, "node_alive": node.proc.poll() is None,
                    "root": os.path.isdir(node.root)}
@@ -116,9 +109,6 @@ class TestNodeLifetime(unittest.TestCase):
             node.stop()
             print(json.dumps(rep), flush=True)
         """)
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
-        self.assertEqual(out.returncode, 0, out.stderr.decode(errors="replace")[-3000:])
-        rep = json.loads(out.stdout.decode().splitlines()[-1])
         self.assertEqual(rep, {"child_exited": True, "node_alive": True, "root": True, "publish": "ok"})
 
 
