@@ -192,11 +192,13 @@ func (s *Store) putValues(bin string, ins []*ingest, op uint8, req reqID) (uint6
 		s.discardAll(ins)
 		return 0, err
 	}
+	from := 0
 	for i, in := range ins {
 		if b := in.item.Inline; b != nil {
 			// Keep the value in the frame, which holds its bytes anyway, and
 			// let the next value reuse the buffer it was encoded into.
-			if a := aliasInline(p.frame, b); a != nil {
+			var a []byte
+			if a, from = aliasInline(p.frame, b, from); a != nil {
 				rec.Items[i].Inline, in.item.Inline = a, a
 				recycleValueBuf(b)
 			}

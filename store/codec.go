@@ -197,14 +197,21 @@ func recycleValueBuf(b []byte) {
 }
 
 // aliasInline returns the bytes of frame, a prepared record's, that hold
-// the inline value v (msgpack bin), or nil if they cannot be found. They
-// are v's bytes, and stay as they are: a frame is never changed but for
-// its revision and checksum, outside the payload.
-func aliasInline(frame, v []byte) []byte {
+// the inline value v (msgpack bin), or nil if they cannot be found, and
+// where in frame to look for the next value: it looks from offset from
+// on (a record's values are encoded in order, so a record of many values
+// is searched once, not once per value). The bytes are v's, and stay as
+// they are: a frame is never changed but for its revision and checksum,
+// outside the payload.
+func aliasInline(frame, v []byte, from int) (alias []byte, next int) {
 	if len(frame) < frameHeader+frameTrailer || len(v) < 8 {
-		return nil
+		return nil, from
 	}
-	payload := frame[frameHeader : len(frame)-frameTrailer]
+	from = max(from, frameHeader)
+	if from > len(frame)-frameTrailer {
+		return nil, from
+	}
+	payload := frame[from : len(frame)-frameTrailer]
 	n := len(v)
 	var h []byte
 	switch {
@@ -217,13 +224,13 @@ func aliasInline(frame, v []byte) []byte {
 	}
 	i := bytes.Index(payload, append(h, v[:min(n, 32)]...))
 	if i < 0 || i+len(h)+n > len(payload) {
-		return nil
+		return nil, from
 	}
 	a := payload[i+len(h) : i+len(h)+n : i+len(h)+n]
 	if !bytes.Equal(a, v) {
-		return nil
+		return nil, from
 	}
-	return a
+	return a, from + i + len(h) + n
 }
 
 // valueBytes returns the size of td's tensors, the figure the value limit

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"testing"
+	"unsafe"
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -46,7 +47,7 @@ func TestAliasInline_FindsTheValueInItsFrame(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a := aliasInline(p.frame, v)
+		a, _ := aliasInline(p.frame, v, 0)
 		if a == nil {
 			t.Errorf("%d bytes: not found in the frame", n)
 			continue
@@ -55,8 +56,41 @@ func TestAliasInline_FindsTheValueInItsFrame(t *testing.T) {
 			t.Errorf("%d bytes: found bytes that are not the value's, or the value itself", n)
 		}
 	}
-	if aliasInline([]byte("too short"), make([]byte, 100)) != nil {
+	if a, _ := aliasInline([]byte("too short"), make([]byte, 100), 0); a != nil {
 		t.Error("found a value in a frame too short to hold it")
+	}
+}
+
+// TestAliasInline_ManyValuesInOrder: the values of a record of several
+// (an Extend's) are each found at their own place, in order, searching on
+// from where the one before ended; equal values too.
+func TestAliasInline_ManyValuesInOrder(t *testing.T) {
+	var items []recItem
+	var vals [][]byte
+	for k, i := range []int{1, 2, 1, 3, 3} { // equal values, and different ones
+		td, _ := obsTD(t, i, 300)
+		v, err := encodeValue(td)
+		if err != nil {
+			t.Fatal(err)
+		}
+		items = append(items, recItem{ID: uint64(k + 1), Size: 300, Inline: v})
+		vals = append(vals, v)
+	}
+	p, err := prepare(&record{Op: recAppend, Name: "b", Items: items})
+	if err != nil {
+		t.Fatal(err)
+	}
+	from, last := 0, -1
+	for k, v := range vals {
+		var a []byte
+		if a, from = aliasInline(p.frame, v, from); a == nil || !bytes.Equal(a, v) {
+			t.Fatalf("value %d: not found after offset %d", k, last)
+		}
+		at := int(uintptr(unsafe.Pointer(&a[0])) - uintptr(unsafe.Pointer(&p.frame[0])))
+		if at <= last {
+			t.Errorf("value %d at offset %d, not after the one before (%d)", k, at, last)
+		}
+		last = at
 	}
 }
 
