@@ -191,10 +191,15 @@ func TestNode_Metrics(t *testing.T) {
 
 	during := scrapeNode(t, url)
 	lc.Close() // its stream ends: observed once the node sees it end
+	// A call is observed once its answer is written, which may be after
+	// the caller has it (CI once scraped before the fill's was): wait for
+	// the last call's and for the stream's.
 	var after scraped
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		after = scrapeNode(t, url)
-		if after.value("tensorwire_rpc_stream_duration_seconds", "service=loader", "name=train", "method=loader.consume") > 0 || time.Now().After(deadline) {
+		observed := after.value("tensorwire_rpc_stream_duration_seconds", "service=loader", "name=train", "method=loader.consume") > 0 &&
+			after.value("tensorwire_rpc_requests_total", "service=tensorwire", "method="+rpc.MethodFill, "code=OK") > 0
+		if observed || time.Now().After(deadline) {
 			break
 		}
 	}
