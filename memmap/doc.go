@@ -10,7 +10,7 @@
 // # Lifetimes
 //
 // A Tensor owns one mapping from Create or Open until Close. Its methods
-// (Gather, Scatter, ReadAt, WriteAt, Flush) are safe for concurrent use and
+// (Gather, GatherTo, Scatter, ReadAt, WriteAt, Flush) are safe for concurrent use and
 // return ErrClosed after Close; Close waits for calls in flight. Concurrent
 // writes to the same rows race on the bytes just as writes to one file do:
 // ordering them is the caller's job.
@@ -27,7 +27,9 @@
 // under a sparse file fills. Create reserves the file's blocks up front
 // (fallocate, or written zeros), so a full disk is an error at creation, and Open refuses a file
 // shorter than its shape. Copies made by this package's methods turn a fault
-// into ErrFault instead of killing the process; access through the slice
+// into ErrFault instead of killing the process, as does GatherTo's write
+// straight from the mapping to a descriptor (there the kernel copies, and
+// reports the fault as EFAULT instead of a signal); access through the slice
 // from Bytes, or views built on it, is not guarded: run it under Guard for
 // the same promise. On Linux, writes to a sparse file (one opened with
 // holes) reserve their rows' blocks first, so a full disk is an error

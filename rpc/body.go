@@ -1,20 +1,12 @@
 package rpc
 
 import (
-	"fmt"
 	"io"
 	"math/bits"
 	"sync"
 
 	"github.com/tensorwire/tensorwire/tensordict"
 )
-
-// chunk bounds the buffer through which mapped tensor bytes are copied to a
-// stream: the copy goes through the mapping's fault guard, and memory stays
-// bounded however large the tensor.
-const chunk = 1 << 20
-
-var chunks = sync.Pool{New: func() any { b := make([]byte, chunk); return &b }}
 
 // bodySize returns the bytes parts take on the wire.
 func bodySize(parts []bodyPart) int64 {
@@ -25,59 +17,16 @@ func bodySize(parts []bodyPart) int64 {
 	return n
 }
 
-// writeParts writes the parts' bytes to w in order: a Go-memory tensor
-// straight from its memory, a mapped one through a pooled buffer.
+// writeParts writes the parts' bytes to w in order, each as its tensor's
+// GatherTo writes it: a mapped tensor straight from the mapping when w is a
+// connection's own descriptor (a side connection), else through a bounded
+// buffer whose copy is guarded against faults (a yamux stream, the LZ4
+// compressor).
 func writeParts(w io.Writer, parts []bodyPart) error {
 	for _, p := range parts {
-		rb := p.t.RowBytes()
-		if !p.t.Mapped() {
-			b, err := p.t.Bytes()
-			if err != nil {
-				return err
-			}
-			if p.rows == nil {
-				if _, err := w.Write(b); err != nil {
-					return err
-				}
-				continue
-			}
-			for _, r := range p.rows {
-				if _, err := w.Write(b[r*rb : (r+1)*rb]); err != nil {
-					return err
-				}
-			}
-			continue
-		}
-		if p.rows == nil {
-			if err := copyMapped(w, p.t, 0, int64(p.t.NumBytes())); err != nil {
-				return err
-			}
-			continue
-		}
-		for _, r := range p.rows {
-			if err := copyMapped(w, p.t, int64(r)*int64(rb), int64(rb)); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// copyMapped writes n bytes of t from byte offset off to w.
-func copyMapped(w io.Writer, t *tensordict.Tensor, off, n int64) error {
-	bp := chunks.Get().(*[]byte)
-	defer chunks.Put(bp)
-	buf := *bp
-	for n > 0 {
-		b := buf[:min(int64(len(buf)), n)]
-		if _, err := t.ReadAt(b, off); err != nil {
-			return fmt.Errorf("rpc: read %s: %w", t.Path(), err)
-		}
-		if _, err := w.Write(b); err != nil {
+		if _, err := p.t.GatherTo(w, p.rows); err != nil {
 			return err
 		}
-		off += int64(len(b))
-		n -= int64(len(b))
 	}
 	return nil
 }

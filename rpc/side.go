@@ -321,9 +321,9 @@ var sideWritten atomic.Int64
 
 // writeBody writes prefix and then a body to a side connection's conn:
 // compressed, its frame; else its parts, Go-memory tensors in one writev
-// straight from their memory (net.Buffers), mapped ones through a bounded
-// buffer (their reads are guarded against faults; a write from the mapping
-// would not be).
+// straight from their memory (net.Buffers), mapped ones straight from their
+// mappings (tensordict's GatherTo: on a connection's descriptor the kernel
+// copies, and a truncated file is an error, not a fault).
 func writeBody(w io.Writer, prefix net.Buffers, b *outBody) error {
 	sideWritten.Add(b.wireLen())
 	bufs := prefix
@@ -345,7 +345,7 @@ func writeBody(w io.Writer, prefix net.Buffers, b *outBody) error {
 			if err := flush(); err != nil {
 				return err
 			}
-			if err := writeParts(w, []bodyPart{p}); err != nil {
+			if _, err := p.t.GatherTo(w, p.rows); err != nil {
 				return err
 			}
 			continue

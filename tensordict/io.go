@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 
 	"github.com/tensorwire/tensorwire/memmap"
 )
@@ -78,4 +79,35 @@ func (t *Tensor) Stats() (Stats, error) {
 		s.Min, s.Max, s.Sum = math.NaN(), math.NaN(), math.NaN()
 	}
 	return s, nil
+}
+
+// GatherTo writes the given rows of t, in order, to w and returns how many
+// bytes it wrote; rows nil writes all of t's bytes (a scalar's too). Every
+// index is checked before any byte is written. A mapped tensor's rows go
+// as memmap.Tensor.GatherTo sends them: straight from the mapping when w
+// writes to a file descriptor (a socket, a file), the kernel copying once.
+// A Go-memory tensor's rows go to w as slices of its memory, consecutive
+// rows as one piece (one writev on a socket). An error may come after some
+// bytes were written.
+func (t *Tensor) GatherTo(w io.Writer, rows []int) (int64, error) {
+	rb := t.RowBytes()
+	if rows == nil {
+		// All of t as one row of all its bytes: a scalar's, too.
+		rb, rows = t.NumBytes(), []int{0}
+	} else if err := t.checkRowsOf(rows); err != nil {
+		return 0, err
+	}
+	if t.mm != nil {
+		return t.mm.GatherTo(w, t.off, rb, rows)
+	}
+	bufs := make(net.Buffers, 0, len(rows))
+	for i := 0; i < len(rows); {
+		j := i + 1
+		for j < len(rows) && rows[j] == rows[j-1]+1 {
+			j++
+		}
+		bufs = append(bufs, t.heap[rows[i]*rb:rows[j-1]*rb+rb])
+		i = j
+	}
+	return bufs.WriteTo(w)
 }

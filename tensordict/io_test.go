@@ -1,10 +1,12 @@
 package tensordict
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"math"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/tensorwire/tensorwire/memmap"
@@ -96,5 +98,54 @@ func TestCreate_FromSchema(t *testing.T) {
 		if _, err := Create(filepath.Join(t.TempDir(), "q"), []int{3}, bad); err == nil {
 			t.Errorf("Create with %+v succeeded", bad)
 		}
+	}
+}
+
+// TestTensor_GatherTo: the same bytes reach a writer from Go memory and
+// from a mapping, for the whole tensor, a scalar, a view, and rows.
+func TestTensor_GatherTo(t *testing.T) {
+	data := make([]byte, 6*5*4)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	heap := must[*Tensor](t)(FromBytes(memmap.Int32, []int{6, 5}, data))
+	td := mustNew(t, 6)
+	td.Set("x", heap)
+	m := must[*TensorDict](t)(td.Memmap(filepath.Join(t.TempDir(), "p")))
+	defer m.Close()
+	mapped := must[*Tensor](t)(m.Tensor("x"))
+	scalar := must[*Tensor](t)(FromBytes(memmap.Int32, []int{}, []byte{1, 2, 3, 4}))
+	for _, x := range []struct {
+		name string
+		t    *Tensor
+	}{{"heap", heap}, {"mapped", mapped}} {
+		view := must[*Tensor](t)(x.t.Slice(2, 5))
+		for _, tc := range []struct {
+			name string
+			t    *Tensor
+			rows []int
+			want []byte
+		}{
+			{"all", x.t, nil, data},
+			{"rows", x.t, []int{5, 0, 1, 1}, slices.Concat(data[100:120], data[0:20], data[20:40], data[20:40])},
+			{"a view", view, nil, data[40:100]},
+			{"rows of a view", view, []int{2, 0}, slices.Concat(data[80:100], data[40:60])},
+			{"a scalar", scalar, nil, []byte{1, 2, 3, 4}},
+		} {
+			t.Run(x.name+"/"+tc.name, func(t *testing.T) {
+				var b bytes.Buffer
+				n, err := tc.t.GatherTo(&b, tc.rows)
+				if err != nil || n != int64(len(tc.want)) || !bytes.Equal(b.Bytes(), tc.want) {
+					t.Fatalf("GatherTo = %d, %v, bytes %v; want %v", n, err, b.Bytes(), tc.want)
+				}
+			})
+		}
+		var b bytes.Buffer
+		if _, err := x.t.GatherTo(&b, []int{0, 6}); !errors.Is(err, memmap.ErrIndex) || b.Len() != 0 {
+			t.Errorf("%s: row 6 of 6: %v, %d bytes written; want ErrIndex and none", x.name, err, b.Len())
+		}
+	}
+	if _, err := scalar.GatherTo(io.Discard, []int{0}); !errors.Is(err, memmap.ErrShape) {
+		t.Errorf("rows of a scalar: %v, want ErrShape", err)
 	}
 }
