@@ -35,3 +35,25 @@ func guard(what string, fn func() error) (err error) {
 	}()
 	return fn()
 }
+
+// CheckFile returns an error wrapping ErrFault when the tensor's file has
+// become shorter than its data (someone truncated it while it was mapped),
+// so that touching the missing pages would fault; nil otherwise. A caller
+// about to commit to sending the data (a message whose header already gave
+// its length) checks first, and can refuse the whole message instead of
+// breaking off midway. It says nothing of a truncation after it returns:
+// the copies stay guarded.
+func (t *Tensor) CheckFile() error {
+	if err := t.acquire(false); err != nil {
+		return err
+	}
+	defer t.mu.RUnlock()
+	fi, err := t.f.Stat()
+	if err != nil {
+		return fmt.Errorf("%s: %w", t.path, err)
+	}
+	if fi.Size() < int64(t.size) {
+		return fmt.Errorf("%w: %s holds %d bytes of its %d (was the file truncated?)", ErrFault, t.path, fi.Size(), t.size)
+	}
+	return nil
+}

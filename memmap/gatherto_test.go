@@ -160,8 +160,14 @@ func TestGatherTo_TruncatedFile(t *testing.T) {
 			if err := m.Gather(want, []int{0}); err != nil {
 				t.Fatal(err)
 			}
+			if err := m.CheckFile(); err != nil {
+				t.Fatalf("CheckFile before the truncation: %v", err)
+			}
 			if err := os.Truncate(m.Path(), 4096); err != nil {
 				t.Fatal(err)
+			}
+			if err := m.CheckFile(); !errors.Is(err, ErrFault) {
+				t.Fatalf("CheckFile after the truncation: %v, want ErrFault", err)
 			}
 			sk := s.make(t)
 			if _, err := m.GatherTo(sk.w, 0, 4096, []int{0}); err != nil {

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/tensorwire/tensorwire/internal/testkit/testcert"
@@ -16,9 +18,12 @@ import (
 // TestSide_MappedBody: a handler's mapped TensorDict reaches a caller that
 // does not share the node's files as bytes on a side connection, whole or
 // some rows in their order: straight from the mapping on a plain
-// connection, through a guarded copy under TLS. One whose file was
-// truncated under its mapping fails that call alone, with no wrong bytes
-// and no fault, and the node serves the next call.
+// connection, through a guarded copy under TLS. A mapped TensorDict whose
+// file was truncated is refused before any header commits to its length,
+// as DataLoss naming the file: by the node for an answer (it serves the
+// next call, on the same side connection), by the client for a request
+// (nothing sent). Before, the answer broke off midway and the caller saw
+// the connection close (Unavailable).
 func TestSide_MappedBody(t *testing.T) {
 	cert, pool := testcert.New(t)
 	for _, tc := range []struct {
@@ -80,10 +85,12 @@ func TestSide_MappedBody(t *testing.T) {
 					t.Fatalf("%s: %d bytes went on side connections, want the body's %d", call.s, moved, len(call.want))
 				}
 			}
-			if got, err := Call[genResp](ctx, c, "test.mappedtd", sinkReq{S: "cut"}); err == nil {
-				t.Fatalf("a truncated mapping was answered: %v", got.X.BatchSize())
-			} else {
-				t.Logf("a truncated mapping: %v", err)
+			sides := n.s.Stats().SideConns
+			if _, err := Call[genResp](ctx, c, "test.mappedtd", sinkReq{S: "cut"}); !errors.Is(err, ErrDataLoss) || !strings.Contains(err.Error(), "truncated") {
+				t.Fatalf("an answer from a truncated mapping: %v, want DataLoss saying so", err)
+			}
+			if _, err := Call[Empty](ctx, c, methodSinkTD, sinkReq{X: Ref(cut)}); !errors.Is(err, ErrDataLoss) || !errors.Is(err, memmap.ErrFault) {
+				t.Fatalf("a request from a truncated mapping: %v, want DataLoss wrapping memmap.ErrFault", err)
 			}
 			got, err := Call[genResp](ctx, c, "test.mappedtd", sinkReq{S: "all"})
 			must(t, err)
@@ -91,6 +98,9 @@ func TestSide_MappedBody(t *testing.T) {
 				t.Fatal("the call after the fault came back wrong")
 			}
 			echo(t, c)
+			if got := n.s.Stats().SideConns; got != sides {
+				t.Fatalf("the node has %d side connections after the refusals, had %d: one was dropped", got, sides)
+			}
 		})
 	}
 }

@@ -229,8 +229,13 @@ func (t *TD) prepare(l link, parts []bodyPart) ([]bodyPart, error) {
 	if l.shared && l.root != "" && w.setRefs(leaves, l.root) {
 		return parts, nil
 	}
-	// By bytes: every tensor, or only the rows the call works on.
+	// By bytes: every tensor, or only the rows the call works on. A mapped
+	// tensor whose file was truncated is refused here, before a header
+	// commits to its length: DataLoss, not a message broken off midway.
 	for _, x := range leaves {
+		if err := x.CheckFile(); err != nil {
+			return parts, Errorf(DataLoss, "TD: %w", err)
+		}
 		parts = append(parts, bodyPart{t: x, rows: t.Rows})
 	}
 	if t.Rows != nil {

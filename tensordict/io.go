@@ -81,6 +81,17 @@ func (t *Tensor) Stats() (Stats, error) {
 	return s, nil
 }
 
+// CheckFile returns an error wrapping memmap.ErrFault when t is mapped and
+// its file no longer holds all of its data (truncated under the mapping):
+// memmap.Tensor.CheckFile, for a caller about to commit to sending t's
+// bytes. A tensor in Go memory has no file to check: nil.
+func (t *Tensor) CheckFile() error {
+	if t.mm == nil {
+		return nil
+	}
+	return t.mm.CheckFile()
+}
+
 // GatherTo writes the given rows of t, in order, to w and returns how many
 // bytes it wrote; rows nil writes all of t's bytes (a scalar's too). Every
 // index is checked before any byte is written. A mapped tensor's rows go
