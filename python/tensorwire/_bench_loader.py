@@ -366,8 +366,10 @@ def _run_side(a, kind, d):
             fd = os.open(token, os.O_WRONLY | os.O_CREAT, 0o600)
             os.write(fd, b"bench-secret\n")
             os.close(fd)
+            # --parent: a run killed (a step's timeout) takes its node with it.
             node = subprocess.Popen([a.bin, "node", "--listen", "127.0.0.1:0", "--root", root, "--token-file", token,
-                                     "--loader", f"train,producer=remote,slots={a.slots},window={a.slots}"],
+                                     "--loader", f"train,producer=remote,slots={a.slots},window={a.slots}",
+                                     "--parent", str(os.getpid())],
                                     stdout=subprocess.PIPE, stderr=open(os.path.join(d, "node.log"), "ab"), text=True)
             line = node.stdout.readline()
             if not line.startswith("listening on "):

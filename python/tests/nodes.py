@@ -163,7 +163,8 @@ class Node:
         while True:
             if first:
                 self.addr = f"127.0.0.1:{stable_port()}"
-            args = [binary(), "node", "--listen", self.addr, "--root", self.root]
+            # --parent: a suite killed midway leaves no node behind.
+            args = [binary(), "node", "--listen", self.addr, "--root", self.root, "--parent", str(os.getpid())]
             if self.token_file:
                 args += ["--token-file", self.token_file]
             for b in self.buffers:
