@@ -81,45 +81,41 @@ func (t *Tensor) sendDirect(w io.Writer, off int64, rowBytes int, rows []int) (i
 	return written, flush()
 }
 
-// copyChunk bounds sendCopied. buffer.
+// copyChunk bounds sendCopied's buffer.
 const copyChunk = 1 << 20
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyChunk); return &b }}
 
 // sendCopied is GatherTo's path to any other writer: rows are copied out of
-// the mapping under the fault guard into a pooled buffer, written to w
-// whenever it fills. The caller holds t.mu.
+// the mapping into a pooled buffer, as many as fit in one go under the
+// fault guard (a row larger than the buffer in pieces), and the buffer is
+// written to w each time it fills. The caller holds t.mu.
 func (t *Tensor) sendCopied(w io.Writer, off int64, rowBytes int, rows []int) (int64, error) {
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
 	buf := (*bp)[:0]
 	var written int64
-	flush := func() error {
-		n, err := w.Write(buf)
-		written += int64(n)
-		buf = buf[:0]
-		return err
-	}
-	for _, r := range rows {
-		src := off + int64(r)*int64(rowBytes)
-		for left := int64(rowBytes); left > 0; {
-			if len(buf) == cap(buf) {
-				if err := flush(); err != nil {
-					return written, err
-				}
+	i, done := 0, 0 // the next row to copy, and how many of its bytes are copied
+	fill := func() {
+		for i < len(rows) && len(buf) < cap(buf) {
+			src := off + int64(rows[i])*int64(rowBytes) + int64(done)
+			n := copy(buf[len(buf):cap(buf)], t.data[src:src+int64(rowBytes-done)])
+			buf = buf[:len(buf)+n]
+			if done += n; done == rowBytes {
+				i, done = i+1, 0
 			}
-			n := min(left, int64(cap(buf)-len(buf)))
-			at := len(buf)
-			buf = buf[:at+int(n)]
-			if err := guarded(t.path, func() { copy(buf[at:], t.data[src:src+n]) }); err != nil {
-				return written, err
-			}
-			src += n
-			left -= n
 		}
 	}
-	if len(buf) == 0 {
-		return written, nil
+	for i < len(rows) {
+		if err := guarded(t.path, fill); err != nil {
+			return written, err
+		}
+		n, err := w.Write(buf)
+		written += int64(n)
+		if err != nil {
+			return written, err
+		}
+		buf = buf[:0]
 	}
-	return written, flush()
+	return written, nil
 }

@@ -29,10 +29,12 @@ var sinks = []struct {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer l.Close()
 		got := make(chan []byte, 1)
 		go func() {
+			// The listener closes once it has accepted: closed before, it
+			// would reset the connection waiting in its backlog.
 			c, err := l.Accept()
+			l.Close()
 			if err != nil {
 				got <- nil
 				return
