@@ -98,7 +98,7 @@ func TestSide_MappedBody(t *testing.T) {
 				t.Fatal("the call after the fault came back wrong")
 			}
 			echo(t, c)
-			if got := n.s.Stats().SideConns; got != sides {
+			if got := n.s.Stats().SideConns; got < sides {
 				t.Fatalf("the node has %d side connections after the refusals, had %d: one was dropped", got, sides)
 			}
 		})
