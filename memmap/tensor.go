@@ -60,6 +60,20 @@ type Tensor struct {
 // still maps the old file keeps its old bytes instead of faulting. A disk too
 // full for the file is an error here, not a SIGBUS later.
 func Create(path string, dt DType, shape ...int) (*Tensor, error) {
+	return create(path, dt, shape, true)
+}
+
+// CreateUnsynced is Create without the fsync of path's folder once the
+// file is in place: every process sees the file at once, but a crash may
+// lose it until the folder is synced. It is for a caller that makes a
+// whole folder of new files durable at once after writing into them
+// (tensordict's Unsynced writes, then its SyncPrefix), one sync a file and
+// folder instead of several.
+func CreateUnsynced(path string, dt DType, shape ...int) (*Tensor, error) {
+	return create(path, dt, shape, false)
+}
+
+func create(path string, dt DType, shape []int, sync bool) (*Tensor, error) {
 	size, err := NumBytes(dt, shape)
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", path, err)
@@ -87,9 +101,11 @@ func Create(path string, dt DType, shape ...int) (*Tensor, error) {
 	if err := os.Rename(tmp, path); err != nil {
 		return fail(err)
 	}
-	if err := atomicfile.SyncDir(dir); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("create %s: %w", path, err)
+	if sync {
+		if err := atomicfile.SyncDir(dir); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("create %s: %w", path, err)
+		}
 	}
 	t, err := mapFile(f, path, dt, shape, size, ReadWrite)
 	if err != nil {

@@ -491,3 +491,24 @@ func TestGuard(t *testing.T) {
 		}()
 	}
 }
+
+// TestCreateUnsynced: the same file as Create's, zero-filled, mapped and
+// in place at once (its folder's sync is the caller's).
+func TestCreateUnsynced(t *testing.T) {
+	dir := t.TempDir()
+	m, err := CreateUnsynced(filepath.Join(dir, "x.memmap"), Int32, 3, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Scatter([]int{2}, bytes.Repeat([]byte{7}, 20)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "x.memmap"))
+	if err != nil || len(got) != 60 || !bytes.Equal(got[40:], bytes.Repeat([]byte{7}, 20)) || !bytes.Equal(got[:40], make([]byte, 40)) {
+		t.Fatalf("file %v, %v; want 40 zeros then row 2's sevens", got, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("the folder holds %d entries, want the file alone (no temporary one)", len(ents))
+	}
+}

@@ -21,9 +21,9 @@ func syncData(f *os.File) error {
 // startWriteback asks the kernel to start writing f's bytes [off, off+n)
 // to the disk now, without waiting for it (sync_file_range with
 // SYNC_FILE_RANGE_WRITE): a hint, so that a large value's writeback
-// overlaps the writing of the rest of it and the syncData that follows
-// waits for the tail only. It promises nothing about durability, and an
-// error is ignored: syncData decides.
+// overlaps the writing of the rest of it and the sync that follows (the
+// prefix's, tensordict.SyncPrefix) waits for the tail only. It promises
+// nothing about durability, and an error is ignored: that sync decides.
 func startWriteback(f *os.File, off, n int64) {
 	unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
 }

@@ -73,11 +73,15 @@ func validStagedName(name string) bool {
 
 // writePrefix writes td as a tensordict memmap folder at dir, durably
 // unless noSync: MemmapLike lays out the files and meta.json (blocks
-// reserved), then each tensor's bytes are written with pwrite, which costs
-// no page faults, and fsynced. The folder is meant to be renamed into
-// place afterwards: until then a crash may leave zeros in it.
+// reserved) without syncing any, each tensor's bytes are written with
+// pwrite, which costs no page faults, their writeback started as they go,
+// and then the whole folder is synced at once (tensordict.SyncPrefix: each
+// file, then the folders): for one leaf, three syncs, where laying it out
+// synced took five and an msync (the new folder, the leaf, meta.json, the
+// folder again, then the data). The folder is meant to be renamed into
+// place afterwards: until then a crash may leave it torn.
 func writePrefix(td *tensordict.TensorDict, dir string, noSync bool) error {
-	out, err := td.MemmapLike(dir)
+	out, err := td.MemmapLike(dir, tensordict.Unsynced())
 	if err != nil {
 		return err
 	}
@@ -102,6 +106,12 @@ func writePrefix(td *tensordict.TensorDict, dir string, noSync bool) error {
 		}
 		i++
 	}
+	if noSync {
+		return nil
+	}
+	if err := tensordict.SyncPrefix(dir); err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
 	return nil
 }
 
@@ -114,9 +124,8 @@ func writePrefix(td *tensordict.TensorDict, dir string, noSync bool) error {
 const writebackChunk = 1 << 20
 
 // writeLeafFile writes t's bytes into the existing file at path, in
-// chunks of writebackChunk whose writeback starts as each is written, and
-// makes them durable (fdatasync: MemmapLike set the file's size and
-// synced it) unless noSync.
+// chunks of writebackChunk whose writeback starts as each is written
+// unless noSync; the sync that makes them durable is writePrefix's.
 func writeLeafFile(path string, t *tensordict.Tensor, buf *[]byte, noSync bool) error {
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
@@ -148,14 +157,8 @@ func writeLeafFile(path string, t *tensordict.Tensor, buf *[]byte, noSync bool) 
 			return fmt.Errorf("store: writing %s: %w", path, err)
 		}
 		off += len(b)
-		if !noSync && off < n { // the last chunk goes with the sync below
+		if !noSync && off < n { // the last chunk goes with writePrefix's sync
 			startWriteback(f, int64(off-len(b)), int64(len(b)))
-		}
-	}
-	if !noSync {
-		if err := syncData(f); err != nil {
-			f.Close()
-			return fmt.Errorf("store: writing %s: %w", path, err)
 		}
 	}
 	return f.Close()

@@ -19,11 +19,12 @@ import (
 // Leaf files are written first and flushed, then each folder's meta.json,
 // atomically (temporary file, fsync, rename, fsync of the folder), nested
 // folders before their parent; an existing meta.json at prefix is removed
-// first. So a reader sees either the whole new TensorDict or no meta.json,
+// first. Unsynced leaves out every flush and fsync, for SyncPrefix to do
+// at once later. So a reader sees either the whole new TensorDict or no meta.json,
 // never a meta.json that promises files still being written. Files of the
 // same names are replaced; other files in prefix are left alone.
-func (td *TensorDict) Memmap(prefix string) (*TensorDict, error) {
-	return td.writeRoot(prefix, true)
+func (td *TensorDict) Memmap(prefix string, opts ...WriteOption) (*TensorDict, error) {
+	return td.writeRoot(prefix, writeOpts(true, opts))
 }
 
 // MemmapLike creates zero-filled storage at prefix with td's keys, dtypes,
@@ -31,11 +32,37 @@ func (td *TensorDict) Memmap(prefix string) (*TensorDict, error) {
 // memory-mapped read-write (tensordict's td.memmap_like(prefix)). The disk
 // blocks are reserved up front: a dataset that does not fit is an error
 // here, not a crash while filling it.
-func (td *TensorDict) MemmapLike(prefix string) (*TensorDict, error) {
-	return td.writeRoot(prefix, false)
+func (td *TensorDict) MemmapLike(prefix string, opts ...WriteOption) (*TensorDict, error) {
+	return td.writeRoot(prefix, writeOpts(false, opts))
 }
 
-func (td *TensorDict) writeRoot(prefix string, copyData bool) (*TensorDict, error) {
+// A WriteOption changes how Memmap and MemmapLike write.
+type WriteOption func(*writeOptions)
+
+type writeOptions struct {
+	copyData bool // Memmap: the data too, not zeros
+	unsynced bool // Unsynced
+}
+
+func writeOpts(copyData bool, opts []WriteOption) writeOptions {
+	o := writeOptions{copyData: copyData}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// Unsynced has Memmap and MemmapLike make nothing durable: files are
+// created (their blocks reserved), written and renamed into place in the
+// same order as without it, and every process sees them at once, but no
+// file is flushed and no folder synced, so a crash may lose or tear any of
+// them. It is for a caller that writes more into the files and then makes
+// the whole prefix durable at once with SyncPrefix: one sync a file and a
+// folder, where the synced forms sync the new folder, each leaf and
+// meta.json as they go, and the writer its data again after.
+func Unsynced() WriteOption { return func(o *writeOptions) { o.unsynced = true } }
+
+func (td *TensorDict) writeRoot(prefix string, o writeOptions) (*TensorDict, error) {
 	if err := td.checkForDisk(nil); err != nil { // refuse before writing anything
 		return nil, fmt.Errorf("memmap %s: %w", prefix, err)
 	}
@@ -47,7 +74,7 @@ func (td *TensorDict) writeRoot(prefix string, copyData bool) (*TensorDict, erro
 		return nil, fmt.Errorf("memmap %s: %w", prefix, err)
 	}
 	var maps []*memmap.Tensor
-	out, err := td.writeDir(prefix, copyData, &maps)
+	out, err := td.writeDir(prefix, o, &maps)
 	if err != nil {
 		// Give the space back (a full disk is the usual cause): the files
 		// written, or the whole folder if this call made it.
@@ -119,7 +146,7 @@ func missingTop(path string) string {
 
 // writeDir writes td's leaves and nested folders into dir, then its
 // meta.json, and returns the mapped copy; created mappings go to *maps.
-func (td *TensorDict) writeDir(dir string, copyData bool, maps *[]*memmap.Tensor) (*TensorDict, error) {
+func (td *TensorDict) writeDir(dir string, o writeOptions, maps *[]*memmap.Tensor) (*TensorDict, error) {
 	out := newDict(td.batch)
 	out.prefix = dir
 	meta := newJSONObject()
@@ -132,19 +159,19 @@ func (td *TensorDict) writeDir(dir string, copyData bool, maps *[]*memmap.Tensor
 		var err error
 		switch v := v.(type) {
 		case *Tensor:
-			nv, err = writeLeaf(filepath.Join(dir, escapeKey(k)+leafSuffix), v, copyData, maps)
+			nv, err = writeLeaf(filepath.Join(dir, escapeKey(k)+leafSuffix), v, o, maps)
 			if err == nil {
 				err = meta.member(k, tensorMeta(v))
 			}
 		case *TensorDict:
 			if err = os.MkdirAll(name, 0o755); err == nil {
-				nv, err = v.writeDir(name, copyData, maps)
+				nv, err = v.writeDir(name, o, maps)
 			}
 			if err == nil {
 				err = meta.member(k, map[string]string{"type": "TensorDict"})
 			}
 		case *NonTensor:
-			nv, err = v, writeNonTensor(name, v)
+			nv, err = v, writeNonTensor(name, v, o)
 			if err == nil {
 				err = meta.member(k, map[string]string{"type": "NonTensorData"})
 			}
@@ -160,7 +187,7 @@ func (td *TensorDict) writeDir(dir string, copyData bool, maps *[]*memmap.Tensor
 	}
 	meta.member("device", "cpu")
 	meta.member("_type", typeTensorDict)
-	if err := atomicfile.WriteFile(filepath.Join(dir, metaFile), meta.bytes(), 0o644); err != nil {
+	if err := writeMeta(filepath.Join(dir, metaFile), meta.bytes(), o); err != nil {
 		return nil, err
 	}
 	out.locked = true
@@ -169,20 +196,27 @@ func (td *TensorDict) writeDir(dir string, copyData bool, maps *[]*memmap.Tensor
 
 // writeLeaf creates the file of one tensor, copies its data if asked, and
 // flushes it. A tensor without elements gets no file, as in tensordict.
-func writeLeaf(path string, t *Tensor, copyData bool, maps *[]*memmap.Tensor) (*Tensor, error) {
+func writeLeaf(path string, t *Tensor, o writeOptions, maps *[]*memmap.Tensor) (*Tensor, error) {
 	if t.NumBytes() == 0 {
 		return Zeros(t.dtype, t.shape...)
 	}
-	mm, err := memmap.Create(path, t.dtype, t.shape...)
+	create := memmap.Create
+	if o.unsynced {
+		create = memmap.CreateUnsynced
+	}
+	mm, err := create(path, t.dtype, t.shape...)
 	if err != nil {
 		return nil, err
 	}
 	*maps = append(*maps, mm)
 	out := &Tensor{dtype: t.dtype, shape: t.Shape(), mm: mm}
-	if copyData {
+	if o.copyData {
 		if err := out.copyFrom(t); err != nil {
 			return nil, err
 		}
+	}
+	if o.unsynced {
+		return out, nil
 	}
 	if err := mm.Flush(); err != nil {
 		return nil, err
@@ -194,7 +228,7 @@ func writeLeaf(path string, t *Tensor, copyData bool, maps *[]*memmap.Tensor) (*
 // and the two other fields of tensordict's NonTensorData in the order
 // tensordict writes them. A stale pickle from an earlier writer is removed,
 // as tensordict does.
-func writeNonTensor(dir string, n *NonTensor) error {
+func writeNonTensor(dir string, n *NonTensor, o writeOptions) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -208,7 +242,15 @@ func writeNonTensor(dir string, n *NonTensor) error {
 	if err := os.Remove(filepath.Join(dir, pickleFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return atomicfile.WriteFile(filepath.Join(dir, metaFile), meta.bytes(), 0o644)
+	return writeMeta(filepath.Join(dir, metaFile), meta.bytes(), o)
+}
+
+// writeMeta replaces a meta.json atomically, synced unless o.unsynced.
+func writeMeta(path string, data []byte, o writeOptions) error {
+	if o.unsynced {
+		return atomicfile.WriteFileUnsynced(path, data, 0o644)
+	}
+	return atomicfile.WriteFile(path, data, 0o644)
 }
 
 // Flush makes every write to a memory-mapped TensorDict's files durable

@@ -15,6 +15,17 @@ import (
 // temporary file and path unchanged; only the final directory fsync can fail
 // after path holds the new data.
 func WriteFile(path string, data []byte, perm os.FileMode) error {
+	return writeFile(path, data, perm, true)
+}
+
+// WriteFileUnsynced is WriteFile without its fsyncs: readers see the old
+// content or the whole new one, but a crash may leave either, or neither,
+// until the caller syncs the file and its directory.
+func WriteFileUnsynced(path string, data []byte, perm os.FileMode) error {
+	return writeFile(path, data, perm, false)
+}
+
+func writeFile(path string, data []byte, perm os.FileMode, sync bool) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -25,7 +36,7 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 	if err == nil {
 		err = f.Chmod(perm)
 	}
-	if err == nil {
+	if err == nil && sync {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -37,6 +48,9 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 	if err != nil {
 		os.Remove(tmp)
 		return err
+	}
+	if !sync {
+		return nil
 	}
 	return SyncDir(dir)
 }

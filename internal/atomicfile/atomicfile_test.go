@@ -52,3 +52,19 @@ func TestWriteFile_FailureLeavesTargetAsItWas(t *testing.T) {
 		t.Error("SyncDir of a missing directory succeeded")
 	}
 }
+
+func TestWriteFileUnsynced_Replaces(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "meta.json")
+	for _, data := range []string{"old", "new content"} {
+		if err := WriteFileUnsynced(path, []byte(data), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := os.ReadFile(path); err != nil || string(got) != data {
+			t.Errorf("file holds %q, %v; want %q", got, err, data)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("directory holds %d entries, want only the file (no temporary one)", len(entries))
+	}
+}
