@@ -19,10 +19,10 @@ import (
 // Leaf files are written first and flushed, then each folder's meta.json,
 // atomically (temporary file, fsync, rename, fsync of the folder), nested
 // folders before their parent; an existing meta.json at prefix is removed
-// first. Unsynced leaves out every flush and fsync, for SyncPrefix to do
-// at once later. So a reader sees either the whole new TensorDict or no meta.json,
+// first. So a reader sees either the whole new TensorDict or no meta.json,
 // never a meta.json that promises files still being written. Files of the
-// same names are replaced; other files in prefix are left alone.
+// same names are replaced; other files in prefix are left alone. Unsynced
+// leaves out every flush and fsync, for SyncPrefix to do at once later.
 func (td *TensorDict) Memmap(prefix string, opts ...WriteOption) (*TensorDict, error) {
 	return td.writeRoot(prefix, writeOpts(true, opts))
 }
