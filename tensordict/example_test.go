@@ -136,3 +136,34 @@ func ExampleCreateFromDense() {
 	fmt.Println(mm.DType(), view.Shape(), view.Data())
 	// Output: torch.float32 (2, 3) [0 1 2 3 4 5]
 }
+
+// Lay out a prefix without syncing, fill it, and make it durable with one
+// sync pass (what a store does before renaming a new version into place).
+func ExampleSyncPrefix() {
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+	prefix := filepath.Join(dir, "v1")
+
+	src, _ := tensordict.New(4)
+	w, _ := tensordict.FromSlice([]float32{1, 2, 3, 4})
+	src.Set("w", w)
+	out, err := src.MemmapLike(prefix, tensordict.Unsynced()) // zeros, nothing synced yet
+	if err != nil {
+		log.Fatal(err)
+	}
+	ow, _ := out.Tensor("w")
+	ow.SetSlice(0, w) // the data, through the mapping
+	if err := out.Flush(); err != nil { // mapped writes: flushed before the sync pass off Linux
+		log.Fatal(err)
+	}
+	out.Close()
+	if err := tensordict.SyncPrefix(prefix); err != nil { // each file, then each folder
+		log.Fatal(err)
+	}
+	back, _ := tensordict.LoadMemmap(prefix)
+	defer back.Close()
+	bw, _ := back.Tensor("w")
+	v, _ := tensordict.Values[float32](bw)
+	fmt.Println(v)
+	// Output: [1 2 3 4]
+}
