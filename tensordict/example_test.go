@@ -152,7 +152,7 @@ func ExampleSyncPrefix() {
 		log.Fatal(err)
 	}
 	ow, _ := out.Tensor("w")
-	ow.SetSlice(0, w) // the data, through the mapping
+	ow.SetSlice(0, w)                   // the data, through the mapping
 	if err := out.Flush(); err != nil { // mapped writes: flushed before the sync pass off Linux
 		log.Fatal(err)
 	}
