@@ -152,8 +152,10 @@ func ExampleSyncPrefix() {
 		log.Fatal(err)
 	}
 	ow, _ := out.Tensor("w")
-	ow.SetSlice(0, w)                   // the data, through the mapping
-	if err := out.Flush(); err != nil { // mapped writes: flushed before the sync pass off Linux
+	ow.SetSlice(0, w) // the data, through the mapping
+	// Writes through a mapping are flushed before the sync pass (needed
+	// off Linux, where fsync may not write back a mapping's pages).
+	if err := out.Flush(); err != nil {
 		log.Fatal(err)
 	}
 	out.Close()
