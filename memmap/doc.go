@@ -10,8 +10,10 @@
 // # Lifetimes
 //
 // A Tensor owns one mapping from Create or Open until Close. Its methods
-// (Gather, GatherTo, Scatter, ReadAt, WriteAt, Flush) are safe for concurrent use and
-// return ErrClosed after Close; Close waits for calls in flight. Concurrent
+// (Gather, GatherTo, Scatter, ReadAt, WriteAt, Flush) are safe for
+// concurrent use and return ErrClosed after Close; Close waits for calls in
+// flight, but for GatherTo's, whose writer may wait on a slow peer: those
+// keep the mapping until they return, and it is let go then. Concurrent
 // writes to the same rows race on the bytes just as writes to one file do:
 // ordering them is the caller's job.
 //

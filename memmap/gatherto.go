@@ -24,16 +24,17 @@ import (
 // inside its Write. Either way an error may come after some rows were
 // written: w then holds a prefix of them.
 //
-// Close waits for GatherTo, which lasts as long as w takes to accept the
-// bytes: give a connection that may stall a write deadline.
+// GatherTo lasts as long as w takes to accept the bytes, and Close does
+// not wait for it: the mapping stays until GatherTo returns, and is let go
+// then. Give a connection that may stall a write deadline all the same.
 func (t *Tensor) GatherTo(w io.Writer, off int64, rowBytes int, rows []int) (int64, error) {
 	if err := t.checkView("gather", off, rowBytes, rows, len(rows)*rowBytes); err != nil {
 		return 0, err
 	}
-	if err := t.acquire(false); err != nil {
+	if err := t.pin(); err != nil {
 		return 0, err
 	}
-	defer t.mu.RUnlock()
+	defer t.unpin()
 	t.prefetch(off, rowBytes, rows)
 	if _, ok := w.(syscall.Conn); ok {
 		return t.sendDirect(w, off, rowBytes, rows)
@@ -47,7 +48,7 @@ func (t *Tensor) GatherTo(w io.Writer, off int64, rowBytes int, rows []int) (int
 const maxPieces = 1024
 
 // sendDirect is GatherTo's path to a file descriptor: w writes straight
-// from the mapping. The caller holds t.mu.
+// from the mapping. The caller holds a pin.
 func (t *Tensor) sendDirect(w io.Writer, off int64, rowBytes int, rows []int) (int64, error) {
 	var written int64
 	bufs := make(net.Buffers, 0, min(len(rows), maxPieces))
@@ -89,7 +90,7 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyChunk); return 
 // sendCopied is GatherTo's path to any other writer: rows are copied out of
 // the mapping into a pooled buffer, as many as fit in one go under the
 // fault guard (a row larger than the buffer in pieces), and the buffer is
-// written to w each time it fills. The caller holds t.mu.
+// written to w each time it fills. The caller holds a pin.
 func (t *Tensor) sendCopied(w io.Writer, off int64, rowBytes int, rows []int) (int64, error) {
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)

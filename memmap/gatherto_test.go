@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // sink is a writer GatherTo writes to, and how to get what it wrote.
@@ -188,5 +189,78 @@ func TestGatherTo_TruncatedFile(t *testing.T) {
 				t.Fatalf("the tensor is unusable after a fault: %v", err)
 			}
 		})
+	}
+}
+
+// TestGatherTo_CloseDoesNotWait: Close while GatherTo waits for a peer that
+// does not read returns at once (before, it waited for the peer: a store
+// dropping a value waited for the slowest worker still receiving it), the
+// write goes on from the mapping it pinned, whole and right, and the
+// mapping is let go when it returns.
+func TestGatherTo_CloseDoesNotWait(t *testing.T) {
+	m := patterned(t, 64, 1<<20) // 64 MiB: more than the socket buffers hold
+	want := make([]byte, 64<<20)
+	if err := m.GatherAt(want, 0, 64<<20, []int{0}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			accepted <- nil
+			return
+		}
+		accepted <- c
+	}()
+	w, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	peer := <-accepted
+	if peer == nil {
+		t.Fatal("no connection")
+	}
+	defer peer.Close()
+	sent := make(chan error, 1)
+	go func() {
+		_, err := m.GatherTo(w, 0, 64<<20, []int{0})
+		w.(*net.TCPConn).CloseWrite()
+		sent <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the writer is blocked on the peer by now
+	closed := make(chan error, 1)
+	go func() { closed <- m.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for a GatherTo whose peer does not read")
+	}
+	if _, err := m.GatherTo(io.Discard, 0, 1<<20, []int{0}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("GatherTo after Close: %v, want ErrClosed", err)
+	}
+	got, err := io.ReadAll(peer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatalf("the GatherTo that Close did not wait for: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("the peer got %d bytes unlike the %d mapped", len(got), len(want))
+	}
+	m.mu.Lock()
+	released := m.released
+	m.mu.Unlock()
+	if !released {
+		t.Fatal("the mapping was kept after the last GatherTo returned")
 	}
 }

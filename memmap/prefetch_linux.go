@@ -18,7 +18,7 @@ var pageSize = os.Getpagesize()
 // a time reads the disk serially; MADV_WILLNEED starts readahead for the
 // whole row, measured at 4-5x faster for cold 1.2 MB rows. Warm rows cost
 // one mincore call each. Errors are ignored: this is only a hint. The
-// caller holds t.mu. Other systems do not prefetch (prefetch_other.go).
+// caller holds t.mu or a pin. Other systems do not prefetch (prefetch_other.go).
 func (t *Tensor) prefetch(off int64, rowBytes int, rows []int) {
 	if rowBytes < prefetchMin {
 		return

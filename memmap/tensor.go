@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/edsrzf/mmap-go"
 	"github.com/tensorwire/tensorwire/internal/atomicfile"
@@ -44,10 +45,12 @@ type Tensor struct {
 	rowSize  int
 	writable bool
 
-	mu     sync.RWMutex // read-locked by every access, write-locked by Close
-	f      *os.File
-	data   mmap.MMap // the mapping exactly as MapRegion returned it (Unmap needs it); nil if size is 0
-	closed bool
+	mu       sync.RWMutex // read-locked by every access, write-locked by Close
+	f        *os.File
+	data     mmap.MMap // the mapping exactly as MapRegion returned it (Unmap needs it); nil if size is 0
+	closed   bool
+	pins     atomic.Int32 // GatherTo calls in flight, which keep the mapping without the lock (pin)
+	released bool         // the mapping and the file are let go: at Close, or at the last unpin after it; under mu
 
 	direct direct // how writes may bypass the mapping (direct_linux.go); set by mapFile
 }
@@ -257,6 +260,11 @@ func (t *Tensor) Bytes() ([]byte, error) {
 // does not flush: call Flush first for durability (on Windows, mmap-go's
 // Unmap flushes the view as it unmaps; elsewhere it does not). Slices from
 // Bytes become invalid. Closing a closed Tensor returns nil.
+//
+// A GatherTo in flight does not hold Close up: it may be waiting for a slow
+// peer to take its bytes, so the mapping stays until it returns and is let
+// go then (an error unmapping it then is not reported). Every other call
+// is waited for.
 func (t *Tensor) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -264,6 +272,18 @@ func (t *Tensor) Close() error {
 		return nil
 	}
 	t.closed = true
+	if t.pins.Load() > 0 {
+		return nil // the last unpin lets go
+	}
+	if err := t.release(); err != nil {
+		return fmt.Errorf("close %s: %w", t.path, err)
+	}
+	return nil
+}
+
+// release unmaps the file and closes it. The caller holds t.mu locked.
+func (t *Tensor) release() error {
+	t.released = true
 	var err error
 	if t.data != nil {
 		err = t.data.Unmap() // on the slice MapRegion returned, as mmap-go requires
@@ -271,10 +291,34 @@ func (t *Tensor) Close() error {
 	if cerr := t.f.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return fmt.Errorf("close %s: %w", t.path, err)
+	return err
+}
+
+// pin keeps t's mapping until unpin, without holding t.mu: for a call that
+// may wait on someone else while it reads the mapping (GatherTo's writer).
+// Close during a pin does not wait for it: the last unpin lets the mapping
+// go. It returns ErrClosed (wrapped) after Close. (A pin is taken under the
+// read lock and Close reads the pins under the write lock, so no pin is
+// taken after Close has looked.)
+func (t *Tensor) pin() error {
+	if err := t.acquire(false); err != nil {
+		return err
 	}
+	t.pins.Add(1)
+	t.mu.RUnlock()
 	return nil
+}
+
+// unpin ends a pin; the last one after Close lets the mapping go.
+func (t *Tensor) unpin() {
+	if t.pins.Add(-1) > 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed && !t.released && t.pins.Load() == 0 {
+		t.release()
+	}
 }
 
 // acquire read-locks t for an access. It returns ErrClosed (wrapped) after
