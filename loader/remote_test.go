@@ -789,7 +789,16 @@ func TestRemote_PythonProducerGoConsumers(t *testing.T) {
 			if bytes {
 				want = "bytes"
 			}
-			if got := strings.TrimSpace(out.String()); got != want {
+			// The producer prints its mode from its main thread, which
+			// polls for it every 10 ms while another thread already
+			// publishes: on a loaded machine the consumers can have their
+			// epochs before the line is out (a flake seen with four
+			// packages' tests at once). Wait for it.
+			got := ""
+			for deadline := time.Now().Add(30 * time.Second); got == "" && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				got = strings.TrimSpace(out.String())
+			}
+			if got != want {
 				t.Fatalf("the producer printed %q, want %q (its mode)", got, want)
 			}
 			if strings.Contains(errb.String(), "Traceback") {
