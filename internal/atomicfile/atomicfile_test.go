@@ -7,21 +7,28 @@ import (
 )
 
 func TestWriteFile_Replaces(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "meta.json")
-	for _, data := range []string{"old", "new content"} {
-		if err := WriteFile(path, []byte(data), 0o640); err != nil {
-			t.Fatal(err)
-		}
-		if got, err := os.ReadFile(path); err != nil || string(got) != data {
-			t.Errorf("file holds %q, %v; want %q", got, err, data)
-		}
-	}
-	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o640 {
-		t.Errorf("mode %v, want 0640", fi.Mode().Perm())
-	}
-	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
-		t.Errorf("directory holds %d entries, want only the file (no temporary one)", len(entries))
+	for _, w := range []struct {
+		name  string
+		write func(string, []byte, os.FileMode) error
+	}{{"synced", WriteFile}, {"unsynced", WriteFileUnsynced}} {
+		t.Run(w.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "meta.json")
+			for _, data := range []string{"old", "new content"} {
+				if err := w.write(path, []byte(data), 0o640); err != nil {
+					t.Fatal(err)
+				}
+				if got, err := os.ReadFile(path); err != nil || string(got) != data {
+					t.Errorf("file holds %q, %v; want %q", got, err, data)
+				}
+			}
+			if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o640 {
+				t.Errorf("mode %v, want 0640", fi.Mode().Perm())
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+				t.Errorf("directory holds %d entries, want only the file (no temporary one)", len(entries))
+			}
+		})
 	}
 }
 
@@ -50,21 +57,5 @@ func TestWriteFile_FailureLeavesTargetAsItWas(t *testing.T) {
 	}
 	if err := SyncDir(filepath.Join(dir, "missing")); err == nil {
 		t.Error("SyncDir of a missing directory succeeded")
-	}
-}
-
-func TestWriteFileUnsynced_Replaces(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "meta.json")
-	for _, data := range []string{"old", "new content"} {
-		if err := WriteFileUnsynced(path, []byte(data), 0o640); err != nil {
-			t.Fatal(err)
-		}
-		if got, err := os.ReadFile(path); err != nil || string(got) != data {
-			t.Errorf("file holds %q, %v; want %q", got, err, data)
-		}
-	}
-	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
-		t.Errorf("directory holds %d entries, want only the file (no temporary one)", len(entries))
 	}
 }
