@@ -668,22 +668,14 @@ func TestTwoCache_Store(t *testing.T) {
 			tc := newTwoCache(t, kind)
 			tc.startNode("--store", "st,lease=1s")
 			tc.share()
-			token, err := nodeproc.ReadToken(tc.token)
-			if err != nil {
-				t.Fatal(err)
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			pub, err := store.Dial(ctx, tc.addr, "st", store.WithRoot(tc.a), store.WithRPC(rpc.WithToken(token)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pub.Close()
+			pub := tc.dialStore(ctx, tc.a)
 			if v, err := pub.Publish(ctx, "p", twoCacheValue(1)); err != nil || v != 1 {
 				t.Fatalf("publish: version %d, %v", v, err)
 			}
 			if tc.copy {
-				tc.publishFromCopy(ctx, token, pub)
+				tc.publishFromCopy(ctx, pub)
 			}
 			goFile := filepath.Join(t.TempDir(), "go")
 			r := tc.helper("twocache-store-reader", "store reader on "+tc.where(tc.client),
@@ -737,16 +729,30 @@ func TestTwoCache_Store(t *testing.T) {
 	}
 }
 
-// publishFromCopy publishes "q" from a client on the copy, by reference;
-// if the node acknowledges it, pub (on view A) must read it right.
-func (tc *twoCache) publishFromCopy(ctx context.Context, token []byte, pub *store.Client) {
+// dialStore dials the node's store "st" with root as the client's root
+// (view A, the other view, or the copy) and the node's token; the client
+// is closed when the test ends.
+func (tc *twoCache) dialStore(ctx context.Context, root string) *store.Client {
 	t := tc.t
 	t.Helper()
-	c, err := store.Dial(ctx, tc.addr, "st", store.WithRoot(tc.client), store.WithRPC(rpc.WithToken(token)))
+	token, err := nodeproc.ReadToken(tc.token)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	c, err := store.Dial(ctx, tc.addr, "st", store.WithRoot(root), store.WithRPC(rpc.WithToken(token)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// publishFromCopy publishes "q" from a client on the copy, by reference;
+// if the node acknowledges it, pub (on view A) must read it right.
+func (tc *twoCache) publishFromCopy(ctx context.Context, pub *store.Client) {
+	t := tc.t
+	t.Helper()
+	c := tc.dialStore(ctx, tc.client)
 	v, err := c.Publish(ctx, "q", twoCacheValue(1))
 	if err != nil {
 		t.Logf("a publish from the copy (SharedFS %v) is refused: %v", c.SharedFS(), err)
@@ -803,27 +809,15 @@ func TestTwoCache_StoreGetKept(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			tc := newTwoCache(t, kind)
 			tc.startNode("--store", "st,inline=4KiB,trash-grace=200ms")
-			token, err := nodeproc.ReadToken(tc.token)
-			if err != nil {
-				t.Fatal(err)
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			w, err := store.Dial(ctx, tc.addr, "st", store.WithRoot(tc.a), store.WithRPC(rpc.WithToken(token)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.Close()
+			w := tc.dialStore(ctx, tc.a)
 			for id := range 2 {
 				if _, err := w.Append(ctx, "b", twoCacheValue(id+1)); err != nil {
 					t.Fatal(err)
 				}
 			}
-			c, err := store.Dial(ctx, tc.addr, "st", store.WithRoot(tc.client), store.WithRPC(rpc.WithToken(token)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := tc.dialStore(ctx, tc.client)
 			t.Logf("the trainer on %s: sharing %v, by reference %v", tc.where(tc.client), c.Sharing(), c.SharedFS())
 			items, err := c.Get(ctx, "b")
 			if err != nil || len(items) != 2 {
