@@ -314,7 +314,7 @@ func (s *summary) printWhyNotMet(w io.Writer) {
 		load = fmt.Sprintf("; load average %s as the run ended: other work on it slows every figure", s.load)
 	}
 	fmt.Fprintf(w, "why goals are NOT met: they were set for this machine class, 2 cores, where the node, %d writer(s) and the "+
-		"trainer share the cores (this machine: %d cores%s). By reference every run of 2026-12-01 met the insert "+
+		"trainer share the cores (this machine: %d cores%s). By reference the eight runs of 2026-12-01 in docs/benchmarks.md met the insert "+
 		"and sampling goals (22.6x-28.9x the seed's inserts, 13.4x-17.1x its samples); half the memcpy limit only with the "+
 		"writers capped (--insert-rate 20000), since the limit is measured with the writers idle. Bytes mode ships every "+
 		"row through the node's connections: 5.8x-7.5x the seed's inserts and 2.3x-2.7x its samples in those runs. "+
