@@ -25,6 +25,18 @@ type Field struct {
 // a dataset far larger than RAM is created at the cost of reserving its
 // disk blocks. It is MemmapLike for a schema instead of a TensorDict.
 func Create(prefix string, batch []int, fields ...Field) (*TensorDict, error) {
+	return create(prefix, batch, fields)
+}
+
+// CreateUnsynced is Create with Unsynced: the files and meta.json are laid
+// out in the same order and every process sees them at once, but nothing
+// is flushed or synced, for a writer that fills the files and then makes
+// the whole prefix durable with one SyncPrefix (rpc's PlaceBytes).
+func CreateUnsynced(prefix string, batch []int, fields ...Field) (*TensorDict, error) {
+	return create(prefix, batch, fields, Unsynced())
+}
+
+func create(prefix string, batch []int, fields []Field, opts ...WriteOption) (*TensorDict, error) {
 	td, err := New(batch...)
 	if err != nil {
 		return nil, err
@@ -40,7 +52,7 @@ func Create(prefix string, batch []int, fields ...Field) (*TensorDict, error) {
 			return nil, fmt.Errorf("create %s: %w", prefix, err)
 		}
 	}
-	return td.MemmapLike(prefix)
+	return td.MemmapLike(prefix, opts...)
 }
 
 // Schema returns the fields of td's tensors, in the order Leaves visits
