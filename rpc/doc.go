@@ -17,7 +17,9 @@
 // in calls; a slow receiver holds back its own sender through the stream's
 // window, and either side's cancellation or death ends the other's.
 // Bytes-mode bodies travel lz4-compressed when a sample shows it pays
-// (WithCompression, Uncompressed).
+// (WithCompression, Uncompressed). A handler that would write a request's
+// bytes to disk anyway can have them written into files as they arrive
+// (PlaceBytes), so that receiving and writing overlap.
 //
 // Connections start with a handshake (magic, version, an HMAC-SHA256
 // challenge-response when a token is configured, each side's filesystem

@@ -154,3 +154,65 @@ func Example_stream() {
 	// c1 released slot 0
 	// producer done
 }
+
+// Save keeps a TensorDict on the node under a name.
+type Save struct {
+	Name string `codec:"name"`
+	TD   rpc.TD `codec:"td"`
+}
+
+// A node that keeps what it is sent has the bytes written into files as
+// they arrive (PlaceBytes), and keeps the folder by renaming it; a caller
+// on another filesystem sends the same call as before.
+func ExamplePlaceBytes() {
+	dir, _ := os.MkdirTemp("", "rpc-place")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	os.Mkdir(filepath.Join(dir, "incoming"), 0o755)
+	os.Mkdir(filepath.Join(dir, "kept"), 0o755)
+
+	srv, _ := rpc.NewServer()
+	rpc.Register(srv, "save", func(ctx context.Context, req Save) (rpc.Empty, error) {
+		// req.TD is mapped from the folder PlaceBytes named, its files
+		// written but not synced: sync it (tensordict.SyncPrefix) to make it
+		// durable, then move it to keep it.
+		if err := tensordict.SyncPrefix(req.TD.Prefix()); err != nil {
+			return rpc.Empty{}, err
+		}
+		return rpc.Empty{}, os.Rename(req.TD.Prefix(), filepath.Join(dir, "kept", req.Name))
+	}, rpc.PlaceBytes(func(req *Save, td *rpc.TD, l rpc.Layout) (rpc.Placement, error) {
+		if !filepath.IsLocal(req.Name) {
+			return rpc.Placement{}, rpc.Errorf(rpc.InvalidArgument, "save: a name that is not a file name")
+		}
+		return rpc.Placement{Prefix: filepath.Join(dir, "incoming", req.Name), Writeback: true}, nil
+	}))
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	go srv.Serve(l)
+	defer srv.Close()
+
+	c, err := rpc.Dial(ctx, l.Addr().String())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+	x, _ := tensordict.FromSlice([]float32{1, 2, 3, 4}, 4)
+	td, _ := tensordict.New(4)
+	td.Set("x", x)
+	_, err = rpc.Call[rpc.Empty](ctx, c, "save", Save{Name: "run1", TD: rpc.Ref(td)})
+	fmt.Println("saved:", err)
+
+	kept, err := tensordict.LoadMemmap(filepath.Join(dir, "kept", "run1"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer kept.Close()
+	y, _ := kept.Tensor("x")
+	vals, _ := tensordict.Values[float32](y)
+	left, _ := os.ReadDir(filepath.Join(dir, "incoming"))
+	fmt.Println(vals, "left in incoming:", len(left))
+	// Output:
+	// saved: <nil>
+	// [1 2 3 4] left in incoming: 0
+}

@@ -24,6 +24,8 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -344,10 +346,21 @@ func FuzzWireTD(f *testing.F) {
 		{Key: []string{"b", "c"}, Kind: kindTensor, DType: "bool", Shape: []int{3}},
 	}}
 	add(fuzzRequest{TD: TD{wire: bytesTD}, More: []TD{{wire: bytesTD}}, P: &TD{wire: bytesTD}}, 3*15)
+	placeable := *bytesTD
+	placeable.Out = false
+	add(fuzzRequest{TD: TD{wire: &placeable}}, 15) // an odd body: placed
 	add(fuzzRequest{Arr: [1]TD{{wire: &wireTD{Batch: []int{1 << 40}, Entries: []wireEntry{{Key: []string{"z"}, Kind: kindTensor, DType: "uint8", Shape: []int{1 << 40, 0}}}}}}}, 0)
 	add(fuzzRequest{TD: TD{wire: &wireTD{Gathered: true}}}, 0)
 
 	rootReal := root
+	// With an odd body, every TD PlaceBytes can place is placed in a new
+	// folder under the root's placed/, which must be empty once the call's
+	// hold is released.
+	placeDir := filepath.Join(root, "placed")
+	if err := os.Mkdir(placeDir, 0o755); err != nil {
+		f.Fatal(err)
+	}
+	var placedN atomic.Int64
 	f.Fuzz(func(t *testing.T, args, body []byte) {
 		var req fuzzRequest
 		if err := decodeMsgpack(args, &req); err != nil {
@@ -355,8 +368,19 @@ func FuzzWireTD(f *testing.F) {
 		}
 		tds := findTDs(reflect.ValueOf(&req).Elem(), nil)
 		in := &incoming{method: "fuzz", args: args, body: &bodyReader{r: bytes.NewReader(body), n: int64(len(body))}, res: res}
-		err := in.buildTDs(tds)
-		defer in.release()
+		var where func(*TD, Layout) (Placement, error)
+		if len(body)%2 == 1 {
+			where = func(*TD, Layout) (Placement, error) {
+				return Placement{Prefix: filepath.Join(placeDir, strconv.FormatInt(placedN.Add(1), 10)), Writeback: true}, nil
+			}
+		}
+		err := in.buildTDs(tds, where)
+		defer func() {
+			in.release()
+			if ents, _ := os.ReadDir(placeDir); len(ents) != 0 {
+				t.Fatalf("placed folders left after the call: %v", ents)
+			}
+		}()
 		if err != nil {
 			var e *Error
 			if !errors.As(err, &e) || e.Code == OK || e.Code == Unknown {
@@ -433,7 +457,7 @@ func FuzzBuildTD(f *testing.F) {
 		}
 		td := &TD{wire: w}
 		in := &incoming{method: "fuzz", body: &bodyReader{r: bytes.NewReader(body), n: int64(len(body))}, res: res}
-		err := in.buildTDs([]*TD{td})
+		err := in.buildTDs([]*TD{td}, nil)
 		defer in.release()
 		if err != nil {
 			var e *Error

@@ -37,6 +37,7 @@ type incoming struct {
 	res    *resolver
 	held   []*mapping
 	bufs   []*[]byte // pooled buffers of the arguments' tensors
+	placed []placed  // the arguments' TDs laid out in folders (PlaceBytes)
 
 	compress bool // the answer's body may be compressed
 
@@ -66,8 +67,12 @@ type outgoing struct {
 //
 // fn's context carries the caller's deadline and ends when the caller
 // cancels, goes away, or the server is closed. Registering a method twice
-// is an error.
-func Register[Req, Resp any](s *Server, method string, fn func(ctx context.Context, req Req) (Resp, error)) error {
+// is an error, and so is an option made for another Req (PlaceBytes).
+func Register[Req, Resp any](s *Server, method string, fn func(ctx context.Context, req Req) (Resp, error), opts ...RegisterOption) error {
+	place, err := placeFunc[Req](method, opts)
+	if err != nil {
+		return err
+	}
 	h := func(in *incoming) (func(context.Context) (outgoing, error), error) {
 		req := new(Req)
 		if err := decodeMsgpack(in.args, req); err != nil {
@@ -75,7 +80,11 @@ func Register[Req, Resp any](s *Server, method string, fn func(ctx context.Conte
 		}
 		in.req = req
 		tds := findTDs(reflect.ValueOf(req).Elem(), nil)
-		if err := in.buildTDs(tds); err != nil {
+		var where func(*TD, Layout) (Placement, error)
+		if place != nil {
+			where = func(td *TD, l Layout) (Placement, error) { return place(req, td, l) }
+		}
+		if err := in.buildTDs(tds, where); err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context) (out outgoing, err error) {
@@ -119,8 +128,9 @@ func (s *Server) registered(method string) bool {
 }
 
 // buildTDs makes the request's TensorDicts, after checking that the body
-// holds exactly the bytes they need.
-func (in *incoming) buildTDs(tds []*TD) error {
+// holds exactly the bytes they need. where, if set, says where to place a
+// TD's bytes (PlaceBytes).
+func (in *incoming) buildTDs(tds []*TD, where func(*TD, Layout) (Placement, error)) error {
 	wires := make([]*wireTD, len(tds))
 	for i, td := range tds {
 		wires[i] = td.wire
@@ -129,8 +139,25 @@ func (in *incoming) buildTDs(tds []*TD) error {
 		return err
 	}
 	d := &decoded{pooled: true}
-	defer func() { in.held, in.bufs = d.held, d.bufs }()
+	defer func() { in.held, in.bufs, in.placed = d.held, d.bufs, d.placed }()
 	for _, td := range tds {
+		if where != nil {
+			if l, ok := td.wire.layout(); ok {
+				p, err := where(td, l)
+				if err != nil {
+					return err
+				}
+				if p.Prefix != "" {
+					done, err := in.place(td, l, p, d)
+					if err != nil {
+						return err
+					}
+					if done {
+						continue
+					}
+				}
+			}
+		}
 		if err := td.build(in.res, in.body.fill, d); err != nil {
 			return err
 		}
@@ -148,6 +175,8 @@ func (in *incoming) release() {
 		putBuf(bp)
 	}
 	in.bufs = nil
+	releasePlaced(in.placed)
+	in.placed = nil
 	if in.bodies != nil {
 		in.bodies.give(in.took)
 		in.bodies, in.took = nil, 0

@@ -46,7 +46,7 @@ func RegisterStream[Req, In, Out any](s *Server, method string, fn func(ctx cont
 			return nil, Errorf(InvalidArgument, "%s: %v", method, err)
 		}
 		in.req = req
-		if err := in.buildTDs(findTDs(reflect.ValueOf(req).Elem(), nil)); err != nil {
+		if err := in.buildTDs(findTDs(reflect.ValueOf(req).Elem(), nil), nil); err != nil {
 			return nil, err
 		}
 		ms.decode = decodeMessage[In]

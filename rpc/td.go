@@ -317,6 +317,7 @@ type decoded struct {
 	held   []*mapping
 	pooled bool
 	bufs   []*[]byte
+	placed []placed // a request's TDs laid out by PlaceBytes
 }
 
 // newTensor returns a tensor in Go memory for bytes about to be read into
