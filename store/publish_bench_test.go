@@ -75,3 +75,21 @@ func randomParams(b *testing.B, n int) *tensordict.TensorDict {
 	}
 	return td
 }
+
+// BenchmarkPublish_Bytes10MB publishes a 10 MiB parameter set from a client
+// that does not share the node's files, over loopback TCP in this process:
+// the body on the wire, the node writing and syncing the version, and the
+// answer, for profiling and for before/after runs side by side.
+func BenchmarkPublish_Bytes10MB(b *testing.B) {
+	root := b.TempDir()
+	n := serveStore(b, root, "st", Options{})
+	pub := dialT(b, n.addr, "st", root, "bytes")
+	td := randomParams(b, 10<<20)
+	ctx := context.Background()
+	b.SetBytes(10 << 20)
+	for b.Loop() {
+		if _, err := pub.Publish(ctx, "p", td); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

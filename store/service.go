@@ -72,14 +72,14 @@ func Register(srv *rpc.Server) (*Service, error) {
 	}, (*Store).Dir)}
 	regs := []error{
 		rpc.Register(srv, MethodInfo, svc.info),
-		rpc.Register(srv, MethodPut, svc.put),
-		rpc.Register(srv, MethodAppend, svc.append),
+		rpc.Register(srv, MethodPut, svc.put, rpc.PlaceBytes(svc.placePut)),
+		rpc.Register(srv, MethodAppend, svc.append, rpc.PlaceBytes(svc.placePut)),
 		rpc.Register(srv, MethodExtend, svc.extend),
 		rpc.Register(srv, MethodTake, svc.take),
 		rpc.Register(srv, MethodAck, svc.ack),
 		rpc.Register(srv, MethodList, svc.list),
 		rpc.Register(srv, MethodDelete, svc.delete),
-		rpc.Register(srv, MethodPublish, svc.publish),
+		rpc.Register(srv, MethodPublish, svc.publish, rpc.PlaceBytes(svc.placePublish)),
 		rpc.Register(srv, MethodRead, svc.read),
 		rpc.Register(srv, MethodRenew, svc.renew),
 		rpc.Register(srv, MethodRelease, svc.release),
@@ -122,6 +122,8 @@ type (
 	valueMsg struct {
 		TD     *rpc.TD `codec:"td"`
 		Staged string  `codec:"staged"`
+
+		placed uint64 // not on the wire: the id placeValue gave TD's bytes
 	}
 	putRequest struct {
 		Store string   `codec:"store"`
@@ -237,6 +239,8 @@ func (s *Store) ingestMsg(v valueMsg, asPrefix bool) (*ingest, error) {
 		return nil, errorf(ErrFormat, "a value sent both as bytes and staged")
 	case v.Staged != "":
 		return s.ingestStaged(v.Staged)
+	case v.TD != nil && v.TD.TensorDict != nil && v.placed != 0 && v.TD.TensorDict.Prefix() == s.nodeStaged(v.placed):
+		return s.ingestPlaced(v.TD.TensorDict, v.placed)
 	case v.TD != nil && v.TD.TensorDict != nil:
 		return s.ingestTD(v.TD.TensorDict, asPrefix)
 	}
@@ -271,6 +275,16 @@ func (svc *Service) store(req putRequest, op uint8) (revResponse, error) {
 	}
 	rev, err := st.Item.putValue(req.Bin, in, op, req.Req)
 	return revResponse{Rev: rev}, err
+}
+
+// placePut and placePublish place a large value's bytes in the node's
+// staging folder as they arrive (placeValue).
+func (svc *Service) placePut(req *putRequest, td *rpc.TD, l rpc.Layout) (rpc.Placement, error) {
+	return svc.placeValue(req.Store, &req.Value, false, td, l)
+}
+
+func (svc *Service) placePublish(req *publishRequest, td *rpc.TD, l rpc.Layout) (rpc.Placement, error) {
+	return svc.placeValue(req.Store, &req.Value, true, td, l)
 }
 
 func (svc *Service) put(_ context.Context, req putRequest) (revResponse, error) {

@@ -341,7 +341,7 @@ func (s *Store) ingestTD(td *tensordict.TensorDict, asPrefix bool) (*ingest, err
 	if err := s.health(); err != nil { // staging/ must still be the store's before writing into it
 		return nil, err
 	}
-	tmp := filepath.Join(s.dir, stagingDir, fmt.Sprintf("n-%016x", id))
+	tmp := s.nodeStaged(id)
 	if err := writePrefix(td, tmp, s.opts.NoSync); err != nil {
 		os.RemoveAll(tmp)
 		if errors.Is(err, tensordict.ErrKey) {
