@@ -129,3 +129,42 @@ func TestClient_BytesPlaced(t *testing.T) {
 	}
 	check(openT(t, dir, Options{}), true)
 }
+
+// TestOpen_SweepsPlacedLeftovers: a value the node was writing into its
+// staging folder when it died (a body cut off midway: files laid out,
+// partly filled, no record) is removed when the store is opened again,
+// and the values it had logged are there.
+func TestOpen_SweepsPlacedLeftovers(t *testing.T) {
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	s, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := placedTD(t, 300_000, 6)
+	if _, err := s.Publish(ctx, "p", want); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// What a node killed mid-body leaves: CreateUnsynced's layout, part
+	// of one megabyte written.
+	left := filepath.Join(dir, stagingDir, "n-0000000000000009")
+	td, err := tensordict.CreateUnsynced(left, nil, tensordict.Field{Key: []string{"w"}, DType: memmap.Float32, Shape: []int{1 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, _ := td.Tensor("w")
+	x.WriteAt(make([]byte, 4096), 0)
+	td.Close()
+	s = openT(t, dir, Options{})
+	if _, err := os.Lstat(left); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("%s after Open: %v, want it gone", left, err)
+	}
+	p, err := s.Latest(ctx, "p")
+	if err != nil || !p.TD.Equal(want) {
+		t.Fatalf("Latest = %v, %v", p, err)
+	}
+	p.Close()
+}

@@ -319,6 +319,12 @@ func TestProcess_NodeKilledAndRestarted(t *testing.T) {
 			}
 			drainAll(t, ctx, tr, &d)
 			d.check(t, acked)
+			// Nothing is left staged: what the dead node was writing (by
+			// bytes, the large items' prefixes as their bytes arrived) was
+			// swept when it was started again, and every call since ended.
+			if ents, err := os.ReadDir(filepath.Join(root, "st", stagingDir)); err != nil || len(ents) != 0 {
+				t.Fatalf("staging/ after the calls: %v, %v", ents, err)
+			}
 			// The watcher has seen every event up to the last one.
 			st, err := tr.Stats(ctx)
 			if err != nil {
