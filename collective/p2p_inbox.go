@@ -8,7 +8,6 @@ import (
 	"math/bits"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"time"
 
@@ -223,7 +222,7 @@ func (c *Comm) inboxWatch(b *inbox) {
 		if b.spin {
 			for i := 0; i < inboxSpins && w.Load() == v; i++ {
 				if i >= inboxSpins-inboxYields {
-					runtime.Gosched()
+					shm.Yield()
 				}
 			}
 			if w.Load() != v {
@@ -250,7 +249,7 @@ func spinUntil(done func() bool) bool {
 		}
 	}
 	for range inboxYields {
-		runtime.Gosched()
+		shm.Yield()
 		if done() {
 			return true
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -588,7 +587,7 @@ func (c *Comm) waitFill(ctx context.Context, src int, w *shm.Uint32, v uint32) e
 			return err
 		}
 		if i >= spinsFill-yieldsFill {
-			runtime.Gosched()
+			shm.Yield()
 		}
 	}
 	for {

@@ -351,7 +351,7 @@ func (g *shmGroup) waitWord(ctx context.Context, r, off int, v, phase uint32) er
 		}
 	}
 	for i := 0; i < yields; i++ {
-		runtime.Gosched()
+		shm.Yield()
 		if reached(w.Load(), v) {
 			return nil
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"time"
 
@@ -183,7 +182,7 @@ func (c *Client) waitBell(ctx context.Context, start int, seq uint32, gen uint64
 			return c.result(ctx, start, seq)
 		}
 		if i >= bellSpins {
-			runtime.Gosched()
+			shm.Yield()
 		}
 	}
 	// Its context ending wakes it.

@@ -64,7 +64,7 @@ func (b *bell) await(last uint32) {
 			if time.Now().After(deadline) {
 				return
 			}
-			yieldCPU()
+			shm.Yield()
 		}
 	}
 }
