@@ -67,10 +67,11 @@ type Placement struct {
 //
 // place is called once the request's arguments are decoded and before its
 // body is read, for each TD of the request (td, a field of req) that
-// travels as bytes and whose layout tensordict.Create can make (its tensors only, every nested
-// TensorDict of the root's batch size, not Out); other TDs, and TDs for
-// which place returns an empty Prefix, are built in memory as usual. It
-// runs on the connection's reader: it must not block. An error it returns
+// travels as bytes and whose layout tensordict.Create can make (its
+// tensors only, every nested TensorDict of the root's batch size, not
+// Out); other TDs, and TDs for which place returns an empty Prefix, are
+// built in memory as usual. It runs on the connection's reader: it must
+// not block. An error it returns
 // fails the call with that error, and the body is read and dropped. If the
 // folder cannot be made (a key tensordict cannot write, a full disk), the
 // TD is built in memory instead, and the handler meets the failure when it
