@@ -10,8 +10,9 @@ import (
 
 // Values sent as bytes, written into the node's staging folder as they
 // arrive (rpc.PlaceBytes). A value the store keeps as a prefix (every
-// published version; a put or append of Options.InlineBytes or more) was
-// received whole into memory and only then written and synced. Now the
+// published version; a value of Options.InlineBytes or more put, appended
+// or in an Extend) was received whole into memory and only then written
+// and synced. Now the
 // node lays it out in staging/n-<id> before its body is read, its bytes go
 // into the files a megabyte at a time with their writeback started, and
 // the handler syncs the prefix and renames it under values/, as it does a

@@ -39,12 +39,12 @@ func placedTD(t *testing.T, n int, seed byte) *tensordict.TensorDict {
 }
 
 // TestClient_BytesPlaced: a value sent as bytes that the store keeps as a
-// prefix (a published version; a put of InlineBytes or more) is written
-// into the node's staging folder as it arrives and taken from there
-// (ingestPlaced), and reads back equal, after a reopen too; one kept
-// inline, or with non-tensor data, is not placed and reads back equal
-// too. A value over MaxValueBytes is refused as ErrTooLarge before its
-// bytes are read. Nothing is left in staging/.
+// prefix (a published version; a put of InlineBytes or more, alone or in
+// an Extend) is written into the node's staging folder as it arrives and
+// taken from there (ingestPlaced), and reads back equal, after a reopen
+// too; one kept inline, or with non-tensor data, is not placed and reads
+// back equal too. A value over MaxValueBytes is refused as ErrTooLarge
+// before its bytes are read. Nothing is left in staging/.
 func TestClient_BytesPlaced(t *testing.T) {
 	var mu sync.Mutex
 	var placed []string
@@ -97,20 +97,33 @@ func TestClient_BytesPlaced(t *testing.T) {
 	if got := took(); got != 1 {
 		t.Fatalf("two puts, one over InlineBytes: %d placed values taken, want 1", got)
 	}
+	// An Extend places each value a put would: two of these three.
+	ext := []*tensordict.TensorDict{placedTD(t, 100_000, 7), placedTD(t, 100, 8), placedTD(t, 200_000, 9)}
+	if _, err := c.Extend(ctx, "ext", ext); err != nil {
+		t.Fatal(err)
+	}
+	if got := took(); got != 2 {
+		t.Fatalf("an Extend of two large values and a small one: %d placed values taken, want 2", got)
+	}
 	if _, err := c.Publish(ctx, "p", placedTD(t, 1_100_000, 4)); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("a 4.4 MB version with MaxValueBytes 4 MiB: %v, want ErrTooLarge", err)
 	}
 	check := func(s *Store, bins bool) {
 		t.Helper()
-		for bin, want := range map[string]*tensordict.TensorDict{"big": big, "small": small} {
+		for bin, want := range map[string][]*tensordict.TensorDict{"big": {big}, "small": {small}, "ext": ext} {
 			if !bins {
 				break // Get takes them
 			}
 			got, err := s.Get(ctx, bin)
-			if err != nil || len(got) != 1 || !got[0].Equal(want) {
-				t.Fatalf("Get(%q) = %v, %v; want the value put", bin, got, err)
+			if err != nil || len(got) != len(want) {
+				t.Fatalf("Get(%q) = %v, %v; want the %d values put", bin, got, err, len(want))
 			}
-			got[0].Close()
+			for i, g := range got {
+				if !g.Equal(want[i]) {
+					t.Fatalf("Get(%q)[%d] = %v, want %v", bin, i, g, want[i])
+				}
+				g.Close()
+			}
 		}
 		p, err := s.Latest(ctx, "p")
 		if err != nil || p.Version != 2 || !p.TD.Equal(withData) {

@@ -74,7 +74,7 @@ func Register(srv *rpc.Server) (*Service, error) {
 		rpc.Register(srv, MethodInfo, svc.info),
 		rpc.Register(srv, MethodPut, svc.put, rpc.PlaceBytes(svc.placePut)),
 		rpc.Register(srv, MethodAppend, svc.append, rpc.PlaceBytes(svc.placePut)),
-		rpc.Register(srv, MethodExtend, svc.extend),
+		rpc.Register(srv, MethodExtend, svc.extend, rpc.PlaceBytes(svc.placeExtend)),
 		rpc.Register(srv, MethodTake, svc.take),
 		rpc.Register(srv, MethodAck, svc.ack),
 		rpc.Register(srv, MethodList, svc.list),
@@ -277,14 +277,24 @@ func (svc *Service) store(req putRequest, op uint8) (revResponse, error) {
 	return revResponse{Rev: rev}, err
 }
 
-// placePut and placePublish place a large value's bytes in the node's
-// staging folder as they arrive (placeValue).
+// placePut, placePublish and placeExtend place a large value's bytes in
+// the node's staging folder as they arrive (placeValue).
 func (svc *Service) placePut(req *putRequest, td *rpc.TD, l rpc.Layout) (rpc.Placement, error) {
 	return svc.placeValue(req.Store, &req.Value, false, td, l)
 }
 
 func (svc *Service) placePublish(req *publishRequest, td *rpc.TD, l rpc.Layout) (rpc.Placement, error) {
 	return svc.placeValue(req.Store, &req.Value, true, td, l)
+}
+
+// placeExtend places each of an Extend's values that a put of it would.
+func (svc *Service) placeExtend(req *extendRequest, td *rpc.TD, l rpc.Layout) (rpc.Placement, error) {
+	for i := range req.Values {
+		if req.Values[i].TD == td {
+			return svc.placeValue(req.Store, &req.Values[i], false, td, l)
+		}
+	}
+	return rpc.Placement{}, nil
 }
 
 func (svc *Service) put(_ context.Context, req putRequest) (revResponse, error) {
