@@ -24,9 +24,11 @@ import (
 // paths relative to the root, dtypes, shapes and view offsets. The handler
 // then gets views of the same files, mapped from its own root, so what it
 // writes the caller sees at once. Otherwise the data crosses as bytes and
-// the handler gets a copy in Go memory; if Out is set, the copy's contents
-// after the handler returns travel back and are written into the caller's
-// TensorDict, so the caller sees the same result either way.
+// the handler gets a copy in Go memory (or, for a method registered with
+// PlaceBytes, mapped from the files the bytes were written into as they
+// arrived); if Out is set, the copy's contents after the handler returns
+// travel back and are written into the caller's TensorDict, so the caller
+// sees the same result either way.
 //
 // Rows, when set, are the rows (first batch dimension) the call works on.
 // By reference the handler gets the whole TensorDict and these Rows; by
