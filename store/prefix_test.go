@@ -39,7 +39,7 @@ func TestWritePrefix_ChunkedIsIntact(t *testing.T) {
 		}
 		want[key] = b
 	}
-	// The same tensors mapped: writeLeafFile reads those through ReadAt.
+	// The same tensors mapped: writeLeaf reads those through ReadAt.
 	mapped, err := src.Memmap(filepath.Join(dir, "mapped"))
 	if err != nil {
 		t.Fatal(err)

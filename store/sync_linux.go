@@ -18,16 +18,6 @@ func syncData(f *os.File) error {
 	}
 }
 
-// startWriteback asks the kernel to start writing f's bytes [off, off+n)
-// to the disk now, without waiting for it (sync_file_range with
-// SYNC_FILE_RANGE_WRITE): a hint, so that a large value's writeback
-// overlaps the writing of the rest of it and the sync that follows (the
-// prefix's, tensordict.SyncPrefix) waits for the tail only. It promises
-// nothing about durability, and an error is ignored: that sync decides.
-func startWriteback(f *os.File, off, n int64) {
-	unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
-}
-
 // writeFrames appends frames to f with writev, without copying them into
 // one buffer first; buf is unused here. It returns the bytes written,
 // all of them unless err is set.

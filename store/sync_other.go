@@ -17,6 +17,3 @@ func writeFrames(f *os.File, frames [][]byte, buf *[]byte) (int, error) {
 // syncData makes f's data durable: fsync (macOS's fsync reaches the
 // drive's cache only, as everywhere the project runs).
 func syncData(f *os.File) error { return f.Sync() }
-
-// startWriteback does nothing here: sync_file_range is Linux's.
-func startWriteback(f *os.File, off, n int64) {}

@@ -85,26 +85,25 @@ func writePrefix(td *tensordict.TensorDict, dir string, noSync bool) error {
 	if err != nil {
 		return err
 	}
-	var paths []string
+	var dst []*tensordict.Tensor // out's leaves, in the order td's are visited
 	for _, t := range out.Leaves() {
-		paths = append(paths, t.Path())
-	}
-	if err := out.Close(); err != nil {
-		return err
+		dst = append(dst, t)
 	}
 	i := 0
 	var buf []byte
 	for _, t := range td.Leaves() {
-		if t.NumBytes() == 0 {
-			continue // MemmapLike made no file for it, as tensordict does
+		if i >= len(dst) {
+			out.Close()
+			return fmt.Errorf("store: %s: fewer tensors laid out than written", dir)
 		}
-		if i >= len(paths) {
-			return fmt.Errorf("store: %s: fewer files than tensors", dir)
-		}
-		if err := writeLeafFile(paths[i], t, &buf, noSync); err != nil {
+		if err := writeLeaf(dst[i], t, &buf, noSync); err != nil {
+			out.Close()
 			return err
 		}
 		i++
+	}
+	if err := out.Close(); err != nil {
+		return err
 	}
 	if noSync {
 		return nil
@@ -115,53 +114,53 @@ func writePrefix(td *tensordict.TensorDict, dir string, noSync bool) error {
 	return nil
 }
 
-// writebackChunk is how many bytes of a prefix's file writeLeafFile writes
+// writebackChunk is how many bytes of a prefix's file writeLeaf writes
 // before it asks the kernel to start writing them to the disk
-// (startWriteback): the disk works on one chunk while the next is copied,
-// and the final sync waits for the last ones only (10 MB written and
-// synced: p50 6.0 ms instead of 9.8 on the benchmark machine, less clear
-// when its disk is congested; docs/benchmarks.md, 2026-11-29).
+// (memmap.Tensor.StartWriteback): the disk works on one chunk while the
+// next is copied, and the final sync waits for the last ones only (10 MB
+// written and synced: p50 6.0 ms instead of 9.8 on the benchmark machine,
+// less clear when its disk is congested; docs/benchmarks.md, 2026-11-29).
 const writebackChunk = 1 << 20
 
-// writeLeafFile writes t's bytes into the existing file at path, in
+// writeLeaf writes src's bytes into dst, a leaf MemmapLike laid out for
+// it (WriteAt: pwrite for pages not in the cache, so no page faults), in
 // chunks of writebackChunk whose writeback starts as each is written
-// unless noSync; the sync that makes them durable is writePrefix's.
-func writeLeafFile(path string, t *tensordict.Tensor, buf *[]byte, noSync bool) error {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		return err
+// unless noSync; the sync that makes them durable is writePrefix's. A
+// tensor without bytes has no file and nothing to write.
+func writeLeaf(dst, src *tensordict.Tensor, buf *[]byte, noSync bool) error {
+	n := src.NumBytes()
+	if n == 0 {
+		return nil
 	}
-	n := t.NumBytes()
-	var src []byte // the tensor's bytes in Go memory, or nil for a mapped one
-	if !t.Mapped() {
-		if src, err = t.Bytes(); err != nil {
-			f.Close()
-			return fmt.Errorf("store: writing %s: %w", path, err)
+	mm, base := dst.Mapping()
+	var b []byte // src's bytes in Go memory, or nil for a mapped one
+	if !src.Mapped() {
+		var err error
+		if b, err = src.Bytes(); err != nil {
+			return fmt.Errorf("store: writing %s: %w", dst.Path(), err)
 		}
 	} else if cap(*buf) < writebackChunk {
 		*buf = make([]byte, writebackChunk)
 	}
 	for off := 0; off < n; {
-		var b []byte
-		if src != nil {
-			b = src[off:min(off+writebackChunk, n)]
+		var c []byte
+		if b != nil {
+			c = b[off:min(off+writebackChunk, n)]
 		} else {
-			b = (*buf)[:min(writebackChunk, n-off)]
-			if _, err := t.ReadAt(b, int64(off)); err != nil {
-				f.Close()
-				return fmt.Errorf("store: reading a tensor for %s: %w", path, err)
+			c = (*buf)[:min(writebackChunk, n-off)]
+			if _, err := src.ReadAt(c, int64(off)); err != nil {
+				return fmt.Errorf("store: reading a tensor for %s: %w", dst.Path(), err)
 			}
 		}
-		if _, err := f.WriteAt(b, int64(off)); err != nil {
-			f.Close()
-			return fmt.Errorf("store: writing %s: %w", path, err)
+		if _, err := dst.WriteAt(c, int64(off)); err != nil {
+			return fmt.Errorf("store: writing %s: %w", dst.Path(), err)
 		}
-		off += len(b)
-		if !noSync && off < n { // the last chunk goes with writePrefix's sync
-			startWriteback(f, int64(off-len(b)), int64(len(b)))
+		off += len(c)
+		if !noSync && off < n && mm != nil { // the last chunk goes with writePrefix's sync
+			mm.StartWriteback(base+int64(off-len(c)), int64(len(c)))
 		}
 	}
-	return f.Close()
+	return nil
 }
 
 // publishPrefix renames the prefix at from to values/<id> and makes the
