@@ -3,9 +3,10 @@ package tensordict
 import (
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
+
+	"github.com/tensorwire/tensorwire/internal/atomicfile"
 )
 
 // SyncPrefix makes the memmap folder at prefix durable: it fsyncs every
@@ -25,7 +26,7 @@ func SyncPrefix(prefix string) error {
 		case d.IsDir():
 			dirs = append(dirs, path)
 		case d.Type().IsRegular():
-			return syncPath(path)
+			return atomicfile.Sync(path)
 		}
 		return nil // a link or a special file: not followed, not synced
 	})
@@ -33,25 +34,9 @@ func SyncPrefix(prefix string) error {
 		return fmt.Errorf("sync %s: %w", prefix, err)
 	}
 	for _, dir := range slices.Backward(dirs) {
-		if err := syncPath(dir); err != nil {
+		if err := atomicfile.Sync(dir); err != nil {
 			return fmt.Errorf("sync %s: %w", prefix, err)
 		}
-	}
-	return nil
-}
-
-// syncPath fsyncs the file or folder at path.
-func syncPath(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	err = f.Sync()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil
 }

@@ -57,14 +57,21 @@ func writeFile(path string, data []byte, perm os.FileMode, sync bool) error {
 
 // SyncDir fsyncs the directory dir, so that files created, renamed or
 // removed in it survive a crash.
-func SyncDir(dir string) error {
-	d, err := os.Open(dir)
+func SyncDir(dir string) error { return Sync(dir) }
+
+// Sync opens path (a file or a directory) read-only and fsyncs it: a
+// file's data and size, a directory's entries.
+func Sync(path string) error {
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync dir %s: %w", dir, err)
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", path, err)
 	}
 	return nil
 }
