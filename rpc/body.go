@@ -45,16 +45,30 @@ func (b *bodyReader) fill(t *tensordict.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if int64(len(dst)) > b.n {
-		return Errorf(InvalidArgument, "body too short: a %v tensor needs %d bytes, %d left", t.Shape(), len(dst), b.n)
+	if err := b.has(t, int64(len(dst))); err != nil {
+		return err
 	}
-	if _, err := io.ReadFull(b.r, dst); err != nil {
+	return b.read(dst)
+}
+
+// has checks that the body holds the n bytes of tensor t.
+func (b *bodyReader) has(t *tensordict.Tensor, n int64) error {
+	if n > b.n {
+		return Errorf(InvalidArgument, "body too short: a %v tensor needs %d bytes, %d left", t.Shape(), n, b.n)
+	}
+	return nil
+}
+
+// read reads the next len(p) bytes of the body into p, which the caller
+// has checked it holds.
+func (b *bodyReader) read(p []byte) error {
+	if _, err := io.ReadFull(b.r, p); err != nil {
 		if b.z != nil {
 			return b.z.fillErr(err)
 		}
 		return &streamError{unexpected(err)}
 	}
-	b.n -= int64(len(dst))
+	b.n -= int64(len(p))
 	if b.n == 0 && b.z != nil {
 		return b.z.end()
 	}

@@ -2,7 +2,6 @@ package rpc
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"reflect"
 	"slices"
@@ -163,11 +162,8 @@ func (w *wireTD) tensorUnder(i int) bool {
 // in memory instead.
 func (in *incoming) place(td *TD, l Layout, p Placement, d *decoded) (bool, error) {
 	w := td.wire
-	if w.Gathered {
-		need, err := w.bytesSize()
-		if err != nil || len(w.Batch) == 0 || w.Batch[0] > max(int(need), maxFreeRows) {
-			return false, nil // build refuses it
-		}
+	if w.checkGathered() != nil {
+		return false, nil // build refuses it
 	}
 	if _, err := os.Lstat(p.Prefix); err == nil {
 		return false, Errorf(Internal, "%s: PlaceBytes: %s exists", in.method, p.Prefix)
@@ -189,10 +185,7 @@ func (in *incoming) place(td *TD, l Layout, p Placement, d *decoded) (bool, erro
 			return true, err
 		}
 	}
-	td.TensorDict, td.Rows, td.Out = out, slices.Clone(w.Rows), w.Out
-	if w.Gathered {
-		td.Rows = allRows(w.Batch[0])
-	}
+	td.set(out)
 	return true, nil
 }
 
@@ -205,19 +198,15 @@ const placeChunk = 1 << 20
 // writeback is started as it is written.
 func (b *bodyReader) fillFile(t *tensordict.Tensor, buf []byte, writeback bool) error {
 	n := int64(t.NumBytes())
-	if n > b.n {
-		return Errorf(InvalidArgument, "body too short: a %v tensor needs %d bytes, %d left", t.Shape(), n, b.n)
+	if err := b.has(t, n); err != nil {
+		return err
 	}
 	mm, base := t.Mapping()
 	for off := int64(0); off < n; {
 		c := buf[:min(int64(len(buf)), n-off)]
-		if _, err := io.ReadFull(b.r, c); err != nil {
-			if b.z != nil {
-				return b.z.fillErr(err)
-			}
-			return &streamError{unexpected(err)}
+		if err := b.read(c); err != nil {
+			return err
 		}
-		b.n -= int64(len(c))
 		if _, err := t.WriteAt(c, off); err != nil {
 			return fmt.Errorf("rpc: writing a placed tensor: %w", err)
 		}
@@ -225,9 +214,6 @@ func (b *bodyReader) fillFile(t *tensordict.Tensor, buf []byte, writeback bool) 
 			mm.StartWriteback(base+off, int64(len(c)))
 		}
 		off += int64(len(c))
-	}
-	if b.n == 0 && b.z != nil {
-		return b.z.end()
 	}
 	return nil
 }

@@ -352,16 +352,8 @@ func (t *TD) build(res *resolver, next func(*tensordict.Tensor) error, d *decode
 		t.TensorDict = nil
 		return nil
 	}
-	if w.Gathered {
-		// The receiver makes Rows 0..n-1 for n = Batch[0], which no bytes
-		// on the wire pay for: bound n by the rows' bytes in the body.
-		need, err := w.bytesSize()
-		if err != nil {
-			return err
-		}
-		if len(w.Batch) == 0 || w.Batch[0] > max(int(need), maxFreeRows) {
-			return Errorf(InvalidArgument, "TD of gathered rows with batch %v and %d bytes", w.Batch, need)
-		}
+	if err := w.checkGathered(); err != nil {
+		return err
 	}
 	td, err := tensordict.New(w.Batch...)
 	if err != nil {
@@ -418,9 +410,33 @@ func (t *TD) build(res *resolver, next func(*tensordict.Tensor) error, d *decode
 			return Errorf(InvalidArgument, "TD: %w", err)
 		}
 	}
+	t.set(td)
+	return nil
+}
+
+// set makes td, built from t.wire, t's TensorDict, with the wire's Rows
+// and Out (Rows 0..n-1 for gathered rows).
+func (t *TD) set(td *tensordict.TensorDict) {
+	w := t.wire
 	t.TensorDict, t.Rows, t.Out = td, slices.Clone(w.Rows), w.Out
 	if w.Gathered {
 		t.Rows = allRows(w.Batch[0])
+	}
+}
+
+// checkGathered refuses a TD of gathered rows whose row count no bytes on
+// the wire pay for: the receiver makes Rows 0..n-1 for n = Batch[0], so n
+// is bounded by the rows' bytes in the body.
+func (w *wireTD) checkGathered() error {
+	if !w.Gathered {
+		return nil
+	}
+	need, err := w.bytesSize()
+	if err != nil {
+		return err
+	}
+	if len(w.Batch) == 0 || w.Batch[0] > max(int(need), maxFreeRows) {
+		return Errorf(InvalidArgument, "TD of gathered rows with batch %v and %d bytes", w.Batch, need)
 	}
 	return nil
 }
