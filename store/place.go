@@ -43,8 +43,8 @@ func (svc *Service) placeValue(store string, v *valueMsg, asPrefix bool, td *rpc
 	}
 	s := e.Item
 	size := l.Bytes()
-	if size > s.opts.MaxValueBytes {
-		return rpc.Placement{}, errorf(ErrTooLarge, "a value of %d bytes; this store takes at most %d", size, s.opts.MaxValueBytes)
+	if err := s.checkSize(size); err != nil {
+		return rpc.Placement{}, err
 	}
 	if !asPrefix && size < s.opts.InlineBytes {
 		return rpc.Placement{}, nil
@@ -63,8 +63,8 @@ func (svc *Service) placeValue(store string, v *valueMsg, asPrefix bool, td *rpc
 // rpc layer to remove as the call ends.
 func (s *Store) ingestPlaced(td *tensordict.TensorDict, id uint64) (*ingest, error) {
 	size := valueBytes(td)
-	if size > s.opts.MaxValueBytes {
-		return nil, errorf(ErrTooLarge, "a value of %d bytes; this store takes at most %d", size, s.opts.MaxValueBytes)
+	if err := s.checkSize(size); err != nil {
+		return nil, err
 	}
 	dir := td.Prefix()
 	if testIngestPlaced != nil {

@@ -318,6 +318,15 @@ func (s *Store) ingestAll(n int, one func(i int) (*ingest, error)) ([]*ingest, e
 	return ins, nil
 }
 
+// checkSize refuses a value of size tensor bytes over
+// Options.MaxValueBytes (ErrTooLarge).
+func (s *Store) checkSize(size int64) error {
+	if size > s.opts.MaxValueBytes {
+		return errorf(ErrTooLarge, "a value of %d bytes; this store takes at most %d", size, s.opts.MaxValueBytes)
+	}
+	return nil
+}
+
 // ingestTD makes td a value of the store: inline when it is smaller than
 // Options.InlineBytes and asPrefix is false, else written into a prefix
 // under values/.
@@ -326,8 +335,8 @@ func (s *Store) ingestTD(td *tensordict.TensorDict, asPrefix bool) (*ingest, err
 		return nil, errorf(ErrFormat, "no TensorDict")
 	}
 	size := valueBytes(td)
-	if size > s.opts.MaxValueBytes {
-		return nil, errorf(ErrTooLarge, "a value of %d bytes; this store takes at most %d", size, s.opts.MaxValueBytes)
+	if err := s.checkSize(size); err != nil {
+		return nil, err
 	}
 	id := s.nextID.Add(1)
 	if !asPrefix && size < s.opts.InlineBytes {
@@ -381,8 +390,8 @@ func (s *Store) ingestStaged(rel string) (*ingest, error) {
 	}
 	size := valueBytes(td)
 	td.Close()
-	if size > s.opts.MaxValueBytes {
-		return nil, errorf(ErrTooLarge, "a value of %d bytes; this store takes at most %d", size, s.opts.MaxValueBytes)
+	if err := s.checkSize(size); err != nil {
+		return nil, err
 	}
 	if testBeforeTakeStaged != nil {
 		testBeforeTakeStaged(dir)
