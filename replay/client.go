@@ -424,7 +424,7 @@ func (c *Client) Sample(ctx context.Context, n int) (*tensordict.TensorDict, Sam
 		return nil, SampleInfo{}, rpc.Errorf(rpc.CodeOf(err), "%w", err) // as the node would say it
 	}
 	if c.bytes {
-		return c.sampleBytes(ctx, n)
+		return c.sampleBytes(ctx, n, nil)
 	}
 	schema, err := c.knownSchema(ctx)
 	if err != nil {
@@ -433,9 +433,11 @@ func (c *Client) Sample(ctx context.Context, n int) (*tensordict.TensorDict, Sam
 	return sampleNew(ctx, schema, n, c.SampleInto)
 }
 
-// sampleBytes has the node sample n transitions and send their rows.
-func (c *Client) sampleBytes(ctx context.Context, n int) (*tensordict.TensorDict, SampleInfo, error) {
-	resp, err := c.sampleCall(ctx, n, true)
+// sampleBytes has the node sample n transitions and send their rows, read
+// into into where its layout is theirs (rpc.CallInto; nil: a new batch).
+// The batch returned is into only if they were.
+func (c *Client) sampleBytes(ctx context.Context, n int, into *tensordict.TensorDict) (*tensordict.TensorDict, SampleInfo, error) {
+	resp, err := c.sampleCall(ctx, n, true, into)
 	if err != nil {
 		return nil, SampleInfo{}, err
 	}
@@ -487,12 +489,16 @@ func (c *Client) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 		return SampleInfo{}, err
 	}
 	if c.bytes {
-		td, info, err := c.sampleBytes(ctx, n)
+		// The rows are read from the connection straight into dst where
+		// its layout is the batch's (rpc.CallInto); else copied in.
+		td, info, err := c.sampleBytes(ctx, n, dst)
 		if err != nil {
 			return SampleInfo{}, err
 		}
-		if err := dst.SetSlice(0, td); err != nil {
-			return SampleInfo{}, err
+		if td != dst {
+			if err := dst.SetSlice(0, td); err != nil {
+				return SampleInfo{}, err
+			}
 		}
 		return info, nil
 	}
@@ -580,8 +586,8 @@ func (c *Client) startPrefetch(n int) {
 	}
 }
 
-func (c *Client) sampleCall(ctx context.Context, n int, bytes bool) (sampleResponse, error) {
-	return service.Call[sampleResponse](ctx, &c.calls, MethodSample, sampleRequest{Name: c.name, N: n, Bytes: bytes})
+func (c *Client) sampleCall(ctx context.Context, n int, bytes bool, into ...*tensordict.TensorDict) (sampleResponse, error) {
+	return service.Call[sampleResponse](ctx, &c.calls, MethodSample, sampleRequest{Name: c.name, N: n, Bytes: bytes}, into...)
 }
 
 // UpdatePriority sets the priorities of sampled transitions, as

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -519,5 +520,48 @@ func TestService_Remove(t *testing.T) {
 	}
 	if st, err := c.Stats(ctxT(t)); err != nil || st.Size != 2 {
 		t.Errorf("Stats once served again: %+v, %v; want the 2 transitions", st, err)
+	}
+}
+
+// TestRemote_SampleIntoBytesAllocatesNotTheBatch: by bytes, SampleInto
+// reads the rows into dst as they arrive (rpc.CallInto), as its doc
+// promises ("without allocating it"), where Sample makes a new batch. The
+// node, in this process too, makes its own copy of the rows either way:
+// the difference is the client's.
+func TestRemote_SampleIntoBytesAllocatesNotTheBatch(t *testing.T) {
+	const side, batch = 128, 64 // 16 KiB of obs a transition, 1 MiB a batch
+	root := t.TempDir()
+	n := serveBuffer(t, root, "buf", Config{Capacity: 256})
+	c := dialBuffer(t, n.addr, "buf", root, "bytes", WithRPC(rpc.WithCompression(false)))
+	if _, err := c.Extend(ctxT(t), transitionsSized(t, side, seq(0, 256)...)); err != nil {
+		t.Fatal(err)
+	}
+	dst, _, err := c.Sample(ctxT(t), batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perCall := func(f func() error) uint64 {
+		const calls = 8
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		for range calls {
+			if err := f(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runtime.ReadMemStats(&m1)
+		return (m1.TotalAlloc - m0.TotalAlloc) / calls
+	}
+	into := perCall(func() error {
+		_, err := c.SampleInto(ctxT(t), dst)
+		return err
+	})
+	rowIDs(t, dst)
+	fresh := perCall(func() error {
+		_, _, err := c.Sample(ctxT(t), batch)
+		return err
+	})
+	if size := uint64(batch * side * side); into+size*3/4 > fresh {
+		t.Errorf("SampleInto allocated %d bytes a call, Sample %d: want SampleInto to save at least most of the %d-byte batch", into, fresh, size)
 	}
 }

@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // A client's call path: the pool of idle streams on its connection
 // (clientStream, clientConn.stream and put), Call and Go, a call's round
 // trip on a stream or on a side connection it holds (Client.sideCall), and
-// the reading of the answer (readResponse). The connection itself (Dial,
+// the reading of the answer (readResponse; into.go for CallInto's). The connection itself (Dial,
 // the handshake, the yamux session) is in client.go.
 
 type clientStream struct {
@@ -105,12 +106,37 @@ func (cc *clientConn) put(cs *clientStream) {
 // node was answering.
 func Call[Resp, Req any](ctx context.Context, c *Client, method string, req Req) (Resp, error) {
 	var resp Resp
-	err := c.call(ctx, method, &req, &resp)
+	err := c.call(ctx, method, &req, &resp, nil)
 	return resp, err
 }
 
-// call runs one call; req and resp are pointers.
-func (c *Client) call(ctx context.Context, method string, req, resp any) error {
+// CallInto is Call with the bytes of the response's TensorDicts read
+// straight into TensorDicts the caller holds, as they arrive, instead of
+// into new ones: a loop that receives a batch of the same shape on every
+// call allocates nothing for it, and the bytes are copied once, from the
+// connection into into.
+//
+// into[i] is for the i-th TD the response holds (in field order, depth
+// first, as the package finds them; a nil into[i] takes none). It receives
+// that TD's tensors when it fits: the same tensor keys, each with the same
+// dtype and shape, the same batch size (of nested TensorDicts too), and no
+// non-tensor data. The response's TD then holds into[i] itself (and the
+// Rows the TD came with, as Call gives them). A TD that does not fit is
+// made in Go memory as Call makes it, and into[i] is not written: compare
+// the response's TensorDict with into[i] to tell. Tensors of into[i] may
+// be in Go memory or mapped (written as WriteAt writes, without faults).
+//
+// into[i] must not be read or written by anything else during the call.
+// When the call fails, the tensors of an into[i] that fitted may hold
+// some of the response's bytes and some of what they held before.
+func CallInto[Resp, Req any](ctx context.Context, c *Client, method string, req Req, into ...*tensordict.TensorDict) (Resp, error) {
+	var resp Resp
+	err := c.call(ctx, method, &req, &resp, into)
+	return resp, err
+}
+
+// call runs one call; req and resp are pointers; into is CallInto's.
+func (c *Client) call(ctx context.Context, method string, req, resp any, into []*tensordict.TensorDict) error {
 	if err := ctx.Err(); err != nil {
 		return transportError(ctx, method, err)
 	}
@@ -158,7 +184,7 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 	// A side connection for a large request body, or for a response that
 	// may bring one: the whole call goes there.
 	if side := cc.getSide(ctx, hdr.BodyLen >= sideMin || mayReturnBulk(tds, resp)); side != nil {
-		return c.sideCall(ctx, cc, side, &hdr, args, &body, tds, resp)
+		return c.sideCall(ctx, cc, side, &hdr, args, &body, tds, resp, into)
 	}
 	cs, err := cc.stream()
 	if err != nil {
@@ -178,7 +204,7 @@ func (c *Client) call(ctx context.Context, method string, req, resp any) error {
 		cs.st.SetDeadline(time.Unix(1, 0))
 		cs.st.Close()
 	})
-	ok, err := cs.roundTrip(&hdr, args, &body, tds, resp, &c.o.limits, cc.version)
+	ok, err := cs.roundTrip(&hdr, args, &body, tds, resp, into, &c.o.limits, cc.version)
 	if !stop() {
 		ok = false // the stream was cut by the AfterFunc
 	}
@@ -212,7 +238,7 @@ func (cc *clientConn) callError(ctx context.Context, method string, err error) e
 // (header, argument, body) in one writev, the whole answer read back, and
 // nothing in the session. Closing the side connection (ctx's end) cancels
 // the node's handler; a side connection not in step afterwards is closed.
-func (c *Client) sideCall(ctx context.Context, cc *clientConn, side *sideConn, hdr *requestHeader, args []byte, body *outBody, tds []*TD, resp any) error {
+func (c *Client) sideCall(ctx context.Context, cc *clientConn, side *sideConn, hdr *requestHeader, args []byte, body *outBody, tds []*TD, resp any, into []*tensordict.TensorDict) error {
 	deadline, _ := ctx.Deadline()
 	side.conn.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() {
@@ -221,7 +247,7 @@ func (c *Client) sideCall(ctx context.Context, cc *clientConn, side *sideConn, h
 	var ok bool
 	err := writeTagged(side.conn, true, hdr, args, body)
 	if err == nil {
-		ok, err = readResponse(side.br, hdr.Method, tds, resp, &c.o.limits, cc.version)
+		ok, err = readResponse(side.br, hdr.Method, tds, resp, into, &c.o.limits, cc.version)
 		ok = ok && side.br.Buffered() == 0
 	}
 	if !stop() {
@@ -248,7 +274,7 @@ func mayReturnBulk(tds []*TD, resp any) bool {
 // roundTrip writes the request and reads the response. ok reports whether
 // the stream is still in step (it may carry another call). version is the
 // connection's protocol version.
-func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, body *outBody, tds []*TD, resp any, lim *Limits, version uint8) (ok bool, err error) {
+func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, body *outBody, tds []*TD, resp any, into []*tensordict.TensorDict, lim *Limits, version uint8) (ok bool, err error) {
 	if err := writeFrame(cs.bw, hdr, args); err != nil {
 		return false, err
 	}
@@ -258,12 +284,13 @@ func (cs *clientStream) roundTrip(hdr *requestHeader, args []byte, body *outBody
 	if err := cs.bw.Flush(); err != nil {
 		return false, err
 	}
-	return readResponse(cs.br, hdr.Method, tds, resp, lim, version)
+	return readResponse(cs.br, hdr.Method, tds, resp, into, lim, version)
 }
 
-// readResponse reads a call's response from br. ok reports whether br is
-// still in step (it may carry another response).
-func readResponse(br *bufio.Reader, method string, tds []*TD, resp any, lim *Limits, version uint8) (ok bool, err error) {
+// readResponse reads a call's response from br, its TDs into into where
+// they fit (CallInto). ok reports whether br is still in step (it may
+// carry another response).
+func readResponse(br *bufio.Reader, method string, tds []*TD, resp any, into []*tensordict.TensorDict, lim *Limits, version uint8) (ok bool, err error) {
 	var rh responseHeader
 	if err := readHeader(br, lim.MaxHeaderBytes, &rh); err != nil {
 		return false, unexpected(err)
@@ -289,7 +316,7 @@ func readResponse(br *bufio.Reader, method string, tds []*TD, resp any, lim *Lim
 	if err := decodeMsgpack(rargs, resp); err != nil {
 		return rbody.drain() == nil, Errorf(Internal, "%s: response: %v", method, err)
 	}
-	err = readResultTDs(rbody, tds, findTDs(reflect.ValueOf(resp).Elem(), nil))
+	err = readResultTDs(rbody, tds, findTDs(reflect.ValueOf(resp).Elem(), nil), into)
 	if derr := rbody.drain(); derr != nil {
 		return false, derr
 	}
@@ -301,8 +328,8 @@ func readResponse(br *bufio.Reader, method string, tds []*TD, resp any, lim *Lim
 
 // readResultTDs reads the response body: the contents of request TDs sent
 // as bytes with Out set, written back into the caller's TensorDicts, then
-// the response's own TDs.
-func readResultTDs(body *bodyReader, reqTDs, respTDs []*TD) error {
+// the response's own TDs (respTDs[i] into into[i] where it fits).
+func readResultTDs(body *bodyReader, reqTDs, respTDs []*TD, into []*tensordict.TensorDict) error {
 	var wires []*wireTD
 	for _, td := range reqTDs {
 		if td.wire.comesBack() {
@@ -327,7 +354,19 @@ func readResultTDs(body *bodyReader, reqTDs, respTDs []*TD) error {
 			return Errorf(Internal, "writing the node's results back: %w", err)
 		}
 	}
-	for _, td := range respTDs {
+	var buf *[]byte // fillInto's, for mapped tensors
+	defer func() {
+		if buf != nil {
+			putBuf(buf)
+		}
+	}()
+	for i, td := range respTDs {
+		if i < len(into) && into[i] != nil && td.wire.fits(into[i]) {
+			if err := td.fillInto(into[i], body, &buf); err != nil {
+				return err
+			}
+			continue
+		}
 		if err := td.build(nil, body.fill, nil); err != nil {
 			return err
 		}
@@ -348,7 +387,7 @@ func Go[Resp, Req any](ctx context.Context, c *Client, method string, req Req) *
 	f := &Future[Resp]{done: make(chan struct{})}
 	go func() {
 		defer close(f.done)
-		f.err = c.call(ctx, method, &req, &f.resp)
+		f.err = c.call(ctx, method, &req, &f.resp, nil)
 	}()
 	return f
 }

@@ -309,7 +309,7 @@ func (c *Client) callOn(ctx context.Context, cc *clientConn, method string, req,
 	}
 	cs.setDeadline(deadline)
 	var body outBody
-	if ok, err = cs.roundTrip(&hdr, *argBuf, &body, nil, resp, &c.o.limits, cc.version); ok {
+	if ok, err = cs.roundTrip(&hdr, *argBuf, &body, nil, resp, nil, &c.o.limits, cc.version); ok {
 		cs.setDeadline(time.Time{})
 		cs.idle = time.Now()
 		cc.put(cs)

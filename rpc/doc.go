@@ -19,7 +19,9 @@
 // Bytes-mode bodies travel lz4-compressed when a sample shows it pays
 // (WithCompression, Uncompressed). A handler that would write a request's
 // bytes to disk anyway can have them written into files as they arrive
-// (PlaceBytes), so that receiving and writing overlap.
+// (PlaceBytes), so that receiving and writing overlap; a caller that
+// receives batches of one layout call after call can have them read into
+// TensorDicts it holds (CallInto), so that no batch is allocated.
 //
 // Connections start with a handshake (magic, version, an HMAC-SHA256
 // challenge-response when a token is configured, each side's filesystem

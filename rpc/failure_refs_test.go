@@ -267,7 +267,7 @@ func TestClient_BadResultTDs(t *testing.T) {
 			body := &bodyReader{r: bytes.NewReader(make([]byte, tc.body)), n: int64(tc.body)}
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
-			err := readResultTDs(body, nil, []*TD{{wire: tc.w}})
+			err := readResultTDs(body, nil, []*TD{{wire: tc.w}}, nil)
 			runtime.ReadMemStats(&after)
 			if !errors.Is(err, ErrInternal) {
 				t.Fatalf("readResultTDs: %v, want Internal", err)

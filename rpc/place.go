@@ -195,7 +195,8 @@ const placeChunk = 1 << 20
 
 // fillFile reads t's bytes (a mapped tensor) from the body, a chunk at a
 // time through buf, written into its file; with writeback, each chunk's
-// writeback is started as it is written.
+// writeback is started as it is written. Placed TDs and CallInto's mapped
+// tensors are filled so.
 func (b *bodyReader) fillFile(t *tensordict.Tensor, buf []byte, writeback bool) error {
 	n := int64(t.NumBytes())
 	if err := b.has(t, n); err != nil {
@@ -208,7 +209,7 @@ func (b *bodyReader) fillFile(t *tensordict.Tensor, buf []byte, writeback bool) 
 			return err
 		}
 		if _, err := t.WriteAt(c, off); err != nil {
-			return fmt.Errorf("rpc: writing a placed tensor: %w", err)
+			return fmt.Errorf("rpc: writing a mapped tensor: %w", err)
 		}
 		if writeback && mm != nil {
 			mm.StartWriteback(base+off, int64(len(c)))

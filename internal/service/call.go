@@ -9,6 +9,7 @@ import (
 
 	"github.com/tensorwire/tensorwire/internal/backoff"
 	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // Methods marks a service's methods repeatable: true for one that may be
@@ -39,11 +40,12 @@ type Caller struct {
 	ErrClosed error
 }
 
-// Call is rpc.Call of c's node, tried again as Retry says.
-func Call[Resp, Req any](ctx context.Context, c *Caller, method string, req Req) (Resp, error) {
+// Call is rpc.Call of c's node, tried again as Retry says; with into,
+// rpc.CallInto (each attempt reads into the same TensorDicts).
+func Call[Resp, Req any](ctx context.Context, c *Caller, method string, req Req, into ...*tensordict.TensorDict) (Resp, error) {
 	var resp Resp
 	err := c.Retry(ctx, method, func() (err error) {
-		resp, err = rpc.Call[Resp](ctx, c.RPC, method, req)
+		resp, err = rpc.CallInto[Resp](ctx, c.RPC, method, req, into...)
 		return err
 	})
 	return resp, err
