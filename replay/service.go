@@ -63,6 +63,7 @@ var repeatable = service.Methods{
 type Service struct {
 	srv     *rpc.Server // its Stats give NodeHeap
 	buffers *service.Registry[*Buffer]
+	sent    sentBatches // the batches of samples by bytes, once written, for the next ones
 
 	unpacked bool // answers replay.sample_slices as a node from before packed picks did (tests)
 }
@@ -275,11 +276,11 @@ func (svc *Service) sample(ctx context.Context, req sampleRequest) (sampleRespon
 		}
 	}
 	if req.Bytes {
-		td, info, err := b.Sample(ctx, req.N)
+		td, info, back, err := svc.sent.sample(ctx, b, req.N)
 		if err != nil {
 			return sampleResponse{}, err
 		}
-		return sampleResponse{ID: b.id, Info: info, Batch: &rpc.TD{TensorDict: td}}, nil
+		return sampleResponse{ID: b.id, Info: info, Batch: &rpc.TD{TensorDict: td, Release: back}}, nil
 	}
 	if err := b.enter(); err != nil {
 		return sampleResponse{}, err

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -291,5 +292,61 @@ func TestWireFits(t *testing.T) {
 		if w.fits(dst) {
 			t.Errorf("%s: fits", name)
 		}
+	}
+}
+
+// TestTD_Release: a response TD's Release runs once, after its bytes are
+// on their way: the handler's Release zeroes the tensors, and the caller
+// still gets what the handler returned. It runs when the handler fails
+// too.
+func TestTD_Release(t *testing.T) {
+	s, addr := startServer(t)
+	released := make(chan struct{}, 4)
+	must(t, Register(s, "test.release", func(ctx context.Context, r intoReq) (intoResp, error) {
+		td := intoTD(t, r, false)
+		resp := intoResp{A: TD{TensorDict: td, Release: func() {
+			for _, x := range td.Leaves() {
+				b, _ := x.Bytes()
+				clear(b)
+			}
+			released <- struct{}{}
+		}}}
+		if r.Meta {
+			return resp, Errorf(FailedPrecondition, "no")
+		}
+		return resp, nil
+	}))
+	c := dial(t, addr)
+	for _, tc := range []struct {
+		name string
+		req  intoReq
+	}{
+		{"small, on a stream", intoReq{Rows: 4, Width: 16, Seed: 1}},
+		{"large, on a side connection, raw", intoReq{Rows: 300, Width: 1024, Seed: 2, Random: true}},
+		{"large, lz4", intoReq{Rows: 300, Width: 1024, Seed: 3}},
+		{"the handler fails", intoReq{Rows: 4, Width: 16, Seed: 4, Meta: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := Call[intoResp](context.Background(), c, "test.release", tc.req)
+			if tc.req.Meta {
+				if err == nil {
+					t.Fatal("the call succeeded")
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			} else if !resp.A.Equal(intoTD(t, tc.req, false)) {
+				t.Error("the caller got what Release left, not what the handler returned")
+			}
+			select {
+			case <-released:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Release was not called")
+			}
+			select {
+			case <-released:
+				t.Fatal("Release was called twice")
+			case <-time.After(50 * time.Millisecond):
+			}
+		})
 	}
 }

@@ -54,8 +54,18 @@ type incoming struct {
 // outgoing is a handler's result: the response value (a pointer) and the
 // body parts that follow it.
 type outgoing struct {
-	resp  any
-	parts []bodyPart
+	resp    any
+	parts   []bodyPart
+	release []func() // the response TDs' Release
+}
+
+// done calls the response TDs' Release, once the body is written or given
+// up.
+func (o *outgoing) done() {
+	for _, f := range o.release {
+		f()
+	}
+	o.release = nil
 }
 
 // Register makes fn callable as method on s. Req and Resp are encoded with
@@ -95,13 +105,19 @@ func Register[Req, Resp any](s *Server, method string, fn func(ctx context.Conte
 				}
 			}()
 			resp, err := fn(ctx, *req)
+			respTDs := findTDs(reflect.ValueOf(&resp).Elem(), nil)
+			for _, td := range respTDs {
+				if td.Release != nil {
+					out.release = append(out.release, td.Release)
+				}
+			}
 			if err != nil {
 				return out, err
 			}
 			for _, td := range tds {
 				out.parts = append(out.parts, td.writeback()...)
 			}
-			for _, td := range findTDs(reflect.ValueOf(&resp).Elem(), nil) {
+			for _, td := range respTDs {
 				if out.parts, err = td.prepare(link{}, out.parts); err != nil {
 					return out, err
 				}
@@ -419,6 +435,7 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	if err == nil {
 		out, err = run(ctx)
 	}
+	defer out.done() // after the body's write, or its end
 	var hdr responseHeader
 	var args []byte
 	if err == nil {

@@ -45,6 +45,14 @@ type TD struct {
 	*tensordict.TensorDict
 	Rows []int
 	Out  bool
+	// Release, when set on a TD of a handler's response, is called once
+	// rpc reads the TD's tensors no more: their bytes written to the
+	// connection (or compressed), or the response given up (an error, a
+	// connection that broke). The handler's code may then reuse their
+	// memory, as a pool of batches does. Called once, after the handler
+	// returned, whether it returned an error or not; not sent, and
+	// ignored on requests, on message streams and on the caller's side.
+	Release func()
 
 	wire *wireTD // the wire form: set by prepare before encoding, and by decoding
 }

@@ -1,0 +1,102 @@
+package replay
+
+import (
+	"context"
+	"slices"
+	"sync"
+
+	"github.com/tensorwire/tensorwire/tensordict"
+)
+
+// sentBatches keeps the batches a node sent by bytes (replay.sample) for
+// its next samples by bytes. 256 Atari-sized rows are a 7.2 MB batch,
+// which a new allocation zeroes and, once Go's runtime has given its
+// pages back to the kernel, faults in again a page at a time. A batch
+// comes back once rpc has written it (rpc.TD.Release) and goes to a
+// sample of the same buffer, size and schema; at most maxSentBatches
+// batches and maxSentBytes bytes are kept, the oldest dropped first. Safe
+// for concurrent use; the zero value is empty.
+type sentBatches struct {
+	mu    sync.Mutex
+	free  []sentBatch // the most recently returned last
+	bytes int64
+}
+
+type sentBatch struct {
+	b      *Buffer
+	schema tensordict.RowSchema
+	td     *tensordict.TensorDict
+	bytes  int64
+}
+
+const (
+	maxSentBatches = 4
+	maxSentBytes   = 256 << 20
+)
+
+// sample is Buffer.Sample into a batch of the pool, and the function that
+// returns it there (to be called once nothing reads the batch any more).
+func (p *sentBatches) sample(ctx context.Context, b *Buffer, n int) (*tensordict.TensorDict, SampleInfo, func(), error) {
+	if err := b.waitSchema(ctx); err != nil {
+		return nil, SampleInfo{}, nil, err
+	}
+	schema := b.Schema()
+	bytes := int64(n) * int64(schema.RowBytes())
+	if bytes > maxSampleBytes {
+		return nil, SampleInfo{}, nil, argumentErrorf("a sample of %d transitions is %d bytes; at most %d in one call", n, bytes, int64(maxSampleBytes))
+	}
+	td := p.take(b, schema, n)
+	if td == nil {
+		var err error
+		if td, err = schema.Zeros(n); err != nil {
+			return nil, SampleInfo{}, nil, err
+		}
+	}
+	back := func() { p.put(sentBatch{b: b, schema: schema, td: td, bytes: bytes}) }
+	info, err := b.SampleInto(ctx, td)
+	if err != nil {
+		back()
+		return nil, SampleInfo{}, nil, err
+	}
+	return td, info, back, nil
+}
+
+// take removes and returns a kept batch for n rows of b with schema, or
+// nil.
+func (p *sentBatches) take(b *Buffer, schema tensordict.RowSchema, n int) *tensordict.TensorDict {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := len(p.free) - 1; i >= 0; i-- {
+		e := p.free[i]
+		if e.b == b && e.td.BatchSize()[0] == n && sameSchema(e.schema, schema) {
+			p.free = slices.Delete(p.free, i, i+1)
+			p.bytes -= e.bytes
+			return e.td
+		}
+	}
+	return nil
+}
+
+// put keeps e's batch, dropping the oldest ones past the bounds (and e's
+// itself when it alone is over half of maxSentBytes).
+func (p *sentBatches) put(e sentBatch) {
+	if e.bytes > maxSentBytes/2 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.free) > 0 && (len(p.free) == maxSentBatches || p.bytes+e.bytes > maxSentBytes) {
+		p.bytes -= p.free[0].bytes
+		p.free = slices.Delete(p.free, 0, 1)
+	}
+	p.free = append(p.free, e)
+	p.bytes += e.bytes
+}
+
+// sameSchema reports whether a and b have the same fields in the same
+// order.
+func sameSchema(a, b tensordict.RowSchema) bool {
+	return slices.EqualFunc(a, b, func(x, y tensordict.RowField) bool {
+		return slices.Equal(x.Key, y.Key) && x.DType == y.DType && slices.Equal(x.Shape, y.Shape)
+	})
+}
