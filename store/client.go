@@ -495,21 +495,45 @@ func (c *Client) Publish(ctx context.Context, name string, td *tensordict.Tensor
 // Param is closed; by bytes, its TD is a copy the client received.
 // ErrNotFound if none was published.
 func (c *Client) Latest(ctx context.Context, name string) (*Param, error) {
-	return c.read(ctx, name, 0, false)
+	return c.read(ctx, name, 0, false, nil)
 }
 
 // WaitNewer returns the latest version of name once it is newer than v,
 // waiting for its publication if need be, until ctx ends
 // (Store.WaitNewer).
 func (c *Client) WaitNewer(ctx context.Context, name string, v uint64) (*Param, error) {
-	return c.read(ctx, name, v, true)
+	return c.read(ctx, name, v, true, nil)
 }
 
-func (c *Client) read(ctx context.Context, name string, after uint64, wait bool) (*Param, error) {
+// LatestInto is Latest that, by bytes, reads the version into buf instead
+// of new memory when its layout is buf's: the same tensor keys, dtypes and
+// shapes, and no non-tensor data (rpc.CallInto). A worker that follows a
+// parameter set then allocates it once, as a loop reading into one buffer
+// from a socket does. The Param's TD is buf when it was read into it (valid
+// as long as buf is; Close releases nothing of it), a copy in new memory
+// when the layout differs, and the read-only mapping when the version
+// comes by reference. buf must not be used by anything else during the
+// call; when the call fails, it may hold part of the version.
+func (c *Client) LatestInto(ctx context.Context, name string, buf *tensordict.TensorDict) (*Param, error) {
+	return c.read(ctx, name, 0, false, buf)
+}
+
+// WaitNewerInto is WaitNewer reading into buf as LatestInto does.
+func (c *Client) WaitNewerInto(ctx context.Context, name string, v uint64, buf *tensordict.TensorDict) (*Param, error) {
+	return c.read(ctx, name, v, true, buf)
+}
+
+// read is Latest (wait false) and WaitNewer, by bytes into buf where it
+// fits (nil: none).
+func (c *Client) read(ctx context.Context, name string, after uint64, wait bool, buf *tensordict.TensorDict) (*Param, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
-	resp, err := service.Call[readResponse](ctx, &c.calls, MethodRead, readRequest{Store: c.name, Name: name, After: after, Wait: wait, Refs: c.ref})
+	var into []*tensordict.TensorDict
+	if buf != nil {
+		into = append(into, buf) // used only if the version comes as bytes
+	}
+	resp, err := service.Call[readResponse](ctx, &c.calls, MethodRead, readRequest{Store: c.name, Name: name, After: after, Wait: wait, Refs: c.ref}, into...)
 	if err != nil {
 		return nil, err
 	}

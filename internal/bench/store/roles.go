@@ -220,8 +220,12 @@ func roleReader(ctx context.Context, o *options) (*readResult, error) {
 	fmt.Println("ready")
 	res := &readResult{Held: map[uint64]int64{}}
 	var last uint64
+	// By bytes, each version is read into the first one's memory, as the
+	// raw TCP baseline reads into one buffer (WaitNewerInto); by
+	// reference each is a mapping and buf stays nil.
+	var buf *tensordict.TensorDict
 	for {
-		p, err := c.WaitNewer(ctx, o.param, last)
+		p, err := c.WaitNewerInto(ctx, o.param, last, buf)
 		if err != nil {
 			if ctx.Err() != nil {
 				return res, nil
@@ -239,6 +243,9 @@ func roleReader(ctx context.Context, o *options) (*readResult, error) {
 		}
 		res.Held[p.Version] = now.UnixNano()
 		last = p.Version
+		if buf == nil && !c.SharedFS() {
+			buf = p.TD // a copy in Go memory, the reader's to keep
+		}
 		fmt.Println("held", last)
 	}
 }
