@@ -356,6 +356,62 @@ def wire_bytes(w):
     return wire_entries(w)[1]
 
 
+def _leaf_count(d):
+    n = 0
+    for v in d.values():
+        n += 1 + (_leaf_count(v) if isinstance(v, dict) else 0)
+    return n
+
+
+def _at(d, key):
+    for k in key:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def fits(entries, dst):
+    """Whether a received wire TD (its checked entries) can be read into
+    dst, a dict of numpy arrays (nested dicts for nested keys) that the
+    caller holds: as many entries as dst has items, each naming one of them
+    once, every tensor a C-contiguous, writeable array of its dtype and
+    shape sent as bytes, every dict a dict, no non-tensor data. rpc.go's
+    wireTD.fits, the same rule."""
+    if not isinstance(dst, dict) or len(entries) != _leaf_count(dst):
+        return False
+    seen = set()
+    for key, e in entries:
+        t = tuple(key)
+        if t in seen:
+            return False
+        seen.add(t)
+        v = _at(dst, key)
+        kind = e["kind"]
+        if kind == "dict":
+            if not isinstance(v, dict):
+                return False
+        elif kind == "tensor":
+            if (not isinstance(v, np.ndarray) or e.get("ref") is not None or not v.flags.c_contiguous
+                    or not v.flags.writeable or v.dtype != numpy_dtype(e["dtype"])
+                    or v.shape != tuple(e["shape"])):
+                return False
+        else:
+            return False
+    return True
+
+
+def build_into(dst, read_into, entries):
+    """Reads a received wire TD's tensors into dst, which fits(entries,
+    dst), in entry order, and returns dst."""
+    for key, e in entries:
+        if e["kind"] == "tensor":
+            a = _at(dst, key)
+            if a.nbytes:
+                read_into(memoryview(a.reshape(-1).view(np.uint8)))
+    return dst
+
+
 def build(w, read_into, entries=None):
     """The dict of a wire TD received by bytes: each tensor is allocated and
     filled by read_into(memoryview), in entry order. The caller has checked

@@ -33,7 +33,7 @@ import numpy as np
 
 from . import _exit, errors as _errors
 from ._fields import answer, is_int, uint
-from ._td import TD, DTYPES, NonTensorData, as_array, dtype_name, flatten, leaves, marked, tree_to_torch
+from ._td import TD, DTYPES, NonTensorData, as_array, dtype_name, flatten, leaves, marked, set_path, tree_to_torch
 from .dataset import load_memmap
 from .errors import (AbortedError, AlreadyExistsError, ClientClosedError, DataLossError,
                      FailedPreconditionError, InvalidArgumentError, NotFoundError,
@@ -425,12 +425,13 @@ class Buffer:
         if self._closed:
             raise ClosedError("replay: closed")
 
-    def _call(self, method, arg, deadline, result_tds=()):
+    def _call(self, method, arg, deadline, result_tds=(), into=None):
         self._check_open()
         wait = 0.02
         while True:
             try:
-                return answer(self._client.call(method, arg, timeout=_left(deadline), result_tds=result_tds), "replay", method)
+                return answer(self._client.call(method, arg, timeout=_left(deadline), result_tds=result_tds, into=into),
+                              "replay", method)
             except ClientClosedError:
                 if self._closed:
                     raise ClosedError("replay: closed") from None
@@ -581,9 +582,21 @@ class Buffer:
             if why is not None:
                 raise SchemaError(f"replay: sample_into: {why}")
         if self._bytes:
-            batch, info = self.sample(n, timeout=_left(deadline))
-            for path, a in leaves(batch):
-                arrays[path][...] = a
+            # The rows are read from the connection into dst's arrays
+            # (torch tensors' as numpy views) where they are the batch's:
+            # C-contiguous, of the schema's dtypes and shapes; else copied.
+            into = {}
+            for path, a in arrays.items():
+                set_path(into, list(path), a)
+            r = self._call("replay.sample", {"name": self.name, "n": n, "bytes": True}, deadline, ("batch",),
+                           into={"batch": into})
+            if r.get("batch") is None:
+                raise _errors.InternalError("replay: the node sent no rows")
+            batch, info = r["batch"], SampleInfo._from_wire(r.get("info"))
+            _check_info(info, n, view.capacity)
+            if batch is not into:
+                for path, a in leaves(batch):
+                    arrays[path][...] = a
             return info
         return self._sample_ref(dst, n, deadline)
 

@@ -21,7 +21,7 @@ import threading
 import time
 
 from . import _exit, _msgpack, _wire, _yamux
-from ._td import TD, build, wire_entries
+from ._td import TD, build, build_into, fits, wire_entries
 from .errors import (CanceledError, ClientClosedError, DeadlineExceededError, FailedPreconditionError,
                      InternalError, InvalidArgumentError, TensorwireError, UnauthenticatedError,
                      UnavailableError)
@@ -361,21 +361,28 @@ class Client:
 
     # Calls.
 
-    def call(self, method, arg=None, timeout=None, result_tds=()):
+    def call(self, method, arg=None, timeout=None, result_tds=(), into=None):
         """Calls method with arg (a dict, encoded as msgpack; TD values in it
         travel as TensorDicts) and returns the node's result, decoded. The
         fields named in result_tds are the result's TensorDicts: they come
-        back as dicts of numpy arrays. timeout: seconds, or None for no
-        limit. Errors are TensorwireError subclasses: the node's, by code and
-        reason; UnavailableError when the node could not be reached or the
-        connection broke; DeadlineExceededError when timeout passed."""
-        return self.start(method, arg, timeout=timeout, result_tds=result_tds).result()
+        back as dicts of numpy arrays. into maps some of those fields (a
+        top-level key, or the path as result_tds gives it) to dicts of
+        arrays the caller holds: such a TensorDict is read from the
+        connection into them when it fits (the same keys, dtypes and shapes,
+        C-contiguous writeable arrays, no non-tensor data), and the result
+        then holds that very dict; one that does not fit comes in new
+        arrays and leaves it as it was (Go's rpc.CallInto). timeout:
+        seconds, or None for no limit. Errors are TensorwireError
+        subclasses: the node's, by code and reason; UnavailableError when
+        the node could not be reached or the connection broke;
+        DeadlineExceededError when timeout passed."""
+        return self.start(method, arg, timeout=timeout, result_tds=result_tds, into=into).result()
 
-    def start(self, method, arg=None, timeout=None, result_tds=()):
+    def start(self, method, arg=None, timeout=None, result_tds=(), into=None):
         """Sends the request of a call and returns a Pending call at once;
-        Pending.result() reads its response. The node works on it meanwhile:
-        a caller can send the next request before it gathers this one's
-        rows, say. The timeout counts from now."""
+        Pending.result() reads its response (into as call's). The node works
+        on it meanwhile: a caller can send the next request before it
+        gathers this one's rows, say. The timeout counts from now."""
         deadline = _deadline(timeout)
         arg = {} if arg is None else arg
         conn = self._connection(deadline)
@@ -402,7 +409,7 @@ class Client:
         except BaseException:
             st.close()
             raise
-        return Pending(self, conn, st, method, deadline, tds, result_tds)
+        return Pending(self, conn, st, method, deadline, tds, result_tds, into)
 
     def open_stream(self, method, arg=None, timeout=None, result_tds=()):
         """Opens a message stream (protocol version 2, docs/protocol.md
@@ -461,12 +468,13 @@ class Client:
 class Pending:
     """A call whose request has been sent (Client.start)."""
 
-    def __init__(self, client, conn, st, method, deadline, tds, result_tds):
+    def __init__(self, client, conn, st, method, deadline, tds, result_tds, into=None):
         self._client, self._conn, self._st = client, conn, st
         self.method = method
         self._deadline = deadline
         self._tds = tds
         self._result_tds = result_tds
+        self._into = {_path_key(k): v for k, v in (into or {}).items()}
         self._done = False
         self._value = None
         self._error = None
@@ -532,7 +540,7 @@ class Pending:
                     raise InternalError("the node sent an lz4-compressed body; this client asks "
                                         "for uncompressed ones and does not decode lz4")
                 wires = [td for td in self._tds if td.comes_back()]
-                rtds = _result_tds(value, self._result_tds)
+                rtds, rpaths = _result_tds(value, self._result_tds, with_paths=True)
                 wchecked = [wire_entries(td.wire) for td in wires]
                 rchecked = [wire_entries(w) for _, _, w in rtds]
                 need = sum(n for _, n in wchecked) + sum(n for _, n in rchecked)
@@ -549,8 +557,14 @@ class Pending:
 
             for td, (entries, _) in zip(wires, wchecked):
                 td.write_back(build(td.wire, fill, entries))
-            for (parent, k, w), (entries, _) in zip(rtds, rchecked):
-                parent[k] = build(w, fill, entries)
+            filled = set()  # a path of several TDs ("*") fills its dict once
+            for (parent, k, w), (entries, _), path in zip(rtds, rchecked, rpaths):
+                dst = self._into.get(path)
+                if dst is not None and path not in filled and fits(entries, dst):
+                    filled.add(path)
+                    parent[k] = build_into(dst, fill, entries)
+                else:
+                    parent[k] = build(w, fill, entries)
             ok = True
             return value
         finally:
@@ -560,13 +574,24 @@ class Pending:
                 st.close()
 
 
-def _result_tds(value, paths):
+def _path_key(path):
+    """A result TD's path as into's keys name it: a key, or a tuple of keys
+    ("a" and ("a",) alike)."""
+    if isinstance(path, str):
+        return path
+    path = tuple(path)
+    return path[0] if len(path) == 1 else path
+
+
+def _result_tds(value, paths, with_paths=False):
     """(container, key, wire TD) of every TensorDict of a decoded result at
     paths: each a key, or a tuple of keys where "*" stands for every element
     of a list (("items", "*", "td")). In body order: paths in order, list
-    elements in order; nil TDs have no bytes and are left as None."""
-    out = []
+    elements in order; nil TDs have no bytes and are left as None. With
+    with_paths, also each one's path as paths gave it (for into)."""
+    out, given = [], []
     for path in paths:
+        as_given = _path_key(path)
         path = (path,) if isinstance(path, str) else tuple(path)
         nodes = [value]
         for k in path[:-1]:
@@ -580,6 +605,9 @@ def _result_tds(value, paths):
         for n in nodes:
             if isinstance(n, dict) and isinstance(n.get(path[-1]), dict):
                 out.append((n, path[-1], n[path[-1]]))
+                given.append(as_given)
+    if with_paths:
+        return out, given
     return out
 
 

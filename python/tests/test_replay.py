@@ -54,7 +54,7 @@ class TestBuffer(unittest.TestCase):
                                  "pri,capacity=1000,sampler=prioritized,alpha=0.6,beta=0.4,min-size=1",
                                  "schema,capacity=100,min-size=1", "both,capacity=100,min-size=1", "wide,capacity=1000,min-size=1", "fresh,capacity=100,min-size=1",
                                  "copy,capacity=100,min-size=1", "bf16-ref,capacity=100,min-size=1",
-                                 "bf16-bytes,capacity=100,min-size=1",
+                                 "bf16-bytes,capacity=100,min-size=1", "into,capacity=100,min-size=1",
                                  "empty,capacity=10"]).start()
 
     @classmethod
@@ -88,6 +88,48 @@ class TestBuffer(unittest.TestCase):
                 self.assertEqual((st["inserted"], st["size"], st["capacity"]), (32, 32, 1000))
                 self.assertGreaterEqual(st["sampled"], 24)
                 b.checkpoint()
+
+    def test_sample_into_bytes_reads_in_place(self):
+        """By bytes, sample_into reads the rows from the connection into
+        dst's arrays (numpy's, or a torch tensor's memory) instead of a new
+        batch it then copies. tracemalloc sees numpy's allocations and the
+        yamux session's frames, which hold the body on its way (a batch's
+        worth, freed as it is read): a batch and a half is less than the
+        frames and a new batch. An array it cannot read into (not
+        C-contiguous) gets the rows copied, as before."""
+        import tracemalloc
+        shape = (128, 128)  # 16 KiB of obs a row, 1 MiB a batch of 64
+        with dial(self.node, "into", "bytes") as b:
+            b.extend(batch_of(range(1, 65), obs_shape=shape))
+            dst = batch_of(range(1, 65), obs_shape=shape)
+            obs = dst["obs"]
+            b.sample_into(dst)  # warm
+            tracemalloc.start()
+            try:
+                info = b.sample_into(dst)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            self.assertIs(dst["obs"], obs)
+            check_rows(self, dst)
+            np.testing.assert_array_equal(dst["action"], info.indices + 1)
+            self.assertLess(peak, 64 * 16384 * 3 // 2, "sample_into allocated a batch besides the frames")
+
+            strided = batch_of(range(1, 65), obs_shape=shape)
+            strided["obs"] = np.asfortranarray(strided["obs"])
+            b.sample_into(strided)
+            check_rows(self, strided)
+            try:
+                import torch
+            except ImportError:
+                return
+            t = {k: (torch.from_numpy(v) if not isinstance(v, dict) else {kk: torch.from_numpy(vv) for kk, vv in v.items()})
+                 for k, v in batch_of(range(1, 65), obs_shape=shape).items()}
+            ptr = t["obs"].data_ptr()
+            info = b.sample_into(t)
+            self.assertEqual(t["obs"].data_ptr(), ptr)
+            np.testing.assert_array_equal(t["action"].numpy(), info.indices + 1)
+            self.assertTrue((t["obs"].numpy() == (t["action"].numpy() % 251).astype(np.uint8).reshape(-1, 1, 1)).all())
 
     def test_modes_chosen(self):
         with replay.Buffer(self.node.addr, "ref", token=TOKEN) as b:

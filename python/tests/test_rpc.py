@@ -240,6 +240,53 @@ class TestCalls(unittest.TestCase):
         td = self.c.read("ds", rows=[1, 0])
         np.testing.assert_array_equal(td["obs"], local["obs"][[1, 0]])
 
+    def test_call_into(self):
+        """into: a result TensorDict read into the caller's arrays when they
+        fit, the result then holding that very dict; into new arrays, the
+        caller's left as they were, when not (a dtype, a shape, a key, a
+        non-contiguous array)."""
+        local = tensorwire.load_memmap(os.path.join(self.node.root, "ds"))
+
+        def zeros_like(td):
+            return {k: zeros_like(v) if isinstance(v, dict) else np.zeros_like(np.asarray(v)) for k, v in td.items()}
+
+        def read_into(dst):
+            return self.c.call("tensorwire.read", {"prefix": "ds", "rows": [1, 0], "into": None},
+                               result_tds=("td",), into={"td": dst})["td"]
+
+        want = self.c.read("ds", rows=[1, 0])
+        dst = zeros_like(want)
+        obs = dst["obs"]
+        got = read_into(dst)
+        self.assertIs(got, dst)
+        self.assertIs(got["obs"], obs)
+        np.testing.assert_array_equal(got["obs"], local["obs"][[1, 0]])
+        np.testing.assert_array_equal(got["next"]["reward"], local["next"]["reward"][[1, 0]])
+
+        def other_dtype(d):
+            d["action"] = d["action"].astype(np.float64)
+
+        def other_shape(d):
+            d["obs"] = np.zeros((3,) + d["obs"].shape[1:], d["obs"].dtype)
+
+        def a_key_more(d):
+            d["extra"] = np.zeros(2)
+
+        def a_key_less(d):
+            del d["next"]["reward"]
+
+        def strided(d):
+            d["obs"] = np.zeros(d["obs"].shape[::-1], d["obs"].dtype).T
+
+        for change in (other_dtype, other_shape, a_key_more, a_key_less, strided):
+            with self.subTest(change.__name__):
+                dst = zeros_like(want)
+                change(dst)
+                got = read_into(dst)
+                self.assertIsNot(got, dst)
+                np.testing.assert_array_equal(got["obs"], local["obs"][[1, 0]])
+                self.assertFalse(dst["obs"].any(), "the caller's arrays were written")
+
     def test_errors_by_code(self):
         with self.assertRaises(tensorwire.NotFoundError):
             self.c.describe("no/such/prefix")
