@@ -15,7 +15,10 @@ Threads. There is no dedicated reader thread on the hot path: a caller
 waiting for something (a response's bytes, send window) reads the socket
 itself while no one else does, and hands over to the next waiter when it
 has what it waited for ("leader/follower"). A response therefore reaches
-its caller without a thread switch. A keeper thread reads only while no
+its caller without a thread switch, and the payload of a data frame that
+arrives while its stream's caller waits in read_into goes straight into
+the caller's memory (the stream's sink), not through a chunk of bytes
+allocated, copied and freed. A keeper thread reads only while no
 caller waits, so that the node's pings are answered and a closed connection
 is noticed between calls.
 """
@@ -60,6 +63,10 @@ class Stream:
         self.id = sid
         self.chunks = collections.deque()  # received bytes not yet consumed
         self.buffered = 0
+        # While a read waits with nothing buffered: its memoryview, and how
+        # far the reader has filled it (read_into; the session's lock).
+        self.sink = None
+        self.sink_pos = 0
         self.recv_window = window  # what the node may still send
         self.unacked = 0  # consumed bytes not yet given back as window
         self.send_window = INITIAL_WINDOW
@@ -71,9 +78,6 @@ class Stream:
 
     # Reading.
 
-    def _readable(self, n):
-        return self.buffered >= n or self.remote_fin or self.reset
-
     def read_exact(self, n, deadline):
         """n bytes, waiting for them until deadline (a time.monotonic value,
         or None)."""
@@ -82,36 +86,53 @@ class Stream:
         return bytes(out)
 
     def read_into(self, mv, deadline):
-        """Fills the writable memoryview mv (of bytes) from the stream."""
+        """Fills the writable memoryview mv (of bytes) from the stream. What
+        is buffered is copied out; the rest the session's reader writes
+        straight into mv as it arrives (the stream's sink), with no chunk
+        allocated and copied between. The window is given back every half
+        window, so that a read larger than the window keeps the node
+        sending."""
         mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
         n, pos = len(mv), 0
         s = self.session
-        while pos < n:
-            want = min(n - pos, s.window // 2)
-            s.wait(lambda: self._readable(want), deadline)
-            with s.mu:
-                if self.buffered == 0:
-                    raise UnavailableError("stream reset by the node" if self.reset
-                                           else "the node closed the stream in the middle of a message")
-                got = 0
-                while self.chunks and pos < n:
-                    c = self.chunks[0]
-                    k = min(len(c), n - pos)
-                    mv[pos:pos + k] = c[:k]
-                    pos += k
-                    got += k
-                    if k == len(c):
-                        self.chunks.popleft()
-                    else:
-                        self.chunks[0] = c[k:]
-                self.buffered -= got
-                self.unacked += got
+        try:
+            while True:
                 update = 0
-                if self.unacked >= s.window // 2 and not self.discard:
-                    update, self.unacked = self.unacked, 0
-                    self.recv_window += update
-            if update:
-                s.send_frames([frame(TYPE_WINDOW, 0, self.id, update)])
+                with s.mu:
+                    got = 0
+                    if self.sink is not None:  # what the reader wrote in
+                        got, pos = self.sink_pos - pos, self.sink_pos
+                        self.sink = None
+                    while self.chunks and pos < n:
+                        c = self.chunks[0]
+                        k = min(len(c), n - pos)
+                        mv[pos:pos + k] = c[:k]
+                        pos += k
+                        got += k
+                        if k == len(c):
+                            self.chunks.popleft()
+                        else:
+                            self.chunks[0] = c[k:]
+                        self.buffered -= k
+                    self.unacked += got
+                    if self.unacked >= s.window // 2 and not self.discard:
+                        update, self.unacked = self.unacked, 0
+                        self.recv_window += update
+                    if pos < n:
+                        if self.reset or self.remote_fin:
+                            raise UnavailableError("stream reset by the node" if self.reset
+                                                   else "the node closed the stream in the middle of a message")
+                        self.sink, self.sink_pos = mv, pos
+                if update:
+                    s.send_frames([frame(TYPE_WINDOW, 0, self.id, update)])
+                if pos >= n:
+                    return
+                until = min(n, pos + s.window // 2)
+                s.wait(lambda: self.sink_pos >= until or self.chunks or self.remote_fin or self.reset, deadline)
+        finally:
+            if self.sink is not None:
+                with s.mu:
+                    self.sink = None  # a failed read: nothing more goes into mv
 
     # Writing.
 
@@ -174,6 +195,7 @@ class Stream:
             self.reset = self.local_fin = self.discard = True
             self.chunks.clear()
             self.buffered = 0
+            self.sink = None
             s.streams.pop(self.id, None)
         try:
             s.send_frames([frame(TYPE_WINDOW, RST, self.id, 0)])
@@ -191,6 +213,7 @@ class Stream:
             self.local_fin = True
             self.discard = True
             self.chunks.clear()
+            self.sink = None
             credit, self.unacked = self.unacked + self.buffered, 0
             self.buffered = 0
             done = self.remote_fin or self.reset
@@ -435,8 +458,15 @@ class Session:
                 k = min(self.payload_left, n - pos)
                 st = self.payload_stream
                 if st is not None and not st.discard:
-                    st.chunks.append(bytes(mv[pos:pos + k]))
-                    st.buffered += k
+                    j = 0
+                    if st.sink is not None and not st.chunks:
+                        # A read waits: straight into its memoryview.
+                        j = min(k, len(st.sink) - st.sink_pos)
+                        st.sink[st.sink_pos:st.sink_pos + j] = mv[pos:pos + j]
+                        st.sink_pos += j
+                    if j < k:
+                        st.chunks.append(bytes(mv[pos + j:pos + k]))
+                        st.buffered += k - j
                 elif st is not None:
                     out.append(frame(TYPE_WINDOW, 0, st.id, k))  # dropped: give the window back
                 pos += k
