@@ -32,7 +32,7 @@ var layers = map[string][]string{
 	"loader":                   serviceFloor(),
 	"internal/shm":             {"memmap"},
 	"internal/slots":           {"memmap", "internal/shm"},
-	"internal/service":         {"rpc", "internal/backoff"},
+	"internal/service":         {"rpc", "tensordict", "internal/backoff"}, // tensordict: Call's into (rpc.CallInto)
 	"replay/internal/selector": {},
 }
 
