@@ -350,3 +350,43 @@ func TestTD_Release(t *testing.T) {
 		})
 	}
 }
+
+// TestTD_Release_CallerGone: a caller that goes away while a large
+// response is on its way (its connection closed mid-body) still gets the
+// handler's Release called, once: a node's pool of batches loses none to
+// a trainer killed mid-sample.
+func TestTD_Release_CallerGone(t *testing.T) {
+	s, addr := startServer(t)
+	released := make(chan struct{}, 4)
+	started := make(chan struct{}, 1)
+	must(t, Register(s, "test.release", func(ctx context.Context, r intoReq) (intoResp, error) {
+		td := intoTD(t, r, false)
+		started <- struct{}{}
+		return intoResp{A: TD{TensorDict: td, Release: func() { released <- struct{}{} }}}, nil
+	}))
+	c := dial(t, addr)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		// 64 MiB of random rows: far more than the sockets hold, so the
+		// node is still writing when the caller goes.
+		_, err := Call[intoResp](ctx, c, "test.release", intoReq{Rows: 16 << 10, Width: 1024, Seed: 9, Random: true})
+		done <- err
+	}()
+	<-started
+	cancel()
+	c.Close()
+	if err := <-done; err == nil {
+		t.Fatal("the call succeeded though its caller went away")
+	}
+	select {
+	case <-released:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Release was not called once the caller went away")
+	}
+	select {
+	case <-released:
+		t.Fatal("Release was called twice")
+	case <-time.After(100 * time.Millisecond):
+	}
+}
