@@ -8,8 +8,8 @@ import (
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
-// sentBatches keeps the batches a node sent by bytes (replay.sample) for
-// its next samples by bytes. 256 Atari-sized rows are a 7.2 MB batch,
+// sentBatches keeps the batches a node sent by bytes (replay.sample and
+// replay.sample_slices) for its next samples by bytes. 256 Atari-sized rows are a 7.2 MB batch,
 // which a new allocation zeroes and, once Go's runtime has given its
 // pages back to the kernel, faults in again a page at a time. A batch
 // comes back once rpc has written it (rpc.TD.Release) and goes to a
@@ -34,31 +34,28 @@ const (
 	maxSentBytes   = 256 << 20
 )
 
-// sample is Buffer.Sample into a batch of the pool, and the function that
-// returns it there (to be called once nothing reads the batch any more).
-func (p *sentBatches) sample(ctx context.Context, b *Buffer, n int) (*tensordict.TensorDict, SampleInfo, func(), error) {
+// batch returns a batch for n rows (what: "transitions" or "steps", for
+// the error of one too large) of b's schema, once b has one: a kept
+// one, or new; and the function that returns it to the pool, to be called
+// once nothing reads it any more (rpc.TD.Release, or at once when the
+// sample failed).
+func (p *sentBatches) batch(ctx context.Context, b *Buffer, n int, what string) (*tensordict.TensorDict, func(), error) {
 	if err := b.waitSchema(ctx); err != nil {
-		return nil, SampleInfo{}, nil, err
+		return nil, nil, err
 	}
 	schema := b.Schema()
 	bytes := int64(n) * int64(schema.RowBytes())
 	if bytes > maxSampleBytes {
-		return nil, SampleInfo{}, nil, argumentErrorf("a sample of %d transitions is %d bytes; at most %d in one call", n, bytes, int64(maxSampleBytes))
+		return nil, nil, argumentErrorf("a sample of %d %s is %d bytes; at most %d in one call", n, what, bytes, int64(maxSampleBytes))
 	}
 	td := p.take(b, schema, n)
 	if td == nil {
 		var err error
 		if td, err = schema.Zeros(n); err != nil {
-			return nil, SampleInfo{}, nil, err
+			return nil, nil, err
 		}
 	}
-	back := func() { p.put(sentBatch{b: b, schema: schema, td: td, bytes: bytes}) }
-	info, err := b.SampleInto(ctx, td)
-	if err != nil {
-		back()
-		return nil, SampleInfo{}, nil, err
-	}
-	return td, info, back, nil
+	return td, func() { p.put(sentBatch{b: b, schema: schema, td: td, bytes: bytes}) }, nil
 }
 
 // take removes and returns a kept batch for n rows of b with schema, or

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
@@ -69,5 +70,67 @@ func TestSentBatches(t *testing.T) {
 	p.put(on(b1, batch(s1, 2)))
 	if p.bytes > maxSentBytes || p.take(b1, s1, maxSentBytes/2/4) != nil {
 		t.Errorf("%d bytes kept, the oldest half-size batch among them: want at most %d, oldest dropped", p.bytes, maxSentBytes)
+	}
+}
+
+// TestService_BytesSamplesReuseSentBatches: by bytes, the node's
+// replay.sample and replay.sample_slices gather into the batch of an
+// earlier answer once rpc released it (and only then), with rows as right
+// as in a new one.
+func TestService_BytesSamplesReuseSentBatches(t *testing.T) {
+	b := create(t, Config{Capacity: 64, Schema: stepSchema, TrajKey: []string{"episode"}})
+	ctx := ctxT(t)
+	for ep := int64(1); ep <= 4; ep++ {
+		if _, err := b.Extend(ctx, steps(t, ep, 0, 8)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svc := serveAt(t, b, "x")
+	spec := SliceSpec{SliceLen: 4, NumSlices: 6}
+	for _, tc := range []struct {
+		name   string
+		sample func() (*rpc.TD, error)
+	}{
+		{"sample", func() (*rpc.TD, error) {
+			r, err := svc.sample(ctx, sampleRequest{Name: "buf", N: 24, Bytes: true})
+			if err == nil {
+				_, _, err = stepsOf(r.Batch.TensorDict)
+			}
+			return r.Batch, err
+		}},
+		{"sample_slices", func() (*rpc.TD, error) {
+			r, err := svc.sampleSlices(ctx, slicesRequest{Name: "buf", Bytes: true, SliceLen: spec.SliceLen, NumSlices: spec.NumSlices})
+			if err == nil {
+				err = checkSlices(SliceInfo{SampleInfo: r.Info, Mask: r.Mask, Episodes: r.Episodes}, r.Batch.TensorDict, spec)
+			}
+			return r.Batch, err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			first, err := tc.sample()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if first.Release == nil {
+				t.Fatal("no Release: the batch cannot come back")
+			}
+			held, err := tc.sample() // first not released: another batch
+			if err != nil {
+				t.Fatal(err)
+			}
+			if held.TensorDict == first.TensorDict {
+				t.Fatal("a batch still being sent was given to another sample")
+			}
+			first.Release()
+			again, err := tc.sample()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again.TensorDict != first.TensorDict {
+				t.Error("the released batch was not reused")
+			}
+			held.Release()
+			again.Release()
+		})
 	}
 }

@@ -276,8 +276,13 @@ func (svc *Service) sample(ctx context.Context, req sampleRequest) (sampleRespon
 		}
 	}
 	if req.Bytes {
-		td, info, back, err := svc.sent.sample(ctx, b, req.N)
+		td, back, err := svc.sent.batch(ctx, b, req.N, "transitions")
 		if err != nil {
+			return sampleResponse{}, err
+		}
+		info, err := b.SampleInto(ctx, td)
+		if err != nil {
+			back()
 			return sampleResponse{}, err
 		}
 		return sampleResponse{ID: b.id, Info: info, Batch: &rpc.TD{TensorDict: td, Release: back}}, nil

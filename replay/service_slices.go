@@ -110,11 +110,20 @@ func (svc *Service) sampleSlices(ctx context.Context, req slicesRequest) (slices
 	spec := SliceSpec{SliceLen: req.SliceLen, NumSlices: req.NumSlices, PadShort: req.PadShort, Prioritized: req.Prioritized,
 		WithoutReplacement: req.WithoutReplacement}
 	if req.Bytes {
-		td, info, err := b.SampleSlices(ctx, spec)
+		// SampleSlices into a batch the node sent before (sentBatches).
+		if err := spec.check(b); err != nil {
+			return slicesResponse{}, err
+		}
+		td, back, err := svc.sent.batch(ctx, b, spec.SliceLen*spec.NumSlices, "steps")
 		if err != nil {
 			return slicesResponse{}, err
 		}
-		return slicesReply(b.id, req, info, &rpc.TD{TensorDict: td}), nil
+		info, err := b.sampleSlicesInto(ctx, spec, td)
+		if err != nil {
+			back()
+			return slicesResponse{}, err
+		}
+		return slicesReply(b.id, req, info, &rpc.TD{TensorDict: td, Release: back}), nil
 	}
 	if err := spec.check(b); err != nil {
 		return slicesResponse{}, err

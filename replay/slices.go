@@ -99,21 +99,32 @@ func (b *Buffer) SampleSlices(ctx context.Context, spec SliceSpec) (*tensordict.
 	if err != nil {
 		return nil, SliceInfo{}, err
 	}
-	if err := b.enter(); err != nil {
+	info, err := b.sampleSlicesInto(ctx, spec, dst)
+	if err != nil {
 		return nil, SliceInfo{}, err
+	}
+	return dst, info, nil
+}
+
+// sampleSlicesInto is SampleSlices into dst, a batch of the buffer's
+// schema of SliceLen*NumSlices rows, spec checked: the node's by bytes
+// is one it sent before (sentBatches).
+func (b *Buffer) sampleSlicesInto(ctx context.Context, spec SliceSpec, dst *tensordict.TensorDict) (SliceInfo, error) {
+	if err := b.enter(); err != nil {
+		return SliceInfo{}, err
 	}
 	defer b.leave()
 	var info SliceInfo
 	if err := b.pickSlices(ctx, spec, spec.NumSlices, &info); err != nil {
-		return nil, SliceInfo{}, err
+		return SliceInfo{}, err
 	}
 	b.mu.Lock()
 	storage := b.storage
 	b.mu.Unlock()
 	if err := b.gatherSlices(ctx, storage, spec, dst, &info); err != nil {
-		return nil, SliceInfo{}, b.noteFault(err)
+		return SliceInfo{}, b.noteFault(err)
 	}
-	return dst, info, nil
+	return info, nil
 }
 
 // pickSlices appends k slices to info, waiting until the buffer holds
