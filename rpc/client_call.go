@@ -12,10 +12,11 @@ import (
 )
 
 // A client's call path: the pool of idle streams on its connection
-// (clientStream, clientConn.stream and put), Call and Go, a call's round
-// trip on a stream or on a side connection it holds (Client.sideCall), and
-// the reading of the answer (readResponse; into.go for CallInto's). The connection itself (Dial,
-// the handshake, the yamux session) is in client.go.
+// (clientStream, clientConn.stream and put), Call, CallInto and Go, a
+// call's round trip on a stream or on a side connection it holds
+// (Client.sideCall), and the reading of the answer (readResponse; into.go
+// reads CallInto's). The connection itself (Dial, the handshake, the yamux
+// session) is in client.go.
 
 type clientStream struct {
 	st       *yamux.Stream
