@@ -390,3 +390,20 @@ func TestTD_Release_CallerGone(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 }
+
+// TestTD_ReleasePanics: a Release that panics is the handler's bug, not
+// the node's end: it is logged, the caller has its answer, and the
+// connection and the node go on serving.
+func TestTD_ReleasePanics(t *testing.T) {
+	s, addr := startServer(t)
+	must(t, Register(s, "test.release", func(ctx context.Context, r intoReq) (intoResp, error) {
+		return intoResp{N: 7, A: TD{TensorDict: intoTD(t, r, false), Release: func() { panic("a handler's bug") }}}, nil
+	}))
+	c := dial(t, addr)
+	for i := range 3 {
+		resp, err := Call[intoResp](context.Background(), c, "test.release", intoReq{Rows: 4, Width: 16, Seed: byte(i)})
+		if err != nil || resp.N != 7 || !resp.A.Equal(intoTD(t, intoReq{Rows: 4, Width: 16, Seed: byte(i)}, false)) {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+}

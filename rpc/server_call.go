@@ -60,10 +60,18 @@ type outgoing struct {
 }
 
 // done calls the response TDs' Release, once the body is written or given
-// up.
-func (o *outgoing) done() {
+// up. A Release that panics is logged, as a handler that panics is, and
+// the connection goes on serving; the others still run.
+func (o *outgoing) done(log *slog.Logger, method string) {
 	for _, f := range o.release {
-		f()
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					log.Error("rpc: a response TD's Release panicked", "method", method, "panic", p, "stack", string(debug.Stack()))
+				}
+			}()
+			f()
+		}()
 	}
 	o.release = nil
 }
@@ -435,7 +443,7 @@ func (s *Server) respond(ctx context.Context, st *yamux.Stream, bw *bufio.Writer
 	if err == nil {
 		out, err = run(ctx)
 	}
-	defer out.done() // after the body's write, or its end
+	defer out.done(log, in.method) // after the body's write, or its end
 	var hdr responseHeader
 	var args []byte
 	if err == nil {

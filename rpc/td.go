@@ -50,8 +50,9 @@ type TD struct {
 	// connection (or compressed), or the response given up (an error, a
 	// connection that broke). The handler's code may then reuse their
 	// memory, as a pool of batches does. Called once, after the handler
-	// returned, whether it returned an error or not; not sent, and
-	// ignored on requests, on message streams and on the caller's side.
+	// returned, whether it returned an error or not; a panic in it is
+	// logged and the node goes on. Not sent, and ignored on requests, on
+	// message streams and on the caller's side.
 	Release func()
 
 	wire *wireTD // the wire form: set by prepare before encoding, and by decoding
