@@ -793,6 +793,20 @@ func (c *Comm) failOwn(err, own error) bool {
 	return true
 }
 
+// untilBroken returns ctx, ended too (its cause the communicator's error)
+// once the communicator breaks, and the function that lets it go. An
+// operation whose waits do not watch the communicator (an rpc call to a
+// peer, which may be a new communicator on the same address waiting for
+// this rank to join it) ends with it so.
+func (c *Comm) untilBroken(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(c.broke, func() { cancel(c.err()) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
+	}
+}
+
 // err returns why the communicator cannot start an operation, or nil.
 func (c *Comm) err() error {
 	if c.closed.Load() {

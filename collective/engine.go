@@ -37,10 +37,8 @@ func (c *Comm) collective(ctx context.Context, cl *call) (*plan, []byte, error) 
 	if err := c.checkGone(seq); err != nil {
 		return nil, nil, err
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	stop := context.AfterFunc(c.broke, func() { cancel(c.err()) })
-	defer stop()
+	ctx, release := c.untilBroken(ctx)
+	defer release()
 
 	var p *plan
 	var out []byte

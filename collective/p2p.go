@@ -122,6 +122,13 @@ func (c *Comm) isend(ctx context.Context, t *tensordict.Tensor, dest, tag int) *
 	m := meta(t.DType(), t.Shape())
 	r.run = func() {
 		defer close(r.done)
+		// The send ends when the communicator breaks, as a receive does
+		// (its mailbox fails): its call may wait on a peer that will never
+		// answer it, such as a peer that closed and is joining a new
+		// communicator on the same address, which answers once this rank
+		// joins too (TestNetns_HierRankKilled, p2p-ring: a hang).
+		ctx, release := c.untilBroken(ctx)
+		defer release()
 		k := msgKey{src: c.rank, space: spaceP2P, seq: seq, tag: int64(tag)}
 		// To a rank that shares a folder, a large message is one piece:
 		// the dtype and shape with a reference to the bytes (p2p_shm.go).
