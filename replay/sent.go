@@ -65,7 +65,7 @@ func (p *sentBatches) take(b *Buffer, schema tensordict.RowSchema, n int) *tenso
 	defer p.mu.Unlock()
 	for i := len(p.free) - 1; i >= 0; i-- {
 		e := p.free[i]
-		if e.b == b && e.td.BatchSize()[0] == n && sameSchema(e.schema, schema) {
+		if e.b == b && e.td.BatchSize()[0] == n && e.schema.Match(schema) == nil {
 			p.free = slices.Delete(p.free, i, i+1)
 			p.bytes -= e.bytes
 			return e.td
@@ -88,12 +88,4 @@ func (p *sentBatches) put(e sentBatch) {
 	}
 	p.free = append(p.free, e)
 	p.bytes += e.bytes
-}
-
-// sameSchema reports whether a and b have the same fields in the same
-// order.
-func sameSchema(a, b tensordict.RowSchema) bool {
-	return slices.EqualFunc(a, b, func(x, y tensordict.RowField) bool {
-		return slices.Equal(x.Key, y.Key) && x.DType == y.DType && slices.Equal(x.Shape, y.Shape)
-	})
 }
