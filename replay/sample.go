@@ -31,14 +31,26 @@ func (b *Buffer) Sample(ctx context.Context, n int) (*tensordict.TensorDict, Sam
 	if err := checkSampleSize(n); err != nil {
 		return nil, SampleInfo{}, err
 	}
-	if err := b.waitSchema(ctx); err != nil {
+	schema, _, err := b.batchSchema(ctx, n, "transitions")
+	if err != nil {
 		return nil, SampleInfo{}, err
 	}
-	schema := b.Schema()
-	if bytes := int64(n) * int64(schema.RowBytes()); bytes > maxSampleBytes {
-		return nil, SampleInfo{}, argumentErrorf("a sample of %d transitions is %d bytes; at most %d in one call", n, bytes, int64(maxSampleBytes))
-	}
 	return sampleNew(ctx, schema, n, b.SampleInto)
+}
+
+// batchSchema waits until b has a schema and returns it with the bytes of
+// a batch of n rows, refused (ErrArgument) past maxSampleBytes; what the
+// rows are ("transitions", "steps") is for that error.
+func (b *Buffer) batchSchema(ctx context.Context, n int, what string) (tensordict.RowSchema, int64, error) {
+	if err := b.waitSchema(ctx); err != nil {
+		return nil, 0, err
+	}
+	schema := b.Schema()
+	bytes := int64(n) * int64(schema.RowBytes())
+	if bytes > maxSampleBytes {
+		return nil, 0, argumentErrorf("a sample of %d %s is %d bytes; at most %d in one call", n, what, bytes, int64(maxSampleBytes))
+	}
+	return schema, bytes, nil
 }
 
 // sampleNew is a Sample of n transitions of schema: SampleInto into a new

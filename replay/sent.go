@@ -9,9 +9,10 @@ import (
 )
 
 // sentBatches keeps the batches a node sent by bytes (replay.sample and
-// replay.sample_slices) for its next samples by bytes. 256 Atari-sized rows are a 7.2 MB batch,
-// which a new allocation zeroes and, once Go's runtime has given its
-// pages back to the kernel, faults in again a page at a time. A batch
+// replay.sample_slices) for its next samples by bytes. 256 Atari-sized
+// rows are a 7.2 MB batch, which a new allocation zeroes and, once Go's
+// runtime has given its pages back to the kernel, faults in again a page
+// at a time. A batch
 // comes back once rpc has written it (rpc.TD.Release) and goes to a
 // sample of the same buffer, size and schema; at most maxSentBatches
 // batches and maxSentBytes bytes are kept, the oldest dropped first. Safe
@@ -34,23 +35,17 @@ const (
 	maxSentBytes   = 256 << 20
 )
 
-// batch returns a batch for n rows (what: "transitions" or "steps", for
-// the error of one too large) of b's schema, once b has one: a kept
-// one, or new; and the function that returns it to the pool, to be called
-// once nothing reads it any more (rpc.TD.Release, or at once when the
-// sample failed).
+// batch returns a batch for n rows of b's schema (Buffer.batchSchema,
+// what as there), a kept one or new, and the function that returns it to
+// the pool, to be called once nothing reads it any more (rpc.TD.Release,
+// or at once when the sample failed).
 func (p *sentBatches) batch(ctx context.Context, b *Buffer, n int, what string) (*tensordict.TensorDict, func(), error) {
-	if err := b.waitSchema(ctx); err != nil {
+	schema, bytes, err := b.batchSchema(ctx, n, what)
+	if err != nil {
 		return nil, nil, err
-	}
-	schema := b.Schema()
-	bytes := int64(n) * int64(schema.RowBytes())
-	if bytes > maxSampleBytes {
-		return nil, nil, argumentErrorf("a sample of %d %s is %d bytes; at most %d in one call", n, what, bytes, int64(maxSampleBytes))
 	}
 	td := p.take(b, schema, n)
 	if td == nil {
-		var err error
 		if td, err = schema.Zeros(n); err != nil {
 			return nil, nil, err
 		}

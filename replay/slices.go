@@ -87,13 +87,10 @@ func (b *Buffer) SampleSlices(ctx context.Context, spec SliceSpec) (*tensordict.
 	if err := spec.check(b); err != nil {
 		return nil, SliceInfo{}, err
 	}
-	if err := b.waitSchema(ctx); err != nil {
-		return nil, SliceInfo{}, err
-	}
 	n := spec.SliceLen * spec.NumSlices
-	schema := b.Schema()
-	if bytes := int64(n) * int64(schema.RowBytes()); bytes > maxSampleBytes {
-		return nil, SliceInfo{}, argumentErrorf("a sample of %d steps is %d bytes; at most %d in one call", n, bytes, int64(maxSampleBytes))
+	schema, _, err := b.batchSchema(ctx, n, "steps")
+	if err != nil {
+		return nil, SliceInfo{}, err
 	}
 	dst, err := schema.Zeros(n)
 	if err != nil {
