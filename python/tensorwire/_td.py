@@ -356,13 +356,6 @@ def wire_bytes(w):
     return wire_entries(w)[1]
 
 
-def _leaf_count(d):
-    n = 0
-    for v in d.values():
-        n += 1 + (_leaf_count(v) if isinstance(v, dict) else 0)
-    return n
-
-
 def _at(d, key):
     for k in key:
         if not isinstance(d, dict) or k not in d:
@@ -378,7 +371,13 @@ def fits(entries, dst):
     once, every tensor a C-contiguous, writeable array of its dtype and
     shape sent as bytes, every dict a dict, no non-tensor data. rpc.go's
     wireTD.fits, the same rule."""
-    if not isinstance(dst, dict) or len(entries) != _leaf_count(dst):
+    if not isinstance(dst, dict):
+        return False
+    try:
+        items = sum(1 for _ in flatten(dst))
+    except InvalidArgumentError:  # a key that is not a str: nothing fits it
+        return False
+    if len(entries) != items:
         return False
     seen = set()
     for key, e in entries:
