@@ -2,6 +2,7 @@ package proctest
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -32,7 +33,38 @@ func TestHelperProcess(t *testing.T) {
 			})
 		},
 		"fail": func() error { return errors.New("boom") },
+		// block waits for ever in blockForDump.
+		"block": func() error {
+			blockForDump()
+			return nil
+		},
 	})
+}
+
+// blockForDump says it is ready, from inside it (so that its frame is on
+// the stack from the moment the line is out), and waits for ever: TestDump
+// looks for its name in the stacks.
+func blockForDump() {
+	fmt.Println("ready")
+	select {}
+}
+
+// TestDump: a helper that waits for ever writes the stack of the goroutine
+// that waits, by name, and exits when asked for its stacks; Dump returns
+// once it is gone.
+func TestDump(t *testing.T) {
+	p := Start(t, envRole+"=block")
+	p.Expect(t, "ready")
+	stderr := p.Dump(30 * time.Second)
+	if !strings.Contains(stderr, "proctest.blockForDump") || !strings.Contains(stderr, "goroutine ") {
+		t.Errorf("stderr %q, want the stack of blockForDump", tail(stderr, 2000))
+	}
+	if p.Alive() {
+		t.Fatal("alive after Dump")
+	}
+	if ee, ok := errors.AsType[*exec.ExitError](p.ExitErr()); !ok || ee.ExitCode() != 2 {
+		t.Errorf("exit %v, want status 2 (the runtime's, on SIGQUIT): it was not asked for its stacks", p.ExitErr())
+	}
 }
 
 // TestStartServer_Serves: a helper that serves is reachable at the address

@@ -8,6 +8,11 @@
 // job, and skips when it is not set. StartCmd runs any command. Either way
 // the process talks to its test through its standard output, line by line
 // (Expect, Line, Last, Output).
+//
+// When a test fails, every process it started is killed and its stderr
+// logged; one still running is first asked for its goroutines' stacks
+// (Dump), so a test that failed because a Go process waited for ever shows
+// where it waited.
 package proctest
 
 import (
@@ -26,6 +31,14 @@ import (
 
 // expectTimeout is how long Expect waits for its line.
 const expectTimeout = 30 * time.Second
+
+// dumpWait is how long a failed test's cleanup waits for a process to write
+// its stacks and exit (Dump); dumpTail is how much of a dumped process's
+// stderr the test's log gets, where it gets 4000 bytes of the others'.
+const (
+	dumpWait = 5 * time.Second
+	dumpTail = 64 << 10
+)
 
 // Proc is a running process started by Start or StartCmd. Every line of its
 // standard output is kept. Its standard input is a pipe held open until it
@@ -73,6 +86,11 @@ func StartCmd(t testing.TB, name string, cmd *exec.Cmd) *Proc {
 		t.Fatalf("starting %s: %v", name, err)
 	}
 	t.Cleanup(func() {
+		if t.Failed() && p.Alive() {
+			t.Logf("%s (pid %d) was still running; its stacks (SIGQUIT) and stderr:\n%s", name, p.Pid(),
+				tail(p.Dump(dumpWait), dumpTail))
+			return
+		}
 		p.Kill()
 		if t.Failed() {
 			t.Logf("%s (pid %d) stderr:\n%s", name, p.Pid(), tail(p.Stderr(), 4000))
@@ -195,6 +213,25 @@ func (p *Proc) Kill() time.Time {
 	<-p.exited
 	p.stdin.Close()
 	return at
+}
+
+// Dump asks the process for the stacks of its goroutines and returns its
+// stderr once it has exited: it sends SIGQUIT, on which the Go runtime
+// writes every goroutine's stack to stderr and exits with status 2, waits up
+// to d for that, and kills the process if it has not exited by then. A
+// process that has already exited is not signalled. For a process that is
+// not a Go program (or that handles SIGQUIT itself) it is Kill with a grace
+// period; either way the process is gone when Dump returns.
+func (p *Proc) Dump(d time.Duration) string {
+	if p.Alive() {
+		p.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.exited:
+		case <-time.After(d):
+		}
+	}
+	p.Kill()
+	return p.Stderr()
 }
 
 // WaitFor waits up to d for the process to exit by itself and returns
