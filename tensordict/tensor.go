@@ -255,6 +255,11 @@ func (t *Tensor) writeAt(src []byte, off int) error {
 
 // copyFrom copies all of src's data (same byte size) into t.
 func (t *Tensor) copyFrom(src *Tensor) error {
+	if t.mm == nil {
+		// Into Go memory: one copy, straight from src's mapping (or
+		// memory), with no chunk between.
+		return src.readAt(t.heap[:src.NumBytes()], 0)
+	}
 	return src.chunks(func(off int, b []byte) error { return t.writeAt(b, off) })
 }
 
