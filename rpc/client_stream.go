@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"reflect"
+	"sync"
 	"time"
 )
 
@@ -53,6 +54,27 @@ func (s *Stream[S, R]) Send(ctx context.Context, m S) error {
 // ended. A message's TDs are the caller's to keep (unless ReuseBuffers).
 func (s *Stream[S, R]) Recv(ctx context.Context) (R, error) {
 	return recvAs[R](ctx, s.ms)
+}
+
+// RecvHeld is Recv for a caller that is done with a message only after its
+// next Recv, as one that hands messages to another goroutine is: with
+// ReuseBuffers, the message's TDs stay valid until release is called, not
+// until the next Recv, and their memory is reused for later messages once
+// it is. release may be called from any goroutine, and more than once (the
+// calls after the first do nothing); a message never released only misses
+// the reuse. Without ReuseBuffers the TDs are the caller's to keep and
+// release does nothing. release is never nil.
+func (s *Stream[S, R]) RecvHeld(ctx context.Context) (m R, release func(), err error) {
+	v, d, err := s.ms.recvHeld(ctx)
+	release = func() {}
+	if d != nil {
+		release = sync.OnceFunc(func() { s.ms.release(d) })
+	}
+	if err != nil {
+		release()
+		return m, func() {}, err
+	}
+	return *v.(*R), release, nil
 }
 
 // ReuseBuffers makes the TDs of the messages Recv returns from now on valid

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -452,6 +453,63 @@ func TestStream_ReuseBuffers(t *testing.T) {
 	}
 	if _, err := st.Recv(ctx); err != io.EOF {
 		t.Fatalf("the end: %v", err)
+	}
+}
+
+// TestStream_RecvHeld: with ReuseBuffers, a message received with
+// RecvHeld keeps its bytes while later messages arrive and are released
+// (their memory reused), until it is released itself; release may be
+// called twice. Recv releasing the message before it would show here as a
+// held message overwritten by a later one.
+func TestStream_RecvHeld(t *testing.T) {
+	n := startStreamNode(t)
+	const msgs = 24
+	must(t, RegisterStream(n.s, "test.stream.held", func(ctx context.Context, _ Empty, st *ServerStream[tick, tick]) error {
+		for i := range msgs {
+			if err := st.Send(ctx, tick{I: i, X: Ref(byteTD(t, 4, 16<<10, byte(i)))}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	check := func(m tick, i int) {
+		t.Helper()
+		b, _ := firstLeaf(t, m.X.TensorDict).Bytes()
+		for j, v := range b {
+			if m.I != i || v != byte(i)+byte(j/(16<<10)) {
+				t.Fatalf("message %d (%d) byte %d is %d", i, m.I, j, v)
+			}
+		}
+	}
+	for _, reuse := range []bool{true, false} {
+		t.Run(fmt.Sprintf("reuse=%v", reuse), func(t *testing.T) {
+			c := dial(t, n.addr)
+			ctx := Uncompressed(testCtx(t))
+			st, err := OpenStream[tick, tick](ctx, c, "test.stream.held", Empty{})
+			must(t, err)
+			defer st.Close()
+			if reuse {
+				st.ReuseBuffers()
+			}
+			var kept []tick // every third message, held to the end
+			for i := range msgs {
+				m, release, err := st.RecvHeld(ctx)
+				must(t, err)
+				check(m, i)
+				if i%3 == 0 {
+					kept = append(kept, m)
+					continue
+				}
+				release()
+				release()
+			}
+			if _, _, err := st.RecvHeld(ctx); err != io.EOF {
+				t.Fatalf("the end: %v", err)
+			}
+			for k, m := range kept {
+				check(m, 3*k)
+			}
+		})
 	}
 }
 

@@ -314,6 +314,19 @@ func (ms *msgStream) push(it received, drop bool) {
 
 // recv returns the next message, or why there is none.
 func (ms *msgStream) recv(ctx context.Context) (any, error) {
+	msg, d, err := ms.recvHeld(ctx)
+	if d != nil {
+		ms.mu.Lock()
+		ms.held = d
+		ms.mu.Unlock()
+	}
+	return msg, err
+}
+
+// recvHeld is recv whose message's TDs the caller releases, with
+// ms.release of the returned *decoded (nil when there is nothing to
+// release); the message recv returned before is released now.
+func (ms *msgStream) recvHeld(ctx context.Context) (any, *decoded, error) {
 	ms.mu.Lock()
 	prev := ms.held
 	ms.held = nil
@@ -326,22 +339,21 @@ func (ms *msgStream) recv(ctx context.Context) (any, error) {
 			ms.queue[0] = received{}
 			ms.queue = ms.queue[1:]
 			ms.queued -= it.size
-			ms.held = it.d
 			ms.signal()
 			ms.mu.Unlock()
-			return it.msg, it.err
+			return it.msg, it.d, it.err
 		}
 		if ms.ended {
 			err := ms.end
 			ms.mu.Unlock()
-			return nil, err
+			return nil, nil, err
 		}
 		ch := ms.changed
 		ms.mu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return nil, ms.ctxErr(ctx, ctx.Err())
+			return nil, nil, ms.ctxErr(ctx, ctx.Err())
 		}
 	}
 }
