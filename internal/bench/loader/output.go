@@ -13,6 +13,7 @@ type Result struct {
 	Date    string            `json:"date"`
 	CPUs    int               `json:"cpus"`
 	Procs   int               `json:"procs"`   // --procs: GOMAXPROCS of every process of a run; 0: Go's default
+	Bytes   bool              `json:"bytes"`   // --bytes: the shared consumers got their batches as bytes, not from the ring
 	Samples map[string]int    `json:"samples"` // per workload, per epoch
 	Source  map[string]string `json:"source"`  // where each workload's dataset came from
 	Runs    []Figures         `json:"runs"`
@@ -46,7 +47,7 @@ const (
 )
 
 func printResult(w io.Writer, o *options, res *Result) {
-	res.CPUs, res.Procs = runtime.NumCPU(), o.procs
+	res.CPUs, res.Procs, res.Bytes = runtime.NumCPU(), o.procs, o.bytes
 	t := report.NewTable("dataset", "consumers", "batches", "mode", "samples/s/consumer", "slowest", "cpu s", "producer cpu s", "net B/batch", "exactly once")
 	for _, r := range res.Runs {
 		t.Row(r.Dataset, r.Consumers, fmt.Sprint(r.BatchSizes), r.Mode, r.SamplesPerSPerConsumer, r.MinSamplesPerS, r.CPUS,
@@ -63,6 +64,10 @@ func printResult(w io.Writer, o *options, res *Result) {
 		fmt.Fprintf(w, "%s: %s (%d samples); ", d, s, res.Samples[d])
 	}
 	fmt.Fprintln(w)
+	if o.bytes {
+		fmt.Fprintln(w, "--bytes: the shared consumers got every batch as bytes on their streams (loader.Options.Bytes);"+
+			" the goals below are set for consumers that map the ring, and compare bytes mode with them")
+	}
 	for _, line := range goals(res) {
 		fmt.Fprintln(w, line)
 	}

@@ -36,7 +36,7 @@ func runPlan(ctx context.Context, o *options, p plan, prefix string, n int, root
 		epochs = o.fepochs
 	}
 	common := []string{"--prefix", prefix, "--root", root, "--samples", strconv.Itoa(n), "--seed", strconv.FormatUint(o.seed, 10), "--epochs", strconv.Itoa(epochs),
-		"--slots", strconv.Itoa(o.slots), "--views=" + strconv.FormatBool(o.views), "--workers", strconv.Itoa(o.workers), "--procs", strconv.Itoa(o.procs)}
+		"--slots", strconv.Itoa(o.slots), "--views=" + strconv.FormatBool(o.views), "--bytes=" + strconv.FormatBool(o.bytes), "--workers", strconv.Itoa(o.workers), "--procs", strconv.Itoa(o.procs)}
 	if p.dataset == fashion {
 		common = append(common, "--transform", "--check", "index", "--producer-batch", strconv.Itoa(o.fpbatch), "--step", o.fstep.String())
 	} else {
@@ -122,12 +122,13 @@ func runPlan(ctx context.Context, o *options, p plan, prefix string, n int, root
 			return run, err
 		}
 	}
-	run.summarize(results)
+	run.summarize(results, o.bytes)
 	return run, nil
 }
 
-// summarize fills run's figures in from the consumers' results.
-func (run *Figures) summarize(rs []consumerResult) {
+// summarize fills run's figures in from the consumers' results; bytes
+// says the shared consumers were to get their batches as bytes (--bytes).
+func (run *Figures) summarize(rs []consumerResult, bytes bool) {
 	run.ExactlyOnce = true
 	run.CPUS = run.ProducerCPUS
 	var rate, batches, io float64
@@ -151,8 +152,11 @@ func (run *Figures) summarize(rs []consumerResult) {
 				run.Problem = fmt.Sprintf("consumer %d (batch %d): %d samples; %s", i, r.Batch, r.Samples, r.Problem)
 			}
 		}
-		if run.Mode == shared && !r.Shared {
+		switch {
+		case run.Mode == shared && !bytes && !r.Shared:
 			run.Problem += fmt.Sprintf(" consumer %d got bytes, not the ring;", i)
+		case run.Mode == shared && bytes && r.Shared:
+			run.Problem += fmt.Sprintf(" consumer %d mapped the ring, not bytes;", i)
 		}
 	}
 	run.SamplesPerSPerConsumer = rate / float64(len(rs))

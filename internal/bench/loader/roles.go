@@ -139,7 +139,7 @@ func runConsumer(o options) error {
 	res := consumerResult{Role: "consumer", Batch: o.batch, Procs: runtime.GOMAXPROCS(0)}
 	switch o.mode {
 	case shared:
-		c, err := loader.Dial(ctx, o.addr, loaderName, loader.Options{Batch: o.batch, Root: o.root, Views: o.views})
+		c, err := loader.Dial(ctx, o.addr, loaderName, loader.Options{Batch: o.batch, Root: o.root, Views: o.views, Bytes: o.bytes})
 		if err != nil {
 			return err
 		}

@@ -83,6 +83,7 @@ type options struct {
 	fpbatch   int // fashion-mnist
 	mixed     bool
 	views     bool
+	bytes     bool // shared consumers without a root: batches as bytes on the stream
 	workers   int
 	procs     int // GOMAXPROCS of each process of a run; 0: Go's default
 	seed      uint64
@@ -125,6 +126,7 @@ func newFlagSet(o *options, datasets, consumers *string) *flag.FlagSet {
 	fs.IntVar(&o.pbatch, "producer-batch", 64, "the producer's batch size for "+synthetic)
 	fs.IntVar(&o.fpbatch, "fashion-producer-batch", 512, "the producer's batch size for "+fashion)
 	fs.BoolVar(&o.views, "views", true, "shared consumers read their batches as views of the ring (loader.Options.Views) where a batch lies within a slot, instead of copying them")
+	fs.BoolVar(&o.bytes, "bytes", false, "shared consumers ask for their batches as bytes on the stream (loader.Options.Bytes), as a job on a machine that does not share the producer's page cache gets them; views are then of the batches received")
 	fs.IntVar(&o.procs, "procs", 0, "GOMAXPROCS of every process a run starts: the producer node, its consumers and the independent loaders alike (0: Go's default, the cores)")
 	fs.IntVar(&o.workers, "workers", 1, "goroutines the "+fashion+" transform runs on (loader.Config.Workers), in the producer and in each independent loader")
 	fs.BoolVar(&o.mixed, "mixed", true, "also run "+synthetic+" with three consumers at batch 32, 64 and 128")
