@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/tensorwire/tensorwire/internal/slots"
 	"github.com/tensorwire/tensorwire/rpc"
@@ -56,6 +57,8 @@ func (s *session) assemble(ctx context.Context, epoch int64, skip, batch int, dr
 			return false
 		}
 	}
+	// hold counts the uses of the rows of the batch being cut (by bytes).
+	var hold *held
 	// sendView sends rows [off, off+n) of the batch a announces as a view.
 	sendView := func(a announcement, rows *tensordict.TensorDict, off, n int) bool {
 		td, check, err := s.view(a, rows, off, n)
@@ -63,12 +66,14 @@ func (s *session) assemble(ctx context.Context, epoch int64, skip, batch int, dr
 			fail(err)
 			return false
 		}
-		rel := releaser(relTo)
+		rel, h := releaser(relTo), hold
+		h.add() // the view reads the rows until the loop is done with it
 		item := assembled{td: td, n: n, done: func(used bool) error {
 			err := check(used)
 			if err == nil {
 				err = rel(used)
 			}
+			h.drop()
 			return err
 		}}
 		select {
@@ -145,7 +150,8 @@ func (s *session) assemble(ctx context.Context, epoch int64, skip, batch int, dr
 		stash = newBatchBuf(s.schema, len(sh.pad))
 	}
 	for {
-		anns, rows, err := s.next(ctx, epoch, index)
+		anns, rows, h, err := s.next(ctx, epoch, index)
+		hold = h
 		if err != nil {
 			if ctx.Err() != nil && !errors.Is(err, rpc.ErrUnavailable) {
 				return // the loop stopped
@@ -187,6 +193,8 @@ func (s *session) assemble(ctx context.Context, epoch int64, skip, batch int, dr
 					return
 				}
 			}
+			// Cut: what still reads the batch's rows is the views sent.
+			hold.drop()
 			if !views {
 				s.release(epoch, a.Index+1)
 			}
@@ -217,41 +225,86 @@ func (s *session) assemble(ctx context.Context, epoch int64, skip, batch int, dr
 }
 
 // next returns the batch of epoch at index, as its stream brings it, and
-// its rows in bytes mode; it passes over the batches before it (of an
-// epoch the loop gave up).
-func (s *session) next(ctx context.Context, epoch int64, index int) ([]announcement, *tensordict.TensorDict, error) {
+// its rows in bytes mode, held once for the caller (drop it when done
+// cutting them); it passes over the batches before it (of an epoch the
+// loop gave up).
+func (s *session) next(ctx context.Context, epoch int64, index int) ([]announcement, *tensordict.TensorDict, *held, error) {
 	for {
-		var m batchMessage
+		var m inbound
 		var ok bool
 		select {
 		case m, ok = <-s.msgs:
 		case <-ctx.Done():
-			return nil, nil, ctx.Err()
+			return nil, nil, nil, ctx.Err()
 		}
 		if !ok {
-			return nil, nil, fmt.Errorf("loader: epoch %d, batch %d: %w", epoch, index, s.streamErr())
+			return nil, nil, nil, fmt.Errorf("loader: epoch %d, batch %d: %w", epoch, index, s.streamErr())
 		}
-		a := m.Batch
-		if a.Epoch < epoch || (a.Epoch == epoch && a.Index < index) {
+		a, rows, err := s.check(m.batchMessage, epoch, index)
+		if a == nil && err == nil {
+			m.release()
 			continue
 		}
-		if a.Epoch != epoch || a.Index != index {
-			return nil, nil, fmt.Errorf("loader: waiting for batch %d of epoch %d, got %d of %d", index, epoch, a.Index, a.Epoch)
+		if err != nil {
+			m.release()
+			return nil, nil, nil, err
 		}
-		if err := s.checkAnnouncement(a); err != nil {
-			return nil, nil, err
+		return []announcement{*a}, rows, newHeld(m.release), nil
+	}
+}
+
+// check checks m as the batch of epoch at index and returns its
+// announcement and (in bytes mode) its rows; a nil announcement and error
+// for a batch before it, to pass over.
+func (s *session) check(m batchMessage, epoch int64, index int) (*announcement, *tensordict.TensorDict, error) {
+	a := m.Batch
+	if a.Epoch < epoch || (a.Epoch == epoch && a.Index < index) {
+		return nil, nil, nil
+	}
+	if a.Epoch != epoch || a.Index != index {
+		return nil, nil, fmt.Errorf("loader: waiting for batch %d of epoch %d, got %d of %d", index, epoch, a.Index, a.Epoch)
+	}
+	if err := s.checkAnnouncement(a); err != nil {
+		return nil, nil, err
+	}
+	var rows *tensordict.TensorDict
+	if s.bytes {
+		if m.Rows == nil || m.Rows.TensorDict == nil || m.Rows.Len() != a.Rows {
+			return nil, nil, fmt.Errorf("loader: batch %d of epoch %d came without its %d rows", index, epoch, a.Rows)
 		}
-		var rows *tensordict.TensorDict
-		if s.bytes {
-			if m.Rows == nil || m.Rows.TensorDict == nil || m.Rows.Len() != a.Rows {
-				return nil, nil, fmt.Errorf("loader: batch %d of epoch %d came without its %d rows", index, epoch, a.Rows)
-			}
-			if err := s.schema.Match(m.Rows.RowSchema()); err != nil {
-				return nil, nil, fmt.Errorf("loader: the rows of batch %d of epoch %d are not the joined schema's: %w", index, epoch, err)
-			}
-			rows = m.Rows.TensorDict
+		if err := s.schema.Match(m.Rows.RowSchema()); err != nil {
+			return nil, nil, fmt.Errorf("loader: the rows of batch %d of epoch %d are not the joined schema's: %w", index, epoch, err)
 		}
-		return []announcement{a}, rows, nil
+		rows = m.Rows.TensorDict
+	}
+	return &a, rows, nil
+}
+
+// held counts the uses of a batch's rows that came as bytes: the
+// assembler's while it cuts them into batches (copies, or views), and each
+// view of them the loop is not yet done with. The last drop gives their
+// memory back to the stream (inbound.release) for a later batch. Its
+// methods are safe for concurrent use; a nil *held does nothing.
+type held struct {
+	n       atomic.Int32
+	release func()
+}
+
+func newHeld(release func()) *held {
+	h := &held{release: release}
+	h.n.Store(1)
+	return h
+}
+
+func (h *held) add() {
+	if h != nil {
+		h.n.Add(1)
+	}
+}
+
+func (h *held) drop() {
+	if h != nil && h.n.Add(-1) == 0 {
+		h.release()
 	}
 }
 

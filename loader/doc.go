@@ -54,7 +54,8 @@
 // filesystem: it maps the ring, and the stream carries announcements (a
 // slot, a word, a batch's place) and acks. A consumer elsewhere gets the
 // same batches as bytes on the same stream (lz4 when it pays, rpc's
-// choice). A producer holds its ring folder alone (a lock file); killed,
+// choice), which the node copies out of the ring into one buffer of its
+// own and the consumer receives into memory it reuses from batch to batch. A producer holds its ring folder alone (a lock file); killed,
 // its consumers' loops end with an error matching rpc.ErrUnavailable, and
 // a producer started again for the folder begins at the epoch after the
 // last one begun, where the consumers join it.

@@ -75,7 +75,7 @@ func newFakeNode(t testing.TB) *fakeNode {
 			t.Fatal(err)
 		}
 		for _, a := range as {
-			td, err := p.copyBatch(a)
+			td, err := p.copyBatch(a, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -121,9 +121,15 @@ type fixture struct {
 // cfg (Dataset and Dir filled in when empty) and serves it as "train".
 func newFixture(t testing.TB, n int, cfg Config) *fixture {
 	t.Helper()
+	return newFixtureOf(t, n, testRow, cfg)
+}
+
+// newFixtureOf is newFixture with images of the given row shape.
+func newFixtureOf(t testing.TB, n int, row []int, cfg Config) *fixture {
+	t.Helper()
 	root := t.TempDir()
 	f := &fixture{root: root, dataset: filepath.Join(root, "data")}
-	makeDataset(t, f.dataset, n)
+	makeDatasetOf(t, f.dataset, n, row)
 	if cfg.Dataset == "" {
 		cfg.Dataset = f.dataset
 	}

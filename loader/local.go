@@ -49,7 +49,8 @@ type Options struct {
 	// Config.MaxWait) ends the epoch with ErrDropped, yielded as the next
 	// item. Batches that straddle two producer batches, and a rank's share
 	// (WorldSize), are copied as without Views; in bytes mode a view is of
-	// the message's rows. Dial only.
+	// the rows as they arrived, whose memory a later batch reuses once the
+	// body returns. Dial only.
 	Views bool
 
 	// RPC passes options to rpc.Dial: a token, TLS, a logger. Dial only.

@@ -236,9 +236,13 @@ var (
 	testHookBeforeSend func(ctx context.Context, a announcement)
 )
 
-// send sends the consumer's batches on st until an error.
+// send sends the consumer's batches on st until an error. By bytes each
+// batch is copied out of the ring into one buffer, made at the first batch
+// and used again for every later one: a Send has written the batch's bytes
+// (or failed) when it returns.
 func (svc *Service) send(ctx context.Context, p *Producer, req consumeRequest, st *rpc.ServerStream[ackMessage, batchMessage]) error {
 	epoch, index := req.Epoch, req.Index
+	var buf *tensordict.TensorDict
 	for {
 		as, err := p.push(ctx, req.Consumer, &epoch, &index)
 		if err != nil {
@@ -247,7 +251,12 @@ func (svc *Service) send(ctx context.Context, p *Producer, req consumeRequest, s
 		for _, a := range as {
 			msg := batchMessage{Batch: a}
 			if req.Bytes {
-				td, err := p.copyBatch(a)
+				if buf == nil {
+					if buf, err = p.schema.Zeros(p.ring.batch); err != nil {
+						return err
+					}
+				}
+				td, err := p.copyBatch(a, buf)
 				if err != nil {
 					return err
 				}

@@ -34,8 +34,8 @@ type session struct {
 	views map[[2]int]*tensordict.TensorDict
 
 	stream   *rpc.Stream[ackMessage, batchMessage]
-	msgs     chan batchMessage // from the stream, in order; closed when it ends
-	ackEvery int               // releases are sent once they move this many batches (or at a heartbeat)
+	msgs     chan inbound // from the stream, in order; closed when it ends
+	ackEvery int          // releases are sent once they move this many batches (or at a heartbeat)
 
 	mu        sync.Mutex
 	relEpoch  int64 // done with every batch before (relEpoch, relIndex)
@@ -193,8 +193,13 @@ func (c *Consumer) join(ctx context.Context) (*session, error) {
 		}
 		return nil, err
 	}
+	if s.bytes {
+		// Each batch's rows in memory that comes back once the loop is
+		// done with them (inbound.release), not in new memory a batch.
+		s.stream.ReuseBuffers()
+	}
 	// The producer publishes at most a ring ahead of the consumer.
-	s.msgs = make(chan batchMessage, min(resp.Slots, maxAnnounce)+1)
+	s.msgs = make(chan inbound, min(resp.Slots, maxAnnounce)+1)
 	s.done.Add(2)
 	go s.receive(bg)
 	go s.heartbeat(bg)
@@ -229,12 +234,21 @@ func checkJoin(r joinResponse, batch int) error {
 	return fmt.Errorf("loader: the node's answer to join is no producer's: %s", bad)
 }
 
+// inbound is a message of the stream, and how to give back the memory of
+// its rows (by bytes) once nothing reads them any more: a rows' memory is
+// used again for a later batch then (rpc's Stream.RecvHeld). Not calling
+// release only forgoes that.
+type inbound struct {
+	batchMessage
+	release func()
+}
+
 // receive passes the stream's messages to msgs until the stream ends.
 func (s *session) receive(ctx context.Context) {
 	defer s.done.Done()
 	defer close(s.msgs)
 	for {
-		m, err := s.stream.Recv(ctx)
+		m, release, err := s.stream.RecvHeld(ctx)
 		if err != nil {
 			if err == io.EOF { // the handler returned nil
 				err = wrapf(ErrDropped, "the producer ended the consumer's stream")
@@ -245,8 +259,9 @@ func (s *session) receive(ctx context.Context) {
 			return
 		}
 		select {
-		case s.msgs <- m:
+		case s.msgs <- inbound{m, release}:
 		case <-ctx.Done():
+			release()
 			return
 		}
 	}
@@ -339,10 +354,11 @@ func (s *session) end(context.Context) {
 		drain:
 			for {
 				select {
-				case _, ok := <-s.msgs:
+				case m, ok := <-s.msgs:
 					if !ok {
 						break drain
 					}
+					m.release()
 				case <-ctx.Done():
 					break drain
 				}
