@@ -118,6 +118,7 @@ class _Session:
         self.stream = stream
         self.bytes = bytes_mode
         self.folder = None  # the ring's folder, by reference
+        self.rows_buf = None  # by bytes: arrays a producer batch's rows are received into, again and again
         self.views = None  # the device slots' views, once resolved (_resolve): [] for the host path
         self.err = None  # why the stream ended
         self.mu = threading.Lock()
@@ -128,6 +129,21 @@ class _Session:
         self.stop = threading.Event()
         self.beat = threading.Thread(target=self._heartbeat, name="tensorwire-loader-heartbeat", daemon=True)
         self.beat.start()
+
+    def rows_into(self):
+        """By bytes, the arrays (the rows' nested dict) a full producer
+        batch's rows are read into from the connection: made at the first
+        message and used again for every later one, since each batch's rows
+        are copied into the consumer's batches before the next message is
+        read (Consumer._next, _copy). A message they do not fit (an epoch's
+        short last batch) comes in new memory."""
+        if self.rows_buf is None:
+            buf = {}
+            for f in self.info["schema"]:
+                set_path(buf, tuple(f["key"]),
+                         np.empty((self.info["batch"],) + tuple(f.get("shape") or ()), DTYPES[f["dtype"]]))
+            self.rows_buf = buf
+        return self.rows_buf
 
     def release(self, epoch, index):
         with self.mu:
@@ -760,7 +776,7 @@ class Consumer:
         batches before it (of an epoch given up) are passed over."""
         while True:
             try:
-                m = s.stream.recv()
+                m = s.stream.recv(into={"rows": s.rows_into()} if s.bytes else None)
             except StreamEnd:
                 s.err = DroppedError("loader: the producer ended the consumer's stream")
                 raise s.err from None

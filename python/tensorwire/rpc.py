@@ -629,10 +629,15 @@ class MessageStream:
         self._ended = None  # the handler's end: None while it has not ended, else its error or StreamEnd
         self._sent_end = False
 
-    def recv(self, timeout=None):
+    def recv(self, timeout=None, into=None):
         """The node's next message (its decoded argument, TensorDicts at
         result_tds as dicts of arrays). Raises StreamEnd once the handler
-        ended the stream without an error, or the handler's error."""
+        ended the stream without an error, or the handler's error. into, as
+        Client.call's, maps some of result_tds to dicts of numpy arrays the
+        caller holds: a message's TensorDict there is read from the
+        connection straight into them when it fits (the same keys, dtypes
+        and shapes), and is then that very dict; else it is made as without
+        into, and the caller's arrays are untouched."""
         if self._ended is not None:
             raise self._ended
         d = _min_deadline(self._deadline, _deadline(timeout))
@@ -662,7 +667,7 @@ class MessageStream:
             value = _msgpack.unpackb(raw) if raw else None
             if r.raw_len:
                 raise InternalError("an lz4-compressed message; this client asks for uncompressed ones")
-            rtds = _result_tds(value, self._result_tds)
+            rtds, rpaths = _result_tds(value, self._result_tds, with_paths=True)
             checked = [wire_entries(w) for _, _, w in rtds]
             need = sum(n for _, n in checked)
             if need != r.body_len:
@@ -672,8 +677,19 @@ class MessageStream:
             # next frame.
             _skip(st, r.body_len, d)
             raise InternalError(f"{self.method}: {e}") from None
-        for (parent, k, w), (entries, _) in zip(rtds, checked):
-            parent[k] = build(w, lambda mv: st.read_into(mv, d), entries)
+
+        def fill(mv):
+            st.read_into(mv, d)
+
+        into = {_path_key(k): v for k, v in (into or {}).items()}
+        filled = set()  # a path of several TDs ("*") fills its dict once
+        for (parent, k, w), (entries, _), path in zip(rtds, checked, rpaths):
+            dst = into.get(path)
+            if dst is not None and path not in filled and fits(entries, dst):
+                filled.add(path)
+                parent[k] = build_into(dst, fill, entries)
+            else:
+                parent[k] = build(w, fill, entries)
         return value
 
     def send(self, arg, timeout=None):

@@ -84,6 +84,31 @@ class TestLoader(unittest.TestCase):
         for e in shared:
             self.assertEqual(results[("ref", e)], results[("bytes", e)])
 
+    def test_bytes_rows_received_into_one_buffer(self):
+        """By bytes, every full producer batch's rows are read from the
+        connection into the same arrays (MessageStream.recv's into), not
+        into new ones a batch, and the epoch is whole and right all the
+        same: each batch's rows are copied out before the next message."""
+        with self.dial("bytes", 48) as c:
+            it = iter(c)
+            got = [next(it)]
+            s = c._sess
+            real, into = s.stream.recv, []
+
+            def spy(*a, **kw):
+                m = real(*a, **kw)
+                dst = (kw.get("into") or {}).get("rows")
+                into.append((dst is not None and m["rows"] is dst, len(m["rows"]["index"])))
+                return m
+
+            s.stream.recv = spy
+            got.extend(it)
+            self.check_epoch(got, 48)
+            full = [same for same, rows in into if rows == 64]
+            self.assertGreater(len(full), 10)
+            self.assertTrue(all(full), f"rows of full batches not in the buffer: {into}")
+            self.assertTrue(all(not same for same, rows in into if rows != 64), "a short batch fit the buffer")
+
     def test_forked_child_loops_on_its_own(self):
         """A child forked with a joined Consumer in hand iterates an epoch
         as a consumer of its own, every sample once, and the parent's
