@@ -230,6 +230,9 @@ func (svc *Service) produce(ctx context.Context, req produceRequest, st *rpc.Ser
 	if err != nil {
 		return err
 	}
+	// By bytes, each batch's rows are written into their slot (take)
+	// before the next message is received: their memory serves the next.
+	st.ReuseBuffers()
 	// Grants are sent under the stream's own context, not the producer's:
 	// detach closes the producer, and a Send that a cancelled context cuts
 	// short resets the stream, so that the process would get "the node
