@@ -66,17 +66,27 @@ func ExampleBuffer_SampleSlices() {
 	b.Extend(ctx, step(2, 0, 2))
 	b.Extend(ctx, step(1, 3, 5))
 	b.Extend(ctx, step(2, 2, 3))
-	td, info, _ := b.SampleSlices(ctx, replay.SliceSpec{SliceLen: 4, NumSlices: 2})
+	spec := replay.SliceSpec{SliceLen: 4, NumSlices: 2}
+	td, info, _ := b.SampleSlices(ctx, spec)
 	ts, _ := td.Tensor("t")
 	t, _ := tensordict.Values[int64](ts)
 	fmt.Println(info.Episodes, len(t)) // only episode 1 holds 4 steps
 	for _, e := range b.Episodes() {
 		fmt.Println(e.ID, len(e.Slots))
 	}
+	// A training loop samples into the batch it holds, step after step.
+	for range 3 {
+		if _, err := b.SampleSlicesInto(ctx, spec, td); err != nil {
+			panic(err)
+		}
+	}
+	t, _ = tensordict.Values[int64](ts)
+	fmt.Println(t[1]-t[0], t[3]-t[2]) // consecutive steps
 	// Output:
 	// [1 1] 8
 	// 1 5
 	// 2 3
+	// 1 1
 }
 
 // Two slices of 3 steps; the first ends its episode at its second step.

@@ -148,11 +148,43 @@ func (svc *Service) sampleSlices(ctx context.Context, req slicesRequest) (slices
 // its own mapping and checks every step's word, asking again for the slices
 // found torn.
 func (c *Client) SampleSlices(ctx context.Context, spec SliceSpec) (*tensordict.TensorDict, SliceInfo, error) {
+	return c.sampleSlices(ctx, spec, nil)
+}
+
+// SampleSlicesInto is SampleSlices into dst, a TensorDict with the
+// buffer's schema and batch size [NumSlices*SliceLen] (from an earlier
+// SampleSlices, say), without allocating it: by bytes the rows are read
+// from the connection straight into dst where its layout is theirs
+// (rpc.CallInto), else copied in; by reference they are gathered into it.
+// Padding rows (Mask false) are zeroed, as SampleSlices' are.
+func (c *Client) SampleSlicesInto(ctx context.Context, spec SliceSpec, dst *tensordict.TensorDict) (SliceInfo, error) {
+	if err := checkSliceDst(spec, dst); err != nil {
+		return SliceInfo{}, rpc.Errorf(rpc.CodeOf(err), "%w", err) // as the node would say it
+	}
+	td, info, err := c.sampleSlices(ctx, spec, dst)
+	if err != nil {
+		return SliceInfo{}, err
+	}
+	if td != dst {
+		if err := dst.SetSlice(0, td); err != nil {
+			return SliceInfo{}, err
+		}
+	}
+	return info, nil
+}
+
+// sampleSlices is SampleSlices, into into when it is not nil (a batch of
+// the right rows; the batch returned is into only if the rows went there).
+func (c *Client) sampleSlices(ctx context.Context, spec SliceSpec, into *tensordict.TensorDict) (*tensordict.TensorDict, SliceInfo, error) {
 	call := func(k int, bytes bool) (slicesResponse, SliceInfo, error) {
+		var dst []*tensordict.TensorDict
+		if bytes && into != nil {
+			dst = []*tensordict.TensorDict{into}
+		}
 		resp, err := service.Call[slicesResponse](ctx, &c.calls, MethodSampleSlices, slicesRequest{
 			Name: c.name, Bytes: bytes, SliceLen: spec.SliceLen, NumSlices: k, PadShort: spec.PadShort, Prioritized: spec.Prioritized,
 			WithoutReplacement: spec.WithoutReplacement, Packed: true,
-		})
+		}, dst...)
 		if err != nil {
 			return resp, SliceInfo{}, err
 		}
@@ -204,9 +236,11 @@ func (c *Client) SampleSlices(ctx context.Context, spec SliceSpec) (*tensordict.
 	if err := checkSlicePicks(info, v.slots.len()); err != nil {
 		return nil, SliceInfo{}, err
 	}
-	dst, err := schema.Zeros(n)
-	if err != nil {
-		return nil, SliceInfo{}, err
+	dst := into
+	if dst == nil {
+		if dst, err = schema.Zeros(n); err != nil {
+			return nil, SliceInfo{}, err
+		}
 	}
 	_, err = gatherSlicesChecked(v.storage, v.slots, spec.SliceLen, dst, &info, func(k int) (SliceInfo, error) {
 		more, again, err := call(k, false)

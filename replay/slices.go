@@ -103,6 +103,32 @@ func (b *Buffer) SampleSlices(ctx context.Context, spec SliceSpec) (*tensordict.
 	return dst, info, nil
 }
 
+// SampleSlicesInto is SampleSlices into dst, a TensorDict with the
+// buffer's schema and batch size [NumSlices*SliceLen] (from an earlier
+// SampleSlices, say), without allocating it. Padding rows (Mask false) are
+// zeroed, as SampleSlices' are.
+func (b *Buffer) SampleSlicesInto(ctx context.Context, spec SliceSpec, dst *tensordict.TensorDict) (SliceInfo, error) {
+	if err := spec.check(b); err != nil {
+		return SliceInfo{}, err
+	}
+	if err := checkSliceDst(spec, dst); err != nil {
+		return SliceInfo{}, err
+	}
+	return b.sampleSlicesInto(ctx, spec, dst)
+}
+
+// checkSliceDst checks that dst has a row for every step of spec's slices.
+func checkSliceDst(spec SliceSpec, dst *tensordict.TensorDict) error {
+	n, err := batchLen(dst)
+	if err != nil {
+		return err
+	}
+	if n != spec.SliceLen*spec.NumSlices {
+		return argumentErrorf("a batch of %d rows for %d slices of %d steps", n, spec.NumSlices, spec.SliceLen)
+	}
+	return nil
+}
+
 // sampleSlicesInto is SampleSlices into dst, a batch of the buffer's
 // schema of SliceLen*NumSlices rows, spec checked: the node's by bytes
 // is one it sent before (sentBatches).
