@@ -740,12 +740,54 @@ class Buffer:
         torchrl's SliceSamplerWithoutReplacement, in epochs that cut every
         episode into consecutive slices and return each once."""
         slice_len, num_slices = _slice_shape(batch_size, slice_len, num_slices)
+        batch, info = self._sample_slices(slice_len, num_slices, strict_length, prioritized, without_replacement,
+                                          _deadline(timeout), None)
+        return (tree_to_torch(batch) if as_torch else batch), info
+
+    def sample_slices_into(self, dst, slice_len=None, num_slices=None, strict_length=True, prioritized=False,
+                           without_replacement=False, timeout=None):
+        """sample_slices into dst, a dict of arrays (or torch tensors) with
+        the buffer's schema and num_slices*slice_len rows (from an earlier
+        sample_slices, say), without allocating it: give slice_len or
+        num_slices, the other is dst's rows over it. By bytes the rows are
+        read from the connection straight into dst's arrays where they are
+        the batch's (C-contiguous, of the schema's dtypes and shapes), else
+        copied in; by reference they are gathered into them. Padding rows
+        (strict_length False) are zeroed, as sample_slices' are. Returns the
+        SliceInfo."""
+        schema, n, arrays = _batch_schema(dst)
+        if slice_len is not None and num_slices is not None:
+            slice_len, num_slices = _slice_shape(None, slice_len, num_slices)
+            if slice_len * num_slices != n:
+                raise ArgumentError(f"a batch of {n} rows for {num_slices} slices of {slice_len} steps")
+        else:
+            slice_len, num_slices = _slice_shape(n, slice_len, num_slices)
         deadline = _deadline(timeout)
+        view = self._known_schema(deadline) if not self._bytes else self._current(deadline)
+        if view.schema is not None:
+            why = _match(view.schema, schema)
+            if why is not None:
+                raise SchemaError(f"replay: sample_slices_into: {why}")
+        into = {}
+        for path, a in arrays.items():
+            set_path(into, list(path), a)
+        batch, info = self._sample_slices(slice_len, num_slices, strict_length, prioritized, without_replacement,
+                                          deadline, into)
+        if batch is not into:
+            for path, a in leaves(batch):
+                arrays[path][...] = a
+        return info
+
+    def _sample_slices(self, slice_len, num_slices, strict_length, prioritized, without_replacement, deadline, into):
+        """sample_slices' batch and SliceInfo; into (a nested dict of numpy
+        arrays of the batch's rows, or None) is where the rows go when they
+        fit, and is then the batch returned."""
 
         def call(k, by_bytes):
             req = _slices_request(self.name, slice_len, k, strict_length, prioritized, without_replacement, by_bytes,
                                   packed=True)
-            r = self._call("replay.sample_slices", req, deadline, ("batch",) if by_bytes else ())
+            r = self._call("replay.sample_slices", req, deadline, ("batch",) if by_bytes else (),
+                           into={"batch": into} if by_bytes and into is not None else None)
             info = SliceInfo._from_wire(r, slice_len)
             if len(info.indices) != k * slice_len or len(info.mask) != k * slice_len or len(info.episodes) != k:
                 raise _errors.InternalError(f"replay: the node sent {len(info.indices)} rows for {k} slices of {slice_len}")
@@ -755,17 +797,16 @@ class Buffer:
             r, info = call(num_slices, True)
             if r.get("batch") is None:
                 raise _errors.InternalError("replay: the node sent no rows")
-            batch = r["batch"]
-        else:
-            view = self._known_schema(deadline)
-            spec = (slice_len, num_slices, bool(strict_length), bool(prioritized), bool(without_replacement))
-            r, info = self._slice_picks(spec, lambda k: call(k, False))
-            view = self._refresh(r.get("id"), deadline)
-            if view.storage is None:
-                raise _errors.InternalError("replay: no mapping of the buffer's storage")
-            batch = _zeros(view.schema, num_slices * slice_len)
-            self._gather_slices(view, batch, info, slice_len, lambda k: call(k, False), r.get("id"))
-        return (tree_to_torch(batch) if as_torch else batch), info
+            return r["batch"], info
+        view = self._known_schema(deadline)
+        spec = (slice_len, num_slices, bool(strict_length), bool(prioritized), bool(without_replacement))
+        r, info = self._slice_picks(spec, lambda k: call(k, False))
+        view = self._refresh(r.get("id"), deadline)
+        if view.storage is None:
+            raise _errors.InternalError("replay: no mapping of the buffer's storage")
+        batch = into if into is not None else _zeros(view.schema, num_slices * slice_len)
+        self._gather_slices(view, batch, info, slice_len, lambda k: call(k, False), r.get("id"))
+        return batch, info
 
     def _slice_picks(self, spec, call):
         """The node's picks for a sample of slices of spec (slice_len,

@@ -151,6 +151,43 @@ class TestSlices(unittest.TestCase):
                 with self.assertRaises(replay.ArgumentError):
                     b.sample_slices(slice_len=8)
 
+    def test_slices_into(self):
+        """sample_slices_into writes the slices into the caller's batch, filled
+        with garbage first: whole slices, padding zeroed, dst's own arrays
+        (the very dict by bytes when its arrays fit; torch tensors too); a
+        batch of another size is an ArgumentError, and a batch of another
+        schema a SchemaError."""
+        for mode in MODES:
+            with self.subTest(mode=mode), dial(self.node, f"seq-{mode}", mode) as b:
+                self.fill(b, [3, 9, 20, 30, 5, 12])
+                dst, _ = b.sample_slices(num_slices=16, slice_len=4, strict_length=False)
+                obs = dst["obs"]
+                for strict in (True, False, False):
+                    for path in (("obs",), ("episode",), ("step",), ("next", "reward")):
+                        a = dst
+                        for k in path:
+                            a = a[k]
+                        a[...] = 77
+                    info = b.sample_slices_into(dst, slice_len=4, strict_length=strict)
+                    self.assertIs(dst["obs"], obs)
+                    self.assertEqual(len(info.episodes), 16)
+                    check_slices(self, dst, info, 4, strict=strict)
+                info = b.sample_slices_into(dst, num_slices=8)  # 8 slices of 8 steps
+                check_slices(self, dst, info, 8)
+                if torch is not None:
+                    tdst = {k: torch.from_numpy(v) if not isinstance(v, dict) else
+                            {kk: torch.from_numpy(vv) for kk, vv in v.items()} for k, v in dst.items()}
+                    tdst["obs"].fill_(5)
+                    info = b.sample_slices_into(tdst, slice_len=4, strict_length=False)
+                    check_slices(self, dst, info, 4, strict=False)  # the tensors share dst's arrays
+                with self.assertRaises(replay.ArgumentError):
+                    b.sample_slices_into(dst, slice_len=5)
+                with self.assertRaises(replay.ArgumentError):
+                    b.sample_slices_into(dst, slice_len=4, num_slices=3)
+                wrong = dict(dst, obs=dst["obs"].astype(np.int16))
+                with self.assertRaises(replay.SchemaError):
+                    b.sample_slices_into(wrong, slice_len=4)
+
     def test_prioritized(self):
         """Start steps by priority among those that can start a slice, rows
         weighted by their start (torchrl's PrioritizedSliceSampler)."""
