@@ -99,7 +99,9 @@ class _Stream:
     def __init__(self, fake, messages, result_tds):
         self.fake, self.messages, self.result_tds = fake, list(messages), result_tds
 
-    def recv(self, timeout=None):
+    def recv(self, timeout=None, into=None):
+        # into (where a real stream reads a message's rows) changes no byte
+        # on the wire: the messages are decoded into new arrays here.
         if not self.messages:
             raise rpc.StreamEnd()
         return decode(self.messages.pop(0), self.result_tds)
@@ -146,8 +148,8 @@ class Fake(rpc.Client):
         self.encode(method, arg)
         return _Done(decode(self.responses[method], result_tds))
 
-    def call(self, method, arg=None, timeout=None, result_tds=()):
-        return self.start(method, arg, timeout, result_tds).result()
+    def call(self, method, arg=None, timeout=None, result_tds=(), into=None):
+        return self.start(method, arg, timeout, result_tds).result()  # into: as _Stream.recv's
 
     def open_stream(self, method, arg=None, timeout=None, result_tds=()):
         self.encode(method, arg)
