@@ -57,13 +57,15 @@ func (s *Stream[S, R]) Recv(ctx context.Context) (R, error) {
 }
 
 // RecvHeld is Recv for a caller that is done with a message only after its
-// next Recv, as one that hands messages to another goroutine is: with
-// ReuseBuffers, the message's TDs stay valid until release is called, not
-// until the next Recv, and their memory is reused for later messages once
-// it is. release may be called from any goroutine, and more than once (the
-// calls after the first do nothing); a message never released only misses
-// the reuse. Without ReuseBuffers the TDs are the caller's to keep and
-// release does nothing. release is never nil.
+// next Recv, as one that hands messages to another goroutine is: the
+// message's TDs stay valid until release is called, not until the next
+// Recv. release then lets go of what they hold: with ReuseBuffers, the
+// memory of those that came as bytes, reused for later messages; the
+// mappings of those that came by reference. release may be called from any
+// goroutine, and more than once (the calls after the first do nothing); a
+// message never released keeps its mappings mapped and its memory out of
+// the reuse. Without ReuseBuffers the bytes-mode TDs are the caller's to
+// keep. release is never nil.
 func (s *Stream[S, R]) RecvHeld(ctx context.Context) (m R, release func(), err error) {
 	v, d, err := s.ms.recvHeld(ctx)
 	release = func() {}

@@ -314,12 +314,7 @@ func (ms *msgStream) push(it received, drop bool) {
 
 // recv returns the next message, or why there is none.
 func (ms *msgStream) recv(ctx context.Context) (any, error) {
-	msg, d, err := ms.recvHeld(ctx)
-	if d != nil {
-		ms.mu.Lock()
-		ms.held = d
-		ms.mu.Unlock()
-	}
+	msg, _, err := ms.receive(ctx, true)
 	return msg, err
 }
 
@@ -327,6 +322,14 @@ func (ms *msgStream) recv(ctx context.Context) (any, error) {
 // ms.release of the returned *decoded (nil when there is nothing to
 // release); the message recv returned before is released now.
 func (ms *msgStream) recvHeld(ctx context.Context) (any, *decoded, error) {
+	return ms.receive(ctx, false)
+}
+
+// receive returns the next message and what its TDs hold; with keep, ms
+// holds that (ms.held, set as the message leaves the queue, so that
+// dropQueue finds it in one place or the other) until the next receive,
+// and the *decoded returned is nil.
+func (ms *msgStream) receive(ctx context.Context, keep bool) (any, *decoded, error) {
 	ms.mu.Lock()
 	prev := ms.held
 	ms.held = nil
@@ -339,9 +342,13 @@ func (ms *msgStream) recvHeld(ctx context.Context) (any, *decoded, error) {
 			ms.queue[0] = received{}
 			ms.queue = ms.queue[1:]
 			ms.queued -= it.size
+			d := it.d
+			if keep {
+				ms.held, d = it.d, nil
+			}
 			ms.signal()
 			ms.mu.Unlock()
-			return it.msg, it.d, it.err
+			return it.msg, d, it.err
 		}
 		if ms.ended {
 			err := ms.end
