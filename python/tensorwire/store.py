@@ -323,13 +323,14 @@ class Store:
 
     # Calls.
 
-    def _call(self, method, arg, deadline, result_tds=()):
+    def _call(self, method, arg, deadline, result_tds=(), into=None):
         if self._closed:
             raise ClosedError("store: closed")
         wait = 0.02
         while True:
             try:
-                return answer(self._client.call(method, arg, timeout=_left(deadline), result_tds=result_tds), "store", method)
+                return answer(self._client.call(method, arg, timeout=_left(deadline), result_tds=result_tds, into=into),
+                              "store", method)
             except ClientClosedError:
                 raise ClosedError("store: closed") from None
             except UnavailableError as e:
@@ -504,20 +505,27 @@ class Store:
                                          "req": self._req()}, _deadline(timeout))
         return _num(r, "version")
 
-    def latest(self, name, timeout=None):
+    def latest(self, name, timeout=None, into=None):
         """The latest version of parameter set name (a Param); NotFoundError if
-        none was published."""
-        return self._read(name, 0, False, timeout)
+        none was published. into: by bytes, a dict of numpy arrays (nested
+        dicts for nested keys) the version is read into from the connection
+        when its layout is theirs (the same keys, dtypes and shapes, each
+        array C-contiguous and writeable), as Go's LatestInto does: a
+        follower of a parameter set then allocates it once. The Param's td
+        is into when it was read into it, else new arrays; by reference
+        into is not used (td maps the version)."""
+        return self._read(name, 0, False, timeout, into)
 
-    def wait_newer(self, name, version, timeout=None):
+    def wait_newer(self, name, version, timeout=None, into=None):
         """The first version of name newer than version, waiting for it until
-        timeout (DeadlineExceededError)."""
-        return self._read(name, version, True, timeout)
+        timeout (DeadlineExceededError); into as latest's."""
+        return self._read(name, version, True, timeout, into)
 
-    def _read(self, name, after, wait, timeout):
+    def _read(self, name, after, wait, timeout, into=None):
         check_name(name)
         r = self._call("store.read", {"store": self.name, "name": name, "after": after, "wait": wait,
-                                      "refs": self._ref}, _deadline(timeout), result_tds=("td",))
+                                      "refs": self._ref}, _deadline(timeout), result_tds=("td",),
+                       into={"td": into} if into is not None else None)
         version = _num(r, "version")
         if r.get("td") is not None:
             # Bytes: the lease covered the response on its way; it has arrived.

@@ -152,6 +152,44 @@ class TestStore(unittest.TestCase):
                 with self.assertRaises(tensorwire.DeadlineExceededError):
                     s.wait_newer(name, 2, timeout=0.3)
 
+    def test_parameters_into(self):
+        """latest and wait_newer with into: by bytes each version is read into
+        the follower's arrays when they fit (the Param's td is that very
+        dict), into new arrays when they do not (the follower's untouched);
+        by reference td maps the version and into is not written."""
+        for mode in MODES:
+            with self.subTest(mode=mode), dial(self.node, mode) as s:
+                name = "params-into-" + mode
+                v1 = s.publish(name, {"w": np.ones((3, 3), np.float32), "b": {"x": np.arange(4, dtype=np.int64)}})
+                buf = {"w": np.zeros((3, 3), np.float32), "b": {"x": np.zeros(4, np.int64)}}
+                w = buf["w"]
+                with s.latest(name, into=buf) as p:
+                    self.assertEqual(p.version, v1)
+                    self.assertTrue((p.td["w"] == 1).all())
+                    np.testing.assert_array_equal(p.td["b"]["x"], np.arange(4))
+                    if mode == "bytes":
+                        self.assertIs(p.td, buf)
+                        self.assertIs(p.td["w"], w)
+                    else:
+                        self.assertIsInstance(p.td["w"], np.memmap)
+                        self.assertFalse(w.any(), "by reference the follower's arrays were written")
+                got = []
+                t = threading.Thread(target=lambda: got.append(s.wait_newer(name, v1, timeout=60, into=buf)))
+                t.start()
+                v2 = s.publish(name, {"w": np.full((3, 3), 2, np.float32), "b": {"x": np.arange(4, dtype=np.int64) * 3}})
+                t.join(60)
+                with got[0] as p:
+                    self.assertEqual(p.version, v2)
+                    self.assertTrue((p.td["w"] == 2).all())
+                    if mode == "bytes":
+                        self.assertIs(p.td, buf)
+                        self.assertTrue((w == 2).all())
+                other = {"w": np.zeros((3, 3), np.float64), "b": {"x": np.zeros(4, np.int64)}}  # another dtype
+                with s.latest(name, into=other) as p:
+                    self.assertIsNot(p.td, other)
+                    self.assertTrue((p.td["w"] == 2).all())
+                    self.assertFalse(other["w"].any() or other["b"]["x"].any(), "a buffer that does not fit was written")
+
     def test_names_refused_before_sending(self):
         with dial(self.node, "bytes") as s:
             for bad in ["", ".", "..", "a/b", "a\\b", "x\x00", "x" * 256]:
