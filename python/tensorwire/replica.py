@@ -410,7 +410,11 @@ class Replica:
         torch = self._torch
         sd = {}
         _flatten_sd(p.td, "", sd)
-        state = {k: to_torch(np.array(v), isinstance(v, _BF16)) for k, v in sd.items()}
+        # load_state_dict copies every tensor into the module's own: an array
+        # torch may share (one that came as bytes, or a writeable mapping the
+        # held Param keeps mapped until the next switch) is not copied first;
+        # a read-only one is (torch does not take non-writeable arrays).
+        state = {k: to_torch(v if v.flags.writeable else np.array(v), isinstance(v, _BF16)) for k, v in sd.items()}
         try:
             self.module.load_state_dict(state)
         except Exception as e:
