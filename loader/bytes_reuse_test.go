@@ -183,3 +183,38 @@ func TestRemote_BytesPublishReusesTheRows(t *testing.T) {
 		t.Errorf("publishing %d bytes by bytes allocated %d: the rows are not received into reused memory", moved, got)
 	}
 }
+
+// TestConsumer_BytesShareTheNodesCopies: four consumers by bytes of one
+// producer, each iterating an epoch at once, every sample once and right;
+// the node copied each batch out of the ring about once for them all
+// (batchCopies), where it copied it once per consumer before.
+func TestConsumer_BytesShareTheNodesCopies(t *testing.T) {
+	const n, pb, consumers = 256, 16, 4
+	f := newFixtureOf(t, n, bigRow, Config{Batch: pb, Slots: 4, Window: 4, Seed: 2})
+	cs := make([]*Consumer, consumers)
+	for i := range cs {
+		cs[i] = f.dialViews(t, Options{Batch: 16 + 8*i, Bytes: true})
+	}
+	made0 := f.p.copies.made.Load()
+	errs := make(chan error, consumers)
+	for i, c := range cs {
+		go func() {
+			e := c.Epoch()
+			ids, sizes, err := consumerEpoch(context.Background(), c)
+			if err == nil {
+				err = checkEpoch(ids, sizes, n, 2, e, 16+8*i)
+			}
+			errs <- err
+		}()
+	}
+	for range cs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	made := f.p.copies.made.Load() - made0
+	t.Logf("%d copies for %d consumers of %d batches", made, consumers, n/pb)
+	if made > n/pb+n/pb/2 {
+		t.Errorf("the node made %d copies of %d batches for %d consumers by bytes: not shared", made, n/pb, consumers)
+	}
+}

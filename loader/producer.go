@@ -56,6 +56,8 @@ type Producer struct {
 
 	stop context.CancelFunc
 	done chan struct{} // closed when run and reap have returned
+
+	copies batchCopies // the batches copied out of the ring for consumers by bytes
 }
 
 // slotInfo is what a slot holds: a published batch when valid.

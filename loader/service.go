@@ -237,39 +237,39 @@ var (
 )
 
 // send sends the consumer's batches on st until an error. By bytes each
-// batch is copied out of the ring into one buffer, made at the first batch
-// and used again for every later one: a Send has written the batch's bytes
-// (or failed) when it returns.
+// batch is the copy out of the ring that every consumer by bytes shares
+// (Producer.copies), held until Send has written its bytes (or failed),
+// which it has when it returns.
 func (svc *Service) send(ctx context.Context, p *Producer, req consumeRequest, st *rpc.ServerStream[ackMessage, batchMessage]) error {
 	epoch, index := req.Epoch, req.Index
-	var buf *tensordict.TensorDict
 	for {
 		as, err := p.push(ctx, req.Consumer, &epoch, &index)
 		if err != nil {
 			return err
 		}
 		for _, a := range as {
-			msg := batchMessage{Batch: a}
-			if req.Bytes {
-				if buf == nil {
-					if buf, err = p.schema.Zeros(p.ring.batch); err != nil {
-						return err
-					}
-				}
-				td, err := p.copyBatch(a, buf)
-				if err != nil {
-					return err
-				}
-				msg.Rows = &rpc.TD{TensorDict: td}
-			}
-			if testHookBeforeSend != nil {
-				testHookBeforeSend(ctx, a)
-			}
-			if err := st.Send(ctx, msg); err != nil {
+			if err := svc.sendOne(ctx, p, a, req.Bytes, st); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// sendOne sends the batch a announces, with its rows when bytes.
+func (svc *Service) sendOne(ctx context.Context, p *Producer, a announcement, bytes bool, st *rpc.ServerStream[ackMessage, batchMessage]) error {
+	msg := batchMessage{Batch: a}
+	if bytes {
+		bc, err := p.copies.acquire(p, a)
+		if err != nil {
+			return err
+		}
+		defer p.copies.release(bc)
+		msg.Rows = &rpc.TD{TensorDict: bc.td}
+	}
+	if testHookBeforeSend != nil {
+		testHookBeforeSend(ctx, a)
+	}
+	return st.Send(ctx, msg)
 }
 
 func (svc *Service) leave(_ context.Context, req leaveRequest) (rpc.Empty, error) {
