@@ -54,11 +54,12 @@
 // filesystem: it maps the ring, and the stream carries announcements (a
 // slot, a word, a batch's place) and acks. A consumer elsewhere gets the
 // same batches as bytes on the same stream (lz4 when it pays, rpc's
-// choice), which the node copies out of the ring into one buffer of its
-// own and the consumer receives into memory it reuses from batch to batch. A producer holds its ring folder alone (a lock file); killed,
-// its consumers' loops end with an error matching rpc.ErrUnavailable, and
-// a producer started again for the folder begins at the epoch after the
-// last one begun, where the consumers join it.
+// choice), which the node copies out of the ring once for all its
+// consumers by bytes and each consumer receives into memory it reuses from
+// batch to batch. A producer holds its ring folder alone (a lock file);
+// killed, its consumers' loops end with an error matching
+// rpc.ErrUnavailable, and a producer started again for the folder begins
+// at the epoch after the last one begun, where the consumers join it.
 //
 // A loader whose batches come from a producer process instead
 // (Service.AddRemote, "--loader NAME,producer=remote"; Python's
