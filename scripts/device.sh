@@ -42,7 +42,7 @@
 #   cpu.log          the 16-core tables: bench collective (allreduce, 4 and
 #                    16 ranks, shm and tcp, 1 KB / 1 MB / 64 MB, gloo beside,
 #                    the bound 2B/p), bench replay --modes ref, bench serve
-#                    (the Go MLP, 8-128 clients), bench loader (synthetic), bench
+#                    (the Go MLP, 8-128 clients), bench loader (synthetic; and --bytes), bench
 #                    store (10 MB, 4 workers; and its rollouts by Extend)
 #   collective.json replay.json        the first two as JSON
 set -u
@@ -162,6 +162,9 @@ case ",$ONLY," in *,cpu,*)
 	# ... the loader (Go producer, tensorsocket's synthetic workload, 1 to 8 consumers) ...
 	step 60 "$OUT/cpu.log" "tensorwire bench loader --dataset synthetic --samples 8000 --consumers 1,4,8" \
 		"$BIN" bench loader --dataset synthetic --samples 8000 --consumers 1,4,8
+	# ... its consumers by bytes, as jobs on other machines get the batches ...
+	step 45 "$OUT/cpu.log" "tensorwire bench loader --dataset synthetic --samples 8000 --consumers 4,8 --mixed=false --bytes" \
+		"$BIN" bench loader --dataset synthetic --samples 8000 --consumers 4,8 --mixed=false --bytes
 	# ... and the store.
 	step 60 "$OUT/cpu.log" "tensorwire bench store --mb 10 --workers 4 --duration 2s" \
 		"$BIN" bench store --mb 10 --workers 4 --duration 2s
