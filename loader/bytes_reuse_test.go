@@ -217,4 +217,11 @@ func TestConsumer_BytesShareTheNodesCopies(t *testing.T) {
 	if made > n/pb+n/pb/2 {
 		t.Errorf("the node made %d copies of %d batches for %d consumers by bytes: not shared", made, n/pb, consumers)
 	}
+	c := &f.p.copies
+	c.mu.Lock()
+	idle, kept, limit := len(c.idle), len(c.byKey), c.limit
+	c.mu.Unlock()
+	if limit != 4 || idle > limit || kept > limit+consumers {
+		t.Errorf("%d idle copies and %d in all kept, limit %d (want 4: the ring's slots): memory beyond the bound", idle, kept, limit)
+	}
 }

@@ -25,6 +25,7 @@ type batchCopies struct {
 	mu    sync.Mutex
 	byKey map[copyKey]*batchCopy
 	idle  []*batchCopy // refs 0, oldest first
+	limit int          // idle copies kept at most (maxIdle), set at the first acquire
 	made  atomic.Int64 // copies made out of the ring (tests)
 }
 
@@ -59,7 +60,7 @@ func (c *batchCopies) acquire(p *Producer, a announcement) (*batchCopy, error) {
 	key := copyKey{a.Slot, a.Word}
 	c.mu.Lock()
 	if c.byKey == nil {
-		c.byKey = map[copyKey]*batchCopy{}
+		c.byKey, c.limit = map[copyKey]*batchCopy{}, c.maxIdle(p)
 	}
 	if bc := c.byKey[key]; bc != nil {
 		if bc.refs == 0 {
@@ -75,7 +76,7 @@ func (c *batchCopies) acquire(p *Producer, a announcement) (*batchCopy, error) {
 		return bc, nil
 	}
 	bc := &batchCopy{key: key, refs: 1, ready: make(chan struct{})}
-	if len(c.idle) > 0 && len(c.idle) >= c.maxIdle(p) {
+	if len(c.idle) > 0 && len(c.idle) >= c.limit {
 		old := c.idle[0]
 		c.idle = c.idle[1:]
 		delete(c.byKey, old.key)
@@ -101,7 +102,8 @@ func (c *batchCopies) acquire(p *Producer, a announcement) (*batchCopy, error) {
 }
 
 // release gives up a stream's hold on bc: kept idle for later streams
-// once none holds it (a failed copy is forgotten).
+// once none holds it, the oldest idle copies beyond the limit forgotten
+// (a failed copy is forgotten at once).
 func (c *batchCopies) release(bc *batchCopy) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -115,6 +117,11 @@ func (c *batchCopies) release(bc *batchCopy) {
 		return
 	}
 	c.idle = append(c.idle, bc)
+	for len(c.idle) > c.limit {
+		delete(c.byKey, c.idle[0].key)
+		c.idle[0] = nil
+		c.idle = c.idle[1:]
+	}
 }
 
 // unidleLocked takes bc, idle, off the idle list.
