@@ -495,10 +495,8 @@ func (c *Client) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 		if err != nil {
 			return SampleInfo{}, err
 		}
-		if td != dst {
-			if err := dst.SetSlice(0, td); err != nil {
-				return SampleInfo{}, err
-			}
+		if err := copyIn(dst, td); err != nil {
+			return SampleInfo{}, err
 		}
 		return info, nil
 	}
@@ -533,6 +531,15 @@ func (c *Client) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 		return SampleInfo{}, err
 	}
 	return info, nil
+}
+
+// copyIn copies td, a batch received by bytes, into dst unless it was
+// read into dst already (rpc.CallInto).
+func copyIn(dst, td *tensordict.TensorDict) error {
+	if td == dst {
+		return nil
+	}
+	return dst.SetSlice(0, td)
 }
 
 // checkPicks checks the node's picks for a sample of n from a buffer of

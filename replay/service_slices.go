@@ -165,10 +165,8 @@ func (c *Client) SampleSlicesInto(ctx context.Context, spec SliceSpec, dst *tens
 	if err != nil {
 		return SliceInfo{}, err
 	}
-	if td != dst {
-		if err := dst.SetSlice(0, td); err != nil {
-			return SliceInfo{}, err
-		}
+	if err := copyIn(dst, td); err != nil {
+		return SliceInfo{}, err
 	}
 	return info, nil
 }

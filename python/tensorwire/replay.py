@@ -574,31 +574,36 @@ class Buffer:
         """Sample into dst, a dict of arrays with the buffer's schema and a
         first dimension n (from an earlier sample, say), without allocating
         it. Returns the SampleInfo."""
-        schema, n, arrays = _batch_schema(dst)
         deadline = _deadline(timeout)
-        view = self._known_schema(deadline) if not self._bytes else self._current(deadline)
-        if view.schema is not None:
-            why = _match(view.schema, schema)
-            if why is not None:
-                raise SchemaError(f"replay: sample_into: {why}")
+        n, arrays, into, view = self._into(dst, deadline, "sample_into")
         if self._bytes:
-            # The rows are read from the connection into dst's arrays
-            # (torch tensors' as numpy views) where they are the batch's:
-            # C-contiguous, of the schema's dtypes and shapes; else copied.
-            into = {}
-            for path, a in arrays.items():
-                set_path(into, list(path), a)
             r = self._call("replay.sample", {"name": self.name, "n": n, "bytes": True}, deadline, ("batch",),
                            into={"batch": into})
             if r.get("batch") is None:
                 raise _errors.InternalError("replay: the node sent no rows")
             batch, info = r["batch"], SampleInfo._from_wire(r.get("info"))
             _check_info(info, n, view.capacity)
-            if batch is not into:
-                for path, a in leaves(batch):
-                    arrays[path][...] = a
+            _copy_in(arrays, batch, into)
             return info
         return self._sample_ref(dst, n, deadline)
+
+    def _into(self, dst, deadline, what):
+        """dst, a batch the caller samples into, checked against the buffer's
+        schema (SchemaError, naming what): its rows, its arrays by path
+        (torch tensors' as numpy views), the same arrays as a nested dict
+        (what Client.call's into reads the rows into, by bytes, where they
+        are the batch's: C-contiguous, of the schema's dtypes and shapes),
+        and the buffer's view."""
+        schema, n, arrays = _batch_schema(dst)
+        view = self._known_schema(deadline) if not self._bytes else self._current(deadline)
+        if view.schema is not None:
+            why = _match(view.schema, schema)
+            if why is not None:
+                raise SchemaError(f"replay: {what}: {why}")
+        into = {}
+        for path, a in arrays.items():
+            set_path(into, list(path), a)
+        return n, arrays, into, view
 
     def _known_schema(self, deadline):
         """The view once the buffer has a schema, asking the node until it has
@@ -755,27 +760,17 @@ class Buffer:
         copied in; by reference they are gathered into them. Padding rows
         (strict_length False) are zeroed, as sample_slices' are. Returns the
         SliceInfo."""
-        schema, n, arrays = _batch_schema(dst)
+        deadline = _deadline(timeout)
+        n, arrays, into, _ = self._into(dst, deadline, "sample_slices_into")
         if slice_len is not None and num_slices is not None:
             slice_len, num_slices = _slice_shape(None, slice_len, num_slices)
             if slice_len * num_slices != n:
                 raise ArgumentError(f"a batch of {n} rows for {num_slices} slices of {slice_len} steps")
         else:
             slice_len, num_slices = _slice_shape(n, slice_len, num_slices)
-        deadline = _deadline(timeout)
-        view = self._known_schema(deadline) if not self._bytes else self._current(deadline)
-        if view.schema is not None:
-            why = _match(view.schema, schema)
-            if why is not None:
-                raise SchemaError(f"replay: sample_slices_into: {why}")
-        into = {}
-        for path, a in arrays.items():
-            set_path(into, list(path), a)
         batch, info = self._sample_slices(slice_len, num_slices, strict_length, prioritized, without_replacement,
                                           deadline, into)
-        if batch is not into:
-            for path, a in leaves(batch):
-                arrays[path][...] = a
+        _copy_in(arrays, batch, into)
         return info
 
     def _sample_slices(self, slice_len, num_slices, strict_length, prioritized, without_replacement, deadline, into):
@@ -954,6 +949,14 @@ class SliceInfo(SampleInfo):
     def __repr__(self):
         return (f"SliceInfo(episodes={self.episodes!r}, slice_len={self.slice_len}, indices={self.indices!r}, "
                 f"mask={self.mask!r})")
+
+
+def _copy_in(arrays, batch, into):
+    """Copies batch into the caller's arrays (by path) unless it was read
+    into them already (batch is into, Client.call's into)."""
+    if batch is not into:
+        for path, a in leaves(batch):
+            arrays[path][...] = a
 
 
 def _slice_shape(batch_size, slice_len, num_slices):

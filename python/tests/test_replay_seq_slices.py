@@ -153,10 +153,9 @@ class TestSlices(unittest.TestCase):
 
     def test_slices_into(self):
         """sample_slices_into writes the slices into the caller's batch, filled
-        with garbage first: whole slices, padding zeroed, dst's own arrays
-        (the very dict by bytes when its arrays fit; torch tensors too); a
-        batch of another size is an ArgumentError, and a batch of another
-        schema a SchemaError."""
+        with garbage first: whole slices, padding zeroed, in dst's own arrays
+        (torch tensors too); a batch of another size is an ArgumentError, and
+        a batch of another schema a SchemaError."""
         for mode in MODES:
             with self.subTest(mode=mode), dial(self.node, f"seq-{mode}", mode) as b:
                 self.fill(b, [3, 9, 20, 30, 5, 12])
