@@ -75,7 +75,7 @@ func newFakeNode(t testing.TB) *fakeNode {
 			t.Fatal(err)
 		}
 		for _, a := range as {
-			td, err := p.copyBatch(a, nil)
+			td, err := p.copyBatch(a, ringBatchBuf(t, p))
 			if err != nil {
 				t.Fatal(err)
 			}

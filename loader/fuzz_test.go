@@ -109,7 +109,7 @@ func FuzzReopen(f *testing.F) {
 				if a.Epoch != ji.epoch {
 					t.Fatalf("batch %d of epoch %d, want epoch %d", a.Index, a.Epoch, ji.epoch)
 				}
-				td, err := p.copyBatch(a, nil)
+				td, err := p.copyBatch(a, ringBatchBuf(t, p))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -248,3 +248,13 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 }
 
 var _ = errors.Is
+
+// ringBatchBuf returns a new buffer for a batch of p's ring (copyBatch's).
+func ringBatchBuf(t testing.TB, p *Producer) *tensordict.TensorDict {
+	t.Helper()
+	buf, err := p.schema.Zeros(p.ring.batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return buf
+}

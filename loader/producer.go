@@ -642,18 +642,16 @@ func (p *Producer) announceLocked(seq uint64, info epochInfo, max int) ([]announ
 // copyBatch returns a copy, in Go memory, of the batch a announces, for a
 // consumer that gets bytes. The consumer holds the batch, so it is not
 // overwritten unless the consumer is dropped meanwhile: ErrDropped then.
-// The copy is made in buf's first rows, and is a view of buf, when buf is
-// not nil: a TensorDict in Go memory of the producer's schema and of a
-// ring slot's rows.
+// The copy is made in buf's first rows, and is a view of buf: buf is a
+// TensorDict in Go memory of the producer's schema and of a ring slot's
+// rows (batchCopies keeps them).
 func (p *Producer) copyBatch(a announcement, buf *tensordict.TensorDict) (*tensordict.TensorDict, error) {
 	view, err := p.ring.slotView(a.Slot, a.Rows)
 	if err != nil {
 		return nil, err
 	}
-	var td *tensordict.TensorDict
-	if buf == nil {
-		td, err = view.Clone()
-	} else if td, err = buf.Slice(0, a.Rows); err == nil {
+	td, err := buf.Slice(0, a.Rows)
+	if err == nil {
 		err = td.SetSlice(0, view)
 	}
 	if err != nil {
