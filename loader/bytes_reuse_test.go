@@ -187,7 +187,10 @@ func TestRemote_BytesPublishReusesTheRows(t *testing.T) {
 // TestConsumer_BytesShareTheNodesCopies: four consumers by bytes of one
 // producer, each iterating an epoch at once, every sample once and right;
 // the node copied each batch out of the ring about once for them all
-// (batchCopies), where it copied it once per consumer before.
+// (batchCopies), where it copied it once per consumer before. The copies'
+// memory is lent on (16 batches, 4 kept), and the rows compress: a copy
+// whose seal was not reset would send the batch before's frame, which the
+// check of every row's bytes sees.
 func TestConsumer_BytesShareTheNodesCopies(t *testing.T) {
 	const n, pb, consumers = 256, 16, 4
 	f := newFixtureOf(t, n, bigRow, Config{Batch: pb, Slots: 4, Window: 4, Seed: 2})

@@ -4,12 +4,14 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // batchCopies are the copies, in Go memory, of ring batches that a node
 // sends to its consumers by bytes, shared by those consumers: N consumers
-// by bytes cost one copy out of the ring a batch, not N. A copy is keyed by
+// by bytes cost one copy out of the ring a batch, not N, and one
+// compression (each copy's rpc.Seal, reset when its memory is lent on). A copy is keyed by
 // the batch's slot and word, which name one batch for the ring's life, so a
 // copy served after its slot was rewritten is still that batch, whole (it
 // was checked against the word when made). Copies no stream is sending
@@ -47,7 +49,8 @@ type batchCopy struct {
 	key   copyKey
 	buf   *tensordict.TensorDict // a ring slot's rows, Go memory
 	td    *tensordict.TensorDict
-	refs  int // streams holding it (under batchCopies.mu)
+	seal  *rpc.Seal // td's body compressed once for every stream (buf's: reset when buf is lent on)
+	refs  int       // streams holding it (under batchCopies.mu)
 	ready chan struct{}
 	err   error
 }
@@ -80,7 +83,11 @@ func (c *batchCopies) acquire(p *Producer, a announcement) (*batchCopy, error) {
 		old := c.idle[0]
 		c.idle = c.idle[1:]
 		delete(c.byKey, old.key)
-		bc.buf = old.buf
+		bc.buf, bc.seal = old.buf, old.seal
+		bc.seal.Reset() // idle: no stream sends old
+	}
+	if bc.seal == nil {
+		bc.seal = new(rpc.Seal)
 	}
 	c.byKey[key] = bc
 	c.mu.Unlock()

@@ -264,7 +264,7 @@ func (svc *Service) sendOne(ctx context.Context, p *Producer, a announcement, by
 			return err
 		}
 		defer p.copies.release(bc)
-		msg.Rows = &rpc.TD{TensorDict: bc.td}
+		msg.Rows = &rpc.TD{TensorDict: bc.td, Seal: bc.seal}
 	}
 	if testHookBeforeSend != nil {
 		testHookBeforeSend(ctx, a)

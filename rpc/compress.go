@@ -46,9 +46,10 @@ var lz4Options = []lz4.Option{
 // outBody is the body of an outgoing message: its parts' bytes, or their
 // LZ4 frame.
 type outBody struct {
-	parts []bodyPart
-	raw   int64   // the parts' bytes
-	z     *[]byte // their LZ4 frame, when compressed (pooled; release)
+	parts  []bodyPart
+	raw    int64   // the parts' bytes
+	z      *[]byte // their LZ4 frame, when compressed (pooled; release)
+	shared bool    // z is a Seal's, not the pool's
 }
 
 // sealBody returns the body of parts, compressed when compress is set and a
@@ -91,6 +92,10 @@ func (b *outBody) write(w io.Writer) error {
 
 // release returns the compressed body's buffer to its pool.
 func (b *outBody) release() {
+	if b.z != nil && b.shared {
+		b.z = nil
+		return
+	}
 	if b.z != nil {
 		if cap(*b.z) <= maxPooledZ {
 			zbufs.Put(b.z)
@@ -195,20 +200,31 @@ func readPrefix(parts []bodyPart, dst []byte) error {
 // parts could not be read.
 func compressParts(parts []bodyPart) *[]byte {
 	buf := zbufs.Get().(*[]byte)
-	*buf = (*buf)[:0]
+	z := compressPartsInto(parts, (*buf)[:0])
+	if z == nil {
+		zbufs.Put(buf)
+		return nil
+	}
+	*buf = z
+	return buf
+}
+
+// compressPartsInto appends the LZ4 frame of the body of parts to dst and
+// returns it, or nil if the parts could not be read.
+func compressPartsInto(parts []bodyPart, dst []byte) []byte {
 	w := zwriters.Get().(*lz4.Writer)
 	defer zwriters.Put(w)
-	w.Reset((*sliceWriter)(buf))
+	sw := sliceWriter(dst)
+	w.Reset(&sw)
 	err := writeParts(w, parts)
 	if cerr := w.Close(); err == nil {
 		err = cerr
 	}
 	w.Reset(nil)
 	if err != nil {
-		zbufs.Put(buf)
 		return nil
 	}
-	return buf
+	return sw
 }
 
 // sliceWriter appends to a byte slice.

@@ -371,7 +371,8 @@ func (ms *msgStream) send(ctx context.Context, msg any) error {
 		return ms.ctxErr(ctx, err)
 	}
 	var parts []bodyPart
-	for _, td := range findTDs(reflect.ValueOf(msg).Elem(), nil) {
+	tds := findTDs(reflect.ValueOf(msg).Elem(), nil)
+	for _, td := range tds {
 		if td.Out {
 			return Errorf(InvalidArgument, "%s: a TD with Out in a stream message: nothing comes back", ms.method)
 		}
@@ -384,7 +385,13 @@ func (ms *msgStream) send(ctx context.Context, msg any) error {
 	if err != nil {
 		return Errorf(InvalidArgument, "%s: %w", ms.method, err)
 	}
-	body := sealBody(parts, ms.compress && !isUncompressed(ctx))
+	compress := ms.compress && !isUncompressed(ctx)
+	var body outBody
+	if len(tds) == 1 && tds[0].Seal != nil && compress {
+		body = tds[0].Seal.body(parts)
+	} else {
+		body = sealBody(parts, compress)
+	}
 	defer body.release()
 	h := streamHeader{ArgLen: int64(len(args)), BodyLen: body.wireLen(), RawLen: body.rawLen()}
 

@@ -54,6 +54,10 @@ type TD struct {
 	// logged and the node goes on. Not sent, and ignored on requests, on
 	// message streams and on the caller's side.
 	Release func()
+	// Seal, when set on the only TD of a stream message, is where its
+	// compressed body is made once for every message that sends the same
+	// bytes (Seal's contract). Not sent; ignored outside stream messages.
+	Seal *Seal
 
 	wire *wireTD // the wire form: set by prepare before encoding, and by decoding
 }
