@@ -13,8 +13,9 @@ from .errors import from_wire, TensorwireError
 MAGIC = b"TWRP"
 PROTOCOL_VERSION = 1  # the golden examples' version
 # The newest version this client speaks: 4, the where messages that decide
-# a connection's sharing. Version 2 brought message streams (it asks for
-# uncompressed bodies); version 3 side connections, which this client never
+# a connection's sharing. Version 2 brought message streams and LZ4 bodies
+# (it asks for uncompressed ones unless made with compression=True, which
+# decodes them with the lz4 package: _lz4.py); version 3 side connections, which this client never
 # opens (docs/protocol.md: they are optional), so of version 3 it reads
 # only the session message.
 NEWEST_VERSION = 4
@@ -243,10 +244,13 @@ def request_header(method, timeout_us, arg_len, body_len, stream=False, uncompre
     return struct.pack(">I", len(h)) + h
 
 
-def stream_message_header(arg_len, body_len):
-    """A message frame's header of a message stream (version 2), length-prefixed."""
-    h = (b"\x82" + _msgpack.pack_str("arg_len") + _msgpack.pack_int(arg_len)
+def stream_message_header(arg_len, body_len, raw_len=0):
+    """A message frame's header of a message stream (version 2), length-prefixed;
+    raw_len: the body is an LZ4 frame of that many bytes (as a node writes it)."""
+    h = (bytes((0x82 + bool(raw_len),)) + _msgpack.pack_str("arg_len") + _msgpack.pack_int(arg_len)
          + _msgpack.pack_str("body_len") + _msgpack.pack_int(body_len))
+    if raw_len:
+        h += _msgpack.pack_str("raw_len") + _msgpack.pack_int(raw_len)
     return struct.pack(">I", len(h)) + h
 
 
@@ -273,12 +277,15 @@ def parse_stream_header(b):
     return r
 
 
-def response_header(code, message="", reason="", arg_len=0, body_len=0):
-    """A response header, length-prefixed, as a node writes it."""
-    h = (bytes((0x85 if reason else 0x84,)) + _msgpack.pack_str("arg_len") + _msgpack.pack_int(arg_len)
+def response_header(code, message="", reason="", arg_len=0, body_len=0, raw_len=0):
+    """A response header, length-prefixed, as a node writes it (raw_len: the
+    body is an LZ4 frame of that many bytes)."""
+    h = (bytes((0x84 + bool(reason) + bool(raw_len),)) + _msgpack.pack_str("arg_len") + _msgpack.pack_int(arg_len)
          + _msgpack.pack_str("body_len") + _msgpack.pack_int(body_len)
          + _msgpack.pack_str("code") + _msgpack.pack_int(code)
          + _msgpack.pack_str("message") + _msgpack.pack_str(message))
+    if raw_len:
+        h += _msgpack.pack_str("raw_len") + _msgpack.pack_int(raw_len)
     if reason:
         h += _msgpack.pack_str("reason") + _msgpack.pack_str(reason)
     return struct.pack(">I", len(h)) + h
@@ -322,6 +329,13 @@ def parse_response_header(b):
         raise ProtocolError(f"response: argument of {r.arg_len} bytes (limit {MAX_ARG_BYTES})")
     if not 0 <= r.body_len <= MAX_BODY_BYTES:
         raise ProtocolError(f"response: body of {r.body_len} bytes (limit {MAX_BODY_BYTES})")
+    # An LZ4 frame's claimed length, checked before anything is allocated
+    # for it (docs/protocol.md, "Compression").
+    if r.raw_len and not (r.raw_len <= MAX_BODY_BYTES and r.raw_len <= 255 * r.body_len + 1024):
+        raise ProtocolError(f"response: an LZ4 frame of {r.body_len} bytes said to inflate to {r.raw_len} "
+                            f"(limit {MAX_BODY_BYTES}, and no frame inflates past 255 times its size + 1 KiB)")
+    if r.raw_len < 0:
+        raise ProtocolError(f"response: raw_len {r.raw_len}")
     return r
 
 

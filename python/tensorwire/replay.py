@@ -573,7 +573,9 @@ class Buffer:
     def sample_into(self, dst, timeout=None):
         """Sample into dst, a dict of arrays with the buffer's schema and a
         first dimension n (from an earlier sample, say), without allocating
-        it. Returns the SampleInfo."""
+        it (by bytes, an LZ4-compressed body is first decompressed into a
+        buffer of its own: rpc.Client's compression). Returns the
+        SampleInfo."""
         deadline = _deadline(timeout)
         n, arrays, into, view = self._into(dst, deadline, "sample_into")
         if self._bytes:

@@ -20,7 +20,7 @@ import struct
 import threading
 import time
 
-from . import _exit, _msgpack, _wire, _yamux
+from . import _exit, _lz4, _msgpack, _wire, _yamux
 from ._td import TD, build, build_into, fits, wire_entries
 from .errors import (CanceledError, ClientClosedError, DeadlineExceededError, FailedPreconditionError,
                      InternalError, InvalidArgumentError, TensorwireError, UnauthenticatedError,
@@ -137,11 +137,24 @@ class Client:
     UnavailableError, or UnauthenticatedError for a token problem).
     keepalive: seconds of silence after which a node a call waits for is
     pinged; after 5 of them it is taken for gone (UnavailableError).
+    compression: True lets the node send bodies by bytes as LZ4 frames
+    where a sample of them compresses (docs/protocol.md, "Compression"), as
+    Go's clients have it: a few times fewer bytes on a slow link for rows
+    that compress (images), at the CPU of compressing and decompressing them
+    (on one host, rows by bytes come slower: docs/benchmarks.md, "Python
+    clients and LZ4"). It needs the lz4 package (PyPI's lz4, Debian's
+    python3-lz4): InvalidArgumentError without it. False (the default):
+    every body comes as it is.
     """
 
-    def __init__(self, addr, token=None, root=None, timeout=30.0, keepalive=1.0, window=16 << 20):
+    def __init__(self, addr, token=None, root=None, timeout=30.0, keepalive=1.0, window=16 << 20,
+                 compression=False):
+        if compression and not _lz4.available():
+            raise InvalidArgumentError("compression=True needs the lz4 package (pip install lz4, or Debian's "
+                                       "python3-lz4)")
         self._made = ((addr,), {"token": token, "root": root, "timeout": timeout, "keepalive": keepalive,
-                                "window": window})
+                                "window": window, "compression": compression})
+        self.compression = bool(compression)
         self.addr = addr
         self._host, self._port = _split_addr(addr)
         if isinstance(token, str):
@@ -401,9 +414,11 @@ class Client:
         timeout_us = 0
         if deadline is not None:
             timeout_us = max(int((deadline - time.monotonic()) * 1e6), 1)
-        # Version 2 nodes compress bodies unless asked not to; this client
-        # has no lz4 decoder, so it asks (docs/protocol.md, "Compression").
-        hdr = _wire.request_header(method, timeout_us, len(args), body_len, uncompressed=conn.version >= 2)
+        # Version 2 nodes compress bodies unless asked not to: a client
+        # that cannot or will not decode them asks (docs/protocol.md,
+        # "Compression").
+        hdr = _wire.request_header(method, timeout_us, len(args), body_len,
+                                   uncompressed=conn.version >= 2 and not self.compression)
         try:
             st.write([hdr, args] + parts, deadline)
         except BaseException:
@@ -430,7 +445,7 @@ class Client:
         st = conn.session.open_stream()
         timeout_us = 0 if deadline is None else max(int((deadline - time.monotonic()) * 1e6), 1)
         hdr = _wire.request_header(method, timeout_us, len(args), sum(p.nbytes for p in parts),
-                                   stream=True, uncompressed=True)
+                                   stream=True, uncompressed=not self.compression)
         try:
             st.write([hdr, args] + parts, deadline)
         except BaseException:
@@ -536,24 +551,25 @@ class Pending:
             raw = st.read_exact(r.arg_len, d)
             try:
                 value = _msgpack.unpackb(raw) if raw else None
-                if r.raw_len:
-                    raise InternalError("the node sent an lz4-compressed body; this client asks "
-                                        "for uncompressed ones and does not decode lz4")
+                if r.raw_len and not self._client.compression:
+                    raise InternalError("the node sent an lz4-compressed body; this client asked "
+                                        "for uncompressed ones")
                 wires = [td for td in self._tds if td.comes_back()]
                 rtds, rpaths = _result_tds(value, self._result_tds, with_paths=True)
                 wchecked = [wire_entries(td.wire) for td in wires]
                 rchecked = [wire_entries(w) for _, _, w in rtds]
                 need = sum(n for _, n in wchecked) + sum(n for _, n in rchecked)
-                if need != r.body_len:
-                    raise InternalError(f"the TensorDicts need {need} body bytes, the body has {r.body_len}")
+                if need != (r.raw_len or r.body_len):
+                    raise InternalError(f"the TensorDicts need {need} body bytes, the body has {r.raw_len or r.body_len}")
+                fill = _body_filler(st, r, d)
             except (_msgpack.DecodeError, InternalError) as e:
                 # The body is skipped whole: the stream stays in step.
                 _skip(st, r.body_len, d)
                 ok = True
                 raise InternalError(f"{self.method}: response: {e}") from None
-
-            def fill(mv):
-                st.read_into(mv, d)
+            except _lz4.FrameError as e:
+                ok = True  # the frame was read whole: the stream is in step
+                raise InternalError(f"{self.method}: response: {e}") from None
 
             for td, (entries, _) in zip(wires, wchecked):
                 td.write_back(build(td.wire, fill, entries))
@@ -665,21 +681,22 @@ class MessageStream:
         raw = st.read_exact(r.arg_len, d)
         try:
             value = _msgpack.unpackb(raw) if raw else None
-            if r.raw_len:
-                raise InternalError("an lz4-compressed message; this client asks for uncompressed ones")
+            if r.raw_len and not self._client.compression:
+                raise InternalError("an lz4-compressed message; this client asked for uncompressed ones")
             rtds, rpaths = _result_tds(value, self._result_tds, with_paths=True)
             checked = [wire_entries(w) for _, _, w in rtds]
             need = sum(n for _, n in checked)
-            if need != r.body_len:
-                raise InternalError(f"a message's TensorDicts need {need} body bytes, the body has {r.body_len}")
+            if need != (r.raw_len or r.body_len):
+                raise InternalError(f"a message's TensorDicts need {need} body bytes, the body has "
+                                    f"{r.raw_len or r.body_len}")
+            fill = _body_filler(st, r, d)
         except (_msgpack.DecodeError, InternalError) as e:
             # The message's body is skipped whole: the next recv reads the
             # next frame.
             _skip(st, r.body_len, d)
             raise InternalError(f"{self.method}: {e}") from None
-
-        def fill(mv):
-            st.read_into(mv, d)
+        except _lz4.FrameError as e:
+            raise InternalError(f"{self.method}: {e}") from None  # the frame was read whole
 
         into = {_path_key(k): v for k, v in (into or {}).items()}
         filled = set()  # a path of several TDs ("*") fills its dict once
@@ -745,6 +762,22 @@ class _OlderNode(Exception):
     def __init__(self, version):
         super().__init__(version)
         self.version = version
+
+
+def _body_filler(st, r, deadline):
+    """The read_into function (as _td.build takes) of the body of header r:
+    reads from the stream as the TensorDicts are filled, or, for an LZ4
+    frame (raw_len set), reads the frame whole first and hands out its
+    bytes decompressed (_lz4.FrameError when it is not one frame of
+    exactly raw_len bytes)."""
+    if not r.raw_len:
+        def fill(mv):
+            st.read_into(mv, deadline)
+        return fill
+    frame = bytearray(r.body_len)
+    if r.body_len:
+        st.read_into(memoryview(frame), deadline)
+    return _lz4.filler(_lz4.decompress(frame, r.raw_len))
 
 
 def _skip(st, n, deadline):

@@ -355,9 +355,11 @@ class ScriptedNode:
     without a token: the handshake (a newer hello is refused, as
     docs/protocol.md's "Versioning" says; from version 3 a session message
     says there are no side connections), then yamux. It answers every call
-    with the next of its scripted responses (argument bytes, body bytes; an
-    empty map past the script), and a message stream with all of its
-    scripted messages and an end. hellos: the versions offered to it."""
+    with the next of its scripted responses (argument bytes, body bytes,
+    and, when there is a third, the raw_len of a body that is an LZ4 frame;
+    an empty map past the script), and a message stream with all of its
+    scripted messages (the same) and an end. hellos: the versions offered
+    to it."""
 
     def __init__(self, responses=(), messages=(), newest=3, fsid=None):
         self.responses = list(responses)
@@ -435,15 +437,15 @@ class ScriptedNode:
                         break
                     buf = buf[end:]
                     if hdr.get("stream"):
-                        out = b"".join(_wire.stream_message_header(len(arg), len(body)) + arg + body
-                                       for arg, body in self.messages) + _wire.stream_end_header(0)
+                        out = b"".join(_wire.stream_message_header(len(m[0]), len(m[1]), *m[2:]) + m[0] + m[1]
+                                       for m in self.messages) + _wire.stream_end_header(0)
                         self.messages = []
                         streams.add(sid)
                         buf = b""
                     else:
                         # Calls past the script (a consumer's leave, say) get an empty map.
-                        arg, body = self.responses.pop(0) if self.responses else (b"\x80", b"")
-                        out = _wire.response_header(0, "", "", len(arg), len(body)) + arg + body
+                        arg, body, *raw = self.responses.pop(0) if self.responses else (b"\x80", b"")
+                        out = _wire.response_header(0, "", "", len(arg), len(body), *raw) + arg + body
                     c.sendall(struct.pack(">BBHII", 0, 0, 2, sid, len(out)) + out)
                 pending[sid] = buf
         except (EOFError, OSError):

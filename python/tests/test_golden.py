@@ -110,6 +110,25 @@ STREAM_MESSAGE = """00000016
     a8 626f64795f6c656e d1 6e40
     8101"""
 
+# Compressed bodies (rpc/golden_test.go's TestGolden_Compressed): the headers
+# a node writes before an LZ4 frame, which a client made with
+# compression=True reads (python/tensorwire/_lz4.py).
+RESPONSE_COMPRESSED = """00000032
+    85
+    a7 6172675f6c656e 01
+    a8 626f64795f6c656e d1 012c
+    a4 636f6465 00
+    a7 6d657373616765 a0
+    a7 7261775f6c656e d2 00015f90
+    80"""
+
+STREAM_MESSAGE_COMPRESSED = """00000021
+    83
+    a7 6172675f6c656e 02
+    a8 626f64795f6c656e d1 01f4
+    a7 7261775f6c656e d1 6e40
+    8101"""
+
 STREAM_END = """00000015
     83
     a4 636f6465 00
@@ -147,7 +166,9 @@ class TestGolden(unittest.TestCase):
                             ("reason response", REASON_RESPONSE), ("fill", FILL), ("describe", DESCRIBE),
                             ("client proof", CLIENT_PROOF), ("server proof", SERVER_PROOF), ("refusal", REFUSAL),
                             ("stream open", STREAM_OPEN), ("stream message", STREAM_MESSAGE),
-                            ("stream end", STREAM_END), ("stream end with a reason", STREAM_END_REASON)]:
+                            ("stream end", STREAM_END), ("stream end with a reason", STREAM_END_REASON),
+                            ("response with a compressed body", RESPONSE_COMPRESSED),
+                            ("stream message, compressed", STREAM_MESSAGE_COMPRESSED)]:
             self.assertIn(norm(block), go, f"the {name} block is not rpc/golden_test.go's")
         with open(GO_SHARING) as f:
             go = norm(f.read())
@@ -238,6 +259,17 @@ class TestGolden(unittest.TestCase):
                 _wire.parse_stream_header(bytes.fromhex(bad.replace(" ", "")))
         h = _wire.hello(1, bytes(range(32)), bytes(0xA0 + i for i in range(16)), version=2)
         self.assertEqual(h, unhex(HELLO)[:4] + b"\x02" + unhex(HELLO)[5:])
+        # Compressed bodies' headers: written as a node writes them, read
+        # back with their raw_len.
+        self.assertEqual(_wire.response_header(0, arg_len=1, body_len=300, raw_len=90000) + b"\x80",
+                         unhex(RESPONSE_COMPRESSED))
+        with self.assertRaises(_wire.ProtocolError):
+            # 90,000 bytes from a frame of 300: past what any LZ4 frame
+            # inflates to (255 x 300 + 1,024), refused before it is read.
+            _wire.parse_response_header(unhex(RESPONSE_COMPRESSED)[4:-1])
+        self.assertEqual(_wire.stream_message_header(2, 500, 28224) + b"\x81\x01", unhex(STREAM_MESSAGE_COMPRESSED))
+        r = _wire.parse_stream_header(unhex(STREAM_MESSAGE_COMPRESSED)[4:-2])
+        self.assertEqual((r.end, r.arg_len, r.body_len, r.raw_len), (False, 2, 500, 28224))
 
     def test_version4(self):
         """The where messages, as rpc/sharing_test.go pins them."""
