@@ -4,13 +4,24 @@ lz4 package is there (PyPI's lz4, Debian's python3-lz4).
 A node compresses a body when a sample of it pays, unless the request
 says `uncompressed`. This client leaves that unset only when made with
 rpc.Client(compression=True), which needs the lz4 package; by default it
-asks for uncompressed bodies, as it always did.
+asks for uncompressed bodies, as it always did. Such a client compresses
+the bodies it sends the same way (seal), which every version 2 node reads.
 """
 
 try:
+    import lz4.block as _block
     import lz4.frame as _frame
-except ImportError:  # optional: without it, bodies come uncompressed
-    _frame = None
+except ImportError:  # optional: without it, bodies go uncompressed
+    _block = _frame = None
+
+# What Go's sender does (rpc/compress.go): a body of MIN_BODY bytes or more
+# is compressed when its first SAMPLE bytes (a 64th of a body under 4 MiB,
+# MIN_SAMPLE at least) compressed as one block shrink below PAYS of their
+# size, into a frame of independent 256 KiB blocks without checksums.
+SAMPLE = 64 << 10
+MIN_SAMPLE = 1 << 10
+MIN_BODY = 1 << 10
+PAYS = 0.9
 
 
 def available():
@@ -56,3 +67,28 @@ def filler(raw):
         pos += n
 
     return fill
+
+
+def seal(parts, raw):
+    """The LZ4 frame of a body of raw bytes made of parts (bytes-like, in
+    order), or None when it is too small or a sample of it does not
+    compress below PAYS (it then goes as it is), as Go's sender decides."""
+    if raw < MIN_BODY:
+        return None
+    n = min(raw, SAMPLE, max(raw // 64, MIN_SAMPLE))
+    sample = bytearray()
+    for p in parts:
+        mv = memoryview(p).cast("B")
+        sample += mv[:n - len(sample)]
+        if len(sample) >= n:
+            break
+    z = _block.compress(bytes(sample), store_size=False)
+    if len(z) >= PAYS * len(sample):
+        return None
+    c = _frame.LZ4FrameCompressor(block_size=_frame.BLOCKSIZE_MAX256KB, block_linked=False,
+                                  content_checksum=False, block_checksum=False)
+    out = [c.begin()]
+    for p in parts:
+        out.append(c.compress(memoryview(p).cast("B")))
+    out.append(c.flush())
+    return b"".join(out)

@@ -229,13 +229,16 @@ def decide_sharing(probed, node, client):
 
 # Message headers (docs/protocol.md, "Messages").
 
-def request_header(method, timeout_us, arg_len, body_len, stream=False, uncompressed=False):
+def request_header(method, timeout_us, arg_len, body_len, stream=False, uncompressed=False, raw_len=0):
     """A request header, length-prefixed, in the bytes Go writes (keys
-    sorted, integers in their smallest signed form). stream and uncompressed
-    are version 2's keys, left out when false."""
-    h = (bytes((0x84 + stream + uncompressed,)) + _msgpack.pack_str("arg_len") + _msgpack.pack_int(arg_len)
-         + _msgpack.pack_str("body_len") + _msgpack.pack_int(body_len)
+    sorted, integers in their smallest signed form). stream, uncompressed
+    and raw_len (the body is an LZ4 frame of that many bytes) are version
+    2's keys, left out when false or 0."""
+    h = (bytes((0x84 + stream + uncompressed + bool(raw_len),)) + _msgpack.pack_str("arg_len")
+         + _msgpack.pack_int(arg_len) + _msgpack.pack_str("body_len") + _msgpack.pack_int(body_len)
          + _msgpack.pack_str("method") + _msgpack.pack_str(method))
+    if raw_len:
+        h += _msgpack.pack_str("raw_len") + _msgpack.pack_int(raw_len)
     if stream:
         h += _msgpack.pack_str("stream") + b"\xc3"
     h += _msgpack.pack_str("timeout_us") + _msgpack.pack_int(timeout_us)

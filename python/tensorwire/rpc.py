@@ -405,6 +405,7 @@ class Client:
         args = _msgpack.packb(_wire_form(arg))
         parts = [p for td in tds for p in td.parts]
         body_len = sum(p.nbytes for p in parts)
+        parts, body_len, raw_len = self._seal(conn, parts, body_len)
         try:
             st = conn.stream()
         except UnavailableError:
@@ -418,13 +419,23 @@ class Client:
         # that cannot or will not decode them asks (docs/protocol.md,
         # "Compression").
         hdr = _wire.request_header(method, timeout_us, len(args), body_len,
-                                   uncompressed=conn.version >= 2 and not self.compression)
+                                   uncompressed=conn.version >= 2 and not self.compression, raw_len=raw_len)
         try:
             st.write([hdr, args] + parts, deadline)
         except BaseException:
             st.close()
             raise
         return Pending(self, conn, st, method, deadline, tds, result_tds, into)
+
+    def _seal(self, conn, parts, body_len):
+        """(parts, body_len, raw_len) of a body to send: its LZ4 frame where
+        this client compresses, the node reads frames (version 2) and a
+        sample pays (_lz4.seal), else parts as they are and raw_len 0."""
+        if self.compression and conn.version >= 2 and body_len:
+            z = _lz4.seal(parts, body_len)
+            if z is not None:
+                return [z], len(z), body_len
+        return parts, body_len, 0
 
     def open_stream(self, method, arg=None, timeout=None, result_tds=()):
         """Opens a message stream (protocol version 2, docs/protocol.md
@@ -442,10 +453,11 @@ class Client:
             td.prepare(self._root if conn.shared else None)
         args = _msgpack.packb(_wire_form(arg))
         parts = [p for td in tds for p in td.parts]
+        parts, body_len, raw_len = self._seal(conn, parts, sum(p.nbytes for p in parts))
         st = conn.session.open_stream()
         timeout_us = 0 if deadline is None else max(int((deadline - time.monotonic()) * 1e6), 1)
-        hdr = _wire.request_header(method, timeout_us, len(args), sum(p.nbytes for p in parts),
-                                   stream=True, uncompressed=not self.compression)
+        hdr = _wire.request_header(method, timeout_us, len(args), body_len,
+                                   stream=True, uncompressed=not self.compression, raw_len=raw_len)
         try:
             st.write([hdr, args] + parts, deadline)
         except BaseException:
@@ -718,7 +730,8 @@ class MessageStream:
             td.prepare(self._client._root if self._conn.shared else None)
         args = _msgpack.packb(_wire_form(arg))
         parts = [p for td in tds for p in td.parts]
-        hdr = _wire.stream_message_header(len(args), sum(p.nbytes for p in parts))
+        parts, body_len, raw_len = self._client._seal(self._conn, parts, sum(p.nbytes for p in parts))
+        hdr = _wire.stream_message_header(len(args), body_len, raw_len)
         self._st.write([hdr, args] + parts, _min_deadline(self._deadline, _deadline(timeout)))
 
     def close_send(self):

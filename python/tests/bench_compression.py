@@ -1,10 +1,10 @@
 """Rows by bytes with and without LZ4, from Python: a node with a replay
 buffer of Atari-like observations (84x84 uint8, a constant background, a
 block that moves, 3% of the pixels noise: lz4 takes them to about a
-seventh), sampled in batches of 256 by bytes by clients made with
-compression=True and False, in turns, ROUNDS rounds of SECONDS seconds.
-Prints rows/s, the bytes a batch took on the wire and the client's CPU a
-batch. Run it inside a network namespace whose loopback is rate-limited
+seventh), sampled in batches of 256 and extended in batches of 128, by
+bytes, by clients made with compression=True and False, in turns, ROUNDS
+rounds of SECONDS seconds each. Prints rows/s, the bytes a sampled batch
+took on the wire and the client's CPU a batch. Run it inside a network namespace whose loopback is rate-limited
 (tc) to see a link's figures (docs/benchmarks.md, "Python clients and
 LZ4").
 
@@ -51,6 +51,7 @@ def main():
                 _, d0 = proxy.counts()
                 b.sample(256)
                 wire[comp] = proxy.counts()[1] - d0
+        sends = [noisy(np.arange(k * 128, (k + 1) * 128) + 1, rng) for k in range(8)]
         for _ in range(rounds):
             for comp in (True, False):
                 with rpc.Client(node.addr, token=TOKEN, root=node.root, compression=comp) as c, \
@@ -61,8 +62,15 @@ def main():
                         b.sample(256)
                         n += 1
                     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-                    print(f"compression={comp!s:5}  {n * 256 / dt:8.0f} rows/s  {wire[comp] / 1e6:5.2f} MB a batch "
-                          f"of 256 on the wire  client CPU {cpu / n * 1e3:5.2f} ms a batch", flush=True)
+                    print(f"sample  compression={comp!s:5}  {n * 256 / dt:8.0f} rows/s  {wire[comp] / 1e6:5.2f} MB a "
+                          f"batch of 256 on the wire  client CPU {cpu / n * 1e3:5.2f} ms a batch", flush=True)
+                    t0, c0, n = time.perf_counter(), time.process_time(), 0
+                    while time.perf_counter() - t0 < seconds:
+                        b.extend(sends[n % len(sends)])
+                        n += 1
+                    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+                    print(f"extend  compression={comp!s:5}  {n * 128 / dt:8.0f} rows/s  client CPU "
+                          f"{cpu / n * 1e3:5.2f} ms a batch of 128", flush=True)
     finally:
         proxy.close()
         node.close()

@@ -61,7 +61,7 @@ def check(test, td):
 class TestCompression(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.node = Node(buffers=["atari,capacity=512,min-size=1"]).start()
+        cls.node = Node(buffers=["atari,capacity=512,min-size=1", "sent,capacity=256,min-size=1"]).start()
 
     @classmethod
     def tearDownClass(cls):
@@ -101,6 +101,62 @@ class TestCompression(unittest.TestCase):
             proxy.close()
         self.assertLess(on, raw / 3, f"{on} bytes came down for {raw} of rows: not compressed")
         self.assertGreaterEqual(off, raw, f"{off} bytes came down for {raw} of rows with compression off")
+
+    def test_requests(self):
+        """A client with compression sends rows that compress (an extend by
+        bytes, a call's request) as an LZ4 frame, a few times smaller, and
+        the node stores them intact; rows that do not (random bytes) go as
+        they are."""
+        proxy = CountingProxy(self.node.addr)
+        rng = np.random.default_rng(3)
+        try:
+            with rpc.Client(proxy.addr, token=TOKEN, root=self.node.root, compression=True) as c, \
+                    replay.Buffer(c, "sent", bytes_mode=True) as b:
+                noise = rng.integers(0, 256, (128, 84, 84), dtype=np.uint8)
+                for name, batch, small in (("frames", frames(np.arange(5000, 5128)), True),
+                                           ("random bytes", {"obs": noise, "action": np.arange(6000, 6128)}, False)):
+                    with self.subTest(rows=name):
+                        raw = sum(v.nbytes for v in batch.values())
+                        up, _ = proxy.counts()
+                        b.extend(batch)
+                        sent = proxy.counts()[0] - up
+                        if small:
+                            self.assertLess(sent, raw / 3, f"{sent} bytes went up for {raw} of rows: not compressed")
+                        else:
+                            self.assertGreaterEqual(sent, raw, f"{sent} bytes went up for {raw} of random rows")
+                with replay.Buffer(self.node.addr, "sent", token=TOKEN, root=self.node.root) as ref:
+                    td, _ = ref.sample(256)
+                    f = td["action"] < 6000
+                    np.testing.assert_array_equal(td["obs"][f], frames(td["action"][f])["obs"])
+                    np.testing.assert_array_equal(td["obs"][~f], noise[td["action"][~f] - 6000])
+                    self.assertTrue(f.any() and (~f).any(), "both batches sampled")
+        finally:
+            proxy.close()
+
+    def test_stream_messages_sent(self):
+        """A producer by bytes on a client with compression (a stream's
+        messages, sent) publishes every batch as an LZ4 frame, a few times
+        smaller, and a consumer gets every sample intact."""
+        with Node(extra=["--loader", "train,producer=remote,slots=8,window=8,max-wait=20s"]) as node:
+            proxy = CountingProxy(node.addr)
+            try:
+                batches = [dict(frames(np.arange(k, k + 50)), id=np.arange(k, k + 50)) for k in range(0, 400, 50)]
+                c = rpc.Client(proxy.addr, token=TOKEN, root=node.root, compression=True)
+                up, _ = proxy.counts()
+                p = loader.Producer(c, "train", batches, bytes_mode=True, samples=400).start()
+                with loader.Consumer(node.addr, "train", 50, token=TOKEN, root=node.root, timeout=60) as con:
+                    seen = []
+                    for b in con:
+                        np.testing.assert_array_equal(b["obs"], frames(b["id"])["obs"])
+                        seen.extend(b["id"].tolist())
+                    self.assertEqual(sorted(seen), list(range(400)))
+                p.close()
+                sent = proxy.counts()[0] - up
+                c.close()
+            finally:
+                proxy.close()
+        raw = 400 * (84 * 84 + 16)
+        self.assertLess(sent, raw / 3, f"{sent} bytes went up for {raw} of rows: not compressed")
 
     def test_stream_messages(self):
         """A loader consumer by bytes (a stream's messages) gets every sample

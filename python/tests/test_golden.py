@@ -113,6 +113,15 @@ STREAM_MESSAGE = """00000016
 # Compressed bodies (rpc/golden_test.go's TestGolden_Compressed): the headers
 # a node writes before an LZ4 frame, which a client made with
 # compression=True reads (python/tensorwire/_lz4.py).
+REQUEST_COMPRESSED = """0000004a
+    85
+    a7 6172675f6c656e 03
+    a8 626f64795f6c656e d1 0fa0
+    a6 6d6574686f64 af 74656e736f72776972652e66696c6c
+    a7 7261775f6c656e d2 005dc000
+    aa 74696d656f75745f7573 d2 004c4b40
+    010203"""
+
 RESPONSE_COMPRESSED = """00000032
     85
     a7 6172675f6c656e 01
@@ -167,6 +176,7 @@ class TestGolden(unittest.TestCase):
                             ("client proof", CLIENT_PROOF), ("server proof", SERVER_PROOF), ("refusal", REFUSAL),
                             ("stream open", STREAM_OPEN), ("stream message", STREAM_MESSAGE),
                             ("stream end", STREAM_END), ("stream end with a reason", STREAM_END_REASON),
+                            ("request with a compressed body", REQUEST_COMPRESSED),
                             ("response with a compressed body", RESPONSE_COMPRESSED),
                             ("stream message, compressed", STREAM_MESSAGE_COMPRESSED)]:
             self.assertIn(norm(block), go, f"the {name} block is not rpc/golden_test.go's")
@@ -261,6 +271,8 @@ class TestGolden(unittest.TestCase):
         self.assertEqual(h, unhex(HELLO)[:4] + b"\x02" + unhex(HELLO)[5:])
         # Compressed bodies' headers: written as a node writes them, read
         # back with their raw_len.
+        self.assertEqual(_wire.request_header("tensorwire.fill", 5_000_000, 3, 4000, raw_len=6_144_000) + b"\x01\x02\x03",
+                         unhex(REQUEST_COMPRESSED))
         self.assertEqual(_wire.response_header(0, arg_len=1, body_len=300, raw_len=90000) + b"\x80",
                          unhex(RESPONSE_COMPRESSED))
         with self.assertRaises(_wire.ProtocolError):
