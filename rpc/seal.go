@@ -49,16 +49,24 @@ func (s *Seal) body(parts []bodyPart) outBody {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.made || s.raw != b.raw {
+		// After Reset (or at first) no send holds the frame's memory, which
+		// is used again; a body of another length may be made while sends
+		// of the old one still write theirs, so it gets memory of its own.
+		dst := s.z[:0]
+		if s.made {
+			dst = nil
+		}
 		s.made, s.raw, s.zok = true, b.raw, false
 		if b.raw >= lz4MinBody && samplePays(parts, b.raw) {
-			if z := compressPartsInto(parts, s.z[:0]); z != nil {
+			if z := compressPartsInto(parts, dst); z != nil {
 				s.z, s.zok = z, true
 				sealsMade.Add(1)
 			}
 		}
 	}
 	if s.zok {
-		b.z, b.shared = &s.z, true
+		z := s.z // this frame, whatever the seal holds later
+		b.z, b.shared = &z, true
 	}
 	return b
 }

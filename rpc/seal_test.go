@@ -47,6 +47,7 @@ func TestSeal(t *testing.T) {
 		b, _ := firstLeaf(t, tds[i]).Bytes()
 		return bytes.Clone(b)
 	}
+	var runMixed func(t *testing.T, streams []func() (*Client, context.Context), nSliced int)
 	must(t, RegisterStream(n.s, "test.stream.sealed", func(ctx context.Context, req tick, st *ServerStream[tick, tick]) error {
 		for i := range msgs {
 			td := tds[i]
@@ -62,18 +63,27 @@ func TestSeal(t *testing.T) {
 		}
 		return nil
 	}))
+	// run runs the streams at once, every one sliced or none; runMixed
+	// with the first nSliced sliced.
 	run := func(t *testing.T, streams []func() (*Client, context.Context), sliced bool) {
 		t.Helper()
-		wants := make([][]byte, msgs)
+		runMixed(t, streams, map[bool]int{false: 0, true: len(streams)}[sliced])
+	}
+	runMixed = func(t *testing.T, streams []func() (*Client, context.Context), nSliced int) {
+		t.Helper()
+		full := make([][]byte, msgs)
 		for i := range msgs {
-			wants[i] = want(i)
-		}
-		if sliced {
-			wants[msgs-1] = wants[msgs-1][:len(wants[msgs-1])/2]
+			full[i] = want(i)
 		}
 		var wg sync.WaitGroup
 		errs := make(chan error, len(streams))
-		for _, open := range streams {
+		for si, open := range streams {
+			sliced := si < nSliced
+			wants := full
+			if sliced {
+				wants = append([][]byte(nil), full...)
+				wants[msgs-1] = wants[msgs-1][:len(wants[msgs-1])/2]
+			}
 			c, ctx := open()
 			wg.Add(1)
 			go func() {
@@ -127,6 +137,15 @@ func TestSeal(t *testing.T) {
 			}
 		})
 	}
+	t.Run("two lengths through a seal at once", func(t *testing.T) {
+		// A seal made again for the other length while sends of the first
+		// still write their frame: each keeps its own (the race detector
+		// sees one written over the other).
+		fill(3)
+		for range 4 {
+			runMixed(t, []func() (*Client, context.Context){on, on, on, on}, 2)
+		}
+	})
 	t.Run("a shorter body through a seal", func(t *testing.T) {
 		fill(2)
 		for _, step := range []struct {
