@@ -270,8 +270,8 @@ def parse_stream_header(b):
     """Decodes a frame header of a message stream: a Response whose end
     attribute says whether it is an end frame (code, message, reason) or a
     message (arg_len, body_len)."""
-    r = parse_response_header(b)
-    m = _msgpack.unpackb(b)
+    m = _header_map(b)
+    r = _response(m)
     r.end = m.get("end", False) is True
     if r.end and (r.arg_len or r.body_len or r.raw_len):
         raise ProtocolError("a stream's end frame with a payload")
@@ -306,12 +306,22 @@ class Response:
 def parse_response_header(b):
     """Decodes a response header (without its length prefix). Any valid
     msgpack map is accepted, keys in any order; unknown keys are skipped."""
+    return _response(_header_map(b))
+
+
+def _header_map(b):
+    """A header's bytes decoded: a dict, or ProtocolError."""
     try:
         m = _msgpack.unpackb(b)
     except Exception as e:  # msgpack's errors have no common base
         raise ProtocolError(f"response header: {e}") from None
     if not isinstance(m, dict):
         raise ProtocolError("response header: not a map")
+    return m
+
+
+def _response(m):
+    """The Response of a decoded header map, checked."""
     r = Response()
     r.code, r.message, r.reason = m.get("code", 0), m.get("message", ""), m.get("reason", "")
     r.arg_len, r.body_len, r.raw_len = m.get("arg_len", 0), m.get("body_len", 0), m.get("raw_len", 0)
