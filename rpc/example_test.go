@@ -261,3 +261,57 @@ func ExampleCallInto() {
 	// 2 [2 20] in dst: true
 	// 3 [3 30] in dst: true
 }
+
+// Frame is a stream message carrying one TensorDict by bytes.
+type Frame struct {
+	N  int    `codec:"n"`
+	TD rpc.TD `codec:"td"`
+}
+
+// A node sends the same batch to every stream that asks for it: with a
+// Seal on the TD, the first Send that compresses makes the LZ4 frame and
+// the others write it as it is. The bytes must not change while the seal
+// is in use; Reset it before they do.
+func ExampleSeal() {
+	ctx := context.Background()
+	batch, _ := tensordict.New(64)
+	obs, _ := tensordict.Zeros(memmap.Uint8, 64, 84, 84) // compresses: every pixel 0
+	batch.Set("obs", obs)
+	seal := new(rpc.Seal)
+
+	srv, _ := rpc.NewServer()
+	rpc.RegisterStream(srv, "batches", func(ctx context.Context, _ rpc.Empty, st *rpc.ServerStream[rpc.Empty, Frame]) error {
+		return st.Send(ctx, Frame{N: 64, TD: rpc.TD{TensorDict: batch, Seal: seal}})
+	})
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	go srv.Serve(l)
+	defer srv.Close()
+
+	for range 3 { // three consumers, one compression
+		c, err := rpc.Dial(ctx, l.Addr().String())
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		st, err := rpc.OpenStream[rpc.Empty, Frame](ctx, c, "batches", rpc.Empty{})
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		f, err := st.Recv(ctx)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		got, _ := f.TD.Tensor("obs")
+		fmt.Println(f.N, got.Shape())
+		st.Close()
+		c.Close()
+	}
+	// Before the batch's bytes are written again (no Send holds the seal):
+	seal.Reset()
+	// Output:
+	// 64 [64 84 84]
+	// 64 [64 84 84]
+	// 64 [64 84 84]
+}
