@@ -563,17 +563,12 @@ class Pending:
             raw = st.read_exact(r.arg_len, d)
             try:
                 value = _msgpack.unpackb(raw) if raw else None
-                if r.raw_len and not self._client.compression:
-                    raise InternalError("the node sent an lz4-compressed body; this client asked "
-                                        "for uncompressed ones")
                 wires = [td for td in self._tds if td.comes_back()]
                 rtds, rpaths = _result_tds(value, self._result_tds, with_paths=True)
                 wchecked = [wire_entries(td.wire) for td in wires]
                 rchecked = [wire_entries(w) for _, _, w in rtds]
                 need = sum(n for _, n in wchecked) + sum(n for _, n in rchecked)
-                if need != (r.raw_len or r.body_len):
-                    raise InternalError(f"the TensorDicts need {need} body bytes, the body has {r.raw_len or r.body_len}")
-                fill = _body_filler(st, r, d)
+                fill = _body_filler(st, r, d, self._client.compression, need)
             except (_msgpack.DecodeError, InternalError) as e:
                 # The body is skipped whole: the stream stays in step.
                 _skip(st, r.body_len, d)
@@ -693,15 +688,9 @@ class MessageStream:
         raw = st.read_exact(r.arg_len, d)
         try:
             value = _msgpack.unpackb(raw) if raw else None
-            if r.raw_len and not self._client.compression:
-                raise InternalError("an lz4-compressed message; this client asked for uncompressed ones")
             rtds, rpaths = _result_tds(value, self._result_tds, with_paths=True)
             checked = [wire_entries(w) for _, _, w in rtds]
-            need = sum(n for _, n in checked)
-            if need != (r.raw_len or r.body_len):
-                raise InternalError(f"a message's TensorDicts need {need} body bytes, the body has "
-                                    f"{r.raw_len or r.body_len}")
-            fill = _body_filler(st, r, d)
+            fill = _body_filler(st, r, d, self._client.compression, sum(n for _, n in checked))
         except (_msgpack.DecodeError, InternalError) as e:
             # The message's body is skipped whole: the next recv reads the
             # next frame.
@@ -777,12 +766,18 @@ class _OlderNode(Exception):
         self.version = version
 
 
-def _body_filler(st, r, deadline):
-    """The read_into function (as _td.build takes) of the body of header r:
-    reads from the stream as the TensorDicts are filled, or, for an LZ4
-    frame (raw_len set), reads the frame whole first and hands out its
-    bytes decompressed (_lz4.FrameError when it is not one frame of
-    exactly raw_len bytes)."""
+def _body_filler(st, r, deadline, compression, need):
+    """The read_into function (as _td.build takes) of the body of header r,
+    whose TensorDicts need `need` bytes (InternalError, the body unread,
+    when that is not its length, or when it is an LZ4 frame a client
+    without compression did not ask for): reads from the stream as the
+    TensorDicts are filled, or, for an LZ4 frame (raw_len set), reads the
+    frame whole first and hands out its bytes decompressed
+    (_lz4.FrameError when it is not one frame of exactly raw_len bytes)."""
+    if r.raw_len and not compression:
+        raise InternalError("an lz4-compressed body; this client asked for uncompressed ones")
+    if need != (r.raw_len or r.body_len):
+        raise InternalError(f"the TensorDicts need {need} body bytes, the body has {r.raw_len or r.body_len}")
     if not r.raw_len:
         def fill(mv):
             st.read_into(mv, deadline)

@@ -53,6 +53,25 @@ class TestWithoutLZ4(unittest.TestCase):
             node.close()
 
 
+    def test_unasked_frame_refused(self):
+        """A node that sends an LZ4 body to a client that asked for none:
+        that call's InternalError, the body skipped, and the next response
+        on the connection read right."""
+        from test_malformed import valid_response
+        value, body = valid_response()
+        arg = _msgpack_map(value)
+        node = ScriptedNode([(arg, b"\x04\x22\x4d\x18" + b"\x00" * 20, len(body)), (arg, body)])
+        try:
+            with rpc.Client(node.addr, timeout=10) as c:
+                with self.assertRaises(InternalError) as cm:
+                    c.call("liar.get", {}, timeout=10, result_tds=("td",))
+                self.assertIn("asked for uncompressed", str(cm.exception))
+                got = c.call("liar.get", {}, timeout=10, result_tds=("td",))
+                np.testing.assert_array_equal(got["td"]["x"]["y"], np.ones(2, np.int64))
+        finally:
+            node.close()
+
+
 def check(test, td):
     np.testing.assert_array_equal(td["obs"], frames(td["action"])["obs"])
 
