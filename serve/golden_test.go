@@ -77,8 +77,10 @@ func goldenExamples(t *testing.T) []svctest.Example {
 		// (replica.go): the request, the node's batches, the replica's
 		// answers.
 		{Name: "serve.replica request, by reference", V: replicaRequest{Name: "policy", Prefix: ".tensorwire-serve/clients/00112233aabbccdd", Window: 2}},
+		{Name: "serve.replica request, by reference, with a lane", V: replicaRequest{Name: "policy", Prefix: ".tensorwire-serve/clients/00112233aabbccdd", Window: 1, Lane: true}},
 		{Name: "serve.replica request, bytes", V: replicaRequest{Name: "policy", Window: 2}},
 		{Name: "serve.replica batch, by reference", V: replicaBatch{Batch: 7, N: 2, Row: 16}},
+		{Name: "serve.replica batch 0, the lane's ack", V: laneAck},
 		{Name: "serve.replica batch, bytes", V: replicaBatch{Batch: 7, N: 2, In: svctest.WireTD(t, goldenIn)}},
 		{Name: "serve.replica answer, by reference", V: replicaAnswer{Batch: 7, Version: 3}},
 		{Name: "serve.replica answer, bytes", V: replicaAnswer{Batch: 7, Version: 3, Out: svctest.WireTD(t, goldenOut)}},

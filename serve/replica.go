@@ -36,6 +36,10 @@ import (
 //     headers (rpc's bytes mode), in the batch's In and the answer's Out;
 //     row is 0.
 //
+// A replica by reference may also ask for a lane (Lane): the batches and
+// answers then go as fixed frames through two FIFOs in its folder, and
+// the stream carries only the node's laneAck and its end (lane.go).
+//
 // A window lets the replica read its next batch while the node takes its
 // answer to the last: the batch waits in the stream rather than behind a
 // round trip. On the node the replica is Window lanes (attach.go), each
@@ -57,8 +61,9 @@ type (
 	// replicaRequest opens serve.replica.
 	replicaRequest struct {
 		Name   string `codec:"name"`
-		Prefix string `codec:"prefix"` // the replica's folder under the root (by reference); "": rows as bytes
-		Window int    `codec:"window"` // batches it takes in flight; 0 (a replica before windows) or 1: one at a time
+		Prefix string `codec:"prefix"`         // the replica's folder under the root (by reference); "": rows as bytes
+		Window int    `codec:"window"`         // batches it takes in flight; 0 (a replica before windows) or 1: one at a time
+		Lane   bool   `codec:"lane,omitempty"` // by reference: its folder has the FIFOs of a lane (lane.go)
 	}
 	// replicaBatch is a batch for the replica (node to replica).
 	replicaBatch struct {
@@ -97,6 +102,7 @@ type attachedStream struct {
 	smu     sync.Mutex // the sending of batches: their numbers and pending, in the order sent
 	closed  bool
 	in, out *tensordict.TensorDict // by reference: the replica's rows (window*MaxBatch); nil: bytes
+	lane    *lane                  // by reference, when the replica asked for one and the node opened it
 	inF     fields
 	outF    fields
 	next    uint64
@@ -139,7 +145,7 @@ func (svc *Service) replica(ctx context.Context, req replicaRequest, st *rpc.Ser
 	}
 	a := &attachedStream{m: s.m, st: st, window: min(max(req.Window, 1), maxWindow), done: make(chan struct{})}
 	if req.Prefix != "" {
-		if err := svc.mapReplica(ctx, s.m, req.Prefix, a); err != nil {
+		if err := svc.mapReplica(ctx, s.m, req.Prefix, req.Lane, a); err != nil {
 			return err
 		}
 	}
@@ -151,7 +157,16 @@ func (svc *Service) replica(ctx context.Context, req replicaRequest, st *rpc.Ser
 			a.in.Close()
 			a.out.Close()
 		}
+		if a.lane != nil {
+			a.lane.close()
+		}
 	}()
+	if a.lane != nil {
+		if err := st.Send(ctx, laneAck); err != nil {
+			return err
+		}
+		go a.readLane(ctx)
+	}
 	go a.read(ctx)
 	lanes := make([]forwardFunc, a.window)
 	for k := range lanes {
@@ -181,7 +196,10 @@ func (svc *Service) replica(ctx context.Context, req replicaRequest, st *rpc.Ser
 // mapReplica maps the replica's rows: its folder's in and out,
 // a.window*MaxBatch rows of the model's schemas, as a client's slots are
 // mapped.
-func (svc *Service) mapReplica(ctx context.Context, m *Manager, prefix string, a *attachedStream) error {
+//
+// With lane, it also opens the folder's lane (lane.go); a lane it cannot
+// open is logged and left: the batches go on the stream.
+func (svc *Service) mapReplica(ctx context.Context, m *Manager, prefix string, lane bool, a *attachedStream) error {
 	if err := rpc.RequireCoherent(ctx, "serve: a replica's rows in a shared folder"); err != nil {
 		return err
 	}
@@ -216,6 +234,11 @@ func (svc *Service) mapReplica(ctx context.Context, m *Manager, prefix string, a
 		return err
 	}
 	a.in, a.out = in, out
+	if lane {
+		if a.lane, err = openLane(cr); err != nil {
+			m.log.Warn("serve: a replica's lane could not be opened; its batches go on its stream", "folder", prefix, "err", err)
+		}
+	}
 	return nil
 }
 
@@ -229,25 +252,57 @@ func (a *attachedStream) read(ctx context.Context) {
 			a.stop(a.endCause(ctx, err), false)
 			return
 		}
+		if a.lane != nil {
+			a.stop(fmt.Errorf("%w: the replica answered on its stream; it took a lane, where its answers go", ErrForward), false)
+			return
+		}
 		if ans.Out != nil && ans.Out.TensorDict != nil && anyMapped(ans.Out.TensorDict) {
 			// A reference is valid only until the next Recv, and the
 			// batch's outputs outlive it.
 			a.stop(fmt.Errorf("%w: the replica sent its outputs by reference; send them as bytes, or write them into its folder's out rows", ErrForward), false)
 			return
 		}
-		a.pmu.Lock()
-		var p pendingBatch
-		ok := len(a.pending) > 0 && a.pending[0].batch == ans.Batch
-		if ok {
-			p, a.pending = a.pending[0], a.pending[1:]
-		}
-		a.pmu.Unlock()
-		if !ok {
-			a.stop(fmt.Errorf("%w: the replica answered batch %d, which it was not given or not next (serve.replica answers in the order sent)", ErrForward, ans.Batch), false)
+		if !a.deliver(ans) {
 			return
 		}
-		p.answer <- ans // its only send: never blocks
 	}
+}
+
+// readLane receives the replica's answers from its lane until it ends,
+// and stops the stream then: as read does, the end of the lane being the
+// replica's leaving (its process went away, or it closed the lane).
+func (a *attachedStream) readLane(ctx context.Context) {
+	for {
+		ans, err := a.lane.recv()
+		if err != nil {
+			if !errors.Is(err, errLaneClosed) {
+				err = fmt.Errorf("%w: %w", ErrForward, err)
+			}
+			a.stop(a.endCause(ctx, err), false)
+			return
+		}
+		if !a.deliver(ans) {
+			return
+		}
+	}
+}
+
+// deliver hands ans to the oldest batch pending, whose answer it must be;
+// false (the stream stopped) when it is not.
+func (a *attachedStream) deliver(ans replicaAnswer) bool {
+	a.pmu.Lock()
+	var p pendingBatch
+	ok := len(a.pending) > 0 && a.pending[0].batch == ans.Batch
+	if ok {
+		p, a.pending = a.pending[0], a.pending[1:]
+	}
+	a.pmu.Unlock()
+	if !ok {
+		a.stop(fmt.Errorf("%w: the replica answered batch %d, which it was not given or not next (serve.replica answers in the order sent)", ErrForward, ans.Batch), false)
+		return false
+	}
+	p.answer <- ans // its only send: never blocks
+	return true
 }
 
 // endCause is what the end of the replica's stream (Recv's err) says of
@@ -259,7 +314,7 @@ func (a *attachedStream) endCause(ctx context.Context, err error) error {
 	a.pmu.Lock()
 	pending := len(a.pending)
 	a.pmu.Unlock()
-	left := ctx.Err() != nil || errors.Is(err, rpc.ErrCanceled)
+	left := ctx.Err() != nil || errors.Is(err, rpc.ErrCanceled) || errors.Is(err, errLaneClosed)
 	switch {
 	case left && pending == 0:
 		return nil
@@ -382,9 +437,14 @@ func (a *attachedStream) send(ctx context.Context, row, n int, in *tensordict.Te
 	a.pmu.Lock()
 	a.pending = append(a.pending, p)
 	a.pmu.Unlock()
-	sctx, cancel := context.WithTimeout(ctx, a.m.cfg.ReplicaTimeout)
-	err := a.st.Send(sctx, msg)
-	cancel()
+	var err error
+	if a.lane != nil {
+		err = a.lane.send(msg.Batch, msg.Row, msg.N)
+	} else {
+		sctx, cancel := context.WithTimeout(ctx, a.m.cfg.ReplicaTimeout)
+		err = a.st.Send(sctx, msg)
+		cancel()
+	}
 	if err != nil {
 		return pendingBatch{}, fmt.Errorf("%w: %w: sending it a batch: %v", ErrForward, errGone, err)
 	}

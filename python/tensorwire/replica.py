@@ -20,6 +20,15 @@ memmaps in a folder of the replica's under the root, which the module reads
 without a copy (torch.from_numpy over the mapping); otherwise they travel
 with the messages as bytes.
 
+By reference the batches and answers also skip the stream: the replica
+makes two FIFOs in its folder (a lane, docs/protocol.md "serve.replica
+lanes"), and each batch is a 16-byte frame (batch, row, n) it reads from
+one and each answer a 24-byte frame (batch, version, error length) it
+writes into the other, where the stream would cost a msgpack message in a
+yamux frame on TCP each way; the stream then carries only its end.
+lane=False keeps them on the stream; a node from before lanes, or one
+that cannot open them, uses the stream anyway.
+
 window=2 (to 4) lets the node keep that many batches in flight to the
 replica, so that the next batch waits in the stream while this process
 answers the last, rather than behind a round trip; the replica still runs
@@ -47,7 +56,9 @@ between two batches, and every answer says the version that computed it.
 
 import logging
 import os
+import select
 import shutil
+import struct
 import threading
 import time
 
@@ -82,15 +93,19 @@ class Replica:
     itself rather than a dict. reattach: attach again after the node
     detached this replica or the connection broke (default True). window:
     the batches the node may keep in flight to it (1 to 4; 1: one at a
-    time, each after the last was answered).
+    time, each after the last was answered). lane: by reference, take
+    the batches through FIFOs in the replica's folder rather than on the
+    stream (default True where the system has FIFOs).
 
     run() serves in the foreground until close() or KeyboardInterrupt;
     start() on a thread. Use it as a context manager, or close() it.
     batches counts the batches run; version is the parameter version the
-    module holds (0: its own until a first version is loaded)."""
+    module holds (0: its own until a first version is loaded); lane is
+    whether the node sends the batches of the current (or last) attachment
+    through the lane."""
 
     def __init__(self, node, name, module, device="cpu", token=None, root=None, follow=None, bytes_mode=False,
-                 plain=None, reattach=True, timeout=30.0, window=1):
+                 plain=None, reattach=True, timeout=30.0, window=1, lane=True):
         import torch
         if not 1 <= int(window) <= MAX_WINDOW:
             raise InvalidArgumentError(f"serve: window={window}; want 1 to {MAX_WINDOW}")
@@ -135,6 +150,10 @@ class Replica:
         self._ref = bool(self._client.root) and not bytes_mode and _serve.fcntl is not None and \
             self._client.sharing(timeout) == Sharing.COHERENT
         self._pinned = None
+        self._lane = bool(lane) and self._ref and hasattr(os, "mkfifo")
+        self.lane = False
+        self._lane_fds = None  # the current stream's lane's FIFO ends
+        self._wake = None  # (read, write) of a pipe: close() wakes a lane's wait with it
         # Weights: a thread waits for new versions; the serving loop loads
         # the newest between two batches.
         self._follow = None
@@ -202,8 +221,12 @@ class Replica:
 
     def _forked(self):
         """In a child just forked (_exit.reset_at_fork): the attachment,
-        its thread, its folder and its locks are the parent's."""
+        its thread, its folder and its locks are the parent's. The
+        child's copies of the lane's FIFO ends are closed, so that the
+        node still reads the lane's end when the parent dies."""
         self._inherited = True
+        _close_lane(self._lane_fds)
+        self._lane_fds = None
 
     def close(self):
         """Detaches from the node and stops run(); removes the replica's
@@ -216,7 +239,9 @@ class Replica:
             return
         self._closed.set()
         with self._mu:
-            st = self._stream
+            st, wake = self._stream, self._wake
+        if wake is not None:
+            os.write(wake[1], b"x")  # a lane's wait returns
         if st is not None:
             try:
                 st.close()
@@ -224,6 +249,9 @@ class Replica:
                 pass
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(10)
+        if wake is not None and (self._thread is None or not self._thread.is_alive()):
+            os.close(wake[0])
+            os.close(wake[1])
         for p in (self._pending, self._held):
             if p is not None:
                 p.close()
@@ -247,18 +275,32 @@ class Replica:
     def _attach_once(self):
         """Attaches, serves batches until the stream ends; True when at
         least one batch succeeded."""
-        st = self._client.open_stream("serve.replica", _request(self.name, self._rel if self._ref else "",
-                                                                self.window), result_tds=("in",))
+        lane = self._lane_fds = self._make_lane() if self._lane else None
+        try:
+            st = self._client.open_stream("serve.replica", _request(self.name, self._rel if self._ref else "",
+                                                                    self.window, lane is not None),
+                                          result_tds=("in",))
+        except BaseException:
+            _close_lane(lane)
+            self._lane_fds = None
+            raise
         with self._mu:
             if self._closed.is_set():
                 st.close()
+                _close_lane(lane)
+                self._lane_fds = None
                 return False
             self._stream = st
         self.attachments += 1
         served = False
         try:
+            msg = st.recv()
+            self.lane = lane is not None and _is_request(msg) and msg.get("batch", 0) == 0 and msg.get("n", 0) == 0
+            if self.lane:
+                return self._serve_lane(st, lane)  # the node took the lane
+            _close_lane(lane)  # a node from before lanes, or one that could not open it
+            lane = self._lane_fds = None
             while True:
-                msg = st.recv()
                 if not _is_request(msg):
                     # Not a batch: the node is not speaking the protocol. The
                     # stream is given up (run attaches again, or raises).
@@ -269,7 +311,10 @@ class Replica:
                     self.batches += 1
                     served = True
                 st.send(ans)
+                msg = st.recv()
         finally:
+            _close_lane(lane)
+            self._lane_fds = None
             with self._mu:
                 self._stream = None
             try:
@@ -277,6 +322,86 @@ class Replica:
             except Exception:
                 pass
         return served
+
+    def _make_lane(self):
+        """The lane's FIFOs, made anew in the folder for a stream (nothing
+        of the last stream's is left in them), and this side's ends: the
+        batches' for reading and the answers' for reading and writing, so
+        that neither open waits for the node (which opens the other ends
+        when the stream's request arrives). None where FIFOs cannot be
+        made here: the batches go on the stream."""
+        fds = []
+        try:
+            for name in (_LANE_BATCHES, _LANE_ANSWERS):
+                path = os.path.join(self._dir, name)
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                os.mkfifo(path, 0o600)
+            fds.append(os.open(os.path.join(self._dir, _LANE_BATCHES), os.O_RDONLY | os.O_NONBLOCK))
+            fds.append(os.open(os.path.join(self._dir, _LANE_ANSWERS), os.O_RDWR))
+        except OSError as e:
+            for fd in fds:
+                os.close(fd)
+            _log.warning("serve replica %s: no lane (%s); the batches go on the stream", self.name, e)
+            self._lane = False
+            return None
+        return fds
+
+    def _serve_lane(self, st, lane):
+        """Serves the batches of the lane until it ends (the node closed
+        its end: the stream's end, or its error, follows) or close(); True
+        when at least one batch succeeded. The stream's socket is watched
+        too, to answer the node's keep-alive pings and see its end."""
+        fb, fa = lane
+        with self._mu:
+            if self._wake is None:
+                self._wake = os.pipe()
+            wake = self._wake[0]
+        poller = select.poll()
+        poller.register(fb, select.POLLIN)
+        poller.register(wake, select.POLLIN)
+        sock = st.fileno()
+        poller.register(sock, select.POLLIN)
+        served = False
+        while True:
+            try:
+                frame = os.read(fb, _LANE_BATCH.size)
+            except BlockingIOError:
+                frame = None
+            if frame:
+                if len(frame) != _LANE_BATCH.size:
+                    raise InternalError(f"serve: a lane frame of {len(frame)} bytes from the node")
+                bid, row, n = _LANE_BATCH.unpack(frame)
+                self._switch()
+                ans = self._run_batch({"batch": bid, "n": n, "row": row})
+                if not ans["error"]:
+                    self.batches += 1  # before the answer: its callers may read the count
+                    served = True
+                os.write(fa, _lane_answer(bid, ans["version"], ans["error"]))
+                continue
+            if frame == b"":  # the node closed the lane: the stream ends too
+                msg = st.recv(timeout=10)
+                raise InternalError(f"serve: the node ended the lane and sent {msg!r:.200} on the stream")
+            if self._closed.is_set():
+                return served
+            events = poller.poll(1000)
+            if any(fd == sock for fd, _ in events) and st.ready():
+                msg = st.recv(timeout=10)  # the stream's end (raised), or a message the node would not send
+                raise InternalError(f"serve: the node sent {msg!r:.200} on the stream of a lane")
+            if any(fd == wake for fd, _ in events):
+                return served
+            if any(fd == sock for fd, _ in events) and self._client_reading(st):
+                poller.unregister(sock)  # another thread reads the socket: not ours to watch...
+                poller.poll(20)
+                poller.register(sock, select.POLLIN)  # ...for a moment
+
+    @staticmethod
+    def _client_reading(st):
+        """Whether another thread reads the stream's connection (a client
+        shared with other users of this process)."""
+        return st._conn.session.reading
 
     def _run_batch(self, msg):
         torch = self._torch
@@ -465,10 +590,39 @@ class Replica:
         self._out_t = [to_torch(np.asarray(a), dt == "torch.bfloat16") for (_, dt, _), a in zip(self._out, self._out_mm)]
 
 
-def _request(name, prefix, window):
+def _request(name, prefix, window, lane=False):
     """serve.replica's request: the model, the replica's folder under the
-    root ("" for rows as bytes) and the batches it takes in flight."""
-    return {"name": name, "prefix": prefix, "window": window}
+    root ("" for rows as bytes), the batches it takes in flight and, by
+    reference, whether the folder has a lane's FIFOs."""
+    r = {"name": name, "prefix": prefix, "window": window}
+    if lane:
+        r = {"lane": True, **r}  # the keys in the order the Go side writes them
+    return r
+
+
+# The lane (serve/lane.go): its FIFOs in the replica's folder and its
+# frames, little-endian: a batch (batch, row, n), an answer (batch,
+# version, error length, 0) and the error's bytes, each written whole.
+_LANE_BATCHES = "batches"
+_LANE_ANSWERS = "answers"
+_LANE_BATCH = struct.Struct("<QII")
+_LANE_ANSWER = struct.Struct("<QQII")
+_MAX_LANE_ERROR = 4096 - _LANE_ANSWER.size
+
+
+def _lane_answer(batch, version, error=""):
+    """An answer frame: the error's UTF-8 bytes cut at _MAX_LANE_ERROR."""
+    e = error.encode("utf-8", "replace")[:_MAX_LANE_ERROR]
+    return _LANE_ANSWER.pack(batch, version, len(e), 0) + e
+
+
+def _close_lane(lane):
+    if lane is not None:
+        for fd in lane:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 # How long the weights' follower waits after a store call failed at once.

@@ -723,6 +723,24 @@ class MessageStream:
         hdr = _wire.stream_message_header(len(args), body_len, raw_len)
         self._st.write([hdr, args] + parts, _min_deadline(self._deadline, _deadline(timeout)))
 
+    def fileno(self):
+        """The connection's socket, for a caller that polls it beside
+        descriptors of its own while no message is expected (then
+        ready())."""
+        return self._conn.session.sock.fileno()
+
+    def ready(self):
+        """Reads what the connection holds, without waiting (nothing when
+        another thread is reading it), and says whether recv() would
+        return at once: a message or the stream's end has arrived, or the
+        connection failed. It also answers the node's keep-alive pings,
+        which a caller that waits elsewhere would leave unanswered."""
+        sess = self._conn.session
+        sess.drain()
+        st = self._st
+        return (self._ended is not None or sess.err is not None or st.buffered > 0 or bool(st.chunks)
+                or st.remote_fin or st.reset)
+
     def close_send(self):
         """Ends this side's messages: an end frame of code 0, then FIN."""
         if not self._sent_end:

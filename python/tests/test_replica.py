@@ -50,11 +50,12 @@ def stats(node):
 
 # A replica in a process of its own: argv node address, token, root, and
 # what its module does: "mlp" (mlp(0)), "hang" (writes the file argv[5]
-# when a forward starts, then sleeps).
+# when a forward starts, then sleeps); argv[6] "1" for the batches through
+# its lane, else on its stream.
 CHILD = r"""
 import sys, time, torch
 import tensorwire
-addr, token, root, what = sys.argv[1], sys.argv[2].encode(), sys.argv[3], sys.argv[4]
+addr, token, root, what, lane = sys.argv[1], sys.argv[2].encode(), sys.argv[3], sys.argv[4], sys.argv[6] == "1"
 torch.manual_seed(0)
 net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 16))
 class Hang(torch.nn.Module):
@@ -62,12 +63,13 @@ class Hang(torch.nn.Module):
         open(sys.argv[5], "w").close()
         time.sleep(600)
 module = net if what == "mlp" else Hang()
-tensorwire.serve.Replica(addr, "policy", module, token=token, root=root).run()
+tensorwire.serve.Replica(addr, "policy", module, token=token, root=root, lane=lane).run()
 """
 
 
-def child_replica(node, what, marker=""):
-    return subprocess.Popen([sys.executable, "-c", CHILD, node.addr, node.token.decode(), node.root, what, marker],
+def child_replica(node, what, marker="", lane=True):
+    return subprocess.Popen([sys.executable, "-c", CHILD, node.addr, node.token.decode(), node.root, what, marker,
+                             "1" if lane else "0"],
                             env=python_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
@@ -241,8 +243,12 @@ class TestReplica(AttachedNodeCase, unittest.TestCase):
 
     def test_killed_mid_batch_goes_to_another(self):
         """A replica process killed (SIGKILL) while it runs a batch: the
-        batch runs on another replica, and its caller gets the outputs."""
+        batch runs on another replica, and its caller gets the outputs: the
+        node learns it from the lane's end, or the stream's without one."""
         self.killed_or_stopped(signal.SIGKILL)
+        node = attached_node()  # a node of its own: this class's holds the replica above
+        self.addCleanup(node.close)
+        self.killed_or_stopped(signal.SIGKILL, node, lane=False)
 
     def test_killed_mid_batch_none_left(self):
         """The only replica killed mid-batch, and none attaches: its caller
@@ -292,11 +298,11 @@ class TestReplica(AttachedNodeCase, unittest.TestCase):
                 want = module(torch.from_numpy(x)).numpy()
             np.testing.assert_array_equal(out["logits"], want)
 
-    def killed_or_stopped(self, sig, node=None):
+    def killed_or_stopped(self, sig, node=None, lane=True):
         node = node or self.node
         with tempfile.TemporaryDirectory() as d:
             marker = os.path.join(d, "started")
-            p = child_replica(node, "hang", marker)
+            p = child_replica(node, "hang", marker, lane=lane)
             self.addCleanup(p.wait)
             self.addCleanup(p.kill)
             wait_until(lambda: stats(node).get("attached_now", 0) == 1, what="the child attached")
