@@ -32,8 +32,8 @@ type laneReplica struct {
 	in, out  *tensordict.TensorDict
 	inF      fields
 	outF     fields
-	batches  *os.File // the replica's read end
-	answers  *os.File // its read-write end
+	batches  *os.File    // the replica's read end
+	answers  *os.File    // its read-write end
 	gotFrame chan [3]int // (batch, row, n) of each frame read
 }
 
