@@ -140,7 +140,7 @@ func runOne(ctx context.Context, o *options, root, model string, clients, maxBat
 	}
 	itoa := strconv.Itoa
 	args := slices.Concat(o.self, []string{"--role", roleNode, "--child", "--root", root, "--run-model", model,
-		"--max-batch", itoa(maxBatch), "--replicas", itoa(o.replicas)}, verbose)
+		"--max-batch", itoa(maxBatch), "--replicas", itoa(o.replicas), "--max-delay", o.maxDelay.String()}, verbose)
 	if update {
 		args = append(args, "--update", "--update-mb", itoa(o.updateMB), "--update-every", o.updateEvery.String())
 	}

@@ -63,7 +63,7 @@ func runNode(ctx context.Context, o *options, stdout io.Writer, log *slog.Logger
 	}
 	m, err := serve.New(serve.Config{
 		Input: schemaIn(), Output: schemaOut(), MaxBatch: o.maxBatch, Replicas: o.replicas,
-		New: build, Log: log, AttachedOnly: isPython(o.model),
+		New: build, Log: log, AttachedOnly: isPython(o.model), Policy: o.policy(),
 	})
 	if err != nil {
 		return err
@@ -249,4 +249,13 @@ func startProfile(path string) (stop func(), err error) {
 		pprof.StopCPUProfile()
 		f.Close()
 	}, nil
+}
+
+// policy is the node's batching policy: --max-delay's, for a batching
+// run (the runs of max batch 1 have nothing to wait for).
+func (o *options) policy() serve.Policy {
+	if o.maxBatch <= 1 {
+		return serve.Greedy()
+	}
+	return serve.MaxDelay(o.maxDelay)
 }

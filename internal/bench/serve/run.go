@@ -55,13 +55,14 @@ type options struct {
 	json        string
 	root        string
 	verbose     bool
-	pythonExe   string // the Python of Python replicas (python.go)
-	device      string // the torch device of Python replicas' modules (python.go)
-	window      int    // the batches each Python replica takes in flight (Replica's window)
-	replicaKind string // --replica
-	pyPath      string // the extracted Python client (python.go)
-	nodeProfile string // --profile: CPU profiles of each run's node and first client, to this prefix
-	profileTo   string // --profile-to: a role's CPU profile
+	pythonExe   string        // the Python of Python replicas (python.go)
+	device      string        // the torch device of Python replicas' modules (python.go)
+	window      int           // the batches each Python replica takes in flight (Replica's window)
+	maxDelay    time.Duration // the batching runs' policy: serve.MaxDelay (0: Greedy)
+	replicaKind string        // --replica
+	pyPath      string        // the extracted Python client (python.go)
+	nodeProfile string        // --profile: CPU profiles of each run's node and first client, to this prefix
+	profileTo   string        // --profile-to: a role's CPU profile
 
 	role   string
 	child  bool
@@ -85,6 +86,8 @@ func newFlagSet(o *options, clients, models *string) *flag.FlagSet {
 	fs.IntVar(&o.window, "window", 1, "the batches each Python replica takes in flight, 1 to 4 (tensorwire.serve.Replica's window: the node\n"+
 		"sends the next while the replica runs one)")
 	fs.IntVar(&o.maxBatch, "max-batch", 16, "the max batch of the batching runs (the others have 1)")
+	fs.DurationVar(&o.maxDelay, "max-delay", 0, "the batching runs' policy: a free replica waits up to this long after a batch's first\n"+
+		"request for more (serve.MaxDelay; 0: greedy, torch_spread's)")
 	fs.IntVar(&o.replicas, "replicas", 1, "the model's replicas on the node")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "how long each run's timed phase lasts")
 	fs.DurationVar(&o.limitDur, "limit-duration", 2*time.Second, "how long the in-process limit is measured, per model")
@@ -203,6 +206,8 @@ func (o *options) check() error {
 		return usagef("--device: %q; want cpu or cuda:N", o.device)
 	case o.window < 1 || o.window > 4:
 		return usagef("--window: %d; want 1 to 4", o.window)
+	case o.maxDelay < 0:
+		return usagef("--max-delay: %v; want 0 (greedy) or more", o.maxDelay)
 	}
 	switch o.role {
 	case "", roleNode:

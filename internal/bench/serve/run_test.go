@@ -99,6 +99,38 @@ func TestRun_Short(t *testing.T) {
 	}
 }
 
+// TestRun_MaxDelay: --max-delay reaches the node. With 2 clients the
+// fake model's batches of 16 never fill, so every batch waits the whole
+// 20 ms: at most 2 requests per 21 ms (about 95 a second), where greedy
+// batching does one per millisecond or two.
+func TestRun_MaxDelay(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	out := filepath.Join(t.TempDir(), "serve.json")
+	benchtest.RunJSON(t, Run, testSelf, []string{"--clients", "2", "--model", "fake", "--max-delay", "20ms",
+		"--duration", "400ms", "--limit-duration", "100ms", "--update-mb", "0", "--root", t.TempDir(), "--json", out}, out)
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Config Config           `json:"config"`
+		Runs   []map[string]any `json:"runs"`
+	}
+	if err := json.Unmarshal(data, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Config.Policy != "max_delay=20ms" {
+		t.Errorf("config's policy %q, want max_delay=20ms", res.Config.Policy)
+	}
+	for _, r := range res.Runs {
+		if r["max_batch"].(float64) > 1 && r["requests_per_s"].(float64) > 150 {
+			t.Errorf("a batching run at max delay 20ms did %.0f requests/s with 2 clients; want at most about 95", r["requests_per_s"])
+		}
+	}
+}
+
 // TestRun_Profile: --profile leaves a CPU profile (pprof's gzipped
 // format) of the node and of the first client of each run.
 func TestRun_Profile(t *testing.T) {
@@ -137,6 +169,7 @@ func TestRun_Usage(t *testing.T) {
 		{[]string{"--device", "tpu"}, "--device"},
 		{[]string{"--window", "5"}, "--window"},
 		{[]string{"--window", "0"}, "--window"},
+		{[]string{"--max-delay", "-1ms"}, "--max-delay"},
 		{[]string{"--role", "client"}, "--addr"},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
