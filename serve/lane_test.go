@@ -350,4 +350,3 @@ func TestLane_NotFIFOs(t *testing.T) {
 	}
 	wantAnswer(t, "a batch on the stream of a replica whose lane the node did not take", call, 5, 3, 4)
 }
-
