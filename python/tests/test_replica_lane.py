@@ -53,7 +53,10 @@ class TestReplicaLane(AttachedNodeCase, unittest.TestCase):
         futs = [c.predict_async({"obs": x}, timeout=60) for x in xs]
         with torch.inference_mode():
             for x, f in zip(xs, futs):
-                np.testing.assert_array_equal(f.result(60)["logits"], module(torch.from_numpy(x)).numpy())
+                # Batched with other requests' rows: equal to the module on
+                # its own rows up to the last bits (the kernels block by batch).
+                np.testing.assert_allclose(f.result(60)["logits"], module(torch.from_numpy(x)).numpy(),
+                                           rtol=1e-5, atol=1e-6)
 
     def test_left_on_the_stream(self):
         for kw in ({"lane": False}, {"mode": "bytes"}):
