@@ -32,6 +32,7 @@ import asyncio
 import collections
 import concurrent.futures
 import errno
+import logging
 import os
 import re
 import shutil
@@ -43,7 +44,7 @@ import time
 
 import numpy as np
 
-from . import _exit, errors as _errors
+from . import _bell, _exit, errors as _errors
 from ._fields import answer, uint
 from ._td import DTYPES, TD, NonTensorData, as_array, dtype_name, flatten, marked, tree_to_torch
 from .dataset import escape_key
@@ -188,7 +189,7 @@ class _Req:
     rows, and where it stands."""
 
     __slots__ = ("arrays", "n", "deadline", "future", "as_torch", "with_version", "start", "reg", "pending",
-                 "wait", "err", "admitted", "holds")
+                 "wait", "err", "admitted", "holds", "rung")
 
     def __init__(self, arrays, n, deadline, as_torch, with_version):
         self.arrays = arrays
@@ -204,6 +205,7 @@ class _Req:
         self.err = None  # the error of its last attempt, when it is sent again
         self.admitted = None  # a predict waiting to be admitted waits for this Event
         self.holds = False  # admitted: it counts in the client's requests in flight (and holds slots)
+        self.rung = 0  # by bell: the sequence number of the request last rung, until its record says done
 
 
 class _Slots:
@@ -288,6 +290,7 @@ class Client:
         self._renewer = None
         self._rel = None  # ref mode: the slots' folder, relative to the root
         self._in_mm = self._out_mm = None  # ref mode: the slots' tensors, in the schemas' order
+        self._ring = None  # ref mode on Linux x86-64: the ring of requests by bell (_bell.py)
         self._lease_ms = 0
         self._ref = False
         self._sharing = Sharing.NONE
@@ -334,6 +337,16 @@ class Client:
         """"ref" when the rows go through slots in files under the shared
         root, "bytes" when they travel with the calls."""
         return "ref" if self._ref else "bytes"
+
+    @property
+    def bell(self):
+        """Whether predict() goes by bell: in ref mode on Linux x86-64, a
+        request is an entry in a ring file shared with the node and a futex
+        wake-up, and its answer a record waited on with a futex, rather
+        than a call over TCP (docs/serve.md, "Python clients by bell").
+        predict_async and apredict go by call."""
+        r = self._ring
+        return r is not None and r.bell is not None
 
     @property
     def sharing(self):
@@ -451,6 +464,8 @@ class Client:
             waiting = list(self._waiting)
             self._waiting.clear()
             self._cv.notify_all()
+        if self._ring is not None:
+            self._ring.wake_all()  # predictions waiting by bell find the client closed
         for r in list(flight) + waiting:
             if r.pending is not None:
                 r.pending.cancel()
@@ -599,7 +614,12 @@ class Client:
     def _run(self, req):
         """Sends req and waits for its response, sending it again while the
         node is unreachable and registering again when the node lost the
-        registration; returns the outputs."""
+        registration; returns the outputs. By bell when the node gave the
+        client one, else by call."""
+        if self._ring is not None and self._ring.bell is not None:
+            out = self._run_bell(req)
+            if out is not None:
+                return out
         while True:
             try:
                 self._send(req)
@@ -612,6 +632,110 @@ class Client:
                 if err is not None:
                     raise err from None
                 self._backoff(req)
+
+    # Requests by bell (_bell.py, serve/bell.go).
+
+    def _run_bell(self, req):
+        """Runs req by bell: pushes it to the ring, rings the node's bell and
+        waits on its record, pushing it again after the node registered the
+        client anew (it restarted) and after an Unavailable failure (the
+        node going down), as a call is sent again. None when the node gave
+        no bell after all (the caller calls)."""
+        ring = self._ring
+        while True:
+            gen = self.registrations
+            seq = ring.push(req.start, req.n)
+            if seq is None:
+                return None
+            if seq < 0:  # the ring is full: the node has not taken the requests before
+                self._bell_check(req)
+                time.sleep(0.0001)
+                continue
+            req.rung = seq
+            if not self._wait_bell(req, seq, gen):
+                continue  # registered again meanwhile: push it again
+            req.rung = 0
+            if ring.status(req.start) == 0:
+                return self._result(req, {"version": ring.version(req.start)})
+            cid = self._id
+            try:
+                self._client.call("serve.failure", {"name": self.name, "client": cid, "start": req.start,
+                                                    "seq": seq}, timeout=_left(req.deadline))
+            except BaseException as e:  # noqa: BLE001 (the request's own error, or the call's)
+                err = self._retryable(req, e)
+                if err is not None:
+                    raise err from None
+                if isinstance(e, NotRegisteredError):
+                    self._register(cid, req.deadline)  # the node lost the registration: make it anew
+                self._backoff(req)
+                continue
+            raise InternalError(f"serve: the node said request {seq} failed, then that it did not")
+
+    def _bell_check(self, req):
+        """Raises what ends a request waiting by bell: the client closed, its
+        deadline passed."""
+        if self._closed:
+            raise ClosedError("serve: closed")
+        left = _left(req.deadline)
+        if left is not None and left <= 0:
+            raise DeadlineExceededError("serve: predict: deadline exceeded")
+
+    def _wait_bell(self, req, seq, gen):
+        """Waits until req's record says seq is done (True), or the client
+        registered again (False: push it again); a short spin first. Asks
+        the node every _BELL_PROBE seconds whether it still holds the
+        registration, registering again when it does not."""
+        ring, start = self._ring, req.start
+        for _ in range(_BELL_SPINS):
+            if ring.done(start) == seq:
+                return True
+        probe = time.monotonic() + _BELL_PROBE
+        while True:
+            d = ring.done(start)
+            if d == seq:
+                return True
+            self._bell_check(req)
+            if self.registrations != gen:
+                return False
+            now = time.monotonic()
+            if now >= probe:
+                self._probe()
+                probe = time.monotonic() + _BELL_PROBE
+                continue
+            nap = min(_BELL_NAP, probe - now)
+            left = _left(req.deadline)
+            if left is not None:
+                nap = min(nap, left)
+            ring.sleep(start, d, max(nap, 0))
+
+    def _probe(self):
+        """Asks the node whether it holds the registration, and registers
+        again if it does not; an unreachable node is not an error here."""
+        cid = self._id
+        try:
+            self._client.call("serve.renew", {"name": self.name, "client": cid}, timeout=_BELL_PROBE)
+        except NotRegisteredError:
+            try:
+                self._register(cid, _deadline(_BELL_PROBE))
+            except _errors.TensorwireError:
+                pass
+        except _errors.TensorwireError:
+            pass
+
+    def _quiet(self, start, n, seq, until):
+        """Gives slots [start, start+n) back once the node is done with the
+        request seq rung on them (its record says so), the client closed,
+        or until passed (the node is gone, or stuck): a request abandoned
+        mid-way (its deadline) may still be in the node's queue, which
+        would write its outputs there."""
+        if self._closed:
+            return
+        if self._ring.done(start) == seq or time.monotonic() >= until:
+            self._put_slots(start, n)
+            return
+        t = threading.Timer(_BELL_NAP, self._quiet, args=(start, n, seq, until))
+        t.daemon = True
+        t.start()
 
     def _backoff(self, req):
         """Waits before req is sent again: not at all when the node lost the
@@ -824,14 +948,17 @@ class Client:
             if not req.holds:
                 return
             req.holds = False
+            rung = req.rung if err is not None else 0
             late = self._ref and err is not None and (
                 isinstance(err, (DeadlineExceededError, UnavailableError))
-                or not isinstance(err, _errors.TensorwireError))
+                or not isinstance(err, _errors.TensorwireError)) and not rung
             self._admitted -= 1
-            if self._ref and not late:
+            if self._ref and not late and not rung:
                 self._free.put(req.start, req.n)
             ready = self._admit_waiting_locked()
-        if late:
+        if rung:
+            self._quiet(req.start, req.n, rung, time.monotonic() + _BELL_QUIET)
+        elif late:
             t = threading.Timer(1.0, self._put_slots, args=(req.start, req.n))
             t.daemon = True
             t.start()
@@ -891,6 +1018,8 @@ class Client:
                 raise InternalError(f"serve: the lock of {tmp}, a folder this client just made, is held")
             _create_td(os.path.join(tmp, "in"), self._in, self.slots)
             _create_td(os.path.join(tmp, "out"), self._out, self.slots)
+            if _bell.SUPPORTED:
+                _bell.Ring.make(os.path.join(tmp, "ring"), self.slots, _reserve)
             final = os.path.join(parent, name)
             os.rename(tmp, final)
         except BaseException:
@@ -900,6 +1029,8 @@ class Client:
         self._rel = CLIENTS_DIR + "/" + name
         self._in_mm = _map_td(os.path.join(final, "in"), self._in, self.slots)
         self._out_mm = _map_td(os.path.join(final, "out"), self._out, self.slots)
+        if _bell.SUPPORTED:
+            self._ring = _bell.Ring(os.path.join(final, "ring"), self.slots)
 
     def _register(self, old, deadline):
         """Registers the slots with the node, unless the registration held is
@@ -908,13 +1039,30 @@ class Client:
             if self._id != old:
                 return
             r = self._call("serve.register", {"name": self.name, "prefix": self._rel, "slots": self.slots,
-                                              "ring": False}, deadline)
+                                              "ring": self._ring is not None}, deadline)
             cid = _uint(r, "client")
             if cid == 0:
                 raise InternalError("serve: the node registered the client as 0")
             self._lease_ms = _uint(r, "lease_ms")
+            if self._ring is not None:
+                self._use_bell(r.get("bell") or "")
             self._id = cid
             self.registrations += 1
+
+    def _use_bell(self, rel):
+        """Maps the bell the node named at registration ("" for none: the
+        requests go by call). One that cannot be mapped is logged and left:
+        calls work without it."""
+        path = None
+        if rel:
+            if not isinstance(rel, str) or not _BELL_DIR_RE.match(rel):
+                raise InternalError(f"serve: the node named the bell {rel!r}")
+            path = os.path.join(self._client.root, *rel.split("/"), "bell")
+        try:
+            self._ring.use_bell(path, rel)
+        except OSError as e:
+            _log.warning("serve: the node's bell %s cannot be mapped (%s); requests go by call", rel, e)
+            self._ring.use_bell(None, "")
 
     def _renew_every(self, every):
         """Renews the registration every quarter of the lease, registering
@@ -949,6 +1097,21 @@ class Client:
                     raise UnavailableError(f"{e.message}; gave up at the deadline, the node was unreachable") from None
                 time.sleep(wait)
                 wait = min(2 * wait, 1.0)
+
+
+# The bell's timing, as serve/bellclient.go's: a waiter reads its record
+# _BELL_SPINS times before it sleeps on it, _BELL_NAP at most at a time;
+# asks the node every _BELL_PROBE whether it holds the registration; a
+# request abandoned keeps its slots until the node is done with it, at
+# most _BELL_QUIET.
+_BELL_SPINS = 50
+_BELL_NAP = 0.1
+_BELL_PROBE = 0.5
+_BELL_QUIET = 30.0
+_BELL_DIR_RE = re.compile(r"^\.tensorwire-serve/nodes/[0-9a-f]{16}$")
+
+
+_log = logging.getLogger("tensorwire.serve")
 
 
 def _uint(r, key):

@@ -5,15 +5,19 @@ bytes. A benchmark, not a test (unittest does not collect it):
 
     cd python && PYTHONPATH=.:tests python3 tests/bench_serve.py [--in-flight 1,16,64] [--seconds 3]
 
-The Go figures are serve.Client's (tests/goclient: N goroutines predicting
-in a loop; by reference it uses the bell, shared rings and futexes, which
-the Python client does not).
+The Python figures are two: N asyncio tasks awaiting apredict (by call,
+whose responses one collector thread gathers) and N threads calling
+predict() (by reference on Linux x86-64 by bell: the ring shared with the
+node and futexes, as the Go client; else by call). The Go figures are
+serve.Client's (tests/goclient: N goroutines predicting in a loop; by
+reference by bell).
 """
 
 import argparse
 import asyncio
 import os
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -22,28 +26,40 @@ import tensorwire
 from nodes import Node, goclient, write_state_dict
 
 
-def python_rate(node, mode, n, seconds):
+def python_rate(node, mode, n, seconds, api):
     c = tensorwire.serve.Client(node.addr, "policy", token=node.token, root=node.root, bytes_mode=mode == "bytes")
     x = np.zeros((1, 64), np.float32)
     stop = time.monotonic() + seconds
-    count = [0]
+    count = [0] * n
 
-    async def loop():
+    async def loop(k):
         while time.monotonic() < stop:
             await c.apredict({"obs": x})
-            count[0] += 1
+            count[k] += 1
 
     async def main():
-        await asyncio.gather(*(loop() for _ in range(n)))
+        await asyncio.gather(*(loop(k) for k in range(n)))
+
+    def thread(k):
+        while time.monotonic() < stop:
+            c.predict({"obs": x})
+            count[k] += 1
 
     before = c.stats()
     t0 = time.monotonic()
-    asyncio.run(main())
+    if api == "async":
+        asyncio.run(main())
+    else:
+        ts = [threading.Thread(target=thread, args=(k,)) for k in range(n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
     took = time.monotonic() - t0
     after = c.stats()
     c.close()
     rows, batches = after["rows"] - before["rows"], after["batches"] - before["batches"]
-    return count[0] / took, rows / max(batches, 1)
+    return sum(count) / took, rows / max(batches, 1)
 
 
 def go_rate(node, mode, n, seconds):
@@ -66,12 +82,15 @@ def main():
             "0.weight": rng.normal(size=(256, 64)) / 8, "0.bias": rng.normal(size=256) / 10,
             "2.weight": rng.normal(size=(16, 256)) / 16, "2.bias": rng.normal(size=16) / 10})
         node.start()
-        print(f"{'mode':6} {'in flight':>9} {'python pred/s':>14} {'mean batch':>10} {'go pred/s':>10} {'python/go':>9}")
+        print(f"{'mode':6} {'in flight':>9} {'py async/s':>11} {'py threads/s':>13} {'go pred/s':>10} "
+              f"{'async/go':>8} {'threads/go':>10}")
         for mode in ("ref", "bytes"):
             for n in [int(v) for v in args.in_flight.split(",")]:
-                py, batch = python_rate(node, mode, n, args.seconds)
+                pa, _ = python_rate(node, mode, n, args.seconds, "async")
+                pt, _ = python_rate(node, mode, n, args.seconds, "threads")
                 go = go_rate(node, mode, n, args.seconds)
-                print(f"{mode:6} {n:9d} {py:14,.0f} {batch:10.1f} {go:10,.0f} {py / go:9.2f}", flush=True)
+                print(f"{mode:6} {n:9d} {pa:11,.0f} {pt:13,.0f} {go:10,.0f} {pa / go:8.2f} {pt / go:10.2f}",
+                      flush=True)
     finally:
         node.close()
 

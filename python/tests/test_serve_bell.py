@@ -1,0 +1,203 @@
+"""The Python serve client by bell (tensorwire/_bell.py, serve/bell.go)
+against real Go nodes: in ref mode on Linux x86-64 predict() appends its
+request to a ring file and rings the node's bell with a futex, and waits on
+its record with a futex, nothing on the TCP connection; its outputs are the
+model's, from many threads at once and beside Go clients; a request that
+fails brings its error (fetched with serve.failure); one abandoned at its
+deadline keeps its slots until the node is done with them; close() wakes
+the ones waiting; the node killed and restarted is registered with again
+and the request pushed again (test_serve.TestNodeKilledAndRestarted runs
+the same by bell now)."""
+
+import os
+import threading
+import time
+import unittest
+
+import numpy as np
+
+import tensorwire
+from tensorwire import _bell, serve
+
+from nodes import CountingProxy, goclient, wait_until
+from test_serve import SIZES, dial, forward, model_node
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+def obs(n, seed=0):
+    return np.random.default_rng(seed).normal(size=(n, SIZES[0])).astype(np.float32)
+
+
+@unittest.skipUnless(_bell.SUPPORTED, "the bell from Python is for Linux on x86-64; requests go by call elsewhere")
+class TestBell(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.node, cls.sd = model_node(settings=",max-batch=16,replicas=2")
+        cls.node.start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.node.close()
+
+    def test_nothing_on_the_connection(self):
+        """By bell a prediction sends nothing over TCP: through a proxy that
+        counts the bytes, 200 predictions by bell move fewer bytes than 20
+        by call (keep-alive pings aside)."""
+        proxy = CountingProxy(self.node.addr)
+        moved = {}
+        for mode in ("ref", "bytes"):
+            with serve.Client(proxy.addr, "policy", token=self.node.token, root=self.node.root,
+                              bytes_mode=mode == "bytes") as c:
+                self.assertEqual(c.bell, mode == "ref")
+                before = proxy.up + proxy.down
+                for i in range(200 if mode == "ref" else 20):
+                    x = obs(1 + i % 16, seed=i)
+                    np.testing.assert_allclose(c.predict(x)["logits"], forward(self.sd, x), rtol=1e-4, atol=1e-4)
+                moved[mode] = proxy.up + proxy.down - before
+        self.assertLess(moved["ref"], moved["bytes"], moved)
+
+    def test_threads(self):
+        """8 threads predicting at once through one client: every output is
+        its own input's."""
+        with dial(self.node, "ref") as c:
+            self.assertTrue(c.bell)
+            errs = []
+
+            def run(k):
+                try:
+                    for i in range(60):
+                        x = obs(1 + (i + k) % 16, seed=1000 * k + i)
+                        np.testing.assert_allclose(c.predict(x)["logits"], forward(self.sd, x), rtol=1e-4,
+                                                   atol=1e-4)
+                except BaseException as e:  # noqa: BLE001
+                    errs.append(e)
+
+            ts = [threading.Thread(target=run, args=(k,)) for k in range(8)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            self.assertEqual(errs, [])
+
+    def test_beside_go_clients(self):
+        """A Go client by bell and a Python one on the same node's bell."""
+        import subprocess
+        go = subprocess.Popen([goclient(), "-addr", self.node.addr, "-name", "policy", "-token-file",
+                               self.node.token_file, "-root", self.node.root, "bench", "4", "2s"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            with dial(self.node, "ref") as c:
+                for i in range(300):
+                    x = obs(1 + i % 16, seed=i)
+                    np.testing.assert_allclose(c.predict(x)["logits"], forward(self.sd, x), rtol=1e-4, atol=1e-4)
+        finally:
+            out, err = go.communicate(timeout=120)
+        self.assertEqual(go.returncode, 0, err)
+        self.assertGreater(float(out.split()[-1]), 0)
+
+
+@unittest.skipUnless(_bell.SUPPORTED, "the bell from Python is for Linux on x86-64; requests go by call elsewhere")
+@unittest.skipIf(torch is None, "torch is not installed in this interpreter")
+class TestBellAttached(unittest.TestCase):
+    """By bell against a model whose replica is a Python process the test
+    controls: failures, deadlines, close."""
+
+    def setUp(self):
+        from test_replica import attached_node, mlp
+        self.node = attached_node(",attach-wait=30s")
+        self.addCleanup(self.node.close)
+        self.mlp = mlp
+
+    def replica(self, module):
+        r = serve.Replica(self.node.addr, "policy", module, token=self.node.token, root=self.node.root)
+        self.addCleanup(r.close)
+        return r.start()
+
+    def client(self):
+        c = serve.Client(self.node.addr, "policy", token=self.node.token, root=self.node.root, slots=32)
+        self.addCleanup(c.close)
+        self.assertTrue(c.bell)
+        return c
+
+    def test_failure_brings_its_error(self):
+        class Boom(torch.nn.Module):
+            def forward(self, x):
+                raise ValueError("boom by bell")
+
+        self.replica(Boom())
+        c = self.client()
+        with self.assertRaisesRegex(serve.ForwardError, "boom by bell"):
+            c.predict(obs(2), timeout=60)
+
+    def test_deadline_keeps_the_slots(self):
+        """A request abandoned at its deadline while the node still holds it
+        keeps its slots until the node is done: the requests after it, on
+        other slots, get their own rows; once the replica answers, the
+        slots come back."""
+        gate = threading.Event()
+        net = self.mlp(3)
+
+        class Gated(torch.nn.Module):
+            def forward(self, x):
+                gate.wait(60)
+                return net(x)
+
+        self.replica(Gated())
+        c = self.client()
+        with self.assertRaises(tensorwire.DeadlineExceededError):
+            c.predict(obs(16, seed=1), timeout=0.3)
+        self.assertEqual(c._free.free, [(16, 16)])  # rows 0-15 held while the node may still write them
+        time.sleep(1.3)  # past the second a call's abandoned slots are kept
+        self.assertEqual(c._free.free, [(16, 16)])
+        fut = c.predict_async(obs(16, seed=2), timeout=60)  # by call, on the other 16 slots
+        gate.set()
+        x = obs(16, seed=2)
+        with torch.inference_mode():
+            want = net(torch.from_numpy(x)).numpy()
+        np.testing.assert_array_equal(fut.result(60)["logits"], want)
+        # The abandoned request's slots come back once its record says done:
+        # then two requests of 16 rows fit in the 32 slots again.
+        wait_until(lambda: c._free.free == [(0, 32)], what="the abandoned request's slots given back")
+        for seed in (5, 6):
+            x = obs(16, seed=seed)
+            with torch.inference_mode():
+                want = net(torch.from_numpy(x)).numpy()
+            np.testing.assert_array_equal(c.predict(x, timeout=60)["logits"], want)
+
+    def test_close_wakes_a_waiting_predict(self):
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+
+        class Gated(torch.nn.Module):
+            def forward(self, x):
+                gate.wait(60)
+                return torch.zeros(x.shape[0], 16)
+
+        self.replica(Gated())
+        c = self.client()
+        got = []
+
+        def run():
+            try:
+                c.predict(obs(1), timeout=60)
+            except BaseException as e:  # noqa: BLE001
+                got.append(e)
+
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        c.close()
+        t.join(10)
+        self.assertFalse(t.is_alive())
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertEqual(len(got), 1)
+        self.assertIsInstance(got[0], serve.ClosedError)
+
+
+if __name__ == "__main__":
+    unittest.main()
