@@ -100,6 +100,7 @@ type Config struct {
 	Replicas    int                `json:"replicas"`
 	Window      int                `json:"window"`       // the batches each Python replica takes in flight
 	Policy      string             `json:"policy"`       // the batching runs' policy: "greedy" or "max_delay=D" (--max-delay)
+	ClientLang  string             `json:"client_lang"`  // the client processes' language: "go" or "python" (--client-lang)
 	ClientProcs int                `json:"client_procs"` // GOMAXPROCS of each client process; 0: Go's default
 	Mode        string             `json:"mode"`
 	Clients     []int              `json:"clients"`
@@ -109,7 +110,7 @@ type Config struct {
 }
 
 func (rep *Result) build(o *options, runs []*runResult, base, upd *runResult) {
-	rep.Config = Config{DurationS: o.duration.Seconds(), Replicas: o.replicas, Window: o.window, Policy: fmt.Sprint(serve.MaxDelay(o.maxDelay)), ClientProcs: o.clientProcs, Mode: o.mode, Clients: o.clients,
+	rep.Config = Config{DurationS: o.duration.Seconds(), Replicas: o.replicas, Window: o.window, Policy: fmt.Sprint(serve.MaxDelay(o.maxDelay)), ClientLang: o.clientLang, ClientProcs: o.clientProcs, Mode: o.mode, Clients: o.clients,
 		Models: o.models, LimitFwdMS: map[string]float64{}, Date: time.Now().UTC().Format(time.RFC3339)}
 	for i, m := range o.models {
 		rep.Config.LimitFwdMS[m] = report.Ms(rep.limitForward[i])
@@ -214,8 +215,12 @@ func (rep *Result) print(w io.Writer, o *options) error {
 	if slices.ContainsFunc(o.models, isPython) {
 		window = fmt.Sprintf(" (Python ones with a window of %d)", o.window)
 	}
-	fmt.Fprintf(w, "serve benchmark: %d replica(s)%s, clients by %s with GOMAXPROCS %d, batching %s, %v per run, %s\n\n", o.replicas, window,
-		map[string]string{modeRef: "reference (shared slots)", modeBytes: "bytes"}[o.mode], o.clientProcs, rep.Config.Policy, o.duration, rep.Config.Date)
+	clients := fmt.Sprintf("clients by %s with GOMAXPROCS %d", map[string]string{modeRef: "reference (shared slots)", modeBytes: "bytes"}[o.mode], o.clientProcs)
+	if o.clientLang == "python" {
+		clients = fmt.Sprintf("Python clients (tensorwire.serve.Client) by %s", map[string]string{modeRef: "reference (by bell where it can)", modeBytes: "bytes"}[o.mode])
+	}
+	fmt.Fprintf(w, "serve benchmark: %d replica(s)%s, %s, batching %s, %v per run, %s\n\n", o.replicas, window,
+		clients, rep.Config.Policy, o.duration, rep.Config.Date)
 	for _, m := range o.models {
 		fmt.Fprintf(w, "limit %s: %.0f rows/s in-process at batch %d (a forward: %.3f ms)\n", m, rep.LimitRowsPerS[m],
 			o.maxBatch, rep.Config.LimitFwdMS[m])

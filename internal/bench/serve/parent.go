@@ -64,7 +64,7 @@ func runParent(ctx context.Context, o *options, stdout, stderr io.Writer, log *s
 	if root, err = filepath.EvalSymlinks(root); err != nil {
 		return err
 	}
-	if slices.ContainsFunc(o.models, isPython) {
+	if slices.ContainsFunc(o.models, isPython) || o.clientLang == "python" {
 		if err := o.findPython(); err != nil {
 			return err
 		}
@@ -185,8 +185,13 @@ func runOne(ctx context.Context, o *options, root, model string, clients, maxBat
 		}
 	}()
 	for i := range clients {
-		p, err := startClient(ctx, exe, slices.Concat(o.self, []string{"--role", roleClient, "--child", "--addr", node.Addr,
-			"--root", root, "--mode", o.mode, "--seed", itoa(i + 1), "--client-procs", itoa(o.clientProcs)}, verbose, firstOnly(i, profile(roleClient))), stderr)
+		var p *clientProc
+		if o.clientLang == "python" {
+			p, err = startClient(ctx, o.pythonExe, []string{"-c", pyScript, "client", node.Addr, root, o.mode, itoa(i + 1), modelName}, o.pyEnv(), stderr)
+		} else {
+			p, err = startClient(ctx, exe, slices.Concat(o.self, []string{"--role", roleClient, "--child", "--addr", node.Addr,
+				"--root", root, "--mode", o.mode, "--seed", itoa(i + 1), "--client-procs", itoa(o.clientProcs)}, verbose, firstOnly(i, profile(roleClient))), nil, stderr)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -239,6 +244,9 @@ func runOne(ctx context.Context, o *options, root, model string, clients, maxBat
 		var cr clientResult
 		if err := p.result(ctx, &cr); err != nil {
 			return nil, fmt.Errorf("client %d: %w", i, err)
+		}
+		for _, ns := range cr.LatenciesNS { // a Python client's
+			cr.Latency.Record(time.Duration(ns))
 		}
 		r.requests += cr.Requests
 		r.errors += cr.Errors
@@ -323,8 +331,11 @@ type clientProc struct {
 	err    error
 }
 
-func startClient(ctx context.Context, exe string, args []string, stderr io.Writer) (*clientProc, error) {
+// startClient starts a client process: exe with args, in env (nil: this
+// process's).
+func startClient(ctx context.Context, exe string, args, env []string, stderr io.Writer) (*clientProc, error) {
 	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd.Env = env
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
 	stdin, err := cmd.StdinPipe()

@@ -46,6 +46,10 @@ func isPython(model string) bool {
 // writes the profile's report there (the functions by cumulative and by
 // own time, wall clock: waits on the socket and the device count) and
 // exits;
+// "client ADDR ROOT MODE SEED NAME" is a client process of --client-lang
+// python, as the Go client role: a warm-up, READY, predictions of one row
+// in a loop timed between the parent's START times, its result as JSON
+// (latencies each in ns) once the phase ends;
 // "limit MODEL MAX_BATCH SECONDS DEVICE" prints the module's rows/s and ms
 // per forward called in-process on batches of MAX_BATCH rows (on CUDA, the
 // input on the device and the output brought back to the host, as a
@@ -102,6 +106,49 @@ elif cmd == "limit":
             m(x.to(dev, non_blocking=True)).cpu(); k += 1
     took = time.perf_counter() - t0
     print(f"{k * n / took} {took / k * 1e3}")
+elif cmd == "client":
+    import json, os, threading
+    import tensorwire
+    addr, root, mode, seed, name = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]
+    c = tensorwire.serve.Client(addr, name, root=root, bytes_mode=mode == "bytes")
+    if c.mode != mode:
+        sys.exit(f"the client works in mode {c.mode}, not {mode}: does it share the node's root?")
+    x = np.random.default_rng(seed).normal(size=(1, 64)).astype(np.float32)
+    full = tensorwire.serve.QueueFullError
+    for _ in range(20):
+        try:
+            c.predict(x)
+        except full:
+            time.sleep(0.001)
+    print("READY", flush=True)
+    window = []
+    def read():
+        for line in sys.stdin:
+            if line.startswith("START "):
+                window[:] = [int(v) for v in line.split()[1:3]]
+        os._exit(0)  # stdin closed: the parent is done with this client, or gone
+    threading.Thread(target=read, daemon=True).start()
+    lat, req, errs, cpu0 = [], 0, 0, None
+    while True:
+        t0 = time.time_ns()
+        if window and t0 >= window[1]:
+            break
+        if window and t0 >= window[0] and cpu0 is None:
+            cpu0 = sum(os.times()[:2])
+        try:
+            c.predict(x)
+        except full:
+            errs += 1
+            time.sleep(0.001)
+            continue
+        t1 = time.time_ns()
+        if window and t0 >= window[0] and t1 < window[1]:
+            req += 1
+            lat.append(t1 - t0)
+    cpu_ns = int((sum(os.times()[:2]) - cpu0) * 1e9) if cpu0 is not None else -1
+    print(json.dumps({"role": "client", "mode": mode, "requests": req, "errors": errs, "cpu_ns": cpu_ns,
+                      "latencies_ns": lat}, separators=(",", ":")), flush=True)
+    c.close()
 elif cmd == "check":
     import tensorwire
     dev = sys.argv[6]

@@ -40,6 +40,9 @@ type clientResult struct {
 	Errors   int64          `json:"errors"`   // refused with ErrQueueFull (retried)
 	CPUNS    int64          `json:"cpu_ns"`   // this process's CPU time (user and system) in the phase; -1: unknown
 	Latency  report.Latency `json:"latency"`
+	// LatenciesNS: a Python client's latencies, each in ns (it has no
+	// histogram of report's; the parent records them into Latency).
+	LatenciesNS []int64 `json:"latencies_ns,omitempty"`
 }
 
 // runNode is the node role: it serves the model as modelName until ctx

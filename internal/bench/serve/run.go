@@ -59,6 +59,7 @@ type options struct {
 	device      string        // the torch device of Python replicas' modules (python.go)
 	window      int           // the batches each Python replica takes in flight (Replica's window)
 	maxDelay    time.Duration // the batching runs' policy: serve.MaxDelay (0: Greedy)
+	clientLang  string        // the client processes' language: go, or python (tensorwire.serve.Client)
 	replicaKind string        // --replica
 	pyPath      string        // the extracted Python client (python.go)
 	nodeProfile string        // --profile: CPU profiles of each run's node and first client, to this prefix
@@ -89,6 +90,8 @@ func newFlagSet(o *options, clients, models *string) *flag.FlagSet {
 	fs.DurationVar(&o.maxDelay, "max-delay", 0, "the batching runs' policy: a free replica waits up to this long after a batch's first\n"+
 		"request for more (serve.MaxDelay; 0: greedy, torch_spread's)")
 	fs.IntVar(&o.replicas, "replicas", 1, "the model's replicas on the node")
+	fs.StringVar(&o.clientLang, "client-lang", "go", "the client processes: go (serve.Client), or python (tensorwire.serve.Client, its\n"+
+		"predict() in a loop: by bell in ref mode on Linux x86-64, else by call; needs --python's numpy and msgpack)")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "how long each run's timed phase lasts")
 	fs.DurationVar(&o.limitDur, "limit-duration", 2*time.Second, "how long the in-process limit is measured, per model")
 	fs.IntVar(&o.clientProcs, "client-procs", 1, "GOMAXPROCS of each client process (0: Go's default, the cores): one is what a\n"+
@@ -208,6 +211,8 @@ func (o *options) check() error {
 		return usagef("--window: %d; want 1 to 4", o.window)
 	case o.maxDelay < 0:
 		return usagef("--max-delay: %v; want 0 (greedy) or more", o.maxDelay)
+	case o.clientLang != "go" && o.clientLang != "python":
+		return usagef("--client-lang: %q; want go or python", o.clientLang)
 	}
 	switch o.role {
 	case "", roleNode:

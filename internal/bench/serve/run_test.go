@@ -170,6 +170,7 @@ func TestRun_Usage(t *testing.T) {
 		{[]string{"--window", "5"}, "--window"},
 		{[]string{"--window", "0"}, "--window"},
 		{[]string{"--max-delay", "-1ms"}, "--max-delay"},
+		{[]string{"--client-lang", "rust"}, "--client-lang"},
 		{[]string{"--role", "client"}, "--addr"},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
@@ -186,6 +187,54 @@ func TestRun_Usage(t *testing.T) {
 		if strings.Contains(out.String(), "--"+h+" ") || strings.Contains(out.String(), "--"+h+"\n") {
 			t.Errorf("usage shows the hidden flag --%s", h)
 		}
+	}
+}
+
+// TestRun_PythonClients runs --client-lang python briefly, by reference
+// and by bytes: Python client processes (tensorwire.serve.Client) predict
+// against the Go MLP, and their requests and latencies reach the table.
+// It needs a python3 with numpy and msgpack.
+func TestRun_PythonClients(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Python processes")
+	}
+	py := ""
+	for _, c := range []string{os.Getenv("TENSORWIRE_PYTHON"), "/usr/bin/python3", "python3"} {
+		if c != "" && exec.Command(c, "-c", "import torch, numpy, msgpack").Run() == nil {
+			py = c
+			break
+		}
+	}
+	if py == "" {
+		t.Skip("no python3 with torch, numpy and msgpack ($TENSORWIRE_PYTHON, /usr/bin/python3, python3): the Python clients' run not tested")
+	}
+	for _, mode := range []string{modeRef, modeBytes} {
+		t.Run(mode, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "serve.json")
+			root := t.TempDir()
+			run := benchtest.RunJSON(t, Run, testSelf, []string{"--client-lang", "python", "--model", "mlp", "--clients", "2",
+				"--mode", mode, "--python", py, "--duration", "300ms", "--limit-duration", "100ms", "--update-mb", "0",
+				"--root", root, "--json", out}, out)
+			t.Logf("stdout:\n%s", run.Stdout)
+			var res Result
+			if err := json.Unmarshal(run.Data, &res); err != nil {
+				t.Fatal(err)
+			}
+			if res.Config.ClientLang != "python" || len(res.Runs) != 2 {
+				t.Fatalf("client_lang %q, %d runs; want python, 2", res.Config.ClientLang, len(res.Runs))
+			}
+			for _, r := range res.Runs {
+				if r.RequestsPerS <= 0 || r.P50 <= 0 || r.P99 < r.P50 {
+					t.Errorf("run %+v: want requests and their latencies", r)
+				}
+			}
+			if !strings.Contains(run.Stdout, "Python clients") {
+				t.Errorf("the table's header does not say the clients are Python's")
+			}
+			if left, _ := os.ReadDir(root); len(left) != 0 {
+				t.Errorf("left under the root: %v", left)
+			}
+		})
 	}
 }
 
