@@ -256,20 +256,30 @@ func TestLane_Predicts(t *testing.T) {
 	}
 }
 
-// TestLane_GoneMidBatch: a replica whose process dies holding a batch
-// (its FIFO ends closed, its stream still open as a dying process's may
-// be for a moment) is detached at the lane's end, and the batch runs on
-// another replica.
-func TestLane_GoneMidBatch(t *testing.T) {
+// laneHolding attaches a lane replica (window 1) to a node of its own
+// and has it read the frame of a 3-row request's batch, which it holds:
+// the node, the replica, the request and the batch's number.
+func laneHolding(t *testing.T) (*node, *laneReplica, *Call, uint64) {
+	t.Helper()
 	n, root := laneNode(t, 8)
 	r := attachLane(t, n, root, 1, true)
 	r.first(t)
 	waitAttached(t, n.m, 1)
 	c := dial(t, n.addr, "", "bytes")
 	call := c.Go(ctxT(t), rowsOf(t, 5, 3))
-	if _, _, _, err := r.readFrame(); err != nil {
+	batch, _, _, err := r.readFrame()
+	if err != nil {
 		t.Fatal(err)
 	}
+	return n, r, call, batch
+}
+
+// TestLane_GoneMidBatch: a replica whose process dies holding a batch
+// (its FIFO ends closed, its stream still open as a dying process's may
+// be for a moment) is detached at the lane's end, and the batch runs on
+// another replica.
+func TestLane_GoneMidBatch(t *testing.T) {
+	n, r, call, _ := laneHolding(t)
 	attachReplica(t, n.addr, 2, nil)
 	waitAttached(t, n.m, 2)
 	r.closeLane()
@@ -295,16 +305,7 @@ func TestLane_Failures(t *testing.T) {
 		waitAttached(t, n.m, 0)
 	})
 	t.Run("a frame out of the protocol", func(t *testing.T) {
-		n, root := laneNode(t, 8)
-		r := attachLane(t, n, root, 1, true)
-		r.first(t)
-		waitAttached(t, n.m, 1)
-		c := dial(t, n.addr, "", "bytes")
-		call := c.Go(ctxT(t), rowsOf(t, 5, 3))
-		batch, _, _, err := r.readFrame()
-		if err != nil {
-			t.Fatal(err)
-		}
+		n, r, call, batch := laneHolding(t)
 		bad := appendLaneAnswer(nil, replicaAnswer{Batch: batch, Version: 1})
 		bad[20] = 1 // the word that must be zero
 		attachReplica(t, n.addr, 2, nil)

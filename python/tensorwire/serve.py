@@ -708,15 +708,18 @@ class Client:
                 nap = min(nap, left)
             ring.sleep(start, d, max(nap, 0))
 
-    def _probe(self):
-        """Asks the node whether it holds the registration, and registers
-        again if it does not; an unreachable node is not an error here."""
+    def _probe(self, timeout=None):
+        """Renews the registration (the call's timeout: _BELL_PROBE by
+        default), registering again if the node lost it; an unreachable
+        node is not an error here (the next renewal, or a request, tries
+        again)."""
+        timeout = timeout or _BELL_PROBE
         cid = self._id
         try:
-            self._client.call("serve.renew", {"name": self.name, "client": cid}, timeout=_BELL_PROBE)
+            self._client.call("serve.renew", {"name": self.name, "client": cid}, timeout=timeout)
         except NotRegisteredError:
             try:
-                self._register(cid, _deadline(_BELL_PROBE))
+                self._register(cid, _deadline(timeout))
             except _errors.TensorwireError:
                 pass
         except _errors.TensorwireError:
@@ -1068,16 +1071,7 @@ class Client:
         """Renews the registration every quarter of the lease, registering
         again when the node lost it, until close."""
         while not self._stop.wait(every):
-            cid = self._id
-            try:
-                self._client.call("serve.renew", {"name": self.name, "client": cid}, timeout=every)
-            except NotRegisteredError:
-                try:
-                    self._register(cid, _deadline(every))
-                except _errors.TensorwireError:
-                    pass
-            except _errors.TensorwireError:
-                pass  # unreachable: the next renewal, or a request, tries again
+            self._probe(every)
 
     def _call(self, method, arg, deadline):
         """A call, retried while the node cannot be reached."""

@@ -190,6 +190,20 @@ func TestRun_Usage(t *testing.T) {
 	}
 }
 
+// testPython returns the first of $TENSORWIRE_PYTHON, /usr/bin/python3
+// and python3 that imports torch, numpy and msgpack, or skips t, saying
+// that what is not tested.
+func testPython(t *testing.T, what string) string {
+	t.Helper()
+	for _, c := range []string{os.Getenv("TENSORWIRE_PYTHON"), "/usr/bin/python3", "python3"} {
+		if c != "" && exec.Command(c, "-c", "import torch, numpy, msgpack").Run() == nil {
+			return c
+		}
+	}
+	t.Skipf("no python3 with torch, numpy and msgpack ($TENSORWIRE_PYTHON, /usr/bin/python3, python3): %s not tested", what)
+	return ""
+}
+
 // TestRun_PythonClients runs --client-lang python briefly, by reference
 // and by bytes: Python client processes (tensorwire.serve.Client) predict
 // against the Go MLP, and their requests and latencies reach the table.
@@ -198,16 +212,7 @@ func TestRun_PythonClients(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Python processes")
 	}
-	py := ""
-	for _, c := range []string{os.Getenv("TENSORWIRE_PYTHON"), "/usr/bin/python3", "python3"} {
-		if c != "" && exec.Command(c, "-c", "import torch, numpy, msgpack").Run() == nil {
-			py = c
-			break
-		}
-	}
-	if py == "" {
-		t.Skip("no python3 with torch, numpy and msgpack ($TENSORWIRE_PYTHON, /usr/bin/python3, python3): the Python clients' run not tested")
-	}
+	py := testPython(t, "the Python clients' run")
 	for _, mode := range []string{modeRef, modeBytes} {
 		t.Run(mode, func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "serve.json")
@@ -248,16 +253,7 @@ func TestRun_PythonReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Python processes")
 	}
-	py := ""
-	for _, c := range []string{os.Getenv("TENSORWIRE_PYTHON"), "/usr/bin/python3", "python3"} {
-		if c != "" && exec.Command(c, "-c", "import torch, numpy, msgpack").Run() == nil {
-			py = c
-			break
-		}
-	}
-	if py == "" {
-		t.Skip("no python3 with torch, numpy and msgpack ($TENSORWIRE_PYTHON, /usr/bin/python3, python3): the Python replicas' run not tested")
-	}
+	py := testPython(t, "the Python replicas' run")
 	out := filepath.Join(t.TempDir(), "serve.json")
 	root, profiles := t.TempDir(), t.TempDir()
 	run := benchtest.RunJSON(t, Run, testSelf, []string{"--replica", "python", "--clients", "2", "--python", py,
