@@ -18,9 +18,9 @@ import (
 // already (by reference), so a batch is only (batch, row, n) and an
 // answer (batch, version, error). Through the stream each costs a msgpack
 // message in a yamux frame on TCP, which is most of what a Python replica
-// does per batch when its module is quick: about 0.15 ms of CPU in Python
-// against a few microseconds for a read and a write of fixed frames on a
-// pipe. So a replica that asks for a lane (replicaRequest.Lane) makes two
+// does per batch when its module is quick (70% of a null module's time
+// outside its wait, under cProfile: about 0.2 ms a batch) against a few
+// microseconds for a read and a write of fixed frames on a pipe. So a replica that asks for a lane (replicaRequest.Lane) makes two
 // FIFOs in its folder, "batches" and "answers", and holds both open (the
 // batches one for reading, the answers one for reading and writing, so
 // that neither open waits for the node); the node opens the batches one
