@@ -118,21 +118,6 @@ func putLaneBatch(b []byte, batch uint64, row, n int) {
 	binary.LittleEndian.PutUint32(b[12:], uint32(n))
 }
 
-// appendLaneAnswer appends ans's answer frame to b (the replica's side;
-// the tests' replicas and the golden bytes). An error longer than
-// maxLaneError is cut there.
-func appendLaneAnswer(b []byte, ans replicaAnswer) []byte {
-	e := ans.Error
-	if len(e) > maxLaneError {
-		e = e[:maxLaneError]
-	}
-	b = binary.LittleEndian.AppendUint64(b, ans.Batch)
-	b = binary.LittleEndian.AppendUint64(b, ans.Version)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(e)))
-	b = binary.LittleEndian.AppendUint32(b, 0)
-	return append(b, e...)
-}
-
 // parseLaneAnswer reads an answer frame's header: its batch, version and
 // error length, or why the frame is not one.
 func parseLaneAnswer(h []byte) (batch, version uint64, errLen int, err error) {

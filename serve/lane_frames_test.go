@@ -3,6 +3,7 @@ package serve
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"os"
@@ -81,4 +82,19 @@ func FuzzLaneAnswer(f *testing.F) {
 			pos += len(enc)
 		}
 	})
+}
+
+// appendLaneAnswer appends ans's answer frame to b, as a replica writes
+// it (python/tensorwire/replica.py's _lane_answer): the tests' replicas and
+// the golden bytes. An error longer than maxLaneError is cut there.
+func appendLaneAnswer(b []byte, ans replicaAnswer) []byte {
+	e := ans.Error
+	if len(e) > maxLaneError {
+		e = e[:maxLaneError]
+	}
+	b = binary.LittleEndian.AppendUint64(b, ans.Batch)
+	b = binary.LittleEndian.AppendUint64(b, ans.Version)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(e)))
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	return append(b, e...)
 }

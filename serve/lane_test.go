@@ -4,6 +4,7 @@ package serve
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"io"
@@ -30,7 +31,6 @@ type laneReplica struct {
 	st       *rpc.Stream[replicaAnswer, replicaBatch]
 	dir      string
 	in, out  *tensordict.TensorDict
-	inF      fields
 	outF     fields
 	batches  *os.File    // the replica's read end
 	answers  *os.File    // its read-write end
@@ -103,9 +103,6 @@ func attachLane(t *testing.T, n *node, root string, window int, fifos bool) *lan
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.out.Close() })
-	if r.inF, err = fieldsOf(r.in, cfg.Input); err != nil {
-		t.Fatal(err)
-	}
 	if r.outF, err = fieldsOf(r.out, cfg.Output); err != nil {
 		t.Fatal(err)
 	}
@@ -148,11 +145,31 @@ func (r *laneReplica) readFrame() (uint64, int, int, error) {
 	if _, err := io.ReadFull(r.batches, b[:]); err != nil {
 		return 0, 0, 0, err
 	}
-	var p [3]int
-	batch, row, n := leU64(b[0:]), int(leU32(b[8:])), int(leU32(b[12:]))
-	p[0], p[1], p[2] = int(batch), row, n
-	r.gotFrame <- p
+	le := binary.LittleEndian
+	batch, row, n := le.Uint64(b[0:]), int(le.Uint32(b[8:])), int(le.Uint32(b[12:]))
+	select {
+	case r.gotFrame <- [3]int{int(batch), row, n}:
+	default: // a test that reads none of them
+	}
 	return batch, row, n, nil
+}
+
+// forward writes the testModel's outputs of the in rows [row, row+n) into
+// the same out rows, as a replica does before it answers.
+func (r *laneReplica) forward(row, n int) error {
+	in, err := r.in.Slice(row, row+n)
+	if err != nil {
+		return err
+	}
+	out, err := (&testModel{b: &behaviour{}}).Forward(context.Background(), in)
+	if err != nil {
+		return err
+	}
+	src, err := fieldsOf(out, testOut)
+	if err != nil {
+		return err
+	}
+	return copyRows(r.outF, row, src, 0, n)
 }
 
 // run answers every batch frame until the lane ends, computing the
@@ -162,7 +179,6 @@ func (r *laneReplica) readFrame() (uint64, int, int, error) {
 func (r *laneReplica) run(version uint64, answer func(batch uint64, n int) (errMsg string, stop bool)) <-chan error {
 	done := make(chan error, 1)
 	go func() {
-		m := &testModel{b: &behaviour{}}
 		for {
 			batch, row, n, err := r.readFrame()
 			if err != nil {
@@ -178,17 +194,7 @@ func (r *laneReplica) run(version uint64, answer func(batch uint64, n int) (errM
 				}
 			}
 			if msg == "" {
-				in, err := r.in.Slice(row, row+n)
-				if err == nil {
-					var out *tensordict.TensorDict
-					if out, err = m.Forward(context.Background(), in); err == nil {
-						var src fields
-						if src, err = fieldsOf(out, testOut); err == nil {
-							err = copyRows(r.outF, row, src, 0, n)
-						}
-					}
-				}
-				if err != nil {
+				if err := r.forward(row, n); err != nil {
 					msg = err.Error()
 				}
 			}
@@ -199,11 +205,6 @@ func (r *laneReplica) run(version uint64, answer func(batch uint64, n int) (errM
 		}
 	}()
 	return done
-}
-
-func leU64(b []byte) uint64 { return uint64(leU32(b)) | uint64(leU32(b[4:]))<<32 }
-func leU32(b []byte) uint32 {
-	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
 }
 
 func laneNode(t *testing.T, maxBatch int) (*node, string) {
@@ -331,19 +332,7 @@ func TestLane_NotFIFOs(t *testing.T) {
 	if b.Batch != 1 || b.N != 3 || b.Row != 0 {
 		t.Fatalf("the first message on the stream of a replica without FIFOs: %+v; want batch 1 of 3 rows at row 0", b)
 	}
-	in, err := r.in.Slice(0, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := (&testModel{b: &behaviour{}}).Forward(ctxT(t), in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := fieldsOf(out, testOut)
-	if err == nil {
-		err = copyRows(r.outF, 0, src, 0, 3)
-	}
-	if err != nil {
+	if err := r.forward(0, 3); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.st.Send(ctxT(t), replicaAnswer{Batch: 1, Version: 4}); err != nil {
