@@ -153,7 +153,6 @@ class Replica:
         self._lane = bool(lane) and self._ref and hasattr(os, "mkfifo")
         self.lane = False
         self._lane_fds = None  # the current stream's lane's FIFO ends
-        self._wake = None  # (read, write) of a pipe: close() wakes a lane's wait with it
         # Weights: a thread waits for new versions; the serving loop loads
         # the newest between two batches.
         self._follow = None
@@ -239,9 +238,7 @@ class Replica:
             return
         self._closed.set()
         with self._mu:
-            st, wake = self._stream, self._wake
-        if wake is not None:
-            os.write(wake[1], b"x")  # a lane's wait returns
+            st = self._stream
         if st is not None:
             try:
                 st.close()
@@ -249,9 +246,6 @@ class Replica:
                 pass
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(10)
-        if wake is not None and (self._thread is None or not self._thread.is_alive()):
-            os.close(wake[0])
-            os.close(wake[1])
         for p in (self._pending, self._held):
             if p is not None:
                 p.close()
@@ -275,20 +269,21 @@ class Replica:
     def _attach_once(self):
         """Attaches, serves batches until the stream ends; True when at
         least one batch succeeded."""
-        lane = self._lane_fds = self._make_lane() if self._lane else None
+        self._lane_fds = self._make_lane() if self._lane else None
         try:
-            st = self._client.open_stream("serve.replica", _request(self.name, self._rel if self._ref else "",
-                                                                    self.window, lane is not None),
-                                          result_tds=("in",))
-        except BaseException:
-            _close_lane(lane)
+            return self._attach(self._lane_fds)
+        finally:
+            _close_lane(self._lane_fds)
             self._lane_fds = None
-            raise
+
+    def _attach(self, lane):
+        """_attach_once with the lane's FIFO ends made (or None)."""
+        st = self._client.open_stream("serve.replica", _request(self.name, self._rel if self._ref else "",
+                                                                self.window, lane is not None),
+                                      result_tds=("in",))
         with self._mu:
             if self._closed.is_set():
                 st.close()
-                _close_lane(lane)
-                self._lane_fds = None
                 return False
             self._stream = st
         self.attachments += 1
@@ -298,9 +293,7 @@ class Replica:
             self.lane = lane is not None and _is_request(msg) and msg.get("batch", 0) == 0 and msg.get("n", 0) == 0
             if self.lane:
                 return self._serve_lane(st, lane)  # the node took the lane
-            _close_lane(lane)  # a node from before lanes, or one that could not open it
-            lane = self._lane_fds = None
-            while True:
+            while True:  # a node from before lanes, or one that could not open it: the stream
                 if not _is_request(msg):
                     # Not a batch: the node is not speaking the protocol. The
                     # stream is given up (run attaches again, or raises).
@@ -313,8 +306,6 @@ class Replica:
                 st.send(ans)
                 msg = st.recv()
         finally:
-            _close_lane(lane)
-            self._lane_fds = None
             with self._mu:
                 self._stream = None
             try:
@@ -353,17 +344,16 @@ class Replica:
         """Serves the batches of the lane until it ends (the node closed
         its end: the stream's end, or its error, follows) or close(); True
         when at least one batch succeeded. The stream's socket is watched
-        too, to answer the node's keep-alive pings and see its end."""
+        too, to answer the node's keep-alive pings and see its end. close()
+        cancels the stream, so the node closes the lane at once; the wait
+        also looks at close() every second, for a node that does not."""
         fb, fa = lane
-        with self._mu:
-            if self._wake is None:
-                self._wake = os.pipe()
-            wake = self._wake[0]
-        poller = select.poll()
-        poller.register(fb, select.POLLIN)
-        poller.register(wake, select.POLLIN)
+        lane_only = select.poll()
+        lane_only.register(fb, select.POLLIN)
+        with_sock = select.poll()
+        with_sock.register(fb, select.POLLIN)
         sock = st.fileno()
-        poller.register(sock, select.POLLIN)
+        with_sock.register(sock, select.POLLIN)
         served = False
         while True:
             try:
@@ -386,22 +376,14 @@ class Replica:
                 raise InternalError(f"serve: the node ended the lane and sent {msg!r:.200} on the stream")
             if self._closed.is_set():
                 return served
-            events = poller.poll(1000)
-            if any(fd == sock for fd, _ in events) and st.ready():
-                msg = st.recv(timeout=10)  # the stream's end (raised), or a message the node would not send
-                raise InternalError(f"serve: the node sent {msg!r:.200} on the stream of a lane")
-            if any(fd == wake for fd, _ in events):
-                return served
-            if any(fd == sock for fd, _ in events) and self._client_reading(st):
-                poller.unregister(sock)  # another thread reads the socket: not ours to watch...
-                poller.poll(20)
-                poller.register(sock, select.POLLIN)  # ...for a moment
-
-    @staticmethod
-    def _client_reading(st):
-        """Whether another thread reads the stream's connection (a client
-        shared with other users of this process)."""
-        return st._conn.session.reading
+            if any(fd == sock for fd, _ in with_sock.poll(1000)):
+                if st.ready():
+                    msg = st.recv(timeout=10)  # the stream's end (raised), or a message the node would not send
+                    raise InternalError(f"serve: the node sent {msg!r:.200} on the stream of a lane")
+                # ready() read the pings, or another thread of a shared
+                # client reads the socket: only the lane for a moment, so
+                # that what that thread has yet to read is no busy loop.
+                lane_only.poll(20)
 
     def _run_batch(self, msg):
         torch = self._torch

@@ -738,8 +738,7 @@ class MessageStream:
         sess = self._conn.session
         sess.drain()
         st = self._st
-        return (self._ended is not None or sess.err is not None or st.buffered > 0 or bool(st.chunks)
-                or st.remote_fin or st.reset)
+        return self._ended is not None or sess.err is not None or st.buffered > 0 or st.remote_fin or st.reset
 
     def close_send(self):
         """Ends this side's messages: an end frame of code 0, then FIN."""

@@ -115,9 +115,10 @@ class TestReplicaLane(AttachedNodeCase, unittest.TestCase):
             self.predict_right(module, n=2 + i, seed=10 + i)
         self.assertTrue(r.lane)
 
-    def test_close_wakes_the_lane(self):
-        """close() returns at once though no batch comes, and the node sees
-        the replica leave."""
+    def test_close_ends_the_lane(self):
+        """close() returns at once though no batch comes (the node closes
+        the lane when the stream is cancelled), and the node sees the
+        replica leave."""
         r = self.replica(mlp(5))
         wait_until(lambda: r.lane, what="the node took the lane")
         t0 = time.monotonic()
