@@ -101,7 +101,9 @@ def wake(addr):
 class Ring:
     """A client's ring file (made by make), and the node's bell it rings
     (use_bell). push appends a request under a lock; a request's record is
-    read with done, status and version, and waited on with sleep."""
+    read with done, status and version, and waited on with sleep. Never
+    unmapped by the client: a predict still waiting when the client closes
+    reads its record after close; the mappings go with the Ring."""
 
     def __init__(self, path, slots):
         size, self.records = ring_size(slots)
@@ -198,9 +200,3 @@ class Ring:
             i = (self.records + _RECORD_SIZE * s) // 4
             if self.w[i + 2]:
                 wake(self.addr + 4 * i)
-
-    def close(self):
-        self.use_bell(None, "")
-        self.q.release()
-        self.w.release()
-        self.mm.close()

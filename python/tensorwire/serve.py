@@ -594,19 +594,29 @@ class Client:
             raise InternalError(f"serve: the node answered {resp!r}")
         version = _uint(resp, "version")
         if self._ref:
-            out = {}
-            for (k, dt, _), mm in zip(self._out, self._out_mm):
-                _set(out, k, marked(np.array(mm[req.start:req.start + req.n]), dt))
-        else:
-            out = resp.get("out")
-            if not isinstance(out, dict):
-                raise InternalError("serve: the node sent no outputs")
-            flat = {p: v for p, v in flatten(out) if not isinstance(v, dict)}
-            for k, dt, shape in self._out:
-                a = flat.get(k)
-                if not isinstance(a, np.ndarray) or a.dtype != DTYPES[dt] or a.shape != (req.n,) + shape:
-                    raise InternalError(f"serve: the node's output {'.'.join(k)!r} is not {dt} "
-                                        f"{[req.n] + list(shape)}")
+            return self._slot_outputs(req, version)
+        out = resp.get("out")
+        if not isinstance(out, dict):
+            raise InternalError("serve: the node sent no outputs")
+        flat = {p: v for p, v in flatten(out) if not isinstance(v, dict)}
+        for k, dt, shape in self._out:
+            a = flat.get(k)
+            if not isinstance(a, np.ndarray) or a.dtype != DTYPES[dt] or a.shape != (req.n,) + shape:
+                raise InternalError(f"serve: the node's output {'.'.join(k)!r} is not {dt} "
+                                    f"{[req.n] + list(shape)}")
+        return self._give(req, out, version)
+
+    def _slot_outputs(self, req, version):
+        """Ref mode: the outputs of req, copied out of its output slots."""
+        out = {}
+        for (k, dt, _), mm in zip(self._out, self._out_mm):
+            _set(out, k, marked(np.array(mm[req.start:req.start + req.n]), dt))
+        return self._give(req, out, version)
+
+    @staticmethod
+    def _give(req, out, version):
+        """What predict returns for req: out (as torch tensors with
+        as_torch), and the version with return_version."""
         if req.as_torch:
             out = tree_to_torch(out)
         return (out, version) if req.with_version else out
@@ -656,7 +666,7 @@ class Client:
                 continue  # registered again meanwhile: push it again
             req.rung = 0
             if ring.status(req.start) == 0:
-                return self._result(req, {"version": ring.version(req.start)})
+                return self._slot_outputs(req, ring.version(req.start))
             cid = self._id
             try:
                 self._client.call("serve.failure", {"name": self.name, "client": cid, "start": req.start,

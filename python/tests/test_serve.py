@@ -61,7 +61,11 @@ def dial(node, mode, name="policy", **kw):
     return serve.Client(node.addr, name, token=node.token, root=node.root, bytes_mode=mode == "bytes", **kw)
 
 
-class TestServe(unittest.TestCase):
+class MLPNodeCase:
+    """For a unittest.TestCase: one started node for the class's tests,
+    serving the MLP as "policy" (max batch 16, 2 replicas), its
+    state_dict as cls.sd."""
+
     @classmethod
     def setUpClass(cls):
         cls.node, cls.sd = model_node(settings=",max-batch=16,replicas=2")
@@ -74,6 +78,8 @@ class TestServe(unittest.TestCase):
     def obs(self, n, seed=0):
         return np.random.default_rng(seed).normal(size=(n, SIZES[0])).astype(np.float32)
 
+
+class TestServe(MLPNodeCase, unittest.TestCase):
     def test_modes(self):
         for mode in MODES:
             with self.subTest(mode=mode), dial(self.node, mode) as c:
