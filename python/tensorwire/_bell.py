@@ -17,6 +17,12 @@ one writer, the request waiting on it. The futex calls order what the
 kernel reads after the stores before them (futex_wait's and futex_wake's
 full barriers), which is what makes a sleeper and its waker agree.
 
+A client's collector thread waits for many requests at once (predict_async
+and apredict) with futex_waitv (Linux 5.16 and later): on each request's
+record and on a word of its own that a new request changes (Watch). Where
+the kernel has no futex_waitv (or a seccomp filter refuses it), those
+requests go by call.
+
 Ring file layout (little-endian), as bell.go has it: 0 tail (u64, the
 client's), 64 head (u64, the node's), 128 entries (slots x u64: start << 43
 | n << 22 | seq), then, at the next multiple of 64, slots records of 32
@@ -36,6 +42,10 @@ import threading
 SUPPORTED = sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
 
 _SYS_FUTEX = 202  # x86-64
+_SYS_FUTEX_WAITV = 449  # x86-64, Linux 5.16
+_FUTEX2_SIZE_U32 = 0x02
+_CLOCK_MONOTONIC = 1  # time.monotonic's clock on Linux
+WAITV_MAX = 128  # the kernel's FUTEX_WAITV_MAX
 _FUTEX_WAIT = 0  # shared futexes (not FUTEX_PRIVATE): the waiter and the waker are other processes
 _FUTEX_WAKE = 1
 
@@ -63,6 +73,59 @@ def _syscall():
         libc.syscall.restype = ctypes.c_long
         _libc = libc
     return _libc.syscall
+
+
+class _Waitv(ctypes.Structure):
+    _fields_ = [("val", ctypes.c_uint64), ("uaddr", ctypes.c_uint64), ("flags", ctypes.c_uint32),
+                ("reserved", ctypes.c_uint32)]
+
+
+_waitv_ok = None
+
+
+def waitv_supported():
+    """Whether this kernel lets the process call futex_waitv (asked once:
+    a call with no futexes answers EINVAL where it exists, ENOSYS or EPERM
+    where it does not)."""
+    global _waitv_ok
+    if _waitv_ok is None:
+        ok = False
+        if SUPPORTED:
+            r = _syscall()(_SYS_FUTEX_WAITV, None, 0, 0, None, _CLOCK_MONOTONIC)
+            ok = r == -1 and ctypes.get_errno() == 22  # EINVAL
+        _waitv_ok = ok
+    return _waitv_ok
+
+
+def wait_any(words, until):
+    """Sleeps while every u32 at addr in words [(addr, old), ...] (at most
+    WAITV_MAX) holds its old, until the time.monotonic() until, the GIL
+    released; returns early when one is woken or changed, or on a signal."""
+    arr = (_Waitv * len(words))()
+    for i, (addr, old) in enumerate(words):
+        arr[i].val, arr[i].uaddr, arr[i].flags = old, addr, _FUTEX2_SIZE_U32
+    ts = _Timespec(int(until), int((until - int(until)) * 1e9))
+    _syscall()(_SYS_FUTEX_WAITV, arr, len(words), 0, ctypes.byref(ts), _CLOCK_MONOTONIC)
+
+
+class Watch:
+    """A word of the process's own that a collector sleeping in wait_any
+    also waits on: changed (under the caller's lock) by each new request,
+    woken when the collector sleeps."""
+
+    def __init__(self):
+        self.mm = mmap.mmap(-1, 4096)
+        self.w = memoryview(self.mm).cast("I")
+        self.addr = _address(self.mm)
+
+    def word(self):
+        return self.w[0]
+
+    def change(self):
+        self.w[0] = (self.w[0] + 1) & 0xFFFFFFFF
+
+    def wake(self):
+        wake(self.addr)
 
 
 def ring_size(slots):
@@ -193,6 +256,16 @@ class Ring:
                 wait(self.addr + 4 * i, seen, timeout)
         finally:
             w[i + 2] -= 1
+
+    def record_word(self, start):
+        """The address of start's record's done word."""
+        return self.addr + self.records + _RECORD_SIZE * start
+
+    def add_waiter(self, start, k):
+        """Counts k more (or, negative, fewer) waiters on start's record: the
+        node wakes a record's done word only when someone waits on it."""
+        i = (self.records + _RECORD_SIZE * start) // 4 + 2
+        self.w[i] = (self.w[i] + k) & 0xFFFFFFFF
 
     def wake_all(self):
         """Wakes every request sleeping on a record (close)."""

@@ -11,7 +11,7 @@ The node gathers the requests of all its clients into batches for the
 model's replicas (its dynamic batching), so a client gains by keeping many
 predictions in flight: predict_async and apredict send the request at once
 and return; one thread of the client's collects the responses of all of
-them, whichever comes first, on one connection.
+them, whichever comes first.
 
 When the client shares the node's root (root=, the same .tensorwire-fsid),
 its rows travel through files ("ref" mode): the client keeps input and
@@ -19,8 +19,13 @@ output slots, two tensordict memmaps in a folder of its own under the root
 (.tensorwire-serve/clients/ID), registered with the node; a request carries
 only (client, first row, rows), and the node writes the outputs into the
 client's output slots before it answers. Otherwise ("bytes" mode) the rows
-travel with the calls. (The Go client's bell, requests through a shared
-ring and futexes, is not used: requests by reference are calls.)
+travel with the calls. On Linux x86-64 a request by reference goes by
+bell, as the Go client's do: appended to a ring file the client shares with
+the node, the node woken with a futex, and the request's record waited on
+with a futex (predict), or with futex_waitv on all of them at once by the
+collector thread of predict_async and apredict (Linux 5.16 and later);
+elsewhere requests by reference are calls (docs/serve.md, "Python clients
+by bell").
 
 Calls ride out the node restarting as the Go client's do: a request that
 finds the node unreachable is sent again, with a backoff from 20 ms to 1 s,
@@ -189,7 +194,7 @@ class _Req:
     rows, and where it stands."""
 
     __slots__ = ("arrays", "n", "deadline", "future", "as_torch", "with_version", "start", "reg", "pending",
-                 "wait", "err", "admitted", "holds", "rung")
+                 "wait", "err", "admitted", "holds", "rung", "gen", "probe")
 
     def __init__(self, arrays, n, deadline, as_torch, with_version):
         self.arrays = arrays
@@ -206,6 +211,8 @@ class _Req:
         self.admitted = None  # a predict waiting to be admitted waits for this Event
         self.holds = False  # admitted: it counts in the client's requests in flight (and holds slots)
         self.rung = 0  # by bell: the sequence number of the request last rung, until its record says done
+        self.gen = 0  # by bell, asynchronous: the registrations it was rung under
+        self.probe = 0.0  # by bell, asynchronous: when to ask the node whether it holds the registration
 
 
 class _Slots:
@@ -282,6 +289,11 @@ class Client:
         self._admitted = 0  # requests admitted and not yet released
         self._collector = None
         self._retry_pool = None
+        self._bell_flight = {}  # asynchronous requests rung whose records the bell collector watches (in order)
+        self._bell_collector = None
+        self._watch = None  # the bell collector's own word (_bell.Watch): a new request changes it
+        self._bell_sleeping = False  # the bell collector sleeps (or is about to) on the words it read
+        self._probing = False  # a probe runs for the bell collector
         self._reg_mu = threading.Lock()
         self._id = 0  # the node's registration; 0 while there is none
         self._dir = None  # ref mode: the slots' folder
@@ -344,7 +356,8 @@ class Client:
         request is an entry in a ring file shared with the node and a futex
         wake-up, and its answer a record waited on with a futex, rather
         than a call over TCP (docs/serve.md, "Python clients by bell").
-        predict_async and apredict go by call."""
+        predict_async and apredict go by bell too where the kernel has
+        futex_waitv (Linux 5.16), else by call."""
         r = self._ring
         return r is not None and r.bell is not None
 
@@ -461,12 +474,16 @@ class Client:
                 return
             self._closed = True
             flight, self._flight = self._flight, ()
+            bells = list(self._bell_flight)
+            self._bell_flight.clear()
             waiting = list(self._waiting)
             self._waiting.clear()
             self._cv.notify_all()
         if self._ring is not None:
             self._ring.wake_all()  # predictions waiting by bell find the client closed
-        for r in list(flight) + waiting:
+        if self._watch is not None:
+            self._watch.wake()  # and the bell collector
+        for r in list(flight) + bells + waiting:
             if r.pending is not None:
                 r.pending.cancel()
             if r.admitted is not None:
@@ -665,21 +682,30 @@ class Client:
             if not self._wait_bell(req, seq, gen):
                 continue  # registered again meanwhile: push it again
             req.rung = 0
-            if ring.status(req.start) == 0:
-                return self._slot_outputs(req, ring.version(req.start))
-            cid = self._id
-            try:
-                self._client.call("serve.failure", {"name": self.name, "client": cid, "start": req.start,
-                                                    "seq": seq}, timeout=_left(req.deadline))
-            except BaseException as e:  # noqa: BLE001 (the request's own error, or the call's)
-                err = self._retryable(req, e)
-                if err is not None:
-                    raise err from None
-                if isinstance(e, NotRegisteredError):
-                    self._register(cid, req.deadline)  # the node lost the registration: make it anew
-                self._backoff(req)
-                continue
-            raise InternalError(f"serve: the node said request {seq} failed, then that it did not")
+            out = self._bell_result(req, seq)
+            if out is not None:
+                return out
+
+    def _bell_result(self, req, seq):
+        """The outputs of req, whose record says seq is done; None after a
+        failure it may be rung again for (the node unreachable, the
+        registration lost and made anew), the backoff waited out."""
+        ring = self._ring
+        if ring.status(req.start) == 0:
+            return self._slot_outputs(req, ring.version(req.start))
+        cid = self._id
+        try:
+            self._client.call("serve.failure", {"name": self.name, "client": cid, "start": req.start,
+                                                "seq": seq}, timeout=_left(req.deadline))
+        except BaseException as e:  # noqa: BLE001 (the request's own error, or the call's)
+            err = self._retryable(req, e)
+            if err is not None:
+                raise err from None
+            if isinstance(e, NotRegisteredError):
+                self._register(cid, req.deadline)  # the node lost the registration: make it anew
+            self._backoff(req)
+            return None
+        raise InternalError(f"serve: the node said request {seq} failed, then that it did not")
 
     def _bell_check(self, req):
         """Raises what ends a request waiting by bell: the client closed, its
@@ -776,8 +802,12 @@ class Client:
     # The asynchronous path: requests sent at once, responses collected by one thread.
 
     def _launch(self, req):
-        """Sends req and hands it to the collector; on an error it may retry
-        after, hands it to the retry pool."""
+        """Sends req and hands it to the collector (by bell where it can,
+        _ring_async); on an error it may retry after, hands it to the retry
+        pool."""
+        if self._ring is not None and self._ring.bell is not None and _bell.waitv_supported():
+            if self._ring_async(req):
+                return
         try:
             self._send(req)
         except BaseException as e:  # noqa: BLE001 (delivered through the future)
@@ -801,6 +831,11 @@ class Client:
         if err is not None:
             self._finish(req, err=err)
             return
+        self._submit(self._retry, req)
+
+    def _submit(self, fn, req):
+        """Runs fn(req) on the retry pool, which finishes req; fails req
+        with ClosedError once the client is closed."""
         with self._mu:
             if self._closed:
                 pool = None
@@ -813,7 +848,7 @@ class Client:
             self._finish(req, err=ClosedError("serve: closed"))
             return
         try:
-            pool.submit(self._retry, req)
+            pool.submit(fn, req)
         except RuntimeError:  # shut down by close meanwhile
             self._finish(req, err=ClosedError("serve: closed"))
 
@@ -827,6 +862,161 @@ class Client:
             self._finish(req, err=e)
             return
         self._finish(req, value=out)
+
+    def _run_async(self, req):
+        """A retry pool thread: runs req to its end (the ring was full)."""
+        try:
+            out = self._run(req)
+        except BaseException as e:  # noqa: BLE001 (delivered through the future)
+            self._finish(req, err=e)
+            return
+        self._finish(req, value=out)
+
+    def _bell_after(self, req):
+        """A retry pool thread: req's record said its request failed: asks
+        the node why, and runs it again when it may."""
+        try:
+            out = self._bell_result(req, req.rung)
+            req.rung = 0
+            if out is None:
+                out = self._run(req)
+        except BaseException as e:  # noqa: BLE001 (delivered through the future)
+            req.rung = 0
+            self._finish(req, err=e)
+            return
+        self._finish(req, value=out)
+
+    # Asynchronous requests by bell: rung at once, their records watched by
+    # one thread sleeping in futex_waitv (_bell.wait_any).
+
+    def _ring_async(self, req):
+        """Rings req's request and hands it to the bell collector; False when
+        the node gave no bell after all (the caller calls)."""
+        gen = self.registrations
+        seq = self._ring.push(req.start, req.n)
+        if seq is None:
+            return False
+        if seq < 0:  # the ring is full: a pool thread pushes it as predict does
+            self._submit(self._run_async, req)
+            return True
+        req.rung, req.gen, req.probe = seq, gen, time.monotonic() + _BELL_PROBE
+        with self._mu:
+            if self._closed:
+                _fail(req, ClosedError("serve: closed"))
+                return True
+            self._bell_flight[req] = None
+            if self._bell_collector is None:
+                self._watch = _bell.Watch()
+                self._bell_collector = threading.Thread(target=self._collect_bells,
+                                                        name="tensorwire-serve-bells", daemon=True)
+                self._bell_collector.start()
+            self._watch.change()
+            sleeping = self._bell_sleeping
+        if sleeping:
+            self._watch.wake()
+        return True
+
+    def _collect_bells(self):
+        """The bell collector: finishes each request whose record says done,
+        hands the failed and those to ring again to the retry pool, fails
+        those past their deadline, and sleeps on the records of the first
+        _bell.WAITV_MAX - 1 still waiting and on its own word. Those after
+        them (rung later, so mostly done later) are looked at whenever it
+        wakes, and at least every nap: 1 ms after a request ended, twice
+        as long each time nothing did, up to _BELL_NAP."""
+        ring, watch = self._ring, self._watch
+        watched = set()  # the requests counted as waiters on their records
+        nap = 0.001  # while requests go unwatched
+        try:
+            while True:
+                with self._mu:
+                    if self._closed:
+                        return
+                    flight = list(self._bell_flight)
+                now = time.monotonic()
+                ended = []
+                for r in flight:
+                    if ring.done(r.start) == r.rung:
+                        ended.append((r, "done"))
+                    elif r.deadline is not None and now >= r.deadline:
+                        ended.append((r, "late"))
+                    elif self.registrations != r.gen:
+                        ended.append((r, "again"))
+                if ended:
+                    nap = 0.001
+                    with self._mu:
+                        for r, _ in ended:
+                            self._bell_flight.pop(r, None)
+                    for r, how in ended:
+                        if r in watched:
+                            watched.discard(r)
+                            ring.add_waiter(r.start, -1)
+                        self._bell_end(r, how)
+                    continue
+                if any(now >= r.probe for r in flight):
+                    for r in flight:
+                        r.probe = now + _BELL_PROBE
+                    self._probe_later()
+                watch_now = set(flight[:_bell.WAITV_MAX - 1])
+                for r in watched - watch_now:
+                    ring.add_waiter(r.start, -1)
+                for r in watch_now - watched:
+                    ring.add_waiter(r.start, 1)
+                watched = watch_now
+                until = now + _BELL_NAP
+                if len(flight) >= _bell.WAITV_MAX:
+                    until, nap = now + nap, min(2 * nap, _BELL_NAP)
+                for r in flight:
+                    until = min(until, r.probe if r.deadline is None else min(r.probe, r.deadline))
+                with self._mu:
+                    if self._closed or len(self._bell_flight) != len(flight):
+                        continue
+                    self._bell_sleeping = True
+                    words = [(watch.addr, watch.word())]
+                # Each record's done word read after its waiter was counted:
+                # the node, having stored done, wakes it or we see it here.
+                words += [(ring.record_word(r.start), ring.done(r.start)) for r in flight[:_bell.WAITV_MAX - 1]]
+                if all(d != r.rung for (_, d), r in zip(words[1:], flight)):
+                    _bell.wait_any(words, until)
+                self._bell_sleeping = False
+        finally:
+            for r in watched:
+                ring.add_waiter(r.start, -1)
+
+    def _bell_end(self, req, how):
+        """Ends (or hands on) req, taken from the bell collector's requests:
+        its record said done, its deadline passed, or the client registered
+        again (ring it again)."""
+        if how == "late":
+            self._finish(req, err=DeadlineExceededError("serve: predict: deadline exceeded"))
+        elif how == "again":
+            self._submit(self._run_async, req)
+        elif self._ring.status(req.start) != 0:
+            self._submit(self._bell_after, req)
+        else:
+            try:
+                req.rung = 0
+                out = self._slot_outputs(req, self._ring.version(req.start))
+            except BaseException as e:  # noqa: BLE001 (delivered through the future)
+                self._finish(req, err=e)
+                return
+            self._finish(req, value=out)
+
+    def _probe_later(self):
+        """Probes on a thread of its own, one at a time: the bell collector
+        does not wait on a call."""
+        with self._mu:
+            if self._probing or self._closed:
+                return
+            self._probing = True
+
+        def run():
+            try:
+                self._probe()
+            finally:
+                self._probing = False
+
+        threading.Thread(target=run, name="tensorwire-serve-probe", daemon=True).start()
 
     def _collect(self):
         """The collector: waits for whichever request in flight has its

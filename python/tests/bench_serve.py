@@ -5,10 +5,10 @@ bytes. A benchmark, not a test (unittest does not collect it):
 
     cd python && PYTHONPATH=.:tests python3 tests/bench_serve.py [--in-flight 1,16,64] [--seconds 3]
 
-The Python figures are two: N asyncio tasks awaiting apredict (by call,
-whose responses one collector thread gathers) and N threads calling
-predict() (by reference on Linux x86-64 by bell: the ring shared with the
-node and futexes, as the Go client; else by call). The Go figures are
+The Python figures are two: N asyncio tasks awaiting apredict and N
+threads calling predict(), by reference on Linux x86-64 by bell (the ring
+shared with the node and futexes, as the Go client; apredict's requests
+watched by one collector thread with futex_waitv), else by call. The Go figures are
 serve.Client's (tests/goclient: N goroutines predicting in a loop; by
 reference by bell).
 """

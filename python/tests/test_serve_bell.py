@@ -7,7 +7,12 @@ fails brings its error (fetched with serve.failure); one abandoned at its
 deadline keeps its slots until the node is done with them; close() wakes
 the ones waiting; the node killed and restarted is registered with again
 and the request pushed again (test_serve.TestNodeKilledAndRestarted runs
-the same by bell now)."""
+the same by bell now). predict_async and apredict go by bell too where the
+kernel has futex_waitv, one collector thread watching every request's
+record: the same outputs, errors, deadlines and close, more requests in
+flight than one futex_waitv takes, and by call where it has none."""
+
+import asyncio
 
 import subprocess
 import threading
@@ -70,6 +75,70 @@ class TestBell(MLPNodeCase, unittest.TestCase):
             for t in ts:
                 t.join()
             self.assertEqual(errs, [])
+
+    def test_async_nothing_on_the_connection(self):
+        """predict_async and apredict by bell: 200 predictions in flight at
+        once, and 64 asyncio tasks, move fewer bytes than one call does, and
+        each output is its own input's."""
+        if not _bell.waitv_supported():
+            self.skipTest("this kernel has no futex_waitv: asynchronous predictions go by call")
+        proxy = CountingProxy(self.node.addr)
+        with serve.Client(proxy.addr, "policy", token=self.node.token, root=self.node.root,
+                          max_in_flight=256) as c:
+            before = proxy.up + proxy.down
+            xs = [obs(1 + i % 4, seed=i) for i in range(200)]  # 500 rows: fits the 1,024 slots
+            futs = [c.predict_async(x, timeout=60) for x in xs]
+            for x, f in zip(xs, futs):
+                np.testing.assert_allclose(f.result(60)["logits"], forward(self.sd, x), rtol=1e-4, atol=1e-4)
+
+            async def main():
+                return await asyncio.gather(*(c.apredict(x, timeout=60) for x in xs[:64]))
+
+            for x, out in zip(xs, asyncio.run(main())):
+                np.testing.assert_allclose(out["logits"], forward(self.sd, x), rtol=1e-4, atol=1e-4)
+            moved = proxy.up + proxy.down - before
+        with serve.Client(proxy.addr, "policy", token=self.node.token, root=self.node.root, bytes_mode=True) as c:
+            before = proxy.up + proxy.down
+            for i in range(20):
+                c.predict_async(obs(1 + i % 4, seed=i), timeout=60).result(60)
+            call = (proxy.up + proxy.down - before) / 20
+        self.assertLess(moved, call)
+
+    def test_async_more_than_one_waitv(self):
+        """More requests in flight than one futex_waitv watches (127 records
+        and the collector's word): those left out are looked at every
+        millisecond, and all finish with their own outputs."""
+        if not _bell.waitv_supported():
+            self.skipTest("this kernel has no futex_waitv: asynchronous predictions go by call")
+        with serve.Client(self.node.addr, "policy", token=self.node.token, root=self.node.root,
+                          max_in_flight=256) as c:
+            for rnd in range(3):
+                xs = [obs(1, seed=1000 * rnd + i) for i in range(250)]
+                futs = [c.predict_async(x, timeout=60) for x in xs]
+                for x, f in zip(xs, futs):
+                    np.testing.assert_allclose(f.result(60)["logits"], forward(self.sd, x), rtol=1e-4, atol=1e-4)
+            self.assertEqual(c._free.free, [(0, c.slots)])
+
+    def test_async_by_call_without_waitv(self):
+        """Where the kernel has no futex_waitv, predict_async goes by call
+        (each moves a call's bytes) while predict still goes by bell."""
+        proxy = CountingProxy(self.node.addr)
+        saved = _bell._waitv_ok
+        _bell._waitv_ok = False
+        self.addCleanup(setattr, _bell, "_waitv_ok", saved)
+        with serve.Client(proxy.addr, "policy", token=self.node.token, root=self.node.root) as c:
+            self.assertTrue(c.bell)
+            before = proxy.up + proxy.down
+            x = obs(3, seed=7)
+            np.testing.assert_allclose(c.predict_async(x, timeout=60).result(60)["logits"], forward(self.sd, x),
+                                       rtol=1e-4, atol=1e-4)
+            by_call = proxy.up + proxy.down - before
+            before = proxy.up + proxy.down
+            np.testing.assert_allclose(c.predict(x, timeout=60)["logits"], forward(self.sd, x), rtol=1e-4,
+                                       atol=1e-4)
+            by_bell = proxy.up + proxy.down - before
+        self.assertGreater(by_call, 100)
+        self.assertLess(by_bell, by_call)
 
     def test_beside_go_clients(self):
         """A Go client by bell and a Python one on the same node's bell."""
@@ -138,7 +207,7 @@ class TestBellAttached(unittest.TestCase):
         self.assertEqual(c._free.free, [(16, 16)])  # rows 0-15 held while the node may still write them
         time.sleep(1.3)  # past the second a call's abandoned slots are kept
         self.assertEqual(c._free.free, [(16, 16)])
-        fut = c.predict_async(obs(16, seed=2), timeout=60)  # by call, on the other 16 slots
+        fut = c.predict_async(obs(16, seed=2), timeout=60)  # on the other 16 slots
         gate.set()
         x = obs(16, seed=2)
         with torch.inference_mode():
@@ -152,6 +221,100 @@ class TestBellAttached(unittest.TestCase):
             with torch.inference_mode():
                 want = net(torch.from_numpy(x)).numpy()
             np.testing.assert_array_equal(c.predict(x, timeout=60)["logits"], want)
+
+    def test_async_failure_brings_its_error(self):
+        class Boom(torch.nn.Module):
+            def forward(self, x):
+                raise ValueError("boom by bell, asynchronously")
+
+        self.replica(Boom())
+        c = self.client()
+        futs = [c.predict_async(obs(2, seed=i), timeout=60) for i in range(3)]
+        for f in futs:
+            with self.assertRaisesRegex(serve.ForwardError, "boom by bell, asynchronously"):
+                f.result(60)
+        self.assertEqual(c._free.free, [(0, 32)])
+
+    def test_async_deadline_keeps_the_slots(self):
+        """predict_async's deadline passing while the node holds its request:
+        the future fails with DeadlineExceededError at the deadline, and
+        the slots stay held until the node is done with them."""
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        net = mlp(3)
+
+        class Gated(torch.nn.Module):
+            def forward(self, x):
+                gate.wait(60)
+                return net(x)
+
+        self.replica(Gated())
+        c = self.client()
+        t0 = time.monotonic()
+        fut = c.predict_async(obs(16, seed=1), timeout=0.3)
+        with self.assertRaises(tensorwire.DeadlineExceededError):
+            fut.result(10)
+        self.assertLess(time.monotonic() - t0, 5)  # at its deadline, not the replica's 60 s
+        self.assertEqual(c._free.free, [(16, 16)])
+        gate.set()
+        wait_until(lambda: c._free.free == [(0, 32)], what="the abandoned request's slots given back")
+        x = obs(16, seed=5)
+        with torch.inference_mode():
+            want = net(torch.from_numpy(x)).numpy()
+        np.testing.assert_array_equal(c.predict_async(x, timeout=60).result(60)["logits"], want)
+
+    def test_async_waits_without_spinning(self):
+        """200 asynchronous predictions waiting on a replica that holds its
+        batch, more than one futex_waitv watches: the client's threads
+        sleep (under a fifth of a core over a second), and all finish with
+        their own outputs once the replica goes on."""
+        if not _bell.waitv_supported():
+            self.skipTest("this kernel has no futex_waitv: asynchronous predictions go by call")
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        net = mlp(4)
+
+        class Gated(torch.nn.Module):
+            def forward(self, x):
+                gate.wait(60)
+                return net(x)
+
+        self.replica(Gated())
+        c = serve.Client(self.node.addr, "policy", token=self.node.token, root=self.node.root, slots=256,
+                         max_in_flight=256)
+        self.addCleanup(c.close)
+        xs = [obs(1, seed=i) for i in range(200)]
+        futs = [c.predict_async(x, timeout=60) for x in xs]
+        time.sleep(0.5)
+        cpu, t0 = time.process_time(), time.monotonic()
+        time.sleep(1)
+        used = (time.process_time() - cpu) / (time.monotonic() - t0)
+        gate.set()
+        for x, f in zip(xs, futs):
+            with torch.inference_mode():
+                want = net(torch.from_numpy(x)).numpy()
+            np.testing.assert_allclose(f.result(60)["logits"], want, rtol=1e-5, atol=1e-6)
+        self.assertLess(used, 0.2)
+
+    def test_close_fails_async_predictions(self):
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+
+        class Gated(torch.nn.Module):
+            def forward(self, x):
+                gate.wait(60)
+                return torch.zeros(x.shape[0], 16)
+
+        self.replica(Gated())
+        c = self.client()
+        futs = [c.predict_async(obs(1, seed=i), timeout=60) for i in range(4)]
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        c.close()
+        for f in futs:
+            with self.assertRaises(serve.ClosedError):
+                f.result(5)
+        self.assertLess(time.monotonic() - t0, 5)
 
     def test_close_wakes_a_waiting_predict(self):
         gate = threading.Event()
