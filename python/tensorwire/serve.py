@@ -1466,8 +1466,10 @@ def _map_td(prefix, schema, rows):
         if int(np.prod(full, dtype=np.int64)) == 0:
             out.append(np.zeros(full, dtype=DTYPES[dt]))
             continue
+        # A plain ndarray over the mapping (which it keeps alive): slicing a
+        # np.memmap makes memmap objects, a few microseconds a request.
         out.append(np.memmap(os.path.join(d, escape_key(k[-1]) + ".memmap"), dtype=DTYPES[dt], mode="r+",
-                             shape=full))
+                             shape=full).view(np.ndarray))
     return out
 
 
