@@ -174,7 +174,8 @@ class BellRequests:
                 return True
             self._bell_flight[req] = None
             if self._bell_collector is None:
-                self._watch = _bell.Watch()
+                if self._watch is None:
+                    self._watch = _bell.Watch()
                 self._bell_collector = threading.Thread(target=self._collect_bells,
                                                         name="tensorwire-serve-bells", daemon=True)
                 self._bell_collector.start()
@@ -247,9 +248,26 @@ class BellRequests:
                 if all(d != r.rung for (_, d), r in zip(words[1:], flight)):
                     _bell.wait_any(words, until)
                 self._bell_sleeping = False
+        except BaseException as e:  # noqa: BLE001 (a bug, or no memory: no request may hang on it)
+            self._collector_failed(e)
         finally:
             for r in watched:
                 ring.add_waiter(r.start, -1)
+
+    def _collector_failed(self, e):
+        """The bell collector stopped on e: its requests fail with
+        InternalError (their slots kept until the node is done with them,
+        as after a deadline), and the next request starts a collector
+        anew."""
+        with self._mu:
+            flight = list(self._bell_flight)
+            self._bell_flight.clear()
+            self._bell_collector = None
+            self._bell_sleeping = False
+        _s._log.error("serve: the collector of predictions by bell failed (%r); %d of them fail with it", e,
+                      len(flight), exc_info=e)
+        for r in flight:
+            self._finish(r, err=InternalError(f"serve: the collector of predictions by bell failed: {e!r}"))
 
     def _bell_end(self, req, how):
         """Ends (or hands on) req, taken from the bell collector's requests:

@@ -296,6 +296,43 @@ class TestBellAttached(unittest.TestCase):
             np.testing.assert_allclose(f.result(60)["logits"], want, rtol=1e-5, atol=1e-6)
         self.assertLess(used, 0.2)
 
+    def test_async_collector_failing(self):
+        """The collector thread stopped by an error of its own: the requests
+        it watched fail with InternalError at once rather than hang, and
+        the next prediction starts a collector anew."""
+        if not _bell.waitv_supported():
+            self.skipTest("this kernel has no futex_waitv: asynchronous predictions go by call")
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        net = mlp(5)
+
+        class Gated(torch.nn.Module):
+            def forward(self, x):
+                gate.wait(60)
+                return net(x)
+
+        self.replica(Gated())
+        c = self.client()
+        real = _bell.wait_any
+
+        def broken(words, until):
+            _bell.wait_any = real
+            raise MemoryError("the collector's own failure")
+
+        _bell.wait_any = broken
+        self.addCleanup(setattr, _bell, "wait_any", real)
+        with self.assertLogs("tensorwire.serve", "ERROR") as logs:
+            fut = c.predict_async(obs(1), timeout=60)
+            with self.assertRaisesRegex(tensorwire.InternalError, "the collector's own failure"):
+                fut.result(10)
+        self.assertIn("collector of predictions by bell failed", logs.output[0])
+        gate.set()
+        wait_until(lambda: c._free.free == [(0, 32)], what="the failed requests' slots given back")
+        x = obs(4, seed=9)
+        with torch.inference_mode():
+            want = net(torch.from_numpy(x)).numpy()
+        np.testing.assert_array_equal(c.predict_async(x, timeout=60).result(60)["logits"], want)
+
     def test_close_fails_async_predictions(self):
         gate = threading.Event()
         self.addCleanup(gate.set)
