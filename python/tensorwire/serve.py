@@ -759,7 +759,29 @@ class Client(BellRequests):
 
     def _collect(self):
         """The collector: waits for whichever request in flight has its
-        response first, and finishes it."""
+        response first, and finishes it. Should it stop on an error of its
+        own, its requests fail with it rather than wait (_collector_stopped)."""
+        try:
+            self._collect_calls()
+        except BaseException as e:  # noqa: BLE001 (a bug, or no memory: no request may hang on it)
+            self._collector_stopped(e)
+
+    def _collector_stopped(self, e):
+        """The collector stopped on e: its requests fail with InternalError,
+        and the next request starts a collector anew."""
+        with self._mu:
+            flight, self._flight = self._flight, ()
+            self._collector = None
+        _log.error("serve: the collector of asynchronous predictions failed (%r); %d of them fail with it", e,
+                   len(flight), exc_info=e)
+        for r in flight:
+            if r.pending is not None:
+                r.pending.cancel()
+                r.pending = None
+            self._finish(r, err=InternalError(f"serve: the collector of asynchronous predictions failed: {e!r}"),
+                         abandoned=True)
+
+    def _collect_calls(self):
         while True:
             with self._mu:
                 while not self._flight and not self._closed:
@@ -828,10 +850,10 @@ class Client(BellRequests):
             return
         self._finish(req, value=out)
 
-    def _finish(self, req, value=None, err=None):
+    def _finish(self, req, value=None, err=None, abandoned=False):
         """Sets req's future and frees its slots, which may start requests
-        waiting for them."""
-        self._release(req, err)
+        waiting for them (abandoned: see _release)."""
+        self._release(req, err, abandoned)
         if err is not None:
             _fail(req, err)
         elif not req.future.done():
@@ -880,19 +902,20 @@ class Client(BellRequests):
             for mm, a in zip(self._in_mm, req.arrays):
                 mm[s:s + req.n] = a
 
-    def _release(self, req, err):
+    def _release(self, req, err, abandoned=False):
         """Ends req's admission once it ended with err (None: done), giving
         its slots back. The node may still write the outputs of a call
-        abandoned mid-way (a deadline, a broken connection): its slots are
-        kept a second more, the node's handler having ended by then (its
-        deadline is the call's, and a broken connection cancels it)."""
+        abandoned mid-way (a deadline, a broken connection, or abandoned
+        set: canceled by the client): its slots are kept a second more, the
+        node's handler having ended by then (its deadline is the call's,
+        and a broken connection or a canceled call cancels it)."""
         with self._mu:
             if not req.holds:
                 return
             req.holds = False
             rung = req.rung if err is not None else 0
             late = self._ref and err is not None and (
-                isinstance(err, (DeadlineExceededError, UnavailableError))
+                abandoned or isinstance(err, (DeadlineExceededError, UnavailableError))
                 or not isinstance(err, _errors.TensorwireError)) and not rung
             self._admitted -= 1
             if self._ref and not late and not rung:

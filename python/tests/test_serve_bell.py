@@ -333,6 +333,51 @@ class TestBellAttached(unittest.TestCase):
             want = net(torch.from_numpy(x)).numpy()
         np.testing.assert_array_equal(c.predict_async(x, timeout=60).result(60)["logits"], want)
 
+    def test_call_collector_failing(self):
+        """The same for asynchronous predictions by call (without
+        futex_waitv): the collector of their responses stopped by an error
+        of its own fails its requests with InternalError, keeps their slots
+        the second a canceled call's are kept, and the next prediction
+        starts a collector anew."""
+        from tensorwire import _yamux
+
+        saved = _bell._waitv_ok
+        _bell._waitv_ok = False
+        self.addCleanup(setattr, _bell, "_waitv_ok", saved)
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        net = mlp(6)
+
+        class Gated(torch.nn.Module):
+            def forward(self, x):
+                gate.wait(60)
+                return net(x)
+
+        self.replica(Gated())
+        c = self.client()
+        real = _yamux.Session.wait
+
+        def broken(sess, pred, deadline):
+            if threading.current_thread().name != "tensorwire-serve-collector":
+                return real(sess, pred, deadline)  # a send waiting for its window
+            _yamux.Session.wait = real
+            raise MemoryError("the call collector's own failure")
+
+        _yamux.Session.wait = broken
+        self.addCleanup(setattr, _yamux.Session, "wait", real)
+        with self.assertLogs("tensorwire.serve", "ERROR") as logs:
+            fut = c.predict_async(obs(2), timeout=60)
+            with self.assertRaisesRegex(tensorwire.InternalError, "the call collector's own failure"):
+                fut.result(10)
+        self.assertIn("collector of asynchronous predictions failed", logs.output[0])
+        self.assertEqual(c._free.free, [(2, 30)])  # the canceled call's rows, kept a second
+        wait_until(lambda: c._free.free == [(0, 32)], what="the canceled call's slots given back")
+        gate.set()
+        x = obs(4, seed=9)
+        with torch.inference_mode():
+            want = net(torch.from_numpy(x)).numpy()
+        np.testing.assert_array_equal(c.predict_async(x, timeout=60).result(60)["logits"], want)
+
     def test_close_fails_async_predictions(self):
         gate = threading.Event()
         self.addCleanup(gate.set)
