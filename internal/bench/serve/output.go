@@ -102,6 +102,7 @@ type Config struct {
 	Policy      string             `json:"policy"`       // the batching runs' policy: "greedy" or "max_delay=D" (--max-delay)
 	ClientLang  string             `json:"client_lang"`  // the client processes' language: "go" or "python" (--client-lang)
 	ClientProcs int                `json:"client_procs"` // GOMAXPROCS of each client process; 0: Go's default
+	InFlight    int                `json:"in_flight"`    // the predictions each client process keeps in flight (--in-flight)
 	Mode        string             `json:"mode"`
 	Clients     []int              `json:"clients"`
 	Models      []string           `json:"models"`
@@ -110,7 +111,7 @@ type Config struct {
 }
 
 func (rep *Result) build(o *options, runs []*runResult, base, upd *runResult) {
-	rep.Config = Config{DurationS: o.duration.Seconds(), Replicas: o.replicas, Window: o.window, Policy: fmt.Sprint(serve.MaxDelay(o.maxDelay)), ClientLang: o.clientLang, ClientProcs: o.clientProcs, Mode: o.mode, Clients: o.clients,
+	rep.Config = Config{DurationS: o.duration.Seconds(), Replicas: o.replicas, Window: o.window, Policy: fmt.Sprint(serve.MaxDelay(o.maxDelay)), ClientLang: o.clientLang, ClientProcs: o.clientProcs, InFlight: o.inFlight, Mode: o.mode, Clients: o.clients,
 		Models: o.models, LimitFwdMS: map[string]float64{}, Date: time.Now().UTC().Format(time.RFC3339)}
 	for i, m := range o.models {
 		rep.Config.LimitFwdMS[m] = report.Ms(rep.limitForward[i])
@@ -218,6 +219,9 @@ func (rep *Result) print(w io.Writer, o *options) error {
 	clients := fmt.Sprintf("clients by %s with GOMAXPROCS %d", map[string]string{modeRef: "reference (shared slots)", modeBytes: "bytes"}[o.mode], o.clientProcs)
 	if o.clientLang == "python" {
 		clients = fmt.Sprintf("Python clients (tensorwire.serve.Client) by %s", map[string]string{modeRef: "reference (by bell where it can)", modeBytes: "bytes"}[o.mode])
+	}
+	if o.inFlight > 1 {
+		clients += fmt.Sprintf(", %d predictions in flight each", o.inFlight)
 	}
 	fmt.Fprintf(w, "serve benchmark: %d replica(s)%s, %s, batching %s, %v per run, %s\n\n", o.replicas, window,
 		clients, rep.Config.Policy, o.duration, rep.Config.Date)

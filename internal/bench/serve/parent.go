@@ -187,10 +187,11 @@ func runOne(ctx context.Context, o *options, root, model string, clients, maxBat
 	for i := range clients {
 		var p *clientProc
 		if o.clientLang == "python" {
-			p, err = startClient(ctx, o.pythonExe, []string{"-c", pyScript, "client", node.Addr, root, o.mode, itoa(i + 1), modelName}, o.pyEnv(), stderr)
+			p, err = startClient(ctx, o.pythonExe, []string{"-c", pyScript, "client", node.Addr, root, o.mode, itoa(i + 1), modelName, itoa(o.inFlight)}, o.pyEnv(), stderr)
 		} else {
 			p, err = startClient(ctx, exe, slices.Concat(o.self, []string{"--role", roleClient, "--child", "--addr", node.Addr,
-				"--root", root, "--mode", o.mode, "--seed", itoa(i + 1), "--client-procs", itoa(o.clientProcs)}, verbose, firstOnly(i, profile(roleClient))), nil, stderr)
+				"--root", root, "--mode", o.mode, "--seed", itoa(i + 1), "--client-procs", itoa(o.clientProcs), "--in-flight", itoa(o.inFlight)},
+				verbose, firstOnly(i, profile(roleClient))), nil, stderr)
 		}
 		if err != nil {
 			return nil, err

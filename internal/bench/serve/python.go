@@ -46,10 +46,11 @@ func isPython(model string) bool {
 // writes the profile's report there (the functions by cumulative and by
 // own time, wall clock: waits on the socket and the device count) and
 // exits;
-// "client ADDR ROOT MODE SEED NAME" is a client process of --client-lang
-// python, as the Go client role: a warm-up, READY, predictions of one row
-// in a loop timed between the parent's START times, its result as JSON
-// (latencies each in ns) once the phase ends;
+// "client ADDR ROOT MODE SEED NAME IN_FLIGHT" is a client process of
+// --client-lang python, as the Go client role: a warm-up, READY,
+// predictions of one row in a loop (IN_FLIGHT above 1: that many asyncio
+// tasks awaiting apredict) timed between the parent's START times, its
+// result as JSON (latencies each in ns) once the phase ends;
 // "limit MODEL MAX_BATCH SECONDS DEVICE" prints the module's rows/s and ms
 // per forward called in-process on batches of MAX_BATCH rows (on CUDA, the
 // input on the device and the output brought back to the host, as a
@@ -110,7 +111,8 @@ elif cmd == "client":
     import json, os, threading
     import tensorwire
     addr, root, mode, seed, name = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]
-    c = tensorwire.serve.Client(addr, name, root=root, bytes_mode=mode == "bytes")
+    inflight = int(sys.argv[7])
+    c = tensorwire.serve.Client(addr, name, root=root, bytes_mode=mode == "bytes", max_in_flight=max(128, inflight))
     if c.mode != mode:
         sys.exit(f"the client works in mode {c.mode}, not {mode}: does it share the node's root?")
     x = np.random.default_rng(seed).normal(size=(1, 64)).astype(np.float32)
@@ -128,25 +130,45 @@ elif cmd == "client":
                 window[:] = [int(v) for v in line.split()[1:3]]
         os._exit(0)  # stdin closed: the parent is done with this client, or gone
     threading.Thread(target=read, daemon=True).start()
-    lat, req, errs, cpu0 = [], 0, 0, None
-    while True:
+    lat, st = [], {"req": 0, "errs": 0, "cpu0": None}
+    def before():
+        # The time a prediction starts, None once the phase is over.
         t0 = time.time_ns()
         if window and t0 >= window[1]:
-            break
-        if window and t0 >= window[0] and cpu0 is None:
-            cpu0 = sum(os.times()[:2])
-        try:
-            c.predict(x)
-        except full:
-            errs += 1
-            time.sleep(0.001)
-            continue
+            return None
+        if window and t0 >= window[0] and st["cpu0"] is None:
+            st["cpu0"] = sum(os.times()[:2])
+        return t0
+    def after(t0):
         t1 = time.time_ns()
         if window and t0 >= window[0] and t1 < window[1]:
-            req += 1
+            st["req"] += 1
             lat.append(t1 - t0)
-    cpu_ns = int((sum(os.times()[:2]) - cpu0) * 1e9) if cpu0 is not None else -1
-    print(json.dumps({"role": "client", "mode": mode, "requests": req, "errors": errs, "cpu_ns": cpu_ns,
+    if inflight == 1:  # a loop of predict, torch_spread's client
+        while (t0 := before()) is not None:
+            try:
+                c.predict(x)
+            except full:
+                st["errs"] += 1
+                time.sleep(0.001)
+                continue
+            after(t0)
+    else:  # actors in one process: tasks awaiting apredict
+        import asyncio
+        async def actor():
+            while (t0 := before()) is not None:
+                try:
+                    await c.apredict(x)
+                except full:
+                    st["errs"] += 1
+                    await asyncio.sleep(0.001)
+                    continue
+                after(t0)
+        async def actors():
+            await asyncio.gather(*(actor() for _ in range(inflight)))
+        asyncio.run(actors())
+    cpu_ns = int((sum(os.times()[:2]) - st["cpu0"]) * 1e9) if st["cpu0"] is not None else -1
+    print(json.dumps({"role": "client", "mode": mode, "requests": st["req"], "errors": st["errs"], "cpu_ns": cpu_ns,
                       "latencies_ns": lat}, separators=(",", ":")), flush=True)
     c.close()
 elif cmd == "check":

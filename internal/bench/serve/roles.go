@@ -12,6 +12,8 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -178,22 +180,64 @@ func runClient(ctx context.Context, o *options, stdout io.Writer, log *slog.Logg
 	}
 	fmt.Fprintln(stdout, readyLine)
 
-	res := clientResult{Role: roleClient, Mode: o.mode}
-	var start, end time.Time
+	// The timed phase: --in-flight workers predict in a loop from now on;
+	// those that start and finish within the parent's window count.
+	var phase atomic.Pointer[[2]time.Time]
+	parts := make([]clientResult, o.inFlight)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	failed := make(chan error, len(parts)) // the first worker's error first
+	var wg sync.WaitGroup
+	for k := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := predictLoop(wctx, c, in, &phase, &parts[k]); err != nil {
+				failed <- err
+				cancel()
+			}
+		}()
+	}
+	res := clientResult{Role: roleClient, Mode: o.mode, CPUNS: -1}
 	var cpu0 time.Duration
-	cpuTaken := false
+	select {
+	case w := <-window:
+		phase.Store(&w)
+		if waitUntil(wctx, w[0]) == nil {
+			cpu0 = cpuTime()
+		}
+	case <-wctx.Done():
+	}
+	wg.Wait()
+	close(failed)
+	if err := <-failed; err != nil {
+		return err
+	}
+	if c1 := cpuTime(); cpu0 > 0 && c1 >= 0 {
+		res.CPUNS = int64(c1 - cpu0)
+	}
+	for k := range parts {
+		res.Requests += parts[k].Requests
+		res.Errors += parts[k].Errors
+		res.Latency.Merge(&parts[k].Latency)
+	}
+	b, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "%s\n", b)
+	return err
+}
+
+// predictLoop predicts in in a loop until the phase's end, counting into
+// res the predictions started and finished within it (and the refusals
+// of a full queue, retried after a millisecond).
+func predictLoop(ctx context.Context, c *serve.Client, in *tensordict.TensorDict, phase *atomic.Pointer[[2]time.Time], res *clientResult) error {
 	for {
-		select {
-		case w := <-window:
-			start, end = w[0], w[1]
-		default:
-		}
+		w := phase.Load()
 		t0 := time.Now()
-		if !end.IsZero() && !t0.Before(end) {
-			break
-		}
-		if !start.IsZero() && !t0.Before(start) && !cpuTaken {
-			cpu0, cpuTaken = cpuTime(), true
+		if w != nil && !t0.Before(w[1]) {
+			return nil
 		}
 		_, _, err := c.Predict(ctx, in)
 		if errors.Is(err, serve.ErrQueueFull) {
@@ -204,21 +248,23 @@ func runClient(ctx context.Context, o *options, stdout io.Writer, log *slog.Logg
 		if err != nil {
 			return err
 		}
-		if t1 := time.Now(); !start.IsZero() && !t0.Before(start) && t1.Before(end) {
+		if t1 := time.Now(); w != nil && !t0.Before(w[0]) && t1.Before(w[1]) {
 			res.Requests++
 			res.Latency.Record(t1.Sub(t0))
 		}
 	}
-	res.CPUNS = -1
-	if c1 := cpuTime(); cpu0 >= 0 && c1 >= 0 {
-		res.CPUNS = int64(c1 - cpu0)
+}
+
+// waitUntil sleeps until t, or returns ctx's error when it ends first.
+func waitUntil(ctx context.Context, t time.Time) error {
+	tm := time.NewTimer(time.Until(t))
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	b, err := json.Marshal(res)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(stdout, "%s\n", b)
-	return err
 }
 
 // readStart reads the parent's "START s e" line from r into window, then

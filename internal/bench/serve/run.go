@@ -60,6 +60,7 @@ type options struct {
 	window      int           // the batches each Python replica takes in flight (Replica's window)
 	maxDelay    time.Duration // the batching runs' policy: serve.MaxDelay (0: Greedy)
 	clientLang  string        // the client processes' language: go, or python (tensorwire.serve.Client)
+	inFlight    int           // the predictions each client process keeps in flight
 	replicaKind string        // --replica
 	pyPath      string        // the extracted Python client (python.go)
 	nodeProfile string        // --profile: CPU profiles of each run's node and first client, to this prefix
@@ -92,6 +93,8 @@ func newFlagSet(o *options, clients, models *string) *flag.FlagSet {
 	fs.IntVar(&o.replicas, "replicas", 1, "the model's replicas on the node")
 	fs.StringVar(&o.clientLang, "client-lang", "go", "the client processes: go (serve.Client), or python (tensorwire.serve.Client, its\n"+
 		"predict() in a loop: by bell in ref mode on Linux x86-64, else by call; needs --python's numpy and msgpack)")
+	fs.IntVar(&o.inFlight, "in-flight", 1, "the predictions each client process keeps in flight, 1 to 256: 1 is a loop of predict, as torch_spread's\n"+
+		"clients do; N is N goroutines of Predict in a Go client, N asyncio tasks awaiting apredict in a Python one (actors in one process)")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "how long each run's timed phase lasts")
 	fs.DurationVar(&o.limitDur, "limit-duration", 2*time.Second, "how long the in-process limit is measured, per model")
 	fs.IntVar(&o.clientProcs, "client-procs", 1, "GOMAXPROCS of each client process (0: Go's default, the cores): one is what a\n"+
@@ -115,6 +118,10 @@ func newFlagSet(o *options, clients, models *string) *flag.FlagSet {
 	fs.BoolVar(&o.update, "update", false, "internal: node role: load parameters of --update-mb every --update-every")
 	return fs
 }
+
+// maxInFlight is --in-flight's most: the streams a node accepts from one
+// connection (docs/protocol.md).
+const maxInFlight = 256
 
 // hidden are the flags of the roles, which usage leaves out.
 var hidden = []string{"role", "child", "addr", "run-model", "seed", "update", "profile-to"}
@@ -213,6 +220,8 @@ func (o *options) check() error {
 		return usagef("--max-delay: %v; want 0 (greedy) or more", o.maxDelay)
 	case o.clientLang != "go" && o.clientLang != "python":
 		return usagef("--client-lang: %q; want go or python", o.clientLang)
+	case o.inFlight < 1 || o.inFlight > maxInFlight:
+		return usagef("--in-flight: %d; want 1 to %d (the streams a node takes from one connection)", o.inFlight, maxInFlight)
 	}
 	switch o.role {
 	case "", roleNode:

@@ -171,6 +171,8 @@ func TestRun_Usage(t *testing.T) {
 		{[]string{"--window", "0"}, "--window"},
 		{[]string{"--max-delay", "-1ms"}, "--max-delay"},
 		{[]string{"--client-lang", "rust"}, "--client-lang"},
+		{[]string{"--in-flight", "0"}, "--in-flight"},
+		{[]string{"--in-flight", "257"}, "--in-flight"},
 		{[]string{"--role", "client"}, "--addr"},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
@@ -238,6 +240,40 @@ func TestRun_PythonClients(t *testing.T) {
 			}
 			if left, _ := os.ReadDir(root); len(left) != 0 {
 				t.Errorf("left under the root: %v", left)
+			}
+		})
+	}
+}
+
+// TestRun_InFlight runs one client process with 8 predictions in flight,
+// Go's (goroutines) and Python's (asyncio tasks), under a max delay of
+// 20 ms: the batches hold several of its rows, which a client with one
+// in flight cannot make.
+func TestRun_InFlight(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	for _, lang := range []string{"go", "python"} {
+		t.Run(lang, func(t *testing.T) {
+			args := []string{"--client-lang", lang, "--model", "mlp", "--clients", "1", "--in-flight", "8", "--max-delay", "20ms",
+				"--duration", "400ms", "--limit-duration", "100ms", "--update-mb", "0", "--root", t.TempDir()}
+			if lang == "python" {
+				args = append(args, "--python", testPython(t, "the Python clients' run"))
+			}
+			out := filepath.Join(t.TempDir(), "serve.json")
+			run := benchtest.RunJSON(t, Run, testSelf, append(args, "--json", out), out)
+			t.Logf("stdout:\n%s", run.Stdout)
+			var res Result
+			if err := json.Unmarshal(run.Data, &res); err != nil {
+				t.Fatal(err)
+			}
+			if res.Config.InFlight != 8 || !strings.Contains(run.Stdout, "8 predictions in flight each") {
+				t.Errorf("in_flight %d; want 8, in the JSON and the table's header", res.Config.InFlight)
+			}
+			for _, r := range res.Runs {
+				if r.Batching && r.MeanBatch < 2 {
+					t.Errorf("run %+v: a mean batch under 2 from one client with 8 in flight", r)
+				}
 			}
 		})
 	}
