@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"time"
 
@@ -146,6 +147,8 @@ func (c *Client) predictBell(ctx context.Context, start, n int) (uint64, uint32,
 	if c.isClosed() {
 		return 0, 0, ErrClosed
 	}
+	c.bellers.Add(1)
+	defer c.bellers.Add(-1)
 	wait := 20 * time.Millisecond
 	for {
 		gen := c.gen.Load()
@@ -208,6 +211,18 @@ func (c *Client) waitBell(ctx context.Context, start int, seq uint32, gen uint64
 			}
 			probe = time.Now().Add(bellProbe)
 			continue
+		}
+		// With other requests of this client under way, their goroutines
+		// run first: one asleep in the kernel keeps its P until the
+		// runtime's monitor takes it back, which can be milliseconds
+		// later, and their requests would wait for that instead of joining
+		// this one's batch. (Alone, it does not yield: Gosched wakes an
+		// idle P to spin, a cost with no goroutine to gain.)
+		if c.bellers.Load() > 1 {
+			runtime.Gosched()
+			if done.Load() != d {
+				continue
+			}
 		}
 		v.waiters(start).Add(1)
 		if done.Load() == d && ctx.Err() == nil && !c.isClosed() {
