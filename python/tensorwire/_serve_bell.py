@@ -220,7 +220,10 @@ class BellRequests:
                         if r in watched:
                             watched.discard(r)
                             ring.add_waiter(r.start, -1)
-                        self._bell_end(r, how)
+                        try:
+                            self._bell_end(r, how)
+                        except BaseException as e:  # noqa: BLE001 (taken from the flight: it must end here)
+                            self._finish(r, err=InternalError(f"serve: ending a prediction by bell failed: {e!r}"))
                     continue
                 if any(now >= r.probe for r in flight):
                     for r in flight:

@@ -691,7 +691,11 @@ class Client(BellRequests):
         _ring_async); on an error it may retry after, hands it to the retry
         pool."""
         if self._ring is not None and self._ring.bell is not None and _bell.waitv_supported():
-            if self._ring_async(req):
+            try:
+                if self._ring_async(req):
+                    return
+            except BaseException as e:  # noqa: BLE001 (delivered through the future, not to whoever started it)
+                self._finish(req, err=e)
                 return
         try:
             self._send(req)

@@ -119,6 +119,36 @@ class TestBell(MLPNodeCase, unittest.TestCase):
                     np.testing.assert_allclose(f.result(60)["logits"], forward(self.sd, x), rtol=1e-4, atol=1e-4)
             self.assertEqual(c._free.free, [(0, c.slots)])
 
+    def test_async_ringing_fails(self):
+        """A request admitted when an earlier one ends, whose ringing fails
+        (here: made to), fails alone through its future: the earlier one
+        keeps its outputs, and the client goes on."""
+        if not _bell.waitv_supported():
+            self.skipTest("this kernel has no futex_waitv: asynchronous predictions go by call")
+        with serve.Client(self.node.addr, "policy", token=self.node.token, root=self.node.root,
+                          max_in_flight=1) as c:
+            real, calls = c._ring_async, []
+
+            def ring(req):
+                calls.append(req)
+                if len(calls) == 2:
+                    raise MemoryError("ringing made to fail")
+                return real(req)
+
+            c._ring_async = ring
+            x1, x2, x3 = obs(2, seed=1), obs(3, seed=2), obs(4, seed=3)
+            f1 = c.predict_async(x1, timeout=60)
+            f2 = c.predict_async(x2, timeout=60)  # waits for f1's end to be admitted
+            np.testing.assert_allclose(f1.result(60)["logits"], forward(self.sd, x1), rtol=1e-4, atol=1e-4)
+            with self.assertRaisesRegex(MemoryError, "ringing made to fail"):
+                f2.result(60)
+            np.testing.assert_allclose(c.predict_async(x3, timeout=60).result(60)["logits"], forward(self.sd, x3),
+                                       rtol=1e-4, atol=1e-4)
+            # The failed request's rows are kept the second an error from
+            # outside the node's answers keeps them (the node might write
+            # them), then given back.
+            wait_until(lambda: c._free.free == [(0, c.slots)], what="every slot given back")
+
     def test_async_by_call_without_waitv(self):
         """Where the kernel has no futex_waitv, predict_async goes by call
         (each moves a call's bytes) while predict still goes by bell."""
