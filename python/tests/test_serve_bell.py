@@ -270,7 +270,6 @@ class TestBellAttached(unittest.TestCase):
         the future fails with DeadlineExceededError at the deadline, and
         the slots stay held until the node is done with them."""
         gate = threading.Event()
-        self.addCleanup(gate.set)
         net = mlp(3)
 
         class Gated(torch.nn.Module):
@@ -279,6 +278,7 @@ class TestBellAttached(unittest.TestCase):
                 return net(x)
 
         self.replica(Gated())
+        self.addCleanup(gate.set)  # before the replica's close, which waits for its forward
         c = self.client()
         t0 = time.monotonic()
         fut = c.predict_async(obs(16, seed=1), timeout=0.3)
@@ -301,7 +301,6 @@ class TestBellAttached(unittest.TestCase):
         if not _bell.waitv_supported():
             self.skipTest("this kernel has no futex_waitv: asynchronous predictions go by call")
         gate = threading.Event()
-        self.addCleanup(gate.set)
         net = mlp(4)
 
         class Gated(torch.nn.Module):
@@ -310,6 +309,7 @@ class TestBellAttached(unittest.TestCase):
                 return net(x)
 
         self.replica(Gated())
+        self.addCleanup(gate.set)  # before the replica's close, which waits for its forward
         c = serve.Client(self.node.addr, "policy", token=self.node.token, root=self.node.root, slots=256,
                          max_in_flight=256)
         self.addCleanup(c.close)
@@ -333,7 +333,6 @@ class TestBellAttached(unittest.TestCase):
         if not _bell.waitv_supported():
             self.skipTest("this kernel has no futex_waitv: asynchronous predictions go by call")
         gate = threading.Event()
-        self.addCleanup(gate.set)
         net = mlp(5)
 
         class Gated(torch.nn.Module):
@@ -342,6 +341,7 @@ class TestBellAttached(unittest.TestCase):
                 return net(x)
 
         self.replica(Gated())
+        self.addCleanup(gate.set)  # before the replica's close, which waits for its forward
         c = self.client()
         real = _bell.wait_any
 
@@ -375,7 +375,6 @@ class TestBellAttached(unittest.TestCase):
         _bell._waitv_ok = False
         self.addCleanup(setattr, _bell, "_waitv_ok", saved)
         gate = threading.Event()
-        self.addCleanup(gate.set)
         net = mlp(6)
 
         class Gated(torch.nn.Module):
@@ -384,6 +383,7 @@ class TestBellAttached(unittest.TestCase):
                 return net(x)
 
         self.replica(Gated())
+        self.addCleanup(gate.set)  # before the replica's close, which waits for its forward
         c = self.client()
         real = _yamux.Session.wait
 
@@ -410,7 +410,6 @@ class TestBellAttached(unittest.TestCase):
 
     def test_close_fails_async_predictions(self):
         gate = threading.Event()
-        self.addCleanup(gate.set)
 
         class Gated(torch.nn.Module):
             def forward(self, x):
@@ -418,6 +417,7 @@ class TestBellAttached(unittest.TestCase):
                 return torch.zeros(x.shape[0], 16)
 
         self.replica(Gated())
+        self.addCleanup(gate.set)  # before the replica's close, which waits for its forward
         c = self.client()
         futs = [c.predict_async(obs(1, seed=i), timeout=60) for i in range(4)]
         time.sleep(0.3)
@@ -430,7 +430,6 @@ class TestBellAttached(unittest.TestCase):
 
     def test_close_wakes_a_waiting_predict(self):
         gate = threading.Event()
-        self.addCleanup(gate.set)
 
         class Gated(torch.nn.Module):
             def forward(self, x):
@@ -438,6 +437,7 @@ class TestBellAttached(unittest.TestCase):
                 return torch.zeros(x.shape[0], 16)
 
         self.replica(Gated())
+        self.addCleanup(gate.set)  # before the replica's close, which waits for its forward
         c = self.client()
         got = []
 

@@ -58,8 +58,10 @@ func isPython(model string) bool {
 // 1..16 rows through the node and prints how many came back bit-equal to
 // the module called directly on the same device.
 const pyScript = `
-import sys, time, numpy as np, torch
-torch.set_num_threads(1)
+import sys, time, numpy as np
+if sys.argv[1] != "client":  # a client needs numpy alone: no torch in each of 128 processes
+    import torch
+    torch.set_num_threads(1)
 def module(kind, dev):
     torch.manual_seed(1)
     if kind == "py-mlp":
