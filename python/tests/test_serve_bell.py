@@ -201,6 +201,21 @@ class TestBellAttached(unittest.TestCase):
         self.addCleanup(r.close)
         return r.start()
 
+    def gated(self, forward):
+        """Attaches a replica whose module waits for the returned gate, then
+        runs forward. The gate opens at cleanup before the replica's
+        close, which waits for a forward under way."""
+        gate = threading.Event()
+
+        class Gated(torch.nn.Module):
+            def forward(self, x):
+                gate.wait(60)
+                return forward(x)
+
+        self.replica(Gated())
+        self.addCleanup(gate.set)
+        return gate
+
     def client(self):
         c = serve.Client(self.node.addr, "policy", token=self.node.token, root=self.node.root, slots=32)
         self.addCleanup(c.close)
@@ -222,15 +237,8 @@ class TestBellAttached(unittest.TestCase):
         keeps its slots until the node is done: the requests after it, on
         other slots, get their own rows; once the replica answers, the
         slots come back."""
-        gate = threading.Event()
         net = mlp(3)
-
-        class Gated(torch.nn.Module):
-            def forward(self, x):
-                gate.wait(60)
-                return net(x)
-
-        self.replica(Gated())
+        gate = self.gated(net)
         c = self.client()
         with self.assertRaises(tensorwire.DeadlineExceededError):
             c.predict(obs(16, seed=1), timeout=0.3)
@@ -269,16 +277,8 @@ class TestBellAttached(unittest.TestCase):
         """predict_async's deadline passing while the node holds its request:
         the future fails with DeadlineExceededError at the deadline, and
         the slots stay held until the node is done with them."""
-        gate = threading.Event()
         net = mlp(3)
-
-        class Gated(torch.nn.Module):
-            def forward(self, x):
-                gate.wait(60)
-                return net(x)
-
-        self.replica(Gated())
-        self.addCleanup(gate.set)  # before the replica's close, which waits for its forward
+        gate = self.gated(net)
         c = self.client()
         t0 = time.monotonic()
         fut = c.predict_async(obs(16, seed=1), timeout=0.3)
@@ -300,16 +300,8 @@ class TestBellAttached(unittest.TestCase):
         their own outputs once the replica goes on."""
         if not _bell.waitv_supported():
             self.skipTest("this kernel has no futex_waitv: asynchronous predictions go by call")
-        gate = threading.Event()
         net = mlp(4)
-
-        class Gated(torch.nn.Module):
-            def forward(self, x):
-                gate.wait(60)
-                return net(x)
-
-        self.replica(Gated())
-        self.addCleanup(gate.set)  # before the replica's close, which waits for its forward
+        gate = self.gated(net)
         c = serve.Client(self.node.addr, "policy", token=self.node.token, root=self.node.root, slots=256,
                          max_in_flight=256)
         self.addCleanup(c.close)
@@ -332,16 +324,8 @@ class TestBellAttached(unittest.TestCase):
         the next prediction starts a collector anew."""
         if not _bell.waitv_supported():
             self.skipTest("this kernel has no futex_waitv: asynchronous predictions go by call")
-        gate = threading.Event()
         net = mlp(5)
-
-        class Gated(torch.nn.Module):
-            def forward(self, x):
-                gate.wait(60)
-                return net(x)
-
-        self.replica(Gated())
-        self.addCleanup(gate.set)  # before the replica's close, which waits for its forward
+        gate = self.gated(net)
         c = self.client()
         real = _bell.wait_any
 
@@ -374,16 +358,8 @@ class TestBellAttached(unittest.TestCase):
         saved = _bell._waitv_ok
         _bell._waitv_ok = False
         self.addCleanup(setattr, _bell, "_waitv_ok", saved)
-        gate = threading.Event()
         net = mlp(6)
-
-        class Gated(torch.nn.Module):
-            def forward(self, x):
-                gate.wait(60)
-                return net(x)
-
-        self.replica(Gated())
-        self.addCleanup(gate.set)  # before the replica's close, which waits for its forward
+        gate = self.gated(net)
         c = self.client()
         real = _yamux.Session.wait
 
@@ -409,15 +385,7 @@ class TestBellAttached(unittest.TestCase):
         np.testing.assert_array_equal(c.predict_async(x, timeout=60).result(60)["logits"], want)
 
     def test_close_fails_async_predictions(self):
-        gate = threading.Event()
-
-        class Gated(torch.nn.Module):
-            def forward(self, x):
-                gate.wait(60)
-                return torch.zeros(x.shape[0], 16)
-
-        self.replica(Gated())
-        self.addCleanup(gate.set)  # before the replica's close, which waits for its forward
+        self.gated(lambda x: torch.zeros(x.shape[0], 16))
         c = self.client()
         futs = [c.predict_async(obs(1, seed=i), timeout=60) for i in range(4)]
         time.sleep(0.3)
@@ -429,15 +397,7 @@ class TestBellAttached(unittest.TestCase):
         self.assertLess(time.monotonic() - t0, 5)
 
     def test_close_wakes_a_waiting_predict(self):
-        gate = threading.Event()
-
-        class Gated(torch.nn.Module):
-            def forward(self, x):
-                gate.wait(60)
-                return torch.zeros(x.shape[0], 16)
-
-        self.replica(Gated())
-        self.addCleanup(gate.set)  # before the replica's close, which waits for its forward
+        self.gated(lambda x: torch.zeros(x.shape[0], 16))
         c = self.client()
         got = []
 
