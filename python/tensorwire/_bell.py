@@ -97,11 +97,12 @@ def waitv_supported():
     return _waitv_ok
 
 
-def wait_any(words, until):
+def wait_any(words, until, arr):
     """Sleeps while every u32 at addr in words [(addr, old), ...] (at most
     WAITV_MAX) holds its old, until the time.monotonic() until, the GIL
-    released; returns early when one is woken or changed, or on a signal."""
-    arr = (_Waitv * len(words))()
+    released; returns early when one is woken or changed, or on a signal.
+    arr: the caller's waitv array (Watch.waitv), filled here, so that a
+    collector sleeping once a batch allocates nothing for it."""
     for i, (addr, old) in enumerate(words):
         arr[i].val, arr[i].uaddr, arr[i].flags = old, addr, _FUTEX2_SIZE_U32
     ts = _Timespec(int(until), int((until - int(until)) * 1e9))
@@ -117,6 +118,7 @@ class Watch:
         self.mm = mmap.mmap(-1, 4096)
         self.w = memoryview(self.mm).cast("I")
         self.addr = _address(self.mm)
+        self.waitv = (_Waitv * WAITV_MAX)()  # wait_any's array, the collector's alone
 
     def word(self):
         return self.w[0]

@@ -249,7 +249,7 @@ class BellRequests:
                 # the node, having stored done, wakes it or we see it here.
                 words += [(ring.record_word(r.start), ring.done(r.start)) for r in flight[:_bell.WAITV_MAX - 1]]
                 if all(d != r.rung for (_, d), r in zip(words[1:], flight)):
-                    _bell.wait_any(words, until)
+                    _bell.wait_any(words, until, watch.waitv)
                 self._bell_sleeping = False
         except BaseException as e:  # noqa: BLE001 (a bug, or no memory: no request may hang on it)
             self._collector_failed(e)

@@ -744,16 +744,12 @@ class Client(BellRequests):
     def _retry(self, req):
         """A retry pool thread: waits out the backoff (unless the node lost
         the registration) and runs req to its end."""
-        try:
-            self._backoff(req)
-            out = self._run(req)
-        except BaseException as e:  # noqa: BLE001 (delivered through the future)
-            self._finish(req, err=e)
-            return
-        self._finish(req, value=out)
+        self._backoff(req)
+        self._run_async(req)
 
     def _run_async(self, req):
-        """A retry pool thread: runs req to its end (the ring was full)."""
+        """A retry pool thread: runs req to its end, its future set with
+        what it came to."""
         try:
             out = self._run(req)
         except BaseException as e:  # noqa: BLE001 (delivered through the future)
