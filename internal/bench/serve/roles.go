@@ -203,8 +203,10 @@ func runClient(ctx context.Context, o *options, stdout io.Writer, log *slog.Logg
 	select {
 	case w := <-window:
 		phase.Store(&w)
-		if waitUntil(wctx, w[0]) == nil {
+		select {
+		case <-time.After(time.Until(w[0])):
 			cpu0 = cpuTime()
+		case <-wctx.Done():
 		}
 	case <-wctx.Done():
 	}
@@ -252,18 +254,6 @@ func predictLoop(ctx context.Context, c *serve.Client, in *tensordict.TensorDict
 			res.Requests++
 			res.Latency.Record(t1.Sub(t0))
 		}
-	}
-}
-
-// waitUntil sleeps until t, or returns ctx's error when it ends first.
-func waitUntil(ctx context.Context, t time.Time) error {
-	tm := time.NewTimer(time.Until(t))
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 
