@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/lockfile"
@@ -26,6 +27,11 @@ type clientRing struct {
 	bellDir string     // the bell's folder, relative to the root; "" with none
 	seq     []uint32   // per first row: the last sequence number sent
 }
+
+// bellers counts the process's requests by bell between their push and
+// their answer, of every Client: the goroutines a sleeping waiter would
+// keep from a P (waitBell).
+var bellers atomic.Int32
 
 const (
 	// bellSpins is how many times a waiter reads its record before it
@@ -147,8 +153,8 @@ func (c *Client) predictBell(ctx context.Context, start, n int) (uint64, uint32,
 	if c.isClosed() {
 		return 0, 0, ErrClosed
 	}
-	c.bellers.Add(1)
-	defer c.bellers.Add(-1)
+	bellers.Add(1)
+	defer bellers.Add(-1)
 	wait := 20 * time.Millisecond
 	for {
 		gen := c.gen.Load()
@@ -212,13 +218,14 @@ func (c *Client) waitBell(ctx context.Context, start int, seq uint32, gen uint64
 			probe = time.Now().Add(bellProbe)
 			continue
 		}
-		// With other requests of this client under way, their goroutines
-		// run first: one asleep in the kernel keeps its P until the
-		// runtime's monitor takes it back, which can be milliseconds
-		// later, and their requests would wait for that instead of joining
-		// this one's batch. (Alone, it does not yield: Gosched wakes an
-		// idle P to spin, a cost with no goroutine to gain.)
-		if c.bellers.Load() > 1 {
+		// With other requests by bell under way in this process (of this
+		// client or another), their goroutines run first: one asleep in
+		// the kernel keeps its P until the runtime's monitor takes it
+		// back, which can be milliseconds later, and their requests would
+		// wait for that instead of joining a batch. (Alone, it does not
+		// yield: Gosched wakes an idle P to spin, a cost with no goroutine
+		// to gain.)
+		if bellers.Load() > 1 {
 			runtime.Gosched()
 			if done.Load() != d {
 				continue

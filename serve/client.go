@@ -61,7 +61,6 @@ type Client struct {
 	ring    *clientRing   // requests by bell (bell.go); nil for calls only
 	use     sync.RWMutex  // requests by bell hold it shared; Close unmaps the ring under it
 	gen     atomic.Uint64 // registrations made: a request waiting by bell sends itself again when it changes
-	bellers atomic.Int32  // requests by bell between their push and their answer
 	quiet   time.Duration // waitQuiet's bound: quietWait
 
 	bg   context.Context // ends at Close: the renewer's
