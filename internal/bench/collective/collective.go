@@ -99,6 +99,7 @@ import (
 
 	"github.com/tensorwire/tensorwire/collective"
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -340,13 +341,16 @@ type Line struct {
 
 // Result is what --json writes: every measured line (gloo's with System
 // "gloo"), the memcpy bandwidth of the same run (GB/s: 1e9 bytes a
-// second), the aggregate memory bandwidth of p processes for each rank
-// count p run through shared mappings, and notes (why gloo did not run).
+// second), the machine's wake-up round trip (benchkit.Wake, measured
+// before any rank starts; absent where it cannot be), the aggregate
+// memory bandwidth of p processes for each rank count p run through
+// shared mappings, and notes (why gloo did not run).
 type Result struct {
-	Runs       []Line   `json:"runs"`
-	MemcpyGBps float64  `json:"memcpy_GBps"`
-	MemBW      []MemBW  `json:"membw,omitempty"`
-	Notes      []string `json:"notes,omitempty"`
+	Runs       []Line         `json:"runs"`
+	MemcpyGBps float64        `json:"memcpy_GBps"`
+	Wake       *benchkit.Wake `json:"wake_round_trip,omitempty"`
+	MemBW      []MemBW        `json:"membw,omitempty"`
+	Notes      []string       `json:"notes,omitempty"`
 }
 
 // lockedWriter serializes the writes of the ranks' stderr copiers.
@@ -382,6 +386,9 @@ func runParent(ctx context.Context, o options, po pyOptions, env bench.Env) erro
 	}
 	res := Result{MemcpyGBps: memcpyGBps()}
 	fmt.Fprintf(env.Stderr, "memcpy: %.2f GB/s\n", res.MemcpyGBps)
+	var wakeLine string
+	res.Wake, wakeLine = benchkit.WakeReference()
+	fmt.Fprintln(env.Stderr, wakeLine)
 	if slices.ContainsFunc(o.transports, isShm) {
 		if res.MemBW, err = runMemBWs(ctx, env, exe, o.ranks); err != nil {
 			return err
@@ -436,6 +443,7 @@ func runParent(ctx context.Context, o options, po pyOptions, env bench.Env) erro
 	}
 	t.WriteTo(env.Stdout)
 	fmt.Fprintf(env.Stdout, "\nmemcpy (one core, 64 MiB, warm): %.2f GB/s\n", res.MemcpyGBps)
+	fmt.Fprintln(env.Stdout, wakeLine)
 	for _, b := range res.MemBW {
 		fmt.Fprintf(env.Stdout, "memory bandwidth B, %d processes each copying 64 MiB of its own at once (read plus written): %.2f GB/s\n", b.Procs, b.GBps)
 	}

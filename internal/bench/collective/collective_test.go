@@ -5,14 +5,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tensorwire/tensorwire/internal/bench"
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 	"github.com/tensorwire/tensorwire/internal/bench/benchtest"
 	"github.com/tensorwire/tensorwire/internal/testkit/netns"
 )
@@ -62,6 +65,15 @@ func TestResult_JSONKeys(t *testing.T) {
 		if _, ok := top[k]; !ok || len(top) != 4 {
 			t.Fatalf("top-level keys %v", top)
 		}
+	}
+	// The machine's wake-up round trip, where it was measured.
+	b, _ = json.Marshal(Result{Wake: &benchkit.Wake{Across: 65300 * time.Nanosecond, Same: 7600 * time.Nanosecond}})
+	var w struct {
+		Wake map[string]float64 `json:"wake_round_trip"`
+	}
+	json.Unmarshal(b, &w)
+	if want := map[string]float64{"across_us": 65.3, "same_us": 7.6}; !maps.Equal(w.Wake, want) {
+		t.Fatalf("wake_round_trip %v, want %v (%s)", w.Wake, want, b)
 	}
 }
 

@@ -51,6 +51,8 @@ func runPython(ctx context.Context, o options, po pyOptions, env bench.Env) erro
 	}
 	defer cleanup()
 	res := Result{MemcpyGBps: memcpyGBps()}
+	var wakeLine string
+	res.Wake, wakeLine = benchkit.WakeReference()
 	var notes []string
 	// Go's figures first, for the overhead column. Its forward+backward
 	// allocates a new output and seed each step, as a torch autograd step
@@ -119,6 +121,7 @@ func runPython(ctx context.Context, o options, po pyOptions, env bench.Env) erro
 		fmt.Fprintln(env.Stdout, n)
 	}
 	fmt.Fprintf(env.Stdout, "\nmemcpy (one core, 64 MiB, warm): %.2f GB/s\n", res.MemcpyGBps)
+	fmt.Fprintln(env.Stdout, wakeLine)
 	if o.json != "" {
 		return report.WriteJSON(o.json, res)
 	}

@@ -137,6 +137,7 @@ func setupAndMeasure(ctx context.Context, cfg config, root string) (res *results
 	slog.Info("created the dataset", "prefix", prefix, "shape", shape, "bytes", td.NumBytes())
 
 	res = &results{cfg: cfg, rowBytes: b.rowBytes, dataset: td.NumBytes()}
+	res.wake, res.wakeLine = benchkit.WakeReference()
 	if res.write, res.flush, err = b.prewrite(ctx); err != nil {
 		return nil, err
 	}

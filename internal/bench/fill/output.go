@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 	"github.com/tensorwire/tensorwire/internal/bench/report"
 )
 
@@ -25,6 +26,8 @@ type results struct {
 	write, flush time.Duration
 	workloads    []*workload
 	resident     int
+	wake         *benchkit.Wake // nil: not measured (wakeLine says why)
+	wakeLine     string
 }
 
 // temps are the temperatures, in the order they are printed.
@@ -94,6 +97,7 @@ func (res *results) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "null call        a Describe round trip: warm %.3f ms, hot %.3f ms (the floor of remote - local)\n",
 		res.p50("null_call", "warm"), res.p50("null_call", "hot"))
+	fmt.Fprintf(w, "machine          %s\n", res.wakeLine)
 	vsSeed := ratio(seedRemoteFillMs, res.p50("remote_fill", "warm"))
 	fmt.Fprintf(w, "vs seed          %d ms / remote_fill_warm_p50 = %.0fx   (goal: >= %dx: %s)\n",
 		seedRemoteFillMs, vsSeed, goalVsSeed, met(vsSeed >= goalVsSeed))
@@ -154,6 +158,9 @@ type Result struct {
 	ColdResidentPagesMax int     `json:"cold_resident_pages_max"`
 	WriteSeconds         float64 `json:"write_seconds"` // writing every row of the dataset
 	FlushSeconds         float64 `json:"flush_seconds"` // flushing it to disk
+	// Wake is this machine's wake-up round trip, measured before node B
+	// started (benchkit.Wake); absent where it cannot be measured.
+	Wake *benchkit.Wake `json:"wake_round_trip,omitempty"`
 	// Verified is always true: a call whose result did not hold what was
 	// written fails the benchmark, which then writes no figures.
 	Verified bool `json:"verified"`
@@ -189,6 +196,7 @@ func (res *results) result() Result {
 		WriteSeconds:              res.write.Seconds(),
 		FlushSeconds:              res.flush.Seconds(),
 		Verified:                  true,
+		Wake:                      res.wake,
 	}
 	r.RemoteFillWarmMsP50, r.RemoteFillWarmMsP90 = res.ms("remote_fill", "warm")
 	r.RemoteFillHotMsP50, r.RemoteFillHotMsP90 = res.ms("remote_fill", "hot")

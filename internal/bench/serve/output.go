@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"github.com/tensorwire/tensorwire/serve"
 )
@@ -37,8 +38,12 @@ type Result struct {
 	// updates; absent without the fake model or with --update-mb 0.
 	WeightUpdate *Update `json:"weight_update,omitempty"`
 	Config       Config  `json:"config"`
+	// Wake is the machine's wake-up round trip, measured before the first
+	// process started (benchkit.Wake); absent where it cannot be measured.
+	Wake *benchkit.Wake `json:"wake_round_trip,omitempty"`
 
 	limitForward []time.Duration
+	wakeLine     string
 }
 
 // Figures are one run's headline figures.
@@ -249,6 +254,7 @@ func (rep *Result) print(w io.Writer, o *options) error {
 	}
 	fmt.Fprintln(w)
 	rep.printGoals(w, o)
+	fmt.Fprintln(w, rep.wakeLine)
 	return nil
 }
 

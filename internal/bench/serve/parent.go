@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/serve"
@@ -73,6 +74,8 @@ func runParent(ctx context.Context, o *options, stdout, stderr io.Writer, log *s
 		}
 	}
 	rep := &Result{LimitRowsPerS: map[string]float64{}}
+	rep.Wake, rep.wakeLine = benchkit.WakeReference()
+	fmt.Fprintf(stderr, "serve: %s\n", rep.wakeLine)
 	var runs []*runResult
 	for _, model := range o.models {
 		var lim float64

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -88,7 +89,10 @@ func TestRun_Short(t *testing.T) {
 	if u := res.WeightUpdate; u == nil || u.Loaded == 0 || u.ParamsMiB != 1 {
 		t.Errorf("weight update %+v: want versions loaded", u)
 	}
-	for _, want := range []string{"limit mlp:", "requests/s", "batch sizes"} {
+	if w := res.Wake; runtime.GOOS == "linux" && (w == nil || w.Same <= 0) {
+		t.Errorf("wake_round_trip %+v: want the machine's round trip on one CPU, above 0", w)
+	}
+	for _, want := range []string{"limit mlp:", "requests/s", "batch sizes", "wake-up"} {
 		if !strings.Contains(run.Stdout, want) {
 			t.Errorf("stdout lacks %q", want)
 		}
