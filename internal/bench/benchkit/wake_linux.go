@@ -4,9 +4,9 @@ import (
 	"cmp"
 	"fmt"
 	"runtime"
-	"slices"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"golang.org/x/sys/unix"
 )
 
@@ -81,8 +81,7 @@ func pingPong(a, b, n int) (time.Duration, error) {
 	if err := cmp.Or(errE, errT); err != nil {
 		return 0, err
 	}
-	slices.Sort(ts)
-	return ts[len(ts)/2], nil
+	return report.Percentile(ts, 50), nil
 }
 
 // pin sets the calling thread's affinity to cpu alone.
