@@ -744,13 +744,14 @@ class Client(BellRequests):
     def _retry(self, req):
         """A retry pool thread: waits out the backoff (unless the node lost
         the registration) and runs req to its end."""
-        self._backoff(req)
-        self._run_async(req)
+        self._run_async(req, backoff=True)
 
-    def _run_async(self, req):
-        """A retry pool thread: runs req to its end, its future set with
-        what it came to."""
+    def _run_async(self, req, backoff=False):
+        """A retry pool thread: runs req to its end (after the backoff, with
+        backoff), its future set with what it came to, whatever fails."""
         try:
+            if backoff:
+                self._backoff(req)
             out = self._run(req)
         except BaseException as e:  # noqa: BLE001 (delivered through the future)
             self._finish(req, err=e)

@@ -157,6 +157,33 @@ class TestServe(MLPNodeCase, unittest.TestCase):
                 after = c.stats()
                 self.assertEqual(after["requests"] - before["requests"], 128)
 
+    def test_async_retry_failing(self):
+        """An asynchronous prediction sent again after the node was
+        unreachable, whose retry fails before it is sent (here its backoff
+        raises), fails its future with that error instead of leaving it
+        waiting; the client goes on."""
+        with dial(self.node, "bytes") as c:
+            send, backoff = c._send, c._backoff
+            state = {"sends": 0}
+
+            def unreachable_once(req):
+                state["sends"] += 1
+                if state["sends"] == 1:
+                    raise tensorwire.UnavailableError("the node, unreachable for this test")
+                return send(req)
+
+            def broken(req):
+                c._backoff = backoff
+                raise RuntimeError("the retry's own failure")
+
+            c._send, c._backoff = unreachable_once, broken
+            fut = c.predict_async(self.obs(1, seed=3), timeout=60)
+            with self.assertRaisesRegex(RuntimeError, "the retry's own failure"):
+                fut.result(10)
+            x = self.obs(2, seed=4)
+            np.testing.assert_allclose(c.predict_async(x, timeout=60).result(60)["logits"], forward(self.sd, x),
+                                       rtol=1e-4, atol=1e-4)
+
     def test_more_in_flight_than_slots(self):
         """Requests beyond max_in_flight, or beyond the free slots, wait in
         the client for earlier ones, and all are answered."""
