@@ -186,7 +186,7 @@ class TestBell(MLPNodeCase, unittest.TestCase):
         self.assertGreater(float(out.split()[-1]), 0)
 
 
-def run(net, x):
+def direct(net, x):
     """net's output for rows x, called directly: what a replica of it
     answers."""
     with torch.inference_mode():
@@ -255,14 +255,14 @@ class TestBellAttached(unittest.TestCase):
         fut = c.predict_async(obs(16, seed=2), timeout=60)  # on the other 16 slots
         gate.set()
         x = obs(16, seed=2)
-        want = run(net, x)
+        want = direct(net, x)
         np.testing.assert_array_equal(fut.result(60)["logits"], want)
         # The abandoned request's slots come back once its record says done:
         # then two requests of 16 rows fit in the 32 slots again.
         wait_until(lambda: c._free.free == [(0, 32)], what="the abandoned request's slots given back")
         for seed in (5, 6):
             x = obs(16, seed=seed)
-            want = run(net, x)
+            want = direct(net, x)
             np.testing.assert_array_equal(c.predict(x, timeout=60)["logits"], want)
 
     def test_async_failure_brings_its_error(self):
@@ -294,7 +294,7 @@ class TestBellAttached(unittest.TestCase):
         gate.set()
         wait_until(lambda: c._free.free == [(0, 32)], what="the abandoned request's slots given back")
         x = obs(16, seed=5)
-        want = run(net, x)
+        want = direct(net, x)
         np.testing.assert_array_equal(c.predict_async(x, timeout=60).result(60)["logits"], want)
 
     def test_async_waits_without_spinning(self):
@@ -317,7 +317,7 @@ class TestBellAttached(unittest.TestCase):
         used = (time.process_time() - cpu) / (time.monotonic() - t0)
         gate.set()
         for x, f in zip(xs, futs):
-            want = run(net, x)
+            want = direct(net, x)
             np.testing.assert_allclose(f.result(60)["logits"], want, rtol=1e-5, atol=1e-6)
         self.assertLess(used, 0.2)
 
@@ -346,7 +346,7 @@ class TestBellAttached(unittest.TestCase):
         gate.set()
         wait_until(lambda: c._free.free == [(0, 32)], what="the failed requests' slots given back")
         x = obs(4, seed=9)
-        want = run(net, x)
+        want = direct(net, x)
         np.testing.assert_array_equal(c.predict_async(x, timeout=60).result(60)["logits"], want)
 
     def test_call_collector_failing(self):
@@ -382,7 +382,7 @@ class TestBellAttached(unittest.TestCase):
         wait_until(lambda: c._free.free == [(0, 32)], what="the canceled call's slots given back")
         gate.set()
         x = obs(4, seed=9)
-        want = run(net, x)
+        want = direct(net, x)
         np.testing.assert_array_equal(c.predict_async(x, timeout=60).result(60)["logits"], want)
 
     def test_close_fails_async_predictions(self):
