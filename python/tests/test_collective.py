@@ -30,7 +30,7 @@ except ImportError:
 
 
 # The ranks of the modes that use torch are forked from a process that
-# imported it once (zygote.py: 47 ranks, 1.4-2.2 s of a core each to import
+# imported it once (zygote.py: 42 ranks, 1.4-2.2 s of a core each to import
 # torch); the NUMPY_ONLY modes' are started as `python collective_worker.py`,
 # torch never imported.
 _zygote = None

@@ -1,24 +1,27 @@
 """Rank processes forked from a process that imported torch once.
 
-A process of the suite that imports PyTorch spends most of its CPU there:
-1.4 s of a core with Debian's torch 1.13 and 2.2 s with PyPI's current
-one (2026-12-02, CI's 2-core machine), against well under a second for the
-rest of a collective test's rank. test_collective starts 47 such ranks,
-and CI runs the suite twice (Debian's torch, then PyPI's): about 170 s of
-its CPU went to importing torch again and again.
+A process of the suite that imports PyTorch spends most of its CPU
+there: 1.4 s of a core with Debian's torch 1.13 and 2.2 s with PyPI's
+current one (2026-12-02, CI's 2-core machine), against well under a
+second for the rest of a collective test's rank. test_collective starts
+42 such ranks (44 with CUDA), and CI runs the suite twice (Debian's
+torch, then PyPI's). Measured alone on that machine, the module used 96
+s of CPU with Debian's torch and 142 s with PyPI's when each rank was
+exec'd, 43 s and 68 s forked from here.
 
 Zygote is a helper process, started once per test module with the
 module's interpreter and environment, that imports the modules it is
 given (torch, numpy), starts no thread, and then forks a child for each
-popen(): the child takes the caller's stdin, stdout and stderr (passed
-over a Unix socket), its environment, argv and working folder, and runs
+popen(): the child takes pipes for its stdout and stderr from the caller
+(passed over a Unix socket; stdin is /dev/null), the caller's environment,
+argv and working folder for it, and runs
 the script as __main__, as `python SCRIPT ARGS` would. The children are
 real processes with their own pids, signals and exit statuses, and
 import tensorwire themselves (it is not preloaded: the code under test
-starts in the child, with the child's environment). What they share with
-an exec'd interpreter's start is torch's and numpy's import, done before
-the fork with the zygote's environment (the module's, which the tests do
-not change for torch).
+starts in the child, with the child's environment). What they do not do
+afresh is import torch and numpy: that was done before the fork, with the
+zygote's environment (the module's; the tests set no variable torch reads
+at import).
 
 Forked is the child's handle, with what the tests use of subprocess.Popen:
 pid, returncode, communicate(timeout), wait(timeout), poll(), kill(). Set
@@ -50,13 +53,13 @@ def available():
 
 
 class Zygote:
-    """A zygote process of interpreter `python` with environment `env`
-    that imports `preload`. Not thread-safe: one test thread uses it."""
+    """A zygote process of this interpreter with environment `env` that
+    imports the modules named in `preload`. Not thread-safe: one test thread uses it."""
 
-    def __init__(self, preload, python=sys.executable, env=None):
+    def __init__(self, preload, env=None):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._proc = subprocess.Popen(
-            [python, os.path.abspath(__file__), str(theirs.fileno()), *preload],
+            [sys.executable, os.path.abspath(__file__), str(theirs.fileno()), *preload],
             env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         self._sock = ours
@@ -79,27 +82,23 @@ class Zygote:
             self._exits[msg["exit"]] = msg["code"]
         return msg
 
-    def popen(self, argv, env, cwd=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
-        """Starts `python argv[0] argv[1:]` as a child of the zygote.
-        stdout and stderr are PIPE (read by communicate, as text) or a
-        file descriptor; stdin is /dev/null."""
+    def popen(self, argv, env, cwd=None):
+        """Starts `python argv[0] argv[1:]` as a child of the zygote, with
+        stdin /dev/null and its stdout and stderr pipes that communicate()
+        reads, as Popen(stdout=PIPE, stderr=PIPE, text=True) would."""
         fds, ours = [], []
         try:
             fds.append(os.open(os.devnull, os.O_RDONLY))
-            for spec in (stdout, stderr):
-                if spec == subprocess.PIPE:
-                    r, w = os.pipe()
-                    ours.append(r)
-                    fds.append(w)
-                else:
-                    ours.append(None)
-                    fds.append(os.dup(spec))
+            for _ in range(2):
+                r, w = os.pipe()
+                ours.append(r)
+                fds.append(w)
             req = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd()}).encode()
+            self._sock.settimeout(60)  # a poll() may have left it non-blocking
             socket.send_fds(self._sock, [req], fds)
         except BaseException:
             for fd in ours:
-                if fd is not None:
-                    os.close(fd)
+                os.close(fd)
             raise
         finally:
             for fd in fds:
@@ -126,7 +125,7 @@ class Forked:
         self._z = zygote
         self.pid = pid
         self.returncode = None
-        self._fds = {fd: k for fd, k in ((out_fd, 0), (err_fd, 1)) if fd is not None}
+        self._fds = {out_fd: 0, err_fd: 1}
         self._bufs = [[], []]
         self.args = [f"<zygote child {pid}>"]
 
@@ -159,35 +158,31 @@ class Forked:
         Popen.communicate(timeout) with text=True; on TimeoutExpired what
         was read is kept for the next call."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        if self._fds:
-            sel = selectors.DefaultSelector()
-            for fd in self._fds:
-                sel.register(fd, selectors.EVENT_READ)
-            try:
-                while self._fds:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise subprocess.TimeoutExpired(self.args, timeout)
-                    for key, _ in sel.select(left):
-                        chunk = os.read(key.fd, 1 << 16)
-                        if chunk:
-                            self._bufs[self._fds[key.fd]].append(chunk)
-                        else:
-                            sel.unregister(key.fd)
-                            os.close(key.fd)
-                            del self._fds[key.fd]
-            finally:
-                sel.close()
+        sel = selectors.DefaultSelector()
+        for fd in self._fds:
+            sel.register(fd, selectors.EVENT_READ)
+        try:
+            while self._fds:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                for key, _ in sel.select(left):
+                    chunk = os.read(key.fd, 1 << 16)
+                    if chunk:
+                        self._bufs[self._fds[key.fd]].append(chunk)
+                    else:
+                        sel.unregister(key.fd)
+                        os.close(key.fd)
+                        del self._fds[key.fd]
+        finally:
+            sel.close()
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return tuple(b"".join(b).decode(errors="replace") for b in self._bufs)
 
     def kill(self):
-        self.send_signal(signal.SIGKILL)
-
-    def send_signal(self, sig):
         if self.poll() is None:
             try:
-                os.kill(self.pid, sig)
+                os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
