@@ -75,3 +75,28 @@ func Sync(path string) error {
 	}
 	return nil
 }
+
+// MkdirAll makes dir and any parents it lacks, as os.MkdirAll does, and
+// fsyncs the parent of each folder it makes, so that the folders (and what
+// is made durable in them afterwards) survive a crash. A dir that exists
+// is left as it is, unsynced.
+func MkdirAll(dir string, perm os.FileMode) error {
+	if fi, err := os.Stat(dir); err == nil {
+		if !fi.IsDir() {
+			return fmt.Errorf("mkdir %s: not a directory", dir)
+		}
+		return nil
+	}
+	parent := filepath.Dir(dir)
+	if parent != dir {
+		if err := MkdirAll(parent, perm); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, perm); err != nil {
+		if fi, serr := os.Stat(dir); serr != nil || !fi.IsDir() {
+			return err // not made by another process meanwhile
+		}
+	}
+	return SyncDir(parent)
+}

@@ -59,3 +59,27 @@ func TestWriteFile_FailureLeavesTargetAsItWas(t *testing.T) {
 		t.Error("SyncDir of a missing directory succeeded")
 	}
 }
+
+// TestMkdirAll makes missing folders, leaves a folder that exists, and
+// refuses a path that is a file (a crash's durability is not observable
+// here: the test checks what os.MkdirAll's callers rely on).
+func TestMkdirAll(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "a", "b", "c")
+	if err := MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		t.Fatalf("%s not made: %v", dir, err)
+	}
+	if err := MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("again: %v", err)
+	}
+	file := filepath.Join(base, "f")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := MkdirAll(filepath.Join(file, "x"), 0o755); err == nil {
+		t.Fatal("a folder under a file was made")
+	}
+}
