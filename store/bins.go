@@ -313,6 +313,12 @@ func (s *Store) takeItemsAs(bin string, id uint64, remove bool, timeout time.Dur
 		s.mu.Unlock()
 		return taken{}, err
 	}
+	if id != 0 {
+		if err := s.spentLocked(id); err != nil {
+			s.mu.Unlock()
+			return taken{}, err
+		}
+	}
 	t := taken{rev: s.rev}
 	if b := s.bins[bin]; b != nil {
 		var lost []*item

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // A caller whose context ends while its Get is between the node's reply
@@ -111,5 +113,46 @@ func TestClient_PeekOfAnItemRemovedMeanwhile(t *testing.T) {
 	}
 	if len(got) != 0 {
 		t.Fatalf("Peek = %d items, want the bin's content after the Get (none)", len(got))
+	}
+}
+
+// TestTakeAs_GivenBackWhileTaking: a Get given back (ack Drop) while its
+// take is being made holds no item afterwards. takeAs checked the given
+// back ids under the store's lock, released it, and takeItemsAs made the
+// take under the lock again: a drop landing between the two was missed,
+// and the take held every item of the bin from other Gets for GetTimeout
+// (failed on the first attempts before the fix).
+func TestTakeAs_GivenBackWhileTaking(t *testing.T) {
+	ctx := ctxT(t)
+	s := openT(t, t.TempDir(), Options{NoSync: true, InlineBytes: 1, GetTimeout: time.Hour})
+	var tds []*tensordict.TensorDict
+	for i := range 400 {
+		tds = append(tds, itemTD(t, int64(i), 1))
+	}
+	if _, err := s.Extend(ctx, "b", tds); err != nil {
+		t.Fatal(err)
+	}
+	drop := func(id uint64) { // Service.ack with Drop
+		s.mu.Lock()
+		s.dropTakeLocked(id)
+		s.dropped.add(id)
+		s.mu.Unlock()
+	}
+	for attempt := range 200 {
+		id := uint64(1000 + attempt)
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.takeAs("b", id, time.Hour)
+			done <- err
+		}()
+		time.Sleep(time.Duration(attempt%20) * 50 * time.Microsecond)
+		drop(id)
+		err := <-done
+		s.mu.Lock()
+		held := s.takes[id] != nil
+		s.mu.Unlock()
+		if held {
+			t.Fatalf("attempt %d: take %d was given back (ack Drop) but holds the bin's items (takeAs: %v)", attempt, id, err)
+		}
 	}
 }

@@ -17,8 +17,9 @@ import (
 //     link out of its folder, to delete or write there).
 //   - A folder with a log is a store: other files in it are left alone.
 //   - A folder without one may be missing, empty, or hold what a store
-//     being created makes before its log (LOCK, and values/, staging/ and
-//     trash/ empty). Anything else is ErrExists (not a store: nothing of it
+//     being created makes before its log (LOCK, values/, staging/ and
+//     trash/ empty, and the log's temporary file, .store.log.tmp-*, which
+//     a process killed while creating it leaves). Anything else is ErrExists (not a store: nothing of it
 //     is ours to delete), or ErrLost when LOCK shows a store lived here
 //     (its log was removed: a new store over its values would drop them).
 func checkLayout(dir string) (hasLog bool, err error) {
@@ -69,6 +70,9 @@ func checkLayout(dir string) (hasLog bool, err error) {
 				found = append(found, name+"/"+f.Name())
 			}
 		default:
+			if isLogTemp(e) {
+				continue // a log being created when its process died
+			}
 			found = append(found, name)
 		}
 	}
@@ -85,4 +89,21 @@ func checkLayout(dir string) (hasLog bool, err error) {
 	}
 	return false, fmt.Errorf("%w: %s holds %s but no %s: it is not a store, and a store never deletes what it did not make; "+
 		"give the store a folder of its own", ErrExists, dir, list, logName)
+}
+
+// isLogTemp reports whether e is a temporary file of createLog's
+// (atomicfile's name for store.log before its rename).
+func isLogTemp(e fs.DirEntry) bool {
+	return e.Type().IsRegular() && strings.HasPrefix(e.Name(), "."+logName+".tmp-")
+}
+
+// removeLogTemps removes what isLogTemp names in dir: called once a new
+// log is in place, by the process that owns the folder.
+func removeLogTemps(dir string) {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if isLogTemp(e) {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }

@@ -131,7 +131,10 @@ func (p prepared) seal(rev uint64) []byte {
 // record with no good record after it is a torn tail (a write the crash
 // cut short, never acknowledged): the offset is where it starts, and the
 // caller truncates there. A damaged record followed by a good one is
-// ErrCorrupt: acknowledged operations would be lost by dropping it.
+// ErrCorrupt: acknowledged operations would be lost by dropping it. A
+// record whose header is whole is followed by what lies past its claimed
+// end: one that runs past the file's end is a torn tail whatever its
+// payload holds (as etcd's WAL repairs a last record cut short).
 func readLog(f *os.File, apply func(*record) error) (int64, error) {
 	r := bufio.NewReaderSize(f, 1<<20)
 	head := make([]byte, len(logMagic))
@@ -159,13 +162,18 @@ func readLog(f *os.File, apply func(*record) error) (int64, error) {
 			bad = "no record marker"
 		}
 		var size int
+		// next is where good records after a damaged one are looked for:
+		// past the record's claimed end when its header is whole, so that
+		// a torn record's own payload (which may hold a frame of the
+		// caller's bytes) is never taken for records after it.
+		next := off + 1
 		if bad == "" {
 			size = int(binary.LittleEndian.Uint32(hdr[4:]))
 			if size > maxRecord {
 				bad = fmt.Sprintf("a record of %d bytes", size)
-			} else if rest := fileSize - off - frameHeader; int64(size)+frameTrailer > rest {
+			} else if next = off + frameHeader + int64(size) + frameTrailer; next > fileSize {
 				// Never allocate for bytes the file does not have.
-				bad = fmt.Sprintf("a record of %d bytes with %d left in the file", size, rest)
+				bad = fmt.Sprintf("a record of %d bytes with %d left in the file", size, fileSize-off-frameHeader)
 			}
 		}
 		if bad == "" {
@@ -180,7 +188,7 @@ func readLog(f *os.File, apply func(*record) error) (int64, error) {
 			}
 		}
 		if bad != "" {
-			if goodAfter(f, off+1) {
+			if goodAfter(f, next) {
 				return off, fmt.Errorf("%w: %s at offset %d: %s, and good records after it", ErrCorrupt, f.Name(), off, bad)
 			}
 			return off, nil

@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/tensorwire/tensorwire/memmap"
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // TestLogWriter_SyncerOutlivesWriter: a record the writer writes after the
@@ -60,5 +63,57 @@ func TestLogWriter_SyncerOutlivesWriter(t *testing.T) {
 	case <-synced:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the syncer did not stop after the writer did")
+	}
+}
+
+// TestOpen_TornRecordHoldingAFrame: a last record torn by a crash (never
+// acknowledged) is cut off, even when its payload, a value's bytes, holds a
+// whole checksummed frame: good records are looked for past the torn
+// record's claimed end, not inside it. Before the fix Open took the frame
+// for a record after the damage and refused the store with ErrCorrupt.
+func TestOpen_TornRecordHoldingAFrame(t *testing.T) {
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	s, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, "b", itemTD(t, 1, 10)); err != nil {
+		t.Fatal(err)
+	}
+	// A value whose bytes hold a frame, then padding.
+	p, err := prepare(&record{Op: recDelete, Name: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := append(append([]byte(nil), p.seal(7)...), make([]byte, 8192)...)
+	x, err := tensordict.FromBytes(memmap.Uint8, []int{len(data)}, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	td, _ := tensordict.New()
+	if err := td.Set("x", x); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, "b", td); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	path := filepath.Join(dir, logName)
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The last record's write cut short, inside its padding.
+	if err := os.Truncate(path, fi.Size()-1000); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(dir, Options{})
+	if err != nil {
+		t.Fatalf("Open after a torn last record: %v", err)
+	}
+	defer s.Close()
+	if st := s.Stats(); st.Items != 1 {
+		t.Fatalf("%d items, want 1", st.Items)
 	}
 }

@@ -18,7 +18,9 @@ func asUint(data any) (uint64, bool) {
 	case uint64:
 		return v, true
 	case float64:
-		if v >= 0 && v <= math.MaxUint64 && v == math.Trunc(v) {
+		// 1<<64 exactly: math.MaxUint64 as a float64 is 2^64, which
+		// does not fit (its conversion is implementation-defined).
+		if v >= 0 && v < 1<<64 && v == math.Trunc(v) {
 			return uint64(v), true
 		}
 	case json.Number:

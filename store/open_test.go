@@ -193,3 +193,33 @@ func TestStore_ValueLinkIsNotFollowed(t *testing.T) {
 		t.Fatal("Peek read a value through a link out of the store's folder")
 	}
 }
+
+// TestOpen_AfterACrashCreatingTheLog: a process killed inside createLog
+// (atomicfile.WriteFile's temporary file made, not yet renamed to
+// store.log) leaves LOCK, the three empty folders and .store.log.tmp-*.
+// Nothing was acknowledged: the next Open starts the store and removes the
+// temporary file. Before the fix Open refused with ErrLost ("its log was
+// removed").
+func TestOpen_AfterACrashCreatingTheLog(t *testing.T) {
+	dir := t.TempDir()
+	// What a kill -9 inside createLog leaves.
+	for _, sub := range []string{valuesDir, stagingDir, trashDir} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, lockName), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "."+logName+".tmp-123456"), []byte(logMagic), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatalf("Open after a crash while the store was being created: %v", err)
+	}
+	s.Close()
+	if _, err := os.Stat(filepath.Join(dir, "."+logName+".tmp-123456")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the dead process's temporary log is still there: %v", err)
+	}
+}

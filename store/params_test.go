@@ -141,3 +141,37 @@ func TestStore_VersionsSurviveReopenForOneLease(t *testing.T) {
 		t.Fatalf("%d versions, want 2 (v3 renewed)", n)
 	}
 }
+
+// TestWaitNewer_EndsWhenTheStoreStops: a WaitNewer already waiting when the
+// store stops (its log deleted: ErrLost) fails with the store's error, as
+// every call then does. Before the fix it waited for a publication that
+// could not come, until its context ended.
+func TestWaitNewer_EndsWhenTheStoreStops(t *testing.T) {
+	ctx := ctxT(t)
+	dir := filepath.Join(t.TempDir(), "st")
+	s := openT(t, dir, Options{})
+	if _, err := s.Append(ctx, "b", itemTD(t, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		p, err := s.WaitNewer(ctx, "params", 0)
+		if p != nil {
+			p.Close()
+		}
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // WaitNewer is waiting
+	os.Remove(filepath.Join(dir, logName))
+	if _, err := s.Append(ctx, "b", itemTD(t, 2, 1)); !errors.Is(err, ErrLost) {
+		t.Fatalf("Append after the log was deleted = %v, want ErrLost", err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrLost) {
+			t.Fatalf("WaitNewer = %v, want ErrLost", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("WaitNewer still waiting 3s after the store stopped (ErrLost); it ends only with its context")
+	}
+}

@@ -35,3 +35,13 @@ func TestRecordKinds_Table(t *testing.T) {
 		t.Errorf("Op(9).String() = %q", s)
 	}
 }
+
+// TestAsUint_TwoToThe64: a version decoded as float64 (inline values,
+// rpc) of 2^64 does not fit a uint64 and is refused; before the fix it
+// passed `v <= math.MaxUint64` (2^64 as a float64) and became
+// 0x8000000000000000 on amd64, a version nobody published.
+func TestAsUint_TwoToThe64(t *testing.T) {
+	if u, ok := asUint(float64(1 << 63 * 2.0)); ok {
+		t.Fatalf("asUint(2^64) = %d, true; want false", u)
+	}
+}

@@ -394,16 +394,26 @@ func (s *Store) takeAs(bin string, id uint64, timeout time.Duration) (taken, err
 		s.mu.Unlock()
 		return t, s.waitRead(t.rev)
 	}
-	if s.acked.has(id) {
+	if err := s.spentLocked(id); err != nil {
 		s.mu.Unlock()
-		return taken{}, errorf(ErrExpired, "Get %x was acknowledged already", id)
-	}
-	if s.dropped.has(id) {
-		s.mu.Unlock()
-		return taken{}, errorf(ErrExpired, "Get %x was given back already", id)
+		return taken{}, err
 	}
 	s.mu.Unlock()
 	return s.takeItemsAs(bin, id, true, timeout)
+}
+
+// spentLocked is ErrExpired when the take id was acknowledged or given
+// back already: a Get of that id, arriving late or again, must not take
+// the bin's items. s.mu is held; takeItemsAs asks again under the lock it
+// makes the take in, since an ack may land while it was released.
+func (s *Store) spentLocked(id uint64) error {
+	if s.acked.has(id) {
+		return errorf(ErrExpired, "Get %x was acknowledged already", id)
+	}
+	if s.dropped.has(id) {
+		return errorf(ErrExpired, "Get %x was given back already", id)
+	}
+	return nil
 }
 
 func (svc *Service) ack(_ context.Context, req ackRequest) (revResponse, error) {

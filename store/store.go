@@ -82,7 +82,10 @@ func Open(dir string, opts Options) (*Store, error) {
 	if _, err := checkLayout(abs); err != nil && !(errors.Is(err, ErrLost) && o.Repair) {
 		return nil, err
 	}
-	if err := os.MkdirAll(abs, 0o755); err != nil {
+	// The folders made are synced into their parents: a new store's
+	// folder, and so the operations acknowledged in it, survive a power
+	// loss.
+	if err := atomicfile.MkdirAll(abs, 0o755); err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
 	if abs, err = filepath.EvalSymlinks(abs); err != nil { // the folder itself may be a link
@@ -262,6 +265,7 @@ func (s *Store) createLog(path string) (*os.File, error) {
 	if err := atomicfile.WriteFile(path, data, 0o644); err != nil {
 		return nil, err
 	}
+	removeLogTemps(filepath.Dir(path)) // an earlier try's, its process killed
 	return os.OpenFile(path, os.O_RDWR, 0)
 }
 
@@ -352,6 +356,9 @@ func (s *Store) writeLoop() {
 			if err == nil {
 				continue
 			}
+			if s.log.failed() != nil {
+				return // compact stopped the log: nothing more is written
+			}
 			batch = append(batch, rest...) // write them the ordinary way
 		}
 		if err := s.log.write(batch, &frames, &buf); err != nil {
@@ -365,6 +372,9 @@ func (s *Store) writeLoop() {
 }
 
 // advance records that rev is durable and wakes those waiting for events.
+// A rev of 0 says the log stopped (it failed, or the store closes): then
+// those waiting for a publication (WaitNewer) are woken too, to find the
+// store's error, since no publication will come.
 func (s *Store) advance(rev uint64) {
 	s.mu.Lock()
 	if rev > s.durable {
@@ -372,6 +382,10 @@ func (s *Store) advance(rev uint64) {
 	}
 	close(s.notify)
 	s.notify = make(chan struct{})
+	if rev == 0 && s.pub != nil {
+		close(s.pub)
+		s.pub = nil
+	}
 	s.mu.Unlock()
 }
 
@@ -434,11 +448,24 @@ func (s *Store) compact() ([]queued, error) {
 	}
 	// The rename and the switch of files are one step under the log's
 	// lock, so that health never sees store.log and the file it writes
-	// disagree when nothing was removed.
+	// disagree when nothing was removed. The folder is synced before
+	// the switch: until then a power loss may bring the old log back, so
+	// nothing only the new file holds is acknowledged (madeDurable), and
+	// no later record is written to it and acknowledged by its fsync.
 	s.log.mu.Lock()
 	if err := s.root.Rename(tmp, logName); err != nil {
 		s.log.mu.Unlock()
 		return fail(err)
+	}
+	if err := atomicfile.SyncDir(s.dir); err != nil {
+		// store.log is the new file, whose entry may not survive a power
+		// loss: the store cannot say what is durable, and stops.
+		s.log.mu.Unlock()
+		f.Close()
+		err = errorf(ErrFailed, "compacting the log: syncing %s after the rename: %v", s.dir, err)
+		s.log.fail(err)
+		s.advance(0) // wake watchers: the store has failed
+		return nil, err
 	}
 	old := s.log.f
 	s.log.f, s.log.size = f, size
@@ -447,11 +474,6 @@ func (s *Store) compact() ([]queued, error) {
 	s.log.madeDurable(rev)
 	s.log.wake()
 	old.Close()
-	if err := atomicfile.SyncDir(s.dir); err != nil {
-		// The new log is in place; only the directory's durability is in
-		// doubt. Carry on with it: the next fsync of the file stands.
-		_ = err
-	}
 	return nil, nil
 }
 
