@@ -2,8 +2,10 @@
 // and the testing.B benchmarks of memmap and tensordict) need to measure
 // copies fairly side by side: random distinct rows, buffers whose pages are
 // already touched, a way to evict the CPU caches between timed operations,
-// (pages_linux.go) a way to make a file that several processes map cold, and
-// (interrupt.go) the Ctrl-C handling that lets a program remove its dataset.
+// (pages_linux.go) a way to make a file that several processes map cold,
+// (cpu_unix.go) a process's CPU time, (loopback.go) what a byte costs
+// through loopback TCP, and (interrupt.go) the Ctrl-C handling that lets a
+// program remove its dataset.
 package benchkit
 
 import (

@@ -90,6 +90,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -327,9 +328,13 @@ type Line struct {
 	P50us     float64 `json:"p50_us"`
 	AlgBW     float64 `json:"algbw_GBps"`
 	BusBW     float64 `json:"busbw_GBps"`
-	// Bound is, for shm, the bound 2B/p on the busbw of p ranks, with B
-	// the aggregate memory bandwidth of p processes measured in the same
-	// run (Result.MemBW); OfBound is BusBW over it.
+	// Bound is, for an Allreduce, the bound on its busbw measured in the
+	// same run (lineBound; halved for forward+backward's two): through
+	// shared mappings 2B/p for p ranks, with B the aggregate memory
+	// bandwidth of p processes (Result.MemBW); over TCP on this host
+	// min(p, k)/(p·c), for k cores and c the CPU time of a byte through
+	// loopback TCP (Result.Loopback, Result.Cores). OfBound is BusBW over
+	// it.
 	Bound   float64 `json:"bound_GBps,omitempty"`
 	OfBound float64 `json:"busbw_of_bound,omitempty"`
 	// VsGloo is gloo's p50 over this line's for the same operation, rank
@@ -342,15 +347,19 @@ type Line struct {
 // Result is what --json writes: every measured line (gloo's with System
 // "gloo"), the memcpy bandwidth of the same run (GB/s: 1e9 bytes a
 // second), the machine's wake-up round trip (benchkit.Wake, measured
-// before any rank starts; absent where it cannot be), the aggregate
+// before any rank starts; absent where it cannot be), what a byte costs
+// through loopback TCP and the cores the ranks share (the TCP lines'
+// bound; the cost absent where it cannot be measured), the aggregate
 // memory bandwidth of p processes for each rank count p run through
 // shared mappings, and notes (why gloo did not run).
 type Result struct {
-	Runs       []Line         `json:"runs"`
-	MemcpyGBps float64        `json:"memcpy_GBps"`
-	Wake       *benchkit.Wake `json:"wake_round_trip,omitempty"`
-	MemBW      []MemBW        `json:"membw,omitempty"`
-	Notes      []string       `json:"notes,omitempty"`
+	Runs       []Line             `json:"runs"`
+	MemcpyGBps float64            `json:"memcpy_GBps"`
+	Wake       *benchkit.Wake     `json:"wake_round_trip,omitempty"`
+	Loopback   *benchkit.Loopback `json:"loopback,omitempty"`
+	Cores      int                `json:"cores,omitempty"`
+	MemBW      []MemBW            `json:"membw,omitempty"`
+	Notes      []string           `json:"notes,omitempty"`
 }
 
 // lockedWriter serializes the writes of the ranks' stderr copiers.
@@ -389,6 +398,9 @@ func runParent(ctx context.Context, o options, po pyOptions, env bench.Env) erro
 	var wakeLine string
 	res.Wake, wakeLine = benchkit.WakeReference()
 	fmt.Fprintln(env.Stderr, wakeLine)
+	res.Cores = runtime.NumCPU()
+	loopLine := loopbackLine(ctx, &res)
+	fmt.Fprintln(env.Stderr, loopLine)
 	if slices.ContainsFunc(o.transports, isShm) {
 		if res.MemBW, err = runMemBWs(ctx, env, exe, o.ranks); err != nil {
 			return err
@@ -420,7 +432,7 @@ func runParent(ctx context.Context, o options, po pyOptions, env bench.Env) erro
 	figures(&res, gloo, mpi)
 	res.Runs = append(res.Runs, gloo...)
 	res.Runs = append(res.Runs, mpi...)
-	t := report.NewTable("op", "ranks", "transport", "bytes", "p50 us", "algbw GB/s", "busbw GB/s", "busbw / memcpy", "bound 2B/p GB/s", "busbw / bound", "gloo p50 / p50", "openmpi p50 / p50")
+	t := report.NewTable("op", "ranks", "transport", "bytes", "p50 us", "algbw GB/s", "busbw GB/s", "busbw / memcpy", "bound GB/s", "busbw / bound", "gloo p50 / p50", "openmpi p50 / p50")
 	opt := func(v float64, f string) string {
 		if v == 0 {
 			return ""
@@ -444,6 +456,7 @@ func runParent(ctx context.Context, o options, po pyOptions, env bench.Env) erro
 	t.WriteTo(env.Stdout)
 	fmt.Fprintf(env.Stdout, "\nmemcpy (one core, 64 MiB, warm): %.2f GB/s\n", res.MemcpyGBps)
 	fmt.Fprintln(env.Stdout, wakeLine)
+	fmt.Fprintln(env.Stdout, loopLine)
 	for _, b := range res.MemBW {
 		fmt.Fprintf(env.Stdout, "memory bandwidth B, %d processes each copying 64 MiB of its own at once (read plus written): %.2f GB/s\n", b.Procs, b.GBps)
 	}

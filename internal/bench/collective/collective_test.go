@@ -75,6 +75,16 @@ func TestResult_JSONKeys(t *testing.T) {
 	if want := map[string]float64{"across_us": 65.3, "same_us": 7.6}; !maps.Equal(w.Wake, want) {
 		t.Fatalf("wake_round_trip %v, want %v (%s)", w.Wake, want, b)
 	}
+	// The loopback cost and the cores, the tcp lines' bound.
+	b, _ = json.Marshal(Result{Loopback: &benchkit.Loopback{GBps: 1.5, CPUNsPerByte: 0.4}, Cores: 2})
+	var l struct {
+		Loopback map[string]float64 `json:"loopback"`
+		Cores    int                `json:"cores"`
+	}
+	json.Unmarshal(b, &l)
+	if want := map[string]float64{"GBps": 1.5, "cpu_ns_per_byte": 0.4}; !maps.Equal(l.Loopback, want) || l.Cores != 2 {
+		t.Fatalf("loopback %v on %d cores, want %v on 2 (%s)", l.Loopback, l.Cores, want, b)
+	}
 }
 
 // runJSON runs the benchmark with args (its ranks processes of this test
@@ -147,16 +157,30 @@ func TestRun_Small(t *testing.T) {
 	if len(res.MemBW) != 1 || res.MemBW[0].Procs != 2 || res.MemBW[0].GBps <= 0 {
 		t.Fatalf("memory bandwidth %+v, want one figure for 2 processes", res.MemBW)
 	}
+	// And of the tcp ones, from the loopback cost measured in this run:
+	// min(p, cores)/(p·c) for p = 2.
+	if res.Loopback == nil || res.Loopback.CPUNsPerByte <= 0 || res.Cores <= 0 {
+		t.Fatalf("loopback cost %+v on %d cores: not measured", res.Loopback, res.Cores)
+	}
+	tcpBound := float64(min(2, res.Cores)) / (2 * res.Loopback.CPUNsPerByte)
 	for _, r := range res.Runs {
-		withBound := (r.Transport == "shm" || r.Transport == "shm-alloc") && (r.Op == "allreduce" || r.Op == "allreduce-fwd-bwd")
-		if withBound != (r.Bound > 0) {
-			t.Fatalf("run %+v: a bound only on shm allreduce", r)
+		// One Allreduce's bound; forward+backward runs two in its time.
+		var want float64
+		switch {
+		case r.Op != "allreduce" && r.Op != "allreduce-fwd-bwd":
+		case r.Transport == "shm" || r.Transport == "shm-alloc":
+			want = res.MemBW[0].GBps // 2B/p, p = 2
+		case r.Transport == "tcp":
+			want = tcpBound
 		}
-		if withBound && (r.Bound != res.MemBW[0].GBps || math.Abs(r.OfBound-r.BusBW/r.Bound) > 1e-12) {
-			t.Fatalf("run %+v: the bound is 2B/p = %v", r, res.MemBW[0].GBps)
+		if r.Op == "allreduce-fwd-bwd" {
+			want /= 2
+		}
+		if math.Abs(r.Bound-want) > 1e-9*want || (want > 0 && math.Abs(r.OfBound-r.BusBW/r.Bound) > 1e-12) {
+			t.Fatalf("run %+v: bound %v, want %v and busbw over it", r, r.Bound, want)
 		}
 	}
-	if !strings.Contains(out, "busbw / bound") || !strings.Contains(out, "2 processes") {
+	if !strings.Contains(out, "busbw / bound") || !strings.Contains(out, "2 processes") || !strings.Contains(out, "loopback TCP") {
 		t.Fatalf("no bound in the table:\n%s", out)
 	}
 }
@@ -189,8 +213,14 @@ func TestFigures_GlooBeside(t *testing.T) {
 		{Op: "allreduce", Ranks: 2, Bytes: 1 << 20, Transport: "tcp", P50us: 100},
 		{Op: "allgather", Ranks: 4, Bytes: 1 << 20, Transport: "tcp", P50us: 100},
 	}}
-	figures(&res, []Line{{Op: "allreduce", Ranks: 4, Bytes: 1 << 20, Transport: "tcp", System: "gloo", P50us: 150}},
-		[]Line{{Op: "allreduce", Ranks: 2, Bytes: 1 << 20, Transport: "mpi", System: "openmpi", P50us: 80}})
+	gloo := []Line{{Op: "allreduce", Ranks: 4, Bytes: 1 << 20, Transport: "tcp", System: "gloo", P50us: 150, BusBW: 0.5}}
+	res.Loopback, res.Cores = &benchkit.Loopback{CPUNsPerByte: 0.5}, 2
+	figures(&res, gloo, []Line{{Op: "allreduce", Ranks: 2, Bytes: 1 << 20, Transport: "mpi", System: "openmpi", P50us: 80}})
+	// gloo's line gets the loopback bound ours over TCP gets: min(4, 2
+	// cores)/(4·0.5 ns) = 1 GB/s.
+	if g := gloo[0]; g.Bound != 1 || g.OfBound != 0.5 || res.Runs[0].Bound != 1 {
+		t.Fatalf("gloo %+v, ours %+v: the loopback bound is 1 GB/s", g, res.Runs[0])
+	}
 	for i, want := range []float64{1.5, 3, 0, 0} {
 		if got := res.Runs[i].VsGloo; got != want {
 			t.Fatalf("line %d: gloo p50 / p50 %v, want %v", i, got, want)

@@ -181,8 +181,9 @@ func runGloo(ctx context.Context, o options, po pyOptions, env bench.Env, exe st
 	return out, "", nil
 }
 
-// figures fills in the bound columns of the shm lines and the ratio to
-// gloo's (and Open MPI's) p50 of every line they have a figure for.
+// figures fills in the bound columns of the Allreduce lines, ours and
+// gloo's (lineBound), and the ratio to gloo's (and Open MPI's) p50 of every
+// line they have a figure for.
 func figures(res *Result, gloo, mpi []Line) {
 	key := func(r Line) string { return fmt.Sprint(r.Op, "/", r.Ranks, "/", r.Bytes) }
 	g := map[string]float64{}
@@ -195,16 +196,23 @@ func figures(res *Result, gloo, mpi []Line) {
 	}
 	for i := range res.Runs {
 		r := &res.Runs[i]
-		if isShm(r.Transport) && (r.Op == "allreduce" || r.Op == "allreduce-fwd-bwd") {
-			if b := boundGBps(res.MemBW, r.Ranks); b > 0 {
-				r.Bound, r.OfBound = b, r.BusBW/b
-			}
-		}
+		setBound(r, lineBound(res, *r))
 		if p, ok := g[key(*r)]; ok && r.P50us > 0 {
 			r.VsGloo = p / r.P50us
 		}
 		if p, ok := m[key(*r)]; ok && r.P50us > 0 {
 			r.VsMPI = p / r.P50us
 		}
+	}
+	for i := range gloo {
+		setBound(&gloo[i], lineBound(res, gloo[i]))
+	}
+}
+
+// setBound gives line r the bound b on its busbw and the fraction of it
+// reached, when b is known (above 0).
+func setBound(r *Line, b float64) {
+	if b > 0 {
+		r.Bound, r.OfBound = b, r.BusBW/b
 	}
 }

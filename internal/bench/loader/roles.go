@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/loader"
 	"github.com/tensorwire/tensorwire/rpc"
@@ -179,7 +180,7 @@ func runConsumer(o options) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	cpu0, io0, t0 := cpuNS(), ioBytes(), time.Now()
+	cpu0, io0, t0 := benchkit.ProcessCPU(), ioBytes(), time.Now()
 	for e := range o.epochs {
 		clear(seen)
 		for batch, err := range it.Batches(ctx) {
@@ -207,7 +208,7 @@ func runConsumer(o options) error {
 		}
 	}
 	res.Epochs = o.epochs
-	res.ElapsedNS, res.CPUNS, res.IOBytes = int64(time.Since(t0)), cpuNS()-cpu0, ioBytes()-io0
+	res.ElapsedNS, res.CPUNS, res.IOBytes = int64(time.Since(t0)), int64(benchkit.ProcessCPU()-cpu0), ioBytes()-io0
 	b, err := json.Marshal(res)
 	if err != nil {
 		return err

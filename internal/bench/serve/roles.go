@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tensorwire/tensorwire/internal/bench/benchkit"
 	"github.com/tensorwire/tensorwire/internal/bench/report"
 	"github.com/tensorwire/tensorwire/internal/nodeproc"
 	"github.com/tensorwire/tensorwire/rpc"
@@ -205,7 +206,7 @@ func runClient(ctx context.Context, o *options, stdout io.Writer, log *slog.Logg
 		phase.Store(&w)
 		select {
 		case <-time.After(time.Until(w[0])):
-			cpu0 = cpuTime()
+			cpu0 = benchkit.ProcessCPU()
 		case <-wctx.Done():
 		}
 	case <-wctx.Done():
@@ -215,7 +216,7 @@ func runClient(ctx context.Context, o *options, stdout io.Writer, log *slog.Logg
 	if err := <-failed; err != nil {
 		return err
 	}
-	if c1 := cpuTime(); cpu0 > 0 && c1 >= 0 {
+	if c1 := benchkit.ProcessCPU(); cpu0 > 0 && c1 >= 0 {
 		res.CPUNS = int64(c1 - cpu0)
 	}
 	for k := range parts {

@@ -16,13 +16,3 @@ func sleepFor(d time.Duration) {
 	for syscall.Nanosleep(&ts, &ts) == syscall.EINTR {
 	}
 }
-
-// cpuTime returns this process's CPU time so far, user and system; -1 if
-// unknown.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return -1
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
