@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/tensorwire/tensorwire/internal/slots"
@@ -25,35 +27,20 @@ func (s *session) assemble(ctx context.Context, epoch int64, skip, batch int, dr
 	// A rank's share (Options.WorldSize): its rows of each batch, and the
 	// padding, kept aside until the epoch's end, where it ends the share.
 	sh := newShare(s.c.o.Rank, s.c.o.WorldSize, s.info.Samples)
-	// With views (Options.Views), the producer's batches are released as
-	// the loop is done with the items that hold them (item.done), not as
-	// they are copied: relTo is where the item being assembled takes the
-	// release position once done with.
+	// With views (Options.Views), a batch within one producer batch is a
+	// view of it; the others are copied. A producer batch is released
+	// once it is cut (copied, or skipped whole by Resume), as without
+	// views, but never past a view the loop is not done with (rel).
 	views := s.c.o.Views && sh == nil
-	relTo := 0
-	releaser := func(to int) func(bool) error {
-		return func(used bool) error {
-			if used {
-				s.release(epoch, to)
-			}
-			return nil
-		}
-	}
+	rel := &releases{s: s, epoch: epoch}
 	var cur *batchBuf
 	pos, index := 0, 0
 	send := func(n int) bool {
-		a := assembled{buf: cur, n: n}
-		if views {
-			a.done = releaser(relTo)
-		}
 		select {
-		case out <- a:
+		case out <- assembled{buf: cur, n: n}:
 			cur, pos = nil, 0
 			return true
 		case <-ctx.Done():
-			if a.done != nil {
-				a.done(false)
-			}
 			return false
 		}
 	}
@@ -66,13 +53,12 @@ func (s *session) assemble(ctx context.Context, epoch int64, skip, batch int, dr
 			fail(err)
 			return false
 		}
-		rel, h := releaser(relTo), hold
+		h := hold
 		h.add() // the view reads the rows until the loop is done with it
+		rel.hold(a.Index)
 		item := assembled{td: td, n: n, done: func(used bool) error {
-			err := check(used)
-			if err == nil {
-				err = rel(used)
-			}
+			err := check(used) // before the release lets the slot be written again
+			rel.unhold(a.Index)
 			h.drop()
 			return err
 		}}
@@ -94,9 +80,6 @@ func (s *session) assemble(ctx context.Context, epoch int64, skip, batch int, dr
 				k := min(batch, n-off)
 				last := a.Index+1 == a.Count && off+k == n
 				if k == batch || last {
-					if relTo = a.Index; off+k == n {
-						relTo = a.Index + 1
-					}
 					if k < batch && dropLast {
 						off += k
 						continue
@@ -135,9 +118,6 @@ func (s *session) assemble(ctx context.Context, epoch int64, skip, batch int, dr
 			}
 			pos += k
 			off += k
-			if relTo = a.Index; off == n {
-				relTo = a.Index + 1
-			}
 			if pos == batch && !send(batch) {
 				return false
 			}
@@ -195,9 +175,7 @@ func (s *session) assemble(ctx context.Context, epoch int64, skip, batch int, dr
 			}
 			// Cut: what still reads the batch's rows is the views sent.
 			hold.drop()
-			if !views {
-				s.release(epoch, a.Index+1)
-			}
+			rel.cut(a.Index + 1)
 			index = a.Index + 1
 			if index == a.Count {
 				if stash != nil && skip < len(sh.pad) {
@@ -210,12 +188,8 @@ func (s *session) assemble(ctx context.Context, epoch int64, skip, batch int, dr
 				if pos > 0 && !dropLast && !send(pos) {
 					return
 				}
-				end := assembled{end: true}
-				if views {
-					end.done = releaser(a.Count)
-				}
 				select {
-				case out <- end:
+				case out <- assembled{end: true}:
 				case <-ctx.Done():
 				}
 				return
@@ -306,6 +280,62 @@ func (h *held) drop() {
 	if h != nil && h.n.Add(-1) == 0 {
 		h.release()
 	}
+}
+
+// releases is what an epoch's assembler releases of the producer's
+// batches (session.release): every batch it has cut (copied out, or
+// skipped whole by Resume) up to the first one that a view the loop is not
+// yet done with lies in (Options.Views). A copied batch thus frees its
+// slots as it is copied, with views as without. (With views it held them
+// until the loop was done with it, so a batch of 30 rows spanning three
+// slots of a ring of two waited for a slot it held itself until the
+// producer dropped the consumer.) Its methods are safe for concurrent
+// use: the assembler cuts, the loop's goroutine is done with views.
+type releases struct {
+	s     *session
+	epoch int64
+
+	mu   sync.Mutex
+	to   int   // every batch before to is cut
+	held []int // the batch of each view not yet done with, in order
+}
+
+// cut records that every batch before to is cut, and releases what no
+// view holds.
+func (r *releases) cut(to int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.to = max(r.to, to)
+	r.releaseLocked()
+}
+
+// hold records a view of batch index, which the loop reads until unhold.
+// Views come in the order of their batches.
+func (r *releases) hold(index int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.held = append(r.held, index)
+}
+
+// unhold records that the loop is done with a view of batch index (one
+// given to hold), and releases what that frees.
+func (r *releases) unhold(index int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if i := slices.Index(r.held, index); i >= 0 {
+		r.held = slices.Delete(r.held, i, i+1)
+	}
+	r.releaseLocked()
+}
+
+// releaseLocked releases up to the first batch held, or the batches cut
+// when none is; r.mu is held.
+func (r *releases) releaseLocked() {
+	to := r.to
+	if len(r.held) > 0 {
+		to = min(to, r.held[0])
+	}
+	r.s.release(r.epoch, to)
 }
 
 // checkAnnouncement checks that a is what the producer the session joined

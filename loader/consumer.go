@@ -212,8 +212,9 @@ type assembled struct {
 // a batch may be a read-only view of the ring, valid as long and no
 // longer (writing into it faults), and a view whose slot was rewritten
 // while the body read it makes the next item ErrDropped. Breaking out of the
-// loop gives up the rest of the epoch; the next call iterates the next
-// epoch.
+// loop, or ctx ending, gives up the rest of the epoch (all of it when it
+// had not begun); the consumer stays joined, and the next call iterates
+// the next epoch.
 //
 // The node restarting is ridden out, as replay's and store's clients
 // do: while the node is unreachable Batches waits for it, joining again

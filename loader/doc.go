@@ -38,7 +38,9 @@
 // ErrDropped, not data. With Options.Views it hands out a read-only view
 // of the slot instead, holds the slot until the loop's body returns, and
 // checks the word then: a slot rewritten while the body read it is
-// ErrDropped, the loop's next item.
+// ErrDropped, the loop's next item. A batch it copies all the same (one
+// straddling slots) frees each slot once copied, up to the first slot a
+// view still holds.
 //
 // The producer waits for the slowest consumer for at most Config.MaxWait
 // per slot, then drops the consumers still holding it; a consumer that

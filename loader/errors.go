@@ -33,10 +33,10 @@ var (
 
 	// ErrDropped: the producer no longer counts this consumer: it stopped
 	// heartbeating for Config.Heartbeat, held a batch for longer than
-	// Config.MaxWait, or the producer restarted. The rest of the epoch is
-	// lost to it; the next call of Batches joins again, at the start of
-	// the current epoch if its window is still open, else of the next one.
-	// Code Aborted.
+	// Config.MaxWait, acked a batch the producer never had, or the
+	// producer restarted. The rest of the epoch is lost to it; the next
+	// call of Batches joins again, at the start of the current epoch if
+	// its window is still open, else of the next one. Code Aborted.
 	ErrDropped = errors.New("loader: consumer dropped by the producer")
 
 	// ErrClosed: the producer or the consumer was closed. Code

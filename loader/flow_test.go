@@ -151,6 +151,73 @@ func TestProducer_DropsSilentConsumer(t *testing.T) {
 	}
 }
 
+// TestConsumer_IdleBetweenEpochsStaysJoined: a consumer that pauses
+// between epochs (an evaluation, say) for less than MaxWait stays joined
+// and iterates the next epoch whole, also when the ring holds whole
+// epochs, so that the producer publishes the next epoch and forgets the
+// one the consumer finished, whose end it keeps heartbeating. It failed
+// before the fix: that heartbeat was "no such batch" once the epoch was
+// forgotten, the node dropped the consumer at once, and its next loop
+// said "context canceled".
+func TestConsumer_IdleBetweenEpochsStaysJoined(t *testing.T) {
+	const n, seed = 16, 1
+	f := newFixture(t, n, Config{Batch: 8, Slots: 2, Seed: seed, Heartbeat: 200 * time.Millisecond, MaxWait: time.Minute})
+	c := f.dial(t, 4, false)
+	for k := range 2 {
+		e := c.Epoch()
+		ids, sizes, err := consumerEpoch(context.Background(), c)
+		if err == nil {
+			err = checkEpoch(ids, sizes, n, seed, e, 4)
+		}
+		if err != nil {
+			t.Fatalf("epoch %d: %v", e, err)
+		}
+		if k == 0 {
+			time.Sleep(time.Second) // five heartbeat periods
+			if st := f.p.Stats(); st.Dropped+st.DroppedSlow > 0 || st.Epoch <= e+1 {
+				t.Fatalf("after a pause between epochs: stats %+v, want the consumer joined and epoch %d begun", st, e+2)
+			}
+		}
+	}
+}
+
+// TestService_BadAckIsErrDropped: an ack of a batch the producer never
+// had drops the consumer, and its stream ends with ErrDropped saying so.
+// It failed before the fix: the node cut the stream, and the consumer read
+// "context canceled", which matches no sentinel.
+func TestService_BadAckIsErrDropped(t *testing.T) {
+	f := newFixture(t, 64, Config{Batch: 8, Slots: 4})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rc, err := rpc.Dial(ctx, f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	j, err := rpc.Call[joinResponse](ctx, rc, MethodJoin, joinRequest{Name: "train", Batch: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := rpc.OpenStream[ackMessage, batchMessage](ctx, rc, MethodConsume, consumeRequest{
+		Name: "train", Ring: j.Ring, Consumer: j.Consumer, Epoch: j.Epoch, Bytes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Send(ctx, ackMessage{Epoch: j.Epoch, Index: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	for err == nil {
+		_, err = st.Recv(ctx)
+	}
+	if !errors.Is(err, ErrDropped) || !errors.Is(err, rpc.ErrAborted) || !strings.Contains(err.Error(), "no such batch") {
+		t.Errorf("the stream after a bad ack: %v, want ErrDropped saying no such batch", err)
+	}
+	if st := f.p.Stats(); st.Dropped != 1 || st.Consumers != 0 {
+		t.Errorf("stats %+v: want the consumer dropped", st)
+	}
+}
+
 // TestConsumer_BreakGivesUpTheEpoch: a loop that breaks gives up the rest
 // of its epoch; the next Batches iterates the next epoch whole. Nobody
 // else takes part in the epoch given up, so the producer cuts it short.
@@ -180,6 +247,67 @@ func TestConsumer_BreakGivesUpTheEpoch(t *testing.T) {
 	}
 	if st := f.p.Stats(); st.DroppedSlow+st.Dropped != 0 || st.CutShort != 1 {
 		t.Errorf("stats %+v: want nobody dropped, one epoch cut short", st)
+	}
+}
+
+// TestConsumer_CancelBeforeItsEpochStaysJoined: a consumer that joined
+// for the next epoch (the current one's window closed) and whose loop's
+// ctx ends before that epoch begins gives the epoch up and stays joined:
+// its next loop iterates the epoch after, whole. It failed before the
+// fix: giving up sent a release of the epoch after the next, which the
+// producer refused as no such batch, and the node dropped the consumer.
+func TestConsumer_CancelBeforeItsEpochStaysJoined(t *testing.T) {
+	const b, n, seed = 8, 64, 4
+	f := newFixture(t, n, Config{Batch: b, Slots: 2, Window: -1, Seed: seed, MaxWait: time.Minute})
+	first := f.dial(t, b, false) // joins epoch 0 and iterates nothing yet: the producer stays in epoch 0
+	waitFor(t, "the producer to fill its ring", func() bool { return f.p.Stats().Published == 2 })
+	late := f.dial(t, b, false)
+	if e := late.Epoch(); e != 1 {
+		t.Fatalf("the late consumer joined epoch %d, want 1", e)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	for _, err := range late.Batches(ctx) {
+		if err == nil {
+			t.Fatal("a batch of an epoch that has not begun")
+		}
+	}
+	cancel()
+	if e := late.Epoch(); e != 2 {
+		t.Fatalf("after its loop gave epoch 1 up, Epoch = %d, want 2", e)
+	}
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		if st := f.p.Stats(); st.Dropped+st.DroppedSlow > 0 {
+			t.Fatalf("the late consumer was dropped for cancelling its loop: stats %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The first consumer's epochs 0 and 1 (the late one takes no part in
+	// 1), then epoch 2 for both.
+	errs := make(chan error, 1)
+	go func() {
+		for range 3 {
+			e := first.Epoch()
+			ids, sizes, err := consumerEpoch(context.Background(), first)
+			if err == nil {
+				err = checkEpoch(ids, sizes, n, seed, e, b)
+			}
+			if err != nil {
+				errs <- fmt.Errorf("the first consumer's epoch %d: %w", e, err)
+				return
+			}
+		}
+		errs <- nil
+	}()
+	ids, sizes, err := consumerEpoch(context.Background(), late)
+	if err == nil {
+		err = checkEpoch(ids, sizes, n, seed, 2, b)
+	}
+	if err != nil {
+		t.Fatalf("the late consumer's epoch 2: %v", err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -47,10 +47,11 @@ type Options struct {
 	// checks the slot's word: a slot rewritten while the body read it
 	// (possible only once the producer dropped the consumer, after
 	// Config.MaxWait) ends the epoch with ErrDropped, yielded as the next
-	// item. Batches that straddle two producer batches, and a rank's share
-	// (WorldSize), are copied as without Views; in bytes mode a view is of
-	// the rows as they arrived, whose memory a later batch reuses once the
-	// body returns. Dial only.
+	// item. Batches that straddle producer batches, and a rank's share
+	// (WorldSize), are copied as without Views, each producer batch
+	// released once copied, but never past a slot a view still holds; in
+	// bytes mode a view is of the rows as they arrived, whose memory a
+	// later batch reuses once the body returns. Dial only.
 	Views bool
 
 	// RPC passes options to rpc.Dial: a token, TLS, a logger. Dial only.

@@ -525,7 +525,12 @@ func (p *Producer) memberLocked(id uint64, touch bool) (*member, error) {
 
 // release records that consumer id is done with every batch before
 // (epoch, index): index 0 of a later epoch than its own skips the rest of
-// its epochs before it. It also counts as a heartbeat.
+// its epochs before it, one not begun yet included (a loop that ended
+// before its epoch began gives that epoch up so). An epoch the producer
+// has forgotten (pruneLocked: none of its batches is in the ring) is
+// released whole: a consumer idle since it iterated it heartbeats its
+// end, and still holds the batches after it. ErrArgument for a batch the
+// producer never had. It also counts as a heartbeat.
 func (p *Producer) release(id uint64, epoch int64, index int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -541,8 +546,12 @@ func (p *Producer) release(id uint64, epoch int64, index int) error {
 	switch {
 	case started && index >= 0 && index <= info.count:
 		seq = info.first + uint64(index)
-	case !started && index == 0 && epoch <= p.epoch+1:
+	case !started && index == 0 && epoch > p.epoch:
 		seq = 0 // the epoch has not begun: it releases everything before it
+	case !started && epoch < p.epoch && index >= 0 && index <= p.nb:
+		// Forgotten: every batch of it is older than those in the ring,
+		// which the consumer has not released.
+		seq = m.released
 	default:
 		return wrapf(ErrArgument, "release up to batch %d of epoch %d: no such batch", index, epoch)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -185,7 +186,11 @@ func (r *Remote) Close() error {
 }
 
 // checkProduce checks a producer process's request against the ring the
-// node would make for it.
+// node would make for it: a ring of at most 2^31 rows, and samples whose
+// batches every consumer can count (no more than math.MaxInt less the
+// ring's rows, the largest consumer batch, as checkJoin wants). Samples
+// near math.MaxInt were taken: the count of batches overflowed to a
+// negative number, and the node ran through empty epochs.
 func (r *Remote) checkProduce(req produceRequest) error {
 	switch {
 	case len(req.Schema) == 0:
@@ -194,6 +199,9 @@ func (r *Remote) checkProduce(req produceRequest) error {
 		return wrapf(ErrArgument, "batch size %d, %d samples: want at least 1 of each", req.Batch, req.Samples)
 	case int64(req.Batch)*int64(r.cfg.Slots) > 1<<31:
 		return wrapf(ErrArgument, "a ring of %d slots of %d rows", r.cfg.Slots, req.Batch)
+	case req.Samples > math.MaxInt-req.Batch*r.cfg.Slots:
+		return wrapf(ErrArgument, "%d samples: want at most %d for a ring of %d slots of %d rows",
+			req.Samples, math.MaxInt-req.Batch*r.cfg.Slots, r.cfg.Slots, req.Batch)
 	case req.Layout != LayoutDict && req.Layout != LayoutTuple && req.Layout != LayoutList && req.Layout != LayoutTensor:
 		return wrapf(ErrArgument, "layout %q: want dict, tuple, list or tensor", req.Layout)
 	}

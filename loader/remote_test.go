@@ -685,6 +685,33 @@ func TestRemote_RefusesBadAttach(t *testing.T) {
 	}
 }
 
+// TestRemote_RefusesSamplesPastIntsEnd: a producer process attaching
+// with more samples than every consumer can count batches of (math.MaxInt
+// less the ring's rows, the largest consumer batch) is ErrArgument; at the
+// bound it attaches, and a consumer of the ring's whole batch joins. It
+// failed before the fix: math.MaxInt samples in batches of 2 attached,
+// the node's count of batches overflowed to a negative number, and it ran
+// through empty epochs, rewriting loader.json for each, once a consumer
+// joined.
+func TestRemote_RefusesSamplesPastIntsEnd(t *testing.T) {
+	const slots, batch = 4, 2
+	f := newRemoteFixture(t, Config{Slots: slots})
+	for _, n := range []int{math.MaxInt, math.MaxInt - slots*batch + 1} {
+		if _, err := attachGoProducer(t, f.addr, n, batch); !errors.Is(err, ErrArgument) {
+			t.Fatalf("attach of %d samples in batches of %d: %v, want ErrArgument", n, batch, err)
+		}
+	}
+	const n = math.MaxInt - slots*batch
+	startGoProducer(t, f.addr, n, batch)
+	c := dialRemote(t, f, slots*batch, true)
+	if want := (n-1)/(slots*batch) + 1; c.Samples() != n || c.Len() != want {
+		t.Errorf("joined %d samples, %d batches; want %d, %d", c.Samples(), c.Len(), n, want)
+	}
+	if st := f.r.Producer().Stats(); st.Epochs != 0 {
+		t.Errorf("stats %+v: want no epoch completed", st)
+	}
+}
+
 // pythonProducer is a producer process of the Python client
 // (python/tensorwire): a tensorwire.loader.Producer over an iterable of
 // numpy batches of makeDataset's samples 0 to n-1 in order, batch 16, for

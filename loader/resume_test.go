@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"iter"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -93,6 +95,36 @@ func TestConsumer_ResumeSkipsTheShareYielded(t *testing.T) {
 			}
 			if want := shareOf(n, seed, e+1, tc.rank, tc.world); !slices.Equal(ids, want) {
 				t.Errorf("epoch %d after the resumed one: %d samples, want %d", e+1, len(ids), len(want))
+			}
+		})
+	}
+}
+
+// TestConsumer_ResumeWithViewsSkipsMoreThanTheRing: with views, a State
+// whose samples span more producer batches than the ring holds (80 of
+// 100, five batches of 16 on a ring of four) resumes, by reference and by
+// bytes: the batches skipped whole are released as they pass. It failed
+// before the fix: with views only a yielded item released, a batch
+// skipped whole made none, so the producer waited for the first skipped
+// slot and dropped the consumer after MaxWait.
+func TestConsumer_ResumeWithViewsSkipsMoreThanTheRing(t *testing.T) {
+	const n, seed, skip = 100, 7, 80
+	f := newFixture(t, n, Config{Batch: 16, Slots: 4, Seed: seed, IndexKey: "index", MaxWait: time.Second})
+	for _, bytes := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bytes=%v", bytes), func(t *testing.T) {
+			c := f.dialViews(t, Options{Batch: 16, Bytes: bytes})
+			e := c.Epoch()
+			if err := c.Resume(State{Epoch: e, Samples: skip}); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			ids, _, err := consumerEpoch(ctx, c)
+			if err != nil {
+				t.Fatalf("epoch %d resumed at %d samples: %v (stats %+v)", e, skip, err, f.p.Stats())
+			}
+			if want := wantOrder(n, seed, e)[skip:]; !slices.Equal(ids, want) {
+				t.Errorf("got %v, want %v", ids, want)
 			}
 		})
 	}

@@ -147,7 +147,8 @@ func (svc *Service) join(_ context.Context, req joinRequest) (joinResponse, erro
 // the consumer from the request's position on, with its rows in bytes
 // mode, and applies the consumer's acks, until the consumer ends the
 // stream (it leaves), the stream breaks (it is dropped), or the producer
-// drops it.
+// drops it. An ack of a batch the producer never had drops the consumer
+// too; the stream ends with ErrDropped saying so.
 func (svc *Service) consume(ctx context.Context, req consumeRequest, st *rpc.ServerStream[ackMessage, batchMessage]) error {
 	if !req.Bytes {
 		// The consumer reads the batches from its own mapping of the ring,
@@ -190,6 +191,12 @@ func (svc *Service) consume(ctx context.Context, req consumeRequest, st *rpc.Ser
 					// would cut that send short, and the stream would
 					// end reset, without the error the consumer is owed.
 					cut = false
+				} else if errors.Is(err, ErrArgument) {
+					// An ack of a batch the producer never had: the
+					// consumer is dropped, and push says so once the
+					// batch being sent is whole, as above.
+					p.leave(req.Consumer, true)
+					cut = false
 				}
 			}
 			if testHookAckErr != nil && err != nil {
@@ -218,6 +225,8 @@ func (svc *Service) consume(ctx context.Context, req consumeRequest, st *rpc.Ser
 	switch {
 	case errors.Is(ackErr, io.EOF): // the consumer ended its side: it has left (above)
 		return nil
+	case errors.Is(ackErr, ErrArgument): // dropped for it (above): told why, not only that
+		return wrapf(ErrDropped, "its ack: %v", ackErr)
 	case errors.Is(err, ErrDropped), errors.Is(err, ErrClosed), errors.Is(err, ErrFailed):
 		return err // the producer's decision: the consumer is gone already
 	case errors.Is(ackErr, ErrDropped), errors.Is(ackErr, ErrClosed), errors.Is(ackErr, ErrFailed):

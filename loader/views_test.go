@@ -140,6 +140,85 @@ func TestConsumer_ViewIsNotOverwrittenWhileHeld(t *testing.T) {
 	}
 }
 
+// TestConsumer_ViewsCopyBatchesLargerThanTheRingHolds: with views, a
+// batch that is copied frees each producer batch once its rows are
+// copied, as without views: a batch of 30 spanning three producer batches
+// of 16 on a ring of two (Dial allows up to 2 × 16) is served, by
+// reference and by bytes. It failed before the fix: the copied pieces held
+// their slots until the loop was done with the batch, the producer waited
+// for a slot the unfinished batch held, and after MaxWait dropped the
+// consumer.
+func TestConsumer_ViewsCopyBatchesLargerThanTheRingHolds(t *testing.T) {
+	const n, seed, b = 96, 3, 30
+	f := newFixture(t, n, Config{Batch: 16, Slots: 2, Window: 2, Seed: seed, MaxWait: time.Second})
+	for _, bytes := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bytes=%v", bytes), func(t *testing.T) {
+			c := f.dialViews(t, Options{Batch: b, Bytes: bytes})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			e := c.Epoch()
+			ids, sizes, err := consumerEpoch(ctx, c)
+			if err != nil {
+				t.Fatalf("epoch %d: %v (after %d samples; stats %+v)", e, err, len(ids), f.p.Stats())
+			}
+			if err := checkEpoch(ids, sizes, n, seed, e, b); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+// TestConsumer_ViewHeldWhileLaterBatchesAreCopied: a batch copied after a
+// view that the loop still reads does not release the view's slot: a
+// consumer of batch 8 on producer batches of 10 gets rows 0-7 as a view,
+// and copies rows 8-15 out of the same slot and the next while its body
+// holds the view; on a ring of two slots the producer waits, the view's
+// bytes do not change, and both consumers go on once the body returns.
+// (Copies release their slots as they are copied since the fix that
+// TestConsumer_ViewsCopyBatchesLargerThanTheRingHolds checks; this one
+// checks that they never release past a view.)
+func TestConsumer_ViewHeldWhileLaterBatchesAreCopied(t *testing.T) {
+	const b, n, seed = 8, 100, 1
+	f := newFixture(t, n, Config{Batch: 10, Slots: 2, Window: 2, Seed: seed})
+	held := f.dialViews(t, Options{Batch: b, Prefetch: 2})
+	other := f.dial(t, 10, false)
+	hold := make(chan struct{})
+	e := held.Epoch()
+	first, next := firstView(held, hold)
+	view := <-first
+	snap, err := view.Clone()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	var otherIDs, otherSizes []int
+	go func() {
+		var err error
+		otherIDs, otherSizes, err = consumerEpoch(context.Background(), other)
+		done <- err
+	}()
+	waitFor(t, "the producer to wait for the held slot", func() bool {
+		st := f.p.Stats()
+		return st.Published > 2 || (st.Published == 2 && st.WaitNS > int64(50*time.Millisecond))
+	})
+	if st := f.p.Stats(); st.Published != 2 || st.DroppedSlow != 0 {
+		t.Fatalf("stats %+v: want 2 batches published while the view is held", st)
+	}
+	if !viewEqual(t, view, snap) {
+		t.Fatal("the held view changed")
+	}
+	close(hold)
+	if err := <-next; err != nil {
+		t.Fatalf("the held consumer's next batch: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := checkEpoch(otherIDs, otherSizes, n, seed, e, 10); err != nil {
+		t.Error(err)
+	}
+}
+
 // TestConsumer_ViewOverwrittenIsErrDropped: a consumer that holds a view
 // past MaxWait is dropped and its slot rewritten for the others; when its
 // loop's body returns, the next item is ErrDropped, never the next batch
