@@ -53,6 +53,7 @@ type Buffer struct {
 	lock   *lockfile.Lock
 
 	commitMu sync.RWMutex // commits hold it shared; Checkpoint exclusively, around its flushes
+	metaMu   sync.Mutex   // held around every write of MetaFile, from its content on; taken after mu, never before it
 	use      sync.RWMutex // operations on the mappings outside mu hold it shared (enter); Close exclusively
 	closed   atomic.Bool  // set under mu, by Close
 
@@ -67,12 +68,20 @@ type Buffer struct {
 	rng     *mrand.Rand
 	maxPrio float64
 	times   []int32       // MaxTimesSampled: times each sampleable slot was sampled; -1 if not sampleable
-	left    int64         // MaxTimesSampled: samples the sampleable slots can still give
+	left    int64         // MaxTimesSampled: samples the sampleable slots that can be picked can still give (count, uncount)
 	eps     *episodeIndex // TrajKey: the episodes; nil without one
 	nextRID uint64
 	resv    map[uint64]*reservation
 	pending int // slots held by reservations
 	stats   Stats
+
+	// ridLimit is above every rid handed out, and MetaFile says at least
+	// it (rid_limit): reserve raises both before it hands out an id at it
+	// (raiseRIDLimit), so that no process reopening the buffer, even
+	// after a machine crash, hands an id out again.
+	ridLimit uint64
+	firstRID uint64      // the rids below were handed out by an earlier process (Open); 0 after Create
+	expired  expiredRIDs // this Buffer's reservations that ended uncommitted, which commit tells from retries
 
 	// lost is set, once, when the buffer's files are found deleted,
 	// replaced or truncated under it (health); every call but Stats
@@ -182,6 +191,7 @@ func Create(prefix string, cfg Config) (*Buffer, error) {
 		}
 	}
 	b.writer = newSlotChooser(cfg.Writer, b.slots)
+	b.ridLimit = b.nextRID + ridBlock // saved with the rest: the first block costs no write of its own
 	if err := b.writeMeta(); err != nil {
 		b.closeFiles()
 		undo()

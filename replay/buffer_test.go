@@ -442,6 +442,38 @@ func TestPrioritized_UpdatePriority(t *testing.T) {
 	}
 }
 
+// TestUpdatePriority_WakesAWaitingSample: with eps 0, a buffer whose
+// transitions all have priority 0 cannot be sampled, and Sample waits. An
+// UpdatePriority giving one a positive priority makes it sampleable and
+// wakes the sample. Before the fix it did not, and the sample slept on
+// until something else changed the buffer or its context ended.
+func TestUpdatePriority_WakesAWaitingSample(t *testing.T) {
+	sampler, err := ParseSampler("prioritized(alpha=0.6, beta=0.4, eps=0)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := create(t, Config{Capacity: 4, Sampler: sampler})
+	ctx := ctxT(t)
+	idx, err := b.ExtendPriority(ctx, transitions(t, 1), []float64{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, _, err := b.Sample(sctx, 1)
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the sample is waiting
+	if n, err := b.UpdatePriority(ctx, SampleInfo{Indices: idx}, []float64{1}); err != nil || n != 1 {
+		t.Fatalf("UpdatePriority: %d, %v", n, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the transition has had priority 1 since 200 ms, but the waiting Sample: %v", err)
+	}
+}
+
 // TestCommit_RetriedIsRecognised: a commit sent again (its reply was lost)
 // succeeds without adding anything, and a commit of a reservation the
 // buffer does not hold fails with ErrExpired.
@@ -471,6 +503,96 @@ func TestCommit_RetriedIsRecognised(t *testing.T) {
 	}
 	if _, err := b.commit(r.rid, []int{0}, nil); !errors.Is(err, ErrExpired) {
 		t.Fatalf("a commit naming slots the reservation did not take: %v", err)
+	}
+}
+
+// TestCommit_RetriedAfterItsRowsLeft: a commit succeeds, its reply is
+// lost, and before the writer's retry comes a later batch overwrites one of
+// its rows, or a trainer deletes one. The retry must succeed, or the
+// writer extends the batch again and its rows still in place are in the
+// buffer twice. Before the fix the retry was refused with ErrExpired: a
+// retry was recognised only while every slot still held the batch. It
+// also succeeds once every row has left, and, after a restart, while one
+// row is still in place.
+func TestCommit_RetriedAfterItsRowsLeft(t *testing.T) {
+	ctx := ctxT(t)
+	committed := func(b *Buffer, ids ...int) *reservation {
+		t.Helper()
+		r, storage, err := b.reserve(ctx, testSchema, len(ids), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := writeRows(storage, r.slots, transitions(t, ids...)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.commit(r.rid, r.slots, nil); err != nil { // its reply is lost
+			t.Fatal(err)
+		}
+		return r
+	}
+	retry := func(b *Buffer, r *reservation, what string) {
+		t.Helper()
+		if idx, err := b.commit(r.rid, r.slots, nil); err != nil || !slices.Equal(idx, r.slots) {
+			t.Fatalf("the retried commit of a batch that was committed, %s: %v, %v; the writer would extend it again", what, idx, err)
+		}
+	}
+
+	prefix := filepath.Join(t.TempDir(), "buf")
+	b, err := Create(prefix, Config{Capacity: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { b.Close() }()
+	r := committed(b, 1, 2) // slots 0 and 1
+	extend(t, b, 3, 4)      // slots 2 and 0
+	retry(b, r, "its first row overwritten")
+
+	r = committed(b, 5) // slot 1
+	if n, err := b.Delete(ctx, SampleInfo{Indices: r.slots}); err != nil || n != 1 {
+		t.Fatalf("Delete: %d, %v", n, err)
+	}
+	retry(b, r, "its row deleted")
+
+	r = committed(b, 6, 7)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = Open(prefix); err != nil { // the node restarts before the retry
+		t.Fatal(err)
+	}
+	if n, err := b.Delete(ctx, SampleInfo{Indices: r.slots[:1]}); err != nil || n != 1 {
+		t.Fatalf("Delete: %d, %v", n, err)
+	}
+	retry(b, r, "after a restart, one row left")
+	if _, err := b.commit(r.rid+1, r.slots[1:], nil); !errors.Is(err, ErrExpired) {
+		t.Fatalf("a commit of an id never handed out, naming a slot of another reservation: %v, want ErrExpired", err)
+	}
+}
+
+// TestCommit_NamesItsReservationsSlots: a commit naming other slots than
+// its reservation's is refused with ErrSchema, and the reservation is left
+// to its writer, as a commit by bytes is (writeReserved). Before the fix
+// commit ignored the slots it was sent, so a stale commit carrying a
+// reused id committed another writer's slots before it had written them.
+func TestCommit_NamesItsReservationsSlots(t *testing.T) {
+	b := create(t, Config{Capacity: 4})
+	r, storage, err := b.reserve(ctxT(t), testSchema, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, other := range [][]int{{-1}, {-1, -1}, {r.slots[1], r.slots[0]}, {r.slots[0]}} {
+		if _, err := b.commit(r.rid, other, nil); !errors.Is(err, ErrSchema) {
+			t.Fatalf("a commit of reservation %v naming slots %v: %v, want ErrSchema", r.slots, other, err)
+		}
+	}
+	if st := stats(t, b); st.Pending != 2 || st.Size != 0 {
+		t.Fatalf("after the refused commits: %+v; want the reservation pending", st)
+	}
+	if err := writeRows(storage, r.slots, transitions(t, 1, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.commit(r.rid, r.slots, nil); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -39,6 +39,7 @@ type meta struct {
 	LeaseMS    int64                `json:"lease_ms"`
 	MaxTimes   int                  `json:"max_times_sampled,omitempty"`
 	TrajKey    []string             `json:"traj_key,omitempty"`
+	RIDLimit   uint64               `json:"rid_limit,omitempty"` // above every reservation id handed out (Buffer.ridLimit); absent before
 	Checkpoint *checkpoint          `json:"checkpoint,omitempty"`
 }
 
@@ -53,23 +54,62 @@ type checkpoint struct {
 
 // metaLocked returns the buffer's metadata as JSON; b.mu is held.
 func (b *Buffer) metaLocked() ([]byte, error) {
-	return encodeMeta(b.id, b.cfg, b.schema, &checkpoint{
+	return encodeMeta(b.id, b.cfg, b.schema, b.ridLimit, &checkpoint{
 		Time: time.Now().UTC(), Inserted: b.limit.inserts, Sampled: b.limit.samples, Size: b.sel.Len(),
 	})
 }
 
 // encodeMeta returns MetaFile's content for the buffer id of cfg, whose
-// schema is schema (cfg.Schema is what it was created with), at cp.
-func encodeMeta(id string, cfg Config, schema tensordict.RowSchema, cp *checkpoint) ([]byte, error) {
+// schema is schema (cfg.Schema is what it was created with), with
+// reservation ids below ridLimit (0: not written), at cp.
+func encodeMeta(id string, cfg Config, schema tensordict.RowSchema, ridLimit uint64, cp *checkpoint) ([]byte, error) {
 	m := meta{
 		Format: metaFormat, Version: metaVersion, ID: id, Capacity: cfg.Capacity, Schema: schema,
 		Sampler: cfg.Sampler.spec, Writer: cfg.Writer.normal(), Limit: cfg.Limit,
-		LeaseMS: cfg.Lease.Milliseconds(), MaxTimes: cfg.MaxTimesSampled, TrajKey: cfg.TrajKey, Checkpoint: cp,
+		LeaseMS: cfg.Lease.Milliseconds(), MaxTimes: cfg.MaxTimesSampled, TrajKey: cfg.TrajKey,
+		RIDLimit: ridLimit, Checkpoint: cp,
 	}
 	return json.MarshalIndent(m, "", "  ")
 }
 
+// ridBlock is how far raiseRIDLimit moves rid_limit ahead: one write of
+// MetaFile every 65,536 reservations, and as many ids a reopened buffer
+// skips at most.
+const ridBlock = 1 << 16
+
+// maxRID bounds reservation ids: a slot's seq holds one above rowBits.
+const maxRID = 1<<(64-rowBits) - 1
+
+// raiseRIDLimit moves the limit below which reservation ids are handed out
+// a block past nextRID, and saves it in MetaFile (written, synced and
+// renamed: atomicfile) before any id at the old limit is handed out; b.mu
+// is held. On an error (a full disk) the limit stays, and reserve fails.
+//
+// Ids are not reused across Open so that a commit retried across a
+// restart can never name another writer's reservation: a reservation
+// whose slots a top-k writer all dropped leaves its id nowhere in the slot
+// table, and a machine crash can lose the slot table's last writes. A
+// persisted limit (not ids from the clock, or random high bits) keeps ids
+// increasing, which a slot's seq needs: it is also the insertion order
+// (FIFO, LIFO, episodes).
+func (b *Buffer) raiseRIDLimit() error {
+	if b.nextRID+ridBlock > maxRID {
+		return fmt.Errorf("replay: %d reservation ids handed out; at most %d", b.nextRID, uint64(maxRID))
+	}
+	old := b.ridLimit
+	b.ridLimit = b.nextRID + ridBlock
+	if err := b.writeMetaLocked(); err != nil {
+		b.ridLimit = old
+		return err
+	}
+	return nil
+}
+
+// writeMetaLocked writes MetaFile; b.mu is held. It holds b.metaMu
+// around the write, as every writer of MetaFile does.
 func (b *Buffer) writeMetaLocked() error {
+	b.metaMu.Lock()
+	defer b.metaMu.Unlock()
 	data, err := b.metaLocked()
 	if err != nil {
 		return err
@@ -124,7 +164,11 @@ func (b *Buffer) Checkpoint(ctx context.Context) error {
 	if err := b.health(true); err != nil {
 		return err
 	}
+	// b.metaMu, held from the content to its write, keeps a reserve from
+	// raising rid_limit in between, which this write would then undo.
 	b.mu.Lock()
+	b.metaMu.Lock()
+	defer b.metaMu.Unlock()
 	data, err := b.metaLocked()
 	b.mu.Unlock()
 	if err != nil {
@@ -238,6 +282,11 @@ func open(prefix string, change func(Config) (Config, error)) (*Buffer, error) {
 		b.limit.inserts, b.limit.samples = m.Checkpoint.Inserted, m.Checkpoint.Sampled
 	}
 	b.recover()
+	// Ids resume after every one handed out: those in the slot table
+	// (recover) and those below the limit saved (none saved before
+	// rid_limit was: only the slot table's then).
+	b.nextRID = max(b.nextRID, m.RIDLimit)
+	b.firstRID, b.ridLimit = b.nextRID, m.RIDLimit
 	if changed {
 		if err := b.writeMeta(); err != nil {
 			b.closeFiles()
@@ -282,6 +331,9 @@ func parseMeta(data []byte) (meta, Config, error) {
 	if m.Format != metaFormat || m.Version != metaVersion {
 		return m, Config{}, fmt.Errorf("%w: format %q version %d, want %q version %d",
 			ErrConfig, m.Format, m.Version, metaFormat, metaVersion)
+	}
+	if m.RIDLimit > maxRID {
+		return m, Config{}, fmt.Errorf("%w: rid_limit %d; at most %d", ErrConfig, m.RIDLimit, uint64(maxRID))
 	}
 	cfg := Config{
 		Capacity: m.Capacity, Schema: m.Schema.Clone(), Sampler: Sampler{m.Sampler}, Writer: Writer{m.Writer}, Limit: m.Limit,

@@ -517,7 +517,11 @@ func (c *Client) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 	if err := checkPicks(info, n, slots.len()); err != nil {
 		return SampleInfo{}, err
 	}
-	_, err = gatherChecked(storage, slots, dst, &info, func(k int) (SampleInfo, error) {
+	// Rows found overwritten are picked again one for one: the node does
+	// not tell a client its MaxTimesSampled, without which it cannot know
+	// whether a lifo or heap sampler's sample may be picked again whole
+	// (Buffer.resampleAll), and a whole pick would drop counted rows.
+	_, err = gatherChecked(storage, slots, dst, &info, false, func(k int) (SampleInfo, error) {
 		more, err := c.sampleCall(ctx, k, false)
 		if err == nil && more.ID != resp.ID {
 			err = fmt.Errorf("%w: the buffer was created anew while sampled", ErrExpired)

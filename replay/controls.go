@@ -32,24 +32,46 @@ func MinHeap() Sampler { return Sampler{selector.Spec{Kind: selector.KindMinHeap
 // count starts at 0.
 func (b *Buffer) selInsert(slot int, seq uint64, priority float64) {
 	if b.times != nil {
-		if t := b.times[slot]; t >= 0 {
-			b.left -= int64(b.budget() - t)
-		}
+		b.uncount(slot)
 		b.times[slot] = 0
-		b.left += int64(b.budget())
 	}
 	b.sel.Insert(slot, seq, priority)
+	b.count(slot)
 }
 
 // selRemove makes slot unsampleable; b.mu is held.
 func (b *Buffer) selRemove(slot int) {
 	if b.times != nil {
-		if t := b.times[slot]; t >= 0 {
-			b.left -= int64(b.budget() - t)
-			b.times[slot] = -1
-		}
+		b.uncount(slot)
+		b.times[slot] = -1
 	}
 	b.sel.Remove(slot)
+}
+
+// selUpdate sets a sampleable slot's priority; b.mu is held. With
+// MaxTimesSampled a slot whose priority makes it pickable, or no longer,
+// counts in b.left, or no longer.
+func (b *Buffer) selUpdate(slot int, priority float64) {
+	b.uncount(slot)
+	b.sel.Update(slot, priority)
+	b.count(slot)
+}
+
+// count adds slot's samples left to b.left, and uncount takes them away,
+// if slot is sampleable and can be picked (the sampler's Mass above 0: a
+// prioritized slot of priority 0 with eps 0 cannot); b.mu is held. A
+// caller changing the slot's sampler state calls uncount before and count
+// after. Without MaxTimesSampled both do nothing.
+func (b *Buffer) count(slot int) {
+	if b.times != nil && b.times[slot] >= 0 && b.sel.Mass(slot) > 0 {
+		b.left += int64(b.budget() - b.times[slot])
+	}
+}
+
+func (b *Buffer) uncount(slot int) {
+	if b.times != nil && b.times[slot] >= 0 && b.sel.Mass(slot) > 0 {
+		b.left -= int64(b.budget() - b.times[slot])
+	}
 }
 
 // budget is how many times a slot may be sampled: MaxTimesSampled, or
@@ -62,27 +84,32 @@ func (b *Buffer) budget() int32 {
 }
 
 // canSelect reports whether the sampler can give n now; b.mu is held.
-// With MaxTimesSampled the slots must have n samples left between them.
+// With MaxTimesSampled the slots that can be picked must have n samples
+// left between them (b.left): then n picks of one, each taking a sample
+// from a pickable slot, all succeed, and otherwise the last fails. Slots
+// that cannot be picked (priority 0 with eps 0) do not count, so a sample
+// waits rather than take some picks and fail.
 func (b *Buffer) canSelect(n int) bool {
 	if b.times == nil {
 		return b.sel.CanSelect(n)
 	}
-	return b.left >= int64(n) && b.sel.CanSelect(1)
+	return b.left >= int64(n)
 }
 
 // selectCounted picks n slots one at a time, as n samples of one (Reverb
 // samples so), counting each: a slot sampled MaxTimesSampled times leaves
 // the sampler and is marked consumed in the slot table, so that a
-// reopened buffer does not return it again. b.mu is held; canSelect(n).
+// reopened buffer does not return it again. b.mu is held; canSelect(n),
+// so every pick succeeds.
 func (b *Buffer) selectCounted(n int, slots []int, weights []float64) ([]int, []float64, error) {
 	k := b.budget()
 	consumes := b.cfg.Sampler.spec.Kind.Consumes()
 	for range n {
 		var err error
 		if slots, weights, err = b.sel.Select(b.rng, 1, slots, weights); err != nil {
-			// Only a prioritized sampler whose slots left all have weight
-			// 0 (eps=0) gets here: the picks so far are counted.
-			return slots, weights, fmt.Errorf("%w: %w", ErrContended, err)
+			// canSelect(n) rules this out; were b.left wrong, the picks
+			// so far would stay counted.
+			return slots, weights, fmt.Errorf("replay: %d samples left counted, but: %w", b.left, err)
 		}
 		s := slots[len(slots)-1]
 		b.times[s]++
@@ -91,7 +118,6 @@ func (b *Buffer) selectCounted(n int, slots []int, weights []float64) ([]int, []
 			if !consumes {
 				b.sel.Remove(s)
 			}
-			b.left -= int64(k - b.times[s])
 			b.times[s] = -1
 			b.slots.setPriority(s, consumed)
 		}

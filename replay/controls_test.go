@@ -59,6 +59,47 @@ func TestSelectors_LIFOAndHeaps(t *testing.T) {
 	}
 }
 
+// TestSelectors_ResampleKeepsRowsDistinct: a LIFO, MaxHeap or MinHeap
+// sample of n is the n first in its order, all different, also when a row
+// it picked is deleted (or overwritten) while it copies it. Before the fix
+// the row was replaced by a pick of 1, the first in the order again,
+// which the sample already held: one transition twice. The steps are
+// SampleInto's (pick, then gather), with a trainer's Delete in between.
+func TestSelectors_ResampleKeepsRowsDistinct(t *testing.T) {
+	for _, tc := range []struct {
+		sampler Sampler
+		prios   []float64 // the order 3, 2, 1
+	}{
+		{LIFO(), nil}, {MaxHeap(), []float64{1, 2, 3}}, {MinHeap(), []float64{3, 2, 1}},
+	} {
+		t.Run(tc.sampler.String(), func(t *testing.T) {
+			b := create(t, Config{Capacity: 4, Sampler: tc.sampler})
+			ctx := ctxT(t)
+			if _, err := b.ExtendPriority(ctx, transitions(t, 1, 2, 3), tc.prios); err != nil {
+				t.Fatal(err)
+			}
+			dst, err := testSchema.Zeros(2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var info SampleInfo
+			if err := b.pick(ctx, 2, &info); err != nil { // 3 and 2
+				t.Fatal(err)
+			}
+			// Another trainer deletes the second row while this sample copies it.
+			if n, err := b.Delete(ctx, SampleInfo{Indices: info.Indices[1:], IDs: info.IDs[1:]}); err != nil || n != 1 {
+				t.Fatalf("Delete: %d, %v", n, err)
+			}
+			if err := b.gather(ctx, b.storage, dst, &info); err != nil {
+				t.Fatal(err)
+			}
+			if ids := rowIDs(t, dst); !slices.Equal(ids, []int{3, 1}) {
+				t.Fatalf("the sample of 2 holds %v (slots %v); want the first 2 left in the order, [3 1]", ids, info.Indices)
+			}
+		})
+	}
+}
+
 func TestMaxTimesSampled_ItemsLeave(t *testing.T) {
 	for _, tc := range []struct {
 		sampler Sampler
@@ -135,6 +176,46 @@ func TestMaxTimesSampled_ItemsLeave(t *testing.T) {
 				t.Fatalf("Len %d once everything was sampled %d times", b.Len(), k)
 			}
 		})
+	}
+}
+
+// TestMaxTimesSampled_SampleWaitsForPickableRows: with MaxTimesSampled 1
+// and a prioritized sampler of eps 0, transition 1 (priority 1) can be
+// picked and 2 (priority 0) cannot. A sample of 2 must wait, taking
+// nothing; then a sample of 1 returns transition 1. Before the fix the
+// sample of 2 picked 1 (its last sample: out for good), failed on its
+// second pick with ErrContended ("rows kept being overwritten", which none
+// were) and returned nothing: transition 1 was lost, never delivered.
+func TestMaxTimesSampled_SampleWaitsForPickableRows(t *testing.T) {
+	sampler, err := ParseSampler("prioritized(alpha=1, beta=0, eps=0)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := create(t, Config{Capacity: 4, Sampler: sampler, MaxTimesSampled: 1})
+	ctx := ctxT(t)
+	idx, err := b.ExtendPriority(ctx, transitions(t, 1, 2), []float64{1, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sample := func(ctx context.Context, n int) error { _, _, err := b.Sample(ctx, n); return err }
+	if !waitsShort(t, sample, 2) {
+		t.Fatal("a sample of 2 from a buffer that can give 1 did not wait")
+	}
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	td, _, err := b.Sample(short, 1)
+	if err != nil {
+		t.Fatalf("after the sample of 2 waited, transition 1, never returned, cannot be sampled: %v", err)
+	}
+	if ids := rowIDs(t, td); ids[0] != 1 {
+		t.Fatalf("sampled %v", ids)
+	}
+	// Transition 2 given a priority can be picked, and joins the count.
+	if n, err := b.UpdatePriority(ctx, SampleInfo{Indices: idx[1:]}, []float64{1}); err != nil || n != 1 {
+		t.Fatalf("UpdatePriority: %d, %v", n, err)
+	}
+	if td, _, err = b.Sample(short, 1); err != nil || rowIDs(t, td)[0] != 2 {
+		t.Fatalf("transition 2 of priority 1: %v", err)
 	}
 }
 

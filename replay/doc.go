@@ -36,7 +36,8 @@
 // The slot table is a shared mapping, so a buffer process killed at any
 // moment reopens (Open) with every transition it had committed and its
 // priority; Checkpoint adds durability against a machine crash. A client
-// retries calls while its node is unreachable and never adds a batch twice.
+// retries calls while its node is unreachable, and a batch it added is
+// never in the buffer twice (docs/replay.md, "The buffer node").
 //
 // A buffer has one owner: Create and Open hold its lock file (LockFile)
 // until Close, and a second opener, in any process, gets ErrInUse naming

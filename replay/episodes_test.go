@@ -471,6 +471,31 @@ func TestSampleSlices_Prioritized(t *testing.T) {
 	}
 }
 
+// TestSampleSlices_PrioritizedStartOfPriorityZero: a step of priority 0
+// still weighs eps^alpha > 0 and starts a slice, even when it is the only
+// start and the 64 draws from the sum tree all land on steps that cannot
+// (after which a scan draws among every start). The scan skipped steps of
+// priority 0, so before it was fixed this sample waited until its context
+// ended.
+func TestSampleSlices_PrioritizedStartOfPriorityZero(t *testing.T) {
+	b := create(t, Config{Capacity: 16, Schema: stepSchema, TrajKey: []string{"episode"}, Sampler: Prioritized(0.6, 0.4)})
+	prio := slices.Repeat([]float64{1}, 10)
+	prio[0] = 0 // step 0, the only start of a slice of 10
+	if _, err := b.ExtendPriority(ctxT(t), steps(t, 1, 0, 10), prio); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	spec := SliceSpec{SliceLen: 10, NumSlices: 1, Prioritized: true}
+	td, info, err := b.SampleSlices(ctx, spec)
+	if err != nil {
+		t.Fatalf("one episode of 10 steps holds one slice of 10 (its start weighs eps^alpha > 0), but SampleSlices: %v", err)
+	}
+	if err := checkSlices(info, td, spec); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestSampleSlices_WithoutReplacement: within an epoch no step is in two
 // slices, and every slice of the epoch comes once (torchrl's
 // SliceSamplerWithoutReplacement).

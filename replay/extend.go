@@ -195,6 +195,11 @@ func (b *Buffer) reserve(ctx context.Context, schema tensordict.RowSchema, n int
 	if b.lost != nil {
 		return nil, nil, b.lost
 	}
+	if b.nextRID >= b.ridLimit {
+		if err := b.raiseRIDLimit(); err != nil {
+			return nil, nil, err
+		}
+	}
 	slots, err := b.writer.choose(b.slots, n, keys)
 	if errors.Is(err, ErrFull) {
 		// Slots held by writers that cannot write them (the storage was
@@ -250,9 +255,11 @@ func slotWritten() {
 }
 
 // commit makes a reservation's slots sampleable, with priorities (nil: the
-// largest seen so far). slots is what the writer was given; if the
-// reservation is gone, commit succeeds only if those slots already hold it
-// committed (a retried commit), and fails with ErrExpired otherwise.
+// largest seen so far). slots is what the writer was given, and must be
+// the reservation's (ErrSchema otherwise, the reservation left as it is).
+// If the reservation is gone, commit succeeds if it was committed (a
+// retried commit whose first reply was lost; committedBefore) and fails
+// with ErrExpired if it was not.
 func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, error) {
 	// Nothing is acknowledged once the files are gone.
 	if err := b.health(false); err != nil {
@@ -270,10 +277,13 @@ func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, e
 	}
 	r := b.resv[rid]
 	if r == nil {
-		if b.alreadyCommitted(rid, slots) {
+		if b.committedBefore(rid, slots) {
 			return slots, nil
 		}
 		return nil, fmt.Errorf("%w: reservation %d", ErrExpired, rid)
+	}
+	if !slices.Equal(slots, r.slots) {
+		return nil, schemaErrorf("a commit of reservation %d names other slots than the %d it holds", rid, len(r.slots))
 	}
 	if priorities != nil && len(priorities) != len(r.slots) {
 		return nil, schemaErrorf("%d priorities for %d transitions", len(priorities), len(r.slots))
@@ -318,21 +328,81 @@ func (b *Buffer) commit(rid uint64, slots []int, priorities []float64) ([]int, e
 	return r.slots, nil
 }
 
-// alreadyCommitted reports whether reservation rid's slots (those not
-// negative) are all committed by rid and at least one is: a commit that
-// the caller retries after its first reply was lost.
-func (b *Buffer) alreadyCommitted(rid uint64, slots []int) bool {
-	some := false
-	for _, s := range slots {
+// committedBefore reports whether reservation rid, which b no longer
+// holds, was committed with slots: a commit retried after its first reply
+// was lost, whose rows may have been overwritten or deleted since. b.mu is
+// held.
+//
+// Slots the slot table shows were never rid's (a slot last taken before
+// rid, or by rid for another row of its batch) make it false. Then a
+// reservation of this Buffer was committed unless it expired, which
+// expired records; one of an earlier process (a restart between the
+// commit and its retry), or one older than that record reaches, is judged
+// by the slot table alone: committed if one of its slots still holds its
+// row committed. Only commit marks a slot committed under its rid, so the
+// answer is never yes for a batch that is not in; it is no for a batch
+// that was, whose rows all left the buffer before the retry came, and its
+// writer adds it again (never twice at once: its rows all left).
+func (b *Buffer) committedBefore(rid uint64, slots []int) bool {
+	if rid == 0 || rid >= b.nextRID || len(slots) > 1<<rowBits {
+		return false // never handed out (ids never repeat: raiseRIDLimit)
+	}
+	held := false // a slot holds its row committed
+	for row, s := range slots {
 		if s < 0 {
 			continue
 		}
-		if s >= b.cfg.Capacity || b.slots.rid(s) != rid || state(b.slots.word(s)) != stateCommitted {
+		if s >= b.cfg.Capacity {
 			return false
 		}
-		some = true
+		seq := b.slots.seq(s)
+		switch by := seq >> rowBits; {
+		case by < rid:
+			return false
+		case by == rid:
+			if seq&(1<<rowBits-1) != uint64(row) {
+				return false
+			}
+			held = held || state(b.slots.word(s)) == stateCommitted
+		}
 	}
-	return some
+	if rid >= b.firstRID && !b.expired.has(rid) {
+		return true
+	}
+	return held
+}
+
+// expiredRIDs records the reservations of a Buffer that ended
+// uncommitted (expire): the last maxExpiredRIDs of them at least, in set;
+// the others are at most floor.
+type expiredRIDs struct {
+	set   map[uint64]struct{}
+	floor uint64
+}
+
+// maxExpiredRIDs bounds expiredRIDs: 4096 rids, about 100 KiB. Beyond it
+// a retried commit of an old reservation is judged by the slot table
+// (committedBefore).
+const maxExpiredRIDs = 4096
+
+func (e *expiredRIDs) add(rid uint64) {
+	if len(e.set) >= maxExpiredRIDs {
+		for r := range e.set {
+			e.floor = max(e.floor, r)
+		}
+		clear(e.set)
+	}
+	if e.set == nil {
+		e.set = map[uint64]struct{}{}
+	}
+	e.set[rid] = struct{}{}
+}
+
+// has reports whether rid may have expired: it did if it is in set, and
+// may have if it is at most floor.
+func (e *expiredRIDs) has(rid uint64) bool {
+	_, ok := e.set[rid]
+	return ok || rid <= e.floor
 }
 
 // expire gives an uncommitted reservation's slots back: empty, never to be
@@ -346,6 +416,7 @@ func (b *Buffer) expire(rid uint64) {
 	}
 	r.timer.Stop()
 	delete(b.resv, rid)
+	b.expired.add(rid)
 	for _, s := range r.slots {
 		if s < 0 {
 			continue

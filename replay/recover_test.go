@@ -3,6 +3,7 @@ package replay
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -200,6 +201,69 @@ func TestRecover_KilledAtEveryWrite(t *testing.T) {
 					}
 				}
 				rb.Close()
+			}
+		})
+	}
+}
+
+// TestOpen_ReservationIDsAreNeverReused: a reopened buffer hands out no
+// reservation id an earlier process did, so that a writer's commit retried
+// across the restart can never be taken for another writer's
+// reservation. Two ways left ids out of the slot table, from which Open
+// used to resume them: a top-k writer that drops a whole batch writes its
+// id nowhere, and a machine crash loses the slot table's last writes
+// (here: the file put back as it was before the reservation). Before the
+// fix, Open handed out the same id again, and the first writer's stale
+// commit committed the second writer's slot before it had written its row.
+func TestOpen_ReservationIDsAreNeverReused(t *testing.T) {
+	ctx := ctxT(t)
+	for _, lost := range []string{"dropped by top-k", "lost in a crash"} {
+		t.Run(lost, func(t *testing.T) {
+			prefix := filepath.Join(t.TempDir(), "buf")
+			cfg := Config{Capacity: 2}
+			key := func(float64) []float64 { return nil } // a top-k writer's keys
+			if lost == "dropped by top-k" {
+				cfg.Writer = TopK("reward")
+				key = func(k float64) []float64 { return []float64{k} }
+			}
+			b, err := Create(prefix, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			extend(t, b, 5, 9)
+			table, err := os.ReadFile(filepath.Join(prefix, SlotsFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			old, _, err := b.reserve(ctx, testSchema, 1, key(1)) // top-k: smaller than 5 and 9, dropped
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Close(); err != nil { // the node restarts before the commit reaches it
+				t.Fatal(err)
+			}
+			if lost == "lost in a crash" {
+				if err := os.WriteFile(filepath.Join(prefix, SlotsFile), table, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if b, err = Open(prefix); err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			r, _, err := b.reserve(ctx, testSchema, 1, key(10)) // another writer's; it has not written yet
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.rid <= old.rid {
+				t.Fatalf("the reopened buffer handed out id %d; the process before it had handed out %d", r.rid, old.rid)
+			}
+			if _, err := b.commit(old.rid, old.slots, nil); !errors.Is(err, ErrExpired) { // the first writer's retry
+				t.Fatalf("the stale commit of reservation %d: %v, want ErrExpired", old.rid, err)
+			}
+			if st := stats(t, b); st.Pending != 1 {
+				t.Fatalf("the stale commit of reservation %d (slots %v) committed reservation %d (slots %v) before its writer wrote: %+v",
+					old.rid, old.slots, r.rid, r.slots, st)
 			}
 		})
 	}

@@ -86,7 +86,17 @@ func (b *Buffer) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 	b.mu.Lock()
 	storage := b.storage
 	b.mu.Unlock()
-	resampled, err := gatherChecked(storage, b.slots, dst, &info, func(k int) (SampleInfo, error) {
+	if err := b.gather(ctx, storage, dst, &info); err != nil {
+		return SampleInfo{}, b.noteFault(err)
+	}
+	return info, nil
+}
+
+// gather copies the rows of a sample b picked (info) from storage into dst
+// and checks them (gatherChecked), picking again from b the rows found
+// overwritten: all of them for a sampler whose picks repeat (resampleAll).
+func (b *Buffer) gather(ctx context.Context, storage, dst *tensordict.TensorDict, info *SampleInfo) error {
+	resampled, err := gatherChecked(storage, b.slots, dst, info, b.resampleAll(), func(k int) (SampleInfo, error) {
 		var more SampleInfo
 		err := b.pick(ctx, k, &more)
 		return more, err
@@ -96,10 +106,18 @@ func (b *Buffer) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 		b.stats.Resampled += int64(resampled)
 		b.mu.Unlock()
 	}
-	if err != nil {
-		return SampleInfo{}, b.noteFault(err)
-	}
-	return info, nil
+	return err
+}
+
+// resampleAll reports whether a sample that found rows overwritten picks
+// the whole sample again rather than those rows: for a sampler that picks
+// the first slots of an order and leaves them in (LIFO, MaxHeap, MinHeap;
+// selector.Kind.Repeats), a pick of k replacements would be the first k
+// again, already in the sample. Not with MaxTimesSampled: a sample is
+// then n picks of one, which may repeat a slot, and the rows kept have
+// been counted (a slot at its last sample has left the sampler for good).
+func (b *Buffer) resampleAll() bool {
+	return b.cfg.Sampler.spec.Kind.Repeats() && b.cfg.MaxTimesSampled == 0
 }
 
 // overwritten returns which of rows (all of info's when all is set) have a slot
@@ -130,11 +148,14 @@ const maxResamples = 16
 // gatherChecked copies the rows info names from storage into dst, then
 // checks their words in the slot table; rows whose word changed (a writer
 // took the slot while they were copied) are replaced by rows from more,
-// and those are checked in turn. info is updated to describe what dst holds.
+// and those are checked in turn. With all, any row found changed has every
+// row replaced (more of the whole sample), so that a sampler whose picks
+// repeat never holds a slot twice (Buffer.resampleAll). info is updated to
+// describe what dst holds.
 //
-// It returns how many rows it replaced.
+// It returns how many rows it found changed.
 func gatherChecked(storage *tensordict.TensorDict, slots *slotTable, dst *tensordict.TensorDict, info *SampleInfo,
-	more func(k int) (SampleInfo, error)) (resampled int, err error) {
+	all bool, more func(k int) (SampleInfo, error)) (resampled int, err error) {
 	if err := storage.GatherInto(dst, info.Indices); err != nil {
 		return 0, err
 	}
@@ -148,6 +169,9 @@ func gatherChecked(storage *tensordict.TensorDict, slots *slotTable, dst *tensor
 			return resampled, nil
 		}
 		resampled += len(torn)
+		if all {
+			torn = everyRow(torn[:0], len(info.Indices))
+		}
 		again, err := more(len(torn))
 		if err != nil {
 			return resampled, err
@@ -164,6 +188,14 @@ func gatherChecked(storage *tensordict.TensorDict, slots *slotTable, dst *tensor
 		}
 	}
 	return resampled, fmt.Errorf("%w; %d attempts", ErrContended, maxResamples)
+}
+
+// everyRow appends the rows 0 to n-1 to rows.
+func everyRow(rows []int, n int) []int {
+	for i := range n {
+		rows = append(rows, i)
+	}
+	return rows
 }
 
 // pick chooses n committed slots, waiting until the buffer can give them,
@@ -250,9 +282,14 @@ func (b *Buffer) UpdatePriority(ctx context.Context, info SampleInfo, priorities
 			continue
 		}
 		b.slots.setPriority(s, priorities[i])
-		b.sel.Update(s, priorities[i])
+		b.selUpdate(s, priorities[i])
 		b.maxPrio = max(b.maxPrio, priorities[i])
 		n++
+	}
+	if n > 0 {
+		// A row may have become sampleable (a prioritized sampler with
+		// eps 0), or a heap's order changed: wake the samples waiting.
+		b.broadcast()
 	}
 	return n, nil
 }

@@ -28,7 +28,7 @@ func TestMeta_RewritesAnOlderFileByteForByte(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := encodeMeta(m.ID, cfg, cfg.Schema, m.Checkpoint)
+	got, err := encodeMeta(m.ID, cfg, cfg.Schema, m.RIDLimit, m.Checkpoint)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -380,8 +380,10 @@ func (b *Buffer) canStart(slot, L int, pad bool) (*episode, int, bool) {
 
 // slicePickPrioritized draws a start step from the prioritized sampler,
 // rejecting steps that cannot start a slice: the draw is then in
-// proportion to priority among those that can. After 64 rejections it
-// draws among every step that can, by a scan. b.mu is held.
+// proportion to q = (p+eps)^alpha among those that can. After 64
+// rejections it draws among every step that can, by a scan, in the same
+// proportion: a step the sampler holds with q > 0 counts, priority 0
+// included (its q is eps^alpha). b.mu is held.
 func (b *Buffer) slicePickPrioritized(L int, pad bool) (*episode, int, float64, bool) {
 	var slot []int
 	var w []float64
@@ -395,13 +397,12 @@ func (b *Buffer) slicePickPrioritized(L int, pad bool) (*episode, int, float64, 
 			return ep, i, w[0], true
 		}
 	}
-	spec := b.cfg.Sampler.spec
-	q := func(s int) float64 { return math.Pow(b.sel.Priority(s)+spec.Eps, spec.Alpha) }
+	q := b.sel.Mass // what the draws above go by: 0 for a step out of the sampler
 	total, qMin := 0.0, math.Inf(1)
 	var starts []int
 	for _, ep := range b.eps.list {
 		for _, st := range ep.steps {
-			if st.slot >= 0 && b.sel.Priority(st.slot) > 0 {
+			if st.slot >= 0 && q(st.slot) > 0 {
 				if _, _, ok := b.canStart(st.slot, L, pad); ok {
 					starts = append(starts, st.slot)
 					total += q(st.slot)
@@ -417,7 +418,7 @@ func (b *Buffer) slicePickPrioritized(L int, pad bool) (*episode, int, float64, 
 	for _, s := range starts {
 		if x -= q(s); x < 0 || s == starts[len(starts)-1] {
 			ep, i, _ := b.canStart(s, L, pad)
-			return ep, i, math.Pow(qMin/q(s), spec.Beta), true
+			return ep, i, math.Pow(qMin/q(s), b.cfg.Sampler.spec.Beta), true
 		}
 	}
 	return nil, 0, 0, false

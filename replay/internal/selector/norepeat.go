@@ -135,6 +135,8 @@ func (w *withoutReplacement) Update(int, float64) {}
 
 func (w *withoutReplacement) Priority(slot int) float64 { return presence(w.has(slot)) }
 
+func (w *withoutReplacement) Mass(slot int) float64 { return presence(w.has(slot)) }
+
 func (w *withoutReplacement) has(slot int) bool { return w.set.has(slot) }
 
 func (w *withoutReplacement) Spec() Spec { return Spec{Kind: KindWithoutReplacement} }

@@ -128,6 +128,9 @@ func (o *ordered) Priority(slot int) float64 {
 	return o.heap[o.pos[slot]-1].prio
 }
 
+// Mass is 1 for a present slot: every one comes first in its turn.
+func (o *ordered) Mass(slot int) float64 { return presence(o.has(slot)) }
+
 func (o *ordered) has(slot int) bool { return slot >= 0 && slot < len(o.pos) && o.pos[slot] != 0 }
 
 func (o *ordered) Spec() Spec { return Spec{Kind: o.kind} }

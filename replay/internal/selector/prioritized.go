@@ -116,6 +116,15 @@ func (p *prioritized) Priority(slot int) float64 {
 	return p.prio[slot]
 }
 
+// Mass is slot's q as the sum tree holds it (capped; 0 if absent), so
+// that Mass > 0 is exactly "Select can pick it".
+func (p *prioritized) Mass(slot int) float64 {
+	if !p.has(slot) {
+		return 0
+	}
+	return p.sum.leaf(slot)
+}
+
 func (p *prioritized) Spec() Spec {
 	return Spec{Kind: KindPrioritized, Alpha: p.alpha, Beta: p.beta, Eps: p.eps}
 }

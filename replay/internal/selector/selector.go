@@ -65,6 +65,14 @@ type Selector interface {
 	// absent).
 	Priority(slot int) float64
 
+	// Mass returns slot's share of a draw before normalisation: Select
+	// picks it only if Mass > 0 (Prioritized: in proportion to it). It is
+	// q = (p + eps)^alpha as Prioritized's sum tree holds it, 1 for a
+	// present slot of any other selector, and 0 for an absent one. Unlike
+	// Priority, it tells a present slot that cannot be picked (priority 0
+	// with eps 0) from one that can.
+	Mass(slot int) float64
+
 	// Spec describes the selector's kind and parameters (for checkpoints):
 	// New(s.Spec(), capacity) builds an empty selector of the same kind.
 	Spec() Spec

@@ -380,6 +380,9 @@ func TestSelector_Model(t *testing.T) {
 						t.Fatalf("step %d: slot %d present %v priority %g; model: %v %g",
 							step, slot, has(s, slot), s.Priority(slot), ok, want)
 					}
+					if pickable := ok && (!prioritized || it.prio+tc.eps > 0); (s.Mass(slot) > 0) != pickable {
+						t.Fatalf("step %d: slot %d Mass %g; model: present %v, pickable %v", step, slot, s.Mass(slot), ok, pickable)
+					}
 				}
 			}
 		})

@@ -34,11 +34,13 @@ type param struct {
 }
 
 // kindInfo is what the package knows of a kind beyond its selector: the
-// parameters it takes, and whether a sample consumes the slots it returns.
+// parameters it takes, whether a sample consumes the slots it returns, and
+// whether a Select returns again the slots the one before it returned.
 type kindInfo struct {
 	kind     Kind
 	params   []param
 	consumes bool
+	repeats  bool
 }
 
 // kindTable lists every kind, in the order Kinds returns them. Adding a
@@ -50,9 +52,9 @@ var kindTable = []kindInfo{
 	{kind: KindWithoutReplacement},
 	{kind: KindPrioritized, params: []param{{"alpha", 0.6, true}, {"beta", 0.4, true}, {"eps", 1e-8, false}}},
 	{kind: KindFIFO, consumes: true},
-	{kind: KindLIFO},
-	{kind: KindMaxHeap},
-	{kind: KindMinHeap},
+	{kind: KindLIFO, repeats: true},
+	{kind: KindMaxHeap, repeats: true},
+	{kind: KindMinHeap, repeats: true},
 }
 
 func infoOf(k Kind) (kindInfo, bool) {
@@ -79,6 +81,17 @@ func Kinds() []Kind {
 func (k Kind) Consumes() bool {
 	ki, _ := infoOf(k)
 	return ki.consumes
+}
+
+// Repeats reports whether a Select returns the first slots of a fixed
+// order and leaves them in (LIFO, MaxHeap, MinHeap), so that a second
+// Select returns the same slots while nothing changed in between. A
+// sample that replaces some of its rows (overwritten while it copied
+// them) with a second Select of as many would then hold a slot twice; it
+// selects all of them again instead.
+func (k Kind) Repeats() bool {
+	ki, _ := infoOf(k)
+	return ki.repeats
 }
 
 // Params returns the names of the parameters k takes, in the order

@@ -189,6 +189,9 @@ func TestKinds_Table(t *testing.T) {
 		if k.Consumes() != (k == KindFIFO) {
 			t.Errorf("%s.Consumes() = %v", k, k.Consumes())
 		}
+		if s, _ := New(spec, 64); k.Repeats() != selectsTwiceTheSame(s) {
+			t.Errorf("%s.Repeats() = %v; two Selects of 8 in a row returned the same slots: %v", k, k.Repeats(), !k.Repeats())
+		}
 	}
 	if _, err := Defaults("stack"); err == nil {
 		t.Error("Defaults(stack) succeeded")
@@ -196,4 +199,17 @@ func TestKinds_Table(t *testing.T) {
 	if _, err := (Spec{Kind: "stack"}).With("alpha", 1); err == nil {
 		t.Error("With on an unknown kind succeeded")
 	}
+}
+
+// selectsTwiceTheSame fills s, a selector of 64 slots, and reports whether
+// two Selects of 8 in a row return the same slots (by chance, for a random
+// one, about never: the rng is seeded).
+func selectsTwiceTheSame(s Selector) bool {
+	for slot := range 64 {
+		s.Insert(slot, uint64(slot), float64(slot))
+	}
+	rng := newRand(3)
+	a, _, _ := s.Select(rng, 8, nil, nil)
+	b, _, _ := s.Select(rng, 8, nil, nil)
+	return slices.Equal(a, b)
 }

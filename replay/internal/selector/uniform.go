@@ -49,12 +49,14 @@ func (u *uniform) Update(int, float64) {}
 
 func (u *uniform) Priority(slot int) float64 { return presence(u.has(slot)) }
 
+func (u *uniform) Mass(slot int) float64 { return presence(u.has(slot)) }
+
 func (u *uniform) has(slot int) bool { return u.set.has(slot) }
 
 func (u *uniform) Spec() Spec { return Spec{Kind: KindUniform} }
 
-// presence is the Priority of a non-prioritized selector's slot: 1 if
-// present, 0 if absent.
+// presence is the Priority and the Mass of a non-prioritized selector's
+// slot: 1 if present, 0 if absent.
 func presence(present bool) float64 {
 	if present {
 		return 1
