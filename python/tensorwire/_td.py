@@ -285,10 +285,17 @@ def _set_refs(arrays, root):
     return True
 
 
+# The most bytes an array may have (numpy's, and a Go int's, limit): no
+# dimension of a received tensor is larger, nor are the bytes of its
+# non-zero dimensions together (a tensor with a zero dimension takes no
+# bytes, whatever its others: numpy still refuses them past this).
+_MAX_BYTES = (1 << 63) - 1
+
+
 def _entries(w):
     """The entries of a wire TD received from a peer, each checked to be
     one this side can build (the entry, its key and kind; a tensor's dtype
-    and shape; data's bytes), as (key list, entry dict); InternalError
+    and shape, within _MAX_BYTES; data's bytes), as (key list, entry dict); InternalError
     naming what is wrong otherwise. A peer that sends anything else is not
     speaking the protocol: nothing it sent is used."""
     if not isinstance(w, dict):
@@ -311,12 +318,13 @@ def _entries(w):
             raise InternalError(f"TD entry with key {key!r}: not UTF-8") from None
         kind = e.get("kind")
         if kind == "tensor":
-            numpy_dtype_of(e.get("dtype"), key)
+            dt = numpy_dtype_of(e.get("dtype"), key)
             shape = e.get("shape")
             if shape is None:
                 shape = e["shape"] = []
             if (not isinstance(shape, list)
-                    or not all(is_int(d) and d >= 0 for d in shape)):
+                    or not all(is_int(d) and 0 <= d <= _MAX_BYTES for d in shape)
+                    or math.prod(d for d in shape if d) * dt.itemsize > _MAX_BYTES):
                 raise InternalError(f"TD {key}: shape {shape!r}")
         elif kind == "data":
             if not isinstance(e.get("data"), (bytes, str, type(None))):

@@ -69,6 +69,7 @@ class Stream:
         self.sink_pos = 0
         self.recv_window = window  # what the node may still send
         self.unacked = 0  # consumed bytes not yet given back as window
+        self.consumed = 0  # bytes read out of the stream in all (read_into), a failed read's too
         self.send_window = INITIAL_WINDOW
         self.remote_fin = False
         self.reset = False
@@ -91,7 +92,9 @@ class Stream:
         straight into mv as it arrives (the stream's sink), with no chunk
         allocated and copied between. The window is given back every half
         window, so that a read larger than the window keeps the node
-        sending."""
+        sending. A read that fails (its deadline passed, the stream reset)
+        has consumed the bytes it filled mv with: consumed counts them, so
+        that a caller can continue where the read stopped."""
         mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
         n, pos = len(mv), 0
         s = self.session
@@ -115,6 +118,7 @@ class Stream:
                             self.chunks[0] = c[k:]
                         self.buffered -= k
                     self.unacked += got
+                    self.consumed += got
                     if self.unacked >= s.window // 2 and not self.discard:
                         update, self.unacked = self.unacked, 0
                         self.recv_window += update
@@ -132,7 +136,11 @@ class Stream:
         finally:
             if self.sink is not None:
                 with s.mu:
-                    self.sink = None  # a failed read: nothing more goes into mv
+                    if self.sink is not None:  # a failed read: nothing more goes into mv
+                        got = self.sink_pos - pos  # what the reader wrote in since read_into last looked
+                        self.unacked += got
+                        self.consumed += got
+                        self.sink = None
 
     # Writing.
 

@@ -508,16 +508,22 @@ class Pending:
 
     def result(self):
         """The call's result; raises its error. Call it once, from one thread
-        (later calls return the same)."""
+        (later calls return the same, or raise the same error: whatever
+        the first raised, an error of this client's own too)."""
         if not self._done:
             self._done = True
             try:
                 self._value = self._read()
-            except TensorwireError as e:
-                self._error = e
             except _wire.ProtocolError as e:
                 self._conn.session.fail(UnavailableError(f"{self.method}: {e}"))
                 self._error = InternalError(f"{self.method}: {e}")
+            except Exception as e:  # noqa: BLE001 (a TensorwireError, or a bug's: recorded all the same)
+                self._error = e
+            except BaseException as e:
+                # Interrupted mid-way (KeyboardInterrupt): the response is lost.
+                self._error = CanceledError(f"{self.method}: interrupted by {type(e).__name__} while reading "
+                                            "the response")
+                raise
             finally:
                 self._st = None
         if self._error is not None:
@@ -651,6 +657,7 @@ class MessageStream:
         self._result_tds = result_tds
         self._ended = None  # the handler's end: None while it has not ended, else its error or StreamEnd
         self._sent_end = False
+        self._incoming = None  # the message recv reads (_Incoming), kept when a recv is cut short
 
     def recv(self, timeout=None, into=None):
         """The node's next message (its decoded argument, TensorDicts at
@@ -660,16 +667,23 @@ class MessageStream:
         caller holds: a message's TensorDict there is read from the
         connection straight into them when it fits (the same keys, dtypes
         and shapes), and is then that very dict; else it is made as without
-        into, and the caller's arrays are untouched."""
+        into, and the caller's arrays are untouched.
+
+        A message that is not one this client can decode (its TensorDicts'
+        description, or non-tensor data that is not JSON) is that recv's
+        InternalError: its body is skipped, and the next recv reads the next
+        message. timeout (seconds) bounds this recv only: at it recv raises
+        DeadlineExceededError and leaves the stream as it was, also in the
+        middle of a message, whose bytes read so far are kept, the next recv
+        going on with it (into the arrays the first recv chose, with its
+        into). Once the stream's own deadline passed, the stream is ended."""
         if self._ended is not None:
             raise self._ended
         d = _min_deadline(self._deadline, _deadline(timeout))
-        st = self._st
+        if self._incoming is None:
+            self._incoming = _Incoming()
         try:
-            (n,) = struct.unpack(">I", st.read_exact(4, d))
-            if n == 0 or n > _wire.MAX_HEADER_BYTES:
-                raise _wire.ProtocolError(f"stream frame header of {n} bytes")
-            r = _wire.parse_stream_header(st.read_exact(n, d))
+            value, err = self._read(self._incoming, d, into)
         except _wire.ProtocolError as e:
             self._conn.session.fail(UnavailableError(f"{self.method}: {e}"))
             self._ended = UnavailableError(f"{self.method}: {e}")
@@ -680,35 +694,102 @@ class MessageStream:
                 self._st.reset_stream()
             raise
         except TensorwireError as e:
-            self._ended = e
+            if self._ended is None:
+                self._ended = e
             raise
-        if r.end:
-            self._ended = StreamEnd(self.method) if r.code == 0 else r.error()
-            raise self._ended
-        raw = st.read_exact(r.arg_len, d)
-        try:
-            value = _msgpack.unpackb(raw) if raw else None
-            rtds, rpaths = _result_tds(value, self._result_tds, with_paths=True)
-            checked = [wire_entries(w) for _, _, w in rtds]
-            fill = _body_filler(st, r, d, self._client.compression, sum(n for _, n in checked))
-        except (_msgpack.DecodeError, InternalError) as e:
-            # The message's body is skipped whole: the next recv reads the
-            # next frame.
-            _skip(st, r.body_len, d)
-            raise InternalError(f"{self.method}: {e}") from None
-        except _lz4.FrameError as e:
-            raise InternalError(f"{self.method}: {e}") from None  # the frame was read whole
-
-        into = {_path_key(k): v for k, v in (into or {}).items()}
-        filled = set()  # a path of several TDs ("*") fills its dict once
-        for (parent, k, w), (entries, _), path in zip(rtds, checked, rpaths):
-            dst = into.get(path)
-            if dst is not None and path not in filled and fits(entries, dst):
-                filled.add(path)
-                parent[k] = build_into(dst, fill, entries)
-            else:
-                parent[k] = build(w, fill, entries)
+        self._incoming = None
+        if err is not None:
+            raise err
         return value
+
+    def _read(self, m, d, into):
+        """Reads the message m (an _Incoming) on from where it stands, until
+        deadline d: (value, None), or (None, its InternalError) for a
+        message this client cannot decode, its body skipped. A read cut
+        short (DeadlineExceededError, an interrupt) leaves m where it
+        stopped."""
+        st = self._st
+        r = m.r
+        if r is None:
+            if m.n is None:
+                (n,) = struct.unpack(">I", self._fill(m, 4, d))
+                if n == 0 or n > _wire.MAX_HEADER_BYTES:
+                    raise _wire.ProtocolError(f"stream frame header of {n} bytes")
+                m.n = n
+            r = _wire.parse_stream_header(self._fill(m, m.n, d))
+            if r.end:
+                self._ended = StreamEnd(self.method) if r.code == 0 else r.error()
+                raise self._ended
+            m.r = r
+        if m.raw is None:
+            m.raw = self._fill(m, r.arg_len, d)
+        if m.views is None and m.err is None:
+            # The TensorDicts are made (their arrays allocated, or into's
+            # taken) before any byte of the body is read, so that a message
+            # that fails to decode is one whose body is skipped whole.
+            try:
+                value = _msgpack.unpackb(m.raw) if m.raw else None
+                rtds, rpaths = _result_tds(value, self._result_tds, with_paths=True)
+                checked = [wire_entries(w) for _, _, w in rtds]
+                _check_body(r, self._client.compression, sum(n for _, n in checked))
+                views = []
+                into = {_path_key(k): v for k, v in (into or {}).items()}
+                filled = set()  # a path of several TDs ("*") fills its dict once
+                for (parent, k, w), (entries, _), path in zip(rtds, checked, rpaths):
+                    dst = into.get(path)
+                    if dst is not None and path not in filled and fits(entries, dst):
+                        filled.add(path)
+                        parent[k] = build_into(dst, views.append, entries)
+                    else:
+                        parent[k] = build(w, views.append, entries)
+            except (_msgpack.DecodeError, InternalError) as e:
+                m.err, m.skip = InternalError(f"{self.method}: {e}"), r.body_len
+            else:
+                m.value, m.views = value, views
+        if m.err is not None:
+            while m.skip > 0:
+                k = min(m.skip, 1 << 20)
+                c0 = st.consumed
+                try:
+                    st.read_exact(k, d)
+                finally:
+                    m.skip -= st.consumed - c0
+            return None, m.err
+        if r.raw_len:
+            frame = self._fill(m, r.body_len, d) if r.body_len else b""
+            try:
+                fill = _lz4.filler(_lz4.decompress(frame, r.raw_len))
+            except _lz4.FrameError as e:
+                return None, InternalError(f"{self.method}: {e}")  # the frame was read whole
+            for mv in m.views:
+                fill(mv)
+            return m.value, None
+        while m.i < len(m.views):
+            self._fill_into(m, m.views[m.i], d)
+            m.i += 1
+        return m.value, None
+
+    def _fill(self, m, n, d):
+        """The next n bytes of the stream (a bytes), those a read cut short
+        left in m included."""
+        if m.buf is None:
+            m.buf = bytearray(n)
+        self._fill_into(m, memoryview(m.buf), d)
+        b, m.buf = bytes(m.buf), None
+        return b
+
+    def _fill_into(self, m, mv, d):
+        """Fills mv (bytes) from the stream on from m.off, what a read cut
+        short filled; m.off is 0 again once mv is full."""
+        if m.off < len(mv):
+            st = self._st
+            c0 = st.consumed
+            try:
+                st.read_into(mv[m.off:], d)
+            except BaseException:
+                m.off += st.consumed - c0
+                raise
+        m.off = 0
 
     def send(self, arg, timeout=None):
         """Sends a message (arg, a dict; TD values travel as TensorDicts)."""
@@ -769,6 +850,22 @@ class MessageStream:
         self.close()
 
 
+class _Incoming:
+    """A message of a message stream as far as recv has read it, so that a
+    recv cut short (its timeout) leaves the next one to go on with it: the
+    frame header's length n and header r; its argument raw; then either
+    its decoded value and the memoryviews of its TensorDicts' arrays, in
+    body order, filled up to views[i], or the error of a message that
+    could not be decoded and the body bytes left to skip. buf and off: the
+    buffer being filled and how far."""
+
+    __slots__ = ("n", "r", "raw", "value", "views", "i", "err", "skip", "buf", "off")
+
+    def __init__(self):
+        self.n = self.r = self.raw = self.value = self.views = self.err = self.buf = None
+        self.i = self.skip = self.off = 0
+
+
 def _min_deadline(a, b):
     if a is None:
         return b
@@ -791,10 +888,7 @@ def _body_filler(st, r, deadline, compression, need):
     TensorDicts are filled, or, for an LZ4 frame (raw_len set), reads the
     frame whole first and hands out its bytes decompressed
     (_lz4.FrameError when it is not one frame of exactly raw_len bytes)."""
-    if r.raw_len and not compression:
-        raise InternalError("an lz4-compressed body; this client asked for uncompressed ones")
-    if need != (r.raw_len or r.body_len):
-        raise InternalError(f"the TensorDicts need {need} body bytes, the body has {r.raw_len or r.body_len}")
+    _check_body(r, compression, need)
     if not r.raw_len:
         def fill(mv):
             st.read_into(mv, deadline)
@@ -803,6 +897,16 @@ def _body_filler(st, r, deadline, compression, need):
     if r.body_len:
         st.read_into(memoryview(frame), deadline)
     return _lz4.filler(_lz4.decompress(frame, r.raw_len))
+
+
+def _check_body(r, compression, need):
+    """InternalError unless the body of header r has the `need` bytes its
+    TensorDicts need, and is not an LZ4 frame a client without compression
+    did not ask for."""
+    if r.raw_len and not compression:
+        raise InternalError("an lz4-compressed body; this client asked for uncompressed ones")
+    if need != (r.raw_len or r.body_len):
+        raise InternalError(f"the TensorDicts need {need} body bytes, the body has {r.raw_len or r.body_len}")
 
 
 def _skip(st, n, deadline):

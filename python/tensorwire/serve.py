@@ -287,6 +287,9 @@ class Client(BellRequests):
         self._closed = False
         self._flight = ()  # requests sent whose response the collector waits for (a tuple, replaced whole)
         self._waiting = collections.deque()  # requests waiting to be admitted, in order
+        # (deadline, threading.Timer): fails the asynchronous requests still
+        # waiting to be admitted at their deadline (_expire); None when none waits with one.
+        self._expiry = None
         self._admitted = 0  # requests admitted and not yet released
         self._collector = None
         self._retry_pool = None
@@ -413,7 +416,10 @@ class Client(BellRequests):
         future when the response comes. Any number may be in flight at once.
         Raises SchemaError at once, before anything is sent; the other
         errors are the future's. Callbacks added to the future run on the
-        collector thread: keep them short."""
+        collector thread: keep them short. timeout counts from now, the
+        time the request waits in the client included: one still waiting
+        for earlier ones (max_in_flight, or the slots) at it fails with
+        DeadlineExceededError then, as predict's does."""
         self._mine()
         req = self._request(inputs, timeout, as_torch, return_version)
         req.future = concurrent.futures.Future()
@@ -423,6 +429,8 @@ class Client(BellRequests):
                 raise ClosedError("serve: closed")
             if self._waiting or not self._admit_locked(req):
                 self._waiting.append(req)
+                if req.deadline is not None:
+                    self._expire_at_locked(req.deadline)
                 return req.future
         self._copy_in(req)
         self._launch(req)
@@ -479,7 +487,10 @@ class Client(BellRequests):
             self._bell_flight.clear()
             waiting = list(self._waiting)
             self._waiting.clear()
+            expiry, self._expiry = self._expiry, None
             self._cv.notify_all()
+        if expiry is not None:
+            expiry[1].cancel()
         if self._ring is not None:
             self._ring.wake_all()  # predictions waiting by bell find the client closed
         if self._watch is not None:
@@ -889,13 +900,61 @@ class Client(BellRequests):
             left = _left(req.deadline)
             if not req.admitted.wait(left):
                 with self._mu:
-                    if not req.holds:
+                    gone = not req.holds and not self._closed
+                    if gone:
+                        # Those behind it may fit what it leaves.
                         self._waiting.remove(req)
-                        raise DeadlineExceededError("serve: predict: still waiting for the requests before it "
-                                                    "at the deadline")
+                        ready = self._admit_waiting_locked()
+                if gone:
+                    self._start(ready)
+                    raise DeadlineExceededError("serve: predict: still waiting for the requests before it "
+                                                "at the deadline")
             if self._closed:
                 raise ClosedError("serve: closed")
         self._copy_in(req)
+
+    def _expire_at_locked(self, deadline):
+        """Has _expire run at deadline, unless it runs by then already: one
+        timer for all the asynchronous requests waiting to be admitted, set
+        for the first of their deadlines (a sleeping thread, no polling);
+        self._mu is held."""
+        if self._expiry is not None:
+            if self._expiry[0] <= deadline:
+                return
+            self._expiry[1].cancel()
+        t = threading.Timer(max(deadline - time.monotonic(), 0.0), self._expire)
+        t.name = "tensorwire-serve-expiry"
+        t.daemon = True
+        self._expiry = (deadline, t)
+        t.start()
+
+    def _expire(self):
+        """The expiry timer (_expire_at_locked): fails with
+        DeadlineExceededError the asynchronous requests still waiting to be
+        admitted whose deadline passed, admits those behind them that fit
+        now, and sets the timer for the next deadline of those left."""
+        with self._mu:
+            if self._expiry is not None and self._expiry[1] is threading.current_thread():
+                self._expiry = None
+            if self._closed:
+                return
+            now = time.monotonic()
+            expired = [r for r in self._waiting if r.future is not None and r.deadline is not None
+                       and r.deadline <= now]
+            ready = []
+            if expired:
+                gone = set(map(id, expired))
+                keep = [r for r in self._waiting if id(r) not in gone]
+                self._waiting.clear()
+                self._waiting.extend(keep)
+                ready = self._admit_waiting_locked()
+            left = [r.deadline for r in self._waiting if r.future is not None and r.deadline is not None]
+            if left:
+                self._expire_at_locked(min(left))
+        for r in expired:
+            _fail(r, DeadlineExceededError("serve: predict: still waiting for the requests before it at the "
+                                           "deadline"))
+        self._start(ready)
 
     def _copy_in(self, req):
         if self._ref:

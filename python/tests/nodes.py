@@ -450,3 +450,97 @@ class ScriptedNode:
                 pending[sid] = buf
         except (EOFError, OSError):
             return
+
+
+class HandlerNode:
+    """A node over a socket whose handler decides, request by request, what
+    to send and when (ScriptedNode only replays a script, at once): the
+    handshake in protocol version 3 without a token and with no side
+    connections, then yamux. handler(node, conn, sid, header, arg, body)
+    is called on a thread of its own for each request (a call's, or a
+    message stream's opening one; header and arg decoded), and sends what
+    it likes with node.send(conn, sid, bytes), or nothing."""
+
+    def __init__(self, handler):
+        self.handler = handler
+        self.ls = socket.socket()
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(8)
+        self.addr = "127.0.0.1:%d" % self.ls.getsockname()[1]
+        self.conns = []
+        self.wmu = threading.Lock()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def close(self):
+        self.ls.close()
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    def send(self, c, sid, data, flags=0):
+        """Sends data on stream sid as one data frame."""
+        with self.wmu:
+            c.sendall(struct.pack(">BBHII", 0, 0, flags, sid, len(data)) + data)
+
+    @staticmethod
+    def response(value):
+        """A call's response without a body: value as its argument."""
+        from tensorwire import _msgpack, _wire
+        raw = _msgpack.packb(value)
+        return _wire.response_header(0, "", "", len(raw), 0) + raw
+
+    def _serve(self):
+        while True:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._conn, args=(c,), daemon=True).start()
+
+    _read = staticmethod(ScriptedNode._read)
+
+    def _conn(self, c):
+        from tensorwire import _msgpack, _wire
+        try:
+            h = self._read(c, 64)
+            if h[4] > 3:
+                c.sendall(_wire.hello(0, os.urandom(32), os.urandom(16), 3) + _wire.status(9, "unsupported version"))
+                c.close()
+                return
+            c.sendall(_wire.hello(0, os.urandom(32), os.urandom(16), h[4]) + _wire.status(0)
+                      + (bytes(40) if h[4] >= 3 else b""))
+            pending, streams = {}, set()
+            while True:
+                _, typ, flags, sid, length = struct.unpack(">BBHII", self._read(c, 12))
+                if typ == 2:  # ping
+                    if flags & 1:
+                        with self.wmu:
+                            c.sendall(struct.pack(">BBHII", 0, 2, 2, 0, length))
+                    continue
+                if typ != 0 or not length:
+                    continue
+                buf = pending.get(sid, b"") + self._read(c, length)
+                if sid in streams:
+                    continue  # what the client sends on a message stream is dropped
+                while len(buf) >= 4:
+                    (n,) = struct.unpack(">I", buf[:4])
+                    if len(buf) < 4 + n:
+                        break
+                    hdr = _wire.parse_request_header(buf[4:4 + n])
+                    a, b = hdr.get("arg_len", 0), hdr.get("body_len", 0)
+                    end = 4 + n + a + b
+                    if len(buf) < end:
+                        break
+                    arg = _msgpack.unpackb(buf[4 + n:4 + n + a]) if a else None
+                    body = buf[4 + n + a:end]
+                    buf = buf[end:]
+                    if hdr.get("stream"):
+                        streams.add(sid)
+                    threading.Thread(target=self.handler, args=(self, c, sid, hdr, arg, body), daemon=True).start()
+                pending[sid] = buf
+        except (EOFError, OSError):
+            return

@@ -315,6 +315,90 @@ class TestLyingRPCNode(unittest.TestCase):
         finally:
             node.close()
 
+    def test_bad_message_body_read_after_part_of_it(self):
+        """A message whose TensorDict fails to be made (non-tensor data that
+        is not JSON, or a key that runs through a tensor) once a tensor
+        before it took part of the body is that recv's InternalError, and
+        the stream goes on with the next message: the rest of its body is
+        skipped. Before the fix that rest was read as the next frame's
+        header, which failed the whole connection (UnavailableError)."""
+        tensor = {"key": ["x"], "kind": "tensor", "dtype": "torch.uint8", "shape": [8], "ref": None, "data": None}
+        bad_tds = [
+            [tensor, {"key": ["m"], "kind": "data", "dtype": "", "shape": None, "ref": None, "data": b"{"},
+             dict(tensor, key=["y"])],
+            [tensor, dict(tensor, key=["x", "z"]), dict(tensor, key=["y"])],
+        ]
+        t = TD({"x": np.arange(8, dtype=np.uint8)})
+        t.prepare(None)
+        good = (_msgpack.packb({"td": t.wire}), t.parts[0].tobytes())
+        for entries in bad_tds:
+            with self.subTest(entries=entries):
+                td = {"batch": [8], "rows": None, "gathered": False, "out": False, "entries": entries}
+                bad = (_msgpack.packb({"td": td}), b"\xff" * 8 * sum(e["kind"] == "tensor" for e in entries))
+                node = ScriptedNode([], [bad, good])
+                try:
+                    with tensorwire.Client(node.addr, timeout=10) as c:
+                        ms = c.open_stream("liar.watch", {}, timeout=10, result_tds=("td",))
+                        with self.assertRaises(InternalError) as cm:
+                            ms.recv()
+                        got = ms.recv()
+                        np.testing.assert_array_equal(got["td"]["x"], np.arange(8, dtype=np.uint8))
+                        with self.assertRaises(tensorwire.rpc.StreamEnd):
+                            ms.recv()
+                        ms.close()
+                        self.assertIn("liar.watch", str(cm.exception))
+                finally:
+                    node.close()
+
+    def test_empty_tensor_with_a_huge_dimension(self):
+        """A TensorDict with a tensor no array can have, though its bytes
+        pass the body's length check (a zero dimension beside one past
+        numpy's limit, or non-zero dimensions of more bytes than it allows
+        beside a zero one), is the call's InternalError, as other bad
+        TensorDicts are, every time result() is asked, and the next call
+        gets its own response. Before the fix it was numpy's ValueError
+        from np.empty, and a second result() returned None."""
+        value, body = valid_response()
+        good = (_msgpack.packb(value), body)
+        for shape in ([0, 1 << 63], [0, (1 << 64) - 1], [1 << 62, 0, 4]):
+            with self.subTest(shape=shape):
+                td = {"batch": [0], "rows": None, "gathered": False, "out": False,
+                      "entries": [{"key": ["x"], "kind": "tensor", "dtype": "torch.uint8", "shape": shape,
+                                   "ref": None, "data": None}]}
+                node = ScriptedNode([(_msgpack.packb({"td": td}), b""), good])
+                try:
+                    with tensorwire.Client(node.addr, timeout=10) as c:
+                        p = c.start("liar.get", {}, timeout=10, result_tds=("td",))
+                        with self.assertRaises(InternalError) as cm:
+                            p.result()
+                        self.assertIn("shape", str(cm.exception))
+                        with self.assertRaises(InternalError):
+                            p.result()
+                        got = c.call("liar.get", {}, timeout=10, result_tds=("td",))
+                        self.assertEqual(got["n"], 3)
+                finally:
+                    node.close()
+
+    def test_result_raises_its_error_again(self):
+        """Pending.result() raises the first one's error every time it is
+        asked, an error that is not a TensorwireError (a bug's) too. Before
+        the fix a second result() returned None."""
+        from unittest import mock
+        value, body = valid_response()
+        node = ScriptedNode([(_msgpack.packb(value), body), (_msgpack.packb(value), body)])
+        try:
+            with tensorwire.Client(node.addr, timeout=10) as c:
+                p = c.start("liar.get", {}, timeout=10, result_tds=("td",))
+                with mock.patch("tensorwire.rpc.build", side_effect=ValueError("a bug")):
+                    with self.assertRaises(ValueError):
+                        p.result()
+                with self.assertRaises(ValueError):
+                    p.result()
+                got = c.call("liar.get", {}, timeout=10, result_tds=("td",))
+                self.assertEqual(got["n"], 3)
+        finally:
+            node.close()
+
 
 def loader_join(**change):
     """A producer's answer to join: 4 samples of float32 rows of 3 in

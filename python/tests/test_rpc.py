@@ -13,8 +13,10 @@ import unittest
 import numpy as np
 
 import tensorwire
+from tensorwire import _lz4, _msgpack, _wire
+from tensorwire._td import TD
 
-from nodes import REPO, TOKEN, Node, ScriptedNode, binary, wait_until
+from nodes import REPO, TOKEN, HandlerNode, Node, ScriptedNode, binary, wait_until
 
 GOLDEN = os.path.join(REPO, "tensordict", "testdata", "golden")
 
@@ -412,6 +414,99 @@ class TestNodeFailures(unittest.TestCase):
                 os.kill(node.proc.pid, signal.SIGCONT)
             self.assertIn("peers", wait_until(lambda: _try(c.stats), what="the client reconnects"))
             c.close()
+
+
+class TestStreamTimeouts(unittest.TestCase):
+    """recv(timeout=) on a message stream whose node sends a message in two
+    parts, the second after the timeout: the recv that times out leaves the
+    stream as it was, and the next recv gets the message whole (as Go's
+    Stream.Recv does when its context ends)."""
+
+    X = np.arange(300, dtype=np.uint8)
+
+    @staticmethod
+    def handler(node, c, sid, hdr, arg, body):
+        """Sends the messages arg["messages"] names ("good": one of X,
+        "bad": one whose dtype is no dtype, "lz4": X as an LZ4 frame), then
+        the end, cut after arg["cut"] bytes for half a second."""
+        out = b""
+        for kind in arg["messages"]:
+            t = TD({"x": TestStreamTimeouts.X})
+            t.prepare(None)
+            if kind == "bad":
+                t.wire["entries"][0]["dtype"] = "torch.nope"
+            raw, b = _msgpack.packb({"td": t.wire}), t.parts[0].tobytes()
+            raw_len = 0
+            if kind == "lz4":
+                import lz4.frame
+                b, raw_len = lz4.frame.compress(b), len(b)
+            out += _wire.stream_message_header(len(raw), len(b), raw_len) + raw + b
+        out += _wire.stream_end_header(0)
+        node.send(c, sid, out[:arg["cut"]])
+        time.sleep(0.5)
+        node.send(c, sid, out[arg["cut"]:])
+
+    def test_recv_timeout_in_the_middle_of_a_message(self):
+        """The message is cut in its frame's length, its header, its
+        argument and its body (into the caller's arrays with into, an LZ4
+        body too): the recv that times out raises DeadlineExceededError, the
+        next returns the message, the one after that StreamEnd, all on the
+        one connection. Before the fix the bytes the timed-out recv had
+        read were lost, and the next recv read the rest of the message as
+        a frame header: a ProtocolError that failed the whole connection."""
+        t = TD({"x": self.X})
+        t.prepare(None)
+        head = len(_wire.stream_message_header(1, 1)) + len(_msgpack.packb({"td": t.wire}))
+        cases = [(cut, into, "good") for cut in (2, 7, head - 2, head + 100) for into in (False, True)]
+        if _lz4.available():
+            cases.append((head + 10, False, "lz4"))
+        node = HandlerNode(self.handler)
+        try:
+            with tensorwire.Client(node.addr, timeout=10, compression=_lz4.available()) as c:
+                for cut, into, kind in cases:
+                    with self.subTest(cut=cut, into=into, kind=kind):
+                        dst = {"x": np.zeros_like(self.X)}
+                        kw = {"into": {"td": dst}} if into else {}
+                        ms = c.open_stream("liar.watch", {"messages": [kind], "cut": cut}, timeout=30,
+                                           result_tds=("td",))
+                        with self.assertRaises(tensorwire.DeadlineExceededError):
+                            ms.recv(timeout=0.2, **kw)
+                        got = ms.recv(timeout=10, **kw)
+                        np.testing.assert_array_equal(got["td"]["x"], self.X)
+                        if into:
+                            self.assertIs(got["td"], dst)
+                        with self.assertRaises(tensorwire.rpc.StreamEnd):
+                            ms.recv(timeout=10)
+                        ms.close()
+                self.assertEqual(c.connections, 1)
+        finally:
+            node.close()
+
+    def test_recv_timeout_while_a_bad_message_is_skipped(self):
+        """A message this client cannot decode, cut in its body: the recv
+        that times out raises DeadlineExceededError, the next one the
+        message's InternalError (the rest of its body skipped), and the
+        stream goes on with the next message."""
+        t = TD({"x": self.X})
+        t.prepare(None)
+        t.wire["entries"][0]["dtype"] = "torch.nope"
+        head = len(_wire.stream_message_header(1, 1)) + len(_msgpack.packb({"td": t.wire}))
+        node = HandlerNode(self.handler)
+        try:
+            with tensorwire.Client(node.addr, timeout=10) as c:
+                ms = c.open_stream("liar.watch", {"messages": ["bad", "good"], "cut": head + 100}, timeout=30,
+                                   result_tds=("td",))
+                with self.assertRaises(tensorwire.DeadlineExceededError):
+                    ms.recv(timeout=0.2)
+                with self.assertRaises(tensorwire.InternalError):
+                    ms.recv(timeout=10)
+                np.testing.assert_array_equal(ms.recv(timeout=10)["td"]["x"], self.X)
+                with self.assertRaises(tensorwire.rpc.StreamEnd):
+                    ms.recv(timeout=10)
+                ms.close()
+                self.assertEqual(c.connections, 1)
+        finally:
+            node.close()
 
 
 def _state(pid):

@@ -6,6 +6,8 @@ queue, a wrong token), the node killed and restarted under predictions, and
 the client's slots under the root."""
 
 import asyncio
+import collections
+import concurrent.futures
 import os
 import subprocess
 import tempfile
@@ -18,7 +20,7 @@ import numpy as np
 import tensorwire
 from tensorwire import serve
 
-from nodes import TOKEN, CountingProxy, Node, goclient, wait_until, write_state_dict
+from nodes import TOKEN, CountingProxy, HandlerNode, Node, goclient, wait_until, write_state_dict
 
 MODES = ("ref", "bytes")
 SIZES = [64, 256, 16]
@@ -352,6 +354,101 @@ class TestQueueFull(unittest.TestCase):
                 self.assertIsInstance(seen, tensorwire.ResourceExhaustedError)
                 self.assertEqual(seen.reason, "serve.queue_full")
                 self.assertGreater(c.stats()["queue_full"], 0)
+
+
+class TestAdmission(unittest.TestCase):
+    """Requests waiting in the client to be admitted (max_in_flight, or the
+    free slots by reference) and their deadlines."""
+
+    INFO = {"name": "m", "input": [{"key": ["x"], "dtype": "torch.float32", "shape": [2]}],
+            "output": [{"key": ["y"], "dtype": "torch.float32", "shape": [2]}], "max_batch": 4}
+
+    def test_predict_async_deadline_while_waiting_in_the_client(self):
+        """predict_async(timeout=t) behind max_in_flight requests that do not
+        end (a node that never answers) fails with DeadlineExceededError at
+        t, as a blocking predict does, and the requests before it are left
+        as they are. Before the fix its deadline was not looked at while it
+        waited in the client: its future stayed pending until a request
+        before it ended (here never)."""
+        def handler(node, c, sid, hdr, arg, body):
+            if hdr["method"] == "serve.info":
+                node.send(c, sid, node.response(self.INFO))
+            # serve.predict: never answered (a slow model, a stuck node)
+
+        node = HandlerNode(handler)
+        try:
+            c = serve.Client(node.addr, "m", max_in_flight=1, timeout=10)
+            try:
+                x = {"x": np.ones((1, 2), np.float32)}
+                first = c.predict_async(x)  # no timeout: holds the only request in flight
+                second = c.predict_async(x, timeout=0.3)
+                third = c.predict_async(x, timeout=0.6)
+                t0 = time.monotonic()
+                for f in (second, third):
+                    try:
+                        f.result(timeout=3)
+                        self.fail("a prediction the node never answered succeeded")
+                    except tensorwire.DeadlineExceededError:
+                        pass
+                    except concurrent.futures.TimeoutError:
+                        self.fail("predict_async(timeout=...) still pending after 3 s: its deadline is not "
+                                  "enforced while it waits to be admitted")
+                self.assertLess(time.monotonic() - t0, 2.0)
+                self.assertFalse(first.done())
+                self.assertEqual(len(c._waiting), 0)
+            finally:
+                c.close()
+            with self.assertRaises(serve.ClosedError):
+                first.result(timeout=5)
+        finally:
+            node.close()
+
+    def test_request_behind_one_that_timed_out_waiting_is_admitted(self):
+        """By reference, a predict that leaves the queue at its deadline lets
+        those behind it go when they fit the free slots: here 2 of 8 rows
+        are free, the 4-row head of the queue times out, and the 1-row
+        request behind it is admitted at once. Before the fix it waited
+        until a request in flight ended (here never: it failed at its own
+        deadline). Played on the client's admission alone, no node."""
+        c = object.__new__(serve.Client)
+        c._mu = threading.Lock()
+        c._cv = threading.Condition(c._mu)
+        c._closed = False
+        c._waiting = collections.deque()
+        c._expiry = None
+        c._admitted = 0
+        c.max_in_flight = 128
+        c._ref = True
+        c._free = serve._Slots(8)
+        c._in_mm = [np.zeros((8, 2), np.float32)]
+
+        def req(n, timeout):
+            return serve._Req([np.ones((n, 2), np.float32)], n, time.monotonic() + timeout, False, False)
+
+        a = req(6, 60)
+        c._acquire(a)  # in flight, holding rows [0, 6)
+        b, d = req(4, 0.3), req(1, 3.0)
+        errs = {}
+
+        def acquire(r, name):
+            try:
+                c._acquire(r)
+            except Exception as e:  # noqa: BLE001
+                errs[name] = e
+
+        tb = threading.Thread(target=acquire, args=(b, "b"))
+        tb.start()
+        wait_until(lambda: c._waiting, 5, "the 4-row request waiting")
+        td = threading.Thread(target=acquire, args=(d, "d"))
+        td.start()
+        tb.join(5)
+        self.assertIsInstance(errs.get("b"), tensorwire.DeadlineExceededError)
+        td.join(1.5)
+        self.assertFalse(td.is_alive() and not d.holds,
+                         "the 1-row request still waits 1.2 s after the head left, with 2 rows free")
+        td.join(5)
+        self.assertNotIn("d", errs)
+        self.assertEqual((d.start, d.n), (6, 1))
 
 
 class TestNodeKilledAndRestarted(unittest.TestCase):
