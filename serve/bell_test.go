@@ -1,13 +1,19 @@
 package serve
 
 import (
+	"context"
 	"errors"
-	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/tensorwire/tensorwire/internal/testkit/proctest"
 	"github.com/tensorwire/tensorwire/rpc"
+	"github.com/tensorwire/tensorwire/tensordict"
 )
 
 // bellClient dials the model by reference and checks that it goes by bell.
@@ -215,5 +221,181 @@ func TestBell_EntryOutsideTheSlots(t *testing.T) {
 	}
 	if c.id == first {
 		t.Error("the client did not register again")
+	}
+}
+
+// TestBell_RemoveWhileARequestRunsKeepsTheNode removes the model (as
+// Service.Close does, before the managers close, when a node stops) while
+// a request by bell is in a running batch. The node lives on: the
+// request's ring stays mapped while the request holds it and is unmapped
+// once it ends, and the request is not answered (its registration was
+// dropped), so its client finds the model gone. Before, the poller
+// unmapped the ring at Remove and the replica answered into it: a bounds
+// panic outside any recover killed the node. The node runs in a child
+// process, so that a crash fails this test and not the test binary.
+func TestBell_RemoveWhileARequestRunsKeepsTheNode(t *testing.T) {
+	if !bellSupported {
+		t.Skip("requests by bell need Linux")
+	}
+	if os.Getenv("SERVE_TEST_REMOVE_CHILD") == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestBell_RemoveWhileARequestRunsKeepsTheNode$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "SERVE_TEST_REMOVE_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS") {
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			t.Fatalf("the node's process: %v\n%s", err, strings.Join(lines[:min(len(lines), 20)], "\n"))
+		}
+		return
+	}
+	root := t.TempDir()
+	b := &behaviour{gate: make(chan struct{}), started: make(chan int, 10)}
+	n := serveModel(t, root, testConfig(b, 4))
+	c := bellClient(t, n.addr, root)
+	s, _ := n.svc.lookup("model")
+	s.mu.Lock()
+	r := s.clients[c.id]
+	s.mu.Unlock()
+	errc := make(chan error, 1)
+	go func() {
+		_, _, err := c.Predict(ctxT(t), rowsOf(t, 1, 1))
+		errc <- err
+	}()
+	<-b.started // the request's batch runs
+	n.svc.Remove("model")
+	mapped := func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return r.ring.b.Len() > 0
+	}
+	if !mapped() {
+		t.Fatal("Remove unmapped the ring of a request in a batch")
+	}
+	close(b.gate) // the batch ends
+	if err := <-errc; !errors.Is(err, ErrNotFound) {
+		t.Errorf("the request in a batch at Remove: %v; want ErrNotFound", err)
+	}
+	poll(t, "the ring to be unmapped once its request ended", func() bool { return !mapped() })
+	if st := n.m.Stats(); st.Batches != 1 {
+		t.Errorf("%d batches, want 1", st.Batches)
+	}
+}
+
+// TestBell_ResentRequestIsAnsweredOnce: a node drops a live client's
+// registration (its lease ran out: renewals lost) while a request by bell
+// is in a batch. The client registers again and sends the request again,
+// which another replica answers; the caller goes on, with new inputs in
+// the same rows and another prediction. When the first batch ends, the
+// node writes nothing for its request, of a registration it dropped: the
+// rows keep the later request's outputs. Before, it wrote the first
+// request's outputs over them.
+func TestBell_ResentRequestIsAnsweredOnce(t *testing.T) {
+	root := t.TempDir()
+	hold := make(chan struct{})
+	started := make(chan struct{})
+	var calls atomic.Int32
+	b := &behaviour{forward: func(int) error {
+		if calls.Add(1) == 1 {
+			close(started)
+			<-hold
+		}
+		return nil
+	}}
+	cfg := testConfig(b, 4)
+	cfg.Replicas = 2
+	n := serveModel(t, root, cfg)
+	c := bellClient(t, n.addr, root, WithSlots(1))
+	defer close(hold)
+
+	setRow := func(id int) {
+		if err := c.Input().SetSlice(0, rowsOf(t, id, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	row0 := func() *tensordict.TensorDict {
+		s, err := c.Output().Slice(0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := s.Clone()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	setRow(1)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.PredictInto(ctxT(t), 0, 1)
+		errc <- err
+	}()
+	<-started // the request's batch runs on one replica, held there
+	// Its lease runs out, as sweep finds it.
+	s, _ := n.svc.lookup("model")
+	s.mu.Lock()
+	first := s.clients[c.id]
+	first.expires = time.Time{}
+	s.mu.Unlock()
+	s.sweep()
+	// The client finds it out, registers again and sends the request
+	// again: the other replica answers it.
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the request was not answered")
+	}
+	setRow(100)
+	if _, err := c.PredictInto(ctxT(t), 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkOutputs(row0(), 100, 1, 0); err != nil {
+		t.Fatalf("before the first batch ended: %v", err)
+	}
+	hold <- struct{}{} // the first request's batch ends
+	poll(t, "the first request to end", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return first.refs == 0
+	})
+	if _, err := checkOutputs(row0(), 100, 1, 0); err != nil {
+		t.Errorf("the outputs of the last request, once the first batch ended: %v", err)
+	}
+}
+
+// TestBell_CloseReturnsWithAFullRing: the node is gone (its server and
+// service closed, as when it is killed), and a request by bell whose
+// context ended left its entry in the ring of a client with one slot,
+// which nobody takes: the ring is full. The next request waits for room;
+// Close makes it fail with ErrClosed and returns. Before, it waited for
+// room forever, looking at neither Close nor the registration, and Close,
+// which waits for the requests by bell, never returned.
+func TestBell_CloseReturnsWithAFullRing(t *testing.T) {
+	root := t.TempDir()
+	n := serveModel(t, root, testConfig(&behaviour{}, 4))
+	c := bellClient(t, n.addr, root, WithSlots(1))
+	n.srv.Close()
+	n.svc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := c.PredictInto(ctx, 0, 1); err == nil {
+		t.Fatal("a prediction with no node succeeded")
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.PredictInto(context.Background(), 0, 1) // the ring is full: it waits for room
+		errc <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return within 10 s: a request by bell waits for room in a full ring")
+	}
+	if err := <-errc; !errors.Is(err, ErrClosed) {
+		t.Errorf("the request waiting for room: %v; want ErrClosed", err)
 	}
 }

@@ -110,14 +110,25 @@ func (c *Client) useBell(rel string) error {
 }
 
 // push appends a request for rows [start, start+n) to the ring and rings
-// the bell; it returns the request's sequence number.
-func (c *Client) push(ctx context.Context, start, n int) (uint32, error) {
+// the bell; it returns the request's sequence number. gen is the
+// registration the caller will wait under: once it changed, push returns
+// errRepush without appending (the request would run under the new one,
+// and be sent again). A full ring is waited on as waitBell waits: until
+// the context ends or the client closes (ErrClosed), asking the node every
+// bellProbe whether it holds the registration. A ring stays full when the
+// node is gone with requests in it; registering again empties it.
+func (c *Client) push(ctx context.Context, start, n int, gen uint64) (uint32, error) {
 	r := c.ring
+	probe := time.Now().Add(bellProbe)
 	for {
 		r.mu.Lock()
 		if r.bell == nil {
 			r.mu.Unlock()
 			return 0, errNoBellYet
+		}
+		if c.gen.Load() != gen {
+			r.mu.Unlock()
+			return 0, errRepush
 		}
 		t := r.v.tail().Load()
 		if t-r.v.head().Load() < uint64(r.v.slots) {
@@ -139,6 +150,15 @@ func (c *Client) push(ctx context.Context, start, n int) (uint32, error) {
 		r.mu.Unlock()
 		// The ring is full: the node has not taken the requests before
 		// (more calls on overlapping rows than the slots, or a node gone).
+		if c.isClosed() {
+			return 0, ErrClosed
+		}
+		if time.Now().After(probe) {
+			if err := c.probe(ctx); err != nil {
+				return 0, err
+			}
+			probe = time.Now().Add(bellProbe)
+		}
 		if err := sleep(ctx, 100*time.Microsecond); err != nil {
 			return 0, err
 		}
@@ -158,7 +178,10 @@ func (c *Client) predictBell(ctx context.Context, start, n int) (uint64, uint32,
 	wait := 20 * time.Millisecond
 	for {
 		gen := c.gen.Load()
-		seq, err := c.push(ctx, start, n)
+		seq, err := c.push(ctx, start, n, gen)
+		if errors.Is(err, errRepush) {
+			continue
+		}
 		if err != nil {
 			return 0, 0, err
 		}

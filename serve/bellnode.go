@@ -96,7 +96,8 @@ func (nb *nodeBell) close() {
 // poll takes requests from the rings of the registered clients until the
 // bell is closed, sleeping on the bell when there are none. It is the
 // only reader of the rings' tails and writer of their heads, and it
-// unmaps the rings of dropped registrations once no request uses them.
+// unmaps the rings of dropped registrations once no request uses them;
+// when it stops, the last request of each leaves its ring to release.
 func (s *served) poll(nb *nodeBell) {
 	defer close(nb.done)
 	ring, sleeping := nb.b.Uint32(bellRing), nb.b.Uint32(bellSleep)
@@ -197,19 +198,28 @@ func (s *served) acquireRef(r *registration) bool {
 // serveEntry submits a request from a ring to the manager; the replica
 // that runs it answers it in its record (or this goroutine, when it is
 // refused at once). It holds a reference on r until then.
+//
+// A request of a registration dropped meanwhile (r.gone) is not answered:
+// neither its outputs nor its record are written. Its client registers
+// again and sends it again, and may have written new inputs into those
+// rows and had them answered by then: a late answer would overwrite the
+// newer outputs and record. The check and the writes are under s.mu, which
+// dropLocked holds, so that none starts after the drop.
 func (s *served) serveEntry(r *registration, start, n int, seq uint32) {
 	m := s.m
 	done := func(v uint64, err error) {
-		if err != nil {
-			s.mu.Lock()
-			if r.failures == nil {
-				r.failures = map[int]failure{}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if !r.gone {
+			if err != nil {
+				if r.failures == nil {
+					r.failures = map[int]failure{}
+				}
+				r.failures[start] = failure{seq: seq, err: err}
 			}
-			r.failures[start] = failure{seq: seq, err: err}
-			s.mu.Unlock()
+			answer(r.ring, start, seq, v, err != nil)
 		}
-		answer(r.ring, start, seq, v, err != nil)
-		s.release(r)
+		s.releaseLocked(r)
 	}
 	if n < 1 || n > m.cfg.MaxBatch || start < 0 || start > r.slots-n {
 		done(0, schemaErrorf("rows [%d, %d) of a client's %d slots, at most %d at once", start, start+n, r.slots, m.cfg.MaxBatch))
@@ -217,7 +227,14 @@ func (s *served) serveEntry(r *registration, start, n int, seq uint32) {
 	}
 	err := m.submit(n,
 		func(buf fields, row int) error { return copyRows(buf, row, r.inF, start, n) },
-		func(_ *tensordict.TensorDict, res fields, row int) error { return copyRows(r.outF, start, res, row, n) },
+		func(_ *tensordict.TensorDict, res fields, row int) error {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if r.gone {
+				return nil // not answered (above)
+			}
+			return copyRows(r.outF, start, res, row, n)
+		},
 		done)
 	if err != nil {
 		done(0, err)
@@ -244,19 +261,23 @@ func answer(v *ringView, start int, seq uint32, version uint64, failed bool) {
 }
 
 // reapRings unmaps the rings of dropped registrations that no request
-// uses (all of them, when the poller stops).
-func (s *served) reapRings(all bool) {
+// uses. A ring whose registration still has requests in a batch stays
+// mapped until they end: their references hold all its mappings, the
+// ring's as the slots'. When the poller stops (stopped), it leaves those
+// to release, which unmaps each ring once its last request ends.
+func (s *served) reapRings(stopped bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	keep := s.deadRings[:0]
 	for _, r := range s.deadRings {
-		if r.refs == 0 || all {
+		if r.refs == 0 {
 			unmapShared(r.ring.b)
-		} else {
+		} else if !stopped {
 			keep = append(keep, r)
 		}
 	}
 	s.deadRings = keep
+	s.pollerDone = stopped
 }
 
 // updateRingsLocked publishes the list of registrations with rings that

@@ -44,7 +44,9 @@
 // the batch it was in completes for the others. A client rides out its
 // node restarting: calls are retried while the node is unreachable, and
 // the client registers again with the node that comes back; predictions
-// hold no state, so a retried one is always safe. A node reads clients'
+// hold no state, so a retried one is always safe. A node writes no rows of
+// a registration it dropped, so a request by bell sent again is answered
+// once, never later over rows the caller reused. A node reads clients'
 // shared files under a fault guard, so a client that truncates them ends
 // its own registration, never the node.
 //

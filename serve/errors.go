@@ -57,7 +57,8 @@ var (
 	ErrVersion = errors.New("serve: version not newer than the latest")
 
 	// ErrStopped: the manager was closed; requests still queued when it
-	// closed get it. Code Unavailable, so that a remote client retries,
+	// closed get it, and those of a batch whose Forward failed once Close
+	// ended its context. Code Unavailable, so that a remote client retries,
 	// as it does while its node restarts.
 	ErrStopped = errors.New("serve: manager stopped")
 

@@ -598,6 +598,11 @@ func (m *Manager) runBatch(r *replica, b *batch) {
 	if err == nil {
 		outF, err = fieldsOf(out, m.cfg.Output)
 	}
+	if err != nil && m.ctx.Err() != nil {
+		// Close ended the Forward's context: the batch was stopped, and
+		// the model is not at fault.
+		err = fmt.Errorf("%w: its batch was running: %v", ErrStopped, err)
+	}
 	took := time.Since(start)
 	m.mu.Lock()
 	m.putBufferLocked(b.in) // the inputs are not needed any more
@@ -621,6 +626,8 @@ func (m *Manager) runBatch(r *replica, b *batch) {
 	switch {
 	case err != nil && r.remote != nil:
 		m.detach(r, err)
+	case errors.Is(err, ErrStopped):
+		// Stopped by Close, which closes the model.
 	case err != nil:
 		m.replace(r, err)
 	}
@@ -708,9 +715,10 @@ func sharesMemory(a, b *tensordict.TensorDict) bool {
 }
 
 // Close stops the manager: requests still queued fail with ErrStopped,
-// the context of the Forward calls running ends, and Close returns once
-// they have returned, closing the models that are io.Closers. Close does
-// not close the parameters given to Load.
+// the context of the Forward calls running ends (a batch whose Forward
+// then fails gets ErrStopped too, and its model is not replaced), and
+// Close returns once they have returned, closing the models that are
+// io.Closers. Close does not close the parameters given to Load.
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	if m.closed {

@@ -675,3 +675,29 @@ func contextWithCancel(t *testing.T) (context.Context, context.CancelFunc) {
 	t.Cleanup(cancel)
 	return ctx, cancel
 }
+
+// TestManager_CloseStopsTheRunningBatch: a batch whose Forward Close
+// interrupts (its context ends) fails with ErrStopped, which remote
+// clients retry, and its replica's model is not replaced. Before, it
+// failed with ErrForward, as if the model were at fault, and the replica
+// built a new model during Close.
+func TestManager_CloseStopsTheRunningBatch(t *testing.T) {
+	b := &behaviour{gate: make(chan struct{}), started: make(chan int, 10)}
+	m := newManager(t, testConfig(b, 1))
+	errc := make(chan error, 1)
+	go func() {
+		_, _, err := m.Predict(ctxT(t), rowsOf(t, 1, 1))
+		errc <- err
+	}()
+	<-b.started // its Forward runs, waiting on the gate or its context
+	built := b.built.Load()
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, ErrStopped) || errors.Is(err, ErrForward) {
+		t.Errorf("the request in the running batch: %v; want ErrStopped", err)
+	}
+	if st := m.Stats(); st.Replaced != 0 || b.built.Load() != built {
+		t.Errorf("%d models replaced, %d built during Close; want none", st.Replaced, b.built.Load()-built)
+	}
+}

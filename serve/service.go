@@ -81,6 +81,9 @@ type served struct {
 	bell      *nodeBell                       // nil until a client registers a ring
 	rings     atomic.Pointer[[]*registration] // the registrations with rings, for the poller
 	deadRings []*registration                 // dropped, their rings still mapped
+	// pollerDone: the poller stopped (the bell closed); the last release of a
+	// dropped registration unmaps its ring, which the poller left mapped.
+	pollerDone bool
 }
 
 // registration is a client's slots, mapped by the node: rows [0, slots) of
@@ -95,7 +98,7 @@ type registration struct {
 	ring    *ringView // the client's ring; nil if it has none
 	expires time.Time
 	refs    int  // requests using the mappings
-	gone    bool // removed from the map: unmap once refs is 0
+	gone    bool // removed from the map: unmap once refs is 0, and write none of its rows or records
 	// failures are the errors of requests by bell, by first row, until
 	// the client fetches them (serve.failure).
 	failures map[int]failure
@@ -140,7 +143,9 @@ func (svc *Service) Add(name string, m *Manager) error {
 
 // Remove stops serving the model named name: calls for it fail with
 // ErrNotFound from then on, and its clients' mappings are dropped once
-// the requests using them end.
+// the requests using them end. Requests by bell in a batch then are not
+// answered and write no rows: their clients find the model gone, or send
+// them again to a node that serves it.
 func (svc *Service) Remove(name string) {
 	s, ok := svc.models.Remove(name)
 	if !ok {
@@ -288,6 +293,9 @@ func (svc *Service) register(ctx context.Context, req registerRequest) (register
 	if s.removed {
 		in.Close()
 		out.Close()
+		if r.ring != nil {
+			unmapShared(r.ring.b)
+		}
 		return registerResponse{}, fmt.Errorf("%w named %q on this node", ErrNotFound, req.Name)
 	}
 	for id, old := range s.clients {
@@ -337,7 +345,10 @@ func (svc *Service) mapClient(cr *os.Root, prefix string, schema tensordict.RowS
 }
 
 // dropLocked unmaps r once no request uses it (its ring, the poller
-// does). s.mu is held.
+// does, or the last release once the poller stopped). From now on no
+// request by bell writes r's output rows or records (serveEntry): the
+// client sends them again once it registers again, and may reuse the rows
+// meanwhile. s.mu is held.
 func (s *served) dropLocked(r *registration) {
 	r.gone = true
 	if r.refs == 0 {
@@ -393,9 +404,18 @@ func (s *served) acquire(id uint64) (*registration, error) {
 func (s *served) release(r *registration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.releaseLocked(r)
+}
+
+// releaseLocked ends a request's reference on r, unmapping r if it was
+// the last of a dropped registration. s.mu is held.
+func (s *served) releaseLocked(r *registration) {
 	if r.refs--; r.refs == 0 && r.gone {
 		r.in.Close()
 		r.out.Close()
+		if r.ring != nil && s.pollerDone {
+			unmapShared(r.ring.b)
+		}
 	}
 }
 
