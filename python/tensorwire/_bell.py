@@ -58,6 +58,8 @@ _BELL_RING = 0
 _SEQ_BITS = 22
 _ROW_BITS = 21
 SEQ_MASK = (1 << _SEQ_BITS) - 1
+FULL = -1  # Ring.push: the ring is full
+REPUSH = -2  # Ring.push: the client registered again; read the registration and push again
 
 _libc = None
 
@@ -215,18 +217,25 @@ class Ring:
             old[1].release()
             old[0].close()
 
-    def push(self, start, n):
+    def push(self, start, n, held):
         """Appends a request for rows [start, start+n) and rings the bell: its
-        sequence number; None when there is no bell (go by call), -1 when
-        the ring is full (the node has not taken the requests before)."""
+        sequence number; None when there is no bell (go by call), FULL when
+        the ring is full (the node has not taken the requests before),
+        REPUSH without appending when held() (called under the ring's
+        lock) is false: the client registered again since the caller read
+        the registration it will wait under, and the entry would be read
+        under the new one while the caller, seeing the registration
+        changed, sends it again (twice)."""
         with self.mu:
             b = self.bell
             if b is None:
                 return None
+            if not held():
+                return REPUSH
             q = self.q
             t = q[_RING_TAIL // 8]
             if t - q[_RING_HEAD // 8] >= self.slots:
-                return -1
+                return FULL
             seq = (self.seq[start] + 1) & SEQ_MASK or 1
             self.seq[start] = seq
             q[_RING_ENTRIES // 8 + t % self.slots] = entry(start, n, seq)

@@ -16,13 +16,14 @@ from .errors import DeadlineExceededError, InternalError
 
 # The bell's timing, as serve/bellclient.go's: a waiter reads its record
 # _BELL_SPINS times before it sleeps on it, _BELL_NAP at most at a time;
-# asks the node every _BELL_PROBE whether it holds the registration; a
-# request abandoned keeps its slots until the node is done with it, at
-# most _BELL_QUIET.
+# asks the node every _BELL_PROBE whether it holds the registration
+# (waiting for its record or for room in a full ring); a request abandoned
+# keeps its slots until the node is done with it, at most _BELL_QUIET.
 _BELL_SPINS = 50
 _BELL_NAP = 0.1
 _BELL_PROBE = 0.5
 _BELL_QUIET = 30.0
+_BELL_ROOM_NAP = 0.01  # the longest sleep waiting for room in a full ring
 _BELL_DIR_RE = re.compile(r"^\.tensorwire-serve/nodes/[0-9a-f]{16}$")
 
 
@@ -34,17 +35,37 @@ class BellRequests:
         waits on its record, pushing it again after the node registered the
         client anew (it restarted) and after an Unavailable failure (the
         node going down), as a call is sent again. None when the node gave
-        no bell after all (the caller calls)."""
+        no bell after all (the caller calls).
+
+        A full ring is waited on as a record is: until the client closes or
+        the deadline passes, asking the node every _BELL_PROBE whether it
+        holds the registration. A ring stays full when the node is gone
+        with requests in it; registering again (with the node restarted)
+        empties it. The wait sleeps, 100 us at first, twice as long each
+        time up to _BELL_ROOM_NAP."""
         ring = self._ring
+        probe, nap = None, 0.0001
         while True:
             gen = self.registrations
-            seq = ring.push(req.start, req.n)
+            seq = ring.push(req.start, req.n, lambda: self.registrations == gen)
             if seq is None:
                 return None
-            if seq < 0:  # the ring is full: the node has not taken the requests before
+            if seq == _bell.REPUSH:
+                continue  # registered again since gen was read: under the new registration
+            if seq == _bell.FULL:  # the node has not taken the requests before
                 self._bell_check(req)
-                time.sleep(0.0001)
+                now = time.monotonic()
+                if probe is None:
+                    probe = now + _BELL_PROBE
+                elif now >= probe:
+                    self._probe()
+                    probe = time.monotonic() + _BELL_PROBE
+                    continue
+                left = _s._left(req.deadline)
+                time.sleep(max(min(nap, probe - now, left if left is not None else nap), 0))
+                nap = min(2 * nap, _BELL_ROOM_NAP)
                 continue
+            probe, nap = None, 0.0001
             req.rung = seq
             if not self._wait_bell(req, seq, gen):
                 continue  # registered again meanwhile: push it again
@@ -160,11 +181,14 @@ class BellRequests:
     def _ring_async(self, req):
         """Rings req's request and hands it to the bell collector; False when
         the node gave no bell after all (the caller calls)."""
-        gen = self.registrations
-        seq = self._ring.push(req.start, req.n)
+        while True:
+            gen = self.registrations
+            seq = self._ring.push(req.start, req.n, lambda: self.registrations == gen)
+            if seq != _bell.REPUSH:  # else registered again since gen was read: under the new registration
+                break
         if seq is None:
             return False
-        if seq < 0:  # the ring is full: a pool thread pushes it as predict does
+        if seq == _bell.FULL:  # the ring is full: a pool thread pushes it as predict does
             self._submit(self._run_async, req)
             return True
         req.rung, req.gen, req.probe = seq, gen, time.monotonic() + _BELL_PROBE

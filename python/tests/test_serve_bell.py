@@ -10,7 +10,10 @@ and the request pushed again (test_serve.TestNodeKilledAndRestarted runs
 the same by bell now). predict_async and apredict go by bell too where the
 kernel has futex_waitv, one collector thread watching every request's
 record: the same outputs, errors, deadlines and close, more requests in
-flight than one futex_waitv takes, and by call where it has none."""
+flight than one futex_waitv takes, and by call where it has none. A request
+waiting for room in a full ring, or for a registration the node dropped,
+asks the node whether it holds it and registers again; one whose client
+registered again before its push is pushed once."""
 
 import asyncio
 
@@ -26,7 +29,7 @@ from tensorwire import _bell, serve
 
 from nodes import CountingProxy, goclient, wait_until
 from test_replica import attached_node, mlp, obs
-from test_serve import MLPNodeCase, dial, forward
+from test_serve import MLPNodeCase, dial, forward, model_node
 
 try:
     import torch
@@ -184,6 +187,126 @@ class TestBell(MLPNodeCase, unittest.TestCase):
             out, err = go.communicate(timeout=120)
         self.assertEqual(go.returncode, 0, err)
         self.assertGreater(float(out.split()[-1]), 0)
+
+
+class _RegisterFirst:
+    """A ring's lock that registers its client again (as the client's
+    renewer does when the node lost the registration) the first time it is
+    taken, before taking it: a push after the request read the registration
+    it will wait under falls in the window where the client registered
+    again meanwhile."""
+
+    def __init__(self, c):
+        self.c, self.real, self.fired = c, c._ring.mu, False
+
+    def __enter__(self):
+        if not self.fired:
+            self.fired = True
+            self.c._register(self.c._id, serve._deadline(30))  # its ring.use_bell takes this lock, fired
+        self.real.acquire()
+
+    def __exit__(self, *exc):
+        self.real.release()
+
+
+def fill_ring(c):
+    """Leaves c's ring full, as a node gone with requests in it does: its
+    tail moved on by the room left (the entries are never read: a node
+    registering the client again drops them)."""
+    q, slots = c._ring.q, c._ring.slots
+    q[0] = q[8] + slots  # the tail (byte 0) = the head (byte 64) + slots
+    assert q[0] - q[8] == slots
+
+
+@unittest.skipUnless(_bell.SUPPORTED, "the bell from Python is for Linux on x86-64; requests go by call elsewhere")
+class TestBellRegistration(unittest.TestCase):
+    """By bell against a node of its own, its lease 10 minutes: the
+    client's renewer (every quarter of the lease) never runs during a test,
+    so what registers the client again is the requests' own probes."""
+
+    def setUp(self):
+        self.node, self.sd = model_node(settings=",max-batch=16,lease=10m")
+        self.node.start()
+        self.addCleanup(self.node.close)
+
+    def client(self, **kw):
+        c = dial(self.node, "ref", **kw)
+        self.addCleanup(c.close)
+        self.assertTrue(c.bell)
+        return c
+
+    def test_full_ring_asks_whether_the_registration_is_held(self):
+        """The node killed with requests in the ring (fill_ring: entries
+        nobody took, the ring full), then started
+        again: the next predict waits for room, asks the node every half
+        second whether it holds the registration, registers again (which
+        empties the ring) and is answered within seconds. Before the fix a
+        request waiting for room asked nothing: it waited for the renewer
+        (10 minutes / 4 here) and failed at its deadline."""
+        c = self.client(slots=4)
+        x = obs(1, seed=4)
+        want = forward(self.sd, x)
+        np.testing.assert_allclose(c.predict(x, timeout=60)["logits"], want, rtol=1e-4, atol=1e-4)
+        self.node.kill()
+        fill_ring(c)
+        self.node.start()
+        t0 = time.monotonic()
+        np.testing.assert_allclose(c.predict(x, timeout=8)["logits"], want, rtol=1e-4, atol=1e-4)
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertEqual(c.registrations, 2)
+
+    def test_full_ring_wait_ends_at_close(self):
+        """The node gone for good with the ring full: a predict with no
+        deadline waits for room, sleeping (under a fifth of a core), and
+        close() ends it with ClosedError at once. (This one passed before
+        the fix too: the wait for room looked at close already.)"""
+        c = self.client(slots=2)
+        np.testing.assert_allclose(c.predict(obs(1), timeout=60)["logits"], forward(self.sd, obs(1)),
+                                   rtol=1e-4, atol=1e-4)
+        self.node.kill()
+        fill_ring(c)
+        got = []
+
+        def run():
+            try:
+                c.predict(obs(1))
+            except BaseException as e:  # noqa: BLE001
+                got.append(e)
+
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(0.3)
+        cpu, t1 = time.process_time(), time.monotonic()
+        time.sleep(1)
+        used = (time.process_time() - cpu) / (time.monotonic() - t1)
+        self.assertTrue(t.is_alive())
+        t0 = time.monotonic()
+        c.close()
+        t.join(10)
+        self.assertFalse(t.is_alive())
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertEqual(len(got), 1)
+        self.assertIsInstance(got[0], serve.ClosedError)
+        self.assertLess(used, 0.2)
+
+    def test_dropped_registration_is_made_anew(self):
+        """The node drops the client's registration behind its back (as at a
+        lost lease): it answers nothing by bell for it, and the request
+        pushed asks within a second whether the registration is held,
+        registers again and is pushed and answered again; the same for
+        predict_async. (Passed before the fix too: a request waiting for
+        its record asked the node already.)"""
+        c = self.client()
+        for i, how in enumerate(("predict", "predict_async")):
+            with self.subTest(how=how):
+                regs = c.registrations
+                c._client.call("serve.unregister", {"name": "policy", "client": c._id}, timeout=10)
+                x = obs(2, seed=10 + i)
+                t0 = time.monotonic()
+                out = c.predict(x, timeout=30) if how == "predict" else c.predict_async(x, timeout=30).result(30)
+                self.assertLess(time.monotonic() - t0, 5)
+                np.testing.assert_allclose(out["logits"], forward(self.sd, x), rtol=1e-4, atol=1e-4)
+                self.assertEqual(c.registrations, regs + 1)
 
 
 def direct(net, x):
@@ -384,6 +507,47 @@ class TestBellAttached(unittest.TestCase):
         x = obs(4, seed=9)
         want = direct(net, x)
         np.testing.assert_array_equal(c.predict_async(x, timeout=60).result(60)["logits"], want)
+
+    def test_push_after_registering_again_is_sent_once(self):
+        """The client registers again between a predict reading the
+        registration it waits under and its push (_RegisterFirst): the
+        push finds it registered again and the request reads the new
+        registration and pushes once; the replica holds its batch, so a
+        request pushed twice would show in the ring's tail. Before the fix
+        the push appended under the new registration, the request then saw
+        the registration changed and pushed it again: two entries, the
+        request run twice."""
+        self.push_once(lambda c, x: c.predict(x, timeout=60))
+
+    def test_async_push_after_registering_again_is_sent_once(self):
+        """The same for predict_async (the bell collector saw the
+        registration changed and pushed it again)."""
+        if not _bell.waitv_supported():
+            self.skipTest("this kernel has no futex_waitv: asynchronous predictions go by call")
+        self.push_once(lambda c, x: c.predict_async(x, timeout=60).result(60))
+
+    def push_once(self, predict):
+        net = mlp(7)
+        gate = self.gated(net)
+        c = self.client()
+        ring, regs = c._ring, c.registrations
+        tail = ring.q[0]
+        hook = _RegisterFirst(c)
+        ring.mu = hook
+        x = obs(2, seed=3)
+        got = []
+        t = threading.Thread(target=lambda: got.append(predict(c, x)))
+        t.start()
+        wait_until(lambda: ring.q[0] != tail, what="the request pushed")
+        time.sleep(0.5)  # a second push would come at once
+        pushed = ring.q[0] - tail
+        gate.set()
+        t.join(60)
+        ring.mu = hook.real
+        self.assertTrue(hook.fired)
+        self.assertEqual(pushed, 1)
+        self.assertEqual(c.registrations, regs + 1)
+        np.testing.assert_array_equal(got[0]["logits"], direct(net, x))
 
     def test_close_fails_async_predictions(self):
         self.gated(lambda x: torch.zeros(x.shape[0], 16))
