@@ -350,28 +350,18 @@ def run_python(code, *args, timeout=120):
                           timeout=timeout)
 
 
-class ScriptedNode:
-    """A node played from a script, in protocol version newest (2 or 3)
-    without a token: the handshake (a newer hello is refused, as
-    docs/protocol.md's "Versioning" says; from version 3 a session message
-    says there are no side connections), then yamux. It answers every call
-    with the next of its scripted responses (argument bytes, body bytes,
-    and, when there is a third, the raw_len of a body that is an LZ4 frame;
-    an empty map past the script), and a message stream with all of its
-    scripted messages (the same) and an end. hellos: the versions offered
-    to it."""
+class _SocketNode:
+    """What ScriptedNode and HandlerNode share: a listener on a free
+    loopback port (addr), a thread accepting connections and running
+    self._conn(c) on a thread of its own for each, and close(), which
+    shuts every connection down."""
 
-    def __init__(self, responses=(), messages=(), newest=3, fsid=None):
-        self.responses = list(responses)
-        self.messages = list(messages)  # a message stream's, then its end
-        self.newest = newest
-        self.hellos = []
+    def _listen(self):
         self.ls = socket.socket()
         self.ls.bind(("127.0.0.1", 0))
         self.ls.listen(8)
         self.addr = "127.0.0.1:%d" % self.ls.getsockname()[1]
         self.conns = []
-        self.fsid = fsid or os.urandom(16)
         threading.Thread(target=self._serve, daemon=True).start()
 
     def close(self):
@@ -401,6 +391,26 @@ class ScriptedNode:
                 raise EOFError
             b += k
         return b
+
+
+class ScriptedNode(_SocketNode):
+    """A node played from a script, in protocol version newest (2 or 3)
+    without a token: the handshake (a newer hello is refused, as
+    docs/protocol.md's "Versioning" says; from version 3 a session message
+    says there are no side connections), then yamux. It answers every call
+    with the next of its scripted responses (argument bytes, body bytes,
+    and, when there is a third, the raw_len of a body that is an LZ4 frame;
+    an empty map past the script), and a message stream with all of its
+    scripted messages (the same) and an end. hellos: the versions offered
+    to it."""
+
+    def __init__(self, responses=(), messages=(), newest=3, fsid=None):
+        self.responses = list(responses)
+        self.messages = list(messages)  # a message stream's, then its end
+        self.newest = newest
+        self.hellos = []
+        self.fsid = fsid or os.urandom(16)
+        self._listen()
 
     def _conn(self, c):
         from tensorwire import _wire
@@ -452,7 +462,7 @@ class ScriptedNode:
             return
 
 
-class HandlerNode:
+class HandlerNode(_SocketNode):
     """A node over a socket whose handler decides, request by request, what
     to send and when (ScriptedNode only replays a script, at once): the
     handshake in protocol version 3 without a token and with no side
@@ -463,22 +473,8 @@ class HandlerNode:
 
     def __init__(self, handler):
         self.handler = handler
-        self.ls = socket.socket()
-        self.ls.bind(("127.0.0.1", 0))
-        self.ls.listen(8)
-        self.addr = "127.0.0.1:%d" % self.ls.getsockname()[1]
-        self.conns = []
         self.wmu = threading.Lock()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def close(self):
-        self.ls.close()
-        for c in self.conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            c.close()
+        self._listen()
 
     def send(self, c, sid, data, flags=0):
         """Sends data on stream sid as one data frame."""
@@ -491,17 +487,6 @@ class HandlerNode:
         from tensorwire import _msgpack, _wire
         raw = _msgpack.packb(value)
         return _wire.response_header(0, "", "", len(raw), 0) + raw
-
-    def _serve(self):
-        while True:
-            try:
-                c, _ = self.ls.accept()
-            except OSError:
-                return
-            self.conns.append(c)
-            threading.Thread(target=self._conn, args=(c,), daemon=True).start()
-
-    _read = staticmethod(ScriptedNode._read)
 
     def _conn(self, c):
         from tensorwire import _msgpack, _wire
