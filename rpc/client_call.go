@@ -125,7 +125,9 @@ func Call[Resp, Req any](ctx context.Context, c *Client, method string, req Req)
 // Rows the TD came with, as Call gives them). A TD that does not fit is
 // made in Go memory as Call makes it, and into[i] is not written: compare
 // the response's TensorDict with into[i] to tell. Tensors of into[i] may
-// be in Go memory or mapped (written as WriteAt writes, without faults).
+// be in Go memory or mapped (written as WriteAt writes, without faults); a
+// mapped one that cannot be written (its file truncated, its disk full)
+// fails the call with Internal, its cause kept for errors.Is.
 //
 // into[i] must not be read or written by anything else during the call.
 // When the call fails, the tensors of an into[i] that fitted may hold
@@ -328,8 +330,12 @@ func readResponse(br *bufio.Reader, method string, tds []*TD, resp any, into []*
 }
 
 // readResultTDs reads the response body: the contents of request TDs sent
-// as bytes with Out set, written back into the caller's TensorDicts, then
-// the response's own TDs (respTDs[i] into into[i] where it fits).
+// as bytes with Out set, then the response's own TDs (respTDs[i] into
+// into[i] where it fits). The Out contents are read into TensorDicts of
+// their own and written back into the caller's only once the whole body is
+// in and checked (a compressed one's frame ended where it should): a call
+// that fails midway (a connection that breaks, a corrupt body) leaves the
+// caller's TensorDicts as they were.
 func readResultTDs(body *bodyReader, reqTDs, respTDs []*TD, into []*tensordict.TensorDict) error {
 	var wires []*wireTD
 	for _, td := range reqTDs {
@@ -343,6 +349,8 @@ func readResultTDs(body *bodyReader, reqTDs, respTDs []*TD, into []*tensordict.T
 	if err := checkBody(wires, body.n); err != nil {
 		return Errorf(Internal, "response: %s", asError(err).Msg)
 	}
+	var staged [1]*tensordict.TensorDict // most calls have one Out TD at most
+	backs := staged[:0]
 	for _, td := range reqTDs {
 		if !td.wire.comesBack() {
 			continue
@@ -351,9 +359,7 @@ func readResultTDs(body *bodyReader, reqTDs, respTDs []*TD, into []*tensordict.T
 		if err := back.build(nil, body.fill, nil); err != nil {
 			return err
 		}
-		if err := td.applyWriteback(back.TensorDict); err != nil {
-			return Errorf(Internal, "writing the node's results back: %w", err)
-		}
+		backs = append(backs, back.TensorDict)
 	}
 	var buf *[]byte // fillInto's, for mapped tensors
 	defer func() {
@@ -371,6 +377,17 @@ func readResultTDs(body *bodyReader, reqTDs, respTDs []*TD, into []*tensordict.T
 		if err := td.build(nil, body.fill, nil); err != nil {
 			return err
 		}
+	}
+	// Every byte is in and checked (the last read ended a compressed
+	// body's frame): the Out contents go back now.
+	for _, td := range reqTDs {
+		if !td.wire.comesBack() {
+			continue
+		}
+		if err := td.applyWriteback(backs[0]); err != nil {
+			return Errorf(Internal, "writing the node's results back: %w", err)
+		}
+		backs = backs[1:]
 	}
 	return nil
 }

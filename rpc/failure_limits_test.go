@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -74,6 +75,16 @@ func TestCall_CallerGivesUp(t *testing.T) {
 		defer cancel()
 		if _, err := Call[echoMsg](ctx, c, methodRecord, echoMsg{}); err != nil {
 			t.Fatal(err)
+		}
+	})
+	t.Run("timeout_us past a Duration", func(t *testing.T) {
+		// A peer may send any timeout_us; one past what a time.Duration
+		// holds (292 years) is clamped to it. It wrapped to a deadline in
+		// the past before, and the call failed with DeadlineExceeded at once.
+		ctx, cancel := callContext(context.Background(), math.MaxInt64)
+		defer cancel()
+		if d, ok := ctx.Deadline(); ctx.Err() != nil || !ok || time.Until(d) < 200*365*24*time.Hour {
+			t.Fatalf("a call's context for timeout_us %d: deadline %v, err %v; want one centuries away", int64(math.MaxInt64), d, ctx.Err())
 		}
 	})
 	t.Run("already expired", func(t *testing.T) {

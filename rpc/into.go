@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"errors"
 	"slices"
 
 	"github.com/tensorwire/tensorwire/tensordict"
@@ -64,6 +65,13 @@ func (w *wireTD) fits(dst *tensordict.TensorDict) bool {
 // into directly; a mapped one a chunk at a time through *buf (taken from
 // the pool at the first; the caller puts it back) and written as WriteAt
 // writes, so that a file truncated under it is an error, not a fault.
+//
+// A mapped tensor that cannot be written (its file truncated under it,
+// closed, its disk full) fails the call with Internal, as other failures to
+// take a response on the caller's side do, its cause kept for errors.Is
+// (memmap.ErrFault): not Unavailable, which the call would make of it as
+// of a connection's failure, while the node and the connection did
+// nothing wrong (the rest of the body is read, and the stream kept).
 func (t *TD) fillInto(dst *tensordict.TensorDict, body *bodyReader, buf **[]byte) error {
 	for _, e := range t.wire.Entries {
 		if e.Kind != kindTensor {
@@ -84,7 +92,11 @@ func (t *TD) fillInto(dst *tensordict.TensorDict, body *bodyReader, buf **[]byte
 			*buf = getBuf(placeChunk)
 		}
 		if err := body.fillFile(x, (**buf)[:placeChunk], false); err != nil {
-			return err
+			_, wire := errors.AsType[*Error](err)
+			if _, broken := errors.AsType[*streamError](err); wire || broken {
+				return err // the body's: short, corrupt, or cut off
+			}
+			return Errorf(Internal, "TD %s: %w", keyString(e.Key), err)
 		}
 	}
 	t.set(dst)

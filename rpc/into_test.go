@@ -2,7 +2,9 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -190,6 +192,36 @@ func TestCallInto(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCallInto_UnwritableDestination: a mapped destination that cannot be
+// written (here its files were truncated under it) fails the call with
+// Internal, the code of a response the caller could not take, and the
+// cause (memmap.ErrFault); the connection is in step and serves the next
+// call. It failed before: the caller's own failure came back as
+// Unavailable, the code of a connection that broke.
+func TestCallInto_UnwritableDestination(t *testing.T) {
+	c := startIntoNode(t)
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	req := intoReq{Rows: 4, Width: 1024, Seed: 30, Random: true}
+	dst := layoutLike(t, req.Rows, req.Width, dir, nil)
+	files, err := filepath.Glob(filepath.Join(dir, "dst", "*.memmap"))
+	must(t, err)
+	if len(files) == 0 {
+		t.Fatal("no tensor files under the destination")
+	}
+	for _, f := range files {
+		must(t, os.Truncate(f, 0))
+	}
+	_, err = CallInto[intoResp](ctx, c, "test.into", req, dst)
+	if !errors.Is(err, ErrInternal) || !errors.Is(err, memmap.ErrFault) {
+		t.Fatalf("CallInto into a truncated destination: %v, want Internal wrapping memmap.ErrFault", err)
+	}
+	resp, err := CallInto[intoResp](ctx, c, "test.into", req, layoutLike(t, req.Rows, req.Width, "", nil))
+	if err != nil || resp.N != 7 {
+		t.Fatalf("the next call: %+v, %v", resp, err)
 	}
 }
 

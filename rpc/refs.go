@@ -45,7 +45,7 @@ type mapping struct {
 	mm       *memmap.Tensor
 	td       *tensordict.TensorDict
 	key      mapKey
-	id       fileID // the file statName named when it was opened
+	id       fileID // the file mapped (a TensorDict: its meta.json), which statName must still name
 	statName string // what get stats to validate the entry
 	refs     int
 	last     time.Time // last acquired: least recently used goes first
@@ -101,7 +101,7 @@ func (r *resolver) acquire(ref *wireRef, dt memmap.DType) (*mapping, error) {
 		return nil, Errorf(InvalidArgument, "reference %q: %w", ref.Path, err)
 	}
 	key := mapKey{path: name, dtype: dt, shape: fmt.Sprint(ref.File)}
-	return r.get(key, name, func() (*mapping, error) { return r.open(name, ref, dt) })
+	return r.get(key, name, func(fileID) (*mapping, error) { return r.open(name, ref, dt) })
 }
 
 // acquireTD returns the TensorDict stored at prefix under the root, loaded
@@ -113,8 +113,12 @@ func (r *resolver) acquireTD(prefix string) (*mapping, error) {
 		return nil, err
 	}
 	key := mapKey{path: name}
-	return r.get(key, filepath.Join(name, "meta.json"), func() (*mapping, error) {
-		return r.loadTD(name, prefix)
+	return r.get(key, filepath.Join(name, "meta.json"), func(id fileID) (*mapping, error) {
+		m, err := r.loadTD(name, prefix)
+		if m != nil {
+			m.id = id // read-only: its meta.json, as stated, validates it
+		}
+		return m, err
 	})
 }
 
@@ -145,8 +149,10 @@ func (r *resolver) loadTDFresh(prefix string) (*mapping, error) {
 }
 
 // get returns the cached entry for key if statName still names the same
-// file, or opens a new one with open.
-func (r *resolver) get(key mapKey, statName string, open func() (*mapping, error)) (*mapping, error) {
+// file, or opens a new one with open, given the id statName had. open sets
+// the new entry's id: that of the file it opened, which may be another if
+// the name was replaced since (open checks it again).
+func (r *resolver) get(key mapKey, statName string, open func(id fileID) (*mapping, error)) (*mapping, error) {
 	fi, err := r.root.Stat(statName)
 	if err == nil && !fi.Mode().IsRegular() {
 		// Refused before anything opens it: opening a FIFO blocks, and
@@ -186,11 +192,11 @@ func (r *resolver) get(key mapKey, statName string, open func() (*mapping, error
 	}
 	r.mu.Unlock()
 
-	m, err := open()
+	m, err := open(id)
 	if err != nil {
 		return nil, err
 	}
-	m.key, m.id, m.statName, m.refs = key, id, statName, 1
+	m.key, m.statName, m.refs = key, statName, 1
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -227,6 +233,11 @@ func escapes(err error) bool {
 
 // open maps name read-write, or read-only when the file may not be written
 // (then writes through it fail with memmap.ErrReadOnly: PermissionDenied).
+// The file it opened is checked by its descriptor, since get's stat of the
+// name is not the open: a name swapped between the two for a link to the
+// root's FSIDFile is PermissionDenied here, as it is at the stat. The
+// mapping's id is the opened file's, whatever the name held at the stat,
+// so that get validates it against the file it maps.
 func (r *resolver) open(name string, ref *wireRef, dt memmap.DType) (*mapping, error) {
 	mode := memmap.ReadWrite
 	// O_NONBLOCK: get checked the file is regular, but it may have been
@@ -240,12 +251,26 @@ func (r *resolver) open(name string, ref *wireRef, dt memmap.DType) (*mapping, e
 	if err != nil {
 		return nil, r.openError(ref.Path, err)
 	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, r.openError(ref.Path, err)
+	}
+	id, ok := fileIDOf(fi)
+	switch {
+	case !ok:
+		f.Close()
+		return nil, Errorf(Internal, "%q: no inode", ref.Path)
+	case r.fsid != nil && *r.fsid == id:
+		f.Close()
+		return nil, Errorf(PermissionDenied, "reference %q: the shared root's identity file", ref.Path)
+	}
 	mm, err := memmap.OpenFile(f, dt, ref.File, mode)
 	if err != nil {
 		f.Close()
 		return nil, Errorf(CodeOf(err), "reference %q: %w", ref.Path, err)
 	}
-	return &mapping{mm: mm}, nil
+	return &mapping{mm: mm, id: id}, nil
 }
 
 // errNotRegular is a referenced file that is neither a regular file nor a

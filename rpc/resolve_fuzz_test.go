@@ -7,8 +7,10 @@ package rpc
 // against a real root with real TensorDicts and links out of it.
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -546,6 +548,119 @@ func TestResolve_Refusals(t *testing.T) {
 		rr, err := r.srv.read(context.Background(), ReadRequest{Prefix: "empty", Rows: []int{3, 0}})
 		if err != nil || rr.Rows != 2 {
 			t.Fatalf("read: %+v, %v", rr, err)
+		}
+	})
+}
+
+// TestResolve_NameSwappedBeforeOpen: the resolver stats a reference's name
+// and then opens it; a name replaced in between is judged by the file
+// opened, not the one the stat saw. A hard link to the root's identity
+// file swapped in is PermissionDenied (the file is not mapped, read-write
+// or at all), and an innocent file swapped in is mapped and cached as
+// itself, so that the name is mapped anew once it names the first file
+// again. Both failed before open checked the file it opened: the identity
+// file was mapped read-write, and the mapping of the swapped-in file was
+// served for the first file's name and inode afterwards.
+func TestResolve_NameSwappedBeforeOpen(t *testing.T) {
+	root := t.TempDir()
+	if _, err := ReadFSID(root); err != nil {
+		t.Fatal(err)
+	}
+	res, err := newResolver(root, 4)
+	must(t, err)
+	t.Cleanup(func() { res.close() })
+	in := func(name string) string { return filepath.Join(root, name) }
+	must(t, os.WriteFile(in("a"), bytes.Repeat([]byte{1}, 33), 0o644))
+	must(t, os.WriteFile(in("b"), bytes.Repeat([]byte{2}, 33), 0o644))
+	must(t, os.Link(in(FSIDFile), in("f")))
+	// point makes x name the file at src, atomically (as a rename does).
+	point := func(src string) {
+		os.Remove(in("tmp"))
+		must(t, os.Link(in(src), in("tmp")))
+		must(t, os.Rename(in("tmp"), in("x")))
+	}
+	ref := &wireRef{Path: "x", File: []int{33}}
+	key := mapKey{path: "x", dtype: memmap.Uint8, shape: fmt.Sprint(ref.File)}
+	// acquireSwapped is acquire with x pointed at src between the stat and
+	// the open: the race, played in order.
+	acquireSwapped := func(src string) (*mapping, error) {
+		return res.get(key, "x", func(fileID) (*mapping, error) {
+			point(src)
+			return res.open("x", ref, memmap.Uint8)
+		})
+	}
+	first := func(m *mapping) byte {
+		b, err := m.mm.Bytes()
+		must(t, err)
+		return b[0]
+	}
+
+	t.Run("identity file", func(t *testing.T) {
+		res.sweep(0) // nothing cached from before
+		point("a")
+		m, err := acquireSwapped("f")
+		if err == nil {
+			b, _ := m.mm.Bytes()
+			res.release(m)
+			t.Fatalf("a name swapped for a link to %s was mapped (%q)", FSIDFile, b)
+		}
+		if CodeOf(err) != PermissionDenied {
+			t.Fatalf("a name swapped for a link to %s: %v, want PermissionDenied", FSIDFile, err)
+		}
+	})
+	t.Run("innocent file", func(t *testing.T) {
+		res.sweep(0) // nothing cached from before
+		point("a")
+		m, err := acquireSwapped("b")
+		must(t, err)
+		if got := first(m); got != 2 {
+			t.Fatalf("mapped a file of %d, want the one opened (2)", got)
+		}
+		res.release(m)
+		point("a")
+		m, err = res.acquire(ref, memmap.Uint8)
+		must(t, err)
+		defer res.release(m)
+		if got := first(m); got != 1 {
+			t.Fatalf("x names a again, but its reference maps a file of %d, want 1: the mapping of the file swapped in was cached under a's inode", got)
+		}
+	})
+	t.Run("race", func(t *testing.T) {
+		// The same, raced for real: x swapped between a and the link to
+		// the identity file as fast as the resolver resolves it.
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				src := in("a")
+				if i%2 == 1 {
+					src = in("f")
+				}
+				os.Remove(in("tmp2"))
+				if os.Link(src, in("tmp2")) == nil {
+					os.Rename(in("tmp2"), in("x"))
+				}
+			}
+		}()
+		defer func() { close(stop); <-done }()
+		res.sweep(0)
+		deadline := time.Now().Add(time.Second) // it mapped the identity file within 10 ms before the fix
+		for n := 0; time.Now().Before(deadline); n++ {
+			m, err := res.acquire(ref, memmap.Uint8)
+			if err == nil {
+				b, _ := m.mm.Bytes()
+				hit := b[0] != 1
+				res.release(m)
+				if hit {
+					t.Fatalf("after %d references, one was mapped onto the root's identity file (%q), read-write", n, b)
+				}
+			}
+			res.sweep(0)
 		}
 	})
 }

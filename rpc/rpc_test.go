@@ -1,12 +1,16 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -149,6 +153,124 @@ func TestFill_OutOfRangeChangesNothing(t *testing.T) {
 	if got := rowsSet(t, td, 1); len(got) != 0 {
 		t.Fatalf("rows written by a refused fill: %v", got)
 	}
+}
+
+type outBackReq struct {
+	A TD `codec:"a"`
+}
+
+type outBackResp struct {
+	R TD `codec:"r"`
+}
+
+// TestCall_OutWrittenBackOnlyWhenTheCallSucceeds: a request TD sent as
+// bytes with Out comes back at the head of the response's body, but is
+// written into the caller's TensorDict only once the whole body is in
+// (protocol.md: "when out is set and the call succeeds"): a connection
+// that breaks after the write-back's bytes, before the result's own TD's,
+// fails the call and leaves the caller's TensorDict as it was. It failed
+// before: each Out TD was written back as soon as its bytes were in.
+func TestCall_OutWrittenBackOnlyWhenTheCallSucceeds(t *testing.T) {
+	s, addr := startServer(t, WithCompression(false))
+	must(t, Register(s, "test.outback", func(ctx context.Context, req outBackReq) (outBackResp, error) {
+		if req.A.TensorDict == nil {
+			return outBackResp{}, nil
+		}
+		x, err := req.A.Tensor("x")
+		if err != nil {
+			return outBackResp{}, err
+		}
+		b, _ := x.Bytes()
+		for i := range b {
+			b[i] = 9
+		}
+		return outBackResp{R: Ref(byteTD(t, 1024, 8<<10, 1))}, nil // 8 MiB after the write-back's 1 MiB
+	}))
+	p, paddr := startCutProxy(t, addr, 3<<20)
+	c := dial(t, paddr, WithCompression(false), WithSideConnections(false))
+	// A call first, so that the handshake is behind the proxy's count.
+	if _, err := Call[outBackResp](testCtx(t), c, "test.outback", outBackReq{}); err != nil {
+		t.Fatal(err)
+	}
+	mine := byteTD(t, 128, 8<<10, 0) // 1 MiB, row r holds byte r
+	x, err := mine.Tensor("x")
+	must(t, err)
+	b, _ := x.Bytes()
+	before := bytes.Clone(b)
+	p.armed.Store(true)
+	_, err = Call[outBackResp](testCtx(t), c, "test.outback", outBackReq{A: TD{TensorDict: mine, Out: true}})
+	if err == nil {
+		t.Fatal("the call succeeded; the proxy did not cut the response")
+	}
+	if !bytes.Equal(b, before) {
+		t.Fatalf("the call failed (%v), yet the caller's Out TensorDict holds the handler's changes (byte 1 is %d, was %d)", err, b[1], before[1])
+	}
+}
+
+// cutProxy relays TCP connections to addr; once armed, it cuts every
+// connection after limit more bytes have gone from the node to the client.
+type cutProxy struct {
+	limit int64
+	armed atomic.Bool
+	sent  atomic.Int64
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startCutProxy(t *testing.T, addr string, limit int64) (*cutProxy, string) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	p := &cutProxy{limit: limit}
+	t.Cleanup(func() {
+		l.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+	})
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", addr)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
+			go func() { io.Copy(s, c); s.Close() }()
+			go func() {
+				defer c.Close()
+				defer s.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 {
+						if p.armed.Load() {
+							if left := p.limit - p.sent.Load(); int64(n) > left {
+								c.Write(buf[:max(left, 0)])
+								return
+							}
+							p.sent.Add(int64(n))
+						}
+						if _, werr := c.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p, l.Addr().String()
 }
 
 // Rows of a TensorDict without batch dimensions are refused by the client,

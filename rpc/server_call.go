@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"reflect"
 	"runtime/debug"
 	"sync/atomic"
@@ -396,13 +397,18 @@ func (pc *peerConn) putSide(side *sideConn, ok bool) {
 }
 
 // callContext returns the context of a call with the caller's remaining
-// time (none when 0).
+// time (none when 0). A time past what a time.Duration holds (292 years) is
+// that much: in Duration's nanoseconds it would wrap to a deadline already
+// past.
 func callContext(parent context.Context, timeoutUS int64) (context.Context, context.CancelFunc) {
 	if timeoutUS > 0 {
-		return context.WithTimeout(parent, time.Duration(timeoutUS)*time.Microsecond)
+		return context.WithTimeout(parent, time.Duration(min(timeoutUS, maxTimeoutUS))*time.Microsecond)
 	}
 	return context.WithCancel(parent)
 }
+
+// maxTimeoutUS is the largest timeout_us that a time.Duration holds.
+const maxTimeoutUS = math.MaxInt64 / int64(time.Microsecond)
 
 // smallResponse is the size under which a response is written without a
 // deadline: it fits in the window every stream starts with (256 KiB).

@@ -231,16 +231,16 @@ func newSecret() ([32]byte, error) {
 // the connection at once (which cancels the call: sc.ctx); a request that
 // comes before the call before is done waits for it. It returns when the
 // connection ends, breaks the protocol, idles out (Limits.IdleTimeout), or
-// is taken by a message stream (sideConn.unwatch), with the byte it read
-// then left pending for the stream.
+// is taken by a message stream (sideConn.unwatch), with what it read left
+// in sc.pend for the stream. It reads nothing while sc.pend holds bytes: a
+// message stream's reader read them past its end (sideConn.unread).
 func (s *Server) serveSide(set *sideSet, sc *sideConn, done chan struct{}) {
 	defer s.wg.Done()
 	defer close(done)
 	var prev chan struct{} // the call in progress
 	for {
-		if !sc.pending {
-			var b [1]byte
-			n, err := sc.conn.Read(b[:])
+		if len(sc.pend) == 0 {
+			n, err := sc.conn.Read(sc.one[:])
 			if n == 0 {
 				if errors.Is(err, os.ErrDeadlineExceeded) && sc.stopping.Load() {
 					return // taken by a message stream
@@ -248,13 +248,13 @@ func (s *Server) serveSide(set *sideSet, sc *sideConn, done chan struct{}) {
 				sc.kill() // closed, reset or idle: ends the call in progress
 				return
 			}
-			sc.pend, sc.pending = b[0], true
+			sc.pend = sc.one[:1]
 		}
 		if prev != nil {
 			<-prev
 			prev = nil
 		}
-		if sc.pend != sideCallTag {
+		if sc.pend[0] != sideCallTag {
 			// A message stream's frame, whose opening request, in the
 			// session, the node may not have read yet: the byte is the
 			// stream's once it takes the connection.
@@ -267,7 +267,7 @@ func (s *Server) serveSide(set *sideSet, sc *sideConn, done chan struct{}) {
 			return // taken by a message stream: the byte is its
 		}
 		set.busy[sc.id] = true
-		sc.pending = false // the tag
+		sc.pend = sc.pend[1:] // the tag
 		set.mu.Unlock()
 		if prev = s.sideCall(set, sc); prev == nil {
 			return

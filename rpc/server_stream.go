@@ -132,7 +132,9 @@ func (s *Server) serveMessageStream(op *streamOpening) {
 	n := op.pc.msgs.Add(1)
 	defer op.pc.msgs.Add(-1)
 	ms := newMsgStream(op.hdr.Method, op.st, op.pc.fc, op.br, op.bw, lim)
-	ms.res, ms.compress, ms.badCode, ms.bodies = s.res, op.in.compress, InvalidArgument, op.pc.bodies
+	// Its messages' references are resolved as a call's are: none from a
+	// peer below Coherent (resolverFor).
+	ms.res, ms.compress, ms.badCode, ms.bodies = s.resolverFor(op.pc.level), op.in.compress, InvalidArgument, op.pc.bodies
 	if op.side != nil {
 		ms.side, ms.putSide = op.side, op.pc.side.put
 	}

@@ -326,3 +326,56 @@ func TestServer_RefusesReferencesBelowCoherent(t *testing.T) {
 		t.Fatal("the node filled its own file for a peer that cannot see it")
 	}
 }
+
+// TestServer_RefusesStreamMessageReferencesBelowCoherent: a message
+// stream's messages are held to the rule of TestServer_RefusesReferencesBelowCoherent,
+// not only its opening request: a reference in a message from a peer at
+// level none is the handler's Recv error (FailedPrecondition), and the
+// node's file is left as it was. It failed before the node's messages were
+// decoded with resolverFor: the node mapped its own copy of the file for
+// the handler, which filled it for a peer that never sees it.
+func TestServer_RefusesStreamMessageReferencesBelowCoherent(t *testing.T) {
+	root := t.TempDir()
+	s, addr := startServer(t, WithRoot(root))
+	got := make(chan error, 1)
+	must(t, RegisterStream(s, "test.stream.fill", func(ctx context.Context, req Empty, st *ServerStream[tick, Empty]) error {
+		m, err := st.Recv(ctx)
+		if err == nil && m.X.TensorDict != nil {
+			var x *tensordict.Tensor
+			if x, err = m.X.Tensor("memmap"); err == nil {
+				err = x.Fill([]int{0, 1, 2, 3}, 7)
+			}
+		}
+		got <- err
+		return nil
+	}))
+	node := seedTD(t, filepath.Join(root, "d"), 4)
+	must(t, node.Flush())
+	copied := filepath.Join(t.TempDir(), "copy")
+	if out, err := exec.Command("cp", "-a", root, copied).CombinedOutput(); err != nil {
+		t.Fatalf("cp -a: %v: %s", err, out)
+	}
+	c := dial(t, addr, WithRoot(copied))
+	if lv, _ := c.Sharing(testCtx(t)); lv != None {
+		t.Fatalf("a copy of the root: %v, want none", lv)
+	}
+	clientConnOf(t, c).link.shared = true // as a client that ignores the level would
+	td, err := tensordict.LoadMemmap(filepath.Join(copied, "d"))
+	must(t, err)
+	defer td.Close()
+	ctx := testCtx(t)
+	st, err := OpenStream[tick, Empty](ctx, c, "test.stream.fill", Empty{})
+	must(t, err)
+	defer st.Close()
+	must(t, st.Send(ctx, tick{X: Ref(td)}))
+	herr := <-got
+	if !errors.Is(herr, ErrFailedPrecondition) {
+		t.Errorf("the handler's Recv of a reference from a peer at none: %v, want FailedPrecondition", herr)
+	}
+	x, err := node.Tensor("memmap")
+	must(t, err)
+	b, _ := x.Bytes()
+	if bytes.Count(b, []byte{7}) != 0 {
+		t.Fatal("the node filled its own file for a peer that cannot see it")
+	}
+}

@@ -148,10 +148,13 @@ type sideConn struct {
 	raw    net.Conn      // what peek looks into; nil: watched by a goroutine instead
 	br     *bufio.Reader // a client's: the answers of the calls that hold it
 
-	// A byte the watcher read: the first of the next body or stream frame
-	// (a server's).
-	pend    byte
-	pending bool
+	// Bytes read from the connection ahead of its holder, which Read
+	// returns first: the byte the watcher read into one (a node's: the
+	// first of the next request or stream frame), or what a message
+	// stream's reader had read past the caller's end frame when it gave
+	// the connection back (the caller's next request: unread).
+	pend []byte
+	one  [1]byte
 
 	watchDone chan struct{} // closed when the watcher returns; nil when none runs
 	stopping  atomic.Bool   // the watcher is being stopped
@@ -219,30 +222,40 @@ func (s *sideConn) idleAlive() bool {
 	return true
 }
 
-// Read reads the connection, the watcher's byte first. Only the holder
-// reads.
+// Read reads the connection, the bytes read ahead of it (pend) first. Only
+// the holder reads.
 func (s *sideConn) Read(p []byte) (int, error) {
-	if s.pending && len(p) > 0 {
-		p[0], s.pending = s.pend, false
-		return 1, nil
+	if len(s.pend) > 0 && len(p) > 0 {
+		n := copy(p, s.pend)
+		s.pend = s.pend[n:]
+		return n, nil
 	}
 	return s.conn.Read(p)
+}
+
+// unread gives b, bytes its holder read from the connection and did not
+// use, back to the connection, ahead of the bytes it has not read yet.
+// The holder's buffer that b is in must not be used again.
+func (s *sideConn) unread(b []byte) {
+	if len(s.pend) > 0 {
+		b = append(b[:len(b):len(b)], s.pend...)
+	}
+	s.pend = b
 }
 
 // watch starts the watcher of an idle side connection, where peek cannot
 // look into it.
 func (s *sideConn) watch() {
-	if s.raw != nil || s.watchDone != nil || s.dead.Load() || s.pending || !s.client {
+	if s.raw != nil || s.watchDone != nil || s.dead.Load() || len(s.pend) > 0 || !s.client {
 		return
 	}
 	done := make(chan struct{})
 	s.watchDone = done
 	go func() {
 		defer close(done)
-		var b [1]byte
-		n, err := s.conn.Read(b[:])
+		n, err := s.conn.Read(s.one[:])
 		if n == 1 {
-			s.pend, s.pending = b[0], true
+			s.pend = s.one[:1]
 			if s.client {
 				s.kill() // a client's idle side connection has nothing to read
 			}

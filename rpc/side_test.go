@@ -804,6 +804,80 @@ func TestSide_StreamEndedByHandlerThenCloseSend(t *testing.T) {
 	}
 }
 
+type sideHoldReq struct {
+	X TD `codec:"x"`
+}
+
+type sideSmallResp struct {
+	X TD `codec:"x"`
+}
+
+// TestSide_CallOnConnectionAStreamGaveBack: a caller may use a message
+// stream's side connection for its next call as soon as both ends are
+// through (protocol.md), before the node's side of the stream is done
+// reading; the call is served. The node's stream reader, late (waiting
+// here for the session's body budget, which another call holds), reads
+// the caller's end frame and the call's request behind it together: what
+// it read past its end goes back with the connection. It failed before:
+// the node gave the connection back and dropped those bytes with the
+// stream's reader, so its request reader never saw the call, which hung
+// until its deadline.
+func TestSide_CallOnConnectionAStreamGaveBack(t *testing.T) {
+	lim := Limits{MaxBodyBytes: 3 << 19} // 1.5 MiB for the session's bodies
+	s, addr := startServer(t, WithLimits(lim))
+	holding, letGo := make(chan struct{}, 1), make(chan struct{})
+	must(t, Register(s, "test.hold", func(ctx context.Context, req sideHoldReq) (Empty, error) {
+		holding <- struct{}{}
+		<-letGo // holds 1 MiB of the session's budget until then
+		return Empty{}, nil
+	}))
+	must(t, Register(s, "test.small", func(ctx context.Context, req Empty) (sideSmallResp, error) {
+		return sideSmallResp{X: Ref(byteTD(t, 4, 4, 1))}, nil
+	}))
+	quit := make(chan struct{})
+	must(t, RegisterStream(s, "test.quit", func(ctx context.Context, req Empty, st *ServerStream[tick, Empty]) error {
+		<-quit
+		return nil
+	}))
+	lc := DefaultLimits()
+	lc.MaxSideConns = 2 // the held call's and the stream's, which the call below takes
+	c := dial(t, addr, WithCompression(false), WithLimits(lc))
+	ctx := testCtx(t)
+	held := make(chan error, 1)
+	go func() {
+		_, err := Call[Empty](ctx, c, "test.hold", sideHoldReq{X: Ref(byteTD(t, 1024, 1024, 0))})
+		held <- err
+	}()
+	<-holding
+	st, err := OpenStream[tick, Empty](ctx, c, "test.quit", Empty{})
+	must(t, err)
+	defer st.Close()
+	// 1 MiB: the node's reader waits for the session's budget, which the
+	// held call has.
+	must(t, st.Send(ctx, tick{X: Ref(byteTD(t, 1024, 1024, 3))}))
+	time.Sleep(200 * time.Millisecond)
+	close(quit)
+	if _, err := st.Recv(ctx); err != io.EOF {
+		t.Fatalf("the handler's end: %v", err)
+	}
+	must(t, st.CloseSend(ctx)) // both ends through: the side connection is back in the pool
+	called := make(chan error, 1)
+	go func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := Call[sideSmallResp](cctx, c, "test.small", Empty{})
+		called <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the call's request is in the socket
+	close(letGo)
+	if err := <-held; err != nil {
+		t.Fatalf("the held call: %v", err)
+	}
+	if err := <-called; err != nil {
+		t.Fatalf("a call on the side connection the stream gave back: %v (its request was read, and dropped, by the stream's reader with the caller's end frame)", err)
+	}
+}
+
 // TestSideSet_StartWhileTaken: a message stream takes a side connection
 // whose reader runs (take marks it busy, then stops the reader outside the
 // set's lock) while the session starts it (start, under the lock): start

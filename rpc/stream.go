@@ -574,7 +574,12 @@ func (ms *msgStream) closeCaller() {
 }
 
 // releaseSide gives the stream's side connection back, once: to be reused
-// if ok and the stream was not aborted, else closed.
+// if ok and the stream was not aborted, else closed. When ok, the reader
+// is done (it read the peer's end frame) and what it read past that frame
+// goes back with the connection: on a node, the caller's next request,
+// which the caller may send as soon as both ends are through (a reader
+// waiting for room reads it with the end); on a caller, bytes the node
+// sent after its end, which put it out of step (the connection is closed).
 func (ms *msgStream) releaseSide(ok bool) {
 	ms.mu.Lock()
 	if ms.side == nil || ms.sideReleased {
@@ -584,5 +589,13 @@ func (ms *msgStream) releaseSide(ok bool) {
 	ms.sideReleased = true
 	ok = ok && ms.abortErr == nil
 	ms.mu.Unlock()
+	if ok && ms.sideFrames && ms.br.Buffered() > 0 {
+		if ms.caller {
+			ok = false
+		} else {
+			rest, _ := ms.br.Peek(ms.br.Buffered())
+			ms.side.unread(rest)
+		}
+	}
 	ms.putSide(ms.side, ok)
 }
