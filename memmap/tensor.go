@@ -1,6 +1,7 @@
 package memmap
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/edsrzf/mmap-go"
 	"github.com/tensorwire/tensorwire/internal/atomicfile"
@@ -61,7 +63,9 @@ type Tensor struct {
 // The file is built under a temporary name in the same directory and renamed
 // into place, so an existing file at path is replaced whole: a process that
 // still maps the old file keeps its old bytes instead of faulting. A disk too
-// full for the file is an error here, not a SIGBUS later.
+// full for the file is an error here, not a SIGBUS later. Any name the file
+// system takes for the file itself works, however near its length limit
+// (see createTemp).
 func Create(path string, dt DType, shape ...int) (*Tensor, error) {
 	return create(path, dt, shape, true)
 }
@@ -85,7 +89,7 @@ func create(path string, dt DType, shape []int, sync bool) (*Tensor, error) {
 	if dir == "" {
 		dir = "."
 	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	f, err := createTemp(dir, base)
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", path, err)
 	}
@@ -116,6 +120,28 @@ func create(path string, dt DType, shape []int, sync bool) (*Tensor, error) {
 		return nil, fmt.Errorf("create %s: %w", path, err)
 	}
 	return t, nil
+}
+
+// maxName is the longest file name, in bytes, that the usual file systems
+// take: ext4's, XFS's, Btrfs's, APFS's (NTFS counts 255 UTF-16 units, never
+// more than the UTF-8 bytes).
+const maxName = 255
+
+// createTemp creates the temporary file that create builds base's file
+// under, in dir: "."+base+".tmp-" and up to 10 random digits, so that a
+// crash's leftover says whose it is (importer recognises
+// ".<key>.memmap.tmp-*" in a dataset's folder as one), or ".tmp-" and the
+// digits when that name, 16 bytes longer than base, would not fit where
+// base does: over maxName bytes, or refused as too long (ENAMETOOLONG: a
+// file system with a lower limit).
+func createTemp(dir, base string) (*os.File, error) {
+	if len(base)+len("."+".tmp-")+10 <= maxName {
+		f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+		if !errors.Is(err, syscall.ENAMETOOLONG) {
+			return f, err
+		}
+	}
+	return os.CreateTemp(dir, ".tmp-*")
 }
 
 // Open maps an existing file holding an array of dtype dt and shape shape.

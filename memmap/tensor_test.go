@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -102,6 +103,38 @@ func TestCreate_ReplacesWithoutFaultingOldMappings(t *testing.T) {
 	}
 	if err := repl.Gather(got, []int{1}); err != nil || got[0] != 0 {
 		t.Errorf("new tensor row 1 = %d, %v; want zeros", got[0], err)
+	}
+}
+
+// TestCreate_NameNearTheLimit creates files whose names are 239 to 255
+// bytes, all within the 255 that Linux's, macOS' and Windows' file systems
+// take: each is created and is the only entry of its folder after. Before
+// the fix, names over 239 bytes failed with ENAMETOOLONG: the temporary
+// name "."+name+".tmp-" and up to 10 digits was over the limit. A short
+// name's temporary file keeps the name (importer's sweep of a crash's
+// leftovers, ".<key>.memmap.tmp-*", relies on it).
+func TestCreate_NameNearTheLimit(t *testing.T) {
+	for _, n := range []int{239, 240, 250, 255} {
+		dir := t.TempDir()
+		name := strings.Repeat("n", n-len(".memmap")) + ".memmap"
+		m, err := Create(filepath.Join(dir, name), Int32, 2)
+		if err != nil {
+			t.Errorf("Create of a %d-byte name: %v", n, err)
+			continue
+		}
+		m.Close()
+		if ents, _ := os.ReadDir(dir); len(ents) != 1 || ents[0].Name() != name {
+			t.Errorf("after Create of a %d-byte name the folder holds %v, want the file alone", n, ents)
+		}
+	}
+	dir := t.TempDir()
+	f, err := createTemp(dir, "x.memmap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if base := filepath.Base(f.Name()); !strings.HasPrefix(base, ".x.memmap.tmp-") {
+		t.Errorf("temporary file for x.memmap: %s, want .x.memmap.tmp-*", base)
 	}
 }
 

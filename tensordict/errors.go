@@ -30,8 +30,9 @@ var (
 	ErrLocked = errors.New("tensordict: memory-mapped TensorDict is locked")
 
 	// ErrFormat is returned by LoadMemmap for a prefix that is not a valid
-	// tensordict memmap folder: corrupt or missing meta.json, an unknown
-	// dtype, a missing or short leaf file. The message names the file.
+	// tensordict memmap folder: corrupt or missing meta.json (or one that
+	// names a member twice), an unknown dtype, a missing or short leaf
+	// file, a folder reached twice in one load. The message names the file.
 	ErrFormat = errors.New("tensordict: bad memmap format")
 
 	// ErrUnsupported is returned by LoadMemmap for content that tensordict can

@@ -2,10 +2,12 @@ package tensordict
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tensorwire/tensorwire/memmap"
 )
@@ -235,4 +237,119 @@ func TestLoadMemmap_FoldersThatAreNotSubfolders(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLoadMemmap_RefusesRepeatedNames loads a meta.json that names the leaf
+// "obs" twice: JSON allows it (Python keeps the last), no tensordict
+// writes it, and a repeated nested key is loaded once per repeat (see
+// TestLoadMemmap_RepeatedKeysDoNotFanOut), so it is ErrFormat naming the
+// file and the key. Before the fix it loaded, keeping the last.
+func TestLoadMemmap_RefusesRepeatedNames(t *testing.T) {
+	dir := copyFixture(t, "basic_orjson")
+	meta := filepath.Join(dir, metaFile)
+	b, err := os.ReadFile(meta)
+	noErr(t, err)
+	i := strings.Index(string(b), `"obs":{`)
+	n := strings.Index(string(b[max(i, 0):]), "},")
+	if i < 0 || n < 0 {
+		t.Fatalf("no obs entry in %s", b)
+	}
+	j := i + n + 2
+	noErr(t, os.WriteFile(meta, append(b[:j:j], b[i:]...), 0o644)) // "obs":{...},"obs":{...},...
+	td, err := LoadMemmap(dir)
+	if err == nil {
+		td.Close()
+	}
+	if !errors.Is(err, ErrFormat) || !strings.Contains(err.Error(), metaFile) || !strings.Contains(err.Error(), `"obs"`) {
+		t.Errorf("meta.json naming \"obs\" twice: err = %v, want ErrFormat naming meta.json and \"obs\"", err)
+	}
+}
+
+// loadsQuickly loads prefix with opts and fails the test unless it returns
+// within 5 seconds with an error wrapping ErrFormat.
+func loadsQuickly(t *testing.T, prefix, what string, opts ...LoadOption) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		td, err := LoadMemmap(prefix, opts...)
+		if err == nil {
+			td.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrFormat) {
+			t.Errorf("LoadMemmap of %s: err = %v, want ErrFormat", what, err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("LoadMemmap of %s has not returned after 5s", what)
+	}
+}
+
+// TestLoadMemmap_RepeatedKeysDoNotFanOut loads a chain of 8 nested
+// folders, 8 tiny files in all, whose meta.json each name the nested key
+// "a" 20 times: refused at once with ErrFormat, where every repeat was
+// loaded (20^7 TensorDicts), hanging even a loader confined by InRoot to
+// what a remote peer may name. The depth limit (64) bounds nesting, not
+// the total. Refusing repeated names (TestLoadMemmap_RefusesRepeatedNames)
+// and refusing a folder read twice (TestLoadMemmap_LinkedFoldersDoNotFanOut)
+// each stop it; it failed with both undone.
+func TestLoadMemmap_RepeatedKeysDoNotFanOut(t *testing.T) {
+	root := t.TempDir()
+	const levels, fan = 7, 20
+	dir := filepath.Join(root, "td")
+	for i := 0; i <= levels; i++ {
+		noErr(t, os.MkdirAll(dir, 0o755))
+		var b strings.Builder
+		b.WriteString("{")
+		if i < levels {
+			for range fan {
+				b.WriteString(`"a":{"type":"TensorDict"},`)
+			}
+		}
+		b.WriteString(`"shape":[],"device":"cpu","_type":"` + typeTensorDict + `"}`)
+		noErr(t, os.WriteFile(filepath.Join(dir, metaFile), []byte(b.String()), 0o644))
+		dir = filepath.Join(dir, "a")
+	}
+	r, err := os.OpenRoot(root)
+	noErr(t, err)
+	defer r.Close()
+	loadsQuickly(t, filepath.Join(root, "td"), fmt.Sprintf("%d nested meta.json naming \"a\" %d times each", levels+1, fan), ReadOnly(), InRoot(r))
+}
+
+// TestLoadMemmap_LinkedFoldersDoNotFanOut does the same without repeated
+// names: in a chain of 9 folders, each but the last names 8 keys, each a
+// symlink to the next folder. A folder reached a second time in one load
+// is ErrFormat, so it returns at once, with InRoot or without; before the
+// fix it loaded the last folder 8^8 times. (8 links deep, as os.Root
+// follows at most 8 symlinks in one path and fails the whole load past
+// that; the kernel follows 40.)
+func TestLoadMemmap_LinkedFoldersDoNotFanOut(t *testing.T) {
+	root := t.TempDir()
+	const levels = 8
+	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	for i := 0; i <= levels; i++ {
+		dir := filepath.Join(root, fmt.Sprint("d", i))
+		noErr(t, os.Mkdir(dir, 0o755))
+		var b strings.Builder
+		b.WriteString("{")
+		for _, k := range keys {
+			if i == levels {
+				break
+			}
+			b.WriteString(`"` + k + `":{"type":"TensorDict"},`)
+			if err := os.Symlink(filepath.Join("..", fmt.Sprint("d", i+1)), filepath.Join(dir, k)); err != nil {
+				t.Skipf("symlink: %v", err)
+			}
+		}
+		b.WriteString(`"shape":[],"device":"cpu","_type":"` + typeTensorDict + `"}`)
+		noErr(t, os.WriteFile(filepath.Join(dir, metaFile), []byte(b.String()), 0o644))
+	}
+	r, err := os.OpenRoot(root)
+	noErr(t, err)
+	defer r.Close()
+	what := fmt.Sprintf("%d folders, each linked from %d keys of the one before", levels+1, len(keys))
+	t.Run("plain", func(t *testing.T) { loadsQuickly(t, filepath.Join(root, "d0"), what) })
+	t.Run("InRoot", func(t *testing.T) { loadsQuickly(t, filepath.Join(root, "d0"), what, InRoot(r)) })
 }

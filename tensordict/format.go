@@ -3,8 +3,10 @@ package tensordict
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"strings"
 	"unicode/utf8"
 
@@ -60,12 +62,22 @@ func escapeKey(key string) string {
 
 // legacyName returns the name tensordict before 0.14 may have written for
 // key with suffix (leafSuffix, or "" for a folder), and whether there is
-// one worth trying that stays in its folder: the raw key, when it is a
-// single path component. A leaf "" was ".memmap", "." "..memmap" and ".."
-// "...memmap" (0.13's escaping); a folder of those names would be the
-// folder itself or its parent, so there is none.
+// one worth trying that stays in its folder on this system: see
+// legacyNameOn.
 func legacyName(key, suffix string) (string, bool) {
-	if strings.ContainsAny(key, "/\x00") {
+	return legacyNameOn(runtime.GOOS == "windows", key, suffix)
+}
+
+// legacyNameOn is legacyName for Windows (windows set) or another system:
+// the raw key, when it is a single path component. That excludes a key
+// with "/" or NUL and, on Windows, one with "\" (a separator there) or ":"
+// (a drive, as in "C:x", or an alternate data stream), as tensordict 0.14
+// refuses a raw name with "/", "\" or a drive prefix. A leaf "" was
+// ".memmap", "." "..memmap" and ".." "...memmap" (0.13's escaping); a folder
+// of those names would be the folder itself or its parent, so there is
+// none.
+func legacyNameOn(windows bool, key, suffix string) (string, bool) {
+	if strings.ContainsAny(key, "/\x00") || windows && strings.ContainsAny(key, `\:`) {
 		return "", false
 	}
 	name := key + suffix
@@ -93,8 +105,14 @@ type member struct {
 	val json.RawMessage
 }
 
+// errRepeatedName is a JSON object that names a member twice.
+var errRepeatedName = errors.New("a member name is repeated")
+
 // parseObject decodes a JSON object keeping its members' order, which
-// encoding/json's maps lose. It accepts compact and spaced JSON alike.
+// encoding/json's maps lose. It accepts compact and spaced JSON alike, and
+// refuses an object that repeats a name (errRepeatedName): JSON allows it
+// and Python keeps the last, but no tensordict writes one, and in a
+// meta.json each repeat of a nested TensorDict's key would be loaded again.
 func parseObject(data []byte) ([]member, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	tok, err := dec.Token()
@@ -105,6 +123,7 @@ func parseObject(data []byte) ([]member, error) {
 		return nil, fmt.Errorf("not a JSON object")
 	}
 	var out []member
+	seen := map[string]bool{}
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
@@ -112,6 +131,10 @@ func parseObject(data []byte) ([]member, error) {
 		}
 		var m member
 		m.key = tok.(string) // object keys are always strings
+		if seen[m.key] {
+			return nil, fmt.Errorf("%w: %q", errRepeatedName, m.key)
+		}
+		seen[m.key] = true
 		if err := dec.Decode(&m.val); err != nil {
 			return nil, err
 		}

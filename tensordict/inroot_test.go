@@ -84,10 +84,3 @@ func TestLoadMemmap_InRoot(t *testing.T) {
 	}
 	td.Close()
 }
-
-func noErr(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}

@@ -227,6 +227,71 @@ func TestMemmap_RefusesNameClashes(t *testing.T) {
 	m.Close()
 }
 
+// TestMemmap_KeyNearTheNameLimit writes a key whose file name is 247
+// bytes (k...k.memmap), within Linux's 255, as tensordict writes and
+// LoadMemmap reads it, with Memmap and MemmapLike, and loads it back.
+// Before the fix both failed with ENAMETOOLONG: memmap.Create built the
+// file under "."+name+".tmp-" and up to 10 digits, over the limit.
+func TestMemmap_KeyNearTheNameLimit(t *testing.T) {
+	key := strings.Repeat("k", 240)
+	src := mustNew(t, 2)
+	noErr(t, src.Set(key, int32Leaf(t, 1, 2)))
+	for name, write := range map[string]func(string, ...WriteOption) (*TensorDict, error){"Memmap": src.Memmap, "MemmapLike": src.MemmapLike} {
+		prefix := filepath.Join(t.TempDir(), "p")
+		out, err := write(prefix)
+		if err != nil {
+			t.Errorf("%s of a key whose file name is %d bytes: %v", name, len(key)+len(leafSuffix), err)
+			continue
+		}
+		out.Close()
+		back, err := LoadMemmap(prefix, ReadOnly())
+		if err != nil {
+			t.Errorf("LoadMemmap after %s: %v", name, err)
+			continue
+		}
+		if !back.Has(key) {
+			t.Errorf("LoadMemmap after %s: keys %v", name, back.Keys())
+		}
+		back.Close()
+	}
+}
+
+// TestLegacyName_StaysInFolder checks which raw keys LoadMemmap tries as
+// names that older tensordict wrote (legacyNameOn), on Windows and
+// elsewhere: only single path components. On Windows "\" is a separator
+// and ":" a drive ("C:x" is relative to C:'s current folder) or a stream,
+// so those keys are not tried there; elsewhere they are ordinary names.
+// Before the fix the check ignored the system, and on Windows a key such
+// as `..\..\x` or `C:x` led out of the prefix.
+func TestLegacyName_StaysInFolder(t *testing.T) {
+	for _, tc := range []struct {
+		key, suffix string
+		windows     bool
+		want        string // "" if none is tried
+	}{
+		{"x y", leafSuffix, true, "x y.memmap"},
+		{"x y", "", false, "x y"},
+		{"a/b", leafSuffix, false, ""},
+		{"a\x00b", "", false, ""},
+		{"", "", false, ""},
+		{".", "", true, ""},
+		{"..", "", false, ""},
+		{".", leafSuffix, false, "..memmap"},
+		{`..\..\x`, leafSuffix, false, `..\..\x.memmap`},
+		{`..\..\x`, leafSuffix, true, ""},
+		{`..\sub`, "", true, ""},
+		{"C:x", leafSuffix, false, "C:x.memmap"},
+		{"C:x", leafSuffix, true, ""},
+		{`C:\x`, "", true, ""},
+		{"a:stream", "", true, ""},
+	} {
+		got, ok := legacyNameOn(tc.windows, tc.key, tc.suffix)
+		if ok != (tc.want != "") || got != tc.want {
+			t.Errorf("legacyNameOn(windows=%v, %q, %q) = %q, %v; want %q", tc.windows, tc.key, tc.suffix, got, ok, tc.want)
+		}
+	}
+}
+
 // snapshot maps each file under dir to its content.
 func snapshot(t *testing.T, dir string) map[string]string {
 	t.Helper()

@@ -22,10 +22,43 @@ type loadOptions struct {
 	depth int      // nesting level of the folder being loaded
 	root  *os.Root // InRoot's: every file is opened through it
 	base  string   // the absolute folder root names, when root is set
+	read  *folders // the folders this load has read, shared by every level
 }
 
 // maxDepth bounds the nesting of TensorDicts LoadMemmap follows.
 const maxDepth = 64
+
+// folders is the set of folders one LoadMemmap has read, by identity
+// (device and inode on Unix, os.SameFile elsewhere), so that it reads none
+// twice: a folder reached again, through symlinks from two keys to one
+// folder or a symlink loop, would be loaded again with all below it, and
+// a few such folders nested would multiply into more loads than any
+// dataset holds.
+type folders struct {
+	ids   map[fileID]bool
+	infos []fs.FileInfo // where idOf gives no fileID
+}
+
+// add records folder fi and reports whether it was not yet there.
+func (s *folders) add(fi fs.FileInfo) bool {
+	if id, ok := idOf(fi); ok {
+		if s.ids[id] {
+			return false
+		}
+		if s.ids == nil {
+			s.ids = map[fileID]bool{}
+		}
+		s.ids[id] = true
+		return true
+	}
+	for _, old := range s.infos {
+		if os.SameFile(old, fi) {
+			return false
+		}
+	}
+	s.infos = append(s.infos, fi)
+	return true
+}
 
 // ReadOnly maps the files read-only (copy-on-write): writes through the
 // TensorDict's methods fail with memmap.ErrReadOnly, and the files cannot
@@ -91,6 +124,18 @@ func (o *loadOptions) open(path string, write bool) (*os.File, error) {
 	return f, nil
 }
 
+// stat is os.Stat, through the root when there is one.
+func (o *loadOptions) stat(path string) (fs.FileInfo, error) {
+	if o.root == nil {
+		return os.Stat(path)
+	}
+	r, err := o.rel(path)
+	if err != nil {
+		return nil, err
+	}
+	return o.root.Stat(r)
+}
+
 // lstat is os.Lstat, through the root when there is one.
 func (o *loadOptions) lstat(path string) (fs.FileInfo, error) {
 	if o.root == nil {
@@ -107,12 +152,16 @@ func (o *loadOptions) lstat(path string) (fs.FileInfo, error) {
 // tensordict's memmap in Python, read-write unless ReadOnly is given
 // (tensordict's TensorDict.load_memmap(prefix)). The caller must Close it.
 //
-// Keys keep meta.json's order. A missing or corrupt meta.json, an unknown
-// dtype, a missing or short leaf file, or a tensor whose shape does not fit
-// the batch size is an error wrapping ErrFormat that names the file; pickled
-// non-tensors, nested (jagged) tensors and lazy stacks wrap ErrUnsupported.
+// Keys keep meta.json's order. A missing or corrupt meta.json (one that
+// names a member twice included), an unknown dtype, a missing or short leaf
+// file, or a tensor whose shape does not fit the batch size is an error
+// wrapping ErrFormat that names the file; pickled non-tensors, nested
+// (jagged) tensors and lazy stacks wrap ErrUnsupported. A folder reached a
+// second time in one load (two keys linked to one folder, a symlink loop)
+// wraps ErrFormat too: a load reads each folder once, so its work grows
+// with what is on disk, never faster.
 func LoadMemmap(prefix string, opts ...LoadOption) (*TensorDict, error) {
-	o := loadOptions{mode: memmap.ReadWrite}
+	o := loadOptions{mode: memmap.ReadWrite, read: &folders{}}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -133,7 +182,8 @@ func LoadMemmap(prefix string, opts ...LoadOption) (*TensorDict, error) {
 	return td, nil
 }
 
-// readMeta reads and parses a folder's meta.json, and its _type.
+// readMeta reads and parses a folder's meta.json, and its _type. A folder
+// this load has read already is an error wrapping ErrFormat.
 func (o *loadOptions) readMeta(dir string) ([]member, string, error) {
 	path := filepath.Join(dir, metaFile)
 	var data []byte
@@ -147,6 +197,13 @@ func (o *loadOptions) readMeta(dir string) ([]member, string, error) {
 			return nil, "", fmt.Errorf("%w: %s is missing (not a memory-mapped TensorDict, or one still being written)", ErrFormat, path)
 		}
 		return nil, "", fmt.Errorf("%w: %w", ErrFormat, err)
+	}
+	fi, err := o.stat(dir)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %w", ErrFormat, err)
+	}
+	if !o.read.add(fi) {
+		return nil, "", fmt.Errorf("%w: %s: folder loaded already in this TensorDict (two keys linked to one folder, or a symlink loop)", ErrFormat, dir)
 	}
 	members, err := parseObject(data)
 	if err != nil {
@@ -267,7 +324,7 @@ func loadLeaf(dir, key string, e leafEntry, o loadOptions, maps *[]*memmap.Tenso
 
 func loadCollection(dir, key string, o loadOptions, maps *[]*memmap.Tensor) (Value, error) {
 	if o.depth++; o.depth > maxDepth {
-		return nil, fmt.Errorf("%w: %s: TensorDicts nested more than %d deep (a symlink loop?)", ErrFormat, dir, maxDepth)
+		return nil, fmt.Errorf("%w: %s: TensorDicts nested more than %d deep", ErrFormat, dir, maxDepth)
 	}
 	sub, err := o.findName(dir, key, "")
 	if err != nil {

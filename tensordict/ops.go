@@ -51,7 +51,9 @@ func (td *TensorDict) Equal(u *TensorDict) bool {
 
 // Stack returns a new TensorDict in Go memory whose rows are tds, in order:
 // its batch size is [len(tds), batch...]. All must have the same batch size
-// and the same schema; non-tensors are taken from the first.
+// and the same schema, every tensor's whole shape included (ErrSchema, as
+// for TensorDicts without batch dimensions, whose tensors' first
+// dimensions are theirs alone); non-tensors are taken from the first.
 func Stack(tds []*TensorDict) (*TensorDict, error) {
 	if len(tds) == 0 {
 		return nil, fmt.Errorf("%w: stack of no TensorDicts", ErrBatchSize)
@@ -62,7 +64,7 @@ func Stack(tds []*TensorDict) (*TensorDict, error) {
 		}
 	}
 	grow := func(b []int) []int { return append([]int{len(tds)}, b...) }
-	return concat(tds, grow(tds[0].batch), grow, func(s []int) []int { return grow(s) })
+	return concat(tds, 0, grow(tds[0].batch), grow, func(s []int) []int { return grow(s) })
 }
 
 // Cat returns a new TensorDict in Go memory holding the rows of tds one
@@ -84,13 +86,15 @@ func Cat(tds []*TensorDict) (*TensorDict, error) {
 		total += n
 	}
 	withTotal := func(b []int) []int { return append([]int{total}, b[1:]...) }
-	return concat(tds, withTotal(tds[0].batch), withTotal, withTotal)
+	return concat(tds, 1, withTotal(tds[0].batch), withTotal, withTotal)
 }
 
 // concat lays the bytes of each tensor of tds end to end, which stacks them
 // (a new first dimension) or concatenates them (along the first dimension)
 // depending on shapeOf, which gives the result's shape from the first's.
-func concat(tds []*TensorDict, batch []int, subBatch, shapeOf func([]int) []int) (*TensorDict, error) {
+// Each tensor's shape must be the first's but for its leading free
+// dimensions: 0 to stack, 1 (the rows, which add up) to concatenate.
+func concat(tds []*TensorDict, free int, batch []int, subBatch, shapeOf func([]int) []int) (*TensorDict, error) {
 	return tds[0].mapVals(batch, subBatch, func(p []string, first *Tensor) (*Tensor, error) {
 		parts := make([]*Tensor, len(tds))
 		for i, td := range tds {
@@ -98,7 +102,7 @@ func concat(tds []*TensorDict, batch []int, subBatch, shapeOf func([]int) []int)
 			if err != nil {
 				return nil, fmt.Errorf("%w: TensorDict %d: %w", ErrSchema, i, err)
 			}
-			if t.dtype != first.dtype || !slices.Equal(t.shape[min(1, len(t.shape)):], first.shape[min(1, len(first.shape)):]) {
+			if t.dtype != first.dtype || !slices.Equal(t.shape[free:], first.shape[free:]) {
 				return nil, fmt.Errorf("%w: %s: TensorDict %d has %v %v, the first %v %v",
 					ErrSchema, keyString(p), i, t.dtype, t.shape, first.dtype, first.shape)
 			}

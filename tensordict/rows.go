@@ -128,15 +128,27 @@ func (t *Tensor) scatter(rows []int, src *Tensor) error {
 }
 
 // SetSlice writes src's rows into t's rows [start, start+src.Len()). src
-// must have t's dtype and row shape.
+// must have t's dtype and row shape; rows that do not all fall in t are an
+// error wrapping memmap.ErrIndex, and nothing is written.
 func (t *Tensor) SetSlice(start int, src *Tensor) error {
 	if err := t.checkRowsLike(src, src.Len()); err != nil {
 		return err
 	}
-	if start < 0 || start+src.Len() > t.Len() {
-		return fmt.Errorf("%w: %d rows at %d of %d", memmap.ErrIndex, src.Len(), start, t.Len())
+	if err := checkSpan(start, src.Len(), t.Len()); err != nil {
+		return err
 	}
 	return t.view(start, src.shape).copyFrom(src)
+}
+
+// checkSpan returns an error wrapping memmap.ErrIndex unless the m rows
+// from start lie in [0, n), m and n being lengths (not negative). It adds
+// nothing, so a start near math.MaxInt cannot overflow into range (and
+// view's start*RowBytes into an offset before the view).
+func checkSpan(start, m, n int) error {
+	if start < 0 || start > n-m {
+		return fmt.Errorf("%w: %d rows at %d of %d", memmap.ErrIndex, m, start, n)
+	}
+	return nil
 }
 
 // checkRowsLike checks that src is n rows of t's dtype and row shape.
@@ -312,8 +324,8 @@ func (td *TensorDict) SetSlice(start int, src *TensorDict) error {
 	if err != nil {
 		return err
 	}
-	if start < 0 || start+m > n {
-		return fmt.Errorf("%w: %d rows at %d of %d", memmap.ErrIndex, m, start, n)
+	if err := checkSpan(start, m, n); err != nil {
+		return err
 	}
 	pairs, err := td.pairLeaves(src, m)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"iter"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/tensorwire/tensorwire/memmap"
 )
@@ -39,7 +40,16 @@ type TensorDict struct {
 	// Set only on memory-mapped TensorDicts.
 	locked bool
 	prefix string           // the folder, on the TensorDict loaded or written there
+	mapsMu sync.Mutex       // guards maps: Close clears it while Flush or Prefault may read it
 	maps   []*memmap.Tensor // mappings owned (closed by Close); only on the root
+}
+
+// mapped returns the mappings td owns: none after Close, or for a
+// TensorDict that owns none.
+func (td *TensorDict) mapped() []*memmap.Tensor {
+	td.mapsMu.Lock()
+	defer td.mapsMu.Unlock()
+	return td.maps
 }
 
 // New returns an empty TensorDict with the given batch size (no dimensions
@@ -324,7 +334,7 @@ func (td *TensorDict) mapAt(prefix []string, batch []int, sub func([]int) []int,
 // why). A TensorDict in memory, or a view, maps no file: it does nothing
 // there. Call it before td is used by other goroutines.
 func (td *TensorDict) InPlace() {
-	for _, m := range td.maps {
+	for _, m := range td.mapped() {
 		m.InPlace()
 	}
 }

@@ -2,6 +2,8 @@ package tensordict
 
 import (
 	"errors"
+	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,13 @@ import (
 	"github.com/tensorwire/tensorwire/memmap"
 	"gorgonia.org/tensor"
 )
+
+func noErr(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
 
 func must[T any](t *testing.T) func(T, error) T {
 	return func(v T, err error) T {
@@ -231,6 +240,60 @@ func TestTensorDict_SetRows(t *testing.T) {
 	}
 }
 
+// TestTensor_SetSliceHugeStartWritesNothing gives SetSlice a start near
+// math.MaxInt, on a view of rows [5, 10) of a mapped tensor and on a
+// tensor in Go memory: an error wrapping memmap.ErrIndex, and no row of
+// the file or slice written. Before the fix the bounds check's
+// start+src.Len() overflowed and passed: the mapped view wrote the row
+// before it in the file (start*RowBytes wrapped to -8), the Go-memory
+// tensor panicked.
+func TestTensor_SetSliceHugeStartWritesNothing(t *testing.T) {
+	prefix := filepath.Join(t.TempDir(), "p")
+	td := must[*TensorDict](t)(Create(prefix, []int{10}, Field{Key: []string{"x"}, DType: memmap.Int64, Shape: []int{10}}))
+	defer td.Close()
+	x := must[*Tensor](t)(td.Tensor("x"))
+	heap := must[*Tensor](t)(Zeros(memmap.Int64, 10))
+	src := must[*Tensor](t)(FromSlice([]int64{42}))
+	for _, tc := range []struct {
+		name string
+		t    *Tensor
+	}{
+		{"mapped view of rows 5 to 9", must[*Tensor](t)(x.Slice(5, 10))},
+		{"Go memory", heap},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, start := range []int{math.MaxInt, math.MaxInt - 5} {
+				if err := tc.t.SetSlice(start, src); !errors.Is(err, memmap.ErrIndex) {
+					t.Errorf("SetSlice(%d): err = %v, want memmap.ErrIndex", start, err)
+				}
+			}
+		})
+	}
+	for name, u := range map[string]*Tensor{"file": x, "Go memory": heap} {
+		if got := must[[]int64](t)(Values[int64](u)); slices.ContainsFunc(got, func(v int64) bool { return v != 0 }) {
+			t.Errorf("%s after refused SetSlices: %v, want all zeros", name, got)
+		}
+	}
+}
+
+// TestTensorDict_SetSliceHugeStartWritesNothing is the same through
+// TensorDict.SetSlice on a view of rows [5, 10) of a mapped TensorDict:
+// memmap.ErrIndex and the file unchanged. Before the fix it wrote row 4.
+func TestTensorDict_SetSliceHugeStartWritesNothing(t *testing.T) {
+	prefix := filepath.Join(t.TempDir(), "p")
+	td := must[*TensorDict](t)(Create(prefix, []int{10}, Field{Key: []string{"x"}, DType: memmap.Int64, Shape: []int{10}}))
+	defer td.Close()
+	view := must[*TensorDict](t)(td.Slice(5, 10))
+	src := mustNew(t, 1)
+	noErr(t, src.Set("x", must[*Tensor](t)(FromSlice([]int64{42}))))
+	if err := view.SetSlice(math.MaxInt, src); !errors.Is(err, memmap.ErrIndex) {
+		t.Errorf("SetSlice(MaxInt): err = %v, want memmap.ErrIndex", err)
+	}
+	if got := values[int64](t, td, "x"); slices.ContainsFunc(got, func(v int64) bool { return v != 0 }) {
+		t.Errorf("file after a refused SetSlice: %v, want all zeros", got)
+	}
+}
+
 func TestStackAndCat(t *testing.T) {
 	a, b := sample(t, 2), sample(t, 2)
 	b.Fill([]int{0, 1}, 1)
@@ -258,6 +321,31 @@ func TestStackAndCat(t *testing.T) {
 	odd.Set("extra", must[*Tensor](t)(Zeros(memmap.Uint8, 2)))
 	if _, err := Cat([]*TensorDict{odd, a}); !errors.Is(err, ErrSchema) {
 		t.Errorf("cat of different schemas: err = %v, want ErrSchema", err)
+	}
+}
+
+// TestStack_ComparesWholeShapes stacks TensorDicts without batch
+// dimensions whose "x" is shaped [1], [2] and [0]: their schemas differ, so
+// it is an error wrapping ErrSchema, while Cat of such rows (batch [1],
+// [2], [0]) still adds them up. Before the fix Stack compared only the
+// shapes past the first dimension and made a [3 1] tensor of the 3
+// elements.
+func TestStack_ComparesWholeShapes(t *testing.T) {
+	mk := func(batch []int, vals ...float32) *TensorDict {
+		td := mustNew(t, batch...)
+		noErr(t, td.Set("x", must[*Tensor](t)(FromSlice(vals))))
+		return td
+	}
+	got, err := Stack([]*TensorDict{mk(nil, 1), mk(nil, 2, 3), mk(nil)})
+	if !errors.Is(err, ErrSchema) {
+		if err == nil {
+			err = fmt.Errorf("x %v = %v", must[*Tensor](t)(got.Tensor("x")).Shape(), values[float32](t, got, "x"))
+		}
+		t.Errorf("Stack of x shaped [1], [2], [0]: %v, want ErrSchema", err)
+	}
+	c := must[*TensorDict](t)(Cat([]*TensorDict{mk([]int{1}, 1), mk([]int{2}, 2, 3), mk([]int{0})}))
+	if x := values[float32](t, c, "x"); !slices.Equal(x, []float32{1, 2, 3}) {
+		t.Errorf("Cat of x shaped [1], [2], [0] = %v, want [1 2 3]", x)
 	}
 }
 

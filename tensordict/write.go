@@ -257,7 +257,7 @@ func writeMeta(path string, data []byte, o writeOptions) error {
 // (msync and fsync of each). It does nothing for one in Go memory, or for a
 // view: flush the TensorDict that Memmap or LoadMemmap returned.
 func (td *TensorDict) Flush() error {
-	for _, m := range td.maps {
+	for _, m := range td.mapped() {
 		if err := m.Flush(); err != nil {
 			return err
 		}
@@ -272,7 +272,7 @@ func (td *TensorDict) Flush() error {
 // that Memmap or LoadMemmap returned. Errors wrap errors.ErrUnsupported
 // where the system cannot.
 func (td *TensorDict) Prefault() error {
-	for _, m := range td.maps {
+	for _, m := range td.mapped() {
 		if err := m.Prefault(); err != nil {
 			return err
 		}
@@ -281,13 +281,16 @@ func (td *TensorDict) Prefault() error {
 }
 
 // Close unmaps the files of a TensorDict returned by Memmap, MemmapLike or
-// LoadMemmap, after the calls in flight on them return. Views and tensors
-// taken from it stop working (their methods return memmap.ErrClosed). It
-// does not flush. Close on any other TensorDict does nothing.
+// LoadMemmap, after the calls in flight on them return (Flush and Prefault
+// included: they may run concurrently with it). Views and tensors taken
+// from it stop working (their methods return memmap.ErrClosed). It does not
+// flush. Close on any other TensorDict, or a second time, does nothing.
 func (td *TensorDict) Close() error {
-	err := closeAll(td.maps)
+	td.mapsMu.Lock()
+	maps := td.maps
 	td.maps = nil
-	return err
+	td.mapsMu.Unlock()
+	return closeAll(maps)
 }
 
 func closeAll(maps []*memmap.Tensor) error {
