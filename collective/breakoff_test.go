@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -199,5 +200,98 @@ func TestGaveUp_NamesTheFirstFailure(t *testing.T) {
 	c.fail(peer)
 	if err := <-done; !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "rank 1 broke off collective 0") {
 		t.Errorf("a collective's message: %v, want rank 1's break-off", err)
+	}
+}
+
+// TestTCP_TruncatedInputFailsEveryRank: over TCP, a rank whose input is a
+// mapping whose file was truncated fails its call with memmap.ErrFault,
+// and every other rank at once with ErrAborted naming it, where the fault
+// comes while a message of the input is sent from a goroutine of its own:
+// the direct Allreduce's pieces (sendAll), the ring's, a Bcast's tree
+// sends (sendBytes' pieces). Before, only the data phase's own goroutine
+// ran under the fault guard: rpc copied the input into its connection's
+// buffer in a send's goroutine, and the process died of SIGBUS. The ranks
+// run in a child process, so that a crash fails this test and not the
+// test binary.
+func TestTCP_TruncatedInputFailsEveryRank(t *testing.T) {
+	const env = "COLLECTIVE_TEST_TRUNCATED_INPUT_CHILD"
+	if os.Getenv(env) == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestTCP_TruncatedInputFailsEveryRank$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), env+"=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestTCP_TruncatedInputFailsEveryRank") {
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			t.Fatalf("the ranks' process: %v\n%s", err, strings.Join(lines[:min(len(lines), 30)], "\n"))
+		}
+		return
+	}
+	// 128 KiB of float32: above recursive doubling's 64 KiB, and every
+	// message under rpc's 256 KiB for a side connection, so rpc copies it
+	// into a stream's buffer (on a side connection the kernel would answer
+	// EFAULT instead).
+	const bad, elems = 1, 1 << 15
+	cases := []struct {
+		name string
+		n    int
+		ring bool
+		run  func(ctx context.Context, c *Comm, in *tensordict.Tensor) error
+	}{
+		{"allreduce/direct", 2, false, func(ctx context.Context, c *Comm, in *tensordict.Tensor) error {
+			out, _ := tensordict.Zeros(memmap.Float32, elems)
+			return c.AllreduceInto(ctx, out, in, Sum)
+		}},
+		{"allreduce/ring", 3, true, func(ctx context.Context, c *Comm, in *tensordict.Tensor) error {
+			out, _ := tensordict.Zeros(memmap.Float32, elems)
+			return c.AllreduceInto(ctx, out, in, Sum)
+		}},
+		{"bcast", 3, false, func(ctx context.Context, c *Comm, in *tensordict.Tensor) error {
+			_, err := c.Bcast(ctx, in, bad)
+			return err
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.ring {
+				saved := directMax
+				directMax = 1
+				t.Cleanup(func() { directMax = saved })
+			}
+			comms := group(t, tc.n, TCP)
+			path := filepath.Join(t.TempDir(), "in")
+			mm, err := memmap.Create(path, memmap.Float32, elems)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { mm.Close() })
+			badIn, err := tensordict.View(mm, 0, elems)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(path, 0); err != nil {
+				t.Fatal(err)
+			}
+			_, errs := onAll(t, comms, func(ctx context.Context, c *Comm) (struct{}, error) {
+				ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				defer cancel()
+				in, _ := tensordict.Zeros(memmap.Float32, elems)
+				if c.Rank() == bad {
+					in = badIn
+				}
+				return struct{}{}, tc.run(ctx, c, in)
+			})
+			for r, err := range errs {
+				t.Logf("rank %d: %v", r, err)
+				switch {
+				case err == nil:
+					t.Errorf("rank %d: no error", r)
+				case errors.Is(err, context.DeadlineExceeded):
+					t.Errorf("rank %d waited for its deadline: %v", r, err)
+				case r == bad && !errors.Is(err, memmap.ErrFault):
+					t.Errorf("rank %d (faulted): %v, want memmap.ErrFault", r, err)
+				case r != bad && (!errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "rank 1 ")):
+					t.Errorf("rank %d: %v, want ErrAborted naming rank 1", r, err)
+				}
+			}
+		})
 	}
 }

@@ -524,11 +524,38 @@ func (j *joinState) add(ctx context.Context, r *joinReq, c *Comm) (joinResp, err
 	return j.wait(ctx)
 }
 
+// handleJoin is collective.join: it records rank r.Rank's claim and
+// waits for the others. A claim whose call ends before every rank joined
+// (its caller's context ended, or its connection) is withdrawn, so that
+// the rank may join again and the group does not form with an address no
+// rank waits at (before, its next Join was refused as a second claim, and
+// rank 0 counted the stale one). If the group forms at the moment the
+// call ends, the claim stays in it: the others then wait for that rank's
+// ready until their contexts end, as for any rank lost while forming.
 func (c *Comm) handleJoin(ctx context.Context, r joinReq) (joinResp, error) {
 	if err := c.join.put(&r, c); err != nil {
 		return joinResp{}, err
 	}
-	return c.join.wait(ctx)
+	resp, err := c.join.wait(ctx)
+	if err != nil {
+		c.join.drop(&r)
+	}
+	return resp, err
+}
+
+// drop withdraws claim r, whose join call ended without an answer, while
+// the group has not formed: put counts claims and forms the group under
+// the same lock, so a claim is either withdrawn or in the group. Nothing
+// changes after the rendezvous failed, or once r is no longer its rank's
+// claim.
+func (j *joinState) drop(r *joinReq) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.failed != nil || isClosed(j.all) || j.reqs[r.Rank] != r {
+		return
+	}
+	j.reqs[r.Rank] = nil
+	j.n--
 }
 
 func (j *joinState) put(r *joinReq, c *Comm) error {

@@ -3,6 +3,7 @@ package collective
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 
 	"github.com/tensorwire/tensorwire/memmap"
 )
@@ -33,6 +34,59 @@ type desc struct {
 	out     []int // its shape
 }
 
+// descMax is the most bytes a description's encoding takes: the room for
+// one in a rank's control file (shared mappings). Every transport holds
+// descriptions to it (seal), so that a call fails alike on each.
+const descMax = 64 << 10
+
+// badMax is the most bytes of a description's bad that go on the wire.
+const badMax = 1024
+
+// seal returns d's encoding, having made d one that every rank decodes as
+// this rank holds it. The encoding holds the root and axes as int32, a
+// shape's length as uint16, and takes at most descMax bytes: a
+// description that does not fit (a root of 1<<32; thousands of dimensions
+// or counts) would read otherwise on the other ranks, whose checks would
+// then disagree with this rank's (one rank failing the call, another
+// waiting for its data), or overflow its room in the control file. Such a
+// description becomes a bad one saying why (ErrArgument on every rank),
+// keeping only its kind, op and dtype; bad itself is cut to badMax bytes,
+// as on the wire. Every transport sends descriptions sealed and checks
+// its own as sealed. It costs a few comparisons a call.
+func (d *desc) seal() []byte {
+	if why := d.misfit(); why != "" {
+		bad, noSpace := d.bad, d.noSpace
+		if bad == "" {
+			bad, noSpace = why, false
+		}
+		*d = desc{kind: d.kind, op: d.op, dtype: d.dtype, bad: bad, noSpace: noSpace}
+	}
+	if len(d.bad) > badMax {
+		d.bad = d.bad[:badMax]
+	}
+	return d.encode(nil)
+}
+
+// misfit says why d cannot go on the wire as it is; "" when it can.
+func (d *desc) misfit() string {
+	for _, a := range [...]struct {
+		name string
+		v    int
+	}{{"root", d.root}, {"axis", d.axis}, {"axis", d.axis2}} {
+		if a.v != int(int32(a.v)) {
+			return fmt.Sprintf("%s %d is out of range", a.name, a.v)
+		}
+	}
+	// The fixed fields, 8 bytes a dimension or count, and room for bad
+	// (set later where publishing fails).
+	if n := 27 + 8*(len(d.shape)+len(d.counts)+len(d.out)) + badMax; n > descMax {
+		return fmt.Sprintf("the call's description takes more than %d bytes (a tensor of %d dimensions, %d counts, an output of %d dimensions)",
+			descMax, len(d.shape), len(d.counts), len(d.out))
+	}
+	return ""
+}
+
+// encode appends d's encoding to b as it is; seal makes sure it fits.
 func (d *desc) encode(b []byte) []byte {
 	flags := byte(0)
 	if d.hasT {
@@ -64,8 +118,8 @@ func (d *desc) encode(b []byte) []byte {
 		b = binary.LittleEndian.AppendUint64(b, uint64(s))
 	}
 	bad := d.bad
-	if len(bad) > 1024 {
-		bad = bad[:1024]
+	if len(bad) > badMax {
+		bad = bad[:badMax]
 	}
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(bad)))
 	return append(b, bad...)

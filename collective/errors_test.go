@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -129,6 +131,154 @@ func TestCollectives_BadInputFailsEveryRank(t *testing.T) {
 				})
 			}
 		})
+	}
+}
+
+// checkGroups returns the communicators a check test runs on: n ranks
+// through shared mappings, over TCP, and (on Linux) in a hierarchy of two
+// hosts, the first with n-1 ranks.
+func checkGroups(t *testing.T, n int) map[string][]*Comm {
+	groups := map[string][]*Comm{}
+	for _, tr := range transports() {
+		groups[string(tr)] = group(t, n, tr)
+	}
+	if runtime.GOOS == "linux" {
+		hosts := make([]int, n)
+		hosts[n-1] = 1
+		groups["hier"] = hierGroup(t, hosts, Hier)
+	}
+	return groups
+}
+
+// failsAlike runs fn on every rank of comms and fails t unless every rank
+// failed with want and the same message, saying says, without panicking,
+// and the communicator still works.
+func failsAlike(t *testing.T, comms []*Comm, want error, says string, fn func(ctx context.Context, c *Comm) error) {
+	t.Helper()
+	_, errs := onAll(t, comms, func(ctx context.Context, c *Comm) (_ int, err error) {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("panicked: %v", p)
+			}
+		}()
+		return 0, fn(ctx, c)
+	})
+	t.Logf("rank 0: %v", errs[0])
+	for r, err := range errs {
+		if !errors.Is(err, want) || !strings.Contains(fmt.Sprint(err), says) {
+			t.Fatalf("rank %d: %v, want %v saying %q", r, err, want, says)
+		}
+		if err.Error() != errs[0].Error() {
+			t.Fatalf("rank %d says %q, rank 0 %q", r, err, errs[0])
+		}
+	}
+	all(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
+		return c.Allreduce(ctx, f64(t, 2), Sum)
+	})
+}
+
+// TestCollectives_CountsThatWrapFailEveryRank: counts each at least 0
+// whose sum wraps around to the axis' length (MaxInt64, MaxInt64, 6 sum
+// to 4) are ErrArgument on every rank, for Scatter, ReduceScatter and
+// Alltoall, through shared mappings, over TCP and in a hierarchy (whose
+// root reserves room for its host-mates' pieces from the counts before
+// the check). Before, the check summed them as 4 and passed them, and
+// every rank panicked sizing its pieces (makeslice) or waited for its
+// deadline. In a hierarchy, a negative count beside a huge one (summing
+// to the length too) made the root reserve room for pieces of the huge
+// size before the check, and fail on that instead.
+func TestCollectives_CountsThatWrapFailEveryRank(t *testing.T) {
+	countss := map[string][]int{
+		"wrap":     {math.MaxInt64, math.MaxInt64, 6},
+		"negative": {0, 1 << 40, 4 - 1<<40}, // also sums to 4
+	}
+	cases := []struct {
+		name string
+		run  func(ctx context.Context, c *Comm, counts []int) error
+	}{
+		{"scatter", func(ctx context.Context, c *Comm, counts []int) error {
+			_, err := c.Scatter(ctx, f64(t, 4), 0, counts, 0)
+			return err
+		}},
+		{"reducescatter", func(ctx context.Context, c *Comm, counts []int) error {
+			_, err := c.ReduceScatter(ctx, f64(t, 4), Sum, 0, counts)
+			return err
+		}},
+		{"alltoall", func(ctx context.Context, c *Comm, counts []int) error {
+			_, err := c.Alltoall(ctx, f64(t, 2, 4), 0, 1, counts)
+			return err
+		}},
+	}
+	for name, comms := range checkGroups(t, 3) {
+		for cname, counts := range countss {
+			for _, tc := range cases {
+				t.Run(name+"/"+cname+"/"+tc.name, func(t *testing.T) {
+					failsAlike(t, comms, ErrArgument, "count", func(ctx context.Context, c *Comm) error { return tc.run(ctx, c, counts) })
+				})
+			}
+		}
+	}
+}
+
+// TestCollectives_DescriptionsThatDoNotFitFailEveryRank: a description
+// that cannot go between ranks as it is fails the call with ErrArgument on
+// every rank, the same message everywhere, and the communicator goes on:
+// a root or an axis outside int32 (the wire's), given by one rank; a
+// tensor of 70,000 dimensions on one rank (a uint16 on the wire); a
+// tensor of 9,000 dimensions on every rank (its description over the 64
+// KiB room for one). Before, over TCP and in a hierarchy each rank checked
+// its own description as given and the others' as decoded, with a root of
+// 1<<32 cut to 0: that rank failed the call (ErrArgument) while the others
+// waited for its data until their deadlines; through shared mappings the
+// long description overflowed into the room of the next, and the call
+// broke the communicator.
+func TestCollectives_DescriptionsThatDoNotFitFailEveryRank(t *testing.T) {
+	ones := func(n int) []int {
+		s := make([]int, n)
+		for i := range s {
+			s[i] = 1
+		}
+		return s
+	}
+	cases := []struct {
+		name, says string
+		run        func(ctx context.Context, c *Comm) error
+	}{
+		{"root 1<<32 on one rank", "root 4294967296 is out of range", func(ctx context.Context, c *Comm) error {
+			root := 0
+			if c.Rank() == 0 {
+				root = 1 << 32
+			}
+			_, err := c.Bcast(ctx, f64(t, 4), root)
+			return err
+		}},
+		{"axis 1<<32 on one rank", "axis 4294967296 is out of range", func(ctx context.Context, c *Comm) error {
+			axis := 0
+			if c.Rank() == 1 {
+				axis = 1 << 32
+			}
+			_, err := c.Allgather(ctx, f64(t, 4), axis)
+			return err
+		}},
+		{"70000 dimensions on one rank", "70000 dimensions", func(ctx context.Context, c *Comm) error {
+			x := f64(t, 1)
+			if c.Rank() == 2 {
+				x = f64(t, ones(70000)...)
+			}
+			_, err := c.Allreduce(ctx, x, Sum)
+			return err
+		}},
+		{"9000 dimensions", "9000 dimensions", func(ctx context.Context, c *Comm) error {
+			_, err := c.Allreduce(ctx, f64(t, ones(9000)...), Sum)
+			return err
+		}},
+	}
+	for name, comms := range checkGroups(t, 3) {
+		for _, tc := range cases {
+			t.Run(name+"/"+tc.name, func(t *testing.T) { failsAlike(t, comms, ErrArgument, tc.says, tc.run) })
+		}
 	}
 }
 

@@ -54,8 +54,8 @@ func (h *hierState) alltoallReserve(c *Comm, d *desc, in int) int {
 	if d.counts == nil {
 		return in + in/n*L*(n-L)
 	}
-	if len(d.counts) != n {
-		return in
+	if len(d.counts) != n || d.axis2 < 0 || d.axis2 >= len(d.shape) || !splits(d.counts, d.shape[d.axis2]) {
+		return in // the check fails it (splits: before multiplying the counts)
 	}
 	total, mine := 0, 0
 	for r, v := range d.counts {

@@ -72,7 +72,9 @@ func (h *hierState) hierReserve(c *Comm, d *desc, in []byte) int {
 
 // scatterHostBytes returns the bytes of the pieces of Scatter d (from this
 // rank, the root) that go to this rank's host-mates, 0 when d is not a
-// valid Scatter (the check fails it).
+// valid Scatter (the check fails it). It runs before the check, so it
+// checks the counts itself (splits) before it multiplies them: counts
+// whose sum wraps around would make a size of any value.
 func (h *hierState) scatterHostBytes(c *Comm, d *desc) int {
 	if d.axis < 0 || d.axis >= len(d.shape) {
 		return 0
@@ -84,7 +86,7 @@ func (h *hierState) scatterHostBytes(c *Comm, d *desc) int {
 		}
 		counts = evenCounts(d.shape[d.axis], c.size)
 	}
-	if len(counts) != c.size || d.shape[d.axis] == 0 {
+	if len(counts) != c.size || d.shape[d.axis] == 0 || !splits(counts, d.shape[d.axis]) {
 		return 0
 	}
 	row := numel(d.shape) / d.shape[d.axis] * d.dtype.Size()

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorwire/tensorwire/memmap"
 	"github.com/tensorwire/tensorwire/rpc"
 	"github.com/tensorwire/tensorwire/tensordict"
 )
@@ -195,4 +196,52 @@ func TestJoin_RankGivenTheRendezvousPort(t *testing.T) {
 			t.Fatalf("rank %d: Allreduce after the join: %s, want [3]", r, v)
 		}
 	}
+}
+
+// TestJoin_RankThatGaveUpJoinsAgain: a rank whose Join ends (its context)
+// while it waits at rank 0 for the others withdraws its claim there, so
+// that it can Join again on the same rendezvous and the communicator
+// forms when the last rank comes. Before, rank 0 kept the dead claim: the
+// rank's next Join was refused as a second claim to its rank (ErrJoin,
+// final), and no communicator formed although every rank was there.
+func TestJoin_RankThatGaveUpJoinsAgain(t *testing.T) {
+	addr := freeAddr(t)
+	dir := t.TempDir()
+	cfg := func(r int) Config { return Config{Rank: r, Size: 3, Addr: addr, Transport: TCP, ShmDir: dir} }
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	comms := make([]*Comm, 3)
+	errs := make([]error, 3)
+	wg.Go(func() { comms[0], errs[0] = Join(ctx, cfg(0)) })
+	// Rank 1 comes early and gives up after a moment (rank 2 is late).
+	short, cancelShort := context.WithTimeout(ctx, time.Second)
+	c, err := Join(short, cfg(1))
+	cancelShort()
+	if err == nil {
+		c.Close()
+		t.Fatal("rank 1's first Join formed without rank 2")
+	}
+	if strings.Contains(err.Error(), "not reached") {
+		t.Fatalf("rank 1's first Join did not reach rank 0: %v", err)
+	}
+	// Now it joins again, and rank 2 comes.
+	wg.Go(func() { comms[1], errs[1] = Join(ctx, cfg(1)) })
+	wg.Go(func() { comms[2], errs[2] = Join(ctx, cfg(2)) })
+	wg.Wait()
+	for r, c := range comms {
+		if c != nil {
+			defer c.Close()
+		}
+		if errs[r] != nil {
+			t.Errorf("rank %d: %v", r, errs[r])
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	all(t, comms, func(ctx context.Context, c *Comm) (*tensordict.Tensor, error) {
+		x, _ := tensordict.Zeros(memmap.Float32, 4)
+		return c.Allreduce(ctx, x, Sum)
+	})
 }

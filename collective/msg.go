@@ -135,7 +135,13 @@ func (m *mailbox) postRef(k msgKey, consume func(b []byte) error, ref func(b []b
 	return s
 }
 
-// wait waits for a posted message to be consumed.
+// wait waits for a posted message to be consumed. A message a handler
+// had taken when ctx ended or the mailbox failed is waited for (the
+// handler writes into the receiver's memory) and then counts as
+// consumed: wait returns its consumer's error, nil when the bytes are in
+// place, as its sender is told. A receiver whose ctx ended at that moment
+// has its message all the same (a Recv returns nil); a collective breaks
+// off all the same through its other waits and failData.
 func (m *mailbox) wait(ctx context.Context, k msgKey, s *slot) error {
 	select {
 	case <-s.done:
@@ -151,11 +157,12 @@ func (m *mailbox) wait(ctx context.Context, k msgKey, s *slot) error {
 	m.mu.Unlock()
 	if taken {
 		// A handler is writing into the receiver's memory: let it finish
-		// (a copy) before the caller gets its buffer back.
+		// (a copy) before the caller gets its buffer back. Its result is
+		// the message's, which its sender hears: the receiver reports the
+		// same (before, it reported ctx's end although the bytes were in
+		// place and the sender told success, and the message was lost).
 		<-s.done
-		if s.err == nil && err == nil && ctx.Err() == nil {
-			return nil
-		}
+		return s.err
 	}
 	if err != nil {
 		return err
@@ -358,7 +365,22 @@ func (c *Comm) sendMsg(ctx context.Context, dst int, k msgKey, b, data []byte, r
 		}
 		req.Data = rpc.Ref(td)
 	}
-	_, err = rpc.Call[rpc.Empty](ctx, cl, methodMsg, req)
+	// The bytes may be a mapping's (a caller's tensor or Into output,
+	// sent where it is): rpc copies them into its connection's buffer in
+	// this goroutine, and a fault there (the file truncated) is an error
+	// of this rank's own that fails the message, and through it the
+	// collective on every rank (failData), not the process. Every message
+	// goes through here, from whichever goroutine sends it. It costs a
+	// deferred recover and two SetPanicOnFault calls a message. A faulted
+	// call leaves its rpc stream part-written: rpc closes it when ctx
+	// ends, or with the client at Close (the communicator is broken).
+	err = guardOwn(func() error {
+		_, err := rpc.Call[rpc.Empty](ctx, cl, methodMsg, req)
+		return err
+	})
+	if isOwn(err) {
+		return err
+	}
 	if err != nil {
 		if k.space != spaceP2P && errors.Is(err, rpc.ErrUnavailable) && c.closedAfter(ctx, dst, k.seq) {
 			// dst completed this collective and closed: it had our

@@ -123,3 +123,59 @@ func TestP2P_SharedBufferGivenUp(t *testing.T) {
 		}
 	}
 }
+
+// TestP2P_RecvEndedDuringCopyStillReceives: a Recv whose context ends
+// while the message's handler copies into its tensor waits for the copy
+// and then returns nil, as its sender is told: the tensor holds the
+// message, and the next Recv with the tag takes the next message. Before,
+// it returned its context's error although the bytes were in place and
+// the sender saw success: the message was lost to the receiver's caller.
+func TestP2P_RecvEndedDuringCopyStillReceives(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared mappings need Linux")
+	}
+	comms := groupWith(t, 2, SHM, t.TempDir(), nil)
+	const n = 100_000
+	x := must1(comms[0].Alloc(memmap.Float32, n))
+	defer comms[0].Free(x)
+	xb := must1(x.Bytes())
+	for i := range xb {
+		xb[i] = byte(i)
+	}
+	want := bytes.Clone(xb)
+	rctx, rcancel := context.WithCancel(context.Background())
+	defer rcancel()
+	testSharedP2PRead = func() {
+		// The receiver's handler has copied the bytes; the receiver's
+		// context ends now, before the handler returns.
+		rcancel()
+		time.Sleep(50 * time.Millisecond)
+	}
+	defer func() { testSharedP2PRead = nil }()
+	sent := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		sent <- comms[0].Send(ctx, x, 1, 7)
+	}()
+	y := must1(tensordict.Zeros(memmap.Float32, n))
+	rerr := comms[1].Recv(rctx, y, 0, 7)
+	if serr := <-sent; serr != nil || rerr != nil {
+		t.Fatalf("sender: %v; receiver: %v; want both nil", serr, rerr)
+	}
+	if !bytes.Equal(must1(y.Bytes()), want) {
+		t.Fatal("the receiver's tensor does not hold the message")
+	}
+	testSharedP2PRead = nil
+	// The next message with the tag is the next Recv's.
+	clear(xb)
+	all(t, comms, func(ctx context.Context, c *Comm) (int, error) {
+		if c.Rank() == 0 {
+			return 0, c.Send(ctx, x, 1, 7)
+		}
+		return 0, c.Recv(ctx, y, 0, 7)
+	})
+	if !bytes.Equal(must1(y.Bytes()), make([]byte, 4*n)) {
+		t.Fatal("the next Recv did not take the next message")
+	}
+}

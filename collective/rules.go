@@ -234,11 +234,40 @@ func (ck *checking) split(axis int, counts []int) error {
 			return argumentf("%v: negative count in %s", p.kind, intList(counts))
 		}
 	}
-	if sum(counts) != length {
-		return argumentf("%v: counts %s sum to %d, not to the length %d of axis %d", p.kind, intList(counts), sum(counts), length, axis)
+	total, ok := sumWithin(counts, length)
+	if !ok {
+		return argumentf("%v: counts %s sum to more than the length %d of axis %d", p.kind, intList(counts), length, axis)
+	}
+	if total != length {
+		return argumentf("%v: counts %s sum to %d, not to the length %d of axis %d", p.kind, intList(counts), total, length, axis)
 	}
 	p.counts = slices.Clone(counts)
 	return nil
+}
+
+// sumWithin returns the sum of counts and whether they are all at least 0
+// and their sum at most limit. It adds a count only after checking it
+// against what is left of limit, so a sum that would wrap around (counts
+// MaxInt64, MaxInt64, 6 add up to 4) is refused, not taken for a small
+// one: split checks counts with it before any size is computed from
+// them, and so does the hierarchy before it reserves room for a Scatter
+// or an Alltoall, which multiplies them.
+func sumWithin(counts []int, limit int) (int, bool) {
+	total := 0
+	for _, c := range counts {
+		if c < 0 || c > limit-total {
+			return total, false
+		}
+		total += c
+	}
+	return total, true
+}
+
+// splits reports whether counts split length: each at least 0, summing to
+// length.
+func splits(counts []int, length int) bool {
+	total, ok := sumWithin(counts, length)
+	return ok && total == length
 }
 
 func firstDiff(ds []desc, get func(desc) int) int {

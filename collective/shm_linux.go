@@ -53,7 +53,7 @@ const (
 	ctlProg        = 384
 	ctlProgWaiters = 448
 	ctlDesc        = 4096
-	ctlDescRoom    = 64 << 10
+	ctlDescRoom    = descMax
 	ctlSize        = ctlDesc + 2*ctlDescRoom
 
 	shmMagic = 0x7477636f // "twco"

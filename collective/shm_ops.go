@@ -65,19 +65,13 @@ func (c *Comm) shmSteps(ctx context.Context, seq uint64, cl *call) (*plan, []byt
 		}
 	}
 	d := &cl.d
-	enc := d.encode(nil)
-	if len(enc) > ctlDescRoom {
-		d.bad = "the call's description is too large (too many counts?)"
-		d.counts = nil
-		enc = d.encode(nil)
-	}
-	g.putDesc(set, enc)
+	g.putDesc(set, d.seal())
 	exposed := g.putRef(set, cl)
 	if err := c.shmPublish(set, cl, exposed); err != nil {
 		// Still take part, so the others learn of it.
 		d.bad = fmt.Sprintf("publishing the tensor: %v", err)
 		d.noSpace = errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
-		g.putDesc(set, d.encode(nil))
+		g.putDesc(set, d.seal())
 	}
 	g.setPhase(base + 1)
 	if err := g.waitAll(ctx, base+1); err != nil {

@@ -12,7 +12,7 @@ import (
 
 var errNoShm = errors.New("shared mappings need Linux")
 
-const ctlDescRoom = 64 << 10
+const ctlDescRoom = descMax
 
 type shmGroup struct {
 	ranks []int

@@ -51,7 +51,7 @@ func (c *Comm) tcpCollective(ctx context.Context, seq uint64, cl *call) (*plan, 
 // fails alike everywhere.
 func (c *Comm) exchangeDescs(ctx context.Context, seq uint64, d *desc) ([]desc, error) {
 	me, n := c.rank, c.size
-	enc := d.encode(nil)
+	enc := d.seal() // d as the others decode it
 	ds := make([]desc, n)
 	ds[me] = *d
 	waits := make([]func(context.Context) error, n)
@@ -112,9 +112,9 @@ func (x *xfer) exchange(to int, sb []byte, from, n int, consume func(off int, b 
 // exchangeAt is exchange at a given step, leaving the step counter alone,
 // so that several may run at once (the hierarchy's direct exchange). The
 // buffers may be mappings: a fault on one, in the handler that consumes a
-// message or the goroutine that sends one, is this rank's own error
-// (guardOwn). A send that fails (the receiver broke) ends the wait for the
-// receive too: that message may never come.
+// message or in a send (sendMsg), is this rank's own error (guardOwn). A
+// send that fails (the receiver broke) ends the wait for the receive too:
+// that message may never come.
 func (x *xfer) exchangeAt(step uint32, to int, sb []byte, from, n int, consume func(off int, b []byte) error) error {
 	var wait func(context.Context) error
 	if from >= 0 {
@@ -128,7 +128,7 @@ func (x *xfer) exchangeAt(step uint32, to int, sb []byte, from, n int, consume f
 	var wg sync.WaitGroup
 	if to >= 0 {
 		wg.Go(func() {
-			serr = guardOwn(func() error { return x.c.sendBytes(x.ctx, to, x.key(x.c.rank, step), sb) })
+			serr = x.c.sendBytes(x.ctx, to, x.key(x.c.rank, step), sb)
 			if serr != nil {
 				cancel()
 			}
