@@ -287,7 +287,15 @@ func open(prefix string, change func(Config) (Config, error)) (*Buffer, error) {
 	// rid_limit was: only the slot table's then).
 	b.nextRID = max(b.nextRID, m.RIDLimit)
 	b.firstRID, b.ridLimit = b.nextRID, m.RIDLimit
-	if changed {
+	// A block of ids is saved now, while the disk has room if it ever
+	// does, so that a buffer reopened on a full disk takes extends into its
+	// preallocated storage as it did before rid_limit: only the next block
+	// needs a write. On an error (a full disk, a read-only folder) the
+	// first reserve tries again and fails with it.
+	b.mu.Lock()
+	saved := b.raiseRIDLimit() == nil
+	b.mu.Unlock()
+	if changed && !saved {
 		if err := b.writeMeta(); err != nil {
 			b.closeFiles()
 			return nil, err
