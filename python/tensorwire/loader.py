@@ -900,12 +900,15 @@ def _unreachable(e):
 class _Backoff:
     """The waits of one iteration's retries: full jitter, each drawn
     uniformly below a bound of 20 ms doubling to 1 s, for up to limit
-    seconds from the first (then the last error is raised)."""
+    seconds from the first (then the last error is raised). stop: a
+    threading.Event that ends a wait early once set (its owner closed);
+    the caller looks at why it woke."""
 
-    def __init__(self, limit):
+    def __init__(self, limit, stop=None):
         self.limit = limit
         self.bound = 0.02
         self.give_up = None
+        self.stop = stop
 
     def wait(self, err):
         now = time.monotonic()
@@ -914,7 +917,11 @@ class _Backoff:
         if now >= self.give_up:
             raise _errors.UnavailableError(f"{err.message}; gave up after {self.limit:g}s, "
                                            f"the node was unreachable") from None
-        time.sleep(min(random.uniform(0, self.bound), self.give_up - now))
+        t = min(random.uniform(0, self.bound), self.give_up - now)
+        if self.stop is not None:
+            self.stop.wait(t)
+        else:
+            time.sleep(t)
         self.bound = min(2 * self.bound, 1.0)
 
 

@@ -140,6 +140,7 @@ class Producer:
         self._failed = False  # this side told the node it failed (_fail): never attach again
         self._stream = None
         self._closed = False
+        self._stop = threading.Event()  # set by close: ends a backoff's wait at once
         self._thread = None
         self.error = None  # what stopped a start()ed producer, if not close
         self.mode = None  # "ref" or "bytes", once attached
@@ -178,7 +179,9 @@ class Producer:
 
     def run(self):
         """Attaches to the node and produces epochs while consumers take part:
-        `epochs` of them (then it detaches and returns), or until close. An
+        `epochs` of them (then it detaches and returns), or until close
+        (from another thread: it raises ClientClosedError, and attaches no
+        more, even while it waits to attach again). An
         exception from the data loader is sent to the node, which fails the
         loader's consumers with it (FailedError), and raised here; a batch
         whose keys, dtypes or row shapes are not the first batch's is
@@ -213,14 +216,19 @@ class Producer:
                         not (_unreachable(e) or again):
                     raise
                 if wait is None or self.mode is not None:  # it had attached since the last failure
-                    wait = _Backoff(self._timeout)
+                    wait = _Backoff(self._timeout, self._stop)
                 wait.wait(e)
+                self._check_open()  # closed while it waited: no attaching again
                 # The epoch under way is lost: the node begins another,
                 # which a fresh iterator serves.
                 it, first = iter(self.data_loader), None
 
     def _attach_and_serve(self, it, first):
-        """One attachment: opens the loader.produce stream and serves it."""
+        """One attachment: opens the loader.produce stream and serves it.
+        ClientClosedError once the producer is closed, before or as the
+        stream opens (close() closes a stream it finds in _stream; one
+        opened as it ran is closed here)."""
+        self._check_open()
         c = self._client
         self.mode = None
         shared = bool(c.root) and not self._bytes_mode and _FENCE_OK and \
@@ -228,6 +236,10 @@ class Producer:
         st = c.open_stream("loader.produce", {"batch": self.batch_size, "bytes": not shared, "layout": self.layout,
                                               "name": self.name, "samples": self.samples, "schema": self.schema})
         self._stream = st
+        if self._closed:  # after setting _stream: close() saw the stream, or this sees _closed
+            self._stream = None
+            st.close()
+            self._check_open()
         try:
             self._serve(st, it, first, shared)
         finally:
@@ -382,6 +394,10 @@ class Producer:
             pass
         return exc
 
+    def _check_open(self):
+        if self._closed:
+            raise _errors.ClientClosedError("loader: the producer was closed")
+
     def _recv(self, st):
         try:
             return st.recv()
@@ -415,6 +431,7 @@ class Producer:
         if self._closed:
             return
         self._closed = True
+        self._stop.set()  # a run waiting to attach again wakes, and stops
         st = self._stream
         if st is not None:
             try:

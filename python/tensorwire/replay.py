@@ -304,7 +304,10 @@ class Buffer:
     catches rows overwritten meanwhile); with a uniform or prioritized
     sampler the prefetch also asks for a few spare picks (n/32, at least 4),
     which replace rows found overwritten without another round trip, and
-    which the node counts as sampled like the others. slices_ahead: in ref
+    which the node counts as sampled like the others; a sample whose
+    timeout passes while the node holds the prefetched picks back (an empty
+    buffer, the rate limiter) raises DeadlineExceededError and leaves them
+    for the next sample of as many. slices_ahead: in ref
     mode, sample_slices asks the node in one call for the slices of k
     samples (Reverb's samples in flight) and serves the next k-1 calls with
     the same arguments from them, as Go's replay.WithSlicesAhead does: all
@@ -375,13 +378,15 @@ class Buffer:
     @property
     def schema(self):
         """The buffer's schema as a list of dicts {key, dtype, shape} (shape
-        per transition), or None until its first batch."""
-        v = self._view
+        per transition), or None until its first batch. ClosedError once
+        the buffer is closed."""
+        v = self._open_view()
         return None if v.schema is None else _schema_wire(v.schema)
 
     @property
     def capacity(self):
-        return self._view.capacity
+        """The buffer's slots. ClosedError once the buffer is closed."""
+        return self._open_view().capacity
 
     def _forked(self):
         """In a child just forked: a fresh lock (a parent's thread may have
@@ -424,6 +429,13 @@ class Buffer:
     def _check_open(self):
         if self._closed:
             raise ClosedError("replay: closed")
+
+    def _open_view(self):
+        """The view; ClosedError once the buffer is closed (close drops it)."""
+        v = self._view
+        if v is None or self._closed:
+            raise ClosedError("replay: closed")
+        return v
 
     def _call(self, method, arg, deadline, result_tds=(), into=None):
         self._check_open()
@@ -629,18 +641,42 @@ class Buffer:
 
     def _pick(self, n, deadline):
         """The node's picks for a sample of n: the prefetched ones if there
-        are, else from a call now."""
+        are, else from a call now. The prefetched call is waited for until
+        the sample's deadline, as a call now would be: the node holds it
+        back while the buffer cannot give it (empty, the rate limiter's min
+        size). At the deadline it is kept for the next sample (as Go's
+        Client.pick does) and DeadlineExceededError is raised."""
         with self._mu:
             p, self._pending = self._pending, None
         if p is not None:
             if p[0] == n:
                 try:
-                    return p[1].result()
+                    p[1].wait(_left(deadline))
+                except _errors.DeadlineExceededError:
+                    self._keep_prefetch(p)
+                    raise _errors.DeadlineExceededError(
+                        "replay: sample: deadline exceeded (the node has not yet served the prefetched sample)"
+                    ) from None
                 except _errors.TensorwireError:
-                    pass  # a failed prefetch (the node restarted, say): ask again
+                    p[1].cancel()  # the connection failed, or the node fell silent: ask again
+                else:
+                    try:
+                        return p[1].result()
+                    except _errors.TensorwireError:
+                        pass  # a failed prefetch (the node restarted, say): ask again
             else:
                 p[1].cancel()
         return self._sample_call(n, deadline)
+
+    def _keep_prefetch(self, p):
+        """Puts back a prefetched sample a caller gave up waiting for, for the
+        next sample; cancels it if the buffer was closed meanwhile or
+        another prefetch is out."""
+        with self._mu:
+            if self._pending is None and not self._closed:
+                self._pending = p
+                return
+        p[1].cancel()
 
     def _spares(self, n):
         """How many spare picks a prefetch asks for beyond n: with a uniform or
@@ -896,7 +932,8 @@ class Buffer:
         out of sampling (consumed, or sampled max-times-sampled times) are
         skipped too. Returns how many were removed. A sample never returns
         a removed row afterwards."""
-        r = self._call("replay.delete", _delete_request(self.name, info, self.capacity), _deadline(timeout))
+        capacity = self._open_view().capacity  # ClosedError, as every call of a closed buffer
+        r = self._call("replay.delete", _delete_request(self.name, info, capacity), _deadline(timeout))
         return uint(r, "deleted", "replay", 0)
 
     def reset(self, timeout=None):

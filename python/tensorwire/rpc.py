@@ -530,6 +530,20 @@ class Pending:
             raise self._error
         return self._value
 
+    def wait(self, timeout=None):
+        """Waits, reading the connection meanwhile, until result() would find
+        the start of the response (or the stream's end) arrived rather than
+        wait for the node, for at most timeout seconds (None: as long as
+        it takes). At the timeout it raises DeadlineExceededError
+        (UnavailableError if the node had fallen silent) and the call stays
+        pending: wait again, take its result() or cancel() it. Raises the
+        connection's error once the connection failed (result() then
+        raises too). Returns at once for a call done. From the thread that
+        takes the result."""
+        if self._done:
+            return
+        self._conn.session.wait(self.ready, _deadline(timeout))
+
     @property
     def session(self):
         """The yamux session the call's stream is on."""

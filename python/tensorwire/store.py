@@ -305,6 +305,9 @@ class Store:
         self._renewer = None
 
     def close(self):
+        """Closes the connection when this Store made it; the Params still
+        open are released. Later calls raise ClosedError, and so do its
+        watches (once the events they hold are taken)."""
         with self._mu:
             if self._closed:
                 return
@@ -451,9 +454,13 @@ class Store:
             try:
                 r = self._call("store.take", {"store": self.name, "bin": bin, "take": take, "refs": self._ref},
                                deadline, result_tds=(("items", "*", "td"),))
-            except (TimeoutError, KeyboardInterrupt):
+            except (TimeoutError, UnavailableError, KeyboardInterrupt):
                 # The node may have held items for this take before the
-                # wait for its reply ended.
+                # wait for its reply ended: the deadline passed
+                # (DeadlineExceededError, or UnavailableError when _call
+                # gave up at it, the node unreachable since) or an
+                # interrupt came. Given back, as Go's Client.Get gives a
+                # take back once its ctx is done.
                 self._give_back(take)
                 raise
             if not r.get("take"):
@@ -587,7 +594,7 @@ class Store:
         happen: an iterator (a Watch; close it, or leave a with block, to
         stop). It resumes by itself after the last revision it was given
         when the node restarts; CompactedError when the node no longer keeps
-        the events after after."""
+        the events after after; ClosedError once the Store is closed."""
         return Watch(self, prefix, after, _deadline(timeout))
 
     def stats(self, timeout=None):
@@ -596,7 +603,10 @@ class Store:
 
 class Watch:
     """An iterator of a store's Events (Store.watch), on a message stream of
-    the client's own connection."""
+    the client's own connection. It ends with StopIteration once closed,
+    or when the node ends the stream; it raises ClosedError once its Store
+    (or the Store's client) is closed, as the Store's calls do, rather than
+    take it for the node restarting and open the stream again."""
 
     def __init__(self, store, prefix, after, deadline):
         self._store = store
@@ -615,6 +625,8 @@ class Watch:
         while not self._queue:
             if self._closed:
                 raise StopIteration
+            if self._store._closed:
+                raise self._store_closed()
             try:
                 if self._stream is None:
                     self._stream = self._store._client.open_stream(
@@ -625,11 +637,15 @@ class Watch:
             except StreamEnd:
                 self.close()
                 raise StopIteration from None
-            except UnavailableError:
+            except UnavailableError as e:
                 if self._closed:
                     # closed by its owner (from another thread, say) while
                     # waiting: the iteration ends, it did not fail.
                     raise StopIteration from None
+                if self._store._closed or isinstance(e, ClientClosedError):
+                    # The store (or its client) was closed: not the node
+                    # restarting, nothing to resume.
+                    raise self._store_closed() from None
                 if self._stream is not None:
                     self._stream.close()
                 self._stream = None
@@ -654,7 +670,15 @@ class Watch:
                 self.after = seen
         return self._queue.popleft()
 
+    def _store_closed(self):
+        """Closes the watch and returns the ClosedError to raise: its store
+        or the store's client was closed."""
+        self.close()
+        return ClosedError("store: closed")
+
     def close(self):
+        """Ends the watch: its stream is closed, and the iteration stops
+        (StopIteration), a next() waiting in another thread too."""
         self._closed = True
         if self._stream is not None:
             self._stream.close()

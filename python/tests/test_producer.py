@@ -307,6 +307,72 @@ class TestProducer(unittest.TestCase):
         self.assertGreater(c.epoch, e0)
         self.assertEqual(p.attached, 2)
 
+    def test_close_while_waiting_to_attach_again_stops_it(self):
+        """Producer.close() while run() waits to attach again (the node was
+        restarted) stops it: no attaching again, and its thread ends. The
+        producer is on a Client the caller owns, which close() leaves open.
+        Before the fix run() looked at _closed only when an attach failed,
+        not after the backoff's sleep, so it attached to the node again
+        after close() and served on for good (close() gave up its join
+        after 5 s)."""
+        from tensorwire import Client
+        c = Client(self.node.addr, token=TOKEN, root=self.node.root)
+        self.addCleanup(c.close)
+        data = [{"x": np.arange(4 * i, 4 * i + 4, dtype=np.int64)} for i in range(4)]
+        p = loader.Producer(c, "train", data, samples=16)
+        in_wait = threading.Event()
+        real_wait = loader._Backoff.wait
+
+        def wait(self_, err):
+            real_wait(self_, err)
+            in_wait.set()
+            # close() lands during this backoff's sleep: the sleep lasts until it has
+            deadline = time.monotonic() + 20
+            while not p._closed and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+        loader._Backoff.wait = wait
+        self.addCleanup(setattr, loader._Backoff, "wait", real_wait)
+        p.start()
+        self.addCleanup(p.close)
+        wait_until(lambda: p.attached >= 1 or p.error is not None, 30, "the producer attached")
+        self.assertEqual(p.attached, 1)
+        self.node.kill()
+        self.assertTrue(in_wait.wait(30), "the producer did not back off")
+        self.node.start()
+        p.close()
+        self.assertTrue(p.wait(5), "the producer's thread runs on after close()")
+        self.assertIsNone(p.error)
+        self.assertEqual(p.attached, 1, "the producer attached to the node again after close()")
+
+    def test_close_wakes_a_backoff(self):
+        """close() wakes a run() sleeping in its backoff between attaches (an
+        Event, not a sleep): the producer's thread ends at once."""
+        data = [{"x": np.arange(4 * i, 4 * i + 4, dtype=np.int64)} for i in range(4)]
+        p = self.producer(data, samples=16, timeout=None)
+        slept = threading.Event()
+        real_wait = loader._Backoff.wait
+
+        def wait(self_, err):
+            slept.set()
+            real_wait(self_, err)
+
+        loader._Backoff.wait = wait
+        self.addCleanup(setattr, loader._Backoff, "wait", real_wait)
+        real_uniform = loader.random.uniform
+        loader.random.uniform = lambda a, b: 60.0  # each backoff sleeps 60 s, unless close() cuts it short
+        self.addCleanup(setattr, loader.random, "uniform", real_uniform)
+        p.start()
+        self.addCleanup(p.close)
+        wait_until(lambda: p.attached >= 1 or p.error is not None, 30, "the producer attached")
+        self.node.kill()
+        self.assertTrue(slept.wait(30), "the producer did not back off")
+        start = time.monotonic()
+        p.close()
+        self.assertLess(time.monotonic() - start, 3, "close() waited for the backoff's sleep")
+        self.assertFalse(p._thread.is_alive())
+        self.assertEqual(p.attached, 1)
+
     def test_reattach_off_raises(self):
         """reattach=False: the node going away ends run with UnavailableError."""
         dl = tud.DataLoader(Images(), batch_size=32)

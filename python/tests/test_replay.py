@@ -55,7 +55,7 @@ class TestBuffer(unittest.TestCase):
                                  "schema,capacity=100,min-size=1", "both,capacity=100,min-size=1", "wide,capacity=1000,min-size=1", "fresh,capacity=100,min-size=1",
                                  "copy,capacity=100,min-size=1", "bf16-ref,capacity=100,min-size=1",
                                  "bf16-bytes,capacity=100,min-size=1", "into,capacity=300,min-size=1",
-                                 "empty,capacity=10"]).start()
+                                 "empty,capacity=10", "fifo,capacity=64,sampler=fifo"]).start()
 
     @classmethod
     def tearDownClass(cls):
@@ -296,6 +296,59 @@ class TestBuffer(unittest.TestCase):
         for f in (lambda: b.extend(batch_of([1])), lambda: b.sample(1), b.stats):
             with self.assertRaises(replay.ClosedError):
                 f()
+
+    def test_closed_buffer_delete_and_properties_raise_closed(self):
+        """delete, capacity and schema of a closed Buffer raise ClosedError,
+        as its other calls do. Before the fix delete read self.capacity
+        first, from the view close() had dropped, and raised AttributeError
+        (so did the two properties)."""
+        for mode in MODES:
+            with self.subTest(mode=mode):
+                b = dial(self.node, "empty", mode)
+                self.assertEqual(b.capacity, 10)
+                b.close()
+                for f in (lambda: b.delete([0]), lambda: b.capacity, lambda: b.schema):
+                    with self.assertRaises(replay.ClosedError):
+                        f()
+
+    def test_prefetched_sample_honours_its_timeout(self):
+        """sample(n, timeout=t) of a Buffer(prefetch=True) ends by its timeout
+        (DeadlineExceededError) while the node holds the prefetched picks
+        back (here: a FIFO buffer emptied by the last two samples), and the
+        prefetch it gave up on serves the next sample once rows come.
+        Before the fix it waited in the prefetched call's result(), which
+        has no deadline, until the node answered: for good on a buffer no
+        one adds to (a ReplayDataset over it could not be stopped)."""
+        with dial(self.node, "fifo", "ref", prefetch=True) as b:
+            self.assertEqual(b.mode, "ref")
+            b.extend({"x": np.arange(8, dtype=np.int64)})
+            b.sample(4, timeout=10)  # picks 4; the prefetch takes the other 4
+            b.sample(4, timeout=10)  # served by the prefetch; a new prefetch waits on the empty buffer
+            out = {}
+
+            def late():
+                try:
+                    out["r"] = b.sample(4, timeout=1.0)
+                except BaseException as e:  # noqa: BLE001
+                    out["e"] = e
+
+            t = threading.Thread(target=late, daemon=True)
+            start = time.monotonic()
+            t.start()
+            t.join(15)
+            try:
+                self.assertFalse(t.is_alive(), "sample(4, timeout=1.0) still waiting after 15 s")
+            finally:
+                if t.is_alive():  # unblock it
+                    b.extend({"x": np.arange(200, 208, dtype=np.int64)}, timeout=10)
+            self.assertIsInstance(out.get("e"), tensorwire.DeadlineExceededError, out)
+            self.assertLess(time.monotonic() - start, 10)
+            # The prefetch was kept: it takes the first rows added next.
+            b.extend({"x": np.arange(100, 108, dtype=np.int64)}, timeout=10)
+            batch, _ = b.sample(4, timeout=10)
+            np.testing.assert_array_equal(batch["x"], np.arange(100, 104))
+            batch, _ = b.sample(4, timeout=10)
+            np.testing.assert_array_equal(batch["x"], np.arange(104, 108))
 
 
 class TestNodeKilledAndRestarted(unittest.TestCase):

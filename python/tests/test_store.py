@@ -1,7 +1,6 @@
 """The store client against real Go nodes: bins, Get in two phases,
 parameters with leases, watches (across a node restart), in both modes."""
 
-import os
 import threading
 import unittest
 
@@ -97,6 +96,36 @@ class TestStore(unittest.TestCase):
                     store._test_after_take = None
                 self.assertEqual([int(x["id"]) for x in got], [0, 1, 2])
                 self.assertEqual(s.get(b), [])
+
+    def test_get_that_gives_up_unreachable_gives_its_take_back(self):
+        """A get whose take gives up at its deadline with UnavailableError
+        (the reply lost, the node unreachable since) gives the items the
+        node may hold for it back at once, as Go's Client.Get does once
+        its ctx is done: the next get has them. Before the fix only a
+        DeadlineExceededError gave them back, and the node hid them for its
+        30 s get-timeout."""
+        with dial(self.node, "bytes") as s:
+            b = "lost-take"
+            for i in range(2):
+                s.append(b, item(i))
+            real = s._client.call
+            takes = []
+
+            def reply_lost(method, arg=None, **kw):
+                r = real(method, arg, **kw)  # the node holds the items for the take
+                if method == "store.take" and arg.get("take"):
+                    takes.append(arg["take"])
+                    raise tensorwire.UnavailableError("connection to the node broken (a test's)")
+                return r
+
+            s._client.call = reply_lost
+            try:
+                with self.assertRaises(tensorwire.UnavailableError):
+                    s.get(b, timeout=0.3)
+            finally:
+                del s._client.call
+            self.assertTrue(takes)
+            self.assertEqual([int(x["id"]) for x in s.get(b, timeout=5)], [0, 1])
 
     def test_peek_of_an_item_removed_meanwhile(self):
         """A peek by reference whose item a get removes between the node's
@@ -239,6 +268,40 @@ class TestStore(unittest.TestCase):
             t.join(30)
             self.assertFalse(t.is_alive(), "the iteration did not end")
             self.assertEqual(out, ["ended"])
+
+    def test_watch_of_a_closed_store_raises_closed(self):
+        """A watch of a Store that is closed (and its client with it) raises
+        store.ClosedError, as the Store's calls do, whether it had yet to
+        open its stream or waited on it. Before the fix it took the closed
+        client's ClientClosedError (an UnavailableError) for the node
+        restarting and opened the stream again, with backoff, for good
+        (timeout None)."""
+        for waiting in (False, True):
+            with self.subTest(waiting=waiting):
+                s = dial(self.node, "bytes")
+                _, rev = s.list()
+                w = s.watch("closed-", after=rev)
+                out = []
+
+                def follow():
+                    try:
+                        out.extend(w)
+                        out.append("ended")
+                    except Exception as e:  # noqa: BLE001
+                        out.append(e)
+
+                t = threading.Thread(target=follow, daemon=True)
+                if waiting:
+                    t.start()
+                    wait_until(lambda: w._stream is not None, what="the watch waiting on its stream")
+                s.close()
+                if not waiting:
+                    t.start()
+                t.join(10)
+                w.close()  # ends a watch still running
+                self.assertFalse(t.is_alive(), "the closed store's watch still running after 10 s")
+                self.assertEqual(len(out), 1, out)
+                self.assertIsInstance(out[0], store.ClosedError, out)
 
     def test_watch_compacted(self):
         with dial(self.node, "bytes") as s:
