@@ -167,6 +167,13 @@ func TestNode_BufferFlagErrors(t *testing.T) {
 	if _, _, err := f.open(t.TempDir(), discardLog()); err == nil || !strings.Contains(err.Error(), "no capacity") {
 		t.Fatalf("opening a missing buffer: %v", err)
 	}
+	// A negative --checkpoint-every is a usage error; before 2026-12-02
+	// the node started and never checkpointed until it stopped.
+	root := t.TempDir()
+	code, _, stderr := runNodeInProcess(t, "--listen", "127.0.0.1:0", "--root", root, "--buffer", "b,capacity=4", "--checkpoint-every", "-1s")
+	if left, _ := os.ReadDir(root); code != 2 || len(left) > 0 || !strings.Contains(stderr, "--checkpoint-every -1s") {
+		t.Fatalf("--checkpoint-every -1s: exit %d, root holds %d entries, stderr %q; want exit 2 before the buffer is made", code, len(left), stderr)
+	}
 }
 
 func discardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -88,6 +89,9 @@ func runCollective(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if *spin < 0 || *spin > time.Second {
 		return fmt.Errorf("%w: --spin %v: want 0 to 1s", errUsage, *spin)
 	}
+	if *joinTimeout < 0 {
+		return fmt.Errorf("%w: --join-timeout %v is negative", errUsage, *joinTimeout)
+	}
 	sc := &sidecar{frozenAfter: *frozen, ppid: os.Getppid(), bellPath: *bellPath, spin: *spin}
 	return sc.serve(ctx, cfg, *data, *joinTimeout, os.Stdin, stdout)
 }
@@ -128,8 +132,12 @@ var (
 )
 
 // serve joins, says hello, and answers frames from in on out until in
-// closes. Its error is the join's, or a broken pipe's; a call's error is a
-// reply.
+// closes. It returns nil when in closes (errParentGone), after a close
+// request, and when ctx ends (a signal); otherwise the error that stopped
+// it, so that the command exits 1: the join's, a broken pipe's, a failed
+// read's, bytes on in that are not a frame (errFrame, answered first with
+// collective.sidecar, however the frame is malformed), or a parent
+// stopped for frozenAfter (errParentFrozen). A call's error is a reply.
 func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath string, joinTimeout time.Duration, in io.Reader, out io.Writer) error {
 	s.out = bufio.NewWriterSize(out, 4096)
 	s.reqs = map[int64]*pending{}
@@ -199,13 +207,18 @@ func (s *sidecar) serve(ctx context.Context, cfg collective.Config, dataPath str
 		if !ok {
 			// The parent is gone (or sent garbage, or froze): closing
 			// tells the other ranks at once.
-			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, errParentGone) {
-				slog.Warn("collective sidecar stops", "rank", cfg.Rank, "why", cause)
-				if errors.Is(cause, errFrame) {
-					s.reply(pyResp{Code: int(rpc.InvalidArgument), Reason: "collective.sidecar", Msg: cause.Error()})
-				}
+			cause := context.Cause(ctx)
+			if cause == nil || errors.Is(cause, errParentGone) {
+				return nil
 			}
-			return nil
+			slog.Warn("collective sidecar stops", "rank", cfg.Rank, "why", cause)
+			if errors.Is(cause, errFrame) {
+				s.reply(pyResp{Code: int(rpc.InvalidArgument), Reason: "collective.sidecar", Msg: cause.Error()})
+			}
+			if errors.Is(cause, context.Canceled) {
+				return nil // ctx ended (SIGINT or SIGTERM): stopped as asked
+			}
+			return cause // a bad frame, a frozen parent, a failed read: exit 1
 		}
 		req, err := decodeReq(b)
 		if err != nil {
@@ -496,9 +509,9 @@ func (s *sidecar) handle(req pyReq) (pyResp, bool) {
 		return errResp(err), false
 	}
 	ctx := s.ctx
-	if req.Timeout > 0 {
+	if d := callTimeout(req.Timeout); d > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.Timeout)*time.Millisecond)
+		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
 	}
 	if req.Op == "wait" {
@@ -575,6 +588,23 @@ func (s *sidecar) handle(req pyReq) (pyResp, bool) {
 		return pyResp{None: true}, false
 	}
 	return s.place(res, after(req.At, t), req), false
+}
+
+// maxTimeoutMs is the largest request timeout, in milliseconds, that a
+// time.Duration holds (about 292 years).
+const maxTimeoutMs = int64(math.MaxInt64 / time.Millisecond)
+
+// callTimeout is the bound of a call whose request says timeout ms: 0 (no
+// bound) when ms is not positive, and when it is past maxTimeoutMs, which
+// a Python rank's "forever" (timeout=1e10 s, sent as int(timeout*1000))
+// is: multiplied unchecked it would wrap to a negative duration, the call
+// would start past its deadline, and this rank would break the
+// communicator off for every rank.
+func callTimeout(ms int64) time.Duration {
+	if ms <= 0 || ms > maxTimeoutMs {
+		return 0
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 // counts resolves a split's counts: given, or from every rank's numelem

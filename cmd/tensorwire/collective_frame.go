@@ -62,7 +62,7 @@ type pyReq struct {
 	Shape   []int  `codec:"shape,omitempty"`   // the input's shape (nil: a scalar)
 	Size    int64  `codec:"size,omitempty"`    // the data file's size as the Python rank has made it
 	Tag     int    `codec:"tag,omitempty"`     // Send/Recv
-	Timeout int64  `codec:"timeout,omitempty"` // milliseconds the call may take (0: no bound)
+	Timeout int64  `codec:"timeout,omitempty"` // milliseconds the call may take (0, or past what a time.Duration holds: no bound; callTimeout)
 }
 
 // pyResp is the sidecar's reply to one request (or, with ID 0, its hello

@@ -393,6 +393,76 @@ func TestCollectiveCmd_Usage(t *testing.T) {
 	if code := run(context.Background(), []string{"collective", "rank", "--addr", "127.0.0.1:1", "--rank", "0", "--size", "1", "--data", "x", "--spin", "2s"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--spin") {
 		t.Fatalf("collective rank --spin 2s: exit %d, %s", code, errb.String())
 	}
+	// Before 2026-12-02 a negative join timeout was a join error (exit 1).
+	errb.Reset()
+	if code := run(context.Background(), []string{"collective", "rank", "--addr", "127.0.0.1:1", "--rank", "0", "--size", "1", "--data", "x", "--join-timeout", "-1s"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--join-timeout") {
+		t.Fatalf("collective rank --join-timeout -1s: exit %d, %s", code, errb.String())
+	}
+}
+
+// TestCollectiveSidecar_BadFrameFails: bytes on the pipe that are not a
+// frame are answered with collective.sidecar and make serve fail, so that
+// "tensorwire collective rank" exits 1, however the frame is malformed: a
+// length over 1 MiB, a body cut short by the pipe's close, or a body that
+// is not a request. It failed before serve returned the first two's
+// cause: it returned nil, and the sidecar exited 0, as for a clean close.
+func TestCollectiveSidecar_BadFrameFails(t *testing.T) {
+	for name, bad := range map[string][]byte{
+		"too long":   {0x10, 0, 0, 0},
+		"short body": {0, 0, 0, 5, 0x80},
+		"not a map":  {0, 0, 0, 1, 0xc3},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := startSidecar(t, freeAddr(t), "", 0, 1, collective.TCP)
+			p.read(t) // hello
+			if _, err := p.in.Write(bad); err != nil {
+				t.Fatal(err)
+			}
+			if name == "short body" {
+				p.in.Close()
+			}
+			if resp := p.read(t); resp["reason"] != "collective.sidecar" {
+				t.Fatalf("reply %v", resp)
+			}
+			select {
+			case err := <-p.done:
+				if !errors.Is(err, errFrame) {
+					t.Fatalf("serve returned %v after a malformed frame; want errFrame (exit 1)", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("the sidecar did not stop")
+			}
+		})
+	}
+}
+
+// TestCollectiveSidecar_TimeoutPastDuration: a request's timeout past what
+// a time.Duration holds in milliseconds (about 292 years; a Python rank's
+// timeout=1e10 s, "forever", is 1e13 ms) is no bound, not a deadline
+// already past. It failed before callTimeout: the product wrapped
+// negative, each rank's barrier failed at once with deadline exceeded, and
+// the communicator broke.
+func TestCollectiveSidecar_TimeoutPastDuration(t *testing.T) {
+	for ms, want := range map[int64]time.Duration{
+		0: 0, -1: 0, 1500: 1500 * time.Millisecond, maxTimeoutMs: time.Duration(maxTimeoutMs) * time.Millisecond,
+		maxTimeoutMs + 1: 0, 1e13: 0, math.MaxInt64: 0,
+	} {
+		if got := callTimeout(ms); got != want {
+			t.Errorf("callTimeout(%d) = %v, want %v", ms, got, want)
+		}
+	}
+	addr, shm := freeAddr(t), t.TempDir()
+	ranks := []*pyRank{startSidecar(t, addr, shm, 0, 2, collective.TCP), startSidecar(t, addr, shm, 1, 2, collective.TCP)}
+	for _, p := range ranks {
+		p.read(t)
+	}
+	eachRank(ranks, func(r int, p *pyRank) {
+		for id, ms := range []int64{maxTimeoutMs + 1, 1e13} {
+			if resp := p.call(t, pyReq{ID: int64(id + 1), Op: "barrier", Timeout: ms}); resp["code"] != nil {
+				t.Errorf("rank %d: barrier with timeout %d ms: %v", r, ms, resp)
+			}
+		}
+	})
 }
 
 // Requests with an input elsewhere than offset 0 (pipe version 2's at): an

@@ -76,29 +76,38 @@ type servedLoaders struct {
 	attached  []*loader.Remote // those, served
 }
 
-// checkNames refuses two services of the node that would live in one
-// folder, ROOT/NAME: a loader, a replay buffer or a store named as another
-// (a store opened on a buffer's folder refuses it, but only after the
-// buffer made its files there).
+// checkNames refuses (errUsage, before anything is made) two services of
+// the node whose folders, ROOT/NAME, are one, or one inside the other: a
+// loader, a replay buffer or a store named as another, or inside another's
+// folder (--store s --buffer s/x). Each service refuses a folder holding
+// files it did not make, but only when it opens, after the services before
+// it made theirs: the node failed at the second, and the first one's files
+// stayed where the second would live, so that it failed from then on.
 func (f loaderFlags) checkNames(buffers bufferFlags, stores storeFlags) error {
-	type use struct{ flag, name string }
+	type use struct{ flag, name, dir string }
 	var uses []use
+	add := func(flag, name string) { uses = append(uses, use{flag, name, filepath.Clean(name)}) }
 	for _, b := range buffers {
-		uses = append(uses, use{"--buffer", b.name})
+		add("--buffer", b.name)
 	}
 	for _, st := range stores {
-		uses = append(uses, use{"--store", st.name})
+		add("--store", st.name)
 	}
 	for _, spec := range f {
-		uses = append(uses, use{"--loader", spec.name})
+		add("--loader", spec.name)
 	}
-	seen := map[string]string{}
-	for _, u := range uses {
-		k := filepath.Clean(u.name)
-		if prev, ok := seen[k]; ok {
-			return fmt.Errorf("%w: %s %s: a %s has that name, and both would live in ROOT/%s", errUsage, u.flag, u.name, prev, u.name)
+	sep := string(filepath.Separator)
+	for i, u := range uses {
+		for _, prev := range uses[:i] {
+			switch {
+			case u.dir == prev.dir:
+				return fmt.Errorf("%w: %s %s: a %s has that name, and both would live in ROOT/%s", errUsage, u.flag, u.name, prev.flag, u.name)
+			case strings.HasPrefix(u.dir, prev.dir+sep):
+				return fmt.Errorf("%w: %s %s: its folder would be inside ROOT/%s, the %s %s's: give each a folder of its own", errUsage, u.flag, u.name, prev.dir, prev.flag, prev.name)
+			case strings.HasPrefix(prev.dir, u.dir+sep):
+				return fmt.Errorf("%w: %s %s: the %s %s's folder would be inside ROOT/%s, its own: give each a folder of its own", errUsage, u.flag, u.name, prev.flag, prev.name, u.dir)
+			}
 		}
-		seen[k] = u.flag
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -152,6 +153,37 @@ func TestNode_LoaderFlagErrors(t *testing.T) {
 	}
 	if err := f.checkNames(nil, st); err == nil || !strings.Contains(err.Error(), "a --store has that name") {
 		t.Errorf("a loader named as a store: %v", err)
+	}
+}
+
+// TestNode_NestedServiceFoldersRefused: a store, buffer or loader whose
+// folder would be inside another's (--store s --buffer s/x; a buffer and a
+// loader, either way round), or the root itself (--buffer .), is a usage
+// error (exit 2) found before anything is made. It failed before checkNames compared folders
+// by more than equality: the buffer was created in ROOT/s/x, the store
+// then refused ROOT/s ("holds x but no store.log"), the node exited 1, and
+// ROOT/s kept the buffer's files, so --store s failed from then on until
+// someone deleted them; --buffer . put a buffer's files in the root.
+func TestNode_NestedServiceFoldersRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--store", "s", "--buffer", "s/x,capacity=4"}, "--store s: the --buffer s/x's folder would be inside ROOT/s"},
+		{[]string{"--buffer", "./b/c/,capacity=4", "--loader", "b,dataset=d,batch=4"}, "--loader b: the --buffer ./b/c/'s folder would be inside ROOT/b"},
+		{[]string{"--buffer", "b,capacity=4", "--loader", "b/l,dataset=d,batch=4"}, "--loader b/l: its folder would be inside ROOT/b, the --buffer b's"},
+		{[]string{"--buffer", ".,capacity=4"}, "not the root itself"},
+		{[]string{"--buffer", "x,capacity=4", "--loader", "x/.,dataset=d,batch=4"}, "--loader x/.: a --buffer has that name"},
+	} {
+		root := t.TempDir()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // a node that got as far as serving stops at once
+		var out, errb bytes.Buffer
+		code := run(ctx, append([]string{"node", "--listen", "127.0.0.1:0", "--root", root}, tc.args...), &out, &errb)
+		left, _ := os.ReadDir(root)
+		if code != 2 || len(left) > 0 || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("%q: exit %d, root holds %d entries, stderr %q; want exit 2 before anything is made, saying %q", tc.args, code, len(left), errb.String(), tc.want)
+		}
 	}
 }
 

@@ -30,7 +30,7 @@ var nodeCmd = command{
 		"(replay.Dial), opened if it exists and created otherwise, with settings capacity=N, " +
 		samplerHelp() + ", min-size=N, lease=D (how long a " +
 		"writer's reservation lasts, default 30s); buffers are " +
-		"checkpointed every --checkpoint-every and when the node stops; each --store serves the store of bins and " +
+		"checkpointed every --checkpoint-every and when the node stops (--checkpoint-every 0: only then); each --store serves the store of bins and " +
 		"parameters at DIR/NAME (store.Dial), created if missing or empty, with settings max-value=SIZE, inline=SIZE, " +
 		"sync=always|none, lease=D, get-timeout=D, history=N, trash-grace=D (how long a deleted value stays in trash/ for readers still mapping it, default 1m), repair=drop (drop what the log and the folder disagree on, which the node otherwise only reports) (docs/store.md); each --loader serves a producer of the " +
 		"dataset at PREFIX (loader.Dial), its ring in DIR/NAME, with settings " + loaderHelp + "; each --serve serves as NAME the MLP whose PyTorch " +
@@ -63,7 +63,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Var(&loaders, "loader", "serve a producer of batches of the dataset at PREFIX, its ring in ROOT/NAME: "+loaderHelp+" (repeatable)")
 	var models serveFlags
 	fs.Var(&models, "serve", "serve as NAME the MLP whose PyTorch state_dict is at ROOT/P (serve.Dial): "+serveUsage+" (repeatable)")
-	every := fs.Duration("checkpoint-every", time.Minute, "how often the buffers are checkpointed")
+	every := fs.Duration("checkpoint-every", time.Minute, "how often the buffers are checkpointed (0: only when the node stops)")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics at http://ADDR/metrics, HOST:PORT (no token: keep it on a network you trust); tensorwire stats ADDR prints them")
 	parent := fs.Int("parent", 0, "stop cleanly, as on SIGTERM, once process PID exits, however it exits: for a node that must not outlive the program that started it (Python's tensorwire.Node passes its own pid)")
 	insecure := fs.Bool("insecure", false, "serve without a token on a non-loopback address: anyone who reaches it reads and writes every file under the root")
@@ -80,6 +80,8 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("%w: missing --root", errUsage)
 	case (cfg.TLSCert == "") != (cfg.TLSKey == ""):
 		return fmt.Errorf("%w: give --tls-cert and --tls-key together", errUsage)
+	case *every < 0:
+		return fmt.Errorf("%w: --checkpoint-every %v: want 0 (only when the node stops) or more", errUsage, *every)
 	}
 	if err := loaders.checkNames(buffers, stores); err != nil {
 		return err

@@ -134,15 +134,22 @@ type servedModels struct {
 	managers []*serve.Manager // nil: waiting for its store's first version
 	params   []*tensordict.TensorDict
 	svc      *serve.Service // once the server is registered
-	waiting  sync.WaitGroup // models waiting for their first version
+	// cancel ends the context of the goroutines that read a store's
+	// parameters, counted by readers: the models waiting for their first
+	// version (awaitFirst) and those following their store (Follow).
+	// close waits for them, since the node closes its stores after the
+	// models, and a store's Close unmaps every version it handed out.
+	cancel  context.CancelFunc
+	readers sync.WaitGroup
 }
 
 // start maps each model's parameters read-only, starts its manager with
 // them loaded (version 1, or the store's version), and returns a register
 // hook serving them under their names. stores finds the node's stores by
-// name. Models that follow a store do so until ctx ends.
+// name. Models that follow a store do so until ctx ends or close.
 func (f serveFlags) start(ctx context.Context, root string, stores func(string) *store.Store, log *slog.Logger) (*servedModels, func(*rpc.Server) error, error) {
-	sm := &servedModels{}
+	ctx, cancel := context.WithCancel(ctx)
+	sm := &servedModels{cancel: cancel}
 	for _, spec := range f {
 		if spec.input != nil {
 			m, err := spec.startAttached(spec.input, spec.output, log)
@@ -154,7 +161,7 @@ func (f serveFlags) start(ctx context.Context, root string, stores func(string) 
 			continue
 		}
 		if spec.store != "" {
-			m, err := spec.follow(ctx, stores, log)
+			m, err := spec.follow(ctx, stores, &sm.readers, log)
 			if errors.Is(err, store.ErrNotFound) && stores(spec.store) != nil {
 				// No version yet: the node starts, and the model is served
 				// from the first version published (awaitFirst). Said
@@ -189,7 +196,7 @@ func (f serveFlags) start(ctx context.Context, root string, stores func(string) 
 		sm.svc = svc
 		for i, spec := range f {
 			if sm.managers[i] == nil {
-				sm.waiting.Add(1)
+				sm.readers.Add(1)
 				go sm.awaitFirst(ctx, i, spec, stores(spec.store), log)
 				continue
 			}
@@ -205,9 +212,9 @@ func (f serveFlags) start(ctx context.Context, root string, stores func(string) 
 // awaitFirst waits for the first version of spec's parameters in st, then
 // starts the model's manager with it, serves it under its name and follows
 // the store, as follow does for a version there at start; until ctx ends
-// or the models are closed.
+// (close ends it, then waits for this: sm.readers counts it).
 func (sm *servedModels) awaitFirst(ctx context.Context, i int, spec serveSpec, st *store.Store, log *slog.Logger) {
-	defer sm.waiting.Done()
+	defer sm.readers.Done()
 	p, err := st.WaitNewer(ctx, spec.param, 0)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -215,7 +222,7 @@ func (sm *servedModels) awaitFirst(ctx context.Context, i int, spec serveSpec, s
 		}
 		return
 	}
-	m, err := spec.fromParam(ctx, st, p, log)
+	m, err := spec.fromParam(ctx, st, p, &sm.readers, log)
 	if err != nil {
 		log.Error("model: its parameters' first version cannot be served: not served", "name", spec.name, "param", spec.param, "err", err)
 		return
@@ -234,8 +241,9 @@ func (sm *servedModels) awaitFirst(ctx context.Context, i int, spec serveSpec, s
 
 // follow starts a manager of the MLP whose parameters are the parameter
 // set s.param of the node's store s.store: the latest version, which must
-// exist, then every new one (Follow, until ctx ends).
-func (s serveSpec) follow(ctx context.Context, stores func(string) *store.Store, log *slog.Logger) (*serve.Manager, error) {
+// exist, then every new one (Follow, until ctx ends, on a goroutine that
+// readers counts).
+func (s serveSpec) follow(ctx context.Context, stores func(string) *store.Store, readers *sync.WaitGroup, log *slog.Logger) (*serve.Manager, error) {
 	st := stores(s.store)
 	if st == nil {
 		return nil, fmt.Errorf("store=%s: this node serves no such store (--store %s)", s.store, s.store)
@@ -244,13 +252,13 @@ func (s serveSpec) follow(ctx context.Context, stores func(string) *store.Store,
 	if err != nil {
 		return nil, fmt.Errorf("param=%s: %w", s.param, err)
 	}
-	return s.fromParam(ctx, st, p, log)
+	return s.fromParam(ctx, st, p, readers, log)
 }
 
 // fromParam starts the manager of an MLP loaded with version p of the
 // parameters s follows in st, then follows st for newer ones until ctx
-// ends; it takes p.
-func (s serveSpec) fromParam(ctx context.Context, st *store.Store, p *store.Param, log *slog.Logger) (*serve.Manager, error) {
+// ends, on a goroutine that readers counts; it takes p.
+func (s serveSpec) fromParam(ctx context.Context, st *store.Store, p *store.Param, readers *sync.WaitGroup, log *slog.Logger) (*serve.Manager, error) {
 	sizes, err := mlp.SizesOf(p.TD)
 	if err == nil {
 		var m *serve.Manager
@@ -258,7 +266,9 @@ func (s serveSpec) fromParam(ctx context.Context, st *store.Store, p *store.Para
 			if err = m.LoadParam(ctx, p); err == nil {
 				log.Info("model served", "name", s.name, "model", "mlp", "sizes", sizes, "store", s.store, "param", s.param,
 					"version", p.Version, "replicas", s.cfg.Replicas, "max_batch", s.cfg.MaxBatch, "policy", s.cfg.Policy)
+				readers.Add(1)
 				go func() {
+					defer readers.Done()
 					if err := m.Follow(ctx, st, s.param); err != nil && ctx.Err() == nil {
 						log.Error("following parameters stopped", "name", s.name, "param", s.param, "err", err)
 					}
@@ -320,12 +330,16 @@ func (s serveSpec) start(ctx context.Context, root string, log *slog.Logger) (*s
 	return m, params, nil
 }
 
-// close stops serving (the bells' pollers), stops the managers, then
-// unmaps their parameters.
+// close ends the goroutines that read a store's parameters and waits for
+// them (a model waiting for its first version may be loading it), then
+// stops serving (the bells' pollers), stops the managers, and unmaps their
+// parameters: once it returns, the node may close its stores.
 func (sm *servedModels) close() {
 	sm.mu.Lock()
-	sm.closed = true
+	sm.closed = true // an awaitFirst past its load closes its manager
 	sm.mu.Unlock()
+	sm.cancel()
+	sm.readers.Wait()
 	if sm.svc != nil {
 		sm.svc.Close()
 	}

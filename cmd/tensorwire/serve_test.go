@@ -3,8 +3,11 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -153,6 +156,69 @@ func TestNode_ServesAStoreParameterPublishedLater(t *testing.T) {
 	in, _ := c.InputSchema().Zeros(1)
 	if _, v, err := c.Predict(ctx, in); err != nil || v != 1 {
 		t.Fatalf("version %d, %v; want 1", v, err)
+	}
+}
+
+// TestNode_ServedModelsCloseWaitsForStoreReaders: closing a node's models
+// ends, and waits for, the goroutines that read a store's parameters: a
+// model waiting for its first version (awaitFirst) and one following its
+// store (Follow). The node closes its stores right after its models, and
+// a store's Close unmaps every version it handed out, so one of them still
+// loading a version could read unmapped memory and crash the node as it
+// stops. It failed before close waited for them: both were left running,
+// the context they had (the node's) not even ended.
+func TestNode_ServedModelsCloseWaitsForStoreReaders(t *testing.T) {
+	root := t.TempDir()
+	st, err := store.Open(filepath.Join(root, "params"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := st.Publish(ctx, "now", mlp.Random([]int{8, 4}, 1)); err != nil {
+		t.Fatal(err)
+	}
+	var models serveFlags
+	for _, v := range []string{"a,store=params,param=now", "b,store=params,param=later"} {
+		if err := models.Set(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readers := func() int {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		n := 0
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			if strings.Contains(g, "(*servedModels).awaitFirst") || strings.Contains(g, "(*Manager).Follow(") {
+				n++
+			}
+		}
+		return n
+	}
+	before := readers()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// The node's context, which has not ended: Run failed, say.
+	sm, register, err := models.start(context.Background(), root, func(string) *store.Store { return st }, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := rpc.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if err := register(srv); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); readers() < before+2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines waiting on the store, want %d", readers()-before, 2)
+		}
+	}
+	sm.close()
+	if n := readers() - before; n != 0 {
+		t.Fatalf("%d goroutines still read the store after the models were closed (the node closes its stores next)", n)
 	}
 }
 

@@ -53,7 +53,7 @@ func specNames[S interface{ specName() string }](specs []S) []string {
 // grammar is what the values of one service flag may hold.
 type grammar struct {
 	noun      string                  // "buffer": errors about a value begin "buffer NAME: "
-	folder    bool                    // NAME is a folder under the root: checked so, and two names of one folder are the same
+	folder    bool                    // NAME is a folder under the root, not the root itself: checked so, and two names of one folder are the same
 	checkName func(name string) error // NAME's check, when it is not a folder; its error is returned as it is
 	twice     string                  // what a name given again is said to be: "given twice"
 	keys      []service.Setting       // the settings a value may give, in the order they apply
@@ -70,8 +70,8 @@ func (g grammar) read(v string, names []string, check func(spec) error) (spec, e
 	s := spec{name: parts[0]}
 	same := func(a, b string) bool { return a == b }
 	if g.folder {
-		if s.name == "" || strings.Contains(s.name, "..") || filepath.IsAbs(s.name) {
-			return s, fmt.Errorf("%s name %q: a folder under the root", g.noun, s.name)
+		if s.name == "" || strings.Contains(s.name, "..") || filepath.IsAbs(s.name) || filepath.Clean(s.name) == "." {
+			return s, fmt.Errorf("%s name %q: a folder under the root (not the root itself)", g.noun, s.name)
 		}
 		same = func(a, b string) bool { return filepath.Clean(a) == filepath.Clean(b) }
 	} else if err := g.checkName(s.name); err != nil {

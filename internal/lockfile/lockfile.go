@@ -8,14 +8,19 @@
 // lock behind, and nothing has to be cleaned up before the next owner
 // takes it. The file itself stays (removing a lock file races with the
 // next owner opening it); what it holds is only informative: the pid,
-// host and program of the process that took the lock last, which a
-// second process is told when it finds the lock held (HeldError).
+// host and program of the process that holds the lock, which a second
+// process is told when it finds the lock held (HeldError). Release clears
+// it; a holder that died without Release leaves it, and the next holder
+// clears it as soon as it has the lock, before writing its own.
 //
-// The lock is per open file, not per process: a second Acquire of the same
-// path in the process that holds it fails too, as it would in another
-// process. Locks work between processes on one machine, in any mount or
-// network namespace, and on network filesystems whose locking reaches the
-// server (Linux NFS maps flock to NFS locks).
+// Locks work between processes on one machine, in any mount or network
+// namespace. On a local filesystem the lock is per open file, not per
+// process: a second Acquire of the same path in the process that holds it
+// fails too, as it would in another process. On a network filesystem the
+// lock holds between machines only where its locking reaches the server
+// (Linux NFS clients emulate flock with whole-file byte-range locks on the
+// server, unless mounted with local_lock); there, what a second Acquire in
+// the process holding the lock gets is not promised.
 package lockfile
 
 import (
@@ -51,7 +56,11 @@ var errWouldBlock = errors.New("lock held")
 // HeldError is the error of an Acquire that found the lock held: the path
 // and what the holder wrote into the file when it took the lock. PID is 0
 // and Host "" when the holder had not written them yet (it is between
-// taking the lock and writing them) or wrote something unreadable.
+// taking the lock and writing them) or wrote something unreadable. A
+// holder clears the record of the holder before (one killed with SIGKILL
+// leaves it) in the first system call after taking the lock, so a dead
+// holder's pid, which may be another process's by now, is named only by
+// an Acquire in the window between those two calls.
 type HeldError struct {
 	Path    string
 	PID     int
@@ -141,7 +150,7 @@ func acquireIn(d dir, name, path string) (*Lock, error) {
 			}
 			return nil, fmt.Errorf("lockfile: %w", err)
 		}
-		if err := lock(f); err != nil {
+		if err := take(f); err != nil {
 			if errors.Is(err, errWouldBlock) {
 				held := readHolder(f, path)
 				f.Close()
@@ -170,6 +179,22 @@ func acquireIn(d dir, name, path string) (*Lock, error) {
 		}
 		return &Lock{path: path, fi: fi, f: f}, nil
 	}
+}
+
+// take locks f without waiting (errWouldBlock when another open file holds
+// the lock) and at once clears the record of the holder before, which one
+// that died without Release leaves: from then on until writeHolder, an
+// Acquire that finds the lock held says no holder is recorded (PID 0)
+// rather than name a process that no longer holds it.
+func take(f *os.File) error {
+	if err := lock(f); err != nil {
+		return err
+	}
+	if err := f.Truncate(0); err != nil {
+		unlock(f)
+		return err
+	}
+	return nil
 }
 
 // ErrLink: a lock file's path is a symbolic link, which Acquire does not
@@ -207,13 +232,16 @@ func (l *Lock) Check() error {
 	return nil
 }
 
-// Release drops the lock; the file stays. Later calls do nothing.
+// Release clears the holder's record (best effort: it is only
+// informative) and drops the lock; the file stays, empty. Later calls do
+// nothing.
 func (l *Lock) Release() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f == nil {
 		return nil
 	}
+	l.f.Truncate(0) // while held (the next holder's record comes after); only informative, so best effort
 	err := unlock(l.f)
 	if cerr := l.f.Close(); err == nil {
 		err = cerr

@@ -154,6 +154,49 @@ func TestHeldError_Holder(t *testing.T) {
 	}
 }
 
+// TestHeldError_NamesNoDeadHolder: a holder killed with SIGKILL leaves its
+// record ("pid ...") in the lock file; a new holder that has taken the
+// lock but not written its own yet is reported as not recorded (PID 0, as
+// HeldError's doc says), not as the dead one, whose pid may be another
+// process's by now (an operator told it might kill that). And Release
+// leaves no record behind. It failed before take cleared the record and
+// Release did: the dead holder was named, and a released file kept its
+// holder's pid.
+func TestHeldError_NamesNoDeadHolder(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.lock")
+	// What a holder killed with SIGKILL leaves behind.
+	if err := os.WriteFile(path, []byte("pid 999999\nhost deadhost\nprogram old\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A new holder between taking the lock and writeHolder.
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := take(f); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Acquire(path)
+	var held *HeldError
+	if !errors.As(err, &held) {
+		t.Fatalf("Acquire: %v, want a HeldError", err)
+	}
+	if held.PID != 0 {
+		t.Fatalf("HeldError names %q, a holder that no longer holds the lock; want PID 0 (not recorded yet)", held.Holder())
+	}
+	if err := unlock(f); err != nil {
+		t.Fatal(err)
+	}
+	l := acquire(t, path)
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(path); err != nil || len(data) != 0 {
+		t.Fatalf("the lock file after Release holds %q (%v); want it empty", data, err)
+	}
+}
+
 // TestAcquire_RefusesLink: a lock file that is a symbolic link is not
 // followed: the file it points to is neither created nor truncated, and
 // the error names the link.
