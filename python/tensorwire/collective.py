@@ -305,8 +305,8 @@ class _Sidecar:
             env = dict(os.environ)
             env.pop("TENSORWIRE_TOKEN", None)
             args = [binary, "collective", "rank", "--addr", addr, "--rank", str(rank), "--size", str(size),
-                    "--data", path, "--transport", transport or "auto", "--join-timeout", f"{timeout}s",
-                    "--frozen-after", f"{frozen_after}s"]
+                    "--data", path, "--transport", transport or "auto", "--join-timeout", _go_seconds(timeout),
+                    "--frozen-after", _go_seconds(frozen_after)]
             if bell_path:
                 args += ["--bell", bell_path, "--spin", f"{round(spin * 1e6)}us"]
             if shm_dir:
@@ -1165,6 +1165,18 @@ def _fn(name):
         from . import _collective_autograd
         _FNS.update(_collective_autograd.functions())
     return _FNS[name]
+
+
+# The longest time a sidecar's flag takes: Go's Duration holds 292 years;
+# a longer timeout, or float("inf"), is as good as forever.
+_GO_SECONDS_MAX = 100 * 365 * 86400
+
+
+def _go_seconds(x):
+    """x seconds as a Go duration flag ("12.5s"), capped at 100 years: "1e+10s"
+    or "10000000000.0s" are no Duration Go parses, and the sidecar would
+    exit with a usage error."""
+    return f"{min(float(x), _GO_SECONDS_MAX):.6f}s"
 
 
 def join(addr=None, rank=None, size=None, *, token=None, token_file=None, transport="auto", shm_dir=None,

@@ -366,6 +366,20 @@ class TestCollectiveJoin(unittest.TestCase):
             with self.assertRaises(collective.ConfigError):  # no addr, no MASTER_ADDR
                 collective.join(binary=binary())
 
+    def test_timeout_of_forever(self):
+        """A join timeout (or frozen_after) past what Go's Duration holds,
+        1e10 s or inf, means forever: the sidecar starts (before
+        2026-12-02 its flag was "10000000000.0s", which Go cannot parse,
+        and the sidecar exited with a usage error)."""
+        from tensorwire import collective
+        for t in (1e10, float("inf")):
+            comm = collective.join(f"127.0.0.1:{stable_port()}", 0, 1, binary=binary(), timeout=t,
+                                   frozen_after=t)
+            try:
+                comm.Barrier()
+            finally:
+                comm.close()
+
 
 @unittest.skipUnless(HAVE_TORCH, "needs torch")
 class TestCollectiveMixed(unittest.TestCase):
