@@ -408,6 +408,19 @@ func FuzzSlicesRequest(f *testing.F) {
 			}
 			return
 		}
+		if !req.Bytes {
+			// The picks alone, which a client sharing the filesystem
+			// gathers and checks; packed, they must unpack.
+			if resp.Batch != nil {
+				t.Fatalf("%+v: rows sent that were not asked for", req)
+			}
+			if req.Packed {
+				if _, err := unpackPicks(resp.Picks, resp.PickWeights, req.SliceLen*req.NumSlices); err != nil {
+					t.Fatalf("%+v: %v", req, err)
+				}
+			}
+			return
+		}
 		spec := SliceSpec{SliceLen: req.SliceLen, NumSlices: req.NumSlices, PadShort: req.PadShort}
 		info := SliceInfo{SampleInfo: resp.Info, Mask: resp.Mask, Episodes: resp.Episodes}
 		if err := checkSlices(info, resp.Batch.TensorDict, spec); err != nil {
