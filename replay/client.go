@@ -63,13 +63,14 @@ type Client struct {
 // is current; the last release unmaps it, so no call ever sees its
 // mapping go (as rpc/refs.go keeps the node's cached mappings).
 type view struct {
-	id      string
-	schema  tensordict.RowSchema // per transition; nil until the first batch
-	lease   time.Duration
-	writer  Writer                 // a top-k writer needs each transition's key
-	storage *tensordict.TensorDict // by reference, once the schema is known; else nil
-	slots   *slotTable             // with storage
-	refs    int                    // guarded by Client.mu
+	id          string
+	schema      tensordict.RowSchema // per transition; nil until the first batch
+	lease       time.Duration
+	writer      Writer                 // a top-k writer needs each transition's key
+	resampleAll bool                   // rows found overwritten: pick the whole sample again
+	storage     *tensordict.TensorDict // by reference, once the schema is known; else nil
+	slots       *slotTable             // with storage
+	refs        int                    // guarded by Client.mu
 }
 
 // unmap closes the view's mappings; its last user has released it.
@@ -203,7 +204,7 @@ func (c *Client) newView(info infoResponse) (*view, error) {
 	}
 	v := &view{
 		id: info.ID, schema: schema, lease: time.Duration(info.LeaseMS) * time.Millisecond,
-		writer: Writer{info.Writer},
+		writer: Writer{info.Writer}, resampleAll: info.ResampleAll,
 	}
 	if c.bytes || schema == nil {
 		return v, nil
@@ -517,11 +518,11 @@ func (c *Client) SampleInto(ctx context.Context, dst *tensordict.TensorDict) (Sa
 	if err := checkPicks(info, n, slots.len()); err != nil {
 		return SampleInfo{}, err
 	}
-	// Rows found overwritten are picked again one for one: the node does
-	// not tell a client its MaxTimesSampled, without which it cannot know
-	// whether a lifo or heap sampler's sample may be picked again whole
-	// (Buffer.resampleAll), and a whole pick would drop counted rows.
-	_, err = gatherChecked(storage, slots, dst, &info, false, func(k int) (SampleInfo, error) {
+	// Rows found overwritten are picked again: one for one, or the whole
+	// sample where the node says so (replay.info's resample_all: a lifo or
+	// heap sampler without MaxTimesSampled, whose pick of k would be the
+	// first k again, already in the sample; Buffer.resampleAll).
+	_, err = gatherChecked(storage, slots, dst, &info, v.resampleAll, func(k int) (SampleInfo, error) {
 		more, err := c.sampleCall(ctx, k, false)
 		if err == nil && more.ID != resp.ID {
 			err = fmt.Errorf("%w: the buffer was created anew while sampled", ErrExpired)

@@ -17,11 +17,12 @@ import (
 )
 
 // The files under testdata/meta are replay.json files written by buffers
-// of four configurations (testdata/wire holds the msgpack of their info
-// and stats responses, as hex). They pin the bytes: a buffer written by an
+// of five configurations (lifo.json, added with replay.info's resample_all,
+// was made from fifo.json; its round trip shows a buffer writes it so), and
+// testdata/wire holds the msgpack of their info and stats responses, as hex. They pin the bytes: a buffer written by an
 // older version must read back as the same configuration and be written
 // out again byte for byte, and its messages must not change on the wire.
-var goldenBuffers = []string{"topk_prioritized", "defaults_lazy", "fifo", "without_replacement"}
+var goldenBuffers = []string{"topk_prioritized", "defaults_lazy", "fifo", "without_replacement", "lifo"}
 
 // checkpointTime matches the one part of replay.json that changes at each
 // write.
@@ -136,9 +137,12 @@ func TestWire_GoldenInfoAndStats(t *testing.T) {
 			if err := codec.NewDecoderBytes(goldenHex(t, name+".info.hex"), msgpackHandle).Decode(&back); err != nil {
 				t.Fatal(err)
 			}
-			if !reflect.DeepEqual(back.Writer, info.Writer) || back.Sampler != info.Sampler {
-				t.Errorf("info response decoded with writer %v, sampler %v; want %v, %v",
-					back.Writer, back.Sampler, info.Writer, info.Sampler)
+			if !reflect.DeepEqual(back.Writer, info.Writer) || back.Sampler != info.Sampler || back.ResampleAll != info.ResampleAll {
+				t.Errorf("info response decoded with writer %v, sampler %v, resample_all %v; want %v, %v, %v",
+					back.Writer, back.Sampler, back.ResampleAll, info.Writer, info.Sampler, info.ResampleAll)
+			}
+			if want := name == "lifo"; info.ResampleAll != want {
+				t.Errorf("resample_all %v; want %v", info.ResampleAll, want)
 			}
 
 			want := goldenHex(t, name+".stats.hex")

@@ -101,6 +101,10 @@ type (
 		Sampler  string               `codec:"sampler"`
 		Writer   writerSpec           `codec:"writer"` // a top-k writer's clients send each transition's key
 		LeaseMS  int64                `codec:"lease_ms"`
+		// ResampleAll: a sample by reference that finds rows overwritten
+		// picks all n again, not those rows (Buffer.resampleAll); omitted
+		// when false, so older clients and the golden bytes are unchanged.
+		ResampleAll bool `codec:"resample_all,omitempty"`
 	}
 	reserveRequest struct {
 		Name   string               `codec:"name"`
@@ -176,6 +180,7 @@ func (svc *Service) info(_ context.Context, req infoRequest) (infoResponse, erro
 	return infoResponse{
 		ID: b.id, Prefix: sb.Rel, Capacity: b.cfg.Capacity, Schema: b.Schema(),
 		Sampler: b.cfg.Sampler.String(), Writer: b.cfg.Writer.normal(), LeaseMS: b.cfg.Lease.Milliseconds(),
+		ResampleAll: b.resampleAll(),
 	}, nil
 }
 

@@ -171,7 +171,10 @@ class _View:
         lease_ms = info.get("lease_ms") or 0
         w = info.get("writer") or {}
         self.sampler = info.get("sampler", "")
-        if (not isinstance(self.id, str) or not isinstance(self.prefix, str) or not isinstance(self.sampler, str)
+        # A sample that finds rows overwritten picks all of it again (a lifo
+        # or heap sampler, whose pick of k would be the first k again).
+        self.resample_all = info.get("resample_all", False)
+        if (not isinstance(self.id, str) or not isinstance(self.resample_all, bool) or not isinstance(self.prefix, str) or not isinstance(self.sampler, str)
                 or not is_int(self.capacity) or self.capacity < 0
                 or not isinstance(lease_ms, (int, float)) or isinstance(lease_ms, bool) or not lease_ms >= 0
                 or not isinstance(w, dict) or not isinstance(w.get("kind") or "", str)
@@ -724,6 +727,8 @@ class Buffer:
                 return info
             with self._mu:
                 self.resampled += int(torn.size)
+            if view.resample_all:
+                torn = np.arange(n)
             if spare is not None and len(spare) >= torn.size:
                 again, spare = _split(spare, int(torn.size))
             else:

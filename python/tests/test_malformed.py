@@ -649,7 +649,7 @@ class TestLyingReplayNode(unittest.TestCase):
 
     def test_bad_description(self):
         for change in [{"capacity": "8"}, {"capacity": -1}, {"writer": "top_k"}, {"lease_ms": "5"},
-                       {"id": 3}, {"schema": [{"key": ["x"], "dtype": "torch.nope"}]}]:
+                       {"id": 3}, {"schema": [{"key": ["x"], "dtype": "torch.nope"}]}, {"resample_all": "yes"}]:
             with self.subTest(change=change):
                 with self.assertRaises(InternalError):
                     self.extend({**self.INFO, **change})

@@ -55,7 +55,8 @@ class TestBuffer(unittest.TestCase):
                                  "schema,capacity=100,min-size=1", "both,capacity=100,min-size=1", "wide,capacity=1000,min-size=1", "fresh,capacity=100,min-size=1",
                                  "copy,capacity=100,min-size=1", "bf16-ref,capacity=100,min-size=1",
                                  "bf16-bytes,capacity=100,min-size=1", "into,capacity=300,min-size=1",
-                                 "empty,capacity=10", "fifo,capacity=64,sampler=fifo"]).start()
+                                 "empty,capacity=10", "fifo,capacity=64,sampler=fifo",
+                                 "lifo,capacity=4,sampler=lifo,min-size=1"]).start()
 
     @classmethod
     def tearDownClass(cls):
@@ -310,6 +311,25 @@ class TestBuffer(unittest.TestCase):
                 for f in (lambda: b.delete([0]), lambda: b.capacity, lambda: b.schema):
                     with self.assertRaises(replay.ClosedError):
                         f()
+
+    def test_lifo_sample_that_finds_a_row_gone_picks_all_again(self):
+        """By reference, a LIFO sample whose row was deleted while the
+        client's prefetched picks waited is picked again whole (the node's
+        replay.info says resample_all), as the node's own sample is: a pick
+        of one would be the newest row again, already in the sample. Before
+        the fix the batch held row 3 twice."""
+        with dial(self.node, "lifo", "ref", prefetch=True) as b:
+            self.assertEqual(b.mode, "ref")
+            b.extend(batch_of([1, 2, 3]))
+            td, info = b.sample(2, timeout=10)
+            np.testing.assert_array_equal(td["action"], [3, 2])
+            # The next sample's picks (3 and 2 again) are in once the node
+            # counted four rows sampled.
+            wait_until(lambda: b.stats()["sampled"] == 4, 10, "the prefetch")
+            self.assertEqual(b.delete(replay.SampleInfo(info.indices[1:], info.ids[1:], info.weights[1:])), 1)
+            td, info = b.sample(2, timeout=10)
+            np.testing.assert_array_equal(td["action"], [3, 1])
+            check_rows(self, td)
 
     def test_prefetched_sample_honours_its_timeout(self):
         """sample(n, timeout=t) of a Buffer(prefetch=True) ends by its timeout
