@@ -30,16 +30,16 @@ import (
 // Table's methods may be called from many goroutines; the words are
 // atomic, the other fields are the caller's to guard.
 type Table struct {
-	mm     *memmap.Tensor
-	words  *shm.Map // the mapping's bytes, for the atomic words
-	rec    []uint64 // len = n * fields, aliases the mapping
+	mm     *memmap.Tensor // nil for OpenReadOnly's table, which words maps
+	words  *shm.Map       // the mapping's bytes, for the atomic words
+	rec    []uint64       // len = n * fields, aliases the mapping
 	fields int
 }
 
 // Create makes a zeroed table of n records of fields words at path (which
 // must not exist), its blocks reserved, mapped read-write.
 func Create(path string, n, fields int) (*Table, error) {
-	if err := checkDims(n, fields); err != nil {
+	if _, err := checkDims(n, fields); err != nil {
 		return nil, err
 	}
 	mm, err := memmap.Create(path, memmap.Uint64, n, fields)
@@ -55,7 +55,8 @@ func Create(path string, n, fields int) (*Table, error) {
 // (a copy made with cp --sparse, rsync -S) on a full disk must be an error
 // here rather than a SIGBUS later.
 func Open(path string, n, fields int) (*Table, error) {
-	if err := checkDims(n, fields); err != nil {
+	size, err := checkDims(n, fields)
+	if err != nil {
 		return nil, err
 	}
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
@@ -66,7 +67,6 @@ func Open(path string, n, fields int) (*Table, error) {
 	// reserved: Reserve grows a short file, and a capacity read from a
 	// damaged or hostile description (FuzzOpen: 100,000,000) would take
 	// gigabytes of disk before the mapping's check.
-	size := int64(n) * int64(fields) * 8
 	if fi, err := f.Stat(); err != nil || fi.Size() < size {
 		f.Close()
 		if err != nil {
@@ -90,22 +90,34 @@ func Open(path string, n, fields int) (*Table, error) {
 // reader, which sees the owner's writes at once and can make none (a
 // SetWord or SetField on it faults). Reading a hole of a sparse file
 // reads zeros, so no reservation is needed.
+//
+// It is shm's mapping (PROT_READ, MAP_SHARED), not memmap's ReadOnly, which
+// is copy-on-write: a stray write there would be kept silently, and the
+// page it copied would no longer show the owner's writes.
 func OpenReadOnly(path string, n, fields int) (*Table, error) {
-	if err := checkDims(n, fields); err != nil {
-		return nil, err
-	}
-	mm, err := memmap.Open(path, memmap.Uint64, []int{n, fields}, memmap.ReadOnly)
+	size, err := checkDims(n, fields)
 	if err != nil {
 		return nil, err
 	}
-	return newTable(mm, n, fields)
+	m, err := shm.Open(path, int(size), false)
+	if err != nil {
+		return nil, err
+	}
+	b := m.Bytes()
+	return &Table{words: m, rec: unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(b))), n*fields), fields: fields}, nil
 }
 
-func checkDims(n, fields int) error {
+// checkDims returns the byte size of a table of n records of fields words,
+// refusing a size that overflows (memmap.ErrShape).
+func checkDims(n, fields int) (int64, error) {
 	if n <= 0 || fields <= 0 {
-		return fmt.Errorf("slots: a table of %d records of %d words", n, fields)
+		return 0, fmt.Errorf("slots: a table of %d records of %d words", n, fields)
 	}
-	return nil
+	size, err := memmap.NumBytes(memmap.Uint64, []int{n, fields})
+	if err != nil {
+		return 0, fmt.Errorf("slots: a table of %d records of %d words: %w", n, fields, err)
+	}
+	return int64(size), nil
 }
 
 func newTable(mm *memmap.Tensor, n, fields int) (*Table, error) {
@@ -142,10 +154,20 @@ func (t *Table) Fields() int { return t.fields }
 
 // Flush writes the table's dirty pages to its file (msync); fsync for
 // durability against a machine crash is the caller's.
-func (t *Table) Flush() error { return t.mm.Flush() }
+func (t *Table) Flush() error {
+	if t.mm == nil {
+		return nil // read-only: nothing to write
+	}
+	return t.mm.Flush()
+}
 
 // Close unmaps the table. No method may be called after it.
-func (t *Table) Close() error { return t.mm.Close() }
+func (t *Table) Close() error {
+	if t.mm == nil {
+		return t.words.Close()
+	}
+	return t.mm.Close()
+}
 
 // State returns the low two bits of a word: the slot's state, whose
 // meaning is the owner's.
