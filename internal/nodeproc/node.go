@@ -101,6 +101,7 @@ func Run(ctx context.Context, cfg Config, ready func(addr string)) error {
 	select {
 	case err = <-served:
 		srv.Close()
+		ln.Close() // Serve gave it up when Accept failed
 		return fmt.Errorf("serve %s: %w", addr, err)
 	case <-ctx.Done():
 	}

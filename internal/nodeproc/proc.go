@@ -137,11 +137,22 @@ func Start(ctx context.Context, o Options) (*Proc, error) {
 
 // WriteRandomToken writes a random 32-byte token, hex-encoded, to a new
 // file at path readable by its owner only: a token file for a node and its
-// clients (ReadToken) when they run on one machine.
+// clients (ReadToken) when they run on one machine. A file already at path
+// is an error (fs.ErrExist), left as it was: its mode may let others read it.
 func WriteRandomToken(path string) error {
 	b := make([]byte, 32)
 	rand.Read(b)
-	return os.WriteFile(path, []byte(hex.EncodeToString(b)+"\n"), 0o600)
+	// O_EXCL: a file already there keeps its mode, which may let others
+	// read the secret.
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(hex.EncodeToString(b) + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // TempToken writes a random token (WriteRandomToken) to a file in a new
@@ -242,8 +253,16 @@ func Spawn(ctx context.Context, c Child) (_ *Proc, err error) {
 	select {
 	case s := <-line:
 		if s == "" {
-			<-p.done
-			return nil, fmt.Errorf("%s exited before listening: %v", c.Name, p.err)
+			// Its stdout is closed: it exited, or closed or redirected
+			// it and runs on, and then ctx and the timeout still hold.
+			select {
+			case <-p.done:
+				return nil, fmt.Errorf("%s exited before listening: %v", c.Name, p.err)
+			case <-timer.C:
+				return nil, fmt.Errorf("%s closed its stdout and did not listen within %v", c.Name, startTimeout)
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
 		}
 		addr, ok := strings.CutPrefix(strings.TrimSpace(s), ListeningPrefix)
 		if !ok {
