@@ -732,7 +732,10 @@ def _is_torch(x):
 
 def _np(x):
     """x as a contiguous little-endian numpy array (bfloat16 as bits, its
-    _BF16 type kept)."""
+    _BF16 type kept). A torch tensor's conjugate or negative view is
+    resolved first: numpy cannot view it."""
+    if _is_torch(x) and hasattr(x, "resolve_conj"):
+        x = x.resolve_conj().resolve_neg()
     a = as_array(x)
     if not a.flags.c_contiguous:
         a = type(a)(np.ascontiguousarray(a)) if type(a) is not np.ndarray else np.ascontiguousarray(a)
@@ -902,8 +905,9 @@ class MPI_Communicator:
             try:
                 a = _np(x)
                 _check_dtype(a)
-            except (InvalidArgumentError, TypeError, ValueError) as e:
-                # Raised here alone, it would leave the other ranks waiting
+            except (InvalidArgumentError, TypeError, ValueError, RuntimeError) as e:
+                # (RuntimeError: a torch tensor without data, on the meta
+                # device, say.) Raised here alone, it would leave the other ranks waiting
                 # for this one. The call goes on without a tensor, which
                 # fails on every rank with the same ArgumentError (this
                 # rank's tensor missing); here it is raised from e.
@@ -966,13 +970,33 @@ class MPI_Communicator:
         its piece: every rank receives the whole, so this is for the small
         and medium tensors such a redistribution is used on."""
         n = self.size
+        # Every rank's row, [0, its count (-1: None)], [1, every rank's
+        # counts] or [2, the length of a list that has not n], goes to
+        # every rank, which so decides alike: lists that differ (or a
+        # list on some ranks only) are a MismatchError on every rank.
+        row = np.zeros(n + 1, dtype=np.int64)
         if isinstance(numelem, (list, tuple)):
-            counts = [int(c) for c in numelem]
-            if len(counts) != n:
-                raise ArgumentError(f"Alltoall: {len(counts)} counts for {n} ranks")
+            given = [int(c) for c in numelem]
+            if len(given) == n:
+                row[0], row[1:] = 1, given
+            else:
+                row[0], row[1] = 2, len(given)
         else:
-            mine = -1 if numelem is None else int(numelem)
-            counts = [int(c) for c in self._allgather(np.array([mine], dtype=np.int64), 0)]
+            row[1] = -1 if numelem is None else int(numelem)
+        rows = [[int(c) for c in q] for q in np.asarray(self._allgather(row, 0)).reshape(n, n + 1)]
+        for q, rq in enumerate(rows):
+            if rq[0] == 2:
+                raise ArgumentError(f"Alltoall: rank {q} gave {rq[1]} counts for {n} ranks")
+        lists = [q for q, rq in enumerate(rows) if rq[0] == 1]
+        if lists:
+            p = lists[0]
+            for q, rq in enumerate(rows):
+                if rq != rows[p]:
+                    what = f"counts {rq[1:]}" if rq[0] == 1 else "its own count" if rq[1] >= 0 else "no counts"
+                    raise MismatchError(f"Alltoall: rank {q} gave {what}, rank {p} counts {rows[p][1:]}")
+            counts = rows[p][1:]
+        else:
+            counts = [rq[1] for rq in rows]
         whole = self._allgather(x, axis)
         total = whole.shape[axis]
         if all(c == -1 for c in counts):
