@@ -71,6 +71,7 @@ type Comm struct {
 	completed atomic.Uint64         // collectives completed
 	inflight  atomic.Int64          // the collective running, or -1
 	goneAt    []atomic.Uint64       // rank j closed after goneAt[j]-1 collectives; 0: it has not
+	gone      []chan struct{}       // gone[j] closed once rank j closed (with goneAt[j]): its receives fail
 	closed    atomic.Bool
 	closing   chan struct{} // closed by Close: the watch handlers return
 	watchers  atomic.Int32  // watch handlers running
@@ -268,10 +269,14 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 		ready:     make(chan struct{}),
 		abandoned: make(chan struct{}),
 		goneAt:    make([]atomic.Uint64, cfg.Size),
+		gone:      make([]chan struct{}, cfg.Size),
 		closing:   make(chan struct{}),
 		sendSeq:   map[p2pKey]uint64{},
 		recvSeq:   map[p2pKey]uint64{},
 		clients:   make([]*rpc.Client, cfg.Size),
+	}
+	for j := range c.gone {
+		c.gone[j] = make(chan struct{})
 	}
 	c.inflight.Store(-1)
 	c.broke, c.markBroke = context.WithCancel(context.Background())
@@ -752,7 +757,9 @@ func (c *Comm) watch(j int) {
 // peerClosed records that rank j closed its communicator after done
 // collectives: a collective it did not complete cannot complete.
 func (c *Comm) peerClosed(j int, done uint64) {
-	c.goneAt[j].Store(done + 1)
+	if c.goneAt[j].Swap(done+1) == 0 {
+		close(c.gone[j]) // and a receive from j waiting for a message fails (mailbox.wait)
+	}
 	if f := c.inflight.Load(); f >= 0 && uint64(f) >= done {
 		c.fail(c.closedErr(j, done))
 	}

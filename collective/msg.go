@@ -142,12 +142,25 @@ func (m *mailbox) postRef(k msgKey, consume func(b []byte) error, ref func(b []b
 // place, as its sender is told. A receiver whose ctx ended at that moment
 // has its message all the same (a Recv returns nil); a collective breaks
 // off all the same through its other waits and failData.
+//
+// A point-to-point receive also ends when its sender closed its
+// communicator (peerClosed) before any of the message came: a rank's
+// Send returns only once the receiver has the bytes, so nothing of a
+// closed rank's can come after that. It fails with ErrPeerLost, and the
+// communicator goes on.
 func (m *mailbox) wait(ctx context.Context, k msgKey, s *slot) error {
+	var gone chan struct{} // nil, never ready: a collective's message
+	if k.space == spaceP2P {
+		gone = m.c.gone[k.src]
+	}
+	srcGone := false
 	select {
 	case <-s.done:
 		return s.err
 	case <-ctx.Done():
 	case <-m.failed:
+	case <-gone:
+		srcGone = true
 	}
 	m.mu.Lock()
 	if m.slots[k] == s {
@@ -155,6 +168,12 @@ func (m *mailbox) wait(ctx context.Context, k msgKey, s *slot) error {
 	}
 	err, taken := m.err, s.taken
 	m.mu.Unlock()
+	if srcGone && !taken && err == nil {
+		if isClosed(s.done) {
+			return s.err
+		}
+		return errorf(ErrPeerLost, "rank %d closed its communicator before sending rank %d the message (tag %d)", k.src, m.c.rank, k.tag)
+	}
 	if taken {
 		// A handler is writing into the receiver's memory: let it finish
 		// (a copy) before the caller gets its buffer back. Its result is

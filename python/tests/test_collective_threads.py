@@ -160,5 +160,32 @@ class TestRedistributionCounts(unittest.TestCase):
         self.assertAlmostEqual(lhs, rhs, places=10)
 
 
+class TestReceiveFromAClosedRank(unittest.TestCase):
+    def test_recv_fails_with_peer_lost(self):
+        """A Recv from a rank that closed its communicator (the sidecar's
+        Go Comm hears it) fails with PeerLostError instead of waiting for
+        good, and a send it took before closing is received."""
+        import time
+
+        def fn(comm):
+            if comm.rank == 0:
+                comm.Send(np.arange(3.0), 1, 4)
+                return None  # world() closes it
+            got = comm.Recv(np.zeros(3), 0, 4)
+            start = time.monotonic()
+            try:
+                comm.Recv(np.zeros(1), 0, 5)
+            except C.PeerLostError as e:
+                return got.tolist(), time.monotonic() - start, str(e)
+            return "received"
+
+        res, hung = world(2, fn)
+        self.assertEqual(hung, [])
+        how, v = res[1]
+        self.assertEqual(how, "ok", v)
+        self.assertEqual(v[0], [0.0, 1.0, 2.0])
+        self.assertLess(v[1], 30, v)
+
+
 if __name__ == "__main__":
     unittest.main()
