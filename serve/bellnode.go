@@ -169,7 +169,7 @@ func (s *served) scanRing(r *registration) (n int, err error) {
 				return fmt.Errorf("an entry for row %d of a client's %d slots", start, v.slots)
 			}
 			v.head().Store(head + 1)
-			if !s.acquireRef(r) {
+			if !s.acquireEntry(r, start, seq) {
 				return nil // dropped meanwhile
 			}
 			n++
@@ -183,13 +183,18 @@ func (s *served) scanRing(r *registration) (n int, err error) {
 	return n, err
 }
 
-// acquireRef takes a reference on r's mappings, unless it was dropped.
-func (s *served) acquireRef(r *registration) bool {
+// acquireEntry takes a reference on r's mappings for request seq at
+// start, the newest at start from now on, unless r was dropped.
+func (s *served) acquireEntry(r *registration, start int, seq uint32) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if r.gone {
 		return false
 	}
+	if r.latest == nil {
+		r.latest = make([]uint32, r.ring.slots)
+	}
+	r.latest[start] = seq
 	r.refs++
 	r.expires = time.Now().Add(s.lease)
 	return true
@@ -205,12 +210,18 @@ func (s *served) acquireRef(r *registration) bool {
 // rows and had them answered by then: a late answer would overwrite the
 // newer outputs and record. The check and the writes are under s.mu, which
 // dropLocked holds, so that none starts after the drop.
+//
+// Nor is a request once the node took a newer one for the same first row
+// (acquireEntry): the client gave it up (its context ended) and sent
+// another on those rows, and its late answer would overwrite the newer
+// one's outputs and record, as a dropped registration's would.
 func (s *served) serveEntry(r *registration, start, n int, seq uint32) {
 	m := s.m
+	current := func() bool { return !r.gone && r.latest[start] == seq } // under s.mu
 	done := func(v uint64, err error) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if !r.gone {
+		if current() {
 			if err != nil {
 				if r.failures == nil {
 					r.failures = map[int]failure{}
@@ -230,7 +241,7 @@ func (s *served) serveEntry(r *registration, start, n int, seq uint32) {
 		func(_ *tensordict.TensorDict, res fields, row int) error {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if r.gone {
+			if !current() {
 				return nil // not answered (above)
 			}
 			return copyRows(r.outF, start, res, row, n)

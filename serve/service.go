@@ -102,6 +102,10 @@ type registration struct {
 	// failures are the errors of requests by bell, by first row, until
 	// the client fetches them (serve.failure).
 	failures map[int]failure
+	// latest[start] is the sequence number of the newest request by bell
+	// the node took for rows from start (nil until the first): an older
+	// one's answer, late, is not written over the newer request's rows.
+	latest []uint32
 }
 
 // Register adds the serve service's methods to s and returns the Service,
