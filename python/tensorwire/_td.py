@@ -290,6 +290,9 @@ def _set_refs(arrays, root):
 # non-zero dimensions together (a tensor with a zero dimension takes no
 # bytes, whatever its others: numpy still refuses them past this).
 _MAX_BYTES = (1 << 63) - 1
+# The most dimensions a numpy array has (NPY_MAXDIMS: 64 from numpy 2, 32
+# before): a received tensor of more is refused with the shape checks.
+_MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
 
 
 def _entries(w):
@@ -322,7 +325,7 @@ def _entries(w):
             shape = e.get("shape")
             if shape is None:
                 shape = e["shape"] = []
-            if (not isinstance(shape, list)
+            if (not isinstance(shape, list) or len(shape) > _MAX_DIMS
                     or not all(is_int(d) and 0 <= d <= _MAX_BYTES for d in shape)
                     or math.prod(d for d in shape if d) * dt.itemsize > _MAX_BYTES):
                 raise InternalError(f"TD {key}: shape {shape!r}")

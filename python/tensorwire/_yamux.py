@@ -227,6 +227,8 @@ class Stream:
             done = self.remote_fin or self.reset
             if done:
                 s.streams.pop(self.id, None)
+            elif credit:
+                self.recv_window += credit  # given back below: the node may send that much more
         frames = [] if fin_sent else [frame(TYPE_WINDOW, FIN, self.id, 0)]
         if credit and not done:
             frames.insert(0, frame(TYPE_WINDOW, 0, self.id, credit))
@@ -477,6 +479,7 @@ class Session:
                         st.buffered += k - j
                 elif st is not None:
                     out.append(frame(TYPE_WINDOW, 0, st.id, k))  # dropped: give the window back
+                    st.recv_window += k
                 pos += k
                 self.payload_left -= k
                 continue
