@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -28,7 +29,7 @@ func runMLP(_ context.Context, args []string, stdout, _ io.Writer) error {
 	fs := flag.NewFlagSet("mlp", flag.ContinueOnError)
 	sizesFlag := fs.String("sizes", "64,256,256,16", "the layers' widths, input first: N,N[,N...]")
 	seed := fs.Uint64("seed", 1, "seed of the random initialisation")
-	force := fs.Bool("force", false, "replace what is at PREFIX")
+	force := fs.Bool("force", false, "replace the TensorDict (or empty folder) at PREFIX; nothing else is ever replaced")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -39,8 +40,8 @@ func runMLP(_ context.Context, args []string, stdout, _ io.Writer) error {
 	var sizes []int
 	for _, f := range strings.Split(*sizesFlag, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			return fmt.Errorf("%w: --sizes %s: %q is not a width (a whole number of at least 1)", errUsage, *sizesFlag, f)
+		if err != nil || n < 1 || n > 1<<20 { // 1<<20: the widest layer a node serves (mlp.New)
+			return fmt.Errorf("%w: --sizes %s: %q is not a width (a whole number, 1 to %d)", errUsage, *sizesFlag, f, 1<<20)
 		}
 		sizes = append(sizes, n)
 	}
@@ -54,16 +55,42 @@ func runMLP(_ context.Context, args []string, stdout, _ io.Writer) error {
 		return err
 	}
 	if *force {
-		if err := os.RemoveAll(prefix); err != nil {
-			return err
+		// Only a TensorDict (its meta.json) or an empty folder is replaced:
+		// a typo must not remove a folder of other files.
+		if fi, err := os.Lstat(prefix); err == nil {
+			entries, _ := os.ReadDir(prefix)
+			_, merr := os.Lstat(filepath.Join(prefix, "meta.json"))
+			if !fi.IsDir() || (len(entries) > 0 && merr != nil) {
+				return fmt.Errorf("%s is not a TensorDict (no meta.json) nor an empty folder: --force replaces only those", prefix)
+			}
 		}
 	}
-	td := mlp.Random(sizes, *seed)
-	m, err := td.Memmap(prefix)
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", prefix, err)
+	// Written beside PREFIX and renamed into place once complete: a write
+	// that fails (a full disk) leaves what was there.
+	clean := filepath.Clean(prefix)
+	if err := os.MkdirAll(filepath.Dir(clean), 0o755); err != nil {
+		return err
 	}
-	if err := m.Close(); err != nil {
+	tmp, err := os.MkdirTemp(filepath.Dir(clean), "."+filepath.Base(clean)+".mlp-*")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp) // a no-op once renamed
+	td := mlp.Random(sizes, *seed)
+	m, err := td.Memmap(tmp)
+	if err == nil {
+		err = m.Close()
+	}
+	if err == nil {
+		err = os.Chmod(tmp, 0o755)
+	}
+	if err == nil && *force {
+		err = os.RemoveAll(clean)
+	}
+	if err == nil {
+		err = os.Rename(tmp, clean)
+	}
+	if err != nil {
 		return fmt.Errorf("writing %s: %w", prefix, err)
 	}
 	fmt.Fprintf(stdout, "wrote an MLP %v (seed %d) at %s\n", sizes, *seed, prefix)

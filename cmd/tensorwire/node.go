@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/metrics"
@@ -99,11 +101,30 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return fmt.Errorf("%w: --parent %d: %v", errUsage, pid, err)
 		}
 	}
+	// What the server checks when it starts (nodeproc.Run), checked before
+	// any service makes its files under the root: a start that fails on
+	// them leaves nothing there, and a --root that is not there is not made.
+	if fi, err := os.Stat(cfg.Root); err != nil {
+		return fmt.Errorf("--root: %w", err)
+	} else if !fi.IsDir() {
+		return fmt.Errorf("--root %s is not a directory", cfg.Root)
+	}
+	if cfg.TokenFile != "" {
+		if _, err := nodeproc.ReadToken(cfg.TokenFile); err != nil {
+			return err
+		}
+	}
+	if cfg.TLSCert != "" {
+		if _, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey); err != nil {
+			return fmt.Errorf("TLS: %w", err)
+		}
+	}
+	open, err := reachableFromOthers(cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("%w: --listen %s: %v", errUsage, cfg.Listen, err)
+	}
 	if cfg.TokenFile == "" {
-		open, err := reachableFromOthers(cfg.Listen)
 		switch {
-		case err != nil:
-			return fmt.Errorf("%w: --listen %s: %v", errUsage, cfg.Listen, err)
 		case open && !*insecure:
 			return fmt.Errorf("%w: --listen %s accepts connections from other machines, and without a token anyone "+
 				"who reaches it can read and write every file under --root (TLS alone authenticates no client). "+

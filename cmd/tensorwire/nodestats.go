@@ -43,6 +43,9 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(pos) != 1 {
 		return fmt.Errorf("%w: want one ADDR, got %q", errUsage, pos)
 	}
+	if *timeout <= 0 {
+		return fmt.Errorf("%w: --timeout %v: want a positive duration", errUsage, *timeout)
+	}
 	url := metricsAddrURL(pos[0])
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()

@@ -69,6 +69,10 @@ func (g grammar) read(v string, names []string, check func(spec) error) (spec, e
 	parts := strings.Split(v, ",")
 	s := spec{name: parts[0]}
 	same := func(a, b string) bool { return a == b }
+	if k, _, ok := strings.Cut(s.name, "="); ok && slices.ContainsFunc(g.keys, func(st service.Setting) bool { return st.Key == k }) {
+		// The NAME left out: it would name a folder "max-value=1MiB".
+		return s, fmt.Errorf("%s %q: %s is a setting, not a name: NAME comes first (NAME,%s)", g.noun, v, k, v)
+	}
 	if g.folder {
 		if s.name == "" || strings.Contains(s.name, "..") || filepath.IsAbs(s.name) || filepath.Clean(s.name) == "." {
 			return s, fmt.Errorf("%s name %q: a folder under the root (not the root itself)", g.noun, s.name)
