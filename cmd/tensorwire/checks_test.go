@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,6 +44,22 @@ func TestNode_ChecksConfigBeforeMakingServices(t *testing.T) {
 			}
 		})
 	}
+	t.Run("listen address in use", func(t *testing.T) {
+		busy, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer busy.Close()
+		root := t.TempDir()
+		code, _, errOut := runNodeInProcess(t, "--listen", busy.Addr().String(), "--root", root,
+			"--buffer", "buf,capacity=10", "--store", "st", "--insecure")
+		if code != 1 || !strings.Contains(errOut, "--listen "+busy.Addr().String()) {
+			t.Errorf("exit %d, stderr %q; want exit 1 naming --listen", code, errOut)
+		}
+		if entries, _ := os.ReadDir(root); len(entries) > 0 {
+			t.Errorf("the failed start left %d entries under the root", len(entries))
+		}
+	})
 	t.Run("missing root", func(t *testing.T) {
 		root := filepath.Join(t.TempDir(), "typo")
 		code, _, errOut := runNodeInProcess(t, "--listen", "127.0.0.1:0", "--root", root, "--buffer", "buf,capacity=10")

@@ -150,6 +150,12 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		defer stopMetrics() // on the error paths; after the server, below
 		cfg.Options = append(cfg.Options, rpc.WithObserver(mx))
 	}
+	// Listen before the services make their files: an address in use
+	// fails the start with nothing made under the root.
+	if cfg.Listener, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return fmt.Errorf("--listen %s: %w", cfg.Listen, err)
+	}
+	defer cfg.Listener.Close() // nodeproc.Run closes it too; again is harmless
 	served, register, err := buffers.open(cfg.Root, cfg.Log)
 	if err != nil {
 		return err

@@ -38,6 +38,11 @@ type Config struct {
 	Register func(*rpc.Server) error
 	// Options are more options of the server (rpc.WithObserver, say).
 	Options []rpc.Option
+	// Listener, when set, is what the node serves on instead of listening
+	// on Listen itself: a caller that must know the address is taken
+	// before it makes anything (tensorwire node's services) listens first.
+	// Run closes it.
+	Listener net.Listener
 }
 
 // Run serves a node configured by cfg until ctx ends, then closes it: the
@@ -47,6 +52,9 @@ type Config struct {
 // first connection is accepted. A configuration error (a bad token file,
 // TLS files, root) is returned before anything listens.
 func Run(ctx context.Context, cfg Config, ready func(addr string)) error {
+	if cfg.Listener != nil {
+		defer cfg.Listener.Close() // on every path; closing it again is harmless
+	}
 	log := cfg.Log
 	if log == nil {
 		log = slog.Default()
@@ -85,10 +93,12 @@ func Run(ctx context.Context, cfg Config, ready func(addr string)) error {
 			return err
 		}
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		srv.Close()
-		return err
+	ln := cfg.Listener
+	if ln == nil {
+		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+			srv.Close()
+			return err
+		}
 	}
 	addr := ln.Addr().String()
 	log.Info("node listening", "addr", addr, "root", cfg.Root, "fsid", srv.FSID(),
