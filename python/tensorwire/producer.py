@@ -259,7 +259,10 @@ class Producer:
 
     def _serve(self, st, it, pending, shared):
         att = _field(self._recv(st), "attached")
-        _check_attached(att)
+        try:
+            _check_attached(att)
+        except _errors.InternalError as x:
+            raise self._fail(st, x) from None
         self.attached += 1
         prefix = att.get("prefix") or ""
         leaves, dring = None, None
@@ -287,7 +290,8 @@ class Producer:
             if cur != e:
                 cur, want = e, 0
             if k != want:
-                raise _errors.InternalError(f"loader: the node granted batch {k} of epoch {e}, want {want}")
+                raise self._fail(st, _errors.InternalError(f"loader: the node granted batch {k} of epoch {e}, "
+                                                           f"want {want}"))
             try:
                 b = pending if pending is not None else next(it)
             except StopIteration:

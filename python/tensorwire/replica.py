@@ -136,6 +136,18 @@ class Replica:
         self._thread = None
         self._dir = self._lock_fd = None
         self._in_mm = self._out_mm = None
+        self._follow = None
+        self._pending = None  # the newest Param not yet loaded
+        self._held = None  # the Param the module was loaded from (its lease)
+        self._follower = None
+        try:
+            self._setup(name, bytes_mode, timeout, plain, lane, follow)
+        except BaseException:
+            self.close()  # its connection, a follower started, a folder made
+            raise
+
+    def _setup(self, name, bytes_mode, timeout, plain, lane, follow):
+        """__init__'s part that may fail once the connection is made."""
         info = self._client.call("serve.info", {"name": name}, timeout=timeout)
         if not isinstance(info, dict):
             raise InternalError(f"serve: the node described the model as {info!r:.200}")
@@ -155,10 +167,6 @@ class Replica:
         self._lane_fds = None  # the current stream's lane's FIFO ends
         # Weights: a thread waits for new versions; the serving loop loads
         # the newest between two batches.
-        self._follow = None
-        self._pending = None  # the newest Param not yet loaded
-        self._held = None  # the Param the module was loaded from (its lease)
-        self._follower = None
         if follow is not None:
             st, pname = follow
             if isinstance(st, str):

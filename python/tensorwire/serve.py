@@ -274,13 +274,13 @@ class Client(BellRequests):
         _exit.reset_at_fork(self)
         self._made = ((node, name), {"token": token, "root": root, "bytes_mode": bytes_mode, "slots": slots,
                                      "max_in_flight": max_in_flight, "timeout": timeout})
+        if not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise ConfigError(f"serve: max_in_flight={max_in_flight!r}; want at least 1")
         if isinstance(node, _RPCClient):
             self._client, self._own = node, False
         else:
             self._client, self._own = _RPCClient(node, token=token, root=root, timeout=timeout), True
         self.name = name
-        if not isinstance(max_in_flight, int) or max_in_flight < 1:
-            raise ConfigError(f"serve: max_in_flight={max_in_flight!r}; want at least 1")
         self.max_in_flight = max_in_flight
         self._mu = threading.Lock()
         self._cv = threading.Condition(self._mu)
@@ -662,6 +662,8 @@ class Client(BellRequests):
         while True:
             try:
                 self._send(req)
+                if not self._own:
+                    self._await(req)
                 resp = req.pending.result()
                 req.pending = None
                 return self._result(req, resp)
@@ -671,6 +673,26 @@ class Client(BellRequests):
                 if err is not None:
                     raise err from None
                 self._backoff(req)
+
+    def _await(self, req):
+        """Waits for req's call to be answered on a connection this Client
+        shares (and close() does not close), in slices, so that close()
+        fails it (ClosedError) rather than leave it waiting for the node."""
+        p = req.pending
+        while True:
+            if self._closed:
+                p.cancel()
+                raise ClosedError("serve: closed")
+            left = _left(req.deadline)
+            if left is not None and left <= 0:
+                return  # result() says the deadline passed
+            try:
+                p.wait(0.25 if left is None else min(0.25, left))
+                return
+            except DeadlineExceededError:
+                continue
+            except UnavailableError:
+                return  # result() says what
 
     def _backoff(self, req):
         """Waits before req is sent again: not at all when the node lost the
