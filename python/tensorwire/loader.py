@@ -1024,8 +1024,13 @@ def _check_rows(info, a, rows):
 
 def _map_ring(path, info):
     """The ring's storage leaves (read-only) and slot table, checked against
-    the join's description."""
-    storage = load_memmap(os.path.join(path, "storage"))
+    the join's description. A ring that is not there as described (gone,
+    short, not a TensorDict) is InternalError, the node's description
+    wrong, with the cause chained."""
+    try:
+        storage = load_memmap(os.path.join(path, "storage"))
+    except (OSError, ValueError) as e:  # dataset.FormatError is a ValueError
+        raise _errors.InternalError(f"loader: the ring at {path} cannot be mapped: {e}") from e
     flat = dict(_flat(storage))
     rows = info["slots"] * info["batch"]
     leaves = {}
@@ -1037,9 +1042,12 @@ def _map_ring(path, info):
                                         f"{[rows] + list(shape)}")
         leaves[key] = a
     table_path = os.path.join(path, "slots.memmap")
-    if os.path.getsize(table_path) < info["slots"] * 32:
-        raise _errors.InternalError(f"loader: the slot table {table_path} is short")
-    table = np.memmap(table_path, dtype="<u8", mode="r", shape=(info["slots"], 4))
+    try:
+        if os.path.getsize(table_path) < info["slots"] * 32:
+            raise _errors.InternalError(f"loader: the slot table {table_path} is short")
+        table = np.memmap(table_path, dtype="<u8", mode="r", shape=(info["slots"], 4))
+    except (OSError, ValueError) as e:
+        raise _errors.InternalError(f"loader: the slot table {table_path} cannot be mapped: {e}") from e
     _prefault(leaves.values())  # the ring's pages now, not in the first epoch's reads
     return leaves, table
 

@@ -268,7 +268,10 @@ class Producer:
         leaves, dring = None, None
         if shared and prefix and not prefix.startswith("/") and ".." not in prefix.split("/"):
             folder = os.path.join(self._client.root, *prefix.split("/"))
-            leaves = self._map(folder, att["slots"])
+            try:
+                leaves = self._map(folder, att["slots"])
+            except _errors.InternalError as x:
+                raise self._fail(st, x) from x
             try:
                 dring = self._device_ring(folder, att)
             except Exception as x:  # the device's memory, say: the consumers are told, as for the data loader's
@@ -413,8 +416,13 @@ class Producer:
             raise
 
     def _map(self, path, nslots):
-        """The ring's storage leaves, writable, checked against the schema."""
-        storage = load_memmap(os.path.join(path, "storage"), mode="r+")
+        """The ring's storage leaves, writable, checked against the schema;
+        InternalError (the cause chained) for a ring not there as the node
+        described it."""
+        try:
+            storage = load_memmap(os.path.join(path, "storage"), mode="r+")
+        except (OSError, ValueError) as e:  # dataset.FormatError is a ValueError
+            raise _errors.InternalError(f"loader: the ring at {path} cannot be mapped: {e}") from e
         flat = dict(_flat(storage))
         rows = nslots * self.batch_size
         leaves = {}

@@ -59,5 +59,24 @@ class TestProducerTellsTheNode(unittest.TestCase):
         self.assertEqual(len(self.failures(sent)), 1, f"sent {sent!r}")
 
 
+class TestRingNotThere(unittest.TestCase):
+    def test_map_ring_of_a_missing_or_broken_folder_is_internal(self):
+        """A ring the node described but that is not there (removed, not a
+        TensorDict) is the library's InternalError, not a raw
+        FileNotFoundError or dataset.FormatError (a ValueError)."""
+        import os
+        import tempfile
+        from tensorwire.loader import _map_ring
+        info = {"slots": 2, "batch": 4, "schema": [{"key": ["x"], "dtype": "torch.float32", "shape": [3]}]}
+        with tempfile.TemporaryDirectory() as d:
+            for path in (os.path.join(d, "gone"), d):
+                if path == d:
+                    os.makedirs(os.path.join(d, "storage"))
+                    with open(os.path.join(d, "storage", "meta.json"), "w") as f:
+                        f.write("{not json")
+                with self.subTest(path=path), self.assertRaises(InternalError):
+                    _map_ring(path, info)
+
+
 if __name__ == "__main__":
     unittest.main()
