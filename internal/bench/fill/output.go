@@ -92,8 +92,14 @@ func (res *results) print(w io.Writer) {
 	for _, temp := range []string{"warm", "hot"} {
 		remote, local := res.p50("remote_fill", temp), res.p50("local_fill", temp)
 		d := remote - local
-		fmt.Fprintf(w, "remote - local   remote_fill_%[1]s_p50 - local_fill_%[1]s_p50 = %.3f - %.3f = %.3f ms   (goal: <= %.1f ms: %s)\n",
-			temp, remote, local, d, goalDeltaMs, met(d <= goalDeltaMs))
+		// The goal (issues 3, 13 and 30) is the warm fill's; hot is shown
+		// beside it, with no verdict.
+		verdict := fmt.Sprintf("goal: <= %.1f ms: %s", goalDeltaMs, met(d <= goalDeltaMs))
+		if temp != "warm" {
+			verdict = "not judged: the goal is the warm line's"
+		}
+		fmt.Fprintf(w, "remote - local   remote_fill_%[1]s_p50 - local_fill_%[1]s_p50 = %.3f - %.3f = %.3f ms   (%s)\n",
+			temp, remote, local, d, verdict)
 	}
 	fmt.Fprintf(w, "null call        a Describe round trip: warm %.3f ms, hot %.3f ms (the floor of remote - local)\n",
 		res.p50("null_call", "warm"), res.p50("null_call", "hot"))

@@ -39,7 +39,9 @@ int main(int argc, char **argv) {
 		}
 		qsort(t, iters, sizeof(double), cmp);
 		if (r == 0) {
-			double p50 = t[iters / 2], alg = elems * 4 / p50 / 1e9;
+			/* The Go ranks' p50 (report.Percentile): the nearest rank,
+			 * ceil(iters/2), the lower middle value of an even count. */
+			double p50 = t[(iters + 1) / 2 - 1], alg = elems * 4 / p50 / 1e9;
 			printf("{\"op\":\"allreduce\",\"ranks\":%d,\"bytes\":%ld,\"transport\":\"mpi\",\"system\":\"openmpi\","
 			       "\"p50_us\":%.3f,\"algbw_GBps\":%.6f,\"busbw_GBps\":%.6f}\n",
 			       n, elems * 4, p50 * 1e6, alg, alg * 2 * (n - 1) / n);
