@@ -170,9 +170,13 @@ func TestNode_BufferFlagErrors(t *testing.T) {
 	// A negative --checkpoint-every is a usage error; before 2026-12-02
 	// the node started and never checkpointed until it stopped.
 	root := t.TempDir()
-	code, _, stderr := runNodeInProcess(t, "--listen", "127.0.0.1:0", "--root", root, "--buffer", "b,capacity=4", "--checkpoint-every", "-1s")
-	if left, _ := os.ReadDir(root); code != 2 || len(left) > 0 || !strings.Contains(stderr, "--checkpoint-every -1s") {
-		t.Fatalf("--checkpoint-every -1s: exit %d, root holds %d entries, stderr %q; want exit 2 before the buffer is made", code, len(left), stderr)
+	// So is one under a second (since 2026-12-03): 1ns ran checkpoints
+	// back to back.
+	for _, every := range []string{"-1s", "1ns", "999ms"} {
+		code, _, stderr := runNodeInProcess(t, "--listen", "127.0.0.1:0", "--root", root, "--buffer", "b,capacity=4", "--checkpoint-every", every)
+		if left, _ := os.ReadDir(root); code != 2 || len(left) > 0 || !strings.Contains(stderr, "--checkpoint-every") {
+			t.Fatalf("--checkpoint-every %s: exit %d, root holds %d entries, stderr %q; want exit 2 before the buffer is made", every, code, len(left), stderr)
+		}
 	}
 }
 

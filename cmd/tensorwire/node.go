@@ -82,8 +82,10 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("%w: missing --root", errUsage)
 	case (cfg.TLSCert == "") != (cfg.TLSKey == ""):
 		return fmt.Errorf("%w: give --tls-cert and --tls-key together", errUsage)
-	case *every < 0:
-		return fmt.Errorf("%w: --checkpoint-every %v: want 0 (only when the node stops) or more", errUsage, *every)
+	case *every < 0 || *every > 0 && *every < time.Second:
+		// Under a second, checkpoints (each syncs the buffers' files) would
+		// run back to back: the ticker drops the ticks a slow one misses.
+		return fmt.Errorf("%w: --checkpoint-every %v: want 0 (only when the node stops) or 1s or more", errUsage, *every)
 	}
 	if err := loaders.checkNames(buffers, stores); err != nil {
 		return err
