@@ -83,8 +83,13 @@ def decode(raw, result_tds):
 
 
 class _Done:
+    """A call answered already, as rpc.Pending has one."""
+
     def __init__(self, value):
         self.value = value
+
+    def wait(self, timeout=None):
+        pass  # answered: Pending.wait returns at once
 
     def result(self):
         return self.value
