@@ -1,0 +1,6 @@
+//go:build !race
+
+package slots
+
+// raceEnabled: the tests run under the race detector (race_test.go).
+const raceEnabled = false
