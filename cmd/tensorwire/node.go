@@ -2,14 +2,12 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"time"
 
 	"github.com/tensorwire/tensorwire/internal/metrics"
@@ -106,20 +104,8 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// What the server checks when it starts (nodeproc.Run), checked before
 	// any service makes its files under the root: a start that fails on
 	// them leaves nothing there, and a --root that is not there is not made.
-	if fi, err := os.Stat(cfg.Root); err != nil {
-		return fmt.Errorf("--root: %w", err)
-	} else if !fi.IsDir() {
-		return fmt.Errorf("--root %s is not a directory", cfg.Root)
-	}
-	if cfg.TokenFile != "" {
-		if _, err := nodeproc.ReadToken(cfg.TokenFile); err != nil {
-			return err
-		}
-	}
-	if cfg.TLSCert != "" {
-		if _, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey); err != nil {
-			return fmt.Errorf("TLS: %w", err)
-		}
+	if err := nodeproc.Check(cfg); err != nil {
+		return err
 	}
 	open, err := reachableFromOthers(cfg.Listen)
 	if err != nil {

@@ -59,30 +59,11 @@ func Run(ctx context.Context, cfg Config, ready func(addr string)) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	opts := []rpc.Option{rpc.WithLogger(log)}
-	if cfg.Root != "" {
-		opts = append(opts, rpc.WithRoot(cfg.Root))
+	opts, err := serverOptions(cfg)
+	if err != nil {
+		return err
 	}
-	if cfg.CoherentStorage {
-		opts = append(opts, rpc.WithCoherentStorage())
-	}
-	if cfg.TokenFile != "" {
-		token, err := ReadToken(cfg.TokenFile)
-		if err != nil {
-			return err
-		}
-		opts = append(opts, rpc.WithToken(token))
-	}
-	if cfg.TLSCert != "" || cfg.TLSKey != "" {
-		if cfg.TLSCert == "" || cfg.TLSKey == "" {
-			return errors.New("TLS needs both a certificate and a key file")
-		}
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-		if err != nil {
-			return fmt.Errorf("TLS: %w", err)
-		}
-		opts = append(opts, rpc.WithTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}))
-	}
+	opts = append(opts, rpc.WithLogger(log))
 	srv, err := rpc.NewServer(append(opts, cfg.Options...)...)
 	if err != nil {
 		return err
@@ -157,4 +138,50 @@ func ReadToken(path string) ([]byte, error) {
 		return nil, fmt.Errorf("token file %s is empty", path)
 	}
 	return token, nil
+}
+
+// Check checks what Run checks before it listens (the root, the token file,
+// the TLS pair) without starting anything: a caller that makes files for
+// the node's services checks first, so that a bad configuration leaves
+// nothing behind.
+func Check(cfg Config) error {
+	_, err := serverOptions(cfg)
+	return err
+}
+
+// serverOptions checks cfg's root, token file and TLS pair and returns the
+// server options they give.
+func serverOptions(cfg Config) ([]rpc.Option, error) {
+	if cfg.Root != "" {
+		if fi, err := os.Stat(cfg.Root); err != nil {
+			return nil, fmt.Errorf("--root: %w", err)
+		} else if !fi.IsDir() {
+			return nil, fmt.Errorf("--root %s is not a directory", cfg.Root)
+		}
+	}
+	var opts []rpc.Option
+	if cfg.Root != "" {
+		opts = append(opts, rpc.WithRoot(cfg.Root))
+	}
+	if cfg.CoherentStorage {
+		opts = append(opts, rpc.WithCoherentStorage())
+	}
+	if cfg.TokenFile != "" {
+		token, err := ReadToken(cfg.TokenFile)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, rpc.WithToken(token))
+	}
+	if cfg.TLSCert != "" || cfg.TLSKey != "" {
+		if cfg.TLSCert == "" || cfg.TLSKey == "" {
+			return nil, errors.New("TLS needs both a certificate and a key file")
+		}
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("TLS: %w", err)
+		}
+		opts = append(opts, rpc.WithTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}))
+	}
+	return opts, nil
 }
