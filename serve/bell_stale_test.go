@@ -3,58 +3,26 @@ package serve
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"testing"
-	"time"
-
-	"github.com/tensorwire/tensorwire/tensordict"
 )
 
-// TestBell_LateAnswerOfAnAbandonedRequestIsNotWritten: a request by bell
-// whose context ended while its batch was held on one replica keeps its
-// slot for the client's quiet bound, then gives it back; the next request
-// on that slot, with new inputs, is answered by the other replica. When
-// the first batch ends at last, its outputs and record are not written:
-// the node took a newer request for that row since. Before, they were,
-// over the newer request's outputs, which the caller had been told were
-// ready: a wrong row.
+// TestBell_LateAnswerOfAnAbandonedRequestIsNotWritten: a PredictInto by
+// bell whose context ended while its batch was held on one replica; the
+// caller reuses its rows for the next request, with new inputs, which the
+// other replica answers. When the first batch ends at last, its outputs
+// and record are not written: the node took a newer request for that row
+// since. Before, they were, over the newer request's outputs, which the
+// caller had been told were ready: a wrong row. (With Predict the same
+// happens once the client's quiet bound gives the slots back.)
 func TestBell_LateAnswerOfAnAbandonedRequestIsNotWritten(t *testing.T) {
-	root := t.TempDir()
-	hold := make(chan struct{})
-	started := make(chan struct{})
-	var calls atomic.Int32
-	b := &behaviour{forward: func(int) error {
-		if calls.Add(1) == 1 {
-			close(started)
-			<-hold
-		}
-		return nil
-	}}
-	cfg := testConfig(b, 4)
-	cfg.Replicas = 2
-	n := serveModel(t, root, cfg)
-	c := bellClient(t, n.addr, root, WithSlots(1))
-	c.quiet = 200 * time.Millisecond
+	n, c, hold, started := heldFirstBatch(t)
 	released := false
 	defer func() {
 		if !released {
 			close(hold)
 		}
 	}()
-	row0 := func() *tensordict.TensorDict {
-		s, err := c.Output().Slice(0, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := s.Clone()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
-	if err := c.Input().SetSlice(0, rowsOf(t, 1, 1)); err != nil {
-		t.Fatal(err)
-	}
+	setRow0(t, c, 1)
 	ctx, cancel := context.WithCancel(ctxT(t))
 	errc := make(chan error, 1)
 	go func() {
@@ -66,15 +34,11 @@ func TestBell_LateAnswerOfAnAbandonedRequestIsNotWritten(t *testing.T) {
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the abandoned request: %v", err)
 	}
-	// The slot comes back after c.quiet; the next request on it, with new
-	// inputs, runs on the other replica.
-	if err := c.Input().SetSlice(0, rowsOf(t, 100, 1)); err != nil {
-		t.Fatal(err)
-	}
+	setRow0(t, c, 100)
 	if _, err := c.PredictInto(ctxT(t), 0, 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := checkOutputs(row0(), 100, 1, 0); err != nil {
+	if _, err := checkOutputs(row0(t, c), 100, 1, 0); err != nil {
 		t.Fatalf("before the first batch ended: %v", err)
 	}
 	released = true
@@ -85,7 +49,7 @@ func TestBell_LateAnswerOfAnAbandonedRequestIsNotWritten(t *testing.T) {
 		defer s.mu.Unlock()
 		return s.clients[c.id].refs == 0
 	})
-	if _, err := checkOutputs(row0(), 100, 1, 0); err != nil {
+	if _, err := checkOutputs(row0(t, c), 100, 1, 0); err != nil {
 		t.Errorf("the outputs of the last request, once the first batch ended: %v", err)
 	}
 }

@@ -288,10 +288,13 @@ func TestBell_RemoveWhileARequestRunsKeepsTheNode(t *testing.T) {
 // node writes nothing for its request, of a registration it dropped: the
 // rows keep the later request's outputs. Before, it wrote the first
 // request's outputs over them.
-func TestBell_ResentRequestIsAnsweredOnce(t *testing.T) {
+// heldFirstBatch serves a model on two replicas whose first forward waits
+// until hold is sent on (or closed), after closing started; the other
+// replica answers meanwhile. The client has one slot.
+func heldFirstBatch(t *testing.T) (n *node, c *Client, hold, started chan struct{}) {
+	t.Helper()
 	root := t.TempDir()
-	hold := make(chan struct{})
-	started := make(chan struct{})
+	hold, started = make(chan struct{}), make(chan struct{})
 	var calls atomic.Int32
 	b := &behaviour{forward: func(int) error {
 		if calls.Add(1) == 1 {
@@ -302,26 +305,36 @@ func TestBell_ResentRequestIsAnsweredOnce(t *testing.T) {
 	}}
 	cfg := testConfig(b, 4)
 	cfg.Replicas = 2
-	n := serveModel(t, root, cfg)
-	c := bellClient(t, n.addr, root, WithSlots(1))
-	defer close(hold)
+	n = serveModel(t, root, cfg)
+	return n, bellClient(t, n.addr, root, WithSlots(1)), hold, started
+}
 
-	setRow := func(id int) {
-		if err := c.Input().SetSlice(0, rowsOf(t, id, 1)); err != nil {
-			t.Fatal(err)
-		}
+// setRow0 writes request id's inputs into c's row 0.
+func setRow0(t *testing.T, c *Client, id int) {
+	t.Helper()
+	if err := c.Input().SetSlice(0, rowsOf(t, id, 1)); err != nil {
+		t.Fatal(err)
 	}
-	row0 := func() *tensordict.TensorDict {
-		s, err := c.Output().Slice(0, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := s.Clone()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
+}
+
+// row0 returns a copy of c's output row 0.
+func row0(t *testing.T, c *Client) *tensordict.TensorDict {
+	t.Helper()
+	s, err := c.Output().Slice(0, 1)
+	if err != nil {
+		t.Fatal(err)
 	}
+	out, err := s.Clone()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestBell_ResentRequestIsAnsweredOnce(t *testing.T) {
+	n, c, hold, started := heldFirstBatch(t)
+	defer close(hold)
+	setRow := func(id int) { setRow0(t, c, id) }
 	setRow(1)
 	errc := make(chan error, 1)
 	go func() {
@@ -350,7 +363,7 @@ func TestBell_ResentRequestIsAnsweredOnce(t *testing.T) {
 	if _, err := c.PredictInto(ctxT(t), 0, 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := checkOutputs(row0(), 100, 1, 0); err != nil {
+	if _, err := checkOutputs(row0(t, c), 100, 1, 0); err != nil {
 		t.Fatalf("before the first batch ended: %v", err)
 	}
 	hold <- struct{}{} // the first request's batch ends
@@ -359,7 +372,7 @@ func TestBell_ResentRequestIsAnsweredOnce(t *testing.T) {
 		defer s.mu.Unlock()
 		return first.refs == 0
 	})
-	if _, err := checkOutputs(row0(), 100, 1, 0); err != nil {
+	if _, err := checkOutputs(row0(t, c), 100, 1, 0); err != nil {
 		t.Errorf("the outputs of the last request, once the first batch ended: %v", err)
 	}
 }
